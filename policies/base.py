@@ -1,0 +1,405 @@
+"""The contract every memory-pool policy implements.
+
+A policy owns bytes, nothing else: it decides where in its pool's address space each request
+lives, when to reserve another *segment* from the upstream device (the expensive ``cudaMalloc``
+in reality) and when to give a fully free one back. Time, traces and devices belong to the
+layers above (``sim``, ``realgpu``), which drive the same policy object.
+
+Subclasses implement five hooks:
+
+- ``_allocate(nbytes, stream, tag) -> Allocation | None``
+- ``_free(allocation)``
+- ``_release_free_segments(max_bytes) -> int`` (give fully free segments back)
+- ``_add_segment(segment)`` (take a freshly reserved segment as free space; used by ``grow``)
+- ``_reset_state()`` (build derived state; called by ``__init__`` and ``reset``)
+
+and may override ``free_extents()`` and ``largest_free_bytes()``. They reserve segments only
+through ``_reserve_segment`` and release them only through ``_release_segment`` so that
+capacity, counters and the device stay consistent.
+
+Knobs are explicit keyword arguments of ``__init__``, stored unchanged under the same name
+(the scikit-learn convention), so ``get_params()`` can list, print and clone them.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+from policies.device import Device, VirtualDevice
+from policies.errors import PolicyError
+
+__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "round_up"]
+
+
+def round_up(nbytes: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``nbytes``."""
+    return -(-nbytes // multiple) * multiple
+
+
+@dataclass(slots=True, eq=False)
+class Allocation:
+    """One live request, as handed to the caller.
+
+    Attributes:
+        nbytes: the size the caller asked for.
+        size_bytes: what the policy set aside for it after rounding (>= nbytes).
+        extents: ``(offset, length)`` ranges it occupies in the pool's address space: one for
+            contiguous policies, one per page for paged ones. Lengths add up to ``size_bytes``.
+        stream: the stream it was allocated on.
+        tag: the caller's label (``"kv"``, ``"weights"``, ...), or None.
+        handle: policy-private bookkeeping (a block, a page list); callers must not touch it.
+        owner: token of the pool that handed it out while it is live; None once freed.
+    """
+
+    nbytes: int
+    size_bytes: int
+    extents: tuple[tuple[int, int], ...]
+    stream: int = 0
+    tag: str | None = None
+    handle: Any = None
+    owner: Any = None
+
+    @property
+    def offset(self) -> int:
+        """Start of the first extent (the address of a contiguous allocation)."""
+        return self.extents[0][0]
+
+    @property
+    def live(self) -> bool:
+        return self.owner is not None
+
+
+@dataclass(slots=True, eq=False)
+class Segment:
+    """One chunk reserved from the upstream device, ``[offset, offset + nbytes)``.
+
+    ``num_live`` counts the policy's live allocations (or pages) inside it, so a fully free
+    segment is found in O(1); ``handle`` is policy-private.
+    """
+
+    offset: int
+    nbytes: int
+    stream: int = 0
+    num_live: int = 0
+    handle: Any = None
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """A snapshot of a pool's accounting. Bytes are exact; peaks are since the last reset."""
+
+    live_bytes: int  # as asked, summed over live allocations
+    allocated_bytes: int  # after rounding (what live allocations hold; shared pages once)
+    reserved_bytes: int  # held from the device in segments
+    free_bytes: int  # reserved - allocated
+    largest_free_bytes: int  # largest request servable from reserved memory without growing
+    num_segments: int
+    num_live: int
+    num_allocs: int
+    num_frees: int
+    num_failures: int
+    num_grows: int
+    num_shrinks: int
+    grown_bytes: int  # bytes mapped from the device in total
+    shrunk_bytes: int  # bytes unmapped back to the device in total
+    peak_live_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    capacity_bytes: int | None
+
+    @property
+    def frag_ext(self) -> float:
+        """External fragmentation ``1 - largest_free / free`` (0 when nothing is free)."""
+        if self.free_bytes <= 0:
+            return 0.0
+        return 1.0 - self.largest_free_bytes / self.free_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["frag_ext"] = self.frag_ext
+        return d
+
+
+_DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
+
+
+class Policy(abc.ABC):
+    """Abstract memory-pool policy. See the module docstring for the subclass hooks.
+
+    Args (common to every built-in policy):
+        capacity_bytes: most bytes the pool may reserve from the device; None for no limit.
+        device: the upstream that hands out segments (a ``VirtualDevice`` by default). Not a
+            knob: it is how ``sim`` adds costs and ``realgpu`` real ``cudaMalloc`` calls.
+    """
+
+    #: registry name; set by subclasses
+    name: ClassVar[str] = ""
+    #: True when every allocation is one extent
+    contiguous: ClassVar[bool] = True
+    #: True when free neighbours are always merged, so no two free extents touch
+    coalesces: ClassVar[bool] = False
+
+    def __init__(self, *, capacity_bytes: int | None = None, device: Device | None = None):
+        if capacity_bytes is not None and (not isinstance(capacity_bytes, int) or capacity_bytes <= 0):
+            raise PolicyError(f"capacity_bytes(={capacity_bytes!r}) must be a positive integer or None")
+        self.capacity_bytes = capacity_bytes
+        self.device = device if device is not None else VirtualDevice()
+        self._segments: dict[int, Segment] = {}
+        self._token: object = object()
+        self._init_counters()
+        self._reset_state()
+
+    # ----------------------------------------------------------------- parameters
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        names: list[str] = []
+        for klass in cls.__mro__:
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                if p.kind is p.KEYWORD_ONLY and p.name not in ("device",) and p.name not in names:
+                    names.append(p.name)
+        return names
+
+    @classmethod
+    def param_defaults(cls) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            init = klass.__dict__.get("__init__")
+            if init is None:
+                continue
+            for p in inspect.signature(init).parameters.values():
+                if p.kind is p.KEYWORD_ONLY and p.name != "device":
+                    out[p.name] = p.default
+        return out
+
+    def get_params(self) -> dict[str, Any]:
+        """The knobs this policy was built with, by name (scikit-learn style)."""
+        return {n: getattr(self, n) for n in self._param_names()}
+
+    @property
+    def spec(self) -> str:
+        """A spec string that ``policies.create`` turns back into an equal policy.
+
+        Only knobs that differ from their defaults are listed; ``capacity_bytes`` is left out
+        since it is passed on its own.
+        """
+        from policies.spec import format_spec
+
+        defaults = self.param_defaults()
+        params = {
+            k: v
+            for k, v in self.get_params().items()
+            if k != "capacity_bytes" and (k not in defaults or defaults[k] != v)
+        }
+        return format_spec(self.name, params)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec!r} capacity_bytes={self.capacity_bytes}>"
+
+    # ----------------------------------------------------------------- public API
+    def allocate(self, nbytes: int, *, stream: int = 0, tag: str | None = None) -> Allocation | None:
+        """Serve a request of ``nbytes`` bytes.
+
+        Returns:
+            The allocation, or None when the request cannot be met within ``capacity_bytes``
+            (counted as a failure; the pool is unchanged).
+
+        Raises:
+            PolicyError: ``nbytes`` is not a positive integer (nothing changes).
+        """
+        if nbytes.__class__ is not int:
+            nbytes = _as_size(nbytes)
+        if nbytes <= 0:
+            raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
+        a = self._allocate(nbytes, stream, tag)
+        if a is None:
+            self.num_failures += 1
+            return None
+        a.owner = self._token
+        self.num_allocs += 1
+        self.num_live += 1
+        live = self.live_bytes + nbytes
+        self.live_bytes = live
+        if live > self.peak_live_bytes:
+            self.peak_live_bytes = live
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        return a
+
+    def free(self, allocation: Allocation) -> None:
+        """Give ``allocation`` back to the pool.
+
+        Raises:
+            PolicyError: it was already freed, or this pool did not hand it out (nothing
+                changes).
+        """
+        owner = getattr(allocation, "owner", self)
+        if owner is not self._token:
+            raise PolicyError(self._bad_free_reason(allocation))
+        self._free(allocation)
+        allocation.owner = None
+        self.num_frees += 1
+        self.num_live -= 1
+        self.live_bytes -= allocation.nbytes
+
+    def _bad_free_reason(self, allocation: Any) -> str:
+        if not isinstance(allocation, Allocation):
+            return f"free() takes an Allocation, got {type(allocation).__name__}"
+        where = f"allocation of {allocation.nbytes} B at offset {allocation.extents[0][0] if allocation.extents else '?'}"
+        if allocation.owner is None:
+            return f"double free: {where} was already freed"
+        return f"unknown allocation: {where} was not handed out by this pool (or predates its last reset)"
+
+    def stats(self) -> PoolStats:
+        """Current accounting (O(free ranges) at most, for ``largest_free_bytes``)."""
+        return PoolStats(
+            live_bytes=self.live_bytes,
+            allocated_bytes=self.allocated_bytes,
+            reserved_bytes=self.reserved_bytes,
+            free_bytes=self.reserved_bytes - self.allocated_bytes,
+            largest_free_bytes=self.largest_free_bytes(),
+            num_segments=len(self._segments),
+            num_live=self.num_live,
+            num_allocs=self.num_allocs,
+            num_frees=self.num_frees,
+            num_failures=self.num_failures,
+            num_grows=self.num_grows,
+            num_shrinks=self.num_shrinks,
+            grown_bytes=self.grown_bytes,
+            shrunk_bytes=self.shrunk_bytes,
+            peak_live_bytes=self.peak_live_bytes,
+            peak_allocated_bytes=self.peak_allocated_bytes,
+            peak_reserved_bytes=self.peak_reserved_bytes,
+            capacity_bytes=self.capacity_bytes,
+        )
+
+    def reset(self) -> None:
+        """Release every segment and start over; allocations handed out before become unknown."""
+        for seg in list(self._segments.values()):
+            self.device.release(seg.offset, seg.nbytes)
+        self._segments.clear()
+        self._token = object()
+        self._init_counters()
+        self._reset_state()
+
+    def trim(self, max_bytes: int | None = None) -> int:
+        """Release fully free segments (up to about ``max_bytes``); returns bytes released."""
+        return self._release_free_segments(max_bytes)
+
+    def grow(self, nbytes: int) -> bool:
+        """Reserve a segment of at least ``nbytes`` now and keep it as free space.
+
+        The pre-growth hook elastic pools use before a prefill. Returns False when capacity or
+        the device refuses.
+        """
+        seg = self._reserve_segment(self._segment_size_for(nbytes), stream=0)
+        if seg is None:
+            return False
+        self._add_segment(seg)
+        return True
+
+    def segments(self) -> list[Segment]:
+        """Reserved segments, in address order."""
+        return sorted(self._segments.values(), key=lambda s: s.offset)
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        """Free ``(offset, length)`` ranges inside reserved segments, address order.
+
+        Policies that do not track free space by range may leave this unimplemented; the
+        default ``largest_free_bytes`` and the coalescing checks rely on it.
+        """
+        raise NotImplementedError
+
+    def largest_free_bytes(self) -> int:
+        """Largest request the pool could serve from memory it already holds."""
+        return max((length for _, length in self.free_extents()), default=0)
+
+    # ----------------------------------------------------------------- subclass hooks
+    @abc.abstractmethod
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None: ...
+
+    @abc.abstractmethod
+    def _free(self, allocation: Allocation) -> None: ...
+
+    @abc.abstractmethod
+    def _release_free_segments(self, max_bytes: int | None) -> int: ...
+
+    @abc.abstractmethod
+    def _add_segment(self, segment: Segment) -> None: ...
+
+    @abc.abstractmethod
+    def _reset_state(self) -> None: ...
+
+    def _segment_size_for(self, nbytes: int) -> int:
+        """Bytes to reserve so that a request of ``nbytes`` fits; policies override."""
+        return nbytes
+
+    # ----------------------------------------------------------------- segments
+    def _init_counters(self) -> None:
+        self.live_bytes = 0
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.num_live = 0
+        self.num_allocs = 0
+        self.num_frees = 0
+        self.num_failures = 0
+        self.num_grows = 0
+        self.num_shrinks = 0
+        self.grown_bytes = 0
+        self.shrunk_bytes = 0
+        self.peak_live_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes = 0
+
+    def _reserve_segment(self, nbytes: int, stream: int = 0) -> Segment | None:
+        """Reserve ``nbytes`` from the device, within capacity.
+
+        When capacity or the device refuses, fully free segments are released first and the
+        reservation is tried once more (what PyTorch and CuPy do before raising OOM).
+        """
+        for attempt in (0, 1):
+            if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
+                offset = self.device.reserve(nbytes)
+                if offset is not None:
+                    seg = Segment(offset, nbytes, stream)
+                    self._segments[offset] = seg
+                    self.reserved_bytes += nbytes
+                    self.num_grows += 1
+                    self.grown_bytes += nbytes
+                    if self.reserved_bytes > self.peak_reserved_bytes:
+                        self.peak_reserved_bytes = self.reserved_bytes
+                    return seg
+            if attempt == 0 and self._release_free_segments(None) == 0:
+                return None
+        return None
+
+    def _release_segment(self, seg: Segment) -> None:
+        assert seg.num_live == 0, "releasing a segment that still holds live allocations"
+        del self._segments[seg.offset]
+        self.device.release(seg.offset, seg.nbytes)
+        self.reserved_bytes -= seg.nbytes
+        self.num_shrinks += 1
+        self.shrunk_bytes += seg.nbytes
+
+
+def _as_size(nbytes: Any) -> int:
+    """Accept integral numbers (numpy ints included); refuse everything else clearly."""
+    if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+        raise PolicyError(f"allocation size nbytes(={nbytes!r}) must be an integer number of bytes")
+    return nbytes.__index__()
+
+
+def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """Validate an integer knob at construction, naming it in the error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PolicyError(f"{name}(={value!r}) must be an integer >= {minimum}")
+    return value

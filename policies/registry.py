@@ -1,0 +1,126 @@
+"""Finding policies by name: the built-in table merged with the ``poollab.policies`` entry points.
+
+Modelled on xarray's backend plugins: built-ins are import strings loaded on first use, third
+parties register a class under the entry-point group ``poollab.policies`` (or call
+``register`` at run time), the merged table is cached, and a duplicate name warns and keeps the
+first. Every policy found here is listed by ``available()``, built by ``create()`` and run by
+the conformance suite, the command line, the simulator and the GPU pool alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import warnings
+from importlib.metadata import entry_points
+from typing import Any
+
+from policies.base import Policy
+from policies.device import Device
+from policies.errors import PolicyError
+from policies.spec import parse_spec
+
+__all__ = ["available", "get", "create", "register", "ENTRY_POINT_GROUP"]
+
+ENTRY_POINT_GROUP = "poollab.policies"
+
+#: name -> "module:Class"; imported on first use so listing names stays cheap.
+BUILTIN_POLICIES: dict[str, str] = {
+    "first-fit": "policies.first_fit:FirstFit",
+    "best-fit": "policies.best_fit:BestFit",
+    "size-class": "policies.size_class:SizeClass",
+    "paged": "policies.paged:Paged",
+    "elastic": "policies.elastic:Elastic",
+}
+
+_runtime: dict[str, type[Policy] | str] = {}
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_point_table() -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in BUILTIN_POLICIES or ep.name in table:
+            warnings.warn(f"policy {ep.name!r} from entry point {ep.value!r} is already registered; ignored",
+                          RuntimeWarning, stacklevel=3)
+            continue
+        table[ep.name] = ep
+    return table
+
+
+def _table() -> dict[str, Any]:
+    merged: dict[str, Any] = dict(BUILTIN_POLICIES)
+    for name, ep in _entry_point_table().items():
+        merged.setdefault(name, ep)
+    for name, cls in _runtime.items():
+        merged.setdefault(name, cls)
+    return merged
+
+
+def available() -> list[str]:
+    """Names of every registered policy: built-ins first, then third-party ones."""
+    return list(_table())
+
+
+def register(name: str, cls: type[Policy] | str, *, replace: bool = False) -> None:
+    """Register a policy class (or a ``"module:Class"`` string) under ``name`` at run time."""
+    if not replace and name in _table():
+        raise PolicyError(f"policy {name!r} is already registered")
+    _runtime[name] = cls
+
+
+def unregister(name: str) -> None:
+    _runtime.pop(name, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(target: str) -> type[Policy]:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def get(name: str) -> type[Policy]:
+    """The policy class registered as ``name``."""
+    table = _table()
+    if name not in table:
+        raise PolicyError(f"unknown policy {name!r}; available: {', '.join(table)}")
+    target = table[name]
+    if isinstance(target, str):
+        cls = _load(target)
+    elif inspect.isclass(target):
+        cls = target
+    else:  # an entry point
+        cls = target.load()
+    if not (inspect.isclass(cls) and issubclass(cls, Policy)):
+        raise PolicyError(f"policy {name!r} resolves to {cls!r}, which is not a policies.Policy subclass")
+    return cls
+
+
+def create(spec: str | type[Policy], *, capacity_bytes: int | None = None, device: Device | None = None,
+           **params: Any) -> Policy:
+    """Build a policy from a name or spec string.
+
+    ``create("size-class:classes_per_doubling=4", capacity_bytes=80 << 30)``; keyword
+    ``params`` override those in the spec. Unknown names and parameters raise PolicyError.
+    """
+    if inspect.isclass(spec):
+        cls, spec_params = spec, {}
+        label = getattr(spec, "name", spec.__name__)
+    else:
+        name, spec_params = parse_spec(spec)
+        cls, label = get(name), name
+    merged = {**spec_params, **params}
+    known = cls._param_names()
+    unknown = [k for k in merged if k not in known]
+    if unknown:
+        raise PolicyError(f"policy {label!r} has no parameter {unknown[0]!r}; parameters: {', '.join(known)}")
+    if "capacity_bytes" in merged and capacity_bytes is None:
+        capacity_bytes = merged.pop("capacity_bytes")
+    merged.pop("capacity_bytes", None)
+    try:
+        return cls(capacity_bytes=capacity_bytes, device=device, **merged)
+    except PolicyError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise PolicyError(f"policy {label!r}: {exc}") from None

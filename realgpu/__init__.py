@@ -1,0 +1,1 @@
+"""Run poollab policies as real GPU memory pools (CuPy), and measure the allocators people use."""

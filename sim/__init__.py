@@ -1,0 +1,1 @@
+"""Replay and simulation on top of ``policies`` and ``traces``; owner of the report schema."""

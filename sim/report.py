@@ -1,0 +1,97 @@
+"""The report schema every backend writes: replay, the serving simulator and the GPU pool.
+
+``summary.csv`` has one row per (trace, policy, backend) with ``SUMMARY_COLUMNS`` first (in
+that order) and backend-specific columns after them; ``timeseries.parquet`` is tidy, one row
+per sample, with ``TIMESERIES_COLUMNS``. Rows are built as plain dicts and turned into a
+DataFrame once, at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "SUMMARY_COLUMNS", "TIMESERIES_COLUMNS", "summary_frame", "write_results", "read_results",
+    "latency_percentiles", "format_table",
+]
+
+#: The columns every backend fills, in order (see README "The report").
+SUMMARY_COLUMNS = [
+    "trace", "policy", "backend", "params", "capacity_bytes",
+    "n_alloc", "n_free", "n_failed", "failure_rate",
+    "peak_live_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "overhead",
+    "frag_ext_mean", "frag_ext_max", "internal_waste_frac",
+    "n_grow", "n_shrink", "grown_bytes", "shrunk_bytes",
+    "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us",
+    "wall_s",
+]
+
+TIMESERIES_COLUMNS = [
+    "trace", "policy", "backend", "event", "time_us",
+    "live_bytes", "allocated_bytes", "reserved_bytes", "largest_free_bytes", "frag_ext", "num_segments",
+]
+
+
+def latency_percentiles(samples_ns: Iterable[float] | np.ndarray, prefix: str) -> dict[str, float]:
+    """``{prefix_p50_us, prefix_p99_us}`` from nanosecond samples (NaN when there are none)."""
+    a = np.asarray(samples_ns, dtype=np.float64)
+    if a.size == 0:
+        return {f"{prefix}_p50_us": float("nan"), f"{prefix}_p99_us": float("nan")}
+    p50, p99 = np.percentile(a, [50, 99])
+    return {f"{prefix}_p50_us": float(p50) / 1e3, f"{prefix}_p99_us": float(p99) / 1e3}
+
+
+def summary_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Rows to a DataFrame with the schema's columns first; a missing schema column is a bug."""
+    df = pd.DataFrame(rows)
+    missing = [c for c in SUMMARY_COLUMNS if c not in df.columns]
+    assert not missing, f"summary rows lack schema columns {missing}"
+    extra = [c for c in df.columns if c not in SUMMARY_COLUMNS]
+    return df[SUMMARY_COLUMNS + extra]
+
+
+def write_results(out_dir: str | Path, summary: pd.DataFrame, timeseries: pd.DataFrame | None = None,
+                  extra_tables: dict[str, pd.DataFrame] | None = None, meta: dict[str, Any] | None = None) -> Path:
+    """Write ``summary.csv``, ``timeseries.parquet``, any extra tables (Parquet) and ``run.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary.to_csv(out / "summary.csv", index=False)
+    if timeseries is not None:
+        timeseries.to_parquet(out / "timeseries.parquet", index=False)
+    for name, table in (extra_tables or {}).items():
+        table.to_parquet(out / f"{name}.parquet", index=False)
+    if meta is not None:
+        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return out
+
+
+def read_results(out_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """Read back every table of a result folder by name (``summary``, ``timeseries``, ...)."""
+    out = Path(out_dir)
+    tables = {"summary": pd.read_csv(out / "summary.csv")}
+    for p in sorted(out.glob("*.parquet")):
+        tables[p.stem] = pd.read_parquet(p)
+    return tables
+
+
+def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str:
+    """The comparison table the command line prints: sizes in MiB, fractions in percent."""
+    cols = columns or ["policy", "backend", "n_failed", "peak_live_bytes", "peak_reserved_bytes", "overhead",
+                       "frag_ext_mean", "internal_waste_frac", "n_grow", "n_shrink", "alloc_p50_us", "alloc_p99_us",
+                       "free_p50_us"]
+    view = summary[[c for c in cols if c in summary.columns]].copy()
+    rename = {}
+    for c in view.columns:
+        if c.endswith("_bytes"):
+            view[c] = view[c] / 2**20
+            rename[c] = c[: -len("_bytes")] + "_MiB"
+        elif c in ("overhead", "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "failure_rate", "kv_token_util"):
+            view[c] = view[c] * 100
+            rename[c] = c + "_%"
+    view = view.rename(columns=rename)
+    return view.to_string(index=False, float_format=lambda v: f"{v:,.2f}")

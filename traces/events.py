@@ -1,0 +1,126 @@
+"""The allocation-event table every allocation-trace reader produces.
+
+One row per event, in time order:
+
+=========  =======  ==============================================================
+column     dtype    meaning
+=========  =======  ==============================================================
+time_us    int64    microseconds since the trace's first event
+op         str      ``"alloc"`` or ``"free"``
+alloc_id   int64    names the allocation; an ``alloc`` and its ``free`` share it
+nbytes     int64    bytes asked for (on ``free`` rows: the same size, for reference)
+stream     int64    the stream the request was made on (0 when unknown)
+tag        str      optional label (``"pre-trace"``, ``"kv"``, ``"weights"``, ...), "" if none
+=========  =======  ==============================================================
+
+Invariants (``validate_events`` checks them): every ``free`` follows the ``alloc`` with the
+same id, each id is allocated at most once and freed at most once; allocations never freed
+are simply live at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import TraceFormatError
+
+__all__ = ["EVENT_COLUMNS", "AllocTrace", "make_events", "validate_events"]
+
+EVENT_COLUMNS = ["time_us", "op", "alloc_id", "nbytes", "stream", "tag"]
+
+
+@dataclass
+class AllocTrace:
+    """An allocation trace: the event table plus where it came from.
+
+    Attributes:
+        events: the table described in the module docstring.
+        name: short name for reports (file stem by default).
+        source: the file it was read from ("" when generated).
+        format: the reader that produced it ("pytorch-snapshot", "rmm-log", "csv", ...).
+        meta: reader-specific facts (e.g. the allocator's own segment events of a snapshot).
+    """
+
+    events: pd.DataFrame
+    name: str
+    source: str = ""
+    format: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(time_us, is_alloc, alloc_id, nbytes, stream)`` as numpy arrays, for replay loops."""
+        ev = self.events
+        return (ev["time_us"].to_numpy(np.int64), (ev["op"] == "alloc").to_numpy(),
+                ev["alloc_id"].to_numpy(np.int64), ev["nbytes"].to_numpy(np.int64),
+                ev["stream"].to_numpy(np.int64))
+
+
+def make_events(time_us, op, alloc_id, nbytes, stream=None, tag=None) -> pd.DataFrame:
+    """Build an event table with the canonical columns and dtypes."""
+    n = len(op)
+    df = pd.DataFrame({
+        "time_us": np.asarray(time_us, dtype=np.int64),
+        "op": pd.Series(op, dtype=object).astype(str).to_numpy(),
+        "alloc_id": np.asarray(alloc_id, dtype=np.int64),
+        "nbytes": np.asarray(nbytes, dtype=np.int64),
+        "stream": np.zeros(n, np.int64) if stream is None else np.asarray(stream, dtype=np.int64),
+        "tag": [""] * n if tag is None else pd.Series(tag, dtype=object).fillna("").astype(str).to_numpy(),
+    })
+    return df
+
+
+def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: int = 2) -> None:
+    """Raise TraceFormatError at the first row that breaks the table's invariants.
+
+    ``line_offset`` maps a row index to a file line (2 for a CSV with one header line).
+    """
+    missing = [c for c in EVENT_COLUMNS if c not in df.columns]
+    if missing:
+        raise TraceFormatError(source, None, f"missing column(s) {', '.join(missing)}; expected {', '.join(EVENT_COLUMNS)}")
+    ops = df["op"].to_numpy()
+    bad = np.flatnonzero((ops != "alloc") & (ops != "free"))
+    if bad.size:
+        i = int(bad[0])
+        raise TraceFormatError(source, i + line_offset, f"op {ops[i]!r} is neither 'alloc' nor 'free'")
+    nbytes = df["nbytes"].to_numpy()
+    is_alloc = ops == "alloc"
+    bad = np.flatnonzero(is_alloc & (nbytes <= 0))
+    if bad.size:
+        i = int(bad[0])
+        raise TraceFormatError(source, i + line_offset, f"allocation size {int(nbytes[i])} must be > 0")
+    t = df["time_us"].to_numpy()
+    bad = np.flatnonzero(np.diff(t) < 0)
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise TraceFormatError(source, i + line_offset, f"time_us {int(t[i])} goes back in time (previous {int(t[i-1])})")
+    ids = df["alloc_id"].to_numpy()
+    # each id: at most one alloc, at most one free, free after alloc
+    alloc_ids, free_ids = ids[is_alloc], ids[~is_alloc]
+    rows = np.arange(len(ids))
+    _dups(alloc_ids, rows[is_alloc], source, line_offset, "allocated twice")
+    _dups(free_ids, rows[~is_alloc], source, line_offset, "freed twice (double free)")
+    first_alloc = pd.Series(rows[is_alloc], index=alloc_ids)
+    freed_rows = rows[~is_alloc]
+    alloc_row = first_alloc.reindex(free_ids).to_numpy()
+    bad = np.flatnonzero(np.isnan(alloc_row) | (alloc_row > freed_rows))
+    if bad.size:
+        i = int(freed_rows[bad[0]])
+        raise TraceFormatError(source, i + line_offset, f"free of allocation {int(ids[i])}, which is not live at that point")
+
+
+def _dups(ids: np.ndarray, rows: np.ndarray, source: str, line_offset: int, what: str) -> None:
+    if ids.size == 0:
+        return
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    dup = np.flatnonzero(s[1:] == s[:-1])
+    if dup.size:
+        i = int(rows[order[dup[0] + 1]])
+        raise TraceFormatError(source, i + line_offset, f"allocation {int(s[dup[0]])} {what}")
