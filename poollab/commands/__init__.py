@@ -1,0 +1,1 @@
+"""Sub-command modules; each defines ``register(cli: click.Group) -> None``."""

@@ -1,0 +1,43 @@
+"""Option parsing shared by sub-commands: sizes, policy lists, output folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+import policies
+from policies.units import parse_bytes
+
+#: What ``--policy`` means when it is not given: the five built-in policies.
+DEFAULT_POLICIES = ("first-fit", "best-fit", "size-class", "paged", "elastic")
+
+
+class ByteSize(click.ParamType):
+    """``80GiB``, ``512MiB``, ``4096``."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(value)
+        except policies.PolicyError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+BYTES = ByteSize()
+
+
+def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
+    """Fail early, before any work, on an unknown policy or parameter."""
+    out = list(specs) or list(DEFAULT_POLICIES)
+    for spec in out:
+        policies.create(spec)  # raises PolicyError naming the spec
+    return out
+
+
+def out_option(default: str):
+    return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=default,
+                        show_default=True, help="Folder for summary.csv and the other tables.")

@@ -1,0 +1,42 @@
+"""``poollab replay``: an allocation trace against one or more policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from poollab.commands._common import BYTES, check_specs, out_option
+from sim.costs import CostModel
+from sim.replay import replay_many
+from sim.report import format_table, write_results
+from traces import read_alloc_trace
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(replay_command)
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
+              help="Policy spec, repeatable (default: the five built-ins). E.g. size-class:classes_per_doubling=8")
+@click.option("--capacity", type=BYTES, default=None, help="Most bytes a pool may reserve (e.g. 80GiB). Default: no limit.")
+@click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Driver cost model JSON (from `poollab gpu calibrate`). Default: bundled H200 figures.")
+@click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
+@click.option("--sample-every", type=click.IntRange(min=1), default=None, help="Stats sample stride in events.")
+@out_option("poollab-out/replay")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, out_dir: Path, progress: bool) -> None:
+    """Replay the allocation TRACE against each policy and compare them."""
+    spec_list = check_specs(specs)
+    cost_model = CostModel.load(costs) if costs else None
+    alloc_trace = read_alloc_trace(trace, format=fmt)
+    summary, ts = replay_many(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
+                              sample_every=sample_every, progress=progress)
+    write_results(out_dir, summary, ts, meta={"command": "replay", "trace": str(trace), "policies": spec_list,
+                                              "capacity_bytes": capacity, "costs": str(costs) if costs else "bundled"})
+    click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
+    click.echo(format_table(summary))
+    click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet")

@@ -1,0 +1,148 @@
+"""What device calls cost: the data behind simulated latency.
+
+The model is a JSON file, not code: the default (``sim/data/costs_h200.json``) holds the H200
+figures of the field notes, and ``poollab gpu calibrate --out costs.json`` measures a new one
+on any GPU. Latency between measured sizes is interpolated linearly in log(size) / log(time),
+and extrapolated along the last segment's slope.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from policies.device import Device, VirtualDevice
+
+__all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS"]
+
+DEFAULT_COSTS = "costs_h200.json"
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Latency against size, piecewise linear in log-log space."""
+
+    log_sizes: tuple[float, ...]
+    log_us: tuple[float, ...]
+
+    @classmethod
+    def from_table(cls, table: dict[str, list[float]], where: str) -> "_Curve":
+        sizes, us = table.get("nbytes"), table.get("us")
+        if not sizes or not us or len(sizes) != len(us):
+            raise ValueError(f"{where}: needs equally long, non-empty 'nbytes' and 'us' lists")
+        pairs = sorted(zip(sizes, us))
+        if any(s <= 0 or t <= 0 for s, t in pairs):
+            raise ValueError(f"{where}: sizes and times must be > 0")
+        return cls(tuple(math.log(s) for s, _ in pairs), tuple(math.log(t) for _, t in pairs))
+
+    def us(self, nbytes: int) -> float:
+        xs, ys = self.log_sizes, self.log_us
+        if len(xs) == 1:
+            return math.exp(ys[0])
+        x = math.log(max(nbytes, 1))
+        i = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
+        slope = (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i])
+        if x < xs[0]:
+            return math.exp(ys[0])  # below the smallest measured size the call does not get cheaper
+        return math.exp(ys[i] + slope * (x - xs[i]))
+
+
+class CostModel:
+    """Driver-call latency and copy bandwidths of one GPU.
+
+    Args:
+        table: the parsed JSON (see ``sim/data/costs_h200.json`` for the schema).
+        source: where it came from, for error messages and reports.
+    """
+
+    def __init__(self, table: dict[str, Any], source: str = "<costs>"):
+        self.table = table
+        self.source = source
+        self.device_name = str(table.get("device", "unknown"))
+        self._malloc = _Curve.from_table(table.get("malloc_us", {}), f"{source}: malloc_us")
+        self._free = _Curve.from_table(table.get("free_us", {}), f"{source}: free_us")
+        self.d2d_bytes_per_s = self._positive(table, "d2d_bytes_per_s")
+        self.h2d_bytes_per_s = self._positive(table, "h2d_bytes_per_s")
+        self.d2h_bytes_per_s = self._positive(table, "d2h_bytes_per_s")
+
+    def _positive(self, table: dict[str, Any], key: str) -> float:
+        value = table.get(key)
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{self.source}: {key} must be a positive number, got {value!r}")
+        return float(value)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "CostModel":
+        """Read a cost file; None reads the bundled H200 defaults."""
+        if path is None:
+            text = resources.files("sim").joinpath("data", DEFAULT_COSTS).read_text()
+            return cls(json.loads(text), source=f"sim/data/{DEFAULT_COSTS}")
+        p = Path(path)
+        try:
+            table = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(table, dict):
+            raise ValueError(f"{p}: a cost file is a JSON object")
+        return cls(table, source=str(p))
+
+    def malloc_ns(self, nbytes: int) -> int:
+        return int(self._malloc.us(nbytes) * 1e3)
+
+    def free_ns(self, nbytes: int) -> int:
+        return int(self._free.us(nbytes) * 1e3)
+
+    def copy_ns(self, nbytes: int) -> int:
+        """A device-to-device copy of ``nbytes``."""
+        return int(nbytes / self.d2d_bytes_per_s * 1e9)
+
+    def h2d_ns(self, nbytes: int) -> int:
+        return int(nbytes / self.h2d_bytes_per_s * 1e9)
+
+    def d2h_ns(self, nbytes: int) -> int:
+        return int(nbytes / self.d2h_bytes_per_s * 1e9)
+
+
+class CostedDevice:
+    """A ``Device`` that charges each reserve/release its modelled driver time.
+
+    The time accrues in ``pending_ns`` until the caller takes it with ``take_ns()``, so it lands
+    on the allocation (or simulated step) that caused the driver call.
+
+    Args:
+        costs: the cost model (the bundled H200 one by default).
+        inner: the device that hands out addresses (a fresh ``VirtualDevice`` by default).
+    """
+
+    def __init__(self, costs: CostModel | None = None, inner: Device | None = None):
+        self.costs = costs if costs is not None else CostModel.load()
+        self.inner = inner if inner is not None else VirtualDevice()
+        self.pending_ns = 0
+        self.total_ns = 0
+        self.num_reserves = 0
+        self.num_releases = 0
+
+    def reserve(self, nbytes: int) -> int | None:
+        offset = self.inner.reserve(nbytes)
+        cost = self.costs.malloc_ns(nbytes)  # a failed cudaMalloc costs a call too
+        self.pending_ns += cost
+        self.total_ns += cost
+        self.num_reserves += 1
+        return offset
+
+    def release(self, offset: int, nbytes: int) -> None:
+        self.inner.release(offset, nbytes)
+        cost = self.costs.free_ns(nbytes)
+        self.pending_ns += cost
+        self.total_ns += cost
+        self.num_releases += 1
+
+    def take_ns(self) -> int:
+        """Driver time accrued since the last call; resets it to zero."""
+        ns, self.pending_ns = self.pending_ns, 0
+        return ns
