@@ -360,13 +360,14 @@ class Policy(abc.ABC):
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
 
-    def _reserve_segment(self, nbytes: int, stream: int = 0) -> Segment | None:
+    def _reserve_segment(self, nbytes: int, stream: int = 0, *, retry: bool = True) -> Segment | None:
         """Reserve ``nbytes`` from the device, within capacity.
 
-        When capacity or the device refuses, fully free segments are released first and the
-        reservation is tried once more (what PyTorch and CuPy do before raising OOM).
+        When capacity or the device refuses and ``retry`` is set, fully free segments are
+        released first and the reservation is tried once more (what PyTorch and CuPy do before
+        raising OOM). Emulations with their own retry chain pass ``retry=False``.
         """
-        for attempt in (0, 1):
+        for attempt in ((0, 1) if retry else (1,)):
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
                 offset = self.device.reserve(nbytes)
                 if offset is not None:

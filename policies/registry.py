@@ -32,6 +32,7 @@ BUILTIN_POLICIES: dict[str, str] = {
     "size-class": "policies.size_class:SizeClass",
     "paged": "policies.paged:Paged",
     "elastic": "policies.elastic:Elastic",
+    "torch-caching": "policies.torch_caching:TorchCaching",
 }
 
 _runtime: dict[str, type[Policy] | str] = {}
