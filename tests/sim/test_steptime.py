@@ -1,0 +1,191 @@
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.hardware import load_gpu
+from sim.models import load_model
+from sim.steptime import Calibration, StepTimeModel, default_calibration, load_calibration
+
+
+@pytest.fixture(scope="module")
+def llama_h200():
+    return StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"))
+
+
+def test_decode_batch_1_short_context_takes_4_to_6_ms(llama_h200):
+    # About 15-16 GB of weights at 4.8 TB/s x efficiency, plus the step overhead.
+    assert 4e-3 < llama_h200.step_time_s(0, 1, 128) < 6e-3
+
+
+def test_prefill_of_2048_tokens_takes_tens_of_ms(llama_h200):
+    assert 20e-3 < llama_h200.step_time_s(2048, 0, 0) < 100e-3
+
+
+@pytest.mark.parametrize("batch, context", [(1, 128), (32, 32 * 1000), (128, 128 * 2000)])
+def test_decode_is_memory_bound(llama_h200, batch, context):
+    assert llama_h200.step_cost(0, batch, context).bound == "memory"
+
+
+@pytest.mark.parametrize("tokens", [512, 2048, 8192])
+def test_prefill_is_compute_bound(llama_h200, tokens):
+    assert llama_h200.step_cost(tokens, 0, 0).bound == "compute"
+
+
+def test_prefill_flops_count_the_lm_head_once_per_sequence(llama_h200):
+    m = llama_h200.model
+    cost = llama_h200.step_cost(100, 0, 0)
+    body = m.flops_per_token - m.logits_flops_per_token
+    assert cost.flops == 100 * body + m.logits_flops_per_token + m.attention_flops(1, 100 * 101 // 2)
+
+
+def test_decode_bytes_read_weights_once_and_every_context_token(llama_h200):
+    m = llama_h200.model
+    cost = llama_h200.step_cost(0, 4, 4000)
+    expected = (m.weight_read_bytes + m.kv_bytes_per_token * (4000 + 4)
+                + 4 * (m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token))
+    assert cost.hbm_bytes == expected
+
+
+def test_longer_context_costs_more_decode_time(llama_h200):
+    assert llama_h200.step_time_s(0, 64, 64 * 4000) > llama_h200.step_time_s(0, 64, 64 * 1000)
+
+
+def test_cached_prefix_makes_a_chunk_dearer(llama_h200):
+    assert llama_h200.step_time_s(512, 0, 0, 8192) > llama_h200.step_time_s(512, 0, 0, 0)
+
+
+def test_splitting_prefill_among_more_sequences_has_fewer_causal_pairs(llama_h200):
+    one = llama_h200.step_cost(4096, 0, 0, 0, 1)
+    many = llama_h200.step_cost(4096, 0, 0, 0, 8)
+    assert many.flops < one.flops
+
+
+counts = st.integers(min_value=0, max_value=20_000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(p=counts, d=st.integers(0, 512), c=counts, pc=counts, extra=st.integers(1, 4096))
+def test_step_time_is_monotone_in_every_count(llama_h200, p, d, c, pc, extra):
+    c = c if d else 0
+    pc = pc if p else 0
+    base = llama_h200.step_time_s(p, d, c, pc)
+    assert llama_h200.step_time_s(p + extra, d, c, pc if p + extra else 0) >= base
+    assert llama_h200.step_time_s(p, d + extra, c, pc) >= base
+    if d:
+        assert llama_h200.step_time_s(p, d, c + extra, pc) >= base
+    if p:
+        assert llama_h200.step_time_s(p, d, c, pc + extra) >= base
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=counts, d=st.integers(0, 512), c=counts)
+def test_step_cost_agrees_with_step_time(llama_h200, p, d, c):
+    c = c if d else 0
+    assert math.isclose(llama_h200.step_cost(p, d, c).total_s, llama_h200.step_time_s(p, d, c))
+
+
+def test_empty_step_takes_no_time(llama_h200):
+    assert llama_h200.step_time_s(0, 0, 0) == 0.0
+
+
+@pytest.mark.parametrize("args, name", [
+    ((-1, 0, 0), "prefill_tokens"), ((0, -1, 0), "decode_seqs"), ((0, 1, -5), "context_tokens"),
+    ((0, 0, 10), "context_tokens"), ((0, 1, 0, 10), "prefill_context_tokens"),
+    ((10, 0, 0, 0, 11), "num_prefill_seqs"), ((10, 0, 0, 0, 0), "num_prefill_seqs"),
+])
+def test_bad_counts_name_the_argument(llama_h200, args, name):
+    with pytest.raises(ValueError, match=name):
+        llama_h200.step_time_s(*args)
+
+
+def test_h200_is_faster_than_a100_for_decode():
+    m = load_model("Llama-3-8B")
+    h200 = StepTimeModel(m, load_gpu("H200")).step_time_s(0, 16, 16_000)
+    a100 = StepTimeModel(m, load_gpu("A100-80GB")).step_time_s(0, 16, 16_000)
+    assert a100 / h200 == pytest.approx(4.8 / 2.039, rel=0.1)
+
+
+def test_copy_reads_and_writes_at_hbm_speed(llama_h200):
+    cal = llama_h200.factors
+    expected = cal.transfer_latency_s + 2 * (1 << 30) / (4.8e12 * cal.hbm_efficiency)
+    assert llama_h200.copy_time_s(1 << 30) == pytest.approx(expected)
+
+
+def test_swap_goes_at_pcie_speed(llama_h200):
+    cal = llama_h200.factors
+    expected = cal.transfer_latency_s + (1 << 30) / (50e9 * cal.pcie_efficiency)
+    assert llama_h200.swap_time_s(1 << 30) == pytest.approx(expected)
+
+
+def test_empty_transfers_take_no_time(llama_h200):
+    assert llama_h200.copy_time_s(0) == 0.0 and llama_h200.swap_time_s(0) == 0.0
+
+
+def test_defaults_are_the_bundled_file():
+    cal = default_calibration()
+    assert 0.3 <= cal.mfu_prefill <= 0.8 and 0.6 <= cal.hbm_efficiency <= 0.95
+    assert 0 < cal.step_overhead_s < 5e-3
+
+
+def test_every_default_is_explained():
+    from sim.steptime import DEFAULT_CALIBRATION_PATH
+    raw = json.loads(DEFAULT_CALIBRATION_PATH.read_text())
+    assert set(raw["notes"]) == set(default_calibration().to_dict())
+
+
+def test_calibration_file_overrides_a_factor(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"hbm_efficiency": 0.5, "source": "measured"}))
+    cal = load_calibration(path)
+    assert cal.hbm_efficiency == 0.5
+    assert cal.mfu_prefill == default_calibration().mfu_prefill
+    m, g = load_model("Llama-3-8B"), load_gpu("H200")
+    slow = StepTimeModel(m, g, calibration=str(path)).step_time_s(0, 1, 128)
+    assert slow > StepTimeModel(m, g).step_time_s(0, 1, 128) * 1.4
+
+
+def test_calibration_mapping_overrides_a_factor():
+    m, g = load_model("Llama-3-8B"), load_gpu("H200")
+    model = StepTimeModel(m, g, calibration={"step_overhead_s": 0.0})
+    assert model.factors.step_overhead_s == 0.0
+    assert model.calibration == {"step_overhead_s": 0.0}  # stored as given
+
+
+def test_calibration_unknown_factor_names_file_and_factor(tmp_path):
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps({"mfu_prefil": 0.6}))
+    with pytest.raises(ValueError, match=r"typo\.json.*mfu_prefil"):
+        load_calibration(path)
+
+
+def test_calibration_out_of_range_names_file_and_factor(tmp_path):
+    path = tmp_path / "range.json"
+    path.write_text(json.dumps({"mfu_decode": 1.5}))
+    with pytest.raises(ValueError, match=r"range\.json.*'mfu_decode'.*1.5"):
+        load_calibration(path)
+
+
+def test_negative_overhead_is_rejected():
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        default_calibration().replace(step_overhead_s=-1e-3)
+
+
+def test_calibration_object_is_used_as_given():
+    cal = default_calibration().replace(mfu_prefill=0.25)
+    model = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=cal)
+    assert model.factors is cal
+    assert isinstance(cal, Calibration)
+
+
+def test_model_must_be_a_spec():
+    with pytest.raises(ValueError, match="load_model"):
+        StepTimeModel("llama-3-8b", load_gpu("H200"))
+
+
+def test_get_params_names_model_gpu_and_factors(llama_h200):
+    params = llama_h200.get_params()
+    assert params["model"] == "Llama-3-8B" and params["gpu"] == "H200"
+    assert params["hbm_efficiency"] == llama_h200.factors.hbm_efficiency
