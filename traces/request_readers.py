@@ -1,0 +1,388 @@
+"""Read request traces in the formats people publish, detected from content; write our own.
+
+=========  ============================================================  =====================
+format     what identifies it (header line, first JSON object, magic)     times
+=========  ============================================================  =====================
+azure      CSV ``TIMESTAMP,ContextTokens,GeneratedTokens`` (2023, 2024)   date-times
+burstgpt   CSV ``Timestamp,...,Request tokens,Response tokens,...``       seconds
+mooncake   JSON lines ``{"timestamp", "input_length", "output_length",   milliseconds
+           "hash_ids"}`` (hash ids name 512-token prompt blocks)
+vidur      CSV ``arrived_at,num_prefill_tokens,num_decode_tokens``        seconds
+csv        ours: ``arrival_s,prompt_tokens,output_tokens[,session_id,     seconds
+           hash_ids]`` (hash ids space-separated)
+parquet    ours, same columns (``PAR1`` magic); keeps ``meta``            seconds
+=========  ============================================================  =====================
+
+Rows may come in any time order (they are sorted; errors still name the original line). A
+request with 0 prompt or 0 output tokens in a published trace (BurstGPT logs failed requests
+that way) is dropped and counted in ``meta["num_dropped_zero_output"]`` /
+``meta["num_dropped_zero_prompt"]``; in our own formats it is an error. Anything else that is
+wrong (a missing column or value, a non-number, a negative, bad JSON) raises
+``TraceFormatError(path, line, reason)`` naming the first bad line. Gzipped text files are read
+as they are.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from traces.errors import TraceFormatError
+from traces.requests import REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
+
+__all__ = ["REQUEST_FORMATS", "read_request_trace", "write_request_trace", "detect_request_format"]
+
+#: Block size of Mooncake hash ids, and the default for a trace that does not say.
+DEFAULT_HASH_BLOCK_TOKENS = 512
+_PARQUET_META_KEY = b"poollab.request_trace"
+# pandas 3 parses floats exactly by default; pandas 2 needs asking (and 3 warns if asked)
+_EXACT_FLOATS = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+
+
+@dataclass(frozen=True)
+class _CsvLayout:
+    format: str
+    time_col: str
+    prompt_col: str
+    output_col: str
+    time_is_datetime: bool = False
+    session_col: str | None = None
+    hash_col: str | None = None
+    ours: bool = False  # our own format: zero tokens are an error, not a dropped failure
+
+
+_CSV_LAYOUTS = (
+    _CsvLayout("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", time_is_datetime=True),
+    _CsvLayout("burstgpt", "Timestamp", "Request tokens", "Response tokens", session_col="Session ID"),
+    _CsvLayout("vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    _CsvLayout("csv", "arrival_s", "prompt_tokens", "output_tokens", session_col="session_id",
+               hash_col="hash_ids", ours=True),
+)
+_MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+REQUEST_FORMATS = tuple(lay.format for lay in _CSV_LAYOUTS) + ("mooncake", "parquet")
+
+
+def read_request_trace(path: str | Path, *, format: str | None = None, name: str | None = None) -> RequestTrace:
+    """Read a request trace, detecting the format from the content unless ``format`` is given.
+
+    Args:
+        path: the file (plain or gzipped text, or Parquet).
+        format: one of ``REQUEST_FORMATS`` to skip detection.
+        name: name for reports; the file stem by default.
+
+    Raises:
+        TraceFormatError: unknown format, or the first malformed line and why.
+    """
+    path = Path(path)
+    if format is not None and format not in REQUEST_FORMATS:
+        raise TraceFormatError(path, None, f"unknown request-trace format {format!r}; known: {', '.join(REQUEST_FORMATS)}")
+    kind, header, first = _sniff(path)
+    fmt = format or _match(path, kind, header, first)
+    name = name or Path(path.name.removesuffix(".gz")).stem
+    if fmt == "parquet":
+        return _read_parquet(path, name)
+    if fmt == "mooncake":
+        return _read_mooncake(path, name)
+    layout = next(lay for lay in _CSV_LAYOUTS if lay.format == fmt)
+    return _read_csv(path, name, layout, header)
+
+
+def detect_request_format(path: str | Path) -> str:
+    """The format name of a request-trace file, from its content (the suffix is not looked at)."""
+    path = Path(path)
+    return _match(path, *_sniff(path))
+
+
+def _sniff(path: Path) -> tuple[str, list[str], str]:
+    """``(kind, header columns, first line)``: kind is "parquet", "json" or "csv"."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if head.startswith(b"PAR1"):
+        return "parquet", [], ""
+    if head.startswith(b"\x1f\x8b"):
+        try:
+            with gzip.open(path, "rb") as f:
+                head = f.read(1 << 16)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise TraceFormatError(path, None, f"corrupt gzip stream ({exc})") from None
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    if first.lstrip().startswith("{"):
+        return "json", [], first
+    return "csv", [c.strip() for c in next(csv.reader([first]), [])], first
+
+
+def _match(path: Path, kind: str, header: list[str], first: str) -> str:
+    if kind == "parquet":
+        return "parquet"
+    if kind == "json":
+        return "mooncake"
+    if not first:
+        raise TraceFormatError(path, None, "empty file: no header line or JSON object")
+    for lay in _CSV_LAYOUTS:
+        if {lay.time_col, lay.prompt_col, lay.output_col} <= set(header):
+            return lay.format
+    known = "; ".join(f"{lay.format}: {lay.time_col},{lay.prompt_col},{lay.output_col}" for lay in _CSV_LAYOUTS)
+    raise TraceFormatError(path, 1, f"unrecognised request-trace header {first.strip()[:120]!r}; expected columns of "
+                                    f"{known}; or Mooncake JSON lines; or Parquet")
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV formats
+
+
+def _compression(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        return "gzip" if f.read(2) == b"\x1f\x8b" else None
+
+
+def _row_to_line(path: Path, rows: list[int]) -> dict[int, int]:
+    """File line of each data row: pandas skips blank lines, so count only non-blank ones."""
+    wanted, found = set(rows), {}
+    opener = gzip.open if _compression(path) else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        row = -1  # the header is the first non-blank line
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                if row in wanted:
+                    found[row] = lineno
+                    if len(found) == len(wanted):
+                        break
+                row += 1
+    return found
+
+
+class _Problems:
+    """The first bad row of each check; the smallest row wins, as the file is read top-down."""
+
+    def __init__(self) -> None:
+        self.first: list[tuple[int, str]] = []
+
+    def add(self, mask: np.ndarray, reason: Callable[[int], str]) -> None:
+        bad = np.flatnonzero(mask)
+        if bad.size:
+            self.first.append((int(bad[0]), reason(int(bad[0]))))
+
+    def raise_first(self, path: Path, to_line: Callable[[int], int], unit: str = "line") -> None:
+        if self.first:
+            row, reason = min(self.first)
+            raise TraceFormatError(path, to_line(row), reason, unit=unit)
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) -> np.ndarray:
+    """A column as float64, logging missing, non-numeric, non-finite, negative and fractional values."""
+    if pd.api.types.is_integer_dtype(col.dtype):
+        v = col.to_numpy(np.float64)
+    else:
+        v = pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
+        missing = col.isna().to_numpy()
+        problems.add(missing, lambda i: f"missing value in column {label!r}")
+        problems.add(np.isnan(v) & ~missing, lambda i: f"{label} {_show(col.iloc[i])} is not a number")
+    problems.add(np.isinf(v), lambda i: f"{label} {_show(col.iloc[i])} is not a finite number")
+    problems.add(v < 0, lambda i: f"{label} {_show(col.iloc[i])} must not be negative")
+    if integer:
+        problems.add(np.isfinite(v) & (v != np.floor(v)), lambda i: f"{label} {_show(col.iloc[i])} is not a whole number of tokens")
+    return v
+
+
+def _datetimes_s(col: pd.Series, label: str, problems: _Problems) -> tuple[np.ndarray, str]:
+    """Date-time strings (7 fractional digits, or an offset, as Azure writes them) to seconds since the earliest."""
+    ts = pd.to_datetime(col, format="ISO8601", utc=True, errors="coerce")
+    bad = ts.isna().to_numpy()
+    problems.add(bad, lambda i: f"{label} {col.iloc[i]!r} is not a date-time (like 2023-11-16 18:17:03.9799600)")
+    if bad.all():
+        return np.full(len(col), np.nan), ""
+    start = ts.min()
+    return (ts - start).dt.total_seconds().to_numpy(np.float64), start.isoformat()
+
+
+def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    bad = np.zeros(len(col), dtype=bool)
+    for i, text in enumerate(col.fillna("").astype(str)):
+        try:
+            out.append(tuple(int(x) for x in text.split()))
+        except ValueError:
+            bad[i] = True
+            out.append(())
+    problems.add(bad, lambda i: f"hash_ids {col.iloc[i]!r} is not a space-separated list of integers")
+    return out
+
+
+def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> RequestTrace:
+    missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in header]
+    if missing:
+        raise TraceFormatError(path, 1, f"missing column(s) {', '.join(map(repr, missing))} for format {layout.format!r}")
+    optional = [c for c in (layout.session_col, layout.hash_col) if c and c in header]
+    text_cols = optional + ([layout.time_col] if layout.time_is_datetime else [])
+    try:
+        # all columns, not usecols: with usecols pandas lets a row with extra fields pass
+        # only an empty field is missing: a session id may well be "NA" or "null"
+        df = pd.read_csv(path, dtype={c: str for c in text_cols}, compression=_compression(path),
+                         keep_default_na=False, na_values={c: [""] for c in header}, encoding="utf-8-sig",
+                         **_EXACT_FLOATS)
+    except pd.errors.ParserError as exc:  # "... Expected 3 fields in line 6, saw 4"
+        m = re.search(r"line (\d+)", str(exc))
+        raise TraceFormatError(path, int(m.group(1)) if m else None, f"cannot parse CSV: {str(exc).split(': ')[-1]}") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, None, f"cannot read CSV: {exc}") from None
+    df.columns = [str(c).strip() for c in df.columns]  # detection strips header names too
+    problems = _Problems()
+    meta: dict[str, Any] = {"num_rows_read": len(df)}
+    if layout.time_is_datetime:
+        t, meta["start_time"] = _datetimes_s(df[layout.time_col], layout.time_col, problems)
+    else:
+        t = _numbers(df[layout.time_col], layout.time_col, problems, integer=False)
+    prompt = _numbers(df[layout.prompt_col], layout.prompt_col, problems, integer=True)
+    output = _numbers(df[layout.output_col], layout.output_col, problems, integer=True)
+    sessions = df[layout.session_col].fillna("").astype(str).to_numpy(object) if layout.session_col in optional else None
+    hashes = _parse_hash_ids(df[layout.hash_col], problems) if layout.hash_col in optional else None
+    if layout.ours:
+        problems.add(prompt == 0, lambda i: f"{layout.prompt_col} 0 must be >= 1")
+        problems.add(output == 0, lambda i: f"{layout.output_col} 0 must be >= 1")
+    if problems.first:
+        rows = [row for row, _ in problems.first]
+        lines = _row_to_line(path, rows)
+        problems.raise_first(path, lambda row: lines.get(row, row + 2))
+    trace = _finish(path, name, layout.format, t, prompt, output, sessions, hashes, meta)
+    if layout.ours:
+        trace.meta.setdefault("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)
+    return trace
+
+
+def _finish(path: Path, name: str, fmt: str, t: np.ndarray, prompt: np.ndarray, output: np.ndarray,
+            sessions: np.ndarray | None, hashes: list | None, meta: dict[str, Any]) -> RequestTrace:
+    """Drop zero-token requests (counted), sort by arrival, rebase, validate."""
+    zero_out, zero_prompt = output == 0, (prompt == 0) & (output != 0)
+    keep = ~(zero_out | zero_prompt)
+    meta.update(num_dropped_zero_output=int(zero_out.sum()), num_dropped_zero_prompt=int(zero_prompt.sum()),
+                was_sorted=bool(np.all(np.diff(t) >= 0)))
+    if not keep.all():
+        t, prompt, output = t[keep], prompt[keep], output[keep]
+        sessions = None if sessions is None else sessions[keep]
+        hashes = None if hashes is None else [h for h, k in zip(hashes, keep) if k]
+    df = make_requests(t, prompt.astype(np.int64), output.astype(np.int64), sessions, hashes)
+    validate_requests(df, str(path))
+    return RequestTrace(df, name=name, source=str(path), format=fmt, meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mooncake JSON lines
+
+
+def _read_mooncake(path: Path, name: str) -> RequestTrace:
+    t, prompt, output, hashes = [], [], [], []
+    opener = gzip.open if _compression(path) else open
+    with opener(path, "rt", encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(path, lineno, f"bad JSON: {exc.msg} at column {exc.colno}") from None
+            if not isinstance(obj, dict):
+                raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+            for key in _MOONCAKE_KEYS:
+                value = obj.get(key)
+                if key not in obj:
+                    raise TraceFormatError(path, lineno, f"missing key {key!r} (Mooncake lines have {', '.join(_MOONCAKE_KEYS)}, hash_ids)")
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+                    raise TraceFormatError(path, lineno, f"{key} {value!r} is not a number")
+                if value < 0:
+                    raise TraceFormatError(path, lineno, f"{key} {value!r} must not be negative")
+                if key != "timestamp" and value != int(value):
+                    raise TraceFormatError(path, lineno, f"{key} {value!r} is not a whole number of tokens")
+            ids = obj.get("hash_ids", [])
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise TraceFormatError(path, lineno, f"hash_ids {str(ids)[:80]} is not a list of integers")
+            t.append(obj["timestamp"] / 1000.0)  # Mooncake timestamps are milliseconds
+            prompt.append(int(obj["input_length"]))
+            output.append(int(obj["output_length"]))
+            hashes.append(tuple(ids))
+    meta = {"num_rows_read": len(t), "hash_block_tokens": DEFAULT_HASH_BLOCK_TOKENS}
+    return _finish(path, name, "mooncake", np.asarray(t, np.float64), np.asarray(prompt, np.int64),
+                   np.asarray(output, np.int64), None, hashes, meta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parquet (ours) and the writer
+
+
+def _read_parquet(path: Path, name: str) -> RequestTrace:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise TraceFormatError(path, None, f"cannot read Parquet: {exc}") from None
+    stored = json.loads((table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))
+    df = table.to_pandas()
+    layout = _CSV_LAYOUTS[-1]
+    missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in df.columns]
+    if missing:
+        raise TraceFormatError(path, None, f"missing column(s) {', '.join(map(repr, missing))}; expected {', '.join(REQUEST_COLUMNS)}")
+    problems = _Problems()
+    t = _numbers(df["arrival_s"], "arrival_s", problems, integer=False)
+    prompt = _numbers(df["prompt_tokens"], "prompt_tokens", problems, integer=True)
+    output = _numbers(df["output_tokens"], "output_tokens", problems, integer=True)
+    problems.add(prompt == 0, lambda i: "prompt_tokens 0 must be >= 1")
+    problems.add(output == 0, lambda i: "output_tokens 0 must be >= 1")
+    problems.raise_first(path, lambda row: row + 1, unit="row")
+    sessions = df["session_id"].fillna("").astype(str).to_numpy(object) if "session_id" in df else None
+    hashes = None
+    if "hash_ids" in df:
+        hashes = []
+        for row, h in enumerate(df["hash_ids"]):
+            try:
+                hashes.append(() if h is None else tuple(int(i) for i in h))
+            except (TypeError, ValueError):
+                raise TraceFormatError(path, row + 1, f"hash_ids {h!r} is not a list of integers", unit="row") from None
+    meta = {**stored.get("meta", {}), "num_rows_read": len(df)}
+    meta.setdefault("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)
+    return _finish(path, name, "parquet", t, prompt, output, sessions, hashes, meta)
+
+
+def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | None = None) -> Path:
+    """Write our CSV (hash ids space-separated) or Parquet (also keeps name and meta).
+
+    The format follows ``format`` or the suffix (``.parquet``/``.pq`` for Parquet, else CSV).
+    """
+    path = Path(path)
+    fmt = format or ("parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv")
+    if fmt not in ("csv", "parquet"):
+        raise ValueError(f"cannot write request traces as {fmt!r}; use 'csv' or 'parquet'")
+    df = trace.requests[REQUEST_COLUMNS]
+    if fmt == "csv":
+        out = df.assign(hash_ids=[" ".join(map(str, h)) for h in df["hash_ids"]])
+        out.to_csv(path, index=False)
+        return path
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "request_id": pa.array(df["request_id"].to_numpy(np.int64)),
+        "arrival_s": pa.array(df["arrival_s"].to_numpy(np.float64)),
+        "prompt_tokens": pa.array(df["prompt_tokens"].to_numpy(np.int64)),
+        "output_tokens": pa.array(df["output_tokens"].to_numpy(np.int64)),
+        "session_id": pa.array([str(s) for s in df["session_id"]], pa.string()),
+        "hash_ids": pa.array([list(h) for h in df["hash_ids"]], pa.list_(pa.int64())),
+    })
+    stored = json.dumps({"name": trace.name, "format": trace.format, "meta": trace.meta}, default=str)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _PARQUET_META_KEY: stored.encode()})
+    pq.write_table(table, path)
+    return path

@@ -1,0 +1,330 @@
+"""Seeded synthetic request traces: Poisson or Gamma arrivals, token lengths from a distribution.
+
+``synth_requests(num_requests=1000, rate_rps=4, arrival="gamma", cv=2.0, prompt=Lognormal(1000, 1.0),
+output=Zipf(1.2, max=2048), seed=0)`` gives the same trace for the same arguments on every machine
+(numpy ``Generator``; arrivals, prompt lengths, output lengths and prefixes draw from separate
+child streams, so changing one distribution leaves the others' draws unchanged).
+
+Length distributions are written on the command line as ``name:key=value,...``
+(``parse_length_dist``): ``lognormal:median=1000,sigma=1.0[,min=1,max=32768]``,
+``zipf:a=1.2[,min=1,max=65536]``, ``fixed:n=128`` (or just ``128``),
+``empirical:trace=FILE,column=prompt_tokens`` (lengths resampled from a real trace).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from traces.requests import RequestTrace, make_requests
+
+__all__ = [
+    "LengthDist", "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing",
+    "parse_length_dist", "parse_prefix_sharing", "synth_requests",
+]
+
+_MAX_ZIPF_RANGE = 10_000_000  # the bounded Zipf keeps its whole CDF in memory
+
+
+class LengthDist(Protocol):
+    """A distribution of token counts (all values >= 1)."""
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray: ...
+
+
+def _check_bounds(kind: str, lo: int, hi: int | None) -> None:
+    if int(lo) != lo or lo < 1:
+        raise ValueError(f"{kind}: min={lo!r} must be a whole number >= 1")
+    if hi is not None and (int(hi) != hi or hi < lo):
+        raise ValueError(f"{kind}: max={hi!r} must be a whole number >= min={lo}")
+
+
+@dataclass(frozen=True)
+class Lognormal:
+    """Tokens = round(exp(N(ln median, sigma))), clipped to [min, max]."""
+
+    median: float
+    sigma: float
+    min: int = 1
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.median) and self.median > 0):
+            raise ValueError(f"lognormal: median={self.median!r} must be > 0")
+        if not (np.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"lognormal: sigma={self.sigma!r} must be >= 0")
+        _check_bounds("lognormal", self.min, self.max)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        x = np.rint(rng.lognormal(np.log(self.median), self.sigma, size))
+        return np.clip(x, self.min, self.max if self.max is not None else np.inf).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Zipf:
+    """P(k) proportional to k**-a for whole k in [min, max] (bounded, so any a > 0 works)."""
+
+    a: float
+    min: int = 1
+    max: int = 65536
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.a) and self.a > 0):
+            raise ValueError(f"zipf: a={self.a!r} must be > 0")
+        _check_bounds("zipf", self.min, self.max)
+        if self.max - self.min >= _MAX_ZIPF_RANGE:
+            raise ValueError(f"zipf: range [{self.min}, {self.max}] is wider than {_MAX_ZIPF_RANGE:,} values")
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        k = np.arange(self.min, self.max + 1, dtype=np.float64)
+        cdf = np.cumsum(k ** -self.a)
+        idx = np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right")
+        return (self.min + np.minimum(idx, k.size - 1)).astype(np.int64)
+
+
+@dataclass(frozen=True, repr=False)
+class Empirical:
+    """Resample (uniformly, with replacement) from observed lengths, e.g. a real trace's column."""
+
+    values: np.ndarray = field(compare=False)
+
+    def __repr__(self) -> str:
+        return f"Empirical(<{self.values.size} values, median {float(np.median(self.values)):g}>)"
+
+    def __post_init__(self) -> None:
+        v = np.asarray(self.values)
+        if v.ndim != 1 or v.size == 0:
+            raise ValueError("empirical: needs a non-empty list of lengths")
+        if not np.issubdtype(v.dtype, np.number) or np.any(v < 1) or np.any(v != np.floor(v)):
+            raise ValueError("empirical: lengths must be whole numbers >= 1")
+        object.__setattr__(self, "values", v.astype(np.int64))
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return self.values[rng.integers(0, self.values.size, size)]
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Every request has exactly ``n`` tokens."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        if int(self.n) != self.n or self.n < 1:
+            raise ValueError(f"fixed: n={self.n!r} must be a whole number >= 1")
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return np.full(size, int(self.n), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class PrefixSharing:
+    """Shared system prompts: requests reuse the hash ids of a few common prefixes.
+
+    Each prefix k has a length drawn once from ``prefix_tokens``; a request picks one (with
+    probability ``fraction``; prefix k with weight (k+1)**-a, Zipf) and its first
+    ``min(prefix length, prompt length) // block_tokens`` blocks carry that prefix's ids. The
+    rest of its prompt gets fresh ids. Prompt lengths are not changed by sharing.
+    """
+
+    num_prefixes: int = 4
+    prefix_tokens: Any = Fixed(2048)
+    a: float = 1.0
+    fraction: float = 1.0
+    block_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if int(self.num_prefixes) != self.num_prefixes or self.num_prefixes < 1:
+            raise ValueError(f"prefix sharing: num_prefixes={self.num_prefixes!r} must be a whole number >= 1")
+        if not (np.isfinite(self.a) and self.a >= 0):
+            raise ValueError(f"prefix sharing: a={self.a!r} must be >= 0")
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"prefix sharing: fraction={self.fraction!r} must be in [0, 1]")
+        if int(self.block_tokens) != self.block_tokens or self.block_tokens < 1:
+            raise ValueError(f"prefix sharing: block_tokens={self.block_tokens!r} must be a whole number >= 1")
+
+    def hash_ids(self, rng: np.random.Generator, prompt_tokens: np.ndarray) -> list[tuple[int, ...]]:
+        bt = int(self.block_tokens)
+        prefix_blocks = self.prefix_tokens.sample(rng, self.num_prefixes) // bt
+        first_id = np.concatenate([[0], np.cumsum(prefix_blocks)])  # prefix k owns ids first_id[k]..
+        weights = np.arange(1, self.num_prefixes + 1, dtype=np.float64) ** -self.a
+        choice = rng.choice(self.num_prefixes, size=prompt_tokens.size, p=weights / weights.sum())
+        uses = rng.random(prompt_tokens.size) < self.fraction
+        next_id = int(first_id[-1])
+        out = []
+        for n_tokens, k, use in zip(prompt_tokens.tolist(), choice.tolist(), uses.tolist()):
+            num_blocks = -(-n_tokens // bt)
+            shared = min(int(prefix_blocks[k]), n_tokens // bt) if use else 0
+            own = num_blocks - shared
+            out.append(tuple(range(first_id[k], first_id[k] + shared)) + tuple(range(next_id, next_id + own)))
+            next_id += own
+        return out
+
+
+def synth_requests(*, num_requests: int | None = None, duration_s: float | None = None, rate_rps: float,
+                   arrival: str = "poisson", cv: float = 1.0, prompt: LengthDist = Lognormal(1000, 1.0),
+                   output: LengthDist = Lognormal(128, 1.0), seed: int = 0,
+                   prefix_sharing: PrefixSharing | None = None, name: str = "synth") -> RequestTrace:
+    """A synthetic request trace.
+
+    Args:
+        num_requests: how many requests; with ``duration_s`` too, at most this many.
+        duration_s: keep arrivals in ``[0, duration_s)`` (the first request arrives at 0).
+        rate_rps: mean arrival rate, requests per second.
+        arrival: ``"poisson"`` (exponential gaps, CV 1) or ``"gamma"`` (gaps Gamma-distributed with
+            coefficient of variation ``cv``: shape 1/cv**2, so cv > 1 is burstier than Poisson).
+        prompt, output: token-length distributions (``Lognormal``, ``Zipf``, ``Empirical``, ``Fixed``).
+        seed: the same seed and arguments give the same trace.
+        prefix_sharing: share prompt-prefix hash ids among requests; None for no hash ids.
+        name: name for reports.
+    """
+    if num_requests is None and duration_s is None:
+        raise ValueError("synth_requests needs num_requests or duration_s (or both)")
+    if num_requests is not None and (int(num_requests) != num_requests or num_requests < 0):
+        raise ValueError(f"num_requests={num_requests!r} must be a whole number >= 0")
+    if duration_s is not None and not (np.isfinite(duration_s) and duration_s > 0):
+        raise ValueError(f"duration_s={duration_s!r} must be a finite number > 0")
+    if not (np.isfinite(rate_rps) and rate_rps > 0):
+        raise ValueError(f"rate_rps={rate_rps!r} must be a finite number > 0")
+    if arrival not in ("poisson", "gamma"):
+        raise ValueError(f"arrival={arrival!r} must be 'poisson' or 'gamma'")
+    if not (np.isfinite(cv) and cv > 0):
+        raise ValueError(f"cv={cv!r} must be a finite number > 0")
+    if arrival == "poisson" and cv != 1.0:
+        raise ValueError(f"cv={cv!r} needs arrival='gamma' (a Poisson process has CV 1)")
+    rng_arrival, rng_prompt, rng_output, rng_prefix = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+    t = _arrivals(rng_arrival, num_requests, duration_s, rate_rps, arrival, cv)
+    prompt_tokens = prompt.sample(rng_prompt, t.size)
+    output_tokens = output.sample(rng_output, t.size)
+    hash_ids = prefix_sharing.hash_ids(rng_prefix, prompt_tokens) if prefix_sharing else None
+    meta: dict[str, Any] = {
+        "seed": seed, "rate_rps": rate_rps, "arrival": arrival, "cv": cv, "num_requests": num_requests,
+        "duration_s": duration_s, "prompt": _describe_dist(prompt), "output": _describe_dist(output),
+        "prefix_sharing": None if prefix_sharing is None else
+        {**asdict(prefix_sharing), "prefix_tokens": _describe_dist(prefix_sharing.prefix_tokens)},
+    }
+    if prefix_sharing is not None:
+        meta["hash_block_tokens"] = int(prefix_sharing.block_tokens)
+    return RequestTrace(make_requests(t, prompt_tokens, output_tokens, hash_ids=hash_ids),
+                        name=name, source="", format="synth", meta=meta)
+
+
+def _arrivals(rng: np.random.Generator, num_requests: int | None, duration_s: float | None,
+              rate_rps: float, arrival: str, cv: float) -> np.ndarray:
+    """Arrival times of a renewal process with an arrival at 0 and mean gap 1/rate_rps."""
+    def gaps(size: int) -> np.ndarray:
+        if arrival == "poisson":
+            return rng.exponential(1.0 / rate_rps, size)
+        shape = 1.0 / cv**2
+        return rng.gamma(shape, 1.0 / (rate_rps * shape), size)
+
+    if duration_s is None:
+        n = int(num_requests)
+        return np.concatenate([[0.0], np.cumsum(gaps(n - 1))]) if n else np.zeros(0)
+    limit = np.inf if num_requests is None else int(num_requests)
+    chunks, t_last, count = [np.zeros(1)], 0.0, 1
+    while t_last < duration_s and count < limit:
+        # draw in chunks about the expected count, so the loop runs once or twice
+        t = t_last + np.cumsum(gaps(int(rate_rps * duration_s * 1.1) + 16))
+        chunks.append(t)
+        t_last, count = float(t[-1]), count + t.size
+    t = np.concatenate(chunks)
+    t = t[t < duration_s]
+    return t[: int(min(limit, t.size))]
+
+
+def _describe_dist(dist: Any) -> str:
+    return repr(dist)
+
+
+def _parse_kv(text: str, kind: str, body: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in body.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"cannot read {part!r} in {kind} spec {text!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _number(text: str, spec: str, key: str, kind: type = float) -> Any:
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{key}={text!r} in {spec!r} is not a number") from None
+    if kind is int:
+        if value != int(value):
+            raise ValueError(f"{key}={text!r} in {spec!r} is not a whole number")
+        return int(value)
+    return value
+
+
+_DIST_KEYS = {
+    "lognormal": (Lognormal, {"median": float, "sigma": float, "min": int, "max": int}, ("median", "sigma")),
+    "zipf": (Zipf, {"a": float, "min": int, "max": int}, ("a",)),
+    "fixed": (Fixed, {"n": int}, ("n",)),
+}
+
+
+def parse_length_dist(text: str) -> LengthDist:
+    """``"lognormal:median=1000,sigma=1.0"`` -> ``Lognormal(1000.0, 1.0)``; ValueError naming the text if not."""
+    spec = str(text).strip()
+    kind, _, body = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind.replace("_", "").isdigit() and not body:
+        return Fixed(_number(kind, spec, "n", int))
+    if kind == "fixed" and body and "=" not in body:
+        body = f"n={body}"
+    if kind == "empirical":
+        kv = _parse_kv(spec, kind, body)
+        unknown = set(kv) - {"trace", "column"}
+        if unknown or "trace" not in kv:
+            raise ValueError(f"empirical spec {spec!r} needs trace=FILE[,column=prompt_tokens|output_tokens]")
+        column = kv.get("column", "prompt_tokens")
+        column = {"prompt": "prompt_tokens", "output": "output_tokens"}.get(column, column)
+        if column not in ("prompt_tokens", "output_tokens"):
+            raise ValueError(f"empirical spec {spec!r}: column must be prompt_tokens or output_tokens")
+        from traces.request_readers import read_request_trace
+        return Empirical(read_request_trace(kv["trace"]).requests[column].to_numpy())
+    if kind not in _DIST_KEYS:
+        raise ValueError(f"unknown length distribution {kind!r} in {spec!r}; known: lognormal, zipf, fixed, empirical "
+                         f"(e.g. lognormal:median=1000,sigma=1.0)")
+    cls, keys, required = _DIST_KEYS[kind]
+    kv = _parse_kv(spec, kind, body)
+    unknown = sorted(set(kv) - set(keys))
+    if unknown:
+        raise ValueError(f"unknown key(s) {', '.join(unknown)} in {spec!r}; {kind} takes {', '.join(keys)}")
+    missing = [k for k in required if k not in kv]
+    if missing:
+        raise ValueError(f"{spec!r} lacks {', '.join(missing)} (e.g. {kind}:{','.join(f'{k}=...' for k in required)})")
+    return cls(**{k: _number(v, spec, k, keys[k]) for k, v in kv.items()})
+
+
+def parse_prefix_sharing(text: str) -> PrefixSharing:
+    """``"num_prefixes=8,prefix_tokens=[lognormal:median=2048,sigma=0.5],a=1.0,fraction=0.9,block_tokens=512"``.
+
+    ``prefix_tokens`` takes a length spec in square brackets (or a plain number of tokens).
+    """
+    spec = str(text).strip()
+    kv: dict[str, Any] = {}
+    depth, start, parts = 0, 0, []
+    for i, ch in enumerate(spec):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(spec[start:i])
+            start = i + 1
+    parts.append(spec[start:])
+    types = {"num_prefixes": int, "a": float, "fraction": float, "block_tokens": int}
+    for part in filter(None, (p.strip() for p in parts)):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or not value:
+            raise ValueError(f"cannot read {part!r} in prefix-sharing spec {spec!r}: expected key=value")
+        if key == "prefix_tokens":
+            kv[key] = parse_length_dist(value[1:-1] if value.startswith("[") and value.endswith("]") else value)
+        elif key in types:
+            kv[key] = _number(value, spec, key, types[key])
+        else:
+            raise ValueError(f"unknown key {key!r} in prefix-sharing spec {spec!r}; known: prefix_tokens, {', '.join(types)}")
+    return PrefixSharing(**kv)
