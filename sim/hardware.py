@@ -56,7 +56,8 @@ class GpuSpec:
             value = getattr(self, f)
             if value is None and f == "fp32_flops_per_s":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{where}: field {f!r} must be a positive number, got {value!r}")
 
     def flops_per_s(self, dtype: str) -> float:

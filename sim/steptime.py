@@ -6,7 +6,7 @@ for each of ``decode_seqs`` decoding sequences through the model once::
     compute_s = prefill_flops / (peak x mfu_prefill) + decode_flops / (peak x mfu_decode)
     memory_s  = (weight bytes + KV bytes read and written + activation traffic)
                 / (hbm_bandwidth x hbm_efficiency)
-    step_s    = max(compute_s, memory_s) + step_overhead_s
+    step_s    = max(compute_s, memory_s) + num_layers x layer_overhead_s + step_overhead_s
 
 FLOPs: every token is multiplied by the layer weights (``2 x params`` each); only sampled
 positions (each decode sequence, and the last position of each prefill sequence) go through
@@ -42,8 +42,8 @@ __all__ = [
 
 DEFAULT_CALIBRATION_PATH = DATA_DIR / "calibration_default.json"
 
-#: Free-text keys a calibration file may carry besides the factors.
-_CALIBRATION_METADATA_KEYS = frozenset({"source", "notes", "measured_on"})
+#: Keys a calibration file may carry besides the factors: documentation only.
+_CALIBRATION_METADATA_KEYS = frozenset({"source", "notes", "measured_on", "measured"})
 #: Factors that are shares of a peak: in (0, 1].
 _FRACTION_FACTORS = ("mfu_prefill", "mfu_decode", "hbm_efficiency", "pcie_efficiency")
 
@@ -57,7 +57,10 @@ class Calibration:
         mfu_decode: share of peak that decode tokens' matmuls reach when compute-bound.
         hbm_efficiency: share of peak HBM bandwidth that streaming weights and KV reaches.
         pcie_efficiency: multiplies the GPU's (already achievable) PCIe rate.
-        step_overhead_s: fixed time per iteration (scheduling, launches, sampling).
+        layer_overhead_s: fixed GPU time per layer per iteration (the ramp and tail of a
+            layer's dozen small kernels, which neither roof covers; dominant only at batch 1).
+        step_overhead_s: fixed CPU-side time per iteration (scheduling, input preparation,
+            sampling) that the GPU waits for.
         transfer_latency_s: fixed time per ``copy_time_s`` / ``swap_time_s`` call.
     """
 
@@ -65,6 +68,7 @@ class Calibration:
     mfu_decode: float
     hbm_efficiency: float
     pcie_efficiency: float
+    layer_overhead_s: float
     step_overhead_s: float
     transfer_latency_s: float
 
@@ -121,7 +125,10 @@ def load_calibration(path: str | Path) -> Calibration:
 
 @dataclass(slots=True)
 class StepCost:
-    """One step's roofline terms, for diagnostics and tests (``StepTimeModel.step_cost``)."""
+    """One step's roofline terms, for diagnostics and tests (``StepTimeModel.step_cost``).
+
+    ``overhead_s`` is the fixed part: ``step_overhead_s + num_layers x layer_overhead_s``.
+    """
 
     flops: float
     hbm_bytes: float
@@ -183,7 +190,8 @@ class StepTimeModel:
         s_per_decode_flop = 1.0 / (peak * cal.mfu_decode)
         self._s_per_hbm_byte = 1.0 / (self.gpu.hbm_bandwidth_bytes_per_s * cal.hbm_efficiency)
         self._s_per_pcie_byte = 1.0 / (self.gpu.pcie_bandwidth_bytes_per_s * cal.pcie_efficiency)
-        self._step_overhead_s = cal.step_overhead_s
+        # Per-layer kernel floors and the engine's own overhead are added, not overlapped.
+        self._fixed_s = cal.step_overhead_s + m.num_layers * cal.layer_overhead_s
         self._transfer_latency_s = cal.transfer_latency_s
         # FLOP counts, kept for step_cost().
         self._body_flops_per_token = m.flops_per_token - m.logits_flops_per_token
@@ -208,7 +216,7 @@ class StepTimeModel:
     # -- the hot path ----------------------------------------------------------------------------
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
                     prefill_context_tokens: int = 0, num_prefill_seqs: int | None = None) -> float:
-        """Seconds one iteration takes (compute/memory roofline plus the fixed step overhead).
+        """Seconds one iteration takes (compute/memory roofline plus the fixed overheads).
 
         Args:
             prefill_tokens: prompt tokens processed this step (all prefilling sequences).
@@ -246,7 +254,7 @@ class StepTimeModel:
                      + self._act_bytes_per_token * (p + d)
                      + self._logits_bytes * (k + d))
         memory_s = hbm_bytes * self._s_per_hbm_byte
-        return (compute_s if compute_s > memory_s else memory_s) + self._step_overhead_s
+        return (compute_s if compute_s > memory_s else memory_s) + self._fixed_s
 
     @staticmethod
     def _check_args(p: int, d: int, c: int, pc: int, k: int) -> None:
@@ -279,7 +287,7 @@ class StepTimeModel:
                      + self._kv_bytes_per_token * (context_tokens + prefill_context_tokens + p + d)
                      + self._act_bytes_per_token * (p + d) + self._logits_bytes * (k + d))
         cost = StepCost(flops=prefill_flops + decode_flops, hbm_bytes=hbm_bytes, compute_s=compute_s,
-                        memory_s=hbm_bytes * self._s_per_hbm_byte, overhead_s=self._step_overhead_s)
+                        memory_s=hbm_bytes * self._s_per_hbm_byte, overhead_s=self._fixed_s)
         assert math.isclose(cost.total_s, total, rel_tol=1e-9), (cost, total)
         return cost
 
