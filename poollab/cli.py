@@ -19,6 +19,8 @@ from poollab.errors import USER_ERRORS
 COMMAND_MODULES = [
     "poollab.commands.policies",
     "poollab.commands.replay",
+    "poollab.commands.traces",
+    "poollab.commands.demo",
 ]
 
 

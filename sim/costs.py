@@ -92,10 +92,10 @@ class CostModel:
         return cls(table, source=str(p))
 
     def malloc_ns(self, nbytes: int) -> int:
-        return int(self._malloc.us(nbytes) * 1e3)
+        return round(self._malloc.us(nbytes) * 1e3)
 
     def free_ns(self, nbytes: int) -> int:
-        return int(self._free.us(nbytes) * 1e3)
+        return round(self._free.us(nbytes) * 1e3)
 
     def copy_ns(self, nbytes: int) -> int:
         """A device-to-device copy of ``nbytes``."""
