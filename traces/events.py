@@ -28,9 +28,11 @@ import pandas as pd
 
 from traces.errors import TraceFormatError
 
-__all__ = ["EVENT_COLUMNS", "AllocTrace", "make_events", "validate_events"]
+__all__ = ["EVENT_COLUMNS", "PRE_TRACE_TAG", "AllocTrace", "make_events", "validate_events"]
 
 EVENT_COLUMNS = ["time_us", "op", "alloc_id", "nbytes", "stream", "tag"]
+#: Tag of allocations made before recording began (synthesised by the snapshot reader).
+PRE_TRACE_TAG = "pre-trace"
 
 
 @dataclass
@@ -65,62 +67,80 @@ class AllocTrace:
 def make_events(time_us, op, alloc_id, nbytes, stream=None, tag=None) -> pd.DataFrame:
     """Build an event table with the canonical columns and dtypes."""
     n = len(op)
+    # astype(str): the default string dtype of the installed pandas, also when the table is empty
     df = pd.DataFrame({
         "time_us": np.asarray(time_us, dtype=np.int64),
-        "op": pd.Series(op, dtype=object).astype(str).to_numpy(),
+        "op": pd.Series(np.asarray(op, dtype=object), dtype=object).astype(str),
         "alloc_id": np.asarray(alloc_id, dtype=np.int64),
         "nbytes": np.asarray(nbytes, dtype=np.int64),
         "stream": np.zeros(n, np.int64) if stream is None else np.asarray(stream, dtype=np.int64),
-        "tag": [""] * n if tag is None else pd.Series(tag, dtype=object).fillna("").astype(str).to_numpy(),
+        "tag": pd.Series([""] * n if tag is None else np.asarray(tag, dtype=object),
+                         dtype=object).fillna("").astype(str),
     })
     return df
 
 
-def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: int = 2) -> None:
-    """Raise TraceFormatError at the first row that breaks the table's invariants.
+def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: int = 2,
+                    unit: str = "line") -> None:
+    """Raise TraceFormatError at the earliest row that breaks the table's invariants.
 
-    ``line_offset`` maps a row index to a file line (2 for a CSV with one header line).
+    Args:
+        df: an event table.
+        source: the file (or other origin) named in the error.
+        line_offset: maps a row index to a file line (2 for a CSV with one header line, 1 for
+            1-based record numbers).
+        unit: what the number counts ("line" for text, "record" for Parquet rows).
     """
     missing = [c for c in EVENT_COLUMNS if c not in df.columns]
     if missing:
         raise TraceFormatError(source, None, f"missing column(s) {', '.join(missing)}; expected {', '.join(EVENT_COLUMNS)}")
-    ops = df["op"].to_numpy()
-    bad = np.flatnonzero((ops != "alloc") & (ops != "free"))
+    problems: list[tuple[int, str]] = []  # (row, reason): each check's first offender; the earliest wins
+    op = df["op"]
+    is_alloc = (op == "alloc").to_numpy(dtype=bool, na_value=False)
+    bad = np.flatnonzero(~is_alloc & ~(op == "free").to_numpy(dtype=bool, na_value=False))
     if bad.size:
         i = int(bad[0])
-        raise TraceFormatError(source, i + line_offset, f"op {ops[i]!r} is neither 'alloc' nor 'free'")
+        problems.append((i, f"op {op.iloc[i]!r} is neither 'alloc' nor 'free'"))
     nbytes = df["nbytes"].to_numpy()
-    is_alloc = ops == "alloc"
-    bad = np.flatnonzero(is_alloc & (nbytes <= 0))
+    bad = np.flatnonzero((nbytes < 0) | (is_alloc & (nbytes == 0)))
     if bad.size:
         i = int(bad[0])
-        raise TraceFormatError(source, i + line_offset, f"allocation size {int(nbytes[i])} must be > 0")
+        problems.append((i, f"size {int(nbytes[i])} must be > 0"))
     t = df["time_us"].to_numpy()
     bad = np.flatnonzero(np.diff(t) < 0)
     if bad.size:
         i = int(bad[0]) + 1
-        raise TraceFormatError(source, i + line_offset, f"time_us {int(t[i])} goes back in time (previous {int(t[i-1])})")
+        problems.append((i, f"time_us {int(t[i])} goes back in time (previous {int(t[i-1])})"))
     ids = df["alloc_id"].to_numpy()
     # each id: at most one alloc, at most one free, free after alloc
-    alloc_ids, free_ids = ids[is_alloc], ids[~is_alloc]
     rows = np.arange(len(ids))
-    _dups(alloc_ids, rows[is_alloc], source, line_offset, "allocated twice")
-    _dups(free_ids, rows[~is_alloc], source, line_offset, "freed twice (double free)")
+    alloc_ids, free_ids = ids[is_alloc], ids[~is_alloc]
+    for found in (_first_dup(alloc_ids, rows[is_alloc], "allocated twice"),
+                  _first_dup(free_ids, rows[~is_alloc], "freed twice (double free)")):
+        if found is not None:
+            problems.append(found)
+    # first alloc row of each id (drop_duplicates keeps the first): a free must come after it
     first_alloc = pd.Series(rows[is_alloc], index=alloc_ids)
+    first_alloc = first_alloc[~first_alloc.index.duplicated()]
     freed_rows = rows[~is_alloc]
-    alloc_row = first_alloc.reindex(free_ids).to_numpy()
+    alloc_row = first_alloc.reindex(free_ids).to_numpy(dtype=np.float64)
     bad = np.flatnonzero(np.isnan(alloc_row) | (alloc_row > freed_rows))
     if bad.size:
         i = int(freed_rows[bad[0]])
-        raise TraceFormatError(source, i + line_offset, f"free of allocation {int(ids[i])}, which is not live at that point")
+        problems.append((i, f"free of allocation {int(ids[i])}, which is not live at that point"))
+    if problems:
+        i, reason = min(problems, key=lambda p: p[0])
+        raise TraceFormatError(source, i + line_offset, reason, unit=unit)
 
 
-def _dups(ids: np.ndarray, rows: np.ndarray, source: str, line_offset: int, what: str) -> None:
+def _first_dup(ids: np.ndarray, rows: np.ndarray, what: str) -> tuple[int, str] | None:
+    """The earliest row whose id already occurred earlier among ``ids``, or None."""
     if ids.size == 0:
-        return
-    order = np.argsort(ids, kind="stable")
+        return None
+    order = np.argsort(ids, kind="stable")  # stable: within one id, rows stay in file order
     s = ids[order]
-    dup = np.flatnonzero(s[1:] == s[:-1])
-    if dup.size:
-        i = int(rows[order[dup[0] + 1]])
-        raise TraceFormatError(source, i + line_offset, f"allocation {int(s[dup[0]])} {what}")
+    dup = np.flatnonzero(s[1:] == s[:-1]) + 1
+    if dup.size == 0:
+        return None
+    k = dup[np.argmin(rows[order[dup]])]
+    return int(rows[order[k]]), f"allocation {int(s[k])} {what}"

@@ -1,0 +1,177 @@
+"""Our own event-table files: CSV (header = ``EVENT_COLUMNS``) and Parquet, reader and writer.
+
+The columns and invariants are those of ``traces.events``. Errors name the file line (CSV: the
+header is line 1) or the 1-based record number (Parquet). Only the event table is written:
+``AllocTrace.meta`` (segment tables and the like) does not travel through these files.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.errors import TraceFormatError
+from traces.events import EVENT_COLUMNS, AllocTrace, make_events, validate_events
+
+__all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace"]
+
+CSV_FORMAT = "csv"
+PARQUET_FORMAT = "parquet"
+_INT_COLUMNS = ("time_us", "alloc_id", "nbytes", "stream")
+_CSV_SUFFIXES = (".csv", ".csv.gz")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+_LINE_RE = re.compile(r"line (\d+)")
+_STRING_DTYPE = make_events([], [], [], []).dtypes["op"]
+
+
+def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Path:
+    """Write the event table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``)."""
+    path = Path(path)
+    events = trace.events if isinstance(trace, AllocTrace) else trace
+    events = events[EVENT_COLUMNS]
+    name = path.name.lower()
+    if name.endswith(_CSV_SUFFIXES):
+        events.to_csv(path, index=False)
+    elif name.endswith(_PARQUET_SUFFIXES):
+        events.to_parquet(path, index=False)
+    else:
+        raise ValueError(f"cannot tell the output format from {path.name!r}: use one of "
+                         f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}")
+    return path
+
+
+def read_table_csv(path: str | Path) -> AllocTrace:
+    """Read our CSV; every row is checked (types, then ``validate_events``)."""
+    path = Path(path)
+    try:
+        # fast path: typed parse; any bad cell sends us to the slow path that finds its line
+        df = pd.read_csv(path, dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
+                         keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                         compression=_compression(path))
+    except (ValueError, TypeError, OverflowError) as exc:
+        if isinstance(exc, (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError)):
+            _raise_csv_error(path, exc)
+        df = _read_csv_slow(path)
+    _check_header(path, list(df.columns))
+    df = df[EVENT_COLUMNS]
+    validate_events(df, str(path), line_offset=2)
+    return AllocTrace(_canonical(df), name=_stem(path), source=str(path), format=CSV_FORMAT)
+
+
+def read_table_parquet(path: str | Path) -> AllocTrace:
+    """Read our Parquet file; errors name the 1-based record (row) number."""
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise TraceFormatError(path, None, f"not a readable Parquet file ({exc})") from None
+    missing = [c for c in EVENT_COLUMNS if c not in table.column_names]
+    if missing:
+        raise TraceFormatError(path, None, f"missing column(s) {', '.join(missing)}; "
+                                           f"expected {', '.join(EVENT_COLUMNS)}")
+    table = table.select(EVENT_COLUMNS)
+    for col in ("op", "tag"):
+        table = _as_string_column(table, col, path)
+    df = table.to_pandas()
+    for col in _INT_COLUMNS:
+        df[col] = _as_int(df[col], path, col, record_offset=1, unit="record")
+    validate_events(df, str(path), line_offset=1, unit="record")
+    return AllocTrace(_canonical(df), name=_stem(path), source=str(path), format=PARQUET_FORMAT)
+
+
+def _as_string_column(table: pa.Table, col: str, path: Path) -> pa.Table:
+    """``col`` as plain strings (dictionary-encoded is fine); a null ``op`` is an error, a null tag is ""."""
+    arr = table.column(col)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+            or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(arr.type))):
+        raise TraceFormatError(path, None, f"column {col} has type {arr.type}, expected strings")
+    if arr.null_count:
+        if col == "op":
+            k = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+            raise TraceFormatError(path, k + 1, "op is missing", unit="record")
+        arr = arr.fill_null("")
+    return table.set_column(table.column_names.index(col), col, arr)
+
+
+def _read_csv_slow(path: Path) -> pd.DataFrame:
+    """Everything as text, then the first cell that is not an integer, with its line."""
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                         compression=_compression(path))
+    except (ValueError, UnicodeDecodeError) as exc:
+        _raise_csv_error(path, exc)
+    _check_header(path, list(df.columns))
+    blank = (df == "").all(axis=1).to_numpy()
+    if blank.any() and blank[-1]:  # blank lines at the end of the file are no rows
+        df = df.iloc[: len(df) - int(np.argmin(blank[::-1]) if not blank.all() else len(df))]
+    bad_rows = []
+    for col in _INT_COLUMNS:
+        try:
+            df[col] = _as_int(df[col], path, col, record_offset=2, unit="line")
+        except TraceFormatError as err:
+            bad_rows.append(err)
+    if bad_rows:
+        raise min(bad_rows, key=lambda e: e.line)
+    return df
+
+
+def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: str) -> np.ndarray:
+    if pd.api.types.is_integer_dtype(col.dtype) and not col.isna().any():
+        return col.to_numpy(np.int64)
+    num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
+    bad = np.isnan(num) | (num != np.floor(num)) | (np.abs(num) >= 2.0**63)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        value = col.iloc[k]
+        what = "empty" if (isinstance(value, str) and not value) or pd.isna(value) else f"{value!r}"
+        raise TraceFormatError(path, k + record_offset, f"{name} {what} is not an integer", unit=unit)
+    return pd.to_numeric(col).to_numpy(np.int64)
+
+
+def _check_header(path: Path, columns: list[str]) -> None:
+    missing = [c for c in EVENT_COLUMNS if c not in columns]
+    if missing:
+        raise TraceFormatError(path, 1, f"header {','.join(map(str, columns))!r} lacks {', '.join(missing)} "
+                                        f"(expected {','.join(EVENT_COLUMNS)})")
+
+
+def _raise_csv_error(path: Path, exc: Exception):
+    if isinstance(exc, pd.errors.EmptyDataError):
+        raise TraceFormatError(path, None, "empty file") from None
+    if isinstance(exc, UnicodeDecodeError):
+        raise TraceFormatError(path, None, f"not a text file ({exc})") from None
+    m = _LINE_RE.search(str(exc))
+    raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
+
+
+def _canonical(df: pd.DataFrame) -> pd.DataFrame:
+    """Canonical dtypes (those of ``make_events``) and a fresh 0..n-1 index."""
+    out = {c: df[c].to_numpy(np.int64) for c in _INT_COLUMNS}
+    for c in ("op", "tag"):
+        col = df[c].reset_index(drop=True)
+        # already the default string dtype (Arrow-backed strings convert slowly through object)
+        out[c] = col if col.dtype == _STRING_DTYPE else col.astype(object).astype(str)
+    return pd.DataFrame(out)[EVENT_COLUMNS]
+
+
+def _compression(path: Path) -> str | None:
+    """``"gzip"`` when the file starts with the gzip magic, whatever its name says."""
+    with open(path, "rb") as f:
+        return "gzip" if f.read(2) == b"\x1f\x8b" else None
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".csv", ".parquet", ".pq"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or path.name

@@ -1,0 +1,285 @@
+"""RMM ``logging_resource_adaptor`` CSV logs as an AllocTrace.
+
+The log has the header ``Thread,Time,Action,Pointer,Size,Stream``; ``Time`` is the time of day
+``HH:MM:SS.ffffff`` (seconds since the epoch are accepted too), ``Action`` is ``allocate``,
+``free`` or ``allocate failure``, ``Pointer`` and ``Stream`` are hex (with or without ``0x``).
+Unlike a PyTorch snapshot a log is complete from its first line, so a free of a pointer that is
+not live is an error (``lenient=True`` drops such frees instead). ``allocate failure`` rows are
+counted in ``meta["num_failed_allocations"]`` and skipped. Everything is vectorised: a free is
+matched to the latest allocation of the same pointer by a stable sort on the pointer.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from traces.alloc_table import _compression
+from traces.errors import TraceFormatError
+from traces.events import AllocTrace, make_events
+
+__all__ = ["RMM_FORMAT", "RMM_HEADER", "read_rmm_log"]
+
+RMM_FORMAT = "rmm-log"
+RMM_HEADER = ["Thread", "Time", "Action", "Pointer", "Size", "Stream"]
+
+_ALLOC_ACTIONS = frozenset({"allocate"})
+_FREE_ACTIONS = frozenset({"free", "deallocate"})  # "deallocate": the wording of RMM's user guide
+_FAIL_ACTION = "allocate failure"
+_NULL_POINTERS = {"(nil)": "0", "nullptr": "0", "null": "0", "0x0": "0"}
+_DAY_US = 86_400_000_000
+_LINE_RE = re.compile(r"line (\d+)")
+
+
+def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
+    """Read an RMM logging-adaptor CSV.
+
+    Args:
+        path: the log (plain or gzipped).
+        lenient: drop frees of pointers that are not live (and let a pointer be allocated
+            again without a free) instead of raising TraceFormatError.
+    """
+    path = Path(path)
+    cols, line = _read_columns(path)
+    action = pc.utf8_trim_whitespace(cols["Action"])
+    is_fail = _bools(pc.equal(action, _FAIL_ACTION))
+    is_alloc = _bools(pc.is_in(action, value_set=pa.array(sorted(_ALLOC_ACTIONS))))
+    is_free = _bools(pc.is_in(action, value_set=pa.array(sorted(_FREE_ACTIONS))))
+    bad = np.flatnonzero(~(is_fail | is_alloc | is_free))
+    if bad.size:
+        k = bad[0]
+        raise TraceFormatError(path, int(line[k]), f"Action {action[int(k)].as_py()!r} is not 'allocate', 'free' "
+                                                   "or 'allocate failure'")
+    size = _parse_sizes(cols["Size"], line, path)
+    time_us = _parse_times(cols["Time"], line, path)
+    stream_raw = _parse_hex(cols["Stream"], line, path, "Stream")
+
+    # failures and zero-byte allocations (nothing to place) are not events
+    zero = is_alloc & (size == 0)
+    keep = (is_alloc | is_free) & ~zero
+    num_failed = int(is_fail.sum())
+    pointer = _parse_hex(cols["Pointer"].filter(pa.array(keep)), line[keep], path, "Pointer")
+    line, is_alloc, size, time_us, stream_raw = line[keep], is_alloc[keep], size[keep], time_us[keep], stream_raw[keep]
+    ids, alloc_row, keep_free = _match_frees(pointer, is_alloc, size == 0, line, path, lenient)
+    if not keep_free.all():
+        line, is_alloc, size, time_us, stream_raw, pointer, ids, alloc_row = (
+            a[keep_free] for a in (line, is_alloc, size, time_us, stream_raw, pointer, ids, alloc_row))
+        alloc_row = _rows_after_drop(alloc_row, keep_free)
+    alloc_size = size[alloc_row]
+    num_size_mismatch = int(np.count_nonzero(alloc_size != size))
+    stream, handles = _streams_in_order(stream_raw)
+    t0 = int(time_us[0]) if time_us.size else 0
+    events = make_events(time_us - t0, np.where(is_alloc, "alloc", "free"), ids, alloc_size, stream)
+    meta = {
+        "num_failed_allocations": num_failed,
+        "num_zero_size_skipped": int(zero.sum()),
+        "num_unmatched_frees_dropped": int((~keep_free).sum()),  # incl. frees of zero-byte allocations
+        "num_free_size_mismatches": num_size_mismatch,
+        "stream_handles": {int(h): i for i, h in enumerate(handles)},
+    }
+    return AllocTrace(events, name=_stem(path), source=str(path), format=RMM_FORMAT, meta=meta)
+
+
+def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Every column as an Arrow string array, and the file line of each row.
+
+    Fast path: Arrow's CSV reader. On any irregularity (a blank line, a ragged row) pandas
+    reads the file again, keeping blank lines so that row numbers map to file lines.
+    """
+    opts = dict(parse_options=pacsv.ParseOptions(ignore_empty_lines=False),
+                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RMM_HEADER},
+                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
+    try:
+        with pa.input_stream(path, compression=_compression(path)) as stream:
+            table = pacsv.read_csv(stream, **opts)
+    except (pa.ArrowException, OSError, ValueError, EOFError):
+        table = None
+    if table is not None and [c.strip() for c in table.column_names] == RMM_HEADER:
+        cols = {name: table.column(i).combine_chunks() for i, name in enumerate(RMM_HEADER)}
+        line = np.arange(table.num_rows) + 2  # one header line; a blank line is a row of ""
+        blank = np.ones(table.num_rows, bool)
+        for col in cols.values():
+            blank &= _bools(pc.equal(col, ""))
+        if blank.any():
+            mask = pa.array(~blank)
+            cols, line = {name: col.filter(mask) for name, col in cols.items()}, line[~blank]
+        return cols, line
+    df = _read_csv_strings(path)
+    line = df.index.to_numpy() + 2  # one header line; blank lines are kept as rows of ""
+    blank = (df == "").all(axis=1).to_numpy()
+    df, line = df[~blank], line[~blank]
+    return {name: pa.array(df[name].to_numpy(dtype=object), type=pa.string()) for name in RMM_HEADER}, line
+
+
+def _bools(arr: pa.Array) -> np.ndarray:
+    return arr.to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _read_csv_strings(path: Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                         skipinitialspace=True, compression=_compression(path))
+    except pd.errors.EmptyDataError:
+        raise TraceFormatError(path, None, "empty file") from None
+    except pd.errors.ParserError as exc:
+        m = _LINE_RE.search(str(exc))
+        raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
+    except (UnicodeDecodeError, EOFError, OSError) as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise TraceFormatError(path, None, f"not a readable text file ({exc})") from None
+    header = [c.strip() for c in df.columns]
+    if header != RMM_HEADER:
+        raise TraceFormatError(path, 1, f"header {','.join(header)!r} is not {','.join(RMM_HEADER)!r}")
+    df.columns = header
+    return df
+
+
+def _parse_sizes(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
+    text = pc.utf8_trim_whitespace(col)
+    try:
+        size = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
+    except pa.ArrowInvalid:
+        num = pd.to_numeric(pd.Series(text.to_numpy(zero_copy_only=False)), errors="coerce").to_numpy(np.float64)
+        size = np.where(np.isnan(num) | (num != np.floor(num)), -1, num)
+    bad = np.flatnonzero(size < 0)
+    if bad.size:
+        k = int(bad[0])
+        raise TraceFormatError(path, int(line[k]), f"Size {col[k].as_py()!r} is not a byte count")
+    return size.astype(np.int64)
+
+
+def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
+    """Microseconds, non-decreasing: time of day with midnight wraps undone."""
+    t = _clock_fixed_width_us(col)
+    if t is None:
+        text = pd.Series(pc.utf8_trim_whitespace(col).to_numpy(zero_copy_only=False), dtype=object)
+        if len(text) and ":" not in text.iloc[0]:  # seconds since the epoch
+            secs = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
+            bad = np.flatnonzero(np.isnan(secs))
+            t = np.round(secs * 1e6)
+        else:
+            td = pd.to_timedelta(text, errors="coerce")
+            bad = np.flatnonzero(td.isna().to_numpy())
+            t = td.to_numpy(dtype="timedelta64[us]").astype(np.float64) if not bad.size else None
+        if bad.size:
+            k = int(bad[0])
+            raise TraceFormatError(path, int(line[k]), f"Time {text.iloc[k]!r} is not HH:MM:SS.ffffff")
+        t = t.astype(np.int64)
+    # a jump back of more than half a day is midnight; smaller ones are threads racing to log
+    wraps = np.concatenate([[0], np.cumsum(np.diff(t) < -_DAY_US // 2)])
+    t = t + wraps * _DAY_US
+    return np.maximum.accumulate(t) if t.size else t
+
+
+def _clock_fixed_width_us(col: pa.Array) -> np.ndarray | None:
+    """``HH:MM:SS.ffffff`` read straight from the Arrow buffer; None unless every row has that shape."""
+    n = len(col)
+    if n == 0 or col.null_count or not pa.types.is_string(col.type):
+        return None
+    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset: col.offset + n + 1]
+    if offsets[-1] - offsets[0] != 15 * n or not np.all(np.diff(offsets) == 15):
+        return None
+    data = np.frombuffer(col.buffers()[2], dtype=np.uint8)[offsets[0]: offsets[-1]].reshape(n, 15)
+    if not ((data[:, [2, 5]] == ord(":")).all() and (data[:, 8] == ord(".")).all()):
+        return None
+    digits = data[:, [0, 1, 3, 4, 6, 7, 9, 10, 11, 12, 13, 14]].astype(np.int64) - ord("0")
+    if ((digits < 0) | (digits > 9)).any():
+        return None
+    h, m, s = digits[:, 0] * 10 + digits[:, 1], digits[:, 2] * 10 + digits[:, 3], digits[:, 4] * 10 + digits[:, 5]
+    if (h > 23).any() or (m > 59).any() or (s > 60).any():
+        return None
+    frac = digits[:, 6:] @ np.array([100_000, 10_000, 1_000, 100, 10, 1], dtype=np.int64)
+    return ((h * 60 + m) * 60 + s) * 1_000_000 + frac
+
+
+def _parse_hex(col: pa.Array, line: np.ndarray, path: Path, what: str) -> np.ndarray:
+    """Hex strings (``0x7f..``, ``7f..``, ``(nil)``) as uint64; each distinct string is parsed once."""
+    encoded = pc.dictionary_encode(pc.utf8_trim_whitespace(col))
+    values = encoded.dictionary.to_pylist()
+    parsed = np.zeros(len(values), np.uint64)
+    bad = []
+    for i, text in enumerate(values):
+        try:
+            v = int(_NULL_POINTERS.get(text, text), 16)
+            if not 0 <= v < 2**64:
+                raise ValueError
+            parsed[i] = v
+        except ValueError:
+            bad.append(i)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    if bad:
+        k = int(np.flatnonzero(np.isin(codes, bad))[0])
+        raise TraceFormatError(path, int(line[k]), f"{what} {values[codes[k]]!r} is not a hex address")
+    return parsed[codes]
+
+
+def _match_frees(pointer: np.ndarray, is_alloc: np.ndarray, is_empty: np.ndarray, line: np.ndarray, path: Path,
+                 lenient: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pair each free with the latest earlier allocation of the same pointer.
+
+    An unmatched free of 0 bytes belongs to a skipped zero-byte allocation and is dropped.
+    Returns ``(ids, alloc_row, keep)``: the allocation id of every row (allocations numbered in
+    order), the row of the allocation each row belongs to, and which rows survive (False only for
+    dropped frees).
+    """
+    n = pointer.size
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.ones(0, bool)
+    rows = np.arange(n)
+    order = np.argsort(pointer, kind="stable")  # stable: rows of one pointer stay in file order
+    sp, sa = pointer[order], is_alloc[order]
+    same_prev = np.concatenate([[False], sp[1:] == sp[:-1]])
+    prev_alloc = same_prev & np.concatenate([[False], sa[:-1]])
+    unmatched = ~sa & ~prev_alloc          # a free whose pointer is not live
+    realloc = sa & prev_alloc              # an allocation of a pointer still live
+    empty_unmatched = unmatched & is_empty[order]
+    if not lenient:
+        unmatched = unmatched & ~empty_unmatched
+        problems = []
+        if unmatched.any():
+            k = order[unmatched].min()
+            problems.append((k, f"free of pointer {int(pointer[k]):#x}, which is not live "
+                                "(no allocation since its last free)"))
+        if realloc.any():
+            k = order[realloc].min()
+            problems.append((k, f"allocate returned pointer {int(pointer[k]):#x}, which is still live"))
+        if problems:
+            k, reason = min(problems)
+            raise TraceFormatError(path, int(line[k]), reason)
+    alloc_row = rows.copy()
+    free_sorted = np.flatnonzero(~sa & prev_alloc)
+    alloc_row[order[free_sorted]] = order[free_sorted - 1]
+    keep = np.ones(n, bool)
+    keep[order[unmatched | empty_unmatched]] = False
+    alloc_ordinal = np.cumsum(is_alloc) - 1
+    ids = alloc_ordinal[alloc_row]
+    return ids, alloc_row, keep
+
+
+def _rows_after_drop(alloc_row: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Row indices into the full table, renumbered for the table with ``~keep`` rows removed."""
+    new_index = np.cumsum(keep) - 1
+    return new_index[alloc_row]
+
+
+def _streams_in_order(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stream handles to small ints in order of appearance; handle 0 (the default stream) is 0."""
+    handles = pd.unique(raw)
+    handles = np.concatenate([[0], handles[handles != 0]]).astype(np.uint64)
+    codes = pd.Series(np.arange(handles.size), index=handles)
+    return codes.reindex(raw).to_numpy(np.int64), handles
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".csv", ".log"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or path.name
