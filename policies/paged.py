@@ -1,0 +1,371 @@
+"""``paged``: fixed-size pages that need not be contiguous, shared by reference count.
+
+The vLLM PagedAttention pool: memory is cut into equal pages (one KV-cache block of
+``tokens_per_page`` tokens by default), a request of ``nbytes`` gets ``ceil(nbytes / page)`` pages
+wherever they are free, and pages are shared between requests (a fork for beam search or
+parallel sampling, a common prompt prefix) by counting references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from policies.base import Allocation, Policy, Segment, check_positive_int
+from policies.device import Device
+from policies.errors import PolicyError
+
+__all__ = ["Paged", "PAGE_ALIGNMENT_BYTES"]
+
+#: Pages are whole multiples of this, the alignment ``cudaMalloc`` guarantees, so every page
+#: handed to a GPU kernel is as aligned as a fresh ``cudaMalloc`` pointer.
+PAGE_ALIGNMENT_BYTES = 256
+
+
+@dataclass(slots=True, eq=False)
+class _Page:
+    """One page, reused as is (vLLM's ``KVCacheBlock``): ``ref_cnt`` live holders, 0 when free."""
+
+    offset: int
+    segment: Segment
+    extents: tuple[tuple[int, int], ...]  # ((offset, page_size_bytes),), built once
+    ref_cnt: int = 0
+
+
+class Paged(Policy):
+    """Fixed-size pages, LIFO reuse, reference-counted sharing.
+
+    Behaviour:
+
+    - The page is ``page_bytes`` or, when that is None, ``tokens_per_page * bytes_per_token``
+      (16 tokens x 128 KiB = 2 MiB: a vLLM block of Llama-3-8B in bf16, field notes). It must be
+      a multiple of 256 B. The effective size is ``page_size_bytes``.
+    - A request of ``nbytes`` takes ``ceil(nbytes / page_size_bytes)`` pages, anywhere.
+      ``Allocation.extents`` holds one ``(offset, page_size_bytes)`` per page in allocation
+      order; ``Allocation.handle`` is the sequence of page records (private, never mutated).
+    - Free pages sit in a LIFO stack: the page freed last is handed out first, and freeing an
+      allocation pushes its pages back in reverse so an allocate-then-free leaves the stack as
+      it was. Fresh pages of a new segment go to the bottom (used only after every page freed
+      before them), in address order, so a segment grown in advance stays fully free, and
+      trimmable, for as long as reused pages suffice.
+    - Growth: when too few pages are free, all free pages are taken and one segment covering the
+      shortfall is reserved, rounded up to whole ``segment_bytes`` (which is itself rounded up to
+      whole pages). Near ``capacity_bytes`` it falls back to as many pages as fit, then to the
+      exact shortfall. Trimming never helps a paged pool grow (every free page is already
+      usable), and since a growing request has taken every free page there is nothing for the
+      base class's trim-and-retry to release: a refused request leaves the pool exactly as it
+      was.
+    - Sharing: ``fork`` and ``allocate_shared`` hand out allocations whose pages are already
+      held by another; each page has a reference count and returns to the stack when it drops
+      to 0. ``allocated_bytes`` (and ``Segment.num_live``) count each physical page once;
+      ``live_bytes`` is summed over allocations as the base class defines it, so a page shared
+      by two allocations counts twice there and ``live_bytes`` may exceed ``allocated_bytes``.
+    - Streams are recorded on allocations but pages are not segregated by stream (one stack
+      serves all; the caller orders cross-stream reuse, as vLLM's single-stream cache does).
+    - ``largest_free_bytes`` is free pages x page size (pages need not be contiguous), so a
+      paged pool has no external fragmentation; its waste is the unused tail of each last page.
+
+    Args:
+        page_bytes: page size in bytes; None to use ``tokens_per_page * bytes_per_token``.
+        tokens_per_page: tokens per page (vLLM's block size) when ``page_bytes`` is None.
+        bytes_per_token: KV bytes per token when ``page_bytes`` is None
+            (2 x layers x kv_heads x head_dim x dtype bytes; 131072 for Llama-3-8B bf16).
+        segment_bytes: bytes reserved per growth step, rounded up to whole pages.
+        capacity_bytes: see ``Policy``.
+    """
+
+    name = "paged"
+    contiguous = False
+    coalesces = False
+
+    def __init__(self, *, page_bytes: int | None = None, tokens_per_page: int = 16,
+                 bytes_per_token: int = 131072, segment_bytes: int = 64 << 20,
+                 capacity_bytes: int | None = None, device: Device | None = None):
+        check_positive_int("tokens_per_page", tokens_per_page)
+        check_positive_int("bytes_per_token", bytes_per_token)
+        check_positive_int("segment_bytes", segment_bytes)
+        if page_bytes is not None:
+            check_positive_int("page_bytes", page_bytes)
+            page, where = page_bytes, f"page_bytes(={page_bytes})"
+        else:
+            page = tokens_per_page * bytes_per_token
+            where = f"page size {page} B (tokens_per_page={tokens_per_page} x bytes_per_token={bytes_per_token})"
+        if page % PAGE_ALIGNMENT_BYTES:
+            raise PolicyError(f"{where} must be a multiple of {PAGE_ALIGNMENT_BYTES} B")
+        self.page_bytes = page_bytes
+        self.tokens_per_page = tokens_per_page
+        self.bytes_per_token = bytes_per_token
+        self.segment_bytes = segment_bytes
+        super().__init__(capacity_bytes=capacity_bytes, device=device)
+
+    def _reset_state(self) -> None:
+        page = self.page_bytes if self.page_bytes is not None else self.tokens_per_page * self.bytes_per_token
+        self.page_size_bytes: int = page
+        self.pages_per_segment: int = -(-self.segment_bytes // page)
+        # A list as a LIFO stack: append/pop at the end are O(1) and the cheapest ops Python has.
+        self._free_pages: list[_Page] = []
+        # Every page of every segment by offset: for lookups by address, never on the hot path.
+        self._pages: dict[int, _Page] = {}
+
+    # ----------------------------------------------------------------- allocate / free
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        page = self.page_size_bytes
+        free = self._free_pages
+        if nbytes <= page and free:  # the hot path: one KV block
+            pg = free.pop()
+            pg.ref_cnt = 1
+            pg.segment.num_live += 1
+            self.allocated_bytes += page
+            return Allocation(nbytes, page, pg.extents, stream, tag, (pg,))
+        num_pages = -(-nbytes // page)
+        if num_pages <= len(free):
+            pages = free[-num_pages:]
+            del free[-num_pages:]
+            pages.reverse()  # pop order: top of the stack first
+            for pg in pages:
+                pg.ref_cnt = 1
+                pg.segment.num_live += 1
+        else:
+            pages = self._take_pages(num_pages, stream)
+            if pages is None:
+                return None
+            for pg in pages:
+                pg.ref_cnt = 1
+        size = num_pages * page
+        self.allocated_bytes += size
+        return Allocation(nbytes, size, tuple([pg.extents[0] for pg in pages]), stream, tag, pages)
+
+    def _free(self, allocation: Allocation) -> None:
+        pages = allocation.handle
+        if len(pages) == 1:
+            pg = pages[0]
+            if pg.ref_cnt == 1:
+                pg.ref_cnt = 0
+                self._free_pages.append(pg)
+                pg.segment.num_live -= 1
+                self.allocated_bytes -= self.page_size_bytes
+            else:
+                pg.ref_cnt -= 1
+            return
+        free = self._free_pages
+        num_released = 0
+        for pg in reversed(pages):  # reversed: the first page ends on top, as before allocation
+            if pg.ref_cnt == 1:
+                pg.ref_cnt = 0
+                free.append(pg)
+                pg.segment.num_live -= 1
+                num_released += 1
+            else:
+                pg.ref_cnt -= 1
+        self.allocated_bytes -= num_released * self.page_size_bytes
+
+    def _take_pages(self, num_pages: int, stream: int) -> list[_Page] | None:
+        """Pop ``num_pages`` pages, counted live in their segments (``ref_cnt`` is the caller's).
+
+        Grows when too few are free; None (and nothing changed) when that is refused.
+        """
+        free = self._free_pages
+        if num_pages <= len(free):
+            pages = free[-num_pages:]
+            del free[-num_pages:]
+            pages.reverse()  # pop order: top of the stack first
+            for pg in pages:
+                pg.segment.num_live += 1
+            return pages
+        # Take every free page first: they are ours whatever happens, and with no fully free
+        # segment left a refused reservation cannot trim anything from under us.
+        pages = free[::-1]
+        free.clear()
+        for pg in pages:
+            pg.segment.num_live += 1
+        if not self._grow_pages(num_pages - len(pages), stream):
+            for pg in pages:
+                pg.segment.num_live -= 1
+            free.extend(reversed(pages))
+            return None
+        short = num_pages - len(pages)
+        more = free[-short:]
+        del free[-short:]
+        more.reverse()
+        for pg in more:
+            pg.segment.num_live += 1
+        return pages + more
+
+    def _grow_pages(self, num_pages: int, stream: int) -> bool:
+        """Reserve one segment of at least ``num_pages`` pages; its pages land on the (empty) stack."""
+        page, per_segment = self.page_size_bytes, self.pages_per_segment
+        tries = [-(-num_pages // per_segment) * per_segment]
+        if self.capacity_bytes is not None:  # near capacity: as many pages as still fit
+            room = (self.capacity_bytes - self.reserved_bytes) // page
+            if num_pages <= room < tries[0]:
+                tries.append(room)
+        if tries[-1] != num_pages:
+            tries.append(num_pages)
+        for n in tries:
+            seg = self._reserve_segment(n * page, stream)
+            if seg is not None:
+                self._add_segment(seg)
+                return True
+        return False
+
+    # ----------------------------------------------------------------- sharing
+    def fork(self, allocation: Allocation) -> Allocation:
+        """A new allocation holding the same pages as ``allocation`` (same size, stream and tag).
+
+        Each page's reference count goes up by one; no bytes are allocated. Free the fork with
+        ``free`` like any allocation; pages return to the pool only when every holder is freed.
+
+        Raises:
+            PolicyError: ``allocation`` is not live in this pool.
+        """
+        self._check_live(allocation, "fork")
+        pages = allocation.handle  # never mutated, so the fork can hold the same sequence
+        for pg in pages:
+            pg.ref_cnt += 1
+        return self._hand_out(Allocation(allocation.nbytes, allocation.size_bytes, allocation.extents,
+                                         allocation.stream, allocation.tag, pages))
+
+    def allocate_shared(self, shared: Allocation | Iterable[int], extra_nbytes: int = 0, *,
+                        stream: int = 0, tag: str | None = None) -> Allocation | None:
+        """Allocate a request whose first pages are shared with another allocation.
+
+        The result holds the shared pages first (reference counts +1, no new bytes), then
+        ``ceil(extra_nbytes / page_size_bytes)`` fresh pages. Its ``nbytes`` is
+        ``len(shared pages) * page_size_bytes + extra_nbytes``: shared pages count whole, as
+        prefix caches share only full blocks. For a common prompt prefix pass the first pages
+        of the allocation holding it: ``[off for off, _ in prefix.extents[:k]]``.
+
+        Args:
+            shared: a live allocation of this pool (all its pages) or page offsets, each live in
+                this pool and given once.
+            extra_nbytes: bytes needed beyond the shared pages (>= 0).
+            stream, tag: as for ``allocate``.
+
+        Returns:
+            The allocation, or None when the fresh pages cannot be had (a failure, as for
+            ``allocate``; nothing changes).
+
+        Raises:
+            PolicyError: a shared page is not live here or is given twice, ``extra_nbytes`` is
+                not an integer >= 0, or the request would be empty (nothing changes).
+        """
+        if isinstance(shared, Allocation):
+            self._check_live(shared, "allocate_shared")
+            shared_pages = list(shared.handle)
+        else:
+            offsets = list(shared)
+            shared_pages = []
+            for off in offsets:
+                pg = self._pages.get(off) if off.__class__ is int else None
+                if pg is None or pg.ref_cnt == 0:
+                    raise PolicyError(f"allocate_shared: page offset {off!r} is not a live page of this pool")
+                shared_pages.append(pg)
+            if len(set(offsets)) != len(offsets):
+                raise PolicyError(f"allocate_shared: page offsets {offsets!r} name a page more than once")
+        if isinstance(extra_nbytes, bool) or not isinstance(extra_nbytes, int) or extra_nbytes < 0:
+            raise PolicyError(f"allocate_shared: extra_nbytes(={extra_nbytes!r}) must be an integer >= 0")
+        if not shared_pages and extra_nbytes == 0:
+            raise PolicyError("allocate_shared: no shared pages and extra_nbytes=0 make an empty request")
+        page = self.page_size_bytes
+        fresh: list[_Page] = []
+        if extra_nbytes:
+            taken = self._take_pages(-(-extra_nbytes // page), stream)
+            if taken is None:
+                self.num_failures += 1
+                return None
+            fresh = taken
+            for pg in fresh:
+                pg.ref_cnt = 1
+            self.allocated_bytes += len(fresh) * page
+        for pg in shared_pages:
+            pg.ref_cnt += 1
+        pages = shared_pages + fresh
+        return self._hand_out(Allocation(len(shared_pages) * page + extra_nbytes, len(pages) * page,
+                                         tuple([pg.extents[0] for pg in pages]), stream, tag, pages))
+
+    def page_refcount(self, offset: int) -> int:
+        """How many live allocations hold the page at ``offset`` (0 when it is free).
+
+        Raises:
+            PolicyError: ``offset`` is not the start of a page of this pool.
+        """
+        pg = self._pages.get(offset)
+        if pg is None:
+            raise PolicyError(f"offset {offset!r} is not the start of a page of this pool")
+        return pg.ref_cnt
+
+    def shared_extents(self) -> list[tuple[int, int]]:
+        """Pages held by more than one live allocation, as ``(offset, page_size_bytes)``, address order.
+
+        The hook ``policies.testing.check_invariants`` uses to allow overlap there (O(pages)).
+        """
+        page = self.page_size_bytes
+        return [(off, page) for off, pg in sorted(self._pages.items()) if pg.ref_cnt > 1]
+
+    def num_free_pages(self) -> int:
+        return len(self._free_pages)
+
+    def num_total_pages(self) -> int:
+        return len(self._pages)
+
+    def _check_live(self, allocation: Allocation, what: str) -> None:
+        if getattr(allocation, "owner", None) is not self._token:
+            raise PolicyError(f"{what}: {self._bad_free_reason(allocation)}")
+
+    def _hand_out(self, a: Allocation) -> Allocation:
+        # The accounting Policy.allocate does, for allocations made outside it (the report
+        # proposes a base-class helper for this).
+        a.owner = self._token
+        self.num_allocs += 1
+        self.num_live += 1
+        live = self.live_bytes + a.nbytes
+        self.live_bytes = live
+        if live > self.peak_live_bytes:
+            self.peak_live_bytes = live
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        return a
+
+    # ----------------------------------------------------------------- segments
+    def _segment_size_for(self, nbytes: int) -> int:
+        num_pages = -(-nbytes // self.page_size_bytes)
+        per_segment = self.pages_per_segment
+        return -(-num_pages // per_segment) * per_segment * self.page_size_bytes
+
+    def _add_segment(self, segment: Segment) -> None:
+        page = self.page_size_bytes
+        assert segment.nbytes % page == 0, "a paged segment holds whole pages"
+        fresh = [_Page(off, segment, ((off, page),)) for off in range(segment.end - page, segment.offset - page, -page)]
+        pages = self._pages
+        for pg in fresh:
+            pages[pg.offset] = pg
+        self._free_pages[:0] = fresh  # bottom of the stack, highest first: reused pages go first, then ascending
+
+    def _release_free_segments(self, max_bytes: int | None) -> int:
+        """Release fully free segments, largest first, until ``max_bytes`` (None: all) is reached."""
+        candidates = sorted((s for s in self._segments.values() if s.num_live == 0),
+                            key=lambda s: (-s.nbytes, -s.offset))
+        gone: set[Segment] = set()
+        released_bytes = 0
+        for seg in candidates:
+            if max_bytes is not None and released_bytes >= max_bytes:
+                break
+            gone.add(seg)
+            released_bytes += seg.nbytes
+        if not gone:
+            return 0
+        pages = self._pages
+        for seg in gone:
+            for off in range(seg.offset, seg.end, self.page_size_bytes):
+                del pages[off]
+            self._release_segment(seg)
+        self._free_pages[:] = [pg for pg in self._free_pages if pg.segment not in gone]  # in place: callers hold it
+        return released_bytes
+
+    # ----------------------------------------------------------------- free space
+    def free_extents(self) -> list[tuple[int, int]]:
+        page = self.page_size_bytes
+        return [(off, page) for off in sorted(pg.offset for pg in self._free_pages)]
+
+    def largest_free_bytes(self) -> int:
+        return len(self._free_pages) * self.page_size_bytes

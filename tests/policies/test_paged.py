@@ -1,0 +1,352 @@
+"""The ``paged`` policy: page counts, LIFO reuse, growth, reference-counted sharing, capacity."""
+
+import csv
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import policies
+from policies.device import VirtualDevice
+from policies.errors import PolicyError
+from policies.paged import Paged
+from policies.testing import check_invariants
+
+KiB, MiB = 1 << 10, 1 << 20
+PAGE = 4 * KiB
+AZURE_CODE = Path("/work/shared/data/traces/AzureLLMInferenceTrace_code.csv")
+
+
+def small_pool(**knobs) -> Paged:
+    """4 KiB pages, four to a segment, so tests can count pages by hand."""
+    return Paged(**{"page_bytes": PAGE, "segment_bytes": 4 * PAGE, **knobs})
+
+
+def pages_of(a) -> list[int]:
+    return [off for off, _ in a.extents]
+
+
+def check_pool(pool: Paged, live: list) -> None:
+    """Reference counts, free pages and every counter agree with the live allocations."""
+    held = Counter(off for a in live for off in pages_of(a))
+    free = [off for off, _ in pool.free_extents()]
+    assert not set(free) & set(held), "a page is both free and held"
+    assert len(free) + len(held) == pool.num_total_pages() == pool.reserved_bytes // pool.page_size_bytes
+    for off, count in held.items():
+        assert pool.page_refcount(off) == count
+    for off in free:
+        assert pool.page_refcount(off) == 0
+    assert pool.allocated_bytes == len(held) * pool.page_size_bytes
+    assert pool.largest_free_bytes() == len(free) * pool.page_size_bytes
+    for s in pool.segments():
+        assert s.num_live == sum(1 for off in held if s.offset <= off < s.end)
+        assert s.nbytes % pool.page_size_bytes == 0
+    for a in live:
+        assert len(set(pages_of(a))) == len(a.extents), "an allocation holds a page twice"
+        assert all(n == pool.page_size_bytes for _, n in a.extents)
+
+
+# ----------------------------------------------------------------- pages
+def test_page_is_tokens_per_page_times_bytes_per_token_by_default():
+    pool = Paged()
+    assert pool.page_size_bytes == 16 * 131072 == 2 * MiB
+    assert pool.pages_per_segment == 32
+    assert pool.get_params()["page_bytes"] is None
+
+
+def test_page_bytes_overrides_and_segment_rounds_up_to_whole_pages():
+    pool = Paged(page_bytes=3 * MiB, segment_bytes=64 * MiB)
+    assert pool.page_size_bytes == 3 * MiB and pool.pages_per_segment == 22
+
+
+@pytest.mark.parametrize("knobs", [
+    {"page_bytes": 1000}, {"tokens_per_page": 16, "bytes_per_token": 100}, {"page_bytes": 0},
+    {"tokens_per_page": 0}, {"segment_bytes": 0},
+])
+def test_bad_knobs_raise_policy_error(knobs):
+    with pytest.raises(PolicyError):
+        Paged(**knobs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(nbytes=st.integers(1, 40 * PAGE))
+def test_a_request_gets_ceil_nbytes_over_page_pages(nbytes):
+    pool = small_pool()
+    a = pool.allocate(nbytes)
+    num_pages = -(-nbytes // PAGE)
+    assert len(a.extents) == num_pages and a.size_bytes == num_pages * PAGE
+    check_pool(pool, [a])
+
+
+def test_a_fresh_segment_hands_out_pages_in_address_order():
+    pool = small_pool()
+    a = pool.allocate(3 * PAGE)
+    start = pool.segments()[0].offset
+    assert pages_of(a) == [start, start + PAGE, start + 2 * PAGE]
+
+
+# ----------------------------------------------------------------- reuse and growth
+def test_the_last_freed_page_is_reused_first():
+    pool = small_pool()
+    a, b, c = (pool.allocate(PAGE) for _ in range(3))
+    pool.free(a)
+    pool.free(c)
+    assert pool.allocate(1).offset == c.offset
+    assert pool.allocate(1).offset == a.offset
+
+
+def test_allocate_then_free_leaves_the_free_stack_as_it_was():
+    pool = small_pool()
+    pool.free(pool.allocate(7 * PAGE))
+
+    def pop_order() -> list[int]:
+        singles = [pool.allocate(PAGE) for _ in range(8)]
+        for x in reversed(singles):
+            pool.free(x)
+        return [x.offset for x in singles]
+
+    before = pop_order()
+    pool.free(pool.allocate(3 * PAGE))
+    assert pop_order() == before
+
+
+def test_growth_takes_free_pages_first_then_one_segment_for_the_shortfall():
+    pool = small_pool()
+    keep = pool.allocate(PAGE)  # 3 pages of the first segment stay free
+    a = pool.allocate(5 * PAGE)  # 3 free + 2 of a new 4-page segment
+    assert pool.num_grows == 2 and [s.nbytes for s in pool.segments()] == [4 * PAGE, 4 * PAGE]
+    first, second = pool.segments()
+    assert sum(first.offset <= off < first.end for off in pages_of(a)) == 3
+    assert pool.num_free_pages() == 2
+    check_pool(pool, [keep, a])
+
+
+def test_a_big_request_grows_by_whole_segments_in_one_reservation():
+    pool = small_pool()
+    pool.allocate(10 * PAGE)
+    assert [s.nbytes for s in pool.segments()] == [12 * PAGE]
+
+
+def test_pages_freed_earlier_are_used_before_a_pre_grown_segment():
+    pool = small_pool()
+    a = pool.allocate(PAGE)
+    pool.free(a)
+    assert pool.grow(4 * PAGE)
+    assert pool.allocate(PAGE).offset == a.offset
+    assert pool.segments()[1].num_live == 0  # the grown segment stays trimmable
+
+
+# ----------------------------------------------------------------- sharing
+def test_fork_shares_every_page_without_new_bytes():
+    pool = small_pool()
+    a = pool.allocate(3 * PAGE - 5, tag="beam")
+    f = pool.fork(a)
+    assert f.extents == a.extents and f.nbytes == a.nbytes and f.tag == "beam"
+    assert pool.allocated_bytes == 3 * PAGE and pool.num_live == 2
+    assert all(pool.page_refcount(off) == 2 for off in pages_of(a))
+    check_pool(pool, [a, f])
+
+
+@pytest.mark.parametrize("first", ["original", "fork"])
+def test_a_shared_page_returns_only_when_its_last_holder_frees(first):
+    pool = small_pool()
+    a = pool.allocate(2 * PAGE)
+    f = pool.fork(a)
+    pool.free(a if first == "original" else f)
+    assert pool.num_free_pages() == 2 and pool.allocated_bytes == 2 * PAGE
+    pool.free(f if first == "original" else a)
+    assert pool.num_free_pages() == 4 and pool.allocated_bytes == 0
+    check_pool(pool, [])
+
+
+def test_allocate_shared_holds_the_prefix_pages_first_then_fresh_ones():
+    pool = small_pool()
+    prompt = pool.allocate(3 * PAGE)
+    prefix = pages_of(prompt)[:2]
+    b = pool.allocate_shared(prefix, PAGE + 1, tag="req-2")
+    assert pages_of(b)[:2] == prefix and len(b.extents) == 4
+    assert b.nbytes == 3 * PAGE + 1 and b.size_bytes == 4 * PAGE and b.tag == "req-2"
+    assert [pool.page_refcount(off) for off in pages_of(prompt)] == [2, 2, 1]
+    assert pool.allocated_bytes == 5 * PAGE
+    check_pool(pool, [prompt, b])
+
+
+def test_allocate_shared_with_an_allocation_shares_all_its_pages():
+    pool = small_pool()
+    a = pool.allocate(2 * PAGE)
+    b = pool.allocate_shared(a, 1)
+    assert pages_of(b)[:2] == pages_of(a) and len(b.extents) == 3
+    check_pool(pool, [a, b])
+
+
+@pytest.mark.parametrize("bad", ["free page", "unknown offset", "twice", "negative extra", "empty", "freed allocation"])
+def test_allocate_shared_rejects_bad_input_and_changes_nothing(bad):
+    pool = small_pool()
+    a = pool.allocate(2 * PAGE)
+    gone = pool.allocate(PAGE)
+    pool.free(gone)
+    p0, p1 = pages_of(a)
+    args = {"free page": ([gone.offset], 0), "unknown offset": ([p0 + 1], 0), "twice": ([p0, p0], 0),
+            "negative extra": ([p0], -1), "empty": ([], 0), "freed allocation": (gone, 0)}[bad]
+    before = (pool.stats(), pool.free_extents())
+    with pytest.raises(PolicyError):
+        pool.allocate_shared(*args)
+    assert (pool.stats(), pool.free_extents()) == before
+    check_pool(pool, [a])
+
+
+def test_fork_of_a_freed_allocation_raises():
+    pool = small_pool()
+    a = pool.allocate(PAGE)
+    pool.free(a)
+    with pytest.raises(PolicyError, match="already freed"):
+        pool.fork(a)
+
+
+def test_refused_allocate_shared_is_a_failure_and_changes_nothing():
+    pool = small_pool(capacity_bytes=4 * PAGE)
+    a = pool.allocate(3 * PAGE)
+    before = pool.free_extents()
+    assert pool.allocate_shared(a, 2 * PAGE) is None
+    assert pool.num_failures == 1 and pool.free_extents() == before
+    assert [pool.page_refcount(off) for off in pages_of(a)] == [1, 1, 1]
+    check_pool(pool, [a])
+
+
+# ----------------------------------------------------------------- capacity and trim
+def test_refused_request_returns_none_and_changes_nothing():
+    pool = small_pool(capacity_bytes=8 * PAGE)
+    a = pool.allocate(6 * PAGE)  # 8 pages reserved, 2 free
+    stack = [pool.allocate(PAGE), pool.allocate(PAGE)]
+    order = [x.offset for x in stack]
+    for x in reversed(stack):
+        pool.free(x)
+    before = pool.stats()
+    assert pool.allocate(3 * PAGE) is None
+    assert {**pool.stats().as_dict(), "num_failures": 0} == {**before.as_dict(), "num_failures": 0}
+    assert pool.num_failures == 1
+    again = [pool.allocate(PAGE), pool.allocate(PAGE)]
+    assert [x.offset for x in again] == order  # the stack is intact
+    check_pool(pool, [a, *again])
+
+
+def test_near_capacity_growth_takes_the_pages_that_still_fit():
+    pool = small_pool(capacity_bytes=6 * PAGE)
+    assert pool.allocate(5 * PAGE) is not None
+    assert pool.reserved_bytes == 6 * PAGE
+
+
+def test_device_refusal_falls_back_to_the_exact_shortfall():
+    pool = small_pool(device=VirtualDevice(limit_bytes=2 * PAGE))
+    assert pool.allocate(2 * PAGE) is not None and pool.reserved_bytes == 2 * PAGE
+    assert pool.allocate(1) is None
+
+
+def test_trim_releases_only_fully_free_segments_and_forgets_their_pages():
+    pool = small_pool()
+    keep = pool.allocate(PAGE)
+    big = pool.allocate(8 * PAGE)  # 3 pages of segment 1 and one new 8-page segment (5 used)
+    pool.free(big)
+    assert pool.trim() == 8 * PAGE
+    assert pool.num_total_pages() == 4 and pool.num_free_pages() == 3
+    with pytest.raises(PolicyError):
+        pool.page_refcount(pool.segments()[0].end + 2 * MiB)
+    check_pool(pool, [keep])
+
+
+def test_trim_max_bytes_releases_largest_segments_until_enough():
+    pool = small_pool()
+    live = [pool.allocate(4 * PAGE), pool.allocate(8 * PAGE), pool.allocate(4 * PAGE)]
+    for a in live:
+        pool.free(a)
+    assert pool.trim(6 * PAGE) == 8 * PAGE
+    assert pool.reserved_bytes == 8 * PAGE
+    check_pool(pool, [])
+
+
+def test_shared_extents_are_the_pages_with_several_holders():
+    pool = small_pool()
+    a = pool.allocate(3 * PAGE)
+    b = pool.allocate_shared(pages_of(a)[1:], 0)
+    assert pool.shared_extents() == [(off, PAGE) for off in pages_of(a)[1:]]
+    pool.free(a)
+    assert pool.shared_extents() == []
+    check_invariants(pool, [b])
+
+
+def test_free_extents_are_the_free_pages_in_address_order():
+    pool = small_pool()
+    a, b, c = (pool.allocate(PAGE) for _ in range(3))
+    pool.free(c)
+    pool.free(a)
+    assert pool.free_extents() == [(a.offset, PAGE), (c.offset, PAGE), (c.offset + PAGE, PAGE)]
+    assert pool.largest_free_bytes() == 3 * PAGE
+
+
+# ----------------------------------------------------------------- properties and real data
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "fork", "shared"]), st.integers(1, 9 * PAGE),
+                              st.integers(0, 99)), max_size=60),
+       capacity=st.sampled_from([None, 16 * PAGE, 40 * PAGE]))
+def test_random_workload_keeps_pages_disjoint_and_counted(ops, capacity):
+    pool = small_pool(capacity_bytes=capacity)
+    live = []
+    for op, nbytes, pick in ops:
+        if op == "alloc" or not live:
+            a = pool.allocate(nbytes)
+        elif op == "free":
+            pool.free(live.pop(pick % len(live)))
+            a = None
+        elif op == "fork":
+            a = pool.fork(live[pick % len(live)])
+        else:
+            src = live[pick % len(live)]
+            a = pool.allocate_shared(pages_of(src)[: pick % (len(src.extents) + 1)], nbytes)
+        if a is not None:
+            live.append(a)
+        if capacity is not None:
+            assert pool.reserved_bytes <= capacity
+    check_pool(pool, live)
+    check_invariants(pool, live)  # the conformance suite's recount, shared pages included
+    for a in live:
+        pool.free(a)
+    check_pool(pool, [])
+    assert pool.num_free_pages() == pool.num_total_pages()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6 * PAGE), min_size=1, max_size=40), frees=st.lists(st.integers(0, 99)))
+def test_extents_of_unshared_allocations_never_overlap(sizes, frees):
+    pool = small_pool()
+    live = [pool.allocate(n) for n in sizes]
+    for pick in frees[: len(live) - 1]:
+        pool.free(live.pop(pick % len(live)))
+    live += [pool.allocate(n) for n in sizes]
+    ranges = sorted(ext for a in live for ext in a.extents)
+    assert all(o0 + n0 <= o1 for (o0, n0), (o1, _) in zip(ranges, ranges[1:]))
+    check_pool(pool, live)
+
+
+@pytest.mark.skipif(not AZURE_CODE.exists(), reason="bundled Azure trace not found")
+def test_azure_requests_get_one_page_per_sixteen_tokens():
+    pool = Paged(segment_bytes=256 * MiB)
+    with AZURE_CODE.open() as f:
+        rows = [row for row, _ in zip(csv.DictReader(f), range(300))]
+    live = []
+    for row in rows:
+        tokens = int(row["ContextTokens"]) + int(row["GeneratedTokens"])
+        a = pool.allocate(tokens * pool.bytes_per_token, tag="kv")
+        assert len(a.extents) == -(-tokens // 16)
+        live.append(a)
+    check_pool(pool, live)
+    for a in live:
+        pool.free(a)
+    assert pool.trim() == pool.grown_bytes and pool.reserved_bytes == 0
+
+
+def test_spec_round_trips_through_the_registry():
+    pool = policies.create("paged:tokens_per_page=32,bytes_per_token=65536", capacity_bytes=1 << 30)
+    assert isinstance(pool, Paged) and pool.page_size_bytes == 2 * MiB
+    assert pool.spec == "paged:tokens_per_page=32,bytes_per_token=65536"
