@@ -1,0 +1,283 @@
+"""The conformance suite: every registered policy (built-in, entry point or registered at run
+time) passes ``policies.testing``'s battery and keeps its invariants under random operation
+sequences. Also the suite's own tests: each check catches the bug it is there for."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+import policies
+from policies import registry, testing
+from policies.base import Allocation
+from policies.errors import PolicyError
+from policies.testing import SegmentPerRequest, check_invariants
+
+MiB = 1 << 20
+#: registered at run time, the way a third-party package's policy would be
+THIRD_PARTY = SegmentPerRequest.name
+
+
+def _specs() -> list[str]:
+    names = list(dict.fromkeys([*policies.available(), THIRD_PARTY]))
+    # the elastic wrapper over every other policy, with knobs that make it act often
+    wrapped = [f"elastic:base=[{n}],patience=2,grow_bytes=4MiB" for n in names if n != "elastic"]
+    return names + wrapped
+
+
+SPECS = _specs()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def third_party_policy():
+    registered = THIRD_PARTY not in policies.available()
+    if registered:
+        registry.register(THIRD_PARTY, SegmentPerRequest)
+    yield
+    if registered:
+        registry.unregister(THIRD_PARTY)
+
+
+def _factory(spec: str):
+    return functools.partial(policies.create, spec)
+
+
+@pytest.mark.parametrize("check", testing.POLICY_CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("spec", SPECS)
+def test_policy_passes_check(spec, check):
+    check(_factory(spec))
+
+
+# ---------------------------------------------------------------------------- random sequences
+_sizes = st.one_of(st.integers(1, 4096), st.integers(4097, 2 * MiB), st.integers(2 * MiB, 48 * MiB))
+
+
+class PolicyMachine(RuleBasedStateMachine):
+    """Random allocs, frees, bad requests, trims, grows and resets on one pool."""
+
+    spec = ""
+
+    def __init__(self):
+        super().__init__()
+        self.policy = None
+        self.live: list[Allocation] = []
+
+    @initialize(capacity=st.sampled_from([None, 96 * MiB, 512 * MiB]))
+    def build(self, capacity):
+        self.policy = policies.create(self.spec, capacity_bytes=capacity)
+
+    @rule(nbytes=_sizes, stream=st.sampled_from([0, 0, 1]))
+    def allocate(self, nbytes, stream):
+        a = self.policy.allocate(nbytes, stream=stream)
+        if a is None:
+            assert self.policy.capacity_bytes is not None, f"allocate({nbytes}) failed with no capacity limit"
+        else:
+            assert (a.nbytes, a.stream) == (nbytes, stream)
+            self.live.append(a)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 1 << 16))
+    def free(self, i):
+        self.policy.free(self.live.pop(i % len(self.live)))
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 1 << 16))
+    def double_free(self, i):
+        a = self.live.pop(i % len(self.live))
+        self.policy.free(a)
+        before = self.policy.stats()
+        with pytest.raises(PolicyError):
+            self.policy.free(a)
+        assert self.policy.stats() == before
+
+    @rule(bad=st.sampled_from(testing.BAD_SIZES))
+    def bad_size(self, bad):
+        before = self.policy.stats()
+        with pytest.raises(PolicyError):
+            self.policy.allocate(bad)
+        assert self.policy.stats() == before
+
+    @rule(max_bytes=st.none() | st.integers(0, 256 * MiB))
+    def trim(self, max_bytes):
+        before = self.policy.stats()
+        released = self.policy.trim(max_bytes)
+        after = self.policy.stats()
+        assert released == before.reserved_bytes - after.reserved_bytes >= 0
+        assert (after.allocated_bytes, after.num_live) == (before.allocated_bytes, before.num_live)
+
+    @rule(nbytes=_sizes)
+    def grow(self, nbytes):
+        # a grow refused by capacity may first release free segments (the base's trim-and-retry,
+        # see test_base.py), so check the new segment rather than the free bytes
+        old = {s.offset for s in self.policy.segments()}
+        ok = self.policy.grow(nbytes)
+        new = [s for s in self.policy.segments() if s.offset not in old]
+        if ok:
+            assert any(s.nbytes >= nbytes and s.num_live == 0 for s in new), f"grow({nbytes}) added no free segment"
+        else:
+            assert self.policy.capacity_bytes is not None, f"grow({nbytes}) refused with no capacity limit"
+            assert not new, f"a refused grow({nbytes}) reserved {new}"
+
+    @rule()
+    def reset(self):
+        self.policy.reset()
+        stale, self.live = self.live, []
+        for a in stale[:1]:
+            with pytest.raises(PolicyError):
+                self.policy.free(a)
+
+    @invariant()
+    def invariants_hold(self):
+        if self.policy is not None:
+            check_invariants(self.policy, self.live)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_random_operation_sequences_keep_invariants(spec):
+    machine = type("PolicyMachine", (PolicyMachine,), {"spec": spec})
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=30, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]))
+
+
+# ---------------------------------------------------------------------------- the checks catch bugs
+class _LeaksAllocatedBytes(SegmentPerRequest):
+    def _free(self, allocation):
+        super()._free(allocation)
+        self.allocated_bytes += allocation.size_bytes
+
+
+class _HandsOutOneRange(SegmentPerRequest):
+    """Every allocation claims the first segment's range: live allocations overlap."""
+
+    def _allocate(self, nbytes, stream, tag):
+        a = super()._allocate(nbytes, stream, tag)
+        if a is not None and self.segments():
+            first = self.segments()[0]
+            a.extents = ((first.offset, a.size_bytes),)
+        return a
+
+
+class _StaleSegmentCount(SegmentPerRequest):
+    def _free(self, allocation):
+        super()._free(allocation)
+        allocation.handle.num_live = 1
+
+
+class _ClaimsToCoalesce(SegmentPerRequest):
+    """Says it coalesces, but reports each cached segment as two touching halves."""
+
+    coalesces = True
+
+    def free_extents(self):
+        halves = []
+        for off, n in super().free_extents():
+            halves += [(off, n // 2), (off + n // 2, n - n // 2)] if n >= 1024 else [(off, n)]
+        return halves
+
+
+class _ReservesThenFails(SegmentPerRequest):
+    """A refused request still leaves a small segment reserved."""
+
+    def _allocate(self, nbytes, stream, tag):
+        a = super()._allocate(nbytes, stream, tag)
+        if a is None:
+            seg = self._reserve_segment(4096, stream)
+            if seg is not None:
+                self._add_segment(seg)
+        return a
+
+
+class _RoundsFloats(SegmentPerRequest):
+    def allocate(self, nbytes, **kw):
+        return super().allocate(int(nbytes) if isinstance(nbytes, float) else nbytes, **kw)
+
+
+class _ResetKeepsSegments(SegmentPerRequest):
+    def reset(self):
+        self._token = object()
+        self._init_counters()
+        self.reserved_bytes = sum(s.nbytes for s in self._segments.values())
+
+
+class _Shares(SegmentPerRequest):
+    """``fork(a)``: a second live allocation over the same segment (prefix sharing)."""
+
+    def fork(self, a):
+        a.handle.num_live += 1
+        b = Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a.handle)
+        b.owner = self._token
+        self.num_allocs += 1
+        self.num_live += 1
+        self.live_bytes += b.nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        return b
+
+    def _free(self, allocation):
+        seg = allocation.handle
+        if seg.num_live > 1:
+            seg.num_live -= 1
+        else:
+            super()._free(allocation)
+
+
+class _ReportsShared(_Shares):
+    def shared_extents(self):
+        return [(s.offset, s.nbytes) for s in self.segments() if s.num_live > 1]
+
+
+@pytest.mark.parametrize("broken, check, message", [
+    (_LeaksAllocatedBytes, testing.check_random_workload, "allocated_bytes"),
+    (_HandsOutOneRange, testing.check_allocation_fields, "overlap"),
+    (_StaleSegmentCount, testing.check_random_workload, "num_live"),
+    (_ClaimsToCoalesce, testing.check_random_workload, "touch"),
+    (_ReservesThenFails, testing.check_capacity_refusal, "reserved memory"),
+    (_RoundsFloats, testing.check_bad_sizes, "did not raise PolicyError"),
+    (_ResetKeepsSegments, testing.check_reset, "differs from a fresh one"),
+], ids=lambda x: getattr(x, "__name__", None) if callable(x) else None)
+def test_check_catches_broken_policy(broken, check, message):
+    with pytest.raises(AssertionError, match=message):
+        check(broken)
+
+
+def test_check_policy_names_the_failing_check():
+    with pytest.raises(AssertionError, match="^check_allocation_fields: .*allocated_bytes"):
+        testing.check_policy(_LeaksAllocatedBytes)
+
+
+def test_reference_policy_passes_check_policy():
+    testing.check_policy(SegmentPerRequest)
+
+
+def test_overlap_is_refused_unless_the_pages_are_reported_shared():
+    policy = _Shares()
+    a = policy.allocate(4096)
+    b = policy.fork(a)
+    with pytest.raises(AssertionError, match="overlap"):
+        check_invariants(policy, [a, b])
+
+
+def test_shared_pages_may_overlap_and_count_once():
+    policy = _ReportsShared()
+    a = policy.allocate(4096)
+    b = policy.fork(a)
+    stats = check_invariants(policy, [a, b])
+    assert (stats.allocated_bytes, stats.live_bytes) == (4096, 8192)
+
+
+def test_invariants_need_every_live_allocation():
+    policy = SegmentPerRequest()
+    a = policy.allocate(4096)
+    policy.allocate(4096)
+    with pytest.raises(AssertionError, match="num_live"):
+        check_invariants(policy, [a])
+
+
+def test_invariants_refuse_a_freed_allocation_listed_live():
+    policy = SegmentPerRequest()
+    a = policy.allocate(4096)
+    policy.free(a)
+    with pytest.raises(AssertionError, match="was freed"):
+        check_invariants(policy, [a])
