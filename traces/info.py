@@ -37,8 +37,9 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     Keys: ``name``, ``format``, ``source``, ``num_events``, ``num_allocs``, ``num_frees``,
     ``num_never_freed``, ``num_pre_trace_allocs``, ``duration_us``, ``peak_live_bytes``,
     ``peak_live_time_us``, ``final_live_bytes``, ``total_alloc_bytes``, ``size_{min,p50,p90,p99,max}_bytes``,
-    ``size_mean_bytes``, ``num_distinct_sizes``, ``streams`` (stream -> allocations) and ``tags``
-    (tag -> ``{"num_allocs", "bytes"}``; untagged allocations under ``"(untagged)"``).
+    ``size_mean_bytes``, ``num_distinct_sizes``, ``streams`` (stream -> allocations), ``tags``
+    (tag -> allocations) and ``tag_bytes`` (tag -> bytes allocated); untagged allocations are
+    listed under ``"(untagged)"``.
     """
     ev = trace.events
     is_alloc = (ev["op"] == "alloc").to_numpy()
@@ -78,5 +79,6 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     info["streams"] = {int(s): int(n) for s, n in streams.items()}
     by_tag = pd.DataFrame({"tag": pd.Series(alloc_tags, dtype=object).replace("", UNTAGGED), "nbytes": sizes})
     grouped = by_tag.groupby("tag", sort=True)["nbytes"].agg(["count", "sum"])
-    info["tags"] = {str(t): {"num_allocs": int(r["count"]), "bytes": int(r["sum"])} for t, r in grouped.iterrows()}
+    info["tags"] = {str(t): int(n) for t, n in grouped["count"].items()}
+    info["tag_bytes"] = {str(t): int(n) for t, n in grouped["sum"].items()}
     return info

@@ -38,8 +38,8 @@ def test_sizes_streams_and_tags():
     sizes = (info["size_min_bytes"], info["size_p50_bytes"], info["size_max_bytes"], info["num_distinct_sizes"])
     assert sizes == (50, 100, 300, 3)
     assert info["streams"] == {0: 2, 1: 1}
-    assert info["tags"] == {"(untagged)": {"num_allocs": 1, "bytes": 50}, "kv": {"num_allocs": 1, "bytes": 300},
-                            "pre-trace": {"num_allocs": 1, "bytes": 100}}
+    assert info["tags"] == {"(untagged)": 1, "kv": 1, "pre-trace": 1}
+    assert info["tag_bytes"] == {"(untagged)": 50, "kv": 300, "pre-trace": 100}
     assert info["duration_us"] == 9
 
 
