@@ -147,7 +147,8 @@ class Policy(abc.ABC):
     coalesces: ClassVar[bool] = False
 
     def __init__(self, *, capacity_bytes: int | None = None, device: Device | None = None):
-        if capacity_bytes is not None and (not isinstance(capacity_bytes, int) or capacity_bytes <= 0):
+        if capacity_bytes is not None and (isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
+                                           or capacity_bytes <= 0):
             raise PolicyError(f"capacity_bytes(={capacity_bytes!r}) must be a positive integer or None")
         self.capacity_bytes = capacity_bytes
         self.device = device if device is not None else VirtualDevice()
@@ -292,7 +293,10 @@ class Policy(abc.ABC):
         self._reset_state()
 
     def trim(self, max_bytes: int | None = None) -> int:
-        """Release fully free segments (up to about ``max_bytes``); returns bytes released."""
+        """Release fully free segments until at least ``max_bytes`` are released (all when None).
+
+        Returns the bytes released (may overshoot ``max_bytes`` by up to one segment).
+        """
         return self._release_free_segments(max_bytes)
 
     def grow(self, nbytes: int) -> bool:
@@ -301,7 +305,8 @@ class Policy(abc.ABC):
         The pre-growth hook elastic pools use before a prefill. Returns False when capacity or
         the device refuses.
         """
-        seg = self._reserve_segment(self._segment_size_for(nbytes), stream=0)
+        # retry=False: freeing cached segments to pre-grow would trade free memory for free memory
+        seg = self._reserve_segment(self._segment_size_for(nbytes), stream=0, retry=False)
         if seg is None:
             return False
         self._add_segment(seg)

@@ -54,8 +54,7 @@ def _table() -> dict[str, Any]:
     merged: dict[str, Any] = dict(BUILTIN_POLICIES)
     for name, ep in _entry_point_table().items():
         merged.setdefault(name, ep)
-    for name, cls in _runtime.items():
-        merged.setdefault(name, cls)
+    merged.update(_runtime)  # run-time registrations win (register(..., replace=True) can shadow a built-in)
     return merged
 
 

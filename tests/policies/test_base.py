@@ -51,7 +51,6 @@ def test_bad_capacity_raises(capacity):
         _pool(capacity_bytes=capacity)
 
 
-@pytest.mark.xfail(strict=True, reason="Policy.__init__ accepts capacity_bytes=True (bool is an int): reported")
 def test_bool_capacity_raises():
     with pytest.raises(PolicyError):
         _pool(capacity_bytes=True)
@@ -171,8 +170,6 @@ def test_grow_beyond_capacity_returns_false():
     assert p.stats().reserved_bytes == 0
 
 
-@pytest.mark.xfail(strict=True, reason="Policy.grow reserves with the trim-and-retry, so a grow refused by capacity "
-                                       "first releases free segments: proposed grow(..., retry=False) in the report")
 def test_grow_never_gives_free_memory_back():
     p = _pool(capacity_bytes=4 * MiB)
     p.grow(3 * MiB)

@@ -175,8 +175,6 @@ def test_register_replace_swaps_a_run_time_policy(runtime_names):
     assert policies.get("third-party") is SegmentPerRequest
 
 
-@pytest.mark.xfail(strict=True, reason="registry._table() lets built-ins win (setdefault), so replace=True "
-                                       "is silently ignored for a built-in name: reported to the registry's owner")
 def test_register_replace_swaps_a_builtin(runtime_names):
     registry.register("first-fit", ThirdParty, replace=True)
     runtime_names.append("first-fit")
