@@ -1,0 +1,272 @@
+"""Blocks and segments for contiguous policies: splitting, coalescing, growth and shrink.
+
+Every contiguous policy (first fit, best fit, worst fit, the PyTorch and CuPy emulations) keeps
+each reserved segment as a chain of blocks that tile it exactly, in address order. A
+policy differs from another only in where it places a request, so ``ContiguousPolicy``
+implements the ``Policy`` hooks around an abstract index of free blocks and a subclass fills in
+``_index_reset``, ``_index_add``, ``_index_remove`` and ``_find``.
+
+Invariants (``ContiguousPolicy.check_invariants`` asserts them; the tests call it after
+random operation sequences):
+
+- the blocks of a segment tile ``[segment.offset, segment.end)`` with no gap or overlap;
+- a block is in the free index exactly when ``block.free`` is true (subclasses extend
+  ``check_invariants`` with their index's own checks);
+- no two free blocks of a segment touch (freeing coalesces at once), so a segment with no live
+  allocation (``segment.num_live == 0``) is a single free block and can be released in O(1);
+- ``segment.handle`` is the segment's first block, which is never merged away;
+- every block size is a multiple of ``alignment_bytes``.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Iterator
+
+from policies.base import Allocation, Policy, Segment, check_positive_int
+from policies.device import SEGMENT_ALIGNMENT_BYTES, Device
+from policies.errors import PolicyError
+
+__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy"]
+
+_DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
+_DEFAULT_ALIGNMENT_BYTES = 512  # PyTorch's and CuPy's rounding (field notes)
+#: Offsets are below 2**64 (device pointers are), so indexes may pack them into int keys.
+OFFSET_BITS = 64
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """A range ``[offset, offset + size)`` of one segment, free or handed out.
+
+    ``prev``/``next`` are the address neighbours inside the same segment (None at its ends),
+    so coalescing a freed block is O(1). Compared by identity (``eq=False``).
+    """
+
+    offset: int
+    size: int
+    segment: Segment
+    prev: Block | None = None
+    next: Block | None = None
+    free: bool = True
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+class ContiguousPolicy(Policy):
+    """Base of the policies that give each request one contiguous range.
+
+    Args:
+        segment_bytes: size of the segment reserved on a miss (grow by one segment). A request
+            larger than this gets a segment of its own, rounded up to 2 MiB.
+        alignment_bytes: request sizes are rounded up to a multiple of this (a power of two).
+        split_threshold_bytes: a free block is split only when the remainder would be at least
+            this many bytes; otherwise the whole block is handed out. None means
+            ``alignment_bytes`` (split whenever anything remains).
+        capacity_bytes, device: see ``Policy``.
+
+    Subclasses implement the free-block index:
+
+    - ``_index_add(block)``: a block became free (or was created free);
+    - ``_index_remove(block)``: a free block is about to be handed out, merged or released;
+    - ``_find(size, stream) -> Block | None``: the free block to serve ``size`` bytes (already
+      rounded) on ``stream``, left in the index;
+    - ``_index_reset()``: build the empty index.
+
+    They may override, for speed, ``_take(size, stream)`` (find and remove in one search),
+    ``_index_resize(block, old_size)`` (a free block grew by coalescing) and
+    ``_index_largest_bytes()`` (default: a walk over every block).
+    """
+
+    contiguous = True
+    coalesces = True
+
+    def __init__(self, *, segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
+                 alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES, split_threshold_bytes: int | None = None,
+                 capacity_bytes: int | None = None, device: Device | None = None):
+        check_positive_int("alignment_bytes", alignment_bytes)
+        if alignment_bytes & (alignment_bytes - 1):
+            raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
+        check_positive_int("segment_bytes", segment_bytes)
+        if segment_bytes % alignment_bytes:
+            raise PolicyError(f"segment_bytes(={segment_bytes}) must be a multiple of "
+                              f"alignment_bytes(={alignment_bytes})")
+        if split_threshold_bytes is not None:
+            check_positive_int("split_threshold_bytes", split_threshold_bytes)
+        self.segment_bytes = segment_bytes
+        self.alignment_bytes = alignment_bytes
+        self.split_threshold_bytes = split_threshold_bytes
+        super().__init__(capacity_bytes=capacity_bytes, device=device)
+
+    # ----------------------------------------------------------------- free-block index
+    @abc.abstractmethod
+    def _index_add(self, block: Block) -> None: ...
+
+    @abc.abstractmethod
+    def _index_remove(self, block: Block) -> None: ...
+
+    @abc.abstractmethod
+    def _find(self, size: int, stream: int) -> Block | None: ...
+
+    def _take(self, size: int, stream: int) -> Block | None:
+        """``_find`` and ``_index_remove`` in one; override when one search can do both."""
+        block = self._find(size, stream)
+        if block is not None:
+            self._index_remove(block)
+        return block
+
+    def _index_resize(self, block: Block, old_size: int) -> None:
+        """An indexed free block grew in place from ``old_size`` to ``block.size`` (same offset).
+
+        Override when the index can often leave the block where it is.
+        """
+        new_size = block.size
+        block.size = old_size
+        self._index_remove(block)
+        block.size = new_size
+        self._index_add(block)
+
+    def _index_largest_bytes(self) -> int:
+        """Size of the largest free block (a walk over all blocks unless overridden)."""
+        return max((b.size for b in self.blocks() if b.free), default=0)
+
+    @abc.abstractmethod
+    def _index_reset(self) -> None:
+        """Build the empty index; called by ``_reset_state``."""
+
+    # ----------------------------------------------------------------- Policy hooks
+    def _reset_state(self) -> None:
+        self._align_mask = self.alignment_bytes - 1
+        threshold = self.split_threshold_bytes
+        self._split_min_bytes = self.alignment_bytes if threshold is None else threshold
+        # oversize segments: a multiple of both the driver's 2 MiB and the alignment (powers of two)
+        self._oversize_multiple = max(SEGMENT_ALIGNMENT_BYTES, self.alignment_bytes)
+        self._index_reset()
+
+    def _segment_size_for(self, nbytes: int) -> int:
+        if nbytes <= self.segment_bytes:
+            return self.segment_bytes
+        m = self._oversize_multiple
+        return -(-nbytes // m) * m
+
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        mask = self._align_mask
+        size = (nbytes + mask) & ~mask
+        block = self._take(size, stream)
+        if block is None:
+            seg = self._reserve_segment(self._segment_size_for(size), stream)
+            if seg is None:
+                return None
+            block = self._segment_block(seg)
+        block.free = False
+        rest_bytes = block.size - size
+        if rest_bytes >= self._split_min_bytes:
+            # split: the request takes the low end, the rest stays free (and keeps the chain)
+            nxt = block.next
+            rest = Block(block.offset + size, rest_bytes, block.segment, block, nxt)
+            if nxt is not None:
+                nxt.prev = rest
+            block.next = rest
+            block.size = size
+            self._index_add(rest)
+        else:
+            size = block.size
+        block.segment.num_live += 1
+        self.allocated_bytes += size
+        return Allocation(nbytes, size, ((block.offset, size),), stream, tag, block)
+
+    def _free(self, allocation: Allocation) -> None:
+        block: Block = allocation.handle
+        assert not block.free and block.size == allocation.size_bytes
+        self.allocated_bytes -= block.size
+        block.segment.num_live -= 1
+        # Coalesce at once. The survivor is the lowest of the merged blocks, so a segment's first
+        # block never dies; absorbed blocks are unlinked so no cycle keeps them alive.
+        nxt = block.next
+        if nxt is not None and nxt.free:
+            self._index_remove(nxt)
+            block.size += nxt.size
+            after = block.next = nxt.next
+            if after is not None:
+                after.prev = block
+            nxt.prev = nxt.next = None
+        prev = block.prev
+        if prev is not None and prev.free:
+            old_size = prev.size
+            prev.size = old_size + block.size
+            after = prev.next = block.next
+            if after is not None:
+                after.prev = prev
+            block.prev = block.next = None
+            self._index_resize(prev, old_size)
+        else:
+            block.free = True
+            self._index_add(block)
+
+    def _add_segment(self, segment: Segment) -> None:
+        self._index_add(self._segment_block(segment))
+
+    @staticmethod
+    def _segment_block(segment: Segment) -> Block:
+        """The one free block spanning a fresh segment (not yet indexed)."""
+        assert segment.end <= 1 << OFFSET_BITS, f"segment end {segment.end:#x} does not fit in {OFFSET_BITS} bits"
+        block = Block(segment.offset, segment.nbytes, segment)
+        segment.handle = block
+        return block
+
+    def _release_free_segments(self, max_bytes: int | None) -> int:
+        """Release segments with no live allocation, in reservation order, until at least
+        ``max_bytes`` are released (all of them when None)."""
+        released = 0
+        for seg in [s for s in self._segments.values() if s.num_live == 0]:
+            if max_bytes is not None and released >= max_bytes:
+                break
+            block: Block = seg.handle
+            assert block.free and block.size == seg.nbytes and block.next is None
+            self._index_remove(block)
+            self._release_segment(seg)
+            released += seg.nbytes
+        return released
+
+    # ----------------------------------------------------------------- inspection
+    def blocks(self) -> Iterator[Block]:
+        """Every block, free or not, in address order (segment by segment)."""
+        for seg in self.segments():
+            block = seg.handle
+            while block is not None:
+                yield block
+                block = block.next
+
+    def check_invariants(self) -> None:
+        """Assert the module docstring's invariants and the byte accounting (for tests; O(blocks))."""
+        allocated = free = 0
+        for seg in self.segments():
+            block, end, live, prev_free = seg.handle, seg.offset, 0, False
+            assert block.prev is None, f"segment {seg.offset:#x}: first block has a prev"
+            while block is not None:
+                assert block.segment is seg and block.offset == end and block.size > 0, f"gap or overlap at {end:#x}"
+                assert block.size % self.alignment_bytes == 0, f"block at {block.offset:#x} is not aligned"
+                assert block.next is None or block.next.prev is block, f"broken chain at {block.offset:#x}"
+                if block.free:
+                    assert not prev_free, f"free blocks touch at {block.offset:#x}"
+                    free += block.size
+                else:
+                    allocated += block.size
+                    live += 1
+                prev_free = block.free
+                end += block.size
+                block = block.next
+            assert end == seg.end, f"segment {seg.offset:#x}: blocks end at {end:#x}, not {seg.end:#x}"
+            assert live == seg.num_live, f"segment {seg.offset:#x}: num_live {seg.num_live} != {live}"
+        assert allocated == self.allocated_bytes, f"allocated_bytes {self.allocated_bytes} != {allocated}"
+        assert allocated + free == self.reserved_bytes, "free + allocated != reserved"
+        assert self.largest_free_bytes() == max((b.size for b in self.blocks() if b.free), default=0)
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        return [(b.offset, b.size) for b in self.blocks() if b.free]
+
+    def largest_free_bytes(self) -> int:
+        return self._index_largest_bytes()

@@ -1,0 +1,87 @@
+"""Best fit: the smallest free block that fits (ties: lowest address), split and coalesced.
+
+The general-purpose classic (RMM's pool, CuPy's MemoryPool and PyTorch's caching allocator
+are best fit at heart): large free blocks stay whole for large requests.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
+
+__all__ = ["BestFit"]
+
+_OFFSET_MASK = (1 << OFFSET_BITS) - 1
+
+
+class BestFit(ContiguousPolicy):
+    """Serve each request from the smallest free block that holds it; lowest address on ties.
+
+    Free blocks serve only requests on the stream their segment was reserved for (as in
+    PyTorch and CuPy: reuse across streams would need an event to be safe). Knobs: see
+    ``ContiguousPolicy``.
+
+    Index: per stream, one sorted ``list`` of int keys ``size << 64 | offset``, so the best fit
+    is the first key >= ``size << 64`` (an O(log n) bisect). A plain list rather than a
+    ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to ~5,000 free
+    blocks per stream (pools hold tens to a few thousand); inserts and deletes move O(n)
+    pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
+    """
+
+    name = "best-fit"
+
+    def _index_reset(self) -> None:
+        self._keys_by_stream: dict[int, list[int]] = {}
+        self._free_at: dict[int, Block] = {}  # offset -> free block
+
+    def _index_add(self, block: Block) -> None:
+        stream = block.segment.stream
+        keys = self._keys_by_stream.get(stream)
+        if keys is None:
+            keys = self._keys_by_stream[stream] = []
+        insort(keys, block.size << OFFSET_BITS | block.offset)
+        self._free_at[block.offset] = block
+
+    def _index_remove(self, block: Block) -> None:
+        keys = self._keys_by_stream[block.segment.stream]
+        key = block.size << OFFSET_BITS | block.offset
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "removing a block that is not indexed"
+        del keys[i]
+        del self._free_at[block.offset]
+
+    def _index_resize(self, block: Block, old_size: int) -> None:
+        keys = self._keys_by_stream[block.segment.stream]
+        key = old_size << OFFSET_BITS | block.offset
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "resizing a block that is not indexed"
+        del keys[i]
+        insort(keys, block.size << OFFSET_BITS | block.offset)
+
+    def _find(self, size: int, stream: int) -> Block | None:
+        keys = self._keys_by_stream.get(stream)
+        if not keys:
+            return None
+        i = bisect_left(keys, size << OFFSET_BITS)
+        return self._free_at[keys[i] & _OFFSET_MASK] if i < len(keys) else None
+
+    def _take(self, size: int, stream: int) -> Block | None:
+        keys = self._keys_by_stream.get(stream)
+        if not keys:
+            return None
+        i = bisect_left(keys, size << OFFSET_BITS)
+        return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        free_blocks = {b.offset: b for b in self.blocks() if b.free}
+        assert self._free_at == free_blocks, "the index and the free blocks differ"
+        expected: dict[int, list[int]] = {}
+        for b in free_blocks.values():
+            expected.setdefault(b.segment.stream, []).append(b.size << OFFSET_BITS | b.offset)
+        for stream, keys in self._keys_by_stream.items():
+            assert keys == sorted(expected.get(stream, [])), f"stream {stream}: keys differ from the free blocks"
+
+    def _index_largest_bytes(self) -> int:
+        return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)

@@ -1,0 +1,99 @@
+"""Best fit (policies/best_fit.py): the smallest free block that fits, lowest address on ties.
+
+The shared block machinery (splitting, coalescing, growth, trim) is tested in test_blocks.py.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import policies
+from policies.best_fit import BestFit
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+def _holes(p, layout):
+    """Allocate ``layout``'s sizes back to back, then free those marked True; return the allocations."""
+    allocs = [p.allocate(size) for size, _ in layout]
+    assert all(b.offset == a.offset + a.size_bytes for a, b in zip(allocs, allocs[1:]))
+    for a, (_, hole) in zip(allocs, layout):
+        if hole:
+            p.free(a)
+    return allocs
+
+
+def test_registered_as_best_fit():
+    assert policies.get("best-fit") is BestFit
+    p = policies.create("best-fit:alignment_bytes=4096", capacity_bytes=1 << 30)
+    assert isinstance(p, BestFit) and p.alignment_bytes == 4096 and p.capacity_bytes == 1 << 30
+    assert policies.create(p.spec).get_params() == {**p.get_params(), "capacity_bytes": None}
+
+
+def test_picks_the_smallest_block_that_fits():
+    p = BestFit(segment_bytes=1 * MiB)
+    _, _, tight, _, mid, _ = _holes(p, [(64 * KiB, True), (4 * KiB, False), (16 * KiB, True),
+                                        (4 * KiB, False), (20 * KiB, True), (4 * KiB, False)])
+    assert p.allocate(16 * KiB).offset == tight.offset
+    assert p.allocate(17 * KiB).offset == mid.offset
+
+
+def test_ties_go_to_the_lowest_address():
+    p = BestFit(segment_bytes=1 * MiB)
+    low, _, high, _ = _holes(p, [(16 * KiB, True), (4 * KiB, False), (16 * KiB, True), (4 * KiB, False)])
+    assert p.allocate(12 * KiB).offset == low.offset
+
+
+def test_ties_across_segments_go_to_the_lowest_address():
+    p = BestFit(segment_bytes=1 * MiB)
+    p.allocate(MiB - 16 * KiB)
+    first_tail = p.allocate(16 * KiB)
+    p.allocate(MiB - 16 * KiB)
+    second_tail = p.allocate(16 * KiB)
+    p.free(second_tail)
+    p.free(first_tail)
+    assert p.allocate(16 * KiB).offset == first_tail.offset
+
+
+def test_request_larger_than_every_hole_uses_the_free_tail():
+    p = BestFit(segment_bytes=1 * MiB)
+    allocs = _holes(p, [(16 * KiB, True), (4 * KiB, False)])
+    assert p.allocate(32 * KiB).offset == allocs[1].offset + 4 * KiB
+
+
+def test_split_threshold_hands_out_a_whole_near_fit():
+    p = BestFit(segment_bytes=1 * MiB, split_threshold_bytes=8 * KiB)
+    hole, _ = _holes(p, [(20 * KiB, True), (4 * KiB, False)])
+    a = p.allocate(16 * KiB)  # 4 KiB would remain: below the threshold, so the block stays whole
+    assert (a.offset, a.size_bytes) == (hole.offset, 20 * KiB)
+
+
+def test_largest_free_bytes_is_the_last_key():
+    p = BestFit(segment_bytes=1 * MiB)
+    _holes(p, [(40 * KiB, True), (4 * KiB, False), (60 * KiB, True), (4 * KiB, False), (MiB - 108 * KiB, False)])
+    assert p.largest_free_bytes() == 60 * KiB
+
+
+_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), _SIZES, st.sampled_from([0, 0, 3])), max_size=120))
+def test_places_exactly_where_a_smallest_first_scan_would(ops):
+    p = BestFit(segment_bytes=1 * MiB)
+    live = []
+    for is_alloc, n, stream in ops:
+        if is_alloc or not live:
+            size = -(-n // 512) * 512
+            fits = [(b.size, b.offset) for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
+            a = p.allocate(n, stream=stream)
+            if fits:
+                assert a.offset == min(fits)[1]
+            else:
+                assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
+            live.append(a)
+        else:
+            p.free(live.pop(n % len(live)))
+    p.check_invariants()
