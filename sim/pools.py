@@ -1,0 +1,220 @@
+"""Where the simulated server's memory lives: weights, KV cache, activations and workspace.
+
+Two layouts, so the cost of mixing lifetimes can be measured:
+
+- ``separate`` (vLLM's layout): the policy under test holds the KV cache alone; weights,
+  activations and workspace live in their own pools (built from ``aux_policy``).
+- ``shared``: one pool, the policy under test, holds everything: weights and workspace for the
+  whole run, activations for one step, KV blocks for one request's life.
+
+Every call goes through a ``TimedPool``, which measures the policy's own bookkeeping time and
+collects the driver time its ``CostedDevice`` charges, so a ``cudaMalloc`` on the hot path lands
+on the step that caused it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import policies
+from policies.base import Allocation, Policy
+from sim.costs import CostedDevice, CostModel
+
+__all__ = ["MemoryPlan", "plan_memory", "TimedPool", "ServerPools", "create_policy", "POOL_LAYOUTS", "DEFAULT_WORKSPACE_BYTES"]
+
+POOL_LAYOUTS = ("separate", "shared")
+
+#: cuBLAS/cuDNN workspaces, sampler buffers and CUDA-graph pools; vLLM leaves a few hundred MiB
+#: outside its KV cache for these.
+DEFAULT_WORKSPACE_BYTES = 512 << 20
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How a GPU's memory is split before the first request (vLLM's profiling step).
+
+    ``kv_budget_bytes = usable - weights - activation_reserve - workspace`` unless given.
+    """
+
+    gpu_bytes: int
+    usable_bytes: int  # gpu_bytes x gpu_memory_utilization
+    weight_bytes: int
+    activation_reserve_bytes: int  # activations of the largest step (max_num_batched_tokens)
+    workspace_bytes: int
+    kv_budget_bytes: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in self.__dataclass_fields__.values()}  # type: ignore[attr-defined]
+
+
+def plan_memory(model: Any, gpu: Any, *, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, kv_capacity_bytes: int | None = None) -> MemoryPlan:
+    """Split ``gpu``'s memory for ``model`` like vLLM does; raise ValueError when nothing is left for KV."""
+    gpu_bytes = int(gpu.memory_bytes)
+    usable = int(gpu_bytes * gpu_memory_utilization)
+    weights = int(model.weight_bytes)
+    activations = int(model.activation_bytes(max_num_batched_tokens))
+    if kv_capacity_bytes is None:
+        kv = usable - weights - activations - workspace_bytes
+        if kv <= 0:
+            raise ValueError(
+                f"no memory left for the KV cache: {gpu.name} x gpu_memory_utilization={gpu_memory_utilization} "
+                f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB of weights, "
+                f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} GiB of workspace")
+    else:
+        kv = int(kv_capacity_bytes)
+        if kv <= 0:
+            raise ValueError(f"kv_capacity_bytes(={kv_capacity_bytes!r}) must be > 0")
+    return MemoryPlan(gpu_bytes, usable, weights, activations, workspace_bytes, kv)
+
+
+class TimedPool:
+    """A policy plus the latency of each call to it.
+
+    ``alloc_ns``/``free_ns`` hold one sample per call: the policy's own bookkeeping time
+    (``perf_counter_ns``) plus the driver time its device charged for that call. The driver
+    time also accrues in ``pending_driver_ns`` until the server takes it for the current step.
+    """
+
+    __slots__ = ("policy", "_take", "_allocate", "_free", "alloc_ns", "free_ns", "pending_driver_ns",
+                 "record_latency")
+
+    def __init__(self, policy: Policy, *, record_latency: bool = True):
+        self.policy = policy
+        device = policy.device
+        self._take = device.take_ns if isinstance(device, CostedDevice) else None
+        if self._take is not None:
+            self._take()  # construction-time driver calls belong to no step
+        self._allocate = policy.allocate
+        self._free = policy.free
+        self.alloc_ns: list[int] = []
+        self.free_ns: list[int] = []
+        self.pending_driver_ns = 0
+        self.record_latency = record_latency
+
+    def allocate(self, nbytes: int, tag: str | None = None) -> Allocation | None:
+        t0 = time.perf_counter_ns()
+        a = self._allocate(nbytes, tag=tag)
+        t1 = time.perf_counter_ns()
+        driver = self._take() if self._take is not None else 0
+        self.pending_driver_ns += driver
+        if self.record_latency:
+            self.alloc_ns.append(t1 - t0 + driver)
+        return a
+
+    def free(self, allocation: Allocation) -> None:
+        t0 = time.perf_counter_ns()
+        self._free(allocation)
+        t1 = time.perf_counter_ns()
+        driver = self._take() if self._take is not None else 0
+        self.pending_driver_ns += driver
+        if self.record_latency:
+            self.free_ns.append(t1 - t0 + driver)
+
+    def take_driver_ns(self) -> int:
+        ns, self.pending_driver_ns = self.pending_driver_ns, 0
+        return ns
+
+
+def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | None,
+                  fill: dict[str, Any] | None = None) -> Policy:
+    """Build ``spec`` on a ``CostedDevice`` charging ``costs``.
+
+    ``fill`` gives knobs the policy gets when it has them and the spec does not set them: the
+    model's ``bytes_per_token`` for a paged pool, so that a page holds whole tokens.
+    """
+    extra: dict[str, Any] = {}
+    if fill:
+        name, params = policies.parse_spec(spec)
+        known = policies.get(name)._param_names()
+        extra = {k: v for k, v in fill.items() if v is not None and k in known and k not in params}
+    return policies.create(spec, capacity_bytes=capacity_bytes, device=CostedDevice(costs), **extra)
+
+
+class ServerPools:
+    """The pools of one simulated server, in either layout.
+
+    Args:
+        kv_policy: the policy under test (it holds the KV cache, and everything when shared).
+        plan: the memory split.
+        layout: "separate" or "shared".
+        aux_policy: spec of the weights/activations/workspace pools in the separate layout.
+        costs: driver-time model for the auxiliary pools.
+        num_weight_tensors: weights are allocated as this many equal tensors (one per layer).
+    """
+
+    def __init__(self, kv_policy: Policy, plan: MemoryPlan, *, layout: str, aux_policy: str,
+                 costs: CostModel | None, num_weight_tensors: int):
+        if layout not in POOL_LAYOUTS:
+            raise ValueError(f"pool_layout(={layout!r}) must be one of {', '.join(POOL_LAYOUTS)}")
+        self.plan = plan
+        self.layout = layout
+        self.kv = TimedPool(kv_policy)
+        if layout == "shared":
+            self.weights = self.activations = self.workspace = self.kv
+            self._distinct = (self.kv,)
+        else:
+            # the auxiliary pools are not under test: no latency samples, but their driver time counts
+            self.weights = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False)
+            self.activations = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs),
+                                         record_latency=False)
+            self.workspace = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs),
+                                       record_latency=False)
+            self._distinct = (self.kv, self.weights, self.activations, self.workspace)
+        #: bytes the non-KV allocations hold in the KV policy's pool (nonzero only when shared)
+        self.aux_allocated_bytes = 0
+        self._weights: list[Allocation] = []
+        self._workspace: Allocation | None = None
+        self._load(num_weight_tensors)
+
+    def _load(self, num_weight_tensors: int) -> None:
+        """Weights and workspace, before the first request; their driver time belongs to no step."""
+        n = max(1, num_weight_tensors)
+        per_tensor = -(-self.plan.weight_bytes // n)
+        for _ in range(n):
+            a = self.weights.allocate(per_tensor, tag="weights")
+            if a is None:
+                raise ValueError(f"the weights ({self.plan.weight_bytes / 2**30:.1f} GiB) do not fit in the "
+                                 f"{self.layout} pool ({self.weights.policy!r})")
+            self._weights.append(a)
+        if self.plan.workspace_bytes > 0:
+            self._workspace = self.workspace.allocate(self.plan.workspace_bytes, tag="workspace")
+            if self._workspace is None:
+                raise ValueError(f"the workspace ({self.plan.workspace_bytes} B) does not fit in the "
+                                 f"{self.layout} pool ({self.workspace.policy!r})")
+        if self.layout == "shared":
+            self.aux_allocated_bytes = self.kv.policy.allocated_bytes
+        for pool in self._distinct:
+            pool.take_driver_ns()
+            pool.alloc_ns.clear()
+
+    def allocate_activations(self, nbytes: int) -> Allocation | None:
+        a = self.activations.allocate(nbytes, tag="activations")
+        if a is not None and self.layout == "shared":
+            self.aux_allocated_bytes += a.size_bytes
+        return a
+
+    def free_activations(self, a: Allocation) -> None:
+        self.activations.free(a)
+        if self.layout == "shared":
+            self.aux_allocated_bytes -= a.size_bytes
+
+    def kv_reserved_bytes(self) -> int:
+        """Bytes the KV cache holds from the device (in the shared layout: all the pool's but non-KV)."""
+        return self.kv.policy.reserved_bytes - self.aux_allocated_bytes
+
+    def take_driver_ns(self) -> int:
+        """Driver time all pools accrued since the last call."""
+        total = 0
+        for pool in self._distinct:
+            if pool.pending_driver_ns:
+                total += pool.take_driver_ns()
+        return total
+
+    def aux_peak_reserved_bytes(self) -> int:
+        """Peak bytes the auxiliary pools reserved (0 in the shared layout)."""
+        if self.layout == "shared":
+            return 0
+        return sum(p.policy.peak_reserved_bytes for p in (self.weights, self.activations, self.workspace))

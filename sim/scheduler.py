@@ -1,0 +1,355 @@
+"""Iteration-level (continuous) batching, FCFS, in the manner of vLLM's scheduler.
+
+Each step, in order:
+
+1. Running requests, oldest first, each get their next tokens (one when decoding, a chunk of the
+   prompt when prefilling) within the step's token budget. A request whose KV cache cannot grow
+   preempts the newest running request (``recompute``: its KV is dropped and it is requeued at
+   the front; ``swap``: its KV is copied to host memory at PCIe speed) until it fits, or is
+   preempted itself. A request that cannot grow while it runs alone can never finish: it is
+   rejected.
+2. Unless someone was preempted this step, swapped-out requests come back first, then waiting
+   requests are admitted in arrival order while seats (``max_num_seqs``), budget and memory
+   last. Admission keeps ``watermark`` of the KV budget free, so a new request does not push a
+   running one out at its next token (vLLM's admission watermark).
+
+Requests that can never fit (their KV peak exceeds the whole KV budget, or a prompt exceeds the
+step budget without chunked prefill) are rejected on arrival and counted, never looped on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from sim.kv import KVHandle
+
+__all__ = ["Request", "StepPlan", "Scheduler", "PREEMPTION_MODES",
+           "WAITING", "RUNNING", "SWAPPED", "FINISHED", "REJECTED"]
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+# Request states (strings, compared by identity on the hot path).
+WAITING = "waiting"
+RUNNING = "running"
+SWAPPED = "swapped"
+FINISHED = "finished"
+REJECTED = "rejected"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request's progress.
+
+    ``num_tokens`` is what is known (prompt + generated so far); ``num_computed`` of them have
+    their KV in memory. A step computes ``num_new`` more; when it reaches ``num_tokens`` a token
+    is generated. Times are simulated seconds.
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    kv: KVHandle
+    num_tokens: int = 0
+    num_computed: int = 0
+    num_generated: int = 0
+    num_new: int = 0
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    num_preemptions: int = 0
+    num_swaps: int = 0
+    prefix_hit_tokens: int = 0
+    status: str = WAITING
+    reject_reason: str = ""
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes, in the step-time model's terms, plus its transfers."""
+
+    scheduled: list[Request] = field(default_factory=list)
+    prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_context_tokens: int = 0
+    decode_seqs: int = 0
+    context_tokens: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_seqs
+
+
+class Scheduler:
+    """FCFS continuous batching over a KV manager (``sim.kv``).
+
+    Args:
+        kv: the KV-cache manager.
+        max_num_seqs: most requests running at once.
+        max_num_batched_tokens: token budget of one step.
+        chunked_prefill: split long prompts across steps within the budget.
+        watermark: share of the KV budget admission keeps free (0.01 in vLLM).
+        preemption: "recompute" or "swap".
+        swap_space_bytes: host memory for swapped KV (None: unlimited); a victim that does not
+            fit is recomputed instead.
+        max_model_len: a prompt this long or longer is rejected (it leaves no room to generate).
+    """
+
+    def __init__(self, kv, *, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool,
+                 watermark: float, preemption: str, swap_space_bytes: int | None, max_model_len: int):
+        if preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption(={preemption!r}) must be one of {', '.join(PREEMPTION_MODES)}")
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.watermark = watermark
+        self.preemption = preemption
+        self.swap_space_bytes = swap_space_bytes
+        self.max_model_len = max_model_len
+        self.watermark_bytes = int(watermark * kv.budget_bytes)
+        self.waiting: deque[Request] = deque()
+        self.swapped: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.rejected: list[Request] = []
+        self.num_finished = 0
+        self.num_preemptions = 0
+        self.num_swap_outs = 0
+        self.host_swap_bytes = 0
+        #: tokens whose KV running requests hold outside shared prefix blocks (for kv_token_util)
+        self.num_own_tokens = 0
+        self._plan = StepPlan()
+        self._preempted_this_step = False
+
+    # ------------------------------------------------------------------ arrivals
+    def add(self, r: Request) -> bool:
+        """A request arrives; False (and counted) when it can never be served."""
+        reason = self._never_fits(r)
+        if reason:
+            self._reject(r, reason)
+            return False
+        self.waiting.append(r)
+        return True
+
+    def _never_fits(self, r: Request) -> str:
+        if r.prompt_tokens >= self.max_model_len:
+            return f"prompt of {r.prompt_tokens} tokens leaves no room below max_model_len={self.max_model_len}"
+        peak = self.kv.peak_bytes(r.prompt_tokens, r.output_tokens)
+        if peak > self.kv.budget_bytes:
+            return f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
+        if not self.chunked_prefill and r.prompt_tokens > self.max_num_batched_tokens:
+            return (f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
+                    f"{self.max_num_batched_tokens} without chunked prefill")
+        return ""
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> StepPlan:
+        """Choose the next step's work and reserve its KV slots."""
+        plan = StepPlan()
+        self._plan = plan
+        self._preempted_this_step = False
+        budget = self.max_num_batched_tokens
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = r.num_tokens - r.num_computed
+            if n > budget:  # only a chunked prefill can be longer than one token here
+                n = budget
+            total = r.num_computed + n
+            if total > r.kv.capacity_tokens and not self._grow_or_preempt(r, total):
+                break  # r was preempted: it was the newest, so nobody is left behind it
+            self._add_to_plan(plan, r, n)
+            budget -= n
+            i += 1
+        if not self._preempted_this_step:
+            budget = self._swap_in(plan, budget)
+            if not self.swapped:
+                self._admit(plan, budget)
+        return plan
+
+    def _add_to_plan(self, plan: StepPlan, r: Request, n: int) -> None:
+        r.num_new = n
+        plan.scheduled.append(r)
+        if n == 1 and r.num_generated and r.num_computed == r.num_tokens - 1:
+            plan.decode_seqs += 1
+            plan.context_tokens += r.num_computed
+        else:
+            plan.prefill_tokens += n
+            plan.num_prefill_seqs += 1
+            plan.prefill_context_tokens += r.num_computed
+
+    def _grow_or_preempt(self, r: Request, total: int) -> bool:
+        """Grow ``r``'s KV to ``total`` slots, preempting the newest running requests as needed.
+
+        Returns False when ``r`` itself was preempted (or rejected: it ran alone and still did
+        not fit, so it never will).
+        """
+        kv, running = self.kv, self.running
+        while not kv.grow(r.kv, total, r.num_computed):
+            victim = running.pop()
+            if victim is r:
+                if not running:
+                    self._drop_kv(r)
+                    self._reject(r, f"its KV cache cannot grow to {total} tokens even running alone")
+                else:
+                    self._preempt(r)
+                return False
+            self._preempt(victim)
+        return True
+
+    def _preempt(self, r: Request) -> None:
+        """Take ``r`` off the GPU: swap its KV out, or drop it to recompute later."""
+        self._preempted_this_step = True
+        self.num_preemptions += 1
+        r.num_preemptions += 1
+        nbytes = r.num_computed * self.kv.bytes_per_token
+        swap = self.preemption == "swap" and r.num_computed > 0 and (
+            self.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.swap_space_bytes)
+        self._drop_kv(r)
+        if swap:
+            self.num_swap_outs += 1
+            r.num_swaps += 1
+            self.host_swap_bytes += nbytes
+            self._plan.swap_out_bytes += nbytes
+            r.status = SWAPPED
+            self.swapped.appendleft(r)  # victims go newest first, so earlier arrivals end up in front
+        else:
+            r.num_computed = 0
+            r.status = WAITING
+            self.waiting.appendleft(r)
+
+    def _drop_kv(self, r: Request) -> None:
+        self.num_own_tokens -= max(0, r.num_computed - r.kv.prefix_tokens)
+        self.kv.free(r.kv)
+
+    def _reject(self, r: Request, reason: str) -> None:
+        r.status = REJECTED
+        r.reject_reason = reason
+        self.rejected.append(r)
+
+    def _fits(self, h: KVHandle, total: int) -> bool:
+        """Admission test: the new KV leaves the watermark free (waived when nothing else runs)."""
+        if not self.running:
+            return True
+        return self.kv.free_bytes() - self.kv.estimate_bytes(h, total) >= self.watermark_bytes
+
+    def _swap_in(self, plan: StepPlan, budget: int) -> int:
+        kv, running, swapped = self.kv, self.running, self.swapped
+        while swapped and len(running) < self.max_num_seqs and budget > 0:
+            r = swapped[0]
+            n = min(r.num_tokens - r.num_computed, budget)
+            total = r.num_computed + n
+            if not self._fits(r.kv, total):
+                break
+            if not kv.admit(r.kv, total):
+                if running:
+                    break
+                swapped.popleft()  # it cannot come back even to an empty pool
+                self.host_swap_bytes -= r.num_computed * kv.bytes_per_token
+                self._reject(r, f"its KV cache for {total} tokens does not fit back in an empty pool")
+                continue
+            kv.mark_computed(r.kv, r.num_computed)  # the copy refills every block it holds
+            swapped.popleft()
+            nbytes = r.num_computed * kv.bytes_per_token
+            self.host_swap_bytes -= nbytes
+            plan.swap_in_bytes += nbytes
+            self.num_own_tokens += max(0, r.num_computed - r.kv.prefix_tokens)
+            r.status = RUNNING
+            running.append(r)
+            self._add_to_plan(plan, r, n)
+            budget -= n
+        return budget
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        kv, running, waiting = self.kv, self.running, self.waiting
+        while waiting and len(running) < self.max_num_seqs and budget > 0:
+            r = waiting[0]
+            h = r.kv
+            hit = kv.match_prefix(h)
+            n = r.num_tokens - hit
+            if n > budget:
+                if not self.chunked_prefill:
+                    if budget < self.max_num_batched_tokens:
+                        break
+                else:
+                    n = budget
+            total = hit + n
+            if not self._fits(h, total):
+                break
+            if not kv.admit(h, total):
+                if running:
+                    break
+                # nothing else holds KV memory and it still does not fit: it never will
+                waiting.popleft()
+                self._reject(r, f"its KV cache for {total} tokens does not fit in an empty pool")
+                continue
+            waiting.popleft()
+            r.num_computed = hit
+            r.prefix_hit_tokens += hit
+            r.status = RUNNING
+            running.append(r)
+            self._add_to_plan(plan, r, n)
+            budget -= n
+
+    def unschedule_last(self, plan: StepPlan) -> bool:
+        """Preempt the last request scheduled in ``plan`` (the server calls this when a step's
+        activations do not fit). False when nothing is left to take off."""
+        if not plan.scheduled:
+            return False
+        victim = plan.scheduled.pop()
+        self.running.remove(victim)  # rare path: O(running) is fine
+        n = victim.num_new
+        if n == 1 and victim.num_generated and victim.num_computed == victim.num_tokens - 1:
+            plan.decode_seqs -= 1
+            plan.context_tokens -= victim.num_computed
+        else:
+            plan.prefill_tokens -= n
+            plan.num_prefill_seqs -= 1
+            plan.prefill_context_tokens -= victim.num_computed
+        self._plan = plan
+        self._preempt(victim)
+        return True
+
+    # ------------------------------------------------------------------ after a step
+    def complete(self, plan: StepPlan, now_s: float) -> int:
+        """The step ran: advance every scheduled request; returns how many finished."""
+        kv = self.kv
+        num_finished = 0
+        own = self.num_own_tokens
+        for r in plan.scheduled:
+            h = r.kv
+            p = h.prefix_tokens
+            before = r.num_computed
+            c = before + r.num_new
+            r.num_computed = c
+            if p == 0:
+                own += r.num_new
+            elif c > p:
+                own += c - max(before, p)
+            if h.blocks and h.num_computed_blocks < len(h.blocks):
+                kv.mark_computed(h, c)
+            if c == r.num_tokens:
+                g = r.num_generated + 1
+                r.num_generated = g
+                if g == 1:
+                    r.first_token_s = now_s
+                if g >= r.output_tokens:
+                    own -= c - p if c > p else 0
+                    kv.free(h)
+                    r.finish_s = now_s
+                    r.status = FINISHED
+                    num_finished += 1
+                else:
+                    r.num_tokens = c + 1
+        self.num_own_tokens = own
+        if num_finished:
+            self.num_finished += num_finished
+            self.running = [r for r in self.running if r.status is RUNNING]
+        return num_finished

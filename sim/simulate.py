@@ -1,0 +1,227 @@
+"""``simulate``: a request trace through a simulated server whose KV cache a policy manages.
+
+Builds the pieces (memory plan, pools, KV manager, scheduler, step-time model), runs the
+``sim.server.Server`` and turns what it recorded into the report tables: one summary row in the
+schema replay writes (``sim.report.SUMMARY_COLUMNS``) plus the serving columns, a per-request
+table and a time series.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from policies.base import Policy
+from sim.costs import CostModel
+from sim.hardware import load_gpu
+from sim.kv import ContiguousKV, PagedKV
+from sim.models import load_model
+from sim.pools import ServerPools, create_policy, plan_memory
+from sim.report import latency_percentiles, summary_frame
+from sim.scheduler import Request, Scheduler
+from sim.server import Server, ServerConfig
+from sim.serving_metrics import request_table, serving_summary
+from sim.steptime import StepTimeModel
+from traces.requests import RequestTrace
+
+__all__ = ["SimResult", "simulate", "simulate_many", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
+
+#: ``max_model_len`` when neither the config nor the model gives one (Llama-3's context).
+DEFAULT_MAX_MODEL_LEN = 8192
+#: Tokens per ``hash_ids`` block when the trace does not say (Mooncake's 512).
+DEFAULT_HASH_BLOCK_TOKENS = 512
+
+
+@dataclass
+class SimResult:
+    """One (trace, policy) simulation.
+
+    Attributes:
+        summary: one row: ``SUMMARY_COLUMNS``, the serving columns, then simulator facts.
+        requests: one row per request (``sim.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
+        timeseries: sampled pool and server state (``TIMESERIES_COLUMNS`` plus serving columns).
+        policy: the policy object after the run.
+        config: the server knobs used.
+    """
+
+    summary: dict[str, Any]
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    policy: Policy
+    config: ServerConfig
+
+
+def _as_trace(requests: RequestTrace | pd.DataFrame) -> RequestTrace:
+    if isinstance(requests, RequestTrace):
+        return requests
+    if isinstance(requests, pd.DataFrame):
+        return RequestTrace(requests=requests, name="requests")
+    raise TypeError(f"requests must be a RequestTrace or a request DataFrame, got {type(requests).__name__}")
+
+
+def _costs(costs: CostModel | str | Path | None) -> CostModel:
+    if costs is None or isinstance(costs, CostModel):
+        return costs if costs is not None else CostModel.load()
+    return CostModel.load(costs)
+
+
+def _params_text(policy: Policy) -> str:
+    params = {k: v for k, v in policy.get_params().items() if k != "capacity_bytes"}
+    return ";".join(f"{k}={getattr(v, 'spec', v)}" for k, v in params.items())
+
+
+def _page_bytes(policy: Policy) -> int | None:
+    """Page size of a paged policy, or of the paged policy a wrapper holds."""
+    for p in (policy, getattr(policy, "base_policy", None)):
+        size = getattr(p, "page_size_bytes", None)
+        if size:
+            return int(size)
+    return None
+
+
+def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
+             calibration: Any = None, costs: CostModel | str | Path | None = None, trace_name: str | None = None,
+             **options: Any) -> SimResult:
+    """Serve ``requests`` with ``model`` on ``gpu``, the KV cache in a ``policy_spec`` pool.
+
+    Args:
+        requests: a ``RequestTrace`` (or its request table).
+        policy_spec: the policy under test, e.g. ``"paged"`` or ``"best-fit"``.
+        model, gpu: preset names, JSON paths or specs (``sim.models``, ``sim.hardware``).
+        calibration: step-time efficiency factors (``sim.steptime``), None for the defaults.
+        costs: driver cost model (or its JSON path), None for the bundled H200 figures.
+        trace_name: the report's ``trace`` column (default: the trace's name).
+        **options: ``ServerConfig`` knobs (``kv_strategy``, ``preemption``, ``max_num_seqs``, ...).
+
+    Returns:
+        A ``SimResult``. Raises ValueError (or PolicyError) naming a bad option, model, GPU or
+        policy before anything runs.
+    """
+    wall0 = time.perf_counter()
+    trace = _as_trace(requests)
+    cfg = ServerConfig.from_kwargs(**options)
+    model, gpu = load_model(model), load_gpu(gpu)
+    cost_model = _costs(costs)
+    step_model = StepTimeModel(model, gpu, calibration=calibration)
+    bytes_per_token = model.kv_bytes_per_token
+    plan = plan_memory(model, gpu, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                       max_num_batched_tokens=cfg.max_num_batched_tokens, workspace_bytes=cfg.workspace_bytes,
+                       kv_capacity_bytes=cfg.kv_capacity_bytes)
+    shared = cfg.pool_layout == "shared"
+    policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
+                           costs=cost_model,
+                           fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
+    pools = ServerPools(policy, plan, layout=cfg.pool_layout, aux_policy=cfg.aux_policy, costs=cost_model,
+                        num_weight_tensors=model.num_layers)
+    max_model_len = cfg.max_model_len or getattr(model, "max_model_len", None) or DEFAULT_MAX_MODEL_LEN
+    if policy.contiguous:
+        kv = ContiguousKV(pools.kv, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
+                          strategy=cfg.kv_strategy, max_model_len=max_model_len, grow_tokens=cfg.grow_tokens)
+        kv_layout = cfg.kv_strategy
+    else:
+        page_bytes = _page_bytes(policy)
+        if page_bytes is None or page_bytes < bytes_per_token:
+            raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes} B) must hold at least one token's "
+                             f"KV ({bytes_per_token} B for {model.name}); set its page size")
+        kv = PagedKV(pools.kv, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
+                     tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
+                     prefix_caching=cfg.prefix_caching,
+                     block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
+                                                                                 DEFAULT_HASH_BLOCK_TOKENS)))
+        kv_layout = "paged"
+    scheduler = Scheduler(kv, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                          chunked_prefill=cfg.chunked_prefill, watermark=cfg.watermark, preemption=cfg.preemption,
+                          swap_space_bytes=cfg.swap_space_bytes, max_model_len=max_model_len)
+    reqs = _build_requests(trace, kv, max_model_len)
+    duration = trace.duration_s
+    sample_every_s = cfg.sample_every_s or max(duration / 2000, 1e-3)
+    server = Server(reqs, scheduler, pools, step_model, model, sample_every_s=sample_every_s, horizon_s=cfg.horizon_s)
+    end_s = server.run()
+    wall_s = time.perf_counter() - wall0
+
+    name = trace_name or trace.name
+    table = request_table(reqs)
+    serving = serving_summary(table, duration_s=end_s, num_preemptions=scheduler.num_preemptions,
+                              kv_token_util=server.kv_token_util, slo_ttft_s=cfg.slo_ttft_s,
+                              slo_tpot_s=cfg.slo_tpot_s, slo_e2e_s=cfg.slo_e2e_s)
+    lookups = kv.prefix_lookup_tokens
+    row: dict[str, Any] = {
+        "trace": name,
+        "policy": policy_spec,
+        "backend": "sim",
+        "params": _params_text(policy),
+        "capacity_bytes": policy.capacity_bytes,
+        **server.monitor.summary_fields(),
+        **latency_percentiles(np.asarray(pools.kv.alloc_ns, dtype=np.int64), "alloc"),
+        **latency_percentiles(np.asarray(pools.kv.free_ns, dtype=np.int64), "free"),
+        "wall_s": wall_s,
+        **serving,
+        "model": model.name,
+        "gpu": gpu.name,
+        "kv_strategy": kv_layout,
+        "pool_layout": cfg.pool_layout,
+        "preemption": cfg.preemption,
+        "kv_budget_bytes": plan.kv_budget_bytes,
+        "prefix_caching": bool(kv.paged and cfg.prefix_caching),
+        "prefix_hit_rate": kv.prefix_hit_tokens / lookups if lookups else 0.0,
+        "prefix_saved_bytes": kv.prefix_saved_bytes,
+        "n_prefix_evictions": kv.num_evictions,
+        "n_kv_reallocs": kv.num_reallocs,
+        "kv_copied_bytes": kv.copied_bytes,
+        "n_swap_outs": scheduler.num_swap_outs,
+        "n_activation_failures": server.num_activation_failures,
+        "aux_peak_reserved_bytes": pools.aux_peak_reserved_bytes(),
+        "n_steps": server.num_steps,
+        "sim_time_s": end_s,
+        "busy_s": server.busy_s,
+        "alloc_stall_s": server.alloc_stall_s,
+    }
+    table.insert(0, "policy", policy_spec)
+    table.insert(0, "trace", name)
+    return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, policy_spec),
+                     policy=policy, config=cfg)
+
+
+def _build_requests(trace: RequestTrace, kv: Any, max_model_len: int) -> list[Request]:
+    df = trace.requests
+    ids = df["request_id"].tolist()
+    arrivals = df["arrival_s"].tolist()
+    prompts = df["prompt_tokens"].tolist()
+    outputs = df["output_tokens"].tolist()
+    hashes = df["hash_ids"].tolist() if "hash_ids" in df else [()] * len(df)
+    new_handle = kv.new_handle
+    out = []
+    for rid, t, p, o, h in zip(ids, arrivals, prompts, outputs, hashes):
+        o = min(o, max_model_len - p) if p < max_model_len else o  # vLLM stops at max_model_len
+        hash_ids = tuple(h) if h is not None and len(h) else ()
+        out.append(Request(rid, t, p, o, new_handle(p, o, hash_ids), num_tokens=p))
+    return out
+
+
+def _timeseries(server: Server, trace_name: str, policy_spec: str) -> pd.DataFrame:
+    pool = server.monitor.timeseries()
+    serving = pd.DataFrame(server.rows, columns=Server.ROW_COLUMNS)
+    assert len(pool) == len(serving), "pool and server samples are taken together"
+    ts = pd.concat([pool, serving.drop(columns=["event", "time_us"])], axis=1)
+    ts.insert(0, "backend", "sim")
+    ts.insert(0, "policy", policy_spec)
+    ts.insert(0, "trace", trace_name)
+    return ts
+
+
+def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str], *, model: Any, gpu: Any,
+                  **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``simulate`` under each spec: ``(summary, timeseries, requests)`` tables, one block per policy.
+
+    Keyword arguments are ``simulate``'s; ``sim.report.write_results(out, summary, timeseries,
+    extra_tables={"requests": requests})`` writes them.
+    """
+    results = [simulate(requests, spec, model=model, gpu=gpu, **kwargs) for spec in policy_specs]
+    return (summary_frame([r.summary for r in results]),
+            pd.concat([r.timeseries for r in results], ignore_index=True),
+            pd.concat([r.requests for r in results], ignore_index=True))

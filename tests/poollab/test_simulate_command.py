@@ -1,0 +1,81 @@
+"""``poollab simulate``: the report files for good input, one line and exit 2 for bad input."""
+
+import pandas as pd
+import pytest
+
+from poollab.cli import cli, main
+from poollab.commands.simulate import register
+
+if "simulate" not in cli.commands:  # until the lead lists the module in COMMAND_MODULES
+    register(cli)
+
+TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def run_ok(argv, capsys):
+    try:
+        main(argv)
+    except SystemExit as exc:
+        assert exc.code in (0, None), exc.code
+    return capsys.readouterr()
+
+
+@pytest.fixture
+def trace(tmp_path):
+    p = tmp_path / "azure.csv"
+    p.write_text(TRACE)
+    return p
+
+
+def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    out, _ = run_ok(["simulate", str(trace), "-p", "paged", "-p", "best-fit", "--model", "Llama-3.2-1B",
+                     "--gpu", "H200", "--out", str(out_dir)], capsys)
+    summary = pd.read_csv(out_dir / "summary.csv")
+    assert list(summary["policy"]) == ["paged", "best-fit"]
+    assert (summary["n_finished"] == 12).all() and (summary["backend"] == "sim").all()
+    assert (out_dir / "timeseries.parquet").exists() and (out_dir / "requests.parquet").exists()
+    assert "paged" in out and "best-fit" in out
+
+
+def test_options_reach_the_simulator(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    run_ok(["simulate", str(trace), "-p", "first-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "max",
+            "--preemption", "swap", "--pool-layout", "shared", "--out", str(out_dir)], capsys)
+    row = pd.read_csv(out_dir / "summary.csv").iloc[0]
+    assert (row.kv_strategy, row.preemption, row.pool_layout) == ("max", "swap", "shared")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "gpt-17"], "unknown model 'gpt-17'"),
+    (["--gpu", "tpu-v9"], "unknown GPU"),
+    (["-p", "no-such-policy"], "unknown policy 'no-such-policy'"),
+    (["-p", "paged:bogus=1"], "bogus"),
+])
+def test_bad_model_gpu_or_policy_is_one_line_and_exit_2(trace, tmp_path, capsys, argv, words):
+    code, _, err = run(["simulate", str(trace), *argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2
+    assert words.lower() in err.lower()
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_trace_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+                   "2023-11-16 18:17:04.0319600,lots,8\n")
+    code, _, err = run(["simulate", str(bad), "-p", "paged", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2
+    assert f"{bad}:3" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_trace_is_exit_2(tmp_path, capsys):
+    code, _, err = run(["simulate", str(tmp_path / "nope.csv"), "-p", "paged", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "nope.csv" in err
