@@ -227,13 +227,14 @@ class Policy(abc.ABC):
             return None
         a.owner = self._token
         self.num_allocs += 1
-        self.num_live += 1
+        # counters kept in locals and compared once: this is the hottest path of every replay
         live = self.live_bytes + nbytes
         self.live_bytes = live
         if live > self.peak_live_bytes:
             self.peak_live_bytes = live
-        if self.allocated_bytes > self.peak_allocated_bytes:
-            self.peak_allocated_bytes = self.allocated_bytes
+        allocated = self.allocated_bytes
+        if allocated > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = allocated
         return a
 
     def free(self, allocation: Allocation) -> None:
@@ -243,14 +244,34 @@ class Policy(abc.ABC):
             PolicyError: it was already freed, or this pool did not hand it out (nothing
                 changes).
         """
-        owner = getattr(allocation, "owner", self)
-        if owner is not self._token:
+        try:
+            live = allocation.owner is self._token
+        except AttributeError:
+            live = False
+        if not live:
             raise PolicyError(self._bad_free_reason(allocation))
         self._free(allocation)
         allocation.owner = None
         self.num_frees += 1
-        self.num_live -= 1
         self.live_bytes -= allocation.nbytes
+
+    def _hand_out(self, a: Allocation) -> Allocation:
+        """Count ``a`` as handed out, as ``allocate`` does, for allocations a policy makes
+        outside it (a fork, a shared prefix). ``allocated_bytes`` must already include it."""
+        a.owner = self._token
+        self.num_allocs += 1
+        live = self.live_bytes + a.nbytes
+        self.live_bytes = live
+        if live > self.peak_live_bytes:
+            self.peak_live_bytes = live
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        return a
+
+    @property
+    def num_live(self) -> int:
+        """Live allocations (allocs minus frees)."""
+        return self.num_allocs - self.num_frees
 
     def _bad_free_reason(self, allocation: Any) -> str:
         if not isinstance(allocation, Allocation):
@@ -353,7 +374,6 @@ class Policy(abc.ABC):
         self.live_bytes = 0
         self.allocated_bytes = 0
         self.reserved_bytes = 0
-        self.num_live = 0
         self.num_allocs = 0
         self.num_frees = 0
         self.num_failures = 0

@@ -312,20 +312,6 @@ class Paged(Policy):
         if getattr(allocation, "owner", None) is not self._token:
             raise PolicyError(f"{what}: {self._bad_free_reason(allocation)}")
 
-    def _hand_out(self, a: Allocation) -> Allocation:
-        # The accounting Policy.allocate does, for allocations made outside it (the report
-        # proposes a base-class helper for this).
-        a.owner = self._token
-        self.num_allocs += 1
-        self.num_live += 1
-        live = self.live_bytes + a.nbytes
-        self.live_bytes = live
-        if live > self.peak_live_bytes:
-            self.peak_live_bytes = live
-        if self.allocated_bytes > self.peak_allocated_bytes:
-            self.peak_allocated_bytes = self.allocated_bytes
-        return a
-
     # ----------------------------------------------------------------- segments
     def _segment_size_for(self, nbytes: int) -> int:
         num_pages = -(-nbytes // self.page_size_bytes)

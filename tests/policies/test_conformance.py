@@ -207,13 +207,7 @@ class _Shares(SegmentPerRequest):
 
     def fork(self, a):
         a.handle.num_live += 1
-        b = Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a.handle)
-        b.owner = self._token
-        self.num_allocs += 1
-        self.num_live += 1
-        self.live_bytes += b.nbytes
-        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
-        return b
+        return self._hand_out(Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a.handle))
 
     def _free(self, allocation):
         seg = allocation.handle
