@@ -58,7 +58,7 @@ def main(argv=None) -> int:
           f"{'x real':>8}{'us/req':>8}{'finished':>10}{'preempt':>9}")
     ok = True
     for spec in args.policies or FIVE:
-        base_wall = None
+        base_cpu = None
         for mode in modes:
             for k in args.scale:
                 if k == 1 and mode != modes[0]:
@@ -71,12 +71,12 @@ def main(argv=None) -> int:
                     wall = min(wall, time.perf_counter() - t0)
                     cpu = min(cpu, time.process_time() - c0)
                 if k == 1:
-                    base_wall = wall
+                    base_cpu = cpu
                     ok &= s["sim_time_s"] / wall >= 100
                 print(f"{spec:<12}{mode:<8}{k:>3}{len(t):>10,}{s['n_steps']:>10,}{s['sim_time_s']:>9.0f}{wall:>8.2f}{cpu:>7.2f}"
                       f"{s['sim_time_s'] / wall:>8.0f}{1e6 * wall / len(t):>8.0f}{s['n_finished']:>10,}"
                       f"{s['n_preempted']:>9,}"
-                      + (f"   ({wall / base_wall:.2f}x the 1x wall time)" if k > 1 and base_wall else ""), flush=True)
+                      + (f"   ({cpu / base_cpu:.2f}x the 1x CPU time)" if k > 1 and base_cpu else ""), flush=True)
     print("target >= 100x real time at 1x:", "met" if ok else "NOT met")
     return 0 if ok else 1
 

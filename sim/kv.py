@@ -227,6 +227,11 @@ class PagedKV(_KVBase):
 
     The prefix cache is a dict from hash id to block plus an ``OrderedDict`` of blocks nobody
     references, in release order: O(1) lookup, O(1) LRU eviction from its front.
+
+    A request takes all its cacheable prompt blocks when it is admitted (hits by reference,
+    misses as fresh blocks of ``block_tokens``), even when chunked prefill computes them over
+    several steps; its other tokens live in pages it adds as it needs them. Only whole blocks
+    are cached, and only once the request has computed them.
     """
 
     paged = True
