@@ -19,6 +19,7 @@ from poollab.errors import USER_ERRORS
 COMMAND_MODULES = [
     "poollab.commands.policies",
     "poollab.commands.replay",
+    "poollab.commands.simulate",
     "poollab.commands.traces",
     "poollab.commands.demo",
 ]

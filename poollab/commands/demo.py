@@ -14,10 +14,15 @@ import click
 from poollab.commands._common import DEFAULT_POLICIES, out_option
 from sim.replay import replay_many
 from sim.report import format_table, write_results
-from traces import bundled_path, read_alloc_trace
+from sim.simulate import simulate_many
+from traces import bundled_path, read_alloc_trace, read_request_trace
 
 DEMO_SNAPSHOT = "llama1b_generate_slice.pickle.gz"
 DEMO_REQUESTS = "azure_code_slice.csv"
+DEMO_MODEL = "Llama-3-8B"
+DEMO_GPU = "H200"
+SIM_COLUMNS = ["policy", "n_finished", "n_preempted", "peak_reserved_bytes", "kv_token_util", "frag_ext_mean",
+               "n_grow", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s", "throughput_tok_s"]
 
 
 def register(cli: click.Group) -> None:
@@ -38,3 +43,12 @@ def demo_command(out_dir: Path, progress: bool) -> None:
     if recorded:
         click.echo(f"(PyTorch's own allocator reserved {recorded / 2**20:,.1f} MiB at peak on this slice)")
     click.echo(f"wrote {out_dir / 'replay'}/")
+
+    requests = read_request_trace(bundled_path(DEMO_REQUESTS))
+    click.echo(f"\n== simulate: {requests.name} ({len(requests.requests):,} requests, Azure LLM inference 2023, "
+               f"{requests.duration_s / 60:.0f} min) on {DEMO_MODEL} / {DEMO_GPU}")
+    summary, ts, per_request = simulate_many(requests, DEFAULT_POLICIES, model=DEMO_MODEL, gpu=DEMO_GPU)
+    write_results(out_dir / "simulate", summary, ts, extra_tables={"requests": per_request},
+                  meta={"command": "demo", "trace": DEMO_REQUESTS, "model": DEMO_MODEL, "gpu": DEMO_GPU})
+    click.echo(format_table(summary, SIM_COLUMNS))
+    click.echo(f"wrote {out_dir / 'simulate'}/")
