@@ -408,6 +408,20 @@ class Policy(abc.ABC):
                 return None
         return None
 
+    def _free_segments_to_release(self, max_bytes: int | None) -> list[Segment]:
+        """Fully free segments, largest first (highest address on ties), until their bytes reach
+        ``max_bytes`` (all of them when None): what a policy's ``_release_free_segments`` gives back."""
+        candidates = sorted((s for s in self._segments.values() if s.num_live == 0),
+                            key=lambda s: (-s.nbytes, -s.offset))
+        chosen: list[Segment] = []
+        released_bytes = 0
+        for seg in candidates:
+            if max_bytes is not None and released_bytes >= max_bytes:
+                break
+            chosen.append(seg)
+            released_bytes += seg.nbytes
+        return chosen
+
     def _release_segment(self, seg: Segment) -> None:
         assert seg.num_live == 0, "releasing a segment that still holds live allocations"
         del self._segments[seg.offset]

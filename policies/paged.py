@@ -329,15 +329,7 @@ class Paged(Policy):
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
         """Release fully free segments, largest first, until ``max_bytes`` (None: all) is reached."""
-        candidates = sorted((s for s in self._segments.values() if s.num_live == 0),
-                            key=lambda s: (-s.nbytes, -s.offset))
-        gone: set[Segment] = set()
-        released_bytes = 0
-        for seg in candidates:
-            if max_bytes is not None and released_bytes >= max_bytes:
-                break
-            gone.add(seg)
-            released_bytes += seg.nbytes
+        gone = set(self._free_segments_to_release(max_bytes))
         if not gone:
             return 0
         pages = self._pages
@@ -346,7 +338,7 @@ class Paged(Policy):
                 del pages[off]
             self._release_segment(seg)
         self._free_pages[:] = [pg for pg in self._free_pages if pg.segment not in gone]  # in place: callers hold it
-        return released_bytes
+        return sum(seg.nbytes for seg in gone)
 
     # ----------------------------------------------------------------- free space
     def free_extents(self) -> list[tuple[int, int]]:

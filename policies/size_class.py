@@ -322,22 +322,14 @@ class SizeClass(Policy):
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
         """Release segments with no live block, largest first, until ``max_bytes`` (None: all)."""
-        candidates = sorted((s for s in self._segments.values() if s.num_live == 0),
-                            key=lambda s: (-s.nbytes, -s.offset))
-        gone: set[Segment] = set()
-        released_bytes = 0
-        for seg in candidates:
-            if max_bytes is not None and released_bytes >= max_bytes:
-                break
-            gone.add(seg)
-            released_bytes += seg.nbytes
+        gone = set(self._free_segments_to_release(max_bytes))
         if not gone:
             return 0
         self._drop_cached(gone)
         self._open[:] = [s for s in self._open if s not in gone]
         for seg in gone:
             self._release_segment(seg)
-        return released_bytes
+        return sum(seg.nbytes for seg in gone)
 
     def _drop_cached(self, gone: set[Segment]) -> None:
         """Remove the cached blocks and large ranges of segments with no live block."""
