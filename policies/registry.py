@@ -33,6 +33,10 @@ BUILTIN_POLICIES: dict[str, str] = {
     "paged": "policies.paged:Paged",
     "elastic": "policies.elastic:Elastic",
     "torch-caching": "policies.torch_caching:TorchCaching",
+    "cupy-pool": "policies.cupy_pool:CupyPool",
+    "buddy": "policies.buddy:Buddy",
+    "tlsf": "policies.tlsf:TLSF",
+    "arena": "policies.arena:Arena",
 }
 
 _runtime: dict[str, type[Policy] | str] = {}

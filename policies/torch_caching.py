@@ -1,38 +1,55 @@
 """``torch-caching``: PyTorch's CUDA caching allocator, rule for rule.
 
-Follows ``c10/cuda/CUDACachingAllocator.cpp`` (read at v2.x with the search tool):
+Follows ``c10/cuda/CUDACachingAllocator.cpp`` and ``c10/core/AllocatorConfig.cpp`` (PyTorch 2.x,
+read with the search tool; function names below are theirs):
 
-- sizes round up to 512 B (``round_size``), or to power-of-two divisions when
-  ``roundup_power2_divisions`` is set (``roundup_power2_next_division``);
+- sizes round up to 512 B (``round_size``), or to power-of-two divisions where
+  ``roundup_power2_divisions`` sets them for the size's interval
+  (``roundup_power2_next_division``; intervals are the powers of two from 1 MiB to 32 GiB);
 - requests <= 1 MiB use the small pool, packed into 2 MiB segments; 1-10 MiB requests get a
   20 MiB segment; >= 10 MiB are rounded to 2 MiB and get a segment of their own
   (``get_allocation_size``);
 - best fit over free blocks ordered by (stream, size, address); another stream's blocks are
-  never used (``get_free_block``); with ``max_split_size`` a small request never takes an
-  oversize block and a large one takes an oversize block only within 20 MiB of its size;
-- the allocated block is cut from the front; the small pool splits when >= 512 B remain, the
-  large pool when > 1 MiB remains and the request is below ``max_split_size`` (``should_split``);
-- a freed block merges with free neighbours in its segment (``free_block``);
-- on a miss: garbage collection of old cached blocks when ``garbage_collection_threshold`` is
-  set and usage passes it, then ``cudaMalloc``; on failure ``release_available_cached_blocks``
-  (oversize blocks, only with ``max_split_size``) and retry, then ``release_cached_blocks``
-  (every unsplit cached segment, what ``empty_cache`` does) and a last try, then OOM.
+  never used (``get_free_block``); with ``max_split_size`` a request below it never takes an
+  oversize block and a request above it takes an oversize block only when less than
+  ``max_non_split_rounding`` larger;
+- the allocated block is cut from the front of the free one; the small pool splits when
+  >= 512 B remain, the large pool when > 1 MiB remains and the request is below
+  ``max_split_size`` (``should_split``, ``alloc_found_block``);
+- a freed block merges with its free neighbours in the segment (``free_block``);
+- on a miss (``malloc``): ``garbage_collect_cached_blocks`` when ``garbage_collection_threshold``
+  is set (PyTorch needs a memory fraction for it: here, ``capacity_bytes``), then ``cudaMalloc``;
+  on failure ``release_available_cached_blocks`` (oversize blocks, only with ``max_split_size``)
+  and a retry, then ``release_cached_blocks`` (every unsplit cached segment, what
+  ``empty_cache()`` does) and a last try, then out of memory.
 
-Not emulated: ``expandable_segments`` (mapping pages into one growing range; the option is
-accepted only as False), CUDA events/``record_stream`` delays, graph-private pools.
+``capacity_bytes`` is PyTorch's ``allowed_memory_maximum`` (``set_per_process_memory_fraction``)
+and the device's memory at once: a segment that would pass it is refused.
+
+Replay fidelity: ``seed_segment`` rebuilds a segment that existed before a trace began (its
+blocks at their real offsets), and ties between equal-size free blocks are broken by address as
+in PyTorch, so a device that hands out the recorded ``cudaMalloc`` addresses reproduces the real
+allocator's decisions (``sim.fidelity``).
+
+Not emulated: CUDA events and ``record_stream`` (a free is complete at once), graph-private
+pools, and ``expandable_segments``. Expandable segments map 2 MiB / 20 MiB pages into one
+reserved virtual range, so one block may span pages mapped at different times; a
+``policies.device.Device`` hands out separate segments that never touch, so such a block would
+be several extents, which breaks the one-extent contract that the simulator's contiguous KV
+cache and the CuPy pool rely on. The option is refused with an error saying so.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import Any
-
-from sortedcontainers import SortedList
+from typing import Any, Iterable, Iterator
 
 from policies.base import Allocation, Policy, Segment
 from policies.errors import PolicyError
 
-__all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division"]
+__all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division",
+           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS"]
 
 MiB = 1 << 20
 K_MIN_BLOCK = 512
@@ -41,6 +58,11 @@ K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
+#: ``kRoundUpPowerOfTwoIntervals``: one divisions setting per power of two from 1 MiB to 32 GiB.
+NUM_ROUNDUP_INTERVALS = 16
+_INTERVAL_START_LOG2 = 20  # the first interval starts at 1 MiB
+_KEY_BITS = 64  # free-block keys pack size << 64 | address (addresses are below 2**64)
+_PTR_MASK = (1 << _KEY_BITS) - 1
 
 
 def roundup_power2_next_division(size: int, divisions: int) -> int:
@@ -55,16 +77,27 @@ def roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if floor == size else floor + division
 
 
-def round_size(size: int, divisions: int = 0) -> int:
+def _interval_of(size: int) -> int:
+    """Index of ``size``'s power-of-two interval (``roundup_power2_divisions(size)``)."""
+    return min(max(size.bit_length() - 1 - _INTERVAL_START_LOG2, 0), NUM_ROUNDUP_INTERVALS - 1)
+
+
+def round_size(size: int, divisions: int | tuple[int, ...] = 0) -> int:
+    """``round_size``: the block size PyTorch sets aside for a request of ``size`` bytes.
+
+    ``divisions`` is one setting for every size or a tuple with one per interval
+    (``parse_roundup_power2_divisions``).
+    """
     if size < K_MIN_BLOCK:
         return K_MIN_BLOCK
-    if divisions > 1 and size > K_MIN_BLOCK * divisions:
-        return roundup_power2_next_division(size, divisions)
+    d = divisions[_interval_of(size)] if isinstance(divisions, tuple) else divisions
+    if d > 1 and size > K_MIN_BLOCK * d:
+        return roundup_power2_next_division(size, d)
     return K_MIN_BLOCK * -(-size // K_MIN_BLOCK)
 
 
 def allocation_size(size: int) -> int:
-    """Segment bytes ``cudaMalloc`` is asked for when a rounded request misses the cache."""
+    """``get_allocation_size``: segment bytes ``cudaMalloc`` is asked for when a rounded request misses."""
     if size <= K_SMALL_SIZE:
         return K_SMALL_BUFFER
     if size < K_MIN_LARGE_ALLOC:
@@ -72,8 +105,54 @@ def allocation_size(size: int) -> int:
     return K_ROUND_LARGE * -(-size // K_ROUND_LARGE)
 
 
+def _is_pow2_or_zero(value: int) -> bool:
+    return value >= 0 and value & (value - 1) == 0
+
+
+def parse_roundup_power2_divisions(value: int | str) -> tuple[int, ...]:
+    """The per-interval divisions table, from an int or PyTorch's list syntax.
+
+    ``4`` sets 4 divisions for every size; ``"256:1,512:2,1024:4,>:8"`` (boundaries in MiB, powers
+    of two, as in ``PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:[...]``) sets 1 division up
+    to the 256 MiB interval, 2 for [512 MiB, 1 GiB), 4 for [1 GiB, 2 GiB) and 8 above;
+    sizes below the first boundary take its value (``parseRoundUpPower2Divisions``).
+    """
+    where = f"roundup_power2_divisions(={value!r})"
+    if isinstance(value, bool):
+        raise PolicyError(f"{where} must be an integer or a list such as '256:1,512:2,>:8'")
+    if isinstance(value, int):
+        if not _is_pow2_or_zero(value):
+            raise PolicyError(f"{where} must be 0 or a power of two")
+        return (value,) * NUM_ROUNDUP_INTERVALS
+    if not isinstance(value, str):
+        raise PolicyError(f"{where} must be an integer or a list such as '256:1,512:2,>:8'")
+    text = value.strip().removeprefix("[").removesuffix("]")
+    table = [0] * NUM_ROUNDUP_INTERVALS
+    first, last_index = True, 0
+    for item in text.split(","):
+        boundary, sep, divs = item.partition(":")
+        boundary, divs = boundary.strip(), divs.strip()
+        if not sep or not divs.isdigit() or not _is_pow2_or_zero(int(divs)):
+            raise PolicyError(f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 or a power of two")
+        d = int(divs)
+        if boundary == ">":
+            table[last_index + 1:] = [d] * (NUM_ROUNDUP_INTERVALS - last_index - 1)
+            continue
+        if not boundary.isdigit() or int(boundary) <= 0 or not _is_pow2_or_zero(int(boundary)):
+            raise PolicyError(f"{where}: boundary {boundary!r} must be a power of two (MiB) or '>'")
+        index = min(int(boundary).bit_length() - 1, NUM_ROUNDUP_INTERVALS - 1)
+        if first:
+            table[:index] = [d] * index
+            first = False
+        table[index] = d
+        last_index = index
+    return tuple(table)
+
+
 @dataclass(slots=True, eq=False)
 class _Block:
+    """``Block``: a range of one segment, free or allocated; ``prev``/``next`` are its address neighbours."""
+
     ptr: int
     size: int
     stream: int
@@ -82,7 +161,7 @@ class _Block:
     prev: "_Block | None" = None
     next: "_Block | None" = None
     allocated: bool = False
-    freed_at: int = 0  # malloc count when it became free, for garbage collection by age
+    gc_count_base: int = 0  # the pool's get_free_block calls when the block was cached
 
     @property
     def is_split(self) -> bool:
@@ -93,89 +172,122 @@ class TorchCaching(Policy):
     """PyTorch's CUDA caching allocator (see the module docstring for the rules followed).
 
     Args:
-        max_split_size_bytes: blocks at least this large are never split (None: no limit).
-        roundup_power2_divisions: round sizes up to this many divisions per power of two
-            (0 or 1: plain 512 B rounding). One value for all sizes.
-        garbage_collection_threshold: fraction 0..1 of ``capacity_bytes``; past it, cached
-            blocks unused for longest are released before a new segment is reserved.
-        expandable_segments: must be False (not emulated).
+        max_split_size_bytes: blocks at least this large are never split (``max_split_size_mb``;
+            None: no limit, PyTorch's default). Must exceed 20 MiB, as in PyTorch.
+        max_non_split_rounding_bytes: an oversize cached block serves a request at or above
+            ``max_split_size`` only when less than this much larger (``max_non_split_rounding_mb``;
+            default 20 MiB, PyTorch's ``kLargeBuffer``).
+        roundup_power2_divisions: round sizes up to this many divisions per power of two: 0 (plain
+            512 B rounding), a power of two for every size, or PyTorch's per-interval list
+            ``"256:1,512:2,>:8"`` (boundaries in MiB; in a spec string, write it in brackets).
+        garbage_collection_threshold: fraction 0..1 of ``capacity_bytes``; past it, before a new
+            segment, cached unsplit large blocks unused for longest are released. Needs
+            ``capacity_bytes`` (PyTorch needs a memory fraction).
+        expandable_segments: must be False (see the module docstring for why it is not emulated).
+        capacity_bytes, device: see ``Policy``.
+
+    Index of free blocks: per (pool, stream), a sorted ``list`` of int keys
+    ``size << 64 | address``, so the first key at or after ``size << 64`` is PyTorch's best fit
+    (a C-level bisect; ``insort``/``del`` beat a ``SortedList`` at the few thousand free blocks
+    real pools hold).
     """
 
     name = "torch-caching"
     coalesces = True
 
-    def __init__(self, *, max_split_size_bytes: int | None = None, roundup_power2_divisions: int = 0,
-                 garbage_collection_threshold: float = 0.0, expandable_segments: bool = False,
-                 capacity_bytes: int | None = None, device=None):
-        if max_split_size_bytes is not None and (not isinstance(max_split_size_bytes, int) or max_split_size_bytes <= K_LARGE_BUFFER):
-            raise PolicyError(f"max_split_size_bytes(={max_split_size_bytes!r}) must be None or an integer > 20 MiB, as in PyTorch")
-        if not isinstance(roundup_power2_divisions, int) or roundup_power2_divisions < 0 or (
-                roundup_power2_divisions > 1 and roundup_power2_divisions & (roundup_power2_divisions - 1)):
-            raise PolicyError(f"roundup_power2_divisions(={roundup_power2_divisions!r}) must be 0, 1 or a power of two")
-        if not 0.0 <= float(garbage_collection_threshold) < 1.0:
+    def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
+                 roundup_power2_divisions: int | str = 0, garbage_collection_threshold: float = 0.0,
+                 expandable_segments: bool = False, capacity_bytes: int | None = None, device=None):
+        if max_split_size_bytes is not None and (isinstance(max_split_size_bytes, bool) or not isinstance(
+                max_split_size_bytes, int) or max_split_size_bytes <= K_LARGE_BUFFER):
+            raise PolicyError(f"max_split_size_bytes(={max_split_size_bytes!r}) must be None or an integer "
+                              "> 20 MiB, as in PyTorch")
+        if isinstance(max_non_split_rounding_bytes, bool) or not isinstance(max_non_split_rounding_bytes, int) \
+                or max_non_split_rounding_bytes < K_LARGE_BUFFER:
+            raise PolicyError(f"max_non_split_rounding_bytes(={max_non_split_rounding_bytes!r}) must be an integer "
+                              ">= 20 MiB, as in PyTorch")
+        parse_roundup_power2_divisions(roundup_power2_divisions)
+        if isinstance(garbage_collection_threshold, bool) or not isinstance(garbage_collection_threshold, (int, float)) \
+                or not 0.0 <= garbage_collection_threshold < 1.0:
             raise PolicyError(f"garbage_collection_threshold(={garbage_collection_threshold!r}) must be in [0, 1)")
-        if expandable_segments:
-            raise PolicyError("expandable_segments=True is not emulated by torch-caching yet")
+        if expandable_segments is not False:
+            raise PolicyError(
+                f"expandable_segments(={expandable_segments!r}) is not emulated: PyTorch maps pages into one virtual "
+                "range so a block can span pages mapped at different times, but a policies.device.Device hands out "
+                "segments that never touch, so such a block could not be one contiguous extent")
         self.max_split_size_bytes = max_split_size_bytes
+        self.max_non_split_rounding_bytes = max_non_split_rounding_bytes
         self.roundup_power2_divisions = roundup_power2_divisions
         self.garbage_collection_threshold = garbage_collection_threshold
         self.expandable_segments = expandable_segments
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
     def _reset_state(self) -> None:
-        # (stream, size, ptr) keys: PyTorch's BlockComparatorSize order, so the first key at or
-        # after (stream, size, 0) is the best fit; SortedList gives that bisect in O(log n).
-        self._pools = {True: SortedList(), False: SortedList()}
-        self._free_blocks: dict[int, _Block] = {}
-        self._num_mallocs = 0
-        self._max_split = self.max_split_size_bytes if self.max_split_size_bytes is not None else float("inf")
-        self.num_retries = 0  # times release_cached_blocks ran to satisfy a request (cudaMalloc retries)
+        self._keys: dict[tuple[bool, int], list[int]] = {}  # (small, stream) -> sorted size << 64 | ptr
+        self._free_at: dict[int, _Block] = {}  # ptr -> cached (free) block
+        table = parse_roundup_power2_divisions(self.roundup_power2_divisions)
+        self._divisions: int | tuple[int, ...] = table[0] if len(set(table)) == 1 else table
+        self._max_split = self.max_split_size_bytes if self.max_split_size_bytes is not None else 1 << 64
+        self._gc_on = self.garbage_collection_threshold > 0 and self.capacity_bytes is not None
+        self._free_block_calls = {True: 0, False: 0}  # BlockPool::get_free_blocks_call_count
+        self.num_alloc_retries = 0  # release_cached_blocks ran to satisfy a request
+        self.num_ooms = 0
 
-    # ------------------------------------------------------------------ free-set helpers
+    # ------------------------------------------------------------------ the free-block index
     def _insert(self, b: _Block) -> None:
-        b.freed_at = self._num_mallocs
-        self._pools[b.small].add((b.stream, b.size, b.ptr))
-        self._free_blocks[b.ptr] = b
+        """``insert_into_blocks``: cache a free block (and stamp it for garbage collection)."""
+        b.gc_count_base = self._free_block_calls[b.small]
+        keys = self._keys.get((b.small, b.stream))
+        if keys is None:
+            keys = self._keys[(b.small, b.stream)] = []
+        insort(keys, b.size << _KEY_BITS | b.ptr)
+        self._free_at[b.ptr] = b
 
     def _remove(self, b: _Block) -> None:
-        self._pools[b.small].remove((b.stream, b.size, b.ptr))
-        del self._free_blocks[b.ptr]
+        keys = self._keys[(b.small, b.stream)]
+        key = b.size << _KEY_BITS | b.ptr
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "removing a block that is not cached"
+        del keys[i]
+        del self._free_at[b.ptr]
+
+    def _cached(self, small: bool) -> Iterator[_Block]:
+        """The pool's cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
+        blocks = []
+        for (is_small, _stream), keys in sorted(self._keys.items()):
+            if is_small == small:
+                blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
+        return iter(blocks)
 
     def _get_free_block(self, small: bool, stream: int, size: int) -> _Block | None:
-        pool = self._pools[small]
-        i = pool.bisect_left((stream, size, -1))
-        if i == len(pool):
+        """``get_free_block``: the best-fit cached block for a rounded ``size``, or None."""
+        if self._gc_on:
+            self._free_block_calls[small] += 1
+        keys = self._keys.get((small, stream))
+        if not keys:
             return None
-        key = pool[i]
-        if key[0] != stream:
+        i = bisect_left(keys, size << _KEY_BITS)
+        if i == len(keys):
             return None
-        b = self._free_blocks[key[2]]
-        if size < self._max_split and b.size >= self._max_split:
-            return None  # do not hand an oversize block to a small request
-        if size >= self._max_split and b.size >= size + K_LARGE_BUFFER:
-            return None  # do not waste an oversize block far larger than the request
-        return b
+        found = keys[i] >> _KEY_BITS
+        if size < self._max_split and found >= self._max_split:
+            return None  # do not return an oversize block for a request below max_split_size
+        if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
+            return None  # an oversize block may be rounded up only within a limit
+        return self._free_at[keys[i] & _PTR_MASK]
 
     # ------------------------------------------------------------------ Policy hooks
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        size = round_size(nbytes, self.roundup_power2_divisions)
+        size = round_size(nbytes, self._divisions)
         small = size <= K_SMALL_SIZE
-        self._num_mallocs += 1
         b = self._get_free_block(small, stream, size)
-        if b is None:
-            alloc_bytes = allocation_size(size)
-            if self.garbage_collection_threshold > 0 and self.capacity_bytes is not None:
-                self._garbage_collect()
-            b = self._new_segment_block(small, stream, alloc_bytes)
-            if b is None and self._release_available_cached_blocks(small, stream, size):
-                b = self._new_segment_block(small, stream, alloc_bytes)
+        if b is not None:
+            self._remove(b)
+        else:
+            b = self._malloc_segment(small, stream, size)
             if b is None:
-                self.num_retries += 1
-                self._release_free_segments(None)
-                b = self._new_segment_block(small, stream, alloc_bytes)
-            if b is None:
+                self.num_ooms += 1
                 return None
-        self._remove(b)
         remaining = b.size - size
         if (remaining >= K_MIN_BLOCK) if small else (size < self._max_split and remaining > K_SMALL_SIZE):
             front = _Block(b.ptr, size, stream, small, b.segment, prev=b.prev, next=b)
@@ -191,7 +303,32 @@ class TorchCaching(Policy):
         self.allocated_bytes += b.size
         return Allocation(nbytes, b.size, ((b.ptr, b.size),), stream, tag, b)
 
+    def _malloc_segment(self, small: bool, stream: int, size: int) -> _Block | None:
+        """The miss path of ``malloc``: garbage collection, ``alloc_block`` and its two retries.
+
+        Returns the new segment's block, not cached, or None (out of memory).
+        """
+        alloc_bytes = allocation_size(size)
+        if self._gc_on:
+            self._garbage_collect()
+        b = self._alloc_block(small, stream, alloc_bytes)
+        if b is None and self._release_available_cached_blocks(small, stream, size):
+            b = self._alloc_block(small, stream, alloc_bytes)
+        if b is None:
+            self.num_alloc_retries += 1
+            self._release_free_segments(None)
+            b = self._alloc_block(small, stream, alloc_bytes)
+        return b
+
+    def _alloc_block(self, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
+        seg = self._reserve_segment(alloc_bytes, stream, retry=False)
+        if seg is None:
+            return None
+        seg.handle = small
+        return _Block(seg.offset, alloc_bytes, stream, small, seg)
+
     def _free(self, allocation: Allocation) -> None:
+        """``free_block``: merge with free neighbours (previous first) and cache the result."""
         b: _Block = allocation.handle
         b.allocated = False
         b.segment.num_live -= 1
@@ -210,88 +347,181 @@ class TorchCaching(Policy):
                 b.next.prev = b
         self._insert(b)
 
-    def _new_segment_block(self, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
-        seg = self._reserve_segment(alloc_bytes, stream, retry=False)
-        if seg is None:
-            return None
-        seg.handle = small
-        b = _Block(seg.offset, alloc_bytes, stream, small, seg)
-        self._insert(b)
-        return b
-
     def _release_block(self, b: _Block) -> int:
+        """``release_block``: ``cudaFree`` a cached block that is a whole segment."""
+        assert not b.is_split and not b.allocated
         self._remove(b)
         self._release_segment(b.segment)
         return b.size
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
-        """``release_cached_blocks``: free every cached block that is a whole segment."""
+        """``release_cached_blocks``: free every cached unsplit block, large pool first.
+
+        With ``max_bytes``, stop once at least that many bytes are released (``trim``).
+        """
         released = 0
-        for b in [b for b in self._free_blocks.values() if not b.is_split]:
-            released += self._release_block(b)
-            if max_bytes is not None and released >= max_bytes:
-                break
+        for small in (False, True):
+            for b in self._cached(small):
+                if max_bytes is not None and released >= max_bytes:
+                    return released
+                if not b.is_split:
+                    released += self._release_block(b)
         return released
 
     def _release_available_cached_blocks(self, small: bool, stream: int, size: int) -> bool:
-        """Free oversize cached blocks to make room (only meaningful with ``max_split_size``)."""
+        """``release_available_cached_blocks``: free oversize cached blocks, only with ``max_split_size``.
+
+        One block at least as large as the request (or ``max_split_size``) if there is one, else
+        the largest oversize blocks until that many bytes are freed.
+        """
         if self.max_split_size_bytes is None:
             return False
         key = max(size, self._max_split)
-        pool = self._pools[small]
-        i = pool.bisect_left((stream, key, -1))
-        if i < len(pool) and pool[i][0] == stream:
-            b = self._free_blocks[pool[i][2]]
-            if not b.is_split:
-                self._release_block(b)
-                return True
-        total = 0
-        j = i - 1
-        while j >= 0 and total < key:
-            s, bsize, ptr = pool[j]
-            if s != stream or bsize < self._max_split:
+        keys = self._keys.get((small, stream), [])
+        i = bisect_left(keys, key << _KEY_BITS)
+        if i < len(keys):
+            b = self._free_at[keys[i] & _PTR_MASK]
+            if b.is_split:  # PyTorch would cudaFree it anyway; oversize blocks are never split in practice
+                return False
+            self._release_block(b)
+            return True
+        released = 0
+        for k in reversed(keys[:i]):
+            b = self._free_at[k & _PTR_MASK]
+            if released >= key or b.size < self._max_split:
                 break
-            b = self._free_blocks[ptr]
-            j -= 1
             if not b.is_split:
-                total += self._release_block(b)
-        return total >= key
+                released += self._release_block(b)
+        return released >= key
 
     def _garbage_collect(self) -> None:
-        """Release the cached unsplit blocks unused for longest until under the threshold."""
-        target = self.garbage_collection_threshold * self.capacity_bytes
-        if self.reserved_bytes <= target:
+        """``garbage_collect_cached_blocks``: release unsplit large cached blocks of above-average age.
+
+        Age is the number of large-pool lookups since the block was cached. Each pass frees
+        every block at least as old as the current mean (it does not stop at the target, so GC
+        runs rarely); passes repeat until ``reserved - threshold * capacity`` bytes are freed.
+        """
+        gc_threshold = int(self.garbage_collection_threshold * self.capacity_bytes)
+        if self.reserved_bytes <= gc_threshold:
             return
-        while self.reserved_bytes > target:
-            candidates = [b for b in self._free_blocks.values() if not b.is_split]
-            if not candidates:
-                return
-            ages = [self._num_mallocs - b.freed_at for b in candidates]
-            mean_age = sum(ages) / len(ages)
-            for b, age in zip(candidates, ages):
-                if age >= mean_age and self.reserved_bytes > target:
-                    self._release_block(b)
+        target = self.reserved_bytes - gc_threshold
+        calls = self._free_block_calls[False]
+        freeable = [b for b in self._cached(False) if not b.is_split]
+        if not freeable:
+            return
+        total_age = sum(calls - b.gc_count_base for b in freeable)
+        count = len(freeable)
+        reclaimed, freed = 0, True
+        while reclaimed < target and freed and count > 0:
+            age_threshold = total_age / count
+            freed = False
+            for b in self._cached(False):
+                age = calls - b.gc_count_base
+                if not b.is_split and age >= age_threshold:
+                    freed = True
+                    reclaimed += self._release_block(b)
+                    total_age -= age
+                    count -= 1
 
     def _add_segment(self, segment: Segment) -> None:
-        segment.handle = False
-        self._insert(_Block(segment.offset, segment.nbytes, segment.stream, False, segment))
+        """A segment from ``grow``: cached whole, in the pool its size belongs to."""
+        small = segment.nbytes <= K_SMALL_BUFFER
+        segment.handle = small
+        self._insert(_Block(segment.offset, segment.nbytes, segment.stream, small, segment))
 
     def _segment_size_for(self, nbytes: int) -> int:
-        return allocation_size(round_size(nbytes, self.roundup_power2_divisions))
+        return allocation_size(round_size(nbytes, self._divisions))
+
+    # ------------------------------------------------------------------ seeding
+    def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0,
+                     blocks: Iterable[tuple[int, int, int]] = ()) -> list[Allocation]:
+        """Rebuild a segment that existed before a trace began, with its live blocks in place.
+
+        Reserves ``nbytes`` through the device (as ``cudaMalloc`` did) and lays out
+        ``blocks``, each ``(offset_in_segment, block_bytes, requested_bytes)``: an allocated
+        block of ``block_bytes`` (PyTorch's rounded size, an unsplit remainder included) handed
+        out for a request of ``requested_bytes``. The ranges between them become free blocks.
+        The returned allocations (in the order given) are live and counted like any other;
+        free them with ``free``.
+
+        Args:
+            nbytes: the segment's size, a multiple of 512.
+            small: True for a small-pool segment (requests <= 1 MiB), False for the large pool.
+            stream: the stream the segment belongs to.
+            blocks: the live blocks, in any order; they must not overlap.
+
+        Returns:
+            One live ``Allocation`` per block.
+
+        Raises:
+            PolicyError: a bad size or block layout (nothing changes), or the segment does not
+                fit within ``capacity_bytes`` or the device.
+        """
+        where = f"seed_segment(nbytes={nbytes!r})"
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0 or nbytes % K_MIN_BLOCK:
+            raise PolicyError(f"{where}: the segment size must be a positive multiple of {K_MIN_BLOCK}")
+        given = [tuple(b) for b in blocks]
+        layout = sorted(given)
+        end = 0
+        for b in layout:
+            if len(b) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in b):
+                raise PolicyError(f"{where}: block {b!r} is not (offset_in_segment, block_bytes, requested_bytes)")
+            offset, block_bytes, requested = b
+            if offset < end or offset % K_MIN_BLOCK or block_bytes <= 0 or block_bytes % K_MIN_BLOCK:
+                raise PolicyError(f"{where}: block {b!r} overlaps the one before it or is not 512-aligned")
+            if not 0 < requested <= block_bytes:
+                raise PolicyError(f"{where}: block {b!r} must have 0 < requested_bytes <= block_bytes")
+            end = offset + block_bytes
+        if end > nbytes:
+            raise PolicyError(f"{where}: blocks reach offset {end}, past the segment's end")
+        seg = self._reserve_segment(nbytes, stream, retry=False)
+        if seg is None:
+            raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
+        seg.handle = small
+        made: dict[tuple, Allocation] = {}
+        prev: _Block | None = None
+        cursor = seg.offset
+        for offset, block_bytes, requested in layout:
+            if seg.offset + offset > cursor:
+                prev = self._link(_Block(cursor, seg.offset + offset - cursor, stream, small, seg), prev)
+                self._insert(prev)
+            prev = self._link(_Block(seg.offset + offset, block_bytes, stream, small, seg, allocated=True), prev)
+            cursor = prev.ptr + block_bytes
+            made[(offset, block_bytes, requested)] = self._count_seeded(
+                Allocation(requested, block_bytes, ((prev.ptr, block_bytes),), stream, None, prev))
+        if seg.end > cursor:
+            self._insert(self._link(_Block(cursor, seg.end - cursor, stream, small, seg), prev))
+        return [made[b] for b in given]
+
+    @staticmethod
+    def _link(b: _Block, prev: _Block | None) -> _Block:
+        b.prev = prev
+        if prev is not None:
+            prev.next = b
+        return b
+
+    def _count_seeded(self, a: Allocation) -> Allocation:
+        """Count a seeded block as handed out, as ``allocate`` counts its allocations."""
+        a.handle.segment.num_live += 1
+        self.allocated_bytes += a.size_bytes
+        return self._hand_out(a)
 
     # ------------------------------------------------------------------ inspection
     def free_extents(self) -> list[tuple[int, int]]:
-        return sorted((b.ptr, b.size) for b in self._free_blocks.values())
+        return sorted((b.ptr, b.size) for b in self._free_at.values())
 
     def largest_free_bytes(self) -> int:
-        if all(not pool or pool[0][0] == pool[-1][0] for pool in self._pools.values()):
-            # one stream: the last key of each pool is its largest block
-            return max((pool[-1][1] for pool in self._pools.values() if pool), default=0)
-        return max((b.size for b in self._free_blocks.values()), default=0)
+        return max((keys[-1] >> _KEY_BITS for keys in self._keys.values() if keys), default=0)
+
+    def round_size(self, nbytes: int) -> int:
+        """The block size this allocator sets aside for a request of ``nbytes``."""
+        return round_size(nbytes, self._divisions)
 
     def empty_cache(self) -> int:
-        """``torch.cuda.empty_cache()``: release every unsplit cached segment."""
+        """``torch.cuda.empty_cache()``: release every unsplit cached segment; returns the bytes."""
         return self._release_free_segments(None)
 
     def allocator_info(self) -> dict[str, Any]:
-        return {"num_retries": self.num_retries, "num_cached_blocks": len(self._free_blocks)}
+        """PyTorch's own counters that the base stats lack."""
+        return {"num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms,
+                "num_cached_blocks": len(self._free_at)}
