@@ -1,0 +1,295 @@
+"""One self-contained HTML page from any mix of replay, simulation and GPU result folders.
+
+The page embeds every figure as a base64 PNG and its style inline: no scripts, no network, it
+opens offline and can be mailed. Sections (each an ``<section id=...>``, present even when it
+has nothing to show, with a line saying why): ``overview``, ``summary``, ``memory``,
+``fragmentation``, ``failures``, ``latency``, ``serving``, ``sim-vs-gpu``. Tables from all
+folders are concatenated with a ``source`` column (the folder's label) and shown per trace.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import errno
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from sim import plots
+from sim.plots import column_header, format_value
+from sim.report import read_results
+
+__all__ = ["SECTIONS", "ResultFolder", "load_result_folder", "combine_tables", "build_html_report",
+           "write_html_report"]
+
+#: Section ids and headings, in page order.
+SECTIONS = {
+    "overview": "Result folders",
+    "summary": "Summary",
+    "memory": "Reserved vs live memory",
+    "fragmentation": "External fragmentation",
+    "failures": "Failures and preemptions",
+    "latency": "Allocation latency",
+    "serving": "Serving: request latency and queues",
+    "sim-vs-gpu": "Simulator vs GPU",
+}
+
+#: Summary columns shown in the main table (the full table sits below it, folded).
+KEY_COLUMNS = [
+    "source", "policy", "backend", "kind", "n_failed", "failure_rate", "peak_live_bytes", "peak_reserved_bytes",
+    "overhead", "frag_ext_mean", "internal_waste_frac", "n_grow", "n_shrink", "alloc_p50_us", "alloc_p99_us",
+    "free_p50_us", "free_p99_us", "nvml_peak_used_bytes", "n_finished", "n_rejected", "n_preempted", "ttft_p50_s",
+    "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "throughput_tok_s", "goodput_rps", "kv_token_util",
+]
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;max-width:1200px;
+padding:0 1rem;color:#222;line-height:1.4}
+h1{font-size:1.6rem}h2{border-bottom:2px solid #ddd;padding-bottom:.2rem;margin-top:2.4rem}h3{font-size:1.05rem}
+nav a{margin-right:1rem}table.tbl{border-collapse:collapse;font-size:.8rem;margin:.5rem 0 1rem}
+.tbl th,.tbl td{border:1px solid #ddd;padding:.2rem .45rem;text-align:left;white-space:nowrap}
+.tbl th{background:#f3f3f3}.tbl .num{text-align:right;font-variant-numeric:tabular-nums}
+.scroll{overflow-x:auto}figure{margin:.5rem 0 1.5rem}img{max-width:100%;height:auto}
+figcaption,.note{color:#555;font-size:.85rem}code{background:#f3f3f3;padding:0 .2rem}
+details{margin:.3rem 0 1rem}summary{cursor:pointer;color:#333}
+"""
+
+
+@dataclass
+class ResultFolder:
+    """The tables of one result folder (``sim.report.write_results``) and its ``run.json``."""
+
+    path: Path
+    label: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def load_result_folder(path: str | Path, label: str | None = None) -> ResultFolder:
+    """Read a result folder. FileNotFoundError when it is missing or has no ``summary.csv``;
+    ValueError when its summary lacks ``trace``, ``policy`` or ``backend``."""
+    p = Path(path)
+    if not (p / "summary.csv").is_file():
+        reason = "no such folder" if not p.exists() else "not a poollab result folder (no summary.csv)"
+        raise FileNotFoundError(errno.ENOENT, reason, str(p))
+    tables = read_results(p)
+    missing = [c for c in ("trace", "policy", "backend") if c not in tables["summary"].columns]
+    if missing:
+        raise ValueError(f"{p / 'summary.csv'}: lacks the report columns {missing}")
+    meta_path = p / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    return ResultFolder(path=p, label=label or p.name, meta=meta, tables=tables)
+
+
+def combine_tables(folders: Iterable[ResultFolder]) -> dict[str, pd.DataFrame]:
+    """Each table name across folders, concatenated, with a ``source`` column (the folder's label)."""
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for f in folders:
+        for name, table in f.tables.items():
+            parts.setdefault(name, []).append(table.assign(source=f.label))
+    return {name: pd.concat(ts, ignore_index=True) for name, ts in parts.items()}
+
+
+def _unique_labels(paths: list[Path]) -> list[str]:
+    names = [p.name or str(p) for p in paths]
+    labels = ["/".join(p.resolve().parts[-2:]) if names.count(name) > 1 else name for p, name in zip(paths, names)]
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label} ({seen[label]})"
+    return labels
+
+
+# --- pieces of the page ---
+
+def _esc(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _img(fig: Any, caption: str, dpi: int) -> str:
+    data = base64.b64encode(plots.figure_png(fig, dpi=dpi)).decode("ascii")
+    return (f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{_esc(text)}</p>'
+
+
+def _figure(make: Callable[[], Any], caption: str, dpi: int) -> str:
+    """The figure, or a note saying why it could not be drawn (a table lacks what it needs)."""
+    try:
+        fig = make()
+    except ValueError as exc:
+        return _note(f"{caption}: not drawn ({exc})")
+    return _img(fig, caption, dpi)
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> str:
+    """An escaped HTML table; numeric columns are right-aligned."""
+    head = "".join(f'<th{" class=num" if n else ""}>{_esc(h)}</th>' for h, n in zip(headers, numeric))
+    body = "".join("<tr>" + "".join(f'<td{" class=num" if n else ""}>{_esc(v)}</td>' for v, n in zip(row, numeric))
+                   + "</tr>" for row in rows)
+    return f'<div class="scroll"><table class="tbl"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    """A table with sizes in MiB and fractions in percent (headers say so), NaN as a dash."""
+    cols = list(df.columns)
+    rows = [[format_value(c, v) for c, v in zip(cols, values)] for values in df.itertuples(index=False, name=None)]
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) for c in cols]
+    return _table([column_header(c) for c in cols], rows, numeric)
+
+
+def _key_view(summary: pd.DataFrame) -> pd.DataFrame:
+    cols = [c for c in KEY_COLUMNS if c in summary.columns and not summary[c].isna().all()]
+    if "source" in cols and summary["source"].nunique() <= 1:
+        cols.remove("source")
+    return summary[cols]
+
+
+def _by_trace(table: pd.DataFrame | None, trace: str) -> pd.DataFrame | None:
+    if table is None or "trace" not in table.columns:
+        return None
+    part = table[table["trace"] == trace]
+    return part if len(part) else None
+
+
+# --- sections ---
+
+def _overview(folders: list[ResultFolder]) -> str:
+    rows = []
+    for f in folders:
+        s = f.tables["summary"]
+        settings = ", ".join(f"{k}={f.meta[k]}" for k in ("model", "gpu", "rate_scale", "capacity_bytes", "device")
+                             if f.meta.get(k) is not None)
+        rows.append({"folder": f.label, "path": str(f.path), "command": f.meta.get("command", "?"),
+                     "traces": ", ".join(map(str, s["trace"].unique())),
+                     "backends": ", ".join(map(str, s["backend"].unique())), "runs": len(s),
+                     "tables": ", ".join(sorted(f.tables)), "settings": settings})
+    return _html_table(pd.DataFrame(rows))
+
+
+def _summary_section(summary: pd.DataFrame, trace: str) -> str:
+    part = summary[summary["trace"] == trace]
+    return (_html_table(_key_view(part)) + "<details><summary>every column</summary>"
+            + _html_table(part.dropna(axis=1, how="all")) + "</details>")
+
+
+def _memory_section(t: dict[str, pd.DataFrame], trace: str, dpi: int) -> str:
+    out = [_figure(lambda: plots.plot_peak_memory(_by_trace(t["summary"], trace)), "Peak live and reserved bytes", dpi)]
+    ts = _by_trace(t.get("timeseries"), trace)
+    if ts is None:
+        out.append(_note("no time series for this trace"))
+    else:
+        out.append(_figure(lambda: plots.plot_memory_over_time(ts), "Reserved (blue) vs live (red) bytes over time",
+                           dpi))
+    return "".join(out)
+
+
+def _fragmentation_section(t: dict[str, pd.DataFrame], trace: str, dpi: int) -> str:
+    ts = _by_trace(t.get("timeseries"), trace)
+    if ts is None:
+        return _note("no time series for this trace")
+    return _figure(lambda: plots.plot_fragmentation_over_time(ts), "External fragmentation over time", dpi)
+
+
+def _latency_section(t: dict[str, pd.DataFrame], trace: str, dpi: int) -> str:
+    samples = _by_trace(t.get("latency_samples"), trace)
+    caption = "Per-call latency (CDF)" if samples is not None else "Latency per run: p50 and p99 from the summary"
+    return _figure(lambda: plots.plot_alloc_latency(_by_trace(t["summary"], trace), samples), caption, dpi)
+
+
+def _serving_section(t: dict[str, pd.DataFrame], trace: str, dpi: int) -> str:
+    out = []
+    requests = _by_trace(t.get("requests"), trace)
+    if requests is not None:
+        out.append(_figure(lambda: plots.plot_request_latency(requests), "TTFT, TPOT and e2e latency (CDF)", dpi))
+    ts = _queue_series(t, trace)
+    if ts is not None:
+        out.append(_figure(lambda: plots.plot_queue_lengths(ts), "Queue lengths", dpi))
+    return "".join(out)
+
+
+def _queue_series(t: dict[str, pd.DataFrame], trace: str) -> pd.DataFrame | None:
+    """The trace's time-series rows that have queue lengths (simulations), if any."""
+    ts = _by_trace(t.get("timeseries"), trace)
+    if ts is None or "running" not in ts.columns:
+        return None
+    ts = ts[ts["running"].notna()]
+    return ts if len(ts) else None
+
+
+def _differences_table(diffs: pd.DataFrame) -> str:
+    view = plots.differences_view(diffs).reset_index()
+    return _table(list(view.columns), view.values.tolist(), [False] + [True] * (view.shape[1] - 1))
+
+
+def _sim_vs_gpu_section(t: dict[str, pd.DataFrame], dpi: int) -> str:
+    diffs = plots.sim_gpu_differences(t["summary"])
+    if diffs.empty:
+        return _note("no trace and policy ran with both backend sim and backend gpu "
+                     "(e.g. `poollab gpu replay TRACE --sim` makes such pairs)")
+    out = [_differences_table(diffs),
+           _figure(lambda: plots.plot_sim_vs_gpu(t["summary"]), "Peak memory and latency", dpi)]
+    ts = t.get("timeseries")
+    if ts is not None:
+        out.append(_figure(lambda: plots.plot_sim_vs_gpu_over_time(ts), "Reserved and live over time", dpi))
+    return "".join(out)
+
+
+def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, dpi: int = 90) -> str:
+    """The report page for the result folders ``dirs`` (see the module docstring)."""
+    paths = [Path(d) for d in dirs]
+    if not paths:
+        raise ValueError("build_html_report needs at least one result folder")
+    folders = [load_result_folder(p, label) for p, label in zip(paths, _unique_labels(paths))]
+    t = combine_tables(folders)
+    traces = list(dict.fromkeys(t["summary"]["trace"].astype(str)))
+    t = {name: table.assign(trace=table["trace"].astype(str)) if "trace" in table else table
+         for name, table in t.items()}
+    served = [tr for tr in traces if _by_trace(t.get("requests"), tr) is not None or _queue_series(t, tr) is not None]
+
+    def per_trace(render: Callable[[str], str], traces_: list[str], empty: str) -> str:
+        if not traces_:
+            return _note(empty)
+        return "".join(f"<h3>{_esc(tr)}</h3>{render(tr)}" for tr in traces_)
+
+    body = {
+        "overview": _overview(folders),
+        "summary": per_trace(lambda tr: _summary_section(t["summary"], tr), traces, "no runs"),
+        "memory": per_trace(lambda tr: _memory_section(t, tr, dpi), traces, "no runs"),
+        "fragmentation": per_trace(lambda tr: _fragmentation_section(t, tr, dpi), traces, "no runs"),
+        "failures": per_trace(lambda tr: _figure(lambda: plots.plot_failures(_by_trace(t["summary"], tr)),
+                                                 "Failure and preemption counters", dpi), traces, "no runs"),
+        "latency": per_trace(lambda tr: _latency_section(t, tr, dpi), traces, "no runs"),
+        "serving": per_trace(lambda tr: _serving_section(t, tr, dpi), served,
+                             "no simulation folders (`poollab simulate` writes requests and queue lengths)"),
+        "sim-vs-gpu": _sim_vs_gpu_section(t, dpi),
+    }
+    title = title or "poollab report"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nav = "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name in SECTIONS.items())
+    sections = "".join(f'<section id="{sid}"><h2>{_esc(SECTIONS[sid])}</h2>{body[sid]}</section>' for sid in SECTIONS)
+    units = ("Sizes in MiB, fractions in percent; overhead = peak reserved / peak live − 1; external "
+             "fragmentation = 1 − largest free / free; latencies in µs (allocation) or s (requests).")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{_esc(title)}</h1><p class=\"note\">Made {stamp} from {len(folders)} result folder(s). "
+            f"{_esc(units)}</p><nav>{nav}</nav>{sections}</body></html>\n")
+
+
+def write_html_report(dirs: Iterable[str | Path], out_path: str | Path, *, title: str | None = None) -> Path:
+    """Write ``build_html_report(dirs)`` to ``out_path`` (its folder is created); returns the path."""
+    page = build_html_report(dirs, title=title)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out

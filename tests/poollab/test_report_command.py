@@ -1,0 +1,50 @@
+"""``poollab report``: an HTML file from result folders; one line and exit 2 for a folder that is not one."""
+
+import pandas as pd
+import pytest
+
+from poollab.cli import cli, main
+from poollab.commands import report
+from sim.replay import replay
+from sim.report import write_results
+from traces import generate_alloc_trace
+
+if "report" not in cli.commands:  # until the command is listed in poollab.cli.COMMAND_MODULES
+    report.register(cli)
+
+
+def run(argv, capsys):
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def result_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("replay")
+    r = replay(generate_alloc_trace(num_requests=3, seed=2, prompt_tokens=(32, 64), output_tokens=(4, 8)), "best-fit")
+    write_results(out, pd.DataFrame([r.summary]), meta={"command": "replay"})
+    return out
+
+
+def test_report_writes_the_html_file(result_dir, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    code, stdout, _ = run(["report", str(result_dir), "--out", str(out), "--title", "mine"], capsys)
+    assert code == 0 and f"wrote {out}" in stdout
+    assert "<title>mine</title>" in out.read_text(encoding="utf-8")
+
+
+def test_report_on_a_folder_without_results_exits_2_with_one_line(tmp_path, capsys):
+    code, _, err = run(["report", str(tmp_path), "--out", str(tmp_path / "r.html")], capsys)
+    assert code == 2
+    assert err.strip() == f"poollab: error: {tmp_path}: not a poollab result folder (no summary.csv)"
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_needs_a_folder(capsys):
+    code, _, err = run(["report"], capsys)
+    assert code == 2 and "DIRS" in err
