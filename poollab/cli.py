@@ -20,6 +20,8 @@ COMMAND_MODULES = [
     "poollab.commands.policies",
     "poollab.commands.replay",
     "poollab.commands.simulate",
+    "poollab.commands.fidelity",
+    "poollab.commands.report",
     "poollab.commands.traces",
     "poollab.commands.demo",
 ]
