@@ -1,0 +1,146 @@
+"""``poollab gpu``: policies as real GPU pools, the allocators people use, and cost calibration.
+
+``poollab gpu replay TRACE``: replay a trace with real allocations under each policy (and each
+``--baseline``), timing every alloc and free; ``poollab gpu calibrate``: measure the driver's
+costs into a JSON the simulator reads (``poollab replay --costs``). Without CuPy or a GPU both
+exit 2 with one line saying why (``--backend host`` replays on the CPU stand-in instead).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pandas as pd
+
+import policies
+from poollab.commands._common import BYTES, out_option
+from poollab.errors import UsageError
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(gpu_group)
+
+
+@click.group("gpu")
+def gpu_group() -> None:
+    """Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator."""
+
+
+def _require_gpu(device_id: int) -> None:
+    from realgpu.cuda import require_cuda
+    from realgpu.errors import GpuUnavailableError
+
+    try:
+        require_cuda(device_id)
+    except GpuUnavailableError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _policy_specs(specs: tuple[str, ...]) -> list[str]:
+    """Every registered policy when none (or ``all``) is given; each spec is checked before any work."""
+    out = [name for spec in specs for name in (policies.available() if spec == "all" else [spec])]
+    out = out or policies.available()
+    for spec in out:
+        policies.create(spec)  # raises PolicyError naming the spec
+    return out
+
+
+def _baseline_names(names: tuple[str, ...]) -> list[str]:
+    from realgpu.baselines import BASELINES, available_baselines, canonical_name
+
+    out = []
+    for name in names:
+        if name.lower() == "all":
+            out += available_baselines()
+        elif canonical_name(name) is None:
+            raise UsageError(f"unknown baseline {name!r}; available: {', '.join(BASELINES)}, all")
+        else:
+            out.append(canonical_name(name))
+    return out
+
+
+@gpu_group.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
+              help="Policy spec, repeatable; 'all' or nothing: every registered policy.")
+@click.option("--baseline", "-b", "baselines", multiple=True, metavar="NAME",
+              help="Also replay through cudaMalloc, cupy.MemoryPool, cupy.MemoryAsyncPool or torch.cuda; 'all' for "
+                   "every one available here. Repeatable.")
+@click.option("--capacity", type=BYTES, default=None,
+              help="Most bytes a policy may reserve. Default: the GPU's free memory less 1 GiB.")
+@click.option("--validate", is_flag=True, help="Fill every allocation with a pattern and check it before its free.")
+@click.option("--sim/--no-sim", "with_sim", default=False,
+              help="Also replay each policy in the simulator (same capacity) and add its rows (backend=sim).")
+@click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Cost model JSON for the --sim rows (from `poollab gpu calibrate`).")
+@click.option("--backend", type=click.Choice(["cuda", "host"]), default="cuda", show_default=True,
+              help="'host' replays on host memory standing in for the GPU (no baselines).")
+@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
+@click.option("--sample-every", type=click.IntRange(min=1), default=None, help="Stats sample stride in events.")
+@out_option("poollab-out/gpu")
+@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
+def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with_sim: bool, costs, backend: str,
+                   device_id: int, fmt, sample_every, out_dir: Path, progress: bool) -> None:
+    """Replay the allocation TRACE on the GPU under each policy (and baseline), with real allocations."""
+    if backend == "cuda":
+        _require_gpu(device_id)
+    spec_list = _policy_specs(specs)
+    baseline_list = _baseline_names(baselines)
+    if baseline_list and backend != "cuda":
+        raise UsageError("--baseline needs --backend cuda: the baselines are real CUDA allocators")
+
+    from realgpu.replay import baseline_replay, gpu_replay
+    from sim.costs import CostModel
+    from sim.replay import replay
+    from sim.report import format_table, summary_frame, write_results
+    from traces.detect import read_alloc_trace
+
+    cost_model = CostModel.load(costs) if costs else None
+    alloc_trace = read_alloc_trace(trace, format=fmt)
+    click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
+    rows, series = [], []
+    for spec in spec_list:
+        result = gpu_replay(alloc_trace, spec, backend=backend, capacity_bytes=capacity, validate=validate,
+                            sample_every=sample_every, progress=progress, device_id=device_id)
+        rows.append(result.summary)
+        series.append(result.timeseries)
+        if with_sim:
+            sim = replay(alloc_trace, spec, capacity_bytes=result.summary["capacity_bytes"], costs=cost_model,
+                         sample_every=sample_every, progress=progress)
+            rows.append({**sim.summary, "kind": "policy"})
+            series.append(sim.timeseries)
+    for name in baseline_list:
+        result = baseline_replay(alloc_trace, name, sample_every=sample_every, progress=progress, device_id=device_id)
+        rows.append(result.summary)
+        series.append(result.timeseries)
+    summary = summary_frame(rows)
+    write_results(out_dir, summary, pd.concat(series, ignore_index=True),
+                  meta={"command": "gpu replay", "trace": str(trace), "policies": spec_list, "baselines": baseline_list,
+                        "capacity_bytes": capacity, "validate": validate, "backend": backend, "device": device_id,
+                        "costs": str(costs) if costs else ("bundled" if with_sim else None)})
+    click.echo(format_table(summary, ["policy", "backend", "n_failed", "peak_live_bytes", "peak_reserved_bytes",
+                                      "overhead", "frag_ext_mean", "alloc_p50_us", "alloc_p99_us", "free_p50_us",
+                                      "free_p99_us", "nvml_peak_used_bytes"]))
+    click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet")
+
+
+@gpu_group.command("calibrate")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("costs.json"),
+              show_default=True, help="Cost file to write (the schema of sim/data/costs_h200.json).")
+@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--max-size", type=BYTES, default=None, help="Largest cudaMalloc size to time (default 4GiB).")
+def calibrate_command(out_path: Path, device_id: int, max_size) -> None:
+    """Measure cudaMalloc/cudaFree (4 KiB to 4 GiB) and copy bandwidths into a cost file."""
+    _require_gpu(device_id)
+    from realgpu.calibrate import DEFAULT_SIZES, calibrate, write_costs
+
+    sizes = tuple(s for s in DEFAULT_SIZES if max_size is None or s <= max_size)
+    if not sizes:
+        raise UsageError(f"--max-size {max_size} is below the smallest size timed ({DEFAULT_SIZES[0]} B)")
+    table = calibrate(device_id=device_id, sizes=sizes, progress=click.echo)
+    write_costs(table, out_path)
+    click.echo(f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, host->device {table['h2d_bytes_per_s'] / 1e9:,.1f} "
+               f"GB/s, device->host {table['d2h_bytes_per_s'] / 1e9:,.1f} GB/s (pinned)")
+    click.echo(f"wrote {out_path} ({table['device']})")

@@ -1,0 +1,102 @@
+"""The CPU backend: host byte arrays stand in for ``cudaMalloc``'d segments.
+
+Same interface and same offsets as the CUDA backend, so CI exercises the pool logic, the
+validation patterns and the replay without a GPU. ``HostMemoryPointer`` plays the part of
+``cupy.cuda.MemoryPointer`` for ``GpuPool.malloc``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from realgpu.segments import SegmentDevice
+
+__all__ = ["HostDevice", "HostMemoryPointer"]
+
+_TOUCH_BYTES = 64
+
+
+class HostDevice(SegmentDevice):
+    """Segments are ``numpy.uint8`` arrays.
+
+    Args:
+        limit_bytes: most bytes held at once; ``reserve`` returns None past it, the way
+            ``cudaMalloc`` fails when the GPU is full. None for no limit.
+    """
+
+    kind = "numpy"
+
+    def __init__(self, *, limit_bytes: int | None = None):
+        super().__init__()
+        self.limit_bytes = limit_bytes
+
+    def _map(self, nbytes: int) -> tuple[int, Any] | None:
+        if self.limit_bytes is not None and self.used_bytes + nbytes > self.limit_bytes:
+            return None
+        # zeros: calloc'd, so the OS maps pages only where they are written (a replay of a
+        # 2 GB trace touches a few bytes per allocation, not 2 GB)
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        return buf.ctypes.data, buf
+
+    def _unmap(self, buffer: Any) -> None:
+        pass  # the array goes with the last reference to it
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """A writable ``uint8`` view of ``[offset, offset + nbytes)``."""
+        seg, rel = self.locate(offset)
+        return self._buffers[seg][rel:rel + nbytes]
+
+    def fill(self, offset: int, nbytes: int, word: int, phase: int) -> None:
+        if nbytes > 0:
+            self.view(offset, nbytes)[:] = _pattern(nbytes, word, phase)
+
+    def first_mismatch(self, offset: int, nbytes: int, word: int, phase: int) -> int:
+        if nbytes <= 0:
+            return -1
+        view, expected = self.view(offset, nbytes), _pattern(nbytes, word, phase)
+        if view.tobytes() == expected.tobytes():  # memcmp: the common, clean case
+            return -1
+        return int(np.flatnonzero(view != expected)[0])
+
+    def read_bytes(self, offset: int, nbytes: int) -> bytes:
+        return self.view(offset, nbytes).tobytes()
+
+    def touch(self, offset: int, nbytes: int) -> None:
+        view = self.view(offset, nbytes)
+        k = min(nbytes, _TOUCH_BYTES)
+        view[:k] = 0x5A
+        view[nbytes - k:] = 0x5A
+
+
+def _pattern(nbytes: int, word: int, phase: int) -> np.ndarray:
+    four = int(word & 0xFFFFFFFF).to_bytes(4, "little")
+    k = phase % 4
+    four = four[k:] + four[:k]
+    return np.frombuffer((four * (nbytes // 4 + 1))[:nbytes], dtype=np.uint8)
+
+
+class HostMemoryPointer:
+    """What ``GpuPool.malloc`` returns on the host backend (CuPy's ``MemoryPointer`` on CUDA).
+
+    Attributes:
+        ptr: host address of the first byte.
+        size: bytes requested.
+        array: a ``uint8`` view of the memory.
+    Dropping the last reference frees the allocation in the policy (through ``owner``).
+    """
+
+    __slots__ = ("ptr", "size", "array", "owner")
+
+    def __init__(self, ptr: int, size: int, array: np.ndarray | None, owner: Any):
+        self.ptr = ptr
+        self.size = size
+        self.array = array
+        self.owner = owner
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __repr__(self) -> str:
+        return f"<HostMemoryPointer 0x{self.ptr:x} size={self.size}>"

@@ -1,0 +1,81 @@
+"""Fixtures for the real-pool tests: small traces, and skipping ``gpu``-marked tests without CUDA.
+
+Every test marked ``@pytest.mark.gpu`` is skipped, with the reason, where CuPy or a CUDA device is
+missing; the CPU backend carries the same behaviours everywhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+import policies
+from policies.base import Allocation
+from policies.testing import SegmentPerRequest
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLED_SNAPSHOT = REPO / "traces" / "data" / "llama1b_generate_slice.pickle.gz"
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_unavailable_reason() -> str | None:
+    from realgpu.cuda import require_cuda
+    from realgpu.errors import GpuUnavailableError
+
+    try:
+        require_cuda(0)
+    except GpuUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "gpu" in item.keywords and "tests/realgpu" in str(item.fspath).replace("\\", "/"):
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def bundled_snapshot():
+    """The bundled PyTorch snapshot slice, read once (skipped when the file is absent)."""
+    if not BUNDLED_SNAPSHOT.is_file():
+        pytest.skip(f"bundled snapshot slice not present at {BUNDLED_SNAPSHOT}")
+    from traces.detect import read_alloc_trace
+
+    return read_alloc_trace(BUNDLED_SNAPSHOT)
+
+
+class OverlappingPolicy(SegmentPerRequest):
+    """A deliberately broken policy: its second allocation starts 256 B inside its first."""
+
+    name = "overlapping"
+
+    def _allocate(self, nbytes, stream, tag):
+        if self.num_allocs == 1 and self._first is not None:
+            self.allocated_bytes += nbytes
+            return Allocation(nbytes, nbytes, ((self._first.offset + 256, nbytes),), stream, tag, None)
+        a = super()._allocate(nbytes + 4096, stream, tag)
+        self._first = a
+        return a
+
+    def _free(self, allocation):
+        if allocation.handle is None:
+            self.allocated_bytes -= allocation.size_bytes
+            return
+        super()._free(allocation)
+
+    def _reset_state(self):
+        super()._reset_state()
+        self._first = None
+
+
+@pytest.fixture
+def overlapping_policy():
+    """Registers ``OverlappingPolicy`` as "overlapping" for the test, then removes it."""
+    policies.register("overlapping", OverlappingPolicy, replace=True)
+    yield "overlapping"
+    policies.registry.unregister("overlapping")

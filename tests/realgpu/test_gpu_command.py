@@ -1,0 +1,58 @@
+"""``poollab gpu``: one-line refusals without a GPU, and the whole replay path on the host backend."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import realgpu.cuda as rcuda
+from poollab.cli import cli, main
+
+BUNDLED = str(Path(__file__).resolve().parents[2] / "traces" / "data" / "llama1b_generate_slice.pickle.gz")
+
+
+@pytest.fixture(autouse=True)
+def gpu_commands():
+    if "gpu" not in cli.commands:  # until the lead lists poollab.commands.gpu in COMMAND_MODULES
+        from poollab.commands import gpu
+
+        gpu.register(cli)
+
+
+@pytest.fixture
+def no_cupy(monkeypatch):
+    monkeypatch.setattr(rcuda, "cupy", None)
+    monkeypatch.setattr(rcuda, "_IMPORT_ERROR", ImportError("No module named 'cupy'"))
+
+
+@pytest.mark.parametrize("argv", [["gpu", "replay", BUNDLED], ["gpu", "calibrate", "--out", "x.json"]])
+def test_without_cupy_gpu_commands_exit_2_with_one_line(argv, no_cupy, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("poollab: error: ") and "install poollab[gpu]" in err
+
+
+def test_host_backend_replays_and_writes_gpu_and_sim_rows(tmp_path, capsys):
+    out = tmp_path / "gpu"
+    main(["gpu", "replay", BUNDLED, "--backend", "host", "-p", "paged", "-p", "first-fit", "--sim",
+          "--out", str(out), "--no-progress"])
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(zip(summary["policy"], summary["backend"])) == [
+        ("paged", "gpu"), ("paged", "sim"), ("first-fit", "gpu"), ("first-fit", "sim")]
+    for _, pair in summary.groupby("policy"):
+        assert pair["peak_reserved_bytes"].nunique() == 1 and pair["n_failed"].nunique() == 1
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_baselines_need_the_cuda_backend(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["gpu", "replay", BUNDLED, "--backend", "host", "-b", "cupy.memorypool", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "--backend cuda" in capsys.readouterr().err
+
+
+def test_unknown_baseline_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["gpu", "replay", BUNDLED, "--backend", "host", "-b", "jemalloc", "--out", str(tmp_path)])
+    assert info.value.code == 2 and "'jemalloc'" in capsys.readouterr().err

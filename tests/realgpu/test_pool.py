@@ -1,0 +1,232 @@
+import gc
+
+import numpy as np
+import pytest
+
+import policies
+from policies.errors import PolicyError
+from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
+from realgpu.host import HostDevice, HostMemoryPointer
+from realgpu.pool import GUARD_WORD, GpuPool, data_word
+
+MiB = 1 << 20
+
+
+def host_pool(spec="first-fit", **kw):
+    return GpuPool(spec, backend="host", **kw)
+
+
+def test_allocate_gives_an_address_inside_the_policys_segment():
+    pool = host_pool()
+    a = pool.allocate(1000)
+    seg = pool.policy.segments()[0]
+    assert pool.pointer(a) == pool.device.address(seg.offset) + (a.offset - seg.offset)
+    pool.free(a)
+    assert pool.stats().live_bytes == 0
+
+
+def test_memory_written_through_one_allocation_is_seen_at_its_address():
+    pool = host_pool()
+    a = pool.allocate(4096)
+    pool.device.view(a.offset, 4096)[:] = 9
+    assert np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * 4096).from_address(pool.pointer(a))).sum() == 9 * 4096
+    pool.free(a)
+
+
+def test_malloc_pointer_frees_in_the_policy_when_dropped():
+    pool = host_pool()
+    p = pool.malloc(3000)
+    assert isinstance(p, HostMemoryPointer) and p.size == 3000 and p.array.size == 3000
+    assert pool.policy.num_live == 1
+    del p
+    gc.collect()
+    assert pool.policy.num_live == 0 and pool.policy.num_frees == 1
+
+
+def test_malloc_of_zero_bytes_allocates_nothing():
+    pool = host_pool()
+    p = pool.malloc(0)
+    assert p.ptr == 0 and p.size == 0 and pool.policy.num_allocs == 0
+
+
+def test_paged_allocation_gives_its_pages_and_block_table():
+    pool = host_pool("paged:page_bytes=1MiB")
+    a = pool.allocate(3 * MiB + 1)
+    pages = pool.pages(a)
+    assert len(pages) == 4 and all(n == MiB for _, n in pages)
+    table = pool.block_table(a)
+    assert table.dtype == np.int64 and table.tolist() == [addr for addr, _ in pages]
+    assert pool.pointer(a) == pages[0][0]
+
+
+def test_malloc_refuses_discontiguous_pages_and_frees_them():
+    pool = host_pool("paged:page_bytes=1MiB,segment_bytes=8MiB")
+    held = [pool.allocate(MiB) for _ in range(8)]
+    pool.free(held[1])
+    pool.free(held[5])
+    with pytest.raises(PoolError, match="discontiguous"):
+        pool.malloc(2 * MiB)
+    assert pool.policy.num_live == 6
+
+
+def test_malloc_accepts_contiguous_pages():
+    pool = host_pool("paged:page_bytes=1MiB,segment_bytes=8MiB")
+    p = pool.malloc(3 * MiB)
+    assert p.size == 3 * MiB and pool.stats().allocated_bytes == 3 * MiB
+
+
+def test_out_of_memory_is_a_memory_error_with_the_pools_stats():
+    pool = host_pool("first-fit", capacity_bytes=64 * MiB)
+    a = pool.allocate(40 * MiB)
+    with pytest.raises(PoolOutOfMemoryError) as info:
+        pool.allocate(40 * MiB)
+    msg = str(info.value)
+    assert isinstance(info.value, MemoryError)
+    for fact in ("40.0 MiB", "live", "reserved", "capacity 64.0 MiB", "fragmentation", "1 failed"):
+        assert fact in msg
+    assert info.value.stats.num_failures == 1 and info.value.nbytes == 40 * MiB
+    pool.free(a)
+
+
+def test_device_refusal_is_out_of_memory_too():
+    pool = GpuPool("first-fit:segment_bytes=8MiB", backend=HostDevice(limit_bytes=8 * MiB))
+    pool.allocate(6 * MiB)
+    with pytest.raises(PoolOutOfMemoryError, match="no capacity limit"):
+        pool.malloc(6 * MiB)
+    assert pool.device.num_refused >= 1
+
+
+def test_policy_object_is_driven_on_the_pools_device():
+    policy = policies.create("best-fit")
+    pool = GpuPool(policy, backend="host")
+    pool.allocate(1000)
+    assert policy.device is pool.device and pool.device.num_segments == 1
+
+
+def test_used_policy_object_is_refused():
+    policy = policies.create("best-fit")
+    policy.allocate(1000)
+    with pytest.raises(PoolError, match="already been used"):
+        GpuPool(policy, backend="host")
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(PoolError, match="backend"):
+        GpuPool("first-fit", backend="tpu")
+
+
+def test_bad_spec_is_a_policy_error():
+    with pytest.raises(PolicyError):
+        GpuPool("no-such-policy", backend="host")
+
+
+def test_close_releases_every_segment_and_refuses_more_work():
+    pool = host_pool()
+    keep = pool.malloc(5000)
+    pool.allocate(MiB)
+    pool.close()
+    assert pool.device.num_segments == 0 and pool.device.used_bytes == 0
+    with pytest.raises(PoolError, match="closed"):
+        pool.allocate(10)
+    del keep  # dropping a pointer after close frees nothing and raises nothing
+    gc.collect()
+    assert pool.lease_errors == []
+
+
+# ---------------------------------------------------------------------- validation
+def test_validation_asks_the_policy_for_guards_on_both_sides():
+    pool = host_pool(validate=True, guard_bytes=256)
+    a = pool.allocate(1000)
+    assert a.nbytes == 1000 + 2 * 256
+    assert pool.pointer(a) == pool.device.address(a.offset) + 256
+    dev = pool.device
+    assert dev.first_mismatch(a.offset, 256, GUARD_WORD, 0) == -1
+    assert dev.first_mismatch(a.offset + 256, 1000, data_word(1), 256 % 4) == -1
+    pool.free(a)
+
+
+def test_clean_validated_run_finds_nothing():
+    pool = host_pool("size-class", validate=True)
+    live = [pool.allocate(n) for n in (100, 5000, 3 * MiB, 512)]
+    for a in live:
+        pool.free(a)
+    assert pool.stats().num_frees == 4
+
+
+def test_overrun_past_the_end_is_caught_with_its_offset():
+    pool = host_pool(validate=True, guard_bytes=64)
+    a = pool.allocate(1000)
+    bad = a.offset + 64 + 1000 + 3
+    pool.device.view(bad, 1)[:] = 0
+    with pytest.raises(CorruptionError, match="guard-after") as info:
+        pool.free(a)
+    assert info.value.offset == bad and info.value.address == pool.device.address(bad)
+    assert pool.policy.num_live == 0  # freed anyway: the pool stays consistent
+
+
+def test_underrun_before_the_start_is_caught():
+    pool = host_pool(validate=True, guard_bytes=64)
+    a = pool.allocate(1000)
+    pool.device.view(a.offset + 63, 1)[:] = 1
+    with pytest.raises(CorruptionError, match="guard-before"):
+        pool.free(a)
+
+
+def test_overwritten_data_is_caught_when_contents_are_checked():
+    pool = host_pool(validate=True)
+    a = pool.allocate(1000)
+    pool.device.view(a.offset + 256 + 500, 1)[:] = 0
+    with pytest.raises(CorruptionError, match="data"):
+        pool.free(a)
+
+
+def test_data_written_by_the_caller_passes_without_content_checks():
+    pool = host_pool(validate=True, check_contents=False)
+    a = pool.allocate(1000)
+    pool.device.view(a.offset + 256, 1000)[:] = 0
+    pool.free(a)
+
+
+def test_policy_that_overlaps_allocations_is_caught_naming_the_other(overlapping_policy):
+    pool = host_pool(overlapping_policy, validate=True, guard_bytes=0)
+    first = pool.allocate(8192)
+    second = pool.allocate(1024)
+    with pytest.raises(CorruptionError, match=f"live allocation at offset {second.offset}") as info:
+        pool.free(first)
+    assert info.value.region == "data"
+
+
+def test_writes_through_a_malloc_pointer_are_not_corruption():
+    pool = host_pool(validate=True)
+    p = pool.malloc(1000)
+    p.array[:] = 0
+    del p
+    gc.collect()
+    assert pool.lease_errors == [] and pool.policy.num_live == 0
+
+
+def test_overrun_through_a_malloc_pointer_surfaces_at_close():
+    pool = host_pool(validate=True, guard_bytes=32)
+    p = pool.malloc(100)
+    offset = p.ptr - pool.device.address(pool.policy.segments()[0].offset) + pool.policy.segments()[0].offset
+    pool.device.view(offset + 100, 1)[:] = 0  # one byte past the end
+    del p
+    gc.collect()
+    assert len(pool.lease_errors) == 1
+    with pytest.raises(CorruptionError, match="guard-after"):
+        pool.close()
+
+
+@pytest.mark.parametrize("spec", policies.available())
+def test_every_registered_policy_validates_clean_under_a_random_workload(spec):
+    rng = np.random.default_rng(7)
+    pool = host_pool(spec, validate=True, guard_bytes=128)
+    live = []
+    for _ in range(300):
+        if live and rng.random() < 0.45:
+            pool.free(live.pop(int(rng.integers(len(live)))))
+        else:
+            live.append(pool.allocate(int(np.exp(rng.uniform(np.log(256), np.log(4 * MiB))))))
+    for a in live:
+        pool.free(a)
+    pool.close()

@@ -1,0 +1,139 @@
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import policies
+from realgpu.errors import CorruptionError
+from realgpu.replay import gpu_replay
+from sim.replay import replay
+from sim.report import SUMMARY_COLUMNS, summary_frame
+from traces.events import AllocTrace, make_events
+
+MiB = 1 << 20
+
+#: what the simulated and the device replay must agree on exactly (they share the bookkeeping)
+SHARED = ["n_alloc", "n_free", "n_failed", "peak_live_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+          "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "n_grow", "n_shrink", "grown_bytes", "shrunk_bytes"]
+
+
+def make_trace(ops, name="t"):
+    """``ops``: (op, id, nbytes) tuples, in order."""
+    return AllocTrace(make_events(range(len(ops)), [o for o, _, _ in ops], [i for _, i, _ in ops],
+                                  [n for _, _, n in ops]), name=name)
+
+
+def random_trace(seed, num_allocs=400, max_live=40, max_bytes=6 * MiB, name="random"):
+    """Allocations of log-uniform sizes (512 B .. ``max_bytes``), freed in random order, some never."""
+    rng = np.random.default_rng(seed)
+    ops, live = [], []
+    for ident in range(num_allocs):
+        if live and (len(live) >= max_live or rng.random() < 0.45):
+            victim = live.pop(int(rng.integers(len(live))))
+            ops.append(("free", victim[0], victim[1]))
+        size = int(np.exp(rng.uniform(np.log(512), np.log(max_bytes))))
+        live.append((ident, size))
+        ops.append(("alloc", ident, size))
+    return make_trace(ops, name=name)
+
+
+def _agree(sim_row, gpu_row):
+    return {k: (sim_row[k], gpu_row[k]) for k in SHARED if sim_row[k] != gpu_row[k]}
+
+
+@pytest.mark.parametrize("spec", policies.available())
+def test_device_replay_agrees_with_the_simulator_on_a_random_trace(spec):
+    trace = random_trace(1)
+    sim_row = replay(trace, spec, sample_every=7).summary
+    gpu_row = gpu_replay(trace, spec, backend="host", sample_every=7).summary
+    assert _agree(sim_row, gpu_row) == {}
+
+
+@pytest.mark.parametrize("spec", ["first-fit", "size-class", "paged"])
+def test_device_replay_agrees_on_failures_under_a_tight_capacity(spec):
+    trace = random_trace(2, max_live=60)
+    capacity = 48 * MiB
+    sim_row = replay(trace, spec, capacity_bytes=capacity, sample_every=5).summary
+    gpu_row = gpu_replay(trace, spec, backend="host", capacity_bytes=capacity, sample_every=5).summary
+    assert sim_row["n_failed"] > 0
+    assert _agree(sim_row, gpu_row) == {}
+
+
+def test_device_replay_agrees_on_the_bundled_snapshot(bundled_snapshot):
+    sim_row = replay(bundled_snapshot, "best-fit").summary
+    gpu_row = gpu_replay(bundled_snapshot, "best-fit", backend="host").summary
+    assert _agree(sim_row, gpu_row) == {}
+    assert gpu_row["peak_live_bytes"] > 1 << 30
+
+
+def test_rows_fit_the_report_schema_with_backend_gpu():
+    result = gpu_replay(random_trace(3, num_allocs=50), "paged", backend="host")
+    frame = summary_frame([result.summary])
+    assert list(frame.columns[: len(SUMMARY_COLUMNS)]) == SUMMARY_COLUMNS
+    row = result.summary
+    assert (row["backend"], row["kind"], row["device"]) == ("gpu", "policy", "host")
+    assert set(result.timeseries["backend"]) == {"gpu"}
+    assert row["device_mallocs"] == row["n_grow"] and row["device_frees"] == row["n_shrink"]
+
+
+def test_replay_releases_every_segment_at_the_end():
+    trace = random_trace(4, num_allocs=60)
+    result = gpu_replay(trace, "first-fit", backend="host")
+    assert result.summary["device_mallocs"] >= 1
+    assert result.policy.reserved_bytes == 0 and result.policy.device.used_bytes == 0
+
+
+def test_validated_replay_agrees_and_finds_no_corruption():
+    trace = random_trace(5, num_allocs=150)
+    plain = gpu_replay(trace, "size-class", backend="host", sample_every=3).summary
+    checked = gpu_replay(trace, "size-class", backend="host", validate=True, sample_every=3).summary
+    assert _agree(plain, checked) == {} and checked["validate"] is True
+
+
+def test_validated_replay_stops_at_a_policy_that_overlaps(overlapping_policy):
+    trace = make_trace([("alloc", 1, 8192), ("alloc", 2, 1024), ("free", 1, 8192), ("free", 2, 1024)])
+    with pytest.raises(CorruptionError, match="live allocation"):
+        gpu_replay(trace, overlapping_policy, backend="host", validate=True)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), spec=st.sampled_from(["first-fit", "best-fit", "size-class", "paged"]),
+       capacity=st.sampled_from([None, 24 * MiB, 64 * MiB]))
+def test_agreement_holds_for_any_trace_and_capacity(seed, spec, capacity):
+    trace = random_trace(seed, num_allocs=120, max_bytes=4 * MiB)
+    sim_row = replay(trace, spec, capacity_bytes=capacity, sample_every=4).summary
+    gpu_row = gpu_replay(trace, spec, backend="host", capacity_bytes=capacity, sample_every=4).summary
+    assert _agree(sim_row, gpu_row) == {}
+
+
+# ---------------------------------------------------------------------------- on a GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["best-fit", "paged"])
+def test_cuda_replay_agrees_with_the_simulator(spec):
+    trace = random_trace(11)
+    sim_row = replay(trace, spec, capacity_bytes=1 << 30, sample_every=3).summary
+    gpu_row = gpu_replay(trace, spec, capacity_bytes=1 << 30, sample_every=3).summary
+    assert _agree(sim_row, gpu_row) == {}
+    assert gpu_row["nvml_peak_used_bytes"] >= gpu_row["nvml_base_used_bytes"] + gpu_row["peak_reserved_bytes"] - (2 << 20)
+    assert gpu_row["driver_ns_total"] > 0
+
+
+@pytest.mark.gpu
+def test_cuda_validated_replay_finds_no_corruption():
+    trace = random_trace(12, num_allocs=200)
+    row = gpu_replay(trace, "size-class", capacity_bytes=1 << 30, validate=True).summary
+    assert row["validate"] is True and row["n_failed"] == 0
+
+
+@pytest.mark.gpu
+def test_every_available_baseline_replays_a_trace():
+    from realgpu.baselines import available_baselines
+    from realgpu.replay import baseline_replay
+
+    trace = random_trace(13, num_allocs=150)
+    for name in available_baselines():
+        result = baseline_replay(trace, name)
+        row = result.summary
+        assert (row["policy"], row["backend"], row["kind"], row["n_failed"]) == (name, "gpu", "baseline", 0)
+        assert row["peak_reserved_bytes"] >= row["peak_live_bytes"] > 0
+        assert row["n_alloc"] == 150 and len(result.alloc_ns) == 150
+        summary_frame([row])
