@@ -1,0 +1,316 @@
+"""Running a sweep's cells: a local process pool by default, Dask distributed on request.
+
+The same cells and the same ``run_cell`` go to every scheduler, so the results table does not
+depend on where the cells ran:
+
+- ``None`` / ``"processes"``: a local process pool of ``workers`` processes (default: the cores);
+- ``"local:N"`` (or ``"local"`` with ``workers``): a Dask ``LocalCluster`` of N single-thread
+  worker processes, started and stopped here;
+- ``"tcp://HOST:8786"`` (any Dask address): an existing Dask cluster; its workers must import
+  poollab and see the trace files at the same paths;
+- a ``distributed.Client``: that client's cluster (notebooks, tests);
+- ``"serial"``: one cell after another in this process (debuggers, profilers);
+- an executor object from this module, used as it is.
+
+Finished cells are stored as they arrive (``sim.sweep.store``), so an interrupted sweep resumes
+where it stopped; failed cells are stored too and only run again with ``retry_failed``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from sim.report import SUMMARY_COLUMNS, write_results
+from sim.sweep import cells as _cells
+from sim.sweep.cells import STATUS_FAILED, STATUS_LOST, STATUS_OK, Cell, cell_columns, lost_record
+from sim.sweep.errors import SweepError
+from sim.sweep.pareto import pareto_table
+from sim.sweep.spec import SweepSpec
+from sim.sweep.store import CellStore
+
+__all__ = ["SweepOutcome", "run_sweep", "plan_sweep", "results_frame", "make_executor", "STATUS_COLUMNS",
+           "DIST_HINT"]
+
+#: Columns every results row has after the report schema's.
+STATUS_COLUMNS = ["status", "error", "elapsed_s"]
+DIST_HINT = "install the optional extra: pip install 'poollab[dist]'"
+#: What the fork server imports once for every worker it forks.
+_PRELOAD = ["sim.sweep.cells", "sim.replay", "sim.simulate", "traces"]
+#: How long to wait for an existing Dask scheduler to answer.
+_CONNECT_TIMEOUT_S = 20
+
+
+@dataclass
+class SweepOutcome:
+    """What ``run_sweep`` did: the merged table, the fronts and the counts."""
+
+    results: pd.DataFrame
+    pareto: pd.DataFrame
+    out_dir: Path
+    scheduler: str
+    num_cells: int
+    num_cached: int
+    num_run: int
+    num_failed: int
+    num_lost: int
+    wall_s: float
+
+
+class SerialExecutor:
+    label = "serial"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def run(self, cells: list[Cell]) -> Iterator[tuple[Cell, dict[str, Any]]]:
+        for cell in cells:
+            yield cell, _cells.run_cell(cell)
+
+
+class ProcessExecutor:
+    """A ``ProcessPoolExecutor``; a worker that dies loses its cells (recorded, not stored).
+
+    Workers come from a fork server that has imported the replay and simulation code once
+    (cheap to start, and safe where ``fork`` of a threaded parent is not); ``start_method``
+    picks another ``multiprocessing`` start method.
+    """
+
+    def __init__(self, num_workers: int, *, start_method: str | None = None):
+        self.num_workers = num_workers
+        self.start_method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        self.label = f"processes:{num_workers}"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def run(self, cells: list[Cell]) -> Iterator[tuple[Cell, dict[str, Any]]]:
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload(_PRELOAD)  # no effect once this process's fork server runs
+        pool = ProcessPoolExecutor(max_workers=max(1, min(self.num_workers, len(cells))), mp_context=ctx)
+        try:
+            futures = {pool.submit(_cells.run_cell, cell): cell for cell in cells}
+            for fut in as_completed(futures):
+                cell = futures.pop(fut)
+                try:
+                    record = fut.result()
+                except Exception as exc:  # BrokenProcessPool: a worker was killed (memory, signal)
+                    record = lost_record(cell, exc)
+                yield cell, record
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class DaskExecutor:
+    """Cells as Dask tasks keyed by cell key, on a client made here or given."""
+
+    def __init__(self, *, address: str | None = None, num_workers: int | None = None, client: Any = None):
+        self.address, self.num_workers, self.client = address, num_workers, client
+        self._own: list[Any] = []
+        if client is not None:
+            self.label = f"dask:{getattr(client.scheduler, 'address', 'client')}"
+        elif address is not None:
+            self.label = address
+        else:
+            self.label = f"local:{num_workers}"
+
+    def __enter__(self):
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise SweepError(f"--scheduler {self.label} needs Dask distributed; {DIST_HINT}") from None
+        if self.client is None:
+            if self.address is not None:
+                try:
+                    self.client = Client(self.address, timeout=f"{_CONNECT_TIMEOUT_S}s")
+                except (OSError, TimeoutError) as exc:
+                    raise SweepError(f"cannot reach the Dask scheduler at {self.address}: {exc}") from None
+            else:  # one thread per worker: cells are pure Python and hold the GIL
+                cluster = LocalCluster(n_workers=self.num_workers, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0")
+                self._own.append(cluster)
+                self.client = Client(cluster)
+            self._own.insert(0, self.client)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for obj in self._own:
+            obj.close()
+        self._own.clear()
+
+    def run(self, cells: list[Cell]) -> Iterator[tuple[Cell, dict[str, Any]]]:
+        from distributed import as_completed as dask_as_completed
+
+        keys = [f"poollab-cell-{cell.key}" for cell in cells]
+        futures = self.client.map(_cells.run_cell, cells, key=keys, retries=0)
+        by_key = dict(zip(keys, cells))
+        try:
+            for fut in dask_as_completed(futures):
+                cell = by_key[fut.key]
+                try:
+                    record = fut.result()
+                except Exception as exc:  # KilledWorker, a lost connection, a cancelled task
+                    record = lost_record(cell, exc)
+                fut.release()
+                yield cell, record
+        finally:
+            self.client.cancel([f for f in futures if not f.done()])
+
+
+def make_executor(scheduler: Any = None, workers: int | None = None):
+    """The executor for a ``--scheduler`` value (see the module docstring); SweepError if unusable."""
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise SweepError(f"--workers {workers!r} must be a whole number >= 1")
+    if scheduler is None or scheduler == "processes":
+        return ProcessExecutor(workers or os.cpu_count() or 1)
+    if isinstance(scheduler, (SerialExecutor, ProcessExecutor, DaskExecutor)):
+        return scheduler
+    if not isinstance(scheduler, str):
+        return DaskExecutor(client=scheduler)
+    if scheduler == "serial":
+        if workers not in (None, 1):
+            raise SweepError(f"--scheduler serial runs one cell at a time; --workers {workers} does not apply")
+        return SerialExecutor()
+    if scheduler == "local" or scheduler.startswith("local:"):
+        text = scheduler.partition(":")[2]
+        if text and not (text.isdigit() and int(text) >= 1):
+            raise SweepError(f"--scheduler {scheduler!r}: N in local:N must be a whole number >= 1")
+        n = int(text) if text else (workers or os.cpu_count() or 1)
+        if text and workers is not None and workers != n:
+            raise SweepError(f"--scheduler {scheduler} and --workers {workers} disagree; give one of them")
+        return DaskExecutor(num_workers=n)
+    if "://" in scheduler:
+        if workers is not None:
+            raise SweepError(f"--workers does not apply to the existing cluster at {scheduler}; it has its own")
+        return DaskExecutor(address=scheduler)
+    raise SweepError(f"--scheduler {scheduler!r} is not understood; give tcp://HOST:PORT (a Dask scheduler), "
+                     "local:N (a local Dask cluster), processes (the default) or serial")
+
+
+def plan_sweep(spec: SweepSpec, out_dir: str | Path, *, retry_failed: bool = False
+               ) -> tuple[list[Cell], dict[str, dict[str, Any]]]:
+    """``(cells to run, records of cells already done)``: stored ok cells are done; stored failed
+    cells too unless ``retry_failed``."""
+    store = CellStore(out_dir)
+    todo, done = [], {}
+    for cell in spec.cells:
+        record = store.load(cell.key)
+        if record is None or (retry_failed and record.get("status") != STATUS_OK):
+            todo.append(cell)
+        else:
+            done[cell.key] = record
+    return todo, done
+
+
+def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, workers: int | None = None,
+              retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
+    """Run the cells of ``spec`` not yet in ``out_dir`` and write the merged tables there.
+
+    Writes ``cells/<key>.json`` per cell as it finishes, then ``results.parquet`` (and the
+    same table as ``summary.csv``), ``pareto.csv`` and ``run.json``.
+
+    Args:
+        spec: from ``load_sweep``.
+        out_dir: the sweep's folder (re-use it to resume).
+        scheduler, workers: where the cells run (see the module docstring).
+        retry_failed: run stored failed cells again.
+        progress: a progress bar on stderr.
+
+    Raises:
+        SweepError: the scheduler cannot be used (no Dask, unreachable, bad value).
+    """
+    wall0 = time.perf_counter()
+    out_dir = Path(out_dir)
+    executor = make_executor(scheduler, workers)
+    todo, records = plan_sweep(spec, out_dir, retry_failed=retry_failed)
+    num_cached = len(records)
+    store = CellStore(out_dir)
+    if todo:
+        from tqdm.auto import tqdm
+
+        with executor, tqdm(total=len(todo), desc=spec.name, unit="cell", disable=not progress,
+                            mininterval=0.5) as bar:
+            num_bad = 0
+            for cell, record in executor.run(todo):
+                if record["status"] != STATUS_LOST:  # a lost cell is retried by the next run
+                    store.save(cell, record)
+                records[cell.key] = record
+                num_bad += record["status"] != STATUS_OK
+                bar.update(1)
+                if num_bad:
+                    bar.set_postfix(failed=num_bad, refresh=False)
+    results = results_frame(spec.cells, records)
+    pareto = pareto_table(results, spec.pareto_x, spec.pareto_y, by=spec.pareto_by)
+    statuses = results["status"].value_counts() if len(results) else pd.Series(dtype=int)
+    outcome = SweepOutcome(results=results, pareto=pareto, out_dir=out_dir, scheduler=executor.label,
+                           num_cells=len(spec.cells), num_cached=num_cached, num_run=len(todo),
+                           num_failed=int(statuses.get(STATUS_FAILED, 0)), num_lost=int(statuses.get(STATUS_LOST, 0)),
+                           wall_s=time.perf_counter() - wall0)
+    _write(spec, outcome)
+    return outcome
+
+
+def results_frame(cells: Iterable[Cell], records: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per cell with a record, in grid order: report schema, status, cell inputs, extras."""
+    rows = []
+    for cell in cells:
+        record = records.get(cell.key)
+        if record is None:
+            continue
+        row = dict(record.get("summary") or {}) or {"trace": cell.trace_name, "policy": cell.policy,
+                                                     "backend": "sim", "capacity_bytes": cell.capacity_bytes}
+        row.update(status=record["status"], error=record.get("error"), elapsed_s=record.get("elapsed_s"))
+        row.update(cell_columns(cell))
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    for col in df.columns:  # whole numbers with gaps (no capacity, a knob one policy lacks) stay integers
+        values = [row[col] for row in rows if not _is_missing(row.get(col))]
+        if df[col].dtype == np.float64 and values and all(type(v) is int for v in values):
+            df[col] = df[col].astype("Int64")
+    seen = set(SUMMARY_COLUMNS + STATUS_COLUMNS)
+    cell_cols = [c for c in df.columns if c.startswith(("cell_", "param_", "option_")) and c not in seen]
+    rest = [c for c in df.columns if c not in seen and c not in cell_cols]
+    df = df.reindex(columns=SUMMARY_COLUMNS + STATUS_COLUMNS + cell_cols + rest)
+    return _arrow_safe(df)
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns mixing types (a knob given as 4 in one cell and 'auto' in another) become text,
+    so the table writes to Parquet."""
+    for col in df.columns:
+        if df[col].dtype != object:
+            continue
+        kinds = {type(v) for v in df[col] if not _is_missing(v)}
+        if len(kinds) > 1:
+            df[col] = [None if _is_missing(v) else str(v) for v in df[col]]
+    return df
+
+
+def _write(spec: SweepSpec, outcome: SweepOutcome) -> None:
+    out = outcome.out_dir
+    meta = {"command": "sweep", "sweep": str(spec.path), "name": spec.name, "mode": spec.mode,
+            "scheduler": outcome.scheduler, "num_cells": outcome.num_cells, "num_cached": outcome.num_cached,
+            "num_run": outcome.num_run, "num_failed": outcome.num_failed, "num_lost": outcome.num_lost,
+            "wall_s": outcome.wall_s, "pareto": {"x": spec.pareto_x, "y": spec.pareto_y, "by": spec.pareto_by},
+            "poollab_version": _cells._poollab_version()}
+    write_results(out, outcome.results, extra_tables={"results": outcome.results}, meta=meta)
+    outcome.pareto.to_csv(out / "pareto.csv", index=False)
