@@ -40,9 +40,18 @@ def grid_shape(num_panels: int, max_cols: int) -> tuple[int, int]:
     return -(-max(num_panels, 1) // ncols), ncols
 
 
-def hide_unused(axes: np.ndarray, used: int) -> None:
+def hide_unused(axes: np.ndarray, used: int, xlabel: str | None = None) -> None:
+    """Hide the panels past ``used``; the lowest panel left in each column gets the x ticks and label."""
     for ax in axes.flat[used:]:
         ax.set_visible(False)
+    nrows, ncols = axes.shape
+    for col in range(ncols):
+        visible = [r for r in range(nrows) if r * ncols + col < used]
+        if visible:
+            ax = axes[visible[-1], col]
+            ax.xaxis.set_tick_params(labelbottom=True)
+            if xlabel:
+                ax.set_xlabel(xlabel)
 
 
 def missing_columns(table: pd.DataFrame | None, columns: Iterable[str]) -> list[str]:

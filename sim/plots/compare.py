@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.plots._base import (byte_unit, column_header, format_value, legend_below, new_figure, note,
-                             require_columns, time_unit)
+from sim.plots._base import (byte_unit, column_header, format_value, grid_shape, hide_unused, legend_below,
+                             new_figure, note, require_columns, time_unit)
 
 __all__ = ["COMPARED_MEASURES", "sim_gpu_pairs", "sim_gpu_differences", "differences_view", "plot_sim_vs_gpu",
            "plot_sim_vs_gpu_over_time"]
@@ -59,13 +59,14 @@ def sim_gpu_differences(summary: pd.DataFrame) -> pd.DataFrame:
     """Tidy comparison: ``trace, policy, kind, measure, sim, gpu, diff, rel_diff`` per pair and measure.
 
     ``diff`` is gpu - sim and ``rel_diff`` is diff / |sim| (NaN when sim is 0 or missing).
-    ``kind`` is the GPU run's kind ("policy" or "baseline") when the summary says. A measure
-    missing on either side is left out for that pair.
+    ``kind`` is the GPU run's kind ("policy" or "baseline") when the summary says; ``source``
+    the GPU run's source when the summary has that column (else None). A measure missing on
+    either side is left out for that pair.
     """
     pairs = sim_gpu_pairs(summary)
     rows = []
     for _, p in pairs.iterrows():
-        kind = p.get("kind_gpu", "policy")
+        kind, source = p.get("kind_gpu", "policy"), p.get("source_gpu")
         for m in COMPARED_MEASURES:
             if f"{m}_sim" not in p or f"{m}_gpu" not in p:
                 continue
@@ -73,10 +74,19 @@ def sim_gpu_differences(summary: pd.DataFrame) -> pd.DataFrame:
             if pd.isna(a) or pd.isna(b):
                 continue
             a, b = float(a), float(b)
-            rows.append({"trace": p["trace"], "policy": p["policy"],
+            rows.append({"trace": p["trace"], "policy": p["policy"], "source": source,
                          "kind": kind if isinstance(kind, str) else "policy", "measure": m, "sim": a, "gpu": b,
                          "diff": b - a, "rel_diff": (b - a) / abs(a) if a else float("nan")})
-    return pd.DataFrame(rows, columns=["trace", "policy", "kind", "measure", "sim", "gpu", "diff", "rel_diff"])
+    return pd.DataFrame(rows, columns=["trace", "policy", "source", "kind", "measure", "sim", "gpu", "diff",
+                                       "rel_diff"])
+
+
+def _pair_labels(traces: list, policies: list, sources: list) -> list[str]:
+    """``policy``, with the trace when there are several and the source when a pair repeats."""
+    multi_trace = len(set(traces)) > 1
+    keys = list(zip(traces, policies))
+    return [(f"{p} · {t}" if multi_trace else str(p)) + (f" · {s}" if keys.count((t, p)) > 1 and s else "")
+            for t, p, s in zip(traces, policies, sources)]
 
 
 def differences_view(diffs: pd.DataFrame) -> pd.DataFrame:
@@ -85,10 +95,11 @@ def differences_view(diffs: pd.DataFrame) -> pd.DataFrame:
     Sizes are in MiB and fractions in percent (the row names say so); the change is relative,
     ``=`` when the two are equal, or absolute when the simulated value is 0.
     """
-    multi_trace = diffs["trace"].nunique() > 1
+    groups = list(diffs.groupby(["trace", "policy", "source", "kind"], sort=False, dropna=False))
+    labels = _pair_labels([k[0] for k, _ in groups], [k[1] for k, _ in groups],
+                          [None if pd.isna(k[2]) else k[2] for k, _ in groups])
     columns: dict[str, dict[str, str]] = {}
-    for (trace, policy, kind), part in diffs.groupby(["trace", "policy", "kind"], sort=False):
-        name = f"{policy} · {trace}" if multi_trace else str(policy)
+    for ((_, _, _, kind), part), name in zip(groups, labels):
         name += " (gpu baseline)" if kind == "baseline" else ""
         cells = {}
         for r in part.itertuples(index=False):
@@ -112,8 +123,8 @@ def plot_sim_vs_gpu(summary: pd.DataFrame, *, title: str | None = None) -> Any:
         for ax in axes[0]:
             note(ax, "no trace and policy ran with both backend sim and backend gpu")
         return fig
-    multi_trace = pairs["trace"].nunique() > 1
-    labels = [f"{p} · {t}" if multi_trace else str(p) for p, t in zip(pairs["policy"], pairs["trace"])]
+    sources = pairs["source_gpu"].tolist() if "source_gpu" in pairs else [None] * len(pairs)
+    labels = _pair_labels(pairs["trace"].tolist(), pairs["policy"].tolist(), sources)
     y = np.arange(len(pairs))
     _memory_panel(axes[0, 0], pairs, y)
     _latency_panel(axes[0, 1], pairs, y)
@@ -136,7 +147,7 @@ def _memory_panel(ax: Any, pairs: pd.DataFrame, y: np.ndarray) -> None:
             ("reserved, gpu", _GPU_COLOUR, _col(pairs, "peak_reserved_bytes_gpu"))]
     nvml = _col(pairs, "nvml_peak_used_bytes_gpu") - _col(pairs, "nvml_base_used_bytes_gpu")
     if np.isfinite(nvml).any():
-        bars.append(("device used (NVML), gpu", "#756bb1", nvml))
+        bars.append(("device use above its start (NVML), gpu", "#756bb1", nvml))
     live = _col(pairs, "peak_live_bytes_sim")
     top = np.nanmax(np.concatenate([v for *_, v in bars] + [live]))
     div, unit = byte_unit(top)
@@ -171,19 +182,19 @@ def plot_sim_vs_gpu_over_time(timeseries: pd.DataFrame, *, max_cols: int = 3, ti
     """
     ts = require_columns(timeseries, ["trace", "policy", "backend", "time_us", "live_bytes", "reserved_bytes"],
                          "plot_sim_vs_gpu_over_time")
-    both = ts.groupby(["trace", "policy"], sort=False)["backend"].agg(lambda b: {"sim", "gpu"} <= set(b))
+    by = ["trace", "policy"] + (["source"] if "source" in ts.columns else [])
+    both = ts.groupby(by, sort=False)["backend"].agg(lambda b: {"sim", "gpu"} <= set(b))
     keys = [k for k, ok in both.items() if ok]
-    ncols = max(1, min(len(keys), max_cols))
-    nrows = -(-max(len(keys), 1) // ncols)
+    nrows, ncols = grid_shape(len(keys), max_cols)
     fig, axes = new_figure(nrows, ncols, panel_w=4.2, panel_h=2.7)
     if not keys:
         note(axes[0, 0], "no trace and policy ran with both backend sim and backend gpu")
         return fig
     div, unit = byte_unit(float(ts["reserved_bytes"].max()))
     t_div, tlabel = time_unit(ts["time_us"])
-    multi_trace = len({k[0] for k in keys}) > 1
-    for ax, (trace, policy) in zip(axes.flat, keys):
-        run = ts[(ts["trace"] == trace) & (ts["policy"] == policy)]
+    labels = _pair_labels([k[0] for k in keys], [k[1] for k in keys], [k[2] if len(k) > 2 else None for k in keys])
+    for ax, key, label in zip(axes.flat, keys, labels):
+        run = ts[(ts[by] == pd.Series(key, index=by)).all(axis=1)]
         for backend, colour, ls in (("sim", _SIM_COLOUR, "-"), ("gpu", _GPU_COLOUR, "--")):
             r = run[run["backend"] == backend].sort_values("time_us")
             t = r["time_us"].to_numpy(np.float64) / t_div
@@ -191,12 +202,11 @@ def plot_sim_vs_gpu_over_time(timeseries: pd.DataFrame, *, max_cols: int = 3, ti
                     label=f"reserved, {backend}")
             ax.step(t, r["live_bytes"].to_numpy(np.float64) / div, where="post", color=colour, ls=ls, lw=0.7,
                     alpha=0.6, label=f"live, {backend}")
-        ax.set_title(f"{policy} · {trace}" if multi_trace else policy, fontsize=9)
+        ax.set_title(label, fontsize=9)
         ax.set_xlabel(tlabel)
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(keys):]:
-        ax.set_visible(False)
+    hide_unused(axes, len(keys))
     legend_below(fig, axes)
     fig.suptitle(title or "Simulator vs GPU over time", fontsize=11)
     return fig

@@ -76,9 +76,7 @@ def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.Dat
         axes[0, 0].set_ylim(floor / div, top / div * 1.03)  # the panels share their y-axis
     for ax in axes[:, 0]:
         ax.set_ylabel(unit)
-    for ax in axes[-1, :]:
-        ax.set_xlabel(tlabel)
-    hide_unused(axes, max(len(names), 1))
+    hide_unused(axes, max(len(names), 1), tlabel)
     legend_below(fig, axes)
     fig.suptitle(title or "Reserved vs live bytes over time", fontsize=11)
     return fig

@@ -221,6 +221,14 @@ def test_differences_view_reads_sim_then_gpu_in_display_units():
     assert view.loc["alloc_p50_us", "p"] == "0 → 1.5 (+1.5)"
 
 
+def test_pairs_repeated_in_two_sources_stay_apart(alloc_trace):
+    s = gpu_pair_summary(alloc_trace, ("paged",))
+    two = pd.concat([s.assign(source="a"), s.assign(source="b")], ignore_index=True)
+    assert list(plots.differences_view(plots.sim_gpu_differences(two)).columns) == ["paged · a", "paged · b"]
+    fig = plots.plot_sim_vs_gpu(two)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["paged · a", "paged · b"]
+
+
 def test_sim_vs_gpu_figures_have_a_panel_per_pair(alloc_trace):
     summary = gpu_pair_summary(alloc_trace)
     fig = plots.plot_sim_vs_gpu(summary)
