@@ -99,3 +99,19 @@ def test_an_empty_trace_has_zero_bounds():
 def test_bad_options_are_refused(kw):
     with pytest.raises(ValueError):
         bounds(trace_of([("a", 0, 1)]), **kw)
+
+
+def test_auto_falls_back_to_best_fit_in_order_when_greedy_would_take_too_long(monkeypatch):
+    import sim.bounds
+
+    tr = trace_of([("a", 0, 4096), ("a", 1, 4096), ("a", 2, 4096), ("f", 0), ("f", 1), ("f", 2), ("a", 3, 1)])
+    assert bounds(tr)["planner"] == "greedy-by-size"
+    monkeypatch.setattr(sim.bounds, "GREEDY_WORK_LIMIT", 1)
+    assert bounds(tr)["planner"] == "best-fit-in-order"
+
+
+def test_greedy_work_counts_allocations_live_at_each_start():
+    from sim.bounds import greedy_work
+
+    # [0, 10) overlaps all others and is left out; then 1 + 2 + 1 live at the three starts
+    assert greedy_work([0, 1, 2, 6], [10, 5, 3, 8]) == 4
