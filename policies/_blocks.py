@@ -15,12 +15,14 @@ random operation sequences):
 - no two free blocks of a segment touch (freeing coalesces at once), so a segment with no live
   allocation (``segment.num_live == 0``) is a single free block and can be released in O(1);
 - ``segment.handle`` is the segment's first block, which is never merged away;
-- every block size is a multiple of ``alignment_bytes``.
+- every block size is a multiple of ``alignment_bytes`` (so every block starts aligned: segments
+  start on 2 MiB boundaries).
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -31,7 +33,7 @@ from policies.errors import PolicyError
 __all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy"]
 
 _DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
-_DEFAULT_ALIGNMENT_BYTES = 512  # PyTorch's and CuPy's rounding (field notes)
+_DEFAULT_ALIGNMENT_BYTES = 256  # RMM's pool alignment (field notes; PyTorch and CuPy round to 512)
 #: Offsets are below 2**64 (device pointers are), so indexes may pack them into int keys.
 OFFSET_BITS = 64
 
@@ -62,7 +64,12 @@ class ContiguousPolicy(Policy):
     Args:
         segment_bytes: size of the segment reserved on a miss (grow by one segment). A request
             larger than this gets a segment of its own, rounded up to 2 MiB.
-        alignment_bytes: request sizes are rounded up to a multiple of this (a power of two).
+        alignment_bytes: request sizes are rounded up to a multiple of this (a power of two), so
+            every allocation starts on such a boundary.
+        granularity_bytes: request sizes are rounded up to a multiple of this instead (a
+            multiple of ``alignment_bytes``; None means ``alignment_bytes``). Coarse granularity
+            is what some engines use to limit fragmentation, at the price of internal waste:
+            freed blocks then fit later requests of the same rounded size exactly.
         split_threshold_bytes: a free block is split only when the remainder would be at least
             this many bytes; otherwise the whole block is handed out. None means
             ``alignment_bytes`` (split whenever anything remains).
@@ -85,11 +92,17 @@ class ContiguousPolicy(Policy):
     coalesces = True
 
     def __init__(self, *, segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
-                 alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES, split_threshold_bytes: int | None = None,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+                 alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES, granularity_bytes: int | None = None,
+                 split_threshold_bytes: int | None = None, capacity_bytes: int | None = None,
+                 device: Device | None = None):
         check_positive_int("alignment_bytes", alignment_bytes)
         if alignment_bytes & (alignment_bytes - 1):
             raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
+        if granularity_bytes is not None:
+            check_positive_int("granularity_bytes", granularity_bytes)
+            if granularity_bytes % alignment_bytes:
+                raise PolicyError(f"granularity_bytes(={granularity_bytes}) must be a multiple of "
+                                  f"alignment_bytes(={alignment_bytes})")
         check_positive_int("segment_bytes", segment_bytes)
         if segment_bytes % alignment_bytes:
             raise PolicyError(f"segment_bytes(={segment_bytes}) must be a multiple of "
@@ -98,8 +111,18 @@ class ContiguousPolicy(Policy):
             check_positive_int("split_threshold_bytes", split_threshold_bytes)
         self.segment_bytes = segment_bytes
         self.alignment_bytes = alignment_bytes
+        self.granularity_bytes = granularity_bytes
         self.split_threshold_bytes = split_threshold_bytes
         super().__init__(capacity_bytes=capacity_bytes, device=device)
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        # a subclass whose __init__ does not take one of these knobs fixes it (passes its own
+        # value up), so it is not that subclass's knob: get_params() must rebuild the policy
+        accepted = inspect.signature(cls.__init__).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+            return super()._param_names()
+        return [n for n in super()._param_names() if n in accepted]
 
     # ----------------------------------------------------------------- free-block index
     @abc.abstractmethod
@@ -139,7 +162,10 @@ class ContiguousPolicy(Policy):
 
     # ----------------------------------------------------------------- Policy hooks
     def _reset_state(self) -> None:
-        self._align_mask = self.alignment_bytes - 1
+        rounding = self.granularity_bytes or self.alignment_bytes
+        self._rounding_bytes = rounding
+        # a mask when the rounding is a power of two (the common case), else None: divide
+        self._round_mask = rounding - 1 if rounding & (rounding - 1) == 0 else None
         threshold = self.split_threshold_bytes
         self._split_min_bytes = self.alignment_bytes if threshold is None else threshold
         # oversize segments: a multiple of both the driver's 2 MiB and the alignment (powers of two)
@@ -152,9 +178,21 @@ class ContiguousPolicy(Policy):
         m = self._oversize_multiple
         return -(-nbytes // m) * m
 
+    def rounded_size(self, nbytes: int) -> int:
+        """The bytes a request of ``nbytes`` takes before any unsplit remainder joins it."""
+        mask = self._round_mask
+        if mask is not None:
+            return (nbytes + mask) & ~mask
+        m = self._rounding_bytes
+        return -(-nbytes // m) * m
+
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        mask = self._align_mask
-        size = (nbytes + mask) & ~mask
+        mask = self._round_mask
+        if mask is not None:
+            size = (nbytes + mask) & ~mask
+        else:
+            m = self._rounding_bytes
+            size = -(-nbytes // m) * m
         block = self._take(size, stream)
         if block is None:
             seg = self._reserve_segment(self._segment_size_for(size), stream)

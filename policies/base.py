@@ -113,6 +113,7 @@ class PoolStats:
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     capacity_bytes: int | None
+    num_frozen_failures: int = 0  # failures of requests that needed a segment while frozen (``Policy.freeze``)
 
     @property
     def frag_ext(self) -> float:
@@ -154,6 +155,7 @@ class Policy(abc.ABC):
         self.device = device if device is not None else VirtualDevice()
         self._segments: dict[int, Segment] = {}
         self._token: object = object()
+        self._frozen = False
         self._init_counters()
         self._reset_state()
 
@@ -223,6 +225,8 @@ class Policy(abc.ABC):
             raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
         a = self._allocate(nbytes, stream, tag)
         if a is None:
+            if self._frozen_refusal_at == self.num_allocs + self.num_failures:  # a grow was refused in this call
+                self.num_frozen_failures += 1
             self.num_failures += 1
             return None
         a.owner = self._token
@@ -302,6 +306,7 @@ class Policy(abc.ABC):
             peak_allocated_bytes=self.peak_allocated_bytes,
             peak_reserved_bytes=self.peak_reserved_bytes,
             capacity_bytes=self.capacity_bytes,
+            num_frozen_failures=self.num_frozen_failures,
         )
 
     def reset(self) -> None:
@@ -310,6 +315,7 @@ class Policy(abc.ABC):
             self.device.release(seg.offset, seg.nbytes)
         self._segments.clear()
         self._token = object()
+        self._frozen = False
         self._init_counters()
         self._reset_state()
 
@@ -329,9 +335,28 @@ class Policy(abc.ABC):
         # retry=False: freeing cached segments to pre-grow would trade free memory for free memory
         seg = self._reserve_segment(self._segment_size_for(nbytes), stream=0, retry=False)
         if seg is None:
+            self._frozen_refusal_at = -1  # a refused grow() is no allocation's failure
             return False
         self._add_segment(seg)
         return True
+
+    def freeze(self) -> None:
+        """Refuse every segment grow from now on (growth freeze).
+
+        What CUDA Graph capture needs: captured addresses must not change, so after a warm-up
+        the pool serves only from memory it already holds. An allocation that would need a new
+        segment fails and is counted in ``num_frozen_failures``; ``grow()`` returns False.
+        Releasing segments (``trim``) stays allowed. ``reset()`` unfreezes.
+        """
+        self._frozen = True
+
+    def unfreeze(self) -> None:
+        """Allow segment grows again."""
+        self._frozen = False
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
 
     def segments(self) -> list[Segment]:
         """Reserved segments, in address order."""
@@ -384,14 +409,20 @@ class Policy(abc.ABC):
         self.peak_live_bytes = 0
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
+        self.num_frozen_failures = 0
+        self._frozen_refusal_at = -1  # attempt number (allocs + failures) of the last refusal by freeze
 
     def _reserve_segment(self, nbytes: int, stream: int = 0, *, retry: bool = True) -> Segment | None:
         """Reserve ``nbytes`` from the device, within capacity.
 
         When capacity or the device refuses and ``retry`` is set, fully free segments are
         released first and the reservation is tried once more (what PyTorch and CuPy do before
-        raising OOM). Emulations with their own retry chain pass ``retry=False``.
+        raising OOM). Emulations with their own retry chain pass ``retry=False``. A frozen pool
+        refuses at once, without releasing anything (memory given back could not come back).
         """
+        if self._frozen:
+            self._frozen_refusal_at = self.num_allocs + self.num_failures
+            return None
         for attempt in ((0, 1) if retry else (1,)):
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
                 offset = self.device.reserve(nbytes)

@@ -16,7 +16,8 @@ pool maps another segment or gives free ones back, from the base's use
 
 Composition, not flags (RMM's resource adaptors): the base is built from a spec string, so
 ``elastic:base=[size-class:classes_per_doubling=8],high=0.9`` wraps any registered policy,
-third-party ones and other wrappers included.
+third-party ones and other wrappers included (``policies.wrapper``). A frozen pool
+(``freeze()``) neither grows nor trims: memory it gave back could not come back.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from policies.base import Allocation, Policy, PoolStats, Segment, check_positive_int
+from policies.base import Allocation, check_positive_int
 from policies.device import Device
 from policies.errors import PolicyError
+from policies.wrapper import WrapperPolicy
 
 __all__ = ["Elastic"]
 
@@ -37,14 +39,14 @@ def _check_fraction(name: str, value: Any) -> float:
     return value
 
 
-class Elastic(Policy):
+class Elastic(WrapperPolicy):
     """Grows a base policy ahead of demand and trims it behind demand, between two watermarks.
 
     The base policy does all placement and owns every segment and segment counter, so
     ``stats()``, ``segments()``, ``free_extents()`` and ``largest_free_bytes()`` are the
     base's. The wrapper counts requests itself (its ``num_failures`` are requests the caller
     saw fail, not the base's attempts before a retry) and hands out its own ``Allocation``
-    objects, which must be freed through the wrapper.
+    objects, which must be freed through the wrapper (see ``policies.wrapper``).
 
     Args:
         base: spec string of the wrapped policy (``"best-fit"``, ``"size-class:..."``, or
@@ -70,8 +72,6 @@ class Elastic(Policy):
     def __init__(self, *, base: str = "best-fit", high: float = 0.85, low: float = 0.30, patience: int = 16,
                  grow_bytes: int = 32 << 20, min_reserved_bytes: int = 0,
                  capacity_bytes: int | None = None, device: Device | None = None):
-        if not isinstance(base, str):
-            raise PolicyError(f"elastic base(={base!r}) must be a policy spec string such as 'best-fit'")
         _check_fraction("high", high)
         _check_fraction("low", low)
         if not low < high:
@@ -81,23 +81,12 @@ class Elastic(Policy):
         check_positive_int("min_reserved_bytes", min_reserved_bytes, minimum=0)
         if capacity_bytes is not None and isinstance(capacity_bytes, int) and min_reserved_bytes > capacity_bytes:
             raise PolicyError(f"min_reserved_bytes(={min_reserved_bytes}) exceeds capacity_bytes(={capacity_bytes})")
-        from policies.registry import create  # the registry lists this module: import it late
-
-        try:
-            base_policy = create(base, capacity_bytes=capacity_bytes, device=device)
-        except PolicyError as exc:
-            raise PolicyError(f"elastic base(={base!r}): {exc}") from None
-        self.base = base
         self.high = high
         self.low = low
         self.patience = patience
         self.grow_bytes = grow_bytes
         self.min_reserved_bytes = min_reserved_bytes
-        self.base_policy = base_policy
-        # what the checks and callers read off the class describe the base's placement
-        self.contiguous = base_policy.contiguous
-        self.coalesces = base_policy.coalesces
-        super().__init__(capacity_bytes=capacity_bytes, device=base_policy.device)
+        super().__init__(base=base, capacity_bytes=capacity_bytes, device=device)
 
     # ----------------------------------------------------------------- controller
     @property
@@ -179,17 +168,6 @@ class Elastic(Policy):
         ask = budget - max(free_sizes)
         return self._unmap(ask) if ask > 0 else 0
 
-    def _sync(self) -> None:
-        """Mirror the base's byte and segment counters, for callers that read attributes."""
-        b = self.base_policy
-        self.allocated_bytes = b.allocated_bytes
-        self.reserved_bytes = b.reserved_bytes
-        self.num_grows = b.num_grows
-        self.num_shrinks = b.num_shrinks
-        self.grown_bytes = b.grown_bytes
-        self.shrunk_bytes = b.shrunk_bytes
-        self.peak_reserved_bytes = b.peak_reserved_bytes
-
     # ----------------------------------------------------------------- Policy hooks
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         b = self.base_policy
@@ -198,12 +176,12 @@ class Elastic(Policy):
             # map room for the request and retry once; the base counted its attempt as a
             # failure, the caller sees one failure at most (ours)
             if not self._map(max(self.grow_bytes, nbytes)):
-                self._sync()
+                self._note_failure()
                 return None
             self.num_retries += 1
             inner = b.allocate(nbytes, stream=stream, tag=tag)
             if inner is None:
-                self._sync()
+                self._note_failure()
                 return None
         allocated, reserved = b.allocated_bytes, b.reserved_bytes
         if allocated > self.high * reserved and self._fits_capacity(self.grow_bytes):
@@ -215,13 +193,13 @@ class Elastic(Policy):
             self._sync()
         else:  # the hot path: no segment changed hands
             self.allocated_bytes = allocated
-        return Allocation(nbytes, inner.size_bytes, inner.extents, stream, tag, inner)
+        return self._wrap(inner, nbytes, stream, tag)
 
     def _free(self, allocation: Allocation) -> None:
         b = self.base_policy
-        b.free(allocation.handle)
+        self._free_inner(allocation)
         allocated, reserved = b.allocated_bytes, b.reserved_bytes
-        if allocated < self.low * reserved and reserved > self.min_reserved_bytes:
+        if allocated < self.low * reserved and reserved > self.min_reserved_bytes and not self._frozen:
             self._num_low_frees += 1
             if self._num_low_frees >= self.patience:
                 self._num_low_frees = 0
@@ -239,12 +217,6 @@ class Elastic(Policy):
         self._sync()
         return released
 
-    def _add_segment(self, segment: Segment) -> None:
-        raise AssertionError("Elastic never reserves segments itself; its base does")
-
-    def _segment_size_for(self, nbytes: int) -> int:
-        return self.base_policy._segment_size_for(nbytes)
-
     def _reset_state(self) -> None:
         self.mapped_bytes = 0
         self.unmapped_bytes = 0
@@ -252,34 +224,9 @@ class Elastic(Policy):
         self.num_unmaps = 0
         self.num_retries = 0
         self._num_low_frees = 0
-        self._sync()
+        super()._reset_state()
 
-    # ----------------------------------------------------------------- delegated to the base
     def grow(self, nbytes: int) -> bool:
         ok = self._map(nbytes)
         self._sync()
         return ok
-
-    def reset(self) -> None:
-        self.base_policy.reset()
-        super().reset()
-
-    def stats(self) -> PoolStats:
-        s = self.base_policy.stats()
-        # the base counted its own failed attempts before a successful retry
-        s.num_failures = self.num_failures
-        return s
-
-    def segments(self) -> list[Segment]:
-        return self.base_policy.segments()
-
-    def free_extents(self) -> list[tuple[int, int]]:
-        return self.base_policy.free_extents()
-
-    def largest_free_bytes(self) -> int:
-        return self.base_policy.largest_free_bytes()
-
-    def shared_extents(self) -> list[tuple[int, int]]:
-        """The base's shared pages, where it has any (see ``policies.testing``)."""
-        fn = getattr(self.base_policy, "shared_extents", None)
-        return fn() if fn is not None else []

@@ -37,6 +37,9 @@ BUILTIN_POLICIES: dict[str, str] = {
     "buddy": "policies.buddy:Buddy",
     "tlsf": "policies.tlsf:TLSF",
     "arena": "policies.arena:Arena",
+    "worst-fit": "policies.worst_fit:WorstFit",
+    "compacting": "policies.compacting:Compacting",
+    "tag-limits": "policies.tag_limits:TagLimits",
 }
 
 _runtime: dict[str, type[Policy] | str] = {}

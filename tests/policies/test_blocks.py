@@ -56,14 +56,16 @@ def _snapshot(p: ContiguousPolicy) -> tuple:
 
 # ----------------------------------------------------------------- knobs
 def test_knobs_are_stored_unchanged(cls):
-    p = cls(segment_bytes=4 * MiB, alignment_bytes=1024, split_threshold_bytes=8 * KiB, capacity_bytes=64 * MiB)
-    assert p.get_params() == {"segment_bytes": 4 * MiB, "alignment_bytes": 1024,
+    p = cls(segment_bytes=4 * MiB, alignment_bytes=1024, granularity_bytes=3072, split_threshold_bytes=8 * KiB,
+            capacity_bytes=64 * MiB)
+    assert p.get_params() == {"segment_bytes": 4 * MiB, "alignment_bytes": 1024, "granularity_bytes": 3072,
                               "split_threshold_bytes": 8 * KiB, "capacity_bytes": 64 * MiB}
 
 
-def test_defaults_are_32mib_segments_512b_alignment():
+def test_defaults_are_32mib_segments_256b_alignment():
     p = FirstFit()
-    assert (p.segment_bytes, p.alignment_bytes, p.split_threshold_bytes) == (32 * MiB, 512, None)
+    assert (p.segment_bytes, p.alignment_bytes, p.granularity_bytes, p.split_threshold_bytes) == (32 * MiB, 256,
+                                                                                                   None, None)
     assert FirstFit.coalesces and BestFit.coalesces and FirstFit.contiguous
 
 
@@ -186,8 +188,8 @@ def test_oversize_request_gets_its_own_segment_rounded_to_2mib(cls):
     p = cls(segment_bytes=1 * MiB)
     a = p.allocate(5 * MiB + 1)
     (seg,) = p.segments()
-    assert seg.nbytes == 6 * MiB and a.offset == seg.offset and a.size_bytes == 5 * MiB + 512
-    assert p.free_extents() == [(seg.offset + 5 * MiB + 512, MiB - 512)]
+    assert seg.nbytes == 6 * MiB and a.offset == seg.offset and a.size_bytes == 5 * MiB + 256
+    assert p.free_extents() == [(seg.offset + 5 * MiB + 256, MiB - 256)]
 
 
 def test_grow_adds_a_free_segment(cls):

@@ -90,7 +90,7 @@ def test_places_exactly_where_an_address_ordered_scan_would(ops):
     live = []
     for is_alloc, n, stream in ops:
         if is_alloc or not live:
-            size = -(-n // 512) * 512
+            size = -(-n // 256) * 256
             fits = [b.offset for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
             a = p.allocate(n, stream=stream)
             if fits:

@@ -1,0 +1,81 @@
+"""Worst fit: the largest free block (ties: lowest address), split and coalesced.
+
+The classic foil: carving every request out of the biggest hole leaves remainders large enough
+to be useful, but it breaks up the large ranges large requests need, so it usually fragments
+more than first or best fit (Johnstone & Wilson). Kept as a baseline and for workloads of
+near-equal sizes, where it spreads wear evenly.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
+
+__all__ = ["WorstFit"]
+
+_OFFSET_MASK = (1 << OFFSET_BITS) - 1
+
+
+def _key(size: int, offset: int) -> int:
+    """Largest size last; among equal sizes the lowest offset last (its low bits are inverted)."""
+    return size << OFFSET_BITS | (_OFFSET_MASK ^ offset)
+
+
+class WorstFit(ContiguousPolicy):
+    """Serve each request from the largest free block of its stream; lowest address on ties.
+
+    Free blocks serve only requests on the stream their segment was reserved for (as in
+    PyTorch and CuPy). Knobs: see ``ContiguousPolicy``.
+
+    Index: per stream, one sorted ``list`` of int keys ``size << 64 | ~offset``, so the worst
+    fit is the last key (O(1) to find and to pop); a plain list for the reason ``BestFit`` gives
+    (C-level ``insort``/``del`` beat a ``SortedList`` at the block counts pools hold).
+    """
+
+    name = "worst-fit"
+
+    def _index_reset(self) -> None:
+        self._keys_by_stream: dict[int, list[int]] = {}
+        self._free_at: dict[int, Block] = {}  # offset -> free block
+
+    def _index_add(self, block: Block) -> None:
+        stream = block.segment.stream
+        keys = self._keys_by_stream.get(stream)
+        if keys is None:
+            keys = self._keys_by_stream[stream] = []
+        insort(keys, _key(block.size, block.offset))
+        self._free_at[block.offset] = block
+
+    def _index_remove(self, block: Block) -> None:
+        keys = self._keys_by_stream[block.segment.stream]
+        key = _key(block.size, block.offset)
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "removing a block that is not indexed"
+        del keys[i]
+        del self._free_at[block.offset]
+
+    def _find(self, size: int, stream: int) -> Block | None:
+        keys = self._keys_by_stream.get(stream)
+        if not keys or keys[-1] >> OFFSET_BITS < size:
+            return None
+        return self._free_at[_OFFSET_MASK ^ (keys[-1] & _OFFSET_MASK)]
+
+    def _take(self, size: int, stream: int) -> Block | None:
+        keys = self._keys_by_stream.get(stream)
+        if not keys or keys[-1] >> OFFSET_BITS < size:
+            return None
+        return self._free_at.pop(_OFFSET_MASK ^ (keys.pop() & _OFFSET_MASK))
+
+    def check_invariants(self) -> None:
+        super().check_invariants()
+        free_blocks = {b.offset: b for b in self.blocks() if b.free}
+        assert self._free_at == free_blocks, "the index and the free blocks differ"
+        expected: dict[int, list[int]] = {}
+        for b in free_blocks.values():
+            expected.setdefault(b.segment.stream, []).append(_key(b.size, b.offset))
+        for stream, keys in self._keys_by_stream.items():
+            assert keys == sorted(expected.get(stream, [])), f"stream {stream}: keys differ from the free blocks"
+
+    def _index_largest_bytes(self) -> int:
+        return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)

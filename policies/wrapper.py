@@ -1,0 +1,216 @@
+"""Wrapper policies: a policy that adds control on top of another registered policy (its *base*).
+
+Composition, not flags (RMM's resource adaptors): ``elastic``, ``compacting`` and ``tag-limits``
+build their base from a spec string, so any registered policy, third-party ones and other
+wrappers included, can be wrapped: ``tag-limits:base=[elastic:base=[best-fit]],limits=[kv=8GiB]``.
+
+``WrapperPolicy`` holds what they share:
+
+- the base is built with the wrapper's ``capacity_bytes`` and ``device`` and owns every segment
+  and segment counter, so ``stats()``, ``segments()``, ``free_extents()`` and
+  ``largest_free_bytes()`` are the base's; the wrapper mirrors the base's byte and segment
+  counters as attributes (``_sync``), for callers that read ``policy.reserved_bytes``;
+- the wrapper hands out its own ``Allocation`` objects (``_wrap``; ``handle`` is the base's
+  allocation), which must be freed through the wrapper, and counts requests itself: its
+  ``num_failures`` are what the caller saw fail, not the base's attempts before a retry;
+- ``freeze()`` freezes the base too;
+- **moves**: a policy that can move live allocations (``compacting``) has
+  ``moves_allocations = True`` and reports each move to its listeners. A wrapper over such a
+  base keeps a map from the base's allocations to its own and updates the caller's handle
+  (``extents``) in place, then reports the move upwards: callers at any depth hold handles
+  that stay right. ``on_move(allocation, old_offset, new_offset, nbytes)``, when set, is called
+  for every move with this layer's allocation (``realgpu`` copies the bytes there).
+
+``layers(policy)`` walks a stack of wrappers from the outside in; ``find_layer`` finds the layer
+that offers a capability (``reserve``, ``compact``), wherever it sits in the stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from policies.base import Allocation, Policy, PoolStats, Segment
+from policies.device import Device
+from policies.errors import PolicyError
+
+__all__ = ["WrapperPolicy", "MoveCallback", "layers", "find_layer"]
+
+#: ``on_move(allocation, old_offset, new_offset, nbytes)``: copy with memmove semantics (the
+#: ranges may overlap); moves are reported in an order in which copying each one then is safe.
+MoveCallback = Callable[[Allocation, int, int, int], None]
+
+
+def layers(policy: Policy) -> Iterator[Policy]:
+    """``policy``, then its base, its base's base, ... (the stack of wrappers, outside in)."""
+    while policy is not None:
+        yield policy
+        policy = getattr(policy, "base_policy", None)
+
+
+def find_layer(policy: Policy, attribute: str) -> Any | None:
+    """The outermost layer of ``policy``'s stack that has ``attribute`` (e.g. ``"reserve"``), or None."""
+    for layer in layers(policy):
+        if hasattr(layer, attribute):
+            return layer
+    return None
+
+
+class WrapperPolicy(Policy):
+    """Base of the policies that wrap another policy. See the module docstring.
+
+    Args:
+        base: spec string of the wrapped policy; built with this pool's ``capacity_bytes`` and
+            ``device``.
+        capacity_bytes: most bytes the base may reserve; None for no limit.
+        device: the base's upstream (a ``VirtualDevice`` by default).
+
+    Subclasses set their own knobs, then call ``super().__init__(base=..., ...)`` last; they
+    may override ``_check_base`` to refuse a base they cannot wrap, and must call
+    ``super()._reset_state()`` from their own.
+    """
+
+    def __init__(self, *, base: str = "best-fit", capacity_bytes: int | None = None, device: Device | None = None):
+        if not isinstance(base, str):
+            raise PolicyError(f"{self.name} base(={base!r}) must be a policy spec string such as 'best-fit'")
+        from policies.registry import create  # the registry lists wrapper modules: import it late
+
+        try:
+            base_policy = create(base, capacity_bytes=capacity_bytes, device=device)
+        except PolicyError as exc:
+            raise PolicyError(f"{self.name} base(={base!r}): {exc}") from None
+        self._check_base(base_policy)
+        self.base = base
+        self.base_policy = base_policy
+        # what the checks and callers read off the class describe the base's placement
+        self.contiguous = base_policy.contiguous
+        self.coalesces = base_policy.coalesces
+        #: called for every move of one of this layer's allocations (wiring, not a knob)
+        self.on_move: MoveCallback | None = None
+        self._move_listeners: list[MoveCallback] = []
+        if getattr(base_policy, "moves_allocations", False):
+            base_policy.add_move_listener(self._base_moved)
+        super().__init__(capacity_bytes=capacity_bytes, device=base_policy.device)
+
+    def _check_base(self, base_policy: Policy) -> None:
+        """Raise PolicyError when this wrapper cannot wrap ``base_policy``."""
+
+    # ----------------------------------------------------------------- moves
+    @property
+    def moves_allocations(self) -> bool:
+        """Whether allocations of this pool may move (its base, at any depth, compacts)."""
+        return getattr(self.base_policy, "moves_allocations", False)
+
+    def add_move_listener(self, listener: MoveCallback) -> None:
+        """Call ``listener`` after ``on_move`` for every move (how a wrapper above follows)."""
+        self._move_listeners.append(listener)
+
+    def _report_move(self, a: Allocation, old_offset: int, new_offset: int, nbytes: int) -> None:
+        if self.on_move is not None:
+            self.on_move(a, old_offset, new_offset, nbytes)
+        for listener in self._move_listeners:
+            listener(a, old_offset, new_offset, nbytes)
+
+    def _base_moved(self, inner: Allocation, old_offset: int, new_offset: int, nbytes: int) -> None:
+        a = self._outer_of.get(inner)
+        assert a is not None, "the base moved an allocation this wrapper never handed out"
+        a.extents = inner.extents
+        self._report_move(a, old_offset, new_offset, nbytes)
+
+    def _wrap(self, inner: Allocation, nbytes: int, stream: int, tag: str | None) -> Allocation:
+        """This layer's handle on the base's allocation ``inner``."""
+        a = Allocation(nbytes, inner.size_bytes, inner.extents, stream, tag, inner)
+        outer_of = self._outer_of
+        if outer_of is not None:
+            outer_of[inner] = a
+        return a
+
+    def _free_inner(self, a: Allocation) -> None:
+        """Free ``a``'s allocation in the base."""
+        inner = a.handle
+        if self._outer_of is not None:
+            del self._outer_of[inner]
+        self.base_policy.free(inner)
+
+    # ----------------------------------------------------------------- counters
+    def _sync(self) -> None:
+        """Mirror the base's byte and segment counters, for callers that read attributes."""
+        b = self.base_policy
+        self.allocated_bytes = b.allocated_bytes
+        self.reserved_bytes = b.reserved_bytes
+        self.num_grows = b.num_grows
+        self.num_shrinks = b.num_shrinks
+        self.grown_bytes = b.grown_bytes
+        self.shrunk_bytes = b.shrunk_bytes
+        self.peak_reserved_bytes = b.peak_reserved_bytes
+
+    def _mirror(self) -> None:
+        """``_sync`` in the common case where no segment changed hands: the hot path."""
+        b = self.base_policy
+        if b.reserved_bytes != self.reserved_bytes or b.num_grows != self.num_grows or b.num_shrinks != self.num_shrinks:
+            self._sync()
+        else:
+            self.allocated_bytes = b.allocated_bytes
+
+    def _note_failure(self) -> None:
+        """A request this wrapper passed to its base failed: count it as frozen when the base
+        is frozen (a failure there means a grow was refused), then mirror the counters."""
+        if self.base_policy.frozen:
+            self._frozen_refusal_at = self.num_allocs + self.num_failures
+        self._sync()
+
+    # ----------------------------------------------------------------- Policy hooks
+    def _reset_state(self) -> None:
+        # base allocation -> ours, kept only when the base may move them (see the module docstring)
+        moves = getattr(self.base_policy, "moves_allocations", False)
+        self._outer_of: dict[Allocation, Allocation] | None = {} if moves else None
+        self._sync()
+
+    def _release_free_segments(self, max_bytes: int | None) -> int:
+        released = self.base_policy.trim(max_bytes)
+        self._sync()
+        return released
+
+    def _add_segment(self, segment: Segment) -> None:
+        raise AssertionError(f"{type(self).__name__} never reserves segments itself; its base does")
+
+    def _segment_size_for(self, nbytes: int) -> int:
+        return self.base_policy._segment_size_for(nbytes)
+
+    # ----------------------------------------------------------------- delegated to the base
+    def grow(self, nbytes: int) -> bool:
+        ok = self.base_policy.grow(nbytes)
+        self._sync()
+        return ok
+
+    def freeze(self) -> None:
+        super().freeze()
+        self.base_policy.freeze()
+
+    def unfreeze(self) -> None:
+        super().unfreeze()
+        self.base_policy.unfreeze()
+
+    def reset(self) -> None:
+        self.base_policy.reset()
+        super().reset()
+
+    def stats(self) -> PoolStats:
+        s = self.base_policy.stats()
+        # the base counted its own failed attempts, before retries; the caller saw ours
+        s.num_failures = self.num_failures
+        s.num_frozen_failures = self.num_frozen_failures
+        return s
+
+    def segments(self) -> list[Segment]:
+        return self.base_policy.segments()
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        return self.base_policy.free_extents()
+
+    def largest_free_bytes(self) -> int:
+        return self.base_policy.largest_free_bytes()
+
+    def shared_extents(self) -> list[tuple[int, int]]:
+        """The base's shared pages, where it has any (see ``policies.testing``)."""
+        fn = getattr(self.base_policy, "shared_extents", None)
+        return fn() if fn is not None else []
