@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "poollab.commands.simulate",
     "poollab.commands.fidelity",
     "poollab.commands.report",
+    "poollab.commands.sweep",
     "poollab.commands.traces",
     "poollab.commands.demo",
 ]
