@@ -16,13 +16,26 @@ lower bound (peak live bytes) and the greedy-by-size planner's peak, then one ro
 
 Then the fidelity table of ``torch-caching`` against the snapshot's own segment events, with
 recorded and with virtual segment addresses.
+
+    python benchmarks/bench_baselines.py --real OUT_DIR [--snapshot PATH]
+
+(on a machine with CUDA, PyTorch and CuPy) validates the emulations against the real allocators
+instead: the snapshot's requests are replayed through PyTorch's caching allocator once per
+``REAL_TORCH_CONFIGS`` entry (each in a fresh process with its ``PYTORCH_CUDA_ALLOC_CONF``; the
+allocations made before recording first, then ``_record_memory_history`` and the rest), each
+new snapshot is written to ``OUT_DIR`` and compared with ``torch-caching`` by ``sim.fidelity``;
+and the same requests go through CuPy's ``MemoryPool``, whose ``total_bytes()`` after every
+request is compared with ``cupy-pool``'s reserved bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
+import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +53,14 @@ from traces import bundled_path, generate_alloc_trace, read_alloc_trace  # noqa:
 
 FULL_SNAPSHOT = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
 MiB = 1 << 20
+#: name -> (PYTORCH_CUDA_ALLOC_CONF, memory limit in bytes or None) for ``--real``. The limit of
+#: the GC run sits between the trace's peak live (~1.94 GiB) and what the default pool reserves
+#: (~2.06 GiB), so garbage collection (threshold 80 % of it) has to act.
+REAL_TORCH_CONFIGS = {
+    "default": ("", None),
+    "split64-div4": ("max_split_size_mb:64,roundup_power2_divisions:4", None),
+    "gc80-cap2300MiB": ("garbage_collection_threshold:0.8", 2300 * MiB),
+}
 
 
 def lean_ops_per_s(trace, spec: str, repeat: int) -> float:
@@ -88,7 +109,90 @@ def compare(trace, specs: list[str], repeat: int) -> pd.DataFrame:
                         planner_peak_bytes=b["planner_peak_bytes"])
 
 
+def _requests(trace):
+    """``(is_alloc, alloc_id, nbytes, pre_trace)`` lists of a trace, for the real replays."""
+    _, is_alloc, ids, sizes, _ = trace.arrays()
+    return is_alloc.tolist(), ids.tolist(), sizes.tolist(), (trace.events["tag"] == "pre-trace").tolist()
+
+
+def torch_child(snapshot: str, limit: str, out_path: str) -> None:
+    """Replay ``snapshot``'s requests through the real caching allocator and dump a new snapshot."""
+    import torch
+
+    if limit != "none":
+        torch.cuda.set_per_process_memory_fraction(int(limit) / torch.cuda.get_device_properties(0).total_memory)
+    is_alloc, ids, sizes, pre = _requests(read_alloc_trace(snapshot))
+    live = {}
+    k = 0
+    while k < len(is_alloc) and pre[k]:  # allocated before recording, as in the original run
+        live[ids[k]] = torch.empty(sizes[k], dtype=torch.uint8, device="cuda")
+        k += 1
+    torch.cuda.memory._record_memory_history(max_entries=4_000_000, context=None, stacks="python")
+    for a, i, n in zip(is_alloc[k:], ids[k:], sizes[k:]):
+        if a:
+            live[i] = torch.empty(n, dtype=torch.uint8, device="cuda")
+        else:
+            del live[i]
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    with gzip.open(out_path, "wb") as f:
+        import pickle
+
+        pickle.dump(snap, f)
+    print(f"  torch {torch.__version__}: max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} MiB, "
+          f"max allocated {torch.cuda.max_memory_allocated() / MiB:,.1f} MiB")
+
+
+def cupy_child(snapshot: str) -> None:
+    """Replay through CuPy's MemoryPool and compare ``total_bytes()`` with ``cupy-pool`` request by request."""
+    import cupy
+
+    pool = cupy.cuda.MemoryPool()
+    emulation = policies.create("cupy-pool")
+    is_alloc, ids, sizes, _ = _requests(read_alloc_trace(snapshot))
+    live, emulated = {}, {}
+    num_differ = first_differ = peak_real = peak_emulated = 0
+    first_differ = -1
+    for k, (a, i, n) in enumerate(zip(is_alloc, ids, sizes)):
+        if a:
+            live[i] = pool.malloc(n)
+            emulated[i] = emulation.allocate(n)
+        else:
+            del live[i]
+            emulation.free(emulated.pop(i))
+        real, emu = pool.total_bytes(), emulation.reserved_bytes
+        peak_real, peak_emulated = max(peak_real, real), max(peak_emulated, emu)
+        if real != emu:
+            num_differ += 1
+            first_differ = k if first_differ < 0 else first_differ
+    print(f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: peak total_bytes "
+          f"{peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; requests after which they differ: "
+          f"{num_differ:,} (first: {first_differ})")
+
+
+def real(snapshot: str, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"## the real allocators on {Path(snapshot).name}")
+    for name, (conf, limit) in REAL_TORCH_CONFIGS.items():
+        path = out_dir / f"torch_{name}.pickle.gz"
+        print(f"\n### PyTorch, PYTORCH_CUDA_ALLOC_CONF={conf!r}, limit {limit}")
+        env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf}
+        subprocess.run([sys.executable, __file__, "--_torch-child", snapshot, str(limit or "none"), str(path)],
+                       env=env, check=True)
+        result = replay_recording(read_recording(path), capacity_bytes=limit)
+        print(result.format())
+    print("\n### CuPy")
+    subprocess.run([sys.executable, __file__, "--_cupy-child", snapshot], check=True)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_torch-child"]:
+        torch_child(*argv[1:4])
+        return 0
+    if argv[:1] == ["--_cupy-child"]:
+        cupy_child(argv[1])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_snapshot = FULL_SNAPSHOT if FULL_SNAPSHOT.exists() else bundled_path("llama1b_generate_slice.pickle.gz")
     ap.add_argument("--snapshot", default=str(default_snapshot))
@@ -97,10 +201,15 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", action="append", dest="specs", help="policy spec, repeatable (default: all)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="write baselines.csv and fidelity.csv here")
+    ap.add_argument("--real", type=Path, default=None, metavar="OUT_DIR",
+                    help="validate against the real allocators on this machine's GPU instead (see above)")
     args = ap.parse_args(argv)
+    if args.real is not None:
+        real(args.snapshot, args.real)
+        return 0
     specs = args.specs or policies.available()
     print(f"# bench_baselines {datetime.date.today()}: python {platform.python_version()} on {platform.machine()}")
-    print(f"command: {' '.join(['python', 'benchmarks/bench_baselines.py', *(argv if argv is not None else sys.argv[1:])])}")
+    print(f"command: {' '.join(['python', 'benchmarks/bench_baselines.py', *argv])}")
     snapshot = read_alloc_trace(args.snapshot)
     synthetic = generate_alloc_trace(num_requests=args.requests, arrival_rate_per_s=4.0, seed=args.seed)
     synthetic.name = f"synthetic-{args.requests}req-seed{args.seed}"
