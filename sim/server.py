@@ -6,16 +6,26 @@ iteration: the scheduler picks the batch and reserves its KV slots; the step's a
 allocated; the step lasts the roofline time of its batch plus everything the memory system cost
 on the way (driver calls of every pool, KV copies on reallocation, swaps over PCIe); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
+
+Pool controls the engine drives (``ServerConfig``): it can freeze the KV pool after its first N
+steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
+admit requests, to ``reserve`` the bytes the admissions will take (phase-aware pre-growth); and
+call a compacting pool's ``compact()`` between steps (it runs a pass only when the pool is
+fragmented). Compaction copies are charged to the next step. Pre-growth is taken to overlap the
+previous step (``cudaMalloc`` is a host call that does not wait for the GPU), so its driver time
+is reported apart (``pregrow_driver_s``), not added to any step.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import simpy
 
+from policies.wrapper import find_layer
 from sim.kv import STRATEGIES
 from sim.pools import DEFAULT_WORKSPACE_BYTES, POOL_LAYOUTS, ServerPools
 from sim.scheduler import PREEMPTION_MODES, Request, Scheduler
@@ -50,6 +60,13 @@ class ServerConfig:
         slo_ttft_s, slo_tpot_s, slo_e2e_s: goodput counts requests meeting all that are set.
         sample_every_s: time-series interval (None: the trace's duration / 2000).
         horizon_s: stop the clock here (None: run until every request is done).
+    Pool controls:
+        freeze_after_steps: freeze the KV pool after this many steps (None: never).
+        pregrow_safety: before a step that admits requests, reserve this multiple of the KV
+            (and, in a shared pool, activation) bytes they will take; needs a pool with
+            ``reserve`` (elastic). None: react to failures only.
+        compact_between_steps: call the KV pool's ``compact()`` after every step (a pass runs
+            when the pool is fragmented); needs a compacting pool.
     """
 
     gpu_memory_utilization: float = 0.9
@@ -74,6 +91,9 @@ class ServerConfig:
     slo_e2e_s: float | None = None
     sample_every_s: float | None = None
     horizon_s: float | None = None
+    freeze_after_steps: int | None = None
+    pregrow_safety: float | None = None
+    compact_between_steps: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> None:
@@ -98,6 +118,14 @@ class ServerConfig:
             bad("kv_strategy", f"must be one of {', '.join(STRATEGIES)}")
         if self.preemption not in PREEMPTION_MODES:
             bad("preemption", f"must be one of {', '.join(PREEMPTION_MODES)}")
+        if not isinstance(self.compact_between_steps, bool):
+            bad("compact_between_steps", "must be true or false")
+        v = self.freeze_after_steps
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            bad("freeze_after_steps", "must be an integer >= 0 or None")
+        v = self.pregrow_safety
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)):
+            bad("pregrow_safety", "must be a positive number or None")
         if not 0 <= self.watermark < 1:
             bad("watermark", "must be in [0, 1)")
         for name in ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s", "sample_every_s", "horizon_s"):
@@ -129,10 +157,28 @@ class Server:
         model: the model spec (activation sizes).
         sample_every_s: interval of the time series.
         horizon_s: stop here even if requests remain.
+        freeze_after_steps, pregrow_safety, compact_between_steps: the pool controls (see ``ServerConfig``).
+
+    Raises:
+        ValueError: a control the KV pool does not offer (pre-growth without ``reserve``,
+            compaction without ``compact``).
     """
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
-                 model: Any, *, sample_every_s: float, horizon_s: float | None = None):
+                 model: Any, *, sample_every_s: float, horizon_s: float | None = None,
+                 freeze_after_steps: int | None = None, pregrow_safety: float | None = None,
+                 compact_between_steps: bool = False):
+        policy = pools.kv.policy
+        self._reserver = find_layer(policy, "reserve") if pregrow_safety is not None else None
+        if pregrow_safety is not None and self._reserver is None:
+            raise ValueError(f"pregrow_safety needs a KV pool that can reserve (elastic), not {policy.spec!r}")
+        self._compactor = find_layer(policy, "compact")
+        if compact_between_steps and self._compactor is None:
+            raise ValueError(f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
+                             f"not {policy.spec!r}")
+        self.freeze_after_steps = freeze_after_steps
+        self.pregrow_safety = pregrow_safety
+        self.compact_between_steps = compact_between_steps
         self.requests = requests
         self.scheduler = scheduler
         self.pools = pools
@@ -148,6 +194,13 @@ class Server:
         self.reserved_byte_s = 0.0  # integral of KV bytes reserved over busy time
         self.alloc_stall_s = 0.0  # step time spent in driver calls, copies and swaps
         self.num_activation_failures = 0
+        self.idle_byte_s = 0.0  # integral of KV bytes reserved but not allocated over busy time
+        self.frozen_at_s: float | None = None
+        self.num_pregrows = 0  # segment grows made by pre-growth, off the hot path
+        self.pregrow_bytes = 0
+        self.pregrow_driver_s = 0.0
+        self.compaction_s = 0.0  # modelled copy time of compaction passes, charged to steps
+        self.initial_grows = policy.stats().num_grows  # grows before the first step (weights, workspace)
         self.rows: list[tuple] = []
         self._next_sample_s = 0.0
         self._wakeup: simpy.Event | None = None
@@ -189,6 +242,7 @@ class Server:
         activation_bytes = self.model.activation_bytes
         bytes_per_token = kv.bytes_per_token
         num_empty = 0
+        compactor = self._compactor
         while True:
             if not sched.has_work():
                 if self._all_arrived:
@@ -196,6 +250,12 @@ class Server:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
+            if self.freeze_after_steps is not None and self.frozen_at_s is None \
+                    and self.num_steps >= self.freeze_after_steps:
+                pools.kv.policy.freeze()
+                self.frozen_at_s = env.now
+            if self._reserver is not None and sched.waiting:
+                self._pregrow()
             plan = sched.schedule()
             if not plan.scheduled:
                 # every running request was preempted or rejected this round: admit again at once.
@@ -215,6 +275,10 @@ class Server:
             compute_s = step_time(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
                                   plan.prefill_context_tokens, plan.num_prefill_seqs)
             stall_s = pools.take_driver_ns() * 1e-9
+            if compactor is not None:  # passes on the allocation path, or between the last two steps
+                compaction_s = compactor.take_compaction_ns() * 1e-9
+                self.compaction_s += compaction_s
+                stall_s += compaction_s
             copy_bytes = kv.take_copy_bytes()
             if copy_bytes:
                 stall_s += copy_time(copy_bytes)
@@ -231,9 +295,53 @@ class Server:
             self.busy_s += dt
             self.alloc_stall_s += stall_s
             self.token_byte_s += (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token * dt
-            self.reserved_byte_s += pools.kv_reserved_bytes() * dt
+            reserved = pools.kv_reserved_bytes()
+            self.reserved_byte_s += reserved * dt
+            self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
+            if self.compact_between_steps:
+                compactor.compact()
             if env.now >= self._next_sample_s:
                 self._sample()
+
+    # ------------------------------------------------------------------ pre-growth
+    def predicted_bytes(self) -> int:
+        """Bytes the next step's admissions will allocate in the KV pool.
+
+        The waiting requests the scheduler would admit (seats and the token budget left after
+        one token per running request), each with the KV its first chunk takes, without prefix
+        hits (an over-estimate at worst); plus the step's activations when they share the pool.
+        """
+        sched, kv = self.scheduler, self.scheduler.kv
+        num_running = len(sched.running)
+        budget = sched.max_num_batched_tokens - num_running
+        total = tokens = seqs = 0
+        for r in itertools.islice(sched.waiting, max(0, sched.max_num_seqs - num_running)):
+            if budget <= 0:
+                break
+            n = min(r.num_tokens, budget)
+            total += kv.estimate_bytes(r.kv, n)
+            budget -= n
+            tokens += n
+            seqs += 1
+        if seqs and self.pools.layout == "shared":
+            total += self.model.activation_bytes(tokens + num_running, seqs + num_running)
+        return total
+
+    def _pregrow(self) -> None:
+        """Reserve the predicted bytes x safety before the step; its driver time is kept apart."""
+        nbytes = self.predicted_bytes()
+        if nbytes <= 0:
+            return
+        reserver = self._reserver
+        take = getattr(reserver.device, "take_ns", None)
+        if take is not None:  # driver time still pending belongs to the step, as before
+            self.pools.kv.pending_driver_ns += take()
+        grows, grown = reserver.num_grows, reserver.grown_bytes
+        reserver.reserve(math.ceil(nbytes * self.pregrow_safety))
+        self.num_pregrows += reserver.num_grows - grows
+        self.pregrow_bytes += reserver.grown_bytes - grown
+        if take is not None:
+            self.pregrow_driver_s += take() * 1e-9
 
     # ------------------------------------------------------------------ time series
     def _sample(self) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from policies.base import Policy
+from policies.wrapper import find_layer
 from sim.costs import CostModel
 from sim.hardware import load_gpu
 from sim.kv import ContiguousKV, PagedKV
@@ -140,7 +141,9 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     reqs = _build_requests(trace, kv, max_model_len)
     duration = trace.duration_s
     sample_every_s = cfg.sample_every_s or max(duration / 2000, 1e-3)
-    server = Server(reqs, scheduler, pools, step_model, model, sample_every_s=sample_every_s, horizon_s=cfg.horizon_s)
+    server = Server(reqs, scheduler, pools, step_model, model, sample_every_s=sample_every_s, horizon_s=cfg.horizon_s,
+                    freeze_after_steps=cfg.freeze_after_steps, pregrow_safety=cfg.pregrow_safety,
+                    compact_between_steps=cfg.compact_between_steps)
     end_s = server.run()
     wall_s = time.perf_counter() - wall0
 
@@ -180,11 +183,32 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "sim_time_s": end_s,
         "busy_s": server.busy_s,
         "alloc_stall_s": server.alloc_stall_s,
+        **_control_fields(server, policy),
     }
     table.insert(0, "policy", policy_spec)
     table.insert(0, "trace", name)
     return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, policy_spec),
                      policy=policy, config=cfg)
+
+
+def _control_fields(server: Server, policy: Policy) -> dict[str, Any]:
+    """What the pool controls did: freeze, pre-growth against hot-path grows, compaction."""
+    s = policy.stats()
+    compactor = find_layer(policy, "compact")
+    comp = compactor.compaction_stats() if compactor is not None else {}
+    return {
+        "n_frozen_failures": s.num_frozen_failures,
+        "frozen_at_s": server.frozen_at_s,  # None: never frozen
+        "n_hot_grows": s.num_grows - server.initial_grows - server.num_pregrows,
+        "n_pregrows": server.num_pregrows,
+        "pregrow_bytes": server.pregrow_bytes,
+        "pregrow_driver_s": server.pregrow_driver_s,
+        "kv_idle_bytes_mean": server.idle_byte_s / server.busy_s if server.busy_s > 0 else 0.0,
+        "n_compactions": comp.get("num_compactions", 0),
+        "compaction_moved_bytes": comp.get("moved_bytes", 0),
+        "compaction_s": server.compaction_s,
+        "n_compaction_rescues": comp.get("num_rescues", 0),
+    }
 
 
 def _build_requests(trace: RequestTrace, kv: Any, max_model_len: int) -> list[Request]:
