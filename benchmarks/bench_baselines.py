@@ -53,9 +53,9 @@ from traces import bundled_path, generate_alloc_trace, read_alloc_trace  # noqa:
 
 FULL_SNAPSHOT = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
 MiB = 1 << 20
-#: name -> (PYTORCH_CUDA_ALLOC_CONF, memory limit in bytes or None) for ``--real``. The limit of
-#: the GC run sits between the trace's peak live (~1.94 GiB) and what the default pool reserves
-#: (~2.06 GiB), so garbage collection (threshold 80 % of it) has to act.
+#: name -> (PYTORCH_CUDA_ALLOC_CONF, memory limit in bytes or None) for ``--real``. In the GC run,
+#: collection starts above 80 % of the 2300 MiB limit (1840 MiB), below the 2112 MiB the default
+#: pool reserves on the snapshot, so it has to act.
 REAL_TORCH_CONFIGS = {
     "default": ("", None),
     "split64-div4": ("max_split_size_mb:64,roundup_power2_divisions:4", None),
