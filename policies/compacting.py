@@ -17,9 +17,11 @@ with memmove semantics (a slide's ranges may overlap; nothing is read after bein
 
 When it runs:
 
-- on a **failure**: a request the base cannot place is retried after a compaction when the plan
-  shows it would then fit (a free range large enough, or a released segment making room under
-  capacity); a failure turned into a success counts in ``num_rescues``;
+- on a **failure**: a request the base cannot place is retried after a compaction when it would
+  then fit. The cheapest way first: sliding the one segment that frees a large enough range for
+  the fewest moved bytes; failing that, a full pass over the request's stream, when it leaves a
+  large enough range or releases segments that make room under capacity. A failure turned into
+  a success counts in ``num_rescues``;
 - on a **threshold**: every ``check_every`` frees, when external fragmentation
   (``1 - largest_free / free``) exceeds ``threshold`` and at least ``min_free_bytes`` are free;
 - on **demand**: ``compact()`` (the simulator calls it between steps or when idle).
@@ -207,14 +209,42 @@ class Compacting(WrapperPolicy):
         return free > 0 and free >= self.min_free_bytes and 1 - b.largest_free_bytes() / free > self.threshold
 
     def _rescue(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        """Compact the stream of a failed request and retry it, when the plan says it will fit."""
-        plan = self._plan(stream)
-        if not (plan.moves or plan.evacuated) or not self._fits_after(plan, nbytes, stream):
-            return None
+        """Compact for a failed request and retry it, when the plan says it will then fit."""
+        plan = self._cheapest_slide(self.base_policy.rounded_size(nbytes), stream)
+        if plan is None:
+            plan = self._plan(stream)
+            if not (plan.moves or plan.evacuated) or not self._fits_after(plan, nbytes, stream):
+                return None
         self._run(plan, "failure")
         inner = self.base_policy.allocate(nbytes, stream=stream, tag=tag)
         self.num_rescues += inner is not None
         return inner
+
+    def _cheapest_slide(self, size: int, stream: int) -> _Plan | None:
+        """A plan that slides the one segment of ``stream`` whose free bytes hold ``size`` once
+        merged, moving the fewest bytes (the live blocks above its first hole); None if none."""
+        best, best_moved = None, 0
+        for seg in self.base_policy.segments():
+            if seg.stream != stream:
+                continue
+            used = moved = 0
+            seen_free = False
+            block = seg.handle
+            while block is not None:
+                if block.free:
+                    seen_free = True
+                else:
+                    used += block.size
+                    if seen_free:
+                        moved += block.size
+                block = block.next
+            if moved and seg.nbytes - used >= size and (best is None or moved < best_moved):
+                best, best_moved = seg, moved
+        if best is None:
+            return None
+        plan = _Plan()
+        self._plan_stream([best], plan)  # one segment: nothing to evacuate into, so a slide
+        return plan
 
     def _fits_after(self, plan: _Plan, nbytes: int, stream: int) -> bool:
         b = self.base_policy

@@ -162,6 +162,19 @@ def test_a_fragmented_failure_becomes_a_success():
     assert comp.compactions[0].trigger == "failure"
 
 
+def test_a_failure_slides_only_the_segment_that_frees_room_for_the_fewest_moved_bytes():
+    p = compacting(capacity_bytes=2 * MiB)
+    costly = [p.allocate(128 * KiB) for _ in range(8)]  # segment 1: four 128 KiB holes, 512 KiB above them
+    cheap = [p.allocate(128 * KiB) for _ in range(8)]  # segment 2: a 256 KiB hole, 128 KiB above it, the tail
+    for a in costly[0::2] + cheap[4:6] + cheap[7:]:
+        p.free(a)
+    before = [a.offset for a in costly]
+    assert p.allocate(384 * KiB) is not None
+    (rec,) = p.compactions
+    assert (rec.trigger, rec.moved_bytes, rec.num_released_segments) == ("failure", 128 * KiB, 0)
+    assert [a.offset for a in costly] == before  # the costlier segment was left alone
+
+
 def test_a_failure_compaction_cannot_help_moves_nothing():
     p = compacting(capacity_bytes=MiB)
     holes(p, [128 * KiB] * 8)
