@@ -31,8 +31,9 @@ def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.Dat
             PyTorch reserved) or a frame with ``time_us`` and ``reserved_bytes`` (a step line,
             e.g. PyTorch's own reserved bytes rebuilt from its segment events).
         reference_label: the legend entry of ``reference``.
-        zoom: start the y-axis just below the live bytes of most samples (their 5th percentile)
-            instead of at zero, when a large constant floor (weights) hides the differences.
+        zoom: start the y-axis just below the fewest live bytes after the first instant (when a
+            trace's pre-existing allocations, e.g. the weights, are put in place) instead of at
+            zero, so that a large constant floor does not hide the differences.
         max_cols: panels per row.
         title: the figure's title.
 
@@ -71,8 +72,9 @@ def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.Dat
         _draw_reference(ax, reference, div, t_div, reference_label)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
-    if zoom and len(ts):
-        floor = float(np.nanpercentile(ts["live_bytes"].to_numpy(np.float64), 5)) * 0.95
+    later = ts[ts["time_us"] > ts["time_us"].min()] if len(ts) else ts
+    if zoom and len(later):
+        floor = float(np.nanmin(later["live_bytes"].to_numpy(np.float64))) * 0.95
         axes[0, 0].set_ylim(floor / div, top / div * 1.03)  # the panels share their y-axis
     for ax in axes[:, 0]:
         ax.set_ylabel(unit)

@@ -58,6 +58,16 @@ def test_memory_over_time_draws_a_reference_on_every_panel(replayed):
         assert "recorded" in [line.get_label() for line in ax.get_lines()]
 
 
+def test_memory_over_time_zoom_starts_below_the_live_floor(replayed):
+    _, ts = replayed
+    ts = pd.concat([ts, ts.assign(time_us=ts["time_us"] + 10**6, live_bytes=ts["live_bytes"] + (1 << 30),
+                                  reserved_bytes=ts["reserved_bytes"] + (1 << 30))], ignore_index=True)
+    bottom, top = plots.plot_memory_over_time(ts, zoom=True).axes[0].get_ylim()
+    later = ts[ts["time_us"] > ts["time_us"].min()]
+    assert 0 < bottom * 2**30 <= later["live_bytes"].min() and top * 2**30 >= ts["reserved_bytes"].max()
+    assert plots.plot_memory_over_time(ts).axes[0].get_ylim()[0] <= 0
+
+
 def test_memory_over_time_names_a_missing_column(replayed):
     _, ts = replayed
     with pytest.raises(ValueError, match="reserved_bytes"):
