@@ -2,7 +2,7 @@
 
 Replays the bundled slice of a real PyTorch memory snapshot (Llama-architecture generation on an
 H200) under the five built-in policies, simulates the bundled slice of the Azure LLM inference
-trace under the same five, prints both comparisons and writes the tables.
+trace under the same five, prints both comparisons, writes the tables and one HTML report.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import click
 from poollab.commands._common import DEFAULT_POLICIES, out_option
 from sim.replay import replay_many
 from sim.report import format_table, write_results
+from sim.html_report import write_html_report
 from sim.simulate import simulate_many
 from traces import bundled_path, read_alloc_trace, read_request_trace
 
@@ -52,3 +53,7 @@ def demo_command(out_dir: Path, progress: bool) -> None:
                   meta={"command": "demo", "trace": DEMO_REQUESTS, "model": DEMO_MODEL, "gpu": DEMO_GPU})
     click.echo(format_table(summary, SIM_COLUMNS))
     click.echo(f"wrote {out_dir / 'simulate'}/")
+
+    report = write_html_report([out_dir / "replay", out_dir / "simulate"], out_dir / "report.html",
+                               title="poollab demo: five policies on bundled real traces")
+    click.echo(f"\nreport: {report} (open it in a browser; it works offline)")
