@@ -17,6 +17,7 @@ import pandas as pd
 
 import policies
 from policies.base import Allocation, Policy
+from sim.bounds import bounds
 from sim.costs import CostedDevice, CostModel
 from sim.metrics import PoolMonitor, default_sample_every
 from sim.report import latency_percentiles, summary_frame
@@ -151,12 +152,26 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
 
 def replay_many(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
                 costs: CostModel | None = None, sample_every: int | None = None,
-                progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Replay one trace under several policy specs: ``(summary, timeseries)`` tables."""
+                progress: bool = False, with_bounds: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Replay one trace under several policy specs: ``(summary, timeseries)`` tables.
+
+    With ``with_bounds`` each row also shows how far the policy is from the best possible:
+    ``lower_bound_bytes`` (peak live bytes: no pool reserves less), ``planner_peak_bytes`` (an
+    offline planner that knows every lifetime, ``sim.bounds``) and the gaps
+    ``gap_to_bound = peak_reserved / lower_bound - 1``, ``gap_to_planner = peak_reserved /
+    planner_peak - 1`` (negative when a pool refused requests the planner placed).
+    """
     results = [replay(trace, spec, capacity_bytes=capacity_bytes, costs=costs, sample_every=sample_every,
                       progress=progress) for spec in specs]
-    return (summary_frame([r.summary for r in results]),
-            pd.concat([r.timeseries for r in results], ignore_index=True))
+    summary = summary_frame([r.summary for r in results])
+    if with_bounds and len(trace):
+        ref = bounds(trace)
+        summary["lower_bound_bytes"] = ref["lower_bound_bytes"]
+        summary["planner_peak_bytes"] = ref["planner_peak_bytes"]
+        summary["planner"] = ref["planner"]
+        summary["gap_to_bound"] = summary["peak_reserved_bytes"] / ref["lower_bound_bytes"] - 1
+        summary["gap_to_planner"] = summary["peak_reserved_bytes"] / ref["planner_peak_bytes"] - 1
+    return summary, pd.concat([r.timeseries for r in results], ignore_index=True)
 
 
 def _params_text(policy: Policy) -> str:

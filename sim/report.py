@@ -17,7 +17,7 @@ import pandas as pd
 
 __all__ = [
     "SUMMARY_COLUMNS", "TIMESERIES_COLUMNS", "summary_frame", "write_results", "read_results",
-    "latency_percentiles", "format_table",
+    "latency_percentiles", "format_table", "DEFAULT_TABLE_COLUMNS",
 ]
 
 #: The columns every backend fills, in order (see README "The report").
@@ -79,18 +79,22 @@ def read_results(out_dir: str | Path) -> dict[str, pd.DataFrame]:
     return tables
 
 
+#: What the command line prints by default.
+DEFAULT_TABLE_COLUMNS = ["policy", "n_failed", "peak_live_bytes", "peak_reserved_bytes", "overhead", "frag_ext_mean",
+                         "internal_waste_frac", "n_grow", "alloc_p50_us", "alloc_p99_us", "free_p50_us"]
+
+
 def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str:
     """The comparison table the command line prints: sizes in MiB, fractions in percent."""
-    cols = columns or ["policy", "backend", "n_failed", "peak_live_bytes", "peak_reserved_bytes", "overhead",
-                       "frag_ext_mean", "internal_waste_frac", "n_grow", "n_shrink", "alloc_p50_us", "alloc_p99_us",
-                       "free_p50_us"]
+    cols = columns or DEFAULT_TABLE_COLUMNS
     view = summary[[c for c in cols if c in summary.columns]].copy()
     rename = {}
     for c in view.columns:
         if c.endswith("_bytes"):
             view[c] = view[c] / 2**20
             rename[c] = c[: -len("_bytes")] + "_MiB"
-        elif c in ("overhead", "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "failure_rate", "kv_token_util"):
+        elif c in ("overhead", "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "failure_rate", "kv_token_util",
+                   "gap_to_bound", "gap_to_planner", "prefix_hit_rate"):
             view[c] = view[c] * 100
             rename[c] = c + "_%"
     view = view.rename(columns=rename)

@@ -9,8 +9,11 @@ import click
 from poollab.commands._common import BYTES, check_specs, out_option
 from sim.costs import CostModel
 from sim.replay import replay_many
-from sim.report import format_table, write_results
+from sim.report import DEFAULT_TABLE_COLUMNS, format_table, write_results
 from traces import read_alloc_trace
+
+
+REPLAY_COLUMNS = DEFAULT_TABLE_COLUMNS + ["gap_to_planner"]
 
 
 def register(cli: click.Group) -> None:
@@ -38,5 +41,9 @@ def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, out_d
     write_results(out_dir, summary, ts, meta={"command": "replay", "trace": str(trace), "policies": spec_list,
                                               "capacity_bytes": capacity, "costs": str(costs) if costs else "bundled"})
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
-    click.echo(format_table(summary))
+    click.echo(format_table(summary, REPLAY_COLUMNS))
+    if "lower_bound_bytes" in summary:
+        first = summary.iloc[0]
+        click.echo(f"best possible: lower bound (peak live) {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "
+                   f"offline planner ({first['planner']}) {first['planner_peak_bytes'] / 2**20:,.1f} MiB")
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet")

@@ -90,3 +90,14 @@ def test_replay_many_gives_one_row_per_policy_and_a_tidy_timeseries():
     assert list(summary["policy"]) == ["first-fit", "best-fit"]
     assert set(ts["policy"]) == {"first-fit", "best-fit"}
     assert {"event", "time_us", "reserved_bytes", "frag_ext"} <= set(ts.columns)
+
+
+def test_rows_show_the_gap_to_the_lower_bound_and_the_planner():
+    ops = [("alloc", 1, MiB), ("alloc", 2, MiB), ("free", 1, MiB), ("alloc", 3, 2 * MiB), ("free", 2, MiB),
+           ("free", 3, 2 * MiB)]
+    summary, _ = replay_many(_trace(ops), ["first-fit:segment_bytes=4MiB"])
+    row = summary.iloc[0]
+    assert row["lower_bound_bytes"] == 3 * MiB
+    assert row["planner_peak_bytes"] >= row["lower_bound_bytes"]
+    assert row["gap_to_bound"] == pytest.approx(row["peak_reserved_bytes"] / (3 * MiB) - 1)
+    assert row["gap_to_planner"] == pytest.approx(row["peak_reserved_bytes"] / row["planner_peak_bytes"] - 1)
