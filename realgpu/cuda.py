@@ -149,6 +149,15 @@ class CudaDevice(SegmentDevice):
         super().close()
         self._answer_word = None  # its 8 bytes go back now, not whenever this object is collected
 
+    def __del__(self) -> None:
+        # A pool dropped without close() must not keep its segments for the life of the process.
+        # Safe: every CuPy pointer into a segment keeps this device alive through its owner.
+        try:
+            if self._starts:
+                self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the driver reclaims the memory anyway
+            pass
+
     def memory_pointer(self, ptr: int, nbytes: int, owner: Any):
         """``cupy.cuda.MemoryPointer`` to ``nbytes`` at ``ptr``, kept alive by ``owner``."""
         return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device_id), 0)

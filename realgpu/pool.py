@@ -38,6 +38,15 @@ GUARD_WORD = 0x4B1D4B1D
 DEFAULT_HEADROOM_BYTES = 1 << 30
 
 
+def _layers(policy: Policy) -> list[Policy]:
+    """The policy and every policy it wraps (``policies.wrapper.layers``, when wrappers exist)."""
+    try:
+        from policies.wrapper import layers
+    except ImportError:
+        return [policy]
+    return list(layers(policy))
+
+
 def data_word(serial: int) -> int:
     """The pattern of the ``serial``-th validated allocation.
 
@@ -124,6 +133,10 @@ class GpuPool:
         self.lease_errors: list[BaseException] = []
         self._allocate = self.policy.allocate
         self._address = self.device.address
+        #: a layer that may move live allocations while allocating or freeing (compaction): CuPy
+        #: pointers could not follow, so ``malloc`` refuses such a policy
+        self.moves_on_hot_path = any(getattr(layer, "moves_allocations", False) and not getattr(layer, "idle_only", False)
+                                     for layer in _layers(self.policy))
         if self.is_cuda:  # bound once: malloc is CuPy's hot path (module lookups cost ~50 ns each)
             from cupy.cuda import MemoryPointer, UnownedMemory
 
@@ -175,12 +188,16 @@ class GpuPool:
 
         Raises:
             PoolOutOfMemoryError: the policy cannot place it (on CUDA also CuPy's OutOfMemoryError).
-            PoolError: the pool is closed, or the policy's pages for it are not contiguous.
+            PoolError: the pool is closed, the policy's pages for it are not contiguous, or the
+            policy may move live allocations on its own (compaction on the allocation path).
         """
         if nbytes == 0:
             return self._null_pointer()
         if self._closed:
             raise PoolError("malloc on a closed pool")
+        if self.moves_on_hot_path:
+            raise PoolError(f"policy {self.policy.spec!r} may move live allocations while allocating; the raw "
+                            "pointers CuPy holds could not follow: use allocate() handles, or idle_only=true")
         if self.validate:
             return self._malloc_validated(nbytes)
         a = self._allocate(nbytes)

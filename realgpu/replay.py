@@ -5,8 +5,9 @@ upstream being a real device (``GpuPool``): the same ``PoolMonitor`` samples the
 indices and the device hands out the simulator's offsets, so the GPU row and the simulated row
 of one trace and policy agree exactly on peak live, peak reserved, failures and fragmentation.
 What differs is real: each timed ``allocate``/``free`` includes any ``cudaMalloc``/``cudaFree``
-it caused, every allocation is touched (or, with ``validate``, filled and checked), and the
-device's own used memory is read (NVML).
+it caused (and, for a compacting policy, the device copies of the allocations it moved, through
+``realgpu.compaction.DeviceMover``), every allocation is touched (or, with ``validate``, filled
+and checked), and the device's own used memory is read (NVML).
 
 Baselines (``realgpu.baselines``) go through a loop built the same way (same timer, same
 touching, same sampling stride), each reporting its own reserved-bytes reading. Columns they
@@ -15,6 +16,7 @@ cannot know (fragmentation, rounding waste for some) are NaN.
 Extra summary columns, after ``SUMMARY_COLUMNS``: ``kind`` (policy or baseline), ``device``,
 ``validate``, ``n_events``, ``driver_ns_total`` (measured time inside ``cudaMalloc``/``cudaFree``
 for policies), ``device_mallocs``, ``device_frees`` (during the replay; teardown frees the rest),
+``moved_bytes``/``move_ns_total`` (compaction copies),
 ``nvml_base_used_bytes``,
 ``nvml_peak_used_bytes``, ``nvml_end_used_bytes`` (after teardown), ``memory_source``.
 """
@@ -88,6 +90,7 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
     watch = _memory_watch(device_id) if backend == "cuda" else None
     pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate, guard_bytes=0,
                    device_id=device_id)
+    mover = _attach_mover(pool, verify=validate)
     hook_alloc, on_free = pool.replay_hooks()
     on_alloc = hook_alloc if watch is None else _with_reading(hook_alloc, pool.policy, watch)
 
@@ -97,7 +100,9 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
                         on_alloc=on_alloc, on_free=on_free)
         device.synchronize()
         measured = {"driver_ns_total": device.map_ns + device.unmap_ns, "device_mallocs": device.num_maps,
-                    "device_frees": device.num_unmaps}
+                    "device_frees": device.num_unmaps,
+                    "moved_bytes": mover.moved_bytes if mover is not None else 0,
+                    "move_ns_total": mover.copy_ns if mover is not None else 0}
     finally:
         pool.close()
     result.summary.update({
@@ -257,6 +262,17 @@ def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every
         **_memory_columns(watch),
     }
     return BaselineResult(summary=row, timeseries=ts, alloc_ns=alloc_ns, free_ns=free_ns[:ifree])
+
+
+def _attach_mover(pool: GpuPool, *, verify: bool):
+    """For a policy that moves live allocations (compaction): copy their bytes on the device."""
+    from realgpu.compaction import attach
+    from realgpu.pool import _layers
+
+    layer = next((p for p in _layers(pool.policy) if getattr(p, "moves_allocations", False)), None)
+    if layer is None or layer.on_move is not None:
+        return None
+    return attach(pool, verify=verify)
 
 
 def _with_reading(hook: Callable, policy: Policy, watch) -> Callable:

@@ -155,3 +155,18 @@ def test_closing_a_pool_gives_the_device_its_memory_back():
     pool.free(held[0])
     pool.close()
     assert abs(cupy.cuda.runtime.memGetInfo()[0] - free0) <= 2 * MiB
+
+
+@pytest.mark.gpu
+def test_a_pool_dropped_without_close_gives_its_segments_back():
+    import cupy
+
+    from realgpu.pool import GpuPool
+
+    pool = GpuPool("paged", capacity_bytes=1 << 30)
+    pool.allocate(100 * MiB)
+    cupy.cuda.Device().synchronize()
+    free_held, _ = cupy.cuda.runtime.memGetInfo()
+    del pool
+    gc.collect()
+    assert cupy.cuda.runtime.memGetInfo()[0] >= free_held + 100 * MiB

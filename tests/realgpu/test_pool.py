@@ -230,3 +230,16 @@ def test_every_registered_policy_validates_clean_under_a_random_workload(spec):
     for a in live:
         pool.free(a)
     pool.close()
+
+
+def test_malloc_refuses_a_policy_that_moves_allocations_while_allocating():
+    pool = host_pool("compacting:base=[best-fit]")
+    with pytest.raises(PoolError, match="move live allocations"):
+        pool.malloc(1000)
+    assert pool.policy.num_allocs == 0
+
+
+def test_malloc_accepts_a_compacting_policy_that_moves_only_on_demand():
+    pool = host_pool("compacting:base=[best-fit],idle_only=true")
+    p = pool.malloc(1000)
+    assert p.size == 1000 and pool.policy.num_live == 1

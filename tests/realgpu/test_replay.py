@@ -89,6 +89,15 @@ def test_validated_replay_agrees_and_finds_no_corruption():
     assert _agree(plain, checked) == {} and checked["validate"] is True
 
 
+def test_compaction_moves_bytes_with_the_allocations_during_a_validated_replay():
+    trace = random_trace(2, max_live=60)
+    sim_row = replay(trace, "compacting", capacity_bytes=48 * MiB, sample_every=3).summary
+    gpu_row = gpu_replay(trace, "compacting", backend="host", capacity_bytes=48 * MiB, validate=True,
+                         sample_every=3).summary
+    assert gpu_row["moved_bytes"] > 0  # allocations moved, their patterns went with them
+    assert _agree(sim_row, gpu_row) == {}
+
+
 def test_validated_replay_stops_at_a_policy_that_overlaps(overlapping_policy):
     trace = make_trace([("alloc", 1, 8192), ("alloc", 2, 1024), ("free", 1, 8192), ("free", 2, 1024)])
     with pytest.raises(CorruptionError, match="live allocation"):
