@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "poollab.commands.replay",
     "poollab.commands.simulate",
     "poollab.commands.fidelity",
+    "poollab.commands.gpu",
     "poollab.commands.report",
     "poollab.commands.sweep",
     "poollab.commands.traces",
