@@ -55,6 +55,12 @@ def register(cli: click.Group) -> None:
 @click.option("--slo-ttft", type=click.FloatRange(0, min_open=True), default=None, help="TTFT SLO in seconds (goodput).")
 @click.option("--slo-tpot", type=click.FloatRange(0, min_open=True), default=None, help="TPOT SLO in seconds (goodput).")
 @click.option("--slo-e2e", type=click.FloatRange(0, min_open=True), default=None, help="E2E SLO in seconds (goodput).")
+@click.option("--freeze-after-steps", type=click.IntRange(min=0), default=None,
+              help="Freeze the KV pool's growth after this many steps (as CUDA Graph capture needs).")
+@click.option("--pregrow-safety", type=click.FloatRange(0, min_open=True), default=None,
+              help="Before admitting, reserve predicted KV + activation bytes x this factor (elastic policies).")
+@click.option("--compact-between-steps/--no-compact-between-steps", default=False, show_default=True,
+              help="Call the KV pool's compact() between steps (compacting policies).")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Step-time calibration JSON (default: bundled factors).")
 @click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -63,7 +69,8 @@ def register(cli: click.Group) -> None:
 def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, kv_strategy, grow_tokens, preemption, swap_space,
                      pool_layout, aux_policy, kv_capacity, gpu_memory_utilization, max_model_len, max_num_seqs,
                      max_num_batched_tokens, chunked_prefill, prefix_caching, watermark, slo_ttft, slo_tpot, slo_e2e,
-                     calibration, costs, out_dir: Path) -> None:
+                     freeze_after_steps, pregrow_safety, compact_between_steps, calibration, costs,
+                     out_dir: Path) -> None:
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
     check_specs([aux_policy])
@@ -85,7 +92,8 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, kv_strateg
                    max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                    max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
                    prefix_caching=prefix_caching, watermark=watermark, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot,
-                   slo_e2e_s=slo_e2e)
+                   slo_e2e_s=slo_e2e, freeze_after_steps=freeze_after_steps, pregrow_safety=pregrow_safety,
+                   compact_between_steps=compact_between_steps)
     try:
         summary, timeseries, table = simulate_many(requests, spec_list, model=model_spec, gpu=gpu_spec,
                                                    calibration=calibration, costs=costs, **options)

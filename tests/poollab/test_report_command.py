@@ -3,14 +3,10 @@
 import pandas as pd
 import pytest
 
-from poollab.cli import cli, main
-from poollab.commands import report
+from poollab.cli import main
 from sim.replay import replay
 from sim.report import write_results
 from traces import generate_alloc_trace
-
-if "report" not in cli.commands:  # until the command is listed in poollab.cli.COMMAND_MODULES
-    report.register(cli)
 
 
 def run(argv, capsys):

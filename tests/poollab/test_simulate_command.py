@@ -3,12 +3,7 @@
 import pandas as pd
 import pytest
 
-from poollab.cli import cli, main
-from poollab.commands.simulate import register
-
-if "simulate" not in cli.commands:  # until the lead lists the module in COMMAND_MODULES
-    register(cli)
-
+from poollab.cli import main
 TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
     f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
 
@@ -79,3 +74,18 @@ def test_malformed_trace_names_file_and_line(tmp_path, capsys):
 def test_missing_trace_is_exit_2(tmp_path, capsys):
     code, _, err = run(["simulate", str(tmp_path / "nope.csv"), "-p", "paged", "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "nope.csv" in err
+
+
+def test_pool_controls_reach_the_simulator(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    run_ok(["simulate", str(trace), "-p", "elastic:base=[paged]", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
+            "--freeze-after-steps", "3", "--out", str(out_dir)], capsys)
+    row = pd.read_csv(out_dir / "summary.csv").iloc[0]
+    assert row["n_pregrows"] > 0
+    assert row["frozen_at_s"] >= 0
+
+
+def test_pregrowth_without_an_elastic_pool_is_exit_2(trace, tmp_path, capsys):
+    code, _, err = run(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
+                        "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and "pregrow_safety" in err and "Traceback" not in err

@@ -5,12 +5,8 @@ import textwrap
 import pandas as pd
 import pytest
 
-from poollab.cli import cli, main
-from poollab.commands import sweep
+from poollab.cli import main
 from traces import generate_alloc_trace, write_alloc_trace
-
-if "sweep" not in cli.commands:  # until the lead lists the module in COMMAND_MODULES
-    sweep.register(cli)
 
 
 def run(argv, capsys):

@@ -6,17 +6,9 @@ import pandas as pd
 import pytest
 
 import realgpu.cuda as rcuda
-from poollab.cli import cli, main
+from poollab.cli import main
 
 BUNDLED = str(Path(__file__).resolve().parents[2] / "traces" / "data" / "llama1b_generate_slice.pickle.gz")
-
-
-@pytest.fixture(autouse=True)
-def gpu_commands():
-    if "gpu" not in cli.commands:  # until the lead lists poollab.commands.gpu in COMMAND_MODULES
-        from poollab.commands import gpu
-
-        gpu.register(cli)
 
 
 @pytest.fixture
