@@ -174,13 +174,15 @@ class Policy(abc.ABC):
 
     @classmethod
     def param_defaults(cls) -> dict[str, Any]:
+        """Default of every knob in ``_param_names()`` (the most derived ``__init__`` wins)."""
+        names = set(cls._param_names())
         out: dict[str, Any] = {}
         for klass in reversed(cls.__mro__):
             init = klass.__dict__.get("__init__")
             if init is None:
                 continue
             for p in inspect.signature(init).parameters.values():
-                if p.kind is p.KEYWORD_ONLY and p.name != "device":
+                if p.kind is p.KEYWORD_ONLY and p.name in names:
                     out[p.name] = p.default
         return out
 
