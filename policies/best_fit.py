@@ -31,6 +31,11 @@ class BestFit(ContiguousPolicy):
 
     name = "best-fit"
 
+    @staticmethod
+    def _key(size: int, offset: int) -> int:
+        """The index key (the hot paths inline it): smallest size first, then lowest offset."""
+        return size << OFFSET_BITS | offset
+
     def _index_reset(self) -> None:
         self._keys_by_stream: dict[int, list[int]] = {}
         self._free_at: dict[int, Block] = {}  # offset -> free block
@@ -79,7 +84,7 @@ class BestFit(ContiguousPolicy):
         assert self._free_at == free_blocks, "the index and the free blocks differ"
         expected: dict[int, list[int]] = {}
         for b in free_blocks.values():
-            expected.setdefault(b.segment.stream, []).append(b.size << OFFSET_BITS | b.offset)
+            expected.setdefault(b.segment.stream, []).append(self._key(b.size, b.offset))
         for stream, keys in self._keys_by_stream.items():
             assert keys == sorted(expected.get(stream, [])), f"stream {stream}: keys differ from the free blocks"
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
+from policies._blocks import OFFSET_BITS, Block
+from policies.best_fit import BestFit
 
 __all__ = ["WorstFit"]
 
@@ -22,22 +23,20 @@ def _key(size: int, offset: int) -> int:
     return size << OFFSET_BITS | (_OFFSET_MASK ^ offset)
 
 
-class WorstFit(ContiguousPolicy):
+class WorstFit(BestFit):
     """Serve each request from the largest free block of its stream; lowest address on ties.
 
     Free blocks serve only requests on the stream their segment was reserved for (as in
     PyTorch and CuPy). Knobs: see ``ContiguousPolicy``.
 
-    Index: per stream, one sorted ``list`` of int keys ``size << 64 | ~offset``, so the worst
-    fit is the last key (O(1) to find and to pop); a plain list for the reason ``BestFit`` gives
-    (C-level ``insort``/``del`` beat a ``SortedList`` at the block counts pools hold).
+    Index: ``BestFit``'s per-stream sorted lists with keys ``size << 64 | ~offset``, so the worst
+    fit is the last key (O(1) to find and to pop); the index's bookkeeping and checks are
+    ``BestFit``'s.
     """
 
     name = "worst-fit"
 
-    def _index_reset(self) -> None:
-        self._keys_by_stream: dict[int, list[int]] = {}
-        self._free_at: dict[int, Block] = {}  # offset -> free block
+    _key = staticmethod(_key)
 
     def _index_add(self, block: Block) -> None:
         stream = block.segment.stream
@@ -48,11 +47,7 @@ class WorstFit(ContiguousPolicy):
         self._free_at[block.offset] = block
 
     def _index_remove(self, block: Block) -> None:
-        keys = self._keys_by_stream[block.segment.stream]
-        key = _key(block.size, block.offset)
-        i = bisect_left(keys, key)
-        assert keys[i] == key, "removing a block that is not indexed"
-        del keys[i]
+        self._index_remove_key(block.segment.stream, _key(block.size, block.offset))
         del self._free_at[block.offset]
 
     def _find(self, size: int, stream: int) -> Block | None:
@@ -67,15 +62,12 @@ class WorstFit(ContiguousPolicy):
             return None
         return self._free_at.pop(_OFFSET_MASK ^ (keys.pop() & _OFFSET_MASK))
 
-    def check_invariants(self) -> None:
-        super().check_invariants()
-        free_blocks = {b.offset: b for b in self.blocks() if b.free}
-        assert self._free_at == free_blocks, "the index and the free blocks differ"
-        expected: dict[int, list[int]] = {}
-        for b in free_blocks.values():
-            expected.setdefault(b.segment.stream, []).append(_key(b.size, b.offset))
-        for stream, keys in self._keys_by_stream.items():
-            assert keys == sorted(expected.get(stream, [])), f"stream {stream}: keys differ from the free blocks"
+    def _index_resize(self, block: Block, old_size: int) -> None:
+        self._index_remove_key(block.segment.stream, _key(old_size, block.offset))
+        insort(self._keys_by_stream[block.segment.stream], _key(block.size, block.offset))
 
-    def _index_largest_bytes(self) -> int:
-        return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)
+    def _index_remove_key(self, stream: int, key: int) -> None:
+        keys = self._keys_by_stream[stream]
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "removing a block that is not indexed"
+        del keys[i]
