@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceFormatError
-from traces.events import EVENT_COLUMNS, AllocTrace, make_events, validate_events
+from traces.events import EVENT_COLUMNS, AllocTrace, make_events, validate_events, trace_name
 
 __all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace"]
 
@@ -60,7 +60,7 @@ def read_table_csv(path: str | Path) -> AllocTrace:
     _check_header(path, list(df.columns))
     df = df[EVENT_COLUMNS]
     validate_events(df, str(path), line_offset=2)
-    return AllocTrace(_canonical(df), name=_stem(path), source=str(path), format=CSV_FORMAT)
+    return AllocTrace(_canonical(df), name=trace_name(path, (".csv", ".parquet", ".pq")), source=str(path), format=CSV_FORMAT)
 
 
 def read_table_parquet(path: str | Path) -> AllocTrace:
@@ -83,7 +83,7 @@ def read_table_parquet(path: str | Path) -> AllocTrace:
     for col in _INT_COLUMNS:
         df[col] = _as_int(df[col], path, col, record_offset=1, unit="record")
     validate_events(df, str(path), line_offset=1, unit="record")
-    return AllocTrace(_canonical(df), name=_stem(path), source=str(path), format=PARQUET_FORMAT)
+    return AllocTrace(_canonical(df), name=trace_name(path, (".csv", ".parquet", ".pq")), source=str(path), format=PARQUET_FORMAT)
 
 
 def _as_string_column(table: pa.Table, col: str, path: Path) -> pa.Table:
@@ -167,11 +167,3 @@ def _compression(path: Path) -> str | None:
     """``"gzip"`` when the file starts with the gzip magic, whatever its name says."""
     with open(path, "rb") as f:
         return "gzip" if f.read(2) == b"\x1f\x8b" else None
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".csv", ".parquet", ".pq"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or path.name

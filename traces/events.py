@@ -21,6 +21,7 @@ are simply live at the end.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,15 @@ class AllocTrace:
         return (ev["time_us"].to_numpy(np.int64), (ev["op"] == "alloc").to_numpy(),
                 ev["alloc_id"].to_numpy(np.int64), ev["nbytes"].to_numpy(np.int64),
                 ev["stream"].to_numpy(np.int64))
+
+
+def trace_name(path: "str | Path", suffixes: tuple[str, ...]) -> str:
+    """A trace's short name for reports: the file name without its data suffixes (``x.csv.gz -> x``)."""
+    name = Path(path).name
+    for suffix in (".gz",) + suffixes:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or Path(path).name
 
 
 def make_events(time_us, op, alloc_id, nbytes, stream=None, tag=None) -> pd.DataFrame:

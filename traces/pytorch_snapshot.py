@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from traces.errors import TraceFormatError
-from traces.events import PRE_TRACE_TAG, AllocTrace, make_events
+from traces.events import PRE_TRACE_TAG, AllocTrace, make_events, trace_name
 
 __all__ = ["SNAPSHOT_FORMAT", "read_pytorch_snapshot", "load_snapshot_dict", "snapshot_to_trace"]
 
@@ -84,7 +84,7 @@ def read_pytorch_snapshot(path: str | Path, *, device: int | None = None) -> All
     """
     path = Path(path)
     trace = snapshot_to_trace(load_snapshot_dict(path), source=str(path), device=device)
-    trace.name = _stem(path)
+    trace.name = trace_name(path, (".pickle", ".pkl"))
     return trace
 
 
@@ -276,11 +276,3 @@ def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int
 def _short(obj: Any, limit: int = 120) -> str:
     text = repr(obj)
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".pickle", ".pkl"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or path.name

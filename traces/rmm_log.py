@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 
 from traces.alloc_table import _compression
 from traces.errors import TraceFormatError
-from traces.events import AllocTrace, make_events
+from traces.events import AllocTrace, make_events, trace_name
 
 __all__ = ["RMM_FORMAT", "RMM_HEADER", "read_rmm_log"]
 
@@ -83,7 +83,7 @@ def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
         "num_free_size_mismatches": num_size_mismatch,
         "stream_handles": {int(h): i for i, h in enumerate(handles)},
     }
-    return AllocTrace(events, name=_stem(path), source=str(path), format=RMM_FORMAT, meta=meta)
+    return AllocTrace(events, name=trace_name(path, (".csv", ".log")), source=str(path), format=RMM_FORMAT, meta=meta)
 
 
 def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
@@ -275,11 +275,3 @@ def _streams_in_order(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     handles = np.concatenate([[0], handles[handles != 0]]).astype(np.uint64)
     codes = pd.Series(np.arange(handles.size), index=handles)
     return codes.reindex(raw).to_numpy(np.int64), handles
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".csv", ".log"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or path.name
