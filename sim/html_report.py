@@ -36,6 +36,7 @@ SECTIONS = {
     "failures": "Failures and preemptions",
     "latency": "Allocation latency",
     "serving": "Serving: request latency and queues",
+    "pareto": "Pareto fronts",
     "sim-vs-gpu": "Simulator vs GPU",
 }
 
@@ -226,6 +227,17 @@ def _queue_series(t: dict[str, pd.DataFrame], trace: str) -> pd.DataFrame | None
     return ts if len(ts) else None
 
 
+def _pareto_section(summary: pd.DataFrame, trace: str, dpi: int) -> str:
+    """Memory overhead against latency and failures, for a trace run under three or more configurations."""
+    part = _by_trace(summary, trace)
+    if part is None or len(part) < 3 or "overhead" not in part.columns:
+        return _note("fewer than three runs of this trace: no front to draw")
+    if not plots.pareto_axes(part):
+        return _note("latency and failures do not vary across these runs")
+    return _figure(lambda: plots.plot_pareto(part), "Runs no other run beats on both axes (both minimised), joined "
+                                                    "in red; a sweep (`poollab sweep`) fills these in", dpi)
+
+
 def _differences_table(diffs: pd.DataFrame) -> str:
     view = plots.differences_view(diffs).reset_index()
     return _table(list(view.columns), view.values.tolist(), [False] + [True] * (view.shape[1] - 1))
@@ -271,6 +283,7 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
         "latency": per_trace(lambda tr: _latency_section(t, tr, dpi), traces, "no runs"),
         "serving": per_trace(lambda tr: _serving_section(t, tr, dpi), served,
                              "no simulation folders (`poollab simulate` writes requests and queue lengths)"),
+        "pareto": per_trace(lambda tr: _pareto_section(t["summary"], tr, dpi), traces, "no runs"),
         "sim-vs-gpu": _sim_vs_gpu_section(t, dpi),
     }
     title = title or "poollab report"

@@ -17,13 +17,14 @@ from sim.plots.compare import (COMPARED_MEASURES, differences_view, plot_sim_vs_
                                sim_gpu_differences, sim_gpu_pairs)
 from sim.plots.latency import LATENCY_SAMPLE_COLUMNS, latency_samples, plot_alloc_latency
 from sim.plots.memory import plot_fragmentation_over_time, plot_memory_over_time, plot_peak_memory
+from sim.plots.pareto import pareto_axes, plot_pareto
 from sim.plots.serving import (FAILURE_COUNTERS, REQUEST_METRICS, plot_failures, plot_queue_lengths,
                                plot_request_latency)
 
 __all__ = [
     "plot_memory_over_time", "plot_fragmentation_over_time", "plot_peak_memory", "plot_alloc_latency",
     "latency_samples", "plot_request_latency", "plot_queue_lengths", "plot_failures", "plot_sim_vs_gpu",
-    "plot_sim_vs_gpu_over_time", "sim_gpu_pairs", "sim_gpu_differences", "differences_view", "missing_columns",
+    "plot_sim_vs_gpu_over_time", "plot_pareto", "pareto_axes", "sim_gpu_pairs", "sim_gpu_differences", "differences_view", "missing_columns",
     "with_series", "column_header", "format_value", "figure_png",
     "SERIES_KEYS", "LATENCY_SAMPLE_COLUMNS", "REQUEST_METRICS", "FAILURE_COUNTERS", "COMPARED_MEASURES",
 ]

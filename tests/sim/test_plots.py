@@ -251,3 +251,17 @@ def test_sim_vs_gpu_figures_have_a_panel_per_pair(alloc_trace):
 def test_figure_png_is_a_png(replayed):
     summary, _ = replayed
     assert plots.figure_png(plots.plot_peak_memory(summary), dpi=40).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_pareto_plot_marks_the_non_dominated_runs():
+    import pandas as pd
+
+    from sim import plots
+
+    summary = pd.DataFrame({"trace": ["t"] * 4, "policy": ["a", "b", "c", "d"], "backend": ["sim"] * 4,
+                            "overhead": [0.1, 0.2, 0.3, 0.05], "alloc_p99_us": [5.0, 2.0, 6.0, 9.0],
+                            "failure_rate": [0.0, 0.0, 0.1, 0.2]})
+    assert plots.pareto_axes(summary) == ["alloc_p99_us", "failure_rate"]
+    fig = plots.plot_pareto(summary)
+    front = fig.axes[0].lines[0]  # the joined front of the first panel
+    assert sorted(front.get_xdata()) == [5.0, 10.0, 20.0]  # d, a, b in percent; c is dominated by a
