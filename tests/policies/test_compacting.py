@@ -7,7 +7,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import policies
 from policies.compacting import Compacting, Compaction
-from policies.device import VirtualDevice
 from policies.errors import PolicyError
 from policies.testing import check_invariants
 

@@ -4,7 +4,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.device import VirtualDevice
 from policies.errors import PolicyError
 from policies.testing import check_invariants
 from policies.torch_caching import (TorchCaching, allocation_size, parse_roundup_power2_divisions, round_size,
