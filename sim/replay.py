@@ -20,10 +20,10 @@ from policies.base import Allocation, Policy
 from sim.bounds import bounds
 from sim.costs import CostedDevice, CostModel
 from sim.metrics import PoolMonitor, default_sample_every
-from sim.report import latency_percentiles, summary_frame
+from sim.report import latency_percentiles, latency_samples, summary_frame
 from traces.events import AllocTrace
 
-__all__ = ["ReplayResult", "replay", "replay_many"]
+__all__ = ["ReplayResult", "ReplayTables", "replay", "replay_many", "replay_tables"]
 
 #: How often (in events) the progress bar is advanced: often enough to move, rarely enough to be free.
 _PROGRESS_STRIDE = 8192
@@ -150,10 +150,19 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=alloc_ns, free_ns=free_ns)
 
 
-def replay_many(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
-                costs: CostModel | None = None, sample_every: int | None = None,
-                progress: bool = False, with_bounds: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Replay one trace under several policy specs: ``(summary, timeseries)`` tables.
+@dataclass
+class ReplayTables:
+    """Several runs of one trace as report tables."""
+
+    summary: pd.DataFrame
+    timeseries: pd.DataFrame
+    latency_samples: pd.DataFrame  # one row per call (``sim.report.LATENCY_SAMPLE_COLUMNS``)
+
+
+def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
+                  costs: CostModel | None = None, sample_every: int | None = None,
+                  progress: bool = False, with_bounds: bool = True) -> ReplayTables:
+    """Replay one trace under several policy specs.
 
     With ``with_bounds`` each row also shows how far the policy is from the best possible:
     ``lower_bound_bytes`` (peak live bytes: no pool reserves less), ``planner_peak_bytes`` (an
@@ -171,7 +180,14 @@ def replay_many(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int 
         summary["planner"] = ref["planner"]
         summary["gap_to_bound"] = summary["peak_reserved_bytes"] / ref["lower_bound_bytes"] - 1
         summary["gap_to_planner"] = summary["peak_reserved_bytes"] / ref["planner_peak_bytes"] - 1
-    return summary, pd.concat([r.timeseries for r in results], ignore_index=True)
+    return ReplayTables(summary, pd.concat([r.timeseries for r in results], ignore_index=True),
+                        latency_samples(results))
+
+
+def replay_many(trace: AllocTrace, specs: Iterable[str], **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(summary, timeseries)`` of ``replay_tables`` (same arguments)."""
+    tables = replay_tables(trace, specs, **kwargs)
+    return tables.summary, tables.timeseries
 
 
 def _params_text(policy: Policy) -> str:

@@ -17,7 +17,7 @@ import pandas as pd
 
 __all__ = [
     "SUMMARY_COLUMNS", "TIMESERIES_COLUMNS", "summary_frame", "write_results", "read_results",
-    "latency_percentiles", "format_table", "DEFAULT_TABLE_COLUMNS",
+    "latency_percentiles", "format_table", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
 ]
 
 #: The columns every backend fills, in order (see README "The report").
@@ -44,6 +44,32 @@ def latency_percentiles(samples_ns: Iterable[float] | np.ndarray, prefix: str) -
         return {f"{prefix}_p50_us": float("nan"), f"{prefix}_p99_us": float("nan")}
     p50, p99 = np.percentile(a, [50, 99])
     return {f"{prefix}_p50_us": float(p50) / 1e3, f"{prefix}_p99_us": float(p99) / 1e3}
+
+
+#: One row per allocate or free call; ``op`` is "alloc" or "free".
+LATENCY_SAMPLE_COLUMNS = ["trace", "policy", "backend", "op", "latency_us"]
+
+_LATENCY_OPS = ("alloc", "free")
+
+
+def latency_samples(results: Iterable[Any]) -> pd.DataFrame:
+    """Per-call latencies of replay runs as one tidy table (``LATENCY_SAMPLE_COLUMNS``).
+
+    Args:
+        results: objects with a ``summary`` dict (``trace``, ``policy``, ``backend``) and
+            ``alloc_ns``/``free_ns`` arrays: ``sim.replay.ReplayResult``,
+            ``realgpu.replay.BaselineResult``.
+    """
+    parts = []
+    for r in results:
+        for op in _LATENCY_OPS:
+            ns = np.asarray(getattr(r, f"{op}_ns"), dtype=np.float64)
+            parts.append(pd.DataFrame({"trace": r.summary["trace"], "policy": r.summary["policy"],
+                                       "backend": r.summary["backend"], "op": op, "latency_us": ns / 1e3}))
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype=object if c != "latency_us" else np.float64)
+                             for c in LATENCY_SAMPLE_COLUMNS})
+    return pd.concat(parts, ignore_index=True)
 
 
 def summary_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import click
 
 from poollab.commands._common import DEFAULT_POLICIES, out_option
 from poollab.commands.replay import REPLAY_COLUMNS
-from sim.replay import replay_many
+from sim.replay import replay_tables
 from sim.report import format_table, write_results
 from sim.html_report import write_html_report
 from sim.simulate import simulate_many
@@ -45,8 +45,11 @@ def demo_command(out_dir: Path, progress: bool) -> None:
     """Compare the five policies on bundled real traces (replay, then simulation)."""
     snapshot = read_alloc_trace(bundled_path(DEMO_SNAPSHOT))
     click.echo(f"== replay: {snapshot.name} ({len(snapshot):,} allocation events, PyTorch snapshot, H200)")
-    summary, ts = replay_many(snapshot, DEFAULT_POLICIES + BASELINES, progress=progress)
-    write_results(out_dir / "replay", summary, ts, meta={"command": "demo", "trace": DEMO_SNAPSHOT})
+    tables = replay_tables(snapshot, DEFAULT_POLICIES + BASELINES, progress=progress)
+    summary = tables.summary
+    write_results(out_dir / "replay", summary, tables.timeseries,
+                  extra_tables={"latency_samples": tables.latency_samples},
+                  meta={"command": "demo", "trace": DEMO_SNAPSHOT})
     click.echo(format_table(summary, REPLAY_COLUMNS))
     first = summary.iloc[0]
     click.echo(f"best possible: lower bound {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "

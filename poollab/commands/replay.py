@@ -8,7 +8,7 @@ import click
 
 from poollab.commands._common import BYTES, check_specs, out_option
 from sim.costs import CostModel
-from sim.replay import replay_many
+from sim.replay import replay_tables
 from sim.report import DEFAULT_TABLE_COLUMNS, format_table, write_results
 from traces import read_alloc_trace
 
@@ -36,10 +36,12 @@ def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, out_d
     spec_list = check_specs(specs)
     cost_model = CostModel.load(costs) if costs else None
     alloc_trace = read_alloc_trace(trace, format=fmt)
-    summary, ts = replay_many(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
-                              sample_every=sample_every, progress=progress)
-    write_results(out_dir, summary, ts, meta={"command": "replay", "trace": str(trace), "policies": spec_list,
-                                              "capacity_bytes": capacity, "costs": str(costs) if costs else "bundled"})
+    tables = replay_tables(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
+                           sample_every=sample_every, progress=progress)
+    summary = tables.summary
+    write_results(out_dir, summary, tables.timeseries, extra_tables={"latency_samples": tables.latency_samples},
+                  meta={"command": "replay", "trace": str(trace), "policies": spec_list, "capacity_bytes": capacity,
+                        "costs": str(costs) if costs else "bundled"})
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
     click.echo(format_table(summary, REPLAY_COLUMNS))
     if "lower_bound_bytes" in summary:

@@ -8,41 +8,18 @@ per call) that ``latency_samples`` builds from replay results and a folder may h
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from sim.report import LATENCY_SAMPLE_COLUMNS, latency_samples  # noqa: F401  (re-exported)
 from sim.plots._base import (colours, ecdf, legend_below, new_figure, note, require_columns, series_order,
                              with_series)
 
 __all__ = ["LATENCY_SAMPLE_COLUMNS", "latency_samples", "plot_alloc_latency"]
 
-#: One row per allocate or free call; ``op`` is "alloc" or "free".
-LATENCY_SAMPLE_COLUMNS = ["trace", "policy", "backend", "op", "latency_us"]
-
 _OPS = ("alloc", "free")
-
-
-def latency_samples(results: Iterable[Any]) -> pd.DataFrame:
-    """Per-call latencies of replay runs as one tidy table (``LATENCY_SAMPLE_COLUMNS``).
-
-    Args:
-        results: objects with a ``summary`` dict (``trace``, ``policy``, ``backend``) and
-            ``alloc_ns``/``free_ns`` arrays: ``sim.replay.ReplayResult``,
-            ``realgpu.replay.BaselineResult``.
-    """
-    parts = []
-    for r in results:
-        for op in _OPS:
-            ns = np.asarray(getattr(r, f"{op}_ns"), dtype=np.float64)
-            parts.append(pd.DataFrame({"trace": r.summary["trace"], "policy": r.summary["policy"],
-                                       "backend": r.summary["backend"], "op": op, "latency_us": ns / 1e3}))
-    if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=object if c != "latency_us" else np.float64)
-                             for c in LATENCY_SAMPLE_COLUMNS})
-    return pd.concat(parts, ignore_index=True)
-
 
 def plot_alloc_latency(summary: pd.DataFrame | None = None, samples: pd.DataFrame | None = None, *,
                        title: str | None = None) -> Any:

@@ -37,6 +37,7 @@ def test_replay_writes_summary_and_prints_a_table(tmp_path, capsys):
     assert "first-fit" in out and "paged" in out
     assert (tmp_path / "out" / "summary.csv").exists()
     assert (tmp_path / "out" / "timeseries.parquet").exists()
+    assert (tmp_path / "out" / "latency_samples.parquet").exists()  # one row per call, for the report
 
 
 def test_unknown_policy_is_one_line_and_exit_2(tmp_path, capsys):
