@@ -94,29 +94,33 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
     from realgpu.replay import baseline_replay, gpu_replay
     from sim.costs import CostModel
     from sim.replay import replay
-    from sim.report import format_table, summary_frame, write_results
+    from sim.report import format_table, latency_samples, summary_frame, write_results
     from traces.detect import read_alloc_trace
 
     cost_model = CostModel.load(costs) if costs else None
     alloc_trace = read_alloc_trace(trace, format=fmt)
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
-    rows, series = [], []
+    rows, series, runs = [], [], []
     for spec in spec_list:
         result = gpu_replay(alloc_trace, spec, backend=backend, capacity_bytes=capacity, validate=validate,
                             sample_every=sample_every, progress=progress, device_id=device_id)
         rows.append(result.summary)
         series.append(result.timeseries)
+        runs.append(result)
         if with_sim:
             sim = replay(alloc_trace, spec, capacity_bytes=result.summary["capacity_bytes"], costs=cost_model,
                          sample_every=sample_every, progress=progress)
             rows.append({**sim.summary, "kind": "policy"})
             series.append(sim.timeseries)
+            runs.append(sim)
     for name in baseline_list:
         result = baseline_replay(alloc_trace, name, sample_every=sample_every, progress=progress, device_id=device_id)
         rows.append(result.summary)
         series.append(result.timeseries)
+        runs.append(result)
     summary = summary_frame(rows)
     write_results(out_dir, summary, pd.concat(series, ignore_index=True),
+                  extra_tables={"latency_samples": latency_samples(runs)},
                   meta={"command": "gpu replay", "trace": str(trace), "policies": spec_list, "baselines": baseline_list,
                         "capacity_bytes": capacity, "validate": validate, "backend": backend, "device": device_id,
                         "costs": str(costs) if costs else ("bundled" if with_sim else None)})
