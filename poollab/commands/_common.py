@@ -41,3 +41,51 @@ def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
 def out_option(default: str):
     return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=default,
                         show_default=True, help="Folder for summary.csv and the other tables.")
+
+
+def read_alloc_or_explain(path: Path, fmt: str | None):
+    """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request trace."""
+    import traces
+    from poollab.errors import UsageError
+
+    try:
+        return traces.read_alloc_trace(path, format=fmt)
+    except traces.TraceFormatError:
+        if fmt is None and _is_request_trace(path):
+            raise UsageError(f"{path}: this is a request trace ({traces.detect_request_format(path)}); "
+                             f"replay takes allocation traces: simulate it with `poollab simulate {path}`") from None
+        raise
+
+
+def read_requests_or_explain(path: Path, fmt: str | None):
+    """``traces.read_request_trace``, or a UsageError pointing to `poollab replay` for an allocation trace."""
+    import traces
+    from poollab.errors import UsageError
+
+    try:
+        return traces.read_request_trace(path, format=fmt)
+    except traces.TraceFormatError:
+        if fmt is None and _is_alloc_trace(path):
+            raise UsageError(f"{path}: this is an allocation trace ({traces.detect_alloc_format(path)}); "
+                             f"simulate takes request traces: replay it with `poollab replay {path}`") from None
+        raise
+
+
+def _is_request_trace(path: Path) -> bool:
+    import traces
+
+    try:
+        traces.detect_request_format(path)
+        return True
+    except (traces.TraceFormatError, OSError):
+        return False
+
+
+def _is_alloc_trace(path: Path) -> bool:
+    import traces
+
+    try:
+        traces.detect_alloc_format(path)
+        return True
+    except (traces.TraceFormatError, OSError):
+        return False

@@ -95,10 +95,10 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
     from sim.costs import CostModel
     from sim.replay import replay
     from sim.report import format_table, latency_samples, summary_frame, write_results
-    from traces.detect import read_alloc_trace
+    from poollab.commands._common import read_alloc_or_explain
 
     cost_model = CostModel.load(costs) if costs else None
-    alloc_trace = read_alloc_trace(trace, format=fmt)
+    alloc_trace = read_alloc_or_explain(trace, fmt)
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
     rows, series, runs = [], [], []
     for spec in spec_list:

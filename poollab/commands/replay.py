@@ -6,11 +6,10 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import BYTES, check_specs, out_option
+from poollab.commands._common import BYTES, check_specs, out_option, read_alloc_or_explain
 from sim.costs import CostModel
 from sim.replay import replay_tables
 from sim.report import DEFAULT_TABLE_COLUMNS, format_table, write_results
-from traces import read_alloc_trace
 
 
 REPLAY_COLUMNS = DEFAULT_TABLE_COLUMNS + ["gap_to_planner"]
@@ -35,7 +34,7 @@ def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, out_d
     """Replay the allocation TRACE against each policy and compare them."""
     spec_list = check_specs(specs)
     cost_model = CostModel.load(costs) if costs else None
-    alloc_trace = read_alloc_trace(trace, format=fmt)
+    alloc_trace = read_alloc_or_explain(trace, fmt)
     tables = replay_tables(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
                            sample_every=sample_every, progress=progress)
     summary = tables.summary

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import BYTES, check_specs, out_option
+from poollab.commands._common import BYTES, check_specs, out_option, read_requests_or_explain
 from poollab.errors import UsageError
 from sim.report import format_table, write_results
 from sim.simulate import simulate_many
-from traces.request_readers import read_request_trace
 
 #: What the command prints per policy (the files hold every column).
 TABLE_COLUMNS = ["policy", "kv_strategy", "n_finished", "n_rejected", "n_preempted", "ttft_p50_s", "ttft_p99_s",
@@ -83,7 +82,7 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, kv_strateg
         raise UsageError(str(exc)) from None
     if rate_scale <= 0:
         raise UsageError(f"--rate-scale {rate_scale} must be > 0")
-    requests = read_request_trace(trace, format=fmt)
+    requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
     options = dict(kv_strategy=kv_strategy, grow_tokens=grow_tokens, preemption=preemption,

@@ -70,3 +70,13 @@ def test_missing_trace_file_is_exit_2(tmp_path, capsys):
 def test_bad_capacity_is_exit_2(tmp_path, capsys):
     code, _, err = run(["replay", "x.csv", "--capacity", "lots"], capsys)
     assert code == 2 and "lots" in err
+
+
+def test_a_request_trace_given_to_replay_points_to_simulate(capsys):
+    code, _, err = run(["replay", str(bundled_path("azure_code_slice.csv"))], capsys)
+    assert code == 2 and "request trace" in err and "poollab simulate" in err
+
+
+def test_an_allocation_trace_given_to_simulate_points_to_replay(capsys):
+    code, _, err = run(["simulate", str(bundled_path("llama1b_generate_slice.pickle.gz"))], capsys)
+    assert code == 2 and "allocation trace" in err and "poollab replay" in err
