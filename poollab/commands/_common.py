@@ -1,4 +1,4 @@
-"""Option parsing shared by sub-commands: sizes, policy lists, output folders."""
+"""Shared by sub-commands: option types, policy lists, output folders, reading a trace of the right kind."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 import policies
+import traces
+from poollab.errors import UsageError
 from policies.units import parse_bytes
 
 #: What ``--policy`` means when it is not given: the five built-in policies.
@@ -45,47 +47,31 @@ def out_option(default: str):
 
 def read_alloc_or_explain(path: Path, fmt: str | None):
     """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request trace."""
-    import traces
-    from poollab.errors import UsageError
-
     try:
         return traces.read_alloc_trace(path, format=fmt)
     except traces.TraceFormatError:
-        if fmt is None and _is_request_trace(path):
-            raise UsageError(f"{path}: this is a request trace ({traces.detect_request_format(path)}); "
-                             f"replay takes allocation traces: simulate it with `poollab simulate {path}`") from None
+        other = None if fmt else _detected(traces.detect_request_format, path)
+        if other:
+            raise UsageError(f"{path}: this is a request trace ({other}); replay takes allocation traces: "
+                             f"simulate it with `poollab simulate {path}`") from None
         raise
 
 
 def read_requests_or_explain(path: Path, fmt: str | None):
     """``traces.read_request_trace``, or a UsageError pointing to `poollab replay` for an allocation trace."""
-    import traces
-    from poollab.errors import UsageError
-
     try:
         return traces.read_request_trace(path, format=fmt)
     except traces.TraceFormatError:
-        if fmt is None and _is_alloc_trace(path):
-            raise UsageError(f"{path}: this is an allocation trace ({traces.detect_alloc_format(path)}); "
-                             f"simulate takes request traces: replay it with `poollab replay {path}`") from None
+        other = None if fmt else _detected(traces.detect_alloc_format, path)
+        if other:
+            raise UsageError(f"{path}: this is an allocation trace ({other}); simulate takes request traces: "
+                             f"replay it with `poollab replay {path}`") from None
         raise
 
 
-def _is_request_trace(path: Path) -> bool:
-    import traces
-
+def _detected(detect, path: Path) -> str | None:
+    """The format ``detect`` finds in ``path``, or None when it finds none."""
     try:
-        traces.detect_request_format(path)
-        return True
+        return detect(path)
     except (traces.TraceFormatError, OSError):
-        return False
-
-
-def _is_alloc_trace(path: Path) -> bool:
-    import traces
-
-    try:
-        traces.detect_alloc_format(path)
-        return True
-    except (traces.TraceFormatError, OSError):
-        return False
+        return None
