@@ -5,9 +5,6 @@ The shared block machinery (splitting, coalescing, growth, trim) is tested in te
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import policies
 from policies.best_fit import BestFit
 
@@ -75,25 +72,3 @@ def test_largest_free_bytes_is_the_last_key():
     _holes(p, [(40 * KiB, True), (4 * KiB, False), (60 * KiB, True), (4 * KiB, False), (MiB - 108 * KiB, False)])
     assert p.largest_free_bytes() == 60 * KiB
 
-
-_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB))
-
-
-@settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), _SIZES, st.sampled_from([0, 0, 3])), max_size=120))
-def test_places_exactly_where_a_smallest_first_scan_would(ops):
-    p = BestFit(segment_bytes=1 * MiB)
-    live = []
-    for is_alloc, n, stream in ops:
-        if is_alloc or not live:
-            size = -(-n // 256) * 256
-            fits = [(b.size, b.offset) for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
-            a = p.allocate(n, stream=stream)
-            if fits:
-                assert a.offset == min(fits)[1]
-            else:
-                assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
-            live.append(a)
-        else:
-            p.free(live.pop(n % len(live)))
-    p.check_invariants()

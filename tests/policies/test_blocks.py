@@ -18,6 +18,7 @@ from policies._blocks import Block, ContiguousPolicy
 from policies.base import Segment
 from policies.best_fit import BestFit
 from policies.first_fit import FirstFit
+from policies.worst_fit import WorstFit
 from traces.bundled import bundled_path
 
 KiB = 1 << 10
@@ -341,3 +342,36 @@ def test_real_trace_replay_keeps_invariants_and_reuses_memory(policy):
     s = p.stats()
     assert s.num_allocs > 10_000 and s.num_failures == 0 and s.num_live == len(live)
     assert s.peak_allocated_bytes <= s.peak_reserved_bytes < 2 * s.peak_allocated_bytes
+
+
+_ORACLE_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB))
+
+#: Each placement rule as the key a brute-force scan minimises over the free blocks that fit.
+_PLACEMENT_RULES = {
+    FirstFit: lambda b: (b.offset,),  # lowest address
+    BestFit: lambda b: (b.size, b.offset),  # smallest block, then lowest address
+    WorstFit: lambda b: (-b.size, b.offset),  # largest block, then lowest address
+}
+
+
+@pytest.mark.parametrize("cls", list(_PLACEMENT_RULES), ids=lambda c: c.name)
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), _ORACLE_SIZES, st.sampled_from([0, 0, 3])), max_size=120))
+def test_places_exactly_where_a_brute_force_scan_would(cls, ops):
+    rule = _PLACEMENT_RULES[cls]
+    p = cls(segment_bytes=1 * MiB)
+    live = []
+    for is_alloc, n, stream in ops:
+        if is_alloc or not live:
+            size = -(-n // 256) * 256
+            # (key, offset) taken now: allocate() reshapes the Block objects themselves
+            fits = [(rule(b), b.offset) for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
+            a = p.allocate(n, stream=stream)
+            if fits:
+                assert a.offset == min(fits)[1]
+            else:
+                assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
+            live.append(a)
+        else:
+            p.free(live.pop(n % len(live)))
+        p.check_invariants()

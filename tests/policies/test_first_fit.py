@@ -5,9 +5,6 @@ The shared block machinery (splitting, coalescing, growth, trim) is tested in te
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 import policies
 from policies.first_fit import FirstFit
 
@@ -79,25 +76,3 @@ def test_largest_free_bytes_scans_the_top_bucket():
     _holes(p, [(40 * KiB, True), (4 * KiB, False), (60 * KiB, True), (4 * KiB, False), (MiB - 108 * KiB, False)])
     assert p.largest_free_bytes() == 60 * KiB and p.free_extents()[1] == (p.free_extents()[1][0], 60 * KiB)
 
-
-_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB))
-
-
-@settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), _SIZES, st.sampled_from([0, 0, 3])), max_size=120))
-def test_places_exactly_where_an_address_ordered_scan_would(ops):
-    p = FirstFit(segment_bytes=1 * MiB)
-    live = []
-    for is_alloc, n, stream in ops:
-        if is_alloc or not live:
-            size = -(-n // 256) * 256
-            fits = [b.offset for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
-            a = p.allocate(n, stream=stream)
-            if fits:
-                assert a.offset == min(fits)
-            else:
-                assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
-            live.append(a)
-        else:
-            p.free(live.pop(n % len(live)))
-    p.check_invariants()

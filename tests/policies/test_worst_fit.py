@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
-
 import policies
 from policies.worst_fit import WorstFit
 
@@ -39,25 +37,3 @@ def test_a_request_larger_than_every_hole_grows():
     b = p.allocate(512 * KiB)
     assert len(p.segments()) == 2 and b.offset == p.segments()[1].offset
 
-
-_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB))
-
-
-@settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), _SIZES, st.sampled_from([0, 0, 3])), max_size=120))
-def test_places_exactly_where_a_largest_first_scan_would(ops):
-    p = WorstFit(segment_bytes=1 * MiB)
-    live = []
-    for is_alloc, n, stream in ops:
-        if is_alloc or not live:
-            size = -(-n // 256) * 256
-            fits = [(-b.size, b.offset) for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
-            a = p.allocate(n, stream=stream)
-            if fits:
-                assert a.offset == min(fits)[1]
-            else:
-                assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
-            live.append(a)
-        else:
-            p.free(live.pop(n % len(live)))
-        p.check_invariants()
