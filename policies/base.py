@@ -147,6 +147,29 @@ class Policy(abc.ABC):
     #: True when free neighbours are always merged, so no two free extents touch
     coalesces: ClassVar[bool] = False
 
+    # ----------------------------------------------------------------- declared capabilities
+    # What any pool can be asked. A policy that offers more sets the flag and overrides the
+    # method; a wrapper forwards both to its base (``policies.wrapper``). Callers read the flag,
+    # never the presence of an attribute.
+    #: live allocations may move (compaction): handles' ``extents`` are updated in place and
+    #: ``on_move`` is called for each move
+    moves_allocations: ClassVar[bool] = False
+    #: ... inside ``allocate``/``free`` too, not only in an explicit ``compact()``
+    moves_while_allocating: ClassVar[bool] = False
+    #: ``reserve(nbytes)`` pre-grows the pool ahead of a burst (elastic)
+    can_reserve: ClassVar[bool] = False
+    #: ``compact()`` runs a compaction pass
+    can_compact: ClassVar[bool] = False
+    #: ``seed_segment()`` rebuilds a segment that existed before a trace began (torch-caching)
+    can_seed_segments: ClassVar[bool] = False
+    #: the unit a paged pool hands out; None for a pool that places bytes
+    page_size_bytes: int | None = None
+    #: the policy a wrapper wraps; None for a policy that reserves its own segments
+    base_policy: "Policy | None" = None
+    #: ``on_move(allocation, old_offset, new_offset, nbytes)`` for a pool that moves allocations
+    #: (wiring set by the caller, e.g. ``realgpu`` copying the bytes; see ``policies.wrapper``)
+    on_move: Any = None
+
     def __init__(self, *, capacity_bytes: int | None = None, device: Device | None = None):
         if capacity_bytes is not None and (isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
                                            or capacity_bytes <= 0):
@@ -359,6 +382,36 @@ class Policy(abc.ABC):
     @property
     def frozen(self) -> bool:
         return self._frozen
+
+    # ----------------------------------------------------------------- optional abilities
+    def reserve(self, nbytes: int) -> bool:
+        """Pre-grow so that at least ``nbytes`` are free (only where ``can_reserve``)."""
+        raise PolicyError(f"policy {self.spec!r} cannot reserve ahead; wrap it, e.g. elastic:base=[{self.spec}]")
+
+    def compact(self, *, force: bool = False) -> Any:
+        """Run a compaction pass (only where ``can_compact``); see ``policies.compacting``."""
+        raise PolicyError(f"policy {self.spec!r} cannot compact; wrap it, e.g. compacting:base=[{self.spec}]")
+
+    def compaction_stats(self) -> dict[str, Any]:
+        """Compaction totals since the last reset (empty for a pool that never compacts)."""
+        return {}
+
+    def take_compaction_ns(self) -> int:
+        """Modelled copy time of the compaction passes since the last call (0 when none)."""
+        return 0
+
+    def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()) -> list[Allocation]:
+        """Rebuild a pre-existing segment with its live blocks (only where ``can_seed_segments``)."""
+        raise PolicyError(f"policy {self.spec!r} cannot seed segments")
+
+    def empty_cache(self) -> int:
+        """Give every cached free segment back to the device (``torch.cuda.empty_cache()``);
+        returns the bytes released. ``trim()`` unless the policy has its own rule."""
+        return self.trim()
+
+    def shared_extents(self) -> list[tuple[int, int]]:
+        """Extents held by more than one live allocation (a paged pool's shared pages); none here."""
+        return []
 
     def segments(self) -> list[Segment]:
         """Reserved segments, in address order."""

@@ -29,7 +29,7 @@ When it runs:
 ``idle_only=True`` turns the first two off: nothing moves on the allocation path.
 
 Cost: each move is modelled as a device copy: ``copy_ns(nbytes)`` when set (wiring, not a knob:
-by default the device's cost model, ``sim.costs.CostedDevice.costs.copy_ns``, when it has one).
+by default the device's own ``copy_ns``: ``sim.costs.CostedDevice`` models it, other devices say 0).
 Each pass is recorded as a ``Compaction`` row (bytes moved, modelled time, fragmentation and
 largest free range before and after, bytes released).
 
@@ -113,6 +113,7 @@ class Compacting(WrapperPolicy):
 
     name = "compacting"
     moves_allocations = True
+    can_compact = True
 
     def __init__(self, *, base: str = "best-fit", threshold: float = 0.5, idle_only: bool = False,
                  check_every: int = 64, min_free_bytes: int = 16 << 20, capacity_bytes: int | None = None,
@@ -127,8 +128,11 @@ class Compacting(WrapperPolicy):
         self.check_every = check_every
         self.min_free_bytes = min_free_bytes
         super().__init__(base=base, capacity_bytes=capacity_bytes, device=device)
-        costs = getattr(self.device, "costs", None)
-        self.copy_ns: Callable[[int], int] | None = getattr(costs, "copy_ns", None)
+        self.copy_ns: Callable[[int], int] | None = self.device.copy_ns
+
+    @property
+    def moves_while_allocating(self) -> bool:
+        return not self.idle_only
 
     def _check_base(self, base_policy: Policy) -> None:
         if not isinstance(base_policy, ContiguousPolicy):

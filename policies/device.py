@@ -1,15 +1,31 @@
 """The upstream a pool reserves segments from: ``cudaMalloc``/``cudaFree`` in the abstract.
 
-A ``Device`` only hands out address ranges. ``VirtualDevice`` (the default) invents them;
-``sim`` wraps it to charge driver time per call and ``realgpu`` implements the same two methods
-with real ``cudaMalloc``/``cudaFree``, mapping each segment's offset to a device pointer.
+A ``Device`` hands out address ranges and accounts for the driver time its calls take.
+``VirtualDevice`` (the default) invents addresses for free; ``sim.costs.CostedDevice`` charges
+each call its modelled driver time and ``realgpu``'s devices make real ``cudaMalloc``/``cudaFree``
+calls, mapping each segment's offset to a device pointer.
+
+Driver time is part of the protocol, so no caller needs to know which device it holds:
+
+- ``take_driver_ns()``: driver time accrued since the last call that the caller's own clock
+  did not see, and reset it. A modelled device returns what it charged; a free device and a
+  real one return 0 (a real call runs inside the caller's timed region already).
+- ``driver_ns_total``: all driver time since the device was made, modelled or measured (the
+  report's ``driver_ns_total`` column).
+
+How the coming page-mapped device (``cuMemCreate``/``cuMemMap``, virtual memory) extends it:
+it implements ``reserve``/``release`` as *address-space* calls (``cuMemAddressReserve``) and adds
+``map(offset, nbytes)``/``unmap(offset, nbytes)`` for the physical pages plus per-call counters
+(``num_maps``, ``num_unmaps``); every call charges the same clock through ``DriverClock.charge``,
+so ``take_driver_ns``/``driver_ns_total`` cover mapping with no change to the replay engine,
+the simulator's ``TimedPool`` or the report.
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Device", "VirtualDevice", "SEGMENT_ALIGNMENT_BYTES"]
+__all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "SEGMENT_ALIGNMENT_BYTES"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
 SEGMENT_ALIGNMENT_BYTES = 2 << 20
@@ -23,9 +39,59 @@ class Device(Protocol):
     def release(self, offset: int, nbytes: int) -> None:
         """Give back a segment returned by ``reserve``."""
 
+    def take_driver_ns(self) -> int:
+        """Driver time since the last call that the caller's clock did not see; resets it to 0."""
 
-class VirtualDevice:
-    """An address space with no memory behind it.
+    @property
+    def driver_ns_total(self) -> int:
+        """All driver time since the device was made (modelled or measured)."""
+
+    def copy_ns(self, nbytes: int) -> int:
+        """Modelled time of a device-to-device copy of ``nbytes`` (a compaction move); 0 when
+        copies are not modelled (free, or real and measured by whoever copies)."""
+
+
+class UnmodelledDriver:
+    """The driver-time half of ``Device`` for a device that models no cost: always 0.
+
+    ``VirtualDevice`` and the replay's address-handing devices inherit it.
+    """
+
+    driver_ns_total = 0
+
+    def take_driver_ns(self) -> int:
+        return 0
+
+    def copy_ns(self, nbytes: int) -> int:
+        return 0
+
+
+class DriverClock:
+    """The driver-time ledger a device keeps: what is pending for the caller, and the total.
+
+    ``charge(ns, pending=...)``: ``pending=True`` for modelled time (the caller adds it to its
+    latency sample through ``take_driver_ns``), False for time measured around a real call
+    (already inside the caller's timed region: it only counts towards the total).
+    """
+
+    __slots__ = ("pending_ns", "total_ns")
+
+    def __init__(self) -> None:
+        self.pending_ns = 0
+        self.total_ns = 0
+
+    def charge(self, ns: int, *, pending: bool) -> None:
+        self.total_ns += ns
+        if pending:
+            self.pending_ns += ns
+
+    def take(self) -> int:
+        ns, self.pending_ns = self.pending_ns, 0
+        return ns
+
+
+class VirtualDevice(UnmodelledDriver):
+    """An address space with no memory behind it, and no driver time.
 
     Offsets only grow and a 2 MiB gap separates segments, so two segments are never adjacent
     (a policy cannot silently coalesce across them) and a released address is never reused

@@ -68,6 +68,7 @@ class Elastic(WrapperPolicy):
     """
 
     name = "elastic"
+    can_reserve = True
 
     def __init__(self, *, base: str = "best-fit", high: float = 0.85, low: float = 0.30, patience: int = 16,
                  grow_bytes: int = 32 << 20, min_reserved_bytes: int = 0,

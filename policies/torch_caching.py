@@ -193,6 +193,7 @@ class TorchCaching(Policy):
     """
 
     name = "torch-caching"
+    can_seed_segments = True
     coalesces = True
 
     def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,

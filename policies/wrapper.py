@@ -21,8 +21,13 @@ wrappers included, can be wrapped: ``tag-limits:base=[elastic:base=[best-fit]],l
   that stay right. ``on_move(allocation, old_offset, new_offset, nbytes)``, when set, is called
   for every move with this layer's allocation (``realgpu`` copies the bytes there).
 
-``layers(policy)`` walks a stack of wrappers from the outside in; ``find_layer`` finds the layer
-that offers a capability (``reserve``, ``compact``), wherever it sits in the stack.
+- **capabilities** (``Policy``'s declared ones: ``moves_allocations``, ``can_reserve``/``reserve``,
+  ``can_compact``/``compact``, ``empty_cache``, ``page_size_bytes``, ...) are the base's,
+  forwarded explicitly, so a caller asks the outermost policy and never searches the stack. A
+  wrapper that adds a capability (``elastic``: ``reserve``; ``compacting``: ``compact``)
+  overrides the flag and the method.
+
+``layers(policy)`` walks a stack of wrappers from the outside in (for display and tests).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from policies.base import Allocation, Policy, PoolStats, Segment
 from policies.device import Device
 from policies.errors import PolicyError
 
-__all__ = ["WrapperPolicy", "MoveCallback", "layers", "find_layer"]
+__all__ = ["WrapperPolicy", "MoveCallback", "layers"]
 
 #: ``on_move(allocation, old_offset, new_offset, nbytes)``: copy with memmove semantics (the
 #: ranges may overlap); moves are reported in an order in which copying each one then is safe.
@@ -44,15 +49,7 @@ def layers(policy: Policy) -> Iterator[Policy]:
     """``policy``, then its base, its base's base, ... (the stack of wrappers, outside in)."""
     while policy is not None:
         yield policy
-        policy = getattr(policy, "base_policy", None)
-
-
-def find_layer(policy: Policy, attribute: str) -> Any | None:
-    """The outermost layer of ``policy``'s stack that has ``attribute`` (e.g. ``"reserve"``), or None."""
-    for layer in layers(policy):
-        if hasattr(layer, attribute):
-            return layer
-    return None
+        policy = policy.base_policy
 
 
 class WrapperPolicy(Policy):
@@ -87,7 +84,7 @@ class WrapperPolicy(Policy):
         #: called for every move of one of this layer's allocations (wiring, not a knob)
         self.on_move: MoveCallback | None = None
         self._move_listeners: list[MoveCallback] = []
-        if getattr(base_policy, "moves_allocations", False):
+        if base_policy.moves_allocations:
             base_policy.add_move_listener(self._base_moved)
         super().__init__(capacity_bytes=capacity_bytes, device=base_policy.device)
 
@@ -95,10 +92,48 @@ class WrapperPolicy(Policy):
         """Raise PolicyError when this wrapper cannot wrap ``base_policy``."""
 
     # ----------------------------------------------------------------- moves
+    # ----------------------------------------------------------------- capabilities, forwarded
     @property
     def moves_allocations(self) -> bool:
         """Whether allocations of this pool may move (its base, at any depth, compacts)."""
-        return getattr(self.base_policy, "moves_allocations", False)
+        return self.base_policy.moves_allocations
+
+    @property
+    def moves_while_allocating(self) -> bool:
+        return self.base_policy.moves_while_allocating
+
+    @property
+    def can_reserve(self) -> bool:
+        return self.base_policy.can_reserve
+
+    @property
+    def can_compact(self) -> bool:
+        return self.base_policy.can_compact
+
+    @property
+    def page_size_bytes(self) -> int | None:
+        return self.base_policy.page_size_bytes
+
+    def reserve(self, nbytes: int) -> bool:
+        ok = self.base_policy.reserve(nbytes)
+        self._sync()
+        return ok
+
+    def compact(self, *, force: bool = False) -> Any:
+        record = self.base_policy.compact(force=force)
+        self._sync()
+        return record
+
+    def compaction_stats(self) -> dict[str, Any]:
+        return self.base_policy.compaction_stats()
+
+    def take_compaction_ns(self) -> int:
+        return self.base_policy.take_compaction_ns()
+
+    def empty_cache(self) -> int:
+        released = self.base_policy.empty_cache()
+        self._sync()
+        return released
 
     def add_move_listener(self, listener: MoveCallback) -> None:
         """Call ``listener`` after ``on_move`` for every move (how a wrapper above follows)."""
@@ -161,7 +196,7 @@ class WrapperPolicy(Policy):
     # ----------------------------------------------------------------- Policy hooks
     def _reset_state(self) -> None:
         # base allocation -> ours, kept only when the base may move them (see the module docstring)
-        moves = getattr(self.base_policy, "moves_allocations", False)
+        moves = self.base_policy.moves_allocations
         self._outer_of: dict[Allocation, Allocation] | None = {} if moves else None
         self._sync()
 
@@ -212,5 +247,4 @@ class WrapperPolicy(Policy):
 
     def shared_extents(self) -> list[tuple[int, int]]:
         """The base's shared pages, where it has any (see ``policies.testing``)."""
-        fn = getattr(self.base_policy, "shared_extents", None)
-        return fn() if fn is not None else []
+        return self.base_policy.shared_extents()

@@ -12,7 +12,8 @@ on a real pool somebody must copy the bytes. This module does it through the poo
   undefined. Temporaries come from ``cudaMalloc`` directly (``cupy.cuda.using_allocator()``),
   never from the pool being compacted, even when it is CuPy's current allocator.
 - ``attach(pool) -> DeviceMover``: wires a mover into the outermost layer of ``pool.policy``
-  that moves allocations (so it sees the handles the pool holds). Attach before the first
+  that moves allocations (the policy itself: wrappers pass moves up, so it sees the handles
+  the pool holds). Attach before the first
   allocation when the policy compacts on the allocation path (a failure-triggered pass).
 - ``compact(pool, force=False) -> GpuCompaction``: runs a pass now and measures it.
 
@@ -32,7 +33,6 @@ import numpy as np
 
 from policies.base import Allocation
 from policies.compacting import Compaction
-from policies.wrapper import find_layer, layers
 from realgpu.errors import CorruptionError, PoolError
 
 __all__ = ["DeviceMover", "GpuCompaction", "attach", "compact", "DEFAULT_STAGING_BYTES"]
@@ -149,7 +149,7 @@ class DeviceMover:
         if cp is None:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
-        stack.enter_context(cp.cuda.Device(getattr(self.device, "device_id", 0)))
+        stack.enter_context(cp.cuda.Device(self.device.device_id))
         stack.enter_context(cp.cuda.using_allocator())
         return stack
 
@@ -172,11 +172,6 @@ class DeviceMover:
         self._staging = None
 
 
-def _mover_layer(pool: Any):
-    """The outermost layer of the pool's policy whose allocations may move."""
-    return next((layer for layer in layers(pool.policy) if getattr(layer, "moves_allocations", False)), None)
-
-
 def attach(pool: Any, **kwargs: Any) -> DeviceMover:
     """Make ``pool``'s compactions real copies: a ``DeviceMover`` becomes the policy's ``on_move``.
 
@@ -187,8 +182,8 @@ def attach(pool: Any, **kwargs: Any) -> DeviceMover:
     Raises:
         PoolError: the policy never moves allocations, or a mover is attached already.
     """
-    layer = _mover_layer(pool)
-    if layer is None:
+    layer = pool.policy
+    if not layer.moves_allocations:
         raise PoolError(f"policy {pool.policy.spec!r} never moves allocations; compaction needs a compacting "
                         "policy, e.g. 'compacting:base=[best-fit]'")
     if layer.on_move is not None:
@@ -205,15 +200,14 @@ def compact(pool: Any, *, force: bool = False) -> GpuCompaction:
         PoolError: no compacting layer, or no ``DeviceMover`` attached (moving handles without
             copying the bytes would lose data).
     """
-    layer = _mover_layer(pool)
-    compactor = find_layer(pool.policy, "compact")
-    if layer is None or compactor is None:
+    policy = pool.policy
+    if not (policy.moves_allocations and policy.can_compact):
         raise PoolError(f"policy {pool.policy.spec!r} cannot compact; use e.g. 'compacting:base=[best-fit]'")
-    mover = layer.on_move
+    mover = policy.on_move
     if not isinstance(mover, DeviceMover):
         raise PoolError("attach(pool) first: a pass would move allocations without copying their bytes")
     copy_before = mover.copy_ns
     t0 = time.perf_counter_ns()
-    record = compactor.compact(force=force)
+    record = policy.compact(force=force)
     pool.device.synchronize()
     return GpuCompaction(record=record, wall_ns=time.perf_counter_ns() - t0, copy_ns=mover.copy_ns - copy_before)

@@ -38,15 +38,6 @@ GUARD_WORD = 0x4B1D4B1D
 DEFAULT_HEADROOM_BYTES = 1 << 30
 
 
-def _layers(policy: Policy) -> list[Policy]:
-    """The policy and every policy it wraps (``policies.wrapper.layers``, when wrappers exist)."""
-    try:
-        from policies.wrapper import layers
-    except ImportError:
-        return [policy]
-    return list(layers(policy))
-
-
 def data_word(serial: int) -> int:
     """The pattern of the ``serial``-th validated allocation.
 
@@ -135,8 +126,7 @@ class GpuPool:
         self._address = self.device.address
         #: a layer that may move live allocations while allocating or freeing (compaction): CuPy
         #: pointers could not follow, so ``malloc`` refuses such a policy
-        self.moves_on_hot_path = any(getattr(layer, "moves_allocations", False) and not getattr(layer, "idle_only", False)
-                                     for layer in _layers(self.policy))
+        self.moves_on_hot_path = self.policy.moves_while_allocating
         if self.is_cuda:  # bound once: malloc is CuPy's hot path (module lookups cost ~50 ns each)
             from cupy.cuda import MemoryPointer, UnownedMemory
 

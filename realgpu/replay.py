@@ -9,9 +9,10 @@ it caused (and, for a compacting policy, the device copies of the allocations it
 ``realgpu.compaction.DeviceMover``), every allocation is touched (or, with ``validate``, filled
 and checked), and the device's own used memory is read (NVML).
 
-Baselines (``realgpu.baselines``) go through a loop built the same way (same timer, same
-touching, same sampling stride), each reporting its own reserved-bytes reading. Columns they
-cannot know (fragmentation, rounding waste for some) are NaN.
+Baselines (``realgpu.baselines``) go through the same loop (``sim.engine.run``: same timer,
+same sampling stride) and the same row (``sim.report.summary_row``), touching each allocation
+and reporting their own reserved-bytes reading. Columns they cannot know (fragmentation,
+rounding waste for some) are NaN.
 
 Extra summary columns, after ``SUMMARY_COLUMNS``: ``kind`` (policy or baseline), ``device``,
 ``validate``, ``n_events``, ``driver_ns_total`` (measured time inside ``cudaMalloc``/``cudaFree``
@@ -33,9 +34,11 @@ import pandas as pd
 from policies.base import Policy
 from realgpu.baselines import Baseline, make_baseline
 from realgpu.pool import GpuPool
-from sim.metrics import default_sample_every
-from sim.replay import ReplayResult, replay
-from sim.report import latency_percentiles
+from sim.engine import ALLOC, Target
+from sim.engine import run as engine_run
+from sim.metrics import PoolMonitor, default_sample_every
+from sim.replay import ReplayResult, replay, trace_events
+from sim.report import summary_row
 from traces.events import AllocTrace
 
 __all__ = ["gpu_replay", "baseline_replay", "BaselineResult", "device_name"]
@@ -99,7 +102,7 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
         result = replay(trace, pool.policy, backend="gpu", sample_every=sample_every, progress=progress,
                         on_alloc=on_alloc, on_free=on_free)
         device.synchronize()
-        measured = {"driver_ns_total": device.map_ns + device.unmap_ns, "device_mallocs": device.num_maps,
+        measured = {"driver_ns_total": device.driver_ns_total, "device_mallocs": device.num_maps,
                     "device_frees": device.num_unmaps,
                     "moved_bytes": mover.moved_bytes if mover is not None else 0,
                     "move_ns_total": mover.copy_ns if mover is not None else 0}
@@ -120,157 +123,133 @@ def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every
                     timer: Callable[[], int] = time.perf_counter_ns) -> BaselineResult:
     """Replay ``trace`` through a baseline allocator (``realgpu.baselines``) on the GPU.
 
-    The timed region is the allocator's own call (``alloc(nbytes)``; ``free(handle)`` or
-    dropping the last reference), as in ``sim.replay``. A failed allocation is counted and its
-    free skipped. The baseline is closed (its cache emptied) before this returns.
+    The loop is ``sim.engine.run`` and the row ``sim.report.summary_row``, as for a policy: the
+    timed region is the allocator's own call (``alloc(nbytes)``; ``free(handle)`` or dropping
+    the last reference), a failed allocation is counted and its free skipped. The baseline is
+    closed (its cache emptied) before this returns.
     """
     from realgpu.cuda import touch_pointer
 
     watch = _memory_watch(device_id)
     bl = make_baseline(baseline, device_id=device_id) if isinstance(baseline, str) else baseline
-    time_us, is_alloc, alloc_id, nbytes, _ = trace.arrays()
-    n = len(time_us)
-    every = sample_every or default_sample_every(n)
-    alloc_ns = np.zeros(int(is_alloc.sum()), dtype=np.int64)
-    free_ns = np.zeros(n - len(alloc_ns), dtype=np.int64)
-    alloc, free, drop, pointer = bl.alloc, bl.free, bl.drop, bl.pointer
-    oom, note, reserved, allocated = bl.oom_errors, bl.note_alloc, bl.reserved_bytes, bl.allocated_bytes
-    poke = watch.poke
-    live: dict[int, Any] = {}
-    sizes: dict[int, int] = {}
-    failed: set[int] = set()
-    rows: list[tuple] = []
-    ia = ifree = n_failed = 0
-    live_bytes = peak_live = 0
-    bar = _progress_bar(n, f"{trace.name} · {bl.name}") if progress else None
-    is_alloc_l, ids_l, sizes_l, times_l = is_alloc.tolist(), alloc_id.tolist(), nbytes.tolist(), time_us.tolist()
-    countdown = 1
-    wall0 = time.perf_counter()
-    for i in range(n):
-        ident = ids_l[i]
-        if is_alloc_l[i]:
-            size = sizes_l[i]
-            try:
-                t0 = timer()
-                h = alloc(size)
-                t1 = timer()
-            except oom:
-                t1 = timer()
-                alloc_ns[ia] = t1 - t0
-                ia += 1
-                failed.add(ident)
-                n_failed += 1
-            else:
-                alloc_ns[ia] = t1 - t0
-                ia += 1
-                live[ident] = h
-                sizes[ident] = size
-                live_bytes += size
-                if live_bytes > peak_live:
-                    peak_live = live_bytes
-                touch_pointer(pointer(h), size)
-                note()
-                poke(reserved())
-                del h
-        else:
-            if ident not in live:
-                if ident in failed:
-                    failed.discard(ident)
-                else:
-                    raise ValueError(f"{trace.source or trace.name}: event {i} frees allocation {ident}, which is not live")
-            elif drop:
-                t0 = timer()
-                del live[ident]
-                t1 = timer()
-                free_ns[ifree] = t1 - t0
-                ifree += 1
-                live_bytes -= sizes.pop(ident)
-            else:
-                h = live.pop(ident)
-                t0 = timer()
-                free(h)
-                t1 = timer()
-                free_ns[ifree] = t1 - t0
-                ifree += 1
-                live_bytes -= sizes.pop(ident)
-        countdown -= 1
-        if countdown == 0 or i == n - 1:
-            countdown = every
-            rows.append((i, times_l[i], live_bytes, allocated(), reserved()))
-        if bar is not None and i % 8192 == 8191:
-            bar.update(8192)
-    wall_s = time.perf_counter() - wall0
-    if bar is not None:
-        bar.update(n - bar.n)
-        bar.close()
+    return _baseline_run(trace, bl, watch=watch, touch=touch_pointer, sample_every=sample_every, progress=progress,
+                         device=device_name(device_id), synchronize=lambda: _synchronize(device_id), timer=timer)
 
+
+def _synchronize(device_id: int) -> None:
     import cupy
 
     cupy.cuda.Device(device_id).synchronize()
-    counters = bl.counters()
-    n_grow, n_shrink = counters["n_grow"], counters["n_shrink"]
-    if drop:
-        live.clear()
-    else:
-        for h in live.values():
-            free(h)
-        live.clear()
+
+
+def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[int, int], None],
+                  sample_every: int | None, progress: bool, device: str, synchronize: Callable[[], None],
+                  timer: Callable[[], int]) -> BaselineResult:
+    """``baseline_replay`` once the allocator, the memory watch and the device calls exist
+    (split off so that the host tests can drive it with a stand-in allocator)."""
+    events = trace_events(trace)
+    n = len(events.ops)
+    readings = BaselineReadings(bl)
+    monitor = PoolMonitor(readings=readings, sample_every=sample_every or default_sample_every(n))
+    pointer, note, reserved = bl.pointer, bl.note_alloc, bl.reserved_bytes
+    poke = watch.poke if watch is not None else _no_reading
+
+    def on_alloc(h: Any, nbytes: int, key: int) -> None:
+        readings.allocated(key, nbytes)
+        touch(pointer(h), nbytes)
+        note()
+        poke(reserved())
+
+    where = trace.source or trace.name
+
+    def unknown_free(i: int, key: int) -> Exception:
+        return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
+
+    target = Target(allocate=bl.alloc, free=None if bl.drop else bl.free, oom_errors=bl.oom_errors, sized_only=True)
+    run = engine_run(events.ops, events.keys, events.sizes, target=target, times_us=events.times_us,
+                     observe=_booking(monitor.observe, readings, events), on_alloc=on_alloc,
+                     unknown_free=unknown_free, timer=timer,
+                     progress=f"{trace.name} · {bl.name}" if progress else None)
+    if n:
+        monitor.finish(n - 1, events.times_us[-1])
+    synchronize()
+    readings.num_failed, readings.num_frees = run.num_failed, len(run.free_ns)
+    readings.counters = bl.counters()  # read before teardown frees what is still live
+    row = summary_row(trace=trace.name, policy=bl.name, backend="gpu", params="", capacity_bytes=None,
+                      monitor=monitor, alloc_ns=run.alloc_ns, free_ns=run.free_ns, wall_s=run.wall_s, n_events=n,
+                      kind="baseline", device=device, validate=False, driver_ns_total=NAN,
+                      device_mallocs=readings.counters["n_grow"], device_frees=readings.counters["n_shrink"])
+    if not bl.drop:
+        for h in run.live.values():
+            bl.free(h)
+    run.live.clear()
     bl.close()
-    ts = pd.DataFrame(rows, columns=["event", "time_us", "live_bytes", "allocated_bytes", "reserved_bytes"])
-    ts["largest_free_bytes"] = NAN
-    ts["frag_ext"] = NAN
-    ts["num_segments"] = NAN
+    row.update(_memory_columns(watch))
+    ts = monitor.timeseries()
     for col, value in (("backend", "gpu"), ("policy", bl.name), ("trace", trace.name)):
         ts.insert(0, col, value)
-    n_attempts = len(alloc_ns)
-    peak_reserved = counters["peak_reserved_bytes"]
-    alloc_col = ts["allocated_bytes"].to_numpy(np.float64)
-    total_alloc = float(np.nansum(alloc_col))
-    waste = (float((total_alloc - ts["live_bytes"].sum()) / total_alloc)
-             if total_alloc > 0 and not np.isnan(alloc_col).any() else NAN)
-    row: dict[str, Any] = {
-        "trace": trace.name,
-        "policy": bl.name,
-        "backend": "gpu",
-        "params": "",
-        "capacity_bytes": None,
-        "n_alloc": n_attempts,
-        "n_free": ifree,
-        "n_failed": n_failed,
-        "failure_rate": n_failed / n_attempts if n_attempts else 0.0,
-        "peak_live_bytes": peak_live,
-        "peak_allocated_bytes": counters["peak_allocated_bytes"],
-        "peak_reserved_bytes": peak_reserved,
-        "overhead": peak_reserved / peak_live - 1.0 if peak_live else NAN,
-        "frag_ext_mean": NAN,
-        "frag_ext_max": NAN,
-        "internal_waste_frac": waste,
-        "n_grow": n_grow,
-        "n_shrink": n_shrink,
-        "grown_bytes": NAN,
-        "shrunk_bytes": NAN,
-        **latency_percentiles(alloc_ns, "alloc"),
-        **latency_percentiles(free_ns[:ifree], "free"),
-        "wall_s": wall_s,
-        "n_events": n,
-        "kind": "baseline",
-        "device": device_name(device_id),
-        "validate": False,
-        "driver_ns_total": NAN,
-        "device_mallocs": n_grow,
-        "device_frees": n_shrink,
-        **_memory_columns(watch),
-    }
-    return BaselineResult(summary=row, timeseries=ts, alloc_ns=alloc_ns, free_ns=free_ns[:ifree])
+    return BaselineResult(summary=row, timeseries=ts, alloc_ns=run.alloc_ns, free_ns=run.free_ns)
+
+
+class BaselineReadings:
+    """A baseline's readings for ``PoolMonitor``: live bytes tracked here (exact at every event),
+    allocated and reserved bytes the allocator's own, what it cannot know NaN.
+
+    ``counters`` (the allocator's ``counters()``) must be set before ``totals()`` is read.
+    """
+
+    def __init__(self, bl: Any):
+        self.bl = bl
+        self._sizes: dict[int, int] = {}  # key -> bytes asked, for the live bytes a free takes back
+        self.live_bytes = self.peak_live_bytes = 0
+        self.num_attempts = self.num_failed = self.num_frees = 0
+        self.counters: dict[str, float] = {}
+
+    def allocated(self, key: int, nbytes: int) -> None:
+        self._sizes[key] = nbytes
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_live_bytes:
+            self.peak_live_bytes = self.live_bytes
+
+    def freed(self, key: int) -> None:
+        nbytes = self._sizes.pop(key, None)  # None: the allocation had failed
+        if nbytes is not None:
+            self.live_bytes -= nbytes
+
+    def sample(self) -> tuple:
+        return (self.live_bytes, self.bl.allocated_bytes(), self.bl.reserved_bytes(), NAN, NAN, NAN)
+
+    def totals(self) -> dict[str, Any]:
+        c = self.counters
+        return {"n_alloc": self.num_attempts, "n_free": self.num_frees, "n_failed": self.num_failed,
+                "peak_live_bytes": self.peak_live_bytes, "peak_allocated_bytes": c["peak_allocated_bytes"],
+                "peak_reserved_bytes": c["peak_reserved_bytes"], "n_grow": c["n_grow"], "n_shrink": c["n_shrink"],
+                "grown_bytes": NAN, "shrunk_bytes": NAN}
+
+
+def _booking(observe: Callable[[int, int], None], readings: BaselineReadings, events: Any) -> Callable:
+    """``observe``, after booking the event's attempt or free in ``readings``."""
+    ops, keys = events.ops, events.keys
+
+    def observe_event(i: int, time_us: int) -> None:
+        if ops[i] == ALLOC:
+            readings.num_attempts += 1
+        else:
+            readings.freed(keys[i])
+        observe(i, time_us)
+
+    return observe_event
+
+
+def _no_reading(reserved_bytes: int) -> None:
+    """Where no device memory reading is taken (the host tests)."""
 
 
 def _attach_mover(pool: GpuPool, *, verify: bool):
     """For a policy that moves live allocations (compaction): copy their bytes on the device."""
     from realgpu.compaction import attach
-    from realgpu.pool import _layers
 
-    layer = next((p for p in _layers(pool.policy) if getattr(p, "moves_allocations", False)), None)
-    if layer is None or layer.on_move is not None:
+    if not pool.policy.moves_allocations or pool.policy.on_move is not None:
         return None
     return attach(pool, verify=verify)
 
@@ -293,8 +272,3 @@ def _memory_columns(watch) -> dict[str, Any]:
     return {"nvml_base_used_bytes": watch.base_used_bytes, "nvml_peak_used_bytes": watch.peak_used_bytes,
             "nvml_end_used_bytes": watch.reader.used_bytes(), "memory_source": watch.reader.source}
 
-
-def _progress_bar(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5)

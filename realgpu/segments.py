@@ -18,24 +18,29 @@ import bisect
 import time
 from typing import Any
 
-from policies.device import VirtualDevice
+from policies.device import DriverClock, UnmodelledDriver, VirtualDevice
 
 __all__ = ["SegmentDevice"]
 
 
-class SegmentDevice(abc.ABC):
+class SegmentDevice(UnmodelledDriver, abc.ABC):
     """Address bookkeeping shared by the backends.
 
     ``_starts`` is a sorted list of segment offsets: a segment lookup is one ``bisect`` (pools
     hold tens of segments, so list insertion beats a tree). ``_bases`` maps a segment offset to
     its memory's address and ``_buffers`` to the backend's handle for it.
 
-    Counters: ``num_maps``/``num_unmaps`` real calls, ``map_ns``/``unmap_ns`` time spent in them,
-    ``used_bytes``/``peak_used_bytes`` memory currently held from the backend.
+    Counters: ``num_maps``/``num_unmaps`` real calls, ``driver_ns_total`` the time measured
+    around them (the ``Device`` protocol; ``take_driver_ns`` is always 0, since a real call runs
+    inside the caller's timed region; copies are measured by ``realgpu.compaction``, not modelled),
+    ``used_bytes``/``peak_used_bytes`` memory currently held
+    from the backend.
     """
 
     #: the memory operations' array module name ("numpy" or "cupy"), for reports
     kind: str = ""
+    #: the CUDA device the memory lives on (0 on the host)
+    device_id: int = 0
 
     def __init__(self) -> None:
         self._addresses = VirtualDevice()
@@ -46,8 +51,7 @@ class SegmentDevice(abc.ABC):
         self.num_maps = 0
         self.num_unmaps = 0
         self.num_refused = 0
-        self.map_ns = 0
-        self.unmap_ns = 0
+        self.clock = DriverClock()
         self.used_bytes = 0
         self.peak_used_bytes = 0
 
@@ -55,7 +59,7 @@ class SegmentDevice(abc.ABC):
     def reserve(self, nbytes: int) -> int | None:
         t0 = time.perf_counter_ns()
         mapped = self._map(nbytes)
-        self.map_ns += time.perf_counter_ns() - t0
+        self.clock.charge(time.perf_counter_ns() - t0, pending=False)
         if mapped is None:
             self.num_refused += 1
             return None
@@ -80,10 +84,17 @@ class SegmentDevice(abc.ABC):
         buffer = self._buffers.pop(offset)
         t0 = time.perf_counter_ns()
         self._unmap(buffer)
-        self.unmap_ns += time.perf_counter_ns() - t0
+        self.clock.charge(time.perf_counter_ns() - t0, pending=False)
         self._addresses.release(offset, nbytes)
         self.num_unmaps += 1
         self.used_bytes -= nbytes
+
+    def take_driver_ns(self) -> int:
+        return self.clock.take()
+
+    @property
+    def driver_ns_total(self) -> int:
+        return self.clock.total_ns
 
     # ------------------------------------------------------------------ lookups
     @property

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from policies.device import Device, VirtualDevice
+from policies.device import Device, DriverClock, VirtualDevice
 
 __all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS"]
 
@@ -111,8 +111,8 @@ class CostModel:
 class CostedDevice:
     """A ``Device`` that charges each reserve/release its modelled driver time.
 
-    The time accrues in ``pending_ns`` until the caller takes it with ``take_ns()``, so it lands
-    on the allocation (or simulated step) that caused the driver call.
+    The time is pending until the caller takes it with ``take_driver_ns()`` (the ``Device``
+    protocol), so it lands on the allocation (or simulated step) that caused the driver call.
 
     Args:
         costs: the cost model (the bundled H200 one by default).
@@ -122,27 +122,28 @@ class CostedDevice:
     def __init__(self, costs: CostModel | None = None, inner: Device | None = None):
         self.costs = costs if costs is not None else CostModel.load()
         self.inner = inner if inner is not None else VirtualDevice()
-        self.pending_ns = 0
-        self.total_ns = 0
+        self.clock = DriverClock()
         self.num_reserves = 0
         self.num_releases = 0
 
     def reserve(self, nbytes: int) -> int | None:
         offset = self.inner.reserve(nbytes)
-        cost = self.costs.malloc_ns(nbytes)  # a failed cudaMalloc costs a call too
-        self.pending_ns += cost
-        self.total_ns += cost
+        self.clock.charge(self.costs.malloc_ns(nbytes), pending=True)  # a failed cudaMalloc costs a call too
         self.num_reserves += 1
         return offset
 
     def release(self, offset: int, nbytes: int) -> None:
         self.inner.release(offset, nbytes)
-        cost = self.costs.free_ns(nbytes)
-        self.pending_ns += cost
-        self.total_ns += cost
+        self.clock.charge(self.costs.free_ns(nbytes), pending=True)
         self.num_releases += 1
 
-    def take_ns(self) -> int:
-        """Driver time accrued since the last call; resets it to zero."""
-        ns, self.pending_ns = self.pending_ns, 0
-        return ns
+    def take_driver_ns(self) -> int:
+        """Modelled driver time accrued since the last call; resets it to zero."""
+        return self.clock.take()
+
+    @property
+    def driver_ns_total(self) -> int:
+        return self.clock.total_ns
+
+    def copy_ns(self, nbytes: int) -> int:
+        return self.costs.copy_ns(nbytes)

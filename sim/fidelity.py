@@ -21,7 +21,7 @@ ones measures the emulation's fidelity:
    usual ``VirtualDevice`` (increasing addresses), to show how much the tie-break matters.
 3. **Explicit ``empty_cache()``.** A run of ``segment_free`` entries not followed by a
    ``segment_alloc`` or ``oom`` is the program calling ``empty_cache()``; the replay calls the
-   policy's ``empty_cache()`` (``trim()`` for other policies) at that point.
+   policy's ``empty_cache()`` (``trim()`` unless a policy has its own rule) at that point.
 
 The recorded reserved bytes are the starting segments' bytes plus the running sum of segment
 allocations minus frees. Policies without ``seed_segment`` get the starting allocations through
@@ -40,8 +40,9 @@ import pandas as pd
 
 import policies
 from policies.base import Allocation, Policy
-from policies.device import SEGMENT_ALIGNMENT_BYTES, VirtualDevice
+from policies.device import SEGMENT_ALIGNMENT_BYTES, UnmodelledDriver, VirtualDevice
 from policies.errors import PolicyError
+from sim import engine
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import load_snapshot_dict
 
@@ -54,7 +55,7 @@ _SMALL_SEGMENT_BYTES = 2 * MiB  # PyTorch's kSmallBuffer: small-pool segments ar
 _LIVE_STATES = frozenset({"active_allocated", "active_pending_free"})
 _RESERVE_ACTIONS = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 # op codes of Recording.ops
-ALLOC, FREE, EMPTY_CACHE = 0, 1, 2
+ALLOC, FREE, EMPTY_CACHE = engine.ALLOC, engine.FREE, engine.FLUSH
 
 
 @dataclass(slots=True)
@@ -344,7 +345,7 @@ def spec_from_settings(settings: dict) -> str:
 
 
 # ---------------------------------------------------------------------------- devices
-class RecordedAddressDevice:
+class RecordedAddressDevice(UnmodelledDriver):
     """Hands out the addresses the recorded ``cudaMalloc`` calls returned.
 
     ``pin(address)`` makes the next ``reserve`` return that address (for the starting
@@ -394,12 +395,28 @@ class RecordedAddressDevice:
 
 
 class _LoggingDevice:
-    """Wraps a device and logs each segment call with the op being replayed."""
+    """Wraps a device and logs each segment call with the op being replayed.
 
-    def __init__(self, inner):
+    Args:
+        inner: the device handing out addresses.
+        pin: ``pin(address)`` of a device that can be told the next address (None: ignored).
+    """
+
+    def __init__(self, inner, pin=None):
         self.inner = inner
+        self._pin = pin
         self.at = -1
         self.log: list[tuple[int, str, int, int]] = []
+
+    def take_driver_ns(self) -> int:
+        return self.inner.take_driver_ns()
+
+    @property
+    def driver_ns_total(self) -> int:
+        return self.inner.driver_ns_total
+
+    def copy_ns(self, nbytes: int) -> int:
+        return self.inner.copy_ns(nbytes)
 
     def reserve(self, nbytes: int) -> int | None:
         addr = self.inner.reserve(nbytes)
@@ -412,8 +429,8 @@ class _LoggingDevice:
         self.log.append((self.at, "segment_free", offset, nbytes))
 
     def pin(self, address: int) -> None:
-        if hasattr(self.inner, "pin"):
-            self.inner.pin(address)
+        if self._pin is not None:
+            self._pin(address)
 
 
 # ---------------------------------------------------------------------------- replay and compare
@@ -487,49 +504,37 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
     recorded_allocs = rec.segment_events.loc[rec.segment_events["action"] == "segment_alloc", ["address", "nbytes"]]
     inner = (RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
              if addresses == "recorded" else VirtualDevice())
-    device = _LoggingDevice(inner)
+    device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
     pool = policies.create(spec, capacity_bytes=capacity_bytes, device=device)
     live = _seed(pool, rec, device)
     seeded_events, start_reserved = len(device.log), pool.reserved_bytes
-    num_failed = num_at_address = 0
-    failed: set[int] = set()
-    allocate, free = pool.allocate, pool.free
-    flush = getattr(pool, "empty_cache", pool.trim)
-    ops, addrs, sizes, streams = rec.ops, rec.addrs, rec.sizes, rec.streams
-    for k in range(len(ops)):
+    num_at_address = 0
+
+    def at(k: int) -> None:
         device.at = k
-        op, addr = ops[k], addrs[k]
-        if op == ALLOC:
-            a = allocate(sizes[k], stream=streams[k])
-            if a is None:
-                num_failed += 1
-                failed.add(addr)
-            else:
-                live[addr] = a
-                num_at_address += a.extents[0][0] == addr
-        elif op == FREE:
-            a = live.pop(addr, None)
-            if a is not None:
-                free(a)
-            elif addr not in failed:
-                raise TraceFormatError(rec.source, rec.entries[k], f"frees {addr:#x}, which is not live",
-                                       unit="device_traces entry")
-            else:
-                failed.discard(addr)
-        else:
-            flush()
+
+    def on_alloc(a: Allocation, nbytes: int, addr: int) -> None:
+        nonlocal num_at_address
+        num_at_address += a.extents[0][0] == addr
+
+    def unknown_free(k: int, addr: int) -> Exception:
+        return TraceFormatError(rec.source, rec.entries[k], f"frees {addr:#x}, which is not live",
+                                unit="device_traces entry")
+
+    # the recording's op codes are the engine's (ALLOC, FREE, and EMPTY_CACHE as its FLUSH)
+    run = engine.run(rec.ops, rec.addrs, rec.sizes, streams=rec.streams, target=engine.policy_target(pool),
+                     live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free)
     emulated = pd.DataFrame(device.log[seeded_events:], columns=["at", "action", "address", "nbytes"])
-    return _compare(rec, pool, emulated, start_reserved, num_failed, num_at_address, addresses)
+    return _compare(rec, pool, emulated, start_reserved, run.num_failed, num_at_address, addresses)
 
 
 def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, Allocation]:
     """Put the starting segments and allocations in place; returns recorded address -> allocation."""
     live: dict[int, Allocation] = {}
-    seed = getattr(pool, "seed_segment", None)
-    if seed is not None:
+    if pool.can_seed_segments:
         for s in rec.seed_segments:
             device.pin(s.address)
-            for addr, a in zip(s.block_addrs, seed(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks)):
+            for addr, a in zip(s.block_addrs, pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks)):
                 live[addr] = a
     else:
         for s in rec.seed_segments:

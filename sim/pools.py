@@ -8,19 +8,19 @@ Two layouts, so the cost of mixing lifetimes can be measured:
   whole run, activations for one step, KV blocks for one request's life.
 
 Every call goes through a ``TimedPool``, which measures the policy's own bookkeeping time and
-collects the driver time its ``CostedDevice`` charges, so a ``cudaMalloc`` on the hot path lands
+collects the driver time its device charges (``sim.engine.TimedCalls``), so a ``cudaMalloc`` on the hot path lands
 on the step that caused it.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import policies
 from policies.base import Allocation, Policy
 from sim.costs import CostedDevice, CostModel
+from sim.engine import TimedCalls, policy_target
 
 __all__ = ["MemoryPlan", "plan_memory", "TimedPool", "ServerPools", "create_policy", "POOL_LAYOUTS", "DEFAULT_WORKSPACE_BYTES"]
 
@@ -73,49 +73,42 @@ def plan_memory(model: Any, gpu: Any, *, gpu_memory_utilization: float, max_num_
 class TimedPool:
     """A policy plus the latency of each call to it.
 
-    ``alloc_ns``/``free_ns`` hold one sample per call: the policy's own bookkeeping time
-    (``perf_counter_ns``) plus the driver time its device charged for that call. The driver
-    time also accrues in ``pending_driver_ns`` until the server takes it for the current step.
+    ``alloc_ns``/``free_ns`` hold one sample per call, timed by ``sim.engine.TimedCalls`` (the
+    replay engine's definition: the policy's own bookkeeping time plus the driver time its
+    device charged for that call). The driver time also accrues in ``pending_driver_ns`` until
+    the server takes it for the current step.
     """
 
-    __slots__ = ("policy", "_take", "_allocate", "_free", "alloc_ns", "free_ns", "pending_driver_ns",
-                 "record_latency")
+    __slots__ = ("policy", "_calls", "alloc_ns", "free_ns", "record_latency")
 
     def __init__(self, policy: Policy, *, record_latency: bool = True):
         self.policy = policy
-        device = policy.device
-        self._take = device.take_ns if isinstance(device, CostedDevice) else None
-        if self._take is not None:
-            self._take()  # construction-time driver calls belong to no step
-        self._allocate = policy.allocate
-        self._free = policy.free
+        self._calls = TimedCalls(policy_target(policy))  # construction-time driver calls belong to no step
         self.alloc_ns: list[int] = []
         self.free_ns: list[int] = []
-        self.pending_driver_ns = 0
         self.record_latency = record_latency
 
+    @property
+    def pending_driver_ns(self) -> int:
+        return self._calls.pending_driver_ns
+
+    @pending_driver_ns.setter
+    def pending_driver_ns(self, ns: int) -> None:
+        self._calls.pending_driver_ns = ns
+
     def allocate(self, nbytes: int, tag: str | None = None) -> Allocation | None:
-        t0 = time.perf_counter_ns()
-        a = self._allocate(nbytes, tag=tag)
-        t1 = time.perf_counter_ns()
-        driver = self._take() if self._take is not None else 0
-        self.pending_driver_ns += driver
+        a, ns = self._calls.allocate(nbytes, 0, tag)
         if self.record_latency:
-            self.alloc_ns.append(t1 - t0 + driver)
+            self.alloc_ns.append(ns)
         return a
 
     def free(self, allocation: Allocation) -> None:
-        t0 = time.perf_counter_ns()
-        self._free(allocation)
-        t1 = time.perf_counter_ns()
-        driver = self._take() if self._take is not None else 0
-        self.pending_driver_ns += driver
+        ns = self._calls.free(allocation)
         if self.record_latency:
-            self.free_ns.append(t1 - t0 + driver)
+            self.free_ns.append(ns)
 
     def take_driver_ns(self) -> int:
-        ns, self.pending_driver_ns = self.pending_driver_ns, 0
-        return ns
+        return self._calls.take_driver_ns()
 
 
 def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | None,

@@ -1,5 +1,6 @@
 """Replay an allocation trace against a policy and report it in the shared schema.
 
+The loop is ``sim.engine.run`` (the one every backend uses); the row is ``sim.report.summary_row``.
 A failed allocation is counted and the trace goes on; its matching free is skipped. The latency
 of each call is the policy's own bookkeeping time, measured with ``perf_counter_ns``, plus the
 modelled driver time of any segment grow or shrink it caused (``sim.costs``), so a ``cudaMalloc``
@@ -18,15 +19,13 @@ import pandas as pd
 import policies
 from policies.base import Allocation, Policy
 from sim.bounds import bounds
+from sim import engine
 from sim.costs import CostedDevice, CostModel
 from sim.metrics import PoolMonitor, default_sample_every
-from sim.report import latency_percentiles, latency_samples, summary_frame
+from sim.report import latency_samples, params_text, summary_frame, summary_row
 from traces.events import AllocTrace
 
-__all__ = ["ReplayResult", "ReplayTables", "replay", "replay_many", "replay_tables"]
-
-#: How often (in events) the progress bar is advanced: often enough to move, rarely enough to be free.
-_PROGRESS_STRIDE = 8192
+__all__ = ["ReplayResult", "ReplayTables", "replay", "replay_many", "replay_tables", "TraceEvents", "trace_events"]
 
 
 @dataclass
@@ -65,89 +64,48 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     """
     if isinstance(policy, str):
         policy = policies.create(policy, capacity_bytes=capacity_bytes, device=CostedDevice(costs))
-    device = policy.device
-    take_ns = device.take_ns if isinstance(device, CostedDevice) else None
-    if take_ns is not None:
-        take_ns()
+    events = trace_events(trace)
+    n = len(events.ops)
+    monitor = PoolMonitor(policy, sample_every=sample_every or default_sample_every(n))
+    where = trace.source or trace.name
 
-    time_us, is_alloc, alloc_id, nbytes, stream = trace.arrays()
-    tags = trace.events["tag"].to_numpy() if "tag" in trace.events else None
-    n = len(time_us)
-    every = sample_every or default_sample_every(n)
-    monitor = PoolMonitor(policy, sample_every=every)
-    observe = monitor.observe
-    allocate, free = policy.allocate, policy.free
-    live: dict[int, Allocation] = {}
-    failed: set[int] = set()
-    alloc_ns = np.zeros(int(is_alloc.sum()), dtype=np.int64)
-    free_ns = np.zeros(n - len(alloc_ns), dtype=np.int64)
-    ia = ifree = 0
+    def unknown_free(i: int, key: int) -> Exception:
+        return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
-    bar = _progress_bar(n, f"{trace.name} · {policy.spec}") if progress else None
-    is_alloc_l, ids_l, sizes_l, streams_l, times_l = (is_alloc.tolist(), alloc_id.tolist(), nbytes.tolist(),
-                                                       stream.tolist(), time_us.tolist())
-    tags_l = tags.tolist() if tags is not None else None
-    wall0 = time.perf_counter()
-    for i in range(n):
-        if is_alloc_l[i]:
-            tag = tags_l[i] if tags_l is not None else None
-            t0 = timer()
-            a = allocate(sizes_l[i], stream=streams_l[i], tag=tag or None)
-            t1 = timer()
-            extra = take_ns() if take_ns is not None else 0
-            alloc_ns[ia] = t1 - t0 + extra
-            ia += 1
-            if a is None:
-                failed.add(ids_l[i])
-            else:
-                live[ids_l[i]] = a
-                if on_alloc is not None:
-                    on_alloc(a)
-        else:
-            a = live.pop(ids_l[i], None)
-            if a is None:
-                if ids_l[i] in failed:
-                    failed.discard(ids_l[i])
-                    observe(i, times_l[i])
-                    continue
-                raise ValueError(f"{trace.source or trace.name}: event {i} frees allocation {ids_l[i]}, which is not live")
-            if on_free is not None:
-                on_free(a)
-            t0 = timer()
-            free(a)
-            t1 = timer()
-            extra = take_ns() if take_ns is not None else 0
-            free_ns[ifree] = t1 - t0 + extra
-            ifree += 1
-        observe(i, times_l[i])
-        if bar is not None and i % _PROGRESS_STRIDE == _PROGRESS_STRIDE - 1:
-            bar.update(_PROGRESS_STRIDE)
-    wall_s = time.perf_counter() - wall0
-    if bar is not None:
-        bar.update(n - bar.n)
-        bar.close()
+    run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
+                     times_us=events.times_us, target=engine.policy_target(policy), observe=monitor.observe,
+                     on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free, unknown_free=unknown_free, timer=timer,
+                     progress=f"{trace.name} · {policy.spec}" if progress else None)
     if n:
-        monitor.finish(n - 1, times_l[-1])
-
-    free_ns = free_ns[:ifree]
-    row: dict[str, Any] = {
-        "trace": trace.name,
-        "policy": policy.spec,
-        "backend": backend,
-        "params": _params_text(policy),
-        "capacity_bytes": policy.capacity_bytes,
-        **monitor.summary_fields(),
-        **latency_percentiles(alloc_ns, "alloc"),
-        **latency_percentiles(free_ns, "free"),
-        "wall_s": wall_s,
-        "n_events": n,
-        "driver_ns_total": getattr(device, "total_ns", 0),
-    }
+        monitor.finish(n - 1, events.times_us[-1])
+    row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
+                      capacity_bytes=policy.capacity_bytes, monitor=monitor, alloc_ns=run.alloc_ns,
+                      free_ns=run.free_ns, wall_s=run.wall_s, n_events=n,
+                      driver_ns_total=policy.device.driver_ns_total)
     ts = monitor.timeseries()
     ts.insert(0, "backend", backend)
     ts.insert(0, "policy", policy.spec)
     ts.insert(0, "trace", trace.name)
-    return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=alloc_ns, free_ns=free_ns)
+    return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=run.alloc_ns, free_ns=run.free_ns)
+
+
+@dataclass(slots=True)
+class TraceEvents:
+    """An ``AllocTrace`` as the engine's event lists (lists, not arrays: the loop indexes them)."""
+
+    ops: list[int]
+    keys: list[int]
+    sizes: list[int]
+    streams: list[int]
+    tags: list[Any] | None
+    times_us: list[int]
+
+
+def trace_events(trace: AllocTrace) -> TraceEvents:
+    time_us, is_alloc, alloc_id, nbytes, stream = trace.arrays()
+    tags = trace.events["tag"].to_numpy().tolist() if "tag" in trace.events else None
+    ops = np.where(is_alloc, engine.ALLOC, engine.FREE).tolist()
+    return TraceEvents(ops, alloc_id.tolist(), nbytes.tolist(), stream.tolist(), tags, time_us.tolist())
 
 
 @dataclass
@@ -188,14 +146,3 @@ def replay_many(trace: AllocTrace, specs: Iterable[str], **kwargs: Any) -> tuple
     """``(summary, timeseries)`` of ``replay_tables`` (same arguments)."""
     tables = replay_tables(trace, specs, **kwargs)
     return tables.summary, tables.timeseries
-
-
-def _params_text(policy: Policy) -> str:
-    params = {k: v for k, v in policy.get_params().items() if k != "capacity_bytes"}
-    return ";".join(f"{k}={getattr(v, 'spec', v)}" for k, v in params.items())
-
-
-def _progress_bar(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5)

@@ -2,8 +2,9 @@
 
 ``summary.csv`` has one row per (trace, policy, backend) with ``SUMMARY_COLUMNS`` first (in
 that order) and backend-specific columns after them; ``timeseries.parquet`` is tidy, one row
-per sample, with ``TIMESERIES_COLUMNS``. Rows are built as plain dicts and turned into a
-DataFrame once, at the end.
+per sample, with ``TIMESERIES_COLUMNS``. Every backend builds its row with ``summary_row``
+(the one place the derived columns are computed) and the rows become a DataFrame once, at the
+end (``summary_frame``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+from policies.base import Policy
+
+NAN = float("nan")
+
 __all__ = [
-    "SUMMARY_COLUMNS", "TIMESERIES_COLUMNS", "summary_frame", "write_results", "read_results",
+    "SUMMARY_COLUMNS", "TIMESERIES_COLUMNS", "summary_row", "params_text", "summary_frame", "write_results", "read_results",
     "latency_percentiles", "format_table", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
 ]
 
@@ -44,6 +49,62 @@ def latency_percentiles(samples_ns: Iterable[float] | np.ndarray, prefix: str) -
         return {f"{prefix}_p50_us": float("nan"), f"{prefix}_p99_us": float("nan")}
     p50, p99 = np.percentile(a, [50, 99])
     return {f"{prefix}_p50_us": float(p50) / 1e3, f"{prefix}_p99_us": float(p99) / 1e3}
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """The ``params`` column: a policy's knobs but ``capacity_bytes``, ``k=v;...`` (wrapped policies by spec)."""
+    return ";".join(f"{k}={v.spec if isinstance(v, Policy) else v}" for k, v in params.items() if k != "capacity_bytes")
+
+
+def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_bytes: int | None, monitor: Any,
+                alloc_ns: Any, free_ns: Any, wall_s: float, **extra: Any) -> dict[str, Any]:
+    """One summary row, ``SUMMARY_COLUMNS`` in order and then ``extra``: the one place every
+    backend (replay, gpu replay, baselines, simulate) derives its columns.
+
+    Args:
+        trace, policy, backend, params, capacity_bytes: the labels (``policy`` is the
+            normalised spec, or a baseline's name).
+        monitor: the run's ``sim.metrics.PoolMonitor`` (totals and samples).
+        alloc_ns, free_ns: per-call latencies in ns.
+        wall_s: the run's wall time.
+        **extra: backend-specific columns, in the order given.
+
+    Derived here: ``failure_rate`` (failed / attempts), ``overhead`` (peak reserved / peak live
+    - 1, NaN with nothing live), ``frag_ext_mean``/``_max`` over the samples (NaN when the
+    source cannot say), ``internal_waste_frac`` (time-averaged share of allocated bytes lost to
+    rounding over the samples; NaN when allocated bytes are unknown) and the latency percentiles.
+    """
+    t = monitor.totals()
+    samples = monitor.samples()
+    live, allocated, frag = samples[:, 0], samples[:, 1], samples[:, 2]
+    total_allocated = allocated.sum()
+    if np.isnan(total_allocated):
+        waste = NAN
+    else:
+        waste = float((total_allocated - live.sum()) / total_allocated) if total_allocated else 0.0
+    n_attempts, n_failed, peak_live = t["n_alloc"], t["n_failed"], t["peak_live_bytes"]
+    return {
+        "trace": trace, "policy": policy, "backend": backend, "params": params, "capacity_bytes": capacity_bytes,
+        "n_alloc": n_attempts,
+        "n_free": t["n_free"],
+        "n_failed": n_failed,
+        "failure_rate": n_failed / n_attempts if n_attempts else 0.0,
+        "peak_live_bytes": peak_live,
+        "peak_allocated_bytes": t["peak_allocated_bytes"],
+        "peak_reserved_bytes": t["peak_reserved_bytes"],
+        "overhead": t["peak_reserved_bytes"] / peak_live - 1.0 if peak_live else NAN,
+        "frag_ext_mean": float(frag.mean()) if frag.size else 0.0,
+        "frag_ext_max": float(frag.max()) if frag.size else 0.0,
+        "internal_waste_frac": waste,
+        "n_grow": t["n_grow"],
+        "n_shrink": t["n_shrink"],
+        "grown_bytes": t["grown_bytes"],
+        "shrunk_bytes": t["shrunk_bytes"],
+        **latency_percentiles(alloc_ns, "alloc"),
+        **latency_percentiles(free_ns, "free"),
+        "wall_s": wall_s,
+        **extra,
+    }
 
 
 #: One row per allocate or free call; ``op`` is "alloc" or "free".

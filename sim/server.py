@@ -25,7 +25,6 @@ from typing import Any
 
 import simpy
 
-from policies.wrapper import find_layer
 from sim.kv import STRATEGIES
 from sim.pools import DEFAULT_WORKSPACE_BYTES, POOL_LAYOUTS, ServerPools
 from sim.scheduler import PREEMPTION_MODES, Request, Scheduler
@@ -169,10 +168,10 @@ class Server:
                  freeze_after_steps: int | None = None, pregrow_safety: float | None = None,
                  compact_between_steps: bool = False):
         policy = pools.kv.policy
-        self._reserver = find_layer(policy, "reserve") if pregrow_safety is not None else None
+        self._reserver = policy if pregrow_safety is not None and policy.can_reserve else None
         if pregrow_safety is not None and self._reserver is None:
             raise ValueError(f"pregrow_safety needs a KV pool that can reserve (elastic), not {policy.spec!r}")
-        self._compactor = find_layer(policy, "compact")
+        self._compactor = policy if policy.can_compact else None
         if compact_between_steps and self._compactor is None:
             raise ValueError(f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
                              f"not {policy.spec!r}")
@@ -333,15 +332,13 @@ class Server:
         if nbytes <= 0:
             return
         reserver = self._reserver
-        take = getattr(reserver.device, "take_ns", None)
-        if take is not None:  # driver time still pending belongs to the step, as before
-            self.pools.kv.pending_driver_ns += take()
+        take = reserver.device.take_driver_ns
+        self.pools.kv.pending_driver_ns += take()  # driver time still pending belongs to the step, as before
         grows, grown = reserver.num_grows, reserver.grown_bytes
         reserver.reserve(math.ceil(nbytes * self.pregrow_safety))
         self.num_pregrows += reserver.num_grows - grows
         self.pregrow_bytes += reserver.grown_bytes - grown
-        if take is not None:
-            self.pregrow_driver_s += take() * 1e-9
+        self.pregrow_driver_s += take() * 1e-9
 
     # ------------------------------------------------------------------ time series
     def _sample(self) -> None:

@@ -16,14 +16,14 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
+import policies
 from policies.base import Policy
-from policies.wrapper import find_layer
 from sim.costs import CostModel
 from sim.hardware import load_gpu
 from sim.kv import ContiguousKV, PagedKV
 from sim.models import load_model
 from sim.pools import ServerPools, create_policy, plan_memory
-from sim.report import latency_percentiles, summary_frame
+from sim.report import params_text, summary_frame, summary_row
 from sim.scheduler import Request, Scheduler
 from sim.server import Server, ServerConfig
 from sim.serving_metrics import request_table, serving_summary
@@ -71,18 +71,10 @@ def _costs(costs: CostModel | str | Path | None) -> CostModel:
     return CostModel.load(costs)
 
 
-def _params_text(policy: Policy) -> str:
-    params = {k: v for k, v in policy.get_params().items() if k != "capacity_bytes"}
-    return ";".join(f"{k}={getattr(v, 'spec', v)}" for k, v in params.items())
-
-
 def _page_bytes(policy: Policy) -> int | None:
     """Page size of a paged policy, or of the paged policy a wrapper holds."""
-    for p in (policy, getattr(policy, "base_policy", None)):
-        size = getattr(p, "page_size_bytes", None)
-        if size:
-            return int(size)
-    return None
+    size = policy.page_size_bytes  # declared on every policy; wrappers forward their base's
+    return int(size) if size else None
 
 
 def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
@@ -153,17 +145,14 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
                               kv_token_util=server.kv_token_util, slo_ttft_s=cfg.slo_ttft_s,
                               slo_tpot_s=cfg.slo_tpot_s, slo_e2e_s=cfg.slo_e2e_s)
     lookups = kv.prefix_lookup_tokens
-    row: dict[str, Any] = {
-        "trace": name,
-        "policy": policy_spec,
-        "backend": "sim",
-        "params": _params_text(policy),
-        "capacity_bytes": policy.capacity_bytes,
-        **server.monitor.summary_fields(),
-        **latency_percentiles(np.asarray(pools.kv.alloc_ns, dtype=np.int64), "alloc"),
-        **latency_percentiles(np.asarray(pools.kv.free_ns, dtype=np.int64), "free"),
-        "wall_s": wall_s,
-        **serving,
+    # the spec as the user chose it, normalised as replay writes it (the knobs filled in from
+    # the model are the params column's)
+    spec = policies.create(policy_spec).spec
+    row = summary_row(
+        trace=name, policy=spec, backend="sim", params=params_text(policy.get_params()),
+        capacity_bytes=policy.capacity_bytes, monitor=server.monitor,
+        alloc_ns=np.asarray(pools.kv.alloc_ns, dtype=np.int64), free_ns=np.asarray(pools.kv.free_ns, dtype=np.int64),
+        wall_s=wall_s, **serving, **{
         "model": model.name,
         "gpu": gpu.name,
         "kv_strategy": kv_layout,
@@ -184,18 +173,17 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "busy_s": server.busy_s,
         "alloc_stall_s": server.alloc_stall_s,
         **_control_fields(server, policy),
-    }
-    table.insert(0, "policy", policy_spec)
+    })
+    table.insert(0, "policy", spec)
     table.insert(0, "trace", name)
-    return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, policy_spec),
+    return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
                      policy=policy, config=cfg)
 
 
 def _control_fields(server: Server, policy: Policy) -> dict[str, Any]:
     """What the pool controls did: freeze, pre-growth against hot-path grows, compaction."""
     s = policy.stats()
-    compactor = find_layer(policy, "compact")
-    comp = compactor.compaction_stats() if compactor is not None else {}
+    comp = policy.compaction_stats()  # empty for a pool that never compacts
     return {
         "n_frozen_failures": s.num_frozen_failures,
         "frozen_at_s": server.frozen_at_s,  # None: never frozen

@@ -13,9 +13,8 @@ from policies.testing._common import fail as _fail
 
 def _shared_ranges(policy: Policy) -> list[tuple[int, int]]:
     """The policy's shared ``[start, end)`` ranges, merged: sorted and disjoint."""
-    fn = getattr(policy, "shared_extents", None)
     merged: list[tuple[int, int]] = []
-    for start, end in sorted((o, o + n) for o, n in (fn() if fn is not None else ())):
+    for start, end in sorted((o, o + n) for o, n in policy.shared_extents()):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
         else:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import policies
 from policies.testing import check_invariants
-from policies.wrapper import find_layer, layers
+import pytest
+
+from policies.errors import PolicyError
+from policies.wrapper import layers
 
 KiB = 1 << 10
 
@@ -18,22 +21,42 @@ def test_layers_walk_the_stack_outside_in():
     assert [layer.name for layer in layers(p)] == ["tag-limits", "elastic", "compacting", "best-fit"]
 
 
-def test_find_layer_finds_a_capability_at_any_depth():
+def test_capabilities_are_declared_and_forwarded_from_any_depth():
     p = policies.create(STACK)
-    assert find_layer(p, "reserve").name == "elastic" and find_layer(p, "compact").name == "compacting"
-    assert find_layer(policies.create("best-fit"), "compact") is None
+    assert p.can_reserve and p.can_compact and p.moves_allocations and p.moves_while_allocating
+    plain = policies.create("best-fit")
+    assert not (plain.can_reserve or plain.can_compact or plain.moves_allocations or plain.can_seed_segments)
+    assert plain.compaction_stats() == {} and plain.take_compaction_ns() == 0 and plain.shared_extents() == []
+    with pytest.raises(PolicyError, match="cannot compact"):
+        plain.compact()
+    with pytest.raises(PolicyError, match="cannot reserve"):
+        plain.reserve(1)
+    assert not policies.create("compacting:idle_only=true").moves_while_allocating
+    assert policies.create("torch-caching").can_seed_segments
+    assert policies.create("elastic:base=[paged:page_bytes=64KiB]").page_size_bytes == 64 * KiB
+
+
+def test_a_forwarded_reserve_and_compact_act_on_the_layer_that_offers_them():
+    p = policies.create(STACK)
+    assert p.reserve(8 << 20) and p.reserved_bytes == p.base_policy.reserved_bytes >= 8 << 20
+    allocs = [p.allocate(64 * KiB) for _ in range(4)]
+    p.free(allocs[0])
+    p.free(allocs[2])
+    assert p.compact(force=True) is not None
+    assert p.compaction_stats()["num_compactions"] == 1
+    check_invariants(p, [allocs[1], allocs[3]])
 
 
 def test_moves_reach_every_layer_with_that_layers_handle():
     p = policies.create(STACK)
-    seen = {layer.name: [] for layer in layers(p) if hasattr(layer, "on_move")}
+    seen = {layer.name: [] for layer in layers(p) if layer.moves_allocations}
     for layer in layers(p):
-        if hasattr(layer, "on_move"):
+        if layer.moves_allocations:
             layer.on_move = lambda a, old, new, n, name=layer.name: seen[name].append((a, old, new, n))
     allocs = [p.allocate(64 * KiB) for _ in range(4)]
     p.free(allocs[0])
     p.free(allocs[2])
-    find_layer(p, "compact").compact(force=True)
+    p.compact(force=True)
     assert [m[0] for m in seen["tag-limits"]] == [allocs[1], allocs[3]]
     assert [m[1:] for m in seen["tag-limits"]] == [m[1:] for m in seen["elastic"]] == [m[1:] for m in seen["compacting"]]
     check_invariants(p, [allocs[1], allocs[3]])

@@ -146,3 +146,100 @@ def test_every_available_baseline_replays_a_trace():
         assert row["peak_reserved_bytes"] >= row["peak_live_bytes"] > 0
         assert row["n_alloc"] == 150 and len(result.alloc_ns) == 150
         summary_frame([row])
+
+
+class _HostBaseline:
+    """A stand-in baseline on host memory (the CUDA ones need a GPU): every request its own
+    array, nothing cached; ``drop`` picks how a free happens, as the real baselines do."""
+
+    name = "host.malloc"
+    oom_errors = (MemoryError,)
+
+    def __init__(self, *, drop: bool, limit_bytes: int | None = None):
+        self.drop = drop
+        self.limit_bytes = limit_bytes
+        self._live: dict[int, int] = {}
+        self.peak = self.n_malloc = self.n_free = 0
+        self.closed = False
+        self.free = None if drop else self._free
+
+    def alloc(self, nbytes: int):
+        if self.limit_bytes is not None and sum(self._live.values()) + nbytes > self.limit_bytes:
+            raise MemoryError(nbytes)
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        self._live[id(buf)] = nbytes
+        self.n_malloc += 1
+        if self.drop:  # freed when the last reference goes, like a CuPy pointer
+            import weakref
+
+            weakref.finalize(buf, self._dropped, id(buf))
+        return buf
+
+    def _dropped(self, key: int) -> None:
+        del self._live[key]
+        self.n_free += 1
+
+    def _free(self, buf) -> None:
+        self._dropped(id(buf))
+
+    def pointer(self, buf) -> int:
+        return buf.ctypes.data
+
+    def note_alloc(self) -> None:
+        self.peak = max(self.peak, sum(self._live.values()))
+
+    def reserved_bytes(self) -> int:
+        return sum(self._live.values())
+
+    def allocated_bytes(self) -> float:
+        return float("nan")
+
+    def counters(self) -> dict:
+        return {"peak_allocated_bytes": float("nan"), "peak_reserved_bytes": self.peak, "n_grow": self.n_malloc,
+                "n_shrink": self.n_free}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_baseline_runs_on_the_same_engine_and_row_as_a_policy(drop):
+    """The baseline path (no GPU needed with a host stand-in): same loop, same summary_row."""
+    from realgpu.replay import _baseline_run
+
+    trace = random_trace(3, num_allocs=200)
+    bl = _HostBaseline(drop=drop)
+    touched = []
+    result = _baseline_run(trace, bl, watch=None, touch=lambda ptr, n: touched.append(n), sample_every=7,
+                           progress=False, device="host", synchronize=lambda: None, timer=time_ns_counter())
+    row = result.summary
+    summary_frame([row])
+    sim = replay(trace, "best-fit", sample_every=7).summary
+    assert (row["n_alloc"], row["n_free"], row["n_failed"], row["peak_live_bytes"]) == (
+        sim["n_alloc"], sim["n_free"], sim["n_failed"], sim["peak_live_bytes"])
+    # nothing cached: every byte reserved is a live byte, and every allocation was touched once
+    assert row["peak_reserved_bytes"] == row["peak_live_bytes"] and row["overhead"] == 0.0
+    assert len(touched) == row["n_alloc"] and row["device_mallocs"] == row["n_alloc"]
+    assert row["device_frees"] == row["n_free"], "a free (or drop) happens inside the replay"
+    assert np.isnan(row["frag_ext_mean"]) and np.isnan(row["internal_waste_frac"])
+    assert row["kind"] == "baseline" and bl.closed
+    assert len(result.alloc_ns) == row["n_alloc"] and (result.free_ns > 0).all()
+    assert list(result.timeseries["event"]) == list(replay(trace, "best-fit", sample_every=7).timeseries["event"])
+
+
+def test_a_baseline_refusal_is_counted_and_its_free_skipped():
+    from realgpu.replay import _baseline_run
+
+    ops = [("alloc", 1, 3 * MiB), ("alloc", 2, 3 * MiB), ("free", 2, 3 * MiB), ("free", 1, 3 * MiB)]
+    bl = _HostBaseline(drop=False, limit_bytes=4 * MiB)
+    row = _baseline_run(make_trace(ops), bl, watch=None, touch=lambda ptr, n: None, sample_every=1, progress=False,
+                        device="host", synchronize=lambda: None, timer=time_ns_counter()).summary
+    assert (row["n_alloc"], row["n_failed"], row["n_free"], row["failure_rate"]) == (2, 1, 1, 0.5)
+
+
+def time_ns_counter():
+    """A clock that advances 1 us a read: latencies are positive and exact."""
+    import itertools
+
+    ticks = itertools.count(0, 1000)
+    return lambda: next(ticks)

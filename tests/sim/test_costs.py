@@ -46,15 +46,25 @@ def test_costed_device_charges_each_call_once():
     device = CostedDevice(CostModel.load(), VirtualDevice())
     off = device.reserve(1 << 20)
     assert off is not None
-    first = device.take_ns()
+    first = device.take_driver_ns()
     assert first == device.costs.malloc_ns(1 << 20)
-    assert device.take_ns() == 0
+    assert device.take_driver_ns() == 0
     device.release(off, 1 << 20)
-    assert device.take_ns() == device.costs.free_ns(1 << 20)
-    assert device.total_ns == first + device.costs.free_ns(1 << 20)
+    assert device.take_driver_ns() == device.costs.free_ns(1 << 20)
+    assert device.driver_ns_total == first + device.costs.free_ns(1 << 20)
 
 
 def test_failed_reserve_still_costs_a_call():
     device = CostedDevice(CostModel.load(), VirtualDevice(limit_bytes=1 << 20))
     assert device.reserve(2 << 20) is None
-    assert device.take_ns() > 0
+    assert device.take_driver_ns() > 0
+
+
+def test_every_device_speaks_the_driver_time_protocol():
+    from policies.device import Device
+
+    virtual = VirtualDevice()
+    assert isinstance(virtual, Device) and isinstance(CostedDevice(), Device)
+    off = virtual.reserve(1 << 20)
+    virtual.release(off, 1 << 20)
+    assert (virtual.take_driver_ns(), virtual.driver_ns_total) == (0, 0)
