@@ -128,9 +128,6 @@ class PoolStats:
         return d
 
 
-_DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
-
-
 class Policy(abc.ABC):
     """Abstract memory-pool policy. See the module docstring for the subclass hooks.
 

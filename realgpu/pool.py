@@ -26,6 +26,7 @@ from typing import Any, Callable
 import policies
 from policies.base import Allocation, Policy, PoolStats, _as_size
 from policies.device import SEGMENT_ALIGNMENT_BYTES
+from policies.wrapper import layers
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError, oom_message
 from realgpu.host import HostDevice, HostMemoryPointer
 from realgpu.segments import SegmentDevice
@@ -39,11 +40,7 @@ DEFAULT_HEADROOM_BYTES = 1 << 30
 
 
 def _layers(policy: Policy) -> list[Policy]:
-    """The policy and every policy it wraps (``policies.wrapper.layers``, when wrappers exist)."""
-    try:
-        from policies.wrapper import layers
-    except ImportError:
-        return [policy]
+    """The policy and every policy it wraps."""
     return list(layers(policy))
 
 
