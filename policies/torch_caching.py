@@ -48,6 +48,7 @@ from typing import Any, Iterable, Iterator
 from policies.base import Allocation, Policy, Segment
 from policies.errors import PolicyError
 from policies.spec import format_spec
+from policies.units import round_up
 
 __all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division",
            "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "params_from_settings", "spec_from_settings"]
@@ -94,7 +95,7 @@ def round_size(size: int, divisions: int | tuple[int, ...] = 0) -> int:
     d = divisions[_interval_of(size)] if isinstance(divisions, tuple) else divisions
     if d > 1 and size > K_MIN_BLOCK * d:
         return roundup_power2_next_division(size, d)
-    return K_MIN_BLOCK * -(-size // K_MIN_BLOCK)
+    return round_up(size, K_MIN_BLOCK)
 
 
 def allocation_size(size: int) -> int:
@@ -103,7 +104,7 @@ def allocation_size(size: int) -> int:
         return K_SMALL_BUFFER
     if size < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
-    return K_ROUND_LARGE * -(-size // K_ROUND_LARGE)
+    return round_up(size, K_ROUND_LARGE)
 
 
 def _is_pow2_or_zero(value: int) -> bool:

@@ -43,6 +43,7 @@ from policies.base import Allocation, Policy
 from policies.device import SEGMENT_ALIGNMENT_BYTES, VirtualDevice
 from policies.errors import PolicyError
 from policies.torch_caching import TorchCaching, params_from_settings, spec_from_settings
+from policies.units import round_up
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
 from traces.pytorch_snapshot import PyTorchSnapshot, read_snapshot
@@ -269,7 +270,7 @@ class RecordedAddressDevice:
                     break
         if addr is None or self._overlaps(addr, nbytes):
             addr = self._next_fresh
-            self._next_fresh += -(-nbytes // SEGMENT_ALIGNMENT_BYTES) * SEGMENT_ALIGNMENT_BYTES + SEGMENT_ALIGNMENT_BYTES
+            self._next_fresh += round_up(nbytes, SEGMENT_ALIGNMENT_BYTES) + SEGMENT_ALIGNMENT_BYTES
         bisect.insort(self._held_starts, addr)
         self._held[addr] = nbytes
         self.used_bytes += nbytes
