@@ -29,6 +29,7 @@ from typing import Iterator
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import SEGMENT_ALIGNMENT_BYTES, Device
 from policies.errors import PolicyError
+from policies.units import round_up
 
 __all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy"]
 
@@ -176,7 +177,7 @@ class ContiguousPolicy(Policy):
         if nbytes <= self.segment_bytes:
             return self.segment_bytes
         m = self._oversize_multiple
-        return -(-nbytes // m) * m
+        return round_up(nbytes, m)
 
     def rounded_size(self, nbytes: int) -> int:
         """The bytes a request of ``nbytes`` takes before any unsplit remainder joins it."""
@@ -184,7 +185,7 @@ class ContiguousPolicy(Policy):
         if mask is not None:
             return (nbytes + mask) & ~mask
         m = self._rounding_bytes
-        return -(-nbytes // m) * m
+        return round_up(nbytes, m)
 
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
@@ -192,7 +193,7 @@ class ContiguousPolicy(Policy):
             size = (nbytes + mask) & ~mask
         else:
             m = self._rounding_bytes
-            size = -(-nbytes // m) * m
+            size = round_up(nbytes, m)
         block = self._take(size, stream)
         if block is None:
             seg = self._reserve_segment(self._segment_size_for(size), stream)

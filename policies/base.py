@@ -30,13 +30,9 @@ from typing import Any, ClassVar
 
 from policies.device import Device, VirtualDevice
 from policies.errors import PolicyError
+from policies.units import round_up
 
 __all__ = ["Allocation", "Segment", "PoolStats", "Policy", "round_up"]
-
-
-def round_up(nbytes: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``nbytes``."""
-    return -(-nbytes // multiple) * multiple
 
 
 @dataclass(slots=True, eq=False)
@@ -126,9 +122,6 @@ class PoolStats:
         d = asdict(self)
         d["frag_ext"] = self.frag_ext
         return d
-
-
-_DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
 
 
 class Policy(abc.ABC):

@@ -30,6 +30,7 @@ from typing import Any
 
 from policies.best_fit import BestFit
 from policies.device import Device
+from policies.units import round_up
 
 __all__ = ["CupyPool", "ALLOCATION_UNIT_BYTES"]
 
@@ -61,7 +62,7 @@ class CupyPool(BestFit):
 
     def _segment_size_for(self, nbytes: int) -> int:
         """``cudaMalloc`` of exactly the rounded request."""
-        return -(-nbytes // ALLOCATION_UNIT_BYTES) * ALLOCATION_UNIT_BYTES
+        return round_up(nbytes, ALLOCATION_UNIT_BYTES)
 
     def free_all_blocks(self) -> int:
         """CuPy's ``free_all_blocks()``: release every unsplit free chunk; returns the bytes."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from policies.units import round_up
+
 __all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "SEGMENT_ALIGNMENT_BYTES"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
@@ -110,7 +112,7 @@ class VirtualDevice(UnmodelledDriver):
         if self.limit_bytes is not None and self.used_bytes + nbytes > self.limit_bytes:
             return None
         offset = self._next_offset
-        span = -(-nbytes // SEGMENT_ALIGNMENT_BYTES) * SEGMENT_ALIGNMENT_BYTES
+        span = round_up(nbytes, SEGMENT_ALIGNMENT_BYTES)
         self._next_offset = offset + span + SEGMENT_ALIGNMENT_BYTES
         self.used_bytes += nbytes
         return offset

@@ -14,6 +14,7 @@ from typing import Iterable
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device
 from policies.errors import PolicyError
+from policies.units import round_up
 
 __all__ = ["Paged", "PAGE_ALIGNMENT_BYTES"]
 
@@ -194,7 +195,7 @@ class Paged(Policy):
     def _grow_pages(self, num_pages: int, stream: int) -> bool:
         """Reserve one segment of at least ``num_pages`` pages; its pages land on the (empty) stack."""
         page, per_segment = self.page_size_bytes, self.pages_per_segment
-        tries = [-(-num_pages // per_segment) * per_segment]
+        tries = [round_up(num_pages, per_segment)]
         if self.capacity_bytes is not None:  # near capacity: as many pages as still fit
             room = (self.capacity_bytes - self.reserved_bytes) // page
             if num_pages <= room < tries[0]:
@@ -316,7 +317,7 @@ class Paged(Policy):
     def _segment_size_for(self, nbytes: int) -> int:
         num_pages = -(-nbytes // self.page_size_bytes)
         per_segment = self.pages_per_segment
-        return -(-num_pages // per_segment) * per_segment * self.page_size_bytes
+        return round_up(num_pages, per_segment) * self.page_size_bytes
 
     def _add_segment(self, segment: Segment) -> None:
         page = self.page_size_bytes

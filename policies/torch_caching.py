@@ -47,9 +47,11 @@ from typing import Any, Iterable, Iterator
 
 from policies.base import Allocation, Policy, Segment
 from policies.errors import PolicyError
+from policies.spec import format_spec
+from policies.units import round_up
 
 __all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division",
-           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS"]
+           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "params_from_settings", "spec_from_settings"]
 
 MiB = 1 << 20
 K_MIN_BLOCK = 512
@@ -93,7 +95,7 @@ def round_size(size: int, divisions: int | tuple[int, ...] = 0) -> int:
     d = divisions[_interval_of(size)] if isinstance(divisions, tuple) else divisions
     if d > 1 and size > K_MIN_BLOCK * d:
         return roundup_power2_next_division(size, d)
-    return K_MIN_BLOCK * -(-size // K_MIN_BLOCK)
+    return round_up(size, K_MIN_BLOCK)
 
 
 def allocation_size(size: int) -> int:
@@ -102,7 +104,7 @@ def allocation_size(size: int) -> int:
         return K_SMALL_BUFFER
     if size < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
-    return K_ROUND_LARGE * -(-size // K_ROUND_LARGE)
+    return round_up(size, K_ROUND_LARGE)
 
 
 def _is_pow2_or_zero(value: int) -> bool:
@@ -526,3 +528,44 @@ class TorchCaching(Policy):
         """PyTorch's own counters that the base stats lack."""
         return {"num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms,
                 "num_cached_blocks": len(self._free_at)}
+
+
+# ---------------------------------------------------------------------------- PyTorch's settings
+def params_from_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """``TorchCaching`` keyword arguments for a snapshot's ``allocator_settings``.
+
+    Reads ``max_split_size`` (bytes; PyTorch reports ``SIZE_MAX`` for none),
+    ``roundup_power2_divisions`` (one value per interval, keyed by interval start),
+    ``garbage_collection_threshold``, ``expandable_segments``, and ``max_non_split_rounding_mb``
+    from ``PYTORCH_CUDA_ALLOC_CONF``. Settings at PyTorch's default are left out.
+    """
+    params: dict[str, Any] = {}
+    max_split = settings.get("max_split_size", -1)
+    if isinstance(max_split, int) and 0 < max_split < 1 << 62:
+        params["max_split_size_bytes"] = max_split
+    conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+    for item in conf.replace(" ", "").split(","):
+        key, _, value = item.partition(":")
+        if key == "max_non_split_rounding_mb" and value.isdigit():
+            params["max_non_split_rounding_bytes"] = int(value) * MiB
+    divisions = settings.get("roundup_power2_divisions")
+    if isinstance(divisions, dict) and divisions:
+        values = [int(v) for _, v in sorted(divisions.items(), key=lambda kv: int(kv[0]))]
+        if len(set(values)) == 1:
+            if values[0] > 1:
+                params["roundup_power2_divisions"] = values[0]
+        else:
+            params["roundup_power2_divisions"] = ",".join(f"{1 << k}:{v}" for k, v in enumerate(values))
+    elif isinstance(divisions, int) and divisions > 1:
+        params["roundup_power2_divisions"] = divisions
+    gc = settings.get("garbage_collection_threshold") or 0.0
+    if gc:
+        params["garbage_collection_threshold"] = float(gc)
+    if settings.get("expandable_segments"):
+        params["expandable_segments"] = True
+    return params
+
+
+def spec_from_settings(settings: dict[str, Any]) -> str:
+    """The ``torch-caching`` spec matching a snapshot's ``allocator_settings`` (``params_from_settings``)."""
+    return format_spec(TorchCaching.name, params_from_settings(settings))

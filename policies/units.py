@@ -6,7 +6,7 @@ import re
 
 from policies.errors import PolicyError
 
-__all__ = ["parse_bytes", "format_bytes"]
+__all__ = ["parse_bytes", "format_bytes", "round_up"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -14,6 +14,11 @@ _UNITS = {
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def round_up(nbytes: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``nbytes`` (bytes, pages, tokens alike)."""
+    return -(-nbytes // multiple) * multiple
 
 
 def parse_bytes(text: str | int) -> int:

@@ -1,7 +1,7 @@
 """``poollab``: the root command group and the one place user errors become exit status 2.
 
-Sub-commands live in ``poollab/commands/`` (one module each, with ``register(cli)``); they only
-parse options, call the library and print. Errors in ``USER_ERRORS`` are printed as one line
+Sub-commands live in ``poollab/commands/`` (one module each, with ``register(cli)``), imported
+only when used (``LazyGroup``); they only parse options, call the library and print. Errors in ``USER_ERRORS`` are printed as one line
 ``poollab: error: <what and where>`` with exit status 2, never a traceback.
 """
 
@@ -15,21 +15,54 @@ import click
 from poollab import __version__
 from poollab.errors import USER_ERRORS
 
-#: Sub-command modules, in the order ``poollab --help`` lists them.
-COMMAND_MODULES = [
-    "poollab.commands.policies",
-    "poollab.commands.replay",
-    "poollab.commands.simulate",
-    "poollab.commands.fidelity",
-    "poollab.commands.gpu",
-    "poollab.commands.report",
-    "poollab.commands.sweep",
-    "poollab.commands.traces",
-    "poollab.commands.demo",
-]
+#: Sub-command -> (its module, the first paragraph of its help). The module is imported only when
+#: the command runs or shows its own help; ``poollab --help`` lists the summaries, so it does not
+#: import pandas, simpy or the simulator (tests/poollab check each summary against the command).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "policies": ("poollab.commands.policies",
+                 "List registered policies (built-in and third-party) and their parameters."),
+    "replay": ("poollab.commands.replay", "Replay the allocation TRACE against each policy and compare them."),
+    "simulate": ("poollab.commands.simulate",
+                 "Simulate serving the request TRACE with each policy managing the KV cache."),
+    "fidelity": ("poollab.commands.fidelity",
+                 "Does the emulation decide what the real allocator decided on SNAPSHOT?"),
+    "gpu": ("poollab.commands.gpu",
+            "Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator."),
+    "report": ("poollab.commands.report",
+               "Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs)."),
+    "sweep": ("poollab.commands.sweep",
+              "Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one table."),
+    "traces": ("poollab.commands.traces", "Inspect allocation and request traces; generate synthetic ones."),
+    "demo": ("poollab.commands.demo", "Compare the five policies on bundled real traces (replay, then simulation)."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose sub-commands are imported on first use (click's documented lazy-loading pattern).
+
+    Each module in ``COMMANDS`` registers its command with ``register(group)`` when imported.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(COMMANDS[cmd_name][0]).register(self)
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list, from ``COMMANDS``' summaries for commands not imported yet."""
+        rows = [(name, self.commands.get(name) or click.Command(name, help=COMMANDS[name][1]))
+                for name in self.list_commands(ctx)]
+        rows = [(name, cmd) for name, cmd in rows if not cmd.hidden]
+        if rows:
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in rows])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="poollab")
 def cli() -> None:
     """poollab: compare GPU memory-pool policies for LLM inference.
@@ -37,10 +70,6 @@ def cli() -> None:
     Replay allocation traces, simulate an inference server, or run a policy as a real GPU pool;
     every run ends in the same report (fragmentation, failures, latency).
     """
-
-
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from policies.units import round_up
 from traces.events import AllocTrace
 
 __all__ = ["bounds", "lifetimes", "lower_bound_bytes", "plan_greedy_by_size", "plan_best_fit_in_order",
@@ -134,7 +135,7 @@ class _BornIndex:
             if k == top:
                 whole = range(first, last)
             else:
-                left = min(last, -(-first // self.FANOUT) * self.FANOUT)
+                left = min(last, round_up(first, self.FANOUT))
                 right = max(left, last // self.FANOUT * self.FANOUT)
                 whole = [*range(first, left), *range(right, last)]
                 first, last = left // self.FANOUT, right // self.FANOUT
@@ -342,7 +343,7 @@ def bounds(trace: AllocTrace, *, alignment_bytes: int = 512, planner: str = "aut
     if isinstance(alignment_bytes, bool) or not isinstance(alignment_bytes, int) or alignment_bytes <= 0:
         raise ValueError(f"alignment_bytes(={alignment_bytes!r}) must be a positive integer")
     starts, ends, raw = lifetimes(trace)
-    sizes = [-(-n // alignment_bytes) * alignment_bytes for n in raw]
+    sizes = [round_up(n, alignment_bytes) for n in raw]
     if planner == "auto":
         planner = "greedy-by-size" if greedy_work(starts, ends) <= GREEDY_WORK_LIMIT else "best-fit-in-order"
     t0 = time.perf_counter()

@@ -42,18 +42,18 @@ import policies
 from policies.base import Allocation, Policy
 from policies.device import SEGMENT_ALIGNMENT_BYTES, UnmodelledDriver, VirtualDevice
 from policies.errors import PolicyError
+from policies.torch_caching import TorchCaching, params_from_settings, spec_from_settings
+from policies.units import round_up
 from sim import engine
 from traces.errors import TraceFormatError
-from traces.pytorch_snapshot import load_snapshot_dict
+from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
+from traces.pytorch_snapshot import PyTorchSnapshot, read_snapshot
 
 __all__ = ["Recording", "SeedSegment", "FidelityResult", "read_recording", "snapshot_to_recording",
-           "spec_from_settings", "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
+           "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
 
 ADDRESS_MODES = ("recorded", "virtual")
 MiB = 1 << 20
-_SMALL_SEGMENT_BYTES = 2 * MiB  # PyTorch's kSmallBuffer: small-pool segments are exactly this size
-_LIVE_STATES = frozenset({"active_allocated", "active_pending_free"})
-_RESERVE_ACTIONS = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 # op codes of Recording.ops
 ALLOC, FREE, EMPTY_CACHE = engine.ALLOC, engine.FREE, engine.FLUSH
 
@@ -118,105 +118,51 @@ class Recording:
 # ---------------------------------------------------------------------------- reading
 def read_recording(path: str | Path, *, device: int | None = None) -> Recording:
     """Read a snapshot file (pickle or gzipped pickle) into a ``Recording``."""
-    path = Path(path)
-    rec = snapshot_to_recording(load_snapshot_dict(path), source=str(path), device=device)
-    name = path.name
-    for suffix in (".gz", ".pickle", ".pkl"):
-        name = name.removesuffix(suffix)
-    rec.name = name or path.name
-    return rec
+    return snapshot_to_recording(read_snapshot(path, device=device))
 
 
-def snapshot_to_recording(snap: dict, *, source: str = "<snapshot>", device: int | None = None) -> Recording:
-    """Turn an unpickled snapshot dict into a ``Recording`` (see the module docstring)."""
-    traces = snap.get("device_traces") or []
-    segments = snap.get("segments") or []
-    if not isinstance(traces, list) or not isinstance(segments, list):
-        raise TraceFormatError(source, None, "'device_traces' and 'segments' must be lists")
-    if device is None:
-        device = next((d for d, t in enumerate(traces) if t), 0)
-    entries = traces[device] if device < len(traces) else []
-    segments = [s for s in segments if isinstance(s, dict) and s.get("device", device) == device]
-    settings = snap.get("allocator_settings") or {}
-    parsed = _parse_entries(entries, source, device)
-    seeds, unplaced = _starting_state(segments, parsed, settings, source)
+def snapshot_to_recording(snap: PyTorchSnapshot) -> Recording:
+    """A parsed snapshot as a ``Recording`` (see the module docstring)."""
+    ops, addrs, sizes, streams, entries, segment_rows = _requests_and_decisions(snap)
+    seeds, unplaced = _starting_state(snap)
     return Recording(
-        name=Path(source).name, source=source, ops=parsed["ops"], addrs=parsed["addrs"], sizes=parsed["sizes"],
-        streams=parsed["streams"], entries=parsed["entries"],
-        segment_events=pd.DataFrame(parsed["segment_rows"], columns=["at", "action", "address", "nbytes", "entry"]),
+        name=snap.name, source=snap.source, ops=ops, addrs=addrs, sizes=sizes, streams=streams, entries=entries,
+        segment_events=pd.DataFrame(segment_rows, columns=["at", "action", "address", "nbytes", "entry"]),
         seed_segments=seeds, unplaced=unplaced, initial_reserved_bytes=sum(s.nbytes for s in seeds),
-        settings=settings, free_action=parsed["free_action"])
+        settings=snap.allocator_settings, free_action=snap.free_action)
 
 
-def _parse_entries(entries: list, source: str, device: int) -> dict[str, Any]:
-    """One pass over the trace: requests, segment decisions and the addresses seen."""
-    unit = f"device_traces[{device}] index"
-    has_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
-    free_action = "free_completed" if has_completed else "free_requested"
+def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int], list[int], list[int], list[int],
+                                                              list[list]]:
+    """The requests as ops, with ``EMPTY_CACHE`` markers, and each segment event tied to an op.
+
+    Walks requests and segment events together in trace order; returns ``(ops, addrs, sizes,
+    streams, entries, segment_rows)`` with rows ``[at, action, address, nbytes, entry]``.
+    """
+    req, ev = snap.requests, snap.segment_events
     ops: list[int] = []
     addrs: list[int] = []
     sizes: list[int] = []
     streams: list[int] = []
     index: list[int] = []
-    stream_ids: dict[Any, int] = {0: 0}
-    live: dict[int, int] = {}  # address -> bytes asked, for allocations the trace made
-    seen: set[int] = set()
-    pre_freed: list[tuple[int, int, int]] = []  # (address, bytes asked, stream) freed, never allocated
     pending: list[list] = []  # segment rows waiting for the request they serve
     segment_rows: list[list] = []
-    seg_alloced: set[int] = set()  # addresses with a segment_alloc in the trace, held now
-    seg_pre_freed: list[tuple[int, int, int]] = []  # (address, bytes, stream) freed, never allocated
-    i = -1
-    try:
-        for i, e in enumerate(entries):
-            action = e["action"]
-            if action == "alloc" or action == free_action:
-                if pending:  # segment decisions made before this request
-                    _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
-                stream = stream_ids.setdefault(e["stream"], len(stream_ids))
-                addr, size = e["addr"], e["size"]
-                if action == "alloc":
-                    if not size > 0:
-                        raise TraceFormatError(source, i, f"alloc of size {size!r}: must be > 0", unit=unit)
-                    if addr in live:
-                        raise TraceFormatError(source, i, f"alloc at address {addr:#x}, which is still live", unit=unit)
-                    live[addr] = size
-                    seen.add(addr)
-                    ops.append(ALLOC)
-                elif addr in live:
-                    size = live.pop(addr)
-                    ops.append(FREE)
-                else:  # allocated before recording began
-                    if not size > 0:
-                        raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {size!r}",
-                                               unit=unit)
-                    pre_freed.append((addr, size, stream))
-                    seen.add(addr)
-                    ops.append(FREE)
-                addrs.append(addr)
-                sizes.append(size)
-                streams.append(stream)
-                index.append(i)
-            elif action in _RESERVE_ACTIONS or action == "oom":
-                stream = stream_ids.setdefault(e["stream"], len(stream_ids))
-                addr = e.get("addr", e.get("device_free", 0))
-                if action == "segment_alloc":
-                    seg_alloced.add(addr)
-                elif action == "segment_free":
-                    if addr in seg_alloced:
-                        seg_alloced.discard(addr)
-                    else:
-                        seg_pre_freed.append((addr, e["size"], stream))
-                pending.append([-1, action, addr, e["size"], i])
-    except TraceFormatError:
-        raise
-    except (KeyError, TypeError) as exc:
-        raise TraceFormatError(source, i, f"malformed trace entry ({type(exc).__name__}: {exc})", unit=unit) from None
+    j, num_events = 0, len(ev)
+    for k, i in enumerate(req.entry):
+        while j < num_events and ev.entry[j] < i:
+            pending.append([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]])
+            j += 1
+        if pending:  # segment decisions made before this request
+            _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
+        ops.append(ALLOC if req.is_alloc[k] else FREE)
+        addrs.append(req.address[k])
+        sizes.append(req.nbytes[k])
+        streams.append(req.stream[k])
+        index.append(i)
+    pending.extend([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]] for j in range(j, num_events))
     if pending:
         _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
-    return {"free_action": free_action, "ops": ops, "addrs": addrs, "sizes": sizes, "streams": streams,
-            "entries": index, "segment_rows": segment_rows, "seen": seen, "pre_freed": pre_freed,
-            "seg_alloced": seg_alloced, "seg_pre_freed": seg_pre_freed, "stream_ids": stream_ids}
+    return ops, addrs, sizes, streams, index, segment_rows
 
 
 def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index) -> None:
@@ -242,39 +188,20 @@ def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, str
     pending.clear()
 
 
-def _starting_state(segments: list[dict], parsed: dict, settings: dict, source: str
-                    ) -> tuple[list[SeedSegment], list[tuple[int, int, int]]]:
+def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tuple[int, int, int]]]:
     """The segments that existed before recording and the allocations live in them then."""
-    stream_ids = parsed["stream_ids"]
-    seeds: dict[int, SeedSegment] = {}
-    known: dict[int, int] = {}  # address of a starting allocation -> its recorded block size
-    for k, seg in enumerate(segments):
-        try:
-            addr = seg["address"]
-            stream = stream_ids.setdefault(seg["stream"], len(stream_ids))
-            if addr not in parsed["seg_alloced"]:
-                small = seg.get("segment_type", "large" if seg["total_size"] != _SMALL_SEGMENT_BYTES else "small") == "small"
-                seeds[addr] = SeedSegment(addr, seg["total_size"], small, stream)
-            for b in seg.get("blocks", []):
-                if b["state"] in _LIVE_STATES and b["address"] not in parsed["seen"]:
-                    known[b["address"]] = (b["size"], b.get("requested_size") or b["size"], stream)
-        except (KeyError, TypeError) as exc:
-            raise TraceFormatError(source, k, f"malformed segment ({type(exc).__name__}: {exc})",
-                                   unit="segments index") from None
-    for addr, nbytes, stream in parsed["seg_pre_freed"]:
-        seeds.setdefault(addr, SeedSegment(addr, nbytes, nbytes == _SMALL_SEGMENT_BYTES, stream))
-    starts = sorted(seeds)
+    seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream) for s in snap.segments_at_start}
+    starts = list(seeds)  # segments_at_start is sorted by address
     placed: dict[int, list[tuple[int, int | None, int]]] = {}  # segment -> [(addr, block bytes or None, asked)]
     unplaced: list[tuple[int, int, int]] = []
-    starting = [(a, size, req, s) for a, (size, req, s) in known.items()]
-    starting += [(a, None, req, s) for a, req, s in parsed["pre_freed"]]
+    starting = [(p.address, p.block_bytes, p.requested_bytes, p.stream) for p in snap.pre_trace]
     for addr, block_bytes, requested, stream in sorted(starting):
         j = bisect.bisect_right(starts, addr) - 1
         if j >= 0 and addr < starts[j] + seeds[starts[j]].nbytes:
             placed.setdefault(starts[j], []).append((addr, block_bytes, requested))
         else:
             unplaced.append((addr, requested, stream))
-    rounding = _rounding(settings)
+    rounding = _rounding(snap.allocator_settings)
     for seg_addr, items in placed.items():
         seed = seeds[seg_addr]
         for n, (addr, block_bytes, requested) in enumerate(items):
@@ -286,11 +213,9 @@ def _starting_state(segments: list[dict], parsed: dict, settings: dict, source: 
     return [seeds[a] for a in starts], unplaced
 
 
-def _rounding(settings: dict) -> Any:
+def _rounding(settings: dict) -> TorchCaching:
     """A ``TorchCaching`` with the snapshot's rounding and split settings (to size inferred blocks)."""
-    from policies.torch_caching import TorchCaching
-
-    params = _params_from_settings(settings)
+    params = params_from_settings(settings)
     params.pop("expandable_segments", None)
     return TorchCaching(**params)
 
@@ -306,42 +231,6 @@ def _inferred_block_bytes(requested: int, room: int, small: bool, pool) -> int:
     if size >= pool._max_split:
         return room if remaining < pool.max_non_split_rounding_bytes else size
     return room if remaining <= MiB else size
-
-
-# ---------------------------------------------------------------------------- settings
-def _params_from_settings(settings: dict) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    max_split = settings.get("max_split_size", -1)
-    if isinstance(max_split, int) and 0 < max_split < 1 << 62:
-        params["max_split_size_bytes"] = max_split
-    conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-    for item in conf.replace(" ", "").split(","):
-        key, _, value = item.partition(":")
-        if key == "max_non_split_rounding_mb" and value.isdigit():
-            params["max_non_split_rounding_bytes"] = int(value) * MiB
-    divisions = settings.get("roundup_power2_divisions")
-    if isinstance(divisions, dict) and divisions:
-        values = [int(v) for _, v in sorted(divisions.items(), key=lambda kv: int(kv[0]))]
-        if len(set(values)) == 1:
-            if values[0] > 1:
-                params["roundup_power2_divisions"] = values[0]
-        else:
-            params["roundup_power2_divisions"] = ",".join(f"{1 << k}:{v}" for k, v in enumerate(values))
-    elif isinstance(divisions, int) and divisions > 1:
-        params["roundup_power2_divisions"] = divisions
-    gc = settings.get("garbage_collection_threshold") or 0.0
-    if gc:
-        params["garbage_collection_threshold"] = float(gc)
-    if settings.get("expandable_segments"):
-        params["expandable_segments"] = True
-    return params
-
-
-def spec_from_settings(settings: dict) -> str:
-    """The ``torch-caching`` spec matching a snapshot's ``allocator_settings``."""
-    from policies.spec import format_spec
-
-    return format_spec("torch-caching", _params_from_settings(settings))
 
 
 # ---------------------------------------------------------------------------- devices
@@ -382,7 +271,7 @@ class RecordedAddressDevice(UnmodelledDriver):
                     break
         if addr is None or self._overlaps(addr, nbytes):
             addr = self._next_fresh
-            self._next_fresh += -(-nbytes // SEGMENT_ALIGNMENT_BYTES) * SEGMENT_ALIGNMENT_BYTES + SEGMENT_ALIGNMENT_BYTES
+            self._next_fresh += round_up(nbytes, SEGMENT_ALIGNMENT_BYTES) + SEGMENT_ALIGNMENT_BYTES
         bisect.insort(self._held_starts, addr)
         self._held[addr] = nbytes
         self.used_bytes += nbytes

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from policies.base import Allocation
+from policies.units import round_up
 from sim.pools import TimedPool
 
 __all__ = ["KVHandle", "CacheBlock", "ContiguousKV", "PagedKV", "STRATEGIES", "next_pow2"]
@@ -168,7 +169,7 @@ class ContiguousKV(_KVBase):
             needed = max(needed, h.prompt_tokens + 1)
         if s == "pow2":
             return next_pow2(needed)
-        return -(-needed // self.grow_tokens) * self.grow_tokens  # grow
+        return round_up(needed, self.grow_tokens)  # grow
 
     def peak_bytes(self, prompt_tokens: int, output_tokens: int) -> int:
         """The largest reservation the request will ever need (the admission test for 'can never fit')."""

@@ -1,30 +1,31 @@
-"""PyTorch memory snapshots (``torch.cuda.memory._snapshot()`` / ``_dump_snapshot()``) as an AllocTrace.
+"""PyTorch memory snapshots (``torch.cuda.memory._snapshot()`` / ``_dump_snapshot()``): the one parser.
 
 A snapshot is a pickle (often gzipped) of a dict with ``segments`` (the allocator's state when the
 snapshot was taken), ``device_traces`` (one list of trace entries per device) and
 ``allocator_settings``. Each trace entry has ``action``, ``addr``, ``size``, ``stream`` and
-``time_us``. How entries become events:
+``time_us``. ``parse_snapshot`` reads one device's part into a ``PyTorchSnapshot``, which both
+the allocation-trace reader (``read_pytorch_snapshot``, for replay) and ``sim.fidelity`` use:
 
 - ``alloc`` opens an allocation (``size`` is the size asked for, before rounding);
   ``free_completed`` closes it (``free_requested`` only when the trace holds no completions:
   a block is not reusable until its free completes). Addresses are reused, so an address maps
   to the allocation currently living there.
 - Recording is a ring buffer and usually starts after the weights are loaded, so the trace can
-  free an address it never saw allocated: such an allocation is synthesised at time 0 with tag
-  ``"pre-trace"``. Blocks still ``active_*`` in ``segments`` whose address the trace never
-  touched were allocated before recording and never freed: also ``"pre-trace"`` allocations
-  at time 0, live at the end.
-- ``segment_*`` and ``oom`` entries are the allocator's own decisions, not requests: they go to
-  ``meta["segment_events"]`` (with ``meta["segments"]``, the final segment table, and
-  ``meta["allocator_settings"]``) so an emulation can be compared with the real allocator.
-- ``time_us`` is made relative to the device's first trace entry; raw stream handles become
-  small ints in order of appearance (0 stays the default stream).
+  free an address it never saw allocated: such an allocation was made before recording. Blocks
+  still ``active_*`` in ``segments`` whose address the trace never touched were allocated
+  before recording and never freed. Both are ``pre_trace`` allocations; the trace reader puts
+  them at time 0 with tag ``"pre-trace"``.
+- ``segment_*`` and ``oom`` entries are the allocator's own decisions, not requests: they are
+  ``segment_events``, so an emulation can be compared with the real allocator.
+- Raw stream handles become small ints in order of appearance (0 stays the default stream).
+  The trace reader makes ``time_us`` relative to the device's first trace entry.
 """
 
 from __future__ import annotations
 
 import gzip
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +35,162 @@ import pandas as pd
 from traces.errors import TraceFormatError
 from traces.events import PRE_TRACE_TAG, AllocTrace, make_events, trace_name
 
-__all__ = ["SNAPSHOT_FORMAT", "read_pytorch_snapshot", "load_snapshot_dict", "snapshot_to_trace"]
+__all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
+           "SnapshotRequests", "SegmentEvents", "SnapshotSegment", "PreTraceAllocation", "load_snapshot_dict",
+           "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace"]
 
 SNAPSHOT_FORMAT = "pytorch-snapshot"
 
-#: Actions that describe the allocator's segments rather than requests (kept in meta).
+#: Actions that describe the allocator's segments rather than requests.
 SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"})
 #: How each segment action changes reserved memory.
-_RESERVED_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+RESERVED_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+#: PyTorch's ``kSmallBuffer``: small-pool segments are exactly this size.
+SMALL_SEGMENT_BYTES = 2 << 20
 #: Block states that still occupy memory in the final ``segments`` table.
 _LIVE_BLOCK_STATES = frozenset({"active_allocated", "active_pending_free"})
 #: The only globals a snapshot may name: it is plain containers, and unpickling anything else
 #: could run code from the file.
 _ALLOWED_GLOBALS = frozenset({("collections", "OrderedDict")})
+_SUFFIXES = (".pickle", ".pkl")
 
 
+# ---------------------------------------------------------------------------- the parsed snapshot
+@dataclass(frozen=True, slots=True)
+class SnapshotRequests:
+    """The program's requests (``alloc`` and the free action), in trace order, one list per column.
+
+    Columns, not one object per request: a trace holds 10^5-10^6 entries, and the trace reader
+    turns each column into one NumPy array.
+
+    Attributes:
+        entry: index of the trace entry in ``device_traces[device]``.
+        time_us: the entry's raw ``time_us`` (None where it has none).
+        is_alloc: True for ``alloc``, False for a free.
+        address: the recorded address.
+        nbytes: bytes asked for (a free: those of the allocation it closes).
+        stream: small-int stream.
+        alloc_id: the allocation opened or closed; ids are dense, in order of first appearance
+            (an allocation made before recording gets its id at its free).
+        tag: ``user_metadata`` of an ``alloc`` (``""`` for none and for frees).
+    """
+
+    entry: list[int]
+    time_us: list[int | None]
+    is_alloc: list[bool]
+    address: list[int]
+    nbytes: list[int]
+    stream: list[int]
+    alloc_id: list[int]
+    tag: list[str]
+
+    def __len__(self) -> int:
+        return len(self.entry)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentEvents:
+    """The allocator's ``segment_*`` and ``oom`` entries in trace order, one list per column
+    (``entry``, raw ``time_us``, ``action``, ``address``, ``nbytes``, small-int ``stream``)."""
+
+    entry: list[int]
+    time_us: list[int | None]
+    action: list[str]
+    address: list[int]
+    nbytes: list[int]
+    stream: list[int]
+
+    def __len__(self) -> int:
+        return len(self.entry)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSegment:
+    """One segment: a ``cudaMalloc`` the allocator holds.
+
+    ``segment_type`` is ``"small"``/``"large"`` as recorded, None where the snapshot does not say
+    (older snapshots, and segments known only from a ``segment_free``); ``allocated_bytes`` is 0
+    for the latter.
+    """
+
+    address: int
+    total_bytes: int
+    allocated_bytes: int
+    stream: int
+    segment_type: str | None
+    is_expandable: bool
+
+    @property
+    def is_small(self) -> bool:
+        """In the small pool: as recorded, else told by the size (small segments are 2 MiB)."""
+        if self.segment_type is None:
+            return self.total_bytes == SMALL_SEGMENT_BYTES
+        return self.segment_type == "small"
+
+
+@dataclass(frozen=True, slots=True)
+class PreTraceAllocation:
+    """An allocation made before recording began.
+
+    Attributes:
+        address: where it lives.
+        requested_bytes: bytes asked for.
+        stream: small-int stream.
+        block_bytes: the recorded block size when it is still live at the end; None when only
+            the trace's free of it shows it existed.
+        freed_at: index into ``requests`` of its free; None when it is still live at the end.
+    """
+
+    address: int
+    requested_bytes: int
+    stream: int
+    block_bytes: int | None
+    freed_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PyTorchSnapshot:
+    """One device's part of a memory snapshot, parsed (see the module docstring).
+
+    Attributes:
+        name, source: short name for reports and the file (or ``"<snapshot>"``).
+        device: the device read.
+        free_action: ``"free_completed"``, or ``"free_requested"`` when the trace has no completions.
+        time_origin_us: raw ``time_us`` of the device's first trace entry (None: no entries).
+        requests: the program's allocations and frees.
+        segment_events: the allocator's segment decisions and ``oom`` entries.
+        segments_at_end: the final ``segments`` table of ``device``, in snapshot order.
+        segments_at_start: the segments that existed when recording began, by address: final
+            segments with no ``segment_alloc`` still in effect in the trace, and those a
+            ``segment_free`` returns without a ``segment_alloc``.
+        pre_trace: allocations made before recording: those the trace frees (in trace order),
+            then those still live at the end (in segment and block order).
+        allocator_settings: the snapshot's ``allocator_settings``.
+        stream_handles: raw stream handle -> small-int stream.
+        ignored_actions: count of each trace action that is neither a request nor a decision.
+    """
+
+    name: str
+    source: str
+    device: int
+    free_action: str
+    time_origin_us: int | None
+    requests: SnapshotRequests
+    segment_events: SegmentEvents
+    segments_at_end: tuple[SnapshotSegment, ...]
+    segments_at_start: tuple[SnapshotSegment, ...]
+    pre_trace: tuple[PreTraceAllocation, ...]
+    allocator_settings: dict[str, Any]
+    stream_handles: dict[Any, int]
+    ignored_actions: dict[str, int]
+
+    @property
+    def entry_unit(self) -> str:
+        """How errors name a trace entry's index (``TraceFormatError(..., unit=...)``)."""
+        return f"device_traces[{self.device}] index"
+
+
+# ---------------------------------------------------------------------------- reading
 class _SnapshotUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:
@@ -75,80 +217,45 @@ def load_snapshot_dict(path: str | Path) -> dict:
     return snap
 
 
-def read_pytorch_snapshot(path: str | Path, *, device: int | None = None) -> AllocTrace:
-    """Read a snapshot file into an AllocTrace.
+def read_snapshot(path: str | Path, *, device: int | None = None) -> PyTorchSnapshot:
+    """Read and parse a snapshot file (a pickle or gzipped pickle from ``_dump_snapshot``).
 
     Args:
-        path: a pickle or gzipped pickle from ``torch.cuda.memory._dump_snapshot``.
-        device: which device's trace to read; default: the first device with trace entries.
+        device: which device's part to read; default: the first device with trace entries.
+
+    Raises:
+        TraceFormatError: the file is no snapshot or a record is malformed (names file and record).
     """
     path = Path(path)
-    trace = snapshot_to_trace(load_snapshot_dict(path), source=str(path), device=device)
-    trace.name = trace_name(path, (".pickle", ".pkl"))
-    return trace
+    return parse_snapshot(load_snapshot_dict(path), source=str(path), device=device,
+                          name=trace_name(path, _SUFFIXES))
 
 
-def snapshot_to_trace(snap: dict, *, source: str = "<snapshot>", device: int | None = None) -> AllocTrace:
-    """Turn an unpickled snapshot dict into an AllocTrace (see the module docstring)."""
+def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None = None,
+                   name: str | None = None) -> PyTorchSnapshot:
+    """Parse an unpickled snapshot dict (see the module docstring); ``name`` defaults to the source's."""
     device_traces = snap.get("device_traces") or []
     segments = snap.get("segments") or []
     if not isinstance(device_traces, list) or not isinstance(segments, list):
         raise TraceFormatError(source, None, "'device_traces' and 'segments' must be lists")
+    settings = snap.get("allocator_settings") or {}
+    if not isinstance(settings, dict):
+        raise TraceFormatError(source, None, f"'allocator_settings' must be a dict, not {type(settings).__name__}")
     dev = _pick_device(device_traces, segments, device, source)
     entries = device_traces[dev] if dev < len(device_traces) else []
-    unit = f"device_traces[{dev}] index"
-    parsed = _parse_entries(entries, source, unit)
-    streams = parsed["streams"]
-    seg_table, live_blocks = _parse_segments(segments, dev, streams, source)
-
-    # blocks live at the end whose address the trace never touched: allocated before recording
-    seen = parsed["seen_addrs"]
-    pre_live = [(size, stream) for addr, size, stream in live_blocks if addr not in seen]
-    pre_freed = parsed["pre_freed"]  # (id, size, stream) of frees of never-seen addresses
-    n_pre = len(pre_freed) + len(pre_live)
-    next_id = parsed["num_ids"]
-    pre_ids = [i for i, _, _ in pre_freed] + list(range(next_id, next_id + len(pre_live)))
-
-    t_raw = parsed["time"]
-    t0 = int(entries[0]["time_us"]) if entries else 0
-    # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
-    t_rel = np.maximum.accumulate(t_raw - t0) if t_raw.size else t_raw
-    num_time_clamped = int(np.count_nonzero(t_rel != t_raw - t0))
-    time_us = np.concatenate([np.zeros(n_pre, np.int64), t_rel])
-    is_alloc = np.concatenate([np.ones(n_pre, bool), np.asarray(parsed["is_alloc"], dtype=bool)])
-    ids = np.concatenate([np.asarray(pre_ids, np.int64), np.asarray(parsed["ids"], np.int64)])
-    nbytes = np.concatenate([np.asarray([s for _, s, _ in pre_freed] + [s for s, _ in pre_live], np.int64),
-                             np.asarray(parsed["sizes"], np.int64)])
-    stream = np.concatenate([np.asarray([s for _, _, s in pre_freed] + [s for _, s in pre_live], np.int64),
-                             np.asarray(parsed["streams_col"], np.int64)])
-    tags = [PRE_TRACE_TAG] * n_pre + parsed["tags"]
-    ids = _renumber_by_alloc_order(ids, is_alloc, next_id + len(pre_live))
-    events = make_events(time_us, np.where(is_alloc, "alloc", "free"), ids, nbytes, stream, tags)
-
-    seg_events = pd.DataFrame(parsed["segment_rows"], columns=["time_us", "action", "addr", "size", "stream"])
-    seg_events["time_us"] = seg_events["time_us"].astype(np.int64) - t0
-    reserved_end = int(seg_table["total_size"].sum()) if len(seg_table) else 0
-    sign = seg_events["action"].map(_RESERVED_SIGN).fillna(0).to_numpy(np.int64)
-    delta = sign * seg_events["size"].to_numpy(np.int64)
-    reserved = reserved_end - int(delta.sum()) + np.concatenate([[0], np.cumsum(delta)])
-    meta = {
-        "device": dev,
-        "free_action": parsed["free_action"],
-        "time_origin_us": t0,
-        "num_pre_trace_freed": len(pre_freed),
-        "num_pre_trace_live": len(pre_live),
-        "num_oom": int((seg_events["action"] == "oom").sum()),
-        "num_time_clamped": num_time_clamped,
-        "ignored_actions": parsed["ignored"],
-        "stream_handles": {handle: i for handle, i in streams.items()},
-        "segment_events": seg_events,
-        "segments": seg_table,
-        "allocator_settings": snap.get("allocator_settings", {}),
-        # reserved bytes over the trace, rebuilt backwards from the final segment table
-        "recorded_peak_reserved_bytes": int(reserved.max()),
-        "recorded_reserved_end_bytes": reserved_end,
-    }
-    return AllocTrace(events, name=Path(source).name, source=source, format=SNAPSHOT_FORMAT, meta=meta)
+    streams: dict[Any, int] = {0: 0}
+    requests, events, pre_freed, seen_addrs, free_action, ignored = _parse_entries(
+        entries, streams, source, f"device_traces[{dev}] index")
+    at_end, live_blocks = _parse_segments(segments, dev, streams, source)
+    pre_live = tuple(PreTraceAllocation(addr, requested, stream, block_bytes, None)
+                     for addr, block_bytes, requested, stream in live_blocks if addr not in seen_addrs)
+    first = entries[0] if entries else None
+    return PyTorchSnapshot(
+        name=Path(source).name if name is None else name, source=source, device=dev, free_action=free_action,
+        time_origin_us=first.get("time_us") if isinstance(first, dict) else None,
+        requests=requests, segment_events=events, segments_at_end=at_end,
+        segments_at_start=_segments_at_start(at_end, events), pre_trace=tuple(pre_freed) + pre_live,
+        allocator_settings=settings, stream_handles=streams, ignored_actions=ignored)
 
 
 def _pick_device(device_traces: list, segments: list, device: int | None, source: str) -> int:
@@ -165,17 +272,20 @@ def _pick_device(device_traces: list, segments: list, device: int | None, source
     return devices[0] if devices else 0
 
 
-def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
-    """One pass over the trace entries; the hot loop of the reader."""
+def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: str):
+    """One pass over the trace entries (the hot loop): requests, decisions, pre-trace frees.
+
+    Adds the streams it meets to ``streams``. Returns ``(requests, segment_events, pre_freed,
+    seen_addrs, free_action, ignored)``.
+    """
     free_action = "free_completed"
     if not any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries):
         free_action = "free_requested"
     live: dict[int, tuple[int, int]] = {}  # addr -> (alloc id, size): the allocation living there now
     seen_addrs: set[int] = set()
-    streams: dict[Any, int] = {0: 0}
-    time, is_alloc, ids, sizes, streams_col, tags = [], [], [], [], [], []
-    pre_freed: list[tuple[int, int, int]] = []
-    segment_rows: list[tuple] = []
+    r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag = [], [], [], [], [], [], [], []
+    s_entry, s_time, s_action, s_addr, s_size, s_stream = [], [], [], [], [], []
+    pre_freed: list[PreTraceAllocation] = []
     ignored: dict[str, int] = {}
     next_id = 0
     i = -1
@@ -194,8 +304,8 @@ def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
                     s = streams[e["stream"]] = len(streams)
                 live[addr] = (next_id, size)
                 seen_addrs.add(addr)
-                time.append(e["time_us"]); is_alloc.append(True); ids.append(next_id)
-                sizes.append(size); streams_col.append(s); tags.append(e.get("user_metadata") or "")
+                r_entry.append(i); r_time.append(e.get("time_us")); r_is_alloc.append(True); r_addr.append(addr)
+                r_size.append(size); r_stream.append(s); r_id.append(next_id); r_tag.append(e.get("user_metadata") or "")
                 next_id += 1
             elif action == free_action:
                 addr = e["addr"]
@@ -209,38 +319,40 @@ def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
                         raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {size!r}",
                                                unit=unit)
                     found = (next_id, size)
-                    pre_freed.append((next_id, size, s))
+                    pre_freed.append(PreTraceAllocation(addr, size, s, None, len(r_entry)))
                     seen_addrs.add(addr)
                     next_id += 1
-                time.append(e["time_us"]); is_alloc.append(False); ids.append(found[0])
-                sizes.append(found[1]); streams_col.append(s); tags.append("")
+                r_entry.append(i); r_time.append(e.get("time_us")); r_is_alloc.append(False); r_addr.append(addr)
+                r_size.append(found[1]); r_stream.append(s); r_id.append(found[0]); r_tag.append("")
             elif action in SEGMENT_ACTIONS:
                 s = streams.get(e["stream"])
                 if s is None:
                     s = streams[e["stream"]] = len(streams)
-                segment_rows.append((e["time_us"], action, e["addr"], e["size"], s))
+                # an oom entry's address field is the device's free memory in some versions
+                s_entry.append(i); s_time.append(e.get("time_us")); s_action.append(action)
+                s_addr.append(e.get("addr", e.get("device_free", 0))); s_size.append(e["size"]); s_stream.append(s)
             elif action != "free_requested" and action != "free_completed":
                 ignored[action] = ignored.get(action, 0) + 1
     except TraceFormatError:
         raise
     except KeyError as exc:
         raise TraceFormatError(source, i, f"trace entry lacks key {exc}", unit=unit) from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(source, i, f"malformed trace entry {_short(entries[i])} ({exc})", unit=unit) from None
-    time = np.asarray(time) if time else np.zeros(0, np.int64)
-    if time.dtype.kind != "i":  # a list of Python ints only becomes an integer array
-        k = next(k for k, e in enumerate(entries) if type(e.get("time_us")) is not int)
-        raise TraceFormatError(source, k, f"time_us {entries[k].get('time_us')!r} is not an integer", unit=unit)
-    tags = [t if isinstance(t, str) else str(t) for t in tags]
-    return {"free_action": free_action, "seen_addrs": seen_addrs, "streams": streams, "time": time,
-            "is_alloc": is_alloc, "ids": ids, "sizes": sizes, "streams_col": streams_col, "tags": tags,
-            "pre_freed": pre_freed, "segment_rows": segment_rows, "ignored": ignored, "num_ids": next_id}
+    for times, index in ((r_time, r_entry), (s_time, s_entry)):
+        k = next((k for k, t in enumerate(times) if type(t) is not int and t is not None), None)
+        if k is not None:
+            raise TraceFormatError(source, index[k], f"time_us {times[k]!r} is not an integer", unit=unit)
+    r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
+    requests = SnapshotRequests(r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag)
+    events = SegmentEvents(s_entry, s_time, s_action, s_addr, s_size, s_stream)
+    return requests, events, pre_freed, seen_addrs, free_action, ignored
 
 
 def _parse_segments(segments: list, dev: int, streams: dict, source: str
-                    ) -> tuple[pd.DataFrame, list[tuple[int, int, int]]]:
-    """The final segment table of ``dev`` and its live blocks as (addr, requested size, stream)."""
-    rows, live_blocks = [], []
+                    ) -> tuple[tuple[SnapshotSegment, ...], list[tuple[int, int, int, int]]]:
+    """The final segment table of ``dev`` and its live blocks as (addr, block bytes, requested bytes, stream)."""
+    table, live_blocks = [], []
     for k, seg in enumerate(segments):
         try:
             if seg.get("device", dev) != dev:
@@ -248,20 +360,124 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
             s = streams.get(seg["stream"])
             if s is None:
                 s = streams[seg["stream"]] = len(streams)
-            rows.append((seg["address"], seg["total_size"], seg.get("allocated_size", 0), s,
-                         seg.get("segment_type", ""), bool(seg.get("is_expandable", False))))
             addr = seg["address"]
+            table.append(SnapshotSegment(addr, seg["total_size"], seg.get("allocated_size", 0), s,
+                                         seg.get("segment_type"), bool(seg.get("is_expandable", False))))
             for b in seg.get("blocks", []):
                 b_addr = b.get("address", addr)  # older snapshots lack block addresses: blocks tile the segment
                 if b["state"] in _LIVE_BLOCK_STATES:
-                    live_blocks.append((b_addr, b.get("requested_size") or b["size"], s))
+                    live_blocks.append((b_addr, b["size"], b.get("requested_size") or b["size"], s))
                 addr = b_addr + b["size"]
         except (KeyError, TypeError, AttributeError) as exc:
             raise TraceFormatError(source, k, f"malformed segment ({type(exc).__name__}: {exc})",
                                    unit="segments index") from None
-    table = pd.DataFrame(rows, columns=["address", "total_size", "allocated_size", "stream", "segment_type",
-                                        "is_expandable"])
-    return table, live_blocks
+    return tuple(table), live_blocks
+
+
+def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
+    """The segments held when recording began, by address (see ``PyTorchSnapshot``)."""
+    held: set[int] = set()  # addresses of a segment_alloc in the trace not freed since
+    freed_unseen: list[SnapshotSegment] = []
+    for action, addr, nbytes, stream in zip(events.action, events.address, events.nbytes, events.stream):
+        if action == "segment_alloc":
+            held.add(addr)
+        elif action == "segment_free":
+            if addr in held:
+                held.discard(addr)
+            else:
+                freed_unseen.append(SnapshotSegment(addr, nbytes, 0, stream, None, False))
+    start = {seg.address: seg for seg in at_end if seg.address not in held}
+    for seg in freed_unseen:
+        start.setdefault(seg.address, seg)
+    return tuple(start[a] for a in sorted(start))
+
+
+def _short(obj: Any, limit: int = 120) -> str:
+    text = repr(obj)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# ---------------------------------------------------------------------------- as an allocation trace
+def read_pytorch_snapshot(path: str | Path, *, device: int | None = None) -> AllocTrace:
+    """Read a snapshot file into an AllocTrace (``snapshot_to_trace`` of ``read_snapshot``).
+
+    Args:
+        path: a pickle or gzipped pickle from ``torch.cuda.memory._dump_snapshot``.
+        device: which device's trace to read; default: the first device with trace entries.
+    """
+    return snapshot_to_trace(read_snapshot(path, device=device))
+
+
+def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
+    """The snapshot's requests as an AllocTrace, pre-trace allocations first at time 0.
+
+    ``meta`` keeps what replay compares with: ``segment_events`` (times relative to the first
+    entry), ``segments`` (the final table), ``allocator_settings`` and the reserved bytes over
+    the trace.
+
+    Raises:
+        TraceFormatError: a request or segment event has no integer ``time_us``.
+    """
+    source, req, ev = snap.source, snap.requests, snap.segment_events
+    for times, index in ((req.time_us, req.entry), (ev.time_us, ev.entry)):
+        if None in times:
+            raise TraceFormatError(source, index[times.index(None)], "trace entry lacks key 'time_us'",
+                                   unit=snap.entry_unit)
+    t0 = snap.time_origin_us
+    if type(t0) is not int:
+        if len(req) or len(ev):
+            raise TraceFormatError(source, 0, f"time_us {t0!r} of the first entry is not an integer",
+                                   unit=snap.entry_unit)
+        t0 = 0
+    pre_freed = [p for p in snap.pre_trace if p.freed_at is not None]
+    pre_live = [p for p in snap.pre_trace if p.freed_at is None]
+    pre = pre_freed + pre_live
+    n_pre = len(pre)
+    next_id = max(req.alloc_id) + 1 if len(req) else 0
+    pre_ids = [req.alloc_id[p.freed_at] for p in pre_freed] + list(range(next_id, next_id + len(pre_live)))
+
+    t_raw = np.asarray(req.time_us, np.int64) if len(req) else np.zeros(0, np.int64)
+    # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
+    t_rel = np.maximum.accumulate(t_raw - t0) if t_raw.size else t_raw
+    num_time_clamped = int(np.count_nonzero(t_rel != t_raw - t0))
+    time_us = np.concatenate([np.zeros(n_pre, np.int64), t_rel])
+    is_alloc = np.concatenate([np.ones(n_pre, bool), np.asarray(req.is_alloc, dtype=bool)])
+    ids = np.concatenate([np.asarray(pre_ids, np.int64), np.asarray(req.alloc_id, np.int64)])
+    nbytes = np.concatenate([np.asarray([p.requested_bytes for p in pre], np.int64), np.asarray(req.nbytes, np.int64)])
+    stream = np.concatenate([np.asarray([p.stream for p in pre], np.int64), np.asarray(req.stream, np.int64)])
+    tags = [PRE_TRACE_TAG] * n_pre + req.tag
+    ids = _renumber_by_alloc_order(ids, is_alloc, next_id + len(pre_live))
+    events = make_events(time_us, np.where(is_alloc, "alloc", "free"), ids, nbytes, stream, tags)
+
+    seg_events = pd.DataFrame(list(zip(ev.time_us, ev.action, ev.address, ev.nbytes, ev.stream)),
+                              columns=["time_us", "action", "addr", "size", "stream"])
+    seg_events["time_us"] = seg_events["time_us"].astype(np.int64) - t0
+    seg_table = pd.DataFrame([(s.address, s.total_bytes, s.allocated_bytes, s.stream, s.segment_type or "",
+                               s.is_expandable) for s in snap.segments_at_end],
+                             columns=["address", "total_size", "allocated_size", "stream", "segment_type",
+                                      "is_expandable"])
+    reserved_end = int(seg_table["total_size"].sum()) if len(seg_table) else 0
+    sign = seg_events["action"].map(RESERVED_SIGN).fillna(0).to_numpy(np.int64)
+    delta = sign * seg_events["size"].to_numpy(np.int64)
+    reserved = reserved_end - int(delta.sum()) + np.concatenate([[0], np.cumsum(delta)])
+    meta = {
+        "device": snap.device,
+        "free_action": snap.free_action,
+        "time_origin_us": t0,
+        "num_pre_trace_freed": len(pre_freed),
+        "num_pre_trace_live": len(pre_live),
+        "num_oom": int((seg_events["action"] == "oom").sum()),
+        "num_time_clamped": num_time_clamped,
+        "ignored_actions": snap.ignored_actions,
+        "stream_handles": dict(snap.stream_handles),
+        "segment_events": seg_events,
+        "segments": seg_table,
+        "allocator_settings": snap.allocator_settings,
+        # reserved bytes over the trace, rebuilt backwards from the final segment table
+        "recorded_peak_reserved_bytes": int(reserved.max()),
+        "recorded_reserved_end_bytes": reserved_end,
+    }
+    return AllocTrace(events, name=snap.name, source=source, format=SNAPSHOT_FORMAT, meta=meta)
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:
@@ -272,7 +488,3 @@ def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int
     new[alloc_ids] = np.arange(num_ids)
     return new[ids]
 
-
-def _short(obj: Any, limit: int = 120) -> str:
-    text = repr(obj)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -8,7 +8,8 @@ import click
 
 from poollab.commands._common import BYTES
 from poollab.errors import UsageError
-from sim.fidelity import ADDRESS_MODES, read_recording, replay_recording, spec_from_settings
+from policies.torch_caching import spec_from_settings
+from sim.fidelity import ADDRESS_MODES, read_recording, replay_recording
 
 
 def register(cli: click.Group) -> None:

@@ -69,14 +69,20 @@ def file_ref(path: str | Path, how: str = "content") -> FileRef:
 
 @functools.lru_cache(maxsize=1)
 def _poollab_version() -> str:
+    """The installed distribution's version, else (a source checkout on PYTHONPATH) the one in
+    its ``pyproject.toml``: read from below, since ``sim`` must not import the ``poollab`` CLI."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        from importlib.metadata import PackageNotFoundError, version
-
         return version("poollab")
-    except PackageNotFoundError:  # a source checkout on PYTHONPATH
-        from poollab import __version__
+    except PackageNotFoundError:
+        import tomllib
 
-        return __version__
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            return tomllib.loads(pyproject.read_text())["project"]["version"]
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,11 @@ from click.testing import CliRunner
 
 import policies
 from policies.errors import PolicyError
+from policies.torch_caching import spec_from_settings
 from sim.fidelity import (ALLOC, EMPTY_CACHE, RecordedAddressDevice, fidelity, read_recording, replay_recording,
-                          snapshot_to_recording, spec_from_settings)
+                          snapshot_to_recording)
 from traces import bundled_path
+from traces.pytorch_snapshot import parse_snapshot
 
 MiB = 1 << 20
 SNAPSHOT = Path("/work/shared/data/traces/llama1b_generate_mixed.pickle.gz")
@@ -22,7 +24,9 @@ def entry(action, addr, size, stream=0):
 
 
 def snapshot(entries, segments=(), settings=None):
-    return {"device_traces": [list(entries)], "segments": list(segments), "allocator_settings": settings or {}}
+    """A parsed snapshot of one device."""
+    return parse_snapshot({"device_traces": [list(entries)], "segments": list(segments),
+                           "allocator_settings": settings or {}})
 
 
 def segment(addr, total, blocks, kind="large"):
