@@ -26,9 +26,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from policies.base import Allocation
 from sim.pools import TimedPool
+
+if TYPE_CHECKING:
+    from sim.config import ServerConfig
 
 __all__ = ["KVHandle", "CacheBlock", "ContiguousKV", "PagedKV", "STRATEGIES", "next_pow2"]
 
@@ -138,21 +142,18 @@ class ContiguousKV(_KVBase):
 
     Args:
         pool: the KV pool.
+        config: the server's settings; read here: ``kv_strategy``, ``max_model_len`` (resolved:
+            the longest sequence the model serves, which ``max`` reserves) and ``grow_tokens``.
         bytes_per_token: KV bytes of one token (all layers, K and V).
         budget_bytes: most bytes the KV cache may hold.
-        strategy: one of ``STRATEGIES``.
-        max_model_len: longest sequence (prompt + output) the model serves; ``max`` reserves it.
-        grow_tokens: chunk of the ``grow`` strategy.
     """
 
-    def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int, strategy: str,
-                 max_model_len: int, grow_tokens: int):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"kv_strategy(={strategy!r}) must be one of {', '.join(STRATEGIES)}")
+    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
+        assert config.max_model_len is not None, "simulate() resolves max_model_len"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
-        self.strategy = strategy
-        self.max_model_len = max_model_len
-        self.grow_tokens = grow_tokens
+        self.strategy = config.kv_strategy
+        self.max_model_len = config.max_model_len
+        self.grow_tokens = config.grow_tokens
 
     def target_tokens(self, h: KVHandle, needed: int) -> int:
         """Token slots to reserve when ``h`` must hold ``needed`` and holds fewer."""
@@ -217,13 +218,14 @@ class PagedKV(_KVBase):
 
     Args:
         pool: the KV pool (a paged policy: allocations are runs of pages).
+        config: the server's settings; read here: ``prefix_caching`` (share prompt blocks named
+            by the trace's ``hash_ids``) and ``prefix_block_tokens`` (resolved: tokens per
+            ``hash_ids`` block, 512 in Mooncake traces).
         bytes_per_token: KV bytes of one token.
         budget_bytes: most bytes the KV cache may hold.
         tokens_per_page: tokens per page (vLLM's block size, 16).
         page_bytes: bytes per page (None: ``tokens_per_page x bytes_per_token``; a policy's page
             may be larger than the tokens it holds).
-        prefix_caching: share prompt blocks named by the trace's ``hash_ids``.
-        block_tokens: tokens per ``hash_ids`` block (512 in Mooncake traces).
 
     The prefix cache is a dict from hash id to block plus an ``OrderedDict`` of blocks nobody
     references, in release order: O(1) lookup, O(1) LRU eviction from its front.
@@ -236,8 +238,10 @@ class PagedKV(_KVBase):
 
     paged = True
 
-    def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int, tokens_per_page: int,
-                 prefix_caching: bool, block_tokens: int, page_bytes: int | None = None):
+    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
+                 tokens_per_page: int, page_bytes: int | None = None):
+        assert config.prefix_block_tokens is not None, "simulate() resolves prefix_block_tokens"
+        prefix_caching, block_tokens = config.prefix_caching, config.prefix_block_tokens
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         self.tokens_per_page = tokens_per_page
         self.page_bytes = page_bytes if page_bytes is not None else tokens_per_page * bytes_per_token

@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 
 import policies
 from sim.costs import CostedDevice
+from sim.config import ServerConfig
 from sim.kv import ContiguousKV, PagedKV, next_pow2
 from sim.pools import TimedPool
 
@@ -14,15 +15,15 @@ MiB = 1 << 20
 def contiguous(strategy, budget_bytes=64 * MiB, max_model_len=4096, grow_tokens=256):
     # the policy may reserve more (its segments are 32 MiB): the manager keeps KV within the budget
     pool = TimedPool(policies.create("best-fit", device=CostedDevice()))
-    return ContiguousKV(pool, bytes_per_token=BPT, budget_bytes=budget_bytes, strategy=strategy,
-                        max_model_len=max_model_len, grow_tokens=grow_tokens)
+    cfg = ServerConfig(kv_strategy=strategy, max_model_len=max_model_len, grow_tokens=grow_tokens)
+    return ContiguousKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes)
 
 
 def paged(budget_bytes=64 * MiB, prefix_caching=True, block_tokens=64, tokens_per_page=16):
     pool = TimedPool(policies.create("paged", capacity_bytes=budget_bytes, bytes_per_token=BPT,
                                      tokens_per_page=tokens_per_page, segment_bytes=MiB, device=CostedDevice()))
-    return PagedKV(pool, bytes_per_token=BPT, budget_bytes=budget_bytes, tokens_per_page=tokens_per_page,
-                   prefix_caching=prefix_caching, block_tokens=block_tokens)
+    cfg = ServerConfig(prefix_caching=prefix_caching, prefix_block_tokens=block_tokens)
+    return PagedKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes, tokens_per_page=tokens_per_page)
 
 
 def test_next_pow2():

@@ -2,9 +2,13 @@ import pytest
 
 import policies
 from sim.costs import CostedDevice
+from sim.config import ServerConfig
 from sim.kv import ContiguousKV, PagedKV
 from sim.pools import TimedPool
-from sim.scheduler import FINISHED, REJECTED, RUNNING, SWAPPED, WAITING, Request, Scheduler
+from sim.scheduler import Request, RequestState, Scheduler
+
+WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = (RequestState.WAITING, RequestState.RUNNING, RequestState.SWAPPED,
+                                                 RequestState.FINISHED, RequestState.REJECTED)
 
 BPT = 1024
 MiB = 1 << 20
@@ -13,18 +17,18 @@ MiB = 1 << 20
 def make(budget_tokens=1024, preemption="recompute", max_num_seqs=8, max_num_batched_tokens=256,
          chunked_prefill=True, watermark=0.0, kind="paged", max_model_len=100_000):
     budget = budget_tokens * BPT
+    cfg = ServerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       chunked_prefill=chunked_prefill, watermark=watermark, preemption=preemption,
+                       max_model_len=max_model_len, prefix_block_tokens=64, grow_tokens=64,
+                       kv_strategy=kind if kind != "paged" else "pow2")
     if kind == "paged":
         pool = TimedPool(policies.create("paged", bytes_per_token=BPT, tokens_per_page=16, segment_bytes=MiB,
                                          device=CostedDevice()))
-        kv = PagedKV(pool, bytes_per_token=BPT, budget_bytes=budget, tokens_per_page=16, prefix_caching=True,
-                     block_tokens=64)
+        kv = PagedKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget, tokens_per_page=16)
     else:
         pool = TimedPool(policies.create("best-fit", device=CostedDevice()))
-        kv = ContiguousKV(pool, bytes_per_token=BPT, budget_bytes=budget, strategy=kind, max_model_len=max_model_len,
-                          grow_tokens=64)
-    return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     chunked_prefill=chunked_prefill, watermark=watermark, preemption=preemption,
-                     swap_space_bytes=None, max_model_len=max_model_len)
+        kv = ContiguousKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget)
+    return Scheduler(kv, cfg)
 
 
 def req(sched, rid, prompt, output, hash_ids=()):
