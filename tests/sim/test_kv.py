@@ -141,7 +141,8 @@ def test_a_computed_prefix_is_hit_and_shared():
     assert kv.match_prefix(b) == 128
     before = kv.allocated_bytes
     kv.admit(b, 200)
-    assert b.blocks[:2] == a.blocks[:2] and b.blocks[0].ref_cnt == 2
+    first_page = kv.block_cache.cached_block(b.blocks[0]).extents[0][0]
+    assert b.blocks[:2] == a.blocks[:2] and kv.block_cache.page_refcount(first_page) == 2
     # b holds its own third block and pages for the 8-token tail, but not the two shared blocks
     assert kv.allocated_bytes - before == kv.block_bytes + kv.page_bytes
     assert kv.prefix_hit_tokens == 128 and kv.prefix_saved_bytes == 2 * kv.block_bytes
@@ -190,7 +191,36 @@ def test_a_hit_on_a_cached_block_takes_it_off_the_eviction_list():
     kv.free(a)
     b = kv.new_handle(65, 1, (7,))
     kv.admit(b, 65)
-    assert kv.evictable_bytes == 0 and b.blocks[0].ref_cnt == 1
+    assert kv.evictable_bytes == 0 and b.blocks == [7]
+    page = kv.block_cache.cached_block(7).extents[0][0]
+    assert kv.block_cache.page_refcount(page) == 1  # the policy counts the holder: b
+
+
+def test_the_paged_policy_owns_the_reference_counts_of_shared_blocks():
+    kv = paged(block_tokens=64)
+    a = kv.new_handle(65, 1, (7,))
+    kv.admit(a, 65)
+    run_prefill(kv, a, 65)
+    b = kv.new_handle(65, 1, (7,))
+    kv.admit(b, 65)
+    cache = kv.block_cache
+    pages = [off for off, _ in cache.cached_block(7).extents]
+    assert [cache.page_refcount(p) for p in pages] == [2] * len(pages)
+    kv.free(a)
+    assert cache.page_refcount(pages[0]) == 1 and kv.evictable_bytes == 0
+    kv.free(b)
+    assert cache.page_refcount(pages[0]) == 0 and kv.evictable_bytes == kv.block_bytes
+    assert cache.num_cached_blocks() == 1
+
+
+def test_a_block_freed_before_it_was_computed_is_not_cached():
+    kv = paged(block_tokens=64)
+    a = kv.new_handle(129, 1, (1, 2))
+    kv.admit(a, 64)  # a chunk: block 1 computed after the step, block 2 not
+    kv.mark_computed(a, 64)
+    kv.free(a)
+    assert kv.block_cache.num_cached_blocks() == 1 and kv.evictable_bytes == kv.block_bytes
+    assert kv.allocated_bytes == kv.block_bytes  # block 2 went back to the pool
 
 
 def test_without_prefix_caching_hash_ids_are_ignored():
@@ -206,6 +236,7 @@ def test_failed_admission_leaves_the_cache_as_it_was():
     run_prefill(kv, a, 128)
     b = kv.new_handle(10 * 64, 1, (1, 2, 3))
     assert not kv.admit(b, 10 * 64)
-    assert a.blocks[0].ref_cnt == 1 and a.blocks[1].ref_cnt == 1
+    cache = kv.block_cache
+    assert [cache.page_refcount(cache.cached_block(hid).extents[0][0]) for hid in a.blocks] == [1, 1]
     assert kv.allocated_bytes == 2 * kv.block_bytes
-    assert 3 not in kv._cache
+    assert cache.cached_block(3) is None and cache.num_cached_blocks() == 2
