@@ -215,3 +215,20 @@ def test_prefix_hit_skips_computing_the_cached_tokens():
     plan = step(s)
     assert b.prefix_hit_tokens == 128
     assert b in plan.scheduled and b.num_new == 12
+
+
+def test_unschedule_last_undoes_exactly_what_scheduling_counted():
+    s = make(max_num_batched_tokens=64, preemption="swap")
+    a, b = req(s, 0, 30, 10), req(s, 1, 200, 10)
+    s.add(a)
+    step(s)
+    s.add(b)
+    plan = s.schedule()  # a decodes, b prefills a chunk
+    assert s.unschedule_last(plan)
+    assert plan.scheduled == [a] and (plan.decode_seqs, plan.context_tokens) == (1, 30)
+    assert (plan.prefill_tokens, plan.num_prefill_seqs, plan.prefill_context_tokens) == (0, 0, 0)
+    assert b.status is WAITING and plan.num_preemptions == 1  # nothing computed yet: recomputed, not swapped
+    assert plan.swap_out_bytes == 0
+    assert s.unschedule_last(plan) and plan.num_batched_tokens == 0 and a.status is SWAPPED
+    assert plan.swap_out_bytes == 30 * BPT  # the swap-out is charged to the plan it was taken from
+    assert not s.unschedule_last(plan)
