@@ -140,16 +140,15 @@ class ContiguousKV(_KVBase):
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
-        self.strategy = config.kv_strategy
-        self.max_model_len = config.max_model_len
-        self.grow_tokens = config.grow_tokens
+        self.config = config
 
     def target_tokens(self, h: KVHandle, needed: int) -> int:
         """Token slots to reserve when ``h`` must hold ``needed`` and holds fewer."""
-        s = self.strategy
+        cfg = self.config
+        s = cfg.kv_strategy
         final = h.prompt_tokens + h.output_tokens
         if s == "max":
-            return max(needed, self.max_model_len, final)
+            return max(needed, cfg.max_model_len, final)
         if s == "oracle":
             return max(needed, final)
         if s == "pow2-oracle":
@@ -158,7 +157,7 @@ class ContiguousKV(_KVBase):
             needed = max(needed, h.prompt_tokens + 1)
         if s == "pow2":
             return next_pow2(needed)
-        return -(-needed // self.grow_tokens) * self.grow_tokens  # grow
+        return -(-needed // cfg.grow_tokens) * cfg.grow_tokens  # grow
 
     def peak_bytes(self, prompt_tokens: int, output_tokens: int) -> int:
         """The largest reservation the request will ever need (the admission test for 'can never fit')."""

@@ -134,13 +134,6 @@ class Scheduler:
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
         self.kv = kv
         self.config = config
-        self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.chunked_prefill = config.chunked_prefill
-        self.watermark = config.watermark
-        self.preemption = config.preemption
-        self.swap_space_bytes = config.swap_space_bytes
-        self.max_model_len = config.max_model_len
         self.watermark_bytes = int(config.watermark * kv.budget_bytes)
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
@@ -164,14 +157,14 @@ class Scheduler:
         return True
 
     def _never_fits(self, r: Request) -> str:
-        if r.prompt_tokens >= self.max_model_len:
-            return f"prompt of {r.prompt_tokens} tokens leaves no room below max_model_len={self.max_model_len}"
+        if r.prompt_tokens >= self.config.max_model_len:
+            return f"prompt of {r.prompt_tokens} tokens leaves no room below max_model_len={self.config.max_model_len}"
         peak = self.kv.peak_bytes(r.prompt_tokens, r.output_tokens)
         if peak > self.kv.budget_bytes:
             return f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
-        if not self.chunked_prefill and r.prompt_tokens > self.max_num_batched_tokens:
+        if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
             return (f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
-                    f"{self.max_num_batched_tokens} without chunked prefill")
+                    f"{self.config.max_num_batched_tokens} without chunked prefill")
         return ""
 
     def has_work(self) -> bool:
@@ -181,7 +174,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Choose the next step's work and reserve its KV slots."""
         plan = StepPlan()
-        budget = self.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -226,8 +219,8 @@ class Scheduler:
         self.num_preemptions += 1
         r.num_preemptions += 1
         nbytes = r.num_computed * self.kv.bytes_per_token
-        swap = self.preemption == "swap" and r.num_computed > 0 and (
-            self.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.swap_space_bytes)
+        swap = self.config.preemption == "swap" and r.num_computed > 0 and (
+            self.config.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.config.swap_space_bytes)
         self._drop_kv(r)
         if swap:
             self.num_swap_outs += 1
@@ -258,7 +251,7 @@ class Scheduler:
 
     def _swap_in(self, plan: StepPlan, budget: int) -> int:
         kv, running, swapped = self.kv, self.running, self.swapped
-        while swapped and len(running) < self.max_num_seqs and budget > 0:
+        while swapped and len(running) < self.config.max_num_seqs and budget > 0:
             r = swapped[0]
             n = min(r.num_tokens - r.num_computed, budget)
             total = r.num_computed + n
@@ -285,14 +278,14 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         kv, running, waiting = self.kv, self.running, self.waiting
-        while waiting and len(running) < self.max_num_seqs and budget > 0:
+        while waiting and len(running) < self.config.max_num_seqs and budget > 0:
             r = waiting[0]
             h = r.kv
             hit = kv.match_prefix(h)
             n = r.num_tokens - hit
             if n > budget:
-                if not self.chunked_prefill:
-                    if budget < self.max_num_batched_tokens:
+                if not self.config.chunked_prefill:
+                    if budget < self.config.max_num_batched_tokens:
                         break
                 else:
                     n = budget

@@ -55,6 +55,7 @@ class Server:
                  model: Any, config: ServerConfig):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
+        self.config = config
         policy = pools.kv.policy
         self._reserver = find_layer(policy, "reserve") if pregrow_safety is not None else None
         if pregrow_safety is not None and self._reserver is None:
@@ -63,17 +64,11 @@ class Server:
         if compact_between_steps and self._compactor is None:
             raise ValueError(f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
                              f"not {policy.spec!r}")
-        self.config = config
-        self.freeze_after_steps = config.freeze_after_steps
-        self.pregrow_safety = pregrow_safety
-        self.compact_between_steps = compact_between_steps
         self.requests = requests
         self.scheduler = scheduler
         self.pools = pools
         self.step_model = step_model
         self.model = model
-        self.sample_every_s = config.sample_every_s
-        self.horizon_s = config.horizon_s
         self.env = simpy.Environment()
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1)
         self.num_steps = 0
@@ -99,10 +94,10 @@ class Server:
         env = self.env
         env.process(self._arrivals())
         engine = env.process(self._engine())
-        if self.horizon_s is None:
+        if self.config.horizon_s is None:
             env.run(until=engine)
         else:
-            env.run(until=env.any_of([engine, env.timeout(self.horizon_s)]))
+            env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
         self._sample()
         self.monitor.finish(self.num_steps, int(env.now * 1e6))
         return env.now
@@ -138,8 +133,8 @@ class Server:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
-            if self.freeze_after_steps is not None and self.frozen_at_s is None \
-                    and self.num_steps >= self.freeze_after_steps:
+            if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
+                    and self.num_steps >= self.config.freeze_after_steps:
                 pools.kv.policy.freeze()
                 self.frozen_at_s = env.now
             if self._reserver is not None and sched.waiting:
@@ -186,7 +181,7 @@ class Server:
             reserved = pools.kv_reserved_bytes()
             self.reserved_byte_s += reserved * dt
             self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
-            if self.compact_between_steps:
+            if self.config.compact_between_steps:
                 compactor.compact()
             if env.now >= self._next_sample_s:
                 self._sample()
@@ -201,9 +196,9 @@ class Server:
         """
         sched, kv = self.scheduler, self.scheduler.kv
         num_running = len(sched.running)
-        budget = sched.max_num_batched_tokens - num_running
+        budget = sched.config.max_num_batched_tokens - num_running
         total = tokens = seqs = 0
-        for r in itertools.islice(sched.waiting, max(0, sched.max_num_seqs - num_running)):
+        for r in itertools.islice(sched.waiting, max(0, sched.config.max_num_seqs - num_running)):
             if budget <= 0:
                 break
             n = min(r.num_tokens, budget)
@@ -225,7 +220,7 @@ class Server:
         if take is not None:  # driver time still pending belongs to the step, as before
             self.pools.kv.pending_driver_ns += take()
         grows, grown = reserver.num_grows, reserver.grown_bytes
-        reserver.reserve(math.ceil(nbytes * self.pregrow_safety))
+        reserver.reserve(math.ceil(nbytes * self.config.pregrow_safety))
         self.num_pregrows += reserver.num_grows - grows
         self.pregrow_bytes += reserver.grown_bytes - grown
         if take is not None:
@@ -234,7 +229,7 @@ class Server:
     # ------------------------------------------------------------------ time series
     def _sample(self) -> None:
         now = self.env.now
-        self._next_sample_s = now + self.sample_every_s
+        self._next_sample_s = now + self.config.sample_every_s
         sched, kv = self.scheduler, self.scheduler.kv
         time_us = int(now * 1e6)
         self.monitor.observe(self.num_steps, time_us)
