@@ -159,6 +159,9 @@ class Policy(abc.ABC):
     page_size_bytes: int | None = None
     #: the policy a wrapper wraps; None for a policy that reserves its own segments
     base_policy: "Policy | None" = None
+    #: the pool that keeps cached prefix blocks with their reference counts (``cache_block``,
+    #: ``share_block``, ``release_block``, ``evict_block``: vLLM's ``BlockPool``); None if none
+    block_cache: "Policy | None" = None
     #: ``on_move(allocation, old_offset, new_offset, nbytes)`` for a pool that moves allocations
     #: (wiring set by the caller, e.g. ``realgpu`` copying the bytes; see ``policies.wrapper``)
     on_move: Any = None

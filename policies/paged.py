@@ -4,12 +4,18 @@ The vLLM PagedAttention pool: memory is cut into equal pages (one KV-cache block
 ``tokens_per_page`` tokens by default), a request of ``nbytes`` gets ``ceil(nbytes / page)`` pages
 wherever they are free, and pages are shared between requests (a fork for beam search or
 parallel sampling, a common prompt prefix) by counting references.
+
+The pool also keeps vLLM's prefix cache (``BlockPool``): allocations named by a hash key, shared
+by reference count, and kept (evictable, least recently released first) when nobody holds them.
+The page reference counts, the hash map and the evictable queue live together here, so there is
+one owner of "who holds this page".
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Hashable, Iterable
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device
@@ -25,12 +31,23 @@ PAGE_ALIGNMENT_BYTES = 256
 
 @dataclass(slots=True, eq=False)
 class _Page:
-    """One page, reused as is (vLLM's ``KVCacheBlock``): ``ref_cnt`` live holders, 0 when free."""
+    """One page, reused as is (vLLM's ``KVCacheBlock``): ``ref_cnt`` live holders, 0 when free
+    (or cached and evictable); ``cache_key`` names the cached block it belongs to (None: none)."""
 
     offset: int
     segment: Segment
     extents: tuple[tuple[int, int], ...]  # ((offset, page_size_bytes),), built once
     ref_cnt: int = 0
+    cache_key: Hashable | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _CachedBlock:
+    """A cached allocation: the caller's handle (to hand back on eviction) and its pages."""
+
+    allocation: Allocation
+    pages: tuple[_Page, ...]
+    size_bytes: int
 
 
 class Paged(Policy):
@@ -61,6 +78,15 @@ class Paged(Policy):
       to 0. ``allocated_bytes`` (and ``Segment.num_live``) count each physical page once;
       ``live_bytes`` is summed over allocations as the base class defines it, so a page shared
       by two allocations counts twice there and ``live_bytes`` may exceed ``allocated_bytes``.
+    - Prefix cache (vLLM's ``BlockPool``): ``cache_block(key, allocation)`` names a live
+      allocation's pages ``key``; ``cached_block`` finds them; ``share_block`` adds a holder
+      (page reference counts +1, no new bytes), ``release_block`` removes one. A block whose
+      pages drop to 0 holders stays allocated and cached, at the tail of an evictable LRU queue
+      (``evictable_bytes``); ``share_block`` takes it back out, ``evict_block`` hands the least
+      recently released one back to the caller (forgotten by the cache, one holder: the caller)
+      to ``free``. Freeing an allocation that would return a cached page to the free stack is
+      refused: a cached block leaves through ``evict_block``. The allocation may be a wrapper's
+      (its extents name this pool's pages), so the cache works under ``elastic`` and friends.
     - Streams are recorded on allocations but pages are not segregated by stream (one stack
       serves all; the caller orders cross-stream reuse, as vLLM's single-stream cache does).
     - ``largest_free_bytes`` is free pages x page size (pages need not be contiguous), so a
@@ -78,6 +104,11 @@ class Paged(Policy):
     name = "paged"
     contiguous = False
     coalesces = False
+
+    @property
+    def block_cache(self) -> "Paged":
+        """This pool keeps the prefix cache itself (``cache_block`` and friends)."""
+        return self
 
     def __init__(self, *, page_bytes: int | None = None, tokens_per_page: int = 16,
                  bytes_per_token: int = 131072, segment_bytes: int = 64 << 20,
@@ -107,6 +138,11 @@ class Paged(Policy):
         self._free_pages: list[_Page] = []
         # Every page of every segment by offset: for lookups by address, never on the hot path.
         self._pages: dict[int, _Page] = {}
+        # The prefix cache: key -> block (O(1) lookup), and the blocks nobody holds in release
+        # order (an OrderedDict: O(1) removal on a hit, O(1) LRU eviction from its front).
+        self._blocks: dict[Hashable, _CachedBlock] = {}
+        self._evictable: OrderedDict[Hashable, _CachedBlock] = OrderedDict()
+        self.evictable_bytes: int = 0
 
     # ----------------------------------------------------------------- allocate / free
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
@@ -138,6 +174,11 @@ class Paged(Policy):
 
     def _free(self, allocation: Allocation) -> None:
         pages = allocation.handle
+        if self._blocks:  # nothing may leave the cache by the back door
+            for pg in pages:
+                if pg.cache_key is not None and pg.ref_cnt <= 1:
+                    raise PolicyError(f"free: the page at offset {pg.offset} belongs to the cached block "
+                                      f"{pg.cache_key!r}; release_block and evict_block it instead")
         if len(pages) == 1:
             pg = pages[0]
             if pg.ref_cnt == 1:
@@ -283,6 +324,93 @@ class Paged(Policy):
         pages = shared_pages + fresh
         return self._hand_out(Allocation(len(shared_pages) * page + extra_nbytes, len(pages) * page,
                                          tuple([pg.extents[0] for pg in pages]), stream, tag, pages))
+
+    # ----------------------------------------------------------------- prefix cache
+    def cache_block(self, key: Hashable, allocation: Allocation) -> None:
+        """Name ``allocation``'s pages ``key``, so that later requests can find and share them.
+
+        Its current holders keep holding it (nothing is counted again). ``allocation`` is one
+        this pool handed out, or a wrapper's allocation over one (its extents are pages here).
+
+        Raises:
+            PolicyError: ``key`` is cached already, or a page is not live here or is cached
+                under another key (nothing changes).
+        """
+        if key in self._blocks:
+            raise PolicyError(f"cache_block: key {key!r} is cached already")
+        pages = []
+        for off, length in allocation.extents:
+            pg = self._pages.get(off)
+            if pg is None or pg.ref_cnt == 0 or length != self.page_size_bytes:
+                raise PolicyError(f"cache_block: extent ({off!r}, {length!r}) is not a live page of this pool")
+            if pg.cache_key is not None:
+                raise PolicyError(f"cache_block: the page at offset {off} is cached as {pg.cache_key!r} already")
+            pages.append(pg)
+        for pg in pages:
+            pg.cache_key = key
+        self._blocks[key] = _CachedBlock(allocation, tuple(pages), len(pages) * self.page_size_bytes)
+
+    def cached_block(self, key: Hashable) -> Allocation | None:
+        """The allocation cached as ``key`` (held or evictable), or None. Changes nothing."""
+        b = self._blocks.get(key)
+        return b.allocation if b is not None else None
+
+    def share_block(self, key: Hashable) -> Allocation:
+        """One more holder of the block cached as ``key`` (a prefix-cache hit); an evictable
+        block leaves the evictable queue. Returns its allocation.
+
+        Raises:
+            PolicyError: nothing is cached as ``key``.
+        """
+        b = self._blocks.get(key)
+        if b is None:
+            raise PolicyError(f"share_block: nothing is cached as {key!r}")
+        if key in self._evictable:
+            del self._evictable[key]
+            self.evictable_bytes -= b.size_bytes
+        for pg in b.pages:
+            pg.ref_cnt += 1
+        return b.allocation
+
+    def release_block(self, key: Hashable) -> bool:
+        """One holder fewer of the block cached as ``key``. True when nobody holds it any more:
+        it stays allocated and cached, last in the evictable queue.
+
+        Raises:
+            PolicyError: nothing is cached as ``key``, or nobody holds it (nothing changes).
+        """
+        b = self._blocks.get(key)
+        if b is None:
+            raise PolicyError(f"release_block: nothing is cached as {key!r}")
+        if key in self._evictable or any(pg.ref_cnt == 0 for pg in b.pages):
+            raise PolicyError(f"release_block: nobody holds the block cached as {key!r}")
+        num_unheld = 0
+        for pg in b.pages:
+            pg.ref_cnt -= 1
+            num_unheld += pg.ref_cnt == 0
+        if num_unheld < len(b.pages):  # still held (whole, or some pages through a fork)
+            return False
+        self._evictable[key] = b
+        self.evictable_bytes += b.size_bytes
+        return True
+
+    def evict_block(self) -> Allocation | None:
+        """Forget the least recently released block nobody holds and hand its allocation back
+        with one holder, the caller, who frees it (through the pool that handed it out). None
+        when no block is evictable."""
+        if not self._evictable:
+            return None
+        key, b = self._evictable.popitem(last=False)
+        del self._blocks[key]
+        self.evictable_bytes -= b.size_bytes
+        for pg in b.pages:
+            pg.ref_cnt = 1
+            pg.cache_key = None
+        return b.allocation
+
+    def num_cached_blocks(self) -> int:
+        """Blocks in the prefix cache, held or evictable."""
+        return len(self._blocks)
 
     def page_refcount(self, offset: int) -> int:
         """How many live allocations hold the page at ``offset`` (0 when it is free).

@@ -114,6 +114,10 @@ class WrapperPolicy(Policy):
     def page_size_bytes(self) -> int | None:
         return self.base_policy.page_size_bytes
 
+    @property
+    def block_cache(self) -> Policy | None:
+        return self.base_policy.block_cache
+
     def reserve(self, nbytes: int) -> bool:
         ok = self.base_policy.reserve(nbytes)
         self._sync()

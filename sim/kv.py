@@ -16,7 +16,9 @@ The scheduler asks for token slots; a manager turns them into policy allocations
 
 - ``PagedKV`` (a policy whose allocations are pages): a request grows one page at a time; with
   prefix caching, prompt blocks named by ``hash_ids`` are shared by reference count and freed
-  blocks stay cached until evicted, least recently used first (vLLM's prefix cache).
+  blocks stay cached until evicted, least recently used first (vLLM's prefix cache). The
+  reference counts, the hash map and the evictable queue are the ``paged`` policy's
+  (``Paged.cache_block`` and friends); the manager decides what to cache and when.
 
 Both keep the KV cache within ``budget_bytes`` (what the memory plan leaves for KV), so in a
 shared pool the KV cache cannot take the memory of weights or activations.
@@ -24,14 +26,17 @@ shared pool the KV cache cannot take the memory of weights or activations.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from policies.base import Allocation
 from policies.units import round_up
 from sim.pools import TimedPool
 
-__all__ = ["KVHandle", "CacheBlock", "ContiguousKV", "PagedKV", "STRATEGIES", "next_pow2"]
+if TYPE_CHECKING:
+    from sim.config import ServerConfig
+
+__all__ = ["KVHandle", "ContiguousKV", "PagedKV", "STRATEGIES", "next_pow2"]
 
 STRATEGIES = ("max", "oracle", "pow2", "pow2-oracle", "grow")
 
@@ -41,25 +46,12 @@ def next_pow2(n: int) -> int:
 
 
 @dataclass(slots=True, eq=False)
-class CacheBlock:
-    """One cached prompt block (``block_tokens`` tokens): shared by ``ref_cnt`` requests.
-
-    ``computed`` turns true once the request that inserted it has run prefill past it; only
-    computed blocks can be hit (vLLM caches a block once it is full).
-    """
-
-    hash_id: int
-    alloc: Allocation
-    ref_cnt: int = 1
-    computed: bool = False
-
-
-@dataclass(slots=True, eq=False)
 class KVHandle:
     """The KV memory one request holds.
 
-    Tokens ``[0, prefix_tokens)`` live in shared ``blocks`` (paged + prefix caching only), the
-    rest in the request's own ``allocs`` (one for contiguous managers, page runs for paged).
+    Tokens ``[0, prefix_tokens)`` live in prompt blocks named by the hash ids in ``blocks``
+    (paged + prefix caching only; the first ``num_computed_blocks`` are computed), the rest in
+    the request's own ``allocs`` (one for contiguous managers, page runs for paged).
     ``capacity_tokens`` is how many token slots are held in all.
     """
 
@@ -71,13 +63,14 @@ class KVHandle:
     num_own_pages: int = 0
     num_computed_blocks: int = 0
     allocs: list[Allocation] = field(default_factory=list)
-    blocks: list[CacheBlock] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
 
 
 class _KVBase:
     """What both managers share: the budget, the byte counters and the pending copy time."""
 
     paged = False
+    evictable_bytes = 0  # cached KV nobody holds (a prefix cache's)
 
     def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int):
         self.pool = pool
@@ -89,7 +82,6 @@ class _KVBase:
         self.copied_bytes = 0
         # prefix-cache figures (stay 0 without a prefix cache)
         self.cached_tokens = 0
-        self.evictable_bytes = 0
         self.prefix_lookup_tokens = 0
         self.prefix_hit_tokens = 0
         self.prefix_saved_bytes = 0
@@ -139,28 +131,24 @@ class ContiguousKV(_KVBase):
 
     Args:
         pool: the KV pool.
+        config: the server's settings; read here: ``kv_strategy``, ``max_model_len`` (resolved:
+            the longest sequence the model serves, which ``max`` reserves) and ``grow_tokens``.
         bytes_per_token: KV bytes of one token (all layers, K and V).
         budget_bytes: most bytes the KV cache may hold.
-        strategy: one of ``STRATEGIES``.
-        max_model_len: longest sequence (prompt + output) the model serves; ``max`` reserves it.
-        grow_tokens: chunk of the ``grow`` strategy.
     """
 
-    def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int, strategy: str,
-                 max_model_len: int, grow_tokens: int):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"kv_strategy(={strategy!r}) must be one of {', '.join(STRATEGIES)}")
+    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
+        assert config.max_model_len is not None, "simulate() resolves max_model_len"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
-        self.strategy = strategy
-        self.max_model_len = max_model_len
-        self.grow_tokens = grow_tokens
+        self.config = config
 
     def target_tokens(self, h: KVHandle, needed: int) -> int:
         """Token slots to reserve when ``h`` must hold ``needed`` and holds fewer."""
-        s = self.strategy
+        cfg = self.config
+        s = cfg.kv_strategy
         final = h.prompt_tokens + h.output_tokens
         if s == "max":
-            return max(needed, self.max_model_len, final)
+            return max(needed, cfg.max_model_len, final)
         if s == "oracle":
             return max(needed, final)
         if s == "pow2-oracle":
@@ -169,7 +157,7 @@ class ContiguousKV(_KVBase):
             needed = max(needed, h.prompt_tokens + 1)
         if s == "pow2":
             return next_pow2(needed)
-        return round_up(needed, self.grow_tokens)  # grow
+        return round_up(needed, cfg.grow_tokens)  # grow
 
     def peak_bytes(self, prompt_tokens: int, output_tokens: int) -> int:
         """The largest reservation the request will ever need (the admission test for 'can never fit')."""
@@ -218,37 +206,46 @@ class PagedKV(_KVBase):
 
     Args:
         pool: the KV pool (a paged policy: allocations are runs of pages).
+        config: the server's settings; read here: ``prefix_caching`` (share prompt blocks named
+            by the trace's ``hash_ids``) and ``prefix_block_tokens`` (resolved: tokens per
+            ``hash_ids`` block, 512 in Mooncake traces).
         bytes_per_token: KV bytes of one token.
         budget_bytes: most bytes the KV cache may hold.
         tokens_per_page: tokens per page (vLLM's block size, 16).
         page_bytes: bytes per page (None: ``tokens_per_page x bytes_per_token``; a policy's page
             may be larger than the tokens it holds).
-        prefix_caching: share prompt blocks named by the trace's ``hash_ids``.
-        block_tokens: tokens per ``hash_ids`` block (512 in Mooncake traces).
-
-    The prefix cache is a dict from hash id to block plus an ``OrderedDict`` of blocks nobody
-    references, in release order: O(1) lookup, O(1) LRU eviction from its front.
 
     A request takes all its cacheable prompt blocks when it is admitted (hits by reference,
     misses as fresh blocks of ``block_tokens``), even when chunked prefill computes them over
     several steps; its other tokens live in pages it adds as it needs them. Only whole blocks
-    are cached, and only once the request has computed them.
+    are cached, and only once the request has computed them (vLLM caches a block once it is
+    full): a fresh block is "pending" until then, held by the request that allocated it alone.
+    Cached blocks live in the paged policy's prefix cache (hash map, page reference counts,
+    evictable LRU queue); without a paged layer in the pool's stack there is no prefix caching.
     """
 
     paged = True
 
-    def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int, tokens_per_page: int,
-                 prefix_caching: bool, block_tokens: int, page_bytes: int | None = None):
+    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
+                 tokens_per_page: int, page_bytes: int | None = None):
+        assert config.prefix_block_tokens is not None, "simulate() resolves prefix_block_tokens"
+        prefix_caching, block_tokens = config.prefix_caching, config.prefix_block_tokens
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         self.tokens_per_page = tokens_per_page
         self.page_bytes = page_bytes if page_bytes is not None else tokens_per_page * bytes_per_token
         assert self.page_bytes >= tokens_per_page * bytes_per_token, "a page holds its tokens"
-        self.prefix_caching = prefix_caching
+        #: the layer of the pool's stack that keeps cached blocks (the paged policy)
+        self.block_cache = pool.policy.block_cache
+        self.prefix_caching = prefix_caching and self.block_cache is not None
         self.block_tokens = block_tokens
         pages_per_block = -(-block_tokens // tokens_per_page)
         self.block_bytes = pages_per_block * self.page_bytes
-        self._cache: dict[int, CacheBlock] = {}
-        self._evictable: OrderedDict[int, CacheBlock] = OrderedDict()
+        # fresh blocks not computed yet, by hash id: each held by the request that allocated it
+        self._pending: dict[int, Allocation] = {}
+
+    @property
+    def evictable_bytes(self) -> int:
+        return self.block_cache.evictable_bytes if self.block_cache is not None else 0
 
     def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> KVHandle:
         if not self.prefix_caching:
@@ -272,10 +269,9 @@ class PagedKV(_KVBase):
         if not h.hash_ids or h.blocks:
             return 0
         n = 0
-        cache = self._cache
+        cached = self.block_cache.cached_block
         for hid in h.hash_ids:
-            b = cache.get(hid)
-            if b is None or not b.computed:
+            if cached(hid) is None:
                 break
             n += 1
         return min(n * self.block_tokens, h.prompt_tokens - 1)
@@ -285,24 +281,22 @@ class PagedKV(_KVBase):
         pages up to ``num_tokens``; all or nothing."""
         if not h.hash_ids:
             return self.grow(h, num_tokens, 0)
-        cache, taken, fresh = self._cache, [], []
+        cache, pending, taken = self.block_cache, self._pending, []
         hits = 0
         for hid in h.hash_ids:
-            b = cache.get(hid)
-            if b is not None and b.computed and len(taken) == hits:
-                self._ref(b)
-                taken.append(b)
+            cached = cache.cached_block(hid) is not None
+            if cached and len(taken) == hits:
+                cache.share_block(hid)
+                taken.append(hid)
                 hits += 1
                 continue
-            if b is not None or hid in fresh:  # cached but not computed yet, or repeated in this prompt
+            if cached or hid in pending:  # after a miss, or not computed yet (maybe repeated in this prompt)
                 break
             a = self._allocate(self.block_bytes)
             if a is None:
                 break  # the rest of the prompt goes into the request's own pages
-            nb = CacheBlock(hid, a)
-            cache[hid] = nb
-            taken.append(nb)
-            fresh.append(hid)
+            pending[hid] = a
+            taken.append(hid)
         h.blocks = taken
         h.prefix_tokens = len(taken) * self.block_tokens
         h.capacity_tokens = h.prefix_tokens
@@ -316,33 +310,26 @@ class PagedKV(_KVBase):
         self.prefix_saved_bytes += hits * self.block_bytes
         return True
 
-    def _ref(self, b: CacheBlock) -> None:
-        if b.ref_cnt == 0:
-            del self._evictable[b.hash_id]
-            self.evictable_bytes -= b.alloc.size_bytes
-        b.ref_cnt += 1
-
     def mark_computed(self, h: KVHandle, num_computed: int) -> None:
         """Prefill of ``h`` has reached ``num_computed`` tokens: its blocks below that are hittable."""
         i = h.num_computed_blocks
         blocks = h.blocks
+        pending = self._pending
         while i < len(blocks) and (i + 1) * self.block_tokens <= num_computed:
-            b = blocks[i]
-            if not b.computed:
-                b.computed = True
+            hid = blocks[i]
+            if hid in pending:  # computed now: hittable by others
+                self.block_cache.cache_block(hid, pending.pop(hid))
                 self.cached_tokens += self.block_tokens
             i += 1
         h.num_computed_blocks = i
 
     def _evict_one(self) -> bool:
-        if not self._evictable:
+        a = self.block_cache.evict_block() if self.block_cache is not None else None
+        if a is None:
             return False
-        hid, b = self._evictable.popitem(last=False)
-        del self._cache[hid]
-        self.evictable_bytes -= b.alloc.size_bytes
         self.cached_tokens -= self.block_tokens
         self.num_evictions += 1
-        self._release(b.alloc)
+        self._release(a)
         return True
 
     # ------------------------------------------------------------------ pages
@@ -364,15 +351,13 @@ class PagedKV(_KVBase):
         for a in h.allocs:
             self._release(a)
         h.allocs.clear()
-        for b in h.blocks:
-            b.ref_cnt -= 1
-            if b.ref_cnt == 0:
-                if b.computed:  # keep it cached, evictable, most recently used last
-                    self._evictable[b.hash_id] = b
-                    self.evictable_bytes += b.alloc.size_bytes
-                else:  # never filled: nothing worth keeping
-                    del self._cache[b.hash_id]
-                    self._release(b.alloc)
+        pending = self._pending
+        for hid in h.blocks:
+            a = pending.pop(hid, None)
+            if a is not None:  # never filled: nothing worth keeping
+                self._release(a)
+            else:  # the cache keeps it, evictable (most recently used last) once nobody holds it
+                self.block_cache.release_block(hid)
         h.blocks = []
         h.prefix_tokens = 0
         h.num_own_pages = 0

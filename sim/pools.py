@@ -15,12 +15,15 @@ on the step that caused it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import policies
 from policies.base import Allocation, Policy
 from sim.costs import CostedDevice, CostModel
 from sim.engine import TimedCalls, policy_target
+
+if TYPE_CHECKING:
+    from sim.config import ServerConfig
 
 __all__ = ["MemoryPlan", "plan_memory", "TimedPool", "ServerPools", "create_policy", "POOL_LAYOUTS", "DEFAULT_WORKSPACE_BYTES"]
 
@@ -132,16 +135,15 @@ class ServerPools:
     Args:
         kv_policy: the policy under test (it holds the KV cache, and everything when shared).
         plan: the memory split.
-        layout: "separate" or "shared".
-        aux_policy: spec of the weights/activations/workspace pools in the separate layout.
+        config: the server's settings; read here: ``pool_layout`` ("separate" or "shared") and
+            ``aux_policy`` (spec of the weights/activations/workspace pools when separate).
         costs: driver-time model for the auxiliary pools.
         num_weight_tensors: weights are allocated as this many equal tensors (one per layer).
     """
 
-    def __init__(self, kv_policy: Policy, plan: MemoryPlan, *, layout: str, aux_policy: str,
+    def __init__(self, kv_policy: Policy, plan: MemoryPlan, config: ServerConfig, *,
                  costs: CostModel | None, num_weight_tensors: int):
-        if layout not in POOL_LAYOUTS:
-            raise ValueError(f"pool_layout(={layout!r}) must be one of {', '.join(POOL_LAYOUTS)}")
+        layout, aux_policy = config.pool_layout, config.aux_policy
         self.plan = plan
         self.layout = layout
         self.kv = TimedPool(kv_policy)

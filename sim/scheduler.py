@@ -19,23 +19,30 @@ step budget without chunked prefill) are rejected on arrival and counted, never 
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sim.kv import KVHandle
 
-__all__ = ["Request", "StepPlan", "Scheduler", "PREEMPTION_MODES",
-           "WAITING", "RUNNING", "SWAPPED", "FINISHED", "REJECTED"]
+if TYPE_CHECKING:
+    from sim.config import ServerConfig
+
+__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "PREEMPTION_MODES"]
 
 PREEMPTION_MODES = ("recompute", "swap")
 
-# Request states (strings, compared by identity on the hot path).
-WAITING = "waiting"
-RUNNING = "running"
-SWAPPED = "swapped"
-FINISHED = "finished"
-REJECTED = "rejected"
+
+class RequestState(enum.Enum):
+    """Where a request is; the value is what the request table's ``status`` column says."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
 
 
 @dataclass(slots=True, eq=False)
@@ -61,13 +68,18 @@ class Request:
     num_preemptions: int = 0
     num_swaps: int = 0
     prefix_hit_tokens: int = 0
-    status: str = WAITING
+    status: RequestState = RequestState.WAITING
     reject_reason: str = ""
 
 
 @dataclass(slots=True)
 class StepPlan:
-    """What one step computes, in the step-time model's terms, plus its transfers."""
+    """What one step computes, in the step-time model's terms, plus its transfers.
+
+    Built by ``Scheduler.schedule`` and passed explicitly to whatever changes it (preemptions
+    add their swap-outs, ``Scheduler.unschedule_last`` takes a request off): the scheduler keeps
+    no reference to it.
+    """
 
     scheduled: list[Request] = field(default_factory=list)
     prefill_tokens: int = 0
@@ -77,10 +89,33 @@ class StepPlan:
     context_tokens: int = 0
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
+    num_preemptions: int = 0  # requests preempted while this plan was built or trimmed
 
     @property
     def num_batched_tokens(self) -> int:
         return self.prefill_tokens + self.decode_seqs
+
+    def add(self, r: Request, num_new: int) -> None:
+        """Schedule ``num_new`` tokens of ``r`` (before ``r.num_computed`` advances)."""
+        r.num_new = num_new
+        self.scheduled.append(r)
+        self._count(r, 1)
+
+    def pop(self) -> Request:
+        """Take the last scheduled request off, undoing what ``add`` counted."""
+        r = self.scheduled.pop()
+        self._count(r, -1)
+        return r
+
+    def _count(self, r: Request, sign: int) -> None:
+        # a decode step computes the one token generated last; anything else is (chunked) prefill
+        if r.num_new == 1 and r.num_generated and r.num_computed == r.num_tokens - 1:
+            self.decode_seqs += sign
+            self.context_tokens += sign * r.num_computed
+        else:
+            self.prefill_tokens += sign * r.num_new
+            self.num_prefill_seqs += sign
+            self.prefill_context_tokens += sign * r.num_computed
 
 
 class Scheduler:
@@ -88,29 +123,18 @@ class Scheduler:
 
     Args:
         kv: the KV-cache manager.
-        max_num_seqs: most requests running at once.
-        max_num_batched_tokens: token budget of one step.
-        chunked_prefill: split long prompts across steps within the budget.
-        watermark: share of the KV budget admission keeps free (0.01 in vLLM).
-        preemption: "recompute" or "swap".
-        swap_space_bytes: host memory for swapped KV (None: unlimited); a victim that does not
-            fit is recomputed instead.
-        max_model_len: a prompt this long or longer is rejected (it leaves no room to generate).
+        config: the server's settings; the scheduler reads ``max_num_seqs``,
+            ``max_num_batched_tokens``, ``chunked_prefill``, ``watermark`` (share of the KV
+            budget admission keeps free), ``preemption``, ``swap_space_bytes`` (a victim that does
+            not fit there is recomputed instead) and ``max_model_len`` (resolved: not None; a
+            prompt this long or longer is rejected, it leaves no room to generate).
     """
 
-    def __init__(self, kv, *, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool,
-                 watermark: float, preemption: str, swap_space_bytes: int | None, max_model_len: int):
-        if preemption not in PREEMPTION_MODES:
-            raise ValueError(f"preemption(={preemption!r}) must be one of {', '.join(PREEMPTION_MODES)}")
+    def __init__(self, kv, config: ServerConfig):
+        assert config.max_model_len is not None, "simulate() resolves max_model_len"
         self.kv = kv
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.chunked_prefill = chunked_prefill
-        self.watermark = watermark
-        self.preemption = preemption
-        self.swap_space_bytes = swap_space_bytes
-        self.max_model_len = max_model_len
-        self.watermark_bytes = int(watermark * kv.budget_bytes)
+        self.config = config
+        self.watermark_bytes = int(config.watermark * kv.budget_bytes)
         self.waiting: deque[Request] = deque()
         self.swapped: deque[Request] = deque()
         self.running: list[Request] = []
@@ -121,8 +145,6 @@ class Scheduler:
         self.host_swap_bytes = 0
         #: tokens whose KV running requests hold outside shared prefix blocks (for kv_token_util)
         self.num_own_tokens = 0
-        self._plan = StepPlan()
-        self._preempted_this_step = False
 
     # ------------------------------------------------------------------ arrivals
     def add(self, r: Request) -> bool:
@@ -135,14 +157,14 @@ class Scheduler:
         return True
 
     def _never_fits(self, r: Request) -> str:
-        if r.prompt_tokens >= self.max_model_len:
-            return f"prompt of {r.prompt_tokens} tokens leaves no room below max_model_len={self.max_model_len}"
+        if r.prompt_tokens >= self.config.max_model_len:
+            return f"prompt of {r.prompt_tokens} tokens leaves no room below max_model_len={self.config.max_model_len}"
         peak = self.kv.peak_bytes(r.prompt_tokens, r.output_tokens)
         if peak > self.kv.budget_bytes:
             return f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
-        if not self.chunked_prefill and r.prompt_tokens > self.max_num_batched_tokens:
+        if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
             return (f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
-                    f"{self.max_num_batched_tokens} without chunked prefill")
+                    f"{self.config.max_num_batched_tokens} without chunked prefill")
         return ""
 
     def has_work(self) -> bool:
@@ -152,9 +174,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Choose the next step's work and reserve its KV slots."""
         plan = StepPlan()
-        self._plan = plan
-        self._preempted_this_step = False
-        budget = self.max_num_batched_tokens
+        budget = self.config.max_num_batched_tokens
         running = self.running
         i = 0
         while i < len(running) and budget > 0:
@@ -163,29 +183,18 @@ class Scheduler:
             if n > budget:  # only a chunked prefill can be longer than one token here
                 n = budget
             total = r.num_computed + n
-            if total > r.kv.capacity_tokens and not self._grow_or_preempt(r, total):
+            if total > r.kv.capacity_tokens and not self._grow_or_preempt(plan, r, total):
                 break  # r was preempted: it was the newest, so nobody is left behind it
-            self._add_to_plan(plan, r, n)
+            plan.add(r, n)
             budget -= n
             i += 1
-        if not self._preempted_this_step:
+        if not plan.num_preemptions:
             budget = self._swap_in(plan, budget)
             if not self.swapped:
                 self._admit(plan, budget)
         return plan
 
-    def _add_to_plan(self, plan: StepPlan, r: Request, n: int) -> None:
-        r.num_new = n
-        plan.scheduled.append(r)
-        if n == 1 and r.num_generated and r.num_computed == r.num_tokens - 1:
-            plan.decode_seqs += 1
-            plan.context_tokens += r.num_computed
-        else:
-            plan.prefill_tokens += n
-            plan.num_prefill_seqs += 1
-            plan.prefill_context_tokens += r.num_computed
-
-    def _grow_or_preempt(self, r: Request, total: int) -> bool:
+    def _grow_or_preempt(self, plan: StepPlan, r: Request, total: int) -> bool:
         """Grow ``r``'s KV to ``total`` slots, preempting the newest running requests as needed.
 
         Returns False when ``r`` itself was preempted (or rejected: it ran alone and still did
@@ -199,30 +208,30 @@ class Scheduler:
                     self._drop_kv(r)
                     self._reject(r, f"its KV cache cannot grow to {total} tokens even running alone")
                 else:
-                    self._preempt(r)
+                    self._preempt(plan, r)
                 return False
-            self._preempt(victim)
+            self._preempt(plan, victim)
         return True
 
-    def _preempt(self, r: Request) -> None:
-        """Take ``r`` off the GPU: swap its KV out, or drop it to recompute later."""
-        self._preempted_this_step = True
+    def _preempt(self, plan: StepPlan, r: Request) -> None:
+        """Take ``r`` off the GPU: swap its KV out (charged to ``plan``), or drop it to recompute later."""
+        plan.num_preemptions += 1
         self.num_preemptions += 1
         r.num_preemptions += 1
         nbytes = r.num_computed * self.kv.bytes_per_token
-        swap = self.preemption == "swap" and r.num_computed > 0 and (
-            self.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.swap_space_bytes)
+        swap = self.config.preemption == "swap" and r.num_computed > 0 and (
+            self.config.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.config.swap_space_bytes)
         self._drop_kv(r)
         if swap:
             self.num_swap_outs += 1
             r.num_swaps += 1
             self.host_swap_bytes += nbytes
-            self._plan.swap_out_bytes += nbytes
-            r.status = SWAPPED
+            plan.swap_out_bytes += nbytes
+            r.status = RequestState.SWAPPED
             self.swapped.appendleft(r)  # victims go newest first, so earlier arrivals end up in front
         else:
             r.num_computed = 0
-            r.status = WAITING
+            r.status = RequestState.WAITING
             self.waiting.appendleft(r)
 
     def _drop_kv(self, r: Request) -> None:
@@ -230,7 +239,7 @@ class Scheduler:
         self.kv.free(r.kv)
 
     def _reject(self, r: Request, reason: str) -> None:
-        r.status = REJECTED
+        r.status = RequestState.REJECTED
         r.reject_reason = reason
         self.rejected.append(r)
 
@@ -242,7 +251,7 @@ class Scheduler:
 
     def _swap_in(self, plan: StepPlan, budget: int) -> int:
         kv, running, swapped = self.kv, self.running, self.swapped
-        while swapped and len(running) < self.max_num_seqs and budget > 0:
+        while swapped and len(running) < self.config.max_num_seqs and budget > 0:
             r = swapped[0]
             n = min(r.num_tokens - r.num_computed, budget)
             total = r.num_computed + n
@@ -261,22 +270,22 @@ class Scheduler:
             self.host_swap_bytes -= nbytes
             plan.swap_in_bytes += nbytes
             self.num_own_tokens += max(0, r.num_computed - r.kv.prefix_tokens)
-            r.status = RUNNING
+            r.status = RequestState.RUNNING
             running.append(r)
-            self._add_to_plan(plan, r, n)
+            plan.add(r, n)
             budget -= n
         return budget
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
         kv, running, waiting = self.kv, self.running, self.waiting
-        while waiting and len(running) < self.max_num_seqs and budget > 0:
+        while waiting and len(running) < self.config.max_num_seqs and budget > 0:
             r = waiting[0]
             h = r.kv
             hit = kv.match_prefix(h)
             n = r.num_tokens - hit
             if n > budget:
-                if not self.chunked_prefill:
-                    if budget < self.max_num_batched_tokens:
+                if not self.config.chunked_prefill:
+                    if budget < self.config.max_num_batched_tokens:
                         break
                 else:
                     n = budget
@@ -293,9 +302,9 @@ class Scheduler:
             waiting.popleft()
             r.num_computed = hit
             r.prefix_hit_tokens += hit
-            r.status = RUNNING
+            r.status = RequestState.RUNNING
             running.append(r)
-            self._add_to_plan(plan, r, n)
+            plan.add(r, n)
             budget -= n
 
     def unschedule_last(self, plan: StepPlan) -> bool:
@@ -303,18 +312,9 @@ class Scheduler:
         activations do not fit). False when nothing is left to take off."""
         if not plan.scheduled:
             return False
-        victim = plan.scheduled.pop()
+        victim = plan.pop()
         self.running.remove(victim)  # rare path: O(running) is fine
-        n = victim.num_new
-        if n == 1 and victim.num_generated and victim.num_computed == victim.num_tokens - 1:
-            plan.decode_seqs -= 1
-            plan.context_tokens -= victim.num_computed
-        else:
-            plan.prefill_tokens -= n
-            plan.num_prefill_seqs -= 1
-            plan.prefill_context_tokens -= victim.num_computed
-        self._plan = plan
-        self._preempt(victim)
+        self._preempt(plan, victim)
         return True
 
     # ------------------------------------------------------------------ after a step
@@ -344,12 +344,12 @@ class Scheduler:
                     own -= c - p if c > p else 0
                     kv.free(h)
                     r.finish_s = now_s
-                    r.status = FINISHED
+                    r.status = RequestState.FINISHED
                     num_finished += 1
                 else:
                     r.num_tokens = c + 1
         self.num_own_tokens = own
         if num_finished:
             self.num_finished += num_finished
-            self.running = [r for r in self.running if r.status is RUNNING]
+            self.running = [r for r in self.running if r.status is RequestState.RUNNING]
         return num_finished

@@ -7,7 +7,7 @@ allocated; the step lasts the roofline time of its batch plus everything the mem
 on the way (driver calls of every pool, KV copies on reallocation, swaps over PCIe); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
 
-Pool controls the engine drives (``ServerConfig``): it can freeze the KV pool after its first N
+Pool controls the engine drives (``sim.config.ServerConfig``): it can freeze the KV pool after its first N
 steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
 admit requests, to ``reserve`` the bytes the admissions will take (phase-aware pre-growth); and
 call a compacting pool's ``compact()`` between steps (it runs a pass only when the pool is
@@ -20,129 +20,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import simpy
 
-from sim.kv import STRATEGIES
-from sim.pools import DEFAULT_WORKSPACE_BYTES, POOL_LAYOUTS, ServerPools
-from sim.scheduler import PREEMPTION_MODES, Request, Scheduler
+from sim.config import ServerConfig
+from sim.pools import ServerPools
+from sim.scheduler import Request, Scheduler
 from sim.metrics import PoolMonitor
 
-__all__ = ["ServerConfig", "Server"]
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Every knob of the simulated server (defaults follow vLLM's).
-
-    Memory:
-        gpu_memory_utilization: share of GPU memory the server may use (vLLM: 0.9).
-        kv_capacity_bytes: KV budget; None derives it as usable - weights - activations -
-            workspace.
-        workspace_bytes: kept outside the KV cache for library workspaces.
-        pool_layout: "separate" (KV pool alone) or "shared" (one pool for everything).
-        aux_policy: policy spec of the weights/activations/workspace pools when separate.
-    KV cache:
-        kv_strategy: reservation of contiguous policies: max, oracle, pow2, pow2-oracle, grow.
-        grow_tokens: chunk of the ``grow`` strategy.
-        tokens_per_page: page size of paged policies in tokens (None: the policy's own).
-        prefix_caching: share prompt blocks by ``hash_ids`` (paged policies only).
-        prefix_block_tokens: tokens per hash block (None: the trace's, else 512).
-        max_model_len: longest sequence; longer outputs are cut there, ``max`` reserves it
-            (None: 8192).
-    Scheduling:
-        max_num_seqs, max_num_batched_tokens, chunked_prefill, watermark: see ``Scheduler``.
-        preemption: "recompute" or "swap"; swap_space_bytes: host memory for it (None: unlimited).
-    Reporting:
-        slo_ttft_s, slo_tpot_s, slo_e2e_s: goodput counts requests meeting all that are set.
-        sample_every_s: time-series interval (None: the trace's duration / 2000).
-        horizon_s: stop the clock here (None: run until every request is done).
-    Pool controls:
-        freeze_after_steps: freeze the KV pool after this many steps (None: never).
-        pregrow_safety: before a step that admits requests, reserve this multiple of the KV
-            (and, in a shared pool, activation) bytes they will take; needs a pool with
-            ``reserve`` (elastic). None: react to failures only.
-        compact_between_steps: call the KV pool's ``compact()`` after every step (a pass runs
-            when the pool is fragmented); needs a compacting pool.
-    """
-
-    gpu_memory_utilization: float = 0.9
-    kv_capacity_bytes: int | None = None
-    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES
-    pool_layout: str = "separate"
-    aux_policy: str = "best-fit"
-    kv_strategy: str = "pow2"
-    grow_tokens: int = 512
-    tokens_per_page: int | None = None
-    prefix_caching: bool = True
-    prefix_block_tokens: int | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    chunked_prefill: bool = True
-    watermark: float = 0.01
-    preemption: str = "recompute"
-    swap_space_bytes: int | None = None
-    slo_ttft_s: float | None = None
-    slo_tpot_s: float | None = None
-    slo_e2e_s: float | None = None
-    sample_every_s: float | None = None
-    horizon_s: float | None = None
-    freeze_after_steps: int | None = None
-    pregrow_safety: float | None = None
-    compact_between_steps: bool = False
-
-    def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> None:
-            raise ValueError(f"{name}(={getattr(self, name)!r}) {why}")
-
-        if not 0 < self.gpu_memory_utilization <= 1:
-            bad("gpu_memory_utilization", "must be in (0, 1]")
-        for name in ("kv_capacity_bytes", "swap_space_bytes", "tokens_per_page", "prefix_block_tokens",
-                     "max_model_len"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                bad(name, "must be a positive integer or None")
-        for name in ("grow_tokens", "max_num_seqs", "max_num_batched_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                bad(name, "must be a positive integer")
-        if isinstance(self.workspace_bytes, bool) or not isinstance(self.workspace_bytes, int) or self.workspace_bytes < 0:
-            bad("workspace_bytes", "must be an integer >= 0")
-        if self.pool_layout not in POOL_LAYOUTS:
-            bad("pool_layout", f"must be one of {', '.join(POOL_LAYOUTS)}")
-        if self.kv_strategy not in STRATEGIES:
-            bad("kv_strategy", f"must be one of {', '.join(STRATEGIES)}")
-        if self.preemption not in PREEMPTION_MODES:
-            bad("preemption", f"must be one of {', '.join(PREEMPTION_MODES)}")
-        if not isinstance(self.compact_between_steps, bool):
-            bad("compact_between_steps", "must be true or false")
-        v = self.freeze_after_steps
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            bad("freeze_after_steps", "must be an integer >= 0 or None")
-        v = self.pregrow_safety
-        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)):
-            bad("pregrow_safety", "must be a positive number or None")
-        if not 0 <= self.watermark < 1:
-            bad("watermark", "must be in [0, 1)")
-        for name in ("slo_ttft_s", "slo_tpot_s", "slo_e2e_s", "sample_every_s", "horizon_s"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)):
-                bad(name, "must be a positive number of seconds or None")
-
-    @classmethod
-    def from_kwargs(cls, **kwargs: Any) -> ServerConfig:
-        """Build from keyword options; an unknown name is a ValueError listing the known ones."""
-        known = [f.name for f in fields(cls)]
-        unknown = [k for k in kwargs if k not in known]
-        if unknown:
-            raise ValueError(f"unknown simulator option {unknown[0]!r}; options: {', '.join(known)}")
-        return cls(**kwargs)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["Server"]
 
 
 class Server:
@@ -154,9 +41,9 @@ class Server:
         pools: the memory pools (the policy under test is ``pools.kv.policy``).
         step_model: ``step_time_s``, ``copy_time_s``, ``swap_time_s`` (``sim.steptime``).
         model: the model spec (activation sizes).
-        sample_every_s: interval of the time series.
-        horizon_s: stop here even if requests remain.
-        freeze_after_steps, pregrow_safety, compact_between_steps: the pool controls (see ``ServerConfig``).
+        config: the server's settings; it reads ``sample_every_s`` (resolved: not None),
+            ``horizon_s`` and the pool controls ``freeze_after_steps``, ``pregrow_safety`` and
+            ``compact_between_steps``.
 
     Raises:
         ValueError: a control the KV pool does not offer (pre-growth without ``reserve``,
@@ -164,9 +51,10 @@ class Server:
     """
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
-                 model: Any, *, sample_every_s: float, horizon_s: float | None = None,
-                 freeze_after_steps: int | None = None, pregrow_safety: float | None = None,
-                 compact_between_steps: bool = False):
+                 model: Any, config: ServerConfig):
+        assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
+        pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
+        self.config = config
         policy = pools.kv.policy
         self._reserver = policy if pregrow_safety is not None and policy.can_reserve else None
         if pregrow_safety is not None and self._reserver is None:
@@ -175,16 +63,11 @@ class Server:
         if compact_between_steps and self._compactor is None:
             raise ValueError(f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
                              f"not {policy.spec!r}")
-        self.freeze_after_steps = freeze_after_steps
-        self.pregrow_safety = pregrow_safety
-        self.compact_between_steps = compact_between_steps
         self.requests = requests
         self.scheduler = scheduler
         self.pools = pools
         self.step_model = step_model
         self.model = model
-        self.sample_every_s = sample_every_s
-        self.horizon_s = horizon_s
         self.env = simpy.Environment()
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1)
         self.num_steps = 0
@@ -210,10 +93,10 @@ class Server:
         env = self.env
         env.process(self._arrivals())
         engine = env.process(self._engine())
-        if self.horizon_s is None:
+        if self.config.horizon_s is None:
             env.run(until=engine)
         else:
-            env.run(until=env.any_of([engine, env.timeout(self.horizon_s)]))
+            env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
         self._sample()
         self.monitor.finish(self.num_steps, int(env.now * 1e6))
         return env.now
@@ -249,8 +132,8 @@ class Server:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
-            if self.freeze_after_steps is not None and self.frozen_at_s is None \
-                    and self.num_steps >= self.freeze_after_steps:
+            if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
+                    and self.num_steps >= self.config.freeze_after_steps:
                 pools.kv.policy.freeze()
                 self.frozen_at_s = env.now
             if self._reserver is not None and sched.waiting:
@@ -297,7 +180,7 @@ class Server:
             reserved = pools.kv_reserved_bytes()
             self.reserved_byte_s += reserved * dt
             self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
-            if self.compact_between_steps:
+            if self.config.compact_between_steps:
                 compactor.compact()
             if env.now >= self._next_sample_s:
                 self._sample()
@@ -312,9 +195,9 @@ class Server:
         """
         sched, kv = self.scheduler, self.scheduler.kv
         num_running = len(sched.running)
-        budget = sched.max_num_batched_tokens - num_running
+        budget = sched.config.max_num_batched_tokens - num_running
         total = tokens = seqs = 0
-        for r in itertools.islice(sched.waiting, max(0, sched.max_num_seqs - num_running)):
+        for r in itertools.islice(sched.waiting, max(0, sched.config.max_num_seqs - num_running)):
             if budget <= 0:
                 break
             n = min(r.num_tokens, budget)
@@ -335,7 +218,7 @@ class Server:
         take = reserver.device.take_driver_ns
         self.pools.kv.pending_driver_ns += take()  # driver time still pending belongs to the step, as before
         grows, grown = reserver.num_grows, reserver.grown_bytes
-        reserver.reserve(math.ceil(nbytes * self.pregrow_safety))
+        reserver.reserve(math.ceil(nbytes * self.config.pregrow_safety))
         self.num_pregrows += reserver.num_grows - grows
         self.pregrow_bytes += reserver.grown_bytes - grown
         self.pregrow_driver_s += take() * 1e-9
@@ -343,7 +226,7 @@ class Server:
     # ------------------------------------------------------------------ time series
     def _sample(self) -> None:
         now = self.env.now
-        self._next_sample_s = now + self.sample_every_s
+        self._next_sample_s = now + self.config.sample_every_s
         sched, kv = self.scheduler, self.scheduler.kv
         time_us = int(now * 1e6)
         self.monitor.observe(self.num_steps, time_us)

@@ -36,7 +36,7 @@ SERVING_COLUMNS = [
 def request_table(requests: Iterable[Any]) -> pd.DataFrame:
     """One row per request (``sim.scheduler.Request`` objects), latencies derived."""
     rows = [(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.num_generated, r.first_token_s,
-             r.finish_s, r.num_preemptions, r.num_swaps, r.prefix_hit_tokens, r.status, r.reject_reason)
+             r.finish_s, r.num_preemptions, r.num_swaps, r.prefix_hit_tokens, r.status.value, r.reject_reason)
             for r in requests]
     df = pd.DataFrame(rows, columns=["request_id", "arrival_s", "prompt_tokens", "output_tokens", "num_generated",
                                      "first_token_s", "finish_s", "num_preemptions", "num_swaps",

@@ -25,7 +25,8 @@ from sim.models import load_model
 from sim.pools import ServerPools, create_policy, plan_memory
 from sim.report import params_text, summary_frame, summary_row
 from sim.scheduler import Request, Scheduler
-from sim.server import Server, ServerConfig
+from sim.config import ServerConfig
+from sim.server import Server
 from sim.serving_metrics import request_table, serving_summary
 from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
@@ -47,7 +48,8 @@ class SimResult:
         requests: one row per request (``sim.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
         timeseries: sampled pool and server state (``TIMESERIES_COLUMNS`` plus serving columns).
         policy: the policy object after the run.
-        config: the server knobs used.
+        config: the server knobs used, with the defaults that depend on the model and trace
+            resolved (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``).
     """
 
     summary: dict[str, Any]
@@ -79,7 +81,7 @@ def _page_bytes(policy: Policy) -> int | None:
 
 def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
              calibration: Any = None, costs: CostModel | str | Path | None = None, trace_name: str | None = None,
-             **options: Any) -> SimResult:
+             config: ServerConfig | None = None, **options: Any) -> SimResult:
     """Serve ``requests`` with ``model`` on ``gpu``, the KV cache in a ``policy_spec`` pool.
 
     Args:
@@ -89,7 +91,9 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         calibration: step-time efficiency factors (``sim.steptime``), None for the defaults.
         costs: driver cost model (or its JSON path), None for the bundled H200 figures.
         trace_name: the report's ``trace`` column (default: the trace's name).
-        **options: ``ServerConfig`` knobs (``kv_strategy``, ``preemption``, ``max_num_seqs``, ...).
+        config: the server's settings (default: ``ServerConfig`` built from ``options``).
+        **options: ``ServerConfig`` knobs (``kv_strategy``, ``preemption``, ``max_num_seqs``, ...),
+            when no ``config`` is given.
 
     Returns:
         A ``SimResult``. Raises ValueError (or PolicyError) naming a bad option, model, GPU or
@@ -97,7 +101,9 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     """
     wall0 = time.perf_counter()
     trace = _as_trace(requests)
-    cfg = ServerConfig.from_kwargs(**options)
+    if config is not None and options:
+        raise ValueError(f"give simulator options in the config or as keywords, not both ({', '.join(options)})")
+    cfg = config if config is not None else ServerConfig.from_kwargs(**options)
     model, gpu = load_model(model), load_gpu(gpu)
     cost_model = _costs(costs)
     step_model = StepTimeModel(model, gpu, calibration=calibration)
@@ -109,33 +115,26 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
                            costs=cost_model,
                            fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
-    pools = ServerPools(policy, plan, layout=cfg.pool_layout, aux_policy=cfg.aux_policy, costs=cost_model,
-                        num_weight_tensors=model.num_layers)
-    max_model_len = cfg.max_model_len or getattr(model, "max_model_len", None) or DEFAULT_MAX_MODEL_LEN
+    pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
+    cfg = cfg.replace(
+        max_model_len=cfg.max_model_len or getattr(model, "max_model_len", None) or DEFAULT_MAX_MODEL_LEN,
+        prefix_block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
+                                                                          DEFAULT_HASH_BLOCK_TOKENS)),
+        sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3))
     if policy.contiguous:
-        kv = ContiguousKV(pools.kv, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
-                          strategy=cfg.kv_strategy, max_model_len=max_model_len, grow_tokens=cfg.grow_tokens)
+        kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes)
         kv_layout = cfg.kv_strategy
     else:
         page_bytes = _page_bytes(policy)
         if page_bytes is None or page_bytes < bytes_per_token:
             raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes} B) must hold at least one token's "
                              f"KV ({bytes_per_token} B for {model.name}); set its page size")
-        kv = PagedKV(pools.kv, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
-                     tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
-                     prefix_caching=cfg.prefix_caching,
-                     block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
-                                                                                 DEFAULT_HASH_BLOCK_TOKENS)))
+        kv = PagedKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
+                     tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes)
         kv_layout = "paged"
-    scheduler = Scheduler(kv, max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          chunked_prefill=cfg.chunked_prefill, watermark=cfg.watermark, preemption=cfg.preemption,
-                          swap_space_bytes=cfg.swap_space_bytes, max_model_len=max_model_len)
-    reqs = _build_requests(trace, kv, max_model_len)
-    duration = trace.duration_s
-    sample_every_s = cfg.sample_every_s or max(duration / 2000, 1e-3)
-    server = Server(reqs, scheduler, pools, step_model, model, sample_every_s=sample_every_s, horizon_s=cfg.horizon_s,
-                    freeze_after_steps=cfg.freeze_after_steps, pregrow_safety=cfg.pregrow_safety,
-                    compact_between_steps=cfg.compact_between_steps)
+    scheduler = Scheduler(kv, cfg)
+    reqs = _build_requests(trace, kv, cfg.max_model_len)
+    server = Server(reqs, scheduler, pools, step_model, model, cfg)
     end_s = server.run()
     wall_s = time.perf_counter() - wall0
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import click
 
+from policies.units import format_bytes
 from poollab.commands._common import BYTES, check_specs, out_option, read_requests_or_explain
 from poollab.errors import UsageError
+from sim.config import Knob, ServerConfig, knobs
 from sim.report import format_table, write_results
 from sim.simulate import simulate_many
 
@@ -17,8 +20,47 @@ TABLE_COLUMNS = ["policy", "kv_strategy", "n_finished", "n_rejected", "n_preempt
                  "peak_reserved_bytes", "frag_ext_mean", "n_grow", "wall_s"]
 
 
+#: How ``--help`` names a knob's unit.
+_UNIT_WORDS = {"s": "seconds", "tokens": "tokens", "bytes": "bytes, e.g. 8GiB"}
+
+
 def register(cli: click.Group) -> None:
     cli.add_command(simulate_command)
+
+
+def _click_type(k: Knob) -> Any:
+    """The option type for knob ``k``: its choices and range as click shows them in ``--help``."""
+    if k.unit == "bytes":
+        return BYTES
+    if k.choices:
+        return click.Choice(k.choices)
+    if k.type in (int, float) and (k.low is not None or k.high is not None):
+        kind = click.IntRange if k.type is int else click.FloatRange
+        return kind(k.low, k.high, min_open=k.low_open, max_open=k.high_open)
+    return k.type
+
+
+def _option(name: str, k: Knob, default: Any) -> Callable:
+    """One ``poollab simulate`` option for the ``ServerConfig`` field ``name``."""
+    text = k.help + (f" In {_UNIT_WORDS.get(k.unit, k.unit)}." if k.unit else "")
+    if default is None:
+        return click.option(f"--{k.cli}", name, type=_click_type(k), default=None,
+                            help=f"{text} Default: {k.none}.")
+    if k.type is bool:
+        return click.option(f"--{k.cli}/--no-{k.cli}", name, default=default, show_default=True, help=text)
+    if k.unit == "bytes":  # a size reads better than click's plain integer
+        return click.option(f"--{k.cli}", name, type=BYTES, default=default,
+                            help=f"{text} Default: {format_bytes(default)}.")
+    return click.option(f"--{k.cli}", name, type=_click_type(k), default=default, show_default=True, help=text)
+
+
+def config_options(command: Callable) -> Callable:
+    """Add one option per ``ServerConfig`` field (generated from its ``Knob``: name, help, unit,
+    choices, range, default), in field order, each passed to the command under the field's name."""
+    defaults = ServerConfig()
+    for name, k in reversed(knobs().items()):  # click lists options in the order they decorate
+        command = _option(name, k, getattr(defaults, name))(command)
+    return command
 
 
 @click.command("simulate")
@@ -30,49 +72,21 @@ def register(cli: click.Group) -> None:
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
 @click.option("--rate-scale", type=float, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
-@click.option("--kv-strategy", type=click.Choice(["max", "oracle", "pow2", "pow2-oracle", "grow"]), default="pow2",
-              show_default=True, help="Reservation of contiguous policies (paged ones grow a page at a time).")
-@click.option("--grow-tokens", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Chunk of the 'grow' strategy, in tokens.")
-@click.option("--preemption", type=click.Choice(["recompute", "swap"]), default="recompute", show_default=True)
-@click.option("--swap-space", type=BYTES, default=None, help="Host memory for swapped KV (default: unlimited).")
-@click.option("--pool-layout", type=click.Choice(["separate", "shared"]), default="separate", show_default=True,
-              help="KV cache in a pool of its own, or one pool shared with weights and activations.")
-@click.option("--aux-policy", default="best-fit", show_default=True,
-              help="Policy of the weights/activations/workspace pools in the separate layout.")
-@click.option("--kv-capacity", type=BYTES, default=None,
-              help="KV budget (default: GPU memory x utilisation - weights - activations - workspace).")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True)
-@click.option("--max-model-len", type=click.IntRange(min=1), default=None, help="Longest sequence (default 8192).")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=8192, show_default=True)
-@click.option("--chunked-prefill/--no-chunked-prefill", default=True, show_default=True)
-@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
-              help="Share prompt blocks by the trace's hash_ids (paged policies).")
-@click.option("--watermark", type=click.FloatRange(0, 1, max_open=True), default=0.01, show_default=True,
-              help="Share of the KV budget admission keeps free.")
-@click.option("--slo-ttft", type=click.FloatRange(0, min_open=True), default=None, help="TTFT SLO in seconds (goodput).")
-@click.option("--slo-tpot", type=click.FloatRange(0, min_open=True), default=None, help="TPOT SLO in seconds (goodput).")
-@click.option("--slo-e2e", type=click.FloatRange(0, min_open=True), default=None, help="E2E SLO in seconds (goodput).")
-@click.option("--freeze-after-steps", type=click.IntRange(min=0), default=None,
-              help="Freeze the KV pool's growth after this many steps (as CUDA Graph capture needs).")
-@click.option("--pregrow-safety", type=click.FloatRange(0, min_open=True), default=None,
-              help="Before admitting, reserve predicted KV + activation bytes x this factor (elastic policies).")
-@click.option("--compact-between-steps/--no-compact-between-steps", default=False, show_default=True,
-              help="Call the KV pool's compact() between steps (compacting policies).")
+@config_options
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Step-time calibration JSON (default: bundled factors).")
 @click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Driver cost model JSON (default: bundled H200 figures).")
 @out_option("poollab-out/simulate")
-def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, kv_strategy, grow_tokens, preemption, swap_space,
-                     pool_layout, aux_policy, kv_capacity, gpu_memory_utilization, max_model_len, max_num_seqs,
-                     max_num_batched_tokens, chunked_prefill, prefix_caching, watermark, slo_ttft, slo_tpot, slo_e2e,
-                     freeze_after_steps, pregrow_safety, compact_between_steps, calibration, costs,
-                     out_dir: Path) -> None:
+def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibration, costs, out_dir: Path,
+                     **options: Any) -> None:
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
-    check_specs([aux_policy])
+    check_specs([options["aux_policy"]])
+    try:
+        config = ServerConfig(**options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     from sim.hardware import load_gpu
     from sim.models import load_model
 
@@ -85,24 +99,16 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, kv_strateg
     requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
-    options = dict(kv_strategy=kv_strategy, grow_tokens=grow_tokens, preemption=preemption,
-                   swap_space_bytes=swap_space, pool_layout=pool_layout, aux_policy=aux_policy,
-                   kv_capacity_bytes=kv_capacity, gpu_memory_utilization=gpu_memory_utilization,
-                   max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                   max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked_prefill,
-                   prefix_caching=prefix_caching, watermark=watermark, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot,
-                   slo_e2e_s=slo_e2e, freeze_after_steps=freeze_after_steps, pregrow_safety=pregrow_safety,
-                   compact_between_steps=compact_between_steps)
     try:
         summary, timeseries, table = simulate_many(requests, spec_list, model=model_spec, gpu=gpu_spec,
-                                                   calibration=calibration, costs=costs, **options)
+                                                   calibration=calibration, costs=costs, config=config)
     except ValueError as exc:  # a knob or file the user gave (PolicyError and TraceFormatError pass through)
         if type(exc) is not ValueError:
             raise
         raise UsageError(str(exc)) from None
     write_results(out_dir, summary, timeseries, extra_tables={"requests": table},
                   meta={"command": "simulate", "trace": str(trace), "policies": spec_list, "model": model_spec.name,
-                        "gpu": gpu_spec.name, "rate_scale": rate_scale, **options,
+                        "gpu": gpu_spec.name, "rate_scale": rate_scale, **config.as_dict(),
                         "calibration": str(calibration) if calibration else "bundled",
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "

@@ -26,7 +26,6 @@ Errors name the file, the line and the key: ``sweep.yaml, line 7: policies[1].pa
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -341,7 +340,7 @@ def _preset_or_file(doc: _Doc, kp: tuple, value: Any, base: Path, how: str, load
 def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list) -> list[dict[str, Any]]:
     from sim.hardware import load_gpu
     from sim.models import load_model
-    from sim.server import ServerConfig
+    from sim.config import ServerConfig, knobs
     from sim.steptime import load_calibration
 
     models = [_preset_or_file(doc, kp, v, base, how, load_model) for kp, v in doc.listed(data, "models", DEFAULT_MODEL)]
@@ -363,7 +362,7 @@ def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list
     options = data.get("options") or {}
     if not isinstance(options, dict):
         doc.fail(("options",), f"{options!r} must be a mapping of simulator option: value or [values]")
-    known = [f.name for f in dataclasses.fields(ServerConfig)]
+    known = knobs()
     axes = []
     for k, v in options.items():
         kp = ("options", str(k))
@@ -372,7 +371,7 @@ def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list
         if k == "kv_capacity_bytes" and "capacities" in data:
             doc.fail(kp, "the KV budget is swept by 'capacities'; give it in one place")
         values = doc.axis(kp, v)
-        if k.endswith("_bytes"):
+        if known[k].unit == "bytes":
             values = [_capacity(doc, kp, x) for x in values]
         for x in values:
             if not isinstance(x, _SCALARS):

@@ -285,6 +285,152 @@ def test_free_extents_are_the_free_pages_in_address_order():
     assert pool.largest_free_bytes() == 3 * PAGE
 
 
+# ----------------------------------------------------------------- prefix cache (vLLM's BlockPool)
+def cached_pool():
+    pool = small_pool()
+    a = pool.allocate(2 * PAGE)
+    pool.cache_block("h1", a)
+    return pool, a
+
+
+def test_a_cached_block_is_found_and_shared_by_page_reference_counts():
+    pool, a = cached_pool()
+    assert pool.cached_block("h1") is a and pool.cached_block("h2") is None
+    allocated = pool.allocated_bytes
+    assert pool.share_block("h1") is a
+    assert [pool.page_refcount(off) for off in pages_of(a)] == [2, 2]
+    assert pool.allocated_bytes == allocated  # a hit takes no new bytes
+
+
+def test_a_block_nobody_holds_stays_cached_and_allocated_until_evicted():
+    pool, a = cached_pool()
+    pool.share_block("h1")
+    assert pool.release_block("h1") is False  # one holder left
+    assert pool.release_block("h1") is True
+    assert [pool.page_refcount(off) for off in pages_of(a)] == [0, 0]
+    assert pool.evictable_bytes == 2 * PAGE and pool.allocated_bytes == 2 * PAGE
+    assert not set(pages_of(a)) & {off for off, _ in pool.free_extents()}, "cached pages are not free"
+    assert pool.cached_block("h1") is a
+
+
+def test_a_hit_takes_an_evictable_block_back_out_of_the_queue():
+    pool, a = cached_pool()
+    pool.release_block("h1")
+    pool.share_block("h1")
+    assert pool.evictable_bytes == 0 and pool.page_refcount(pages_of(a)[0]) == 1
+    assert pool.evict_block() is None
+
+
+def test_eviction_is_least_recently_released_first_and_hands_the_allocation_back():
+    pool = small_pool()
+    blocks = {key: pool.allocate(PAGE) for key in ("a", "b", "c")}
+    for key, alloc in blocks.items():
+        pool.cache_block(key, alloc)
+    for key in ("b", "a", "c"):
+        pool.release_block(key)
+    pool.share_block("a")  # a hit: "a" is no longer evictable
+    first = pool.evict_block()
+    assert first is blocks["b"] and pool.cached_block("b") is None
+    assert pool.page_refcount(pages_of(first)[0]) == 1  # the caller holds it now
+    pool.free(first)
+    assert pool.page_refcount(pages_of(first)[0]) == 0 and pool.evictable_bytes == PAGE
+    assert pool.evict_block() is blocks["c"]
+    assert pool.evict_block() is None and pool.num_cached_blocks() == 1
+
+
+@pytest.mark.parametrize("evictable", [False, True])
+def test_freeing_a_cached_block_is_refused_and_changes_nothing(evictable):
+    pool, a = cached_pool()
+    if evictable:
+        pool.release_block("h1")
+    with pytest.raises(PolicyError, match="cached block 'h1'"):
+        pool.free(a)
+    assert pool.cached_block("h1") is a and pool.allocated_bytes == 2 * PAGE and pool.num_frees == 0
+    assert pool.page_refcount(pages_of(a)[0]) == (0 if evictable else 1)
+
+
+def test_a_fork_of_a_cached_block_may_be_freed_while_the_block_is_held():
+    pool, a = cached_pool()
+    f = pool.fork(a)
+    pool.free(f)
+    assert pool.page_refcount(pages_of(a)[0]) == 1 and pool.cached_block("h1") is a
+
+
+@pytest.mark.parametrize("bad", ["twice", "unknown share", "unknown release", "unheld release", "freed"])
+def test_bad_cache_calls_raise_and_change_nothing(bad):
+    pool, a = cached_pool()
+    before = (pool.allocated_bytes, pool.evictable_bytes, [pool.page_refcount(off) for off in pages_of(a)])
+    with pytest.raises(PolicyError):
+        if bad == "twice":
+            pool.cache_block("h1", pool.allocate(PAGE))
+        elif bad == "unknown share":
+            pool.share_block("nope")
+        elif bad == "unknown release":
+            pool.release_block("nope")
+        elif bad == "unheld release":
+            pool.release_block("h1")
+            before = (pool.allocated_bytes, pool.evictable_bytes, [0, 0])
+            pool.release_block("h1")
+        else:
+            b = pool.allocate(PAGE)
+            pool.free(b)
+            pool.cache_block("h2", b)
+    if bad == "twice":
+        before = (before[0] + PAGE,) + before[1:]
+    assert (pool.allocated_bytes, pool.evictable_bytes, [pool.page_refcount(off) for off in pages_of(a)]) == before
+
+
+def test_the_cache_works_through_a_wrapper_stack():
+    from policies.wrapper import find_layer
+
+    pool = policies.create("elastic:base=[paged:page_bytes=4KiB,segment_bytes=16KiB]")
+    cache = find_layer(pool, "cache_block")
+    a = pool.allocate(2 * PAGE)  # the wrapper's allocation; its extents are the paged layer's pages
+    cache.cache_block(7, a)
+    cache.release_block(7)
+    assert cache.evict_block() is a
+    pool.free(a)  # freed through the stack that handed it out
+    assert pool.allocated_bytes == 0 and cache.num_cached_blocks() == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "share", "release", "evict"]), st.integers(1, 3 * PAGE),
+                              st.integers(0, 99)), max_size=60))
+def test_random_cache_workload_keeps_counts_in_step(ops):
+    """A model of holders per key against the pool's page reference counts and queue."""
+    pool = small_pool()
+    holders: dict[int, int] = {}
+    allocs: dict[int, object] = {}
+    for i, (op, nbytes, pick) in enumerate(ops):
+        keys = sorted(holders)
+        if op == "alloc" or not keys:
+            a = pool.allocate(nbytes)
+            pool.cache_block(i, a)
+            holders[i], allocs[i] = 1, a
+        elif op == "share":
+            key = keys[pick % len(keys)]
+            pool.share_block(key)
+            holders[key] += 1
+        elif op == "release":
+            held = [k for k in keys if holders[k]]
+            if held:
+                key = held[pick % len(held)]
+                holders[key] -= 1
+                assert pool.release_block(key) is (holders[key] == 0)
+        else:
+            a = pool.evict_block()
+            if a is not None:
+                key = next(k for k, v in allocs.items() if v is a)
+                assert holders.pop(key) == 0
+                del allocs[key]
+                pool.free(a)
+        for key, n in holders.items():
+            assert {pool.page_refcount(off) for off in pages_of(allocs[key])} == {n}
+        assert pool.evictable_bytes == sum(len(allocs[k].extents) * PAGE for k, n in holders.items() if n == 0)
+        assert pool.allocated_bytes == sum(len(a.extents) * PAGE for a in allocs.values())
+    assert pool.num_cached_blocks() == len(holders)
+
+
 # ----------------------------------------------------------------- properties and real data
 @settings(max_examples=80, deadline=None)
 @given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "fork", "shared"]), st.integers(1, 9 * PAGE),

@@ -89,3 +89,32 @@ def test_pregrowth_without_an_elastic_pool_is_exit_2(trace, tmp_path, capsys):
     code, _, err = run(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
                         "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "pregrow_safety" in err and "Traceback" not in err
+
+
+def test_help_lists_every_config_knob_with_its_choices(capsys):
+    from sim.config import knobs
+
+    out = run_ok(["simulate", "--help"], capsys).out
+    flat = " ".join(out.split())
+    for k in knobs().values():
+        assert f"--{k.cli}" in out
+        if k.choices:
+            assert "[" + "|".join(k.choices) + "]" in flat
+    for old in ("--kv-capacity", "--swap-space", "--slo-ttft", "--no-chunked-prefill", "--gpu-memory-utilization"):
+        assert old in out  # the names users' commands already use
+
+
+@pytest.mark.parametrize("argv, words", [(["--max-num-seqs", "0"], "max-num-seqs"),
+                                         (["--kv-strategy", "lucky"], "kv-strategy"),
+                                         (["--kv-capacity", "lots"], "kv-capacity")])
+def test_a_bad_knob_value_is_exit_2_naming_the_option(trace, tmp_path, capsys, argv, words):
+    code, _, err = run(["simulate", str(trace), "-p", "paged", *argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_knobs_new_to_the_command_line_reach_the_simulator(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    run_ok(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--horizon", "2", "--tokens-per-page",
+            "32", "--out", str(out_dir)], capsys)
+    row = pd.read_csv(out_dir / "summary.csv").iloc[0]
+    assert row["sim_time_s"] <= 2.0 and "tokens_per_page=32" in row["params"]

@@ -4,6 +4,7 @@ from hypothesis import strategies as st
 
 import policies
 from sim.costs import CostedDevice
+from sim.config import ServerConfig
 from sim.kv import ContiguousKV, PagedKV, next_pow2
 from sim.pools import TimedPool
 
@@ -14,15 +15,15 @@ MiB = 1 << 20
 def contiguous(strategy, budget_bytes=64 * MiB, max_model_len=4096, grow_tokens=256):
     # the policy may reserve more (its segments are 32 MiB): the manager keeps KV within the budget
     pool = TimedPool(policies.create("best-fit", device=CostedDevice()))
-    return ContiguousKV(pool, bytes_per_token=BPT, budget_bytes=budget_bytes, strategy=strategy,
-                        max_model_len=max_model_len, grow_tokens=grow_tokens)
+    cfg = ServerConfig(kv_strategy=strategy, max_model_len=max_model_len, grow_tokens=grow_tokens)
+    return ContiguousKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes)
 
 
 def paged(budget_bytes=64 * MiB, prefix_caching=True, block_tokens=64, tokens_per_page=16):
     pool = TimedPool(policies.create("paged", capacity_bytes=budget_bytes, bytes_per_token=BPT,
                                      tokens_per_page=tokens_per_page, segment_bytes=MiB, device=CostedDevice()))
-    return PagedKV(pool, bytes_per_token=BPT, budget_bytes=budget_bytes, tokens_per_page=tokens_per_page,
-                   prefix_caching=prefix_caching, block_tokens=block_tokens)
+    cfg = ServerConfig(prefix_caching=prefix_caching, prefix_block_tokens=block_tokens)
+    return PagedKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes, tokens_per_page=tokens_per_page)
 
 
 def test_next_pow2():
@@ -140,7 +141,8 @@ def test_a_computed_prefix_is_hit_and_shared():
     assert kv.match_prefix(b) == 128
     before = kv.allocated_bytes
     kv.admit(b, 200)
-    assert b.blocks[:2] == a.blocks[:2] and b.blocks[0].ref_cnt == 2
+    first_page = kv.block_cache.cached_block(b.blocks[0]).extents[0][0]
+    assert b.blocks[:2] == a.blocks[:2] and kv.block_cache.page_refcount(first_page) == 2
     # b holds its own third block and pages for the 8-token tail, but not the two shared blocks
     assert kv.allocated_bytes - before == kv.block_bytes + kv.page_bytes
     assert kv.prefix_hit_tokens == 128 and kv.prefix_saved_bytes == 2 * kv.block_bytes
@@ -189,7 +191,36 @@ def test_a_hit_on_a_cached_block_takes_it_off_the_eviction_list():
     kv.free(a)
     b = kv.new_handle(65, 1, (7,))
     kv.admit(b, 65)
-    assert kv.evictable_bytes == 0 and b.blocks[0].ref_cnt == 1
+    assert kv.evictable_bytes == 0 and b.blocks == [7]
+    page = kv.block_cache.cached_block(7).extents[0][0]
+    assert kv.block_cache.page_refcount(page) == 1  # the policy counts the holder: b
+
+
+def test_the_paged_policy_owns_the_reference_counts_of_shared_blocks():
+    kv = paged(block_tokens=64)
+    a = kv.new_handle(65, 1, (7,))
+    kv.admit(a, 65)
+    run_prefill(kv, a, 65)
+    b = kv.new_handle(65, 1, (7,))
+    kv.admit(b, 65)
+    cache = kv.block_cache
+    pages = [off for off, _ in cache.cached_block(7).extents]
+    assert [cache.page_refcount(p) for p in pages] == [2] * len(pages)
+    kv.free(a)
+    assert cache.page_refcount(pages[0]) == 1 and kv.evictable_bytes == 0
+    kv.free(b)
+    assert cache.page_refcount(pages[0]) == 0 and kv.evictable_bytes == kv.block_bytes
+    assert cache.num_cached_blocks() == 1
+
+
+def test_a_block_freed_before_it_was_computed_is_not_cached():
+    kv = paged(block_tokens=64)
+    a = kv.new_handle(129, 1, (1, 2))
+    kv.admit(a, 64)  # a chunk: block 1 computed after the step, block 2 not
+    kv.mark_computed(a, 64)
+    kv.free(a)
+    assert kv.block_cache.num_cached_blocks() == 1 and kv.evictable_bytes == kv.block_bytes
+    assert kv.allocated_bytes == kv.block_bytes  # block 2 went back to the pool
 
 
 def test_without_prefix_caching_hash_ids_are_ignored():
@@ -205,6 +236,7 @@ def test_failed_admission_leaves_the_cache_as_it_was():
     run_prefill(kv, a, 128)
     b = kv.new_handle(10 * 64, 1, (1, 2, 3))
     assert not kv.admit(b, 10 * 64)
-    assert a.blocks[0].ref_cnt == 1 and a.blocks[1].ref_cnt == 1
+    cache = kv.block_cache
+    assert [cache.page_refcount(cache.cached_block(hid).extents[0][0]) for hid in a.blocks] == [1, 1]
     assert kv.allocated_bytes == 2 * kv.block_bytes
-    assert 3 not in kv._cache
+    assert cache.cached_block(3) is None and cache.num_cached_blocks() == 2

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim.costs import CostModel
-from sim.server import ServerConfig
+from sim.config import ServerConfig
 from sim.simulate import simulate
 from traces.requests import RequestTrace, make_requests
 

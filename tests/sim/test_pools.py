@@ -1,6 +1,7 @@
 import pytest
 
 import policies
+from sim.config import ServerConfig
 from sim.costs import CostedDevice, CostModel
 from sim.hardware import load_gpu
 from sim.models import load_model
@@ -59,7 +60,7 @@ def _plan(weights=10 * MiB, workspace=2 * MiB):
 
 def test_separate_layout_keeps_weights_out_of_the_kv_pool():
     kv = policies.create("best-fit", device=CostedDevice())
-    pools = ServerPools(kv, _plan(), layout="separate", aux_policy="best-fit", costs=None, num_weight_tensors=4)
+    pools = ServerPools(kv, _plan(), ServerConfig(pool_layout="separate"), costs=None, num_weight_tensors=4)
     assert kv.allocated_bytes == 0
     assert pools.weights.policy.live_bytes == 10 * MiB
     assert pools.kv_reserved_bytes() == 0
@@ -67,7 +68,7 @@ def test_separate_layout_keeps_weights_out_of_the_kv_pool():
 
 def test_shared_layout_puts_everything_in_one_pool_and_counts_only_kv_as_kv():
     kv = policies.create("best-fit", device=CostedDevice())
-    pools = ServerPools(kv, _plan(), layout="shared", aux_policy="best-fit", costs=None, num_weight_tensors=4)
+    pools = ServerPools(kv, _plan(), ServerConfig(pool_layout="shared"), costs=None, num_weight_tensors=4)
     assert kv.live_bytes == 12 * MiB
     a = pools.allocate_activations(3 * MiB)
     assert pools.aux_allocated_bytes == kv.allocated_bytes
@@ -77,8 +78,8 @@ def test_shared_layout_puts_everything_in_one_pool_and_counts_only_kv_as_kv():
 
 
 def test_loading_weights_costs_no_step_time():
-    pools = ServerPools(policies.create("best-fit", device=CostedDevice()), _plan(), layout="shared",
-                        aux_policy="best-fit", costs=None, num_weight_tensors=4)
+    pools = ServerPools(policies.create("best-fit", device=CostedDevice()), _plan(), ServerConfig(pool_layout="shared"),
+                        costs=None, num_weight_tensors=4)
     assert pools.take_driver_ns() == 0
     assert pools.kv.alloc_ns == []
 
@@ -86,10 +87,9 @@ def test_loading_weights_costs_no_step_time():
 def test_weights_that_do_not_fit_are_a_clear_error():
     kv = policies.create("best-fit", capacity_bytes=64 * MiB, device=CostedDevice())
     with pytest.raises(ValueError, match="weights"):
-        ServerPools(kv, _plan(weights=GiB), layout="shared", aux_policy="best-fit", costs=None, num_weight_tensors=1)
+        ServerPools(kv, _plan(weights=GiB), ServerConfig(pool_layout="shared"), costs=None, num_weight_tensors=1)
 
 
-def test_unknown_layout_is_a_clear_error():
-    with pytest.raises(ValueError, match="pool_layout"):
-        ServerPools(policies.create("best-fit"), _plan(), layout="mixed", aux_policy="best-fit", costs=None,
-                    num_weight_tensors=1)
+def test_unknown_layout_is_a_clear_error_before_any_pool_exists():
+    with pytest.raises(ValueError, match="pool_layout.*separate, shared"):
+        ServerConfig(pool_layout="mixed")

@@ -2,9 +2,13 @@ import pytest
 
 import policies
 from sim.costs import CostedDevice
+from sim.config import ServerConfig
 from sim.kv import ContiguousKV, PagedKV
 from sim.pools import TimedPool
-from sim.scheduler import FINISHED, REJECTED, RUNNING, SWAPPED, WAITING, Request, Scheduler
+from sim.scheduler import Request, RequestState, Scheduler
+
+WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = (RequestState.WAITING, RequestState.RUNNING, RequestState.SWAPPED,
+                                                 RequestState.FINISHED, RequestState.REJECTED)
 
 BPT = 1024
 MiB = 1 << 20
@@ -13,18 +17,18 @@ MiB = 1 << 20
 def make(budget_tokens=1024, preemption="recompute", max_num_seqs=8, max_num_batched_tokens=256,
          chunked_prefill=True, watermark=0.0, kind="paged", max_model_len=100_000):
     budget = budget_tokens * BPT
+    cfg = ServerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                       chunked_prefill=chunked_prefill, watermark=watermark, preemption=preemption,
+                       max_model_len=max_model_len, prefix_block_tokens=64, grow_tokens=64,
+                       kv_strategy=kind if kind != "paged" else "pow2")
     if kind == "paged":
         pool = TimedPool(policies.create("paged", bytes_per_token=BPT, tokens_per_page=16, segment_bytes=MiB,
                                          device=CostedDevice()))
-        kv = PagedKV(pool, bytes_per_token=BPT, budget_bytes=budget, tokens_per_page=16, prefix_caching=True,
-                     block_tokens=64)
+        kv = PagedKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget, tokens_per_page=16)
     else:
         pool = TimedPool(policies.create("best-fit", device=CostedDevice()))
-        kv = ContiguousKV(pool, bytes_per_token=BPT, budget_bytes=budget, strategy=kind, max_model_len=max_model_len,
-                          grow_tokens=64)
-    return Scheduler(kv, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     chunked_prefill=chunked_prefill, watermark=watermark, preemption=preemption,
-                     swap_space_bytes=None, max_model_len=max_model_len)
+        kv = ContiguousKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget)
+    return Scheduler(kv, cfg)
 
 
 def req(sched, rid, prompt, output, hash_ids=()):
@@ -211,3 +215,20 @@ def test_prefix_hit_skips_computing_the_cached_tokens():
     plan = step(s)
     assert b.prefix_hit_tokens == 128
     assert b in plan.scheduled and b.num_new == 12
+
+
+def test_unschedule_last_undoes_exactly_what_scheduling_counted():
+    s = make(max_num_batched_tokens=64, preemption="swap")
+    a, b = req(s, 0, 30, 10), req(s, 1, 200, 10)
+    s.add(a)
+    step(s)
+    s.add(b)
+    plan = s.schedule()  # a decodes, b prefills a chunk
+    assert s.unschedule_last(plan)
+    assert plan.scheduled == [a] and (plan.decode_seqs, plan.context_tokens) == (1, 30)
+    assert (plan.prefill_tokens, plan.num_prefill_seqs, plan.prefill_context_tokens) == (0, 0, 0)
+    assert b.status is WAITING and plan.num_preemptions == 1  # nothing computed yet: recomputed, not swapped
+    assert plan.swap_out_bytes == 0
+    assert s.unschedule_last(plan) and plan.num_batched_tokens == 0 and a.status is SWAPPED
+    assert plan.swap_out_bytes == 30 * BPT  # the swap-out is charged to the plan it was taken from
+    assert not s.unschedule_last(plan)

@@ -5,7 +5,7 @@ import pytest
 from sim.costs import CostModel
 from sim.hardware import load_gpu
 from sim.models import load_model
-from sim.server import ServerConfig
+from sim.config import ServerConfig
 from sim.simulate import simulate
 from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace, make_requests

@@ -3,13 +3,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from sim.scheduler import RequestState
 from sim.serving_metrics import SERVING_COLUMNS, request_table, serving_summary
 
 
 def r(rid, arrival, first, finish, output, status="finished"):
     return SimpleNamespace(request_id=rid, arrival_s=arrival, prompt_tokens=100, output_tokens=output,
                            num_generated=output if status == "finished" else 0, first_token_s=first, finish_s=finish,
-                           num_preemptions=0, num_swaps=0, prefix_hit_tokens=0, status=status, reject_reason="")
+                           num_preemptions=0, num_swaps=0, prefix_hit_tokens=0, status=RequestState(status),
+                           reject_reason="")
 
 
 def test_ttft_tpot_e2e_definitions():

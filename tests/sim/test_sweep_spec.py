@@ -109,6 +109,17 @@ def test_simulate_grid_crosses_models_gpus_rates_and_options(folder):
     assert spec.pareto_by == ["trace", "cell_model", "cell_gpu", "cell_rate_scale"]
 
 
+def test_simulate_options_are_read_by_the_config_knobs_units(folder):
+    spec = parse(folder, """
+        mode: simulate
+        traces: [requests.csv]
+        policies: [paged]
+        options: {swap_space_bytes: [1GiB, null], workspace_bytes: 256MiB, horizon_s: 30}
+    """)
+    assert {c.options for c in spec.cells} == {
+        (("horizon_s", 30), ("swap_space_bytes", s), ("workspace_bytes", 256 << 20)) for s in (1 << 30, None)}
+
+
 def test_defaults(folder):
     spec = parse(folder, "traces: a.csv\npolicies: first-fit\n")
     assert (spec.mode, spec.name, len(spec.cells), spec.cells[0].capacity_bytes) == ("replay", "sweep", 1, None)
