@@ -381,10 +381,9 @@ def test_bad_cache_calls_raise_and_change_nothing(bad):
 
 
 def test_the_cache_works_through_a_wrapper_stack():
-    from policies.wrapper import find_layer
-
     pool = policies.create("elastic:base=[paged:page_bytes=4KiB,segment_bytes=16KiB]")
-    cache = find_layer(pool, "cache_block")
+    cache = pool.block_cache  # declared: the wrapper forwards its base's
+    assert cache is pool.base_policy and policies.create("best-fit").block_cache is None
     a = pool.allocate(2 * PAGE)  # the wrapper's allocation; its extents are the paged layer's pages
     cache.cache_block(7, a)
     cache.release_block(7)
