@@ -184,8 +184,8 @@ def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
             action = e["action"]
             if action == "alloc":
                 addr, size = e["addr"], e["size"]
-                if not size > 0:
-                    raise TraceFormatError(source, i, f"alloc of size {size!r}: must be > 0", unit=unit)
+                if type(size) is not int or type(addr) is not int or not 0 < size < _INT64_LIMIT:
+                    raise TraceFormatError(source, i, _bad_entry_numbers("alloc", addr, size), unit=unit)
                 if addr in live:
                     raise TraceFormatError(source, i, f"alloc at address {addr:#x}, where allocation "
                                                       f"{live[addr][0]} is still live", unit=unit)
@@ -205,7 +205,7 @@ def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
                 found = live.pop(addr, None)
                 if found is None:  # allocated before recording began
                     size = e["size"]
-                    if not size > 0:
+                    if type(size) is not int or not 0 < size < _INT64_LIMIT:
                         raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {size!r}",
                                                unit=unit)
                     found = (next_id, size)
@@ -218,6 +218,7 @@ def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
                 s = streams.get(e["stream"])
                 if s is None:
                     s = streams[e["stream"]] = len(streams)
+                _check_segment_numbers(e)
                 segment_rows.append((e["time_us"], action, e["addr"], e["size"], s))
             elif action != "free_requested" and action != "free_completed":
                 ignored[action] = ignored.get(action, 0) + 1
@@ -228,8 +229,8 @@ def _parse_entries(entries: list, source: str, unit: str) -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise TraceFormatError(source, i, f"malformed trace entry {_short(entries[i])} ({exc})", unit=unit) from None
     time = np.asarray(time) if time else np.zeros(0, np.int64)
-    if time.dtype.kind != "i":  # a list of Python ints only becomes an integer array
-        k = next(k for k, e in enumerate(entries) if type(e.get("time_us")) is not int)
+    if time.dtype.kind != "i":  # a list of Python ints that fit in int64 only becomes an integer array
+        k = next(k for k, e in enumerate(entries) if _bad_time(e.get("time_us")))
         raise TraceFormatError(source, k, f"time_us {entries[k].get('time_us')!r} is not an integer", unit=unit)
     tags = [t if isinstance(t, str) else str(t) for t in tags]
     return {"free_action": free_action, "seen_addrs": seen_addrs, "streams": streams, "time": time,
@@ -248,6 +249,7 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
             s = streams.get(seg["stream"])
             if s is None:
                 s = streams[seg["stream"]] = len(streams)
+            _check_segment_numbers(seg)
             rows.append((seg["address"], seg["total_size"], seg.get("allocated_size", 0), s,
                          seg.get("segment_type", ""), bool(seg.get("is_expandable", False))))
             addr = seg["address"]
@@ -256,12 +258,36 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
                 if b["state"] in _LIVE_BLOCK_STATES:
                     live_blocks.append((b_addr, b.get("requested_size") or b["size"], s))
                 addr = b_addr + b["size"]
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise TraceFormatError(source, k, f"malformed segment ({type(exc).__name__}: {exc})",
                                    unit="segments index") from None
     table = pd.DataFrame(rows, columns=["address", "total_size", "allocated_size", "stream", "segment_type",
                                         "is_expandable"])
     return table, live_blocks
+
+
+# -- number checks: every size, address and time becomes int64 downstream ----------------------
+_INT64_LIMIT = 2**63
+
+
+def _bad_entry_numbers(action: str, addr: Any, size: Any) -> str:
+    """Why an entry's size or address cannot be one (the entry failed the inline check)."""
+    if type(addr) is not int:
+        return f"{action} at address {addr!r}: must be an integer"
+    return f"{action} of size {size!r}: must be a whole number of bytes > 0 and < 2**63"
+
+
+def _bad_time(value: Any) -> bool:
+    return type(value) is not int or not -_INT64_LIMIT <= value < _INT64_LIMIT
+
+
+def _check_segment_numbers(seg: dict) -> None:
+    """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts."""
+    sizes = [seg.get(k, 0) for k in ("size", "total_size", "allocated_size")]
+    sizes += [b.get("size", 0) for b in seg.get("blocks", ()) if isinstance(b, dict)]
+    bad = next((v for v in sizes if type(v) is not int or not 0 <= v < _INT64_LIMIT), None)
+    if bad is not None:
+        raise ValueError(f"size {bad!r} is not a whole number of bytes below 2**63")
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:

@@ -312,5 +312,5 @@ def _write(spec: SweepSpec, outcome: SweepOutcome) -> None:
             "num_run": outcome.num_run, "num_failed": outcome.num_failed, "num_lost": outcome.num_lost,
             "wall_s": outcome.wall_s, "pareto": {"x": spec.pareto_x, "y": spec.pareto_y, "by": spec.pareto_by},
             "poollab_version": _cells._poollab_version()}
-    write_results(out, outcome.results, extra_tables={"results": outcome.results}, meta=meta)
-    outcome.pareto.to_csv(out / "pareto.csv", index=False)
+    write_results(out, outcome.results, extra_tables={"results": outcome.results}, meta=meta,
+                  csv_tables={"pareto": outcome.pareto})

@@ -320,7 +320,7 @@ add(Case("synth-alloc-model-broken", _with_files({"c.json": '{"num_layers": '},
 add(Case("synth-alloc-negative-rate", _args("traces", "synth-alloc", "--rate", "-1", "--out", "{d}/t.csv"), ("--rate",)))
 add(Case("synth-alloc-nan-rate", _args("traces", "synth-alloc", "--rate", "nan", "--out", "{d}/t.csv"), ("--rate",)))
 add(Case("synth-too-many-requests", _args("traces", "synth", "--rate", "5", "--num-requests", "10000000000",
-                                          "--out", "{d}/t.csv"), ("--num-requests",)))
+                                          "--out", "{d}/t.csv"), ("num_requests", "10,000,000,000")))
 add(Case("synth-too-long-duration", _args("traces", "synth", "--rate", "1e9", "--duration", "1e9",
                                           "--out", "{d}/t.csv"), ("requests",)))
 add(Case("synth-negative-rate", _args("traces", "synth", "--rate", "-5", "--num-requests", "10",
