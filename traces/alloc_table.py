@@ -8,6 +8,7 @@ header is line 1) or the 1-based record number (Parquet). Only the event table i
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +65,11 @@ def read_table_csv(path: str | Path) -> AllocTrace:
     path = Path(path)
     try:
         # fast path: typed parse; any bad cell sends us to the slow path that finds its line
-        df = pd.read_csv(path, dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
-                         keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                         compression=_compression(path))
+        with warnings.catch_warnings():  # a cell past int64 ("1e30") warns before it raises; the slow path names it
+            warnings.simplefilter("ignore", RuntimeWarning)
+            df = pd.read_csv(path, dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
+                             keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                             compression=_compression(path))
     except DAMAGED_GZIP as exc:
         _raise_csv_error(path, exc)
     except (ValueError, TypeError, OverflowError) as exc:
