@@ -1,7 +1,8 @@
 """Our own event-table files: CSV (header = ``EVENT_COLUMNS``) and Parquet, reader and writer.
 
 The columns and invariants are those of ``traces.events``. Errors name the file line (CSV: the
-header is line 1) or the 1-based record number (Parquet). Only the event table is written:
+header is line 1) or the 1-based record number (Parquet). Allocation ids are renumbered
+0..k-1 in allocation order on reading. Only the event table is written:
 ``AllocTrace.meta`` (segment tables and the like) does not travel through these files.
 """
 
@@ -175,8 +176,14 @@ def _raise_csv_error(path: Path, exc: Exception):
 
 
 def _canonical(df: pd.DataFrame) -> pd.DataFrame:
-    """Canonical dtypes (those of ``make_events``) and a fresh 0..n-1 index."""
+    """Canonical dtypes (those of ``make_events``), a fresh 0..n-1 index, and allocation ids
+    0..k-1 in allocation order, as every other reader numbers them (ids index per-allocation
+    tables downstream: an id of 9e18 must not ask for an array that long). Validated tables only."""
     out = {c: df[c].to_numpy(np.int64) for c in _INT_COLUMNS}
+    ids = out["alloc_id"]
+    alloc_ids = ids[(df["op"] == "alloc").to_numpy(dtype=bool)]
+    if not np.array_equal(alloc_ids, np.arange(alloc_ids.size)):
+        out["alloc_id"] = pd.Index(alloc_ids).get_indexer(ids).astype(np.int64)
     for c in ("op", "tag"):
         col = df[c].reset_index(drop=True)
         # already the default string dtype (Arrow-backed strings convert slowly through object)
