@@ -73,24 +73,41 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Run the command line; every way it can fail ends in one line on stderr.
+
+    Exit status 2 for the user's input (``USER_ERRORS``, bad options, a file system that says
+    no), 130 for Ctrl-C. Click's own ``main`` is bypassed: it turns an ``EOFError`` (a truncated
+    gzip) into "Aborted!" and prints the usage block before an option error.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="poollab", standalone_mode=False)
+        with cli.make_context("poollab", args) as ctx:
+            cli.invoke(ctx)
+    except click.exceptions.Exit as exc:  # --help, --version
+        sys.exit(exc.exit_code)
+    except click.UsageError as exc:  # bad options: click's message, on one line
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        _fail(f"{' '.join(exc.format_message().split())}{hint}")
+    except click.ClickException as exc:
+        _fail(" ".join(exc.format_message().split()), exc.exit_code)
     except click.exceptions.Abort:
         click.echo("poollab: aborted", err=True)
         sys.exit(130)
-    except click.ClickException as exc:  # bad options: click's own message, exit 2
-        exc.show()
-        sys.exit(2 if exc.exit_code == 2 else exc.exit_code)
     except USER_ERRORS as exc:
-        click.echo(f"poollab: error: {_one_line(exc)}", err=True)
-        sys.exit(2)
+        _fail(_one_line(exc))
     except KeyboardInterrupt:
         click.echo("poollab: interrupted", err=True)
         sys.exit(130)
 
 
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"poollab: error: {message}", err=True)
+    sys.exit(code)
+
+
 def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)) and exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}"
+    """The error in one line; an OS error names its file (and the second one of a rename)."""
+    if isinstance(exc, OSError) and exc.filename:
+        where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+        return f"{where}: {exc.strerror or type(exc).__name__}"
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -32,12 +32,15 @@ class _Curve:
 
     @classmethod
     def from_table(cls, table: dict[str, list[float]], where: str) -> "_Curve":
+        if not isinstance(table, dict):
+            raise ValueError(f"{where}: needs an object with 'nbytes' and 'us' lists, got {table!r}")
         sizes, us = table.get("nbytes"), table.get("us")
-        if not sizes or not us or len(sizes) != len(us):
+        if not isinstance(sizes, list) or not isinstance(us, list) or not sizes or len(sizes) != len(us):
             raise ValueError(f"{where}: needs equally long, non-empty 'nbytes' and 'us' lists")
+        bad = next((v for v in sizes + us if not _is_positive_number(v)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: sizes and times must be finite numbers > 0, got {bad!r}")
         pairs = sorted(zip(sizes, us))
-        if any(s <= 0 or t <= 0 for s, t in pairs):
-            raise ValueError(f"{where}: sizes and times must be > 0")
         return cls(tuple(math.log(s) for s, _ in pairs), tuple(math.log(t) for _, t in pairs))
 
     def us(self, nbytes: int) -> float:
@@ -50,6 +53,12 @@ class _Curve:
         if x < xs[0]:
             return math.exp(ys[0])  # below the smallest measured size the call does not get cheaper
         return math.exp(ys[i] + slope * (x - xs[i]))
+
+
+def _is_positive_number(value: Any) -> bool:
+    """A JSON number that can be a size, a time or a bandwidth: finite and > 0 (not a bool)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
 
 
 class CostModel:
@@ -72,7 +81,7 @@ class CostModel:
 
     def _positive(self, table: dict[str, Any], key: str) -> float:
         value = table.get(key)
-        if not isinstance(value, (int, float)) or value <= 0:
+        if not _is_positive_number(value):
             raise ValueError(f"{self.source}: {key} must be a positive number, got {value!r}")
         return float(value)
 
@@ -84,7 +93,9 @@ class CostModel:
             return cls(json.loads(text), source=f"sim/data/{DEFAULT_COSTS}")
         p = Path(path)
         try:
-            table = json.loads(p.read_text())
+            table = json.loads(p.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}): not a cost file") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
         if not isinstance(table, dict):

@@ -23,6 +23,7 @@ import pandas as pd
 from sim import plots
 from sim.plots import column_header, format_value
 from sim.report import read_results
+from traces.atomic import replacing_file
 
 __all__ = ["SECTIONS", "ResultFolder", "load_result_folder", "combine_tables", "build_html_report",
            "write_html_report"]
@@ -83,7 +84,10 @@ def load_result_folder(path: str | Path, label: str | None = None) -> ResultFold
     if missing:
         raise ValueError(f"{p / 'summary.csv'}: lacks the report columns {missing}")
     meta_path = p / "run.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    try:
+        meta = json.loads(meta_path.read_bytes()) if meta_path.is_file() else {}
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise ValueError(f"{meta_path}: not a readable run.json ({exc})") from None
     return ResultFolder(path=p, label=label or p.name, meta=meta, tables=tables)
 
 
@@ -304,5 +308,6 @@ def write_html_report(dirs: Iterable[str | Path], out_path: str | Path, *, title
     page = build_html_report(dirs, title=title)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    with replacing_file(out) as tmp:  # all or nothing: a full disk leaves the old report
+        tmp.write_text(page, encoding="utf-8")
     return out

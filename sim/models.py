@@ -234,6 +234,8 @@ def _read_json_object(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}), so not JSON") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if not isinstance(data, dict):

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from policies.base import Policy
+from traces.atomic import replacing_folder
 
 NAN = float("nan")
 
@@ -143,27 +144,55 @@ def summary_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def write_results(out_dir: str | Path, summary: pd.DataFrame, timeseries: pd.DataFrame | None = None,
-                  extra_tables: dict[str, pd.DataFrame] | None = None, meta: dict[str, Any] | None = None) -> Path:
-    """Write ``summary.csv``, ``timeseries.parquet``, any extra tables (Parquet) and ``run.json``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    summary.to_csv(out / "summary.csv", index=False)
-    if timeseries is not None:
-        timeseries.to_parquet(out / "timeseries.parquet", index=False)
-    for name, table in (extra_tables or {}).items():
-        table.to_parquet(out / f"{name}.parquet", index=False)
-    if meta is not None:
-        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    return out
+                  extra_tables: dict[str, pd.DataFrame] | None = None, meta: dict[str, Any] | None = None,
+                  csv_tables: dict[str, pd.DataFrame] | None = None) -> Path:
+    """Write ``summary.csv``, ``timeseries.parquet``, any extra tables (Parquet; ``csv_tables`` as
+    CSV) and ``run.json``, all or nothing.
+
+    Everything is written into a temporary folder beside ``out_dir`` that then takes its place
+    (``traces.atomic.replacing_folder``): a run that fails while writing leaves an existing
+    folder exactly as it was, and a run that succeeds leaves no table of an earlier run beside
+    its own. What else the folder holds (a sweep's ``cells/``, the user's notes) is kept.
+    """
+    with replacing_folder(out_dir, carry=_not_a_result_table) as out:
+        summary.to_csv(out / "summary.csv", index=False)
+        if timeseries is not None:
+            timeseries.to_parquet(out / "timeseries.parquet", index=False)
+        for name, table in (extra_tables or {}).items():
+            table.to_parquet(out / f"{name}.parquet", index=False)
+        for name, table in (csv_tables or {}).items():
+            table.to_csv(out / f"{name}.csv", index=False)
+        if meta is not None:
+            (out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    return Path(out_dir)
+
+
+def _not_a_result_table(entry: Path) -> bool:
+    """What a new run keeps of an old result folder: all but its tables (``read_results`` reads every
+    ``*.parquet``, so a stale one would join the new run's)."""
+    return not (entry.is_file() and (entry.suffix == ".parquet" or entry.name in ("summary.csv", "run.json")))
 
 
 def read_results(out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Read back every table of a result folder by name (``summary``, ``timeseries``, ...)."""
+    """Read back every table of a result folder by name (``summary``, ``timeseries``, ...).
+
+    Raises ValueError naming the file that cannot be read (not CSV/Parquet, not UTF-8).
+    """
     out = Path(out_dir)
-    tables = {"summary": pd.read_csv(out / "summary.csv")}
+    tables = {"summary": _read_table(out / "summary.csv", pd.read_csv)}
     for p in sorted(out.glob("*.parquet")):
-        tables[p.stem] = pd.read_parquet(p)
+        tables[p.stem] = _read_table(p, pd.read_parquet)
     return tables
+
+
+def _read_table(path: Path, read) -> pd.DataFrame:
+    try:
+        return read(path)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 (pandas and pyarrow raise many types for a damaged file)
+        raise ValueError(f"{path}: cannot read it as a result table ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})") from None
 
 
 #: What the command line prints by default.

@@ -1,13 +1,15 @@
 """Our own event-table files: CSV (header = ``EVENT_COLUMNS``) and Parquet, reader and writer.
 
 The columns and invariants are those of ``traces.events``. Errors name the file line (CSV: the
-header is line 1) or the 1-based record number (Parquet). Only the event table is written:
+header is line 1) or the 1-based record number (Parquet). Allocation ids are renumbered
+0..k-1 in allocation order on reading. Only the event table is written:
 ``AllocTrace.meta`` (segment tables and the like) does not travel through these files.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +17,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.errors import TraceFormatError
+from traces.atomic import replacing_file
+from traces.errors import DAMAGED_GZIP, TraceFormatError
 from traces.events import EVENT_COLUMNS, AllocTrace, make_events, validate_events, trace_name
 
-__all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace"]
+__all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace", "output_format"]
 
 CSV_FORMAT = "csv"
 PARQUET_FORMAT = "parquet"
@@ -29,19 +32,32 @@ _LINE_RE = re.compile(r"line (\d+)")
 _STRING_DTYPE = make_events([], [], [], []).dtypes["op"]
 
 
+def output_format(path: str | Path) -> str:
+    """``"csv"`` or ``"parquet"``, from the suffix of a table file to write; ValueError for any other.
+
+    One rule for every table writer (allocation and request traces), so a command can check
+    ``--out`` before doing any work.
+    """
+    name = Path(path).name.lower()
+    if name.endswith(_CSV_SUFFIXES):
+        return CSV_FORMAT
+    if name.endswith(_PARQUET_SUFFIXES):
+        return PARQUET_FORMAT
+    raise ValueError(f"cannot tell the output format from {Path(path).name!r}: use one of "
+                     f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}")
+
+
 def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Path:
-    """Write the event table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``)."""
+    """Write the event table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``), all or nothing."""
     path = Path(path)
     events = trace.events if isinstance(trace, AllocTrace) else trace
     events = events[EVENT_COLUMNS]
-    name = path.name.lower()
-    if name.endswith(_CSV_SUFFIXES):
-        events.to_csv(path, index=False)
-    elif name.endswith(_PARQUET_SUFFIXES):
-        events.to_parquet(path, index=False)
-    else:
-        raise ValueError(f"cannot tell the output format from {path.name!r}: use one of "
-                         f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}")
+    fmt = output_format(path)
+    with replacing_file(path) as tmp:
+        if fmt == CSV_FORMAT:
+            events.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
+        else:
+            events.to_parquet(tmp, index=False)
     return path
 
 
@@ -50,9 +66,13 @@ def read_table_csv(path: str | Path) -> AllocTrace:
     path = Path(path)
     try:
         # fast path: typed parse; any bad cell sends us to the slow path that finds its line
-        df = pd.read_csv(path, dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
-                         keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                         compression=_compression(path))
+        with warnings.catch_warnings():  # a cell past int64 ("1e30") warns before it raises; the slow path names it
+            warnings.simplefilter("ignore", RuntimeWarning)
+            df = pd.read_csv(path, dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
+                             keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                             compression=_compression(path))
+    except DAMAGED_GZIP as exc:
+        _raise_csv_error(path, exc)
     except (ValueError, TypeError, OverflowError) as exc:
         if isinstance(exc, (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError)):
             _raise_csv_error(path, exc)
@@ -107,7 +127,7 @@ def _read_csv_slow(path: Path) -> pd.DataFrame:
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
                          compression=_compression(path))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, *DAMAGED_GZIP) as exc:
         _raise_csv_error(path, exc)
     _check_header(path, list(df.columns))
     blank = (df == "").all(axis=1).to_numpy()
@@ -149,13 +169,21 @@ def _raise_csv_error(path: Path, exc: Exception):
         raise TraceFormatError(path, None, "empty file") from None
     if isinstance(exc, UnicodeDecodeError):
         raise TraceFormatError(path, None, f"not a text file ({exc})") from None
+    if isinstance(exc, DAMAGED_GZIP):
+        raise TraceFormatError(path, None, f"truncated or corrupt gzip stream ({exc})") from None
     m = _LINE_RE.search(str(exc))
     raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
 
 
 def _canonical(df: pd.DataFrame) -> pd.DataFrame:
-    """Canonical dtypes (those of ``make_events``) and a fresh 0..n-1 index."""
+    """Canonical dtypes (those of ``make_events``), a fresh 0..n-1 index, and allocation ids
+    0..k-1 in allocation order, as every other reader numbers them (ids index per-allocation
+    tables downstream: an id of 9e18 must not ask for an array that long). Validated tables only."""
     out = {c: df[c].to_numpy(np.int64) for c in _INT_COLUMNS}
+    ids = out["alloc_id"]
+    alloc_ids = ids[(df["op"] == "alloc").to_numpy(dtype=bool)]
+    if not np.array_equal(alloc_ids, np.arange(alloc_ids.size)):
+        out["alloc_id"] = pd.Index(alloc_ids).get_indexer(ids).astype(np.int64)
     for c in ("op", "tag"):
         col = df[c].reset_index(drop=True)
         # already the default string dtype (Arrow-backed strings convert slowly through object)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
+import zlib
+
+#: What reading a damaged gzip file raises, wherever it is cut (one tuple for every text reader).
+DAMAGED_GZIP: tuple[type[Exception], ...] = (EOFError, zlib.error, gzip.BadGzipFile)
+
 
 class TraceFormatError(ValueError):
     """A trace file could not be read.

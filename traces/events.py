@@ -116,12 +116,16 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     if bad.size:
         i = int(bad[0])
         problems.append((i, f"size {int(nbytes[i])} must be > 0"))
+    ids = df["alloc_id"].to_numpy()
+    bad = np.flatnonzero(ids < 0)  # ids index per-allocation tables downstream (bounds, replay)
+    if bad.size:
+        i = int(bad[0])
+        problems.append((i, f"alloc_id {int(ids[i])} must be >= 0"))
     t = df["time_us"].to_numpy()
     bad = np.flatnonzero(np.diff(t) < 0)
     if bad.size:
         i = int(bad[0]) + 1
         problems.append((i, f"time_us {int(t[i])} goes back in time (previous {int(t[i-1])})"))
-    ids = df["alloc_id"].to_numpy()
     # each id: at most one alloc, at most one free, free after alloc
     rows = np.arange(len(ids))
     alloc_ids, free_ids = ids[is_alloc], ids[~is_alloc]

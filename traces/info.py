@@ -18,7 +18,9 @@ def live_bytes(trace: AllocTrace) -> np.ndarray:
     """Bytes live after each event (sizes as asked for), vectorised: cumsum of +size / -size.
 
     A free subtracts its allocation's size, looked up by id, so a free row's own ``nbytes``
-    does not matter.
+    does not matter. The sum is int64 while it cannot overflow (the sizes together stay below
+    2**63) and exact Python ints otherwise (an object array), so a trace of huge sizes is
+    described right, not wrapped.
     """
     ev = trace.events
     is_alloc = (ev["op"] == "alloc").to_numpy()
@@ -28,7 +30,21 @@ def live_bytes(trace: AllocTrace) -> np.ndarray:
     free_sizes = np.where(pos >= 0, nbytes[is_alloc][np.maximum(pos, 0)], nbytes[~is_alloc])
     delta = nbytes.copy()
     delta[~is_alloc] = -free_sizes
+    if _sum_may_overflow(nbytes[is_alloc]):
+        return np.cumsum(delta.astype(object))
     return np.cumsum(delta)
+
+
+def _sum_may_overflow(sizes: np.ndarray) -> bool:
+    """Whether the sizes (each >= 0 and < 2**63) could sum past int64; float64 is close enough to tell."""
+    return float(sizes.sum(dtype=np.float64)) >= 2.0**62
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """The sum as a Python int, exact even past int64 (where numpy's sum wraps around)."""
+    if not _sum_may_overflow(values):
+        return int(values.sum())
+    return sum(values.tolist())
 
 
 def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
@@ -65,12 +81,13 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
         "peak_live_bytes": max(int(live[peak_at]), 0) if live.size else 0,
         "peak_live_time_us": int(time_us[peak_at]) if live.size else 0,
         "final_live_bytes": int(live[-1]) if live.size else 0,
-        "total_alloc_bytes": int(sizes.sum()),
+        "total_alloc_bytes": _exact_sum(sizes),
     }
     if sizes.size:
         p50, p90, p99 = np.percentile(sizes, [50, 90, 99], method="lower")
         info.update(size_min_bytes=int(sizes.min()), size_p50_bytes=int(p50), size_p90_bytes=int(p90),
-                    size_p99_bytes=int(p99), size_max_bytes=int(sizes.max()), size_mean_bytes=float(sizes.mean()))
+                    size_p99_bytes=int(p99), size_max_bytes=int(sizes.max()),
+                    size_mean_bytes=_exact_sum(sizes) / sizes.size)
     else:
         info.update({k: 0 for k in ("size_min_bytes", "size_p50_bytes", "size_p90_bytes", "size_p99_bytes",
                                     "size_max_bytes")}, size_mean_bytes=0.0)
@@ -78,7 +95,7 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     streams = pd.Series(ev["stream"].to_numpy(np.int64)[is_alloc]).value_counts().sort_index()
     info["streams"] = {int(s): int(n) for s, n in streams.items()}
     by_tag = pd.DataFrame({"tag": pd.Series(alloc_tags, dtype=object).replace("", UNTAGGED), "nbytes": sizes})
-    grouped = by_tag.groupby("tag", sort=True)["nbytes"].agg(["count", "sum"])
-    info["tags"] = {str(t): int(n) for t, n in grouped["count"].items()}
-    info["tag_bytes"] = {str(t): int(n) for t, n in grouped["sum"].items()}
+    grouped = by_tag.groupby("tag", sort=True)["nbytes"]
+    info["tags"] = {str(t): int(n) for t, n in grouped.count().items()}
+    info["tag_bytes"] = {str(t): _exact_sum(g.to_numpy(np.int64)) for t, g in grouped}
     return info

@@ -294,8 +294,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
             action = e["action"]
             if action == "alloc":
                 addr, size = e["addr"], e["size"]
-                if not size > 0:
-                    raise TraceFormatError(source, i, f"alloc of size {size!r}: must be > 0", unit=unit)
+                if type(size) is not int or type(addr) is not int or not 0 < size < _INT64_LIMIT:
+                    raise TraceFormatError(source, i, _bad_entry_numbers("alloc", addr, size), unit=unit)
                 if addr in live:
                     raise TraceFormatError(source, i, f"alloc at address {addr:#x}, where allocation "
                                                       f"{live[addr][0]} is still live", unit=unit)
@@ -315,7 +315,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 found = live.pop(addr, None)
                 if found is None:  # allocated before recording began
                     size = e["size"]
-                    if not size > 0:
+                    if type(size) is not int or not 0 < size < _INT64_LIMIT:
                         raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {size!r}",
                                                unit=unit)
                     found = (next_id, size)
@@ -328,6 +328,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 s = streams.get(e["stream"])
                 if s is None:
                     s = streams[e["stream"]] = len(streams)
+                _check_segment_numbers(e)
                 # an oom entry's address field is the device's free memory in some versions
                 s_entry.append(i); s_time.append(e.get("time_us")); s_action.append(action)
                 s_addr.append(e.get("addr", e.get("device_free", 0))); s_size.append(e["size"]); s_stream.append(s)
@@ -340,7 +341,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     except (TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(source, i, f"malformed trace entry {_short(entries[i])} ({exc})", unit=unit) from None
     for times, index in ((r_time, r_entry), (s_time, s_entry)):
-        k = next((k for k, t in enumerate(times) if type(t) is not int and t is not None), None)
+        k = next((k for k, t in enumerate(times) if t is not None and _bad_time(t)), None)
         if k is not None:
             raise TraceFormatError(source, index[k], f"time_us {times[k]!r} is not an integer", unit=unit)
     r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
@@ -360,6 +361,7 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
             s = streams.get(seg["stream"])
             if s is None:
                 s = streams[seg["stream"]] = len(streams)
+            _check_segment_numbers(seg)
             addr = seg["address"]
             table.append(SnapshotSegment(addr, seg["total_size"], seg.get("allocated_size", 0), s,
                                          seg.get("segment_type"), bool(seg.get("is_expandable", False))))
@@ -368,7 +370,7 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
                 if b["state"] in _LIVE_BLOCK_STATES:
                     live_blocks.append((b_addr, b["size"], b.get("requested_size") or b["size"], s))
                 addr = b_addr + b["size"]
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise TraceFormatError(source, k, f"malformed segment ({type(exc).__name__}: {exc})",
                                    unit="segments index") from None
     return tuple(table), live_blocks
@@ -478,6 +480,30 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
         "recorded_reserved_end_bytes": reserved_end,
     }
     return AllocTrace(events, name=snap.name, source=source, format=SNAPSHOT_FORMAT, meta=meta)
+
+
+# -- number checks: every size, address and time becomes int64 downstream ----------------------
+_INT64_LIMIT = 2**63
+
+
+def _bad_entry_numbers(action: str, addr: Any, size: Any) -> str:
+    """Why an entry's size or address cannot be one (the entry failed the inline check)."""
+    if type(addr) is not int:
+        return f"{action} at address {addr!r}: must be an integer"
+    return f"{action} of size {size!r}: must be a whole number of bytes > 0 and < 2**63"
+
+
+def _bad_time(value: Any) -> bool:
+    return type(value) is not int or not -_INT64_LIMIT <= value < _INT64_LIMIT
+
+
+def _check_segment_numbers(seg: dict) -> None:
+    """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts."""
+    sizes = [seg.get(k, 0) for k in ("size", "total_size", "allocated_size")]
+    sizes += [b.get("size", 0) for b in seg.get("blocks", ()) if isinstance(b, dict)]
+    bad = next((v for v in sizes if type(v) is not int or not 0 <= v < _INT64_LIMIT), None)
+    if bad is not None:
+        raise ValueError(f"size {bad!r} is not a whole number of bytes below 2**63")
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:

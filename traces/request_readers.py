@@ -27,8 +27,8 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +36,9 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceFormatError
+from traces.alloc_table import output_format
+from traces.atomic import replacing_file
+from traces.errors import DAMAGED_GZIP, TraceFormatError
 from traces.requests import REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
 
 __all__ = ["REQUEST_FORMATS", "read_request_trace", "write_request_trace", "detect_request_format"]
@@ -68,6 +70,13 @@ _CSV_LAYOUTS = (
                hash_col="hash_ids", ours=True),
 )
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+#: Most tokens one request may have: no model's context comes near it, so more is a corrupt field
+#: (and past 2**63 it would wrap in int64).
+MAX_TOKENS = 2**31 - 1
+#: Latest arrival time in seconds (epoch seconds are about 1.7e9; 1e11 is 3,000 years): more is
+#: a unit mistake (microseconds in a seconds column) or corruption.
+MAX_TIME_S = 1e11
+_INT64_LIMIT = 2**63
 REQUEST_FORMATS = tuple(lay.format for lay in _CSV_LAYOUTS) + ("mooncake", "parquet")
 
 
@@ -112,7 +121,7 @@ def _sniff(path: Path) -> tuple[str, list[str], str]:
         try:
             with gzip.open(path, "rb") as f:
                 head = f.read(1 << 16)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        except DAMAGED_GZIP as exc:
             raise TraceFormatError(path, None, f"corrupt gzip stream ({exc})") from None
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
@@ -195,6 +204,11 @@ def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) 
     problems.add(v < 0, lambda i: f"{label} {_show(col.iloc[i])} must not be negative")
     if integer:
         problems.add(np.isfinite(v) & (v != np.floor(v)), lambda i: f"{label} {_show(col.iloc[i])} is not a whole number of tokens")
+        problems.add(np.isfinite(v) & (v > MAX_TOKENS), lambda i: f"{label} {_show(col.iloc[i])} is more than "
+                                                                 f"{MAX_TOKENS:,} tokens")
+    else:
+        problems.add(np.isfinite(v) & (v > MAX_TIME_S), lambda i: f"{label} {_show(col.iloc[i])} is later than "
+                                                                 f"{MAX_TIME_S:g} s")
     return v
 
 
@@ -214,11 +228,19 @@ def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]
     bad = np.zeros(len(col), dtype=bool)
     for i, text in enumerate(col.fillna("").astype(str)):
         try:
-            out.append(tuple(int(x) for x in text.split()))
+            out.append(_hash_ids(int(x) for x in text.split()))
         except ValueError:
             bad[i] = True
             out.append(())
-    problems.add(bad, lambda i: f"hash_ids {col.iloc[i]!r} is not a space-separated list of integers")
+    problems.add(bad, lambda i: f"hash_ids {col.iloc[i]!r} is not a space-separated list of 64-bit integers")
+    return out
+
+
+def _hash_ids(ids) -> tuple[int, ...]:
+    """Ints as a tuple; ValueError unless each is an int that fits int64 (they are stored as int64)."""
+    out = tuple(ids)
+    if not all(type(i) is int and -_INT64_LIMIT <= i < _INT64_LIMIT for i in out):
+        raise ValueError("hash ids are 64-bit integers")
     return out
 
 
@@ -237,7 +259,7 @@ def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> R
     except pd.errors.ParserError as exc:  # "... Expected 3 fields in line 6, saw 4"
         m = re.search(r"line (\d+)", str(exc))
         raise TraceFormatError(path, int(m.group(1)) if m else None, f"cannot parse CSV: {str(exc).split(': ')[-1]}") from None
-    except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+    except (*DAMAGED_GZIP, UnicodeDecodeError) as exc:
         raise TraceFormatError(path, None, f"cannot read CSV: {exc}") from None
     df.columns = [str(c).strip() for c in df.columns]  # detection strips header names too
     problems = _Problems()
@@ -286,36 +308,57 @@ def _finish(path: Path, name: str, fmt: str, t: np.ndarray, prompt: np.ndarray, 
 def _read_mooncake(path: Path, name: str) -> RequestTrace:
     t, prompt, output, hashes = [], [], [], []
     opener = gzip.open if _compression(path) else open
-    with opener(path, "rt", encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(path, lineno, f"bad JSON: {exc.msg} at column {exc.colno}") from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
-            for key in _MOONCAKE_KEYS:
-                value = obj.get(key)
-                if key not in obj:
-                    raise TraceFormatError(path, lineno, f"missing key {key!r} (Mooncake lines have {', '.join(_MOONCAKE_KEYS)}, hash_ids)")
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-                    raise TraceFormatError(path, lineno, f"{key} {value!r} is not a number")
-                if value < 0:
-                    raise TraceFormatError(path, lineno, f"{key} {value!r} must not be negative")
-                if key != "timestamp" and value != int(value):
-                    raise TraceFormatError(path, lineno, f"{key} {value!r} is not a whole number of tokens")
-            ids = obj.get("hash_ids", [])
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise TraceFormatError(path, lineno, f"hash_ids {str(ids)[:80]} is not a list of integers")
-            t.append(obj["timestamp"] / 1000.0)  # Mooncake timestamps are milliseconds
-            prompt.append(int(obj["input_length"]))
-            output.append(int(obj["output_length"]))
-            hashes.append(tuple(ids))
+    lineno = 0
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                _mooncake_line(path, lineno, raw, t, prompt, output, hashes)
+    except DAMAGED_GZIP as exc:
+        raise TraceFormatError(path, lineno + 1, f"truncated or corrupt gzip stream ({exc})") from None
     meta = {"num_rows_read": len(t), "hash_block_tokens": DEFAULT_HASH_BLOCK_TOKENS}
     return _finish(path, name, "mooncake", np.asarray(t, np.float64), np.asarray(prompt, np.int64),
                    np.asarray(output, np.int64), None, hashes, meta)
+
+
+def _mooncake_line(path: Path, lineno: int, raw: bytes, t: list, prompt: list, output: list, hashes: list) -> None:
+    """Check one JSON line and append its request to the columns (a blank line adds nothing)."""
+    try:
+        line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, lineno, f"not UTF-8 text (byte {exc.start} of the line)") from None
+    if not line.strip():
+        return
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(path, lineno, f"bad JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+    for key in _MOONCAKE_KEYS:
+        value = obj.get(key)
+        if key not in obj:
+            raise TraceFormatError(path, lineno, f"missing key {key!r} (Mooncake lines have {', '.join(_MOONCAKE_KEYS)}, hash_ids)")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TraceFormatError(path, lineno, f"{key} {value!r} is not a number")
+        if value < 0:
+            raise TraceFormatError(path, lineno, f"{key} {value!r} must not be negative")
+        if key == "timestamp":
+            if value / 1000.0 > MAX_TIME_S:  # Mooncake timestamps are milliseconds
+                raise TraceFormatError(path, lineno, f"timestamp {value!r} ms is later than {MAX_TIME_S:g} s")
+        elif value != int(value):
+            raise TraceFormatError(path, lineno, f"{key} {value!r} is not a whole number of tokens")
+        elif value > MAX_TOKENS:
+            raise TraceFormatError(path, lineno, f"{key} {value!r} is more than {MAX_TOKENS:,} tokens")
+    try:
+        raw_ids = obj.get("hash_ids", [])
+        ids = _hash_ids(raw_ids if isinstance(raw_ids, list) else None)
+    except (TypeError, ValueError):
+        raise TraceFormatError(path, lineno, f"hash_ids {str(obj.get('hash_ids'))[:80]} is not a list of 64-bit "
+                                             "integers") from None
+    t.append(obj["timestamp"] / 1000.0)
+    prompt.append(int(obj["input_length"]))
+    output.append(int(obj["output_length"]))
+    hashes.append(ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,18 +400,20 @@ def _read_parquet(path: Path, name: str) -> RequestTrace:
 
 
 def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | None = None) -> Path:
-    """Write our CSV (hash ids space-separated) or Parquet (also keeps name and meta).
+    """Write our CSV (hash ids space-separated) or Parquet (also keeps name and meta), all or nothing.
 
-    The format follows ``format`` or the suffix (``.parquet``/``.pq`` for Parquet, else CSV).
+    The format follows ``format`` or the suffix (``traces.alloc_table.output_format``: ``.csv``,
+    ``.csv.gz``, ``.parquet``, ``.pq``; ValueError for any other).
     """
     path = Path(path)
-    fmt = format or ("parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv")
+    fmt = format or output_format(path)
     if fmt not in ("csv", "parquet"):
         raise ValueError(f"cannot write request traces as {fmt!r}; use 'csv' or 'parquet'")
     df = trace.requests[REQUEST_COLUMNS]
     if fmt == "csv":
         out = df.assign(hash_ids=[" ".join(map(str, h)) for h in df["hash_ids"]])
-        out.to_csv(path, index=False)
+        with replacing_file(path) as tmp:
+            out.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
         return path
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -383,5 +428,6 @@ def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | 
     })
     stored = json.dumps({"name": trace.name, "format": trace.format, "meta": trace.meta}, default=str)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), _PARQUET_META_KEY: stored.encode()})
-    pq.write_table(table, path)
+    with replacing_file(path) as tmp:
+        pq.write_table(table, tmp)
     return path

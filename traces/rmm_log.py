@@ -34,6 +34,7 @@ _FREE_ACTIONS = frozenset({"free", "deallocate"})  # "deallocate": the wording o
 _FAIL_ACTION = "allocate failure"
 _NULL_POINTERS = {"(nil)": "0", "nullptr": "0", "null": "0", "0x0": "0"}
 _DAY_US = 86_400_000_000
+_INT64_LIMIT = 2.0**63  # sizes and times are int64 from here on: anything at or past this does not fit
 _LINE_RE = re.compile(r"line (\d+)")
 
 
@@ -147,7 +148,7 @@ def _parse_sizes(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
         size = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:
         num = pd.to_numeric(pd.Series(text.to_numpy(zero_copy_only=False)), errors="coerce").to_numpy(np.float64)
-        size = np.where(np.isnan(num) | (num != np.floor(num)), -1, num)
+        size = np.where(np.isnan(num) | (num != np.floor(num)) | (num >= _INT64_LIMIT), -1, num)
     bad = np.flatnonzero(size < 0)
     if bad.size:
         k = int(bad[0])
@@ -162,7 +163,7 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
         text = pd.Series(pc.utf8_trim_whitespace(col).to_numpy(zero_copy_only=False), dtype=object)
         if len(text) and ":" not in text.iloc[0]:  # seconds since the epoch
             secs = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
-            bad = np.flatnonzero(np.isnan(secs))
+            bad = np.flatnonzero(~(np.abs(secs) < _INT64_LIMIT / 1e6))  # NaN, inf, or microseconds past int64
             t = np.round(secs * 1e6)
         else:
             td = pd.to_timedelta(text, errors="coerce")

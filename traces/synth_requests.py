@@ -26,6 +26,9 @@ __all__ = [
 ]
 
 _MAX_ZIPF_RANGE = 10_000_000  # the bounded Zipf keeps its whole CDF in memory
+#: Most requests one synthetic trace may have: about 200 B each in the table (a session id and a
+#: hash-id tuple per row), so 10 million is 2 GB; more is refused before any work.
+MAX_REQUESTS = 10_000_000
 
 
 class LengthDist(Protocol):
@@ -188,6 +191,12 @@ def synth_requests(*, num_requests: int | None = None, duration_s: float | None 
         raise ValueError(f"duration_s={duration_s!r} must be a finite number > 0")
     if not (np.isfinite(rate_rps) and rate_rps > 0):
         raise ValueError(f"rate_rps={rate_rps!r} must be a finite number > 0")
+    expected = num_requests if num_requests is not None else rate_rps * duration_s
+    if duration_s is not None and num_requests is not None:
+        expected = min(num_requests, rate_rps * duration_s)
+    if expected > MAX_REQUESTS:  # refused before any work: the table would not fit in memory
+        raise ValueError(f"num_requests={expected:,.0f} (or rate_rps x duration_s) is more than {MAX_REQUESTS:,} "
+                         "requests; generate fewer, or several traces")
     if arrival not in ("poisson", "gamma"):
         raise ValueError(f"arrival={arrival!r} must be 'poisson' or 'gamma'")
     if not (np.isfinite(cv) and cv > 0):

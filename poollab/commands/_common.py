@@ -70,8 +70,33 @@ def read_requests_or_explain(path: Path, fmt: str | None):
 
 
 def _detected(detect, path: Path) -> str | None:
-    """The format ``detect`` finds in ``path``, or None when it finds none."""
+    """The format ``detect`` finds in ``path``, or None when it finds none.
+
+    Both kinds of trace have a Parquet form with the same magic: a Parquet file counts as the
+    other kind only when it has that kind's columns (else the reader's own error is the one
+    to show, e.g. a missing column).
+    """
     try:
-        return detect(path)
-    except (traces.TraceFormatError, OSError):
+        fmt = detect(path)
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            columns = set(pq.read_schema(path).names)
+            wanted = traces.EVENT_COLUMNS if detect is traces.detect_alloc_format else ("arrival_s", "prompt_tokens",
+                                                                                         "output_tokens")
+            return fmt if columns >= set(wanted) else None
+        return fmt
+    except Exception:  # noqa: BLE001 (only a hint: any failure to tell means "no hint")
         return None
+
+
+def load_costs(path: Path | None):
+    """``sim.costs.CostModel.load(path)`` (None: the bundled figures); a bad file is a UsageError."""
+    from sim.costs import CostModel
+
+    if path is None:
+        return None
+    try:
+        return CostModel.load(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None

@@ -38,7 +38,8 @@ def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_ind
     """
     rec = read_recording(snapshot, device=device_index)
     if not rec.ops:
-        raise UsageError(f"{snapshot}: the snapshot has no allocation trace (record with "
+        which = f"device {device_index} has" if device_index is not None else "the snapshot has"
+        raise UsageError(f"{snapshot}: {which} no allocation trace (record with "
                          "torch.cuda.memory._record_memory_history() before taking it)")
     spec_list = list(specs) or [spec_from_settings(rec.settings)]
     modes = list(ADDRESS_MODES) if addresses == "both" else [addresses]
@@ -55,7 +56,9 @@ def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_ind
     if out_dir is not None:
         import pandas as pd
 
-        out_dir.mkdir(parents=True, exist_ok=True)
-        pd.concat(tables, ignore_index=True).to_csv(out_dir / "fidelity.csv", index=False)
-        pd.concat(events, ignore_index=True).to_csv(out_dir / "segment_events.csv", index=False)
+        from traces.atomic import replacing_folder
+
+        with replacing_folder(out_dir, carry=lambda entry: entry.name not in ("fidelity.csv", "segment_events.csv")) as tmp:
+            pd.concat(tables, ignore_index=True).to_csv(tmp / "fidelity.csv", index=False)
+            pd.concat(events, ignore_index=True).to_csv(tmp / "segment_events.csv", index=False)
         click.echo(f"\nwrote {out_dir}/fidelity.csv, {out_dir}/segment_events.csv")

@@ -92,12 +92,11 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
         raise UsageError("--baseline needs --backend cuda: the baselines are real CUDA allocators")
 
     from realgpu.replay import baseline_replay, gpu_replay
-    from sim.costs import CostModel
     from sim.replay import replay
     from sim.report import format_table, latency_samples, summary_frame, write_results
-    from poollab.commands._common import read_alloc_or_explain
+    from poollab.commands._common import load_costs, read_alloc_or_explain
 
-    cost_model = CostModel.load(costs) if costs else None
+    cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
     rows, series, runs = [], [], []

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import BYTES, check_specs, out_option, read_alloc_or_explain
-from sim.costs import CostModel
+from poollab.commands._common import BYTES, check_specs, load_costs, out_option, read_alloc_or_explain
 from sim.replay import replay_tables
 from sim.report import DEFAULT_TABLE_COLUMNS, format_table, write_results
 
@@ -33,7 +32,7 @@ def register(cli: click.Group) -> None:
 def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, out_dir: Path, progress: bool) -> None:
     """Replay the allocation TRACE against each policy and compare them."""
     spec_list = check_specs(specs)
-    cost_model = CostModel.load(costs) if costs else None
+    cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
     tables = replay_tables(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
                            sample_every=sample_every, progress=progress)

@@ -44,6 +44,7 @@ def sweep_command(sweep_file: Path, out_dir: Path, scheduler, workers, retry_fai
             todo, done = plan_sweep(spec, out_dir, retry_failed=retry_failed)
             click.echo(_plan_line(spec, len(done)) + f"; {len(todo)} to run")
             return
+        out_dir.mkdir(parents=True, exist_ok=True)  # --out under a file fails here, before any cell runs
         click.echo(_plan_line(spec, None), err=True)
         outcome = run_sweep(spec, out_dir, scheduler=scheduler, workers=workers, retry_failed=retry_failed,
                             progress=progress)

@@ -10,6 +10,7 @@ import click
 import traces
 from policies.units import format_bytes
 from poollab.errors import UsageError
+from traces.alloc_table import output_format
 from traces.errors import TraceFormatError
 
 
@@ -59,6 +60,14 @@ def _fmt(key: str, value) -> str:
     return str(value)
 
 
+def _check_out_suffix(out_path: Path) -> None:
+    """A trace file we cannot write (``--out x.txt``) fails before any work."""
+    try:
+        output_format(out_path)
+    except ValueError as exc:
+        raise UsageError(f"--out {out_path}: {exc}") from None
+
+
 @traces_group.command("synth")
 @click.option("--rate", "rate_rps", type=float, required=True, help="Mean arrival rate, requests per second.")
 @click.option("--num-requests", type=click.IntRange(min=1), default=None, help="How many requests.")
@@ -79,6 +88,7 @@ def synth_command(rate_rps, num_requests, duration_s, arrival, cv, prompt, outpu
     """Generate a seeded synthetic request trace for `poollab simulate`."""
     if num_requests is None and duration_s is None:
         raise UsageError("give --num-requests, --duration or both")
+    _check_out_suffix(out_path)
     try:
         trace = traces.synth_requests(
             num_requests=num_requests, duration_s=duration_s, rate_rps=rate_rps, arrival=arrival, cv=cv,
@@ -110,14 +120,19 @@ def synth_alloc_command(model, num_requests, max_batch, kv_chunk_tokens, rate, s
     """Generate a seeded synthetic allocation trace of LLM inference for `poollab replay`."""
     from sim.models import load_model
 
+    _check_out_suffix(out_path)
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise UsageError(f"--rate {rate} must be a finite number > 0 (or left out: all arrive at once)")
     try:
         spec = load_model(model)
+        trace = traces.generate_alloc_trace(
+            num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+            vocab_size=spec.vocab_size, dtype_bytes=spec.dtype_bytes, num_requests=num_requests,
+            arrival_rate_per_s=rate, max_batch=max_batch, kv_chunk_tokens=kv_chunk_tokens, seed=seed)
     except ValueError as exc:
+        if isinstance(exc, TraceFormatError):
+            raise
         raise UsageError(str(exc)) from None
-    trace = traces.generate_alloc_trace(
-        num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
-        num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
-        vocab_size=spec.vocab_size, dtype_bytes=spec.dtype_bytes, num_requests=num_requests,
-        arrival_rate_per_s=rate, max_batch=max_batch, kv_chunk_tokens=kv_chunk_tokens, seed=seed)
     traces.write_alloc_trace(trace, out_path)
     click.echo(f"wrote {out_path}: {len(trace):,} events ({spec.name}, {num_requests} requests)")

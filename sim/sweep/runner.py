@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -102,7 +103,8 @@ class ProcessExecutor:
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             ctx.set_forkserver_preload(_PRELOAD)  # no effect once this process's fork server runs
-        pool = ProcessPoolExecutor(max_workers=max(1, min(self.num_workers, len(cells))), mp_context=ctx)
+        pool = ProcessPoolExecutor(max_workers=max(1, min(self.num_workers, len(cells))), mp_context=ctx,
+                                   initializer=die_with_parent, initargs=(os.getpid(),))
         try:
             futures = {pool.submit(_cells.run_cell, cell): cell for cell in cells}
             for fut in as_completed(futures):
@@ -114,6 +116,62 @@ class ProcessExecutor:
                 yield cell, record
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+#: How often a pool worker's watchdog looks whether the sweep's main process still lives.
+_PARENT_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def die_with_parent(main_pid: int) -> None:
+    """Pool-worker initializer: the worker ends when the sweep's process does, even after ``kill -9``.
+
+    A killed process runs no cleanup, so without this its workers would run their cells to the
+    end and linger (and with them the fork server and the resource tracker, which wait for
+    them). On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``);
+    the parent of a fork-server worker is the fork server, though, which outlives the main
+    process, so a daemon thread also polls the main process (``main_pid``) and its own parent
+    and exits when either is gone: the portable part.
+    """
+    import signal
+    import threading
+
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl here: the watchdog alone
+            pass
+
+    def gone() -> bool:
+        return os.getppid() != parent or not _process_alive(main_pid)
+
+    if gone():  # it died before the kernel was told
+        os._exit(1)
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(_PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="poollab-parent-watchdog", daemon=True).start()
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc: os.kill said it exists
+        return True
 
 
 class DaskExecutor:
@@ -312,5 +370,5 @@ def _write(spec: SweepSpec, outcome: SweepOutcome) -> None:
             "num_run": outcome.num_run, "num_failed": outcome.num_failed, "num_lost": outcome.num_lost,
             "wall_s": outcome.wall_s, "pareto": {"x": spec.pareto_x, "y": spec.pareto_y, "by": spec.pareto_by},
             "poollab_version": _cells._poollab_version()}
-    write_results(out, outcome.results, extra_tables={"results": outcome.results}, meta=meta)
-    outcome.pareto.to_csv(out / "pareto.csv", index=False)
+    write_results(out, outcome.results, extra_tables={"results": outcome.results}, meta=meta,
+                  csv_tables={"pareto": outcome.pareto})

@@ -74,7 +74,11 @@ class SweepSpec:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a SWEEP.yaml; raises ``SweepSpecError`` (file, line, key, problem)."""
     path = Path(path)
-    return parse_sweep(path.read_text(), path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SweepSpecError(path, None, None, f"not UTF-8 text (byte {exc.start}), so not YAML") from None
+    return parse_sweep(text, path)
 
 
 def _fmt_key(kp: tuple) -> str:

@@ -1,6 +1,8 @@
 """``poollab sweep``: fronts printed and files written, exit 1 for failed cells, 2 for bad input."""
 
+import os
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -70,3 +72,67 @@ def test_a_bad_scheduler_is_exit_2_before_any_work(sweep_file, tmp_path, capsys)
     code, _, err = run(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--scheduler", "yarn"], capsys)
     assert code == 2 and "--scheduler 'yarn' is not understood" in err
     assert not (tmp_path / "out").exists()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+def test_pool_workers_die_when_the_main_process_is_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from traces import bundled_path
+
+    sweep = tmp_path / "long.yaml"
+    sweep.write_text(f"traces: [{bundled_path('llama1b_generate_slice.pickle.gz')}]\n"
+                     "policies: [first-fit, best-fit, torch-caching, size-class]\n"
+                     f"capacities: [{', '.join(f'{g}GiB' for g in range(2, 40))}]\n")
+    exe = Path(sys.executable).with_name("poollab")
+    main = subprocess.Popen([str(exe), "sweep", str(sweep), "--out", str(tmp_path / "out"), "--workers", "2",
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    below: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while (tmp_path / "out" / "cells").exists() is False or len(_descendants(main.pid)) < 3:
+            assert main.poll() is None, "the sweep ended before the test could kill it"
+            assert time.monotonic() < deadline, "the pool never started"
+            time.sleep(0.2)
+        below = _descendants(main.pid)  # the fork server, its workers, the resource tracker
+        main.send_signal(signal.SIGKILL)
+        main.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in below if _alive(p)], "pool processes outlived the killed sweep"
+    finally:
+        if main.poll() is None:
+            main.kill()
+            main.wait()
+        for p in below:  # only what this test started, and only if the fix failed
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)

@@ -162,3 +162,12 @@ def test_csv_round_trip_of_arbitrary_allocations(tmp_path_factory, allocs):
     trace = AllocTrace(make_events(range(len(ops)), ops, ids, sizes, streams, tags), name="h")
     path = write_alloc_trace(trace, tmp_path_factory.mktemp("rt") / "h.csv")
     pd.testing.assert_frame_equal(read_table_csv(path).events, trace.events)
+
+
+def test_huge_and_sparse_ids_are_renumbered_in_allocation_order(tmp_path):
+    path = tmp_path / "ids.csv"
+    path.write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,9000000000000000000,4096,0,\n"
+                    "1,alloc,7,512,0,\n2,free,9000000000000000000,4096,0,\n3,free,7,512,0,\n")
+    events = read_table_csv(path).events
+    assert events["alloc_id"].tolist() == [0, 1, 0, 1]
+    assert events["nbytes"].tolist() == [4096, 512, 4096, 512]

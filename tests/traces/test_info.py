@@ -75,3 +75,18 @@ def test_live_bytes_matches_a_loop(steps):
     if not rows:
         return
     assert np.array_equal(live_bytes(_trace(rows)), expected)
+
+
+def test_sums_past_int64_are_exact_not_wrapped():
+    from traces.events import AllocTrace, make_events
+    from traces.info import describe_alloc_trace
+
+    big = 2**62
+    ev = make_events([0, 1, 2, 3], ["alloc", "alloc", "alloc", "free"], [0, 1, 2, 0], [big, big, big, big],
+                     tag=["kv", "kv", "w", ""])
+    info = describe_alloc_trace(AllocTrace(ev, name="big"))
+    assert info["total_alloc_bytes"] == 3 * big
+    assert info["peak_live_bytes"] == 3 * big
+    assert info["final_live_bytes"] == 2 * big
+    assert info["tag_bytes"] == {"kv": 2 * big, "w": big}
+    assert info["size_mean_bytes"] == float(big)

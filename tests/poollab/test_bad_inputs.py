@@ -1,0 +1,451 @@
+"""A generated fuzz corpus of malformed inputs, and the test that every one is one line, exit 2, nothing damaged.
+
+One case per way a file or option can be wrong, over every reader (our CSV and Parquet, RMM logs,
+PyTorch snapshots, Azure, BurstGPT, Mooncake, Vidur, SWEEP.yaml, cost, calibration, model and GPU
+JSON, result folders) and every command that reads or writes. Each case writes its files into an
+empty folder (nothing binary is checked in: pickles, gzip, Parquet and invalid UTF-8 are made
+here) and returns the command line. Of each the test expects: exit status 2, exactly one line on
+stderr holding every string in ``expect`` (the file, and its line or record where there is one),
+no traceback, and the folder exactly as it was (the existing ``out/`` untouched, no new files,
+no temporary ones left behind).
+
+The corpus runs in-process (click's ``CliRunner`` isolation around ``poollab.cli.main``, the code
+path of the real entry point) for speed; a handful of cases also run through a real ``poollab``
+subprocess, which checks the exit status and stderr the user sees.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from poollab.cli import main
+
+#: One case: ``build(folder) -> argv``; ``expect`` are substrings of the one error line, with
+#: ``{d}`` standing for the case's folder.
+Build = Callable[[Path], list[str]]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    build: Build
+    expect: tuple[str, ...]
+
+
+ALLOC_HEADER = "time_us,op,alloc_id,nbytes,stream,tag"
+GOOD_ALLOC = f"{ALLOC_HEADER}\n0,alloc,0,4096,0,\n5,free,0,4096,0,\n"
+RMM_HEADER = "Thread,Time,Action,Pointer,Size,Stream"
+GOOD_REQUESTS = "arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5,200,20\n"
+BIG = str(2**70)  # an integer beyond int64
+NOT_UTF8 = b"\xff\xfe\x80\x81 not text \xc3\x28\n"
+GOOD_SWEEP = "mode: replay\ntraces: [a.csv]\npolicies: [first-fit]\n"
+OUT = "out"  # every command that writes a folder writes here; it exists beforehand, with an old file
+
+
+def _write(d: Path, name: str, data: str | bytes) -> Path:
+    p = d / name
+    p.write_bytes(data.encode() if isinstance(data, str) else data)
+    return p
+
+
+def _truncated_gzip(text: str) -> bytes:
+    data = gzip.compress((text * 200).encode(), mtime=0)
+    return data[: len(data) // 2]
+
+
+def _snapshot(entries: list, segments: list | None = None, *, raw: object | None = None, gz: bool = True) -> bytes:
+    snap = raw if raw is not None else {"segments": segments or [], "device_traces": [entries],
+                                        "allocator_settings": {}}
+    data = pickle.dumps(snap, protocol=4)
+    return gzip.compress(data, mtime=0) if gz else data
+
+
+def _entry(action: str, addr: int = 0x1000, size: object = 4096, time_us: object = 1, stream: int = 0) -> dict:
+    return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us}
+
+
+def _parquet(d: Path, name: str, columns: dict[str, pa.Array]) -> Path:
+    p = d / name
+    pq.write_table(pa.table(columns), p)
+    return p
+
+
+def _alloc_columns(**override) -> dict[str, pa.Array]:
+    cols = {"time_us": pa.array([0, 5], pa.int64()), "op": pa.array(["alloc", "free"]),
+            "alloc_id": pa.array([0, 0], pa.int64()), "nbytes": pa.array([4096, 4096], pa.int64()),
+            "stream": pa.array([0, 0], pa.int64()), "tag": pa.array(["", ""])}
+    cols.update(override)
+    return cols
+
+
+# -- command lines -----------------------------------------------------------------------------
+
+def replay(trace: str, *extra: str) -> Build:
+    def build(d: Path) -> list[str]:
+        return ["replay", str(d / trace), "-p", "first-fit", "--out", str(d / OUT), "--no-progress", *extra]
+    return build
+
+
+def simulate(trace: str, *extra: str) -> Build:
+    def build(d: Path) -> list[str]:
+        return ["simulate", str(d / trace), "-p", "paged", "--model", "Llama-3.2-1B", "--out", str(d / OUT), *extra]
+    return build
+
+
+def _with_files(files: dict[str, str | bytes | Callable[[Path], object]], command: Build) -> Build:
+    def build(d: Path) -> list[str]:
+        for name, data in files.items():
+            if callable(data):
+                data(d)
+            else:
+                _write(d, name, data)
+        return [a.replace("{d}", str(d)) for a in command(d)]
+    return build
+
+
+def alloc_case(id: str, name: str, data: str | bytes, expect: tuple[str, ...], command=replay) -> Case:
+    return Case(id, _with_files({name: data}, command(name)), expect)
+
+
+def request_case(id: str, name: str, data: str | bytes, expect: tuple[str, ...]) -> Case:
+    return Case(id, _with_files({name: data}, simulate(name)), expect)
+
+
+def _rmm(*rows: str) -> str:
+    return RMM_HEADER + "\n" + "".join(r + "\n" for r in rows)
+
+
+def _csv(*rows: str) -> str:
+    return ALLOC_HEADER + "\n" + "".join(r + "\n" for r in rows)
+
+
+def _args(*argv: str) -> Build:
+    return lambda d: list(argv)
+
+
+def _blocker(d: Path) -> None:
+    """A file where a folder is wanted: ``--out blocker/out`` then fails with NotADirectoryError."""
+    _write(d, "blocker", "a file, not a folder\n")
+
+
+# -- the corpus --------------------------------------------------------------------------------
+
+CASES: list[Case] = []
+add = CASES.append
+
+# our allocation CSV (replay)
+add(alloc_case("csv-unknown-op", "a.csv", _csv("0,alloc,0,4096,0,", "5,explode,1,7,0,"), ("a.csv:3", "op")))
+add(alloc_case("csv-fractional-size", "a.csv", _csv("0,alloc,0,1000.7,0,", "5,free,0,1000.7,0,"), ("a.csv:2", "1000.7")))
+add(alloc_case("csv-size-1e30", "a.csv", _csv("0,alloc,0,1e30,0,"), ("a.csv:2", "nbytes")))
+add(alloc_case("csv-size-2**70", "a.csv", _csv(f"0,alloc,0,{BIG},0,"), ("a.csv:2", "nbytes")))
+add(alloc_case("csv-time-2**70", "a.csv", _csv("0,alloc,0,4096,0,", f"{BIG},free,0,4096,0,"), ("a.csv:3", "time_us")))
+add(alloc_case("csv-negative-alloc-id", "a.csv", _csv("0,alloc,-1,4096,0,", "5,free,-1,4096,0,"), ("a.csv:2", "alloc_id")))
+add(alloc_case("csv-negative-size", "a.csv", _csv("0,alloc,0,-4096,0,"), ("a.csv:2", "size")))
+add(alloc_case("csv-double-free", "a.csv", _csv("0,alloc,0,4096,0,", "1,free,0,4096,0,", "2,free,0,4096,0,"), ("a.csv:4", "double free")))
+add(alloc_case("csv-time-goes-back", "a.csv", _csv("9,alloc,0,4096,0,", "5,free,0,4096,0,"), ("a.csv:3", "back in time")))
+add(alloc_case("csv-empty-cell", "a.csv", _csv("0,alloc,,4096,0,"), ("a.csv:2", "alloc_id")))
+add(alloc_case("csv-ragged-row", "a.csv", _csv("0,alloc,0,4096,0,", "5,free,0,4096,0,,extra,more"), ("a.csv:3",)))
+add(alloc_case("csv-truncated-gzip", "a.csv.gz", _truncated_gzip(GOOD_ALLOC), ("a.csv.gz",)))
+add(alloc_case("csv-not-utf8", "a.csv", ALLOC_HEADER.encode() + b"\n" + NOT_UTF8, ("a.csv",)))
+add(alloc_case("alloc-unknown-format", "a.csv", "what,is,this\n1,2,3\n", ("a.csv:1",)))
+add(alloc_case("alloc-empty-file", "a.csv", "", ("a.csv", "empty")))
+add(alloc_case("info-csv-fractional-size", "a.csv", _csv("0,alloc,0,1000.7,0,"), ("a.csv:2",),
+               command=lambda name: lambda d: ["traces", "info", str(d / name)]))
+add(alloc_case("info-not-utf8", "a.txt", NOT_UTF8 * 3, ("a.txt",),
+               command=lambda name: lambda d: ["traces", "info", str(d / name)]))
+
+# our allocation Parquet (replay)
+add(Case("pq-garbage", _with_files({"a.parquet": b"PAR1" + b"\x00garbage" * 20}, replay("a.parquet")), ("a.parquet",)))
+add(Case("pq-missing-column", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", {
+    k: v for k, v in _alloc_columns().items() if k != "nbytes"})}, replay("a.parquet")), ("a.parquet", "nbytes")))
+add(Case("pq-fractional-size", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    nbytes=pa.array([1000.7, 1000.7])))}, replay("a.parquet")), ("a.parquet (record 1)", "nbytes")))
+add(Case("pq-size-1e30", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    nbytes=pa.array([1e30, 1e30])))}, replay("a.parquet")), ("a.parquet (record 1)", "nbytes")))
+add(Case("pq-negative-alloc-id", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    alloc_id=pa.array([-3, -3], pa.int64())))}, replay("a.parquet")), ("a.parquet (record 1)", "alloc_id")))
+add(Case("pq-null-op", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    op=pa.array(["alloc", None])))}, replay("a.parquet")), ("a.parquet (record 2)", "op")))
+add(Case("pq-op-not-text", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    op=pa.array([1, 2], pa.int64())))}, replay("a.parquet")), ("a.parquet", "op")))
+
+# RMM logs (replay)
+T = "10:00:00.000001"
+add(alloc_case("rmm-size-2**70", "r.csv", _rmm(f"1,{T},allocate,0x10,{BIG},0x0"), ("r.csv:2", "Size")))
+add(alloc_case("rmm-fractional-size", "r.csv", _rmm(f"1,{T},allocate,0x10,1000.7,0x0"), ("r.csv:2", "Size")))
+add(alloc_case("rmm-negative-size", "r.csv", _rmm(f"1,{T},allocate,0x10,4096,0x0", f"1,{T},allocate,0x20,-5,0x0"), ("r.csv:3", "Size")))
+add(alloc_case("rmm-bad-action", "r.csv", _rmm(f"1,{T},allocate,0x10,4096,0x0", f"1,{T},explode,0x10,4096,0x0"), ("r.csv:3", "Action")))
+add(alloc_case("rmm-bad-pointer", "r.csv", _rmm(f"1,{T},allocate,0xZZ,4096,0x0"), ("r.csv:2", "Pointer")))
+add(alloc_case("rmm-free-not-live", "r.csv", _rmm(f"1,{T},free,0x10,4096,0x0"), ("r.csv:2", "not live")))
+add(alloc_case("rmm-bad-time", "r.csv", _rmm("1,yesterday,allocate,0x10,4096,0x0"), ("r.csv:2", "Time")))
+add(alloc_case("rmm-time-1e30", "r.csv", _rmm(f"1,1e30,allocate,0x10,4096,0x0"), ("r.csv:2", "Time")))
+add(alloc_case("rmm-truncated-gzip", "r.csv.gz", _truncated_gzip(_rmm(f"1,{T},allocate,0x10,4096,0x0", f"1,{T},free,0x10,4096,0x0")), ("r.csv.gz",)))
+add(alloc_case("rmm-ragged-row", "r.csv", _rmm(f"1,{T},allocate,0x10,4096,0x0", f"1,{T},free"), ("r.csv:3",)))
+
+# PyTorch snapshots (replay; a few through fidelity)
+S = "s.pickle.gz"
+add(alloc_case("snap-size-2**70", S, _snapshot([_entry("alloc", size=2**70)]), (S, "index 0", "size")))
+add(alloc_case("snap-size-inf", S, _snapshot([_entry("alloc", size=float("inf"))]), (S, "index 0", "size")))
+add(alloc_case("snap-size-nan", S, _snapshot([_entry("alloc", size=float("nan"))]), (S, "index 0", "size")))
+add(alloc_case("snap-fractional-size", S, _snapshot([_entry("alloc", size=1000.7)]), (S, "index 0", "size")))
+add(alloc_case("snap-size-bool", S, _snapshot([_entry("alloc", size=True)]), (S, "index 0", "size")))
+add(alloc_case("snap-time-2**70", S, _snapshot([_entry("alloc"), _entry("free_completed", time_us=2**70)]), (S, "index 1", "time_us")))
+add(alloc_case("snap-time-inf", S, _snapshot([_entry("alloc", time_us=float("inf"))]), (S, "index 0", "time_us")))
+add(alloc_case("snap-time-text", S, _snapshot([_entry("alloc"), _entry("free_completed", time_us="soon")]), (S, "index 1", "time_us")))
+add(alloc_case("snap-addr-text", S, _snapshot([_entry("alloc", addr="here")]), (S, "index 0")))
+add(alloc_case("snap-missing-key", S, _snapshot([{"action": "alloc", "addr": 16, "stream": 0, "time_us": 0}]), (S, "index 0", "size")))
+add(alloc_case("snap-entry-not-dict", S, _snapshot([_entry("alloc"), ["alloc", 1, 2]]), (S, "index 1")))
+add(alloc_case("snap-segment-malformed", S, _snapshot([_entry("alloc")], [{"device": 0, "stream": 0}]), (S, "segments index 0")))
+add(alloc_case("snap-segment-size-2**70", S, _snapshot([], [{"device": 0, "stream": 0, "address": 0, "total_size": 2**70,
+                                                          "blocks": [{"size": 2**70, "state": "active_allocated"}]}]), (S, "segments index 0")))
+add(alloc_case("snap-not-a-snapshot", S, _snapshot([], raw=[1, 2, 3]), (S, "not a PyTorch memory snapshot")))
+add(alloc_case("snap-truncated-gzip", S, _snapshot([_entry("alloc")] * 200)[:60], (S,)))
+add(alloc_case("snap-forbidden-global", "s.pickle", b"\x80\x04cos\nsystem\n(S'true'\ntR.", ("s.pickle", "os.system")))
+add(alloc_case("fidelity-truncated-gzip", S, _snapshot([_entry("alloc")] * 200)[:60], (S,),
+               command=lambda name: lambda d: ["fidelity", str(d / name), "--out", str(d / OUT)]))
+add(alloc_case("fidelity-not-a-snapshot", S, _snapshot([], raw={"x": 1}), (S,),
+               command=lambda name: lambda d: ["fidelity", str(d / name), "--out", str(d / OUT)]))
+add(alloc_case("fidelity-no-such-device", S, _snapshot([_entry("alloc")]), (S, "device 7"),
+               command=lambda name: lambda d: ["fidelity", str(d / name), "--device", "7", "--out", str(d / OUT)]))
+
+# Azure, BurstGPT, Mooncake, Vidur, our request CSV and Parquet (simulate)
+AZ = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+add(request_case("azure-bad-date", "az.csv", AZ + "2023-11-16 18:17:03.9799600,100,10\nnot a date,100,10\n", ("az.csv:3", "TIMESTAMP")))
+add(request_case("azure-tokens-1e30", "az.csv", AZ + "2023-11-16 18:17:03.9799600,1e30,10\n", ("az.csv:2", "ContextTokens")))
+add(request_case("azure-tokens-2**70", "az.csv", AZ + f"2023-11-16 18:17:03.9799600,{BIG},10\n", ("az.csv:2", "ContextTokens")))
+add(request_case("azure-negative-tokens", "az.csv", AZ + "2023-11-16 18:17:03.9799600,100,-10\n", ("az.csv:2", "GeneratedTokens")))
+add(request_case("azure-fractional-tokens", "az.csv", AZ + "2023-11-16 18:17:03.9799600,100.5,10\n", ("az.csv:2", "ContextTokens")))
+add(request_case("azure-missing-value", "az.csv", AZ + "2023-11-16 18:17:03.9799600,,10\n", ("az.csv:2", "ContextTokens")))
+BG = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+add(request_case("burstgpt-timestamp-text", "b.csv", BG + "5,ChatGPT,100,10,110,Conversation log\nlater,ChatGPT,1,1,2,x\n", ("b.csv:3", "Timestamp")))
+add(request_case("burstgpt-tokens-1e30", "b.csv", BG + "5,ChatGPT,1e30,10,110,Conversation log\n", ("b.csv:2", "Request tokens")))
+add(request_case("burstgpt-ragged-row", "b.csv", BG + "5,ChatGPT,100,10,110,Conversation log,extra\n", ("b.csv:2",)))
+MC = '{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}\n'
+add(request_case("mooncake-bad-json", "m.jsonl", MC + '{"timestamp": 5, "input_length": \n', ("m.jsonl:2", "JSON")))
+add(request_case("mooncake-input-1e30", "m.jsonl", MC + '{"timestamp": 5, "input_length": 1e30, "output_length": 10}\n', ("m.jsonl:2", "input_length")))
+add(request_case("mooncake-input-2**70", "m.jsonl", MC + f'{{"timestamp": 5, "input_length": {BIG}, "output_length": 10}}\n', ("m.jsonl:2", "input_length")))
+add(request_case("mooncake-timestamp-1e300", "m.jsonl", MC + '{"timestamp": 1e300, "input_length": 10, "output_length": 10}\n', ("m.jsonl:2", "timestamp")))
+add(request_case("mooncake-not-utf8", "m.jsonl", MC.encode() + b'{"timestamp": 5, "x": "\xff\xfe"}\n', ("m.jsonl",)))
+add(request_case("mooncake-missing-key", "m.jsonl", MC + '{"timestamp": 5, "input_length": 10}\n', ("m.jsonl:2", "output_length")))
+add(request_case("mooncake-not-object", "m.jsonl", MC + "[1, 2, 3]\n", ("m.jsonl:2",)))
+add(request_case("mooncake-bad-hash-ids", "m.jsonl", MC + '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}\n', ("m.jsonl:2", "hash_ids")))
+add(request_case("mooncake-truncated-gzip", "m.jsonl.gz", _truncated_gzip(MC), ("m.jsonl.gz",)))
+VD = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+add(request_case("vidur-negative-time", "v.csv", VD + "0,100,10\n-5,100,10\n", ("v.csv:3", "arrived_at")))
+add(request_case("vidur-prefill-1e30", "v.csv", VD + "0,1e30,10\n", ("v.csv:2", "num_prefill_tokens")))
+RQ = "arrival_s,prompt_tokens,output_tokens,session_id,hash_ids\n"
+add(request_case("requests-tokens-1e30", "q.csv", RQ + "0,1e30,10,,\n", ("q.csv:2", "prompt_tokens")))
+add(request_case("requests-prompt-zero", "q.csv", RQ + "0,100,10,,\n1,0,10,,\n", ("q.csv:3", "prompt_tokens")))
+add(request_case("requests-hash-ids-text", "q.csv", RQ + "0,100,10,,1 x 3\n", ("q.csv:2", "hash_ids")))
+add(request_case("requests-hash-ids-2**70", "q.csv", RQ + f"0,100,10,,1 {BIG}\n", ("q.csv:2", "hash_ids")))
+add(request_case("requests-time-inf", "q.csv", RQ + "inf,100,10,,\n", ("q.csv:2", "arrival_s")))
+add(request_case("requests-truncated-gzip", "q.csv.gz", _truncated_gzip(GOOD_REQUESTS), ("q.csv.gz",)))
+add(request_case("requests-not-utf8", "q.csv", RQ.encode() + b"0,100,10,\xff\xfe,\n", ("q.csv",)))
+add(request_case("requests-empty-file", "q.csv", "", ("q.csv", "empty")))
+add(Case("requests-pq-garbage", _with_files({"q.parquet": b"PAR1" + b"\x01junk" * 30}, simulate("q.parquet")), ("q.parquet",)))
+add(Case("requests-pq-tokens-1e30", _with_files({"q.parquet": lambda d: _parquet(d, "q.parquet", {
+    "arrival_s": pa.array([0.0, 1.0]), "prompt_tokens": pa.array([1e30, 5.0]), "output_tokens": pa.array([1, 2])})},
+    simulate("q.parquet")), ("q.parquet (row 1)", "prompt_tokens")))
+add(Case("requests-pq-missing-column", _with_files({"q.parquet": lambda d: _parquet(d, "q.parquet", {
+    "arrival_s": pa.array([0.0, 1.0]), "prompt_tokens": pa.array([1, 2])})}, simulate("q.parquet")), ("q.parquet", "output_tokens")))
+
+
+# sweep YAML
+def sweep(name: str = "sw.yaml") -> Build:
+    return lambda d: ["sweep", str(d / name), "--out", str(d / OUT), "--scheduler", "serial", "--no-progress"]
+
+
+def sweep_case(id: str, text: str | bytes, expect: tuple[str, ...]) -> Case:
+    return Case(id, _with_files({"a.csv": GOOD_ALLOC, "sw.yaml": text}, sweep()), expect)
+
+
+add(sweep_case("sweep-yaml-syntax", GOOD_SWEEP + "capacities: [1GiB\n", ("sw.yaml", "line")))
+add(sweep_case("sweep-yaml-not-utf8", GOOD_SWEEP.encode() + b"name: \xff\xfe\n", ("sw.yaml",)))
+add(sweep_case("sweep-unknown-key", GOOD_SWEEP + "polices: [x]\n", ("sw.yaml", "line 4", "polices")))
+add(sweep_case("sweep-bad-capacity", GOOD_SWEEP + "capacities: [lots]\n", ("sw.yaml", "line 4")))
+add(sweep_case("sweep-missing-trace", "mode: replay\ntraces: [nope.csv]\npolicies: [first-fit]\n", ("sw.yaml", "nope.csv")))
+add(sweep_case("sweep-empty", "", ("sw.yaml",)))
+add(sweep_case("sweep-not-a-mapping", "- just\n- a list\n", ("sw.yaml",)))
+
+
+# cost, calibration, model and GPU JSON
+def json_case(id: str, option: str, text: str | bytes, expect: tuple[str, ...], *, command: str = "replay") -> Case:
+    name = "c.json"
+    if command == "replay":
+        build = replay("a.csv", option, "{d}/" + name)
+    elif command == "simulate":
+        build = simulate("q.csv", option, "{d}/" + name)
+    else:  # gpu replay on the host stand-in, with --sim rows using the cost file
+        build = lambda d: ["gpu", "replay", str(d / "a.csv"), "--backend", "host", "-p", "first-fit", "--sim",
+                           option, str(d / name), "--out", str(d / OUT), "--no-progress"]
+    return Case(id, _with_files({"a.csv": GOOD_ALLOC, "q.csv": GOOD_REQUESTS, name: text}, build), ("c.json", *expect))
+
+
+COSTS = {"malloc_us": {"nbytes": [1, 2], "us": [1, 2]}, "free_us": {"nbytes": [1, 2], "us": [1, 2]},
+         "d2d_bytes_per_s": 1e12, "h2d_bytes_per_s": 1e10, "d2h_bytes_per_s": 1e10}
+add(json_case("costs-broken-json", "--costs", '{"malloc_us": ', ("c.json:1",)))
+add(json_case("costs-not-object", "--costs", "[1, 2]", ()))
+add(json_case("costs-not-utf8", "--costs", b'{"device": "\xff\xfe"}', ()))
+add(json_case("costs-negative-bandwidth", "--costs", json.dumps({**COSTS, "d2d_bytes_per_s": -1}), ("d2d_bytes_per_s",)))
+add(json_case("costs-missing-curve", "--costs", json.dumps({k: v for k, v in COSTS.items() if k != "free_us"}), ("free_us",)))
+add(json_case("costs-size-text", "--costs", json.dumps({**COSTS, "malloc_us": {"nbytes": ["a", "b"], "us": [1, 2]}}), ("malloc_us",)))
+add(json_case("costs-broken-json-simulate", "--costs", '{"malloc_us": ', ("c.json:1",), command="simulate"))
+add(json_case("costs-broken-json-gpu-replay", "--costs", '{"malloc_us": ', ("c.json:1",), command="gpu"))
+add(json_case("calibration-broken-json", "--calibration", '{"mfu_decode": ', ("line 1",), command="simulate"))
+add(json_case("calibration-out-of-range", "--calibration", '{"mfu_decode": 7}', ("mfu_decode",), command="simulate"))
+add(json_case("calibration-not-utf8", "--calibration", b'{"mfu_decode": "\xff"}', (), command="simulate"))
+add(json_case("calibration-unknown-factor", "--calibration", '{"speed": 1}', ("speed",), command="simulate"))
+add(json_case("model-broken-json", "--model", '{"name": ', ("line 1",), command="simulate"))
+add(json_case("model-missing-field", "--model", '{"name": "m"}', ("missing",), command="simulate"))
+add(json_case("model-not-utf8", "--model", b'{"name": "\xff"}', (), command="simulate"))
+add(json_case("gpu-broken-json", "--gpu", '{"name": ', ("line 1",), command="simulate"))
+add(json_case("gpu-not-utf8", "--gpu", b'\xff\xfe{}', (), command="simulate"))
+add(Case("synth-alloc-model-broken", _with_files({"c.json": '{"num_layers": '},
+         _args("traces", "synth-alloc", "--model", "{d}/c.json", "--out", "{d}/t.csv")), ("c.json",)))
+
+# options that cannot work
+add(Case("synth-alloc-negative-rate", _args("traces", "synth-alloc", "--rate", "-1", "--out", "{d}/t.csv"), ("--rate",)))
+add(Case("synth-alloc-nan-rate", _args("traces", "synth-alloc", "--rate", "nan", "--out", "{d}/t.csv"), ("--rate",)))
+add(Case("synth-too-many-requests", _args("traces", "synth", "--rate", "5", "--num-requests", "10000000000",
+                                          "--out", "{d}/t.csv"), ("num_requests", "10,000,000,000")))
+add(Case("synth-too-long-duration", _args("traces", "synth", "--rate", "1e9", "--duration", "1e9",
+                                          "--out", "{d}/t.csv"), ("requests",)))
+add(Case("synth-negative-rate", _args("traces", "synth", "--rate", "-5", "--num-requests", "10",
+                                      "--out", "{d}/t.csv"), ("rate",)))
+add(Case("synth-out-txt", _args("traces", "synth", "--rate", "5", "--num-requests", "10", "--out", "{d}/t.txt"), ("t.txt",)))
+add(Case("synth-alloc-out-txt", _args("traces", "synth-alloc", "--out", "{d}/t.txt"), ("t.txt",)))
+add(Case("replay-out-is-a-file", _with_files({"a.csv": GOOD_ALLOC, "out.txt": "x"},
+         lambda d: ["replay", str(d / "a.csv"), "--out", str(d / "out.txt"), "--no-progress"]), ("out.txt",)))
+
+# --out under a path that is a file (NotADirectoryError), every command that writes
+UNDER = "{d}/blocker/out"
+add(Case("out-under-file-replay", _with_files({"a.csv": GOOD_ALLOC, "blocker": _blocker},
+         _args("replay", "{d}/a.csv", "-p", "first-fit", "--out", UNDER, "--no-progress")), ("blocker",)))
+add(Case("out-under-file-simulate", _with_files({"q.csv": GOOD_REQUESTS, "blocker": _blocker},
+         _args("simulate", "{d}/q.csv", "-p", "paged", "--model", "Llama-3.2-1B", "--out", UNDER)), ("blocker",)))
+add(Case("out-under-file-synth", _with_files({"blocker": _blocker},
+         _args("traces", "synth", "--rate", "5", "--num-requests", "10", "--out", UNDER + ".csv")), ("blocker",)))
+add(Case("out-under-file-synth-alloc", _with_files({"blocker": _blocker},
+         _args("traces", "synth-alloc", "--num-requests", "2", "--out", UNDER + ".csv")), ("blocker",)))
+add(Case("out-under-file-fidelity", _with_files({S: _snapshot([_entry("alloc"), _entry("free_completed", time_us=5)]),
+                                                  "blocker": _blocker},
+         _args("fidelity", "{d}/" + S, "--out", UNDER)), ("blocker",)))
+add(Case("out-under-file-gpu-replay-host", _with_files({"a.csv": GOOD_ALLOC, "blocker": _blocker},
+         _args("gpu", "replay", "{d}/a.csv", "--backend", "host", "-p", "first-fit", "--out", UNDER, "--no-progress")),
+         ("blocker",)))
+add(Case("out-under-file-sweep", _with_files({"a.csv": GOOD_ALLOC, "sw.yaml": GOOD_SWEEP, "blocker": _blocker},
+         _args("sweep", "{d}/sw.yaml", "--out", UNDER, "--scheduler", "serial", "--no-progress")), ("blocker",)))
+
+
+def _result_folder(d: Path, name: str = "res", summary: str | bytes = "trace,policy,backend\nt,p,sim\n",
+                   run_json: str | bytes | None = None) -> None:
+    (d / name).mkdir()
+    _write(d / name, "summary.csv", summary)
+    if run_json is not None:
+        _write(d / name, "run.json", run_json)
+
+
+add(Case("out-under-file-report", _with_files({"res": _result_folder, "blocker": _blocker},
+         _args("report", "{d}/res", "--out", "{d}/blocker/report.html")), ("blocker",)))
+add(Case("report-summary-not-utf8", _with_files({"res": lambda d: _result_folder(d, summary=b"trace,policy\n\xff\xfe,\x80\n")},
+         _args("report", "{d}/res", "--out", "{d}/r.html")), ("summary.csv",)))
+add(Case("report-run-json-broken", _with_files({"res": lambda d: _result_folder(d, run_json='{"command": ')},
+         _args("report", "{d}/res", "--out", "{d}/r.html")), ("run.json",)))
+add(Case("report-parquet-broken", _with_files({"res": lambda d: (_result_folder(d), _write(d / "res", "timeseries.parquet", b"PAR1junk"))},
+         _args("report", "{d}/res", "--out", "{d}/r.html")), ("timeseries.parquet",)))
+
+
+# -- the test ---------------------------------------------------------------------------------
+
+#: Written into ``out/`` before each case: a failed run must leave it exactly so.
+OLD_RESULT = {"summary.csv": b"trace,policy,backend\nold,run,sim\n", "timeseries.parquet": b"old bytes"}
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    """Every path under ``root`` with its bytes (None for folders): the state a failed run must keep."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def _prepare(case: Case, folder: Path) -> list[str]:
+    (folder / OUT).mkdir()
+    for name, data in OLD_RESULT.items():
+        (folder / OUT / name).write_bytes(data)
+    return case.build(folder)
+
+
+def run_in_process(argv: list[str]) -> tuple[int, str, str]:
+    """``poollab ARGV`` in this process: (exit status, stdout, stderr)."""
+    runner = CliRunner()
+    with runner.isolation() as (out, err, _):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
+
+
+def check(case: Case, folder: Path, code: int, err: str, before: dict) -> None:
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err, err
+    assert code == 2, f"exit {code}; stderr: {err}"
+    assert len(lines) == 1, f"{len(lines)} lines on stderr: {err}"
+    for want in case.expect:
+        want = want.replace("{d}", str(folder))
+        assert want in lines[0], f"{want!r} not in {lines[0]!r}"
+    assert _tree(folder) == before, "the run changed files it must not have (partial output or a damaged --out)"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(case: Case, tmp_path: Path):
+    argv = _prepare(case, tmp_path)
+    before = _tree(tmp_path)
+    code, _, err = run_in_process(argv)
+    check(case, tmp_path, code, err, before)
+
+
+def test_the_corpus_is_large_and_covers_every_reader_and_command():
+    assert len(CASES) >= 60
+    assert len({c.id for c in CASES}) == len(CASES)
+    prefixes = {c.id.split("-")[0] for c in CASES}
+    for reader in ("csv", "pq", "rmm", "snap", "azure", "burstgpt", "mooncake", "vidur", "requests", "sweep",
+                   "costs", "calibration", "model", "gpu"):
+        assert reader in prefixes, reader
+    ids = " ".join(c.id for c in CASES)  # the ids name the commands (building a case writes files)
+    for command in ("replay", "simulate", "synth", "synth-alloc", "fidelity", "report", "sweep", "gpu-replay", "info"):
+        assert command in ids, command
+
+
+#: Run through the real entry point too: one per kind of failure.
+SUBPROCESS_CASES = ["csv-truncated-gzip", "snap-size-2**70", "mooncake-not-utf8", "sweep-yaml-not-utf8",
+                    "out-under-file-simulate", "synth-too-many-requests"]
+
+
+def poollab_subprocess(argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """The installed console script (``poollab``) when on PATH, else ``python -m poollab``."""
+    exe = Path(sys.executable).with_name("poollab")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "poollab"]
+    return subprocess.run(cmd + argv, capture_output=True, text=True, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("case_id", SUBPROCESS_CASES)
+def test_bad_input_through_the_real_entry_point(case_id: str, tmp_path: Path):
+    case = next(c for c in CASES if c.id == case_id)
+    argv = _prepare(case, tmp_path)
+    before = _tree(tmp_path)
+    proc = poollab_subprocess(argv, cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    check(case, tmp_path, proc.returncode, proc.stderr, before)
+    assert proc.stderr.startswith("poollab: error: ")
