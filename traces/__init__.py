@@ -6,7 +6,8 @@ raise ``TraceFormatError`` naming file, line and problem.
 
 The names below are imported on first use (PEP 562 ``__getattr__``): the readers pull in
 pandas and pyarrow, which a command that only needs ``TraceFormatError`` (or ``--help``) should
-not pay for.
+not pay for. The request generator is ``traces.synth_requests.synth_requests``: a package-level
+name equal to a submodule's would be replaced by that module once anything imports it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ _LAZY_NAMES = {
     **dict.fromkeys(["REQUEST_COLUMNS", "RequestTrace", "make_requests", "validate_requests"], "traces.requests"),
     "generate_alloc_trace": "traces.synth_alloc",
     **dict.fromkeys(["Empirical", "Fixed", "Lognormal", "PrefixSharing", "Zipf", "parse_length_dist",
-                     "parse_prefix_sharing", "synth_requests"], "traces.synth_requests"),
+                     "parse_prefix_sharing"], "traces.synth_requests"),
 }
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "generate_alloc_trace", "bundled_path", "bundled_names",
     "REQUEST_COLUMNS", "RequestTrace", "make_requests", "validate_requests", "REQUEST_FORMATS",
     "read_request_trace", "write_request_trace", "detect_request_format",
-    "synth_requests", "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing", "parse_length_dist",
+    "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing", "parse_length_dist",
     "parse_prefix_sharing",
 ]
 
@@ -65,4 +66,4 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from traces.requests import REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
     from traces.synth_alloc import generate_alloc_trace
     from traces.synth_requests import (Empirical, Fixed, Lognormal, PrefixSharing, Zipf, parse_length_dist,
-                                       parse_prefix_sharing, synth_requests)
+                                       parse_prefix_sharing)

@@ -12,6 +12,7 @@ from policies.units import format_bytes
 from poollab.errors import UsageError
 from traces.alloc_table import output_format
 from traces.errors import TraceFormatError
+from traces.synth_requests import synth_requests
 
 
 def register(cli: click.Group) -> None:
@@ -90,7 +91,7 @@ def synth_command(rate_rps, num_requests, duration_s, arrival, cv, prompt, outpu
         raise UsageError("give --num-requests, --duration or both")
     _check_out_suffix(out_path)
     try:
-        trace = traces.synth_requests(
+        trace = synth_requests(
             num_requests=num_requests, duration_s=duration_s, rate_rps=rate_rps, arrival=arrival, cv=cv,
             prompt=traces.parse_length_dist(prompt), output=traces.parse_length_dist(output_dist), seed=seed,
             prefix_sharing=traces.parse_prefix_sharing(prefix_sharing) if prefix_sharing else None,

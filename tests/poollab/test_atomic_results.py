@@ -99,12 +99,12 @@ def test_a_full_disk_is_one_line_through_the_real_entry_point(argv, tmp_path):
 
 
 def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(tmp_path):
-    """SIGINT lands while pandas imports (made certain by an import hook) in the real console script."""
+    """SIGINT lands while the command's modules import (made certain by an import hook) in the real console script."""
     script = Path(sys.executable).with_name("poollab")
     prelude = ("import sys, os, signal, runpy\n"
                "class Hook:\n"
                "    def find_spec(self, name, path=None, target=None):\n"
-               "        if name == 'pandas':\n"
+               "        if name.startswith('poollab.commands.'):\n"
                "            os.kill(os.getpid(), signal.SIGINT)\n"
                "        return None\n"
                "sys.meta_path.insert(0, Hook())\n"
