@@ -13,12 +13,14 @@ Driver time is part of the protocol, so no caller needs to know which device it 
 - ``driver_ns_total``: all driver time since the device was made, modelled or measured (the
   report's ``driver_ns_total`` column).
 
-How the coming page-mapped device (``cuMemCreate``/``cuMemMap``, virtual memory) extends it:
-it implements ``reserve``/``release`` as *address-space* calls (``cuMemAddressReserve``) and adds
-``map(offset, nbytes)``/``unmap(offset, nbytes)`` for the physical pages plus per-call counters
-(``num_maps``, ``num_unmaps``); every call charges the same clock through ``DriverClock.charge``,
-so ``take_driver_ns``/``driver_ns_total`` cover mapping with no change to the replay engine,
-the simulator's ``TimedPool`` or the report.
+- ``call_stats()``: the report's per-call device columns (``VMM_STAT_KEYS``): virtual-memory
+  calls and bytes. A segment device makes no such call and returns zeros (``vmm_stats()``).
+
+The page-mapped device (``policies.mapped_device``: ``cuMemCreate``/``cuMemMap``, virtual memory)
+implements the same protocol: ``reserve``/``release`` give a range mapped whole, and its own
+calls (``address_reserve``, ``create``, ``map``, ``set_access``, ``unmap``, ``release_handle``)
+charge the same ``DriverClock``, so ``take_driver_ns``/``driver_ns_total`` cover mapping with no
+change to the replay engine, the simulator's ``TimedPool`` or the report.
 """
 
 from __future__ import annotations
@@ -27,10 +29,28 @@ from typing import Protocol, runtime_checkable
 
 from policies.units import round_up
 
-__all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "SEGMENT_ALIGNMENT_BYTES"]
+__all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "SEGMENT_ALIGNMENT_BYTES",
+           "VMM_STAT_KEYS", "vmm_stats"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
 SEGMENT_ALIGNMENT_BYTES = 2 << 20
+
+
+#: The device columns of the report: ``cuMemMap``/``cuMemUnmap`` calls, bytes mapped in total,
+#: the peak of reserved virtual address space, and modelled or measured driver time per VMM call.
+VMM_STAT_KEYS = ("n_map", "n_unmap", "mapped_bytes", "peak_virtual_bytes", "driver_ns_address_reserve",
+                 "driver_ns_create", "driver_ns_map", "driver_ns_set_access", "driver_ns_unmap",
+                 "driver_ns_release", "driver_ns_address_free")
+
+
+def vmm_stats(*, num_maps: int = 0, num_unmaps: int = 0, mapped_bytes: int = 0, peak_virtual_bytes: int = 0,
+              call_ns: dict[str, int] | None = None) -> dict[str, int]:
+    """``call_stats()``'s dict, every ``VMM_STAT_KEYS`` key present (zeros by default)."""
+    out = {"n_map": num_maps, "n_unmap": num_unmaps, "mapped_bytes": mapped_bytes,
+           "peak_virtual_bytes": peak_virtual_bytes}
+    for key in VMM_STAT_KEYS[4:]:
+        out[key] = (call_ns or {}).get(key[len("driver_ns_"):], 0)
+    return out
 
 
 @runtime_checkable
@@ -52,6 +72,9 @@ class Device(Protocol):
         """Modelled time of a device-to-device copy of ``nbytes`` (a compaction move); 0 when
         copies are not modelled (free, or real and measured by whoever copies)."""
 
+    def call_stats(self) -> dict[str, int]:
+        """Virtual-memory call counts, bytes and time (``VMM_STAT_KEYS``); zeros for a segment device."""
+
 
 class UnmodelledDriver:
     """The driver-time half of ``Device`` for a device that models no cost: always 0.
@@ -66,6 +89,9 @@ class UnmodelledDriver:
 
     def copy_ns(self, nbytes: int) -> int:
         return 0
+
+    def call_stats(self) -> dict[str, int]:
+        return vmm_stats()
 
 
 class DriverClock:

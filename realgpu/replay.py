@@ -176,7 +176,8 @@ def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[in
     readings.num_failed, readings.num_frees = run.num_failed, len(run.free_ns)
     readings.counters = bl.counters()  # read before teardown frees what is still live
     row = summary_row(trace=trace.name, policy=bl.name, backend="gpu", params="", capacity_bytes=None,
-                      monitor=monitor, alloc_ns=run.alloc_ns, free_ns=run.free_ns, wall_s=run.wall_s, n_events=n,
+                      monitor=monitor, alloc_ns=run.alloc_ns, free_ns=run.free_ns, wall_s=run.wall_s,
+                      device_calls=None, n_events=n,
                       kind="baseline", device=device, validate=False, driver_ns_total=NAN,
                       device_mallocs=readings.counters["n_grow"], device_frees=readings.counters["n_shrink"])
     if not bl.drop:

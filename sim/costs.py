@@ -16,11 +16,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from policies.device import Device, DriverClock, VirtualDevice
+from policies.device import Device, DriverClock, VirtualDevice, vmm_stats
+from policies.mapped_device import VMM_CALLS, PageMappedDevice
 
-__all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS"]
+__all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS", "costed_page_mapped_device"]
 
 DEFAULT_COSTS = "costs_h200.json"
+
+
+
+def _bundled_table() -> dict[str, Any]:
+    return json.loads(resources.files("sim").joinpath("data", DEFAULT_COSTS).read_text())
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,11 @@ class CostModel:
         self.device_name = str(table.get("device", "unknown"))
         self._malloc = _Curve.from_table(table.get("malloc_us", {}), f"{source}: malloc_us")
         self._free = _Curve.from_table(table.get("free_us", {}), f"{source}: free_us")
+        vmm = table["vmm_us"] if "vmm_us" in table else _bundled_table()["vmm_us"]
+        if not isinstance(vmm, dict) or set(vmm) != set(VMM_CALLS):
+            raise ValueError(f"{source}: vmm_us must have a table for each of {', '.join(VMM_CALLS)}")
+        self._vmm = {call: _Curve.from_table(vmm[call], f"{source}: vmm_us.{call}") for call in VMM_CALLS}
+        self.vmm_source = source if "vmm_us" in table else f"sim/data/{DEFAULT_COSTS}"
         self.d2d_bytes_per_s = self._positive(table, "d2d_bytes_per_s")
         self.h2d_bytes_per_s = self._positive(table, "h2d_bytes_per_s")
         self.d2h_bytes_per_s = self._positive(table, "d2h_bytes_per_s")
@@ -87,10 +98,10 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "CostModel":
-        """Read a cost file; None reads the bundled H200 defaults."""
+        """Read a cost file; None reads the bundled H200 defaults. A file without a ``vmm_us``
+        table (one calibrated before virtual memory was measured) takes the bundled one."""
         if path is None:
-            text = resources.files("sim").joinpath("data", DEFAULT_COSTS).read_text()
-            return cls(json.loads(text), source=f"sim/data/{DEFAULT_COSTS}")
+            return cls(_bundled_table(), source=f"sim/data/{DEFAULT_COSTS}")
         p = Path(path)
         try:
             table = json.loads(p.read_bytes().decode("utf-8"))
@@ -101,6 +112,10 @@ class CostModel:
         if not isinstance(table, dict):
             raise ValueError(f"{p}: a cost file is a JSON object")
         return cls(table, source=str(p))
+
+    def vmm_call_ns(self, call: str, nbytes: int) -> int:
+        """One virtual-memory driver call (``policies.mapped_device.VMM_CALLS``) over ``nbytes``."""
+        return round(self._vmm[call].us(nbytes) * 1e3)
 
     def malloc_ns(self, nbytes: int) -> int:
         return round(self._malloc.us(nbytes) * 1e3)
@@ -158,3 +173,13 @@ class CostedDevice:
 
     def copy_ns(self, nbytes: int) -> int:
         return self.costs.copy_ns(nbytes)
+
+    def call_stats(self) -> dict[str, int]:
+        return vmm_stats()  # cudaMalloc/cudaFree: counted as the pool's grows and shrinks
+
+
+def costed_page_mapped_device(costs: CostModel | None = None, *, granularity_bytes: int = 2 << 20,
+                              limit_bytes: int | None = None) -> PageMappedDevice:
+    """A ``PageMappedDevice`` charging each cuMem call its modelled time (bundled H200 table by default)."""
+    return PageMappedDevice(granularity_bytes=granularity_bytes, limit_bytes=limit_bytes,
+                            costs=costs if costs is not None else CostModel.load())

@@ -307,6 +307,9 @@ class _LoggingDevice:
     def copy_ns(self, nbytes: int) -> int:
         return self.inner.copy_ns(nbytes)
 
+    def call_stats(self) -> dict[str, int]:
+        return self.inner.call_stats()
+
     def reserve(self, nbytes: int) -> int | None:
         addr = self.inner.reserve(nbytes)
         if addr is not None:

@@ -80,7 +80,7 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         monitor.finish(n - 1, events.times_us[-1])
     row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
                       capacity_bytes=policy.capacity_bytes, monitor=monitor, alloc_ns=run.alloc_ns,
-                      free_ns=run.free_ns, wall_s=run.wall_s, n_events=n,
+                      free_ns=run.free_ns, wall_s=run.wall_s, device_calls=policy.device.call_stats(), n_events=n,
                       driver_ns_total=policy.device.driver_ns_total)
     ts = monitor.timeseries()
     ts.insert(0, "backend", backend)

@@ -17,12 +17,13 @@ import numpy as np
 import pandas as pd
 
 from policies.base import Policy
+from policies.device import VMM_STAT_KEYS
 from traces.atomic import replacing_folder
 
 NAN = float("nan")
 
 __all__ = [
-    "SUMMARY_COLUMNS", "TIMESERIES_COLUMNS", "summary_row", "params_text", "summary_frame", "write_results", "read_results",
+    "SUMMARY_COLUMNS", "DEVICE_COLUMNS", "TIMESERIES_COLUMNS", "summary_row", "params_text", "summary_frame", "write_results", "read_results",
     "latency_percentiles", "format_table", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
 ]
 
@@ -36,6 +37,12 @@ SUMMARY_COLUMNS = [
     "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us",
     "wall_s",
 ]
+
+#: Device columns every row has after ``SUMMARY_COLUMNS`` (``policies.device.VMM_STAT_KEYS``):
+#: ``n_map``/``n_unmap`` (cuMemMap/cuMemUnmap calls), ``mapped_bytes`` (mapped in total),
+#: ``peak_virtual_bytes`` (address space reserved at peak; a segment device's is its peak
+#: reserved) and ``driver_ns_<call>`` per virtual-memory call. Zero for a segment device.
+DEVICE_COLUMNS = list(VMM_STAT_KEYS)
 
 TIMESERIES_COLUMNS = [
     "trace", "policy", "backend", "event", "time_us",
@@ -58,7 +65,8 @@ def params_text(params: dict[str, Any]) -> str:
 
 
 def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_bytes: int | None, monitor: Any,
-                alloc_ns: Any, free_ns: Any, wall_s: float, **extra: Any) -> dict[str, Any]:
+                alloc_ns: Any, free_ns: Any, wall_s: float, device_calls: dict[str, int] | None,
+                **extra: Any) -> dict[str, Any]:
     """One summary row, ``SUMMARY_COLUMNS`` in order and then ``extra``: the one place every
     backend (replay, gpu replay, baselines, simulate) derives its columns.
 
@@ -68,6 +76,9 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
         monitor: the run's ``sim.metrics.PoolMonitor`` (totals and samples).
         alloc_ns, free_ns: per-call latencies in ns.
         wall_s: the run's wall time.
+        device_calls: the pool's ``device.call_stats()`` (``DEVICE_COLUMNS``: virtual-memory
+            calls, bytes mapped, peak virtual bytes, driver time per call); None where no
+            pool device stands behind the run (a baseline allocator): NaN.
         **extra: backend-specific columns, in the order given.
 
     Derived here: ``failure_rate`` (failed / attempts), ``overhead`` (peak reserved / peak live
@@ -104,8 +115,18 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
         **latency_percentiles(alloc_ns, "alloc"),
         **latency_percentiles(free_ns, "free"),
         "wall_s": wall_s,
+        **_device_columns(device_calls, t["peak_reserved_bytes"]),
         **extra,
     }
+
+
+def _device_columns(calls: dict[str, int] | None, peak_reserved_bytes: int) -> dict[str, Any]:
+    if calls is None:
+        return dict.fromkeys(DEVICE_COLUMNS, NAN)
+    out = {k: calls[k] for k in DEVICE_COLUMNS}
+    if not out["peak_virtual_bytes"]:  # a segment device: every reserved byte is its own address range
+        out["peak_virtual_bytes"] = peak_reserved_bytes
+    return out
 
 
 #: One row per allocate or free call; ``op`` is "alloc" or "free".

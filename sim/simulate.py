@@ -151,7 +151,7 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         trace=name, policy=spec, backend="sim", params=params_text(policy.get_params()),
         capacity_bytes=policy.capacity_bytes, monitor=server.monitor,
         alloc_ns=np.asarray(pools.kv.alloc_ns, dtype=np.int64), free_ns=np.asarray(pools.kv.free_ns, dtype=np.int64),
-        wall_s=wall_s, **serving, **{
+        wall_s=wall_s, device_calls=policy.device.call_stats(), **serving, **{
         "model": model.name,
         "gpu": gpu.name,
         "kv_strategy": kv_layout,
