@@ -19,6 +19,19 @@ capacity, counters and the device stay consistent.
 
 Knobs are explicit keyword arguments of ``__init__``, stored unchanged under the same name
 (the scikit-learn convention), so ``get_params()`` can list, print and clone them.
+
+What else a pool can be asked is *declared* on ``Policy`` (the "declared capabilities" block:
+``moves_allocations``, ``can_reserve``/``reserve``, ``can_compact``/``compact``, ``empty_cache``,
+``seed_segment``, ``page_size_bytes``, ``block_cache``, ``base_policy``): a policy that offers
+more sets the flag and overrides the method, a wrapper (``policies.wrapper``) forwards both to
+its base, and callers read the flag, never the presence of an attribute.
+
+The device behind the pool (``policies.device.Device``: reserve/release, driver time, per-call
+stats) is ``VirtualDevice`` by default; ``sim`` gives it a cost model and ``realgpu`` a real GPU.
+``policies.mapped_device.PageMappedDevice`` is the virtual-memory (cuMem) device.
+
+A failed ``allocate`` returns None and changes no live allocation; it may release fully free
+cached segments first, as PyTorch's caching allocator does before it gives up.
 """
 
 from __future__ import annotations
