@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
-import policies
 from policies.base import Allocation, Policy
 from sim.bounds import bounds
 from sim import engine
