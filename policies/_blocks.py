@@ -17,6 +17,20 @@ random operation sequences):
 - ``segment.handle`` is the segment's first block, which is never merged away;
 - every block size is a multiple of ``alignment_bytes`` (so every block starts aligned: segments
   start on 2 MiB boundaries).
+
+**Virtual segments that grow in place** (``virtual=True``, any contiguous policy: "the same
+policy, virtual-memory-backed"): the design of PyTorch's expandable segments, for any placement
+rule. Each stream's pool is ONE virtual range reserved on a page-mapped device
+(``policies.mapped_device``; ``VIRTUAL_RANGE_BYTES``, far beyond any capacity: address space
+is free), and its ``Segment`` is the mapped prefix of that range. A miss maps just enough
+granule pages at the end (``map_new``: create, map, one set-access) for the request to fit in
+the free block already at the end, which the new pages extend: so the free tail coalesces with
+them and a block may span pages mapped at different times. ``trim`` unmaps and releases the
+whole free pages at the end (fully free pages inside a range stay mapped: PyTorch unmaps those
+too, which would leave holes in a segment; not modelled). Capacity counts mapped (physical)
+bytes. Counters: ``num_grows``/``num_shrinks`` count ranges coming and going (a segment is a
+range), ``grown_bytes``/``shrunk_bytes`` every page mapped and unmapped; the device's ``n_map``
+counts each mapping call.
 """
 
 from __future__ import annotations
@@ -29,9 +43,14 @@ from typing import Iterator
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import SEGMENT_ALIGNMENT_BYTES, Device
 from policies.errors import PolicyError
+from policies.mapped_device import as_page_mapped
 from policies.units import round_up
 
-__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy"]
+__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES"]
+
+#: The virtual range a ``virtual=True`` pool reserves per stream: 1 TiB, past any GPU's memory
+#: (reserving costs microseconds and no physical memory), so a range never has to move.
+VIRTUAL_RANGE_BYTES = 1 << 40
 
 _DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
 _DEFAULT_ALIGNMENT_BYTES = 256  # RMM's pool alignment (field notes; PyTorch and CuPy round to 512)
@@ -74,6 +93,9 @@ class ContiguousPolicy(Policy):
         split_threshold_bytes: a free block is split only when the remainder would be at least
             this many bytes; otherwise the whole block is handed out. None means
             ``alignment_bytes`` (split whenever anything remains).
+        virtual: one virtual range per stream that grows in place in device pages (see the
+            module docstring); ``segment_bytes`` is then unused. Needs a page-mapped device (a
+            segment device given is wrapped: ``policies.mapped_device.as_page_mapped``).
         capacity_bytes, device: see ``Policy``.
 
     Subclasses implement the free-block index:
@@ -94,8 +116,8 @@ class ContiguousPolicy(Policy):
 
     def __init__(self, *, segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
                  alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES, granularity_bytes: int | None = None,
-                 split_threshold_bytes: int | None = None, capacity_bytes: int | None = None,
-                 device: Device | None = None):
+                 split_threshold_bytes: int | None = None, virtual: bool = False,
+                 capacity_bytes: int | None = None, device: Device | None = None):
         check_positive_int("alignment_bytes", alignment_bytes)
         if alignment_bytes & (alignment_bytes - 1):
             raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
@@ -113,8 +135,15 @@ class ContiguousPolicy(Policy):
         self.segment_bytes = segment_bytes
         self.alignment_bytes = alignment_bytes
         self.granularity_bytes = granularity_bytes
+        if not isinstance(virtual, bool):
+            raise PolicyError(f"virtual(={virtual!r}) must be true or false")
         self.split_threshold_bytes = split_threshold_bytes
-        super().__init__(capacity_bytes=capacity_bytes, device=device)
+        self.virtual = virtual
+        super().__init__(capacity_bytes=capacity_bytes, device=as_page_mapped(device) if virtual else device)
+
+    @classmethod
+    def device_kind_for(cls, params: dict) -> str:
+        return "page-mapped" if params.get("virtual") is True else cls.device_kind
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -171,9 +200,15 @@ class ContiguousPolicy(Policy):
         self._split_min_bytes = self.alignment_bytes if threshold is None else threshold
         # oversize segments: a multiple of both the driver's 2 MiB and the alignment (powers of two)
         self._oversize_multiple = max(SEGMENT_ALIGNMENT_BYTES, self.alignment_bytes)
+        self._ranges: dict[int, Segment] = {}  # virtual: stream -> its one range (the mapped prefix)
+        if self.virtual:
+            page = self.device.granularity_bytes
+            self._range_bytes = max(VIRTUAL_RANGE_BYTES, round_up(self.capacity_bytes or 0, page))
         self._index_reset()
 
     def _segment_size_for(self, nbytes: int) -> int:
+        if self.virtual:  # what a grow maps: whole pages
+            return round_up(nbytes, self.device.granularity_bytes)
         if nbytes <= self.segment_bytes:
             return self.segment_bytes
         m = self._oversize_multiple
@@ -196,10 +231,15 @@ class ContiguousPolicy(Policy):
             size = round_up(nbytes, m)
         block = self._take(size, stream)
         if block is None:
-            seg = self._reserve_segment(self._segment_size_for(size), stream)
-            if seg is None:
-                return None
-            block = self._segment_block(seg)
+            if self.virtual:
+                block = self._grow_in_place(size, stream)
+                if block is None:
+                    return None
+            else:
+                seg = self._reserve_segment(self._segment_size_for(size), stream)
+                if seg is None:
+                    return None
+                block = self._segment_block(seg)
         block.free = False
         rest_bytes = block.size - size
         if rest_bytes >= self._split_min_bytes:
@@ -258,7 +298,9 @@ class ContiguousPolicy(Policy):
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
         """Release segments with no live allocation, in reservation order, until at least
-        ``max_bytes`` are released (all of them when None)."""
+        ``max_bytes`` are released (all of them when None). Virtual: unmap free end pages."""
+        if self.virtual:
+            return self._unmap_free_tails(max_bytes)
         released = 0
         for seg in [s for s in self._segments.values() if s.num_live == 0]:
             if max_bytes is not None and released >= max_bytes:
@@ -269,6 +311,140 @@ class ContiguousPolicy(Policy):
             self._release_segment(seg)
             released += seg.nbytes
         return released
+
+    # ----------------------------------------------------------------- virtual: in-place growth
+    def _tail_block(self, seg: Segment) -> Block:
+        """The last block of ``seg`` (a walk: only misses and trims need it)."""
+        block = seg.handle
+        while block.next is not None:
+            block = block.next
+        return block
+
+    def _map_in_place(self, stream: int, nbytes: int, *, retry: bool) -> Segment | None:
+        """Map ``nbytes`` (whole pages) at the end of ``stream``'s range, reserving the range on
+        first use; the caller extends the blocks. None when frozen or refused by capacity or the
+        device (with ``retry``, after unmapping every free tail once, as a segment pool releases
+        its free segments before giving up)."""
+        if self._frozen:
+            self._frozen_refusal_at = self.num_allocs + self.num_failures
+            return None
+        device, span = self.device, self._range_bytes
+        seg = self._ranges.get(stream)
+        if (seg.nbytes if seg is not None else 0) + nbytes > span:
+            return None  # past the range: more than any capacity
+        for attempt in ((0, 1) if retry else (1,)):
+            if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
+                if seg is None:
+                    start = device.address_reserve(span)
+                    if start is not None and device.map_new(start, nbytes):
+                        seg = self._ranges[stream] = Segment(start, nbytes, stream)
+                        self._segments[start] = seg
+                        self.num_grows += 1
+                        break
+                    if start is not None:
+                        device.address_free(start, span)
+                elif device.map_new(seg.end, nbytes):
+                    seg.nbytes += nbytes
+                    break
+            # the stream's own free tail is counted in ``nbytes`` already: unmap the others'
+            if attempt == 0 and self._unmap_free_tails(None, skip_stream=stream) == 0:
+                return None
+        else:
+            return None
+        self.reserved_bytes += nbytes
+        self.grown_bytes += nbytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        return seg
+
+    def _grow_in_place(self, size: int, stream: int) -> Block | None:
+        """A free block of at least ``size`` at the end of ``stream``'s range, made by mapping
+        the pages it lacks; removed from the index (as ``_take`` leaves it). None if refused."""
+        page = self.device.granularity_bytes
+        seg = self._ranges.get(stream)
+        tail = self._tail_block(seg) if seg is not None else None
+        tail_free = tail.size if tail is not None and tail.free else 0
+        need = round_up(size - tail_free, page)
+        seg = self._map_in_place(stream, need, retry=True)
+        if seg is None:
+            return None
+        if seg.handle is None:  # a fresh range
+            return self._segment_block(seg)
+        tail = self._tail_block(seg)
+        if tail.free:
+            self._index_remove(tail)
+            tail.size += seg.end - tail.end
+            return tail
+        block = Block(tail.end, seg.end - tail.end, seg, tail)
+        tail.next = block
+        return block
+
+    def _unmap_free_tails(self, max_bytes: int | None, skip_stream: int | None = None) -> int:
+        """Unmap the whole free pages at the end of each range (a range left empty is given
+        back) until at least ``max_bytes`` are unmapped (all of them when None)."""
+        device = self.device
+        page = device.granularity_bytes
+        released = 0
+        for stream, seg in list(self._ranges.items()):
+            if max_bytes is not None and released >= max_bytes:
+                break
+            if stream == skip_stream:
+                continue
+            tail = self._tail_block(seg)
+            if not tail.free:
+                continue
+            cut_from = round_up(tail.offset, page)
+            if cut_from >= seg.end:
+                continue
+            cut = seg.end - cut_from
+            device.unmap_release(cut_from, cut)
+            self._index_remove(tail)
+            seg.nbytes -= cut
+            tail.size -= cut
+            if tail.size:
+                self._index_add(tail)
+            elif tail.prev is not None:
+                tail.prev.next = None
+                tail.prev = None
+            else:  # the range is empty: give its address space back
+                device.address_free(seg.offset, self._range_bytes)
+                del self._segments[seg.offset], self._ranges[stream]
+                self.num_shrinks += 1
+            self.reserved_bytes -= cut
+            self.shrunk_bytes += cut
+            released += cut
+        return released
+
+    def grow(self, nbytes: int) -> bool:
+        """Virtual: map at least ``nbytes`` more free space at the end of stream 0's range."""
+        if not self.virtual:
+            return super().grow(nbytes)
+        old = self._ranges.get(0)
+        old_end = old.end if old is not None else 0
+        seg = self._map_in_place(0, self._segment_size_for(nbytes), retry=False)
+        if seg is None:
+            self._frozen_refusal_at = -1  # a refused grow() is no allocation's failure
+            return False
+        if old is None:
+            self._index_add(self._segment_block(seg))
+            return True
+        tail = self._tail_block(seg)
+        if tail.free:
+            old_size = tail.size
+            tail.size += seg.end - old_end
+            self._index_resize(tail, old_size)
+        else:
+            tail.next = Block(old_end, seg.end - old_end, seg, tail)
+            self._index_add(tail.next)
+        return True
+
+    def reset(self) -> None:
+        if self.virtual:  # unmap and give back the ranges here: the segment protocol would free only their mapped part
+            for seg in self._ranges.values():
+                self.device.unmap_release(seg.offset, seg.nbytes)
+                self.device.address_free(seg.offset, self._range_bytes)
+                del self._segments[seg.offset]
+        super().reset()
 
     # ----------------------------------------------------------------- inspection
     def blocks(self) -> Iterator[Block]:

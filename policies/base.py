@@ -175,6 +175,10 @@ class Policy(abc.ABC):
     #: the pool that keeps cached prefix blocks with their reference counts (``cache_block``,
     #: ``share_block``, ``release_block``, ``evict_block``: vLLM's ``BlockPool``); None if none
     block_cache: "Policy | None" = None
+    #: the device a spec-built policy needs: "segment" (``policies.device``, cudaMalloc) or
+    #: "page-mapped" (``policies.mapped_device``, cuMem); the factory that builds a policy picks
+    #: the device by it (``registry.device_kind``), and a knob may change it (``device_kind_for``)
+    device_kind: ClassVar[str] = "segment"
     #: ``on_move(allocation, old_offset, new_offset, nbytes)`` for a pool that moves allocations
     #: (wiring set by the caller, e.g. ``realgpu`` copying the bytes; see ``policies.wrapper``)
     on_move: Any = None
@@ -203,6 +207,11 @@ class Policy(abc.ABC):
                 if p.kind is p.KEYWORD_ONLY and p.name not in ("device",) and p.name not in names:
                     names.append(p.name)
         return names
+
+    @classmethod
+    def device_kind_for(cls, params: dict[str, Any]) -> str:
+        """The ``device_kind`` a policy built with the knobs ``params`` needs."""
+        return cls.device_kind
 
     @classmethod
     def param_defaults(cls) -> dict[str, Any]:

@@ -22,6 +22,11 @@ and kvcached do) and ``unmap_release(offset, nbytes)``. And the device also impl
 segment protocol (``reserve``/``release``: a range reserved and fully mapped at once), so every
 existing policy runs on it unchanged.
 
+A page-mapped device may take its physical memory from a segment device (``physical=``, or
+``as_page_mapped(device)``): each ``create`` is then a ``reserve`` of that device and each
+``release_handle`` its ``release``, so a VMM policy handed a plain ``Device`` (a test's
+``VirtualDevice`` with a limit) maps pages whose physical bytes that device counts and refuses.
+
 Every call is costed through ``costs.vmm_call_ns(call, nbytes)`` (``sim.costs.CostModel`` has a
 table for each of ``VMM_CALLS``; None: free) and counted per call; ``call_stats()`` gives the
 report's columns. ``realgpu`` implements the same calls with ``cuda.bindings.driver``.
@@ -33,11 +38,11 @@ from typing import Protocol
 
 from sortedcontainers import SortedDict
 
-from policies.device import SEGMENT_ALIGNMENT_BYTES, DriverClock, vmm_stats
+from policies.device import SEGMENT_ALIGNMENT_BYTES, Device, DriverClock, vmm_stats
 from policies.errors import PolicyError
 from policies.units import format_bytes, round_up
 
-__all__ = ["PageMappedDevice", "VmmCosts", "VMM_CALLS", "MAX_VIRTUAL_BYTES"]
+__all__ = ["PageMappedDevice", "VmmCosts", "VMM_CALLS", "MAX_VIRTUAL_BYTES", "as_page_mapped"]
 
 #: The driver calls a page-mapped device makes, in the order a grow makes them.
 VMM_CALLS = ("address_reserve", "create", "map", "set_access", "unmap", "release", "address_free")
@@ -61,23 +66,28 @@ class PageMappedDevice:
         limit_bytes: physical memory the device holds; None for no limit.
         costs: per-call driver time (``VmmCosts``); None charges nothing.
         virtual_limit_bytes: address space it can hand out.
+        physical: a segment device the physical pages come from (one ``reserve`` per
+            ``create``); None: the pages are this device's own.
 
     Mappings are kept in a ``SortedDict`` by address: range queries (``unmap``, ``mapped_in``)
     bisect to the first mapping in O(log n) and walk only the ones inside the range.
     """
 
     def __init__(self, *, granularity_bytes: int = SEGMENT_ALIGNMENT_BYTES, limit_bytes: int | None = None,
-                 costs: VmmCosts | None = None, virtual_limit_bytes: int = MAX_VIRTUAL_BYTES):
+                 costs: VmmCosts | None = None, virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
+                 physical: Device | None = None):
         if isinstance(granularity_bytes, bool) or not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
             raise PolicyError(f"granularity_bytes(={granularity_bytes!r}) must be a positive integer")
         self.granularity_bytes = granularity_bytes
         self.limit_bytes = limit_bytes
         self.costs = costs
         self.virtual_limit_bytes = virtual_limit_bytes
+        self.physical = physical
+        self._physical_offset: dict[int, int] = {}  # handle -> its offset on ``physical``
         self.clock = DriverClock()
         self.num_calls = dict.fromkeys(VMM_CALLS, 0)
         self.call_ns = dict.fromkeys(VMM_CALLS, 0)
-        self._ranges: dict[int, int] = {}  # reserved virtual range: offset -> bytes
+        self._ranges: SortedDict = SortedDict()  # reserved virtual range: offset -> bytes (bisected by range_of)
         self._mappings: SortedDict = SortedDict()  # offset -> (handle, bytes)
         self._handles: dict[int, int] = {}  # live physical handle -> bytes
         self._handle_maps: dict[int, int] = {}  # handle -> number of addresses it is mapped at
@@ -97,11 +107,12 @@ class PageMappedDevice:
             self.clock.charge(ns, pending=True)
 
     def take_driver_ns(self) -> int:
-        return self.clock.take()
+        ns = self.clock.take()
+        return ns + self.physical.take_driver_ns() if self.physical is not None else ns
 
     @property
     def driver_ns_total(self) -> int:
-        return self.clock.total_ns
+        return self.clock.total_ns + (self.physical.driver_ns_total if self.physical is not None else 0)
 
     def copy_ns(self, nbytes: int) -> int:
         return 0
@@ -146,10 +157,11 @@ class PageMappedDevice:
 
     def range_of(self, offset: int) -> tuple[int, int] | None:
         """The reserved range ``(start, bytes)`` that holds ``offset``, or None."""
-        for start, span in self._ranges.items():
-            if start <= offset < start + span:
-                return start, span
-        return None
+        i = self._ranges.bisect_right(offset) - 1
+        if i < 0:
+            return None
+        start, span = self._ranges.peekitem(i)
+        return (start, span) if offset < start + span else None
 
     # ------------------------------------------------------------------ physical pages
     def create(self, nbytes: int) -> int | None:
@@ -159,6 +171,11 @@ class PageMappedDevice:
         self._charge("create", nbytes)
         if self.limit_bytes is not None and self.physical_bytes + nbytes > self.limit_bytes:
             return None
+        if self.physical is not None:
+            where = self.physical.reserve(nbytes)
+            if where is None:
+                return None
+            self._physical_offset[self._next_handle] = where
         handle = self._next_handle
         self._next_handle += 1
         self._handles[handle] = nbytes
@@ -219,6 +236,8 @@ class PageMappedDevice:
             raise PolicyError(f"release: handle {handle} is still mapped")
         self._charge("release", nbytes)
         del self._handles[handle], self._handle_maps[handle]
+        if self.physical is not None:
+            self.physical.release(self._physical_offset.pop(handle), nbytes)
         self.physical_bytes -= nbytes
         self.used_bytes = self.physical_bytes
 
@@ -251,6 +270,22 @@ class PageMappedDevice:
             total += min(end, off + size) - max(offset, off)
         return total
 
+    def handle_at(self, offset: int) -> int:
+        """The physical handle mapped at ``offset`` (the start of a mapping): what a stitch maps again."""
+        found = self._mappings.get(offset)
+        if found is None:
+            raise PolicyError(f"handle_at({offset}): no mapping starts there")
+        return found[0]
+
+    def map_handles(self, offset: int, handles: list[int]) -> None:
+        """Map existing physical ``handles`` one after another from ``offset``, then one
+        set-access over them: GMLake's stitch (no ``create``: the memory is there already)."""
+        at = offset
+        for handle in handles:
+            self.map(at, handle)
+            at += self._handles[handle]
+        self.set_access(offset, at - offset)
+
     @property
     def num_handles(self) -> int:
         return len(self._handles)
@@ -268,9 +303,15 @@ class PageMappedDevice:
         if self.limit_bytes is not None and self.physical_bytes + nbytes > self.limit_bytes:
             self._charge("create", page)  # the first cuMemCreate past the limit fails
             return False
-        for off in range(offset, offset + nbytes, page):
-            self.map(off, self.create(page))
-        self.set_access(offset, nbytes)
+        handles: list[int] = []
+        for _ in range(nbytes // page):
+            handle = self.create(page)
+            if handle is None:  # the physical device refused: give back what was made
+                for made in handles:
+                    self.release_handle(made)
+                return False
+            handles.append(handle)
+        self.map_handles(offset, handles)
         return True
 
     def unmap_release(self, offset: int, nbytes: int) -> None:
@@ -289,7 +330,9 @@ class PageMappedDevice:
         offset = self.address_reserve(span)
         if offset is None:
             return None
-        self.map_new(offset, span)
+        if not self.map_new(offset, span):
+            self.address_free(offset, span)
+            return None
         return offset
 
     def release(self, offset: int, nbytes: int) -> None:
@@ -303,3 +346,12 @@ class PageMappedDevice:
                 f"{format_bytes(self.limit_bytes) if self.limit_bytes else 'no limit'}, "
                 f"virtual {format_bytes(self.virtual_bytes)}, {len(self._mappings)} mappings>")
 
+
+
+def as_page_mapped(device: Device | None) -> PageMappedDevice:
+    """``device`` when it maps pages; otherwise a page-mapped device whose physical pages come
+    from it (a fresh one for None). What a VMM policy does with the device it is handed, so it
+    runs on any ``Device`` and a refusal or a byte count of that device stays true."""
+    if isinstance(device, PageMappedDevice):
+        return device
+    return PageMappedDevice(physical=device)

@@ -21,7 +21,7 @@ from policies.device import Device
 from policies.errors import PolicyError
 from policies.spec import parse_spec
 
-__all__ = ["available", "get", "create", "register", "ENTRY_POINT_GROUP"]
+__all__ = ["available", "get", "create", "register", "device_kind", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "poollab.policies"
 
@@ -40,6 +40,8 @@ BUILTIN_POLICIES: dict[str, str] = {
     "worst-fit": "policies.worst_fit:WorstFit",
     "compacting": "policies.compacting:Compacting",
     "tag-limits": "policies.tag_limits:TagLimits",
+    "vmm-stitch": "policies.vmm_stitch:VmmStitch",
+    "page-pool": "policies.page_pool:PagePool",
 }
 
 _runtime: dict[str, type[Policy] | str] = {}
@@ -131,3 +133,12 @@ def create(spec: str | type[Policy], *, capacity_bytes: int | None = None, devic
         raise
     except (TypeError, ValueError) as exc:
         raise PolicyError(f"policy {label!r}: {exc}") from None
+
+
+def device_kind(spec: str | type[Policy]) -> str:
+    """The device a policy built from ``spec`` needs: "segment" or "page-mapped"
+    (``Policy.device_kind``; a knob such as ``virtual=true`` or a wrapper's base decides it)."""
+    if inspect.isclass(spec):
+        return spec.device_kind_for({})
+    name, params = parse_spec(spec)
+    return get(name).device_kind_for(params)

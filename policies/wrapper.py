@@ -88,6 +88,13 @@ class WrapperPolicy(Policy):
             base_policy.add_move_listener(self._base_moved)
         super().__init__(capacity_bytes=capacity_bytes, device=base_policy.device)
 
+    @classmethod
+    def device_kind_for(cls, params: dict[str, Any]) -> str:
+        """The base's: a wrapper reserves nothing itself."""
+        from policies.registry import device_kind
+
+        return device_kind(params.get("base", cls.param_defaults()["base"]))
+
     def _check_base(self, base_policy: Policy) -> None:
         """Raise PolicyError when this wrapper cannot wrap ``base_policy``."""
 

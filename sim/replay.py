@@ -16,11 +16,11 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
-import policies
 from policies.base import Allocation, Policy
 from sim.bounds import bounds
 from sim import engine
-from sim.costs import CostedDevice, CostModel
+from sim.costs import CostModel
+from sim.pools import create_policy
 from sim.metrics import PoolMonitor, default_sample_every
 from sim.report import latency_samples, params_text, summary_frame, summary_row
 from traces.events import AllocTrace
@@ -49,7 +49,8 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     Args:
         trace: the allocation events.
         policy: a policy object (used as is: its device decides what grows cost) or a spec
-            string (built with ``capacity_bytes`` on a ``CostedDevice`` charging ``costs``).
+            string (built with ``capacity_bytes`` on the costed device it declares:
+            ``sim.pools.create_policy``).
         capacity_bytes: only used when ``policy`` is a spec.
         costs: driver-time model for a spec-built policy (bundled H200 figures by default).
         backend: the report's ``backend`` column ("sim"; realgpu passes "gpu").
@@ -63,7 +64,7 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         A ``ReplayResult`` whose ``summary`` has every ``SUMMARY_COLUMNS`` entry.
     """
     if isinstance(policy, str):
-        policy = policies.create(policy, capacity_bytes=capacity_bytes, device=CostedDevice(costs))
+        policy = create_policy(policy, capacity_bytes=capacity_bytes, costs=costs)
     events = trace_events(trace)
     n = len(events.ops)
     monitor = PoolMonitor(policy, sample_every=sample_every or default_sample_every(n))

@@ -60,7 +60,7 @@ def test_knobs_are_stored_unchanged(cls):
     p = cls(segment_bytes=4 * MiB, alignment_bytes=1024, granularity_bytes=3072, split_threshold_bytes=8 * KiB,
             capacity_bytes=64 * MiB)
     assert p.get_params() == {"segment_bytes": 4 * MiB, "alignment_bytes": 1024, "granularity_bytes": 3072,
-                              "split_threshold_bytes": 8 * KiB, "capacity_bytes": 64 * MiB}
+                              "split_threshold_bytes": 8 * KiB, "virtual": False, "capacity_bytes": 64 * MiB}
 
 
 def test_defaults_are_32mib_segments_256b_alignment():

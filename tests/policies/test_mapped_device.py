@@ -130,3 +130,23 @@ def test_the_cost_model_prices_every_vmm_call():
     va = d.address_reserve(G)
     d.map_new(va, G)
     assert d.take_driver_ns() == sum(costs.vmm_call_ns(c, G) for c in ("address_reserve", "create", "map", "set_access"))
+
+
+def test_physical_pages_can_come_from_a_segment_device():
+    from policies.device import VirtualDevice
+    from policies.mapped_device import as_page_mapped
+
+    upstream = VirtualDevice(limit_bytes=3 * G)
+    d = as_page_mapped(upstream)
+    assert as_page_mapped(d) is d
+    va = d.address_reserve(8 * G)
+    assert d.map_new(va, 2 * G) and upstream.used_bytes == 2 * G
+    handles = d.num_handles
+    assert not d.map_new(va + 2 * G, 2 * G)  # the second page is refused upstream: the first is given back
+    assert upstream.used_bytes == d.physical_bytes == 2 * G and d.num_handles == handles
+    assert d.mapped_bytes_in(va, 8 * G) == 2 * G
+    h = d.handle_at(va)
+    d.unmap_release(va, 2 * G)
+    assert upstream.used_bytes == 0 and h not in d._handles
+    with pytest.raises(PolicyError):
+        d.handle_at(va)

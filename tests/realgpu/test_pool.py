@@ -217,7 +217,9 @@ def test_overrun_through_a_malloc_pointer_surfaces_at_close():
         pool.close()
 
 
-@pytest.mark.parametrize("spec", policies.available())
+# page-mapped policies address a virtual range the segment backends cannot translate: they run on
+# the cuMem backend (issue 13), not here
+@pytest.mark.parametrize("spec", [n for n in policies.available() if policies.registry.device_kind(n) == "segment"])
 def test_every_registered_policy_validates_clean_under_a_random_workload(spec):
     rng = np.random.default_rng(7)
     pool = host_pool(spec, validate=True, guard_bytes=128)

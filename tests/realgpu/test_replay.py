@@ -40,7 +40,8 @@ def _agree(sim_row, gpu_row):
     return {k: (sim_row[k], gpu_row[k]) for k in SHARED if sim_row[k] != gpu_row[k]}
 
 
-@pytest.mark.parametrize("spec", policies.available())
+# page-mapped policies run on the cuMem backend (issue 13), not on the segment backends
+@pytest.mark.parametrize("spec", [n for n in policies.available() if policies.registry.device_kind(n) == "segment"])
 def test_device_replay_agrees_with_the_simulator_on_a_random_trace(spec):
     trace = random_trace(1)
     sim_row = replay(trace, spec, sample_every=7).summary
