@@ -22,11 +22,13 @@ import pandas as pd
 
 from sim import plots
 from sim.plots import column_header, format_value
-from sim.report import read_results
+from policies.units import format_bytes
+from sim.bounded_tables import MAX_POINTS_PER_RUN, read_drawn_table
+from sim.report import _read_table
 from traces.atomic import replacing_file
 
-__all__ = ["SECTIONS", "ResultFolder", "load_result_folder", "combine_tables", "build_html_report",
-           "write_html_report"]
+__all__ = ["SECTIONS", "ResultFolder", "load_result_folder", "combine_tables", "folder_settings", "run_settings",
+           "build_html_report", "write_html_report"]
 
 #: Section ids and headings, in page order.
 SECTIONS = {
@@ -43,7 +45,7 @@ SECTIONS = {
 
 #: Summary columns shown in the main table (the full table sits below it, folded).
 KEY_COLUMNS = [
-    "source", "policy", "backend", "kind", "n_failed", "failure_rate", "peak_live_bytes", "peak_reserved_bytes",
+    "source", "settings", "policy", "backend", "kind", "n_failed", "failure_rate", "peak_live_bytes", "peak_reserved_bytes",
     "overhead", "frag_ext_mean", "internal_waste_frac", "n_grow", "n_shrink", "alloc_p50_us", "alloc_p99_us",
     "free_p50_us", "free_p99_us", "nvml_peak_used_bytes", "n_finished", "n_rejected", "n_preempted", "ttft_p50_s",
     "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "throughput_tok_s", "goodput_rps", "kv_token_util",
@@ -64,22 +66,37 @@ details{margin:.3rem 0 1rem}summary{cursor:pointer;color:#333}
 
 @dataclass
 class ResultFolder:
-    """The tables of one result folder (``sim.report.write_results``) and its ``run.json``."""
+    """The tables of one result folder (``sim.report.write_results``) and its ``run.json``.
+
+    ``tables`` holds the summary and the tables the report draws, as ``sim.bounded_tables``
+    reads them (downsampled); ``table_names`` every table the folder has.
+    """
 
     path: Path
     label: str
     meta: dict[str, Any] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    table_names: list[str] = field(default_factory=list)
 
 
-def load_result_folder(path: str | Path, label: str | None = None) -> ResultFolder:
-    """Read a result folder. FileNotFoundError when it is missing or has no ``summary.csv``;
-    ValueError when its summary lacks ``trace``, ``policy`` or ``backend``."""
+def load_result_folder(path: str | Path, label: str | None = None, *,
+                       max_points: int = MAX_POINTS_PER_RUN) -> ResultFolder:
+    """Read a result folder, at most ``max_points`` drawn rows per run (``sim.bounded_tables``).
+
+    FileNotFoundError when it is missing or has no ``summary.csv``; ValueError when its summary
+    lacks ``trace``, ``policy`` or ``backend`` or a table cannot be read.
+    """
     p = Path(path)
     if not (p / "summary.csv").is_file():
         reason = "no such folder" if not p.exists() else "not a poollab result folder (no summary.csv)"
         raise FileNotFoundError(errno.ENOENT, reason, str(p))
-    tables = read_results(p)
+    tables = {"summary": _read_table(p / "summary.csv", pd.read_csv)}
+    names = ["summary"]
+    for table_path in sorted(p.glob("*.parquet")):
+        names.append(table_path.stem)
+        table = read_drawn_table(table_path, max_points)
+        if table is not None:
+            tables[table_path.stem] = table
     missing = [c for c in ("trace", "policy", "backend") if c not in tables["summary"].columns]
     if missing:
         raise ValueError(f"{p / 'summary.csv'}: lacks the report columns {missing}")
@@ -88,7 +105,7 @@ def load_result_folder(path: str | Path, label: str | None = None) -> ResultFold
         meta = json.loads(meta_path.read_bytes()) if meta_path.is_file() else {}
     except ValueError as exc:  # not JSON, or not UTF-8
         raise ValueError(f"{meta_path}: not a readable run.json ({exc})") from None
-    return ResultFolder(path=p, label=label or p.name, meta=meta, tables=tables)
+    return ResultFolder(path=p, label=label or p.name, meta=meta, tables=tables, table_names=names)
 
 
 def combine_tables(folders: Iterable[ResultFolder]) -> dict[str, pd.DataFrame]:
@@ -156,7 +173,15 @@ def _key_view(summary: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in KEY_COLUMNS if c in summary.columns and not summary[c].isna().all()]
     if "source" in cols and summary["source"].nunique() <= 1:
         cols.remove("source")
+    if "settings" in cols and not summary["settings"].astype(bool).any():
+        cols.remove("settings")
     return summary[cols]
+
+
+def _source_first(table: pd.DataFrame) -> pd.DataFrame:
+    """The detail view: the folder each row came from as its first column."""
+    first = [c for c in ("source", "settings") if c in table.columns]
+    return table[first + [c for c in table.columns if c not in first]]
 
 
 def _by_trace(table: pd.DataFrame | None, trace: str) -> pd.DataFrame | None:
@@ -168,23 +193,78 @@ def _by_trace(table: pd.DataFrame | None, trace: str) -> pd.DataFrame | None:
 
 # --- sections ---
 
-def _overview(folders: list[ResultFolder]) -> str:
+#: ``run.json`` keys that say what ran rather than how (they have columns of their own).
+_NOT_SETTINGS = frozenset({"command", "trace", "policies", "baselines"})
+#: What the settings column shows for a folder with no other folder of its command to differ from.
+_BASIC_SETTINGS = ("model", "gpu", "rate_scale", "capacity_bytes", "kv_capacity_bytes", "device")
+#: Summary columns that are a run's settings: shown where runs of one policy differ in them.
+_ROW_SETTINGS = ("params", "capacity_bytes", "kv_budget_bytes", "kv_strategy", "pool_layout", "preemption",
+                 "prefix_caching", "model", "gpu")
+
+
+def _setting_text(key: str, value: Any) -> str:
+    if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{key}={format_bytes(int(value))}"
+    return f"{key}={value}"
+
+
+def folder_settings(folders: list[ResultFolder]) -> dict[str, dict[str, Any]]:
+    """Per folder label, the ``run.json`` settings in which it differs from another folder of
+    the same command (a lone folder of its command: ``_BASIC_SETTINGS``); unset ones left out."""
+    by_command: dict[str, list[ResultFolder]] = {}
+    for f in folders:
+        by_command.setdefault(str(f.meta.get("command")), []).append(f)
+    out = {}
+    for group in by_command.values():
+        metas = [{k: v for k, v in f.meta.items() if k not in _NOT_SETTINGS} for f in group]
+        if len(group) == 1:
+            keys = [k for k in _BASIC_SETTINGS if k in metas[0]]
+        else:
+            keys = [k for k in dict.fromkeys(k for m in metas for k in m)
+                    if len({json.dumps(m.get(k), sort_keys=True, default=str) for m in metas}) > 1]
+        for f, m in zip(group, metas):
+            out[f.label] = {k: m[k] for k in keys if m.get(k) is not None}
+    return out
+
+
+def run_settings(summary: pd.DataFrame, by_folder: dict[str, dict[str, Any]]) -> pd.Series:
+    """Each run's settings that tell it from the other runs: its folder's (``folder_settings``,
+    by ``source``) and the summary's ``_ROW_SETTINGS`` in which two runs of the same trace,
+    policy and backend differ, shown for every run of that trace (two runs at different KV
+    budgets never look alike)."""
+    cols = [c for c in _ROW_SETTINGS if c in summary.columns]
+    keys = [k for k in ("policy", "backend") if k in summary.columns]
+    varying: list[set[str]] = [set() for _ in range(len(summary))]
+    if "trace" in summary.columns and keys and cols:
+        for _, trace_rows in summary.groupby("trace", sort=False, dropna=False):
+            differ = {c for _, part in trace_rows.groupby(keys, sort=False, dropna=False)
+                      for c in cols if part[c].astype(str).nunique() > 1}
+            for i in trace_rows.index:
+                varying[summary.index.get_loc(i)] = differ
+    texts = []
+    for (idx, row), differ in zip(summary.iterrows(), varying):
+        items = dict(by_folder.get(row.get("source"), {}))
+        items.update({c: row[c] for c in cols if c in differ})
+        texts.append(", ".join(_setting_text(k, v) for k, v in items.items()))
+    return pd.Series(texts, index=summary.index, dtype=object)
+
+
+def _overview(folders: list[ResultFolder], settings: dict[str, dict[str, Any]]) -> str:
     rows = []
     for f in folders:
         s = f.tables["summary"]
-        settings = ", ".join(f"{k}={f.meta[k]}" for k in ("model", "gpu", "rate_scale", "capacity_bytes", "device")
-                             if f.meta.get(k) is not None)
         rows.append({"folder": f.label, "path": str(f.path), "command": f.meta.get("command", "?"),
                      "traces": ", ".join(map(str, s["trace"].unique())),
                      "backends": ", ".join(map(str, s["backend"].unique())), "runs": len(s),
-                     "tables": ", ".join(sorted(f.tables)), "settings": settings})
+                     "tables": ", ".join(sorted(f.table_names)),
+                     "settings": ", ".join(_setting_text(k, v) for k, v in settings[f.label].items())})
     return _html_table(pd.DataFrame(rows))
 
 
 def _summary_section(summary: pd.DataFrame, trace: str) -> str:
     part = summary[summary["trace"] == trace]
     return (_html_table(_key_view(part)) + "<details><summary>every column</summary>"
-            + _html_table(part.dropna(axis=1, how="all")) + "</details>")
+            + _html_table(_source_first(part.dropna(axis=1, how="all"))) + "</details>")
 
 
 def _memory_section(t: dict[str, pd.DataFrame], trace: str, dpi: int) -> str:
@@ -260,36 +340,60 @@ def _sim_vs_gpu_section(t: dict[str, pd.DataFrame], dpi: int) -> str:
     return "".join(out)
 
 
-def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, dpi: int = 90) -> str:
-    """The report page for the result folders ``dirs`` (see the module docstring)."""
+def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, dpi: int = 90,
+                      progress: bool = False, max_points: int = MAX_POINTS_PER_RUN) -> str:
+    """The report page for the result folders ``dirs`` (see the module docstring).
+
+    ``progress`` shows a bar on stderr (when it is a terminal) that advances per folder read and
+    per section drawn;
+    ``max_points`` bounds the rows drawn per run (``sim.bounded_tables``).
+    """
     paths = [Path(d) for d in dirs]
     if not paths:
         raise ValueError("build_html_report needs at least one result folder")
-    folders = [load_result_folder(p, label) for p, label in zip(paths, _unique_labels(paths))]
-    t = combine_tables(folders)
-    traces = list(dict.fromkeys(t["summary"]["trace"].astype(str)))
-    t = {name: table.assign(trace=table["trace"].astype(str)) if "trace" in table else table
-         for name, table in t.items()}
-    served = [tr for tr in traces if _by_trace(t.get("requests"), tr) is not None or _queue_series(t, tr) is not None]
+    from tqdm.auto import tqdm
 
-    def per_trace(render: Callable[[str], str], traces_: list[str], empty: str) -> str:
-        if not traces_:
-            return _note(empty)
-        return "".join(f"<h3>{_esc(tr)}</h3>{render(tr)}" for tr in traces_)
+    with tqdm(total=len(paths) + len(SECTIONS), desc="report", unit="step", leave=False,
+              disable=None if progress else True) as bar:  # None: only on a terminal
+        folders = []
+        for p, label in zip(paths, _unique_labels(paths)):
+            bar.set_postfix_str(label)
+            folders.append(load_result_folder(p, label, max_points=max_points))
+            bar.update()
+        t = combine_tables(folders)
+        t = {name: table.assign(trace=table["trace"].astype(str)) if "trace" in table else table
+             for name, table in t.items()}
+        settings = folder_settings(folders)
+        t["summary"] = t["summary"].assign(settings=run_settings(t["summary"], settings))
+        traces = list(dict.fromkeys(t["summary"]["trace"]))
+        served = [tr for tr in traces
+                  if _by_trace(t.get("requests"), tr) is not None or _queue_series(t, tr) is not None]
 
-    body = {
-        "overview": _overview(folders),
-        "summary": per_trace(lambda tr: _summary_section(t["summary"], tr), traces, "no runs"),
-        "memory": per_trace(lambda tr: _memory_section(t, tr, dpi), traces, "no runs"),
-        "fragmentation": per_trace(lambda tr: _fragmentation_section(t, tr, dpi), traces, "no runs"),
-        "failures": per_trace(lambda tr: _figure(lambda: plots.plot_failures(_by_trace(t["summary"], tr)),
-                                                 "Failure and preemption counters", dpi), traces, "no runs"),
-        "latency": per_trace(lambda tr: _latency_section(t, tr, dpi), traces, "no runs"),
-        "serving": per_trace(lambda tr: _serving_section(t, tr, dpi), served,
-                             "no simulation folders (`poollab simulate` writes requests and queue lengths)"),
-        "pareto": per_trace(lambda tr: _pareto_section(t["summary"], tr, dpi), traces, "no runs"),
-        "sim-vs-gpu": _sim_vs_gpu_section(t, dpi),
-    }
+        def per_trace(render: Callable[[str], str], traces_: list[str], empty: str) -> str:
+            if not traces_:
+                return _note(empty)
+            return "".join(f"<h3>{_esc(tr)}</h3>{render(tr)}" for tr in traces_)
+
+        render = {
+            "overview": lambda: _overview(folders, settings),
+            "summary": lambda: per_trace(lambda tr: _summary_section(t["summary"], tr), traces, "no runs"),
+            "memory": lambda: per_trace(lambda tr: _memory_section(t, tr, dpi), traces, "no runs"),
+            "fragmentation": lambda: per_trace(lambda tr: _fragmentation_section(t, tr, dpi), traces, "no runs"),
+            "failures": lambda: per_trace(lambda tr: _figure(lambda: plots.plot_failures(_by_trace(t["summary"], tr)),
+                                                             "Failure and preemption counters", dpi),
+                                          traces, "no runs"),
+            "latency": lambda: per_trace(lambda tr: _latency_section(t, tr, dpi), traces, "no runs"),
+            "serving": lambda: per_trace(lambda tr: _serving_section(t, tr, dpi), served,
+                                         "no simulation folders (`poollab simulate` writes requests and queue "
+                                         "lengths)"),
+            "pareto": lambda: per_trace(lambda tr: _pareto_section(t["summary"], tr, dpi), traces, "no runs"),
+            "sim-vs-gpu": lambda: _sim_vs_gpu_section(t, dpi),
+        }
+        body = {}
+        for sid in SECTIONS:
+            bar.set_postfix_str(sid)
+            body[sid] = render[sid]()
+            bar.update()
     title = title or "poollab report"
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name in SECTIONS.items())
@@ -303,9 +407,10 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
             f"{_esc(units)}</p><nav>{nav}</nav>{sections}</body></html>\n")
 
 
-def write_html_report(dirs: Iterable[str | Path], out_path: str | Path, *, title: str | None = None) -> Path:
+def write_html_report(dirs: Iterable[str | Path], out_path: str | Path, *, title: str | None = None,
+                      progress: bool = False) -> Path:
     """Write ``build_html_report(dirs)`` to ``out_path`` (its folder is created); returns the path."""
-    page = build_html_report(dirs, title=title)
+    page = build_html_report(dirs, title=title, progress=progress)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing_file(out) as tmp:  # all or nothing: a full disk leaves the old report

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import simpy
 
@@ -44,6 +44,8 @@ class Server:
         config: the server's settings; it reads ``sample_every_s`` (resolved: not None),
             ``horizon_s`` and the pool controls ``freeze_after_steps``, ``pregrow_safety`` and
             ``compact_between_steps``.
+        progress: called with the simulated time (s) at each time-series sample, e.g. to move a
+            progress bar; None for nothing.
 
     Raises:
         ValueError: a control the KV pool does not offer (pre-growth without ``reserve``,
@@ -51,10 +53,11 @@ class Server:
     """
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
-                 model: Any, config: ServerConfig):
+                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
         self.config = config
+        self._progress = progress
         policy = pools.kv.policy
         self._reserver = policy if pregrow_safety is not None and policy.can_reserve else None
         if pregrow_safety is not None and self._reserver is None:
@@ -229,6 +232,8 @@ class Server:
         self._next_sample_s = now + self.config.sample_every_s
         sched, kv = self.scheduler, self.scheduler.kv
         time_us = int(now * 1e6)
+        if self._progress is not None:
+            self._progress(now)
         self.monitor.observe(self.num_steps, time_us)
         free_kv = kv.free_bytes()  # cached blocks nobody holds count as free, as in vLLM's free queue
         self.rows.append((

@@ -8,10 +8,11 @@ table and a time series.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
@@ -81,7 +82,8 @@ def _page_bytes(policy: Policy) -> int | None:
 
 def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
              calibration: Any = None, costs: CostModel | str | Path | None = None, trace_name: str | None = None,
-             config: ServerConfig | None = None, **options: Any) -> SimResult:
+             config: ServerConfig | None = None, progress: Callable[[float], None] | None = None,
+             **options: Any) -> SimResult:
     """Serve ``requests`` with ``model`` on ``gpu``, the KV cache in a ``policy_spec`` pool.
 
     Args:
@@ -92,6 +94,7 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         costs: driver cost model (or its JSON path), None for the bundled H200 figures.
         trace_name: the report's ``trace`` column (default: the trace's name).
         config: the server's settings (default: ``ServerConfig`` built from ``options``).
+        progress: called with the simulated time (s) as the run advances (``sim.server.Server``).
         **options: ``ServerConfig`` knobs (``kv_strategy``, ``preemption``, ``max_num_seqs``, ...),
             when no ``config`` is given.
 
@@ -134,7 +137,7 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         kv_layout = "paged"
     scheduler = Scheduler(kv, cfg)
     reqs = _build_requests(trace, kv, cfg.max_model_len)
-    server = Server(reqs, scheduler, pools, step_model, model, cfg)
+    server = Server(reqs, scheduler, pools, step_model, model, cfg, progress=progress)
     end_s = server.run()
     wall_s = time.perf_counter() - wall0
 
@@ -226,13 +229,35 @@ def _timeseries(server: Server, trace_name: str, policy_spec: str) -> pd.DataFra
 
 
 def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str], *, model: Any, gpu: Any,
-                  **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                  progress: bool = False, **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """``simulate`` under each spec: ``(summary, timeseries, requests)`` tables, one block per policy.
 
     Keyword arguments are ``simulate``'s; ``sim.report.write_results(out, summary, timeseries,
-    extra_tables={"requests": requests})`` writes them.
+    extra_tables={"requests": requests})`` writes them. ``progress`` shows a bar per policy on
+    stderr (when it is a terminal) that advances with simulated time up to the last arrival.
     """
-    results = [simulate(requests, spec, model=model, gpu=gpu, **kwargs) for spec in policy_specs]
+    trace = _as_trace(requests)
+    results = []
+    for spec in policy_specs:
+        with _time_bar(trace, spec, progress) as advance:
+            results.append(simulate(trace, spec, model=model, gpu=gpu, progress=advance, **kwargs))
     return (summary_frame([r.summary for r in results]),
             pd.concat([r.timeseries for r in results], ignore_index=True),
             pd.concat([r.requests for r in results], ignore_index=True))
+
+
+@contextlib.contextmanager
+def _time_bar(trace: RequestTrace, spec: str, show: bool):
+    """A progress bar in simulated seconds over the trace's arrivals, and the callback that moves it."""
+    if not show:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    total_s = max(float(trace.duration_s), 1e-9)
+    with tqdm(total=round(total_s, 1), desc=f"{trace.name} · {spec}", unit="sim-s", leave=False, disable=None,
+              bar_format="{l_bar}{bar}| {n:,.0f}/{total:,.0f} sim-s [{elapsed}<{remaining}]") as bar:
+        def advance(now_s: float) -> None:
+            bar.update(round(min(now_s, total_s), 1) - bar.n)
+
+        yield advance

@@ -78,8 +78,9 @@ def config_options(command: Callable) -> Callable:
 @click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Driver cost model JSON (default: bundled H200 figures).")
 @out_option("poollab-out/simulate")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds.")
 def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibration, costs, out_dir: Path,
-                     **options: Any) -> None:
+                     progress: bool, **options: Any) -> None:
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
     check_specs([options["aux_policy"]])
@@ -101,7 +102,8 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
         requests = requests.scale_rate(rate_scale)
     try:
         summary, timeseries, table = simulate_many(requests, spec_list, model=model_spec, gpu=gpu_spec,
-                                                   calibration=calibration, costs=costs, config=config)
+                                                   calibration=calibration, costs=costs, config=config,
+                                                   progress=progress)
     except ValueError as exc:  # a knob or file the user gave (PolicyError and TraceFormatError pass through)
         if type(exc) is not ValueError:
             raise

@@ -99,8 +99,23 @@ def series_order(table: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(table["series"].tolist()))
 
 
+def colour(i: int) -> str:
+    """The ``i``-th series colour: the palette, then hues a golden angle apart at three lightness
+    levels, so no two of the first 500 series share a colour (tested)."""
+    if i < len(_PALETTE):
+        return _PALETTE[i]
+    import colorsys
+
+    k = i - len(_PALETTE)
+    hue = (0.07 + k * 0.381966) % 1.0  # golden angle: each new hue falls in the widest gap left
+    lightness = (0.42, 0.30, 0.58)[k % 3]
+    r, g, b = colorsys.hls_to_rgb(hue, lightness, 0.75)
+    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
+
+
 def colours(names: Sequence[str]) -> dict[str, str]:
-    return {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)}
+    """A distinct colour per series name, by first appearance (``colour``)."""
+    return {name: colour(i) for i, name in enumerate(names)}
 
 
 def byte_unit(max_bytes: float) -> tuple[float, str]:

@@ -166,3 +166,33 @@ def test_summary_without_report_columns_is_a_value_error(tmp_path):
 def test_write_html_report_writes_the_page(folders, tmp_path):
     out = write_html_report([folders / "only_summary"], tmp_path / "sub" / "r.html")
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def _cells(table_html: str) -> list[list[str]]:
+    return [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table_html)]
+
+
+def test_two_simulations_at_different_kv_budgets_do_not_look_alike(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 20
+    requests = RequestTrace(make_requests(np.cumsum(rng.exponential(1 / 50, n)), rng.integers(50, 400, n),
+                                          rng.integers(20, 200, n)), name="synth_requests")
+    for name, capacity in (("small", 1 << 30), ("large", 2 << 30)):
+        summary, ts, table = simulate_many(requests, ["paged"], model="Llama-3.2-1B", gpu="H200",
+                                           kv_capacity_bytes=capacity)
+        write_results(tmp_path / name, summary, ts, extra_tables={"requests": table},
+                      meta={"command": "simulate", "model": "Llama-3.2-1B", "kv_capacity_bytes": capacity})
+    page = build_html_report([tmp_path / "small", tmp_path / "large"], dpi=20)
+    overview = {row[0]: row[-1] for row in _cells(section_html(page, "overview"))[1:]}
+    assert overview == {"small": "kv_capacity_bytes=1.0 GiB", "large": "kv_capacity_bytes=2.0 GiB"}
+    key_table = section_html(page, "summary").split("<details>")[0]
+    rows = _cells(key_table)
+    assert rows[0][:3] == ["source", "settings", "policy"]
+    settings = [r[1] for r in rows[1:]]
+    assert len(set(settings)) == 2 and all("kv_budget_bytes" in s for s in settings)
+
+
+def test_every_column_table_starts_with_the_source(folders):
+    page = build_html_report([folders / "replay", folders / "gpu"], dpi=20)
+    detail = section_html(page, "summary").split("<details>")[1]
+    assert _cells(detail)[0][0] == "source"

@@ -265,3 +265,11 @@ def test_pareto_plot_marks_the_non_dominated_runs():
     fig = plots.plot_pareto(summary)
     front = fig.axes[0].lines[0]  # the joined front of the first panel
     assert sorted(front.get_xdata()) == [5.0, 10.0, 20.0]  # d, a, b in percent; c is dominated by a
+
+
+def test_series_colours_do_not_repeat_past_the_palette():
+    from sim.plots._base import colours
+
+    names = [f"run {i}" for i in range(500)]
+    assert len(set(colours(names).values())) == 500
+    assert colours(names[:3]) == {n: c for n, c in list(colours(names).items())[:3]}  # stable by appearance
