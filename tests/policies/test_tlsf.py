@@ -86,3 +86,12 @@ def test_random_operations_keep_the_index_and_blocks_in_step(sl, ops):
                          for b in bl.values())
         assert indexed == pool.free_extents()
     check_invariants(pool, live)
+
+
+def test_a_reused_large_buffer_is_served_from_the_block_it_freed():
+    # issue 11: the same 131,072,000 B buffer allocated and freed 50 times grew the pool 50 times
+    pool = TLSF()
+    for _ in range(50):
+        pool.free(pool.allocate(131_072_000))
+    stats = check_invariants(pool, [])
+    assert stats.num_grows == 1 and stats.reserved_bytes == 128 * MiB
