@@ -179,7 +179,10 @@ class ContiguousPolicy(Policy):
         return -(-nbytes // m) * m
 
     def rounded_size(self, nbytes: int) -> int:
-        """The bytes a request of ``nbytes`` takes before any unsplit remainder joins it."""
+        """The bytes a request of ``nbytes`` takes before any unsplit remainder joins it.
+
+        A subclass that rounds otherwise overrides this and sets ``_round_mask`` to None.
+        """
         mask = self._round_mask
         if mask is not None:
             return (nbytes + mask) & ~mask
@@ -188,11 +191,10 @@ class ContiguousPolicy(Policy):
 
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
-        if mask is not None:
+        if mask is not None:  # inlined rounded_size: the hottest path of every replay
             size = (nbytes + mask) & ~mask
         else:
-            m = self._rounding_bytes
-            size = -(-nbytes // m) * m
+            size = self.rounded_size(nbytes)
         block = self._take(size, stream)
         if block is None:
             seg = self._reserve_segment(self._segment_size_for(size), stream)
