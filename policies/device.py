@@ -9,14 +9,22 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Device", "VirtualDevice", "SEGMENT_ALIGNMENT_BYTES"]
+__all__ = ["Device", "VirtualDevice", "SEGMENT_ALIGNMENT_BYTES", "MAX_DEVICE_BYTES"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
 SEGMENT_ALIGNMENT_BYTES = 2 << 20
 
+#: The most bytes a device model can hold: 4 TiB, four times the largest GPU announced (1 TB of
+#: HBM), yet far below 2**62, where offsets would soon overflow 64-bit addresses.
+#: A request above a device's ``max_bytes`` is refused before a policy does any work.
+MAX_DEVICE_BYTES = 4 << 40
+
 
 @runtime_checkable
 class Device(Protocol):
+    """Hands out segments. May also define ``max_bytes``, the largest request it could ever
+    hold (``MAX_DEVICE_BYTES`` when it does not): policies refuse larger ones up front."""
+
     def reserve(self, nbytes: int) -> int | None:
         """Reserve ``nbytes``; return the segment's offset in the pool address space, or None."""
 
@@ -33,10 +41,12 @@ class VirtualDevice:
 
     Args:
         limit_bytes: optional device memory size; ``reserve`` returns None past it.
+        max_bytes: the largest request any pool on this device may make (see ``MAX_DEVICE_BYTES``).
     """
 
-    def __init__(self, limit_bytes: int | None = None):
+    def __init__(self, limit_bytes: int | None = None, max_bytes: int = MAX_DEVICE_BYTES):
         self.limit_bytes = limit_bytes
+        self.max_bytes = max_bytes
         self.used_bytes = 0
         self._next_offset = SEGMENT_ALIGNMENT_BYTES
 
