@@ -32,13 +32,25 @@ from policies.testing.battery import (_differences, _expect_failure_unchanged, _
                                       random_size)
 from policies.testing.invariants import check_invariants
 
-__all__ = ["SoakReport", "soak", "soak_size", "SOAK_CAPACITIES", "BOUNDARY_SIZES"]
+__all__ = ["SoakReport", "soak", "soak_size", "soak_specs", "SOAK_CAPACITIES", "BOUNDARY_SIZES", "ACTIVE_SPECS"]
 
 GiB = 1 << 30
 
 #: capacities a soak episode picks from: no limit, and limits that make large requests fail
 SOAK_CAPACITIES: tuple[int | None, ...] = (None, 96 * MiB, 256 * MiB, GiB)
 _STREAMS = (0, 0, 0, 1, 2)
+#: besides each registered policy's defaults, configurations that make wrappers and options act often
+ACTIVE_SPECS: tuple[str, ...] = (
+    "elastic:patience=2,grow_bytes=4MiB", "tag-limits:limits=[kv=64MiB]",
+    "compacting:threshold=0.1,check_every=4,min_free_bytes=1MiB", "elastic:base=[paged],patience=2",
+    "torch-caching:max_split_size_bytes=40MiB,roundup_power2_divisions=4,garbage_collection_threshold=0.5")
+
+
+def soak_specs() -> list[str]:
+    """What a full soak covers: every registered policy (third-party ones too), then ``ACTIVE_SPECS``."""
+    from policies.registry import available  # the registry imports every policy module: late
+
+    return [*available(), *ACTIVE_SPECS]
 _TAGS = (None, "kv", "kv", "act", "weights")
 
 

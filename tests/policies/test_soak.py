@@ -10,17 +10,13 @@ import pytest
 
 import policies
 from policies import registry
-from policies.testing import SegmentPerRequest
 from policies.arena import Arena
-from policies.testing.soak import BOUNDARY_SIZES, soak
+from policies.testing import SegmentPerRequest
+from policies.testing.soak import ACTIVE_SPECS, BOUNDARY_SIZES, soak
 
 #: registered at run time, as a third-party policy would be
 THIRD_PARTY = SegmentPerRequest.name
-#: besides each policy's defaults, knobs that make wrappers and options act often
-ACTIVE_SPECS = ["elastic:patience=2,grow_bytes=4MiB", "tag-limits:limits=[kv=64MiB]",
-                "compacting:threshold=0.1,check_every=4,min_free_bytes=1MiB", "elastic:base=[paged],patience=2",
-                "torch-caching:max_split_size_bytes=40MiB,roundup_power2_divisions=4,garbage_collection_threshold=0.5"]
-SPECS = list(dict.fromkeys([*policies.available(), THIRD_PARTY])) + ACTIVE_SPECS
+SPECS = list(dict.fromkeys([*policies.available(), THIRD_PARTY, *ACTIVE_SPECS]))
 
 
 @pytest.fixture(scope="module", autouse=True)
