@@ -26,10 +26,8 @@ from typing import Any, Callable
 
 from policies.base import Allocation, Policy
 from policies.device import MAX_DEVICE_BYTES
-from policies.errors import PolicyError
 from policies.testing._common import BAD_SIZES, MiB, PolicyFactory, fail as _fail
-from policies.testing.battery import (_differences, _expect_failure_unchanged, _expect_unchanged, _holdings,
-                                      random_size)
+from policies.testing.battery import _differences, _expect_error, _expect_failure_unchanged, _holdings, random_size
 from policies.testing.invariants import check_invariants
 
 __all__ = ["SoakReport", "soak", "soak_size", "soak_specs", "SOAK_CAPACITIES", "BOUNDARY_SIZES", "ACTIVE_SPECS"]
@@ -213,25 +211,11 @@ class _Episode:
 
     def bad_size(self) -> None:
         bad = self.rng.choice(BAD_SIZES)
-        before = self.policy.stats()
-        try:
-            self.policy.allocate(bad)
-        except PolicyError:
-            pass
-        else:
-            _fail(f"{self.policy!r}: allocate({bad!r}) did not raise PolicyError")
-        _expect_unchanged(self.policy, before, f"allocate({bad!r})")
+        _expect_error(self.policy, lambda: self.policy.allocate(bad), f"allocate({bad!r})")
 
     def double_free(self) -> None:
         a = self.rng.choice(self.freed)
-        before = self.policy.stats()
-        try:
-            self.policy.free(a)
-        except PolicyError:
-            pass
-        else:
-            _fail(f"{self.policy!r}: freeing an allocation twice did not raise PolicyError")
-        _expect_unchanged(self.policy, before, "a double free")
+        _expect_error(self.policy, lambda: self.policy.free(a), "a double free")
 
     def reset(self) -> None:
         self.policy.reset()
@@ -241,12 +225,7 @@ class _Episode:
         stale = self.live[:1]
         self.live, self.freed = [], []
         for a in stale:
-            try:
-                self.policy.free(a)
-            except PolicyError:
-                pass
-            else:
-                _fail(f"{self.policy!r}: free() of an allocation made before reset() did not raise")
+            _expect_error(self.policy, lambda: self.policy.free(a), "free() of an allocation made before reset()")
 
 
 def soak(factory: PolicyFactory, num_ops: int, *, seed: int = 0, spec: str = "", episode_ops: int = 20_000,

@@ -9,34 +9,22 @@ import os
 import pytest
 
 import policies
-from policies import registry
 from policies.arena import Arena
 from policies.testing import SegmentPerRequest
-from policies.testing.soak import ACTIVE_SPECS, BOUNDARY_SIZES, soak
+from policies.testing.soak import BOUNDARY_SIZES, soak, soak_specs
 
-#: registered at run time, as a third-party policy would be
-THIRD_PARTY = SegmentPerRequest.name
-SPECS = list(dict.fromkeys([*policies.available(), THIRD_PARTY, *ACTIVE_SPECS]))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def third_party_policy():
-    registered = THIRD_PARTY not in policies.available()
-    if registered:
-        registry.register(THIRD_PARTY, SegmentPerRequest)
-    yield
-    if registered:
-        registry.unregister(THIRD_PARTY)
+SPECS = soak_specs()
 
 
 def _soak(spec: str, num_ops: int, seed: int = 0, episode_ops: int = 20_000):
-    report = soak(functools.partial(policies.create, spec), num_ops, seed=seed, spec=spec, episode_ops=episode_ops)
+    factory = SegmentPerRequest if spec == SegmentPerRequest.name else functools.partial(policies.create, spec)
+    report = soak(factory, num_ops, seed=seed, spec=spec, episode_ops=episode_ops)
     assert report.num_ops == num_ops
     assert report.num_violations == 0, "\n".join(report.violations)
     return report
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", [*SPECS, SegmentPerRequest.name])  # and a third-party policy
 def test_a_short_soak_finds_no_violation(spec):
     report = _soak(spec, 500, seed=1, episode_ops=100)  # five pools, each with a capacity drawn
     assert report.num_failures > 0 and report.num_episodes == 5  # the capacities did force failures
@@ -45,7 +33,7 @@ def test_a_short_soak_finds_no_violation(spec):
 @pytest.mark.slow
 @pytest.mark.skipif("POOLLAB_SOAK_OPS" not in os.environ,
                     reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; benchmarks/soak.py runs it in parallel")
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("spec", [*SPECS, SegmentPerRequest.name])
 def test_a_long_soak_finds_no_violation(spec):
     _soak(spec, int(os.environ.get("POOLLAB_SOAK_OPS", "0")), seed=1)
 
