@@ -215,7 +215,10 @@ class ContiguousPolicy(Policy):
         return round_up(nbytes, m)
 
     def rounded_size(self, nbytes: int) -> int:
-        """The bytes a request of ``nbytes`` takes before any unsplit remainder joins it."""
+        """The bytes a request of ``nbytes`` takes before any unsplit remainder joins it.
+
+        A subclass that rounds otherwise overrides this and sets ``_round_mask`` to None.
+        """
         mask = self._round_mask
         if mask is not None:
             return (nbytes + mask) & ~mask
@@ -224,11 +227,10 @@ class ContiguousPolicy(Policy):
 
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
-        if mask is not None:
+        if mask is not None:  # inlined rounded_size: the hottest path of every replay
             size = (nbytes + mask) & ~mask
         else:
-            m = self._rounding_bytes
-            size = round_up(nbytes, m)
+            size = self.rounded_size(nbytes)
         block = self._take(size, stream)
         if block is None:
             if self.virtual:

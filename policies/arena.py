@@ -79,6 +79,8 @@ class Arena(Policy):
             fresh = self._take_arena(size, stream)
             if fresh is None:
                 return None
+            # read it again: a reservation's trim-and-retry may have released an empty current arena
+            arena = self._current.get(stream)
             if arena is not None:
                 self._retire(arena)
             fresh.current = True

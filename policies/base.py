@@ -41,7 +41,7 @@ import inspect
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from policies.device import Device, VirtualDevice
+from policies.device import MAX_DEVICE_BYTES, Device, VirtualDevice
 from policies.errors import PolicyError
 from policies.units import round_up
 
@@ -189,6 +189,8 @@ class Policy(abc.ABC):
             raise PolicyError(f"capacity_bytes(={capacity_bytes!r}) must be a positive integer or None")
         self.capacity_bytes = capacity_bytes
         self.device = device if device is not None else VirtualDevice()
+        #: larger requests are refused before any work: no device could ever hold them
+        self._max_request_bytes: int = self.device.max_bytes
         self._segments: dict[int, Segment] = {}
         self._token: object = object()
         self._frozen = False
@@ -257,7 +259,11 @@ class Policy(abc.ABC):
 
         Returns:
             The allocation, or None when the request cannot be met within ``capacity_bytes``
-            (counted as a failure; the pool is unchanged).
+            or by the device. A failure is counted in ``num_failures`` and leaves every live
+            allocation, and the live and allocated byte counters, unchanged; it may release
+            fully free cached segments first (as PyTorch's allocator does before it reports
+            out of memory), but never reserves one. A request larger than the device's
+            ``max_bytes`` (``policies.device.MAX_DEVICE_BYTES``) fails before any work.
 
         Raises:
             PolicyError: ``nbytes`` is not a positive integer (nothing changes).
@@ -266,6 +272,9 @@ class Policy(abc.ABC):
             nbytes = _as_size(nbytes)
         if nbytes <= 0:
             raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
+        if nbytes > self._max_request_bytes:  # no device holds it: refuse before any work
+            self.num_failures += 1
+            return None
         a = self._allocate(nbytes, stream, tag)
         if a is None:
             if self._frozen_refusal_at == self.num_allocs + self.num_failures:  # a grow was refused in this call
@@ -375,6 +384,8 @@ class Policy(abc.ABC):
         The pre-growth hook elastic pools use before a prefill. Returns False when capacity or
         the device refuses.
         """
+        if nbytes > self._max_request_bytes:
+            return False
         # retry=False: freeing cached segments to pre-grow would trade free memory for free memory
         seg = self._reserve_segment(self._segment_size_for(nbytes), stream=0, retry=False)
         if seg is None:
@@ -495,6 +506,8 @@ class Policy(abc.ABC):
         """
         if self._frozen:
             self._frozen_refusal_at = self.num_allocs + self.num_failures
+            return None
+        if nbytes > self._max_request_bytes:  # rounding took a request past what any device holds
             return None
         for attempt in ((0, 1) if retry else (1,)):
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:

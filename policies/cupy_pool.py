@@ -12,9 +12,10 @@ The rules, as CuPy implements them:
   segment (``_try_malloc``);
 - a freed chunk merges with its free neighbours from the same ``cudaMalloc``
   (``try_merge_chunk``);
-- when the limit (``set_limit`` / ``CUPY_GPU_MEMORY_LIMIT``: ``capacity_bytes`` here) or
-  ``cudaMalloc`` refuses, ``free_all_blocks()`` releases every unsplit free chunk and the
-  allocation is tried again, then fails (out of memory).
+- past the limit (``set_limit`` / ``CUPY_GPU_MEMORY_LIMIT``: ``capacity_bytes`` here),
+  ``_try_malloc`` raises ``OutOfMemoryError`` at once and frees nothing; only when
+  ``cudaMalloc`` itself refuses (the device) does ``free_all_blocks()`` release every unsplit
+  free chunk and the allocation is tried again, then fails (out of memory).
 
 CuPy breaks ties between equal-size free chunks by the order of chunk objects in memory (an
 implementation accident); here the lower address wins.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.base import Segment
 from policies.best_fit import BestFit
 from policies.device import Device
 from policies.units import round_up
@@ -59,6 +61,13 @@ class CupyPool(BestFit):
     @classmethod
     def param_defaults(cls) -> dict[str, Any]:
         return {"capacity_bytes": None}
+
+    def _reserve_segment(self, nbytes: int, stream: int = 0, *, retry: bool = True) -> Segment | None:
+        """``_try_malloc``: past the limit, out of memory without freeing anything; the base's
+        release-and-retry runs only when the device refuses."""
+        if not self._frozen and self.capacity_bytes is not None and self.reserved_bytes + nbytes > self.capacity_bytes:
+            return None
+        return super()._reserve_segment(nbytes, stream, retry=retry)
 
     def _segment_size_for(self, nbytes: int) -> int:
         """``cudaMalloc`` of exactly the rounded request."""

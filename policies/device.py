@@ -30,10 +30,15 @@ from typing import Protocol, runtime_checkable
 from policies.units import round_up
 
 __all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "SEGMENT_ALIGNMENT_BYTES",
-           "VMM_STAT_KEYS", "vmm_stats"]
+           "MAX_DEVICE_BYTES", "VMM_STAT_KEYS", "vmm_stats"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
 SEGMENT_ALIGNMENT_BYTES = 2 << 20
+
+#: The most bytes a device model can hold: 4 TiB, four times the largest GPU announced (1 TB of
+#: HBM), yet far below 2**62, where offsets would soon overflow 64-bit addresses.
+#: A request above a device's ``max_bytes`` is refused before a policy does any work.
+MAX_DEVICE_BYTES = 4 << 40
 
 
 #: The device columns of the report: ``cuMemMap``/``cuMemUnmap`` calls, bytes mapped in total,
@@ -55,6 +60,11 @@ def vmm_stats(*, num_maps: int = 0, num_unmaps: int = 0, mapped_bytes: int = 0, 
 
 @runtime_checkable
 class Device(Protocol):
+    """Hands out segments; ``max_bytes`` is the largest request it could ever hold
+    (``MAX_DEVICE_BYTES`` for the built-in ones): policies refuse larger ones up front."""
+
+    max_bytes: int
+
     def reserve(self, nbytes: int) -> int | None:
         """Reserve ``nbytes``; return the segment's offset in the pool address space, or None."""
 
@@ -83,6 +93,7 @@ class UnmodelledDriver:
     """
 
     driver_ns_total = 0
+    max_bytes = MAX_DEVICE_BYTES
 
     def take_driver_ns(self) -> int:
         return 0
@@ -127,10 +138,12 @@ class VirtualDevice(UnmodelledDriver):
 
     Args:
         limit_bytes: optional device memory size; ``reserve`` returns None past it.
+        max_bytes: the largest request any pool on this device may make (see ``MAX_DEVICE_BYTES``).
     """
 
-    def __init__(self, limit_bytes: int | None = None):
+    def __init__(self, limit_bytes: int | None = None, max_bytes: int = MAX_DEVICE_BYTES):
         self.limit_bytes = limit_bytes
+        self.max_bytes = max_bytes
         self.used_bytes = 0
         self._next_offset = SEGMENT_ALIGNMENT_BYTES
 

@@ -38,7 +38,7 @@ from typing import Protocol
 
 from sortedcontainers import SortedDict
 
-from policies.device import SEGMENT_ALIGNMENT_BYTES, Device, DriverClock, vmm_stats
+from policies.device import MAX_DEVICE_BYTES, SEGMENT_ALIGNMENT_BYTES, Device, DriverClock, vmm_stats
 from policies.errors import PolicyError
 from policies.units import format_bytes, round_up
 
@@ -83,6 +83,7 @@ class PageMappedDevice:
         self.costs = costs
         self.virtual_limit_bytes = virtual_limit_bytes
         self.physical = physical
+        self.max_bytes = physical.max_bytes if physical is not None else MAX_DEVICE_BYTES
         self._physical_offset: dict[int, int] = {}  # handle -> its offset on ``physical``
         self.clock = DriverClock()
         self.num_calls = dict.fromkeys(VMM_CALLS, 0)

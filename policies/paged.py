@@ -310,6 +310,9 @@ class Paged(Policy):
             raise PolicyError("allocate_shared: no shared pages and extra_nbytes=0 make an empty request")
         page = self.page_size_bytes
         fresh: list[_Page] = []
+        if extra_nbytes > self._max_request_bytes:  # no device holds it (see Policy.allocate)
+            self.num_failures += 1
+            return None
         if extra_nbytes:
             taken = self._take_pages(-(-extra_nbytes // page), stream)
             if taken is None:

@@ -5,16 +5,24 @@ Free blocks sit in size classes of two levels: the first level is the power of t
 (``sl``). Two bit maps say which classes hold a block, so finding one takes a few bit
 operations whatever the number of free blocks (O(1)):
 
-- ``allocate`` rounds the request up to the next class boundary (so any block of that class or
-  above fits: a *good fit*, not the best one), finds the first non-empty class at or above it
-  with the bit maps, takes a block, splits off the remainder and files it in its own class;
+- a free block is filed in the class its size rounds *down* to (``mapping_insert``);
+- ``allocate`` rounds the request *up* to the next class boundary (``mapping_search``), so any
+  block of that class or above fits (a *good fit*, not the best one), finds the first
+  non-empty class at or above it with the bit maps, takes a block, splits off the remainder
+  and files it in its own class;
 - ``free`` merges the block with its free address neighbours at once (the shared block
   machinery of ``policies._blocks``) and files the result.
 
-Bounded waste: the block handed out is the request rounded to ``alignment_bytes`` (plus a
-remainder too small to split); rounding the search up to a class boundary means a block
-skipped as possibly too small is less than ``1 / 2 ** second_level_log2`` (6.25 % at the
-default 4) larger than the request. Below ``2 ** second_level_log2`` alignment units the
+As in Masmano's implementation (``MAPPING_SEARCH`` rounds the size it is given, and
+``malloc_ex`` allocates that size), the block handed out is the request rounded up to its class
+boundary. That is what makes a freed block findable again: its size is a class's lower bound,
+so a later request of the same size searches exactly that class. (Handing out only the
+aligned request would file the freed block one class below the one its size searches, so
+every reuse of a buffer would reserve a new segment.)
+
+Bounded waste: rounding to the class boundary adds less than ``1 / 2 ** second_level_log2`` of
+the request (6.25 % at the default 4), and a block skipped as possibly too small is less than
+that much larger than the request. Below ``2 ** second_level_log2`` alignment units the
 classes are exact.
 """
 
@@ -85,10 +93,19 @@ class TLSF(ContiguousPolicy):
             units += (1 << (units.bit_length() - 1 - self.second_level_log2)) - 1
         return self._class_of(units << self._align_log2)
 
+    def rounded_size(self, nbytes: int) -> int:
+        """The request rounded up to alignment, then to its class boundary (``mapping_search``)."""
+        units = -(-nbytes >> self._align_log2)
+        if units >= self._num_sl:
+            step_mask = (1 << (units.bit_length() - 1 - self.second_level_log2)) - 1
+            units = (units + step_mask) & ~step_mask
+        return units << self._align_log2
+
     # ------------------------------------------------------------------ ContiguousPolicy index
     def _index_reset(self) -> None:
         self._align_log2 = self.alignment_bytes.bit_length() - 1
         self._num_sl = 1 << self.second_level_log2
+        self._round_mask = None  # sizes round to class boundaries: ContiguousPolicy calls rounded_size
         self._streams: dict[int, _Classes] = {}
 
     def _index_add(self, block: Block) -> None:

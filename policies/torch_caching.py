@@ -312,6 +312,8 @@ class TorchCaching(Policy):
         Returns the new segment's block, not cached, or None (out of memory).
         """
         alloc_bytes = allocation_size(size)
+        if self._frozen:  # refused at once (Policy.freeze): no GC, no emptied cache, no retry
+            return self._alloc_block(small, stream, alloc_bytes)
         if self._gc_on:
             self._garbage_collect()
         b = self._alloc_block(small, stream, alloc_bytes)

@@ -163,6 +163,10 @@ class CostedDevice:
         self.clock.charge(self.costs.free_ns(nbytes), pending=True)
         self.num_releases += 1
 
+    @property
+    def max_bytes(self) -> int:
+        return self.inner.max_bytes
+
     def take_driver_ns(self) -> int:
         """Modelled driver time accrued since the last call; resets it to zero."""
         return self.clock.take()

@@ -310,6 +310,10 @@ class _LoggingDevice:
     def call_stats(self) -> dict[str, int]:
         return self.inner.call_stats()
 
+    @property
+    def max_bytes(self) -> int:
+        return self.inner.max_bytes
+
     def reserve(self, nbytes: int) -> int | None:
         addr = self.inner.reserve(nbytes)
         if addr is not None:

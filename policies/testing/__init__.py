@@ -23,9 +23,9 @@ Pure Python, like the rest of ``policies``: no hypothesis here (the property tes
 from policies.testing._common import BAD_SIZES, PolicyFactory
 from policies.testing.battery import (POLICY_CHECKS, check_allocation_fields, check_bad_sizes, check_capacity_refusal,
                                       check_capacity_workload, check_device_refusal, check_double_free,
-                                      check_fresh_pool, check_grow, check_params, check_policy,
-                                      check_random_workload, check_reset, check_trim, check_unknown_free,
-                                      random_size)
+                                      check_fresh_pool, check_grow, check_huge_request, check_params, check_policy,
+                                      check_random_workload, check_release_and_retry, check_reset,
+                                      check_same_size_reuse, check_trim, check_unknown_free, random_size)
 from policies.testing.invariants import check_invariants
 from policies.testing.reference import SegmentPerRequest
 
@@ -34,4 +34,5 @@ __all__ = [
     "PolicyFactory", "check_fresh_pool", "check_allocation_fields", "check_random_workload",
     "check_capacity_workload", "check_bad_sizes", "check_double_free", "check_unknown_free",
     "check_capacity_refusal", "check_device_refusal", "check_reset", "check_trim", "check_grow", "check_params",
+    "check_release_and_retry", "check_same_size_reuse", "check_huge_request",
 ]

@@ -6,7 +6,7 @@ import random
 from typing import Any, Callable, Iterable
 
 from policies.base import Allocation, Policy, PoolStats
-from policies.device import VirtualDevice
+from policies.device import MAX_DEVICE_BYTES, VirtualDevice
 from policies.errors import PolicyError
 from policies.testing._common import BAD_SIZES, MiB, PolicyFactory, fail as _fail
 from policies.testing.invariants import check_invariants
@@ -35,8 +35,19 @@ def _expect_unchanged(policy: Policy, before: PoolStats, what: str) -> None:
         _fail(f"{policy!r}: {what} changed the pool: {diff}")
 
 
-def _expect_failure_unchanged(policy: Policy, before: PoolStats, what: str) -> None:
-    """A refused request counts one failure; at most it released fully free segments."""
+Holdings = list[tuple[Any, ...]]
+
+
+def _holdings(live: Iterable[Allocation]) -> Holdings:
+    """What each live allocation holds, to compare before and after a call that must not touch it."""
+    return [(a.extents, a.size_bytes, a.nbytes, a.stream, a.tag, a.live) for a in live]
+
+
+def _expect_failure_unchanged(policy: Policy, before: PoolStats, what: str, live: Iterable[Allocation] = (),
+                              held: Holdings | None = None) -> None:
+    """The ``Policy.allocate`` failure contract: one failure counted; every live allocation
+    (``live``, which held ``held`` before the call) and the live and allocated byte counters
+    unchanged; nothing reserved; at most fully free segments released, and none while frozen."""
     after = policy.stats()
     if after.num_failures != before.num_failures + 1:
         _fail(f"{policy!r}: {what} counted {after.num_failures - before.num_failures} failures, expected 1")
@@ -45,8 +56,12 @@ def _expect_failure_unchanged(policy: Policy, before: PoolStats, what: str) -> N
         _fail(f"{policy!r}: {what} reserved memory and still failed ({_differences(before, after)})")
     if released != after.shrunk_bytes - before.shrunk_bytes:
         _fail(f"{policy!r}: {what} changed reserved bytes other than by releasing segments")
-    may_change = {"num_failures", "reserved_bytes", "free_bytes", "largest_free_bytes", "num_segments",
-                  "num_shrinks", "shrunk_bytes", "frag_ext"}
+    if released and policy.frozen:
+        _fail(f"{policy!r}: {what} released {released} B while frozen (memory given back could not come back)")
+    if held is not None and _holdings(live) != held:
+        _fail(f"{policy!r}: {what} returned None but changed a live allocation")
+    may_change = {"num_failures", "num_frozen_failures", "reserved_bytes", "free_bytes", "largest_free_bytes",
+                  "num_segments", "num_shrinks", "shrunk_bytes", "frag_ext"}
     diff = {k: v for k, v in _differences(before, after).items() if k not in may_change}
     if diff:
         _fail(f"{policy!r}: {what} returned None but changed {diff}")
@@ -160,11 +175,11 @@ def check_capacity_workload(factory: PolicyFactory, seed: int = 1, num_ops: int 
             policy.free(live.pop(rng.randrange(len(live))))
         else:
             n = random_size(rng)
-            before = policy.stats()
+            before, held = policy.stats(), _holdings(live)
             a = policy.allocate(n)
             if a is None:
                 num_refused += 1
-                _expect_failure_unchanged(policy, before, f"a refused allocate({n})")
+                _expect_failure_unchanged(policy, before, f"a refused allocate({n})", live, held)
             else:
                 live.append(a)
         s = check_invariants(policy, live)
@@ -218,10 +233,10 @@ def check_capacity_refusal(factory: PolicyFactory) -> None:
     live = _alloc_all(policy, [MiB, 10 * MiB, 4096])
     policy.trim()
     remaining = capacity - policy.stats().allocated_bytes
-    before = policy.stats()
+    before, held = policy.stats(), _holdings(live)
     if policy.allocate(remaining + 1) is not None:
         _fail(f"{policy!r}: a request for more than the unallocated capacity succeeded")
-    _expect_failure_unchanged(policy, before, "allocate(unallocated capacity + 1)")
+    _expect_failure_unchanged(policy, before, "allocate(unallocated capacity + 1)", live, held)
     check_invariants(policy, live)
 
 
@@ -230,10 +245,10 @@ def check_device_refusal(factory: PolicyFactory) -> None:
     device = VirtualDevice(limit_bytes=128 * MiB)
     policy = factory(device=device)
     live = _alloc_all(policy, [4096])
-    before = policy.stats()
+    before, held = policy.stats(), _holdings(live)
     if policy.allocate(256 * MiB) is not None:
         _fail(f"{policy!r}: allocate(256 MiB) succeeded on a 128 MiB device")
-    _expect_failure_unchanged(policy, before, "allocate() refused by the device")
+    _expect_failure_unchanged(policy, before, "allocate() refused by the device", live, held)
     check_invariants(policy, live)
     if device.used_bytes != policy.stats().reserved_bytes:
         _fail(f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved {policy.stats().reserved_bytes}")
@@ -330,11 +345,140 @@ def check_params(factory: PolicyFactory) -> None:
             _fail(f"{policy!r}: create({policy.spec!r}) has params {rebuilt.get_params()}, not {params}")
 
 
+def _allocate_checked(policy: Policy, nbytes: int, live: list[Allocation], stream: int = 0) -> Allocation | None:
+    """``allocate`` under the failure contract; the result joins ``live``; invariants checked."""
+    before, held = policy.stats(), _holdings(live)
+    a = policy.allocate(nbytes, stream=stream)
+    if a is None:
+        _expect_failure_unchanged(policy, before, f"a refused allocate({nbytes})", live, held)
+    else:
+        live.append(a)
+    check_invariants(policy, live)
+    return a
+
+
+def _reserved_after(factory: PolicyFactory, nbytes: int, stream: int = 0) -> int:
+    """Bytes a fresh pool reserves to serve one request of ``nbytes``."""
+    policy = factory()
+    if policy.allocate(nbytes, stream=stream) is None:
+        _fail(f"{policy!r}: allocate({nbytes}) failed with no capacity limit")
+    return policy.stats().reserved_bytes
+
+
+def check_release_and_retry(factory: PolicyFactory) -> None:
+    """A reservation whose trim-and-retry releases free segments never serves from one released.
+
+    Issue 11's arena sequence (alloc 1 MiB, free, alloc 100 MiB, alloc 2 MiB under 128 MiB: the
+    retry released the empty current arena, which was then cached and handed out again), on
+    one stream and across two, with other small first sizes; and the same under a capacity
+    fitted to this policy's segment sizes so that the 100 MiB request must release the first
+    segment, whatever the policy's segment sizes.
+    """
+    big = 100 * MiB
+    for first, stream in ((MiB, 0), (MiB, 1), (4096, 0), (3 * MiB, 0)):
+        fitted = _reserved_after(factory, big) + _reserved_after(factory, first, stream) - 1
+        for capacity in (128 * MiB, fitted):
+            policy = factory(capacity_bytes=capacity)
+            live: list[Allocation] = []
+            if _allocate_checked(policy, first, live, stream) is None:
+                _fail(f"{policy!r}: allocate({first}) failed in an empty pool")
+            policy.free(live.pop())
+            check_invariants(policy, live)
+            for n, on in ((big, 0), (2 * MiB, 0), (first, stream)):
+                _allocate_checked(policy, n, live, on)
+            while live:
+                policy.free(live.pop())
+                check_invariants(policy, live)
+            s = policy.stats()
+            if s.peak_live_bytes > s.peak_reserved_bytes:
+                _fail(f"{policy!r}: peak_live_bytes={s.peak_live_bytes} above peak_reserved_bytes="
+                      f"{s.peak_reserved_bytes}")
+
+
+#: sizes reused over and over by ``check_same_size_reuse``: issue 11's buffer, and sizes one
+#: byte off powers of two and off the segment and pool thresholds of the built-in policies
+REUSED_SIZES: tuple[int, ...] = (131_072_000, 3 * MiB + 1, MiB, MiB + 1, 2 * MiB - 1, 10 * MiB - 512,
+                                 20 * MiB + 1, 33 * MiB, 4097, 100_000)
+
+
+def check_same_size_reuse(factory: PolicyFactory, num_rounds: int = 24) -> None:
+    """Allocating and freeing one size again and again reuses the memory freed: reserved memory
+    does not grow with the number of reuses (issue 11: tlsf reserved a new segment for every
+    reuse of a buffer). After ``num_rounds`` rounds the peak is at most twice the first
+    round's: an arena whose first arena is pinned by a held neighbour fills it once, then takes
+    a second one for good."""
+    for keep in (False, True):
+        for n in REUSED_SIZES:
+            policy = factory()
+            live = _alloc_all(policy, [4096]) if keep else []  # with a neighbour held, or not
+            first_peak = 0
+            for i in range(num_rounds):
+                a = _alloc_all(policy, [n])[0]
+                check_invariants(policy, [*live, a])
+                policy.free(a)
+                if i == 0:
+                    first_peak = policy.stats().peak_reserved_bytes
+            s = check_invariants(policy, live)
+            if s.peak_reserved_bytes > 2 * first_peak:
+                _fail(f"{policy!r}: reusing {n} B {num_rounds} times raised peak_reserved_bytes from {first_peak} "
+                      f"to {s.peak_reserved_bytes} ({s.num_grows} grows)")
+
+
+class _CountingDevice(VirtualDevice):
+    """A ``VirtualDevice`` that counts ``reserve`` calls."""
+
+    def __init__(self, **kw: Any):
+        super().__init__(**kw)
+        self.num_reserves = 0
+
+    def reserve(self, nbytes: int) -> int | None:
+        self.num_reserves += 1
+        return super().reserve(nbytes)
+
+
+#: requests no device can hold (``MAX_DEVICE_BYTES`` is 4 TiB)
+HUGE_SIZES: tuple[int, ...] = (MAX_DEVICE_BYTES + 1, 1 << 62, 1 << 64, 1 << 100)
+
+
+def check_huge_request(factory: PolicyFactory) -> None:
+    """A request larger than the device can hold fails before any work: None, one failure,
+    nothing else changed, the device never asked; the pool stays usable (issue 11)."""
+    for capacity, device, sizes in ((None, _CountingDevice(), HUGE_SIZES),
+                                    (64 * MiB, _CountingDevice(), HUGE_SIZES),
+                                    (None, _CountingDevice(max_bytes=64 * MiB), (64 * MiB + 1, 1 << 40))):
+        policy = factory(capacity_bytes=capacity, device=device)
+        live = _alloc_all(policy, [4096, 3 * MiB])
+        for n in sizes:
+            before, held, num_reserves = policy.stats(), _holdings(live), device.num_reserves
+            if policy.allocate(n) is not None:
+                _fail(f"{policy!r}: allocate({n}) succeeded on a device of at most {device.max_bytes} B")
+            diff = _differences(before, policy.stats())
+            if diff.pop("num_failures", None) != (before.num_failures, before.num_failures + 1) or diff:
+                _fail(f"{policy!r}: a refused allocate({n}) changed {diff or 'num_failures by other than 1'}")
+            if _holdings(live) != held or device.num_reserves != num_reserves:
+                _fail(f"{policy!r}: a refused allocate({n}) touched a live allocation or asked the device")
+            before = policy.stats()
+            if policy.grow(n):
+                _fail(f"{policy!r}: grow({n}) succeeded on a device of at most {device.max_bytes} B")
+            _expect_unchanged(policy, before, f"a refused grow({n})")
+        check_invariants(policy, live)
+        policy.free(live.pop())
+        live += _alloc_all(policy, [5 * MiB, 512])
+        check_invariants(policy, live)
+        while live:
+            policy.free(live.pop())
+        policy.trim()
+        s = check_invariants(policy, [])
+        if s.reserved_bytes:
+            _fail(f"{policy!r}: after huge requests, trim() with nothing live kept {s.reserved_bytes} B")
+
+
 #: every check ``check_policy`` runs, in order; each takes a policy factory.
 POLICY_CHECKS: tuple[Callable[[PolicyFactory], None], ...] = (
     check_fresh_pool, check_allocation_fields, check_random_workload, check_capacity_workload,
     check_bad_sizes, check_double_free, check_unknown_free, check_capacity_refusal, check_device_refusal,
-    check_reset, check_trim, check_grow, check_params,
+    check_reset, check_trim, check_grow, check_params, check_release_and_retry, check_same_size_reuse,
+    check_huge_request,
 )
 
 

@@ -70,3 +70,18 @@ def test_trim_releases_empty_arenas_only():
 def test_bad_knobs_are_refused(kw):
     with pytest.raises(PolicyError):
         Arena(**kw)
+
+
+def test_an_arena_released_by_the_retry_is_not_cached_again():
+    # issue 11: alloc 1 MiB, free, alloc 100 MiB, alloc 2 MiB under 128 MiB. The 100 MiB arena
+    # does not fit next to the empty current one, so the reservation's trim-and-retry releases
+    # that arena; it must not come back as a cached arena and serve the 2 MiB.
+    pool = Arena(capacity_bytes=128 * MiB)
+    pool.free(pool.allocate(MiB))
+    big = pool.allocate(100 * MiB)
+    # a new 64 MiB arena does not fit beside the 100 MiB one: refused, not served from freed memory
+    assert pool.allocate(2 * MiB) is None
+    check_invariants(pool, [big])
+    pool.free(big)
+    stats = check_invariants(pool, [])
+    assert stats.num_failures == 1 and stats.peak_live_bytes <= stats.peak_reserved_bytes

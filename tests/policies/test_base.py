@@ -241,3 +241,22 @@ def test_default_largest_free_is_the_largest_free_extent():
     p.grow(MiB)
     p.grow(3 * MiB)
     assert Policy.largest_free_bytes(p) == 3 * MiB
+
+
+def test_a_request_above_the_devices_max_bytes_fails_before_any_work():
+    device = VirtualDevice(max_bytes=64 * MiB)
+    pool = _pool(device=device)
+    keep = pool.allocate(MiB)
+    before = pool.stats()
+    assert pool.allocate(64 * MiB + 1) is None and pool.grow(64 * MiB + 1) is False
+    after = pool.stats()
+    assert after.num_failures == 1 and (after.reserved_bytes, device.used_bytes) == (MiB, MiB)
+    assert after.num_grows == before.num_grows and keep.live
+    assert pool.allocate(64 * MiB) is not None  # the limit itself is allowed
+
+
+def test_the_default_device_limit_is_far_above_any_gpu_and_far_below_2_62():
+    from policies.device import MAX_DEVICE_BYTES
+
+    assert 1 << 40 < MAX_DEVICE_BYTES < 1 << 62
+    assert _pool().allocate(2**64) is None

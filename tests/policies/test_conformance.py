@@ -15,6 +15,7 @@ from policies import registry, testing
 from policies.base import Allocation
 from policies.errors import PolicyError
 from policies.testing import SegmentPerRequest, check_invariants
+from policies.tlsf import TLSF
 
 MiB = 1 << 20
 #: registered at run time, the way a third-party package's policy would be
@@ -222,6 +223,50 @@ class _ReportsShared(_Shares):
         return [(s.offset, s.nbytes) for s in self.segments() if s.num_live > 1]
 
 
+class _CachesReleasedSegments(SegmentPerRequest):
+    """Releases free segments but keeps them cached (issue 11's arena bug in miniature)."""
+
+    def _release_free_segments(self, max_bytes):
+        cached = list(self._cached)
+        released = super()._release_free_segments(max_bytes)
+        self._cached[:] = cached
+        return released
+
+
+class _NeverReuses(SegmentPerRequest):
+    """Reserves a new segment for every request (issue 11's tlsf bug in effect)."""
+
+    def _allocate(self, nbytes, stream, tag):
+        seg = self._reserve_segment(self._segment_size_for(nbytes), stream)
+        if seg is None:
+            return None
+        seg.num_live = 1
+        self.allocated_bytes += seg.nbytes
+        return Allocation(nbytes, seg.nbytes, ((seg.offset, seg.nbytes),), stream, tag, seg)
+
+
+class _NoSizeLimit(SegmentPerRequest):
+    """Takes any request to the device, however large."""
+
+    def _reset_state(self):
+        super()._reset_state()
+        self._max_request_bytes = 1 << 200
+
+
+class _TouchesLiveOnFailure(SegmentPerRequest):
+    """A refused request relabels the last allocation handed out."""
+
+    _last = None
+
+    def _allocate(self, nbytes, stream, tag):
+        a = super()._allocate(nbytes, stream, tag)
+        if a is not None:
+            self._last = a
+        elif self._last is not None:
+            self._last.tag = "relabelled"
+        return a
+
+
 @pytest.mark.parametrize("broken, check, message", [
     (_LeaksAllocatedBytes, testing.check_random_workload, "allocated_bytes"),
     (_HandsOutOneRange, testing.check_allocation_fields, "overlap"),
@@ -230,6 +275,10 @@ class _ReportsShared(_Shares):
     (_ReservesThenFails, testing.check_capacity_refusal, "reserved memory"),
     (_RoundsFloats, testing.check_bad_sizes, "did not raise PolicyError"),
     (_ResetKeepsSegments, testing.check_reset, "differs from a fresh one"),
+    (_CachesReleasedSegments, testing.check_release_and_retry, "outside"),
+    (_NeverReuses, testing.check_same_size_reuse, "raised peak_reserved_bytes"),
+    (_NoSizeLimit, testing.check_huge_request, "succeeded on a device"),
+    (_TouchesLiveOnFailure, testing.check_capacity_refusal, "changed a live allocation"),
 ], ids=lambda x: getattr(x, "__name__", None) if callable(x) else None)
 def test_check_catches_broken_policy(broken, check, message):
     with pytest.raises(AssertionError, match=message):
@@ -275,3 +324,15 @@ def test_invariants_refuse_a_freed_allocation_listed_live():
     policy.free(a)
     with pytest.raises(AssertionError, match="was freed"):
         check_invariants(policy, [a])
+
+
+class _AlignOnlyTLSF(TLSF):
+    """tlsf before issue 11's fix: the request rounded to alignment only, not to its class."""
+
+    def rounded_size(self, nbytes):
+        return -(-nbytes // self.alignment_bytes) * self.alignment_bytes
+
+
+def test_the_battery_catches_issue_11s_tlsf_bug():
+    with pytest.raises(AssertionError, match="reusing 131072000 B"):
+        testing.check_same_size_reuse(_AlignOnlyTLSF)

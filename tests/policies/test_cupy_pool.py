@@ -4,6 +4,7 @@ import pytest
 
 import policies
 from policies.cupy_pool import CupyPool
+from policies.device import VirtualDevice
 from policies.errors import PolicyError
 from policies.testing import check_invariants
 
@@ -63,11 +64,26 @@ def test_free_all_blocks_releases_only_unsplit_chunks():
     check_invariants(pool, [keep, part])
 
 
-def test_out_of_memory_frees_all_blocks_and_retries():
-    pool = CupyPool(capacity_bytes=10 * MiB)
+def test_when_the_device_refuses_it_frees_all_blocks_and_retries():
+    # _try_malloc: cudaMalloc fails with errorMemoryAllocation -> free_all_blocks() -> try again
+    device = VirtualDevice(limit_bytes=10 * MiB)
+    pool = CupyPool(device=device)
     pool.free(pool.allocate(6 * MiB))
     a = pool.allocate(7 * MiB)
     assert a is not None and [s.nbytes for s in pool.segments()] == [7 * MiB]
+    assert (pool.stats().num_shrinks, device.used_bytes) == (1, 7 * MiB)
+
+
+def test_past_the_limit_it_fails_without_freeing_anything():
+    # _try_malloc: _total_bytes + size > limit raises OutOfMemoryError before any cudaMalloc or free
+    pool = CupyPool(capacity_bytes=10 * MiB)
+    pool.free(pool.allocate(6 * MiB))
+    before = pool.stats()
+    assert pool.allocate(7 * MiB) is None
+    after = check_invariants(pool, [])
+    assert [s.nbytes for s in pool.segments()] == [6 * MiB]
+    assert (after.num_failures, after.num_shrinks, after.reserved_bytes) == (1, 0, before.reserved_bytes)
+    assert pool.free_all_blocks() == 6 * MiB and pool.allocate(7 * MiB) is not None  # as a CuPy user would
 
 
 def test_a_request_beyond_the_limit_fails_cleanly():

@@ -124,3 +124,17 @@ def test_every_policy_stops_growing_once_frozen(spec):
     s = p.stats()
     # no capacity limit: every refusal once frozen is one the freeze caused
     assert s.num_frozen_failures == s.num_failures - frozen.num_failures > 0
+
+
+@pytest.mark.parametrize("spec", [n for n in policies.available()] + [
+    "torch-caching:garbage_collection_threshold=0.5", "elastic:base=[torch-caching]"])
+def test_no_policy_releases_memory_to_serve_a_frozen_request(spec):
+    # found by the soak: torch-caching emptied its cache (and ran GC) before failing a frozen request
+    p = policies.create(spec, capacity_bytes=1 << 30)
+    keep = warm(p)
+    p.free(p.allocate(40 * MiB))  # a fully free segment an unfrozen pool would release to retry
+    p.freeze()
+    before = p.stats()
+    assert p.allocate(900 * MiB) is None
+    after = check_invariants(p, keep)
+    assert (after.reserved_bytes, after.num_shrinks) == (before.reserved_bytes, before.num_shrinks)

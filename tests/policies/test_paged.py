@@ -495,3 +495,14 @@ def test_spec_round_trips_through_the_registry():
     pool = policies.create("paged:tokens_per_page=32,bytes_per_token=65536", capacity_bytes=1 << 30)
     assert isinstance(pool, Paged) and pool.page_size_bytes == 2 * MiB
     assert pool.spec == "paged:tokens_per_page=32,bytes_per_token=65536"
+
+
+def test_a_request_no_device_holds_is_refused_at_once_not_built_page_by_page():
+    # issue 11: allocate(2**62) with no capacity built one page object per 2 MiB until killed
+    pool = Paged()
+    a = pool.allocate(MiB)
+    before = pool.stats()
+    assert pool.allocate(2**62) is None and pool.allocate_shared(a, 2**62) is None
+    after = check_invariants(pool, [a])
+    assert after.num_failures == 2 and pool.num_total_pages() == before.reserved_bytes // pool.page_size_bytes
+    assert (after.reserved_bytes, after.num_grows) == (before.reserved_bytes, before.num_grows)

@@ -41,11 +41,28 @@ def test_the_search_class_holds_only_blocks_that_fit_and_rounds_by_at_most_one_c
 
 def test_a_good_fit_skips_a_block_of_the_requests_own_class():
     pool = TLSF(second_level_log2=2, segment_bytes=MiB)
-    # units 40..47 form one class at 4 classes per power of two: a 41-unit request searches above it
-    a, _, b, _ = (pool.allocate(n * U) for n in (41, 1, 60, 1))
+    # units 40..47 form one class at 4 classes per power of two: a 41-unit request searches above it.
+    # A 44-unit free block (40 + 4 merged) sits in that class and is skipped for the 56-unit one.
+    a, b, _, big, _ = (pool.allocate(n * U) for n in (40, 4, 1, 56, 1))
+    for x in (a, b, big):
+        pool.free(x)
+    assert (a.offset, 44 * U) in pool.free_extents()
+    assert pool.allocate(41 * U).offset == big.offset
+
+
+def test_a_request_is_rounded_up_to_its_class_boundary():
+    pool = TLSF(second_level_log2=2)
+    # 4 classes per power of two: [32, 64) units are cut at 32, 40, 48, 56
+    assert [pool.rounded_size(n * U) for n in (1, 3, 4, 5, 32, 33, 40, 41, 57)] == [
+        n * U for n in (1, 3, 4, 5, 32, 40, 40, 48, 64)]
+    assert pool.rounded_size(1) == U and pool.allocate(41 * U - 7).size_bytes == 48 * U
+
+
+def test_a_freed_block_is_found_again_by_a_request_of_the_same_size():
+    pool = TLSF(second_level_log2=2, segment_bytes=MiB)
+    a, _ = pool.allocate(41 * U), pool.allocate(U)  # the guard keeps a from merging with the rest
     pool.free(a)
-    pool.free(b)
-    assert pool.allocate(41 * U).offset == b.offset
+    assert pool.allocate(41 * U).offset == a.offset
 
 
 def test_an_exact_size_reuses_a_freed_block_of_a_small_class():
@@ -86,3 +103,12 @@ def test_random_operations_keep_the_index_and_blocks_in_step(sl, ops):
                          for b in bl.values())
         assert indexed == pool.free_extents()
     check_invariants(pool, live)
+
+
+def test_a_reused_large_buffer_is_served_from_the_block_it_freed():
+    # issue 11: the same 131,072,000 B buffer allocated and freed 50 times grew the pool 50 times
+    pool = TLSF()
+    for _ in range(50):
+        pool.free(pool.allocate(131_072_000))
+    stats = check_invariants(pool, [])
+    assert stats.num_grows == 1 and stats.reserved_bytes == 128 * MiB

@@ -153,6 +153,19 @@ def test_out_of_memory_frees_unsplit_cached_segments_and_retries():
     assert a is not None and seg_sizes(pool) == [36 * MiB] and pool.num_alloc_retries == 1
 
 
+def test_a_failure_releases_cached_segments_as_pytorch_does_but_touches_nothing_live():
+    # the Policy.allocate failure contract: PyTorch empties its cache before reporting out of memory
+    pool = TorchCaching(capacity_bytes=64 * MiB)
+    keep = pool.allocate(3 * MiB)  # in a 20 MiB segment
+    pool.free(pool.allocate(25 * MiB))  # a 26 MiB segment of its own, cached whole
+    before, extents = pool.stats(), keep.extents
+    assert pool.allocate(50 * MiB) is None  # 20 + 50 > 64 even with the cache emptied
+    after = check_invariants(pool, [keep])
+    assert seg_sizes(pool) == [20 * MiB] and after.shrunk_bytes - before.shrunk_bytes == 26 * MiB
+    assert (keep.extents, after.live_bytes, after.allocated_bytes, after.num_failures) == (
+        extents, before.live_bytes, before.allocated_bytes, before.num_failures + 1)
+
+
 def test_a_split_cached_segment_is_not_released():
     pool = TorchCaching(capacity_bytes=40 * MiB)
     keep = pool.allocate(3 * MiB)

@@ -48,3 +48,19 @@ def test_unknown_baseline_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["gpu", "replay", BUNDLED, "--backend", "host", "-b", "jemalloc", "--out", str(tmp_path)])
     assert info.value.code == 2 and "'jemalloc'" in capsys.readouterr().err
+
+
+def test_host_backend_replays_arenas_released_by_the_retry(tmp_path):
+    # issue 11: arena served the 2 MiB request from an arena its trim-and-retry had released,
+    # and the host backend died on an AssertionError in realgpu/segments.py
+    trace = tmp_path / "arena.csv"
+    trace.write_text("time_us,op,alloc_id,nbytes,stream,tag\n"
+                     "0,alloc,0,1048576,0,\n1,free,0,1048576,0,\n2,alloc,1,104857600,0,\n"
+                     "3,alloc,2,2097152,0,\n4,free,1,104857600,0,\n5,free,2,2097152,0,\n")
+    out = tmp_path / "gpu"
+    main(["gpu", "replay", str(trace), "--backend", "host", "-p", "arena", "--capacity", "128MiB", "--sim",
+          "--out", str(out), "--no-progress"])
+    summary = pd.read_csv(out / "summary.csv").set_index("backend")
+    for backend in ("gpu", "sim"):
+        row = summary.loc[backend]
+        assert row["n_failed"] == 1 and row["peak_live_bytes"] <= row["peak_reserved_bytes"]
