@@ -421,6 +421,8 @@ class ContiguousPolicy(Policy):
         """Virtual: map at least ``nbytes`` more free space at the end of stream 0's range."""
         if not self.virtual:
             return super().grow(nbytes)
+        if nbytes > self._max_request_bytes:
+            return False
         old = self._ranges.get(0)
         old_end = old.end if old is not None else 0
         seg = self._map_in_place(0, self._segment_size_for(nbytes), retry=False)

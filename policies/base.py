@@ -41,7 +41,7 @@ import inspect
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from policies.device import MAX_DEVICE_BYTES, Device, VirtualDevice
+from policies.device import Device, VirtualDevice
 from policies.errors import PolicyError
 from policies.units import round_up
 

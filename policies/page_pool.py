@@ -79,6 +79,10 @@ class RangeDevice:
         self.mapped.unmap_release(offset, nbytes)
         self._free_slots.extend(range(offset + nbytes - self.page_bytes, offset - 1, -self.page_bytes))
 
+    @property
+    def max_bytes(self) -> int:
+        return self.mapped.max_bytes
+
     def take_driver_ns(self) -> int:
         return self.mapped.take_driver_ns()
 
