@@ -6,20 +6,21 @@ wherever they are free, and pages are shared between requests (a fork for beam s
 parallel sampling, a common prompt prefix) by counting references.
 
 The pool also keeps vLLM's prefix cache (``BlockPool``): allocations named by a hash key, shared
-by reference count, and kept (evictable, least recently released first) when nobody holds them.
+by reference count, and kept (evictable) when nobody holds them, evicted in a chosen order
+(``policies.eviction``: least recently released first by default).
 The page reference counts, the hash map and the evictable queue live together here, so there is
 one owner of "who holds this page".
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Hashable, Iterable
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device
 from policies.errors import PolicyError
+from policies.eviction import EvictableQueue, make_queue
 from policies.units import round_up
 
 __all__ = ["Paged", "PAGE_ALIGNMENT_BYTES"]
@@ -43,11 +44,14 @@ class _Page:
 
 @dataclass(slots=True, eq=False)
 class _CachedBlock:
-    """A cached allocation: the caller's handle (to hand back on eviction) and its pages."""
+    """A cached allocation: the caller's handle (to hand back on eviction), its pages, and what
+    eviction orders weigh: uses (caching it is the first, each hit one more) and recompute cost."""
 
     allocation: Allocation
     pages: tuple[_Page, ...]
     size_bytes: int
+    recompute_cost: float = 1.0
+    num_uses: int = 1
 
 
 class Paged(Policy):
@@ -81,9 +85,10 @@ class Paged(Policy):
     - Prefix cache (vLLM's ``BlockPool``): ``cache_block(key, allocation)`` names a live
       allocation's pages ``key``; ``cached_block`` finds them; ``share_block`` adds a holder
       (page reference counts +1, no new bytes), ``release_block`` removes one. A block whose
-      pages drop to 0 holders stays allocated and cached, at the tail of an evictable LRU queue
-      (``evictable_bytes``); ``share_block`` takes it back out, ``evict_block`` hands the least
-      recently released one back to the caller (forgotten by the cache, one holder: the caller)
+      pages drop to 0 holders stays allocated and cached, in the evictable queue
+      (``evictable_bytes``); ``share_block`` takes it back out, ``evict_block`` hands the queue's
+      first one (least recently released, or as ``set_eviction_order`` chose) back to the caller
+      (forgotten by the cache, one holder: the caller)
       to ``free``. Freeing an allocation that would return a cached page to the free stack is
       refused: a cached block leaves through ``evict_block``. The allocation may be a wrapper's
       (its extents name this pool's pages), so the cache works under ``elastic`` and friends.
@@ -128,6 +133,7 @@ class Paged(Policy):
         self.tokens_per_page = tokens_per_page
         self.bytes_per_token = bytes_per_token
         self.segment_bytes = segment_bytes
+        self.eviction_order = "lru"  # of the prefix cache; set_eviction_order changes it
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
     def _reset_state(self) -> None:
@@ -138,10 +144,10 @@ class Paged(Policy):
         self._free_pages: list[_Page] = []
         # Every page of every segment by offset: for lookups by address, never on the hot path.
         self._pages: dict[int, _Page] = {}
-        # The prefix cache: key -> block (O(1) lookup), and the blocks nobody holds in release
-        # order (an OrderedDict: O(1) removal on a hit, O(1) LRU eviction from its front).
+        # The prefix cache: key -> block (O(1) lookup), and the blocks nobody holds in eviction
+        # order (policies.eviction; LRU until set_eviction_order says otherwise).
         self._blocks: dict[Hashable, _CachedBlock] = {}
-        self._evictable: OrderedDict[Hashable, _CachedBlock] = OrderedDict()
+        self._evictable: EvictableQueue = make_queue(self.eviction_order)
         self.evictable_bytes: int = 0
 
     # ----------------------------------------------------------------- allocate / free
@@ -329,11 +335,28 @@ class Paged(Policy):
                                          tuple([pg.extents[0] for pg in pages]), stream, tag, pages))
 
     # ----------------------------------------------------------------- prefix cache
-    def cache_block(self, key: Hashable, allocation: Allocation) -> None:
+    def set_eviction_order(self, order: str) -> None:
+        """Evict cached blocks in ``order`` (``policies.eviction.EVICTION_ORDERS``) from now on.
+
+        Raises:
+            PolicyError: an unknown order, or blocks are evictable already (nothing changes).
+        """
+        try:
+            queue = make_queue(order)
+        except ValueError as e:
+            raise PolicyError(f"set_eviction_order: {e}") from None
+        if len(self._evictable):
+            raise PolicyError("set_eviction_order: blocks are evictable already; choose the order before caching")
+        self.eviction_order = order  # kept across reset(), which rebuilds the queue
+        self._evictable = queue
+
+    def cache_block(self, key: Hashable, allocation: Allocation, recompute_cost: float = 1.0) -> None:
         """Name ``allocation``'s pages ``key``, so that later requests can find and share them.
 
         Its current holders keep holding it (nothing is counted again). ``allocation`` is one
         this pool handed out, or a wrapper's allocation over one (its extents are pages here).
+        ``recompute_cost`` (> 0, any one unit) is what rebuilding the block would cost; the
+        ``cost`` eviction order weighs it.
 
         Raises:
             PolicyError: ``key`` is cached already, or a page is not live here or is cached
@@ -341,6 +364,8 @@ class Paged(Policy):
         """
         if key in self._blocks:
             raise PolicyError(f"cache_block: key {key!r} is cached already")
+        if not recompute_cost > 0:
+            raise PolicyError(f"cache_block: recompute_cost(={recompute_cost!r}) must be > 0")
         pages = []
         for off, length in allocation.extents:
             pg = self._pages.get(off)
@@ -351,7 +376,8 @@ class Paged(Policy):
             pages.append(pg)
         for pg in pages:
             pg.cache_key = key
-        self._blocks[key] = _CachedBlock(allocation, tuple(pages), len(pages) * self.page_size_bytes)
+        self._blocks[key] = _CachedBlock(allocation, tuple(pages), len(pages) * self.page_size_bytes,
+                                         float(recompute_cost))
 
     def cached_block(self, key: Hashable) -> Allocation | None:
         """The allocation cached as ``key`` (held or evictable), or None. Changes nothing."""
@@ -369,8 +395,9 @@ class Paged(Policy):
         if b is None:
             raise PolicyError(f"share_block: nothing is cached as {key!r}")
         if key in self._evictable:
-            del self._evictable[key]
+            self._evictable.remove(key)
             self.evictable_bytes -= b.size_bytes
+        b.num_uses += 1
         for pg in b.pages:
             pg.ref_cnt += 1
         return b.allocation
@@ -393,17 +420,17 @@ class Paged(Policy):
             num_unheld += pg.ref_cnt == 0
         if num_unheld < len(b.pages):  # still held (whole, or some pages through a fork)
             return False
-        self._evictable[key] = b
+        self._evictable.push(key, b)
         self.evictable_bytes += b.size_bytes
         return True
 
     def evict_block(self) -> Allocation | None:
-        """Forget the least recently released block nobody holds and hand its allocation back
-        with one holder, the caller, who frees it (through the pool that handed it out). None
-        when no block is evictable."""
-        if not self._evictable:
+        """Forget the evictable queue's first block (least recently released, or as the eviction
+        order says) and hand its allocation back with one holder, the caller, who frees it
+        (through the pool that handed it out). None when no block is evictable."""
+        if not len(self._evictable):
             return None
-        key, b = self._evictable.popitem(last=False)
+        key, b = self._evictable.pop()
         del self._blocks[key]
         self.evictable_bytes -= b.size_bytes
         for pg in b.pages:

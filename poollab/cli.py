@@ -21,6 +21,8 @@ from poollab.errors import USER_ERRORS
 COMMANDS: dict[str, tuple[str, str]] = {
     "policies": ("poollab.commands.policies",
                  "List registered policies (built-in and third-party) and their parameters."),
+    "presets": ("poollab.commands.presets",
+                "List the model and GPU presets (shapes, context limits, memory, rates, links)."),
     "replay": ("poollab.commands.replay", "Replay the allocation TRACE against each policy and compare them."),
     "simulate": ("poollab.commands.simulate",
                  "Simulate serving the request TRACE with each policy managing the KV cache."),

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from typing import Any
 
+from policies.eviction import EVICTION_ORDERS
 from sim.kv import STRATEGIES
 from sim.pools import DEFAULT_WORKSPACE_BYTES, POOL_LAYOUTS
 from sim.scheduler import PREEMPTION_MODES
@@ -115,10 +116,18 @@ class ServerConfig:
     tokens_per_page: int | None = _knob(None, "Page size of paged policies.", unit="tokens", low=1,
                                         none="the policy's own")
     prefix_caching: bool = _knob(True, "Share prompt blocks by the trace's hash_ids (paged policies).")
-    prefix_block_tokens: int | None = _knob(None, "Tokens per hash_ids block.", unit="tokens", low=1,
-                                            none="the trace's, else 512")
+    prefix_block_tokens: int | None = _knob(None, "Tokens per hash_ids block (the prefix cache's hash block).",
+                                            unit="tokens", low=1, none="the trace's, else 512")
+    prefix_eviction: str = _knob("lru", "Order in which the prefix cache evicts blocks nobody holds: least "
+                                 "recently released, least frequently used, or cost-aware (GreedyDual-Size-"
+                                 "Frequency on each block's prefill recompute time).", choices=EVICTION_ORDERS)
     max_model_len: int | None = _knob(None, "Longest sequence; longer outputs are cut there, 'max' reserves it.",
-                                      unit="tokens", low=1, none="the model's, else 8192")
+                                      unit="tokens", low=1,
+                                      none="the model's max_position_embeddings, else 8192")
+    # parallelism
+    tensor_parallel: int = _knob(1, "GPUs the model is split over (tensor parallelism): weights and KV heads "
+                                 "split, one KV pool per GPU, all-reduces over the GPU's interconnect.", low=1,
+                                 cli="tp")
     # scheduling
     max_num_seqs: int = _knob(256, "Most requests running at once.", low=1)
     max_num_batched_tokens: int = _knob(8192, "Token budget of one step.", unit="tokens", low=1)

@@ -37,6 +37,9 @@ class GpuSpec:
             figure for pinned copies (not the link's theoretical rate).
         fp32_flops_per_s: dense rate for fp32 models (TF32 tensor cores); None means half
             the bf16 rate, the ratio of every preset here.
+        interconnect_bandwidth_bytes_per_s: GPU-to-GPU rate per direction (NVLink, else PCIe)
+            that tensor parallelism's all-reduces use; None: the PCIe rate.
+        interconnect_latency_s: fixed time of one all-reduce (0 when a file does not say).
     """
 
     name: str
@@ -45,6 +48,8 @@ class GpuSpec:
     bf16_flops_per_s: float
     pcie_bandwidth_bytes_per_s: float
     fp32_flops_per_s: float | None = None
+    interconnect_bandwidth_bytes_per_s: float | None = None
+    interconnect_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"GpuSpec {self.name!r}"
@@ -52,13 +57,23 @@ class GpuSpec:
             raise ValueError(f"GpuSpec: field 'name' must be a non-empty string, got {self.name!r}")
         if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
             raise ValueError(f"{where}: field 'memory_bytes' must be a positive integer, got {self.memory_bytes!r}")
-        for f in ("hbm_bandwidth_bytes_per_s", "bf16_flops_per_s", "pcie_bandwidth_bytes_per_s", "fp32_flops_per_s"):
+        for f in ("hbm_bandwidth_bytes_per_s", "bf16_flops_per_s", "pcie_bandwidth_bytes_per_s", "fp32_flops_per_s",
+                  "interconnect_bandwidth_bytes_per_s"):
             value = getattr(self, f)
-            if value is None and f == "fp32_flops_per_s":
+            if value is None and f in ("fp32_flops_per_s", "interconnect_bandwidth_bytes_per_s"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{where}: field {f!r} must be a positive number, got {value!r}")
+        lat = self.interconnect_latency_s
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (math.isfinite(lat) and lat >= 0):
+            raise ValueError(f"{where}: field 'interconnect_latency_s' must be a number >= 0, got {lat!r}")
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        """GPU-to-GPU bandwidth per direction: the interconnect's, else PCIe's."""
+        bw = self.interconnect_bandwidth_bytes_per_s
+        return float(bw if bw is not None else self.pcie_bandwidth_bytes_per_s)
 
     def flops_per_s(self, dtype: str) -> float:
         """Peak dense matrix rate for a model stored in ``dtype`` (``"bf16"``, ``"fp16"``, ``"fp32"``)."""

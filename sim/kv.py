@@ -16,7 +16,8 @@ The scheduler asks for token slots; a manager turns them into policy allocations
 
 - ``PagedKV`` (a policy whose allocations are pages): a request grows one page at a time; with
   prefix caching, prompt blocks named by ``hash_ids`` are shared by reference count and freed
-  blocks stay cached until evicted, least recently used first (vLLM's prefix cache). The
+  blocks stay cached until evicted, least recently used first (vLLM's prefix cache; LFU and
+  cost-aware orders too: ``prefix_eviction``). The
   reference counts, the hash map and the evictable queue are the ``paged`` policy's
   (``Paged.cache_block`` and friends); the manager decides what to cache and when.
 
@@ -27,7 +28,7 @@ shared pool the KV cache cannot take the memory of weights or activations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from policies.base import Allocation
 from policies.units import round_up
@@ -71,6 +72,7 @@ class _KVBase:
 
     paged = False
     evictable_bytes = 0  # cached KV nobody holds (a prefix cache's)
+    evictable_tokens = 0  # the tokens in them
 
     def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int):
         self.pool = pool
@@ -207,13 +209,16 @@ class PagedKV(_KVBase):
     Args:
         pool: the KV pool (a paged policy: allocations are runs of pages).
         config: the server's settings; read here: ``prefix_caching`` (share prompt blocks named
-            by the trace's ``hash_ids``) and ``prefix_block_tokens`` (resolved: tokens per
-            ``hash_ids`` block, 512 in Mooncake traces).
+            by the trace's ``hash_ids``), ``prefix_block_tokens`` (resolved: tokens per
+            ``hash_ids`` block, 512 in Mooncake traces) and ``prefix_eviction`` (the cache's
+            eviction order, ``policies.eviction``).
         bytes_per_token: KV bytes of one token.
         budget_bytes: most bytes the KV cache may hold.
         tokens_per_page: tokens per page (vLLM's block size, 16).
         page_bytes: bytes per page (None: ``tokens_per_page x bytes_per_token``; a policy's page
             may be larger than the tokens it holds).
+        block_recompute_s: seconds to recompute the prompt block at a position (0, 1, ...), for
+            the ``cost`` eviction order (None: every block costs the same).
 
     A request takes all its cacheable prompt blocks when it is admitted (hits by reference,
     misses as fresh blocks of ``block_tokens``), even when chunked prefill computes them over
@@ -227,7 +232,8 @@ class PagedKV(_KVBase):
     paged = True
 
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
-                 tokens_per_page: int, page_bytes: int | None = None):
+                 tokens_per_page: int, page_bytes: int | None = None,
+                 block_recompute_s: Callable[[int], float] | None = None):
         assert config.prefix_block_tokens is not None, "simulate() resolves prefix_block_tokens"
         prefix_caching, block_tokens = config.prefix_caching, config.prefix_block_tokens
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
@@ -237,6 +243,9 @@ class PagedKV(_KVBase):
         #: the layer of the pool's stack that keeps cached blocks (the paged policy)
         self.block_cache = pool.policy.block_cache
         self.prefix_caching = prefix_caching and self.block_cache is not None
+        if self.prefix_caching:
+            self.block_cache.set_eviction_order(config.prefix_eviction)
+        self._block_recompute_s = block_recompute_s
         self.block_tokens = block_tokens
         pages_per_block = -(-block_tokens // tokens_per_page)
         self.block_bytes = pages_per_block * self.page_bytes
@@ -246,6 +255,11 @@ class PagedKV(_KVBase):
     @property
     def evictable_bytes(self) -> int:
         return self.block_cache.evictable_bytes if self.block_cache is not None else 0
+
+    @property
+    def evictable_tokens(self) -> int:
+        """Tokens in cached blocks nobody holds (every cached block is ``block_bytes``)."""
+        return self.evictable_bytes // self.block_bytes * self.block_tokens
 
     def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> KVHandle:
         if not self.prefix_caching:
@@ -318,7 +332,8 @@ class PagedKV(_KVBase):
         while i < len(blocks) and (i + 1) * self.block_tokens <= num_computed:
             hid = blocks[i]
             if hid in pending:  # computed now: hittable by others
-                self.block_cache.cache_block(hid, pending.pop(hid))
+                cost = self._block_recompute_s(i) if self._block_recompute_s is not None else 1.0
+                self.block_cache.cache_block(hid, pending.pop(hid), cost)
                 self.cached_tokens += self.block_tokens
             i += 1
         h.num_computed_blocks = i

@@ -54,6 +54,8 @@ class ModelSpec:
         gated_mlp: True for SwiGLU-style MLPs (gate and up projections: Llama, Qwen, Mistral),
             False for a plain two-matrix MLP (OPT).
         tied_embeddings: True when the LM head reuses the input embedding table.
+        max_position_embeddings: the longest sequence the model was trained for (the Hugging
+            Face field; vLLM's default ``max_model_len``); None when a file does not say.
     """
 
     name: str
@@ -68,6 +70,7 @@ class ModelSpec:
     dtype: str = "bf16"
     gated_mlp: bool = True
     tied_embeddings: bool = False
+    max_position_embeddings: int | None = None
 
     def __post_init__(self) -> None:
         where = f"ModelSpec {self.name!r}"
@@ -76,6 +79,8 @@ class ModelSpec:
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
                   "intermediate_size", "vocab_size", "param_count"):
             _check_positive_int(getattr(self, f), f, where)
+        if self.max_position_embeddings is not None:
+            _check_positive_int(self.max_position_embeddings, "max_position_embeddings", where)
         for f in ("gated_mlp", "tied_embeddings"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"{where}: field {f!r} must be true or false, got {getattr(self, f)!r}")
@@ -211,6 +216,40 @@ class ModelSpec:
         up = 2 if self.gated_mlp else 1
         per_layer = 12 * h + 6 * q + 4 * kv + (2 * up + 2) * inter
         return self.num_layers * per_layer * self.dtype_bytes
+
+    # -- tensor parallelism -------------------------------------------------------------------
+    def shard(self, tensor_parallel: int) -> ModelSpec:
+        """What one GPU of ``tensor_parallel`` holds and computes (Megatron-style sharding, as vLLM).
+
+        Attention heads, KV heads, the MLP's intermediate dimension and both vocabulary tables
+        are split ``tensor_parallel`` ways; the residual stream (``hidden_size``) is whole on
+        every GPU. With fewer KV heads than GPUs each GPU keeps one KV head (vLLM replicates
+        them), so its KV projections are not split further. Every size, FLOP and byte count of
+        the shard is then per GPU; the all-reduces that join the shards are
+        ``sim.steptime``'s. ``shard(1)`` is the model itself.
+
+        Raises ValueError when the heads or the intermediate size do not divide evenly.
+        """
+        tp = tensor_parallel
+        _check_positive_int(tp, "tensor_parallel", f"ModelSpec {self.name!r}")
+        if tp == 1:
+            return self
+        kv = self.num_kv_heads
+        if self.num_heads % tp or self.intermediate_size % tp or (kv % tp and tp % kv):
+            raise ValueError(f"{self.name}: tensor parallelism {tp} must divide num_heads ({self.num_heads}) and "
+                             f"intermediate_size ({self.intermediate_size}), and divide or be a multiple of "
+                             f"num_kv_heads ({kv})")
+        kv_shard = max(1, kv // tp)
+        tables = self._embedding_table_params()
+        vocab_shard = -(-self.vocab_size // tp)
+        # layer parameters split evenly, except KV projections replicated past num_kv_heads GPUs
+        kv_proj = 2 * self.num_layers * self.hidden_size * self.head_dim
+        layer_params = self.param_count - tables - kv_proj * kv
+        shard_params = (-(-layer_params // tp) + kv_proj * kv_shard
+                        + vocab_shard * self.hidden_size * (1 if self.tied_embeddings else 2))
+        return dataclasses.replace(self, num_heads=self.num_heads // tp, num_kv_heads=kv_shard,
+                                   intermediate_size=self.intermediate_size // tp, vocab_size=vocab_shard,
+                                   param_count=shard_params)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, ready for ``json.dump`` (a custom-model file round-trips through it)."""

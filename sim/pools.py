@@ -39,7 +39,9 @@ DEFAULT_WORKSPACE_BYTES = 512 << 20
 class MemoryPlan:
     """How a GPU's memory is split before the first request (vLLM's profiling step).
 
-    ``kv_budget_bytes = usable - weights - activation_reserve - workspace`` unless given.
+    ``kv_budget_bytes = usable - weights - activation_reserve - workspace`` unless given. Under
+    tensor parallelism every figure is one GPU's (each GPU has the same plan and its own KV
+    pool holding its share of every token's KV heads).
     """
 
     gpu_bytes: int
@@ -48,14 +50,18 @@ class MemoryPlan:
     activation_reserve_bytes: int  # activations of the largest step (max_num_batched_tokens)
     workspace_bytes: int
     kv_budget_bytes: int
+    tensor_parallel: int = 1
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in self.__dataclass_fields__.values()}  # type: ignore[attr-defined]
 
 
 def plan_memory(model: Any, gpu: Any, *, gpu_memory_utilization: float, max_num_batched_tokens: int,
-                workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, kv_capacity_bytes: int | None = None) -> MemoryPlan:
-    """Split ``gpu``'s memory for ``model`` like vLLM does; raise ValueError when nothing is left for KV."""
+                workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, kv_capacity_bytes: int | None = None,
+                tensor_parallel: int = 1) -> MemoryPlan:
+    """Split one ``gpu``'s memory for ``model`` (its shard over ``tensor_parallel`` GPUs) like vLLM
+    does; raise ValueError when nothing is left for KV. ``kv_capacity_bytes`` is per GPU too."""
+    model = model.shard(tensor_parallel)
     gpu_bytes = int(gpu.memory_bytes)
     usable = int(gpu_bytes * gpu_memory_utilization)
     weights = int(model.weight_bytes)
@@ -63,15 +69,16 @@ def plan_memory(model: Any, gpu: Any, *, gpu_memory_utilization: float, max_num_
     if kv_capacity_bytes is None:
         kv = usable - weights - activations - workspace_bytes
         if kv <= 0:
+            per = f" per GPU (tensor parallelism {tensor_parallel})" if tensor_parallel > 1 else ""
             raise ValueError(
                 f"no memory left for the KV cache: {gpu.name} x gpu_memory_utilization={gpu_memory_utilization} "
-                f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB of weights, "
+                f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB of weights{per}, "
                 f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} GiB of workspace")
     else:
         kv = int(kv_capacity_bytes)
         if kv <= 0:
             raise ValueError(f"kv_capacity_bytes(={kv_capacity_bytes!r}) must be > 0")
-    return MemoryPlan(gpu_bytes, usable, weights, activations, workspace_bytes, kv)
+    return MemoryPlan(gpu_bytes, usable, weights, activations, workspace_bytes, kv, tensor_parallel)
 
 
 class TimedPool:

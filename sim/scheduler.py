@@ -14,7 +14,13 @@ Each step, in order:
    running one out at its next token (vLLM's admission watermark).
 
 Requests that can never fit (their KV peak exceeds the whole KV budget, or a prompt exceeds the
-step budget without chunked prefill) are rejected on arrival and counted, never looped on.
+step budget without chunked prefill) are rejected on arrival and counted, never looped on. Each
+rejection carries a kind (``REJECT_KINDS``: what a summary groups by) and a sentence with its
+numbers.
+
+A step whose plan the KV memory limited (an admission or swap-in that did not fit, a running
+request that preempted or was preempted) is marked ``StepPlan.kv_blocked``: the steps where the
+pool is under pressure, over which the server takes ``kv_token_util_pressure``.
 """
 
 from __future__ import annotations
@@ -30,9 +36,17 @@ from sim.kv import KVHandle
 if TYPE_CHECKING:
     from sim.config import ServerConfig
 
-__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "PREEMPTION_MODES"]
+__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "PREEMPTION_MODES", "REJECT_KINDS"]
 
 PREEMPTION_MODES = ("recompute", "swap")
+
+#: Why requests are rejected: kind -> what it means (a summary's ``rejected_by`` names kinds).
+REJECT_KINDS = {
+    "prompt>=max_model_len": "the prompt leaves no room to generate below max_model_len",
+    "kv>budget": "the request's KV peak exceeds the whole KV budget",
+    "prompt>step_budget": "the prompt exceeds max_num_batched_tokens and chunked prefill is off",
+    "kv_cannot_grow": "its KV cache could not grow even with the pool to itself",
+}
 
 
 class RequestState(enum.Enum):
@@ -69,7 +83,8 @@ class Request:
     num_swaps: int = 0
     prefix_hit_tokens: int = 0
     status: RequestState = RequestState.WAITING
-    reject_reason: str = ""
+    reject_kind: str = ""  # a key of REJECT_KINDS
+    reject_reason: str = ""  # the same with this request's numbers
 
 
 @dataclass(slots=True)
@@ -90,6 +105,7 @@ class StepPlan:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
     num_preemptions: int = 0  # requests preempted while this plan was built or trimmed
+    kv_blocked: bool = False  # KV memory refused something this step (admission, swap-in or growth)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -149,23 +165,25 @@ class Scheduler:
     # ------------------------------------------------------------------ arrivals
     def add(self, r: Request) -> bool:
         """A request arrives; False (and counted) when it can never be served."""
-        reason = self._never_fits(r)
-        if reason:
-            self._reject(r, reason)
+        kind, reason = self._never_fits(r)
+        if kind:
+            self._reject(r, kind, reason)
             return False
         self.waiting.append(r)
         return True
 
-    def _never_fits(self, r: Request) -> str:
+    def _never_fits(self, r: Request) -> tuple[str, str]:
+        """``(kind, reason)`` when ``r`` can never be served, else ``("", "")``."""
         if r.prompt_tokens >= self.config.max_model_len:
-            return f"prompt of {r.prompt_tokens} tokens leaves no room below max_model_len={self.config.max_model_len}"
+            return ("prompt>=max_model_len", f"prompt of {r.prompt_tokens} tokens leaves no room below "
+                    f"max_model_len={self.config.max_model_len}")
         peak = self.kv.peak_bytes(r.prompt_tokens, r.output_tokens)
         if peak > self.kv.budget_bytes:
-            return f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
+            return "kv>budget", f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
         if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
-            return (f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
+            return ("prompt>step_budget", f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
                     f"{self.config.max_num_batched_tokens} without chunked prefill")
-        return ""
+        return "", ""
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self.swapped)
@@ -202,11 +220,12 @@ class Scheduler:
         """
         kv, running = self.kv, self.running
         while not kv.grow(r.kv, total, r.num_computed):
+            plan.kv_blocked = True
             victim = running.pop()
             if victim is r:
                 if not running:
                     self._drop_kv(r)
-                    self._reject(r, f"its KV cache cannot grow to {total} tokens even running alone")
+                    self._reject(r, "kv_cannot_grow", f"its KV cache cannot grow to {total} tokens even running alone")
                 else:
                     self._preempt(plan, r)
                 return False
@@ -238,8 +257,9 @@ class Scheduler:
         self.num_own_tokens -= max(0, r.num_computed - r.kv.prefix_tokens)
         self.kv.free(r.kv)
 
-    def _reject(self, r: Request, reason: str) -> None:
+    def _reject(self, r: Request, kind: str, reason: str) -> None:
         r.status = RequestState.REJECTED
+        r.reject_kind = kind
         r.reject_reason = reason
         self.rejected.append(r)
 
@@ -256,13 +276,15 @@ class Scheduler:
             n = min(r.num_tokens - r.num_computed, budget)
             total = r.num_computed + n
             if not self._fits(r.kv, total):
+                plan.kv_blocked = True
                 break
             if not kv.admit(r.kv, total):
                 if running:
+                    plan.kv_blocked = True
                     break
                 swapped.popleft()  # it cannot come back even to an empty pool
                 self.host_swap_bytes -= r.num_computed * kv.bytes_per_token
-                self._reject(r, f"its KV cache for {total} tokens does not fit back in an empty pool")
+                self._reject(r, "kv_cannot_grow", f"its KV cache for {total} tokens does not fit back in an empty pool")
                 continue
             kv.mark_computed(r.kv, r.num_computed)  # the copy refills every block it holds
             swapped.popleft()
@@ -291,13 +313,15 @@ class Scheduler:
                     n = budget
             total = hit + n
             if not self._fits(h, total):
+                plan.kv_blocked = True
                 break
             if not kv.admit(h, total):
                 if running:
+                    plan.kv_blocked = True
                     break
                 # nothing else holds KV memory and it still does not fit: it never will
                 waiting.popleft()
-                self._reject(r, f"its KV cache for {total} tokens does not fit in an empty pool")
+                self._reject(r, "kv_cannot_grow", f"its KV cache for {total} tokens does not fit in an empty pool")
                 continue
             waiting.popleft()
             r.num_computed = hit

@@ -77,6 +77,7 @@ class Server:
         self.busy_s = 0.0
         self.token_byte_s = 0.0  # integral of KV bytes holding token states over busy time
         self.reserved_byte_s = 0.0  # integral of KV bytes reserved over busy time
+        self.pressure_byte_s = [0.0, 0.0, 0.0]  # token bytes, reserved bytes, seconds over KV-blocked steps
         self.alloc_stall_s = 0.0  # step time spent in driver calls, copies and swaps
         self.num_activation_failures = 0
         self.idle_byte_s = 0.0  # integral of KV bytes reserved but not allocated over busy time
@@ -179,9 +180,15 @@ class Server:
             self.num_steps += 1
             self.busy_s += dt
             self.alloc_stall_s += stall_s
-            self.token_byte_s += (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token * dt
+            token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
+            self.token_byte_s += token_bytes * dt
             reserved = pools.kv_reserved_bytes()
             self.reserved_byte_s += reserved * dt
+            if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
+                pressure = self.pressure_byte_s
+                pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
+                pressure[1] += reserved * dt
+                pressure[2] += dt
             self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
             if self.config.compact_between_steps:
                 compactor.compact()
@@ -252,3 +259,17 @@ class Server:
     def kv_token_util(self) -> float:
         """Share of reserved KV bytes holding token states, averaged over busy time (vLLM Fig. 2)."""
         return self.token_byte_s / self.reserved_byte_s if self.reserved_byte_s > 0 else float("nan")
+
+    @property
+    def kv_token_util_pressure(self) -> float:
+        """Share of reserved KV bytes holding running requests' token states (their own and the
+        cached prefix blocks they hold; cached blocks nobody holds are left out, they are free to
+        evict), averaged over the steps the KV memory limited (``StepPlan.kv_blocked``) only: the
+        pool's use when it matters, as in vLLM's Figure 2. NaN when no step was limited."""
+        token, reserved, _ = self.pressure_byte_s
+        return token / reserved if reserved > 0 else float("nan")
+
+    @property
+    def kv_pressure_s(self) -> float:
+        """Busy seconds of the steps the KV memory limited."""
+        return self.pressure_byte_s[2]

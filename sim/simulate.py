@@ -34,7 +34,7 @@ from traces.requests import RequestTrace
 
 __all__ = ["SimResult", "simulate", "simulate_many", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
 
-#: ``max_model_len`` when neither the config nor the model gives one (Llama-3's context).
+#: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
 #: Tokens per ``hash_ids`` block when the trace does not say (Mooncake's 512).
 DEFAULT_HASH_BLOCK_TOKENS = 512
@@ -100,27 +100,35 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
 
     Returns:
         A ``SimResult``. Raises ValueError (or PolicyError) naming a bad option, model, GPU or
-        policy before anything runs.
+        policy, or an empty trace, before anything runs.
+
+    Under tensor parallelism (``tensor_parallel`` > 1) one GPU is simulated: its shard of the
+    weights and KV heads, its own KV pool and memory plan (every GPU's is the same), and steps
+    that include the all-reduces; byte columns are per GPU, times and token counts the server's.
     """
     wall0 = time.perf_counter()
     trace = _as_trace(requests)
+    if len(trace.requests) == 0:
+        raise ValueError(f"{trace.name}: the trace has no requests (a header only?); nothing to simulate")
     if config is not None and options:
         raise ValueError(f"give simulator options in the config or as keywords, not both ({', '.join(options)})")
     cfg = config if config is not None else ServerConfig.from_kwargs(**options)
     model, gpu = load_model(model), load_gpu(gpu)
+    tp = cfg.tensor_parallel
+    shard = model.shard(tp)  # what one GPU holds: every byte below is per GPU
     cost_model = _costs(costs)
-    step_model = StepTimeModel(model, gpu, calibration=calibration)
-    bytes_per_token = model.kv_bytes_per_token
+    step_model = StepTimeModel(model, gpu, calibration=calibration, tensor_parallel=tp)
+    bytes_per_token = shard.kv_bytes_per_token
     plan = plan_memory(model, gpu, gpu_memory_utilization=cfg.gpu_memory_utilization,
                        max_num_batched_tokens=cfg.max_num_batched_tokens, workspace_bytes=cfg.workspace_bytes,
-                       kv_capacity_bytes=cfg.kv_capacity_bytes)
+                       kv_capacity_bytes=cfg.kv_capacity_bytes, tensor_parallel=tp)
     shared = cfg.pool_layout == "shared"
     policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
                            costs=cost_model,
                            fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
-        max_model_len=cfg.max_model_len or getattr(model, "max_model_len", None) or DEFAULT_MAX_MODEL_LEN,
+        max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
         prefix_block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
                                                                           DEFAULT_HASH_BLOCK_TOKENS)),
         sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3))
@@ -133,18 +141,21 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
             raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes} B) must hold at least one token's "
                              f"KV ({bytes_per_token} B for {model.name}); set its page size")
         kv = PagedKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
-                     tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes)
+                     tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
+                     block_recompute_s=_block_recompute_s(step_model, cfg.prefix_block_tokens))
         kv_layout = "paged"
     scheduler = Scheduler(kv, cfg)
     reqs = _build_requests(trace, kv, cfg.max_model_len)
-    server = Server(reqs, scheduler, pools, step_model, model, cfg, progress=progress)
+    server = Server(reqs, scheduler, pools, step_model, shard, cfg, progress=progress)
     end_s = server.run()
     wall_s = time.perf_counter() - wall0
 
     name = trace_name or trace.name
     table = request_table(reqs)
     serving = serving_summary(table, duration_s=end_s, num_preemptions=scheduler.num_preemptions,
-                              kv_token_util=server.kv_token_util, slo_ttft_s=cfg.slo_ttft_s,
+                              kv_token_util=server.kv_token_util,
+                              kv_token_util_pressure=server.kv_token_util_pressure,
+                              kv_pressure_s=server.kv_pressure_s, busy_s=server.busy_s, slo_ttft_s=cfg.slo_ttft_s,
                               slo_tpot_s=cfg.slo_tpot_s, slo_e2e_s=cfg.slo_e2e_s)
     lookups = kv.prefix_lookup_tokens
     # the spec as the user chose it, normalised as replay writes it (the knobs filled in from
@@ -161,7 +172,11 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "pool_layout": cfg.pool_layout,
         "preemption": cfg.preemption,
         "kv_budget_bytes": plan.kv_budget_bytes,
-        "prefix_caching": bool(kv.paged and cfg.prefix_caching),
+        "tensor_parallel": tp,
+        "max_model_len": cfg.max_model_len,
+        "prefix_caching": bool(kv.paged and kv.prefix_caching),
+        "prefix_eviction": cfg.prefix_eviction,
+        "prefix_block_tokens": cfg.prefix_block_tokens,
         "prefix_hit_rate": kv.prefix_hit_tokens / lookups if lookups else 0.0,
         "prefix_saved_bytes": kv.prefix_saved_bytes,
         "n_prefix_evictions": kv.num_evictions,
@@ -180,6 +195,18 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     table.insert(0, "trace", name)
     return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
                      policy=policy, config=cfg)
+
+
+def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
+    """Seconds of prefill compute that rebuilding the prompt block at position ``i`` takes (its
+    tokens attend to the ``i`` blocks before them): the ``cost`` eviction order's weight."""
+    cache: dict[int, float] = {}
+
+    def cost(i: int) -> float:
+        if i not in cache:
+            cache[i] = step_model.step_cost(block_tokens, 0, 0, i * block_tokens, 1).compute_s
+        return cache[i]
+    return cost
 
 
 def _control_fields(server: Server, policy: Policy) -> dict[str, Any]:

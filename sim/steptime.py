@@ -17,7 +17,19 @@ read once and the new tokens' KV written once, each token's activations
 
 This gives compute and memory time only. Allocator costs (``cudaMalloc``, defragmentation
 copies, swaps) land on the step that caused them: the server adds them, pricing copies and
-swaps with ``copy_time_s`` and ``swap_time_s``. Single GPU, no tensor parallelism.
+swaps with ``copy_time_s`` and ``swap_time_s``.
+
+Tensor parallelism over ``N`` GPUs (``tensor_parallel``): each GPU runs the model's shard
+(``ModelSpec.shard``: its FLOPs and bytes are one GPU's), and the shards join through two
+all-reduces per layer (after the attention output and the MLP down projection), each of the
+step's tokens x ``hidden_size`` activations. A ring all-reduce moves ``2 (N-1)/N`` of them over
+the GPU's interconnect, plus its fixed latency::
+
+    allreduce_s = 2 x num_layers x (interconnect_latency_s
+                                    + 2 (N-1)/N x tokens x hidden x dtype_bytes / link_bandwidth)
+
+added to the step, not overlapped (vLLM runs them between the layer's kernels). The logits
+gather of the vocabulary-parallel LM head is left out (one small gather per step).
 
 The efficiency factors come from ``sim/data/calibration_default.json`` (each explained there)
 and can be overridden by a calibration JSON file (``load_calibration``).
@@ -127,7 +139,8 @@ def load_calibration(path: str | Path) -> Calibration:
 class StepCost:
     """One step's roofline terms, for diagnostics and tests (``StepTimeModel.step_cost``).
 
-    ``overhead_s`` is the fixed part: ``step_overhead_s + num_layers x layer_overhead_s``.
+    ``overhead_s`` is what neither roof covers: ``step_overhead_s + num_layers x
+    layer_overhead_s`` plus, under tensor parallelism, the all-reduces.
     """
 
     flops: float
@@ -154,18 +167,23 @@ class StepTimeModel:
         gpu: the accelerator (``sim.hardware.load_gpu``).
         calibration: efficiency factors: a ``Calibration``, a mapping of factor overrides, a
             path to a calibration JSON file, or None for the bundled defaults.
+        tensor_parallel: GPUs the model is split over; ``model`` is the whole model (each
+            GPU's shard is computed here) and every time is one step of all of them.
 
     ``step_time_s`` is called once per simulated step, so every per-step constant is folded
     into a few floats in ``_reset_state`` and a call is a handful of multiplications.
     """
 
     def __init__(self, model: ModelSpec, gpu: GpuSpec, *,
-                 calibration: Calibration | Mapping[str, float] | str | Path | None = None):
+                 calibration: Calibration | Mapping[str, float] | str | Path | None = None,
+                 tensor_parallel: int = 1):
         if not isinstance(model, ModelSpec):
             raise ValueError(f"model must be a ModelSpec (use sim.models.load_model), got {model!r}")
         if not isinstance(gpu, GpuSpec):
             raise ValueError(f"gpu must be a GpuSpec (use sim.hardware.load_gpu), got {gpu!r}")
-        self.model = model
+        self.whole_model = model
+        self.tensor_parallel = tensor_parallel
+        self.model = model.shard(tensor_parallel)  # what one GPU computes
         self.gpu = gpu
         self.calibration = calibration
         self._reset_state()
@@ -208,10 +226,23 @@ class StepTimeModel:
         self._kv_bytes_per_token = m.kv_bytes_per_token
         self._act_bytes_per_token = m.activation_traffic_bytes_per_token
         self._logits_bytes = m.logits_bytes_per_sampled_token
+        # Tensor-parallel all-reduces: a fixed part and a part per token of the step.
+        tp = self.tensor_parallel
+        num_allreduces = 2 * m.num_layers if tp > 1 else 0
+        self._allreduce_fixed_s = num_allreduces * self.gpu.interconnect_latency_s
+        self._allreduce_token_s = (num_allreduces * 2 * (tp - 1) / tp * m.hidden_size * m.dtype_bytes
+                                   / self.gpu.link_bytes_per_s)
 
     def get_params(self) -> dict[str, Any]:
         """Model, GPU and factors by name, for a report's params column."""
-        return {"model": self.model.name, "gpu": self.gpu.name, **self.factors.to_dict()}
+        tp = {"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {}
+        return {"model": self.model.name, "gpu": self.gpu.name, **tp, **self.factors.to_dict()}
+
+    def allreduce_time_s(self, num_tokens: int) -> float:
+        """Seconds a step of ``num_tokens`` tokens spends in tensor-parallel all-reduces (0 on one GPU)."""
+        if num_tokens <= 0 or not self._allreduce_fixed_s and not self._allreduce_token_s:
+            return 0.0
+        return self._allreduce_fixed_s + num_tokens * self._allreduce_token_s
 
     # -- the hot path ----------------------------------------------------------------------------
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
@@ -254,7 +285,10 @@ class StepTimeModel:
                      + self._act_bytes_per_token * (p + d)
                      + self._logits_bytes * (k + d))
         memory_s = hbm_bytes * self._s_per_hbm_byte
-        return (compute_s if compute_s > memory_s else memory_s) + self._fixed_s
+        step_s = (compute_s if compute_s > memory_s else memory_s) + self._fixed_s
+        if self._allreduce_token_s:
+            step_s += self._allreduce_fixed_s + (p + d) * self._allreduce_token_s
+        return step_s
 
     @staticmethod
     def _check_args(p: int, d: int, c: int, pc: int, k: int) -> None:
@@ -287,7 +321,8 @@ class StepTimeModel:
                      + self._kv_bytes_per_token * (context_tokens + prefill_context_tokens + p + d)
                      + self._act_bytes_per_token * (p + d) + self._logits_bytes * (k + d))
         cost = StepCost(flops=prefill_flops + decode_flops, hbm_bytes=hbm_bytes, compute_s=compute_s,
-                        memory_s=hbm_bytes * self._s_per_hbm_byte, overhead_s=self._fixed_s)
+                        memory_s=hbm_bytes * self._s_per_hbm_byte,
+                        overhead_s=self._fixed_s + self.allreduce_time_s(p + d))
         assert math.isclose(cost.total_s, total, rel_tol=1e-9), (cost, total)
         return cost
 

@@ -14,10 +14,14 @@ from sim.config import Knob, ServerConfig, knobs
 from sim.report import format_table, write_results
 from sim.simulate import simulate_many
 
-#: What the command prints per policy (the files hold every column).
-TABLE_COLUMNS = ["policy", "kv_strategy", "n_finished", "n_rejected", "n_preempted", "ttft_p50_s", "ttft_p99_s",
-                 "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "throughput_tok_s", "goodput_rps", "kv_token_util",
-                 "peak_reserved_bytes", "frag_ext_mean", "n_grow", "wall_s"]
+#: What the command prints per policy (the files hold every column; README "Columns" says what
+#: each means). What decides a comparison comes first: failures, preemptions, prefix hits.
+TABLE_COLUMNS = ["policy", "kv_strategy", "n_finished", "n_rejected", "n_failed", "n_preempted", "prefix_hit_rate",
+                 "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "input_tok_s", "output_tok_s",
+                 "goodput_rps", "slo_attainment", "kv_token_util", "kv_token_util_pressure", "peak_reserved_bytes",
+                 "frag_ext_mean", "n_grow", "wall_s"]
+#: Columns left out of the table when no SLO is set (they are NaN; the header says why).
+SLO_COLUMNS = ("goodput_rps", "slo_attainment")
 
 
 #: How ``--help`` names a knob's unit.
@@ -52,6 +56,52 @@ def _option(name: str, k: Knob, default: Any) -> Callable:
         return click.option(f"--{k.cli}", name, type=BYTES, default=default,
                             help=f"{text} Default: {format_bytes(default)}.")
     return click.option(f"--{k.cli}", name, type=_click_type(k), default=default, show_default=True, help=text)
+
+
+def settings_line(config: ServerConfig, summary: Any, *, has_hash_ids: bool = True) -> str:
+    """One line with what decides the comparison besides the policy: the KV budget, max_model_len,
+    tensor parallelism, prefix caching per policy, the contiguous policies' strategy, and every
+    other knob that differs from its default."""
+    first = summary.iloc[0]
+    parts = [f"KV budget {format_bytes(int(first['kv_budget_bytes']))}"
+             + (f" per GPU x {config.tensor_parallel} (tp)" if config.tensor_parallel > 1 else ""),
+             f"max_model_len {int(first['max_model_len']):,}" + ("" if config.max_model_len else " (the model's)")]
+    on = [p for p, c in zip(summary["policy"], summary["prefix_caching"]) if c]
+    off = [p for p, c in zip(summary["policy"], summary["prefix_caching"]) if not c]
+    caching = []
+    if on:
+        caching.append(f"on for {', '.join(on)} ({config.prefix_eviction.upper()} eviction, "
+                       f"{int(first['prefix_block_tokens'])}-token blocks"
+                       + ("" if has_hash_ids else "; the trace has no hash_ids, so nothing is shared") + ")")
+    if off:
+        why = "off by --no-prefix-caching" if not config.prefix_caching else "off: contiguous KV cannot share blocks"
+        caching.append(f"{why} for {', '.join(off)}")
+    parts.append("prefix caching " + "; ".join(caching))
+    if any(s != "paged" for s in summary["kv_strategy"]):
+        parts.append(f"contiguous strategy {config.kv_strategy}")
+    shown = {"kv_capacity_bytes", "max_model_len", "tensor_parallel", "prefix_caching", "prefix_eviction",
+             "prefix_block_tokens", "kv_strategy"}
+    defaults = ServerConfig()
+    for name, k in knobs().items():
+        value = getattr(config, name)
+        if name in shown or value == getattr(defaults, name):
+            continue
+        parts.append(f"--{k.cli} " + (format_bytes(value) if k.unit == "bytes" and value is not None else str(value)))
+    if not any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s)):
+        parts.append("no SLO set: goodput not reported (--slo-ttft, --slo-tpot)")
+    return "settings: " + "; ".join(parts)
+
+
+def rejection_warnings(summary: Any) -> list[str]:
+    """One warning line per distinct set of rejections (usually one line for all policies)."""
+    groups: dict[tuple[int, str], list[str]] = {}
+    for policy, n, why in zip(summary["policy"], summary["n_rejected"], summary["rejected_by"]):
+        if n:
+            groups.setdefault((int(n), why), []).append(policy)
+    total = int(summary["n_requests"].iloc[0])
+    return [f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; the latency and "
+            f"throughput columns cover served requests only (see --max-model-len, --kv-capacity)"
+            for (n, why), names in groups.items()]
 
 
 def config_options(command: Callable) -> Callable:
@@ -115,5 +165,10 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
-    click.echo(format_table(summary, columns=TABLE_COLUMNS))
+    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns))
+    for line in rejection_warnings(summary):
+        click.echo(line, err=True)
+    has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))
+    columns = TABLE_COLUMNS if has_slo else [c for c in TABLE_COLUMNS if c not in SLO_COLUMNS]
+    click.echo(format_table(summary, columns=columns))
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")

@@ -7,11 +7,11 @@ from sim.scheduler import RequestState
 from sim.serving_metrics import SERVING_COLUMNS, request_table, serving_summary
 
 
-def r(rid, arrival, first, finish, output, status="finished"):
+def r(rid, arrival, first, finish, output, status="finished", kind=""):
     return SimpleNamespace(request_id=rid, arrival_s=arrival, prompt_tokens=100, output_tokens=output,
                            num_generated=output if status == "finished" else 0, first_token_s=first, finish_s=finish,
                            num_preemptions=0, num_swaps=0, prefix_hit_tokens=0, status=RequestState(status),
-                           reject_reason="")
+                           reject_reason=kind and f"{kind} (details)", reject_kind=kind)
 
 
 def test_ttft_tpot_e2e_definitions():
@@ -33,7 +33,18 @@ def test_summary_counts_and_percentiles_over_finished_requests_only():
     assert list(s) == SERVING_COLUMNS
     assert (s["n_requests"], s["n_finished"], s["n_rejected"], s["n_preempted"]) == (11, 10, 1, 3)
     assert s["ttft_p50_s"] == pytest.approx(0.55)
-    assert s["throughput_tok_s"] == pytest.approx(10 * 11 / 20.0)
+    assert s["throughput_tok_s"] == s["output_tok_s"] == pytest.approx(10 * 11 / 20.0)
+    assert s["input_tok_s"] == pytest.approx(10 * 100 / 20.0)  # prompts of finished requests only
+
+
+def test_rejections_are_counted_by_kind_most_first():
+    rows = [r(0, 0.0, 0.1, 1.0, 2)]
+    rows += [r(i, 0.0, math.nan, math.nan, 2, "rejected", "prompt>=max_model_len") for i in (1, 2, 3)]
+    rows += [r(4, 0.0, math.nan, math.nan, 2, "rejected", "kv>budget")]
+    s = serving_summary(request_table(rows), duration_s=1.0, num_preemptions=0, kv_token_util=0.5)
+    assert s["rejected_by"] == "prompt>=max_model_len: 3, kv>budget: 1"
+    assert serving_summary(request_table(rows[:1]), duration_s=1.0, num_preemptions=0,
+                           kv_token_util=0.5)["rejected_by"] == ""
 
 
 def test_goodput_counts_requests_meeting_every_slo():
@@ -41,9 +52,30 @@ def test_goodput_counts_requests_meeting_every_slo():
             r(1, 0.0, 0.5, 1.5, 11),   # ttft 0.5 misses
             r(2, 0.0, 0.1, 3.1, 11)]   # tpot 0.3 misses
     table = request_table(rows)
-    assert serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0)["goodput_rps"] == pytest.approx(0.3)
     s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0, slo_ttft_s=0.2, slo_tpot_s=0.2)
-    assert s["goodput_rps"] == pytest.approx(0.1)
+    assert s["goodput_rps"] == pytest.approx(0.1) and s["slo_attainment"] == pytest.approx(1 / 3)
+    s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0, slo_ttft_s=0.2)
+    assert s["goodput_rps"] == pytest.approx(0.2)  # only the TTFT SLO set: request 2 meets it
+
+
+def test_without_an_slo_goodput_is_not_the_completion_rate_but_nan():
+    table = request_table([r(0, 0.0, 0.1, 1.1, 11)])
+    s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0)
+    assert math.isnan(s["goodput_rps"]) and math.isnan(s["slo_attainment"])
+
+
+def test_rejected_requests_miss_the_slo_in_attainment():
+    rows = [r(0, 0.0, 0.1, 1.1, 11), r(1, 0.0, math.nan, math.nan, 11, "rejected", "kv>budget")]
+    s = serving_summary(request_table(rows), duration_s=1.0, num_preemptions=0, kv_token_util=1.0,
+                        slo_ttft_s=1.0, slo_tpot_s=1.0)
+    assert s["slo_attainment"] == pytest.approx(0.5) and s["goodput_rps"] == pytest.approx(1.0)
+
+
+def test_pressure_share_is_the_blocked_steps_share_of_busy_time():
+    table = request_table([r(0, 0.0, 0.1, 1.1, 11)])
+    s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=0.9, kv_token_util_pressure=0.6,
+                        kv_pressure_s=2.0, busy_s=8.0)
+    assert (s["kv_token_util_pressure"], s["kv_pressure_share"]) == (0.6, 0.25)
 
 
 def test_a_one_token_output_cannot_miss_the_tpot_slo():
