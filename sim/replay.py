@@ -73,9 +73,10 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
     run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
-                     times_us=events.times_us, target=engine.policy_target(policy), observe=monitor.observe,
-                     on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free, unknown_free=unknown_free, timer=timer,
-                     progress=f"{trace.name} · {policy.spec}" if progress else None)
+                     times_us=events.times_us, target=engine.policy_target(policy), observe=monitor.sample,
+                     observe_every=monitor.sample_every,
+                     on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free,
+                     unknown_free=unknown_free, timer=timer, progress=f"{trace.name} · {policy.spec}" if progress else None)
     if n:
         monitor.finish(n - 1, events.times_us[-1])
     row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
