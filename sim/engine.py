@@ -164,7 +164,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     Args:
         ops, keys, sizes: the events.
         target: the allocator.
-        streams, tags: per event (stream 0 and no tag when None; a falsy tag is no tag).
+        streams, tags: per event (stream 0 and no tag when None; a tag of None is no tag).
         times_us: per event, passed to ``observe`` (the event index when None).
         observe: ``observe(i, time_us)`` after event ``i`` for every ``i`` divisible by
             ``observe_every`` (1: after every event, as ``PoolMonitor.observe`` wants;
@@ -200,6 +200,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     alloc_ns, free_ns = array("q"), array("q")
     alloc_append, free_append = alloc_ns.append, free_ns.append
     num_failed = 0
+    alloc_op, free_op = ALLOC, FREE  # locals: a global read per event costs
     every_event = observe if observe_every == 1 else None
     at_chunk_end = observe if observe_every > 1 else None
     stride = observe_every if at_chunk_end is not None else _PROGRESS_STRIDE
@@ -214,10 +215,10 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
         for i, op, key, nbytes, stream, tag in itertools.islice(events, stop - start):
             if before is not None:
                 before(i)
-            if op == ALLOC:
+            if op == alloc_op:
                 t0 = timer()
                 try:
-                    a = allocate(nbytes) if sized else allocate(nbytes, stream=stream, tag=tag or None)
+                    a = allocate(nbytes) if sized else allocate(nbytes, stream=stream, tag=tag)
                 except oom:
                     a = None
                 t1 = timer()
@@ -235,7 +236,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
                     if on_alloc is not None:
                         on_alloc(a, nbytes, key)
                 del a  # the live map holds the only reference (a dropping target frees on its last)
-            elif op == FREE:
+            elif op == free_op:
                 a = live.pop(key, None)
                 if a is not None:
                     if on_free is not None:

@@ -104,7 +104,7 @@ class TraceEvents:
 
 def trace_events(trace: AllocTrace) -> TraceEvents:
     time_us, is_alloc, alloc_id, nbytes, stream = trace.arrays()
-    tags = trace.events["tag"].to_numpy().tolist() if "tag" in trace.events else None
+    tags = [t or None for t in trace.events["tag"].tolist()] if "tag" in trace.events else None  # "" is no tag
     ops = np.where(is_alloc, engine.ALLOC, engine.FREE).tolist()
     return TraceEvents(ops, alloc_id.tolist(), nbytes.tolist(), stream.tolist(), tags, time_us.tolist())
 
