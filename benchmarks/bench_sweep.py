@@ -67,11 +67,13 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", type=Path, default=bundled_path("llama1b_generate_slice.pickle.gz"))
     ap.add_argument("--scheduler", choices=["processes", "local"], default="processes",
                     help="processes: the local pool; local: a local Dask cluster (local:N)")
-    ap.add_argument("--workers", type=worker_counts, default=[1, 2], help="worker counts, e.g. 1,2,4,8,16")
+    ap.add_argument("--workers", type=worker_counts, nargs="+", default=[[1, 2]],
+                    help="worker counts, e.g. 1,2,4,8,16 (or 1 2 4)")
     ap.add_argument("--cells", type=int, default=100, help=f"grid size, a multiple of {CELLS_PER_CAPACITY}")
     ap.add_argument("--repeat", type=int, default=1, help="runs per worker count; the best is kept")
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = ap.parse_args(argv)
+    args.workers = [n for group in args.workers for n in group]
 
     command = f"python benchmarks/bench_sweep.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
