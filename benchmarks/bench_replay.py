@@ -1,21 +1,37 @@
-"""Replay throughput of each policy against a bare-dict floor, measured side by side.
+"""Replay cost per event: each policy against honest floors, and the replay harness against the bare loop.
 
-    python benchmarks/bench_replay.py [TRACE] [--policy SPEC ...] [--repeat 3]
+    PYTHONPATH=. python benchmarks/bench_replay.py [TRACE] [--policy SPEC ...] [--repeat 5] [--out CSV]
 
-For every policy the trace's events are pushed through a lean loop (``allocate`` / ``free`` and
-the dict that maps trace ids to allocations, nothing else). The floor is the same loop driving
-``DictPool``, the thinnest thing with a pool's interface: ``allocate`` is one dict insert,
-``free`` one dict delete (the "Python floor" of the field notes, 0.36 us a round trip on the
-H200 host). The same loop with the dict operations inlined (no calls at all) is printed too, as
-the absolute bottom. Runs alternate (floor, policy, floor, policy, ...) and the best of
-``--repeat`` is kept for each, so machine noise hits both sides alike. Prints events/s and the
-ratio to the floor; targets (issue 2): paged and size-class within 3x, first-fit and best-fit
-within 8x.
+TRACE defaults to the full PyTorch snapshot of the shared data folder when it is there, else the
+bundled slice (``traces/data``), so a fresh clone runs it as it is.
+
+Rows, all measured in one run, interleaved (every row once per repeat, best of ``--repeat``
+kept) so that a busy machine hits them alike:
+
+- ``(inline dict)``: the loop with a dict insert / delete inlined, no call at all: the floor;
+- ``(trivial object)``: ``allocate`` / ``free`` of an object that does one dict op each;
+- ``(do-nothing)``: a ``Policy`` subclass whose hooks do no work: the contract's own cost;
+- every policy (all registered ones by default).
+
+Columns: ``bare_ns`` is ns per event of the bare loop, which calls ``allocate(nbytes,
+stream=, tag=)`` and ``free(a)`` exactly as replay does and keeps the trace-id -> allocation
+dict, nothing else; ``x_dict`` and ``x_nothing`` are its ratios to the inline dict and to the
+do-nothing policy. ``harness_ns`` is ns per event of ``sim.engine.run`` driving the same
+allocator as ``sim.replay.replay`` does (two clock reads and the device's driver time per call,
+the latency samples, the ``PoolMonitor``): for a policy it is ``replay()``'s own ``wall_s``; and
+``harness_x`` = harness_ns / bare_ns (issue 16: <= 1.2). ``replay_ns`` is the whole ``replay()``
+call (turning the trace into event lists, the summary row and time series included).
+
+``--sample-bytes`` instead measures the per-call latency samples of a replay of the README's 13
+policies (``sim.replay.replay_tables``): bytes per trace event in memory and as
+``latency_samples.parquet`` (issue 16: <= 400 B per event).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
 import platform
 import sys
 import time
@@ -25,20 +41,30 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import policies  # noqa: E402
-from traces import read_alloc_trace  # noqa: E402
+from sim import engine  # noqa: E402
+from sim.costs import CostedDevice, CostModel  # noqa: E402
+from sim.replay import replay, trace_events  # noqa: E402
+from traces import bundled_path, read_alloc_trace  # noqa: E402
 
-DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
-TARGETS = {"paged": 3.0, "size-class": 3.0, "first-fit": 8.0, "best-fit": 8.0}
+SHARED_TRACE = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
+BUNDLED_TRACE = bundled_path("llama1b_generate_slice.pickle.gz")
+HARNESS_TARGET = 1.2
+#: The README workflow's 13-policy replay.
+README_POLICIES = ["first-fit", "best-fit", "size-class", "paged", "elastic", "torch-caching", "cupy-pool", "tlsf",
+                   "arena", "buddy", "compacting", "tag-limits", "worst-fit"]
+INLINE, TRIVIAL, NOTHING = "(inline dict)", "(trivial object)", "(do-nothing)"
 
 
-class DictPool:
-    """The floor: a pool whose bookkeeping is one dict insert and one dict delete."""
+class TrivialPool:
+    """An object whose ``allocate`` is one dict insert and ``free`` one dict delete."""
+
+    __slots__ = ("_live", "_next")
 
     def __init__(self):
         self._live = {}
         self._next = 0
 
-    def allocate(self, nbytes):
+    def allocate(self, nbytes, *, stream=0, tag=None):
         key = self._next
         self._next = key + 1
         self._live[key] = nbytes
@@ -49,9 +75,9 @@ class DictPool:
 
 
 class DoNothing(policies.Policy):
-    """The contract's own cost: a policy whose hooks do no work (printed as ``(do-nothing)``)."""
+    """The contract's own cost: a policy whose hooks do no work."""
 
-    name = "(do-nothing)"
+    name = NOTHING
     _EXTENTS = ((0, 512),)
 
     def _reset_state(self):
@@ -69,75 +95,142 @@ class DoNothing(policies.Policy):
     def _add_segment(self, segment):
         pass
 
+    def free_extents(self):
+        return []
 
-def inline_loop(ops):
+
+def inline_loop(events) -> float:
     live = {}
     t0 = time.perf_counter()
-    for is_alloc, ident, size in ops:
+    for is_alloc, key, nbytes, _stream, _tag in events:
         if is_alloc:
-            live[ident] = size
+            live[key] = nbytes
         else:
-            del live[ident]
+            del live[key]
     return time.perf_counter() - t0
 
 
-def policy_loop(ops, policy):
-    allocate, free = policy.allocate, policy.free
+def bare_loop(events, allocate, free) -> float:
+    """The policy's calls and the id -> allocation dict, nothing else (a refused request's free is skipped)."""
     live = {}
-    failed = 0
     t0 = time.perf_counter()
-    for is_alloc, ident, size in ops:
+    for is_alloc, key, nbytes, stream, tag in events:
         if is_alloc:
-            a = allocate(size)
-            if a is None:
-                failed += 1
-            live[ident] = a
+            a = allocate(nbytes, stream=stream, tag=tag)
+            if a is not None:
+                live[key] = a
         else:
-            a = live.pop(ident)
+            a = live.pop(key, None)
             if a is not None:
                 free(a)
-    return time.perf_counter() - t0, failed
+    return time.perf_counter() - t0
+
+
+def _unknown_free(i, key):
+    return ValueError(f"event {i} frees {key}, which is not live")
+
+
+def trivial_harness(ev) -> float:
+    pool = TrivialPool()
+    return engine.run(ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags, times_us=ev.times_us,
+                      target=engine.Target(allocate=pool.allocate, free=pool.free),
+                      unknown_free=_unknown_free).wall_s
+
+
+def make_policy(spec, costs):
+    device = CostedDevice(costs)
+    return DoNothing(device=device) if spec == NOTHING else policies.create(spec, device=device)
+
+
+def sample_bytes(trace) -> dict:
+    """Bytes per trace event of the latency samples of a 13-policy replay, in memory and in Parquet."""
+    import tempfile
+
+    from sim.replay import replay_tables
+
+    samples = replay_tables(trace, README_POLICIES, with_bounds=False).latency_samples
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "latency_samples.parquet"
+        samples.to_parquet(path, index=False)
+        file_bytes = path.stat().st_size
+    n = len(trace)
+    return {"trace": trace.name, "events": n, "rows": len(samples),
+            "memory_bytes_per_event": samples.memory_usage(deep=True).sum() / n,
+            "parquet_bytes_per_event": file_bytes / n}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace", nargs="?", default=str(DEFAULT_TRACE))
-    ap.add_argument("--policy", action="append", dest="specs")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("trace", nargs="?", default=str(SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE))
+    ap.add_argument("-p", "--policy", action="append", dest="specs", help="a policy spec (repeat; default: all)")
+    ap.add_argument("--repeat", type=int, default=5, help="runs per row, interleaved; the best is kept")
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
+    ap.add_argument("--sample-bytes", action="store_true", help="measure latency-sample storage instead")
     args = ap.parse_args(argv)
     trace = read_alloc_trace(args.trace)
-    t_us, is_alloc, ids, sizes, _ = trace.arrays()
-    ops = list(zip(is_alloc.tolist(), ids.tolist(), sizes.tolist()))
-    specs = (args.specs or policies.available()) + [DoNothing]
-    print(f"trace {trace.name}: {len(ops):,} events; python {platform.python_version()} on {platform.machine()}")
-    print(f"{'policy':<28} {'events/s':>11} {'floor ev/s':>11} {'ratio':>7} {'target':>9} {'inline ev/s':>12} failed")
-    rows = []
-    for spec in specs:
-        best_floor = best_policy = best_inline = float("inf")
-        failed = 0
-        for _ in range(args.repeat):
-            best_inline = min(best_inline, inline_loop(ops))
-            best_floor = min(best_floor, policy_loop(ops, DictPool())[0])
-            elapsed, failed = policy_loop(ops, policies.create(spec))
-            best_policy = min(best_policy, elapsed)
-        ratio = best_policy / best_floor
-        if not isinstance(spec, str):
-            spec = spec.name
-        target = TARGETS.get(spec.split(":")[0])
-        mark = "" if target is None else f"{target:.0f}x {'ok' if ratio <= target else 'MISS'}"
-        n = len(ops)
-        print(f"{spec:<28} {n / best_policy:>11,.0f} {n / best_floor:>11,.0f} {ratio:>6.2f}x {mark:>9} {n / best_inline:>12,.0f} {failed}")
-        rows.append({"policy": spec, "events_per_s": n / best_policy, "floor_events_per_s": n / best_floor,
-                     "ratio_to_floor": ratio, "target": target, "inline_events_per_s": n / best_inline,
-                     "ratio_to_inline": best_policy / best_inline, "failed": failed})
+    if args.sample_bytes:
+        r = sample_bytes(trace)
+        print(f"# latency samples of a {len(README_POLICIES)}-policy replay of {r['trace']} ({r['events']:,} events, "
+              f"{r['rows']:,} rows): {r['memory_bytes_per_event']:,.0f} B per event in memory, "
+              f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)")
+        return 0
+    ev = trace_events(trace)
+    events = list(zip([op == engine.ALLOC for op in ev.ops], ev.keys, ev.sizes, ev.streams,
+                      [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)))
+    n = len(events)
+    costs = CostModel.load()
+    rows = [INLINE, TRIVIAL, NOTHING] + (args.specs or policies.available())
+    print(f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · python "
+          f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}")
+    print(f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved; "
+          f"load average before {os.getloadavg()[0]:.2f}")
+    bare = dict.fromkeys(rows, float("inf"))
+    harness = dict.fromkeys(rows, float("inf"))
+    whole = dict.fromkeys(rows, float("inf"))
+    failed = dict.fromkeys(rows, 0)
+    for _ in range(args.repeat):
+        for row in rows:
+            if row == INLINE:
+                bare[row] = min(bare[row], inline_loop(events))
+                continue
+            if row == TRIVIAL:
+                pool = TrivialPool()
+                bare[row] = min(bare[row], bare_loop(events, pool.allocate, pool.free))
+                harness[row] = min(harness[row], trivial_harness(ev))
+                continue
+            policy = make_policy(row, costs)
+            bare[row] = min(bare[row], bare_loop(events, policy.allocate, policy.free))
+            policy = make_policy(row, costs)
+            t0 = time.perf_counter()
+            result = replay(trace, policy)
+            whole[row] = min(whole[row], time.perf_counter() - t0)
+            harness[row] = min(harness[row], result.summary["wall_s"])
+            failed[row] = result.summary["n_failed"]
+    print(f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'harness_ns':>10} {'harness_x':>9} "
+          f"{'replay_ns':>9} failed")
+    out_rows = []
+    ns = 1e9 / n
+    for row in rows:
+        harness_x = harness[row] / bare[row]
+        mark = "" if row == INLINE else f"{'ok' if harness_x <= HARNESS_TARGET else 'MISS'}"
+        print(f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
+              f"{harness[row] * ns:>10.0f} {harness_x:>8.2f}x {whole[row] * ns:>9.0f} {failed[row]} {mark}")
+        out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
+                         "x_nothing": bare[row] / bare[NOTHING], "harness_ns": harness[row] * ns,
+                         "harness_x": harness_x, "replay_ns": whole[row] * ns, "failed": failed[row]})
+    policy_rows = [r for r in out_rows if r["row"] not in (INLINE, TRIVIAL)]
+    total_bare = sum(bare[r["row"]] for r in policy_rows)
+    total_harness = sum(harness[r["row"]] for r in policy_rows)
+    print(f"# harness over bare loop, all policies together: {total_harness / total_bare:.2f}x "
+          f"(target <= {HARNESS_TARGET}x)")
     if args.out:
         import csv
 
         with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
             w.writeheader()
-            w.writerows(rows)
+            w.writerows(out_rows)
     return 0
 
 

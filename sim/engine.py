@@ -13,18 +13,26 @@ inside the timed region). ``TimedCalls`` is that definition; ``sim.pools.TimedPo
 
 from __future__ import annotations
 
+import itertools
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from policies.base import Policy
+from policies.device import DriverClock, UnmodelledDriver
+from policies.mapped_device import PageMappedDevice
+from sim.costs import CostedDevice
 
 __all__ = ["ALLOC", "FREE", "FLUSH", "Target", "policy_target", "TimedCalls", "EngineRun", "run"]
 
 # op codes of an event stream
 ALLOC, FREE, FLUSH = 0, 1, 2
+
+#: ``take_driver_ns`` methods that are ``self.clock.take()`` (``Target.driver_clock``).
+_CLOCK_TAKES = (CostedDevice.take_driver_ns, PageMappedDevice.take_driver_ns)
 
 #: How often (in events) the progress bar is advanced: often enough to move, rarely enough to be free.
 _PROGRESS_STRIDE = 8192
@@ -47,6 +55,10 @@ class Target:
         oom_errors: exceptions ``allocate`` raises when out of memory (counted as refusals).
         flush: what a ``FLUSH`` op calls (``Policy.empty_cache``).
         sized_only: ``allocate`` takes the size alone (baselines ignore streams and tags).
+        driver_clock: the device's own ``DriverClock`` when its type is known to keep one
+            (``policy_target``): the loop then reads its pending time, an attribute, and calls
+            ``take`` only when there is some (a call per event is a tenth of a cheap policy's
+            replay); None: ``take_driver_ns`` is called after every call.
     """
 
     allocate: Callable[..., Any]
@@ -55,12 +67,25 @@ class Target:
     oom_errors: tuple[type[BaseException], ...] = ()
     flush: Callable[[], Any] | None = None
     sized_only: bool = False
+    driver_clock: DriverClock | None = None
 
 
 def policy_target(policy: Policy) -> Target:
     """A policy as a target: its own calls, its device's driver time, ``empty_cache`` on flush."""
-    return Target(allocate=policy.allocate, free=policy.free, take_driver_ns=policy.device.take_driver_ns,
-                  flush=policy.empty_cache)
+    device = policy.device
+    return Target(allocate=policy.allocate, free=policy.free, take_driver_ns=device.take_driver_ns,
+                  flush=policy.empty_cache, driver_clock=_driver_clock(device))
+
+
+def _driver_clock(device: Any) -> DriverClock | None:
+    """The ``DriverClock`` that ``device.take_driver_ns`` takes from, when its method is one known
+    to (a fresh, never charged clock for a device that models no driver time); else None."""
+    take = type(device).take_driver_ns
+    if take is UnmodelledDriver.take_driver_ns:
+        return DriverClock()
+    if take in _CLOCK_TAKES:
+        return device.clock
+    return None
 
 
 class TimedCalls:
@@ -69,6 +94,8 @@ class TimedCalls:
     The driver time of each call also accrues in ``pending_driver_ns`` until taken (the
     serving simulator charges it to the step that caused it). Driver time the device accrued
     before this object existed is dropped: construction-time calls belong to no call.
+    ``run``'s loop inlines this definition (a method call per event is a tenth of a cheap
+    policy's replay): change both together.
     """
 
     __slots__ = ("_allocate", "_free", "_take", "_oom", "_sized", "timer", "pending_driver_ns")
@@ -126,7 +153,8 @@ class EngineRun:
 
 def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
         streams: list[int] | None = None, tags: list[Any] | None = None, times_us: list[int] | None = None,
-        observe: Callable[[int, int], None] | None = None, live: dict[Any, Any] | None = None,
+        observe: Callable[[int, int], None] | None = None, observe_every: int = 1,
+        live: dict[Any, Any] | None = None,
         on_alloc: Callable[[Any, int, Any], None] | None = None, on_free: Callable[[Any], None] | None = None,
         before: Callable[[int], None] | None = None, unknown_free: Callable[[int, Any], Exception],
         timer: Callable[[], int] = time.perf_counter_ns, progress: str | None = None) -> EngineRun:
@@ -136,11 +164,14 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     of a key neither live nor refused raises ``unknown_free(i, key)``.
 
     Args:
-        ops, keys, sizes: the events (lists: indexing them is the loop's hot path).
+        ops, keys, sizes: the events.
         target: the allocator.
-        streams, tags: per event (stream 0 and no tag when None).
+        streams, tags: per event (stream 0 and no tag when None; a tag of None is no tag).
         times_us: per event, passed to ``observe`` (the event index when None).
-        observe: ``observe(i, time_us)`` after every event (``sim.metrics.PoolMonitor.observe``).
+        observe: ``observe(i, time_us)`` after event ``i`` for every ``i`` divisible by
+            ``observe_every`` (1: after every event, as ``PoolMonitor.observe`` wants;
+            ``PoolMonitor.sample_every`` with ``PoolMonitor.sample``: the same samples, with
+            no call on the events in between).
         live: allocations live before the first event, by key (a recording's starting state).
         on_alloc: ``on_alloc(handle, nbytes, key)`` after each successful allocation, outside
             the timed region (realgpu touches memory there).
@@ -149,62 +180,91 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
             call served).
         timer: nanosecond clock.
         progress: a progress bar's title; None for no bar.
+
+    The loop is the hot path of every replay, so it is written for CPython: the event lists are
+    walked by one ``zip`` (no indexing), the latencies go to ``array`` buffers (an append is
+    cheaper than a NumPy store), a ``TimedCalls`` call is inlined (the same definition of a
+    latency), driver time is read off the device's ``DriverClock`` when it keeps one (an
+    attribute read instead of a call), and the events run in chunks between two ``observe``
+    points, so events that are not observed cost no test at all.
     """
+    if observe_every < 1:
+        raise ValueError(f"observe_every(={observe_every}) must be >= 1")
     n = len(ops)
-    calls = TimedCalls(target, timer=timer)
-    allocate, free = calls.allocate, calls.free
-    flush = target.flush
+    allocate, free, take, clock = target.allocate, target.free, target.take_driver_ns, target.driver_clock
+    oom, sized, flush = target.oom_errors, target.sized_only, target.flush
+    if clock is None:
+        take()  # driver time accrued before the run belongs to no call (as ``TimedCalls``)
+    else:
+        clock.take()
     live = {} if live is None else live
     failed: set[Any] = set()
-    num_allocs = sum(1 for op in ops if op == ALLOC)
-    alloc_ns = np.zeros(num_allocs, dtype=np.int64)
-    free_ns = np.zeros(n - num_allocs, dtype=np.int64)
-    ia = ifree = num_failed = 0
+    alloc_ns, free_ns = array("q"), array("q")
+    alloc_append, free_append = alloc_ns.append, free_ns.append
+    num_failed = 0
+    alloc_op, free_op = ALLOC, FREE  # locals: a global read per event costs
+    every_event = observe if observe_every == 1 else None
+    at_chunk_end = observe if observe_every > 1 else None
+    stride = observe_every if at_chunk_end is not None else _PROGRESS_STRIDE
+    events = zip(itertools.count(), ops, keys, sizes, itertools.repeat(0) if streams is None else streams,
+                 itertools.repeat(None) if tags is None else tags)
     bar = _progress_bar(n, progress) if progress is not None else None
     wall0 = time.perf_counter()
-    for i in range(n):
-        if before is not None:
-            before(i)
-        op, key = ops[i], keys[i]
-        if op == ALLOC:
-            nbytes = sizes[i]
-            a, alloc_ns[ia] = allocate(nbytes, streams[i] if streams is not None else 0,
-                                       (tags[i] or None) if tags is not None else None)
-            ia += 1
-            if a is None:
-                failed.add(key)
-                num_failed += 1
-            else:
-                live[key] = a
-                if on_alloc is not None:
-                    on_alloc(a, nbytes, key)
-            del a  # the live map holds the only reference (a dropping target frees on its last)
-        elif op == FREE:
-            if key in live:
-                if on_free is None:
-                    free_ns[ifree] = free(live.pop(key))
+    # chunk ends: 1, 1 + stride, 1 + 2 stride, ... (after events 0, stride, 2 stride, ...), then n
+    start = 0
+    stop = min(1, n)
+    while start < n:
+        for i, op, key, nbytes, stream, tag in itertools.islice(events, stop - start):
+            if before is not None:
+                before(i)
+            if op == alloc_op:
+                t0 = timer()
+                try:
+                    a = allocate(nbytes) if sized else allocate(nbytes, stream=stream, tag=tag)
+                except oom:
+                    a = None
+                t1 = timer()
+                alloc_append(t1 - t0 + (take() if clock is None else clock.take() if clock.pending_ns else 0))
+                if a is None:
+                    failed.add(key)
+                    num_failed += 1
                 else:
-                    a = live.pop(key)
-                    on_free(a)
-                    free_ns[ifree] = free(a)
-                    del a
-                ifree += 1
-            elif key in failed:
-                failed.discard(key)
+                    live[key] = a
+                    if on_alloc is not None:
+                        on_alloc(a, nbytes, key)
+                del a  # the live map holds the only reference (a dropping target frees on its last)
+            elif op == free_op:
+                a = live.pop(key, None)
+                if a is not None:
+                    if on_free is not None:
+                        on_free(a)
+                    if free is None:  # dropping the last reference is the free: time it
+                        t0 = timer()
+                        del a
+                        t1 = timer()
+                    else:
+                        t0 = timer()
+                        free(a)
+                        t1 = timer()
+                    free_append(t1 - t0 + (take() if clock is None else clock.take() if clock.pending_ns else 0))
+                elif key in failed:
+                    failed.discard(key)
+                else:
+                    raise unknown_free(i, key)
             else:
-                raise unknown_free(i, key)
-        else:
-            flush()
-        if observe is not None:
-            observe(i, times_us[i] if times_us is not None else i)
-        if bar is not None and i % _PROGRESS_STRIDE == _PROGRESS_STRIDE - 1:
-            bar.update(_PROGRESS_STRIDE)
+                flush()
+            if every_event is not None:
+                every_event(i, times_us[i] if times_us is not None else i)
+        if at_chunk_end is not None and (stop - 1) % stride == 0:
+            at_chunk_end(stop - 1, times_us[stop - 1] if times_us is not None else stop - 1)
+        if bar is not None:
+            bar.update(stop - start)
+        start, stop = stop, min(stop + stride, n)
     wall_s = time.perf_counter() - wall0
     if bar is not None:
-        bar.update(n - bar.n)
         bar.close()
-    return EngineRun(alloc_ns=alloc_ns, free_ns=free_ns[:ifree], num_failed=num_failed,
-                     wall_s=wall_s, live=live)
+    return EngineRun(alloc_ns=np.frombuffer(alloc_ns, dtype=np.int64), free_ns=np.frombuffer(free_ns, dtype=np.int64),
+                     num_failed=num_failed, wall_s=wall_s, live=live)
 
 
 def _progress_bar(total: int, desc: str):

@@ -73,20 +73,23 @@ class PoolMonitor:
         self._last_event = -1
 
     def observe(self, event: int, time_us: int) -> None:
-        """Call once per event (after the pool handled it)."""
+        """Call once per event (after the pool handled it); samples events 0, n, 2n, ... of
+        ``sample_every`` n."""
         self._countdown -= 1
         if self._countdown == 0:
             self._countdown = self.sample_every
-            self._sample(event, time_us)
+            self.sample(event, time_us)
 
-    def _sample(self, event: int, time_us: int) -> None:
+    def sample(self, event: int, time_us: int) -> None:
+        """Take a sample now: a caller that knows the event indices calls this on events 0, n,
+        2n, ... itself (``sim.engine.run``'s ``observe_every``) and skips the calls between."""
         self._rows.append((event, time_us, *self._read()))
         self._last_event = event
 
     def finish(self, event: int, time_us: int) -> None:
         """Take the closing sample (unless this event was just sampled)."""
         if self._last_event != event:
-            self._sample(event, time_us)
+            self.sample(event, time_us)
 
     def timeseries(self) -> pd.DataFrame:
         return pd.DataFrame(self._rows, columns=TIMESERIES_SAMPLE_COLUMNS)

@@ -74,9 +74,10 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
     run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
-                     times_us=events.times_us, target=engine.policy_target(policy), observe=monitor.observe,
-                     on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free, unknown_free=unknown_free, timer=timer,
-                     progress=f"{trace.name} · {policy.spec}" if progress else None)
+                     times_us=events.times_us, target=engine.policy_target(policy), observe=monitor.sample,
+                     observe_every=monitor.sample_every,
+                     on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free,
+                     unknown_free=unknown_free, timer=timer, progress=f"{trace.name} · {policy.spec}" if progress else None)
     if n:
         monitor.finish(n - 1, events.times_us[-1])
     row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
@@ -104,7 +105,7 @@ class TraceEvents:
 
 def trace_events(trace: AllocTrace) -> TraceEvents:
     time_us, is_alloc, alloc_id, nbytes, stream = trace.arrays()
-    tags = trace.events["tag"].to_numpy().tolist() if "tag" in trace.events else None
+    tags = [t or None for t in trace.events["tag"].tolist()] if "tag" in trace.events else None  # "" is no tag
     ops = np.where(is_alloc, engine.ALLOC, engine.FREE).tolist()
     return TraceEvents(ops, alloc_id.tolist(), nbytes.tolist(), stream.tolist(), tags, time_us.tolist())
 
@@ -127,7 +128,9 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
     ``lower_bound_bytes`` (peak live bytes: no pool reserves less), ``planner_peak_bytes`` (an
     offline planner that knows every lifetime, ``sim.bounds``) and the gaps
     ``gap_to_bound = peak_reserved / lower_bound - 1``, ``gap_to_planner = peak_reserved /
-    planner_peak - 1`` (negative when a pool refused requests the planner placed).
+    planner_peak - 1`` (negative when a pool refused requests the planner placed), and
+    ``planner``/``planner_s``: which planner ran and the seconds the bounds took (the same for
+    every row: one reference per trace).
     """
     results = [replay(trace, spec, capacity_bytes=capacity_bytes, costs=costs, sample_every=sample_every,
                       progress=progress) for spec in specs]
@@ -137,6 +140,7 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
         summary["lower_bound_bytes"] = ref["lower_bound_bytes"]
         summary["planner_peak_bytes"] = ref["planner_peak_bytes"]
         summary["planner"] = ref["planner"]
+        summary["planner_s"] = ref["planner_s"]  # its time, apart from the policies' wall_s (up to a quarter of a replay)
         summary["gap_to_bound"] = summary["peak_reserved_bytes"] / ref["lower_bound_bytes"] - 1
         summary["gap_to_planner"] = summary["peak_reserved_bytes"] / ref["planner_peak_bytes"] - 1
     return ReplayTables(summary, pd.concat([r.timeseries for r in results], ignore_index=True),

@@ -133,26 +133,40 @@ def _device_columns(calls: dict[str, int] | None, peak_reserved_bytes: int) -> d
 LATENCY_SAMPLE_COLUMNS = ["trace", "policy", "backend", "op", "latency_us"]
 
 _LATENCY_OPS = ("alloc", "free")
+_LABEL_COLUMNS = ("trace", "policy", "backend")
 
 
 def latency_samples(results: Iterable[Any]) -> pd.DataFrame:
-    """Per-call latencies of replay runs as one tidy table (``LATENCY_SAMPLE_COLUMNS``).
+    """Per-call latencies of replay runs as one tidy table (``LATENCY_SAMPLE_COLUMNS``), in run
+    order and, within a run, its allocations then its frees.
+
+    Compact because it has a row per call of every run (13 policies over a 215k-event trace make
+    2.8 M rows): ``latency_us`` is float32 (7 significant digits, finer than any timer's
+    resolution) and the labels are categoricals (a one-byte code per row; Parquet keeps them
+    dictionary-encoded, and ``read_results`` gets them back as categoricals). 8 bytes a row in
+    memory, where plain strings and float64 took 78.
 
     Args:
         results: objects with a ``summary`` dict (``trace``, ``policy``, ``backend``) and
             ``alloc_ns``/``free_ns`` arrays: ``sim.replay.ReplayResult``,
             ``realgpu.replay.BaselineResult``.
     """
-    parts = []
+    labels: dict[str, dict[str, int]] = {c: {} for c in _LABEL_COLUMNS}
+    codes: dict[str, list[np.ndarray]] = {c: [] for c in (*_LABEL_COLUMNS, "op")}
+    latencies: list[np.ndarray] = []
     for r in results:
-        for op in _LATENCY_OPS:
-            ns = np.asarray(getattr(r, f"{op}_ns"), dtype=np.float64)
-            parts.append(pd.DataFrame({"trace": r.summary["trace"], "policy": r.summary["policy"],
-                                       "backend": r.summary["backend"], "op": op, "latency_us": ns / 1e3}))
-    if not parts:
-        return pd.DataFrame({c: pd.Series(dtype=object if c != "latency_us" else np.float64)
-                             for c in LATENCY_SAMPLE_COLUMNS})
-    return pd.concat(parts, ignore_index=True)
+        for op_code, op in enumerate(_LATENCY_OPS):
+            ns = np.asarray(getattr(r, f"{op}_ns"))
+            latencies.append((ns / 1e3).astype(np.float32))
+            for c in _LABEL_COLUMNS:
+                code = labels[c].setdefault(r.summary[c], len(labels[c]))
+                codes[c].append(np.full(ns.size, code, dtype=np.int16))
+            codes["op"].append(np.full(ns.size, op_code, dtype=np.int16))
+    names = {**{c: list(labels[c]) for c in _LABEL_COLUMNS}, "op": list(_LATENCY_OPS)}
+    table = {c: pd.Categorical.from_codes(np.concatenate(codes[c]) if codes[c] else np.zeros(0, np.int16),
+                                          categories=names[c]) for c in names}
+    table["latency_us"] = np.concatenate(latencies) if latencies else np.zeros(0, np.float32)
+    return pd.DataFrame(table, columns=LATENCY_SAMPLE_COLUMNS)
 
 
 def summary_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:

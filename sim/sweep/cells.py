@@ -26,7 +26,7 @@ import numpy as np
 
 from policies.spec import parse_spec
 
-__all__ = ["FileRef", "Cell", "file_ref", "cell_key", "run_cell", "cell_columns", "KEY_SCHEMA", "MODES",
+__all__ = ["FileRef", "Cell", "file_ref", "cell_key", "run_cell", "run_cells", "cell_columns", "KEY_SCHEMA", "MODES",
            "STATUS_OK", "STATUS_FAILED", "STATUS_LOST", "lost_record"]
 
 #: Bumped when what a key covers changes, so old stores are not mistaken for new results.
@@ -235,6 +235,12 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     elapsed_s = time.perf_counter() - t0
     return {"key": cell.key, "status": status, "error": error, "traceback": tb, "elapsed_s": elapsed_s,
             "host": socket.gethostname(), "pid": os.getpid(), "summary": _plain(summary)}
+
+
+def run_cells(cells: list[Cell]) -> list[dict[str, Any]]:
+    """``run_cell`` of each, in order: one task of a batched sweep (one round trip to a worker
+    for several cells, which then share the worker's parsed trace)."""
+    return [run_cell(cell) for cell in cells]
 
 
 def lost_record(cell: Cell, exc: BaseException) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -64,10 +64,15 @@ class SweepOutcome:
     num_failed: int
     num_lost: int
     wall_s: float
+    #: where the wall time went: ``plan_s`` (reading the store), ``startup_s`` (starting the
+    #: workers), ``cells_s`` (the cells, from the first handed out to the last collected, less
+    #: ``startup_s``), ``collect_s`` (merging and writing the tables).
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 class SerialExecutor:
     label = "serial"
+    startup_s = 0.0
 
     def __enter__(self):
         return self
@@ -81,17 +86,22 @@ class SerialExecutor:
 
 
 class ProcessExecutor:
-    """A ``ProcessPoolExecutor``; a worker that dies loses its cells (recorded, not stored).
+    """A ``ProcessPoolExecutor`` fed batches of cells; a worker that dies loses its batch's cells
+    (recorded, not stored).
 
-    Workers come from a fork server that has imported the replay and simulation code once
-    (cheap to start, and safe where ``fork`` of a threaded parent is not); ``start_method``
-    picks another ``multiprocessing`` start method.
+    The workers start once, all before the first cell (``startup_s`` is that time, apart from
+    the cells'), and each task is a batch of cells of one trace (``batch_cells``): a few round
+    trips per worker instead of one per cell, so the serial part (scheduling, pickling,
+    collection) stays small against the work. Workers come from a fork server that has
+    imported the replay and simulation code once (cheap to start, and safe where ``fork`` of a
+    threaded parent is not); ``start_method`` picks another ``multiprocessing`` start method.
     """
 
     def __init__(self, num_workers: int, *, start_method: str | None = None):
         self.num_workers = num_workers
         self.start_method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
         self.label = f"processes:{num_workers}"
+        self.startup_s = 0.0
 
     def __enter__(self):
         return self
@@ -100,22 +110,43 @@ class ProcessExecutor:
         pass
 
     def run(self, cells: list[Cell]) -> Iterator[tuple[Cell, dict[str, Any]]]:
+        t0 = time.perf_counter()
         ctx = mp.get_context(self.start_method)
         if self.start_method == "forkserver":
             ctx.set_forkserver_preload(_PRELOAD)  # no effect once this process's fork server runs
-        pool = ProcessPoolExecutor(max_workers=max(1, min(self.num_workers, len(cells))), mp_context=ctx,
+        num_workers = max(1, min(self.num_workers, len(cells)))
+        pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx,
                                    initializer=die_with_parent, initargs=(os.getpid(),))
         try:
-            futures = {pool.submit(_cells.run_cell, cell): cell for cell in cells}
+            for fut in [pool.submit(os.getpid) for _ in range(num_workers)]:  # every worker up, once
+                fut.result()
+            self.startup_s = time.perf_counter() - t0
+            futures = {pool.submit(_cells.run_cells, batch): batch for batch in batch_cells(cells, num_workers)}
             for fut in as_completed(futures):
-                cell = futures.pop(fut)
+                batch = futures.pop(fut)
                 try:
-                    record = fut.result()
+                    records = fut.result()
                 except Exception as exc:  # BrokenProcessPool: a worker was killed (memory, signal)
-                    record = lost_record(cell, exc)
-                yield cell, record
+                    records = [lost_record(cell, exc) for cell in batch]
+                yield from zip(batch, records)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+#: Tasks per worker: enough that workers finishing early take more (cells differ in cost), few
+#: enough that a round trip per task is nothing against the task.
+TASKS_PER_WORKER = 4
+
+
+def batch_cells(cells: list[Cell], num_workers: int, tasks_per_worker: int = TASKS_PER_WORKER) -> list[list[Cell]]:
+    """``cells`` as at least ``num_workers * tasks_per_worker`` batches of equal size (one cell
+    each when there are fewer cells: the last worker to finish then waits on one cell, not a
+    batch), each of one trace file (a worker parses a trace once and keeps it), in grid order."""
+    by_trace: dict[str, list[Cell]] = {}
+    for cell in cells:
+        by_trace.setdefault(cell.trace.fingerprint, []).append(cell)
+    size = max(1, len(cells) // (num_workers * tasks_per_worker))
+    return [group[i:i + size] for group in by_trace.values() for i in range(0, len(group), size)]
 
 
 #: How often a pool worker's watchdog looks whether the sweep's main process still lives.
@@ -180,6 +211,7 @@ class DaskExecutor:
     def __init__(self, *, address: str | None = None, num_workers: int | None = None, client: Any = None):
         self.address, self.num_workers, self.client = address, num_workers, client
         self._own: list[Any] = []
+        self.startup_s = 0.0
         if client is not None:
             self.label = f"dask:{getattr(client.scheduler, 'address', 'client')}"
         elif address is not None:
@@ -188,6 +220,7 @@ class DaskExecutor:
             self.label = f"local:{num_workers}"
 
     def __enter__(self):
+        t0 = time.perf_counter()
         try:
             from distributed import Client, LocalCluster
         except ImportError:
@@ -204,6 +237,7 @@ class DaskExecutor:
                 self._own.append(cluster)
                 self.client = Client(cluster)
             self._own.insert(0, self.client)
+        self.startup_s = time.perf_counter() - t0
         return self
 
     def __exit__(self, *exc) -> None:
@@ -298,6 +332,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
     todo, records = plan_sweep(spec, out_dir, retry_failed=retry_failed)
     num_cached = len(records)
     store = CellStore(out_dir)
+    plan_s = time.perf_counter() - wall0
+    run_s = 0.0
     if todo:
         from tqdm.auto import tqdm
 
@@ -312,6 +348,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
                 bar.update(1)
                 if num_bad:
                     bar.set_postfix(failed=num_bad, refresh=False)
+        run_s = time.perf_counter() - wall0 - plan_s
+    collect0 = time.perf_counter()
     results = results_frame(spec.cells, records)
     pareto = pareto_table(results, spec.pareto_x, spec.pareto_y, by=spec.pareto_by)
     statuses = results["status"].value_counts() if len(results) else pd.Series(dtype=int)
@@ -320,6 +358,8 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
                            num_failed=int(statuses.get(STATUS_FAILED, 0)), num_lost=int(statuses.get(STATUS_LOST, 0)),
                            wall_s=time.perf_counter() - wall0)
     _write(spec, outcome)
+    outcome.phases_s = {"plan_s": plan_s, "startup_s": executor.startup_s, "cells_s": run_s - executor.startup_s,
+                        "collect_s": time.perf_counter() - collect0}
     return outcome
 
 

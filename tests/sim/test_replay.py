@@ -101,3 +101,11 @@ def test_rows_show_the_gap_to_the_lower_bound_and_the_planner():
     assert row["planner_peak_bytes"] >= row["lower_bound_bytes"]
     assert row["gap_to_bound"] == pytest.approx(row["peak_reserved_bytes"] / (3 * MiB) - 1)
     assert row["gap_to_planner"] == pytest.approx(row["peak_reserved_bytes"] / row["planner_peak_bytes"] - 1)
+
+
+def test_the_planner_time_is_a_column_beside_the_planner():
+    ops = [("alloc", 1, MiB), ("alloc", 2, MiB), ("free", 1, MiB), ("free", 2, MiB)]
+    summary, _ = replay_many(_trace(ops), ["first-fit", "paged"])
+    cols = summary.columns.tolist()
+    assert cols.index("planner_s") == cols.index("planner") + 1
+    assert (summary["planner_s"] > 0).all() and summary["planner_s"].nunique() == 1  # one reference per trace

@@ -192,3 +192,23 @@ def test_cells_lost_with_a_dead_worker_are_not_stored_and_run_next_time(spec, tm
 def test_bad_schedulers_are_errors_before_any_work(scheduler, workers, needle):
     with pytest.raises(SweepError, match=needle):
         make_executor(scheduler, workers)
+
+
+def test_cells_go_out_in_batches_of_one_trace_each_cell_once(spec):
+    from sim.sweep.runner import batch_cells
+
+    for workers in (1, 2, 3, 16):
+        batches = batch_cells(spec.cells, workers, tasks_per_worker=1)
+        assert sorted(c.key for b in batches for c in b) == sorted(c.key for c in spec.cells)
+        assert all(len({c.trace.fingerprint for c in b}) == 1 for b in batches)
+        assert len(batches) >= min(workers, len(spec.cells))
+    assert [c.key for b in batch_cells(spec.cells, 1, 1) for c in b] == [
+        c.key for t in dict.fromkeys(c.trace.fingerprint for c in spec.cells)
+        for c in spec.cells if c.trace.fingerprint == t]
+
+
+def test_the_outcome_says_where_the_time_went(spec, tmp_path):
+    out = run_sweep(spec, tmp_path / "out", workers=2)
+    assert set(out.phases_s) == {"plan_s", "startup_s", "cells_s", "collect_s"}
+    assert all(v >= 0 for v in out.phases_s.values()) and out.phases_s["startup_s"] > 0
+    assert out.results["cell_key"].tolist() == [c.key for c in spec.cells] and out.num_run == 8

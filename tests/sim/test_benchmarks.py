@@ -1,0 +1,40 @@
+"""The replay and sweep benchmarks run on a fresh clone with the bundled data (figures: benchmarks/RESULTS.md)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_replay_prints_the_floors_and_the_harness_ratio(capsys, tmp_path):
+    bench = _load("bench_replay")
+    assert bench.main([str(bench.BUNDLED_TRACE), "-p", "paged", "--repeat", "1", "--out", str(tmp_path / "r.csv")]) == 0
+    out = capsys.readouterr().out
+    for row in ("(inline dict)", "(trivial object)", "(do-nothing)", "paged"):
+        assert f"\n{row} " in out
+    assert "harness over bare loop" in out
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("row,bare_ns,x_dict,x_nothing,harness_ns")
+
+
+def test_bench_sweep_writes_the_speedups_and_phases(capsys, tmp_path):
+    bench = _load("bench_sweep")
+    assert bench.main(["--workers", "1,2", "--cells", "25", "--out", str(tmp_path / "s.json")]) == 0
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert set(report["best"]) == {"1", "2"} and report["best"]["1"]["speedup"] == 1.0
+    assert {"plan_s", "startup_s", "cells_s", "collect_s"} <= set(report["best"]["2"])
+    assert "speed-up over 1" in capsys.readouterr().out
+
+
+def test_bench_sweep_rejects_a_grid_it_cannot_build():
+    with pytest.raises(SystemExit):
+        _load("bench_sweep").main(["--cells", "30"])
