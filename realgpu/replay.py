@@ -68,12 +68,12 @@ def device_name(device_id: int = 0) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def model_device(backend: str, costs: Any = None, *, granularity_bytes: int | None = None):
-    """The simulator's device for a run that mirrors a ``GpuPool`` on ``backend``: a costed
-    segment device, or a costed page-mapped one for the ``-vmm`` backends."""
+def model_device(device_kind: str, costs: Any = None, *, granularity_bytes: int | None = None):
+    """The simulator's device for a run that mirrors a device replay whose row says ``device_kind``:
+    a costed segment device (``"segments"``), or a costed page-mapped one (``"vmm"``)."""
     from sim.costs import CostedDevice, costed_page_mapped_device
 
-    if backend.endswith("-vmm"):
+    if device_kind == "vmm":
         return costed_page_mapped_device(costs, granularity_bytes=granularity_bytes or SEGMENT_ALIGNMENT_BYTES)
     return CostedDevice(costs)
 
