@@ -37,6 +37,7 @@ from typing import Any, Callable, Protocol
 from policies.mapped_device import MAX_VIRTUAL_BYTES, PageMappedDevice
 from policies.units import format_bytes, round_up
 from realgpu.errors import PoolError
+from realgpu.segments import SegmentDevice
 
 __all__ = ["MappedRealDevice", "VmmDriver"]
 
@@ -90,6 +91,7 @@ class MappedRealDevice(PageMappedDevice):
         self.driver = driver
         self._starts: list[int] = []
         self._bases: dict[int, int] = {}
+        self._sizes = self._ranges  # reserved range offset -> bytes (the model's own dict)
         self._physical: dict[int, Any] = {}  # the model's handle -> the driver's
         self._refusal_raises = False
         self.num_creates = 0  # physical allocations the driver made (the replay's device_mallocs)
@@ -204,20 +206,10 @@ class MappedRealDevice(PageMappedDevice):
     def num_segments(self) -> int:
         return len(self._starts)
 
-    def locate(self, offset: int) -> tuple[int, int]:
-        """``(range offset, offset within it)``; AssertionError outside every reserved range."""
-        starts = self._starts
-        i = bisect.bisect_right(starts, offset) - 1
-        assert i >= 0, f"offset {offset} lies below every reserved range"
-        start = starts[i]
-        assert offset - start < self._ranges[start], f"offset {offset} lies past reserved range at {start}"
-        return start, offset - start
-
-    def address(self, offset: int) -> int:
-        """The real address of an offset in a reserved range."""
-        starts = self._starts
-        start = starts[bisect.bisect_right(starts, offset) - 1]
-        return self._bases[start] + offset - start
+    # a reserved range plays a segment's part in the lookups: ``_starts``, ``_sizes`` and ``_bases``
+    # mean the same here, so the segment device's bisecting code serves both
+    locate = SegmentDevice.locate
+    address = SegmentDevice.address
 
     def check_mapped(self, offset: int, nbytes: int) -> None:
         """Assert that ``[offset, offset + nbytes)`` is mapped (touching it otherwise would fault
