@@ -3,7 +3,8 @@
 Importable without CuPy: the CUDA backend (``realgpu.cuda``) is imported only when a CUDA pool,
 baseline or calibration is built. The host backend runs everywhere (CI).
 
-- ``GpuPool(policy, backend="cuda"|"host", ...)``: a policy driving real memory
+- ``GpuPool(policy, backend="cuda"|"host"|"cuda-vmm"|"host-vmm", ...)``: a policy driving real memory
+  (``cudaMalloc`` segments, or pages mapped with ``cuMem*``; the host stand-ins for CI)
   (``malloc`` for ``cupy.cuda.set_allocator``; ``allocate``/``free``/``pages`` for replay).
 - ``gpu_replay`` / ``baseline_replay``: replay a trace on the device, in the report schema.
 - ``realgpu.calibrate.calibrate``: measure the driver's costs into the simulator's cost-file schema.
@@ -18,7 +19,7 @@ from typing import Any
 __all__ = [
     "GpuPool", "CudaDevice", "HostDevice", "SegmentDevice", "GpuUnavailableError", "PoolOutOfMemoryError",
     "CorruptionError", "PoolError", "gpu_replay", "baseline_replay", "BASELINES", "require_cuda",
-    "pool_roundtrip", "baseline_roundtrip",
+    "pool_roundtrip", "baseline_roundtrip", "MappedRealDevice", "CudaVmmDevice", "HostVmmDevice", "VmmDriverError",
 ]
 
 _EXPORTS = {
@@ -27,6 +28,10 @@ _EXPORTS = {
     "require_cuda": "realgpu.cuda",
     "HostDevice": "realgpu.host",
     "SegmentDevice": "realgpu.segments",
+    "MappedRealDevice": "realgpu.mapped",
+    "CudaVmmDevice": "realgpu.vmm",
+    "HostVmmDevice": "realgpu.host_vmm",
+    "VmmDriverError": "realgpu.errors",
     "GpuUnavailableError": "realgpu.errors",
     "PoolOutOfMemoryError": "realgpu.errors",
     "CorruptionError": "realgpu.errors",

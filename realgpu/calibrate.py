@@ -5,6 +5,12 @@ calls them), at sizes from 4 KiB to 4 GiB; copies are timed with CUDA events. Th
 ``sim.costs.CostModel.load`` reads needs ``malloc_us``/``free_us`` (``nbytes`` and median
 ``us`` lists) and the three bandwidths in bytes copied per second; the rest (p99s, the repeat
 counts, pageable-memory bandwidths, versions) is there for people.
+
+The virtual-memory calls (``cuMemAddressReserve`` ... ``cuMemAddressFree``, through cuda-bindings)
+are timed one at a time too, a full reserve-create-map-set_access-unmap-release-free cycle per
+repeat at page sizes from 2 MiB to 2 GiB (``time_vmm_calls``, which runs on any
+``realgpu.mapped.VmmDriver``, the host stand-in included), into ``vmm_us``: one ``nbytes``/``us``
+table per call of ``policies.mapped_device.VMM_CALLS``, what ``CostModel.vmm_call_ns`` reads.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["DEFAULT_SIZES", "calibrate", "write_costs", "repeats_for"]
+__all__ = ["DEFAULT_SIZES", "DEFAULT_VMM_SIZES", "calibrate", "write_costs", "repeats_for", "time_vmm_calls"]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 4 KiB to 4 GiB in steps of 4x.
 DEFAULT_SIZES = tuple(4 * KiB * 4**k for k in range(11))
+#: Page sizes for the VMM calls: PyTorch's small and large pages, then the field notes' larger ones.
+DEFAULT_VMM_SIZES = (2 * MiB, 20 * MiB, 64 * MiB, 512 * MiB, 2 * GiB)
 
 
 def repeats_for(nbytes: int) -> int:
@@ -51,6 +59,89 @@ def _time_malloc_free(nbytes: int, repeats: int, timer: Callable[[], int]) -> tu
         t2 = timer()
         m[i], f[i] = t1 - t0, t2 - t1
     return m, f
+
+
+def time_vmm_calls(driver: Any, sizes: tuple[int, ...], *, repeats: int | None = None,
+                   timer: Callable[[], int] = time.perf_counter_ns,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time each VMM call alone, at each size (a multiple of ``driver.granularity_bytes``).
+
+    Every repeat is one whole cycle (reserve, create, map, set_access, unmap, release, free),
+    after 2 warm-up cycles. Returns ``{"vmm_us": ..., "vmm_p99_us": ..., "vmm_calls_per_size": ...}``
+    where ``vmm_us[call]`` is ``{"nbytes": sizes, "us": medians}`` for every call of ``VMM_CALLS``.
+    """
+    from policies.mapped_device import VMM_CALLS
+
+    samples: dict[str, list[np.ndarray]] = {call: [] for call in VMM_CALLS}
+    counts = []
+    for nbytes in sizes:
+        if nbytes % driver.granularity_bytes:
+            raise ValueError(f"VMM size {nbytes:,} B is not a multiple of the {driver.granularity_bytes:,} B granularity")
+        r = repeats or repeats_for(nbytes)
+        t = {call: np.empty(r, np.int64) for call in VMM_CALLS}
+        for i in range(-2, r):
+            times = _vmm_cycle(driver, nbytes, timer)
+            if i >= 0:
+                for call in VMM_CALLS:
+                    t[call][i] = times[call]
+        for call in VMM_CALLS:
+            samples[call].append(t[call])
+        counts.append(r)
+        if progress is not None:
+            progress(f"{nbytes:>13,} B  " + "  ".join(f"{call} {np.median(t[call]) / 1e3:.1f}" for call in VMM_CALLS)
+                     + f" us  ({r} cycles)")
+
+    def table(stat: Callable[[np.ndarray], float]) -> dict[str, dict[str, list]]:
+        # a call can take less than the timer's resolution on the host: 1 ns is the floor the cost
+        # model accepts (times must be > 0)
+        return {call: {"nbytes": list(sizes), "us": [max(round(stat(x) / 1e3, 3), 0.001) for x in samples[call]]}
+                for call in VMM_CALLS}
+
+    return {"vmm_us": table(np.median), "vmm_p99_us": table(lambda x: float(np.percentile(x, 99))),
+            "vmm_calls_per_size": counts}
+
+
+def _vmm_cycle(driver: Any, nbytes: int, timer: Callable[[], int]) -> dict[str, int]:
+    """One reserve-to-free cycle, each call timed alone; what it took is given back on failure."""
+    t0 = timer()
+    base = driver.address_reserve(nbytes)
+    t1 = timer()
+    if base is None:
+        raise MemoryError(f"the driver refused to reserve {nbytes:,} B of address space")
+    handle = None
+    try:
+        t2 = timer()
+        handle = driver.create(nbytes)
+        t3 = timer()
+        if handle is None:
+            raise MemoryError(f"the driver refused to create {nbytes:,} B of physical memory")
+        driver.map(base, nbytes, handle)
+        t4 = timer()
+        driver.set_access(base, nbytes)
+        t5 = timer()
+        driver.unmap(base, nbytes)
+        t6 = timer()
+        driver.release(handle)
+        t7 = timer()
+    except BaseException:
+        _give_back(driver, base, nbytes, handle)
+        raise
+    driver.address_free(base, nbytes)
+    t8 = timer()
+    return {"address_reserve": t1 - t0, "create": t3 - t2, "map": t4 - t3, "set_access": t5 - t4,
+            "unmap": t6 - t5, "release": t7 - t6, "address_free": t8 - t7}
+
+
+def _give_back(driver: Any, base: int, nbytes: int, handle: Any) -> None:
+    steps = [lambda: driver.unmap(base, nbytes)]
+    if handle is not None:
+        steps.append(lambda: driver.release(handle))
+    steps.append(lambda: driver.address_free(base, nbytes))
+    for undo in steps:
+        try:
+            undo()
+        except Exception:  # noqa: BLE001 - best effort: the first error is the one raised
+            pass
 
 
 def _event_ms(fn: Callable[[], None], repeats: int) -> float:
@@ -111,12 +202,17 @@ def _bandwidths(copy_bytes: int, host_copy_bytes: int, repeats: int) -> dict[str
 
 def calibrate(*, device_id: int = 0, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int | None = None,
               copy_bytes: int = GiB, host_copy_bytes: int = 256 * MiB, copy_repeats: int = 10,
+              vmm_sizes: tuple[int, ...] | None = DEFAULT_VMM_SIZES,
               progress: Callable[[str], None] | None = None,
               timer: Callable[[], int] = time.perf_counter_ns) -> dict[str, Any]:
     """Measure ``device_id`` and return a cost table (``json.dump`` it, or use ``write_costs``).
 
     Args:
         sizes: ``cudaMalloc`` sizes; those above half the free memory are skipped.
+        vmm_sizes: page sizes for the VMM calls (rounded up to the granularity; those above half
+            the free memory skipped); None or empty skips them (the file then has no ``vmm_us``
+            and the simulator uses the bundled one). Without cuda-bindings they are skipped,
+            with a progress line saying why.
         repeats: calls timed per size (default ``repeats_for(size)``).
         copy_bytes / host_copy_bytes: buffer sizes for the device and host copies.
         progress: called with one line per measured size.
@@ -144,6 +240,7 @@ def calibrate(*, device_id: int = 0, sizes: tuple[int, ...] = DEFAULT_SIZES, rep
                 progress(f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  cudaFree {medians['free'][-1]:9.1f} us"
                          f"  ({r} calls)")
         bandwidths = _bandwidths(min(copy_bytes, free_bytes // 4), min(host_copy_bytes, free_bytes // 4), copy_repeats)
+        vmm = _calibrate_vmm(device_id, vmm_sizes or (), free_bytes, repeats, timer, progress)
     name = device_name(device_id)
     table = {
         "device": name,
@@ -164,8 +261,37 @@ def calibrate(*, device_id: int = 0, sizes: tuple[int, ...] = DEFAULT_SIZES, rep
         "cuda_driver_version": cupy.cuda.runtime.driverGetVersion(),
         "cupy_version": cupy.__version__,
         "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        **vmm,
     }
+    if vmm:
+        table["source"] += ("; cuMem* calls through cuda-bindings, each alone, one reserve-to-free cycle per call "
+                            "timed, median, after 2 warm-up cycles")
     return table
+
+
+def _calibrate_vmm(device_id: int, sizes: tuple[int, ...], free_bytes: int, repeats: int | None,
+                   timer: Callable[[], int], progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """The ``vmm_*`` entries of the cost table, or none (with a progress line) where VMM cannot run."""
+    if not sizes:
+        return {}
+    from realgpu.errors import GpuUnavailableError
+    from realgpu.vmm import CuMemDriver
+
+    try:
+        driver = CuMemDriver(device_id)
+    except GpuUnavailableError as exc:
+        if progress is not None:
+            progress(f"VMM calls not measured: {exc}")
+        return {}
+    try:
+        g = driver.granularity_bytes
+        usable = tuple(sorted({-(-s // g) * g for s in sizes if s <= free_bytes // 2}))
+        out = time_vmm_calls(driver, usable, repeats=repeats, timer=timer, progress=progress)
+        out["vmm_granularity_bytes"] = g
+        out["vmm_recommended_granularity_bytes"] = driver.recommended_granularity_bytes
+        return out
+    finally:
+        driver.close()
 
 
 def write_costs(table: dict[str, Any], path: str | Path) -> Path:

@@ -25,7 +25,7 @@ else:
 from realgpu.errors import GpuUnavailableError, PoolOutOfMemoryError
 from realgpu.segments import SegmentDevice
 
-__all__ = ["require_cuda", "CudaDevice", "CudaPoolOutOfMemoryError", "device_array", "touch_pointer"]
+__all__ = ["require_cuda", "CudaDevice", "CudaMemory", "CudaPoolOutOfMemoryError", "device_array", "touch_pointer"]
 
 #: cudaErrorMemoryAllocation in ``cudaError_t`` (CUDA runtime API); CuPy does not export the name.
 _CUDA_ERROR_MEMORY_ALLOCATION = 2
@@ -75,35 +75,17 @@ else:  # pragma: no cover
     CudaPoolOutOfMemoryError = PoolOutOfMemoryError  # type: ignore[misc, assignment]
 
 
-class CudaDevice(SegmentDevice):
-    """Segments from ``cudaMalloc`` on one GPU.
-
-    Args:
-        device_id: the CUDA device.
-    """
+class CudaMemory:
+    """The memory operations of a CUDA backend, over ``address(offset)`` (a device pointer): shared
+    by the ``cudaMalloc`` segments and the cuMem-mapped pages (``realgpu.vmm``). Call
+    ``_init_memory(device_id)`` from ``__init__``."""
 
     kind = "cupy"
 
-    def __init__(self, *, device_id: int = 0):
-        require_cuda(device_id)
-        super().__init__()
+    def _init_memory(self, device_id: int) -> None:
         self.device_id = device_id
         self._device = cupy.cuda.Device(device_id)
         self._answer_word = None
-
-    def _map(self, nbytes: int) -> tuple[int, Any] | None:
-        with self._device:
-            try:
-                ptr = cupy.cuda.runtime.malloc(nbytes)
-            except CUDARuntimeError as exc:
-                if exc.status == _CUDA_ERROR_MEMORY_ALLOCATION:
-                    return None
-                raise
-        return ptr, ptr
-
-    def _unmap(self, buffer: Any) -> None:
-        with self._device:
-            cupy.cuda.runtime.free(buffer)
 
     def view(self, offset: int, nbytes: int):
         """A ``cupy.ndarray`` of ``uint8`` over ``[offset, offset + nbytes)`` (no allocation)."""
@@ -145,6 +127,37 @@ class CudaDevice(SegmentDevice):
     def synchronize(self) -> None:
         self._device.synchronize()
 
+    def memory_pointer(self, ptr: int, nbytes: int, owner: Any):
+        """``cupy.cuda.MemoryPointer`` to ``nbytes`` at ``ptr``, kept alive by ``owner``."""
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device_id), 0)
+
+
+class CudaDevice(CudaMemory, SegmentDevice):
+    """Segments from ``cudaMalloc`` on one GPU.
+
+    Args:
+        device_id: the CUDA device.
+    """
+
+    def __init__(self, *, device_id: int = 0):
+        require_cuda(device_id)
+        super().__init__()
+        self._init_memory(device_id)
+
+    def _map(self, nbytes: int) -> tuple[int, Any] | None:
+        with self._device:
+            try:
+                ptr = cupy.cuda.runtime.malloc(nbytes)
+            except CUDARuntimeError as exc:
+                if exc.status == _CUDA_ERROR_MEMORY_ALLOCATION:
+                    return None
+                raise
+        return ptr, ptr
+
+    def _unmap(self, buffer: Any) -> None:
+        with self._device:
+            cupy.cuda.runtime.free(buffer)
+
     def close(self) -> None:
         super().close()
         self._answer_word = None  # its 8 bytes go back now, not whenever this object is collected
@@ -157,10 +170,6 @@ class CudaDevice(SegmentDevice):
                 self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: the driver reclaims the memory anyway
             pass
-
-    def memory_pointer(self, ptr: int, nbytes: int, owner: Any):
-        """``cupy.cuda.MemoryPointer`` to ``nbytes`` at ``ptr``, kept alive by ``owner``."""
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device_id), 0)
 
 
 def touch_pointer(ptr: int, nbytes: int) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 from policies.base import PoolStats
 from policies.units import format_bytes
 
-__all__ = ["GpuUnavailableError", "PoolOutOfMemoryError", "CorruptionError", "PoolError", "oom_message"]
+__all__ = ["GpuUnavailableError", "PoolOutOfMemoryError", "CorruptionError", "PoolError", "VmmDriverError",
+           "oom_message"]
 
 
 class GpuUnavailableError(RuntimeError):
@@ -21,6 +22,24 @@ class GpuUnavailableError(RuntimeError):
 
 class PoolError(ValueError):
     """A bad request to a ``GpuPool`` (closed pool, unknown allocation, discontiguous pages for ``malloc``)."""
+
+
+class VmmDriverError(RuntimeError):
+    """A virtual-memory driver call failed for a reason other than running out of memory.
+
+    ``str()`` names the call, its arguments and the driver's error (``CUDA_ERROR_INVALID_VALUE``,
+    or ``errno`` on the host stand-in). The device's bookkeeping may no longer match the driver's:
+    close the pool.
+
+    Attributes:
+        call: the driver call (``cuMemMap``, ``mmap``...).
+        error: the driver's name for the error.
+    """
+
+    def __init__(self, message: str, *, call: str = "", error: str = ""):
+        super().__init__(message)
+        self.call = call
+        self.error = error
 
 
 class PoolOutOfMemoryError(MemoryError):

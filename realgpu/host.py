@@ -13,40 +13,16 @@ import numpy as np
 
 from realgpu.segments import SegmentDevice
 
-__all__ = ["HostDevice", "HostMemoryPointer"]
+__all__ = ["HostDevice", "HostMemory", "HostMemoryPointer"]
 
 _TOUCH_BYTES = 64
 
 
-class HostDevice(SegmentDevice):
-    """Segments are ``numpy.uint8`` arrays.
-
-    Args:
-        limit_bytes: most bytes held at once; ``reserve`` returns None past it, the way
-            ``cudaMalloc`` fails when the GPU is full. None for no limit.
-    """
+class HostMemory:
+    """The memory operations of a host backend, over ``view(offset, nbytes)`` (a writable
+    ``uint8`` array): shared by the segment stand-in and the page-mapped one (``realgpu.host_vmm``)."""
 
     kind = "numpy"
-
-    def __init__(self, *, limit_bytes: int | None = None):
-        super().__init__()
-        self.limit_bytes = limit_bytes
-
-    def _map(self, nbytes: int) -> tuple[int, Any] | None:
-        if self.limit_bytes is not None and self.used_bytes + nbytes > self.limit_bytes:
-            return None
-        # zeros: calloc'd, so the OS maps pages only where they are written (a replay of a
-        # 2 GB trace touches a few bytes per allocation, not 2 GB)
-        buf = np.zeros(nbytes, dtype=np.uint8)
-        return buf.ctypes.data, buf
-
-    def _unmap(self, buffer: Any) -> None:
-        pass  # the array goes with the last reference to it
-
-    def view(self, offset: int, nbytes: int) -> np.ndarray:
-        """A writable ``uint8`` view of ``[offset, offset + nbytes)``."""
-        seg, rel = self.locate(offset)
-        return self._buffers[seg][rel:rel + nbytes]
 
     def fill(self, offset: int, nbytes: int, word: int, phase: int) -> None:
         if nbytes > 0:
@@ -68,6 +44,38 @@ class HostDevice(SegmentDevice):
         k = min(nbytes, _TOUCH_BYTES)
         view[:k] = 0x5A
         view[nbytes - k:] = 0x5A
+
+    def synchronize(self) -> None:
+        """Host writes are done when they return."""
+
+
+class HostDevice(HostMemory, SegmentDevice):
+    """Segments are ``numpy.uint8`` arrays.
+
+    Args:
+        limit_bytes: most bytes held at once; ``reserve`` returns None past it, the way
+            ``cudaMalloc`` fails when the GPU is full. None for no limit.
+    """
+
+    def __init__(self, *, limit_bytes: int | None = None):
+        super().__init__()
+        self.limit_bytes = limit_bytes
+
+    def _map(self, nbytes: int) -> tuple[int, Any] | None:
+        if self.limit_bytes is not None and self.used_bytes + nbytes > self.limit_bytes:
+            return None
+        # zeros: calloc'd, so the OS maps pages only where they are written (a replay of a
+        # 2 GB trace touches a few bytes per allocation, not 2 GB)
+        buf = np.zeros(nbytes, dtype=np.uint8)
+        return buf.ctypes.data, buf
+
+    def _unmap(self, buffer: Any) -> None:
+        pass  # the array goes with the last reference to it
+
+    def view(self, offset: int, nbytes: int) -> np.ndarray:
+        """A writable ``uint8`` view of ``[offset, offset + nbytes)``."""
+        seg, rel = self.locate(offset)
+        return self._buffers[seg][rel:rel + nbytes]
 
 
 def _pattern(nbytes: int, word: int, phase: int) -> np.ndarray:

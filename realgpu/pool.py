@@ -1,8 +1,12 @@
 """``GpuPool``: any registered policy as a real GPU memory pool.
 
 The policy decides where each request lives, in its own address space; the pool's device
-(``realgpu.cuda.CudaDevice`` or ``realgpu.host.HostDevice``) backs each policy segment with real
-memory and turns offsets into addresses. Two ways in:
+backs each policy segment with real memory and turns offsets into addresses: ``cudaMalloc``'d
+segments (``realgpu.cuda.CudaDevice``; ``realgpu.host.HostDevice`` on the CPU) or pages mapped
+into reserved virtual ranges (``realgpu.vmm.CudaVmmDevice`` through ``cuMem*``;
+``realgpu.host_vmm.HostVmmDevice`` on the CPU), the latter chosen by ``backend="cuda-vmm"`` /
+``"host-vmm"`` or by a policy whose own device is a ``policies.mapped_device.PageMappedDevice``.
+Two ways in:
 
 - ``malloc(nbytes) -> cupy.cuda.MemoryPointer``: CuPy's allocator protocol. Dropping the last
   reference frees the allocation in the policy, so ``cupy.cuda.set_allocator(pool.malloc)``
@@ -26,11 +30,18 @@ from typing import Any, Callable
 import policies
 from policies.base import Allocation, Policy, PoolStats, _as_size
 from policies.device import SEGMENT_ALIGNMENT_BYTES
+from policies.mapped_device import PageMappedDevice
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError, oom_message
 from realgpu.host import HostDevice, HostMemoryPointer
+from realgpu.mapped import MappedRealDevice
 from realgpu.segments import SegmentDevice
 
-__all__ = ["GpuPool", "GUARD_WORD", "data_word"]
+__all__ = ["GpuPool", "GUARD_WORD", "data_word", "BACKENDS", "RealDevice"]
+
+#: ``backend=`` names: segments (``cudaMalloc``) or mapped pages (``cuMem*``), on the GPU or the CPU.
+BACKENDS = ("cuda", "host", "cuda-vmm", "host-vmm")
+#: What a pool's device may be.
+RealDevice = SegmentDevice | MappedRealDevice
 
 #: What guard bytes hold (top bit clear, so it never equals a data word).
 GUARD_WORD = 0x4B1D4B1D
@@ -76,8 +87,12 @@ class GpuPool:
     Args:
         policy: a spec string (``"size-class:classes_per_doubling=4"``) or a fresh ``Policy``
             (it must hold no segment yet; its device is replaced by this pool's).
-        backend: ``"cuda"`` (segments are ``cudaMalloc``'d), ``"host"`` (numpy arrays, for CI), or
-            a ``SegmentDevice`` instance (``HostDevice(limit_bytes=...)`` to make the device refuse).
+        backend: ``"cuda"`` (segments are ``cudaMalloc``'d), ``"host"`` (numpy arrays, for CI),
+            ``"cuda-vmm"`` (pages mapped with ``cuMemCreate``/``cuMemMap``), ``"host-vmm"`` (its
+            ``mmap``/``memfd`` stand-in), or a device instance (``HostDevice(limit_bytes=...)`` to make
+            the device refuse). A policy whose own device is a ``PageMappedDevice`` (one built with
+            it, or a page-mapped policy that builds one by default) gets the page-mapped backend of
+            the same granularity and limit on ``"cuda"``/``"host"``.
         capacity_bytes: most bytes the policy may reserve. None: on CUDA, the device's free
             memory (NVML) less ``headroom_bytes``; on the host, no limit. Only for spec strings.
         validate: write and check patterns and guards (slow: one kernel per region and a sync
@@ -108,7 +123,7 @@ class GpuPool:
         self.device_id = device_id
         self.headroom_bytes = headroom_bytes
 
-        self.device = self._make_device(backend, device_id)
+        self.device = self._make_device(backend, device_id, _page_mapped_model(policy))
         self.is_cuda = self.device.kind == "cupy"
         if self.is_cuda:
             from realgpu.cuda import CudaPoolOutOfMemoryError
@@ -134,16 +149,30 @@ class GpuPool:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def _make_device(backend: str | SegmentDevice, device_id: int) -> SegmentDevice:
-        if isinstance(backend, SegmentDevice):
+    def _make_device(backend: str | RealDevice, device_id: int, model: PageMappedDevice | None) -> RealDevice:
+        if isinstance(backend, (SegmentDevice, MappedRealDevice)):
             return backend
+        if backend not in BACKENDS:
+            raise PoolError(f"backend(={backend!r}) must be one of {', '.join(map(repr, BACKENDS))} "
+                            "or a realgpu device")
+        if model is not None and not backend.endswith("-vmm"):
+            backend += "-vmm"
+        mapped = {} if model is None else {"granularity_bytes": model.granularity_bytes,
+                                           "limit_bytes": model.limit_bytes,
+                                           "virtual_limit_bytes": model.virtual_limit_bytes}
         if backend == "host":
             return HostDevice()
-        if backend == "cuda":
-            from realgpu.cuda import CudaDevice
+        if backend == "host-vmm":
+            from realgpu.host_vmm import HostVmmDevice
 
-            return CudaDevice(device_id=device_id)
-        raise PoolError(f"backend(={backend!r}) must be 'cuda', 'host' or a realgpu SegmentDevice")
+            return HostVmmDevice(**mapped)
+        if backend == "cuda-vmm":
+            from realgpu.vmm import CudaVmmDevice
+
+            return CudaVmmDevice(device_id=device_id, **mapped)
+        from realgpu.cuda import CudaDevice
+
+        return CudaDevice(device_id=device_id)
 
     def _device_capacity(self) -> int | None:
         if not self.is_cuda:
@@ -446,3 +475,17 @@ class GpuPool:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{self.policy.num_live} live"
         return f"<GpuPool {self.policy.spec!r} on {self.device.kind} ({state})>"
+
+
+def _page_mapped_model(policy: str | Policy) -> PageMappedDevice | None:
+    """The page-mapped device a policy runs on by its own choice, for the real one to mirror:
+    a policy object built on one, or a spec whose policy builds one when given no device."""
+    if isinstance(policy, str):
+        try:
+            policy = policies.create(policy)
+        except policies.PolicyError:
+            return None  # the real construction reports the bad spec
+    if not isinstance(policy, Policy):
+        return None  # the real construction reports what it is
+    device = policy.device
+    return device if isinstance(device, PageMappedDevice) and not isinstance(device, MappedRealDevice) else None

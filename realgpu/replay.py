@@ -15,8 +15,11 @@ and reporting their own reserved-bytes reading. Columns they cannot know (fragme
 rounding waste for some) are NaN.
 
 Extra summary columns, after ``SUMMARY_COLUMNS``: ``kind`` (policy or baseline), ``device``,
-``validate``, ``n_events``, ``driver_ns_total`` (measured time inside ``cudaMalloc``/``cudaFree``
-for policies), ``device_mallocs``, ``device_frees`` (during the replay; teardown frees the rest),
+``device_kind`` (``segments``: ``cudaMalloc``; ``vmm``: pages mapped with ``cuMem*``, whose
+per-call counts and measured times fill the report's device columns), ``validate``,
+``n_events``, ``driver_ns_total`` (measured time inside ``cudaMalloc``/``cudaFree``, or inside
+the ``cuMem*`` calls, for policies), ``device_mallocs``, ``device_frees`` (``cudaMalloc`` /
+``cudaFree``, or ``cuMemCreate`` / ``cuMemRelease``, during the replay; teardown frees the rest),
 ``moved_bytes``/``move_ns_total`` (compaction copies),
 ``nvml_base_used_bytes``,
 ``nvml_peak_used_bytes``, ``nvml_end_used_bytes`` (after teardown), ``memory_source``.
@@ -32,7 +35,9 @@ import numpy as np
 import pandas as pd
 
 from policies.base import Policy
+from policies.device import SEGMENT_ALIGNMENT_BYTES
 from realgpu.baselines import Baseline, make_baseline
+from realgpu.mapped import MappedRealDevice
 from realgpu.pool import GpuPool
 from sim.engine import ALLOC, Target
 from sim.engine import run as engine_run
@@ -41,7 +46,7 @@ from sim.replay import ReplayResult, replay, trace_events
 from sim.report import summary_row
 from traces.events import AllocTrace
 
-__all__ = ["gpu_replay", "baseline_replay", "BaselineResult", "device_name"]
+__all__ = ["gpu_replay", "baseline_replay", "BaselineResult", "device_name", "model_device"]
 
 NAN = float("nan")
 
@@ -63,6 +68,16 @@ def device_name(device_id: int = 0) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def model_device(device_kind: str, costs: Any = None, *, granularity_bytes: int | None = None):
+    """The simulator's device for a run that mirrors a device replay whose row says ``device_kind``:
+    a costed segment device (``"segments"``), or a costed page-mapped one (``"vmm"``)."""
+    from sim.costs import CostedDevice, costed_page_mapped_device
+
+    if device_kind == "vmm":
+        return costed_page_mapped_device(costs, granularity_bytes=granularity_bytes or SEGMENT_ALIGNMENT_BYTES)
+    return CostedDevice(costs)
+
+
 def _memory_watch(device_id: int):
     from realgpu.nvml import MemoryReader, PeakWatch
 
@@ -77,7 +92,8 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
     Args:
         trace: the allocation events.
         policy: a spec string or a fresh policy object (see ``GpuPool``).
-        backend: ``"cuda"`` or ``"host"`` (the CPU stand-in, for tests).
+        backend: ``"cuda"``, ``"host"`` (the CPU stand-in, for tests), ``"cuda-vmm"`` or ``"host-vmm"``
+            (pages mapped into reserved ranges; see ``GpuPool``).
         capacity_bytes: the policy's capacity; None: the GPU's free memory less headroom on
             CUDA (recorded in the row, so a simulated run can be given the same), none on the host.
         validate: fill every allocation with a pattern (rounding slack as guard) and check it
@@ -90,7 +106,7 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
         ``sim.replay.ReplayResult`` with ``backend="gpu"`` rows; the pool is closed (every
         segment freed) before it returns.
     """
-    watch = _memory_watch(device_id) if backend == "cuda" else None
+    watch = _memory_watch(device_id) if backend.startswith("cuda") else None
     pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate, guard_bytes=0,
                    device_id=device_id)
     mover = _attach_mover(pool, verify=validate)
@@ -111,6 +127,7 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
     result.summary.update({
         "kind": "policy",
         "device": device_name(device_id) if pool.is_cuda else "host",
+        "device_kind": "vmm" if isinstance(device, MappedRealDevice) else "segments",
         "validate": bool(validate),
         **measured,
         **_memory_columns(watch),
