@@ -59,10 +59,6 @@ class VmmDriver(Protocol):
     def close(self) -> None: ...
 
 
-class _Refused(Exception):
-    """The driver refused a ``create`` inside ``map_new`` (out of physical memory)."""
-
-
 class MappedRealDevice(PageMappedDevice):
     """A ``PageMappedDevice`` whose calls are real (see the module docstring).
 
@@ -93,7 +89,6 @@ class MappedRealDevice(PageMappedDevice):
         self._bases: dict[int, int] = {}
         self._sizes = self._ranges  # reserved range offset -> bytes (the model's own dict)
         self._physical: dict[int, Any] = {}  # the model's handle -> the driver's
-        self._refusal_raises = False
         self.num_creates = 0  # physical allocations the driver made (the replay's device_mallocs)
         self.num_releases = 0
         self.num_refused = 0  # creates the driver refused (out of memory)
@@ -137,8 +132,6 @@ class MappedRealDevice(PageMappedDevice):
         if real is None:
             self.num_calls["create"] += 1
             self.num_refused += 1
-            if self._refusal_raises:
-                raise _Refused
             return None
         handle = super().create(nbytes)
         self._physical[handle] = real
@@ -170,27 +163,6 @@ class MappedRealDevice(PageMappedDevice):
         super().release_handle(handle)
         self._timed("release", self.driver.release, self._physical.pop(handle))
         self.num_releases += 1
-
-    def map_new(self, offset: int, nbytes: int, page_bytes: int | None = None) -> bool:
-        """As the model's; a driver refusal part way undoes the pages this call mapped."""
-        self._refusal_raises = True
-        try:
-            return super().map_new(offset, nbytes, page_bytes)
-        except _Refused:
-            self._refusal_raises = False
-            self.unmap_release(offset, nbytes)
-            return False
-        finally:
-            self._refusal_raises = False
-
-    def reserve(self, nbytes: int) -> int | None:
-        """The segment protocol's reserve; None (the range given back) when the driver refuses."""
-        offset = super().reserve(nbytes)
-        span = round_up(nbytes, self.granularity_bytes)
-        if offset is not None and self.mapped_bytes_in(offset, span) != span:
-            self.address_free(offset, span)
-            return None
-        return offset
 
     # ------------------------------------------------------------------ the replay's device interface
     @property
