@@ -41,7 +41,8 @@ _STREAMS = (0, 0, 0, 1, 2)
 ACTIVE_SPECS: tuple[str, ...] = (
     "elastic:patience=2,grow_bytes=4MiB", "tag-limits:limits=[kv=64MiB]",
     "compacting:threshold=0.1,check_every=4,min_free_bytes=1MiB", "elastic:base=[paged],patience=2",
-    "torch-caching:max_split_size_bytes=40MiB,roundup_power2_divisions=4,garbage_collection_threshold=0.5")
+    "torch-caching:max_split_size_bytes=40MiB,roundup_power2_divisions=4,garbage_collection_threshold=0.5",
+    "best-fit:virtual=true", "first-fit:virtual=true", "elastic:base=[page-pool]")
 
 
 def soak_specs() -> list[str]:
