@@ -100,10 +100,15 @@ class PageMappedDevice:
         self.used_bytes = 0  # the segment protocol's name for physical bytes held
 
     # ------------------------------------------------------------------ accounting
-    def _charge(self, call: str, nbytes: int) -> None:
+    def _charge(self, call: str, nbytes: int, *, piece_bytes: list[int] | None = None) -> None:
+        """Count one ``call``; with costs, charge its modelled time: of ``nbytes``, or the sum
+        over ``piece_bytes`` for a call whose time grows with the mappings it covers."""
         self.num_calls[call] += 1
         if self.costs is not None:
-            ns = self.costs.vmm_call_ns(call, nbytes)
+            if piece_bytes is None:
+                ns = self.costs.vmm_call_ns(call, nbytes)
+            else:
+                ns = sum(self.costs.vmm_call_ns(call, n) for n in piece_bytes)
             self.call_ns[call] += ns
             self.clock.charge(ns, pending=True)
 
@@ -208,7 +213,10 @@ class PageMappedDevice:
         self._check_aligned("set_access", offset, nbytes)
         if self.mapped_bytes_in(offset, nbytes) != nbytes:
             raise PolicyError(f"set_access({offset}, {format_bytes(nbytes)}): the range is not fully mapped")
-        self._charge("set_access", nbytes)
+        # one call, but the driver's time grows with the mappings it covers, not the bytes: on the
+        # H200 a set-access over 32 mapped 2 MiB pages took ~35 us a page (the replay on the device,
+        # benchmarks/RESULTS.md), a set-access over one 64 MiB mapping 56 us (calibration)
+        self._charge("set_access", nbytes, piece_bytes=[self._mappings[off][1] for off in self._mappings_in(offset, nbytes)])
 
     def unmap(self, offset: int, nbytes: int) -> list[int]:
         """Unmap every mapping in ``[offset, offset + nbytes)`` (one call per mapping, as PyTorch
