@@ -115,8 +115,9 @@ class TimedPool:
 
 
 def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | None,
-                  fill: dict[str, Any] | None = None) -> Policy:
-    """Build ``spec`` on a ``CostedDevice`` charging ``costs``.
+                  fill: dict[str, Any] | None = None, device: Any = None) -> Policy:
+    """Build ``spec`` on a ``CostedDevice`` charging ``costs`` (or on ``device``: the KV pool's
+    page-mapped device under ``kv_strategy=virtual``, ``sim.costs.costed_page_mapped_device``).
 
     ``fill`` gives knobs the policy gets when it has them and the spec does not set them: the
     model's ``bytes_per_token`` for a paged pool, so that a page holds whole tokens.
@@ -126,7 +127,8 @@ def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | N
         name, params = policies.parse_spec(spec)
         known = policies.get(name)._param_names()
         extra = {k: v for k, v in fill.items() if v is not None and k in known and k not in params}
-    return policies.create(spec, capacity_bytes=capacity_bytes, device=CostedDevice(costs), **extra)
+    return policies.create(spec, capacity_bytes=capacity_bytes,
+                           device=device if device is not None else CostedDevice(costs), **extra)
 
 
 class ServerPools:
