@@ -114,4 +114,6 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
+    for note in dict.fromkeys(n for text in summary["kv_note"] if text for n in text.split("; ")):
+        click.echo(f"note: {note}")
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")
