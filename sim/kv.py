@@ -159,6 +159,7 @@ class ContiguousKV(_KVBase):
 
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
+        assert config.kv_strategy in CONTIGUOUS_STRATEGIES, "'virtual' is VirtualKV's"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         self.config = config
 

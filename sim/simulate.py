@@ -131,8 +131,8 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         kv = VirtualKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
                        num_kv_tensors=2 * model.num_layers)
         kv_layout = VIRTUAL
-        notes.append(f"kv_strategy=virtual maps KV pages straight onto the device; policy {policy_spec!r} "
-                     f"manages no KV")
+        notes.append(f"kv_strategy=virtual maps KV pages straight onto the device: policy {policy_spec!r} "
+                     f"holds no KV")
         if cfg.prefix_caching:
             notes.append("prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by")
     elif policy.contiguous:
@@ -178,7 +178,7 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "n_reused_pages": kv.num_reused_pages if virtual else 0,
         "kv_driver_s": server.kv_driver_s,
         "kv_driver_step_s": server.kv_driver_step_s,
-        "kv_note": "; ".join(notes),
+        "kv_note": "; ".join(notes),  # what the run turned off or ignored; the CLI prints each note
         "prefix_hit_rate": kv.prefix_hit_tokens / lookups if lookups else 0.0,
         "prefix_saved_bytes": kv.prefix_saved_bytes,
         "n_prefix_evictions": kv.num_evictions,
