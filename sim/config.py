@@ -35,6 +35,7 @@ class Knob:
         choices: the only values a string knob takes.
         low, high: bounds of a number (None: unbounded); ``low_open``/``high_open`` exclude them.
         none: what None means (the field takes None only when its type says ``| None``).
+        pow2: an integer must be a power of two (page sizes).
         cli: the option's name on the command line without ``--`` (default: the field name
             with dashes).
         type: the value's type (bool, int, float or str), filled from the field's annotation.
@@ -48,6 +49,7 @@ class Knob:
     low_open: bool = False
     high_open: bool = False
     none: str = ""
+    pow2: bool = False
     cli: str = ""
     type: type = object
     nullable: bool = False
@@ -62,6 +64,8 @@ class Knob:
             what = "a string"
         else:
             what = "an integer" if self.type is int else "a finite number"
+            if self.pow2:
+                what = "a power of two"
             if self.low is not None and self.high is not None:
                 what += (f" in {'(' if self.low_open else '['}{self.low:g}, "
                          f"{self.high:g}{')' if self.high_open else ']'}")
@@ -81,6 +85,8 @@ class Knob:
         if isinstance(value, float) and not math.isfinite(value):
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        if self.pow2 and (value <= 0 or value & (value - 1)):
             return False
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
@@ -110,11 +116,20 @@ class ServerConfig:
                              "activations.", choices=POOL_LAYOUTS)
     aux_policy: str = _knob("best-fit", "Policy of the weights/activations/workspace pools in the separate layout.")
     # KV cache
-    kv_strategy: str = _knob("pow2", "Reservation of contiguous policies (paged ones grow a page at a time).",
-                             choices=STRATEGIES)
+    kv_strategy: str = _knob("pow2", "Reservation of contiguous policies (paged ones grow a page at a time); "
+                             "'virtual' maps pages into one virtual range per request (vAttention), whatever the "
+                             "policy.", choices=STRATEGIES)
     grow_tokens: int = _knob(512, "Chunk of the 'grow' strategy.", unit="tokens", low=1)
     tokens_per_page: int | None = _knob(None, "Page size of paged policies.", unit="tokens", low=1,
                                         none="the policy's own")
+    virtual_page_bytes: int = _knob(2 << 20, "Physical page of the 'virtual' strategy, mapped per KV tensor "
+                                    "(2 MiB stock CUDA; 64 KiB-1 MiB need vAttention's driver patch).",
+                                    unit="bytes", low=64 << 10, high=2 << 20, pow2=True,
+                                    cli="virtual-page")
+    map_overlap: bool = _knob(True, "'virtual': map pages in the background, overlapped with the step's compute "
+                              "(vAttention); off: the step waits for every cuMem call.")
+    map_cache: bool = _knob(True, "'virtual': a finished request's pages stay mapped for the next request "
+                            "(vAttention's deferred reclamation); off: unmapped at once.")
     prefix_caching: bool = _knob(True, "Share prompt blocks by the trace's hash_ids (paged policies).")
     prefix_block_tokens: int | None = _knob(None, "Tokens per hash_ids block (the prefix cache's hash block).",
                                             unit="tokens", low=1, none="the trace's, else 512")

@@ -21,7 +21,12 @@ The scheduler asks for token slots; a manager turns them into policy allocations
   reference counts, the hash map and the evictable queue are the ``paged`` policy's
   (``Paged.cache_block`` and friends); the manager decides what to cache and when.
 
-Both keep the KV cache within ``budget_bytes`` (what the memory plan leaves for KV), so in a
+- ``VirtualKV`` (``kv_strategy="virtual"``, vAttention): each request's KV is one contiguous
+  virtual range per KV tensor, reserved for ``max_model_len`` up front; physical pages are mapped
+  into it as it grows, straight onto a page-mapped device (``policies.mapped_device``), with no
+  block table and so no prefix sharing. A finished request's pages stay mapped for the next one.
+
+All keep the KV cache within ``budget_bytes`` (what the memory plan leaves for KV), so in a
 shared pool the KV cache cannot take the memory of weights or activations.
 """
 
@@ -31,15 +36,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from policies.base import Allocation
-from policies.units import round_up
+from policies.mapped_device import PageMappedDevice
+from policies.units import format_bytes, round_up
 from sim.pools import TimedPool
 
 if TYPE_CHECKING:
     from sim.config import ServerConfig
 
-__all__ = ["KVHandle", "ContiguousKV", "PagedKV", "STRATEGIES", "next_pow2"]
+__all__ = ["KVHandle", "ContiguousKV", "PagedKV", "VirtualKV", "VirtualKVReadings", "STRATEGIES",
+           "CONTIGUOUS_STRATEGIES", "VIRTUAL", "next_pow2"]
 
-STRATEGIES = ("max", "oracle", "pow2", "pow2-oracle", "grow")
+#: Reservation strategies of ``ContiguousKV``.
+CONTIGUOUS_STRATEGIES = ("max", "oracle", "pow2", "pow2-oracle", "grow")
+#: The strategy that maps pages into per-request virtual ranges (``VirtualKV``).
+VIRTUAL = "virtual"
+STRATEGIES = CONTIGUOUS_STRATEGIES + (VIRTUAL,)
 
 
 def next_pow2(n: int) -> int:
@@ -63,6 +74,7 @@ class KVHandle:
     prefix_tokens: int = 0
     num_own_pages: int = 0
     num_computed_blocks: int = 0
+    slot: int = -1  # VirtualKV: the virtual range (vAttention's reqId) it holds; -1 for none
     allocs: list[Allocation] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
 
@@ -117,6 +129,14 @@ class _KVBase:
         n, self.copy_bytes_pending = self.copy_bytes_pending, 0
         return n
 
+    def take_map_ns(self) -> int:
+        """Driver time of page mapping since the last call (only ``VirtualKV`` maps pages)."""
+        return 0
+
+    def pool_readings(self) -> VirtualKVReadings | None:
+        """What the server's pool monitor reads; None: the KV policy's own stats."""
+        return None
+
     def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> KVHandle:
         return KVHandle(prompt_tokens, output_tokens, hash_ids)
 
@@ -141,6 +161,7 @@ class ContiguousKV(_KVBase):
 
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
+        assert config.kv_strategy in CONTIGUOUS_STRATEGIES, "'virtual' is VirtualKV's"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         self.config = config
 
@@ -378,3 +399,265 @@ class PagedKV(_KVBase):
         h.num_own_pages = 0
         h.num_computed_blocks = 0
         h.capacity_tokens = 0
+
+
+class VirtualKV(_KVBase):
+    """vAttention's KV cache: one virtual range per request, physical pages mapped as it grows.
+
+    Args:
+        pool: the KV pool. Its policy's device must be a ``PageMappedDevice`` whose granularity
+            is the page size (``simulate`` builds it so); the policy itself holds no KV, the
+            pages are mapped straight onto the device, as vAttention does without an allocator.
+        config: the server's settings; read here: ``max_model_len`` (resolved: each range holds
+            this many tokens), ``max_num_seqs`` (number of ranges), ``virtual_page_bytes`` and
+            ``map_cache``.
+        bytes_per_token: KV bytes of one token (all layers, K and V).
+        budget_bytes: physical bytes the KV pages may hold, cached pages included.
+        num_kv_tensors: tensors the KV lives in (K and V of every layer: 2 x layers). Each maps
+            its own pages, so one page of tokens is ``num_kv_tensors`` pages on the device, and a
+            page holds ``page_bytes / (bytes_per_token / num_kv_tensors)`` tokens (1,024 for
+            Llama-3-8B with 2 MiB pages, 32 with 64 KiB ones).
+
+    Layout (vAttention): one virtual tensor per (layer, K|V) holding ``max_num_seqs`` ranges of
+    ``max_model_len`` tokens, reserved once at start-up (that driver time is charged to no
+    step). A request takes a free range (a "slot", vAttention's reqId); growing it by one page
+    of tokens creates and maps one page in every tensor, with one set-access per tensor and
+    grow. Here the tensors lie end to end in one reserved range: the calls and bytes are the
+    same, and finding the range of an address stays O(1).
+
+    Deferred reclamation (``map_cache``, vAttention's reuse of mapped pages): a finished or
+    preempted request's slot keeps its pages mapped, and a new request takes the free slot
+    whose pages fit its first chunk best (the fewest that cover it, else the most), so it maps
+    only what is missing. Mapped pages no token needs yet (a free slot's, or those past a live
+    request's length) are the cache: they count as free KV, and when a grow needs physical
+    memory they are given back (unmap and release; free slots first, the largest first, last
+    pages first) before the grow fails. Without the cache a slot is unmapped when its request
+    ends. Slots are a plain list: at most ``max_num_seqs`` (hundreds), scanned per admission.
+
+    ``capacity_tokens`` of a handle covers the pages its tokens need, not the cached ones past
+    them, so crossing into a cached page still calls ``grow`` (which then maps nothing) and the
+    held/cached split stays exact.
+
+    There is no block table, so nothing is shared between requests: no prefix caching.
+    """
+
+    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
+                 num_kv_tensors: int):
+        assert config.max_model_len is not None, "simulate() resolves max_model_len"
+        super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
+        device = pool.policy.device
+        page = config.virtual_page_bytes
+        if not isinstance(device, PageMappedDevice) or device.granularity_bytes != page:
+            raise ValueError(f"kv_strategy=virtual needs the KV pool on a page-mapped device of "
+                             f"{format_bytes(page)} pages, not {device!r}")
+        if num_kv_tensors < 1 or bytes_per_token % num_kv_tensors:
+            raise ValueError(f"bytes_per_token={bytes_per_token} does not split into {num_kv_tensors} KV tensors")
+        tensor_bytes_per_token = bytes_per_token // num_kv_tensors
+        if page < tensor_bytes_per_token:
+            raise ValueError(f"a {format_bytes(page)} page holds less than one token of one KV tensor "
+                             f"({tensor_bytes_per_token} B)")
+        self.device = device
+        self.page_bytes = page
+        self.num_kv_tensors = num_kv_tensors
+        self.tokens_per_page = page // tensor_bytes_per_token
+        self.group_bytes = page * num_kv_tensors  # physical bytes of one page of tokens, all tensors
+        self.map_cache = config.map_cache
+        self.num_slots = config.max_num_seqs
+        self.slot_span_bytes = round_up(config.max_model_len * tensor_bytes_per_token, page)
+        self.max_slot_pages = self.slot_span_bytes // page
+        total_span = self.slot_span_bytes * self.num_slots * num_kv_tensors
+        base = device.address_reserve(total_span)
+        if base is None:
+            raise ValueError(f"kv_strategy=virtual: {self.num_slots} ranges of {config.max_model_len} tokens "
+                             f"({format_bytes(total_span)}) exceed the device's address space")
+        self._base = base
+        device.take_driver_ns()  # the start-up reservation belongs to no step
+        n = self.num_slots
+        self._slot_pages = [0] * n  # pages mapped per tensor, by slot
+        self._slot_need = [0] * n  # pages its holder's tokens need (0: free slot)
+        self._slot_tokens = [0] * n  # tokens its holder asked for
+        self._free_slots = set(range(n))
+        self.cached_bytes = 0  # mapped bytes no token needs: the reuse cache
+        self.live_bytes = 0  # tokens asked for x bytes_per_token, over live requests
+        self.peak_live_bytes = self.peak_held_bytes = self.peak_mapped_bytes = 0
+        self.num_grow_calls = self.num_failures = self.num_frees = 0
+        self.num_maps = self.num_unmaps = 0  # page-run maps and unmaps (one call per tensor and page on the device)
+        self.grown_bytes = self.shrunk_bytes = 0
+        self.num_reused_pages = 0  # pages of tokens that were found mapped (cached) when needed
+        self._map_ns = 0
+
+    @property
+    def evictable_bytes(self) -> int:
+        return self.cached_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Physical bytes mapped for live requests' tokens."""
+        return self.allocated_bytes - self.cached_bytes
+
+    def take_map_ns(self) -> int:
+        ns, self._map_ns = self._map_ns, 0
+        return ns
+
+    def pool_readings(self) -> VirtualKVReadings:
+        return VirtualKVReadings(self)
+
+    def _pages(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.tokens_per_page)
+
+    def peak_bytes(self, prompt_tokens: int, output_tokens: int) -> int:
+        return self._pages(prompt_tokens + output_tokens - 1) * self.group_bytes
+
+    def estimate_bytes(self, h: KVHandle, num_tokens: int) -> int:
+        if num_tokens <= h.capacity_tokens:
+            return 0
+        return (self._pages(num_tokens) - self._pages(h.capacity_tokens)) * self.group_bytes
+
+    def mapped_pages(self, h: KVHandle) -> int:
+        """Pages (per tensor) mapped in ``h``'s slot, cached ones past its tokens included."""
+        return self._slot_pages[h.slot] if h.slot >= 0 else 0
+
+    # ------------------------------------------------------------------ slots
+    def admit(self, h: KVHandle, num_tokens: int) -> bool:
+        """Give ``h`` a free slot (the cached pages that fit it best) and grow it to ``num_tokens``."""
+        assert h.slot < 0, "a request holds one slot"
+        assert self._free_slots, "the scheduler runs at most max_num_seqs requests"
+        need, pages = self._pages(num_tokens), self._slot_pages
+        covering = [s for s in self._free_slots if pages[s] >= need]
+        if covering:
+            slot = min(covering, key=lambda s: (pages[s], s))
+        else:
+            slot = min(self._free_slots, key=lambda s: (-pages[s], s))
+        self._free_slots.remove(slot)
+        h.slot = slot
+        if not self.grow(h, num_tokens, 0):
+            self._vacate(h)
+            return False
+        return True
+
+    def grow(self, h: KVHandle, num_tokens: int, num_valid_tokens: int = 0) -> bool:
+        """Make ``h`` hold ``num_tokens``: take its slot's cached pages, then map what is missing
+        (never copies). False, with nothing of ``h`` changed, when live requests leave too little
+        of the budget; cached pages are given back first when they are what stands in the way."""
+        s = h.slot
+        assert s >= 0, "admit() gives the request its slot"
+        if num_tokens > h.capacity_tokens:
+            old, need, have = self._slot_need[s], self._pages(num_tokens), self._slot_pages[s]
+            assert need <= self.max_slot_pages, "the scheduler keeps sequences within max_model_len"
+            group = self.group_bytes
+            self.num_grow_calls += 1
+            if self.held_bytes + (need - old) * group > self.budget_bytes:
+                self.num_failures += 1
+                return False
+            reused = min(need, have) - old
+            if reused > 0:  # cached pages past its tokens (or left by the slot's last holder)
+                self.cached_bytes -= reused * group
+                self.num_reused_pages += reused
+            self._slot_need[s] = need
+            if need > have:
+                nbytes = (need - have) * group
+                self._reclaim(self.allocated_bytes + nbytes - self.budget_bytes)
+                page, count = self.page_bytes, need - have
+                for t in range(self.num_kv_tensors):
+                    mapped = self.device.map_new(self._offset(t, s, have), count * page, page)
+                    assert mapped, "the device holds the KV budget"
+                self._slot_pages[s] = need
+                self.allocated_bytes += nbytes
+                self.num_maps += 1
+                self.grown_bytes += nbytes
+                self.peak_mapped_bytes = max(self.peak_mapped_bytes, self.allocated_bytes)
+                self._sample_driver(self.pool.alloc_ns)
+            self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+            h.capacity_tokens = need * self.tokens_per_page
+        asked = self._slot_tokens[s]
+        if num_tokens > asked:
+            self.live_bytes += (num_tokens - asked) * self.bytes_per_token
+            self._slot_tokens[s] = num_tokens
+            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        return True
+
+    def free(self, h: KVHandle) -> None:
+        """The request is done or preempted: its slot goes back, its pages cached or unmapped."""
+        if h.slot < 0:
+            return
+        s = h.slot
+        self._vacate(h)
+        self.num_frees += 1
+        if not self.map_cache and self._slot_pages[s]:
+            self._unmap_tail(s, self._slot_pages[s])
+            self._sample_driver(self.pool.free_ns)
+
+    def _vacate(self, h: KVHandle) -> None:
+        s = h.slot
+        self.live_bytes -= self._slot_tokens[s] * self.bytes_per_token
+        self.cached_bytes += self._slot_need[s] * self.group_bytes
+        self._slot_tokens[s] = self._slot_need[s] = 0
+        self._free_slots.add(s)
+        h.slot = -1
+        h.capacity_tokens = 0
+
+    def _reclaim(self, nbytes: int) -> None:
+        """Unmap at least ``nbytes`` of cached pages: free slots first (most pages first), then
+        the pages past live requests' tokens (most first)."""
+        pages, need, free = self._slot_pages, self._slot_need, self._free_slots
+        while nbytes > 0:
+            s = min((s for s in range(self.num_slots) if pages[s] > need[s]),
+                    key=lambda s: (s not in free, need[s] - pages[s], s))  # empty: the caller checked
+            excess = pages[s] - need[s]
+            count = min(excess, -(-nbytes // self.group_bytes))
+            self._unmap_tail(s, count)
+            nbytes -= count * self.group_bytes
+
+    def _unmap_tail(self, s: int, count: int) -> None:
+        """Unmap and release the last ``count`` pages of slot ``s`` (cached ones) in every tensor."""
+        first = self._slot_pages[s] - count
+        for t in range(self.num_kv_tensors):
+            self.device.unmap_release(self._offset(t, s, first), count * self.page_bytes)
+        nbytes = count * self.group_bytes
+        self._slot_pages[s] = first
+        self.allocated_bytes -= nbytes
+        self.cached_bytes -= nbytes
+        self.num_unmaps += 1
+        self.shrunk_bytes += nbytes
+
+    def _offset(self, tensor: int, slot: int, page_index: int) -> int:
+        return self._base + (tensor * self.num_slots + slot) * self.slot_span_bytes + page_index * self.page_bytes
+
+    def _sample_driver(self, samples: list[int]) -> None:
+        """The driver time of the call just made: one latency sample, and pending for the step."""
+        ns = self.device.take_driver_ns()
+        self._map_ns += ns
+        if self.pool.record_latency:
+            samples.append(ns)
+
+    @property
+    def num_mapped_slots(self) -> int:
+        return sum(1 for p in self._slot_pages if p)
+
+
+class VirtualKVReadings:
+    """What the pool monitor reads off a ``VirtualKV`` (``sim.metrics.PoolMonitor``'s readings).
+
+    live = tokens asked for, allocated = pages mapped for live requests, reserved = all pages
+    mapped (the reuse cache too). Any free physical page can be mapped into any range, so there
+    is no external fragmentation: ``largest_free`` is the whole cache and ``frag_ext`` is 0.
+    """
+
+    __slots__ = ("kv",)
+
+    def __init__(self, kv: VirtualKV):
+        self.kv = kv
+
+    def reserved_bytes(self) -> int:
+        return self.kv.allocated_bytes
+
+    def sample(self) -> tuple:
+        kv = self.kv
+        return (kv.live_bytes, kv.held_bytes, kv.allocated_bytes, kv.cached_bytes, 0.0, kv.num_mapped_slots)
+
+    def totals(self) -> dict[str, int]:
+        kv = self.kv
+        return {"n_alloc": kv.num_grow_calls, "n_free": kv.num_frees, "n_failed": kv.num_failures,
+                "peak_live_bytes": kv.peak_live_bytes, "peak_allocated_bytes": kv.peak_held_bytes,
+                "peak_reserved_bytes": kv.peak_mapped_bytes, "n_grow": kv.num_maps, "n_shrink": kv.num_unmaps,
+                "grown_bytes": kv.grown_bytes, "shrunk_bytes": kv.shrunk_bytes}

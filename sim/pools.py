@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import policies
 from policies.base import Allocation, Policy
-from policies.device import Device
 from sim.costs import CostedDevice, CostModel, costed_page_mapped_device
 from sim.engine import TimedCalls, policy_target
 
@@ -123,10 +122,11 @@ class TimedPool:
 
 
 def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | None,
-                  fill: dict[str, Any] | None = None) -> Policy:
+                  fill: dict[str, Any] | None = None, device: Any = None) -> Policy:
     """Build ``spec`` on the costed device it declares (``policies.registry.device_kind``): a
     ``CostedDevice`` charging ``costs`` per ``cudaMalloc``, or a page-mapped device charging
-    them per cuMem call (``costed_page_mapped_device``). The one place a spec gets its device.
+    them per cuMem call (``costed_page_mapped_device``); or on ``device`` when given (the KV
+    pool's page-mapped device under ``kv_strategy=virtual``). The one place a spec gets its device.
 
     ``fill`` gives knobs the policy gets when it has them and the spec does not set them: the
     model's ``bytes_per_token`` for a paged pool, so that a page holds whole tokens.
@@ -136,10 +136,9 @@ def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | N
         name, params = policies.parse_spec(spec)
         known = policies.get(name)._param_names()
         extra = {k: v for k, v in fill.items() if v is not None and k in known and k not in params}
-    if policies.registry.device_kind(spec) == "page-mapped":
-        device: Device = costed_page_mapped_device(costs)
-    else:
-        device = CostedDevice(costs)
+    if device is None:
+        device = costed_page_mapped_device(costs) if policies.registry.device_kind(spec) == "page-mapped" \
+            else CostedDevice(costs)
     return policies.create(spec, capacity_bytes=capacity_bytes, device=device, **extra)
 
 

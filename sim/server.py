@@ -4,7 +4,9 @@ Two simpy processes: ``arrivals`` hands each request to the scheduler at its arr
 wakes an idle engine; ``engine`` runs iterations back to back while there is work. One
 iteration: the scheduler picks the batch and reserves its KV slots; the step's activations are
 allocated; the step lasts the roofline time of its batch plus everything the memory system cost
-on the way (driver calls of every pool, KV copies on reallocation, swaps over PCIe); then every
+on the way (driver calls of every pool, KV copies on reallocation, swaps over PCIe; a virtual KV
+cache's page mapping whole, or with ``map_overlap`` only the part that outlasts the step's
+compute, as vAttention maps in the background); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
 
 Pool controls the engine drives (``sim.config.ServerConfig``): it can freeze the KV pool after its first N
@@ -72,13 +74,18 @@ class Server:
         self.step_model = step_model
         self.model = model
         self.env = simpy.Environment()
-        self.monitor = PoolMonitor(pools.kv.policy, sample_every=1)
+        kv = scheduler.kv
+        readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
+        self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
+        self._kv_reserved_bytes = readings.reserved_bytes if readings is not None else pools.kv_reserved_bytes
         self.num_steps = 0
         self.busy_s = 0.0
         self.token_byte_s = 0.0  # integral of KV bytes holding token states over busy time
         self.reserved_byte_s = 0.0  # integral of KV bytes reserved over busy time
         self.pressure_byte_s = [0.0, 0.0, 0.0]  # token bytes, reserved bytes, seconds over KV-blocked steps
         self.alloc_stall_s = 0.0  # step time spent in driver calls, copies and swaps
+        self.kv_driver_s = 0.0  # driver time of the KV cache's memory (its pool's grows, or page mapping)
+        self.kv_driver_step_s = 0.0  # the part of it that lengthened steps (overlapped mapping hides some)
         self.num_activation_failures = 0
         self.idle_byte_s = 0.0  # integral of KV bytes reserved but not allocated over busy time
         self.frozen_at_s: float | None = None
@@ -160,7 +167,13 @@ class Server:
                 self.num_activation_failures += 1
             compute_s = step_time(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
                                   plan.prefill_context_tokens, plan.num_prefill_seqs)
-            stall_s = pools.take_driver_ns() * 1e-9
+            kv_driver_ns = pools.kv.take_driver_ns()
+            map_s = kv.take_map_ns() * 1e-9
+            # vAttention maps pages in the background: only what outlasts the step's compute shows
+            map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
+            self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
+            self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
+            stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
             if compactor is not None:  # passes on the allocation path, or between the last two steps
                 compaction_s = compactor.take_compaction_ns() * 1e-9
                 self.compaction_s += compaction_s
@@ -182,7 +195,7 @@ class Server:
             self.alloc_stall_s += stall_s
             token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
             self.token_byte_s += token_bytes * dt
-            reserved = pools.kv_reserved_bytes()
+            reserved = self._kv_reserved_bytes()
             self.reserved_byte_s += reserved * dt
             if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
                 pressure = self.pressure_byte_s
@@ -246,7 +259,7 @@ class Server:
         self.rows.append((
             self.num_steps, time_us, len(sched.running), len(sched.waiting), len(sched.swapped),
             (sched.num_own_tokens + kv.cached_tokens) * kv.bytes_per_token, kv.allocated_bytes,
-            self.pools.kv_reserved_bytes(), free_kv,
+            self._kv_reserved_bytes(), free_kv,
             free_kv // kv.page_bytes if kv.paged else -1,
             sched.num_finished, len(sched.rejected),
         ))

@@ -19,9 +19,9 @@ import pandas as pd
 
 import policies
 from policies.base import Policy
-from sim.costs import CostModel
+from sim.costs import CostModel, costed_page_mapped_device
 from sim.hardware import load_gpu
-from sim.kv import ContiguousKV, PagedKV
+from sim.kv import VIRTUAL, ContiguousKV, PagedKV, VirtualKV
 from sim.models import load_model
 from sim.pools import ServerPools, create_policy, plan_memory
 from sim.report import params_text, summary_frame, summary_row
@@ -123,16 +123,30 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
                        max_num_batched_tokens=cfg.max_num_batched_tokens, workspace_bytes=cfg.workspace_bytes,
                        kv_capacity_bytes=cfg.kv_capacity_bytes, tensor_parallel=tp)
     shared = cfg.pool_layout == "shared"
+    virtual = cfg.kv_strategy == VIRTUAL
+    if virtual:
+        _check_virtual(cfg)
     policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
                            costs=cost_model,
-                           fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
+                           fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page},
+                           device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
+                                                            limit_bytes=plan.kv_budget_bytes) if virtual else None)
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
         max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
         prefix_block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
                                                                           DEFAULT_HASH_BLOCK_TOKENS)),
         sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3))
-    if policy.contiguous:
+    notes = []
+    if virtual:
+        kv = VirtualKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
+                       num_kv_tensors=2 * model.num_layers)
+        kv_layout = VIRTUAL
+        notes.append(f"kv_strategy=virtual maps KV pages straight onto the device: policy {policy_spec!r} "
+                     f"holds no KV")
+        if cfg.prefix_caching:
+            notes.append("prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by")
+    elif policy.contiguous:
         kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes)
         kv_layout = cfg.kv_strategy
     else:
@@ -177,6 +191,12 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "prefix_caching": bool(kv.paged and kv.prefix_caching),
         "prefix_eviction": cfg.prefix_eviction,
         "prefix_block_tokens": cfg.prefix_block_tokens,
+        "kv_page_bytes": kv.page_bytes if (kv.paged or virtual) else 0,
+        "map_overlap": cfg.map_overlap if virtual else None,
+        "n_reused_pages": kv.num_reused_pages if virtual else 0,
+        "kv_driver_s": server.kv_driver_s,
+        "kv_driver_step_s": server.kv_driver_step_s,
+        "kv_note": "; ".join(notes),  # what the run turned off or ignored; the CLI prints each note
         "prefix_hit_rate": kv.prefix_hit_tokens / lookups if lookups else 0.0,
         "prefix_saved_bytes": kv.prefix_saved_bytes,
         "n_prefix_evictions": kv.num_evictions,
@@ -207,6 +227,19 @@ def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
             cache[i] = step_model.step_cost(block_tokens, 0, 0, i * block_tokens, 1).compute_s
         return cache[i]
     return cost
+
+
+def _check_virtual(cfg: ServerConfig) -> None:
+    """What ``kv_strategy=virtual`` does not model: its KV bypasses the policy, so the pool
+    controls (which act on the policy) and the shared layout have nothing to act on."""
+    if cfg.pool_layout != "separate":
+        raise ValueError("kv_strategy=virtual keeps the KV cache in virtual ranges of its own: pool_layout must "
+                         "be 'separate'")
+    for name in ("freeze_after_steps", "pregrow_safety"):
+        if getattr(cfg, name) is not None:
+            raise ValueError(f"{name} acts on the KV policy, which holds no KV under kv_strategy=virtual")
+    if cfg.compact_between_steps:
+        raise ValueError("compact_between_steps acts on the KV policy, which holds no KV under kv_strategy=virtual")
 
 
 def _control_fields(server: Server, policy: Policy) -> dict[str, Any]:

@@ -171,4 +171,6 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))
     columns = TABLE_COLUMNS if has_slo else [c for c in TABLE_COLUMNS if c not in SLO_COLUMNS]
     click.echo(format_table(summary, columns=columns))
+    for note in dict.fromkeys(n for text in summary["kv_note"] if text for n in text.split("; ")):
+        click.echo(f"note: {note}")
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")

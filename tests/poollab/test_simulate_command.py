@@ -192,3 +192,22 @@ def test_presets_lists_every_model_and_gpu(capsys):
     for name in available_models() + available_gpus():
         assert name in out
     assert "131072" in out and "link_GB_s" in out
+
+
+def test_virtual_kv_strategy_runs_and_says_what_it_turns_off(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    out, _ = run_ok(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "virtual",
+                     "--virtual-page", "64KiB", "--no-map-overlap", "--out", str(out_dir)], capsys)
+    row = pd.read_csv(out_dir / "summary.csv").iloc[0]
+    assert (row.kv_strategy, row.kv_page_bytes, bool(row.map_overlap)) == ("virtual", 64 << 10, False)
+    assert row.n_finished == 12 and row.n_map > 0 and row.kv_driver_step_s == pytest.approx(row.kv_driver_s)
+    assert "note: prefix caching off" in out
+
+
+@pytest.mark.parametrize("argv, words", [(["--virtual-page", "100KiB"], "power of two"),
+                                         (["--virtual-page", "4MiB"], "virtual_page_bytes"),
+                                         (["--pool-layout", "shared"], "pool_layout")])
+def test_a_bad_virtual_setting_is_exit_2(trace, tmp_path, capsys, argv, words):
+    code, _, err = run(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy",
+                        "virtual", *argv, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
