@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 from policies.units import round_up
 
-__all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "SEGMENT_ALIGNMENT_BYTES",
+__all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "DeviceInFront", "SEGMENT_ALIGNMENT_BYTES",
            "MAX_DEVICE_BYTES", "VMM_STAT_KEYS", "vmm_stats"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
@@ -103,6 +103,31 @@ class UnmodelledDriver:
 
     def call_stats(self) -> dict[str, int]:
         return vmm_stats()
+
+
+class DeviceInFront:
+    """The accounting half of ``Device`` for a device that stands in front of another
+    (``inner``) and hands out its addresses its own way: driver time, per-call stats and the
+    size limit are the inner device's. Subclasses write ``reserve``/``release``."""
+
+    inner: Device
+
+    @property
+    def max_bytes(self) -> int:
+        return self.inner.max_bytes
+
+    def take_driver_ns(self) -> int:
+        return self.inner.take_driver_ns()
+
+    @property
+    def driver_ns_total(self) -> int:
+        return self.inner.driver_ns_total
+
+    def copy_ns(self, nbytes: int) -> int:
+        return self.inner.copy_ns(nbytes)
+
+    def call_stats(self) -> dict[str, int]:
+        return self.inner.call_stats()
 
 
 class DriverClock:

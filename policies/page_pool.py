@@ -28,7 +28,7 @@ a page into KV blocks of the engine's block size; here the page is the unit hand
 from __future__ import annotations
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
-from policies.device import Device
+from policies.device import Device, DeviceInFront
 from policies.errors import PolicyError
 from policies.mapped_device import PageMappedDevice, as_page_mapped
 from policies.units import format_bytes
@@ -39,7 +39,7 @@ __all__ = ["PagePool", "RangeDevice"]
 _RANGE_BYTES = 1 << 40
 
 
-class RangeDevice:
+class RangeDevice(DeviceInFront):
     """The segment protocol over ONE reserved virtual range of a page-mapped device.
 
     ``reserve(n)`` maps ``n`` bytes of fresh pages at a free place in the range (a single page
@@ -49,7 +49,7 @@ class RangeDevice:
     """
 
     def __init__(self, mapped: PageMappedDevice, page_bytes: int, range_bytes: int = _RANGE_BYTES):
-        self.mapped = mapped
+        self.mapped = self.inner = mapped
         self.page_bytes = page_bytes
         self.range_bytes = range_bytes
         self.base = mapped.address_reserve(range_bytes)
@@ -79,22 +79,6 @@ class RangeDevice:
         self.mapped.unmap_release(offset, nbytes)
         self._free_slots.extend(range(offset + nbytes - self.page_bytes, offset - 1, -self.page_bytes))
 
-    @property
-    def max_bytes(self) -> int:
-        return self.mapped.max_bytes
-
-    def take_driver_ns(self) -> int:
-        return self.mapped.take_driver_ns()
-
-    @property
-    def driver_ns_total(self) -> int:
-        return self.mapped.driver_ns_total
-
-    def copy_ns(self, nbytes: int) -> int:
-        return self.mapped.copy_ns(nbytes)
-
-    def call_stats(self) -> dict[str, int]:
-        return self.mapped.call_stats()
 
 
 class PagePool(Policy):

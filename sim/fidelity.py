@@ -40,7 +40,7 @@ import pandas as pd
 
 import policies
 from policies.base import Allocation, Policy
-from policies.device import SEGMENT_ALIGNMENT_BYTES, UnmodelledDriver, VirtualDevice
+from policies.device import SEGMENT_ALIGNMENT_BYTES, DeviceInFront, UnmodelledDriver, VirtualDevice
 from policies.errors import PolicyError
 from policies.torch_caching import TorchCaching, params_from_settings, spec_from_settings
 from policies.units import round_up
@@ -283,7 +283,7 @@ class RecordedAddressDevice(UnmodelledDriver):
         self.used_bytes -= nbytes
 
 
-class _LoggingDevice:
+class _LoggingDevice(DeviceInFront):
     """Wraps a device and logs each segment call with the op being replayed.
 
     Args:
@@ -296,23 +296,6 @@ class _LoggingDevice:
         self._pin = pin
         self.at = -1
         self.log: list[tuple[int, str, int, int]] = []
-
-    def take_driver_ns(self) -> int:
-        return self.inner.take_driver_ns()
-
-    @property
-    def driver_ns_total(self) -> int:
-        return self.inner.driver_ns_total
-
-    def copy_ns(self, nbytes: int) -> int:
-        return self.inner.copy_ns(nbytes)
-
-    def call_stats(self) -> dict[str, int]:
-        return self.inner.call_stats()
-
-    @property
-    def max_bytes(self) -> int:
-        return self.inner.max_bytes
 
     def reserve(self, nbytes: int) -> int | None:
         addr = self.inner.reserve(nbytes)
