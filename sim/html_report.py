@@ -1,9 +1,12 @@
 """One self-contained HTML page from any mix of replay, simulation and GPU result folders.
 
-The page embeds every figure as a base64 PNG and its style inline: no scripts, no network, it
-opens offline and can be mailed. Sections (each an ``<section id=...>``, present even when it
+The page embeds its figures as base64 PNGs and its style inline: no network, it opens offline
+and can be mailed. By default it is interactive (``sim.interactive.page``): Plotly and the
+page's script are inlined, the memory timeline zooms, pans and filters by time range, the
+segment view shows each pool's segments at any recorded moment, tables sort by a click;
+``interactive=False`` writes the static page (no scripts at all). Sections (each an ``<section id=...>``, present even when it
 has nothing to show, with a line saying why): ``overview``, ``summary``, ``memory``,
-``fragmentation``, ``failures``, ``latency``, ``serving``, ``sim-vs-gpu``. Tables from all
+``segments``, ``fragmentation``, ``failures``, ``latency``, ``serving``, ``sim-vs-gpu``. Tables from all
 folders are concatenated with a ``source`` column (the folder's label) and shown per trace.
 """
 
@@ -24,6 +27,8 @@ from sim import plots
 from sim.plots import column_header, format_value
 from policies.units import format_bytes
 from sim.bounded_tables import MAX_POINTS_PER_RUN, read_drawn_table
+from sim.interactive.page import CSS as INTERACTIVE_CSS, DETAIL_POINTS, read_layout, scripts_html, segments_html, \
+    timeline_html, trace_data
 from sim.report import _read_table
 from traces.atomic import replacing_file
 
@@ -35,6 +40,7 @@ SECTIONS = {
     "overview": "Result folders",
     "summary": "Summary",
     "memory": "Reserved vs live memory",
+    "segments": "Segment layout over time",
     "fragmentation": "External fragmentation",
     "failures": "Failures and preemptions",
     "latency": "Allocation latency",
@@ -267,11 +273,14 @@ def _summary_section(summary: pd.DataFrame, trace: str) -> str:
             + _html_table(_source_first(part.dropna(axis=1, how="all"))) + "</details>")
 
 
-def _memory_section(t: dict[str, pd.DataFrame], trace: str, dpi: int) -> str:
+def _memory_section(t: dict[str, pd.DataFrame], trace: str, dpi: int, timeline: str | None = None) -> str:
+    """Peak memory, then the interactive ``timeline`` when given, else the static figure over time."""
     out = [_figure(lambda: plots.plot_peak_memory(_by_trace(t["summary"], trace)), "Peak live and reserved bytes", dpi)]
     ts = _by_trace(t.get("timeseries"), trace)
     if ts is None:
         out.append(_note("no time series for this trace"))
+    elif timeline is not None:
+        out.append(timeline)
     else:
         out.append(_figure(lambda: plots.plot_memory_over_time(ts), "Reserved (blue) vs live (red) bytes over time",
                            dpi))
@@ -341,8 +350,11 @@ def _sim_vs_gpu_section(t: dict[str, pd.DataFrame], dpi: int) -> str:
 
 
 def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, dpi: int = 90,
-                      progress: bool = False, max_points: int = MAX_POINTS_PER_RUN) -> str:
+                      progress: bool = False, max_points: int = MAX_POINTS_PER_RUN, interactive: bool = True) -> str:
     """The report page for the result folders ``dirs`` (see the module docstring).
+
+    ``interactive`` embeds the timelines and the segment view (``sim.interactive.page``; time
+    series read at ``DETAIL_POINTS`` rows per run, at least ``max_points``); False: static PNGs only.
 
     ``progress`` shows a bar on stderr (when it is a terminal) that advances per folder read and
     per section drawn;
@@ -358,7 +370,12 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
         folders = []
         for p, label in zip(paths, _unique_labels(paths)):
             bar.set_postfix_str(label)
-            folders.append(load_result_folder(p, label, max_points=max_points))
+            folder = load_result_folder(p, label, max_points=max(max_points, DETAIL_POINTS) if interactive
+                                        else max_points)
+            layout = read_layout(p) if interactive else None
+            if layout is not None:
+                folder.tables["layout"] = layout
+            folders.append(folder)
             bar.update()
         t = combine_tables(folders)
         t = {name: table.assign(trace=table["trace"].astype(str)) if "trace" in table else table
@@ -366,6 +383,9 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
         settings = folder_settings(folders)
         t["summary"] = t["summary"].assign(settings=run_settings(t["summary"], settings))
         traces = list(dict.fromkeys(t["summary"]["trace"]))
+        datas = [trace_data(tr, _by_trace(t.get("timeseries"), tr), _by_trace(t.get("layout"), tr))
+                 for tr in traces] if interactive else []
+        timeline = {tr: timeline_html(i, d) for i, (tr, d) in enumerate(zip(traces, datas))}
         served = [tr for tr in traces
                   if _by_trace(t.get("requests"), tr) is not None or _queue_series(t, tr) is not None]
 
@@ -377,7 +397,11 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
         render = {
             "overview": lambda: _overview(folders, settings),
             "summary": lambda: per_trace(lambda tr: _summary_section(t["summary"], tr), traces, "no runs"),
-            "memory": lambda: per_trace(lambda tr: _memory_section(t, tr, dpi), traces, "no runs"),
+            "memory": lambda: per_trace(lambda tr: _memory_section(t, tr, dpi, timeline.get(tr)), traces, "no runs"),
+            "segments": lambda: (per_trace(lambda tr: segments_html(traces.index(tr), datas[traces.index(tr)]),
+                                           traces, "no runs") if interactive else
+                                 _note("the segment view is in the interactive report (`poollab report` without "
+                                       "--static)")),
             "fragmentation": lambda: per_trace(lambda tr: _fragmentation_section(t, tr, dpi), traces, "no runs"),
             "failures": lambda: per_trace(lambda tr: _figure(lambda: plots.plot_failures(_by_trace(t["summary"], tr)),
                                                              "Failure and preemption counters", dpi),
@@ -402,15 +426,15 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
              "fragmentation = 1 − largest free / free; latencies in µs (allocation) or s (requests).")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>"
+            f"<title>{_esc(title)}</title><style>{_CSS}{INTERACTIVE_CSS if interactive else ''}</style></head><body>"
             f"<h1>{_esc(title)}</h1><p class=\"note\">Made {stamp} from {len(folders)} result folder(s). "
-            f"{_esc(units)}</p><nav>{nav}</nav>{sections}</body></html>\n")
+            f"{_esc(units)}</p><nav>{nav}</nav>{sections}{scripts_html(datas) if interactive else ''}</body></html>\n")
 
 
 def write_html_report(dirs: Iterable[str | Path], out_path: str | Path, *, title: str | None = None,
-                      progress: bool = False) -> Path:
+                      progress: bool = False, interactive: bool = True) -> Path:
     """Write ``build_html_report(dirs)`` to ``out_path`` (its folder is created); returns the path."""
-    page = build_html_report(dirs, title=title, progress=progress)
+    page = build_html_report(dirs, title=title, progress=progress, interactive=interactive)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing_file(out) as tmp:  # all or nothing: a full disk leaves the old report

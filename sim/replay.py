@@ -37,13 +37,14 @@ class ReplayResult:
     policy: Policy
     alloc_ns: np.ndarray
     free_ns: np.ndarray
+    layout: pd.DataFrame | None = None  # ``sim.interactive.layout.LAYOUT_COLUMNS`` with run keys; when recorded
 
 
 def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | None = None,
            costs: CostModel | None = None, backend: str = "sim", sample_every: int | None = None,
            progress: bool = False, on_alloc: Callable[[Allocation], None] | None = None,
            on_free: Callable[[Allocation], None] | None = None,
-           timer: Callable[[], int] = time.perf_counter_ns) -> ReplayResult:
+           timer: Callable[[], int] = time.perf_counter_ns, record_layout: bool = False) -> ReplayResult:
     """Replay ``trace`` through ``policy``.
 
     Args:
@@ -59,6 +60,9 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         on_alloc / on_free: hooks run after each successful allocate / before each free,
             outside the timed region (realgpu touches memory there).
         timer: nanosecond clock.
+        record_layout: also record the pool's segment layout (``sim.interactive.layout``) at
+            about 200 of the monitor's sample points and at the first refusals; off by default
+            (it adds a callback per event and a walk over the segments per layout).
 
     Returns:
         A ``ReplayResult`` whose ``summary`` has every ``SUMMARY_COLUMNS`` entry.
@@ -73,13 +77,27 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     def unknown_free(i: int, key: int) -> Exception:
         return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
+    target, observe, before, recorder = engine.policy_target(policy), monitor.sample, None, None
+    if record_layout:
+        from sim.interactive.layout import LayoutRecorder
+
+        recorder = LayoutRecorder(policy, num_monitor_samples=n // monitor.sample_every + 1)
+        target.allocate = recorder.wrap_allocate(target.allocate, events.times_us)
+        before = recorder.before
+
+        def observe(event: int, time_us: int) -> None:
+            monitor.sample(event, time_us)
+            recorder.observe(event, time_us)
+
     run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
-                     times_us=events.times_us, target=engine.policy_target(policy), observe=monitor.sample,
+                     times_us=events.times_us, target=target, observe=observe, before=before,
                      observe_every=monitor.sample_every,
                      on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free,
                      unknown_free=unknown_free, timer=timer, progress=f"{trace.name} · {policy.spec}" if progress else None)
     if n:
         monitor.finish(n - 1, events.times_us[-1])
+        if recorder is not None:
+            recorder.finish(n - 1, events.times_us[-1])
     row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
                       capacity_bytes=policy.capacity_bytes, monitor=monitor, alloc_ns=run.alloc_ns,
                       free_ns=run.free_ns, wall_s=run.wall_s, device_calls=policy.device.call_stats(), n_events=n,
@@ -88,7 +106,13 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     ts.insert(0, "backend", backend)
     ts.insert(0, "policy", policy.spec)
     ts.insert(0, "trace", trace.name)
-    return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=run.alloc_ns, free_ns=run.free_ns)
+    layout = None
+    if recorder is not None:
+        layout = recorder.table()
+        for i, (key, value) in enumerate((("trace", trace.name), ("policy", policy.spec), ("backend", backend))):
+            layout.insert(i, key, value)
+    return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=run.alloc_ns, free_ns=run.free_ns,
+                        layout=layout)
 
 
 @dataclass(slots=True)
@@ -117,11 +141,12 @@ class ReplayTables:
     summary: pd.DataFrame
     timeseries: pd.DataFrame
     latency_samples: pd.DataFrame  # one row per call (``sim.report.LATENCY_SAMPLE_COLUMNS``)
+    layout: pd.DataFrame | None = None  # segment layouts (``record_layout``), PyTorch's recorded ones included
 
 
 def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
                   costs: CostModel | None = None, sample_every: int | None = None,
-                  progress: bool = False, with_bounds: bool = True) -> ReplayTables:
+                  progress: bool = False, with_bounds: bool = True, record_layout: bool = False) -> ReplayTables:
     """Replay one trace under several policy specs.
 
     With ``with_bounds`` each row also shows how far the policy is from the best possible:
@@ -131,9 +156,13 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
     planner_peak - 1`` (negative when a pool refused requests the planner placed), and
     ``planner``/``planner_s``: which planner ran and the seconds the bounds took (the same for
     every row: one reference per trace).
+
+    With ``record_layout`` the tables also hold every run's segment layouts (``replay``) and,
+    for a PyTorch snapshot, the segments its allocator held at the same moments
+    (``sim.interactive.layout.pytorch_layout``).
     """
     results = [replay(trace, spec, capacity_bytes=capacity_bytes, costs=costs, sample_every=sample_every,
-                      progress=progress) for spec in specs]
+                      progress=progress, record_layout=record_layout) for spec in specs]
     summary = summary_frame([r.summary for r in results])
     if with_bounds and len(trace):
         ref = bounds(trace)
@@ -144,7 +173,23 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
         summary["gap_to_bound"] = summary["peak_reserved_bytes"] / ref["lower_bound_bytes"] - 1
         summary["gap_to_planner"] = summary["peak_reserved_bytes"] / ref["planner_peak_bytes"] - 1
     return ReplayTables(summary, pd.concat([r.timeseries for r in results], ignore_index=True),
-                        latency_samples(results))
+                        latency_samples(results), _layouts(trace, results) if record_layout else None)
+
+
+def _layouts(trace: AllocTrace, results: list[ReplayResult]) -> pd.DataFrame | None:
+    """The runs' layouts, and PyTorch's recorded segments at the first run's sample moments."""
+    from sim.interactive.layout import RECORDED_POLICY, pytorch_layout
+
+    parts = [r.layout for r in results if r.layout is not None and len(r.layout)]
+    if parts:
+        first = parts[0][~parts[0]["at_failure"]].drop_duplicates("sample")
+        recorded = pytorch_layout(trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())))
+        if recorded is not None:
+            for i, (key, value) in enumerate((("trace", trace.name), ("policy", RECORDED_POLICY),
+                                              ("backend", "snapshot"))):
+                recorded.insert(i, key, value)
+            parts.append(recorded)
+    return pd.concat(parts, ignore_index=True) if parts else None
 
 
 def replay_many(trace: AllocTrace, specs: Iterable[str], **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame]:

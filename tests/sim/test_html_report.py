@@ -87,8 +87,19 @@ def test_images_are_embedded_pngs(full_page):
         assert img.get("alt")
 
 
-def test_nothing_is_fetched_from_elsewhere(full_page):
+def test_scripts_are_inline_only(full_page):
+    """The interactive page: Plotly and its script inlined, no tag that loads from elsewhere
+    (the browser test checks that no request leaves the file)."""
     page = Page(full_page)
+    scripts = [attrs for t, attrs in page.tags if t == "script"]
+    assert len(scripts) == 3 and not [a for a in scripts if a.get("src")]
+    assert not [t for t, _ in page.tags if t in ("link", "iframe", "object", "embed")]
+
+
+def test_static_page_fetches_nothing_from_elsewhere(folders):
+    full_page = build_html_report([folders / "replay", folders / "simulate", folders / "gpu"], interactive=False)
+    page = Page(full_page)
+    assert "the segment view is in the interactive report" in page.text["segments"]
     assert not [t for t, _ in page.tags if t in ("script", "link", "iframe", "object", "embed")]
     for tag, attrs in page.tags:
         for name in ("src", "href"):

@@ -1,0 +1,125 @@
+"""The interactive report in headless Chromium: loads with no console errors, the time range
+moves, and the segment view at a given time reads back the replay's own numbers.
+
+Skips when Playwright or a Chromium binary is missing (CI installs Debian's chromium first)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from sim.html_report import write_html_report
+from sim.replay import replay_tables
+from sim.report import write_results
+from traces.detect import read_alloc_trace
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
+
+SNAPSHOT = "traces/data/llama1b_generate_slice.pickle.gz"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """A replay of the bundled snapshot slice with layouts recorded, a tight capacity so that
+    one policy refuses requests, and its interactive report."""
+    out = tmp_path_factory.mktemp("interactive")
+    trace = read_alloc_trace(SNAPSHOT)
+    tables = replay_tables(trace, ["best-fit", "torch-caching"], record_layout=True, with_bounds=False)
+    write_results(out / "run", tables.summary, tables.timeseries, extra_tables={"layout": tables.layout})
+    cap = int(tables.summary["peak_live_bytes"].max() * 1.02)
+    tight = replay_tables(trace, ["size-class"], capacity_bytes=cap, record_layout=True, with_bounds=False)
+    write_results(out / "tight", tight.summary, tight.timeseries, extra_tables={"layout": tight.layout})
+    page = write_html_report([out / "run", out / "tight"], out / "report.html")
+    return page, tables, tight
+
+
+@pytest.fixture(scope="module")
+def browser_page(report):
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:"))
+                else errors.append(f"fetched {r.url}"))
+        page.goto(report[0].resolve().as_uri())
+        page.wait_for_function("window.poollab && window.poollab.ready", timeout=30_000)
+        yield page, errors
+        browser.close()
+
+
+def test_loads_with_no_console_errors(browser_page):
+    page, errors = browser_page
+    assert errors == []
+    assert page.locator("#tl-0 .main-svg").count() >= 1  # Plotly drew the timeline
+
+
+def test_time_range_filter_moves_the_axis_and_the_slider(browser_page, report):
+    page, errors = browser_page
+    t0, t1 = page.evaluate("window.poollab.range(0)")
+    mid0, mid1 = t0 + (t1 - t0) * 0.25, t0 + (t1 - t0) * 0.5
+    page.fill("#from-0", str(mid0))
+    page.fill("#to-0", str(mid1))
+    page.click("#apply-0")
+    page.wait_for_timeout(300)
+    got = page.evaluate("window.poollab.range(0)")
+    assert got == pytest.approx([mid0, mid1], rel=1e-4)
+    axis = page.evaluate("document.getElementById('tl-0').layout.xaxis.range")
+    assert axis == pytest.approx([mid0, mid1], rel=1e-4)
+    lo, hi = page.evaluate("[+document.getElementById('slider-0').min, +document.getElementById('slider-0').max]")
+    assert 0 < lo <= hi  # the slider only offers moments inside the range
+    page.click("#reset-0")
+    assert errors == []
+
+
+def test_segment_view_reads_back_the_replays_numbers(browser_page, report):
+    page, _ = browser_page
+    _, tables, _ = report
+    layout = tables.layout
+    best = layout[(layout["policy"] == "best-fit") & ~layout["at_failure"]]
+    samples = best.drop_duplicates("sample")
+    chosen = samples.iloc[len(samples) // 2]
+    runs = page.evaluate(f"window.poollab.showTime(0, {chosen['time_us'] / 1e6})")
+    ts = tables.timeseries
+    for policy in ("best-fit", "torch-caching"):
+        row = ts[(ts["policy"] == policy) & (ts["event"] == chosen["event"])].iloc[0]
+        got = runs[f"{policy} (run)"]
+        assert got["event"] == chosen["event"]
+        assert got["reserved_bytes"] == row["reserved_bytes"]
+        assert got["num_segments"] == row["num_segments"]
+        assert got["largest_free_bytes"] == row["largest_free_bytes"]
+        assert got["free_bytes"] == row["reserved_bytes"] - row["allocated_bytes"]
+    recorded = runs["pytorch (recorded) (run)"]
+    assert recorded["num_segments"] > 0 and recorded["reserved_bytes"] > 0
+
+
+def test_clicking_a_failure_shows_the_request_and_the_free_blocks(browser_page, report):
+    page, errors = browser_page
+    _, _, tight = report
+    assert tight.summary["n_failed"].iloc[0] > 0
+    first = tight.layout[tight.layout["kind"] == "request"].iloc[0]
+    page.evaluate("window.poollab.showFailure(0, 0)")
+    text = page.inner_text("#fail-0")
+    asked = f"{first['length_bytes'] / 2**20:,.2f}".rstrip("0").rstrip(".")
+    assert f"a request of {asked} MiB was refused" in text and "largest free" in text
+    holes = tight.layout[(tight.layout["sample"] == first["sample"]) & (tight.layout["kind"] == "free")]
+    largest = int(holes["length_bytes"].max()) if len(holes) else 0
+    state = page.evaluate("window.poollab.segmentState(0)")
+    assert state["size-class (tight)"]["largest_free_bytes"] == largest < first["length_bytes"]
+    assert errors == []
+
+
+def test_tables_sort_on_a_header_click(browser_page):
+    page, _ = browser_page
+    table = page.locator("#summary table.tbl").first
+    header = table.locator("thead th", has_text="peak_reserved").first
+    col = header.evaluate("th => th.cellIndex")
+    header.click()
+    values = table.locator("tbody tr").evaluate_all(
+        f"rows => rows.map(r => parseFloat(r.cells[{col}].textContent.replace(/,/g, '')))")
+    assert values == sorted(values) and len(values) >= 2
