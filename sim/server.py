@@ -46,6 +46,12 @@ class Server:
             ``compact_between_steps``.
         progress: called with the simulated time (s) at each time-series sample, e.g. to move a
             progress bar; None for nothing.
+        env: the simpy environment to run in (several servers share one when they share a GPU,
+            ``sim.tenants``); None for a fresh one.
+
+    ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
+    engine runs out of work, and its ``before_step()`` before each step returns an event to wait
+    for first (weights being restored) or None.
 
     Raises:
         ValueError: a control the KV pool does not offer (pre-growth without ``reserve``,
@@ -53,7 +59,8 @@ class Server:
     """
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
-                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None):
+                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
+                 env: simpy.Environment | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
         self.config = config
@@ -71,7 +78,8 @@ class Server:
         self.pools = pools
         self.step_model = step_model
         self.model = model
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
+        self.gate: Any = None
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1)
         self.num_steps = 0
         self.busy_s = 0.0
@@ -95,12 +103,21 @@ class Server:
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
         env = self.env
-        env.process(self._arrivals())
-        engine = env.process(self._engine())
+        engine = self.start()
         if self.config.horizon_s is None:
             env.run(until=engine)
         else:
             env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        return self.finish()
+
+    def start(self) -> simpy.Process:
+        """Start the arrival and engine processes in ``env``; returns the engine's (done when all is served)."""
+        self.env.process(self._arrivals())
+        return self.env.process(self._engine())
+
+    def finish(self) -> float:
+        """Take the last sample once the clock has stopped; returns the end time."""
+        env = self.env
         self._sample()
         self.monitor.finish(self.num_steps, int(env.now * 1e6))
         return env.now
@@ -133,9 +150,15 @@ class Server:
             if not sched.has_work():
                 if self._all_arrived:
                     return
+                if self.gate is not None:
+                    self.gate.idle()
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
+            if self.gate is not None:
+                ready = self.gate.before_step()
+                if ready is not None:
+                    yield ready
             if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
                     and self.num_steps >= self.config.freeze_after_steps:
                 pools.kv.policy.freeze()
