@@ -29,7 +29,11 @@ from sim.pools import ServerPools
 from sim.scheduler import Request, Scheduler
 from sim.metrics import PoolMonitor
 
-__all__ = ["Server"]
+__all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
+
+#: Simulated seconds a server with nothing it can schedule waits while another tenant of its
+#: shared pool holds the memory (``KV.held_elsewhere``), before it tries again.
+HELD_ELSEWHERE_WAIT_S = 2e-3
 
 
 class Server:
@@ -169,6 +173,9 @@ class Server:
             if not plan.scheduled:
                 # every running request was preempted or rejected this round: admit again at once.
                 # Each empty round preempts or rejects someone, so this cannot spin for ever.
+                if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
+                    yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    continue
                 num_empty += 1
                 assert num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
                 continue

@@ -142,6 +142,9 @@ class SharedKV(PagedKV):
     def _evict_one(self) -> bool:
         return super()._evict_one() or self.shared.evict_any()
 
+    def held_elsewhere(self) -> bool:
+        return any(k.allocated_bytes > k.evictable_bytes for k in self.shared.kvs if k is not self)
+
 
 class _SleepGate:
     """vLLM sleep mode for one tenant (``Server.gate``): sleep after ``sleep_after_s`` idle, wake
