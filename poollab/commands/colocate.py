@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import check_specs, load_costs, out_option, read_requests_or_explain
+from poollab.commands._common import check_specs, load_costs, model_file_options, out_option, read_requests_or_explain
 from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
 from sim.config import ServerConfig
@@ -45,10 +45,7 @@ def register(cli: click.Group) -> None:
 @click.option("--sleep-after", "sleep_after_s", type=click.FloatRange(0, min_open=True), default=30.0,
               show_default=True, help="Idle seconds before a tenant sleeps (sleep layout).")
 @config_options
-@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Step-time calibration JSON (default: bundled factors).")
-@click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Driver and PCIe cost model JSON (default: bundled H200 figures).")
+@model_file_options
 @out_option("poollab-out/colocate")
 def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, models, gpu, fmt, rate_scale,
                      sleep_after_s, calibration, costs, out_dir: Path, **options: Any) -> None:

@@ -115,9 +115,7 @@ def test_sleep_charges_the_restore_to_the_next_requests_ttft():
 
 
 def test_a_sleeping_tenants_weights_become_kv_memory_for_the_others():
-    c, _ = _run(_sparse_tenants(), "sleep", config=ServerConfig(), sleep_after_s=10.0)
     seen = []
-
     c2 = Colocation(_sparse_tenants(), "page-pool", models=MODEL, gpu=GPU, layout="sleep", sleep_after_s=10.0)
 
     def watch():
