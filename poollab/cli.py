@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("poollab.commands.replay", "Replay the allocation TRACE against each policy and compare them."),
     "simulate": ("poollab.commands.simulate",
                  "Simulate serving the request TRACE with each policy managing the KV cache."),
+    "colocate": ("poollab.commands.colocate",
+                 "Simulate several model instances (tenants) sharing one GPU's memory, under each layout."),
     "fidelity": ("poollab.commands.fidelity",
                  "Does the emulation decide what the real allocator decided on SNAPSHOT?"),
     "gpu": ("poollab.commands.gpu",

@@ -125,6 +125,11 @@ class _KVBase:
         """KV budget not held by live requests (evictable cached blocks count as free)."""
         return self.budget_bytes - self.allocated_bytes + self.evictable_bytes
 
+    def held_elsewhere(self) -> bool:
+        """Whether KV memory this manager could use is held by someone else (another tenant of a
+        shared pool, ``sim.tenants``): then a request that does not fit waits instead of being rejected."""
+        return False
+
     def take_copy_bytes(self) -> int:
         n, self.copy_bytes_pending = self.copy_bytes_pending, 0
         return n

@@ -85,9 +85,11 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         target.allocate = recorder.wrap_allocate(target.allocate, events.times_us)
         before = recorder.before
 
-        def observe(event: int, time_us: int) -> None:
+        def observe_both(event: int, time_us: int) -> None:
             monitor.sample(event, time_us)
             recorder.observe(event, time_us)
+
+        observe = observe_both
 
     run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
                      times_us=events.times_us, target=target, observe=observe, before=before,

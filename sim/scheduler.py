@@ -223,7 +223,7 @@ class Scheduler:
             plan.kv_blocked = True
             victim = running.pop()
             if victim is r:
-                if not running:
+                if not running and not kv.held_elsewhere():
                     self._drop_kv(r)
                     self._reject(r, "kv_cannot_grow", f"its KV cache cannot grow to {total} tokens even running alone")
                 else:
@@ -279,7 +279,7 @@ class Scheduler:
                 plan.kv_blocked = True
                 break
             if not kv.admit(r.kv, total):
-                if running:
+                if running or kv.held_elsewhere():
                     plan.kv_blocked = True
                     break
                 swapped.popleft()  # it cannot come back even to an empty pool
@@ -316,7 +316,7 @@ class Scheduler:
                 plan.kv_blocked = True
                 break
             if not kv.admit(h, total):
-                if running:
+                if running or kv.held_elsewhere():
                     plan.kv_blocked = True
                     break
                 # nothing else holds KV memory and it still does not fit: it never will

@@ -31,7 +31,11 @@ from sim.pools import ServerPools
 from sim.scheduler import Request, Scheduler
 from sim.metrics import PoolMonitor
 
-__all__ = ["Server"]
+__all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
+
+#: Simulated seconds a server with nothing it can schedule waits while another tenant of its
+#: shared pool holds the memory (``KV.held_elsewhere``), before it tries again.
+HELD_ELSEWHERE_WAIT_S = 2e-3
 
 
 class Server:
@@ -48,6 +52,12 @@ class Server:
             ``compact_between_steps``.
         progress: called with the simulated time (s) at each time-series sample, e.g. to move a
             progress bar; None for nothing.
+        env: the simpy environment to run in (several servers share one when they share a GPU,
+            ``sim.tenants``); None for a fresh one.
+
+    ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
+    engine runs out of work, and its ``before_step()`` before each step returns an event to wait
+    for first (weights being restored) or None.
 
     Raises:
         ValueError: a control the KV pool does not offer (pre-growth without ``reserve``,
@@ -55,7 +65,8 @@ class Server:
     """
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
-                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None):
+                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
+                 env: simpy.Environment | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
         self.config = config
@@ -73,7 +84,8 @@ class Server:
         self.pools = pools
         self.step_model = step_model
         self.model = model
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
+        self.gate: Any = None
         kv = scheduler.kv
         readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
@@ -102,12 +114,21 @@ class Server:
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
         env = self.env
-        env.process(self._arrivals())
-        engine = env.process(self._engine())
+        engine = self.start()
         if self.config.horizon_s is None:
             env.run(until=engine)
         else:
             env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        return self.finish()
+
+    def start(self) -> simpy.Process:
+        """Start the arrival and engine processes in ``env``; returns the engine's (done when all is served)."""
+        self.env.process(self._arrivals())
+        return self.env.process(self._engine())
+
+    def finish(self) -> float:
+        """Take the last sample once the clock has stopped; returns the end time."""
+        env = self.env
         self._sample()
         self.monitor.finish(self.num_steps, int(env.now * 1e6))
         return env.now
@@ -140,9 +161,15 @@ class Server:
             if not sched.has_work():
                 if self._all_arrived:
                     return
+                if self.gate is not None:
+                    self.gate.idle()
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
+            if self.gate is not None:
+                ready = self.gate.before_step()
+                if ready is not None:
+                    yield ready
             if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
                     and self.num_steps >= self.config.freeze_after_steps:
                 pools.kv.policy.freeze()
@@ -153,6 +180,9 @@ class Server:
             if not plan.scheduled:
                 # every running request was preempted or rejected this round: admit again at once.
                 # Each empty round preempts or rejects someone, so this cannot spin for ever.
+                if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
+                    yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    continue
                 num_empty += 1
                 assert num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
                 continue

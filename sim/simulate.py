@@ -32,7 +32,7 @@ from sim.serving_metrics import request_table, serving_summary
 from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
-__all__ = ["SimResult", "simulate", "simulate_many", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
+__all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
 
 #: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -107,6 +107,48 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     that include the all-reduces; byte columns are per GPU, times and token counts the server's.
     """
     wall0 = time.perf_counter()
+    setup = build_serving(requests, policy_spec, model=model, gpu=gpu, calibration=calibration, costs=costs,
+                          config=config, progress=progress, **options)
+    end_s = setup.server.run()
+    return serving_result(setup, end_s=end_s, wall_s=time.perf_counter() - wall0, trace_name=trace_name)
+
+
+@dataclass
+class ServingSetup:
+    """Every piece of one simulated server, built and not yet run (``build_serving``).
+
+    A dataclass so that ``sim.tenants`` can build several (one per model instance on a GPU) and
+    turn each into a ``SimResult`` with the same ``serving_result``.
+    """
+
+    trace: RequestTrace
+    policy_spec: str
+    model: Any
+    gpu: Any
+    cfg: ServerConfig
+    plan: Any
+    policy: Policy
+    pools: ServerPools
+    kv: Any
+    kv_layout: str
+    scheduler: Scheduler
+    requests: list[Request]
+    server: Server
+    notes: list[str]  # what the run turned off or ignored (the row's ``kv_note``; the CLI prints each)
+
+
+def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
+                  calibration: Any = None, costs: CostModel | str | Path | None = None,
+                  config: ServerConfig | None = None, progress: Callable[[float], None] | None = None,
+                  env: Any = None, policy: Policy | None = None, kv_class: Callable[..., PagedKV] = PagedKV,
+                  kv_budget_bytes: int | None = None, **options: Any) -> ServingSetup:
+    """``simulate``'s pieces, validated and built, not run; arguments as ``simulate``'s.
+
+    For a GPU shared by several servers (``sim.tenants``): ``env`` is the one simpy environment,
+    ``policy`` a KV pool built already (shared by several servers; None builds ``policy_spec``
+    over the memory plan's KV budget), ``kv_class`` the paged KV manager to build, and
+    ``kv_budget_bytes`` the KV budget that manager and the scheduler see (default: the plan's).
+    """
     trace = _as_trace(requests)
     if len(trace.requests) == 0:
         raise ValueError(f"{trace.name}: the trace has no requests (a header only?); nothing to simulate")
@@ -122,15 +164,17 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     plan = plan_memory(model, gpu, gpu_memory_utilization=cfg.gpu_memory_utilization,
                        max_num_batched_tokens=cfg.max_num_batched_tokens, workspace_bytes=cfg.workspace_bytes,
                        kv_capacity_bytes=cfg.kv_capacity_bytes, tensor_parallel=tp)
+    budget_bytes = plan.kv_budget_bytes if kv_budget_bytes is None else kv_budget_bytes
     shared = cfg.pool_layout == "shared"
     virtual = cfg.kv_strategy == VIRTUAL
     if virtual:
         _check_virtual(cfg)
-    policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
-                           costs=cost_model,
-                           fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page},
-                           device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
-                                                            limit_bytes=plan.kv_budget_bytes) if virtual else None)
+    if policy is None:
+        policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
+                               costs=cost_model,
+                               fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page},
+                               device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
+                                                                limit_bytes=budget_bytes) if virtual else None)
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
         max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
@@ -139,7 +183,7 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3))
     notes = []
     if virtual:
-        kv = VirtualKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
+        kv = VirtualKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes,
                        num_kv_tensors=2 * model.num_layers)
         kv_layout = VIRTUAL
         notes.append(f"kv_strategy=virtual maps KV pages straight onto the device: policy {policy_spec!r} "
@@ -147,23 +191,32 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         if cfg.prefix_caching:
             notes.append("prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by")
     elif policy.contiguous:
-        kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes)
+        kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         kv_layout = cfg.kv_strategy
     else:
         page_bytes = _page_bytes(policy)
         if page_bytes is None or page_bytes < bytes_per_token:
             raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes} B) must hold at least one token's "
                              f"KV ({bytes_per_token} B for {model.name}); set its page size")
-        kv = PagedKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes,
-                     tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
-                     block_recompute_s=_block_recompute_s(step_model, cfg.prefix_block_tokens))
+        kv = kv_class(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes,
+                      tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
+                      block_recompute_s=_block_recompute_s(step_model, cfg.prefix_block_tokens))
         kv_layout = "paged"
     scheduler = Scheduler(kv, cfg)
     reqs = _build_requests(trace, kv, cfg.max_model_len)
-    server = Server(reqs, scheduler, pools, step_model, shard, cfg, progress=progress)
-    end_s = server.run()
-    wall_s = time.perf_counter() - wall0
+    server = Server(reqs, scheduler, pools, step_model, shard, cfg, progress=progress, env=env)
+    return ServingSetup(trace, policy_spec, model, gpu, cfg, plan, policy, pools, kv, kv_layout, scheduler, reqs,
+                        server, notes)
 
+
+def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_name: str | None = None,
+                   extra: dict[str, Any] | None = None) -> SimResult:
+    """The report of a server that has run until ``end_s``: its summary row (with ``extra``
+    columns appended), request table and time series."""
+    trace, model, gpu, cfg, policy = setup.trace, setup.model, setup.gpu, setup.cfg, setup.policy
+    pools, kv, scheduler, server = setup.pools, setup.kv, setup.scheduler, setup.server
+    policy_spec, reqs, tp = setup.policy_spec, setup.requests, cfg.tensor_parallel
+    virtual, notes = setup.kv_layout == VIRTUAL, setup.notes
     name = trace_name or trace.name
     table = request_table(reqs)
     serving = serving_summary(table, duration_s=end_s, num_preemptions=scheduler.num_preemptions,
@@ -182,10 +235,10 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         wall_s=wall_s, device_calls=policy.device.call_stats(), **serving, **{
         "model": model.name,
         "gpu": gpu.name,
-        "kv_strategy": kv_layout,
+        "kv_strategy": setup.kv_layout,
         "pool_layout": cfg.pool_layout,
         "preemption": cfg.preemption,
-        "kv_budget_bytes": plan.kv_budget_bytes,
+        "kv_budget_bytes": kv.budget_bytes,
         "tensor_parallel": tp,
         "max_model_len": cfg.max_model_len,
         "prefix_caching": bool(kv.paged and kv.prefix_caching),
@@ -210,6 +263,7 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "busy_s": server.busy_s,
         "alloc_stall_s": server.alloc_stall_s,
         **_control_fields(server, policy),
+        **(extra or {}),
     })
     table.insert(0, "policy", spec)
     table.insert(0, "trace", name)

@@ -45,6 +45,14 @@ def out_option(default: str):
                         show_default=True, help="Folder for summary.csv and the other tables.")
 
 
+def model_file_options(command):
+    """``--calibration`` and ``--costs``: the step-time and cost-model files of a simulation."""
+    command = click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                           help="Driver and PCIe cost model JSON (default: bundled H200 figures).")(command)
+    return click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        help="Step-time calibration JSON (default: bundled factors).")(command)
+
+
 def read_alloc_or_explain(path: Path, fmt: str | None):
     """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request trace."""
     try:

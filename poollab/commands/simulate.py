@@ -8,7 +8,7 @@ from typing import Any, Callable
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import BYTES, check_specs, out_option, read_requests_or_explain
+from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain
 from poollab.errors import UsageError
 from sim.config import Knob, ServerConfig, knobs
 from sim.report import format_table, write_results
@@ -123,10 +123,7 @@ def config_options(command: Callable) -> Callable:
 @click.option("--rate-scale", type=float, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
 @config_options
-@click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Step-time calibration JSON (default: bundled factors).")
-@click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Driver cost model JSON (default: bundled H200 figures).")
+@model_file_options
 @out_option("poollab-out/simulate")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds.")
 def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibration, costs, out_dir: Path,

@@ -1,0 +1,114 @@
+"""``poollab colocate``: several model instances (tenants) on one simulated GPU, one run per memory layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from policies.units import format_bytes
+from poollab.commands._common import check_specs, load_costs, model_file_options, out_option, read_requests_or_explain
+from poollab.commands.simulate import config_options
+from poollab.errors import UsageError
+from sim.config import ServerConfig
+from sim.report import format_table, write_results
+
+#: What the command prints per (layout, tenant); the files hold every column.
+TABLE_COLUMNS = ["tenant_layout", "tenant", "model", "n_requests", "n_finished", "n_rejected", "n_preempted",
+                 "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s", "kv_budget_bytes", "peak_reserved_bytes",
+                 "n_wakes", "wake_s"]
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(colocate_command)
+
+
+@click.command("colocate")
+@click.argument("traces_", metavar="TRACE...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--tenants", "num_tenants", type=click.IntRange(1), default=None,
+              help="With one TRACE: deal its requests round-robin to this many tenants. Default: one tenant "
+                   "per TRACE.")
+@click.option("--layout", "layouts", multiple=True, type=click.Choice(["static", "shared", "sleep"]),
+              help="Memory layout, repeatable (default: all three): equal static KV pools, one shared elastic "
+                   "page pool (kvcached), or the shared pool plus sleep/wake of idle tenants' weights (vLLM).")
+@click.option("--policy", "-p", "spec", default="page-pool", show_default=True, metavar="SPEC",
+              help="KV pool policy (a paged one for the shared layouts).")
+@click.option("--model", "models", multiple=True, metavar="MODEL",
+              help="Model preset or JSON file, repeatable: one for all tenants or one per tenant "
+                   "(default: Llama-3-8B).")
+@click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
+@click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
+@click.option("--rate-scale", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="Multiply every tenant's request rate (2 = arrivals twice as dense).")
+@click.option("--sleep-after", "sleep_after_s", type=click.FloatRange(0, min_open=True), default=30.0,
+              show_default=True, help="Idle seconds before a tenant sleeps (sleep layout).")
+@config_options
+@model_file_options
+@out_option("poollab-out/colocate")
+def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, models, gpu, fmt, rate_scale,
+                     sleep_after_s, calibration, costs, out_dir: Path, **options: Any) -> None:
+    """Simulate several model instances (tenants) sharing one GPU's memory, under each layout.
+
+    Each TRACE is one tenant's requests (or, with --tenants N, one TRACE is dealt to N tenants).
+    Every tenant has its own scheduler and KV manager; the GPU's memory left after all weights,
+    activations and workspaces is the KV memory the layout hands out. summary.csv has one row
+    per layout and tenant (columns tenant_layout, tenant).
+    """
+    check_specs([spec])
+    if options.get("kv_capacity_bytes") is not None:
+        raise UsageError("--kv-capacity does not apply: the layout decides each tenant's KV memory")
+    try:
+        config = ServerConfig(**options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if num_tenants is not None and len(traces_) != 1:
+        raise UsageError(f"--tenants deals ONE trace to tenants; got {len(traces_)} traces (each is a tenant)")
+    from sim.tenants import colocate, share_trace
+
+    read = [read_requests_or_explain(p, fmt) for p in traces_]
+    if rate_scale != 1.0:
+        read = [t.scale_rate(rate_scale) for t in read]
+    try:
+        tenant_traces = share_trace(read[0], num_tenants) if num_tenants else read
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    names = [f"t{i}" for i in range(len(tenant_traces))]
+    cost_model = load_costs(costs)
+    import pandas as pd
+
+    summaries, series, tables = [], [], []
+    for layout in layouts or ("static", "shared", "sleep"):
+        try:
+            s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or ["Llama-3-8B"],
+                                 gpu=gpu, layout=layout, config=config, sleep_after_s=sleep_after_s,
+                                 calibration=calibration, costs=cost_model)
+        except ValueError as exc:  # a knob, model or size the user gave (PolicyError passes through)
+            if type(exc) is not ValueError:
+                raise
+            raise UsageError(str(exc)) from None
+        ts.insert(0, "tenant_layout", layout)
+        rq.insert(0, "tenant_layout", layout)
+        summaries.append(s)
+        series.append(ts)
+        tables.append(rq)
+    summary = pd.concat(summaries, ignore_index=True)
+    requests = pd.concat(tables, ignore_index=True)
+    write_results(out_dir, summary, pd.concat(series, ignore_index=True), extra_tables={"requests": requests},
+                  meta={"command": "colocate", "traces": [str(p) for p in traces_], "num_tenants": len(names),
+                        "policy": spec, "models": list(models) or ["Llama-3-8B"], "gpu": gpu,
+                        "rate_scale": rate_scale, "sleep_after_s": sleep_after_s, **config.as_dict(),
+                        "calibration": str(calibration) if calibration else "bundled",
+                        "costs": str(costs) if costs else "bundled"})
+    first = summary.iloc[0]
+    click.echo(f"{len(names)} tenants on {first['gpu']} ({', '.join(t.name for t in tenant_traces)}); "
+               f"KV memory {format_bytes(int(first['gpu_kv_bytes']))} after every tenant's weights, "
+               f"activations and workspace; policy {spec}")
+    click.echo(format_table(summary, columns=TABLE_COLUMNS))
+    click.echo("all tenants' requests:")
+    for layout, rq in requests.groupby("tenant_layout", sort=False):
+        served = rq[rq["status"] == "finished"]["ttft_s"]
+        click.echo(f"  {layout:>6}: {len(served):,} of {len(rq):,} finished; TTFT p50 {served.quantile(0.5):.3f} s, "
+                   f"p99 {served.quantile(0.99):.3f} s, mean {served.mean():.3f} s")
+    click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")

@@ -1,0 +1,336 @@
+"""Tenants: several model instances serving their own requests on ONE simulated GPU.
+
+Each tenant is a whole single-tenant server (``sim.simulate.build_serving``: its memory plan,
+scheduler, KV manager, step-time model), and all of them run in one simpy environment, so they
+share one clock. Compute is not shared (each tenant's steps take the time they take alone, as
+MPS or MIG-style spatial sharing would give); memory is, in one of three layouts:
+
+- ``static``: the GPU's KV memory cut in equal shares, one pool per tenant (vLLM instances each
+  with its own ``gpu_memory_utilization``). A tenant here is exactly a single-tenant run with
+  ``kv_capacity_bytes`` = its share.
+- ``shared``: one pool whose capacity is all the GPU's KV memory, every tenant's KV manager a
+  view over it (kvcached: one elastic page pool, pages mapped when a tenant needs them and
+  unmapped when freed, the map/unmap calls costed by the page-mapped device). What a tenant
+  sees free is what no tenant holds; cached prefix blocks nobody holds are evicted, its own
+  first, when the pool is full.
+- ``sleep``: ``shared`` plus vLLM's sleep mode: a tenant idle for ``sleep_after_s`` drops its
+  cached KV and releases its weights (their bytes join the pool); its next request waits for
+  the pool to give the bytes back (other tenants' allocations fail meanwhile, so they preempt)
+  and for the weights to come back over PCIe (``CostModel.h2d_ns``): that wait lands in the
+  request's TTFT.
+
+The GPU's memory is ``gpu_memory_utilization`` x its bytes; every tenant's weights, activation
+reserve and workspace (``sim.pools.plan_memory``) come off first and the rest is KV memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import simpy
+
+from policies.base import Policy
+from sim.config import ServerConfig
+from sim.costs import CostModel
+from sim.hardware import load_gpu
+from sim.kv import PagedKV
+from sim.models import load_model
+from sim.pools import create_policy, plan_memory
+from sim.report import summary_frame
+from sim.simulate import ServingSetup, SimResult, build_serving, serving_result
+from traces.requests import RequestTrace
+
+__all__ = ["LAYOUTS", "DEFAULT_SLEEP_AFTER_S", "Colocation", "GpuSplit", "split_gpu", "share_trace",
+           "colocate"]
+
+LAYOUTS = ("static", "shared", "sleep")
+#: Idle seconds before a tenant sleeps in the ``sleep`` layout.
+DEFAULT_SLEEP_AFTER_S = 30.0
+#: Simulated seconds between two looks at the pool while a waking tenant waits for its bytes.
+_WAKE_POLL_S = 1e-3
+
+
+def share_trace(trace: RequestTrace, num_shares: int) -> list[RequestTrace]:
+    """Deal ``trace``'s requests round-robin into ``num_shares`` traces (a share of one load).
+
+    Arrival times and request ids are kept (the tenants share the GPU's clock); every request
+    lands in exactly one share.
+    """
+    if int(num_shares) != num_shares or num_shares < 1:
+        raise ValueError(f"num_shares(={num_shares!r}) must be a whole number >= 1")
+    if len(trace) < num_shares:
+        raise ValueError(f"{trace.name}: {len(trace)} requests cannot be shared among {num_shares} tenants")
+    df = trace.requests
+    return [RequestTrace(requests=df.iloc[i::num_shares].reset_index(drop=True), name=f"{trace.name}[{i}/{num_shares}]",
+                         source=trace.source, format=trace.format, meta=dict(trace.meta))
+            for i in range(num_shares)]
+
+
+@dataclass(frozen=True)
+class GpuSplit:
+    """How one GPU's memory is split among tenants before the first request.
+
+    ``kv_bytes = usable_bytes - sum(fixed_bytes)``; ``fixed_bytes[i]`` is tenant i's weights,
+    activation reserve and workspace, of which ``weight_bytes[i]`` are its weights.
+    """
+
+    gpu_bytes: int
+    usable_bytes: int
+    fixed_bytes: tuple[int, ...]
+    weight_bytes: tuple[int, ...]
+    kv_bytes: int
+
+    def static_share_bytes(self) -> int:
+        """One tenant's KV pool in the static layout (equal shares)."""
+        return self.kv_bytes // len(self.fixed_bytes)
+
+
+def split_gpu(models: list[Any], gpu: Any, config: ServerConfig) -> GpuSplit:
+    """``GpuSplit`` of ``gpu`` among ``models`` (one per tenant); ValueError when no KV is left."""
+    fixed, weights = [], []
+    usable = 0
+    for m in models:
+        p = plan_memory(m, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
+                        max_num_batched_tokens=config.max_num_batched_tokens, workspace_bytes=config.workspace_bytes,
+                        kv_capacity_bytes=1, tensor_parallel=config.tensor_parallel)
+        fixed.append(p.weight_bytes + p.activation_reserve_bytes + p.workspace_bytes)
+        weights.append(p.weight_bytes)
+        usable = p.usable_bytes
+    kv = usable - sum(fixed)
+    if kv <= 0:
+        names = ", ".join(m.name for m in models)
+        raise ValueError(f"{len(models)} tenants ({names}) do not fit on {gpu.name}: their weights, activations "
+                         f"and workspace take {sum(fixed) / 2**30:.1f} GiB of the {usable / 2**30:.1f} GiB usable")
+    return GpuSplit(int(gpu.memory_bytes), usable, tuple(fixed), tuple(weights), kv)
+
+
+class _SharedPool:
+    """The one KV pool of the shared layouts and the KV managers viewing it (a list: tenants are few
+    and their order, the order evictions visit them in, must be fixed for determinism)."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self.kvs: list[SharedKV] = []
+
+    def free_bytes(self) -> int:
+        cap = self.policy.capacity_bytes
+        assert cap is not None, "the shared pool has a capacity"
+        return cap - sum(k.allocated_bytes - k.evictable_bytes for k in self.kvs)
+
+    def evict_any(self) -> bool:
+        """Evict one cached block nobody holds, from any tenant; False when none is left."""
+        return any(PagedKV._evict_one(k) for k in self.kvs)
+
+
+class SharedKV(PagedKV):
+    """A tenant's paged KV manager over the GPU's one shared pool: what it sees free is what no
+    tenant holds, and when the pool is full it evicts cached blocks, its own first, then others'."""
+
+    def __init__(self, *args: Any, shared: _SharedPool, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.shared = shared
+        shared.kvs.append(self)
+
+    def free_bytes(self) -> int:
+        return self.shared.free_bytes()
+
+    def _evict_one(self) -> bool:
+        return super()._evict_one() or self.shared.evict_any()
+
+    def held_elsewhere(self) -> bool:
+        return any(k.allocated_bytes > k.evictable_bytes for k in self.shared.kvs if k is not self)
+
+
+class _SleepGate:
+    """vLLM sleep mode for one tenant (``Server.gate``): sleep after ``sleep_after_s`` idle, wake
+    before the next step (pool bytes back, then the weights over PCIe)."""
+
+    def __init__(self, env: simpy.Environment, shared: _SharedPool, kv: SharedKV, weight_bytes: int,
+                 restore_s: float, sleep_after_s: float):
+        self.env, self.shared, self.kv = env, shared, kv
+        self.weight_bytes = weight_bytes
+        self.restore_s = restore_s
+        self.sleep_after_s = sleep_after_s
+        self.asleep = False
+        self._epoch = 0  # bumped by every step: a sleep timer set before it is stale
+        self._waking: simpy.Process | None = None
+        self.num_sleeps = 0
+        self.num_wakes = 0
+        self.wake_s = 0.0  # total time steps waited for wakes (memory back + restore)
+        self.restore_driver_s = 0.0  # unmap time of the pages trimmed to make room for the weights
+
+    def idle(self) -> None:
+        self.env.process(self._sleep_later(self._epoch))
+
+    def _sleep_later(self, epoch: int):
+        yield self.env.timeout(self.sleep_after_s)
+        if epoch == self._epoch and not self.asleep and not self.kv_busy():
+            self._sleep()
+
+    def kv_busy(self) -> bool:
+        return self.kv.allocated_bytes - self.kv.evictable_bytes > 0
+
+    def _sleep(self) -> None:
+        while PagedKV._evict_one(self.kv):  # level 1 discards the KV cache
+            pass
+        self.shared.policy.capacity_bytes += self.weight_bytes
+        self.asleep = True
+        self.num_sleeps += 1
+
+    def before_step(self) -> simpy.Process | None:
+        self._epoch += 1
+        if not self.asleep:
+            return None
+        if self._waking is None:
+            self._waking = self.env.process(self._wake())
+        return self._waking
+
+    def _wake(self):
+        env, policy = self.env, self.shared.policy
+        t0 = env.now
+        policy.capacity_bytes -= self.weight_bytes  # from now on no tenant may map into the weights' room
+        while policy.reserved_bytes > policy.capacity_bytes:
+            while policy.reserved_bytes > policy.capacity_bytes and self.shared.evict_any():
+                pass
+            policy.trim()
+            driver_s = policy.device.take_driver_ns() * 1e-9
+            self.restore_driver_s += driver_s
+            if policy.reserved_bytes > policy.capacity_bytes:  # held by running requests: wait for them
+                yield env.timeout(_WAKE_POLL_S + driver_s)
+            elif driver_s:
+                yield env.timeout(driver_s)
+        yield env.timeout(self.restore_s)
+        self.asleep = False
+        self._waking = None
+        self.num_wakes += 1
+        self.wake_s += env.now - t0
+
+
+class Colocation:
+    """Tenants on one GPU, built and ready to ``run``.
+
+    Args:
+        traces: one request trace per tenant.
+        policy_spec: the KV pool's policy (paged ones for the shared layouts: ``page-pool`` is
+            kvcached's elastic page pool).
+        models: one model (preset, file or spec) per tenant, or one for all.
+        gpu: the GPU preset or spec.
+        layout: ``static``, ``shared`` or ``sleep``.
+        config: the settings every tenant's server gets (``kv_capacity_bytes`` must be unset:
+            the layout decides each tenant's KV memory).
+        sleep_after_s: idle seconds before a tenant sleeps (``sleep`` layout).
+        calibration, costs: as ``sim.simulate.simulate``'s.
+
+    ``env`` is the one simpy environment; a test may add processes to it before ``run``.
+    """
+
+    def __init__(self, traces: list[RequestTrace], policy_spec: str, *, models: list[Any] | Any, gpu: Any,
+                 layout: str = "shared", config: ServerConfig | None = None,
+                 sleep_after_s: float = DEFAULT_SLEEP_AFTER_S, calibration: Any = None,
+                 costs: CostModel | str | Path | None = None):
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown tenant layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
+        if not traces:
+            raise ValueError("colocation needs at least one tenant trace")
+        cfg = config if config is not None else ServerConfig()
+        if cfg.kv_capacity_bytes is not None:
+            raise ValueError("kv_capacity_bytes is the tenant layout's to decide; leave it unset")
+        if cfg.pool_layout != "separate":
+            raise ValueError(f"tenants keep their weights out of the KV pool: pool_layout must be 'separate', "
+                             f"not {cfg.pool_layout!r}")
+        if not (sleep_after_s > 0):
+            raise ValueError(f"sleep_after_s(={sleep_after_s!r}) must be > 0")
+        model_list = list(models) if isinstance(models, (list, tuple)) else [models] * len(traces)
+        if len(model_list) == 1:
+            model_list *= len(traces)
+        if len(model_list) != len(traces):
+            raise ValueError(f"{len(model_list)} models for {len(traces)} tenants: give one, or one per tenant")
+        loaded = [load_model(m) for m in model_list]
+        gpu = load_gpu(gpu)
+        self.layout = layout
+        self.split = split_gpu(loaded, gpu, cfg)
+        self.env = simpy.Environment()
+        cost_model = costs if isinstance(costs, CostModel) else CostModel.load(costs)
+        common = dict(gpu=gpu, calibration=calibration, costs=cost_model, env=self.env)
+        self.shared: _SharedPool | None = None
+        self.gates: list[_SleepGate | None] = [None] * len(traces)
+        self.setups: list[ServingSetup] = []
+        if layout == "static":
+            share = self.split.static_share_bytes()
+            for trace, m in zip(traces, loaded):
+                self.setups.append(build_serving(trace, policy_spec, model=m,
+                                                 config=cfg.replace(kv_capacity_bytes=share), **common))
+            return
+        kv_bytes = self.split.kv_bytes
+        bytes_per_token = loaded[0].shard(cfg.tensor_parallel).kv_bytes_per_token
+        policy = create_policy(policy_spec, capacity_bytes=kv_bytes, costs=cost_model,
+                               fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
+        if policy.contiguous:
+            raise ValueError(f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
+                             f"(try page-pool, kvcached's elastic page pool, or paged)")
+        self.shared = _SharedPool(policy)
+        # the most any one tenant could hold: all the KV memory, plus every other tenant's weights asleep
+        budget = kv_bytes + (sum(self.split.weight_bytes) if layout == "sleep" else 0)
+        kv_class = functools.partial(SharedKV, shared=self.shared)
+        for i, (trace, m) in enumerate(zip(traces, loaded)):
+            setup = build_serving(trace, policy_spec, model=m, config=cfg.replace(kv_capacity_bytes=kv_bytes),
+                                  policy=policy, kv_class=kv_class, kv_budget_bytes=budget, **common)
+            self.setups.append(setup)
+            if layout == "sleep":
+                gate = _SleepGate(self.env, self.shared, setup.kv, self.split.weight_bytes[i],
+                                  cost_model.h2d_ns(self.split.weight_bytes[i]) * 1e-9, sleep_after_s)
+                setup.server.gate = gate
+                self.gates[i] = gate
+
+    def gpu_used_bytes(self) -> int:
+        """Bytes the tenants hold on the GPU now: KV pools' reserved bytes plus every awake
+        tenant's weights and every tenant's activation reserve and workspace."""
+        fixed = sum(f - (w if g is not None and g.asleep else 0)
+                    for f, w, g in zip(self.split.fixed_bytes, self.split.weight_bytes, self.gates))
+        if self.shared is not None:
+            return fixed + self.shared.policy.reserved_bytes
+        return fixed + sum(s.policy.reserved_bytes for s in self.setups)
+
+    def run(self, *, tenant_names: list[str] | None = None) -> list[SimResult]:
+        """Serve every tenant's requests (until all are done, or the config's ``horizon_s``); one
+        ``SimResult`` per tenant, its summary row with the ``tenant`` columns."""
+        wall0 = time.perf_counter()
+        env = self.env
+        engines = [s.server.start() for s in self.setups]
+        done = env.all_of(engines)
+        horizon_s = self.setups[0].cfg.horizon_s
+        env.run(until=done if horizon_s is None else env.any_of([done, env.timeout(horizon_s)]))
+        wall_s = time.perf_counter() - wall0
+        names = tenant_names or [f"t{i}" for i in range(len(self.setups))]
+        results = []
+        for name, setup, gate in zip(names, self.setups, self.gates):
+            end_s = setup.server.finish()
+            results.append(serving_result(setup, end_s=end_s, wall_s=wall_s, extra={
+                "tenant": name,
+                "tenant_layout": self.layout,
+                "num_tenants": len(self.setups),
+                "gpu_kv_bytes": self.split.kv_bytes,
+                "n_sleeps": gate.num_sleeps if gate else 0,
+                "n_wakes": gate.num_wakes if gate else 0,
+                "wake_s": gate.wake_s if gate else 0.0,
+            }))
+        return results
+
+
+def colocate(traces: list[RequestTrace], policy_spec: str, *, tenant_names: list[str] | None = None,
+             **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Build and run a ``Colocation``: ``(summary, timeseries, requests)`` tables, one block per
+    tenant (a ``tenant`` column in each), as ``sim.simulate.simulate_many`` returns them."""
+    results = Colocation(traces, policy_spec, **kwargs).run(tenant_names=tenant_names)
+    names = [r.summary["tenant"] for r in results]
+    for name, r in zip(names, results):
+        r.timeseries.insert(0, "tenant", name)
+        r.requests.insert(0, "tenant", name)
+    return (summary_frame([r.summary for r in results]),
+            pd.concat([r.timeseries for r in results], ignore_index=True),
+            pd.concat([r.requests for r in results], ignore_index=True))

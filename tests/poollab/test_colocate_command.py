@@ -1,0 +1,66 @@
+"""``poollab colocate``: per-tenant rows for each layout; one line and exit 2 for bad input."""
+
+import pandas as pd
+import pytest
+
+from poollab.cli import main
+
+TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+@pytest.fixture
+def trace(tmp_path):
+    p = tmp_path / "azure.csv"
+    p.write_text(TRACE)
+    return p
+
+
+def test_colocate_writes_one_row_per_layout_and_tenant(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    try:
+        main(["colocate", str(trace), "--tenants", "3", "--model", "Llama-3.2-1B", "--out", str(out_dir)])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    out = capsys.readouterr().out
+    summary = pd.read_csv(out_dir / "summary.csv")
+    assert list(summary["tenant_layout"]) == ["static"] * 3 + ["shared"] * 3 + ["sleep"] * 3
+    assert list(summary["tenant"]) == ["t0", "t1", "t2"] * 3
+    assert (summary.groupby("tenant_layout")["n_requests"].sum() == 12).all()
+    requests = pd.read_parquet(out_dir / "requests.parquet")
+    assert len(requests) == 36 and {"tenant", "tenant_layout"} <= set(requests.columns)
+    assert "static: 12 of 12 finished" in out
+
+
+def test_two_traces_are_two_tenants(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    try:
+        main(["colocate", str(trace), str(trace), "--layout", "shared", "--model", "Llama-3.2-1B",
+              "--model", "Llama-3-8B", "--out", str(out_dir)])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    summary = pd.read_csv(out_dir / "summary.csv")
+    assert list(summary["model"]) == ["Llama-3.2-1B", "Llama-3-8B"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--tenants", "2", "SECOND"], "--tenants deals ONE trace"),
+    (["--kv-capacity", "1GiB"], "--kv-capacity does not apply"),
+    (["--tenants", "40"], "cannot be shared among 40"),
+    (["--layout", "shared", "-p", "best-fit"], "contiguous"),
+    (["--model", "Llama-3-70B", "--model", "Llama-3-70B", "--tenants", "2"], "do not fit"),
+    (["-p", "nope"], "nope"),
+])
+def test_bad_input_is_one_line_and_exit_2(trace, tmp_path, capsys, extra, message):
+    extra = [str(trace) if a == "SECOND" else a for a in extra]
+    code, _, err = run(["colocate", str(trace), *extra, "--out", str(tmp_path / "o")], capsys)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
