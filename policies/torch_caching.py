@@ -31,8 +31,16 @@ blocks at their real offsets), and ties between equal-size free blocks are broke
 in PyTorch, so a device that hands out the recorded ``cudaMalloc`` addresses reproduces the real
 allocator's decisions (``sim.fidelity``).
 
-Not emulated: CUDA events and ``record_stream`` (a free is complete at once), graph-private
-pools, and ``expandable_segments``. Expandable segments map 2 MiB / 20 MiB pages into one
+Private pools (``beginAllocateToPool`` / ``endAllocateToPool`` / ``releasePool``, what a CUDA
+graph capture and ``torch.cuda.MemPool`` use): while a capture into pool P is underway on stream
+S, requests on S are served from P's own free lists and segments (``get_pool``); a block freed
+later goes back to the pool it came from. ``release_cached_blocks`` (``empty_cache()``, the last
+retry of ``malloc``) releases the default pool's unsplit blocks and those of private pools no
+longer in use (``use_count == 0``, after ``release_pool``); the retry does not run while a
+capture is underway (``captures_underway.empty()`` guards it in PyTorch).
+
+Not emulated: CUDA events and ``record_stream`` (a free is complete at once), and
+``expandable_segments``. Expandable segments map 2 MiB / 20 MiB pages into one
 reserved virtual range, so one block may span pages mapped at different times; a
 ``policies.device.Device`` hands out separate segments that never touch, so such a block would
 be several extents, which breaks the one-extent contract that the simulator's contiguous KV
@@ -51,7 +59,7 @@ from policies.spec import format_spec
 from policies.units import round_up
 
 __all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division",
-           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "params_from_settings", "spec_from_settings"]
+           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "DEFAULT_POOL", "params_from_settings", "spec_from_settings"]
 
 MiB = 1 << 20
 K_MIN_BLOCK = 512
@@ -60,6 +68,8 @@ K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
+#: ``MempoolId_t{0, 0}``: the default pool; private pools have any other hashable id.
+DEFAULT_POOL = (0, 0)
 #: ``kRoundUpPowerOfTwoIntervals``: one divisions setting per power of two from 1 MiB to 32 GiB.
 NUM_ROUNDUP_INTERVALS = 16
 _INTERVAL_START_LOG2 = 20  # the first interval starts at 1 MiB
@@ -160,6 +170,7 @@ class _Block:
     stream: int
     small: bool
     segment: Segment
+    pool: Any = (0, 0)  # MempoolId of the BlockPool it belongs to; (0, 0) is the default pool
     prev: "_Block | None" = None
     next: "_Block | None" = None
     allocated: bool = False
@@ -196,6 +207,7 @@ class TorchCaching(Policy):
 
     name = "torch-caching"
     can_seed_segments = True
+    has_private_pools = True
     coalesces = True
 
     def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
@@ -226,7 +238,7 @@ class TorchCaching(Policy):
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
     def _reset_state(self) -> None:
-        self._keys: dict[tuple[bool, int], list[int]] = {}  # (small, stream) -> sorted size << 64 | ptr
+        self._keys: dict[tuple[Any, bool, int], list[int]] = {}  # (pool, small, stream) -> sorted size << 64 | ptr
         self._free_at: dict[int, _Block] = {}  # ptr -> cached (free) block
         table = parse_roundup_power2_divisions(self.roundup_power2_divisions)
         self._divisions: int | tuple[int, ...] = table[0] if len(set(table)) == 1 else table
@@ -235,38 +247,41 @@ class TorchCaching(Policy):
         self._free_block_calls = {True: 0, False: 0}  # BlockPool::get_free_blocks_call_count
         self.num_alloc_retries = 0  # release_cached_blocks ran to satisfy a request
         self.num_ooms = 0
+        self._use_count: dict[Any, int] = {}  # private pool -> PrivatePool::use_count
+        self._captures: list[tuple[Any, int]] = []  # captures_underway: (pool, stream), oldest first
+        self._num_pool_segments: dict[Any, int] = {}  # private pool -> PrivatePool::cudaMalloc_count
 
     # ------------------------------------------------------------------ the free-block index
     def _insert(self, b: _Block) -> None:
         """``insert_into_blocks``: cache a free block (and stamp it for garbage collection)."""
         b.gc_count_base = self._free_block_calls[b.small]
-        keys = self._keys.get((b.small, b.stream))
+        keys = self._keys.get((b.pool, b.small, b.stream))
         if keys is None:
-            keys = self._keys[(b.small, b.stream)] = []
+            keys = self._keys[(b.pool, b.small, b.stream)] = []
         insort(keys, b.size << _KEY_BITS | b.ptr)
         self._free_at[b.ptr] = b
 
     def _remove(self, b: _Block) -> None:
-        keys = self._keys[(b.small, b.stream)]
+        keys = self._keys[(b.pool, b.small, b.stream)]
         key = b.size << _KEY_BITS | b.ptr
         i = bisect_left(keys, key)
         assert keys[i] == key, "removing a block that is not cached"
         del keys[i]
         del self._free_at[b.ptr]
 
-    def _cached(self, small: bool) -> Iterator[_Block]:
-        """The pool's cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
+    def _cached(self, small: bool, pool: Any = DEFAULT_POOL) -> Iterator[_Block]:
+        """``pool``'s cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
         blocks = []
-        for (is_small, _stream), keys in sorted(self._keys.items()):
-            if is_small == small:
+        for (in_pool, is_small, _stream), keys in sorted(self._keys.items(), key=lambda kv: kv[0][2]):
+            if is_small == small and in_pool == pool:
                 blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
         return iter(blocks)
 
-    def _get_free_block(self, small: bool, stream: int, size: int) -> _Block | None:
-        """``get_free_block``: the best-fit cached block for a rounded ``size``, or None."""
-        if self._gc_on:
+    def _get_free_block(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
+        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, or None."""
+        if self._gc_on and pool == DEFAULT_POOL:
             self._free_block_calls[small] += 1
-        keys = self._keys.get((small, stream))
+        keys = self._keys.get((pool, small, stream))
         if not keys:
             return None
         i = bisect_left(keys, size << _KEY_BITS)
@@ -283,17 +298,18 @@ class TorchCaching(Policy):
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         size = round_size(nbytes, self._divisions)
         small = size <= K_SMALL_SIZE
-        b = self._get_free_block(small, stream, size)
+        pool = self._pool_for(stream)
+        b = self._get_free_block(pool, small, stream, size)
         if b is not None:
             self._remove(b)
         else:
-            b = self._malloc_segment(small, stream, size)
+            b = self._malloc_segment(pool, small, stream, size)
             if b is None:
                 self.num_ooms += 1
                 return None
         remaining = b.size - size
         if (remaining >= K_MIN_BLOCK) if small else (size < self._max_split and remaining > K_SMALL_SIZE):
-            front = _Block(b.ptr, size, stream, small, b.segment, prev=b.prev, next=b)
+            front = _Block(b.ptr, size, stream, small, b.segment, pool, prev=b.prev, next=b)
             if b.prev is not None:
                 b.prev.next = front
             b.prev = front
@@ -306,31 +322,37 @@ class TorchCaching(Policy):
         self.allocated_bytes += b.size
         return Allocation(nbytes, b.size, ((b.ptr, b.size),), stream, tag, b)
 
-    def _malloc_segment(self, small: bool, stream: int, size: int) -> _Block | None:
+    def _malloc_segment(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
         """The miss path of ``malloc``: garbage collection, ``alloc_block`` and its two retries.
 
-        Returns the new segment's block, not cached, or None (out of memory).
+        Returns the new segment's block, not cached, or None (out of memory). The last retry
+        (``release_cached_blocks``) does not run while a capture is underway, as in PyTorch.
         """
         alloc_bytes = allocation_size(size)
         if self._frozen:  # refused at once (Policy.freeze): no GC, no emptied cache, no retry
-            return self._alloc_block(small, stream, alloc_bytes)
+            return self._alloc_block(pool, small, stream, alloc_bytes)
         if self._gc_on:
             self._garbage_collect()
-        b = self._alloc_block(small, stream, alloc_bytes)
-        if b is None and self._release_available_cached_blocks(small, stream, size):
-            b = self._alloc_block(small, stream, alloc_bytes)
-        if b is None:
+        b = self._alloc_block(pool, small, stream, alloc_bytes)
+        if b is None and self._release_available_cached_blocks(pool, small, stream, size):
+            b = self._alloc_block(pool, small, stream, alloc_bytes)
+        if b is None and not self._captures:
             self.num_alloc_retries += 1
             self._release_free_segments(None)
-            b = self._alloc_block(small, stream, alloc_bytes)
+            b = self._alloc_block(pool, small, stream, alloc_bytes)
         return b
 
-    def _alloc_block(self, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
+    def _alloc_block(self, pool: Any, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
         seg = self._reserve_segment(alloc_bytes, stream, retry=False)
         if seg is None:
             return None
         seg.handle = small
-        return _Block(seg.offset, alloc_bytes, stream, small, seg)
+        self._count_pool_segment(pool, +1)
+        return _Block(seg.offset, alloc_bytes, stream, small, seg, pool)
+
+    def _count_pool_segment(self, pool: Any, delta: int) -> None:
+        if pool != DEFAULT_POOL:
+            self._num_pool_segments[pool] = self._num_pool_segments.get(pool, 0) + delta
 
     def _free(self, allocation: Allocation) -> None:
         """``free_block``: merge with free neighbours (previous first) and cache the result."""
@@ -357,23 +379,67 @@ class TorchCaching(Policy):
         assert not b.is_split and not b.allocated
         self._remove(b)
         self._release_segment(b.segment)
+        self._count_pool_segment(b.pool, -1)
         return b.size
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
-        """``release_cached_blocks``: free every cached unsplit block, large pool first.
+        """``release_cached_blocks``: free every cached unsplit block of the default pool (large
+        first), then of each private pool no longer in use (``graph_pools_freeable``).
 
         With ``max_bytes``, stop once at least that many bytes are released (``trim``).
         """
         released = 0
-        for small in (False, True):
-            for b in self._cached(small):
-                if max_bytes is not None and released >= max_bytes:
-                    return released
-                if not b.is_split:
-                    released += self._release_block(b)
+        freeable = [p for p, n in self._use_count.items() if n == 0]
+        for pool in (DEFAULT_POOL, *freeable):
+            for small in (False, True):
+                for b in self._cached(small, pool):
+                    if max_bytes is not None and released >= max_bytes:
+                        return released
+                    if not b.is_split:
+                        released += self._release_block(b)
+        for pool in freeable:  # a freeable pool left with no segment is forgotten (cudaMalloc_count == 0)
+            if not self._num_pool_segments.get(pool):
+                del self._use_count[pool]
         return released
 
-    def _release_available_cached_blocks(self, small: bool, stream: int, size: int) -> bool:
+    # ------------------------------------------------------------------ private pools
+    def _pool_for(self, stream: int) -> Any:
+        """``get_pool``: the private pool of the first capture underway on ``stream``, else the default."""
+        for pool, capture_stream in self._captures:
+            if capture_stream == stream:
+                return pool
+        return DEFAULT_POOL
+
+    def begin_allocate_to_pool(self, pool_id: Any, stream: int) -> None:
+        """``beginAllocateToPool``: requests on ``stream`` go to private pool ``pool_id`` until
+        ``end_allocate_to_pool``. A new pool starts in use (``use_count`` 1); a capture into an
+        existing one shares it (``use_count`` + 1)."""
+        if pool_id == DEFAULT_POOL:
+            raise PolicyError(f"begin_allocate_to_pool: {pool_id!r} is the default pool, not a private one")
+        if pool_id in self._use_count:
+            if self._use_count[pool_id] == 0:
+                raise PolicyError(f"begin_allocate_to_pool: private pool {pool_id!r} was released")
+            self._use_count[pool_id] += 1
+        else:
+            self._use_count[pool_id] = 1
+        self._captures.append((pool_id, stream))
+
+    def end_allocate_to_pool(self, pool_id: Any) -> None:
+        """``endAllocateToPool``: stop routing requests to ``pool_id`` (its blocks stay in it)."""
+        for i, (pool, _stream) in enumerate(self._captures):
+            if pool == pool_id:
+                del self._captures[i]
+                return
+        raise PolicyError(f"end_allocate_to_pool: no allocation to pool {pool_id!r} is underway")
+
+    def release_pool(self, pool_id: Any) -> None:
+        """``releasePool``: one user of ``pool_id`` (a graph) is gone; at zero users its cached
+        segments become releasable by ``empty_cache``."""
+        if not self._use_count.get(pool_id):
+            raise PolicyError(f"release_pool: private pool {pool_id!r} is not in use")
+        self._use_count[pool_id] -= 1
+
+    def _release_available_cached_blocks(self, pool: Any, small: bool, stream: int, size: int) -> bool:
         """``release_available_cached_blocks``: free oversize cached blocks, only with ``max_split_size``.
 
         One block at least as large as the request (or ``max_split_size``) if there is one, else
@@ -382,7 +448,7 @@ class TorchCaching(Policy):
         if self.max_split_size_bytes is None:
             return False
         key = max(size, self._max_split)
-        keys = self._keys.get((small, stream), [])
+        keys = self._keys.get((pool, small, stream), [])
         i = bisect_left(keys, key << _KEY_BITS)
         if i < len(keys):
             b = self._free_at[keys[i] & _PTR_MASK]
@@ -439,7 +505,7 @@ class TorchCaching(Policy):
 
     # ------------------------------------------------------------------ seeding
     def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0,
-                     blocks: Iterable[tuple[int, int, int]] = ()) -> list[Allocation]:
+                     blocks: Iterable[tuple[int, int, int]] = (), pool: Any = DEFAULT_POOL) -> list[Allocation]:
         """Rebuild a segment that existed before a trace began, with its live blocks in place.
 
         Reserves ``nbytes`` through the device (as ``cudaMalloc`` did) and lays out
@@ -454,6 +520,7 @@ class TorchCaching(Policy):
             small: True for a small-pool segment (requests <= 1 MiB), False for the large pool.
             stream: the stream the segment belongs to.
             blocks: the live blocks, in any order; they must not overlap.
+            pool: the ``MempoolId`` of the pool it belongs to (a private one is taken as in use).
 
         Returns:
             One live ``Allocation`` per block.
@@ -483,19 +550,22 @@ class TorchCaching(Policy):
         if seg is None:
             raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
         seg.handle = small
+        if pool != DEFAULT_POOL:
+            self._use_count.setdefault(pool, 1)
+        self._count_pool_segment(pool, +1)
         made: dict[tuple, Allocation] = {}
         prev: _Block | None = None
         cursor = seg.offset
         for offset, block_bytes, requested in layout:
             if seg.offset + offset > cursor:
-                prev = self._link(_Block(cursor, seg.offset + offset - cursor, stream, small, seg), prev)
+                prev = self._link(_Block(cursor, seg.offset + offset - cursor, stream, small, seg, pool), prev)
                 self._insert(prev)
-            prev = self._link(_Block(seg.offset + offset, block_bytes, stream, small, seg, allocated=True), prev)
+            prev = self._link(_Block(seg.offset + offset, block_bytes, stream, small, seg, pool, allocated=True), prev)
             cursor = prev.ptr + block_bytes
             made[(offset, block_bytes, requested)] = self._count_seeded(
                 Allocation(requested, block_bytes, ((prev.ptr, block_bytes),), stream, None, prev))
         if seg.end > cursor:
-            self._insert(self._link(_Block(cursor, seg.end - cursor, stream, small, seg), prev))
+            self._insert(self._link(_Block(cursor, seg.end - cursor, stream, small, seg, pool), prev))
         return [made[b] for b in given]
 
     @staticmethod

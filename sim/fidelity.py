@@ -19,9 +19,17 @@ ones measures the emulation's fidelity:
    requested size that does not overlap a held segment; a fresh address past them otherwise).
    The emulation still decides on its own when to reserve and how much. ``"virtual"`` uses the
    usual ``VirtualDevice`` (increasing addresses), to show how much the tie-break matters.
-3. **Explicit ``empty_cache()``.** A run of ``segment_free`` entries not followed by a
-   ``segment_alloc`` or ``oom`` is the program calling ``empty_cache()``; the replay calls the
-   policy's ``empty_cache()`` (``trim()`` unless a policy has its own rule) at that point.
+3. **Explicit ``empty_cache()``.** A run of ``segment_free`` entries between two requests is the
+   program calling ``empty_cache()`` (``torch.cuda.graph`` calls it before every capture), also
+   when a reservation follows: the replay calls the policy's ``empty_cache()`` (``trim()``
+   unless a policy has its own rule) at that point. An out-of-memory retry frees the same
+   segments right before the same reservation, so reading it as ``empty_cache`` replays it the
+   same way; the one exception kept as a retry is ``release_available_cached_blocks`` (with
+   ``max_split_size``, every freed segment at least that large), which frees fewer.
+4. **Private pools** (CUDA graphs, ``torch.compile`` reduce-overhead, ``MemPool``). Each request's
+   pool is inferred from the segment holding its address (``infer_request_pools``); the replay
+   calls ``begin_allocate_to_pool`` / ``end_allocate_to_pool`` around each capture window.
+   Graph destruction (``releasePool``) is not recorded: private pools stay in use to the end.
 
 The recorded reserved bytes are the starting segments' bytes plus the running sum of segment
 allocations minus frees. Policies without ``seed_segment`` get the starting allocations through
@@ -47,7 +55,7 @@ from policies.units import round_up
 from sim import engine
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
-from traces.pytorch_snapshot import PyTorchSnapshot, read_snapshot
+from traces.pytorch_snapshot import DEFAULT_POOL_ID, PyTorchSnapshot, infer_request_pools, read_snapshot
 
 __all__ = ["Recording", "SeedSegment", "FidelityResult", "read_recording", "snapshot_to_recording",
            "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
@@ -70,6 +78,7 @@ class SeedSegment:
     nbytes: int
     small: bool
     stream: int
+    pool_id: tuple[int, int] = DEFAULT_POOL_ID
     blocks: list[tuple[int, int, int]] = field(default_factory=list)
     block_addrs: list[int] = field(default_factory=list)
 
@@ -89,6 +98,9 @@ class Recording:
         unplaced: starting allocations outside every known segment, ``(address, nbytes, stream)``.
         initial_reserved_bytes: bytes held in ``seed_segments``.
         settings: the snapshot's ``allocator_settings``.
+        pool_calls: op index -> ``[(call, pool, stream)]`` to make before that op (``call`` is
+            ``"begin"`` or ``"end"``: ``begin_allocate_to_pool`` / ``end_allocate_to_pool``).
+        num_unknown_pool: allocations whose pool the snapshot cannot tell (taken as default).
     """
 
     name: str
@@ -104,6 +116,8 @@ class Recording:
     initial_reserved_bytes: int
     settings: dict[str, Any]
     free_action: str = "free_completed"
+    pool_calls: dict[int, list[tuple[str, tuple[int, int], int]]] = field(default_factory=dict)
+    num_unknown_pool: int = 0
 
     @property
     def num_allocs(self) -> int:
@@ -123,9 +137,14 @@ def read_recording(path: str | Path, *, device: int | None = None) -> Recording:
 
 def snapshot_to_recording(snap: PyTorchSnapshot) -> Recording:
     """A parsed snapshot as a ``Recording`` (see the module docstring)."""
-    ops, addrs, sizes, streams, entries, segment_rows = _requests_and_decisions(snap)
+    ops, addrs, sizes, streams, entries, segment_rows, request_ops = _requests_and_decisions(snap)
     seeds, unplaced = _starting_state(snap)
-    return Recording(
+    inferred = infer_request_pools(snap)
+    pool_calls: dict[int, list] = {}
+    for first, last, pool, stream in inferred.windows:
+        pool_calls.setdefault(request_ops[first], []).append(("begin", pool, stream))
+        pool_calls.setdefault(request_ops[last] + 1, []).insert(0, ("end", pool, stream))
+    return Recording(pool_calls=pool_calls, num_unknown_pool=inferred.num_unknown,
         name=snap.name, source=snap.source, ops=ops, addrs=addrs, sizes=sizes, streams=streams, entries=entries,
         segment_events=pd.DataFrame(segment_rows, columns=["at", "action", "address", "nbytes", "entry"]),
         seed_segments=seeds, unplaced=unplaced, initial_reserved_bytes=sum(s.nbytes for s in seeds),
@@ -147,13 +166,17 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
     index: list[int] = []
     pending: list[list] = []  # segment rows waiting for the request they serve
     segment_rows: list[list] = []
+    request_ops: list[int] = []  # request k -> its op index
+    retry_release = _retry_release_test(snap.allocator_settings)
     j, num_events = 0, len(ev)
     for k, i in enumerate(req.entry):
         while j < num_events and ev.entry[j] < i:
             pending.append([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]])
             j += 1
         if pending:  # segment decisions made before this request
-            _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
+            _flush(pending, segment_rows, ops, addrs, sizes, streams, index, retry_release)
+            pending.clear()
+        request_ops.append(len(ops))
         ops.append(ALLOC if req.is_alloc[k] else FREE)
         addrs.append(req.address[k])
         sizes.append(req.nbytes[k])
@@ -161,36 +184,50 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
         index.append(i)
     pending.extend([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]] for j in range(j, num_events))
     if pending:
-        _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
-    return ops, addrs, sizes, streams, index, segment_rows
+        _flush(pending, segment_rows, ops, addrs, sizes, streams, index, retry_release)
+    return ops, addrs, sizes, streams, index, segment_rows, request_ops
 
 
-def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index) -> None:
+def _retry_release_test(settings: dict):
+    """Whether a run of freed sizes may be ``release_available_cached_blocks`` (a retry that
+    frees only oversize blocks, so only with ``max_split_size``)."""
+    max_split = params_from_settings(settings).get("max_split_size_bytes")
+    if max_split is None:
+        return lambda sizes: False
+    return lambda sizes: all(n >= max_split for n in sizes)
+
+
+def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index, retry_release) -> None:
     """Attach the segment events seen since the last request to the request that follows.
 
-    The allocator reserves (and, on a miss, frees) segments only while serving an allocation,
-    so events that include a reservation or an ``oom`` belong to the next request. Events with
-    none (frees only) are the program calling ``empty_cache()``: they get an ``EMPTY_CACHE`` op
-    of their own, placed before the request (or at the end of the trace).
+    The allocator reserves segments only while serving an allocation, so a reservation or an
+    ``oom`` belongs to the next request. Frees ahead of them are the program calling
+    ``empty_cache()``: they get an ``EMPTY_CACHE`` op of their own, placed before the request
+    (or at the end of the trace); frees that only ``release_available_cached_blocks`` could
+    have made (``retry_release``) stay with the request (see the module docstring).
     """
-    if not any(row[1] in ("segment_alloc", "segment_map", "oom") for row in pending):
+    reserving = ("segment_alloc", "segment_map", "oom")
+    num_leading_frees = next((n for n, row in enumerate(pending) if row[1] in reserving), len(pending))
+    leading = pending[:num_leading_frees]
+    if leading and (num_leading_frees == len(pending) or not retry_release([row[3] for row in leading])):
         ops.append(EMPTY_CACHE)
         addrs.append(0)
         sizes.append(0)
         streams.append(0)
         index.append(pending[0][4])
-        at = len(ops) - 1
-    else:
-        at = len(ops)
+        for row in leading:
+            row[0] = len(ops) - 1
+        segment_rows.extend(leading)
+        pending = pending[num_leading_frees:]
     for row in pending:
-        row[0] = at
+        row[0] = len(ops)
     segment_rows.extend(pending)
-    pending.clear()
 
 
 def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tuple[int, int, int]]]:
     """The segments that existed before recording and the allocations live in them then."""
-    seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream) for s in snap.segments_at_start}
+    seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream, s.pool_id or DEFAULT_POOL_ID)
+             for s in snap.segments_at_start}
     starts = list(seeds)  # segments_at_start is sorted by address
     placed: dict[int, list[tuple[int, int | None, int]]] = {}  # segment -> [(addr, block bytes or None, asked)]
     unplaced: list[tuple[int, int, int]] = []
@@ -406,8 +443,15 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
     seeded_events, start_reserved = len(device.log), pool.reserved_bytes
     num_at_address = 0
 
+    pool_calls = rec.pool_calls if pool.has_private_pools else {}
+
     def at(k: int) -> None:
         device.at = k
+        for call, pool_id, stream in pool_calls.get(k, ()):
+            if call == "begin":
+                pool.begin_allocate_to_pool(pool_id, stream)
+            else:
+                pool.end_allocate_to_pool(pool_id)
 
     def on_alloc(a: Allocation, nbytes: int, addr: int) -> None:
         nonlocal num_at_address
@@ -430,7 +474,9 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
     if pool.can_seed_segments:
         for s in rec.seed_segments:
             device.pin(s.address)
-            for addr, a in zip(s.block_addrs, pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks)):
+            kwargs = {"pool": s.pool_id} if pool.has_private_pools else {}
+            seeded = pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks, **kwargs)
+            for addr, a in zip(s.block_addrs, seeded):
                 live[addr] = a
     else:
         for s in rec.seed_segments:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ from traces.events import PRE_TRACE_TAG, AllocTrace, make_events, trace_name
 
 __all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
            "SnapshotRequests", "SegmentEvents", "SnapshotSegment", "PreTraceAllocation", "load_snapshot_dict",
-           "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace"]
+           "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace", "PoolInference",
+           "infer_request_pools", "DEFAULT_POOL_ID"]
 
 SNAPSHOT_FORMAT = "pytorch-snapshot"
 
@@ -119,6 +121,7 @@ class SnapshotSegment:
     stream: int
     segment_type: str | None
     is_expandable: bool
+    pool_id: tuple[int, int] | None = None  # ``segment_pool_id``; None where the snapshot does not say
 
     @property
     def is_small(self) -> bool:
@@ -363,8 +366,10 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
                 s = streams[seg["stream"]] = len(streams)
             _check_segment_numbers(seg)
             addr = seg["address"]
+            pool_id = seg.get("segment_pool_id")
             table.append(SnapshotSegment(addr, seg["total_size"], seg.get("allocated_size", 0), s,
-                                         seg.get("segment_type"), bool(seg.get("is_expandable", False))))
+                                         seg.get("segment_type"), bool(seg.get("is_expandable", False)),
+                                         tuple(pool_id) if pool_id is not None else None))
             for b in seg.get("blocks", []):
                 b_addr = b.get("address", addr)  # older snapshots lack block addresses: blocks tile the segment
                 if b["state"] in _LIVE_BLOCK_STATES:
@@ -392,6 +397,107 @@ def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvent
     for seg in freed_unseen:
         start.setdefault(seg.address, seg)
     return tuple(start[a] for a in sorted(start))
+
+
+# ---------------------------------------------------------------------------- private pools
+DEFAULT_POOL_ID = (0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInference:
+    """Which pool each request went to, recovered from a snapshot (``infer_request_pools``).
+
+    Attributes:
+        pools: per request (index into ``requests``), the ``MempoolId`` of its pool.
+        windows: capture windows ``(first, last, pool, stream)``: requests ``first..last`` (indices
+            into ``requests``) ran while allocation to private ``pool`` was underway on ``stream``.
+        num_unknown: allocations whose pool cannot be known (their segment was freed during the
+            trace, or existed before it and is gone at the end); counted in the default pool.
+    """
+
+    pools: list[tuple[int, int]]
+    windows: list[tuple[int, int, tuple[int, int], int]]
+    num_unknown: int
+
+    @property
+    def private_pools(self) -> list[tuple[int, int]]:
+        return sorted({w[2] for w in self.windows})
+
+
+def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
+    """The pool of every request, by address containment, and the capture windows they imply.
+
+    Trace entries do not say which pool served them; segments at the end do
+    (``segment_pool_id``). A segment reserved in the trace and still held at the end has the
+    final table's pool; an allocation belongs to the pool of the segment holding its address at
+    that moment; a free to that of its allocation. A segment freed during the trace (or one
+    known only from its free) does not say: its allocations are counted in the default pool
+    and in ``num_unknown`` (a private pool's segment is freed only after ``releasePool``, which
+    the trace does not record either). A capture window on stream S into pool P runs from an
+    allocation on S that went to P to the last one before an allocation on S that did not
+    (PyTorch routes by the capturing stream, ``captures_underway``).
+    """
+    final_pool = {seg.address: seg.pool_id for seg in snap.segments_at_end}
+    ev = snap.segment_events
+    last_alloc_at: dict[int, int] = {}  # address -> event index of its last segment_alloc/map
+    freed_after: set[int] = set()  # event indices of segment_allocs freed later
+    for j, (action, addr) in enumerate(zip(ev.action, ev.address)):
+        if action == "segment_alloc":
+            last_alloc_at[addr] = j
+        elif action == "segment_free" and addr in last_alloc_at:
+            freed_after.add(last_alloc_at.pop(addr))
+    starts: list[int] = []
+    held: dict[int, tuple[int, tuple[int, int] | None]] = {}  # start -> (end, pool or None: unknown)
+
+    def hold(addr: int, nbytes: int, pool) -> None:
+        i = bisect_left(starts, addr)
+        if i == len(starts) or starts[i] != addr:
+            starts.insert(i, addr)
+        held[addr] = (addr + nbytes, pool)
+
+    for seg in snap.segments_at_start:
+        hold(seg.address, seg.total_bytes, seg.pool_id)
+    req = snap.requests
+    pools: list[tuple[int, int]] = []
+    alloc_pool: dict[int, tuple[int, int]] = {}  # alloc id -> pool
+    num_unknown, j = 0, 0
+    for k, entry in enumerate(req.entry):
+        while j < len(ev) and ev.entry[j] < entry:
+            action, addr = ev.action[j], ev.address[j]
+            if action == "segment_alloc":
+                hold(addr, ev.nbytes[j], None if j in freed_after else final_pool.get(addr))
+            elif action == "segment_free" and addr in held:
+                del held[addr]
+                del starts[bisect_left(starts, addr)]
+            j += 1
+        if req.is_alloc[k]:
+            i = bisect_left(starts, req.address[k] + 1) - 1
+            pool = held[starts[i]][1] if i >= 0 and req.address[k] < held[starts[i]][0] else None
+            if pool is None:
+                num_unknown += 1
+                pool = DEFAULT_POOL_ID
+            alloc_pool[req.alloc_id[k]] = pool
+        else:
+            pool = alloc_pool.pop(req.alloc_id[k], DEFAULT_POOL_ID)
+        pools.append(pool)
+    windows: list[tuple[int, int, tuple[int, int], int]] = []
+    open_at: dict[int, list] = {}  # stream -> [first, last, pool] of the window open on it
+    for k, pool in enumerate(pools):
+        if not req.is_alloc[k]:
+            continue
+        stream, window = req.stream[k], open_at.get(req.stream[k])
+        if window is not None and window[2] != pool:
+            windows.append((window[0], window[1], window[2], stream))
+            del open_at[stream]
+            window = None
+        if pool != DEFAULT_POOL_ID:
+            if window is None:
+                open_at[stream] = [k, k, pool]
+            else:
+                window[1] = k
+    windows.extend((w[0], w[1], w[2], stream) for stream, w in open_at.items())
+    windows.sort()
+    return PoolInference(pools, windows, num_unknown)
 
 
 def _short(obj: Any, limit: int = 120) -> str:

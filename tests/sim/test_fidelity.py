@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import policies
 from policies.errors import PolicyError
 from policies.torch_caching import spec_from_settings
-from sim.fidelity import (ALLOC, EMPTY_CACHE, RecordedAddressDevice, fidelity, read_recording, replay_recording,
+from sim.fidelity import (ALLOC, EMPTY_CACHE, FREE, RecordedAddressDevice, fidelity, read_recording, replay_recording,
                           snapshot_to_recording)
 from traces import bundled_path
 from traces.pytorch_snapshot import parse_snapshot
@@ -104,12 +104,25 @@ def test_frees_no_reservation_follows_are_an_empty_cache_call():
     assert metric(result, "segment frees") == (1, 1) and result.first_divergence is None
 
 
-def test_frees_before_a_reservation_belong_to_the_allocators_retry():
+def test_frees_before_a_reservation_are_an_empty_cache_call_replayed_as_such():
+    # torch.cuda.graph calls empty_cache() right before capture: frees, then a reservation
     rec = snapshot_to_recording(snapshot([
         entry("segment_alloc", BASE, 30 * MiB), entry("alloc", BASE, 30 * MiB), entry("free_completed", BASE, 30 * MiB),
         entry("segment_free", BASE, 30 * MiB), entry("segment_alloc", OTHER, 36 * MiB), entry("alloc", OTHER, 35 * MiB),
     ]))
-    assert EMPTY_CACHE not in rec.ops and rec.ops.count(ALLOC) == 2
+    assert rec.ops == [ALLOC, FREE, EMPTY_CACHE, ALLOC]
+    for capacity in (None, 40 * MiB):  # without a limit there is no retry to free them
+        result = replay_recording(rec, capacity_bytes=capacity)
+        assert metric(result, "segment frees") == (1, 1) and result.first_divergence is None
+        assert metric(result, "peak reserved bytes") == (36 * MiB, 36 * MiB)
+
+
+def test_oversize_frees_before_a_reservation_stay_the_retry_with_max_split_size():
+    rec = snapshot_to_recording(snapshot([
+        entry("segment_alloc", BASE, 30 * MiB), entry("alloc", BASE, 30 * MiB), entry("free_completed", BASE, 30 * MiB),
+        entry("segment_free", BASE, 30 * MiB), entry("segment_alloc", OTHER, 36 * MiB), entry("alloc", OTHER, 35 * MiB),
+    ], settings={"max_split_size": 25 * MiB}))
+    assert EMPTY_CACHE not in rec.ops
     result = replay_recording(rec, capacity_bytes=40 * MiB)
     assert metric(result, "segment frees") == (1, 1) and result.first_divergence is None
 
