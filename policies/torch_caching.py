@@ -39,22 +39,33 @@ retry of ``malloc``) releases the default pool's unsplit blocks and those of pri
 longer in use (``use_count == 0``, after ``release_pool``); the retry does not run while a
 capture is underway (``captures_underway.empty()`` guards it in PyTorch).
 
-Not emulated: CUDA events and ``record_stream`` (a free is complete at once), and
-``expandable_segments``. Expandable segments map 2 MiB / 20 MiB pages into one
-reserved virtual range, so one block may span pages mapped at different times; a
-``policies.device.Device`` hands out separate segments that never touch, so such a block would
-be several extents, which breaks the one-extent contract that the simulator's contiguous KV
-cache and the CuPy pool rely on. The option is refused with an error saying so.
+``expandable_segments=True`` (``ExpandableSegment``; also the ``expandable`` policy) runs over
+a page-mapped device (``policies.mapped_device``): one virtual range per (pool, small/large,
+stream), reserved on first use (1 1/8 of the device's memory), into which 2 MiB (small) or
+20 MiB (large) pages are mapped on demand:
+
+- a miss maps pages (``try_allocate_expandable_block``: the lowest unmapped range of the stream
+  and pool, joined with the free block just before it; ``map_block`` maps the pages covering
+  what is missing, one ``segment_map`` per call, and merges with free mapped neighbours);
+- best fit treats a free block followed by unmapped space as being as large as it can grow
+  (``expandable_size``), so it prefers a free block elsewhere that is merely large enough;
+- a block splits whenever >= 512 B remain, in both pools (``should_split``);
+- ``release_cached_blocks`` (``empty_cache()``, the last retry) unmaps every whole page inside
+  each free block (``unmap_block``: one ``segment_unmap`` per block), and gives a range that
+  is left with nothing mapped back. A plain free unmaps nothing.
+
+Not emulated: CUDA events and ``record_stream`` (a free is complete at once).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator
 
 from policies.base import Allocation, Policy, Segment
 from policies.errors import PolicyError
+from policies.mapped_device import as_page_mapped
 from policies.spec import format_spec
 from policies.units import round_up
 
@@ -68,6 +79,8 @@ K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
+#: device memory assumed for an expandable range's size when neither capacity nor device says (H200)
+_DEFAULT_DEVICE_BYTES = 141 * (1 << 30)
 #: ``MempoolId_t{0, 0}``: the default pool; private pools have any other hashable id.
 DEFAULT_POOL = (0, 0)
 #: ``kRoundUpPowerOfTwoIntervals``: one divisions setting per power of two from 1 MiB to 32 GiB.
@@ -175,6 +188,7 @@ class _Block:
     next: "_Block | None" = None
     allocated: bool = False
     gc_count_base: int = 0  # the pool's get_free_block calls when the block was cached
+    mapped: bool = True  # False: address space of an expandable range with no pages behind it
 
     @property
     def is_split(self) -> bool:
@@ -196,7 +210,9 @@ class TorchCaching(Policy):
         garbage_collection_threshold: fraction 0..1 of ``capacity_bytes``; past it, before a new
             segment, cached unsplit large blocks unused for longest are released. Needs
             ``capacity_bytes`` (PyTorch needs a memory fraction).
-        expandable_segments: must be False (see the module docstring for why it is not emulated).
+        expandable_segments: map pages into one growing virtual range per stream and pool
+            (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``; needs a page-mapped device,
+            see the module docstring).
         capacity_bytes, device: see ``Policy``.
 
     Index of free blocks: per (pool, stream), a sorted ``list`` of int keys
@@ -225,11 +241,8 @@ class TorchCaching(Policy):
         if isinstance(garbage_collection_threshold, bool) or not isinstance(garbage_collection_threshold, (int, float)) \
                 or not 0.0 <= garbage_collection_threshold < 1.0:
             raise PolicyError(f"garbage_collection_threshold(={garbage_collection_threshold!r}) must be in [0, 1)")
-        if expandable_segments is not False:
-            raise PolicyError(
-                f"expandable_segments(={expandable_segments!r}) is not emulated: PyTorch maps pages into one virtual "
-                "range so a block can span pages mapped at different times, but a policies.device.Device hands out "
-                "segments that never touch, so such a block could not be one contiguous extent")
+        if not isinstance(expandable_segments, bool):
+            raise PolicyError(f"expandable_segments(={expandable_segments!r}) must be true or false")
         self.max_split_size_bytes = max_split_size_bytes
         self.max_non_split_rounding_bytes = max_non_split_rounding_bytes
         self.roundup_power2_divisions = roundup_power2_divisions
@@ -237,7 +250,19 @@ class TorchCaching(Policy):
         self.expandable_segments = expandable_segments
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
+    @classmethod
+    def device_kind_for(cls, params: dict[str, Any]) -> str:
+        return "page-mapped" if params.get("expandable_segments", cls.param_defaults()["expandable_segments"]) \
+            else "segment"
+
     def _reset_state(self) -> None:
+        if self.expandable_segments:
+            self._mapped_device = as_page_mapped(self.device)
+            self.device = self._mapped_device
+        # expandable: (pool, small, stream) -> that range's Segment (nbytes: the bytes mapped in it)
+        self._ranges: dict[tuple[Any, bool, int], Segment] = {}
+        self._heads: dict[int, _Block] = {}  # range start -> its first block (the chain walks the range)
+        self._spans: dict[int, int] = {}  # range start -> its reserved bytes
         self._keys: dict[tuple[Any, bool, int], list[int]] = {}  # (pool, small, stream) -> sorted size << 64 | ptr
         self._free_at: dict[int, _Block] = {}  # ptr -> cached (free) block
         table = parse_roundup_power2_divisions(self.roundup_power2_divisions)
@@ -287,12 +312,29 @@ class TorchCaching(Policy):
         i = bisect_left(keys, size << _KEY_BITS)
         if i == len(keys):
             return None
+        if self.expandable_segments:
+            i = self._skip_growable(keys, i)
         found = keys[i] >> _KEY_BITS
         if size < self._max_split and found >= self._max_split:
             return None  # do not return an oversize block for a request below max_split_size
         if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
             return None  # an oversize block may be rounded up only within a limit
         return self._free_at[keys[i] & _PTR_MASK]
+
+    def _expandable_size(self, b: _Block) -> int:
+        return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+    def _skip_growable(self, keys: list[int], i: int) -> int:
+        """``get_free_block`` with expandable segments: from the best fit on, move to the next
+        block while that one could grow less (a free block before unmapped space counts as the
+        size it could grow to), so a block that merely fits is preferred to a growable tail."""
+        b = self._free_at[keys[i] & _PTR_MASK]
+        while i + 1 < len(keys):
+            nxt = self._free_at[keys[i + 1] & _PTR_MASK]
+            if self._expandable_size(nxt) >= self._expandable_size(b):
+                break
+            i, b = i + 1, nxt
+        return i
 
     # ------------------------------------------------------------------ Policy hooks
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
@@ -308,7 +350,8 @@ class TorchCaching(Policy):
                 self.num_ooms += 1
                 return None
         remaining = b.size - size
-        if (remaining >= K_MIN_BLOCK) if small else (size < self._max_split and remaining > K_SMALL_SIZE):
+        if (remaining >= K_MIN_BLOCK) if small or self.expandable_segments else (
+                size < self._max_split and remaining > K_SMALL_SIZE):
             front = _Block(b.ptr, size, stream, small, b.segment, pool, prev=b.prev, next=b)
             if b.prev is not None:
                 b.prev.next = front
@@ -328,7 +371,7 @@ class TorchCaching(Policy):
         Returns the new segment's block, not cached, or None (out of memory). The last retry
         (``release_cached_blocks``) does not run while a capture is underway, as in PyTorch.
         """
-        alloc_bytes = allocation_size(size)
+        alloc_bytes = size if self.expandable_segments else allocation_size(size)
         if self._frozen:  # refused at once (Policy.freeze): no GC, no emptied cache, no retry
             return self._alloc_block(pool, small, stream, alloc_bytes)
         if self._gc_on:
@@ -343,6 +386,8 @@ class TorchCaching(Policy):
         return b
 
     def _alloc_block(self, pool: Any, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
+        if self.expandable_segments:
+            return self._try_allocate_expandable_block(pool, small, stream, alloc_bytes)
         seg = self._reserve_segment(alloc_bytes, stream, retry=False)
         if seg is None:
             return None
@@ -354,25 +399,235 @@ class TorchCaching(Policy):
         if pool != DEFAULT_POOL:
             self._num_pool_segments[pool] = self._num_pool_segments.get(pool, 0) + delta
 
+    # ------------------------------------------------------------------ expandable segments
+    def _page_bytes(self, small: bool) -> int:
+        return K_SMALL_BUFFER if small else K_LARGE_BUFFER
+
+    def _range_span_bytes(self) -> int:
+        """Address space of one range: 1 1/8 of the device's memory, as PyTorch reserves."""
+        total = self.capacity_bytes or self._mapped_device.limit_bytes or _DEFAULT_DEVICE_BYTES
+        return round_up(total + total // 8, K_LARGE_BUFFER)
+
+    def _range(self, pool: Any, small: bool, stream: int) -> Segment | None:
+        """The range of (pool, small/large, stream), reserved on first use with nothing mapped."""
+        key = (pool, small, stream)
+        seg = self._ranges.get(key)
+        if seg is None:
+            span = self._range_span_bytes()
+            start = self._mapped_device.address_reserve(span)
+            if start is None:
+                return None
+            seg = self._ranges[key] = Segment(start, 0, stream, handle=small)
+            self._heads[start] = _Block(start, span, stream, small, seg, pool, mapped=False)
+            self._spans[start] = span
+            self._segments[start] = seg
+            self._count_pool_segment(pool, +1)
+        return seg
+
+    def _head(self, seg: Segment) -> _Block:
+        """The first block of an expandable range (a split in front of the stored one is found by walking back)."""
+        b = self._heads[seg.offset]
+        while b.prev is not None:
+            b = b.prev
+        self._heads[seg.offset] = b
+        return b
+
+    def _try_allocate_expandable_block(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
+        """``try_allocate_expandable_block``: a free block of at least ``size`` made by mapping
+        pages into the lowest unmapped range that, with the free block before it, has room;
+        removed from the index. None when the device or ``capacity_bytes`` refuses."""
+        if self._frozen:  # Policy.freeze: no page is mapped any more
+            self._frozen_refusal_at = self.num_allocs + self.num_failures
+            return None
+        seg = self._range(pool, small, stream)
+        if seg is None:
+            return None
+        candidate = None
+        b = self._head(seg)
+        while b is not None:  # find_expandable_block: unmapped blocks in address order
+            if not b.mapped:
+                c = b.prev if b.prev is not None and not b.prev.allocated else b
+                room, walk = 0, c
+                while room < size and walk is not None and not walk.allocated:
+                    room, walk = room + walk.size, walk.next
+                if room >= size:
+                    candidate = c
+                    break
+            b = b.next
+        if candidate is None:
+            return None
+        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
+            self._drop_if_empty((pool, small, stream))
+            return None
+        while candidate.size < size:  # free -> unmapped: map what is missing, merging into the free block
+            nxt = candidate.next
+            if not self._map_block(nxt, min(size - candidate.size, nxt.size)):
+                return None
+            candidate = self._last_merged
+        self._remove(candidate)
+        return candidate
+
+    def _map_block(self, b: _Block, size: int) -> bool:
+        """``map_block``: map the pages covering ``[b.ptr, b.ptr + size)`` of unmapped block ``b``,
+        split off the unmapped rest and merge with free mapped neighbours (one ``segment_map``)."""
+        page = self._page_bytes(b.small)
+        seg = b.segment
+        first = b.ptr - (b.ptr - seg.offset) % page
+        assert first == b.ptr, "an unmapped block starts on a page boundary"
+        nbytes = round_up(size, page)
+        if self.capacity_bytes is not None and self.reserved_bytes + nbytes > self.capacity_bytes:
+            return False
+        if not self._mapped_device.map_new(b.ptr, nbytes, page):
+            return False
+        left = b.prev is not None and b.prev.mapped
+        right = nbytes == b.size and b.next is not None and b.next.mapped
+        self._count_runs(1 - left - right)
+        if nbytes < b.size:
+            rest = _Block(b.ptr + nbytes, b.size - nbytes, b.stream, b.small, seg, b.pool, prev=b, next=b.next,
+                          mapped=False)
+            if b.next is not None:
+                b.next.prev = rest
+            b.next = rest
+            b.size = nbytes
+        b.mapped = True
+        seg.nbytes += nbytes
+        self.reserved_bytes += nbytes
+        self.grown_bytes += nbytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        b = self._merge_free_neighbours(b)
+        self._insert(b)
+        self._last_merged = b
+        return True
+
+    def _merge_free_neighbours(self, b: _Block) -> _Block:
+        """``try_merge_blocks`` with both neighbours: free ones of the same mapped state join ``b``
+        (cached ones leave the index; ``b`` is returned, not cached)."""
+        prev, nxt = b.prev, b.next
+        if prev is not None and not prev.allocated and prev.mapped == b.mapped:
+            if prev.mapped:
+                self._remove(prev)
+            b.ptr, b.size, b.prev = prev.ptr, prev.size + b.size, prev.prev
+            if b.prev is not None:
+                b.prev.next = b
+            else:
+                self._heads[b.segment.offset] = b
+        if nxt is not None and not nxt.allocated and nxt.mapped == b.mapped:
+            if nxt.mapped:
+                self._remove(nxt)
+            b.size += nxt.size
+            b.next = nxt.next
+            if b.next is not None:
+                b.next.prev = b
+        return b
+
+    def _unmap_block(self, b: _Block) -> int:
+        """``unmap_block``: unmap the whole pages inside cached block ``b`` (one ``segment_unmap``);
+        the free edges around them stay cached. Returns the bytes unmapped."""
+        page = self._page_bytes(b.small)
+        seg = b.segment
+        start = seg.offset + round_up(b.ptr - seg.offset, page)
+        end = seg.offset + (b.ptr + b.size - seg.offset) // page * page
+        if end <= start:
+            return 0
+        self._remove(b)
+        self._mapped_device.unmap_release(start, end - start)
+        left = start > b.ptr or (b.prev is not None and b.prev.mapped)
+        right = b.ptr + b.size > end or (b.next is not None and b.next.mapped)
+        self._count_runs(left + right - 1)
+        if start > b.ptr:
+            before = _Block(b.ptr, start - b.ptr, b.stream, b.small, seg, b.pool, prev=b.prev, next=b)
+            if b.prev is not None:
+                b.prev.next = before
+            else:
+                self._heads[seg.offset] = before
+            b.prev = before
+            self._insert(before)
+        if b.ptr + b.size > end:
+            after = _Block(end, b.ptr + b.size - end, b.stream, b.small, seg, b.pool, prev=b, next=b.next)
+            if b.next is not None:
+                b.next.prev = after
+            b.next = after
+            self._insert(after)
+        b.ptr, b.size, b.mapped = start, end - start, False
+        self._merge_free_neighbours(b)
+        unmapped = end - start
+        seg.nbytes -= unmapped
+        self.reserved_bytes -= unmapped
+        self.shrunk_bytes += unmapped
+        return unmapped
+
+    def _release_expandable(self, pool: Any, max_bytes: int | None) -> int:
+        """``release_blocks`` of an expandable pool: unmap inside every cached block of ``pool``;
+        a range left with nothing mapped is given back (``release_expandable_segment``)."""
+        released = 0
+        for b in [*self._cached(False, pool), *self._cached(True, pool)]:
+            if max_bytes is not None and released >= max_bytes:
+                break
+            released += self._unmap_block(b)
+        for key in [k for k in self._ranges if k[0] == pool]:
+            self._drop_if_empty(key)
+        return released
+
+    def _count_runs(self, delta: int) -> None:
+        """Segments of an expandable pool are its mapped runs (as PyTorch's snapshot lists them):
+        a run started counts a grow, one merged or unmapped away a shrink; an unmapped hole that
+        splits a run counts a grow with no byte reserved (``grown_bytes`` counts mappings only)."""
+        if delta > 0:
+            self.num_grows += delta
+        else:
+            self.num_shrinks -= delta
+
+    def segments(self) -> list[Segment]:
+        """Expandable: one segment per run of mapped pages (``num_live``: allocations in it)."""
+        if not self.expandable_segments:
+            return super().segments()
+        runs: list[Segment] = []
+        for seg in self._ranges.values():
+            b, run = self._head(seg), None
+            while b is not None:
+                if not b.mapped:
+                    run = None
+                else:
+                    if run is None:
+                        run = Segment(b.ptr, 0, seg.stream)
+                        runs.append(run)
+                    run.nbytes += b.size
+                    run.num_live += b.allocated
+                b = b.next
+        return sorted(runs, key=lambda r: r.offset)
+
+    def reset(self) -> None:
+        if self.expandable_segments:  # unmap every page and give the ranges back (not the segment protocol)
+            for seg in self._ranges.values():
+                span = self._spans[seg.offset]
+                self._mapped_device.unmap_release(seg.offset, span)
+                self._mapped_device.address_free(seg.offset, span)
+                del self._segments[seg.offset]
+        super().reset()
+
+    def stats(self):
+        st = super().stats()
+        if not self.expandable_segments:
+            return st
+        return replace(st, num_segments=len(self.segments()))
+
+    def _drop_if_empty(self, key: tuple[Any, bool, int]) -> None:
+        """``release_expandable_segment``: give back a range with nothing mapped in it."""
+        seg = self._ranges[key]
+        if seg.nbytes:
+            return
+        self._mapped_device.address_free(seg.offset, self._spans.pop(seg.offset))
+        del self._ranges[key], self._segments[seg.offset], self._heads[seg.offset]
+        self._count_pool_segment(key[0], -1)
+
     def _free(self, allocation: Allocation) -> None:
         """``free_block``: merge with free neighbours (previous first) and cache the result."""
         b: _Block = allocation.handle
         b.allocated = False
         b.segment.num_live -= 1
         self.allocated_bytes -= b.size
-        prev, nxt = b.prev, b.next
-        if prev is not None and not prev.allocated:
-            self._remove(prev)
-            b.ptr, b.size, b.prev = prev.ptr, prev.size + b.size, prev.prev
-            if b.prev is not None:
-                b.prev.next = b
-        if nxt is not None and not nxt.allocated:
-            self._remove(nxt)
-            b.size += nxt.size
-            b.next = nxt.next
-            if b.next is not None:
-                b.next.prev = b
-        self._insert(b)
+        self._insert(self._merge_free_neighbours(b))
 
     def _release_block(self, b: _Block) -> int:
         """``release_block``: ``cudaFree`` a cached block that is a whole segment."""
@@ -391,6 +646,9 @@ class TorchCaching(Policy):
         released = 0
         freeable = [p for p, n in self._use_count.items() if n == 0]
         for pool in (DEFAULT_POOL, *freeable):
+            if self.expandable_segments:
+                released += self._release_expandable(pool, max_bytes)
+                continue
             for small in (False, True):
                 for b in self._cached(small, pool):
                     if max_bytes is not None and released >= max_bytes:
@@ -493,6 +751,32 @@ class TorchCaching(Policy):
                     reclaimed += self._release_block(b)
                     total_age -= age
                     count -= 1
+
+    def grow(self, nbytes: int) -> bool:
+        """Expandable: map fresh pages for ``nbytes`` in stream 0's range, one unmapped page past
+        the last mapping so they are a free segment of their own (PyTorch has no such call)."""
+        if not self.expandable_segments:
+            return super().grow(nbytes)
+        size = round_size(nbytes, self._divisions)
+        small = size <= K_SMALL_SIZE
+        seg = None if self._frozen or nbytes > self._max_request_bytes else self._range(DEFAULT_POOL, small, 0)
+        unmapped = self._head(seg) if seg is not None else None
+        page = self._page_bytes(small)
+        while unmapped is not None and (unmapped.mapped or unmapped.size < size + page):
+            unmapped = unmapped.next
+        if unmapped is not None and unmapped.prev is not None:  # one page of address space apart: a segment of its own
+            gap = _Block(unmapped.ptr, page, 0, small, seg, DEFAULT_POOL, prev=unmapped.prev, next=unmapped,
+                         mapped=False)
+            unmapped.prev.next = gap
+            unmapped.prev = gap
+            unmapped.ptr += page
+            unmapped.size -= page
+        if unmapped is None or not self._map_block(unmapped, size):  # fresh pages at the lowest room
+            if seg is not None:
+                self._drop_if_empty((DEFAULT_POOL, small, 0))
+            self._frozen_refusal_at = -1  # a refused grow() is no allocation's failure
+            return False
+        return True
 
     def _add_segment(self, segment: Segment) -> None:
         """A segment from ``grow``: cached whole, in the pool its size belongs to."""
