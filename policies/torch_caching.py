@@ -789,7 +789,8 @@ class TorchCaching(Policy):
 
     # ------------------------------------------------------------------ seeding
     def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0,
-                     blocks: Iterable[tuple[int, int, int]] = (), pool: Any = DEFAULT_POOL) -> list[Allocation]:
+                     blocks: Iterable[tuple[int, int, int]] = (), pool: Any = DEFAULT_POOL,
+                     range_offset_bytes: int = 0) -> list[Allocation]:
         """Rebuild a segment that existed before a trace began, with its live blocks in place.
 
         Reserves ``nbytes`` through the device (as ``cudaMalloc`` did) and lays out
@@ -805,6 +806,8 @@ class TorchCaching(Policy):
             stream: the stream the segment belongs to.
             blocks: the live blocks, in any order; they must not overlap.
             pool: the ``MempoolId`` of the pool it belongs to (a private one is taken as in use).
+            range_offset_bytes: expandable segments: where in its (pool, small, stream) range the
+                run of ``nbytes`` mapped bytes starts (whole pages; that stretch must be unmapped).
 
         Returns:
             One live ``Allocation`` per block.
@@ -830,27 +833,65 @@ class TorchCaching(Policy):
             end = offset + block_bytes
         if end > nbytes:
             raise PolicyError(f"{where}: blocks reach offset {end}, past the segment's end")
-        seg = self._reserve_segment(nbytes, stream, retry=False)
-        if seg is None:
-            raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
-        seg.handle = small
         if pool != DEFAULT_POOL:
             self._use_count.setdefault(pool, 1)
-        self._count_pool_segment(pool, +1)
+        if self.expandable_segments:
+            seg, base, prev, after = self._seed_mapped_run(where, nbytes, small, stream, pool, range_offset_bytes)
+        else:
+            seg = self._reserve_segment(nbytes, stream, retry=False)
+            if seg is None:
+                raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
+            seg.handle = small
+            self._count_pool_segment(pool, +1)
+            base, prev, after = seg.offset, None, None
         made: dict[tuple, Allocation] = {}
-        prev: _Block | None = None
-        cursor = seg.offset
+        first_prev = prev
+        cursor = base
         for offset, block_bytes, requested in layout:
-            if seg.offset + offset > cursor:
-                prev = self._link(_Block(cursor, seg.offset + offset - cursor, stream, small, seg, pool), prev)
+            if base + offset > cursor:
+                prev = self._link(_Block(cursor, base + offset - cursor, stream, small, seg, pool), prev)
                 self._insert(prev)
-            prev = self._link(_Block(seg.offset + offset, block_bytes, stream, small, seg, pool, allocated=True), prev)
+            prev = self._link(_Block(base + offset, block_bytes, stream, small, seg, pool, allocated=True), prev)
             cursor = prev.ptr + block_bytes
             made[(offset, block_bytes, requested)] = self._count_seeded(
                 Allocation(requested, block_bytes, ((prev.ptr, block_bytes),), stream, None, prev))
-        if seg.end > cursor:
-            self._insert(self._link(_Block(cursor, seg.end - cursor, stream, small, seg, pool), prev))
+        if base + nbytes > cursor:
+            prev = self._link(_Block(cursor, base + nbytes - cursor, stream, small, seg, pool), prev)
+            self._insert(prev)
+        if after is not None:
+            self._link(after, prev)
+        if self.expandable_segments and first_prev is None:  # the run starts the range: a new head
+            head = prev
+            while head.prev is not None:
+                head = head.prev
+            self._heads[seg.offset] = head
         return [made[b] for b in given]
+
+    def _seed_mapped_run(self, where: str, nbytes: int, small: bool, stream: int, pool: Any, range_offset_bytes: int):
+        """Map ``nbytes`` at ``range_offset_bytes`` into the range; returns ``(range segment,
+        run start, block before the run, block after it)`` with the run's own block unlinked."""
+        page = self._page_bytes(small)
+        if range_offset_bytes % page or nbytes % page:
+            raise PolicyError(f"{where}: an expandable run must start and end on {page // MiB} MiB pages")
+        seg = self._range(pool, small, stream)
+        start = seg.offset + range_offset_bytes
+        u = self._head(seg)
+        while u is not None and not (not u.mapped and u.ptr <= start and start + nbytes <= u.ptr + u.size):
+            u = u.next
+        if u is None:
+            raise PolicyError(f"{where}: [{range_offset_bytes}, +{nbytes}) of the range is mapped already")
+        if u.ptr < start:  # the unmapped stretch before the run stays a block of its own
+            before = _Block(u.ptr, start - u.ptr, stream, small, seg, pool, prev=u.prev, next=u, mapped=False)
+            if u.prev is not None:
+                u.prev.next = before
+            u.prev = before
+            u.size -= start - u.ptr
+            u.ptr = start
+        if not self._map_block(u, nbytes):
+            raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the pages")
+        run = self._last_merged
+        self._remove(run)
+        return seg, run.ptr, run.prev, run.next
 
     @staticmethod
     def _link(b: _Block, prev: _Block | None) -> _Block:

@@ -50,6 +50,8 @@ import policies
 from policies.base import Allocation, Policy
 from policies.device import SEGMENT_ALIGNMENT_BYTES, UnmodelledDriver, VirtualDevice
 from policies.errors import PolicyError
+from policies.mapped_device import PageMappedDevice
+from policies.registry import device_kind
 from policies.torch_caching import TorchCaching, params_from_settings, spec_from_settings
 from policies.units import round_up
 from sim import engine
@@ -79,6 +81,7 @@ class SeedSegment:
     small: bool
     stream: int
     pool_id: tuple[int, int] = DEFAULT_POOL_ID
+    range_offset: int | None = None  # expandable: where the mapped run starts in its range
     blocks: list[tuple[int, int, int]] = field(default_factory=list)
     block_addrs: list[int] = field(default_factory=list)
 
@@ -228,6 +231,7 @@ def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tupl
     """The segments that existed before recording and the allocations live in them then."""
     seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream, s.pool_id or DEFAULT_POOL_ID)
              for s in snap.segments_at_start}
+    expandable = any(s.is_expandable for s in snap.segments_at_start)
     starts = list(seeds)  # segments_at_start is sorted by address
     placed: dict[int, list[tuple[int, int | None, int]]] = {}  # segment -> [(addr, block bytes or None, asked)]
     unplaced: list[tuple[int, int, int]] = []
@@ -247,7 +251,22 @@ def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tupl
                 block_bytes = _inferred_block_bytes(requested, nxt - addr, seed.small, rounding)
             seed.blocks.append((addr - seg_addr, min(block_bytes, nxt - addr), requested))
             seed.block_addrs.append(addr)
+    if expandable:
+        _place_in_ranges(list(seeds.values()))
     return [seeds[a] for a in starts], unplaced
+
+
+def _place_in_ranges(seeds: list[SeedSegment]) -> None:
+    """Expandable segments: each mapped run's offset in its (pool, small, stream) range, taking
+    the lowest run's address as the range's start (the snapshot does not record the reserved
+    range; PyTorch maps from the start of it upward, so the lowest run starts it unless its
+    first pages were unmapped before recording)."""
+    base: dict[tuple, int] = {}
+    for s in seeds:
+        key = (s.pool_id, s.small, s.stream)
+        base[key] = min(base.get(key, s.address), s.address)
+    for s in seeds:
+        s.range_offset = s.address - base[(s.pool_id, s.small, s.stream)]
 
 
 def _rounding(settings: dict) -> TorchCaching:
@@ -366,6 +385,30 @@ class _LoggingDevice:
             self._pin(address)
 
 
+class _LoggingMappedDevice(PageMappedDevice):
+    """A page-mapped device that logs each ``map_new`` / ``unmap_release`` as PyTorch's
+    ``segment_map`` / ``segment_unmap`` entries (one per call, as ``map_block`` / ``unmap_block``
+    record them), with the op being replayed."""
+
+    def __init__(self):
+        super().__init__()
+        self.at = -1
+        self.log: list[tuple[int, str, int, int]] = []
+
+    def map_new(self, offset: int, nbytes: int, page_bytes: int | None = None) -> bool:
+        ok = super().map_new(offset, nbytes, page_bytes)
+        if ok:
+            self.log.append((self.at, "segment_map", offset, nbytes))
+        return ok
+
+    def unmap_release(self, offset: int, nbytes: int) -> None:
+        super().unmap_release(offset, nbytes)
+        self.log.append((self.at, "segment_unmap", offset, nbytes))
+
+    def pin(self, address: int) -> None:
+        pass  # a range's address is the device's; runs are placed by their offset in it
+
+
 # ---------------------------------------------------------------------------- replay and compare
 @dataclass
 class FidelityResult:
@@ -435,9 +478,13 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
     spec = policy if isinstance(policy, str) else spec_from_settings(rec.settings) if policy is None else policy
     recorded_allocs = rec.segment_events.loc[rec.segment_events["action"] == "segment_alloc", ["address", "nbytes"]]
-    inner = (RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
-             if addresses == "recorded" else VirtualDevice())
-    device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
+    if device_kind(spec) == "page-mapped":
+        device = _LoggingMappedDevice()
+        addresses = "virtual"  # ranges are the device's; runs keep their offsets, not their addresses
+    else:
+        inner = (RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
+                 if addresses == "recorded" else VirtualDevice())
+        device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
     pool = policies.create(spec, capacity_bytes=capacity_bytes, device=device)
     live = _seed(pool, rec, device)
     seeded_events, start_reserved = len(device.log), pool.reserved_bytes
@@ -475,6 +522,8 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
         for s in rec.seed_segments:
             device.pin(s.address)
             kwargs = {"pool": s.pool_id} if pool.has_private_pools else {}
+            if s.range_offset is not None and device_kind(type(pool)) == "page-mapped":
+                kwargs["range_offset_bytes"] = s.range_offset
             seeded = pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks, **kwargs)
             for addr, a in zip(s.block_addrs, seeded):
                 live[addr] = a

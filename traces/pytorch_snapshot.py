@@ -383,6 +383,8 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
 
 def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
     """The segments held when recording began, by address (see ``PyTorchSnapshot``)."""
+    if any(seg.is_expandable for seg in at_end) or "segment_map" in events.action or "segment_unmap" in events.action:
+        return _mapped_runs_at_start(at_end, events)
     held: set[int] = set()  # addresses of a segment_alloc in the trace not freed since
     freed_unseen: list[SnapshotSegment] = []
     for action, addr, nbytes, stream in zip(events.action, events.address, events.nbytes, events.stream):
@@ -397,6 +399,46 @@ def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvent
     for seg in freed_unseen:
         start.setdefault(seg.address, seg)
     return tuple(start[a] for a in sorted(start))
+
+
+def _mapped_runs_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
+    """Expandable segments: the runs of pages mapped when recording began.
+
+    The final table lists each mapped run as a segment; undoing the trace's ``segment_map`` /
+    ``segment_unmap`` entries, last first, leaves the pages mapped at the start (2 MiB, the
+    smallest page). A run takes the pool, stream and small/large type of the final segment
+    nearest to it on its stream (expandable ranges lie far apart); where there is none it is
+    small when its size is a 2 MiB page count below 20 MiB (a guess the snapshot cannot settle).
+    """
+    page = SMALL_SEGMENT_BYTES
+    mapped: set[int] = set()
+    for seg in at_end:
+        mapped.update(range(seg.address, seg.address + seg.total_bytes, page))
+    stream_of: dict[int, int] = {}
+    for action, addr, nbytes, stream in zip(reversed(events.action), reversed(events.address),
+                                            reversed(events.nbytes), reversed(events.stream)):
+        pages = range(addr, addr + nbytes, page)
+        if action == "segment_map":
+            mapped.difference_update(pages)
+        elif action == "segment_unmap":
+            mapped.update(pages)
+            stream_of.update(dict.fromkeys(pages, stream))
+    runs: list[SnapshotSegment] = []
+    start = prev = None
+    for addr in sorted(mapped) + [None]:
+        if addr is not None and prev is not None and addr == prev + page:
+            prev = addr
+            continue
+        if start is not None:
+            nbytes = prev + page - start
+            near = [s for s in at_end if s.stream == stream_of.get(start, s.stream)]
+            like = min(near, key=lambda s: abs(s.address - start), default=None)
+            if like is None:
+                runs.append(SnapshotSegment(start, nbytes, 0, stream_of.get(start, 0), None, True))
+            else:
+                runs.append(SnapshotSegment(start, nbytes, 0, like.stream, like.segment_type, True, like.pool_id))
+        start = prev = addr
+    return tuple(runs)
 
 
 # ---------------------------------------------------------------------------- private pools

@@ -150,10 +150,20 @@ def test_per_interval_divisions_survive_the_spec_string():
     assert policies.create(p.spec).get_params() == p.get_params()
 
 
-def test_an_expandable_segments_snapshot_is_refused_with_the_reason():
-    rec = snapshot_to_recording(snapshot([entry("alloc", BASE, 512)], settings={"expandable_segments": True}))
-    with pytest.raises(PolicyError, match="expandable_segments"):
-        replay_recording(rec)
+def test_an_expandable_snapshot_is_compared_on_segment_map_events():
+    # 4 MiB live at the start of a range with 20 MiB mapped; a 30 MiB request maps 20 MiB more
+    seg = {"device": 0, "address": BASE, "total_size": 40 * MiB, "stream": 0, "segment_type": "large",
+           "is_expandable": True, "segment_pool_id": (0, 0),
+           "blocks": [{"address": BASE, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated"},
+                      {"address": BASE + 4 * MiB, "size": 30 * MiB, "requested_size": 30 * MiB,
+                       "state": "active_allocated"}]}
+    rec = snapshot_to_recording(snapshot([entry("segment_map", BASE + 20 * MiB, 20 * MiB),
+                                          entry("alloc", BASE + 4 * MiB, 30 * MiB)], [seg],
+                                         settings={"expandable_segments": True}))
+    assert [(s.nbytes, s.range_offset) for s in rec.seed_segments] == [(20 * MiB, 0)]
+    result = replay_recording(rec)
+    assert result.spec == "torch-caching:expandable_segments=True" and result.first_divergence is None
+    assert metric(result, "peak reserved bytes") == (40 * MiB, 40 * MiB)
 
 
 def test_the_recorded_address_device_hands_out_recorded_addresses_in_order():

@@ -59,7 +59,7 @@ def test_a_capture_window_routes_requests_to_the_private_pool():
     assert result.summary()["segment allocations"] == (2, 2)
 
 
-@pytest.mark.parametrize("name", ["graphs", "compile", "static_empty_cache"])
+@pytest.mark.parametrize("name", ["graphs", "compile", "static_empty_cache", "expandable"])
 def test_an_h200_snapshot_is_reproduced_in_order(name):
     rec = read_recording(H200 / f"{name}.pickle.gz")
     result = replay_recording(rec)
