@@ -121,6 +121,8 @@ class Recording:
     free_action: str = "free_completed"
     pool_calls: dict[int, list[tuple[str, tuple[int, int], int]]] = field(default_factory=dict)
     num_unknown_pool: int = 0
+    num_deferred_frees: int = 0
+    entry_unit: str = "device_traces entry"
 
     @property
     def num_allocs(self) -> int:
@@ -148,6 +150,7 @@ def snapshot_to_recording(snap: PyTorchSnapshot) -> Recording:
         pool_calls.setdefault(request_ops[first], []).append(("begin", pool, stream))
         pool_calls.setdefault(request_ops[last] + 1, []).insert(0, ("end", pool, stream))
     return Recording(pool_calls=pool_calls, num_unknown_pool=inferred.num_unknown,
+                     num_deferred_frees=snap.num_deferred_frees, entry_unit=snap.entry_unit,
         name=snap.name, source=snap.source, ops=ops, addrs=addrs, sizes=sizes, streams=streams, entries=entries,
         segment_events=pd.DataFrame(segment_rows, columns=["at", "action", "address", "nbytes", "entry"]),
         seed_segments=seeds, unplaced=unplaced, initial_reserved_bytes=sum(s.nbytes for s in seeds),
@@ -419,8 +422,14 @@ class FidelityResult:
             ``difference_pct`` (of the recorded value) and ``within_1pct``.
         segment_events: recorded and emulated segment events, tidy: ``side``, ``at`` (the op
             they served), ``action``, ``address``, ``nbytes``, ``reserved_bytes`` after it.
+        segment_events: also ``event`` (position in the compared sequence of its side; -1 for
+            ``oom`` entries, which are not compared) and ``entry`` (the raw trace entry of the op
+            it served).
         first_divergence: the first position where the two sequences of (op, action, bytes)
-            differ, as ``{"index", "recorded", "emulated"}``; None when they agree throughout.
+            differ, as ``{"index", "entry", "entry_unit", "recorded", "emulated", "cause"}``:
+            ``index`` is the ``event`` number in ``segment_events`` on both sides, ``entry`` the
+            raw trace entry index; ``cause`` is the likely cause class (``CAUSES``). None when
+            they agree throughout.
         policy: the policy after the replay.
     """
 
@@ -448,8 +457,9 @@ class FidelityResult:
         if d is None:
             lines.append("segment decisions: identical to the recording, in order")
         else:
-            lines.append(f"first divergence at segment event {d['index']}: recorded {d['recorded']}, "
-                         f"emulated {d['emulated']}")
+            lines.append(f"first divergence at segment event {d['index']} (segment_events.csv event={d['index']}, "
+                         f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated {d['emulated']}; "
+                         f"likely cause: {d['cause']}")
         return "\n".join(lines)
 
 
@@ -564,13 +574,23 @@ def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserve
     r["failed allocations (oom)"] = int((recorded["action"] == "oom").sum())
     e["failed allocations (oom)"] = num_failed
     num_allocs = rec.num_allocs
-    key_r = list(zip(recorded["at"], recorded["action"], recorded["nbytes"]))
-    key_r = [k for k in key_r if k[1] != "oom"]
+    decisions = recorded["action"] != "oom"
+    recorded["event"] = -1
+    recorded.loc[decisions, "event"] = range(int(decisions.sum()))
+    emulated["event"] = range(len(emulated))
+    for df in (recorded, emulated):
+        df["entry"] = [rec.entries[at] if 0 <= at < len(rec.entries) else -1 for at in df["at"]]
+    key_r = list(zip(recorded.loc[decisions, "at"], recorded.loc[decisions, "action"], recorded.loc[decisions, "nbytes"]))
     key_e = list(zip(emulated["at"], emulated["action"], emulated["nbytes"]))
     same = next((i for i, (x, y) in enumerate(zip(key_r, key_e)) if x != y), min(len(key_r), len(key_e)))
     divergence = None
     if same < max(len(key_r), len(key_e)):
-        divergence = {"index": same, "recorded": _describe(rec, key_r, same), "emulated": _describe(rec, key_e, same)}
+        at = (key_r if same < len(key_r) else key_e)[same][0]
+        divergence = {"index": same, "entry": rec.entries[at] if 0 <= at < len(rec.entries) else None,
+                      "entry_unit": rec.entry_unit, "recorded": _describe(key_r, same),
+                      "emulated": _describe(key_e, same),
+                      "cause": _likely_cause(rec, pool, key_r[same] if same < len(key_r) else None,
+                                             key_e[same] if same < len(key_e) else None)}
     rows = []
     for metric in r:
         rows.append(_row(metric, r[metric], e[metric]))
@@ -579,7 +599,7 @@ def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserve
         rows.append(_row("allocations at the recorded address %", 100.0, 100.0 * num_at_address / num_allocs))
     rows.append(_row("peak allocated bytes", None, stats.peak_allocated_bytes))  # the snapshot does not say
     events = pd.concat([recorded.assign(side="recorded"), emulated.assign(side="emulated")], ignore_index=True)
-    events = events[["side", "at", "action", "address", "nbytes", "reserved_bytes"]]
+    events = events[["side", "event", "entry", "at", "action", "address", "nbytes", "reserved_bytes"]]
     spec = pool.spec
     return FidelityResult(name=rec.name, spec=spec, addresses=addresses, table=pd.DataFrame(rows),
                           segment_events=events, first_divergence=divergence, policy=pool)
@@ -595,12 +615,36 @@ def _row(metric: str, recorded: Any, emulated: Any) -> dict[str, Any]:
             "difference_pct": pct, "within_1pct": abs(pct) <= 1.0}
 
 
-def _describe(rec: Recording, keys: list, i: int) -> str:
+def _describe(keys: list, i: int) -> str:
     if i >= len(keys):
         return "nothing"
-    at, action, nbytes = keys[i]
-    entry = rec.entries[at] if 0 <= at < len(rec.entries) else "?"
-    return f"{action} of {nbytes / MiB:,.1f} MiB serving trace entry {entry}"
+    _at, action, nbytes = keys[i]
+    return f"{action} of {nbytes / MiB:,.1f} MiB"
+
+
+#: ``PYTORCH_CUDA_ALLOC_CONF`` keys ``params_from_settings`` models (or that do not change decisions)
+_MODELLED_CONF_KEYS = {"", "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+                       "garbage_collection_threshold", "expandable_segments", "backend"}
+CAUSES = ("unmodelled private pool", "external release", "unsupported setting", "record_stream")
+
+
+def _likely_cause(rec: Recording, pool: Policy, recorded: tuple | None, emulated: tuple | None) -> str:
+    """Which class of cause (``CAUSES``) most likely explains the first divergence, with why."""
+    conf = str(rec.settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+    unknown = sorted({item.partition(":")[0].strip() for item in conf.split(",")} - _MODELLED_CONF_KEYS)
+    if unknown:
+        return f"unsupported setting ({', '.join(unknown)} in PYTORCH_CUDA_ALLOC_CONF)"
+    if rec.pool_calls and not pool.has_private_pools:
+        return f"unmodelled private pool ({pool.spec} has no private pools; the trace allocates to one)"
+    if recorded is not None and recorded[1] in ("segment_free", "segment_unmap") and (
+            emulated is None or emulated[1] not in ("segment_free", "segment_unmap")):
+        return "external release (the recording gives memory back where the emulation does not decide to)"
+    if rec.num_deferred_frees:
+        return f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held the blocks)"
+    if rec.num_unknown_pool:
+        return (f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the snapshot "
+                "cannot tell were put in the default pool)")
+    return "unmodelled private pool or external release (no sign in the trace points to either)"
 
 
 def fidelity(path: str | Path, policy: str | None = None, *, addresses: str = "recorded",

@@ -171,6 +171,8 @@ class PyTorchSnapshot:
         allocator_settings: the snapshot's ``allocator_settings``.
         stream_handles: raw stream handle -> small-int stream.
         ignored_actions: count of each trace action that is neither a request nor a decision.
+        num_deferred_frees: frees completed only after other entries followed their
+            ``free_requested`` (a CUDA event held the block: ``record_stream`` or a cross-stream use).
     """
 
     name: str
@@ -186,6 +188,7 @@ class PyTorchSnapshot:
     allocator_settings: dict[str, Any]
     stream_handles: dict[Any, int]
     ignored_actions: dict[str, int]
+    num_deferred_frees: int = 0
 
     @property
     def entry_unit(self) -> str:
@@ -247,7 +250,7 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
     dev = _pick_device(device_traces, segments, device, source)
     entries = device_traces[dev] if dev < len(device_traces) else []
     streams: dict[Any, int] = {0: 0}
-    requests, events, pre_freed, seen_addrs, free_action, ignored = _parse_entries(
+    requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = _parse_entries(
         entries, streams, source, f"device_traces[{dev}] index")
     at_end, live_blocks = _parse_segments(segments, dev, streams, source)
     pre_live = tuple(PreTraceAllocation(addr, requested, stream, block_bytes, None)
@@ -258,7 +261,8 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
         time_origin_us=first.get("time_us") if isinstance(first, dict) else None,
         requests=requests, segment_events=events, segments_at_end=at_end,
         segments_at_start=_segments_at_start(at_end, events), pre_trace=tuple(pre_freed) + pre_live,
-        allocator_settings=settings, stream_handles=streams, ignored_actions=ignored)
+        allocator_settings=settings, stream_handles=streams, ignored_actions=ignored,
+        num_deferred_frees=num_deferred)
 
 
 def _pick_device(device_traces: list, segments: list, device: int | None, source: str) -> int:
@@ -279,7 +283,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     """One pass over the trace entries (the hot loop): requests, decisions, pre-trace frees.
 
     Adds the streams it meets to ``streams``. Returns ``(requests, segment_events, pre_freed,
-    seen_addrs, free_action, ignored)``.
+    seen_addrs, free_action, ignored, num_deferred_frees)``.
     """
     free_action = "free_completed"
     if not any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries):
@@ -290,6 +294,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     s_entry, s_time, s_action, s_addr, s_size, s_stream = [], [], [], [], [], []
     pre_freed: list[PreTraceAllocation] = []
     ignored: dict[str, int] = {}
+    requested_at: dict[int, int] = {}  # address -> entry of its pending free_requested
+    num_deferred = 0
     next_id = 0
     i = -1
     try:
@@ -312,6 +318,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 next_id += 1
             elif action == free_action:
                 addr = e["addr"]
+                if requested_at and requested_at.pop(addr, i - 1) < i - 1:
+                    num_deferred += 1  # completed after other entries: an event (record_stream) held it
                 s = streams.get(e["stream"])
                 if s is None:
                     s = streams[e["stream"]] = len(streams)
@@ -335,7 +343,10 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 # an oom entry's address field is the device's free memory in some versions
                 s_entry.append(i); s_time.append(e.get("time_us")); s_action.append(action)
                 s_addr.append(e.get("addr", e.get("device_free", 0))); s_size.append(e["size"]); s_stream.append(s)
-            elif action != "free_requested" and action != "free_completed":
+            elif action == "free_requested":  # before its free_completed (counted in ignored)
+                requested_at[e["addr"]] = i
+                ignored[action] = ignored.get(action, 0) + 1
+            elif action != "free_completed":
                 ignored[action] = ignored.get(action, 0) + 1
     except TraceFormatError:
         raise
@@ -350,7 +361,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
     requests = SnapshotRequests(r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag)
     events = SegmentEvents(s_entry, s_time, s_action, s_addr, s_size, s_stream)
-    return requests, events, pre_freed, seen_addrs, free_action, ignored
+    return requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred
 
 
 def _parse_segments(segments: list, dev: int, streams: dict, source: str

@@ -68,3 +68,37 @@ def test_an_h200_snapshot_is_reproduced_in_order(name):
     assert recorded_peak == torch_counters["peak_reserved_bytes"]
     assert emulated_peak == recorded_peak
     assert result.first_divergence is None
+
+
+# ----------------------------------------------------------------- divergence: one index, a cause
+def test_a_divergence_names_one_index_for_message_csv_and_trace_and_a_private_pool_cause():
+    snap = graph_snapshot()
+    result = replay_recording(snapshot_to_recording(snap), "first-fit")
+    d = result.first_divergence
+    assert d["cause"].startswith("unmodelled private pool")
+    rows = result.segment_events[result.segment_events["event"] == d["index"]]
+    assert set(rows["entry"]) == {d["entry"]}  # the same trace entry on both sides
+    assert f"segment event {d['index']}" in result.format() and f"index {d['entry']}" in result.format()
+
+
+def test_a_recorded_free_the_emulation_does_not_make_is_an_external_release():
+    entries = [entry("segment_alloc", BASE, 30 * MiB), entry("alloc", BASE, 30 * MiB),
+               entry("free_completed", BASE, 30 * MiB),
+               entry("segment_free", BASE, 30 * MiB), entry("segment_alloc", OTHER, 36 * MiB),
+               entry("alloc", OTHER, 35 * MiB)]
+    # with max_split_size these frees read as the allocator's retry; without a limit it never retries
+    snap = parse_snapshot({"device_traces": [entries], "segments": [],
+                           "allocator_settings": {"max_split_size": 25 * MiB}})
+    d = replay_recording(snapshot_to_recording(snap)).first_divergence
+    assert d["cause"].startswith("external release") and d["entry"] == 5
+
+
+def test_frees_completed_late_point_to_record_stream():
+    entries = [entry("segment_alloc", BASE, 20 * MiB), entry("alloc", BASE, 4 * MiB),
+               entry("free_requested", BASE, 4 * MiB), entry("alloc", BASE + 4 * MiB, 4 * MiB),
+               entry("free_completed", BASE, 4 * MiB), entry("segment_alloc", OTHER, 20 * MiB),
+               entry("alloc", OTHER, 14 * MiB)]
+    snap = parse_snapshot({"device_traces": [entries], "segments": [], "allocator_settings": {}})
+    assert snap.num_deferred_frees == 1
+    result = replay_recording(snapshot_to_recording(snap))  # the 14 MiB fits the freed space here
+    assert result.first_divergence["cause"].startswith("record_stream")
