@@ -168,6 +168,9 @@ class Policy(abc.ABC):
     can_compact: ClassVar[bool] = False
     #: ``seed_segment()`` rebuilds a segment that existed before a trace began (torch-caching)
     can_seed_segments: ClassVar[bool] = False
+    #: routes requests to private pools (``begin_allocate_to_pool`` / ``end_allocate_to_pool`` /
+    #: ``release_pool``: PyTorch's CUDA-graph and ``MemPool`` pools)
+    has_private_pools: ClassVar[bool] = False
     #: the unit a paged pool hands out; None for a pool that places bytes
     page_size_bytes: int | None = None
     #: the policy a wrapper wraps; None for a policy that reserves its own segments
@@ -432,6 +435,18 @@ class Policy(abc.ABC):
     def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()) -> list[Allocation]:
         """Rebuild a pre-existing segment with its live blocks (only where ``can_seed_segments``)."""
         raise PolicyError(f"policy {self.spec!r} cannot seed segments")
+
+    def begin_allocate_to_pool(self, pool_id: Any, stream: int) -> None:
+        """Serve requests on ``stream`` from private pool ``pool_id`` (only where ``has_private_pools``)."""
+        raise PolicyError(f"policy {self.spec!r} has no private pools")
+
+    def end_allocate_to_pool(self, pool_id: Any) -> None:
+        """Stop routing requests to ``pool_id`` (only where ``has_private_pools``)."""
+        raise PolicyError(f"policy {self.spec!r} has no private pools")
+
+    def release_pool(self, pool_id: Any) -> None:
+        """One user of private pool ``pool_id`` is gone (only where ``has_private_pools``)."""
+        raise PolicyError(f"policy {self.spec!r} has no private pools")
 
     def empty_cache(self) -> int:
         """Give every cached free segment back to the device (``torch.cuda.empty_cache()``);

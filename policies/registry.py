@@ -42,6 +42,7 @@ BUILTIN_POLICIES: dict[str, str] = {
     "tag-limits": "policies.tag_limits:TagLimits",
     "vmm-stitch": "policies.vmm_stitch:VmmStitch",
     "page-pool": "policies.page_pool:PagePool",
+    "expandable": "policies.expandable:Expandable",
 }
 
 _runtime: dict[str, type[Policy] | str] = {}

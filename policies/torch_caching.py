@@ -31,27 +31,46 @@ blocks at their real offsets), and ties between equal-size free blocks are broke
 in PyTorch, so a device that hands out the recorded ``cudaMalloc`` addresses reproduces the real
 allocator's decisions (``sim.fidelity``).
 
-Not emulated: CUDA events and ``record_stream`` (a free is complete at once), graph-private
-pools, and ``expandable_segments``. Expandable segments map 2 MiB / 20 MiB pages into one
-reserved virtual range, so one block may span pages mapped at different times; a
-``policies.device.Device`` hands out separate segments that never touch, so such a block would
-be several extents, which breaks the one-extent contract that the simulator's contiguous KV
-cache and the CuPy pool rely on. The option is refused with an error saying so.
+Private pools (``beginAllocateToPool`` / ``endAllocateToPool`` / ``releasePool``, what a CUDA
+graph capture and ``torch.cuda.MemPool`` use): while a capture into pool P is underway on stream
+S, requests on S are served from P's own free lists and segments (``get_pool``); a block freed
+later goes back to the pool it came from. ``release_cached_blocks`` (``empty_cache()``, the last
+retry of ``malloc``) releases the default pool's unsplit blocks and those of private pools no
+longer in use (``use_count == 0``, after ``release_pool``); the retry does not run while a
+capture is underway (``captures_underway.empty()`` guards it in PyTorch).
+
+``expandable_segments=True`` (``ExpandableSegment``; also the ``expandable`` policy) runs over
+a page-mapped device (``policies.mapped_device``): one virtual range per (pool, small/large,
+stream), reserved on first use (1 1/8 of the device's memory), into which 2 MiB (small) or
+20 MiB (large) pages are mapped on demand:
+
+- a miss maps pages (``try_allocate_expandable_block``: the lowest unmapped range of the stream
+  and pool, joined with the free block just before it; ``map_block`` maps the pages covering
+  what is missing, one ``segment_map`` per call, and merges with free mapped neighbours);
+- best fit treats a free block followed by unmapped space as being as large as it can grow
+  (``expandable_size``), so it prefers a free block elsewhere that is merely large enough;
+- a block splits whenever >= 512 B remain, in both pools (``should_split``);
+- ``release_cached_blocks`` (``empty_cache()``, the last retry) unmaps every whole page inside
+  each free block (``unmap_block``: one ``segment_unmap`` per block), and gives a range that
+  is left with nothing mapped back. A plain free unmaps nothing.
+
+Not emulated: CUDA events and ``record_stream`` (a free is complete at once).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator
 
 from policies.base import Allocation, Policy, Segment
 from policies.errors import PolicyError
+from policies.mapped_device import as_page_mapped
 from policies.spec import format_spec
 from policies.units import round_up
 
 __all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division",
-           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "params_from_settings", "spec_from_settings"]
+           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "DEFAULT_POOL", "params_from_settings", "spec_from_settings"]
 
 MiB = 1 << 20
 K_MIN_BLOCK = 512
@@ -60,6 +79,10 @@ K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
+#: device memory assumed for an expandable range's size when neither capacity nor device says (H200)
+_DEFAULT_DEVICE_BYTES = 141 * (1 << 30)
+#: ``MempoolId_t{0, 0}``: the default pool; private pools have any other hashable id.
+DEFAULT_POOL = (0, 0)
 #: ``kRoundUpPowerOfTwoIntervals``: one divisions setting per power of two from 1 MiB to 32 GiB.
 NUM_ROUNDUP_INTERVALS = 16
 _INTERVAL_START_LOG2 = 20  # the first interval starts at 1 MiB
@@ -160,10 +183,12 @@ class _Block:
     stream: int
     small: bool
     segment: Segment
+    pool: Any = (0, 0)  # MempoolId of the BlockPool it belongs to; (0, 0) is the default pool
     prev: "_Block | None" = None
     next: "_Block | None" = None
     allocated: bool = False
     gc_count_base: int = 0  # the pool's get_free_block calls when the block was cached
+    mapped: bool = True  # False: address space of an expandable range with no pages behind it
 
     @property
     def is_split(self) -> bool:
@@ -185,7 +210,9 @@ class TorchCaching(Policy):
         garbage_collection_threshold: fraction 0..1 of ``capacity_bytes``; past it, before a new
             segment, cached unsplit large blocks unused for longest are released. Needs
             ``capacity_bytes`` (PyTorch needs a memory fraction).
-        expandable_segments: must be False (see the module docstring for why it is not emulated).
+        expandable_segments: map pages into one growing virtual range per stream and pool
+            (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``; needs a page-mapped device,
+            see the module docstring).
         capacity_bytes, device: see ``Policy``.
 
     Index of free blocks: per (pool, stream), a sorted ``list`` of int keys
@@ -196,6 +223,7 @@ class TorchCaching(Policy):
 
     name = "torch-caching"
     can_seed_segments = True
+    has_private_pools = True
     coalesces = True
 
     def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
@@ -213,11 +241,8 @@ class TorchCaching(Policy):
         if isinstance(garbage_collection_threshold, bool) or not isinstance(garbage_collection_threshold, (int, float)) \
                 or not 0.0 <= garbage_collection_threshold < 1.0:
             raise PolicyError(f"garbage_collection_threshold(={garbage_collection_threshold!r}) must be in [0, 1)")
-        if expandable_segments is not False:
-            raise PolicyError(
-                f"expandable_segments(={expandable_segments!r}) is not emulated: PyTorch maps pages into one virtual "
-                "range so a block can span pages mapped at different times, but a policies.device.Device hands out "
-                "segments that never touch, so such a block could not be one contiguous extent")
+        if not isinstance(expandable_segments, bool):
+            raise PolicyError(f"expandable_segments(={expandable_segments!r}) must be true or false")
         self.max_split_size_bytes = max_split_size_bytes
         self.max_non_split_rounding_bytes = max_non_split_rounding_bytes
         self.roundup_power2_divisions = roundup_power2_divisions
@@ -225,8 +250,20 @@ class TorchCaching(Policy):
         self.expandable_segments = expandable_segments
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
+    @classmethod
+    def device_kind_for(cls, params: dict[str, Any]) -> str:
+        return "page-mapped" if params.get("expandable_segments", cls.param_defaults()["expandable_segments"]) \
+            else "segment"
+
     def _reset_state(self) -> None:
-        self._keys: dict[tuple[bool, int], list[int]] = {}  # (small, stream) -> sorted size << 64 | ptr
+        if self.expandable_segments:
+            self._mapped_device = as_page_mapped(self.device)
+            self.device = self._mapped_device
+        # expandable: (pool, small, stream) -> that range's Segment (nbytes: the bytes mapped in it)
+        self._ranges: dict[tuple[Any, bool, int], Segment] = {}
+        self._heads: dict[int, _Block] = {}  # range start -> its first block (the chain walks the range)
+        self._spans: dict[int, int] = {}  # range start -> its reserved bytes
+        self._keys: dict[tuple[Any, bool, int], list[int]] = {}  # (pool, small, stream) -> sorted size << 64 | ptr
         self._free_at: dict[int, _Block] = {}  # ptr -> cached (free) block
         table = parse_roundup_power2_divisions(self.roundup_power2_divisions)
         self._divisions: int | tuple[int, ...] = table[0] if len(set(table)) == 1 else table
@@ -235,43 +272,48 @@ class TorchCaching(Policy):
         self._free_block_calls = {True: 0, False: 0}  # BlockPool::get_free_blocks_call_count
         self.num_alloc_retries = 0  # release_cached_blocks ran to satisfy a request
         self.num_ooms = 0
+        self._use_count: dict[Any, int] = {}  # private pool -> PrivatePool::use_count
+        self._captures: list[tuple[Any, int]] = []  # captures_underway: (pool, stream), oldest first
+        self._num_pool_segments: dict[Any, int] = {}  # private pool -> PrivatePool::cudaMalloc_count
 
     # ------------------------------------------------------------------ the free-block index
     def _insert(self, b: _Block) -> None:
         """``insert_into_blocks``: cache a free block (and stamp it for garbage collection)."""
         b.gc_count_base = self._free_block_calls[b.small]
-        keys = self._keys.get((b.small, b.stream))
+        keys = self._keys.get((b.pool, b.small, b.stream))
         if keys is None:
-            keys = self._keys[(b.small, b.stream)] = []
+            keys = self._keys[(b.pool, b.small, b.stream)] = []
         insort(keys, b.size << _KEY_BITS | b.ptr)
         self._free_at[b.ptr] = b
 
     def _remove(self, b: _Block) -> None:
-        keys = self._keys[(b.small, b.stream)]
+        keys = self._keys[(b.pool, b.small, b.stream)]
         key = b.size << _KEY_BITS | b.ptr
         i = bisect_left(keys, key)
         assert keys[i] == key, "removing a block that is not cached"
         del keys[i]
         del self._free_at[b.ptr]
 
-    def _cached(self, small: bool) -> Iterator[_Block]:
-        """The pool's cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
+    def _cached(self, small: bool, pool: Any = DEFAULT_POOL) -> Iterator[_Block]:
+        """``pool``'s cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
         blocks = []
-        for (is_small, _stream), keys in sorted(self._keys.items()):
-            if is_small == small:
+        for (in_pool, is_small, _stream), keys in sorted(self._keys.items(), key=lambda kv: kv[0][2]):
+            if is_small == small and in_pool == pool:
                 blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
         return iter(blocks)
 
-    def _get_free_block(self, small: bool, stream: int, size: int) -> _Block | None:
-        """``get_free_block``: the best-fit cached block for a rounded ``size``, or None."""
-        if self._gc_on:
+    def _get_free_block(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
+        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, or None."""
+        if self._gc_on and pool == DEFAULT_POOL:
             self._free_block_calls[small] += 1
-        keys = self._keys.get((small, stream))
+        keys = self._keys.get((pool, small, stream))
         if not keys:
             return None
         i = bisect_left(keys, size << _KEY_BITS)
         if i == len(keys):
             return None
+        if self.expandable_segments:
+            i = self._skip_growable(keys, i)
         found = keys[i] >> _KEY_BITS
         if size < self._max_split and found >= self._max_split:
             return None  # do not return an oversize block for a request below max_split_size
@@ -279,21 +321,38 @@ class TorchCaching(Policy):
             return None  # an oversize block may be rounded up only within a limit
         return self._free_at[keys[i] & _PTR_MASK]
 
+    def _expandable_size(self, b: _Block) -> int:
+        return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+    def _skip_growable(self, keys: list[int], i: int) -> int:
+        """``get_free_block`` with expandable segments: from the best fit on, move to the next
+        block while that one could grow less (a free block before unmapped space counts as the
+        size it could grow to), so a block that merely fits is preferred to a growable tail."""
+        b = self._free_at[keys[i] & _PTR_MASK]
+        while i + 1 < len(keys):
+            nxt = self._free_at[keys[i + 1] & _PTR_MASK]
+            if self._expandable_size(nxt) >= self._expandable_size(b):
+                break
+            i, b = i + 1, nxt
+        return i
+
     # ------------------------------------------------------------------ Policy hooks
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         size = round_size(nbytes, self._divisions)
         small = size <= K_SMALL_SIZE
-        b = self._get_free_block(small, stream, size)
+        pool = self._pool_for(stream)
+        b = self._get_free_block(pool, small, stream, size)
         if b is not None:
             self._remove(b)
         else:
-            b = self._malloc_segment(small, stream, size)
+            b = self._malloc_segment(pool, small, stream, size)
             if b is None:
                 self.num_ooms += 1
                 return None
         remaining = b.size - size
-        if (remaining >= K_MIN_BLOCK) if small else (size < self._max_split and remaining > K_SMALL_SIZE):
-            front = _Block(b.ptr, size, stream, small, b.segment, prev=b.prev, next=b)
+        if (remaining >= K_MIN_BLOCK) if small or self.expandable_segments else (
+                size < self._max_split and remaining > K_SMALL_SIZE):
+            front = _Block(b.ptr, size, stream, small, b.segment, pool, prev=b.prev, next=b)
             if b.prev is not None:
                 b.prev.next = front
             b.prev = front
@@ -306,31 +365,261 @@ class TorchCaching(Policy):
         self.allocated_bytes += b.size
         return Allocation(nbytes, b.size, ((b.ptr, b.size),), stream, tag, b)
 
-    def _malloc_segment(self, small: bool, stream: int, size: int) -> _Block | None:
+    def _malloc_segment(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
         """The miss path of ``malloc``: garbage collection, ``alloc_block`` and its two retries.
 
-        Returns the new segment's block, not cached, or None (out of memory).
+        Returns the new segment's block, not cached, or None (out of memory). The last retry
+        (``release_cached_blocks``) does not run while a capture is underway, as in PyTorch.
         """
-        alloc_bytes = allocation_size(size)
+        alloc_bytes = size if self.expandable_segments else allocation_size(size)
         if self._frozen:  # refused at once (Policy.freeze): no GC, no emptied cache, no retry
-            return self._alloc_block(small, stream, alloc_bytes)
+            return self._alloc_block(pool, small, stream, alloc_bytes)
         if self._gc_on:
             self._garbage_collect()
-        b = self._alloc_block(small, stream, alloc_bytes)
-        if b is None and self._release_available_cached_blocks(small, stream, size):
-            b = self._alloc_block(small, stream, alloc_bytes)
-        if b is None:
+        b = self._alloc_block(pool, small, stream, alloc_bytes)
+        if b is None and self._release_available_cached_blocks(pool, small, stream, size):
+            b = self._alloc_block(pool, small, stream, alloc_bytes)
+        if b is None and not self._captures:
             self.num_alloc_retries += 1
             self._release_free_segments(None)
-            b = self._alloc_block(small, stream, alloc_bytes)
+            b = self._alloc_block(pool, small, stream, alloc_bytes)
         return b
 
-    def _alloc_block(self, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
+    def _alloc_block(self, pool: Any, small: bool, stream: int, alloc_bytes: int) -> _Block | None:
+        if self.expandable_segments:
+            return self._try_allocate_expandable_block(pool, small, stream, alloc_bytes)
         seg = self._reserve_segment(alloc_bytes, stream, retry=False)
         if seg is None:
             return None
         seg.handle = small
-        return _Block(seg.offset, alloc_bytes, stream, small, seg)
+        self._count_pool_segment(pool, +1)
+        return _Block(seg.offset, alloc_bytes, stream, small, seg, pool)
+
+    def _count_pool_segment(self, pool: Any, delta: int) -> None:
+        if pool != DEFAULT_POOL:
+            self._num_pool_segments[pool] = self._num_pool_segments.get(pool, 0) + delta
+
+    # ------------------------------------------------------------------ expandable segments
+    def _page_bytes(self, small: bool) -> int:
+        return K_SMALL_BUFFER if small else K_LARGE_BUFFER
+
+    def _range_span_bytes(self) -> int:
+        """Address space of one range: 1 1/8 of the device's memory, as PyTorch reserves."""
+        total = self.capacity_bytes or self._mapped_device.limit_bytes or _DEFAULT_DEVICE_BYTES
+        return round_up(total + total // 8, K_LARGE_BUFFER)
+
+    def _range(self, pool: Any, small: bool, stream: int) -> Segment | None:
+        """The range of (pool, small/large, stream), reserved on first use with nothing mapped."""
+        key = (pool, small, stream)
+        seg = self._ranges.get(key)
+        if seg is None:
+            span = self._range_span_bytes()
+            start = self._mapped_device.address_reserve(span)
+            if start is None:
+                return None
+            seg = self._ranges[key] = Segment(start, 0, stream, handle=small)
+            self._heads[start] = _Block(start, span, stream, small, seg, pool, mapped=False)
+            self._spans[start] = span
+            self._segments[start] = seg
+            self._count_pool_segment(pool, +1)
+        return seg
+
+    def _head(self, seg: Segment) -> _Block:
+        """The first block of an expandable range (a split in front of the stored one is found by walking back)."""
+        b = self._heads[seg.offset]
+        while b.prev is not None:
+            b = b.prev
+        self._heads[seg.offset] = b
+        return b
+
+    def _try_allocate_expandable_block(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
+        """``try_allocate_expandable_block``: a free block of at least ``size`` made by mapping
+        pages into the lowest unmapped range that, with the free block before it, has room;
+        removed from the index. None when the device or ``capacity_bytes`` refuses."""
+        if self._frozen:  # Policy.freeze: no page is mapped any more
+            self._frozen_refusal_at = self.num_allocs + self.num_failures
+            return None
+        seg = self._range(pool, small, stream)
+        if seg is None:
+            return None
+        candidate = None
+        b = self._head(seg)
+        while b is not None:  # find_expandable_block: unmapped blocks in address order
+            if not b.mapped:
+                c = b.prev if b.prev is not None and not b.prev.allocated else b
+                room, walk = 0, c
+                while room < size and walk is not None and not walk.allocated:
+                    room, walk = room + walk.size, walk.next
+                if room >= size:
+                    candidate = c
+                    break
+            b = b.next
+        if candidate is None:
+            return None
+        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
+            self._drop_if_empty((pool, small, stream))
+            return None
+        while candidate.size < size:  # free -> unmapped: map what is missing, merging into the free block
+            nxt = candidate.next
+            if not self._map_block(nxt, min(size - candidate.size, nxt.size)):
+                return None
+            candidate = self._last_merged
+        self._remove(candidate)
+        return candidate
+
+    def _map_block(self, b: _Block, size: int) -> bool:
+        """``map_block``: map the pages covering ``[b.ptr, b.ptr + size)`` of unmapped block ``b``,
+        split off the unmapped rest and merge with free mapped neighbours (one ``segment_map``)."""
+        page = self._page_bytes(b.small)
+        seg = b.segment
+        first = b.ptr - (b.ptr - seg.offset) % page
+        assert first == b.ptr, "an unmapped block starts on a page boundary"
+        nbytes = round_up(size, page)
+        if self.capacity_bytes is not None and self.reserved_bytes + nbytes > self.capacity_bytes:
+            return False
+        if not self._mapped_device.map_new(b.ptr, nbytes, page):
+            return False
+        left = b.prev is not None and b.prev.mapped
+        right = nbytes == b.size and b.next is not None and b.next.mapped
+        self._count_runs(1 - left - right)
+        if nbytes < b.size:
+            rest = _Block(b.ptr + nbytes, b.size - nbytes, b.stream, b.small, seg, b.pool, prev=b, next=b.next,
+                          mapped=False)
+            if b.next is not None:
+                b.next.prev = rest
+            b.next = rest
+            b.size = nbytes
+        b.mapped = True
+        seg.nbytes += nbytes
+        self.reserved_bytes += nbytes
+        self.grown_bytes += nbytes
+        if self.reserved_bytes > self.peak_reserved_bytes:
+            self.peak_reserved_bytes = self.reserved_bytes
+        b = self._merge_free_neighbours(b)
+        self._insert(b)
+        self._last_merged = b
+        return True
+
+    def _merge_free_neighbours(self, b: _Block) -> _Block:
+        """``try_merge_blocks`` with both neighbours: free ones of the same mapped state join ``b``
+        (cached ones leave the index; ``b`` is returned, not cached)."""
+        prev, nxt = b.prev, b.next
+        if prev is not None and not prev.allocated and prev.mapped == b.mapped:
+            if prev.mapped:
+                self._remove(prev)
+            b.ptr, b.size, b.prev = prev.ptr, prev.size + b.size, prev.prev
+            if b.prev is not None:
+                b.prev.next = b
+            else:
+                self._heads[b.segment.offset] = b
+        if nxt is not None and not nxt.allocated and nxt.mapped == b.mapped:
+            if nxt.mapped:
+                self._remove(nxt)
+            b.size += nxt.size
+            b.next = nxt.next
+            if b.next is not None:
+                b.next.prev = b
+        return b
+
+    def _unmap_block(self, b: _Block) -> int:
+        """``unmap_block``: unmap the whole pages inside cached block ``b`` (one ``segment_unmap``);
+        the free edges around them stay cached. Returns the bytes unmapped."""
+        page = self._page_bytes(b.small)
+        seg = b.segment
+        start = seg.offset + round_up(b.ptr - seg.offset, page)
+        end = seg.offset + (b.ptr + b.size - seg.offset) // page * page
+        if end <= start:
+            return 0
+        self._remove(b)
+        self._mapped_device.unmap_release(start, end - start)
+        left = start > b.ptr or (b.prev is not None and b.prev.mapped)
+        right = b.ptr + b.size > end or (b.next is not None and b.next.mapped)
+        self._count_runs(left + right - 1)
+        if start > b.ptr:
+            before = _Block(b.ptr, start - b.ptr, b.stream, b.small, seg, b.pool, prev=b.prev, next=b)
+            if b.prev is not None:
+                b.prev.next = before
+            else:
+                self._heads[seg.offset] = before
+            b.prev = before
+            self._insert(before)
+        if b.ptr + b.size > end:
+            after = _Block(end, b.ptr + b.size - end, b.stream, b.small, seg, b.pool, prev=b, next=b.next)
+            if b.next is not None:
+                b.next.prev = after
+            b.next = after
+            self._insert(after)
+        b.ptr, b.size, b.mapped = start, end - start, False
+        self._merge_free_neighbours(b)
+        unmapped = end - start
+        seg.nbytes -= unmapped
+        self.reserved_bytes -= unmapped
+        self.shrunk_bytes += unmapped
+        return unmapped
+
+    def _release_expandable(self, pool: Any, max_bytes: int | None) -> int:
+        """``release_blocks`` of an expandable pool: unmap inside every cached block of ``pool``;
+        a range left with nothing mapped is given back (``release_expandable_segment``)."""
+        released = 0
+        for b in [*self._cached(False, pool), *self._cached(True, pool)]:
+            if max_bytes is not None and released >= max_bytes:
+                break
+            released += self._unmap_block(b)
+        for key in [k for k in self._ranges if k[0] == pool]:
+            self._drop_if_empty(key)
+        return released
+
+    def _count_runs(self, delta: int) -> None:
+        """Segments of an expandable pool are its mapped runs (as PyTorch's snapshot lists them):
+        a run started counts a grow, one merged or unmapped away a shrink; an unmapped hole that
+        splits a run counts a grow with no byte reserved (``grown_bytes`` counts mappings only)."""
+        if delta > 0:
+            self.num_grows += delta
+        else:
+            self.num_shrinks -= delta
+
+    def segments(self) -> list[Segment]:
+        """Expandable: one segment per run of mapped pages (``num_live``: allocations in it)."""
+        if not self.expandable_segments:
+            return super().segments()
+        runs: list[Segment] = []
+        for seg in self._ranges.values():
+            b, run = self._head(seg), None
+            while b is not None:
+                if not b.mapped:
+                    run = None
+                else:
+                    if run is None:
+                        run = Segment(b.ptr, 0, seg.stream)
+                        runs.append(run)
+                    run.nbytes += b.size
+                    run.num_live += b.allocated
+                b = b.next
+        return sorted(runs, key=lambda r: r.offset)
+
+    def reset(self) -> None:
+        if self.expandable_segments:  # unmap every page and give the ranges back (not the segment protocol)
+            for seg in self._ranges.values():
+                span = self._spans[seg.offset]
+                self._mapped_device.unmap_release(seg.offset, span)
+                self._mapped_device.address_free(seg.offset, span)
+                del self._segments[seg.offset]
+        super().reset()
+
+    def stats(self):
+        st = super().stats()
+        if not self.expandable_segments:
+            return st
+        return replace(st, num_segments=len(self.segments()))
+
+    def _drop_if_empty(self, key: tuple[Any, bool, int]) -> None:
+        """``release_expandable_segment``: give back a range with nothing mapped in it."""
+        seg = self._ranges[key]
+        if seg.nbytes:
+            return
+        self._mapped_device.address_free(seg.offset, self._spans.pop(seg.offset))
+        del self._ranges[key], self._segments[seg.offset], self._heads[seg.offset]
+        self._count_pool_segment(key[0], -1)
 
     def _free(self, allocation: Allocation) -> None:
         """``free_block``: merge with free neighbours (previous first) and cache the result."""
@@ -338,42 +627,77 @@ class TorchCaching(Policy):
         b.allocated = False
         b.segment.num_live -= 1
         self.allocated_bytes -= b.size
-        prev, nxt = b.prev, b.next
-        if prev is not None and not prev.allocated:
-            self._remove(prev)
-            b.ptr, b.size, b.prev = prev.ptr, prev.size + b.size, prev.prev
-            if b.prev is not None:
-                b.prev.next = b
-        if nxt is not None and not nxt.allocated:
-            self._remove(nxt)
-            b.size += nxt.size
-            b.next = nxt.next
-            if b.next is not None:
-                b.next.prev = b
-        self._insert(b)
+        self._insert(self._merge_free_neighbours(b))
 
     def _release_block(self, b: _Block) -> int:
         """``release_block``: ``cudaFree`` a cached block that is a whole segment."""
         assert not b.is_split and not b.allocated
         self._remove(b)
         self._release_segment(b.segment)
+        self._count_pool_segment(b.pool, -1)
         return b.size
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
-        """``release_cached_blocks``: free every cached unsplit block, large pool first.
+        """``release_cached_blocks``: free every cached unsplit block of the default pool (large
+        first), then of each private pool no longer in use (``graph_pools_freeable``).
 
         With ``max_bytes``, stop once at least that many bytes are released (``trim``).
         """
         released = 0
-        for small in (False, True):
-            for b in self._cached(small):
-                if max_bytes is not None and released >= max_bytes:
-                    return released
-                if not b.is_split:
-                    released += self._release_block(b)
+        freeable = [p for p, n in self._use_count.items() if n == 0]
+        for pool in (DEFAULT_POOL, *freeable):
+            if self.expandable_segments:
+                released += self._release_expandable(pool, max_bytes)
+                continue
+            for small in (False, True):
+                for b in self._cached(small, pool):
+                    if max_bytes is not None and released >= max_bytes:
+                        return released
+                    if not b.is_split:
+                        released += self._release_block(b)
+        for pool in freeable:  # a freeable pool left with no segment is forgotten (cudaMalloc_count == 0)
+            if not self._num_pool_segments.get(pool):
+                del self._use_count[pool]
         return released
 
-    def _release_available_cached_blocks(self, small: bool, stream: int, size: int) -> bool:
+    # ------------------------------------------------------------------ private pools
+    def _pool_for(self, stream: int) -> Any:
+        """``get_pool``: the private pool of the first capture underway on ``stream``, else the default."""
+        for pool, capture_stream in self._captures:
+            if capture_stream == stream:
+                return pool
+        return DEFAULT_POOL
+
+    def begin_allocate_to_pool(self, pool_id: Any, stream: int) -> None:
+        """``beginAllocateToPool``: requests on ``stream`` go to private pool ``pool_id`` until
+        ``end_allocate_to_pool``. A new pool starts in use (``use_count`` 1); a capture into an
+        existing one shares it (``use_count`` + 1)."""
+        if pool_id == DEFAULT_POOL:
+            raise PolicyError(f"begin_allocate_to_pool: {pool_id!r} is the default pool, not a private one")
+        if pool_id in self._use_count:
+            if self._use_count[pool_id] == 0:
+                raise PolicyError(f"begin_allocate_to_pool: private pool {pool_id!r} was released")
+            self._use_count[pool_id] += 1
+        else:
+            self._use_count[pool_id] = 1
+        self._captures.append((pool_id, stream))
+
+    def end_allocate_to_pool(self, pool_id: Any) -> None:
+        """``endAllocateToPool``: stop routing requests to ``pool_id`` (its blocks stay in it)."""
+        for i, (pool, _stream) in enumerate(self._captures):
+            if pool == pool_id:
+                del self._captures[i]
+                return
+        raise PolicyError(f"end_allocate_to_pool: no allocation to pool {pool_id!r} is underway")
+
+    def release_pool(self, pool_id: Any) -> None:
+        """``releasePool``: one user of ``pool_id`` (a graph) is gone; at zero users its cached
+        segments become releasable by ``empty_cache``."""
+        if not self._use_count.get(pool_id):
+            raise PolicyError(f"release_pool: private pool {pool_id!r} is not in use")
+        self._use_count[pool_id] -= 1
+
+    def _release_available_cached_blocks(self, pool: Any, small: bool, stream: int, size: int) -> bool:
         """``release_available_cached_blocks``: free oversize cached blocks, only with ``max_split_size``.
 
         One block at least as large as the request (or ``max_split_size``) if there is one, else
@@ -382,7 +706,7 @@ class TorchCaching(Policy):
         if self.max_split_size_bytes is None:
             return False
         key = max(size, self._max_split)
-        keys = self._keys.get((small, stream), [])
+        keys = self._keys.get((pool, small, stream), [])
         i = bisect_left(keys, key << _KEY_BITS)
         if i < len(keys):
             b = self._free_at[keys[i] & _PTR_MASK]
@@ -428,6 +752,32 @@ class TorchCaching(Policy):
                     total_age -= age
                     count -= 1
 
+    def grow(self, nbytes: int) -> bool:
+        """Expandable: map fresh pages for ``nbytes`` in stream 0's range, one unmapped page past
+        the last mapping so they are a free segment of their own (PyTorch has no such call)."""
+        if not self.expandable_segments:
+            return super().grow(nbytes)
+        size = round_size(nbytes, self._divisions)
+        small = size <= K_SMALL_SIZE
+        seg = None if self._frozen or nbytes > self._max_request_bytes else self._range(DEFAULT_POOL, small, 0)
+        unmapped = self._head(seg) if seg is not None else None
+        page = self._page_bytes(small)
+        while unmapped is not None and (unmapped.mapped or unmapped.size < size + page):
+            unmapped = unmapped.next
+        if unmapped is not None and unmapped.prev is not None:  # one page of address space apart: a segment of its own
+            gap = _Block(unmapped.ptr, page, 0, small, seg, DEFAULT_POOL, prev=unmapped.prev, next=unmapped,
+                         mapped=False)
+            unmapped.prev.next = gap
+            unmapped.prev = gap
+            unmapped.ptr += page
+            unmapped.size -= page
+        if unmapped is None or not self._map_block(unmapped, size):  # fresh pages at the lowest room
+            if seg is not None:
+                self._drop_if_empty((DEFAULT_POOL, small, 0))
+            self._frozen_refusal_at = -1  # a refused grow() is no allocation's failure
+            return False
+        return True
+
     def _add_segment(self, segment: Segment) -> None:
         """A segment from ``grow``: cached whole, in the pool its size belongs to."""
         small = segment.nbytes <= K_SMALL_BUFFER
@@ -439,7 +789,8 @@ class TorchCaching(Policy):
 
     # ------------------------------------------------------------------ seeding
     def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0,
-                     blocks: Iterable[tuple[int, int, int]] = ()) -> list[Allocation]:
+                     blocks: Iterable[tuple[int, int, int]] = (), pool: Any = DEFAULT_POOL,
+                     range_offset_bytes: int = 0) -> list[Allocation]:
         """Rebuild a segment that existed before a trace began, with its live blocks in place.
 
         Reserves ``nbytes`` through the device (as ``cudaMalloc`` did) and lays out
@@ -454,6 +805,9 @@ class TorchCaching(Policy):
             small: True for a small-pool segment (requests <= 1 MiB), False for the large pool.
             stream: the stream the segment belongs to.
             blocks: the live blocks, in any order; they must not overlap.
+            pool: the ``MempoolId`` of the pool it belongs to (a private one is taken as in use).
+            range_offset_bytes: expandable segments: where in its (pool, small, stream) range the
+                run of ``nbytes`` mapped bytes starts (whole pages; that stretch must be unmapped).
 
         Returns:
             One live ``Allocation`` per block.
@@ -479,24 +833,65 @@ class TorchCaching(Policy):
             end = offset + block_bytes
         if end > nbytes:
             raise PolicyError(f"{where}: blocks reach offset {end}, past the segment's end")
-        seg = self._reserve_segment(nbytes, stream, retry=False)
-        if seg is None:
-            raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
-        seg.handle = small
+        if pool != DEFAULT_POOL:
+            self._use_count.setdefault(pool, 1)
+        if self.expandable_segments:
+            seg, base, prev, after = self._seed_mapped_run(where, nbytes, small, stream, pool, range_offset_bytes)
+        else:
+            seg = self._reserve_segment(nbytes, stream, retry=False)
+            if seg is None:
+                raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
+            seg.handle = small
+            self._count_pool_segment(pool, +1)
+            base, prev, after = seg.offset, None, None
         made: dict[tuple, Allocation] = {}
-        prev: _Block | None = None
-        cursor = seg.offset
+        first_prev = prev
+        cursor = base
         for offset, block_bytes, requested in layout:
-            if seg.offset + offset > cursor:
-                prev = self._link(_Block(cursor, seg.offset + offset - cursor, stream, small, seg), prev)
+            if base + offset > cursor:
+                prev = self._link(_Block(cursor, base + offset - cursor, stream, small, seg, pool), prev)
                 self._insert(prev)
-            prev = self._link(_Block(seg.offset + offset, block_bytes, stream, small, seg, allocated=True), prev)
+            prev = self._link(_Block(base + offset, block_bytes, stream, small, seg, pool, allocated=True), prev)
             cursor = prev.ptr + block_bytes
             made[(offset, block_bytes, requested)] = self._count_seeded(
                 Allocation(requested, block_bytes, ((prev.ptr, block_bytes),), stream, None, prev))
-        if seg.end > cursor:
-            self._insert(self._link(_Block(cursor, seg.end - cursor, stream, small, seg), prev))
+        if base + nbytes > cursor:
+            prev = self._link(_Block(cursor, base + nbytes - cursor, stream, small, seg, pool), prev)
+            self._insert(prev)
+        if after is not None:
+            self._link(after, prev)
+        if self.expandable_segments and first_prev is None:  # the run starts the range: a new head
+            head = prev
+            while head.prev is not None:
+                head = head.prev
+            self._heads[seg.offset] = head
         return [made[b] for b in given]
+
+    def _seed_mapped_run(self, where: str, nbytes: int, small: bool, stream: int, pool: Any, range_offset_bytes: int):
+        """Map ``nbytes`` at ``range_offset_bytes`` into the range; returns ``(range segment,
+        run start, block before the run, block after it)`` with the run's own block unlinked."""
+        page = self._page_bytes(small)
+        if range_offset_bytes % page or nbytes % page:
+            raise PolicyError(f"{where}: an expandable run must start and end on {page // MiB} MiB pages")
+        seg = self._range(pool, small, stream)
+        start = seg.offset + range_offset_bytes
+        u = self._head(seg)
+        while u is not None and not (not u.mapped and u.ptr <= start and start + nbytes <= u.ptr + u.size):
+            u = u.next
+        if u is None:
+            raise PolicyError(f"{where}: [{range_offset_bytes}, +{nbytes}) of the range is mapped already")
+        if u.ptr < start:  # the unmapped stretch before the run stays a block of its own
+            before = _Block(u.ptr, start - u.ptr, stream, small, seg, pool, prev=u.prev, next=u, mapped=False)
+            if u.prev is not None:
+                u.prev.next = before
+            u.prev = before
+            u.size -= start - u.ptr
+            u.ptr = start
+        if not self._map_block(u, nbytes):
+            raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the pages")
+        run = self._last_merged
+        self._remove(run)
+        return seg, run.ptr, run.prev, run.next
 
     @staticmethod
     def _link(b: _Block, prev: _Block | None) -> _Block:

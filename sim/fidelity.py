@@ -19,9 +19,17 @@ ones measures the emulation's fidelity:
    requested size that does not overlap a held segment; a fresh address past them otherwise).
    The emulation still decides on its own when to reserve and how much. ``"virtual"`` uses the
    usual ``VirtualDevice`` (increasing addresses), to show how much the tie-break matters.
-3. **Explicit ``empty_cache()``.** A run of ``segment_free`` entries not followed by a
-   ``segment_alloc`` or ``oom`` is the program calling ``empty_cache()``; the replay calls the
-   policy's ``empty_cache()`` (``trim()`` unless a policy has its own rule) at that point.
+3. **Explicit ``empty_cache()``.** A run of ``segment_free`` entries between two requests is the
+   program calling ``empty_cache()`` (``torch.cuda.graph`` calls it before every capture), also
+   when a reservation follows: the replay calls the policy's ``empty_cache()`` (``trim()``
+   unless a policy has its own rule) at that point. An out-of-memory retry frees the same
+   segments right before the same reservation, so reading it as ``empty_cache`` replays it the
+   same way; the one exception kept as a retry is ``release_available_cached_blocks`` (with
+   ``max_split_size``, every freed segment at least that large), which frees fewer.
+4. **Private pools** (CUDA graphs, ``torch.compile`` reduce-overhead, ``MemPool``). Each request's
+   pool is inferred from the segment holding its address (``infer_request_pools``); the replay
+   calls ``begin_allocate_to_pool`` / ``end_allocate_to_pool`` around each capture window.
+   Graph destruction (``releasePool``) is not recorded: private pools stay in use to the end.
 
 The recorded reserved bytes are the starting segments' bytes plus the running sum of segment
 allocations minus frees. Policies without ``seed_segment`` get the starting allocations through
@@ -42,12 +50,14 @@ import policies
 from policies.base import Allocation, Policy
 from policies.device import SEGMENT_ALIGNMENT_BYTES, DeviceInFront, UnmodelledDriver, VirtualDevice
 from policies.errors import PolicyError
+from policies.mapped_device import PageMappedDevice
+from policies.registry import device_kind
 from policies.torch_caching import TorchCaching, params_from_settings, spec_from_settings
 from policies.units import round_up
 from sim import engine
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
-from traces.pytorch_snapshot import PyTorchSnapshot, read_snapshot
+from traces.pytorch_snapshot import DEFAULT_POOL_ID, PyTorchSnapshot, infer_request_pools, read_snapshot
 
 __all__ = ["Recording", "SeedSegment", "FidelityResult", "read_recording", "snapshot_to_recording",
            "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
@@ -70,6 +80,8 @@ class SeedSegment:
     nbytes: int
     small: bool
     stream: int
+    pool_id: tuple[int, int] = DEFAULT_POOL_ID
+    range_offset: int | None = None  # expandable: where the mapped run starts in its range
     blocks: list[tuple[int, int, int]] = field(default_factory=list)
     block_addrs: list[int] = field(default_factory=list)
 
@@ -89,6 +101,9 @@ class Recording:
         unplaced: starting allocations outside every known segment, ``(address, nbytes, stream)``.
         initial_reserved_bytes: bytes held in ``seed_segments``.
         settings: the snapshot's ``allocator_settings``.
+        pool_calls: op index -> ``[(call, pool, stream)]`` to make before that op (``call`` is
+            ``"begin"`` or ``"end"``: ``begin_allocate_to_pool`` / ``end_allocate_to_pool``).
+        num_unknown_pool: allocations whose pool the snapshot cannot tell (taken as default).
     """
 
     name: str
@@ -104,6 +119,10 @@ class Recording:
     initial_reserved_bytes: int
     settings: dict[str, Any]
     free_action: str = "free_completed"
+    pool_calls: dict[int, list[tuple[str, tuple[int, int], int]]] = field(default_factory=dict)
+    num_unknown_pool: int = 0
+    num_deferred_frees: int = 0
+    entry_unit: str = "device_traces entry"
 
     @property
     def num_allocs(self) -> int:
@@ -123,9 +142,15 @@ def read_recording(path: str | Path, *, device: int | None = None) -> Recording:
 
 def snapshot_to_recording(snap: PyTorchSnapshot) -> Recording:
     """A parsed snapshot as a ``Recording`` (see the module docstring)."""
-    ops, addrs, sizes, streams, entries, segment_rows = _requests_and_decisions(snap)
+    ops, addrs, sizes, streams, entries, segment_rows, request_ops = _requests_and_decisions(snap)
     seeds, unplaced = _starting_state(snap)
-    return Recording(
+    inferred = infer_request_pools(snap)
+    pool_calls: dict[int, list] = {}
+    for first, last, pool, stream in inferred.windows:
+        pool_calls.setdefault(request_ops[first], []).append(("begin", pool, stream))
+        pool_calls.setdefault(request_ops[last] + 1, []).insert(0, ("end", pool, stream))
+    return Recording(pool_calls=pool_calls, num_unknown_pool=inferred.num_unknown,
+                     num_deferred_frees=snap.num_deferred_frees, entry_unit=snap.entry_unit,
         name=snap.name, source=snap.source, ops=ops, addrs=addrs, sizes=sizes, streams=streams, entries=entries,
         segment_events=pd.DataFrame(segment_rows, columns=["at", "action", "address", "nbytes", "entry"]),
         seed_segments=seeds, unplaced=unplaced, initial_reserved_bytes=sum(s.nbytes for s in seeds),
@@ -147,13 +172,17 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
     index: list[int] = []
     pending: list[list] = []  # segment rows waiting for the request they serve
     segment_rows: list[list] = []
+    request_ops: list[int] = []  # request k -> its op index
+    retry_release = _retry_release_test(snap.allocator_settings)
     j, num_events = 0, len(ev)
     for k, i in enumerate(req.entry):
         while j < num_events and ev.entry[j] < i:
             pending.append([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]])
             j += 1
         if pending:  # segment decisions made before this request
-            _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
+            _flush(pending, segment_rows, ops, addrs, sizes, streams, index, retry_release)
+            pending.clear()
+        request_ops.append(len(ops))
         ops.append(ALLOC if req.is_alloc[k] else FREE)
         addrs.append(req.address[k])
         sizes.append(req.nbytes[k])
@@ -161,36 +190,51 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
         index.append(i)
     pending.extend([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]] for j in range(j, num_events))
     if pending:
-        _flush(pending, segment_rows, ops, addrs, sizes, streams, index)
-    return ops, addrs, sizes, streams, index, segment_rows
+        _flush(pending, segment_rows, ops, addrs, sizes, streams, index, retry_release)
+    return ops, addrs, sizes, streams, index, segment_rows, request_ops
 
 
-def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index) -> None:
+def _retry_release_test(settings: dict):
+    """Whether a run of freed sizes may be ``release_available_cached_blocks`` (a retry that
+    frees only oversize blocks, so only with ``max_split_size``)."""
+    max_split = params_from_settings(settings).get("max_split_size_bytes")
+    if max_split is None:
+        return lambda sizes: False
+    return lambda sizes: all(n >= max_split for n in sizes)
+
+
+def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index, retry_release) -> None:
     """Attach the segment events seen since the last request to the request that follows.
 
-    The allocator reserves (and, on a miss, frees) segments only while serving an allocation,
-    so events that include a reservation or an ``oom`` belong to the next request. Events with
-    none (frees only) are the program calling ``empty_cache()``: they get an ``EMPTY_CACHE`` op
-    of their own, placed before the request (or at the end of the trace).
+    The allocator reserves segments only while serving an allocation, so a reservation or an
+    ``oom`` belongs to the next request. Frees ahead of them are the program calling
+    ``empty_cache()``: they get an ``EMPTY_CACHE`` op of their own, placed before the request
+    (or at the end of the trace); frees that only ``release_available_cached_blocks`` could
+    have made (``retry_release``) stay with the request (see the module docstring).
     """
-    if not any(row[1] in ("segment_alloc", "segment_map", "oom") for row in pending):
+    reserving = ("segment_alloc", "segment_map", "oom")
+    num_leading_frees = next((n for n, row in enumerate(pending) if row[1] in reserving), len(pending))
+    leading = pending[:num_leading_frees]
+    if leading and (num_leading_frees == len(pending) or not retry_release([row[3] for row in leading])):
         ops.append(EMPTY_CACHE)
         addrs.append(0)
         sizes.append(0)
         streams.append(0)
         index.append(pending[0][4])
-        at = len(ops) - 1
-    else:
-        at = len(ops)
+        for row in leading:
+            row[0] = len(ops) - 1
+        segment_rows.extend(leading)
+        pending = pending[num_leading_frees:]
     for row in pending:
-        row[0] = at
+        row[0] = len(ops)
     segment_rows.extend(pending)
-    pending.clear()
 
 
 def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tuple[int, int, int]]]:
     """The segments that existed before recording and the allocations live in them then."""
-    seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream) for s in snap.segments_at_start}
+    seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream, s.pool_id or DEFAULT_POOL_ID)
+             for s in snap.segments_at_start}
+    expandable = any(s.is_expandable for s in snap.segments_at_start)
     starts = list(seeds)  # segments_at_start is sorted by address
     placed: dict[int, list[tuple[int, int | None, int]]] = {}  # segment -> [(addr, block bytes or None, asked)]
     unplaced: list[tuple[int, int, int]] = []
@@ -210,7 +254,22 @@ def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tupl
                 block_bytes = _inferred_block_bytes(requested, nxt - addr, seed.small, rounding)
             seed.blocks.append((addr - seg_addr, min(block_bytes, nxt - addr), requested))
             seed.block_addrs.append(addr)
+    if expandable:
+        _place_in_ranges(list(seeds.values()))
     return [seeds[a] for a in starts], unplaced
+
+
+def _place_in_ranges(seeds: list[SeedSegment]) -> None:
+    """Expandable segments: each mapped run's offset in its (pool, small, stream) range, taking
+    the lowest run's address as the range's start (the snapshot does not record the reserved
+    range; PyTorch maps from the start of it upward, so the lowest run starts it unless its
+    first pages were unmapped before recording)."""
+    base: dict[tuple, int] = {}
+    for s in seeds:
+        key = (s.pool_id, s.small, s.stream)
+        base[key] = min(base.get(key, s.address), s.address)
+    for s in seeds:
+        s.range_offset = s.address - base[(s.pool_id, s.small, s.stream)]
 
 
 def _rounding(settings: dict) -> TorchCaching:
@@ -312,6 +371,30 @@ class _LoggingDevice(DeviceInFront):
             self._pin(address)
 
 
+class _LoggingMappedDevice(PageMappedDevice):
+    """A page-mapped device that logs each ``map_new`` / ``unmap_release`` as PyTorch's
+    ``segment_map`` / ``segment_unmap`` entries (one per call, as ``map_block`` / ``unmap_block``
+    record them), with the op being replayed."""
+
+    def __init__(self):
+        super().__init__()
+        self.at = -1
+        self.log: list[tuple[int, str, int, int]] = []
+
+    def map_new(self, offset: int, nbytes: int, page_bytes: int | None = None) -> bool:
+        ok = super().map_new(offset, nbytes, page_bytes)
+        if ok:
+            self.log.append((self.at, "segment_map", offset, nbytes))
+        return ok
+
+    def unmap_release(self, offset: int, nbytes: int) -> None:
+        super().unmap_release(offset, nbytes)
+        self.log.append((self.at, "segment_unmap", offset, nbytes))
+
+    def pin(self, address: int) -> None:
+        pass  # a range's address is the device's; runs are placed by their offset in it
+
+
 # ---------------------------------------------------------------------------- replay and compare
 @dataclass
 class FidelityResult:
@@ -322,8 +405,14 @@ class FidelityResult:
             ``difference_pct`` (of the recorded value) and ``within_1pct``.
         segment_events: recorded and emulated segment events, tidy: ``side``, ``at`` (the op
             they served), ``action``, ``address``, ``nbytes``, ``reserved_bytes`` after it.
+        segment_events: also ``event`` (position in the compared sequence of its side; -1 for
+            ``oom`` entries, which are not compared) and ``entry`` (the raw trace entry of the op
+            it served).
         first_divergence: the first position where the two sequences of (op, action, bytes)
-            differ, as ``{"index", "recorded", "emulated"}``; None when they agree throughout.
+            differ, as ``{"index", "entry", "entry_unit", "recorded", "emulated", "cause"}``:
+            ``index`` is the ``event`` number in ``segment_events`` on both sides, ``entry`` the
+            raw trace entry index; ``cause`` is the likely cause class (``CAUSES``). None when
+            they agree throughout.
         policy: the policy after the replay.
     """
 
@@ -351,8 +440,9 @@ class FidelityResult:
         if d is None:
             lines.append("segment decisions: identical to the recording, in order")
         else:
-            lines.append(f"first divergence at segment event {d['index']}: recorded {d['recorded']}, "
-                         f"emulated {d['emulated']}")
+            lines.append(f"first divergence at segment event {d['index']} (segment_events.csv event={d['index']}, "
+                         f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated {d['emulated']}; "
+                         f"likely cause: {d['cause']}")
         return "\n".join(lines)
 
 
@@ -381,16 +471,27 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
     spec = policy if isinstance(policy, str) else spec_from_settings(rec.settings) if policy is None else policy
     recorded_allocs = rec.segment_events.loc[rec.segment_events["action"] == "segment_alloc", ["address", "nbytes"]]
-    inner = (RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
-             if addresses == "recorded" else VirtualDevice())
-    device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
+    if device_kind(spec) == "page-mapped":
+        device = _LoggingMappedDevice()
+        addresses = "virtual"  # ranges are the device's; runs keep their offsets, not their addresses
+    else:
+        inner = (RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
+                 if addresses == "recorded" else VirtualDevice())
+        device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
     pool = policies.create(spec, capacity_bytes=capacity_bytes, device=device)
     live = _seed(pool, rec, device)
     seeded_events, start_reserved = len(device.log), pool.reserved_bytes
     num_at_address = 0
 
+    pool_calls = rec.pool_calls if pool.has_private_pools else {}
+
     def at(k: int) -> None:
         device.at = k
+        for call, pool_id, stream in pool_calls.get(k, ()):
+            if call == "begin":
+                pool.begin_allocate_to_pool(pool_id, stream)
+            else:
+                pool.end_allocate_to_pool(pool_id)
 
     def on_alloc(a: Allocation, nbytes: int, addr: int) -> None:
         nonlocal num_at_address
@@ -413,7 +514,11 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
     if pool.can_seed_segments:
         for s in rec.seed_segments:
             device.pin(s.address)
-            for addr, a in zip(s.block_addrs, pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks)):
+            kwargs = {"pool": s.pool_id} if pool.has_private_pools else {}
+            if s.range_offset is not None and device_kind(type(pool)) == "page-mapped":
+                kwargs["range_offset_bytes"] = s.range_offset
+            seeded = pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks, **kwargs)
+            for addr, a in zip(s.block_addrs, seeded):
                 live[addr] = a
     else:
         for s in rec.seed_segments:
@@ -452,13 +557,23 @@ def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserve
     r["failed allocations (oom)"] = int((recorded["action"] == "oom").sum())
     e["failed allocations (oom)"] = num_failed
     num_allocs = rec.num_allocs
-    key_r = list(zip(recorded["at"], recorded["action"], recorded["nbytes"]))
-    key_r = [k for k in key_r if k[1] != "oom"]
+    decisions = recorded["action"] != "oom"
+    recorded["event"] = -1
+    recorded.loc[decisions, "event"] = range(int(decisions.sum()))
+    emulated["event"] = range(len(emulated))
+    for df in (recorded, emulated):
+        df["entry"] = [rec.entries[at] if 0 <= at < len(rec.entries) else -1 for at in df["at"]]
+    key_r = list(zip(recorded.loc[decisions, "at"], recorded.loc[decisions, "action"], recorded.loc[decisions, "nbytes"]))
     key_e = list(zip(emulated["at"], emulated["action"], emulated["nbytes"]))
     same = next((i for i, (x, y) in enumerate(zip(key_r, key_e)) if x != y), min(len(key_r), len(key_e)))
     divergence = None
     if same < max(len(key_r), len(key_e)):
-        divergence = {"index": same, "recorded": _describe(rec, key_r, same), "emulated": _describe(rec, key_e, same)}
+        at = (key_r if same < len(key_r) else key_e)[same][0]
+        divergence = {"index": same, "entry": rec.entries[at] if 0 <= at < len(rec.entries) else None,
+                      "entry_unit": rec.entry_unit, "recorded": _describe(key_r, same),
+                      "emulated": _describe(key_e, same),
+                      "cause": _likely_cause(rec, pool, key_r[same] if same < len(key_r) else None,
+                                             key_e[same] if same < len(key_e) else None)}
     rows = []
     for metric in r:
         rows.append(_row(metric, r[metric], e[metric]))
@@ -467,7 +582,7 @@ def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserve
         rows.append(_row("allocations at the recorded address %", 100.0, 100.0 * num_at_address / num_allocs))
     rows.append(_row("peak allocated bytes", None, stats.peak_allocated_bytes))  # the snapshot does not say
     events = pd.concat([recorded.assign(side="recorded"), emulated.assign(side="emulated")], ignore_index=True)
-    events = events[["side", "at", "action", "address", "nbytes", "reserved_bytes"]]
+    events = events[["side", "event", "entry", "at", "action", "address", "nbytes", "reserved_bytes"]]
     spec = pool.spec
     return FidelityResult(name=rec.name, spec=spec, addresses=addresses, table=pd.DataFrame(rows),
                           segment_events=events, first_divergence=divergence, policy=pool)
@@ -483,12 +598,36 @@ def _row(metric: str, recorded: Any, emulated: Any) -> dict[str, Any]:
             "difference_pct": pct, "within_1pct": abs(pct) <= 1.0}
 
 
-def _describe(rec: Recording, keys: list, i: int) -> str:
+def _describe(keys: list, i: int) -> str:
     if i >= len(keys):
         return "nothing"
-    at, action, nbytes = keys[i]
-    entry = rec.entries[at] if 0 <= at < len(rec.entries) else "?"
-    return f"{action} of {nbytes / MiB:,.1f} MiB serving trace entry {entry}"
+    _at, action, nbytes = keys[i]
+    return f"{action} of {nbytes / MiB:,.1f} MiB"
+
+
+#: ``PYTORCH_CUDA_ALLOC_CONF`` keys ``params_from_settings`` models (or that do not change decisions)
+_MODELLED_CONF_KEYS = {"", "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
+                       "garbage_collection_threshold", "expandable_segments", "backend"}
+CAUSES = ("unmodelled private pool", "external release", "unsupported setting", "record_stream")
+
+
+def _likely_cause(rec: Recording, pool: Policy, recorded: tuple | None, emulated: tuple | None) -> str:
+    """Which class of cause (``CAUSES``) most likely explains the first divergence, with why."""
+    conf = str(rec.settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
+    unknown = sorted({item.partition(":")[0].strip() for item in conf.split(",")} - _MODELLED_CONF_KEYS)
+    if unknown:
+        return f"unsupported setting ({', '.join(unknown)} in PYTORCH_CUDA_ALLOC_CONF)"
+    if rec.pool_calls and not pool.has_private_pools:
+        return f"unmodelled private pool ({pool.spec} has no private pools; the trace allocates to one)"
+    if recorded is not None and recorded[1] in ("segment_free", "segment_unmap") and (
+            emulated is None or emulated[1] not in ("segment_free", "segment_unmap")):
+        return "external release (the recording gives memory back where the emulation does not decide to)"
+    if rec.num_deferred_frees:
+        return f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held the blocks)"
+    if rec.num_unknown_pool:
+        return (f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the snapshot "
+                "cannot tell were put in the default pool)")
+    return "unmodelled private pool or external release (no sign in the trace points to either)"
 
 
 def fidelity(path: str | Path, policy: str | None = None, *, addresses: str = "recorded",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ from traces.events import PRE_TRACE_TAG, AllocTrace, make_events, trace_name
 
 __all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
            "SnapshotRequests", "SegmentEvents", "SnapshotSegment", "PreTraceAllocation", "load_snapshot_dict",
-           "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace"]
+           "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace", "PoolInference",
+           "infer_request_pools", "DEFAULT_POOL_ID"]
 
 SNAPSHOT_FORMAT = "pytorch-snapshot"
 
@@ -119,6 +121,7 @@ class SnapshotSegment:
     stream: int
     segment_type: str | None
     is_expandable: bool
+    pool_id: tuple[int, int] | None = None  # ``segment_pool_id``; None where the snapshot does not say
 
     @property
     def is_small(self) -> bool:
@@ -168,6 +171,8 @@ class PyTorchSnapshot:
         allocator_settings: the snapshot's ``allocator_settings``.
         stream_handles: raw stream handle -> small-int stream.
         ignored_actions: count of each trace action that is neither a request nor a decision.
+        num_deferred_frees: frees completed only after other entries followed their
+            ``free_requested`` (a CUDA event held the block: ``record_stream`` or a cross-stream use).
     """
 
     name: str
@@ -183,6 +188,7 @@ class PyTorchSnapshot:
     allocator_settings: dict[str, Any]
     stream_handles: dict[Any, int]
     ignored_actions: dict[str, int]
+    num_deferred_frees: int = 0
 
     @property
     def entry_unit(self) -> str:
@@ -244,7 +250,7 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
     dev = _pick_device(device_traces, segments, device, source)
     entries = device_traces[dev] if dev < len(device_traces) else []
     streams: dict[Any, int] = {0: 0}
-    requests, events, pre_freed, seen_addrs, free_action, ignored = _parse_entries(
+    requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = _parse_entries(
         entries, streams, source, f"device_traces[{dev}] index")
     at_end, live_blocks = _parse_segments(segments, dev, streams, source)
     pre_live = tuple(PreTraceAllocation(addr, requested, stream, block_bytes, None)
@@ -255,7 +261,8 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
         time_origin_us=first.get("time_us") if isinstance(first, dict) else None,
         requests=requests, segment_events=events, segments_at_end=at_end,
         segments_at_start=_segments_at_start(at_end, events), pre_trace=tuple(pre_freed) + pre_live,
-        allocator_settings=settings, stream_handles=streams, ignored_actions=ignored)
+        allocator_settings=settings, stream_handles=streams, ignored_actions=ignored,
+        num_deferred_frees=num_deferred)
 
 
 def _pick_device(device_traces: list, segments: list, device: int | None, source: str) -> int:
@@ -276,7 +283,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     """One pass over the trace entries (the hot loop): requests, decisions, pre-trace frees.
 
     Adds the streams it meets to ``streams``. Returns ``(requests, segment_events, pre_freed,
-    seen_addrs, free_action, ignored)``.
+    seen_addrs, free_action, ignored, num_deferred_frees)``.
     """
     free_action = "free_completed"
     if not any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries):
@@ -287,6 +294,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     s_entry, s_time, s_action, s_addr, s_size, s_stream = [], [], [], [], [], []
     pre_freed: list[PreTraceAllocation] = []
     ignored: dict[str, int] = {}
+    requested_at: dict[int, int] = {}  # address -> entry of its pending free_requested
+    num_deferred = 0
     next_id = 0
     i = -1
     try:
@@ -309,6 +318,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 next_id += 1
             elif action == free_action:
                 addr = e["addr"]
+                if requested_at and requested_at.pop(addr, i - 1) < i - 1:
+                    num_deferred += 1  # completed after other entries: an event (record_stream) held it
                 s = streams.get(e["stream"])
                 if s is None:
                     s = streams[e["stream"]] = len(streams)
@@ -332,7 +343,10 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 # an oom entry's address field is the device's free memory in some versions
                 s_entry.append(i); s_time.append(e.get("time_us")); s_action.append(action)
                 s_addr.append(e.get("addr", e.get("device_free", 0))); s_size.append(e["size"]); s_stream.append(s)
-            elif action != "free_requested" and action != "free_completed":
+            elif action == "free_requested":  # before its free_completed (counted in ignored)
+                requested_at[e["addr"]] = i
+                ignored[action] = ignored.get(action, 0) + 1
+            elif action != "free_completed":
                 ignored[action] = ignored.get(action, 0) + 1
     except TraceFormatError:
         raise
@@ -347,7 +361,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
     requests = SnapshotRequests(r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag)
     events = SegmentEvents(s_entry, s_time, s_action, s_addr, s_size, s_stream)
-    return requests, events, pre_freed, seen_addrs, free_action, ignored
+    return requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred
 
 
 def _parse_segments(segments: list, dev: int, streams: dict, source: str
@@ -363,8 +377,10 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
                 s = streams[seg["stream"]] = len(streams)
             _check_segment_numbers(seg)
             addr = seg["address"]
+            pool_id = seg.get("segment_pool_id")
             table.append(SnapshotSegment(addr, seg["total_size"], seg.get("allocated_size", 0), s,
-                                         seg.get("segment_type"), bool(seg.get("is_expandable", False))))
+                                         seg.get("segment_type"), bool(seg.get("is_expandable", False)),
+                                         tuple(pool_id) if pool_id is not None else None))
             for b in seg.get("blocks", []):
                 b_addr = b.get("address", addr)  # older snapshots lack block addresses: blocks tile the segment
                 if b["state"] in _LIVE_BLOCK_STATES:
@@ -378,6 +394,8 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
 
 def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
     """The segments held when recording began, by address (see ``PyTorchSnapshot``)."""
+    if any(seg.is_expandable for seg in at_end) or "segment_map" in events.action or "segment_unmap" in events.action:
+        return _mapped_runs_at_start(at_end, events)
     held: set[int] = set()  # addresses of a segment_alloc in the trace not freed since
     freed_unseen: list[SnapshotSegment] = []
     for action, addr, nbytes, stream in zip(events.action, events.address, events.nbytes, events.stream):
@@ -392,6 +410,147 @@ def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvent
     for seg in freed_unseen:
         start.setdefault(seg.address, seg)
     return tuple(start[a] for a in sorted(start))
+
+
+def _mapped_runs_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
+    """Expandable segments: the runs of pages mapped when recording began.
+
+    The final table lists each mapped run as a segment; undoing the trace's ``segment_map`` /
+    ``segment_unmap`` entries, last first, leaves the pages mapped at the start (2 MiB, the
+    smallest page). A run takes the pool, stream and small/large type of the final segment
+    nearest to it on its stream (expandable ranges lie far apart); where there is none it is
+    small when its size is a 2 MiB page count below 20 MiB (a guess the snapshot cannot settle).
+    """
+    page = SMALL_SEGMENT_BYTES
+    mapped: set[int] = set()
+    for seg in at_end:
+        mapped.update(range(seg.address, seg.address + seg.total_bytes, page))
+    stream_of: dict[int, int] = {}
+    for action, addr, nbytes, stream in zip(reversed(events.action), reversed(events.address),
+                                            reversed(events.nbytes), reversed(events.stream)):
+        pages = range(addr, addr + nbytes, page)
+        if action == "segment_map":
+            mapped.difference_update(pages)
+        elif action == "segment_unmap":
+            mapped.update(pages)
+            stream_of.update(dict.fromkeys(pages, stream))
+    runs: list[SnapshotSegment] = []
+    start = prev = None
+    for addr in sorted(mapped) + [None]:
+        if addr is not None and prev is not None and addr == prev + page:
+            prev = addr
+            continue
+        if start is not None:
+            nbytes = prev + page - start
+            near = [s for s in at_end if s.stream == stream_of.get(start, s.stream)]
+            like = min(near, key=lambda s: abs(s.address - start), default=None)
+            if like is None:
+                runs.append(SnapshotSegment(start, nbytes, 0, stream_of.get(start, 0), None, True))
+            else:
+                runs.append(SnapshotSegment(start, nbytes, 0, like.stream, like.segment_type, True, like.pool_id))
+        start = prev = addr
+    return tuple(runs)
+
+
+# ---------------------------------------------------------------------------- private pools
+DEFAULT_POOL_ID = (0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInference:
+    """Which pool each request went to, recovered from a snapshot (``infer_request_pools``).
+
+    Attributes:
+        pools: per request (index into ``requests``), the ``MempoolId`` of its pool.
+        windows: capture windows ``(first, last, pool, stream)``: requests ``first..last`` (indices
+            into ``requests``) ran while allocation to private ``pool`` was underway on ``stream``.
+        num_unknown: allocations whose pool cannot be known (their segment was freed during the
+            trace, or existed before it and is gone at the end); counted in the default pool.
+    """
+
+    pools: list[tuple[int, int]]
+    windows: list[tuple[int, int, tuple[int, int], int]]
+    num_unknown: int
+
+    @property
+    def private_pools(self) -> list[tuple[int, int]]:
+        return sorted({w[2] for w in self.windows})
+
+
+def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
+    """The pool of every request, by address containment, and the capture windows they imply.
+
+    Trace entries do not say which pool served them; segments at the end do
+    (``segment_pool_id``). A segment reserved in the trace and still held at the end has the
+    final table's pool; an allocation belongs to the pool of the segment holding its address at
+    that moment; a free to that of its allocation. A segment freed during the trace (or one
+    known only from its free) does not say: its allocations are counted in the default pool
+    and in ``num_unknown`` (a private pool's segment is freed only after ``releasePool``, which
+    the trace does not record either). A capture window on stream S into pool P runs from an
+    allocation on S that went to P to the last one before an allocation on S that did not
+    (PyTorch routes by the capturing stream, ``captures_underway``).
+    """
+    final_pool = {seg.address: seg.pool_id for seg in snap.segments_at_end}
+    ev = snap.segment_events
+    last_alloc_at: dict[int, int] = {}  # address -> event index of its last segment_alloc/map
+    freed_after: set[int] = set()  # event indices of segment_allocs freed later
+    for j, (action, addr) in enumerate(zip(ev.action, ev.address)):
+        if action == "segment_alloc":
+            last_alloc_at[addr] = j
+        elif action == "segment_free" and addr in last_alloc_at:
+            freed_after.add(last_alloc_at.pop(addr))
+    starts: list[int] = []
+    held: dict[int, tuple[int, tuple[int, int] | None]] = {}  # start -> (end, pool or None: unknown)
+
+    def hold(addr: int, nbytes: int, pool) -> None:
+        i = bisect_left(starts, addr)
+        if i == len(starts) or starts[i] != addr:
+            starts.insert(i, addr)
+        held[addr] = (addr + nbytes, pool)
+
+    for seg in snap.segments_at_start:
+        hold(seg.address, seg.total_bytes, seg.pool_id)
+    req = snap.requests
+    pools: list[tuple[int, int]] = []
+    alloc_pool: dict[int, tuple[int, int]] = {}  # alloc id -> pool
+    num_unknown, j = 0, 0
+    for k, entry in enumerate(req.entry):
+        while j < len(ev) and ev.entry[j] < entry:
+            action, addr = ev.action[j], ev.address[j]
+            if action == "segment_alloc":
+                hold(addr, ev.nbytes[j], None if j in freed_after else final_pool.get(addr))
+            elif action == "segment_free" and addr in held:
+                del held[addr]
+                del starts[bisect_left(starts, addr)]
+            j += 1
+        if req.is_alloc[k]:
+            i = bisect_left(starts, req.address[k] + 1) - 1
+            pool = held[starts[i]][1] if i >= 0 and req.address[k] < held[starts[i]][0] else None
+            if pool is None:
+                num_unknown += 1
+                pool = DEFAULT_POOL_ID
+            alloc_pool[req.alloc_id[k]] = pool
+        else:
+            pool = alloc_pool.pop(req.alloc_id[k], DEFAULT_POOL_ID)
+        pools.append(pool)
+    windows: list[tuple[int, int, tuple[int, int], int]] = []
+    open_at: dict[int, list] = {}  # stream -> [first, last, pool] of the window open on it
+    for k, pool in enumerate(pools):
+        if not req.is_alloc[k]:
+            continue
+        stream, window = req.stream[k], open_at.get(req.stream[k])
+        if window is not None and window[2] != pool:
+            windows.append((window[0], window[1], window[2], stream))
+            del open_at[stream]
+            window = None
+        if pool != DEFAULT_POOL_ID:
+            if window is None:
+                open_at[stream] = [k, k, pool]
+            else:
+                window[1] = k
+    windows.extend((w[0], w[1], w[2], stream) for stream, w in open_at.items())
+    windows.sort()
+    return PoolInference(pools, windows, num_unknown)
 
 
 def _short(obj: Any, limit: int = 120) -> str:

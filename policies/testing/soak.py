@@ -184,8 +184,9 @@ class _Episode:
         if released != before.reserved_bytes - after.reserved_bytes or released < 0:
             _fail(f"{policy!r}: trim({max_bytes}) returned {released} but reserved went "
                   f"{before.reserved_bytes} -> {after.reserved_bytes}")
-        if (after.live_bytes, after.allocated_bytes, after.num_grows) != (
-                before.live_bytes, before.allocated_bytes, before.num_grows) or _holdings(self.live) != held:
+        # grown_bytes, not num_grows: unmapping a hole in an expandable range adds a segment, no memory
+        if (after.live_bytes, after.allocated_bytes, after.grown_bytes) != (
+                before.live_bytes, before.allocated_bytes, before.grown_bytes) or _holdings(self.live) != held:
             _fail(f"{policy!r}: trim({max_bytes}) changed live allocations or grew")
 
     def grow(self) -> None:

@@ -248,9 +248,50 @@ def test_a_seed_beyond_capacity_is_refused():
         pool.seed_segment(20 * MiB, small=False)
 
 
-def test_expandable_segments_are_refused_with_the_reason():
-    with pytest.raises(PolicyError, match="never touch"):
-        TorchCaching(expandable_segments=True)
+# ----------------------------------------------------------------- expandable segments
+def test_expandable_segments_map_20_mib_pages_into_one_range_and_split_any_remainder():
+    p = TorchCaching(expandable_segments=True)
+    a = p.allocate(30 * MiB)
+    c = p.allocate(5 * MiB)  # the 10 MiB left of the second page: split (>= 512 B), no new mapping
+    assert p.reserved_bytes == 40 * MiB and p.device.physical_bytes == 40 * MiB
+    assert c.extents[0][0] == a.extents[0][0] + 30 * MiB
+    small = p.allocate(100)
+    assert p.reserved_bytes == 42 * MiB  # a 2 MiB page in the small pool's own range
+    check_invariants(p, [a, c, small])
+
+
+def test_empty_cache_unmaps_only_whole_free_pages_and_a_miss_maps_into_the_hole():
+    p = TorchCaching(expandable_segments=True)
+    a, c = p.allocate(30 * MiB), p.allocate(5 * MiB)
+    p.free(a)
+    assert p.reserved_bytes == 40 * MiB  # a free unmaps nothing
+    assert p.empty_cache() == 20 * MiB  # [0, 20) is a whole free page; [20, 30) is not
+    assert len(p.segments()) == 1 and p.segments()[0].nbytes == 20 * MiB
+    d = p.allocate(25 * MiB)  # the lowest unmapped room joined with the free 10 MiB after it
+    assert p.reserved_bytes == 40 * MiB and d.extents[0][0] == a.extents[0][0]
+    p.free(c), p.free(d)
+    assert p.empty_cache() == 40 * MiB and p.reserved_bytes == 0 and p.segments() == []
+    assert p.device.virtual_bytes == 0  # an empty range is given back
+
+
+def test_best_fit_prefers_a_block_that_fits_to_a_growable_tail():
+    p = TorchCaching(expandable_segments=True)
+    a, b, c = p.allocate(14 * MiB), p.allocate(2 * MiB), p.allocate(12 * MiB)  # 28 of 40 MiB mapped
+    p.free(a)  # 14 MiB free inside; exactly 12 MiB free at the tail, before unmapped space
+    again = p.allocate(12 * MiB)
+    assert again.extents[0][0] == a.extents[0][0]
+    check_invariants(p, [b, c, again])
+
+
+def test_expandable_is_torch_caching_with_expandable_segments():
+    import policies
+
+    ops = [30 * MiB, 100, 5 * MiB, 7 * MiB]
+    seen = []
+    for spec in ("expandable", "torch-caching:expandable_segments=true"):
+        p = policies.create(spec)
+        seen.append([p.allocate(n).extents for n in ops] + [p.reserved_bytes])
+    assert seen[0] == seen[1]
 
 
 # ----------------------------------------------------------------- against a brute-force model

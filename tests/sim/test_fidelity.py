@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import policies
 from policies.errors import PolicyError
 from policies.torch_caching import spec_from_settings
-from sim.fidelity import (ALLOC, EMPTY_CACHE, RecordedAddressDevice, fidelity, read_recording, replay_recording,
+from sim.fidelity import (ALLOC, EMPTY_CACHE, FREE, RecordedAddressDevice, fidelity, read_recording, replay_recording,
                           snapshot_to_recording)
 from traces import bundled_path
 from traces.pytorch_snapshot import parse_snapshot
@@ -104,12 +104,25 @@ def test_frees_no_reservation_follows_are_an_empty_cache_call():
     assert metric(result, "segment frees") == (1, 1) and result.first_divergence is None
 
 
-def test_frees_before_a_reservation_belong_to_the_allocators_retry():
+def test_frees_before_a_reservation_are_an_empty_cache_call_replayed_as_such():
+    # torch.cuda.graph calls empty_cache() right before capture: frees, then a reservation
     rec = snapshot_to_recording(snapshot([
         entry("segment_alloc", BASE, 30 * MiB), entry("alloc", BASE, 30 * MiB), entry("free_completed", BASE, 30 * MiB),
         entry("segment_free", BASE, 30 * MiB), entry("segment_alloc", OTHER, 36 * MiB), entry("alloc", OTHER, 35 * MiB),
     ]))
-    assert EMPTY_CACHE not in rec.ops and rec.ops.count(ALLOC) == 2
+    assert rec.ops == [ALLOC, FREE, EMPTY_CACHE, ALLOC]
+    for capacity in (None, 40 * MiB):  # without a limit there is no retry to free them
+        result = replay_recording(rec, capacity_bytes=capacity)
+        assert metric(result, "segment frees") == (1, 1) and result.first_divergence is None
+        assert metric(result, "peak reserved bytes") == (36 * MiB, 36 * MiB)
+
+
+def test_oversize_frees_before_a_reservation_stay_the_retry_with_max_split_size():
+    rec = snapshot_to_recording(snapshot([
+        entry("segment_alloc", BASE, 30 * MiB), entry("alloc", BASE, 30 * MiB), entry("free_completed", BASE, 30 * MiB),
+        entry("segment_free", BASE, 30 * MiB), entry("segment_alloc", OTHER, 36 * MiB), entry("alloc", OTHER, 35 * MiB),
+    ], settings={"max_split_size": 25 * MiB}))
+    assert EMPTY_CACHE not in rec.ops
     result = replay_recording(rec, capacity_bytes=40 * MiB)
     assert metric(result, "segment frees") == (1, 1) and result.first_divergence is None
 
@@ -137,10 +150,20 @@ def test_per_interval_divisions_survive_the_spec_string():
     assert policies.create(p.spec).get_params() == p.get_params()
 
 
-def test_an_expandable_segments_snapshot_is_refused_with_the_reason():
-    rec = snapshot_to_recording(snapshot([entry("alloc", BASE, 512)], settings={"expandable_segments": True}))
-    with pytest.raises(PolicyError, match="expandable_segments"):
-        replay_recording(rec)
+def test_an_expandable_snapshot_is_compared_on_segment_map_events():
+    # 4 MiB live at the start of a range with 20 MiB mapped; a 30 MiB request maps 20 MiB more
+    seg = {"device": 0, "address": BASE, "total_size": 40 * MiB, "stream": 0, "segment_type": "large",
+           "is_expandable": True, "segment_pool_id": (0, 0),
+           "blocks": [{"address": BASE, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated"},
+                      {"address": BASE + 4 * MiB, "size": 30 * MiB, "requested_size": 30 * MiB,
+                       "state": "active_allocated"}]}
+    rec = snapshot_to_recording(snapshot([entry("segment_map", BASE + 20 * MiB, 20 * MiB),
+                                          entry("alloc", BASE + 4 * MiB, 30 * MiB)], [seg],
+                                         settings={"expandable_segments": True}))
+    assert [(s.nbytes, s.range_offset) for s in rec.seed_segments] == [(20 * MiB, 0)]
+    result = replay_recording(rec)
+    assert result.spec == "torch-caching:expandable_segments=True" and result.first_divergence is None
+    assert metric(result, "peak reserved bytes") == (40 * MiB, 40 * MiB)
 
 
 def test_the_recorded_address_device_hands_out_recorded_addresses_in_order():
