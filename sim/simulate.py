@@ -9,6 +9,7 @@ table and a time series.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from policies.base import Policy
 from sim.costs import CostModel
 from sim.hardware import load_gpu
 from sim.kv import ContiguousKV, PagedKV
+from sim.kv_groups import HybridKV, plan_layout
 from sim.models import load_model
 from sim.pools import ServerPools, create_policy, plan_memory
 from sim.report import params_text, summary_frame, summary_row
@@ -48,6 +50,9 @@ class SimResult:
         summary: one row: ``SUMMARY_COLUMNS``, the serving columns, then simulator facts.
         requests: one row per request (``sim.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
         timeseries: sampled pool and server state (``TIMESERIES_COLUMNS`` plus serving columns).
+        kv_groups: one row per layer group of a hybrid model (``sim.kv_groups.GROUP_TABLE_COLUMNS``:
+            pages, pool, and bytes held, padded and needed when the cache held the most); empty
+            for a model of full attention only.
         policy: the policy object after the run.
         config: the server knobs used, with the defaults that depend on the model and trace
             resolved (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``).
@@ -58,6 +63,7 @@ class SimResult:
     timeseries: pd.DataFrame
     policy: Policy
     config: ServerConfig
+    kv_groups: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
 
 def _as_trace(requests: RequestTrace | pd.DataFrame) -> RequestTrace:
@@ -123,16 +129,30 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
                        max_num_batched_tokens=cfg.max_num_batched_tokens, workspace_bytes=cfg.workspace_bytes,
                        kv_capacity_bytes=cfg.kv_capacity_bytes, tensor_parallel=tp)
     shared = cfg.pool_layout == "shared"
+    layout = None
+    fill = {"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page}
+    if shard.is_hybrid:  # the layout's granule is the KV policy's page
+        layout = plan_layout(shard, cfg.hybrid_kv_layout, tokens_per_page=cfg.tokens_per_page or 16,
+                             budget_bytes=plan.kv_budget_bytes,
+                             max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN)
+        fill = {"page_bytes": layout.granule_bytes}
     policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
-                           costs=cost_model,
-                           fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
+                           costs=cost_model, fill=fill)
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
         max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
         prefix_block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
                                                                           DEFAULT_HASH_BLOCK_TOKENS)),
         sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3))
-    if policy.contiguous:
+    if layout is not None:
+        if policy.contiguous or _page_bytes(policy) != layout.granule_bytes:
+            raise ValueError(f"{model.name} keeps KV in layer groups ({', '.join(p.name for p in layout.groups)}): "
+                             f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
+                             f"(leave its page size unset), not {policy_spec!r}")
+        kv = HybridKV(pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token,
+                      budget_bytes=plan.kv_budget_bytes)
+        kv_layout = "paged"
+    elif policy.contiguous:
         kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=plan.kv_budget_bytes)
         kv_layout = cfg.kv_strategy
     else:
@@ -190,11 +210,31 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
         "busy_s": server.busy_s,
         "alloc_stall_s": server.alloc_stall_s,
         **_control_fields(server, policy),
+        **_group_fields(kv),
     })
     table.insert(0, "policy", spec)
     table.insert(0, "trace", name)
+    groups = pd.DataFrame(kv.group_rows()) if layout is not None else pd.DataFrame()
+    if len(groups):
+        groups.insert(0, "policy", spec)
+        groups.insert(0, "trace", name)
     return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
-                     policy=policy, config=cfg)
+                     policy=policy, config=cfg, kv_groups=groups)
+
+
+def _group_fields(kv: Any) -> dict[str, Any]:
+    """A hybrid model's layout and, when its cache held the most, the padding and all waste
+    (bytes held beyond those the tokens in each window and the states need); nothing otherwise."""
+    if not isinstance(kv, HybridKV):
+        return {}
+    rows = kv.group_rows()
+    held = sum(r["peak_held_bytes"] for r in rows)
+    return {
+        "hybrid_kv_layout": kv.layout.layout,
+        "kv_peak_held_bytes": held,
+        "kv_peak_padding_bytes": sum(r["peak_padding_bytes"] for r in rows),
+        "kv_peak_waste_bytes": held - sum(r["peak_data_bytes"] for r in rows),
+    }
 
 
 def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
