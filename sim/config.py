@@ -18,6 +18,7 @@ from typing import Any
 
 from policies.eviction import EVICTION_ORDERS
 from sim.kv import STRATEGIES
+from sim.kv_groups import HYBRID_LAYOUTS
 from sim.pools import DEFAULT_WORKSPACE_BYTES, POOL_LAYOUTS
 from sim.scheduler import PREEMPTION_MODES
 
@@ -136,6 +137,9 @@ class ServerConfig:
     prefix_eviction: str = _knob("lru", "Order in which the prefix cache evicts blocks nobody holds: least "
                                  "recently released, least frequently used, or cost-aware (GreedyDual-Size-"
                                  "Frequency on each block's prefill recompute time).", choices=EVICTION_ORDERS)
+    hybrid_kv_layout: str = _knob("padded", "Pages of a hybrid model's layer groups (sliding window, Mamba): one "
+                                  "pool of pages padded to the largest (vLLM), of their LCM, Jenga's two-level "
+                                  "LCM pages, or a static pool per group (sim.kv_groups).", choices=HYBRID_LAYOUTS)
     max_model_len: int | None = _knob(None, "Longest sequence; longer outputs are cut there, 'max' reserves it.",
                                       unit="tokens", low=1,
                                       none="the model's max_position_embeddings, else 8192")

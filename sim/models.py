@@ -1,8 +1,10 @@
 """Model presets by shape: what a transformer weighs, what its KV cache costs, how much it computes.
 
-A ``ModelSpec`` is the shape of a dense decoder-only transformer (no MoE, no sliding window):
+A ``ModelSpec`` is the shape of a dense decoder-only transformer (no MoE):
 enough to size weights, KV cache and activations and to count FLOPs and bytes for the step-time
-model (``sim.steptime``). Presets live in ``sim/data/models.json`` (each with its source); a
+model (``sim.steptime``). Hybrid models list their ``layer_groups`` (``LayerGroup``: full
+attention, a sliding window of W tokens, or Mamba layers with a fixed state per request); a
+model without them is one full-attention group, as before. Presets live in ``sim/data/models.json`` (each with its source); a
 user's own model is a JSON file with the same fields::
 
     {"name": "my-7b", "num_layers": 32, "hidden_size": 4096, "num_heads": 32,
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-__all__ = ["ModelSpec", "DTYPE_BYTES", "load_model", "available_models"]
+__all__ = ["ModelSpec", "LayerGroup", "LAYER_KINDS", "DTYPE_BYTES", "load_model", "available_models"]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -39,6 +41,83 @@ LOGITS_FP32_BYTES = 4
 
 #: Keys a preset file may carry besides the dataclass fields; they are documentation only.
 _METADATA_KEYS = frozenset({"source", "notes", "aliases"})
+
+
+#: Kinds of layer group: what a layer keeps per request (``LayerGroup``).
+LAYER_KINDS = ("full", "sliding", "mamba")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """Layers of one model that keep the same kind of per-request state.
+
+    Attributes:
+        kind: ``"full"`` (K and V of every token), ``"sliding"`` (K and V of the last
+            ``sliding_window`` tokens) or ``"mamba"`` (a fixed state per request: the SSM state
+            and the causal-convolution tail, whatever the length).
+        num_layers: layers of this kind.
+        sliding_window: tokens a sliding layer attends to (the Hugging Face ``sliding_window``).
+        num_kv_heads, head_dim: attention shape; None takes the model's.
+        mamba_d_inner, mamba_d_state, mamba_d_conv, mamba_n_groups: Mamba shape (``expand x
+            hidden``, ``d_state``, ``d_conv``, ``n_groups``; ``n_groups`` 0 for Mamba-1, whose
+            convolution covers ``d_inner`` only). The state of one layer is, as vLLM sizes it,
+            ``(d_conv - 1) x (d_inner + 2 n_groups d_state)`` convolution elements plus
+            ``d_inner x d_state`` SSM elements.
+    """
+
+    kind: str
+    num_layers: int
+    sliding_window: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    mamba_d_inner: int | None = None
+    mamba_d_state: int | None = None
+    mamba_d_conv: int | None = None
+    mamba_n_groups: int = 0
+
+    def __post_init__(self) -> None:
+        where = f"layer group {self.kind!r}"
+        if self.kind not in LAYER_KINDS:
+            raise ValueError(f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, got {self.kind!r}")
+        _check_positive_int(self.num_layers, "num_layers", where)
+        need = {"full": (), "sliding": ("sliding_window",),
+                "mamba": ("mamba_d_inner", "mamba_d_state", "mamba_d_conv")}[self.kind]
+        for f in ("sliding_window", "num_kv_heads", "head_dim", "mamba_d_inner", "mamba_d_state", "mamba_d_conv"):
+            value = getattr(self, f)
+            if f in need or value is not None:
+                _check_positive_int(value, f, where)
+        if isinstance(self.mamba_n_groups, bool) or not isinstance(self.mamba_n_groups, int) \
+                or self.mamba_n_groups < 0:
+            raise ValueError(f"{where}: field 'mamba_n_groups' must be an integer >= 0, got {self.mamba_n_groups!r}")
+
+    @property
+    def is_attention(self) -> bool:
+        return self.kind != "mamba"
+
+    def token_bytes(self, dtype_bytes: int) -> int:
+        """K and V bytes of one token in every layer of the group (0 for Mamba)."""
+        if not self.is_attention:
+            return 0
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """Fixed per-request state of every layer of the group (0 for attention)."""
+        if self.is_attention:
+            return 0
+        conv = (self.mamba_d_conv - 1) * (self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state)
+        return self.num_layers * (conv + self.mamba_d_inner * self.mamba_d_state) * dtype_bytes
+
+    def shard(self, tensor_parallel: int, model_kv_heads: int) -> LayerGroup:
+        """One GPU's share: KV heads split as the model's (one kept per GPU past their number),
+        Mamba's inner dimension split, its B/C groups split (one kept past their number)."""
+        tp = tensor_parallel
+        if self.is_attention:
+            kv = self.num_kv_heads if self.num_kv_heads is not None else model_kv_heads
+            return dataclasses.replace(self, num_kv_heads=max(1, kv // tp))
+        if self.mamba_d_inner % tp:
+            raise ValueError(f"tensor parallelism {tp} must divide mamba_d_inner ({self.mamba_d_inner})")
+        groups = max(1, self.mamba_n_groups // tp) if self.mamba_n_groups else 0
+        return dataclasses.replace(self, mamba_d_inner=self.mamba_d_inner // tp, mamba_n_groups=groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +135,9 @@ class ModelSpec:
         tied_embeddings: True when the LM head reuses the input embedding table.
         max_position_embeddings: the longest sequence the model was trained for (the Hugging
             Face field; vLLM's default ``max_model_len``); None when a file does not say.
+        layer_groups: the KV geometry of a hybrid model, one ``LayerGroup`` per kind of layer
+            (their ``num_layers`` add up to the model's; at least one attention group); None
+            for one full-attention group of every layer (``kv_groups`` gives it either way).
     """
 
     name: str
@@ -71,9 +153,12 @@ class ModelSpec:
     gated_mlp: bool = True
     tied_embeddings: bool = False
     max_position_embeddings: int | None = None
+    layer_groups: tuple[LayerGroup, ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"ModelSpec {self.name!r}"
+        if self.layer_groups is not None:
+            object.__setattr__(self, "layer_groups", _layer_groups(self, where))
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"ModelSpec: field 'name' must be a non-empty string, got {self.name!r}")
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -108,8 +193,26 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token holds: ``2 (K and V) x layers x kv_heads x head_dim x dtype_bytes``."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """KV-cache bytes one token holds: ``2 (K and V) x layers x kv_heads x head_dim x dtype_bytes``.
+
+        For a hybrid model, the attention layers' (sliding ones as if the window were not there;
+        Mamba layers hold no per-token KV): ``sim.kv_groups`` keeps the real geometry.
+        """
+        if self.layer_groups is None:
+            return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return sum(g.token_bytes(self.dtype_bytes) for g in self.layer_groups)
+
+    @property
+    def kv_groups(self) -> tuple[LayerGroup, ...]:
+        """The KV geometry: ``layer_groups``, or one full-attention group of every layer."""
+        if self.layer_groups is not None:
+            return self.layer_groups
+        return (LayerGroup("full", self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim),)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when some layers keep other than full-attention KV (``sim.kv_groups`` manages them)."""
+        return any(g.kind != "full" for g in self.kv_groups)
 
     @property
     def q_size(self) -> int:
@@ -247,13 +350,39 @@ class ModelSpec:
         layer_params = self.param_count - tables - kv_proj * kv
         shard_params = (-(-layer_params // tp) + kv_proj * kv_shard
                         + vocab_shard * self.hidden_size * (1 if self.tied_embeddings else 2))
+        groups = None if self.layer_groups is None else tuple(g.shard(tp, kv) for g in self.layer_groups)
         return dataclasses.replace(self, num_heads=self.num_heads // tp, num_kv_heads=kv_shard,
                                    intermediate_size=self.intermediate_size // tp, vocab_size=vocab_shard,
-                                   param_count=shard_params)
+                                   param_count=shard_params, layer_groups=groups)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, ready for ``json.dump`` (a custom-model file round-trips through it)."""
         return dataclasses.asdict(self)
+
+
+def _layer_groups(model: ModelSpec, where: str) -> tuple[LayerGroup, ...]:
+    """``model.layer_groups`` as LayerGroups (dicts from a JSON file accepted), attention shape
+    filled in from the model, checked against its layer count."""
+    raw = model.layer_groups
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise ValueError(f"{where}: field 'layer_groups' must be a non-empty list of groups, got {raw!r}")
+    groups = []
+    for i, g in enumerate(raw):
+        if isinstance(g, Mapping):
+            g = _spec_from_mapping(LayerGroup, g, f"{where}: layer_groups[{i}]")
+        elif not isinstance(g, LayerGroup):
+            raise ValueError(f"{where}: layer_groups[{i}] must be an object with a 'kind', got {g!r}")
+        if g.is_attention:
+            g = dataclasses.replace(g, num_kv_heads=g.num_kv_heads or model.num_kv_heads,
+                                    head_dim=g.head_dim or model.head_dim)
+        groups.append(g)
+    total = sum(g.num_layers for g in groups)
+    if total != model.num_layers:
+        raise ValueError(f"{where}: layer_groups hold {total} layers, the model has num_layers={model.num_layers}")
+    if not any(g.is_attention for g in groups):
+        raise ValueError(f"{where}: layer_groups need at least one attention group (pure state-space models "
+                         f"are not modelled)")
+    return tuple(groups)
 
 
 def _check_positive_int(value: Any, field: str, where: str) -> None:

@@ -9,6 +9,7 @@ table and a time series.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from policies.base import Policy
 from sim.costs import CostModel, costed_page_mapped_device
 from sim.hardware import load_gpu
 from sim.kv import VIRTUAL, ContiguousKV, PagedKV, VirtualKV
+from sim.kv_groups import HybridKV, plan_layout
 from sim.models import load_model
 from sim.pools import ServerPools, create_policy, plan_memory
 from sim.report import params_text, summary_frame, summary_row
@@ -48,6 +50,9 @@ class SimResult:
         summary: one row: ``SUMMARY_COLUMNS``, the serving columns, then simulator facts.
         requests: one row per request (``sim.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
         timeseries: sampled pool and server state (``TIMESERIES_COLUMNS`` plus serving columns).
+        kv_groups: one row per layer group of a hybrid model (``sim.kv_groups.GROUP_TABLE_COLUMNS``:
+            pages, pool, and bytes held, padded and needed when the cache held the most); empty
+            for a model of full attention only.
         policy: the policy object after the run.
         config: the server knobs used, with the defaults that depend on the model and trace
             resolved (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``).
@@ -58,6 +63,7 @@ class SimResult:
     timeseries: pd.DataFrame
     policy: Policy
     config: ServerConfig
+    kv_groups: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
 
 def _as_trace(requests: RequestTrace | pd.DataFrame) -> RequestTrace:
@@ -169,10 +175,16 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     virtual = cfg.kv_strategy == VIRTUAL
     if virtual:
         _check_virtual(cfg)
+    layout = None
+    fill = {"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page}
+    if shard.is_hybrid:  # the layout's granule is the KV policy's page
+        layout = plan_layout(shard, cfg.hybrid_kv_layout, tokens_per_page=cfg.tokens_per_page or 16,
+                             budget_bytes=budget_bytes,
+                             max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN)
+        fill = {"page_bytes": layout.granule_bytes}
     if policy is None:
         policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
-                               costs=cost_model,
-                               fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page},
+                               costs=cost_model, fill=fill,
                                device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
                                                                 limit_bytes=budget_bytes) if virtual else None)
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
@@ -190,6 +202,13 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
                      f"holds no KV")
         if cfg.prefix_caching:
             notes.append("prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by")
+    elif layout is not None:
+        if policy.contiguous or _page_bytes(policy) != layout.granule_bytes:
+            raise ValueError(f"{model.name} keeps KV in layer groups ({', '.join(p.name for p in layout.groups)}): "
+                             f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
+                             f"(leave its page size unset), not {policy_spec!r}")
+        kv = HybridKV(pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
+        kv_layout = "paged"
     elif policy.contiguous:
         kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         kv_layout = cfg.kv_strategy
@@ -263,12 +282,32 @@ def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_na
         "busy_s": server.busy_s,
         "alloc_stall_s": server.alloc_stall_s,
         **_control_fields(server, policy),
+        **_group_fields(kv),
         **(extra or {}),
     })
     table.insert(0, "policy", spec)
     table.insert(0, "trace", name)
+    groups = pd.DataFrame(kv.group_rows()) if isinstance(kv, HybridKV) else pd.DataFrame()
+    if len(groups):
+        groups.insert(0, "policy", spec)
+        groups.insert(0, "trace", name)
     return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
-                     policy=policy, config=cfg)
+                     policy=policy, config=cfg, kv_groups=groups)
+
+
+def _group_fields(kv: Any) -> dict[str, Any]:
+    """A hybrid model's layout and, when its cache held the most, the padding and all waste
+    (bytes held beyond those the tokens in each window and the states need); nothing otherwise."""
+    if not isinstance(kv, HybridKV):
+        return {}
+    rows = kv.group_rows()
+    held = sum(r["peak_held_bytes"] for r in rows)
+    return {
+        "hybrid_kv_layout": kv.layout.layout,
+        "kv_peak_held_bytes": held,
+        "kv_peak_padding_bytes": sum(r["peak_padding_bytes"] for r in rows),
+        "kv_peak_waste_bytes": held - sum(r["peak_data_bytes"] for r in rows),
+    }
 
 
 def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):

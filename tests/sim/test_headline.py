@@ -11,7 +11,8 @@ from traces.requests import RequestTrace, make_requests
 #: Hugging Face config.json max_position_embeddings of each preset (checked by hand, see models.json)
 CONTEXT = {"Llama-3-8B": 8192, "Llama-3.1-8B": 131072, "Llama-3-70B": 8192, "Llama-3.1-70B": 131072,
            "Llama-2-7B": 4096, "Llama-2-13B": 4096, "Llama-3.2-1B": 131072, "Llama-3.2-3B": 131072,
-           "Qwen2.5-7B": 131072, "Qwen2.5-7B-Instruct": 32768, "Mistral-7B": 32768, "OPT-13B": 2048}
+           "Qwen2.5-7B": 131072, "Qwen2.5-7B-Instruct": 32768, "Mistral-7B": 32768, "OPT-13B": 2048,
+           "Gemma-2-9B": 8192, "Bamba-9B": 262144}
 
 
 def test_every_preset_carries_its_context_limit():
