@@ -42,10 +42,13 @@ _RANGE_BYTES = 1 << 40
 class RangeDevice(DeviceInFront):
     """The segment protocol over ONE reserved virtual range of a page-mapped device.
 
-    ``reserve(n)`` maps ``n`` bytes of fresh pages at a free place in the range (a single page
-    reuses the most recently unmapped slot, a batch goes after the highest slot used);
-    ``release`` unmaps them and releases their memory. Driver time and call counts are the
-    page-mapped device's (``mapped``). Free slots are a stack: O(1) per single-page map.
+    ``reserve(n)`` maps ``n`` bytes of fresh pages at a free place in the range: a single page
+    reuses the most recently unmapped slot; a batch goes at the top (above every slot ever
+    used) or, when the top has no room left, into a run of free slots; ``release`` unmaps the
+    pages and releases their memory, and slots freed at the top lower the top again, so a
+    long run does not creep through the address space. Driver time and call counts are the
+    page-mapped device's (``mapped``). Free slots are a stack: O(1) per single-page map; the
+    run search (sorting the free slots) happens only when the top is full.
     """
 
     def __init__(self, mapped: PageMappedDevice, page_bytes: int, range_bytes: int = _RANGE_BYTES):
@@ -55,30 +58,60 @@ class RangeDevice(DeviceInFront):
         self.base = mapped.address_reserve(range_bytes)
         if self.base is None:
             raise PolicyError(f"page-pool: the device cannot reserve a {format_bytes(range_bytes)} virtual range")
-        self._top = self.base  # slots at or above this were never mapped
-        self._free_slots: list[int] = []
+        self._top = self.base  # slots at or above this are free and were never mapped since the top last fell
+        self._free_slots: list[int] = []  # free slots below the top, most recently freed last
 
     @property
     def used_bytes(self) -> int:
         return self.mapped.physical_bytes
 
     def reserve(self, nbytes: int) -> int | None:
-        single = nbytes == self.page_bytes and self._free_slots
-        offset = self._free_slots[-1] if single else self._top
-        if offset + nbytes > self.base + self.range_bytes:
-            return None
+        end = self.base + self.range_bytes
+        if nbytes == self.page_bytes and self._free_slots:
+            offset, where = self._free_slots[-1], "slot"
+        elif self._top + nbytes <= end:
+            offset, where = self._top, "top"
+        else:
+            offset, where = self._free_run(nbytes), "run"
+            if offset is None:
+                return None
         if not self.mapped.map_new(offset, nbytes, self.page_bytes):
             return None
-        if single:
+        if where == "slot":
             self._free_slots.pop()
-        else:
+        elif where == "top":
             self._top += nbytes
+        else:
+            taken = set(range(offset, offset + nbytes, self.page_bytes))
+            self._free_slots = [s for s in self._free_slots if s not in taken]
         return offset
+
+    def _free_run(self, nbytes: int) -> int | None:
+        """The lowest start of ``nbytes / page`` consecutive free slots, or None."""
+        need, page = nbytes // self.page_bytes, self.page_bytes
+        run_start, run_len, prev = None, 0, None
+        for slot in sorted(self._free_slots):
+            if prev is not None and slot == prev + page:
+                run_len += 1
+            else:
+                run_start, run_len = slot, 1
+            if run_len == need:
+                return run_start
+            prev = slot
+        return None
 
     def release(self, offset: int, nbytes: int) -> None:
         self.mapped.unmap_release(offset, nbytes)
+        if offset + nbytes == self._top:  # the top falls, and with it any free slots just below
+            self._top = offset
+            if self._free_slots:
+                free = set(self._free_slots)
+                while self._top - self.page_bytes in free:
+                    self._top -= self.page_bytes
+                    free.discard(self._top)
+                self._free_slots = [s for s in self._free_slots if s < self._top]
+            return
         self._free_slots.extend(range(offset + nbytes - self.page_bytes, offset - 1, -self.page_bytes))
-
 
 
 class PagePool(Policy):
