@@ -4,6 +4,8 @@
 # .whl/simpy-*.whl carried along (no package registry there):
 #   bash benchmarks/run_h200.sh tests      # GPU tests, VMM replay against the simulator, calibration, step times
 #   bash benchmarks/run_h200.sh sweep      # sweep scaling on the 16 cores (nothing else running)
+#   bash benchmarks/run_h200.sh soak       # the soak, one process per policy spec, and the torch.cuda
+#                                          # baseline on the recorded server snapshots
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -22,6 +24,28 @@ if [ "${1:-tests}" = tests ]; then
     cp /tmp/seg/summary.csv $OUT/gpu_segment_replay_summary.csv
     step calibrate timeout 120 python3 -m poollab gpu calibrate --out $OUT/costs_h200_calibrated.json
     step steptime timeout 230 python3 benchmarks/steptime/measure_grid.py
+elif [ "$1" = soak ]; then
+    # 10^6 operations per spec, each its own process (its JSON lands when it ends); size-class's
+    # brute-force invariant recount costs ~3 ms an operation, so it gets 3x10^5 in the same time
+    mkdir -p /tmp/soak
+    python3 -c "from policies.testing.soak import soak_specs; print('\n'.join(soak_specs()))" > /tmp/soak/specs
+    i=0
+    while read -r spec; do
+        ops=1000000; [ "$spec" = size-class ] && ops=300000
+        timeout 540 python3 benchmarks/soak.py --ops $ops --spec "$spec" --out /tmp/soak/$i.json > /tmp/soak/$i.txt 2>&1 &
+        i=$((i+1))
+    done < /tmp/soak/specs
+    for s in graphs compile static_empty_cache; do
+        step "torch.cuda $s" timeout 120 python3 -m poollab gpu replay tests/data/snapshots_h200/$s.pickle.gz \
+            -p torch-caching -b torch.cuda --sim --out /tmp/fid_$s --no-progress
+    done
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True step "torch.cuda expandable" timeout 120 python3 -m poollab \
+        gpu replay tests/data/snapshots_h200/expandable.pickle.gz -p torch-caching:expandable_segments=true \
+        -b torch.cuda --sim --out /tmp/fid_expandable --no-progress
+    python3 -c "import pandas as pd, glob; pd.concat([pd.read_csv(f).assign(snapshot=f.split('_',1)[1].split('/')[0]) for f in sorted(glob.glob('/tmp/fid_*/summary.csv'))]).to_csv('$OUT/torch_cuda_snapshots.csv', index=False)"
+    wait
+    python3 -c "import json, glob; json.dump([r for f in sorted(glob.glob('/tmp/soak/*.json')) for r in json.load(open(f))['policies']], open('$OUT/soak_h200.json', 'w'), indent=1)" >> $LOG 2>&1
+    cat /tmp/soak/*.txt > $OUT/soak_h200.txt
 else
     step sweep timeout 300 python3 benchmarks/bench_sweep.py --workers 1,2,4,8,16 --out $OUT/sweep_h200.json
 fi
