@@ -454,7 +454,7 @@ class TorchCaching(Policy):
                     candidate = c
                     break
             b = b.next
-        if candidate is None:
+        if candidate is None or not self._can_map(self._bytes_to_map(candidate, size, small)):
             return None
         if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
             self._drop_if_empty((pool, small, stream))
@@ -466,6 +466,31 @@ class TorchCaching(Policy):
             candidate = self._last_merged
         self._remove(candidate)
         return candidate
+
+    def _bytes_to_map(self, candidate: _Block, size: int, small: bool) -> int:
+        """The page bytes ``_try_allocate_expandable_block`` maps to make ``size`` free bytes
+        from ``candidate`` on (the same walk as its mapping loop)."""
+        page = self._page_bytes(small)
+        room = need = 0
+        walk: _Block | None = candidate
+        while room < size and walk is not None:
+            if walk.mapped:
+                room += walk.size
+            else:
+                n = round_up(min(walk.size, size - room), page)
+                need += n
+                room += n
+            walk = walk.next
+        return need
+
+    def _can_map(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more can be mapped within capacity and the device's memory. Checked
+        before mapping anything, so a refused request leaves no pages behind (the failure
+        contract; PyTorch keeps, cached, the pages it mapped before the refusal)."""
+        if self.capacity_bytes is not None and self.reserved_bytes + nbytes > self.capacity_bytes:
+            return False
+        dev = self._mapped_device
+        return dev.limit_bytes is None or dev.physical_bytes + nbytes <= dev.limit_bytes
 
     def _map_block(self, b: _Block, size: int) -> bool:
         """``map_block``: map the pages covering ``[b.ptr, b.ptr + size)`` of unmapped block ``b``,
