@@ -11,6 +11,7 @@ from policies.units import format_bytes
 from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain
 from poollab.errors import UsageError
 from sim.config import Knob, ServerConfig, knobs
+from sim.kv import VIRTUAL
 from sim.report import format_table, write_results
 from sim.simulate import simulate_many
 
@@ -74,11 +75,14 @@ def settings_line(config: ServerConfig, summary: Any, *, has_hash_ids: bool = Tr
                        f"{int(first['prefix_block_tokens'])}-token blocks"
                        + ("" if has_hash_ids else "; the trace has no hash_ids, so nothing is shared") + ")")
     if off:
-        why = "off by --no-prefix-caching" if not config.prefix_caching else "off: contiguous KV cannot share blocks"
+        why = ("off by --no-prefix-caching" if not config.prefix_caching
+               else "off: virtual KV has no block table" if config.kv_strategy == VIRTUAL
+               else "off: contiguous KV cannot share blocks")
         caching.append(f"{why} for {', '.join(off)}")
     parts.append("prefix caching " + "; ".join(caching))
     if any(s != "paged" for s in summary["kv_strategy"]):
-        parts.append(f"contiguous strategy {config.kv_strategy}")
+        parts.append("KV strategy virtual (one virtual range per request, pages mapped as it grows)"
+                     if config.kv_strategy == VIRTUAL else f"contiguous strategy {config.kv_strategy}")
     shown = {"kv_capacity_bytes", "max_model_len", "tensor_parallel", "prefix_caching", "prefix_eviction",
              "prefix_block_tokens", "kv_strategy"}
     defaults = ServerConfig()
