@@ -59,7 +59,7 @@ class Baseline(abc.ABC):
 
     name: ClassVar[str] = ""
     drop: ClassVar[bool] = True
-    #: whether the allocator keeps its cache per stream (``use_stream`` then matters)
+    #: whether the stream a request is made on changes what the allocator reuses (``use_stream`` matters)
     keys_by_stream: ClassVar[bool] = False
 
     def __init__(self, *, device_id: int = 0):
@@ -103,7 +103,7 @@ class Baseline(abc.ABC):
 class _Streams:
     """The library's stream object for each trace stream id, made on first use.
 
-    A dict because the ids are sparse (a recording's ids are CUDA stream handles).
+    A dict because the ids need not be dense (a table trace may carry raw CUDA stream handles).
     """
 
     def __init__(self, current: Any, make: Callable[[], Any], activate: Callable[[Any], None]):
@@ -296,7 +296,8 @@ class CupyAsyncBaseline(Baseline):
         import cupy
 
         self._streams.restore()
-        with cupy.cuda.Device(self.device_id) as device:
+        device = cupy.cuda.Device(self.device_id)
+        with device:
             device.synchronize()  # the frees queued on every stream
             self._rt.memPoolSetAttribute(self._handle, self._rt.cudaMemPoolAttrReleaseThreshold, self._old_threshold)
             self._rt.memPoolTrimTo(self._handle, 0)
