@@ -14,6 +14,25 @@ cupy.MemoryAsyncPool   ``cupy.cuda.MemoryAsyncPool().malloc``        ``cudaMemPo
 torch.cuda             ``torch.empty(n, dtype=uint8, device=cuda)``  ``torch.cuda.memory_reserved()`` / max
 =====================  ===========================================  ==========================================
 
+Streams. A trace records the stream each request was made on; ``use_stream(stream_id)`` makes
+that stream current for the allocations that follow (the replay calls it between events, outside
+the timed call, only when the next allocation's stream differs from the last one's). Stream 0 is
+the stream current when the baseline was built; every other id gets its own stream, made on first
+use. A free needs no switch: each allocator below remembers the stream a block was allocated on
+and returns it there.
+
+=====================  ======================================================================
+name                   what the stream changes
+=====================  ======================================================================
+cudaMalloc             nothing (``cudaMalloc``/``cudaFree`` are not stream-ordered)
+cupy.MemoryPool        free lists are kept per stream (the chunk records its stream): a block
+                       freed on one stream is reused only by allocations on that stream
+cupy.MemoryAsyncPool   ``cudaMallocAsync`` on the stream; the driver's pool reuses memory freed on
+                       another stream only once that free is known complete (opportunistic reuse)
+torch.cuda             the caching allocator files each block under its stream (as
+                       ``torch-caching`` emulates); reused only by allocations on that stream
+=====================  ======================================================================
+
 Names are the APIs', so they never collide with policy names (``torch-caching`` and the like are
 emulations of these in ``policies``) and read plainly in reports; lookup ignores case.
 ``torch.cuda`` is listed only where torch with CUDA is importable.
@@ -40,6 +59,8 @@ class Baseline(abc.ABC):
 
     name: ClassVar[str] = ""
     drop: ClassVar[bool] = True
+    #: whether the stream a request is made on changes what the allocator reuses (``use_stream`` matters)
+    keys_by_stream: ClassVar[bool] = False
 
     def __init__(self, *, device_id: int = 0):
         from realgpu.cuda import require_cuda
@@ -69,9 +90,45 @@ class Baseline(abc.ABC):
     def note_alloc(self) -> None:
         """Called after each successful allocation, outside the timed region (peak upkeep)."""
 
+    def use_stream(self, stream_id: int) -> None:
+        """Allocate on the trace's stream ``stream_id`` from now on (0: the stream current when
+        the baseline was built). Baselines whose cache ignores streams do nothing."""
+
     @abc.abstractmethod
     def close(self) -> None:
-        """Give every cached byte back to the device (all allocations must be gone)."""
+        """Give every cached byte back to the device (all allocations must be gone) and make the
+        stream current at construction current again."""
+
+
+class _Streams:
+    """The library's stream object for each trace stream id, made on first use.
+
+    A dict because the ids need not be dense (a table trace may carry raw CUDA stream handles).
+    """
+
+    def __init__(self, current: Any, make: Callable[[], Any], activate: Callable[[Any], None]):
+        self._by_id: dict[int, Any] = {0: current}
+        self._make, self._activate = make, activate
+
+    def use(self, stream_id: int) -> None:
+        stream = self._by_id.get(stream_id)
+        if stream is None:
+            stream = self._by_id[stream_id] = self._make()
+        self._activate(stream)
+
+    def restore(self) -> None:
+        self._activate(self._by_id[0])
+
+
+def _cupy_streams(device_id: int) -> _Streams:
+    """Trace streams as CuPy streams (``Stream.use()`` makes one current for CuPy's allocators)."""
+    import cupy
+
+    def make():
+        with cupy.cuda.Device(device_id):
+            return cupy.cuda.Stream(non_blocking=False)
+
+    return _Streams(cupy.cuda.get_current_stream(), make, lambda stream: stream.use())
 
 
 class CudaMallocBaseline(Baseline):
@@ -143,11 +200,13 @@ class CupyPoolBaseline(Baseline):
     """CuPy's default kind of pool: best fit with splitting and merging, 512 B rounding."""
 
     name = "cupy.MemoryPool"
+    keys_by_stream = True
 
     def __init__(self, *, device_id: int = 0):
         super().__init__(device_id=device_id)
         import cupy
 
+        self._streams = _cupy_streams(device_id)
         self._pool = cupy.cuda.MemoryPool()
         self.alloc = self._pool.malloc
         self.oom_errors = (cupy.cuda.memory.OutOfMemoryError,)
@@ -174,7 +233,14 @@ class CupyPoolBaseline(Baseline):
         return {"peak_allocated_bytes": self._peak_used, "peak_reserved_bytes": self._peak_reserved,
                 "n_grow": NAN, "n_shrink": NAN}
 
+    def use_stream(self, stream_id: int) -> None:
+        self._streams.use(stream_id)
+
     def close(self) -> None:
+        import cupy
+
+        cupy.cuda.Device(self.device_id).synchronize()  # blocks freed on side streams may still be in use
+        self._streams.restore()
         self._pool.free_all_blocks()
 
 
@@ -187,11 +253,13 @@ class CupyAsyncBaseline(Baseline):
     """
 
     name = "cupy.MemoryAsyncPool"
+    keys_by_stream = True
 
     def __init__(self, *, device_id: int = 0):
         super().__init__(device_id=device_id)
         import cupy
 
+        self._streams = _cupy_streams(device_id)
         rt = cupy.cuda.runtime
         self._rt = rt
         with cupy.cuda.Device(device_id):
@@ -221,11 +289,16 @@ class CupyAsyncBaseline(Baseline):
                 "peak_reserved_bytes": rt.memPoolGetAttribute(self._handle, rt.cudaMemPoolAttrReservedMemHigh),
                 "n_grow": NAN, "n_shrink": NAN}
 
+    def use_stream(self, stream_id: int) -> None:
+        self._streams.use(stream_id)
+
     def close(self) -> None:
         import cupy
 
-        with cupy.cuda.Device(self.device_id):
-            cupy.cuda.get_current_stream().synchronize()
+        self._streams.restore()
+        device = cupy.cuda.Device(self.device_id)
+        with device:
+            device.synchronize()  # the frees queued on every stream
             self._rt.memPoolSetAttribute(self._handle, self._rt.cudaMemPoolAttrReleaseThreshold, self._old_threshold)
             self._rt.memPoolTrimTo(self._handle, 0)
 
@@ -234,6 +307,7 @@ class TorchCachingBaseline(Baseline):
     """PyTorch's CUDA caching allocator, through ``torch.empty`` (the stock configuration)."""
 
     name = "torch.cuda"
+    keys_by_stream = True
 
     def __init__(self, *, device_id: int = 0):
         super().__init__(device_id=device_id)
@@ -249,6 +323,10 @@ class TorchCachingBaseline(Baseline):
         self._grow0 = stats.get("segment.all.allocated", 0)
         self._shrink0 = stats.get("segment.all.freed", 0)
         empty, uint8 = torch.empty, torch.uint8
+        # torch.cuda.set_stream is what ``with torch.cuda.stream(s)`` does on entry; the replay
+        # switches between events, so the context manager's enter/exit would sit in no timed call
+        self._streams = _Streams(torch.cuda.current_stream(device), lambda: torch.cuda.Stream(device=device),
+                                 torch.cuda.set_stream)
 
         def alloc(nbytes: int):
             return empty(nbytes, dtype=uint8, device=device)
@@ -280,8 +358,12 @@ class TorchCachingBaseline(Baseline):
                 "n_grow": stats.get("segment.all.allocated", 0) - self._grow0,
                 "n_shrink": stats.get("segment.all.freed", 0) - self._shrink0}
 
+    def use_stream(self, stream_id: int) -> None:
+        self._streams.use(stream_id)
+
     def close(self) -> None:
         self._torch.cuda.synchronize(self._device)
+        self._streams.restore()
         self._torch.cuda.empty_cache()
 
 

@@ -142,8 +142,10 @@ def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every
 
     The loop is ``sim.engine.run`` and the row ``sim.report.summary_row``, as for a policy: the
     timed region is the allocator's own call (``alloc(nbytes)``; ``free(handle)`` or dropping
-    the last reference), a failed allocation is counted and its free skipped. The baseline is
-    closed (its cache emptied) before this returns.
+    the last reference), a failed allocation is counted and its free skipped. Each allocation is
+    made on the stream the trace recorded (``Baseline.use_stream``, switched between events,
+    outside the timed call), so an allocator that caches per stream sees the trace's streams. The
+    baseline is closed (its cache emptied) before this returns.
     """
     from realgpu.cuda import touch_pointer
 
@@ -183,10 +185,14 @@ def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[in
         return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
     target = Target(allocate=bl.alloc, free=None if bl.drop else bl.free, oom_errors=bl.oom_errors, sized_only=True)
-    run = engine_run(events.ops, events.keys, events.sizes, target=target, times_us=events.times_us,
-                     observe=_booking(monitor.observe, readings, events), on_alloc=on_alloc,
-                     unknown_free=unknown_free, timer=timer,
-                     progress=f"{trace.name} · {bl.name}" if progress else None)
+    try:
+        run = engine_run(events.ops, events.keys, events.sizes, target=target, times_us=events.times_us,
+                         observe=_booking(monitor.observe, readings, events), on_alloc=on_alloc,
+                         before=_stream_switches(bl, events), unknown_free=unknown_free, timer=timer,
+                         progress=f"{trace.name} · {bl.name}" if progress else None)
+    finally:
+        if bl.keys_by_stream:
+            bl.use_stream(0)
     if n:
         monitor.finish(n - 1, events.times_us[-1])
     synchronize()
@@ -257,6 +263,30 @@ def _booking(observe: Callable[[int, int], None], readings: BaselineReadings, ev
         observe(i, time_us)
 
     return observe_event
+
+
+def _stream_switches(bl: Any, events: Any) -> Callable[[int], None] | None:
+    """``before(i)`` for the engine: ahead of an allocation on another stream than the previous
+    allocation's, make the trace's stream current (``Baseline.use_stream``), outside the timed
+    call. None where the allocator ignores streams or the trace has one stream (nothing to switch).
+
+    A free needs no switch (the allocators return a block to the stream it was allocated on).
+    """
+    if not bl.keys_by_stream or len(set(events.streams)) < 2:
+        return None
+    switch_to: dict[int, int] = {}  # event index -> stream id, at the allocations that change stream
+    current = 0
+    for i, (op, stream) in enumerate(zip(events.ops, events.streams)):
+        if op == ALLOC and stream != current:
+            switch_to[i] = current = stream
+    use_stream, switch_at = bl.use_stream, switch_to.get
+
+    def before(i: int) -> None:
+        stream = switch_at(i)
+        if stream is not None:
+            use_stream(stream)
+
+    return before
 
 
 def _no_reading(reserved_bytes: int) -> None:

@@ -155,6 +155,7 @@ class _HostBaseline:
 
     name = "host.malloc"
     oom_errors = (MemoryError,)
+    keys_by_stream = False
 
     def __init__(self, *, drop: bool, limit_bytes: int | None = None):
         self.drop = drop
@@ -236,6 +237,76 @@ def test_a_baseline_refusal_is_counted_and_its_free_skipped():
     row = _baseline_run(make_trace(ops), bl, watch=None, touch=lambda ptr, n: None, sample_every=1, progress=False,
                         device="host", synchronize=lambda: None, timer=time_ns_counter()).summary
     assert (row["n_alloc"], row["n_failed"], row["n_free"], row["failure_rate"]) == (2, 1, 1, 0.5)
+
+
+class _HostStreamBaseline(_HostBaseline):
+    """The stand-in, caching per stream: it logs the stream current at each allocation and at
+    each switch, and reads the timer in ``use_stream`` so a switch inside a timed call would show."""
+
+    keys_by_stream = True
+
+    def __init__(self, timer):
+        super().__init__(drop=False)
+        self.timer = timer
+        self.stream = 0
+        self.alloc_streams: dict[int, int] = {}  # id(buf) -> stream current when it was made
+        self.num_switches = 0
+
+    def use_stream(self, stream_id: int) -> None:
+        self.timer()
+        self.stream = stream_id
+        self.num_switches += 1
+
+    def alloc(self, nbytes: int):
+        buf = super().alloc(nbytes)
+        self.alloc_streams[id(buf)] = self.stream
+        return buf
+
+
+def test_a_stream_keyed_baseline_allocates_each_request_on_its_recorded_stream():
+    """Issue 14: the baseline replays the trace's streams (stream 0 is the starting stream), the
+    switches happen between events (no timed call includes one) and the starting stream is
+    current again at the end."""
+    from realgpu.replay import _baseline_run
+
+    streams = [0, 7, 7, 0, 7, 0, 0, 9, 9, 0]
+    ops, stream_of = [], []
+    for ident, stream in enumerate(streams):
+        ops.append(("alloc", ident, (ident + 1) * 512))
+        stream_of.append(stream)
+    for ident, stream in enumerate(streams):  # frees recorded on their allocation's stream
+        ops.append(("free", ident, (ident + 1) * 512))
+        stream_of.append(stream)
+    trace = AllocTrace(make_events(range(len(ops)), [o for o, _, _ in ops], [i for _, i, _ in ops],
+                                   [n for _, _, n in ops], stream=stream_of), name="streams")
+    timer = time_ns_counter()
+    bl = _HostStreamBaseline(timer)
+    made: list[tuple[int, int]] = []  # (bytes, stream current when made), in allocation order
+    original_alloc = bl.alloc
+
+    def alloc(nbytes):
+        buf = original_alloc(nbytes)
+        made.append((nbytes, bl.alloc_streams[id(buf)]))
+        return buf
+
+    bl.alloc = alloc
+    result = _baseline_run(trace, bl, watch=None, touch=lambda ptr, n: None, sample_every=1, progress=False,
+                           device="host", synchronize=lambda: None, timer=timer)
+    assert made == [((ident + 1) * 512, stream) for ident, stream in enumerate(streams)]
+    assert bl.num_switches == 6 + 1, "one switch per change of stream between allocations, one back at the end"
+    assert bl.stream == 0
+    # the test clock advances 1 us a read: a switch read inside a timed call would make it 2 us
+    assert (result.alloc_ns == 1000).all() and (result.free_ns == 1000).all()
+
+
+def test_a_one_stream_trace_switches_no_stream():
+    from realgpu.replay import _baseline_run
+
+    timer = time_ns_counter()
+    bl = _HostStreamBaseline(timer)
+    _baseline_run(random_trace(5, num_allocs=50), bl, watch=None, touch=lambda ptr, n: None, sample_every=1,
+                  progress=False, device="host", synchronize=lambda: None, timer=timer)
+    assert set(bl.alloc_streams.values()) == {0} and bl.num_switches == 1  # the restore at the end
 
 
 def time_ns_counter():
