@@ -155,6 +155,7 @@ class _HostBaseline:
 
     name = "host.malloc"
     oom_errors = (MemoryError,)
+    empty_cache = None  # caches nothing
 
     def __init__(self, *, drop: bool, limit_bytes: int | None = None):
         self.drop = drop
