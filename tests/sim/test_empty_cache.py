@@ -86,6 +86,12 @@ def test_static_empty_cache_snapshot_has_the_call():
     validate_events(trace.events)
     res = replay(trace, "torch-caching")
     assert res.summary["n_empty_cache"] == int(calls.sum())
+    # the fidelity replay reads the same calls (one rule: traces.pytorch_snapshot.empty_cache_frees)
+    from sim import engine
+    from sim.fidelity import read_recording
+
+    rec = read_recording(SNAPSHOTS / "static_empty_cache.pickle.gz")
+    assert rec.ops.count(engine.FLUSH) == int(calls.sum())
 
 
 def test_wrapper_forwards_private_pools():
