@@ -11,7 +11,7 @@ import policies
 MiB = 1 << 20
 from sim.bounds import bounds
 from sim.replay import replay
-from traces.alloc_table import read_table_csv, write_alloc_trace
+from traces.alloc_table import read_table_csv, read_table_parquet, write_alloc_trace
 from traces.errors import TraceFormatError
 from traces.events import EMPTY_CACHE_OP, AllocTrace, make_events, validate_events
 from traces.info import describe_alloc_trace
@@ -63,12 +63,14 @@ def test_requests_leave_the_call_out():
     assert info["peak_live_bytes"] == 16 * MiB and info["final_live_bytes"] == 0
 
 
-def test_csv_round_trip(tmp_path):
-    path = tmp_path / "ec.csv"
+@pytest.mark.parametrize("suffix, read", [(".csv", read_table_csv), (".parquet", read_table_parquet)])
+def test_table_round_trip(tmp_path, suffix, read):
+    path = tmp_path / f"ec{suffix}"
     write_alloc_trace(_trace(), path)
-    back = read_table_csv(path)
+    back = read(path)
     assert back.events["op"].tolist() == _trace().events["op"].tolist()
     assert back.events["alloc_id"].tolist() == [0, 1, 0, 1, -1, 2, 2]
+    assert back.events["nbytes"].tolist() == _trace().events["nbytes"].tolist()
 
 
 def test_unknown_op_is_rejected_with_its_line(tmp_path):
