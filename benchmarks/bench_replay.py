@@ -175,8 +175,9 @@ def main(argv=None) -> int:
               f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)")
         return 0
     ev = trace_events(trace)
-    events = list(zip([op == engine.ALLOC for op in ev.ops], ev.keys, ev.sizes, ev.streams,
-                      [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)))
+    tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
+    events = [(op == engine.ALLOC, *rest) for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
+              if op != engine.FLUSH]  # the reference loops replay requests only
     n = len(events)
     costs = CostModel.load()
     rows = [INLINE, TRIVIAL, NOTHING] + (args.specs or policies.available())

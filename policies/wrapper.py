@@ -146,6 +146,20 @@ class WrapperPolicy(Policy):
         self._sync()
         return released
 
+    @property
+    def has_private_pools(self) -> bool:
+        return self.base_policy.has_private_pools
+
+    def begin_allocate_to_pool(self, pool_id: Any, stream: int) -> None:
+        self.base_policy.begin_allocate_to_pool(pool_id, stream)
+
+    def end_allocate_to_pool(self, pool_id: Any) -> None:
+        self.base_policy.end_allocate_to_pool(pool_id)
+
+    def release_pool(self, pool_id: Any) -> None:
+        self.base_policy.release_pool(pool_id)
+        self._sync()  # a pool's last user gone: its free segments may go back
+
     def add_move_listener(self, listener: MoveCallback) -> None:
         """Call ``listener`` after ``on_move`` for every move (how a wrapper above follows)."""
         self._move_listeners.append(listener)

@@ -55,6 +55,8 @@ class Baseline(abc.ABC):
         alloc: ``alloc(nbytes) -> handle``; raises one of ``oom_errors`` when out of memory.
         free: ``free(handle)``, or None when ``drop`` (deleting the last reference frees).
         oom_errors: what ``alloc`` raises when the device is full.
+        empty_cache: what a recorded ``empty_cache()`` call does (``torch.cuda.empty_cache``);
+            None for an allocator with no such call (the event is only counted).
     """
 
     name: ClassVar[str] = ""
@@ -70,6 +72,7 @@ class Baseline(abc.ABC):
         self.alloc: Callable[[int], Any]
         self.free: Callable[[Any], None] | None = None
         self.oom_errors: tuple[type[BaseException], ...] = (MemoryError,)
+        self.empty_cache: Callable[[], None] | None = None
 
     @abc.abstractmethod
     def pointer(self, handle: Any) -> int:
@@ -333,6 +336,7 @@ class TorchCachingBaseline(Baseline):
 
         self.alloc = alloc
         self.oom_errors = (torch.cuda.OutOfMemoryError,)
+        self.empty_cache = torch.cuda.empty_cache
         # the raw nested stats skip the flattening memory_reserved() does on every call
         raw = getattr(torch._C, "_cuda_memoryStats", None)
         self._raw_stats = (lambda: raw(device_id)) if raw is not None else None

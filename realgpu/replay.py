@@ -39,7 +39,7 @@ from policies.device import SEGMENT_ALIGNMENT_BYTES
 from realgpu.baselines import Baseline, make_baseline
 from realgpu.mapped import MappedRealDevice
 from realgpu.pool import GpuPool
-from sim.engine import ALLOC, Target
+from sim.engine import ALLOC, FREE, Target
 from sim.engine import run as engine_run
 from sim.metrics import PoolMonitor, default_sample_every
 from sim.replay import ReplayResult, replay, trace_events
@@ -184,7 +184,8 @@ def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[in
     def unknown_free(i: int, key: int) -> Exception:
         return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
-    target = Target(allocate=bl.alloc, free=None if bl.drop else bl.free, oom_errors=bl.oom_errors, sized_only=True)
+    target = Target(allocate=bl.alloc, free=None if bl.drop else bl.free, oom_errors=bl.oom_errors, sized_only=True,
+                    flush=bl.empty_cache)
     try:
         run = engine_run(events.ops, events.keys, events.sizes, target=target, times_us=events.times_us,
                          observe=_booking(monitor.observe, readings, events), on_alloc=on_alloc,
@@ -200,7 +201,7 @@ def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[in
     readings.counters = bl.counters()  # read before teardown frees what is still live
     row = summary_row(trace=trace.name, policy=bl.name, backend="gpu", params="", capacity_bytes=None,
                       monitor=monitor, alloc_ns=run.alloc_ns, free_ns=run.free_ns, wall_s=run.wall_s,
-                      device_calls=None, n_events=n,
+                      device_calls=None, n_events=n, n_empty_cache=run.num_flushes,
                       kind="baseline", device=device, validate=False, driver_ns_total=NAN,
                       device_mallocs=readings.counters["n_grow"], device_frees=readings.counters["n_shrink"])
     if not bl.drop:
@@ -256,9 +257,10 @@ def _booking(observe: Callable[[int, int], None], readings: BaselineReadings, ev
     ops, keys = events.ops, events.keys
 
     def observe_event(i: int, time_us: int) -> None:
-        if ops[i] == ALLOC:
+        op = ops[i]
+        if op == ALLOC:
             readings.num_attempts += 1
-        else:
+        elif op == FREE:  # an empty_cache call changes no live bytes
             readings.freed(keys[i])
         observe(i, time_us)
 

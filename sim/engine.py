@@ -53,7 +53,8 @@ class Target:
             torch tensors): the engine then lets go of the handle inside the timed region.
         take_driver_ns: modelled driver time since the last call (``Device.take_driver_ns``).
         oom_errors: exceptions ``allocate`` raises when out of memory (counted as refusals).
-        flush: what a ``FLUSH`` op calls (``Policy.empty_cache``).
+        flush: what a ``FLUSH`` op calls (``Policy.empty_cache``; ``torch.cuda.empty_cache`` for
+            that baseline); None: the target caches nothing to give back, the op is only counted.
         sized_only: ``allocate`` takes the size alone (baselines ignore streams and tags).
         driver_clock: the device's own ``DriverClock`` when its type is known to keep one
             (``policy_target``): the loop then reads its pending time, an attribute, and calls
@@ -149,6 +150,7 @@ class EngineRun:
     num_failed: int
     wall_s: float
     live: dict[Any, Any] = field(default_factory=dict)  # key -> handle still live at the end
+    num_flushes: int = 0  # ``FLUSH`` ops (``empty_cache`` calls): untimed, counted here
 
 
 def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
@@ -161,7 +163,9 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     """Replay the events ``ops[i]`` (``ALLOC``/``FREE``/``FLUSH``) of allocation ``keys[i]``.
 
     A refused allocation is counted and the trace goes on; its matching free is skipped. A free
-    of a key neither live nor refused raises ``unknown_free(i, key)``.
+    of a key neither live nor refused raises ``unknown_free(i, key)``. A ``FLUSH`` calls
+    ``target.flush`` outside the latency samples: it is counted (``EngineRun.num_flushes``), and
+    the driver time its releases cost is dropped rather than charged to the next call.
 
     Args:
         ops, keys, sizes: the events.
@@ -201,7 +205,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     failed: set[Any] = set()
     alloc_ns, free_ns = array("q"), array("q")
     alloc_append, free_append = alloc_ns.append, free_ns.append
-    num_failed = 0
+    num_failed = num_flushes = 0
     alloc_op, free_op = ALLOC, FREE  # locals: a global read per event costs
     every_event = observe if observe_every == 1 else None
     at_chunk_end = observe if observe_every > 1 else None
@@ -252,7 +256,13 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
                 else:
                     raise unknown_free(i, key)
             else:
-                flush()
+                num_flushes += 1
+                if flush is not None:
+                    flush()
+                    if clock is None:
+                        take()
+                    else:
+                        clock.take()
             if every_event is not None:
                 every_event(i, times_us[i] if times_us is not None else i)
         if at_chunk_end is not None and (stop - 1) % stride == 0:
@@ -264,7 +274,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     if bar is not None:
         bar.close()
     return EngineRun(alloc_ns=np.frombuffer(alloc_ns, dtype=np.int64), free_ns=np.frombuffer(free_ns, dtype=np.int64),
-                     num_failed=num_failed, wall_s=wall_s, live=live)
+                     num_failed=num_failed, wall_s=wall_s, live=live, num_flushes=num_flushes)
 
 
 def _progress_bar(total: int, desc: str):

@@ -57,7 +57,8 @@ from policies.units import round_up
 from sim import engine
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
-from traces.pytorch_snapshot import DEFAULT_POOL_ID, PyTorchSnapshot, infer_request_pools, read_snapshot
+from traces.pytorch_snapshot import (DEFAULT_POOL_ID, PyTorchSnapshot, empty_cache_frees, infer_request_pools,
+                                     read_snapshot, snapshot_max_split_size_bytes)
 
 __all__ = ["Recording", "SeedSegment", "FidelityResult", "read_recording", "snapshot_to_recording",
            "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
@@ -173,14 +174,14 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
     pending: list[list] = []  # segment rows waiting for the request they serve
     segment_rows: list[list] = []
     request_ops: list[int] = []  # request k -> its op index
-    retry_release = _retry_release_test(snap.allocator_settings)
+    max_split = snapshot_max_split_size_bytes(snap.allocator_settings)
     j, num_events = 0, len(ev)
     for k, i in enumerate(req.entry):
         while j < num_events and ev.entry[j] < i:
             pending.append([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]])
             j += 1
         if pending:  # segment decisions made before this request
-            _flush(pending, segment_rows, ops, addrs, sizes, streams, index, retry_release)
+            _flush(pending, segment_rows, ops, addrs, sizes, streams, index, max_split)
             pending.clear()
         request_ops.append(len(ops))
         ops.append(ALLOC if req.is_alloc[k] else FREE)
@@ -190,41 +191,29 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
         index.append(i)
     pending.extend([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]] for j in range(j, num_events))
     if pending:
-        _flush(pending, segment_rows, ops, addrs, sizes, streams, index, retry_release)
+        _flush(pending, segment_rows, ops, addrs, sizes, streams, index, max_split)
     return ops, addrs, sizes, streams, index, segment_rows, request_ops
 
 
-def _retry_release_test(settings: dict):
-    """Whether a run of freed sizes may be ``release_available_cached_blocks`` (a retry that
-    frees only oversize blocks, so only with ``max_split_size``)."""
-    max_split = params_from_settings(settings).get("max_split_size_bytes")
-    if max_split is None:
-        return lambda sizes: False
-    return lambda sizes: all(n >= max_split for n in sizes)
-
-
-def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index, retry_release) -> None:
+def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index,
+           max_split_size_bytes: int | None) -> None:
     """Attach the segment events seen since the last request to the request that follows.
 
-    The allocator reserves segments only while serving an allocation, so a reservation or an
-    ``oom`` belongs to the next request. Frees ahead of them are the program calling
-    ``empty_cache()``: they get an ``EMPTY_CACHE`` op of their own, placed before the request
-    (or at the end of the trace); frees that only ``release_available_cached_blocks`` could
-    have made (``retry_release``) stay with the request (see the module docstring).
+    The frees ``empty_cache_frees`` reads as the program calling ``empty_cache()`` get an
+    ``EMPTY_CACHE`` op of their own, placed before the request (or at the end of the trace); the
+    rest (reservations, ``oom``, retry frees) belong to the request.
     """
-    reserving = ("segment_alloc", "segment_map", "oom")
-    num_leading_frees = next((n for n, row in enumerate(pending) if row[1] in reserving), len(pending))
-    leading = pending[:num_leading_frees]
-    if leading and (num_leading_frees == len(pending) or not retry_release([row[3] for row in leading])):
+    num_calls = empty_cache_frees([row[1] for row in pending], [row[3] for row in pending], max_split_size_bytes)
+    if num_calls:
         ops.append(EMPTY_CACHE)
         addrs.append(0)
         sizes.append(0)
         streams.append(0)
         index.append(pending[0][4])
-        for row in leading:
+        for row in pending[:num_calls]:
             row[0] = len(ops) - 1
-        segment_rows.extend(leading)
-        pending = pending[num_leading_frees:]
+        segment_rows.extend(pending[:num_calls])
+        pending = pending[num_calls:]
     for row in pending:
         row[0] = len(ops)
     segment_rows.extend(pending)

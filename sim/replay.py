@@ -23,7 +23,7 @@ from sim.costs import CostModel
 from sim.pools import create_policy
 from sim.metrics import PoolMonitor, default_sample_every
 from sim.report import latency_samples, params_text, summary_frame, summary_row
-from traces.events import AllocTrace
+from traces.events import ALLOC_OP, AllocTrace
 
 __all__ = ["ReplayResult", "ReplayTables", "replay", "replay_many", "replay_tables", "TraceEvents", "trace_events"]
 
@@ -103,7 +103,7 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
                       capacity_bytes=policy.capacity_bytes, monitor=monitor, alloc_ns=run.alloc_ns,
                       free_ns=run.free_ns, wall_s=run.wall_s, device_calls=policy.device.call_stats(), n_events=n,
-                      driver_ns_total=policy.device.driver_ns_total)
+                      driver_ns_total=policy.device.driver_ns_total, n_empty_cache=run.num_flushes)
     ts = monitor.timeseries()
     ts.insert(0, "backend", backend)
     ts.insert(0, "policy", policy.spec)
@@ -130,10 +130,13 @@ class TraceEvents:
 
 
 def trace_events(trace: AllocTrace) -> TraceEvents:
-    time_us, is_alloc, alloc_id, nbytes, stream = trace.arrays()
-    tags = [t or None for t in trace.events["tag"].tolist()] if "tag" in trace.events else None  # "" is no tag
-    ops = np.where(is_alloc, engine.ALLOC, engine.FREE).tolist()
-    return TraceEvents(ops, alloc_id.tolist(), nbytes.tolist(), stream.tolist(), tags, time_us.tolist())
+    """Every row of the trace as an engine event, an ``empty_cache`` row as a ``FLUSH``."""
+    ev = trace.events
+    tags = [t or None for t in ev["tag"].tolist()] if "tag" in ev else None  # "" is no tag
+    is_alloc = (ev["op"] == ALLOC_OP).to_numpy()
+    ops = np.where(is_alloc, engine.ALLOC, np.where(trace.is_empty_cache(), engine.FLUSH, engine.FREE)).tolist()
+    return TraceEvents(ops, *(ev[c].to_numpy(np.int64).tolist() for c in ("alloc_id", "nbytes", "stream")), tags,
+                       ev["time_us"].to_numpy(np.int64).tolist())
 
 
 @dataclass

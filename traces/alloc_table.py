@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 
 from traces.atomic import replacing_file
 from traces.errors import DAMAGED_GZIP, TraceFormatError
-from traces.events import EVENT_COLUMNS, AllocTrace, make_events, validate_events, trace_name
+from traces.events import (ALLOC_OP, EMPTY_CACHE_OP, EVENT_COLUMNS, AllocTrace, make_events, trace_name,
+                           validate_events)
 
 __all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace", "output_format"]
 
@@ -181,9 +182,13 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
     tables downstream: an id of 9e18 must not ask for an array that long). Validated tables only."""
     out = {c: df[c].to_numpy(np.int64) for c in _INT_COLUMNS}
     ids = out["alloc_id"]
-    alloc_ids = ids[(df["op"] == "alloc").to_numpy(dtype=bool)]
+    alloc_ids = ids[(df["op"] == ALLOC_OP).to_numpy(dtype=bool)]
     if not np.array_equal(alloc_ids, np.arange(alloc_ids.size)):
-        out["alloc_id"] = pd.Index(alloc_ids).get_indexer(ids).astype(np.int64)
+        out["alloc_id"] = ids = pd.Index(alloc_ids).get_indexer(ids).astype(np.int64)
+    calls = (df["op"] == EMPTY_CACHE_OP).to_numpy(dtype=bool)
+    if calls.any():  # an empty_cache row names no allocation: its id and size are written as -1 and 0
+        out["alloc_id"] = np.where(calls, -1, ids)
+        out["nbytes"] = np.where(calls, 0, out["nbytes"])
     for c in ("op", "tag"):
         col = df[c].reset_index(drop=True)
         # already the default string dtype (Arrow-backed strings convert slowly through object)

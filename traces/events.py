@@ -6,7 +6,7 @@ One row per event, in time order:
 column     dtype    meaning
 =========  =======  ==============================================================
 time_us    int64    microseconds since the trace's first event
-op         str      ``"alloc"`` or ``"free"``
+op         str      ``"alloc"``, ``"free"`` or ``"empty_cache"``
 alloc_id   int64    names the allocation; an ``alloc`` and its ``free`` share it
 nbytes     int64    bytes asked for (on ``free`` rows: the same size, for reference)
 stream     int64    the stream the request was made on (0 when unknown)
@@ -16,6 +16,11 @@ tag        str      optional label (``"pre-trace"``, ``"kv"``, ``"weights"``, ..
 Invariants (``validate_events`` checks them): every ``free`` follows the ``alloc`` with the
 same id, each id is allocated at most once and freed at most once; allocations never freed
 are simply live at the end.
+
+An ``empty_cache`` row is the program calling ``torch.cuda.empty_cache()`` at that point (every
+policy honours it through ``Policy.empty_cache``); it is no request, so its ``alloc_id`` and
+``nbytes`` mean nothing (written as -1 and 0) and readers of requests (``AllocTrace.arrays``)
+leave it out. Files from before this kind simply have none.
 """
 
 from __future__ import annotations
@@ -29,11 +34,14 @@ import pandas as pd
 
 from traces.errors import TraceFormatError
 
-__all__ = ["EVENT_COLUMNS", "PRE_TRACE_TAG", "AllocTrace", "make_events", "validate_events"]
+__all__ = ["EVENT_COLUMNS", "PRE_TRACE_TAG", "ALLOC_OP", "FREE_OP", "EMPTY_CACHE_OP", "EVENT_OPS", "AllocTrace", "make_events", "validate_events"]
 
 EVENT_COLUMNS = ["time_us", "op", "alloc_id", "nbytes", "stream", "tag"]
 #: Tag of allocations made before recording began (synthesised by the snapshot reader).
 PRE_TRACE_TAG = "pre-trace"
+#: The ``op`` values: a request (alloc, free) or an explicit ``empty_cache()`` call.
+ALLOC_OP, FREE_OP, EMPTY_CACHE_OP = "alloc", "free", "empty_cache"
+EVENT_OPS = (ALLOC_OP, FREE_OP, EMPTY_CACHE_OP)
 
 
 @dataclass
@@ -58,11 +66,19 @@ class AllocTrace:
         return len(self.events)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(time_us, is_alloc, alloc_id, nbytes, stream)`` as numpy arrays, for replay loops."""
+        """``(time_us, is_alloc, alloc_id, nbytes, stream)`` of the requests as numpy arrays (the
+        ``empty_cache`` rows left out: they are no request), for lifetimes and request loops."""
         ev = self.events
-        return (ev["time_us"].to_numpy(np.int64), (ev["op"] == "alloc").to_numpy(),
+        calls = self.is_empty_cache()
+        if calls.any():
+            ev = ev[~calls]
+        return (ev["time_us"].to_numpy(np.int64), (ev["op"] == ALLOC_OP).to_numpy(),
                 ev["alloc_id"].to_numpy(np.int64), ev["nbytes"].to_numpy(np.int64),
                 ev["stream"].to_numpy(np.int64))
+
+    def is_empty_cache(self) -> np.ndarray:
+        """Per row: whether it is an ``empty_cache`` call."""
+        return (self.events["op"] == EMPTY_CACHE_OP).to_numpy(dtype=bool, na_value=False)
 
 
 def trace_name(path: "str | Path", suffixes: tuple[str, ...]) -> str:
@@ -106,18 +122,20 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
         raise TraceFormatError(source, None, f"missing column(s) {', '.join(missing)}; expected {', '.join(EVENT_COLUMNS)}")
     problems: list[tuple[int, str]] = []  # (row, reason): each check's first offender; the earliest wins
     op = df["op"]
-    is_alloc = (op == "alloc").to_numpy(dtype=bool, na_value=False)
-    bad = np.flatnonzero(~is_alloc & ~(op == "free").to_numpy(dtype=bool, na_value=False))
+    is_alloc = (op == ALLOC_OP).to_numpy(dtype=bool, na_value=False)
+    is_free = (op == FREE_OP).to_numpy(dtype=bool, na_value=False)
+    is_request = is_alloc | is_free  # an empty_cache row's id and size are ignored
+    bad = np.flatnonzero(~is_request & ~(op == EMPTY_CACHE_OP).to_numpy(dtype=bool, na_value=False))
     if bad.size:
         i = int(bad[0])
-        problems.append((i, f"op {op.iloc[i]!r} is neither 'alloc' nor 'free'"))
+        problems.append((i, f"op {op.iloc[i]!r} is not one of {', '.join(map(repr, EVENT_OPS))}"))
     nbytes = df["nbytes"].to_numpy()
-    bad = np.flatnonzero((nbytes < 0) | (is_alloc & (nbytes == 0)))
+    bad = np.flatnonzero(is_request & ((nbytes < 0) | (is_alloc & (nbytes == 0))))
     if bad.size:
         i = int(bad[0])
         problems.append((i, f"size {int(nbytes[i])} must be > 0"))
     ids = df["alloc_id"].to_numpy()
-    bad = np.flatnonzero(ids < 0)  # ids index per-allocation tables downstream (bounds, replay)
+    bad = np.flatnonzero(is_request & (ids < 0))  # ids index per-allocation tables downstream (bounds, replay)
     if bad.size:
         i = int(bad[0])
         problems.append((i, f"alloc_id {int(ids[i])} must be >= 0"))
@@ -128,15 +146,15 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
         problems.append((i, f"time_us {int(t[i])} goes back in time (previous {int(t[i-1])})"))
     # each id: at most one alloc, at most one free, free after alloc
     rows = np.arange(len(ids))
-    alloc_ids, free_ids = ids[is_alloc], ids[~is_alloc]
+    alloc_ids, free_ids = ids[is_alloc], ids[is_free]
     for found in (_first_dup(alloc_ids, rows[is_alloc], "allocated twice"),
-                  _first_dup(free_ids, rows[~is_alloc], "freed twice (double free)")):
+                  _first_dup(free_ids, rows[is_free], "freed twice (double free)")):
         if found is not None:
             problems.append(found)
     # first alloc row of each id (drop_duplicates keeps the first): a free must come after it
     first_alloc = pd.Series(rows[is_alloc], index=alloc_ids)
     first_alloc = first_alloc[~first_alloc.index.duplicated()]
-    freed_rows = rows[~is_alloc]
+    freed_rows = rows[is_free]
     alloc_row = first_alloc.reindex(free_ids).to_numpy(dtype=np.float64)
     bad = np.flatnonzero(np.isnan(alloc_row) | (alloc_row > freed_rows))
     if bad.size:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.events import PRE_TRACE_TAG, AllocTrace
+from traces.events import ALLOC_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace
 
 __all__ = ["describe_alloc_trace", "live_bytes"]
 
@@ -23,13 +23,14 @@ def live_bytes(trace: AllocTrace) -> np.ndarray:
     described right, not wrapped.
     """
     ev = trace.events
-    is_alloc = (ev["op"] == "alloc").to_numpy()
+    is_alloc = (ev["op"] == ALLOC_OP).to_numpy()
+    is_free = (ev["op"] == FREE_OP).to_numpy()
     ids = ev["alloc_id"].to_numpy(np.int64)
     nbytes = ev["nbytes"].to_numpy(np.int64)
-    pos = pd.Index(ids[is_alloc]).get_indexer(ids[~is_alloc])
-    free_sizes = np.where(pos >= 0, nbytes[is_alloc][np.maximum(pos, 0)], nbytes[~is_alloc])
-    delta = nbytes.copy()
-    delta[~is_alloc] = -free_sizes
+    pos = pd.Index(ids[is_alloc]).get_indexer(ids[is_free])
+    free_sizes = np.where(pos >= 0, nbytes[is_alloc][np.maximum(pos, 0)], nbytes[is_free])
+    delta = np.where(is_alloc, nbytes, 0)  # an empty_cache call changes no live bytes
+    delta[is_free] = -free_sizes
     if _sum_may_overflow(nbytes[is_alloc]):
         return np.cumsum(delta.astype(object))
     return np.cumsum(delta)
@@ -50,7 +51,7 @@ def _exact_sum(values: np.ndarray) -> int:
 def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     """A flat-ish dict of plain Python values (JSON-ready).
 
-    Keys: ``name``, ``format``, ``source``, ``num_events``, ``num_allocs``, ``num_frees``,
+    Keys: ``name``, ``format``, ``source``, ``num_events``, ``num_allocs``, ``num_frees``, ``num_empty_cache``,
     ``num_never_freed``, ``num_pre_trace_allocs``, ``duration_us``, ``peak_live_bytes``,
     ``peak_live_time_us``, ``final_live_bytes``, ``total_alloc_bytes``, ``size_{min,p50,p90,p99,max}_bytes``,
     ``size_mean_bytes``, ``num_distinct_sizes``, ``streams`` (stream -> allocations), ``tags``
@@ -58,13 +59,14 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     listed under ``"(untagged)"``.
     """
     ev = trace.events
-    is_alloc = (ev["op"] == "alloc").to_numpy()
+    is_alloc = (ev["op"] == ALLOC_OP).to_numpy()
+    is_free = (ev["op"] == FREE_OP).to_numpy()
     ids = ev["alloc_id"].to_numpy(np.int64)
     sizes = ev["nbytes"].to_numpy(np.int64)[is_alloc]
     time_us = ev["time_us"].to_numpy(np.int64)
     num_allocs = int(is_alloc.sum())
-    num_frees = len(ev) - num_allocs
-    freed = np.isin(ids[is_alloc], ids[~is_alloc])
+    num_frees = int(is_free.sum())
+    freed = np.isin(ids[is_alloc], ids[is_free])
     live = live_bytes(trace)
     peak_at = int(np.argmax(live)) if live.size else -1
     alloc_tags = ev["tag"].to_numpy(dtype=object)[is_alloc]
@@ -75,6 +77,7 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
         "num_events": int(len(ev)),
         "num_allocs": num_allocs,
         "num_frees": num_frees,
+        "num_empty_cache": len(ev) - num_allocs - num_frees,
         "num_never_freed": int((~freed).sum()),
         "num_pre_trace_allocs": int((alloc_tags == PRE_TRACE_TAG).sum()),
         "duration_us": int(time_us.max() - time_us.min()) if time_us.size else 0,

@@ -34,12 +34,13 @@ import numpy as np
 import pandas as pd
 
 from traces.errors import TraceFormatError
-from traces.events import PRE_TRACE_TAG, AllocTrace, make_events, trace_name
+from traces.events import ALLOC_OP, EMPTY_CACHE_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace, make_events, trace_name
 
 __all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
            "SnapshotRequests", "SegmentEvents", "SnapshotSegment", "PreTraceAllocation", "load_snapshot_dict",
            "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace", "PoolInference",
-           "infer_request_pools", "DEFAULT_POOL_ID"]
+           "infer_request_pools", "DEFAULT_POOL_ID", "empty_cache_frees", "empty_cache_points",
+           "snapshot_max_split_size_bytes"]
 
 SNAPSHOT_FORMAT = "pytorch-snapshot"
 
@@ -569,8 +570,56 @@ def read_pytorch_snapshot(path: str | Path, *, device: int | None = None) -> All
     return snapshot_to_trace(read_snapshot(path, device=device))
 
 
+#: Segment actions that reserve (or fail to): the allocator takes them only while serving a request.
+_RESERVING_ACTIONS = ("segment_alloc", "segment_map", "oom")
+
+
+def snapshot_max_split_size_bytes(settings: dict[str, Any]) -> int | None:
+    """The snapshot's ``max_split_size`` in bytes; None when unset (PyTorch reports ``SIZE_MAX``)."""
+    max_split = settings.get("max_split_size", -1)
+    return max_split if isinstance(max_split, int) and 0 < max_split < 1 << 62 else None
+
+
+def empty_cache_frees(actions: list[str], sizes: list[int], max_split_size_bytes: int | None) -> int:
+    """How many segment events, of those between two requests (``actions``/``sizes`` in trace
+    order), are the program calling ``empty_cache()``: the run of frees ahead of any reservation
+    (0: none). The one rule both ``snapshot_to_trace`` and ``sim.fidelity`` read the call with.
+
+    The allocator reserves only while serving a request, so a reservation or an ``oom`` belongs
+    to the next request, and frees ahead of it are ``empty_cache()`` (``torch.cuda.graph`` calls
+    it before every capture). An out-of-memory retry frees the same segments right before the
+    same reservation, so reading it as ``empty_cache`` replays it the same way; the exception kept
+    as a retry is ``release_available_cached_blocks``, which with ``max_split_size`` frees only
+    segments at least that large: a run of such frees followed by a reservation is not a call.
+    """
+    n = next((k for k, action in enumerate(actions) if action in _RESERVING_ACTIONS), len(actions))
+    if n and n < len(actions) and max_split_size_bytes is not None and \
+            all(nbytes >= max_split_size_bytes for nbytes in sizes[:n]):
+        return 0
+    return n
+
+
+def empty_cache_points(snap: PyTorchSnapshot) -> list[int]:
+    """The requests (indices into ``snap.requests``; ``len`` for the end of the trace) before
+    which the program called ``empty_cache()`` (``empty_cache_frees``), in order."""
+    req, ev = snap.requests, snap.segment_events
+    max_split = snapshot_max_split_size_bytes(snap.allocator_settings)
+    points: list[int] = []
+    j, num_events = 0, len(ev)
+    for k, entry in enumerate(list(req.entry) + [float("inf")]):
+        start = j
+        while j < num_events and ev.entry[j] < entry:
+            j += 1
+        if j > start and empty_cache_frees(ev.action[start:j], ev.nbytes[start:j], max_split):
+            points.append(k)
+    return points
+
+
 def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     """The snapshot's requests as an AllocTrace, pre-trace allocations first at time 0.
+
+    Where the program called ``empty_cache()`` (``empty_cache_points``) the trace has an
+    ``empty_cache`` event, at the time of the request that follows it (of the last one at the end).
 
     ``meta`` keeps what replay compares with: ``segment_events`` (times relative to the first
     entry), ``segments`` (the final table), ``allocator_settings`` and the reserved bytes over
@@ -608,7 +657,15 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     stream = np.concatenate([np.asarray([p.stream for p in pre], np.int64), np.asarray(req.stream, np.int64)])
     tags = [PRE_TRACE_TAG] * n_pre + req.tag
     ids = _renumber_by_alloc_order(ids, is_alloc, next_id + len(pre_live))
-    events = make_events(time_us, np.where(is_alloc, "alloc", "free"), ids, nbytes, stream, tags)
+    op = np.where(is_alloc, ALLOC_OP, FREE_OP).astype(object)
+    points = empty_cache_points(snap)
+    if points:  # each call goes in ahead of its request: rows n_pre + k of the requests
+        at = n_pre + np.asarray(points, np.int64)
+        call_time_us = time_us[np.minimum(at, len(time_us) - 1)] if len(time_us) else np.zeros(len(at), np.int64)
+        time_us, op, ids, nbytes, stream = (np.insert(a, at, v) for a, v in (
+            (time_us, call_time_us), (op, EMPTY_CACHE_OP), (ids, -1), (nbytes, 0), (stream, 0)))
+        tags = np.insert(np.asarray(tags, dtype=object), at, "")
+    events = make_events(time_us, op, ids, nbytes, stream, tags)
 
     seg_events = pd.DataFrame(list(zip(ev.time_us, ev.action, ev.address, ev.nbytes, ev.stream)),
                               columns=["time_us", "action", "addr", "size", "stream"])

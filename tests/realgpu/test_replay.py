@@ -156,6 +156,7 @@ class _HostBaseline:
     name = "host.malloc"
     oom_errors = (MemoryError,)
     keys_by_stream = False
+    empty_cache = None  # caches nothing
 
     def __init__(self, *, drop: bool, limit_bytes: int | None = None):
         self.drop = drop
