@@ -8,6 +8,7 @@ only when used (``LazyGroup``); they only parse options, call the library and pr
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{' '.join(exc.format_message().split())}{hint}")
     except click.ClickException as exc:
         _fail(" ".join(exc.format_message().split()), exc.exit_code)
+    except BrokenPipeError:  # the reader went away (`poollab presets | head`): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        sys.exit(141)
     except click.exceptions.Abort:
         click.echo("poollab: aborted", err=True)
         sys.exit(130)

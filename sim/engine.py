@@ -280,4 +280,5 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
 def _progress_bar(total: int, desc: str):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5)
+    # disable=None: only on a terminal, as simulate's and report's bars (piped output stays readable)
+    return tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5, disable=None)

@@ -24,7 +24,7 @@ NAN = float("nan")
 
 __all__ = [
     "SUMMARY_COLUMNS", "DEVICE_COLUMNS", "TIMESERIES_COLUMNS", "summary_row", "params_text", "summary_frame", "write_results", "read_results",
-    "latency_percentiles", "format_table", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
+    "latency_percentiles", "format_table", "invariant_warnings", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
 ]
 
 #: The columns every backend fills, in order (see README "The report").
@@ -250,4 +250,17 @@ def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str
             view[c] = view[c] * 100
             rename[c] = c + "_%"
     view = view.rename(columns=rename)
-    return view.to_string(index=False, float_format=lambda v: f"{v:,.2f}")
+    table = view.to_string(index=False, float_format=lambda v: f"{v:,.2f}")
+    return "\n".join([table, *invariant_warnings(summary)])
+
+
+def invariant_warnings(summary: pd.DataFrame) -> list[str]:
+    """One ``warning:`` line per row whose figures cannot all be true, so that no table prints
+    such a row as if it were healthy: more bytes live at peak than the pool ever reserved (a
+    pool hands out memory it does not hold: a bug in the policy or in its device)."""
+    if not {"peak_live_bytes", "peak_reserved_bytes"} <= set(summary.columns):
+        return []
+    bad = summary[summary["peak_live_bytes"] > summary["peak_reserved_bytes"]]
+    return [f"warning: {r.policy} ({r.backend}): peak live {r.peak_live_bytes / 2**20:,.2f} MiB is above peak reserved "
+            f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; do not trust this row"
+            for r in bad.itertuples()]

@@ -337,7 +337,7 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
     if todo:
         from tqdm.auto import tqdm
 
-        with executor, tqdm(total=len(todo), desc=spec.name, unit="cell", disable=not progress,
+        with executor, tqdm(total=len(todo), desc=spec.name, unit="cell", disable=None if progress else True,  # None: only on a terminal
                             mininterval=0.5) as bar:
             num_bad = 0
             for cell, record in executor.run(todo):
