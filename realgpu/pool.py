@@ -479,9 +479,12 @@ class GpuPool:
 
 def _page_mapped_model(policy: str | Policy) -> PageMappedDevice | None:
     """The page-mapped device a policy runs on by its own choice, for the real one to mirror:
-    a policy object built on one, or a spec whose policy builds one when given no device."""
+    a policy object built on one, or a spec that declares one (``policies.registry.device_kind``;
+    only such a spec is built here, to read the device it builds)."""
     if isinstance(policy, str):
         try:
+            if policies.registry.device_kind(policy) != "page-mapped":
+                return None
             policy = policies.create(policy)
         except policies.PolicyError:
             return None  # the real construction reports the bad spec
