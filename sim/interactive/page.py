@@ -15,7 +15,8 @@ What is embedded per trace (``trace_data``):
   and the layouts taken at refusals (the failure markers: click one to see the request and
   the free blocks at that moment);
 - markers: the first failure, preemption bursts (steps where running requests fell while
-  none finished: the scheduler preempted) and compactions where a table records them.
+  none finished: the scheduler preempted) and compactions (``compactions.parquet``,
+  ``sim.compaction_log``: the sample at which a compacting pool's passes were seen).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["DETAIL_POINTS", "trace_data", "read_layout", "timeline_html", "segments_html", "scripts_html"]
+__all__ = ["DETAIL_POINTS", "trace_data", "RECORDED_TABLES", "read_recorded_tables", "timeline_html", "segments_html", "scripts_html"]
 
 #: Time-series rows embedded per run: the detail the page re-buckets when zoomed.
 DETAIL_POINTS = 10_000
@@ -60,11 +61,16 @@ def _script(text: str, **attrs: str) -> str:
     return f"<script{attr}>{body}</script>"
 
 
-def read_layout(folder: Path) -> pd.DataFrame | None:
-    """A result folder's ``layout.parquet`` (small by construction: the recorder keeps at most
-    a few hundred layouts per run), or None."""
-    path = Path(folder) / "layout.parquet"
-    return pd.read_parquet(path) if path.is_file() else None
+#: Small tables a replay records besides its time series, embedded whole: the segment layouts
+#: (``sim.interactive.layout``: a few hundred per run) and the compaction passes
+#: (``sim.compaction_log``: one row per sample interval with passes).
+RECORDED_TABLES = ("layout", "compactions")
+
+
+def read_recorded_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    """The ``RECORDED_TABLES`` a result folder has, by name."""
+    paths = {name: Path(folder) / f"{name}.parquet" for name in RECORDED_TABLES}
+    return {name: pd.read_parquet(path) for name, path in paths.items() if path.is_file()}
 
 
 def _run_label(row: Any, many_sources: bool) -> str:
@@ -105,7 +111,19 @@ def _preemption_times(ts: pd.DataFrame) -> list[float]:
     return sorted(set(np.round(rows.loc[fell, "time_us"].to_numpy(float) / 1e6, 6).tolist()))
 
 
-def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame | None) -> dict[str, Any]:
+def _compaction_markers(compactions: pd.DataFrame | None, many_sources: bool) -> list[dict[str, Any]]:
+    """One marker per recorded row (``sim.compaction_log``): its time and what the passes did."""
+    if compactions is None:
+        return []
+    out = [{"t": round(row["time_us"] / 1e6, 6), "run": _run_label(row, many_sources), "event": int(row["event"]),
+            "num_compactions": int(row["num_compactions"]), "num_moves": int(row["num_moves"]),
+            "moved_bytes": int(row["moved_bytes"]), "released_bytes": int(row["released_bytes"])}
+           for _, row in compactions.iterrows()]
+    return sorted(out, key=lambda m: m["t"])
+
+
+def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame | None,
+               compactions: pd.DataFrame | None = None) -> dict[str, Any]:
     """What the page embeds for one trace (see the module docstring); tables carry ``source``."""
     runs, layouts, failures, preempt = [], [], [], []
     many = (timeseries is not None and timeseries["source"].nunique() > 1) or \
@@ -138,14 +156,14 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
     t_min, t_max = (min(t_all), max(t_all)) if t_all else (0.0, 1.0)
     return {"trace": trace, "max_lanes": MAX_LANES, "runs": runs, "layouts": layouts, "failures": failures,
             "first_failure": failures[0]["t"] if failures else None, "preemptions": sorted(set(preempt)),
-            "compactions": [], "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
+            "compactions": _compaction_markers(compactions, many), "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
 
 
 def timeline_html(i: int, data: dict[str, Any]) -> str:
     """The time-range filter and the timeline of trace ``i``."""
     legend = ("Drag to zoom (double-click: all), hover for every run's values at that time, click to move the "
               "segment view there. Red dashed line: first failure; red crosses: refused requests (click one); "
-              "orange dotted: preemption bursts.")
+              "orange dotted: preemption bursts; green triangles: compactions (hover: moves and bytes moved).")
     return (f'<div class="range">time range (s): <input id="from-{i}" size="10"> to <input id="to-{i}" size="10"> '
             f'<button id="apply-{i}">apply</button> <button id="reset-{i}">whole run</button></div>'
             f'<div id="tl-{i}" class="timeline"></div><p class="note">{html.escape(legend)}</p>'

@@ -60,8 +60,19 @@
                 hovertemplate: "%{text}<extra></extra>", text: fails.map((f) => f.run + ": refused " +
                 fmtBytes(f.request_bytes) + ", largest free " + fmtBytes(f.largest_free_bytes))});
     }
+    const comps = d.compactions;
+    if (comps.length) {
+      out.push({x: comps.map((c) => c.t), y: comps.map(() => 0), yaxis: "y", type: "scatter", mode: "markers",
+                name: "compaction", marker: {color: "#2ca02c", symbol: "triangle-up", size: 9},
+                hovertemplate: "%{text}<extra></extra>", text: comps.map((c) => c.run + ": " + c.num_compactions +
+                " compaction pass(es) by event " + c.event.toLocaleString() + ", " + c.num_moves.toLocaleString() +
+                " moves, " + fmtBytes(c.moved_bytes) + " moved, " + fmtBytes(c.released_bytes) + " released")});
+    }
     return out;
   }
+
+  // Compactions drawn as full-height lines too when there are at most this many (else markers only).
+  const MAX_COMPACTION_LINES = 200;
 
   function timelineLayout(i) {
     const d = DATA[i], shapes = [];
@@ -69,7 +80,7 @@
                                          line: {color, width: 1, dash}});
     if (d.first_failure != null) shapes.push(vline(d.first_failure, "#d62728", "dash"));
     d.preemptions.forEach((t) => shapes.push(vline(t, "#ff7f0e", "dot")));
-    d.compactions.forEach((t) => shapes.push(vline(t, "#2ca02c", "dot")));
+    if (d.compactions.length <= MAX_COMPACTION_LINES) d.compactions.forEach((c) => shapes.push(vline(c.t, "#2ca02c", "dot")));
     const axis = (title, domain) => ({title: {text: title}, domain, rangemode: "tozero", fixedrange: true});
     const span = {showspikes: true, spikemode: "across", spikesnap: "cursor", spikethickness: 1, spikedash: "solid"};
     return {height: 620, margin: {l: 70, r: 20, t: 30, b: 40}, hovermode: "x unified", shapes,
