@@ -119,13 +119,26 @@ def _compaction_markers(compactions: pd.DataFrame | None, many_sources: bool) ->
             "num_compactions": int(row["num_compactions"]), "num_moves": int(row["num_moves"]),
             "moved_bytes": int(row["moved_bytes"]), "released_bytes": int(row["released_bytes"])}
            for _, row in compactions.iterrows()]
-    return sorted(out, key=lambda m: m["t"])
+    return out
+
+
+def _sampled_compactions(ts: pd.DataFrame, label: str) -> list[dict[str, Any]]:
+    """Markers where a serving run's cumulative ``num_compactions`` grew (``sim.server``'s samples)."""
+    if "num_compactions" not in ts.columns:
+        return []
+    rows = ts[ts["num_compactions"].notna()].sort_values("time_us")
+    counts = rows["num_compactions"].to_numpy(np.int64)
+    moved = rows["compaction_moved_bytes"].to_numpy(np.int64)
+    grew = np.flatnonzero(np.diff(counts, prepend=0) > 0)
+    return [{"t": round(float(rows["time_us"].iat[k]) / 1e6, 6), "run": label, "step": int(rows["event"].iat[k]),
+             "num_compactions": int(counts[k] - (counts[k - 1] if k else 0)), "num_moves": None,
+             "moved_bytes": int(moved[k] - (moved[k - 1] if k else 0)), "released_bytes": None} for k in grew]
 
 
 def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame | None,
                compactions: pd.DataFrame | None = None) -> dict[str, Any]:
     """What the page embeds for one trace (see the module docstring); tables carry ``source``."""
-    runs, layouts, failures, preempt = [], [], [], []
+    runs, layouts, failures, preempt, sampled_compactions = [], [], [], [], []
     many = (timeseries is not None and timeseries["source"].nunique() > 1) or \
         (layout is not None and layout["source"].nunique() > 1)
     t_all: list[float] = []
@@ -138,6 +151,7 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
             runs.append({"label": _run_label(part.iloc[0], many), "t": _rounded(t), "reserved": get("reserved_bytes"),
                          "live": get("live_bytes"), "frag": get("frag_ext")})
             preempt += _preemption_times(part)
+            sampled_compactions += _sampled_compactions(part, runs[-1]["label"])
     max_seg = 1
     if layout is not None:
         for _, part in layout.groupby(["source", "policy", "backend"], sort=False):
@@ -156,7 +170,7 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
     t_min, t_max = (min(t_all), max(t_all)) if t_all else (0.0, 1.0)
     return {"trace": trace, "max_lanes": MAX_LANES, "runs": runs, "layouts": layouts, "failures": failures,
             "first_failure": failures[0]["t"] if failures else None, "preemptions": sorted(set(preempt)),
-            "compactions": _compaction_markers(compactions, many), "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
+            "compactions": sorted(_compaction_markers(compactions, many) + sampled_compactions, key=lambda m: m["t"]), "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
 
 
 def timeline_html(i: int, data: dict[str, Any]) -> str:

@@ -65,8 +65,11 @@
       out.push({x: comps.map((c) => c.t), y: comps.map(() => 0), yaxis: "y", type: "scatter", mode: "markers",
                 name: "compaction", marker: {color: "#2ca02c", symbol: "triangle-up", size: 9},
                 hovertemplate: "%{text}<extra></extra>", text: comps.map((c) => c.run + ": " + c.num_compactions +
-                " compaction pass(es) by event " + c.event.toLocaleString() + ", " + c.num_moves.toLocaleString() +
-                " moves, " + fmtBytes(c.moved_bytes) + " moved, " + fmtBytes(c.released_bytes) + " released")});
+                " compaction pass(es) by " +
+                (c.step == null ? "event " + c.event.toLocaleString() : "step " + c.step.toLocaleString()) +
+                (c.num_moves == null ? "" : ", " + c.num_moves.toLocaleString() + " moves") + ", " +
+                fmtBytes(c.moved_bytes) + " moved" + (c.released_bytes == null ? "" : ", " +
+                fmtBytes(c.released_bytes) + " released"))});
     }
     return out;
   }
