@@ -206,7 +206,8 @@ def _layouts(trace: AllocTrace, results: list[ReplayResult]) -> pd.DataFrame | N
     parts = [r.layout for r in results if r.layout is not None and len(r.layout)]
     if parts:
         first = parts[0][~parts[0]["at_failure"]].drop_duplicates("sample")
-        recorded = pytorch_layout(trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())))
+        recorded = pytorch_layout(trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())),
+                                  trace.events)
         if recorded is not None:
             for i, (key, value) in enumerate((("trace", trace.name), ("policy", RECORDED_POLICY),
                                               ("backend", "snapshot"))):

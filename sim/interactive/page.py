@@ -157,7 +157,10 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
         for _, part in layout.groupby(["source", "policy", "backend"], sort=False):
             label = _run_label(part.iloc[0], many)
             samples = _samples(part)
-            layouts.append({"label": label, "recorded": part["backend"].iat[0] == "snapshot",
+            recorded = bool(part["backend"].iat[0] == "snapshot")
+            layouts.append({"label": label, "recorded": recorded,
+                            # older recorded layouts have segments only (no gaps between live blocks)
+                            "blocks": not recorded or bool((part["kind"] == "free").any()),
                             "samples": [s for s in samples if s["request"] is None]})
             for s in samples:
                 if s["request"] is not None:
@@ -198,8 +201,9 @@ def segments_html(i: int, data: dict[str, Any]) -> str:
             f'max="{max(0, n - 1)}" value="0" step="1"> <span id="segtime-{i}"></span>{fail}</div>'
             f'<p class="note">One lane per segment, widths to the same scale (the largest segment fills a lane); '
             f'blue: live blocks, white: free holes, outlined red: the largest free hole (or, at a failure, the '
-            f'holes as large as the request). Grey: PyTorch\'s recorded segments (from the snapshot; blocks '
-            f'inside are not recorded). The time-range filter above limits the slider.</p>'
+            f'holes as large as the request). Slate grey: PyTorch\'s recorded segments and the live blocks in them '
+            f'(from the snapshot: each block at its recorded address, of the size asked, so a white gap also holds '
+            f'PyTorch\'s rounding). The time-range filter above limits the slider.</p>'
             f'<div class="segruns">{lanes}</div>')
 
 

@@ -140,7 +140,7 @@
   function summarise(sample) {
     const [n, reserved, free, largest, numFree] = sample.sum;
     return {event: sample.event, time_s: sample.t, num_segments: n, reserved_bytes: reserved,
-            free_bytes: free, largest_free_bytes: largest, num_free_blocks: numFree};
+            free_bytes: free, largest_free_bytes: largest, num_free_blocks: numFree, live_bytes: reserved - free};
   }
 
   function drawLayout(canvas, sample, maxSegBytes, recorded, highlightBytes) {
@@ -158,7 +158,7 @@
     let h = 0;
     segs.forEach((g, k) => {
       const y = k * (lane + gap);
-      ctx.fillStyle = recorded ? "#9aa5b1" : "#3b6ea8";
+      ctx.fillStyle = recorded ? "#6b7c8f" : "#3b6ea8";
       ctx.fillRect(0, y, Math.max(1, g[1] * px), lane);
       while (h < holes.length && holes[h][0] < g[0]) h++;
       for (let j = h; j < holes.length && holes[j][0] < g[0] + g[1]; j++) {
@@ -192,10 +192,15 @@
       const canvas = document.getElementById("segcanvas-" + i + "-" + r);
       drawLayout(canvas, sample, d.max_segment_bytes, run.recorded, failure ? failure.request_bytes : null);
       const hidden = +canvas.dataset.lanesHidden;
+      let detail;
+      if (!run.blocks) detail = " (blocks not recorded)";
+      else if (run.recorded) detail = ", live blocks " + fmtBytes(s.live_bytes) + " (bytes asked), gaps " +
+        fmtBytes(s.free_bytes) + " in " + s.num_free_blocks + " (free or rounding), largest " +
+        fmtBytes(s.largest_free_bytes);
+      else detail = ", free " + fmtBytes(s.free_bytes) + " in " + s.num_free_blocks + " holes, largest " +
+        fmtBytes(s.largest_free_bytes);
       document.getElementById("seginfo-" + i + "-" + r).textContent = s.num_segments + " segments, reserved " +
-        fmtBytes(s.reserved_bytes) + (run.recorded ? " (blocks not recorded)" : ", free " + fmtBytes(s.free_bytes) +
-        " in " + s.num_free_blocks + " holes, largest " + fmtBytes(s.largest_free_bytes)) +
-        (hidden ? ` (${hidden} more segments not drawn)` : "");
+        fmtBytes(s.reserved_bytes) + detail + (hidden ? ` (${hidden} more segments not drawn)` : "");
     });
   }
 

@@ -101,6 +101,31 @@ def test_segment_view_reads_back_the_replays_numbers(browser_page, report):
     assert recorded["num_segments"] > 0 and recorded["reserved_bytes"] > 0
 
 
+def test_pytorchs_live_blocks_at_a_moment_are_the_snapshots_live_bytes(browser_page, report):
+    """PyTorch's lanes hold its live blocks: their bytes at a chosen moment are the bytes the
+    parser's events leave live after that event (and the replay's live bytes there)."""
+    page, errors = browser_page
+    _, tables, _, _ = report
+    events = read_alloc_trace(SNAPSHOT).events
+    signed = events["nbytes"].where(events["op"] == "alloc", -events["nbytes"]).where(events["op"] != "empty_cache", 0)
+    live_after = signed.cumsum()
+    recorded = tables.layout[tables.layout["policy"] == "pytorch (recorded)"].drop_duplicates("sample")
+    checked = 0
+    for k in (len(recorded) // 3, 2 * len(recorded) // 3, len(recorded) - 1):
+        chosen = recorded.iloc[k]
+        got = page.evaluate(f"window.poollab.showTime(0, {chosen['time_us'] / 1e6})")["pytorch (recorded) (run)"]
+        assert got["event"] == chosen["event"]
+        assert got["live_bytes"] == live_after.iloc[chosen["event"]] > 0
+        ts = tables.timeseries
+        assert got["live_bytes"] == ts[(ts["policy"] == "best-fit") & (ts["event"] == chosen["event"])]["live_bytes"].iloc[0]
+        assert 0 < got["free_bytes"] < got["reserved_bytes"] and got["num_free_blocks"] > 0
+        checked += 1
+    assert checked == 3
+    text = page.inner_text("#seginfo-0-2")
+    assert "live blocks" in text and "blocks not recorded" not in text
+    assert errors == []
+
+
 def test_clicking_a_failure_shows_the_request_and_the_free_blocks(browser_page, report):
     page, errors = browser_page
     _, _, tight, _ = report
@@ -110,7 +135,8 @@ def test_clicking_a_failure_shows_the_request_and_the_free_blocks(browser_page, 
     text = page.inner_text("#fail-0")
     asked = f"{first['length_bytes'] / 2**20:,.2f}".rstrip("0").rstrip(".")
     assert f"a request of {asked} MiB was refused" in text and "largest free" in text
-    holes = tight.layout[(tight.layout["sample"] == first["sample"]) & (tight.layout["kind"] == "free")]
+    lay = tight.layout[tight.layout["policy"] == "size-class"]
+    holes = lay[(lay["sample"] == first["sample"]) & (lay["kind"] == "free")]
     largest = int(holes["length_bytes"].max()) if len(holes) else 0
     state = page.evaluate("window.poollab.segmentState(0)")
     assert state["size-class (tight)"]["largest_free_bytes"] == largest < first["length_bytes"]
