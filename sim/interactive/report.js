@@ -75,7 +75,7 @@
   }
 
   // Compactions drawn as full-height lines too when there are at most this many (else markers only).
-  const MAX_COMPACTION_LINES = 200;
+  const MAX_COMPACTION_LINES = 40;
 
   function timelineLayout(i) {
     const d = DATA[i], shapes = [];
