@@ -17,19 +17,17 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("pages", nargs="+", type=Path)
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
+def load_times(pages: list[Path], repeat: int = 3) -> dict[Path, tuple[float, list[float], list[str]]]:
+    """Per page: (median load seconds, every load's seconds, page errors), in headless Chromium."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    out = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        for path in args.pages:
+        for path in pages:
             times = []
-            for _ in range(args.repeat):
+            errors: list[str] = []
+            for _ in range(repeat):
                 page = browser.new_page(viewport={"width": 1400, "height": 1000})
-                errors: list[str] = []
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 t0 = time.perf_counter()
                 page.goto(path.resolve().as_uri(), timeout=120_000)
@@ -37,10 +35,20 @@ def main() -> None:
                                        "|| (!window.poollab && window.benchReady === undefined)", timeout=120_000)
                 times.append(time.perf_counter() - t0)
                 page.close()
-            size = path.stat().st_size / 2**20
-            print(f"{path}: {size:.2f} MiB, load {statistics.median(times):.2f} s (median of {len(times)}; "
-                  f"{', '.join(f'{t:.2f}' for t in times)}){' ERRORS ' + str(errors) if errors else ''}")
+            out[path] = (statistics.median(times), times, errors)
         browser.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("pages", nargs="+", type=Path)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    for path, (median, times, errors) in load_times(args.pages, args.repeat).items():
+        size = path.stat().st_size / 2**20
+        print(f"{path}: {size:.2f} MiB, load {median:.2f} s (median of {len(times)}; "
+              f"{', '.join(f'{t:.2f}' for t in times)}){' ERRORS ' + str(errors) if errors else ''}")
 
 
 if __name__ == "__main__":

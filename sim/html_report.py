@@ -27,7 +27,7 @@ from sim import plots
 from sim.plots import column_header, format_value
 from policies.units import format_bytes
 from sim.bounded_tables import MAX_POINTS_PER_RUN, read_drawn_table
-from sim.interactive.page import CSS as INTERACTIVE_CSS, DETAIL_POINTS, read_layout, scripts_html, segments_html, \
+from sim.interactive.page import CSS as INTERACTIVE_CSS, DETAIL_POINTS, read_recorded_tables, scripts_html, segments_html, \
     timeline_html, trace_data
 from sim.report import _read_table
 from traces.atomic import replacing_file
@@ -372,9 +372,8 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
             bar.set_postfix_str(label)
             folder = load_result_folder(p, label, max_points=max(max_points, DETAIL_POINTS) if interactive
                                         else max_points)
-            layout = read_layout(p) if interactive else None
-            if layout is not None:
-                folder.tables["layout"] = layout
+            if interactive:
+                folder.tables.update(read_recorded_tables(p))
             folders.append(folder)
             bar.update()
         t = combine_tables(folders)
@@ -383,7 +382,8 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
         settings = folder_settings(folders)
         t["summary"] = t["summary"].assign(settings=run_settings(t["summary"], settings))
         traces = list(dict.fromkeys(t["summary"]["trace"]))
-        datas = [trace_data(tr, _by_trace(t.get("timeseries"), tr), _by_trace(t.get("layout"), tr))
+        datas = [trace_data(tr, _by_trace(t.get("timeseries"), tr), _by_trace(t.get("layout"), tr),
+                            _by_trace(t.get("compactions"), tr))
                  for tr in traces] if interactive else []
         timeline = {tr: timeline_html(i, d) for i, (tr, d) in enumerate(zip(traces, datas))}
         served = [tr for tr in traces

@@ -18,6 +18,7 @@ import pandas as pd
 
 from policies.base import Allocation, Policy
 from sim.bounds import bounds
+from sim.compaction_log import CompactionLog
 from sim import engine
 from sim.costs import CostModel
 from sim.pools import create_policy
@@ -38,6 +39,7 @@ class ReplayResult:
     alloc_ns: np.ndarray
     free_ns: np.ndarray
     layout: pd.DataFrame | None = None  # ``sim.interactive.layout.LAYOUT_COLUMNS`` with run keys; when recorded
+    compactions: pd.DataFrame | None = None  # ``sim.compaction_log.COMPACTION_COLUMNS`` with run keys; compacting pools
 
 
 def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | None = None,
@@ -90,6 +92,13 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
             recorder.observe(event, time_us)
 
         observe = observe_both
+    log = CompactionLog(policy) if policy.can_compact else None
+    if log is not None:  # read the pool's compaction totals at the sample points only
+        observe_before_log = observe
+
+        def observe(event: int, time_us: int) -> None:
+            observe_before_log(event, time_us)
+            log.observe(event, time_us)
 
     run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
                      times_us=events.times_us, target=target, observe=observe, before=before,
@@ -100,6 +109,8 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
         monitor.finish(n - 1, events.times_us[-1])
         if recorder is not None:
             recorder.finish(n - 1, events.times_us[-1])
+        if log is not None:
+            log.observe(n - 1, events.times_us[-1])
     row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
                       capacity_bytes=policy.capacity_bytes, monitor=monitor, alloc_ns=run.alloc_ns,
                       free_ns=run.free_ns, wall_s=run.wall_s, device_calls=policy.device.call_stats(), n_events=n,
@@ -108,13 +119,12 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
     ts.insert(0, "backend", backend)
     ts.insert(0, "policy", policy.spec)
     ts.insert(0, "trace", trace.name)
-    layout = None
-    if recorder is not None:
-        layout = recorder.table()
+    layout, compactions = (recorder.table() if recorder is not None else None), (log.table() if log is not None else None)
+    for table in (t for t in (layout, compactions) if t is not None):
         for i, (key, value) in enumerate((("trace", trace.name), ("policy", policy.spec), ("backend", backend))):
-            layout.insert(i, key, value)
+            table.insert(i, key, value)
     return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=run.alloc_ns, free_ns=run.free_ns,
-                        layout=layout)
+                        layout=layout, compactions=compactions)
 
 
 @dataclass(slots=True)
@@ -147,6 +157,7 @@ class ReplayTables:
     timeseries: pd.DataFrame
     latency_samples: pd.DataFrame  # one row per call (``sim.report.LATENCY_SAMPLE_COLUMNS``)
     layout: pd.DataFrame | None = None  # segment layouts (``record_layout``), PyTorch's recorded ones included
+    compactions: pd.DataFrame | None = None  # compaction passes of the compacting runs (``sim.compaction_log``)
 
 
 def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
@@ -178,7 +189,14 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
         summary["gap_to_bound"] = summary["peak_reserved_bytes"] / ref["lower_bound_bytes"] - 1
         summary["gap_to_planner"] = summary["peak_reserved_bytes"] / ref["planner_peak_bytes"] - 1
     return ReplayTables(summary, pd.concat([r.timeseries for r in results], ignore_index=True),
-                        latency_samples(results), _layouts(trace, results) if record_layout else None)
+                        latency_samples(results), _layouts(trace, results) if record_layout else None,
+                        _compactions(results))
+
+
+def _compactions(results: list[ReplayResult]) -> pd.DataFrame | None:
+    """The compacting runs' compaction tables (None when no run could compact)."""
+    parts = [r.compactions for r in results if r.compactions is not None]
+    return pd.concat(parts, ignore_index=True) if parts else None
 
 
 def _layouts(trace: AllocTrace, results: list[ReplayResult]) -> pd.DataFrame | None:
@@ -188,7 +206,8 @@ def _layouts(trace: AllocTrace, results: list[ReplayResult]) -> pd.DataFrame | N
     parts = [r.layout for r in results if r.layout is not None and len(r.layout)]
     if parts:
         first = parts[0][~parts[0]["at_failure"]].drop_duplicates("sample")
-        recorded = pytorch_layout(trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())))
+        recorded = pytorch_layout(trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())),
+                                  trace.events)
         if recorded is not None:
             for i, (key, value) in enumerate((("trace", trace.name), ("policy", RECORDED_POLICY),
                                               ("backend", "snapshot"))):

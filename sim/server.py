@@ -286,17 +286,20 @@ class Server:
             self._progress(now)
         self.monitor.observe(self.num_steps, time_us)
         free_kv = kv.free_bytes()  # cached blocks nobody holds count as free, as in vLLM's free queue
+        comp = self._compactor.compaction_stats() if self._compactor is not None else {}  # read per sample only
         self.rows.append((
             self.num_steps, time_us, len(sched.running), len(sched.waiting), len(sched.swapped),
             (sched.num_own_tokens + kv.cached_tokens) * kv.bytes_per_token, kv.allocated_bytes,
             self._kv_reserved_bytes(), free_kv,
             free_kv // kv.page_bytes if kv.paged else -1,
-            sched.num_finished, len(sched.rejected),
+            sched.num_finished, len(sched.rejected), comp.get("num_compactions", 0), comp.get("moved_bytes", 0),
         ))
 
-    #: columns of ``rows``; ``free_pages`` is -1 for contiguous KV managers (they have no pages)
+    #: columns of ``rows``; ``free_pages`` is -1 for contiguous KV managers (they have no pages);
+    #: ``num_compactions``, ``compaction_moved_bytes``: a compacting pool's passes so far (0 for others)
     ROW_COLUMNS = ["event", "time_us", "running", "waiting", "swapped", "kv_token_bytes", "kv_allocated_bytes",
-                   "kv_reserved_bytes", "kv_free_bytes", "free_pages", "finished", "rejected"]
+                   "kv_reserved_bytes", "kv_free_bytes", "free_pages", "finished", "rejected",
+                   "num_compactions", "compaction_moved_bytes"]
 
     @property
     def kv_token_util(self) -> float:

@@ -622,8 +622,9 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     ``empty_cache`` event, at the time of the request that follows it (of the last one at the end).
 
     ``meta`` keeps what replay compares with: ``segment_events`` (times relative to the first
-    entry), ``segments`` (the final table), ``allocator_settings`` and the reserved bytes over
-    the trace.
+    entry), ``segments`` (the final table), ``event_addresses`` (each event row's recorded block
+    address, -1 for ``empty_cache``: where PyTorch put each block), ``allocator_settings`` and
+    the reserved bytes over the trace.
 
     Raises:
         TraceFormatError: a request or segment event has no integer ``time_us``.
@@ -656,14 +657,15 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     nbytes = np.concatenate([np.asarray([p.requested_bytes for p in pre], np.int64), np.asarray(req.nbytes, np.int64)])
     stream = np.concatenate([np.asarray([p.stream for p in pre], np.int64), np.asarray(req.stream, np.int64)])
     tags = [PRE_TRACE_TAG] * n_pre + req.tag
+    addresses = np.asarray([p.address for p in pre] + req.address, np.int64)
     ids = _renumber_by_alloc_order(ids, is_alloc, next_id + len(pre_live))
     op = np.where(is_alloc, ALLOC_OP, FREE_OP).astype(object)
     points = empty_cache_points(snap)
     if points:  # each call goes in ahead of its request: rows n_pre + k of the requests
         at = n_pre + np.asarray(points, np.int64)
         call_time_us = time_us[np.minimum(at, len(time_us) - 1)] if len(time_us) else np.zeros(len(at), np.int64)
-        time_us, op, ids, nbytes, stream = (np.insert(a, at, v) for a, v in (
-            (time_us, call_time_us), (op, EMPTY_CACHE_OP), (ids, -1), (nbytes, 0), (stream, 0)))
+        time_us, op, ids, nbytes, stream, addresses = (np.insert(a, at, v) for a, v in (
+            (time_us, call_time_us), (op, EMPTY_CACHE_OP), (ids, -1), (nbytes, 0), (stream, 0), (addresses, -1)))
         tags = np.insert(np.asarray(tags, dtype=object), at, "")
     events = make_events(time_us, op, ids, nbytes, stream, tags)
 
@@ -691,6 +693,7 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
         "segment_events": seg_events,
         "segments": seg_table,
         "allocator_settings": snap.allocator_settings,
+        "event_addresses": addresses,  # per event row: its block's recorded address (-1: empty_cache)
         # reserved bytes over the trace, rebuilt backwards from the final segment table
         "recorded_peak_reserved_bytes": int(reserved.max()),
         "recorded_reserved_end_bytes": reserved_end,

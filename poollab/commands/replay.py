@@ -41,7 +41,9 @@ def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, recor
                            sample_every=sample_every, progress=progress, record_layout=record_layout)
     summary = tables.summary
     write_results(out_dir, summary, tables.timeseries, extra_tables={"latency_samples": tables.latency_samples,
-                                                                   **({"layout": tables.layout} if tables.layout is not None else {})},
+                                                                   **({"layout": tables.layout} if tables.layout is not None else {}),
+                                                                   **({"compactions": tables.compactions}
+                                                                      if tables.compactions is not None else {})},
                   meta={"command": "replay", "trace": str(trace), "policies": spec_list, "capacity_bytes": capacity,
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")

@@ -13,9 +13,10 @@ at most ``max_samples`` layouts (every k-th monitor sample) plus the layout at t
 - ``kind`` ``"request"``: only in a layout taken at a refusal: the refused request's size
   (``length_bytes``; ``offset_bytes`` is -1).
 
-``pytorch_layout`` rebuilds, from a snapshot's recorded ``segment_*`` events
-(``traces.pytorch_snapshot.snapshot_to_trace`` keeps them in ``trace.meta``), the segments
-PyTorch's caching allocator held at given times, as rows of the same table.
+``pytorch_layout`` rebuilds, from a snapshot's recorded ``segment_*`` events and the recorded
+address of every block (``traces.pytorch_snapshot.snapshot_to_trace`` keeps both in
+``trace.meta``), the segments PyTorch's caching allocator held at given times and the gaps
+between the live blocks in them, as rows of the same table.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from policies.base import Policy
+from traces.events import ALLOC_OP, FREE_OP
 
 __all__ = ["LAYOUT_COLUMNS", "LayoutRecorder", "pytorch_layout", "RECORDED_POLICY", "MAX_LAYOUT_SAMPLES"]
 
@@ -114,19 +116,27 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
                       "offset_bytes": np.int64, "length_bytes": np.int64})
 
 
-def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]]) -> pd.DataFrame | None:
-    """The segments PyTorch held at each ``(event, time_us)`` of ``samples``, from a snapshot's
+def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]],
+                   events: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """What PyTorch held at each ``(event, time_us)`` of ``samples``, from a snapshot's
     ``segment_events`` and final ``segments`` table (``trace.meta``); None when it has neither.
 
     The final table is walked back over every recorded event to the start (a segment freed in
     the trace was held before; one allocated was not), then forward to each sample time.
+
+    With ``events`` (the trace's event table, whose rows ``meta["event_addresses"]`` gives the
+    recorded address of), each layout also has the gaps between PyTorch's live blocks (rows
+    ``"free"``), so a segment minus its gaps is its live blocks, as for a policy: the blocks live
+    after event ``event``, each at its recorded address and of the size asked (PyTorch rounds a
+    block up, so a gap includes that slack). The live block bytes of a layout are the trace's
+    live bytes after that event.
     """
-    events, final = meta.get("segment_events"), meta.get("segments")
-    if events is None or final is None:
+    seg_events, final = meta.get("segment_events"), meta.get("segments")
+    if seg_events is None or final is None:
         return None
     held = {int(a): int(n) for a, n in zip(final["address"], final["total_size"])}
-    actions = events["action"].tolist()
-    addrs, sizes, times = (events[c].astype("int64").tolist() for c in ("addr", "size", "time_us"))
+    actions = seg_events["action"].tolist()
+    addrs, sizes, times = (seg_events[c].astype("int64").tolist() for c in ("addr", "size", "time_us"))
     grow = ("segment_alloc", "segment_map")
     shrink = ("segment_free", "segment_unmap")
     for action, addr, size in zip(reversed(actions), reversed(addrs), reversed(sizes)):
@@ -134,6 +144,7 @@ def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]]) -> pd.D
             held.pop(addr, None)
         elif action in shrink:
             held[addr] = size
+    blocks = _LiveBlocks(events, meta.get("event_addresses"))
     rows: list[tuple] = []
     k = 0
     for sample, (event, time_us) in enumerate(sorted(samples, key=lambda s: s[1])):
@@ -143,5 +154,52 @@ def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]]) -> pd.D
             elif actions[k] in shrink:
                 held.pop(addrs[k], None)
             k += 1
-        rows.extend((sample, event, time_us, False, "segment", a, n) for a, n in sorted(held.items()))
+        segs = sorted(held.items())
+        rows.extend((sample, event, time_us, False, "segment", a, n) for a, n in segs)
+        if blocks.known:
+            rows.extend((sample, event, time_us, False, "free", a, n) for a, n in blocks.gaps_after(event, segs))
     return _frame(rows)
+
+
+class _LiveBlocks:
+    """PyTorch's live blocks as the trace's events open and close them, advanced event by event.
+
+    A dict address -> bytes: an address holds one live block at a time (the parser checks it).
+    """
+
+    def __init__(self, events: pd.DataFrame | None, addresses: Any):
+        self.known = events is not None and addresses is not None and len(addresses) == len(events)
+        if not self.known:
+            return
+        self._is_alloc = (events["op"] == ALLOC_OP).to_numpy().tolist()
+        self._is_free = (events["op"] == FREE_OP).to_numpy().tolist()
+        self._nbytes = events["nbytes"].to_numpy(np.int64).tolist()
+        self._addresses = np.asarray(addresses, np.int64).tolist()
+        self.live: dict[int, int] = {}
+        self._next = 0  # the first event not applied yet
+
+    def gaps_after(self, event: int, segments: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``(offset, length)`` of every part of ``segments`` (sorted by address) no block covers,
+        once events up to ``event`` are applied."""
+        live = self.live
+        while self._next <= event:
+            i = self._next
+            if self._is_alloc[i]:
+                live[self._addresses[i]] = self._nbytes[i]
+            elif self._is_free[i]:
+                live.pop(self._addresses[i], None)
+            self._next += 1
+        blocks = sorted(live.items())
+        gaps, j = [], 0
+        for start, length in segments:
+            cursor, end = start, start + length
+            while j < len(blocks) and blocks[j][0] < start:
+                j += 1
+            while j < len(blocks) and blocks[j][0] < end:
+                if blocks[j][0] > cursor:
+                    gaps.append((cursor, blocks[j][0] - cursor))
+                cursor = max(cursor, blocks[j][0] + blocks[j][1])
+                j += 1
+            if cursor < end:
+                gaps.append((cursor, end - cursor))
+        return gaps

@@ -15,7 +15,8 @@ What is embedded per trace (``trace_data``):
   and the layouts taken at refusals (the failure markers: click one to see the request and
   the free blocks at that moment);
 - markers: the first failure, preemption bursts (steps where running requests fell while
-  none finished: the scheduler preempted) and compactions where a table records them.
+  none finished: the scheduler preempted) and compactions (``compactions.parquet``,
+  ``sim.compaction_log``: the sample at which a compacting pool's passes were seen).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["DETAIL_POINTS", "trace_data", "read_layout", "timeline_html", "segments_html", "scripts_html"]
+__all__ = ["DETAIL_POINTS", "trace_data", "RECORDED_TABLES", "read_recorded_tables", "timeline_html", "segments_html", "scripts_html"]
 
 #: Time-series rows embedded per run: the detail the page re-buckets when zoomed.
 DETAIL_POINTS = 10_000
@@ -60,11 +61,16 @@ def _script(text: str, **attrs: str) -> str:
     return f"<script{attr}>{body}</script>"
 
 
-def read_layout(folder: Path) -> pd.DataFrame | None:
-    """A result folder's ``layout.parquet`` (small by construction: the recorder keeps at most
-    a few hundred layouts per run), or None."""
-    path = Path(folder) / "layout.parquet"
-    return pd.read_parquet(path) if path.is_file() else None
+#: Small tables a replay records besides its time series, embedded whole: the segment layouts
+#: (``sim.interactive.layout``: a few hundred per run) and the compaction passes
+#: (``sim.compaction_log``: one row per sample interval with passes).
+RECORDED_TABLES = ("layout", "compactions")
+
+
+def read_recorded_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    """The ``RECORDED_TABLES`` a result folder has, by name."""
+    paths = {name: Path(folder) / f"{name}.parquet" for name in RECORDED_TABLES}
+    return {name: pd.read_parquet(path) for name, path in paths.items() if path.is_file()}
 
 
 def _run_label(row: Any, many_sources: bool) -> str:
@@ -105,9 +111,34 @@ def _preemption_times(ts: pd.DataFrame) -> list[float]:
     return sorted(set(np.round(rows.loc[fell, "time_us"].to_numpy(float) / 1e6, 6).tolist()))
 
 
-def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame | None) -> dict[str, Any]:
+def _compaction_markers(compactions: pd.DataFrame | None, many_sources: bool) -> list[dict[str, Any]]:
+    """One marker per recorded row (``sim.compaction_log``): its time and what the passes did."""
+    if compactions is None:
+        return []
+    out = [{"t": round(row["time_us"] / 1e6, 6), "run": _run_label(row, many_sources), "event": int(row["event"]),
+            "num_compactions": int(row["num_compactions"]), "num_moves": int(row["num_moves"]),
+            "moved_bytes": int(row["moved_bytes"]), "released_bytes": int(row["released_bytes"])}
+           for _, row in compactions.iterrows()]
+    return out
+
+
+def _sampled_compactions(ts: pd.DataFrame, label: str) -> list[dict[str, Any]]:
+    """Markers where a serving run's cumulative ``num_compactions`` grew (``sim.server``'s samples)."""
+    if "num_compactions" not in ts.columns:
+        return []
+    rows = ts[ts["num_compactions"].notna()].sort_values("time_us")
+    counts = rows["num_compactions"].to_numpy(np.int64)
+    moved = rows["compaction_moved_bytes"].to_numpy(np.int64)
+    grew = np.flatnonzero(np.diff(counts, prepend=0) > 0)
+    return [{"t": round(float(rows["time_us"].iat[k]) / 1e6, 6), "run": label, "step": int(rows["event"].iat[k]),
+             "num_compactions": int(counts[k] - (counts[k - 1] if k else 0)), "num_moves": None,
+             "moved_bytes": int(moved[k] - (moved[k - 1] if k else 0)), "released_bytes": None} for k in grew]
+
+
+def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame | None,
+               compactions: pd.DataFrame | None = None) -> dict[str, Any]:
     """What the page embeds for one trace (see the module docstring); tables carry ``source``."""
-    runs, layouts, failures, preempt = [], [], [], []
+    runs, layouts, failures, preempt, sampled_compactions = [], [], [], [], []
     many = (timeseries is not None and timeseries["source"].nunique() > 1) or \
         (layout is not None and layout["source"].nunique() > 1)
     t_all: list[float] = []
@@ -120,12 +151,16 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
             runs.append({"label": _run_label(part.iloc[0], many), "t": _rounded(t), "reserved": get("reserved_bytes"),
                          "live": get("live_bytes"), "frag": get("frag_ext")})
             preempt += _preemption_times(part)
+            sampled_compactions += _sampled_compactions(part, runs[-1]["label"])
     max_seg = 1
     if layout is not None:
         for _, part in layout.groupby(["source", "policy", "backend"], sort=False):
             label = _run_label(part.iloc[0], many)
             samples = _samples(part)
-            layouts.append({"label": label, "recorded": part["backend"].iat[0] == "snapshot",
+            recorded = bool(part["backend"].iat[0] == "snapshot")
+            layouts.append({"label": label, "recorded": recorded,
+                            # older recorded layouts have segments only (no gaps between live blocks)
+                            "blocks": not recorded or bool((part["kind"] == "free").any()),
                             "samples": [s for s in samples if s["request"] is None]})
             for s in samples:
                 if s["request"] is not None:
@@ -138,14 +173,14 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
     t_min, t_max = (min(t_all), max(t_all)) if t_all else (0.0, 1.0)
     return {"trace": trace, "max_lanes": MAX_LANES, "runs": runs, "layouts": layouts, "failures": failures,
             "first_failure": failures[0]["t"] if failures else None, "preemptions": sorted(set(preempt)),
-            "compactions": [], "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
+            "compactions": sorted(_compaction_markers(compactions, many) + sampled_compactions, key=lambda m: m["t"]), "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
 
 
 def timeline_html(i: int, data: dict[str, Any]) -> str:
     """The time-range filter and the timeline of trace ``i``."""
     legend = ("Drag to zoom (double-click: all), hover for every run's values at that time, click to move the "
               "segment view there. Red dashed line: first failure; red crosses: refused requests (click one); "
-              "orange dotted: preemption bursts.")
+              "orange dotted: preemption bursts; green triangles: compactions (hover: moves and bytes moved).")
     return (f'<div class="range">time range (s): <input id="from-{i}" size="10"> to <input id="to-{i}" size="10"> '
             f'<button id="apply-{i}">apply</button> <button id="reset-{i}">whole run</button></div>'
             f'<div id="tl-{i}" class="timeline"></div><p class="note">{html.escape(legend)}</p>'
@@ -166,8 +201,9 @@ def segments_html(i: int, data: dict[str, Any]) -> str:
             f'max="{max(0, n - 1)}" value="0" step="1"> <span id="segtime-{i}"></span>{fail}</div>'
             f'<p class="note">One lane per segment, widths to the same scale (the largest segment fills a lane); '
             f'blue: live blocks, white: free holes, outlined red: the largest free hole (or, at a failure, the '
-            f'holes as large as the request). Grey: PyTorch\'s recorded segments (from the snapshot; blocks '
-            f'inside are not recorded). The time-range filter above limits the slider.</p>'
+            f'holes as large as the request). Slate grey: PyTorch\'s recorded segments and the live blocks in them '
+            f'(from the snapshot: each block at its recorded address, of the size asked, so a white gap also holds '
+            f'PyTorch\'s rounding). The time-range filter above limits the slider.</p>'
             f'<div class="segruns">{lanes}</div>')
 
 

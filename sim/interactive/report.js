@@ -60,8 +60,22 @@
                 hovertemplate: "%{text}<extra></extra>", text: fails.map((f) => f.run + ": refused " +
                 fmtBytes(f.request_bytes) + ", largest free " + fmtBytes(f.largest_free_bytes))});
     }
+    const comps = d.compactions;
+    if (comps.length) {
+      out.push({x: comps.map((c) => c.t), y: comps.map(() => 0), yaxis: "y", type: "scatter", mode: "markers",
+                name: "compaction", marker: {color: "#2ca02c", symbol: "triangle-up", size: 9},
+                hovertemplate: "%{text}<extra></extra>", text: comps.map((c) => c.run + ": " + c.num_compactions +
+                " compaction pass(es) by " +
+                (c.step == null ? "event " + c.event.toLocaleString() : "step " + c.step.toLocaleString()) +
+                (c.num_moves == null ? "" : ", " + c.num_moves.toLocaleString() + " moves") + ", " +
+                fmtBytes(c.moved_bytes) + " moved" + (c.released_bytes == null ? "" : ", " +
+                fmtBytes(c.released_bytes) + " released"))});
+    }
     return out;
   }
+
+  // Compactions drawn as full-height lines too when there are at most this many (else markers only).
+  const MAX_COMPACTION_LINES = 40;
 
   function timelineLayout(i) {
     const d = DATA[i], shapes = [];
@@ -69,7 +83,7 @@
                                          line: {color, width: 1, dash}});
     if (d.first_failure != null) shapes.push(vline(d.first_failure, "#d62728", "dash"));
     d.preemptions.forEach((t) => shapes.push(vline(t, "#ff7f0e", "dot")));
-    d.compactions.forEach((t) => shapes.push(vline(t, "#2ca02c", "dot")));
+    if (d.compactions.length <= MAX_COMPACTION_LINES) d.compactions.forEach((c) => shapes.push(vline(c.t, "#2ca02c", "dot")));
     const axis = (title, domain) => ({title: {text: title}, domain, rangemode: "tozero", fixedrange: true});
     const span = {showspikes: true, spikemode: "across", spikesnap: "cursor", spikethickness: 1, spikedash: "solid"};
     return {height: 620, margin: {l: 70, r: 20, t: 30, b: 40}, hovermode: "x unified", shapes,
@@ -126,7 +140,7 @@
   function summarise(sample) {
     const [n, reserved, free, largest, numFree] = sample.sum;
     return {event: sample.event, time_s: sample.t, num_segments: n, reserved_bytes: reserved,
-            free_bytes: free, largest_free_bytes: largest, num_free_blocks: numFree};
+            free_bytes: free, largest_free_bytes: largest, num_free_blocks: numFree, live_bytes: reserved - free};
   }
 
   function drawLayout(canvas, sample, maxSegBytes, recorded, highlightBytes) {
@@ -144,7 +158,7 @@
     let h = 0;
     segs.forEach((g, k) => {
       const y = k * (lane + gap);
-      ctx.fillStyle = recorded ? "#9aa5b1" : "#3b6ea8";
+      ctx.fillStyle = recorded ? "#6b7c8f" : "#3b6ea8";
       ctx.fillRect(0, y, Math.max(1, g[1] * px), lane);
       while (h < holes.length && holes[h][0] < g[0]) h++;
       for (let j = h; j < holes.length && holes[j][0] < g[0] + g[1]; j++) {
@@ -178,10 +192,15 @@
       const canvas = document.getElementById("segcanvas-" + i + "-" + r);
       drawLayout(canvas, sample, d.max_segment_bytes, run.recorded, failure ? failure.request_bytes : null);
       const hidden = +canvas.dataset.lanesHidden;
+      let detail;
+      if (!run.blocks) detail = " (blocks not recorded)";
+      else if (run.recorded) detail = ", live blocks " + fmtBytes(s.live_bytes) + " (bytes asked), gaps " +
+        fmtBytes(s.free_bytes) + " in " + s.num_free_blocks + " (free or rounding), largest " +
+        fmtBytes(s.largest_free_bytes);
+      else detail = ", free " + fmtBytes(s.free_bytes) + " in " + s.num_free_blocks + " holes, largest " +
+        fmtBytes(s.largest_free_bytes);
       document.getElementById("seginfo-" + i + "-" + r).textContent = s.num_segments + " segments, reserved " +
-        fmtBytes(s.reserved_bytes) + (run.recorded ? " (blocks not recorded)" : ", free " + fmtBytes(s.free_bytes) +
-        " in " + s.num_free_blocks + " holes, largest " + fmtBytes(s.largest_free_bytes)) +
-        (hidden ? ` (${hidden} more segments not drawn)` : "");
+        fmtBytes(s.reserved_bytes) + detail + (hidden ? ` (${hidden} more segments not drawn)` : "");
     });
   }
 

@@ -60,6 +60,33 @@ def test_latency_samples_keep_the_distribution_at_evenly_spaced_ranks(tmp_path):
     assert np.median(alloc) == pytest.approx(np.median(lat[:10_000]), rel=0.02)
 
 
+def test_latency_ranks_stay_within_a_bin_over_many_batches_and_interleaved_runs(tmp_path, monkeypatch):
+    """Read in small batches (the streaming path): every rank within 0.05 % of the exact value;
+    a run with at most max_points calls comes back exactly, sorted; runs in order of first sight."""
+    import sim.bounded_tables as bt
+
+    monkeypatch.setattr(bt, "_BATCH_ROWS", 997)
+    rng = np.random.default_rng(2)
+    n = 30_000
+    lat = np.concatenate([rng.lognormal(0, 2, n), rng.lognormal(3, 0.5, n), rng.random(300) * 50])
+    policy = np.concatenate([np.where(rng.random(n) < 0.5, "a", "b"), np.full(n, "c"), np.full(300, "d")])
+    lat[5] = 0.0  # a zero-time call sits in the underflow bin, and is the exact minimum
+    t = pd.DataFrame({"trace": "t", "policy": policy, "backend": "sim", "op": "alloc", "latency_us": lat})
+    t.to_parquet(tmp_path / "latency_samples.parquet", index=False)
+    got = read_drawn_table(tmp_path / "latency_samples.parquet", max_points=400)
+    assert list(dict.fromkeys(got["policy"])) == list(dict.fromkeys(policy))
+    for name, run in got.groupby("policy"):
+        v = np.sort(lat[policy == name])
+        g = run["latency_us"].to_numpy()
+        if len(v) <= 400:
+            np.testing.assert_array_equal(g, v)
+            continue
+        want = v[np.linspace(0, len(v) - 1, 400).round().astype(np.int64)]
+        assert len(g) == 400 and g[0] == v[0] and g[-1] == v[-1]
+        inner = want[1:-1] > 1e-3
+        np.testing.assert_allclose(g[1:-1][inner], want[1:-1][inner], rtol=6e-4)
+
+
 def test_requests_keep_only_drawn_columns(tmp_path):
     t = pd.DataFrame({"trace": "t", "policy": "p", "request_id": range(30), "status": "finished",
                       "ttft_s": np.linspace(0, 1, 30), "prompt_tokens": 5})

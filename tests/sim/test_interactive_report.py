@@ -33,8 +33,11 @@ def report(tmp_path_factory):
     cap = int(tables.summary["peak_live_bytes"].max() * 1.02)
     tight = replay_tables(trace, ["size-class"], capacity_bytes=cap, record_layout=True, with_bounds=False)
     write_results(out / "tight", tight.summary, tight.timeseries, extra_tables={"layout": tight.layout})
-    page = write_html_report([out / "run", out / "tight"], out / "report.html")
-    return page, tables, tight
+    compacting = replay_tables(trace, ["compacting"], with_bounds=False)
+    write_results(out / "compact", compacting.summary, compacting.timeseries,
+                  extra_tables={"compactions": compacting.compactions})
+    page = write_html_report([out / "run", out / "tight", out / "compact"], out / "report.html")
+    return page, tables, tight, compacting
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +82,7 @@ def test_time_range_filter_moves_the_axis_and_the_slider(browser_page, report):
 
 def test_segment_view_reads_back_the_replays_numbers(browser_page, report):
     page, _ = browser_page
-    _, tables, _ = report
+    _, tables, _, _ = report
     layout = tables.layout
     best = layout[(layout["policy"] == "best-fit") & ~layout["at_failure"]]
     samples = best.drop_duplicates("sample")
@@ -98,16 +101,42 @@ def test_segment_view_reads_back_the_replays_numbers(browser_page, report):
     assert recorded["num_segments"] > 0 and recorded["reserved_bytes"] > 0
 
 
+def test_pytorchs_live_blocks_at_a_moment_are_the_snapshots_live_bytes(browser_page, report):
+    """PyTorch's lanes hold its live blocks: their bytes at a chosen moment are the bytes the
+    parser's events leave live after that event (and the replay's live bytes there)."""
+    page, errors = browser_page
+    _, tables, _, _ = report
+    events = read_alloc_trace(SNAPSHOT).events
+    signed = events["nbytes"].where(events["op"] == "alloc", -events["nbytes"]).where(events["op"] != "empty_cache", 0)
+    live_after = signed.cumsum()
+    recorded = tables.layout[tables.layout["policy"] == "pytorch (recorded)"].drop_duplicates("sample")
+    checked = 0
+    for k in (len(recorded) // 3, 2 * len(recorded) // 3, len(recorded) - 1):
+        chosen = recorded.iloc[k]
+        got = page.evaluate(f"window.poollab.showTime(0, {chosen['time_us'] / 1e6})")["pytorch (recorded) (run)"]
+        assert got["event"] == chosen["event"]
+        assert got["live_bytes"] == live_after.iloc[chosen["event"]] > 0
+        ts = tables.timeseries
+        assert got["live_bytes"] == ts[(ts["policy"] == "best-fit") & (ts["event"] == chosen["event"])]["live_bytes"].iloc[0]
+        assert 0 < got["free_bytes"] < got["reserved_bytes"] and got["num_free_blocks"] > 0
+        checked += 1
+    assert checked == 3
+    text = page.inner_text("#seginfo-0-2")
+    assert "live blocks" in text and "blocks not recorded" not in text
+    assert errors == []
+
+
 def test_clicking_a_failure_shows_the_request_and_the_free_blocks(browser_page, report):
     page, errors = browser_page
-    _, _, tight = report
+    _, _, tight, _ = report
     assert tight.summary["n_failed"].iloc[0] > 0
     first = tight.layout[tight.layout["kind"] == "request"].iloc[0]
     page.evaluate("window.poollab.showFailure(0, 0)")
     text = page.inner_text("#fail-0")
     asked = f"{first['length_bytes'] / 2**20:,.2f}".rstrip("0").rstrip(".")
     assert f"a request of {asked} MiB was refused" in text and "largest free" in text
-    holes = tight.layout[(tight.layout["sample"] == first["sample"]) & (tight.layout["kind"] == "free")]
+    lay = tight.layout[tight.layout["policy"] == "size-class"]
+    holes = lay[(lay["sample"] == first["sample"]) & (lay["kind"] == "free")]
     largest = int(holes["length_bytes"].max()) if len(holes) else 0
     state = page.evaluate("window.poollab.segmentState(0)")
     assert state["size-class (tight)"]["largest_free_bytes"] == largest < first["length_bytes"]
@@ -123,3 +152,16 @@ def test_tables_sort_on_a_header_click(browser_page):
     values = table.locator("tbody tr").evaluate_all(
         f"rows => rows.map(r => parseFloat(r.cells[{col}].textContent.replace(/,/g, '')))")
     assert values == sorted(values) and len(values) >= 2
+
+
+def test_compactions_are_marked_at_the_recorded_times(browser_page, report):
+    page, errors = browser_page
+    compactions = report[3].compactions
+    assert len(compactions) > 0  # the bundled slice makes best-fit fragment enough to compact
+    marker = page.evaluate("document.getElementById('tl-0').data.find(t => t.name === 'compaction')")
+    want = sorted((compactions["time_us"] / 1e6).round(6).tolist())
+    assert marker["x"] == pytest.approx(want, abs=1e-9)
+    moved = compactions.sort_values("time_us", kind="stable")["moved_bytes"]
+    first = f"{moved.iloc[0] / 2**20:,.2f}".rstrip("0").rstrip(".")
+    assert f"{first} MiB moved" in marker["text"][0]
+    assert errors == []
