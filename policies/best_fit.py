@@ -9,6 +9,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
+from policies.base import Allocation
 
 __all__ = ["BestFit"]
 
@@ -77,6 +78,90 @@ class BestFit(ContiguousPolicy):
             return None
         i = bisect_left(keys, size << OFFSET_BITS)
         return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
+
+    # ----------------------------------------------------------------- the hot path
+    # ``ContiguousPolicy._allocate``/``_free`` with this index inlined (the same steps, no calls
+    # to the index hooks): what a replay spends its time in.
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        mask = self._round_mask
+        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        keys = self._keys_by_stream.get(stream)
+        if keys:
+            i = bisect_left(keys, size << OFFSET_BITS)
+            if i < len(keys):
+                block = self._free_at.pop(keys.pop(i) & _OFFSET_MASK)
+                rest_bytes = block.size - size
+                if rest_bytes < self._split_min_bytes or block.size_bytes:
+                    return self._cut(block, size, nbytes, stream, tag)  # whole block, or a freed allocation's
+                # the common case: the free block keeps the high end and goes back into the index
+                seg = block.segment
+                prev = block.prev
+                offset = block.offset
+                rest_offset = offset + size
+                a = Block(offset, size, seg, prev, block, False)
+                block.offset = rest_offset
+                block.size = rest_bytes
+                block.prev = a
+                insort(keys, rest_bytes << OFFSET_BITS | rest_offset)
+                self._free_at[rest_offset] = block
+                if prev is None:
+                    seg.handle = a
+                else:
+                    prev.next = a
+                a.nbytes = nbytes
+                a.size_bytes = size
+                a.extents = ((offset, size),)
+                a.stream = stream
+                a.tag = tag
+                seg.num_live += 1
+                self.allocated_bytes += size
+                return a
+        block = self._miss(size, stream)
+        return None if block is None else self._cut(block, size, nbytes, stream, tag)
+
+    def _free(self, allocation: Allocation) -> None:
+        block: Block = allocation.handle
+        size = block.size
+        assert not block.free and size == allocation.size_bytes
+        self.allocated_bytes -= size
+        seg = block.segment
+        seg.num_live -= 1
+        free_at = self._free_at
+        nxt = block.next
+        if nxt is not None and nxt.free:  # absorb the free block above
+            keys = self._keys_by_stream[seg.stream]
+            key = nxt.size << OFFSET_BITS | nxt.offset
+            i = bisect_left(keys, key)
+            assert keys[i] == key, "removing a block that is not indexed"
+            del keys[i]
+            del free_at[nxt.offset]
+            size += nxt.size
+            block.size = size
+            after = block.next = nxt.next
+            if after is not None:
+                after.prev = block
+            nxt.prev = nxt.next = None
+        prev = block.prev
+        if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
+            keys = self._keys_by_stream[seg.stream]
+            offset = prev.offset
+            key = prev.size << OFFSET_BITS | offset
+            i = bisect_left(keys, key)
+            assert keys[i] == key, "resizing a block that is not indexed"
+            del keys[i]
+            prev.size += size
+            insort(keys, prev.size << OFFSET_BITS | offset)
+            after = prev.next = block.next
+            if after is not None:
+                after.prev = prev
+            block.prev = block.next = None
+        else:
+            block.free = True
+            keys = self._keys_by_stream.get(seg.stream)
+            if keys is None:
+                keys = self._keys_by_stream[seg.stream] = []
+            insort(keys, size << OFFSET_BITS | block.offset)
+            free_at[block.offset] = block
 
     def check_invariants(self) -> None:
         super().check_invariants()
