@@ -10,6 +10,8 @@ kept) so that a busy machine hits them alike:
 
 - ``(inline dict)``: the loop with a dict insert / delete inlined, no call at all: the floor;
 - ``(trivial object)``: ``allocate`` / ``free`` of an object that does one dict op each;
+- ``(trivial + Allocation)``: the same, handing out an ``Allocation``: the floor of one object
+  per request, which every policy builds;
 - ``(do-nothing)``: a ``Policy`` subclass whose hooks do no work: the contract's own cost;
 - every policy (all registered ones by default).
 
@@ -53,7 +55,7 @@ HARNESS_TARGET = 1.2
 #: The README workflow's 13-policy replay.
 README_POLICIES = ["first-fit", "best-fit", "size-class", "paged", "elastic", "torch-caching", "cupy-pool", "tlsf",
                    "arena", "buddy", "compacting", "tag-limits", "worst-fit"]
-INLINE, TRIVIAL, NOTHING = "(inline dict)", "(trivial object)", "(do-nothing)"
+INLINE, TRIVIAL, OBJECT, NOTHING = "(inline dict)", "(trivial object)", "(trivial + Allocation)", "(do-nothing)"
 
 
 class TrivialPool:
@@ -73,6 +75,23 @@ class TrivialPool:
 
     def free(self, key):
         del self._live[key]
+
+
+class TrivialAllocationPool(TrivialPool):
+    """``TrivialPool`` that hands out an ``Allocation``: the floor of one object per request."""
+
+    __slots__ = ()
+    _EXTENTS = ((0, 512),)
+
+    def allocate(self, nbytes, *, stream=0, tag=None):
+        key = self._next
+        self._next = key + 1
+        self._live[key] = nbytes
+        a = policies.Allocation(nbytes, nbytes, self._EXTENTS, stream, tag, key)
+        return a
+
+    def free(self, a):
+        del self._live[a.handle]
 
 
 class DoNothing(policies.Policy):
@@ -104,6 +123,10 @@ class DoNothing(policies.Policy):
 #: shared machine's other jobs do not inflate (a preempted loop is not charged for the wait)
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 _clock = CLOCKS["wall"]
+
+
+#: the floors that are not policies, by row
+FLOORS = {TRIVIAL: TrivialPool, OBJECT: TrivialAllocationPool}
 
 
 def inline_loop(events) -> float:
@@ -143,7 +166,7 @@ def calls_per_event(events, row, costs) -> float:
 
     if row == INLINE:
         return 0.0
-    pool = TrivialPool() if row == TRIVIAL else make_policy(row, costs)
+    pool = FLOORS[row]() if row in FLOORS else make_policy(row, costs)
     profiler = cProfile.Profile()
     profiler.runcall(bare_loop, events, pool.allocate, pool.free)
     stats = pstats.Stats(profiler).stats
@@ -156,8 +179,8 @@ def _unknown_free(i, key):
     return ValueError(f"event {i} frees {key}, which is not live")
 
 
-def trivial_harness(ev) -> float:
-    pool = TrivialPool()
+def trivial_harness(ev, pool_type) -> float:
+    pool = pool_type()
     return engine.run(ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags, times_us=ev.times_us,
                       target=engine.Target(allocate=pool.allocate, free=pool.free),
                       unknown_free=_unknown_free).wall_s
@@ -212,7 +235,7 @@ def main(argv=None) -> int:
               if op != engine.FLUSH]  # the reference loops replay requests only
     n = len(events)
     costs = CostModel.load()
-    rows = [INLINE, TRIVIAL, NOTHING] + (args.specs or policies.available())
+    rows = [INLINE, TRIVIAL, OBJECT, NOTHING] + (args.specs or policies.available())
     print(f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · python "
           f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}")
     print(f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
@@ -227,11 +250,11 @@ def main(argv=None) -> int:
             if row == INLINE:
                 bare[row] = min(bare[row], inline_loop(events))
                 continue
-            if row == TRIVIAL:
-                pool = TrivialPool()
+            if row in FLOORS:
+                pool = FLOORS[row]()
                 bare[row] = min(bare[row], bare_loop(events, pool.allocate, pool.free))
                 if not args.bare_only:
-                    harness[row] = min(harness[row], trivial_harness(ev))
+                    harness[row] = min(harness[row], trivial_harness(ev, FLOORS[row]))
                 continue
             policy = make_policy(row, costs)
             bare[row] = min(bare[row], bare_loop(events, policy.allocate, policy.free))
@@ -254,11 +277,14 @@ def main(argv=None) -> int:
         print(f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
               f"{calls[row]:>6.1f} {harness[row] * ns:>10.0f} {harness_x:>8.2f}x {whole[row] * ns:>9.0f} "
               f"{failed[row]} {mark}")
+        timed = harness[row] != float("inf")  # not with --bare-only
         out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
                          "x_nothing": bare[row] / bare[NOTHING], "calls_per_event": calls[row],
-                         "harness_ns": harness[row] * ns,
-                         "harness_x": harness_x, "replay_ns": whole[row] * ns, "failed": failed[row]})
-    policy_rows = [r for r in out_rows if r["row"] not in (INLINE, TRIVIAL)]
+                         "harness_ns": harness[row] * ns if timed else None,
+                         "harness_x": harness_x if timed else None,
+                         "replay_ns": whole[row] * ns if whole[row] != float("inf") else None,
+                         "failed": failed[row], "clock": args.clock})
+    policy_rows = [r for r in out_rows if r["row"] not in (INLINE, *FLOORS)]
     total_bare = sum(bare[r["row"]] for r in policy_rows)
     total_harness = sum(harness[r["row"]] for r in policy_rows)
     if not args.bare_only:
