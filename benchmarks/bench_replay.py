@@ -279,11 +279,11 @@ def main(argv=None) -> int:
               f"{failed[row]} {mark}")
         timed = harness[row] != float("inf")  # not with --bare-only
         out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
-                         "x_nothing": bare[row] / bare[NOTHING], "calls_per_event": calls[row],
+                         "x_nothing": bare[row] / bare[NOTHING],
                          "harness_ns": harness[row] * ns if timed else None,
                          "harness_x": harness_x if timed else None,
                          "replay_ns": whole[row] * ns if whole[row] != float("inf") else None,
-                         "failed": failed[row], "clock": args.clock})
+                         "failed": failed[row], "calls_per_event": calls[row], "clock": args.clock})
     policy_rows = [r for r in out_rows if r["row"] not in (INLINE, *FLOORS)]
     total_bare = sum(bare[r["row"]] for r in policy_rows)
     total_harness = sum(harness[r["row"]] for r in policy_rows)
