@@ -11,7 +11,6 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
 from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
-from policies.base import Allocation
 
 __all__ = ["FirstFit"]
 
@@ -131,98 +130,6 @@ class FirstFit(ContiguousPolicy):
         if k == 0:
             arena.forget_first(i)
         return self._free_at.pop(offset)
-
-    # ----------------------------------------------------------------- the hot path
-    # ``ContiguousPolicy._allocate``/``_free`` with this index inlined (the same steps, no calls
-    # to the index hooks): what a replay spends its time in.
-    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        mask = self._round_mask
-        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
-        found = self._locate(size, stream)
-        if found is None:
-            block = self._miss(size, stream)
-            return None if block is None else self._cut(block, size, nbytes, stream, tag)
-        arena, i, k = found
-        bucket = arena.buckets[i]
-        block = self._free_at.pop(bucket.pop(k))
-        if k == 0:
-            if bucket:
-                arena.firsts[i] = bucket[0]
-            else:
-                arena.firsts[i] = _NONE
-                arena.mask &= ~(1 << i)
-        rest_bytes = block.size - size
-        if rest_bytes < self._split_min_bytes or block.size_bytes:
-            return self._cut(block, size, nbytes, stream, tag)  # whole block, or a freed allocation's
-        # the common case: the free block keeps the high end and goes back into the index
-        seg = block.segment
-        prev = block.prev
-        offset = block.offset
-        rest_offset = offset + size
-        a = Block(offset, size, seg, prev, block, False)
-        block.offset = rest_offset
-        block.size = rest_bytes
-        block.prev = a
-        j = rest_bytes.bit_length() - 1
-        insort(arena.buckets[j], rest_offset)
-        if rest_offset < arena.firsts[j]:
-            arena.firsts[j] = rest_offset
-            arena.mask |= 1 << j
-        self._free_at[rest_offset] = block
-        if prev is None:
-            seg.handle = a
-        else:
-            prev.next = a
-        a.nbytes = nbytes
-        a.size_bytes = size
-        a.extents = ((offset, size),)
-        a.stream = stream
-        a.tag = tag
-        seg.num_live += 1
-        self.allocated_bytes += size
-        return a
-
-    def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle
-        size = block.size
-        assert not block.free and size == allocation.size_bytes
-        self.allocated_bytes -= size
-        seg = block.segment
-        seg.num_live -= 1
-        nxt = block.next
-        if nxt is not None and nxt.free:  # absorb the free block above
-            self._index_remove(nxt)
-            size += nxt.size
-            block.size = size
-            after = block.next = nxt.next
-            if after is not None:
-                after.prev = block
-            nxt.prev = nxt.next = None
-        prev = block.prev
-        if prev is not None and prev.free:  # merge into the free block below
-            old_size = prev.size
-            prev.size = old_size + size
-            after = prev.next = block.next
-            if after is not None:
-                after.prev = prev
-            block.prev = block.next = None
-            if old_size.bit_length() != prev.size.bit_length():  # most merges stay in their bucket
-                prev.size = old_size
-                self._index_remove(prev)
-                prev.size = old_size + size
-                self._index_add(prev)
-        else:
-            block.free = True
-            arena = self._arenas.get(seg.stream)
-            if arena is None:
-                arena = self._arenas[seg.stream] = _Arena()
-            offset = block.offset
-            j = size.bit_length() - 1
-            insort(arena.buckets[j], offset)
-            if offset < arena.firsts[j]:
-                arena.firsts[j] = offset
-                arena.mask |= 1 << j
-            self._free_at[offset] = block
 
     def check_invariants(self) -> None:
         super().check_invariants()
