@@ -10,13 +10,16 @@ kept) so that a busy machine hits them alike:
 
 - ``(inline dict)``: the loop with a dict insert / delete inlined, no call at all: the floor;
 - ``(trivial object)``: ``allocate`` / ``free`` of an object that does one dict op each;
+- ``(trivial + Allocation)``: the same, handing out an ``Allocation``: the floor of one object
+  per request, which every policy builds;
 - ``(do-nothing)``: a ``Policy`` subclass whose hooks do no work: the contract's own cost;
 - every policy (all registered ones by default).
 
 Columns: ``bare_ns`` is ns per event of the bare loop, which calls ``allocate(nbytes,
 stream=, tag=)`` and ``free(a)`` exactly as replay does and keeps the trace-id -> allocation
 dict, nothing else; ``x_dict`` and ``x_nothing`` are its ratios to the inline dict and to the
-do-nothing policy. ``harness_ns`` is ns per event of ``sim.engine.run`` driving the same
+do-nothing policy; ``calls`` (``calls_per_event``) counts the calls the loop makes per event,
+Python functions and built-ins alike (cProfile, in a separate untimed pass). ``harness_ns`` is ns per event of ``sim.engine.run`` driving the same
 allocator as ``sim.replay.replay`` does (two clock reads and the device's driver time per call,
 the latency samples, the ``PoolMonitor``): for a policy it is ``replay()``'s own ``wall_s``; and
 ``harness_x`` = harness_ns / bare_ns (issue 16: <= 1.2). ``replay_ns`` is the whole ``replay()``
@@ -52,7 +55,7 @@ HARNESS_TARGET = 1.2
 #: The README workflow's 13-policy replay.
 README_POLICIES = ["first-fit", "best-fit", "size-class", "paged", "elastic", "torch-caching", "cupy-pool", "tlsf",
                    "arena", "buddy", "compacting", "tag-limits", "worst-fit"]
-INLINE, TRIVIAL, NOTHING = "(inline dict)", "(trivial object)", "(do-nothing)"
+INLINE, TRIVIAL, OBJECT, NOTHING = "(inline dict)", "(trivial object)", "(trivial + Allocation)", "(do-nothing)"
 
 
 class TrivialPool:
@@ -72,6 +75,23 @@ class TrivialPool:
 
     def free(self, key):
         del self._live[key]
+
+
+class TrivialAllocationPool(TrivialPool):
+    """``TrivialPool`` that hands out an ``Allocation``: the floor of one object per request."""
+
+    __slots__ = ()
+    _EXTENTS = ((0, 512),)
+
+    def allocate(self, nbytes, *, stream=0, tag=None):
+        key = self._next
+        self._next = key + 1
+        self._live[key] = nbytes
+        a = policies.Allocation(nbytes, nbytes, self._EXTENTS, stream, tag, key)
+        return a
+
+    def free(self, a):
+        del self._live[a.handle]
 
 
 class DoNothing(policies.Policy):
@@ -99,21 +119,31 @@ class DoNothing(policies.Policy):
         return []
 
 
+#: the clock the bare loops read (``--clock``): wall time, or the process's CPU time, which a
+#: shared machine's other jobs do not inflate (a preempted loop is not charged for the wait)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+_clock = CLOCKS["wall"]
+
+
+#: the floors that are not policies, by row
+FLOORS = {TRIVIAL: TrivialPool, OBJECT: TrivialAllocationPool}
+
+
 def inline_loop(events) -> float:
     live = {}
-    t0 = time.perf_counter()
+    t0 = _clock()
     for is_alloc, key, nbytes, _stream, _tag in events:
         if is_alloc:
             live[key] = nbytes
         else:
             del live[key]
-    return time.perf_counter() - t0
+    return _clock() - t0
 
 
 def bare_loop(events, allocate, free) -> float:
     """The policy's calls and the id -> allocation dict, nothing else (a refused request's free is skipped)."""
     live = {}
-    t0 = time.perf_counter()
+    t0 = _clock()
     for is_alloc, key, nbytes, stream, tag in events:
         if is_alloc:
             a = allocate(nbytes, stream=stream, tag=tag)
@@ -123,15 +153,34 @@ def bare_loop(events, allocate, free) -> float:
             a = live.pop(key, None)
             if a is not None:
                 free(a)
-    return time.perf_counter() - t0
+    return _clock() - t0
+
+
+def calls_per_event(events, row, costs) -> float:
+    """Python-level calls per event of the bare loop (cProfile's count, the loop's own frame excluded).
+
+    The call structure is what a pure-Python policy pays for: each call costs tens of ns.
+    """
+    import cProfile
+    import pstats
+
+    if row == INLINE:
+        return 0.0
+    pool = FLOORS[row]() if row in FLOORS else make_policy(row, costs)
+    profiler = cProfile.Profile()
+    profiler.runcall(bare_loop, events, pool.allocate, pool.free)
+    stats = pstats.Stats(profiler).stats
+    num_calls = sum(nc for (_, _, name), (_, nc, *_rest) in stats.items()
+                    if name not in ("bare_loop", "<built-in method time.perf_counter>", "<built-in method time.process_time>"))
+    return num_calls / len(events)
 
 
 def _unknown_free(i, key):
     return ValueError(f"event {i} frees {key}, which is not live")
 
 
-def trivial_harness(ev) -> float:
-    pool = TrivialPool()
+def trivial_harness(ev, pool_type) -> float:
+    pool = pool_type()
     return engine.run(ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags, times_us=ev.times_us,
                       target=engine.Target(allocate=pool.allocate, free=pool.free),
                       unknown_free=_unknown_free).wall_s
@@ -166,7 +215,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="runs per row, interleaved; the best is kept")
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
     ap.add_argument("--sample-bytes", action="store_true", help="measure latency-sample storage instead")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy machine)")
+    ap.add_argument("--bare-only", action="store_true",
+                    help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)")
     args = ap.parse_args(argv)
+    global _clock
+    _clock = CLOCKS[args.clock]
     trace = read_alloc_trace(args.trace)
     if args.sample_bytes:
         r = sample_bytes(trace)
@@ -180,11 +235,11 @@ def main(argv=None) -> int:
               if op != engine.FLUSH]  # the reference loops replay requests only
     n = len(events)
     costs = CostModel.load()
-    rows = [INLINE, TRIVIAL, NOTHING] + (args.specs or policies.available())
+    rows = [INLINE, TRIVIAL, OBJECT, NOTHING] + (args.specs or policies.available())
     print(f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · python "
           f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}")
     print(f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    print(f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved; "
+    print(f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, {args.clock} clock; "
           f"load average before {os.getloadavg()[0]:.2f}")
     bare = dict.fromkeys(rows, float("inf"))
     harness = dict.fromkeys(rows, float("inf"))
@@ -195,20 +250,24 @@ def main(argv=None) -> int:
             if row == INLINE:
                 bare[row] = min(bare[row], inline_loop(events))
                 continue
-            if row == TRIVIAL:
-                pool = TrivialPool()
+            if row in FLOORS:
+                pool = FLOORS[row]()
                 bare[row] = min(bare[row], bare_loop(events, pool.allocate, pool.free))
-                harness[row] = min(harness[row], trivial_harness(ev))
+                if not args.bare_only:
+                    harness[row] = min(harness[row], trivial_harness(ev, FLOORS[row]))
                 continue
             policy = make_policy(row, costs)
             bare[row] = min(bare[row], bare_loop(events, policy.allocate, policy.free))
+            if args.bare_only:
+                continue
             policy = make_policy(row, costs)
             t0 = time.perf_counter()
             result = replay(trace, policy)
             whole[row] = min(whole[row], time.perf_counter() - t0)
             harness[row] = min(harness[row], result.summary["wall_s"])
             failed[row] = result.summary["n_failed"]
-    print(f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'harness_ns':>10} {'harness_x':>9} "
+    calls = {row: calls_per_event(events, row, costs) for row in rows}
+    print(f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} {'harness_ns':>10} {'harness_x':>9} "
           f"{'replay_ns':>9} failed")
     out_rows = []
     ns = 1e9 / n
@@ -216,15 +275,21 @@ def main(argv=None) -> int:
         harness_x = harness[row] / bare[row]
         mark = "" if row == INLINE else f"{'ok' if harness_x <= HARNESS_TARGET else 'MISS'}"
         print(f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
-              f"{harness[row] * ns:>10.0f} {harness_x:>8.2f}x {whole[row] * ns:>9.0f} {failed[row]} {mark}")
+              f"{calls[row]:>6.1f} {harness[row] * ns:>10.0f} {harness_x:>8.2f}x {whole[row] * ns:>9.0f} "
+              f"{failed[row]} {mark}")
+        timed = harness[row] != float("inf")  # not with --bare-only
         out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
-                         "x_nothing": bare[row] / bare[NOTHING], "harness_ns": harness[row] * ns,
-                         "harness_x": harness_x, "replay_ns": whole[row] * ns, "failed": failed[row]})
-    policy_rows = [r for r in out_rows if r["row"] not in (INLINE, TRIVIAL)]
+                         "x_nothing": bare[row] / bare[NOTHING],
+                         "harness_ns": harness[row] * ns if timed else None,
+                         "harness_x": harness_x if timed else None,
+                         "replay_ns": whole[row] * ns if whole[row] != float("inf") else None,
+                         "failed": failed[row], "calls_per_event": calls[row], "clock": args.clock})
+    policy_rows = [r for r in out_rows if r["row"] not in (INLINE, *FLOORS)]
     total_bare = sum(bare[r["row"]] for r in policy_rows)
     total_harness = sum(harness[r["row"]] for r in policy_rows)
-    print(f"# harness over bare loop, all policies together: {total_harness / total_bare:.2f}x "
-          f"(target <= {HARNESS_TARGET}x)")
+    if not args.bare_only:
+        print(f"# harness over bare loop, all policies together: {total_harness / total_bare:.2f}x "
+              f"(target <= {HARNESS_TARGET}x)")
     if args.out:
         import csv
 

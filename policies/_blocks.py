@@ -14,7 +14,7 @@ random operation sequences):
   ``check_invariants`` with their index's own checks);
 - no two free blocks of a segment touch (freeing coalesces at once), so a segment with no live
   allocation (``segment.num_live == 0``) is a single free block and can be released in O(1);
-- ``segment.handle`` is the segment's first block, which is never merged away;
+- ``segment.handle`` is the segment's first block (a block cut from it for a request takes its place);
 - every block size is a multiple of ``alignment_bytes`` (so every block starts aligned: segments
   start on 2 MiB boundaries).
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import abc
 import inspect
-from dataclasses import dataclass
 from typing import Iterator
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
@@ -58,24 +57,57 @@ _DEFAULT_ALIGNMENT_BYTES = 256  # RMM's pool alignment (field notes; PyTorch and
 OFFSET_BITS = 64
 
 
-@dataclass(slots=True, eq=False)
-class Block:
-    """A range ``[offset, offset + size)`` of one segment, free or handed out.
+class Block(Allocation):
+    """A range ``[offset, offset + size)`` of one segment, free or handed out: handed out, it IS
+    the ``Allocation`` (one object per request, not a block and an allocation).
 
     ``prev``/``next`` are the address neighbours inside the same segment (None at its ends),
-    so coalescing a freed block is O(1). Compared by identity (``eq=False``).
+    so coalescing a freed block is O(1). Compared by identity (``Allocation`` has ``eq=False``).
+
+    Every request gets a fresh block, which takes the place in the chain of the free block it
+    was cut from: a block freed once is never handed out again, so a stale reference to it
+    still fails as a double free, and it never moves (its ``offset`` stays where it was): the
+    free block keeps the remainder of a split only if it was never handed out, else a fresh
+    block does and it is dropped. The
+    ``Allocation`` fields are set when the block is handed out (``ContiguousPolicy._cut``);
+    ``handle`` is the block itself, so code that reaches a block through ``allocation.handle``
+    (wrappers, allocations a subclass builds around a block) works on either.
     """
+
+    __slots__ = ("offset", "size", "segment", "prev", "next", "free")
 
     offset: int
     size: int
     segment: Segment
-    prev: Block | None = None
-    next: Block | None = None
-    free: bool = True
+    prev: Block | None
+    next: Block | None
+    free: bool
+
+    def __init__(self, offset: int, size: int, segment: Segment, prev: Block | None = None,
+                 next: Block | None = None, free: bool = True):
+        self.offset = offset
+        self.size = size
+        self.segment = segment
+        self.prev = prev
+        self.next = next
+        self.free = free
+        self.size_bytes = 0  # set when handed out: a block that never was has 0
+
+    @property
+    def handle(self) -> Block:
+        return self
 
     @property
     def end(self) -> int:
         return self.offset + self.size
+
+    def __repr__(self) -> str:
+        state = "free" if self.free else f"live nbytes={self.nbytes}"
+        return f"Block(offset={self.offset:#x}, size={self.size}, {state})"
+
+
+#: the free-block index hooks; a class that defines one has an index of its own
+_INDEX_HOOKS = ("_index_add", "_index_remove", "_index_resize", "_find", "_take", "_index_reset")
 
 
 class ContiguousPolicy(Policy):
@@ -144,6 +176,17 @@ class ContiguousPolicy(Policy):
     @classmethod
     def device_kind_for(cls, params: dict) -> str:
         return "page-mapped" if params.get("virtual") is True else cls.device_kind
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # Block policies inline their own index in ``_allocate``/``_free`` (calls are what a
+        # pure-Python pool pays for): a subclass that brings another index but inherits them
+        # gets the generic ones, which go through the index hooks.
+        if any(hook in cls.__dict__ for hook in _INDEX_HOOKS):
+            if "_allocate" not in cls.__dict__:
+                cls._allocate = ContiguousPolicy._allocate  # type: ignore[method-assign]
+            if "_free" not in cls.__dict__:
+                cls._free = ContiguousPolicy._free  # type: ignore[method-assign]
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -233,34 +276,67 @@ class ContiguousPolicy(Policy):
             size = self.rounded_size(nbytes)
         block = self._take(size, stream)
         if block is None:
-            if self.virtual:
-                block = self._grow_in_place(size, stream)
-                if block is None:
-                    return None
-            else:
-                seg = self._reserve_segment(self._segment_size_for(size), stream)
-                if seg is None:
-                    return None
-                block = self._segment_block(seg)
-        block.free = False
+            block = self._miss(size, stream)
+            if block is None:
+                return None
+        return self._cut(block, size, nbytes, stream, tag)
+
+    def _miss(self, size: int, stream: int) -> Block | None:
+        """No free block holds ``size``: a free block made by growing (out of the index), or None."""
+        if self.virtual:
+            return self._grow_in_place(size, stream)
+        seg = self._reserve_segment(self._segment_size_for(size), stream)
+        return None if seg is None else self._segment_block(seg)
+
+    def _cut(self, block: Block, size: int, nbytes: int, stream: int, tag: str | None) -> Block:
+        """Hand out the low ``size`` bytes of free ``block`` (out of the index) as a fresh block.
+
+        The fresh block replaces ``block`` in the chain; ``block`` keeps the remainder (and goes
+        back into the index) when that is at least ``_split_min_bytes``, else the whole block
+        is handed out and ``block`` is dropped. Block policies inline this in their own
+        ``_allocate``; this is the one place for the others and for misses.
+        """
+        seg = block.segment
+        prev = block.prev
+        offset = block.offset
         rest_bytes = block.size - size
         if rest_bytes >= self._split_min_bytes:
-            # split: the request takes the low end, the rest stays free (and keeps the chain)
-            nxt = block.next
-            rest = Block(block.offset + size, rest_bytes, block.segment, block, nxt)
-            if nxt is not None:
-                nxt.prev = rest
-            block.next = rest
-            block.size = size
-            self._index_add(rest)
+            # split: the request takes the low end, the rest stays free
+            if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
+                nxt = block.next
+                rest = Block(offset + size, rest_bytes, seg, None, nxt)
+                if nxt is not None:
+                    nxt.prev = rest
+                block.prev = block.next = None
+                block = rest
+            else:
+                block.offset = offset + size
+                block.size = rest_bytes
+            a = Block(offset, size, seg, prev, block, False)
+            block.prev = a
+            self._index_add(block)
         else:
             size = block.size
-        block.segment.num_live += 1
+            nxt = block.next
+            a = Block(offset, size, seg, prev, nxt, False)
+            if nxt is not None:
+                nxt.prev = a
+            block.prev = block.next = None
+        if prev is None:
+            seg.handle = a
+        else:
+            prev.next = a
+        a.nbytes = nbytes
+        a.size_bytes = size
+        a.extents = ((offset, size),)
+        a.stream = stream
+        a.tag = tag
+        seg.num_live += 1
         self.allocated_bytes += size
-        return Allocation(nbytes, size, ((block.offset, size),), stream, tag, block)
+        return a
 
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle
+        block: Block = allocation.handle  # the block itself, or the block a subclass's allocation wraps
         assert not block.free and block.size == allocation.size_bytes
         self.allocated_bytes -= block.size
         block.segment.num_live -= 1

@@ -146,6 +146,31 @@ class Policy(abc.ABC):
             knob: it is how ``sim`` adds costs and ``realgpu`` real ``cudaMalloc`` calls.
     """
 
+    # The state every pool has, in slots: the counters are read and written on every call, and
+    # a slot is one pointer away while a subclass's other attributes (in its ``__dict__``, which
+    # subclasses keep) would push an instance past CPython's 30 shared dict keys.
+    __slots__ = ("capacity_bytes", "device", "_max_request_bytes", "_segments", "_token", "_frozen",
+                 "live_bytes", "allocated_bytes", "reserved_bytes", "num_allocs", "num_frees", "num_failures",
+                 "num_grows", "num_shrinks", "grown_bytes", "shrunk_bytes", "peak_live_bytes",
+                 "peak_allocated_bytes", "peak_reserved_bytes", "num_frozen_failures", "_frozen_refusal_at")
+
+    capacity_bytes: int | None
+    device: Device
+    live_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    num_allocs: int
+    num_frees: int
+    num_failures: int
+    num_grows: int
+    num_shrinks: int
+    grown_bytes: int
+    shrunk_bytes: int
+    peak_live_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    num_frozen_failures: int
+
     #: registry name; set by subclasses
     name: ClassVar[str] = ""
     #: True when every allocation is one extent
@@ -273,10 +298,10 @@ class Policy(abc.ABC):
         """
         if nbytes.__class__ is not int:
             nbytes = _as_size(nbytes)
-        if nbytes <= 0:
-            raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
-        if nbytes > self._max_request_bytes:  # no device holds it: refuse before any work
-            self.num_failures += 1
+        if not 0 < nbytes <= self._max_request_bytes:  # one chained test on the hot path
+            if nbytes <= 0:
+                raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
+            self.num_failures += 1  # no device holds it: refuse before any work
             return None
         a = self._allocate(nbytes, stream, tag)
         if a is None:

@@ -375,3 +375,24 @@ def test_places_exactly_where_a_brute_force_scan_would(cls, ops):
         else:
             p.free(live.pop(n % len(live)))
         p.check_invariants()
+
+
+def test_an_allocation_is_its_block_and_a_freed_one_is_never_handed_out_again(cls):
+    p = cls(segment_bytes=1 * MiB)
+    a = p.allocate(300 * KiB)
+    assert isinstance(a, Block) and a.handle is a and a.extents == ((a.offset, a.size_bytes),)
+    where = a.offset
+    p.free(a)
+    b = p.allocate(300 * KiB)  # the same place, a new object
+    assert b is not a and b.offset == where
+    assert a.offset == where and a.extents == ((where, 300 * KiB),)  # a freed allocation never moves
+    with pytest.raises(PolicyError, match="double free"):
+        p.free(a)
+    assert b.live and p.stats().num_live == 1
+    p.check_invariants()
+
+
+def test_a_subclass_with_its_own_index_gets_the_generic_paths():
+    assert WorstFit._free is ContiguousPolicy._free and WorstFit._allocate is ContiguousPolicy._allocate
+    assert BestFit._free is not ContiguousPolicy._free
+    assert LinearFirstFit._free is ContiguousPolicy._free
