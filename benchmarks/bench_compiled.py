@@ -65,7 +65,7 @@ def run(cmd: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def build_compiled_copy(dest: Path) -> None:
-    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
+    shutil.copytree(REPO, dest, ignore=COPY_IGNORE, dirs_exist_ok=True)  # a kept copy is refreshed in place
     jobs = os.cpu_count() or 1
     print(f"# compiling policies/*.py with Cython in {dest} ({jobs} jobs)", flush=True)
     run([sys.executable, "-c", BUILD.format(directives=DIRECTIVES, jobs=jobs)], dest, stdout=subprocess.DEVNULL)
