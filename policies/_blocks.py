@@ -195,7 +195,8 @@ class ContiguousPolicy(Policy):
         accepted = inspect.signature(cls.__init__).parameters
         if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
             return super()._param_names()
-        return [n for n in super()._param_names() if n in accepted]
+        names = super()._param_names()  # not inside the comprehension: Cython's super() needs the method's frame
+        return [n for n in names if n in accepted]
 
     # ----------------------------------------------------------------- free-block index
     @abc.abstractmethod
@@ -410,7 +411,7 @@ class ContiguousPolicy(Policy):
         seg = self._ranges.get(stream)
         if (seg.nbytes if seg is not None else 0) + nbytes > span:
             return None  # past the range: more than any capacity
-        for attempt in ((0, 1) if retry else (1,)):
+        for attempt in range(0 if retry else 1, 2):  # range: Cython mistypes a conditional of tuple literals
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
                 if seg is None:
                     start = device.address_reserve(span)

@@ -549,7 +549,7 @@ class Policy(abc.ABC):
             return None
         if nbytes > self._max_request_bytes:  # rounding took a request past what any device holds
             return None
-        for attempt in ((0, 1) if retry else (1,)):
+        for attempt in range(0 if retry else 1, 2):  # range: Cython mistypes a conditional of tuple literals
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
                 offset = self.device.reserve(nbytes)
                 if offset is not None:
