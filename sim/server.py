@@ -28,7 +28,9 @@ import simpy
 
 from sim.config import ServerConfig
 from sim.pools import ServerPools
-from sim.scheduler import Request, Scheduler
+from policies.base import Allocation
+from sim.kv import ContiguousKV, PagedKV, VirtualKV
+from sim.scheduler import Request, Scheduler, StepPlan
 from sim.metrics import PoolMonitor
 
 __all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
@@ -36,6 +38,20 @@ __all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
 #: Simulated seconds a server with nothing it can schedule waits while another tenant of its
 #: shared pool holds the memory (``KV.held_elsewhere``), before it tries again.
 HELD_ELSEWHERE_WAIT_S = 2e-3
+
+#: what ``Server._step_activations`` returns for a skipped round trip (nothing to free)
+SKIPPED = object()
+
+
+def _delay_to(now_s: float, end_s: float) -> float | None:
+    """A delay that simpy turns into exactly ``end_s`` (it adds it to ``now_s``); None if none does."""
+    delay = end_s - now_s
+    for _ in range(4):
+        at = now_s + delay
+        if at == end_s:
+            return delay
+        delay = math.nextafter(delay, math.inf if at < end_s else -math.inf)
+    return None
 
 
 class Server:
@@ -54,6 +70,8 @@ class Server:
             progress bar; None for nothing.
         env: the simpy environment to run in (several servers share one when they share a GPU,
             ``sim.tenants``); None for a fresh one.
+        gpu: a resource several servers time-share (each step holds it for its duration); None
+            for a GPU of its own.
 
     ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
     engine runs out of work, and its ``before_step()`` before each step returns an event to wait
@@ -66,7 +84,7 @@ class Server:
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
                  model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
-                 env: simpy.Environment | None = None):
+                 env: simpy.Environment | None = None, gpu: simpy.Resource | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
         self.config = config
@@ -85,7 +103,12 @@ class Server:
         self.step_model = step_model
         self.model = model
         self.env = env if env is not None else simpy.Environment()
+        self.gpu = gpu
         self.gate: Any = None
+        #: private switch: multi-step decode runs and skipped activation round trips (results are
+        #: the same either way, ``tests/sim/test_step_fast_path.py``; off to check that)
+        self.fast_path = env is None
+        self._private_env = env is None
         kv = scheduler.kv
         readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
@@ -110,6 +133,13 @@ class Server:
         self._next_sample_s = 0.0
         self._wakeup: simpy.Event | None = None
         self._all_arrived = False
+        self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
+        self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
+        self._repeat_activation_bytes = -1  # a round trip of this size can be skipped (_step_activations)
+        self._round_trip_bytes = -1  # size of the round trip under way when it may be skipped next time
+        self.num_skipped_activation_round_trips = 0
+        self.num_decode_runs = 0  # multi-step decode runs advanced in one event
+        self.num_decode_run_steps = 0  # the steps in them
 
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
@@ -139,12 +169,14 @@ class Server:
         for r in self.requests:
             delay = r.arrival_s - env.now
             if delay > 0:
+                self._next_arrival_s = env.now + delay  # the time simpy gives the timeout
                 yield env.timeout(delay)
             add(r)
             if self._wakeup is not None:
                 wake, self._wakeup = self._wakeup, None
                 wake.succeed()
         self._all_arrived = True
+        self._next_arrival_s = math.inf
         if self._wakeup is not None:
             wake, self._wakeup = self._wakeup, None
             wake.succeed()
@@ -153,10 +185,10 @@ class Server:
         env, sched, pools, kv = self.env, self.scheduler, self.pools, self.scheduler.kv
         step_time, copy_time, swap_time = (self.step_model.step_time_s, self.step_model.copy_time_s,
                                            self.step_model.swap_time_s)
-        activation_bytes = self.model.activation_bytes
         bytes_per_token = kv.bytes_per_token
         num_empty = 0
         compactor = self._compactor
+        decode_runs = self._decode_runs_possible()
         while True:
             if not sched.has_work():
                 if self._all_arrived:
@@ -170,6 +202,14 @@ class Server:
                 ready = self.gate.before_step()
                 if ready is not None:
                     yield ready
+            elif decode_runs and not sched.waiting and not sched.swapped:
+                run = self._decode_run()
+                if run is not None:
+                    num_empty = 0
+                    yield run
+                    if env.now >= self._next_sample_s:
+                        self._sample()
+                    continue
             if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
                     and self.num_steps >= self.config.freeze_after_steps:
                 pools.kv.policy.freeze()
@@ -187,12 +227,10 @@ class Server:
                 assert num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
                 continue
             num_empty = 0
-            act = pools.allocate_activations(activation_bytes(plan.num_batched_tokens,
-                                                              plan.num_prefill_seqs + plan.decode_seqs))
+            act = self._step_activations(plan)
             while act is None and len(plan.scheduled) > 1:
                 sched.unschedule_last(plan)
-                act = pools.allocate_activations(activation_bytes(plan.num_batched_tokens,
-                                                                  plan.num_prefill_seqs + plan.decode_seqs))
+                act = self._step_activations(plan)
             if act is None:  # even one request's activations do not fit: it runs, the failure counts
                 self.num_activation_failures += 1
             compute_s = step_time(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
@@ -218,7 +256,7 @@ class Server:
             dt = compute_s + stall_s
             yield env.timeout(dt)
             if act is not None:
-                pools.free_activations(act)
+                self._free_activations(act)
             sched.complete(plan, env.now)
             self.num_steps += 1
             self.busy_s += dt
@@ -237,6 +275,141 @@ class Server:
                 compactor.compact()
             if env.now >= self._next_sample_s:
                 self._sample()
+
+    # ------------------------------------------------------------------ decode runs
+    def _decode_runs_possible(self) -> bool:
+        """Whether this server may advance runs of decode-only steps in one event: its own
+        clock and GPU (nobody else's events or memory interleave), no horizon to stop inside a
+        run, no compaction between steps, a private activation pool, and a KV manager whose
+        decode steps grow exactly when ``capacity_tokens`` runs out (not the hybrid layouts)."""
+        cfg = self.config
+        return (self.fast_path and self._private_env and self.gpu is None and cfg.horizon_s is None
+                and self._compactor is None and self.pools.layout == "separate"
+                and type(self.scheduler.kv) in (ContiguousKV, PagedKV, VirtualKV))
+
+    def _decode_run(self) -> simpy.Timeout | None:
+        """Advance the steps the engine would run next, while they are decode-only and quiet,
+        and return the one timeout that ends them; None when not even one step qualifies.
+
+        Quiet: every running request decodes (one token, its KV already there, below its
+        ``capacity_tokens``: no page or block boundary, no growth), none finishes, nothing waits
+        or is swapped out, no driver time, copy or mapping is pending, the activations are a
+        skippable round trip (``_step_activations``), no step but the last reaches a sample
+        point, the freeze is not due, and every step ends strictly before the next arrival.
+        Such a step's plan, time and effects are functions of the running requests alone, so
+        the loop below computes them as the scheduler, step-time model and the accounting after
+        each step would, in the same order of float operations (the results are identical:
+        ``tests/sim/test_step_fast_path.py``); the requests and the clock are advanced once.
+        """
+        sched, kv, pools = self.scheduler, self.scheduler.kv, self.pools
+        running = sched.running
+        m = len(running)
+        if not m or m > sched.config.max_num_batched_tokens:
+            return None
+        if self._activation_bytes.get((m, m)) != self._repeat_activation_bytes:
+            return None
+        if kv.copy_bytes_pending or kv.pending_map_ns or any(p.pending_driver_ns for p in pools.distinct):
+            return None
+        max_steps = math.inf
+        freeze = self.config.freeze_after_steps
+        if freeze is not None and self.frozen_at_s is None:
+            max_steps = freeze - self.num_steps
+        context = 0
+        for r in running:
+            c = r.num_computed
+            h = r.kv
+            if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
+                    or (h.blocks and h.num_computed_blocks < len(h.blocks)):
+                return None
+            # steps before the one that needs a new slot, and before the one that finishes it
+            quiet = min(h.capacity_tokens - c, r.output_tokens - r.num_generated - 1)
+            if quiet < max_steps:
+                max_steps = quiet
+            context += c
+        if max_steps < 1:
+            return None
+        step_time = self.step_model.step_time_s
+        env = self.env
+        start_s = t = env.now
+        next_arrival_s, next_sample_s = self._next_arrival_s, self._next_sample_s
+        bytes_per_token = kv.bytes_per_token
+        own = sched.num_own_tokens
+        cached = kv.cached_tokens
+        reserved = self._kv_reserved_bytes()
+        idle = reserved - kv.allocated_bytes
+        busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (self.busy_s, self.token_byte_s, self.reserved_byte_s,
+                                                                self.idle_byte_s)
+        num_steps = 0
+        while num_steps < max_steps:
+            dt = step_time(0, m, context, 0, 0)
+            end_s = t + dt
+            if end_s >= next_arrival_s:
+                break
+            t = end_s
+            num_steps += 1
+            context += m
+            own += m
+            busy_s += dt
+            token_byte_s += (own + cached) * bytes_per_token * dt
+            reserved_byte_s += reserved * dt
+            idle_byte_s += idle * dt
+            if t >= next_sample_s:
+                break
+        if not num_steps:
+            return None
+        delay = _delay_to(start_s, t)
+        if delay is None:
+            return None
+        self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (busy_s, token_byte_s,
+                                                                                  reserved_byte_s, idle_byte_s)
+        self.num_steps += num_steps
+        self.num_skipped_activation_round_trips += num_steps
+        self.num_decode_runs += 1
+        self.num_decode_run_steps += num_steps
+        sched.num_own_tokens = own
+        for r in running:
+            r.num_new = 1
+            r.num_computed += num_steps
+            r.num_generated += num_steps
+            r.num_tokens += num_steps
+        return env.timeout(delay)
+
+    # ------------------------------------------------------------------ activations
+    def _step_activations(self, plan: StepPlan) -> Allocation | None | object:
+        """The step's activations: an allocation, None when they do not fit, or ``SKIPPED``.
+
+        A round trip of the size the last one had is skipped (and counted in
+        ``num_skipped_activation_round_trips``) when that one charged no driver time in a pool
+        private to activations (the separate layout): nothing else touches that pool between
+        two steps, and a round trip that left a caching pool as it found it (a free block split
+        and coalesced back, a size class popped and pushed) leaves it so again, so only the
+        pool's own call counters, which no report reads, would differ. Sizes are memoised per
+        batch shape (the dict: one entry per (tokens, sampled) seen, a few hundred at most).
+        """
+        shape = (plan.prefill_tokens + plan.decode_seqs, plan.num_prefill_seqs + plan.decode_seqs)
+        nbytes = self._activation_bytes.get(shape)
+        if nbytes is None:
+            nbytes = self._activation_bytes[shape] = self.model.activation_bytes(*shape)
+        if nbytes == self._repeat_activation_bytes:
+            self.num_skipped_activation_round_trips += 1
+            return SKIPPED
+        self._repeat_activation_bytes = -1
+        pool = self.pools.activations
+        driver_ns = pool.pending_driver_ns
+        a = self.pools.allocate_activations(nbytes)
+        repeatable = a is not None and self.fast_path and self.pools.layout == "separate" \
+            and pool.pending_driver_ns == driver_ns
+        self._round_trip_bytes = nbytes if repeatable else -1
+        return a
+
+    def _free_activations(self, a: Allocation | object) -> None:
+        if a is SKIPPED:
+            return
+        pool = self.pools.activations
+        driver_ns = pool.pending_driver_ns
+        self.pools.free_activations(a)  # type: ignore[arg-type]
+        if pool.pending_driver_ns == driver_ns:  # the round trip charged nothing: the next one may be skipped
+            self._repeat_activation_bytes = self._round_trip_bytes
 
     # ------------------------------------------------------------------ pre-growth
     def predicted_bytes(self) -> int:
