@@ -43,15 +43,19 @@ HELD_ELSEWHERE_WAIT_S = 2e-3
 SKIPPED = object()
 
 
-def _delay_to(now_s: float, end_s: float) -> float | None:
-    """A delay that simpy turns into exactly ``end_s`` (it adds it to ``now_s``); None if none does."""
+def _delays_to(now_s: float, end_s: float) -> tuple[float, ...]:
+    """Delays whose timeouts, one after the other, take simpy from ``now_s`` to exactly
+    ``end_s`` (it adds each to its clock), so that a run of steps ends at the float time one
+    event per step would have reached. One when ``end_s - now_s`` lands there (always when
+    ``end_s <= 2 now_s``, Sterbenz); else two, through a time past ``end_s / 2`` from which the
+    rest is exact (rounding to even can leave ``end_s`` out of one addition's reach)."""
     delay = end_s - now_s
-    for _ in range(4):
-        at = now_s + delay
-        if at == end_s:
-            return delay
-        delay = math.nextafter(delay, math.inf if at < end_s else -math.inf)
-    return None
+    if now_s + delay == end_s:
+        return (delay,)
+    first = 0.75 * delay
+    mid_s = now_s + first  # what simpy reaches with ``first``, by construction
+    assert end_s / 2 <= mid_s < end_s and mid_s + (end_s - mid_s) == end_s, (now_s, end_s)
+    return first, end_s - mid_s
 
 
 class Server:
@@ -133,13 +137,15 @@ class Server:
         self._next_sample_s = 0.0
         self._wakeup: simpy.Event | None = None
         self._all_arrived = False
+        self._num_empty = 0  # plans in a row that scheduled nothing
+        self._batch_steps = self._quiet_runs = False  # set when the engine starts (_may_batch_steps)
         self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
         self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
         self._repeat_activation_bytes = -1  # a round trip of this size can be skipped (_step_activations)
         self._round_trip_bytes = -1  # size of the round trip under way when it may be skipped next time
         self.num_skipped_activation_round_trips = 0
-        self.num_decode_runs = 0  # multi-step decode runs advanced in one event
-        self.num_decode_run_steps = 0  # the steps in them
+        self.num_batched_steps = 0  # steps run back to back without an event of their own (_run_steps)
+        self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
 
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
@@ -159,7 +165,7 @@ class Server:
     def finish(self) -> float:
         """Take the last sample once the clock has stopped; returns the end time."""
         env = self.env
-        self._sample()
+        self._sample(env.now)
         self.monitor.finish(self.num_steps, int(env.now * 1e6))
         return env.now
 
@@ -182,13 +188,9 @@ class Server:
             wake.succeed()
 
     def _engine(self):
-        env, sched, pools, kv = self.env, self.scheduler, self.pools, self.scheduler.kv
-        step_time, copy_time, swap_time = (self.step_model.step_time_s, self.step_model.copy_time_s,
-                                           self.step_model.swap_time_s)
-        bytes_per_token = kv.bytes_per_token
-        num_empty = 0
-        compactor = self._compactor
-        decode_runs = self._decode_runs_possible()
+        env, sched, kv = self.env, self.scheduler, self.scheduler.kv
+        self._batch_steps = self._may_batch_steps()
+        self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
         while True:
             if not sched.has_work():
                 if self._all_arrived:
@@ -198,118 +200,171 @@ class Server:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
+            begun = None
             if self.gate is not None:
                 ready = self.gate.before_step()
                 if ready is not None:
                     yield ready
-            elif decode_runs and not sched.waiting and not sched.swapped:
-                run = self._decode_run()
-                if run is not None:
-                    num_empty = 0
-                    yield run
-                    if env.now >= self._next_sample_s:
-                        self._sample()
+            elif self._batch_steps:
+                end_s, begun = self._run_steps()
+                if end_s > env.now:
+                    for delay in _delays_to(env.now, end_s):
+                        yield env.timeout(delay)
+                if begun is None:
                     continue
-            if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
-                    and self.num_steps >= self.config.freeze_after_steps:
-                pools.kv.policy.freeze()
-                self.frozen_at_s = env.now
-            if self._reserver is not None and sched.waiting:
-                self._pregrow()
-            plan = sched.schedule()
-            if not plan.scheduled:
-                # every running request was preempted or rejected this round: admit again at once.
-                # Each empty round preempts or rejects someone, so this cannot spin for ever.
-                if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
-                    yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+            if begun is None:
+                plan = self._schedule(env.now)
+                if plan is None:
+                    if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
+                        yield env.timeout(HELD_ELSEWHERE_WAIT_S)
                     continue
-                num_empty += 1
-                assert num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
-                continue
-            num_empty = 0
-            act = self._step_activations(plan)
-            while act is None and len(plan.scheduled) > 1:
-                sched.unschedule_last(plan)
-                act = self._step_activations(plan)
-            if act is None:  # even one request's activations do not fit: it runs, the failure counts
-                self.num_activation_failures += 1
-            compute_s = step_time(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
-                                  plan.prefill_context_tokens, plan.num_prefill_seqs)
-            kv_driver_ns = pools.kv.take_driver_ns()
-            map_s = kv.take_map_ns() * 1e-9
-            # vAttention maps pages in the background: only what outlasts the step's compute shows
-            map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
-            self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
-            self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
-            stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
-            if compactor is not None:  # passes on the allocation path, or between the last two steps
-                compaction_s = compactor.take_compaction_ns() * 1e-9
-                self.compaction_s += compaction_s
-                stall_s += compaction_s
-            copy_bytes = kv.take_copy_bytes()
-            if copy_bytes:
-                stall_s += copy_time(copy_bytes)
-            if plan.swap_out_bytes:
-                stall_s += swap_time(plan.swap_out_bytes)
-            if plan.swap_in_bytes:
-                stall_s += swap_time(plan.swap_in_bytes)
-            dt = compute_s + stall_s
-            yield env.timeout(dt)
-            if act is not None:
-                self._free_activations(act)
-            sched.complete(plan, env.now)
-            self.num_steps += 1
-            self.busy_s += dt
-            self.alloc_stall_s += stall_s
-            token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
-            self.token_byte_s += token_bytes * dt
-            reserved = self._kv_reserved_bytes()
-            self.reserved_byte_s += reserved * dt
-            if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
-                pressure = self.pressure_byte_s
-                pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
-                pressure[1] += reserved * dt
-                pressure[2] += dt
-            self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
-            if self.config.compact_between_steps:
-                compactor.compact()
-            if env.now >= self._next_sample_s:
-                self._sample()
+                begun = self._begin_step(plan)
+            yield env.timeout(begun[2])
+            self._end_step(*begun, env.now)
 
-    # ------------------------------------------------------------------ decode runs
-    def _decode_runs_possible(self) -> bool:
-        """Whether this server may advance runs of decode-only steps in one event: its own
-        clock and GPU (nobody else's events or memory interleave), no horizon to stop inside a
-        run, no compaction between steps, a private activation pool, and a KV manager whose
-        decode steps grow exactly when ``capacity_tokens`` runs out (not the hybrid layouts)."""
-        cfg = self.config
-        return (self.fast_path and self._private_env and self.gpu is None and cfg.horizon_s is None
-                and self._compactor is None and self.pools.layout == "separate"
+    # ------------------------------------------------------------------ one step
+    def _schedule(self, now_s: float) -> StepPlan | None:
+        """The controls due before a step (freeze, pre-growth), then the scheduler's plan; None
+        when it scheduled nothing (every running request was preempted or rejected this round:
+        the engine admits again at once; each empty round preempts or rejects someone, so this
+        cannot spin for ever)."""
+        sched = self.scheduler
+        if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
+                and self.num_steps >= self.config.freeze_after_steps:
+            self.pools.kv.policy.freeze()
+            self.frozen_at_s = now_s
+        if self._reserver is not None and sched.waiting:
+            self._pregrow()
+        plan = sched.schedule()
+        if not plan.scheduled:
+            self._num_empty += 1
+            assert self._num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
+            return None
+        self._num_empty = 0
+        return plan
+
+    def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
+        """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
+        seconds)``; the driver time, copies, mapping and swaps pending are charged to it."""
+        sched, pools, kv, step_model = self.scheduler, self.pools, self.scheduler.kv, self.step_model
+        act = self._step_activations(plan)
+        while act is None and len(plan.scheduled) > 1:
+            sched.unschedule_last(plan)
+            act = self._step_activations(plan)
+        if act is None:  # even one request's activations do not fit: it runs, the failure counts
+            self.num_activation_failures += 1
+        compute_s = step_model.step_time_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
+                                           plan.prefill_context_tokens, plan.num_prefill_seqs)
+        kv_driver_ns = pools.kv.take_driver_ns()
+        map_s = kv.take_map_ns() * 1e-9
+        # vAttention maps pages in the background: only what outlasts the step's compute shows
+        map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
+        self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
+        self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
+        stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
+        compactor = self._compactor
+        if compactor is not None:  # passes on the allocation path, or between the last two steps
+            compaction_s = compactor.take_compaction_ns() * 1e-9
+            self.compaction_s += compaction_s
+            stall_s += compaction_s
+        copy_bytes = kv.take_copy_bytes()
+        if copy_bytes:
+            stall_s += step_model.copy_time_s(copy_bytes)
+        if plan.swap_out_bytes:
+            stall_s += step_model.swap_time_s(plan.swap_out_bytes)
+        if plan.swap_in_bytes:
+            stall_s += step_model.swap_time_s(plan.swap_in_bytes)
+        return plan, act, compute_s + stall_s, stall_s
+
+    def _end_step(self, plan: StepPlan, act: Any, dt: float, stall_s: float, now_s: float) -> None:
+        """The step ended at ``now_s``: free its activations, advance its requests, integrate the
+        pool's figures over it, compact if asked, and take a sample when one is due."""
+        sched, kv = self.scheduler, self.scheduler.kv
+        bytes_per_token = kv.bytes_per_token
+        if act is not None:
+            self._free_activations(act)
+        sched.complete(plan, now_s)
+        self.num_steps += 1
+        self.busy_s += dt
+        self.alloc_stall_s += stall_s
+        token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
+        self.token_byte_s += token_bytes * dt
+        reserved = self._kv_reserved_bytes()
+        self.reserved_byte_s += reserved * dt
+        if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
+            pressure = self.pressure_byte_s
+            pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
+            pressure[1] += reserved * dt
+            pressure[2] += dt
+        self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
+        if self.config.compact_between_steps:
+            self._compactor.compact()
+        if now_s >= self._next_sample_s:
+            self._sample(now_s)
+
+    # ------------------------------------------------------------------ runs of steps
+    def _may_batch_steps(self) -> bool:
+        """Whether this server may run steps back to back in one simpy event: only its own
+        arrivals share its clock (no other tenant, no shared GPU) and no horizon can stop it
+        inside a step. Then a step that ends before the next arrival changes nothing anyone
+        else could see in between, and the clock can jump over it."""
+        return (self.fast_path and self._private_env and self.gpu is None and self.gate is None
+                and self.config.horizon_s is None)
+
+    def _may_run_quiet_steps(self) -> bool:
+        """Whether quiet decode steps may be computed in closed form (``_quiet_steps``): no
+        compaction, activations in a pool of their own, and a KV manager whose decode steps
+        grow exactly when ``capacity_tokens`` runs out (not the hybrid layouts)."""
+        return (self._compactor is None and self.pools.layout == "separate"
                 and type(self.scheduler.kv) in (ContiguousKV, PagedKV, VirtualKV))
 
-    def _decode_run(self) -> simpy.Timeout | None:
-        """Advance the steps the engine would run next, while they are decode-only and quiet,
-        and return the one timeout that ends them; None when not even one step qualifies.
+    def _run_steps(self) -> tuple[float, tuple | None]:
+        """Run the engine's next steps back to back without yielding, as long as each ends
+        strictly before the next arrival; returns the time reached and the step begun but not
+        run (it ends at or after the next arrival: the engine yields its time, as it would have
+        without the run) or None (no work left, or a round that scheduled nothing).
+
+        Each step is the engine's own (``_schedule``, ``_begin_step``, ``_end_step`` with the
+        run's clock), or, when quiet, ``_quiet_steps``'s closed form of the same: the results
+        are identical to one event per step (``tests/sim/test_step_fast_path.py``).
+        """
+        sched, next_arrival_s = self.scheduler, self._next_arrival_s
+        now_s = self.env.now
+        while sched.has_work():
+            if self._quiet_runs and not sched.waiting and not sched.swapped:
+                now_s = self._quiet_steps(now_s, next_arrival_s)
+            plan = self._schedule(now_s)
+            if plan is None:
+                return now_s, None
+            begun = self._begin_step(plan)
+            end_s = now_s + begun[2]
+            if end_s >= next_arrival_s:
+                return now_s, begun
+            now_s = end_s
+            self.num_batched_steps += 1
+            self._end_step(*begun, now_s)
+        return now_s, None
+
+    def _quiet_steps(self, now_s: float, next_arrival_s: float) -> float:
+        """Advance the quiet decode steps due next from ``now_s`` in closed form; returns the time reached.
 
         Quiet: every running request decodes (one token, its KV already there, below its
         ``capacity_tokens``: no page or block boundary, no growth), none finishes, nothing waits
         or is swapped out, no driver time, copy or mapping is pending, the activations are a
-        skippable round trip (``_step_activations``), no step but the last reaches a sample
-        point, the freeze is not due, and every step ends strictly before the next arrival.
-        Such a step's plan, time and effects are functions of the running requests alone, so
-        the loop below computes them as the scheduler, step-time model and the accounting after
-        each step would, in the same order of float operations (the results are identical:
-        ``tests/sim/test_step_fast_path.py``); the requests and the clock are advanced once.
+        skippable round trip (``_step_activations``), the freeze is not due, and the step ends
+        strictly before the next arrival. Such a step's plan, time and effects are functions of
+        the running requests alone, so the loop computes them as the scheduler, step-time
+        model and ``_end_step`` would, in the same order of float operations; the requests are
+        advanced once at the end (a sample ends the loop: it reads them).
         """
-        sched, kv, pools = self.scheduler, self.scheduler.kv, self.pools
+        sched, kv = self.scheduler, self.scheduler.kv
         running = sched.running
         m = len(running)
-        if not m or m > sched.config.max_num_batched_tokens:
-            return None
-        if self._activation_bytes.get((m, m)) != self._repeat_activation_bytes:
-            return None
-        if kv.copy_bytes_pending or kv.pending_map_ns or any(p.pending_driver_ns for p in pools.distinct):
-            return None
+        if not m or m > sched.config.max_num_batched_tokens \
+                or self._activation_bytes.get((m, m)) != self._repeat_activation_bytes:
+            return now_s
+        if kv.copy_bytes_pending or kv.pending_map_ns or any(p.pending_driver_ns for p in self.pools.distinct):
+            return now_s
         max_steps = math.inf
         freeze = self.config.freeze_after_steps
         if freeze is not None and self.frozen_at_s is None:
@@ -320,18 +375,13 @@ class Server:
             h = r.kv
             if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
                     or (h.blocks and h.num_computed_blocks < len(h.blocks)):
-                return None
+                return now_s
             # steps before the one that needs a new slot, and before the one that finishes it
             quiet = min(h.capacity_tokens - c, r.output_tokens - r.num_generated - 1)
             if quiet < max_steps:
                 max_steps = quiet
             context += c
-        if max_steps < 1:
-            return None
         step_time = self.step_model.step_time_s
-        env = self.env
-        start_s = t = env.now
-        next_arrival_s, next_sample_s = self._next_arrival_s, self._next_sample_s
         bytes_per_token = kv.bytes_per_token
         own = sched.num_own_tokens
         cached = kv.cached_tokens
@@ -339,6 +389,8 @@ class Server:
         idle = reserved - kv.allocated_bytes
         busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (self.busy_s, self.token_byte_s, self.reserved_byte_s,
                                                                 self.idle_byte_s)
+        next_sample_s = self._next_sample_s
+        t = now_s
         num_steps = 0
         while num_steps < max_steps:
             dt = step_time(0, m, context, 0, 0)
@@ -356,23 +408,22 @@ class Server:
             if t >= next_sample_s:
                 break
         if not num_steps:
-            return None
-        delay = _delay_to(start_s, t)
-        if delay is None:
-            return None
+            return now_s
         self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (busy_s, token_byte_s,
                                                                                   reserved_byte_s, idle_byte_s)
         self.num_steps += num_steps
         self.num_skipped_activation_round_trips += num_steps
-        self.num_decode_runs += 1
-        self.num_decode_run_steps += num_steps
+        self.num_batched_steps += num_steps
+        self.num_quiet_steps += num_steps
         sched.num_own_tokens = own
         for r in running:
             r.num_new = 1
             r.num_computed += num_steps
             r.num_generated += num_steps
             r.num_tokens += num_steps
-        return env.timeout(delay)
+        if t >= next_sample_s:
+            self._sample(t)
+        return t
 
     # ------------------------------------------------------------------ activations
     def _step_activations(self, plan: StepPlan) -> Allocation | None | object:
@@ -450,8 +501,7 @@ class Server:
         self.pregrow_driver_s += take() * 1e-9
 
     # ------------------------------------------------------------------ time series
-    def _sample(self) -> None:
-        now = self.env.now
+    def _sample(self, now: float) -> None:
         self._next_sample_s = now + self.config.sample_every_s
         sched, kv = self.scheduler, self.scheduler.kv
         time_us = int(now * 1e6)
