@@ -363,8 +363,11 @@ class Server:
         if not m or m > sched.config.max_num_batched_tokens \
                 or self._activation_bytes.get((m, m)) != self._repeat_activation_bytes:
             return now_s
-        if kv.copy_bytes_pending or kv.pending_map_ns or any(p.pending_driver_ns for p in self.pools.distinct):
+        if kv.copy_bytes_pending or kv.pending_map_ns:
             return now_s
+        for pool in self.pools.distinct:
+            if pool.pending_driver_ns:
+                return now_s
         max_steps = math.inf
         freeze = self.config.freeze_after_steps
         if freeze is not None and self.frozen_at_s is None:
