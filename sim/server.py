@@ -29,6 +29,7 @@ import simpy
 from sim.config import ServerConfig
 from sim.pools import ServerPools
 from policies.base import Allocation
+from policies.paged import Paged
 from sim.kv import ContiguousKV, PagedKV, VirtualKV
 from sim.scheduler import Request, Scheduler, StepPlan
 from sim.metrics import PoolMonitor
@@ -139,6 +140,7 @@ class Server:
         self._all_arrived = False
         self._num_empty = 0  # plans in a row that scheduled nothing
         self._batch_steps = self._quiet_runs = False  # set when the engine starts (_may_batch_steps)
+        self._page_grows: Paged | None = None
         self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
         self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
         self._repeat_activation_bytes = -1  # a round trip of this size can be skipped (_step_activations)
@@ -191,6 +193,9 @@ class Server:
         env, sched, kv = self.env, self.scheduler, self.scheduler.kv
         self._batch_steps = self._may_batch_steps()
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
+        policy = self.pools.kv.policy
+        #: a Paged pool whose free pages quiet runs may take at page boundaries (one page a request)
+        self._page_grows = policy if self._quiet_runs and type(kv) is PagedKV and type(policy) is Paged else None
         while True:
             if not sched.has_work():
                 if self._all_arrived:
@@ -379,11 +384,15 @@ class Server:
             if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
                     or (h.blocks and h.num_computed_blocks < len(h.blocks)):
                 return now_s
-            # steps before the one that needs a new slot, and before the one that finishes it
-            quiet = min(h.capacity_tokens - c, r.output_tokens - r.num_generated - 1)
+            quiet = r.output_tokens - r.num_generated - 1  # steps before the one that finishes it
             if quiet < max_steps:
                 max_steps = quiet
             context += c
+        # steps before the first that needs a new slot: the last of the run, unless pages come cheap
+        boundary = self._next_boundary(running, 0)
+        grow_pages = self._page_grows is not None
+        if not grow_pages and boundary < max_steps:
+            max_steps = boundary
         step_time = self.step_model.step_time_s
         bytes_per_token = kv.bytes_per_token
         own = sched.num_own_tokens
@@ -400,6 +409,12 @@ class Server:
             end_s = t + dt
             if end_s >= next_arrival_s:
                 break
+            if num_steps == boundary:  # (only with grow_pages) some requests need a page now
+                if not self._grow_one_page_each(running, num_steps):
+                    break
+                reserved = self._kv_reserved_bytes()
+                idle = reserved - kv.allocated_bytes
+                boundary = self._next_boundary(running, num_steps)
             t = end_s
             num_steps += 1
             context += m
@@ -427,6 +442,29 @@ class Server:
         if t >= next_sample_s:
             self._sample(t)
         return t
+
+    def _next_boundary(self, running: list[Request], num_steps: int) -> float:
+        """Steps into a quiet run (whose requests have not been advanced by its ``num_steps``
+        yet) at which the first of ``running`` needs a new KV slot."""
+        return min(r.kv.capacity_tokens - r.num_computed for r in running)
+
+    def _grow_one_page_each(self, running: list[Request], num_steps: int) -> bool:
+        """The page each request at a page boundary needs, ``num_steps`` into a quiet run,
+        taken as ``Scheduler.schedule`` takes them (``kv.grow``, in running order) when every
+        one of them surely gets a free page at once: within the KV budget and from the pool's
+        free pages (a ``Paged`` pool's hot path: no growth, no driver call, no eviction).
+        False, with nothing done, when that is not sure (the engine's own step then runs)."""
+        kv, policy = self.scheduler.kv, self._page_grows
+        needing = [r for r in running if r.kv.capacity_tokens - r.num_computed == num_steps]
+        k = len(needing)
+        if policy.num_free_pages() < k or kv.allocated_bytes + k * kv.page_bytes > kv.budget_bytes:
+            return False
+        for r in needing:
+            c = r.num_computed + num_steps
+            grown = kv.grow(r.kv, c + 1, c)
+            assert grown, "a free page within the budget was refused"
+        assert not self.pools.kv.pending_driver_ns, "a free page cost driver time"
+        return True
 
     # ------------------------------------------------------------------ activations
     def _step_activations(self, plan: StepPlan) -> Allocation | None | object:

@@ -104,3 +104,25 @@ def test_delays_reach_the_exact_float_time_of_a_run(now_s, end_s):
         assert delay > 0
         t = t + delay  # as simpy adds a timeout's delay to its clock
     assert t == end_s
+
+
+def test_fast_path_with_a_prefix_cache_gives_identical_results():
+    # shared prompt blocks (hash_ids, 64-token blocks), cached blocks evicted under a small budget
+    import numpy as np
+
+    from traces.requests import RequestTrace, make_requests
+
+    rng = np.random.default_rng(7)
+    n = 300
+    groups = rng.integers(0, 8, n)
+    prompts = (rng.integers(4, 9, n) * 64 + rng.integers(0, 64, n)).tolist()
+    hash_ids = [tuple(1000 * int(g) + b for b in range(p // 64)) for g, p in zip(groups, prompts)]
+    t = RequestTrace(make_requests(np.cumsum(rng.exponential(0.05, n)), prompts,
+                                   rng.integers(5, 300, n).tolist(), hash_ids=hash_ids),
+                     name="prefix", meta={"hash_block_tokens": 64})
+    for options in ({}, {"kv_capacity_bytes": 256 << 20}):
+        slow_server, slow = run(t, "paged", False, **options)
+        fast_server, fast = run(t, "paged", True, **options)
+        assert fast_server.num_quiet_steps > 0
+        assert fast.summary["prefix_hit_rate"] > 0
+        assert_same_results(slow, fast)
