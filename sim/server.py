@@ -42,6 +42,8 @@ HELD_ELSEWHERE_WAIT_S = 2e-3
 
 #: what ``Server._step_activations`` returns for a skipped round trip (nothing to free)
 SKIPPED = object()
+#: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds the memory
+HELD_ELSEWHERE = object()
 
 
 def _delays_to(now_s: float, end_s: float) -> tuple[float, ...]:
@@ -215,24 +217,26 @@ class Server:
                 if end_s > env.now:
                     for delay in _delays_to(env.now, end_s):
                         yield env.timeout(delay)
+                if begun is HELD_ELSEWHERE:
+                    yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    continue
                 if begun is None:
                     continue
             if begun is None:
                 plan = self._schedule(env.now)
-                if plan is None:
+                if not plan.scheduled:
                     if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
                         yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    else:
+                        self._count_empty_round()
                     continue
                 begun = self._begin_step(plan)
             yield env.timeout(begun[2])
             self._end_step(*begun, env.now)
 
     # ------------------------------------------------------------------ one step
-    def _schedule(self, now_s: float) -> StepPlan | None:
-        """The controls due before a step (freeze, pre-growth), then the scheduler's plan; None
-        when it scheduled nothing (every running request was preempted or rejected this round:
-        the engine admits again at once; each empty round preempts or rejects someone, so this
-        cannot spin for ever)."""
+    def _schedule(self, now_s: float) -> StepPlan:
+        """The controls due before a step (freeze, pre-growth), then the scheduler's plan."""
         sched = self.scheduler
         if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
                 and self.num_steps >= self.config.freeze_after_steps:
@@ -241,12 +245,16 @@ class Server:
         if self._reserver is not None and sched.waiting:
             self._pregrow()
         plan = sched.schedule()
-        if not plan.scheduled:
-            self._num_empty += 1
-            assert self._num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
-            return None
-        self._num_empty = 0
+        if plan.scheduled:
+            self._num_empty = 0
         return plan
+
+    def _count_empty_round(self) -> None:
+        """A plan scheduled nothing: every running request was preempted or rejected this round,
+        and the engine admits again at once. Each empty round preempts or rejects someone, so
+        this cannot spin for ever."""
+        self._num_empty += 1
+        assert self._num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
 
     def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
         """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
@@ -323,7 +331,7 @@ class Server:
         return (self._compactor is None and self.pools.layout == "separate"
                 and type(self.scheduler.kv) in (ContiguousKV, PagedKV, VirtualKV))
 
-    def _run_steps(self) -> tuple[float, tuple | None]:
+    def _run_steps(self) -> tuple[float, tuple | object | None]:
         """Run the engine's next steps back to back without yielding, as long as each ends
         strictly before the next arrival; returns the time reached and the step begun but not
         run (it ends at or after the next arrival: the engine yields its time, as it would have
@@ -339,8 +347,11 @@ class Server:
             if self._quiet_runs and not sched.waiting and not sched.swapped:
                 now_s = self._quiet_steps(now_s, next_arrival_s)
             plan = self._schedule(now_s)
-            if plan is None:
-                return now_s, None
+            if not plan.scheduled:
+                if self.scheduler.kv.held_elsewhere():  # someone else's memory: the engine waits for it
+                    return now_s, HELD_ELSEWHERE
+                self._count_empty_round()
+                continue
             begun = self._begin_step(plan)
             end_s = now_s + begun[2]
             if end_s >= next_arrival_s:
