@@ -9,6 +9,11 @@ cache's page mapping whole, or with ``map_overlap`` only the part that outlasts 
 compute, as vAttention maps in the background); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
 
+On a clock of its own, the engine runs the steps that end before the next arrival back to back
+without a simpy event each, computes quiet decode steps in closed form and skips activation
+round trips that repeat the last one in a pool of their own (``Server.fast_path``; the results
+are identical with it off, ``tests/sim/test_step_fast_path.py``).
+
 Pool controls the engine drives (``sim.config.ServerConfig``): it can freeze the KV pool after its first N
 steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
 admit requests, to ``reserve`` the bytes the admissions will take (phase-aware pre-growth); and
