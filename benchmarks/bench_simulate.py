@@ -12,9 +12,9 @@ Llama-3-8B on an H200 by default. For each policy and scale k the trace is simul
 and the wall time of ``sim.simulate.simulate`` (setup, run and tables) is printed with the
 simulated time it covered and the ratio of the two (CPU time too: on a shared machine it is
 what a dedicated core would take), the steps and the wall time per step, and the share of steps
-the server computed as quiet decode steps in closed form (``Server._quiet_steps``). Targets (issue 3): at least 100x faster
-than real time per policy on one core (the 57-minute trace in under 34 s), and wall time
-linear in the number of requests; issue 16: the Azure 2023 conversation trace at >= 1,000x.
+the server computed as quiet decode steps in closed form (``Server._quiet_steps``). Targets
+(issue 3): at least 100x faster than real time per policy on one core (the 57-minute trace in
+under 34 s), and wall time linear in the number of requests; issue 16: the Azure 2023 conversation trace at >= 1,000x.
 ``--slow-path`` also runs each cell with the server's fast path off (``Server.fast_path``:
 one event per step, every activation round trip made; the same results), the "before" figure.
 """
