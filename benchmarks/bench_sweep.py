@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sim.sweep import load_sweep, run_sweep  # noqa: E402
+from sim.sweep.runner import batch_cells  # noqa: E402
 from traces import bundled_path  # noqa: E402
 
 POLICIES = """\
@@ -96,6 +97,11 @@ def main(argv=None) -> int:
             run_sweep(load_sweep(warm_path), Path(tmp) / "warm", workers=1)
             report["fork_server_start_s"] = time.perf_counter() - t0
             print(f"# fork server start and a 1-cell sweep (once per process): {report['fork_server_start_s']:.2f} s")
+        if args.scheduler == "processes":
+            for n in args.workers:  # how the cells go out (sim.sweep.runner.batch_cells): the tail is one batch
+                sizes = [len(b) for b in batch_cells(spec.cells, n)]
+                print(f"# workers={n}: {len(sizes)} batches handed out as workers free up, "
+                      f"{sizes[0]} cells first down to {sizes[-1]} last")
         best: dict[int, dict] = {}
         for rep in range(args.repeat):  # interleaved, so machine noise hits every worker count alike
             for n in args.workers:

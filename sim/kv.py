@@ -138,6 +138,11 @@ class _KVBase:
         """Driver time of page mapping since the last call (only ``VirtualKV`` maps pages)."""
         return 0
 
+    @property
+    def pending_map_ns(self) -> int:
+        """What ``take_map_ns`` would take now, left in place."""
+        return 0
+
     def pool_readings(self) -> VirtualKVReadings | None:
         """What the server's pool monitor reads; None: the KV policy's own stats."""
         return None
@@ -499,6 +504,10 @@ class VirtualKV(_KVBase):
     def held_bytes(self) -> int:
         """Physical bytes mapped for live requests' tokens."""
         return self.allocated_bytes - self.cached_bytes
+
+    @property
+    def pending_map_ns(self) -> int:
+        return self._map_ns
 
     def take_map_ns(self) -> int:
         ns, self._map_ns = self._map_ns, 0

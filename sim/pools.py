@@ -162,7 +162,7 @@ class ServerPools:
         self.kv = TimedPool(kv_policy)
         if layout == "shared":
             self.weights = self.activations = self.workspace = self.kv
-            self._distinct = (self.kv,)
+            self.distinct: tuple[TimedPool, ...] = (self.kv,)
         else:
             # the auxiliary pools are not under test: no latency samples, but their driver time counts
             self.weights = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False)
@@ -170,7 +170,7 @@ class ServerPools:
                                          record_latency=False)
             self.workspace = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs),
                                        record_latency=False)
-            self._distinct = (self.kv, self.weights, self.activations, self.workspace)
+            self.distinct = (self.kv, self.weights, self.activations, self.workspace)
         #: bytes the non-KV allocations hold in the KV policy's pool (nonzero only when shared)
         self.aux_allocated_bytes = 0
         self._weights: list[Allocation] = []
@@ -194,7 +194,7 @@ class ServerPools:
                                  f"{self.layout} pool ({self.workspace.policy!r})")
         if self.layout == "shared":
             self.aux_allocated_bytes = self.kv.policy.allocated_bytes
-        for pool in self._distinct:
+        for pool in self.distinct:
             pool.take_driver_ns()
             pool.alloc_ns.clear()
 
@@ -216,7 +216,7 @@ class ServerPools:
     def take_driver_ns(self) -> int:
         """Driver time all pools accrued since the last call."""
         total = 0
-        for pool in self._distinct:
+        for pool in self.distinct:
             if pool.pending_driver_ns:
                 total += pool.take_driver_ns()
         return total

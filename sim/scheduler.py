@@ -125,6 +125,7 @@ class StepPlan:
 
     def _count(self, r: Request, sign: int) -> None:
         # a decode step computes the one token generated last; anything else is (chunked) prefill
+        # (Scheduler.schedule inlines this for running requests: change both together)
         if r.num_new == 1 and r.num_generated and r.num_computed == r.num_tokens - 1:
             self.decode_seqs += sign
             self.context_tokens += sign * r.num_computed
@@ -194,18 +195,34 @@ class Scheduler:
         plan = StepPlan()
         budget = self.config.max_num_batched_tokens
         running = self.running
+        scheduled = plan.scheduled
+        # StepPlan.add inlined (the loop runs once per running request per step), its counts
+        # kept in locals and stored once: preemptions below change the plan's other fields only
+        decode_seqs = context_tokens = prefill_tokens = num_prefill_seqs = prefill_context_tokens = 0
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            n = r.num_tokens - r.num_computed
+            c = r.num_computed
+            n = r.num_tokens - c
             if n > budget:  # only a chunked prefill can be longer than one token here
                 n = budget
-            total = r.num_computed + n
+            total = c + n
             if total > r.kv.capacity_tokens and not self._grow_or_preempt(plan, r, total):
                 break  # r was preempted: it was the newest, so nobody is left behind it
-            plan.add(r, n)
+            r.num_new = n
+            scheduled.append(r)
+            if n == 1 and r.num_generated and c == r.num_tokens - 1:  # as StepPlan._count
+                decode_seqs += 1
+                context_tokens += c
+            else:
+                prefill_tokens += n
+                num_prefill_seqs += 1
+                prefill_context_tokens += c
             budget -= n
             i += 1
+        plan.decode_seqs, plan.context_tokens = decode_seqs, context_tokens
+        plan.prefill_tokens, plan.num_prefill_seqs, plan.prefill_context_tokens = (
+            prefill_tokens, num_prefill_seqs, prefill_context_tokens)
         if not plan.num_preemptions:
             budget = self._swap_in(plan, budget)
             if not self.swapped:

@@ -9,6 +9,11 @@ cache's page mapping whole, or with ``map_overlap`` only the part that outlasts 
 compute, as vAttention maps in the background); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
 
+On a clock of its own, the engine runs the steps that end before the next arrival back to back
+without a simpy event each, computes quiet decode steps in closed form and skips activation
+round trips that repeat the last one in a pool of their own (``Server.fast_path``; the results
+are identical with it off, ``tests/sim/test_step_fast_path.py``).
+
 Pool controls the engine drives (``sim.config.ServerConfig``): it can freeze the KV pool after its first N
 steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
 admit requests, to ``reserve`` the bytes the admissions will take (phase-aware pre-growth); and
@@ -28,7 +33,10 @@ import simpy
 
 from sim.config import ServerConfig
 from sim.pools import ServerPools
-from sim.scheduler import Request, Scheduler
+from policies.base import Allocation
+from policies.paged import Paged
+from sim.kv import ContiguousKV, PagedKV, VirtualKV
+from sim.scheduler import Request, Scheduler, StepPlan
 from sim.metrics import PoolMonitor
 
 __all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
@@ -36,6 +44,26 @@ __all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
 #: Simulated seconds a server with nothing it can schedule waits while another tenant of its
 #: shared pool holds the memory (``KV.held_elsewhere``), before it tries again.
 HELD_ELSEWHERE_WAIT_S = 2e-3
+
+#: what ``Server._step_activations`` returns for a skipped round trip (nothing to free)
+SKIPPED = object()
+#: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds the memory
+HELD_ELSEWHERE = object()
+
+
+def _delays_to(now_s: float, end_s: float) -> tuple[float, ...]:
+    """Delays whose timeouts, one after the other, take simpy from ``now_s`` to exactly
+    ``end_s`` (it adds each to its clock), so that a run of steps ends at the float time one
+    event per step would have reached. One when ``end_s - now_s`` lands there (always when
+    ``end_s <= 2 now_s``, Sterbenz); else two, through a time past ``end_s / 2`` from which the
+    rest is exact (rounding to even can leave ``end_s`` out of one addition's reach)."""
+    delay = end_s - now_s
+    if now_s + delay == end_s:
+        return (delay,)
+    first = 0.75 * delay
+    mid_s = now_s + first  # what simpy reaches with ``first``, by construction
+    assert end_s / 2 <= mid_s < end_s and mid_s + (end_s - mid_s) == end_s, (now_s, end_s)
+    return first, end_s - mid_s
 
 
 class Server:
@@ -54,6 +82,8 @@ class Server:
             progress bar; None for nothing.
         env: the simpy environment to run in (several servers share one when they share a GPU,
             ``sim.tenants``); None for a fresh one.
+        gpu: a resource several servers time-share (each step holds it for its duration); None
+            for a GPU of its own.
 
     ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
     engine runs out of work, and its ``before_step()`` before each step returns an event to wait
@@ -66,7 +96,7 @@ class Server:
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
                  model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
-                 env: simpy.Environment | None = None):
+                 env: simpy.Environment | None = None, gpu: simpy.Resource | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
         self.config = config
@@ -85,7 +115,12 @@ class Server:
         self.step_model = step_model
         self.model = model
         self.env = env if env is not None else simpy.Environment()
+        self.gpu = gpu
         self.gate: Any = None
+        #: private switch: multi-step decode runs and skipped activation round trips (results are
+        #: the same either way, ``tests/sim/test_step_fast_path.py``; off to check that)
+        self.fast_path = env is None
+        self._private_env = env is None
         kv = scheduler.kv
         readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
@@ -110,6 +145,16 @@ class Server:
         self._next_sample_s = 0.0
         self._wakeup: simpy.Event | None = None
         self._all_arrived = False
+        self._num_empty = 0  # plans in a row that scheduled nothing
+        self._batch_steps = self._quiet_runs = False  # set when the engine starts (_may_batch_steps)
+        self._page_grows: Paged | None = None
+        self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
+        self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
+        self._repeat_activation_bytes = -1  # a round trip of this size can be skipped (_step_activations)
+        self._round_trip_bytes = -1  # size of the round trip under way when it may be skipped next time
+        self.num_skipped_activation_round_trips = 0
+        self.num_batched_steps = 0  # steps run back to back without an event of their own (_run_steps)
+        self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
 
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
@@ -129,7 +174,7 @@ class Server:
     def finish(self) -> float:
         """Take the last sample once the clock has stopped; returns the end time."""
         env = self.env
-        self._sample()
+        self._sample(env.now)
         self.monitor.finish(self.num_steps, int(env.now * 1e6))
         return env.now
 
@@ -139,24 +184,25 @@ class Server:
         for r in self.requests:
             delay = r.arrival_s - env.now
             if delay > 0:
+                self._next_arrival_s = env.now + delay  # the time simpy gives the timeout
                 yield env.timeout(delay)
             add(r)
             if self._wakeup is not None:
                 wake, self._wakeup = self._wakeup, None
                 wake.succeed()
         self._all_arrived = True
+        self._next_arrival_s = math.inf
         if self._wakeup is not None:
             wake, self._wakeup = self._wakeup, None
             wake.succeed()
 
     def _engine(self):
-        env, sched, pools, kv = self.env, self.scheduler, self.pools, self.scheduler.kv
-        step_time, copy_time, swap_time = (self.step_model.step_time_s, self.step_model.copy_time_s,
-                                           self.step_model.swap_time_s)
-        activation_bytes = self.model.activation_bytes
-        bytes_per_token = kv.bytes_per_token
-        num_empty = 0
-        compactor = self._compactor
+        env, sched, kv = self.env, self.scheduler, self.scheduler.kv
+        self._batch_steps = self._may_batch_steps()
+        self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
+        policy = self.pools.kv.policy
+        #: a Paged pool whose free pages quiet runs may take at page boundaries (one page a request)
+        self._page_grows = policy if self._quiet_runs and type(kv) is PagedKV and type(policy) is Paged else None
         while True:
             if not sched.has_work():
                 if self._all_arrived:
@@ -166,77 +212,312 @@ class Server:
                 self._wakeup = env.event()
                 yield self._wakeup
                 continue
+            begun = None
             if self.gate is not None:
                 ready = self.gate.before_step()
                 if ready is not None:
                     yield ready
-            if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
-                    and self.num_steps >= self.config.freeze_after_steps:
-                pools.kv.policy.freeze()
-                self.frozen_at_s = env.now
-            if self._reserver is not None and sched.waiting:
-                self._pregrow()
-            plan = sched.schedule()
-            if not plan.scheduled:
-                # every running request was preempted or rejected this round: admit again at once.
-                # Each empty round preempts or rejects someone, so this cannot spin for ever.
-                if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
+            elif self._batch_steps:
+                end_s, begun = self._run_steps()
+                if end_s > env.now:
+                    for delay in _delays_to(env.now, end_s):
+                        yield env.timeout(delay)
+                if begun is HELD_ELSEWHERE:
                     yield env.timeout(HELD_ELSEWHERE_WAIT_S)
                     continue
-                num_empty += 1
-                assert num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
+                if begun is None:
+                    continue
+            if begun is None:
+                plan = self._schedule(env.now)
+                if not plan.scheduled:
+                    if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
+                        yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    else:
+                        self._count_empty_round()
+                    continue
+                begun = self._begin_step(plan)
+            yield env.timeout(begun[2])
+            self._end_step(*begun, env.now)
+
+    # ------------------------------------------------------------------ one step
+    def _schedule(self, now_s: float) -> StepPlan:
+        """The controls due before a step (freeze, pre-growth), then the scheduler's plan."""
+        sched = self.scheduler
+        if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
+                and self.num_steps >= self.config.freeze_after_steps:
+            self.pools.kv.policy.freeze()
+            self.frozen_at_s = now_s
+        if self._reserver is not None and sched.waiting:
+            self._pregrow()
+        plan = sched.schedule()
+        if plan.scheduled:
+            self._num_empty = 0
+        return plan
+
+    def _count_empty_round(self) -> None:
+        """A plan scheduled nothing: every running request was preempted or rejected this round,
+        and the engine admits again at once. Each empty round preempts or rejects someone, so
+        this cannot spin for ever."""
+        self._num_empty += 1
+        assert self._num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
+
+    def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
+        """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
+        seconds)``; the driver time, copies, mapping and swaps pending are charged to it."""
+        sched, pools, kv, step_model = self.scheduler, self.pools, self.scheduler.kv, self.step_model
+        act = self._step_activations(plan)
+        while act is None and len(plan.scheduled) > 1:
+            sched.unschedule_last(plan)
+            act = self._step_activations(plan)
+        if act is None:  # even one request's activations do not fit: it runs, the failure counts
+            self.num_activation_failures += 1
+        compute_s = step_model.step_time_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
+                                           plan.prefill_context_tokens, plan.num_prefill_seqs)
+        kv_driver_ns = pools.kv.take_driver_ns()
+        map_s = kv.take_map_ns() * 1e-9
+        # vAttention maps pages in the background: only what outlasts the step's compute shows
+        map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
+        self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
+        self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
+        stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
+        compactor = self._compactor
+        if compactor is not None:  # passes on the allocation path, or between the last two steps
+            compaction_s = compactor.take_compaction_ns() * 1e-9
+            self.compaction_s += compaction_s
+            stall_s += compaction_s
+        copy_bytes = kv.take_copy_bytes()
+        if copy_bytes:
+            stall_s += step_model.copy_time_s(copy_bytes)
+        if plan.swap_out_bytes:
+            stall_s += step_model.swap_time_s(plan.swap_out_bytes)
+        if plan.swap_in_bytes:
+            stall_s += step_model.swap_time_s(plan.swap_in_bytes)
+        return plan, act, compute_s + stall_s, stall_s
+
+    def _end_step(self, plan: StepPlan, act: Any, dt: float, stall_s: float, now_s: float) -> None:
+        """The step ended at ``now_s``: free its activations, advance its requests, integrate the
+        pool's figures over it, compact if asked, and take a sample when one is due."""
+        sched, kv = self.scheduler, self.scheduler.kv
+        bytes_per_token = kv.bytes_per_token
+        if act is not None:
+            self._free_activations(act)
+        sched.complete(plan, now_s)
+        self.num_steps += 1
+        self.busy_s += dt
+        self.alloc_stall_s += stall_s
+        token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
+        self.token_byte_s += token_bytes * dt
+        reserved = self._kv_reserved_bytes()
+        self.reserved_byte_s += reserved * dt
+        if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
+            pressure = self.pressure_byte_s
+            pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
+            pressure[1] += reserved * dt
+            pressure[2] += dt
+        self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
+        if self.config.compact_between_steps:
+            self._compactor.compact()
+        if now_s >= self._next_sample_s:
+            self._sample(now_s)
+
+    # ------------------------------------------------------------------ runs of steps
+    def _may_batch_steps(self) -> bool:
+        """Whether this server may run steps back to back in one simpy event: only its own
+        arrivals share its clock (no other tenant, no shared GPU) and no horizon can stop it
+        inside a step. Then a step that ends before the next arrival changes nothing anyone
+        else could see in between, and the clock can jump over it."""
+        return (self.fast_path and self._private_env and self.gpu is None and self.gate is None
+                and self.config.horizon_s is None)
+
+    def _may_run_quiet_steps(self) -> bool:
+        """Whether quiet decode steps may be computed in closed form (``_quiet_steps``): no
+        compaction, activations in a pool of their own, and a KV manager whose decode steps
+        grow exactly when ``capacity_tokens`` runs out (not the hybrid layouts)."""
+        return (self._compactor is None and self.pools.layout == "separate"
+                and type(self.scheduler.kv) in (ContiguousKV, PagedKV, VirtualKV))
+
+    def _run_steps(self) -> tuple[float, tuple | object | None]:
+        """Run the engine's next steps back to back without yielding, as long as each ends
+        strictly before the next arrival; returns the time reached and the step begun but not
+        run (it ends at or after the next arrival: the engine yields its time, as it would have
+        without the run) or None (no work left, or a round that scheduled nothing).
+
+        Each step is the engine's own (``_schedule``, ``_begin_step``, ``_end_step`` with the
+        run's clock), or, when quiet, ``_quiet_steps``'s closed form of the same: the results
+        are identical to one event per step (``tests/sim/test_step_fast_path.py``).
+        """
+        sched, next_arrival_s = self.scheduler, self._next_arrival_s
+        now_s = self.env.now
+        while sched.has_work():
+            if self._quiet_runs and not sched.waiting and not sched.swapped:
+                now_s = self._quiet_steps(now_s, next_arrival_s)
+            plan = self._schedule(now_s)
+            if not plan.scheduled:
+                if self.scheduler.kv.held_elsewhere():  # someone else's memory: the engine waits for it
+                    return now_s, HELD_ELSEWHERE
+                self._count_empty_round()
                 continue
-            num_empty = 0
-            act = pools.allocate_activations(activation_bytes(plan.num_batched_tokens,
-                                                              plan.num_prefill_seqs + plan.decode_seqs))
-            while act is None and len(plan.scheduled) > 1:
-                sched.unschedule_last(plan)
-                act = pools.allocate_activations(activation_bytes(plan.num_batched_tokens,
-                                                                  plan.num_prefill_seqs + plan.decode_seqs))
-            if act is None:  # even one request's activations do not fit: it runs, the failure counts
-                self.num_activation_failures += 1
-            compute_s = step_time(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
-                                  plan.prefill_context_tokens, plan.num_prefill_seqs)
-            kv_driver_ns = pools.kv.take_driver_ns()
-            map_s = kv.take_map_ns() * 1e-9
-            # vAttention maps pages in the background: only what outlasts the step's compute shows
-            map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
-            self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
-            self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
-            stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
-            if compactor is not None:  # passes on the allocation path, or between the last two steps
-                compaction_s = compactor.take_compaction_ns() * 1e-9
-                self.compaction_s += compaction_s
-                stall_s += compaction_s
-            copy_bytes = kv.take_copy_bytes()
-            if copy_bytes:
-                stall_s += copy_time(copy_bytes)
-            if plan.swap_out_bytes:
-                stall_s += swap_time(plan.swap_out_bytes)
-            if plan.swap_in_bytes:
-                stall_s += swap_time(plan.swap_in_bytes)
-            dt = compute_s + stall_s
-            yield env.timeout(dt)
-            if act is not None:
-                pools.free_activations(act)
-            sched.complete(plan, env.now)
-            self.num_steps += 1
-            self.busy_s += dt
-            self.alloc_stall_s += stall_s
-            token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
-            self.token_byte_s += token_bytes * dt
-            reserved = self._kv_reserved_bytes()
-            self.reserved_byte_s += reserved * dt
-            if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
-                pressure = self.pressure_byte_s
-                pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
-                pressure[1] += reserved * dt
-                pressure[2] += dt
-            self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
-            if self.config.compact_between_steps:
-                compactor.compact()
-            if env.now >= self._next_sample_s:
-                self._sample()
+            begun = self._begin_step(plan)
+            end_s = now_s + begun[2]
+            if end_s >= next_arrival_s:
+                return now_s, begun
+            now_s = end_s
+            self.num_batched_steps += 1
+            self._end_step(*begun, now_s)
+        return now_s, None
+
+    def _quiet_steps(self, now_s: float, next_arrival_s: float) -> float:
+        """Advance the quiet decode steps due next from ``now_s`` in closed form; returns the time reached.
+
+        Quiet: every running request decodes (one token, its KV already there, below its
+        ``capacity_tokens``: no page or block boundary, no growth), none finishes, nothing waits
+        or is swapped out, no driver time, copy or mapping is pending, the activations are a
+        skippable round trip (``_step_activations``), the freeze is not due, and the step ends
+        strictly before the next arrival. Such a step's plan, time and effects are functions of
+        the running requests alone, so the loop computes them as the scheduler, step-time
+        model and ``_end_step`` would, in the same order of float operations; the requests are
+        advanced once at the end (a sample ends the loop: it reads them).
+        """
+        sched, kv = self.scheduler, self.scheduler.kv
+        running = sched.running
+        m = len(running)
+        if not m or m > sched.config.max_num_batched_tokens \
+                or self._activation_bytes.get((m, m)) != self._repeat_activation_bytes:
+            return now_s
+        if kv.copy_bytes_pending or kv.pending_map_ns:
+            return now_s
+        for pool in self.pools.distinct:
+            if pool.pending_driver_ns:
+                return now_s
+        max_steps = math.inf
+        freeze = self.config.freeze_after_steps
+        if freeze is not None and self.frozen_at_s is None:
+            max_steps = freeze - self.num_steps
+        context = 0
+        for r in running:
+            c = r.num_computed
+            h = r.kv
+            if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
+                    or (h.blocks and h.num_computed_blocks < len(h.blocks)):
+                return now_s
+            quiet = r.output_tokens - r.num_generated - 1  # steps before the one that finishes it
+            if quiet < max_steps:
+                max_steps = quiet
+            context += c
+        # steps before the first that needs a new slot: the last of the run, unless pages come cheap
+        boundary = self._next_boundary(running, 0)
+        grow_pages = self._page_grows is not None
+        if not grow_pages and boundary < max_steps:
+            max_steps = boundary
+        step_time = self.step_model.step_time_s
+        bytes_per_token = kv.bytes_per_token
+        own = sched.num_own_tokens
+        cached = kv.cached_tokens
+        reserved = self._kv_reserved_bytes()
+        idle = reserved - kv.allocated_bytes
+        busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (self.busy_s, self.token_byte_s, self.reserved_byte_s,
+                                                                self.idle_byte_s)
+        next_sample_s = self._next_sample_s
+        t = now_s
+        num_steps = 0
+        while num_steps < max_steps:
+            dt = step_time(0, m, context, 0, 0)
+            end_s = t + dt
+            if end_s >= next_arrival_s:
+                break
+            if num_steps == boundary:  # (only with grow_pages) some requests need a page now
+                if not self._grow_one_page_each(running, num_steps):
+                    break
+                reserved = self._kv_reserved_bytes()
+                idle = reserved - kv.allocated_bytes
+                boundary = self._next_boundary(running, num_steps)
+            t = end_s
+            num_steps += 1
+            context += m
+            own += m
+            busy_s += dt
+            token_byte_s += (own + cached) * bytes_per_token * dt
+            reserved_byte_s += reserved * dt
+            idle_byte_s += idle * dt
+            if t >= next_sample_s:
+                break
+        if not num_steps:
+            return now_s
+        self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (busy_s, token_byte_s,
+                                                                                  reserved_byte_s, idle_byte_s)
+        self.num_steps += num_steps
+        self.num_skipped_activation_round_trips += num_steps
+        self.num_batched_steps += num_steps
+        self.num_quiet_steps += num_steps
+        sched.num_own_tokens = own
+        for r in running:
+            r.num_new = 1
+            r.num_computed += num_steps
+            r.num_generated += num_steps
+            r.num_tokens += num_steps
+        if t >= next_sample_s:
+            self._sample(t)
+        return t
+
+    def _next_boundary(self, running: list[Request], num_steps: int) -> float:
+        """Steps into a quiet run (whose requests have not been advanced by its ``num_steps``
+        yet) at which the first of ``running`` needs a new KV slot."""
+        return min(r.kv.capacity_tokens - r.num_computed for r in running)
+
+    def _grow_one_page_each(self, running: list[Request], num_steps: int) -> bool:
+        """The page each request at a page boundary needs, ``num_steps`` into a quiet run,
+        taken as ``Scheduler.schedule`` takes them (``kv.grow``, in running order) when every
+        one of them surely gets a free page at once: within the KV budget and from the pool's
+        free pages (a ``Paged`` pool's hot path: no growth, no driver call, no eviction).
+        False, with nothing done, when that is not sure (the engine's own step then runs)."""
+        kv, policy = self.scheduler.kv, self._page_grows
+        needing = [r for r in running if r.kv.capacity_tokens - r.num_computed == num_steps]
+        k = len(needing)
+        if policy.num_free_pages() < k or kv.allocated_bytes + k * kv.page_bytes > kv.budget_bytes:
+            return False
+        for r in needing:
+            c = r.num_computed + num_steps
+            grown = kv.grow(r.kv, c + 1, c)
+            assert grown, "a free page within the budget was refused"
+        assert not self.pools.kv.pending_driver_ns, "a free page cost driver time"
+        return True
+
+    # ------------------------------------------------------------------ activations
+    def _step_activations(self, plan: StepPlan) -> Allocation | None | object:
+        """The step's activations: an allocation, None when they do not fit, or ``SKIPPED``.
+
+        A round trip of the size the last one had is skipped (and counted in
+        ``num_skipped_activation_round_trips``) when that one charged no driver time in a pool
+        private to activations (the separate layout): nothing else touches that pool between
+        two steps, and a round trip that left a caching pool as it found it (a free block split
+        and coalesced back, a size class popped and pushed) leaves it so again, so only the
+        pool's own call counters, which no report reads, would differ. Sizes are memoised per
+        batch shape (the dict: one entry per (tokens, sampled) seen, a few hundred at most).
+        """
+        shape = (plan.prefill_tokens + plan.decode_seqs, plan.num_prefill_seqs + plan.decode_seqs)
+        nbytes = self._activation_bytes.get(shape)
+        if nbytes is None:
+            nbytes = self._activation_bytes[shape] = self.model.activation_bytes(*shape)
+        if nbytes == self._repeat_activation_bytes:
+            self.num_skipped_activation_round_trips += 1
+            return SKIPPED
+        self._repeat_activation_bytes = -1
+        pool = self.pools.activations
+        driver_ns = pool.pending_driver_ns
+        a = self.pools.allocate_activations(nbytes)
+        repeatable = a is not None and self.fast_path and self.pools.layout == "separate" \
+            and pool.pending_driver_ns == driver_ns
+        self._round_trip_bytes = nbytes if repeatable else -1
+        return a
+
+    def _free_activations(self, a: Allocation | object) -> None:
+        if a is SKIPPED:
+            return
+        pool = self.pools.activations
+        driver_ns = pool.pending_driver_ns
+        self.pools.free_activations(a)  # type: ignore[arg-type]
+        if pool.pending_driver_ns == driver_ns:  # the round trip charged nothing: the next one may be skipped
+            self._repeat_activation_bytes = self._round_trip_bytes
 
     # ------------------------------------------------------------------ pre-growth
     def predicted_bytes(self) -> int:
@@ -277,8 +558,7 @@ class Server:
         self.pregrow_driver_s += take() * 1e-9
 
     # ------------------------------------------------------------------ time series
-    def _sample(self) -> None:
-        now = self.env.now
+    def _sample(self, now: float) -> None:
         self._next_sample_s = now + self.config.sample_every_s
         sched, kv = self.scheduler, self.scheduler.kv
         time_us = int(now * 1e6)

@@ -90,9 +90,10 @@ class ProcessExecutor:
     (recorded, not stored).
 
     The workers start once, all before the first cell (``startup_s`` is that time, apart from
-    the cells'), and each task is a batch of cells of one trace (``batch_cells``): a few round
-    trips per worker instead of one per cell, so the serial part (scheduling, pickling,
-    collection) stays small against the work. Workers come from a fork server that has
+    the cells'), and each task is a batch of cells of one trace (``batch_cells``: large batches
+    first, single cells last, longest traces first), all submitted at once: the pool hands the
+    next batch to whichever worker is free, so a few round trips per worker instead of one per
+    cell keep the serial part (scheduling, pickling, collection) small, and the tail is one cell. Workers come from a fork server that has
     imported the replay and simulation code once (cheap to start, and safe where ``fork`` of a
     threaded parent is not); ``start_method`` picks another ``multiprocessing`` start method.
     """
@@ -133,20 +134,44 @@ class ProcessExecutor:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-#: Tasks per worker: enough that workers finishing early take more (cells differ in cost), few
-#: enough that a round trip per task is nothing against the task.
-TASKS_PER_WORKER = 4
+#: Guided handout: each batch takes 1 / (this x workers) of the cells not yet handed out, so
+#: batches shrink as the sweep goes on and the last ones are single cells: the first are large
+#: (few round trips), the last worker to finish waits on one cell, not on an equal-size batch.
+TASKS_PER_WORKER = 2
 
 
 def batch_cells(cells: list[Cell], num_workers: int, tasks_per_worker: int = TASKS_PER_WORKER) -> list[list[Cell]]:
-    """``cells`` as at least ``num_workers * tasks_per_worker`` batches of equal size (one cell
-    each when there are fewer cells: the last worker to finish then waits on one cell, not a
-    batch), each of one trace file (a worker parses a trace once and keeps it), in grid order."""
+    """``cells`` as batches to hand out in order, each of one trace file (a worker parses a
+    trace once and keeps it), every cell once.
+
+    The longest expected first: traces by file size, largest first (a cell's cost follows its
+    trace's length; within one trace the grid order is kept). Batch sizes are guided: a batch
+    holds ``ceil(remaining / (tasks_per_worker x num_workers))`` cells, so they shrink to one
+    cell at the end. The pool hands batches to workers as they become free, so a worker that
+    drew cheap cells takes more (dynamic), and the tail is one cell long.
+    """
     by_trace: dict[str, list[Cell]] = {}
     for cell in cells:
         by_trace.setdefault(cell.trace.fingerprint, []).append(cell)
-    size = max(1, len(cells) // (num_workers * tasks_per_worker))
-    return [group[i:i + size] for group in by_trace.values() for i in range(0, len(group), size)]
+    groups = sorted(by_trace.values(), key=lambda g: -_file_bytes(g[0].trace.path))  # stable: ties keep grid order
+    divisor = max(1, num_workers * tasks_per_worker)
+    remaining = len(cells)
+    batches: list[list[Cell]] = []
+    for group in groups:
+        i = 0
+        while i < len(group):
+            size = -(-remaining // divisor)
+            batches.append(group[i:i + size])
+            i += size
+            remaining -= len(batches[-1])
+    return batches
+
+
+def _file_bytes(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # not here (a cluster's path): no estimate, grid order
+        return 0
 
 
 #: How often a pool worker's watchdog looks whether the sweep's main process still lives.

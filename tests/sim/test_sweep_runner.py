@@ -212,3 +212,28 @@ def test_the_outcome_says_where_the_time_went(spec, tmp_path):
     assert set(out.phases_s) == {"plan_s", "startup_s", "cells_s", "collect_s"}
     assert all(v >= 0 for v in out.phases_s.values()) and out.phases_s["startup_s"] > 0
     assert out.results["cell_key"].tolist() == [c.key for c in spec.cells] and out.num_run == 8
+
+
+def test_batches_shrink_to_single_cells_and_the_largest_trace_goes_first(tmp_path):
+    from sim.sweep.runner import batch_cells
+
+    class Trace:
+        def __init__(self, path):
+            self.path, self.fingerprint = str(path), str(path)
+
+    class Cell:
+        def __init__(self, key, trace):
+            self.key, self.trace = key, trace
+
+    small, large = tmp_path / "small.csv", tmp_path / "large.csv"
+    small.write_bytes(b"x" * 10)
+    large.write_bytes(b"x" * 1000)
+    cells = [Cell(i, Trace(small if i < 50 else large)) for i in range(100)]
+    batches = batch_cells(cells, 4)
+    assert batches[0][0].trace.path == str(large)  # the longest expected cells go out first
+    sizes = [len(b) for b in batches]
+    assert sizes[0] == 13 and sizes[-1] == 1  # ceil(100 / (2 x 4)) first, one cell last
+    for path in (large, small):  # shrinking within each trace
+        group = [len(b) for b in batches if b[0].trace.path == str(path)]
+        assert all(a >= b for a, b in zip(group, group[1:])) and sum(group) == 50
+    assert sorted(c.key for b in batches for c in b) == list(range(100))
