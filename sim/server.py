@@ -54,6 +54,9 @@ class Server:
             progress bar; None for nothing.
         env: the simpy environment to run in (several servers share one when they share a GPU,
             ``sim.tenants``); None for a fresh one.
+        gpu: the GPU's compute when several servers time-share it (``sim.tenants``): a simpy
+            Resource of capacity 1 each step holds for its duration, so steps of different
+            servers run one after another; None for a GPU of its own.
 
     ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
     engine runs out of work, and its ``before_step()`` before each step returns an event to wait
@@ -66,7 +69,7 @@ class Server:
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
                  model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
-                 env: simpy.Environment | None = None):
+                 env: simpy.Environment | None = None, gpu: simpy.Resource | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
         self.config = config
@@ -86,6 +89,7 @@ class Server:
         self.model = model
         self.env = env if env is not None else simpy.Environment()
         self.gate: Any = None
+        self.gpu = gpu
         kv = scheduler.kv
         readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
@@ -216,7 +220,12 @@ class Server:
             if plan.swap_in_bytes:
                 stall_s += swap_time(plan.swap_in_bytes)
             dt = compute_s + stall_s
-            yield env.timeout(dt)
+            if self.gpu is None:
+                yield env.timeout(dt)
+            else:  # a time-shared GPU: wait for the other servers' steps, hold it for this one
+                with self.gpu.request() as turn:
+                    yield turn
+                    yield env.timeout(dt)
             if act is not None:
                 pools.free_activations(act)
             sched.complete(plan, env.now)
