@@ -9,8 +9,8 @@ share one clock. Compute is shared in one of two ways (``COMPUTE_MODES``):
   duration, so steps of different tenants run one after another, first come first served. A
   step is the unit of interleaving: real time-slicing switches contexts inside a step too,
   which ends both tenants' steps at about the sum of their times where here the first one to
-  ask ends first. No context-switch cost is added (none is measured in the field notes; the
-  driver's switch is microseconds against steps of milliseconds).
+  ask ends first. No context-switch cost is modelled: neither the field notes nor a public
+  source we found measure one for CUDA time-slicing between processes.
 - ``independent``: every tenant steps as if the GPU were its own (each step takes the time it
   takes alone): the lower bound on queueing that MPS or MIG-style spatial sharing approaches
   when the tenants' kernels leave each other room.
