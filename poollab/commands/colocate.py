@@ -76,7 +76,8 @@ def register(cli: click.Group) -> None:
 @model_file_options
 @out_option("poollab-out/colocate")
 def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, models, gpu, fmt, rate_scale,
-                     tenant_rate_scales, compute, sleep_after_s, calibration, costs, out_dir: Path, **options: Any) -> None:
+                     tenant_rate_scales, compute, sleep_after_s, calibration, costs, out_dir: Path,
+                     **options: Any) -> None:
     """Simulate several model instances (tenants) sharing one GPU's memory, under each layout.
 
     Each TRACE is one tenant's requests (or, with --tenants N, one TRACE is dealt to N tenants).
