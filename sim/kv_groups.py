@@ -467,7 +467,7 @@ class HybridKV(_KVBase):
                 "large_page_bytes": self.layout.large_page_bytes,
                 "capacity_bytes": budgets[g] if budgets is not None else self.budget_bytes,
                 "peak_held_bytes": held, "peak_padding_bytes": padding, "peak_data_bytes": data,
-                "peak_other_waste_bytes": held - padding - data,
+                "peak_other_waste_bytes": held - padding - data, "peak_waste_bytes": held - data,
             })
         return rows
 
@@ -475,4 +475,4 @@ class HybridKV(_KVBase):
 #: Columns of ``HybridKV.group_rows`` (``capacity_bytes``: the group's own pool, or the shared budget).
 GROUP_TABLE_COLUMNS = ["group", "kind", "num_layers", "kv_layout", "tokens_per_page", "page_bytes",
                        "padding_bytes_per_page", "large_page_bytes", "capacity_bytes", "peak_held_bytes",
-                       "peak_padding_bytes", "peak_data_bytes", "peak_other_waste_bytes"]
+                       "peak_padding_bytes", "peak_data_bytes", "peak_other_waste_bytes", "peak_waste_bytes"]

@@ -107,6 +107,17 @@ class LayerGroup:
         conv = (self.mamba_d_conv - 1) * (self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state)
         return self.num_layers * (conv + self.mamba_d_inner * self.mamba_d_state) * dtype_bytes
 
+    def state_update_flops_per_token(self) -> int:
+        """FLOPs one token's state update takes in every layer of the group (0 for attention),
+        past its projections (those are weights, counted with the model's): the causal
+        convolution, ``2 x d_conv`` per channel, and the SSM recurrence, a decay, an outer-product
+        add and a contraction of the ``d_inner x d_state`` state, ``6`` per element (Mamba-2's
+        recurrent form; its chunked prefill scan does the same order of work)."""
+        if self.is_attention:
+            return 0
+        conv_channels = self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state
+        return self.num_layers * (2 * self.mamba_d_conv * conv_channels + 6 * self.mamba_d_inner * self.mamba_d_state)
+
     def shard(self, tensor_parallel: int, model_kv_heads: int) -> LayerGroup:
         """One GPU's share: KV heads split as the model's (one kept per GPU past their number),
         Mamba's inner dimension split, its B/C groups split (one kept past their number)."""

@@ -82,8 +82,9 @@ class Server:
             progress bar; None for nothing.
         env: the simpy environment to run in (several servers share one when they share a GPU,
             ``sim.tenants``); None for a fresh one.
-        gpu: a resource several servers time-share (each step holds it for its duration); None
-            for a GPU of its own.
+        gpu: the GPU's compute when several servers time-share it (``sim.tenants``): a simpy
+            Resource of capacity 1 each step holds for its duration, so steps of different
+            servers run one after another; None for a GPU of its own.
 
     ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
     engine runs out of work, and its ``before_step()`` before each step returns an event to wait
@@ -236,7 +237,12 @@ class Server:
                         self._count_empty_round()
                     continue
                 begun = self._begin_step(plan)
-            yield env.timeout(begun[2])
+            if self.gpu is None:
+                yield env.timeout(begun[2])
+            else:  # a time-shared GPU: wait for the other servers' steps, hold it for this one
+                with self.gpu.request() as turn:
+                    yield turn
+                    yield env.timeout(begun[2])
             self._end_step(*begun, env.now)
 
     # ------------------------------------------------------------------ one step

@@ -34,7 +34,8 @@ from sim.serving_metrics import request_table, serving_summary
 from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
-__all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
+__all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many",
+           "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
 
 #: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -389,11 +390,23 @@ def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[
     extra_tables={"requests": requests})`` writes them. ``progress`` shows a bar per policy on
     stderr (when it is a terminal) that advances with simulated time up to the last arrival.
     """
+    return result_tables(simulate_runs(requests, policy_specs, model=model, gpu=gpu, progress=progress, **kwargs))
+
+
+def simulate_runs(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str], *, model: Any, gpu: Any,
+                  progress: bool = False, **kwargs: Any) -> list[SimResult]:
+    """``simulate`` under each spec, in order (``simulate_many``'s runs, their ``SimResult`` whole:
+    a hybrid model's ``kv_groups`` too)."""
     trace = _as_trace(requests)
     results = []
     for spec in policy_specs:
         with _time_bar(trace, spec, progress) as advance:
             results.append(simulate(trace, spec, model=model, gpu=gpu, progress=advance, **kwargs))
+    return results
+
+
+def result_tables(results: list[SimResult]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(summary, timeseries, requests)`` of several runs, one block per run."""
     return (summary_frame([r.summary for r in results]),
             pd.concat([r.timeseries for r in results], ignore_index=True),
             pd.concat([r.requests for r in results], ignore_index=True))

@@ -15,6 +15,15 @@ pairs inside a prefill chunk. Bytes: the weights once per step, the KV of every 
 read once and the new tokens' KV written once, each token's activations
 (``ModelSpec.activation_traffic_bytes_per_token``) and each sampled position's logits.
 
+Hybrid models (``ModelSpec.layer_groups``) cost each layer as its group: a full-attention layer
+as above; a sliding-window layer of W tokens attends to, and reads the KV of, at most W tokens
+per query (a prefill chunk's causal pairs are counted inside the window; a decode batch's
+keys are ``min(context + d, d x W)``, exact when every sequence is below the window or every
+one is past it, since the step sees only the batch's summed context); a Mamba layer has no
+attention pairs and no per-token KV, but updates a fixed state per token
+(``LayerGroup.state_update_flops_per_token``) and reads and writes each scheduled sequence's
+state once per step. A model without groups takes the all-full-attention path unchanged.
+
 This gives compute and memory time only. Allocator costs (``cudaMalloc``, defragmentation
 copies, swaps) land on the step that caused them: the server adds them, pricing copies and
 swaps with ``copy_time_s`` and ``swap_time_s``.
@@ -135,6 +144,15 @@ def load_calibration(path: str | Path) -> Calibration:
     return _calibration_from_mapping(_read_json_object(path), str(path), base=default_calibration())
 
 
+def _windowed_pairs(num_positions: float, window: int | None) -> float:
+    """Causal query/key pairs of positions ``1..num_positions``, each query attending to at most
+    ``window`` keys (itself included; None: no window): ``sum over t of min(t, window)``."""
+    m = num_positions
+    if window is None or m <= window:
+        return m * (m + 1) / 2
+    return window * (window + 1) / 2 + (m - window) * window
+
+
 @dataclass(slots=True)
 class StepCost:
     """One step's roofline terms, for diagnostics and tests (``StepTimeModel.step_cost``).
@@ -232,6 +250,15 @@ class StepTimeModel:
         self._allreduce_fixed_s = num_allreduces * self.gpu.interconnect_latency_s
         self._allreduce_token_s = (num_allreduces * 2 * (tp - 1) / tp * m.hidden_size * m.dtype_bytes
                                    / self.gpu.link_bytes_per_s)
+        # Hybrid models: per attention group (layers, window or None, KV bytes per token); Mamba
+        # groups as their state bytes per sequence and state-update FLOPs per token.
+        self._hybrid = m.is_hybrid
+        groups = m.kv_groups
+        self._attention_groups = [(g.num_layers, g.sliding_window if g.kind == "sliding" else None,
+                                   g.token_bytes(m.dtype_bytes)) for g in groups if g.is_attention]
+        self._layer_pair_flops = 4 * m.q_size  # QK^T and PV of one query/key pair in one layer
+        self._state_bytes = sum(g.state_bytes(m.dtype_bytes) for g in groups)
+        self._state_flops_per_token = sum(g.state_update_flops_per_token() for g in groups)
 
     def get_params(self) -> dict[str, Any]:
         """Model, GPU and factors by name, for a report's params column."""
@@ -271,6 +298,8 @@ class StepTimeModel:
             self._check_args(p, d, context_tokens, prefill_context_tokens, k)
         if p == 0 and d == 0:
             return 0.0
+        if self._hybrid:
+            return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
         if p:
             # Causal pairs of k sequences of n = p/k new tokens after c = P/k cached ones:
             # k x (n c + n (n + 1) / 2) = p P / k + p (p / k + 1) / 2.
@@ -311,6 +340,8 @@ class StepTimeModel:
         total = self.step_time_s(p, d, context_tokens, prefill_context_tokens, k)  # validates
         if total == 0.0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        if self._hybrid:
+            return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k)
         pairs = p * prefill_context_tokens / k + p * (p / k + 1) / 2 if p else 0.0
         prefill_flops = p * self._body_flops_per_token + k * self._logits_flops + pairs * self._attn_flops_per_pair
         decode_flops = d * (self._body_flops_per_token + self._logits_flops) \
@@ -325,6 +356,33 @@ class StepTimeModel:
                         overhead_s=self._fixed_s + self.allreduce_time_s(p + d))
         assert math.isclose(cost.total_s, total, rel_tol=1e-9), (cost, total)
         return cost
+
+    def _hybrid_cost(self, p: int, d: int, c: int, pc: int, k: int) -> StepCost:
+        """``step_cost`` of a hybrid model, each layer costed as its group (module docstring);
+        arguments validated, at least one token."""
+        prefill_pairs = decode_pairs = 0.0  # query/key pairs summed over attention layers
+        kv_tokens_bytes = 0.0
+        for num_layers, window, token_bytes in self._attention_groups:
+            if p:
+                n, cached = p / k, pc / k  # per sequence, split evenly as the full-attention path assumes
+                pairs = k * (_windowed_pairs(cached + n, window) - _windowed_pairs(cached, window))
+                prefill_pairs += num_layers * pairs
+                kv_tokens_bytes += token_bytes * ((pc if window is None else k * min(cached, window)) + p)
+            if d:
+                keys = c + d if window is None else min(c + d, d * window)
+                decode_pairs += num_layers * keys
+                kv_tokens_bytes += token_bytes * keys
+        prefill_flops = (p * (self._body_flops_per_token + self._state_flops_per_token) + k * self._logits_flops
+                         + prefill_pairs * self._layer_pair_flops) if p else 0.0
+        decode_flops = (d * (self._body_flops_per_token + self._logits_flops + self._state_flops_per_token)
+                        + decode_pairs * self._layer_pair_flops) if d else 0.0
+        peak = self.gpu.flops_per_s(self.model.dtype)
+        compute_s = prefill_flops / (peak * self.factors.mfu_prefill) + decode_flops / (peak * self.factors.mfu_decode)
+        hbm_bytes = (self._weight_bytes + kv_tokens_bytes + 2 * self._state_bytes * (k + d)
+                     + self._act_bytes_per_token * (p + d) + self._logits_bytes * (k + d))
+        return StepCost(flops=prefill_flops + decode_flops, hbm_bytes=hbm_bytes, compute_s=compute_s,
+                        memory_s=hbm_bytes * self._s_per_hbm_byte,
+                        overhead_s=self._fixed_s + self.allreduce_time_s(p + d))
 
     # -- transfers -------------------------------------------------------------------------------
     def copy_time_s(self, nbytes: int) -> float:

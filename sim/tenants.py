@@ -2,8 +2,20 @@
 
 Each tenant is a whole single-tenant server (``sim.simulate.build_serving``: its memory plan,
 scheduler, KV manager, step-time model), and all of them run in one simpy environment, so they
-share one clock. Compute is not shared (each tenant's steps take the time they take alone, as
-MPS or MIG-style spatial sharing would give); memory is, in one of three layouts:
+share one clock. Compute is shared in one of two ways (``COMPUTE_MODES``):
+
+- ``time-sliced`` (the default, what several vLLM processes on one GPU get without MPS: CUDA
+  time-slices their contexts): one GPU resource every tenant's server holds for each step's
+  duration, so steps of different tenants run one after another, first come first served. A
+  step is the unit of interleaving: real time-slicing switches contexts inside a step too,
+  which ends both tenants' steps at about the sum of their times where here the first one to
+  ask ends first. No context-switch cost is modelled: neither the field notes nor a public
+  source we found measure one for CUDA time-slicing between processes.
+- ``independent``: every tenant steps as if the GPU were its own (each step takes the time it
+  takes alone): the lower bound on queueing that MPS or MIG-style spatial sharing approaches
+  when the tenants' kernels leave each other room.
+
+Memory is shared in one of three layouts:
 
 - ``static``: the GPU's KV memory cut in equal shares, one pool per tenant (vLLM instances each
   with its own ``gpu_memory_utilization``). A tenant here is exactly a single-tenant run with
@@ -45,10 +57,12 @@ from sim.report import summary_frame
 from sim.simulate import ServingSetup, SimResult, build_serving, serving_result
 from traces.requests import RequestTrace
 
-__all__ = ["LAYOUTS", "DEFAULT_SLEEP_AFTER_S", "Colocation", "GpuSplit", "split_gpu", "share_trace",
-           "colocate"]
+__all__ = ["LAYOUTS", "COMPUTE_MODES", "DEFAULT_SLEEP_AFTER_S", "Colocation", "GpuSplit", "split_gpu", "share_trace",
+           "scale_tenant_rates", "colocate"]
 
 LAYOUTS = ("static", "shared", "sleep")
+#: How the tenants share the GPU's compute (module docstring); the first is the default.
+COMPUTE_MODES = ("time-sliced", "independent")
 #: Idle seconds before a tenant sleeps in the ``sleep`` layout.
 DEFAULT_SLEEP_AFTER_S = 30.0
 #: Simulated seconds between two looks at the pool while a waking tenant waits for its bytes.
@@ -69,6 +83,14 @@ def share_trace(trace: RequestTrace, num_shares: int) -> list[RequestTrace]:
     return [RequestTrace(requests=df.iloc[i::num_shares].reset_index(drop=True), name=f"{trace.name}[{i}/{num_shares}]",
                          source=trace.source, format=trace.format, meta=dict(trace.meta))
             for i in range(num_shares)]
+
+
+def scale_tenant_rates(traces: list[RequestTrace], scales: list[float]) -> list[RequestTrace]:
+    """Tenant i's trace with its request rate times ``scales[i]`` (unequal loads: a scale of 4
+    packs a tenant's share into a quarter of the time, a burst the others do not see)."""
+    if len(scales) != len(traces):
+        raise ValueError(f"{len(scales)} rate scales for {len(traces)} tenants: give one per tenant")
+    return [t.scale_rate(f) if f != 1.0 else t for t, f in zip(traces, scales)]
 
 
 @dataclass(frozen=True)
@@ -224,6 +246,8 @@ class Colocation:
         config: the settings every tenant's server gets (``kv_capacity_bytes`` must be unset:
             the layout decides each tenant's KV memory).
         sleep_after_s: idle seconds before a tenant sleeps (``sleep`` layout).
+        compute: ``time-sliced`` (steps of different tenants take turns on the GPU) or
+            ``independent`` (each tenant steps as if alone: the spatial-sharing lower bound).
         calibration, costs: as ``sim.simulate.simulate``'s.
 
     ``env`` is the one simpy environment; a test may add processes to it before ``run``.
@@ -232,9 +256,11 @@ class Colocation:
     def __init__(self, traces: list[RequestTrace], policy_spec: str, *, models: list[Any] | Any, gpu: Any,
                  layout: str = "shared", config: ServerConfig | None = None,
                  sleep_after_s: float = DEFAULT_SLEEP_AFTER_S, calibration: Any = None,
-                 costs: CostModel | str | Path | None = None):
+                 costs: CostModel | str | Path | None = None, compute: str = COMPUTE_MODES[0]):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown tenant layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
+        if compute not in COMPUTE_MODES:
+            raise ValueError(f"unknown compute sharing {compute!r}; modes: {', '.join(COMPUTE_MODES)}")
         if not traces:
             raise ValueError("colocation needs at least one tenant trace")
         cfg = config if config is not None else ServerConfig()
@@ -253,8 +279,11 @@ class Colocation:
         loaded = [load_model(m) for m in model_list]
         gpu = load_gpu(gpu)
         self.layout = layout
+        self.compute = compute
         self.split = split_gpu(loaded, gpu, cfg)
         self.env = simpy.Environment()
+        # capacity 1: one step at a time; FIFO, so tenants with work take turns step by step
+        self.gpu = simpy.Resource(self.env, capacity=1) if compute == "time-sliced" else None
         cost_model = costs if isinstance(costs, CostModel) else CostModel.load(costs)
         common = dict(gpu=gpu, calibration=calibration, costs=cost_model, env=self.env)
         self.shared: _SharedPool | None = None
@@ -265,6 +294,7 @@ class Colocation:
             for trace, m in zip(traces, loaded):
                 self.setups.append(build_serving(trace, policy_spec, model=m,
                                                  config=cfg.replace(kv_capacity_bytes=share), **common))
+            self._share_compute()
             return
         kv_bytes = self.split.kv_bytes
         bytes_per_token = loaded[0].shard(cfg.tensor_parallel).kv_bytes_per_token
@@ -286,6 +316,11 @@ class Colocation:
                                   cost_model.h2d_ns(self.split.weight_bytes[i]) * 1e-9, sleep_after_s)
                 setup.server.gate = gate
                 self.gates[i] = gate
+        self._share_compute()
+
+    def _share_compute(self) -> None:
+        for setup in self.setups:
+            setup.server.gpu = self.gpu
 
     def gpu_used_bytes(self) -> int:
         """Bytes the tenants hold on the GPU now: KV pools' reserved bytes plus every awake
@@ -308,12 +343,17 @@ class Colocation:
         wall_s = time.perf_counter() - wall0
         names = tenant_names or [f"t{i}" for i in range(len(self.setups))]
         results = []
+        end_s = env.now
+        gpu_busy_s = sum(s.server.busy_s for s in self.setups)
         for name, setup, gate in zip(names, self.setups, self.gates):
-            end_s = setup.server.finish()
+            setup.server.finish()
             results.append(serving_result(setup, end_s=end_s, wall_s=wall_s, extra={
                 "tenant": name,
                 "tenant_layout": self.layout,
+                "tenant_compute": self.compute,
                 "num_tenants": len(self.setups),
+                # steps of all tenants over the run: above 1 only when compute is independent
+                "gpu_busy_share": gpu_busy_s / end_s if end_s > 0 else 0.0,
                 "gpu_kv_bytes": self.split.kv_bytes,
                 "n_sleeps": gate.num_sleeps if gate else 0,
                 "n_wakes": gate.num_wakes if gate else 0,

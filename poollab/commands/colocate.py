@@ -14,6 +14,27 @@ from poollab.errors import UsageError
 from sim.config import ServerConfig
 from sim.report import format_table, write_results
 
+#: ``sim.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator
+COMPUTE_CHOICES = ("time-sliced", "independent")
+
+
+class FloatList(click.ParamType):
+    """``1,2,4``: positive numbers separated by commas."""
+
+    name = "F,F,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            out = [float(v) for v in str(value).split(",")]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
+        if not all(0 < v < float("inf") for v in out):
+            self.fail(f"{value!r}: every factor must be a finite number > 0", param, ctx)
+        return out
+
+
 #: What the command prints per (layout, tenant); the files hold every column.
 TABLE_COLUMNS = ["tenant_layout", "tenant", "model", "n_requests", "n_finished", "n_rejected", "n_preempted",
                  "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p99_s", "kv_budget_bytes", "peak_reserved_bytes",
@@ -42,13 +63,21 @@ def register(cli: click.Group) -> None:
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
 @click.option("--rate-scale", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
               help="Multiply every tenant's request rate (2 = arrivals twice as dense).")
+@click.option("--tenant-rate-scale", "tenant_rate_scales", type=FloatList(), default=None, metavar="F,F,...",
+              help="Multiply each tenant's request rate by its own factor, one per tenant (e.g. 1,2,4: "
+                   "unequal loads), on top of --rate-scale.")
+@click.option("--compute", type=click.Choice(COMPUTE_CHOICES), default=COMPUTE_CHOICES[0], show_default=True,
+              help="How tenants share the GPU's compute: time-sliced (CUDA's default for several processes: "
+                   "their steps take turns) or independent (each steps as if alone: the lower bound MPS or "
+                   "MIG-style spatial sharing approaches).")
 @click.option("--sleep-after", "sleep_after_s", type=click.FloatRange(0, min_open=True), default=30.0,
               show_default=True, help="Idle seconds before a tenant sleeps (sleep layout).")
 @config_options
 @model_file_options
 @out_option("poollab-out/colocate")
 def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, models, gpu, fmt, rate_scale,
-                     sleep_after_s, calibration, costs, out_dir: Path, **options: Any) -> None:
+                     tenant_rate_scales, compute, sleep_after_s, calibration, costs, out_dir: Path,
+                     **options: Any) -> None:
     """Simulate several model instances (tenants) sharing one GPU's memory, under each layout.
 
     Each TRACE is one tenant's requests (or, with --tenants N, one TRACE is dealt to N tenants).
@@ -65,13 +94,17 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         raise UsageError(str(exc)) from None
     if num_tenants is not None and len(traces_) != 1:
         raise UsageError(f"--tenants deals ONE trace to tenants; got {len(traces_)} traces (each is a tenant)")
-    from sim.tenants import colocate, share_trace
+    from sim.tenants import COMPUTE_MODES, colocate, scale_tenant_rates, share_trace
+
+    assert COMPUTE_CHOICES == COMPUTE_MODES, "colocate's --compute choices follow sim.tenants"
 
     read = [read_requests_or_explain(p, fmt) for p in traces_]
     if rate_scale != 1.0:
         read = [t.scale_rate(rate_scale) for t in read]
     try:
         tenant_traces = share_trace(read[0], num_tenants) if num_tenants else read
+        if tenant_rate_scales is not None:
+            tenant_traces = scale_tenant_rates(tenant_traces, tenant_rate_scales)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     names = [f"t{i}" for i in range(len(tenant_traces))]
@@ -83,7 +116,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         try:
             s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or ["Llama-3-8B"],
                                  gpu=gpu, layout=layout, config=config, sleep_after_s=sleep_after_s,
-                                 calibration=calibration, costs=cost_model)
+                                 calibration=calibration, costs=cost_model, compute=compute)
         except ValueError as exc:  # a knob, model or size the user gave (PolicyError passes through)
             if type(exc) is not ValueError:
                 raise
@@ -98,17 +131,20 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     write_results(out_dir, summary, pd.concat(series, ignore_index=True), extra_tables={"requests": requests},
                   meta={"command": "colocate", "traces": [str(p) for p in traces_], "num_tenants": len(names),
                         "policy": spec, "models": list(models) or ["Llama-3-8B"], "gpu": gpu,
-                        "rate_scale": rate_scale, "sleep_after_s": sleep_after_s, **config.as_dict(),
+                        "rate_scale": rate_scale, "tenant_rate_scales": tenant_rate_scales,
+                        "compute": compute, "sleep_after_s": sleep_after_s, **config.as_dict(),
                         "calibration": str(calibration) if calibration else "bundled",
                         "costs": str(costs) if costs else "bundled"})
     first = summary.iloc[0]
     click.echo(f"{len(names)} tenants on {first['gpu']} ({', '.join(t.name for t in tenant_traces)}); "
                f"KV memory {format_bytes(int(first['gpu_kv_bytes']))} after every tenant's weights, "
-               f"activations and workspace; policy {spec}")
+               f"activations and workspace; policy {spec}; compute {compute}")
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
     click.echo("all tenants' requests:")
+    busy = summary.groupby("tenant_layout", sort=False)["gpu_busy_share"].first()
     for layout, rq in requests.groupby("tenant_layout", sort=False):
         served = rq[rq["status"] == "finished"]["ttft_s"]
         click.echo(f"  {layout:>6}: {len(served):,} of {len(rq):,} finished; TTFT p50 {served.quantile(0.5):.3f} s, "
-                   f"p99 {served.quantile(0.99):.3f} s, mean {served.mean():.3f} s")
+                   f"p99 {served.quantile(0.99):.3f} s, mean {served.mean():.3f} s; GPU busy {busy[layout]:.0%} "
+                   f"of the run")
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")

@@ -13,7 +13,7 @@ from poollab.errors import UsageError
 from sim.config import Knob, ServerConfig, knobs
 from sim.kv import VIRTUAL
 from sim.report import format_table, write_results
-from sim.simulate import simulate_many
+from sim.simulate import result_tables, simulate_runs
 
 #: What the command prints per policy (the files hold every column; README "Columns" says what
 #: each means). What decides a comparison comes first: failures, preemptions, prefix hits.
@@ -21,6 +21,10 @@ TABLE_COLUMNS = ["policy", "kv_strategy", "n_finished", "n_rejected", "n_failed"
                  "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "input_tok_s", "output_tok_s",
                  "goodput_rps", "slo_attainment", "kv_token_util", "kv_token_util_pressure", "peak_reserved_bytes",
                  "frag_ext_mean", "n_grow", "wall_s"]
+#: What the command prints per policy and layer group of a hybrid model (``sim.kv_groups.GROUP_TABLE_COLUMNS``
+#: has them all; kv_groups.parquet holds every one).
+GROUP_COLUMNS = ["policy", "group", "kind", "num_layers", "tokens_per_page", "page_bytes", "capacity_bytes",
+                 "peak_held_bytes", "peak_padding_bytes", "peak_data_bytes", "peak_waste_bytes"]
 #: Columns left out of the table when no SLO is set (they are NaN; the header says why).
 SLO_COLUMNS = ("goodput_rps", "slo_attainment")
 
@@ -75,8 +79,10 @@ def settings_line(config: ServerConfig, summary: Any, *, has_hash_ids: bool = Tr
                        f"{int(first['prefix_block_tokens'])}-token blocks"
                        + ("" if has_hash_ids else "; the trace has no hash_ids, so nothing is shared") + ")")
     if off:
+        hybrid = "hybrid_kv_layout" in summary.columns and summary["hybrid_kv_layout"].notna().any()
         why = ("off by --no-prefix-caching" if not config.prefix_caching
                else "off: virtual KV has no block table" if config.kv_strategy == VIRTUAL
+               else "off: KV layer groups of a hybrid model share no prefix blocks (not modelled)" if hybrid
                else "off: contiguous KV cannot share blocks")
         caching.append(f"{why} for {', '.join(off)}")
     parts.append("prefix caching " + "; ".join(caching))
@@ -152,14 +158,19 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
     try:
-        summary, timeseries, table = simulate_many(requests, spec_list, model=model_spec, gpu=gpu_spec,
-                                                   calibration=calibration, costs=costs, config=config,
-                                                   progress=progress)
+        runs = simulate_runs(requests, spec_list, model=model_spec, gpu=gpu_spec, calibration=calibration,
+                             costs=costs, config=config, progress=progress)
     except ValueError as exc:  # a knob or file the user gave (PolicyError and TraceFormatError pass through)
         if type(exc) is not ValueError:
             raise
         raise UsageError(str(exc)) from None
-    write_results(out_dir, summary, timeseries, extra_tables={"requests": table},
+    import pandas as pd
+
+    summary, timeseries, table = result_tables(runs)
+    groups = [r.kv_groups for r in runs if len(r.kv_groups)]  # a hybrid model's layer groups, per policy
+    kv_groups = pd.concat(groups, ignore_index=True) if groups else None
+    write_results(out_dir, summary, timeseries,
+                  extra_tables={"requests": table, **({"kv_groups": kv_groups} if kv_groups is not None else {})},
                   meta={"command": "simulate", "trace": str(trace), "policies": spec_list, "model": model_spec.name,
                         "gpu": gpu_spec.name, "rate_scale": rate_scale, **config.as_dict(),
                         "calibration": str(calibration) if calibration else "bundled",
@@ -174,4 +185,9 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     click.echo(format_table(summary, columns=columns))
     for note in dict.fromkeys(n for text in summary["kv_note"] if text for n in text.split("; ")):
         click.echo(f"note: {note}")
-    click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")
+    if kv_groups is not None:
+        click.echo(f"KV layer groups of {model_spec.name} (layout {config.hybrid_kv_layout}; bytes held, padded, "
+                   f"needed and wasted when the cache held the most):")
+        click.echo(format_table(kv_groups, columns=GROUP_COLUMNS))
+    click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet"
+               + (f", {out_dir}/kv_groups.parquet" if kv_groups is not None else ""))

@@ -39,6 +39,20 @@ def test_colocate_writes_one_row_per_layout_and_tenant(trace, tmp_path, capsys):
     assert "static: 12 of 12 finished" in out
 
 
+def test_tenant_rate_scales_and_compute_reach_the_run(trace, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    try:
+        main(["colocate", str(trace), "--tenants", "2", "--tenant-rate-scale", "1,3", "--compute", "independent",
+              "--layout", "shared", "--model", "Llama-3.2-1B", "--out", str(out_dir)])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    assert "compute independent" in capsys.readouterr().out
+    requests = pd.read_parquet(out_dir / "requests.parquet")
+    last = requests.groupby("tenant")["arrival_s"].max()
+    assert last["t1"] < last["t0"] / 2  # t1's share arrives three times as densely
+    assert set(pd.read_csv(out_dir / "summary.csv")["tenant_compute"]) == {"independent"}
+
+
 def test_two_traces_are_two_tenants(trace, tmp_path, capsys):
     out_dir = tmp_path / "out"
     try:
@@ -57,6 +71,10 @@ def test_two_traces_are_two_tenants(trace, tmp_path, capsys):
     (["--layout", "shared", "-p", "best-fit"], "contiguous"),
     (["--model", "Llama-3-70B", "--model", "Llama-3-70B", "--tenants", "2"], "do not fit"),
     (["-p", "nope"], "nope"),
+    (["--tenants", "3", "--tenant-rate-scale", "1,2"], "2 rate scales for 3 tenants"),
+    (["--tenants", "3", "--tenant-rate-scale", "1,x,2"], "not a comma-separated list"),
+    (["--tenants", "2", "--tenant-rate-scale", "1,-2"], "must be a finite number > 0"),
+    (["--compute", "mps"], "mps"),
 ])
 def test_bad_input_is_one_line_and_exit_2(trace, tmp_path, capsys, extra, message):
     extra = [str(trace) if a == "SECOND" else a for a in extra]

@@ -43,6 +43,27 @@ def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, capsys
     assert "paged" in out and "best-fit" in out
 
 
+@pytest.mark.parametrize("model, groups", [("Gemma-2-9B", ["sliding-4096", "full"]), ("Bamba-9B", ["full", "mamba"])])
+def test_a_hybrid_model_writes_and_prints_its_layer_groups(trace, tmp_path, capsys, model, groups):
+    out_dir = tmp_path / "out"
+    out, _ = run_ok(["simulate", str(trace), "-p", "paged", "--model", model, "--kv-capacity", "4GiB",
+                     "--hybrid-kv-layout", "two-level", "--out", str(out_dir)], capsys)
+    table = pd.read_parquet(out_dir / "kv_groups.parquet")
+    summary = pd.read_csv(out_dir / "summary.csv")
+    assert list(table["group"]) == groups and set(table["kv_layout"]) == {"two-level"}
+    assert (table["peak_waste_bytes"] == table["peak_held_bytes"] - table["peak_data_bytes"]).all()
+    assert table["peak_waste_bytes"].sum() == summary["kv_peak_waste_bytes"].iloc[0]
+    assert f"KV layer groups of {model} (layout two-level" in out
+    assert "peak_waste_MiB" in out and all(g in out for g in groups)
+    assert "kv_groups.parquet" in out and "share no prefix blocks" in out
+
+
+def test_a_plain_model_writes_no_group_table(trace, tmp_path, capsys):
+    out, _ = run_ok(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--out", str(tmp_path / "o")],
+                    capsys)
+    assert not (tmp_path / "o" / "kv_groups.parquet").exists() and "layer groups" not in out
+
+
 def test_options_reach_the_simulator(trace, tmp_path, capsys):
     out_dir = tmp_path / "out"
     run_ok(["simulate", str(trace), "-p", "first-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "max",

@@ -208,3 +208,58 @@ def test_get_params_names_model_gpu_and_factors(llama_h200):
     params = llama_h200.get_params()
     assert params["model"] == "Llama-3-8B" and params["gpu"] == "H200"
     assert params["hbm_efficiency"] == llama_h200.factors.hbm_efficiency
+
+
+# -- hybrid models: each layer costed as its group -------------------------------------------------
+def _with_all_full(name):
+    import dataclasses
+
+    model = load_model(name)
+    return StepTimeModel(model, load_gpu("H200")), StepTimeModel(dataclasses.replace(model, layer_groups=None),
+                                                                 load_gpu("H200"))
+
+
+@pytest.mark.parametrize("args", [(0, 64, 64 * 1000), (0, 1, 4000), (2048, 0, 0, 0), (1024, 0, 0, 2048),
+                                  (512, 8, 8 * 3000, 1024, 2)])
+def test_sliding_window_costs_what_full_attention_does_below_the_window(args):
+    gemma, all_full = _with_all_full("Gemma-2-9B")  # window 4096
+    assert gemma.step_time_s(*args) == pytest.approx(all_full.step_time_s(*args), rel=1e-12)
+    assert gemma.step_cost(*args).flops == pytest.approx(all_full.step_cost(*args).flops, rel=1e-12)
+    assert gemma.step_cost(*args).hbm_bytes == pytest.approx(all_full.step_cost(*args).hbm_bytes, rel=1e-12)
+
+
+def test_sliding_window_decode_past_the_window_reads_only_the_window():
+    gemma, all_full = _with_all_full("Gemma-2-9B")
+    m = gemma.model
+    d, context = 64, 64 * 30_000
+    saved = all_full.step_cost(0, d, context).hbm_bytes - gemma.step_cost(0, d, context).hbm_bytes
+    sliding = next(g for g in m.kv_groups if g.kind == "sliding")
+    # the sliding layers read W keys per sequence instead of its whole context
+    assert saved == pytest.approx(sliding.token_bytes(m.dtype_bytes) * (context + d - d * sliding.sliding_window))
+    assert gemma.step_time_s(0, d, context) < 0.7 * all_full.step_time_s(0, d, context)
+
+
+def test_sliding_window_prefill_past_the_window_counts_pairs_inside_it():
+    gemma, all_full = _with_all_full("Gemma-2-9B")
+    w = 4096
+    # one sequence, 8192 new tokens: full layers 8192*8193/2 pairs, sliding ones w(w+1)/2 + (8192-w) w
+    full_pairs, sliding_pairs = 8192 * 8193 / 2, w * (w + 1) / 2 + (8192 - w) * w
+    saved = all_full.step_cost(8192, 0, 0).flops - gemma.step_cost(8192, 0, 0).flops
+    assert saved == pytest.approx(21 * 4 * gemma.model.q_size * (full_pairs - sliding_pairs))
+    assert gemma.step_time_s(512, 0, 0, 16_000) < all_full.step_time_s(512, 0, 0, 16_000)
+
+
+def test_mamba_layers_cost_the_same_at_any_context():
+    bamba, all_full = _with_all_full("Bamba-9B")
+    m = bamba.model
+    short, long = bamba.step_cost(0, 16, 16 * 1000), bamba.step_cost(0, 16, 16 * 100_000)
+    attention = sum(g.token_bytes(m.dtype_bytes) for g in m.kv_groups if g.is_attention)
+    # only the 3 attention layers' KV grows with context
+    assert long.hbm_bytes - short.hbm_bytes == pytest.approx(attention * 16 * 99_000)
+    assert bamba.step_time_s(0, 16, 16 * 100_000) < 0.5 * all_full.step_time_s(0, 16, 16 * 100_000)
+    # each scheduled sequence's states are read and written once per step
+    state = sum(g.state_bytes(m.dtype_bytes) for g in m.kv_groups)
+    one, two = bamba.step_cost(0, 1, 1000), bamba.step_cost(0, 2, 2000)
+    assert two.hbm_bytes - one.hbm_bytes == pytest.approx(
+        2 * state + attention * 1001 + m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token)
+    assert bamba.step_cost(100, 0, 0).flops > 100 * (m.flops_per_token - m.logits_flops_per_token)

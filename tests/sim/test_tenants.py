@@ -11,7 +11,7 @@ import traces
 from sim.config import ServerConfig
 from sim.costs import CostModel
 from sim.simulate import simulate
-from sim.tenants import Colocation, colocate, share_trace
+from sim.tenants import Colocation, colocate, scale_tenant_rates, share_trace
 from traces.requests import RequestTrace, make_requests
 
 SLICE = "traces/data/azure_code_slice.csv"
@@ -46,7 +46,7 @@ def test_share_trace_deals_every_request_once():
 
 
 def test_static_layout_is_single_tenant_runs_at_a_share(shares):
-    c, results = _run(shares, "static")
+    c, results = _run(shares, "static", compute="independent")
     share = c.split.static_share_bytes()
     assert share == c.split.kv_bytes // 3
     for trace, r in zip(shares, results):
@@ -136,8 +136,53 @@ def test_runs_are_deterministic(shares):
     assert list(a[0]["tenant"]) == ["t0", "t1", "t2"]
 
 
+def _two_at_once() -> list[RequestTrace]:
+    """Two tenants, one request each, both arriving at 0: alone each would start at once."""
+    return [RequestTrace(make_requests([0.0], [2000], [4]), name=f"t{i}") for i in range(2)]
+
+
+def test_time_sliced_steps_take_turns_independent_ones_overlap():
+    alone = simulate(_two_at_once()[0], "page-pool", model=MODEL, gpu=GPU, config=ServerConfig())
+    first_step_s = alone.requests["ttft_s"].iloc[0]  # one prefill step of the whole prompt
+    _, sliced = _run(_two_at_once(), "shared", config=ServerConfig(), compute="time-sliced")
+    _, spatial = _run(_two_at_once(), "shared", config=ServerConfig(), compute="independent")
+    # each alone: one prefill step (and the pages it maps in the shared pool)
+    own_s = [r.requests["ttft_s"].iloc[0] for r in spatial]
+    assert own_s == pytest.approx([first_step_s] * 2, rel=0.01)
+    # time-sliced, tenant 1's prefill waits for tenant 0's: its first token comes one step later
+    assert sliced[0].requests["ttft_s"].iloc[0] == pytest.approx(own_s[0])
+    assert sliced[1].requests["ttft_s"].iloc[0] == pytest.approx(own_s[0] + own_s[1])
+    assert sliced[0].summary["gpu_busy_share"] <= 1 + 1e-9 < spatial[0].summary["gpu_busy_share"]
+    assert {r.summary["tenant_compute"] for r in sliced} == {"time-sliced"}
+
+
+def test_time_sliced_never_overlaps_and_queues_at_least_as_long(shares):
+    busy = []
+    for compute in ("time-sliced", "independent"):
+        c, results = _run(shares, "shared", compute=compute)
+        end_s = max(r.summary["sim_time_s"] for r in results)
+        busy.append(sum(r.summary["busy_s"] for r in results) / end_s)
+        if compute == "time-sliced":
+            sliced = pd.concat([r.requests for r in results])
+        else:
+            spatial = pd.concat([r.requests for r in results])
+    assert busy[0] <= 1 + 1e-9 < busy[1]  # this load needs more than one GPU's time when steps overlap
+    assert sliced["ttft_s"].mean() > spatial["ttft_s"].mean()
+
+
+def test_tenant_rate_scales_compress_each_tenants_arrivals(shares):
+    scaled = scale_tenant_rates(shares, [1.0, 2.0, 4.0])
+    assert scaled[0] is shares[0]
+    for f, a, b in zip([1, 2, 4], shares, scaled):
+        np.testing.assert_allclose(b.requests["arrival_s"], a.requests["arrival_s"] / f)
+        assert len(b) == len(a)
+    with pytest.raises(ValueError, match="2 rate scales for 3 tenants"):
+        scale_tenant_rates(shares, [1.0, 2.0])
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"layout": "ring"}, "unknown tenant layout"),
+    ({"compute": "mps"}, "unknown compute sharing"),
     ({"config": ServerConfig(kv_capacity_bytes=1 << 30)}, "kv_capacity_bytes"),
     ({"config": ServerConfig(pool_layout="shared")}, "pool_layout"),
     ({"spec": "best-fit", "layout": "shared"}, "contiguous"),

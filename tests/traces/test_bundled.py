@@ -85,3 +85,26 @@ def test_make_slices_reproduces_the_bundled_files(real_snapshot_path, real_azure
     make_slices.slice_azure(real_azure_path, tmp_path / AZURE)
     assert (tmp_path / SNAPSHOT).read_bytes() == bundled_path(SNAPSHOT).read_bytes()
     assert (tmp_path / AZURE).read_bytes() == bundled_path(AZURE).read_bytes()
+
+
+MOONCAKE = "mooncake_conversation_slice.jsonl"
+
+
+def test_mooncake_slice_is_ten_minutes_of_the_conversation_trace_under_1_mb():
+    from traces.request_readers import read_request_trace
+
+    path = bundled_path(MOONCAKE)
+    assert path.stat().st_size < 1_000_000
+    trace = read_request_trace(path)
+    assert trace.format == "mooncake" and trace.meta["hash_block_tokens"] == 512
+    assert len(trace) == 1_750 and 590 < trace.duration_s < 600
+    assert trace.requests["prompt_tokens"].median() > 4_000  # long prompts: what the Azure slice lacks
+
+
+def test_slice_mooncake_keeps_lines_before_the_cut_unchanged(tmp_path):
+    lines = [f'{{"timestamp": {t}, "input_length": 10, "output_length": 2, "hash_ids": [0]}}\n'
+             for t in (0, 59_999, 60_000, 120_000)]
+    src = tmp_path / "trace.jsonl"
+    src.write_text("".join(lines))
+    n = _make_slices().slice_mooncake(src, tmp_path / "out.jsonl", minutes=1)
+    assert n == 2 and (tmp_path / "out.jsonl").read_text() == "".join(lines[:2])

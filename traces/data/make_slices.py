@@ -7,6 +7,10 @@
   for the state at the cut (see ``rebuild_segments``).
 - ``azure_code_slice.csv``: the first 10 minutes of ``AzureLLMInferenceTrace_code.csv``, lines
   copied unchanged.
+- ``mooncake_conversation_slice.jsonl``: the first 10 minutes of Mooncake's FAST'25
+  ``conversation_trace.jsonl`` (from ``--mooncake-source``), lines copied unchanged.
+
+A slice whose source file is absent is skipped (said so), the others are rebuilt.
 
 Output is deterministic (gzip mtime 0), so rerunning reproduces the files byte for byte.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import json
 import pickle
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,6 +33,10 @@ SNAPSHOT_OUT = "llama1b_generate_slice.pickle.gz"
 AZURE_IN = "AzureLLMInferenceTrace_code.csv"
 AZURE_OUT = "azure_code_slice.csv"
 AZURE_MINUTES = 10
+DEFAULT_MOONCAKE_SOURCE = HERE.parents[2] / "data" / "mooncake"
+MOONCAKE_IN = "conversation_trace.jsonl"
+MOONCAKE_OUT = "mooncake_conversation_slice.jsonl"
+MOONCAKE_MINUTES = 10
 
 #: Between two ``generate`` calls only a few persistent tensors (about 32 MiB) stay live in the
 #: recorded trace; inside a call there is always more. A drop below this ends a call.
@@ -154,6 +163,15 @@ def slice_azure(src: Path, dst: Path, minutes: int = AZURE_MINUTES) -> int:
     return len(kept)
 
 
+def slice_mooncake(src: Path, dst: Path, minutes: int = MOONCAKE_MINUTES) -> int:
+    """Lines of a Mooncake JSONL trace (``timestamp`` in ms from the trace's start) before ``minutes``."""
+    kept = [line for line in src.read_text().splitlines(keepends=True)
+            if line.strip() and json.loads(line)["timestamp"] < minutes * 60_000]
+    text = "".join(kept)
+    dst.write_text(text if text.endswith("\n") else text + "\n")
+    return len(kept)
+
+
 def _azure_time(row: str) -> datetime:
     stamp = row.split(",", 1)[0]
     day, clock = stamp.split(" ")
@@ -164,11 +182,17 @@ def _azure_time(row: str) -> datetime:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder with the full traces")
+    parser.add_argument("--mooncake-source", type=Path, default=DEFAULT_MOONCAKE_SOURCE,
+                        help="folder with Mooncake's FAST'25 traces (its traces/ folder)")
     args = parser.parse_args()
-    cut = slice_snapshot(args.source / SNAPSHOT_IN, HERE / SNAPSHOT_OUT)
-    print(f"{SNAPSHOT_OUT}: {cut:,} trace entries, {(HERE / SNAPSHOT_OUT).stat().st_size:,} bytes")
-    n = slice_azure(args.source / AZURE_IN, HERE / AZURE_OUT)
-    print(f"{AZURE_OUT}: {n:,} requests, {(HERE / AZURE_OUT).stat().st_size:,} bytes")
+    for src, out, make, unit in ((args.source / SNAPSHOT_IN, SNAPSHOT_OUT, slice_snapshot, "trace entries"),
+                                 (args.source / AZURE_IN, AZURE_OUT, slice_azure, "requests"),
+                                 (args.mooncake_source / MOONCAKE_IN, MOONCAKE_OUT, slice_mooncake, "requests")):
+        if not src.is_file():
+            print(f"{out}: skipped, no {src}")
+            continue
+        n = make(src, HERE / out)
+        print(f"{out}: {n:,} {unit}, {(HERE / out).stat().st_size:,} bytes")
 
 
 if __name__ == "__main__":
