@@ -6,6 +6,11 @@
 #   bash benchmarks/run_h200.sh sweep      # sweep scaling on the 16 cores (nothing else running)
 #   bash benchmarks/run_h200.sh soak       # the soak, one process per policy spec, and the torch.cuda
 #                                          # baseline on the recorded server snapshots
+#   bash benchmarks/run_h200.sh speed      # issue 16 on quiet cores: sweeps on 16 workers (400 cells), the
+#                                          # step loop on the Azure conversation trace (carried in .data/,
+#                                          # git-ignored)
+#   bash benchmarks/run_h200.sh compiled   # Cython against pure Python (carried .whl/cython*), and
+#                                          # GpuPool.malloc of both builds against CuPy's MemoryPool
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -46,6 +51,17 @@ elif [ "$1" = soak ]; then
     wait
     python3 -c "import json, glob; json.dump([r for f in sorted(glob.glob('/tmp/soak/*.json')) for r in json.load(open(f))['policies']], open('$OUT/soak_h200.json', 'w'), indent=1)" >> $LOG 2>&1
     cat /tmp/soak/*.txt > $OUT/soak_h200.txt
+elif [ "$1" = speed ]; then
+    step sweep timeout 280 python3 benchmarks/bench_sweep.py --workers 1,2,4,8,16 --cells 400 --out $OUT/sweep_h200.json
+    step simulate timeout 280 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv \
+        --mode repeat --scale 1 2 --repeat 2
+elif [ "$1" = compiled ]; then
+    { gcc --version | head -1; python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])'; } >> $LOG 2>&1
+    step compiled timeout 300 python3 benchmarks/bench_compiled.py --test --rounds 3 --repeat 3 --keep /tmp/compiled
+    RT="--stages roundtrip --iterations 20000 -p paged -p size-class -p best-fit -p first-fit"
+    step roundtrip-pure timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure $RT
+    [ -d /tmp/compiled ] && (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled timeout 120 \
+        python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled $RT)
 else
     step sweep timeout 300 python3 benchmarks/bench_sweep.py --workers 1,2,4,8,16 --out $OUT/sweep_h200.json
 fi
