@@ -58,7 +58,7 @@ elif [ "$1" = speed ]; then
 elif [ "$1" = compiled ]; then
     { gcc --version | head -1; python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])'; } >> $LOG 2>&1
     step compiled timeout 300 python3 benchmarks/bench_compiled.py --test --rounds 3 --repeat 3 --keep /tmp/compiled
-    RT="--stages roundtrip --iterations 20000 -p paged -p size-class -p best-fit -p first-fit"
+    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit --policy first-fit"
     step roundtrip-pure timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure $RT
     [ -d /tmp/compiled ] && (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled timeout 120 \
         python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled $RT)
