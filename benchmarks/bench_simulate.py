@@ -72,7 +72,7 @@ def main(argv=None) -> int:
           f"Python {platform.python_version()} on {platform.machine()}")
     print(f"{'policy':<12}{'path':<6}{'mode':<8}{'x':>3}{'requests':>10}{'steps':>10}{'sim s':>9}{'wall s':>8}"
           f"{'cpu s':>7}{'x real':>8}{'us/req':>8}{'us/step':>8}{'quiet %':>8}{'finished':>10}{'preempt':>9}")
-    ok = True
+    ok = fast_enough = True
     paths = ["fast", "slow"] if args.slow_path else ["fast"]
     for spec in args.policies or FIVE:
         for path in paths:
@@ -92,12 +92,14 @@ def main(argv=None) -> int:
                         base_cpu = cpu
                         if path == "fast":
                             ok &= s["sim_time_s"] / wall >= 100
+                            fast_enough &= s["sim_time_s"] / wall >= 1000
                     print(f"{spec:<12}{path:<6}{mode:<8}{k:>3}{len(t):>10,}{s['n_steps']:>10,}{s['sim_time_s']:>9.0f}"
                           f"{wall:>8.2f}{cpu:>7.2f}{s['sim_time_s'] / wall:>8.0f}{1e6 * wall / len(t):>8.0f}"
                           f"{1e6 * wall / s['n_steps']:>8.1f}{100 * server.num_quiet_steps / s['n_steps']:>8.1f}"
                           f"{s['n_finished']:>10,}{s['n_preempted']:>9,}"
                           + (f"   ({cpu / base_cpu:.2f}x the 1x CPU time)" if k > 1 and base_cpu else ""), flush=True)
-    print("target >= 100x real time at 1x:", "met" if ok else "NOT met")
+    print("issue 3's target >= 100x real time at 1x:", "met" if ok else "NOT met")
+    print("issue 16's target >= 1,000x real time at 1x (wall clock):", "met" if fast_enough else "NOT met")
     return 0 if ok else 1
 
 
