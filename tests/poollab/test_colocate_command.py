@@ -9,13 +9,6 @@ TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
     f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
 
 
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
-
-
 @pytest.fixture
 def trace(tmp_path):
     p = tmp_path / "azure.csv"
@@ -76,9 +69,9 @@ def test_two_traces_are_two_tenants(trace, tmp_path, capsys):
     (["--tenants", "2", "--tenant-rate-scale", "1,-2"], "must be a finite number > 0"),
     (["--compute", "mps"], "mps"),
 ])
-def test_bad_input_is_one_line_and_exit_2(trace, tmp_path, capsys, extra, message):
+def test_bad_input_is_one_line_and_exit_2(trace, tmp_path, extra, message, cli):
     extra = [str(trace) if a == "SECOND" else a for a in extra]
-    code, _, err = run(["colocate", str(trace), *extra, "--out", str(tmp_path / "o")], capsys)
+    code, _, err = cli(["colocate", str(trace), *extra, "--out", str(tmp_path / "o")])
     assert code == 2
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1

@@ -3,20 +3,9 @@
 import pandas as pd
 import pytest
 
-from poollab.cli import main
 from sim.replay import replay
 from sim.report import write_results
 from traces import generate_alloc_trace
-
-
-def run(argv, capsys):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +16,20 @@ def result_dir(tmp_path_factory):
     return out
 
 
-def test_report_writes_the_html_file(result_dir, tmp_path, capsys):
+def test_report_writes_the_html_file(result_dir, tmp_path, cli):
     out = tmp_path / "r.html"
-    code, stdout, _ = run(["report", str(result_dir), "--out", str(out), "--title", "mine"], capsys)
+    code, stdout, _ = cli(["report", str(result_dir), "--out", str(out), "--title", "mine"])
     assert code == 0 and f"wrote {out}" in stdout
     assert "<title>mine</title>" in out.read_text(encoding="utf-8")
 
 
-def test_report_on_a_folder_without_results_exits_2_with_one_line(tmp_path, capsys):
-    code, _, err = run(["report", str(tmp_path), "--out", str(tmp_path / "r.html")], capsys)
+def test_report_on_a_folder_without_results_exits_2_with_one_line(tmp_path, cli):
+    code, _, err = cli(["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
     assert code == 2
     assert err.strip() == f"poollab: error: {tmp_path}: not a poollab result folder (no summary.csv)"
     assert not (tmp_path / "r.html").exists()
 
 
-def test_report_needs_a_folder(capsys):
-    code, _, err = run(["report"], capsys)
+def test_report_needs_a_folder(cli):
+    code, _, err = cli(["report"])
     assert code == 2 and "DIRS" in err

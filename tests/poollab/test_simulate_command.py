@@ -3,26 +3,10 @@
 import pandas as pd
 import pytest
 
-from poollab.cli import main
 from sim.hardware import available_gpus
 from sim.models import available_models
 TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
     f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
-
-
-def run_ok(argv, capsys):
-    try:
-        main(argv)
-    except SystemExit as exc:
-        assert exc.code in (0, None), exc.code
-    return capsys.readouterr()
 
 
 @pytest.fixture
@@ -32,10 +16,10 @@ def trace(tmp_path):
     return p
 
 
-def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, capsys):
+def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    out, _ = run_ok(["simulate", str(trace), "-p", "paged", "-p", "best-fit", "--model", "Llama-3.2-1B",
-                     "--gpu", "H200", "--out", str(out_dir)], capsys)
+    out, _ = cli_ok(["simulate", str(trace), "-p", "paged", "-p", "best-fit", "--model", "Llama-3.2-1B",
+                     "--gpu", "H200", "--out", str(out_dir)])
     summary = pd.read_csv(out_dir / "summary.csv")
     assert list(summary["policy"]) == ["paged", "best-fit"]
     assert (summary["n_finished"] == 12).all() and (summary["backend"] == "sim").all()
@@ -44,10 +28,10 @@ def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, capsys
 
 
 @pytest.mark.parametrize("model, groups", [("Gemma-2-9B", ["sliding-4096", "full"]), ("Bamba-9B", ["full", "mamba"])])
-def test_a_hybrid_model_writes_and_prints_its_layer_groups(trace, tmp_path, capsys, model, groups):
+def test_a_hybrid_model_writes_and_prints_its_layer_groups(trace, tmp_path, model, groups, cli_ok):
     out_dir = tmp_path / "out"
-    out, _ = run_ok(["simulate", str(trace), "-p", "paged", "--model", model, "--kv-capacity", "4GiB",
-                     "--hybrid-kv-layout", "two-level", "--out", str(out_dir)], capsys)
+    out, _ = cli_ok(["simulate", str(trace), "-p", "paged", "--model", model, "--kv-capacity", "4GiB",
+                     "--hybrid-kv-layout", "two-level", "--out", str(out_dir)])
     table = pd.read_parquet(out_dir / "kv_groups.parquet")
     summary = pd.read_csv(out_dir / "summary.csv")
     assert list(table["group"]) == groups and set(table["kv_layout"]) == {"two-level"}
@@ -58,16 +42,15 @@ def test_a_hybrid_model_writes_and_prints_its_layer_groups(trace, tmp_path, caps
     assert "kv_groups.parquet" in out and "share no prefix blocks" in out
 
 
-def test_a_plain_model_writes_no_group_table(trace, tmp_path, capsys):
-    out, _ = run_ok(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--out", str(tmp_path / "o")],
-                    capsys)
+def test_a_plain_model_writes_no_group_table(trace, tmp_path, cli_ok):
+    out, _ = cli_ok(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o" / "kv_groups.parquet").exists() and "layer groups" not in out
 
 
-def test_options_reach_the_simulator(trace, tmp_path, capsys):
+def test_options_reach_the_simulator(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    run_ok(["simulate", str(trace), "-p", "first-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "max",
-            "--preemption", "swap", "--pool-layout", "shared", "--out", str(out_dir)], capsys)
+    cli_ok(["simulate", str(trace), "-p", "first-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "max",
+            "--preemption", "swap", "--pool-layout", "shared", "--out", str(out_dir)])
     row = pd.read_csv(out_dir / "summary.csv").iloc[0]
     assert (row.kv_strategy, row.preemption, row.pool_layout) == ("max", "swap", "shared")
 
@@ -78,46 +61,46 @@ def test_options_reach_the_simulator(trace, tmp_path, capsys):
     (["-p", "no-such-policy"], "unknown policy 'no-such-policy'"),
     (["-p", "paged:bogus=1"], "bogus"),
 ])
-def test_bad_model_gpu_or_policy_is_one_line_and_exit_2(trace, tmp_path, capsys, argv, words):
-    code, _, err = run(["simulate", str(trace), *argv, "--out", str(tmp_path / "o")], capsys)
+def test_bad_model_gpu_or_policy_is_one_line_and_exit_2(trace, tmp_path, argv, words, cli):
+    code, _, err = cli(["simulate", str(trace), *argv, "--out", str(tmp_path / "o")])
     assert code == 2
     assert words.lower() in err.lower()
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_malformed_trace_names_file_and_line(tmp_path, capsys):
+def test_malformed_trace_names_file_and_line(tmp_path, cli):
     bad = tmp_path / "bad.csv"
     bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
                    "2023-11-16 18:17:04.0319600,lots,8\n")
-    code, _, err = run(["simulate", str(bad), "-p", "paged", "--out", str(tmp_path / "o")], capsys)
+    code, _, err = cli(["simulate", str(bad), "-p", "paged", "--out", str(tmp_path / "o")])
     assert code == 2
     assert f"{bad}:3" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_missing_trace_is_exit_2(tmp_path, capsys):
-    code, _, err = run(["simulate", str(tmp_path / "nope.csv"), "-p", "paged", "--out", str(tmp_path / "o")], capsys)
+def test_missing_trace_is_exit_2(tmp_path, cli):
+    code, _, err = cli(["simulate", str(tmp_path / "nope.csv"), "-p", "paged", "--out", str(tmp_path / "o")])
     assert code == 2 and "nope.csv" in err
 
 
-def test_pool_controls_reach_the_simulator(trace, tmp_path, capsys):
+def test_pool_controls_reach_the_simulator(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    run_ok(["simulate", str(trace), "-p", "elastic:base=[paged]", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
-            "--freeze-after-steps", "3", "--out", str(out_dir)], capsys)
+    cli_ok(["simulate", str(trace), "-p", "elastic:base=[paged]", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
+            "--freeze-after-steps", "3", "--out", str(out_dir)])
     row = pd.read_csv(out_dir / "summary.csv").iloc[0]
     assert row["n_pregrows"] > 0
     assert row["frozen_at_s"] >= 0
 
 
-def test_pregrowth_without_an_elastic_pool_is_exit_2(trace, tmp_path, capsys):
-    code, _, err = run(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
-                        "--out", str(tmp_path / "o")], capsys)
+def test_pregrowth_without_an_elastic_pool_is_exit_2(trace, tmp_path, cli):
+    code, _, err = cli(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--pregrow-safety", "1.5",
+                        "--out", str(tmp_path / "o")])
     assert code == 2 and "pregrow_safety" in err and "Traceback" not in err
 
 
-def test_help_lists_every_config_knob_with_its_choices(capsys):
+def test_help_lists_every_config_knob_with_its_choices(cli_ok):
     from sim.config import knobs
 
-    out = run_ok(["simulate", "--help"], capsys).out
+    out = cli_ok(["simulate", "--help"]).out
     flat = " ".join(out.split())
     for k in knobs().values():
         assert f"--{k.cli}" in out
@@ -130,15 +113,15 @@ def test_help_lists_every_config_knob_with_its_choices(capsys):
 @pytest.mark.parametrize("argv, words", [(["--max-num-seqs", "0"], "max-num-seqs"),
                                          (["--kv-strategy", "lucky"], "kv-strategy"),
                                          (["--kv-capacity", "lots"], "kv-capacity")])
-def test_a_bad_knob_value_is_exit_2_naming_the_option(trace, tmp_path, capsys, argv, words):
-    code, _, err = run(["simulate", str(trace), "-p", "paged", *argv, "--out", str(tmp_path / "o")], capsys)
+def test_a_bad_knob_value_is_exit_2_naming_the_option(trace, tmp_path, argv, words, cli):
+    code, _, err = cli(["simulate", str(trace), "-p", "paged", *argv, "--out", str(tmp_path / "o")])
     assert code == 2 and words in err and "Traceback" not in err
 
 
-def test_knobs_new_to_the_command_line_reach_the_simulator(trace, tmp_path, capsys):
+def test_knobs_new_to_the_command_line_reach_the_simulator(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    run_ok(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--horizon", "2", "--tokens-per-page",
-            "32", "--out", str(out_dir)], capsys)
+    cli_ok(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--horizon", "2", "--tokens-per-page",
+            "32", "--out", str(out_dir)])
     row = pd.read_csv(out_dir / "summary.csv").iloc[0]
     assert row["sim_time_s"] <= 2.0 and "tokens_per_page=32" in row["params"]
 
@@ -151,31 +134,31 @@ def write(tmp_path, rows):
     return p
 
 
-def test_header_only_trace_is_one_line_and_exit_2(tmp_path, capsys):
+def test_header_only_trace_is_one_line_and_exit_2(tmp_path, cli):
     p = tmp_path / "empty.csv"
     p.write_text("request_id,arrival_s,prompt_tokens,output_tokens\n")
-    code, out, err = run(["simulate", str(p), "-p", "paged", "--out", str(tmp_path / "o")], capsys)
+    code, out, err = cli(["simulate", str(p), "-p", "paged", "--out", str(tmp_path / "o")])
     assert code == 2 and "no requests" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 
-def test_rejections_are_one_warning_line_with_count_and_reason(tmp_path, capsys):
+def test_rejections_are_one_warning_line_with_count_and_reason(tmp_path, cli_ok):
     p = write(tmp_path, [(9000, 10), (9500, 10), (100, 10)])
-    out, err = run_ok(["simulate", str(p), "-p", "paged", "-p", "best-fit", "--model", "Llama-3-8B",
-                       "--out", str(tmp_path / "o")], capsys)
+    out, err = cli_ok(["simulate", str(p), "-p", "paged", "-p", "best-fit", "--model", "Llama-3-8B",
+                       "--out", str(tmp_path / "o")])
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1
     assert "2 of 3 requests rejected (prompt>=max_model_len: 2) under paged, best-fit" in warnings[0]
-    out, err = run_ok(["simulate", str(p), "-p", "paged", "--model", "Llama-3.1-8B",
-                       "--out", str(tmp_path / "o2")], capsys)
+    out, err = cli_ok(["simulate", str(p), "-p", "paged", "--model", "Llama-3.1-8B",
+                       "--out", str(tmp_path / "o2")])
     assert "warning" not in err and "max_model_len 131,072 (the model's)" in out
 
 
-def test_settings_line_names_what_decides_the_comparison(tmp_path, capsys):
+def test_settings_line_names_what_decides_the_comparison(tmp_path, cli_ok):
     p = write(tmp_path, [(100, 10)] * 4)
-    out, _ = run_ok(["simulate", str(p), "-p", "paged", "-p", "best-fit", "--model", "Llama-3.2-1B",
+    out, _ = cli_ok(["simulate", str(p), "-p", "paged", "-p", "best-fit", "--model", "Llama-3.2-1B",
                      "--kv-capacity", "1GiB", "--kv-strategy", "max", "--max-num-seqs", "8",
-                     "--prefix-eviction", "lfu", "--out", str(tmp_path / "o")], capsys)
+                     "--prefix-eviction", "lfu", "--out", str(tmp_path / "o")])
     settings = next(line for line in out.splitlines() if line.startswith("settings:"))
     for part in ("KV budget 1.0 GiB", "prefix caching on for paged (LFU eviction", "for best-fit",
                  "contiguous strategy max", "--max-num-seqs 8", "no SLO set: goodput not reported"):
@@ -187,38 +170,37 @@ def test_settings_line_names_what_decides_the_comparison(tmp_path, capsys):
     assert "goodput_rps" not in header
 
 
-def test_with_an_slo_the_table_shows_goodput_and_attainment(tmp_path, capsys):
+def test_with_an_slo_the_table_shows_goodput_and_attainment(tmp_path, cli_ok):
     p = write(tmp_path, [(100, 10)] * 4)
-    out, _ = run_ok(["simulate", str(p), "-p", "paged", "--model", "Llama-3.2-1B", "--slo-ttft", "1",
-                     "--slo-tpot", "0.1", "--out", str(tmp_path / "o")], capsys)
+    out, _ = cli_ok(["simulate", str(p), "-p", "paged", "--model", "Llama-3.2-1B", "--slo-ttft", "1",
+                     "--slo-tpot", "0.1", "--out", str(tmp_path / "o")])
     assert "goodput_rps" in out and "slo_attainment_%" in out and "no SLO set" not in out
     assert "--slo-ttft 1.0" in out
 
 
-def test_tp_runs_70b_on_h200s_and_says_so(tmp_path, capsys):
+def test_tp_runs_70b_on_h200s_and_says_so(tmp_path, cli, cli_ok):
     p = write(tmp_path, [(1000, 10)] * 3)
-    code, _, err = run(["simulate", str(p), "-p", "paged", "--model", "Llama-3-70B", "--out", str(tmp_path / "a")],
-                       capsys)
+    code, _, err = cli(["simulate", str(p), "-p", "paged", "--model", "Llama-3-70B", "--out", str(tmp_path / "a")])
     assert code == 2 and "no memory left for the KV cache" in err
-    out, _ = run_ok(["simulate", str(p), "-p", "paged", "--model", "Llama-3-70B", "--tp", "4",
-                     "--out", str(tmp_path / "b")], capsys)
+    out, _ = cli_ok(["simulate", str(p), "-p", "paged", "--model", "Llama-3-70B", "--tp", "4",
+                     "--out", str(tmp_path / "b")])
     assert "per GPU x 4 (tp)" in out
-    code, _, err = run(["simulate", str(p), "-p", "paged", "--model", "Llama-3-70B", "--tp", "3",
-                        "--out", str(tmp_path / "c")], capsys)
+    code, _, err = cli(["simulate", str(p), "-p", "paged", "--model", "Llama-3-70B", "--tp", "3",
+                        "--out", str(tmp_path / "c")])
     assert code == 2 and "tensor parallelism 3 must divide" in err
 
 
-def test_presets_lists_every_model_and_gpu(capsys):
-    out, _ = run_ok(["presets"], capsys)
+def test_presets_lists_every_model_and_gpu(cli_ok):
+    out, _ = cli_ok(["presets"])
     for name in available_models() + available_gpus():
         assert name in out
     assert "131072" in out and "link_GB_s" in out
 
 
-def test_virtual_kv_strategy_runs_and_says_what_it_turns_off(trace, tmp_path, capsys):
+def test_virtual_kv_strategy_runs_and_says_what_it_turns_off(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    out, _ = run_ok(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "virtual",
-                     "--virtual-page", "64KiB", "--no-map-overlap", "--out", str(out_dir)], capsys)
+    out, _ = cli_ok(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy", "virtual",
+                     "--virtual-page", "64KiB", "--no-map-overlap", "--out", str(out_dir)])
     row = pd.read_csv(out_dir / "summary.csv").iloc[0]
     assert (row.kv_strategy, row.kv_page_bytes, bool(row.map_overlap)) == ("virtual", 64 << 10, False)
     assert row.n_finished == 12 and row.n_map > 0 and row.kv_driver_step_s == pytest.approx(row.kv_driver_s)
@@ -228,7 +210,7 @@ def test_virtual_kv_strategy_runs_and_says_what_it_turns_off(trace, tmp_path, ca
 @pytest.mark.parametrize("argv, words", [(["--virtual-page", "100KiB"], "power of two"),
                                          (["--virtual-page", "4MiB"], "virtual_page_bytes"),
                                          (["--pool-layout", "shared"], "pool_layout")])
-def test_a_bad_virtual_setting_is_exit_2(trace, tmp_path, capsys, argv, words):
-    code, _, err = run(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy",
-                        "virtual", *argv, "--out", str(tmp_path / "o")], capsys)
+def test_a_bad_virtual_setting_is_exit_2(trace, tmp_path, argv, words, cli):
+    code, _, err = cli(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy",
+                        "virtual", *argv, "--out", str(tmp_path / "o")])
     assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
