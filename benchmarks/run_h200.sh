@@ -9,6 +9,8 @@
 #   bash benchmarks/run_h200.sh speed      # issue 16 on quiet cores: sweeps on 16 workers (400 cells), the
 #                                          # step loop on the Azure conversation trace (carried in .data/,
 #                                          # git-ignored)
+#   bash benchmarks/run_h200.sh final      # GPU tests on the final tree, and the replay harness against the
+#                                          # bare loop on quiet cores (full snapshot carried in .data/)
 #   bash benchmarks/run_h200.sh compiled   # Cython against pure Python (carried .whl/cython*), and
 #                                          # GpuPool.malloc of both builds against CuPy's MemoryPool
 set -u
@@ -55,6 +57,11 @@ elif [ "$1" = speed ]; then
     step sweep timeout 280 python3 benchmarks/bench_sweep.py --workers 1,2,4,8,16 --cells 400 --out $OUT/sweep_h200.json
     step simulate timeout 280 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv \
         --mode repeat --scale 1 2 --repeat 2
+elif [ "$1" = final ]; then
+    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
+    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
+    step harness timeout 300 python3 benchmarks/bench_replay.py .data/llama1b_generate_mixed.pickle.gz --repeat 3 \
+        -p paged -p size-class -p best-fit -p first-fit -p tlsf --out $OUT/replay_harness_h200.csv
 elif [ "$1" = compiled ]; then
     { gcc --version | head -1; python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])'; } >> $LOG 2>&1
     step compiled timeout 300 python3 benchmarks/bench_compiled.py --test --rounds 3 --repeat 3 --keep /tmp/compiled
