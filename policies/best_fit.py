@@ -80,13 +80,68 @@ class BestFit(ContiguousPolicy):
         return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
 
     # ----------------------------------------------------------------- the hot path
-    # ``ContiguousPolicy._free`` with this index's updates inlined (the same steps, no calls to
-    # the index hooks): 3.62-3.77x the do-nothing policy against 3.78-3.85x through the hooks.
-    # ``_allocate`` stays the generic one (``_take`` + ``_cut``): inlining the search and the
-    # split into it measured the same (3.62-3.77x either way), and first-fit, whose merges mostly
-    # stay in their bucket, gained nothing from an inlined ``_free`` (benchmarks/RESULTS.md).
+    # ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and ``_free`` with this index's
+    # updates inlined: the same steps, one Python frame each instead of three to five (calls,
+    # not the list and dict work, are most of what a pure-Python pool pays per request).
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        mask = self._round_mask
+        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        keys = self._keys_by_stream.get(stream)
+        free_at = self._free_at
+        if keys:
+            i = bisect_left(keys, size << OFFSET_BITS)
+            block = free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
+        else:
+            block = None
+        if block is None:
+            block = self._miss(size, stream)
+            if block is None:
+                return None
+            keys = self._keys_by_stream.get(stream)
+        seg = block.segment
+        prev = block.prev
+        offset = block.offset
+        rest_bytes = block.size - size
+        if rest_bytes >= self._split_min_bytes:  # split: the request takes the low end, the rest stays free
+            rest_offset = offset + size
+            if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
+                nxt = block.next
+                rest = Block(rest_offset, rest_bytes, seg, None, nxt)
+                if nxt is not None:
+                    nxt.prev = rest
+                block.prev = block.next = None
+                block = rest
+            else:
+                block.offset = rest_offset
+                block.size = rest_bytes
+            a = Block(offset, size, seg, prev, block, False)
+            block.prev = a
+            if keys is None:
+                keys = self._keys_by_stream[seg.stream] = []
+            insort(keys, rest_bytes << OFFSET_BITS | rest_offset)
+            free_at[rest_offset] = block
+        else:
+            size = block.size
+            nxt = block.next
+            a = Block(offset, size, seg, prev, nxt, False)
+            if nxt is not None:
+                nxt.prev = a
+            block.prev = block.next = None
+        if prev is None:
+            seg.handle = a
+        else:
+            prev.next = a
+        a.nbytes = nbytes
+        a.size_bytes = size
+        a.extents = ((offset, size),)
+        a.stream = stream
+        a.tag = tag
+        seg.num_live += 1
+        self.allocated_bytes += size
+        return a
+
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle
+        block: Block = allocation if allocation.__class__ is Block else allocation.handle
         size = block.size
         assert not block.free and size == allocation.size_bytes
         self.allocated_bytes -= size
