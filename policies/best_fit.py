@@ -14,6 +14,8 @@ from policies.base import Allocation
 __all__ = ["BestFit"]
 
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
+#: a handed-out block is built field by field: ``Block(...)`` runs ``__init__`` as a second frame
+_new_block = Block.__new__
 
 
 class BestFit(ContiguousPolicy):
@@ -88,16 +90,19 @@ class BestFit(ContiguousPolicy):
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
         keys = self._keys_by_stream.get(stream)
         free_at = self._free_at
-        if keys:
+        i = len(keys) if keys else 0  # where the taken block's key sits (0 and no keys: none)
+        if i:
             i = bisect_left(keys, size << OFFSET_BITS)
-            block = free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
-        else:
-            block = None
-        if block is None:
+            if i < len(keys):
+                block = free_at.pop(keys[i] & _OFFSET_MASK)  # its key stays until the rest's is known
+            else:
+                i = 0
+                keys = None
+        if not keys:
             block = self._miss(size, stream)
             if block is None:
                 return None
-            keys = self._keys_by_stream.get(stream)
+            keys = None
         seg = block.segment
         prev = block.prev
         offset = block.offset
@@ -114,16 +119,28 @@ class BestFit(ContiguousPolicy):
             else:
                 block.offset = rest_offset
                 block.size = rest_bytes
-            a = Block(offset, size, seg, prev, block, False)
+            a = _new_block(Block)
+            a.next = block
             block.prev = a
-            if keys is None:
-                keys = self._keys_by_stream[seg.stream] = []
-            insort(keys, rest_bytes << OFFSET_BITS | rest_offset)
+            key = rest_bytes << OFFSET_BITS | rest_offset
+            if keys is None:  # a miss: the block came from outside the index
+                keys = self._keys_by_stream.get(seg.stream)
+                if keys is None:
+                    keys = self._keys_by_stream[seg.stream] = []
+                insort(keys, key)
+            elif i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
+                keys[i] = key
+            else:
+                del keys[i]
+                insort(keys, key)
             free_at[rest_offset] = block
         else:
+            if keys is not None:
+                del keys[i]
             size = block.size
             nxt = block.next
-            a = Block(offset, size, seg, prev, nxt, False)
+            a = _new_block(Block)
+            a.next = nxt
             if nxt is not None:
                 nxt.prev = a
             block.prev = block.next = None
@@ -131,6 +148,11 @@ class BestFit(ContiguousPolicy):
             seg.handle = a
         else:
             prev.next = a
+        a.offset = offset
+        a.size = size
+        a.segment = seg
+        a.prev = prev
+        a.free = False
         a.nbytes = nbytes
         a.size_bytes = size
         a.extents = ((offset, size),)
@@ -149,12 +171,11 @@ class BestFit(ContiguousPolicy):
         seg.num_live -= 1
         free_at = self._free_at
         nxt = block.next
-        if nxt is not None and nxt.free:  # absorb the free block above
+        if nxt is not None and nxt.free:  # absorb the free block above; its key is reused below
             keys = self._keys_by_stream[seg.stream]
             key = nxt.size << OFFSET_BITS | nxt.offset
-            i = bisect_left(keys, key)
-            assert keys[i] == key, "removing a block that is not indexed"
-            del keys[i]
+            j = bisect_left(keys, key)
+            assert keys[j] == key, "removing a block that is not indexed"
             del free_at[nxt.offset]
             size += nxt.size
             block.size = size
@@ -162,27 +183,46 @@ class BestFit(ContiguousPolicy):
             if after is not None:
                 after.prev = block
             nxt.prev = nxt.next = None
+        else:
+            keys = None
+            j = 0
         prev = block.prev
         if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
-            keys = self._keys_by_stream[seg.stream]
+            if keys is None:
+                keys = self._keys_by_stream[seg.stream]
+            else:
+                del keys[j]
             offset = prev.offset
             key = prev.size << OFFSET_BITS | offset
             i = bisect_left(keys, key)
             assert keys[i] == key, "resizing a block that is not indexed"
-            del keys[i]
-            prev.size += size
-            insort(keys, prev.size << OFFSET_BITS | offset)
+            size += prev.size
+            prev.size = size
+            key = size << OFFSET_BITS | offset
+            if i + 1 == len(keys) or keys[i + 1] > key:  # it grew but keeps its place in the order
+                keys[i] = key
+            else:
+                del keys[i]
+                insort(keys, key)
             after = prev.next = block.next
             if after is not None:
                 after.prev = prev
             block.prev = block.next = None
         else:
             block.free = True
-            keys = self._keys_by_stream.get(seg.stream)
+            offset = block.offset
+            key = size << OFFSET_BITS | offset
             if keys is None:
-                keys = self._keys_by_stream[seg.stream] = []
-            insort(keys, size << OFFSET_BITS | block.offset)
-            free_at[block.offset] = block
+                keys = self._keys_by_stream.get(seg.stream)
+                if keys is None:
+                    keys = self._keys_by_stream[seg.stream] = []
+                insort(keys, key)
+            elif j + 1 == len(keys) or keys[j + 1] > key:  # it takes the absorbed block's place in the order
+                keys[j] = key
+            else:
+                del keys[j]
+                insort(keys, key)
+            free_at[offset] = block
 
     def check_invariants(self) -> None:
         super().check_invariants()
