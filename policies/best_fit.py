@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
+from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy, cut_block
 from policies.base import Allocation
 
 __all__ = ["BestFit"]
 
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
-#: a handed-out block is built field by field: ``Block(...)`` runs ``__init__`` as a second frame
-_new_block = Block.__new__
 
 
 class BestFit(ContiguousPolicy):
@@ -103,63 +101,25 @@ class BestFit(ContiguousPolicy):
             if block is None:
                 return None
             keys = None
-        seg = block.segment
-        prev = block.prev
-        offset = block.offset
-        rest_bytes = block.size - size
-        if rest_bytes >= self._split_min_bytes:  # split: the request takes the low end, the rest stays free
-            rest_offset = offset + size
-            if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
-                nxt = block.next
-                rest = Block(rest_offset, rest_bytes, seg, None, nxt)
-                if nxt is not None:
-                    nxt.prev = rest
-                block.prev = block.next = None
-                block = rest
-            else:
-                block.offset = rest_offset
-                block.size = rest_bytes
-            a = _new_block(Block)
-            a.next = block
-            block.prev = a
-            key = rest_bytes << OFFSET_BITS | rest_offset
+        a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
+        rest = a.next
+        if rest is not None and rest.free:  # a split: the rest goes back into the index
+            rest_offset = rest.offset
+            key = rest.size << OFFSET_BITS | rest_offset
             if keys is None:  # a miss: the block came from outside the index
-                keys = self._keys_by_stream.get(seg.stream)
+                keys = self._keys_by_stream.get(stream)
                 if keys is None:
-                    keys = self._keys_by_stream[seg.stream] = []
+                    keys = self._keys_by_stream[stream] = []
                 insort(keys, key)
             elif i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
                 keys[i] = key
             else:
                 del keys[i]
                 insort(keys, key)
-            free_at[rest_offset] = block
-        else:
-            if keys is not None:
-                del keys[i]
-            size = block.size
-            nxt = block.next
-            a = _new_block(Block)
-            a.next = nxt
-            if nxt is not None:
-                nxt.prev = a
-            block.prev = block.next = None
-        if prev is None:
-            seg.handle = a
-        else:
-            prev.next = a
-        a.offset = offset
-        a.size = size
-        a.segment = seg
-        a.prev = prev
-        a.free = False
-        a.nbytes = nbytes
-        a.size_bytes = size
-        a.extents = ((offset, size),)
-        a.stream = stream
-        a.tag = tag
-        seg.num_live += 1
-        self.allocated_bytes += size
+            free_at[rest_offset] = rest
+        elif keys is not None:
+            del keys[i]
+        self.allocated_bytes += a.size
         return a
 
     def _free(self, allocation: Allocation) -> None:

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from policies._blocks import Block, ContiguousPolicy
+from policies._blocks import Block, ContiguousPolicy, cut_block
 from policies.base import Allocation
 
 __all__ = ["FirstFit"]
-
-#: a handed-out block is built field by field: ``Block(...)`` runs ``__init__`` as a second frame
-_new_block = Block.__new__
 
 
 class FirstFit(ContiguousPolicy):
@@ -91,60 +88,21 @@ class FirstFit(ContiguousPolicy):
                 return None
             offsets, sizes, blocks = self._lists(stream)
             i = -1
-        seg = block.segment
-        prev = block.prev
-        offset = block.offset
-        rest_bytes = block.size - size
-        if rest_bytes >= self._split_min_bytes:  # split: the request takes the low end, the rest stays free
-            rest_offset = offset + size
-            if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
-                nxt = block.next
-                rest = Block(rest_offset, rest_bytes, seg, None, nxt)
-                if nxt is not None:
-                    nxt.prev = rest
-                block.prev = block.next = None
-                block = rest
-            else:
-                block.offset = rest_offset
-                block.size = rest_bytes
-            a = _new_block(Block)
-            a.next = block
-            block.prev = a
+        a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
+        rest = a.next
+        if rest is not None and rest.free:  # a split: the rest keeps the block's place in address order
             if i < 0:  # a miss: the block came from outside the index
-                i = bisect_left(offsets, rest_offset)
-                offsets.insert(i, rest_offset)
-                sizes.insert(i, rest_bytes)
-                blocks.insert(i, block)
-            else:  # the rest keeps the block's place in address order
-                offsets[i] = rest_offset
-                sizes[i] = rest_bytes
-                blocks[i] = block
-        else:
-            if i >= 0:
-                del offsets[i], sizes[i], blocks[i]
-            size = block.size
-            nxt = block.next
-            a = _new_block(Block)
-            a.next = nxt
-            if nxt is not None:
-                nxt.prev = a
-            block.prev = block.next = None
-        if prev is None:
-            seg.handle = a
-        else:
-            prev.next = a
-        a.offset = offset
-        a.size = size
-        a.segment = seg
-        a.prev = prev
-        a.free = False
-        a.nbytes = nbytes
-        a.size_bytes = size
-        a.extents = ((offset, size),)
-        a.stream = stream
-        a.tag = tag
-        seg.num_live += 1
-        self.allocated_bytes += size
+                i = bisect_left(offsets, rest.offset)
+                offsets.insert(i, rest.offset)
+                sizes.insert(i, rest.size)
+                blocks.insert(i, rest)
+            else:
+                offsets[i] = rest.offset
+                sizes[i] = rest.size
+                blocks[i] = rest
+        elif i >= 0:
+            del offsets[i], sizes[i], blocks[i]
+        self.allocated_bytes += a.size
         return a
 
     def _free(self, allocation: Allocation) -> None:
