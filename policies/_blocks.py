@@ -45,7 +45,7 @@ from policies.errors import PolicyError
 from policies.mapped_device import as_page_mapped
 from policies.units import round_up
 
-__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES"]
+__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "cut_block"]
 
 #: The virtual range a ``virtual=True`` pool reserves per stream: 1 TiB, past any GPU's memory
 #: (reserving costs microseconds and no physical memory), so a range never has to move.
@@ -69,7 +69,7 @@ class Block(Allocation):
     still fails as a double free, and it never moves (its ``offset`` stays where it was): the
     free block keeps the remainder of a split only if it was never handed out, else a fresh
     block does and it is dropped. The
-    ``Allocation`` fields are set when the block is handed out (``ContiguousPolicy._cut``);
+    ``Allocation`` fields are set when the block is handed out (``cut_block``);
     ``handle`` is the block itself, so code that reaches a block through ``allocation.handle``
     (wrappers, allocations a subclass builds around a block) works on either.
     """
@@ -104,6 +104,62 @@ class Block(Allocation):
     def __repr__(self) -> str:
         state = "free" if self.free else f"live nbytes={self.nbytes}"
         return f"Block(offset={self.offset:#x}, size={self.size}, {state})"
+
+
+#: a handed-out block is built field by field: ``Block(...)`` would run ``__init__`` as one more frame
+_new_block = Block.__new__
+
+
+def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None, split_min_bytes: int) -> Block:
+    """Hand out the low ``size`` bytes of free ``block`` (out of the index) as a fresh block.
+
+    The fresh block replaces ``block`` in the chain. The remainder, when at least
+    ``split_min_bytes``, stays free as the fresh block's ``next`` (``block`` itself, or a fresh
+    block when ``block`` was handed out before: a freed allocation never moves), and the caller
+    puts it back into its index; else the whole block is handed out and ``block`` is dropped.
+    Counts the block in its segment's ``num_live``; the caller counts ``allocated_bytes``.
+    The one copy of the split, for every block policy (a plain function: one frame, no lookups).
+    """
+    seg = block.segment
+    prev = block.prev
+    offset = block.offset
+    rest_bytes = block.size - size
+    a = _new_block(Block)
+    if rest_bytes >= split_min_bytes:  # split: the request takes the low end, the rest stays free
+        if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
+            nxt = block.next
+            rest = Block(offset + size, rest_bytes, seg, None, nxt)
+            if nxt is not None:
+                nxt.prev = rest
+            block.prev = block.next = None
+            block = rest
+        else:
+            block.offset = offset + size
+            block.size = rest_bytes
+        a.next = block
+        block.prev = a
+    else:
+        size = block.size
+        nxt = a.next = block.next
+        if nxt is not None:
+            nxt.prev = a
+        block.prev = block.next = None
+    if prev is None:
+        seg.handle = a
+    else:
+        prev.next = a
+    a.offset = offset
+    a.size = size
+    a.segment = seg
+    a.prev = prev
+    a.free = False
+    a.nbytes = nbytes
+    a.size_bytes = size
+    a.extents = ((offset, size),)
+    a.stream = stream
+    a.tag = tag
+    seg.num_live += 1
+    return a
 
 
 #: the free-block index hooks; a class that defines one has an index of its own
@@ -290,50 +346,13 @@ class ContiguousPolicy(Policy):
         return None if seg is None else self._segment_block(seg)
 
     def _cut(self, block: Block, size: int, nbytes: int, stream: int, tag: str | None) -> Block:
-        """Hand out the low ``size`` bytes of free ``block`` (out of the index) as a fresh block.
-
-        The fresh block replaces ``block`` in the chain; ``block`` keeps the remainder (and goes
-        back into the index) when that is at least ``_split_min_bytes``, else the whole block
-        is handed out and ``block`` is dropped. Block policies inline this in their own
-        ``_allocate``; this is the one place for the others and for misses.
-        """
-        seg = block.segment
-        prev = block.prev
-        offset = block.offset
-        rest_bytes = block.size - size
-        if rest_bytes >= self._split_min_bytes:
-            # split: the request takes the low end, the rest stays free
-            if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
-                nxt = block.next
-                rest = Block(offset + size, rest_bytes, seg, None, nxt)
-                if nxt is not None:
-                    nxt.prev = rest
-                block.prev = block.next = None
-                block = rest
-            else:
-                block.offset = offset + size
-                block.size = rest_bytes
-            a = Block(offset, size, seg, prev, block, False)
-            block.prev = a
-            self._index_add(block)
-        else:
-            size = block.size
-            nxt = block.next
-            a = Block(offset, size, seg, prev, nxt, False)
-            if nxt is not None:
-                nxt.prev = a
-            block.prev = block.next = None
-        if prev is None:
-            seg.handle = a
-        else:
-            prev.next = a
-        a.nbytes = nbytes
-        a.size_bytes = size
-        a.extents = ((offset, size),)
-        a.stream = stream
-        a.tag = tag
-        seg.num_live += 1
-        self.allocated_bytes += size
+        """Hand out the low ``size`` bytes of free ``block`` (out of the index): ``cut_block``,
+        with the remainder of a split put back into the index."""
+        a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
+        rest = a.next
+        if rest is not None and rest.free:  # a split (a free block never follows a free one)
+            self._index_add(rest)
+        self.allocated_bytes += a.size
         return a
 
     def _free(self, allocation: Allocation) -> None:

@@ -45,7 +45,7 @@ from policies.device import Device, VirtualDevice
 from policies.errors import PolicyError
 from policies.units import round_up
 
-__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "round_up"]
+__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "new_allocation", "round_up"]
 
 
 @dataclass(slots=True, eq=False)
@@ -79,6 +79,13 @@ class Allocation:
     @property
     def live(self) -> bool:
         return self.owner is not None
+
+
+#: ``Allocation`` without ``__init__``, for the hottest paths (a policy's one-page or one-block
+#: request): ``Allocation(...)`` runs the generated ``__init__`` as one more Python frame, which
+#: costs more than setting the slots in the caller. The caller sets every field but ``owner``
+#: (``Policy.allocate`` sets that).
+new_allocation = Allocation.__new__
 
 
 @dataclass(slots=True, eq=False)

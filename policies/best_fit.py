@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy
+from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy, cut_block
 from policies.base import Allocation
 
 __all__ = ["BestFit"]
@@ -80,13 +80,50 @@ class BestFit(ContiguousPolicy):
         return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
 
     # ----------------------------------------------------------------- the hot path
-    # ``ContiguousPolicy._free`` with this index's updates inlined (the same steps, no calls to
-    # the index hooks): 3.62-3.77x the do-nothing policy against 3.78-3.85x through the hooks.
-    # ``_allocate`` stays the generic one (``_take`` + ``_cut``): inlining the search and the
-    # split into it measured the same (3.62-3.77x either way), and first-fit, whose merges mostly
-    # stay in their bucket, gained nothing from an inlined ``_free`` (benchmarks/RESULTS.md).
+    # ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and ``_free`` with this index's
+    # updates inlined: the same steps, one Python frame each instead of three to five (calls,
+    # not the list and dict work, are most of what a pure-Python pool pays per request).
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        mask = self._round_mask
+        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        keys = self._keys_by_stream.get(stream)
+        free_at = self._free_at
+        i = len(keys) if keys else 0  # where the taken block's key sits (0 and no keys: none)
+        if i:
+            i = bisect_left(keys, size << OFFSET_BITS)
+            if i < len(keys):
+                block = free_at.pop(keys[i] & _OFFSET_MASK)  # its key stays until the rest's is known
+            else:
+                i = 0
+                keys = None
+        if not keys:
+            block = self._miss(size, stream)
+            if block is None:
+                return None
+            keys = None
+        a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
+        rest = a.next
+        if rest is not None and rest.free:  # a split: the rest goes back into the index
+            rest_offset = rest.offset
+            key = rest.size << OFFSET_BITS | rest_offset
+            if keys is None:  # a miss: the block came from outside the index
+                keys = self._keys_by_stream.get(stream)
+                if keys is None:
+                    keys = self._keys_by_stream[stream] = []
+                insort(keys, key)
+            elif i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
+                keys[i] = key
+            else:
+                del keys[i]
+                insort(keys, key)
+            free_at[rest_offset] = rest
+        elif keys is not None:
+            del keys[i]
+        self.allocated_bytes += a.size
+        return a
+
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle
+        block: Block = allocation if allocation.__class__ is Block else allocation.handle
         size = block.size
         assert not block.free and size == allocation.size_bytes
         self.allocated_bytes -= size
@@ -94,12 +131,11 @@ class BestFit(ContiguousPolicy):
         seg.num_live -= 1
         free_at = self._free_at
         nxt = block.next
-        if nxt is not None and nxt.free:  # absorb the free block above
+        if nxt is not None and nxt.free:  # absorb the free block above; its key is reused below
             keys = self._keys_by_stream[seg.stream]
             key = nxt.size << OFFSET_BITS | nxt.offset
-            i = bisect_left(keys, key)
-            assert keys[i] == key, "removing a block that is not indexed"
-            del keys[i]
+            j = bisect_left(keys, key)
+            assert keys[j] == key, "removing a block that is not indexed"
             del free_at[nxt.offset]
             size += nxt.size
             block.size = size
@@ -107,27 +143,46 @@ class BestFit(ContiguousPolicy):
             if after is not None:
                 after.prev = block
             nxt.prev = nxt.next = None
+        else:
+            keys = None
+            j = 0
         prev = block.prev
         if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
-            keys = self._keys_by_stream[seg.stream]
+            if keys is None:
+                keys = self._keys_by_stream[seg.stream]
+            else:
+                del keys[j]
             offset = prev.offset
             key = prev.size << OFFSET_BITS | offset
             i = bisect_left(keys, key)
             assert keys[i] == key, "resizing a block that is not indexed"
-            del keys[i]
-            prev.size += size
-            insort(keys, prev.size << OFFSET_BITS | offset)
+            size += prev.size
+            prev.size = size
+            key = size << OFFSET_BITS | offset
+            if i + 1 == len(keys) or keys[i + 1] > key:  # it grew but keeps its place in the order
+                keys[i] = key
+            else:
+                del keys[i]
+                insort(keys, key)
             after = prev.next = block.next
             if after is not None:
                 after.prev = prev
             block.prev = block.next = None
         else:
             block.free = True
-            keys = self._keys_by_stream.get(seg.stream)
+            offset = block.offset
+            key = size << OFFSET_BITS | offset
             if keys is None:
-                keys = self._keys_by_stream[seg.stream] = []
-            insort(keys, size << OFFSET_BITS | block.offset)
-            free_at[block.offset] = block
+                keys = self._keys_by_stream.get(seg.stream)
+                if keys is None:
+                    keys = self._keys_by_stream[seg.stream] = []
+                insort(keys, key)
+            elif j + 1 == len(keys) or keys[j + 1] > key:  # it takes the absorbed block's place in the order
+                keys[j] = key
+            else:
+                del keys[j]
+                insort(keys, key)
+            free_at[offset] = block
 
     def check_invariants(self) -> None:
         super().check_invariants()

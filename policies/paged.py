@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Iterable
 
-from policies.base import Allocation, Policy, Segment, check_positive_int
+from policies.base import Allocation, Policy, Segment, check_positive_int, new_allocation
 from policies.device import Device
 from policies.errors import PolicyError
 from policies.eviction import EvictableQueue, make_queue
@@ -159,7 +159,14 @@ class Paged(Policy):
             pg.ref_cnt = 1
             pg.segment.num_live += 1
             self.allocated_bytes += page
-            return Allocation(nbytes, page, pg.extents, stream, tag, (pg,))
+            a = new_allocation(Allocation)
+            a.nbytes = nbytes
+            a.size_bytes = page
+            a.extents = pg.extents
+            a.stream = stream
+            a.tag = tag
+            a.handle = (pg,)
+            return a
         num_pages = -(-nbytes // page)
         if num_pages <= len(free):
             pages = free[-num_pages:]

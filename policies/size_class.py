@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 
-from policies.base import Allocation, Policy, Segment, check_positive_int, round_up
+from policies.base import Allocation, Policy, Segment, check_positive_int, new_allocation, round_up
 from policies.device import Device
 from policies.errors import PolicyError
 
@@ -217,7 +217,14 @@ class SizeClass(Policy):
         blk.segment.num_live += 1
         size = blk.size_bytes
         self.allocated_bytes += size
-        return Allocation(nbytes, size, blk.extents, stream, tag, blk)
+        a = new_allocation(Allocation)
+        a.nbytes = nbytes
+        a.size_bytes = size
+        a.extents = blk.extents
+        a.stream = stream
+        a.tag = tag
+        a.handle = blk
+        return a
 
     def _allocate_large(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         blk = self._take_large(round_up(nbytes, self.large_granularity_bytes), stream)
