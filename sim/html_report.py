@@ -354,7 +354,9 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
     """The report page for the result folders ``dirs`` (see the module docstring).
 
     ``interactive`` embeds the timelines and the segment view (``sim.interactive.page``; time
-    series read at ``DETAIL_POINTS`` rows per run, at least ``max_points``); False: static PNGs only.
+    series read at ``DETAIL_POINTS`` rows per run, at least ``max_points``, plus the zoom levels
+    of longer runs in what is left of ``PAGE_BUDGET_BYTES``: ``sim.interactive.detail``);
+    False: static PNGs only.
 
     ``progress`` shows a bar on stderr (when it is a terminal) that advances per folder read and
     per section drawn;
