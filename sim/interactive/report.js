@@ -78,14 +78,15 @@
     return c - a;
   }
 
-  // The run's series for [x0, x1] at numBuckets pixel buckets: the overview when it has a row per
-  // bucket there, else the coarsest zoom level that has (or the finest there is), only the chunks
+  // The run's series for [x0, x1] at numBuckets pixel buckets: the overview when the run has no zoom
+  // levels (it then holds every row), else the coarsest level with a bucket per pixel column there
+  // (or the finest there is; the overview's bucket maxima would lose the troughs), only the chunks
   // the range needs (and one either side, so the line runs on past the edges).
   async function seriesFor(run, x0, x1, numBuckets) {
     const overview = {level: "overview", buckets: run.t.length, t: run.t};
     METRICS.forEach(([m]) => { overview[m + "Min"] = run[m]; overview[m + "Max"] = run[m]; });
     const inOverview = countIn(run.t, x0, x1);
-    if (!run.detail.length || inOverview >= numBuckets) return overview;
+    if (!run.detail.length) return overview;
     const share = Math.max(inOverview, 1) / run.t.length;  // of the rows, from the overview's buckets
     const level = run.detail.find((l) => l.buckets * share >= numBuckets) || run.detail[run.detail.length - 1];
     const chunks = level.chunks;
