@@ -26,7 +26,7 @@ import pandas as pd
 
 from sim.report import _read_table
 
-__all__ = ["RUN_KEYS", "DRAWN_TABLES", "MAX_POINTS_PER_RUN", "read_drawn_table"]
+__all__ = ["RUN_KEYS", "DRAWN_TABLES", "MAX_POINTS_PER_RUN", "read_drawn_table", "read_run_series"]
 
 #: Columns that tell one run's rows from another's within a table.
 RUN_KEYS = ("trace", "policy", "backend")
@@ -269,3 +269,37 @@ def read_drawn_table(path: str | Path, max_points: int = MAX_POINTS_PER_RUN) -> 
     names = _read_table(path, pq.read_schema).names
     names = [n for n in names if not n.startswith("__index_level_")]
     return read(path, names, max_points)
+
+
+def read_run_series(path: str | Path, columns: list[str], order_by: str = "time_us") -> dict[tuple, dict[str, np.ndarray]]:
+    """Every row of a time-series table, per run (``RUN_KEYS`` values as a tuple, in order of first
+    appearance): the numeric ``columns`` the table has (float64, NaN for nulls), ordered by
+    ``order_by``. For the page's zoom detail (``sim.interactive.detail``), which needs every row;
+    memory is 8 bytes per row and column asked, read one column at a time.
+    Raises ValueError naming a file it cannot read."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    names = _read_table(path, pq.read_schema).names
+    keys = [k for k in RUN_KEYS if k in names]
+    frame, codes = _run_codes(path, keys)
+    runs = _runs(codes)
+    del codes
+    firsts = [rows[0] for rows in runs]
+    labels = [tuple(v[0] for v in _key_values(frame, np.array([r])).values()) for r in firsts]
+    out: dict[tuple, dict[str, np.ndarray]] = {label: {} for label in labels}
+    orders = None
+    if order_by in names:
+        order_values = _column(path, order_by)
+        orders = [rows[np.argsort(order_values[rows], kind="stable")] for rows in runs]
+        del order_values
+    for name in columns:
+        if name not in names:
+            continue
+        values = _column(path, name)
+        if values.dtype.kind not in "iuf":
+            continue
+        for label, rows in zip(labels, orders or runs):
+            out[label][name] = values[rows].astype(np.float64)
+        del values
+    return out

@@ -27,8 +27,8 @@ from sim import plots
 from sim.plots import column_header, format_value
 from policies.units import format_bytes
 from sim.bounded_tables import MAX_POINTS_PER_RUN, read_drawn_table
-from sim.interactive.page import CSS as INTERACTIVE_CSS, DETAIL_POINTS, read_recorded_tables, scripts_html, segments_html, \
-    timeline_html, trace_data
+from sim.interactive.page import CSS as INTERACTIVE_CSS, DETAIL_POINTS, PAGE_BUDGET_BYTES, attach_detail, \
+    read_recorded_tables, scripts_html, segments_html, timeline_html, trace_data
 from sim.report import _read_table
 from traces.atomic import replacing_file
 
@@ -354,7 +354,9 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
     """The report page for the result folders ``dirs`` (see the module docstring).
 
     ``interactive`` embeds the timelines and the segment view (``sim.interactive.page``; time
-    series read at ``DETAIL_POINTS`` rows per run, at least ``max_points``); False: static PNGs only.
+    series read at ``DETAIL_POINTS`` rows per run, at least ``max_points``, plus the zoom levels
+    of longer runs in what is left of ``PAGE_BUDGET_BYTES``: ``sim.interactive.detail``);
+    False: static PNGs only.
 
     ``progress`` shows a bar on stderr (when it is a terminal) that advances per folder read and
     per section drawn;
@@ -424,11 +426,20 @@ def build_html_report(dirs: Iterable[str | Path], *, title: str | None = None, d
     sections = "".join(f'<section id="{sid}"><h2>{_esc(SECTIONS[sid])}</h2>{body[sid]}</section>' for sid in SECTIONS)
     units = ("Sizes in MiB, fractions in percent; overhead = peak reserved / peak live − 1; external "
              "fragmentation = 1 − largest free / free; latencies in µs (allocation) or s (requests).")
+    if interactive:  # zoom levels in what the page has left of its budget (measured without them)
+        bare = _page(title, stamp, len(folders), units, nav, sections, scripts_html(datas))
+        attach_detail(datas, [(f.path, f.label) for f in folders], PAGE_BUDGET_BYTES - len(bare.encode("utf-8")))
+    return _page(title, stamp, len(folders), units, nav, sections, scripts_html(datas) if interactive else "",
+                 INTERACTIVE_CSS if interactive else "")
+
+
+def _page(title: str, stamp: str, num_folders: int, units: str, nav: str, sections: str, scripts: str,
+          css: str = INTERACTIVE_CSS) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_esc(title)}</title><style>{_CSS}{INTERACTIVE_CSS if interactive else ''}</style></head><body>"
-            f"<h1>{_esc(title)}</h1><p class=\"note\">Made {stamp} from {len(folders)} result folder(s). "
-            f"{_esc(units)}</p><nav>{nav}</nav>{sections}{scripts_html(datas) if interactive else ''}</body></html>\n")
+            f"<title>{_esc(title)}</title><style>{_CSS}{css}</style></head><body>"
+            f"<h1>{_esc(title)}</h1><p class=\"note\">Made {stamp} from {num_folders} result folder(s). "
+            f"{_esc(units)}</p><nav>{nav}</nav>{sections}{scripts}</body></html>\n")
 
 
 def write_html_report(dirs: Iterable[str | Path], out_path: str | Path, *, title: str | None = None,

@@ -9,8 +9,11 @@ with zoom, pan, unified hover and click events built in.
 What is embedded per trace (``trace_data``):
 
 - per run, the time series at ``DETAIL_POINTS`` rows (``sim.bounded_tables``: bucket maxima,
-  so no peak is lost); the page draws min/max per pixel bucket of the shown time range from
-  them (``bucketMinMax`` in ``report.js``), so zooming in loads the detail of that range only;
+  so no peak is lost): the overview; and, for a run with more rows than that, its zoom levels
+  (``sim.interactive.detail``: min and max per bucket, finer and finer down to the rows
+  themselves as the page's byte budget allows, in gzip-compressed time chunks). The page draws
+  min/max per pixel bucket of the shown time range (``bucketMinMax`` in ``report.js``) from the
+  coarsest level with at least a bucket per pixel there, decoding only the chunks of that range;
 - per run with a recorded layout (``layout.parquet``, ``sim.interactive.layout``), its layouts,
   and the layouts taken at refusals (the failure markers: click one to see the request and
   the free blocks at that moment);
@@ -31,10 +34,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-__all__ = ["DETAIL_POINTS", "trace_data", "RECORDED_TABLES", "read_recorded_tables", "timeline_html", "segments_html", "scripts_html"]
+__all__ = ["DETAIL_POINTS", "PAGE_BUDGET_BYTES", "attach_detail", "trace_data", "RECORDED_TABLES", "read_recorded_tables", "timeline_html", "segments_html", "scripts_html"]
 
 #: Time-series rows embedded per run: the detail the page re-buckets when zoomed.
 DETAIL_POINTS = 10_000
+#: Bytes a page may grow to with zoom levels (``sim.interactive.detail``): what the page is without
+#: them is measured, and the rest is shared evenly by its runs; 1 MB short of the 20 MB a page must
+#: stay under, however long the runs.
+PAGE_BUDGET_BYTES = 19_000_000
 #: Segment lanes drawn per run and moment (the first, by address); the totals cover all of them.
 MAX_LANES = 160
 #: Free holes embedded per run and moment (the largest of those in the drawn lanes: a smaller
@@ -71,6 +78,35 @@ def read_recorded_tables(folder: Path) -> dict[str, pd.DataFrame]:
     """The ``RECORDED_TABLES`` a result folder has, by name."""
     paths = {name: Path(folder) / f"{name}.parquet" for name in RECORDED_TABLES}
     return {name: pd.read_parquet(path) for name, path in paths.items() if path.is_file()}
+
+
+def _read_detail(folder: Path, budget_bytes_per_run: int) -> dict[tuple, list]:
+    """Zoom levels (``sim.interactive.detail``) of every run in the folder's ``timeseries.parquet``
+    with more than ``DETAIL_POINTS`` rows, by (trace, policy, backend); {} without that table."""
+    from sim.bounded_tables import read_run_series
+    from sim.interactive.detail import METRICS, detail_levels
+
+    path = Path(folder) / "timeseries.parquet"
+    if not path.is_file():
+        return {}
+    out = {}
+    for key, series in read_run_series(path, ["time_us", *METRICS]).items():
+        levels = detail_levels(series, overview_points=DETAIL_POINTS, budget_bytes=budget_bytes_per_run)
+        if levels:
+            out[tuple(str(k) for k in key)] = levels
+    return out
+
+
+def attach_detail(datas: list[dict[str, Any]], folders: list[tuple[Path, str]], budget_bytes: int) -> None:
+    """Give each run of ``datas`` (``trace_data``'s) its zoom levels from the result folders
+    (path, label), ``budget_bytes`` shared evenly by the runs; drops the ``run_keys`` it matched by."""
+    runs = {(d["trace"], *key): run for d in datas for key, run in zip(d.pop("run_keys"), d["runs"])}
+    per_run = max(0, budget_bytes) // max(1, len(runs))
+    for path, label in folders if per_run else []:
+        for (trace, policy, backend), levels in _read_detail(path, per_run).items():
+            run = runs.get((trace, label, policy, backend))
+            if run is not None:
+                run["detail"] = levels
 
 
 def _run_label(row: Any, many_sources: bool) -> str:
@@ -137,19 +173,22 @@ def _sampled_compactions(ts: pd.DataFrame, label: str) -> list[dict[str, Any]]:
 
 def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame | None,
                compactions: pd.DataFrame | None = None) -> dict[str, Any]:
-    """What the page embeds for one trace (see the module docstring); tables carry ``source``."""
-    runs, layouts, failures, preempt, sampled_compactions = [], [], [], [], []
+    """What the page embeds for one trace (see the module docstring); tables carry ``source``.
+    Runs' zoom levels are empty until ``attach_detail`` (which also drops ``run_keys``)."""
+    runs, run_keys, layouts, failures, preempt, sampled_compactions = [], [], [], [], [], []
     many = (timeseries is not None and timeseries["source"].nunique() > 1) or \
         (layout is not None and layout["source"].nunique() > 1)
     t_all: list[float] = []
     if timeseries is not None:
-        for _, part in timeseries.groupby(["source", "policy", "backend"], sort=False):
+        for key, part in timeseries.groupby(["source", "policy", "backend"], sort=False):
             part = part.sort_values("time_us")
             t = part["time_us"].to_numpy(float) / 1e6
             t_all += [t.min(), t.max()]
             get = lambda c: _rounded(part[c].to_numpy()) if c in part else [None] * len(part)  # noqa: E731
             runs.append({"label": _run_label(part.iloc[0], many), "t": _rounded(t), "reserved": get("reserved_bytes"),
-                         "live": get("live_bytes"), "frag": get("frag_ext")})
+                         "live": get("live_bytes"), "frag": get("frag_ext"),
+                         "detail": []})
+            run_keys.append([str(k) for k in key])
             preempt += _preemption_times(part)
             sampled_compactions += _sampled_compactions(part, runs[-1]["label"])
     max_seg = 1
@@ -171,7 +210,7 @@ def trace_data(trace: str, timeseries: pd.DataFrame | None, layout: pd.DataFrame
             t_all += [part["time_us"].min() / 1e6, part["time_us"].max() / 1e6]
     failures.sort(key=lambda f: f["t"])
     t_min, t_max = (min(t_all), max(t_all)) if t_all else (0.0, 1.0)
-    return {"trace": trace, "max_lanes": MAX_LANES, "runs": runs, "layouts": layouts, "failures": failures,
+    return {"trace": trace, "max_lanes": MAX_LANES, "runs": runs, "run_keys": run_keys, "layouts": layouts, "failures": failures,
             "first_failure": failures[0]["t"] if failures else None, "preemptions": sorted(set(preempt)),
             "compactions": sorted(_compaction_markers(compactions, many) + sampled_compactions, key=lambda m: m["t"]), "max_segment_bytes": max_seg, "t_min": t_min, "t_max": max(t_max, t_min + 1e-6)}
 

@@ -1,6 +1,6 @@
 // poollab interactive report: timelines (Plotly) and the segment view (canvas), offline.
 // Data: the JSON in <script id="poollab-data">, one entry per trace (sim/interactive/page.py says what).
-// Public API for tests and users: window.poollab.{setRange, showTime, segmentState, range}.
+// Public API for tests and users: window.poollab.{setRange (a promise), showTime, segmentState, range, levels}.
 (function () {
   "use strict";
   const DATA = JSON.parse(document.getElementById("poollab-data").textContent);
@@ -12,40 +12,112 @@
   const state = DATA.map(() => ({range: null, sample: 0, runs: {}}));
 
   // Min and max of every bucket of [x0, x1] (in time order, so a line through them keeps every
-  // peak and every trough): what a pixel column can show, never dropping the maximum.
-  function bucketMinMax(t, y, x0, x1, numBuckets) {
+  // peak and every trough): what a pixel column can show, never dropping the maximum. lo/hi: each
+  // row's minimum and maximum (a zoom level's buckets), or the same array twice (plain rows).
+  function bucketMinMax(t, lo, hi, x0, x1, numBuckets) {
     const xs = [], ys = [];
-    let lo = 0, hi = t.length;
-    while (lo < hi) { const m = (lo + hi) >> 1; if (t[m] < x0) lo = m + 1; else hi = m; }
-    const start = Math.max(0, lo - 1);
+    let a0 = 0, a1 = t.length;
+    while (a0 < a1) { const m = (a0 + a1) >> 1; if (t[m] < x0) a0 = m + 1; else a1 = m; }
+    const start = Math.max(0, a0 - 1);
     const width = (x1 - x0) / numBuckets || 1;
     let b = -1, iMin = -1, iMax = -1;
     const flush = () => {
       if (iMin < 0) return;
-      const a = Math.min(iMin, iMax), c = Math.max(iMin, iMax);
-      xs.push(t[a]); ys.push(y[a]);
-      if (c !== a) { xs.push(t[c]); ys.push(y[c]); }
+      if (iMin === iMax) { xs.push(t[iMin]); ys.push(lo[iMin]); if (hi[iMax] !== lo[iMin]) { xs.push(t[iMax]); ys.push(hi[iMax]); } return; }
+      if (iMin < iMax) { xs.push(t[iMin], t[iMax]); ys.push(lo[iMin], hi[iMax]); }
+      else { xs.push(t[iMax], t[iMin]); ys.push(hi[iMax], lo[iMin]); }
     };
     for (let i = start; i < t.length; i++) {
-      const v = y[i];
-      if (v == null) continue;
+      if (lo[i] == null || hi[i] == null || Number.isNaN(lo[i])) continue;
       const k = t[i] < x0 ? -1 : Math.floor((t[i] - x0) / width);
       if (k !== b) { flush(); b = k; iMin = iMax = i; }
-      else { if (v < y[iMin]) iMin = i; if (v > y[iMax]) iMax = i; }
+      else { if (lo[i] < lo[iMin]) iMin = i; if (hi[i] > hi[iMax]) iMax = i; }
       if (t[i] > x1) break;
     }
     flush();
     return [xs, ys];
   }
 
+  // --- zoom detail (sim/interactive/detail.py): levels of min/max buckets in gzip'd chunks of
+  // byte-shuffled columns (level.columns: [name, "i8d" | "f8" | "f4"]); a chunk is decoded the
+  // first time a shown range needs it, then kept.
+  const WIDTH = {i8d: 8, f8: 8, f4: 4};
+
+  function decodeChunk(level, chunk) {
+    if (!chunk.decoded) chunk.decoded = (async () => {
+      const text = atob(chunk.data), packed = new Uint8Array(text.length);
+      for (let k = 0; k < text.length; k++) packed[k] = text.charCodeAt(k);
+      const stream = new Blob([packed]).stream().pipeThrough(new DecompressionStream("gzip"));
+      const raw = new Uint8Array(await new Response(stream).arrayBuffer());
+      const n = chunk.n, cols = {};
+      let at = 0;
+      for (const [name, kind] of level.columns) {
+        const w = WIDTH[kind], bytes = new Uint8Array(n * w);
+        for (let j = 0; j < w; j++) {
+          const base = at + j * n;
+          for (let v = 0; v < n; v++) bytes[v * w + j] = raw[base + v];
+        }
+        at += n * w;
+        if (kind === "i8d") {  // differences, back to running values (exact below 2**53)
+          const diffs = new BigInt64Array(bytes.buffer), out = new Float64Array(n);
+          let sum = 0;
+          for (let v = 0; v < n; v++) { sum += Number(diffs[v]); out[v] = sum; }
+          cols[name] = out;
+        } else cols[name] = kind === "f8" ? new Float64Array(bytes.buffer) : new Float32Array(bytes.buffer);
+      }
+      cols.t = cols.t_us.map((v) => v / 1e6);
+      return cols;
+    })();
+    return chunk.decoded;
+  }
+
+  function countIn(t, x0, x1) {
+    let a = 0, b = t.length, c = 0, d = t.length;
+    while (a < b) { const m = (a + b) >> 1; if (t[m] < x0) a = m + 1; else b = m; }
+    while (c < d) { const m = (c + d) >> 1; if (t[m] <= x1) c = m + 1; else d = m; }
+    return c - a;
+  }
+
+  // The run's series for [x0, x1] at numBuckets pixel buckets: the overview when the run has no zoom
+  // levels (it then holds every row), else the coarsest level with a bucket per pixel column there
+  // (or the finest there is; the overview's bucket maxima would lose the troughs), only the chunks
+  // the range needs (and one either side, so the line runs on past the edges).
+  async function seriesFor(run, x0, x1, numBuckets) {
+    const overview = {level: "overview", buckets: run.t.length, t: run.t};
+    METRICS.forEach(([m]) => { overview[m + "Min"] = run[m]; overview[m + "Max"] = run[m]; });
+    const inOverview = countIn(run.t, x0, x1);
+    if (!run.detail.length) return overview;
+    const share = Math.max(inOverview, 1) / run.t.length;  // of the rows, from the overview's buckets
+    const level = run.detail.find((l) => l.buckets * share >= numBuckets) || run.detail[run.detail.length - 1];
+    const chunks = level.chunks;
+    let first = chunks.findIndex((c) => c.t1 >= x0);
+    if (first < 0) first = chunks.length - 1;
+    let last = first;
+    while (last + 1 < chunks.length && chunks[last + 1].t0 <= x1) last++;
+    const parts = await Promise.all(chunks.slice(Math.max(0, first - 1), last + 2).map((c) => decodeChunk(level, c)));
+    const out = {level: run.detail.indexOf(level), buckets: level.buckets};
+    for (const key of Object.keys(parts[0])) {
+      const joined = new parts[0][key].constructor(parts.reduce((n, p) => n + p[key].length, 0));
+      let at = 0;
+      parts.forEach((p) => { joined.set(p[key], at); at += p[key].length; });
+      out[key] = joined;
+    }
+    return out;
+  }
+
   const METRICS = [["reserved", "reserved (MiB)", MiB, "y"], ["live", "live (MiB)", MiB, "y2"],
                    ["frag", "external fragmentation", 1, "y3"]];
 
-  function timelineTraces(i, x0, x1) {
+  async function timelineTraces(i, x0, x1) {
     const d = DATA[i], out = [], width = document.getElementById("tl-" + i).clientWidth || 1000;
+    const numBuckets = Math.max(100, Math.floor(width / 2));
+    const series = await Promise.all(d.runs.map((run) => seriesFor(run, x0, x1, numBuckets)));
+    state[i].levels = {};
     d.runs.forEach((run, r) => {
+      const s = series[r];
+      state[i].levels[run.label] = {level: s.level, buckets: s.buckets};
       METRICS.forEach(([key, name, scale, axis]) => {
-        const [xs, ys] = bucketMinMax(run.t, run[key], x0, x1, Math.max(100, Math.floor(width / 2)));
+        const [xs, ys] = bucketMinMax(s.t, s[key + "Min"], s[key + "Max"], x0, x1, numBuckets);
         out.push({x: xs, y: ys.map((v) => v / scale), name: run.label, legendgroup: run.label,
                   showlegend: key === "reserved", yaxis: axis, type: "scatter", mode: "lines",
                   line: {color: COLORS[r % COLORS.length], width: 1.4},
@@ -95,21 +167,25 @@
 
   function fullRange(i) { return [DATA[i].t_min, DATA[i].t_max]; }
 
-  function setRange(i, x0, x1) {
+  // Resolves once the timeline shows [x0, x1] (its detail decoded); a later call supersedes it.
+  async function setRange(i, x0, x1) {
     const [a, b] = fullRange(i);
     x0 = Math.max(a, x0); x1 = Math.min(b, x1);
     if (!(x1 > x0)) { x0 = a; x1 = b; }
     state[i].range = [x0, x1];
     document.getElementById("from-" + i).value = x0.toPrecision(6);
     document.getElementById("to-" + i).value = x1.toPrecision(6);
+    restrictSlider(i);
     const el = document.getElementById("tl-" + i);
     const lay = timelineLayout(i);
     lay.xaxis.range = [x0, x1];
     lay.xaxis.autorange = false;
+    const seq = state[i].seq = (state[i].seq || 0) + 1;
+    const traces = await timelineTraces(i, x0, x1);
+    if (seq !== state[i].seq) return;  // the range moved on while the detail was decoded
     el.__poollabBusy = true;
-    Plotly.react(el, timelineTraces(i, x0, x1), lay, {displaylogo: false, responsive: true})
-      .then(() => { el.__poollabBusy = false; });
-    restrictSlider(i);
+    await Plotly.react(el, traces, lay, {displaylogo: false, responsive: true});
+    el.__poollabBusy = false;
   }
 
   // --- the segment view ---
@@ -227,10 +303,10 @@
     return state[i].runs;
   }
 
-  function initTrace(i) {
+  async function initTrace(i) {
     const el = document.getElementById("tl-" + i);
     const [a, b] = fullRange(i);
-    setRange(i, a, b);
+    await setRange(i, a, b);  // Plotly gives the element its .on once drawn
     el.on("plotly_relayout", (ev) => {
       if (el.__poollabBusy) return;
       if (ev["xaxis.range[0]"] != null) setRange(i, +ev["xaxis.range[0]"], +ev["xaxis.range[1]"]);
@@ -292,10 +368,11 @@
   window.poollab = {
     setRange, showTime, showFailure,
     range: (i) => state[i].range,
+    // per run: the zoom level drawn ("overview" or an index into its detail levels) and its buckets
+    levels: (i) => state[i].levels,
     segmentState: (i) => state[i].runs,
     ready: false,
   };
   document.querySelectorAll("table.tbl").forEach(sortable);
-  DATA.forEach((_, i) => initTrace(i));
-  window.poollab.ready = true;
+  Promise.all(DATA.map((_, i) => initTrace(i))).then(() => { window.poollab.ready = true; });
 })();

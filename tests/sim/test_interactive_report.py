@@ -165,3 +165,72 @@ def test_compactions_are_marked_at_the_recorded_times(browser_page, report):
     first = f"{moved.iloc[0] / 2**20:,.2f}".rstrip("0").rstrip(".")
     assert f"{first} MiB moved" in marker["text"][0]
     assert errors == []
+
+
+@pytest.fixture(scope="module")
+def zoom_report(tmp_path_factory):
+    """A synthetic replay sampled at every event (~91,000 rows: nine times the overview's
+    ``DETAIL_POINTS``) and its report; returns the page and the result's time-series parquet."""
+    from traces.synth_alloc import generate_alloc_trace
+
+    out = tmp_path_factory.mktemp("zoom")
+    tables = replay_tables(generate_alloc_trace(num_requests=2, max_batch=2, seed=1), ["best-fit"],
+                           sample_every=1, with_bounds=False)
+    write_results(out / "run", tables.summary, tables.timeseries)
+    return write_html_report([out / "run"], out / "report.html"), out / "run" / "timeseries.parquet"
+
+
+def _drawn_in_range(page, x0: float, x1: float) -> tuple[dict, dict[str, list[tuple[float, float]]]]:
+    """Zoom trace 0 to [x0, x1]; the level drawn and the (time, bytes) points of each byte panel there."""
+    levels, lines = page.evaluate(
+        f"window.poollab.setRange(0, {x0}, {x1}).then(() => [window.poollab.levels(0), "
+        "document.getElementById('tl-0').data.filter(d => d.yaxis === 'y' || d.yaxis === 'y2')"
+        ".map(d => [d.yaxis, d.x, d.y])])")
+    panel = {"y": "reserved_bytes", "y2": "live_bytes"}
+    return next(iter(levels.values())), {panel[axis]: [(x, y * 2**20) for x, y in zip(xs, ys) if x0 <= x <= x1]
+                                         for axis, xs, ys in lines}
+
+
+def test_zooming_in_draws_the_replays_own_rows_finer_than_the_overview(zoom_report, browser_page):
+    """Zoomed into a narrow range, the page draws the result's rows themselves (decoded from the
+    embedded zoom levels), not the overview's buckets: the peak and the trough drawn there are the
+    true ones from the parquet, with many times the overview's points; a wider zoom draws a
+    coarser level that still keeps the range's peak."""
+    from sim.bounded_tables import read_drawn_table
+    from sim.interactive.page import DETAIL_POINTS
+
+    page_path, parquet = zoom_report
+    ts = pd.read_parquet(parquet).sort_values("time_us", kind="stable").reset_index(drop=True)
+    t_s = ts["time_us"].to_numpy() / 1e6
+    assert len(ts) > 8 * DETAIL_POINTS
+    overview_t_s = read_drawn_table(parquet, DETAIL_POINTS)["time_us"].to_numpy() / 1e6
+    middle = ts["live_bytes"].to_numpy()[len(ts) // 4: 3 * len(ts) // 4]
+    peak = len(ts) // 4 + int(middle.argmax())  # the highest live bytes in the middle half: ranges around it
+    # a second page of the module's browser: Playwright's sync API runs once per process
+    page = browser_page[0].context.browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(page_path.resolve().as_uri())
+        page.wait_for_function("window.poollab && window.poollab.ready", timeout=30_000)
+        assert page.evaluate("Object.values(window.poollab.levels(0))[0].level") == 0  # min and max: troughs too
+        for half_rows, want_level in ((150, None), (1_500, 0)):
+            x0, x1 = t_s[peak - half_rows], t_s[peak + half_rows]
+            inside = ts[(t_s >= x0) & (t_s <= x1)]
+            level, drawn = _drawn_in_range(page, x0, x1)
+            num_overview = int(((overview_t_s >= x0) & (overview_t_s <= x1)).sum())
+            assert len(drawn["live_bytes"]) >= 3 * num_overview > 0
+            for column in ("reserved_bytes", "live_bytes"):
+                assert max(y for _, y in drawn[column]) == inside[column].max()
+            if want_level is None:  # the rows themselves: every extreme, and each point a row
+                assert level["buckets"] == len(ts)
+                rows = set(zip(inside["time_us"] / 1e6, inside["live_bytes"].astype(float)))
+                assert set(drawn["live_bytes"]) <= rows
+                for column in ("reserved_bytes", "live_bytes"):
+                    assert min(y for _, y in drawn[column]) == inside[column].min()
+            else:
+                assert level["level"] == want_level and level["buckets"] < len(ts)
+    finally:
+        page.close()
+    assert errors == []
