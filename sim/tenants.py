@@ -339,6 +339,12 @@ class Colocation:
         if policy.contiguous:
             raise ValueError(f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
                              f"(try page-pool, kvcached's elastic page pool, or paged)")
+        if cfg.prefix_caching and policy.block_cache is not None:
+            # one block cache would key every tenant's blocks by the trace's hash ids alone (they
+            # collide across tenants) and count each tenant's evictable blocks as everyone's
+            raise ValueError(f"the {layout} layout does not model prefix caching in one shared block cache "
+                             f"({policy_spec!r} has one): turn prefix caching off, or use page-pool "
+                             f"(no block cache: no prefix caching)")
         self.shared = _SharedPool(policy)
         # the most any one tenant could hold: all the KV memory, plus every other tenant's weights asleep
         budget = kv_bytes + (sum(self.split.weight_bytes) if layout == "sleep" else 0)

@@ -186,6 +186,7 @@ def test_tenant_rate_scales_compress_each_tenants_arrivals(shares):
     ({"config": ServerConfig(kv_capacity_bytes=1 << 30)}, "kv_capacity_bytes"),
     ({"config": ServerConfig(pool_layout="shared")}, "pool_layout"),
     ({"spec": "best-fit", "layout": "shared"}, "contiguous"),
+    ({"spec": "paged", "layout": "shared"}, "prefix caching in one shared block cache"),
     ({"models": ["Llama-3-8B", "Llama-3-8B"]}, "2 models for 3 tenants"),
     ({"config": ServerConfig(gpu_memory_utilization=0.3)}, "do not fit"),
 ])
@@ -194,6 +195,13 @@ def test_bad_settings_are_named(shares, kwargs, match):
     kwargs.setdefault("models", MODEL)
     with pytest.raises(ValueError, match=match):
         Colocation(shares, spec, gpu=GPU, **kwargs)
+
+
+def test_paged_shared_runs_without_prefix_caching(shares):
+    """The combination refused above runs with prefix caching off (no block cache consulted)."""
+    c = Colocation(shares, "paged", models=MODEL, gpu=GPU, layout="shared",
+                   config=CONFIG.replace(prefix_caching=False))
+    assert all(r.summary["n_finished"] == 150 and not r.summary["prefix_caching"] for r in c.run())
 
 
 
