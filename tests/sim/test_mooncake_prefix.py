@@ -55,5 +55,8 @@ def test_the_prefix_cache_hits_the_shared_blocks_and_only_them(mooncake):
 def test_the_eviction_sweep_is_three_orders_on_the_bundled_slice():
     spec = load_sweep(ROOT / "benchmarks" / "mooncake_eviction.yaml")
     assert {c.trace.path for c in spec.cells} == {str(SLICE)}
-    assert sorted(dict(c.options)["prefix_eviction"] for c in spec.cells) == sorted(["lru", "lfu", "cost"] * 2)
+    grid = {(dict(c.options)["prefix_eviction"], dict(c.options)["prefix_caching"], c.capacity_bytes, c.rate_scale)
+            for c in spec.cells}
+    assert len(grid) == len(spec.cells) == 48  # every order, with prefix caching on and off, at 4 budgets and 2 rates
+    assert {g[0] for g in grid} == {"lru", "lfu", "cost"} and {g[1] for g in grid} == {True, False}
     assert {c.model for c in spec.cells} == {"Llama-3.1-8B"}
