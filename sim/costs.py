@@ -85,6 +85,8 @@ class CostModel:
         if not isinstance(vmm, dict) or set(vmm) != set(VMM_CALLS):
             raise ValueError(f"{source}: vmm_us must have a table for each of {', '.join(VMM_CALLS)}")
         self._vmm = {call: _Curve.from_table(vmm[call], f"{source}: vmm_us.{call}") for call in VMM_CALLS}
+        #: (call, bytes) -> ns, memoised: a page pool asks for the same page size millions of times
+        self._vmm_ns: dict[tuple[str, int], int] = {}
         self.vmm_source = source if "vmm_us" in table else f"sim/data/{DEFAULT_COSTS}"
         self.d2d_bytes_per_s = self._positive(table, "d2d_bytes_per_s")
         self.h2d_bytes_per_s = self._positive(table, "h2d_bytes_per_s")
@@ -115,7 +117,11 @@ class CostModel:
 
     def vmm_call_ns(self, call: str, nbytes: int) -> int:
         """One virtual-memory driver call (``policies.mapped_device.VMM_CALLS``) over ``nbytes``."""
-        return round(self._vmm[call].us(nbytes) * 1e3)
+        key = (call, nbytes)
+        ns = self._vmm_ns.get(key)
+        if ns is None:
+            ns = self._vmm_ns[key] = round(self._vmm[call].us(nbytes) * 1e3)
+        return ns
 
     def malloc_ns(self, nbytes: int) -> int:
         return round(self._malloc.us(nbytes) * 1e3)

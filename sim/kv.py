@@ -130,6 +130,11 @@ class _KVBase:
         shared pool, ``sim.tenants``): then a request that does not fit waits instead of being rejected."""
         return False
 
+    def call_when_freed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, when memory held elsewhere is freed (only a manager whose
+        ``held_elsewhere`` can be true, a tenant's of a shared pool, has anything to wait for)."""
+        raise NotImplementedError(f"{type(self).__name__} shares no pool: no memory is held elsewhere")
+
     def take_copy_bytes(self) -> int:
         n, self.copy_bytes_pending = self.copy_bytes_pending, 0
         return n

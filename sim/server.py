@@ -39,11 +39,7 @@ from sim.kv import ContiguousKV, PagedKV, VirtualKV
 from sim.scheduler import Request, Scheduler, StepPlan
 from sim.metrics import PoolMonitor
 
-__all__ = ["Server", "HELD_ELSEWHERE_WAIT_S"]
-
-#: Simulated seconds a server with nothing it can schedule waits while another tenant of its
-#: shared pool holds the memory (``KV.held_elsewhere``), before it tries again.
-HELD_ELSEWHERE_WAIT_S = 2e-3
+__all__ = ["Server"]
 
 #: what ``Server._step_activations`` returns for a skipped round trip (nothing to free)
 SKIPPED = object()
@@ -188,14 +184,33 @@ class Server:
                 self._next_arrival_s = env.now + delay  # the time simpy gives the timeout
                 yield env.timeout(delay)
             add(r)
-            if self._wakeup is not None:
-                wake, self._wakeup = self._wakeup, None
-                wake.succeed()
+            self._wake()
         self._all_arrived = True
         self._next_arrival_s = math.inf
-        if self._wakeup is not None:
+        self._wake()
+
+    def _wake(self, waiting: simpy.Event | None = None) -> None:
+        """Wake the engine if it waits (for work, or for memory another tenant holds); with
+        ``waiting``, only if it still waits on that event (a wake-up that came late is dropped)."""
+        if self._wakeup is not None and (waiting is None or waiting is self._wakeup):
             wake, self._wakeup = self._wakeup, None
             wake.succeed()
+
+    def _held_elsewhere(self, plan: StepPlan) -> bool:
+        """Whether an empty ``plan`` must wait for memory another tenant holds: it preempted
+        nobody (a round that preempted skips admission: the engine plans again at once) and
+        the KV manager says the memory is held elsewhere."""
+        return not plan.num_preemptions and self.scheduler.kv.held_elsewhere()
+
+    def _memory_freed(self) -> simpy.Event:
+        """An event that fires when another tenant frees KV memory of the shared pool (or a
+        request arrives): what the engine waits for after ``_held_elsewhere``. Nothing but a
+        free can change what the scheduler decides then (its queue is first come, first served:
+        an arrival lines up behind the request that does not fit), so waking at the free is
+        exact, where a fixed poll would retry late and repeat failed admissions meanwhile."""
+        self._wakeup = waiting = self.env.event()
+        self.scheduler.kv.call_when_freed(lambda: self._wake(waiting))
+        return waiting
 
     def _engine(self):
         env, sched, kv = self.env, self.scheduler, self.scheduler.kv
@@ -224,15 +239,15 @@ class Server:
                     for delay in _delays_to(env.now, end_s):
                         yield env.timeout(delay)
                 if begun is HELD_ELSEWHERE:
-                    yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    yield self._memory_freed()
                     continue
                 if begun is None:
                     continue
             if begun is None:
                 plan = self._schedule(env.now)
                 if not plan.scheduled:
-                    if kv.held_elsewhere():  # another tenant holds the memory: wait for its steps to free some
-                        yield env.timeout(HELD_ELSEWHERE_WAIT_S)
+                    if self._held_elsewhere(plan):  # another tenant holds the memory: wait until it frees some
+                        yield self._memory_freed()
                     else:
                         self._count_empty_round()
                     continue
@@ -359,7 +374,7 @@ class Server:
                 now_s = self._quiet_steps(now_s, next_arrival_s)
             plan = self._schedule(now_s)
             if not plan.scheduled:
-                if self.scheduler.kv.held_elsewhere():  # someone else's memory: the engine waits for it
+                if self._held_elsewhere(plan):  # someone else's memory: the engine waits for it
                     return now_s, HELD_ELSEWHERE
                 self._count_empty_round()
                 continue

@@ -41,7 +41,7 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 import simpy
@@ -65,8 +65,6 @@ LAYOUTS = ("static", "shared", "sleep")
 COMPUTE_MODES = ("time-sliced", "independent")
 #: Idle seconds before a tenant sleeps in the ``sleep`` layout.
 DEFAULT_SLEEP_AFTER_S = 30.0
-#: Simulated seconds between two looks at the pool while a waking tenant waits for its bytes.
-_WAKE_POLL_S = 1e-3
 
 
 def share_trace(trace: RequestTrace, num_shares: int) -> list[RequestTrace]:
@@ -133,11 +131,20 @@ def split_gpu(models: list[Any], gpu: Any, config: ServerConfig) -> GpuSplit:
 
 class _SharedPool:
     """The one KV pool of the shared layouts and the KV managers viewing it (a list: tenants are few
-    and their order, the order evictions visit them in, must be fixed for determinism)."""
+    and their order, the order evictions visit them in, must be fixed for determinism).
+
+    Whoever waits for memory another tenant holds (a server that can schedule nothing, a tenant
+    waking from sleep) registers with ``call_when_freed`` and is called back when the pool's
+    free bytes rise past what they were (``memory_freed``, after every KV free and every sleep):
+    event-driven, so the wait ends at the free itself, not at the next tick of a poll.
+    """
 
     def __init__(self, policy: Policy):
         self.policy = policy
         self.kvs: list[SharedKV] = []
+        #: (free bytes when registered, callback), in registration order (a list: called back in
+        #: a fixed order for determinism; a handful of waiters at most, one per tenant)
+        self._waiters: list[tuple[int, Callable[[], None]]] = []
 
     def free_bytes(self) -> int:
         cap = self.policy.capacity_bytes
@@ -147,6 +154,23 @@ class _SharedPool:
     def evict_any(self) -> bool:
         """Evict one cached block nobody holds, from any tenant; False when none is left."""
         return any(PagedKV._evict_one(k) for k in self.kvs)
+
+    def call_when_freed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, at the first ``memory_freed`` that finds more bytes free than now."""
+        self._waiters.append((self.free_bytes(), callback))
+
+    def memory_freed(self) -> None:
+        """Call back the waiters that now see more bytes free than when they registered. A
+        failed admission allocates and frees the same bytes, so it wakes nobody (two waiting
+        tenants cannot wake each other for ever)."""
+        if not self._waiters:
+            return
+        free = self.free_bytes()
+        due = [cb for before, cb in self._waiters if free > before]
+        if due:
+            self._waiters = [(before, cb) for before, cb in self._waiters if free <= before]
+            for cb in due:
+                cb()
 
 
 class SharedKV(PagedKV):
@@ -166,6 +190,13 @@ class SharedKV(PagedKV):
 
     def held_elsewhere(self) -> bool:
         return any(k.allocated_bytes > k.evictable_bytes for k in self.shared.kvs if k is not self)
+
+    def call_when_freed(self, callback: Callable[[], None]) -> None:
+        self.shared.call_when_freed(callback)
+
+    def free(self, h: Any) -> None:
+        super().free(h)
+        self.shared.memory_freed()
 
 
 class _SleepGate:
@@ -203,6 +234,7 @@ class _SleepGate:
         self.shared.policy.capacity_bytes += self.weight_bytes
         self.asleep = True
         self.num_sleeps += 1
+        self.shared.memory_freed()  # the weights' bytes are the others' now
 
     def before_step(self) -> simpy.Process | None:
         self._epoch += 1
@@ -222,10 +254,14 @@ class _SleepGate:
             policy.trim()
             driver_s = policy.device.take_driver_ns() * 1e-9
             self.restore_driver_s += driver_s
-            if policy.reserved_bytes > policy.capacity_bytes:  # held by running requests: wait for them
-                yield env.timeout(_WAKE_POLL_S + driver_s)
-            elif driver_s:
+            freed = None
+            if policy.reserved_bytes > policy.capacity_bytes:  # held by running requests: wait for a free
+                freed = env.event()
+                self.shared.call_when_freed(freed.succeed)  # before the unmap time: a free in it counts
+            if driver_s:
                 yield env.timeout(driver_s)
+            if freed is not None:
+                yield freed
         yield env.timeout(self.restore_s)
         self.asleep = False
         self._waking = None
@@ -303,6 +339,12 @@ class Colocation:
         if policy.contiguous:
             raise ValueError(f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
                              f"(try page-pool, kvcached's elastic page pool, or paged)")
+        if cfg.prefix_caching and policy.block_cache is not None:
+            # one block cache would key every tenant's blocks by the trace's hash ids alone (they
+            # collide across tenants) and count each tenant's evictable blocks as everyone's
+            raise ValueError(f"the {layout} layout does not model prefix caching in one shared block cache "
+                             f"({policy_spec!r} has one): turn prefix caching off, or use page-pool "
+                             f"(no block cache: no prefix caching)")
         self.shared = _SharedPool(policy)
         # the most any one tenant could hold: all the KV memory, plus every other tenant's weights asleep
         budget = kv_bytes + (sum(self.split.weight_bytes) if layout == "sleep" else 0)

@@ -186,6 +186,7 @@ def test_tenant_rate_scales_compress_each_tenants_arrivals(shares):
     ({"config": ServerConfig(kv_capacity_bytes=1 << 30)}, "kv_capacity_bytes"),
     ({"config": ServerConfig(pool_layout="shared")}, "pool_layout"),
     ({"spec": "best-fit", "layout": "shared"}, "contiguous"),
+    ({"spec": "paged", "layout": "shared"}, "prefix caching in one shared block cache"),
     ({"models": ["Llama-3-8B", "Llama-3-8B"]}, "2 models for 3 tenants"),
     ({"config": ServerConfig(gpu_memory_utilization=0.3)}, "do not fit"),
 ])
@@ -194,3 +195,60 @@ def test_bad_settings_are_named(shares, kwargs, match):
     kwargs.setdefault("models", MODEL)
     with pytest.raises(ValueError, match=match):
         Colocation(shares, spec, gpu=GPU, **kwargs)
+
+
+def test_paged_shared_runs_without_prefix_caching(shares):
+    """The combination refused above runs with prefix caching off (no block cache consulted)."""
+    c = Colocation(shares, "paged", models=MODEL, gpu=GPU, layout="shared",
+                   config=CONFIG.replace(prefix_caching=False))
+    assert all(r.summary["n_finished"] == 150 and not r.summary["prefix_caching"] for r in c.run())
+
+
+
+def _held_then_freed(compute: str):
+    """Two tenants of a 12.9 GiB shared pool: tenant 0 runs six 16k-token requests (12 GiB of KV
+    at their end), tenant 1's 16k-token prompt arrives at 4 s and cannot be admitted until one
+    of them finishes; nothing else tenant 1 sees can change that (a first-come queue)."""
+    cfg = ServerConfig(gpu_memory_utilization=0.5, max_num_batched_tokens=16384)
+    tenants = [RequestTrace(make_requests([0.0] * 6, [16000] * 6, [400] * 6), name="first"),
+               RequestTrace(make_requests([0.0, 4.0], [16, 16000], [1, 200]), name="second")]
+    c = Colocation(tenants, "page-pool", models="Llama-3.1-8B", gpu=GPU, layout="shared", config=cfg,
+                   compute=compute)
+    plans = []  # (time, requests scheduled) of every plan tenant 1's engine asks for
+    sched = c.setups[1].server.scheduler
+    schedule = sched.schedule
+
+    def counted():
+        plan = schedule()
+        plans.append((c.env.now, len(plan.scheduled)))
+        return plan
+    sched.schedule = counted
+    return c, c.run(), plans
+
+
+@pytest.mark.parametrize("compute", ["time-sliced", "independent"])
+def test_a_tenant_waiting_for_held_memory_wakes_at_the_free_not_on_a_poll(compute):
+    c, results, plans = _held_then_freed(compute)
+    first_free_s = results[0].requests["finish_s"].min()
+    assert results[1].requests["status"].eq("finished").all()
+    waits = [t for t, n in plans if n == 0]
+    assert waits == [4.0]  # one look when the prompt arrives; no retries on a clock (a 2 ms poll made 1,200)
+    admitted_s = next(t for t, n in plans if n and t >= 4.0)
+    assert admitted_s == first_free_s  # admitted the moment tenant 0's first request freed its pages
+
+
+def test_a_waking_tenant_waits_for_the_others_frees():
+    """Sleep layout: tenant 0 sleeps while tenant 1 fills the pool past what is left without
+    tenant 0's weights; tenant 0's wake waits for tenant 1's frees (event-driven) and ends."""
+    t0 = RequestTrace(make_requests([0.0, 20.0], [500, 500], [4, 4]), name="sleeper")
+    t1 = RequestTrace(make_requests([0.0] + [15.0] * 8, [16] + [16000] * 8, [1] + [300] * 8), name="hog")
+    c = Colocation([t0, t1], "page-pool", models="Llama-3.1-8B", gpu=GPU, layout="sleep", sleep_after_s=1.0,
+                   config=ServerConfig(gpu_memory_utilization=0.5, max_num_batched_tokens=16384))
+    results = c.run()
+    gate = c.gates[0]
+    assert gate.num_sleeps >= 1 and gate.num_wakes == 1
+    assert all(r.requests["status"].eq("finished").all() for r in results)
+    hog_done_s = results[1].requests["finish_s"].iloc[1:].min()
+    # the wake began at 20 s, waited for memory (longer than the weights' restore alone) and
+    # ended after tenant 1's first free of a long request
+    assert gate.wake_s > gate.restore_s and 20.0 + gate.wake_s >= hog_done_s > 20.0
