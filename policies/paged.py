@@ -94,7 +94,8 @@ class Paged(Policy):
       first one (least recently released, or as ``set_eviction_order`` chose) back to the caller
       (forgotten by the cache, one holder: the caller)
       to ``free``. An ``owner`` (``cache_block``'s argument) gets its own evictable queue
-      (``evict_block(owner)``, ``evictable_bytes_of(owner)``); ``evictable_bytes`` is all owners'. Freeing an allocation that would return a cached page to the free stack is
+      (``evict_block(owner)``, ``evictable_bytes_of(owner)``); ``evictable_bytes`` is all
+      owners'. Freeing an allocation that would return a cached page to the free stack is
       refused: a cached block leaves through ``evict_block``. The allocation may be a wrapper's
       (its extents name this pool's pages), so the cache works under ``elastic`` and friends.
     - Streams are recorded on allocations but pages are not segregated by stream (one stack
