@@ -14,6 +14,9 @@ A block enters the queue when its last holder releases it (``push``), leaves on 
   used for long ages out as the clock passes it. ``recompute_cost`` is the caller's (seconds of
   prefill in the simulator; any unit works as long as it is one unit).
 
+Each queue sums its blocks' ``size_bytes`` (``size_bytes``): a pool with one queue per owner
+(colocated instances) reads each owner's evictable bytes there.
+
 ``lru`` is an ``OrderedDict`` (O(1) removal on a hit, O(1) pop from its front). The other two
 are a binary heap with lazy deletion (O(log n) push and pop; a hit only forgets the key, its
 stale heap entry is skipped when it surfaces), since their priorities are not release order.
@@ -46,6 +49,7 @@ class EvictableQueue:
 
     def __init__(self) -> None:
         self._blocks: OrderedDict[Hashable, Any] = OrderedDict()
+        self.size_bytes = 0  # of the blocks in the queue
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -56,14 +60,17 @@ class EvictableQueue:
     def push(self, key: Hashable, block: Evictable) -> None:
         """``block`` (cached as ``key``) has no holder any more: it may be evicted from now on."""
         self._blocks[key] = block
+        self.size_bytes += block.size_bytes
 
     def remove(self, key: Hashable) -> None:
         """``key`` is held again (a hit): it leaves the queue."""
-        del self._blocks[key]
+        self.size_bytes -= self._blocks.pop(key).size_bytes
 
     def pop(self) -> tuple[Hashable, Any]:
         """The next victim, out of the queue. KeyError when empty."""
-        return self._blocks.popitem(last=False)
+        key, block = self._blocks.popitem(last=False)
+        self.size_bytes -= block.size_bytes
+        return key, block
 
 
 class _PriorityQueue(EvictableQueue):
@@ -95,7 +102,9 @@ class _PriorityQueue(EvictableQueue):
             if stamp.get(key) == seq:
                 del stamp[key]
                 self._evicted(priority)
-                return key, self._blocks.pop(key)
+                block = self._blocks.pop(key)
+                self.size_bytes -= block.size_bytes
+                return key, block
         raise KeyError("pop from an empty evictable queue")
 
     def _evicted(self, priority: float) -> None:

@@ -7,7 +7,9 @@ parallel sampling, a common prompt prefix) by counting references.
 
 The pool also keeps vLLM's prefix cache (``BlockPool``): allocations named by a hash key, shared
 by reference count, and kept (evictable) when nobody holds them, evicted in a chosen order
-(``policies.eviction``: least recently released first by default).
+(``policies.eviction``: least recently released first by default). Each block has an owner
+(None unless the caller names one): owners are the colocated instances of one shared pool, each
+with its own evictable queue, so an owner evicts its own blocks and counts its own evictable bytes.
 The page reference counts, the hash map and the evictable queue live together here, so there is
 one owner of "who holds this page".
 """
@@ -45,11 +47,13 @@ class _Page:
 @dataclass(slots=True, eq=False)
 class _CachedBlock:
     """A cached allocation: the caller's handle (to hand back on eviction), its pages, and what
-    eviction orders weigh: uses (caching it is the first, each hit one more) and recompute cost."""
+    eviction orders weigh: uses (caching it is the first, each hit one more) and recompute cost;
+    ``owner`` names the evictable queue it joins when nobody holds it."""
 
     allocation: Allocation
     pages: tuple[_Page, ...]
     size_bytes: int
+    owner: Hashable
     recompute_cost: float = 1.0
     num_uses: int = 1
 
@@ -89,7 +93,9 @@ class Paged(Policy):
       (``evictable_bytes``); ``share_block`` takes it back out, ``evict_block`` hands the queue's
       first one (least recently released, or as ``set_eviction_order`` chose) back to the caller
       (forgotten by the cache, one holder: the caller)
-      to ``free``. Freeing an allocation that would return a cached page to the free stack is
+      to ``free``. An ``owner`` (``cache_block``'s argument) gets its own evictable queue
+      (``evict_block(owner)``, ``evictable_bytes_of(owner)``); ``evictable_bytes`` is all
+      owners'. Freeing an allocation that would return a cached page to the free stack is
       refused: a cached block leaves through ``evict_block``. The allocation may be a wrapper's
       (its extents name this pool's pages), so the cache works under ``elastic`` and friends.
     - Streams are recorded on allocations but pages are not segregated by stream (one stack
@@ -144,10 +150,11 @@ class Paged(Policy):
         self._free_pages: list[_Page] = []
         # Every page of every segment by offset: for lookups by address, never on the hot path.
         self._pages: dict[int, _Page] = {}
-        # The prefix cache: key -> block (O(1) lookup), and the blocks nobody holds in eviction
-        # order (policies.eviction; LRU until set_eviction_order says otherwise).
+        # The prefix cache: key -> block (O(1) lookup), and per owner the blocks nobody holds in
+        # eviction order (policies.eviction; LRU until set_eviction_order says otherwise). A dict
+        # of queues: owners are few (one per colocated instance), looked up once per cache call.
         self._blocks: dict[Hashable, _CachedBlock] = {}
-        self._evictable: EvictableQueue = make_queue(self.eviction_order)
+        self._queues: dict[Hashable, EvictableQueue] = {}
         self.evictable_bytes: int = 0
 
     # ----------------------------------------------------------------- allocate / free
@@ -349,21 +356,23 @@ class Paged(Policy):
             PolicyError: an unknown order, or blocks are evictable already (nothing changes).
         """
         try:
-            queue = make_queue(order)
+            make_queue(order)
         except ValueError as e:
             raise PolicyError(f"set_eviction_order: {e}") from None
-        if len(self._evictable):
+        if any(len(q) for q in self._queues.values()):
             raise PolicyError("set_eviction_order: blocks are evictable already; choose the order before caching")
-        self.eviction_order = order  # kept across reset(), which rebuilds the queue
-        self._evictable = queue
+        self.eviction_order = order  # kept across reset(), which rebuilds the queues
+        self._queues = {owner: make_queue(order) for owner in self._queues}
 
-    def cache_block(self, key: Hashable, allocation: Allocation, recompute_cost: float = 1.0) -> None:
+    def cache_block(self, key: Hashable, allocation: Allocation, recompute_cost: float = 1.0,
+                    owner: Hashable = None) -> None:
         """Name ``allocation``'s pages ``key``, so that later requests can find and share them.
 
         Its current holders keep holding it (nothing is counted again). ``allocation`` is one
         this pool handed out, or a wrapper's allocation over one (its extents are pages here).
         ``recompute_cost`` (> 0, any one unit) is what rebuilding the block would cost; the
-        ``cost`` eviction order weighs it.
+        ``cost`` eviction order weighs it. ``owner`` names whose evictable queue the block joins
+        when nobody holds it (the keys are one space: owners that may collide namespace them).
 
         Raises:
             PolicyError: ``key`` is cached already, or a page is not live here or is cached
@@ -384,7 +393,9 @@ class Paged(Policy):
         for pg in pages:
             pg.cache_key = key
         self._blocks[key] = _CachedBlock(allocation, tuple(pages), len(pages) * self.page_size_bytes,
-                                         float(recompute_cost))
+                                         owner, float(recompute_cost))
+        if owner not in self._queues:
+            self._queues[owner] = make_queue(self.eviction_order)
 
     def cached_block(self, key: Hashable) -> Allocation | None:
         """The allocation cached as ``key`` (held or evictable), or None. Changes nothing."""
@@ -401,8 +412,9 @@ class Paged(Policy):
         b = self._blocks.get(key)
         if b is None:
             raise PolicyError(f"share_block: nothing is cached as {key!r}")
-        if key in self._evictable:
-            self._evictable.remove(key)
+        q = self._queues[b.owner]
+        if key in q:
+            q.remove(key)
             self.evictable_bytes -= b.size_bytes
         b.num_uses += 1
         for pg in b.pages:
@@ -419,7 +431,8 @@ class Paged(Policy):
         b = self._blocks.get(key)
         if b is None:
             raise PolicyError(f"release_block: nothing is cached as {key!r}")
-        if key in self._evictable or any(pg.ref_cnt == 0 for pg in b.pages):
+        q = self._queues[b.owner]
+        if key in q or any(pg.ref_cnt == 0 for pg in b.pages):
             raise PolicyError(f"release_block: nobody holds the block cached as {key!r}")
         num_unheld = 0
         for pg in b.pages:
@@ -427,23 +440,29 @@ class Paged(Policy):
             num_unheld += pg.ref_cnt == 0
         if num_unheld < len(b.pages):  # still held (whole, or some pages through a fork)
             return False
-        self._evictable.push(key, b)
+        q.push(key, b)
         self.evictable_bytes += b.size_bytes
         return True
 
-    def evict_block(self) -> Allocation | None:
-        """Forget the evictable queue's first block (least recently released, or as the eviction
-        order says) and hand its allocation back with one holder, the caller, who frees it
-        (through the pool that handed it out). None when no block is evictable."""
-        if not len(self._evictable):
+    def evict_block(self, owner: Hashable = None) -> Allocation | None:
+        """Forget ``owner``'s evictable queue's first block (least recently released, or as the
+        eviction order says) and hand its allocation back with one holder, the caller, who frees
+        it (through the pool that handed it out). None when no block of ``owner`` is evictable."""
+        q = self._queues.get(owner)
+        if q is None or not len(q):
             return None
-        key, b = self._evictable.pop()
+        key, b = q.pop()
         del self._blocks[key]
         self.evictable_bytes -= b.size_bytes
         for pg in b.pages:
             pg.ref_cnt = 1
             pg.cache_key = None
         return b.allocation
+
+    def evictable_bytes_of(self, owner: Hashable = None) -> int:
+        """Bytes of ``owner``'s cached blocks that nobody holds."""
+        q = self._queues.get(owner)
+        return q.size_bytes if q is not None else 0
 
     def num_cached_blocks(self) -> int:
         """Blocks in the prefix cache, held or evictable."""

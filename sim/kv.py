@@ -33,7 +33,7 @@ shared pool the KV cache cannot take the memory of weights or activations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Hashable
 
 from policies.base import Allocation
 from policies.mapped_device import PageMappedDevice
@@ -64,19 +64,23 @@ class KVHandle:
     Tokens ``[0, prefix_tokens)`` live in prompt blocks named by the hash ids in ``blocks``
     (paged + prefix caching only; the first ``num_computed_blocks`` are computed), the rest in
     the request's own ``allocs`` (one for contiguous managers, page runs for paged).
-    ``capacity_tokens`` is how many token slots are held in all.
+    ``capacity_tokens`` is how many token slots are held in all. ``hash_ids`` are the block
+    cache's keys (the trace's hash ids, namespaced by the manager's ``cache_owner`` when it has
+    one); ``prefix_admitted`` says whether the prefix cache has admitted the request before (a
+    preempted request's next admission is not its first).
     """
 
     prompt_tokens: int
     output_tokens: int
-    hash_ids: tuple[int, ...] = ()
+    hash_ids: tuple[Hashable, ...] = ()
     capacity_tokens: int = 0
     prefix_tokens: int = 0
     num_own_pages: int = 0
     num_computed_blocks: int = 0
+    prefix_admitted: bool = False
     slot: int = -1  # VirtualKV: the virtual range (vAttention's reqId) it holds; -1 for none
     allocs: list[Allocation] = field(default_factory=list)
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[Hashable] = field(default_factory=list)
 
 
 class _KVBase:
@@ -96,9 +100,13 @@ class _KVBase:
         self.copied_bytes = 0
         # prefix-cache figures (stay 0 without a prefix cache)
         self.cached_tokens = 0
+        self.peak_cached_tokens = 0
         self.prefix_lookup_tokens = 0
         self.prefix_hit_tokens = 0
         self.prefix_saved_bytes = 0
+        # the same two at first admissions only (hits there are on blocks other requests cached)
+        self.prefix_first_lookup_tokens = 0
+        self.prefix_first_hit_tokens = 0
         self.num_evictions = 0
 
     def _allocate(self, nbytes: int) -> Allocation | None:
@@ -124,6 +132,10 @@ class _KVBase:
     def free_bytes(self) -> int:
         """KV budget not held by live requests (evictable cached blocks count as free)."""
         return self.budget_bytes - self.allocated_bytes + self.evictable_bytes
+
+    def cached_bytes(self, num_cached_tokens: int) -> int:
+        """Pool bytes of ``num_cached_tokens`` tokens of cached prefix blocks (0 without a prefix cache)."""
+        return num_cached_tokens * self.bytes_per_token
 
     def held_elsewhere(self) -> bool:
         """Whether KV memory this manager could use is held by someone else (another tenant of a
@@ -263,9 +275,14 @@ class PagedKV(_KVBase):
     full): a fresh block is "pending" until then, held by the request that allocated it alone.
     Cached blocks live in the paged policy's prefix cache (hash map, page reference counts,
     evictable LRU queue); without a paged layer in the pool's stack there is no prefix caching.
+    Managers sharing one block cache (tenants of one pool, ``sim.tenants``) each set their own
+    ``cache_owner``: their keys are ``(cache_owner, hash id)`` and their evictable queue their own,
+    so colocated instances keep separate prefix caches over shared memory, as vLLM instances do.
     """
 
     paged = True
+    #: whose blocks these are in a block cache shared with other managers (None: not shared)
+    cache_owner: Hashable = None
 
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
                  tokens_per_page: int, page_bytes: int | None = None,
@@ -286,22 +303,28 @@ class PagedKV(_KVBase):
         pages_per_block = -(-block_tokens // tokens_per_page)
         self.block_bytes = pages_per_block * self.page_bytes
         # fresh blocks not computed yet, by hash id: each held by the request that allocated it
-        self._pending: dict[int, Allocation] = {}
+        self._pending: dict[Hashable, Allocation] = {}
 
     @property
     def evictable_bytes(self) -> int:
-        return self.block_cache.evictable_bytes if self.block_cache is not None else 0
+        return self.block_cache.evictable_bytes_of(self.cache_owner) if self.block_cache is not None else 0
 
     @property
     def evictable_tokens(self) -> int:
         """Tokens in cached blocks nobody holds (every cached block is ``block_bytes``)."""
         return self.evictable_bytes // self.block_bytes * self.block_tokens
 
+    def cached_bytes(self, num_cached_tokens: int) -> int:
+        """Pool bytes of ``num_cached_tokens`` tokens of cached blocks (held or evictable)."""
+        return num_cached_tokens // self.block_tokens * self.block_bytes
+
     def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> KVHandle:
         if not self.prefix_caching:
             hash_ids = ()
         else:  # only whole blocks are cacheable
             hash_ids = tuple(hash_ids[: prompt_tokens // self.block_tokens])
+            if self.cache_owner is not None:
+                hash_ids = tuple([(self.cache_owner, hid) for hid in hash_ids])
         return KVHandle(prompt_tokens, output_tokens, hash_ids)
 
     def peak_bytes(self, prompt_tokens: int, output_tokens: int) -> int:
@@ -358,6 +381,10 @@ class PagedKV(_KVBase):
         self.prefix_lookup_tokens += lookup
         self.prefix_hit_tokens += hits * self.block_tokens
         self.prefix_saved_bytes += hits * self.block_bytes
+        if not h.prefix_admitted:
+            h.prefix_admitted = True
+            self.prefix_first_lookup_tokens += lookup
+            self.prefix_first_hit_tokens += hits * self.block_tokens
         return True
 
     def mark_computed(self, h: KVHandle, num_computed: int) -> None:
@@ -369,13 +396,15 @@ class PagedKV(_KVBase):
             hid = blocks[i]
             if hid in pending:  # computed now: hittable by others
                 cost = self._block_recompute_s(i) if self._block_recompute_s is not None else 1.0
-                self.block_cache.cache_block(hid, pending.pop(hid), cost)
+                self.block_cache.cache_block(hid, pending.pop(hid), cost, self.cache_owner)
                 self.cached_tokens += self.block_tokens
+                if self.cached_tokens > self.peak_cached_tokens:
+                    self.peak_cached_tokens = self.cached_tokens
             i += 1
         h.num_computed_blocks = i
 
     def _evict_one(self) -> bool:
-        a = self.block_cache.evict_block() if self.block_cache is not None else None
+        a = self.block_cache.evict_block(self.cache_owner) if self.block_cache is not None else None
         if a is None:
             return False
         self.cached_tokens -= self.block_tokens

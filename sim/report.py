@@ -245,8 +245,8 @@ def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str
             view[c] = view[c] / 2**20
             rename[c] = c[: -len("_bytes")] + "_MiB"
         elif c in ("overhead", "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "failure_rate", "kv_token_util",
-                   "gap_to_bound", "gap_to_planner", "prefix_hit_rate", "kv_token_util_pressure",
-                   "slo_attainment", "kv_pressure_share"):
+                   "gap_to_bound", "gap_to_planner", "prefix_hit_rate", "prefix_first_hit_rate",
+                   "kv_token_util_pressure", "slo_attainment", "kv_pressure_share"):
             view[c] = view[c] * 100
             rename[c] = c + "_%"
     view = view.rename(columns=rename)

@@ -20,6 +20,7 @@ Definitions follow vLLM's serving benchmark (field notes):
   took.
 - rejected_by: ``kind: count`` for each rejection kind (``sim.scheduler.REJECT_KINDS``), "" when
   none.
+- prefix_hit_rate, prefix_first_hit_rate: see ``prefix_hit_rates``.
 
 ``duration_s`` is the simulated time from the first arrival to the end of the run.
 """
@@ -32,7 +33,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["REQUEST_TABLE_COLUMNS", "SERVING_COLUMNS", "request_table", "rejected_by", "serving_summary"]
+__all__ = ["REQUEST_TABLE_COLUMNS", "SERVING_COLUMNS", "prefix_hit_rates", "request_table", "rejected_by",
+           "serving_summary"]
 
 REQUEST_TABLE_COLUMNS = [
     "request_id", "arrival_s", "prompt_tokens", "output_tokens", "num_generated", "first_token_s", "finish_s",
@@ -77,6 +79,21 @@ def rejected_by(table: pd.DataFrame) -> str:
     """``"kind: count, ..."`` over the rejected requests of a request table, most first; "" when none."""
     kinds = table.loc[table["status"] == "rejected", "reject_kind"]
     return ", ".join(f"{kind}: {n}" for kind, n in kinds.value_counts().items())
+
+
+def prefix_hit_rates(*, lookup_tokens: int, hit_tokens: int, first_lookup_tokens: int,
+                     first_hit_tokens: int) -> dict[str, float]:
+    """The prefix cache's two hit rates (0 when nothing was looked up), counted by the KV manager
+    at each admission (``sim.kv.PagedKV.admit``) over the prompt tokens in whole cacheable blocks:
+
+    - ``prefix_hit_rate``: hit tokens / looked-up tokens over *every* admission, a preempted
+      request's re-admissions included, where it finds the blocks its own earlier run cached (at
+      small KV budgets most of its hits; what makes recompute preemption cheap).
+    - ``prefix_first_hit_rate``: the same over first admissions only, where every hit is on a
+      block another request cached: the reuse the traffic itself offers.
+    """
+    return {"prefix_hit_rate": hit_tokens / lookup_tokens if lookup_tokens else 0.0,
+            "prefix_first_hit_rate": first_hit_tokens / first_lookup_tokens if first_lookup_tokens else 0.0}
 
 
 def serving_summary(table: pd.DataFrame, *, duration_s: float, num_preemptions: int, kv_token_util: float,

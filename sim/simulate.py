@@ -30,7 +30,7 @@ from sim.report import params_text, summary_frame, summary_row
 from sim.scheduler import Request, Scheduler
 from sim.config import ServerConfig
 from sim.server import Server
-from sim.serving_metrics import request_table, serving_summary
+from sim.serving_metrics import prefix_hit_rates, request_table, serving_summary
 from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
@@ -244,7 +244,6 @@ def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_na
                               kv_token_util_pressure=server.kv_token_util_pressure,
                               kv_pressure_s=server.kv_pressure_s, busy_s=server.busy_s, slo_ttft_s=cfg.slo_ttft_s,
                               slo_tpot_s=cfg.slo_tpot_s, slo_e2e_s=cfg.slo_e2e_s)
-    lookups = kv.prefix_lookup_tokens
     # the spec as the user chose it, normalised as replay writes it (the knobs filled in from
     # the model are the params column's)
     spec = policies.create(policy_spec).spec
@@ -270,7 +269,9 @@ def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_na
         "kv_driver_s": server.kv_driver_s,
         "kv_driver_step_s": server.kv_driver_step_s,
         "kv_note": "; ".join(notes),  # what the run turned off or ignored; the CLI prints each note
-        "prefix_hit_rate": kv.prefix_hit_tokens / lookups if lookups else 0.0,
+        **prefix_hit_rates(lookup_tokens=kv.prefix_lookup_tokens, hit_tokens=kv.prefix_hit_tokens,
+                           first_lookup_tokens=kv.prefix_first_lookup_tokens,
+                           first_hit_tokens=kv.prefix_first_hit_tokens),
         "prefix_saved_bytes": kv.prefix_saved_bytes,
         "n_prefix_evictions": kv.num_evictions,
         "n_kv_reallocs": kv.num_reallocs,

@@ -24,7 +24,10 @@ Memory is shared in one of three layouts:
   view over it (kvcached: one elastic page pool, pages mapped when a tenant needs them and
   unmapped when freed, the map/unmap calls costed by the page-mapped device). What a tenant
   sees free is what no tenant holds; cached prefix blocks nobody holds are evicted, its own
-  first, when the pool is full.
+  first, when the pool is full. With prefix caching (a policy with a block cache, ``paged``)
+  every tenant keeps its own prefix cache over the shared memory, as colocated vLLM instances
+  do (kvcached shares memory, not caches): its keys are namespaced by tenant, so two tenants'
+  equal hash ids never share a block, and each has its own evictable queue.
 - ``sleep``: ``shared`` plus vLLM's sleep mode: a tenant idle for ``sleep_after_s`` drops its
   cached KV and releases its weights (their bytes join the pool); its next request waits for
   the pool to give the bytes back (other tenants' allocations fail meanwhile, so they preempt)
@@ -175,11 +178,13 @@ class _SharedPool:
 
 class SharedKV(PagedKV):
     """A tenant's paged KV manager over the GPU's one shared pool: what it sees free is what no
-    tenant holds, and when the pool is full it evicts cached blocks, its own first, then others'."""
+    tenant holds, and when the pool is full it evicts cached blocks, its own first, then others'.
+    Its prefix cache is its own: ``cache_owner`` is its index among the pool's tenants."""
 
     def __init__(self, *args: Any, shared: _SharedPool, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.shared = shared
+        self.cache_owner = len(shared.kvs)
         shared.kvs.append(self)
 
     def free_bytes(self) -> int:
@@ -339,12 +344,6 @@ class Colocation:
         if policy.contiguous:
             raise ValueError(f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
                              f"(try page-pool, kvcached's elastic page pool, or paged)")
-        if cfg.prefix_caching and policy.block_cache is not None:
-            # one block cache would key every tenant's blocks by the trace's hash ids alone (they
-            # collide across tenants) and count each tenant's evictable blocks as everyone's
-            raise ValueError(f"the {layout} layout does not model prefix caching in one shared block cache "
-                             f"({policy_spec!r} has one): turn prefix caching off, or use page-pool "
-                             f"(no block cache: no prefix caching)")
         self.shared = _SharedPool(policy)
         # the most any one tenant could hold: all the KV memory, plus every other tenant's weights asleep
         budget = kv_bytes + (sum(self.split.weight_bytes) if layout == "sleep" else 0)
@@ -400,6 +399,9 @@ class Colocation:
                 "n_sleeps": gate.num_sleeps if gate else 0,
                 "n_wakes": gate.num_wakes if gate else 0,
                 "wake_s": gate.wake_s if gate else 0.0,
+                # this tenant's own prefix cache (held or evictable blocks): at the end and at peak
+                "prefix_cached_bytes": setup.kv.cached_bytes(setup.kv.cached_tokens),
+                "prefix_peak_cached_bytes": setup.kv.cached_bytes(setup.kv.peak_cached_tokens),
             }))
         return results
 

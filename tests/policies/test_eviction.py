@@ -150,4 +150,27 @@ def test_the_order_survives_reset():
     pool = Paged(page_bytes=PAGE)
     pool.set_eviction_order("cost")
     pool.reset()
-    assert pool.eviction_order == "cost" and type(pool._evictable).order == "cost"
+    pool.cache_block("a", pool.allocate(PAGE))
+    assert pool.eviction_order == "cost" and type(pool._queues[None]).order == "cost"
+
+
+@pytest.mark.parametrize("order", EVICTION_ORDERS)
+def test_owners_evict_and_count_only_their_own_blocks(order):
+    """Colocated instances over one pool: each owner's blocks join its own queue."""
+    pool = Paged(page_bytes=PAGE)
+    pool.set_eviction_order(order)
+    mine = {}
+    for owner in (0, 1):
+        for k in "ab":
+            mine[owner, k] = pool.allocate(PAGE)
+            pool.cache_block((owner, k), mine[owner, k], owner=owner)
+    for key in [(1, "a"), (0, "a"), (0, "b")]:
+        pool.release_block(key)
+    assert pool.evictable_bytes_of(0) == 2 * PAGE and pool.evictable_bytes_of(1) == PAGE
+    assert pool.evictable_bytes == 3 * PAGE and pool.evictable_bytes_of(None) == 0
+    pool.share_block((0, "a"))  # a hit takes it out of owner 0's queue only
+    assert pool.evictable_bytes_of(0) == PAGE and pool.evictable_bytes_of(1) == PAGE
+    assert pool.evict_block(1) is mine[1, "a"] and pool.evict_block(1) is None  # (1, "b") is held
+    assert pool.evict_block(0) is mine[0, "b"] and pool.evict_block(0) is None
+    assert pool.evict_block() is None  # nothing of no owner
+    assert pool.evictable_bytes == 0

@@ -135,3 +135,23 @@ def test_unknown_policy_model_and_option_are_clear_errors():
         simulate(synth(n=2), "paged", model="gpt-17", gpu=GPU)
     with pytest.raises(ValueError, match="kv_stratgy"):
         sim("paged", kv_stratgy="max")
+
+
+def test_first_hit_rate_leaves_out_a_preempted_requests_own_blocks():
+    """Two 4-block prompts with hash ids of their own grow past a small KV budget: the later one
+    is preempted and, admitted again, finds its own blocks cached (hits for ``prefix_hit_rate``,
+    not first-time hits). A third request, after both, repeats the first one's prompt: the only
+    first-time hit, 4 of the 12 blocks looked up at first admissions."""
+    prompt = 4 * 512  # four 512-token hash blocks
+    t = RequestTrace(make_requests([0.0, 0.0, 100.0], [prompt] * 3, [3000, 3000, 10],
+                                   hash_ids=[(1, 2, 3, 4), (5, 6, 7, 8), (1, 2, 3, 4)]), name="preempted")
+    res = sim("paged", t, kv_capacity_bytes=7200 * BPT)
+    s, req = res.summary, res.requests
+    assert req["num_preemptions"].iloc[1] >= 1 and req["num_preemptions"].iloc[[0, 2]].tolist() == [0, 0]
+    assert (req["status"] == "finished").all()
+    num_readmissions = int(req["num_preemptions"].iloc[1])
+    assert s["prefix_first_hit_rate"] == pytest.approx(4 / 12)
+    # every re-admission of the preempted request hit all four of its own blocks
+    assert s["prefix_hit_rate"] == pytest.approx((4 + 4 * num_readmissions) / (12 + 4 * num_readmissions))
+    off = sim("paged", t, kv_capacity_bytes=7200 * BPT, prefix_caching=False).summary
+    assert off["prefix_hit_rate"] == 0 and off["prefix_first_hit_rate"] == 0

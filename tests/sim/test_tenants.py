@@ -186,7 +186,6 @@ def test_tenant_rate_scales_compress_each_tenants_arrivals(shares):
     ({"config": ServerConfig(kv_capacity_bytes=1 << 30)}, "kv_capacity_bytes"),
     ({"config": ServerConfig(pool_layout="shared")}, "pool_layout"),
     ({"spec": "best-fit", "layout": "shared"}, "contiguous"),
-    ({"spec": "paged", "layout": "shared"}, "prefix caching in one shared block cache"),
     ({"models": ["Llama-3-8B", "Llama-3-8B"]}, "2 models for 3 tenants"),
     ({"config": ServerConfig(gpu_memory_utilization=0.3)}, "do not fit"),
 ])
@@ -198,10 +197,52 @@ def test_bad_settings_are_named(shares, kwargs, match):
 
 
 def test_paged_shared_runs_without_prefix_caching(shares):
-    """The combination refused above runs with prefix caching off (no block cache consulted)."""
+    """A shared pool with a block cache and prefix caching off consults no cache."""
     c = Colocation(shares, "paged", models=MODEL, gpu=GPU, layout="shared",
                    config=CONFIG.replace(prefix_caching=False))
     assert all(r.summary["n_finished"] == 150 and not r.summary["prefix_caching"] for r in c.run())
+
+
+def _same_hashes(num_tenants: int = 2) -> list[RequestTrace]:
+    """Every tenant's trace the same: a 4-block prompt at 0 s, the same prompt again at 5 s."""
+    df = make_requests([0.0, 5.0], [2048, 2048], [10, 10], hash_ids=[(1, 2, 3, 4), (1, 2, 3, 4)])
+    return [RequestTrace(df, name=f"same{i}") for i in range(num_tenants)]
+
+
+@pytest.mark.parametrize("layout", ["shared", "sleep"])
+def test_tenants_keep_their_own_prefix_caches_in_a_shared_pool(layout):
+    """Two tenants send the same hash ids: neither hits the other's blocks (each first request
+    misses), each hits its own (each second request), and the pool caches both copies."""
+    c = Colocation(_same_hashes(), "paged", models=MODEL, gpu=GPU, layout=layout, config=CONFIG)
+    results = c.run()
+    cache = c.shared.policy.block_cache
+    block_bytes = c.setups[0].kv.block_bytes
+    assert cache.num_cached_blocks() == 8  # 4 blocks per tenant, none shared
+    for r in results:
+        s = r.summary
+        assert s["prefix_caching"] and s["n_finished"] == 2
+        assert r.requests["prefix_hit_tokens"].tolist() == [0, 4 * 512 - 1]  # the last token is recomputed
+        assert s["prefix_hit_rate"] == s["prefix_first_hit_rate"] == 0.5
+        assert s["prefix_cached_bytes"] == s["prefix_peak_cached_bytes"] == 4 * block_bytes
+    assert [k.evictable_bytes for k in c.setups[0].kv.shared.kvs] == [4 * block_bytes] * 2
+    assert cache.evictable_bytes == 8 * block_bytes
+
+
+def test_a_full_shared_pool_evicts_the_asking_tenants_cached_blocks_first():
+    """Both tenants hold cached blocks nobody uses; when tenant 1 needs room it evicts its own
+    first and reaches tenant 0's only when its own are gone."""
+    c = Colocation(_same_hashes(), "paged", models=MODEL, gpu=GPU, layout="shared", config=CONFIG)
+    c.run()
+    kv0, kv1 = (s.kv for s in c.setups)
+    pool = c.shared.policy
+    # take everything free, then one block more than tenant 1's own cache holds
+    page = pool.block_cache.page_size_bytes
+    rest = kv1._allocate((pool.capacity_bytes - pool.allocated_bytes) // page * page)
+    assert rest is not None and kv1.num_evictions == kv0.num_evictions == 0
+    extra = kv1._allocate(5 * kv1.block_bytes)
+    assert extra is not None
+    assert kv1.num_evictions == 4 and kv1.evictable_bytes == 0  # all of its own
+    assert kv0.num_evictions == 1 and kv0.evictable_bytes == 3 * kv0.block_bytes  # then one of tenant 0's
 
 
 
