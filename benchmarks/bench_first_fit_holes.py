@@ -1,15 +1,16 @@
 """First fit's worst case: N small free holes below the first block that fits, old and new index side by side.
 
     python benchmarks/bench_first_fit_holes.py [--holes 30 1000 5000 20000] [--before-rev bcff0ce]
-                                               [--events 2000] [--repeat 5] [--clock cpu]
+                                               [--events 4000] [--repeat 5] [--clock cpu]
 
 The pool: one 64 MiB segment, N pairs of 512 B blocks with the lower of each pair freed (N free
 512 B holes) and the free tail above them. The loop allocates 4 KiB and frees it: the request
 fits only the tail, so a flat address-ordered scan passes all N holes. Printed: ns per event (an
-allocate or a free, as ``bench_replay.py`` counts them: two per loop iteration), best of ``--repeat`` with the two classes alternating, for ``policies.first_fit.FirstFit``
-of this tree ("new") and the ``FirstFit`` of ``policies/first_fit.py`` at ``--before-rev``
-("before", loaded from ``git show`` under another module name; the rest of ``policies`` is this
-tree's). Both classes' placements are checked equal on every pool before timing.
+allocate or a free, as ``bench_replay.py`` counts them: two per loop iteration), best of
+``--repeat`` with the two classes alternating, for ``policies.first_fit.FirstFit`` of this tree
+("new") and the ``FirstFit`` of ``policies/first_fit.py`` at ``--before-rev`` ("before", loaded
+from ``git show`` under another module name; the rest of ``policies`` is this tree's). Both
+classes' placements are checked equal on every pool before timing.
 """
 
 from __future__ import annotations

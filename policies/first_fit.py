@@ -165,8 +165,9 @@ class FirstFit(ContiguousPolicy):
     ``bisect`` of the offsets away. The scan is linear in the free blocks below the answer
     (about 13 ns each, in C); the snapshot's pools hold about 30. A stream whose scan passes
     ``CHUNKED_FROM_ENTRIES`` blocks gets a ``_ChunkedFreeList`` instead (the search bounded by
-    chunk maxima, served by the generic ``ContiguousPolicy`` paths through the index hooks), and
-    gets the flat lists back below half of that: the common path pays one comparison for it.
+    per-chunk size bounds; allocations by ``_allocate_chunked``, frees by the generic
+    ``ContiguousPolicy._free`` through the index hooks), and gets the flat lists back below half
+    of that: the flat streams' hot path pays one comparison for it.
     """
 
     name = "first-fit"
@@ -345,21 +346,20 @@ class FirstFit(ContiguousPolicy):
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        for stream, (offsets, sizes, blocks) in self._free_by_stream.items():
-            expected = [b for b in self.blocks() if b.free and b.segment.stream == stream]
-            assert blocks == expected, f"stream {stream}: the index and the free blocks differ"
-            assert offsets == [b.offset for b in expected] and sizes == [b.size for b in expected]
+        indexes = dict(self._free_by_stream)
         for stream, chunked in self._chunked_by_stream.items():
-            assert stream not in self._free_by_stream, f"stream {stream}: indexed flat and chunked"
-            expected = [b for b in self.blocks() if b.free and b.segment.stream == stream]
-            offsets, sizes, blocks = chunked.flat()
-            assert blocks == expected, f"stream {stream}: the chunked index and the free blocks differ"
-            assert offsets == [b.offset for b in expected] and sizes == [b.size for b in expected]
-            assert chunked.num_entries == len(blocks) and all(chunked.offsets), f"stream {stream}: chunk counts"
+            assert stream not in indexes, f"stream {stream}: indexed flat and chunked"
+            indexes[stream] = chunked.flat()
+            assert chunked.num_entries == len(indexes[stream][0]) and all(chunked.offsets), \
+                f"stream {stream}: chunk counts"
             assert chunked.firsts == [c[0] for c in chunked.offsets], f"stream {stream}: chunk first offsets"
             assert all(map(int.__ge__, chunked.bounds, map(max, chunked.sizes))), f"stream {stream}: chunk bounds"
             assert len(chunked.bounds) == len(chunked.offsets), f"stream {stream}: chunk bounds"
-            assert max(map(len, chunked.offsets)) <= 2 * CHUNK_ENTRIES, f"stream {stream}: a chunk too long"
+            assert max(map(len, chunked.offsets), default=0) <= 2 * CHUNK_ENTRIES, f"stream {stream}: a chunk too long"
+        for stream, (offsets, sizes, blocks) in indexes.items():
+            expected = [b for b in self.blocks() if b.free and b.segment.stream == stream]
+            assert blocks == expected, f"stream {stream}: the index and the free blocks differ"
+            assert offsets == [b.offset for b in expected] and sizes == [b.size for b in expected]
 
     def _index_largest_bytes(self) -> int:
         largest = [max(sizes) for _, sizes, _ in self._free_by_stream.values() if sizes]
