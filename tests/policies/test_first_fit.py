@@ -5,7 +5,12 @@ The shared block machinery (splitting, coalescing, growth, trim) is tested in te
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 import policies
+from policies import first_fit
 from policies.first_fit import FirstFit
 
 KiB = 1 << 10
@@ -76,3 +81,71 @@ def test_largest_free_bytes_scans_the_top_bucket():
     _holes(p, [(40 * KiB, True), (4 * KiB, False), (60 * KiB, True), (4 * KiB, False), (MiB - 108 * KiB, False)])
     assert p.largest_free_bytes() == 60 * KiB and p.free_extents()[1] == (p.free_extents()[1][0], 60 * KiB)
 
+
+
+def _lowest_fit(p, size, stream=0):
+    """The reference: the lowest offset of a free block of ``stream`` that holds ``size``, off the chains."""
+    return min((b.offset for b in p.blocks() if b.free and b.segment.stream == stream and b.size >= size),
+               default=None)
+
+
+def _replay_against_reference(p, rng, num_steps, sizes, num_streams=1):
+    """Random allocate/free traffic; every placement checked against ``_lowest_fit``.
+
+    Returns the set of index kinds the streams were seen in ("flat", "chunked") and the live allocations.
+    """
+    live, kinds = [], set()
+    for step in range(num_steps):
+        if live and rng.random() < 0.4:
+            p.free(live.pop(rng.randrange(len(live))))
+        else:
+            stream = rng.randrange(num_streams)
+            nbytes = rng.choice(sizes)
+            expected = _lowest_fit(p, p.rounded_size(nbytes), stream)
+            a = p.allocate(nbytes, stream=stream)
+            if a is None:  # over capacity: only when no free block holds it
+                assert expected is None, f"step {step}: {nbytes} B refused with a fit at {expected:#x}"
+                continue
+            if expected is not None:  # else a fresh segment serves it
+                assert a.offset == expected, f"step {step}: {nbytes} B at {a.offset:#x}, not {expected:#x}"
+            live.append(a)
+        kinds |= {"chunked"} if p._chunked_by_stream else set()
+        kinds |= {"flat"} if p._free_by_stream else set()
+        if step % 100 == 0:
+            p.check_invariants()
+    p.check_invariants()
+    return kinds, live
+
+
+def test_thousands_of_small_holes_place_as_the_reference():
+    # 3,000 holes of 512 B under every larger request: the scan passes CHUNKED_FROM_ENTRIES, so
+    # the stream's free list turns chunked; placements must not change
+    p = FirstFit(segment_bytes=64 * MiB)
+    pairs = [(p.allocate(512), p.allocate(512)) for _ in range(3000)]
+    for hole, _ in pairs:
+        p.free(hole)
+    assert len(p.free_extents()) == 3001
+    rng = random.Random(7)
+    kinds, live = _replay_against_reference(p, rng, 1200, [256, 512, 1024, 3 * KiB, 8 * KiB, 200 * KiB])
+    assert "chunked" in kinds
+    for a in live + [keep for _, keep in pairs]:  # the holes merge away: the list turns flat again
+        p.free(a)
+    p.check_invariants()
+    (start, length), = p.free_extents()
+    assert not p._chunked_by_stream and length == 64 * MiB
+    assert p.allocate(4 * KiB).offset == start
+
+
+@pytest.mark.parametrize("virtual", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_chunked_index_with_tiny_chunks_follows_the_reference(monkeypatch, seed, virtual):
+    # tiny thresholds: streams go chunked and flat again many times, chunks split and join;
+    # a capacity makes misses release free segments (or unmap free end pages) under the index
+    monkeypatch.setattr(first_fit, "CHUNKED_FROM_ENTRIES", 6)
+    monkeypatch.setattr(first_fit, "CHUNK_ENTRIES", 2)
+    rng = random.Random(seed)
+    p = FirstFit(segment_bytes=1 * MiB, split_threshold_bytes=rng.choice([None, 4 * KiB]), virtual=virtual,
+                 capacity_bytes=24 * MiB)
+    sizes = [512, 1 * KiB, 3 * KiB, 8 * KiB, 40 * KiB, 300 * KiB, 2 * MiB]
+    kinds, _ = _replay_against_reference(p, rng, 2000, sizes, num_streams=2)
+    assert kinds == {"flat", "chunked"}
