@@ -6,6 +6,10 @@ import pytest
 
 from poollab.cli import main
 
+#: twelve requests in the Azure LLM inference trace's CSV layout, one a second
+AZURE_TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
+
 
 @pytest.fixture
 def cli(capsys):
@@ -35,3 +39,11 @@ def cli_ok(capsys):
         return capsys.readouterr()
 
     return run
+
+
+@pytest.fixture
+def trace(tmp_path):
+    """A small request trace file (``AZURE_TRACE``) for the commands that read one."""
+    p = tmp_path / "azure.csv"
+    p.write_text(AZURE_TRACE)
+    return p

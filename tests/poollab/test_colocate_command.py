@@ -3,26 +3,10 @@
 import pandas as pd
 import pytest
 
-from poollab.cli import main
 
-TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
-
-
-@pytest.fixture
-def trace(tmp_path):
-    p = tmp_path / "azure.csv"
-    p.write_text(TRACE)
-    return p
-
-
-def test_colocate_writes_one_row_per_layout_and_tenant(trace, tmp_path, capsys):
+def test_colocate_writes_one_row_per_layout_and_tenant(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    try:
-        main(["colocate", str(trace), "--tenants", "3", "--model", "Llama-3.2-1B", "--out", str(out_dir)])
-    except SystemExit as exc:
-        assert exc.code in (0, None)
-    out = capsys.readouterr().out
+    out = cli_ok(["colocate", str(trace), "--tenants", "3", "--model", "Llama-3.2-1B", "--out", str(out_dir)]).out
     summary = pd.read_csv(out_dir / "summary.csv")
     assert list(summary["tenant_layout"]) == ["static"] * 3 + ["shared"] * 3 + ["sleep"] * 3
     assert list(summary["tenant"]) == ["t0", "t1", "t2"] * 3
@@ -32,27 +16,21 @@ def test_colocate_writes_one_row_per_layout_and_tenant(trace, tmp_path, capsys):
     assert "static: 12 of 12 finished" in out
 
 
-def test_tenant_rate_scales_and_compute_reach_the_run(trace, tmp_path, capsys):
+def test_tenant_rate_scales_and_compute_reach_the_run(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    try:
-        main(["colocate", str(trace), "--tenants", "2", "--tenant-rate-scale", "1,3", "--compute", "independent",
-              "--layout", "shared", "--model", "Llama-3.2-1B", "--out", str(out_dir)])
-    except SystemExit as exc:
-        assert exc.code in (0, None)
-    assert "compute independent" in capsys.readouterr().out
+    out = cli_ok(["colocate", str(trace), "--tenants", "2", "--tenant-rate-scale", "1,3", "--compute", "independent",
+                  "--layout", "shared", "--model", "Llama-3.2-1B", "--out", str(out_dir)]).out
+    assert "compute independent" in out
     requests = pd.read_parquet(out_dir / "requests.parquet")
     last = requests.groupby("tenant")["arrival_s"].max()
     assert last["t1"] < last["t0"] / 2  # t1's share arrives three times as densely
     assert set(pd.read_csv(out_dir / "summary.csv")["tenant_compute"]) == {"independent"}
 
 
-def test_two_traces_are_two_tenants(trace, tmp_path, capsys):
+def test_two_traces_are_two_tenants(trace, tmp_path, cli_ok):
     out_dir = tmp_path / "out"
-    try:
-        main(["colocate", str(trace), str(trace), "--layout", "shared", "--model", "Llama-3.2-1B",
-              "--model", "Llama-3-8B", "--out", str(out_dir)])
-    except SystemExit as exc:
-        assert exc.code in (0, None)
+    cli_ok(["colocate", str(trace), str(trace), "--layout", "shared", "--model", "Llama-3.2-1B",
+            "--model", "Llama-3-8B", "--out", str(out_dir)])
     summary = pd.read_csv(out_dir / "summary.csv")
     assert list(summary["model"]) == ["Llama-3.2-1B", "Llama-3-8B"]
 

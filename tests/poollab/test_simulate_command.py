@@ -5,15 +5,6 @@ import pytest
 
 from sim.hardware import available_gpus
 from sim.models import available_models
-TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
-
-
-@pytest.fixture
-def trace(tmp_path):
-    p = tmp_path / "azure.csv"
-    p.write_text(TRACE)
-    return p
 
 
 def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, cli_ok):
