@@ -319,6 +319,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 next_id += 1
             elif action == free_action:
                 addr = e["addr"]
+                if type(addr) is not int:  # the trace keeps every event's address (the report draws blocks by it)
+                    raise TraceFormatError(source, i, _bad_entry_numbers(action, addr, None), unit=unit)
                 if requested_at and requested_at.pop(addr, i - 1) < i - 1:
                     num_deferred += 1  # completed after other entries: an event (record_stream) held it
                 s = streams.get(e["stream"])

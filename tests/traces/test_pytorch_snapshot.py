@@ -243,6 +243,13 @@ def test_alloc_over_a_live_address_is_an_error(write_snapshot, snap_entry):
     assert err.value.line == 1
 
 
+def test_free_at_a_non_integer_address_names_its_index(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("free_completed", "nowhere", 10, 1)])
+    with pytest.raises(TraceFormatError, match="address 'nowhere': must be an integer") as err:
+        read_pytorch_snapshot(path)
+    assert err.value.line == 1
+
+
 def test_non_integer_time_names_its_index(write_snapshot, snap_entry):
     path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("alloc", B, 10, "soon")])
     with pytest.raises(TraceFormatError, match="time_us 'soon'") as err:
