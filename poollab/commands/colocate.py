@@ -142,9 +142,11 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
     click.echo("all tenants' requests:")
     busy = summary.groupby("tenant_layout", sort=False)["gpu_busy_share"].first()
+    # independent compute: steps of different tenants overlap, so their sum may pass 100 %
+    busy_text = ("the tenants' steps add up to {:.0%} of the run (independent compute: they overlap)"
+                 if compute == "independent" else "GPU busy {:.0%} of the run").format
     for layout, rq in requests.groupby("tenant_layout", sort=False):
         served = rq[rq["status"] == "finished"]["ttft_s"]
         click.echo(f"  {layout:>6}: {len(served):,} of {len(rq):,} finished; TTFT p50 {served.quantile(0.5):.3f} s, "
-                   f"p99 {served.quantile(0.99):.3f} s, mean {served.mean():.3f} s; GPU busy {busy[layout]:.0%} "
-                   f"of the run")
+                   f"p99 {served.quantile(0.99):.3f} s, mean {served.mean():.3f} s; " + busy_text(busy[layout]))
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")
