@@ -4,7 +4,8 @@ The loop is ``sim.engine.run`` (the one every backend uses); the row is ``sim.re
 A failed allocation is counted and the trace goes on; its matching free is skipped. The latency
 of each call is the policy's own bookkeeping time, measured with ``perf_counter_ns``, plus the
 modelled driver time of any segment grow or shrink it caused (``sim.costs``), so a ``cudaMalloc``
-on the hot path shows as it would on the device.
+on the hot path shows as it would on the device. A long trace times a random sample of its calls
+(``latency_sample``, column ``latency_sampled_frac``): timing costs as much as a cheap call.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
            costs: CostModel | None = None, backend: str = "sim", sample_every: int | None = None,
            progress: bool = False, on_alloc: Callable[[Allocation], None] | None = None,
            on_free: Callable[[Allocation], None] | None = None,
-           timer: Callable[[], int] = time.perf_counter_ns, record_layout: bool = False) -> ReplayResult:
+           timer: Callable[[], int] = time.perf_counter_ns, record_layout: bool = False,
+           latency_sample: float | None = None) -> ReplayResult:
     """Replay ``trace`` through ``policy``.
 
     Args:
@@ -104,7 +106,8 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
                      times_us=events.times_us, target=target, observe=observe, before=before,
                      observe_every=monitor.sample_every,
                      on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free,
-                     unknown_free=unknown_free, timer=timer, progress=f"{trace.name} · {policy.spec}" if progress else None)
+                     unknown_free=unknown_free, timer=timer, latency_sample=latency_sample,
+                     progress=f"{trace.name} · {policy.spec}" if progress else None)
     if n:
         monitor.finish(n - 1, events.times_us[-1])
         if recorder is not None:
@@ -162,7 +165,8 @@ class ReplayTables:
 
 def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
                   costs: CostModel | None = None, sample_every: int | None = None,
-                  progress: bool = False, with_bounds: bool = True, record_layout: bool = False) -> ReplayTables:
+                  progress: bool = False, with_bounds: bool = True, record_layout: bool = False,
+                  latency_sample: float | None = None) -> ReplayTables:
     """Replay one trace under several policy specs.
 
     With ``with_bounds`` each row also shows how far the policy is from the best possible:
@@ -178,7 +182,8 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
     (``sim.interactive.layout.pytorch_layout``).
     """
     results = [replay(trace, spec, capacity_bytes=capacity_bytes, costs=costs, sample_every=sample_every,
-                      progress=progress, record_layout=record_layout) for spec in specs]
+                      progress=progress, record_layout=record_layout, latency_sample=latency_sample)
+               for spec in specs]
     summary = summary_frame([r.summary for r in results])
     if with_bounds and len(trace):
         ref = bounds(trace)

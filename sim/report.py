@@ -34,7 +34,7 @@ SUMMARY_COLUMNS = [
     "peak_live_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "overhead",
     "frag_ext_mean", "frag_ext_max", "internal_waste_frac",
     "n_grow", "n_shrink", "grown_bytes", "shrunk_bytes",
-    "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us",
+    "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "latency_sampled_frac",
     "wall_s",
 ]
 
@@ -84,7 +84,9 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
     Derived here: ``failure_rate`` (failed / attempts), ``overhead`` (peak reserved / peak live
     - 1, NaN with nothing live), ``frag_ext_mean``/``_max`` over the samples (NaN when the
     source cannot say), ``internal_waste_frac`` (time-averaged share of allocated bytes lost to
-    rounding over the samples; NaN when allocated bytes are unknown) and the latency percentiles.
+    rounding over the samples; NaN when allocated bytes are unknown), the latency percentiles
+    and ``latency_sampled_frac``: the share of allocate and free calls they were taken over
+    (1.0: every call timed; a long replay times a random sample, ``sim.engine.latency_sample_mask``).
     """
     t = monitor.totals()
     samples = monitor.samples()
@@ -95,6 +97,7 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
     else:
         waste = float((total_allocated - live.sum()) / total_allocated) if total_allocated else 0.0
     n_attempts, n_failed, peak_live = t["n_alloc"], t["n_failed"], t["peak_live_bytes"]
+    n_calls = n_attempts + t["n_free"]
     return {
         "trace": trace, "policy": policy, "backend": backend, "params": params, "capacity_bytes": capacity_bytes,
         "n_alloc": n_attempts,
@@ -114,6 +117,7 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
         "shrunk_bytes": t["shrunk_bytes"],
         **latency_percentiles(alloc_ns, "alloc"),
         **latency_percentiles(free_ns, "free"),
+        "latency_sampled_frac": (np.size(alloc_ns) + np.size(free_ns)) / n_calls if n_calls else NAN,
         "wall_s": wall_s,
         **_device_columns(device_calls, t["peak_reserved_bytes"]),
         **extra,
@@ -129,7 +133,7 @@ def _device_columns(calls: dict[str, int] | None, peak_reserved_bytes: int) -> d
     return out
 
 
-#: One row per allocate or free call; ``op`` is "alloc" or "free".
+#: One row per timed allocate or free call (all of them, or a sample: ``latency_sampled_frac``); ``op`` is "alloc" or "free".
 LATENCY_SAMPLE_COLUMNS = ["trace", "policy", "backend", "op", "latency_us"]
 
 _LATENCY_OPS = ("alloc", "free")

@@ -62,3 +62,18 @@ def test_a_request_trace_given_to_replay_points_to_simulate(cli):
 def test_an_allocation_trace_given_to_simulate_points_to_replay(cli):
     code, _, err = cli(["simulate", str(bundled_path("llama1b_generate_slice.pickle.gz"))])
     assert code == 2 and "allocation trace" in err and "poollab replay" in err
+
+
+def test_latency_sample_times_a_share_of_the_calls_and_is_checked(tmp_path, cli, cli_ok):
+    import pandas as pd
+
+    trace = bundled_path("llama1b_generate_slice.pickle.gz")
+    cli_ok(["replay", str(trace), "-p", "best-fit", "--latency-sample", "0.5", "--out", str(tmp_path / "o"),
+            "--no-progress"])
+    row = pd.read_csv(tmp_path / "o" / "summary.csv").iloc[0]
+    samples = pd.read_parquet(tmp_path / "o" / "latency_samples.parquet")
+    assert 0.45 < row["latency_sampled_frac"] < 0.55
+    assert len(samples) == round(row["latency_sampled_frac"] * (row["n_alloc"] + row["n_free"]))
+    for bad in ("0", "1.5", "half"):
+        code, _, err = cli(["replay", str(trace), "--latency-sample", bad, "--out", str(tmp_path / "x")])
+        assert code == 2 and "--latency-sample" in err and "Traceback" not in err

@@ -140,3 +140,74 @@ def test_observe_every_must_be_positive():
     with pytest.raises(ValueError, match="observe_every"):
         engine.run([], [], [], target=engine.Target(allocate=int, free=None), unknown_free=_unknown,
                    observe_every=0)
+
+
+def test_latency_sample_mask_is_seeded_uniform_and_none_for_every_call():
+    mask = engine.latency_sample_mask(200_000, 0.1)
+    assert mask == engine.latency_sample_mask(200_000, 0.1)  # the same events every run
+    assert len(mask) == 200_000 and set(mask) == {0, 1}
+    assert abs(sum(mask) / 200_000 - 0.1) < 0.005
+    # uniform along the trace: no stride a periodic trace could alias (each tenth within 10 %)
+    tenths = [sum(mask[k * 20_000:(k + 1) * 20_000]) for k in range(10)]
+    assert max(tenths) < 1.1 * 2_000 and min(tenths) > 0.9 * 2_000
+    assert engine.latency_sample_mask(10, 1.0) is None
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="latency_sample"):
+            engine.latency_sample_mask(10, bad)
+
+
+def test_default_latency_sample_times_every_call_of_a_short_run_and_about_20k_of_a_long_one():
+    assert engine.default_latency_sample(engine.LATENCY_SAMPLE_CALLS) == 1.0
+    assert engine.default_latency_sample(10 * engine.LATENCY_SAMPLE_CALLS) == pytest.approx(0.1)
+
+
+class EventStampTimer:
+    """A clock whose first read in an event is 0 and second is the event's index times 10**12:
+    a latency sample then reads as (event index, driver time of that call)."""
+
+    def __init__(self):
+        self.event, self.reads = 0, 0
+
+    def before(self, i):
+        self.event, self.reads = i, 0
+
+    def __call__(self):
+        self.reads += 1
+        return 0 if self.reads == 1 else self.event * 10**12
+
+
+def test_a_sampled_run_times_the_chosen_calls_each_with_its_own_driver_time():
+    """Every event still runs (same pool state); the timed calls are exactly the chosen events
+    (refused allocations included, frees of refused ones skipped), and each sample carries the
+    driver time of its own call: an untimed call's never leaks into the next timed one."""
+    ev = trace_events(_random_trace(3000, seed=3))
+    samples, pools, failed = {}, {}, {}
+    for share in (1.0, 0.3):
+        policy = policies.create("first-fit:segment_bytes=4MiB", device=CostedDevice(CostModel.load()),
+                                 capacity_bytes=64 * MiB)
+        timer = EventStampTimer()
+        run = engine.run(ev.ops, ev.keys, ev.sizes, target=engine.policy_target(policy), unknown_free=_unknown,
+                         timer=timer, before=timer.before, latency_sample=share)
+        samples[share] = {op: dict(divmod(int(ns), 10**12) for ns in arr)
+                          for op, arr in (("alloc", run.alloc_ns), ("free", run.free_ns))}
+        pools[share], failed[share] = policy.stats().as_dict(), run.num_failed
+    assert pools[1.0] == pools[0.3] and failed[1.0] == failed[0.3] > 0  # refusals happen
+    full, part = samples[1.0], samples[0.3]
+    assert max(full["alloc"].values()) > 0  # some calls cost driver time
+    mask = engine.latency_sample_mask(len(ev.ops), 0.3)
+    for op in ("alloc", "free"):
+        assert set(part[op]) == {i for i in full[op] if mask[i]}  # the chosen events, no others
+        assert part[op] == {i: full[op][i] for i in part[op]}  # each with its own driver time
+    assert 0.2 < len(part["alloc"]) / len(full["alloc"]) < 0.4
+
+
+def test_a_replay_reports_the_share_of_calls_it_timed():
+    from sim.replay import replay
+
+    trace = _random_trace(3000, seed=4)
+    rows = {share: replay(trace, "best-fit", latency_sample=share).summary for share in (None, 1.0, 0.25)}
+    assert rows[None]["latency_sampled_frac"] == rows[1.0]["latency_sampled_frac"] == 1.0  # short: every call
+    assert 0.2 < rows[0.25]["latency_sampled_frac"] < 0.3
+    timing = {"alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "latency_sampled_frac", "wall_s"}
+    assert {k: v for k, v in rows[0.25].items() if k not in timing} == \
+        {k: v for k, v in rows[1.0].items() if k not in timing}
