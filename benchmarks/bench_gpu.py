@@ -41,7 +41,7 @@ from realgpu.calibrate import calibrate, write_costs  # noqa: E402
 from realgpu.nvml import MemoryReader  # noqa: E402
 from realgpu.pool import GpuPool  # noqa: E402
 from realgpu.replay import baseline_replay, device_name, gpu_replay  # noqa: E402
-from realgpu.roundtrip import baseline_roundtrip, pool_roundtrip  # noqa: E402
+from realgpu.roundtrip import baseline_roundtrip, pointer_floor_roundtrip, pool_roundtrip  # noqa: E402
 from sim.costs import CostModel  # noqa: E402
 from sim.replay import replay  # noqa: E402
 from sim.report import summary_frame  # noqa: E402
@@ -286,6 +286,9 @@ def main(argv=None) -> int:
                 n = min(iterations, 1000) if name == "cudaMalloc" else iterations
                 rt_rows.append({**baseline_roundtrip(bl, nbytes, iterations=n), "kind": "baseline", "round": rnd})
                 bl.close()
+            for finalizer in (False, True):  # what GpuPool.malloc pays before its policy runs
+                rt_rows.append({**pointer_floor_roundtrip(nbytes, iterations=iterations, finalizer=finalizer),
+                                "kind": "floor", "round": rnd})
             release_caches()
     if rt_rows:
         roundtrip = pd.DataFrame(rt_rows)

@@ -16,7 +16,7 @@ import numpy as np
 from realgpu.baselines import Baseline
 from realgpu.pool import GpuPool
 
-__all__ = ["time_roundtrips", "pool_roundtrip", "baseline_roundtrip", "summarize"]
+__all__ = ["time_roundtrips", "pool_roundtrip", "baseline_roundtrip", "pointer_floor_roundtrip", "summarize"]
 
 
 def time_roundtrips(alloc: Callable[[int], Any], free: Callable[[Any], None] | None, nbytes: int, *,
@@ -67,3 +67,45 @@ def baseline_roundtrip(baseline: Baseline, nbytes: int, *, iterations: int = 200
     samples = time_roundtrips(baseline.alloc, None if baseline.drop else baseline.free, nbytes,
                               iterations=iterations, warmup=warmup)
     return summarize(baseline.name, "native", nbytes, samples)
+
+
+class _Owner:
+    """A pointer's owner that frees nothing: what is left of ``GpuPool``'s lease with no policy."""
+
+    __slots__ = ()
+
+
+class _FinalizingOwner:
+    """An owner whose ``__del__`` runs and does nothing: the lease's finalizer, with no policy behind it."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        pass
+
+
+def pointer_floor_roundtrip(nbytes: int, *, iterations: int = 20000, warmup: int = 100,
+                            finalizer: bool = False) -> dict[str, Any]:
+    """The floor of any allocator that hands CuPy a foreign pointer (``GpuPool.malloc``): build
+    ``MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)`` over one fixed real
+    allocation and drop it, deciding nothing and allocating nothing.
+
+    ``finalizer=True`` gives the owner a ``__del__`` (how ``GpuPool`` learns a pointer is gone).
+    CuPy's own ``MemoryPool`` builds its pointer in compiled code; this row is what a Python pool
+    pays before its policy does any work.
+    """
+    import cupy
+
+    base = cupy.cuda.alloc(nbytes)  # a real address, held for the whole run
+    device_id = base.device_id
+    ptr = base.ptr
+    Pointer, Unowned = cupy.cuda.MemoryPointer, cupy.cuda.UnownedMemory
+    owner_type = _FinalizingOwner if finalizer else _Owner
+
+    def alloc(n: int):
+        return Pointer(Unowned(ptr, n, owner_type(), device_id), 0)
+
+    samples = time_roundtrips(alloc, None, nbytes, iterations=iterations, warmup=warmup)
+    del base
+    return summarize("CuPy pointer, owner with __del__ (floor)" if finalizer else "CuPy pointer (floor)",
+                     "native", nbytes, samples)

@@ -38,3 +38,16 @@ def test_round_trips_on_the_device_against_a_baseline():
     cupy_pool.close()
     pool.close()
     assert ours["p50_us"] > 0 and theirs["p50_us"] > 0
+
+
+@pytest.mark.gpu
+def test_the_pointer_floor_builds_real_pointers_and_frees_nothing():
+    import cupy
+
+    from realgpu.roundtrip import pointer_floor_roundtrip
+
+    used = cupy.get_default_memory_pool().used_bytes()
+    for finalizer in (False, True):
+        row = pointer_floor_roundtrip(MiB, iterations=500, warmup=10, finalizer=finalizer)
+        assert row["iterations"] == 500 and row["p50_us"] > 0 and "floor" in row["allocator"]
+    assert cupy.get_default_memory_pool().used_bytes() == used  # its one buffer is gone again
