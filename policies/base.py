@@ -332,7 +332,7 @@ class Policy:
         return f"<{type(self).__name__} {self.spec!r} capacity_bytes={self.capacity_bytes}>"
 
     # ----------------------------------------------------------------- public API
-    @cython.locals(a=Allocation, live=cython.longlong, allocated=cython.longlong)
+    @cython.locals(a=Allocation, size=cython.longlong, live=cython.longlong, allocated=cython.longlong)
     def allocate(self, nbytes: int, *, stream: int = 0, tag: str | None = None) -> Allocation | None:
         """Serve a request of ``nbytes`` bytes.
 
@@ -363,7 +363,8 @@ class Policy:
         a.owner = self._token
         self.num_allocs += 1
         # counters kept in locals and compared once: this is the hottest path of every replay
-        live = self.live_bytes + nbytes
+        size = nbytes  # compiled: a C integer from here (served, so within any device's bytes)
+        live = self.live_bytes + size
         self.live_bytes = live
         if live > self.peak_live_bytes:
             self.peak_live_bytes = live

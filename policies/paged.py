@@ -88,17 +88,18 @@ class _PagedCore(Policy):
     _free_pages: list[_Page]
     _blocks: dict[Hashable, _CachedBlock]
 
-    @cython.locals(pg=_Page, a=Allocation, page=cython.longlong)
+    @cython.locals(pg=_Page, a=Allocation, n=cython.longlong, page=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
         page = self.page_size_bytes
         free = self._free_pages
-        if nbytes <= page and free:  # the hot path: one KV block
+        if n <= page and free:  # the hot path: one KV block
             pg = free.pop()
             pg.ref_cnt = 1
             pg.segment.num_live += 1
             self.allocated_bytes += page
             a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
-            a.nbytes = nbytes
+            a.nbytes = n
             a.size_bytes = page
             a.extents = pg.extents
             a.stream = stream

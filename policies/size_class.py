@@ -110,8 +110,8 @@ class _SizeClassCore(Policy):
 
     @cython.locals(a=Allocation, blk=_Block, n=cython.longlong, ci=cython.longlong, size=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        if nbytes <= self._table_max_bytes:
-            n = nbytes  # compiled: a C integer, so the index below is C arithmetic
+        n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes): C arithmetic below
+        if n <= self._table_max_bytes:
             ci = self._class_by_units[(n + 511) >> 9]  # 511, 9: CLASS_ALIGNMENT_BYTES is 2**9
         elif nbytes <= self.max_class_bytes:
             ci = bisect_left(self._class_sizes, nbytes)
@@ -128,7 +128,7 @@ class _SizeClassCore(Policy):
         size = blk.size_bytes
         self.allocated_bytes += size
         a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
-        a.nbytes = nbytes
+        a.nbytes = n
         a.size_bytes = size
         a.extents = blk.extents
         a.stream = stream
