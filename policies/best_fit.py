@@ -9,30 +9,28 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy, cut_block
-from policies.base import Allocation, Policy
-
-try:
-    import cython
-except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
-    from policies._cython_shim import cython
+from policies.base import Allocation
 
 __all__ = ["BestFit"]
 
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
 
 
-class _BestFitCore(Policy):
-    """``BestFit``'s free-block index and hot path (``_allocate``, ``_free``), apart from its knobs.
+class BestFit(ContiguousPolicy):
+    """Serve each request from the smallest free block that holds it; lowest address on ties.
 
-    The compiled build makes this a ``cdef class`` (``best_fit.pxd``) with the index in typed
-    attributes; ``BestFit`` puts ``ContiguousPolicy`` after it in the MRO, which supplies the
-    knobs, the rounding (``_round_mask``, ``rounded_size``), growth (``_miss``) and segment
-    handling this class calls (``ContiguousPolicy`` has a Python ``__init__`` and
-    ``__init_subclass__``, so it cannot be a ``cdef class`` itself). Interpreted, the same
-    methods as before, one class further up.
+    Free blocks serve only requests on the stream their segment was reserved for (as in
+    PyTorch and CuPy: reuse across streams would need an event to be safe). Knobs: see
+    ``ContiguousPolicy``.
+
+    Index: per stream, one sorted ``list`` of int keys ``size << 64 | offset``, so the best fit
+    is the first key >= ``size << 64`` (an O(log n) bisect). A plain list rather than a
+    ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to ~5,000 free
+    blocks per stream (pools hold tens to a few thousand); inserts and deletes move O(n)
+    pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
     """
 
-    __slots__ = ()
+    name = "best-fit"
 
     @staticmethod
     def _key(size: int, offset: int) -> int:
@@ -85,7 +83,6 @@ class _BestFitCore(Policy):
     # ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and ``_free`` with this index's
     # updates inlined: the same steps, one Python frame each instead of three to five (calls,
     # not the list and dict work, are most of what a pure-Python pool pays per request).
-    @cython.locals(i=cython.Py_ssize_t, free_at=dict)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
@@ -125,9 +122,8 @@ class _BestFitCore(Policy):
         self.allocated_bytes += a.size
         return a
 
-    @cython.locals(i=cython.Py_ssize_t, j=cython.Py_ssize_t, free_at=dict)
     def _free(self, allocation: Allocation) -> None:
-        block = allocation if type(allocation) is Block else allocation.handle
+        block: Block = allocation if allocation.__class__ is Block else allocation.handle
         size = block.size
         assert not block.free and size == allocation.size_bytes
         self.allocated_bytes -= size
@@ -187,23 +183,6 @@ class _BestFitCore(Policy):
                 del keys[j]
                 insort(keys, key)
             free_at[offset] = block
-
-
-class BestFit(_BestFitCore, ContiguousPolicy):
-    """Serve each request from the smallest free block that holds it; lowest address on ties.
-
-    Free blocks serve only requests on the stream their segment was reserved for (as in
-    PyTorch and CuPy: reuse across streams would need an event to be safe). Knobs: see
-    ``ContiguousPolicy``.
-
-    Index: per stream, one sorted ``list`` of int keys ``size << 64 | offset``, so the best fit
-    is the first key >= ``size << 64`` (an O(log n) bisect). A plain list rather than a
-    ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to ~5,000 free
-    blocks per stream (pools hold tens to a few thousand); inserts and deletes move O(n)
-    pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
-    """
-
-    name = "best-fit"
 
     def check_invariants(self) -> None:
         super().check_invariants()
