@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ def unavailable_reason() -> str | None:
         return "Cython is not installed (pip install cython, or the dev extra)"
     if not any(map(shutil.which, ("cc", "gcc", "clang"))):
         return "no C compiler (cc, gcc or clang) on PATH"
+    if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
+        return "no Python headers (Python.h; a python3-dev package)"
     return None
 
 
