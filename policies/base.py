@@ -37,6 +37,7 @@ cached segments first, as PyTorch's caching allocator does before it gives up.
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -647,8 +648,9 @@ class Policy:
 
 #: the hooks every subclass implements (``Policy`` raises NotImplementedError in each)
 _HOOKS = ("_allocate", "_free", "_release_free_segments", "_add_segment", "_reset_state")
-#: class -> its abstract methods, computed once per class (``_abstract_methods``)
-_abstract_by_class: dict[type, frozenset[str]] = {}
+#: class -> its abstract methods, computed once per class (``_abstract_methods``); weak, so a
+#: class made on the fly (tests, notebooks) is not kept alive by it
+_abstract_by_class: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def _abstract_methods(cls: type) -> frozenset[str]:
