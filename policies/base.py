@@ -36,8 +36,8 @@ cached segments first, as PyTorch's caching allocator does before it gives up.
 
 from __future__ import annotations
 
-import abc
 import inspect
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -45,10 +45,14 @@ from policies.device import Device, VirtualDevice
 from policies.errors import PolicyError
 from policies.units import round_up
 
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
+
 __all__ = ["Allocation", "Segment", "PoolStats", "Policy", "new_allocation", "round_up"]
 
 
-@dataclass(slots=True, eq=False)
 class Allocation:
     """One live request, as handed to the caller.
 
@@ -61,15 +65,37 @@ class Allocation:
         tag: the caller's label (``"kv"``, ``"weights"``, ...), or None.
         handle: policy-private bookkeeping (a block, a page list); callers must not touch it.
         owner: token of the pool that handed it out while it is live; None once freed.
+
+    Slots, compared by identity, built by position or keyword (what ``@dataclass(slots=True,
+    eq=False)`` gave, written out so that the compiled build can declare it a ``cdef class``
+    in ``base.pxd``, where ``nbytes`` and ``size_bytes`` are 64-bit integers).
     """
+
+    __slots__ = ("nbytes", "size_bytes", "extents", "stream", "tag", "handle", "owner")
+    __match_args__ = __slots__
 
     nbytes: int
     size_bytes: int
     extents: tuple[tuple[int, int], ...]
-    stream: int = 0
-    tag: str | None = None
-    handle: Any = None
-    owner: Any = None
+    stream: int
+    tag: str | None
+    handle: Any
+    owner: Any
+
+    def __init__(self, nbytes: int, size_bytes: int, extents: tuple[tuple[int, int], ...], stream: int = 0,
+                 tag: str | None = None, handle: Any = None, owner: Any = None):
+        self.nbytes = nbytes
+        self.size_bytes = size_bytes
+        self.extents = extents
+        self.stream = stream
+        self.tag = tag
+        self.handle = handle
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__qualname__}(nbytes={self.nbytes!r}, size_bytes={self.size_bytes!r}, "
+                f"extents={self.extents!r}, stream={self.stream!r}, tag={self.tag!r}, handle={self.handle!r}, "
+                f"owner={self.owner!r})")
 
     @property
     def offset(self) -> int:
@@ -88,19 +114,33 @@ class Allocation:
 new_allocation = Allocation.__new__
 
 
-@dataclass(slots=True, eq=False)
 class Segment:
     """One chunk reserved from the upstream device, ``[offset, offset + nbytes)``.
 
     ``num_live`` counts the policy's live allocations (or pages) inside it, so a fully free
-    segment is found in O(1); ``handle`` is policy-private.
+    segment is found in O(1); ``handle`` is policy-private. Slots, compared by identity, built
+    by position or keyword (written out, as ``Allocation`` is, for its ``cdef class`` in ``base.pxd``).
     """
+
+    __slots__ = ("offset", "nbytes", "stream", "num_live", "handle")
+    __match_args__ = __slots__
 
     offset: int
     nbytes: int
-    stream: int = 0
-    num_live: int = 0
-    handle: Any = None
+    stream: int
+    num_live: int
+    handle: Any
+
+    def __init__(self, offset: int, nbytes: int, stream: int = 0, num_live: int = 0, handle: Any = None):
+        self.offset = offset
+        self.nbytes = nbytes
+        self.stream = stream
+        self.num_live = num_live
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__qualname__}(offset={self.offset!r}, nbytes={self.nbytes!r}, stream={self.stream!r}, "
+                f"num_live={self.num_live!r}, handle={self.handle!r})")
 
     @property
     def end(self) -> int:
@@ -144,7 +184,7 @@ class PoolStats:
         return d
 
 
-class Policy(abc.ABC):
+class Policy:
     """Abstract memory-pool policy. See the module docstring for the subclass hooks.
 
     Args (common to every built-in policy):
@@ -219,6 +259,10 @@ class Policy(abc.ABC):
     on_move: Any = None
 
     def __init__(self, *, capacity_bytes: int | None = None, device: Device | None = None):
+        abstract = _abstract_methods(type(self))
+        if abstract:  # what abc.ABC said, for a class that leaves a hook unimplemented
+            raise TypeError(f"Can't instantiate abstract class {type(self).__name__} with abstract method"
+                            f"{'s' if len(abstract) > 1 else ''} {', '.join(sorted(abstract))}")
         if capacity_bytes is not None and (isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
                                            or capacity_bytes <= 0):
             raise PolicyError(f"capacity_bytes(={capacity_bytes!r}) must be a positive integer or None")
@@ -289,6 +333,7 @@ class Policy(abc.ABC):
         return f"<{type(self).__name__} {self.spec!r} capacity_bytes={self.capacity_bytes}>"
 
     # ----------------------------------------------------------------- public API
+    @cython.locals(a=Allocation, size=cython.longlong, live=cython.longlong, allocated=cython.longlong)
     def allocate(self, nbytes: int, *, stream: int = 0, tag: str | None = None) -> Allocation | None:
         """Serve a request of ``nbytes`` bytes.
 
@@ -303,7 +348,7 @@ class Policy(abc.ABC):
         Raises:
             PolicyError: ``nbytes`` is not a positive integer (nothing changes).
         """
-        if nbytes.__class__ is not int:
+        if type(nbytes) is not int:  # compiled: one pointer compare (``__class__`` would be a lookup)
             nbytes = _as_size(nbytes)
         if not 0 < nbytes <= self._max_request_bytes:  # one chained test on the hot path
             if nbytes <= 0:
@@ -319,7 +364,8 @@ class Policy(abc.ABC):
         a.owner = self._token
         self.num_allocs += 1
         # counters kept in locals and compared once: this is the hottest path of every replay
-        live = self.live_bytes + nbytes
+        size = nbytes  # compiled: a C integer from here (served, so within any device's bytes)
+        live = self.live_bytes + size
         self.live_bytes = live
         if live > self.peak_live_bytes:
             self.peak_live_bytes = live
@@ -328,6 +374,8 @@ class Policy(abc.ABC):
             self.peak_allocated_bytes = allocated
         return a
 
+    @cython.locals(a=Allocation)
+    @cython.nonecheck(True)  # compiled: free(None) is the AttributeError above, not a crash
     def free(self, allocation: Allocation) -> None:
         """Give ``allocation`` back to the pool.
 
@@ -336,15 +384,16 @@ class Policy(abc.ABC):
                 changes).
         """
         try:
-            live = allocation.owner is self._token
-        except AttributeError:
+            a = allocation  # compiled: an Allocation or a TypeError (a C-typed local, base.pxd)
+            live = a.owner is self._token
+        except (AttributeError, TypeError):
             live = False
         if not live:
             raise PolicyError(self._bad_free_reason(allocation))
-        self._free(allocation)
-        allocation.owner = None
+        self._free(a)
+        a.owner = None
         self.num_frees += 1
-        self.live_bytes -= allocation.nbytes
+        self.live_bytes -= a.nbytes
 
     def _hand_out(self, a: Allocation) -> Allocation:
         """Count ``a`` as handed out, as ``allocate`` does, for allocations a policy makes
@@ -506,20 +555,22 @@ class Policy(abc.ABC):
         return max((length for _, length in self.free_extents()), default=0)
 
     # ----------------------------------------------------------------- subclass hooks
-    @abc.abstractmethod
-    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None: ...
+    # Abstract: a subclass that leaves one of them as it is here cannot be instantiated (see
+    # ``_abstract_methods``; ``abc.ABC`` cannot be the base of the compiled ``cdef class``).
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        raise NotImplementedError
 
-    @abc.abstractmethod
-    def _free(self, allocation: Allocation) -> None: ...
+    def _free(self, allocation: Allocation) -> None:
+        raise NotImplementedError
 
-    @abc.abstractmethod
-    def _release_free_segments(self, max_bytes: int | None) -> int: ...
+    def _release_free_segments(self, max_bytes: int | None) -> int:
+        raise NotImplementedError
 
-    @abc.abstractmethod
-    def _add_segment(self, segment: Segment) -> None: ...
+    def _add_segment(self, segment: Segment) -> None:
+        raise NotImplementedError
 
-    @abc.abstractmethod
-    def _reset_state(self) -> None: ...
+    def _reset_state(self) -> None:
+        raise NotImplementedError
 
     def _segment_size_for(self, nbytes: int) -> int:
         """Bytes to reserve so that a request of ``nbytes`` fits; policies override."""
@@ -593,6 +644,28 @@ class Policy(abc.ABC):
         self.reserved_bytes -= seg.nbytes
         self.num_shrinks += 1
         self.shrunk_bytes += seg.nbytes
+
+
+#: the hooks every subclass implements (``Policy`` raises NotImplementedError in each)
+_HOOKS = ("_allocate", "_free", "_release_free_segments", "_add_segment", "_reset_state")
+#: class -> its abstract methods, computed once per class (``_abstract_methods``); weak, so a
+#: class made on the fly (tests, notebooks) is not kept alive by it
+_abstract_by_class: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def _abstract_methods(cls: type) -> frozenset[str]:
+    """The hooks ``cls`` leaves as ``Policy`` has them, and its methods marked ``@abc.abstractmethod``.
+
+    ``abc.ABC`` did this for ``Policy`` until the compiled build made it a ``cdef class``, which
+    takes no metaclass: the check runs in ``Policy.__init__`` instead, once per class. Identity
+    of the class attribute tells an inherited hook in both builds (a function, or Cython's method).
+    """
+    abstract = _abstract_by_class.get(cls)
+    if abstract is None:
+        names = {name for name in _HOOKS if getattr(cls, name) is getattr(Policy, name)}
+        names.update(name for name in dir(cls) if getattr(getattr(cls, name, None), "__isabstractmethod__", False))
+        abstract = _abstract_by_class[cls] = frozenset(names)
+    return abstract
 
 
 def _as_size(nbytes: Any) -> int:

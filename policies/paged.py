@@ -19,11 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Iterable
 
-from policies.base import Allocation, Policy, Segment, check_positive_int, new_allocation
+from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device
 from policies.errors import PolicyError
 from policies.eviction import EvictableQueue, make_queue
 from policies.units import round_up
+
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
 
 __all__ = ["Paged", "PAGE_ALIGNMENT_BYTES"]
 
@@ -32,16 +37,26 @@ __all__ = ["Paged", "PAGE_ALIGNMENT_BYTES"]
 PAGE_ALIGNMENT_BYTES = 256
 
 
-@dataclass(slots=True, eq=False)
 class _Page:
     """One page, reused as is (vLLM's ``KVCacheBlock``): ``ref_cnt`` live holders, 0 when free
-    (or cached and evictable); ``cache_key`` names the cached block it belongs to (None: none)."""
+    (or cached and evictable); ``cache_key`` names the cached block it belongs to (None: none).
+    Slots (a ``cdef class`` in the compiled build, ``paged.pxd``), compared by identity."""
+
+    __slots__ = ("offset", "segment", "extents", "ref_cnt", "cache_key")
 
     offset: int
     segment: Segment
     extents: tuple[tuple[int, int], ...]  # ((offset, page_size_bytes),), built once
-    ref_cnt: int = 0
-    cache_key: Hashable | None = None
+    ref_cnt: int
+    cache_key: Hashable | None
+
+    def __init__(self, offset: int, segment: Segment, extents: tuple[tuple[int, int], ...], ref_cnt: int = 0,
+                 cache_key: Hashable | None = None):
+        self.offset = offset
+        self.segment = segment
+        self.extents = extents
+        self.ref_cnt = ref_cnt
+        self.cache_key = cache_key
 
 
 @dataclass(slots=True, eq=False)
@@ -58,7 +73,90 @@ class _CachedBlock:
     num_uses: int = 1
 
 
-class Paged(Policy):
+class _PagedCore(Policy):
+    """The hot path of ``Paged`` (its ``_allocate`` and ``_free``), apart from its knobs.
+
+    The compiled build makes this a ``cdef class`` (``paged.pxd``) with typed page state;
+    ``Paged`` stays a Python class so that its ``__init__`` keeps the signature ``get_params``
+    reads (a ``cdef class``'s ``__init__`` shows only ``*args, **kwargs``). Interpreted, one
+    more class in the MRO and nothing else.
+    """
+
+    __slots__ = ()
+
+    page_size_bytes: int
+    _free_pages: list[_Page]
+    _blocks: dict[Hashable, _CachedBlock]
+
+    @cython.locals(pg=_Page, a=Allocation, n=cython.longlong, page=cython.longlong)
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
+        page = self.page_size_bytes
+        free = self._free_pages
+        if n <= page and free:  # the hot path: one KV block
+            pg = free.pop()
+            pg.ref_cnt = 1
+            pg.segment.num_live += 1
+            self.allocated_bytes += page
+            a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
+            a.nbytes = n
+            a.size_bytes = page
+            a.extents = pg.extents
+            a.stream = stream
+            a.tag = tag
+            a.handle = (pg,)
+            return a
+        num_pages = -(-nbytes // page)
+        if num_pages <= len(free):
+            pages = free[-num_pages:]
+            del free[-num_pages:]
+            pages.reverse()  # pop order: top of the stack first
+            for pg in pages:
+                pg.ref_cnt = 1
+                pg.segment.num_live += 1
+        else:
+            pages = self._take_pages(num_pages, stream)
+            if pages is None:
+                return None
+            for pg in pages:
+                pg.ref_cnt = 1
+        size = num_pages * page
+        self.allocated_bytes += size
+        return Allocation(nbytes, size, tuple([pg.extents[0] for pg in pages]), stream, tag, pages)
+
+    @cython.locals(a=Allocation, pg=_Page)
+    def _free(self, allocation: Allocation) -> None:
+        a = allocation  # compiled: a C-typed local (Policy.free hands over only an Allocation)
+        pages = a.handle
+        if self._blocks:  # nothing may leave the cache by the back door
+            for pg in pages:
+                if pg.cache_key is not None and pg.ref_cnt <= 1:
+                    raise PolicyError(f"free: the page at offset {pg.offset} belongs to the cached block "
+                                      f"{pg.cache_key!r}; release_block and evict_block it instead")
+        if len(pages) == 1:
+            pg = pages[0]
+            if pg.ref_cnt == 1:
+                pg.ref_cnt = 0
+                self._free_pages.append(pg)
+                pg.segment.num_live -= 1
+                self.allocated_bytes -= self.page_size_bytes
+            else:
+                pg.ref_cnt -= 1
+            return
+        free = self._free_pages
+        num_released = 0
+        for pg in reversed(pages):  # reversed: the first page ends on top, as before allocation
+            if pg.ref_cnt == 1:
+                pg.ref_cnt = 0
+                free.append(pg)
+                pg.segment.num_live -= 1
+                num_released += 1
+            else:
+                pg.ref_cnt -= 1
+        self.allocated_bytes -= num_released * self.page_size_bytes
+
+
+class Paged(_PagedCore):
     """Fixed-size pages, LIFO reuse, reference-counted sharing.
 
     Behaviour:
@@ -156,70 +254,6 @@ class Paged(Policy):
         self._blocks: dict[Hashable, _CachedBlock] = {}
         self._queues: dict[Hashable, EvictableQueue] = {}
         self.evictable_bytes: int = 0
-
-    # ----------------------------------------------------------------- allocate / free
-    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        page = self.page_size_bytes
-        free = self._free_pages
-        if nbytes <= page and free:  # the hot path: one KV block
-            pg = free.pop()
-            pg.ref_cnt = 1
-            pg.segment.num_live += 1
-            self.allocated_bytes += page
-            a = new_allocation(Allocation)
-            a.nbytes = nbytes
-            a.size_bytes = page
-            a.extents = pg.extents
-            a.stream = stream
-            a.tag = tag
-            a.handle = (pg,)
-            return a
-        num_pages = -(-nbytes // page)
-        if num_pages <= len(free):
-            pages = free[-num_pages:]
-            del free[-num_pages:]
-            pages.reverse()  # pop order: top of the stack first
-            for pg in pages:
-                pg.ref_cnt = 1
-                pg.segment.num_live += 1
-        else:
-            pages = self._take_pages(num_pages, stream)
-            if pages is None:
-                return None
-            for pg in pages:
-                pg.ref_cnt = 1
-        size = num_pages * page
-        self.allocated_bytes += size
-        return Allocation(nbytes, size, tuple([pg.extents[0] for pg in pages]), stream, tag, pages)
-
-    def _free(self, allocation: Allocation) -> None:
-        pages = allocation.handle
-        if self._blocks:  # nothing may leave the cache by the back door
-            for pg in pages:
-                if pg.cache_key is not None and pg.ref_cnt <= 1:
-                    raise PolicyError(f"free: the page at offset {pg.offset} belongs to the cached block "
-                                      f"{pg.cache_key!r}; release_block and evict_block it instead")
-        if len(pages) == 1:
-            pg = pages[0]
-            if pg.ref_cnt == 1:
-                pg.ref_cnt = 0
-                self._free_pages.append(pg)
-                pg.segment.num_live -= 1
-                self.allocated_bytes -= self.page_size_bytes
-            else:
-                pg.ref_cnt -= 1
-            return
-        free = self._free_pages
-        num_released = 0
-        for pg in reversed(pages):  # reversed: the first page ends on top, as before allocation
-            if pg.ref_cnt == 1:
-                pg.ref_cnt = 0
-                free.append(pg)
-                pg.segment.num_live -= 1
-                num_released += 1
-            else:
-                pg.ref_cnt -= 1
-        self.allocated_bytes -= num_released * self.page_size_bytes
 
     def _take_pages(self, num_pages: int, stream: int) -> list[_Page] | None:
         """Pop ``num_pages`` pages, counted live in their segments (``ref_cnt`` is the caller's).

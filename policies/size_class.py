@@ -14,9 +14,14 @@ from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 
-from policies.base import Allocation, Policy, Segment, check_positive_int, new_allocation, round_up
+from policies.base import Allocation, Policy, Segment, check_positive_int, round_up
 from policies.device import Device
 from policies.errors import PolicyError
+
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
 
 __all__ = ["SizeClass", "make_class_sizes", "CLASS_ALIGNMENT_BYTES"]
 
@@ -49,9 +54,11 @@ def make_class_sizes(min_class_bytes: int, max_class_bytes: int, classes_per_dou
     return sizes
 
 
-@dataclass(slots=True, eq=False)
 class _Block:
-    """A carved range, reused as is: a class block (``class_index >= 0``) or a large range."""
+    """A carved range, reused as is: a class block (``class_index >= 0``) or a large range.
+    Slots (a ``cdef class`` in the compiled build, ``size_class.pxd``), compared by identity."""
+
+    __slots__ = ("offset", "size_bytes", "class_index", "segment", "extents", "home")
 
     offset: int
     size_bytes: int
@@ -59,6 +66,15 @@ class _Block:
     segment: Segment
     extents: tuple[tuple[int, int], ...]  # built once, handed to every allocation of this block
     home: list | None  # its class's free list (None for a large range): a free is one append
+
+    def __init__(self, offset: int, size_bytes: int, class_index: int, segment: Segment,
+                 extents: tuple[tuple[int, int], ...], home: list | None):
+        self.offset = offset
+        self.size_bytes = size_bytes
+        self.class_index = class_index
+        self.segment = segment
+        self.extents = extents
+        self.home = home
 
 
 @dataclass(slots=True, eq=False)
@@ -82,7 +98,66 @@ class _Carving:
     classes: set[int] = field(default_factory=set)
 
 
-class SizeClass(Policy):
+class _SizeClassCore(Policy):
+    """The hot path of ``SizeClass`` (its ``_allocate`` and ``_free``), apart from its knobs.
+
+    The compiled build makes this a ``cdef class`` (``size_class.pxd``) with typed free lists;
+    ``SizeClass`` stays a Python class so that its ``__init__`` keeps the signature
+    ``get_params`` reads (as ``paged._PagedCore`` does).
+    """
+
+    __slots__ = ()
+
+    @cython.locals(a=Allocation, blk=_Block, n=cython.longlong, ci=cython.longlong, size=cython.longlong)
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes): C arithmetic below
+        if n <= self._table_max_bytes:
+            ci = self._class_by_units[(n + 511) >> 9]  # 511, 9: CLASS_ALIGNMENT_BYTES is 2**9
+        elif nbytes <= self.max_class_bytes:
+            ci = bisect_left(self._class_sizes, nbytes)
+        else:
+            return self._allocate_large(nbytes, stream, tag)
+        blocks = self._free_lists[ci]
+        if blocks:
+            blk = blocks.pop()
+        else:
+            blk = self._take_uncut(ci, stream)
+            if blk is None:
+                return None
+        blk.segment.num_live += 1
+        size = blk.size_bytes
+        self.allocated_bytes += size
+        a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
+        a.nbytes = n
+        a.size_bytes = size
+        a.extents = blk.extents
+        a.stream = stream
+        a.tag = tag
+        a.handle = blk
+        return a
+
+    def _allocate_large(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        blk = self._take_large(round_up(nbytes, self.large_granularity_bytes), stream)
+        if blk is None:
+            return None
+        blk.segment.num_live += 1
+        self.allocated_bytes += blk.size_bytes
+        return Allocation(nbytes, blk.size_bytes, blk.extents, stream, tag, blk)
+
+    @cython.locals(a=Allocation, blk=_Block)
+    def _free(self, allocation: Allocation) -> None:
+        a = allocation  # compiled: a C-typed local (Policy.free hands over only an Allocation)
+        blk = a.handle
+        blk.segment.num_live -= 1
+        self.allocated_bytes -= blk.size_bytes
+        home = blk.home
+        if home is not None:
+            home.append(blk)
+        else:
+            insort(self._large_cache, (blk.size_bytes, blk.offset, blk))
+
+
+class SizeClass(_SizeClassCore):
     """Segregated LIFO free lists per size class, batch refill, a large-object path.
 
     Behaviour:
@@ -198,51 +273,6 @@ class SizeClass(Policy):
     def internal_waste_bytes(self) -> int:
         """Rounding waste of live allocations: bytes they hold beyond what they asked for."""
         return self.allocated_bytes - self.live_bytes
-
-    # ----------------------------------------------------------------- allocate / free
-    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        if nbytes <= self._table_max_bytes:
-            ci = self._class_by_units[(nbytes + 511) >> 9]  # 511, 9: CLASS_ALIGNMENT_BYTES is 2**9
-        elif nbytes <= self.max_class_bytes:
-            ci = bisect_left(self._class_sizes, nbytes)
-        else:
-            return self._allocate_large(nbytes, stream, tag)
-        blocks = self._free_lists[ci]
-        if blocks:
-            blk = blocks.pop()
-        else:
-            blk = self._take_uncut(ci, stream)
-            if blk is None:
-                return None
-        blk.segment.num_live += 1
-        size = blk.size_bytes
-        self.allocated_bytes += size
-        a = new_allocation(Allocation)
-        a.nbytes = nbytes
-        a.size_bytes = size
-        a.extents = blk.extents
-        a.stream = stream
-        a.tag = tag
-        a.handle = blk
-        return a
-
-    def _allocate_large(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        blk = self._take_large(round_up(nbytes, self.large_granularity_bytes), stream)
-        if blk is None:
-            return None
-        blk.segment.num_live += 1
-        self.allocated_bytes += blk.size_bytes
-        return Allocation(nbytes, blk.size_bytes, blk.extents, stream, tag, blk)
-
-    def _free(self, allocation: Allocation) -> None:
-        blk = allocation.handle
-        blk.segment.num_live -= 1
-        self.allocated_bytes -= blk.size_bytes
-        home = blk.home
-        if home is not None:
-            home.append(blk)
-        else:
-            insort(self._large_cache, (blk.size_bytes, blk.offset, blk))
 
     def _take_uncut(self, ci: int, stream: int) -> _Block | None:
         """The lowest block of class ``ci``'s run, refilling it first when it is empty."""

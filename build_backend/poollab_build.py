@@ -1,0 +1,64 @@
+"""poollab's build backend: setuptools, plus the opt-in compiled build of ``policies``.
+
+``pip install -e .`` is plain setuptools (pure Python, no compiler needed). With the environment
+variable ``POOLLAB_COMPILE=1`` the modules of ``policies`` that have declarations (a ``.pxd``
+file next to the ``.py``) are compiled with Cython in pure-Python mode from the same ``.py``
+files, and Cython joins the build requirements (only then). The in-tree backend is setuptools'
+documented way to add build requirements dynamically; ``setup.py`` asks ``ext_modules()``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from setuptools import build_meta as _setuptools
+from setuptools.build_meta import *  # noqa: F401,F403 (every hook not wrapped below is setuptools')
+
+#: set to 1 (or anything but 0) to compile
+COMPILE_ENV = "POOLLAB_COMPILE"
+CYTHON_REQUIREMENT = "cython>=3.1"
+#: annotations stay documentation (none becomes a C type or a runtime check): the ``.pxd`` files
+#: and ``@cython.locals`` are the only typing, so both builds accept the same values
+COMPILER_DIRECTIVES = {"language_level": 3, "annotation_typing": False}
+
+
+def compiling() -> bool:
+    return os.environ.get(COMPILE_ENV, "") not in ("", "0")
+
+
+def compiled_modules(root: str | Path = ".") -> list[str]:
+    """``policies/NAME.py`` for every ``policies/NAME.pxd``: a module is compiled iff it is declared."""
+    return sorted(str(pxd.relative_to(root).with_suffix(".py")) for pxd in Path(root, "policies").glob("*.pxd"))
+
+
+#: True while setuptools runs ``setup.py`` to list build requirements, before Cython is installed
+_listing_requirements = False
+
+
+def ext_modules() -> list:
+    """The extension modules ``setup.py`` builds: none unless ``compiling()``."""
+    if not compiling() or _listing_requirements:
+        return []
+    from Cython.Build import cythonize
+
+    return cythonize(compiled_modules(), compiler_directives=COMPILER_DIRECTIVES, nthreads=os.cpu_count() or 1,
+                     quiet=True)
+
+
+def _requires(setuptools_hook, config_settings) -> list[str]:
+    global _listing_requirements
+    _listing_requirements = True
+    try:
+        requires = setuptools_hook(config_settings)
+    finally:
+        _listing_requirements = False
+    return requires + ([CYTHON_REQUIREMENT] if compiling() else [])
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return _requires(_setuptools.get_requires_for_build_wheel, config_settings)
+
+
+def get_requires_for_build_editable(config_settings=None):
+    return _requires(_setuptools.get_requires_for_build_editable, config_settings)
