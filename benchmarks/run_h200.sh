@@ -61,11 +61,16 @@ elif [ "$1" = final ]; then
     python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
     echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
     step harness timeout 300 python3 benchmarks/bench_replay.py .data/llama1b_generate_mixed.pickle.gz --repeat 3 \
-        -p paged -p size-class -p best-fit -p first-fit -p tlsf --out $OUT/replay_harness_h200.csv
+        -p paged -p size-class -p best-fit -p first-fit -p tlsf --out $OUT/replay_harness_sampled_h200.csv
 elif [ "$1" = compiled ]; then
+    # the opt-in compiled build (cdef declarations; Cython from the carried .whl/cython*): the battery
+    # against it, pure against compiled side by side, and GpuPool.malloc of both builds against
+    # CuPy's MemoryPool with the pointer floor (realgpu.roundtrip.pointer_floor_roundtrip)
     { gcc --version | head -1; python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])'; } >> $LOG 2>&1
-    step compiled timeout 300 python3 benchmarks/bench_compiled.py --test --rounds 3 --repeat 3 --keep /tmp/compiled
-    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit --policy first-fit"
+    TRACE=.data/llama1b_generate_mixed.pickle.gz
+    step compiled timeout 360 python3 benchmarks/bench_compiled.py $TRACE --test --rounds 3 --repeat 3 --clock wall \
+        -p paged -p size-class -p best-fit -p first-fit -p tlsf --keep /tmp/compiled
+    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit"
     step roundtrip-pure timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure $RT
     [ -d /tmp/compiled ] && (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled timeout 120 \
         python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled $RT)

@@ -51,7 +51,8 @@ def unavailable_reason() -> str | None:
 
 def run_in(tree: Path, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """Run ``cmd`` in ``tree`` with that tree first on the import path (its ``policies`` is the one used)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # the tree first; what the caller's path had (a --target install of dependencies) after it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)}
     kwargs.setdefault("check", True)
     return subprocess.run(cmd, cwd=tree, env=env, **kwargs)
 
