@@ -24,7 +24,7 @@ from typing import Any
 #: the repository root: this file is policies/testing/compiled.py
 REPO = Path(__file__).resolve().parents[2]
 #: what a copy of the tree leaves out: environments, VCS data and build outputs
-COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".ci-venv", "venv", ".whl", "build", "__pycache__", "*.so",
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv*", ".ci-venv", "venv", ".whl", "build", "__pycache__", "*.so",
                                      "*.c", "*.egg-info", "poollab-out", "poollab-demo", "node_modules")
 
 CHECK = """
