@@ -42,6 +42,8 @@ def unavailable_reason() -> str | None:
     """Why a compiled copy cannot be built here, or None when it can."""
     if importlib.util.find_spec("Cython") is None:
         return "Cython is not installed (pip install cython, or the dev extra)"
+    if importlib.util.find_spec("setuptools") is None:  # the build runs setup.py in this environment
+        return "setuptools is not installed (a Python 3.12+ virtual environment has none: pip install setuptools)"
     if not any(map(shutil.which, ("cc", "gcc", "clang"))):
         return "no C compiler (cc, gcc or clang) on PATH"
     if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
