@@ -32,9 +32,9 @@ def c_macros(version_info: tuple[int, ...] = tuple(sys.version_info)) -> list[tu
     Python 3.12, where they are deprecated (PEP 699), although 3.12 and 3.13 still keep them;
     they go in 3.14. Without them every call of ``_allocate``/``_free`` on ``Paged`` or
     ``SizeClass`` (Python subclasses of the compiled cores) looks the method up on the instance
-    and builds a bound method first: compiled paged took 98 ns per event on 3.11 and 167-178 ns
-    on 3.12 (benchmarks/RESULTS.md, "The compiled build on Python 3.12"). So they are turned
-    back on where they still exist.
+    and builds a bound method first: compiled paged took 98-104 ns per event on 3.11 and 167-178 ns
+    on 3.12, 117-123 ns with the tags (benchmarks/RESULTS.md, "The compiled build on Python
+    3.12"). So they are turned back on where CPython still keeps them up to date.
     """
     if (3, 12) <= tuple(version_info[:2]) < (3, 14):
         return [("CYTHON_USE_DICT_VERSIONS", "1")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,31 @@ def unavailable_reason() -> str | None:
     if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
         return "no Python headers (Python.h; a python3-dev package)"
     return None
+
+
+def build_description() -> str:
+    """What decides the compiled build's speed on this interpreter, for a benchmark's header.
+
+    The same generated code runs at different speeds on two machines' Pythons (benchmarks/RESULTS.md,
+    "The compiled build on Python 3.12"): the version, whether libpython is a shared library (its
+    thread-state reads then go through ``__tls_get_addr`` on 3.12), the C flags, Cython, and the
+    macros the build backend adds for this version.
+    """
+    sys.path.insert(0, str(REPO / "build_backend"))
+    try:
+        from poollab_build import c_macros
+    finally:
+        sys.path.remove(str(REPO / "build_backend"))
+    cython = importlib.util.find_spec("Cython")
+    cython_version = "none"
+    if cython is not None:
+        import Cython
+
+        cython_version = Cython.__version__
+    shared = "shared" if sysconfig.get_config_var("Py_ENABLE_SHARED") else "static"
+    macros = " ".join(f"-D{name}={value}" for name, value in c_macros()) or "none"
+    return (f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, CFLAGS "
+            f"{sysconfig.get_config_var('CFLAGS')!r}), Cython {cython_version}, backend macros {macros}")
 
 
 def run_in(tree: Path, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
