@@ -28,7 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from policies.testing.compiled import build_compiled_copy, run_in, unavailable_reason  # noqa: E402
+from policies.testing.compiled import (build_compiled_copy, build_description, run_in,  # noqa: E402
+                                       unavailable_reason)
 
 #: the policies issue 16 sets compiled targets for (bench_replay adds the floor rows itself)
 DEFAULT_POLICIES = ["paged", "size-class", "best-fit", "first-fit"]
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
     pure, comp = best["pure"], best["cython"]
     print(f"# bench_compiled {datetime.datetime.now().isoformat(timespec='seconds')} · python "
           f"{platform.python_version()} · {os.cpu_count()} cores · load average {os.getloadavg()[0]:.2f}")
+    print(f"# interpreter and build: {build_description()}")
     print(f"# command: python benchmarks/bench_compiled.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"# bare-loop ns per event ({args.clock} clock), best of {args.rounds} rounds x {args.repeat} repeats, "
           "builds alternating; x_dict: over the inline-dict floor of the same build")

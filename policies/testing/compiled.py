@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 #: the repository root: this file is policies/testing/compiled.py
 REPO = Path(__file__).resolve().parents[2]
 #: what a copy of the tree leaves out: environments, VCS data and build outputs
-COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", ".ci-venv", "venv", ".whl", "build", "__pycache__", "*.so",
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv*", ".ci-venv", "venv", ".whl", "build", "__pycache__", "*.so",
                                      "*.c", "*.egg-info", "poollab-out", "poollab-demo", "node_modules")
 
 CHECK = """
@@ -42,11 +43,38 @@ def unavailable_reason() -> str | None:
     """Why a compiled copy cannot be built here, or None when it can."""
     if importlib.util.find_spec("Cython") is None:
         return "Cython is not installed (pip install cython, or the dev extra)"
+    if importlib.util.find_spec("setuptools") is None:  # the build runs setup.py in this environment
+        return "setuptools is not installed (a Python 3.12+ virtual environment has none: pip install setuptools)"
     if not any(map(shutil.which, ("cc", "gcc", "clang"))):
         return "no C compiler (cc, gcc or clang) on PATH"
     if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
         return "no Python headers (Python.h; a python3-dev package)"
     return None
+
+
+def build_description() -> str:
+    """What decides the compiled build's speed on this interpreter, for a benchmark's header.
+
+    The same generated code runs at different speeds on two machines' Pythons (benchmarks/RESULTS.md,
+    "The compiled build on Python 3.12"): the version, whether libpython is a shared library (its
+    thread-state reads then go through ``__tls_get_addr`` on 3.12), the C flags, Cython, and the
+    macros the build backend adds for this version.
+    """
+    sys.path.insert(0, str(REPO / "build_backend"))
+    try:
+        from poollab_build import c_macros
+    finally:
+        sys.path.remove(str(REPO / "build_backend"))
+    cython = importlib.util.find_spec("Cython")
+    cython_version = "none"
+    if cython is not None:
+        import Cython
+
+        cython_version = Cython.__version__
+    shared = "shared" if sysconfig.get_config_var("Py_ENABLE_SHARED") else "static"
+    macros = " ".join(f"-D{name}={value}" for name, value in c_macros()) or "none"
+    return (f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, CFLAGS "
+            f"{sysconfig.get_config_var('CFLAGS')!r}), Cython {cython_version}, backend macros {macros}")
 
 
 def run_in(tree: Path, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:

@@ -94,3 +94,36 @@ def test_allocation_and_segment_keep_their_public_behaviour():
     assert seg.end == 5120 and repr(seg) == "Segment(offset=4096, nbytes=1024, stream=0, num_live=0, handle=None)"
     live = policies.create("paged").allocate(100)
     assert live.live and live.offset == live.extents[0][0]
+
+
+@pytest.mark.parametrize("spec", ["paged", "size-class"])
+def test_a_hook_overridden_after_use_is_called(spec):
+    """Compiled, ``allocate`` calls ``_allocate`` through a ``cpdef`` override check that the 3.12
+    and 3.13 builds cache behind dict version tags (``build_backend/poollab_build.py``,
+    ``c_macros``): a class or an instance that overrides the hook after that check was cached
+    must still be called, and the compiled hook again once the override is gone."""
+    pool = policies.create(spec, capacity_bytes=1 << 30)
+    for _ in range(3):  # the check is cached on the first calls
+        pool.free(pool.allocate(4096))
+    cls, calls = type(pool), []
+    compiled_hook = cls._allocate
+
+    def spy(self, nbytes, stream, tag):
+        calls.append(nbytes)
+        return compiled_hook(self, nbytes, stream, tag)
+
+    cls._allocate = spy  # a class-level override, after use
+    try:
+        pool.free(pool.allocate(4096))
+    finally:
+        del cls._allocate
+    pool.free(pool.allocate(4096))
+    assert calls == [4096]
+
+    def instance_spy(nbytes, stream, tag):
+        calls.append(-nbytes)
+        return compiled_hook(pool, nbytes, stream, tag)
+
+    pool._allocate = instance_spy  # an instance-level override
+    pool.free(pool.allocate(8192))
+    assert calls == [4096, -8192]
