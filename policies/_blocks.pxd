@@ -4,7 +4,7 @@ cimport cython
 from policies.base cimport Allocation, Policy, Segment
 
 
-@cython.freelist(64)
+# no freelist: Cython keeps those for base classes only (Allocation has one)
 cdef class Block(Allocation):
     cdef public long long offset, size
     cdef public Segment segment
