@@ -33,8 +33,7 @@ class _BestFitCore(Policy):
     so this core is one more class in the MRO and nothing else.
     """
 
-    @cython.locals(block=Block, a=Block, rest=Block, keys=list, free_at=dict, size=cython.longlong,
-                   i=cython.longlong, rest_offset=cython.longlong)
+    @cython.locals(block=Block, a=Block, rest=Block, keys=list, free_at=dict, i=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
@@ -75,7 +74,7 @@ class _BestFitCore(Policy):
         return a
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, free_at=dict,
-                   size=cython.longlong, offset=cython.longlong, i=cython.longlong, j=cython.longlong)
+                   size=cython.longlong, i=cython.longlong, j=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size

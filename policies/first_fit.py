@@ -203,7 +203,7 @@ class _FirstFitCore(Policy):
         return a
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, offsets=list, sizes=list,
-                   blocks=list, size=cython.longlong, offset=cython.longlong, i=cython.longlong)
+                   blocks=list, size=cython.longlong, i=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
