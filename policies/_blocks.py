@@ -45,6 +45,11 @@ from policies.errors import PolicyError
 from policies.mapped_device import as_page_mapped
 from policies.units import round_up
 
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
+
 __all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "cut_block"]
 
 #: The virtual range a ``virtual=True`` pool reserves per stream: 1 TiB, past any GPU's memory
@@ -69,9 +74,13 @@ class Block(Allocation):
     still fails as a double free, and it never moves (its ``offset`` stays where it was): the
     free block keeps the remainder of a split only if it was never handed out, else a fresh
     block does and it is dropped. The
-    ``Allocation`` fields are set when the block is handed out (``cut_block``);
-    ``handle`` is the block itself, so code that reaches a block through ``allocation.handle``
-    (wrappers, allocations a subclass builds around a block) works on either.
+    ``Allocation`` fields are set when the block is handed out (``cut_block``); while it is
+    handed out, ``handle`` is the block itself (a field, not a property: the compiled build
+    declares ``Block`` a ``cdef class`` over ``Allocation``'s fields, ``_blocks.pxd``), so code
+    that reaches a block through ``allocation.handle`` (wrappers, allocations a subclass builds
+    around a block) works on either; freeing clears it (no block keeps a cycle to itself) and a
+    block never handed out has None. ``offset`` is a field here, where ``Allocation.offset`` reads
+    the first extent: the same value for a handed-out block, and defined for a free one.
     """
 
     __slots__ = ("offset", "size", "segment", "prev", "next", "free")
@@ -92,10 +101,7 @@ class Block(Allocation):
         self.next = next
         self.free = free
         self.size_bytes = 0  # set when handed out: a block that never was has 0
-
-    @property
-    def handle(self) -> Block:
-        return self
+        self.handle = None  # the block itself while handed out
 
     @property
     def end(self) -> int:
@@ -106,10 +112,8 @@ class Block(Allocation):
         return f"Block(offset={self.offset:#x}, size={self.size}, {state})"
 
 
-#: a handed-out block is built field by field: ``Block(...)`` would run ``__init__`` as one more frame
-_new_block = Block.__new__
-
-
+@cython.locals(a=Block, rest=Block, nxt=Block, prev=Block, seg=Segment, offset=cython.longlong,
+               rest_bytes=cython.longlong)
 def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None, split_min_bytes: int) -> Block:
     """Hand out the low ``size`` bytes of free ``block`` (out of the index) as a fresh block.
 
@@ -118,13 +122,14 @@ def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None
     block when ``block`` was handed out before: a freed allocation never moves), and the caller
     puts it back into its index; else the whole block is handed out and ``block`` is dropped.
     Counts the block in its segment's ``num_live``; the caller counts ``allocated_bytes``.
-    The one copy of the split, for every block policy (a plain function: one frame, no lookups).
+    The one copy of the split, for every block policy (a plain function: one frame, no lookups;
+    compiled, a C function that ``best_fit`` and ``first_fit`` call directly, ``_blocks.pxd``).
     """
     seg = block.segment
     prev = block.prev
     offset = block.offset
     rest_bytes = block.size - size
-    a = _new_block(Block)
+    a = Block.__new__(Block)  # field by field: ``Block(...)`` would run ``__init__`` as one more frame
     if rest_bytes >= split_min_bytes:  # split: the request takes the low end, the rest stays free
         if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
             nxt = block.next
@@ -158,6 +163,7 @@ def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None
     a.extents = ((offset, size),)
     a.stream = stream
     a.tag = tag
+    a.handle = a
     seg.num_live += 1
     return a
 
@@ -345,6 +351,7 @@ class ContiguousPolicy(Policy):
         seg = self._reserve_segment(self._segment_size_for(size), stream)
         return None if seg is None else self._segment_block(seg)
 
+    @cython.locals(a=Block, rest=Block)
     def _cut(self, block: Block, size: int, nbytes: int, stream: int, tag: str | None) -> Block:
         """Hand out the low ``size`` bytes of free ``block`` (out of the index): ``cut_block``,
         with the remainder of a split put back into the index."""
@@ -355,9 +362,11 @@ class ContiguousPolicy(Policy):
         self.allocated_bytes += a.size
         return a
 
+    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, old_size=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         block: Block = allocation.handle  # the block itself, or the block a subclass's allocation wraps
         assert not block.free and block.size == allocation.size_bytes
+        block.handle = None
         self.allocated_bytes -= block.size
         block.segment.num_live -= 1
         # Coalesce at once. The survivor is the lowest of the merged blocks, so a segment's first

@@ -9,80 +9,31 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy, cut_block
-from policies.base import Allocation
+from policies.base import Allocation, Policy, Segment
+
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
 
 __all__ = ["BestFit"]
 
 _OFFSET_MASK = (1 << OFFSET_BITS) - 1
 
 
-class BestFit(ContiguousPolicy):
-    """Serve each request from the smallest free block that holds it; lowest address on ties.
+class _BestFitCore(Policy):
+    """``BestFit``'s hot path: ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and
+    ``_free`` with the index's updates inlined, the same steps in one frame each instead of
+    three to five (calls, not the list and dict work, are most of what a pure-Python pool pays
+    per request).
 
-    Free blocks serve only requests on the stream their segment was reserved for (as in
-    PyTorch and CuPy: reuse across streams would need an event to be safe). Knobs: see
-    ``ContiguousPolicy``.
-
-    Index: per stream, one sorted ``list`` of int keys ``size << 64 | offset``, so the best fit
-    is the first key >= ``size << 64`` (an O(log n) bisect). A plain list rather than a
-    ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to ~5,000 free
-    blocks per stream (pools hold tens to a few thousand); inserts and deletes move O(n)
-    pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
+    The compiled build declares it a ``cdef class`` (``best_fit.pxd``: the index and the split
+    threshold as C fields, the block locals typed); ``BestFit`` stays a Python class over it
+    and ``ContiguousPolicy`` (its knobs are ``ContiguousPolicy.__init__``'s, for ``get_params``),
+    so this core is one more class in the MRO and nothing else.
     """
 
-    name = "best-fit"
-
-    @staticmethod
-    def _key(size: int, offset: int) -> int:
-        """The index key (the hot paths inline it): smallest size first, then lowest offset."""
-        return size << OFFSET_BITS | offset
-
-    def _index_reset(self) -> None:
-        self._keys_by_stream: dict[int, list[int]] = {}
-        self._free_at: dict[int, Block] = {}  # offset -> free block
-
-    def _index_add(self, block: Block) -> None:
-        stream = block.segment.stream
-        keys = self._keys_by_stream.get(stream)
-        if keys is None:
-            keys = self._keys_by_stream[stream] = []
-        insort(keys, block.size << OFFSET_BITS | block.offset)
-        self._free_at[block.offset] = block
-
-    def _index_remove(self, block: Block) -> None:
-        keys = self._keys_by_stream[block.segment.stream]
-        key = block.size << OFFSET_BITS | block.offset
-        i = bisect_left(keys, key)
-        assert keys[i] == key, "removing a block that is not indexed"
-        del keys[i]
-        del self._free_at[block.offset]
-
-    def _index_resize(self, block: Block, old_size: int) -> None:
-        keys = self._keys_by_stream[block.segment.stream]
-        key = old_size << OFFSET_BITS | block.offset
-        i = bisect_left(keys, key)
-        assert keys[i] == key, "resizing a block that is not indexed"
-        del keys[i]
-        insort(keys, block.size << OFFSET_BITS | block.offset)
-
-    def _find(self, size: int, stream: int) -> Block | None:
-        keys = self._keys_by_stream.get(stream)
-        if not keys:
-            return None
-        i = bisect_left(keys, size << OFFSET_BITS)
-        return self._free_at[keys[i] & _OFFSET_MASK] if i < len(keys) else None
-
-    def _take(self, size: int, stream: int) -> Block | None:
-        keys = self._keys_by_stream.get(stream)
-        if not keys:
-            return None
-        i = bisect_left(keys, size << OFFSET_BITS)
-        return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
-
-    # ----------------------------------------------------------------- the hot path
-    # ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and ``_free`` with this index's
-    # updates inlined: the same steps, one Python frame each instead of three to five (calls,
-    # not the list and dict work, are most of what a pure-Python pool pays per request).
+    @cython.locals(block=Block, a=Block, rest=Block, keys=list, free_at=dict, i=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
@@ -122,10 +73,13 @@ class BestFit(ContiguousPolicy):
         self.allocated_bytes += a.size
         return a
 
+    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, free_at=dict,
+                   size=cython.longlong, i=cython.longlong, j=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation if allocation.__class__ is Block else allocation.handle
+        block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
         assert not block.free and size == allocation.size_bytes
+        block.handle = None
         self.allocated_bytes -= size
         seg = block.segment
         seg.num_live -= 1
@@ -183,6 +137,75 @@ class BestFit(ContiguousPolicy):
                 del keys[j]
                 insort(keys, key)
             free_at[offset] = block
+
+
+class BestFit(_BestFitCore, ContiguousPolicy):
+    """Serve each request from the smallest free block that holds it; lowest address on ties.
+
+    Free blocks serve only requests on the stream their segment was reserved for (as in
+    PyTorch and CuPy: reuse across streams would need an event to be safe). Knobs: see
+    ``ContiguousPolicy``.
+
+    Index: per stream, one sorted ``list`` of int keys ``size << 64 | offset``, so the best fit
+    is the first key >= ``size << 64`` (an O(log n) bisect). A plain list rather than a
+    ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to ~5,000 free
+    blocks per stream (pools hold tens to a few thousand); inserts and deletes move O(n)
+    pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
+    """
+
+    name = "best-fit"
+
+    # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
+    # gives a subclass that brings another index the generic path)
+    _allocate = vars(_BestFitCore)["_allocate"]  # vars(): compiled, the method itself, not its C function
+    _free = vars(_BestFitCore)["_free"]
+
+    @staticmethod
+    def _key(size: int, offset: int) -> int:
+        """The index key (the hot paths inline it): smallest size first, then lowest offset."""
+        return size << OFFSET_BITS | offset
+
+    def _index_reset(self) -> None:
+        self._keys_by_stream: dict[int, list[int]] = {}
+        self._free_at: dict[int, Block] = {}  # offset -> free block
+
+    def _index_add(self, block: Block) -> None:
+        stream = block.segment.stream
+        keys = self._keys_by_stream.get(stream)
+        if keys is None:
+            keys = self._keys_by_stream[stream] = []
+        insort(keys, block.size << OFFSET_BITS | block.offset)
+        self._free_at[block.offset] = block
+
+    def _index_remove(self, block: Block) -> None:
+        keys = self._keys_by_stream[block.segment.stream]
+        key = block.size << OFFSET_BITS | block.offset
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "removing a block that is not indexed"
+        del keys[i]
+        del self._free_at[block.offset]
+
+    def _index_resize(self, block: Block, old_size: int) -> None:
+        keys = self._keys_by_stream[block.segment.stream]
+        key = old_size << OFFSET_BITS | block.offset
+        i = bisect_left(keys, key)
+        assert keys[i] == key, "resizing a block that is not indexed"
+        del keys[i]
+        insort(keys, block.size << OFFSET_BITS | block.offset)
+
+    def _find(self, size: int, stream: int) -> Block | None:
+        keys = self._keys_by_stream.get(stream)
+        if not keys:
+            return None
+        i = bisect_left(keys, size << OFFSET_BITS)
+        return self._free_at[keys[i] & _OFFSET_MASK] if i < len(keys) else None
+
+    def _take(self, size: int, stream: int) -> Block | None:
+        keys = self._keys_by_stream.get(stream)
+        if not keys:
+            return None
+        i = bisect_left(keys, size << OFFSET_BITS)
+        return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
 
     def check_invariants(self) -> None:
         super().check_invariants()

@@ -11,7 +11,12 @@ from bisect import bisect_left, bisect_right
 from itertools import islice
 
 from policies._blocks import Block, ContiguousPolicy, cut_block
-from policies.base import Allocation
+from policies.base import Allocation, Policy, Segment
+
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
 
 __all__ = ["FirstFit"]
 
@@ -151,7 +156,111 @@ class _ChunkedFreeList:
             self._split(j)
 
 
-class FirstFit(ContiguousPolicy):
+class _FirstFitCore(Policy):
+    """``FirstFit``'s hot path: ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and
+    ``_free`` with the flat index's updates inlined, one frame each (calls are most of what a
+    pure-Python pool pays). The compiled build declares it a ``cdef class`` (``first_fit.pxd``);
+    ``FirstFit`` stays a Python class over it and ``ContiguousPolicy`` (see ``best_fit._BestFitCore``).
+    """
+
+    @cython.locals(block=Block, a=Block, rest=Block, offsets=list, sizes=list, blocks=list, i=cython.longlong)
+    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        mask = self._round_mask
+        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        lists = self._free_by_stream.get(stream)
+        fit = 0
+        if lists is not None:
+            offsets, sizes, blocks = lists
+            fit = next(filter(size.__le__, sizes), 0)  # the first size that holds it, found in C
+        elif stream in self._chunked_by_stream:  # a long free list
+            return self._allocate_chunked(self._chunked_by_stream[stream], size, nbytes, stream, tag)
+        if fit:
+            i = sizes.index(fit)  # no size before it equals it: they are all smaller
+            block = blocks[i]
+        else:
+            block = self._miss(size, stream)
+            if block is None:
+                return None
+            offsets, sizes, blocks = self._lists(stream)
+            i = -1
+        a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
+        rest = a.next
+        if rest is not None and rest.free:  # a split: the rest keeps the block's place in address order
+            if i < 0:  # a miss: the block came from outside the index
+                i = bisect_left(offsets, rest.offset)
+                offsets.insert(i, rest.offset)
+                sizes.insert(i, rest.size)
+                blocks.insert(i, rest)
+            else:
+                offsets[i] = rest.offset
+                sizes[i] = rest.size
+                blocks[i] = rest
+        elif i >= 0:
+            del offsets[i], sizes[i], blocks[i]
+        self.allocated_bytes += a.size
+        if i >= CHUNKED_FROM_ENTRIES:  # this search scanned that many free blocks: bound the next ones
+            self._chunk(stream)
+        return a
+
+    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, offsets=list, sizes=list,
+                   blocks=list, size=cython.longlong, i=cython.longlong)
+    def _free(self, allocation: Allocation) -> None:
+        block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
+        size = block.size
+        assert not block.free and size == allocation.size_bytes
+        seg = block.segment
+        try:
+            offsets, sizes, blocks = self._free_by_stream[seg.stream]
+        except KeyError:  # a chunked stream: the generic path, through the hooks
+            return ContiguousPolicy._free(self, allocation)
+        block.handle = None
+        self.allocated_bytes -= size
+        seg.num_live -= 1
+        nxt = block.next
+        prev = block.prev
+        if nxt is not None and nxt.free:  # absorb the free block above: its entry is the merged block's
+            i = bisect_left(offsets, nxt.offset)
+            assert blocks[i] is nxt, "merging a block that is not indexed"
+            size += nxt.size
+            after = block.next = nxt.next
+            if after is not None:
+                after.prev = block
+            nxt.prev = nxt.next = None
+            if prev is not None and prev.free:  # and into the one below: the entry before
+                del offsets[i], sizes[i], blocks[i]
+                i -= 1
+                sizes[i] += size
+                prev.size += size
+                prev.next = after
+                if after is not None:
+                    after.prev = prev
+                block.prev = block.next = None
+            else:
+                offsets[i] = block.offset
+                sizes[i] = size
+                blocks[i] = block
+                block.size = size
+                block.free = True
+        elif prev is not None and prev.free:  # merge into the free block below
+            i = bisect_left(offsets, prev.offset)
+            assert blocks[i] is prev, "merging a block that is not indexed"
+            size += prev.size
+            sizes[i] = size
+            prev.size = size
+            prev.next = nxt
+            if nxt is not None:
+                nxt.prev = prev
+            block.prev = block.next = None
+        else:
+            offset = block.offset
+            i = bisect_left(offsets, offset)
+            offsets.insert(i, offset)
+            sizes.insert(i, size)
+            blocks.insert(i, block)
+            block.free = True
+
+
+class FirstFit(_FirstFitCore, ContiguousPolicy):
     """Serve each request from the lowest-address free block that holds it.
 
     Address order runs across segments (segments are disjoint ranges). Free blocks serve only
@@ -171,6 +280,11 @@ class FirstFit(ContiguousPolicy):
     """
 
     name = "first-fit"
+
+    # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
+    # gives a subclass that brings another index the generic path)
+    _allocate = vars(_FirstFitCore)["_allocate"]  # vars(): compiled, the method itself, not its C function
+    _free = vars(_FirstFitCore)["_free"]
 
     def _index_reset(self) -> None:
         self._free_by_stream: dict[int, tuple[list[int], list[int], list[Block]]] = {}
@@ -230,47 +344,6 @@ class FirstFit(ContiguousPolicy):
         fit = next(filter(size.__le__, sizes), 0)
         return lists[2][sizes.index(fit)] if fit else None
 
-    # ----------------------------------------------------------------- the hot path
-    # ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and ``_free`` with this index's
-    # updates inlined: one Python frame each (calls are most of what a pure-Python pool pays).
-    def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        mask = self._round_mask
-        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
-        lists = self._free_by_stream.get(stream)
-        fit = 0
-        if lists is not None:
-            offsets, sizes, blocks = lists
-            fit = next(filter(size.__le__, sizes), 0)  # the first size that holds it, found in C
-        elif stream in self._chunked_by_stream:  # a long free list
-            return self._allocate_chunked(self._chunked_by_stream[stream], size, nbytes, stream, tag)
-        if fit:
-            i = sizes.index(fit)  # no size before it equals it: they are all smaller
-            block = blocks[i]
-        else:
-            block = self._miss(size, stream)
-            if block is None:
-                return None
-            offsets, sizes, blocks = self._lists(stream)
-            i = -1
-        a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
-        rest = a.next
-        if rest is not None and rest.free:  # a split: the rest keeps the block's place in address order
-            if i < 0:  # a miss: the block came from outside the index
-                i = bisect_left(offsets, rest.offset)
-                offsets.insert(i, rest.offset)
-                sizes.insert(i, rest.size)
-                blocks.insert(i, rest)
-            else:
-                offsets[i] = rest.offset
-                sizes[i] = rest.size
-                blocks[i] = rest
-        elif i >= 0:
-            del offsets[i], sizes[i], blocks[i]
-        self.allocated_bytes += a.size
-        if i >= CHUNKED_FROM_ENTRIES:  # this search scanned that many free blocks: bound the next ones
-            self._chunk(stream)
-        return a
-
     def _allocate_chunked(self, chunked: _ChunkedFreeList, size: int, nbytes: int, stream: int,
                           tag: str | None) -> Allocation | None:
         """``_allocate`` on a chunked stream: the split's rest keeps the taken block's entry."""
@@ -289,60 +362,6 @@ class FirstFit(ContiguousPolicy):
                 self._flatten(stream)
         self.allocated_bytes += a.size
         return a
-
-    def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation if allocation.__class__ is Block else allocation.handle
-        size = block.size
-        assert not block.free and size == allocation.size_bytes
-        seg = block.segment
-        try:
-            offsets, sizes, blocks = self._free_by_stream[seg.stream]
-        except KeyError:  # a chunked stream: the generic path, through the hooks
-            return ContiguousPolicy._free(self, allocation)
-        self.allocated_bytes -= size
-        seg.num_live -= 1
-        nxt = block.next
-        prev = block.prev
-        if nxt is not None and nxt.free:  # absorb the free block above: its entry is the merged block's
-            i = bisect_left(offsets, nxt.offset)
-            assert blocks[i] is nxt, "merging a block that is not indexed"
-            size += nxt.size
-            after = block.next = nxt.next
-            if after is not None:
-                after.prev = block
-            nxt.prev = nxt.next = None
-            if prev is not None and prev.free:  # and into the one below: the entry before
-                del offsets[i], sizes[i], blocks[i]
-                i -= 1
-                sizes[i] += size
-                prev.size += size
-                prev.next = after
-                if after is not None:
-                    after.prev = prev
-                block.prev = block.next = None
-            else:
-                offsets[i] = block.offset
-                sizes[i] = size
-                blocks[i] = block
-                block.size = size
-                block.free = True
-        elif prev is not None and prev.free:  # merge into the free block below
-            i = bisect_left(offsets, prev.offset)
-            assert blocks[i] is prev, "merging a block that is not indexed"
-            size += prev.size
-            sizes[i] = size
-            prev.size = size
-            prev.next = nxt
-            if nxt is not None:
-                nxt.prev = prev
-            block.prev = block.next = None
-        else:
-            offset = block.offset
-            i = bisect_left(offsets, offset)
-            offsets.insert(i, offset)
-            sizes.insert(i, size)
-            blocks.insert(i, block)
-            block.free = True
 
     def check_invariants(self) -> None:
         super().check_invariants()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from policies import PolicyError
 from policies._blocks import Block, ContiguousPolicy
-from policies.base import Segment
+from policies.base import Allocation, Segment
 from policies.best_fit import BestFit
 from policies.first_fit import FirstFit
 from policies.worst_fit import WorstFit
@@ -390,6 +390,38 @@ def test_an_allocation_is_its_block_and_a_freed_one_is_never_handed_out_again(cl
         p.free(a)
     assert b.live and p.stats().num_live == 1
     p.check_invariants()
+
+
+def test_a_block_is_its_handle_only_while_handed_out(cls):
+    """``handle`` is Allocation's field (so the compiled build can declare ``Block`` a cdef
+    class): the block itself while live, None once freed (no cycle) and on a block never handed out."""
+    p = cls(segment_bytes=1 * MiB)
+    a, b = p.allocate(100 * KiB), p.allocate(200 * KiB)
+    assert a.handle is a and b.handle is b
+    assert [blk.handle for blk in p.blocks() if blk.free] == [None]  # the segment's free tail
+    p.free(a)
+    assert a.handle is None and b.handle is b
+    assert Allocation.offset.__get__(b) == b.offset == b.extents[0][0]  # the field and the extent agree
+    p.free(b)
+    assert b.handle is None and all(blk.handle is None for blk in p.blocks())
+    p.check_invariants()
+
+
+def test_a_wrapped_block_is_freed_through_its_handle(cls):
+    """A subclass's allocation around a block (``handle=block``) frees it as the block would."""
+    p = cls(segment_bytes=1 * MiB)
+    a = p.allocate(100 * KiB)
+    wrapper = Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a)
+    p._free(wrapper)  # the hook a subclass's own free calls (vmm-stitch frees its chunks so)
+    assert a.free and a.handle is None and p.allocated_bytes == 0
+    p.check_invariants()
+
+
+def test_the_inlined_policies_keep_their_knobs_and_hot_paths():
+    for policy_cls in (BestFit, FirstFit):
+        assert policy_cls._allocate is not ContiguousPolicy._allocate, policy_cls
+        assert policy_cls._free is not ContiguousPolicy._free, policy_cls
+        assert policy_cls(alignment_bytes=512).get_params()["alignment_bytes"] == 512
 
 
 def test_a_subclass_with_its_own_index_gets_the_generic_paths():

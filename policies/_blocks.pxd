@@ -1,0 +1,15 @@
+# The compiled build's declarations for policies/_blocks.py (see base.pxd).
+# A block's offset and size are C 64-bit integers, as Allocation's sizes are (offsets below 2**63).
+cimport cython
+from policies.base cimport Allocation, Policy, Segment
+
+
+# no freelist: Cython keeps those for base classes only (Allocation has one)
+cdef class Block(Allocation):
+    cdef public long long offset, size
+    cdef public Segment segment
+    cdef public Block prev, next
+    cdef public bint free
+
+
+cpdef Block cut_block(Block block, long long size, nbytes, stream, tag, long long split_min_bytes)

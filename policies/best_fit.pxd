@@ -1,0 +1,13 @@
+# The compiled build's declarations for policies/best_fit.py (see base.pxd).
+cimport cython
+from policies.base cimport Allocation, Policy, Segment
+from policies._blocks cimport Block, cut_block
+
+
+cdef class _BestFitCore(Policy):
+    cdef public dict _keys_by_stream, _free_at
+    cdef public object _round_mask
+    cdef public long long _split_min_bytes
+
+    cpdef _allocate(self, nbytes, stream, tag)
+    cpdef _free(self, allocation)

@@ -1,0 +1,13 @@
+# The compiled build's declarations for policies/first_fit.py (see base.pxd).
+cimport cython
+from policies.base cimport Allocation, Policy, Segment
+from policies._blocks cimport Block, cut_block
+
+
+cdef class _FirstFitCore(Policy):
+    cdef public dict _free_by_stream, _chunked_by_stream
+    cdef public object _round_mask
+    cdef public long long _split_min_bytes
+
+    cpdef _allocate(self, nbytes, stream, tag)
+    cpdef _free(self, allocation)
