@@ -197,7 +197,7 @@ def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[in
     if n:
         monitor.finish(n - 1, events.times_us[-1])
     synchronize()
-    readings.num_failed, readings.num_frees = run.num_failed, len(run.free_ns)
+    readings.num_failed, readings.num_frees = run.num_failed, run.num_frees  # every free, not the timed ones
     readings.counters = bl.counters()  # read before teardown frees what is still live
     row = summary_row(trace=trace.name, policy=bl.name, backend="gpu", params="", capacity_bytes=None,
                       monitor=monitor, alloc_ns=run.alloc_ns, free_ns=run.free_ns, wall_s=run.wall_s,

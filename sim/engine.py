@@ -185,6 +185,7 @@ class EngineRun:
     free_ns: np.ndarray  # one per timed free of a live allocation
     num_failed: int
     wall_s: float
+    num_frees: int = 0  # frees of live allocations, timed or not (``free_ns`` holds the timed ones)
     live: dict[Any, Any] = field(default_factory=dict)  # key -> handle still live at the end
     num_flushes: int = 0  # ``FLUSH`` ops (``empty_cache`` calls): untimed, counted here
 
@@ -327,8 +328,11 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     wall_s = time.perf_counter() - wall0
     if bar is not None:
         bar.close()
+    # every FREE op freed a live allocation except the skipped frees of refused ones (counted
+    # here, not per event: the loop stays as it is)
+    num_frees = ops.count(free_op) - (num_failed - len(failed))
     return EngineRun(alloc_ns=np.frombuffer(alloc_ns, dtype=np.int64), free_ns=np.frombuffer(free_ns, dtype=np.int64),
-                     num_failed=num_failed, wall_s=wall_s, live=live, num_flushes=num_flushes)
+                     num_failed=num_failed, wall_s=wall_s, live=live, num_flushes=num_flushes, num_frees=num_frees)
 
 
 def _progress_bar(total: int, desc: str):

@@ -240,6 +240,24 @@ def test_a_baseline_refusal_is_counted_and_its_free_skipped():
     assert (row["n_alloc"], row["n_failed"], row["n_free"], row["failure_rate"]) == (2, 1, 1, 0.5)
 
 
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_long_baseline_replay_counts_every_free_though_it_times_a_sample(drop):
+    """Past 20,000 events the engine times a sample of the calls; the row's counts are still
+    every call's (a free count taken from the timed frees would be short)."""
+    from realgpu.replay import _baseline_run
+    from sim.engine import LATENCY_SAMPLE_CALLS
+
+    num_allocs = LATENCY_SAMPLE_CALLS  # twice as many events with the frees
+    ops = [("alloc", i, 64) for i in range(num_allocs)] + [("free", i, 64) for i in range(num_allocs - 10)]
+    bl = _HostBaseline(drop=drop)
+    result = _baseline_run(make_trace(ops), bl, watch=None, touch=lambda ptr, n: None, sample_every=1000,
+                           progress=False, device="host", synchronize=lambda: None, timer=time_ns_counter())
+    row = result.summary
+    assert (row["n_alloc"], row["n_free"], row["n_failed"]) == (num_allocs, num_allocs - 10, 0)
+    assert row["device_frees"] == row["n_free"]
+    assert len(result.free_ns) < row["n_free"] and 0.4 < row["latency_sampled_frac"] < 0.6
+
+
 class _HostStreamBaseline(_HostBaseline):
     """The stand-in, caching per stream: it logs the stream current at each allocation and at
     each switch, and reads the timer in ``use_stream`` so a switch inside a timed call would show."""

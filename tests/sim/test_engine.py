@@ -191,6 +191,7 @@ def test_a_sampled_run_times_the_chosen_calls_each_with_its_own_driver_time():
         samples[share] = {op: dict(divmod(int(ns), 10**12) for ns in arr)
                           for op, arr in (("alloc", run.alloc_ns), ("free", run.free_ns))}
         pools[share], failed[share] = policy.stats().as_dict(), run.num_failed
+        assert run.num_frees == policy.num_frees  # every free counted, timed or not
     assert pools[1.0] == pools[0.3] and failed[1.0] == failed[0.3] > 0  # refusals happen
     full, part = samples[1.0], samples[0.3]
     assert max(full["alloc"].values()) > 0  # some calls cost driver time
