@@ -4,7 +4,6 @@ cimport cython
 from policies.base cimport Allocation, Policy, Segment
 
 
-# no freelist: Cython keeps those for base classes only (Allocation has one)
 cdef class Block(Allocation):
     cdef public long long offset, size
     cdef public Segment segment

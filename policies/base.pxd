@@ -4,7 +4,8 @@
 cimport cython
 
 
-@cython.freelist(64)
+# no @cython.freelist here: Cython does not apply one given in an augmenting .pxd (checked in
+# the generated C), and one that works saved nothing in the replay (benchmarks/RESULTS.md)
 cdef class Allocation:
     cdef public long long nbytes, size_bytes
     cdef public object extents, stream, tag, handle, owner

@@ -50,7 +50,7 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "new_allocation", "round_up"]
+__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "round_up"]
 
 
 class Allocation:
@@ -105,13 +105,6 @@ class Allocation:
     @property
     def live(self) -> bool:
         return self.owner is not None
-
-
-#: ``Allocation`` without ``__init__``, for the hottest paths (a policy's one-page or one-block
-#: request): ``Allocation(...)`` runs the generated ``__init__`` as one more Python frame, which
-#: costs more than setting the slots in the caller. The caller sets every field but ``owner``
-#: (``Policy.allocate`` sets that).
-new_allocation = Allocation.__new__
 
 
 class Segment:
