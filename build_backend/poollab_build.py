@@ -1,8 +1,9 @@
 """poollab's build backend: setuptools, plus the opt-in compiled build of ``policies``.
 
 ``pip install -e .`` is plain setuptools (pure Python, no compiler needed). With the environment
-variable ``POOLLAB_COMPILE=1`` the modules of ``policies`` that have declarations (a ``.pxd``
-file next to the ``.py``) are compiled with Cython in pure-Python mode from the same ``.py``
+variable ``POOLLAB_COMPILE=1`` the modules of ``policies`` and ``realgpu`` that have
+declarations (a ``.pxd`` file next to the ``.py``: ``realgpu.malloc_path``, ``GpuPool.malloc``'s
+hot path, in ``realgpu``) are compiled with Cython in pure-Python mode from the same ``.py``
 files, and Cython joins the build requirements (only then). The in-tree backend is setuptools'
 documented way to add build requirements dynamically; ``setup.py`` asks ``ext_modules()``.
 """
@@ -49,9 +50,14 @@ def compiling() -> bool:
     return os.environ.get(COMPILE_ENV, "") not in ("", "0")
 
 
+#: the packages whose declared modules are compiled: the policies, and ``GpuPool.malloc``'s hot path
+COMPILED_PACKAGES = ("policies", "realgpu")
+
+
 def compiled_modules(root: str | Path = ".") -> list[str]:
-    """``policies/NAME.py`` for every ``policies/NAME.pxd``: a module is compiled iff it is declared."""
-    return sorted(str(pxd.relative_to(root).with_suffix(".py")) for pxd in Path(root, "policies").glob("*.pxd"))
+    """``PACKAGE/NAME.py`` for every ``PACKAGE/NAME.pxd``: a module is compiled iff it is declared."""
+    return sorted(str(pxd.relative_to(root).with_suffix(".py"))
+                  for package in COMPILED_PACKAGES for pxd in Path(root, package).glob("*.pxd"))
 
 
 #: True while setuptools runs ``setup.py`` to list build requirements, before Cython is installed

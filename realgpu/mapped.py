@@ -182,6 +182,7 @@ class MappedRealDevice(PageMappedDevice):
     # mean the same here, so the segment device's bisecting code serves both
     locate = SegmentDevice.locate
     address = SegmentDevice.address
+    address_tables = SegmentDevice.address_tables
 
     def check_mapped(self, offset: int, nbytes: int) -> None:
         """Assert that ``[offset, offset + nbytes)`` is mapped (touching it otherwise would fault

@@ -33,6 +33,7 @@ from policies.device import SEGMENT_ALIGNMENT_BYTES
 from policies.mapped_device import PageMappedDevice
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError, oom_message
 from realgpu.host import HostDevice, HostMemoryPointer
+from realgpu.malloc_path import Lease, MallocPath
 from realgpu.mapped import MappedRealDevice
 from realgpu.segments import SegmentDevice
 
@@ -66,19 +67,6 @@ class _Check:
     guard_bytes: int
     user_nbytes: int
     contents: bool  # whether the data bytes are checked on free (not when the caller writes them)
-
-
-class _Lease:
-    """Owner of a ``malloc``'d pointer: when CuPy drops the memory, this frees the allocation."""
-
-    __slots__ = ("pool", "allocation")
-
-    def __init__(self, pool: "GpuPool", allocation: Allocation):
-        self.pool = pool
-        self.allocation = allocation
-
-    def __del__(self) -> None:
-        self.pool._lease_free(self.allocation)
 
 
 class GpuPool:
@@ -117,7 +105,7 @@ class GpuPool:
             raise PoolError(f"guard_bytes(={guard_bytes!r}) must be an integer >= 0")
         self.backend = backend
         self.capacity_bytes = capacity_bytes
-        self.validate = bool(validate)
+        self._validate = bool(validate)
         self.guard_bytes = guard_bytes
         self.check_contents = check_contents
         self.device_id = device_id
@@ -142,10 +130,22 @@ class GpuPool:
         #: a layer that may move live allocations while allocating or freeing (compaction): CuPy
         #: pointers could not follow, so ``malloc`` refuses such a policy
         self.moves_on_hot_path = self.policy.moves_while_allocating
+        pointer_types = None
         if self.is_cuda:  # bound once: malloc is CuPy's hot path (module lookups cost ~50 ns each)
             from cupy.cuda import MemoryPointer, UnownedMemory
 
-            self._MemoryPointer, self._UnownedMemory = MemoryPointer, UnownedMemory
+            pointer_types = self._MemoryPointer, self._UnownedMemory = MemoryPointer, UnownedMemory
+        #: CuPy's hot path for a pool that neither validates nor moves allocations: an instance
+        #: attribute over the ``malloc`` method, so CuPy's call lands on it with no frame between
+        starts, bases = self.device.address_tables()
+        self._malloc_path = MallocPath(self, starts, bases, pointer_types, self.device_id, self.lease_errors)
+        if not self._validate and not self.moves_on_hot_path:
+            self.malloc = self._malloc_path.malloc
+
+    @property
+    def validate(self) -> bool:
+        """Whether allocations carry patterns and guards (fixed at construction)."""
+        return self._validate
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -204,6 +204,8 @@ class GpuPool:
         """Allocate ``nbytes``: a ``cupy.cuda.MemoryPointer`` (a ``HostMemoryPointer`` on the host).
 
         The allocation is freed in the policy when the pointer (and every array on it) is gone.
+        A pool that neither validates nor moves allocations answers with
+        ``realgpu.malloc_path.MallocPath.malloc`` (the instance's ``malloc``: CuPy's hot path).
 
         Raises:
             PoolOutOfMemoryError: the policy cannot place it (on CUDA also CuPy's OutOfMemoryError).
@@ -217,28 +219,18 @@ class GpuPool:
         if self.moves_on_hot_path:
             raise PoolError(f"policy {self.policy.spec!r} may move live allocations while allocating; the raw "
                             "pointers CuPy holds could not follow: use allocate() handles, or idle_only=true")
-        if self.validate:
-            return self._malloc_validated(nbytes)
-        a = self._allocate(nbytes)
-        if a is None:
-            raise self._oom(nbytes)
-        ext = a.extents
-        if len(ext) != 1:
-            self._require_contiguous(a)
-        offset = ext[0][0]
-        if self.is_cuda:
-            return self._MemoryPointer(self._UnownedMemory(self._address(offset), nbytes, _Lease(self, a),
-                                                           self.device_id), 0)
-        return self._memory_pointer(offset, self._address(offset), nbytes, _Lease(self, a))
-
-    def _malloc_validated(self, nbytes: int):
+        if not self._validate:
+            return self._malloc_path.malloc(nbytes)
         a = self.allocate(nbytes, contents=False)
         if len(a.extents) != 1:
             self._require_contiguous(a)
         offset = a.extents[0][0] + self.guard_bytes
-        return self._memory_pointer(offset, self._address(offset), nbytes, _Lease(self, a))
+        lease = Lease.__new__(Lease)
+        lease.path = self._malloc_path  # frees through self.free: the guards are checked on drop
+        lease.allocation = a
+        return self._memory_pointer(offset, self._address(offset), nbytes, lease)
 
-    def _memory_pointer(self, offset: int, ptr: int, nbytes: int, lease: _Lease):
+    def _memory_pointer(self, offset: int, ptr: int, nbytes: int, lease: Lease):
         if self.is_cuda:
             return self.device.memory_pointer(ptr, nbytes, lease)
         return HostMemoryPointer(ptr, nbytes, self.device.view(offset, nbytes), lease)
@@ -247,17 +239,6 @@ class GpuPool:
         if self.is_cuda:
             return self.device.memory_pointer(0, 0, None)
         return HostMemoryPointer(0, 0, None, None)
-
-    def _lease_free(self, allocation: Allocation) -> None:
-        if self._closed:
-            return
-        try:
-            if self.validate:
-                self.free(allocation)
-            else:
-                self.policy.free(allocation)
-        except Exception as exc:  # noqa: BLE001 - __del__ must not raise; check() re-raises
-            self.lease_errors.append(exc)
 
     def _require_contiguous(self, a: Allocation) -> None:
         ext = a.extents
@@ -285,7 +266,7 @@ class GpuPool:
         """
         if self._closed:
             raise PoolError("allocate on a closed pool")
-        if not self.validate:
+        if not self._validate:
             a = self._allocate(nbytes, stream=stream, tag=tag)
             if a is None:
                 raise self._oom(nbytes)
@@ -308,7 +289,7 @@ class GpuPool:
         """
         if self._closed:
             raise PoolError("free on a closed pool")
-        rec = self._checks.get(a) if self.validate else None
+        rec = self._checks.get(a) if self._validate else None
         problem = self._verify(a, rec) if rec is not None and a.live else None
         self.policy.free(a)
         if rec is not None:
@@ -348,7 +329,7 @@ class GpuPool:
         touch = self.device.touch
 
         def on_alloc(a: Allocation) -> None:
-            if self.validate:
+            if self._validate:
                 self._arm(a, a.nbytes, 0, True)
                 return
             ext = a.extents
@@ -461,6 +442,7 @@ class GpuPool:
             return
         self.device.synchronize()  # queued writes into the segments must land before cudaFree
         self._closed = True
+        self._malloc_path.closed = True
         self.policy.reset()
         self.device.close()
         self._checks.clear()

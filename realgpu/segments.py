@@ -117,6 +117,11 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         seg = starts[bisect.bisect_right(starts, offset) - 1]
         return self._bases[seg] + offset - seg
 
+    def address_tables(self) -> tuple[list[int], dict[int, int]]:
+        """What ``address`` reads: the sorted segment offsets and their real bases, the live
+        objects (mutated in place as segments come and go), for a hot path that inlines the lookup."""
+        return self._starts, self._bases
+
     def check_span(self, offset: int, nbytes: int) -> None:
         """Assert that ``[offset, offset + nbytes)`` lies inside one segment (policies must not straddle)."""
         seg, rel = self.locate(offset)

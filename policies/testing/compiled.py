@@ -34,7 +34,7 @@ sys.path.insert(0, "build_backend")
 from poollab_build import compiled_modules
 names = [p[:-3].replace("/", ".") for p in compiled_modules()]
 plain = [n for n in names if not importlib.import_module(n).__file__.endswith(".so")]
-print(f"{len(names) - len(plain)} of {len(names)} declared policies modules imported as extension modules")
+print(f"{len(names) - len(plain)} of {len(names)} declared modules imported as extension modules")
 sys.exit(f"imported as Python, not compiled: {plain}" if plain else 0)
 """
 

@@ -2,8 +2,9 @@
 
 Builds a compiled copy of the tree (``policies.testing.compiled``, the same build as
 ``POOLLAB_COMPILE=1 pip install -e .``), checks its declared modules are extension modules, and
-runs ``tests/policies`` (the conformance battery over every registered policy included) against
-it in a subprocess. Skips, saying why, without Cython or a C compiler.
+runs ``tests/policies`` (the conformance battery over every registered policy included) and the
+host-backed ``GpuPool.malloc`` tests (``realgpu.malloc_path`` is compiled too) against it in a
+subprocess. Skips, saying why, without Cython or a C compiler.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def test_policies_tests_pass_against_the_compiled_modules(tmp_path):
         pytest.fail(f"compiled build failed: {exc}")
     here = "tests/policies/test_compiled.py"  # not again inside the copy
     proc = compiled.run_in(tree, [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                  "tests/policies", f"--ignore={here}"],
+                                  "tests/policies", f"--ignore={here}", "tests/realgpu/test_malloc_path.py",
+                                  "tests/realgpu/test_pool.py"],
                            capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, f"tests/policies against the compiled modules:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, f"tests/policies and the malloc tests against the compiled modules:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
 
 
 def test_pure_install_needs_no_cython():

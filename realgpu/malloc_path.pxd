@@ -1,0 +1,14 @@
+# The compiled build's declarations for realgpu/malloc_path.py (see policies/base.pxd).
+cimport cython
+
+
+cdef class MallocPath:
+    cdef public object pool, allocate, free, pointer_type, memory_type, device_id
+    cdef public list starts, lease_errors
+    cdef public dict bases
+    cdef public bint closed
+
+
+cdef class Lease:
+    cdef public MallocPath path
+    cdef public object allocation

@@ -1,0 +1,107 @@
+"""``GpuPool.malloc``'s hot path: CuPy's allocator protocol over a policy, in as few steps as it takes.
+
+CuPy calls the allocator for every array it makes, so each step here is paid per array: one
+frame for ``malloc`` (the policy's ``allocate`` aside), the segment lookup inlined (a ``bisect``
+over the device's segment starts, no frame), the pointer's owner built without an ``__init__``
+frame, and the free on drop going from the owner's ``__del__`` to the policy's ``free`` with no
+frame between. A pool that validates, or whose policy may move live allocations, never gets this
+path (``GpuPool.malloc`` handles those).
+
+The compiled build (``POOLLAB_COMPILE=1``) declares both classes ``cdef class``
+(``malloc_path.pxd``), as it does for ``policies``: the same source, run as C.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any, Callable
+
+from realgpu.errors import PoolError
+
+__all__ = ["Lease", "MallocPath"]
+
+
+class Lease:
+    """Owner of a ``malloc``'d pointer: when CuPy drops the memory, this frees the allocation.
+
+    A free that fails (a policy error) cannot raise from ``__del__``: it is kept in the pool's
+    ``lease_errors`` for ``GpuPool.check()``. After the pool is closed a drop frees nothing.
+    """
+
+    __slots__ = ("path", "allocation")
+
+    path: MallocPath
+    allocation: Any
+
+    def __del__(self) -> None:
+        path = self.path
+        if path.closed:
+            return
+        try:
+            path.free(self.allocation)
+        except Exception as exc:  # noqa: BLE001 - __del__ must not raise; GpuPool.check() re-raises
+            path.lease_errors.append(exc)
+
+
+class MallocPath:
+    """``malloc(nbytes)`` for a pool that neither validates nor lets its policy move allocations.
+
+    Args:
+        pool: the ``GpuPool`` (for its zero-size pointer, out-of-memory error and page check).
+        starts, bases: the device's segment offsets (sorted) and their real base addresses:
+            the live tables the device mutates in place (``SegmentDevice`` and
+            ``MappedRealDevice`` keep them), read on every call.
+        pointer_types: ``(MemoryPointer, UnownedMemory)`` on CUDA; None on the host, where the
+            pool's own pointer builder makes a ``HostMemoryPointer``.
+        device_id: the CUDA device of every pointer.
+        lease_errors: the pool's list that drop-time free errors go to.
+    """
+
+    __slots__ = ("pool", "allocate", "free", "starts", "bases", "pointer_type", "memory_type", "device_id",
+                 "closed", "lease_errors")
+
+    pool: Any
+    allocate: Callable[..., Any]
+    free: Callable[[Any], None]
+    starts: list
+    bases: dict
+    pointer_type: Any
+    memory_type: Any
+    device_id: int
+    closed: bool
+    lease_errors: list
+
+    def __init__(self, pool: Any, starts: list, bases: dict, pointer_types: tuple[Any, Any] | None,
+                 device_id: int, lease_errors: list):
+        self.pool = pool
+        self.allocate = pool.policy.allocate
+        self.free = pool.free if pool.validate else pool.policy.free  # validating: guards checked on drop
+        self.starts = starts
+        self.bases = bases
+        self.pointer_type, self.memory_type = pointer_types if pointer_types is not None else (None, None)
+        self.device_id = device_id
+        self.closed = False
+        self.lease_errors = lease_errors
+
+    def malloc(self, nbytes: int):
+        """What ``GpuPool.malloc`` documents, for the pools this path serves."""
+        if nbytes == 0:
+            return self.pool._null_pointer()
+        if self.closed:
+            raise PoolError("malloc on a closed pool")
+        a = self.allocate(nbytes)
+        if a is None:
+            raise self.pool._oom(nbytes)
+        ext = a.extents
+        if len(ext) != 1:
+            self.pool._require_contiguous(a)
+        offset = ext[0][0]
+        starts = self.starts
+        seg = starts[bisect_right(starts, offset) - 1]
+        ptr = self.bases[seg] + offset - seg
+        lease = Lease.__new__(Lease)  # field by field: no __init__ frame (compiled: a direct tp_new)
+        lease.path = self
+        lease.allocation = a
+        if self.pointer_type is None:
+            return self.pool._memory_pointer(offset, ptr, nbytes, lease)
+        return self.pointer_type(self.memory_type(ptr, nbytes, lease, self.device_id), 0)
