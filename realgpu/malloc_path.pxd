@@ -1,5 +1,6 @@
 # The compiled build's declarations for realgpu/malloc_path.py (see policies/base.pxd).
 cimport cython
+from policies.base cimport Allocation
 
 
 cdef class MallocPath:

@@ -16,7 +16,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Callable
 
+from policies.base import Allocation
 from realgpu.errors import PoolError
+
+try:
+    import cython
+except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
+    from policies._cython_shim import cython
 
 __all__ = ["Lease", "MallocPath"]
 
@@ -83,6 +89,7 @@ class MallocPath:
         self.closed = False
         self.lease_errors = lease_errors
 
+    @cython.locals(a=Allocation, lease=Lease)
     def malloc(self, nbytes: int):
         """What ``GpuPool.malloc`` documents, for the pools this path serves."""
         if nbytes == 0:
