@@ -13,6 +13,8 @@
 #                                          # bare loop on quiet cores (full snapshot carried in .data/)
 #   bash benchmarks/run_h200.sh compiled   # Cython against pure Python (carried .whl/cython*), and
 #                                          # GpuPool.malloc of both builds against CuPy's MemoryPool
+#   bash benchmarks/run_h200.sh malloc     # GPU tests in both builds, and GpuPool.malloc (realgpu.malloc_path)
+#                                          # of both builds against CuPy's MemoryPool, alternating
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -74,6 +76,21 @@ elif [ "$1" = compiled ]; then
     step roundtrip-pure timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure $RT
     [ -d /tmp/compiled ] && (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled timeout 120 \
         python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled $RT)
+elif [ "$1" = malloc ]; then
+    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
+    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
+    step build python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
+build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
+    (cd /tmp/compiled && PYTHONPATH=/tmp/site:. python3 -m pytest tests/realgpu -q -p no:cacheprovider \
+        --import-mode=importlib -rfE > $OUT/gpu_tests_compiled.log 2>&1; echo "== compiled gpu tests rc=$?" >> $LOG)
+    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit"
+    for round in 1 2; do
+        step roundtrip-pure-$round timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure_$round $RT
+        (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled-$round timeout 120 \
+            python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled_$round $RT)
+    done
+    step malloc-path timeout 200 python3 benchmarks/bench_malloc_path.py --compiled --iterations 100000 --repeat 5 \
+        --out $OUT/malloc_path_h200.csv
 else
     step sweep timeout 300 python3 benchmarks/bench_sweep.py --workers 1,2,4,8,16 --out $OUT/sweep_h200.json
 fi
