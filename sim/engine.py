@@ -288,8 +288,10 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
             if tight:
                 # ``_event_codes``: 0 untimed alloc, 1 untimed free, 3 timed alloc, 4 timed free,
                 # else a flush. Driver time is never drained per call here: a timed call's is the
-                # growth of the clock's pending time across it (an attribute read, no call), and
-                # the ``finally`` below drains the rest, as draining after every call would.
+                # growth of the clock's pending time across it (an attribute read, no call), or,
+                # on a device with no known clock, what ``take`` gives after it once a ``take``
+                # before it has drained the untimed calls' (the protocol's time is additive); the
+                # ``finally`` below drains the rest, as draining after every call would.
                 for code, key, nbytes, stream, tag in itertools.islice(events, stop - start):
                     if code == 0:
                         try:
@@ -310,7 +312,10 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
                         else:  # the index from how many codes are left: no counter per event
                             raise unknown_free(n - 1 - operator.length_hint(code_iter), key)
                     elif code == 3:
-                        pending0 = clock.pending_ns
+                        if clock is None:
+                            take()  # the untimed calls' time: the sample is this call's alone
+                        else:
+                            pending0 = clock.pending_ns
                         t0 = timer()
                         try:
                             a = allocate(nbytes, stream=stream, tag=tag)
@@ -318,7 +323,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
                         except oom:
                             t1 = timer()
                             a = None
-                        alloc_append(t1 - t0 + clock.pending_ns - pending0)
+                        alloc_append(t1 - t0 + (take() if clock is None else clock.pending_ns - pending0))
                         if a is None:
                             failed.add(key)
                             num_failed += 1
@@ -327,11 +332,14 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
                     elif code == 4:
                         a = live.pop(key, None)
                         if a is not None:
-                            pending0 = clock.pending_ns
+                            if clock is None:
+                                take()
+                            else:
+                                pending0 = clock.pending_ns
                             t0 = timer()
                             free(a)
                             t1 = timer()
-                            free_append(t1 - t0 + clock.pending_ns - pending0)
+                            free_append(t1 - t0 + (take() if clock is None else clock.pending_ns - pending0))
                         elif key in failed:
                             failed.discard(key)
                         else:
@@ -405,7 +413,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
             start, stop = stop, min(stop + stride, n)
     finally:
         if tight:  # untimed calls' driver time belongs to no sample (the device's total keeps it)
-            clock.take()
+            take() if clock is None else clock.take()
     wall_s = time.perf_counter() - wall0
     if bar is not None:
         bar.close()
@@ -418,10 +426,9 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
 
 def _tight_loop_serves(target: Target, *, before: Any, on_alloc: Any, on_free: Any, every_event: Any) -> bool:
     """Whether ``run`` can take its tight loop: the common case, a policy replayed with no
-    per-event hook (a device that keeps a ``DriverClock``, a free call, sized and tagged calls).
+    per-event hook (a free call; calls with stream and tag).
     Anything else takes the general loop, which tests for each feature per event."""
-    return (target.driver_clock is not None and target.free is not None and not target.sized_only
-            and before is None and on_alloc is None and on_free is None and every_event is None)
+    return (target.free is not None and not target.sized_only and before is None and on_alloc is None and on_free is None and every_event is None)
 
 
 def _progress_bar(total: int, desc: str):

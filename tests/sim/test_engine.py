@@ -275,17 +275,21 @@ def _trace_with_flushes(num_events, seed):
     return ops, keys, sizes, times_us
 
 
+@pytest.mark.parametrize("device", ["clock", "custom"])
 @pytest.mark.parametrize("share", [1.0, 0.3])
-def test_the_tight_loop_replays_exactly_as_the_general_one(share):
+def test_the_tight_loop_replays_exactly_as_the_general_one(share, device):
     """The tight loop (a policy, no per-event hook) and the general one (here a no-op ``before``
     hook) give the same samples, refusals, frees, flushes, live map, pool, monitor time series and
-    driver-time totals, on a trace with refusals and ``empty_cache`` flushes."""
+    driver-time totals, on a trace with refusals and ``empty_cache`` flushes: on a device whose
+    ``DriverClock`` the engine reads, and on one it knows only by ``take_driver_ns``."""
     ops, keys, sizes, times_us = _trace_with_flushes(4000, seed=5)
     streams = [k % 3 for k in range(len(ops))]
     tags = [("kv" if k % 5 else None) for k in range(len(ops))]
     outcomes = []
     for before in (None, lambda i: None):
-        policy = policies.create("torch-caching", device=CostedDevice(CostModel.load()), capacity_bytes=96 * MiB)
+        dev = CostedDevice(CostModel.load()) if device == "clock" else CustomDriver()
+        policy = policies.create("torch-caching", device=dev, capacity_bytes=96 * MiB)
+        assert (engine.policy_target(policy).driver_clock is None) == (device == "custom")
         monitor = PoolMonitor(policy, sample_every=7)
         run = engine.run(ops, keys, sizes, streams=streams, tags=tags, times_us=times_us,
                          target=engine.policy_target(policy), observe=monitor.sample, observe_every=7,
@@ -294,11 +298,11 @@ def test_the_tight_loop_replays_exactly_as_the_general_one(share):
         outcomes.append({"alloc_ns": run.alloc_ns.tolist(), "free_ns": run.free_ns.tolist(),
                          "counts": (run.num_failed, run.num_frees, run.num_flushes), "live": sorted(run.live),
                          "pool": policy.stats().as_dict(), "timeseries": monitor.timeseries(),
-                         "driver": (policy.device.driver_ns_total, policy.device.clock.pending_ns),
+                         "driver": ((dev.driver_ns_total, dev.clock.pending_ns) if device == "clock" else (dev.pending,)),
                          "calls": policy.device.call_stats()})
     tight, general = outcomes
     assert tight["counts"][0] > 0 and tight["counts"][2] > 0  # refusals and flushes happen
-    assert max(tight["alloc_ns"]) > 10  # some samples carry driver time
+    assert max(tight["alloc_ns"]) > 10 and not tight["driver"][-1]  # samples carry driver time; all drained
     assert tight["timeseries"].equals(general.pop("timeseries"))
     del tight["timeseries"]
     assert tight == general
