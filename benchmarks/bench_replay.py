@@ -1,6 +1,6 @@
 """Replay cost per event: each policy against honest floors, and the replay harness against the bare loop.
 
-    PYTHONPATH=. python benchmarks/bench_replay.py [TRACE] [--policy SPEC ...] [--repeat 5] [--out CSV]
+    PYTHONPATH=. python benchmarks/bench_replay.py [TRACE] [--policy SPEC ...] [--repeat 5] [--out CSV] [--parts]
 
 TRACE defaults to the full PyTorch snapshot of the shared data folder when it is there, else the
 bundled slice (``traces/data``), so a fresh clone runs it as it is.
@@ -27,6 +27,10 @@ share of calls (``sim.engine.default_latency_sample``: about 20,000 on a long tr
 ``every_ns``/``every_x`` are the same with every call timed (``latency_sample=1``), its cost
 before sampling. ``replay_ns`` is the whole ``replay()`` call (turning the trace into event
 lists, the summary row and time series included).
+
+``--parts`` instead builds the harness up piece by piece for each policy row (ns per event, best
+of ``--repeat``): the bare loop; ``sim.engine.run`` timing no call (the loop alone); timing the
+default sample; and with the ``PoolMonitor`` that ``replay()`` drives (its engine time).
 
 ``--sample-bytes`` instead measures the per-call latency samples of a replay of the README's 13
 policies (``sim.replay.replay_tables``): bytes per trace event in memory and as
@@ -194,6 +198,26 @@ def make_policy(spec, costs):
     return DoNothing(device=device) if spec == NOTHING else policies.create(spec, device=device)
 
 
+#: ``--parts``: the harness built up piece by piece, ``sim.engine.run`` keyword arguments by part
+#: (``latency_sample=1e-9`` times no call; the monitor is the one ``replay()`` drives)
+PARTS = {"loop": {"latency_sample": 1e-9}, "+timing": {}, "+monitor": "monitor"}
+
+
+def harness_parts(ev, spec, costs) -> dict[str, float]:
+    """Seconds of ``sim.engine.run`` for each of ``PARTS``, driving a fresh ``spec`` policy."""
+    from sim.metrics import PoolMonitor, default_sample_every
+
+    out = {}
+    for part, kwargs in PARTS.items():
+        policy = make_policy(spec, costs)
+        if kwargs == "monitor":
+            monitor = PoolMonitor(policy, sample_every=default_sample_every(len(ev.ops)))
+            kwargs = {"observe": monitor.sample, "observe_every": monitor.sample_every}
+        out[part] = engine.run(ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags, times_us=ev.times_us,
+                               target=engine.policy_target(policy), unknown_free=_unknown_free, **kwargs).wall_s
+    return out
+
+
 def sample_bytes(trace) -> dict:
     """Bytes per trace event of the latency samples of a 13-policy replay, in memory and in Parquet."""
     import tempfile
@@ -220,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-bytes", action="store_true", help="measure latency-sample storage instead")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy machine)")
+    ap.add_argument("--parts", action="store_true",
+                    help="instead: the bare loop and sim.engine.run piece by piece (the loop alone, "
+                         "+ sampled timing, + the monitor), ns per event, policy rows only")
     ap.add_argument("--bare-only", action="store_true",
                     help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)")
     args = ap.parse_args(argv)
@@ -244,6 +271,8 @@ def main(argv=None) -> int:
     print(f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, {args.clock} clock; "
           f"load average before {os.getloadavg()[0]:.2f}")
+    if args.parts:
+        return print_parts(ev, events, rows[rows.index(NOTHING):], costs, args.repeat)
     bare = dict.fromkeys(rows, float("inf"))
     harness = dict.fromkeys(rows, float("inf"))
     every = dict.fromkeys(rows, float("inf"))  # the harness timing every call
@@ -308,6 +337,24 @@ def main(argv=None) -> int:
             w = csv.DictWriter(f, fieldnames=list(out_rows[0]))
             w.writeheader()
             w.writerows(out_rows)
+    return 0
+
+
+def print_parts(ev, events, specs, costs, repeat) -> int:
+    """``--parts``: best of ``repeat`` (interleaved) ns per event of the bare loop and of each of ``PARTS``."""
+    best = {spec: dict.fromkeys(["bare", *PARTS], float("inf")) for spec in specs}
+    for _ in range(repeat):
+        for spec in specs:
+            policy = make_policy(spec, costs)
+            times = {"bare": bare_loop(events, policy.allocate, policy.free), **harness_parts(ev, spec, costs)}
+            best[spec] = {k: min(best[spec][k], t) for k, t in times.items()}
+    ns = 1e9 / len(events)
+    print(f"# ns per event, best of {repeat}: the bare loop; sim.engine.run timing no call (loop), "
+          f"timing the default sample (+timing), and with the monitor (+monitor: replay's engine)")
+    print(f"{'row':<24} {'bare':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'x_bare':>7}")
+    for spec, t in best.items():
+        print(f"{spec:<24} {t['bare'] * ns:>6.0f} " + " ".join(f"{t[p] * ns:>9.0f}" for p in PARTS)
+              + f" {t['+monitor'] / t['bare']:>6.2f}x")
     return 0
 
 

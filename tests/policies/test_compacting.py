@@ -238,6 +238,13 @@ def test_compaction_stats_add_up_the_passes():
     s = p.compaction_stats()
     assert s["num_compactions"] == 1 and s["num_failure_compactions"] == 1 and s["num_rescues"] == 1
     assert s["moved_bytes"] == p.compactions[0].moved_bytes > 0
+    for _ in range(3):  # more passes: the running totals stay the rows' sums
+        holes(p, [64 * KiB] * 4)
+        p.compact(force=True)
+    s, rows = p.compaction_stats(), p.compactions
+    assert len(rows) > 1 and s["num_explicit_compactions"] == len(rows) - 1
+    for name in ("num_moves", "moved_bytes", "released_bytes", "num_released_segments", "time_ns"):
+        assert s[name] == sum(getattr(r, name) for r in rows)
 
 
 def test_frozen_pool_compacts_but_keeps_emptied_segments():

@@ -26,6 +26,15 @@ def test_bench_replay_prints_the_floors_and_the_harness_ratio(capsys, tmp_path):
     assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("row,bare_ns,x_dict,x_nothing,harness_ns")
 
 
+def test_bench_replay_parts_builds_the_harness_up(capsys):
+    bench = _load("bench_replay")
+    assert bench.main([str(bench.BUNDLED_TRACE), "-p", "paged", "--repeat", "1", "--parts"]) == 0
+    out = capsys.readouterr().out
+    assert "loop   +timing  +monitor" in out
+    for row in ("(do-nothing)", "paged"):
+        assert f"\n{row} " in out
+
+
 def test_bench_sweep_writes_the_speedups_and_phases(capsys, tmp_path):
     bench = _load("bench_sweep")
     assert bench.main(["--workers", "1,2", "--cells", "25", "--out", str(tmp_path / "s.json")]) == 0

@@ -176,18 +176,67 @@ class EventStampTimer:
         return 0 if self.reads == 1 else self.event * 10**12
 
 
-def test_a_sampled_run_times_the_chosen_calls_each_with_its_own_driver_time():
+class CallStampTimer:
+    """``EventStampTimer`` for the tight loop, which has no ``before`` hook: the target's wrapped
+    calls walk the events as the engine does (a free of a refused allocation makes no call) and
+    set the event; the clock's reads come in pairs, 0 then the event index times 10**12."""
+
+    def __init__(self, ev):
+        self.ops, self.keys = ev.ops, ev.keys
+        self.event = self.next = self.reads = 0
+        self.refused = set()
+
+    def __call__(self):
+        self.reads += 1
+        return 0 if self.reads % 2 else self.event * 10**12
+
+    def _at_next_call(self):
+        j = self.next
+        while self.ops[j] == engine.FLUSH or (self.ops[j] == engine.FREE and self.keys[j] in self.refused):
+            j += 1
+        self.event, self.next = j, j + 1
+
+    def wrap(self, target):
+        allocate, free = target.allocate, target.free
+
+        def stamped_allocate(nbytes, stream=0, tag=None):
+            self._at_next_call()
+            a = allocate(nbytes, stream=stream, tag=tag)
+            if a is None:
+                self.refused.add(self.keys[self.event])
+            return a
+
+        def stamped_free(a):
+            self._at_next_call()
+            free(a)
+
+        target.allocate, target.free = stamped_allocate, stamped_free
+        return target
+
+
+@pytest.mark.parametrize("loop", ["general", "tight"])
+def test_a_sampled_run_times_the_chosen_calls_each_with_its_own_driver_time(loop):
     """Every event still runs (same pool state); the timed calls are exactly the chosen events
     (refused allocations included, frees of refused ones skipped), and each sample carries the
-    driver time of its own call: an untimed call's never leaks into the next timed one."""
+    driver time of its own call: an untimed call's never leaks into the next timed one. Both
+    loops of ``run``: the general one (a ``before`` hook) and the tight one."""
     ev = trace_events(_random_trace(3000, seed=3))
     samples, pools, failed = {}, {}, {}
     for share in (1.0, 0.3):
         policy = policies.create("first-fit:segment_bytes=4MiB", device=CostedDevice(CostModel.load()),
                                  capacity_bytes=64 * MiB)
-        timer = EventStampTimer()
-        run = engine.run(ev.ops, ev.keys, ev.sizes, target=engine.policy_target(policy), unknown_free=_unknown,
-                         timer=timer, before=timer.before, latency_sample=share)
+        target = engine.policy_target(policy)
+        if loop == "general":
+            timer = EventStampTimer()
+            hooks = {"before": timer.before}
+        else:
+            timer = CallStampTimer(ev)
+            target, hooks = timer.wrap(target), {}
+        assert engine._tight_loop_serves(target, before=hooks.get("before"), on_alloc=None, on_free=None,
+                                         every_event=None) == (loop == "tight")
+        run = engine.run(ev.ops, ev.keys, ev.sizes, target=target, unknown_free=_unknown,
+                         timer=timer, latency_sample=share, **hooks)
+        assert policy.device.clock.pending_ns == 0  # every call's driver time drained, sampled or not
         samples[share] = {op: dict(divmod(int(ns), 10**12) for ns in arr)
                           for op, arr in (("alloc", run.alloc_ns), ("free", run.free_ns))}
         pools[share], failed[share] = policy.stats().as_dict(), run.num_failed
@@ -212,3 +261,57 @@ def test_a_replay_reports_the_share_of_calls_it_timed():
     timing = {"alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "latency_sampled_frac", "wall_s"}
     assert {k: v for k, v in rows[0.25].items() if k not in timing} == \
         {k: v for k, v in rows[1.0].items() if k not in timing}
+
+
+def _trace_with_flushes(num_events, seed):
+    """A random trace's events with ``FLUSH`` ops spread through them (every ~50 events)."""
+    ev = trace_events(_random_trace(num_events, seed=seed))
+    rng = np.random.default_rng(seed)
+    ops, keys, sizes, times_us = [], [], [], []
+    for op, key, nbytes, t in zip(ev.ops, ev.keys, ev.sizes, ev.times_us):
+        if rng.random() < 0.02:
+            ops.append(engine.FLUSH), keys.append(-1), sizes.append(0), times_us.append(t)
+        ops.append(op), keys.append(key), sizes.append(nbytes), times_us.append(t)
+    return ops, keys, sizes, times_us
+
+
+@pytest.mark.parametrize("device", ["clock", "custom"])
+@pytest.mark.parametrize("share", [1.0, 0.3])
+def test_the_tight_loop_replays_exactly_as_the_general_one(share, device):
+    """The tight loop (a policy, no per-event hook) and the general one (here a no-op ``before``
+    hook) give the same samples, refusals, frees, flushes, live map, pool, monitor time series and
+    driver-time totals, on a trace with refusals and ``empty_cache`` flushes: on a device whose
+    ``DriverClock`` the engine reads, and on one it knows only by ``take_driver_ns``."""
+    ops, keys, sizes, times_us = _trace_with_flushes(4000, seed=5)
+    streams = [k % 3 for k in range(len(ops))]
+    tags = [("kv" if k % 5 else None) for k in range(len(ops))]
+    outcomes = []
+    for before in (None, lambda i: None):
+        dev = CostedDevice(CostModel.load()) if device == "clock" else CustomDriver()
+        policy = policies.create("torch-caching", device=dev, capacity_bytes=96 * MiB)
+        assert (engine.policy_target(policy).driver_clock is None) == (device == "custom")
+        monitor = PoolMonitor(policy, sample_every=7)
+        run = engine.run(ops, keys, sizes, streams=streams, tags=tags, times_us=times_us,
+                         target=engine.policy_target(policy), observe=monitor.sample, observe_every=7,
+                         before=before, unknown_free=_unknown, timer=TickTimer(), latency_sample=share)
+        monitor.finish(len(ops) - 1, times_us[-1])
+        outcomes.append({"alloc_ns": run.alloc_ns.tolist(), "free_ns": run.free_ns.tolist(),
+                         "counts": (run.num_failed, run.num_frees, run.num_flushes), "live": sorted(run.live),
+                         "pool": policy.stats().as_dict(), "timeseries": monitor.timeseries(),
+                         "driver": ((dev.driver_ns_total, dev.clock.pending_ns) if device == "clock" else (dev.pending,)),
+                         "calls": policy.device.call_stats()})
+    tight, general = outcomes
+    assert tight["counts"][0] > 0 and tight["counts"][2] > 0  # refusals and flushes happen
+    assert max(tight["alloc_ns"]) > 10 and not tight["driver"][-1]  # samples carry driver time; all drained
+    assert tight["timeseries"].equals(general.pop("timeseries"))
+    del tight["timeseries"]
+    assert tight == general
+
+
+def test_the_tight_loop_names_the_event_of_an_unknown_free():
+    policy = policies.create("best-fit")
+    ops = [engine.ALLOC, engine.FREE, engine.ALLOC, engine.FREE, engine.FREE]
+    for share in (1.0, 0.3):  # the double free timed, then untimed (the mask at 0.3 is 0, 0, 0, 1, 0)
+        with pytest.raises(KeyError, match="event 4: 7"):
+            engine.run(ops, [7, 7, 8, 8, 7], [64] * 5, target=engine.policy_target(policy), unknown_free=_unknown,
+                       latency_sample=share)
