@@ -133,9 +133,9 @@ def _driver_clock(device: Any) -> DriverClock | None:
     take = type(device).take_driver_ns
     if take is UnmodelledDriver.take_driver_ns:
         return DriverClock()
-    if take in _CLOCK_TAKES:
+    if take in _CLOCK_TAKES and getattr(device, "physical", None) is None:
         return device.clock
-    return None
+    return None  # (a page-mapped device over a physical one takes from both clocks: call it)
 
 
 class TimedCalls:

@@ -70,6 +70,21 @@ def test_latency_is_call_time_plus_the_driver_time_it_caused():
     assert run.alloc_ns.dtype == np.int64
 
 
+def test_a_page_mapped_device_over_a_costed_one_charges_the_physical_time_to_its_call():
+    """A VMM policy handed a ``CostedDevice`` maps pages whose physical memory that device
+    reserves (and charges): the sample of the call that caused it carries it, as
+    ``take_driver_ns`` of the page-mapped device reports it."""
+    costs = CostModel.load()
+    policy = policies.create("vmm-stitch", device=CostedDevice(costs))
+    assert policy.device.physical is not None
+    target = engine.policy_target(policy)
+    assert target.driver_clock is None  # two clocks behind one take_driver_ns: call it
+    run = engine.run([engine.ALLOC, engine.ALLOC, engine.FREE, engine.FREE], [1, 2, 1, 2], [3 * MiB, 1000, 0, 0],
+                     target=target, unknown_free=_unknown, timer=TickTimer())
+    driver_ns = [n - 10 for n in run.alloc_ns.tolist() + run.free_ns.tolist()]  # every call timed (4 events)
+    assert driver_ns[0] > 0 and sum(driver_ns) == policy.device.driver_ns_total
+
+
 class CustomDriver(UnmodelledDriver):
     """A device type the engine does not know: driver time only through ``take_driver_ns``."""
 
