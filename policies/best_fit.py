@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from policies._blocks import OFFSET_BITS, Block, ContiguousPolicy, cut_block
+from policies._blocks import Block, ContiguousPolicy, cut_block
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -18,7 +18,35 @@ except ImportError:  # a pure install: the same names as no-ops (policies/_cytho
 
 __all__ = ["BestFit"]
 
-_OFFSET_MASK = (1 << OFFSET_BITS) - 1
+#: whether this module is compiled: its hot paths then bisect C integers, so keys must fit 63 bits
+_COMPILED = cython.compiled
+
+
+@cython.locals(lo=cython.longlong, hi=cython.longlong, mid=cython.longlong, k=cython.longlong)
+def _bisect_keys(keys: list[int], key: int) -> int:
+    """``bisect_left(keys, key)``, compiled with C comparisons (the keys fit a C 64-bit integer:
+    ``_BestFitCore``'s hot paths check ``_key_size_limit``); interpreted it is ``bisect_left``
+    itself (rebound below: the C-implemented one beats this loop)."""
+    lo = 0  # the first index whose key may be >= key
+    hi = len(keys)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        k = keys[mid]
+        if k < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _insort_keys(keys: list[int], key: int) -> None:
+    """``insort(keys, key)``: compiled over ``_bisect_keys``, interpreted ``insort`` itself."""
+    keys.insert(_bisect_keys(keys, key), key)
+
+
+if not cython.compiled:  # interpreted: the C-implemented bisect module (one call instead of a loop)
+    _bisect_keys = bisect_left  # noqa: F811
+    _insort_keys = insort  # noqa: F811
 
 
 class _BestFitCore(Policy):
@@ -33,62 +61,69 @@ class _BestFitCore(Policy):
     so this core is one more class in the MRO and nothing else.
     """
 
-    @cython.locals(block=Block, a=Block, rest=Block, keys=list, free_at=dict, i=cython.longlong)
+    @cython.locals(block=Block, a=Block, rest=Block, keys=list, free_at=dict, i=cython.longlong,
+                   size=cython.longlong, key=cython.longlong, shift=cython.longlong, rest_offset=cython.longlong,
+                   offset_mask=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        if _COMPILED and size > self._key_size_limit:  # a key past 63 bits: the generic path's Python ints
+            return ContiguousPolicy._allocate(self, nbytes, stream, tag)
         keys = self._keys_by_stream.get(stream)
-        free_at = self._free_at
-        i = len(keys) if keys else 0  # where the taken block's key sits (0 and no keys: none)
-        if i:
-            i = bisect_left(keys, size << OFFSET_BITS)
-            if i < len(keys):
-                block = free_at.pop(keys[i] & _OFFSET_MASK)  # its key stays until the rest's is known
-            else:
-                i = 0
-                keys = None
         if not keys:
-            block = self._miss(size, stream)
-            if block is None:
-                return None
-            keys = None
+            return self._cut_miss(size, nbytes, stream, tag)
+        shift = self._key_shift
+        i = _bisect_keys(keys, size << shift)
+        if i == len(keys):
+            return self._cut_miss(size, nbytes, stream, tag)
+        free_at = self._free_at
+        key = keys[i]
+        offset_mask = self._offset_mask
+        block = free_at.pop(key & offset_mask)  # its key stays until the rest's is known
         a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
         rest = a.next
         if rest is not None and rest.free:  # a split: the rest goes back into the index
             rest_offset = rest.offset
-            key = rest.size << OFFSET_BITS | rest_offset
-            if keys is None:  # a miss: the block came from outside the index
-                keys = self._keys_by_stream.get(stream)
-                if keys is None:
-                    keys = self._keys_by_stream[stream] = []
-                insort(keys, key)
-            elif i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
+            key = rest.size << shift | rest_offset
+            if i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
                 keys[i] = key
             else:
                 del keys[i]
-                insort(keys, key)
+                _insort_keys(keys, key)
             free_at[rest_offset] = rest
-        elif keys is not None:
+        else:
             del keys[i]
         self.allocated_bytes += a.size
         return a
 
+    def _cut_miss(self, size: int, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
+        """No free block holds ``size``: grow (``_miss``), fit the keys to the segment, cut."""
+        block = self._miss(size, stream)
+        if block is None:
+            return None
+        self._fit_keys(block.segment)
+        return self._cut(block, size, nbytes, stream, tag)
+
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, free_at=dict,
-                   size=cython.longlong, i=cython.longlong, j=cython.longlong)
+                   size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
+                   shift=cython.longlong, offset=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
+        if _COMPILED and block.segment.nbytes > self._key_size_limit:  # keys past 63 bits: Python ints
+            return ContiguousPolicy._free(self, allocation)
         assert not block.free and size == allocation.size_bytes
         block.handle = None
         self.allocated_bytes -= size
         seg = block.segment
         seg.num_live -= 1
         free_at = self._free_at
+        shift = self._key_shift
         nxt = block.next
         if nxt is not None and nxt.free:  # absorb the free block above; its key is reused below
             keys = self._keys_by_stream[seg.stream]
-            key = nxt.size << OFFSET_BITS | nxt.offset
-            j = bisect_left(keys, key)
+            key = nxt.size << shift | nxt.offset
+            j = _bisect_keys(keys, key)
             assert keys[j] == key, "removing a block that is not indexed"
             del free_at[nxt.offset]
             size += nxt.size
@@ -107,17 +142,17 @@ class _BestFitCore(Policy):
             else:
                 del keys[j]
             offset = prev.offset
-            key = prev.size << OFFSET_BITS | offset
-            i = bisect_left(keys, key)
+            key = prev.size << shift | offset
+            i = _bisect_keys(keys, key)
             assert keys[i] == key, "resizing a block that is not indexed"
             size += prev.size
             prev.size = size
-            key = size << OFFSET_BITS | offset
+            key = size << shift | offset
             if i + 1 == len(keys) or keys[i + 1] > key:  # it grew but keeps its place in the order
                 keys[i] = key
             else:
                 del keys[i]
-                insort(keys, key)
+                _insort_keys(keys, key)
             after = prev.next = block.next
             if after is not None:
                 after.prev = prev
@@ -125,17 +160,17 @@ class _BestFitCore(Policy):
         else:
             block.free = True
             offset = block.offset
-            key = size << OFFSET_BITS | offset
+            key = size << shift | offset
             if keys is None:
                 keys = self._keys_by_stream.get(seg.stream)
                 if keys is None:
                     keys = self._keys_by_stream[seg.stream] = []
-                insort(keys, key)
+                _insort_keys(keys, key)
             elif j + 1 == len(keys) or keys[j + 1] > key:  # it takes the absorbed block's place in the order
                 keys[j] = key
             else:
                 del keys[j]
-                insort(keys, key)
+                _insort_keys(keys, key)
             free_at[offset] = block
 
 
@@ -146,11 +181,15 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     PyTorch and CuPy: reuse across streams would need an event to be safe). Knobs: see
     ``ContiguousPolicy``.
 
-    Index: per stream, one sorted ``list`` of int keys ``size << 64 | offset``, so the best fit
-    is the first key >= ``size << 64`` (an O(log n) bisect). A plain list rather than a
-    ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to ~5,000 free
-    blocks per stream (pools hold tens to a few thousand); inserts and deletes move O(n)
-    pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
+    Index: per stream, one sorted ``list`` of int keys ``size << _key_shift | offset`` (the size
+    in units of ``alignment_bytes`` above an offset field as wide as the highest segment end), so
+    the best fit is the first key >= ``size << _key_shift`` (an O(log n) bisect). A plain list
+    rather than a ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to
+    ~5,000 free blocks per stream (pools hold tens to a few thousand); inserts and deletes move
+    O(n) pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
+    The offset field is as narrow as the segments allow (not a fixed 64 bits) so that keys fit a
+    C 64-bit integer: the compiled build then bisects with C comparisons; where a pool's keys
+    cannot fit (``_key_size_limit`` -1) it takes the generic path, whose keys are Python ints.
     """
 
     name = "best-fit"
@@ -160,26 +199,54 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     _allocate = vars(_BestFitCore)["_allocate"]  # vars(): compiled, the method itself, not its C function
     _free = vars(_BestFitCore)["_free"]
 
-    @staticmethod
-    def _key(size: int, offset: int) -> int:
+    def _key(self, size: int, offset: int) -> int:
         """The index key (the hot paths inline it): smallest size first, then lowest offset."""
-        return size << OFFSET_BITS | offset
+        return size << self._key_shift | offset
 
     def _index_reset(self) -> None:
         self._keys_by_stream: dict[int, list[int]] = {}
         self._free_at: dict[int, Block] = {}  # offset -> free block
+        self._unit_bits = self.alignment_bytes.bit_length() - 1  # every block size is a multiple
+        self._max_segment_bytes = 0  # no block is larger than the largest segment the keys were fit to
+        self._set_offset_bits(self._unit_bits)
+
+    def _set_offset_bits(self, offset_bits: int) -> None:
+        """Key offsets below ``2**offset_bits`` (the keys already in the index are the caller's)."""
+        self._offset_bits = offset_bits
+        self._key_shift = offset_bits - self._unit_bits
+        self._offset_mask = (1 << offset_bits) - 1
+        # the largest size whose key fits a C 64-bit integer, or -1 if a segment's blocks may not
+        limit = (1 << (63 - self._key_shift)) - 1 if self._key_shift < 63 else -1
+        self._key_size_limit = limit if self._max_segment_bytes <= limit else -1
+
+    def _fit_keys(self, segment: Segment) -> None:
+        """Widen the keys' offset field to hold ``segment`` (re-keying the index: rare, as the
+        highest segment end doubles) and lower ``_key_size_limit`` to what its blocks need.
+        Called for every segment before a key of its blocks is made."""
+        end = segment.end
+        if end <= 1 << self._offset_bits and segment.nbytes <= self._max_segment_bytes:
+            return
+        self._max_segment_bytes = max(self._max_segment_bytes, segment.nbytes)
+        old_bits = self._offset_bits
+        bits = max(old_bits, end.bit_length())
+        old_mask = self._offset_mask
+        self._set_offset_bits(bits)
+        if bits != old_bits:  # the same order: the size field moves up, the offsets stay
+            for keys in self._keys_by_stream.values():
+                keys[:] = [(k >> old_bits) << bits | (k & old_mask) for k in keys]
 
     def _index_add(self, block: Block) -> None:
+        self._fit_keys(block.segment)
         stream = block.segment.stream
         keys = self._keys_by_stream.get(stream)
         if keys is None:
             keys = self._keys_by_stream[stream] = []
-        insort(keys, block.size << OFFSET_BITS | block.offset)
+        insort(keys, block.size << self._key_shift | block.offset)
         self._free_at[block.offset] = block
 
     def _index_remove(self, block: Block) -> None:
         keys = self._keys_by_stream[block.segment.stream]
-        key = block.size << OFFSET_BITS | block.offset
+        key = block.size << self._key_shift | block.offset
         i = bisect_left(keys, key)
         assert keys[i] == key, "removing a block that is not indexed"
         del keys[i]
@@ -187,25 +254,26 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     def _index_resize(self, block: Block, old_size: int) -> None:
         keys = self._keys_by_stream[block.segment.stream]
-        key = old_size << OFFSET_BITS | block.offset
+        key = old_size << self._key_shift | block.offset
         i = bisect_left(keys, key)
         assert keys[i] == key, "resizing a block that is not indexed"
         del keys[i]
-        insort(keys, block.size << OFFSET_BITS | block.offset)
+        self._fit_keys(block.segment)  # a grown range
+        insort(keys, block.size << self._key_shift | block.offset)
 
     def _find(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
         if not keys:
             return None
-        i = bisect_left(keys, size << OFFSET_BITS)
-        return self._free_at[keys[i] & _OFFSET_MASK] if i < len(keys) else None
+        i = bisect_left(keys, size << self._key_shift)
+        return self._free_at[keys[i] & self._offset_mask] if i < len(keys) else None
 
     def _take(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
         if not keys:
             return None
-        i = bisect_left(keys, size << OFFSET_BITS)
-        return self._free_at.pop(keys.pop(i) & _OFFSET_MASK) if i < len(keys) else None
+        i = bisect_left(keys, size << self._key_shift)
+        return self._free_at.pop(keys.pop(i) & self._offset_mask) if i < len(keys) else None
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -218,4 +286,5 @@ class BestFit(_BestFitCore, ContiguousPolicy):
             assert keys == sorted(expected.get(stream, [])), f"stream {stream}: keys differ from the free blocks"
 
     def _index_largest_bytes(self) -> int:
-        return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)
+        return max(((keys[-1] >> self._offset_bits) << self._unit_bits for keys in self._keys_by_stream.values() if keys),
+                   default=0)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from policies._blocks import Block
 from policies.base import Allocation, Segment, check_positive_int
-from policies.best_fit import _OFFSET_MASK, BestFit
+from policies.best_fit import BestFit
 from policies.device import Device
 from policies.errors import PolicyError
 from policies.mapped_device import as_page_mapped
@@ -100,7 +100,7 @@ class VmmStitch(BestFit):
         chunk = self.device.granularity_bytes
         runs = []
         for key in self._keys_by_stream.get(stream, ()):
-            block = self._free_at[key & _OFFSET_MASK]
+            block = self._free_at[key & self._offset_mask]
             start, end = round_up(block.offset, chunk), block.end // chunk * chunk
             if end > start:
                 runs.append((start, end - start, block))

@@ -71,3 +71,6 @@ class WorstFit(BestFit):
         i = bisect_left(keys, key)
         assert keys[i] == key, "removing a block that is not indexed"
         del keys[i]
+
+    def _index_largest_bytes(self) -> int:
+        return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)

@@ -1,0 +1,96 @@
+"""BestFit's index keys are sized to the pool (an offset field as wide as the highest segment
+end), so that the compiled build bisects C integers: placements stay best fit wherever the
+segments lie, the keys are re-made when a segment ends past the field, and a pool whose keys
+cannot fit 63 bits takes the generic path (tests/policies/test_compiled.py runs these compiled)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.best_fit import BestFit
+from policies.device import VirtualDevice
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+class _OffsetDevice(VirtualDevice):
+    """A ``VirtualDevice`` whose offsets start at ``base`` (device pointers, not a pool's own
+    addresses from 2 MiB up); ``base`` may be moved between reservations."""
+
+    def __init__(self, base: int):
+        super().__init__(max_bytes=1 << 62)
+        self.base = base
+
+    def reserve(self, nbytes: int) -> int | None:
+        offset = super().reserve(nbytes)
+        return None if offset is None else offset + self.base
+
+    def release(self, offset: int, nbytes: int) -> None:
+        super().release(offset - self.base, nbytes)
+
+
+def _check_placement(p: BestFit, n: int, stream: int):
+    """Allocate ``n`` and check it lands where a brute-force best-fit scan says."""
+    size = -(-n // 256) * 256
+    fits = [((b.size, b.offset), b.offset) for b in p.blocks()
+            if b.free and b.size >= size and b.segment.stream == stream]
+    a = p.allocate(n, stream=stream)
+    if fits:
+        assert a.offset == min(fits)[1]
+    else:
+        assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
+    return a
+
+
+# a rare request of GiBs gets a segment too large for 63-bit keys above 2**40 (the generic path)
+_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB),
+                   st.sampled_from([3 * GiB, 1]))
+
+
+@pytest.mark.parametrize("base", [0, 1 << 40, 1 << 62], ids=["low", "2**40", "2**62"])
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), _SIZES, st.sampled_from([0, 0, 3])), max_size=100))
+def test_places_best_fit_wherever_the_segments_lie(base, ops):
+    p = BestFit(segment_bytes=1 * MiB, device=_OffsetDevice(base))
+    live = []
+    for is_alloc, n, stream in ops:
+        if is_alloc or not live:
+            live.append(_check_placement(p, n, stream))
+        else:
+            p.free(live.pop(n % len(live)))
+        p.check_invariants()  # the keys are exactly the free blocks', sorted
+    for a in live:
+        p.free(a)
+    p.check_invariants()
+
+
+def test_a_segment_past_the_offset_field_re_keys_the_free_blocks():
+    device = _OffsetDevice(0)
+    p = BestFit(segment_bytes=1 * MiB, device=device)
+    low = [p.allocate(n * 4 * KiB) for n in (1, 2, 3, 4, 5, 6)]
+    for a in low[::2]:
+        p.free(a)  # free blocks of 4, 12 and 20 KiB in the low segment, and its tail
+    device.base = 1 << 45
+    far = p.allocate(2 * MiB)  # no free block holds it: a segment far above the others
+    assert far.offset >= 1 << 45
+    p.check_invariants()
+    assert p.allocate(10 * KiB).offset == low[2].offset  # the 12 KiB block: still the best fit
+    p.free(far)
+    p.check_invariants()
+    assert p.largest_free_bytes() == p.segments()[-1].nbytes
+    assert p.allocate(1 * MiB + 4 * KiB).offset == far.offset  # the far segment, whole again
+
+
+def test_a_pool_whose_keys_cannot_fit_63_bits_still_places_best_fit():
+    p = BestFit(segment_bytes=1 * MiB, device=_OffsetDevice(1 << 62))
+    a, b, c = (p.allocate(n * KiB) for n in (64, 16, 64))
+    p.free(a)
+    p.free(c)  # merges with the segment's tail
+    assert p.allocate(8 * KiB).offset == a.offset  # 64 KiB is the smallest free block
+    p.free(b)
+    p.check_invariants()
+    assert p.largest_free_bytes() == 1 * MiB - 8 * KiB
