@@ -15,6 +15,8 @@
 #                                          # GpuPool.malloc of both builds against CuPy's MemoryPool
 #   bash benchmarks/run_h200.sh malloc     # GPU tests in both builds, and GpuPool.malloc (realgpu.malloc_path)
 #                                          # of both builds against CuPy's MemoryPool, alternating
+#   bash benchmarks/run_h200.sh compiled-replay  # GPU tests, then Cython against pure Python on the replay
+#                                          # (bench_compiled.py, the battery against the compiled copy first)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -76,6 +78,12 @@ elif [ "$1" = compiled ]; then
     step roundtrip-pure timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure $RT
     [ -d /tmp/compiled ] && (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled timeout 120 \
         python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled $RT)
+elif [ "$1" = compiled-replay ]; then
+    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
+    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
+    { gcc --version | head -1; } >> $LOG 2>&1
+    step compiled timeout 480 python3 benchmarks/bench_compiled.py .data/llama1b_generate_mixed.pickle.gz --test \
+        --rounds 3 --repeat 3 --clock wall -p paged -p size-class -p best-fit -p first-fit -p tlsf
 elif [ "$1" = malloc ]; then
     python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
     echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
