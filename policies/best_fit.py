@@ -56,11 +56,17 @@ class _BestFitCore(Policy):
     """
 
     @cython.locals(block=Block, a=Block, rest=Block, keys=list, blocks=list, i=cython.longlong, j=cython.longlong,
-                   size=cython.longlong, key=cython.longlong, shift=cython.longlong)
+                   size=cython.longlong, key=cython.longlong, shift=cython.longlong, n=cython.longlong,
+                   m=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
-        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
-        if _COMPILED and size > self._key_size_limit:  # a key past 63 bits: the generic path's Python ints
+        if not _COMPILED:
+            size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        elif mask is not None and nbytes <= self._rounded_request_limit:  # compared as objects: no overflow
+            n = nbytes
+            m = mask
+            size = (n + m) & ~m  # in C: the limit leaves room for the mask and the key
+        else:  # a key past 63 bits, or a rounding not a power of two: the generic path's Python ints
             return ContiguousPolicy._allocate(self, nbytes, stream, tag)
         keys = self._keys_by_stream.get(stream)
         if not keys:
@@ -98,13 +104,14 @@ class _BestFitCore(Policy):
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, blocks=list,
                    size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
-                   shift=cython.longlong, offset=cython.longlong)
+                   shift=cython.longlong, offset=cython.longlong, alloc=Allocation)
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
+        alloc = allocation  # compiled: typed, so its fields are read as C fields
+        block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
         if _COMPILED and block.segment.nbytes > self._key_size_limit:  # keys past 63 bits: Python ints
             return ContiguousPolicy._free(self, allocation)
-        assert not block.free and size == allocation.size_bytes
+        assert not block.free and size == alloc.size_bytes
         block.handle = None
         self.allocated_bytes -= size
         seg = block.segment
@@ -219,7 +226,11 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         self._offset_mask = (1 << offset_bits) - 1
         # the largest size whose key fits a C 64-bit integer, or -1 if a segment's blocks may not
         limit = (1 << (63 - self._key_shift)) - 1 if self._key_shift < 63 else -1
-        self._key_size_limit = limit if self._max_segment_bytes <= limit else -1
+        self._key_size_limit = limit = limit if self._max_segment_bytes <= limit else -1
+        # the largest request whose rounding (``nbytes + mask``) and key both fit, or -1: the
+        # compiled hot path compares the request with it before it reads it as a C integer
+        mask = self._round_mask
+        self._rounded_request_limit = limit - mask if mask is not None and 0 <= mask <= limit else -1
 
     def _fit_keys(self, segment: Segment) -> None:
         """Widen the keys' offset field to hold ``segment`` (re-keying the index: rare, as the
