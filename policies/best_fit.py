@@ -52,11 +52,13 @@ class _BestFitCore(Policy):
     The compiled build declares it a ``cdef class`` (``best_fit.pxd``: the index and the split
     threshold as C fields, the block locals typed); ``BestFit`` stays a Python class over it
     and ``ContiguousPolicy`` (its knobs are ``ContiguousPolicy.__init__``'s, for ``get_params``),
-    so this core is one more class in the MRO and nothing else.
+    so this core is one more class in the MRO and nothing else. A key read back from a list goes
+    into ``k`` (a walrus inside a condition), typed ``long long``: compiled, the comparison is then
+    C's, where ``keys[i] < key`` would box ``key`` into a fresh Python int first.
     """
 
     @cython.locals(block=Block, a=Block, rest=Block, keys=list, blocks=list, i=cython.longlong, j=cython.longlong,
-                   size=cython.longlong, key=cython.longlong, shift=cython.longlong, n=cython.longlong,
+                   size=cython.longlong, key=cython.longlong, k=cython.longlong, shift=cython.longlong, n=cython.longlong,
                    m=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
@@ -81,7 +83,7 @@ class _BestFitCore(Policy):
         rest = a.next
         if rest is not None and rest.free:  # a split: the rest goes back into the index
             key = rest.size << shift | rest.offset
-            if i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
+            if i == 0 or (k := keys[i - 1]) < key:  # the rest keeps the block's place in the order: no shift
                 keys[i] = key
                 blocks[i] = rest
             else:
@@ -104,7 +106,7 @@ class _BestFitCore(Policy):
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, blocks=list,
                    size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
-                   shift=cython.longlong, offset=cython.longlong, alloc=Allocation)
+                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation)
     def _free(self, allocation: Allocation) -> None:
         alloc = allocation  # compiled: typed, so its fields are read as C fields
         block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
@@ -123,7 +125,8 @@ class _BestFitCore(Policy):
             blocks = self._blocks_by_stream[seg.stream]
             key = nxt.size << shift | nxt.offset
             j = _bisect_keys(keys, key)
-            assert keys[j] == key, "removing a block that is not indexed"
+            k = keys[j]  # compiled: a C integer, compared without boxing ``key``
+            assert k == key, "removing a block that is not indexed"
             size += nxt.size
             block.size = size
             after = block.next = nxt.next
@@ -143,11 +146,12 @@ class _BestFitCore(Policy):
             offset = prev.offset
             key = prev.size << shift | offset
             i = _bisect_keys(keys, key)
-            assert keys[i] == key, "resizing a block that is not indexed"
+            k = keys[i]
+            assert k == key, "resizing a block that is not indexed"
             size += prev.size
             prev.size = size
             key = size << shift | offset
-            if i + 1 == len(keys) or keys[i + 1] > key:  # it grew but keeps its place in the order
+            if i + 1 == len(keys) or (k := keys[i + 1]) > key:  # it grew but keeps its place in the order
                 keys[i] = key
             else:
                 del keys[i], blocks[i]
@@ -170,7 +174,7 @@ class _BestFitCore(Policy):
                 j = _bisect_keys(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, block)
-            elif j + 1 == len(keys) or keys[j + 1] > key:  # it takes the absorbed block's place in the order
+            elif j + 1 == len(keys) or (k := keys[j + 1]) > key:  # it takes the absorbed block's place in the order
                 keys[j] = key
                 blocks[j] = block
             else:
