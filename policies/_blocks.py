@@ -133,7 +133,14 @@ def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None
     if rest_bytes >= split_min_bytes:  # split: the request takes the low end, the rest stays free
         if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
             nxt = block.next
-            rest = Block(offset + size, rest_bytes, seg, None, nxt)
+            rest = Block.__new__(Block)  # field by field, as ``a`` below (``Block.__init__``'s fields)
+            rest.offset = offset + size
+            rest.size = rest_bytes
+            rest.segment = seg
+            rest.next = nxt
+            rest.free = True
+            rest.size_bytes = 0
+            rest.handle = None
             if nxt is not None:
                 nxt.prev = rest
             block.prev = block.next = None

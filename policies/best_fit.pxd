@@ -6,14 +6,15 @@ from policies._blocks cimport Block, cut_block
 cdef bint _COMPILED
 
 cdef inline Py_ssize_t _bisect_keys(list keys, long long key) except -1
-cdef inline int _insort_keys(list keys, long long key) except -1
 
 
 cdef class _BestFitCore(Policy):
-    cdef public dict _keys_by_stream, _free_at
+    cdef public dict _keys_by_stream, _blocks_by_stream
     cdef public object _round_mask
-    cdef public long long _split_min_bytes, _key_shift, _key_size_limit
-    cdef public object _offset_mask
+    cdef public long long _split_min_bytes, _key_shift
+    # Python ints: compared with a request or a segment size (Python ints, maybe past 2**63) as objects
+    cdef public object _key_size_limit, _rounded_request_limit
+    cdef public object _offset_mask  # read by subclasses (vmm_stitch), not by the hot paths
 
     cpdef _allocate(self, nbytes, stream, tag)
     cpdef _free(self, allocation)

@@ -6,7 +6,7 @@ are best fit at heart): large free blocks stay whole for large requests.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 
 from policies._blocks import Block, ContiguousPolicy, cut_block
 from policies.base import Allocation, Policy, Segment
@@ -39,14 +39,8 @@ def _bisect_keys(keys: list[int], key: int) -> int:
     return lo
 
 
-def _insort_keys(keys: list[int], key: int) -> None:
-    """``insort(keys, key)``: compiled over ``_bisect_keys``, interpreted ``insort`` itself."""
-    keys.insert(_bisect_keys(keys, key), key)
-
-
 if not cython.compiled:  # interpreted: the C-implemented bisect module (one call instead of a loop)
     _bisect_keys = bisect_left  # noqa: F811
-    _insort_keys = insort  # noqa: F811
 
 
 class _BestFitCore(Policy):
@@ -58,16 +52,23 @@ class _BestFitCore(Policy):
     The compiled build declares it a ``cdef class`` (``best_fit.pxd``: the index and the split
     threshold as C fields, the block locals typed); ``BestFit`` stays a Python class over it
     and ``ContiguousPolicy`` (its knobs are ``ContiguousPolicy.__init__``'s, for ``get_params``),
-    so this core is one more class in the MRO and nothing else.
+    so this core is one more class in the MRO and nothing else. A key read back from a list goes
+    into ``k`` (a walrus inside a condition), typed ``long long``: compiled, the comparison is then
+    C's, where ``keys[i] < key`` would box ``key`` into a fresh Python int first.
     """
 
-    @cython.locals(block=Block, a=Block, rest=Block, keys=list, free_at=dict, i=cython.longlong,
-                   size=cython.longlong, key=cython.longlong, shift=cython.longlong, rest_offset=cython.longlong,
-                   offset_mask=cython.longlong)
+    @cython.locals(block=Block, a=Block, rest=Block, keys=list, blocks=list, i=cython.longlong, j=cython.longlong,
+                   size=cython.longlong, key=cython.longlong, k=cython.longlong, shift=cython.longlong, n=cython.longlong,
+                   m=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
-        size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
-        if _COMPILED and size > self._key_size_limit:  # a key past 63 bits: the generic path's Python ints
+        if not _COMPILED:
+            size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
+        elif mask is not None and nbytes <= self._rounded_request_limit:  # compared as objects: no overflow
+            n = nbytes
+            m = mask
+            size = (n + m) & ~m  # in C: the limit leaves room for the mask and the key
+        else:  # a key past 63 bits, or a rounding not a power of two: the generic path's Python ints
             return ContiguousPolicy._allocate(self, nbytes, stream, tag)
         keys = self._keys_by_stream.get(stream)
         if not keys:
@@ -76,23 +77,22 @@ class _BestFitCore(Policy):
         i = _bisect_keys(keys, size << shift)
         if i == len(keys):
             return self._cut_miss(size, nbytes, stream, tag)
-        free_at = self._free_at
-        key = keys[i]
-        offset_mask = self._offset_mask
-        block = free_at.pop(key & offset_mask)  # its key stays until the rest's is known
+        blocks = self._blocks_by_stream[stream]
+        block = blocks[i]  # its key and entry stay until the rest's are known
         a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
         rest = a.next
         if rest is not None and rest.free:  # a split: the rest goes back into the index
-            rest_offset = rest.offset
-            key = rest.size << shift | rest_offset
-            if i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
+            key = rest.size << shift | rest.offset
+            if i == 0 or (k := keys[i - 1]) < key:  # the rest keeps the block's place in the order: no shift
                 keys[i] = key
+                blocks[i] = rest
             else:
-                del keys[i]
-                _insort_keys(keys, key)
-            free_at[rest_offset] = rest
+                del keys[i], blocks[i]
+                j = _bisect_keys(keys, key)
+                keys.insert(j, key)
+                blocks.insert(j, rest)
         else:
-            del keys[i]
+            del keys[i], blocks[i]
         self.allocated_bytes += a.size
         return a
 
@@ -104,28 +104,29 @@ class _BestFitCore(Policy):
         self._fit_keys(block.segment)
         return self._cut(block, size, nbytes, stream, tag)
 
-    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, free_at=dict,
+    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, blocks=list,
                    size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
-                   shift=cython.longlong, offset=cython.longlong)
+                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation)
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
+        alloc = allocation  # compiled: typed, so its fields are read as C fields
+        block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
         if _COMPILED and block.segment.nbytes > self._key_size_limit:  # keys past 63 bits: Python ints
             return ContiguousPolicy._free(self, allocation)
-        assert not block.free and size == allocation.size_bytes
+        assert not block.free and size == alloc.size_bytes
         block.handle = None
         self.allocated_bytes -= size
         seg = block.segment
         seg.num_live -= 1
-        free_at = self._free_at
         shift = self._key_shift
         nxt = block.next
-        if nxt is not None and nxt.free:  # absorb the free block above; its key is reused below
+        if nxt is not None and nxt.free:  # absorb the free block above; its place is reused below
             keys = self._keys_by_stream[seg.stream]
+            blocks = self._blocks_by_stream[seg.stream]
             key = nxt.size << shift | nxt.offset
             j = _bisect_keys(keys, key)
-            assert keys[j] == key, "removing a block that is not indexed"
-            del free_at[nxt.offset]
+            k = keys[j]  # compiled: a C integer, compared without boxing ``key``
+            assert k == key, "removing a block that is not indexed"
             size += nxt.size
             block.size = size
             after = block.next = nxt.next
@@ -133,45 +134,54 @@ class _BestFitCore(Policy):
                 after.prev = block
             nxt.prev = nxt.next = None
         else:
-            keys = None
+            keys = blocks = None
             j = 0
         prev = block.prev
         if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
             if keys is None:
                 keys = self._keys_by_stream[seg.stream]
+                blocks = self._blocks_by_stream[seg.stream]
             else:
-                del keys[j]
+                del keys[j], blocks[j]
             offset = prev.offset
             key = prev.size << shift | offset
             i = _bisect_keys(keys, key)
-            assert keys[i] == key, "resizing a block that is not indexed"
+            k = keys[i]
+            assert k == key, "resizing a block that is not indexed"
             size += prev.size
             prev.size = size
             key = size << shift | offset
-            if i + 1 == len(keys) or keys[i + 1] > key:  # it grew but keeps its place in the order
+            if i + 1 == len(keys) or (k := keys[i + 1]) > key:  # it grew but keeps its place in the order
                 keys[i] = key
             else:
-                del keys[i]
-                _insort_keys(keys, key)
+                del keys[i], blocks[i]
+                i = _bisect_keys(keys, key)
+                keys.insert(i, key)
+                blocks.insert(i, prev)
             after = prev.next = block.next
             if after is not None:
                 after.prev = prev
             block.prev = block.next = None
         else:
             block.free = True
-            offset = block.offset
-            key = size << shift | offset
+            key = size << shift | block.offset
             if keys is None:
                 keys = self._keys_by_stream.get(seg.stream)
                 if keys is None:
                     keys = self._keys_by_stream[seg.stream] = []
-                _insort_keys(keys, key)
-            elif j + 1 == len(keys) or keys[j + 1] > key:  # it takes the absorbed block's place in the order
+                    self._blocks_by_stream[seg.stream] = []
+                blocks = self._blocks_by_stream[seg.stream]
+                j = _bisect_keys(keys, key)
+                keys.insert(j, key)
+                blocks.insert(j, block)
+            elif j + 1 == len(keys) or (k := keys[j + 1]) > key:  # it takes the absorbed block's place in the order
                 keys[j] = key
+                blocks[j] = block
             else:
-                del keys[j]
-                _insort_keys(keys, key)
-            free_at[offset] = block
+                del keys[j], blocks[j]
+                j = _bisect_keys(keys, key)
+                keys.insert(j, key)
+                blocks.insert(j, block)
 
 
 class BestFit(_BestFitCore, ContiguousPolicy):
@@ -183,8 +193,11 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     Index: per stream, one sorted ``list`` of int keys ``size << _key_shift | offset`` (the size
     in units of ``alignment_bytes`` above an offset field as wide as the highest segment end), so
-    the best fit is the first key >= ``size << _key_shift`` (an O(log n) bisect). A plain list
-    rather than a ``SortedList`` because ``bisect``/``insort``/``del`` run in C: 2-4x faster up to
+    the best fit is the first key >= ``size << _key_shift`` (an O(log n) bisect), and beside it a
+    list of the blocks in the same order (``blocks[i]`` is ``keys[i]``'s block: every insert and
+    delete is made at the same position in both), so a found key gives its block by position, not
+    through an offset -> block dict (no hash, no boxed offset; faster in both builds). Plain lists
+    rather than a ``SortedList`` because ``bisect``/``insert``/``del`` run in C: 2-4x faster up to
     ~5,000 free blocks per stream (pools hold tens to a few thousand); inserts and deletes move
     O(n) pointers, so at 30,000 free blocks an add+remove costs ~6 us against SortedList's ~1.5 us.
     The offset field is as narrow as the segments allow (not a fixed 64 bits) so that keys fit a
@@ -205,7 +218,7 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     def _index_reset(self) -> None:
         self._keys_by_stream: dict[int, list[int]] = {}
-        self._free_at: dict[int, Block] = {}  # offset -> free block
+        self._blocks_by_stream: dict[int, list[Block]] = {}  # per stream, the block of each key, same order
         self._unit_bits = self.alignment_bytes.bit_length() - 1  # every block size is a multiple
         self._max_segment_bytes = 0  # no block is larger than the largest segment the keys were fit to
         self._set_offset_bits(self._unit_bits)
@@ -217,7 +230,11 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         self._offset_mask = (1 << offset_bits) - 1
         # the largest size whose key fits a C 64-bit integer, or -1 if a segment's blocks may not
         limit = (1 << (63 - self._key_shift)) - 1 if self._key_shift < 63 else -1
-        self._key_size_limit = limit if self._max_segment_bytes <= limit else -1
+        self._key_size_limit = limit = limit if self._max_segment_bytes <= limit else -1
+        # the largest request whose rounding (``nbytes + mask``) and key both fit, or -1: the
+        # compiled hot path compares the request with it before it reads it as a C integer
+        mask = self._round_mask
+        self._rounded_request_limit = limit - mask if mask is not None and 0 <= mask <= limit else -1
 
     def _fit_keys(self, segment: Segment) -> None:
         """Widen the keys' offset field to hold ``segment`` (re-keying the index: rare, as the
@@ -241,49 +258,59 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         keys = self._keys_by_stream.get(stream)
         if keys is None:
             keys = self._keys_by_stream[stream] = []
-        insort(keys, block.size << self._key_shift | block.offset)
-        self._free_at[block.offset] = block
-
-    def _index_remove(self, block: Block) -> None:
-        keys = self._keys_by_stream[block.segment.stream]
+            self._blocks_by_stream[stream] = []
         key = block.size << self._key_shift | block.offset
         i = bisect_left(keys, key)
-        assert keys[i] == key, "removing a block that is not indexed"
-        del keys[i]
-        del self._free_at[block.offset]
+        keys.insert(i, key)
+        self._blocks_by_stream[stream].insert(i, block)
+
+    def _index_position(self, stream: int, key: int) -> int:
+        """Where ``key`` is in ``stream``'s keys (and its block in the blocks); it must be there."""
+        keys = self._keys_by_stream[stream]
+        i = bisect_left(keys, key)
+        assert i < len(keys) and keys[i] == key, "a block that is not indexed"
+        return i
+
+    def _index_remove(self, block: Block) -> None:
+        stream = block.segment.stream
+        i = self._index_position(stream, block.size << self._key_shift | block.offset)
+        del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
 
     def _index_resize(self, block: Block, old_size: int) -> None:
-        keys = self._keys_by_stream[block.segment.stream]
-        key = old_size << self._key_shift | block.offset
-        i = bisect_left(keys, key)
-        assert keys[i] == key, "resizing a block that is not indexed"
-        del keys[i]
-        self._fit_keys(block.segment)  # a grown range
-        insort(keys, block.size << self._key_shift | block.offset)
+        stream = block.segment.stream
+        i = self._index_position(stream, old_size << self._key_shift | block.offset)
+        del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
+        self._index_add(block)  # a grown range: _index_add fits the keys to it
 
     def _find(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
         if not keys:
             return None
         i = bisect_left(keys, size << self._key_shift)
-        return self._free_at[keys[i] & self._offset_mask] if i < len(keys) else None
+        return self._blocks_by_stream[stream][i] if i < len(keys) else None
 
     def _take(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
         if not keys:
             return None
         i = bisect_left(keys, size << self._key_shift)
-        return self._free_at.pop(keys.pop(i) & self._offset_mask) if i < len(keys) else None
+        if i == len(keys):
+            return None
+        del keys[i]
+        return self._blocks_by_stream[stream].pop(i)
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        free_blocks = {b.offset: b for b in self.blocks() if b.free}
-        assert self._free_at == free_blocks, "the index and the free blocks differ"
-        expected: dict[int, list[int]] = {}
-        for b in free_blocks.values():
-            expected.setdefault(b.segment.stream, []).append(self._key(b.size, b.offset))
+        free_blocks = sorted((b for b in self.blocks() if b.free), key=lambda b: self._key(b.size, b.offset))
+        expected: dict[int, list[Block]] = {}
+        for b in free_blocks:
+            expected.setdefault(b.segment.stream, []).append(b)
+        assert self._keys_by_stream.keys() == self._blocks_by_stream.keys(), "keys and blocks index other streams"
+        assert expected.keys() <= self._keys_by_stream.keys(), "a stream's free blocks are not indexed"
         for stream, keys in self._keys_by_stream.items():
-            assert keys == sorted(expected.get(stream, [])), f"stream {stream}: keys differ from the free blocks"
+            blocks = expected.get(stream, [])
+            assert self._blocks_by_stream[stream] == blocks, f"stream {stream}: blocks differ from the free blocks"
+            assert keys == [self._key(b.size, b.offset) for b in blocks], f"stream {stream}: keys differ from the blocks"
 
     def _index_largest_bytes(self) -> int:
         return max(((keys[-1] >> self._offset_bits) << self._unit_bits for keys in self._keys_by_stream.values() if keys),

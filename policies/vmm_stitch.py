@@ -99,8 +99,7 @@ class VmmStitch(BestFit):
         ``stream``, largest first (lowest address on ties)."""
         chunk = self.device.granularity_bytes
         runs = []
-        for key in self._keys_by_stream.get(stream, ()):
-            block = self._free_at[key & self._offset_mask]
+        for block in self._blocks_by_stream.get(stream, ()):
             start, end = round_up(block.offset, chunk), block.end // chunk * chunk
             if end > start:
                 runs.append((start, end - start, block))

@@ -8,7 +8,7 @@ near-equal sizes, where it spreads wear evenly.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 
 from policies._blocks import OFFSET_BITS, Block
 from policies.best_fit import BestFit
@@ -29,9 +29,9 @@ class WorstFit(BestFit):
     Free blocks serve only requests on the stream their segment was reserved for (as in
     PyTorch and CuPy). Knobs: see ``ContiguousPolicy``.
 
-    Index: ``BestFit``'s per-stream sorted lists with keys ``size << 64 | ~offset``, so the worst
-    fit is the last key (O(1) to find and to pop); the index's bookkeeping and checks are
-    ``BestFit``'s.
+    Index: ``BestFit``'s per-stream sorted key lists (with their parallel block lists) with keys
+    ``size << 64 | ~offset``, so the worst fit is the last key (O(1) to find and to pop); the
+    index's bookkeeping and checks are ``BestFit``'s.
     """
 
     name = "worst-fit"
@@ -43,34 +43,35 @@ class WorstFit(BestFit):
         keys = self._keys_by_stream.get(stream)
         if keys is None:
             keys = self._keys_by_stream[stream] = []
-        insort(keys, _key(block.size, block.offset))
-        self._free_at[block.offset] = block
+            self._blocks_by_stream[stream] = []
+        key = _key(block.size, block.offset)
+        i = bisect_left(keys, key)
+        keys.insert(i, key)
+        self._blocks_by_stream[stream].insert(i, block)
 
     def _index_remove(self, block: Block) -> None:
-        self._index_remove_key(block.segment.stream, _key(block.size, block.offset))
-        del self._free_at[block.offset]
+        stream = block.segment.stream
+        i = self._index_position(stream, _key(block.size, block.offset))
+        del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
 
     def _find(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
         if not keys or keys[-1] >> OFFSET_BITS < size:
             return None
-        return self._free_at[_OFFSET_MASK ^ (keys[-1] & _OFFSET_MASK)]
+        return self._blocks_by_stream[stream][-1]
 
     def _take(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
         if not keys or keys[-1] >> OFFSET_BITS < size:
             return None
-        return self._free_at.pop(_OFFSET_MASK ^ (keys.pop() & _OFFSET_MASK))
+        keys.pop()
+        return self._blocks_by_stream[stream].pop()
 
     def _index_resize(self, block: Block, old_size: int) -> None:
-        self._index_remove_key(block.segment.stream, _key(old_size, block.offset))
-        insort(self._keys_by_stream[block.segment.stream], _key(block.size, block.offset))
-
-    def _index_remove_key(self, stream: int, key: int) -> None:
-        keys = self._keys_by_stream[stream]
-        i = bisect_left(keys, key)
-        assert keys[i] == key, "removing a block that is not indexed"
-        del keys[i]
+        stream = block.segment.stream
+        i = self._index_position(stream, _key(old_size, block.offset))
+        del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
+        self._index_add(block)
 
     def _index_largest_bytes(self) -> int:
         return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)

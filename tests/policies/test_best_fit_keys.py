@@ -94,3 +94,24 @@ def test_a_pool_whose_keys_cannot_fit_63_bits_still_places_best_fit():
     p.free(b)
     p.check_invariants()
     assert p.largest_free_bytes() == 1 * MiB - 8 * KiB
+
+
+class _NoRequestLimit(BestFit):
+    """Best fit on a device that takes any request, however large (past C 64-bit integers)."""
+
+    def _reset_state(self):
+        super()._reset_state()
+        self._max_request_bytes = 1 << 200
+
+
+@pytest.mark.parametrize("nbytes", [(1 << 63) - 1, (1 << 63) - 256, 1 << 63, 1 << 70],
+                         ids=["2**63-1", "2**63-256", "2**63", "2**70"])
+def test_a_request_near_or_past_2_63_bytes_is_refused_without_an_overflow(nbytes):
+    # compiled, the hot path rounds in C: a request within the mask of 2**63 must not reach it
+    p = _NoRequestLimit(segment_bytes=1 * MiB, alignment_bytes=512, device=VirtualDevice(limit_bytes=64 * MiB))
+    small = p.allocate(1000)
+    assert p.allocate(nbytes) is None  # the device refuses it; the pool does not overflow
+    assert p.num_failures == 1 and small.size_bytes == 1024
+    p.free(small)
+    assert p.allocate(700).size_bytes == 1024
+    p.check_invariants()
