@@ -40,9 +40,6 @@ __all__ = ["ALLOC", "FREE", "FLUSH", "Target", "policy_target", "TimedCalls", "E
 # op codes of an event stream
 ALLOC, FREE, FLUSH = 0, 1, 2
 
-#: ``take_driver_ns`` methods that are ``self.clock.take()`` (``Target.driver_clock``).
-_CLOCK_TAKES = (CostedDevice.take_driver_ns, PageMappedDevice.take_driver_ns)
-
 #: How often (in events) the progress bar is advanced: often enough to move, rarely enough to be free.
 _PROGRESS_STRIDE = 8192
 
@@ -133,9 +130,11 @@ def _driver_clock(device: Any) -> DriverClock | None:
     take = type(device).take_driver_ns
     if take is UnmodelledDriver.take_driver_ns:
         return DriverClock()
-    if take in _CLOCK_TAKES and getattr(device, "physical", None) is None:
+    if take is CostedDevice.take_driver_ns:
         return device.clock
-    return None  # (a page-mapped device over a physical one takes from both clocks: call it)
+    if take is PageMappedDevice.take_driver_ns and device.physical is None:  # over a physical one: two clocks
+        return device.clock
+    return None
 
 
 class TimedCalls:
