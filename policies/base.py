@@ -13,7 +13,8 @@ Subclasses implement five hooks:
 - ``_add_segment(segment)`` (take a freshly reserved segment as free space; used by ``grow``)
 - ``_reset_state()`` (build derived state; called by ``__init__`` and ``reset``)
 
-and may override ``free_extents()`` and ``largest_free_bytes()``. They reserve segments only
+and may override ``free_extents()`` and ``largest_free_bytes()``, and ``gauges()`` where the levels a
+monitor samples are counted otherwise (``stats()`` reads them from it; the battery checks both agree). They reserve segments only
 through ``_reserve_segment`` and release them only through ``_release_segment`` so that
 capacity, counters and the device stay consistent.
 
@@ -50,7 +51,7 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "round_up"]
+__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "frag_ext", "round_up"]
 
 
 class Allocation:
@@ -140,6 +141,14 @@ class Segment:
         return self.offset + self.nbytes
 
 
+def frag_ext(free_bytes: int, largest_free_bytes: int) -> float:
+    """External fragmentation ``1 - largest_free / free`` (0 when nothing is free): the one
+    definition, for ``PoolStats.frag_ext`` and the monitors that read ``Policy.gauges``."""
+    if free_bytes <= 0:
+        return 0.0
+    return 1.0 - largest_free_bytes / free_bytes
+
+
 @dataclass(slots=True)
 class PoolStats:
     """A snapshot of a pool's accounting. Bytes are exact; peaks are since the last reset."""
@@ -167,9 +176,7 @@ class PoolStats:
     @property
     def frag_ext(self) -> float:
         """External fragmentation ``1 - largest_free / free`` (0 when nothing is free)."""
-        if self.free_bytes <= 0:
-            return 0.0
-        return 1.0 - self.largest_free_bytes / self.free_bytes
+        return frag_ext(self.free_bytes, self.largest_free_bytes)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -416,15 +423,24 @@ class Policy:
             return f"double free: {where} was already freed"
         return f"unknown allocation: {where} was not handed out by this pool (or predates its last reset)"
 
+    def gauges(self) -> tuple[int, int, int, int, int]:
+        """``(live_bytes, allocated_bytes, reserved_bytes, largest_free_bytes, num_segments)`` now:
+        the levels in ``stats()``, without the snapshot around them (a monitor reads them
+        thousands of times a replay, where building the ``PoolStats`` cost more than the reads).
+        ``stats()`` takes them from here, so a policy that counts differently overrides this."""
+        return (self.live_bytes, self.allocated_bytes, self.reserved_bytes, self.largest_free_bytes(),
+                len(self._segments))
+
     def stats(self) -> PoolStats:
         """Current accounting (O(free ranges) at most, for ``largest_free_bytes``)."""
+        live, allocated, reserved, largest_free, num_segments = self.gauges()
         return PoolStats(
-            live_bytes=self.live_bytes,
-            allocated_bytes=self.allocated_bytes,
-            reserved_bytes=self.reserved_bytes,
-            free_bytes=self.reserved_bytes - self.allocated_bytes,
-            largest_free_bytes=self.largest_free_bytes(),
-            num_segments=len(self._segments),
+            live_bytes=live,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
+            free_bytes=reserved - allocated,
+            largest_free_bytes=largest_free,
+            num_segments=num_segments,
             num_live=self.num_live,
             num_allocs=self.num_allocs,
             num_frees=self.num_frees,

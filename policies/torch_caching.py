@@ -60,7 +60,7 @@ Not emulated: CUDA events and ``record_stream`` (a free is complete at once).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from policies.base import Allocation, Policy, Segment
@@ -631,11 +631,11 @@ class TorchCaching(Policy):
                 del self._segments[seg.offset]
         super().reset()
 
-    def stats(self):
-        st = super().stats()
-        if not self.expandable_segments:
-            return st
-        return replace(st, num_segments=len(self.segments()))
+    def gauges(self) -> tuple[int, int, int, int, int]:
+        live, allocated, reserved, largest_free, num_segments = super().gauges()
+        if self.expandable_segments:  # a range's pages, not its cuMem chunks, are what it counts
+            num_segments = len(self.segments())
+        return live, allocated, reserved, largest_free, num_segments
 
     def _drop_if_empty(self, key: tuple[Any, bool, int]) -> None:
         """``release_expandable_segment``: give back a range with nothing mapped in it."""

@@ -261,6 +261,9 @@ class WrapperPolicy(Policy):
         s.num_frozen_failures = self.num_frozen_failures
         return s
 
+    def gauges(self) -> tuple[int, int, int, int, int]:
+        return self.base_policy.gauges()
+
     def segments(self) -> list[Segment]:
         return self.base_policy.segments()
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from policies.base import Policy
+from policies.base import Policy, frag_ext
 
 __all__ = ["PoolMonitor", "PolicyReadings", "default_sample_every", "TIMESERIES_SAMPLE_COLUMNS"]
 
@@ -31,7 +31,8 @@ def default_sample_every(num_events: int, num_samples: int = 2000) -> int:
 
 
 class PolicyReadings:
-    """What a monitor reads off a policy: ``policy.stats()``, exact at every call."""
+    """What a monitor reads off a policy: ``policy.gauges()`` (the levels of ``stats()``), exact
+    at every call, and ``stats()``'s counters for the totals."""
 
     __slots__ = ("policy",)
 
@@ -39,8 +40,8 @@ class PolicyReadings:
         self.policy = policy
 
     def sample(self) -> tuple:
-        s = self.policy.stats()
-        return (s.live_bytes, s.allocated_bytes, s.reserved_bytes, s.largest_free_bytes, s.frag_ext, s.num_segments)
+        live, allocated, reserved, largest_free, num_segments = self.policy.gauges()
+        return (live, allocated, reserved, largest_free, frag_ext(reserved - allocated, largest_free), num_segments)
 
     def totals(self) -> dict[str, Any]:
         s = self.policy.stats()

@@ -63,6 +63,14 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
     stats = policy.stats()
     where = _Where(policy)
 
+    # the levels a monitor samples (``gauges``) are the snapshot's, for a policy that overrides either
+    gauges = policy.gauges()
+    levels = (stats.live_bytes, stats.allocated_bytes, stats.reserved_bytes, stats.largest_free_bytes,
+              stats.num_segments)
+    if tuple(gauges) != levels:
+        _fail(f"{where}: gauges() (live, allocated, reserved, largest free, segments) = {tuple(gauges)} but "
+              f"stats() says {levels}")
+
     # segments: address order, disjoint, summed by the counters
     segs = policy.segments()
     for a, b in zip(segs, segs[1:]):

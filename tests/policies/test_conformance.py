@@ -267,6 +267,15 @@ class _TouchesLiveOnFailure(SegmentPerRequest):
         return a
 
 
+class _StatsWithoutGauges(SegmentPerRequest):
+    """Overrides ``stats()`` (counts a segment twice) but not ``gauges()``, which monitors read."""
+
+    def stats(self):
+        s = super().stats()
+        s.num_segments *= 2
+        return s
+
+
 @pytest.mark.parametrize("broken, check, message", [
     (_LeaksAllocatedBytes, testing.check_random_workload, "allocated_bytes"),
     (_HandsOutOneRange, testing.check_allocation_fields, "overlap"),
@@ -279,6 +288,7 @@ class _TouchesLiveOnFailure(SegmentPerRequest):
     (_NeverReuses, testing.check_same_size_reuse, "raised peak_reserved_bytes"),
     (_NoSizeLimit, testing.check_huge_request, "succeeded on a device"),
     (_TouchesLiveOnFailure, testing.check_capacity_refusal, "changed a live allocation"),
+    (_StatsWithoutGauges, testing.check_allocation_fields, "gauges"),
 ], ids=lambda x: getattr(x, "__name__", None) if callable(x) else None)
 def test_check_catches_broken_policy(broken, check, message):
     with pytest.raises(AssertionError, match=message):
