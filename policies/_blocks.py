@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import SEGMENT_ALIGNMENT_BYTES, Device
@@ -214,6 +214,10 @@ class ContiguousPolicy(Policy):
 
     contiguous = True
     coalesces = True
+    #: the methods that make up the free-block index: a subclass that overrides one of them
+    #: takes the generic ``_allocate``/``_free`` (``__init_subclass__``); a policy whose hot path
+    #: inlines more of its index (best fit: its key) lists those methods too
+    _index_hooks: ClassVar[tuple[str, ...]] = _INDEX_HOOKS
 
     def __init__(self, *, segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
                  alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES, granularity_bytes: int | None = None,
@@ -251,7 +255,7 @@ class ContiguousPolicy(Policy):
         # Block policies inline their own index in ``_allocate``/``_free`` (calls are what a
         # pure-Python pool pays for): a subclass that brings another index but inherits them
         # gets the generic ones, which go through the index hooks.
-        if any(hook in cls.__dict__ for hook in _INDEX_HOOKS):
+        if any(hook in cls.__dict__ for hook in cls._index_hooks):
             if "_allocate" not in cls.__dict__:
                 cls._allocate = ContiguousPolicy._allocate  # type: ignore[method-assign]
             if "_free" not in cls.__dict__:

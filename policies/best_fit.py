@@ -206,6 +206,8 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     """
 
     name = "best-fit"
+    # the key's layout is part of the index: a subclass with other keys (worst fit) takes the generic path
+    _index_hooks = ContiguousPolicy._index_hooks + ("_key", "_fit_keys")
 
     # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
     # gives a subclass that brings another index the generic path)
@@ -226,6 +228,7 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     def _set_offset_bits(self, offset_bits: int) -> None:
         """Key offsets below ``2**offset_bits`` (the keys already in the index are the caller's)."""
         self._offset_bits = offset_bits
+        self._keys_end = 1 << offset_bits  # the first offset the keys cannot hold
         self._key_shift = offset_bits - self._unit_bits
         self._offset_mask = (1 << offset_bits) - 1
         # the largest size whose key fits a C 64-bit integer, or -1 if a segment's blocks may not
@@ -241,7 +244,7 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         highest segment end doubles) and lower ``_key_size_limit`` to what its blocks need.
         Called for every segment before a key of its blocks is made."""
         end = segment.end
-        if end <= 1 << self._offset_bits and segment.nbytes <= self._max_segment_bytes:
+        if end <= self._keys_end and segment.nbytes <= self._max_segment_bytes:
             return
         self._max_segment_bytes = max(self._max_segment_bytes, segment.nbytes)
         old_bits = self._offset_bits
@@ -253,13 +256,15 @@ class BestFit(_BestFitCore, ContiguousPolicy):
                 keys[:] = [(k >> old_bits) << bits | (k & old_mask) for k in keys]
 
     def _index_add(self, block: Block) -> None:
-        self._fit_keys(block.segment)
-        stream = block.segment.stream
+        seg = block.segment
+        if seg.offset + seg.nbytes > self._keys_end or seg.nbytes > self._max_segment_bytes:
+            self._fit_keys(seg)  # its own test, inlined: most adds are of fitted segments (a call each costs)
+        stream = seg.stream
         keys = self._keys_by_stream.get(stream)
         if keys is None:
             keys = self._keys_by_stream[stream] = []
             self._blocks_by_stream[stream] = []
-        key = block.size << self._key_shift | block.offset
+        key = self._key(block.size, block.offset)
         i = bisect_left(keys, key)
         keys.insert(i, key)
         self._blocks_by_stream[stream].insert(i, block)
@@ -273,12 +278,12 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     def _index_remove(self, block: Block) -> None:
         stream = block.segment.stream
-        i = self._index_position(stream, block.size << self._key_shift | block.offset)
+        i = self._index_position(stream, self._key(block.size, block.offset))
         del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
 
     def _index_resize(self, block: Block, old_size: int) -> None:
         stream = block.segment.stream
-        i = self._index_position(stream, old_size << self._key_shift | block.offset)
+        i = self._index_position(stream, self._key(old_size, block.offset))
         del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
         self._index_add(block)  # a grown range: _index_add fits the keys to it
 

@@ -8,9 +8,9 @@ near-equal sizes, where it spreads wear evenly.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 from policies._blocks import OFFSET_BITS, Block
+from policies.base import Segment
+from policies.device import MAX_DEVICE_BYTES
 from policies.best_fit import BestFit
 
 __all__ = ["WorstFit"]
@@ -30,29 +30,21 @@ class WorstFit(BestFit):
     PyTorch and CuPy). Knobs: see ``ContiguousPolicy``.
 
     Index: ``BestFit``'s per-stream sorted key lists (with their parallel block lists) with keys
-    ``size << 64 | ~offset``, so the worst fit is the last key (O(1) to find and to pop); the
-    index's bookkeeping and checks are ``BestFit``'s.
+    ``size << 64 | ~offset`` (its ``_key``), so the worst fit is the last key (O(1) to find and to
+    pop); adding, removing and resizing entries, and the checks, are ``BestFit``'s.
     """
 
     name = "worst-fit"
 
     _key = staticmethod(_key)
 
-    def _index_add(self, block: Block) -> None:
-        stream = block.segment.stream
-        keys = self._keys_by_stream.get(stream)
-        if keys is None:
-            keys = self._keys_by_stream[stream] = []
-            self._blocks_by_stream[stream] = []
-        key = _key(block.size, block.offset)
-        i = bisect_left(keys, key)
-        keys.insert(i, key)
-        self._blocks_by_stream[stream].insert(i, block)
-
-    def _index_remove(self, block: Block) -> None:
-        stream = block.segment.stream
-        i = self._index_position(stream, _key(block.size, block.offset))
-        del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
+    def _fit_keys(self, segment: Segment) -> None:
+        """Nothing to re-key: the offset field is a fixed ``OFFSET_BITS`` wide (inverted offsets
+        could not be widened by the shift ``BestFit`` re-keys with), which holds any segment;
+        recorded so that ``_index_add`` does not ask again."""
+        self._offset_bits = OFFSET_BITS
+        self._keys_end = 1 << OFFSET_BITS
+        self._max_segment_bytes = MAX_DEVICE_BYTES
 
     def _find(self, size: int, stream: int) -> Block | None:
         keys = self._keys_by_stream.get(stream)
@@ -66,12 +58,6 @@ class WorstFit(BestFit):
             return None
         keys.pop()
         return self._blocks_by_stream[stream].pop()
-
-    def _index_resize(self, block: Block, old_size: int) -> None:
-        stream = block.segment.stream
-        i = self._index_position(stream, _key(old_size, block.offset))
-        del self._keys_by_stream[stream][i], self._blocks_by_stream[stream][i]
-        self._index_add(block)
 
     def _index_largest_bytes(self) -> int:
         return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)

@@ -115,3 +115,28 @@ def test_a_request_near_or_past_2_63_bytes_is_refused_without_an_overflow(nbytes
     p.free(small)
     assert p.allocate(700).size_bytes == 1024
     p.check_invariants()
+
+
+
+class _CountsKeys(BestFit):
+    """Best fit whose key is its own method (the same layout), counting the keys it makes."""
+
+    num_keys = 0
+
+    def _key(self, size, offset):
+        type(self).num_keys += 1
+        return super()._key(size, offset)
+
+
+def test_a_subclass_with_its_own_key_takes_the_generic_path_that_makes_keys_with_it():
+    from policies import testing
+    from policies._blocks import ContiguousPolicy
+
+    assert BestFit._allocate is not ContiguousPolicy._allocate  # BestFit's own, with the key inlined
+    assert _CountsKeys._allocate is ContiguousPolicy._allocate and _CountsKeys._free is ContiguousPolicy._free
+    testing.check_policy(_CountsKeys)
+    pool = _CountsKeys(segment_bytes=2 * MiB)
+    _CountsKeys.num_keys = 0
+    a = pool.allocate(64 * KiB)  # the segment's rest goes back into the index under a key of ours
+    pool.free(a)
+    assert _CountsKeys.num_keys >= 2
