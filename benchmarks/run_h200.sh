@@ -17,6 +17,9 @@
 #                                          # of both builds against CuPy's MemoryPool, alternating
 #   bash benchmarks/run_h200.sh compiled-replay  # GPU tests, then Cython against pure Python on the replay
 #                                          # (bench_compiled.py, the battery against the compiled copy first)
+#   bash benchmarks/run_h200.sh recheck    # after a change to the core, in one call: GPU tests in both builds,
+#                                          # GpuPool.malloc of both builds against CuPy (two rounds, one CSV),
+#                                          # the replay harness, and pure against compiled on the replay
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
@@ -99,6 +102,28 @@ build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
     done
     step malloc-path timeout 200 python3 benchmarks/bench_malloc_path.py --compiled --iterations 100000 --repeat 5 \
         --out $OUT/malloc_path_h200.csv
+elif [ "$1" = recheck ]; then
+    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
+    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
+    step build python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
+build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
+    (cd /tmp/compiled && PYTHONPATH=/tmp/site:. python3 -m pytest tests/realgpu -q -p no:cacheprovider \
+        --import-mode=importlib -rfE > $OUT/gpu_tests_compiled.log 2>&1; echo "== compiled gpu tests rc=$?" >> $LOG)
+    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit"
+    for round in 1 2; do
+        step roundtrip-pure-$round timeout 120 python3 benchmarks/bench_gpu.py --out /tmp/rt/pure_$round $RT
+        (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled-$round timeout 120 \
+            python3 benchmarks/bench_gpu.py --out /tmp/rt/compiled_$round $RT)
+    done
+    # one CSV (the device hands back 8 files): each run's rows with its build and round
+    python3 -c "import glob, pandas as pd; pd.concat([pd.read_csv(f).assign(build=f.split('/')[3].split('_')[0], \
+round=int(f.split('/')[3].split('_')[1])) for f in sorted(glob.glob('/tmp/rt/*/gpu_roundtrip.csv'))]).to_csv(\
+'$OUT/gpu_roundtrip_recheck.csv', index=False)" >> $LOG 2>&1
+    TRACE=.data/llama1b_generate_mixed.pickle.gz
+    step harness timeout 240 python3 benchmarks/bench_replay.py $TRACE --repeat 3 \
+        -p paged -p size-class -p best-fit -p first-fit -p tlsf --out $OUT/replay_harness_recheck.csv
+    step compiled timeout 240 python3 benchmarks/bench_compiled.py $TRACE --rounds 2 --repeat 3 --clock wall \
+        -p paged -p size-class -p best-fit -p first-fit
 else
     step sweep timeout 300 python3 benchmarks/bench_sweep.py --workers 1,2,4,8,16 --out $OUT/sweep_h200.json
 fi
