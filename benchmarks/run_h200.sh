@@ -115,9 +115,10 @@ build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
         (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled-$round timeout 120 \
             python3 benchmarks/bench_gpu.py --out /tmp/rt/compiled_$round $RT)
     done
-    # one CSV (the device hands back 8 files): each run's rows with its build and round
+    # one CSV (the device hands back 8 files): each run's rows with its build and run (``round`` is
+    # bench_gpu's own: the two rounds within a run)
     python3 -c "import glob, pandas as pd; pd.concat([pd.read_csv(f).assign(build=f.split('/')[3].split('_')[0], \
-round=int(f.split('/')[3].split('_')[1])) for f in sorted(glob.glob('/tmp/rt/*/gpu_roundtrip.csv'))]).to_csv(\
+run=int(f.split('/')[3].split('_')[1])) for f in sorted(glob.glob('/tmp/rt/*/gpu_roundtrip.csv'))]).to_csv(\
 '$OUT/gpu_roundtrip_recheck.csv', index=False)" >> $LOG 2>&1
     TRACE=.data/llama1b_generate_mixed.pickle.gz
     step harness timeout 240 python3 benchmarks/bench_replay.py $TRACE --repeat 3 \
