@@ -24,7 +24,25 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Lease", "MallocPath"]
+__all__ = ["Lease", "MallocPath", "extents_are_one_range"]
+
+
+@cython.locals(i=cython.Py_ssize_t, end=cython.longlong, offset=cython.longlong, length=cython.longlong)
+def extents_are_one_range(extents: Any, starts: list) -> bool:
+    """Whether ``extents`` lie back to back, in their order, inside one segment (``starts``: the
+    device's sorted segment offsets), so that one pointer to the first reaches all of them: what
+    a paged policy's multi-page allocation needs before ``malloc`` can hand it to CuPy. Compiled,
+    a C loop (offsets are device offsets, below 2**63)."""
+    end = extents[0][0]
+    for i in range(len(extents)):
+        extent = extents[i]
+        offset = extent[0]
+        length = extent[1]
+        if offset != end:
+            return False
+        end = offset + length
+    # the same segment: no segment starts after the first page and at or below the last one
+    return bisect_right(starts, extents[0][0]) == bisect_right(starts, extents[-1][0])
 
 
 class Lease:
@@ -100,8 +118,8 @@ class MallocPath:
         if a is None:
             raise self.pool._oom(nbytes)
         ext = a.extents
-        if len(ext) != 1:
-            self.pool._require_contiguous(a)
+        if len(ext) != 1 and not extents_are_one_range(ext, self.starts):
+            self.pool._refuse_discontiguous(a)
         offset = ext[0][0]
         starts = self.starts
         seg = starts[bisect_right(starts, offset) - 1]

@@ -33,7 +33,7 @@ from policies.device import SEGMENT_ALIGNMENT_BYTES
 from policies.mapped_device import PageMappedDevice
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError, oom_message
 from realgpu.host import HostDevice, HostMemoryPointer
-from realgpu.malloc_path import Lease, MallocPath
+from realgpu.malloc_path import Lease, MallocPath, extents_are_one_range
 from realgpu.mapped import MappedRealDevice
 from realgpu.segments import SegmentDevice
 
@@ -241,16 +241,14 @@ class GpuPool:
         return HostMemoryPointer(0, 0, None, None)
 
     def _require_contiguous(self, a: Allocation) -> None:
-        ext = a.extents
-        contiguous = all(o + n == ext[i + 1][0] for i, (o, n) in enumerate(ext[:-1]))
-        if contiguous:
-            seg_first, _ = self.device.locate(ext[0][0])
-            seg_last, _ = self.device.locate(ext[-1][0])
-            contiguous = seg_first == seg_last
-        if not contiguous:
-            self.free(a)
-            raise PoolError(f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(ext)} discontiguous pages; "
-                            "a CuPy pointer needs contiguous memory: use pool.allocate() and pool.pages()")
+        if not extents_are_one_range(a.extents, self._malloc_path.starts):
+            self._refuse_discontiguous(a)
+
+    def _refuse_discontiguous(self, a: Allocation) -> None:
+        """Free ``a``, whose pages one pointer cannot reach, and say why."""
+        self.free(a)
+        raise PoolError(f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous pages; "
+                        "a CuPy pointer needs contiguous memory: use pool.allocate() and pool.pages()")
 
     # ------------------------------------------------------------------ allocations
     def allocate(self, nbytes: int, *, stream: int = 0, tag: str | None = None,

@@ -6,7 +6,7 @@ import pytest
 
 from policies.errors import PolicyError
 from realgpu.errors import PoolError, PoolOutOfMemoryError
-from realgpu.malloc_path import Lease, MallocPath
+from realgpu.malloc_path import Lease, MallocPath, extents_are_one_range
 from realgpu.pool import GpuPool
 
 MiB = 1 << 20
@@ -82,3 +82,34 @@ def test_fast_malloc_out_of_memory_leaves_the_pool_as_it_was():
     assert (pool.policy.num_live, pool.policy.live_bytes, pool.device.used_bytes) == before
     assert pool.malloc(0).size == 0 and pool.policy.num_allocs == 1
     del keep
+
+
+@pytest.mark.parametrize("extents, one_range", [
+    (((4 * MiB, MiB),), True),
+    (((4 * MiB, MiB), (5 * MiB, MiB), (6 * MiB, 2 * MiB)), True),
+    (((5 * MiB, MiB), (4 * MiB, MiB)), False),  # back to back, but not in the allocation's order
+    (((4 * MiB, MiB), (6 * MiB, MiB)), False),  # a gap
+    (((7 * MiB, MiB), (8 * MiB, MiB)), False),  # back to back across two segments
+])
+def test_extents_are_one_range_when_back_to_back_in_order_in_one_segment(extents, one_range):
+    starts = [0, 8 * MiB, 16 * MiB]  # segments [0, 8), [8, 16), [16, ...) MiB
+    assert extents_are_one_range(extents, starts) is one_range
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_both_malloc_paths_refuse_discontiguous_pages_and_accept_contiguous_ones(validate):
+    def paged_pool():
+        return GpuPool("paged:page_bytes=1MiB,segment_bytes=8MiB", backend="host", validate=validate)
+
+    pool = paged_pool()
+    guards = 2 * pool.guard_bytes if validate else 0  # a validating pool asks the policy for its guards too
+    held = [pool.allocate(MiB - guards) for _ in range(8)]  # a page each
+    pool.free(held[1])
+    pool.free(held[5])
+    with pytest.raises(PoolError, match="discontiguous"):
+        pool.malloc(2 * MiB - guards)
+    assert pool.policy.num_live == 6  # the refused pages were given back
+    fresh = paged_pool()
+    p = fresh.malloc(3 * MiB - guards)  # three pages in a row
+    assert p.size == 3 * MiB - guards and fresh.policy.num_live == 1
+    assert p.ptr == fresh.pointer(p.owner.allocation)  # its first data byte, past any guard
