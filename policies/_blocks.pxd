@@ -11,4 +11,5 @@ cdef class Block(Allocation):
     cdef public bint free
 
 
+cpdef Py_ssize_t bisect_ints(list values, long long value) except -1
 cpdef Block cut_block(Block block, long long size, nbytes, stream, tag, long long split_min_bytes)

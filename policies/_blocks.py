@@ -62,6 +62,29 @@ _DEFAULT_ALIGNMENT_BYTES = 256  # RMM's pool alignment (field notes; PyTorch and
 OFFSET_BITS = 64
 
 
+@cython.locals(lo=cython.longlong, hi=cython.longlong, mid=cython.longlong, v=cython.longlong)
+def bisect_ints(values: list[int], value: int) -> int:
+    """``bisect_left(values, value)`` over ints that fit a C 64-bit integer (block offsets and
+    sizes: ``Block``'s are C fields in the compiled build; best fit's keys, which its hot paths
+    check); compiled, a C loop with C comparisons that boxes nothing, where ``bisect_left`` would
+    get ``value`` boxed and compare Python ints. Interpreted it is ``bisect_left`` itself (rebound
+    below: the C-implemented one beats this loop). Shared by best and first fit's hot paths."""
+    lo = 0  # the first index whose value may be >= value
+    hi = len(values)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        v = values[mid]
+        if v < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+if not cython.compiled:  # interpreted: the C-implemented bisect module (one call instead of a loop)
+    from bisect import bisect_left as bisect_ints  # noqa: F811
+
+
 class Block(Allocation):
     """A range ``[offset, offset + size)`` of one segment, free or handed out: handed out, it IS
     the ``Allocation`` (one object per request, not a block and an allocation).

@@ -1,11 +1,9 @@
 # The compiled build's declarations for policies/best_fit.py (see base.pxd).
 cimport cython
 from policies.base cimport Allocation, Policy, Segment
-from policies._blocks cimport Block, cut_block
+from policies._blocks cimport Block, bisect_ints, cut_block
 
 cdef bint _COMPILED
-
-cdef inline Py_ssize_t _bisect_keys(list keys, long long key) except -1
 
 
 cdef class _BestFitCore(Policy):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from policies._blocks import Block, ContiguousPolicy, cut_block
+from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -20,27 +20,6 @@ __all__ = ["BestFit"]
 
 #: whether this module is compiled: its hot paths then bisect C integers, so keys must fit 63 bits
 _COMPILED = cython.compiled
-
-
-@cython.locals(lo=cython.longlong, hi=cython.longlong, mid=cython.longlong, k=cython.longlong)
-def _bisect_keys(keys: list[int], key: int) -> int:
-    """``bisect_left(keys, key)``, compiled with C comparisons (the keys fit a C 64-bit integer:
-    ``_BestFitCore``'s hot paths check ``_key_size_limit``); interpreted it is ``bisect_left``
-    itself (rebound below: the C-implemented one beats this loop)."""
-    lo = 0  # the first index whose key may be >= key
-    hi = len(keys)
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        k = keys[mid]
-        if k < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-if not cython.compiled:  # interpreted: the C-implemented bisect module (one call instead of a loop)
-    _bisect_keys = bisect_left  # noqa: F811
 
 
 class _BestFitCore(Policy):
@@ -74,7 +53,7 @@ class _BestFitCore(Policy):
         if not keys:
             return self._cut_miss(size, nbytes, stream, tag)
         shift = self._key_shift
-        i = _bisect_keys(keys, size << shift)
+        i = bisect_ints(keys, size << shift)
         if i == len(keys):
             return self._cut_miss(size, nbytes, stream, tag)
         blocks = self._blocks_by_stream[stream]
@@ -88,7 +67,7 @@ class _BestFitCore(Policy):
                 blocks[i] = rest
             else:
                 del keys[i], blocks[i]
-                j = _bisect_keys(keys, key)
+                j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, rest)
         else:
@@ -124,7 +103,7 @@ class _BestFitCore(Policy):
             keys = self._keys_by_stream[seg.stream]
             blocks = self._blocks_by_stream[seg.stream]
             key = nxt.size << shift | nxt.offset
-            j = _bisect_keys(keys, key)
+            j = bisect_ints(keys, key)
             k = keys[j]  # compiled: a C integer, compared without boxing ``key``
             assert k == key, "removing a block that is not indexed"
             size += nxt.size
@@ -145,7 +124,7 @@ class _BestFitCore(Policy):
                 del keys[j], blocks[j]
             offset = prev.offset
             key = prev.size << shift | offset
-            i = _bisect_keys(keys, key)
+            i = bisect_ints(keys, key)
             k = keys[i]
             assert k == key, "resizing a block that is not indexed"
             size += prev.size
@@ -155,7 +134,7 @@ class _BestFitCore(Policy):
                 keys[i] = key
             else:
                 del keys[i], blocks[i]
-                i = _bisect_keys(keys, key)
+                i = bisect_ints(keys, key)
                 keys.insert(i, key)
                 blocks.insert(i, prev)
             after = prev.next = block.next
@@ -171,7 +150,7 @@ class _BestFitCore(Policy):
                     keys = self._keys_by_stream[seg.stream] = []
                     self._blocks_by_stream[seg.stream] = []
                 blocks = self._blocks_by_stream[seg.stream]
-                j = _bisect_keys(keys, key)
+                j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, block)
             elif j + 1 == len(keys) or (k := keys[j + 1]) > key:  # it takes the absorbed block's place in the order
@@ -179,7 +158,7 @@ class _BestFitCore(Policy):
                 blocks[j] = block
             else:
                 del keys[j], blocks[j]
-                j = _bisect_keys(keys, key)
+                j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, block)
 

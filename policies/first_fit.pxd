@@ -1,7 +1,11 @@
 # The compiled build's declarations for policies/first_fit.py (see base.pxd).
 cimport cython
 from policies.base cimport Allocation, Policy, Segment
-from policies._blocks cimport Block, cut_block
+from policies._blocks cimport Block, bisect_ints, cut_block
+
+cdef bint _COMPILED
+
+cpdef Py_ssize_t _first_at_least(list sizes, object size) except -2
 
 
 cdef class _FirstFitCore(Policy):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from itertools import islice
 
-from policies._blocks import Block, ContiguousPolicy, cut_block
+from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -25,6 +25,27 @@ __all__ = ["FirstFit"]
 CHUNKED_FROM_ENTRIES = 256
 #: entries per chunk of a chunked free list (chunks hold half to twice this)
 CHUNK_ENTRIES = 64
+
+#: whether this module is compiled: the flat scan is then ``_first_at_least``'s C loop
+_COMPILED = cython.compiled
+#: no block is larger (``Block.size`` is a C 64-bit integer in the compiled build)
+_LARGEST_BLOCK_BYTES = (1 << 63) - 1
+
+
+@cython.locals(i=cython.longlong, n=cython.longlong, want=cython.longlong, s=cython.longlong)
+def _first_at_least(sizes: list[int], size: int) -> int:
+    """The index of the first entry of ``sizes`` that is ``>= size``, or -1: the compiled flat
+    scan, a C loop over C integers (interpreted, ``filter`` + ``list.index`` find it in C faster
+    than this loop; ``_FirstFitCore._allocate`` takes that path there)."""
+    if size > _LARGEST_BLOCK_BYTES:  # no block holds it (and it would not fit a C integer)
+        return -1
+    want = size
+    n = len(sizes)
+    for i in range(n):
+        s = sizes[i]
+        if s >= want:
+            return i
+    return -1
 
 
 class _ChunkedFreeList:
@@ -168,14 +189,18 @@ class _FirstFitCore(Policy):
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
         lists = self._free_by_stream.get(stream)
-        fit = 0
+        i = -1
         if lists is not None:
             offsets, sizes, blocks = lists
-            fit = next(filter(size.__le__, sizes), 0)  # the first size that holds it, found in C
+            if _COMPILED:
+                i = _first_at_least(sizes, size)
+            else:
+                fit = next(filter(size.__le__, sizes), 0)  # the first size that holds it, found in C
+                if fit:
+                    i = sizes.index(fit)  # no size before it equals it: they are all smaller
         elif stream in self._chunked_by_stream:  # a long free list
             return self._allocate_chunked(self._chunked_by_stream[stream], size, nbytes, stream, tag)
-        if fit:
-            i = sizes.index(fit)  # no size before it equals it: they are all smaller
+        if i >= 0:
             block = blocks[i]
         else:
             block = self._miss(size, stream)
@@ -187,7 +212,7 @@ class _FirstFitCore(Policy):
         rest = a.next
         if rest is not None and rest.free:  # a split: the rest keeps the block's place in address order
             if i < 0:  # a miss: the block came from outside the index
-                i = bisect_left(offsets, rest.offset)
+                i = bisect_ints(offsets, rest.offset)
                 offsets.insert(i, rest.offset)
                 sizes.insert(i, rest.size)
                 blocks.insert(i, rest)
@@ -203,7 +228,7 @@ class _FirstFitCore(Policy):
         return a
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, offsets=list, sizes=list,
-                   blocks=list, size=cython.longlong, i=cython.longlong)
+                   blocks=list, size=cython.longlong, i=cython.longlong, offset=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
@@ -219,7 +244,7 @@ class _FirstFitCore(Policy):
         nxt = block.next
         prev = block.prev
         if nxt is not None and nxt.free:  # absorb the free block above: its entry is the merged block's
-            i = bisect_left(offsets, nxt.offset)
+            i = bisect_ints(offsets, nxt.offset)
             assert blocks[i] is nxt, "merging a block that is not indexed"
             size += nxt.size
             after = block.next = nxt.next
@@ -242,7 +267,7 @@ class _FirstFitCore(Policy):
                 block.size = size
                 block.free = True
         elif prev is not None and prev.free:  # merge into the free block below
-            i = bisect_left(offsets, prev.offset)
+            i = bisect_ints(offsets, prev.offset)
             assert blocks[i] is prev, "merging a block that is not indexed"
             size += prev.size
             sizes[i] = size
@@ -253,7 +278,7 @@ class _FirstFitCore(Policy):
             block.prev = block.next = None
         else:
             offset = block.offset
-            i = bisect_left(offsets, offset)
+            i = bisect_ints(offsets, offset)
             offsets.insert(i, offset)
             sizes.insert(i, size)
             blocks.insert(i, block)

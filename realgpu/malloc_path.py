@@ -27,7 +27,7 @@ except ImportError:  # a pure install: the same names as no-ops (policies/_cytho
 __all__ = ["Lease", "MallocPath", "extents_are_one_range"]
 
 
-@cython.locals(i=cython.Py_ssize_t, end=cython.longlong, offset=cython.longlong, length=cython.longlong)
+@cython.locals(i=cython.longlong, end=cython.longlong, offset=cython.longlong, length=cython.longlong)
 def extents_are_one_range(extents: Any, starts: list) -> bool:
     """Whether ``extents`` lie back to back, in their order, inside one segment (``starts``: the
     device's sorted segment offsets), so that one pointer to the first reaches all of them: what

@@ -42,8 +42,10 @@ import sys
 sys.modules["cython"] = None  # what an install without Cython looks like: import cython fails
 import policies
 from policies import base, paged, size_class
+from realgpu import malloc_path  # compiled in the opt-in build too
 assert base.cython.__class__.__name__ == "SimpleNamespace", base.cython
-for spec in ("paged", "size-class", "best-fit"):
+assert malloc_path.extents_are_one_range(((0, 8), (8, 8)), [0])
+for spec in ("paged", "size-class", "best-fit", "first-fit"):
     pool = policies.create(spec)
     a = pool.allocate(1000, stream=0, tag="kv")
     pool.free(a)

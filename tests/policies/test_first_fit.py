@@ -149,3 +149,12 @@ def test_chunked_index_with_tiny_chunks_follows_the_reference(monkeypatch, seed,
     sizes = [512, 1 * KiB, 3 * KiB, 8 * KiB, 40 * KiB, 300 * KiB, 2 * MiB]
     kinds, _ = _replay_against_reference(p, rng, 2000, sizes, num_streams=2)
     assert kinds == {"flat", "chunked"}
+
+
+def test_the_compiled_scan_finds_the_first_size_that_holds_the_request():
+    from policies.first_fit import _first_at_least
+
+    sizes = [512, 4096, 1024, 8192, 8192]
+    assert [_first_at_least(sizes, n) for n in (1, 512, 513, 4096, 4097, 8192, 8193)] == [0, 0, 1, 1, 3, 3, -1]
+    assert _first_at_least([], 1) == -1
+    assert _first_at_least(sizes, 1 << 70) == -1  # larger than any block can be
