@@ -13,8 +13,8 @@
 #                                          # bare loop on quiet cores (full snapshot carried in .data/)
 #   bash benchmarks/run_h200.sh compiled   # Cython against pure Python (carried .whl/cython*), and
 #                                          # GpuPool.malloc of both builds against CuPy's MemoryPool
-#   bash benchmarks/run_h200.sh malloc     # GPU tests in both builds, and GpuPool.malloc (realgpu.malloc_path)
-#                                          # of both builds against CuPy's MemoryPool, alternating
+#   bash benchmarks/run_h200.sh malloc     # GPU tests in both builds, GpuPool.malloc (realgpu.malloc_path) of both
+#                                          # builds against CuPy's MemoryPool (one CSV), and its C stand-in bench
 #   bash benchmarks/run_h200.sh compiled-replay  # GPU tests, then Cython against pure Python on the replay
 #                                          # (bench_compiled.py, the battery against the compiled copy first)
 #   bash benchmarks/run_h200.sh recheck    # after a change to the core, in one call: GPU tests in both builds,
@@ -26,6 +26,29 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
 LOG=$OUT/h200_log.txt
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; date -u; nproc; } >> $LOG
 step() { local name=$1; shift; echo "== $name: $*" >> $LOG; "$@" >> $LOG 2>&1; echo "== $name rc=$? $(date -u +%T)" >> $LOG; }
+# GPU tests in this tree, then in a compiled copy built in /tmp/compiled
+gpu_tests_both_builds() {
+    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
+    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
+    step build python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
+build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
+    (cd /tmp/compiled && PYTHONPATH=/tmp/site:. python3 -m pytest tests/realgpu -q -p no:cacheprovider \
+        --import-mode=importlib -rfE > $OUT/gpu_tests_compiled.log 2>&1; echo "== compiled gpu tests rc=$?" >> $LOG)
+}
+# GpuPool.malloc of both builds against CuPy's MemoryPool, alternating twice, in one CSV (the
+# device hands back 8 files): each run's rows with its build and run (``round`` is bench_gpu's
+# own: the two rounds within a run)
+roundtrips_both_builds() {
+    local RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit"
+    for round in 1 2; do
+        step roundtrip-pure-$round timeout 120 python3 benchmarks/bench_gpu.py --out /tmp/rt/pure_$round $RT
+        (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled-$round timeout 120 \
+            python3 benchmarks/bench_gpu.py --out /tmp/rt/compiled_$round $RT)
+    done
+    python3 -c "import glob, pandas as pd; pd.concat([pd.read_csv(f).assign(build=f.split('/')[3].split('_')[0], \
+run=int(f.split('/')[3].split('_')[1])) for f in sorted(glob.glob('/tmp/rt/*/gpu_roundtrip.csv'))]).to_csv(\
+'$OUT/gpu_roundtrip_recheck.csv', index=False)" >> $LOG 2>&1
+}
 if [ "${1:-tests}" = tests ]; then
     python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
     echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
@@ -88,38 +111,13 @@ elif [ "$1" = compiled-replay ]; then
     step compiled timeout 480 python3 benchmarks/bench_compiled.py .data/llama1b_generate_mixed.pickle.gz --test \
         --rounds 3 --repeat 3 --clock wall -p paged -p size-class -p best-fit -p first-fit -p tlsf
 elif [ "$1" = malloc ]; then
-    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
-    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
-    step build python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
-build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
-    (cd /tmp/compiled && PYTHONPATH=/tmp/site:. python3 -m pytest tests/realgpu -q -p no:cacheprovider \
-        --import-mode=importlib -rfE > $OUT/gpu_tests_compiled.log 2>&1; echo "== compiled gpu tests rc=$?" >> $LOG)
-    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit"
-    for round in 1 2; do
-        step roundtrip-pure-$round timeout 120 python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_pure_$round $RT
-        (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled-$round timeout 120 \
-            python3 benchmarks/bench_gpu.py --out $OUT/roundtrip_compiled_$round $RT)
-    done
+    gpu_tests_both_builds
+    roundtrips_both_builds
     step malloc-path timeout 200 python3 benchmarks/bench_malloc_path.py --compiled --iterations 100000 --repeat 5 \
         --out $OUT/malloc_path_h200.csv
 elif [ "$1" = recheck ]; then
-    python3 -m pytest tests/realgpu -q -p no:cacheprovider --import-mode=importlib -rfE > $OUT/gpu_tests.log 2>&1
-    echo "== gpu tests rc=$? $(date -u +%T)" >> $LOG
-    step build python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
-build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
-    (cd /tmp/compiled && PYTHONPATH=/tmp/site:. python3 -m pytest tests/realgpu -q -p no:cacheprovider \
-        --import-mode=importlib -rfE > $OUT/gpu_tests_compiled.log 2>&1; echo "== compiled gpu tests rc=$?" >> $LOG)
-    RT="--stages roundtrip --iterations 20000 --policy paged --policy size-class --policy best-fit"
-    for round in 1 2; do
-        step roundtrip-pure-$round timeout 120 python3 benchmarks/bench_gpu.py --out /tmp/rt/pure_$round $RT
-        (cd /tmp/compiled && PYTHONPATH=/tmp/site:. step roundtrip-compiled-$round timeout 120 \
-            python3 benchmarks/bench_gpu.py --out /tmp/rt/compiled_$round $RT)
-    done
-    # one CSV (the device hands back 8 files): each run's rows with its build and run (``round`` is
-    # bench_gpu's own: the two rounds within a run)
-    python3 -c "import glob, pandas as pd; pd.concat([pd.read_csv(f).assign(build=f.split('/')[3].split('_')[0], \
-run=int(f.split('/')[3].split('_')[1])) for f in sorted(glob.glob('/tmp/rt/*/gpu_roundtrip.csv'))]).to_csv(\
-'$OUT/gpu_roundtrip_recheck.csv', index=False)" >> $LOG 2>&1
+    gpu_tests_both_builds
+    roundtrips_both_builds
     TRACE=.data/llama1b_generate_mixed.pickle.gz
     step harness timeout 240 python3 benchmarks/bench_replay.py $TRACE --repeat 3 \
         -p paged -p size-class -p best-fit -p first-fit -p tlsf --out $OUT/replay_harness_recheck.csv
