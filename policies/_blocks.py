@@ -50,7 +50,7 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "cut_block"]
+__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "bisect_ints", "cut_block"]
 
 #: The virtual range a ``virtual=True`` pool reserves per stream: 1 TiB, past any GPU's memory
 #: (reserving costs microseconds and no physical memory), so a range never has to move.

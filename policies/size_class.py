@@ -476,8 +476,9 @@ class SizeClass(_SizeClassCore):
         # a tail, or a whole segment with no live block (``_recycle`` turns it back into a tail)
         room = 0
         for s in self._open:
-            if s.offset + s.nbytes - s.handle.bump > room:
-                room = s.offset + s.nbytes - s.handle.bump
+            tail = s.offset + s.nbytes - s.handle.bump
+            if tail > room:
+                room = tail
         for s in self._segments.values():
             if not s.num_live and s.nbytes > room:
                 room = s.nbytes
