@@ -51,7 +51,7 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "frag_ext", "round_up"]
+__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "frag_ext", "gauges_mismatch", "round_up"]
 
 
 class Allocation:
@@ -147,6 +147,20 @@ def frag_ext(free_bytes: int, largest_free_bytes: int) -> float:
     if free_bytes <= 0:
         return 0.0
     return 1.0 - largest_free_bytes / free_bytes
+
+
+def gauges_mismatch(policy: "Policy", stats: "PoolStats") -> str | None:
+    """What ``policy.gauges()`` says that ``stats`` (its ``stats()``) does not, or None when they
+    agree. A monitor charts the gauges and the summary reports ``stats()``: a policy that
+    overrides ``stats()`` alone would chart numbers its own summary contradicts. The one check,
+    for the battery (``check_invariants``) and for every replay's monitor (``sim.metrics``)."""
+    gauges = tuple(policy.gauges())
+    levels = (stats.live_bytes, stats.allocated_bytes, stats.reserved_bytes, stats.largest_free_bytes,
+              stats.num_segments)
+    if gauges == levels:
+        return None
+    return (f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() says {levels}: "
+            "a policy that counts these its own way overrides gauges(), which stats() reads")
 
 
 @dataclass(slots=True)

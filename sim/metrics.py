@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from policies.base import Policy, frag_ext
+from policies.base import Policy, frag_ext, gauges_mismatch
+from policies.errors import PolicyError
 
 __all__ = ["PoolMonitor", "PolicyReadings", "default_sample_every", "TIMESERIES_SAMPLE_COLUMNS"]
 
@@ -45,6 +46,9 @@ class PolicyReadings:
 
     def totals(self) -> dict[str, Any]:
         s = self.policy.stats()
+        mismatch = gauges_mismatch(self.policy, s)
+        if mismatch:  # the samples charted would contradict these totals: refuse, never report both
+            raise PolicyError(f"{self.policy!r}: {mismatch}")
         return {"n_alloc": s.num_allocs + s.num_failures, "n_free": s.num_frees, "n_failed": s.num_failures,
                 "peak_live_bytes": s.peak_live_bytes, "peak_allocated_bytes": s.peak_allocated_bytes,
                 "peak_reserved_bytes": s.peak_reserved_bytes, "n_grow": s.num_grows, "n_shrink": s.num_shrinks,

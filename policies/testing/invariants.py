@@ -7,7 +7,7 @@ import operator
 from itertools import chain, repeat
 from typing import Iterable
 
-from policies.base import Allocation, Policy, PoolStats, Segment
+from policies.base import Allocation, Policy, PoolStats, Segment, gauges_mismatch
 from policies.testing._common import fail as _fail
 
 
@@ -64,12 +64,9 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
     where = _Where(policy)
 
     # the levels a monitor samples (``gauges``) are the snapshot's, for a policy that overrides either
-    gauges = policy.gauges()
-    levels = (stats.live_bytes, stats.allocated_bytes, stats.reserved_bytes, stats.largest_free_bytes,
-              stats.num_segments)
-    if tuple(gauges) != levels:
-        _fail(f"{where}: gauges() (live, allocated, reserved, largest free, segments) = {tuple(gauges)} but "
-              f"stats() says {levels}")
+    mismatch = gauges_mismatch(policy, stats)
+    if mismatch:
+        _fail(f"{where}: {mismatch}")
 
     # segments: address order, disjoint, summed by the counters
     segs = policy.segments()

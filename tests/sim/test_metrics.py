@@ -5,7 +5,11 @@ import random
 import pytest
 
 import policies
+from policies.best_fit import BestFit
+from policies.errors import PolicyError
 from sim.metrics import PoolMonitor, PolicyReadings
+from sim.replay import replay
+from traces.events import AllocTrace, make_events
 
 MiB = 1 << 20
 
@@ -43,3 +47,19 @@ def test_the_monitor_keeps_one_row_per_sample_with_its_event_and_time():
     assert ts["event"].tolist() == [0, 2, 4, 5]
     assert ts["time_us"].tolist() == [0, 20, 40, 50]
     assert ts["live_bytes"].tolist() == [MiB, MiB, MiB, 0]
+
+
+class _StatsWithoutGauges(BestFit):
+    """Overrides ``stats()`` (counts a segment twice) but not ``gauges()``, which the monitor samples."""
+
+    def stats(self):
+        s = super().stats()
+        s.num_segments *= 2
+        return s
+
+
+def test_a_replay_refuses_a_policy_whose_gauges_contradict_its_stats():
+    trace = AllocTrace(make_events(range(4), ["alloc", "alloc", "free", "free"], [1, 2, 1, 2], [MiB] * 4), name="t")
+    assert replay(trace, BestFit()).summary["n_failed"] == 0  # the same trace, a consistent policy
+    with pytest.raises(PolicyError, match=r"gauges\(\).*stats\(\) says"):
+        replay(trace, _StatsWithoutGauges())
