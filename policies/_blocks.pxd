@@ -13,3 +13,4 @@ cdef class Block(Allocation):
 
 cpdef Py_ssize_t bisect_ints(list values, long long value) except -1
 cpdef Block cut_block(Block block, long long size, nbytes, stream, tag, long long split_min_bytes)
+cpdef void merge_down(Block block, Block nxt, Block prev, Segment seg)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block
+from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -83,9 +83,10 @@ class _BestFitCore(Policy):
         self._fit_keys(block.segment)
         return self._cut(block, size, nbytes, stream, tag)
 
-    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, keys=list, blocks=list,
-                   size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
-                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation)
+    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, survivor=Block, seg=Segment, keys=list,
+                   blocks=list, size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
+                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation,
+                   prev_free=cython.bint)
     def _free(self, allocation: Allocation) -> None:
         alloc = allocation  # compiled: typed, so its fields are read as C fields
         block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
@@ -99,7 +100,10 @@ class _BestFitCore(Policy):
         seg.num_live -= 1
         shift = self._key_shift
         nxt = block.next
-        if nxt is not None and nxt.free:  # absorb the free block above; its place is reused below
+        prev = block.prev
+        prev_free = prev is not None and prev.free
+        survivor = block  # the block that stays for the merged range, if ``prev`` does not absorb it
+        if nxt is not None and nxt.free:  # merge with the free block above; its place is reused below
             keys = self._keys_by_stream[seg.stream]
             blocks = self._blocks_by_stream[seg.stream]
             key = nxt.size << shift | nxt.offset
@@ -107,16 +111,19 @@ class _BestFitCore(Policy):
             k = keys[j]  # compiled: a C integer, compared without boxing ``key``
             assert k == key, "removing a block that is not indexed"
             size += nxt.size
-            block.size = size
-            after = block.next = nxt.next
-            if after is not None:
-                after.prev = block
-            nxt.prev = nxt.next = None
+            if not prev_free and not nxt.size_bytes:  # ``_blocks.merge_down``: ``nxt`` absorbs the block
+                merge_down(block, nxt, prev, seg)
+                survivor = nxt
+            else:
+                block.size = size
+                after = block.next = nxt.next
+                if after is not None:
+                    after.prev = block
+                nxt.prev = nxt.next = None
         else:
             keys = blocks = None
             j = 0
-        prev = block.prev
-        if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
+        if prev_free:  # merge into the free block below, re-keyed by its new size
             if keys is None:
                 keys = self._keys_by_stream[seg.stream]
                 blocks = self._blocks_by_stream[seg.stream]
@@ -142,8 +149,8 @@ class _BestFitCore(Policy):
                 after.prev = prev
             block.prev = block.next = None
         else:
-            block.free = True
-            key = size << shift | block.offset
+            survivor.free = True
+            key = size << shift | survivor.offset
             if keys is None:
                 keys = self._keys_by_stream.get(seg.stream)
                 if keys is None:
@@ -152,15 +159,15 @@ class _BestFitCore(Policy):
                 blocks = self._blocks_by_stream[seg.stream]
                 j = bisect_ints(keys, key)
                 keys.insert(j, key)
-                blocks.insert(j, block)
+                blocks.insert(j, survivor)
             elif j + 1 == len(keys) or (k := keys[j + 1]) > key:  # it takes the absorbed block's place in the order
                 keys[j] = key
-                blocks[j] = block
+                blocks[j] = survivor
             else:
                 del keys[j], blocks[j]
                 j = bisect_ints(keys, key)
                 keys.insert(j, key)
-                blocks.insert(j, block)
+                blocks.insert(j, survivor)
 
 
 class BestFit(_BestFitCore, ContiguousPolicy):

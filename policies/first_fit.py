@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from itertools import islice
 
-from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block
+from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -247,6 +247,11 @@ class _FirstFitCore(Policy):
             i = bisect_ints(offsets, nxt.offset)
             assert blocks[i] is nxt, "merging a block that is not indexed"
             size += nxt.size
+            if not nxt.size_bytes and (prev is None or not prev.free):  # ``nxt`` absorbs the block instead
+                merge_down(block, nxt, prev, seg)
+                offsets[i] = nxt.offset
+                sizes[i] = size
+                return
             after = block.next = nxt.next
             if after is not None:
                 after.prev = block

@@ -407,13 +407,49 @@ def test_a_block_is_its_handle_only_while_handed_out(cls):
     p.check_invariants()
 
 
+def test_a_freed_block_merges_into_a_free_block_above_that_was_never_handed_out(cls):
+    """``merge_down``: the free block above (never handed out) moves down over the freed one and
+    stays the merged range's block, so the next split cuts it in place (no fresh block for the
+    rest); the freed block leaves the chain and a stale reference to it still fails."""
+    p = cls(segment_bytes=1 * MiB)
+    a = p.allocate(100 * KiB)
+    rest = a.next
+    assert rest.free and not rest.size_bytes  # the segment's own block, never handed out
+    p.free(a)
+    seg = a.segment
+    assert seg.handle is rest and rest.offset == seg.offset and rest.size == seg.nbytes
+    assert a.prev is None and a.next is None and a.handle is None
+    p.check_invariants()
+    b = p.allocate(200 * KiB)
+    assert b.next is rest and rest.offset == b.offset + b.size_bytes  # split in place
+    with pytest.raises(PolicyError):
+        p.free(a)
+    # below a live block, the same: the survivor links to it
+    c = p.allocate(100 * KiB)
+    p.free(c)
+    assert b.next is rest and rest.prev is b and rest.offset == b.offset + b.size_bytes
+    p.check_invariants()
+
+
+def test_a_freed_block_merges_into_a_handed_out_free_block_above_as_before(cls):
+    """A free block above that was handed out before does not move: the freed block absorbs it."""
+    p = cls(segment_bytes=1 * MiB)
+    a, b, c = p.allocate(100 * KiB), p.allocate(100 * KiB), p.allocate(100 * KiB)
+    p.free(b)  # free now, but handed out before: it never moves
+    p.free(a)  # so a, below it, absorbs it (the lowest block survives)
+    assert a.segment.handle is a and a.free and a.size == 200 * KiB and a.next is c
+    p.check_invariants()
+
+
 def test_a_wrapped_block_is_freed_through_its_handle(cls):
     """A subclass's allocation around a block (``handle=block``) frees it as the block would."""
     p = cls(segment_bytes=1 * MiB)
     a = p.allocate(100 * KiB)
     wrapper = Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a)
     p._free(wrapper)  # the hook a subclass's own free calls (vmm-stitch frees its chunks so)
-    assert a.free and a.handle is None and p.allocated_bytes == 0
+    assert a.handle is None and p.allocated_bytes == 0
+    seg = a.segment
+    assert seg.handle.free and seg.handle.size == seg.nbytes, "the segment is one free block again"
     p.check_invariants()
 
 
