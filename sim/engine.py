@@ -25,7 +25,7 @@ import operator
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -72,11 +72,12 @@ def latency_sample_mask(num_events: int, latency_sample: float, *, seed: int = 0
     return b"".join(c.astype(np.uint8).tobytes() for c in chunks)
 
 
-def _event_codes(ops: list[int], mask: bytes | None) -> bytes:
+def _event_codes(ops: Sequence[int], mask: bytes | None) -> bytes:
     """Each event's op and whether it is timed in one small int (``op + 3 * timed``: 0 untimed
     alloc, 1 untimed free, 3 timed alloc, 4 timed free, 2 or 5 a flush), so that the tight loop
-    of ``run`` tests one value per event. Bytes, as the mask (one byte an event; cached ints)."""
-    codes = np.frombuffer(bytes(ops), dtype=np.uint8)
+    of ``run`` tests one value per event. Bytes, as the mask (one byte an event; cached ints).
+    ``ops`` given as ``bytes`` (``sim.replay.TraceEvents``) is read in place, with no pass in Python."""
+    codes = np.frombuffer(ops if isinstance(ops, bytes) else bytes(ops), dtype=np.uint8)
     if mask is None:
         codes = codes + np.uint8(3)
     else:
@@ -202,7 +203,7 @@ class EngineRun:
     num_flushes: int = 0  # ``FLUSH`` ops (``empty_cache`` calls): untimed, counted here
 
 
-def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
+def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target,
         streams: list[int] | None = None, tags: list[Any] | None = None, times_us: list[int] | None = None,
         observe: Callable[[int, int], None] | None = None, observe_every: int = 1,
         live: dict[Any, Any] | None = None,
@@ -218,7 +219,7 @@ def run(ops: list[int], keys: list[Any], sizes: list[int], *, target: Target,
     the driver time its releases cost is dropped rather than charged to the next call.
 
     Args:
-        ops, keys, sizes: the events.
+        ops, keys, sizes: the events (``ops`` a list of op codes, or ``bytes`` of them: see ``sim.replay.TraceEvents``).
         target: the allocator.
         streams, tags: per event (stream 0 and no tag when None; a tag of None is no tag).
         times_us: per event, passed to ``observe`` (the event index when None).

@@ -132,9 +132,14 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
 
 @dataclass(slots=True)
 class TraceEvents:
-    """An ``AllocTrace`` as the engine's event lists (lists, not arrays: the loop indexes them)."""
+    """An ``AllocTrace`` as the engine's event lists (lists, not arrays: the loop indexes them).
 
-    ops: list[int]
+    ``ops`` is ``bytes``, one op code an event (indexed and iterated as ints like the lists): the
+    engine's tight loop reads it as a buffer (``engine._event_codes``), where a list would cost it
+    a pass in Python (5 ns an event on dev, 2026-11-30).
+    """
+
+    ops: bytes
     keys: list[int]
     sizes: list[int]
     streams: list[int]
@@ -147,7 +152,8 @@ def trace_events(trace: AllocTrace) -> TraceEvents:
     ev = trace.events
     tags = [t or None for t in ev["tag"].tolist()] if "tag" in ev else None  # "" is no tag
     is_alloc = (ev["op"] == ALLOC_OP).to_numpy()
-    ops = np.where(is_alloc, engine.ALLOC, np.where(trace.is_empty_cache(), engine.FLUSH, engine.FREE)).tolist()
+    ops = np.where(is_alloc, engine.ALLOC, np.where(trace.is_empty_cache(), engine.FLUSH, engine.FREE)).astype(np.uint8)
+    ops = ops.tobytes()
     return TraceEvents(ops, *(ev[c].to_numpy(np.int64).tolist() for c in ("alloc_id", "nbytes", "stream")), tags,
                        ev["time_us"].to_numpy(np.int64).tolist())
 
