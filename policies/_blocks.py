@@ -131,6 +131,15 @@ class Block(Allocation):
     def end(self) -> int:
         return self.offset + self.size
 
+    @property
+    def extents(self) -> tuple[tuple[int, int], ...]:  # type: ignore[override]
+        """``((offset, size_bytes),)``, computed when read (``()`` for a block never handed out;
+        read-only). A handed-out block never moves except by compaction, which moves its
+        ``offset``; so this is what storing it at the cut would give, without the two tuples
+        and two ints per request that most requests never read (``benchmarks/RESULTS.md``)."""
+        size = self.size_bytes
+        return ((self.offset, size),) if size else ()
+
     def __repr__(self) -> str:
         state = "free" if self.free else f"live nbytes={self.nbytes}"
         return f"Block(offset={self.offset:#x}, size={self.size}, {state})"
@@ -190,8 +199,7 @@ def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None
     a.prev = prev
     a.free = False
     a.nbytes = nbytes
-    a.size_bytes = size
-    a.extents = ((offset, size),)
+    a.size_bytes = size  # ``extents`` is computed from it and ``offset`` when read
     a.stream = stream
     a.tag = tag
     a.handle = a

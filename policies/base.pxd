@@ -8,7 +8,7 @@ cimport cython
 # the generated C), and one that works saved nothing in the replay (benchmarks/RESULTS.md)
 cdef class Allocation:
     cdef public long long nbytes, size_bytes
-    cdef public object extents, stream, tag, handle, owner
+    cdef public object _extents, stream, tag, handle, owner  # ``extents``: a property over ``_extents``
 
 
 cdef class Segment:

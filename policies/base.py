@@ -70,14 +70,20 @@ class Allocation:
     Slots, compared by identity, built by position or keyword (what ``@dataclass(slots=True,
     eq=False)`` gave, written out so that the compiled build can declare it a ``cdef class``
     in ``base.pxd``, where ``nbytes`` and ``size_bytes`` are 64-bit integers).
+
+    ``extents`` is a property over the slot ``_extents`` so that a subclass can compute it
+    instead of storing it: a contiguous policy's block (``policies._blocks.Block``) builds it
+    from its offset only when asked, which spares two tuples and two ints per request on the
+    replay's hot path, where nothing reads it. Code that builds an allocation field by field
+    on a hot path sets ``_extents`` (paged, size-class); everything else reads and sets ``extents``.
     """
 
-    __slots__ = ("nbytes", "size_bytes", "extents", "stream", "tag", "handle", "owner")
-    __match_args__ = __slots__
+    __slots__ = ("nbytes", "size_bytes", "_extents", "stream", "tag", "handle", "owner")
+    __match_args__ = ("nbytes", "size_bytes", "extents", "stream", "tag", "handle", "owner")
 
     nbytes: int
     size_bytes: int
-    extents: tuple[tuple[int, int], ...]
+    _extents: tuple[tuple[int, int], ...]
     stream: int
     tag: str | None
     handle: Any
@@ -87,7 +93,7 @@ class Allocation:
                  tag: str | None = None, handle: Any = None, owner: Any = None):
         self.nbytes = nbytes
         self.size_bytes = size_bytes
-        self.extents = extents
+        self._extents = extents
         self.stream = stream
         self.tag = tag
         self.handle = handle
@@ -97,6 +103,15 @@ class Allocation:
         return (f"{type(self).__qualname__}(nbytes={self.nbytes!r}, size_bytes={self.size_bytes!r}, "
                 f"extents={self.extents!r}, stream={self.stream!r}, tag={self.tag!r}, handle={self.handle!r}, "
                 f"owner={self.owner!r})")
+
+    @property
+    def extents(self) -> tuple[tuple[int, int], ...]:
+        """``(offset, length)`` ranges it occupies in the pool's address space (class docstring)."""
+        return self._extents
+
+    @extents.setter
+    def extents(self, extents: tuple[tuple[int, int], ...]) -> None:
+        self._extents = extents
 
     @property
     def offset(self) -> int:

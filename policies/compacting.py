@@ -381,7 +381,7 @@ class Compacting(WrapperPolicy):
                 block.segment = seg
             block.offset = new_offset
             a = by_block[block]
-            a.extents = a.handle.extents = ((new_offset, block.size),)
+            a.extents = ((new_offset, block.size),)  # the block's own follow its ``offset``
             moved.append((a, old_offset, new_offset, block.size))
         for seg, blocks in plan.layouts.items():
             prev = None

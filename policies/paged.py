@@ -101,7 +101,7 @@ class _PagedCore(Policy):
             a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
             a.nbytes = n
             a.size_bytes = page
-            a.extents = pg.extents
+            a._extents = pg.extents  # the slot behind ``extents``: no property call on the hot path
             a.stream = stream
             a.tag = tag
             a.handle = (pg,)

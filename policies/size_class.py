@@ -130,7 +130,7 @@ class _SizeClassCore(Policy):
         a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         a.nbytes = n
         a.size_bytes = size
-        a.extents = blk.extents
+        a._extents = blk.extents  # the slot behind ``extents``: no property call on the hot path
         a.stream = stream
         a.tag = tag
         a.handle = blk

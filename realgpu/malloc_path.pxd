@@ -1,5 +1,6 @@
 # The compiled build's declarations for realgpu/malloc_path.py (see policies/base.pxd).
 cimport cython
+from policies._blocks cimport Block
 from policies.base cimport Allocation
 
 
@@ -7,7 +8,7 @@ cdef class MallocPath:
     cdef public object pool, allocate, free, pointer_type, memory_type, device_id
     cdef public list starts, lease_errors
     cdef public dict bases
-    cdef public bint closed
+    cdef public bint closed, contiguous
 
 
 cdef class Lease:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Any, Callable
 
+from policies._blocks import Block
 from policies.base import Allocation
 from realgpu.errors import PoolError
 
@@ -81,12 +82,13 @@ class MallocPath:
         lease_errors: the pool's list that drop-time free errors go to.
     """
 
-    __slots__ = ("pool", "allocate", "free", "starts", "bases", "pointer_type", "memory_type", "device_id",
-                 "closed", "lease_errors")
+    __slots__ = ("pool", "allocate", "free", "contiguous", "starts", "bases", "pointer_type", "memory_type",
+                 "device_id", "closed", "lease_errors")
 
     pool: Any
     allocate: Callable[..., Any]
     free: Callable[[Any], None]
+    contiguous: bool
     starts: list
     bases: dict
     pointer_type: Any
@@ -100,6 +102,9 @@ class MallocPath:
         self.pool = pool
         self.allocate = pool.policy.allocate
         self.free = pool.free if pool.validate else pool.policy.free  # validating: guards checked on drop
+        # one extent an allocation (the battery holds every policy that says so to it): ``malloc``
+        # reads a block's ``offset`` field rather than building its ``extents``
+        self.contiguous = bool(pool.policy.contiguous)
         self.starts = starts
         self.bases = bases
         self.pointer_type, self.memory_type = pointer_types if pointer_types is not None else (None, None)
@@ -107,7 +112,7 @@ class MallocPath:
         self.closed = False
         self.lease_errors = lease_errors
 
-    @cython.locals(a=Allocation, lease=Lease)
+    @cython.locals(a=Allocation, b=Block, lease=Lease)
     def malloc(self, nbytes: int):
         """What ``GpuPool.malloc`` documents, for the pools this path serves."""
         if nbytes == 0:
@@ -117,10 +122,18 @@ class MallocPath:
         a = self.allocate(nbytes)
         if a is None:
             raise self.pool._oom(nbytes)
-        ext = a.extents
-        if len(ext) != 1 and not extents_are_one_range(ext, self.starts):
-            self.pool._refuse_discontiguous(a)
-        offset = ext[0][0]
+        kind = type(a)
+        if kind is Block:
+            b = a
+            offset = b.offset  # its own field (compiled, a C read); its ``extents`` are built when read
+        elif kind is not Allocation and self.contiguous:
+            offset = a.offset  # another subclass's: one extent
+        else:
+            # a plain allocation's stored extents: the slot itself (compiled, a C field read)
+            ext = a._extents if kind is Allocation else a.extents
+            if len(ext) != 1 and not extents_are_one_range(ext, self.starts):
+                self.pool._refuse_discontiguous(a)
+            offset = ext[0][0]
         starts = self.starts
         seg = starts[bisect_right(starts, offset) - 1]
         ptr = self.bases[seg] + offset - seg

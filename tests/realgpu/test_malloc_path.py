@@ -4,6 +4,9 @@ import gc
 
 import pytest
 
+import policies
+from policies.base import Allocation
+from policies.best_fit import BestFit
 from policies.errors import PolicyError
 from realgpu.errors import PoolError, PoolOutOfMemoryError
 from realgpu.malloc_path import Lease, MallocPath, extents_are_one_range
@@ -113,3 +116,40 @@ def test_both_malloc_paths_refuse_discontiguous_pages_and_accept_contiguous_ones
     p = fresh.malloc(3 * MiB - guards)  # three pages in a row
     assert p.size == 3 * MiB - guards and fresh.policy.num_live == 1
     assert p.ptr == fresh.pointer(p.owner.allocation)  # its first data byte, past any guard
+
+
+class _ComputedExtents(Allocation):
+    """An allocation that computes its extents (as ``policies._blocks.Block`` does) from a block."""
+
+    __slots__ = ()
+
+    @property
+    def extents(self):
+        return ((self.handle.offset, self.size_bytes),)
+
+
+class _WrapsBlocks(BestFit):
+    """A contiguous policy whose allocations are neither ``Allocation`` nor ``Block``."""
+
+    def _allocate(self, nbytes, stream, tag):
+        block = super()._allocate(nbytes, stream, tag)
+        if block is None:
+            return None
+        a = _ComputedExtents(nbytes, block.size_bytes, None, stream, tag, block)
+        return a
+
+    def _free(self, allocation):
+        super()._free(allocation.handle)
+
+
+@pytest.mark.parametrize("policy", [BestFit, _WrapsBlocks, lambda: policies.create("paged:page_bytes=1MiB")],
+                         ids=["block", "computed-extents", "paged"])
+def test_fast_malloc_reads_each_kind_of_allocation_at_its_offset(policy):
+    """A block's ``offset`` field, another subclass's computed ``extents`` and a plain
+    allocation's stored ones: each gives the pointer the general path gives."""
+    fast, general = GpuPool(policy(), backend="host"), GpuPool(policy(), backend="host")
+    for n in (5000, 1 * MiB, 300, 3 * MiB // 2):
+        pf, pg = fast.malloc(n), GpuPool.malloc(general, n)
+        a = pf.owner.allocation
+        assert a.extents == pg.owner.allocation.extents
+        assert pf.ptr == fast.pointer(a) == fast.device.address(a.offset)
