@@ -75,7 +75,8 @@ class Allocation:
     instead of storing it: a contiguous policy's block (``policies._blocks.Block``) builds it
     from its offset only when asked, which spares two tuples and two ints per request on the
     replay's hot path, where nothing reads it. Code that builds an allocation field by field
-    on a hot path sets ``_extents`` (paged, size-class); everything else reads and sets ``extents``.
+    on a hot path sets ``_extents`` (paged, size-class), and buddy's ``_free`` reads it from its own
+    allocations; everything else reads and sets ``extents``.
     """
 
     __slots__ = ("nbytes", "size_bytes", "_extents", "stream", "tag", "handle", "owner")

@@ -120,7 +120,7 @@ class Buddy(Policy):
 
     def _free(self, allocation: Allocation) -> None:
         seg, order = allocation.handle
-        offset = allocation.extents[0][0]
+        offset = allocation._extents[0][0]  # its own plain allocation: the stored slot, no property call
         seg.num_live -= 1
         self.allocated_bytes -= 1 << order
         top, base = seg.handle, seg.offset
