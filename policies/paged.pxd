@@ -3,7 +3,7 @@ from policies.base cimport Allocation, Policy, Segment
 
 
 cdef class _Page:
-    cdef public object offset, extents, cache_key
+    cdef public object offset, extents, handle, cache_key
     cdef public Segment segment
     cdef public long long ref_cnt
 

@@ -42,11 +42,12 @@ class _Page:
     (or cached and evictable); ``cache_key`` names the cached block it belongs to (None: none).
     Slots (a ``cdef class`` in the compiled build, ``paged.pxd``), compared by identity."""
 
-    __slots__ = ("offset", "segment", "extents", "ref_cnt", "cache_key")
+    __slots__ = ("offset", "segment", "extents", "handle", "ref_cnt", "cache_key")
 
     offset: int
     segment: Segment
     extents: tuple[tuple[int, int], ...]  # ((offset, page_size_bytes),), built once
+    handle: tuple[_Page]  # (self,): a one-page allocation's handle, built once (not a tuple per request)
     ref_cnt: int
     cache_key: Hashable | None
 
@@ -55,6 +56,7 @@ class _Page:
         self.offset = offset
         self.segment = segment
         self.extents = extents
+        self.handle = (self,)
         self.ref_cnt = ref_cnt
         self.cache_key = cache_key
 
@@ -104,7 +106,7 @@ class _PagedCore(Policy):
             a._extents = pg.extents  # the slot behind ``extents``: no property call on the hot path
             a.stream = stream
             a.tag = tag
-            a.handle = (pg,)
+            a.handle = pg.handle
             return a
         num_pages = -(-nbytes // page)
         if num_pages <= len(free):
