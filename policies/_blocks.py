@@ -97,8 +97,10 @@ class Block(Allocation):
     was cut from: a block freed once is never handed out again, so a stale reference to it
     still fails as a double free, and it never moves (its ``offset`` stays where it was): the
     free block keeps the remainder of a split only if it was never handed out, else a fresh
-    block does and it is dropped. The
-    ``Allocation`` fields are set when the block is handed out (``cut_block``); while it is
+    block does and it is dropped; for the same reason a freed block merges into a free block
+    above it that was never handed out, which moves down (``merge_down``). The ``Allocation``
+    fields are set when the block is handed out (``cut_block``; ``extents`` is computed from
+    ``offset`` and ``size_bytes`` when read, see the property); while it is
     handed out, ``handle`` is the block itself (a field, not a property: the compiled build
     declares ``Block`` a ``cdef class`` over ``Allocation``'s fields, ``_blocks.pxd``), so code
     that reaches a block through ``allocation.handle`` (wrappers, allocations a subclass builds
