@@ -90,7 +90,8 @@ class _PagedCore(Policy):
     _free_pages: list[_Page]
     _blocks: dict[Hashable, _CachedBlock]
 
-    @cython.locals(pg=_Page, a=Allocation, n=cython.longlong, page=cython.longlong)
+    @cython.locals(pg=_Page, a=Allocation, n=cython.longlong, page=cython.longlong, num_pages=cython.longlong,
+                   size=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
         page = self.page_size_bytes
@@ -108,14 +109,14 @@ class _PagedCore(Policy):
             a.tag = tag
             a.handle = pg.handle
             return a
-        num_pages = -(-nbytes // page)
+        num_pages = -(-n // page)
         if num_pages <= len(free):
-            pages = free[-num_pages:]
-            del free[-num_pages:]
-            pages.reverse()  # pop order: top of the stack first
-            for pg in pages:
+            pages = []
+            for _ in range(num_pages):  # pop order: top of the stack first (compiled, a C loop)
+                pg = free.pop()
                 pg.ref_cnt = 1
                 pg.segment.num_live += 1
+                pages.append(pg)
         else:
             pages = self._take_pages(num_pages, stream)
             if pages is None:
@@ -124,9 +125,16 @@ class _PagedCore(Policy):
                 pg.ref_cnt = 1
         size = num_pages * page
         self.allocated_bytes += size
-        return Allocation(nbytes, size, tuple([pg.extents[0] for pg in pages]), stream, tag, pages)
+        a = Allocation.__new__(Allocation)  # as above: no __init__ call
+        a.nbytes = n
+        a.size_bytes = size
+        a._extents = tuple([pg.extents[0] for pg in pages])
+        a.stream = stream
+        a.tag = tag
+        a.handle = pages
+        return a
 
-    @cython.locals(a=Allocation, pg=_Page)
+    @cython.locals(a=Allocation, pg=_Page, i=cython.longlong, num_released=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         a = allocation  # compiled: a C-typed local (Policy.free hands over only an Allocation)
         pages = a.handle
@@ -147,7 +155,9 @@ class _PagedCore(Policy):
             return
         free = self._free_pages
         num_released = 0
-        for pg in reversed(pages):  # reversed: the first page ends on top, as before allocation
+        i = len(pages) - 1
+        while i >= 0:  # from the last page: the first one ends on top, as before allocation (compiled, a C loop)
+            pg = pages[i]
             if pg.ref_cnt == 1:
                 pg.ref_cnt = 0
                 free.append(pg)
@@ -155,6 +165,7 @@ class _PagedCore(Policy):
                 num_released += 1
             else:
                 pg.ref_cnt -= 1
+            i -= 1
         self.allocated_bytes -= num_released * self.page_size_bytes
 
 
