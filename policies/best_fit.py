@@ -85,8 +85,7 @@ class _BestFitCore(Policy):
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, survivor=Block, seg=Segment, keys=list,
                    blocks=list, size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
-                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation,
-                   prev_free=cython.bint)
+                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation)
     def _free(self, allocation: Allocation) -> None:
         alloc = allocation  # compiled: typed, so its fields are read as C fields
         block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
@@ -101,7 +100,6 @@ class _BestFitCore(Policy):
         shift = self._key_shift
         nxt = block.next
         prev = block.prev
-        prev_free = prev is not None and prev.free
         survivor = block  # the block that stays for the merged range, if ``prev`` does not absorb it
         if nxt is not None and nxt.free:  # merge with the free block above; its place is reused below
             keys = self._keys_by_stream[seg.stream]
@@ -111,7 +109,7 @@ class _BestFitCore(Policy):
             k = keys[j]  # compiled: a C integer, compared without boxing ``key``
             assert k == key, "removing a block that is not indexed"
             size += nxt.size
-            if not prev_free and not nxt.size_bytes:  # ``_blocks.merge_down``: ``nxt`` absorbs the block
+            if not nxt.size_bytes and (prev is None or not prev.free):  # ``nxt`` absorbs the block
                 merge_down(block, nxt, prev, seg)
                 survivor = nxt
             else:
@@ -123,7 +121,7 @@ class _BestFitCore(Policy):
         else:
             keys = blocks = None
             j = 0
-        if prev_free:  # merge into the free block below, re-keyed by its new size
+        if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
             if keys is None:
                 keys = self._keys_by_stream[seg.stream]
                 blocks = self._blocks_by_stream[seg.stream]

@@ -247,7 +247,7 @@ class _FirstFitCore(Policy):
             i = bisect_ints(offsets, nxt.offset)
             assert blocks[i] is nxt, "merging a block that is not indexed"
             size += nxt.size
-            if not nxt.size_bytes and (prev is None or not prev.free):  # ``nxt`` absorbs the block instead
+            if not nxt.size_bytes and (prev is None or not prev.free):  # ``nxt`` absorbs the block
                 merge_down(block, nxt, prev, seg)
                 offsets[i] = nxt.offset
                 sizes[i] = size

@@ -100,38 +100,34 @@ class _PagedCore(Policy):
             pg = free.pop()
             pg.ref_cnt = 1
             pg.segment.num_live += 1
-            self.allocated_bytes += page
-            a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
-            a.nbytes = n
-            a.size_bytes = page
-            a._extents = pg.extents  # the slot behind ``extents``: no property call on the hot path
-            a.stream = stream
-            a.tag = tag
-            a.handle = pg.handle
-            return a
-        num_pages = -(-n // page)
-        if num_pages <= len(free):
-            pages = []
-            for _ in range(num_pages):  # pop order: top of the stack first (compiled, a C loop)
-                pg = free.pop()
-                pg.ref_cnt = 1
-                pg.segment.num_live += 1
-                pages.append(pg)
+            size = page
+            extents = pg.extents
+            handle = pg.handle
         else:
-            pages = self._take_pages(num_pages, stream)
-            if pages is None:
-                return None
-            for pg in pages:
-                pg.ref_cnt = 1
-        size = num_pages * page
+            num_pages = -(-n // page)
+            if num_pages <= len(free):
+                handle = []
+                for _ in range(num_pages):  # pop order: top of the stack first (compiled, a C loop)
+                    pg = free.pop()
+                    pg.ref_cnt = 1
+                    pg.segment.num_live += 1
+                    handle.append(pg)
+            else:
+                handle = self._take_pages(num_pages, stream)
+                if handle is None:
+                    return None
+                for pg in handle:
+                    pg.ref_cnt = 1
+            size = num_pages * page
+            extents = tuple([pg.extents[0] for pg in handle])
         self.allocated_bytes += size
-        a = Allocation.__new__(Allocation)  # as above: no __init__ call
+        a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         a.nbytes = n
         a.size_bytes = size
-        a._extents = tuple([pg.extents[0] for pg in pages])
+        a._extents = extents  # the slot behind ``extents``: no property call on the hot path
         a.stream = stream
         a.tag = tag
-        a.handle = pages
+        a.handle = handle
         return a
 
     @cython.locals(a=Allocation, pg=_Page, i=cython.longlong, num_released=cython.longlong)

@@ -8,7 +8,7 @@ cdef class MallocPath:
     cdef public object pool, allocate, free, pointer_type, memory_type, device_id
     cdef public list starts, lease_errors
     cdef public dict bases
-    cdef public bint closed, contiguous
+    cdef public bint closed
 
 
 cdef class Lease:

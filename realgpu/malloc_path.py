@@ -82,13 +82,12 @@ class MallocPath:
         lease_errors: the pool's list that drop-time free errors go to.
     """
 
-    __slots__ = ("pool", "allocate", "free", "contiguous", "starts", "bases", "pointer_type", "memory_type",
-                 "device_id", "closed", "lease_errors")
+    __slots__ = ("pool", "allocate", "free", "starts", "bases", "pointer_type", "memory_type", "device_id",
+                 "closed", "lease_errors")
 
     pool: Any
     allocate: Callable[..., Any]
     free: Callable[[Any], None]
-    contiguous: bool
     starts: list
     bases: dict
     pointer_type: Any
@@ -102,9 +101,6 @@ class MallocPath:
         self.pool = pool
         self.allocate = pool.policy.allocate
         self.free = pool.free if pool.validate else pool.policy.free  # validating: guards checked on drop
-        # one extent an allocation (the battery holds every policy that says so to it): ``malloc``
-        # reads a block's ``offset`` field rather than building its ``extents``
-        self.contiguous = bool(pool.policy.contiguous)
         self.starts = starts
         self.bases = bases
         self.pointer_type, self.memory_type = pointer_types if pointer_types is not None else (None, None)
@@ -126,8 +122,6 @@ class MallocPath:
         if kind is Block:
             b = a
             offset = b.offset  # its own field (compiled, a C read); its ``extents`` are built when read
-        elif kind is not Allocation and self.contiguous:
-            offset = a.offset  # another subclass's: one extent
         else:
             # a plain allocation's stored extents: the slot itself (compiled, a C field read)
             ext = a._extents if kind is Allocation else a.extents

@@ -117,7 +117,6 @@ def test_a_request_near_or_past_2_63_bytes_is_refused_without_an_overflow(nbytes
     p.check_invariants()
 
 
-
 class _CountsKeys(BestFit):
     """Best fit whose key is its own method (the same layout), counting the keys it makes."""
 
