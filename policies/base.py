@@ -405,7 +405,6 @@ class Policy:
         return a
 
     @cython.locals(a=Allocation)
-    @cython.nonecheck(True)  # compiled: free(None) is the AttributeError above, not a crash
     def free(self, allocation: Allocation) -> None:
         """Give ``allocation`` back to the pool.
 
@@ -413,13 +412,16 @@ class Policy:
             PolicyError: it was already freed, or this pool did not hand it out (nothing
                 changes).
         """
-        try:
-            a = allocation  # compiled: an Allocation or a TypeError (a C-typed local, base.pxd)
-            live = a.owner is self._token
-        except (AttributeError, TypeError):
-            live = False
+        if cython.compiled:  # a C type test: a try block would save and restore the thread's exception state every call
+            live = isinstance(allocation, Allocation) and cython.cast(Allocation, allocation).owner is self._token
+        else:  # interpreted, a try costs nothing until it catches (3.11+), where isinstance is a call
+            try:
+                live = allocation.owner is self._token
+            except AttributeError:
+                live = False
         if not live:
             raise PolicyError(self._bad_free_reason(allocation))
+        a = allocation  # compiled: a C-typed local (base.pxd)
         self._free(a)
         a.owner = None
         # not ``+=``: compiled, that holds a reference to self around the add, and on 3.12 the

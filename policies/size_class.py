@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter
 
 from policies.base import Allocation, Policy, Segment, check_positive_int, round_up
@@ -29,6 +29,7 @@ __all__ = ["SizeClass", "make_class_sizes", "CLASS_ALIGNMENT_BYTES"]
 CLASS_ALIGNMENT_BYTES = 512
 
 _LARGE = -1  # class_index of a large range
+_FREE_LIST_BASE = 1  # a class's free list holds one placeholder below its blocks (``SizeClass._reset_state``)
 _TABLE_MAX_BYTES = 32 << 20  # classes up to here are found by table (64 Ki entries, 512 KiB at most)
 _extents_of = attrgetter("extents")
 
@@ -108,7 +109,7 @@ class _SizeClassCore(Policy):
 
     __slots__ = ()
 
-    @cython.locals(a=Allocation, blk=_Block, n=cython.longlong, ci=cython.longlong, size=cython.longlong)
+    @cython.locals(a=Allocation, blk=_Block, blocks=list, n=cython.longlong, ci=cython.longlong, size=cython.longlong)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes): C arithmetic below
         if n <= self._table_max_bytes:
@@ -118,7 +119,7 @@ class _SizeClassCore(Policy):
         else:
             return self._allocate_large(nbytes, stream, tag)
         blocks = self._free_lists[ci]
-        if blocks:
+        if blocks[-1] is not None:  # more than the placeholder (``_reset_state``)
             blk = blocks.pop()
         else:
             blk = self._take_uncut(ci, stream)
@@ -244,7 +245,12 @@ class SizeClass(_SizeClassCore):
         self._class_by_units = [bisect_left(sizes, units * CLASS_ALIGNMENT_BYTES)
                                 for units in range(self._table_max_bytes // CLASS_ALIGNMENT_BYTES + 1)]
         # Lists as LIFO stacks: append/pop at the end are O(1) and the cheapest ops Python has.
-        self._free_lists: list[list[_Block]] = [[] for _ in self._class_sizes]
+        # Each starts with a placeholder, None, that is never popped (``blocks[-1] is None``: no
+        # block cached), so a list never empties: CPython moves an emptied list's storage to the
+        # C allocator and back on the next append, a realloc pair that cost ~20 ns of a ~110 ns
+        # compiled round trip, and a fifth of a replay's pops would empty their class
+        # (benchmarks/RESULTS.md).
+        self._free_lists: list[list[_Block]] = [[None] for _ in self._class_sizes]
         # per class, the blocks its last refill carved and no request has taken yet (or None);
         # a class refills only when its list and its run are both empty
         self._runs: list[_Run | None] = [None] * len(self._class_sizes)
@@ -410,7 +416,8 @@ class SizeClass(_SizeClassCore):
                 self._large_cache[:] = [e for e in self._large_cache if e[2].segment not in gone]
             else:
                 blocks = self._free_lists[ci]
-                blocks[:] = [b for b in blocks if b.segment not in gone]  # in place: blocks point at it
+                # in place (blocks point at the list), past the placeholder
+                blocks[_FREE_LIST_BASE:] = [b for b in blocks[_FREE_LIST_BASE:] if b.segment not in gone]
                 run = self._runs[ci]
                 if run is not None and run.segment in gone:
                     self._runs[ci] = None
@@ -426,7 +433,8 @@ class SizeClass(_SizeClassCore):
         O(free blocks), about 10^4 here) checks where those blocks lie.
         """
         sizes = self._class_sizes
-        cached = sum(len(blocks) * size for blocks, size in zip(self._free_lists, sizes))
+        assert all(blocks[:_FREE_LIST_BASE] == [None] for blocks in self._free_lists), "a free list lost its placeholder"
+        cached = sum((len(blocks) - _FREE_LIST_BASE) * size for blocks, size in zip(self._free_lists, sizes))
         cached += sum(run.end - run.next for run in self._runs if run is not None)
         assert all(run.segment.offset <= run.next < run.end <= run.segment.handle.bump
                    and (run.end - run.next) % size == 0
@@ -452,7 +460,8 @@ class SizeClass(_SizeClassCore):
     # ----------------------------------------------------------------- free space
     def free_extents(self) -> list[tuple[int, int]]:
         # C-level chains over the cached blocks' prebuilt extents: ~10^4 of them in a busy pool
-        out = list(chain.from_iterable(map(_extents_of, chain.from_iterable(self._free_lists))))
+        cached = chain.from_iterable(islice(blocks, _FREE_LIST_BASE, None) for blocks in self._free_lists)
+        out = list(chain.from_iterable(map(_extents_of, cached)))
         for run, size in zip(self._runs, self._class_sizes):
             if run is not None:
                 out.extend((off, size) for off in range(run.next, run.end, size))
@@ -468,7 +477,7 @@ class SizeClass(_SizeClassCore):
         sizes, free_lists, runs = self._class_sizes, self._free_lists, self._runs
         best = 0
         for ci in range(len(sizes) - 1, -1, -1):  # the largest class with a block or a run to hand out
-            if free_lists[ci] or runs[ci] is not None:
+            if free_lists[ci][-1] is not None or runs[ci] is not None:  # a block above the placeholder
                 best = sizes[ci]
                 break
         if self._large_cache:

@@ -1,6 +1,6 @@
 # The compiled build's declarations for realgpu/malloc_path.py (see policies/base.pxd).
 cimport cython
-from policies._blocks cimport Block
+from policies._blocks cimport Block, bisect_ints
 from policies.base cimport Allocation
 
 

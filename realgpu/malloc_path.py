@@ -13,10 +13,9 @@ The compiled build (``POOLLAB_COMPILE=1``) declares both classes ``cdef class``
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from typing import Any, Callable
 
-from policies._blocks import Block
+from policies._blocks import Block, bisect_ints
 from policies.base import Allocation
 from realgpu.errors import PoolError
 
@@ -28,13 +27,15 @@ except ImportError:  # a pure install: the same names as no-ops (policies/_cytho
 __all__ = ["Lease", "MallocPath", "extents_are_one_range"]
 
 
-@cython.locals(i=cython.longlong, end=cython.longlong, offset=cython.longlong, length=cython.longlong)
+@cython.locals(i=cython.longlong, end=cython.longlong, offset=cython.longlong, length=cython.longlong,
+               first=cython.longlong)
 def extents_are_one_range(extents: Any, starts: list) -> bool:
     """Whether ``extents`` lie back to back, in their order, inside one segment (``starts``: the
     device's sorted segment offsets), so that one pointer to the first reaches all of them: what
     a paged policy's multi-page allocation needs before ``malloc`` can hand it to CuPy. Compiled,
     a C loop (offsets are device offsets, below 2**63)."""
-    end = extents[0][0]
+    first = end = extents[0][0]
+    offset = first
     for i in range(len(extents)):
         extent = extents[i]
         offset = extent[0]
@@ -43,7 +44,8 @@ def extents_are_one_range(extents: Any, starts: list) -> bool:
             return False
         end = offset + length
     # the same segment: no segment starts after the first page and at or below the last one
-    return bisect_right(starts, extents[0][0]) == bisect_right(starts, extents[-1][0])
+    # (``bisect_ints(starts, x + 1)`` is ``bisect_right(starts, x)`` for ints; compiled, in C)
+    return bisect_ints(starts, first + 1) == bisect_ints(starts, offset + 1)
 
 
 class Lease:
@@ -108,7 +110,8 @@ class MallocPath:
         self.closed = False
         self.lease_errors = lease_errors
 
-    @cython.locals(a=Allocation, b=Block, lease=Lease)
+    @cython.locals(a=Allocation, b=Block, lease=Lease, offset=cython.longlong, start=cython.longlong,
+                   ptr=cython.longlong)
     def malloc(self, nbytes: int):
         """What ``GpuPool.malloc`` documents, for the pools this path serves."""
         if nbytes == 0:
@@ -128,9 +131,13 @@ class MallocPath:
             if len(ext) != 1 and not extents_are_one_range(ext, self.starts):
                 self.pool._refuse_discontiguous(a)
             offset = ext[0][0]
+        # the segment holding ``offset``: the last start at or below it (compiled, a C bisect and C
+        # arithmetic: offsets, bases and pointers are device addresses, below 2**63)
         starts = self.starts
-        seg = starts[bisect_right(starts, offset) - 1]
-        ptr = self.bases[seg] + offset - seg
+        seg = starts[bisect_ints(starts, offset + 1) - 1]
+        start = seg
+        ptr = self.bases[seg]
+        ptr += offset - start
         lease = Lease.__new__(Lease)  # field by field: no __init__ frame (compiled: a direct tp_new)
         lease.path = self
         lease.allocation = a

@@ -2,6 +2,7 @@
 
 import gzip
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,24 @@ def test_freed_blocks_are_reused_last_in_first_out():
     assert pool.allocate(4096).offset == b.offset
     assert pool.allocate(4096).offset == a.offset
 
+
+
+def test_a_class_list_keeps_its_storage_when_its_last_block_is_taken():
+    """Taking a class's only cached block leaves its placeholder, so the list keeps its storage:
+    an emptied list would give it back, and the next free reallocate it, on every
+    alloc-free-alloc of one size (benchmarks/RESULTS.md, session 8)."""
+
+    pool = SizeClass()
+    a = pool.allocate(4096)
+    blocks = pool._free_lists[a.handle.class_index]
+    pool.free(a)
+    b = pool.allocate(4096)  # takes the freed block back: the class has none left
+    assert b.offset == a.offset
+    assert sys.getsizeof(blocks) > sys.getsizeof([]), "the list gave its storage back"
+    assert all(off != b.offset for off, _ in pool.free_extents())  # live, so not free
+    pool.free(b)
+    assert [e for e in pool.free_extents() if e[0] == b.offset] == [(b.offset, b.size_bytes)]
+    check_pool(pool, [])
 
 def test_tail_of_a_segment_serves_other_classes_before_growing():
     pool = SizeClass(segment_bytes=4 * MiB, refill_bytes=64 * KiB)
