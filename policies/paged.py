@@ -91,7 +91,7 @@ class _PagedCore(Policy):
     _blocks: dict[Hashable, _CachedBlock]
 
     @cython.locals(pg=_Page, a=Allocation, n=cython.longlong, page=cython.longlong, num_pages=cython.longlong,
-                   size=cython.longlong)
+                   size=cython.longlong, k=cython.longlong, exts=list)
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
         page = self.page_size_bytes
@@ -106,20 +106,23 @@ class _PagedCore(Policy):
         else:
             num_pages = -(-n // page)
             if num_pages <= len(free):
-                handle = []
-                for _ in range(num_pages):  # pop order: top of the stack first (compiled, a C loop)
+                handle = [None] * num_pages
+                exts = [None] * num_pages
+                for k in range(num_pages):  # pop order: top of the stack first (compiled, a C loop)
                     pg = free.pop()
                     pg.ref_cnt = 1
                     pg.segment.num_live += 1
-                    handle.append(pg)
+                    handle[k] = pg
+                    exts[k] = pg.extents[0]
+                extents = tuple(exts)
             else:
                 handle = self._take_pages(num_pages, stream)
                 if handle is None:
                     return None
                 for pg in handle:
                     pg.ref_cnt = 1
+                extents = tuple([pg.extents[0] for pg in handle])
             size = num_pages * page
-            extents = tuple([pg.extents[0] for pg in handle])
         self.allocated_bytes += size
         a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         a.nbytes = n

@@ -14,3 +14,6 @@ cdef class MallocPath:
 cdef class Lease:
     cdef public MallocPath path
     cdef public object allocation
+
+
+cpdef bint extents_are_one_range(object extents, list starts) except -1
