@@ -3,6 +3,7 @@
 import gzip
 import pickle
 import sys
+from bisect import bisect_left
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,9 @@ def test_rounding_picks_the_smallest_class_and_bounds_the_waste(k, min_units, sp
     nbytes = data.draw(st.integers(1, pool.max_class_bytes))
     rounded = pool.rounded_size(nbytes)
     assert rounded in sizes and rounded >= nbytes
+    assert pool.allocate(nbytes).size_bytes == rounded  # the hot path's table agrees
+    units = pool._table_max_bytes // 512 + 1  # the table, entry by entry, against a bisect per unit
+    assert pool._class_by_units == [bisect_left(sizes, u * 512) for u in range(units)]
     assert all(s < nbytes for s in sizes if s < rounded)
     for below, size in zip(sizes, sizes[1:]):  # the worst request of each class: one byte above the last
         assert pool.rounded_size(below + 1) == size
