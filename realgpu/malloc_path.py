@@ -35,7 +35,6 @@ def extents_are_one_range(extents: Any, starts: list) -> bool:
     a paged policy's multi-page allocation needs before ``malloc`` can hand it to CuPy. Compiled,
     a C loop (offsets are device offsets, below 2**63)."""
     first = end = extents[0][0]
-    offset = first
     for i in range(len(extents)):
         extent = extents[i]
         offset = extent[0]
