@@ -76,8 +76,9 @@ def _event_codes(ops: Sequence[int], mask: bytes | None) -> bytes:
     """Each event's op and whether it is timed in one small int (``op + 3 * timed``: 0 untimed
     alloc, 1 untimed free, 3 timed alloc, 4 timed free, 2 or 5 a flush), so that the tight loop
     of ``run`` tests one value per event. Bytes, as the mask (one byte an event; cached ints).
-    ``ops`` given as ``bytes`` (``sim.replay.TraceEvents``) is read in place, with no pass in Python."""
-    codes = np.frombuffer(ops if isinstance(ops, bytes) else bytes(ops), dtype=np.uint8)
+    ``ops`` given as ``bytes`` (``sim.replay.TraceEvents``) is read in place: ``bytes()`` of a
+    ``bytes`` object is that object, so only a list is copied (in one C pass)."""
+    codes = np.frombuffer(bytes(ops), dtype=np.uint8)
     if mask is None:
         codes = codes + np.uint8(3)
     else:
