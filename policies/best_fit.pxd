@@ -8,6 +8,8 @@ cdef bint _COMPILED
 
 cdef class _BestFitCore(Policy):
     cdef public dict _keys_by_stream, _blocks_by_stream
+    cdef public object _hot_stream
+    cdef public list _hot_keys, _hot_blocks
     cdef public object _round_mask
     cdef public long long _split_min_bytes, _key_shift
     # Python ints: compared with a request or a segment size (Python ints, maybe past 2**63) as objects

@@ -20,6 +20,8 @@ __all__ = ["BestFit"]
 
 #: whether this module is compiled: its hot paths then bisect C integers, so keys must fit 63 bits
 _COMPILED = cython.compiled
+#: the hot stream of an index that has none yet (no stream is this object)
+_NO_STREAM = object()
 
 
 class _BestFitCore(Policy):
@@ -49,14 +51,14 @@ class _BestFitCore(Policy):
             size = (n + m) & ~m  # in C: the limit leaves room for the mask and the key
         else:  # a key past 63 bits, or a rounding not a power of two: the generic path's Python ints
             return ContiguousPolicy._allocate(self, nbytes, stream, tag)
-        keys = self._keys_by_stream.get(stream)
+        keys = self._hot_keys if stream is self._hot_stream else self._make_hot(stream)
         if not keys:
             return self._cut_miss(size, nbytes, stream, tag)
         shift = self._key_shift
         i = bisect_ints(keys, size << shift)
         if i == len(keys):
             return self._cut_miss(size, nbytes, stream, tag)
-        blocks = self._blocks_by_stream[stream]
+        blocks = self._hot_blocks
         block = blocks[i]  # its key and entry stay until the rest's are known
         a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
         rest = a.next
@@ -83,6 +85,18 @@ class _BestFitCore(Policy):
         self._fit_keys(block.segment)
         return self._cut(block, size, nbytes, stream, tag)
 
+    def _make_hot(self, stream: int) -> list[int]:
+        """Make ``stream``'s lists the hot ones (``_hot_keys``, ``_hot_blocks``; made empty if it has
+        none yet) and return its keys: the hot paths' way to a stream other than the last one used."""
+        keys = self._keys_by_stream.get(stream)
+        if keys is None:
+            keys = self._keys_by_stream[stream] = []
+            self._blocks_by_stream[stream] = []
+        self._hot_keys = keys
+        self._hot_blocks = self._blocks_by_stream[stream]
+        self._hot_stream = stream
+        return keys
+
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, survivor=Block, seg=Segment, keys=list,
                    blocks=list, size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
                    shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation)
@@ -97,13 +111,14 @@ class _BestFitCore(Policy):
         self.allocated_bytes -= size
         seg = block.segment
         seg.num_live -= 1
+        keys = self._hot_keys if seg.stream is self._hot_stream else self._make_hot(seg.stream)
+        blocks = self._hot_blocks
         shift = self._key_shift
         nxt = block.next
         prev = block.prev
         survivor = block  # the block that stays for the merged range, if ``prev`` does not absorb it
-        if nxt is not None and nxt.free:  # merge with the free block above; its place is reused below
-            keys = self._keys_by_stream[seg.stream]
-            blocks = self._blocks_by_stream[seg.stream]
+        j = -1  # where ``nxt``'s key was, once merged (its place is reused below)
+        if nxt is not None and nxt.free:  # merge with the free block above
             key = nxt.size << shift | nxt.offset
             j = bisect_ints(keys, key)
             k = keys[j]  # compiled: a C integer, compared without boxing ``key``
@@ -118,14 +133,8 @@ class _BestFitCore(Policy):
                 if after is not None:
                     after.prev = block
                 nxt.prev = nxt.next = None
-        else:
-            keys = blocks = None
-            j = 0
         if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
-            if keys is None:
-                keys = self._keys_by_stream[seg.stream]
-                blocks = self._blocks_by_stream[seg.stream]
-            else:
+            if j >= 0:
                 del keys[j], blocks[j]
             offset = prev.offset
             key = prev.size << shift | offset
@@ -149,12 +158,7 @@ class _BestFitCore(Policy):
         else:
             survivor.free = True
             key = size << shift | survivor.offset
-            if keys is None:
-                keys = self._keys_by_stream.get(seg.stream)
-                if keys is None:
-                    keys = self._keys_by_stream[seg.stream] = []
-                    self._blocks_by_stream[seg.stream] = []
-                blocks = self._blocks_by_stream[seg.stream]
+            if j < 0:
                 j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, survivor)
@@ -205,6 +209,11 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     def _index_reset(self) -> None:
         self._keys_by_stream: dict[int, list[int]] = {}
         self._blocks_by_stream: dict[int, list[Block]] = {}  # per stream, the block of each key, same order
+        # the lists of the stream the hot paths used last, beside the dicts: one identity test
+        # instead of two dict lookups a call (a trace's requests are nearly all on one stream)
+        self._hot_stream: object = _NO_STREAM
+        self._hot_keys: list[int] | None = None
+        self._hot_blocks: list[Block] | None = None
         self._unit_bits = self.alignment_bytes.bit_length() - 1  # every block size is a multiple
         self._max_segment_bytes = 0  # no block is larger than the largest segment the keys were fit to
         self._set_offset_bits(self._unit_bits)
@@ -295,6 +304,9 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         for b in free_blocks:
             expected.setdefault(b.segment.stream, []).append(b)
         assert self._keys_by_stream.keys() == self._blocks_by_stream.keys(), "keys and blocks index other streams"
+        if self._hot_stream is not _NO_STREAM:
+            assert (self._hot_keys is self._keys_by_stream[self._hot_stream]
+                    and self._hot_blocks is self._blocks_by_stream[self._hot_stream]), "the hot lists are another stream's"
         assert expected.keys() <= self._keys_by_stream.keys(), "a stream's free blocks are not indexed"
         for stream, keys in self._keys_by_stream.items():
             blocks = expected.get(stream, [])

@@ -68,6 +68,28 @@ def test_places_best_fit_wherever_the_segments_lie(base, ops):
     p.check_invariants()
 
 
+def test_the_hot_lists_follow_the_stream_in_use_and_a_reset():
+    """The hot paths keep the lists of the stream they used last (``_hot_keys``, ``_hot_blocks``:
+    one identity test instead of two dict lookups a call). Streams that alternate, and stream ids
+    that are equal but distinct int objects (past CPython's cached small ints), still place best
+    fit and leave the index as the dicts say; a reset forgets the hot stream."""
+    p = BestFit(segment_bytes=1 * MiB)
+    base = 1 << 40
+    live = []
+    for i in range(90):
+        stream = int(str(base + i % 3))  # a fresh int object each call, equal to the last one of its stream
+        live.append(_check_placement(p, 1000 + 4099 * (i % 7), stream))
+        assert p._hot_stream == stream
+        if i % 3 == 2:
+            p.free(live.pop(i % len(live)))  # maybe another stream's block: that stream becomes hot
+        p.check_invariants()  # the hot lists are the dicts' lists of the hot stream
+    assert sorted(p._keys_by_stream) == [base, base + 1, base + 2]
+    p.reset()
+    assert p._hot_stream != base and p._hot_keys is None and p._hot_blocks is None
+    p.free(_check_placement(p, 5000, base))
+    p.check_invariants()
+
+
 def test_a_segment_past_the_offset_field_re_keys_the_free_blocks():
     device = _OffsetDevice(0)
     p = BestFit(segment_bytes=1 * MiB, device=device)
