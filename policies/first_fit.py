@@ -28,6 +28,8 @@ CHUNK_ENTRIES = 64
 
 #: whether this module is compiled: the flat scan is then ``_first_at_least``'s C loop
 _COMPILED = cython.compiled
+#: the hot stream of an index that has none (no stream is this object)
+_NO_STREAM = object()
 #: no block is larger (``Block.size`` is a C 64-bit integer in the compiled build)
 _LARGEST_BLOCK_BYTES = (1 << 63) - 1
 
@@ -188,7 +190,7 @@ class _FirstFitCore(Policy):
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
-        lists = self._free_by_stream.get(stream)
+        lists = self._hot_lists if stream is self._hot_stream else self._make_hot(stream)
         i = -1
         if lists is not None:
             offsets, sizes, blocks = lists
@@ -227,6 +229,16 @@ class _FirstFitCore(Policy):
             self._chunk(stream)
         return a
 
+    def _make_hot(self, stream: int) -> tuple[list[int], list[int], list[Block]] | None:
+        """Make ``stream``'s flat lists the hot ones (``_hot_lists``) and return them; None for a
+        stream that has none (chunked, or never indexed): the hot paths' way to a stream other
+        than the last one used."""
+        lists = self._free_by_stream.get(stream)
+        if lists is not None:
+            self._hot_stream = stream
+            self._hot_lists = lists
+        return lists
+
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, offsets=list, sizes=list,
                    blocks=list, size=cython.longlong, i=cython.longlong, offset=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
@@ -234,10 +246,10 @@ class _FirstFitCore(Policy):
         size = block.size
         assert not block.free and size == allocation.size_bytes
         seg = block.segment
-        try:
-            offsets, sizes, blocks = self._free_by_stream[seg.stream]
-        except KeyError:  # a chunked stream: the generic path, through the hooks
+        lists = self._hot_lists if seg.stream is self._hot_stream else self._make_hot(seg.stream)
+        if lists is None:  # a chunked stream: the generic path, through the hooks
             return ContiguousPolicy._free(self, allocation)
+        offsets, sizes, blocks = lists
         block.handle = None
         self.allocated_bytes -= size
         seg.num_live -= 1
@@ -319,12 +331,22 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
     def _index_reset(self) -> None:
         self._free_by_stream: dict[int, tuple[list[int], list[int], list[Block]]] = {}
         self._chunked_by_stream: dict[int, _ChunkedFreeList] = {}  # streams absent from the above
+        self._forget_hot()
+
+    def _forget_hot(self) -> None:
+        """Forget the hot lists, after a stream's flat lists came or went. The hot lists are the flat
+        lists of the stream the hot paths used last, kept beside the dict: one identity test instead
+        of a dict lookup a call (a trace's requests are nearly all on one stream)."""
+        self._hot_stream: object = _NO_STREAM
+        self._hot_lists: tuple[list[int], list[int], list[Block]] | None = None
 
     def _chunk(self, stream: int) -> None:
         self._chunked_by_stream[stream] = _ChunkedFreeList(*self._free_by_stream.pop(stream))
+        self._forget_hot()
 
     def _flatten(self, stream: int) -> None:
         self._free_by_stream[stream] = self._chunked_by_stream.pop(stream).flat()
+        self._forget_hot()
 
     def _lists(self, stream: int) -> tuple[list[int], list[int], list[Block]]:
         lists = self._free_by_stream.get(stream)
@@ -396,6 +418,8 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
     def check_invariants(self) -> None:
         super().check_invariants()
         indexes = dict(self._free_by_stream)
+        if self._hot_stream is not _NO_STREAM:
+            assert indexes.get(self._hot_stream) is self._hot_lists, "the hot lists are not the hot stream's"
         for stream, chunked in self._chunked_by_stream.items():
             assert stream not in indexes, f"stream {stream}: indexed flat and chunked"
             indexes[stream] = chunked.flat()

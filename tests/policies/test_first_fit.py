@@ -151,6 +151,40 @@ def test_chunked_index_with_tiny_chunks_follows_the_reference(monkeypatch, seed,
     assert kinds == {"flat", "chunked"}
 
 
+def test_the_hot_lists_follow_the_stream_in_use_through_chunking_and_a_reset(monkeypatch):
+    """The hot paths keep the flat lists of the stream they used last (``_hot_lists``: one identity
+    test instead of a dict lookup a call). Streams that alternate and turn chunked and flat again,
+    given as equal but distinct int objects (past CPython's cached small ints), still place as the
+    reference, with the hot lists the dict's own after every step; a reset forgets them."""
+    monkeypatch.setattr(first_fit, "CHUNKED_FROM_ENTRIES", 6)
+    monkeypatch.setattr(first_fit, "CHUNK_ENTRIES", 2)
+    rng = random.Random(5)
+    p = FirstFit(segment_bytes=1 * MiB)
+    base = 1 << 40
+    live, kinds = [], set()
+    for step in range(800):
+        if live and rng.random() < 0.4:
+            p.free(live.pop(rng.randrange(len(live))))
+        else:
+            stream = int(str(base + rng.randrange(2)))  # a fresh int object each call
+            nbytes = rng.choice([512, 1 * KiB, 3 * KiB, 40 * KiB])
+            expected = _lowest_fit(p, p.rounded_size(nbytes), stream)
+            live.append(p.allocate(nbytes, stream=stream))
+            assert expected is None or live[-1].offset == expected, f"step {step}"
+        kinds |= {"chunked"} if p._chunked_by_stream else set()
+        p.check_invariants()  # the hot lists are the dict's lists of the hot stream
+    assert "chunked" in kinds
+    for a in live:  # the holes merge away: both streams turn flat again
+        p.free(a)
+    p.free(p.allocate(5000, stream=base + 1))
+    assert not p._chunked_by_stream and p._hot_stream == base + 1
+    p.check_invariants()
+    p.reset()
+    assert p._hot_stream not in (base, base + 1) and p._hot_lists is None
+    p.free(p.allocate(5000, stream=base))
+    p.check_invariants()
+
+
 def test_the_compiled_scan_finds_the_first_size_that_holds_the_request():
     from policies.first_fit import _first_at_least
 
