@@ -6,8 +6,7 @@ from policies.base cimport Allocation
 
 cdef class MallocPath:
     cdef public object pool, allocate, free, pointer_type, memory_type, device_id
-    cdef public list starts, lease_errors
-    cdef public dict bases
+    cdef public list starts, bases, lease_errors
     cdef public bint closed
 
 

@@ -74,8 +74,8 @@ class MallocPath:
 
     Args:
         pool: the ``GpuPool`` (for its zero-size pointer, out-of-memory error and page check).
-        starts, bases: the device's segment offsets (sorted) and their real base addresses:
-            the live tables the device mutates in place (``SegmentDevice`` and
+        starts, bases: the device's segment offsets (sorted) and their real base addresses in
+            the same order: the live lists the device mutates in place (``SegmentDevice`` and
             ``MappedRealDevice`` keep them), read on every call.
         pointer_types: ``(MemoryPointer, UnownedMemory)`` on CUDA; None on the host, where the
             pool's own pointer builder makes a ``HostMemoryPointer``.
@@ -90,14 +90,14 @@ class MallocPath:
     allocate: Callable[..., Any]
     free: Callable[[Any], None]
     starts: list
-    bases: dict
+    bases: list
     pointer_type: Any
     memory_type: Any
     device_id: int
     closed: bool
     lease_errors: list
 
-    def __init__(self, pool: Any, starts: list, bases: dict, pointer_types: tuple[Any, Any] | None,
+    def __init__(self, pool: Any, starts: list, bases: list, pointer_types: tuple[Any, Any] | None,
                  device_id: int, lease_errors: list):
         self.pool = pool
         self.allocate = pool.policy.allocate
@@ -110,7 +110,7 @@ class MallocPath:
         self.lease_errors = lease_errors
 
     @cython.locals(a=Allocation, b=Block, lease=Lease, offset=cython.longlong, start=cython.longlong,
-                   ptr=cython.longlong)
+                   ptr=cython.longlong, i=cython.longlong)
     def malloc(self, nbytes: int):
         """What ``GpuPool.malloc`` documents, for the pools this path serves."""
         if nbytes == 0:
@@ -130,12 +130,13 @@ class MallocPath:
             if len(ext) != 1 and not extents_are_one_range(ext, self.starts):
                 self.pool._refuse_discontiguous(a)
             offset = ext[0][0]
-        # the segment holding ``offset``: the last start at or below it (compiled, a C bisect and C
-        # arithmetic: offsets, bases and pointers are device addresses, below 2**63)
+        # the segment holding ``offset``: the last start at or below it, its base at the same index
+        # (compiled, a C bisect and C arithmetic: offsets, bases and pointers are device addresses,
+        # below 2**63)
         starts = self.starts
-        seg = starts[bisect_ints(starts, offset + 1) - 1]
-        start = seg
-        ptr = self.bases[seg]
+        i = bisect_ints(starts, offset + 1) - 1
+        start = starts[i]
+        ptr = self.bases[i]
         ptr += offset - start
         lease = Lease.__new__(Lease)  # field by field: no __init__ frame (compiled: a direct tp_new)
         lease.path = self

@@ -30,14 +30,13 @@ mapped handle) is refused by the bookkeeping before the driver is called (``Poli
 
 from __future__ import annotations
 
-import bisect
 import time
 from typing import Any, Callable, Protocol
 
 from policies.mapped_device import MAX_VIRTUAL_BYTES, PageMappedDevice
 from policies.units import format_bytes, round_up
 from realgpu.errors import PoolError
-from realgpu.segments import SegmentDevice
+from realgpu.segments import SegmentDevice, add_range, remove_range
 
 __all__ = ["MappedRealDevice", "VmmDriver"]
 
@@ -69,7 +68,8 @@ class MappedRealDevice(PageMappedDevice):
         virtual_limit_bytes: address space the model hands out.
 
     ``_starts`` is the sorted list of reserved ranges' offsets: turning an offset into an address
-    is one ``bisect`` (pools hold few ranges), and ``_bases`` maps a range to its real base.
+    is one ``bisect`` (pools hold few ranges), and ``_bases`` lists their real bases in the same
+    order (``realgpu.segments.add_range``).
     """
 
     #: the memory operations' array module name ("numpy" or "cupy"), set by the memory mixin
@@ -86,7 +86,7 @@ class MappedRealDevice(PageMappedDevice):
                          virtual_limit_bytes=virtual_limit_bytes)
         self.driver = driver
         self._starts: list[int] = []
-        self._bases: dict[int, int] = {}
+        self._bases: list[int] = []  # _starts[i]'s real base, for each i
         self._sizes = self._ranges  # reserved range offset -> bytes (the model's own dict)
         self._physical: dict[int, Any] = {}  # the model's handle -> the driver's
         self.num_creates = 0  # physical allocations the driver made (the replay's device_mallocs)
@@ -113,14 +113,12 @@ class MappedRealDevice(PageMappedDevice):
             self.num_calls["address_reserve"] += 1
             return None
         offset = super().address_reserve(span)
-        bisect.insort(self._starts, offset)
-        self._bases[offset] = base
+        add_range(self._starts, self._bases, offset, base)
         return offset
 
     def address_free(self, offset: int, nbytes: int) -> None:
         super().address_free(offset, nbytes)
-        del self._starts[bisect.bisect_left(self._starts, offset)]
-        base = self._bases.pop(offset)
+        base = remove_range(self._starts, self._bases, offset)
         self._timed("address_free", self.driver.address_free, base, round_up(nbytes, self.granularity_bytes))
 
     # ------------------------------------------------------------------ physical pages

@@ -20,15 +20,32 @@ from typing import Any
 
 from policies.device import DriverClock, UnmodelledDriver, VirtualDevice
 
-__all__ = ["SegmentDevice"]
+__all__ = ["SegmentDevice", "add_range", "remove_range"]
+
+
+def add_range(starts: list[int], bases: list[int], offset: int, base: int) -> None:
+    """Record a range at pool offset ``offset`` whose memory starts at address ``base``: ``starts``
+    stays sorted and ``bases[i]`` stays ``starts[i]``'s address (the address tables)."""
+    i = bisect.bisect_left(starts, offset)
+    starts.insert(i, offset)
+    bases.insert(i, base)
+
+
+def remove_range(starts: list[int], bases: list[int], offset: int) -> int:
+    """Forget the range at pool offset ``offset`` (``add_range``'s); returns its address."""
+    i = bisect.bisect_left(starts, offset)
+    del starts[i]
+    return bases.pop(i)
 
 
 class SegmentDevice(UnmodelledDriver, abc.ABC):
     """Address bookkeeping shared by the backends.
 
     ``_starts`` is a sorted list of segment offsets: a segment lookup is one ``bisect`` (pools
-    hold tens of segments, so list insertion beats a tree). ``_bases`` maps a segment offset to
-    its memory's address and ``_buffers`` to the backend's handle for it.
+    hold tens of segments, so list insertion beats a tree). ``_bases`` is the list of their
+    memory's addresses in the same order (``add_range``): the bisect's index gives the address
+    with no dict lookup (``GpuPool.malloc`` makes one for every array). ``_buffers`` maps a
+    segment offset to the backend's handle for it.
 
     Counters: ``num_maps``/``num_unmaps`` real calls, ``driver_ns_total`` the time measured
     around them (the ``Device`` protocol; ``take_driver_ns`` is always 0, since a real call runs
@@ -46,7 +63,7 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         self._addresses = VirtualDevice()
         self._starts: list[int] = []
         self._sizes: dict[int, int] = {}
-        self._bases: dict[int, int] = {}
+        self._bases: list[int] = []  # _starts[i]'s address, for each i
         self._buffers: dict[int, Any] = {}
         self.num_maps = 0
         self.num_unmaps = 0
@@ -66,9 +83,8 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         base, buffer = mapped
         offset = self._addresses.reserve(nbytes)
         assert offset is not None  # the address space itself has no limit
-        bisect.insort(self._starts, offset)
+        add_range(self._starts, self._bases, offset, base)
         self._sizes[offset] = nbytes
-        self._bases[offset] = base
         self._buffers[offset] = buffer
         self.num_maps += 1
         self.used_bytes += nbytes
@@ -79,8 +95,8 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
     def release(self, offset: int, nbytes: int) -> None:
         size = self._sizes.get(offset)
         assert size == nbytes, f"release({offset}, {nbytes}) does not match a reserved segment (size {size})"
-        del self._starts[bisect.bisect_left(self._starts, offset)]
-        del self._sizes[offset], self._bases[offset]
+        remove_range(self._starts, self._bases, offset)
+        del self._sizes[offset]
         buffer = self._buffers.pop(offset)
         t0 = time.perf_counter_ns()
         self._unmap(buffer)
@@ -114,12 +130,12 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
     def address(self, offset: int) -> int:
         """The real address (device pointer or host address) of a pool offset."""
         starts = self._starts
-        seg = starts[bisect.bisect_right(starts, offset) - 1]
-        return self._bases[seg] + offset - seg
+        i = bisect.bisect_right(starts, offset) - 1
+        return self._bases[i] + offset - starts[i]
 
-    def address_tables(self) -> tuple[list[int], dict[int, int]]:
-        """What ``address`` reads: the sorted segment offsets and their real bases, the live
-        objects (mutated in place as segments come and go), for a hot path that inlines the lookup."""
+    def address_tables(self) -> tuple[list[int], list[int]]:
+        """What ``address`` reads: the sorted segment offsets and their real bases in the same order,
+        the live lists (mutated in place as segments come and go), for a hot path that inlines the lookup."""
         return self._starts, self._bases
 
     def check_span(self, offset: int, nbytes: int) -> None:

@@ -19,6 +19,28 @@ def test_address_maps_offsets_into_the_segments_memory():
     assert dev.address(a + 4 * MiB - 1) - dev.address(a) == 4 * MiB - 1
 
 
+def test_the_address_tables_stay_aligned_as_segments_come_and_go():
+    """``address_tables()``: the sorted segment offsets and their bases in the same order (what
+    ``GpuPool.malloc`` reads by index), kept so through reserves and releases in any order."""
+    import random
+
+    rng = random.Random(4)
+    dev = HostDevice()
+    starts, bases = dev.address_tables()
+    live = {}
+    for _ in range(60):
+        if live and rng.random() < 0.45:
+            offset = rng.choice(sorted(live))
+            dev.release(offset, live.pop(offset))
+        else:
+            nbytes = rng.choice([2, 4, 6]) * MiB
+            live[dev.reserve(nbytes)] = nbytes
+        assert dev.address_tables() == (starts, bases)  # the same live lists, mutated in place
+        assert starts == sorted(live) and len(bases) == len(starts)
+        for offset in live:
+            assert bases[starts.index(offset)] == dev.view(offset, 1).ctypes.data == dev.address(offset)
+
+
 def test_limit_makes_reserve_refuse_without_taking_an_offset():
     dev = HostDevice(limit_bytes=5 * MiB)
     first = dev.reserve(4 * MiB)
