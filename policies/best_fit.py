@@ -304,8 +304,8 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         for b in free_blocks:
             expected.setdefault(b.segment.stream, []).append(b)
         assert self._keys_by_stream.keys() == self._blocks_by_stream.keys(), "keys and blocks index other streams"
-        if self._hot_stream is not _NO_STREAM:
-            assert (self._hot_keys is self._keys_by_stream[self._hot_stream]
+        if self._hot_keys is not None:  # (not ``_hot_stream``: a copy of the pool has a copy of the sentinel)
+            assert (self._hot_keys is self._keys_by_stream.get(self._hot_stream)
                     and self._hot_blocks is self._blocks_by_stream[self._hot_stream]), "the hot lists are another stream's"
         assert expected.keys() <= self._keys_by_stream.keys(), "a stream's free blocks are not indexed"
         for stream, keys in self._keys_by_stream.items():

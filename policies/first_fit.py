@@ -418,7 +418,7 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
     def check_invariants(self) -> None:
         super().check_invariants()
         indexes = dict(self._free_by_stream)
-        if self._hot_stream is not _NO_STREAM:
+        if self._hot_lists is not None:  # (not ``_hot_stream``: a copy of the pool has a copy of the sentinel)
             assert indexes.get(self._hot_stream) is self._hot_lists, "the hot lists are not the hot stream's"
         for stream, chunked in self._chunked_by_stream.items():
             assert stream not in indexes, f"stream {stream}: indexed flat and chunked"

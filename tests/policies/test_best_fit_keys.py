@@ -5,6 +5,9 @@ cannot fit 63 bits takes the generic path (tests/policies/test_compiled.py runs 
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,6 +91,10 @@ def test_the_hot_lists_follow_the_stream_in_use_and_a_reset():
     assert p._hot_stream != base and p._hot_keys is None and p._hot_blocks is None
     p.free(_check_placement(p, 5000, base))
     p.check_invariants()
+    for fresh in (copy.deepcopy(BestFit()), pickle.loads(pickle.dumps(BestFit()))):  # a copy of the sentinel
+        fresh.check_invariants()
+        fresh.free(fresh.allocate(5000))
+        fresh.check_invariants()
 
 
 def test_a_segment_past_the_offset_field_re_keys_the_free_blocks():

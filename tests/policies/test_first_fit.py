@@ -5,6 +5,8 @@ The shared block machinery (splitting, coalescing, growth, trim) is tested in te
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import pytest
@@ -183,6 +185,10 @@ def test_the_hot_lists_follow_the_stream_in_use_through_chunking_and_a_reset(mon
     assert p._hot_stream not in (base, base + 1) and p._hot_lists is None
     p.free(p.allocate(5000, stream=base))
     p.check_invariants()
+    for fresh in (copy.deepcopy(FirstFit()), pickle.loads(pickle.dumps(FirstFit()))):  # a copy of the sentinel
+        fresh.check_invariants()
+        fresh.free(fresh.allocate(5000))
+        fresh.check_invariants()
 
 
 def test_the_compiled_scan_finds_the_first_size_that_holds_the_request():
