@@ -51,7 +51,8 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "bisect_ints", "cut_block", "merge_down"]
+__all__ = ["NO_STREAM", "OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "bisect_ints", "cut_block",
+           "merge_down"]
 
 #: The virtual range a ``virtual=True`` pool reserves per stream: 1 TiB, past any GPU's memory
 #: (reserving costs microseconds and no physical memory), so a range never has to move.
@@ -61,6 +62,9 @@ _DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segm
 _DEFAULT_ALIGNMENT_BYTES = 256  # RMM's pool alignment (field notes; PyTorch and CuPy round to 512)
 #: Offsets are below 2**64 (device pointers are), so indexes may pack them into int keys.
 OFFSET_BITS = 64
+#: The hot stream of a free-block index that has none (best and first fit keep the lists of the
+#: stream their hot paths used last): no stream is this object, so no call takes it for its own.
+NO_STREAM = object()
 
 
 @cython.locals(lo=cython.longlong, hi=cython.longlong, mid=cython.longlong, v=cython.longlong)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
+from policies._blocks import NO_STREAM, Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -20,8 +20,6 @@ __all__ = ["BestFit"]
 
 #: whether this module is compiled: its hot paths then bisect C integers, so keys must fit 63 bits
 _COMPILED = cython.compiled
-#: the hot stream of an index that has none yet (no stream is this object)
-_NO_STREAM = object()
 
 
 class _BestFitCore(Policy):
@@ -211,7 +209,7 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         self._blocks_by_stream: dict[int, list[Block]] = {}  # per stream, the block of each key, same order
         # the lists of the stream the hot paths used last, beside the dicts: one identity test
         # instead of two dict lookups a call (a trace's requests are nearly all on one stream)
-        self._hot_stream: object = _NO_STREAM
+        self._hot_stream: object = NO_STREAM
         self._hot_keys: list[int] | None = None
         self._hot_blocks: list[Block] | None = None
         self._unit_bits = self.alignment_bytes.bit_length() - 1  # every block size is a multiple

@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from itertools import islice
 
-from policies._blocks import Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
+from policies._blocks import NO_STREAM, Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -28,8 +28,6 @@ CHUNK_ENTRIES = 64
 
 #: whether this module is compiled: the flat scan is then ``_first_at_least``'s C loop
 _COMPILED = cython.compiled
-#: the hot stream of an index that has none (no stream is this object)
-_NO_STREAM = object()
 #: no block is larger (``Block.size`` is a C 64-bit integer in the compiled build)
 _LARGEST_BLOCK_BYTES = (1 << 63) - 1
 
@@ -337,7 +335,7 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
         """Forget the hot lists, after a stream's flat lists came or went. The hot lists are the flat
         lists of the stream the hot paths used last, kept beside the dict: one identity test instead
         of a dict lookup a call (a trace's requests are nearly all on one stream)."""
-        self._hot_stream: object = _NO_STREAM
+        self._hot_stream: object = NO_STREAM
         self._hot_lists: tuple[list[int], list[int], list[Block]] | None = None
 
     def _chunk(self, stream: int) -> None:
