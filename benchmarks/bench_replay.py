@@ -310,11 +310,16 @@ def main(argv=None) -> int:
     ns = 1e9 / n
     for row in rows:
         harness_x = harness[row] / bare[row]
-        mark = "" if row == INLINE else f"{'ok' if harness_x <= HARNESS_TARGET else 'MISS'}"
+        timed = harness[row] != float("inf")  # not with --bare-only: no harness ratio to mark
+        mark = "" if row == INLINE or not timed else f"{'ok' if harness_x <= HARNESS_TARGET else 'MISS'}"
+        if timed:
+            harness_cols = (f"{harness[row] * ns:>10.0f} {harness_x:>8.2f}x {every[row] * ns:>9.0f} "
+                            f"{every[row] / bare[row]:>7.2f}x "
+                            f"{f'{whole[row] * ns:.0f}' if whole[row] != float('inf') else '-':>9} {failed[row]}")
+        else:  # --bare-only: the harness columns were not measured
+            harness_cols = f"{'-':>10} {'-':>9} {'-':>9} {'-':>8} {'-':>9} -"
         print(f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
-              f"{calls[row]:>6.1f} {harness[row] * ns:>10.0f} {harness_x:>8.2f}x {every[row] * ns:>9.0f} "
-              f"{every[row] / bare[row]:>7.2f}x {whole[row] * ns:>9.0f} {failed[row]} {mark}")
-        timed = harness[row] != float("inf")  # not with --bare-only
+              f"{calls[row]:>6.1f} {harness_cols} {mark}")
         out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
                          "x_nothing": bare[row] / bare[NOTHING],
                          "harness_ns": harness[row] * ns if timed else None,

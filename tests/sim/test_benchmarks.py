@@ -58,3 +58,20 @@ def test_bench_malloc_path_prints_malloc_beside_its_floors(capsys, tmp_path):
     rows = {r.split(",")[1]: float(r.split(",")[2]) for r in out_csv.read_text().splitlines()[1:]}
     assert set(rows) == {"(stand-in pointer)", "size-class: (policy round trip)", "size-class: malloc + drop"}
     assert all(ns > 0 for ns in rows.values())  # (no ordering of timings here: a loaded machine reorders them)
+
+
+def test_bench_best_fit_floor_checks_its_placements_then_times_both(capsys):
+    bench = _load("bench_best_fit_floor")
+    assert bench.main([str(_load("bench_replay").BUNDLED_TRACE), "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "placed all" in out and "where best-fit did" in out
+    for row in ("(do-nothing)", "best-fit", bench.FLOOR):
+        assert f"\n{row} " in out
+    assert bench.FLOOR not in bench.policies.available()  # registered for the run only
+
+
+def test_bench_best_fit_floor_refuses_a_floor_that_places_elsewhere(monkeypatch):
+    bench = _load("bench_best_fit_floor")
+    monkeypatch.setattr(bench, "_SEGMENT_BYTES", 64 << 20)  # other segments: other offsets
+    with pytest.raises(SystemExit, match="the floor is not best fit"):
+        bench.main([str(_load("bench_replay").BUNDLED_TRACE), "--repeat", "1"])
