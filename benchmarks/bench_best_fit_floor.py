@@ -31,7 +31,6 @@ import bench_replay  # noqa: E402  (puts the repository on the path)
 import policies  # noqa: E402
 from policies.base import Allocation, Policy  # noqa: E402
 from policies.registry import unregister  # noqa: E402
-from sim import engine  # noqa: E402
 from sim.costs import CostedDevice, CostModel  # noqa: E402
 from sim.replay import trace_events  # noqa: E402
 from traces import read_alloc_trace  # noqa: E402
@@ -167,15 +166,11 @@ def check_same_placements(events, costs) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace", nargs="?", default=str(bench_replay.SHARED_TRACE if bench_replay.SHARED_TRACE.exists()
-                                                    else bench_replay.BUNDLED_TRACE))
+    ap.add_argument("trace", nargs="?", default=bench_replay.DEFAULT_TRACE)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--clock", choices=sorted(bench_replay.CLOCKS), default="cpu")
     args = ap.parse_args(argv)
-    ev = trace_events(read_alloc_trace(args.trace))
-    tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
-    events = [(op == engine.ALLOC, *rest) for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
-              if op != engine.FLUSH]
+    events = bench_replay.request_events(trace_events(read_alloc_trace(args.trace)))
     num_allocs = check_same_placements(events, CostModel.load())
     print(f"# {FLOOR} placed all {num_allocs:,} allocations of the trace where best-fit did")
     policies.register(FLOOR, BoundaryTagBestFit, replace=True)

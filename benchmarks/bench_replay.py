@@ -58,6 +58,8 @@ from traces import bundled_path, read_alloc_trace  # noqa: E402
 
 SHARED_TRACE = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
 BUNDLED_TRACE = bundled_path("llama1b_generate_slice.pickle.gz")
+#: the trace the benchmarks replay when given none: the full snapshot where the shared data is, else the slice
+DEFAULT_TRACE = str(SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE)
 HARNESS_TARGET = 1.2
 #: The README workflow's 13-policy replay.
 README_POLICIES = ["first-fit", "best-fit", "size-class", "paged", "elastic", "torch-caching", "cupy-pool", "tlsf",
@@ -134,6 +136,14 @@ _clock = CLOCKS["wall"]
 
 #: the floors that are not policies, by row
 FLOORS = {TRIVIAL: TrivialPool, OBJECT: TrivialAllocationPool}
+
+
+def request_events(ev) -> list[tuple[bool, int, int, int, str | None]]:
+    """The reference loops' events: ``(is_alloc, key, nbytes, stream, tag)`` for each request of the
+    ``sim.replay.TraceEvents`` ``ev`` (flushes dropped: the reference loops replay requests only)."""
+    tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
+    return [(op == engine.ALLOC, *rest) for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
+            if op != engine.FLUSH]
 
 
 def inline_loop(events) -> float:
@@ -237,7 +247,7 @@ def sample_bytes(trace) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace", nargs="?", default=str(SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE))
+    ap.add_argument("trace", nargs="?", default=DEFAULT_TRACE)
     ap.add_argument("-p", "--policy", action="append", dest="specs", help="a policy spec (repeat; default: all)")
     ap.add_argument("--repeat", type=int, default=5, help="runs per row, interleaved; the best is kept")
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
@@ -260,9 +270,7 @@ def main(argv=None) -> int:
               f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)")
         return 0
     ev = trace_events(trace)
-    tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
-    events = [(op == engine.ALLOC, *rest) for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
-              if op != engine.FLUSH]  # the reference loops replay requests only
+    events = request_events(ev)
     n = len(events)
     costs = CostModel.load()
     rows = [INLINE, TRIVIAL, OBJECT, NOTHING] + (args.specs or policies.available())
