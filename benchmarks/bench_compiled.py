@@ -55,7 +55,7 @@ def export_ref(ref: str, dest: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from traces import bundled_path
+    from traces import bundled_path, read_alloc_trace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?", default=str(bundled_path("llama1b_generate_slice.pickle.gz")))
@@ -69,6 +69,7 @@ def main(argv=None) -> int:
                     help="also time the pure tree of git REF (e.g. a merge base): before/after a change")
     args = ap.parse_args(argv)
     specs = args.specs or DEFAULT_POLICIES
+    read_alloc_trace(args.trace)  # a malformed trace fails here, in one line, not in every bench_replay run after a build
     reason = unavailable_reason()
     if reason is not None:
         print(f"bench_compiled needs Cython and a C compiler: {reason}", file=sys.stderr)
@@ -111,4 +112,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from poollab.cli import run_script  # bad input: one line, exit status 2
+
+    run_script(main)

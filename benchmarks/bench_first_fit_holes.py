@@ -98,4 +98,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from poollab.cli import run_script  # bad input: one line, exit status 2
+
+    run_script(main)

@@ -381,4 +381,6 @@ def _json_default(obj):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from poollab.cli import run_script  # bad input: one line, exit status 2
+
+    run_script(main)

@@ -372,4 +372,6 @@ def print_parts(ev, events, specs, costs, repeat) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from poollab.cli import run_script  # bad input: one line, exit status 2
+
+    run_script(main)

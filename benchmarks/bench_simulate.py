@@ -104,4 +104,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from poollab.cli import run_script  # bad input: one line, exit status 2
+
+    run_script(main)

@@ -136,4 +136,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from poollab.cli import run_script  # bad input: one line, exit status 2
+
+    run_script(main)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Callable, NoReturn
 
 import click
 
@@ -109,8 +110,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"poollab: error: {message}", err=True)
+def _fail(message: str, code: int = 2, prog: str = "poollab") -> None:
+    click.echo(f"{prog}: error: {message}", err=True)
+    sys.exit(code)
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """Run a script's ``main`` (the benchmarks') and exit with its status, with the user's input
+    going wrong (``USER_ERRORS``: a malformed trace, a missing file, an unknown policy) printed as
+    the command line prints it: one line ``<script>: error: <what and where>``, exit status 2, no
+    traceback."""
+    try:
+        code = main()
+    except USER_ERRORS as exc:
+        _fail(_one_line(exc), prog=os.path.basename(sys.argv[0]))
     sys.exit(code)
 
 

@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,13 @@ def test_bench_best_fit_floor_refuses_a_floor_that_places_elsewhere(monkeypatch)
     monkeypatch.setattr(bench, "_SEGMENT_BYTES", 64 << 20)  # other segments: other offsets
     with pytest.raises(SystemExit, match="the floor is not best fit"):
         bench.main([str(_load("bench_replay").BUNDLED_TRACE), "--repeat", "1"])
+
+
+@pytest.mark.parametrize("script", ["bench_replay", "bench_best_fit_floor"])
+def test_a_benchmark_given_a_malformed_trace_says_where_in_one_line_and_exits_2(tmp_path, script):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,1,1024,0,\n1,free,2,0,0,\n")
+    run = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), str(bad), "--repeat", "1"],
+                         capture_output=True, text=True, cwd=BENCH.parent)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [f"{script}.py: error: {bad}:3: free of allocation 2, which is not live at that point"]
