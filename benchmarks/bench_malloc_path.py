@@ -23,7 +23,6 @@ import argparse
 import csv
 import json
 import operator
-import subprocess
 import sys
 import tempfile
 import time
