@@ -107,14 +107,24 @@ def get(name: str) -> type[Policy]:
     return cls
 
 
-def create(spec: str | type[Policy], *, capacity_bytes: int | None = None, device: Device | None = None,
+def create(spec: str | type[Policy] | Policy, *, capacity_bytes: int | None = None, device: Device | None = None,
            **params: Any) -> Policy:
-    """Build a policy from a name or spec string.
+    """Build a policy from a name, a spec string, a class, or another policy's knobs.
 
     ``create("size-class:classes_per_doubling=4", capacity_bytes=80 << 30)``; keyword
     ``params`` override those in the spec. Unknown names and parameters raise PolicyError.
+
+    Given a policy object, a fresh one of its class from its ``get_params()`` (its
+    ``capacity_bytes`` included, unless given here) on ``device``: scikit-learn's ``clone``. A
+    wrapper's base is a spec among its knobs, so the whole stack is rebuilt on ``device``. The one
+    way a policy is put on a device someone else owns (``realgpu.GpuPool``): a device is never
+    swapped under a built policy, whose state (a page pool's range, an expandable range) was
+    laid out on the device it was built with.
     """
-    if inspect.isclass(spec):
+    if isinstance(spec, Policy):
+        cls, spec_params = type(spec), spec.get_params()
+        label = spec.spec
+    elif inspect.isclass(spec):
         cls, spec_params = spec, {}
         label = getattr(spec, "name", spec.__name__)
     else:

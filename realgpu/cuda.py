@@ -88,7 +88,10 @@ class CudaMemory:
         self._answer_word = None
 
     def view(self, offset: int, nbytes: int):
-        """A ``cupy.ndarray`` of ``uint8`` over ``[offset, offset + nbytes)`` (no allocation)."""
+        """A ``cupy.ndarray`` of ``uint8`` over ``[offset, offset + nbytes)`` (no allocation), which
+        must lie in one ``cudaMalloc`` block or be mapped (``check_range``): nothing on the GPU
+        stops a kernel from writing past a block into whatever lies next to it."""
+        self.check_range(offset, nbytes)
         ptr = self.address(offset)
         mem = cupy.cuda.UnownedMemory(ptr, nbytes, self, self.device_id)
         return cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0))
@@ -122,6 +125,7 @@ class CudaMemory:
             return self.view(offset, nbytes).get().tobytes()
 
     def touch(self, offset: int, nbytes: int) -> None:
+        self.check_range(offset, nbytes)  # as the host's view checks it, so both backends refuse alike
         touch_pointer(self.address(offset), nbytes)
 
     def synchronize(self) -> None:

@@ -73,7 +73,9 @@ class HostDevice(HostMemory, SegmentDevice):
         pass  # the array goes with the last reference to it
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
-        """A writable ``uint8`` view of ``[offset, offset + nbytes)``."""
+        """A writable ``uint8`` view of ``[offset, offset + nbytes)``, which must lie in one segment
+        (``check_range``: a slice past the array's end would silently come back shorter)."""
+        self.check_range(offset, nbytes)
         seg, rel = self.locate(offset)
         return self._buffers[seg][rel:rel + nbytes]
 

@@ -157,7 +157,7 @@ class HostVmmDevice(HostMemory, MappedRealDevice):
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """A writable ``uint8`` array over ``[offset, offset + nbytes)``, across page boundaries."""
-        self.check_mapped(offset, nbytes)
+        self.check_range(offset, nbytes)
         if nbytes == 0:
             return np.empty(0, dtype=np.uint8)
         return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(self.address(offset)), dtype=np.uint8)

@@ -182,9 +182,10 @@ class MappedRealDevice(PageMappedDevice):
     address = SegmentDevice.address
     address_tables = SegmentDevice.address_tables
 
-    def check_mapped(self, offset: int, nbytes: int) -> None:
+    def check_range(self, offset: int, nbytes: int) -> None:
         """Assert that ``[offset, offset + nbytes)`` is mapped (touching it otherwise would fault
-        the process on the host, and the context on the GPU)."""
+        the process on the host, and the context on the GPU): ``SegmentDevice.check_range``'s part
+        here, which every memory operation of the backends calls."""
         mapped = self.mapped_bytes_in(offset, nbytes)
         assert mapped == nbytes, (f"[{offset}, {offset + nbytes}) is not fully mapped ({mapped:,} of "
                                   f"{nbytes:,} B): the policy handed out memory it had not mapped")

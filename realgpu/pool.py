@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import policies
 from policies.base import Allocation, Policy, PoolStats, _as_size
-from policies.device import SEGMENT_ALIGNMENT_BYTES
+from policies.device import SEGMENT_ALIGNMENT_BYTES, DeviceInFront
 from policies.mapped_device import PageMappedDevice
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError, oom_message
 from realgpu.host import HostDevice, HostMemoryPointer
@@ -74,13 +74,17 @@ class GpuPool:
 
     Args:
         policy: a spec string (``"size-class:classes_per_doubling=4"``) or a fresh ``Policy``
-            (it must hold no segment yet; its device is replaced by this pool's).
+            (it must hold no segment yet). Either way the pool builds its own policy on its own
+            device (``policies.create``; for an object, a fresh one from its ``get_params()``,
+            wrappers with their bases): ``self.policy`` is that one, and the object given is left
+            as it was.
         backend: ``"cuda"`` (segments are ``cudaMalloc``'d), ``"host"`` (numpy arrays, for CI),
             ``"cuda-vmm"`` (pages mapped with ``cuMemCreate``/``cuMemMap``), ``"host-vmm"`` (its
             ``mmap``/``memfd`` stand-in), or a device instance (``HostDevice(limit_bytes=...)`` to make
-            the device refuse). A policy whose own device is a ``PageMappedDevice`` (one built with
-            it, or a page-mapped policy that builds one by default) gets the page-mapped backend of
-            the same granularity and limit on ``"cuda"``/``"host"``.
+            the device refuse). A policy that needs a page-mapped device (its declared
+            ``device_kind``: ``page-pool``, ``vmm-stitch``, ``expandable``, ``virtual=true``, a wrapper
+            over one) gets the page-mapped backend on ``"cuda"``/``"host"``, of the granularity and
+            limit of the ``PageMappedDevice`` a policy object was built on.
         capacity_bytes: most bytes the policy may reserve. None: on CUDA, the device's free
             memory (NVML) less ``headroom_bytes``; on the host, no limit. Only for spec strings.
         validate: write and check patterns and guards (slow: one kernel per region and a sync
@@ -95,6 +99,7 @@ class GpuPool:
     Raises:
         GpuUnavailableError: ``backend="cuda"`` without CuPy or a GPU.
         PolicyError: a bad spec.
+        PoolError: a used policy object, or a device instance of a kind the policy cannot run on.
     """
 
     def __init__(self, policy: str | Policy, *, backend: str | SegmentDevice = "cuda",
@@ -111,7 +116,7 @@ class GpuPool:
         self.device_id = device_id
         self.headroom_bytes = headroom_bytes
 
-        self.device = self._make_device(backend, device_id, _page_mapped_model(policy))
+        self.device = self._make_device(backend, device_id, _device_kind(policy), _page_mapped_model(policy))
         self.is_cuda = self.device.kind == "cupy"
         if self.is_cuda:
             from realgpu.cuda import CudaPoolOutOfMemoryError
@@ -149,13 +154,14 @@ class GpuPool:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def _make_device(backend: str | RealDevice, device_id: int, model: PageMappedDevice | None) -> RealDevice:
+    def _make_device(backend: str | RealDevice, device_id: int, kind: str | None,
+                     model: PageMappedDevice | None) -> RealDevice:
         if isinstance(backend, (SegmentDevice, MappedRealDevice)):
             return backend
         if backend not in BACKENDS:
             raise PoolError(f"backend(={backend!r}) must be one of {', '.join(map(repr, BACKENDS))} "
                             "or a realgpu device")
-        if model is not None and not backend.endswith("-vmm"):
+        if (kind == "page-mapped" or model is not None) and not backend.endswith("-vmm"):
             backend += "-vmm"
         mapped = {} if model is None else {"granularity_bytes": model.granularity_bytes,
                                            "limit_bytes": model.limit_bytes,
@@ -186,18 +192,35 @@ class GpuPool:
         return usable
 
     def _make_policy(self, policy: str | Policy) -> Policy:
+        """The pool's own policy, built on ``self.device`` (the one way a policy gets a real device)."""
         if isinstance(policy, Policy):
             if policy.segments() or policy.num_allocs:
                 raise PoolError(f"policy {policy.spec!r} has already been used; pass a fresh one (or a spec string)")
             if self.capacity_bytes is not None:
                 raise PoolError("capacity_bytes is the policy's own knob: set it on the policy object, "
                                 "or pass a spec string")
-            policy.device = self.device
-            return policy
-        if not isinstance(policy, str):
+            built = policies.create(policy, device=self.device)  # a fresh one from its knobs, on this device
+        elif isinstance(policy, str):
+            capacity = self.capacity_bytes if self.capacity_bytes is not None else self._device_capacity()
+            built = policies.create(policy, capacity_bytes=capacity, device=self.device)
+        else:
             raise PoolError(f"policy(={policy!r}) must be a spec string or a policies.Policy")
-        capacity = self.capacity_bytes if self.capacity_bytes is not None else self._device_capacity()
-        return policies.create(policy, capacity_bytes=capacity, device=self.device)
+        self._check_on_device(built)
+        return built
+
+    def _check_on_device(self, policy: Policy) -> None:
+        """Refuse a policy whose offsets are not this device's: one that put a device of its own
+        in between (a page-mapped model over a segment device hands out virtual offsets that
+        the segment device never gave, and a range over two of its segments is memory outside
+        any allocation). Devices that stand in front of another (``policies.device.DeviceInFront``:
+        a page pool's range) hand out the inner device's offsets and are looked through."""
+        device = policy.device
+        while device is not self.device and isinstance(device, DeviceInFront):
+            device = device.inner
+        if device is not self.device:
+            raise PoolError(f"policy {policy.spec!r} needs a {_device_kind(policy)} device and built its own over "
+                            f"this pool's {type(self.device).__name__}; its offsets would not be the device's: give "
+                            f"a {'page-mapped backend (host-vmm, cuda-vmm)' if _device_kind(policy) == 'page-mapped' else 'segment backend (host, cuda)'}")
 
     # ------------------------------------------------------------------ CuPy allocator protocol
     def malloc(self, nbytes: int):
@@ -457,18 +480,24 @@ class GpuPool:
         return f"<GpuPool {self.policy.spec!r} on {self.device.kind} ({state})>"
 
 
+def _device_kind(policy: str | Policy) -> str | None:
+    """The device ``policy`` needs, as it declares (``policies.registry.device_kind``; a policy
+    object's from its knobs), or None for what the real construction will refuse."""
+    try:
+        if isinstance(policy, Policy):
+            return type(policy).device_kind_for(policy.get_params())
+        if isinstance(policy, str):
+            return policies.registry.device_kind(policy)
+    except policies.PolicyError:
+        pass  # the real construction reports the bad spec
+    return None
+
+
 def _page_mapped_model(policy: str | Policy) -> PageMappedDevice | None:
-    """The page-mapped device a policy runs on by its own choice, for the real one to mirror:
-    a policy object built on one, or a spec that declares one (``policies.registry.device_kind``;
-    only such a spec is built here, to read the device it builds)."""
-    if isinstance(policy, str):
-        try:
-            if policies.registry.device_kind(policy) != "page-mapped":
-                return None
-            policy = policies.create(policy)
-        except policies.PolicyError:
-            return None  # the real construction reports the bad spec
-    if not isinstance(policy, Policy):
-        return None  # the real construction reports what it is
-    device = policy.device
+    """The modelled page-mapped device a policy object was built on (looking through devices in
+    front of it, such as a page pool's range), for the real one to mirror its granularity and
+    limits; None for a spec string (built on the real device's defaults) or another device."""
+    device = policy.device if isinstance(policy, Policy) else None
+    while isinstance(device, DeviceInFront):
+        device = device.inner
     return device if isinstance(device, PageMappedDevice) and not isinstance(device, MappedRealDevice) else None

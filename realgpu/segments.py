@@ -138,11 +138,14 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         the live lists (mutated in place as segments come and go), for a hot path that inlines the lookup."""
         return self._starts, self._bases
 
-    def check_span(self, offset: int, nbytes: int) -> None:
-        """Assert that ``[offset, offset + nbytes)`` lies inside one segment (policies must not straddle)."""
+    def check_range(self, offset: int, nbytes: int) -> None:
+        """Assert that ``[offset, offset + nbytes)`` lies inside one segment: two segments are two
+        ``cudaMalloc`` blocks, not one range, so a range over both reaches memory outside any
+        allocation (policies must not straddle). Every memory operation of the backends checks it."""
         seg, rel = self.locate(offset)
         assert rel + nbytes <= self._sizes[seg], (
-            f"range [{offset}, {offset + nbytes}) runs past the end of segment [{seg}, {seg + self._sizes[seg]})")
+            f"range [{offset}, {offset + nbytes}) runs past the end of segment [{seg}, {seg + self._sizes[seg]}): "
+            "the policy handed out memory outside any segment")
 
     def close(self) -> None:
         """Give back every segment still held (the policy's ``reset`` normally did already)."""

@@ -170,3 +170,51 @@ def test_a_pool_dropped_without_close_gives_its_segments_back():
     del pool
     gc.collect()
     assert cupy.cuda.runtime.memGetInfo()[0] >= free_held + 100 * MiB
+
+
+@pytest.mark.gpu
+def test_a_range_past_a_cudamalloc_block_is_refused():
+    """Issue 29: two ``cudaMalloc`` blocks are not one range, and nothing on the GPU stops a
+    kernel that writes past one; the CUDA device checks each range it fills, checks or touches,
+    as the host backend does."""
+    dev = rcuda.CudaDevice()
+    first = dev.reserve(2 * MiB)
+    dev.reserve(2 * MiB)
+    end = first + 2 * MiB
+    for operation in (lambda: dev.fill(end - 8, 16, 0x80ABCDEF, 0), lambda: dev.touch(end - 8, 16),
+                      lambda: dev.first_mismatch(end - 8, 16, 0x80ABCDEF, 0)):
+        with pytest.raises(AssertionError, match="outside any segment"):
+            operation()
+    dev.fill(end - 16, 16, 0x80ABCDEF, 0)
+    assert dev.first_mismatch(end - 16, 16, 0x80ABCDEF, 0) == -1
+    dev.close()
+
+
+@pytest.mark.gpu
+def test_page_pool_on_cuda_maps_its_pages_into_one_range(tmp_path):
+    """Issue 29: ``gpu replay --backend cuda -p page-pool`` of a 1 MiB then a 3 MiB allocation ran
+    "clean" with its 3 MiB over two separate ``cudaMalloc`` blocks; it now runs on the cuMem
+    device, where its pages are one range, and validation checks every byte."""
+    from realgpu.replay import gpu_replay
+    from traces.events import AllocTrace, make_events
+
+    events = make_events([0, 1, 2, 3], ["alloc", "alloc", "free", "free"], [0, 1, 0, 1],
+                         [1 * MiB, 3 * MiB, 1 * MiB, 3 * MiB])
+    result = gpu_replay(AllocTrace(events=events, name="one-then-three"), "page-pool", backend="cuda",
+                        capacity_bytes=256 * MiB, validate=True)
+    assert result.summary["device_kind"] == "vmm" and result.summary["n_failed"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", ["elastic", "compacting", "tag-limits", "expandable", "page-pool"])
+def test_a_policy_object_runs_on_the_gpu(spec):
+    """Issue 29: these, given as objects, failed with ``IndexError`` on ``--backend cuda``."""
+    import policies
+    from realgpu.pool import GpuPool
+
+    pool = GpuPool(policies.create(spec, capacity_bytes=512 * MiB), validate=True)
+    held = [pool.allocate(n) for n in (3 * MiB, 1000, 5 * MiB + 7)]
+    assert all(pool.pointer(a) for a in held)
+    for a in held:
+        pool.free(a)
+    pool.close()

@@ -64,3 +64,20 @@ def test_host_backend_replays_arenas_released_by_the_retry(tmp_path):
     for backend in ("gpu", "sim"):
         row = summary.loc[backend]
         assert row["n_failed"] == 1 and row["peak_live_bytes"] <= row["peak_reserved_bytes"]
+
+
+@pytest.mark.parametrize("validate", [["--validate"], []], ids=["validate", "plain"])
+def test_page_pool_replays_on_the_host_backend(tmp_path, capsys, validate):
+    """Issue 29: a 1 MiB then a 3 MiB allocation under page-pool on ``--backend host`` stopped with
+    "offset 12582912 lies past segment [10485760, 12582912)" (an AssertionError traceback): the
+    policy got a modelled page-mapped device over the segment device, whose offsets were not the
+    device's. It runs on the page-mapped device now, agreeing with the simulator."""
+    trace = tmp_path / "one-then-three.csv"
+    trace.write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,0,1048576,0,\n1,alloc,1,3145728,0,\n"
+                     "2,free,0,1048576,0,\n3,free,1,3145728,0,\n")
+    out = tmp_path / "gpu"
+    main(["gpu", "replay", str(trace), "--backend", "host", "-p", "page-pool", "--sim", "--out", str(out),
+          "--no-progress", *validate])
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["device_kind"]) == ["vmm", "vmm"] and list(summary["n_failed"]) == [0, 0]
+    assert summary["peak_reserved_bytes"].nunique() == 1

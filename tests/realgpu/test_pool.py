@@ -96,11 +96,81 @@ def test_device_refusal_is_out_of_memory_too():
     assert pool.device.num_refused >= 1
 
 
-def test_policy_object_is_driven_on_the_pools_device():
-    policy = policies.create("best-fit")
+def test_policy_object_is_rebuilt_from_its_knobs_on_the_pools_device():
+    policy = policies.create("best-fit:alignment_bytes=1024", capacity_bytes=64 * MiB)
     pool = GpuPool(policy, backend="host")
     pool.allocate(1000)
-    assert policy.device is pool.device and pool.device.num_segments == 1
+    assert pool.policy is not policy and pool.policy.device is pool.device and pool.device.num_segments == 1
+    assert pool.policy.get_params() == policy.get_params()  # capacity_bytes included
+    assert policy.num_allocs == 0 and not policy.segments()  # the object given is left as it was
+
+
+#: the wrappers (their bases rebuilt too), a page-mapped policy of each kind, and a plain one
+OBJECT_SPECS = ["elastic", "compacting", "tag-limits", "expandable", "page-pool", "vmm-stitch",
+                "elastic:base=[page-pool]", "tag-limits:base=[compacting:base=[first-fit]]", "best-fit:virtual=true"]
+
+
+@pytest.mark.parametrize("validate", [True, False], ids=["validate", "plain"])
+@pytest.mark.parametrize("spec", OBJECT_SPECS)
+def test_a_policy_object_runs_on_the_pool_as_its_spec_does(spec, validate):
+    """Issue 29: a policy object was handed the pool's device after it was built, so a wrapper's
+    base (and an expandable or page pool's range) stayed on the old device: "offset 2097152 lies
+    below every segment", "not fully mapped", or an IndexError from ``pointer()``."""
+    by_object = GpuPool(policies.create(spec), backend="host", validate=validate)
+    by_spec = GpuPool(spec, backend="host", validate=validate)
+    for pool in (by_object, by_spec):
+        held = [pool.allocate(n) for n in (3 * MiB, 1000, 5 * MiB + 7)]
+        for a in held:
+            for offset, length in a.extents:
+                pool.device.check_range(offset, length)  # real memory the device handed out
+            assert pool.pointer(a) >= pool.pages(a)[0][0]
+        for layer in policies.wrapper.layers(pool.policy):  # every layer's segments are the pool device's
+            assert all(pool.device.locate(seg.offset) for seg in layer.segments())
+        for a in held:
+            pool.free(a)
+    assert type(by_object.device) is type(by_spec.device)
+    assert by_object.stats() == by_spec.stats()
+    by_object.close(), by_spec.close()
+
+
+def test_a_device_the_policy_cannot_run_on_is_refused():
+    """A page-mapped policy given a segment device would lay a modelled page-mapped device over
+    it, whose offsets the real device never handed out."""
+    with pytest.raises(PoolError, match="page-mapped backend"):
+        GpuPool("page-pool", backend=HostDevice())
+
+
+def test_page_pool_ranges_never_cross_two_segments_on_the_host_backend(tmp_path):
+    """Issue 29: page-pool on ``--backend host`` was built over a modelled page-mapped device in
+    front of the segment device, so a 3 MiB request got two pages at consecutive virtual offsets
+    that were two separate host arrays: "offset 12582912 lies past segment [10485760, 12582912)".
+    It now gets the page-mapped backend, where consecutive pages are one range."""
+    from realgpu.host_vmm import HostVmmDevice
+
+    for validate in (True, False):
+        pool = GpuPool("page-pool", backend="host", validate=validate)
+        assert isinstance(pool.device, HostVmmDevice)
+        small, large = pool.allocate(1 * MiB), pool.allocate(3 * MiB)
+        for a in (small, large):
+            for offset, length in a.extents:
+                pool.device.check_range(offset, length)
+        pool.free(small), pool.free(large)
+        pool.close()
+
+
+def test_host_segments_refuse_a_range_over_two_of_them():
+    """A segment is one ``cudaMalloc`` block: a range that runs past its end is memory outside
+    any allocation, whatever lies next (the host view used to come back shorter, silently)."""
+    device = HostDevice()
+    first = device.reserve(2 * MiB)
+    device.reserve(2 * MiB)
+    end = first + 2 * MiB
+    for operation in (lambda: device.fill(end - 8, 16, GUARD_WORD, 0), lambda: device.touch(end - 8, 16),
+                      lambda: device.first_mismatch(end - 8, 16, GUARD_WORD, 0), lambda: device.view(end - 8, 16)):
+        with pytest.raises(AssertionError, match="outside any segment"):
+            operation()
+    device.fill(end - 16, 16, GUARD_WORD, 0)  # inside one segment: fine
+    assert device.first_mismatch(end - 16, 16, GUARD_WORD, 0) == -1
 
 
 def test_used_policy_object_is_refused():
