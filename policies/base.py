@@ -23,7 +23,7 @@ Knobs are explicit keyword arguments of ``__init__``, stored unchanged under the
 
 What else a pool can be asked is *declared* on ``Policy`` (the "declared capabilities" block:
 ``moves_allocations``, ``can_reserve``/``reserve``, ``can_compact``/``compact``, ``empty_cache``,
-``seed_segment``, ``page_size_bytes``, ``block_cache``, ``base_policy``): a policy that offers
+``seed_segment``, ``page_size_bytes``, ``block_cache``, ``base_policy``, ``can_hold_kv``): a policy that offers
 more sets the flag and overrides the method, a wrapper (``policies.wrapper``) forwards both to
 its base, and callers read the flag, never the presence of an attribute.
 
@@ -284,6 +284,13 @@ class Policy:
     #: "page-mapped" (``policies.mapped_device``, cuMem); the factory that builds a policy picks
     #: the device by it (``registry.device_kind``), and a knob may change it (``device_kind_for``)
     device_kind: ClassVar[str] = "segment"
+    #: a simulated server can keep its KV cache in it (``sim.simulate``): each allocation is one
+    #: range (``contiguous``) or whole pages of ``page_size_bytes``; False for a pool whose
+    #: allocations are neither (vmm-stitch's chunks of several ranges). A spec's answer, without
+    #: building it: ``registry.can_hold_kv`` (``can_hold_kv_for``); wrappers answer for their base
+    can_hold_kv: ClassVar[bool] = True
+    #: the knob that sets ``page_size_bytes`` (what an error tells the user to change); None if none
+    page_size_knob: ClassVar[str | None] = None
     #: ``on_move(allocation, old_offset, new_offset, nbytes)`` for a pool that moves allocations
     #: (wiring set by the caller, e.g. ``realgpu`` copying the bytes; see ``policies.wrapper``)
     on_move: Any = None
@@ -323,6 +330,11 @@ class Policy:
     def device_kind_for(cls, params: dict[str, Any]) -> str:
         """The ``device_kind`` a policy built with the knobs ``params`` needs."""
         return cls.device_kind
+
+    @classmethod
+    def can_hold_kv_for(cls, params: dict[str, Any]) -> bool:
+        """Whether a policy built with the knobs ``params`` can hold a KV cache (``can_hold_kv``)."""
+        return cls.can_hold_kv
 
     @classmethod
     def param_defaults(cls) -> dict[str, Any]:

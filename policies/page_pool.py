@@ -136,6 +136,7 @@ class PagePool(Policy):
     name = "page-pool"
     device_kind = "page-mapped"
     contiguous = False
+    page_size_knob = "page_bytes"
 
     def __init__(self, *, page_bytes: int = 2 << 20, min_free_pages: int = 5, max_free_pages: int = 10,
                  capacity_bytes: int | None = None, device: Device | None = None):

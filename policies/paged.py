@@ -225,6 +225,7 @@ class Paged(_PagedCore):
     name = "paged"
     contiguous = False
     coalesces = False
+    page_size_knob = "page_bytes"
 
     @property
     def block_cache(self) -> "Paged":

@@ -21,7 +21,7 @@ from policies.device import Device
 from policies.errors import PolicyError
 from policies.spec import parse_spec
 
-__all__ = ["available", "get", "create", "register", "device_kind", "ENTRY_POINT_GROUP"]
+__all__ = ["available", "get", "create", "register", "device_kind", "can_hold_kv", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "poollab.policies"
 
@@ -68,9 +68,12 @@ def _table() -> dict[str, Any]:
     return merged
 
 
-def available() -> list[str]:
-    """Names of every registered policy: built-ins first, then third-party ones."""
-    return list(_table())
+def available(*, holds_kv: bool = False) -> list[str]:
+    """Names of every registered policy: built-ins first, then third-party ones; with ``holds_kv``,
+    only those that can hold a simulated server's KV cache (``can_hold_kv``: what ``simulate``
+    runs when no policy is named)."""
+    names = list(_table())
+    return [n for n in names if can_hold_kv(n)] if holds_kv else names
 
 
 def register(name: str, cls: type[Policy] | str, *, replace: bool = False) -> None:
@@ -153,3 +156,12 @@ def device_kind(spec: str | type[Policy]) -> str:
         return spec.device_kind_for({})
     name, params = parse_spec(spec)
     return get(name).device_kind_for(params)
+
+
+def can_hold_kv(spec: str | type[Policy]) -> bool:
+    """Whether a policy built from ``spec`` can hold a KV cache (``Policy.can_hold_kv``; a
+    wrapper's base decides it), without building it."""
+    if inspect.isclass(spec):
+        return spec.can_hold_kv_for({})
+    name, params = parse_spec(spec)
+    return get(name).can_hold_kv_for(params)

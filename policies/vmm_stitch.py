@@ -74,6 +74,9 @@ class VmmStitch(BestFit):
     name = "vmm-stitch"
     device_kind = "page-mapped"
     contiguous = False  # a stitched allocation spans chunks of several pBlocks
+    #: neither one range (in the pool's space) nor whole pages: the simulator's KV managers know
+    #: only those two, and its stitched address is not the pool's (``stitched_address``)
+    can_hold_kv = False
 
     def __init__(self, *, max_stitched_ranges: int = 64, alignment_bytes: int = 512,
                  capacity_bytes: int | None = None, device: Device | None = None):

@@ -95,6 +95,13 @@ class WrapperPolicy(Policy):
 
         return device_kind(params.get("base", cls.param_defaults()["base"]))
 
+    @classmethod
+    def can_hold_kv_for(cls, params: dict[str, Any]) -> bool:
+        """The base's: the wrapper hands out the base's allocations."""
+        from policies.registry import can_hold_kv
+
+        return can_hold_kv(params.get("base", cls.param_defaults()["base"]))
+
     def _check_base(self, base_policy: Policy) -> None:
         """Raise PolicyError when this wrapper cannot wrap ``base_policy``."""
 
@@ -120,6 +127,10 @@ class WrapperPolicy(Policy):
     @property
     def page_size_bytes(self) -> int | None:
         return self.base_policy.page_size_bytes
+
+    @property
+    def can_hold_kv(self) -> bool:
+        return self.base_policy.can_hold_kv
 
     @property
     def block_cache(self) -> Policy | None:

@@ -218,9 +218,10 @@ class GpuPool:
         while device is not self.device and isinstance(device, DeviceInFront):
             device = device.inner
         if device is not self.device:
-            raise PoolError(f"policy {policy.spec!r} needs a {_device_kind(policy)} device and built its own over "
-                            f"this pool's {type(self.device).__name__}; its offsets would not be the device's: give "
-                            f"a {'page-mapped backend (host-vmm, cuda-vmm)' if _device_kind(policy) == 'page-mapped' else 'segment backend (host, cuda)'}")
+            kind = _device_kind(policy)
+            fix = "page-mapped backend (host-vmm, cuda-vmm)" if kind == "page-mapped" else "segment backend (host, cuda)"
+            raise PoolError(f"policy {policy.spec!r} needs a {kind} device and built its own over this pool's "
+                            f"{type(self.device).__name__}; its offsets would not be the device's: give a {fix}")
 
     # ------------------------------------------------------------------ CuPy allocator protocol
     def malloc(self, nbytes: int):

@@ -35,7 +35,7 @@ from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
 __all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many",
-           "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
+           "check_kv_policy", "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
 
 #: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -85,6 +85,28 @@ def _page_bytes(policy: Policy) -> int | None:
     """Page size of a paged policy, or of the paged policy a wrapper holds."""
     size = policy.page_size_bytes  # declared on every policy; wrappers forward their base's
     return int(size) if size else None
+
+
+def check_kv_policy(spec: str, policy: Policy | None = None) -> None:
+    """Raise ValueError unless ``spec`` (or ``policy``, built from it) can hold a KV cache
+    (``Policy.can_hold_kv``, read from the spec without building it), naming those that can."""
+    able = policy.can_hold_kv if policy is not None else policies.registry.can_hold_kv(spec)
+    if not able:
+        raise ValueError(f"policy {spec!r} cannot hold a KV cache: its allocations are neither one range nor whole "
+                         f"pages; policies that can: {', '.join(policies.available(holds_kv=True))}")
+
+
+def _page_knob(policy: Policy, bytes_per_token: int) -> str:
+    """What to change for a larger page: the knob that sets it (``Policy.page_size_knob``; a
+    wrapper's base's), with a page of 16 tokens as the example; for errors."""
+    from policies.wrapper import layers
+
+    for layer in layers(policy):
+        knob = type(layer).page_size_knob
+        if layer.page_size_bytes and knob:
+            where = "" if layer is policy else f" of its base {layer.spec!r}"
+            return f"set {knob}{where} (e.g. {layer.name}:{knob}={16 * bytes_per_token}, 16 tokens)"
+    return "it declares no knob that sets its page (Policy.page_size_knob)"
 
 
 def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
@@ -183,6 +205,7 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
                              budget_bytes=budget_bytes,
                              max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN)
         fill = {"page_bytes": layout.granule_bytes}
+    check_kv_policy(policy_spec, policy)
     if policy is None:
         policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
                                costs=cost_model, fill=fill,
@@ -207,7 +230,7 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
         if policy.contiguous or _page_bytes(policy) != layout.granule_bytes:
             raise ValueError(f"{model.name} keeps KV in layer groups ({', '.join(p.name for p in layout.groups)}): "
                              f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
-                             f"(leave its page size unset), not {policy_spec!r}")
+                             f"(leave {type(policy).page_size_knob or 'its page size'} unset), not {policy_spec!r}")
         kv = HybridKV(pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         kv_layout = "paged"
     elif policy.contiguous:
@@ -215,9 +238,13 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
         kv_layout = cfg.kv_strategy
     else:
         page_bytes = _page_bytes(policy)
-        if page_bytes is None or page_bytes < bytes_per_token:
-            raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes} B) must hold at least one token's "
-                             f"KV ({bytes_per_token} B for {model.name}); set its page size")
+        if page_bytes is None:
+            raise ValueError(f"policy {policy_spec!r} places its allocations in pieces but declares no page size "
+                             "(Policy.page_size_bytes): a KV cache cannot be laid out in it; it should declare "
+                             f"can_hold_kv = False. Policies that can: {', '.join(policies.available(holds_kv=True))}")
+        if page_bytes < bytes_per_token:
+            raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes:,} B) must hold at least one token's "
+                             f"KV ({bytes_per_token:,} B for {model.name}): {_page_knob(policy, bytes_per_token)}")
         kv = kv_class(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes,
                       tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
                       block_recompute_s=_block_recompute_s(step_model, cfg.prefix_block_tokens))
@@ -383,9 +410,10 @@ def _timeseries(server: Server, trace_name: str, policy_spec: str) -> pd.DataFra
     return ts
 
 
-def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str], *, model: Any, gpu: Any,
-                  progress: bool = False, **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``simulate`` under each spec: ``(summary, timeseries, requests)`` tables, one block per policy.
+def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str] | None = None, *, model: Any,
+                  gpu: Any, progress: bool = False, **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``simulate`` under each spec (None: every registered policy that can hold KV,
+    ``policies.available(holds_kv=True)``): ``(summary, timeseries, requests)`` tables, one block per policy.
 
     Keyword arguments are ``simulate``'s; ``sim.report.write_results(out, summary, timeseries,
     extra_tables={"requests": requests})`` writes them. ``progress`` shows a bar per policy on
@@ -394,13 +422,13 @@ def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[
     return result_tables(simulate_runs(requests, policy_specs, model=model, gpu=gpu, progress=progress, **kwargs))
 
 
-def simulate_runs(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str], *, model: Any, gpu: Any,
-                  progress: bool = False, **kwargs: Any) -> list[SimResult]:
+def simulate_runs(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str] | None = None, *, model: Any,
+                  gpu: Any, progress: bool = False, **kwargs: Any) -> list[SimResult]:
     """``simulate`` under each spec, in order (``simulate_many``'s runs, their ``SimResult`` whole:
-    a hybrid model's ``kv_groups`` too)."""
+    a hybrid model's ``kv_groups`` too); None: every registered policy that can hold KV."""
     trace = _as_trace(requests)
     results = []
-    for spec in policy_specs:
+    for spec in policies.available(holds_kv=True) if policy_specs is None else policy_specs:
         with _time_bar(trace, spec, progress) as advance:
             results.append(simulate(trace, spec, model=model, gpu=gpu, progress=advance, **kwargs))
     return results

@@ -13,7 +13,7 @@ from poollab.errors import UsageError
 from sim.config import Knob, ServerConfig, knobs
 from sim.kv import VIRTUAL
 from sim.report import format_table, write_results
-from sim.simulate import result_tables, simulate_runs
+from sim.simulate import check_kv_policy, result_tables, simulate_runs
 
 #: What the command prints per policy (the files hold every column; README "Columns" says what
 #: each means). What decides a comparison comes first: failures, preemptions, prefix hits.
@@ -140,6 +140,11 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
                      progress: bool, **options: Any) -> None:
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
+    for spec in spec_list:  # before any work: a policy that cannot hold the KV cache is a bad --policy
+        try:
+            check_kv_policy(spec)
+        except ValueError as exc:
+            raise UsageError(f"--policy {spec}: {exc}") from None
     check_specs([options["aux_policy"]])
     try:
         config = ServerConfig(**options)

@@ -51,6 +51,8 @@ def test_options_reach_the_simulator(trace, tmp_path, cli_ok):
     (["--gpu", "tpu-v9"], "unknown GPU"),
     (["-p", "no-such-policy"], "unknown policy 'no-such-policy'"),
     (["-p", "paged:bogus=1"], "bogus"),
+    (["-p", "vmm-stitch"], "--policy vmm-stitch: policy 'vmm-stitch' cannot hold a KV cache"),  # issue 29
+    (["-p", "paged:page_bytes=4096"], "set page_bytes (e.g. paged:page_bytes="),
 ])
 def test_bad_model_gpu_or_policy_is_one_line_and_exit_2(trace, tmp_path, argv, words, cli):
     code, _, err = cli(["simulate", str(trace), *argv, "--out", str(tmp_path / "o")])
