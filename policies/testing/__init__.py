@@ -3,8 +3,10 @@
 ``check_invariants(policy, live_allocations)`` recounts a pool's state by brute force and
 compares it with what the policy reports; ``check_policy(policy_factory)`` runs the whole
 battery in ``POLICY_CHECKS`` (random workloads, bad requests, refusals, reset, trim, grow,
-parameters). Every check raises ``AssertionError`` naming what is wrong (not ``assert``, so the
-checks survive ``python -O``).
+parameters); ``check_real_pool(make_pool, spec)`` runs a policy on a real pool with validation
+(``realgpu.GpuPool``, passed in by the caller) against the same requests on its model device.
+Every check raises ``AssertionError`` naming what is wrong (not ``assert``, so the checks
+survive ``python -O``).
 
 A *policy factory* is any callable ``factory(capacity_bytes=None, device=None) -> Policy``: a
 policy class, ``functools.partial(policies.create, "best-fit:...")`` or a lambda.
@@ -24,7 +26,7 @@ from policies.testing._common import BAD_SIZES, PolicyFactory
 from policies.testing.battery import (POLICY_CHECKS, check_allocation_fields, check_bad_sizes, check_capacity_refusal,
                                       check_capacity_workload, check_device_refusal, check_double_free,
                                       check_fresh_pool, check_grow, check_huge_request, check_params, check_policy,
-                                      check_random_workload, check_release_and_retry, check_reset,
+                                      check_random_workload, check_real_pool, check_release_and_retry, check_reset,
                                       check_same_size_reuse, check_trim, check_unknown_free, random_size)
 from policies.testing.invariants import check_invariants
 from policies.testing.reference import SegmentPerRequest
@@ -34,5 +36,5 @@ __all__ = [
     "PolicyFactory", "check_fresh_pool", "check_allocation_fields", "check_random_workload",
     "check_capacity_workload", "check_bad_sizes", "check_double_free", "check_unknown_free",
     "check_capacity_refusal", "check_device_refusal", "check_reset", "check_trim", "check_grow", "check_params",
-    "check_release_and_retry", "check_same_size_reuse", "check_huge_request",
+    "check_release_and_retry", "check_same_size_reuse", "check_huge_request", "check_real_pool",
 ]

@@ -499,3 +499,77 @@ def check_policy(policy_factory: PolicyFactory) -> None:
         except AssertionError as exc:
             raise AssertionError(f"{check.__name__}: {exc}") from exc
 
+
+
+#: ``make_pool(policy) -> pool``: a real pool (``realgpu.GpuPool``, validation on) over a spec
+#: string or a fresh policy object; the pool builds its own policy on its own device
+RealPoolFactory = Callable[[Any], Any]
+
+
+def _small_size(rng: random.Random) -> int:
+    """A request size for a real pool, where every byte is written and checked: tiny to 24 MiB."""
+    r = rng.random()
+    if r < 0.45:
+        return rng.randint(1, 4096)
+    if r < 0.85:
+        return rng.randint(4097, 2 * MiB + 4096)
+    return rng.randint(2 * MiB, 24 * MiB)
+
+
+def check_real_pool(make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num_ops: int = 48) -> None:
+    """``spec`` driving real memory, given as a spec string and as a fresh policy object.
+
+    ``make_pool`` builds a pool that validates (``realgpu.GpuPool(..., validate=True,
+    guard_bytes=0)`` on the ``host`` or ``host-vmm`` backend): every byte the policy hands out
+    is written with a pattern on allocation and checked on free, inside what the device really
+    holds (a range over two ``cudaMalloc`` blocks, or over pages never mapped, is refused). The
+    same random requests go to ``spec`` alone, on the model of the pool's device (a
+    ``PageMappedDevice`` for a page-mapped one, a ``VirtualDevice`` otherwise): the pool's
+    accounting must equal it after every request, and both pools keep their invariants. The
+    policy object given is left untouched (the pool builds its own from its knobs).
+
+    Layering: ``policies`` imports nothing of ``realgpu``; the caller passes the pool.
+    """
+    from policies.mapped_device import PageMappedDevice
+    from policies.registry import create
+
+    for given in ("spec", "object"):
+        obj = create(spec) if given == "object" else None
+        pool = make_pool(obj if obj is not None else spec)
+        where = f"{spec!r} given as {'a policy object' if obj is not None else 'a spec string'} to {pool!r}"
+        try:
+            real = pool.policy
+            if obj is not None and (real is obj or obj.num_allocs or obj.segments()):
+                _fail(f"{where}: the pool drove the object it was given instead of building its own")
+            device = pool.device
+            model = (PageMappedDevice(granularity_bytes=device.granularity_bytes)
+                     if isinstance(device, PageMappedDevice) else VirtualDevice())
+            twin = create(spec, device=model)
+            rng = random.Random(seed)
+            live: list[tuple[Allocation, Allocation]] = []
+            for step in range(num_ops):
+                if live and (rng.random() < 0.4 or len(live) >= 24):
+                    a, b = live.pop(rng.randrange(len(live)))
+                    pool.free(a)  # validation: raises CorruptionError where a byte changed
+                    twin.free(b)
+                else:
+                    n, stream, tag = _small_size(rng), rng.choice((0, 0, 1)), rng.choice((None, "kv", "act"))
+                    a = pool.allocate(n, stream=stream, tag=tag)  # raises where the pool cannot place it
+                    b = twin.allocate(n, stream=stream, tag=tag)
+                    if b is None:
+                        _fail(f"{where}: allocate({n}) failed on the model device with no capacity limit")
+                    live.append((a, b))
+                    if a.extents != b.extents:
+                        _fail(f"{where}: request {step} ({n} B) placed at {a.extents[:4]} on the device but "
+                              f"{b.extents[:4]} on the model: the policy's offsets are not the device's")
+                diff = _differences(twin.stats(), pool.stats())
+                if diff:
+                    _fail(f"{where}: after request {step} the pool's accounting differs from the model's: {diff}")
+            check_invariants(real, [a for a, _ in live])
+            check_invariants(twin, [b for _, b in live])
+            while live:
+                a, b = live.pop()
+                pool.free(a)
+                twin.free(b)
+        finally:
+            pool.close()

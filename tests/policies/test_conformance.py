@@ -346,3 +346,18 @@ class _AlignOnlyTLSF(TLSF):
 def test_the_battery_catches_issue_11s_tlsf_bug():
     with pytest.raises(AssertionError, match="reusing 131072000 B"):
         testing.check_same_size_reuse(_AlignOnlyTLSF)
+
+
+# ---------------------------------------------------------------------------- on a real pool
+#: every registered policy (and the third-party one), on a real pool with validation (issue 29)
+REAL_POOL_SPECS = list(dict.fromkeys([*policies.available(), THIRD_PARTY]))
+
+
+@pytest.mark.parametrize("backend", ["host", "host-vmm"])
+@pytest.mark.parametrize("spec", REAL_POOL_SPECS)
+def test_policy_runs_on_a_real_pool(spec, backend):
+    """``realgpu.GpuPool`` with validation, over the spec string and over a policy object: every
+    byte written and checked in real (host) memory, the accounting equal to the model's."""
+    from realgpu.pool import GpuPool
+
+    testing.check_real_pool(lambda policy: GpuPool(policy, backend=backend, validate=True, guard_bytes=0), spec)
