@@ -12,16 +12,17 @@ from policies.testing._common import BAD_SIZES, MiB, PolicyFactory, fail as _fai
 from policies.testing.invariants import check_invariants
 
 
-def random_size(rng: random.Random) -> int:
-    """A request size from a mix of tiny, small, large and huge (up to 160 MiB) requests."""
+def random_size(rng: random.Random, max_bytes: int = 160 * MiB) -> int:
+    """A request size from a mix of tiny, small, large and huge (up to ``max_bytes``, at least
+    2 MiB) requests; huge ones start at 40 MiB, or at ``max_bytes`` when that is lower."""
     r = rng.random()
     if r < 0.4:
         return rng.randint(1, 4096)
     if r < 0.75:
         return rng.randint(4097, 2 * MiB)
     if r < 0.97:
-        return rng.randint(2 * MiB, 40 * MiB)
-    return rng.randint(40 * MiB, 160 * MiB)
+        return rng.randint(2 * MiB, min(40 * MiB, max_bytes))
+    return rng.randint(min(40 * MiB, max_bytes), max_bytes)
 
 
 def _differences(before: PoolStats, after: PoolStats) -> dict[str, tuple[Any, Any]]:
@@ -506,16 +507,6 @@ def check_policy(policy_factory: PolicyFactory) -> None:
 RealPoolFactory = Callable[[Any], Any]
 
 
-def _small_size(rng: random.Random) -> int:
-    """A request size for a real pool, where every byte is written and checked: tiny to 24 MiB."""
-    r = rng.random()
-    if r < 0.45:
-        return rng.randint(1, 4096)
-    if r < 0.85:
-        return rng.randint(4097, 2 * MiB + 4096)
-    return rng.randint(2 * MiB, 24 * MiB)
-
-
 def check_real_pool(make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num_ops: int = 48) -> None:
     """``spec`` driving real memory, given as a spec string and as a fresh policy object.
 
@@ -553,7 +544,8 @@ def check_real_pool(make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num
                     pool.free(a)  # validation: raises CorruptionError where a byte changed
                     twin.free(b)
                 else:
-                    n, stream, tag = _small_size(rng), rng.choice((0, 0, 1)), rng.choice((None, "kv", "act"))
+                    # up to 24 MiB: every byte is written and read back
+                    n, stream, tag = random_size(rng, 24 * MiB), rng.choice((0, 0, 1)), rng.choice((None, "kv", "act"))
                     a = pool.allocate(n, stream=stream, tag=tag)  # raises where the pool cannot place it
                     b = twin.allocate(n, stream=stream, tag=tag)
                     if b is None:

@@ -31,7 +31,8 @@ def test_every_registered_policy_either_holds_kv_or_is_refused_up_front():
         if registry.can_hold_kv(name):
             simulate(tiny(2), name, model=MODEL, gpu=GPU)
         else:
-            with pytest.raises(ValueError, match=f"policy '{name}' cannot hold a KV cache.*policies that can: first-fit"):
+            refusal = f"policy '{name}' cannot hold a KV cache.*policies that can: first-fit"
+            with pytest.raises(ValueError, match=refusal):
                 simulate(tiny(2), name, model=MODEL, gpu=GPU)
 
 
