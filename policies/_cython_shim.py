@@ -1,6 +1,6 @@
 """The names of Cython's pure-Python mode that ``policies`` uses, as no-ops, for a pure install.
 
-The compiled build (README, "Compiled build") declares the hot classes as ``cdef class`` in the
+The compiled build (docs/guides/compiled-build.md) declares the hot classes as ``cdef class`` in the
 ``.pxd`` file next to each module and types a few locals with ``@cython.locals``; interpreted,
 those declarations must change nothing and cost nothing, and Cython must not be needed. With
 Cython installed its own ``cython`` module (the same no-ops) is used; without it, this one::

@@ -27,7 +27,7 @@ __all__ = [
     "latency_percentiles", "format_table", "invariant_warnings", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
 ]
 
-#: The columns every backend fills, in order (see README "The report").
+#: The columns every backend fills, in order (docs/reference/columns.md is generated from them).
 SUMMARY_COLUMNS = [
     "trace", "policy", "backend", "params", "capacity_bytes",
     "n_alloc", "n_free", "n_failed", "failure_rate",

@@ -1,5 +1,5 @@
 """A compiled copy of this tree, for running the battery (and benchmarks) against ``policies``
-built with Cython (README, "Compiled build").
+built with Cython (docs/guides/compiled-build.md).
 
 ``build_compiled_copy(dest)`` copies the source tree to ``dest`` and runs the opt-in build there
 (``POOLLAB_COMPILE=1 python setup.py build_ext --inplace``: the same backend, module list and

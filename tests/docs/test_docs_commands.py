@@ -1,0 +1,54 @@
+"""Every ``$ poollab ...`` the README and the docs pages show runs on bundled data, and prints what
+the page shows in every non-timing figure (``docs_sessions``: how sessions are found and compared).
+
+Each page's sessions run in order in one temporary folder (a later one may read what an earlier
+one wrote, as a reader following the page would), with ``traces``, ``examples`` and ``docs`` of
+the repository linked into it, so that the pages' relative paths work and their outputs
+(``poollab-out/``, covered by ``.gitignore``) land in the temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from docs_sessions import ROOT, Session, compare, pages, sessions
+
+LINKED = ("traces", "examples", "docs")
+TIMEOUT_S = 300
+
+
+def run(session: Session, cwd) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "poollab", *session.argv], cwd=cwd, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S)
+
+
+PAGES = [p for p in pages() if sessions(p)]
+
+
+def test_the_pages_show_sessions():
+    # the README's four workflows and the docs' workflow pages: a parser that found none would pass
+    assert sessions(ROOT / "README.md"), "the README shows no $ poollab session"
+    assert sum(len(sessions(p)) for p in pages()) >= 20
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_page_sessions_print_what_the_page_shows(page, tmp_path):
+    for name in LINKED:
+        (tmp_path / name).symlink_to(ROOT / name)
+    for session in sessions(page):
+        if session.is_mkdir:
+            for folder in session.argv:
+                (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+            assert not session.expected, f"{session.where}: mkdir prints nothing"
+            continue
+        done = run(session, tmp_path)
+        want_rc = 2 if session.expects_error else 0
+        assert done.returncode == want_rc, (f"{session.where}: `{session.command}` exited {done.returncode}, "
+                                            f"expected {want_rc}:\n{done.stdout[-3000:]}")
+        diff = compare(session.expected, done.stdout.splitlines())
+        assert diff is None, f"{session.where}: `{session.command}`: {diff}\n--- the run printed:\n{done.stdout}"
