@@ -113,7 +113,7 @@ def stale_descriptions() -> list[str]:
 
 # --------------------------------------------------------------------------------------- policies
 
-_ARG_LINE = re.compile(r"^(\s+)(\w+)(?: \([^)]*\))?: (.*)$")
+_ARG_LINE = re.compile(r"^(\s+)(\w+(?:, \w+)*)(?: \([^)]*\))?: (.*)$")
 
 
 def knob_lines(cls: type) -> dict[str, str]:
@@ -141,15 +141,27 @@ def _args_section(doc: str) -> dict[str, str]:
             continue
         m = _ARG_LINE.match(line)
         if m and (indent is None or len(m.group(1)) == indent):
-            indent, current = len(m.group(1)), m.group(2)
-            args[current] = m.group(3).strip()
+            indent = len(m.group(1))
+            for current in m.group(2).split(", "):  # "capacity_bytes, device: ..." names several
+                args[current] = m.group(3).strip()
         elif current and line.strip():
             args[current] += " " + line.strip()
+        elif not line.strip():
+            current = None
     return args
 
 
 def _rst_to_md(text: str) -> str:
     return text.replace("``", "`").replace("|", "\\|")
+
+
+def _default_text(knob: str, default) -> str:
+    """A knob's default as a spec would write it; a size also in binary units."""
+    text = f"`{default!r}`"
+    if knob.endswith("_bytes") and isinstance(default, int) and not isinstance(default, bool) and default >= 1024:
+        from policies.units import format_bytes
+        text += f" ({format_bytes(default)})"
+    return text
 
 
 def policies_output() -> str:
@@ -181,7 +193,7 @@ def policies_markdown() -> str:
             lines = knob_lines(cls)
             out += ["| knob | default | meaning |", "|---|---|---|"]
             for knob, default in params.items():
-                out.append(f"| `{knob}` | `{default!r}` | {_rst_to_md(lines.get(knob, ''))} |")
+                out.append(f"| `{knob}` | {_default_text(knob, default)} | {_rst_to_md(lines.get(knob, ''))} |")
             out.append("")
     return "\n".join(out)
 
