@@ -234,7 +234,7 @@ class GpuPool:
         Raises:
             PoolOutOfMemoryError: the policy cannot place it (on CUDA also CuPy's OutOfMemoryError).
             PoolError: the pool is closed, the policy's pages for it are not contiguous, or the
-            policy may move live allocations on its own (compaction on the allocation path).
+                policy may move live allocations on its own (compaction on the allocation path).
         """
         if nbytes == 0:
             return self._null_pointer()
