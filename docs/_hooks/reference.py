@@ -15,6 +15,7 @@ computed from the code at build time, so the pages change when a column, a polic
   (``Policy.param_defaults``) and the knob's line from the class's ``Args:`` docstring section,
   and ``poollab policies``' own output.
 - ``policies-output``: ``poollab policies``' output alone.
+- ``engine-profile``: the columns of the engine-profile tables (``traces.engine_profile``).
 
 The commands' reference is mkdocs-click's (``docs/reference/commands.md``); ``on_config`` loads
 every lazily imported sub-command first, so that it sees them all. Nothing here imports mkdocs:
@@ -198,8 +199,24 @@ def policies_markdown() -> str:
     return "\n".join(out)
 
 
+# -------------------------------------------------------------------------------- engine profiles
+
+def engine_profile_markdown() -> str:
+    """The two engine-profile tables' columns, required then optional (``traces.engine_profile``)."""
+    from traces import engine_profile as ep
+
+    served_optional = getattr(ep, "_SERVED_OPTIONAL_COLUMNS", ())
+    rows = [("step profile", ep.STEP_COLUMNS, ep.STEP_OPTIONAL_COLUMNS),
+            ("served requests", ep.SERVED_REQUEST_COLUMNS, served_optional)]
+    out = ["| table | required columns | optional columns |", "|---|---|---|"]
+    for name, required, optional in rows:
+        out.append(f"| {name} | {', '.join(f'`{c}`' for c in required)} | {', '.join(f'`{c}`' for c in optional)} |")
+    return "\n".join(out)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "columns": columns_markdown,
+    "engine-profile": engine_profile_markdown,
     "policies": policies_markdown,
     "policies-output": lambda: "\n".join(["```", "$ poollab policies", policies_output(), "```"]),
 }
@@ -233,3 +250,12 @@ def on_config(config, **kwargs):
 
 def on_page_markdown(markdown, page, config, files, **kwargs):
     return render(markdown)
+
+
+#: What mkdocs-click prints as the default of an option that has none under click 8.3
+#: (``multiple=True`` options, ``-p``): click's internal sentinel, which means "not given".
+_CLICK_UNSET = "Sentinel.UNSET"
+
+
+def on_page_content(html, page, config, files, **kwargs):
+    return html.replace(_CLICK_UNSET, "none")

@@ -102,3 +102,13 @@ def test_the_commands_reference_is_generated_from_click(monkeypatch):
     replay = cli.commands["replay"]
     monkeypatch.setattr(replay, "params", [*replay.params, click.Option(["--docs-test-option"], help="Made up.")])
     assert "--docs-test-option" in page()
+
+
+def test_the_engine_profile_samples_read_and_the_columns_follow_the_reader():
+    from traces.engine_profile import STEP_COLUMNS, read_served_requests, read_step_profile
+
+    steps = read_step_profile(ROOT / "docs" / "samples" / "step_profile.csv")
+    served = read_served_requests(ROOT / "docs" / "samples" / "served_requests.csv")
+    assert len(steps) == 4 and len(served) == 3 and served["finish_s"].isna().sum() == 1
+    table = hook.engine_profile_markdown()
+    assert all(f"`{c}`" in table for c in STEP_COLUMNS)
