@@ -110,9 +110,13 @@ def worker(args) -> dict:
 
     _deterministic(torch)
     shapes = parse_shapes(args.shapes)
-    free0, total = torch.cuda.mem_get_info()  # creates the context; allocates nothing through an allocator
+    from realgpu.nvml import MemoryReader
+
+    # NVML through CuPy: touching torch.cuda here would initialise PyTorch's allocator, and a
+    # pluggable one can only be installed before that
+    reader = MemoryReader(device_id=0)
     result = {"allocator": args.allocator, "validate": bool(args.worker_validate), "mode": "pluggable",
-              "device_used_before_bytes": total - free0}
+              "device_used_before_bytes": reader.used_bytes(), "memory_source": reader.source}
     if args.allocator == BASELINE:
         model = build_model(torch, args.layers)
         result["runs"] = run_shapes(torch, model, shapes, args.new_tokens)
@@ -133,9 +137,9 @@ def worker(args) -> dict:
         result["peak_allocated_bytes"] = row["peak_allocated_bytes"]
         result["summary"] = row
         result["capture_check"] = alloc.capture_check
+        result["pool_bytes_after"] = alloc.pool.device.used_bytes  # the policy's segments still held: 0
     torch.cuda.synchronize()
-    free1, _ = torch.cuda.mem_get_info()
-    result["device_used_after_bytes"] = total - free1
+    result["device_used_after_bytes"] = reader.used_bytes()
     return result
 
 
@@ -213,6 +217,7 @@ def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
             "n_align_padded": s.get("n_align_padded"),
             "device_used_before_bytes": w.get("device_used_before_bytes"),
             "device_used_after_bytes": w.get("device_used_after_bytes"),
+            "pool_bytes_after": w.get("pool_bytes_after"), "n_live_at_close": s.get("n_live_at_close"),
         })
     order = {name: i for i, name in enumerate([BASELINE, *policies])}
     rows.sort(key=lambda r: (order.get(r["allocator"], 99), r["shape"]))

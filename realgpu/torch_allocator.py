@@ -147,8 +147,15 @@ class AllocatorCore:
             a = self._allocate(nbytes, stream=stream)
         if a is None:
             raise self._refuse(size)
-        # a contiguous policy's block: its offset field (no extents tuple built), else the extents
-        ptr = self._address(a.offset) if type(a) is Block and not self._validate else self._pointer(a)
+        # a contiguous policy's block: its offset field (no extents tuple built); a one-extent
+        # allocation: its stored extents (the slot, no property); else the general path
+        kind = type(a)
+        if kind is Block and not self._validate:
+            ptr = self._address(a.offset)
+        elif kind is Allocation and not self._validate and len(a._extents) == 1:
+            ptr = self._address(a._extents[0][0])
+        else:
+            ptr = self._pointer(a)
         if ptr & (ALIGNMENT_BYTES - 1):
             ptr, a = self._realign(a, nbytes, stream)
         self.align_extra_bytes += nbytes - size
