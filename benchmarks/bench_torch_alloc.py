@@ -2,6 +2,7 @@
 
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--out DIR]   # no GPU
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -21,7 +22,8 @@ policy in mempool mode side by side in one process.
 
 Writes ``torch_alloc_runs.csv`` (one row per worker, round and shape), ``torch_alloc_summary.csv``
 (one row per policy and shape) and ``torch_alloc.json`` (everything, with the summary rows of
-``realgpu.torch_allocator``) into ``--out``.
+``realgpu.torch_allocator``) into ``--out``. ``--calls N`` needs torch but no GPU: the per-call cost
+of the trampoline and the callback table on a host-backed pool (``torch_alloc_calls.csv``).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
 
 # ---------------------------------------------------------------------- inside a worker (torch here)
 def _deterministic(torch) -> None:
-    torch.use_deterministic_algorithms(True)
+    # warn_only: the deterministic implementation wherever one exists, a warning (not an error)
+    # for an op that has none, so that a run never dies on one
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
@@ -166,6 +170,52 @@ def mempool_worker(args) -> dict:
     return out
 
 
+def calls_bench(args) -> list[dict]:
+    """Per-call cost of the trampoline and the callback table, no GPU: the compiled trampoline's
+    own samples (entry to return, what PyTorch pays per call) over a host-backed pool whose
+    segments are aligned as ``cudaMalloc``'s, for a mix of sizes PyTorch asks for; the first row
+    is the trampoline alone (a callback that returns a constant)."""
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from realgpu.pool import GpuPool
+    from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore, load_shim
+
+    shim = load_shim()
+    rng = random.Random(0)
+    sizes = [rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20]) for _ in range(64)]
+    rows = []
+    null = SimpleNamespace(malloc=lambda size, device, stream: 1 << 21, free=lambda ptr, size, device, stream: None)
+    for name in ["(trampoline only)", *args.policies]:
+        if name.startswith("("):
+            target = null
+        else:
+            pool = GpuPool(name, backend=AlignedHostDevice() if "virtual" not in name else "host-vmm",
+                           guard_bytes=ALIGNMENT_BYTES, check_contents=False)
+            target = AllocatorCore(pool)
+        best = None
+        for _ in range(args.rounds):
+            shim.bind(target)
+            shim.reset()
+            for i in range(args.calls):
+                n = sizes[i % len(sizes)]
+                _, ptr, _ = shim.probe_malloc(n)
+                shim.call_free(ptr, n)
+            a, f = shim.samples(0), shim.samples(1)
+            row = {"allocator": name, "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
+                   "alloc_mean_us": float(a.mean()) / 1e3, "free_p50_us": float(np.median(f)) / 1e3,
+                   "free_mean_us": float(f.mean()) / 1e3}
+            if best is None or row["alloc_mean_us"] + row["free_mean_us"] < best["alloc_mean_us"] + best["free_mean_us"]:
+                best = row
+        shim.bind(None)
+        rows.append(best)
+        print(f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
+              f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us", flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------------- the parent (no torch)
 def spawn(args, extra: list[str], timeout_s: float) -> dict:
     cmd = [sys.executable, __file__, "--shapes", args.shapes, "--new-tokens", str(args.new_tokens),
@@ -244,6 +294,8 @@ def main() -> int:
     ap.add_argument("--validate", metavar="SPEC", help="also run SPEC in validation mode on the first shape")
     ap.add_argument("--mempool", action="store_true", help="also run every policy in mempool mode (one process)")
     ap.add_argument("--worker-timeout", type=float, default=300.0)
+    ap.add_argument("--calls", type=int, metavar="N",
+                    help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
     ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
@@ -256,6 +308,11 @@ def main() -> int:
         return 0
     if args.mempool_worker:
         print(json.dumps(mempool_worker(args), default=str))
+        return 0
+    if args.calls:
+        rows = calls_bench(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out / "torch_alloc_calls.csv", rows)
         return 0
 
     workers = []

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,31 @@ struct Gil {
   ~Gil() { PyGILState_Release(state); }
 };
 
+// One callback at a time across threads (the policy's Python code is not thread-safe, and the GIL
+// may pass to another thread in the middle of it). Taken with the GIL held: when another thread
+// holds it, the GIL is let go while waiting, so that thread can finish. A call made on the same
+// thread from inside a callback (a finalizer freeing a tensor while the policy allocates) goes
+// through: the Python side queues such a free until the policy is done.
+std::mutex g_call_mutex;
+thread_local int t_depth = 0;
+
+struct OneAtATime {
+  bool locked = false;
+  OneAtATime() {
+    if (t_depth++ > 0) return;
+    if (!g_call_mutex.try_lock()) {
+      PyThreadState* save = PyEval_SaveThread();
+      g_call_mutex.lock();
+      PyEval_RestoreThread(save);
+    }
+    locked = true;
+  }
+  ~OneAtATime() {
+    --t_depth;
+    if (locked) g_call_mutex.unlock();
+  }
+};
+
 }  // namespace
 
 extern "C" {
@@ -121,6 +147,7 @@ void* poollab_malloc(size_t size, int device, void* stream) {
     ++g_num_zero;
     return nullptr;
   }
+  int64_t t0 = now_ns();
   if (g_is_capturing != nullptr) {
     int status = 0;
     if (g_is_capturing(stream, &status) == 0 && status != 0) {
@@ -130,13 +157,13 @@ void* poollab_malloc(size_t size, int device, void* stream) {
                   "mode=\"mempool\") and torch.cuda.graph(g, pool=...) for graphs");
     }
   }
-  int64_t t0 = now_ns();
   void* ptr = nullptr;
   std::string error;
   bool is_memory_error = false;
   bool failed = false;
   {
     Gil gil;
+    OneAtATime one;
     if (g_malloc_cb == nullptr) {
       failed = true;
       error = "poollab allocator: malloc after the policy's pool was closed (PyTorch's own allocator "
@@ -179,6 +206,7 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
   int64_t t0 = now_ns();
   {
     Gil gil;
+    OneAtATime one;
     if (g_free_cb == nullptr) {
       ++g_num_ignored;
       return;

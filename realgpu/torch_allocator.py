@@ -58,13 +58,15 @@ import numpy as np
 
 from policies._blocks import Block
 from policies.base import Allocation, Policy, PoolStats
+from policies.device import SEGMENT_ALIGNMENT_BYTES
 from realgpu.errors import GpuUnavailableError, PoolError, PoolOutOfMemoryError
+from realgpu.host import HostDevice
 from realgpu.malloc_path import extents_are_one_range
 from realgpu.pool import GpuPool
 from sim.metrics import PoolMonitor
 
 __all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYTES", "MODES", "load_shim",
-           "Shim", "CudaStreamEvents"]
+           "Shim", "CudaStreamEvents", "AlignedHostDevice"]
 
 #: What every pointer is aligned to: PyTorch's caching allocator guarantees 512 B.
 ALIGNMENT_BYTES = 512
@@ -116,6 +118,9 @@ class AllocatorCore:
         self.align_extra_bytes = 0  # bytes asked beyond the requests, summed over all allocations
         self.n_deferred_frees = 0
         self.n_zero_bytes = 0
+        self._in_malloc = False
+        self._defer_frees = False
+        self._reentrant_frees: list[tuple[int, int]] = []
         self._validate = pool.validate
         self._free_policy = pool.free if pool.validate else pool.policy.free
         self._allocate = _validated_allocate(pool) if pool.validate else pool.policy.allocate
@@ -136,48 +141,62 @@ class AllocatorCore:
         if self.closed:
             raise PoolError(f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own allocator "
                             "cannot be put back in this process once a pluggable allocator was installed)")
-        if stream != self._last_stream:
-            self._note_stream(stream)
-        if self._pending:
-            self._drain(wait=False)
-        nbytes = (size + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
-        a = self._allocate(nbytes, stream=stream)
-        if a is None and self._pending:
-            self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
+        # a free that the garbage collector sets off inside this call (a tensor's finalizer) is
+        # queued by ``free`` and done once the policy is through with this request; calls from
+        # other threads wait in the trampoline (one call at a time, the GIL let go while waiting).
+        # One frame, every step inline: PyTorch pays this on every tensor.
+        self._in_malloc = True
+        try:
+            if stream != self._last_stream:
+                self._note_stream(stream)
+            if self._pending:
+                self._drain(wait=False)
+            nbytes = (size + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
             a = self._allocate(nbytes, stream=stream)
-        if a is None:
-            raise self._refuse(size)
-        # a contiguous policy's block: its offset field (no extents tuple built); a one-extent
-        # allocation: its stored extents (the slot, no property); else the general path
-        kind = type(a)
-        if kind is Block and not self._validate:
-            ptr = self._address(a.offset)
-        elif kind is Allocation and not self._validate and len(a._extents) == 1:
-            ptr = self._address(a._extents[0][0])
-        else:
-            ptr = self._pointer(a)
-        if ptr & (ALIGNMENT_BYTES - 1):
-            ptr, a = self._realign(a, nbytes, stream)
-        self.align_extra_bytes += nbytes - size
-        if ptr in self.live:
-            self._free_policy(a)
-            raise PoolError(f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
-                            f"({self.live[ptr].size_bytes:,} B there): two tensors would share memory")
-        self.live[ptr] = a
-        self._countdown -= 1
-        if not self._countdown:
-            self._sample()
-        return ptr
+            if a is None and self._pending:
+                self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
+                a = self._allocate(nbytes, stream=stream)
+            if a is None:
+                raise self._refuse(size)
+            # a contiguous policy's block: its offset field (no extents tuple built); a one-extent
+            # allocation: its stored extents (the slot, no property); else the general path
+            kind = type(a)
+            if kind is Block and not self._validate:
+                ptr = self._address(a.offset)
+            elif kind is Allocation and not self._validate and len(a._extents) == 1:
+                ptr = self._address(a._extents[0][0])
+            else:
+                ptr = self._pointer(a)
+            if ptr & (ALIGNMENT_BYTES - 1):
+                ptr, a = self._realign(a, nbytes, stream)
+            self.align_extra_bytes += nbytes - size
+            live = self.live
+            if ptr in live:
+                self._free_policy(a)
+                raise PoolError(f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
+                                f"({live[ptr].size_bytes:,} B there): two tensors would share memory")
+            live[ptr] = a
+            self._countdown -= 1
+            if not self._countdown:
+                self._sample()
+            return ptr
+        finally:
+            self._in_malloc = False
+            if self._reentrant_frees:
+                self._free_queued()
 
     def free(self, ptr: int, size: int, device: int, stream: int) -> None:
         """Give the allocation at ``ptr`` back (deferred while another stream may use it). Never raises."""
+        if self._in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
+            self._reentrant_frees.append((ptr, size))
+            return
         try:
             a = self.live.pop(ptr, None)
             if a is None:
                 self.errors.append(PoolError(f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
                                              f"{self.policy.spec!r} (double free, or never allocated here)"))
                 return
-            if self.events is not None and len(self.streams) > 1:
+            if self._defer_frees:
                 self.n_deferred_frees += 1
                 self._pending.append((self.events.record(a.stream), a))
             elif self._validate:
@@ -191,6 +210,11 @@ class AllocatorCore:
                 self._finish()
         except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
             self.errors.append(exc)
+
+    def _free_queued(self) -> None:
+        queued, self._reentrant_frees = self._reentrant_frees, []
+        for ptr, size in queued:
+            self.free(ptr, size, 0, 0)
 
     # ------------------------------------------------------------------ helpers
     def _pointer(self, a: Allocation) -> int:
@@ -237,6 +261,8 @@ class AllocatorCore:
     def _note_stream(self, stream: int) -> None:
         self._last_stream = stream
         self.streams.add(stream)
+        # once a second stream allocates, memory freed on one may be handed to another
+        self._defer_frees = self.events is not None and len(self.streams) > 1
 
     def _drain(self, *, wait: bool) -> None:
         """Free the deferred allocations whose stream's work is done (all of them, waiting, if ``wait``)."""
@@ -285,6 +311,20 @@ class AllocatorCore:
         if self.on_drained is not None:
             self.on_drained()
             self.on_drained = None
+
+
+class AlignedHostDevice(HostDevice):
+    """The host backend with segments that start 2 MiB-aligned, as ``cudaMalloc``'s do (numpy's
+    arrays start 64-aligned, which would send every request down the realignment path): the CPU
+    stand-in for the tests and the per-call benchmark."""
+
+    def _map(self, nbytes: int):
+        mapped = super()._map(nbytes + SEGMENT_ALIGNMENT_BYTES)
+        if mapped is None:
+            return None
+        base, buf = mapped
+        skip = -base % SEGMENT_ALIGNMENT_BYTES
+        return base + skip, buf[skip:skip + nbytes]
 
 
 def _validated_allocate(pool: GpuPool) -> Callable[..., Allocation | None]:
@@ -494,6 +534,11 @@ class TorchPolicyAllocator:
             torch.cuda.synchronize(self.pool.device_id)
             if self.mode == "pluggable" and hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
                 torch._C._cuda_clearCublasWorkspaces()  # cuBLAS keeps its workspaces in our pool otherwise
+            if self.mempool is not None:
+                # the pool's cached segments go back to the policy when PyTorch drops the pool
+                self.mempool = None
+                gc.collect()
+                torch.cuda.empty_cache()
         self._wall_s = time.perf_counter() - self._t0
         self._final_stats = self.pool.stats()
         self._row = self.summary_row()
@@ -572,11 +617,8 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
         raise
     finally:
         if allocator is None:
-            pool.close()
+            core.close()  # nothing was served: the pool goes back now, and the next install may claim
         else:
-            if mode == "mempool":
-                torch.cuda.synchronize(device)
-                torch.cuda.empty_cache()  # the pool's free cached segments go back to the policy
             allocator.close()
 
 
@@ -589,7 +631,6 @@ def _install_pluggable(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCor
             torch.cuda.memory.change_current_allocator(wrapper)
         except RuntimeError as exc:
             shim.bind(None)
-            pool.close()
             raise PoolError(f"mode='pluggable' must be installed before the process's first CUDA allocation, and "
                             f"PyTorch's allocator has already been used ({exc}); install use_policy first, or use "
                             "mode='mempool'") from None

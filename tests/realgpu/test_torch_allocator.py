@@ -3,10 +3,12 @@ trampoline where torch is importable (no GPU needed), and the real thing on a GP
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import policies
@@ -14,25 +16,13 @@ from policies.base import Allocation, Policy
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
-from realgpu.torch_allocator import ALIGNMENT_BYTES, AllocatorCore, TorchPolicyAllocator, use_policy
+from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore, TorchPolicyAllocator, use_policy
 from sim.report import SUMMARY_COLUMNS
 
 from .conftest import REPO
 
 MiB = 1 << 20
 FAST_POLICIES = ["best-fit", "size-class", "torch-caching", "best-fit:virtual=true"]
-
-
-class AlignedHostDevice(HostDevice):
-    """Host segments that start 2 MiB-aligned, as ``cudaMalloc``'s do (numpy's start 64-aligned)."""
-
-    def _map(self, nbytes):
-        mapped = super()._map(nbytes + (2 * MiB))
-        if mapped is None:
-            return None
-        base, buf = mapped
-        skip = -base % (2 * MiB)
-        return base + skip, buf[skip:skip + nbytes]
 
 
 def host_core(spec: str = "best-fit", *, validate: bool = False, limit_bytes: int | None = None, events=None,
@@ -185,6 +175,31 @@ def test_a_refusal_waits_for_deferred_frees_and_retries():
     assert again and events.recorded[0][1] is True
 
 
+def test_a_free_set_off_inside_malloc_waits_for_the_policy():
+    # the garbage collector may run a tensor's finalizer while the policy is placing a request
+    core = host_core()
+    victim = core.malloc(4096, 0, 0)
+    allocate, free = core._allocate, core._free_policy
+    depth = []
+
+    def guarded(fn):
+        def call(*args, **kwargs):
+            assert not depth, "the policy was entered again in the middle of a call"
+            depth.append(1)
+            try:
+                if fn is allocate and victim in core.live:
+                    core.free(victim, 4096, 0, 0)  # what a finalizer would do, right here
+                return fn(*args, **kwargs)
+            finally:
+                depth.pop()
+        return call
+
+    core._allocate, core._free_policy = guarded(allocate), guarded(free)
+    p = core.malloc(8192, 0, 0)
+    assert victim not in core.live and core.policy.num_live == 1 and list(core.live) == [p]
+    assert core.errors == []
+
+
 def test_close_with_live_allocations_drains_then_releases():
     core = host_core()
     p = core.malloc(4096, 0, 0)
@@ -250,6 +265,157 @@ def test_bad_mode_is_one_clear_error():
             pass
 
 
+class _FakeTorch:
+    """Just what ``use_policy`` touches of torch, for its control flow on a machine without CUDA."""
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def __init__(self, *, swap_error: str | None = None):
+        fake = self
+        self.swapped = []
+        self.pools = []
+
+        class Memory:
+            class CUDAPluggableAllocator:
+                def __init__(self, path, malloc_name, free_name):
+                    self.names = (path, malloc_name, free_name)
+
+                def allocator(self):
+                    return self
+
+            @staticmethod
+            def change_current_allocator(wrapper):
+                if swap_error:
+                    raise RuntimeError(swap_error)
+                fake.swapped.append(wrapper)
+
+        class Cuda:
+            memory = Memory
+
+            @staticmethod
+            def is_available():
+                return True
+
+            @staticmethod
+            def init():
+                pass
+
+            @staticmethod
+            def MemPool(allocator):  # noqa: N802 - torch's name
+                fake.pools.append(allocator)
+                return allocator
+
+            @staticmethod
+            @contextlib.contextmanager
+            def use_mem_pool(pool, device=None):
+                yield
+
+        class Tensor:
+            def record_stream(self, stream):
+                return "recorded"
+
+        self.cuda = Cuda
+        self.Tensor = Tensor
+
+
+class _FakeShim:
+    path = "/nonexistent/poollab_torch_shim.so"
+
+    def __init__(self):
+        self.bound = []
+
+    def bind(self, core, *, null_on_refusal=False):
+        self.bound.append((core, null_on_refusal))
+
+    def reset(self):
+        pass
+
+    def set_capture_check(self, address):
+        pass
+
+    def samples(self, kind):
+        return np.empty(0, dtype=np.int64)
+
+    def counters(self):
+        return {}
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    """use_policy over a fake torch and shim, with a host-backed pool: its control flow on the CPU."""
+    import realgpu.torch_allocator as ta
+
+    shim = _FakeShim()
+    monkeypatch.setattr(ta, "load_shim", lambda: shim)
+    monkeypatch.setattr(ta, "_make_pool", lambda policy, **kw: GpuPool(
+        policy, backend=AlignedHostDevice(), validate=kw["validate"], capacity_bytes=kw["capacity_bytes"],
+        guard_bytes=ALIGNMENT_BYTES))
+    monkeypatch.setattr(ta, "CudaStreamEvents", lambda device: FakeEvents())
+    monkeypatch.setattr(ta, "_active", None)
+    monkeypatch.setattr(ta, "_pluggable_installed", False)
+    monkeypatch.setattr(ta, "_cudart_capture_check", lambda: None)
+
+    def install(**kw):
+        fake = _FakeTorch(**kw)
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        return fake
+
+    return shim, install
+
+
+def test_pluggable_too_late_is_one_clear_error_and_frees_the_claim(fake_engine):
+    shim, install = fake_engine
+    install(swap_error="Can't swap an already initialized allocator")
+    for _ in range(2):  # the second try gets the same answer: nothing was left claimed
+        with pytest.raises(PoolError, match="before the process's first CUDA allocation.*mode='mempool'"):
+            with use_policy("best-fit"):
+                pass
+    assert shim.bound[-1] == (None, False)
+
+
+def test_pluggable_installs_once_serves_and_refuses_record_stream(fake_engine):
+    shim, install = fake_engine
+    torch = install()
+    with use_policy("size-class") as alloc:
+        ptr = alloc.core.malloc(4096, 0, 0)
+        with pytest.raises(PoolError, match="record_stream"):
+            torch.Tensor().record_stream(None)
+        alloc.core.free(ptr, 4096, 0, 0)
+    assert torch.Tensor().record_stream(None) == "recorded"  # torch's own method is back
+    assert len(torch.swapped) == 1 and torch.swapped[0].names[1:] == ("poollab_malloc", "poollab_free")
+    assert alloc.pool.closed and alloc.summary_row()["n_alloc"] == 1
+    with use_policy("best-fit") as second:  # the trampoline stays installed: only rebound
+        pass
+    assert len(torch.swapped) == 1 and shim.bound[-1][0] is second.core
+
+
+def test_a_second_allocator_waits_for_the_first_to_drain(fake_engine):
+    _, install = fake_engine
+    install()
+    with use_policy("best-fit") as first:
+        ptr = first.core.malloc(4096, 0, 0)
+    with pytest.raises(PoolError, match="still serves PyTorch .1 live allocations"):
+        with use_policy("best-fit"):
+            pass
+    first.core.free(ptr, 4096, 0, 0)  # PyTorch frees the last tensor: the first pool is released
+    assert first.pool.closed
+    with use_policy("best-fit"):
+        pass
+
+
+def test_mempool_out_of_memory_carries_the_policys_reason(fake_engine):
+    shim, install = fake_engine
+    torch = install()
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory(.|\n)*poollab pool 'best-fit' is out of memory"):
+        with use_policy("best-fit", mode="mempool", capacity_bytes=64 * MiB) as alloc:
+            assert shim.bound[-1] == (alloc.core, True)  # a refusal answers null: PyTorch retries first
+            with pytest.raises(PoolOutOfMemoryError):
+                alloc.core.malloc(1 << 30, 0, 0)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+    assert len(torch.pools) == 1
+
+
 # ---------------------------------------------------------------------- the compiled trampoline (torch, no GPU)
 @pytest.fixture(scope="module")
 def shim():
@@ -300,6 +466,41 @@ def test_trampoline_other_errors_and_closed_pool(shim):
     before = shim.counters()["n_frees_ignored"]
     shim.call_free(0x1000, 64)  # no callbacks: ignored, nothing raised
     assert shim.counters()["n_frees_ignored"] == before + 1
+
+
+def test_trampoline_serialises_threads(shim):
+    import threading
+    from types import SimpleNamespace
+
+    inside, overlaps = [], []
+
+    def malloc(size, device, stream):
+        if inside:
+            overlaps.append(size)  # another thread is in the middle of a call
+        inside.append(1)
+        for _ in range(300):  # Python work the GIL may be handed over in
+            pass
+        inside.pop()
+        return 1 << 21
+
+    shim.bind(SimpleNamespace(malloc=malloc, free=lambda ptr, size, device, stream: None))
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible
+
+    def hammer():
+        for _ in range(2000):
+            shim.probe_malloc(512)  # ctypes lets go of the GIL: the threads meet in the trampoline
+
+    try:
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        shim.bind(None)
+    assert overlaps == []
 
 
 def test_frees_during_interpreter_shutdown_raise_nothing(shim, tmp_path):
