@@ -136,7 +136,7 @@ def worker(args) -> dict:
             result["runs"] = run_shapes(torch, model, shapes, args.new_tokens)
             del model
         row = alloc.summary_row()
-        alloc.check()
+        result["free_errors"] = [str(e) for e in alloc.core.errors[:3]]  # double frees, corruption (validate)
         result["peak_reserved_bytes"] = row["peak_reserved_bytes"]
         result["peak_allocated_bytes"] = row["peak_allocated_bytes"]
         result["summary"] = row
@@ -268,6 +268,7 @@ def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
             "device_used_before_bytes": w.get("device_used_before_bytes"),
             "device_used_after_bytes": w.get("device_used_after_bytes"),
             "pool_bytes_after": w.get("pool_bytes_after"), "n_live_at_close": s.get("n_live_at_close"),
+            "n_free_errors": s.get("n_free_errors"),
         })
     order = {name: i for i, name in enumerate([BASELINE, *policies])}
     rows.sort(key=lambda r: (order.get(r["allocator"], 99), r["shape"]))
@@ -331,7 +332,8 @@ def main() -> int:
         w.setdefault("allocator", args.validate)
         w["validate"] = True
         workers.append(w)
-        print(f"validate {args.validate}: {w.get('error') or 'no corruption'}", flush=True)
+        found = w.get("error") or "; ".join(w.get("free_errors", [])) or "no corruption, no bad free"
+        print(f"validate {args.validate}: {found}", flush=True)
     mempool = None
     if args.mempool:
         mempool = spawn(args, ["--mempool-worker"], args.worker_timeout)

@@ -169,8 +169,11 @@ void* poollab_malloc(size_t size, int device, void* stream) {
       error = "poollab allocator: malloc after the policy's pool was closed (PyTorch's own allocator "
               "cannot be put back in this process once a pluggable allocator was installed)";
     } else {
+      PyObject* cb = g_malloc_cb;  // held: the callback may rebind the table while it runs
+      Py_INCREF(cb);
       PyObject* args[3] = {PyLong_FromSize_t(size), PyLong_FromLong(device), PyLong_FromVoidPtr(stream)};
-      PyObject* result = PyObject_Vectorcall(g_malloc_cb, args, 3, nullptr);
+      PyObject* result = PyObject_Vectorcall(cb, args, 3, nullptr);
+      Py_DECREF(cb);
       Py_DECREF(args[0]);
       Py_DECREF(args[1]);
       Py_DECREF(args[2]);
@@ -213,13 +216,16 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
     }
     PyObject* args[4] = {PyLong_FromVoidPtr(ptr), PyLong_FromSize_t(size), PyLong_FromLong(device),
                          PyLong_FromVoidPtr(stream)};
-    PyObject* result = PyObject_Vectorcall(g_free_cb, args, 4, nullptr);
+    PyObject* cb = g_free_cb;  // held: the callback may rebind the table while it runs
+    Py_INCREF(cb);
+    PyObject* result = PyObject_Vectorcall(cb, args, 4, nullptr);
     for (PyObject* a : args) Py_DECREF(a);
     if (result == nullptr) {
-      PyErr_WriteUnraisable(g_free_cb);  // the Python side records its own errors; this is a bug there
+      PyErr_WriteUnraisable(cb);  // the Python side records its own errors; this is a bug there
     } else {
       Py_DECREF(result);
     }
+    Py_DECREF(cb);
   }
   g_free_ns.add(now_ns() - t0);
 }

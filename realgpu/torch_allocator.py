@@ -551,18 +551,66 @@ def _make_pool(policy: str | Policy, *, validate: bool, device: int, capacity_by
                    guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
 
 
-_active: AllocatorCore | None = None
+class _Routing:
+    """Which core the trampoline calls: the serving one, bound straight (the hot path), or, while
+    cores served earlier still hold live tensors, this router, which sends each free to the core
+    that handed the pointer out (so policies can follow one another in one process)."""
+
+    def __init__(self) -> None:
+        self.active: AllocatorCore | None = None
+        self.draining: list[AllocatorCore] = []
+        self.shim: Shim | None = None
+        self.null_on_refusal = False
+
+    def serve(self, shim: Shim, core: AllocatorCore, *, null_on_refusal: bool) -> None:
+        with _lock:
+            previous = self.active
+            if previous is not None and previous is not core and previous.live:
+                if not previous.closed:
+                    raise PoolError(f"a poollab allocator for {previous.policy.spec!r} is serving PyTorch: "
+                                    "end its use_policy block before starting another")
+                self.draining.append(previous)
+                previous.on_drained = functools.partial(self._drained, previous)
+            self.active, self.shim, self.null_on_refusal = core, shim, null_on_refusal
+            self._bind()
+
+    def stop(self, core: AllocatorCore) -> None:
+        """``core`` never served (its install failed): the trampoline forgets it."""
+        with _lock:
+            if self.active is core:
+                self.active = None
+                self._bind()
+
+    def _drained(self, core: AllocatorCore) -> None:
+        with _lock:
+            if core in self.draining:
+                self.draining.remove(core)
+                self._bind()
+
+    def _bind(self) -> None:
+        if self.shim is None:
+            return
+        if self.draining:
+            self.shim.bind(self, null_on_refusal=self.null_on_refusal)
+        else:
+            self.shim.bind(self.active, null_on_refusal=self.null_on_refusal)
+
+    def malloc(self, size: int, device: int, stream: int) -> int:
+        if self.active is None:
+            raise PoolError("no poollab allocator serves PyTorch now")
+        return self.active.malloc(size, device, stream)
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        for core in self.draining:
+            if ptr in core.live:
+                core.free(ptr, size, device, stream)
+                return
+        if self.active is not None:
+            self.active.free(ptr, size, device, stream)
+
+
+_routing = _Routing()
 _pluggable_installed = False
-
-
-def _claim(core: AllocatorCore) -> None:
-    global _active
-    with _lock:
-        if _active is not None and not (_active.closed and not _active.live):
-            raise PoolError(f"a poollab allocator for {_active.policy.spec!r} still serves PyTorch "
-                            f"({_active.num_live} live allocations): free its tensors (and torch.cuda.empty_cache()) "
-                            "before installing another")
-        _active = core
 
 
 @contextlib.contextmanager
@@ -580,7 +628,8 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
 
     Raises:
         PoolError: bad mode, pluggable mode after PyTorch's allocator was used, or another
-            poollab allocator still serving.
+            ``use_policy`` block still open (one that has ended may still hold tensors: their
+            frees go to its policy, and its pool is released with the last of them).
         GpuUnavailableError: no torch, no CUDA, or the shim would not build.
         torch.OutOfMemoryError: a request the policy refused (its reason in the message).
     """
@@ -595,11 +644,6 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
     shim = load_shim()
     pool = _make_pool(policy, validate=validate, device=device, capacity_bytes=capacity_bytes)
     core = AllocatorCore(pool, events=CudaStreamEvents(device))
-    try:
-        _claim(core)
-    except PoolError:
-        pool.close()
-        raise
     shim.reset()
     allocator = None
     try:
@@ -617,20 +661,20 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
         raise
     finally:
         if allocator is None:
-            core.close()  # nothing was served: the pool goes back now, and the next install may claim
+            _routing.stop(core)
+            core.close()  # nothing was served: the pool goes back now
         else:
             allocator.close()
 
 
 def _install_pluggable(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore) -> TorchPolicyAllocator:
     global _pluggable_installed
-    shim.bind(core, null_on_refusal=False)
+    _routing.serve(shim, core, null_on_refusal=False)
     if not _pluggable_installed:
         wrapper = torch.cuda.memory.CUDAPluggableAllocator(shim.path, "poollab_malloc", "poollab_free")
         try:
             torch.cuda.memory.change_current_allocator(wrapper)
         except RuntimeError as exc:
-            shim.bind(None)
             raise PoolError(f"mode='pluggable' must be installed before the process's first CUDA allocation, and "
                             f"PyTorch's allocator has already been used ({exc}); install use_policy first, or use "
                             "mode='mempool'") from None
@@ -645,7 +689,7 @@ def _install_mempool(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore,
     if _pluggable_installed:
         raise PoolError("mode='mempool' needs PyTorch's caching allocator, and this process installed a pluggable "
                         "poollab allocator in its place")
-    shim.bind(core, null_on_refusal=True)
+    _routing.serve(shim, core, null_on_refusal=True)
     shim.set_capture_check(None)  # PyTorch's graph pools handle capture; segments may come during it
     wrapper = torch.cuda.memory.CUDAPluggableAllocator(shim.path, "poollab_malloc", "poollab_free")
     mempool = torch.cuda.MemPool(wrapper.allocator())

@@ -352,7 +352,7 @@ def fake_engine(monkeypatch):
         policy, backend=AlignedHostDevice(), validate=kw["validate"], capacity_bytes=kw["capacity_bytes"],
         guard_bytes=ALIGNMENT_BYTES))
     monkeypatch.setattr(ta, "CudaStreamEvents", lambda device: FakeEvents())
-    monkeypatch.setattr(ta, "_active", None)
+    monkeypatch.setattr(ta, "_routing", ta._Routing())
     monkeypatch.setattr(ta, "_pluggable_installed", False)
     monkeypatch.setattr(ta, "_cudart_capture_check", lambda: None)
 
@@ -390,18 +390,25 @@ def test_pluggable_installs_once_serves_and_refuses_record_stream(fake_engine):
     assert len(torch.swapped) == 1 and shim.bound[-1][0] is second.core
 
 
-def test_a_second_allocator_waits_for_the_first_to_drain(fake_engine):
-    _, install = fake_engine
+def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine):
+    import realgpu.torch_allocator as ta
+
+    shim, install = fake_engine
     install()
     with use_policy("best-fit") as first:
-        ptr = first.core.malloc(4096, 0, 0)
-    with pytest.raises(PoolError, match="still serves PyTorch .1 live allocations"):
-        with use_policy("best-fit"):
-            pass
-    first.core.free(ptr, 4096, 0, 0)  # PyTorch frees the last tensor: the first pool is released
-    assert first.pool.closed
-    with use_policy("best-fit"):
-        pass
+        kept = first.core.malloc(4096, 0, 0)  # a tensor that outlives the block (the model's weights)
+        with pytest.raises(PoolError, match="end its use_policy block"):
+            with use_policy("size-class"):
+                pass
+    with use_policy("size-class") as second:
+        assert shim.bound[-1][0] is ta._routing  # frees are routed to their owner while the first drains
+        ptr = ta._routing.malloc(4096, 0, 0)
+        assert ptr in second.core.live
+        ta._routing.free(kept, 4096, 0, 0)  # PyTorch frees the old tensor: back to best-fit
+        assert first.pool.closed and first.core.errors == []
+        assert shim.bound[-1][0] is second.core  # nothing left to route: straight to the policy again
+        ta._routing.free(ptr, 4096, 0, 0)
+    assert second.core.errors == [] and second.pool.closed
 
 
 def test_mempool_out_of_memory_carries_the_policys_reason(fake_engine):
