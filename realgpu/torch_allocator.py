@@ -103,7 +103,8 @@ class AllocatorCore:
         self.monitor = PoolMonitor(pool.policy, sample_every=1)
         self._sample_every = sample_every
         self._countdown = 1
-        self._event = 0
+        self._event = 0  # the event index of the next sample (calls counted by the sampling stride)
+        self._t0_ns = time.perf_counter_ns()
         self.on_drained = on_drained
         #: pointer -> allocation, for every live pointer handed to PyTorch
         self.live: dict[int, Allocation] = {}
@@ -280,9 +281,10 @@ class AllocatorCore:
         self._pending = keep
 
     def _sample(self) -> None:
+        # the k-th sample is taken at call 1 + k * sample_every: its event index is k * sample_every
         self._countdown = self._sample_every
-        self.monitor.sample(self._event, 0)
-        self._event += 1
+        self.monitor.sample(self._event, (time.perf_counter_ns() - self._t0_ns) // 1000)
+        self._event += self._sample_every
 
     # ------------------------------------------------------------------ state
     @property
@@ -305,7 +307,8 @@ class AllocatorCore:
             self._finish()
 
     def _finish(self) -> None:
-        self.monitor.sample(self._event, 0)
+        # the last call's index: k samples taken, countdown c left since the last => k*S - c
+        self.monitor.finish(max(0, self._event - self._countdown), (time.perf_counter_ns() - self._t0_ns) // 1000)
         if not self.pool.closed:
             self.pool.close()
         if self.on_drained is not None:

@@ -252,6 +252,10 @@ def test_summary_row_is_the_report_row():
     assert row["align_extra_bytes"] == core.align_extra_bytes and row["n_live_at_close"] == 0
     assert alloc.stats().num_allocs == 3  # kept after the pool was released
     assert core.pool.closed
+    ts = core.monitor.timeseries()
+    # calls 1 and 5 sampled (every 4th call), then the closing sample at the last call
+    assert list(ts["event"]) == [0, 4, 5]
+    assert list(ts["live_bytes"]) == [1024, 3072, 0] and ts["time_us"].is_monotonic_increasing
 
 
 def test_a_moving_policy_is_refused():
