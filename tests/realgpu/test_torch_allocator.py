@@ -577,8 +577,10 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
                     with torch.cuda.graph(g):
                         torch.empty(1 << 20, device="cuda")
             except Exception as exc:  # capture_end may raise on top of ours: look down the chain
-                chain = [exc, exc.__context__, exc.__cause__]
-                assert any("refuses CUDA graph capture" in str(e) for e in chain if e), [str(e) for e in chain]
+                chain = [str(e) for e in (exc, exc.__context__, exc.__cause__) if e]
+                # ours, from the first malloc in the capture; or PyTorch's own, where its pluggable
+                # allocator refuses the begin-allocate-to-pool hook before any malloc
+                assert any("refuses CUDA graph capture" in t or "does not yet support" in t for t in chain), chain
             else:
                 raise AssertionError("capture was not refused") if alloc.capture_check else None
             torch.cuda.current_stream().wait_stream(s)
