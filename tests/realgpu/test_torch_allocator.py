@@ -16,7 +16,8 @@ from policies.base import Allocation, Policy
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
-from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore, TorchPolicyAllocator, use_policy
+from realgpu.torch_allocator import (ALIGNMENT_BYTES, DEFAULT_SAMPLE_EVERY, AlignedHostDevice, AllocatorCore,
+                                     TorchPolicyAllocator, use_policy)
 from sim.report import SUMMARY_COLUMNS
 
 from .conftest import REPO
@@ -236,6 +237,30 @@ def test_discontiguous_pages_are_refused_and_freed():
     with pytest.raises(PoolError, match="discontiguous"):
         core.malloc(3 * 4096, 0, 0)
     assert core.policy.num_live == live
+
+
+@pytest.mark.parametrize("spec", ["best-fit", "size-class", "torch-caching"])
+def test_pytorchs_own_traffic_through_the_table_reserves_what_replay_reserves(spec):
+    # the bundled snapshot is PyTorch's own requests (generate on a 1B Llama): served through the
+    # callback table, the policy must make replay's decisions; only the live bytes differ, by the
+    # rounding to 512 B of the requests PyTorch's snapshot records unrounded
+    from sim.replay import replay
+    from traces import bundled_path, read_alloc_trace
+
+    trace = read_alloc_trace(bundled_path("llama1b_generate_slice.pickle.gz"))
+    _, is_alloc, ids, nbytes, streams = trace.arrays()
+    core = host_core(spec, sample_every=DEFAULT_SAMPLE_EVERY)
+    ptrs = {}
+    for alloc, key, n, stream in zip(is_alloc.tolist(), ids.tolist(), nbytes.tolist(), streams.tolist()):
+        if alloc:
+            ptrs[key] = core.malloc(n, 0, stream)
+        elif key in ptrs:
+            core.free(ptrs.pop(key), n, 0, stream)
+    got, want = core.policy.stats(), replay(trace, spec).summary
+    assert got.num_failures == want["n_failed"] == 0 and core.errors == [] and core.n_align_padded == 0
+    assert got.peak_reserved_bytes == want["peak_reserved_bytes"]
+    rounding = int((-nbytes[is_alloc] % ALIGNMENT_BYTES).sum())
+    assert want["peak_live_bytes"] <= got.peak_live_bytes <= want["peak_live_bytes"] + rounding
 
 
 def test_summary_row_is_the_report_row():
