@@ -7,11 +7,11 @@ import contextlib
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-import policies
 from policies.base import Allocation, Policy
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
@@ -20,7 +20,7 @@ from realgpu.torch_allocator import (ALIGNMENT_BYTES, DEFAULT_SAMPLE_EVERY, Alig
                                      TorchPolicyAllocator, use_policy)
 from sim.report import SUMMARY_COLUMNS
 
-from .conftest import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 MiB = 1 << 20
 FAST_POLICIES = ["best-fit", "size-class", "torch-caching", "best-fit:virtual=true"]
