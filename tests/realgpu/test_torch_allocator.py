@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.base import Allocation, Policy
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
 from realgpu.torch_allocator import (ALIGNMENT_BYTES, DEFAULT_SAMPLE_EVERY, AlignedHostDevice, AllocatorCore,
                                      TorchPolicyAllocator, use_policy)
 from sim.report import SUMMARY_COLUMNS
+
+from .conftest import OverlappingPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,35 +108,14 @@ def test_refused_request_raises_the_policys_reason_and_changes_nothing():
     assert list(core.live) == [p]
 
 
-class _SameOffset(Policy):
-    """A broken policy: every request at offset 0 of one segment."""
+class _SamePointer(OverlappingPolicy):
+    """A broken policy: its second allocation is its first, again."""
 
-    def __init__(self, *, capacity_bytes=None):
-        super().__init__(capacity_bytes=capacity_bytes)
-
-    def _reset_state(self):
-        self._segment = None
-
-    def _allocate(self, nbytes, stream, tag):
-        if self._segment is None:
-            self._segment = self._reserve_segment(2 * MiB)
-        return Allocation(nbytes, nbytes, ((self._segment.offset, nbytes),), stream, tag)
-
-    def _free(self, a):
-        pass
-
-    def _release_free_segments(self, max_bytes):
-        return 0
-
-    def _add_segment(self, segment):
-        pass
-
-    def free_extents(self):
-        return []
+    inside_bytes = 0
 
 
 def test_a_pointer_handed_out_twice_is_refused():
-    pool = GpuPool(_SameOffset(), backend=HostDevice())
+    pool = GpuPool(_SamePointer(), backend=AlignedHostDevice())
     core = AllocatorCore(pool)
     p = core.malloc(1024, 0, 0)
     with pytest.raises(PoolError, match="again while it is live"):
