@@ -10,6 +10,7 @@ it and fitting the terms to its latencies (``poollab calibrate requests``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -21,7 +22,7 @@ from sim.engines import load_engine
 from sim.hardware import load_gpu
 from sim.models import load_model
 from sim.serving_metrics import add_latencies, latency_percentiles
-from sim.steptime import StepCalibration, StepTerms, default_calibration
+from sim.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, default_calibration
 from traces.requests import RequestTrace, make_requests
 
 __all__ = ["served_trace", "predict_served", "latency_errors", "fit_from_requests", "LATENCY_METRICS",
@@ -78,8 +79,11 @@ class RequestFit:
         self.calibration, self.errors, self.cv_errors = calibration, errors, cv_errors
 
 
-def _terms(x: np.ndarray) -> StepTerms:
-    return StepTerms(**{name: float(math.exp(v)) for name, v in zip(REQUEST_FIT_TERMS, x)})
+def _calibration(x: np.ndarray, start: dict[str, float], **meta: Any) -> StepCalibration:
+    """The calibration at search point ``x``: log-multipliers of ``start``'s terms, then of its warm-up."""
+    scaled = {name: start[name] * math.exp(v) for name, v in zip(REQUEST_FIT_TERMS, x)}
+    terms = StepTerms(**{name: scaled.get(name, start[name]) for name in start if name != "warmup_s"})
+    return StepCalibration(default_calibration(), terms=terms, warmup_s=start["warmup_s"] * math.exp(x[-1]), **meta)
 
 
 def _loss(measured: pd.DataFrame, predicted: pd.DataFrame, mask: np.ndarray) -> float:
@@ -102,8 +106,9 @@ def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", mod
                       max_evaluations: int = 200) -> RequestFit:
     """Infer ``StepTerms`` from a served-request table alone: simulate its requests as
     ``engine`` schedules them and fit ``REQUEST_FIT_TERMS`` (Nelder-Mead on their logarithms,
-    so they stay positive) to its per-request TTFT, TPOT and e2e. Start: the median TPOT as the
-    fixed cost. Expected error: the in-sample errors and a two-fold check (terms fitted on the
+    so they stay positive; the warm-up too) to its per-request TTFT, TPOT and e2e. Start: the
+    preset's ``typical_terms`` (a fitted step time of that engine), else half the median TPOT
+    as the fixed cost and small other terms. Expected error: the in-sample errors and a two-fold check (terms fitted on the
     even requests' latencies judge the odd ones', and back); the simulation serves every request
     either way, since each one's latency depends on the others in its batches.
 
@@ -119,18 +124,25 @@ def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", mod
     measured = measured.iloc[order].reset_index(drop=True)
     done = done[order]
 
+    preset = load_engine(engine)
+    start = {name: 0.0 for name in STEP_TERM_NAMES}
+    start.update(preset.typical_terms)
+    tpot0 = float(np.nanmedian(measured["tpot_s"])) if np.isfinite(measured["tpot_s"]).any() else 0.05
+    fallback = {"fixed_s": 0.5 * tpot0, "per_token_s": 1e-6, "per_kv_token_s": 1e-8, "per_query_kv_s": 1e-12}
+    for name in REQUEST_FIT_TERMS:  # a term the preset does not know starts small, so that it can grow
+        start[name] = start[name] or fallback[name]
+    start["warmup_s"] = preset.typical_warmup_s or max(tpot0, 1e-3)
+    meta = dict(engine=engine, model=model_spec.name, gpu=gpu_spec.name, tp=tensor_parallel)
+
     def simulate_terms(x: np.ndarray) -> pd.DataFrame:
-        cal = StepCalibration(default_calibration(), terms=_terms(x), engine=engine, model=model_spec.name,
-                              gpu=gpu_spec.name, tp=tensor_parallel)
-        return predict_served(trace, cal, engine=engine, model=model_spec, gpu=gpu_spec,
+        return predict_served(trace, _calibration(x, start, **meta), engine=engine, model=model_spec, gpu=gpu_spec,
                               tensor_parallel=tensor_parallel)
 
-    tpot0 = float(np.nanmedian(measured["tpot_s"])) if np.isfinite(measured["tpot_s"]).any() else 0.05
-    start = np.log([max(tpot0, 1e-4), 1e-6, 1e-8, 1e-11])
-
     def fit(mask: np.ndarray) -> np.ndarray:
-        res = minimize(lambda x: _loss(measured, simulate_terms(x), mask), start, method="Nelder-Mead",
-                       options={"maxfev": max_evaluations, "xatol": 0.02, "fatol": 1e-4})
+        x0 = np.zeros(len(REQUEST_FIT_TERMS) + 1)
+        simplex = np.vstack([x0, x0 + np.eye(len(x0)) * 0.7])  # each term x2 up front: a wide first look
+        res = minimize(lambda x: _loss(measured, simulate_terms(x), mask), x0, method="Nelder-Mead",
+                       options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-5, "initial_simplex": simplex})
         return res.x
 
     x = fit(done)
@@ -149,6 +161,5 @@ def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", mod
                 "fitted_terms": list(REQUEST_FIT_TERMS),
                 "errors": errors.round(4).to_dict(orient="records"),
                 "two_fold_errors": cv_errors.round(4).to_dict(orient="records")}
-    cal = StepCalibration(default_calibration(), terms=_terms(x), engine=engine, model=model_spec.name,
-                          gpu=gpu_spec.name, tp=tensor_parallel, fit=fit_info, source=source)
+    cal = dataclasses.replace(_calibration(x, start, **meta), fit=fit_info, source=source)
     return RequestFit(cal, errors, cv_errors)

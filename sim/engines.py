@@ -41,6 +41,8 @@ class EnginePreset:
         options: ``ServerConfig`` fields and values.
         kv_sizing: ``"plan"`` or ``"transformers"`` (module docstring).
         max_memory_percent, reserved_at_sizing_bytes: the ``transformers`` rule's inputs.
+        typical_terms, typical_warmup_s: a fitted step time of this engine (``StepTerms``
+            fields), where ``poollab calibrate requests`` starts its search; empty: none known.
     """
 
     name: str
@@ -49,6 +51,8 @@ class EnginePreset:
     kv_sizing: str = "plan"
     max_memory_percent: float = 0.9
     reserved_at_sizing_bytes: int = 0
+    typical_terms: Mapping[str, float] = field(default_factory=dict)
+    typical_warmup_s: float = 0.0
 
     def server_options(self, model: ModelSpec, gpu: Any, *, explicit: Mapping[str, Any] | None = None,
                        tensor_parallel: int = 1) -> dict[str, Any]:
@@ -105,7 +109,9 @@ def _presets() -> dict[str, EnginePreset]:
         preset = EnginePreset(name=name, description=entry["description"], options=dict(entry.get("options", {})),
                               kv_sizing=entry.get("kv_sizing", "plan"),
                               max_memory_percent=float(entry.get("max_memory_percent", 0.9)),
-                              reserved_at_sizing_bytes=int(entry.get("reserved_at_sizing_bytes", 0)))
+                              reserved_at_sizing_bytes=int(entry.get("reserved_at_sizing_bytes", 0)),
+                              typical_terms=dict(entry.get("typical_terms", {})),
+                              typical_warmup_s=float(entry.get("typical_warmup_s", 0.0)))
         for key in (name, *entry.get("aliases", ())):
             assert key.lower() not in out, f"{ENGINES_PATH}: {key!r} names two presets"
             out[key.lower()] = preset
