@@ -151,8 +151,6 @@ class ServerConfig:
     max_num_seqs: int = _knob(256, "Most requests running at once.", low=1)
     max_num_batched_tokens: int = _knob(8192, "Token budget of one step.", unit="tokens", low=1)
     chunked_prefill: bool = _knob(True, "Split long prompts across steps within the token budget.")
-    decode_first: bool = _knob(False, "Give decoding requests their token before any running request's prefill "
-                               "chunk (transformers' FIFO scheduler); off: running requests oldest first (vLLM).")
     watermark: float = _knob(0.01, "Share of the KV budget admission keeps free.", low=0, high=1, high_open=True)
     preemption: str = _knob("recompute", "What happens to a preempted request's KV: dropped and recomputed, or "
                             "swapped to host memory.", choices=PREEMPTION_MODES)

@@ -143,9 +143,8 @@ class Scheduler:
         config: the server's settings; the scheduler reads ``max_num_seqs``,
             ``max_num_batched_tokens``, ``chunked_prefill``, ``watermark`` (share of the KV
             budget admission keeps free), ``preemption``, ``swap_space_bytes`` (a victim that does
-            not fit there is recomputed instead), ``decode_first`` (decoding requests go before
-            running prefills) and ``max_model_len`` (resolved: not None; a prompt this long or
-            longer is rejected, it leaves no room to generate).
+            not fit there is recomputed instead) and ``max_model_len`` (resolved: not None; a
+            prompt this long or longer is rejected, it leaves no room to generate).
     """
 
     def __init__(self, kv, config: ServerConfig):
@@ -200,8 +199,6 @@ class Scheduler:
         # StepPlan.add inlined (the loop runs once per running request per step), its counts
         # kept in locals and stored once: preemptions below change the plan's other fields only
         decode_seqs = context_tokens = prefill_tokens = num_prefill_seqs = prefill_context_tokens = 0
-        if self.config.decode_first and running:
-            running = self.running = self._decoding_first(running)
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -231,14 +228,6 @@ class Scheduler:
             if not self.swapped:
                 self._admit(plan, budget)
         return plan
-
-    @staticmethod
-    def _decoding_first(running: list[Request]) -> list[Request]:
-        """``running`` with the decoding requests first, each part in its own order (``decode_first``)."""
-        decoding = [r for r in running if r.num_generated and r.num_tokens - r.num_computed == 1]
-        if len(decoding) == len(running):
-            return running
-        return decoding + [r for r in running if not (r.num_generated and r.num_tokens - r.num_computed == 1)]
 
     def _grow_or_preempt(self, plan: StepPlan, r: Request, total: int) -> bool:
         """Grow ``r``'s KV to ``total`` slots, preempting the newest running requests as needed.
