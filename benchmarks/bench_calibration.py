@@ -1,15 +1,17 @@
 """Held-out check of the step-time calibration (issue 31): fit on one engine run, predict the others.
 
-    python benchmarks/bench_calibration.py [--run NAME=STEPS.csv,REQUESTS.csv ...] [--repeat NAME,NAME]
-                                           [--from-requests] [--variants] [--model M] [--gpu G]
+    python benchmarks/bench_calibration.py [--runs-dir DIR] [--run NAME=STEPS.csv,REQUESTS.csv ...]
+                                           [--repeat NAME,NAME] [--from-requests] [--variants] [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
-batching on the Azure code slice and on the synthetic mixed trace) are used. For every ordered
+batching on the Azure code slice and on the synthetic mixed trace) are used, plus every pair in
+``--runs-dir`` (``poollab gpu serve`` writes ``NAME_steps.csv`` and ``NAME_requests.csv``). For every ordered
 pair (fit run, judged run), ``poollab calibrate steps`` of the fit run's profile prices the
 steps of ``simulate --engine transformers`` on the judged run's requests, and TTFT, TPOT and
 e2e at p50 and p99 are compared with its request table; a fit on a run judged on itself is the
-in-sample row. ``--from-requests`` adds ``poollab calibrate requests`` fits (request table
+in-sample row. A run is judged as it was recorded: the calibration's warm-up (a cold first
+step) is paid only when that run's own first step was one. ``--from-requests`` adds ``poollab calibrate requests`` fits (request table
 alone). The uncalibrated roofline (a CUDA-graph engine) is the baseline row.
 
 ``--repeat A,B`` names two recordings of the same workload and load: their difference per
@@ -25,6 +27,7 @@ Prints Markdown for ``benchmarks/RESULTS.md``; exit status 0, or 2 for a file it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -78,6 +81,22 @@ def _cell(error: float, spread: float | None) -> str:
     return f"{error:+.0f} %{mark}"
 
 
+def discover_runs(folder: Path) -> dict[str, tuple[Path, Path]]:
+    """``NAME_steps.csv`` + ``NAME_requests.csv`` pairs in ``folder``, by NAME (``transformers_cb_`` dropped)."""
+    out = {}
+    for steps in sorted(folder.glob("*_steps.csv")):
+        requests = steps.with_name(steps.name[:-len("_steps.csv")] + "_requests.csv")
+        if requests.is_file():
+            out[steps.name[:-len("_steps.csv")].removeprefix("transformers_cb_")] = (steps, requests)
+    return out
+
+
+def as_recorded(cal, judged: dict):
+    """``cal`` for a run as it was recorded: its warm-up kept only when that run started cold
+    (its own profile's first step is a warm-up outlier); a run warmed before the trace pays none."""
+    return cal if judged["cold"] else dataclasses.replace(cal, warmup_s=0.0)
+
+
 def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict | None) -> str:
     rows = []
     for fit_name, fit_run in runs.items():
@@ -88,8 +107,8 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
                                                  source=str(fit_run["files"][1])).calibration
         for how, cal in cals.items():
             for judged_name, judged in runs.items():
-                errors = latency_errors(judged["served"], predict_served(served_trace(judged["served"]), cal,
-                                                                         model=model, gpu=gpu))
+                errors = latency_errors(judged["served"], predict_served(served_trace(judged["served"]),
+                                                                         as_recorded(cal, judged), model=model, gpu=gpu))
                 rows.append((f"calibrate {how} {fit_name}", judged_name,
                              "in-sample" if judged_name == fit_name else "held out", errors))
     for judged_name, judged in runs.items():
@@ -103,11 +122,11 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
         cells = [_cell(e[m], None if spread is None else spread[m]) if kind != "baseline" else f"{e[m]:+.0f} %"
                  for m in LATENCY_METRICS]
         lines.append(f"| {fit} | {judged} | {kind} | " + " | ".join(cells) + " |")
-    measured = ["| measured (s) | | | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |",
+    measured = ["| measured (s) | requests | steps (start) | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |",
                 "|" + "---|" * (3 + len(LATENCY_METRICS))]
     for name, run in runs.items():
         m = latency_errors(run["served"], run["served"]).set_index("metric")["measured_s"]
-        measured.append(f"| {name} | {len(run['served'])} requests | {len(run['steps'])} steps | "
+        measured.append(f"| {name} | {len(run['served'])} | {len(run['steps'])} ({'cold' if run['cold'] else 'warm'}) | "
                         + " | ".join(f"{m[k]:.3f}" for k in LATENCY_METRICS) + " |")
     spread_line = ("run-to-run spread: missing (no workload recorded twice; give --repeat A,B)" if spread is None else
                    "run-to-run spread (|A/B - 1| of the repeated recordings): "
@@ -150,21 +169,29 @@ def variants_table(runs: dict, model, gpu) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="append", type=_parse_run, default=[], metavar="NAME=STEPS,REQUESTS")
+    ap.add_argument("--runs-dir", action="append", type=Path, default=[], metavar="DIR",
+                    help="add every NAME_steps.csv + NAME_requests.csv pair in DIR (repeatable)")
+    ap.add_argument("--no-shared", action="store_true", help="leave out the two shared recordings")
     ap.add_argument("--repeat", default=None, metavar="A,B", help="two runs of one workload and load (the spread)")
     ap.add_argument("--from-requests", action="store_true", help="also fit from each request table alone")
     ap.add_argument("--variants", action="store_true", help="roofline as floor against as a feature")
     ap.add_argument("--model", default="Llama-3-8B")
     ap.add_argument("--gpu", default="H200")
     args = ap.parse_args()
-    files = dict(args.run) or DEFAULT_RUNS
+    files = {} if args.no_shared else dict(DEFAULT_RUNS)
+    for folder in args.runs_dir:
+        files.update(discover_runs(folder))
+    files.update(dict(args.run))
+    model, gpu = load_model(args.model), load_gpu(args.gpu)
     runs = {name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
             for name, (s, r) in files.items()}
+    for run in runs.values():
+        run["cold"] = fit_step_profile(run["steps"], model, gpu).calibration.warmup_s > 0
     repeat = None
     if args.repeat:
         repeat = tuple(args.repeat.split(","))
         if len(repeat) != 2 or any(n not in runs for n in repeat):
             ap.error(f"--repeat {args.repeat}: expected two run names among {', '.join(runs)}")
-    model, gpu = load_model(args.model), load_gpu(args.gpu)
     print(held_out_table(runs, model, gpu, from_requests=args.from_requests, spread=spread_pct(runs, repeat)))
     if args.variants:
         print()

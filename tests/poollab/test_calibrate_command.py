@@ -125,3 +125,24 @@ def test_requests_writes_the_same_calibration_with_its_expected_error(tmp_path, 
     assert data["format"] == "poollab-step-time/2" and data["fit"]["from"] == "requests"
     assert data["terms"]["fixed_s"] == pytest.approx(0.08, rel=0.25)
     assert "expected error" in out and "tpot_p50_s" in out
+
+
+def test_sweep_reads_a_fitted_calibration(profile, tmp_path, trace, cli, cli_ok):
+    import textwrap
+
+    cal = tmp_path / "cal.json"
+    cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
+    results = {}
+    for name, line in (("fitted", f"calibration: {cal}"), ("default", "")):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(textwrap.dedent(f"""
+            mode: simulate
+            traces: [{trace}]
+            policies: [paged]
+            models: [Llama-3-8B]
+            """) + line + "\n")
+        code, _, err = cli(["sweep", str(spec), "--out", str(tmp_path / name), "--scheduler", "serial",
+                            "--no-progress"])
+        assert code == 0, err
+        results[name] = pd.read_parquet(tmp_path / name / "results.parquet")["tpot_p50_s"].iloc[0]
+    assert results["fitted"] > 5 * results["default"]
