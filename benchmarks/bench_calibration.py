@@ -104,7 +104,7 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
                                           source=str(fit_run["files"][0])).calibration}
         if from_requests:
             cals["requests"] = fit_from_requests(fit_run["served"], engine="transformers", model=model, gpu=gpu,
-                                                 source=str(fit_run["files"][1])).calibration
+                                                 source=str(fit_run["files"][1]), two_fold=False).calibration
         for how, cal in cals.items():
             for judged_name, judged in runs.items():
                 errors = latency_errors(judged["served"], predict_served(served_trace(judged["served"]),

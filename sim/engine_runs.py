@@ -72,7 +72,8 @@ class RequestFit:
         calibration: the fitted ``StepCalibration`` (``fit`` holds the errors below).
         errors: ``latency_errors`` of the fitted terms on the whole table (in-sample).
         cv_errors: the same for each half of the requests predicted by terms fitted to the
-            other half's latencies (``half`` column: 0 even requests, 1 odd).
+            other half's latencies (``half`` column: 0 even requests, 1 odd); empty without
+            ``two_fold``.
     """
 
     def __init__(self, calibration: StepCalibration, errors: pd.DataFrame, cv_errors: pd.DataFrame):
@@ -103,14 +104,15 @@ def _loss(measured: pd.DataFrame, predicted: pd.DataFrame, mask: np.ndarray) -> 
 
 def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", model: Any = "Llama-3-8B",
                       gpu: Any = "H200", tensor_parallel: int = 1, source: str = "",
-                      max_evaluations: int = 200) -> RequestFit:
+                      max_evaluations: int = 200, two_fold: bool = True) -> RequestFit:
     """Infer ``StepTerms`` from a served-request table alone: simulate its requests as
     ``engine`` schedules them and fit ``REQUEST_FIT_TERMS`` (Nelder-Mead on their logarithms,
     so they stay positive; the warm-up too) to its per-request TTFT, TPOT and e2e. Start: the
     preset's ``typical_terms`` (a fitted step time of that engine), else half the median TPOT
     as the fixed cost and small other terms. Expected error: the in-sample errors and a two-fold check (terms fitted on the
     even requests' latencies judge the odd ones', and back); the simulation serves every request
-    either way, since each one's latency depends on the others in its batches.
+    either way, since each one's latency depends on the others in its batches; ``two_fold``
+    False skips that check, a third of the work.
 
     Raises ValueError when fewer than 4 requests finished (nothing to fit).
     """
@@ -149,14 +151,14 @@ def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", mod
     errors = latency_errors(measured, simulate_terms(x))
     halves = []
     idx = np.arange(len(measured))
-    for half in (0, 1):
+    for half in (0, 1) if two_fold else ():
         train = done & (idx % 2 != half)
         predicted = simulate_terms(fit(train))
         test = (idx % 2 == half)
         e = latency_errors(measured[test], predicted[test])
         e.insert(0, "half", half)
         halves.append(e)
-    cv_errors = pd.concat(halves, ignore_index=True)
+    cv_errors = pd.concat(halves, ignore_index=True) if halves else pd.DataFrame(columns=["half", *errors.columns])
     fit_info = {"from": "requests", "num_requests": int(len(measured)), "num_finished": int(done.sum()),
                 "fitted_terms": list(REQUEST_FIT_TERMS),
                 "errors": errors.round(4).to_dict(orient="records"),
