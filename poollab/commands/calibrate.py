@@ -84,7 +84,7 @@ def _engine(name: str) -> str:
                    "per_kv_token_s, per_pair_s, per_query_kv_s.")
 def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
-    from sim.step_fit import fit_step_profile
+    from sim.step_fit import OUTLIER_REL_ERROR, fit_step_profile
     from sim.report import format_table
     from traces.engine_profile import read_step_profile
 
@@ -103,13 +103,12 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
         raise UsageError(f"{profile}: {exc}") from None
     _write(fit.calibration, out)
     click.echo(f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp {tensor_parallel}); "
-               f"{fit.num_outliers} outlier(s) left out of the fit (more than 50 % off its first pass)"
+               f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off its first pass)"
                + (f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
                   if fit.calibration.warmup_s else ""))
     click.echo(_terms_line(fit.terms))
-    table = fit.errors.rename(columns={"mean_abs_err_%": "mean_abs_err_%", "sum_bias_%": "sum_bias_%"})
     click.echo("step-time error by step kind (mean |predicted/measured - 1|, and the bias of their sum):")
-    click.echo(format_table(table, columns=["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]))
+    click.echo(format_table(fit.errors, columns=["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]))
     click.echo(f"wrote {out} (simulate --engine {engine} --calibration {out})")
 
 
