@@ -178,7 +178,7 @@ def variants_table(runs: dict, model, gpu) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="append", type=_parse_run, default=[], metavar="NAME=STEPS,REQUESTS")
     ap.add_argument("--runs-dir", action="append", type=Path, default=[], metavar="DIR",
@@ -189,7 +189,7 @@ def main() -> int:
     ap.add_argument("--variants", action="store_true", help="roofline as floor against as a feature")
     ap.add_argument("--model", default="Llama-3-8B")
     ap.add_argument("--gpu", default="H200")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     files = {} if args.no_shared else dict(DEFAULT_RUNS)
     for folder in args.runs_dir:
         files.update(discover_runs(folder))
