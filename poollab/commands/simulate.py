@@ -120,7 +120,10 @@ def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -
     place of those the user left at their defaults (``sim.engines``); ValueError for an unknown engine."""
     from sim.engines import load_engine
 
-    preset = load_engine(engine)
+    try:
+        preset = load_engine(engine)
+    except ValueError as exc:
+        raise ValueError(f"--engine: {exc}") from None
     ctx = click.get_current_context(silent=True)
     explicit = {name: value for name, value in options.items()
                 if ctx is None or ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}

@@ -146,3 +146,8 @@ def test_sweep_reads_a_fitted_calibration(profile, tmp_path, trace, cli, cli_ok)
         assert code == 0, err
         results[name] = pd.read_parquet(tmp_path / name / "results.parquet")["tpot_p50_s"].iloc[0]
     assert results["fitted"] > 5 * results["default"]
+
+
+def test_simulate_names_an_unknown_engine_by_its_option(trace, tmp_path, cli):
+    code, _, err = cli(["simulate", str(trace), "--engine", "nope", "--no-progress", "--out", str(tmp_path / "o")])
+    assert code == 2 and err.strip() == "poollab: error: --engine: unknown engine 'nope'; engines: vllm, transformers"
