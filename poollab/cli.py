@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Simulate several model instances (tenants) sharing one GPU's memory, under each layout."),
     "fidelity": ("poollab.commands.fidelity",
                  "Does the emulation decide what the real allocator decided on SNAPSHOT?"),
+    "calibrate": ("poollab.commands.calibrate",
+                  "Fit the simulator's step time to a real engine (a step profile, or a request table alone)."),
     "gpu": ("poollab.commands.gpu",
             "Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator."),
     "report": ("poollab.commands.report",

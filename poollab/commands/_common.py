@@ -53,6 +53,19 @@ def model_file_options(command):
                         help="Step-time calibration JSON (default: bundled factors).")(command)
 
 
+def step_time_line(calibration: Path | None) -> str:
+    """What prices the steps, for a command's settings: the calibration file and what it
+    describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a UsageError."""
+    if calibration is None:
+        return "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
+    from sim.steptime import load_step_calibration
+
+    try:
+        return load_step_calibration(calibration).describe()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def read_alloc_or_explain(path: Path, fmt: str | None):
     """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request trace."""
     try:

@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import check_specs, load_costs, model_file_options, out_option, read_requests_or_explain
+from poollab.commands._common import check_specs, load_costs, model_file_options, out_option, read_requests_or_explain, \
+    step_time_line
 from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
 from sim.config import ServerConfig
@@ -86,6 +87,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     per layout and tenant (columns tenant_layout, tenant).
     """
     check_specs([spec])
+    step_time = step_time_line(calibration)
     if options.get("kv_capacity_bytes") is not None:
         raise UsageError("--kv-capacity does not apply: the layout decides each tenant's KV memory")
     try:
@@ -138,7 +140,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     first = summary.iloc[0]
     click.echo(f"{len(names)} tenants on {first['gpu']} ({', '.join(t.name for t in tenant_traces)}); "
                f"KV memory {format_bytes(int(first['gpu_kv_bytes']))} after every tenant's weights, "
-               f"activations and workspace; policy {spec}; compute {compute}")
+               f"activations and workspace; policy {spec}; compute {compute}; {step_time}")
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
     click.echo("all tenants' requests:")
     busy = summary.groupby("tenant_layout", sort=False)["gpu_busy_share"].first()

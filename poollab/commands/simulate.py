@@ -8,7 +8,8 @@ from typing import Any, Callable
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain
+from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain, \
+    step_time_line
 from poollab.errors import UsageError
 from sim.config import Knob, ServerConfig, knobs
 from sim.kv import VIRTUAL
@@ -114,6 +115,22 @@ def rejection_warnings(summary: Any) -> list[str]:
             for (n, why), names in groups.items()]
 
 
+def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` (the command's ``ServerConfig`` values) with engine preset ``engine``'s in
+    place of those the user left at their defaults (``sim.engines``); ValueError for an unknown engine."""
+    from sim.engines import load_engine
+
+    try:
+        preset = load_engine(engine)
+    except ValueError as exc:
+        raise ValueError(f"--engine: {exc}") from None
+    ctx = click.get_current_context(silent=True)
+    explicit = {name: value for name, value in options.items()
+                if ctx is None or ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    return {**options, **preset.server_options(model, gpu, explicit=explicit,
+                                               tensor_parallel=options.get("tensor_parallel", 1))}
+
+
 def config_options(command: Callable) -> Callable:
     """Add one option per ``ServerConfig`` field (generated from its ``Knob``: name, help, unit,
     choices, range, default), in field order, each passed to the command under the field's name."""
@@ -133,10 +150,13 @@ def config_options(command: Callable) -> Callable:
 @click.option("--rate-scale", type=float, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
 @config_options
+@click.option("--engine", default=None, metavar="NAME",
+              help="Schedule and size the KV cache as this engine does (sim/data/engines.json: vllm, "
+                   "transformers); options given explicitly win. Default: the options as given (vLLM-like).")
 @model_file_options
 @out_option("poollab-out/simulate")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds.")
-def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibration, costs, out_dir: Path,
+def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, calibration, costs, out_dir: Path,
                      progress: bool, **options: Any) -> None:
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
@@ -146,17 +166,17 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
         except ValueError as exc:
             raise UsageError(f"--policy {spec}: {exc}") from None
     check_specs([options["aux_policy"]])
-    try:
-        config = ServerConfig(**options)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
     from sim.hardware import load_gpu
     from sim.models import load_model
 
     try:
         model_spec, gpu_spec = load_model(model), load_gpu(gpu)
+        if engine is not None:
+            options = engine_options(engine, model_spec, gpu_spec, options)
+        config = ServerConfig(**options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    step_time = step_time_line(calibration)
     if rate_scale <= 0:
         raise UsageError(f"--rate-scale {rate_scale} must be > 0")
     requests = read_requests_or_explain(trace, fmt)
@@ -178,11 +198,12 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
                   extra_tables={"requests": table, **({"kv_groups": kv_groups} if kv_groups is not None else {})},
                   meta={"command": "simulate", "trace": str(trace), "policies": spec_list, "model": model_spec.name,
                         "gpu": gpu_spec.name, "rate_scale": rate_scale, **config.as_dict(),
-                        "calibration": str(calibration) if calibration else "bundled",
+                        "calibration": str(calibration) if calibration else "bundled", "engine": engine,
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
-    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns))
+    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns)
+               + (f"; engine {engine}" if engine else "") + f"; {step_time}")
     for line in rejection_warnings(summary):
         click.echo(line, err=True)
     has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))
