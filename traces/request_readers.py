@@ -453,7 +453,7 @@ def _read_parquet(path: Path, name: str) -> RequestTrace:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise TraceFormatError(path, None, f"cannot read Parquet: {exc}") from None
-    stored = json.loads((table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))
+    stored = _stored_meta(path, (table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))
     df = table.to_pandas()
     layout = _CSV_LAYOUTS[-1]
     missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in df.columns]
@@ -482,6 +482,21 @@ def _read_parquet(path: Path, name: str) -> RequestTrace:
     meta = {**stored.get("meta", {}), "num_rows_read": len(df)}
     meta.setdefault("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)
     return _finish(path, name, "parquet", t, prompt, output, sessions, hashes, meta)
+
+
+def _stored_meta(path: Path, raw: bytes) -> dict[str, Any]:
+    """The name, format and meta our writer stores in the Parquet schema, checked like any JSON read here."""
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _json_depth(text) > MAX_JSON_DEPTH:
+            raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+        stored = json.loads(text)
+        if not isinstance(stored, dict) or not isinstance(stored.get("meta", {}), dict):
+            raise ValueError("not a JSON object with a 'meta' object")
+    except ValueError as exc:  # JSONDecodeError and the digit limit are ValueErrors too
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise TraceFormatError(path, None, f"damaged {_PARQUET_META_KEY.decode()} metadata: {reason}") from None
+    return stored
 
 
 def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | None = None) -> Path:

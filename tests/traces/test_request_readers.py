@@ -372,3 +372,15 @@ def test_validate_requests_holds_the_limits_readers_apply():
         validate_requests(df)
     with pytest.raises(TraceFormatError, match="later than 1e\\+11 s"):
         validate_requests(make_requests([0.0, 2e11], [3, 3], [1, 1]))
+
+
+@pytest.mark.parametrize("stored", [b"[" * 50_000 + b"]" * 50_000, b'{"meta": ', b'{"meta": [1]}'],
+                         ids=["deep", "broken", "meta-not-object"])
+def test_parquet_with_damaged_stored_meta_names_the_file(tmp_path, stored):
+    import pyarrow.parquet as pq
+
+    p = write_request_trace(_sample_trace(), tmp_path / "t.parquet")
+    table = pq.read_table(p)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"poollab.request_trace": stored}), p)
+    err = _error(p)
+    assert err.path == str(p) and "damaged poollab.request_trace metadata" in err.reason
