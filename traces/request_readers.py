@@ -20,6 +20,12 @@ that way) is dropped and counted in ``meta["num_dropped_zero_output"]`` /
 wrong (a missing column or value, a non-number, a negative, bad JSON) raises
 ``TraceFormatError(path, line, reason)`` naming the first bad line. Gzipped text files are read
 as they are.
+
+Every value is checked before use, against the limits of the request table
+(``traces.requests.MAX_TOKENS``, ``MAX_TIME_S``; generators hold the same ones): a count or time
+too long for a float (400 digits) is out of range, a boolean is not a number, a span of
+date-times longer than ``MAX_TIME_S`` is refused, hash ids are lists of int64, and JSON may
+nest at most ``MAX_JSON_DEPTH`` levels (checked before parsing). Values in messages are cut short.
 """
 
 from __future__ import annotations
