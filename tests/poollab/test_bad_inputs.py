@@ -368,6 +368,62 @@ add(Case("report-parquet-broken", _with_files({"res": lambda d: (_result_folder(
          _args("report", "{d}/res", "--out", "{d}/r.html")), ("timeseries.parquet",)))
 
 
+# -- issue 29, hostile request traces, generator specs, policy specs and sweep files --------------
+HUGE, HUGER = "9" * 400, "9" * 5000  # past float64; past Python's int-string digit limit
+DEEP_SPEC = "elastic:base=[" * 3000 + "best-fit" + "]" * 3000
+add(request_case("azure-tokens-400-digits", "az.csv", AZ + f"2023-11-16 18:17:03.9799600,{HUGE},10\n", ("az.csv:2", "ContextTokens", "more than")))
+add(request_case("azure-year-9999", "az.csv", AZ + "2023-11-16 18:17:03.979960,100,10\n9999-11-16 18:17:03.979960,100,10\n", ("az.csv:3", "TIMESTAMP", "years after")))
+add(request_case("azure-year-9999-7-digits", "az.csv", AZ + "2023-11-16 18:17:03.9799600,100,10\n9999-11-16 18:17:03.9799600,100,10\n", ("az.csv:3", "TIMESTAMP", "2262")))
+add(request_case("burstgpt-timestamp-400-digits", "b.csv", BG + f"5,ChatGPT,100,10,110,x\n{HUGE},ChatGPT,1,1,2,x\n", ("b.csv:3", "Timestamp", "later than")))
+add(request_case("requests-tokens-400-digits", "q.csv", RQ + f"0,{HUGE},10,,\n", ("q.csv:2", "prompt_tokens", "more than")))
+add(request_case("requests-time-400-digits", "q.csv", RQ + f"0,100,10,,\n{HUGE},100,10,,\n", ("q.csv:3", "arrival_s", "later than")))
+add(request_case("requests-tokens-5000-digits", "q.csv", RQ + f"0,100,{HUGER},,\n", ("q.csv:2", "output_tokens", "5,000 characters")))
+add(request_case("requests-tokens-boolean", "q.csv", RQ + "0,True,10,,\n1,False,10,,\n", ("q.csv:2", "prompt_tokens", "boolean")))
+add(request_case("vidur-prefill-minus-400-digits", "v.csv", VD + f"0,-{HUGE},10\n", ("v.csv:2", "num_prefill_tokens", "negative")))
+add(request_case("mooncake-input-400-digits", "m.jsonl", MC + f'{{"timestamp": 5, "input_length": {HUGE}, "output_length": 10}}\n', ("m.jsonl:2", "input_length", "more than")))
+add(request_case("mooncake-timestamp-400-digits", "m.jsonl", MC + f'{{"timestamp": {HUGE}, "input_length": 10, "output_length": 10}}\n', ("m.jsonl:2", "timestamp", "later than")))
+add(request_case("mooncake-5000-digits", "m.jsonl", MC + f'{{"timestamp": 5, "input_length": 10, "output_length": {HUGER}}}\n', ("m.jsonl:2", "digits")))
+add(request_case("mooncake-deep-json", "m.jsonl", MC + '{"timestamp": 5, "input_length": 1, "output_length": 1, "x": ' + "[" * 50_000 + "]" * 50_000 + "}\n", ("m.jsonl:2", "nested")))
+add(request_case("mooncake-hash-ids-string", "m.jsonl", MC + '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": "123"}\n', ("m.jsonl:2", "hash_ids '123'")))
+add(request_case("mooncake-hash-ids-floats", "m.jsonl", MC + '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [1.0, 2.5]}\n', ("m.jsonl:2", "hash_ids")))
+PQ_OK = {"arrival_s": pa.array([0.0, 1.0]), "prompt_tokens": pa.array([4, 5]), "output_tokens": pa.array([1, 2])}
+for _id, _col in [("bool-tokens", {"prompt_tokens": pa.array([True, True])}),
+                  ("time-is-a-date", {"arrival_s": pa.array([0, 86_400_000_000], pa.timestamp("us"))}),
+                  ("hash-ids-string", {"hash_ids": pa.array(["123", "4"])}),
+                  ("hash-ids-floats", {"hash_ids": pa.array([[1.0, 2.5], [3.0]])})]:
+    add(Case(f"requests-pq-{_id}", _with_files({"q.parquet": lambda d, c=_col: _parquet(d, "q.parquet", {**PQ_OK, **c})},
+             simulate("q.parquet")), ("q.parquet (row 1)", next(iter(_col)))))
+SYNTH = ["traces", "synth", "--rate", "5", "--num-requests", "10", "--out", "{d}/t.csv"]
+add(Case("synth-prompt-fixed-1e10", _args(*SYNTH, "--prompt", "fixed:1e10"), ("fixed", "2,147,483,647")))
+add(Case("synth-prompt-1e400", _args(*SYNTH, "--prompt", "fixed:1e400"), ("fixed:1e400", "finite")))
+add(Case("synth-prompt-lognormal-1e300", _args(*SYNTH, "--output", "lognormal:median=1e300,sigma=1"), ("median",)))
+add(Case("synth-prompt-5000-digits", _args(*SYNTH, "--prompt", "fixed:" + HUGER), ("characters long",)))
+add(Case("synth-prefix-nested", _args(*SYNTH, "--prefix-sharing", "prefix_tokens=[[[[1]]]]"), ("prefix-sharing", "nested")))
+add(Case("synth-prefix-block-1e13", _args(*SYNTH, "--prefix-sharing", "block_tokens=10000000000000"), ("block_tokens",)))
+add(Case("synth-rate-1e-300", _args("traces", "synth", "--rate", "1e-300", "--num-requests", "3", "--out", "{d}/t.csv"), ("1e+11 s",)))
+add(Case("synth-gamma-cv-1e300", _args(*SYNTH, "--arrival", "gamma", "--cv", "1e300"), ("cv",)))
+add(Case("synth-alloc-1e8-requests", _args("traces", "synth-alloc", "--num-requests", "100000000", "--out", "{d}/t.csv"), ("events",)))
+add(alloc_case("replay-policy-spec-3000-deep", "a.csv", GOOD_ALLOC, ("policy spec", "characters long"),
+               command=lambda name: lambda d: ["replay", str(d / name), "-p", DEEP_SPEC, "--out", str(d / OUT), "--no-progress"]))
+add(alloc_case("replay-policy-spec-nested-100", "a.csv", GOOD_ALLOC, ("policy spec", "100 levels deep"),
+               command=lambda name: lambda d: ["replay", str(d / name), "-p", "tag-limits:limits=" + "[" * 100 + "]" * 100,
+                                               "--out", str(d / OUT), "--no-progress"]))
+add(alloc_case("replay-tag-limit-400-digits", "a.csv", GOOD_ALLOC, ("limits", "too large"),
+               command=lambda name: lambda d: ["replay", str(d / name), "-p", f"tag-limits:limits=[kv={HUGE}]",
+                                               "--out", str(d / OUT), "--no-progress"]))
+_LAUGHS = "".join([f"a0: &a0 [{', '.join(['1MiB'] * 10)}]\n"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)])
+add(sweep_case("sweep-billion-laughs", GOOD_SWEEP + _LAUGHS + "capacities: *a9\n", ("sw.yaml", "line 8", "aliases")))
+add(sweep_case("sweep-alias-cycle", "mode: replay\ntraces: [a.csv]\npolicies: &p [first-fit, *p]\n", ("sw.yaml", "line 3", "contains it")))
+add(sweep_case("sweep-deep-lists", GOOD_SWEEP + "name: " + "[" * 20_000 + "]" * 20_000 + "\n", ("sw.yaml", "line 4", "nested")))
+add(sweep_case("sweep-deep-mappings", GOOD_SWEEP + "name: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", ("sw.yaml", "line 4", "nested")))
+add(sweep_case("sweep-deep-policy-spec", f"mode: replay\ntraces: [a.csv]\npolicies: ['{DEEP_SPEC}']\n", ("sw.yaml", "characters long")))
+_VALUES = ", ".join(str(i) for i in range(1, 1001))
+add(sweep_case("sweep-billion-cells", f"mode: replay\ntraces: [{', '.join(['a.csv'] * 1000)}]\n"
+               f"policies: [{{policy: size-class, params: {{classes_per_doubling: [{_VALUES}]}}}}]\n"
+               f"capacities: [{', '.join(f'{i}MiB' for i in range(1, 1001))}]\n",
+               ("sw.yaml", "1,000,000,000 cells", "100,000")))
+
+
 # -- the test ---------------------------------------------------------------------------------
 
 #: Written into ``out/`` before each case: a failed run must leave it exactly so.
