@@ -30,13 +30,17 @@ from pathlib import Path
 AZURE = "traces/data/azure_code_slice.csv"
 SYNTH = ".data/synth_mixed_60s.csv"  # ../shared/data/engine/synth_mixed_60s.csv, copied into the carried tree
 
-#: name -> (trace, gpu serve options, time limit in seconds)
+#: name -> (trace, gpu serve options, time limit in seconds); policies: -p options, default pytorch
 RUNS: dict[str, tuple[str, list[str], int]] = {
     "azure_code_60s_x1_a": (AZURE, ["--duration", "60", "--snapshot"], 240),
     "azure_code_60s_x1_b": (AZURE, ["--duration", "60"], 240),
     "azure_code_60s_x2": (AZURE, ["--duration", "30", "--rate-scale", "2"], 240),
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
+    # the README's "validate in a real model": PyTorch's allocator and a fast policy, one after the other
+    "azure_code_60s_policies": (AZURE, ["--duration", "60", "-p", "pytorch", "-p", "best-fit:virtual=true", "--sim"],
+                                420),
+    "azure_code_60s_torch_caching": (AZURE, ["--duration", "60", "-p", "torch-caching", "--sim"], 240),
 }
 
 
@@ -45,7 +49,7 @@ def record(names: list[str], out: Path, bundle: Path | None, policies: list[str]
     status = 0
     for name in names:
         trace, options, limit_s = RUNS[name]
-        specs = [a for p in policies for a in ("-p", p)]
+        specs = [] if "-p" in options else [a for p in policies for a in ("-p", p)]
         cmd = [sys.executable, "-m", "poollab", "gpu", "serve", trace, *specs, "--out", str(out / name), *options]
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
         t = time.perf_counter()

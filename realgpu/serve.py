@@ -184,8 +184,7 @@ def plan_requests(requests: pd.DataFrame, *, max_len_tokens: int, rate_scale: fl
             raise ValueError(f"--max-requests {max_requests} must be >= 1")
         idx = idx[:max_requests]
     if idx.size == 0:
-        raise ValueError("no request to serve: the trace is empty" if not len(df) else
-                         f"no request arrives within --duration {duration_s} s")
+        raise ValueError("no request to serve: the trace is empty")  # the first always arrives at 0
     output = np.minimum(df["output_tokens"].to_numpy(np.int64)[idx], max_len_tokens - 1)
     output = np.maximum(output, 1)
     prompt_trace = df["prompt_tokens"].to_numpy(np.int64)[idx]
@@ -249,7 +248,7 @@ def served_table(plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completion
     n = len(plan)
     first, finish = np.full(n, np.nan), np.full(n, np.nan)
     generated = np.zeros(n, dtype=np.int64)
-    error = np.full(n, "", dtype=object)
+    error = np.full(n, "no result: the engine stopped first", dtype=object)
     for c in completions:
         first[c.request_id] = c.first_token_t - t0
         generated[c.request_id] = c.num_generated
@@ -258,7 +257,7 @@ def served_table(plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completion
             finish[c.request_id] = c.finish_t - t0
     arrival = submit_t - t0
     never = np.isnan(arrival)
-    error[never & (error == "")] = "never submitted"
+    error[never] = "never submitted"
     return pd.DataFrame({"request": plan["request"].to_numpy(), "arrival_s": np.where(never, plan["arrival_s"], arrival),
                          "prompt_tokens": plan["prompt_tokens"].to_numpy(), "output_tokens": plan["output_tokens"].to_numpy(),
                          "first_token_s": first, "finish_s": finish, "num_generated": generated, "error": error})
@@ -369,6 +368,8 @@ def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, 
             if proc.returncode != 0 or not result.is_file():
                 err = work / "error.txt"
                 why = err.read_text().strip() if err.is_file() else (proc.stdout.strip().splitlines() or ["no output"])[-1]
+                for line in proc.stdout.strip().splitlines()[-12:]:  # the engine's own last words, for whoever debugs
+                    log(f"{spec}:   | {line}")
                 raise ServeError(f"gpu serve: policy {spec!r}: {why}")
             runs.append(read_run(work, spec))
             if runs[-1].snapshot_path is not None:  # out of the temporary folder before it goes
@@ -385,7 +386,8 @@ def read_run(work: Path, spec: str) -> ServeRun:
     result = json.loads((work / "result.json").read_text())
     steps = read_step_profile(work / "steps.csv") if (work / "steps.csv").stat().st_size and result["num_steps"] else \
         pd.DataFrame(columns=["start_s", *STEP_COLUMNS])
-    served = pd.read_csv(work / "requests.csv", keep_default_na=True).fillna({"error": ""})
+    served = pd.read_csv(work / "requests.csv", dtype={"error": object})
+    served["error"] = served["error"].fillna("")
     read_served_requests(work / "requests.csv")  # the schema's checks, naming a bad cell
     ts = pd.read_parquet(work / "timeseries.parquet") if (work / "timeseries.parquet").is_file() else None
     summary = serve_summary_row(result["memory_row"], served, steps, kv_capacity_tokens=result["kv_capacity_tokens"],
@@ -523,7 +525,7 @@ def simulate_like(run: ServeRun, plan: pd.DataFrame, settings: ServeSettings, *,
     spec = SIM_TWIN_OF_PYTORCH if run.spec == PYTORCH else run.spec
     config = sim_config(kv_capacity_bytes=int(run.summary["kv_bytes"]), settings=settings,
                         max_len_tokens=int(settings.max_len_tokens))
-    requests = plan[["arrival_s", "prompt_tokens", "output_tokens"]].copy()
+    requests = plan[["request", "arrival_s", "prompt_tokens", "output_tokens"]].rename(columns={"request": "request_id"})
     sim = simulate(requests, spec, model=settings.model, gpu=gpu, calibration=calibration, config=config,
                    trace_name=trace_name)
     return measured_against_predicted(run.summary, sim.summary)

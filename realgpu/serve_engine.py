@@ -167,8 +167,16 @@ class TransformersEngine:
         offloading.offload_requests = offload_requests
 
     # --- realgpu.serve.Engine ---
-    def start(self) -> None:
+    def start(self, timeout_s: float = 600.0) -> None:
+        """Start the engine's thread and wait for its KV cache (made in that thread), so that no
+        request's latency includes the cache's allocation."""
         self.manager.start()
+        deadline = time.perf_counter() + timeout_s
+        while self.manager.batch_processor is None:
+            if not self.manager.is_running() or time.perf_counter() > deadline:
+                error = self.manager.background_thread_status.fatal_error
+                raise RuntimeError(f"the engine did not start: {error or f'no KV cache after {timeout_s:.0f} s'}")
+            time.sleep(0.01)
 
     def submit(self, request_id: int, prompt_ids: list[int], output_tokens: int) -> None:
         self.manager.add_request(prompt_ids, request_id=str(request_id), max_new_tokens=output_tokens,
@@ -297,6 +305,24 @@ def _allocator(spec: str, settings: ServeSettings):
     return use_policy(spec, mode=settings.allocator_mode, validate=settings.validate, device=settings.device)
 
 
+@contextlib.contextmanager
+def _policy_memory_counters(alloc: Any):
+    """Under a pluggable policy PyTorch keeps no counters (``torch.cuda.memory_reserved`` raises
+    "CUDAPluggableAllocator does not yet support getDeviceStats"), yet the engine reads it to size its
+    KV cache: answer with the policy's own reserved bytes, what PyTorch's counter means."""
+    if alloc is None or alloc.mode != "pluggable":
+        yield
+        return
+    import torch
+
+    original = torch.cuda.memory_reserved
+    torch.cuda.memory_reserved = lambda device=None: int(alloc.pool.stats().reserved_bytes)
+    try:
+        yield
+    finally:
+        torch.cuda.memory_reserved = original
+
+
 def run_job(work: Path) -> None:
     """The child's work (module docstring)."""
     import torch
@@ -312,7 +338,7 @@ def run_job(work: Path) -> None:
         raise RuntimeError("CUDA is not available to PyTorch here (gpu serve runs the model on a GPU)")
     device = torch.device("cpu") if settings.on_cpu else torch.device("cuda", settings.device)
     wall0 = time.perf_counter()
-    with _allocator(spec, settings) as alloc:
+    with _allocator(spec, settings) as alloc, _policy_memory_counters(alloc):
         if not settings.on_cpu:
             torch.cuda.set_device(device)
         recording = settings.snapshot and spec == PYTORCH or (settings.snapshot and settings.allocator_mode == "mempool")
@@ -381,10 +407,10 @@ def run_job(work: Path) -> None:
             for col, value in (("backend", memory_row["backend"]), ("policy", PYTORCH), ("trace", trace_name)):
                 ts.insert(0, col, value)
             ts.to_parquet(work / "timeseries.parquet", index=False)
-        else:
-            memory_row = alloc.summary_row(trace=trace_name, wall_s=wall_s)
         preempted = engine.num_preemptions
         del engine, model
+    if alloc is not None:  # closed now: its row fixed after the model's memory went back
+        memory_row = alloc.summary_row(trace=trace_name)
     steps.to_csv(work / "steps.csv", index=False)
     served.to_csv(work / "requests.csv", index=False)
     result = {"memory_row": memory_row, "num_steps": len(steps), "kv_capacity_tokens": info["kv_capacity_tokens"],
