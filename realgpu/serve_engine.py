@@ -305,6 +305,20 @@ def _allocator(spec: str, settings: ServeSettings):
     return use_policy(spec, mode=settings.allocator_mode, validate=settings.validate, device=settings.device)
 
 
+def _engine_thread_in_mempool(engine: TransformersEngine, mempool: Any, device: Any) -> None:
+    """A ``MemPool`` serves the allocations of the thread that entered it; the engine allocates its
+    KV cache and activations in its own thread, so that thread enters the policy's pool too."""
+    import torch
+
+    loop = engine.manager._run_generation_loop
+
+    def loop_in_pool():
+        with torch.cuda.use_mem_pool(mempool, device=device):
+            loop()
+
+    engine.manager._run_generation_loop = loop_in_pool  # start() makes the thread from this attribute
+
+
 @contextlib.contextmanager
 def _policy_memory_counters(alloc: Any):
     """Under a pluggable policy PyTorch keeps no counters (``torch.cuda.memory_reserved`` raises
@@ -363,6 +377,8 @@ def run_job(work: Path) -> None:
                 monitor.sample(i, int((time.perf_counter() - t_ref[0]) * 1e6))
 
         engine = TransformersEngine(model, settings, on_step=on_step)
+        if alloc is not None and alloc.mempool is not None:
+            _engine_thread_in_mempool(engine, alloc.mempool, device)
         engine.start()
         vocab = int(model.config.vocab_size)
         if settings.warmup:

@@ -371,3 +371,21 @@ def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
     assert steps["num_prefill_tokens"].sum() == served["prompt_tokens"].sum()
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert summary["peak_reserved_bytes"][0] > 0 and summary["n_finished"][0] == 8
+
+
+def test_under_a_pluggable_policy_the_engine_reads_the_policys_reserved_bytes():
+    """PyTorch keeps no counters under a pluggable allocator (memory_reserved raises there), and
+    transformers sizes its KV cache from memory_reserved: the run answers with the policy's."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from realgpu.serve_engine import _policy_memory_counters
+
+    alloc = SimpleNamespace(mode="pluggable",
+                            pool=SimpleNamespace(stats=lambda: SimpleNamespace(reserved_bytes=123 << 20)))
+    original = torch.cuda.memory_reserved
+    with _policy_memory_counters(alloc):
+        assert torch.cuda.memory_reserved(0) == 123 << 20
+    assert torch.cuda.memory_reserved is original
+    with _policy_memory_counters(SimpleNamespace(mode="mempool")):  # PyTorch's own counters hold there
+        assert torch.cuda.memory_reserved is original
