@@ -26,6 +26,7 @@ compares is the allocators' footprint and call cost under a real engine, not KV 
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -359,16 +360,23 @@ def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, 
             cmd = [python or sys.executable, "-m", "realgpu.serve_engine", str(work)]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                                 os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-            proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  timeout=timeout_s)
-            for line in proc.stdout.splitlines():
-                if line.startswith("serve: "):
-                    log(f"{spec}: {line[len('serve: '):]}")
+            tail: collections.deque[str] = collections.deque(maxlen=12)
+            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                for line in proc.stdout:  # the engine's progress lines as they come
+                    line = line.rstrip("\n")
+                    tail.append(line)
+                    if line.startswith("serve: "):
+                        log(f"{spec}: {line[len('serve: '):]}")
+                    if deadline is not None and time.monotonic() > deadline:
+                        proc.kill()
+                        break
+                returncode = proc.wait()
             result = work / "result.json"
-            if proc.returncode != 0 or not result.is_file():
+            if returncode != 0 or not result.is_file():
                 err = work / "error.txt"
-                why = err.read_text().strip() if err.is_file() else (proc.stdout.strip().splitlines() or ["no output"])[-1]
-                for line in proc.stdout.strip().splitlines()[-12:]:  # the engine's own last words, for whoever debugs
+                why = err.read_text().strip() if err.is_file() else (tail[-1] if tail else f"exit status {returncode}")
+                for line in tail:  # the engine's own last words, for whoever debugs
                     log(f"{spec}:   | {line}")
                 raise ServeError(f"gpu serve: policy {spec!r}: {why}")
             runs.append(read_run(work, spec))

@@ -24,7 +24,6 @@ import queue
 import sys
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +395,8 @@ def run_job(work: Path) -> None:
             monitor.sample(0, 0)
         t0, submit_t, done = drive(engine, plan, vocab_size=vocab, seed=settings.seed, give_up_s=GIVE_UP_AFTER_S)
         alive = engine.alive()
+        print(f"serve: {len(done)} of {len(plan)} requests done, {len(engine.steps)} steps, "
+              f"{time.perf_counter() - t0:,.1f} s after the first arrival", flush=True)
         engine.stop()
         if not settings.on_cpu:
             torch.cuda.synchronize(device)

@@ -389,3 +389,18 @@ def test_under_a_pluggable_policy_the_engine_reads_the_policys_reserved_bytes():
     assert torch.cuda.memory_reserved is original
     with _policy_memory_counters(SimpleNamespace(mode="mempool")):  # PyTorch's own counters hold there
         assert torch.cuda.memory_reserved is original
+
+
+def test_a_policy_whose_engine_fails_is_reported_and_nothing_half_written(tmp_path):
+    """The engine process fails (here: a policy on a host run, or no torch at all): serve_trace says
+    which policy and why in one line, and writes no result folder."""
+    from realgpu.serve import serve_trace
+    from traces.requests import RequestTrace
+
+    logged = []
+    settings = ServeSettings(model="Llama-3.2-1B", max_len_tokens=128, on_cpu=True, warmup=False)
+    with pytest.raises(ValueError, match=r"no policy ran: gpu serve: policy 'best-fit': \w+"):
+        serve_trace(RequestTrace(requests=_requests([0.0], [4], [2]), name="t"), ["best-fit"], settings,
+                    out_dir=tmp_path / "out", log=logged.append)
+    assert any(line.startswith("warning: gpu serve: policy 'best-fit'") for line in logged)
+    assert not (tmp_path / "out").exists()
