@@ -215,7 +215,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--seed", type=int, default=0, show_default=True, help="Random weights and prompt token ids.")
 @click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
 @click.option("--sim/--no-sim", "with_sim", default=False,
-              help="Also run `simulate` with the matching settings and print measured against predicted.")
+              help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and sequence "
+                   "limits; the --model preset's shape) and print measured against predicted.")
 @click.option("--gpu", "gpu_preset", default="H200", show_default=True, help="GPU preset of the --sim run.")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Step-time calibration JSON of the --sim run.")
