@@ -9,27 +9,12 @@ import click
 import policies
 import traces
 from poollab.errors import UsageError
-from policies.units import parse_bytes
+from poollab.options import BYTES  # noqa: F401 (the commands' size type, re-exported)
 
 #: What ``--policy`` means when it is not given: the five built-in policies.
 DEFAULT_POLICIES = ("first-fit", "best-fit", "size-class", "paged", "elastic")
 
 
-class ByteSize(click.ParamType):
-    """``80GiB``, ``512MiB``, ``4096``."""
-
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int):
-            return value
-        try:
-            return parse_bytes(value)
-        except policies.PolicyError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-BYTES = ByteSize()
 
 
 def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from poollab.errors import UsageError
+from poollab.options import COUNT
 from sim.sweep import SweepError, format_fronts, load_sweep, make_executor, plan_sweep, run_sweep
 
 #: Failed cells listed by name in the output (the table has them all).
@@ -26,7 +27,7 @@ def register(cli: click.Group) -> None:
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask cluster "
                    "of N workers), processes (default: a local process pool) or serial.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", type=COUNT, default=None,
               help="Processes of the local pool (default: the machine's cores), or N of --scheduler local.")
 @click.option("--retry-failed", is_flag=True, help="Run cells that failed in an earlier run again.")
 @click.option("--dry-run", is_flag=True, help="Validate the file and count the cells to run; run nothing.")
