@@ -62,8 +62,10 @@ class ByteSize(click.ParamType):
             return None
         if isinstance(value, bool):
             self.fail(f"{value!r} is not a size in bytes", param, ctx)
+        text = str(value).strip().replace("_", "")
         try:
-            nbytes = parse_bytes(value)
+            # a plain count of bytes exactly (parse_bytes goes through a float, which rounds past 2**53)
+            nbytes = int(text) if text.isdigit() and len(text) <= 19 else parse_bytes(value)
         except PolicyError as exc:
             self.fail(str(exc), param, ctx)
         except (OverflowError, ValueError):  # 400 digits: the float behind a unit is infinite
