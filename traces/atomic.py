@@ -83,7 +83,8 @@ def replacing_file(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def replacing_folder(path: str | Path, *, legacy_outputs: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+def replacing_folder(path: str | Path, *, legacy_outputs: Callable[[Path], bool] | None = None,
+                     carry: Callable[[Path], bool] | None = None) -> Iterator[Path]:
     """A temporary folder beside ``path`` to fill; it takes the place of ``path`` if the block succeeds.
 
     Args:
@@ -91,6 +92,7 @@ def replacing_folder(path: str | Path, *, legacy_outputs: Callable[[Path], bool]
         legacy_outputs: for an existing folder without ``.poollab-files.json`` (written before
             the tool kept that list), which of its entries are an earlier run's outputs, to be
             replaced; every other entry is kept. None: keep every entry.
+        carry: the older spelling, its opposite: entries of such a folder to keep.
 
     Raises:
         NotADirectoryError: ``path`` is a file.
@@ -98,6 +100,8 @@ def replacing_folder(path: str | Path, *, legacy_outputs: Callable[[Path], bool]
             (the user's file): nothing is changed.
         OSError (EBUSY): ``path`` is the current folder or holds it.
     """
+    if carry is not None and legacy_outputs is None:
+        legacy_outputs = lambda entry: not carry(entry)  # noqa: E731
     target = _resolve_out(Path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and not target.is_dir():

@@ -9,7 +9,7 @@ import click
 import policies
 import traces
 from poollab.errors import UsageError
-from poollab.options import BYTES  # noqa: F401 (the commands' size type, re-exported)
+from poollab.options import BYTES, ByteSize  # noqa: F401 (the commands' size type, re-exported)
 
 #: What ``--policy`` means when it is not given: the five built-in policies.
 DEFAULT_POLICIES = ("first-fit", "best-fit", "size-class", "paged", "elastic")
