@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["replacing_file", "replacing_folder", "naming_errors", "written_files", "MANIFEST_NAME",
+__all__ = ["replacing_file", "replacing_folder", "naming_errors", "written_files", "process_alive", "MANIFEST_NAME",
            "TEMP_PREFIX"]
 
 #: The list of what the tool wrote into a result folder (JSON: ``{"written_by", "files"}``).
@@ -258,7 +258,7 @@ def _remove_dead_temporaries(parent: Path) -> None:
         return
     for entry in entries:
         pid_text = entry.name[len(TEMP_PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _alive(int(pid_text)):
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or process_alive(int(pid_text)):
             continue
         if entry.suffix == ".old" and (entry / "x").is_dir():
             try:
@@ -276,13 +276,17 @@ def _remove_dead_temporaries(parent: Path) -> None:
                 entry.unlink()
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not): whether a
+    temporary named by its pid may still be in use (and, for a sweep's workers, their parent)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True
-    except OverflowError:
-        return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc: os.kill said it exists
+        return True

@@ -40,6 +40,7 @@ from sim.sweep.errors import SweepError
 from sim.sweep.pareto import pareto_table
 from sim.sweep.spec import SweepSpec
 from sim.sweep.store import CellStore
+from traces.atomic import process_alive
 
 __all__ = ["SweepOutcome", "run_sweep", "plan_sweep", "results_frame", "make_executor", "STATUS_COLUMNS",
            "DIST_HINT"]
@@ -264,7 +265,7 @@ def die_with_parent(main_pid: int) -> None:
             pass
 
     def gone() -> bool:
-        return os.getppid() != parent or not _process_alive(main_pid)
+        return os.getppid() != parent or not process_alive(main_pid)
 
     if gone():  # it died before the kernel was told
         os._exit(1)
@@ -275,21 +276,6 @@ def die_with_parent(main_pid: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="poollab-parent-watchdog", daemon=True).start()
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # no /proc: os.kill said it exists
-        return True
 
 
 class DaskExecutor:

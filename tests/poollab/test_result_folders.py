@@ -15,21 +15,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from poollab.cli import main
 from sim.report import read_results, write_results
 from traces import atomic
-from traces.atomic import MANIFEST_NAME, TEMP_PREFIX, replacing_folder
+from traces.atomic import MANIFEST_NAME, replacing_folder
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = "time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,0,4096,0,\n5,free,0,4096,0,\n"
-
-
-def _run(argv: list[str]) -> int:
-    try:
-        main(argv)
-    except SystemExit as exc:
-        return exc.code
-    return 0
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
@@ -144,14 +135,14 @@ def test_a_file_the_user_put_in_the_folder_is_kept_and_is_no_table(tmp_path):
     assert sorted(read_results(out)) == ["summary", "timeseries"]  # and the user's file is not read as one
 
 
-def test_a_file_of_the_users_with_a_result_name_is_refused_not_replaced(tmp_path, capsys):
+def test_a_file_of_the_users_with_a_result_name_is_refused_not_replaced(tmp_path, cli):
     (tmp_path / "a.csv").write_text(TRACE)
     out = tmp_path / "out"
     out.mkdir()
     (out / "summary.csv").write_text("my own summary, not poollab's\n")
     before = _tree(tmp_path)
-    code = _run(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(out), "--no-progress"])
-    line = _one_error_line(capsys.readouterr().err)
+    code, _, err = cli(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(out), "--no-progress"])
+    line = _one_error_line(err)
     assert code == 2 and f"{out}/summary.csv" in line and "did not write it" in line
     assert _tree(tmp_path) == before
 
@@ -171,7 +162,7 @@ def test_a_folder_written_before_the_list_of_files_has_its_tables_replaced(tmp_p
 # -- where --out points ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["absolute", "relative"])
-def test_a_symlinked_out_is_followed(tmp_path, capsys, how):
+def test_a_symlinked_out_is_followed(tmp_path, cli, how):
     (tmp_path / "a.csv").write_text(TRACE)
     real = tmp_path / "elsewhere" / "results"
     real.mkdir(parents=True)
@@ -179,7 +170,7 @@ def test_a_symlinked_out_is_followed(tmp_path, capsys, how):
     link = tmp_path / "out"
     link.symlink_to(real if how == "absolute" else Path("elsewhere") / "results")
     for _ in range(2):  # a new folder, then a replace
-        assert _run(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(link), "--no-progress"]) == 0
+        assert cli(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(link), "--no-progress"])[0] == 0
     assert link.is_symlink() and link.resolve() == real.resolve()
     assert (real / "summary.csv").is_file() and (real / "kept.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "elsewhere", "out"]
@@ -187,35 +178,35 @@ def test_a_symlinked_out_is_followed(tmp_path, capsys, how):
 
 
 @pytest.mark.parametrize("out", [".", ".."])
-def test_the_current_folder_as_out_is_refused(tmp_path, capsys, monkeypatch, out):
+def test_the_current_folder_as_out_is_refused(tmp_path, cli, monkeypatch, out):
     work = tmp_path / "work"
     work.mkdir()
     (work / "a.csv").write_text(TRACE)
     monkeypatch.chdir(work)
     before = _tree(tmp_path)
-    code = _run(["replay", "a.csv", "-p", "first-fit", "--out", out, "--no-progress"])
-    line = _one_error_line(capsys.readouterr().err)
+    code, _, err = cli(["replay", "a.csv", "-p", "first-fit", "--out", out, "--no-progress"])
+    line = _one_error_line(err)
     assert code == 2 and "current folder" in line and "--out" in line
     assert _tree(tmp_path) == before
 
 
-def test_a_250_character_folder_name_works(tmp_path):
+def test_a_250_character_folder_name_works(tmp_path, cli):
     (tmp_path / "a.csv").write_text(TRACE)
     out = tmp_path / ("r" * 250)
     for _ in range(2):
-        assert _run(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(out), "--no-progress"]) == 0
+        assert cli(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(out), "--no-progress"])[0] == 0
     assert (out / "summary.csv").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "r" * 250]
 
 
-def test_modes_follow_the_umask(tmp_path):
+def test_modes_follow_the_umask(tmp_path, cli):
     (tmp_path / "a.csv").write_text(TRACE)
     old = os.umask(0o022)
     try:
-        assert _run(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(tmp_path / "out"),
-                     "--no-progress"]) == 0
-        assert _run(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report.html"), "--no-progress",
-                     "--static"]) == 0
+        assert cli(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(tmp_path / "out"),
+                    "--no-progress"])[0] == 0
+        assert cli(["report", str(tmp_path / "out"), "--out", str(tmp_path / "report.html"), "--no-progress",
+                    "--static"])[0] == 0
     finally:
         os.umask(old)
     mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
@@ -225,7 +216,7 @@ def test_modes_follow_the_umask(tmp_path):
 
 # -- errors that name the file ------------------------------------------------------------------
 
-def test_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
+def test_a_full_disk_names_the_file(tmp_path, cli, monkeypatch):
     (tmp_path / "a.csv").write_text(TRACE)
     out = tmp_path / "out"
 
@@ -233,8 +224,8 @@ def test_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(pd.DataFrame, "to_parquet", no_space)
-    code = _run(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(out), "--no-progress"])
-    line = _one_error_line(capsys.readouterr().err)
+    code, _, err = cli(["replay", str(tmp_path / "a.csv"), "-p", "first-fit", "--out", str(out), "--no-progress"])
+    line = _one_error_line(err)
     assert code == 2 and f"{out}/timeseries.parquet: No space left on device" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]
 
@@ -242,25 +233,25 @@ def test_a_full_disk_names_the_file(tmp_path, capsys, monkeypatch):
 # -- result folders that are not what they claim ------------------------------------------------
 
 @pytest.mark.parametrize("run_json, what", [("[1, 2]", "a list"), ("null", "null"), ('"replay"', "a string")])
-def test_report_refuses_a_run_json_that_is_no_object(tmp_path, capsys, run_json, what):
+def test_report_refuses_a_run_json_that_is_no_object(tmp_path, cli, run_json, what):
     res = tmp_path / "res"
     res.mkdir()
     (res / "summary.csv").write_text("trace,policy,backend\nt,p,sim\n")
     (res / "run.json").write_text(run_json)
     before = _tree(tmp_path)
-    code = _run(["report", str(res), "--out", str(tmp_path / "r.html"), "--no-progress"])
-    line = _one_error_line(capsys.readouterr().err)
+    code, _, err = cli(["report", str(res), "--out", str(tmp_path / "r.html"), "--no-progress"])
+    line = _one_error_line(err)
     assert code == 2 and f"{res}/run.json" in line and what in line
     assert _tree(tmp_path) == before
 
 
-def test_a_broken_list_of_written_files_is_one_line(tmp_path, capsys):
+def test_a_broken_list_of_written_files_is_one_line(tmp_path, cli):
     res = tmp_path / "res"
     res.mkdir()
     (res / "summary.csv").write_text("trace,policy,backend\nt,p,sim\n")
     (res / MANIFEST_NAME).write_text(json.dumps({"files": "summary.csv"}))
-    code = _run(["report", str(res), "--out", str(tmp_path / "r.html"), "--no-progress"])
-    line = _one_error_line(capsys.readouterr().err)
+    code, _, err = cli(["report", str(res), "--out", str(tmp_path / "r.html"), "--no-progress"])
+    line = _one_error_line(err)
     assert code == 2 and MANIFEST_NAME in line
 
 
