@@ -32,9 +32,9 @@ import secrets
 import shutil
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
-__all__ = ["replacing_file", "replacing_folder", "naming_errors", "written_files", "process_alive", "MANIFEST_NAME",
+__all__ = ["replacing_file", "replacing_folder", "check_out_folder", "naming_errors", "written_files", "process_alive", "MANIFEST_NAME",
            "TEMP_PREFIX"]
 
 #: The list of what the tool wrote into a result folder (JSON: ``{"written_by", "files"}``).
@@ -154,18 +154,39 @@ def _swap_in(new: Path, target: Path, shown: str | Path, legacy_outputs: Callabl
     if not target.exists():
         os.rename(new, target)
         return None
+    kept = _kept_entries(target, wrote, shown, legacy_outputs)
+    for entry in kept:  # in both folders until the old one goes: a kill at any step strands nothing
+        _link_tree(entry, new / entry.name)
+    return _exchange(new, target)
+
+
+def _kept_entries(target: Path, writes: Iterable[str], shown: str | Path,
+                  legacy_outputs: Callable[[Path], bool] | None) -> list[Path]:
+    """The entries of the existing folder ``target`` that a new run keeps (all but the tool's own);
+    FileExistsError when one of them has a name in ``writes``."""
     before = written_files(target)
     if before is None:
         before = {e.name for e in target.iterdir() if legacy_outputs is not None and legacy_outputs(e)}
     kept = [e for e in target.iterdir() if e.name not in before and e.name != MANIFEST_NAME]
-    clash = sorted(e.name for e in kept if e.name in wrote)
+    clash = sorted(e.name for e in kept if e.name in set(writes))
     if clash:
         raise FileExistsError(errno.EEXIST, f"poollab did not write it, so it is not replaced ({len(clash)} such: "
                               f"{', '.join(clash[:3])}); move it away or choose another --out (nothing was changed)",
                               str(Path(shown) / clash[0]))
-    for entry in kept:  # in both folders until the old one goes: a kill at any step strands nothing
-        _link_tree(entry, new / entry.name)
-    return _exchange(new, target)
+    return kept
+
+
+def check_out_folder(path: str | Path, *, writes: Iterable[str] = (),
+                     legacy_outputs: Callable[[Path], bool] | None = None) -> None:
+    """Raise now what ``replacing_folder(path)`` would raise at the end of a run that writes the
+    entries ``writes``: the root or current folder, a file, a file of the user's in the way.
+    Commands call it before any work, so that a refusal does not come after hours of it
+    (``writes`` empty: the refusals that do not depend on what the run writes)."""
+    target = _resolve_out(Path(path))
+    if target.exists() and not target.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path))
+    if target.is_dir() and writes:
+        _kept_entries(target, writes, path, legacy_outputs)
 
 
 def _write_manifest(folder: Path, names: list[str]) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from poollab.commands._common import check_out
 from poollab.options import BYTES, DEVICE
 from poollab.errors import UsageError
 from policies.torch_caching import spec_from_settings
@@ -31,7 +32,7 @@ def register(cli: click.Group) -> None:
               help="Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.")
 @click.option("--device", "device_index", type=DEVICE, default=None,
               help="Which device's trace to read. Default: the first with entries.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, callback=check_out,
               help="Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here.")
 def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_index, out_dir) -> None:
     """Does the emulation decide what the real allocator decided on SNAPSHOT?

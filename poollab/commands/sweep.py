@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from poollab.options import COUNT
 from sim.sweep import SweepError, format_fronts, load_sweep, make_executor, plan_sweep, run_sweep
@@ -23,9 +24,8 @@ def register(cli: click.Group) -> None:
 
 @click.command("sweep")
 @click.argument("sweep_file", metavar="SWEEP.yaml", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default="poollab-out/sweep",
-              show_default=True, help="Folder of the sweep: cells/ (one record per finished cell), results.parquet, "
-                                      "summary.csv, pareto.csv. Re-use it to resume.")
+@out_option("poollab-out/sweep", help="Folder of the sweep: cells/ (one record per finished cell), results.parquet, "
+                                     "summary.csv, pareto.csv. Re-use it to resume.")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask cluster "
                    "of N workers), processes (default: a local process pool) or serial.")

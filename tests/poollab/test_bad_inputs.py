@@ -371,18 +371,24 @@ add(Case("report-parquet-broken", _with_files({"res": lambda d: (_result_folder(
 # issue 29 (helper D): numbers that do not fit in options, at parse time; result folders that are
 # not what they claim, or hold files poollab did not write
 DIGITS_400 = "9" * 400
+
+
+def _label(value: str) -> str:
+    return value if len(value) <= 16 else f"{len(value)}-characters-{value[-3:]}"
+
+
 for opt, value, want in [("--capacity", DIGITS_400, "too large"), ("--capacity", f"{DIGITS_400}GiB", "too large"),
                          ("--capacity", "-1GiB", "--capacity"), ("--latency-sample", "nan", "finite"),
                          ("--latency-sample", "inf", "finite"), ("--sample-every", "0", "--sample-every"),
                          ("--sample-every", DIGITS_400, "--sample-every")]:
-    add(Case(f"option-replay{opt}-{value[:12]}", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv", opt, value)),
+    add(Case(f"option-replay{opt}-{_label(value)}", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv", opt, value)),
              (opt, want)))
 for opt, value, want in [("--kv-capacity", DIGITS_400, "too large"), ("--rate-scale", "1e-300", "1e-06"),
                          ("--rate-scale", "nan", "finite"), ("--rate-scale", "inf", "finite"),
                          ("--rate-scale", "-1", "--rate-scale"), ("--slo-ttft", "nan", "finite"),
                          ("--max-num-seqs", DIGITS_400, "--max-num-seqs"), ("--workspace", "1e400", "--workspace"),
                          ("--gpu-memory-utilization", "nan", "finite"), ("--virtual-page", "4GiB", "too large")]:
-    add(Case(f"option-simulate{opt}-{value[:12]}", _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv", opt, value)),
+    add(Case(f"option-simulate{opt}-{_label(value)}", _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv", opt, value)),
              (opt, want)))
 add(Case("option-colocate-tenant-rate-nan", _with_files({"q.csv": GOOD_REQUESTS}, _args(
     "colocate", "{d}/q.csv", "--tenants", "2", "--tenant-rate-scale", "1,nan", "--out", "{d}/" + OUT)),

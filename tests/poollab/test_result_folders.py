@@ -178,14 +178,19 @@ def test_a_symlinked_out_is_followed(tmp_path, cli, how):
 
 
 @pytest.mark.parametrize("out", [".", ".."])
-def test_the_current_folder_as_out_is_refused(tmp_path, cli, monkeypatch, out):
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_the_current_folder_as_out_is_refused_before_any_work(tmp_path, cli, monkeypatch, out, command):
     work = tmp_path / "work"
     work.mkdir()
     (work / "a.csv").write_text(TRACE)
+    (work / "sw.yaml").write_text("mode: replay\ntraces: [a.csv]\npolicies: [first-fit]\n")
     monkeypatch.chdir(work)
     before = _tree(tmp_path)
-    code, _, err = cli(["replay", "a.csv", "-p", "first-fit", "--out", out, "--no-progress"])
+    argv = (["replay", "a.csv", "-p", "first-fit"] if command == "replay"
+            else ["sweep", "sw.yaml", "--scheduler", "serial"])
+    code, out_text, err = cli([*argv, "--out", out, "--no-progress"])
     line = _one_error_line(err)
+    assert out_text == ""  # refused at parse time: nothing ran
     assert code == 2 and "current folder" in line and "--out" in line
     assert _tree(tmp_path) == before
 
