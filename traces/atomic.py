@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-__all__ = ["replacing_file", "replacing_folder", "check_out_folder", "naming_errors", "written_files", "process_alive", "MANIFEST_NAME",
+__all__ = ["replacing_file", "replacing_folder", "check_out_folder", "naming_errors", "written_files", "ManifestError", "process_alive", "MANIFEST_NAME",
            "TEMP_PREFIX"]
 
 #: The list of what the tool wrote into a result folder (JSON: ``{"written_by", "files"}``).
@@ -125,11 +125,19 @@ def written_files(folder: str | Path) -> set[str] | None:
     except FileNotFoundError:
         return None
     except ValueError as exc:
-        raise ValueError(f"{p}: not a readable list of the files poollab wrote ({exc})") from None
+        raise ManifestError(p, f"not a readable list of the files poollab wrote ({' '.join(str(exc).split())})") from None
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise ValueError(f"{p}: not a list of the files poollab wrote (expected {{\"files\": [names]}})")
+        raise ManifestError(p, 'not a list of the files poollab wrote (expected {"files": [names]})')
     return set(files)
+
+
+class ManifestError(ValueError):
+    """A ``.poollab-files.json`` that is no list of names: ``path``, ``reason``."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
 
 
 def _resolve_out(path: Path) -> Path:
@@ -164,7 +172,11 @@ def _kept_entries(target: Path, writes: Iterable[str], shown: str | Path,
                   legacy_outputs: Callable[[Path], bool] | None) -> list[Path]:
     """The entries of the existing folder ``target`` that a new run keeps (all but the tool's own);
     FileExistsError when one of them has a name in ``writes``."""
-    before = written_files(target)
+    try:
+        before = written_files(target)
+    except ManifestError as exc:  # a writer's error is an OSError (one line, exit 2, nothing changed)
+        raise OSError(errno.EINVAL, f"{exc.reason}; fix or remove it, or choose another --out (nothing was changed)",
+                      str(exc.path)) from None
     if before is None:
         before = {e.name for e in target.iterdir() if legacy_outputs is not None and legacy_outputs(e)}
     kept = [e for e in target.iterdir() if e.name not in before and e.name != MANIFEST_NAME]

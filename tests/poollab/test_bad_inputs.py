@@ -418,6 +418,8 @@ for value, what in [("[1, 2]", "a list"), ("null", "null"), ("7", "a number")]:
 add(Case("report-written-list-broken", _with_files({"res": lambda d: (_result_folder(d), _write(
     d / "res", ".poollab-files.json", '{"files": 3}'))}, _args("report", "{d}/res", "--out", "{d}/r.html")),
     (".poollab-files.json",)))
+add(Case("replay-out-written-list-broken", _with_files({"a.csv": GOOD_ALLOC, "x": lambda d: _write(
+    d / OUT, ".poollab-files.json", "[not json")}, replay("a.csv")), ("out/.poollab-files.json", "nothing was changed")))
 # out/ holds summary.csv and timeseries.parquet that no poollab run listed as its own: refused, not replaced
 add(Case("replay-out-holds-files-poollab-did-not-write", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv")),
          ("out/summary.csv", "did not write it")))
