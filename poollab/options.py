@@ -77,13 +77,17 @@ class ByteSize(click.ParamType):
         return nbytes
 
 
-class FiniteFloat(click.ParamType):
-    """A finite number (never nan or inf), optionally within bounds (``low_open``: ``> low``)."""
+class FiniteFloat(click.FloatRange):
+    """A finite number (never nan or inf), optionally within bounds (``low_open``: ``> low``).
+
+    A ``click.FloatRange`` for ``--help`` (which shows the range), with a conversion of its own:
+    click's takes nan (no comparison with it fails) and inf."""
 
     name = "NUMBER"
 
     def __init__(self, low: float | None = None, high: float | None = None, *, low_open: bool = False,
                  high_open: bool = False):
+        super().__init__(low, high, min_open=low_open, max_open=high_open)
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
 
     def convert(self, value: Any, param, ctx) -> float | None:
@@ -106,14 +110,18 @@ class FiniteFloat(click.ParamType):
         return f"FiniteFloat({_interval(self.low, self.high, self.low_open, self.high_open)})"
 
 
-class Count(click.ParamType):
-    """A whole number within ``[low, high]`` (``high`` at most ``INT64_MAX``): counts, indices, seeds."""
+class Count(click.IntRange):
+    """A whole number within ``[low, high]`` (``high`` at most ``INT64_MAX``): counts, indices, seeds.
+
+    A ``click.IntRange`` for ``--help`` (int64's bound left unsaid), with a conversion of its
+    own: bounded above, and a 5,000-digit value is an error line, not Python's digit limit."""
 
     name = "INTEGER"
 
     def __init__(self, low: int | None = 0, high: int | None = INT64_MAX):
-        self.low = low
-        self.high = INT64_MAX if high is None else min(high, INT64_MAX)
+        high = INT64_MAX if high is None else min(high, INT64_MAX)
+        super().__init__(low, high if high < INT64_MAX else None)
+        self.low, self.high = low, high
 
     def convert(self, value: Any, param, ctx) -> int | None:
         if value is None:
