@@ -192,10 +192,26 @@ def _start_workers(pool: ProcessPoolExecutor, num_workers: int) -> None:
     else:
         starter = threading.Thread(target=start, name="poollab-pool-start", daemon=True)
         starter.start()
-        while starter.is_alive():
-            starter.join(0.05)  # a short wait, so that Ctrl-C interrupts it
+        try:
+            while starter.is_alive():
+                starter.join(0.05)  # a short wait, so that Ctrl-C interrupts it
+        except BaseException:
+            _stop_fork_server()  # the starter may wait on it (importing the preloaded modules): end the wait
+            raise
     if failed:
         raise failed[0]
+
+
+def _stop_fork_server() -> None:
+    """Kill this process's ``multiprocessing`` fork server, if it runs (CPython keeps its pid in
+    ``forkserver._forkserver``); the next pool starts a fresh one. Workers it forked die with it
+    (``die_with_parent``)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # not reaped here: ensure_running reaps it and starts anew
 
 
 #: Guided handout: each batch takes 1 / (this x workers) of the cells not yet handed out, so

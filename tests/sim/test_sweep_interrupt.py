@@ -49,6 +49,19 @@ def _sweep_file(folder: Path, trace: Path, capacities: list[str]) -> Path:
     return path
 
 
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that still run (zombies do not): workers, fork server."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
+
+
 def _records(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "cells").glob("*"))}
 
@@ -95,6 +108,11 @@ def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, ta
         for name, data in now.items():  # and every record there is whole
             assert json.loads(data)["status"] in ("ok", "failed"), name
         assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "temporaries left"
+        if Path("/proc/self/stat").exists():  # no worker or fork server left running its cells
+            deadline = time.monotonic() + 10
+            while _live_in_group(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _live_in_group(proc.pid) == []
         stored = now
     # the next run starts from what was stored
     proc = subprocess.run([sys.executable, "-m", "poollab", "sweep", str(big), "--out", str(out), "--dry-run"],
