@@ -26,7 +26,8 @@ def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def out_option(default: str, help: str = "Folder for summary.csv and the other tables."):
+def out_option(default: str, help: str = "Folder for summary.csv and the other tables (an earlier run's are "
+                                         "replaced; files you put there are kept)."):
     """``--out``: a result folder, checked before any work (``check_out``)."""
     return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=default,
                         show_default=True, callback=check_out, help=help)

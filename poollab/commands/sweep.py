@@ -25,7 +25,7 @@ def register(cli: click.Group) -> None:
 @click.command("sweep")
 @click.argument("sweep_file", metavar="SWEEP.yaml", type=click.Path(dir_okay=False, path_type=Path))
 @out_option("poollab-out/sweep", help="Folder of the sweep: cells/ (one record per finished cell), results.parquet, "
-                                     "summary.csv, pareto.csv. Re-use it to resume.")
+                                     "summary.csv, pareto.csv. Re-use it to resume; files you put there are kept.")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask cluster "
                    "of N workers), processes (default: a local process pool) or serial.")
