@@ -17,8 +17,9 @@ import click
 import pandas as pd
 
 import policies
-from poollab.commands._common import BYTES, out_option
+from poollab.commands._common import out_option
 from poollab.errors import UsageError
+from poollab.options import BYTES, COUNT, DEVICE
 
 
 def register(cli: click.Group) -> None:
@@ -89,9 +90,9 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
               help="'vmm': pages mapped into reserved virtual ranges (cuMemCreate/cuMemMap; mmap on the host), "
                    "and the --sim rows on the simulator's page-mapped device. A policy that builds a page-mapped "
                    "device of its own gets one either way.")
-@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
-@click.option("--sample-every", type=click.IntRange(min=1), default=None, help="Stats sample stride in events.")
+@click.option("--sample-every", type=COUNT, default=None, help="Stats sample stride in events.")
 @out_option("poollab-out/gpu")
 @click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
 def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with_sim: bool, costs, backend: str,
@@ -151,7 +152,7 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
 @gpu_group.command("calibrate")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("costs.json"),
               show_default=True, help="Cost file to write (the schema of sim/data/costs_h200.json).")
-@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device.")
 @click.option("--max-size", type=BYTES, default=None,
               help="Largest cudaMalloc size (and VMM page size) to time (default 4GiB; VMM pages up to 2GiB).")
 @click.option("--vmm/--no-vmm", default=True, show_default=True,

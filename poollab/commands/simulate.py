@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain, \
+from poollab.commands._common import check_specs, model_file_options, out_option, read_requests_or_explain, \
     step_time_line
 from poollab.errors import UsageError
+from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
 from sim.config import Knob, ServerConfig, knobs
 from sim.kv import VIRTUAL
 from sim.report import format_table, write_results
@@ -39,15 +41,31 @@ def register(cli: click.Group) -> None:
 
 
 def _click_type(k: Knob) -> Any:
-    """The option type for knob ``k``: its choices and range as click shows them in ``--help``."""
+    """The option type for knob ``k`` (``poollab.options``): its choices and range, checked at parse
+    time (no nan, no inf, sizes and counts within int64)."""
     if k.unit == "bytes":
-        return BYTES
+        return ByteSize(_whole_low(k), _whole_high(k))
     if k.choices:
         return click.Choice(k.choices)
-    if k.type in (int, float) and (k.low is not None or k.high is not None):
-        kind = click.IntRange if k.type is int else click.FloatRange
-        return kind(k.low, k.high, min_open=k.low_open, max_open=k.high_open)
+    if k.type is int:
+        return Count(_whole_low(k), _whole_high(k))
+    if k.type is float:
+        return FiniteFloat(k.low, k.high, low_open=k.low_open, high_open=k.high_open)
     return k.type
+
+
+def _whole_low(k: Knob) -> int:
+    """The least whole number knob ``k`` takes (0 when unbounded below: sizes and counts are not negative)."""
+    if k.low is None:
+        return 0
+    return int(k.low) + 1 if k.low_open else math.ceil(k.low)
+
+
+def _whole_high(k: Knob) -> int:
+    """The greatest whole number knob ``k`` takes (int64's largest when unbounded above)."""
+    if k.high is None:
+        return INT64_MAX
+    return math.ceil(k.high) - 1 if k.high_open else int(k.high)
 
 
 def _option(name: str, k: Knob, default: Any) -> Callable:
@@ -59,7 +77,7 @@ def _option(name: str, k: Knob, default: Any) -> Callable:
     if k.type is bool:
         return click.option(f"--{k.cli}/--no-{k.cli}", name, default=default, show_default=True, help=text)
     if k.unit == "bytes":  # a size reads better than click's plain integer
-        return click.option(f"--{k.cli}", name, type=BYTES, default=default,
+        return click.option(f"--{k.cli}", name, type=_click_type(k), default=default,
                             help=f"{text} Default: {format_bytes(default)}.")
     return click.option(f"--{k.cli}", name, type=_click_type(k), default=default, show_default=True, help=text)
 
@@ -147,7 +165,7 @@ def config_options(command: Callable) -> Callable:
 @click.option("--model", default="Llama-3-8B", show_default=True, help="Model preset or JSON file.")
 @click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
-@click.option("--rate-scale", type=float, default=1.0, show_default=True,
+@click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
 @config_options
 @click.option("--engine", default=None, metavar="NAME",
@@ -177,8 +195,6 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, ca
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     step_time = step_time_line(calibration)
-    if rate_scale <= 0:
-        raise UsageError(f"--rate-scale {rate_scale} must be > 0")
     requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)

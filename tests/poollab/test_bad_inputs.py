@@ -423,6 +423,64 @@ add(sweep_case("sweep-billion-cells", f"mode: replay\ntraces: [{', '.join(['a.cs
                f"capacities: [{', '.join(f'{i}MiB' for i in range(1, 1001))}]\n",
                ("sw.yaml", "1,000,000,000 cells", "100,000")))
 
+# issue 29 (helper D): numbers that do not fit in options, at parse time; result folders that are
+# not what they claim, or hold files poollab did not write
+DIGITS_400 = "9" * 400
+
+
+def _label(value: str) -> str:
+    return value if len(value) <= 16 else f"{len(value)}-characters-{value[-3:]}"
+
+
+for opt, value, want in [("--capacity", DIGITS_400, "too large"), ("--capacity", f"{DIGITS_400}GiB", "too large"),
+                         ("--capacity", "-1GiB", "--capacity"), ("--latency-sample", "nan", "finite"),
+                         ("--latency-sample", "inf", "finite"), ("--sample-every", "0", "--sample-every"),
+                         ("--sample-every", DIGITS_400, "--sample-every")]:
+    add(Case(f"option-replay{opt}-{_label(value)}", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv", opt, value)),
+             (opt, want)))
+for opt, value, want in [("--kv-capacity", DIGITS_400, "too large"), ("--rate-scale", "1e-300", "1e-06"),
+                         ("--rate-scale", "nan", "finite"), ("--rate-scale", "inf", "finite"),
+                         ("--rate-scale", "-1", "--rate-scale"), ("--slo-ttft", "nan", "finite"),
+                         ("--max-num-seqs", DIGITS_400, "--max-num-seqs"), ("--workspace", "1e400", "--workspace"),
+                         ("--gpu-memory-utilization", "nan", "finite"), ("--virtual-page", "4GiB", "too large")]:
+    add(Case(f"option-simulate{opt}-{_label(value)}", _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv", opt, value)),
+             (opt, want)))
+add(Case("option-colocate-tenant-rate-nan", _with_files({"q.csv": GOOD_REQUESTS}, _args(
+    "colocate", "{d}/q.csv", "--tenants", "2", "--tenant-rate-scale", "1,nan", "--out", "{d}/" + OUT)),
+    ("--tenant-rate-scale", "finite")))
+add(Case("option-colocate-rate-scale-1e-300", _with_files({"q.csv": GOOD_REQUESTS}, _args(
+    "colocate", "{d}/q.csv", "--rate-scale", "1e-300", "--out", "{d}/" + OUT)), ("--rate-scale",)))
+add(Case("option-colocate-tenants-huge", _with_files({"q.csv": GOOD_REQUESTS}, _args(
+    "colocate", "{d}/q.csv", "--tenants", DIGITS_400, "--out", "{d}/" + OUT)), ("--tenants",)))
+add(Case("option-synth-scale-1e-300", _args("traces", "synth", "--rate", "5", "--num-requests", "10", "--scale",
+                                            "1e-300", "--out", "{d}/t.csv"), ("--scale",)))
+add(Case("option-synth-rate-inf", _args("traces", "synth", "--rate", "inf", "--num-requests", "10",
+                                        "--out", "{d}/t.csv"), ("--rate", "finite")))
+add(Case("option-synth-seed-negative", _args("traces", "synth", "--rate", "5", "--num-requests", "10", "--seed", "-1",
+                                             "--out", "{d}/t.csv"), ("--seed",)))
+add(Case("option-synth-alloc-requests-huge", _args("traces", "synth-alloc", "--num-requests", DIGITS_400,
+                                                   "--out", "{d}/t.csv"), ("--num-requests",)))
+add(Case("option-gpu-replay-capacity-huge", _with_files({"a.csv": GOOD_ALLOC}, _args(
+    "gpu", "replay", "{d}/a.csv", "--backend", "host", "--capacity", DIGITS_400, "--out", "{d}/" + OUT)),
+    ("--capacity", "too large")))
+add(Case("option-fidelity-capacity-huge", _with_files({S: _snapshot([_entry("alloc")])}, _args(
+    "fidelity", "{d}/" + S, "--capacity", DIGITS_400, "--out", "{d}/" + OUT)), ("--capacity", "too large")))
+add(Case("option-sweep-workers-huge", _with_files({"a.csv": GOOD_ALLOC, "sw.yaml": GOOD_SWEEP}, _args(
+    "sweep", "{d}/sw.yaml", "--workers", DIGITS_400, "--out", "{d}/" + OUT)), ("--workers",)))
+for value, what in [("[1, 2]", "a list"), ("null", "null"), ("7", "a number")]:
+    add(Case(f"report-run-json-{what.split()[-1]}", _with_files({"res": lambda d, v=value: _result_folder(d, run_json=v)},
+             _args("report", "{d}/res", "--out", "{d}/r.html")), ("res/run.json", what)))
+add(Case("report-written-list-broken", _with_files({"res": lambda d: (_result_folder(d), _write(
+    d / "res", ".poollab-files.json", '{"files": 3}'))}, _args("report", "{d}/res", "--out", "{d}/r.html")),
+    (".poollab-files.json",)))
+add(Case("replay-out-written-list-broken", _with_files({"a.csv": GOOD_ALLOC, "x": lambda d: _write(
+    d / OUT, ".poollab-files.json", "[not json")}, replay("a.csv")), ("out/.poollab-files.json", "nothing was changed")))
+# out/ holds summary.csv and timeseries.parquet that no poollab run listed as its own: refused, not replaced
+add(Case("replay-out-holds-files-poollab-did-not-write", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv")),
+         ("out/summary.csv", "did not write it")))
+add(Case("simulate-out-holds-files-poollab-did-not-write", _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv")),
+         ("out/summary.csv", "did not write it")))
+
 
 # -- the test ---------------------------------------------------------------------------------
 
