@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from traces.alloc_table import _compression
 from traces.errors import TraceFormatError
 from traces.events import AllocTrace, make_events, trace_name
+from traces.source import TraceSource, open_source
 
 __all__ = ["RMM_FORMAT", "RMM_HEADER", "read_rmm_log"]
 
@@ -38,16 +38,17 @@ _INT64_LIMIT = 2.0**63  # sizes and times are int64 from here on: anything at or
 _LINE_RE = re.compile(r"line (\d+)")
 
 
-def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
+def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> AllocTrace:
     """Read an RMM logging-adaptor CSV.
 
     Args:
-        path: the log (plain or gzipped).
+        path: the log (plain or gzipped; a file, any stream, or its ``TraceSource``).
         lenient: drop frees of pointers that are not live (and let a pointer be allocated
             again without a free) instead of raising TraceFormatError.
     """
-    path = Path(path)
-    cols, line = _read_columns(path)
+    src = open_source(path)
+    path = src.path
+    cols, line = _read_columns(src)
     action = pc.utf8_trim_whitespace(cols["Action"])
     is_fail = _bools(pc.equal(action, _FAIL_ACTION))
     is_alloc = _bools(pc.is_in(action, value_set=pa.array(sorted(_ALLOC_ACTIONS))))
@@ -87,7 +88,7 @@ def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
     return AllocTrace(events, name=trace_name(path, (".csv", ".log")), source=str(path), format=RMM_FORMAT, meta=meta)
 
 
-def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
+def _read_columns(src: TraceSource) -> tuple[dict[str, pa.Array], np.ndarray]:
     """Every column as an Arrow string array, and the file line of each row.
 
     Fast path: Arrow's CSV reader. On any irregularity (a blank line, a ragged row) pandas
@@ -96,9 +97,9 @@ def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
     opts = dict(parse_options=pacsv.ParseOptions(ignore_empty_lines=False),
                 convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RMM_HEADER},
                                                      strings_can_be_null=False, quoted_strings_can_be_null=False))
+    src.require_intact()
     try:
-        with pa.input_stream(path, compression=_compression(path)) as stream:
-            table = pacsv.read_csv(stream, **opts)
+        table = pacsv.read_csv(pa.BufferReader(src.data), **opts)
     except (pa.ArrowException, OSError, ValueError, EOFError):
         table = None
     if table is not None and [c.strip() for c in table.column_names] == RMM_HEADER:
@@ -111,7 +112,7 @@ def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
             mask = pa.array(~blank)
             cols, line = {name: col.filter(mask) for name, col in cols.items()}, line[~blank]
         return cols, line
-    df = _read_csv_strings(path)
+    df = _read_csv_strings(src)
     line = df.index.to_numpy() + 2  # one header line; blank lines are kept as rows of ""
     blank = (df == "").all(axis=1).to_numpy()
     df, line = df[~blank], line[~blank]
@@ -122,18 +123,17 @@ def _bools(arr: pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _read_csv_strings(path: Path) -> pd.DataFrame:
+def _read_csv_strings(src: TraceSource) -> pd.DataFrame:
+    path = src.path
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                         skipinitialspace=True, compression=_compression(path))
+        df = pd.read_csv(src.stream(), dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                         skipinitialspace=True)
     except pd.errors.EmptyDataError:
         raise TraceFormatError(path, None, "empty file") from None
     except pd.errors.ParserError as exc:
         m = _LINE_RE.search(str(exc))
         raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
-    except (UnicodeDecodeError, EOFError, OSError) as exc:
-        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-            raise
+    except UnicodeDecodeError as exc:
         raise TraceFormatError(path, None, f"not a readable text file ({exc})") from None
     header = [c.strip() for c in df.columns]
     if header != RMM_HEADER:
