@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.atomic import replacing_file
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 from traces.events import (ALLOC_OP, EMPTY_CACHE_OP, EVENT_COLUMNS, AllocTrace, make_events, trace_name,
                            validate_events)
 from traces.source import TraceSource, open_source
@@ -174,7 +174,7 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
         long = col.astype(str).str.len().to_numpy() > _MAX_NUMBER_CHARS
         if long.any():
             k = int(np.flatnonzero(long)[0])
-            raise TraceFormatError(path, k + record_offset, f"{name} {str(col.iloc[k])[:20]}... "
+            raise TraceFormatError(path, k + record_offset, f"{name} {shown(str(col.iloc[k]), 24)} "
                                                             f"({len(str(col.iloc[k])):,} characters) is not an integer",
                                    unit=unit)
     num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
@@ -182,7 +182,7 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         value = col.iloc[k]
-        what = "empty" if (isinstance(value, str) and not value) or pd.isna(value) else f"{value!r}"
+        what = "empty" if (isinstance(value, str) and not value) or pd.isna(value) else shown(value, 40)
         raise TraceFormatError(path, k + record_offset, f"{name} {what} is not an integer", unit=unit)
     return pd.to_numeric(col).to_numpy(np.int64)
 
@@ -190,7 +190,7 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
 def _check_header(path: Path, columns: list[str]) -> None:
     missing = [c for c in EVENT_COLUMNS if c not in columns]
     if missing:
-        raise TraceFormatError(path, 1, f"header {','.join(map(str, columns))!r} lacks {', '.join(missing)} "
+        raise TraceFormatError(path, 1, f"header {shown(','.join(map(str, columns)))} lacks {', '.join(missing)} "
                                         f"(expected {','.join(EVENT_COLUMNS)})")
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 
 __all__ = ["EVENT_COLUMNS", "PRE_TRACE_TAG", "ALLOC_OP", "FREE_OP", "EMPTY_CACHE_OP", "EVENT_OPS", "AllocTrace", "make_events", "validate_events"]
 
@@ -128,7 +128,7 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     bad = np.flatnonzero(~is_request & ~(op == EMPTY_CACHE_OP).to_numpy(dtype=bool, na_value=False))
     if bad.size:
         i = int(bad[0])
-        problems.append((i, f"op {op.iloc[i]!r} is not one of {', '.join(map(repr, EVENT_OPS))}"))
+        problems.append((i, f"op {shown(op.iloc[i], 40)} is not one of {', '.join(map(repr, EVENT_OPS))}"))
     nbytes = df["nbytes"].to_numpy()
     bad = np.flatnonzero(is_request & ((nbytes < 0) | (is_alloc & (nbytes == 0))))
     if bad.size:

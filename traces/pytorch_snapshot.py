@@ -24,7 +24,6 @@ the allocation-trace reader (``read_pytorch_snapshot``, for replay) and ``sim.fi
 from __future__ import annotations
 
 import pickle
-import reprlib
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 from traces.events import ALLOC_OP, EMPTY_CACHE_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace, make_events, trace_name
 from traces.source import TraceSource, open_source
 
@@ -265,7 +264,7 @@ def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | Non
         raise TraceFormatError(source, None, f"'allocator_settings' must be a dict, not {type(settings).__name__}")
     for d, entries in enumerate(device_traces):
         if not isinstance(entries, list):
-            raise TraceFormatError(source, d, f"is {_short(entries, 40)}, not a list of trace entries",
+            raise TraceFormatError(source, d, f"is {shown(entries, 40)}, not a list of trace entries",
                                    unit="device_traces index")
     _check_devices(segments, source)
     dev = _pick_device(device_traces, segments, device, source)
@@ -290,10 +289,10 @@ def _check_devices(segments: list, source: str) -> None:
     """TraceFormatError unless every segment is a dict whose ``device`` (when given) is a device index."""
     for k, seg in enumerate(segments):
         if not isinstance(seg, dict):
-            raise TraceFormatError(source, k, f"malformed segment {_short(seg, 40)} (not a dict)", unit="segments index")
+            raise TraceFormatError(source, k, f"malformed segment {shown(seg, 40)} (not a dict)", unit="segments index")
         d = seg.get("device")
         if d is not None and (type(d) is not int or not 0 <= d < _MAX_DEVICES):
-            raise TraceFormatError(source, k, f"device {_short(d, 40)} is not a device index (a whole number "
+            raise TraceFormatError(source, k, f"device {shown(d, 40)} is not a device index (a whole number "
                                               f">= 0 and < {_MAX_DEVICES})", unit="segments index")
 
 
@@ -362,7 +361,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 if found is None:  # allocated before recording began
                     size = e["size"]
                     if type(size) is not int or not 0 < size < _INT64_LIMIT:
-                        raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {size!r}",
+                        raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {shown(size, 40)}",
                                                unit=unit)
                     found = (next_id, size)
                     pre_freed.append(PreTraceAllocation(addr, size, s, None, len(r_entry)))
@@ -374,7 +373,7 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 s = streams.get(e["stream"])
                 if s is None:
                     s = _new_stream(streams, e["stream"])
-                _check_segment_numbers(e)
+                _check_segment_numbers(e, is_oom=action == "oom")
                 # an oom entry's address field is the device's free memory in some versions
                 addr = e.get("addr", e.get("device_free", 0))
                 _check_address(addr)
@@ -390,11 +389,11 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     except KeyError as exc:
         raise TraceFormatError(source, i, f"trace entry lacks key {exc}", unit=unit) from None
     except (TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(source, i, f"malformed trace entry {_short(entries[i])} ({exc})", unit=unit) from None
+        raise TraceFormatError(source, i, f"malformed trace entry {shown(entries[i])} ({exc})", unit=unit) from None
     for times, index in ((r_time, r_entry), (s_time, s_entry)):
         k = next((k for k, t in enumerate(times) if t is not None and _bad_time(t)), None)
         if k is not None:
-            raise TraceFormatError(source, index[k], f"time_us {times[k]!r} is not an integer", unit=unit)
+            raise TraceFormatError(source, index[k], f"time_us {shown(times[k], 40)} is not an integer", unit=unit)
     r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
     requests = SnapshotRequests(r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag)
     events = SegmentEvents(s_entry, s_time, s_action, s_addr, s_size, s_stream)
@@ -435,7 +434,7 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
                                      f"segment [{seg['address']:#x}, {end:#x})")
                 requested = b.get("requested_size")
                 if requested is not None and (type(requested) is not int or requested < 0):
-                    raise ValueError(f"block {j} requested_size {_short(requested, 40)} is not a byte count")
+                    raise ValueError(f"block {j} requested_size {shown(requested, 40)} is not a byte count")
                 if b["state"] in _LIVE_BLOCK_STATES:
                     if requested is not None and requested > b["size"]:
                         raise ValueError(f"block {j} requested_size {requested} is more than its size {b['size']}")
@@ -665,16 +664,6 @@ def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
     return PoolInference(pools, windows, num_unknown)
 
 
-_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
-
-
-def _short(obj: Any, limit: int = 120) -> str:
-    """``repr`` cut to ``limit`` characters; bounded in depth and length, so a hostile value costs nothing."""
-    text = _REPR.repr(obj)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 # ---------------------------------------------------------------------------- as an allocation trace
 def read_pytorch_snapshot(path: str | Path | TraceSource, *, device: int | None = None) -> AllocTrace:
     """Read a snapshot file into an AllocTrace (``snapshot_to_trace`` of ``read_snapshot``).
@@ -753,7 +742,7 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     t0 = snap.time_origin_us
     if type(t0) is not int:
         if len(req) or len(ev):
-            raise TraceFormatError(source, 0, f"time_us {t0!r} of the first entry is not an integer",
+            raise TraceFormatError(source, 0, f"time_us {shown(t0, 40)} of the first entry is not an integer",
                                    unit=snap.entry_unit)
         t0 = 0
     pre_freed = [p for p in snap.pre_trace if p.freed_at is not None]
@@ -824,10 +813,13 @@ _INT64_LIMIT = 2**63
 def _bad_entry_numbers(action: str, addr: Any, size: Any) -> str:
     """Why an entry's size or address cannot be one (the entry failed the inline check)."""
     if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:
-        return f"{action} at address {_short(addr, 40)}: must be an integer >= 0 and < 2**63"
-    return f"{action} of size {size!r}: must be a whole number of bytes > 0 and < 2**63"
+        return f"{action} at address {shown(addr, 40)}: must be an integer >= 0 and < 2**63"
+    return f"{action} of size {shown(size, 40)}: must be a whole number of bytes > 0 and < 2**63"
 
 
+#: Largest segment (or mapping) a snapshot may hold: 2**49 bytes, the 49-bit virtual address
+#: space of a GPU; a device has far less memory than that.
+MAX_SEGMENT_BYTES = 1 << 49
 #: Most devices a snapshot may name (a device index is a small whole number).
 _MAX_DEVICES = 1 << 16
 
@@ -835,13 +827,13 @@ _MAX_DEVICES = 1 << 16
 def _check_address(addr: Any) -> None:
     """ValueError unless ``addr`` is an address: a whole number >= 0 and < 2**63 (int64 downstream)."""
     if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:
-        raise ValueError(f"address {_short(addr, 40)} is not a whole number >= 0 and < 2**63")
+        raise ValueError(f"address {shown(addr, 40)} is not a whole number >= 0 and < 2**63")
 
 
 def _new_stream(streams: dict[Any, int], handle: Any) -> int:
     """The small int of a stream handle met for the first time (a handle is a whole number, as CUDA's are)."""
     if type(handle) is not int or not -_INT64_LIMIT <= handle < 2 * _INT64_LIMIT:
-        raise ValueError(f"stream {_short(handle, 40)} is not a stream handle (a whole number)")
+        raise ValueError(f"stream {shown(handle, 40)} is not a stream handle (a whole number)")
     streams[handle] = len(streams)
     return streams[handle]
 
@@ -850,13 +842,17 @@ def _bad_time(value: Any) -> bool:
     return type(value) is not int or not -_INT64_LIMIT <= value < _INT64_LIMIT
 
 
-def _check_segment_numbers(seg: dict) -> None:
-    """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts."""
+def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
+    """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts,
+    a segment's at most ``MAX_SEGMENT_BYTES`` (an ``oom`` entry's size is what the program asked for)."""
     sizes = [seg.get(k, 0) for k in ("size", "total_size", "allocated_size")]
     sizes += [b.get("size", 0) for b in seg.get("blocks", ()) if isinstance(b, dict)]
     bad = next((v for v in sizes if type(v) is not int or not 0 <= v < _INT64_LIMIT), None)
     if bad is not None:
-        raise ValueError(f"size {bad!r} is not a whole number of bytes below 2**63")
+        raise ValueError(f"size {shown(bad, 40)} is not a whole number of bytes below 2**63")
+    if not is_oom and max(sizes) > MAX_SEGMENT_BYTES:
+        raise ValueError(f"size {max(sizes):,} is more than a GPU's whole virtual address space "
+                         f"({MAX_SEGMENT_BYTES:,} bytes)")
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 from traces.events import AllocTrace, make_events, trace_name
 from traces.source import TraceSource, open_source
 
@@ -64,7 +64,7 @@ def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> Al
     bad = np.flatnonzero(~(is_fail | is_alloc | is_free))
     if bad.size:
         k = bad[0]
-        raise TraceFormatError(path, int(line[k]), f"Action {action[int(k)].as_py()!r} is not 'allocate', 'free' "
+        raise TraceFormatError(path, int(line[k]), f"Action {shown(action[int(k)].as_py())} is not 'allocate', 'free' "
                                                    "or 'allocate failure'")
     size = _parse_sizes(cols["Size"], line, path)
     time_us, num_time_clamped = _parse_times(cols["Time"], line, path)
@@ -166,7 +166,7 @@ def _parse_sizes(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
     bad = np.flatnonzero(size < 0)
     if bad.size:
         k = int(bad[0])
-        raise TraceFormatError(path, int(line[k]), f"Size {col[k].as_py()!r} is not a byte count")
+        raise TraceFormatError(path, int(line[k]), f"Size {shown(col[k].as_py())} is not a byte count")
     return size.astype(np.int64)
 
 
@@ -190,7 +190,7 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
             t = td.to_numpy(dtype="timedelta64[us]").astype(np.float64) if not bad.size else None
         if bad.size:
             k = int(bad[0])
-            raise TraceFormatError(path, int(line[k]), f"Time {text.iloc[k]!r} is not HH:MM:SS.ffffff")
+            raise TraceFormatError(path, int(line[k]), f"Time {shown(text.iloc[k])} is not HH:MM:SS.ffffff")
         t = t.astype(np.int64)
     # a jump back of more than half a day is midnight; smaller ones are threads racing to log
     wraps = np.concatenate([[0], np.cumsum(np.diff(t) < -_DAY_US // 2)])
@@ -246,7 +246,7 @@ def _parse_hex(col: pa.Array, line: np.ndarray, path: Path, what: str) -> np.nda
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     if bad:
         k = int(np.flatnonzero(np.isin(codes, bad))[0])
-        raise TraceFormatError(path, int(line[k]), f"{what} {values[codes[k]]!r} is not a hex address")
+        raise TraceFormatError(path, int(line[k]), f"{what} {shown(values[codes[k]])} is not a hex address")
     return parsed[codes]
 
 

@@ -324,15 +324,28 @@ def test_stream_that_is_no_handle_names_its_index(write_snapshot, snap_entry):
         read_pytorch_snapshot(path)
 
 
-def test_expandable_map_of_2_55_bytes_is_read_in_no_time(write_snapshot, snap_entry):
+@pytest.mark.parametrize("where", ["event", "segment"])
+def test_expandable_map_of_2_55_bytes_is_refused_at_once(write_snapshot, snap_entry, where):
     # one map of 2**55 bytes is 2**34 pages: a page set took 18 s and then ran out of memory
     huge = 2**55
-    seg = {**_segment(A, huge, [_block(A, huge, "inactive")]), "is_expandable": True}
-    path = write_snapshot([snap_entry("segment_map", A, huge, 0), snap_entry("alloc", A, 10, 1)], [seg])
+    seg = {**_segment(A, huge if where == "segment" else 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "is_expandable": True}
+    if where == "segment":
+        seg["blocks"] = [_block(A, huge, "inactive")]
+    path = write_snapshot([snap_entry("segment_map", A, huge if where == "event" else 2 * MiB, 0),
+                           snap_entry("alloc", A, 10, 1)], [seg])
+    unit = "device_traces\\[0\\] index 0" if where == "event" else "segments index 0"
+    with pytest.raises(TraceFormatError, match=rf"{unit}\).*size 36,028,797,018,963,968 is more than a GPU's whole"):
+        read_pytorch_snapshot(path)
+
+
+def test_many_large_maps_are_ranges_not_pages(write_snapshot, snap_entry):
+    # 64 maps of 2**48 bytes each (2**23 pages apiece): kept as ranges, read at once
+    entries = [snap_entry("segment_map", A + k * 2**48, 2**48, k) for k in range(64)]
+    seg = {**_segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "is_expandable": True}
     from traces.pytorch_snapshot import read_snapshot
-    snap = read_snapshot(path)
+    snap = read_snapshot(write_snapshot(entries + [snap_entry("alloc", A, 10, 99)], [seg]))
     assert [(s.address, s.total_bytes) for s in snap.segments_at_start] == []
-    assert snap.segment_events.nbytes == [huge]
+    assert len(snap.segment_events) == 64
 
 
 def test_page_ranges_equal_a_set_of_pages():

@@ -248,3 +248,13 @@ def test_free_on_another_stream_is_counted_and_kept_on_the_allocations_stream(tm
     assert list(trace.events["stream"]) == [1, 1, 2, 2]
     assert trace.meta["num_cross_stream_frees"] == 1
     validate_events(trace.events)
+
+
+@pytest.mark.parametrize("column", ["Size", "Time", "Stream"])
+def test_a_5000_digit_field_is_one_short_line(tmp_path, column):
+    fields = dict(Time="10:00:00.000000", Size="8", Stream="0")
+    fields[column] = "9" * 5000
+    path = _log(tmp_path, f"1,{fields['Time']},allocate,0x10,{fields['Size']},{fields['Stream']}")
+    with pytest.raises(TraceFormatError, match=rf"rmm.csv:2: {column} '9+\.\.\.9+' is not") as err:
+        read_rmm_log(path)
+    assert len(str(err.value)) < 300
