@@ -42,7 +42,7 @@ STREAM_TIMEOUT_ENV = "POOLLAB_STREAM_TIMEOUT_S"
 DEFAULT_MAX_TRACE_BYTES = 1 << 30
 #: Longest wait for the next byte of a pipe or FIFO.
 DEFAULT_STREAM_TIMEOUT_S = 60.0
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 1 << 24
 #: Streams already read in this process, by (path, device, inode): a pipe cannot be read twice.
 _STREAMS: dict[tuple[str, int, int], "TraceSource"] = {}
 
@@ -172,6 +172,7 @@ def _read_regular(fd: int, size_bytes: int, limit: int, path: Path) -> bytes:
                 return b"".join(parts)
             parts.append(chunk)
             total += len(chunk)
+    parts.clear()  # the traceback keeps this frame alive: let the bytes go now
     raise _too_big(path, "grew while it was read", limit)
 
 
@@ -194,6 +195,7 @@ def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
         parts.append(chunk)
         total += len(chunk)
         if total > limit:
+            parts.clear()  # the traceback keeps this frame alive: let the bytes go now
             raise _too_big(path, "the stream sends more bytes", limit)
 
 
@@ -211,10 +213,12 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
         chunk = rest
         try:
             while chunk and not d.eof:
-                piece = d.decompress(chunk, limit + 1 - total)
+                # in steps: one call asked for the whole limit grows its buffer to a multiple of it
+                piece = d.decompress(chunk, min(limit + 1 - total, _CHUNK_BYTES))
                 parts.append(piece)
                 total += len(piece)
                 if total > limit:
+                    parts.clear()  # the traceback keeps this frame alive: let the bytes go now
                     raise _too_big(path, "decompresses to more bytes", limit)
                 chunk = d.unconsumed_tail
         except zlib.error as exc:
