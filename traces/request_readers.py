@@ -31,7 +31,7 @@ nest at most ``MAX_JSON_DEPTH`` levels (checked before parsing). Values in messa
 from __future__ import annotations
 
 import csv
-import gzip
+import io
 import json
 import math
 import re
@@ -46,8 +46,9 @@ import pandas as pd
 
 from traces.alloc_table import output_format
 from traces.atomic import replacing_file
-from traces.errors import DAMAGED_GZIP, TraceFormatError
+from traces.errors import TraceFormatError
 from traces.requests import MAX_TIME_S, MAX_TOKENS, REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
+from traces.source import TraceSource, open_source
 
 __all__ = ["REQUEST_FORMATS", "read_request_trace", "write_request_trace", "detect_request_format"]
 
@@ -105,35 +106,31 @@ def read_request_trace(path: str | Path, *, format: str | None = None, name: str
     path = Path(path)
     if format is not None and format not in REQUEST_FORMATS:
         raise TraceFormatError(path, None, f"unknown request-trace format {format!r}; known: {', '.join(REQUEST_FORMATS)}")
-    kind, header, first = _sniff(path)
+    src = open_source(path)  # read once: detection and the reader see the same bytes (a pipe too)
+    kind, header, first = _sniff(src)
     fmt = format or _match(path, kind, header, first)
     name = name or Path(path.name.removesuffix(".gz")).stem
     if fmt == "parquet":
-        return _read_parquet(path, name)
+        return _read_parquet(src, name)
     if fmt == "mooncake":
-        return _read_mooncake(path, name)
+        return _read_mooncake(src, name)
     layout = next(lay for lay in _CSV_LAYOUTS if lay.format == fmt)
-    return _read_csv(path, name, layout, header)
+    return _read_csv(src, name, layout, header)
 
 
 def detect_request_format(path: str | Path) -> str:
     """The format name of a request-trace file, from its content (the suffix is not looked at)."""
     path = Path(path)
-    return _match(path, *_sniff(path))
+    return _match(path, *_sniff(open_source(path)))
 
 
-def _sniff(path: Path) -> tuple[str, list[str], str]:
+def _sniff(src: TraceSource) -> tuple[str, list[str], str]:
     """``(kind, header columns, first line)``: kind is "parquet", "json" or "csv"."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    if head.startswith(b"PAR1"):
+    head = src.head(1 << 16)
+    if not src.gzipped and head.startswith(b"PAR1"):
         return "parquet", [], ""
-    if head.startswith(b"\x1f\x8b"):
-        try:
-            with gzip.open(path, "rb") as f:
-                head = f.read(1 << 16)
-        except DAMAGED_GZIP as exc:
-            raise TraceFormatError(path, None, f"corrupt gzip stream ({exc})") from None
+    if src.damage is not None and not head:
+        raise TraceFormatError(src.path, None, src.damage)
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     if first.lstrip().startswith("{"):
@@ -160,16 +157,10 @@ def _match(path: Path, kind: str, header: list[str], first: str) -> str:
 # CSV formats
 
 
-def _compression(path: Path) -> str | None:
-    with open(path, "rb") as f:
-        return "gzip" if f.read(2) == b"\x1f\x8b" else None
-
-
-def _row_to_line(path: Path, rows: list[int]) -> dict[int, int]:
+def _row_to_line(src: TraceSource, rows: list[int]) -> dict[int, int]:
     """File line of each data row: pandas skips blank lines, so count only non-blank ones."""
     wanted, found = set(rows), {}
-    opener = gzip.open if _compression(path) else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+    with io.TextIOWrapper(src.stream(), encoding="utf-8", errors="replace") as f:
         row = -1  # the header is the first non-blank line
         for lineno, line in enumerate(f, 1):
             if line.strip():
@@ -310,7 +301,8 @@ def _hash_ids(ids) -> tuple[int, ...]:
     return out
 
 
-def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> RequestTrace:
+def _read_csv(src: TraceSource, name: str, layout: _CsvLayout, header: list[str]) -> RequestTrace:
+    path = src.path
     missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in header]
     if missing:
         raise TraceFormatError(path, 1, f"missing column(s) {', '.join(map(repr, missing))} for format {layout.format!r}")
@@ -319,14 +311,15 @@ def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> R
     try:
         # all columns, not usecols: with usecols pandas lets a row with extra fields pass
         # only an empty field is missing: a session id may well be "NA" or "null"
-        df = pd.read_csv(path, dtype={c: str for c in text_cols}, compression=_compression(path),
+        src.require_intact()
+        df = pd.read_csv(src.stream(), dtype={c: str for c in text_cols},
                          keep_default_na=False, na_values={c: [""] for c in header}, encoding="utf-8-sig",
                          **_EXACT_FLOATS)
     except pd.errors.ParserError as exc:  # "... Expected 3 fields in line 6, saw 4"
         m = re.search(r"line (\d+)", str(exc))
         raise TraceFormatError(path, int(m.group(1)) if m else None, f"cannot parse CSV: {str(exc).split(': ')[-1]}") from None
-    except (*DAMAGED_GZIP, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, None, f"cannot read CSV: {exc}") from None
+    except (TraceFormatError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, None, f"cannot read CSV: {getattr(exc, 'reason', exc)}") from None
     df.columns = [str(c).strip() for c in df.columns]  # detection strips header names too
     problems = _Problems()
     meta: dict[str, Any] = {"num_rows_read": len(df)}
@@ -343,7 +336,7 @@ def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> R
         problems.add(output == 0, lambda i: f"{layout.output_col} 0 must be >= 1")
     if problems.first:
         rows = [row for row, _ in problems.first]
-        lines = _row_to_line(path, rows)
+        lines = _row_to_line(src, rows)
         problems.raise_first(path, lambda row: lines.get(row, row + 2))
     trace = _finish(path, name, layout.format, t, prompt, output, sessions, hashes, meta)
     if layout.ours:
@@ -371,16 +364,18 @@ def _finish(path: Path, name: str, fmt: str, t: np.ndarray, prompt: np.ndarray, 
 # Mooncake JSON lines
 
 
-def _read_mooncake(path: Path, name: str) -> RequestTrace:
+def _read_mooncake(src: TraceSource, name: str) -> RequestTrace:
+    path = src.path
     t, prompt, output, hashes = [], [], [], []
-    opener = gzip.open if _compression(path) else open
     lineno = 0
-    try:
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                _mooncake_line(path, lineno, raw, t, prompt, output, hashes)
-    except DAMAGED_GZIP as exc:
-        raise TraceFormatError(path, lineno + 1, f"truncated or corrupt gzip stream ({exc})") from None
+    for lineno, raw in enumerate(src.stream(), 1):
+        if src.damage is not None and not raw.endswith(b"\n"):
+            break  # the line the damaged gzip stream cut
+        _mooncake_line(path, lineno, raw, t, prompt, output, hashes)
+    else:
+        lineno += 1
+    if src.damage is not None:  # every whole line that decompressed was good: the damage is where they end
+        raise TraceFormatError(path, lineno, src.damage)
     meta = {"num_rows_read": len(t), "hash_block_tokens": DEFAULT_HASH_BLOCK_TOKENS}
     return _finish(path, name, "mooncake", np.asarray(t, np.float64), np.asarray(prompt, np.int64),
                    np.asarray(output, np.int64), None, hashes, meta)
@@ -452,11 +447,13 @@ def _json_depth(text: str) -> int:
 # Parquet (ours) and the writer
 
 
-def _read_parquet(path: Path, name: str) -> RequestTrace:
+def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    path = src.path
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(pa.BufferReader(src.data))
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise TraceFormatError(path, None, f"cannot read Parquet: {exc}") from None
     stored = _stored_meta(path, (table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))

@@ -482,6 +482,138 @@ add(Case("simulate-out-holds-files-poollab-did-not-write", _with_files({"q.csv":
          ("out/summary.csv", "did not write it")))
 
 
+
+
+# -- issue 29, allocation traces and streams (helper B): hostile fields, impossible snapshots, numbers
+# that do not fit, columns of the wrong kind, what a log cannot do, traces from a pipe ------------
+MiB = 1 << 20
+SEG_A, SEG_B = 0x7F0000000000, 0x7F0010000000
+
+
+def _seg(address: int, total_size: int, blocks: list, **extra) -> dict:
+    return {"device": 0, "address": address, "total_size": total_size, "allocated_size": 0, "stream": 0,
+            "segment_type": "large", "is_expandable": False, "blocks": blocks, **extra}
+
+
+def _blk(address: int, size: int, state: str = "inactive", **extra) -> dict:
+    return {"address": address, "size": size, "requested_size": size, "state": state, **extra}
+
+
+def _nested_snapshot(depth: int = 100_000) -> bytes:
+    """A snapshot whose one trace entry is a list nested ``depth`` deep, by opcode (pickle.dumps recurses)."""
+    key = lambda text: b"\x8c" + bytes([len(text)]) + text.encode()  # noqa: E731 (SHORT_BINUNICODE)
+    return (b"\x80\x04}" + key("segments") + b"]s" + key("device_traces") + b"]]" + b"]" * depth
+            + b"a" * (depth - 1) + b"aas.")
+
+
+def _from_pipe(data: bytes, command: Callable[[str], list[str]]) -> Build:
+    """The trace is a pipe, as ``<(...)`` hands one over (``/dev/fd/N``), fed by a thread."""
+    def build(d: Path) -> list[str]:
+        import threading
+
+        r, w = os.pipe()
+
+        def feed():
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+
+        threading.Thread(target=feed, daemon=True).start()
+        return command(f"/dev/fd/{r}")
+    return build
+
+
+def _replay_path(path: str) -> list[str]:
+    return ["replay", path, "-p", "first-fit", "--no-progress", "--out", "{d}/" + OUT]
+
+
+def _pipe_case(id: str, data: bytes, expect: tuple[str, ...], command=_replay_path) -> Case:
+    def build(d: Path) -> list[str]:
+        return [a.replace("{d}", str(d)) for a in _from_pipe(data, command)(d)]
+    return Case(id, build, expect)
+
+
+_LONG_CSV = _csv(*(f"{2 * i},alloc,{i},4096,0,\n{2 * i + 1},free,{i},4096,0," for i in range(300)))  # > 4 KiB
+_WEIGHTS = [_blk(SEG_A, 2 * MiB, "active_allocated")]
+# snapshot fields out of range or of the wrong type
+add(alloc_case("snap-addr-2**63", S, _snapshot([_entry("alloc", addr=2**63)]), (S, "index 0", "address")))
+add(alloc_case("snap-addr-negative", S, _snapshot([_entry("alloc", addr=-4096)]), (S, "index 0", "address")))
+add(alloc_case("snap-free-addr-2**64", S, _snapshot([_entry("free_completed", addr=2**64)]), (S, "index 0", "address")))
+add(alloc_case("snap-device-trace-int", S, _snapshot([], raw={"segments": [], "device_traces": [[_entry("alloc")], 3]}),
+               (S, "device_traces index 1", "not a list")))
+add(alloc_case("snap-devices-str-and-int", S, _snapshot([_entry("alloc")], [_seg(SEG_A, 2 * MiB, [], device="0"),
+                                                                           _seg(SEG_B, 2 * MiB, [], device=1)]),
+               (S, "segments index 0", "device '0'")))
+add(alloc_case("snap-device-unhashable", S, _snapshot([_entry("alloc")], [_seg(SEG_A, 2 * MiB, [], device=[0])]),
+               (S, "segments index 0", "device [0]")))
+add(alloc_case("snap-segment-event-addr-text", S, _snapshot([_entry("segment_alloc", addr="0x7f00", size=2 * MiB),
+                                                            _entry("alloc")]), (S, "index 0", "address '0x7f00'")))
+add(alloc_case("snap-stream-text", S, _snapshot([_entry("alloc", stream="default")]), (S, "index 0", "stream")))
+add(alloc_case("snap-expandable-map-2**55", S, _snapshot(
+    [_entry("segment_map", addr=SEG_A, size=2**55), _entry("alloc", addr=SEG_A)],
+    [_seg(SEG_A, 2 * MiB, [_blk(SEG_A, 2 * MiB)], is_expandable=True)]), (S, "index 0", "virtual address space")))
+add(alloc_case("snap-nested-100000-deep", "s.pickle", _nested_snapshot(), ("s.pickle",)))
+# snapshots that cannot be real
+add(alloc_case("snap-block-larger-than-segment", S, _snapshot([_entry("alloc", addr=SEG_B)], [
+    _seg(SEG_A, 2 * MiB, [_blk(SEG_A, 4 * MiB, "active_allocated")])]), (S, "segments index 0", "block 0")))
+add(alloc_case("snap-overlapping-segments", S, _snapshot([_entry("alloc", addr=SEG_B)], [
+    _seg(SEG_A, 4 * MiB, [_blk(SEG_A, 4 * MiB)]), _seg(SEG_A + 2 * MiB, 2 * MiB, [_blk(SEG_A + 2 * MiB, 2 * MiB)])]),
+    (S, "segments index 1", "overlaps segments index 0")))
+for _kind, _requested in (("negative", -8), ("text", "4096"), ("fractional", 4095.5)):
+    add(alloc_case(f"snap-requested-size-{_kind}", S, _snapshot([_entry("alloc", addr=SEG_B)], [
+        _seg(SEG_A, 2 * MiB, [{**_WEIGHTS[0], "requested_size": _requested}])]), (S, "segments index 0", "requested_size")))
+# our CSV and Parquet
+add(alloc_case("csv-size-5000-digits", "a.csv", _csv("0,alloc,0," + "9" * 5000 + ",0,"), ("a.csv:2", "nbytes")))
+add(alloc_case("csv-time-5000-digits", "a.csv", _csv("0,alloc,0,4096,0,", "9" * 5000 + ",free,0,4096,0,"),
+               ("a.csv:3", "time_us")))
+add(alloc_case("csv-free-on-another-stream", "a.csv", _csv("0,alloc,0,4096,0,", "5,free,0,4096,3,"),
+               ("a.csv:3", "stream 3")))
+add(Case("pq-bool-nbytes", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    nbytes=pa.array([True, True])))}, replay("a.parquet")), ("a.parquet", "nbytes", "bool")))
+add(Case("pq-timestamp-time", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    time_us=pa.array([0, 5], pa.timestamp("us"))))}, replay("a.parquet")), ("a.parquet", "time_us", "timestamp")))
+add(Case("pq-free-on-another-stream", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    stream=pa.array([0, 1], pa.int64())))}, replay("a.parquet")), ("a.parquet (record 2)", "stream")))
+# RMM logs that cannot be real
+add(alloc_case("rmm-overlapping-allocations", "r.csv", _rmm(f"1,{T},allocate,0x1000,4096,0x0",
+                                                            f"1,{T},allocate,0x1800,64,0x0"), ("r.csv:3", "overlaps")))
+add(alloc_case("rmm-time-goes-back", "r.csv", _rmm("1,10:00:09.000000,allocate,0x10,8,0x0",
+                                                   "1,10:00:01.000000,free,0x10,8,0x0"), ("r.csv:3", "Time goes back")))
+# traces from a pipe: detection no longer eats the first 4 KiB, errors name the pipe and line
+add(_pipe_case("pipe-csv-bad-row-past-4KiB", (_LONG_CSV + "700,explode,9,1,0,\n").encode(), ("/dev/fd/", ":602", "op")))
+add(_pipe_case("pipe-gzip-snapshot-size-2**70", _snapshot([_entry("alloc", size=2**70)]), ("/dev/fd/", "index 0")))
+add(_pipe_case("pipe-info-rmm-free-not-live", _rmm(f"1,{T},free,0x10,4096,0x0").encode(), ("/dev/fd/", ":2", "not live"),
+               command=lambda path: ["traces", "info", path]))
+add(_pipe_case("pipe-simulate-requests-negative", (RQ + "0,100,10,,\n1,-5,10,,\n").encode(), ("/dev/fd/", ":3", "prompt"),
+               command=lambda path: ["simulate", path, "-p", "paged", "--model", "Llama-3.2-1B", "--out", "{d}/" + OUT]))
+
+#: Over the reading limits, with the limit lowered to 1 MiB (``POOLLAB_MAX_TRACE_BYTES``) so the files stay small.
+LIMIT_CASES: list[Case] = []
+
+
+def _sparse(d: Path, name: str, header: str, nbytes: int) -> None:
+    with open(d / name, "wb") as f:
+        f.write(header.encode())
+        f.truncate(nbytes)
+
+
+LIMIT_CASES.append(Case("limit-sparse-csv", _with_files({"a.csv": lambda d: _sparse(d, "a.csv", ALLOC_HEADER + "\n", 8 * MiB)},
+                                                        replay("a.csv")), ("a.csv", "8,388,608 bytes", "POOLLAB_MAX_TRACE_BYTES")))
+LIMIT_CASES.append(Case("limit-gzip-bomb", _with_files({"a.csv.gz": gzip.compress(GOOD_ALLOC.encode() + b"\0" * 16 * MiB, mtime=0)},
+                                                       replay("a.csv.gz")), ("a.csv.gz", "decompresses", "1,048,576")))
+LIMIT_CASES.append(Case("limit-gzip-bomb-requests", _with_files({"q.csv.gz": gzip.compress(
+    GOOD_REQUESTS.encode() + b"\0" * 16 * MiB, mtime=0)}, simulate("q.csv.gz")), ("q.csv.gz", "decompresses")))
+LIMIT_CASES.append(Case("limit-bad-setting", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv")),
+                        ("POOLLAB_MAX_TRACE_BYTES='1MiB'",)))
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES, ids=[c.id for c in LIMIT_CASES])
+def test_bad_input_over_the_limits_is_one_line_exit_2_and_changes_nothing(case: Case, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("POOLLAB_MAX_TRACE_BYTES", "1MiB" if case.id == "limit-bad-setting" else str(MiB))
+    argv = _prepare(case, tmp_path)
+    before = _tree(tmp_path)
+    code, _, err = run_in_process(argv)
+    check(case, tmp_path, code, err, before)
+
 # -- the test ---------------------------------------------------------------------------------
 
 #: Written into ``out/`` before each case: a failed run must leave it exactly so.
