@@ -1,0 +1,607 @@
+"""How much KV cache can an engine allocate? The budget each policy really leaves, from a start-up snapshot.
+
+An engine's start-up (weights, a profiling run, the KV cache allocation, CUDA-graph capture, a few
+steps at the largest batch) recorded as a PyTorch memory snapshot says everything that competes
+with the KV cache for device memory. ``plan`` replays that recording (``sim.fidelity``'s starting
+state, ``sim.engine.run``: the one loop) under each policy with the KV allocation(s) resized and the
+pool limited to the device's memory, and finds the largest KV cache with which the whole recorded
+run is served: exact to one page (``page_bytes``: ``block_tokens`` tokens of the model's KV, split
+evenly over the KV tensors), by galloping from an estimate and then bisecting.
+
+The KV cache is recognised from the snapshot (``recognise_kv``): among the allocations made in the
+trace that are never freed, the largest run (by total bytes) of equal-size allocations on one
+stream made one right after the other (at most ``BURST_GAP_OPS`` other requests between two of
+them): engines allocate one K and one V tensor per layer in one loop, or one big tensor. It must
+hold at least twice the bytes of the next such run, else the snapshot does not say which is the
+cache and the user names it (``KvSelector``: by size, trace entry or address).
+
+What the rest of the run needs is read from the same replay:
+
+- ``weights_bytes``: requests still live at the end that were made before the first KV allocation,
+  the blocks live before recording began included (a snapshot taken after the weights were loaded
+  keeps them as blocks never seen allocated: they count as weights/resident).
+- ``peak_non_kv_reserved_bytes``: the most the pool reserved beyond the KV blocks it held, at the
+  safe size, with ``frag_at_peak`` (the share of that non-KV reservation not holding live data).
+- the ``gpu_memory_utilization``-style rule: ``fraction x device - weights - profiled peak``,
+  where the profiled peak is the most live bytes beyond the weights before the KV cache was
+  allocated (what an engine's profiling run measures), replayed to see whether it fits and at
+  which event it would run out of memory.
+
+Whether a KV size fits is assumed monotone (a larger cache never makes the rest fit better). The
+search checks both neighbours of its answer: ``safe`` fits and ``safe + 1`` page does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from policies.errors import PolicyError
+from policies.torch_caching import spec_from_settings
+from policies.units import format_bytes, parse_bytes
+from sim import engine
+from sim.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
+from traces.errors import TraceFormatError
+
+__all__ = ["PLAN_COLUMNS", "PLAN_FILE", "BURST_GAP_OPS", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
+           "KvSelector", "KvCache", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector", "recognise_kv",
+           "select_kv", "plan_inputs", "fits", "plan_policy", "plan", "plan_snapshot", "write_plan", "read_plan",
+           "planned_budgets", "PlanError"]
+
+#: The file ``write_plan`` writes in a plan folder (one row per policy).
+PLAN_FILE = "plan.csv"
+#: Columns of ``plan.csv`` and ``PlanResult.table()``, in order.
+PLAN_COLUMNS = ["policy", "device_bytes", "capacity_bytes", "weights_bytes", "num_kv_allocs", "recorded_kv_bytes",
+                "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "peak_non_kv_reserved_bytes",
+                "frag_at_peak", "peak_reserved_bytes", "margin_bytes", "next_page_oom_event", "next_page_oom_entry",
+                "util_fraction", "profiled_peak_bytes", "util_rule_kv_bytes", "util_rule_fits", "util_rule_oom_event",
+                "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s"]
+#: Other requests allowed between two KV allocations of one burst (a scale, a small buffer). Small:
+#: weights of one shape recur every layer with the layer's other tensors between (Llama: 8).
+BURST_GAP_OPS = 2
+#: The recognised cache must hold this many times the bytes of the next candidate run.
+_CLEAR_WINNER = 2
+#: vLLM's KV block (field notes): the page a plan is exact to, in tokens, when a model is given.
+DEFAULT_BLOCK_TOKENS = 16
+#: Without a model, each KV tensor grows by this much a page: PyTorch rounds large blocks to 2 MiB.
+DEFAULT_PAGE_SHARE_BYTES = 2 << 20
+
+
+class PlanError(ValueError):
+    """The snapshot or the options cannot give a plan (no KV cache found, a bad selector, ...)."""
+
+
+# ---------------------------------------------------------------------------- which requests are the KV cache
+@dataclass(frozen=True)
+class KvSelector:
+    """How the user names the KV allocation(s): ``size=32MiB`` (every allocation of that requested
+    size made in the trace and never freed), ``entries=120-131,140`` (the ``alloc`` trace entries
+    at those ``device_traces`` indices) or ``addr=0x7f12...`` (the allocation made at that address
+    that is never freed)."""
+
+    kind: str  # "size", "entries" or "addr"
+    values: tuple[int, ...]
+    text: str
+
+
+_SELECTOR = re.compile(r"^\s*(size|entries|entry|addr|address)\s*=\s*(.+?)\s*$")
+
+
+def parse_kv_selector(text: str) -> KvSelector:
+    """``"size=32MiB"``, ``"entries=120-131"``, ``"addr=0x7f00"`` as a ``KvSelector``; PlanError otherwise."""
+    m = _SELECTOR.match(text)
+    if m is None:
+        raise PlanError(f"--kv {text!r}: expected size=SIZE, entries=I-J,K or addr=0xADDRESS")
+    kind, value = m.group(1), m.group(2)
+    try:
+        if kind == "size":
+            return KvSelector("size", (parse_bytes(value),), text)
+        if kind in ("entries", "entry"):
+            out: list[int] = []
+            for part in value.split(","):
+                lo, _, hi = part.partition("-")
+                first, last = int(lo), int(hi) if hi else int(lo)
+                if first < 0 or last < first:
+                    raise ValueError(part)
+                out.extend(range(first, last + 1))
+            return KvSelector("entries", tuple(out), text)
+        return KvSelector("addr", tuple(int(a, 0) for a in value.split(",")), text)
+    except (ValueError, PolicyError):
+        raise PlanError(f"--kv {text!r}: {value!r} is not a valid {kind} list") from None
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """The KV allocations of a recording: ``ops`` (indices into ``Recording.ops``, in order),
+    their common requested size, and how they were found (``how``, a sentence)."""
+
+    ops: tuple[int, ...]
+    nbytes: int
+    how: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes * len(self.ops)
+
+
+def _never_freed(rec: Recording) -> list[int]:
+    """Alloc ops of the trace whose allocation is still live at the end, in order."""
+    live: dict[int, int] = {}
+    for k, (op, addr) in enumerate(zip(rec.ops, rec.addrs)):
+        if op == ALLOC:
+            live[addr] = k
+        elif op == FREE:
+            live.pop(addr, None)
+    return sorted(live.values())
+
+
+def _bursts(rec: Recording, ops: list[int]) -> list[list[int]]:
+    """Runs of never-freed alloc ops of one size and stream, at most ``BURST_GAP_OPS`` requests apart."""
+    open_runs: dict[tuple[int, int], list[int]] = {}
+    runs: list[list[int]] = []
+    for k in ops:
+        key = (rec.sizes[k], rec.streams[k])
+        run = open_runs.get(key)
+        if run is not None and k - run[-1] - 1 <= BURST_GAP_OPS:
+            run.append(k)
+        else:
+            run = open_runs[key] = [k]
+            runs.append(run)
+    return runs
+
+
+def _describe_ops(rec: Recording, ops: Iterable[int]) -> str:
+    ops = list(ops)
+    first, last = rec.entries[ops[0]], rec.entries[ops[-1]]
+    where = f"{rec.entry_unit} {first:,}" + (f"-{last:,}" if last != first else "")
+    return f"{len(ops)} x {format_bytes(rec.sizes[ops[0]])} at {where}"
+
+
+def recognise_kv(rec: Recording) -> KvCache:
+    """The KV cache as the largest burst of equal-size, never-freed allocations (module docstring)."""
+    runs = sorted(_bursts(rec, _never_freed(rec)), key=lambda r: (-len(r) * rec.sizes[r[0]], r[0]))
+    if not runs:
+        raise PlanError(f"{rec.source}: no allocation made in the trace lives to the end, so none can be the KV "
+                        "cache (record from before the engine allocates it, or name it with --kv)")
+    best = runs[0]
+    best_bytes = len(best) * rec.sizes[best[0]]
+    if len(runs) > 1:
+        second = runs[1]
+        if best_bytes < _CLEAR_WINNER * len(second) * rec.sizes[second[0]]:
+            raise PlanError(f"{rec.source}: cannot tell the KV cache apart: {_describe_ops(rec, best)} and "
+                            f"{_describe_ops(rec, second)} both live to the end; name it with --kv "
+                            "(size=SIZE, entries=I-J or addr=0xADDRESS)")
+    return KvCache(tuple(best), rec.sizes[best[0]],
+                   f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one burst "
+                   f"on stream {rec.streams[best[0]]} and live to the end")
+
+
+def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
+    """The KV allocations the selectors name (their union); PlanError when they name none, a
+    request that is freed, or allocations of different sizes."""
+    selectors = list(selectors)
+    if not selectors:
+        return recognise_kv(rec)
+    never = _never_freed(rec)
+    never_set = set(never)
+    chosen: set[int] = set()
+    for sel in selectors:
+        if sel.kind == "size":
+            found = [k for k in never if rec.sizes[k] == sel.values[0]]
+        elif sel.kind == "entries":
+            at_entry = {rec.entries[k]: k for k, op in enumerate(rec.ops) if op == ALLOC}
+            missing = [e for e in sel.values if e not in at_entry]
+            if missing:
+                raise PlanError(f"--kv {sel.text!r}: {rec.entry_unit} {missing[0]} is no alloc of the trace")
+            found = [at_entry[e] for e in sel.values]
+            freed = [k for k in found if k not in never_set]
+            if freed:
+                raise PlanError(f"--kv {sel.text!r}: the alloc at {rec.entry_unit} {rec.entries[freed[0]]} is freed "
+                                "during the trace, so it is no KV cache (those live to the end)")
+        else:
+            at_addr = {rec.addrs[k]: k for k in never}
+            found = [at_addr[a] for a in sel.values if a in at_addr]
+            if len(found) < len(sel.values):
+                raise PlanError(f"--kv {sel.text!r}: no allocation made in the trace at "
+                                f"{next(a for a in sel.values if a not in at_addr):#x} lives to the end")
+        if not found:
+            raise PlanError(f"--kv {sel.text!r}: no allocation of the trace that lives to the end matches")
+        chosen.update(found)
+    ops = tuple(sorted(chosen))
+    sizes = sorted({rec.sizes[k] for k in ops})
+    if len(sizes) > 1:
+        raise PlanError(f"--kv: the named allocations differ in size ({', '.join(format_bytes(s) for s in sizes)}); "
+                        "the planner resizes equal-size KV tensors")
+    return KvCache(ops, sizes[0], f"named by --kv {', '.join(s.text for s in selectors)}: "
+                                  f"{_describe_ops(rec, ops)} ({format_bytes(sizes[0] * len(ops))})")
+
+
+# ---------------------------------------------------------------------------- the inputs shared by every policy
+@dataclass
+class PlanInputs:
+    """A recording and what the plan needs from it, policy-independent.
+
+    Attributes:
+        rec: the recording (``sim.fidelity``).
+        kv: its KV allocations.
+        page_bytes: one page of KV cache (the plan's unit); each KV allocation grows by
+            ``page_bytes // len(kv.ops)`` a page.
+        block_tokens, kv_bytes_per_token, model: the page in tokens and the model it is from
+            (None when no model was given: then no token counts).
+        weights_bytes: requested bytes live at the end that were made before the first KV op.
+        profiled_peak_bytes: most live bytes beyond ``weights_bytes`` before the first KV op.
+        device_bytes, capacity_bytes: the device's memory and what the pool may reserve of it.
+    """
+
+    rec: Recording
+    kv: KvCache
+    page_bytes: int
+    block_tokens: int | None
+    kv_bytes_per_token: int | None
+    model: str | None
+    weights_bytes: int
+    profiled_peak_bytes: int
+    device_bytes: int
+    capacity_bytes: int
+
+    @property
+    def share_bytes(self) -> int:
+        """Bytes each KV allocation grows by per page."""
+        return self.page_bytes // len(self.kv.ops)
+
+    @property
+    def recorded_pages(self) -> float:
+        return self.kv.total_bytes / self.page_bytes
+
+    def sizes_for(self, num_pages: int) -> list[int]:
+        """The recording's request sizes with every KV allocation holding ``num_pages`` pages."""
+        sizes = list(self.rec.sizes)
+        nbytes = num_pages * self.share_bytes
+        for k in self.kv.ops:
+            sizes[k] = nbytes
+        return sizes
+
+    def tokens(self, num_pages: int) -> int | None:
+        return None if self.block_tokens is None else num_pages * self.block_tokens
+
+
+def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
+    """``(weights_bytes, profiled_peak_bytes)``: see ``PlanInputs``."""
+    live: dict[int, tuple[int, bool]] = {}  # address -> (requested bytes, made before the first KV op)
+    for seg in rec.seed_segments:
+        for addr, (_, _, requested) in zip(seg.block_addrs, seg.blocks):
+            live[addr] = (requested, True)
+    for addr, requested, _ in rec.unplaced:
+        live[addr] = (requested, True)
+    live_bytes = peak_before = sum(n for n, _ in live.values())
+    for k in range(first_kv):
+        op, addr = rec.ops[k], rec.addrs[k]
+        if op == ALLOC:
+            live[addr] = (rec.sizes[k], True)
+            live_bytes += rec.sizes[k]
+            peak_before = max(peak_before, live_bytes)
+        elif op == FREE:
+            gone = live.pop(addr, None)
+            if gone is not None:
+                live_bytes -= gone[0]
+    for k in range(first_kv, len(rec.ops)):  # what is freed later was no weight
+        if rec.ops[k] == FREE:
+            live.pop(rec.addrs[k], None)
+    weights = sum(n for n, before in live.values() if before)
+    return weights, max(peak_before - weights, 0)
+
+
+def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None, model: Any = None,
+                block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0) -> PlanInputs:
+    """Everything a plan needs from ``rec`` besides the policy.
+
+    Args:
+        device_bytes: the device's memory.
+        kv: the KV allocations (default: ``recognise_kv``).
+        model: a ``sim.models`` preset name, file or ``ModelSpec`` for the page size and token
+            counts (None: pages of ``DEFAULT_PAGE_SHARE_BYTES`` per KV tensor, no tokens).
+        block_tokens: tokens per page when a model is given.
+        non_torch_bytes: device memory outside the pool (CUDA context, NCCL, cuBLAS workspaces):
+            the pool may reserve ``device_bytes - non_torch_bytes``.
+    """
+    if not rec.ops:
+        raise PlanError(f"{rec.source}: the snapshot has no allocation trace (record with "
+                        "torch.cuda.memory._record_memory_history() before the engine starts)")
+    kv = recognise_kv(rec) if kv is None else kv
+    if device_bytes <= 0 or non_torch_bytes < 0 or non_torch_bytes >= device_bytes:
+        raise PlanError(f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves nothing "
+                        "for it")
+    per_token = name = None
+    if model is not None:
+        from sim.models import load_model
+
+        spec = load_model(model)
+        per_token, name = int(spec.kv_bytes_per_token), spec.name
+        if block_tokens < 1:
+            raise PlanError(f"--block-tokens {block_tokens} must be >= 1")
+        page = block_tokens * per_token
+        if page % len(kv.ops):
+            raise PlanError(f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly over "
+                            f"the {len(kv.ops)} KV allocations of the snapshot: is the snapshot of {name}? "
+                            "(--model, or --kv to name the KV tensors)")
+    else:
+        page = DEFAULT_PAGE_SHARE_BYTES * len(kv.ops)
+    weights, profiled = _resident_and_profiled(rec, kv.ops[0])
+    return PlanInputs(rec, kv, page, block_tokens if model is not None else None, per_token, name, weights, profiled,
+                      device_bytes, device_bytes - non_torch_bytes)
+
+
+# ---------------------------------------------------------------------------- one replay
+class _Refused(Exception):
+    """An allocation the pool refused: the recorded run does not fit (stops the replay)."""
+
+
+@dataclass
+class Fit:
+    """One replay at ``num_pages``: whether every request was served, else the op that was refused
+    (index into ``Recording.ops``; ``at_start``: the starting allocations alone did not fit)."""
+
+    num_pages: int
+    fits: bool
+    oom_op: int | None = None
+    at_start: bool = False
+    peak_reserved_bytes: int = 0
+    peak_non_kv_reserved_bytes: int = 0
+    peak_event: int | None = None
+    frag_at_peak: float = float("nan")
+    measured: bool = False
+
+
+def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False, progress: bool = False) -> Fit:
+    """Replay the recording under ``spec`` with ``num_pages`` of KV, the pool limited to the capacity.
+
+    Stops at the first refused request. ``measure`` also follows the non-KV reservation after
+    every event (slower: the engine's general loop): its peak, where it was, and the share of
+    it not holding live data then.
+    """
+    rec, kv_ops = inputs.rec, set(inputs.kv.ops)
+    try:
+        started = start_replay(rec, spec, capacity_bytes=inputs.capacity_bytes)
+    except PolicyError:
+        return Fit(num_pages, False, at_start=True)
+    pool = started.pool
+    sizes = inputs.sizes_for(num_pages)
+    alloc_positions = [k for k, op in enumerate(rec.ops) if op == ALLOC]
+    counter = itertools.count()
+    pool_allocate = pool.allocate
+
+    def allocate(nbytes: int, stream: int = 0, tag: str | None = None):
+        next(counter)
+        a = pool_allocate(nbytes, stream=stream, tag=tag)
+        if a is None:
+            raise _Refused
+        return a
+
+    target = dataclasses.replace(engine.policy_target(pool), allocate=allocate)
+    peak = {"non_kv": pool.reserved_bytes, "event": None, "frag": float("nan")}
+    kv_held = 0
+    live = started.live
+    observe: Callable[[int, int], None] | None = None
+    offset = 0
+    if measure:
+        def observe(i: int, _t: int) -> None:
+            nonlocal kv_held
+            k = offset + i
+            if k in kv_ops:
+                kv_held += live[rec.addrs[k]].size_bytes
+            non_kv = pool.reserved_bytes - kv_held
+            if non_kv > peak["non_kv"]:
+                peak["non_kv"], peak["event"] = non_kv, k
+                peak["frag"] = (pool.reserved_bytes - pool.allocated_bytes) / non_kv if non_kv else 0.0
+
+    def unknown_free(i: int, addr: int) -> Exception:
+        return TraceFormatError(rec.source, rec.entries[offset + i], f"frees {addr:#x}, which is not live",
+                                unit=rec.entry_unit)
+
+    # runs between the private-pool calls (a capture window's begin and end), so no per-event hook is needed
+    cuts = sorted(k for k in started.pool_calls if 0 < k < len(rec.ops))
+    bounds = list(zip([0] + cuts, cuts + [len(rec.ops)]))
+    title = f"{rec.name} · {pool.spec} · {num_pages:,} pages" if progress else None
+    try:
+        for start, stop in bounds:
+            offset = start
+            started.pool_call(start)
+            engine.run(rec.ops[start:stop], rec.addrs[start:stop], sizes[start:stop],
+                       streams=rec.streams[start:stop], target=target, live=live, observe=observe,
+                       unknown_free=unknown_free, latency_sample=1e-9, progress=title)
+    except _Refused:
+        num_served = next(counter) - 1  # the refused call was counted too
+        return Fit(num_pages, False, oom_op=alloc_positions[num_served], peak_reserved_bytes=pool.peak_reserved_bytes,
+                   measured=measure)
+    return Fit(num_pages, True, peak_reserved_bytes=pool.peak_reserved_bytes,
+               peak_non_kv_reserved_bytes=peak["non_kv"], peak_event=peak["event"], frag_at_peak=peak["frag"],
+               measured=measure)
+
+
+# ---------------------------------------------------------------------------- the search
+@dataclass
+class PolicyPlan:
+    """The plan of one policy (see ``PLAN_COLUMNS``; ``safe`` is the measured replay at the answer)."""
+
+    spec: str
+    inputs: PlanInputs
+    safe_pages: int
+    safe: Fit | None
+    next_page: Fit
+    util_pages: int
+    util: Fit | None
+    num_replays: int
+    plan_s: float
+
+    def row(self) -> dict[str, Any]:
+        i, safe = self.inputs, self.safe
+        entry = (lambda k: i.rec.entries[k] if k is not None else None)
+        util_bytes = self.util_pages * i.page_bytes
+        return {
+            "policy": self.spec, "device_bytes": i.device_bytes, "capacity_bytes": i.capacity_bytes,
+            "weights_bytes": i.weights_bytes, "num_kv_allocs": len(i.kv.ops), "recorded_kv_bytes": i.kv.total_bytes,
+            "page_bytes": i.page_bytes, "safe_kv_pages": self.safe_pages, "safe_kv_bytes": self.safe_pages * i.page_bytes,
+            "safe_kv_tokens": i.tokens(self.safe_pages),
+            "peak_non_kv_reserved_bytes": safe.peak_non_kv_reserved_bytes if safe else None,
+            "frag_at_peak": safe.frag_at_peak if safe else None,
+            "peak_reserved_bytes": safe.peak_reserved_bytes if safe else None,
+            "margin_bytes": i.capacity_bytes - safe.peak_reserved_bytes if safe else None,
+            "next_page_oom_event": self.next_page.oom_op, "next_page_oom_entry": entry(self.next_page.oom_op),
+            "util_fraction": None, "profiled_peak_bytes": i.profiled_peak_bytes,
+            "util_rule_kv_bytes": util_bytes,
+            "util_rule_fits": self.util.fits if self.util is not None else None,
+            "util_rule_oom_event": self.util.oom_op if self.util is not None else None,
+            "util_rule_oom_entry": entry(self.util.oom_op) if self.util is not None else None,
+            "util_rule_excess_bytes": util_bytes - self.safe_pages * i.page_bytes,
+            "model": i.model, "block_tokens": i.block_tokens, "num_replays": self.num_replays,
+            "plan_s": self.plan_s,
+        }
+
+
+def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, progress: bool = False) -> PolicyPlan:
+    """The largest KV size (in pages) with which ``spec`` serves the whole recording.
+
+    Gallops from an estimate (capacity minus the non-KV reservation measured with one page) in
+    steps of 1, 2, 4, ... pages, then bisects; ``safe`` fits and ``safe + 1`` does not. Also
+    replays the ``gpu_memory_utilization`` rule's pick (``util_fraction``).
+    """
+    t0 = time.perf_counter()
+    cache: dict[int, Fit] = {}
+    num_replays = 0
+
+    def check(n: int, measure: bool = False) -> Fit:
+        nonlocal num_replays
+        if n not in cache or (measure and not cache[n].measured and cache[n].fits):
+            cache[n] = fits(inputs, spec, n, measure=measure, progress=progress)
+            num_replays += 1
+        return cache[n]
+
+    max_pages = inputs.capacity_bytes // inputs.page_bytes + 1  # more KV than capacity never fits
+    first = check(1, measure=True)
+    if not first.fits:
+        safe_pages, safe, nxt = 0, None, first
+    else:
+        guess = (inputs.capacity_bytes - first.peak_non_kv_reserved_bytes) // inputs.page_bytes
+        guess = min(max(guess, 1), max_pages)
+        lo, hi = 1, max_pages + 1  # lo fits; hi does not (or is past every size worth trying)
+        if check(guess).fits:
+            lo, step = guess, 1
+            while lo + step < hi and check(lo + step).fits:
+                lo, step = lo + step, step * 2
+            hi = min(hi, lo + step)
+        else:
+            hi, step = guess, 1
+            while hi - step > lo and not check(hi - step).fits:
+                hi, step = hi - step, step * 2
+            lo = max(lo, hi - step)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if check(mid).fits:
+                lo = mid
+            else:
+                hi = mid
+        safe_pages = lo
+        safe = check(lo, measure=True) if lo != 1 else first
+        nxt = check(lo + 1)
+    budget = util_fraction * inputs.device_bytes - inputs.weights_bytes - inputs.profiled_peak_bytes
+    util_pages = max(int(budget // inputs.page_bytes), 0)
+    util = check(util_pages) if util_pages > 0 else None
+    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_pages, util, num_replays, time.perf_counter() - t0)
+
+
+@dataclass
+class PlanResult:
+    """Every policy's plan for one recording."""
+
+    inputs: PlanInputs
+    plans: list[PolicyPlan]
+    util_fraction: float
+
+    def table(self) -> pd.DataFrame:
+        """One row per policy, ``PLAN_COLUMNS``."""
+        rows = [dict(p.row(), util_fraction=self.util_fraction) for p in self.plans]
+        return pd.DataFrame(rows, columns=PLAN_COLUMNS)
+
+    def describe_oom(self, k: int | None) -> str:
+        """Where op ``k`` is in the recording, in words (trace entry, size, stream, phase)."""
+        if k is None:
+            return ""
+        rec, kv = self.inputs.rec, self.inputs.kv
+        phase = ("the KV cache allocation" if k in kv.ops else
+                 "before the KV cache (profiling)" if k < kv.ops[0] else "after the KV cache")
+        return (f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on stream "
+                f"{rec.streams[k]}, {phase}")
+
+
+def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: int, kv: Iterable[KvSelector] = (),
+         model: Any = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
+         util_fraction: float = 0.9, progress: bool = False) -> PlanResult:
+    """Plan the KV cache of ``rec`` under each spec (default: ``torch-caching`` with the snapshot's
+    settings). See the module docstring; arguments as ``plan_inputs`` and ``plan_policy``."""
+    if not 0 < util_fraction <= 1:
+        raise PlanError(f"--utilization {util_fraction} must be in (0, 1]")
+    cache = select_kv(rec, kv) if rec.ops else None
+    inputs = plan_inputs(rec, device_bytes=device_bytes, kv=cache, model=model, block_tokens=block_tokens,
+                         non_torch_bytes=non_torch_bytes)
+    spec_list = list(specs or []) or [spec_from_settings(rec.settings)]
+    return PlanResult(inputs, [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress)
+                               for s in spec_list], util_fraction)
+
+
+def plan_snapshot(path: str | Path, specs: Iterable[str] | None = None, *, device: int | None = None,
+                  **kwargs: Any) -> PlanResult:
+    """``plan`` of the snapshot file at ``path`` (``device``: which device's trace)."""
+    return plan(read_recording(path, device=device), specs, **kwargs)
+
+
+# ---------------------------------------------------------------------------- plan.csv
+def write_plan(out_dir: str | Path, result: PlanResult) -> Path:
+    """Write ``plan.csv`` into ``out_dir``, all or nothing (``traces.atomic.replacing_folder``)."""
+    from traces.atomic import replacing_folder
+
+    out_dir = Path(out_dir)
+    with replacing_folder(out_dir, carry=lambda entry: entry.name != PLAN_FILE) as tmp:
+        result.table().to_csv(tmp / PLAN_FILE, index=False)
+    return out_dir / PLAN_FILE
+
+
+def read_plan(path: str | Path) -> pd.DataFrame:
+    """A plan folder's ``plan.csv`` (or the file itself); TraceFormatError naming the file when
+    it is not one (no ``policy`` / ``safe_kv_bytes`` column, a budget that is not a positive integer)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / PLAN_FILE
+    try:
+        table = pd.read_csv(path)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, None, f"not a plan.csv ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("policy", "safe_kv_bytes") if c not in table.columns]
+    if missing:
+        raise TraceFormatError(path, 1, f"not a plan.csv: no column {missing[0]!r} (write one with `poollab plan --out`)")
+    for k, value in enumerate(table["safe_kv_bytes"].tolist()):
+        if not (isinstance(value, (int, float)) and value == value and float(value).is_integer() and value > 0):
+            raise TraceFormatError(path, k + 2, f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no "
+                                                "budget (the plan found no KV size that fits)")
+    return table
+
+
+def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -> dict[str, int]:
+    """Each spec's ``safe_kv_bytes`` from a plan table (the row of that policy); PlanError naming
+    the spec and the policies the plan has when one is missing."""
+    by_policy = dict(zip(table["policy"].astype(str), table["safe_kv_bytes"]))
+    out = {}
+    for spec in specs:
+        if spec not in by_policy:
+            raise PlanError(f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it with "
+                            f"`poollab plan SNAPSHOT -p {spec}`")
+        out[spec] = int(by_policy[spec])
+    return out
