@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Simulate several model instances (tenants) sharing one GPU's memory, under each layout."),
     "fidelity": ("poollab.commands.fidelity",
                  "Does the emulation decide what the real allocator decided on SNAPSHOT?"),
+    "plan": ("poollab.commands.plan",
+             "Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits."),
     "gpu": ("poollab.commands.gpu",
             "Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator."),
     "report": ("poollab.commands.report",

@@ -39,6 +39,10 @@ def register(cli: click.Group) -> None:
 
 def _click_type(k: Knob) -> Any:
     """The option type for knob ``k``: its choices and range as click shows them in ``--help``."""
+    if k.cli == "kv-capacity":  # a size, or the budgets `poollab plan` found (poollab.commands.plan)
+        from poollab.commands.plan import KV_CAPACITY
+
+        return KV_CAPACITY
     if k.unit == "bytes":
         return BYTES
     if k.choices:
@@ -141,6 +145,9 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
     check_specs([options["aux_policy"]])
+    kv_source = options["kv_capacity_bytes"] if not isinstance(options["kv_capacity_bytes"], (int, type(None))) else None
+    if kv_source is not None:  # plan:RESULT or auto:SNAPSHOT: one budget per policy, set below
+        options["kv_capacity_bytes"] = None
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
@@ -157,9 +164,12 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
+    budgets = kv_source.budgets(spec_list, model=model_spec, gpu=gpu_spec) if kv_source is not None else None
     try:
-        runs = simulate_runs(requests, spec_list, model=model_spec, gpu=gpu_spec, calibration=calibration,
-                             costs=costs, config=config, progress=progress)
+        runs = [run for spec in spec_list for run in simulate_runs(
+                    requests, [spec], model=model_spec, gpu=gpu_spec, calibration=calibration, costs=costs,
+                    config=config if budgets is None else config.replace(kv_capacity_bytes=budgets[spec]),
+                    progress=progress)]
     except ValueError as exc:  # a knob or file the user gave (PolicyError and TraceFormatError pass through)
         if type(exc) is not ValueError:
             raise
@@ -177,7 +187,8 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
-    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns))
+    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns)
+               + (f"; {kv_source.describe(budgets)}" if kv_source is not None else ""))
     for line in rejection_warnings(summary):
         click.echo(line, err=True)
     has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))
