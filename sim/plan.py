@@ -33,7 +33,9 @@ search checks both neighbours of its answer: ``safe`` fits and ``safe + 1`` page
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import itertools
 import re
 import time
@@ -271,6 +273,11 @@ class PlanInputs:
     def tokens(self, num_pages: int) -> int | None:
         return None if self.block_tokens is None else num_pages * self.block_tokens
 
+    @functools.cached_property
+    def alloc_positions(self) -> list[int]:
+        """The alloc ops' indices into ``rec.ops``: the n-th allocation a replay makes is op ``[n]``."""
+        return [k for k, op in enumerate(self.rec.ops) if op == ALLOC]
+
 
 def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
     """``(weights_bytes, profiled_peak_bytes)``: see ``PlanInputs``."""
@@ -359,7 +366,7 @@ class Fit:
     measured: bool = False
 
 
-def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False, progress: bool = False) -> Fit:
+def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False) -> Fit:
     """Replay the recording under ``spec`` with ``num_pages`` of KV, the pool limited to the capacity.
 
     Stops at the first refused request. ``measure`` also follows the non-KV reservation after
@@ -373,7 +380,7 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
         return Fit(num_pages, False, at_start=True)
     pool = started.pool
     sizes = inputs.sizes_for(num_pages)
-    alloc_positions = [k for k, op in enumerate(rec.ops) if op == ALLOC]
+    alloc_positions = inputs.alloc_positions
     counter = itertools.count()
     pool_allocate = pool.allocate
 
@@ -408,14 +415,13 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
     # runs between the private-pool calls (a capture window's begin and end), so no per-event hook is needed
     cuts = sorted(k for k in started.pool_calls if 0 < k < len(rec.ops))
     bounds = list(zip([0] + cuts, cuts + [len(rec.ops)]))
-    title = f"{rec.name} · {pool.spec} · {num_pages:,} pages" if progress else None
     try:
         for start, stop in bounds:
             offset = start
             started.pool_call(start)
             engine.run(rec.ops[start:stop], rec.addrs[start:stop], sizes[start:stop],
                        streams=rec.streams[start:stop], target=target, live=live, observe=observe,
-                       unknown_free=unknown_free, latency_sample=1e-9, progress=title)
+                       unknown_free=unknown_free, latency_sample=1e-9)
     except _Refused:
         num_served = next(counter) - 1  # the refused call was counted too
         return Fit(num_pages, False, oom_op=alloc_positions[num_served], peak_reserved_bytes=pool.peak_reserved_bytes,
@@ -472,6 +478,27 @@ def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, pr
     steps of 1, 2, 4, ... pages, then bisects; ``safe`` fits and ``safe + 1`` does not. Also
     replays the ``gpu_memory_utilization`` rule's pick (``util_fraction``).
     """
+    with _replay_bar(f"{inputs.rec.name} · {spec}", progress) as tick:
+        return _search(inputs, spec, util_fraction, tick)
+
+
+@contextlib.contextmanager
+def _replay_bar(title: str, show: bool):
+    """A progress bar counting one policy's replays (on a terminal only, as replay's), and its tick."""
+    if not show:
+        yield lambda fit: None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(desc=title, unit="replay", leave=False, disable=None) as bar:
+        def tick(fit: Fit) -> None:
+            bar.set_postfix_str(f"{fit.num_pages:,} pages {'fit' if fit.fits else 'do not fit'}", refresh=False)
+            bar.update(1)
+
+        yield tick
+
+
+def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[[Fit], None]) -> PolicyPlan:
     t0 = time.perf_counter()
     cache: dict[int, Fit] = {}
     num_replays = 0
@@ -479,8 +506,9 @@ def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, pr
     def check(n: int, measure: bool = False) -> Fit:
         nonlocal num_replays
         if n not in cache or (measure and not cache[n].measured and cache[n].fits):
-            cache[n] = fits(inputs, spec, n, measure=measure, progress=progress)
+            cache[n] = fits(inputs, spec, n, measure=measure)
             num_replays += 1
+            tick(cache[n])
         return cache[n]
 
     max_pages = inputs.capacity_bytes // inputs.page_bytes + 1  # more KV than capacity never fits
