@@ -441,6 +441,7 @@ class PolicyPlan:
     safe_pages: int
     safe: Fit | None
     next_page: Fit
+    util_fraction: float
     util_pages: int
     util: Fit | None
     num_replays: int
@@ -460,7 +461,7 @@ class PolicyPlan:
             "peak_reserved_bytes": safe.peak_reserved_bytes if safe else None,
             "margin_bytes": i.capacity_bytes - safe.peak_reserved_bytes if safe else None,
             "next_page_oom_event": self.next_page.oom_op, "next_page_oom_entry": entry(self.next_page.oom_op),
-            "util_fraction": None, "profiled_peak_bytes": i.profiled_peak_bytes,
+            "util_fraction": self.util_fraction, "profiled_peak_bytes": i.profiled_peak_bytes,
             "util_rule_kv_bytes": util_bytes,
             "util_rule_fits": self.util.fits if self.util is not None else None,
             "util_rule_oom_event": self.util.oom_op if self.util is not None else None,
@@ -541,7 +542,8 @@ def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[
     budget = util_fraction * inputs.device_bytes - inputs.weights_bytes - inputs.profiled_peak_bytes
     util_pages = max(int(budget // inputs.page_bytes), 0)
     util = check(util_pages) if util_pages > 0 else None
-    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_pages, util, num_replays, time.perf_counter() - t0)
+    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_fraction, util_pages, util, num_replays,
+                      time.perf_counter() - t0)
 
 
 @dataclass
@@ -554,8 +556,7 @@ class PlanResult:
 
     def table(self) -> pd.DataFrame:
         """One row per policy, ``PLAN_COLUMNS``."""
-        rows = [dict(p.row(), util_fraction=self.util_fraction) for p in self.plans]
-        return pd.DataFrame(rows, columns=PLAN_COLUMNS)
+        return pd.DataFrame([p.row() for p in self.plans], columns=PLAN_COLUMNS)
 
     def describe_oom(self, k: int | None) -> str:
         """Where op ``k`` is in the recording, in words (trace entry, size, stream, phase)."""

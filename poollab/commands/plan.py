@@ -86,7 +86,7 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
               help="Which device's trace to read. Default: the first with entries.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (one per replay).")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (one per policy, counting its replays).")
 def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, model, block_tokens, util_fraction,
                  device_index, out_dir, progress: bool) -> None:
     """Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits.
@@ -187,6 +187,7 @@ class KvCapacity(click.ParamType):
         if value is None or isinstance(value, (int, KvBudgetSource)):
             return value
         kind, sep, rest = str(value).partition(":")
+        kind = kind.lower()  # --help shows the metavar upper-case
         if sep and kind in ("plan", "auto"):
             if not rest:
                 self.fail(f"{value!r}: name the {'plan folder or plan.csv' if kind == 'plan' else 'snapshot'} "
