@@ -94,7 +94,7 @@ def lengthen(snap: dict, num_events: int) -> tuple[dict, int]:
     return dict(snap, device_traces=[out] + snap["device_traces"][1:]), copies
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("snapshot", nargs="?", type=Path, default=DEFAULT_SNAPSHOT)
     ap.add_argument("--events", type=int, default=2_000_000, help="requests the lengthened snapshot holds")
@@ -102,7 +102,7 @@ def main() -> int:
     ap.add_argument("--memory", default="2GiB", help="device memory the plan fits (default 2GiB)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--write", type=Path, default=None, help="also keep the lengthened snapshot here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     snap, copies = lengthen(load_snapshot_dict(args.snapshot), args.events)
     path = args.write or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_plan_{os.getpid()}.pickle.gz"
     path.write_bytes(gzip.compress(pickle.dumps(snap, protocol=4), compresslevel=1))

@@ -174,8 +174,8 @@ class KvBudgetSource:
 
     def describe(self, budgets: dict[str, int]) -> str:
         """For the settings line: where the budgets came from and what they are."""
-        what = f"plan {self.path}" if self.kind == "plan" else f"planned on {self.path}"
-        return f"KV budget from {what}: " + ", ".join(f"{s} {format_bytes(b)}" for s, b in budgets.items())
+        what = f"from plan {self.path}" if self.kind == "plan" else f"planned on {self.path} (`poollab plan`)"
+        return f"KV budget {what}: " + ", ".join(f"{s} {format_bytes(b)}" for s, b in budgets.items())
 
 
 class KvCapacity(click.ParamType):

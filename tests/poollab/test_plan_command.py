@@ -86,7 +86,7 @@ def test_simulate_plans_itself_with_auto(startup, trace, tmp_path, cli_ok):
                      "--kv-capacity", f"auto:{startup}", "--out", str(tmp_path / "sim"), "--no-progress"])
     budget = pd.read_csv(tmp_path / "sim" / "summary.csv")["kv_budget_bytes"].iloc[0]
     assert budget > 100 << 30  # an H200 holds far more than the recorded run needs
-    assert f"KV budget from planned on {startup}: best-fit" in out
+    assert f"KV budget planned on {startup} (`poollab plan`): best-fit" in out
 
 
 def test_simulate_still_takes_a_size(trace, tmp_path, cli_ok):

@@ -280,3 +280,19 @@ def test_a_snapshot_file_plans_like_its_recording(tmp_path):
     from_file = plan_snapshot(write(tmp_path, snap), ["torch-caching"], device_bytes=1024 * MiB).table()
     from_dict = plan(recording(snap), ["torch-caching"], device_bytes=1024 * MiB).table()
     assert from_file["safe_kv_bytes"].tolist() == from_dict["safe_kv_bytes"].tolist() == [218 * 4 * MiB]
+
+
+def test_bench_plan_lengthens_a_recording_without_changing_its_answer(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_plan", Path(__file__).resolve().parents[2] / "benchmarks"
+                                                  / "bench_plan.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    snap = pickle.loads(gzip.decompress((SNAPSHOTS / "graphs.pickle.gz").read_bytes()))
+    longer, copies = bench.lengthen(snap, 30_000)
+    rec = snapshot_to_recording(parse_snapshot(longer))
+    assert copies > 0 and len(rec.ops) >= 30_000
+    assert plan(rec, ["torch-caching"], device_bytes=2 << 30).plans[0].safe_pages == 46  # as the recording's own
+    assert bench.main(["--events", "20000", "--memory", "2GiB"]) == 0
+    assert "torch-caching: plan" in capsys.readouterr().out
