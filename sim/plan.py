@@ -376,7 +376,11 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
     rec, kv_ops = inputs.rec, set(inputs.kv.ops)
     try:
         started = start_replay(rec, spec, capacity_bytes=inputs.capacity_bytes)
-    except PolicyError:
+    except PolicyError as exc:
+        try:  # too little memory for the starting state, or a policy that cannot hold it at all?
+            start_replay(rec, spec)
+        except PolicyError:
+            raise PlanError(f"{spec} cannot start from {rec.source}'s state when recording began ({exc})") from None
         return Fit(num_pages, False, at_start=True)
     pool = started.pool
     sizes = inputs.sizes_for(num_pages)

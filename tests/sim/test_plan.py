@@ -241,6 +241,13 @@ def test_cuda_graphs_in_a_private_pool_brute_force():
     assert p.util is not None and not p.util.fits
 
 
+def test_a_policy_that_cannot_hold_the_starting_state_is_refused():
+    # segments recorded without expandable segments are no runs of 20 MiB pages
+    rec = read_recording(SNAPSHOTS / "graphs.pickle.gz")
+    with pytest.raises(PlanError, match="expandable cannot start from .*graphs.pickle.gz's state when recording began"):
+        plan(rec, ["expandable"], device_bytes=2 << 30)
+
+
 def test_expandable_segments_plan_fits_and_one_page_more_does_not():
     rec = read_recording(SNAPSHOTS / "expandable.pickle.gz")
     result = plan(rec, ["torch-caching:expandable_segments=True"], device_bytes=1 << 30)
