@@ -111,7 +111,7 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, model,
                f"({format_bytes(rec.initial_reserved_bytes)}) before recording")
     click.echo(f"KV cache {inputs.kv.how}")
     pool_text = (f"; the pool gets {format_bytes(inputs.capacity_bytes)} ({format_bytes(non_torch_bytes)} outside it)"
-                 if non_torch_bytes else "")
+                 if non_torch_bytes else "; all of it to the pool (CUDA context and libraries: --non-torch)")
     page_text = (f"{inputs.block_tokens} tokens of {inputs.model} = {format_bytes(inputs.page_bytes)}"
                  if inputs.model else f"{format_bytes(inputs.page_bytes)} (2 MiB per KV tensor; --model for tokens)")
     click.echo(f"device {device_text}{pool_text}; page {page_text}; weights/resident "
