@@ -303,3 +303,46 @@ def test_bench_plan_lengthens_a_recording_without_changing_its_answer(capsys):
     assert plan(rec, ["torch-caching"], device_bytes=2 << 30).plans[0].safe_pages == 46  # as the recording's own
     assert bench.main(["--events", "20000", "--memory", "2GiB"]) == 0
     assert "torch-caching: plan" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- a real engine's start-up (H200)
+STARTUP = SNAPSHOTS / "startup_transformers_cb.pickle.gz"
+#: what the engine reported (``startup_transformers_cb.json``): 64 K/V tensors of (3,060 + 2 padding)
+#: blocks of 256 tokens, each block 256 x 8 KV heads x 128 x 2 B
+STARTUP_KV_TENSOR_BYTES = 1_605_369_856
+STARTUP_TOTAL_BYTES = 150_109_880_320  # torch.cuda.mem_get_info()'s total on that H200
+
+
+@pytest.fixture(scope="module")
+def startup_rec():
+    return read_recording(STARTUP)
+
+
+def test_a_real_engines_kv_cache_is_recognised_as_the_engine_reported_it(startup_rec):
+    inputs = plan_inputs(startup_rec, device_bytes=STARTUP_TOTAL_BYTES, model="Llama-3-8B", block_tokens=256)
+    assert len(inputs.kv.ops) == 64 and inputs.kv.nbytes == STARTUP_KV_TENSOR_BYTES
+    assert inputs.page_bytes == 32 * MiB and inputs.share_bytes == 256 * 8 * 128 * 2
+    assert inputs.recorded_pages == 3_062  # the engine's 3,060 blocks and its 2 padding blocks
+    assert inputs.weights_bytes == 16_060_523_008  # 14.96 GiB of bf16 weights, allocated in the trace
+
+
+def test_a_real_start_up_fits_its_own_kv_cache_in_the_memory_it_really_reserved(startup_rec):
+    # the emulation reserves what PyTorch reserved at start-up (poollab fidelity): with exactly that
+    # much memory the recorded cache still fits, and the plan is at least that large
+    recorded_peak = int(startup_rec.recorded_reserved().max())
+    result = plan(startup_rec, None, device_bytes=recorded_peak, model="Llama-3-8B", block_tokens=256)
+    p = result.plans[0]
+    assert p.spec == "torch-caching" and p.safe_pages >= 3_062
+    assert p.safe.peak_reserved_bytes <= recorded_peak and not p.next_page.fits
+
+
+def test_a_real_start_up_on_the_whole_h200(startup_rec):
+    result = plan(startup_rec, ["torch-caching"], device_bytes=STARTUP_TOTAL_BYTES, model="Llama-3-8B",
+                  block_tokens=256)
+    inputs, p = result.inputs, result.plans[0]
+    assert fits(inputs, p.spec, p.safe_pages).fits and not fits(inputs, p.spec, p.safe_pages + 1).fits
+    assert p.safe_pages > 3_062  # the engine's 0.9-of-free rule left room unused at start-up
+    row = result.table().iloc[0]
+    assert row.safe_kv_tokens == p.safe_pages * 256
+    assert row.peak_non_kv_reserved_bytes + row.safe_kv_bytes <= STARTUP_TOTAL_BYTES
+    assert p.next_page.oom_op > inputs.kv.ops[-1]  # what fails first with one page more comes after the cache
