@@ -1,7 +1,7 @@
 """How long ``poollab plan`` takes on a long start-up snapshot (issue 34: a 2-million-event snapshot).
 
     PYTHONPATH=. python benchmarks/bench_plan.py [SNAPSHOT] [--events 2000000] [--policy SPEC ...]
-        [--memory BYTES] [--model M] [--write PATH]
+        [--memory BYTES] [--model M] [--block-tokens N] [--write PATH]
 
 No real start-up snapshot has two million requests, so this one is made from SNAPSHOT (default:
 the H200 recording ``tests/data/snapshots_h200/graphs.pickle.gz``: a 12 x 32 MiB KV cache, CUDA
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", "-p", dest="specs", action="append", default=None)
     ap.add_argument("--memory", default="2GiB", help="device memory the plan fits (default 2GiB)")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--block-tokens", type=int, default=16, help="tokens per page with --model (default 16)")
     ap.add_argument("--write", type=Path, default=None, help="also keep the lengthened snapshot here")
     args = ap.parse_args(argv)
     snap, copies = lengthen(load_snapshot_dict(args.snapshot), args.events)
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         read_s = time.perf_counter() - t0
         print(f"# {datetime.date.today()} {platform.node()} Python {platform.python_version()}: {args.snapshot.name} "
               f"with its last window repeated {copies:,} times: {len(rec.ops):,} requests; read in {read_s:.1f} s")
-        result = plan(rec, args.specs, device_bytes=parse_bytes(args.memory), model=args.model)
+        result = plan(rec, args.specs, device_bytes=parse_bytes(args.memory), model=args.model,
+                      block_tokens=args.block_tokens)
         for p in result.plans:
             per_replay = p.plan_s / p.num_replays
             print(f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, {per_replay:.2f} s a replay "

@@ -143,3 +143,14 @@ def test_simulate_with_a_bad_plan_is_one_line_and_exit_2(startup, trace, tmp_pat
         code, _, err = cli(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--kv-capacity", value,
                             "--out", str(tmp_path / "sim")])
         assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_out_under_a_file_is_one_line_and_a_failed_plan_leaves_the_old_folder(startup, tmp_path, cli, cli_ok):
+    (tmp_path / "blocker").write_text("x")
+    code, _, err = cli(["plan", str(startup), "--memory", "1GiB", "--out", str(tmp_path / "blocker" / "out")])
+    assert code == 2 and "blocker" in err and len(err.strip().splitlines()) == 1
+    out_dir = tmp_path / "plan"
+    cli_ok(["plan", str(startup), "--memory", "1GiB", "--out", str(out_dir)])
+    before = (out_dir / "plan.csv").read_bytes()
+    code, _, err = cli(["plan", str(startup), "--memory", "1GiB", "--kv", "size=3MiB", "--out", str(out_dir)])
+    assert code == 2 and (out_dir / "plan.csv").read_bytes() == before
