@@ -138,12 +138,13 @@ def _policy_line(result, p, row) -> str:
                    and row.safe_kv_tokens is not None else "")
                 + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}")
     rule = f"gpu_memory_utilization={result.util_fraction:g} would pick {format_bytes(row.util_rule_kv_bytes)}"
+    pages = (p.util_pages - p.safe_pages)
     if p.util is None:
         rule += " (nothing left after weights and the profiled peak)"
     elif p.util.fits:
-        rule += f": fits, {format_bytes(-row.util_rule_excess_bytes)} below the safe size"
+        rule += f" ({-pages:,} pages below the safe size): fits"
     else:
-        rule += f": out of memory at {result.describe_oom(p.util.oom_op)}"
+        rule += f" ({pages:,} pages above the safe size): out of memory at {result.describe_oom(p.util.oom_op)}"
     return f"{text}; {rule}"
 
 

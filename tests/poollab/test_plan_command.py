@@ -45,7 +45,7 @@ def test_plan_prints_the_budget_and_writes_plan_csv(startup, tmp_path, cli_ok):
     assert {"policy", "safe_kv_bytes", "safe_kv_tokens", "peak_non_kv_reserved_bytes", "weights_bytes",
             "device_bytes"} <= set(table.columns)
     assert "KV cache recognised: 2 x 128.0 MiB" in out and "safe KV 672.0 MiB (168 pages)" in out
-    assert "gpu_memory_utilization=0.9 would pick 780.0 MiB: out of memory at event 5 (device_traces[0] index 5): 250.0 MiB" in out
+    assert "gpu_memory_utilization=0.9 would pick 780.0 MiB (27 pages above the safe size): out of memory at event 5 (device_traces[0] index 5): 250.0 MiB" in out
     assert "safe_kv_tokens" not in out  # no model, no tokens
     assert f"wrote {out_dir / 'plan.csv'}" in out
 
