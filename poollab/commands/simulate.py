@@ -9,6 +9,7 @@ import click
 
 from policies.units import format_bytes
 from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain
+from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from sim.config import Knob, ServerConfig, knobs
 from sim.kv import VIRTUAL
@@ -40,8 +41,6 @@ def register(cli: click.Group) -> None:
 def _click_type(k: Knob) -> Any:
     """The option type for knob ``k``: its choices and range as click shows them in ``--help``."""
     if k.cli == "kv-capacity":  # a size, or the budgets `poollab plan` found (poollab.commands.plan)
-        from poollab.commands.plan import KV_CAPACITY
-
         return KV_CAPACITY
     if k.unit == "bytes":
         return BYTES
@@ -145,9 +144,11 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
     check_specs([options["aux_policy"]])
-    kv_source = options["kv_capacity_bytes"] if not isinstance(options["kv_capacity_bytes"], (int, type(None))) else None
-    if kv_source is not None:  # plan:RESULT or auto:SNAPSHOT: one budget per policy, set below
+    kv_source = options["kv_capacity_bytes"]
+    if isinstance(kv_source, KvBudgetSource):  # plan:RESULT or auto:SNAPSHOT: one budget per policy, set below
         options["kv_capacity_bytes"] = None
+    else:
+        kv_source = None
     try:
         config = ServerConfig(**options)
     except ValueError as exc:
