@@ -8,12 +8,8 @@ pool limited to the device's memory, and finds the largest KV cache with which t
 run is served: exact to one page (``page_bytes``: ``block_tokens`` tokens of the model's KV, split
 evenly over the KV tensors), by galloping from an estimate and then bisecting.
 
-The KV cache is recognised from the snapshot (``recognise_kv``): among the allocations made in the
-trace that are never freed, the largest run (by total bytes) of equal-size allocations on one
-stream made one right after the other (at most ``BURST_GAP_OPS`` other requests between two of
-them): engines allocate one K and one V tensor per layer in one loop, or one big tensor. It must
-hold at least twice the bytes of the next such run, else the snapshot does not say which is the
-cache and the user names it (``KvSelector``: by size, trace entry or address).
+The KV cache is recognised from the snapshot, or named by the user (``sim.startup_kv``: the
+largest burst of equal-size allocations that live to the end).
 
 What the rest of the run needs is read from the same replay:
 
@@ -37,7 +33,6 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +42,13 @@ import pandas as pd
 
 from policies.errors import PolicyError
 from policies.torch_caching import spec_from_settings
-from policies.units import format_bytes, parse_bytes
+from policies.units import format_bytes
 from sim import engine
 from sim.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
+from sim.startup_kv import KvCache, KvSelector, PlanError, parse_kv_selector, recognise_kv, select_kv
 from traces.errors import TraceFormatError
 
-__all__ = ["PLAN_COLUMNS", "PLAN_FILE", "BURST_GAP_OPS", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
+__all__ = ["PLAN_COLUMNS", "PLAN_FILE", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
            "KvSelector", "KvCache", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector", "recognise_kv",
            "select_kv", "plan_inputs", "fits", "plan_policy", "plan", "plan_snapshot", "write_plan", "read_plan",
            "planned_budgets", "PlanError"]
@@ -65,164 +61,10 @@ PLAN_COLUMNS = ["policy", "device_bytes", "capacity_bytes", "weights_bytes", "nu
                 "frag_at_peak", "peak_reserved_bytes", "margin_bytes", "next_page_oom_event", "next_page_oom_entry",
                 "util_fraction", "profiled_peak_bytes", "util_rule_kv_bytes", "util_rule_fits", "util_rule_oom_event",
                 "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s"]
-#: Other requests allowed between two KV allocations of one burst (a scale, a small buffer). Small:
-#: weights of one shape recur every layer with the layer's other tensors between (Llama: 8).
-BURST_GAP_OPS = 2
-#: The recognised cache must hold this many times the bytes of the next candidate run.
-_CLEAR_WINNER = 2
 #: vLLM's KV block (field notes): the page a plan is exact to, in tokens, when a model is given.
 DEFAULT_BLOCK_TOKENS = 16
 #: Without a model, each KV tensor grows by this much a page: PyTorch rounds large blocks to 2 MiB.
 DEFAULT_PAGE_SHARE_BYTES = 2 << 20
-
-
-class PlanError(ValueError):
-    """The snapshot or the options cannot give a plan (no KV cache found, a bad selector, ...)."""
-
-
-# ---------------------------------------------------------------------------- which requests are the KV cache
-@dataclass(frozen=True)
-class KvSelector:
-    """How the user names the KV allocation(s): ``size=32MiB`` (every allocation of that requested
-    size made in the trace and never freed), ``entries=120-131,140`` (the ``alloc`` trace entries
-    at those ``device_traces`` indices) or ``addr=0x7f12...`` (the allocation made at that address
-    that is never freed)."""
-
-    kind: str  # "size", "entries" or "addr"
-    values: tuple[int, ...]
-    text: str
-
-
-_SELECTOR = re.compile(r"^\s*(size|entries|entry|addr|address)\s*=\s*(.+?)\s*$")
-
-
-def parse_kv_selector(text: str) -> KvSelector:
-    """``"size=32MiB"``, ``"entries=120-131"``, ``"addr=0x7f00"`` as a ``KvSelector``; PlanError otherwise."""
-    m = _SELECTOR.match(text)
-    if m is None:
-        raise PlanError(f"--kv {text!r}: expected size=SIZE, entries=I-J,K or addr=0xADDRESS")
-    kind, value = m.group(1), m.group(2)
-    try:
-        if kind == "size":
-            return KvSelector("size", (parse_bytes(value),), text)
-        if kind in ("entries", "entry"):
-            out: list[int] = []
-            for part in value.split(","):
-                lo, _, hi = part.partition("-")
-                first, last = int(lo), int(hi) if hi else int(lo)
-                if first < 0 or last < first:
-                    raise ValueError(part)
-                out.extend(range(first, last + 1))
-            return KvSelector("entries", tuple(out), text)
-        return KvSelector("addr", tuple(int(a, 0) for a in value.split(",")), text)
-    except (ValueError, PolicyError):
-        raise PlanError(f"--kv {text!r}: {value!r} is not a valid {kind} list") from None
-
-
-@dataclass(frozen=True)
-class KvCache:
-    """The KV allocations of a recording: ``ops`` (indices into ``Recording.ops``, in order),
-    their common requested size, and how they were found (``how``, a sentence)."""
-
-    ops: tuple[int, ...]
-    nbytes: int
-    how: str
-
-    @property
-    def total_bytes(self) -> int:
-        return self.nbytes * len(self.ops)
-
-
-def _never_freed(rec: Recording) -> list[int]:
-    """Alloc ops of the trace whose allocation is still live at the end, in order."""
-    live: dict[int, int] = {}
-    for k, (op, addr) in enumerate(zip(rec.ops, rec.addrs)):
-        if op == ALLOC:
-            live[addr] = k
-        elif op == FREE:
-            live.pop(addr, None)
-    return sorted(live.values())
-
-
-def _bursts(rec: Recording, ops: list[int]) -> list[list[int]]:
-    """Runs of never-freed alloc ops of one size and stream, at most ``BURST_GAP_OPS`` requests apart."""
-    open_runs: dict[tuple[int, int], list[int]] = {}
-    runs: list[list[int]] = []
-    for k in ops:
-        key = (rec.sizes[k], rec.streams[k])
-        run = open_runs.get(key)
-        if run is not None and k - run[-1] - 1 <= BURST_GAP_OPS:
-            run.append(k)
-        else:
-            run = open_runs[key] = [k]
-            runs.append(run)
-    return runs
-
-
-def _describe_ops(rec: Recording, ops: Iterable[int]) -> str:
-    ops = list(ops)
-    first, last = rec.entries[ops[0]], rec.entries[ops[-1]]
-    where = f"{rec.entry_unit} {first:,}" + (f"-{last:,}" if last != first else "")
-    return f"{len(ops)} x {format_bytes(rec.sizes[ops[0]])} at {where}"
-
-
-def recognise_kv(rec: Recording) -> KvCache:
-    """The KV cache as the largest burst of equal-size, never-freed allocations (module docstring)."""
-    runs = sorted(_bursts(rec, _never_freed(rec)), key=lambda r: (-len(r) * rec.sizes[r[0]], r[0]))
-    if not runs:
-        raise PlanError(f"{rec.source}: no allocation made in the trace lives to the end, so none can be the KV "
-                        "cache (record from before the engine allocates it, or name it with --kv)")
-    best = runs[0]
-    best_bytes = len(best) * rec.sizes[best[0]]
-    if len(runs) > 1:
-        second = runs[1]
-        if best_bytes < _CLEAR_WINNER * len(second) * rec.sizes[second[0]]:
-            raise PlanError(f"{rec.source}: cannot tell the KV cache apart: {_describe_ops(rec, best)} and "
-                            f"{_describe_ops(rec, second)} both live to the end; name it with --kv "
-                            "(size=SIZE, entries=I-J or addr=0xADDRESS)")
-    return KvCache(tuple(best), rec.sizes[best[0]],
-                   f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one burst "
-                   f"on stream {rec.streams[best[0]]} and live to the end")
-
-
-def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
-    """The KV allocations the selectors name (their union); PlanError when they name none, a
-    request that is freed, or allocations of different sizes."""
-    selectors = list(selectors)
-    if not selectors:
-        return recognise_kv(rec)
-    never = _never_freed(rec)
-    never_set = set(never)
-    chosen: set[int] = set()
-    for sel in selectors:
-        if sel.kind == "size":
-            found = [k for k in never if rec.sizes[k] == sel.values[0]]
-        elif sel.kind == "entries":
-            at_entry = {rec.entries[k]: k for k, op in enumerate(rec.ops) if op == ALLOC}
-            missing = [e for e in sel.values if e not in at_entry]
-            if missing:
-                raise PlanError(f"--kv {sel.text!r}: {rec.entry_unit} {missing[0]} is no alloc of the trace")
-            found = [at_entry[e] for e in sel.values]
-            freed = [k for k in found if k not in never_set]
-            if freed:
-                raise PlanError(f"--kv {sel.text!r}: the alloc at {rec.entry_unit} {rec.entries[freed[0]]} is freed "
-                                "during the trace, so it is no KV cache (those live to the end)")
-        else:
-            at_addr = {rec.addrs[k]: k for k in never}
-            found = [at_addr[a] for a in sel.values if a in at_addr]
-            if len(found) < len(sel.values):
-                raise PlanError(f"--kv {sel.text!r}: no allocation made in the trace at "
-                                f"{next(a for a in sel.values if a not in at_addr):#x} lives to the end")
-        if not found:
-            raise PlanError(f"--kv {sel.text!r}: no allocation of the trace that lives to the end matches")
-        chosen.update(found)
-    ops = tuple(sorted(chosen))
-    sizes = sorted({rec.sizes[k] for k in ops})
-    if len(sizes) > 1:
-        raise PlanError(f"--kv: the named allocations differ in size ({', '.join(format_bytes(s) for s in sizes)}); "
-                        "the planner resizes equal-size KV tensors")
-    return KvCache(ops, sizes[0], f"named by --kv {', '.join(s.text for s in selectors)}: "
-                                  f"{_describe_ops(rec, ops)} ({format_bytes(sizes[0] * len(ops))})")
 
 
 # ---------------------------------------------------------------------------- the inputs shared by every policy
