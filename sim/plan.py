@@ -321,9 +321,10 @@ class PolicyPlan:
 def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, progress: bool = False) -> PolicyPlan:
     """The largest KV size (in pages) with which ``spec`` serves the whole recording.
 
-    Gallops from an estimate (capacity minus the non-KV reservation measured with one page) in
-    steps of 1, 2, 4, ... pages, then bisects; ``safe`` fits and ``safe + 1`` does not. Also
-    replays the ``gpu_memory_utilization`` rule's pick (``util_fraction``).
+    Replays the recorded size first (the engine sized its cache near the limit), then the
+    estimate it gives (capacity minus the non-KV reservation it measured), gallops out from the
+    known end in steps of 1, 2, 4, ... pages and bisects; ``safe`` fits and ``safe + 1`` does not.
+    Also replays the ``gpu_memory_utilization`` rule's pick (``util_fraction``).
     """
     with _replay_bar(f"{inputs.rec.name} · {spec}", progress) as tick:
         return _search(inputs, spec, util_fraction, tick)
@@ -348,47 +349,58 @@ def _replay_bar(title: str, show: bool):
 def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[[Fit], None]) -> PolicyPlan:
     t0 = time.perf_counter()
     cache: dict[int, Fit] = {}
-    num_replays = 0
 
-    def check(n: int, measure: bool = False) -> Fit:
-        nonlocal num_replays
-        if n not in cache or (measure and not cache[n].measured and cache[n].fits):
-            cache[n] = fits(inputs, spec, n, measure=measure)
-            num_replays += 1
+    def check(n: int) -> Fit:
+        if n not in cache:
+            cache[n] = fits(inputs, spec, n, measure=True)  # measured: its peak costs no second replay
             tick(cache[n])
         return cache[n]
 
     max_pages = inputs.capacity_bytes // inputs.page_bytes + 1  # more KV than capacity never fits
-    first = check(1, measure=True)
-    if not first.fits:
-        safe_pages, safe, nxt = 0, None, first
-    else:
-        guess = (inputs.capacity_bytes - first.peak_non_kv_reserved_bytes) // inputs.page_bytes
-        guess = min(max(guess, 1), max_pages)
-        lo, hi = 1, max_pages + 1  # lo fits; hi does not (or is past every size worth trying)
-        if check(guess).fits:
-            lo, step = guess, 1
-            while lo + step < hi and check(lo + step).fits:
-                lo, step = lo + step, step * 2
-            hi = min(hi, lo + step)
-        else:
-            hi, step = guess, 1
-            while hi - step > lo and not check(hi - step).fits:
-                hi, step = hi - step, step * 2
-            lo = max(lo, hi - step)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if check(mid).fits:
-                lo = mid
+    lo, hi = 0, max_pages + 1  # lo fits (0: nothing is known to); hi does not (or is past every size worth trying)
+    start = min(max(int(inputs.recorded_pages), 1), max_pages)  # where the engine sized it: usually close
+    first = check(start)
+    if first.fits:
+        lo = start
+        guess = min(max((inputs.capacity_bytes - first.peak_non_kv_reserved_bytes) // inputs.page_bytes, lo),
+                    max_pages)
+        if guess > lo:
+            if check(guess).fits:
+                lo = guess
             else:
-                hi = mid
-        safe_pages = lo
-        safe = check(lo, measure=True) if lo != 1 else first
-        nxt = check(lo + 1)
+                hi = guess
+    else:
+        hi = start
+    step = 1
+    while hi - lo > 1 and (lo == 0 or hi == max_pages + 1):  # gallop out from the bracket's known end
+        if lo > 0:
+            n = min(lo + step, hi - 1)
+            if check(n).fits:
+                lo = n
+            else:
+                hi = n
+        else:
+            n = max(hi - step, 1)
+            if check(n).fits:
+                lo = n
+            else:
+                hi = n
+                if n == 1:
+                    break
+        step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(mid).fits:
+            lo = mid
+        else:
+            hi = mid
+    safe_pages = lo
+    safe = cache[lo] if lo > 0 else None
+    nxt = check(lo + 1)
     budget = util_fraction * inputs.device_bytes - inputs.weights_bytes - inputs.profiled_peak_bytes
     util_pages = max(int(budget // inputs.page_bytes), 0)
     util = check(util_pages) if util_pages > 0 else None
-    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_fraction, util_pages, util, num_replays,
+    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_fraction, util_pages, util, len(cache),
                       time.perf_counter() - t0)
 
 
