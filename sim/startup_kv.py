@@ -133,9 +133,32 @@ def recognise_kv(rec: Recording) -> KvCache:
             raise PlanError(f"{rec.source}: cannot tell the KV cache apart: {_describe_ops(rec, best)} and "
                             f"{_describe_ops(rec, second)} both live to the end; name it with --kv "
                             "(size=SIZE, entries=I-J or addr=0xADDRESS)")
+    resident = _largest_resident_group(rec)
+    if resident is not None and resident[0] * resident[1] >= CLEAR_WINNER * best_bytes:
+        count, nbytes = resident
+        raise PlanError(f"{rec.source}: {count} x {format_bytes(nbytes)} ({format_bytes(count * nbytes)}) were live "
+                        f"before recording began, more than the largest candidate allocated in the trace "
+                        f"({_describe_ops(rec, best)}): if they are the KV cache, record from before the engine "
+                        "allocates it (or with a larger ring buffer: _record_memory_history(max_entries=...)); "
+                        "if not, name the cache with --kv")
     return KvCache(tuple(best), rec.sizes[best[0]],
                    f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one burst "
                    f"on stream {rec.streams[best[0]]} and live to the end")
+
+
+def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
+    """``(count, requested bytes)`` of the equal-size allocations live before recording began and
+    never freed with the most bytes in all (a cache allocated before the ring buffer's first entry)."""
+    first_op: dict[int, int] = {}
+    for op, addr in zip(rec.ops, rec.addrs):
+        first_op.setdefault(addr, op)
+    sizes: dict[int, int] = {}
+    starting = [(addr, requested) for seg in rec.seed_segments
+                for addr, (_, _, requested) in zip(seg.block_addrs, seg.blocks)]
+    for addr, requested in starting + [(a, n) for a, n, _ in rec.unplaced]:
+        if first_op.get(addr) != FREE:  # freed in the trace: not resident
+            sizes[requested] = sizes.get(requested, 0) + 1
+    return max(((c, n) for n, c in sizes.items()), key=lambda cn: cn[0] * cn[1], default=None)
 
 
 def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
