@@ -123,27 +123,24 @@ class PlanInputs:
 
 def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
     """``(weights_bytes, profiled_peak_bytes)``: see ``PlanInputs``."""
-    live: dict[int, tuple[int, bool]] = {}  # address -> (requested bytes, made before the first KV op)
+    live: dict[int, int] = {}  # address -> requested bytes, of what is live before the first KV op
     for seg in rec.seed_segments:
         for addr, (_, _, requested) in zip(seg.block_addrs, seg.blocks):
-            live[addr] = (requested, True)
+            live[addr] = requested
     for addr, requested, _ in rec.unplaced:
-        live[addr] = (requested, True)
-    live_bytes = peak_before = sum(n for n, _ in live.values())
+        live[addr] = requested
+    live_bytes = peak_before = sum(live.values())
     for k in range(first_kv):
-        op, addr = rec.ops[k], rec.addrs[k]
-        if op == ALLOC:
-            live[addr] = (rec.sizes[k], True)
+        if rec.ops[k] == ALLOC:
+            live[rec.addrs[k]] = rec.sizes[k]
             live_bytes += rec.sizes[k]
             peak_before = max(peak_before, live_bytes)
-        elif op == FREE:
-            gone = live.pop(addr, None)
-            if gone is not None:
-                live_bytes -= gone[0]
+        elif rec.ops[k] == FREE:
+            live_bytes -= live.pop(rec.addrs[k], 0)
     for k in range(first_kv, len(rec.ops)):  # what is freed later was no weight
         if rec.ops[k] == FREE:
             live.pop(rec.addrs[k], None)
-    weights = sum(n for n, before in live.values() if before)
+    weights = sum(live.values())
     return weights, max(peak_before - weights, 0)
 
 
