@@ -457,8 +457,9 @@ def write_plan(out_dir: str | Path, result: PlanResult) -> Path:
 
 
 def read_plan(path: str | Path) -> pd.DataFrame:
-    """A plan folder's ``plan.csv`` (or the file itself); TraceFormatError naming the file when
-    it is not one (no ``policy`` / ``safe_kv_bytes`` column, a budget that is not a positive integer)."""
+    """A plan folder's ``plan.csv`` (or the file itself); TraceFormatError naming the file (and
+    line) when it is not one (no ``policy`` / ``safe_kv_bytes`` column, a budget that is no whole
+    number of bytes)."""
     path = Path(path)
     if path.is_dir():
         path = path / PLAN_FILE
@@ -471,21 +472,38 @@ def read_plan(path: str | Path) -> pd.DataFrame:
     missing = [c for c in ("policy", "safe_kv_bytes") if c not in table.columns]
     if missing:
         raise TraceFormatError(path, 1, f"not a plan.csv: no column {missing[0]!r} (write one with `poollab plan --out`)")
+    budgets = []
     for k, value in enumerate(table["safe_kv_bytes"].tolist()):
-        if not (isinstance(value, (int, float)) and value == value and float(value).is_integer() and value > 0):
+        budget = _whole_bytes(value)
+        if budget is None:
             raise TraceFormatError(path, k + 2, f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no "
-                                                "budget (the plan found no KV size that fits)")
+                                                "whole number of bytes")
+        budgets.append(budget)
+    table["safe_kv_bytes"] = pd.Series(budgets, dtype="int64", index=table.index)
     return table
+
+
+def _whole_bytes(value: Any) -> int | None:
+    """``value`` (a CSV cell: a number, or text where the column is mixed) as bytes; None if it is none."""
+    if isinstance(value, str):
+        value = value.strip()
+        return int(value) if value.isdigit() and int(value) < 2**63 else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return int(value) if float(value).is_integer() and 0 <= value < 2**63 else None
 
 
 def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -> dict[str, int]:
     """Each spec's ``safe_kv_bytes`` from a plan table (the row of that policy); PlanError naming
-    the spec and the policies the plan has when one is missing."""
+    the spec when the plan has no row for it (and the policies it has) or found no KV size for it."""
     by_policy = dict(zip(table["policy"].astype(str), table["safe_kv_bytes"]))
     out = {}
     for spec in specs:
         if spec not in by_policy:
             raise PlanError(f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it with "
                             f"`poollab plan SNAPSHOT -p {spec}`")
+        if by_policy[spec] <= 0:
+            raise PlanError(f"{source}: the plan found no KV size with which {spec} serves the recorded run "
+                            "(see `poollab plan`)")
         out[spec] = int(by_policy[spec])
     return out

@@ -288,9 +288,13 @@ def test_a_file_that_is_no_plan_names_the_file(tmp_path):
     bad.write_text("policy,peak\nbest-fit,3\n")
     with pytest.raises(TraceFormatError, match="no column 'safe_kv_bytes'"):
         read_plan(bad)
-    bad.write_text("policy,safe_kv_bytes\nbest-fit,0\n")
-    with pytest.raises(TraceFormatError, match=r"plan\.csv:2: safe_kv_bytes 0 of policy 'best-fit'"):
+    bad.write_text("policy,safe_kv_bytes\nbest-fit,4096\npaged,lots\n")
+    with pytest.raises(TraceFormatError, match=r"plan\.csv:3: safe_kv_bytes 'lots' of policy 'paged'"):
         read_plan(bad)
+    bad.write_text("policy,safe_kv_bytes\nbest-fit,0\npaged,4096\n")
+    assert planned_budgets(read_plan(bad), ["paged"], source="p") == {"paged": 4096}  # the other row is not asked
+    with pytest.raises(PlanError, match="p: the plan found no KV size with which best-fit serves"):
+        planned_budgets(read_plan(bad), ["best-fit"], source="p")
 
 
 def test_a_snapshot_file_plans_like_its_recording(tmp_path):
