@@ -42,7 +42,7 @@ import pandas as pd
 
 from policies.errors import PolicyError
 from policies.torch_caching import spec_from_settings
-from policies.units import format_bytes
+from policies.units import format_bytes, parse_bytes
 from sim import engine
 from sim.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
 from sim.startup_kv import KvCache, KvSelector, PlanError, parse_kv_selector, recognise_kv, select_kv
@@ -484,13 +484,16 @@ def read_plan(path: str | Path) -> pd.DataFrame:
 
 
 def _whole_bytes(value: Any) -> int | None:
-    """``value`` (a CSV cell: a number, or text where the column is mixed) as bytes; None if it is none."""
-    if isinstance(value, str):
-        value = value.strip()
-        return int(value) if value.isdigit() and int(value) < 2**63 else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    """A CSV cell (a number, or text where the column is mixed) as bytes (``parse_bytes``); None if it is none."""
+    if isinstance(value, float) and value == value and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
         return None
-    return int(value) if float(value).is_integer() and 0 <= value < 2**63 else None
+    try:
+        nbytes = parse_bytes(value)
+    except PolicyError:
+        return None
+    return nbytes if nbytes < 2**63 else None
 
 
 def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -> dict[str, int]:
