@@ -37,12 +37,13 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class KvSelector:
     """How the user names the KV allocation(s): ``size=32MiB`` (every allocation of that requested
-    size made in the trace and never freed), ``entries=120-131,140`` (the ``alloc`` trace entries
-    at those ``device_traces`` indices) or ``addr=0x7f12...`` (the allocation made at that address
-    that is never freed)."""
+    size made in the trace and never freed), ``entries=120-131,140`` (``device_traces`` indices:
+    a range takes the allocations made in it that are never freed, segment entries and freed
+    requests between them aside; a single index must be such an allocation) or ``addr=0x7f12...``
+    (the allocation made at that address that is never freed)."""
 
     kind: str  # "size", "entries" or "addr"
-    values: tuple[int, ...]
+    values: tuple  # size: (bytes,); entries: ((first, last), ...); addr: (address, ...)
     text: str
 
 
@@ -59,14 +60,14 @@ def parse_kv_selector(text: str) -> KvSelector:
         if kind == "size":
             return KvSelector("size", (parse_bytes(value),), text)
         if kind in ("entries", "entry"):
-            out: list[int] = []
+            ranges: list[tuple[int, int]] = []
             for part in value.split(","):
                 lo, _, hi = part.partition("-")
                 first, last = int(lo), int(hi) if hi else int(lo)
                 if first < 0 or last < first:
                     raise ValueError(part)
-                out.extend(range(first, last + 1))
-            return KvSelector("entries", tuple(out), text)
+                ranges.append((first, last))
+            return KvSelector("entries", tuple(ranges), text)
         return KvSelector("addr", tuple(int(a, 0) for a in value.split(",")), text)
     except (ValueError, PolicyError):
         raise PlanError(f"--kv {text!r}: {value!r} is not a valid {kind} list") from None
@@ -174,15 +175,18 @@ def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
         if sel.kind == "size":
             found = [k for k in never if rec.sizes[k] == sel.values[0]]
         elif sel.kind == "entries":
-            at_entry = {rec.entries[k]: k for k, op in enumerate(rec.ops) if op == ALLOC}
-            missing = [e for e in sel.values if e not in at_entry]
-            if missing:
-                raise PlanError(f"--kv {sel.text!r}: {rec.entry_unit} {missing[0]} is no alloc of the trace")
-            found = [at_entry[e] for e in sel.values]
-            freed = [k for k in found if k not in never_set]
-            if freed:
-                raise PlanError(f"--kv {sel.text!r}: the alloc at {rec.entry_unit} {rec.entries[freed[0]]} is freed "
-                                "during the trace, so it is no KV cache (those live to the end)")
+            found = []
+            for first, last in sel.values:
+                if first == last:  # one entry: it must be an allocation that lives to the end
+                    k = next((k for k, op in enumerate(rec.ops) if op == ALLOC and rec.entries[k] == first), None)
+                    if k is None:
+                        raise PlanError(f"--kv {sel.text!r}: {rec.entry_unit} {first} is no alloc of the trace")
+                    if k not in never_set:
+                        raise PlanError(f"--kv {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed during "
+                                        "the trace, so it is no KV cache (those live to the end)")
+                    found.append(k)
+                else:
+                    found.extend(k for k in never if first <= rec.entries[k] <= last)
         else:
             at_addr = {rec.addrs[k]: k for k in never}
             found = [at_addr[a] for a in sel.values if a in at_addr]
