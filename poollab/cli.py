@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "Does the emulation decide what the real allocator decided on SNAPSHOT?"),
     "calibrate": ("poollab.commands.calibrate",
                   "Fit the simulator's step time to a real engine (a step profile, or a request table alone)."),
+    "plan": ("poollab.commands.plan",
+             "Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits."),
     "gpu": ("poollab.commands.gpu",
             "Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator."),
     "report": ("poollab.commands.report",

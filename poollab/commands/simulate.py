@@ -11,6 +11,7 @@ import click
 from policies.units import format_bytes
 from poollab.commands._common import check_specs, model_file_options, out_option, read_requests_or_explain, \
     step_time_line
+from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
 from sim.config import Knob, ServerConfig, knobs
@@ -43,6 +44,8 @@ def register(cli: click.Group) -> None:
 def _click_type(k: Knob) -> Any:
     """The option type for knob ``k`` (``poollab.options``): its choices and range, checked at parse
     time (no nan, no inf, sizes and counts within int64)."""
+    if k.cli == "kv-capacity":  # a size, or the budgets `poollab plan` found (poollab.commands.plan)
+        return KV_CAPACITY
     if k.unit == "bytes":
         return ByteSize(_whole_low(k), _whole_high(k))
     if k.choices:
@@ -184,6 +187,11 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, ca
         except ValueError as exc:
             raise UsageError(f"--policy {spec}: {exc}") from None
     check_specs([options["aux_policy"]])
+    kv_source = options["kv_capacity_bytes"]
+    if isinstance(kv_source, KvBudgetSource):  # plan:RESULT or auto:SNAPSHOT: one budget per policy, set below
+        options["kv_capacity_bytes"] = None
+    else:
+        kv_source = None
     from sim.hardware import load_gpu
     from sim.models import load_model
 
@@ -198,9 +206,12 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, ca
     requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
+    budgets = kv_source.budgets(spec_list, model=model_spec, gpu=gpu_spec) if kv_source is not None else None
     try:
-        runs = simulate_runs(requests, spec_list, model=model_spec, gpu=gpu_spec, calibration=calibration,
-                             costs=costs, config=config, progress=progress)
+        runs = [run for spec in spec_list for run in simulate_runs(
+                    requests, [spec], model=model_spec, gpu=gpu_spec, calibration=calibration, costs=costs,
+                    config=config if budgets is None else config.replace(kv_capacity_bytes=budgets[spec]),
+                    progress=progress)]
     except ValueError as exc:  # a knob or file the user gave (PolicyError and TraceFormatError pass through)
         if type(exc) is not ValueError:
             raise
@@ -219,7 +230,8 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, ca
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
     click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns)
-               + (f"; engine {engine}" if engine else "") + f"; {step_time}")
+               + (f"; engine {engine}" if engine else "") + f"; {step_time}"
+               + (f"; {kv_source.describe(budgets)}" if kv_source is not None else ""))
     for line in rejection_warnings(summary):
         click.echo(line, err=True)
     has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))
