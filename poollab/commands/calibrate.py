@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from poollab.errors import UsageError
+from poollab.options import COUNT, Count
 
 __all__ = ["register"]
 
@@ -52,7 +53,7 @@ def _terms_line(terms) -> str:
 _common = [
     click.option("--model", default="Llama-3-8B", show_default=True, help="Model preset or JSON file the engine ran."),
     click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file the engine ran on."),
-    click.option("--tp", "tensor_parallel", type=click.IntRange(1), default=None,
+    click.option("--tp", "tensor_parallel", type=COUNT, default=None,
                  help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1)."),
     click.option("--engine", default="transformers", show_default=True,
                  help="Engine preset whose scheduling the simulator mimics (sim/data/engines.json)."),
@@ -115,7 +116,7 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
 @calibrate_group.command("requests")
 @click.argument("requests", type=click.Path(dir_okay=False, path_type=Path))
 @_with_common
-@click.option("--max-evaluations", type=click.IntRange(10), default=200, show_default=True,
+@click.option("--max-evaluations", type=Count(10), default=200, show_default=True,
               help="Simulations the fit may run (each serves the whole table).")
 def requests_command(requests: Path, model, gpu, tensor_parallel, engine, out: Path, max_evaluations: int) -> None:
     """Infer the step time from a served-request table REQUESTS alone (arrival, first token, finish, tokens)."""

@@ -19,7 +19,7 @@ import pandas as pd
 import policies
 from poollab.commands._common import out_option
 from poollab.errors import UsageError
-from poollab.options import BYTES, COUNT, DEVICE
+from poollab.options import BYTES, COUNT, DEVICE, FRACTION, POSITIVE, RATE_SCALE, SEED
 
 
 def register(cli: click.Group) -> None:
@@ -188,19 +188,19 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="A Hugging Face model folder to serve instead of random weights (no download).")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
-@click.option("--rate-scale", type=float, default=1.0, show_default=True,
+@click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
-@click.option("--duration", "duration_s", type=float, default=None,
+@click.option("--duration", "duration_s", type=POSITIVE, default=None,
               help="Serve the requests arriving in the first this many seconds (after --rate-scale).")
-@click.option("--max-requests", type=int, default=None, help="Serve at most this many requests.")
-@click.option("--block-tokens", type=int, default=256, show_default=True, help="KV block size (tokens).")
-@click.option("--max-batch-tokens", type=int, default=8192, show_default=True, help="Token budget of one step.")
-@click.option("--max-num-seqs", type=int, default=1024, show_default=True, help="Most requests in one step.")
-@click.option("--num-blocks", type=int, default=None,
+@click.option("--max-requests", type=COUNT, default=None, help="Serve at most this many requests.")
+@click.option("--block-tokens", type=COUNT, default=256, show_default=True, help="KV block size (tokens).")
+@click.option("--max-batch-tokens", type=COUNT, default=8192, show_default=True, help="Token budget of one step.")
+@click.option("--max-num-seqs", type=COUNT, default=1024, show_default=True, help="Most requests in one step.")
+@click.option("--num-blocks", type=COUNT, default=None,
               help="KV cache blocks. Default: the engine sizes the cache from free memory.")
-@click.option("--max-memory-percent", type=float, default=None,
+@click.option("--max-memory-percent", type=FRACTION, default=None,
               help="Share of free memory the engine gives the KV cache when it sizes it (transformers: 0.9).")
-@click.option("--max-len", "max_len_tokens", type=int, default=None,
+@click.option("--max-len", "max_len_tokens", type=COUNT, default=None,
               help="Longest sequence, prompt + output (prompts are cut to fit). Default: the model's context.")
 @click.option("--attn", "attn_implementation", default="paged|sdpa", show_default=True,
               help="transformers attention implementation (paged|sdpa, paged|flash_attention_2, ...).")
@@ -213,8 +213,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--allocator-mode", type=click.Choice(["pluggable", "mempool"]), default="pluggable", show_default=True,
               help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator splits.")
 @click.option("--validate", is_flag=True, help="The policy's validation mode (guards and patterns).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random weights and prompt token ids.")
-@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random weights and prompt token ids.")
+@click.option("--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device.")
 @click.option("--sim/--no-sim", "with_sim", default=False,
               help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and sequence "
                    "limits; the --model preset's shape) and print measured against predicted.")

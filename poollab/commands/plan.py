@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import BYTES
+from poollab.options import BYTES, COUNT, DEVICE, FRACTION
 from poollab.errors import UsageError
 
 #: What the command prints per policy (plan.csv holds every ``sim.plan.PLAN_COLUMNS`` column).
@@ -78,11 +78,11 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
 @click.option("--model", default=None,
               help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are also "
                    "given in tokens. Default: none (pages of 2 MiB per KV tensor).")
-@click.option("--block-tokens", type=click.IntRange(min=1), default=16, show_default=True,
+@click.option("--block-tokens", type=COUNT, default=16, show_default=True,
               help="Tokens per KV page (with --model): the plan is exact to one page.")
-@click.option("--utilization", "util_fraction", type=click.FloatRange(0, 1, min_open=True), default=0.9,
+@click.option("--utilization", "util_fraction", type=FRACTION, default=0.9,
               show_default=True, help="gpu_memory_utilization of the engine rule the plan is compared with.")
-@click.option("--device", "device_index", type=click.IntRange(min=0), default=None,
+@click.option("--device", "device_index", type=DEVICE, default=None,
               help="Which device's trace to read. Default: the first with entries.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.")
