@@ -21,6 +21,8 @@ from sim.report import SUMMARY_COLUMNS, summary_frame
 from sim.serving_metrics import SERVING_COLUMNS
 from traces.engine_profile import STEP_COLUMNS, read_served_requests, read_step_profile
 
+#: helper F's H200 start-up snapshot of transformers continuous batching (tests/data/snapshots_h200/README.md)
+STARTUP_SNAPSHOT = Path(__file__).resolve().parents[2] / "tests" / "data" / "snapshots_h200" / "startup_transformers_cb.pickle.gz"
 AZURE = Path(__file__).resolve().parents[2] / "traces" / "data" / "azure_code_slice.csv"
 
 
@@ -293,7 +295,7 @@ def test_cli_missing_trace_is_one_line(tmp_path, one_line_error):
 
 
 def test_cli_allocation_trace_points_to_replay(one_line_error):
-    snapshot = Path(__file__).resolve().parents[2] / "tests" / "data" / "transformers_cb_llama3_8b_startup_h200.pickle.gz"
+    snapshot = STARTUP_SNAPSHOT
     one_line_error([snapshot], "allocation trace", "poollab replay")
 
 
@@ -311,7 +313,7 @@ def test_startup_snapshot_holds_the_kv_cache_tensors():
     import gzip
     import pickle
 
-    path = Path(__file__).resolve().parents[2] / "tests" / "data" / "transformers_cb_llama3_8b_startup_h200.pickle.gz"
+    path = STARTUP_SNAPSHOT
     with gzip.open(path) as f:
         snap = pickle.load(f)
     allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
