@@ -21,7 +21,7 @@ from sim.report import SUMMARY_COLUMNS, summary_frame
 from sim.serving_metrics import SERVING_COLUMNS
 from traces.engine_profile import STEP_COLUMNS, read_served_requests, read_step_profile
 
-#: helper F's H200 start-up snapshot of transformers continuous batching (tests/data/snapshots_h200/README.md)
+#: A start-up snapshot of transformers' continuous batching, recorded on the H200 by `poollab gpu serve --snapshot`
 STARTUP_SNAPSHOT = Path(__file__).resolve().parents[2] / "tests" / "data" / "snapshots_h200" / "startup_transformers_cb.pickle.gz"
 AZURE = Path(__file__).resolve().parents[2] / "traces" / "data" / "azure_code_slice.csv"
 
