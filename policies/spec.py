@@ -3,6 +3,10 @@
 A value in square brackets is itself a spec, so wrappers nest:
 ``elastic:base=[size-class:classes_per_doubling=8],high=0.85,low=0.3``.
 Values read as int, float, bool, None, a byte size (``2MiB``) or a plain string, in that order.
+
+``check_spec_text`` bounds a spec's length and nesting before it is read (every bracketed base
+builds a policy, so a spec thousands deep would exhaust Python's stack); ``tag-limits``' limits
+and the sweep file's policy entries go through it too.
 """
 
 from __future__ import annotations
@@ -13,26 +17,47 @@ from typing import Any
 from policies.errors import PolicyError
 from policies.units import parse_bytes
 
-__all__ = ["parse_spec", "format_spec", "parse_value"]
+__all__ = ["parse_spec", "format_spec", "parse_value", "check_spec_text", "MAX_SPEC_CHARS", "MAX_SPEC_DEPTH"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_BRACKET_RE = re.compile(r"[\[\]]")
+#: Longest spec read: the longest in the docs is under 100 characters, so more is a runaway (a
+#: generated or pasted text) that every error message would repeat. Below Python's 4,300-digit
+#: limit on int conversion, so no value in a spec can reach that limit.
+MAX_SPEC_CHARS = 4096
+#: Deepest nesting of bracketed values (a wrapper's base, its base, ...): stacks in use are 1-3
+#: deep, and each level builds a policy.
+MAX_SPEC_DEPTH = 16
+
+
+def check_spec_text(text: str, what: str = "policy spec") -> None:
+    """Raise PolicyError unless ``text`` is at most ``MAX_SPEC_CHARS`` long, with its square brackets
+    balanced and nested at most ``MAX_SPEC_DEPTH`` deep. ``what`` names the text in the message."""
+    if len(text) > MAX_SPEC_CHARS:
+        raise PolicyError(f"{what} {text[:40]!r}... is {len(text):,} characters long; at most {MAX_SPEC_CHARS:,}")
+    depth = deepest = 0
+    for ch in _BRACKET_RE.findall(text):
+        depth += 1 if ch == "[" else -1
+        if depth < 0:
+            raise PolicyError(f"unbalanced ']' in {what} {text!r}")
+        deepest = max(deepest, depth)
+    if depth:
+        raise PolicyError(f"unbalanced '[' in {what} {text!r}")
+    if deepest > MAX_SPEC_DEPTH:
+        raise PolicyError(f"{what} {text[:40]!r}... nests [...] {deepest:,} levels deep; at most {MAX_SPEC_DEPTH}")
 
 
 def _split_top(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside square brackets."""
+    """Split on ``sep`` outside square brackets (balanced: ``check_spec_text`` has looked)."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
             depth += 1
         elif ch == "]":
             depth -= 1
-            if depth < 0:
-                raise PolicyError(f"unbalanced ']' in policy spec {text!r}")
         elif ch == sep and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-    if depth:
-        raise PolicyError(f"unbalanced '[' in policy spec {text!r}")
     parts.append(text[start:])
     return parts
 
@@ -67,6 +92,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(spec, str) or not spec.strip():
         raise PolicyError(f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'")
     spec = spec.strip()
+    check_spec_text(spec)
     name, _, rest = spec.partition(":")
     name = name.strip()
     if not _NAME_RE.match(name):

@@ -21,6 +21,7 @@ from typing import Any
 from policies.base import Allocation
 from policies.device import Device
 from policies.errors import PolicyError
+from policies.spec import check_spec_text
 from policies.units import parse_bytes
 from policies.wrapper import WrapperPolicy
 
@@ -35,6 +36,7 @@ def parse_limits(text: str) -> dict[str, int]:
     """
     if not isinstance(text, str):
         raise PolicyError(f"limits(={text!r}) must be a string 'tag=size,...' such as 'kv=40GiB,activations=2GiB'")
+    check_spec_text(text, "limits")
     limits: dict[str, int] = {}
     for item in text.split(","):
         if not item.strip():

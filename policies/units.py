@@ -30,7 +30,10 @@ def parse_bytes(text: str | int) -> int:
     m = _SIZE_RE.match(str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise PolicyError(f"cannot read {text!r} as a size in bytes (examples: 4096, 2MiB, 80GiB)")
-    value = float(m.group(1).replace("_", "")) * _UNITS[m.group(2).lower()]
+    digits, unit = m.group(1).replace("_", ""), _UNITS[m.group(2).lower()]
+    if len(digits) > 30:  # past any memory; float() would make it inf, int() may pass Python's digit limit
+        raise PolicyError(f"size {str(text)[:40]!r}... ({len(digits):,} digits) is too large to be a number of bytes")
+    value = int(digits) * unit if "." not in digits else float(digits) * unit  # whole numbers stay exact
     if value != int(value):
         raise PolicyError(f"size {text!r} is not a whole number of bytes")
     return int(value)

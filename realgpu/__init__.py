@@ -9,6 +9,8 @@ baseline or calibration is built. The host backend runs everywhere (CI).
 - ``gpu_replay`` / ``baseline_replay``: replay a trace on the device, in the report schema.
 - ``realgpu.calibrate.calibrate``: measure the driver's costs into the simulator's cost-file schema.
 - ``pool_roundtrip`` / ``baseline_roundtrip``: allocate+free round trips at one size.
+- ``use_policy(policy, mode="pluggable"|"mempool")``: a policy as PyTorch's CUDA allocator
+  (``realgpu.torch_allocator``; needs the ``engine`` extra).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = [
     "GpuPool", "CudaDevice", "HostDevice", "SegmentDevice", "GpuUnavailableError", "PoolOutOfMemoryError",
     "CorruptionError", "PoolError", "gpu_replay", "baseline_replay", "BASELINES", "require_cuda",
     "pool_roundtrip", "baseline_roundtrip", "MappedRealDevice", "CudaVmmDevice", "HostVmmDevice", "VmmDriverError",
+    "use_policy", "TorchPolicyAllocator",
 ]
 
 _EXPORTS = {
@@ -41,6 +44,8 @@ _EXPORTS = {
     "BASELINES": "realgpu.baselines",
     "pool_roundtrip": "realgpu.roundtrip",
     "baseline_roundtrip": "realgpu.roundtrip",
+    "use_policy": "realgpu.torch_allocator",
+    "TorchPolicyAllocator": "realgpu.torch_allocator",
 }
 
 

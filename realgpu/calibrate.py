@@ -298,8 +298,11 @@ def write_costs(table: dict[str, Any], path: str | Path) -> Path:
     """Write a cost table and read it back through the simulator's loader (which checks the schema)."""
     from sim.costs import CostModel
 
+    from traces.atomic import replacing_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(table, indent=2) + "\n")
+    with replacing_file(path) as tmp:  # all or nothing; a full disk names the file
+        tmp.write_text(json.dumps(table, indent=2) + "\n")
     CostModel.load(path)
     return path

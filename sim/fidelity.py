@@ -61,7 +61,7 @@ from traces.pytorch_snapshot import (DEFAULT_POOL_ID, PyTorchSnapshot, empty_cac
                                      read_snapshot, snapshot_max_split_size_bytes)
 
 __all__ = ["Recording", "SeedSegment", "FidelityResult", "read_recording", "snapshot_to_recording",
-           "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
+           "StartedReplay", "start_replay", "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
 
 ADDRESS_MODES = ("recorded", "virtual")
 MiB = 1 << 20
@@ -445,16 +445,40 @@ def _fmt(metric: str, value: Any) -> str:
     return f"{int(value):,}"
 
 
-def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
-                     capacity_bytes: int | None = None) -> FidelityResult:
-    """Replay ``rec``'s requests through ``policy`` from the recorded starting state and compare.
+@dataclass
+class StartedReplay:
+    """A policy put in the recording's starting state, ready for ``engine.run`` over ``rec.ops``.
 
-    Args:
-        rec: the recording.
-        policy: a spec string (default: ``torch-caching`` with the snapshot's settings) or a
-            policy class; a spec is built on the device ``addresses`` asks for.
-        addresses: ``"recorded"`` or ``"virtual"`` (see the module docstring).
-        capacity_bytes: a limit for the replayed pool (PyTorch's memory fraction), None for none.
+    Attributes:
+        pool: the policy, its starting segments and allocations in place.
+        device: the device it reserves from (it logs each segment call with ``device.at``).
+        live: recorded address -> allocation live when recording began (``engine.run``'s ``live``).
+        addresses: the address mode the device really uses (page-mapped policies: ``"virtual"``).
+        pool_calls: ``Recording.pool_calls`` when the pool has private pools, else empty.
+    """
+
+    pool: Policy
+    device: Any
+    live: dict[int, Allocation]
+    addresses: str
+    pool_calls: dict[int, list[tuple[str, tuple[int, int], int]]]
+
+    def pool_call(self, k: int) -> None:
+        """Make the private-pool calls due before op ``k`` (``begin`` / ``end_allocate_to_pool``)."""
+        for call, pool_id, stream in self.pool_calls.get(k, ()):
+            if call == "begin":
+                self.pool.begin_allocate_to_pool(pool_id, stream)
+            else:
+                self.pool.end_allocate_to_pool(pool_id)
+
+
+def start_replay(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
+                 capacity_bytes: int | None = None) -> StartedReplay:
+    """Build ``policy`` on the device ``addresses`` asks for and seed the recording's starting state.
+
+    The part of ``replay_recording`` before the loop, shared with ``sim.plan`` (which replays the
+    same recording many times with some request sizes changed). Raises ``PolicyError`` when the
+    starting allocations do not fit ``capacity_bytes``.
     """
     if addresses not in ADDRESS_MODES:
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
@@ -469,18 +493,28 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
         device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
     pool = policies.create(spec, capacity_bytes=capacity_bytes, device=device)
     live = _seed(pool, rec, device)
+    return StartedReplay(pool, device, live, addresses, rec.pool_calls if pool.has_private_pools else {})
+
+
+def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
+                     capacity_bytes: int | None = None) -> FidelityResult:
+    """Replay ``rec``'s requests through ``policy`` from the recorded starting state and compare.
+
+    Args:
+        rec: the recording.
+        policy: a spec string (default: ``torch-caching`` with the snapshot's settings) or a
+            policy class; a spec is built on the device ``addresses`` asks for.
+        addresses: ``"recorded"`` or ``"virtual"`` (see the module docstring).
+        capacity_bytes: a limit for the replayed pool (PyTorch's memory fraction), None for none.
+    """
+    started = start_replay(rec, policy, addresses=addresses, capacity_bytes=capacity_bytes)
+    pool, device, live = started.pool, started.device, started.live
     seeded_events, start_reserved = len(device.log), pool.reserved_bytes
     num_at_address = 0
 
-    pool_calls = rec.pool_calls if pool.has_private_pools else {}
-
     def at(k: int) -> None:
         device.at = k
-        for call, pool_id, stream in pool_calls.get(k, ()):
-            if call == "begin":
-                pool.begin_allocate_to_pool(pool_id, stream)
-            else:
-                pool.end_allocate_to_pool(pool_id)
+        started.pool_call(k)
 
     def on_alloc(a: Allocation, nbytes: int, addr: int) -> None:
         nonlocal num_at_address
@@ -494,7 +528,7 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
     run = engine.run(rec.ops, rec.addrs, rec.sizes, streams=rec.streams, target=engine.policy_target(pool),
                      live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free)
     emulated = pd.DataFrame(device.log[seeded_events:], columns=["at", "action", "address", "nbytes"])
-    return _compare(rec, pool, emulated, start_reserved, run.num_failed, num_at_address, addresses)
+    return _compare(rec, pool, emulated, start_reserved, run.num_failed, num_at_address, started.addresses)
 
 
 def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, Allocation]:

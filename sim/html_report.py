@@ -29,7 +29,7 @@ from policies.units import format_bytes
 from sim.bounded_tables import MAX_POINTS_PER_RUN, read_drawn_table
 from sim.interactive.page import CSS as INTERACTIVE_CSS, DETAIL_POINTS, PAGE_BUDGET_BYTES, attach_detail, \
     read_recorded_tables, scripts_html, segments_html, timeline_html, trace_data
-from sim.report import _read_table
+from sim.report import _read_table, result_table_paths
 from traces.atomic import replacing_file
 
 __all__ = ["SECTIONS", "ResultFolder", "load_result_folder", "combine_tables", "folder_settings", "run_settings",
@@ -98,7 +98,7 @@ def load_result_folder(path: str | Path, label: str | None = None, *,
         raise FileNotFoundError(errno.ENOENT, reason, str(p))
     tables = {"summary": _read_table(p / "summary.csv", pd.read_csv)}
     names = ["summary"]
-    for table_path in sorted(p.glob("*.parquet")):
+    for table_path in result_table_paths(p):
         names.append(table_path.stem)
         table = read_drawn_table(table_path, max_points)
         if table is not None:
@@ -111,7 +111,18 @@ def load_result_folder(path: str | Path, label: str | None = None, *,
         meta = json.loads(meta_path.read_bytes()) if meta_path.is_file() else {}
     except ValueError as exc:  # not JSON, or not UTF-8
         raise ValueError(f"{meta_path}: not a readable run.json ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: not a poollab run.json (a JSON object of the run's settings), "
+                         f"but {_json_kind(meta)}")
     return ResultFolder(path=p, label=label or p.name, meta=meta, tables=tables, table_names=names)
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON document is, in words: ``a list``, ``null``."""
+    if value is None:
+        return "null"
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
 
 
 def combine_tables(folders: Iterable[ResultFolder]) -> dict[str, pd.DataFrame]:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from policies.base import Policy
 from policies.device import VMM_STAT_KEYS
-from traces.atomic import replacing_folder
+from traces.atomic import naming_errors, replacing_folder, written_files
 
 NAN = float("nan")
 
@@ -189,27 +189,53 @@ def write_results(out_dir: str | Path, summary: pd.DataFrame, timeseries: pd.Dat
     CSV) and ``run.json``, all or nothing.
 
     Everything is written into a temporary folder beside ``out_dir`` that then takes its place
-    (``traces.atomic.replacing_folder``): a run that fails while writing leaves an existing
-    folder exactly as it was, and a run that succeeds leaves no table of an earlier run beside
-    its own. What else the folder holds (a sweep's ``cells/``, the user's notes) is kept.
+    (``traces.atomic.replacing_folder``): a run that fails, or is killed, while writing leaves
+    an existing folder exactly as it was, and a run that succeeds leaves no table of an earlier
+    run beside its own. What else the folder holds (a sweep's ``cells/``, the user's notes) is
+    kept; a file of the user's with the name of one of these tables is refused, not replaced.
+    An error without a file name (a full disk) names the table's file.
     """
-    with replacing_folder(out_dir, carry=_not_a_result_table) as out:
-        summary.to_csv(out / "summary.csv", index=False)
+    with replacing_folder(out_dir, legacy_outputs=_legacy_result_table) as out:
+        with naming_errors(Path(out_dir) / "summary.csv"):
+            summary.to_csv(out / "summary.csv", index=False)
         if timeseries is not None:
-            timeseries.to_parquet(out / "timeseries.parquet", index=False)
+            with naming_errors(Path(out_dir) / "timeseries.parquet"):
+                timeseries.to_parquet(out / "timeseries.parquet", index=False)
         for name, table in (extra_tables or {}).items():
-            table.to_parquet(out / f"{name}.parquet", index=False)
+            with naming_errors(Path(out_dir) / f"{name}.parquet"):
+                table.to_parquet(out / f"{name}.parquet", index=False)
         for name, table in (csv_tables or {}).items():
-            table.to_csv(out / f"{name}.csv", index=False)
+            with naming_errors(Path(out_dir) / f"{name}.csv"):
+                table.to_csv(out / f"{name}.csv", index=False)
         if meta is not None:
-            (out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+            with naming_errors(Path(out_dir) / "run.json"):
+                (out / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     return Path(out_dir)
 
 
-def _not_a_result_table(entry: Path) -> bool:
-    """What a new run keeps of an old result folder: all but its tables (``read_results`` reads every
-    ``*.parquet``, so a stale one would join the new run's)."""
-    return not (entry.is_file() and (entry.suffix == ".parquet" or entry.name in ("summary.csv", "run.json")))
+#: What a result folder written before poollab listed its files (``.poollab-files.json``) held
+#: of its own besides ``*.parquet``: replaced by a new run, when the folder's run.json is poollab's.
+_LEGACY_TABLES = ("summary.csv", "run.json", "pareto.csv")
+
+
+def _legacy_result_table(entry: Path) -> bool:
+    """Whether ``entry`` of a result folder without the list of what poollab wrote is an earlier
+    run's table (replaced) rather than something the user put there (kept)."""
+    if not (entry.is_file() and (entry.suffix == ".parquet" or entry.name in _LEGACY_TABLES)):
+        return False
+    try:
+        meta = json.loads((entry.parent / "run.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "command" in meta
+
+
+def result_table_paths(out_dir: str | Path) -> list[Path]:
+    """The Parquet tables of a result folder: those poollab wrote there (``.poollab-files.json``),
+    else (a folder written before that list) every ``*.parquet``; a file the user added is no table."""
+    out = Path(out_dir)
+    written = written_files(out)
+    return [p for p in sorted(out.glob("*.parquet")) if written is None or p.name in written]
 
 
 def read_results(out_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -219,7 +245,7 @@ def read_results(out_dir: str | Path) -> dict[str, pd.DataFrame]:
     """
     out = Path(out_dir)
     tables = {"summary": _read_table(out / "summary.csv", pd.read_csv)}
-    for p in sorted(out.glob("*.parquet")):
+    for p in result_table_paths(out):
         tables[p.stem] = _read_table(p, pd.read_parquet)
     return tables
 

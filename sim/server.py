@@ -110,6 +110,7 @@ class Server:
         self.scheduler = scheduler
         self.pools = pools
         self.step_model = step_model
+        self._warmup_s = getattr(step_model, "warmup_s", 0.0)  # a fitted engine's cold first step, paid once
         self.model = model
         self.env = env if env is not None else simpy.Environment()
         self.gpu = gpu
@@ -294,6 +295,9 @@ class Server:
             self.num_activation_failures += 1
         compute_s = step_model.step_time_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
                                            plan.prefill_context_tokens, plan.num_prefill_seqs)
+        if self._warmup_s:
+            compute_s += self._warmup_s
+            self._warmup_s = 0.0
         kv_driver_ns = pools.kv.take_driver_ns()
         map_s = kv.take_map_ns() * 1e-9
         # vAttention maps pages in the background: only what outlasts the step's compute shows

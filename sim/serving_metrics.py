@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["REQUEST_TABLE_COLUMNS", "SERVING_COLUMNS", "prefix_hit_rates", "request_table", "rejected_by",
-           "serving_summary"]
+           "serving_summary", "add_latencies", "latency_percentiles"]
 
 REQUEST_TABLE_COLUMNS = [
     "request_id", "arrival_s", "prompt_tokens", "output_tokens", "num_generated", "first_token_s", "finish_s",
@@ -59,11 +59,24 @@ def request_table(requests: Iterable[Any]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["request_id", "arrival_s", "prompt_tokens", "output_tokens", "num_generated",
                                      "first_token_s", "finish_s", "num_preemptions", "num_swaps",
                                      "prefix_hit_tokens", "status", "reject_reason", "reject_kind"])
+    return add_latencies(df)[REQUEST_TABLE_COLUMNS]
+
+
+def add_latencies(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (``arrival_s``, ``first_token_s``, ``finish_s``, ``output_tokens``: simulated or a
+    real engine's served requests) with ``ttft_s``, ``e2e_s`` and ``tpot_s`` added in place."""
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2e_s"] = df["finish_s"] - df["arrival_s"]
     decode_steps = (df["output_tokens"] - 1).where(df["output_tokens"] > 1)
     df["tpot_s"] = (df["e2e_s"] - df["ttft_s"]) / decode_steps
-    return df[REQUEST_TABLE_COLUMNS]
+    return df
+
+
+def latency_percentiles(table: pd.DataFrame) -> dict[str, float]:
+    """p50 and p99 of TTFT, TPOT and e2e over a table with ``add_latencies``' columns
+    (``ttft_p50_s``, ...; NaNs, requests never served, left out)."""
+    return {**_percentiles(table["ttft_s"], "ttft"), **_percentiles(table["tpot_s"], "tpot"),
+            **_percentiles(table["e2e_s"], "e2e")}
 
 
 def _percentiles(values: pd.Series, name: str) -> dict[str, float]:

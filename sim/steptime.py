@@ -42,6 +42,20 @@ gather of the vocabulary-parallel LM head is left out (one small gather per step
 
 The efficiency factors come from ``sim/data/calibration_default.json`` (each explained there)
 and can be overridden by a calibration JSON file (``load_calibration``).
+
+**Fitted engines** (``StepTerms``, written by ``poollab calibrate``, ``sim.step_fit``): an engine
+that is not a CUDA-graph, vLLM-class one (transformers' continuous batching steps in ~100 ms
+even at batch 2) is described by linear terms over the step's counts, with the roofline as the
+floor no engine beats::
+
+    step_s = max(roofline_s, fixed_s + per_seq_s (k + d) + per_token_s (p + d)
+                             + per_kv_token_s kv + per_pair_s pairs + per_query_kv_s (p + d) kv)
+
+where ``kv`` is every KV token the step's attention reads (cached plus new, all sequences),
+``pairs`` the causal query/key pairs inside each sequence (what a varlen/paged kernel computes)
+and ``(p + d) kv`` the whole step's queries times its keys (what one masked attention over the
+packed batch computes, as transformers' ``paged|sdpa`` does). All terms 0 (the default, and an
+old calibration file) is the roofline alone, unchanged.
 """
 
 from __future__ import annotations
@@ -53,18 +67,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from sim.hardware import GpuSpec
 from sim.models import DATA_DIR, ModelSpec, _read_json_object
 
 __all__ = [
-    "Calibration", "StepCost", "StepTimeModel", "default_calibration", "load_calibration",
-    "DEFAULT_CALIBRATION_PATH",
+    "Calibration", "StepCost", "StepTimeModel", "StepTerms", "StepCalibration", "default_calibration",
+    "load_calibration", "load_step_calibration", "STEP_CALIBRATION_FORMAT", "STEP_TERM_NAMES",
+    "DEFAULT_CALIBRATION_PATH", "step_pairs", "term_features",
 ]
 
 DEFAULT_CALIBRATION_PATH = DATA_DIR / "calibration_default.json"
 
 #: Keys a calibration file may carry besides the factors: documentation only.
 _CALIBRATION_METADATA_KEYS = frozenset({"source", "notes", "measured_on", "measured"})
+#: ``format`` of a fitted calibration file (``StepCalibration``); a file without it holds factors only.
+STEP_CALIBRATION_FORMAT = "poollab-step-time/2"
+#: Keys of a fitted calibration file; ``fit`` and ``source`` are what the fit measured, documentation only.
+_STEP_CALIBRATION_KEYS = frozenset({"format", "engine", "model", "gpu", "tp", "terms", "warmup_s", "factors", "fit",
+                                    "source"})
 #: Factors that are shares of a peak: in (0, 1].
 _FRACTION_FACTORS = ("mfu_prefill", "mfu_decode", "hbm_efficiency", "pcie_efficiency")
 
@@ -138,10 +160,155 @@ def load_calibration(path: str | Path) -> Calibration:
     """Factors from a calibration JSON file; factors it leaves out keep their defaults.
 
     Raises ValueError naming the file and the factor when a value is out of range, a name is
-    unknown or the file is no JSON object.
+    unknown or the file is no JSON object. A fitted file (``load_step_calibration``) gives its
+    roofline factors.
+    """
+    return load_step_calibration(path).factors
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """Linear step-time terms of a fitted engine (module docstring), all seconds and >= 0.
+
+    Attributes:
+        fixed_s: every step (scheduling, input preparation, kernel launches without CUDA graphs).
+        per_seq_s: each scheduled sequence (sampling, bookkeeping, per-request tensors).
+        per_token_s: each query token (prefill and decode) through the layers.
+        per_kv_token_s: each KV token the step's attention reads (cached plus new).
+        per_pair_s: each causal query/key pair inside one sequence.
+        per_query_kv_s: each (query token, KV token) pair of the whole step, masked or not.
+    """
+
+    fixed_s: float = 0.0
+    per_seq_s: float = 0.0
+    per_token_s: float = 0.0
+    per_kv_token_s: float = 0.0
+    per_pair_s: float = 0.0
+    per_query_kv_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"term {f.name!r} must be a finite number >= 0 seconds, got {value!r}")
+
+    @property
+    def is_zero(self) -> bool:
+        return not any(self.to_dict().values())
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    def linear_s(self, p: float, d: float, k: float, kv: float, pairs: float) -> float:
+        """The terms' sum for a step of ``p`` prefill tokens in ``k`` sequences, ``d`` decode
+        sequences, ``kv`` KV tokens read and ``pairs`` causal pairs (``term_features``)."""
+        return sum(c * x for c, x in zip(dataclasses.astuple(self), term_features(p, d, k, kv, pairs)))
+
+
+def term_features(p: Any, d: Any, k: Any, kv: Any, pairs: Any) -> tuple[Any, ...]:
+    """What each ``StepTerms`` term multiplies, in its order (numbers or numpy arrays alike)."""
+    return (p * 0 + 1, k + d, p + d, kv, pairs, (p + d) * kv)
+
+
+def step_pairs(p: Any, k: Any, prefill_cached: Any, decode_kv: Any) -> Any:
+    """Causal query/key pairs inside each sequence of a step: ``k`` prefilling sequences share
+    ``p`` new tokens after ``prefill_cached`` cached ones (split evenly, as the roofline
+    assumes), and each decode query meets its ``decode_kv`` keys (numbers or numpy arrays)."""
+    per_seq = np.maximum(k, 1)
+    return p * prefill_cached / per_seq + p * (p / per_seq + 1) / 2 + decode_kv
+
+
+#: The terms' names, in ``StepTerms`` order (the fit's columns).
+STEP_TERM_NAMES = tuple(f.name for f in dataclasses.fields(StepTerms))
+
+
+@dataclass(frozen=True)
+class StepCalibration:
+    """A calibration file's whole content: roofline factors, fitted terms and what they were fitted for.
+
+    ``model``, ``gpu`` and ``tp`` are None in an old (factors-only) file; ``fit`` holds what the
+    fit measured (errors by step kind), ``path`` the file read (None when built in memory).
+    ``warmup_s`` is what the engine's first step takes beyond its terms (a cold start: kernel
+    selection, allocator growth); the server adds it to its first step.
+    """
+
+    factors: Calibration
+    terms: StepTerms = StepTerms()
+    warmup_s: float = 0.0
+    engine: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    tp: int | None = None
+    fit: Mapping[str, Any] | None = None
+    source: str = ""
+    path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The file's content (``load_step_calibration`` reads it back)."""
+        return {"format": STEP_CALIBRATION_FORMAT, "source": self.source, "engine": self.engine,
+                "model": self.model, "gpu": self.gpu, "tp": self.tp, "terms": self.terms.to_dict(),
+                "warmup_s": self.warmup_s,
+                "factors": self.factors.to_dict(), "fit": dict(self.fit or {})}
+
+    def check_matches(self, model: str, gpu: str, tp: int) -> None:
+        """ValueError when the file was fitted for another model, GPU or tensor parallelism."""
+        theirs, ours = (self.model, self.gpu, self.tp), (model, gpu, tp)
+        for what, a, b in zip(("model", "GPU", "tensor parallelism"), theirs, ours):
+            if a is not None and a != b:
+                raise ValueError(f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} (tp {self.tp}); "
+                                 f"this run's {what} is {b} (fit a calibration for it: poollab calibrate steps)")
+
+    def describe(self) -> str:
+        """A few words for a settings line: the file and what it describes."""
+        where = self.path or "in-memory calibration"
+        if self.terms.is_zero:
+            return f"step time: roofline with factors from {where}"
+        return (f"step time: fitted from {where}"
+                + (f" ({self.engine} engine, fixed {self.terms.fixed_s * 1e3:.1f} ms a step)" if self.engine else
+                   f" (fixed {self.terms.fixed_s * 1e3:.1f} ms a step)"))
+
+
+def load_step_calibration(path: str | Path) -> StepCalibration:
+    """A calibration file of either format: factors only (old), or fitted terms (``STEP_CALIBRATION_FORMAT``).
+
+    Raises ValueError naming the file and the field for anything out of range or unknown.
     """
     path = Path(path).expanduser()
-    return _calibration_from_mapping(_read_json_object(path), str(path), base=default_calibration())
+    data = _read_json_object(path)
+    if "format" not in data:
+        factors = _calibration_from_mapping(data, str(path), base=default_calibration())
+        return StepCalibration(factors=factors, source=str(data.get("source", "")), path=str(path))
+    if data["format"] != STEP_CALIBRATION_FORMAT:
+        raise ValueError(f"{path}: unknown calibration format {data['format']!r}; expected {STEP_CALIBRATION_FORMAT!r}")
+    unknown = sorted(set(data) - _STEP_CALIBRATION_KEYS)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown}; a fitted calibration has {sorted(_STEP_CALIBRATION_KEYS)}")
+    terms_data = data.get("terms") or {}
+    if not isinstance(terms_data, dict) or set(terms_data) - set(STEP_TERM_NAMES):
+        raise ValueError(f"{path}: 'terms' must be an object with keys among {list(STEP_TERM_NAMES)}")
+    try:
+        terms = StepTerms(**terms_data)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    factors_data = data.get("factors") or {}
+    if not isinstance(factors_data, dict):
+        raise ValueError(f"{path}: 'factors' must be an object of roofline factors")
+    factors = _calibration_from_mapping(factors_data, f"{path}: factors", base=default_calibration())
+    tp = data.get("tp")
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        raise ValueError(f"{path}: 'tp' must be an integer >= 1, got {tp!r}")
+    for key in ("engine", "model", "gpu", "source"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ValueError(f"{path}: {key!r} must be a string, got {data[key]!r}")
+    fit = data.get("fit")
+    if fit is not None and not isinstance(fit, dict):
+        raise ValueError(f"{path}: 'fit' must be an object")
+    warmup_s = data.get("warmup_s", 0.0)
+    if isinstance(warmup_s, bool) or not isinstance(warmup_s, (int, float)) or not 0 <= warmup_s < math.inf:
+        raise ValueError(f"{path}: 'warmup_s' must be a number >= 0 seconds, got {warmup_s!r}")
+    return StepCalibration(factors=factors, terms=terms, warmup_s=float(warmup_s), engine=data.get("engine"),
+                           model=data.get("model"),
+                           gpu=data.get("gpu"), tp=tp, fit=fit, source=data.get("source") or "", path=str(path))
 
 
 def _windowed_pairs(num_positions: float, window: int | None) -> float:
@@ -158,7 +325,8 @@ class StepCost:
     """One step's roofline terms, for diagnostics and tests (``StepTimeModel.step_cost``).
 
     ``overhead_s`` is what neither roof covers: ``step_overhead_s + num_layers x
-    layer_overhead_s`` plus, under tensor parallelism, the all-reduces.
+    layer_overhead_s`` plus, under tensor parallelism, the all-reduces. ``fitted_s`` is a fitted
+    engine's linear terms; the step takes the larger of it and the roofline.
     """
 
     flops: float
@@ -166,10 +334,15 @@ class StepCost:
     compute_s: float
     memory_s: float
     overhead_s: float
+    fitted_s: float = 0.0  # the fitted terms' sum (``StepTerms``); 0 without them
+
+    @property
+    def roofline_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.overhead_s
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.overhead_s
+        return max(self.roofline_s, self.fitted_s)
 
     @property
     def bound(self) -> str:
@@ -183,8 +356,9 @@ class StepTimeModel:
     Args:
         model: the model's shape (``sim.models.load_model``).
         gpu: the accelerator (``sim.hardware.load_gpu``).
-        calibration: efficiency factors: a ``Calibration``, a mapping of factor overrides, a
-            path to a calibration JSON file, or None for the bundled defaults.
+        calibration: a ``Calibration`` (factors), a ``StepCalibration`` (factors and fitted
+            terms), a mapping of factor overrides, a path to a calibration JSON file of either
+            format (``load_step_calibration``), or None for the bundled defaults.
         tensor_parallel: GPUs the model is split over; ``model`` is the whole model (each
             GPU's shard is computed here) and every time is one step of all of them.
 
@@ -206,20 +380,29 @@ class StepTimeModel:
         self.calibration = calibration
         self._reset_state()
 
-    def _resolved_calibration(self) -> Calibration:
+    def _resolved_calibration(self) -> StepCalibration:
         cal = self.calibration
         if cal is None:
-            return default_calibration()
-        if isinstance(cal, Calibration):
+            return StepCalibration(default_calibration())
+        if isinstance(cal, StepCalibration):
             return cal
+        if isinstance(cal, Calibration):
+            return StepCalibration(cal)
         if isinstance(cal, (str, Path)):
-            return load_calibration(cal)
+            return load_step_calibration(cal)
         if isinstance(cal, Mapping):
-            return default_calibration().replace(**cal)
-        raise ValueError(f"calibration must be a Calibration, a mapping, a file path or None, got {cal!r}")
+            return StepCalibration(default_calibration().replace(**cal))
+        raise ValueError(f"calibration must be a Calibration, a StepCalibration, a mapping, a file path or None, "
+                         f"got {cal!r}")
 
     def _reset_state(self) -> None:
-        m, cal = self.model, self._resolved_calibration()
+        step_cal = self._resolved_calibration()
+        step_cal.check_matches(self.whole_model.name, self.gpu.name, self.tensor_parallel)
+        self.step_calibration = step_cal
+        self.terms = step_cal.terms
+        self.warmup_s = step_cal.warmup_s  # the server adds it to its first step
+        self._terms = None if step_cal.terms.is_zero else step_cal.terms  # None: the roofline alone (hot path)
+        m, cal = self.model, step_cal.factors
         self.factors = cal
         peak = self.gpu.flops_per_s(m.dtype)
         s_per_prefill_flop = 1.0 / (peak * cal.mfu_prefill)
@@ -263,7 +446,8 @@ class StepTimeModel:
     def get_params(self) -> dict[str, Any]:
         """Model, GPU and factors by name, for a report's params column."""
         tp = {"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {}
-        return {"model": self.model.name, "gpu": self.gpu.name, **tp, **self.factors.to_dict()}
+        terms = self._terms.to_dict() if self._terms is not None else {}
+        return {"model": self.model.name, "gpu": self.gpu.name, **tp, **self.factors.to_dict(), **terms}
 
     def allreduce_time_s(self, num_tokens: int) -> float:
         """Seconds a step of ``num_tokens`` tokens spends in tensor-parallel all-reduces (0 on one GPU)."""
@@ -300,6 +484,8 @@ class StepTimeModel:
             return 0.0
         if self._hybrid:
             return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
+        if self._terms is not None:
+            return self._fitted_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
         if p:
             # Causal pairs of k sequences of n = p/k new tokens after c = P/k cached ones:
             # k x (n c + n (n + 1) / 2) = p P / k + p (p / k + 1) / 2.
@@ -340,6 +526,21 @@ class StepTimeModel:
         total = self.step_time_s(p, d, context_tokens, prefill_context_tokens, k)  # validates
         if total == 0.0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        if self._terms is not None:
+            return self._fitted_cost(p, d, context_tokens, prefill_context_tokens, k)
+        return self._roofline_cost(p, d, context_tokens, prefill_context_tokens, k, total)
+
+    def _fitted_cost(self, p: int, d: int, c: int, pc: int, k: int) -> StepCost:
+        """``step_cost`` with the fitted terms (arguments validated, at least one token): the
+        roofline's terms, and ``fitted_s`` in the step profile's counts (``kv`` counts new tokens)."""
+        cost = self._roofline_cost(p, d, c, pc, k, None)
+        cost.fitted_s = float(self._terms.linear_s(p, d, k, pc + p + c + d, step_pairs(p, k, pc, c + d)))
+        return cost
+
+    def _roofline_cost(self, p: int, d: int, context_tokens: int, prefill_context_tokens: int, k: int,
+                       total: float | None) -> StepCost:
+        """The roofline's terms (arguments validated, at least one token); checked against
+        ``step_time_s``'s ``total`` when given."""
         if self._hybrid:
             return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k)
         pairs = p * prefill_context_tokens / k + p * (p / k + 1) / 2 if p else 0.0
@@ -354,7 +555,7 @@ class StepTimeModel:
         cost = StepCost(flops=prefill_flops + decode_flops, hbm_bytes=hbm_bytes, compute_s=compute_s,
                         memory_s=hbm_bytes * self._s_per_hbm_byte,
                         overhead_s=self._fixed_s + self.allreduce_time_s(p + d))
-        assert math.isclose(cost.total_s, total, rel_tol=1e-9), (cost, total)
+        assert total is None or math.isclose(cost.total_s, total, rel_tol=1e-9), (cost, total)
         return cost
 
     def _hybrid_cost(self, p: int, d: int, c: int, pc: int, k: int) -> StepCost:

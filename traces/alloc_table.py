@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.atomic import replacing_file
-from traces.errors import DAMAGED_GZIP, TraceFormatError
+from traces.errors import TraceFormatError, shown
 from traces.events import (ALLOC_OP, EMPTY_CACHE_OP, EVENT_COLUMNS, AllocTrace, make_events, trace_name,
                            validate_events)
+from traces.source import TraceSource, open_source
 
 __all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace", "output_format"]
 
@@ -31,6 +32,8 @@ _CSV_SUFFIXES = (".csv", ".csv.gz")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _LINE_RE = re.compile(r"line (\d+)")
 _STRING_DTYPE = make_events([], [], [], []).dtypes["op"]
+#: Longest cell an integer column may hold: int64 has 19 digits; "1.0e+18" and padding fit well within.
+_MAX_NUMBER_CHARS = 64
 
 
 def output_format(path: str | Path) -> str:
@@ -62,36 +65,43 @@ def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Pat
     return path
 
 
-def read_table_csv(path: str | Path) -> AllocTrace:
-    """Read our CSV; every row is checked (types, then ``validate_events``)."""
-    path = Path(path)
+def read_table_csv(path: str | Path | TraceSource) -> AllocTrace:
+    """Read our CSV (a file, any stream, or its ``TraceSource``); every row is checked (types, then ``validate_events``)."""
+    src = open_source(path)
+    path = src.path
     try:
+        src.require_intact()
         # fast path: typed parse; any bad cell sends us to the slow path that finds its line
         with warnings.catch_warnings():  # a cell past int64 ("1e30") warns before it raises; the slow path names it
             warnings.simplefilter("ignore", RuntimeWarning)
-            df = pd.read_csv(path, dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
-                             keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                             compression=_compression(path))
-    except DAMAGED_GZIP as exc:
+            df = pd.read_csv(src.stream(), dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
+                             keep_default_na=False, na_filter=False, skip_blank_lines=False)
+    except TraceFormatError as exc:
         _raise_csv_error(path, exc)
     except (ValueError, TypeError, OverflowError) as exc:
         if isinstance(exc, (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError)):
             _raise_csv_error(path, exc)
-        df = _read_csv_slow(path)
+        df = _read_csv_slow(src)
     _check_header(path, list(df.columns))
     df = df[EVENT_COLUMNS]
     validate_events(df, str(path), line_offset=2)
     return AllocTrace(_canonical(df), name=trace_name(path, (".csv", ".parquet", ".pq")), source=str(path), format=CSV_FORMAT)
 
 
-def read_table_parquet(path: str | Path) -> AllocTrace:
-    """Read our Parquet file; errors name the 1-based record (row) number."""
-    path = Path(path)
+def read_table_parquet(path: str | Path | TraceSource) -> AllocTrace:
+    """Read our Parquet file (any stream, or its ``TraceSource``); errors name the 1-based record (row) number.
+
+    The integer columns must be stored as integers (whole floats are accepted too): a boolean
+    ``nbytes`` or a timestamp ``time_us`` is refused, not read as 1-byte allocations or nanoseconds.
+    """
+    src = open_source(path)
+    path = src.path
     try:
-        table = pq.read_table(path)
+        src.require_intact()
+        table = pq.read_table(pa.BufferReader(src.data))
+    except TraceFormatError as exc:
+        raise TraceFormatError(path, None, f"not a readable Parquet file ({exc.reason})") from None
     except (pa.ArrowException, OSError) as exc:
-        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-            raise
         raise TraceFormatError(path, None, f"not a readable Parquet file ({exc})") from None
     missing = [c for c in EVENT_COLUMNS if c not in table.column_names]
     if missing:
@@ -100,11 +110,22 @@ def read_table_parquet(path: str | Path) -> AllocTrace:
     table = table.select(EVENT_COLUMNS)
     for col in ("op", "tag"):
         table = _as_string_column(table, col, path)
+    for col in _INT_COLUMNS:
+        _check_number_column(table, col, path)
     df = table.to_pandas()
     for col in _INT_COLUMNS:
         df[col] = _as_int(df[col], path, col, record_offset=1, unit="record")
     validate_events(df, str(path), line_offset=1, unit="record")
     return AllocTrace(_canonical(df), name=trace_name(path, (".csv", ".parquet", ".pq")), source=str(path), format=PARQUET_FORMAT)
+
+
+def _check_number_column(table: pa.Table, col: str, path: Path) -> None:
+    """TraceFormatError unless ``col`` holds numbers: a bool, timestamp, duration or text column is no byte count."""
+    arr_type = table.schema.field(col).type
+    if pa.types.is_dictionary(arr_type):
+        arr_type = arr_type.value_type
+    if not (pa.types.is_integer(arr_type) or pa.types.is_floating(arr_type) or pa.types.is_null(arr_type)):
+        raise TraceFormatError(path, None, f"column {col} has type {arr_type}, expected integers")
 
 
 def _as_string_column(table: pa.Table, col: str, path: Path) -> pa.Table:
@@ -123,12 +144,12 @@ def _as_string_column(table: pa.Table, col: str, path: Path) -> pa.Table:
     return table.set_column(table.column_names.index(col), col, arr)
 
 
-def _read_csv_slow(path: Path) -> pd.DataFrame:
+def _read_csv_slow(src: TraceSource) -> pd.DataFrame:
     """Everything as text, then the first cell that is not an integer, with its line."""
+    path = src.path
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                         compression=_compression(path))
-    except (ValueError, UnicodeDecodeError, *DAMAGED_GZIP) as exc:
+        df = pd.read_csv(src.stream(), dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False)
+    except (ValueError, UnicodeDecodeError) as exc:
         _raise_csv_error(path, exc)
     _check_header(path, list(df.columns))
     blank = (df == "").all(axis=1).to_numpy()
@@ -148,12 +169,20 @@ def _read_csv_slow(path: Path) -> pd.DataFrame:
 def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: str) -> np.ndarray:
     if pd.api.types.is_integer_dtype(col.dtype) and not col.isna().any():
         return col.to_numpy(np.int64)
+    if col.dtype == object or pd.api.types.is_string_dtype(col.dtype):
+        # a cell of more digits than Python converts (4,300) is no int64 either; checked before pandas sees it
+        long = col.astype(str).str.len().to_numpy() > _MAX_NUMBER_CHARS
+        if long.any():
+            k = int(np.flatnonzero(long)[0])
+            raise TraceFormatError(path, k + record_offset, f"{name} {shown(str(col.iloc[k]), 24)} "
+                                                            f"({len(str(col.iloc[k])):,} characters) is not an integer",
+                                   unit=unit)
     num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
     bad = np.isnan(num) | (num != np.floor(num)) | (np.abs(num) >= 2.0**63)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         value = col.iloc[k]
-        what = "empty" if (isinstance(value, str) and not value) or pd.isna(value) else f"{value!r}"
+        what = "empty" if (isinstance(value, str) and not value) or pd.isna(value) else shown(value, 40)
         raise TraceFormatError(path, k + record_offset, f"{name} {what} is not an integer", unit=unit)
     return pd.to_numeric(col).to_numpy(np.int64)
 
@@ -161,17 +190,17 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
 def _check_header(path: Path, columns: list[str]) -> None:
     missing = [c for c in EVENT_COLUMNS if c not in columns]
     if missing:
-        raise TraceFormatError(path, 1, f"header {','.join(map(str, columns))!r} lacks {', '.join(missing)} "
+        raise TraceFormatError(path, 1, f"header {shown(','.join(map(str, columns)))} lacks {', '.join(missing)} "
                                         f"(expected {','.join(EVENT_COLUMNS)})")
 
 
 def _raise_csv_error(path: Path, exc: Exception):
+    if isinstance(exc, TraceFormatError):  # the source's: a damaged gzip stream
+        raise TraceFormatError(path, None, exc.reason) from None
     if isinstance(exc, pd.errors.EmptyDataError):
         raise TraceFormatError(path, None, "empty file") from None
     if isinstance(exc, UnicodeDecodeError):
         raise TraceFormatError(path, None, f"not a text file ({exc})") from None
-    if isinstance(exc, DAMAGED_GZIP):
-        raise TraceFormatError(path, None, f"truncated or corrupt gzip stream ({exc})") from None
     m = _LINE_RE.search(str(exc))
     raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
 
@@ -194,9 +223,3 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
         # already the default string dtype (Arrow-backed strings convert slowly through object)
         out[c] = col if col.dtype == _STRING_DTYPE else col.astype(object).astype(str)
     return pd.DataFrame(out)[EVENT_COLUMNS]
-
-
-def _compression(path: Path) -> str | None:
-    """``"gzip"`` when the file starts with the gzip magic, whatever its name says."""
-    with open(path, "rb") as f:
-        return "gzip" if f.read(2) == b"\x1f\x8b" else None

@@ -23,6 +23,22 @@ calibration, the measured-against-predicted comparison):
   arrival; what any load generator logs); optional ``request``. A request that never got a first
   token or never finished has an empty cell (NaN) there.
 
+Logging a step profile from an engine (one row per pass of its loop; time the pass, count its batch):
+
+* ``poollab gpu serve`` writes both tables for transformers' continuous batching (it wraps the
+  manager's loop body and its scheduler's ``schedule_batch``).
+* vLLM (v1): wrap ``EngineCore.step`` (``vllm/v1/engine/core.py``) with a monotonic clock; the
+  ``SchedulerOutput`` its ``scheduler.schedule()`` returned gives, per request,
+  ``num_scheduled_tokens[req_id]`` and ``num_computed_tokens`` (``scheduled_new_reqs`` and
+  ``scheduled_cached_reqs``): a request with 1 token scheduled past its prompt is decoding
+  (context ``num_computed_tokens + 1``), any other is prefilling (``num_prefill_tokens`` += its
+  tokens, ``prefill_context_tokens`` += computed + scheduled).
+* SGLang: wrap ``Scheduler.run_batch`` (``python/sglang/srt/managers/scheduler.py``); the
+  ``ScheduleBatch`` says its ``forward_mode`` (extend, decode or mixed) and per sequence its
+  ``extend_lens`` (new tokens), ``prefix_lens`` (cached) and ``seq_lens`` (all).
+* Your own engine: the same six counts per step; write them with ``write_step_profile`` or as
+  a CSV with the header ``STEP_COLUMNS``. Leave idle time out of ``duration_s``.
+
 Both read from CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``). Every cell is
 checked before use (a number, finite, within range, integral where a count) and the first bad
 one raises ``TraceFormatError`` naming file, line (CSV) or row (Parquet) and column.

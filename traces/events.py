@@ -14,8 +14,8 @@ tag        str      optional label (``"pre-trace"``, ``"kv"``, ``"weights"``, ..
 =========  =======  ==============================================================
 
 Invariants (``validate_events`` checks them): every ``free`` follows the ``alloc`` with the
-same id, each id is allocated at most once and freed at most once; allocations never freed
-are simply live at the end.
+same id, on the same stream; each id is allocated at most once and freed at most once;
+allocations never freed are simply live at the end.
 
 An ``empty_cache`` row is the program calling ``torch.cuda.empty_cache()`` at that point (every
 policy honours it through ``Policy.empty_cache``); it is no request, so its ``alloc_id`` and
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 
 __all__ = ["EVENT_COLUMNS", "PRE_TRACE_TAG", "ALLOC_OP", "FREE_OP", "EMPTY_CACHE_OP", "EVENT_OPS", "AllocTrace", "make_events", "validate_events"]
 
@@ -128,7 +128,7 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     bad = np.flatnonzero(~is_request & ~(op == EMPTY_CACHE_OP).to_numpy(dtype=bool, na_value=False))
     if bad.size:
         i = int(bad[0])
-        problems.append((i, f"op {op.iloc[i]!r} is not one of {', '.join(map(repr, EVENT_OPS))}"))
+        problems.append((i, f"op {shown(op.iloc[i], 40)} is not one of {', '.join(map(repr, EVENT_OPS))}"))
     nbytes = df["nbytes"].to_numpy()
     bad = np.flatnonzero(is_request & ((nbytes < 0) | (is_alloc & (nbytes == 0))))
     if bad.size:
@@ -160,6 +160,16 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     if bad.size:
         i = int(freed_rows[bad[0]])
         problems.append((i, f"free of allocation {int(ids[i])}, which is not live at that point"))
+    # a block is freed on the stream it was allocated on: a free elsewhere is a corrupt row, not a request
+    stream = df["stream"].to_numpy()
+    matched = ~np.isnan(alloc_row)
+    if matched.any():
+        alloc_stream = stream[alloc_row[matched].astype(np.int64)]
+        bad = np.flatnonzero(alloc_stream != stream[freed_rows[matched]])
+        if bad.size:
+            i = int(freed_rows[matched][bad[0]])
+            problems.append((i, f"free of allocation {int(ids[i])} on stream {int(stream[i])}, but it was allocated "
+                                f"on stream {int(alloc_stream[bad[0]])}"))
     if problems:
         i, reason = min(problems, key=lambda p: p[0])
         raise TraceFormatError(source, i + line_offset, reason, unit=unit)

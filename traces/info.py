@@ -12,6 +12,10 @@ from traces.events import ALLOC_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace
 __all__ = ["describe_alloc_trace", "live_bytes"]
 
 UNTAGGED = "(untagged)"
+#: What a reader changed or skipped to make a table of the file (``AllocTrace.meta`` counts):
+#: ``traces info`` shows them, so nothing a reader adjusts goes unsaid.
+READER_ADJUSTMENTS = ("num_time_clamped", "num_cross_stream_frees", "num_unmatched_frees_dropped",
+                      "num_free_size_mismatches", "num_failed_allocations", "num_zero_size_skipped")
 
 
 def live_bytes(trace: AllocTrace) -> np.ndarray:
@@ -56,7 +60,7 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     ``peak_live_time_us``, ``final_live_bytes``, ``total_alloc_bytes``, ``size_{min,p50,p90,p99,max}_bytes``,
     ``size_mean_bytes``, ``num_distinct_sizes``, ``streams`` (stream -> allocations), ``tags``
     (tag -> allocations) and ``tag_bytes`` (tag -> bytes allocated); untagged allocations are
-    listed under ``"(untagged)"``.
+    listed under ``"(untagged)"``; then each of ``READER_ADJUSTMENTS`` the reader counted.
     """
     ev = trace.events
     is_alloc = (ev["op"] == ALLOC_OP).to_numpy()
@@ -101,4 +105,5 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     grouped = by_tag.groupby("tag", sort=True)["nbytes"]
     info["tags"] = {str(t): int(n) for t, n in grouped.count().items()}
     info["tag_bytes"] = {str(t): _exact_sum(g.to_numpy(np.int64)) for t, g in grouped}
+    info.update({key: int(trace.meta[key]) for key in READER_ADJUSTMENTS if key in trace.meta})
     return info

@@ -23,7 +23,6 @@ the allocation-trace reader (``read_pytorch_snapshot``, for replay) and ``sim.fi
 
 from __future__ import annotations
 
-import gzip
 import pickle
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -33,8 +32,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 from traces.events import ALLOC_OP, EMPTY_CACHE_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace, make_events, trace_name
+from traces.source import TraceSource, open_source
 
 __all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
            "SnapshotRequests", "SegmentEvents", "SnapshotSegment", "PreTraceAllocation", "load_snapshot_dict",
@@ -205,42 +205,56 @@ class _SnapshotUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a memory snapshot holds only plain data")
 
 
-def load_snapshot_dict(path: str | Path) -> dict:
-    """Unpickle a (gzipped or plain) snapshot file without running code from it."""
-    path = Path(path)
-    with open(path, "rb") as raw:
-        gzipped = raw.read(2) == b"\x1f\x8b"
+def load_snapshot_dict(path: str | Path | TraceSource) -> dict:
+    """Unpickle a (gzipped or plain) snapshot file, read once (``traces.source``), without running code from it."""
+    src = open_source(path)
+    what = "gzipped pickle" if src.gzipped else "pickle"
     try:
-        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f:
-            snap = _SnapshotUnpickler(f).load()
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        raise
-    except Exception as exc:  # a truncated gzip or pickle fails in many ways; all mean one thing
-        what = "gzipped pickle" if gzipped else "pickle"
-        raise TraceFormatError(path, None, f"not a readable {what} ({type(exc).__name__}: {exc})") from exc
+        src.require_intact()
+        snap = _SnapshotUnpickler(src.stream()).load()
+    except TraceFormatError as exc:
+        raise TraceFormatError(src.path, None, f"not a readable {what} ({exc.reason})") from None
+    except RecursionError:
+        raise TraceFormatError(src.path, None, f"not a readable {what} (nested too deeply)") from None
+    except Exception as exc:  # a truncated pickle fails in many ways; all mean one thing
+        raise TraceFormatError(src.path, None, f"not a readable {what} ({type(exc).__name__}: {exc})") from None
     if not isinstance(snap, dict) or not ("device_traces" in snap or "segments" in snap):
-        raise TraceFormatError(path, None,
+        raise TraceFormatError(src.path, None,
                                "pickle holds no 'device_traces' or 'segments': not a PyTorch memory snapshot")
     return snap
 
 
-def read_snapshot(path: str | Path, *, device: int | None = None) -> PyTorchSnapshot:
+def read_snapshot(path: str | Path | TraceSource, *, device: int | None = None) -> PyTorchSnapshot:
     """Read and parse a snapshot file (a pickle or gzipped pickle from ``_dump_snapshot``).
 
     Args:
+        path: the file (any stream, ``traces.source``) or its ``TraceSource``.
         device: which device's part to read; default: the first device with trace entries.
 
     Raises:
         TraceFormatError: the file is no snapshot or a record is malformed (names file and record).
     """
-    path = Path(path)
-    return parse_snapshot(load_snapshot_dict(path), source=str(path), device=device,
-                          name=trace_name(path, _SUFFIXES))
+    src = open_source(path)
+    return parse_snapshot(load_snapshot_dict(src), source=str(src.path), device=device,
+                          name=trace_name(src.path, _SUFFIXES))
 
 
 def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None = None,
                    name: str | None = None) -> PyTorchSnapshot:
-    """Parse an unpickled snapshot dict (see the module docstring); ``name`` defaults to the source's."""
+    """Parse an unpickled snapshot dict (see the module docstring); ``name`` defaults to the source's.
+
+    Every field is checked before use (``TraceFormatError`` naming the list and index): trace
+    entries and segments are dicts, devices whole numbers, addresses and sizes whole numbers
+    below 2**63, each block inside its segment, segments of one device apart, requested sizes
+    at most their block's.
+    """
+    try:
+        return _parse_snapshot(snap, source, device, name)
+    except RecursionError:  # a field nested thousands deep (a hostile pickle): no snapshot has one
+        raise TraceFormatError(source, None, "a field is nested too deeply to be part of a memory snapshot") from None
+
+
+def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | None) -> PyTorchSnapshot:
     device_traces = snap.get("device_traces") or []
     segments = snap.get("segments") or []
     if not isinstance(device_traces, list) or not isinstance(segments, list):
@@ -248,6 +262,11 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
     settings = snap.get("allocator_settings") or {}
     if not isinstance(settings, dict):
         raise TraceFormatError(source, None, f"'allocator_settings' must be a dict, not {type(settings).__name__}")
+    for d, entries in enumerate(device_traces):
+        if not isinstance(entries, list):
+            raise TraceFormatError(source, d, f"is {shown(entries, 40)}, not a list of trace entries",
+                                   unit="device_traces index")
+    _check_devices(segments, source)
     dev = _pick_device(device_traces, segments, device, source)
     entries = device_traces[dev] if dev < len(device_traces) else []
     streams: dict[Any, int] = {0: 0}
@@ -264,6 +283,17 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
         segments_at_start=_segments_at_start(at_end, events), pre_trace=tuple(pre_freed) + pre_live,
         allocator_settings=settings, stream_handles=streams, ignored_actions=ignored,
         num_deferred_frees=num_deferred)
+
+
+def _check_devices(segments: list, source: str) -> None:
+    """TraceFormatError unless every segment is a dict whose ``device`` (when given) is a device index."""
+    for k, seg in enumerate(segments):
+        if not isinstance(seg, dict):
+            raise TraceFormatError(source, k, f"malformed segment {shown(seg, 40)} (not a dict)", unit="segments index")
+        d = seg.get("device")
+        if d is not None and (type(d) is not int or not 0 <= d < _MAX_DEVICES):
+            raise TraceFormatError(source, k, f"device {shown(d, 40)} is not a device index (a whole number "
+                                              f">= 0 and < {_MAX_DEVICES})", unit="segments index")
 
 
 def _pick_device(device_traces: list, segments: list, device: int | None, source: str) -> int:
@@ -304,14 +334,15 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
             action = e["action"]
             if action == "alloc":
                 addr, size = e["addr"], e["size"]
-                if type(size) is not int or type(addr) is not int or not 0 < size < _INT64_LIMIT:
+                if type(size) is not int or type(addr) is not int or not 0 < size < _INT64_LIMIT \
+                        or not 0 <= addr < _INT64_LIMIT:
                     raise TraceFormatError(source, i, _bad_entry_numbers("alloc", addr, size), unit=unit)
                 if addr in live:
                     raise TraceFormatError(source, i, f"alloc at address {addr:#x}, where allocation "
                                                       f"{live[addr][0]} is still live", unit=unit)
                 s = streams.get(e["stream"])
                 if s is None:
-                    s = streams[e["stream"]] = len(streams)
+                    s = _new_stream(streams, e["stream"])
                 live[addr] = (next_id, size)
                 seen_addrs.add(addr)
                 r_entry.append(i); r_time.append(e.get("time_us")); r_is_alloc.append(True); r_addr.append(addr)
@@ -319,18 +350,18 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
                 next_id += 1
             elif action == free_action:
                 addr = e["addr"]
-                if type(addr) is not int:  # the trace keeps every event's address (the report draws blocks by it)
+                if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:  # the trace keeps every address
                     raise TraceFormatError(source, i, _bad_entry_numbers(action, addr, None), unit=unit)
                 if requested_at and requested_at.pop(addr, i - 1) < i - 1:
                     num_deferred += 1  # completed after other entries: an event (record_stream) held it
                 s = streams.get(e["stream"])
                 if s is None:
-                    s = streams[e["stream"]] = len(streams)
+                    s = _new_stream(streams, e["stream"])
                 found = live.pop(addr, None)
                 if found is None:  # allocated before recording began
                     size = e["size"]
                     if type(size) is not int or not 0 < size < _INT64_LIMIT:
-                        raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {size!r}",
+                        raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {shown(size, 40)}",
                                                unit=unit)
                     found = (next_id, size)
                     pre_freed.append(PreTraceAllocation(addr, size, s, None, len(r_entry)))
@@ -341,11 +372,13 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
             elif action in SEGMENT_ACTIONS:
                 s = streams.get(e["stream"])
                 if s is None:
-                    s = streams[e["stream"]] = len(streams)
-                _check_segment_numbers(e)
+                    s = _new_stream(streams, e["stream"])
+                _check_segment_numbers(e, is_oom=action == "oom")
                 # an oom entry's address field is the device's free memory in some versions
+                addr = e.get("addr", e.get("device_free", 0))
+                _check_address(addr)
                 s_entry.append(i); s_time.append(e.get("time_us")); s_action.append(action)
-                s_addr.append(e.get("addr", e.get("device_free", 0))); s_size.append(e["size"]); s_stream.append(s)
+                s_addr.append(addr); s_size.append(e["size"]); s_stream.append(s)
             elif action == "free_requested":  # before its free_completed (counted in ignored)
                 requested_at[e["addr"]] = i
                 ignored[action] = ignored.get(action, 0) + 1
@@ -356,11 +389,11 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
     except KeyError as exc:
         raise TraceFormatError(source, i, f"trace entry lacks key {exc}", unit=unit) from None
     except (TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(source, i, f"malformed trace entry {_short(entries[i])} ({exc})", unit=unit) from None
+        raise TraceFormatError(source, i, f"malformed trace entry {shown(entries[i])} ({exc})", unit=unit) from None
     for times, index in ((r_time, r_entry), (s_time, s_entry)):
         k = next((k for k, t in enumerate(times) if t is not None and _bad_time(t)), None)
         if k is not None:
-            raise TraceFormatError(source, index[k], f"time_us {times[k]!r} is not an integer", unit=unit)
+            raise TraceFormatError(source, index[k], f"time_us {shown(times[k], 40)} is not an integer", unit=unit)
     r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
     requests = SnapshotRequests(r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag)
     events = SegmentEvents(s_entry, s_time, s_action, s_addr, s_size, s_stream)
@@ -369,29 +402,55 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
 
 def _parse_segments(segments: list, dev: int, streams: dict, source: str
                     ) -> tuple[tuple[SnapshotSegment, ...], list[tuple[int, int, int, int]]]:
-    """The final segment table of ``dev`` and its live blocks as (addr, block bytes, requested bytes, stream)."""
-    table, live_blocks = [], []
+    """The final segment table of ``dev`` and its live blocks as (addr, block bytes, requested bytes, stream).
+
+    A segment's blocks lie inside it, one after another; its ``allocated_size`` is at most its
+    size; the segments of ``dev`` do not overlap (``TraceFormatError`` naming the segment).
+    """
+    table, live_blocks, index = [], [], []
     for k, seg in enumerate(segments):
         try:
             if seg.get("device", dev) != dev:
                 continue
             s = streams.get(seg["stream"])
             if s is None:
-                s = streams[seg["stream"]] = len(streams)
+                s = _new_stream(streams, seg["stream"])
             _check_segment_numbers(seg)
             addr = seg["address"]
+            _check_address(addr)
+            end = addr + seg["total_size"]
+            if seg.get("allocated_size", 0) > seg["total_size"]:
+                raise ValueError(f"allocated_size {seg['allocated_size']} is more than total_size {seg['total_size']}")
             pool_id = seg.get("segment_pool_id")
             table.append(SnapshotSegment(addr, seg["total_size"], seg.get("allocated_size", 0), s,
                                          seg.get("segment_type"), bool(seg.get("is_expandable", False)),
                                          tuple(pool_id) if pool_id is not None else None))
-            for b in seg.get("blocks", []):
+            index.append(k)
+            for j, b in enumerate(seg.get("blocks", [])):
                 b_addr = b.get("address", addr)  # older snapshots lack block addresses: blocks tile the segment
+                _check_address(b_addr)
+                if b_addr < addr or b_addr + b["size"] > end:
+                    raise ValueError(f"block {j} [{b_addr:#x}, {b_addr + b['size']:#x}) does not lie inside the "
+                                     f"segment [{seg['address']:#x}, {end:#x})")
+                requested = b.get("requested_size")
+                if requested is not None and (type(requested) is not int or requested < 0):
+                    raise ValueError(f"block {j} requested_size {shown(requested, 40)} is not a byte count")
                 if b["state"] in _LIVE_BLOCK_STATES:
-                    live_blocks.append((b_addr, b["size"], b.get("requested_size") or b["size"], s))
+                    if requested is not None and requested > b["size"]:
+                        raise ValueError(f"block {j} requested_size {requested} is more than its size {b['size']}")
+                    live_blocks.append((b_addr, b["size"], requested or b["size"], s))
                 addr = b_addr + b["size"]
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise TraceFormatError(source, k, f"malformed segment ({type(exc).__name__}: {exc})",
                                    unit="segments index") from None
+    order = sorted(range(len(table)), key=lambda i: table[i].address)
+    for a, b in zip(order, order[1:]):
+        first, second = table[a], table[b]
+        if first.address + first.total_bytes > second.address:
+            raise TraceFormatError(source, index[b], f"segment at {second.address:#x} overlaps segments index "
+                                                     f"{index[a]} [{first.address:#x}, "
+                                                     f"{first.address + first.total_bytes:#x})",
+                                   unit="segments index")
     return tuple(table), live_blocks
 
 
@@ -425,34 +484,83 @@ def _mapped_runs_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEv
     small when its size is a 2 MiB page count below 20 MiB (a guess the snapshot cannot settle).
     """
     page = SMALL_SEGMENT_BYTES
-    mapped: set[int] = set()
+    # ranges, not one entry per page: a (hostile) map of 2**55 bytes is one range, not 2**34 pages
+    mapped = _PageRanges(page)
     for seg in at_end:
-        mapped.update(range(seg.address, seg.address + seg.total_bytes, page))
-    stream_of: dict[int, int] = {}
+        mapped.add(seg.address, seg.total_bytes)
+    unmapped_streams: list[tuple[int, int, int]] = []  # (address, bytes, stream), earliest unmap last
     for action, addr, nbytes, stream in zip(reversed(events.action), reversed(events.address),
                                             reversed(events.nbytes), reversed(events.stream)):
-        pages = range(addr, addr + nbytes, page)
         if action == "segment_map":
-            mapped.difference_update(pages)
+            mapped.remove(addr, nbytes)
         elif action == "segment_unmap":
-            mapped.update(pages)
-            stream_of.update(dict.fromkeys(pages, stream))
+            mapped.add(addr, nbytes)
+            unmapped_streams.append((addr, nbytes, stream))
+
+    def stream_of(start: int, default):
+        """The stream of the earliest unmap of the page at ``start`` (undone last), else ``default``."""
+        for addr, nbytes, stream in reversed(unmapped_streams):
+            if addr <= start < addr + nbytes and (start - addr) % page == 0:
+                return stream
+        return default
+
     runs: list[SnapshotSegment] = []
-    start = prev = None
-    for addr in sorted(mapped) + [None]:
-        if addr is not None and prev is not None and addr == prev + page:
-            prev = addr
-            continue
-        if start is not None:
-            nbytes = prev + page - start
-            near = [s for s in at_end if s.stream == stream_of.get(start, s.stream)]
-            like = min(near, key=lambda s: abs(s.address - start), default=None)
-            if like is None:
-                runs.append(SnapshotSegment(start, nbytes, 0, stream_of.get(start, 0), None, True))
-            else:
-                runs.append(SnapshotSegment(start, nbytes, 0, like.stream, like.segment_type, True, like.pool_id))
-        start = prev = addr
+    for start, nbytes in mapped.runs():
+        near = [s for s in at_end if s.stream == stream_of(start, s.stream)]
+        like = min(near, key=lambda s: abs(s.address - start), default=None)
+        if like is None:
+            runs.append(SnapshotSegment(start, nbytes, 0, stream_of(start, 0), None, True))
+        else:
+            runs.append(SnapshotSegment(start, nbytes, 0, like.stream, like.segment_type, True, like.pool_id))
     return tuple(runs)
+
+
+class _PageRanges:
+    """A set of pages (``page`` bytes each, starting where a range starts), kept as sorted disjoint runs.
+
+    ``add(addr, nbytes)`` holds the pages ``addr, addr + page, ...`` below ``addr + nbytes``, as
+    ``set.update(range(addr, addr + nbytes, page))`` would, and ``remove`` drops them; adjacent
+    runs merge. Equal to a set of page addresses whenever the addresses are page-aligned (the
+    allocator maps whole pages); the cost is per run, not per page.
+    """
+
+    def __init__(self, page: int):
+        self.page = page
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def _span(self, addr: int, nbytes: int) -> tuple[int, int]:
+        return addr, addr + -(-max(nbytes, 0) // self.page) * self.page
+
+    def add(self, addr: int, nbytes: int) -> None:
+        lo, hi = self._span(addr, nbytes)
+        if lo == hi:
+            return
+        i = bisect_left(self.ends, lo)  # first run ending at or after lo: it touches or follows [lo, hi)
+        j = i
+        while j < len(self.starts) and self.starts[j] <= hi:
+            lo, hi = min(lo, self.starts[j]), max(hi, self.ends[j])
+            j += 1
+        self.starts[i:j], self.ends[i:j] = [lo], [hi]
+
+    def remove(self, addr: int, nbytes: int) -> None:
+        lo, hi = self._span(addr, nbytes)
+        if lo == hi:
+            return
+        i = bisect_left(self.ends, lo + 1)  # first run ending after lo
+        j = i
+        keep_s, keep_e = [], []
+        while j < len(self.starts) and self.starts[j] < hi:
+            if self.starts[j] < lo:
+                keep_s.append(self.starts[j]); keep_e.append(lo)
+            if self.ends[j] > hi:
+                keep_s.append(hi); keep_e.append(self.ends[j])
+            j += 1
+        self.starts[i:j], self.ends[i:j] = keep_s, keep_e
+
+    def runs(self) -> list[tuple[int, int]]:
+        """``(address, bytes)`` of each run, by address."""
+        return [(lo, hi - lo) for lo, hi in zip(self.starts, self.ends)]
 
 
 # ---------------------------------------------------------------------------- private pools
@@ -556,13 +664,8 @@ def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
     return PoolInference(pools, windows, num_unknown)
 
 
-def _short(obj: Any, limit: int = 120) -> str:
-    text = repr(obj)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 # ---------------------------------------------------------------------------- as an allocation trace
-def read_pytorch_snapshot(path: str | Path, *, device: int | None = None) -> AllocTrace:
+def read_pytorch_snapshot(path: str | Path | TraceSource, *, device: int | None = None) -> AllocTrace:
     """Read a snapshot file into an AllocTrace (``snapshot_to_trace`` of ``read_snapshot``).
 
     Args:
@@ -639,7 +742,7 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     t0 = snap.time_origin_us
     if type(t0) is not int:
         if len(req) or len(ev):
-            raise TraceFormatError(source, 0, f"time_us {t0!r} of the first entry is not an integer",
+            raise TraceFormatError(source, 0, f"time_us {shown(t0, 40)} of the first entry is not an integer",
                                    unit=snap.entry_unit)
         t0 = 0
     pre_freed = [p for p in snap.pre_trace if p.freed_at is not None]
@@ -709,22 +812,47 @@ _INT64_LIMIT = 2**63
 
 def _bad_entry_numbers(action: str, addr: Any, size: Any) -> str:
     """Why an entry's size or address cannot be one (the entry failed the inline check)."""
-    if type(addr) is not int:
-        return f"{action} at address {addr!r}: must be an integer"
-    return f"{action} of size {size!r}: must be a whole number of bytes > 0 and < 2**63"
+    if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:
+        return f"{action} at address {shown(addr, 40)}: must be an integer >= 0 and < 2**63"
+    return f"{action} of size {shown(size, 40)}: must be a whole number of bytes > 0 and < 2**63"
+
+
+#: Largest segment (or mapping) a snapshot may hold: 2**49 bytes, the 49-bit virtual address
+#: space of a GPU; a device has far less memory than that.
+MAX_SEGMENT_BYTES = 1 << 49
+#: Most devices a snapshot may name (a device index is a small whole number).
+_MAX_DEVICES = 1 << 16
+
+
+def _check_address(addr: Any) -> None:
+    """ValueError unless ``addr`` is an address: a whole number >= 0 and < 2**63 (int64 downstream)."""
+    if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:
+        raise ValueError(f"address {shown(addr, 40)} is not a whole number >= 0 and < 2**63")
+
+
+def _new_stream(streams: dict[Any, int], handle: Any) -> int:
+    """The small int of a stream handle met for the first time (a handle is a whole number, as CUDA's are)."""
+    if type(handle) is not int or not -_INT64_LIMIT <= handle < 2 * _INT64_LIMIT:
+        raise ValueError(f"stream {shown(handle, 40)} is not a stream handle (a whole number)")
+    streams[handle] = len(streams)
+    return streams[handle]
 
 
 def _bad_time(value: Any) -> bool:
     return type(value) is not int or not -_INT64_LIMIT <= value < _INT64_LIMIT
 
 
-def _check_segment_numbers(seg: dict) -> None:
-    """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts."""
+def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
+    """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts,
+    a segment's at most ``MAX_SEGMENT_BYTES`` (an ``oom`` entry's size is what the program asked for)."""
     sizes = [seg.get(k, 0) for k in ("size", "total_size", "allocated_size")]
     sizes += [b.get("size", 0) for b in seg.get("blocks", ()) if isinstance(b, dict)]
     bad = next((v for v in sizes if type(v) is not int or not 0 <= v < _INT64_LIMIT), None)
     if bad is not None:
-        raise ValueError(f"size {bad!r} is not a whole number of bytes below 2**63")
+        raise ValueError(f"size {shown(bad, 40)} is not a whole number of bytes below 2**63")
+    if not is_oom and max(sizes) > MAX_SEGMENT_BYTES:
+        raise ValueError(f"size {max(sizes):,} is more than a GPU's whole virtual address space "
+                         f"({MAX_SEGMENT_BYTES:,} bytes)")
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:

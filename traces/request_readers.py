@@ -20,16 +20,24 @@ that way) is dropped and counted in ``meta["num_dropped_zero_output"]`` /
 wrong (a missing column or value, a non-number, a negative, bad JSON) raises
 ``TraceFormatError(path, line, reason)`` naming the first bad line. Gzipped text files are read
 as they are.
+
+Every value is checked before use, against the limits of the request table
+(``traces.requests.MAX_TOKENS``, ``MAX_TIME_S``; generators hold the same ones): a count or time
+too long for a float (400 digits) is out of range, a boolean is not a number, a span of
+date-times longer than ``MAX_TIME_S`` is refused, hash ids are lists of int64, and JSON may
+nest at most ``MAX_JSON_DEPTH`` levels (checked before parsing). Values in messages are cut short.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
+import io
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,8 +46,9 @@ import pandas as pd
 
 from traces.alloc_table import output_format
 from traces.atomic import replacing_file
-from traces.errors import DAMAGED_GZIP, TraceFormatError
-from traces.requests import REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
+from traces.errors import TraceFormatError
+from traces.requests import MAX_TIME_S, MAX_TOKENS, REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
+from traces.source import TraceSource, open_source
 
 __all__ = ["REQUEST_FORMATS", "read_request_trace", "write_request_trace", "detect_request_format"]
 
@@ -70,13 +79,16 @@ _CSV_LAYOUTS = (
                hash_col="hash_ids", ours=True),
 )
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
-#: Most tokens one request may have: no model's context comes near it, so more is a corrupt field
-#: (and past 2**63 it would wrap in int64).
-MAX_TOKENS = 2**31 - 1
-#: Latest arrival time in seconds (epoch seconds are about 1.7e9; 1e11 is 3,000 years): more is
-#: a unit mistake (microseconds in a seconds column) or corruption.
-MAX_TIME_S = 1e11
+#: Deepest JSON nesting a Mooncake line may have (a published line is 2 deep: an object holding a
+#: list). Python's json recurses once per level and fails near 1,000, so depth is checked first.
+MAX_JSON_DEPTH = 32
 _INT64_LIMIT = 2**63
+#: A whole number of this many digits is past float64 (1.8e308): pandas refuses the whole column
+#: ("int too large to convert to float") or gives NaN; such a cell reads as +-_FLOAT_MAX instead,
+#: so the range checks name it as too large.
+_LONG_INT_RE = r"\s*[+-]?\d{309,}\s*"
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+_SECONDS_PER_YEAR = 365.25 * 86400
 REQUEST_FORMATS = tuple(lay.format for lay in _CSV_LAYOUTS) + ("mooncake", "parquet")
 
 
@@ -94,35 +106,31 @@ def read_request_trace(path: str | Path, *, format: str | None = None, name: str
     path = Path(path)
     if format is not None and format not in REQUEST_FORMATS:
         raise TraceFormatError(path, None, f"unknown request-trace format {format!r}; known: {', '.join(REQUEST_FORMATS)}")
-    kind, header, first = _sniff(path)
+    src = open_source(path)  # read once: detection and the reader see the same bytes (a pipe too)
+    kind, header, first = _sniff(src)
     fmt = format or _match(path, kind, header, first)
     name = name or Path(path.name.removesuffix(".gz")).stem
     if fmt == "parquet":
-        return _read_parquet(path, name)
+        return _read_parquet(src, name)
     if fmt == "mooncake":
-        return _read_mooncake(path, name)
+        return _read_mooncake(src, name)
     layout = next(lay for lay in _CSV_LAYOUTS if lay.format == fmt)
-    return _read_csv(path, name, layout, header)
+    return _read_csv(src, name, layout, header)
 
 
 def detect_request_format(path: str | Path) -> str:
     """The format name of a request-trace file, from its content (the suffix is not looked at)."""
     path = Path(path)
-    return _match(path, *_sniff(path))
+    return _match(path, *_sniff(open_source(path)))
 
 
-def _sniff(path: Path) -> tuple[str, list[str], str]:
+def _sniff(src: TraceSource) -> tuple[str, list[str], str]:
     """``(kind, header columns, first line)``: kind is "parquet", "json" or "csv"."""
-    with open(path, "rb") as f:
-        head = f.read(1 << 16)
-    if head.startswith(b"PAR1"):
+    head = src.head(1 << 16)
+    if not src.gzipped and head.startswith(b"PAR1"):
         return "parquet", [], ""
-    if head.startswith(b"\x1f\x8b"):
-        try:
-            with gzip.open(path, "rb") as f:
-                head = f.read(1 << 16)
-        except DAMAGED_GZIP as exc:
-            raise TraceFormatError(path, None, f"corrupt gzip stream ({exc})") from None
+    if src.damage is not None and not head:
+        raise TraceFormatError(src.path, None, src.damage)
     text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
     if first.lstrip().startswith("{"):
@@ -149,16 +157,10 @@ def _match(path: Path, kind: str, header: list[str], first: str) -> str:
 # CSV formats
 
 
-def _compression(path: Path) -> str | None:
-    with open(path, "rb") as f:
-        return "gzip" if f.read(2) == b"\x1f\x8b" else None
-
-
-def _row_to_line(path: Path, rows: list[int]) -> dict[int, int]:
+def _row_to_line(src: TraceSource, rows: list[int]) -> dict[int, int]:
     """File line of each data row: pandas skips blank lines, so count only non-blank ones."""
     wanted, found = set(rows), {}
-    opener = gzip.open if _compression(path) else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+    with io.TextIOWrapper(src.stream(), encoding="utf-8", errors="replace") as f:
         row = -1  # the header is the first non-blank line
         for lineno, line in enumerate(f, 1):
             if line.strip():
@@ -187,19 +189,59 @@ class _Problems:
             raise TraceFormatError(path, to_line(row), reason, unit=unit)
 
 
-def _show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+def _show(value: Any, limit: int = 40) -> str:
+    """A value for an error message: strings quoted; a long one (a 400-digit number) cut short."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        head = repr(text[:limit // 2]) if isinstance(value, str) else text[:limit // 2]
+        return f"{head}... ({len(text):,} characters)"
+    return repr(value) if isinstance(value, str) else text
+
+
+def _floats(col: pd.Series) -> np.ndarray:
+    """A non-integer column as float64: NaN where a cell is no number, +-_FLOAT_MAX where it is a
+    whole number too long for a float (pandas fails on the column or gives NaN there)."""
+    try:
+        v = pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
+    except (OverflowError, ValueError):  # "int too large to convert to float": one cell fails the column
+        v = None
+    if v is not None and (pd.api.types.is_float_dtype(col.dtype) or not np.isnan(v).any()):
+        return v
+    text = col.astype(object).where(col.notna(), "").astype(str)
+    long_int = text.str.fullmatch(_LONG_INT_RE).to_numpy(bool)
+    if v is None:
+        v = pd.to_numeric(col.where(~long_int), errors="coerce").to_numpy(np.float64)
+    negative = text.str.lstrip().str.startswith("-").to_numpy(bool)
+    v = v.copy()  # pandas may hand out a read-only view
+    v[long_int] = np.where(negative[long_int], -_FLOAT_MAX, _FLOAT_MAX)
+    return v
+
+
+def _is_bool(col: pd.Series) -> np.ndarray:
+    """Cells that are booleans: a bool column (CSV "True"/"False", Parquet bool), or bools among objects."""
+    if pd.api.types.is_bool_dtype(col.dtype):
+        return np.ones(len(col), dtype=bool)
+    if col.dtype == object:
+        return np.fromiter((type(x) is bool or isinstance(x, np.bool_) for x in col), dtype=bool, count=len(col))
+    return np.zeros(len(col), dtype=bool)
 
 
 def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) -> np.ndarray:
-    """A column as float64, logging missing, non-numeric, non-finite, negative and fractional values."""
+    """A column as float64, logging missing, non-numeric (booleans and date-times too), non-finite,
+    negative, fractional and out-of-range values."""
     if pd.api.types.is_integer_dtype(col.dtype):
         v = col.to_numpy(np.float64)
+    elif pd.api.types.is_datetime64_any_dtype(col.dtype) or pd.api.types.is_timedelta64_dtype(col.dtype):
+        problems.add(np.ones(len(col), dtype=bool), lambda i: f"{label} {_show(col.iloc[i])} is a {col.dtype} "
+                                                              "value, not a number")
+        return np.zeros(len(col))
     else:
-        v = pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
+        boolean = _is_bool(col)
+        problems.add(boolean, lambda i: f"{label} {_show(col.iloc[i])} is a boolean, not a number")
+        v = _floats(col.astype(object).where(~boolean) if boolean.any() else col)
         missing = col.isna().to_numpy()
         problems.add(missing, lambda i: f"missing value in column {label!r}")
-        problems.add(np.isnan(v) & ~missing, lambda i: f"{label} {_show(col.iloc[i])} is not a number")
+        problems.add(np.isnan(v) & ~missing & ~boolean, lambda i: f"{label} {_show(col.iloc[i])} is not a number")
     problems.add(np.isinf(v), lambda i: f"{label} {_show(col.iloc[i])} is not a finite number")
     problems.add(v < 0, lambda i: f"{label} {_show(col.iloc[i])} must not be negative")
     if integer:
@@ -213,14 +255,29 @@ def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) 
 
 
 def _datetimes_s(col: pd.Series, label: str, problems: _Problems) -> tuple[np.ndarray, str]:
-    """Date-time strings (7 fractional digits, or an offset, as Azure writes them) to seconds since the earliest."""
+    """Date-time strings (7 fractional digits, or an offset, as Azure writes them) to seconds since the
+    earliest; a span longer than ``MAX_TIME_S`` (a year-9999 date in a 2023 trace) is an error."""
     ts = pd.to_datetime(col, format="ISO8601", utc=True, errors="coerce")
     bad = ts.isna().to_numpy()
-    problems.add(bad, lambda i: f"{label} {col.iloc[i]!r} is not a date-time (like 2023-11-16 18:17:03.9799600)")
+    problems.add(bad, lambda i: _not_a_datetime(label, col.iloc[i]))
     if bad.all():
         return np.full(len(col), np.nan), ""
     start = ts.min()
-    return (ts - start).dt.total_seconds().to_numpy(np.float64), start.isoformat()
+    t = (ts - start).dt.total_seconds().to_numpy(np.float64)
+    problems.add(t > MAX_TIME_S, lambda i: f"{label} {_show(col.iloc[i])} is {t[i] / _SECONDS_PER_YEAR:,.0f} years "
+                                           f"after the first request ({start.isoformat()}); a trace spans at most "
+                                           f"{MAX_TIME_S:g} s")
+    return t, start.isoformat()
+
+
+def _not_a_datetime(label: str, value: Any) -> str:
+    """Why pandas read no date-time: none there, or one it cannot hold at the column's precision."""
+    try:
+        datetime.fromisoformat(str(value).strip())
+    except ValueError:
+        return f"{label} {_show(value)} is not a date-time (like 2023-11-16 18:17:03.9799600)"
+    lo, hi = pd.Timestamp.min.date(), pd.Timestamp.max.date()
+    return f"{label} {_show(value)} lies outside {lo} to {hi}, the dates a trace of 100 ns (7-digit) times can hold"
 
 
 def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]]:
@@ -232,7 +289,7 @@ def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]
         except ValueError:
             bad[i] = True
             out.append(())
-    problems.add(bad, lambda i: f"hash_ids {col.iloc[i]!r} is not a space-separated list of 64-bit integers")
+    problems.add(bad, lambda i: f"hash_ids {_show(col.iloc[i])} is not a space-separated list of 64-bit integers")
     return out
 
 
@@ -244,7 +301,8 @@ def _hash_ids(ids) -> tuple[int, ...]:
     return out
 
 
-def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> RequestTrace:
+def _read_csv(src: TraceSource, name: str, layout: _CsvLayout, header: list[str]) -> RequestTrace:
+    path = src.path
     missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in header]
     if missing:
         raise TraceFormatError(path, 1, f"missing column(s) {', '.join(map(repr, missing))} for format {layout.format!r}")
@@ -253,14 +311,15 @@ def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> R
     try:
         # all columns, not usecols: with usecols pandas lets a row with extra fields pass
         # only an empty field is missing: a session id may well be "NA" or "null"
-        df = pd.read_csv(path, dtype={c: str for c in text_cols}, compression=_compression(path),
+        src.require_intact()
+        df = pd.read_csv(src.stream(), dtype={c: str for c in text_cols},
                          keep_default_na=False, na_values={c: [""] for c in header}, encoding="utf-8-sig",
                          **_EXACT_FLOATS)
     except pd.errors.ParserError as exc:  # "... Expected 3 fields in line 6, saw 4"
         m = re.search(r"line (\d+)", str(exc))
         raise TraceFormatError(path, int(m.group(1)) if m else None, f"cannot parse CSV: {str(exc).split(': ')[-1]}") from None
-    except (*DAMAGED_GZIP, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, None, f"cannot read CSV: {exc}") from None
+    except (TraceFormatError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, None, f"cannot read CSV: {getattr(exc, 'reason', exc)}") from None
     df.columns = [str(c).strip() for c in df.columns]  # detection strips header names too
     problems = _Problems()
     meta: dict[str, Any] = {"num_rows_read": len(df)}
@@ -277,7 +336,7 @@ def _read_csv(path: Path, name: str, layout: _CsvLayout, header: list[str]) -> R
         problems.add(output == 0, lambda i: f"{layout.output_col} 0 must be >= 1")
     if problems.first:
         rows = [row for row, _ in problems.first]
-        lines = _row_to_line(path, rows)
+        lines = _row_to_line(src, rows)
         problems.raise_first(path, lambda row: lines.get(row, row + 2))
     trace = _finish(path, name, layout.format, t, prompt, output, sessions, hashes, meta)
     if layout.ours:
@@ -305,16 +364,18 @@ def _finish(path: Path, name: str, fmt: str, t: np.ndarray, prompt: np.ndarray, 
 # Mooncake JSON lines
 
 
-def _read_mooncake(path: Path, name: str) -> RequestTrace:
+def _read_mooncake(src: TraceSource, name: str) -> RequestTrace:
+    path = src.path
     t, prompt, output, hashes = [], [], [], []
-    opener = gzip.open if _compression(path) else open
     lineno = 0
-    try:
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                _mooncake_line(path, lineno, raw, t, prompt, output, hashes)
-    except DAMAGED_GZIP as exc:
-        raise TraceFormatError(path, lineno + 1, f"truncated or corrupt gzip stream ({exc})") from None
+    for lineno, raw in enumerate(src.stream(), 1):
+        if src.damage is not None and not raw.endswith(b"\n"):
+            break  # the line the damaged gzip stream cut
+        _mooncake_line(path, lineno, raw, t, prompt, output, hashes)
+    else:
+        lineno += 1
+    if src.damage is not None:  # every whole line that decompressed was good: the damage is where they end
+        raise TraceFormatError(path, lineno, src.damage)
     meta = {"num_rows_read": len(t), "hash_block_tokens": DEFAULT_HASH_BLOCK_TOKENS}
     return _finish(path, name, "mooncake", np.asarray(t, np.float64), np.asarray(prompt, np.int64),
                    np.asarray(output, np.int64), None, hashes, meta)
@@ -328,32 +389,40 @@ def _mooncake_line(path: Path, lineno: int, raw: bytes, t: list, prompt: list, o
         raise TraceFormatError(path, lineno, f"not UTF-8 text (byte {exc.start} of the line)") from None
     if not line.strip():
         return
+    # str.count is C-fast: only a line with many brackets is scanned for its depth
+    if line.count("[") + line.count("{") > MAX_JSON_DEPTH and _json_depth(line) > MAX_JSON_DEPTH:
+        raise TraceFormatError(path, lineno, f"JSON nested {_json_depth(line):,} levels deep; a Mooncake line may nest "
+                                             f"at most {MAX_JSON_DEPTH} (it is an object holding a list)")
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(path, lineno, f"bad JSON: {exc.msg} at column {exc.colno}") from None
+    except ValueError:  # the one other: an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise TraceFormatError(path, lineno, f"a number of more than {sys.get_int_max_str_digits():,} digits") from None
     if not isinstance(obj, dict):
         raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
     for key in _MOONCAKE_KEYS:
         value = obj.get(key)
         if key not in obj:
             raise TraceFormatError(path, lineno, f"missing key {key!r} (Mooncake lines have {', '.join(_MOONCAKE_KEYS)}, hash_ids)")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise TraceFormatError(path, lineno, f"{key} {value!r} is not a number")
+        # ints are compared as ints (exact): a 400-digit one has no float, and would overflow
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise TraceFormatError(path, lineno, f"{key} {_show(value)} is not a number")
         if value < 0:
-            raise TraceFormatError(path, lineno, f"{key} {value!r} must not be negative")
+            raise TraceFormatError(path, lineno, f"{key} {_show(value)} must not be negative")
         if key == "timestamp":
-            if value / 1000.0 > MAX_TIME_S:  # Mooncake timestamps are milliseconds
-                raise TraceFormatError(path, lineno, f"timestamp {value!r} ms is later than {MAX_TIME_S:g} s")
+            if value > MAX_TIME_S * 1000.0:  # Mooncake timestamps are milliseconds
+                raise TraceFormatError(path, lineno, f"timestamp {_show(value)} ms is later than {MAX_TIME_S:g} s")
+        elif value > MAX_TOKENS:
+            raise TraceFormatError(path, lineno, f"{key} {_show(value)} is more than {MAX_TOKENS:,} tokens")
         elif value != int(value):
             raise TraceFormatError(path, lineno, f"{key} {value!r} is not a whole number of tokens")
-        elif value > MAX_TOKENS:
-            raise TraceFormatError(path, lineno, f"{key} {value!r} is more than {MAX_TOKENS:,} tokens")
     try:
         raw_ids = obj.get("hash_ids", [])
         ids = _hash_ids(raw_ids if isinstance(raw_ids, list) else None)
     except (TypeError, ValueError):
-        raise TraceFormatError(path, lineno, f"hash_ids {str(obj.get('hash_ids'))[:80]} is not a list of 64-bit "
+        raise TraceFormatError(path, lineno, f"hash_ids {_show(obj.get('hash_ids'), 80)} is not a list of 64-bit "
                                              "integers") from None
     t.append(obj["timestamp"] / 1000.0)
     prompt.append(int(obj["input_length"]))
@@ -361,18 +430,33 @@ def _mooncake_line(path: Path, lineno: int, raw: bytes, t: list, prompt: list, o
     hashes.append(ids)
 
 
+_JSON_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET_RE = re.compile(r"[\[\]{}]")
+
+
+def _json_depth(text: str) -> int:
+    """How deep ``[`` and ``{`` nest in a JSON text, brackets inside strings not counted."""
+    depth = deepest = 0
+    for ch in _JSON_BRACKET_RE.findall(_JSON_STRING_RE.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 # ---------------------------------------------------------------------------------------------
 # Parquet (ours) and the writer
 
 
-def _read_parquet(path: Path, name: str) -> RequestTrace:
+def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    path = src.path
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(pa.BufferReader(src.data))
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise TraceFormatError(path, None, f"cannot read Parquet: {exc}") from None
-    stored = json.loads((table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))
+    stored = _stored_meta(path, (table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))
     df = table.to_pandas()
     layout = _CSV_LAYOUTS[-1]
     missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in df.columns]
@@ -390,13 +474,32 @@ def _read_parquet(path: Path, name: str) -> RequestTrace:
     if "hash_ids" in df:
         hashes = []
         for row, h in enumerate(df["hash_ids"]):
-            try:
-                hashes.append(() if h is None else tuple(int(i) for i in h))
+            try:  # a list<int64> column reads as int arrays; a string "123" or floats are not hash ids
+                if h is not None and not isinstance(h, (list, np.ndarray)):
+                    raise TypeError
+                hashes.append(() if h is None else _hash_ids(h.tolist() if isinstance(h, np.ndarray) else h))
             except (TypeError, ValueError):
-                raise TraceFormatError(path, row + 1, f"hash_ids {h!r} is not a list of integers", unit="row") from None
+                shown = h.tolist() if isinstance(h, np.ndarray) else h
+                raise TraceFormatError(path, row + 1, f"hash_ids {_show(shown, 80)} is not a list of 64-bit integers",
+                                       unit="row") from None
     meta = {**stored.get("meta", {}), "num_rows_read": len(df)}
     meta.setdefault("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)
     return _finish(path, name, "parquet", t, prompt, output, sessions, hashes, meta)
+
+
+def _stored_meta(path: Path, raw: bytes) -> dict[str, Any]:
+    """The name, format and meta our writer stores in the Parquet schema, checked like any JSON read here."""
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _json_depth(text) > MAX_JSON_DEPTH:
+            raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
+        stored = json.loads(text)
+        if not isinstance(stored, dict) or not isinstance(stored.get("meta", {}), dict):
+            raise ValueError("not a JSON object with a 'meta' object")
+    except ValueError as exc:  # JSONDecodeError and the digit limit are ValueErrors too
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise TraceFormatError(path, None, f"damaged {_PARQUET_META_KEY.decode()} metadata: {reason}") from None
+    return stored
 
 
 def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | None = None) -> Path:

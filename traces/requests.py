@@ -29,9 +29,17 @@ import pandas as pd
 
 from traces.errors import TraceFormatError
 
-__all__ = ["REQUEST_COLUMNS", "RequestTrace", "make_requests", "validate_requests"]
+__all__ = ["REQUEST_COLUMNS", "MAX_TOKENS", "MAX_TIME_S", "RequestTrace", "make_requests", "validate_requests"]
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "session_id", "hash_ids"]
+#: Most tokens one request may have (prompt or output): no model's context comes near it, so more
+#: is a corrupt field (and past 2**63 it would wrap in int64). Readers refuse more, generators
+#: refuse specs that could draw more.
+MAX_TOKENS = 2**31 - 1
+#: Latest arrival time in seconds (epoch seconds are about 1.7e9; 1e11 is 3,000 years): more is
+#: a unit mistake (microseconds in a seconds column) or corruption. Readers refuse a later time
+#: or a longer span of date-times; generators refuse a trace that would last longer.
+MAX_TIME_S = 1e11
 
 
 @dataclass
@@ -75,7 +83,11 @@ class RequestTrace:
         if not np.isfinite(factor) or factor <= 0:
             raise ValueError(f"rate scale factor {factor!r} must be a finite number > 0")
         df = self.requests.copy()
-        df["arrival_s"] = df["arrival_s"].to_numpy(np.float64) / factor
+        with np.errstate(over="ignore"):  # past float64 is inf, refused below
+            df["arrival_s"] = df["arrival_s"].to_numpy(np.float64) / factor
+        if len(df) and not df["arrival_s"].iloc[-1] <= MAX_TIME_S:
+            raise ValueError(f"rate scale factor {factor!r} puts the last arrival at {df['arrival_s'].iloc[-1]:g} s, "
+                             f"later than {MAX_TIME_S:g} s")
         return self._derive(df, rate_scale=self.meta.get("rate_scale", 1.0) * factor)
 
     def window(self, start_s: float, end_s: float | None = None) -> RequestTrace:
@@ -215,6 +227,9 @@ def validate_requests(df: pd.DataFrame, source: str = "<requests>", *, line_offs
     bad = np.flatnonzero(~np.isfinite(t))
     if bad.size:
         raise TraceFormatError(source, int(bad[0]) + line_offset, f"arrival_s {t[bad[0]]} is not a finite number")
+    bad = np.flatnonzero(t > MAX_TIME_S)
+    if bad.size:
+        raise TraceFormatError(source, int(bad[0]) + line_offset, f"arrival_s {t[bad[0]]:g} is later than {MAX_TIME_S:g} s")
     if n and t[0] != 0.0:
         raise TraceFormatError(source, line_offset, f"arrival_s of the first request is {t[0]}, must be 0 (times are relative to it)")
     bad = np.flatnonzero(np.diff(t) < 0)
@@ -223,9 +238,11 @@ def validate_requests(df: pd.DataFrame, source: str = "<requests>", *, line_offs
         raise TraceFormatError(source, i + line_offset, f"arrival_s {t[i]} goes back in time (previous {t[i - 1]})")
     for col in ("prompt_tokens", "output_tokens"):
         v = df[col].to_numpy()
-        bad = np.flatnonzero(v < 1)
+        bad = np.flatnonzero((v < 1) | (v > MAX_TOKENS))
         if bad.size:
-            raise TraceFormatError(source, int(bad[0]) + line_offset, f"{col} {v[bad[0]]} must be >= 1")
+            i = int(bad[0])
+            reason = "must be >= 1" if v[i] < 1 else f"is more than {MAX_TOKENS:,} tokens"
+            raise TraceFormatError(source, i + line_offset, f"{col} {v[i]} {reason}")
     sessions = df["session_id"]
     if not (pd.api.types.is_string_dtype(sessions.dtype) and not sessions.isna().any()):
         for i, s in enumerate(sessions):  # object column: look at each value

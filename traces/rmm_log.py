@@ -5,13 +5,19 @@ The log has the header ``Thread,Time,Action,Pointer,Size,Stream``; ``Time`` is t
 ``free`` or ``allocate failure``, ``Pointer`` and ``Stream`` are hex (with or without ``0x``).
 Unlike a PyTorch snapshot a log is complete from its first line, so a free of a pointer that is
 not live is an error (``lenient=True`` drops such frees instead). ``allocate failure`` rows are
-counted in ``meta["num_failed_allocations"]`` and skipped. Everything is vectorised: a free is
+counted in ``meta["num_failed_allocations"]`` and skipped. Pointers are addresses: an allocation
+that overlaps a live one is an error. A free on another stream than its allocation's is
+counted in ``meta["num_cross_stream_frees"]`` and put on the allocation's stream (RMM allows it;
+the event table keeps a block on its stream until it is free). Times that go back by threads
+racing to log (up to ``MAX_CLOCK_JITTER_US``) are raised to the latest earlier one and counted
+in ``meta["num_time_clamped"]``; further back is an error. Everything is vectorised: a free is
 matched to the latest allocation of the same pointer by a stable sort on the pointer.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from traces.alloc_table import _compression
-from traces.errors import TraceFormatError
+from traces.errors import TraceFormatError, shown
 from traces.events import AllocTrace, make_events, trace_name
+from traces.source import TraceSource, open_source
 
 __all__ = ["RMM_FORMAT", "RMM_HEADER", "read_rmm_log"]
 
@@ -36,18 +42,21 @@ _NULL_POINTERS = {"(nil)": "0", "nullptr": "0", "null": "0", "0x0": "0"}
 _DAY_US = 86_400_000_000
 _INT64_LIMIT = 2.0**63  # sizes and times are int64 from here on: anything at or past this does not fit
 _LINE_RE = re.compile(r"line (\d+)")
+#: How far back a row's time may lie behind an earlier row's: threads log in a race, not in order.
+MAX_CLOCK_JITTER_US = 1_000_000
 
 
-def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
+def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> AllocTrace:
     """Read an RMM logging-adaptor CSV.
 
     Args:
-        path: the log (plain or gzipped).
+        path: the log (plain or gzipped; a file, any stream, or its ``TraceSource``).
         lenient: drop frees of pointers that are not live (and let a pointer be allocated
             again without a free) instead of raising TraceFormatError.
     """
-    path = Path(path)
-    cols, line = _read_columns(path)
+    src = open_source(path)
+    path = src.path
+    cols, line = _read_columns(src)
     action = pc.utf8_trim_whitespace(cols["Action"])
     is_fail = _bools(pc.equal(action, _FAIL_ACTION))
     is_alloc = _bools(pc.is_in(action, value_set=pa.array(sorted(_ALLOC_ACTIONS))))
@@ -55,10 +64,10 @@ def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
     bad = np.flatnonzero(~(is_fail | is_alloc | is_free))
     if bad.size:
         k = bad[0]
-        raise TraceFormatError(path, int(line[k]), f"Action {action[int(k)].as_py()!r} is not 'allocate', 'free' "
+        raise TraceFormatError(path, int(line[k]), f"Action {shown(action[int(k)].as_py())} is not 'allocate', 'free' "
                                                    "or 'allocate failure'")
     size = _parse_sizes(cols["Size"], line, path)
-    time_us = _parse_times(cols["Time"], line, path)
+    time_us, num_time_clamped = _parse_times(cols["Time"], line, path)
     stream_raw = _parse_hex(cols["Stream"], line, path, "Stream")
 
     # failures and zero-byte allocations (nothing to place) are not events
@@ -74,6 +83,10 @@ def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
         alloc_row = _rows_after_drop(alloc_row, keep_free)
     alloc_size = size[alloc_row]
     num_size_mismatch = int(np.count_nonzero(alloc_size != size))
+    _check_no_overlap(pointer, is_alloc, alloc_size, alloc_row, line, path)
+    # a block belongs to the stream it was allocated on until it is free (the event table's rule)
+    num_cross_stream = int(np.count_nonzero(stream_raw[alloc_row] != stream_raw))
+    stream_raw = stream_raw[alloc_row]
     stream, handles = _streams_in_order(stream_raw)
     t0 = int(time_us[0]) if time_us.size else 0
     events = make_events(time_us - t0, np.where(is_alloc, "alloc", "free"), ids, alloc_size, stream)
@@ -82,12 +95,14 @@ def read_rmm_log(path: str | Path, *, lenient: bool = False) -> AllocTrace:
         "num_zero_size_skipped": int(zero.sum()),
         "num_unmatched_frees_dropped": int((~keep_free).sum()),  # incl. frees of zero-byte allocations
         "num_free_size_mismatches": num_size_mismatch,
+        "num_time_clamped": num_time_clamped,
+        "num_cross_stream_frees": num_cross_stream,
         "stream_handles": {int(h): i for i, h in enumerate(handles)},
     }
     return AllocTrace(events, name=trace_name(path, (".csv", ".log")), source=str(path), format=RMM_FORMAT, meta=meta)
 
 
-def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
+def _read_columns(src: TraceSource) -> tuple[dict[str, pa.Array], np.ndarray]:
     """Every column as an Arrow string array, and the file line of each row.
 
     Fast path: Arrow's CSV reader. On any irregularity (a blank line, a ragged row) pandas
@@ -96,9 +111,9 @@ def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
     opts = dict(parse_options=pacsv.ParseOptions(ignore_empty_lines=False),
                 convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RMM_HEADER},
                                                      strings_can_be_null=False, quoted_strings_can_be_null=False))
+    src.require_intact()
     try:
-        with pa.input_stream(path, compression=_compression(path)) as stream:
-            table = pacsv.read_csv(stream, **opts)
+        table = pacsv.read_csv(pa.BufferReader(src.data), **opts)
     except (pa.ArrowException, OSError, ValueError, EOFError):
         table = None
     if table is not None and [c.strip() for c in table.column_names] == RMM_HEADER:
@@ -111,7 +126,7 @@ def _read_columns(path: Path) -> tuple[dict[str, pa.Array], np.ndarray]:
             mask = pa.array(~blank)
             cols, line = {name: col.filter(mask) for name, col in cols.items()}, line[~blank]
         return cols, line
-    df = _read_csv_strings(path)
+    df = _read_csv_strings(src)
     line = df.index.to_numpy() + 2  # one header line; blank lines are kept as rows of ""
     blank = (df == "").all(axis=1).to_numpy()
     df, line = df[~blank], line[~blank]
@@ -122,18 +137,17 @@ def _bools(arr: pa.Array) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _read_csv_strings(path: Path) -> pd.DataFrame:
+def _read_csv_strings(src: TraceSource) -> pd.DataFrame:
+    path = src.path
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                         skipinitialspace=True, compression=_compression(path))
+        df = pd.read_csv(src.stream(), dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
+                         skipinitialspace=True)
     except pd.errors.EmptyDataError:
         raise TraceFormatError(path, None, "empty file") from None
     except pd.errors.ParserError as exc:
         m = _LINE_RE.search(str(exc))
         raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
-    except (UnicodeDecodeError, EOFError, OSError) as exc:
-        if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
-            raise
+    except UnicodeDecodeError as exc:
         raise TraceFormatError(path, None, f"not a readable text file ({exc})") from None
     header = [c.strip() for c in df.columns]
     if header != RMM_HEADER:
@@ -152,12 +166,17 @@ def _parse_sizes(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
     bad = np.flatnonzero(size < 0)
     if bad.size:
         k = int(bad[0])
-        raise TraceFormatError(path, int(line[k]), f"Size {col[k].as_py()!r} is not a byte count")
+        raise TraceFormatError(path, int(line[k]), f"Size {shown(col[k].as_py())} is not a byte count")
     return size.astype(np.int64)
 
 
-def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
-    """Microseconds, non-decreasing: time of day with midnight wraps undone."""
+def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarray, int]:
+    """Microseconds, non-decreasing: time of day with midnight wraps undone; and how many rows were clamped.
+
+    Threads race to log, so a time up to ``MAX_CLOCK_JITTER_US`` before an earlier row's is
+    raised to it (and counted); a jump back further than that (and short of half a day, which is
+    midnight) is an error naming the line.
+    """
     t = _clock_fixed_width_us(col)
     if t is None:
         text = pd.Series(pc.utf8_trim_whitespace(col).to_numpy(zero_copy_only=False), dtype=object)
@@ -171,12 +190,22 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
             t = td.to_numpy(dtype="timedelta64[us]").astype(np.float64) if not bad.size else None
         if bad.size:
             k = int(bad[0])
-            raise TraceFormatError(path, int(line[k]), f"Time {text.iloc[k]!r} is not HH:MM:SS.ffffff")
+            raise TraceFormatError(path, int(line[k]), f"Time {shown(text.iloc[k])} is not HH:MM:SS.ffffff")
         t = t.astype(np.int64)
     # a jump back of more than half a day is midnight; smaller ones are threads racing to log
     wraps = np.concatenate([[0], np.cumsum(np.diff(t) < -_DAY_US // 2)])
     t = t + wraps * _DAY_US
-    return np.maximum.accumulate(t) if t.size else t
+    if not t.size:
+        return t, 0
+    latest = np.maximum.accumulate(t)
+    back = np.flatnonzero(latest - t > MAX_CLOCK_JITTER_US)
+    if back.size:
+        k = int(back[0])
+        before = int(np.flatnonzero(t[:k] == latest[k])[0])
+        raise TraceFormatError(path, int(line[k]), f"Time goes back {(latest[k] - t[k]) / 1e6:,.6f} s from line "
+                                                   f"{int(line[before])}'s (more than the "
+                                                   f"{MAX_CLOCK_JITTER_US / 1e6:g} s of threads racing to log)")
+    return latest, int(np.count_nonzero(latest != t))
 
 
 def _clock_fixed_width_us(col: pa.Array) -> np.ndarray | None:
@@ -217,8 +246,65 @@ def _parse_hex(col: pa.Array, line: np.ndarray, path: Path, what: str) -> np.nda
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     if bad:
         k = int(np.flatnonzero(np.isin(codes, bad))[0])
-        raise TraceFormatError(path, int(line[k]), f"{what} {values[codes[k]]!r} is not a hex address")
+        raise TraceFormatError(path, int(line[k]), f"{what} {shown(values[codes[k]])} is not a hex address")
     return parsed[codes]
+
+
+def _check_no_overlap(pointer: np.ndarray, is_alloc: np.ndarray, alloc_size: np.ndarray, alloc_row: np.ndarray,
+                      line: np.ndarray, path: Path) -> None:
+    """TraceFormatError at the first allocation whose bytes overlap a live allocation's.
+
+    The rows are matched already (every free closes a live allocation, a pointer is not live
+    twice). Only allocations whose bytes overlap those of another pointer at any time can
+    collide; for them, one pass in time order over the live ones kept sorted by pointer: a new
+    one need only be checked against its two neighbours, as the live ones never overlap.
+    """
+    rows = np.flatnonzero(is_alloc)
+    if not rows.size:
+        return
+    start, size = pointer[rows], alloc_size[rows].astype(np.uint64)
+    past = np.flatnonzero(start > np.uint64(2**64 - 1) - size)
+    if past.size:
+        k = int(rows[past[0]])
+        raise TraceFormatError(path, int(line[k]), f"allocate at {int(pointer[k]):#x} of {int(alloc_size[k]):,} bytes "
+                                                   "runs past the end of the address space")
+    end = start + size
+    order = np.argsort(start, kind="stable")
+    s_start, s_end = start[order], end[order]
+    first = np.concatenate([[True], s_start[1:] != s_start[:-1]])  # first allocation of each pointer
+    group = np.cumsum(first) - 1
+    group_end = np.maximum.reduceat(s_end, np.flatnonzero(first))
+    # uint64 throughout (pointers may pass 2**63; mixing in int64 would make floats of them)
+    before_end = np.concatenate([np.zeros(1, np.uint64), np.maximum.accumulate(group_end)[:-1]])
+    next_start = np.concatenate([s_start[first][1:], np.full(1, np.iinfo(np.uint64).max, np.uint64)])
+    shared = np.empty(rows.size, bool)
+    shared[order] = (before_end[group] > s_start) | (next_start[group] < s_end)
+    if not shared.any():
+        return
+    ordinal = np.cumsum(is_alloc) - 1  # the allocation number of an alloc row
+    check = np.flatnonzero(shared[ordinal[alloc_row]])
+    starts: list[int] = []  # pointers of the live allocations, sorted
+    live: dict[int, tuple[int, int]] = {}  # pointer -> (end, row)
+    ptrs, allocs, sizes = pointer[check].tolist(), is_alloc[check].tolist(), alloc_size[check].tolist()
+    for j, p in enumerate(ptrs):
+        k = int(check[j])
+        if not allocs[j]:
+            if live.pop(p, None) is not None:
+                del starts[bisect_left(starts, p)]
+            continue
+        end = p + sizes[j]
+        i = bisect_left(starts, p)
+        if p in live:  # lenient: allocated again without a free; the old one is gone
+            del starts[i]
+            del live[p]
+        other = starts[i - 1] if i and live[starts[i - 1]][0] > p else (
+            starts[i] if i < len(starts) and starts[i] < end else None)
+        if other is not None:
+            other_end, row = live[other]
+            raise TraceFormatError(path, int(line[k]), f"allocate at {p:#x} of {sizes[j]:,} bytes overlaps the live "
+                                                       f"allocation [{other:#x}, {other_end:#x}) of line {int(line[row])}")
+        starts.insert(i, p)
+        live[p] = (end, k)
 
 
 def _match_frees(pointer: np.ndarray, is_alloc: np.ndarray, is_empty: np.ndarray, line: np.ndarray, path: Path,

@@ -22,10 +22,15 @@ Scheduling is continuous batching: requests arrive (all at 0, or Poisson at
 ``arrival_rate_per_s``), wait FCFS, and at most ``max_batch`` run at once. A step lasts
 ``step_overhead_us + step_us_per_token * tokens`` and its events are spread evenly over it.
 Everything random comes from ``numpy.random.default_rng(seed)``: one seed, one trace.
+
+What it writes, the allocation readers read: token counts are at most ``traces.requests.MAX_TOKENS``
+(the request readers' limit), every size and time fits int64, and a trace of more than
+``MAX_EVENTS`` events is refused before it is built.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, Union
@@ -34,11 +39,17 @@ import numpy as np
 import pandas as pd
 
 from traces.events import AllocTrace, make_events
+from traces.requests import MAX_TOKENS
 
-__all__ = ["generate_alloc_trace", "kv_bytes_per_token", "SYNTH_FORMAT"]
+__all__ = ["generate_alloc_trace", "kv_bytes_per_token", "SYNTH_FORMAT", "MAX_EVENTS"]
 
 SYNTH_FORMAT = "synthetic"
 FLOAT32_BYTES = 4
+#: Most events one generated trace may have: about 200 B each while it is built (5.9 M events
+#: took 1.2 GB and 11 s here), so 20 million is 4 GB and a minute; more is refused before any work.
+MAX_EVENTS = 20_000_000
+_INT64_MAX = int(np.iinfo(np.int64).max)  # sizes and times are int64 columns, as every reader's
+_ALLOCS_PER_LAYER_STEP = 11  # allocations one layer of ``_forward`` makes (each freed in the step)
 
 #: A token-count distribution: a fixed count, an inclusive ``(low, high)`` uniform range, a list
 #: of observed counts to draw from, or ``f(rng, n) -> n counts``.
@@ -133,21 +144,29 @@ def generate_alloc_trace(*, num_layers: int = 16, hidden_size: int = 2048, num_h
         _check_positive_int(name, value)
     num_heads = hidden_size // head_dim if num_heads is None else num_heads
     _check_positive_int("num_heads", num_heads)
-    if step_overhead_us < 0 or step_us_per_token < 0:
+    if not (0 <= step_overhead_us < math.inf and 0 <= step_us_per_token < math.inf):
         raise ValueError(f"step_overhead_us(={step_overhead_us}) and step_us_per_token(={step_us_per_token}) "
-                         "must be >= 0")
+                         "must be finite numbers >= 0")
     if arrival_rate_per_s is not None and not arrival_rate_per_s > 0:
         raise ValueError(f"arrival_rate_per_s(={arrival_rate_per_s}) must be > 0 or None")
+    # every request holds at least one KV chunk per layer and takes a share of a step
+    _check_num_events(num_layers, max_batch, num_requests, num_requests, num_requests)
     intermediate_size = _mlp_width(num_layers, hidden_size, num_heads, num_kv_heads, head_dim, vocab_size,
                                    tie_word_embeddings, intermediate_size, param_count)
 
     rng = np.random.default_rng(seed)
     prompts = _sample("prompt_tokens", prompt_tokens, rng, num_requests)
     outputs = _sample("output_tokens", output_tokens, rng, num_requests)
+    _check_num_events(num_layers, max_batch, num_requests, int((-(-prompts // kv_chunk_tokens)).sum()),
+                      int(outputs.sum()))
     if arrival_rate_per_s is None:
         arrivals = np.zeros(num_requests, np.int64)
     else:
-        arrivals = np.cumsum(rng.exponential(1e6 / arrival_rate_per_s, num_requests)).astype(np.int64)
+        arrivals_us = np.cumsum(rng.exponential(1e6 / arrival_rate_per_s, num_requests))
+        if arrivals_us.size and not arrivals_us[-1] <= _INT64_MAX:  # astype would wrap it to a negative time
+            raise ValueError(f"arrival_rate_per_s(={arrival_rate_per_s}) puts the last arrival at {arrivals_us[-1]:.3g} us, "
+                             "past what an int64 time holds")
+        arrivals = arrivals_us.astype(np.int64)
     requests = [_Request(i, int(a), int(p), int(o)) for i, (a, p, o) in enumerate(zip(arrivals, prompts, outputs))]
 
     rec = _Recorder()
@@ -192,6 +211,12 @@ def generate_alloc_trace(*, num_layers: int = 16, hidden_size: int = 2048, num_h
         running = still
         num_steps += 1
 
+    largest = max(rec.size_of)
+    if largest > _INT64_MAX:  # one pass over a list: cheaper than checking every allocation
+        raise ValueError(f"this model shape allocates a tensor of {largest:,} bytes, more than an int64 size holds")
+    if now_us > _INT64_MAX:
+        raise ValueError(f"the trace lasts more than {_INT64_MAX:,} us, what an int64 time holds; lower "
+                         f"step_us_per_token(={step_us_per_token}) or step_overhead_us(={step_overhead_us})")
     ids = np.asarray(rec.ids, np.int64)
     sizes = np.asarray(rec.size_of, np.int64)
     events = make_events(rec.times(), np.where(rec.is_alloc, "alloc", "free"), ids, sizes[ids], None, rec.tags)
@@ -296,10 +321,14 @@ def _sample(name: str, spec: LengthSpec, rng: np.random.Generator, n: int) -> np
     if isinstance(spec, (bool, np.bool_)):
         raise ValueError(f"{name}(={spec!r}) is not a token count")
     if isinstance(spec, (int, np.integer)):
+        if not 1 <= spec <= MAX_TOKENS:
+            raise ValueError(f"{name}(={spec!r}) must be a token count from 1 to {MAX_TOKENS:,}")
         out = np.full(n, int(spec), np.int64)
     elif isinstance(spec, tuple):
-        if len(spec) != 2 or not all(isinstance(v, (int, np.integer)) for v in spec) or not 1 <= spec[0] <= spec[1]:
-            raise ValueError(f"{name}(={spec!r}) must be an inclusive range (low, high) with 1 <= low <= high")
+        if len(spec) != 2 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                                     for v in spec) or not 1 <= spec[0] <= spec[1] <= MAX_TOKENS:
+            raise ValueError(f"{name}(={spec!r}) must be an inclusive range (low, high) with "
+                             f"1 <= low <= high <= {MAX_TOKENS:,}")
         out = rng.integers(spec[0], spec[1] + 1, n)
     elif callable(spec):
         out = np.asarray(spec(rng, n))
@@ -309,12 +338,30 @@ def _sample(name: str, spec: LengthSpec, rng: np.random.Generator, n: int) -> np
         out = rng.choice(np.asarray(spec), n)
     else:
         raise ValueError(f"{name}(={spec!r}) must be an int, a (low, high) tuple, a list of counts or f(rng, n)")
-    if out.dtype.kind not in "iu" and not np.all(out == np.floor(out)):
+    if out.dtype.kind not in "iuf" or (out.dtype.kind == "f" and not np.all(out == np.floor(out))):
         raise ValueError(f"{name}: token counts must be integers, got {out[:5]!r}")
+    if out.size and not out.max() <= MAX_TOKENS:  # compared before the int64 cast, which could wrap
+        raise ValueError(f"{name}: token counts must be at most {MAX_TOKENS:,}, got {out.max()!r}")
     out = out.astype(np.int64)
     if out.size and out.min() < 1:
         raise ValueError(f"{name}: token counts must be >= 1, got {int(out.min())}")
     return out
+
+
+def _check_num_events(num_layers: int, max_batch: int, num_requests: int, num_prompt_chunks: int,
+                      num_output_tokens: int) -> None:
+    """Refuse a trace that would hold more than ``MAX_EVENTS`` events, from a lower bound on its size.
+
+    Each prompt chunk is allocated and freed once per layer; each step generates at most
+    ``max_batch`` tokens and allocates and frees ``11 * layers + 4`` tensors; the weights add
+    ``9 * layers + 3``. The bound never refuses a trace that would fit.
+    """
+    num_steps = -(-num_output_tokens // max_batch)
+    at_least = 2 * num_layers * num_prompt_chunks + 2 * (_ALLOCS_PER_LAYER_STEP * num_layers + 4) * num_steps \
+        + 9 * num_layers + 3
+    if at_least > MAX_EVENTS:
+        raise ValueError(f"{num_requests:,} requests of this shape make at least {at_least:,} events, more than "
+                         f"{MAX_EVENTS:,}; generate fewer or shorter requests")
 
 
 def _check_positive_int(name: str, value: Any) -> None:

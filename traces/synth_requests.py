@@ -9,6 +9,11 @@ Length distributions are written on the command line as ``name:key=value,...``
 (``parse_length_dist``): ``lognormal:median=1000,sigma=1.0[,min=1,max=32768]``,
 ``zipf:a=1.2[,min=1,max=65536]``, ``fixed:n=128`` (or just ``128``),
 ``empirical:trace=FILE,column=prompt_tokens`` (lengths resampled from a real trace).
+
+Every trace generated here reads back: the specs hold the limits the readers hold
+(``traces.requests.MAX_TOKENS`` per request, ``MAX_TIME_S`` of arrivals), so a spec that could
+draw more is refused when it is built, and a drawn trace that would last longer is refused
+before it is returned.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+import math
+
 import numpy as np
 
-from traces.requests import RequestTrace, make_requests
+from traces.requests import MAX_TIME_S, MAX_TOKENS, RequestTrace, make_requests
 
 __all__ = [
     "LengthDist", "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing",
@@ -26,9 +33,14 @@ __all__ = [
 ]
 
 _MAX_ZIPF_RANGE = 10_000_000  # the bounded Zipf keeps its whole CDF in memory
+# Gamma gaps of shape 1/cv**2: near 0 the shape overflows, far above 1 every gap is 0 but a few
+_MIN_CV, _MAX_CV = 1e-3, 1e3
 #: Most requests one synthetic trace may have: about 200 B each in the table (a session id and a
 #: hash-id tuple per row), so 10 million is 2 GB; more is refused before any work.
 MAX_REQUESTS = 10_000_000
+#: Longest length or prefix-sharing spec read (the longest in the docs is under 100 characters):
+#: longer is a runaway, and every error message repeats the spec.
+MAX_SPEC_CHARS = 1000
 
 
 class LengthDist(Protocol):
@@ -37,16 +49,27 @@ class LengthDist(Protocol):
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray: ...
 
 
+def _check_whole(kind: str, key: str, value: Any, *, low: int = 1, high: int = MAX_TOKENS,
+                 unit: str = "tokens") -> None:
+    """Refuse a knob that is not a whole number in ``[low, high]`` (a bool is not a number here)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or int(value) != value or value < low:
+        raise ValueError(f"{kind}: {key}={value!r} must be a whole number >= {low}")
+    if value > high:
+        raise ValueError(f"{kind}: {key}={value!r} is more than {high:,} {unit}, the most a request trace may hold")
+
+
 def _check_bounds(kind: str, lo: int, hi: int | None) -> None:
-    if int(lo) != lo or lo < 1:
-        raise ValueError(f"{kind}: min={lo!r} must be a whole number >= 1")
-    if hi is not None and (int(hi) != hi or hi < lo):
-        raise ValueError(f"{kind}: max={hi!r} must be a whole number >= min={lo}")
+    _check_whole(kind, "min", lo)
+    if hi is not None:
+        _check_whole(kind, "max", hi)
+        if hi < lo:
+            raise ValueError(f"{kind}: max={hi!r} must be a whole number >= min={lo}")
 
 
 @dataclass(frozen=True)
 class Lognormal:
-    """Tokens = round(exp(N(ln median, sigma))), clipped to [min, max]."""
+    """Tokens = round(exp(N(ln median, sigma))), clipped to [min, max] (max: ``MAX_TOKENS`` if not given)."""
 
     median: float
     sigma: float
@@ -56,13 +79,17 @@ class Lognormal:
     def __post_init__(self) -> None:
         if not (np.isfinite(self.median) and self.median > 0):
             raise ValueError(f"lognormal: median={self.median!r} must be > 0")
+        if self.median > MAX_TOKENS:
+            raise ValueError(f"lognormal: median={self.median!r} is more than {MAX_TOKENS:,} tokens, the most a "
+                             "request trace may hold")
         if not (np.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"lognormal: sigma={self.sigma!r} must be >= 0")
         _check_bounds("lognormal", self.min, self.max)
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Draws clipped to ``[min, max]``; without a max, to ``MAX_TOKENS`` (a huge sigma overflows to inf)."""
         x = np.rint(rng.lognormal(np.log(self.median), self.sigma, size))
-        return np.clip(x, self.min, self.max if self.max is not None else np.inf).astype(np.int64)
+        return np.clip(x, self.min, self.max if self.max is not None else MAX_TOKENS).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -100,8 +127,11 @@ class Empirical:
         v = np.asarray(self.values)
         if v.ndim != 1 or v.size == 0:
             raise ValueError("empirical: needs a non-empty list of lengths")
-        if not np.issubdtype(v.dtype, np.number) or np.any(v < 1) or np.any(v != np.floor(v)):
+        if not np.issubdtype(v.dtype, np.number) or v.dtype == bool or np.any(v < 1) or np.any(v != np.floor(v)):
             raise ValueError("empirical: lengths must be whole numbers >= 1")
+        if np.any(v > MAX_TOKENS):
+            raise ValueError(f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, the most a request "
+                             "trace may hold")
         object.__setattr__(self, "values", v.astype(np.int64))
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -115,8 +145,7 @@ class Fixed:
     n: int
 
     def __post_init__(self) -> None:
-        if int(self.n) != self.n or self.n < 1:
-            raise ValueError(f"fixed: n={self.n!r} must be a whole number >= 1")
+        _check_whole("fixed", "n", self.n)
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return np.full(size, int(self.n), dtype=np.int64)
@@ -139,14 +168,13 @@ class PrefixSharing:
     block_tokens: int = 512
 
     def __post_init__(self) -> None:
-        if int(self.num_prefixes) != self.num_prefixes or self.num_prefixes < 1:
-            raise ValueError(f"prefix sharing: num_prefixes={self.num_prefixes!r} must be a whole number >= 1")
+        # a prefix more than there are requests is never used; a count past that only costs memory
+        _check_whole("prefix sharing", "num_prefixes", self.num_prefixes, high=MAX_REQUESTS, unit="prefixes")
         if not (np.isfinite(self.a) and self.a >= 0):
             raise ValueError(f"prefix sharing: a={self.a!r} must be >= 0")
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"prefix sharing: fraction={self.fraction!r} must be in [0, 1]")
-        if int(self.block_tokens) != self.block_tokens or self.block_tokens < 1:
-            raise ValueError(f"prefix sharing: block_tokens={self.block_tokens!r} must be a whole number >= 1")
+        _check_whole("prefix sharing", "block_tokens", self.block_tokens)
 
     def hash_ids(self, rng: np.random.Generator, prompt_tokens: np.ndarray) -> list[tuple[int, ...]]:
         bt = int(self.block_tokens)
@@ -189,8 +217,13 @@ def synth_requests(*, num_requests: int | None = None, duration_s: float | None 
         raise ValueError(f"num_requests={num_requests!r} must be a whole number >= 0")
     if duration_s is not None and not (np.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s={duration_s!r} must be a finite number > 0")
+    if duration_s is not None and duration_s > MAX_TIME_S:
+        raise ValueError(f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, the most a request trace may last")
     if not (np.isfinite(rate_rps) and rate_rps > 0):
         raise ValueError(f"rate_rps={rate_rps!r} must be a finite number > 0")
+    if duration_s is None and num_requests > 1 and (num_requests - 1) / rate_rps > MAX_TIME_S:
+        raise ValueError(f"num_requests={num_requests:,} at rate_rps={rate_rps!r} would last about "
+                         f"{(num_requests - 1) / rate_rps:.3g} s, longer than {MAX_TIME_S:g} s; raise the rate")
     expected = num_requests if num_requests is not None else rate_rps * duration_s
     if duration_s is not None and num_requests is not None:
         expected = min(num_requests, rate_rps * duration_s)
@@ -201,10 +234,15 @@ def synth_requests(*, num_requests: int | None = None, duration_s: float | None 
         raise ValueError(f"arrival={arrival!r} must be 'poisson' or 'gamma'")
     if not (np.isfinite(cv) and cv > 0):
         raise ValueError(f"cv={cv!r} must be a finite number > 0")
+    if not _MIN_CV <= cv <= _MAX_CV:
+        raise ValueError(f"cv={cv!r} must be between {_MIN_CV:g} and {_MAX_CV:g} (the Gamma shape is 1/cv**2)")
     if arrival == "poisson" and cv != 1.0:
         raise ValueError(f"cv={cv!r} needs arrival='gamma' (a Poisson process has CV 1)")
     rng_arrival, rng_prompt, rng_output, rng_prefix = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
     t = _arrivals(rng_arrival, num_requests, duration_s, rate_rps, arrival, cv)
+    if t.size and not t[-1] <= MAX_TIME_S:  # a bursty (gamma) draw can outrun the expected span
+        raise ValueError(f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; raise rate_rps or "
+                         "lower cv")
     prompt_tokens = prompt.sample(rng_prompt, t.size)
     output_tokens = output.sample(rng_output, t.size)
     hash_ids = prefix_sharing.hash_ids(rng_prefix, prompt_tokens) if prefix_sharing else None
@@ -258,11 +296,21 @@ def _parse_kv(text: str, kind: str, body: str) -> dict[str, str]:
     return out
 
 
+def _check_spec(spec: str, kind: str) -> str:
+    """The spec stripped, unless it is longer than ``MAX_SPEC_CHARS``."""
+    spec = str(spec).strip()
+    if len(spec) > MAX_SPEC_CHARS:
+        raise ValueError(f"{kind} spec {spec[:40]!r}... is {len(spec):,} characters long; at most {MAX_SPEC_CHARS:,}")
+    return spec
+
+
 def _number(text: str, spec: str, key: str, kind: type = float) -> Any:
     try:
         value = float(text.replace("_", ""))
     except ValueError:
         raise ValueError(f"{key}={text!r} in {spec!r} is not a number") from None
+    if not math.isfinite(value):  # "1e400" and 400 digits read as inf
+        raise ValueError(f"{key}={text!r} in {spec!r} is not a finite number")
     if kind is int:
         if value != int(value):
             raise ValueError(f"{key}={text!r} in {spec!r} is not a whole number")
@@ -279,7 +327,7 @@ _DIST_KEYS = {
 
 def parse_length_dist(text: str) -> LengthDist:
     """``"lognormal:median=1000,sigma=1.0"`` -> ``Lognormal(1000.0, 1.0)``; ValueError naming the text if not."""
-    spec = str(text).strip()
+    spec = _check_spec(text, "length distribution")
     kind, _, body = spec.partition(":")
     kind = kind.strip().lower()
     if kind.replace("_", "").isdigit() and not body:
@@ -314,16 +362,22 @@ def parse_length_dist(text: str) -> LengthDist:
 def parse_prefix_sharing(text: str) -> PrefixSharing:
     """``"num_prefixes=8,prefix_tokens=[lognormal:median=2048,sigma=0.5],a=1.0,fraction=0.9,block_tokens=512"``.
 
-    ``prefix_tokens`` takes a length spec in square brackets (or a plain number of tokens).
+    ``prefix_tokens`` takes a length spec in square brackets (or a plain number of tokens); no
+    other brackets are read, so they may not nest.
     """
-    spec = str(text).strip()
+    spec = _check_spec(text, "prefix-sharing")
     kv: dict[str, Any] = {}
     depth, start, parts = 0, 0, []
     for i, ch in enumerate(spec):
         depth += {"[": 1, "]": -1}.get(ch, 0)
+        if not 0 <= depth <= 1:
+            raise ValueError(f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' at "
+                             f"character {i + 1}; only prefix_tokens=[...] takes brackets, one level")
         if ch == "," and depth == 0:
             parts.append(spec[start:i])
             start = i + 1
+    if depth:
+        raise ValueError(f"prefix-sharing spec {spec!r}: unbalanced '['")
     parts.append(spec[start:])
     types = {"num_prefixes": int, "a": float, "fraction": float, "block_tokens": int}
     for part in filter(None, (p.strip() for p in parts)):

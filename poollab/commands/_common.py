@@ -9,27 +9,13 @@ import click
 import policies
 import traces
 from poollab.errors import UsageError
-from policies.units import parse_bytes
+from poollab.options import BYTES, ByteSize  # noqa: F401 (the commands' size type, re-exported)
+from traces.atomic import check_out_folder
 
 #: What ``--policy`` means when it is not given: the five built-in policies.
 DEFAULT_POLICIES = ("first-fit", "best-fit", "size-class", "paged", "elastic")
 
 
-class ByteSize(click.ParamType):
-    """``80GiB``, ``512MiB``, ``4096``."""
-
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int):
-            return value
-        try:
-            return parse_bytes(value)
-        except policies.PolicyError as exc:
-            self.fail(str(exc), param, ctx)
-
-
-BYTES = ByteSize()
 
 
 def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
@@ -40,9 +26,20 @@ def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def out_option(default: str):
+def out_option(default: str, help: str = "Folder for summary.csv and the other tables (an earlier run's are "
+                                         "replaced; files you put there are kept)."):
+    """``--out``: a result folder, checked before any work (``check_out``)."""
     return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=default,
-                        show_default=True, help="Folder for summary.csv and the other tables.")
+                        show_default=True, callback=check_out, help=help)
+
+
+def check_out(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """A ``--out`` that no run can replace (the current folder or one holding it, the root, a
+    file) fails now, not after the run. (A file of the user's in the way is found at the end,
+    when the run's outputs are known: nothing is changed then either.)"""
+    if value is not None and not ctx.resilient_parsing:
+        check_out_folder(value)
+    return value
 
 
 def model_file_options(command):
@@ -51,6 +48,19 @@ def model_file_options(command):
                            help="Driver and PCIe cost model JSON (default: bundled H200 figures).")(command)
     return click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
                         help="Step-time calibration JSON (default: bundled factors).")(command)
+
+
+def step_time_line(calibration: Path | None) -> str:
+    """What prices the steps, for a command's settings: the calibration file and what it
+    describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a UsageError."""
+    if calibration is None:
+        return "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
+    from sim.steptime import load_step_calibration
+
+    try:
+        return load_step_calibration(calibration).describe()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def read_alloc_or_explain(path: Path, fmt: str | None):

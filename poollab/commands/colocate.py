@@ -8,31 +8,16 @@ from typing import Any
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import check_specs, load_costs, model_file_options, out_option, read_requests_or_explain
+from poollab.commands._common import check_specs, load_costs, model_file_options, out_option, read_requests_or_explain, \
+    step_time_line
 from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
+from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
 from sim.config import ServerConfig
 from sim.report import format_table, write_results
 
 #: ``sim.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator
 COMPUTE_CHOICES = ("time-sliced", "independent")
-
-
-class FloatList(click.ParamType):
-    """``1,2,4``: positive numbers separated by commas."""
-
-    name = "F,F,..."
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, list):
-            return value
-        try:
-            out = [float(v) for v in str(value).split(",")]
-        except ValueError:
-            self.fail(f"{value!r} is not a comma-separated list of numbers", param, ctx)
-        if not all(0 < v < float("inf") for v in out):
-            self.fail(f"{value!r}: every factor must be a finite number > 0", param, ctx)
-        return out
 
 
 #: What the command prints per (layout, tenant); the files hold every column.
@@ -48,7 +33,7 @@ def register(cli: click.Group) -> None:
 @click.command("colocate")
 @click.argument("traces_", metavar="TRACE...", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--tenants", "num_tenants", type=click.IntRange(1), default=None,
+@click.option("--tenants", "num_tenants", type=COUNT, default=None,
               help="With one TRACE: deal its requests round-robin to this many tenants. Default: one tenant "
                    "per TRACE.")
 @click.option("--layout", "layouts", multiple=True, type=click.Choice(["static", "shared", "sleep"]),
@@ -61,16 +46,16 @@ def register(cli: click.Group) -> None:
                    "(default: Llama-3-8B).")
 @click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
-@click.option("--rate-scale", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+@click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply every tenant's request rate (2 = arrivals twice as dense).")
-@click.option("--tenant-rate-scale", "tenant_rate_scales", type=FloatList(), default=None, metavar="F,F,...",
+@click.option("--tenant-rate-scale", "tenant_rate_scales", type=FloatList(RATE_SCALE), default=None, metavar="F,F,...",
               help="Multiply each tenant's request rate by its own factor, one per tenant (e.g. 1,2,4: "
                    "unequal loads), on top of --rate-scale.")
 @click.option("--compute", type=click.Choice(COMPUTE_CHOICES), default=COMPUTE_CHOICES[0], show_default=True,
               help="How tenants share the GPU's compute: time-sliced (CUDA's default for several processes: "
                    "their steps take turns) or independent (each steps as if alone: the lower bound MPS or "
                    "MIG-style spatial sharing approaches).")
-@click.option("--sleep-after", "sleep_after_s", type=click.FloatRange(0, min_open=True), default=30.0,
+@click.option("--sleep-after", "sleep_after_s", type=POSITIVE, default=30.0,
               show_default=True, help="Idle seconds before a tenant sleeps (sleep layout).")
 @config_options
 @model_file_options
@@ -86,6 +71,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     per layout and tenant (columns tenant_layout, tenant).
     """
     check_specs([spec])
+    step_time = step_time_line(calibration)
     if options.get("kv_capacity_bytes") is not None:
         raise UsageError("--kv-capacity does not apply: the layout decides each tenant's KV memory")
     try:
@@ -138,7 +124,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     first = summary.iloc[0]
     click.echo(f"{len(names)} tenants on {first['gpu']} ({', '.join(t.name for t in tenant_traces)}); "
                f"KV memory {format_bytes(int(first['gpu_kv_bytes']))} after every tenant's weights, "
-               f"activations and workspace; policy {spec}; compute {compute}")
+               f"activations and workspace; policy {spec}; compute {compute}; {step_time}")
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
     click.echo("all tenants' requests:")
     busy = summary.groupby("tenant_layout", sort=False)["gpu_busy_share"].first()

@@ -6,10 +6,15 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import BYTES
+from poollab.commands._common import check_out
+from poollab.options import BYTES, DEVICE
 from poollab.errors import UsageError
 from policies.torch_caching import spec_from_settings
 from sim.fidelity import ADDRESS_MODES, read_recording, replay_recording
+
+
+#: What ``--out`` holds after a run (a folder written before poollab listed its files: these are replaced).
+FIDELITY_FILES = ("fidelity.csv", "segment_events.csv")
 
 
 def register(cli: click.Group) -> None:
@@ -25,9 +30,9 @@ def register(cli: click.Group) -> None:
                    "fresh virtual ones, or both runs.")
 @click.option("--capacity", type=BYTES, default=None,
               help="Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.")
-@click.option("--device", "device_index", type=click.IntRange(min=0), default=None,
+@click.option("--device", "device_index", type=DEVICE, default=None,
               help="Which device's trace to read. Default: the first with entries.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, callback=check_out,
               help="Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here.")
 def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_index, out_dir) -> None:
     """Does the emulation decide what the real allocator decided on SNAPSHOT?
@@ -56,9 +61,11 @@ def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_ind
     if out_dir is not None:
         import pandas as pd
 
-        from traces.atomic import replacing_folder
+        from traces.atomic import naming_errors, replacing_folder
 
-        with replacing_folder(out_dir, carry=lambda entry: entry.name not in ("fidelity.csv", "segment_events.csv")) as tmp:
-            pd.concat(tables, ignore_index=True).to_csv(tmp / "fidelity.csv", index=False)
-            pd.concat(events, ignore_index=True).to_csv(tmp / "segment_events.csv", index=False)
+        with replacing_folder(out_dir, legacy_outputs=lambda entry: entry.name in FIDELITY_FILES) as tmp:
+            with naming_errors(out_dir / "fidelity.csv"):
+                pd.concat(tables, ignore_index=True).to_csv(tmp / "fidelity.csv", index=False)
+            with naming_errors(out_dir / "segment_events.csv"):
+                pd.concat(events, ignore_index=True).to_csv(tmp / "segment_events.csv", index=False)
         click.echo(f"\nwrote {out_dir}/fidelity.csv, {out_dir}/segment_events.csv")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import BYTES, check_specs, load_costs, out_option, read_alloc_or_explain
+from poollab.commands._common import check_specs, load_costs, out_option, read_alloc_or_explain
+from poollab.options import BYTES, COUNT, FRACTION
 from sim.replay import replay_tables
 from sim.report import DEFAULT_TABLE_COLUMNS, format_table, write_results
 
@@ -26,8 +27,8 @@ def register(cli: click.Group) -> None:
 @click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Driver cost model JSON (from `poollab gpu calibrate`). Default: bundled H200 figures.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
-@click.option("--sample-every", type=click.IntRange(min=1), default=None, help="Stats sample stride in events.")
-@click.option("--latency-sample", type=click.FloatRange(0, 1, min_open=True), default=None, metavar="FRACTION",
+@click.option("--sample-every", type=COUNT, default=None, help="Stats sample stride in events.")
+@click.option("--latency-sample", type=FRACTION, default=None, metavar="FRACTION",
               help="Share of calls whose latency is timed, chosen at random (default: every call up to 20,000 "
                    "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.")
 @click.option("--record-layout", is_flag=True, default=False,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import BYTES, check_specs, model_file_options, out_option, read_requests_or_explain
+from poollab.commands._common import check_specs, model_file_options, out_option, read_requests_or_explain, \
+    step_time_line
+from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
+from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
 from sim.config import Knob, ServerConfig, knobs
 from sim.kv import VIRTUAL
 from sim.report import format_table, write_results
@@ -38,15 +42,33 @@ def register(cli: click.Group) -> None:
 
 
 def _click_type(k: Knob) -> Any:
-    """The option type for knob ``k``: its choices and range as click shows them in ``--help``."""
+    """The option type for knob ``k`` (``poollab.options``): its choices and range, checked at parse
+    time (no nan, no inf, sizes and counts within int64)."""
+    if k.cli == "kv-capacity":  # a size, or the budgets `poollab plan` found (poollab.commands.plan)
+        return KV_CAPACITY
     if k.unit == "bytes":
-        return BYTES
+        return ByteSize(_whole_low(k), _whole_high(k))
     if k.choices:
         return click.Choice(k.choices)
-    if k.type in (int, float) and (k.low is not None or k.high is not None):
-        kind = click.IntRange if k.type is int else click.FloatRange
-        return kind(k.low, k.high, min_open=k.low_open, max_open=k.high_open)
+    if k.type is int:
+        return Count(_whole_low(k), _whole_high(k))
+    if k.type is float:
+        return FiniteFloat(k.low, k.high, low_open=k.low_open, high_open=k.high_open)
     return k.type
+
+
+def _whole_low(k: Knob) -> int:
+    """The least whole number knob ``k`` takes (0 when unbounded below: sizes and counts are not negative)."""
+    if k.low is None:
+        return 0
+    return int(k.low) + 1 if k.low_open else math.ceil(k.low)
+
+
+def _whole_high(k: Knob) -> int:
+    """The greatest whole number knob ``k`` takes (int64's largest when unbounded above)."""
+    if k.high is None:
+        return INT64_MAX
+    return math.ceil(k.high) - 1 if k.high_open else int(k.high)
 
 
 def _option(name: str, k: Knob, default: Any) -> Callable:
@@ -58,7 +80,7 @@ def _option(name: str, k: Knob, default: Any) -> Callable:
     if k.type is bool:
         return click.option(f"--{k.cli}/--no-{k.cli}", name, default=default, show_default=True, help=text)
     if k.unit == "bytes":  # a size reads better than click's plain integer
-        return click.option(f"--{k.cli}", name, type=BYTES, default=default,
+        return click.option(f"--{k.cli}", name, type=_click_type(k), default=default,
                             help=f"{text} Default: {format_bytes(default)}.")
     return click.option(f"--{k.cli}", name, type=_click_type(k), default=default, show_default=True, help=text)
 
@@ -114,6 +136,22 @@ def rejection_warnings(summary: Any) -> list[str]:
             for (n, why), names in groups.items()]
 
 
+def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` (the command's ``ServerConfig`` values) with engine preset ``engine``'s in
+    place of those the user left at their defaults (``sim.engines``); ValueError for an unknown engine."""
+    from sim.engines import load_engine
+
+    try:
+        preset = load_engine(engine)
+    except ValueError as exc:
+        raise ValueError(f"--engine: {exc}") from None
+    ctx = click.get_current_context(silent=True)
+    explicit = {name: value for name, value in options.items()
+                if ctx is None or ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT}
+    return {**options, **preset.server_options(model, gpu, explicit=explicit,
+                                               tensor_parallel=options.get("tensor_parallel", 1))}
+
+
 def config_options(command: Callable) -> Callable:
     """Add one option per ``ServerConfig`` field (generated from its ``Knob``: name, help, unit,
     choices, range, default), in field order, each passed to the command under the field's name."""
@@ -130,13 +168,16 @@ def config_options(command: Callable) -> Callable:
 @click.option("--model", default="Llama-3-8B", show_default=True, help="Model preset or JSON file.")
 @click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
-@click.option("--rate-scale", type=float, default=1.0, show_default=True,
+@click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
 @config_options
+@click.option("--engine", default=None, metavar="NAME",
+              help="Schedule and size the KV cache as this engine does (sim/data/engines.json: vllm, "
+                   "transformers); options given explicitly win. Default: the options as given (vLLM-like).")
 @model_file_options
 @out_option("poollab-out/simulate")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds.")
-def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibration, costs, out_dir: Path,
+def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, calibration, costs, out_dir: Path,
                      progress: bool, **options: Any) -> None:
     """Simulate serving the request TRACE with each policy managing the KV cache."""
     spec_list = check_specs(specs)
@@ -146,25 +187,31 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
         except ValueError as exc:
             raise UsageError(f"--policy {spec}: {exc}") from None
     check_specs([options["aux_policy"]])
-    try:
-        config = ServerConfig(**options)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    kv_source = options["kv_capacity_bytes"]
+    if isinstance(kv_source, KvBudgetSource):  # plan:RESULT or auto:SNAPSHOT: one budget per policy, set below
+        options["kv_capacity_bytes"] = None
+    else:
+        kv_source = None
     from sim.hardware import load_gpu
     from sim.models import load_model
 
     try:
         model_spec, gpu_spec = load_model(model), load_gpu(gpu)
+        if engine is not None:
+            options = engine_options(engine, model_spec, gpu_spec, options)
+        config = ServerConfig(**options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if rate_scale <= 0:
-        raise UsageError(f"--rate-scale {rate_scale} must be > 0")
+    step_time = step_time_line(calibration)
     requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
+    budgets = kv_source.budgets(spec_list, model=model_spec, gpu=gpu_spec) if kv_source is not None else None
     try:
-        runs = simulate_runs(requests, spec_list, model=model_spec, gpu=gpu_spec, calibration=calibration,
-                             costs=costs, config=config, progress=progress)
+        runs = [run for spec in spec_list for run in simulate_runs(
+                    requests, [spec], model=model_spec, gpu=gpu_spec, calibration=calibration, costs=costs,
+                    config=config if budgets is None else config.replace(kv_capacity_bytes=budgets[spec]),
+                    progress=progress)]
     except ValueError as exc:  # a knob or file the user gave (PolicyError and TraceFormatError pass through)
         if type(exc) is not ValueError:
             raise
@@ -178,11 +225,13 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, calibratio
                   extra_tables={"requests": table, **({"kv_groups": kv_groups} if kv_groups is not None else {})},
                   meta={"command": "simulate", "trace": str(trace), "policies": spec_list, "model": model_spec.name,
                         "gpu": gpu_spec.name, "rate_scale": rate_scale, **config.as_dict(),
-                        "calibration": str(calibration) if calibration else "bundled",
+                        "calibration": str(calibration) if calibration else "bundled", "engine": engine,
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
-    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns))
+    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns)
+               + (f"; engine {engine}" if engine else "") + f"; {step_time}"
+               + (f"; {kv_source.describe(budgets)}" if kv_source is not None else ""))
     for line in rejection_warnings(summary):
         click.echo(line, err=True)
     has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))

@@ -10,6 +10,7 @@ import click
 import traces
 from policies.units import format_bytes
 from poollab.errors import UsageError
+from poollab.options import COUNT, POSITIVE, RATE_SCALE, SEED
 from traces.alloc_table import output_format
 from traces.errors import TraceFormatError
 from traces.synth_requests import synth_requests
@@ -70,18 +71,18 @@ def _check_out_suffix(out_path: Path) -> None:
 
 
 @traces_group.command("synth")
-@click.option("--rate", "rate_rps", type=float, required=True, help="Mean arrival rate, requests per second.")
-@click.option("--num-requests", type=click.IntRange(min=1), default=None, help="How many requests.")
-@click.option("--duration", "duration_s", type=float, default=None, help="Time window in seconds.")
+@click.option("--rate", "rate_rps", type=POSITIVE, required=True, help="Mean arrival rate, requests per second.")
+@click.option("--num-requests", type=COUNT, default=None, help="How many requests.")
+@click.option("--duration", "duration_s", type=POSITIVE, default=None, help="Time window in seconds.")
 @click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson", show_default=True)
-@click.option("--cv", type=float, default=1.0, show_default=True, help="Burstiness (Gamma arrivals): coefficient of variation of the gaps.")
+@click.option("--cv", type=POSITIVE, default=1.0, show_default=True, help="Burstiness (Gamma arrivals): coefficient of variation of the gaps.")
 @click.option("--prompt", default="lognormal:median=1000,sigma=1.0", show_default=True,
               help="Prompt length distribution: lognormal:median=,sigma= | zipf:a= | fixed:N | empirical:trace=FILE,column=prompt")
 @click.option("--output", "output_dist", default="lognormal:median=128,sigma=1.0", show_default=True,
               help="Output length distribution (same forms as --prompt).")
 @click.option("--prefix-sharing", default=None, help="e.g. num_prefixes=8,fraction=0.9 (shared prompt prefixes as hash_ids).")
-@click.option("--scale", type=float, default=1.0, show_default=True, help="Rate scale applied after generation.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--scale", type=RATE_SCALE, default=1.0, show_default=True, help="Rate scale applied after generation.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output file (.csv or .parquet).")
 def synth_command(rate_rps, num_requests, duration_s, arrival, cv, prompt, output_dist, prefix_sharing, scale, seed,
@@ -110,11 +111,11 @@ def synth_command(rate_rps, num_requests, duration_s, arrival, cv, prompt, outpu
 
 @traces_group.command("synth-alloc")
 @click.option("--model", default="llama-3.2-1b", show_default=True, help="Model preset (see sim presets) or JSON file.")
-@click.option("--num-requests", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--kv-chunk-tokens", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--rate", "rate", type=float, default=None, help="Poisson arrival rate; default: all arrive at once.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--num-requests", type=COUNT, default=32, show_default=True)
+@click.option("--max-batch", type=COUNT, default=8, show_default=True)
+@click.option("--kv-chunk-tokens", type=COUNT, default=16, show_default=True)
+@click.option("--rate", "rate", type=POSITIVE, default=None, help="Poisson arrival rate; default: all arrive at once.")
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Output file (.csv or .parquet).")
 def synth_alloc_command(model, num_requests, max_batch, kv_chunk_tokens, rate, seed, out_path: Path) -> None:
@@ -122,8 +123,6 @@ def synth_alloc_command(model, num_requests, max_batch, kv_chunk_tokens, rate, s
     from sim.models import load_model
 
     _check_out_suffix(out_path)
-    if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise UsageError(f"--rate {rate} must be a finite number > 0 (or left out: all arrive at once)")
     try:
         spec = load_model(model)
         trace = traces.generate_alloc_trace(

@@ -18,9 +18,12 @@ where it stopped; failed cells are stored too and only run again with ``retry_fa
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ from sim.sweep.errors import SweepError
 from sim.sweep.pareto import pareto_table
 from sim.sweep.spec import SweepSpec
 from sim.sweep.store import CellStore
+from traces.atomic import process_alive
 
 __all__ = ["SweepOutcome", "run_sweep", "plan_sweep", "results_frame", "make_executor", "STATUS_COLUMNS",
            "DIST_HINT"]
@@ -118,9 +122,9 @@ class ProcessExecutor:
         num_workers = max(1, min(self.num_workers, len(cells)))
         pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx,
                                    initializer=die_with_parent, initargs=(os.getpid(),))
+        finished = False
         try:
-            for fut in [pool.submit(os.getpid) for _ in range(num_workers)]:  # every worker up, once
-                fut.result()
+            _start_workers(pool, num_workers)
             self.startup_s = time.perf_counter() - t0
             futures = {pool.submit(_cells.run_cells, batch): batch for batch in batch_cells(cells, num_workers)}
             for fut in as_completed(futures):
@@ -130,8 +134,84 @@ class ProcessExecutor:
                 except Exception as exc:  # BrokenProcessPool: a worker was killed (memory, signal)
                     records = [lost_record(cell, exc) for cell in batch]
                 yield from zip(batch, records)
+            finished = True
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            if finished:
+                pool.shutdown(wait=True, cancel_futures=True)
+            else:  # Ctrl-C, an error, or the caller stopped reading: nothing more is wanted from the workers
+                stop_pool(pool)
+
+
+#: How long ``stop_pool`` lets a worker end on SIGTERM before it is killed.
+_STOP_GRACE_S = 0.5
+
+
+def stop_pool(pool: ProcessPoolExecutor) -> None:
+    """End ``pool`` now: pending batches cancelled, running ones abandoned, workers terminated.
+
+    What an interrupted sweep needs: a worker runs its batch to the end (minutes, maybe), so
+    ``shutdown(wait=True)`` would hold Ctrl-C that long, and a worker interrupted inside the
+    pool's queues can leave the others blocked on a lock forever (the hang of issue 29). So the
+    workers ignore SIGINT (``die_with_parent``), and here they are terminated and joined; the
+    cells already collected are in the store, the abandoned batches run again next time.
+    """
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pool keeps them here
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    deadline = time.monotonic() + _STOP_GRACE_S
+    for proc in processes:
+        with contextlib.suppress(Exception):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(_STOP_GRACE_S)
+
+
+def _start_workers(pool: ProcessPoolExecutor, num_workers: int) -> None:
+    """Every worker of ``pool`` up, once, started from a thread that blocks SIGINT.
+
+    Processes inherit the signal mask of the thread that starts them, so the fork server (while
+    it imports the preloaded modules: seconds) and each worker (until ``die_with_parent``) are
+    deaf to a Ctrl-C sent to the process group, instead of each printing a traceback; this
+    thread, which only waits, takes the Ctrl-C at once and ``stop_pool`` ends what started.
+    """
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            for fut in [pool.submit(os.getpid) for _ in range(num_workers)]:
+                fut.result()
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+            failed.append(exc)
+
+    if not hasattr(signal, "pthread_sigmask"):
+        start()
+    else:
+        starter = threading.Thread(target=start, name="poollab-pool-start", daemon=True)
+        starter.start()
+        try:
+            while starter.is_alive():
+                starter.join(0.05)  # a short wait, so that Ctrl-C interrupts it
+        except BaseException:
+            _stop_fork_server()  # the starter may wait on it (importing the preloaded modules): end the wait
+            raise
+    if failed:
+        raise failed[0]
+
+
+def _stop_fork_server() -> None:
+    """Kill this process's ``multiprocessing`` fork server, if it runs (CPython keeps its pid in
+    ``forkserver._forkserver``); the next pool starts a fresh one. Workers it forked die with it
+    (``die_with_parent``)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # not reaped here: ensure_running reaps it and starts anew
 
 
 #: Guided handout: each batch takes 1 / (this x workers) of the cells not yet handed out, so
@@ -187,11 +267,10 @@ def die_with_parent(main_pid: int) -> None:
     them). On Linux the kernel kills the worker when its parent dies (``PR_SET_PDEATHSIG``);
     the parent of a fork-server worker is the fork server, though, which outlives the main
     process, so a daemon thread also polls the main process (``main_pid``) and its own parent
-    and exits when either is gone: the portable part.
+    and exits when either is gone: the portable part. The worker ignores SIGINT: Ctrl-C reaches
+    the whole process group, and it is the main process that stops the pool (``stop_pool``).
     """
-    import signal
-    import threading
-
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (stop_pool)
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:
@@ -202,7 +281,7 @@ def die_with_parent(main_pid: int) -> None:
             pass
 
     def gone() -> bool:
-        return os.getppid() != parent or not _process_alive(main_pid)
+        return os.getppid() != parent or not process_alive(main_pid)
 
     if gone():  # it died before the kernel was told
         os._exit(1)
@@ -213,21 +292,6 @@ def die_with_parent(main_pid: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="poollab-parent-watchdog", daemon=True).start()
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # no /proc: os.kill said it exists
-        return True
 
 
 class DaskExecutor:
@@ -365,14 +429,18 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
         with executor, tqdm(total=len(todo), desc=spec.name, unit="cell", disable=None if progress else True,  # None: only on a terminal
                             mininterval=0.5) as bar:
             num_bad = 0
-            for cell, record in executor.run(todo):
-                if record["status"] != STATUS_LOST:  # a lost cell is retried by the next run
-                    store.save(cell, record)
-                records[cell.key] = record
-                num_bad += record["status"] != STATUS_OK
-                bar.update(1)
-                if num_bad:
-                    bar.set_postfix(failed=num_bad, refresh=False)
+            arriving = executor.run(todo)
+            try:
+                for cell, record in arriving:
+                    if record["status"] != STATUS_LOST:  # a lost cell is retried by the next run
+                        store.save(cell, record)
+                    records[cell.key] = record
+                    num_bad += record["status"] != STATUS_OK
+                    bar.update(1)
+                    if num_bad:
+                        bar.set_postfix(failed=num_bad, refresh=False)
+            finally:  # Ctrl-C or an error here: stop the workers now, not when the generator is collected
+                arriving.close()
         run_s = time.perf_counter() - wall0 - plan_s
     collect0 = time.perf_counter()
     results = results_frame(spec.cells, records)

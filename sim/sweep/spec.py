@@ -22,6 +22,11 @@ Every list is an axis of the grid (the cells are their product); a scalar is one
     pareto: {x: overhead, y: [alloc_p99_us, failure_rate]}
 
 Errors name the file, the line and the key: ``sweep.yaml, line 7: policies[1].params.high: ...``.
+
+A file is bounded before it is used: nesting at most ``MAX_YAML_DEPTH`` deep (checked while it is
+composed), at most ``MAX_YAML_NODES`` nodes with its aliases expanded (counted on the node graph,
+so a "billion laughs" is refused without being expanded), and a grid of at most ``MAX_CELLS``
+cells (counted from the axes before any cell is built).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import mul
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -41,7 +48,18 @@ from sim.report import SUMMARY_COLUMNS
 from sim.sweep.cells import MODES, Cell, FileRef, file_ref
 from sim.sweep.errors import SweepSpecError
 
-__all__ = ["SweepSpec", "load_sweep", "parse_sweep", "DEFAULT_PARETO_Y", "PARETO_BY"]
+__all__ = ["SweepSpec", "load_sweep", "parse_sweep", "DEFAULT_PARETO_Y", "PARETO_BY", "MAX_CELLS",
+           "MAX_YAML_DEPTH", "MAX_YAML_NODES"]
+
+#: Deepest nesting of a SWEEP.yaml: its deepest key (``policies[0].params.base[1]``) is 5 levels;
+#: PyYAML composes recursively and runs out of stack near 300.
+MAX_YAML_DEPTH = 32
+#: Most nodes (keys, values, list items) a SWEEP.yaml may hold with its aliases expanded: a real
+#: one has hundreds; ten aliases of ten can stand for 10**10 ("billion laughs").
+MAX_YAML_NODES = 100_000
+#: Most cells one sweep may have: at a second a cell that is more than a day of one core, and
+#: the cells are held in memory; a larger study is several sweeps.
+MAX_CELLS = 100_000
 
 _COMMON_KEYS = ("name", "mode", "traces", "policies", "capacities", "costs", "fingerprint", "pareto")
 _REPLAY_KEYS = ("sample_every",)
@@ -93,15 +111,20 @@ class _Doc:
 
     def __init__(self, path: Path, text: str):
         self.path = path
+        loader = _BoundedLoader(text, path)
         try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            self.data = yaml.load(text, Loader=yaml.SafeLoader)
+            node = loader.get_single_node()  # composed once: lines come from this graph, data too
+            if node is not None:
+                _check_expanded_size(path, node)
+            self.data = None if node is None else loader.construct_document(node)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             reason = " ".join(str(p) for p in (exc.context, exc.problem) if p) or "not valid YAML"
             raise SweepSpecError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {reason}") from None
         except yaml.YAMLError as exc:
             raise SweepSpecError(path, None, None, f"not valid YAML: {exc}") from None
+        finally:
+            loader.dispose()
         self.lines: dict[tuple, int] = {}
         if node is not None:
             self._index(node, ())
@@ -141,6 +164,101 @@ class _Doc:
         return [((key, i) if isinstance(raw, list) else (key,), v) for i, v in enumerate(self.axis((key,), raw))]
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses nesting deeper than ``MAX_YAML_DEPTH`` as it composes (before
+    the composer's recursion could exhaust Python's stack)."""
+
+    def __init__(self, text: str, path: Path):
+        super().__init__(text)
+        self._path, self._depth = path, 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise SweepSpecError(self._path, mark.line + 1, None,
+                                     f"nested more than {MAX_YAML_DEPTH} levels deep (the deepest key of a sweep is 5)")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_expanded_size(path: Path, root: yaml.Node) -> None:
+    """Refuse a document whose aliases expand past ``MAX_YAML_NODES`` nodes or ``MAX_YAML_DEPTH``
+    levels, or that contains itself (``&a [*a]``), from the node graph alone: an aliased node is
+    one object, so the walk visits each once (iteratively: the expanded depth is not yet known)."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            kids = _children(node)
+            size[key] = 1 + sum(size[id(k)] for k in kids)
+            depth[key] = 1 + max((depth[id(k)] for k in kids), default=0)
+            on_path.discard(key)
+            continue
+        if key in size:
+            continue
+        if key in on_path:  # reached again below itself
+            raise SweepSpecError(path, node.start_mark.line + 1, None, "an alias refers to a node that contains it, "
+                                                                         "so it never ends")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in size)
+    nodes = {id(n): n for n in _walk_once(root)}
+    if size[id(root)] > MAX_YAML_NODES:
+        # the smallest node past the limit is where the aliases multiply
+        worst = min((n for k, n in nodes.items() if size[k] > MAX_YAML_NODES), key=lambda n: size[id(n)])
+        raise SweepSpecError(path, worst.start_mark.line + 1, None,
+                             f"with its aliases expanded this holds {size[id(worst)]:,} values, more than "
+                             f"{MAX_YAML_NODES:,} (the whole file: {size[id(root)]:,})")
+    if depth[id(root)] > MAX_YAML_DEPTH:
+        raise SweepSpecError(path, None, None, f"with its aliases expanded the file nests {depth[id(root)]:,} levels "
+                                               f"deep, more than {MAX_YAML_DEPTH}")
+
+
+def _walk_once(root: yaml.Node) -> list[yaml.Node]:
+    """Every distinct node of the graph, once each (aliases not followed twice)."""
+    seen, out, stack = set(), [], [root]
+    while stack:
+        node = stack.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            out.append(node)
+            stack.extend(_children(node))
+    return out
+
+
+def _num_cells(data: dict, mode: str) -> int:
+    """Cells the grid will have before duplicates are dropped, from the lengths of its axes
+    (what is malformed counts as one value: it is reported once the axes are read)."""
+    def num_values(value: Any) -> int:
+        return len(value) if isinstance(value, list) else 1
+
+    def product(values: Any) -> int:
+        return reduce(mul, (num_values(v) for v in values), 1)
+
+    items = data.get("policies")
+    num_policies = sum(product(item["params"].values()) if isinstance(item, dict) and isinstance(item.get("params"), dict)
+                       else 1 for item in (items if isinstance(items, list) else [items]))
+    cells = num_values(data.get("traces")) * num_policies * num_values(data.get("capacities"))
+    if mode == "simulate":
+        options = data.get("options")
+        cells *= product([data.get("models"), data.get("gpus"), data.get("rate_scales")])
+        cells *= product(options.values()) if isinstance(options, dict) else 1
+    return cells
+
+
 def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
     """Validate ``text`` (the content of ``path``; relative paths in it are from its folder)."""
     path = Path(path)
@@ -160,6 +278,10 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
     for key in ("traces", "policies"):
         if key not in data:
             doc.fail((), f"missing key {key!r}")
+    num_cells = _num_cells(data, mode)
+    if num_cells > MAX_CELLS:
+        doc.fail((), f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; sweep fewer values, or split "
+                     "it into several sweeps")
     how = data.get("fingerprint", "content")
     if how not in ("content", "stat"):
         doc.fail(("fingerprint",), f"{how!r} must be 'content' (hash the files) or 'stat' (path, size, mtime)")

@@ -79,6 +79,27 @@ def test_malformed_spec_raises_naming_the_spec(spec, message):
         parse_spec(spec)
 
 
+def _nested(depth: int, wrapper: str = "elastic") -> str:
+    return f"{wrapper}:base=[" * depth + "best-fit" + "]" * depth
+
+
+@pytest.mark.parametrize("wrapper", ["elastic", "tag-limits"])
+def test_a_spec_nested_too_deep_is_refused_before_any_policy_is_built(wrapper):
+    """Thousands deep used to build policy inside policy until Python's stack ran out (RecursionError)."""
+    from policies.spec import MAX_SPEC_DEPTH
+
+    with pytest.raises(PolicyError, match=f"nests \\[...\\] {MAX_SPEC_DEPTH + 1} levels deep; at most {MAX_SPEC_DEPTH}"):
+        policies.create(_nested(MAX_SPEC_DEPTH + 1, wrapper))
+    assert policies.create(_nested(MAX_SPEC_DEPTH, wrapper)).allocate(4096) is not None
+
+
+def test_a_spec_thousands_deep_or_long_is_refused_naming_its_length():
+    with pytest.raises(PolicyError, match="45,008 characters long; at most 4,096"):
+        policies.create(_nested(3000))
+    with pytest.raises(PolicyError, match="nests \\[...\\] 2,000 levels deep"):
+        parse_spec("x:a=" + "[" * 2000 + "]" * 2000)
+
+
 @pytest.mark.parametrize("spec", [None, 3, ["first-fit"]])
 def test_non_string_spec_raises(spec):
     with pytest.raises(PolicyError, match="is empty"):

@@ -133,3 +133,16 @@ def test_handles_follow_a_compacting_base():
     p.base_policy.compact(force=True)
     check_invariants(p, [allocs[1], allocs[3]])
     assert allocs[1].offset == p.segments()[0].offset
+
+
+def test_limits_are_bounded_like_any_spec():
+    with pytest.raises(PolicyError, match="limits 'kv=1,kv=1,kv=1.*characters long; at most 4,096"):
+        parse_limits("kv=1," * 1000)
+    with pytest.raises(PolicyError, match="nests \\[...\\] 40 levels deep"):
+        parse_limits("[" * 40 + "kv=1" + "]" * 40)
+
+
+def test_a_size_of_400_digits_is_refused_not_an_overflow():
+    """It used to raise OverflowError (float infinity to int): a traceback on the command line."""
+    with pytest.raises(PolicyError, match="tag 'kv'.*400 digits.*too large"):
+        parse_limits("kv=" + "9" * 400)

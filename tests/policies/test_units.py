@@ -48,3 +48,13 @@ def test_format_bytes_uses_binary_units(nbytes, text):
 def test_integer_times_unit_round_trips(count, unit):
     name, scale = unit
     assert parse_bytes(f"{count}{name}") == count * scale
+
+
+def test_parse_bytes_refuses_a_size_of_hundreds_of_digits_naming_it():
+    """400 digits used to overflow to float infinity and raise OverflowError."""
+    with pytest.raises(PolicyError, match="400 digits\\) is too large"):
+        parse_bytes("9" * 400)
+
+
+def test_parse_bytes_keeps_long_whole_numbers_exact():
+    assert parse_bytes("18446744073709551617") == 2**64 + 1  # a float would have rounded it

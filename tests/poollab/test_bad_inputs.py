@@ -368,6 +368,252 @@ add(Case("report-parquet-broken", _with_files({"res": lambda d: (_result_folder(
          _args("report", "{d}/res", "--out", "{d}/r.html")), ("timeseries.parquet",)))
 
 
+# -- issue 29, hostile request traces, generator specs, policy specs and sweep files --------------
+HUGE, HUGER = "9" * 400, "9" * 5000  # past float64; past Python's int-string digit limit
+DEEP_SPEC = "elastic:base=[" * 3000 + "best-fit" + "]" * 3000
+add(request_case("azure-tokens-400-digits", "az.csv", AZ + f"2023-11-16 18:17:03.9799600,{HUGE},10\n", ("az.csv:2", "ContextTokens", "more than")))
+add(request_case("azure-year-9999", "az.csv", AZ + "2023-11-16 18:17:03.979960,100,10\n9999-11-16 18:17:03.979960,100,10\n", ("az.csv:3", "TIMESTAMP", "years after")))
+add(request_case("azure-year-9999-7-digits", "az.csv", AZ + "2023-11-16 18:17:03.9799600,100,10\n9999-11-16 18:17:03.9799600,100,10\n", ("az.csv:3", "TIMESTAMP", "2262")))
+add(request_case("burstgpt-timestamp-400-digits", "b.csv", BG + f"5,ChatGPT,100,10,110,x\n{HUGE},ChatGPT,1,1,2,x\n", ("b.csv:3", "Timestamp", "later than")))
+add(request_case("requests-tokens-400-digits", "q.csv", RQ + f"0,{HUGE},10,,\n", ("q.csv:2", "prompt_tokens", "more than")))
+add(request_case("requests-time-400-digits", "q.csv", RQ + f"0,100,10,,\n{HUGE},100,10,,\n", ("q.csv:3", "arrival_s", "later than")))
+add(request_case("requests-tokens-5000-digits", "q.csv", RQ + f"0,100,{HUGER},,\n", ("q.csv:2", "output_tokens", "5,000 characters")))
+add(request_case("requests-tokens-boolean", "q.csv", RQ + "0,True,10,,\n1,False,10,,\n", ("q.csv:2", "prompt_tokens", "boolean")))
+add(request_case("vidur-prefill-minus-400-digits", "v.csv", VD + f"0,-{HUGE},10\n", ("v.csv:2", "num_prefill_tokens", "negative")))
+add(request_case("mooncake-input-400-digits", "m.jsonl", MC + f'{{"timestamp": 5, "input_length": {HUGE}, "output_length": 10}}\n', ("m.jsonl:2", "input_length", "more than")))
+add(request_case("mooncake-timestamp-400-digits", "m.jsonl", MC + f'{{"timestamp": {HUGE}, "input_length": 10, "output_length": 10}}\n', ("m.jsonl:2", "timestamp", "later than")))
+add(request_case("mooncake-5000-digits", "m.jsonl", MC + f'{{"timestamp": 5, "input_length": 10, "output_length": {HUGER}}}\n', ("m.jsonl:2", "digits")))
+add(request_case("mooncake-deep-json", "m.jsonl", MC + '{"timestamp": 5, "input_length": 1, "output_length": 1, "x": ' + "[" * 50_000 + "]" * 50_000 + "}\n", ("m.jsonl:2", "nested")))
+add(request_case("mooncake-hash-ids-string", "m.jsonl", MC + '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": "123"}\n', ("m.jsonl:2", "hash_ids '123'")))
+add(request_case("mooncake-hash-ids-floats", "m.jsonl", MC + '{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [1.0, 2.5]}\n', ("m.jsonl:2", "hash_ids")))
+PQ_OK = {"arrival_s": pa.array([0.0, 1.0]), "prompt_tokens": pa.array([4, 5]), "output_tokens": pa.array([1, 2])}
+for _id, _col in [("bool-tokens", {"prompt_tokens": pa.array([True, True])}),
+                  ("time-is-a-date", {"arrival_s": pa.array([0, 86_400_000_000], pa.timestamp("us"))}),
+                  ("hash-ids-string", {"hash_ids": pa.array(["123", "4"])}),
+                  ("hash-ids-floats", {"hash_ids": pa.array([[1.0, 2.5], [3.0]])})]:
+    add(Case(f"requests-pq-{_id}", _with_files({"q.parquet": lambda d, c=_col: _parquet(d, "q.parquet", {**PQ_OK, **c})},
+             simulate("q.parquet")), ("q.parquet (row 1)", next(iter(_col)))))
+SYNTH = ["traces", "synth", "--rate", "5", "--num-requests", "10", "--out", "{d}/t.csv"]
+add(Case("synth-prompt-fixed-1e10", _args(*SYNTH, "--prompt", "fixed:1e10"), ("fixed", "2,147,483,647")))
+add(Case("synth-prompt-1e400", _args(*SYNTH, "--prompt", "fixed:1e400"), ("fixed:1e400", "finite")))
+add(Case("synth-prompt-lognormal-1e300", _args(*SYNTH, "--output", "lognormal:median=1e300,sigma=1"), ("median",)))
+add(Case("synth-prompt-5000-digits", _args(*SYNTH, "--prompt", "fixed:" + HUGER), ("characters long",)))
+add(Case("synth-prefix-nested", _args(*SYNTH, "--prefix-sharing", "prefix_tokens=[[[[1]]]]"), ("prefix-sharing", "nested")))
+add(Case("synth-prefix-block-1e13", _args(*SYNTH, "--prefix-sharing", "block_tokens=10000000000000"), ("block_tokens",)))
+add(Case("synth-rate-1e-300", _args("traces", "synth", "--rate", "1e-300", "--num-requests", "3", "--out", "{d}/t.csv"), ("1e+11 s",)))
+add(Case("synth-gamma-cv-1e300", _args(*SYNTH, "--arrival", "gamma", "--cv", "1e300"), ("cv",)))
+add(Case("synth-alloc-1e8-requests", _args("traces", "synth-alloc", "--num-requests", "100000000", "--out", "{d}/t.csv"), ("events",)))
+add(alloc_case("replay-policy-spec-3000-deep", "a.csv", GOOD_ALLOC, ("policy spec", "characters long"),
+               command=lambda name: lambda d: ["replay", str(d / name), "-p", DEEP_SPEC, "--out", str(d / OUT), "--no-progress"]))
+add(alloc_case("replay-policy-spec-nested-100", "a.csv", GOOD_ALLOC, ("policy spec", "100 levels deep"),
+               command=lambda name: lambda d: ["replay", str(d / name), "-p", "tag-limits:limits=" + "[" * 100 + "]" * 100,
+                                               "--out", str(d / OUT), "--no-progress"]))
+add(alloc_case("replay-tag-limit-400-digits", "a.csv", GOOD_ALLOC, ("limits", "too large"),
+               command=lambda name: lambda d: ["replay", str(d / name), "-p", f"tag-limits:limits=[kv={HUGE}]",
+                                               "--out", str(d / OUT), "--no-progress"]))
+_LAUGHS = "".join([f"a0: &a0 [{', '.join(['1MiB'] * 10)}]\n"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)])
+add(sweep_case("sweep-billion-laughs", GOOD_SWEEP + _LAUGHS + "capacities: *a9\n", ("sw.yaml", "line 8", "aliases")))
+add(sweep_case("sweep-alias-cycle", "mode: replay\ntraces: [a.csv]\npolicies: &p [first-fit, *p]\n", ("sw.yaml", "line 3", "contains it")))
+add(sweep_case("sweep-deep-lists", GOOD_SWEEP + "name: " + "[" * 20_000 + "]" * 20_000 + "\n", ("sw.yaml", "line 4", "nested")))
+add(sweep_case("sweep-deep-mappings", GOOD_SWEEP + "name: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", ("sw.yaml", "line 4", "nested")))
+add(sweep_case("sweep-deep-policy-spec", f"mode: replay\ntraces: [a.csv]\npolicies: ['{DEEP_SPEC}']\n", ("sw.yaml", "characters long")))
+_VALUES = ", ".join(str(i) for i in range(1, 1001))
+add(sweep_case("sweep-billion-cells", f"mode: replay\ntraces: [{', '.join(['a.csv'] * 1000)}]\n"
+               f"policies: [{{policy: size-class, params: {{classes_per_doubling: [{_VALUES}]}}}}]\n"
+               f"capacities: [{', '.join(f'{i}MiB' for i in range(1, 1001))}]\n",
+               ("sw.yaml", "1,000,000,000 cells", "100,000")))
+
+# issue 29 (helper D): numbers that do not fit in options, at parse time; result folders that are
+# not what they claim, or hold files poollab did not write
+DIGITS_400 = "9" * 400
+
+
+def _label(value: str) -> str:
+    return value if len(value) <= 16 else f"{len(value)}-characters-{value[-3:]}"
+
+
+for opt, value, want in [("--capacity", DIGITS_400, "too large"), ("--capacity", f"{DIGITS_400}GiB", "too large"),
+                         ("--capacity", "-1GiB", "--capacity"), ("--latency-sample", "nan", "finite"),
+                         ("--latency-sample", "inf", "finite"), ("--sample-every", "0", "--sample-every"),
+                         ("--sample-every", DIGITS_400, "--sample-every")]:
+    add(Case(f"option-replay{opt}-{_label(value)}", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv", opt, value)),
+             (opt, want)))
+for opt, value, want in [("--kv-capacity", DIGITS_400, "too large"), ("--rate-scale", "1e-300", "1e-06"),
+                         ("--rate-scale", "nan", "finite"), ("--rate-scale", "inf", "finite"),
+                         ("--rate-scale", "-1", "--rate-scale"), ("--slo-ttft", "nan", "finite"),
+                         ("--max-num-seqs", DIGITS_400, "--max-num-seqs"), ("--workspace", "1e400", "--workspace"),
+                         ("--gpu-memory-utilization", "nan", "finite"), ("--virtual-page", "4GiB", "too large")]:
+    add(Case(f"option-simulate{opt}-{_label(value)}", _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv", opt, value)),
+             (opt, want)))
+add(Case("option-colocate-tenant-rate-nan", _with_files({"q.csv": GOOD_REQUESTS}, _args(
+    "colocate", "{d}/q.csv", "--tenants", "2", "--tenant-rate-scale", "1,nan", "--out", "{d}/" + OUT)),
+    ("--tenant-rate-scale", "finite")))
+add(Case("option-colocate-rate-scale-1e-300", _with_files({"q.csv": GOOD_REQUESTS}, _args(
+    "colocate", "{d}/q.csv", "--rate-scale", "1e-300", "--out", "{d}/" + OUT)), ("--rate-scale",)))
+add(Case("option-colocate-tenants-huge", _with_files({"q.csv": GOOD_REQUESTS}, _args(
+    "colocate", "{d}/q.csv", "--tenants", DIGITS_400, "--out", "{d}/" + OUT)), ("--tenants",)))
+add(Case("option-synth-scale-1e-300", _args("traces", "synth", "--rate", "5", "--num-requests", "10", "--scale",
+                                            "1e-300", "--out", "{d}/t.csv"), ("--scale",)))
+add(Case("option-synth-rate-inf", _args("traces", "synth", "--rate", "inf", "--num-requests", "10",
+                                        "--out", "{d}/t.csv"), ("--rate", "finite")))
+add(Case("option-synth-seed-negative", _args("traces", "synth", "--rate", "5", "--num-requests", "10", "--seed", "-1",
+                                             "--out", "{d}/t.csv"), ("--seed",)))
+add(Case("option-synth-alloc-requests-huge", _args("traces", "synth-alloc", "--num-requests", DIGITS_400,
+                                                   "--out", "{d}/t.csv"), ("--num-requests",)))
+add(Case("option-gpu-replay-capacity-huge", _with_files({"a.csv": GOOD_ALLOC}, _args(
+    "gpu", "replay", "{d}/a.csv", "--backend", "host", "--capacity", DIGITS_400, "--out", "{d}/" + OUT)),
+    ("--capacity", "too large")))
+add(Case("option-fidelity-capacity-huge", _with_files({S: _snapshot([_entry("alloc")])}, _args(
+    "fidelity", "{d}/" + S, "--capacity", DIGITS_400, "--out", "{d}/" + OUT)), ("--capacity", "too large")))
+add(Case("option-sweep-workers-huge", _with_files({"a.csv": GOOD_ALLOC, "sw.yaml": GOOD_SWEEP}, _args(
+    "sweep", "{d}/sw.yaml", "--workers", DIGITS_400, "--out", "{d}/" + OUT)), ("--workers",)))
+for value, what in [("[1, 2]", "a list"), ("null", "null"), ("7", "a number")]:
+    add(Case(f"report-run-json-{what.split()[-1]}", _with_files({"res": lambda d, v=value: _result_folder(d, run_json=v)},
+             _args("report", "{d}/res", "--out", "{d}/r.html")), ("res/run.json", what)))
+add(Case("report-written-list-broken", _with_files({"res": lambda d: (_result_folder(d), _write(
+    d / "res", ".poollab-files.json", '{"files": 3}'))}, _args("report", "{d}/res", "--out", "{d}/r.html")),
+    (".poollab-files.json",)))
+add(Case("replay-out-written-list-broken", _with_files({"a.csv": GOOD_ALLOC, "x": lambda d: _write(
+    d / OUT, ".poollab-files.json", "[not json")}, replay("a.csv")), ("out/.poollab-files.json", "nothing was changed")))
+# out/ holds summary.csv and timeseries.parquet that no poollab run listed as its own: refused, not replaced
+add(Case("replay-out-holds-files-poollab-did-not-write", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv")),
+         ("out/summary.csv", "did not write it")))
+add(Case("simulate-out-holds-files-poollab-did-not-write", _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv")),
+         ("out/summary.csv", "did not write it")))
+
+
+
+
+# -- issue 29, allocation traces and streams (helper B): hostile fields, impossible snapshots, numbers
+# that do not fit, columns of the wrong kind, what a log cannot do, traces from a pipe ------------
+MiB = 1 << 20
+SEG_A, SEG_B = 0x7F0000000000, 0x7F0010000000
+
+
+def _seg(address: int, total_size: int, blocks: list, **extra) -> dict:
+    return {"device": 0, "address": address, "total_size": total_size, "allocated_size": 0, "stream": 0,
+            "segment_type": "large", "is_expandable": False, "blocks": blocks, **extra}
+
+
+def _blk(address: int, size: int, state: str = "inactive", **extra) -> dict:
+    return {"address": address, "size": size, "requested_size": size, "state": state, **extra}
+
+
+def _nested_snapshot(depth: int = 100_000) -> bytes:
+    """A snapshot whose one trace entry is a list nested ``depth`` deep, by opcode (pickle.dumps recurses)."""
+    key = lambda text: b"\x8c" + bytes([len(text)]) + text.encode()  # noqa: E731 (SHORT_BINUNICODE)
+    return (b"\x80\x04}" + key("segments") + b"]s" + key("device_traces") + b"]]" + b"]" * depth
+            + b"a" * (depth - 1) + b"aas.")
+
+
+def _from_pipe(data: bytes, command: Callable[[str], list[str]]) -> Build:
+    """The trace is a pipe, as ``<(...)`` hands one over (``/dev/fd/N``), fed by a thread."""
+    def build(d: Path) -> list[str]:
+        import threading
+
+        r, w = os.pipe()
+
+        def feed():
+            with os.fdopen(w, "wb") as f:
+                f.write(data)
+
+        threading.Thread(target=feed, daemon=True).start()
+        return command(f"/dev/fd/{r}")
+    return build
+
+
+def _replay_path(path: str) -> list[str]:
+    return ["replay", path, "-p", "first-fit", "--no-progress", "--out", "{d}/" + OUT]
+
+
+def _pipe_case(id: str, data: bytes, expect: tuple[str, ...], command=_replay_path) -> Case:
+    def build(d: Path) -> list[str]:
+        return [a.replace("{d}", str(d)) for a in _from_pipe(data, command)(d)]
+    return Case(id, build, expect)
+
+
+_LONG_CSV = _csv(*(f"{2 * i},alloc,{i},4096,0,\n{2 * i + 1},free,{i},4096,0," for i in range(300)))  # > 4 KiB
+_WEIGHTS = [_blk(SEG_A, 2 * MiB, "active_allocated")]
+# snapshot fields out of range or of the wrong type
+add(alloc_case("snap-addr-2**63", S, _snapshot([_entry("alloc", addr=2**63)]), (S, "index 0", "address")))
+add(alloc_case("snap-addr-negative", S, _snapshot([_entry("alloc", addr=-4096)]), (S, "index 0", "address")))
+add(alloc_case("snap-free-addr-2**64", S, _snapshot([_entry("free_completed", addr=2**64)]), (S, "index 0", "address")))
+add(alloc_case("snap-device-trace-int", S, _snapshot([], raw={"segments": [], "device_traces": [[_entry("alloc")], 3]}),
+               (S, "device_traces index 1", "not a list")))
+add(alloc_case("snap-devices-str-and-int", S, _snapshot([_entry("alloc")], [_seg(SEG_A, 2 * MiB, [], device="0"),
+                                                                           _seg(SEG_B, 2 * MiB, [], device=1)]),
+               (S, "segments index 0", "device '0'")))
+add(alloc_case("snap-device-unhashable", S, _snapshot([_entry("alloc")], [_seg(SEG_A, 2 * MiB, [], device=[0])]),
+               (S, "segments index 0", "device [0]")))
+add(alloc_case("snap-segment-event-addr-text", S, _snapshot([_entry("segment_alloc", addr="0x7f00", size=2 * MiB),
+                                                            _entry("alloc")]), (S, "index 0", "address '0x7f00'")))
+add(alloc_case("snap-stream-text", S, _snapshot([_entry("alloc", stream="default")]), (S, "index 0", "stream")))
+add(alloc_case("snap-expandable-map-2**55", S, _snapshot(
+    [_entry("segment_map", addr=SEG_A, size=2**55), _entry("alloc", addr=SEG_A)],
+    [_seg(SEG_A, 2 * MiB, [_blk(SEG_A, 2 * MiB)], is_expandable=True)]), (S, "index 0", "virtual address space")))
+add(alloc_case("snap-nested-100000-deep", "s.pickle", _nested_snapshot(), ("s.pickle",)))
+# snapshots that cannot be real
+add(alloc_case("snap-block-larger-than-segment", S, _snapshot([_entry("alloc", addr=SEG_B)], [
+    _seg(SEG_A, 2 * MiB, [_blk(SEG_A, 4 * MiB, "active_allocated")])]), (S, "segments index 0", "block 0")))
+add(alloc_case("snap-overlapping-segments", S, _snapshot([_entry("alloc", addr=SEG_B)], [
+    _seg(SEG_A, 4 * MiB, [_blk(SEG_A, 4 * MiB)]), _seg(SEG_A + 2 * MiB, 2 * MiB, [_blk(SEG_A + 2 * MiB, 2 * MiB)])]),
+    (S, "segments index 1", "overlaps segments index 0")))
+for _kind, _requested in (("negative", -8), ("text", "4096"), ("fractional", 4095.5)):
+    add(alloc_case(f"snap-requested-size-{_kind}", S, _snapshot([_entry("alloc", addr=SEG_B)], [
+        _seg(SEG_A, 2 * MiB, [{**_WEIGHTS[0], "requested_size": _requested}])]), (S, "segments index 0", "requested_size")))
+# our CSV and Parquet
+add(alloc_case("csv-size-5000-digits", "a.csv", _csv("0,alloc,0," + "9" * 5000 + ",0,"), ("a.csv:2", "nbytes")))
+add(alloc_case("csv-time-5000-digits", "a.csv", _csv("0,alloc,0,4096,0,", "9" * 5000 + ",free,0,4096,0,"),
+               ("a.csv:3", "time_us")))
+add(alloc_case("csv-free-on-another-stream", "a.csv", _csv("0,alloc,0,4096,0,", "5,free,0,4096,3,"),
+               ("a.csv:3", "stream 3")))
+add(Case("pq-bool-nbytes", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    nbytes=pa.array([True, True])))}, replay("a.parquet")), ("a.parquet", "nbytes", "bool")))
+add(Case("pq-timestamp-time", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    time_us=pa.array([0, 5], pa.timestamp("us"))))}, replay("a.parquet")), ("a.parquet", "time_us", "timestamp")))
+add(Case("pq-free-on-another-stream", _with_files({"a.parquet": lambda d: _parquet(d, "a.parquet", _alloc_columns(
+    stream=pa.array([0, 1], pa.int64())))}, replay("a.parquet")), ("a.parquet (record 2)", "stream")))
+# RMM logs that cannot be real
+add(alloc_case("rmm-overlapping-allocations", "r.csv", _rmm(f"1,{T},allocate,0x1000,4096,0x0",
+                                                            f"1,{T},allocate,0x1800,64,0x0"), ("r.csv:3", "overlaps")))
+add(alloc_case("rmm-time-goes-back", "r.csv", _rmm("1,10:00:09.000000,allocate,0x10,8,0x0",
+                                                   "1,10:00:01.000000,free,0x10,8,0x0"), ("r.csv:3", "Time goes back")))
+# traces from a pipe: detection no longer eats the first 4 KiB, errors name the pipe and line
+add(_pipe_case("pipe-csv-bad-row-past-4KiB", (_LONG_CSV + "700,explode,9,1,0,\n").encode(), ("/dev/fd/", ":602", "op")))
+add(_pipe_case("pipe-gzip-snapshot-size-2**70", _snapshot([_entry("alloc", size=2**70)]), ("/dev/fd/", "index 0")))
+add(_pipe_case("pipe-info-rmm-free-not-live", _rmm(f"1,{T},free,0x10,4096,0x0").encode(), ("/dev/fd/", ":2", "not live"),
+               command=lambda path: ["traces", "info", path]))
+add(_pipe_case("pipe-simulate-requests-negative", (RQ + "0,100,10,,\n1,-5,10,,\n").encode(), ("/dev/fd/", ":3", "prompt"),
+               command=lambda path: ["simulate", path, "-p", "paged", "--model", "Llama-3.2-1B", "--out", "{d}/" + OUT]))
+
+#: Over the reading limits, with the limit lowered to 1 MiB (``POOLLAB_MAX_TRACE_BYTES``) so the files stay small.
+LIMIT_CASES: list[Case] = []
+
+
+def _sparse(d: Path, name: str, header: str, nbytes: int) -> None:
+    with open(d / name, "wb") as f:
+        f.write(header.encode())
+        f.truncate(nbytes)
+
+
+LIMIT_CASES.append(Case("limit-sparse-csv", _with_files({"a.csv": lambda d: _sparse(d, "a.csv", ALLOC_HEADER + "\n", 8 * MiB)},
+                                                        replay("a.csv")), ("a.csv", "8,388,608 bytes", "POOLLAB_MAX_TRACE_BYTES")))
+LIMIT_CASES.append(Case("limit-gzip-bomb", _with_files({"a.csv.gz": gzip.compress(GOOD_ALLOC.encode() + b"\0" * 16 * MiB, mtime=0)},
+                                                       replay("a.csv.gz")), ("a.csv.gz", "decompresses", "1,048,576")))
+LIMIT_CASES.append(Case("limit-gzip-bomb-requests", _with_files({"q.csv.gz": gzip.compress(
+    GOOD_REQUESTS.encode() + b"\0" * 16 * MiB, mtime=0)}, simulate("q.csv.gz")), ("q.csv.gz", "decompresses")))
+LIMIT_CASES.append(Case("limit-bad-setting", _with_files({"a.csv": GOOD_ALLOC}, replay("a.csv")),
+                        ("POOLLAB_MAX_TRACE_BYTES='1MiB'",)))
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES, ids=[c.id for c in LIMIT_CASES])
+def test_bad_input_over_the_limits_is_one_line_exit_2_and_changes_nothing(case: Case, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("POOLLAB_MAX_TRACE_BYTES", "1MiB" if case.id == "limit-bad-setting" else str(MiB))
+    argv = _prepare(case, tmp_path)
+    before = _tree(tmp_path)
+    code, _, err = run_in_process(argv)
+    check(case, tmp_path, code, err, before)
+
 # -- the test ---------------------------------------------------------------------------------
 
 #: Written into ``out/`` before each case: a failed run must leave it exactly so.

@@ -201,7 +201,7 @@ def test_virtual_kv_strategy_runs_and_says_what_it_turns_off(trace, tmp_path, cl
 
 
 @pytest.mark.parametrize("argv, words", [(["--virtual-page", "100KiB"], "power of two"),
-                                         (["--virtual-page", "4MiB"], "virtual_page_bytes"),
+                                         (["--virtual-page", "4MiB"], "--virtual-page"),
                                          (["--pool-layout", "shared"], "pool_layout")])
 def test_a_bad_virtual_setting_is_exit_2(trace, tmp_path, argv, words, cli):
     code, _, err = cli(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--kv-strategy",

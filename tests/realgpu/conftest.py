@@ -50,14 +50,15 @@ def bundled_snapshot():
 
 
 class OverlappingPolicy(SegmentPerRequest):
-    """A deliberately broken policy: its second allocation starts 256 B inside its first."""
+    """A deliberately broken policy: its second allocation starts ``inside_bytes`` (256) into its first."""
 
     name = "overlapping"
+    inside_bytes = 256
 
     def _allocate(self, nbytes, stream, tag):
         if self.num_allocs == 1 and self._first is not None:
             self.allocated_bytes += nbytes
-            return Allocation(nbytes, nbytes, ((self._first.offset + 256, nbytes),), stream, tag, None)
+            return Allocation(nbytes, nbytes, ((self._first.offset + self.inside_bytes, nbytes),), stream, tag, None)
         a = super()._allocate(nbytes + 4096, stream, tag)
         self._first = a
         return a

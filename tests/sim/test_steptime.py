@@ -263,3 +263,79 @@ def test_mamba_layers_cost_the_same_at_any_context():
     assert two.hbm_bytes - one.hbm_bytes == pytest.approx(
         2 * state + attention * 1001 + m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token)
     assert bamba.step_cost(100, 0, 0).flops > 100 * (m.flops_per_token - m.logits_flops_per_token)
+
+
+# -- fitted engines (StepTerms, poollab calibrate) --------------------------------------------------
+from sim.steptime import StepCalibration, StepTerms, load_step_calibration  # noqa: E402
+
+FITTED = StepTerms(fixed_s=0.07, per_seq_s=1e-4, per_token_s=2e-5, per_kv_token_s=1e-6, per_pair_s=2e-9,
+                   per_query_kv_s=1.5e-9)
+
+
+def _fitted_file(tmp_path, **changes):
+    cal = StepCalibration(default_calibration(), terms=FITTED, warmup_s=1.5, engine="transformers",
+                          model="Llama-3-8B", gpu="H200", tp=1)
+    data = {**cal.to_json(), **changes}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_uncalibrated_default_is_the_roofline_alone(llama_h200):
+    # a CUDA-graph engine: batch-1 decode ~5 ms, no fitted terms in play
+    assert llama_h200.terms.is_zero and llama_h200.warmup_s == 0
+    assert 0.004 < llama_h200.step_time_s(0, 1, 128) < 0.006
+
+
+def test_an_old_factor_file_still_loads_as_factors_only(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"mfu_prefill": 0.4, "source": "an old file"}))
+    cal = load_step_calibration(path)
+    assert cal.factors.mfu_prefill == 0.4 and cal.terms.is_zero and cal.model is None
+    assert load_calibration(path).mfu_prefill == 0.4
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=path)
+    assert stm.step_time_s(2048, 0, 0) == StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"),
+                                                         calibration={"mfu_prefill": 0.4}).step_time_s(2048, 0, 0)
+
+
+def test_a_fitted_file_prices_steps_with_its_terms_over_the_roofline_floor(tmp_path, llama_h200):
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=_fitted_file(tmp_path))
+    assert stm.warmup_s == 1.5
+    # batch-2 decode: the fixed 70 ms, not the roofline's 5 ms
+    linear = FITTED.linear_s(0, 2, 0, 1002, 1002)
+    assert stm.step_time_s(0, 2, 1000) == pytest.approx(linear)
+    assert stm.step_time_s(0, 2, 1000) > 10 * llama_h200.step_time_s(0, 2, 1000)
+    # the whole step's queries x keys: a prefill beside long decodes costs their product
+    cost = stm.step_cost(8000, 20, 40000, 0, 2)
+    assert cost.total_s == stm.step_time_s(8000, 20, 40000, 0, 2) == cost.fitted_s
+    assert cost.fitted_s > FITTED.per_query_kv_s * 8020 * 48020
+
+
+def test_the_roofline_is_the_floor_of_a_fitted_engine(tmp_path, llama_h200):
+    tiny = StepCalibration(default_calibration(), terms=StepTerms(fixed_s=1e-6))
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=tiny)
+    assert stm.step_time_s(4096, 0, 0) == pytest.approx(llama_h200.step_time_s(4096, 0, 0), rel=1e-12)
+
+
+def test_a_fitted_file_for_another_model_is_refused(tmp_path):
+    path = _fitted_file(tmp_path)
+    with pytest.raises(ValueError, match="fitted for Llama-3-8B on H200"):
+        StepTimeModel(load_model("Llama-3.2-1B"), load_gpu("H200"), calibration=path)
+
+
+@pytest.mark.parametrize("changes, words", [({"terms": {"fixed_s": -1}}, "fixed_s"),
+                                            ({"terms": {"per_banana_s": 1}}, "terms"),
+                                            ({"format": "poollab-step-time/9"}, "unknown calibration format"),
+                                            ({"warmup_s": "soon"}, "warmup_s"),
+                                            ({"colour": "red"}, "unknown key")])
+def test_a_bad_fitted_file_names_file_and_field(tmp_path, changes, words):
+    path = _fitted_file(tmp_path, **changes)
+    with pytest.raises(ValueError, match=words) as info:
+        load_step_calibration(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_fitted_file_round_trips(tmp_path):
+    cal = load_step_calibration(_fitted_file(tmp_path))
+    assert cal.terms == FITTED and cal.engine == "transformers" and (cal.model, cal.gpu, cal.tp) == ("Llama-3-8B", "H200", 1)
+    assert "fitted from" in cal.describe() and "70.0 ms" in cal.describe()

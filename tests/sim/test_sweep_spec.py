@@ -156,3 +156,76 @@ def test_errors_name_file_line_and_key(folder, text, line, needle):
 
 def test_an_error_is_a_value_error_for_the_command_line(folder):
     assert isinstance(error(folder, "[]"), ValueError)
+
+
+# -- hostile files (issue 29): bounded before they are built, one error naming file, line and limit
+
+def _laughs(levels: int) -> str:
+    """Ten aliases of ten, ``levels`` deep: ``capacities`` stands for 10**levels values."""
+    lines = ["a0: &a0 [1MiB, 1MiB, 1MiB, 1MiB, 1MiB, 1MiB, 1MiB, 1MiB, 1MiB, 1MiB]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines)
+
+
+def test_a_billion_laughs_is_refused_without_being_expanded(folder):
+    """It used to hang: PyYAML's constructor shares aliased lists, but the key index walked them all."""
+    from sim.sweep.spec import MAX_YAML_NODES
+
+    err = error(folder, "traces: [a.csv]\npolicies: [first-fit]\n" + _laughs(9) + "\ncapacities: *a9\n")
+    assert err.line == 7 and f"more than {MAX_YAML_NODES:,}" in err.reason  # a4: the first to hold too many
+    assert "the whole file: 23,456,790,139" in err.reason
+
+
+def test_aliases_within_the_limit_still_work(folder):
+    spec = parse(folder, "traces: [a.csv]\npolicies: &p [first-fit, best-fit]\ncapacities: [1GiB]\n")
+    assert len(spec.cells) == 2
+
+
+def test_an_alias_inside_itself_is_refused(folder):
+    err = error(folder, "traces: [a.csv]\npolicies: &p [first-fit, *p]\n")
+    assert err.line == 2 and "contains it" in err.reason
+
+
+@pytest.mark.parametrize("deep", ["[" * 5000 + "]" * 5000, "{a: " * 3000 + "1" + "}" * 3000], ids=["lists", "mappings"])
+def test_deep_nesting_is_refused_while_composing(folder, deep):
+    """It used to raise RecursionError (PyYAML composes recursively)."""
+    from sim.sweep.spec import MAX_YAML_DEPTH
+
+    err = error(folder, f"traces: [a.csv]\npolicies: [first-fit]\nname: {deep}\n")
+    assert err.line == 3 and f"nested more than {MAX_YAML_DEPTH} levels deep" in err.reason
+
+
+def test_deep_nesting_through_aliases_is_refused(folder):
+    chain = "\n".join(["x0: &x0 [1]"] + [f"x{i}: &x{i} [*x{i - 1}]" for i in range(1, 60)])
+    err = error(folder, "traces: [a.csv]\npolicies: [first-fit]\n" + chain + "\nname: *x59\n")
+    assert "with its aliases expanded the file nests 62 levels deep" in err.reason
+
+
+def test_a_grid_of_a_billion_cells_is_refused_before_it_is_built(folder):
+    """It used to run out of memory after 19 s building the product."""
+    values = ", ".join(str(i) for i in range(1, 1001))
+    caps = ", ".join(f"{i}MiB" for i in range(1, 1001))
+    err = error(folder, f"""
+        mode: simulate
+        traces: [requests.csv]
+        policies: [{{policy: paged, params: {{page_tokens: [{values}]}}}}]
+        capacities: [{caps}]
+        rate_scales: [{values}]
+    """)
+    assert err.line is None and err.path.endswith("sweep.yaml")
+    assert "the grid has 1,000,000,000 cells, more than 100,000" in err.reason
+
+
+def test_the_cell_count_before_duplicates_is_what_the_grid_builds(folder):
+    from sim.sweep.spec import _num_cells
+
+    spec = parse(folder, """
+        traces: [a.csv, b.csv]
+        policies:
+          - first-fit
+          - {policy: elastic, params: {high: [0.8, 0.9], patience: [4, 8, 16]}}
+        capacities: [null, 1GiB]
+    """)
+    assert len(spec.cells) + spec.num_duplicates == 2 * (1 + 6) * 2
+    assert _num_cells({"traces": ["a", "b"], "policies": ["first-fit", {"policy": "elastic", "params": {
+        "high": [0.8, 0.9], "patience": [4, 8, 16]}}], "capacities": [None, 1]}, "replay") == 28

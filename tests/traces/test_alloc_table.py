@@ -171,3 +171,52 @@ def test_huge_and_sparse_ids_are_renumbered_in_allocation_order(tmp_path):
     events = read_table_csv(path).events
     assert events["alloc_id"].tolist() == [0, 1, 0, 1]
     assert events["nbytes"].tolist() == [4096, 512, 4096, 512]
+
+
+# --- numbers that do not fit, columns of the wrong kind, frees elsewhere (issue 29) -----------
+
+@pytest.mark.parametrize("column", ["nbytes", "time_us", "alloc_id", "stream"])
+def test_a_5000_digit_integer_names_its_line_and_column(tmp_path, column):
+    rows = dict(time_us="0", alloc_id="0", nbytes="4096", stream="0")
+    rows[column] = "9" * 5000  # past Python's 4,300-digit limit on int(): a ValueError of its own
+    path = _csv(tmp_path, ["0,alloc,0,4096,0,", f"{rows['time_us']},alloc,{rows['alloc_id']},{rows['nbytes']},"
+                                                f"{rows['stream']},"])
+    err = _error(read_table_csv, path)
+    assert (err.line, err.reason.split()[0]) == (3, column)
+    assert "5,000 characters" in err.reason and len(str(err)) < 300
+
+
+def _pq(tmp_path, **override):
+    cols = {"time_us": pa.array([0, 5], pa.int64()), "op": pa.array(["alloc", "free"]),
+            "alloc_id": pa.array([0, 0], pa.int64()), "nbytes": pa.array([4096, 4096], pa.int64()),
+            "stream": pa.array([0, 0], pa.int64()), "tag": pa.array(["", ""])}
+    cols.update(override)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table(cols), path)
+    return path
+
+
+@pytest.mark.parametrize("column,array,kind", [
+    ("nbytes", pa.array([True, True]), "bool"),
+    ("time_us", pa.array([0, 5], pa.timestamp("us")), "timestamp"),
+    ("time_us", pa.array([0, 5], pa.duration("us")), "duration"),
+    ("alloc_id", pa.array(["0", "0"]), "string"),
+], ids=["bool-nbytes", "timestamp-time", "duration-time", "text-ids"])
+def test_parquet_column_of_the_wrong_kind_is_refused(tmp_path, column, array, kind):
+    err = _error(read_table_parquet, _pq(tmp_path, **{column: array}))
+    assert err.reason.startswith(f"column {column} has type {kind}") and "expected integers" in err.reason
+
+
+def test_parquet_whole_floats_are_still_read(tmp_path):
+    trace = read_table_parquet(_pq(tmp_path, nbytes=pa.array([4096.0, 4096.0])))
+    assert list(trace.events["nbytes"]) == [4096, 4096]
+
+
+def test_free_on_another_stream_than_its_allocation_names_its_line(tmp_path):
+    err = _error(read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "5,free,0,100,1,"]))
+    assert (err.line, err.reason) == (3, "free of allocation 0 on stream 1, but it was allocated on stream 0")
+
+
+def test_free_on_another_stream_in_parquet_names_its_record(tmp_path):
+    err = _error(read_table_parquet, _pq(tmp_path, stream=pa.array([2, 0], pa.int64())))
+    assert err.line == 2 and "allocated on stream 2" in err.reason

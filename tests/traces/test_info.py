@@ -90,3 +90,14 @@ def test_sums_past_int64_are_exact_not_wrapped():
     assert info["final_live_bytes"] == 2 * big
     assert info["tag_bytes"] == {"kv": 2 * big, "w": big}
     assert info["size_mean_bytes"] == float(big)
+
+
+def test_what_a_reader_adjusted_is_described(tmp_path):
+    from traces.rmm_log import read_rmm_log
+
+    path = tmp_path / "rmm.csv"
+    path.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000500,allocate,0x10,8,0xa\n"
+                    "2,10:00:00.000200,free,0x10,8,0xb\n")
+    info = describe_alloc_trace(read_rmm_log(path))
+    assert (info["num_time_clamped"], info["num_cross_stream_frees"]) == (1, 1)
+    assert info["num_failed_allocations"] == 0

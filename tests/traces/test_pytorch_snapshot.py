@@ -262,3 +262,196 @@ def test_entry_that_is_not_a_dict_is_an_error(write_snapshot, snap_entry):
     with pytest.raises(TraceFormatError) as err:
         read_pytorch_snapshot(path)
     assert err.value.line == 1
+
+
+# --- hostile and impossible snapshots (issue 29): each one line naming the list and index -----
+
+MiB = 1 << 20
+FAR = 0x7F0010000000  # far from A, B and C
+
+
+@pytest.mark.parametrize("addr", [2**63, 2**64 + 5, -16])
+def test_alloc_address_outside_int64_names_its_index(write_snapshot, snap_entry, addr):
+    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("alloc", addr, 10, 1)])
+    with pytest.raises(TraceFormatError, match=r"index 1\): alloc at address .*< 2\*\*63"):
+        read_pytorch_snapshot(path)
+
+
+def test_free_of_never_seen_address_at_2_63_names_its_index(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("free_completed", 2**63, 10, 0)])
+    with pytest.raises(TraceFormatError, match=r"index 0\): free_completed at address"):
+        read_pytorch_snapshot(path)
+
+
+def test_segment_event_at_a_text_address_names_its_index(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("segment_alloc", "0x7f00", 2 * MiB, 1)])
+    with pytest.raises(TraceFormatError, match=r"index 1\): malformed trace entry .*address '0x7f00'"):
+        read_pytorch_snapshot(path)
+
+
+def test_segment_event_address_at_2_63_names_its_index(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("segment_alloc", 2**63, 2 * MiB, 0), snap_entry("alloc", A, 10, 1)])
+    with pytest.raises(TraceFormatError, match=r"index 0\).*address 9223372036854775808"):
+        read_pytorch_snapshot(path)
+
+
+def test_segment_address_at_2_63_names_the_segment(write_snapshot):
+    path = write_snapshot([], [_segment(2**63, 2 * MiB, [])])
+    with pytest.raises(TraceFormatError, match=r"segments index 0\).*address"):
+        read_pytorch_snapshot(path)
+
+
+def test_device_trace_that_is_an_int_names_it(write_snapshot, snap_entry):
+    path = write_snapshot([], device_traces=[[snap_entry("alloc", A, 10, 0)], 7])
+    with pytest.raises(TraceFormatError, match=r"device_traces index 1\): is 7, not a list of trace entries"):
+        read_pytorch_snapshot(path)
+
+
+@pytest.mark.parametrize("devices", [("0", 1), ([0], 0), (0.0, 0), (True, 0), (-1, 0)],
+                         ids=["mixed-str-int", "unhashable", "float", "bool", "negative"])
+def test_segment_device_that_is_no_device_index_names_the_segment(write_snapshot, snap_entry, devices):
+    segs = [_segment(A, 2 * MiB, [], device=devices[0]), _segment(C, 2 * MiB, [], device=devices[1])]
+    path = write_snapshot([snap_entry("alloc", A, 10, 0)], segs)
+    with pytest.raises(TraceFormatError, match=r"segments index 0\): device .* is not a device index"):
+        read_pytorch_snapshot(path, device=0)
+    with pytest.raises(TraceFormatError, match=r"segments index 0\): device"):
+        read_pytorch_snapshot(path)
+
+
+def test_stream_that_is_no_handle_names_its_index(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("alloc", B, 10, 1, stream="s1")])
+    with pytest.raises(TraceFormatError, match=r"index 1\).*stream 's1' is not a stream handle"):
+        read_pytorch_snapshot(path)
+
+
+@pytest.mark.parametrize("where", ["event", "segment"])
+def test_expandable_map_of_2_55_bytes_is_refused_at_once(write_snapshot, snap_entry, where):
+    # one map of 2**55 bytes is 2**34 pages: a page set took 18 s and then ran out of memory
+    huge = 2**55
+    seg = {**_segment(A, huge if where == "segment" else 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "is_expandable": True}
+    if where == "segment":
+        seg["blocks"] = [_block(A, huge, "inactive")]
+    path = write_snapshot([snap_entry("segment_map", A, huge if where == "event" else 2 * MiB, 0),
+                           snap_entry("alloc", A, 10, 1)], [seg])
+    unit = "device_traces\\[0\\] index 0" if where == "event" else "segments index 0"
+    with pytest.raises(TraceFormatError, match=rf"{unit}\).*size 36,028,797,018,963,968 is more than a GPU's whole"):
+        read_pytorch_snapshot(path)
+
+
+def test_many_large_maps_are_ranges_not_pages(write_snapshot, snap_entry):
+    # 64 maps of 2**48 bytes each (2**23 pages apiece): kept as ranges, read at once
+    entries = [snap_entry("segment_map", A + k * 2**48, 2**48, k) for k in range(64)]
+    seg = {**_segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "is_expandable": True}
+    from traces.pytorch_snapshot import read_snapshot
+    snap = read_snapshot(write_snapshot(entries + [snap_entry("alloc", A, 10, 99)], [seg]))
+    assert [(s.address, s.total_bytes) for s in snap.segments_at_start] == []
+    assert len(snap.segment_events) == 64
+
+
+def test_page_ranges_equal_a_set_of_pages():
+    """``_PageRanges`` against the page set it replaces, on random aligned maps and unmaps."""
+    import random
+
+    from traces.pytorch_snapshot import _PageRanges
+
+    page = 2 * MiB
+    rng = random.Random(29)
+    for _ in range(200):
+        ranges, pages = _PageRanges(page), set()
+        for _ in range(rng.randrange(1, 12)):
+            addr, nbytes = rng.randrange(0, 40) * page, rng.randrange(0, 9 * page)
+            if rng.random() < 0.6:
+                ranges.add(addr, nbytes)
+                pages.update(range(addr, addr + nbytes, page))
+            else:
+                ranges.remove(addr, nbytes)
+                pages.difference_update(range(addr, addr + nbytes, page))
+        expected, start = [], None
+        for p in sorted(pages):
+            if start is None or p != prev + page:
+                if start is not None:
+                    expected.append((start, prev + page - start))
+                start = p
+            prev = p
+        if start is not None:
+            expected.append((start, prev + page - start))
+        assert ranges.runs() == expected
+
+
+def _key(text: str) -> bytes:
+    return b"\x8c" + bytes([len(text)]) + text.encode()  # SHORT_BINUNICODE
+
+
+def _deep_pickle(depth: int, *, in_metadata: bool) -> bytes:
+    """A snapshot pickle holding a list nested ``depth`` deep (pickle.dumps itself recurses, so by opcode):
+    as the one trace entry, or as that entry's ``user_metadata``."""
+    nested = b"]" * depth + b"a" * (depth - 1)  # EMPTY_LIST each level, APPEND each into the one outside
+    if in_metadata:
+        entry = (b"}" + _key("action") + _key("alloc") + b"s" + _key("addr") + b"J\x00\x00\x01\x00s"
+                 + _key("size") + b"K\x0as" + _key("stream") + b"K\x00s" + _key("time_us") + b"K\x00s"
+                 + _key("user_metadata") + nested + b"s")
+    else:
+        entry = nested
+    return (b"\x80\x04}" + _key("segments") + b"]s" + _key("device_traces") + b"]]" + entry + b"aas.")
+
+
+@pytest.mark.parametrize("in_metadata", [False, True], ids=["entry", "user-metadata"])
+def test_deeply_nested_pickle_is_one_line(tmp_path, in_metadata):
+    path = tmp_path / "deep.pickle"
+    path.write_bytes(_deep_pickle(100_000, in_metadata=in_metadata))
+    with pytest.raises(TraceFormatError, match="deep.pickle") as err:
+        read_pytorch_snapshot(path)
+    assert len(str(err.value)) < 300
+
+
+def test_block_larger_than_its_segment_names_the_segment(write_snapshot, snap_entry):
+    seg = _segment(A, 2 * MiB, [_block(A, 4 * MiB, "active_allocated")])
+    path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
+    with pytest.raises(TraceFormatError, match=r"segments index 0\).*block 0 .* does not lie inside the segment"):
+        read_pytorch_snapshot(path)
+
+
+def test_block_past_the_end_of_its_segment_names_the_segment(write_snapshot, snap_entry):
+    seg = _segment(A, 2 * MiB, [_block(A, MiB, "inactive"), _block(A + MiB, 2 * MiB, "active_allocated")])
+    path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
+    with pytest.raises(TraceFormatError, match=r"segments index 0\).*block 1"):
+        read_pytorch_snapshot(path)
+
+
+def test_allocated_size_above_total_size_names_the_segment(write_snapshot, snap_entry):
+    seg = {**_segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "allocated_size": 3 * MiB}
+    path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
+    with pytest.raises(TraceFormatError, match=r"segments index 0\).*allocated_size"):
+        read_pytorch_snapshot(path)
+
+
+def test_overlapping_segments_name_both(write_snapshot, snap_entry):
+    segs = [_segment(A, 4 * MiB, [_block(A, 4 * MiB, "inactive")]),
+            _segment(FAR, 2 * MiB, [_block(FAR, 2 * MiB, "inactive")]),
+            _segment(A + 2 * MiB, 2 * MiB, [_block(A + 2 * MiB, 2 * MiB, "inactive")])]
+    path = write_snapshot([snap_entry("alloc", FAR + 4 * MiB, 10, 0)], segs)
+    with pytest.raises(TraceFormatError, match=r"segments index 2\): segment at 0x7f0000200000 overlaps segments index 0"):
+        read_pytorch_snapshot(path)
+
+
+def test_segments_of_other_devices_may_share_addresses(write_snapshot, snap_entry):
+    segs = [_segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")], device=0),
+            _segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")], device=1)]
+    trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", C, 10, 0)], segs))
+    assert len(trace.meta["segments"]) == 1
+
+
+@pytest.mark.parametrize("requested", [-5, "10", 10.5, 3 * MiB], ids=["negative", "text", "fractional", "above-size"])
+def test_impossible_requested_size_names_the_segment(write_snapshot, snap_entry, requested):
+    seg = _segment(A, 2 * MiB, [_block(A, 2 * MiB, "active_allocated", requested_size=requested)])
+    path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
+    with pytest.raises(TraceFormatError, match=r"segments index 0\).*block 0 requested_size"):
+        read_pytorch_snapshot(path)
+
+
+def test_stale_requested_size_of_an_inactive_block_is_no_error(write_snapshot, snap_entry):
+    # recorded snapshots (expandable.pickle.gz) keep a freed block's last request, larger than what is left
+    seg = _segment(A, 2 * MiB, [_block(A, MiB, "inactive", requested_size=3 * MiB),
+                                _block(A + MiB, MiB, "active_allocated", requested_size=MiB - 8)])
+    trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", C, 10, 0)], [seg]))
+    assert trace.meta["num_pre_trace_live"] == 1

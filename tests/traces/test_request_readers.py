@@ -279,3 +279,108 @@ def test_any_trace_round_trips(rows, fmt):
     with tempfile.TemporaryDirectory() as d:
         back = read_request_trace(write_request_trace(tr, Path(d) / f"h.{fmt}"))
     pd.testing.assert_frame_equal(back.requests, tr.requests)
+
+
+# -- hostile numbers and shapes (issue 29): one line naming file, line and field; never a traceback
+
+_HUGE = "9" * 400  # past float64: pandas fails the whole column, float() on the int overflows
+_HUGER = "9" * 5000  # past Python's int-string digit limit
+
+
+@pytest.mark.parametrize("digits, where", [(_HUGE, "arrival_s"), (_HUGE, "prompt_tokens"), (_HUGER, "output_tokens"),
+                                           ("-" + _HUGE, "prompt_tokens")],
+                         ids=["time-400-digits", "prompt-400-digits", "output-5000-digits", "prompt-minus-400-digits"])
+def test_csv_numbers_too_long_for_a_float_are_out_of_range(tmp_path, digits, where):
+    row = {"arrival_s": "1", "prompt_tokens": "3", "output_tokens": "4", where: digits}
+    text = "arrival_s,prompt_tokens,output_tokens\n0,1,1\n" + ",".join(row.values()) + "\n"
+    err = _error(_write(tmp_path, "o.csv", text))
+    assert err.line == 3 and err.reason.startswith(where)
+    assert ("negative" if digits.startswith("-") else "more than" if where != "arrival_s" else "later than") in err.reason
+    assert "characters)" in err.reason and len(err.reason) < 120  # the value is cut short, not repeated whole
+
+
+@pytest.mark.parametrize("field, value, why", [("input_length", _HUGE, "more than"), ("timestamp", _HUGE, "later than"),
+                                               ("output_length", _HUGER, "digits"), ("input_length", "true", "not a number")],
+                         ids=["input-400-digits", "timestamp-400-digits", "output-5000-digits", "input-true"])
+def test_mooncake_numbers_too_long_or_boolean(tmp_path, field, value, why):
+    line = {"timestamp": "0", "input_length": "3", "output_length": "5", field: value}
+    text = MOONCAKE + "{" + ", ".join(f'"{k}": {v}' for k, v in line.items()) + "}\n"
+    err = _error(_write(tmp_path, "m.jsonl", text))
+    assert err.line == 4 and why in err.reason and len(err.reason) < 120
+
+
+def test_boolean_token_columns_are_not_numbers(tmp_path):
+    err = _error(_write(tmp_path, "o.csv", "arrival_s,prompt_tokens,output_tokens\n0,True,1\n1,False,1\n"))
+    assert err.line == 2 and "prompt_tokens True is a boolean" in err.reason
+    p = tmp_path / "b.parquet"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [4, 5], "output_tokens": [True, True]}).to_parquet(p)
+    err = _error(p)
+    assert err.line == 1 and "output_tokens True is a boolean" in err.reason
+
+
+def test_parquet_time_column_of_date_times_is_not_seconds(tmp_path):
+    p = tmp_path / "t.parquet"
+    pd.DataFrame({"arrival_s": pd.to_datetime(["2023-01-01", "2023-01-02"]), "prompt_tokens": [4, 5],
+                  "output_tokens": [1, 1]}).to_parquet(p)
+    assert "not a number" in _error(p).reason
+
+
+@pytest.mark.parametrize("hash_ids", [["123", "4"], [[1.0, 2.5], [3.0]], [[True], [False]]])
+def test_parquet_hash_ids_must_be_lists_of_ints(tmp_path, hash_ids):
+    """A string "123" used to read as (1, 2, 3) and floats were truncated."""
+    p = tmp_path / "h.parquet"
+    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [4, 5], "output_tokens": [1, 1],
+                  "hash_ids": hash_ids}).to_parquet(p)
+    err = _error(p)
+    assert err.line == 1 and "hash_ids" in err.reason and "64-bit integers" in err.reason
+
+
+def test_mooncake_hash_ids_as_a_string_is_named_as_one(tmp_path):
+    text = json.dumps({"timestamp": 0, "input_length": 3, "output_length": 5, "hash_ids": "123"}) + "\n"
+    assert "hash_ids '123' is not a list" in _error(_write(tmp_path, "m.jsonl", text)).reason
+
+
+def test_azure_date_years_away_is_refused(tmp_path):
+    """Six fractional digits read at microsecond precision, so a year-9999 date parses: an 8,000-year trace."""
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.979960,3,5\n9999-11-16 18:17:03.979960,3,5\n"
+    err = _error(_write(tmp_path, "a.csv", text))
+    assert err.line == 3 and "7,976 years after the first request" in err.reason
+
+
+def test_azure_date_beyond_nanosecond_range_is_named_as_such(tmp_path):
+    err = _error(_write(tmp_path, "a.csv", AZURE_2023 + "9999-11-16 18:17:03.9799600,3,5\n"))
+    assert err.line == 5 and "lies outside 1677-09-21 to 2262-04-11" in err.reason
+
+
+def test_mooncake_deeply_nested_json_is_refused_before_parsing(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    text = MOONCAKE + '{"timestamp": 9, "input_length": 3, "output_length": 5, "extra": ' + deep + "}\n"
+    err = _error(_write(tmp_path, "m.jsonl", text))
+    assert err.line == 4 and "nested 100,001 levels deep" in err.reason
+
+
+def test_mooncake_brackets_inside_strings_do_not_count_as_nesting(tmp_path):
+    text = json.dumps({"timestamp": 0, "input_length": 3, "output_length": 5, "note": "[{" * 50}) + "\n"
+    assert len(read_request_trace(_write(tmp_path, "m.jsonl", text))) == 1
+
+
+def test_validate_requests_holds_the_limits_readers_apply():
+    from traces.requests import MAX_TOKENS
+
+    df = make_requests([0.0, 1.0], [3, MAX_TOKENS + 1], [1, 1])
+    with pytest.raises(TraceFormatError, match="prompt_tokens 2147483648 is more than 2,147,483,647 tokens"):
+        validate_requests(df)
+    with pytest.raises(TraceFormatError, match="later than 1e\\+11 s"):
+        validate_requests(make_requests([0.0, 2e11], [3, 3], [1, 1]))
+
+
+@pytest.mark.parametrize("stored", [b"[" * 50_000 + b"]" * 50_000, b'{"meta": ', b'{"meta": [1]}'],
+                         ids=["deep", "broken", "meta-not-object"])
+def test_parquet_with_damaged_stored_meta_names_the_file(tmp_path, stored):
+    import pyarrow.parquet as pq
+
+    p = write_request_trace(_sample_trace(), tmp_path / "t.parquet")
+    table = pq.read_table(p)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"poollab.request_trace": stored}), p)
+    err = _error(p)
+    assert err.path == str(p) and "damaged poollab.request_trace metadata" in err.reason

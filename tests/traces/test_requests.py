@@ -80,6 +80,13 @@ def test_scale_rate_rejects_bad_factor(factor):
         _trace([0.0, 1.0]).scale_rate(factor)
 
 
+@pytest.mark.parametrize("factor", [1e-300, 1e-11])
+def test_scale_rate_refuses_a_trace_that_would_last_too_long(factor):
+    """1e-300 used to give arrivals of inf s (float overflow), which the simulator then choked on."""
+    with pytest.raises(ValueError, match="later than 1e\\+11 s"):
+        _trace([0.0, 2.0]).scale_rate(factor)
+
+
 def test_window_keeps_half_open_range_rebased():
     tr = _trace([0.0, 1.0, 2.0, 3.0, 4.0], prompt=[1, 2, 3, 4, 5])
     w = tr.window(1.0, 3.0)

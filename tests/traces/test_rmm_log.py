@@ -171,7 +171,7 @@ def test_row_with_extra_fields_names_its_line(tmp_path):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 1 << 20)), min_size=1, max_size=60))
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 0x1000)), min_size=1, max_size=60))
 def test_reader_recovers_a_random_alloc_free_sequence(tmp_path_factory, ops):
     """Simulate a pool handing out pointers from a small set: the reader must pair frees as the pool did."""
     live: dict[int, int] = {}   # pointer -> allocation number
@@ -192,3 +192,69 @@ def test_reader_recovers_a_random_alloc_free_sequence(tmp_path_factory, ops):
     ev = read_rmm_log(path).events
     assert list(zip(ev["op"], ev["alloc_id"])) == expected
     validate_events(ev)
+
+
+# --- logs that cannot be real, refused or announced (issue 29) ------------------------------
+
+def test_allocation_inside_a_live_one_names_both_lines(tmp_path):
+    path = _log(tmp_path, "1,10:00:00.000000,allocate,0x1000,4096,0", "1,10:00:00.000001,allocate,0x1800,16,0")
+    with pytest.raises(TraceFormatError, match=r"rmm.csv:3: allocate at 0x1800 of 16 bytes overlaps the live "
+                                               r"allocation \[0x1000, 0x2000\) of line 2"):
+        read_rmm_log(path)
+
+
+def test_allocation_covering_a_live_one_is_an_error(tmp_path):
+    path = _log(tmp_path, "1,10:00:00.000000,allocate,0x1800,16,0", "1,10:00:00.000001,allocate,0x1000,4096,0")
+    assert _error_line(path) == 3
+
+
+def test_overlapping_ranges_at_different_times_are_fine(tmp_path):
+    # a pool splits and merges blocks: the same bytes under other pointers once the first is free
+    path = _log(tmp_path, "1,10:00:00.000000,allocate,0x1000,4096,0", "1,10:00:00.000001,free,0x1000,4096,0",
+                "1,10:00:00.000002,allocate,0x1800,16,0", "1,10:00:00.000003,allocate,0x1000,2048,0")
+    assert list(read_rmm_log(path).events["alloc_id"]) == [0, 0, 1, 2]
+
+
+def test_adjacent_allocations_are_fine(tmp_path):
+    path = _log(tmp_path, "1,10:00:00.000000,allocate,0x1000,4096,0", "1,10:00:00.000001,allocate,0x2000,1,0")
+    assert len(read_rmm_log(path).events) == 2
+
+
+def test_allocation_past_the_address_space_names_its_line(tmp_path):
+    path = _log(tmp_path, "1,10:00:00.000000,allocate,0xfffffffffffffff0,4096,0")
+    with pytest.raises(TraceFormatError, match=r"rmm.csv:2: .*past the end of the address space"):
+        read_rmm_log(path)
+
+
+def test_time_going_back_beyond_jitter_names_its_line(tmp_path):
+    path = _log(tmp_path, "1,10:00:05.000000,allocate,0x10,8,0", "1,10:00:06.000000,allocate,0x20,8,0",
+                "1,10:00:01.000000,free,0x10,8,0")
+    with pytest.raises(TraceFormatError, match=r"rmm.csv:4: Time goes back 5.000000 s from line 3's"):
+        read_rmm_log(path)
+
+
+def test_threads_racing_to_log_are_clamped_and_counted(tmp_path):
+    path = _log(tmp_path, "1,10:00:00.000500,allocate,0x10,8,0", "2,10:00:00.000200,allocate,0x20,8,0",
+                "1,10:00:00.000900,free,0x10,8,0")
+    trace = read_rmm_log(path)
+    assert list(trace.events["time_us"]) == [0, 0, 400]
+    assert trace.meta["num_time_clamped"] == 1
+
+
+def test_free_on_another_stream_is_counted_and_kept_on_the_allocations_stream(tmp_path):
+    path = _log(tmp_path, "1,10:00:00.000000,allocate,0x10,8,0xa", "1,10:00:00.000001,free,0x10,8,0xb",
+                "1,10:00:00.000002,allocate,0x20,8,0xb", "1,10:00:00.000003,free,0x20,8,0xb")
+    trace = read_rmm_log(path)
+    assert list(trace.events["stream"]) == [1, 1, 2, 2]
+    assert trace.meta["num_cross_stream_frees"] == 1
+    validate_events(trace.events)
+
+
+@pytest.mark.parametrize("column", ["Size", "Time", "Stream"])
+def test_a_5000_digit_field_is_one_short_line(tmp_path, column):
+    fields = dict(Time="10:00:00.000000", Size="8", Stream="0")
+    fields[column] = "9" * 5000
+    path = _log(tmp_path, f"1,{fields['Time']},allocate,0x10,{fields['Size']},{fields['Stream']}")
+    with pytest.raises(TraceFormatError, match=rf"rmm.csv:2: {column} '9+\.\.\.9+' is not") as err:
+        read_rmm_log(path)
+    assert len(str(err.value)) < 300

@@ -7,7 +7,7 @@ from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import PreTraceAllocation, read_pytorch_snapshot, read_snapshot
 
 MiB = 1 << 20
-A, B, C = 0x7F0000000000, 0x7F0000200000, 0x7F0001600000
+A, B, C = 0x7F0000000000, 0x7F0001400000, 0x7F0001600000  # B just past A (20 MiB): segments never overlap
 
 
 def _segment(address, total_size, blocks, stream=0, segment_type="large"):

@@ -132,3 +132,47 @@ def test_any_configuration_gives_a_valid_trace(seed, layers, batch, chunk, reque
     validate_events(trace.events, "synth")
     assert live_bytes(trace)[-1] == trace.meta["weights_bytes"]
     assert (trace.meta["requests"]["finish_us"] > 0).all()
+
+
+# -- the generator holds the readers' limits (issue 29): refused before the work, not after
+
+@pytest.mark.parametrize("kw, match", [
+    ({"prompt_tokens": 10**12}, "from 1 to 2,147,483,647"),  # was: killed for memory, building 6e10 KV chunks
+    ({"prompt_tokens": (1, 10**20)}, "high <= 2,147,483,647"),
+    ({"output_tokens": [10**30]}, "must be integers"),
+    ({"output_tokens": [True, False]}, "must be integers"),
+    ({"num_requests": 100_000_000}, "100,000,000 requests of this shape make at least .* events, more than 20,000,000"),
+    ({"num_requests": 3, "prompt_tokens": 2_000_000_000}, "more than 20,000,000"),
+    ({"step_us_per_token": float("inf")}, "finite numbers >= 0"),  # was: OverflowError
+])
+def test_specs_beyond_the_limits_are_refused_before_any_work(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _gen(**kw)
+
+
+def test_times_past_int64_are_refused_not_wrapped():
+    """A tiny arrival rate used to cast 2e304 us to int64: a negative arrival time, written without a word."""
+    with pytest.raises(ValueError, match="past what an int64 time holds"):
+        _gen(arrival_rate_per_s=1e-300)
+    with pytest.raises(ValueError, match="more than 9,223,372,036,854,775,807 us"):
+        _gen(num_requests=2, step_us_per_token=1e300)
+
+
+def test_a_tensor_past_int64_is_refused():
+    """A model JSON of absurd width used to fail with numpy's OverflowError, a traceback on the command line."""
+    with pytest.raises(ValueError, match="more than an int64 size holds"):
+        _gen(num_requests=1, hidden_size=4_000_000_000, head_dim=4_000_000_000, num_heads=1,
+             intermediate_size=4_000_000_000, output_tokens=1, prompt_tokens=1)
+
+
+def test_the_event_bound_never_refuses_a_trace_that_fits():
+    from traces import synth_alloc
+
+    trace = _gen(num_requests=40, prompt_tokens=(100, 400), output_tokens=(5, 40))
+    num_events = len(trace.events)
+    old = synth_alloc.MAX_EVENTS
+    try:
+        synth_alloc.MAX_EVENTS = num_events  # exactly its size: allowed
+        assert len(_gen(num_requests=40, prompt_tokens=(100, 400), output_tokens=(5, 40))) == num_events
+    finally:
+        synth_alloc.MAX_EVENTS = old

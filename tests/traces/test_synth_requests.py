@@ -176,3 +176,64 @@ def test_parse_prefix_sharing():
 def test_parse_prefix_sharing_errors(text):
     with pytest.raises(ValueError):
         parse_prefix_sharing(text)
+
+
+# -- the generator holds the readers' limits (issue 29): what it writes, every reader reads
+
+@pytest.mark.parametrize("text, match", [
+    ("fixed:1e10", "more than 2,147,483,647 tokens"),
+    ("fixed:1e400", "not a finite number"),
+    ("lognormal:median=1e300,sigma=1", "median=1e\\+300 is more than"),
+    ("lognormal:median=1000,sigma=1,max=100000000000000", "max=100000000000000 is more than"),
+    ("zipf:a=1.2,min=3000000000,max=3000000001", "min=3000000000 is more than"),
+])
+def test_length_specs_refuse_counts_no_reader_would_read(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_length_dist(text)
+
+
+def test_lognormal_without_max_is_clipped_to_max_tokens():
+    """A huge sigma overflows to inf: it used to wrap to -2**63 in int64 and be written as a negative count."""
+    from traces.requests import MAX_TOKENS
+
+    x = Lognormal(1000, 300.0).sample(np.random.default_rng(0), 1000)
+    assert x.min() >= 1 and x.max() == MAX_TOKENS
+
+
+def test_a_trace_at_the_limits_reads_back(tmp_path):
+    from traces.requests import MAX_TOKENS
+
+    tr = synth_requests(num_requests=3, rate_rps=1.0, prompt=Fixed(MAX_TOKENS), output=Fixed(MAX_TOKENS), seed=0)
+    back = read_request_trace(write_request_trace(tr, tmp_path / "t.csv"))
+    assert back.requests["prompt_tokens"].tolist() == [MAX_TOKENS] * 3
+
+
+@pytest.mark.parametrize("text, match", [
+    ("prefix_tokens=[fixed:1e12]", "n=1000000000000 is more than"),
+    ("block_tokens=10000000000000", "block_tokens=10000000000000 is more than"),
+    ("num_prefixes=1000000000000", "more than 10,000,000 prefixes"),
+    ("prefix_tokens=[[[[1]]]]", "nested '\\[' at character 16"),
+    ("prefix_tokens=[1]]", "unbalanced ']'"),
+    ("prefix_tokens=[[1]", "nested"),
+    ("a=1," * 400, "characters long; at most 1,000"),
+], ids=["prefix-1e12-tokens", "block-1e13-tokens", "1e12-prefixes", "nested", "unbalanced-close", "unbalanced-open",
+        "1600-characters"])
+def test_prefix_sharing_specs_are_bounded(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_prefix_sharing(text)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_requests=3, rate_rps=1e-300), "would last about 2e\\+300 s, longer than 1e\\+11 s"),
+    (dict(duration_s=1e12, rate_rps=1e-10), "longer than 1e\\+11 s"),
+    (dict(num_requests=3, rate_rps=1.0, arrival="gamma", cv=1e-300), "cv=1e-300 must be between"),
+    (dict(num_requests=3, rate_rps=1.0, arrival="gamma", cv=1e300), "cv=1e\\+300 must be between"),
+])
+def test_arrivals_no_reader_would_read_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        synth_requests(**kw)
+
+
+def test_length_spec_length_is_bounded():
+    with pytest.raises(ValueError, match="5,006 characters long"):
+        parse_length_dist("fixed:" + "9" * 5000)

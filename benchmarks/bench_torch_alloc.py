@@ -1,0 +1,363 @@
+"""A random-weight Llama-shaped model's ``generate`` under PyTorch's allocator and under poollab policies.
+
+    python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
+        [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--out DIR]   # no GPU
+
+Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
+process's first CUDA allocation and never swapped back, so every allocator runs in its own
+worker process, started in turn: round 1 runs PyTorch's allocator, then each policy, round 2 the
+same again (interleaved, so drift on the machine spreads over all of them). Each worker builds
+the same model from the same seed, warms up, then times ``generate`` on each batch shape
+(``BATCHxPROMPT``, greedy, a fixed number of new tokens), with deterministic kernels
+(``torch.use_deterministic_algorithms(True)``, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, eager
+attention), and hashes the tokens. Reported per policy and shape: seconds (median over rounds)
+and the ratio to PyTorch's allocator, the allocator's per-call cost (the trampoline's samples),
+peak reserved bytes, whether the tokens equal PyTorch's bit for bit, and the device memory used
+(``torch.cuda.mem_get_info``) before the allocator is installed and after its teardown.
+
+``--validate SPEC`` adds one worker with that policy in validation mode (guards checked on every
+free) on the first shape; ``--mempool`` adds one worker that runs PyTorch's allocator and each
+policy in mempool mode side by side in one process.
+
+Writes ``torch_alloc_runs.csv`` (one row per worker, round and shape), ``torch_alloc_summary.csv``
+(one row per policy and shape) and ``torch_alloc.json`` (everything, with the summary rows of
+``realgpu.torch_allocator``) into ``--out``. ``--calls N`` needs torch but no GPU: the per-call cost
+of the trampoline and the callback table on a host-backed pool (``torch_alloc_calls.csv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_POLICIES = ["best-fit", "size-class", "paged", "torch-caching", "best-fit:virtual=true"]
+DEFAULT_SHAPES = "8x128,32x64,16x512,4x1500"
+BASELINE = "torch"
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for part in text.split(","):
+        try:
+            batch, prompt = (int(x) for x in part.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"bench_torch_alloc.py: error: --shapes: {part!r} is not BATCHxPROMPT") from None
+        if batch <= 0 or prompt <= 0:
+            raise SystemExit(f"bench_torch_alloc.py: error: --shapes: {part!r} must be positive")
+        shapes.append((batch, prompt))
+    return shapes
+
+
+# ---------------------------------------------------------------------- inside a worker (torch here)
+def _deterministic(torch) -> None:
+    # warn_only: the deterministic implementation wherever one exists, a warning (not an error)
+    # for an op that has none, so that a run never dies on one
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def build_model(torch, layers: int):
+    """The same random-weight Llama-shaped model in every process (seeded), bf16, eager attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
+                         num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096,
+                         attn_implementation="eager")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.eval()
+    return model
+
+
+def run_shapes(torch, model, shapes, new_tokens: int) -> list[dict]:
+    """Warm up on the smallest shape, then time ``generate`` on each shape; tokens hashed."""
+    out = []
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randint(3, 32000, (b, p), generator=gen) for b, p in shapes]
+
+    def generate(ids):
+        ids = ids.cuda()
+        with torch.no_grad():
+            tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return tokens
+
+    generate(inputs[0][:1, :16])
+    for (b, p), ids in zip(shapes, inputs):
+        t0 = time.perf_counter()
+        tokens = generate(ids)
+        seconds = time.perf_counter() - t0
+        digest = hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16]
+        out.append({"shape": f"{b}x{p}", "seconds": seconds, "tokens_sha": digest})
+        del tokens
+    return out
+
+
+def worker(args) -> dict:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    _deterministic(torch)
+    shapes = parse_shapes(args.shapes)
+    from realgpu.nvml import MemoryReader
+
+    # NVML through CuPy: touching torch.cuda here would initialise PyTorch's allocator, and a
+    # pluggable one can only be installed before that
+    reader = MemoryReader(device_id=0)
+    result = {"allocator": args.allocator, "validate": bool(args.worker_validate), "mode": "pluggable",
+              "device_used_before_bytes": reader.used_bytes(), "memory_source": reader.source}
+    if args.allocator == BASELINE:
+        model = build_model(torch, args.layers)
+        result["runs"] = run_shapes(torch, model, shapes, args.new_tokens)
+        result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        del model
+        torch.cuda.empty_cache()
+    else:
+        from realgpu.torch_allocator import use_policy
+
+        with use_policy(args.allocator, validate=bool(args.worker_validate)) as alloc:
+            model = build_model(torch, args.layers)
+            result["runs"] = run_shapes(torch, model, shapes, args.new_tokens)
+            del model
+        row = alloc.summary_row()
+        result["free_errors"] = [str(e) for e in alloc.core.errors[:3]]  # double frees, corruption (validate)
+        result["peak_reserved_bytes"] = row["peak_reserved_bytes"]
+        result["peak_allocated_bytes"] = row["peak_allocated_bytes"]
+        result["summary"] = row
+        result["capture_check"] = alloc.capture_check
+        result["pool_bytes_after"] = alloc.pool.device.used_bytes  # the policy's segments still held: 0
+    torch.cuda.synchronize()
+    result["device_used_after_bytes"] = reader.used_bytes()
+    return result
+
+
+def mempool_worker(args) -> dict:
+    """PyTorch's allocator and each policy in mempool mode, side by side in this one process."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    from realgpu.torch_allocator import use_policy
+
+    _deterministic(torch)
+    shapes = parse_shapes(args.shapes)
+    model = build_model(torch, args.layers)  # weights in PyTorch's own pool; activations and KV in the policy's
+    out = {"runs": [], "summaries": []}
+    for r in range(args.rounds):
+        for name in [BASELINE, *args.policies]:
+            if name == BASELINE:
+                runs = run_shapes(torch, model, shapes, args.new_tokens)
+            else:
+                with use_policy(name, mode="mempool") as alloc:
+                    runs = run_shapes(torch, model, shapes, args.new_tokens)
+                out["summaries"].append(alloc.summary_row(round=r))
+            out["runs"].extend({"allocator": name, "round": r, **run} for run in runs)
+    return out
+
+
+def calls_bench(args) -> list[dict]:
+    """Per-call cost of the trampoline and the callback table, no GPU: the compiled trampoline's
+    own samples (entry to return, what PyTorch pays per call) over a host-backed pool whose
+    segments are aligned as ``cudaMalloc``'s, for a mix of sizes PyTorch asks for; the first row
+    is the trampoline alone (a callback that returns a constant)."""
+    import random
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from realgpu.pool import GpuPool
+    from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore, load_shim
+
+    shim = load_shim()
+    rng = random.Random(0)
+    sizes = [rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20]) for _ in range(64)]
+    rows = []
+    null = SimpleNamespace(malloc=lambda size, device, stream: 1 << 21, free=lambda ptr, size, device, stream: None)
+    for name in ["(trampoline only)", *args.policies]:
+        if name.startswith("("):
+            target = null
+        else:
+            pool = GpuPool(name, backend=AlignedHostDevice() if "virtual" not in name else "host-vmm",
+                           guard_bytes=ALIGNMENT_BYTES, check_contents=False)
+            target = AllocatorCore(pool)
+        best = None
+        for _ in range(args.rounds):
+            shim.bind(target)
+            shim.reset()
+            for i in range(args.calls):
+                n = sizes[i % len(sizes)]
+                _, ptr, _ = shim.probe_malloc(n)
+                shim.call_free(ptr, n)
+            a, f = shim.samples(0), shim.samples(1)
+            row = {"allocator": name, "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
+                   "alloc_mean_us": float(a.mean()) / 1e3, "free_p50_us": float(np.median(f)) / 1e3,
+                   "free_mean_us": float(f.mean()) / 1e3}
+            if best is None or row["alloc_mean_us"] + row["free_mean_us"] < best["alloc_mean_us"] + best["free_mean_us"]:
+                best = row
+        shim.bind(None)
+        rows.append(best)
+        print(f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
+              f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------- the parent (no torch)
+def spawn(args, extra: list[str], timeout_s: float) -> dict:
+    cmd = [sys.executable, __file__, "--shapes", args.shapes, "--new-tokens", str(args.new_tokens),
+           "--layers", str(args.layers), "--rounds", str(args.rounds), *extra]
+    for p in args.policies:
+        cmd += ["-p", p]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail), "wall_s": time.perf_counter() - t0}
+    result = json.loads(lines[-1])
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
+    """One row per (allocator, shape): median seconds, ratio to PyTorch's, token equality, costs."""
+    seconds: dict[tuple[str, str], list[float]] = {}
+    tokens: dict[tuple[str, str], set[str]] = {}
+    info: dict[str, dict] = {}
+    for w in workers:
+        if "error" in w or w.get("validate"):
+            continue
+        info.setdefault(w["allocator"], w)
+        for run in w["runs"]:
+            key = (w["allocator"], run["shape"])
+            seconds.setdefault(key, []).append(run["seconds"])
+            tokens.setdefault(key, set()).add(run["tokens_sha"])
+    rows = []
+    for (name, shape), secs in seconds.items():
+        base = seconds.get((BASELINE, shape))
+        base_med = statistics.median(base) if base else float("nan")
+        med = statistics.median(secs)
+        w = info[name]
+        s = w.get("summary", {})
+        rows.append({
+            "allocator": name, "shape": shape, "n_rounds": len(secs), "seconds_median": med,
+            "seconds_min": min(secs), "ratio_to_torch": med / base_med if base else float("nan"),
+            "tokens_equal_torch": (tokens[(name, shape)] == tokens.get((BASELINE, shape))) if base else None,
+            "tokens_stable": len(tokens[(name, shape)]) == 1,
+            "peak_reserved_bytes": w.get("peak_reserved_bytes"), "alloc_p50_us": s.get("alloc_p50_us"),
+            "alloc_p99_us": s.get("alloc_p99_us"), "free_p50_us": s.get("free_p50_us"),
+            "free_p99_us": s.get("free_p99_us"), "n_alloc": s.get("n_alloc"), "n_failed": s.get("n_failed"),
+            "n_align_padded": s.get("n_align_padded"),
+            "device_used_before_bytes": w.get("device_used_before_bytes"),
+            "device_used_after_bytes": w.get("device_used_after_bytes"),
+            "pool_bytes_after": w.get("pool_bytes_after"), "n_live_at_close": s.get("n_live_at_close"),
+            "n_free_errors": s.get("n_free_errors"),
+        })
+    order = {name: i for i, name in enumerate([BASELINE, *policies])}
+    rows.sort(key=lambda r: (order.get(r["allocator"], 99), r["shape"]))
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-p", "--policy", dest="policies", action="append", help="policy spec (repeatable)")
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--validate", metavar="SPEC", help="also run SPEC in validation mode on the first shape")
+    ap.add_argument("--mempool", action="store_true", help="also run every policy in mempool mode (one process)")
+    ap.add_argument("--worker-timeout", type=float, default=300.0)
+    ap.add_argument("--calls", type=int, metavar="N",
+                    help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--mempool-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.policies = args.policies or list(DEFAULT_POLICIES)
+    parse_shapes(args.shapes)
+    if args.allocator:
+        print(json.dumps(worker(args), default=str))
+        return 0
+    if args.mempool_worker:
+        print(json.dumps(mempool_worker(args), default=str))
+        return 0
+    if args.calls:
+        rows = calls_bench(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out / "torch_alloc_calls.csv", rows)
+        return 0
+
+    workers = []
+    for r in range(args.rounds):
+        for name in [BASELINE, *args.policies]:
+            w = spawn(args, ["--worker", name], args.worker_timeout)
+            w.setdefault("allocator", name)
+            w["round"] = r
+            workers.append(w)
+            print(f"round {r} {name}: " + (w["error"] if "error" in w else
+                  " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])), flush=True)
+    if args.validate:
+        first = args.shapes.split(",")[0]
+        w = spawn(argparse.Namespace(**{**vars(args), "shapes": first, "rounds": 1}),
+                  ["--worker", args.validate, "--worker-validate"], args.worker_timeout)
+        w.setdefault("allocator", args.validate)
+        w["validate"] = True
+        workers.append(w)
+        found = w.get("error") or "; ".join(w.get("free_errors", [])) or "no corruption, no bad free"
+        print(f"validate {args.validate}: {found}", flush=True)
+    mempool = None
+    if args.mempool:
+        mempool = spawn(args, ["--mempool-worker"], args.worker_timeout)
+        print("mempool: " + (mempool.get("error") or f"{len(mempool['runs'])} runs"), flush=True)
+
+    rows = summarise(workers, args.policies)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_rows = [{"allocator": w["allocator"], "round": w["round"] if "round" in w else -1, "validate": w.get("validate"),
+                 **run} for w in workers if "runs" in w for run in w["runs"]]
+    write_csv(args.out / "torch_alloc_runs.csv", run_rows)
+    write_csv(args.out / "torch_alloc_summary.csv", rows)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv[1:],
+            "shapes": args.shapes, "new_tokens": args.new_tokens, "layers": args.layers, "rounds": args.rounds}
+    with open(args.out / "torch_alloc.json", "w") as f:
+        json.dump({"meta": meta, "summary": rows, "workers": workers, "mempool": mempool}, f, indent=1, default=str)
+    for row in rows:
+        print(f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:.3f}s x{row['ratio_to_torch']:.3f} "
+              f"tokens_equal={row['tokens_equal_torch']} peak_reserved={row['peak_reserved_bytes']} "
+              f"alloc_p50={row['alloc_p50_us']} free_p50={row['free_p50_us']} "
+              f"mem_before={row['device_used_before_bytes']} after={row['device_used_after_bytes']}")
+    return 0
+
+
+if __name__ == "__main__":
+    from poollab.cli import run_script
+
+    run_script(main)

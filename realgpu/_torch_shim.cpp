@@ -1,0 +1,290 @@
+// The compiled trampoline between PyTorch's pluggable CUDA allocator and a poollab policy.
+//
+// PyTorch calls a raw function pointer for every CUDA allocation and free
+// (torch._C._cuda_customAllocator(malloc_ptr, free_ptr)): poollab_malloc / poollab_free below.
+// Each takes the GIL, calls one Python callable (realgpu.torch_allocator.AllocatorCore's
+// malloc / free) and returns. ctypes CFUNCTYPE callbacks cost 2.5-5.8 us a call (issue 30);
+// this costs one vectorcall and the argument boxing.
+//
+// Built at first use by realgpu.torch_allocator.load_shim (torch.utils.cpp_extension.load, cached
+// in torch's extension folder). Needs no CUDA headers: the one CUDA runtime call (is the stream
+// capturing a graph?) comes in as a function pointer that Python looks up in the loaded cudart.
+//
+// Errors: a refused request (a Python MemoryError, which PoolOutOfMemoryError is) is thrown as
+// c10::OutOfMemoryError, which PyTorch turns into torch.OutOfMemoryError with this message; any
+// other Python error becomes c10::Error (RuntimeError). A free never throws (PyTorch calls it
+// from destructors): the Python side keeps its errors; a free arriving while the interpreter
+// shuts down, or after the callbacks are cleared, does nothing (the driver reclaims the memory).
+#include <Python.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+PyObject* g_malloc_cb = nullptr;  // strong references, set by poollab_set_callbacks
+PyObject* g_free_cb = nullptr;
+// when nonzero, a refusal returns nullptr instead of throwing (mempool mode: PyTorch's caching
+// allocator frees its cached blocks and retries, then raises its own OutOfMemoryError)
+int g_null_on_refusal = 0;
+// cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus*), or null
+typedef int (*is_capturing_fn)(void*, int*);
+is_capturing_fn g_is_capturing = nullptr;
+
+// Per-call latency samples in ns, bounded: once full, every second sample is dropped and the
+// stride doubles (so the kept samples stay evenly spread over the whole run).
+struct Samples {
+  std::vector<int64_t> values;
+  size_t capacity = size_t(1) << 21;
+  uint64_t stride = 1;
+  uint64_t seen = 0;
+
+  void add(int64_t ns) {
+    uint64_t k = seen++;
+    if (k % stride) return;
+    if (values.size() >= capacity) {
+      size_t j = 0;
+      for (size_t i = 0; i < values.size(); i += 2) values[j++] = values[i];
+      values.resize(j);
+      stride *= 2;
+      if (k % stride) return;
+    }
+    values.push_back(ns);
+  }
+  void clear() {
+    values.clear();
+    stride = 1;
+    seen = 0;
+  }
+};
+
+Samples g_alloc_ns, g_free_ns;
+uint64_t g_num_zero = 0;    // 0-byte requests (answered here with nullptr, no policy call)
+uint64_t g_num_ignored = 0; // frees that arrived with no callbacks or during shutdown
+
+inline int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+bool interpreter_gone() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
+// The current Python exception as "Type: message", cleared; whether it is a MemoryError.
+std::string take_error(bool* is_memory_error) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  *is_memory_error = type != nullptr && PyErr_GivenExceptionMatches(type, PyExc_MemoryError);
+  std::string text = "unknown error";
+  if (value != nullptr) {
+    PyObject* s = PyObject_Str(value);
+    if (s != nullptr) {
+      const char* c = PyUnicode_AsUTF8(s);
+      if (c != nullptr) text = c;
+      Py_DECREF(s);
+    }
+  }
+  if (!*is_memory_error && type != nullptr) {
+    text = std::string(reinterpret_cast<PyTypeObject*>(type)->tp_name) + ": " + text;
+  }
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  return text;
+}
+
+struct Gil {
+  PyGILState_STATE state;
+  Gil() : state(PyGILState_Ensure()) {}
+  ~Gil() { PyGILState_Release(state); }
+};
+
+// One callback at a time across threads (the policy's Python code is not thread-safe, and the GIL
+// may pass to another thread in the middle of it). Taken with the GIL held: when another thread
+// holds it, the GIL is let go while waiting, so that thread can finish. A call made on the same
+// thread from inside a callback (a finalizer freeing a tensor while the policy allocates) goes
+// through: the Python side queues such a free until the policy is done.
+std::mutex g_call_mutex;
+thread_local int t_depth = 0;
+
+struct OneAtATime {
+  bool locked = false;
+  OneAtATime() {
+    if (t_depth++ > 0) return;
+    if (!g_call_mutex.try_lock()) {
+      PyThreadState* save = PyEval_SaveThread();
+      g_call_mutex.lock();
+      PyEval_RestoreThread(save);
+    }
+    locked = true;
+  }
+  ~OneAtATime() {
+    --t_depth;
+    if (locked) g_call_mutex.unlock();
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+// PyTorch's malloc: void* (size_t size, int device, cudaStream_t stream)
+void* poollab_malloc(size_t size, int device, void* stream) {
+  if (size == 0) {  // PyTorch's own allocator answers nullptr too; the free of nullptr is skipped
+    ++g_num_zero;
+    return nullptr;
+  }
+  int64_t t0 = now_ns();
+  if (g_is_capturing != nullptr) {
+    int status = 0;
+    if (g_is_capturing(stream, &status) == 0 && status != 0) {
+      TORCH_CHECK(false, "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps "
+                  "its addresses after capture, and a pluggable allocator gets no begin/end-allocate-to-pool "
+                  "hooks to keep them from being reused; use realgpu.torch_allocator.use_policy(..., "
+                  "mode=\"mempool\") and torch.cuda.graph(g, pool=...) for graphs");
+    }
+  }
+  void* ptr = nullptr;
+  std::string error;
+  bool is_memory_error = false;
+  bool failed = false;
+  {
+    Gil gil;
+    OneAtATime one;
+    if (g_malloc_cb == nullptr) {
+      failed = true;
+      error = "poollab allocator: malloc after the policy's pool was closed (PyTorch's own allocator "
+              "cannot be put back in this process once a pluggable allocator was installed)";
+    } else {
+      PyObject* cb = g_malloc_cb;  // held: the callback may rebind the table while it runs
+      Py_INCREF(cb);
+      PyObject* args[3] = {PyLong_FromSize_t(size), PyLong_FromLong(device), PyLong_FromVoidPtr(stream)};
+      PyObject* result = PyObject_Vectorcall(cb, args, 3, nullptr);
+      Py_DECREF(cb);
+      Py_DECREF(args[0]);
+      Py_DECREF(args[1]);
+      Py_DECREF(args[2]);
+      if (result == nullptr) {
+        failed = true;
+        error = take_error(&is_memory_error);
+      } else {
+        ptr = PyLong_AsVoidPtr(result);
+        Py_DECREF(result);
+        if (PyErr_Occurred()) {
+          failed = true;
+          error = take_error(&is_memory_error);
+        }
+      }
+    }
+  }
+  g_alloc_ns.add(now_ns() - t0);
+  if (failed) {
+    if (is_memory_error && g_null_on_refusal) return nullptr;
+    if (is_memory_error) TORCH_CHECK_WITH(OutOfMemoryError, false, error);
+    TORCH_CHECK(false, error);
+  }
+  return ptr;
+}
+
+// PyTorch's free: void (void* ptr, size_t size, int device, cudaStream_t stream)
+void poollab_free(void* ptr, size_t size, int device, void* stream) {
+  if (ptr == nullptr) return;  // what a 0-byte request got
+  if (interpreter_gone()) {     // at shutdown: nothing to call, and nothing may raise
+    ++g_num_ignored;
+    return;
+  }
+  int64_t t0 = now_ns();
+  {
+    Gil gil;
+    OneAtATime one;
+    if (g_free_cb == nullptr) {
+      ++g_num_ignored;
+      return;
+    }
+    PyObject* args[4] = {PyLong_FromVoidPtr(ptr), PyLong_FromSize_t(size), PyLong_FromLong(device),
+                         PyLong_FromVoidPtr(stream)};
+    PyObject* cb = g_free_cb;  // held: the callback may rebind the table while it runs
+    Py_INCREF(cb);
+    PyObject* result = PyObject_Vectorcall(cb, args, 4, nullptr);
+    for (PyObject* a : args) Py_DECREF(a);
+    if (result == nullptr) {
+      PyErr_WriteUnraisable(cb);  // the Python side records its own errors; this is a bug there
+    } else {
+      Py_DECREF(result);
+    }
+    Py_DECREF(cb);
+  }
+  g_free_ns.add(now_ns() - t0);
+}
+
+// Install (or, with nulls, clear) the Python callables. Called through ctypes.PyDLL (GIL held).
+void poollab_set_callbacks(PyObject* malloc_cb, PyObject* free_cb, int null_on_refusal) {
+  Py_XINCREF(malloc_cb);
+  Py_XINCREF(free_cb);
+  PyObject* old_malloc = g_malloc_cb;
+  PyObject* old_free = g_free_cb;
+  g_malloc_cb = malloc_cb == Py_None ? nullptr : malloc_cb;
+  g_free_cb = free_cb == Py_None ? nullptr : free_cb;
+  if (malloc_cb == Py_None) Py_DECREF(malloc_cb);
+  if (free_cb == Py_None) Py_DECREF(free_cb);
+  g_null_on_refusal = null_on_refusal;
+  Py_XDECREF(old_malloc);
+  Py_XDECREF(old_free);
+}
+
+void poollab_set_capture_check(void* fn) { g_is_capturing = reinterpret_cast<is_capturing_fn>(fn); }
+
+// Copy up to n samples (kind 0: malloc, 1: free) into out; returns how many are kept.
+size_t poollab_samples(int kind, int64_t* out, size_t n) {
+  const Samples& s = kind == 0 ? g_alloc_ns : g_free_ns;
+  size_t k = s.values.size() < n ? s.values.size() : n;
+  for (size_t i = 0; i < k; ++i) out[i] = s.values[i];
+  return s.values.size();
+}
+
+// Counters: 0 mallocs seen, 1 frees seen, 2 zero-byte requests, 3 ignored frees.
+uint64_t poollab_counter(int which) {
+  switch (which) {
+    case 0: return g_alloc_ns.seen;
+    case 1: return g_free_ns.seen;
+    case 2: return g_num_zero;
+    default: return g_num_ignored;
+  }
+}
+
+void poollab_reset_counters() {
+  g_alloc_ns.clear();
+  g_free_ns.clear();
+  g_num_zero = 0;
+  g_num_ignored = 0;
+}
+
+// For tests without a GPU: call poollab_malloc as PyTorch would, catching what it throws.
+// Returns 0 and the pointer, 1 for c10::OutOfMemoryError, 2 for another c10::Error; message in buf.
+int poollab_probe_malloc(size_t size, void* stream, void** out, char* buf, size_t buflen) {
+  try {
+    *out = poollab_malloc(size, 0, stream);
+    return 0;
+  } catch (const c10::OutOfMemoryError& e) {
+    snprintf(buf, buflen, "%s", e.what_without_backtrace());
+    return 1;
+  } catch (const c10::Error& e) {
+    snprintf(buf, buflen, "%s", e.what_without_backtrace());
+    return 2;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,715 @@
+"""Any poollab policy as PyTorch's CUDA allocator.
+
+``use_policy(policy, mode=...)`` is a context manager that yields a ``TorchPolicyAllocator``:
+
+- ``mode="pluggable"``: every CUDA allocation of the process goes through the policy
+  (``torch._C._cuda_customAllocator`` + ``torch.cuda.memory.change_current_allocator``). PyTorch
+  allows this only before its first CUDA allocation, and never swaps back: after the block,
+  a new CUDA allocation fails with a message saying so; frees of tensors still alive keep going
+  to the policy, and its segments are released when the last one is freed.
+- ``mode="mempool"``: PyTorch's caching allocator stays, and the policy supplies the segments it
+  splits (``torch.cuda.MemPool(allocator)`` + ``torch.cuda.use_mem_pool``), for the allocations of
+  the calling thread inside the block. Works at any time and next to PyTorch's own pool.
+
+Both go through ``realgpu.GpuPool`` (backend ``"cuda"``), so the policy's ``PoolStats``, the
+per-call latency samples and validation mode (patterns and guards, checked on every free) are
+``GpuPool``'s, and ``summary_row`` is ``sim.report.summary_row``'s row.
+
+PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first use with
+``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
+``AllocatorCore.malloc``/``free`` under the GIL. ``AllocatorCore`` is plain Python over a
+``GpuPool`` and imports no torch, so CI tests the callback table on the host backend.
+
+What the core guarantees, whatever the policy:
+
+- every pointer is aligned to ``ALIGNMENT_BYTES`` (512, PyTorch's own guarantee): requests are
+  rounded up to it; a policy that still places one off it (a size class that is no multiple of
+  512) is asked again for ``ALIGNMENT_BYTES`` more and the pointer moved up (``n_align_padded``;
+  the bytes that costs are ``align_extra_bytes`` on top of the rounding);
+- a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
+- a pointer already live that the policy hands out again is refused (a policy bug), and a free
+  of an unknown pointer (double free) changes nothing and is kept in ``errors`` (a free may
+  not raise: PyTorch calls it from destructors);
+- once a second stream allocates, a free is deferred until the work queued on the
+  allocation's stream is done (a CUDA event), so memory freed on one stream is never handed to
+  another stream while the first may still use it; ``Tensor.record_stream`` is not seen by a
+  pluggable allocator, so in pluggable mode it raises (use mempool mode for that);
+- CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work; in pluggable
+  mode a malloc during capture is refused with a message saying to use mempool mode;
+- a refused request is PyTorch's own ``torch.OutOfMemoryError`` with the policy's reason (in
+  mempool mode PyTorch frees its cached blocks and retries first; when the error leaves the
+  ``use_policy`` block it carries the policy's reason too);
+- teardown: frees that arrive while the interpreter shuts down, or after the pool is gone, do
+  nothing and raise nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from policies._blocks import Block
+from policies.base import Allocation, Policy, PoolStats
+from policies.device import SEGMENT_ALIGNMENT_BYTES
+from realgpu.errors import GpuUnavailableError, PoolError, PoolOutOfMemoryError
+from realgpu.host import HostDevice
+from realgpu.malloc_path import extents_are_one_range
+from realgpu.pool import GpuPool
+from sim.metrics import PoolMonitor
+
+__all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYTES", "MODES", "load_shim",
+           "Shim", "CudaStreamEvents", "AlignedHostDevice"]
+
+#: What every pointer is aligned to: PyTorch's caching allocator guarantees 512 B.
+ALIGNMENT_BYTES = 512
+MODES = ("pluggable", "mempool")
+#: Monitor sample stride, in allocator calls (the summary's fragmentation averages).
+DEFAULT_SAMPLE_EVERY = 256
+_SHIM_SOURCE = Path(__file__).with_name("_torch_shim.cpp")
+_lock = threading.Lock()
+
+
+class AllocatorCore:
+    """The callback table PyTorch's allocator calls, over a ``GpuPool``: no torch here.
+
+    Args:
+        pool: the policy's pool (any backend: ``"cuda"`` under PyTorch, ``"host"`` in tests).
+        events: what defers frees once several streams allocate (``CudaStreamEvents`` on the
+            GPU; tests pass a fake): ``record(stream) -> token``, ``done(token) -> bool``,
+            ``wait(token)``.
+        sample_every: monitor sample stride in calls.
+        on_drained: called once when a closed core's last live allocation is freed.
+
+    ``malloc(size, device, stream) -> int`` and ``free(ptr, size, device, stream)`` are what the
+    trampoline calls (``size`` > 0 and ``ptr`` != 0 there: it answers those itself).
+    """
+
+    def __init__(self, pool: GpuPool, *, events: Any = None, sample_every: int = DEFAULT_SAMPLE_EVERY,
+                 on_drained: Callable[[], None] | None = None):
+        if pool.moves_on_hot_path:
+            raise PoolError(f"policy {pool.policy.spec!r} may move live allocations while allocating; PyTorch's "
+                            "tensors hold raw pointers that could not follow (set idle_only=true)")
+        self.pool = pool
+        self.policy = pool.policy
+        self.events = events
+        self.monitor = PoolMonitor(pool.policy, sample_every=1)
+        self._sample_every = sample_every
+        self._countdown = 1
+        self._event = 0  # the event index of the next sample (calls counted by the sampling stride)
+        self._t0_ns = time.perf_counter_ns()
+        self.on_drained = on_drained
+        #: pointer -> allocation, for every live pointer handed to PyTorch
+        self.live: dict[int, Allocation] = {}
+        #: errors met in free (double or unknown frees, corruption found by validation)
+        self.errors: list[BaseException] = []
+        self.streams: set[int] = set()
+        self._last_stream: int | None = None
+        self._pending: list[tuple[Any, Allocation]] = []
+        self.closed = False
+        self.last_refusal = ""
+        self.n_align_padded = 0
+        self.align_extra_bytes = 0  # bytes asked beyond the requests, summed over all allocations
+        self.n_deferred_frees = 0
+        self.n_zero_bytes = 0
+        self._in_malloc = False
+        self._defer_frees = False
+        self._reentrant_frees: list[tuple[int, int]] = []
+        self._validate = pool.validate
+        self._free_policy = pool.free if pool.validate else pool.policy.free
+        self._allocate = _validated_allocate(pool) if pool.validate else pool.policy.allocate
+        self._address = pool.device.address
+        self._starts = pool.device.address_tables()[0]
+
+    # ------------------------------------------------------------------ the callbacks
+    def malloc(self, size: int, device: int, stream: int) -> int:
+        """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (aligned to 512 B).
+
+        Raises:
+            PoolOutOfMemoryError: the policy cannot place it (the trampoline makes it PyTorch's).
+            PoolError: the pool is closed, or the policy broke a rule a pointer needs.
+        """
+        if size <= 0:
+            self.n_zero_bytes += 1
+            return 0
+        if self.closed:
+            raise PoolError(f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own allocator "
+                            "cannot be put back in this process once a pluggable allocator was installed)")
+        # a free that the garbage collector sets off inside this call (a tensor's finalizer) is
+        # queued by ``free`` and done once the policy is through with this request; calls from
+        # other threads wait in the trampoline (one call at a time, the GIL let go while waiting).
+        # One frame, every step inline: PyTorch pays this on every tensor.
+        self._in_malloc = True
+        try:
+            if stream != self._last_stream:
+                self._note_stream(stream)
+            if self._pending:
+                self._drain(wait=False)
+            nbytes = (size + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
+            a = self._allocate(nbytes, stream=stream)
+            if a is None and self._pending:
+                self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
+                a = self._allocate(nbytes, stream=stream)
+            if a is None:
+                raise self._refuse(size)
+            # a contiguous policy's block: its offset field (no extents tuple built); a one-extent
+            # allocation: its stored extents (the slot, no property); else the general path
+            kind = type(a)
+            if kind is Block and not self._validate:
+                ptr = self._address(a.offset)
+            elif kind is Allocation and not self._validate and len(a._extents) == 1:
+                ptr = self._address(a._extents[0][0])
+            else:
+                ptr = self._pointer(a)
+            if ptr & (ALIGNMENT_BYTES - 1):
+                ptr, a = self._realign(a, nbytes, stream)
+            self.align_extra_bytes += nbytes - size
+            live = self.live
+            if ptr in live:
+                self._free_policy(a)
+                raise PoolError(f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
+                                f"({live[ptr].size_bytes:,} B there): two tensors would share memory")
+            live[ptr] = a
+            self._countdown -= 1
+            if not self._countdown:
+                self._sample()
+            return ptr
+        finally:
+            self._in_malloc = False
+            if self._reentrant_frees:
+                self._free_queued()
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        """Give the allocation at ``ptr`` back (deferred while another stream may use it). Never raises."""
+        if self._in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
+            self._reentrant_frees.append((ptr, size))
+            return
+        try:
+            a = self.live.pop(ptr, None)
+            if a is None:
+                self.errors.append(PoolError(f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
+                                             f"{self.policy.spec!r} (double free, or never allocated here)"))
+                return
+            if self._defer_frees:
+                self.n_deferred_frees += 1
+                self._pending.append((self.events.record(a.stream), a))
+            elif self._validate:
+                self._free_validated(a)
+            else:
+                self._free_policy(a)
+            self._countdown -= 1
+            if not self._countdown:
+                self._sample()
+            if self.closed and not self.live:
+                self._finish()
+        except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
+            self.errors.append(exc)
+
+    def _free_queued(self) -> None:
+        queued, self._reentrant_frees = self._reentrant_frees, []
+        for ptr, size in queued:
+            self.free(ptr, size, 0, 0)
+
+    # ------------------------------------------------------------------ helpers
+    def _pointer(self, a: Allocation) -> int:
+        if self._validate:
+            if len(a.extents) != 1:
+                self._require_contiguous(a)
+            return self.pool.pointer(a)
+        if type(a) is Block:
+            return self._address(a.offset)
+        ext = a.extents
+        if len(ext) != 1:
+            self._require_contiguous(a)
+        return self._address(ext[0][0])
+
+    def _require_contiguous(self, a: Allocation) -> None:
+        if not extents_are_one_range(a.extents, self._starts):
+            self._free_policy(a)
+            raise PoolError(f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
+                            "pages; a PyTorch tensor needs one contiguous range (a paged policy serves PyTorch only "
+                            "requests of one page)")
+
+    def _realign(self, a: Allocation, nbytes: int, stream: int) -> tuple[int, Allocation]:
+        """Ask again for ``ALIGNMENT_BYTES`` more and move the pointer up to the next boundary."""
+        self._free_policy(a)
+        padded = nbytes + ALIGNMENT_BYTES
+        b = self._allocate(padded, stream=stream)
+        if b is None:
+            raise self._refuse(padded)
+        self.n_align_padded += 1
+        self.align_extra_bytes += ALIGNMENT_BYTES
+        ptr = self._pointer(b)
+        return (ptr + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES, b
+
+    def _refuse(self, nbytes: int) -> PoolOutOfMemoryError:
+        exc = self.pool._oom(nbytes)
+        self.last_refusal = str(exc)
+        return exc
+
+    def _free_validated(self, a: Allocation) -> None:
+        if a.stream and self.events is not None:
+            self.events.wait(self.events.record(a.stream))  # the guard check reads what that stream wrote
+        self._free_policy(a)
+
+    def _note_stream(self, stream: int) -> None:
+        self._last_stream = stream
+        self.streams.add(stream)
+        # once a second stream allocates, memory freed on one may be handed to another
+        self._defer_frees = self.events is not None and len(self.streams) > 1
+
+    def _drain(self, *, wait: bool) -> None:
+        """Free the deferred allocations whose stream's work is done (all of them, waiting, if ``wait``)."""
+        keep = []
+        for token, a in self._pending:
+            if wait:
+                self.events.wait(token)
+            elif not self.events.done(token):
+                keep.append((token, a))
+                continue
+            try:
+                self._free_policy(a)
+            except Exception as exc:  # noqa: BLE001 - a corruption found on a deferred free
+                self.errors.append(exc)
+        self._pending = keep
+
+    def _sample(self) -> None:
+        # the k-th sample is taken at call 1 + k * sample_every: its event index is k * sample_every
+        self._countdown = self._sample_every
+        self.monitor.sample(self._event, (time.perf_counter_ns() - self._t0_ns) // 1000)
+        self._event += self._sample_every
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_live(self) -> int:
+        return len(self.live)
+
+    def check(self) -> None:
+        """Raise the first error a free met (double free, corruption), if any."""
+        if self.errors:
+            raise self.errors[0]
+
+    def close(self) -> None:
+        """Refuse new requests; release the pool now, or when the last live allocation is freed."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._pending:
+            self._drain(wait=True)
+        if not self.live:
+            self._finish()
+
+    def _finish(self) -> None:
+        # the last call's index: k samples taken, countdown c left since the last => k*S - c
+        self.monitor.finish(max(0, self._event - self._countdown), (time.perf_counter_ns() - self._t0_ns) // 1000)
+        if not self.pool.closed:
+            self.pool.close()
+        if self.on_drained is not None:
+            self.on_drained()
+            self.on_drained = None
+
+
+class AlignedHostDevice(HostDevice):
+    """The host backend with segments that start 2 MiB-aligned, as ``cudaMalloc``'s do (numpy's
+    arrays start 64-aligned, which would send every request down the realignment path): the CPU
+    stand-in for the tests and the per-call benchmark."""
+
+    def _map(self, nbytes: int):
+        mapped = super()._map(nbytes + SEGMENT_ALIGNMENT_BYTES)
+        if mapped is None:
+            return None
+        base, buf = mapped
+        skip = -base % SEGMENT_ALIGNMENT_BYTES
+        return base + skip, buf[skip:skip + nbytes]
+
+
+def _validated_allocate(pool: GpuPool) -> Callable[..., Allocation | None]:
+    """``pool.allocate`` with guards (PyTorch writes the data, so only guards are checked), None
+    when refused, as the policy's own ``allocate`` answers."""
+
+    def allocate(nbytes: int, *, stream: int) -> Allocation | None:
+        try:
+            return pool.allocate(nbytes, stream=stream, contents=False)
+        except PoolOutOfMemoryError:
+            return None
+
+    return allocate
+
+
+class CudaStreamEvents:
+    """CUDA events through CuPy (which the pool's backend already uses): never through PyTorch,
+    whose allocator is the caller."""
+
+    def __init__(self, device_id: int = 0):
+        import cupy
+
+        self._cupy = cupy
+        self.device_id = device_id
+
+    def record(self, stream: int):
+        cp = self._cupy
+        with cp.cuda.Device(self.device_id):
+            event = cp.cuda.Event(block=False, disable_timing=True)
+            event.record(cp.cuda.ExternalStream(stream) if stream else cp.cuda.Stream.null)
+        return event
+
+    def done(self, event) -> bool:
+        return event.done
+
+    def wait(self, event) -> None:
+        event.synchronize()
+
+
+# ---------------------------------------------------------------------- the compiled trampoline
+class Shim:
+    """The loaded trampoline library: its function addresses, callbacks, counters and samples."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lib = ctypes.PyDLL(path)  # PyDLL: calls keep the GIL (set_callbacks takes Python objects)
+        self.lib.poollab_set_callbacks.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.c_int]
+        self.lib.poollab_set_capture_check.argtypes = [ctypes.c_void_p]
+        self.lib.poollab_samples.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]
+        self.lib.poollab_samples.restype = ctypes.c_size_t
+        self.lib.poollab_counter.argtypes = [ctypes.c_int]
+        self.lib.poollab_counter.restype = ctypes.c_uint64
+        self.lib.poollab_probe_malloc.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                                                  ctypes.c_char_p, ctypes.c_size_t]
+        raw = ctypes.CDLL(path)  # the hot entry points' addresses, for PyTorch
+        self.malloc_address = ctypes.cast(raw.poollab_malloc, ctypes.c_void_p).value
+        self.free_address = ctypes.cast(raw.poollab_free, ctypes.c_void_p).value
+        self._free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(
+            self.free_address)
+
+    def bind(self, core: AllocatorCore | None, *, null_on_refusal: bool = False) -> None:
+        """Route the trampoline to ``core`` (None: to nothing; frees then do nothing)."""
+        if core is None:
+            self.lib.poollab_set_callbacks(None, None, 0)
+        else:
+            self.lib.poollab_set_callbacks(core.malloc, core.free, int(null_on_refusal))
+
+    def set_capture_check(self, address: int | None) -> None:
+        self.lib.poollab_set_capture_check(address)
+
+    def reset(self) -> None:
+        self.lib.poollab_reset_counters()
+
+    def samples(self, kind: int) -> np.ndarray:
+        n = int(self.lib.poollab_samples(kind, None, 0))
+        out = np.empty(n, dtype=np.int64)
+        self.lib.poollab_samples(kind, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), n)
+        return out
+
+    def counters(self) -> dict[str, int]:
+        c = self.lib.poollab_counter
+        return {"n_calls_malloc": int(c(0)), "n_calls_free": int(c(1)), "n_zero_bytes": int(c(2)),
+                "n_frees_ignored": int(c(3))}
+
+    def probe_malloc(self, size: int, stream: int = 0) -> tuple[int, int, str]:
+        """Call the trampoline's malloc as PyTorch does, catching what it throws (tests without a GPU):
+        ``(code, pointer, message)``, code 0 ok, 1 ``c10::OutOfMemoryError``, 2 another ``c10::Error``."""
+        out = ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(4096)
+        code = self.lib.poollab_probe_malloc(size, stream or None, ctypes.byref(out), buf, len(buf))
+        return int(code), int(out.value or 0), buf.value.decode(errors="replace")
+
+    def call_free(self, ptr: int, size: int, stream: int = 0) -> None:
+        """Call the trampoline's free as PyTorch does (tests)."""
+        self._free(ptr, size, 0, stream or None)
+
+
+@functools.lru_cache(maxsize=1)
+def load_shim(verbose: bool = False) -> Shim:
+    """Build (first use; then torch's extension cache) and load the trampoline.
+
+    Raises:
+        GpuUnavailableError: torch is not importable, or the build failed (with the reason).
+    """
+    try:
+        from torch.utils import cpp_extension
+    except ImportError as exc:
+        raise GpuUnavailableError(f"torch is not importable ({exc}); install poollab[engine]") from None
+    try:
+        path = cpp_extension.load(name="poollab_torch_shim", sources=[str(_SHIM_SOURCE)], extra_cflags=["-O2"],
+                                  is_python_module=False, with_cuda=False, verbose=verbose)
+    except Exception as exc:  # noqa: BLE001 - a compiler's failure, reported in one line
+        raise GpuUnavailableError(f"could not build poollab's PyTorch allocator shim ({_SHIM_SOURCE.name}): "
+                                  f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}") from None
+    if not isinstance(path, str):  # torch versions that return nothing: the library sits in the build folder
+        path = os.path.join(cpp_extension._get_build_directory("poollab_torch_shim", verbose), "poollab_torch_shim.so")
+    return Shim(path)
+
+
+def _cudart_capture_check() -> int | None:
+    """The address of ``cudaStreamIsCapturing`` in the CUDA runtime PyTorch loaded, or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).cudaStreamIsCapturing
+        except (OSError, AttributeError):
+            continue
+        return ctypes.cast(fn, ctypes.c_void_p).value
+    return None
+
+
+# ---------------------------------------------------------------------- what users hold
+class TorchPolicyAllocator:
+    """A policy serving PyTorch's CUDA allocations: what ``use_policy`` yields.
+
+    Attributes:
+        pool: the policy's ``realgpu.GpuPool`` (``PoolStats``, validation, the device).
+        core: the callback table (``AllocatorCore``): live pointers, errors, alignment counters.
+        mode: ``"pluggable"`` or ``"mempool"``.
+        mempool: the ``torch.cuda.MemPool`` in mempool mode (None otherwise).
+    """
+
+    def __init__(self, pool: GpuPool, core: AllocatorCore, mode: str, shim: Shim | None, *,
+                 mempool: Any = None, capture_check: bool = False):
+        self.pool = pool
+        self.core = core
+        self.mode = mode
+        self.shim = shim
+        self.mempool = mempool
+        self.capture_check = capture_check
+        self._t0 = time.perf_counter()
+        self._wall_s: float | None = None
+        self._final_stats: PoolStats | None = None
+        self._row: dict[str, Any] | None = None
+
+    def stats(self) -> PoolStats:
+        """The policy's ``PoolStats`` (as they were at close, once closed)."""
+        if self._final_stats is not None:
+            return self._final_stats
+        return self.pool.stats()
+
+    def summary_row(self, **context: Any) -> dict[str, Any]:
+        """``sim.report.summary_row``'s row for this run; ``context`` (``trace=``, ``params=``, or
+        extra columns such as a batch shape) goes in front of the computed extras."""
+        if self._row is not None:
+            return {**self._row, **context}
+        from sim.report import summary_row
+
+        shim = self.shim
+        alloc_ns = shim.samples(0) if shim is not None else np.empty(0, dtype=np.int64)
+        free_ns = shim.samples(1) if shim is not None else np.empty(0, dtype=np.int64)
+        counters = shim.counters() if shim is not None else {}
+        ctx = dict(context)
+        trace = ctx.pop("trace", "torch")
+        params = ctx.pop("params", "")
+        core, device = self.core, self.pool.device
+        return summary_row(
+            trace=trace, policy=self.pool.policy.spec, backend=f"torch-{self.mode}", params=params,
+            capacity_bytes=self.pool.policy.capacity_bytes, monitor=core.monitor, alloc_ns=alloc_ns,
+            free_ns=free_ns, wall_s=self._wall_s if self._wall_s is not None else time.perf_counter() - self._t0,
+            device_calls=device.call_stats(), **ctx,
+            kind="policy", mode=self.mode, validate=self.pool.validate,
+            device_mallocs=device.num_maps, device_frees=device.num_unmaps, driver_ns_total=device.driver_ns_total,
+            n_align_padded=core.n_align_padded, align_extra_bytes=core.align_extra_bytes,
+            n_deferred_frees=core.n_deferred_frees, n_streams=len(core.streams), n_free_errors=len(core.errors),
+            n_live_at_close=core.num_live, **counters)
+
+    def check(self) -> None:
+        """Raise the first error a free met (double free, memory corruption found by validation)."""
+        self.core.check()
+
+    def close(self) -> None:
+        """End the run: the summary row and stats are fixed now; the pool's segments go back now
+        or when PyTorch frees the last live allocation (``core.num_live``)."""
+        if self._row is not None:
+            return
+        if self.pool.is_cuda:
+            import gc
+
+            import torch
+
+            gc.collect()  # tensors in reference cycles (a model's) are freed now, not at exit
+            torch.cuda.synchronize(self.pool.device_id)
+            if self.mode == "pluggable" and hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+                torch._C._cuda_clearCublasWorkspaces()  # cuBLAS keeps its workspaces in our pool otherwise
+            if self.mempool is not None:
+                # the pool's cached segments go back to the policy when PyTorch drops the pool
+                self.mempool = None
+                gc.collect()
+                torch.cuda.empty_cache()
+        self._wall_s = time.perf_counter() - self._t0
+        self._final_stats = self.pool.stats()
+        self._row = self.summary_row()
+        self.core.close()
+
+
+def _make_pool(policy: str | Policy, *, validate: bool, device: int, capacity_bytes: int | None,
+               backend: str = "cuda") -> GpuPool:
+    return GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate,
+                   guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
+
+
+class _Routing:
+    """Which core the trampoline calls: the serving one, bound straight (the hot path), or, while
+    cores served earlier still hold live tensors, this router, which sends each free to the core
+    that handed the pointer out (so policies can follow one another in one process)."""
+
+    def __init__(self) -> None:
+        self.active: AllocatorCore | None = None
+        self.draining: list[AllocatorCore] = []
+        self.shim: Shim | None = None
+        self.null_on_refusal = False
+
+    def serve(self, shim: Shim, core: AllocatorCore, *, null_on_refusal: bool) -> None:
+        with _lock:
+            previous = self.active
+            if previous is not None and previous is not core and previous.live:
+                if not previous.closed:
+                    raise PoolError(f"a poollab allocator for {previous.policy.spec!r} is serving PyTorch: "
+                                    "end its use_policy block before starting another")
+                self.draining.append(previous)
+                previous.on_drained = functools.partial(self._drained, previous)
+            self.active, self.shim, self.null_on_refusal = core, shim, null_on_refusal
+            self._bind()
+
+    def stop(self, core: AllocatorCore) -> None:
+        """``core`` never served (its install failed): the trampoline forgets it."""
+        with _lock:
+            if self.active is core:
+                self.active = None
+                self._bind()
+
+    def _drained(self, core: AllocatorCore) -> None:
+        with _lock:
+            if core in self.draining:
+                self.draining.remove(core)
+                self._bind()
+
+    def _bind(self) -> None:
+        if self.shim is None:
+            return
+        if self.draining:
+            self.shim.bind(self, null_on_refusal=self.null_on_refusal)
+        else:
+            self.shim.bind(self.active, null_on_refusal=self.null_on_refusal)
+
+    def malloc(self, size: int, device: int, stream: int) -> int:
+        if self.active is None:
+            raise PoolError("no poollab allocator serves PyTorch now")
+        return self.active.malloc(size, device, stream)
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        for core in self.draining:
+            if ptr in core.live:
+                core.free(ptr, size, device, stream)
+                return
+        if self.active is not None:
+            self.active.free(ptr, size, device, stream)
+
+
+_routing = _Routing()
+_pluggable_installed = False
+
+
+@contextlib.contextmanager
+def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool = False, device: int = 0,
+               capacity_bytes: int | None = None) -> Iterator[TorchPolicyAllocator]:
+    """Let ``policy`` (a spec string or a fresh policy object) serve PyTorch's CUDA memory.
+
+    Args:
+        mode: ``"pluggable"`` (every allocation of the process; only before the first CUDA
+            allocation) or ``"mempool"`` (the policy supplies the caching allocator's segments,
+            for this thread's allocations inside the block).
+        validate: ``GpuPool`` validation: guards around every allocation, checked on free.
+        device: the CUDA device.
+        capacity_bytes: the policy's capacity (None: the GPU's free memory less headroom).
+
+    Raises:
+        PoolError: bad mode, pluggable mode after PyTorch's allocator was used, or another
+            ``use_policy`` block still open (one that has ended may still hold tensors: their
+            frees go to its policy, and its pool is released with the last of them).
+        GpuUnavailableError: no torch, no CUDA, or the shim would not build.
+        torch.OutOfMemoryError: a request the policy refused (its reason in the message).
+    """
+    if mode not in MODES:
+        raise PoolError(f"mode(={mode!r}) must be one of {', '.join(map(repr, MODES))}")
+    try:
+        import torch
+    except ImportError as exc:
+        raise GpuUnavailableError(f"torch is not importable ({exc}); install poollab[engine]") from None
+    if not torch.cuda.is_available():
+        raise GpuUnavailableError("torch sees no CUDA device (torch.cuda.is_available() is False)")
+    shim = load_shim()
+    pool = _make_pool(policy, validate=validate, device=device, capacity_bytes=capacity_bytes)
+    core = AllocatorCore(pool, events=CudaStreamEvents(device))
+    shim.reset()
+    allocator = None
+    try:
+        if mode == "pluggable":
+            allocator = _install_pluggable(torch, shim, pool, core)
+            with _refuse_record_stream(torch):
+                yield allocator
+        else:
+            allocator = _install_mempool(torch, shim, pool, core, device)
+            with torch.cuda.use_mem_pool(allocator.mempool, device=device):
+                yield allocator
+    except torch.OutOfMemoryError as exc:
+        if core.last_refusal and core.last_refusal not in str(exc):
+            raise torch.OutOfMemoryError(f"{exc}\n{core.last_refusal}") from exc
+        raise
+    finally:
+        if allocator is None:
+            _routing.stop(core)
+            core.close()  # nothing was served: the pool goes back now
+        else:
+            allocator.close()
+
+
+def _install_pluggable(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore) -> TorchPolicyAllocator:
+    global _pluggable_installed
+    _routing.serve(shim, core, null_on_refusal=False)
+    if not _pluggable_installed:
+        wrapper = torch.cuda.memory.CUDAPluggableAllocator(shim.path, "poollab_malloc", "poollab_free")
+        try:
+            torch.cuda.memory.change_current_allocator(wrapper)
+        except RuntimeError as exc:
+            raise PoolError(f"mode='pluggable' must be installed before the process's first CUDA allocation, and "
+                            f"PyTorch's allocator has already been used ({exc}); install use_policy first, or use "
+                            "mode='mempool'") from None
+        _pluggable_installed = True
+    torch.cuda.init()
+    address = _cudart_capture_check()
+    shim.set_capture_check(address)
+    return TorchPolicyAllocator(pool, core, "pluggable", shim, capture_check=address is not None)
+
+
+def _install_mempool(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore, device: int) -> TorchPolicyAllocator:
+    if _pluggable_installed:
+        raise PoolError("mode='mempool' needs PyTorch's caching allocator, and this process installed a pluggable "
+                        "poollab allocator in its place")
+    _routing.serve(shim, core, null_on_refusal=True)
+    shim.set_capture_check(None)  # PyTorch's graph pools handle capture; segments may come during it
+    wrapper = torch.cuda.memory.CUDAPluggableAllocator(shim.path, "poollab_malloc", "poollab_free")
+    mempool = torch.cuda.MemPool(wrapper.allocator())
+    return TorchPolicyAllocator(pool, core, "mempool", shim, mempool=mempool)
+
+
+@contextlib.contextmanager
+def _refuse_record_stream(torch: Any) -> Iterator[None]:
+    """A pluggable allocator never hears of ``record_stream``: refuse it rather than race."""
+    original = torch.Tensor.record_stream
+
+    def record_stream(self, stream):  # noqa: ANN001 - torch's signature
+        raise PoolError("Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could "
+                        "not keep this memory from another stream: use use_policy(..., mode='mempool')")
+
+    torch.Tensor.record_stream = record_stream
+    try:
+        yield
+    finally:
+        torch.Tensor.record_stream = original

@@ -1,0 +1,512 @@
+"""How much KV cache can an engine allocate? The budget each policy really leaves, from a start-up snapshot.
+
+An engine's start-up (weights, a profiling run, the KV cache allocation, CUDA-graph capture, a few
+steps at the largest batch) recorded as a PyTorch memory snapshot says everything that competes
+with the KV cache for device memory. ``plan`` replays that recording (``sim.fidelity``'s starting
+state, ``sim.engine.run``: the one loop) under each policy with the KV allocation(s) resized and the
+pool limited to the device's memory, and finds the largest KV cache with which the whole recorded
+run is served: exact to one page (``page_bytes``: ``block_tokens`` tokens of the model's KV, split
+evenly over the KV tensors), by galloping from an estimate and then bisecting.
+
+The KV cache is recognised from the snapshot, or named by the user (``sim.startup_kv``: the
+largest burst of equal-size allocations that live to the end).
+
+What the rest of the run needs is read from the same replay:
+
+- ``weights_bytes``: requests still live at the end that were made before the first KV allocation,
+  the blocks live before recording began included (a snapshot taken after the weights were loaded
+  keeps them as blocks never seen allocated: they count as weights/resident).
+- ``peak_non_kv_reserved_bytes``: the most the pool reserved beyond the KV blocks it held, at the
+  safe size, with ``frag_at_peak`` (the share of that non-KV reservation not holding live data).
+- the ``gpu_memory_utilization``-style rule: ``fraction x device - weights - profiled peak``,
+  where the profiled peak is the most live bytes beyond the weights before the KV cache was
+  allocated (what an engine's profiling run measures), replayed to see whether it fits and at
+  which event it would run out of memory.
+
+Whether a KV size fits is assumed monotone (a larger cache never makes the rest fit better). The
+search checks both neighbours of its answer: ``safe`` fits and ``safe + 1`` page does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+
+from policies.errors import PolicyError
+from policies.torch_caching import spec_from_settings
+from policies.units import format_bytes, parse_bytes
+from sim import engine
+from sim.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
+from sim.startup_kv import KvCache, KvSelector, PlanError, parse_kv_selector, recognise_kv, select_kv
+from traces.errors import TraceFormatError
+
+__all__ = ["PLAN_COLUMNS", "PLAN_FILE", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
+           "KvSelector", "KvCache", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector", "recognise_kv",
+           "select_kv", "plan_inputs", "fits", "plan_policy", "plan", "plan_snapshot", "write_plan", "read_plan",
+           "planned_budgets", "PlanError"]
+
+#: The file ``write_plan`` writes in a plan folder (one row per policy).
+PLAN_FILE = "plan.csv"
+#: Columns of ``plan.csv`` and ``PlanResult.table()``, in order.
+PLAN_COLUMNS = ["policy", "device_bytes", "capacity_bytes", "weights_bytes", "num_kv_allocs", "recorded_kv_bytes",
+                "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "peak_non_kv_reserved_bytes",
+                "frag_at_peak", "peak_reserved_bytes", "margin_bytes", "next_page_oom_event", "next_page_oom_entry",
+                "util_fraction", "profiled_peak_bytes", "util_rule_kv_bytes", "util_rule_fits", "util_rule_oom_event",
+                "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s"]
+#: vLLM's KV block (field notes): the page a plan is exact to, in tokens, when a model is given.
+DEFAULT_BLOCK_TOKENS = 16
+#: Without a model, each KV tensor grows by this much a page: PyTorch rounds large blocks to 2 MiB.
+DEFAULT_PAGE_SHARE_BYTES = 2 << 20
+
+
+# ---------------------------------------------------------------------------- the inputs shared by every policy
+@dataclass
+class PlanInputs:
+    """A recording and what the plan needs from it, policy-independent.
+
+    Attributes:
+        rec: the recording (``sim.fidelity``).
+        kv: its KV allocations.
+        page_bytes: one page of KV cache (the plan's unit); each KV allocation grows by
+            ``page_bytes // len(kv.ops)`` a page.
+        block_tokens, kv_bytes_per_token, model: the page in tokens and the model it is from
+            (None when no model was given: then no token counts).
+        weights_bytes: requested bytes live at the end that were made before the first KV op.
+        profiled_peak_bytes: most live bytes beyond ``weights_bytes`` before the first KV op.
+        device_bytes, capacity_bytes: the device's memory and what the pool may reserve of it.
+    """
+
+    rec: Recording
+    kv: KvCache
+    page_bytes: int
+    block_tokens: int | None
+    kv_bytes_per_token: int | None
+    model: str | None
+    weights_bytes: int
+    profiled_peak_bytes: int
+    device_bytes: int
+    capacity_bytes: int
+
+    @property
+    def share_bytes(self) -> int:
+        """Bytes each KV allocation grows by per page."""
+        return self.page_bytes // len(self.kv.ops)
+
+    @property
+    def recorded_pages(self) -> float:
+        return self.kv.total_bytes / self.page_bytes
+
+    def sizes_for(self, num_pages: int) -> list[int]:
+        """The recording's request sizes with every KV allocation holding ``num_pages`` pages."""
+        sizes = list(self.rec.sizes)
+        nbytes = num_pages * self.share_bytes
+        for k in self.kv.ops:
+            sizes[k] = nbytes
+        return sizes
+
+    def tokens(self, num_pages: int) -> int | None:
+        return None if self.block_tokens is None else num_pages * self.block_tokens
+
+    @functools.cached_property
+    def alloc_positions(self) -> list[int]:
+        """The alloc ops' indices into ``rec.ops``: the n-th allocation a replay makes is op ``[n]``."""
+        return [k for k, op in enumerate(self.rec.ops) if op == ALLOC]
+
+
+def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
+    """``(weights_bytes, profiled_peak_bytes)``: see ``PlanInputs``."""
+    live: dict[int, int] = {}  # address -> requested bytes, of what is live before the first KV op
+    for seg in rec.seed_segments:
+        for addr, (_, _, requested) in zip(seg.block_addrs, seg.blocks):
+            live[addr] = requested
+    for addr, requested, _ in rec.unplaced:
+        live[addr] = requested
+    live_bytes = peak_before = sum(live.values())
+    for k in range(first_kv):
+        if rec.ops[k] == ALLOC:
+            live[rec.addrs[k]] = rec.sizes[k]
+            live_bytes += rec.sizes[k]
+            peak_before = max(peak_before, live_bytes)
+        elif rec.ops[k] == FREE:
+            live_bytes -= live.pop(rec.addrs[k], 0)
+    for k in range(first_kv, len(rec.ops)):  # what is freed later was no weight
+        if rec.ops[k] == FREE:
+            live.pop(rec.addrs[k], None)
+    weights = sum(live.values())
+    return weights, max(peak_before - weights, 0)
+
+
+def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None, model: Any = None,
+                block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0) -> PlanInputs:
+    """Everything a plan needs from ``rec`` besides the policy.
+
+    Args:
+        device_bytes: the device's memory.
+        kv: the KV allocations (default: ``recognise_kv``).
+        model: a ``sim.models`` preset name, file or ``ModelSpec`` for the page size and token
+            counts (None: pages of ``DEFAULT_PAGE_SHARE_BYTES`` per KV tensor, no tokens).
+        block_tokens: tokens per page when a model is given.
+        non_torch_bytes: device memory outside the pool (CUDA context, NCCL, cuBLAS workspaces):
+            the pool may reserve ``device_bytes - non_torch_bytes``.
+    """
+    if not rec.ops:
+        raise PlanError(f"{rec.source}: the snapshot has no allocation trace (record with "
+                        "torch.cuda.memory._record_memory_history() before the engine starts)")
+    kv = recognise_kv(rec) if kv is None else kv
+    if device_bytes <= 0 or non_torch_bytes < 0 or non_torch_bytes >= device_bytes:
+        raise PlanError(f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves nothing "
+                        "for it")
+    per_token = name = None
+    if model is not None:
+        from sim.models import load_model
+
+        spec = load_model(model)
+        per_token, name = int(spec.kv_bytes_per_token), spec.name
+        if block_tokens < 1:
+            raise PlanError(f"--block-tokens {block_tokens} must be >= 1")
+        page = block_tokens * per_token
+        if page % len(kv.ops):
+            raise PlanError(f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly over "
+                            f"the {len(kv.ops)} KV allocations of the snapshot: is the snapshot of {name}? "
+                            "(--model, or --kv to name the KV tensors)")
+    else:
+        page = DEFAULT_PAGE_SHARE_BYTES * len(kv.ops)
+    weights, profiled = _resident_and_profiled(rec, kv.ops[0])
+    return PlanInputs(rec, kv, page, block_tokens if model is not None else None, per_token, name, weights, profiled,
+                      device_bytes, device_bytes - non_torch_bytes)
+
+
+# ---------------------------------------------------------------------------- one replay
+class _Refused(Exception):
+    """An allocation the pool refused: the recorded run does not fit (stops the replay)."""
+
+
+@dataclass
+class Fit:
+    """One replay at ``num_pages``: whether every request was served, else the op that was refused
+    (index into ``Recording.ops``; ``at_start``: the starting allocations alone did not fit)."""
+
+    num_pages: int
+    fits: bool
+    oom_op: int | None = None
+    at_start: bool = False
+    peak_reserved_bytes: int = 0
+    peak_non_kv_reserved_bytes: int = 0
+    peak_event: int | None = None
+    frag_at_peak: float = float("nan")
+    measured: bool = False
+
+
+def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False) -> Fit:
+    """Replay the recording under ``spec`` with ``num_pages`` of KV, the pool limited to the capacity.
+
+    Stops at the first refused request. ``measure`` also follows the non-KV reservation after
+    every event (slower: the engine's general loop): its peak, where it was, and the share of
+    it not holding live data then.
+    """
+    rec, kv_ops = inputs.rec, set(inputs.kv.ops)
+    try:
+        started = start_replay(rec, spec, capacity_bytes=inputs.capacity_bytes)
+    except PolicyError as exc:
+        try:  # too little memory for the starting state, or a policy that cannot hold it at all?
+            start_replay(rec, spec)
+        except PolicyError:
+            raise PlanError(f"{spec} cannot start from {rec.source}'s state when recording began ({exc})") from None
+        return Fit(num_pages, False, at_start=True)
+    pool = started.pool
+    sizes = inputs.sizes_for(num_pages)
+    alloc_positions = inputs.alloc_positions
+    counter = itertools.count()
+    pool_allocate = pool.allocate
+
+    def allocate(nbytes: int, stream: int = 0, tag: str | None = None):
+        next(counter)
+        a = pool_allocate(nbytes, stream=stream, tag=tag)
+        if a is None:
+            raise _Refused
+        return a
+
+    target = dataclasses.replace(engine.policy_target(pool), allocate=allocate)
+    peak = {"non_kv": pool.reserved_bytes, "event": None, "frag": float("nan")}
+    kv_held = 0
+    live = started.live
+    observe: Callable[[int, int], None] | None = None
+    offset = 0
+    if measure:
+        def observe(i: int, _t: int) -> None:
+            nonlocal kv_held
+            k = offset + i
+            if k in kv_ops:
+                kv_held += live[rec.addrs[k]].size_bytes
+            non_kv = pool.reserved_bytes - kv_held
+            if non_kv > peak["non_kv"]:
+                peak["non_kv"], peak["event"] = non_kv, k
+                peak["frag"] = (pool.reserved_bytes - pool.allocated_bytes) / non_kv if non_kv else 0.0
+
+    def unknown_free(i: int, addr: int) -> Exception:
+        return TraceFormatError(rec.source, rec.entries[offset + i], f"frees {addr:#x}, which is not live",
+                                unit=rec.entry_unit)
+
+    # runs between the private-pool calls (a capture window's begin and end), so no per-event hook is needed
+    cuts = sorted(k for k in started.pool_calls if 0 < k < len(rec.ops))
+    bounds = list(zip([0] + cuts, cuts + [len(rec.ops)]))
+    try:
+        for start, stop in bounds:
+            offset = start
+            started.pool_call(start)
+            engine.run(rec.ops[start:stop], rec.addrs[start:stop], sizes[start:stop],
+                       streams=rec.streams[start:stop], target=target, live=live, observe=observe,
+                       unknown_free=unknown_free, latency_sample=1e-9)
+    except _Refused:
+        num_served = next(counter) - 1  # the refused call was counted too
+        return Fit(num_pages, False, oom_op=alloc_positions[num_served], peak_reserved_bytes=pool.peak_reserved_bytes,
+                   measured=measure)
+    return Fit(num_pages, True, peak_reserved_bytes=pool.peak_reserved_bytes,
+               peak_non_kv_reserved_bytes=peak["non_kv"], peak_event=peak["event"], frag_at_peak=peak["frag"],
+               measured=measure)
+
+
+# ---------------------------------------------------------------------------- the search
+@dataclass
+class PolicyPlan:
+    """The plan of one policy (see ``PLAN_COLUMNS``; ``safe`` is the measured replay at the answer)."""
+
+    spec: str
+    inputs: PlanInputs
+    safe_pages: int
+    safe: Fit | None
+    next_page: Fit
+    util_fraction: float
+    util_pages: int
+    util: Fit | None
+    num_replays: int
+    plan_s: float
+
+    def row(self) -> dict[str, Any]:
+        i, safe = self.inputs, self.safe
+        entry = (lambda k: i.rec.entries[k] if k is not None else None)
+        util_bytes = self.util_pages * i.page_bytes
+        return {
+            "policy": self.spec, "device_bytes": i.device_bytes, "capacity_bytes": i.capacity_bytes,
+            "weights_bytes": i.weights_bytes, "num_kv_allocs": len(i.kv.ops), "recorded_kv_bytes": i.kv.total_bytes,
+            "page_bytes": i.page_bytes, "safe_kv_pages": self.safe_pages, "safe_kv_bytes": self.safe_pages * i.page_bytes,
+            "safe_kv_tokens": i.tokens(self.safe_pages),
+            "peak_non_kv_reserved_bytes": safe.peak_non_kv_reserved_bytes if safe else None,
+            "frag_at_peak": safe.frag_at_peak if safe else None,
+            "peak_reserved_bytes": safe.peak_reserved_bytes if safe else None,
+            "margin_bytes": i.capacity_bytes - safe.peak_reserved_bytes if safe else None,
+            "next_page_oom_event": self.next_page.oom_op, "next_page_oom_entry": entry(self.next_page.oom_op),
+            "util_fraction": self.util_fraction, "profiled_peak_bytes": i.profiled_peak_bytes,
+            "util_rule_kv_bytes": util_bytes,
+            "util_rule_fits": self.util.fits if self.util is not None else None,
+            "util_rule_oom_event": self.util.oom_op if self.util is not None else None,
+            "util_rule_oom_entry": entry(self.util.oom_op) if self.util is not None else None,
+            "util_rule_excess_bytes": util_bytes - self.safe_pages * i.page_bytes,
+            "model": i.model, "block_tokens": i.block_tokens, "num_replays": self.num_replays,
+            "plan_s": self.plan_s,
+        }
+
+
+def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, progress: bool = False) -> PolicyPlan:
+    """The largest KV size (in pages) with which ``spec`` serves the whole recording.
+
+    Replays the recorded size first (the engine sized its cache near the limit), then the
+    estimate it gives (capacity minus the non-KV reservation it measured), gallops out from the
+    known end in steps of 1, 2, 4, ... pages and bisects; ``safe`` fits and ``safe + 1`` does not.
+    Also replays the ``gpu_memory_utilization`` rule's pick (``util_fraction``).
+    """
+    with _replay_bar(f"{inputs.rec.name} · {spec}", progress) as tick:
+        return _search(inputs, spec, util_fraction, tick)
+
+
+@contextlib.contextmanager
+def _replay_bar(title: str, show: bool):
+    """A progress bar counting one policy's replays (on a terminal only, as replay's), and its tick."""
+    if not show:
+        yield lambda fit: None
+        return
+    from tqdm.auto import tqdm
+
+    with tqdm(desc=title, unit="replay", leave=False, disable=None) as bar:
+        def tick(fit: Fit) -> None:
+            bar.set_postfix_str(f"{fit.num_pages:,} pages {'fit' if fit.fits else 'do not fit'}", refresh=False)
+            bar.update(1)
+
+        yield tick
+
+
+def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[[Fit], None]) -> PolicyPlan:
+    t0 = time.perf_counter()
+    cache: dict[int, Fit] = {}
+
+    def check(n: int) -> Fit:
+        if n not in cache:
+            cache[n] = fits(inputs, spec, n, measure=True)  # measured: its peak costs no second replay
+            tick(cache[n])
+        return cache[n]
+
+    max_pages = inputs.capacity_bytes // inputs.page_bytes + 1  # more KV than capacity never fits
+    lo, hi = 0, max_pages + 1  # lo fits (0: nothing is known to); hi does not (or is past every size worth trying)
+    start = min(max(int(inputs.recorded_pages), 1), max_pages)  # where the engine sized it: usually close
+    first = check(start)
+    if first.fits:
+        lo = start
+        guess = min(max((inputs.capacity_bytes - first.peak_non_kv_reserved_bytes) // inputs.page_bytes, lo),
+                    max_pages)
+        if guess > lo:
+            if check(guess).fits:
+                lo = guess
+            else:
+                hi = guess
+    else:
+        hi = start
+    step = 1
+    while hi - lo > 1 and (lo == 0 or hi == max_pages + 1):  # gallop out from the bracket's known end
+        if lo > 0:
+            n = min(lo + step, hi - 1)
+            if check(n).fits:
+                lo = n
+            else:
+                hi = n
+        else:
+            n = max(hi - step, 1)
+            if check(n).fits:
+                lo = n
+            else:
+                hi = n
+                if n == 1:
+                    break
+        step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if check(mid).fits:
+            lo = mid
+        else:
+            hi = mid
+    safe_pages = lo
+    safe = cache[lo] if lo > 0 else None
+    nxt = check(lo + 1)
+    budget = util_fraction * inputs.device_bytes - inputs.weights_bytes - inputs.profiled_peak_bytes
+    util_pages = max(int(budget // inputs.page_bytes), 0)
+    util = check(util_pages) if util_pages > 0 else None
+    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_fraction, util_pages, util, len(cache),
+                      time.perf_counter() - t0)
+
+
+@dataclass
+class PlanResult:
+    """Every policy's plan for one recording."""
+
+    inputs: PlanInputs
+    plans: list[PolicyPlan]
+    util_fraction: float
+
+    def table(self) -> pd.DataFrame:
+        """One row per policy, ``PLAN_COLUMNS``."""
+        return pd.DataFrame([p.row() for p in self.plans], columns=PLAN_COLUMNS)
+
+    def describe_oom(self, k: int | None) -> str:
+        """Where op ``k`` is in the recording, in words (trace entry, size, stream, phase)."""
+        if k is None:
+            return ""
+        rec, kv = self.inputs.rec, self.inputs.kv
+        phase = ("the KV cache allocation" if k in kv.ops else
+                 "before the KV cache (profiling)" if k < kv.ops[0] else "after the KV cache")
+        return (f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on stream "
+                f"{rec.streams[k]}, {phase}")
+
+
+def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: int, kv: Iterable[KvSelector] = (),
+         model: Any = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
+         util_fraction: float = 0.9, progress: bool = False) -> PlanResult:
+    """Plan the KV cache of ``rec`` under each spec (default: ``torch-caching`` with the snapshot's
+    settings). See the module docstring; arguments as ``plan_inputs`` and ``plan_policy``."""
+    if not 0 < util_fraction <= 1:
+        raise PlanError(f"--utilization {util_fraction} must be in (0, 1]")
+    cache = select_kv(rec, kv) if rec.ops else None
+    inputs = plan_inputs(rec, device_bytes=device_bytes, kv=cache, model=model, block_tokens=block_tokens,
+                         non_torch_bytes=non_torch_bytes)
+    spec_list = list(specs or []) or [spec_from_settings(rec.settings)]
+    return PlanResult(inputs, [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress)
+                               for s in spec_list], util_fraction)
+
+
+def plan_snapshot(path: str | Path, specs: Iterable[str] | None = None, *, device: int | None = None,
+                  **kwargs: Any) -> PlanResult:
+    """``plan`` of the snapshot file at ``path`` (``device``: which device's trace)."""
+    return plan(read_recording(path, device=device), specs, **kwargs)
+
+
+# ---------------------------------------------------------------------------- plan.csv
+def write_plan(out_dir: str | Path, result: PlanResult) -> Path:
+    """Write ``plan.csv`` into ``out_dir``, all or nothing (``traces.atomic.replacing_folder``)."""
+    from traces.atomic import replacing_folder
+
+    out_dir = Path(out_dir)
+    with replacing_folder(out_dir, carry=lambda entry: entry.name != PLAN_FILE) as tmp:
+        result.table().to_csv(tmp / PLAN_FILE, index=False)
+    return out_dir / PLAN_FILE
+
+
+def read_plan(path: str | Path) -> pd.DataFrame:
+    """A plan folder's ``plan.csv`` (or the file itself); TraceFormatError naming the file (and
+    line) when it is not one (no ``policy`` / ``safe_kv_bytes`` column, a budget that is no whole
+    number of bytes)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / PLAN_FILE
+    try:
+        table = pd.read_csv(path)
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(path, None, f"not a plan.csv ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("policy", "safe_kv_bytes") if c not in table.columns]
+    if missing:
+        raise TraceFormatError(path, 1, f"not a plan.csv: no column {missing[0]!r} (write one with `poollab plan --out`)")
+    budgets = []
+    for k, value in enumerate(table["safe_kv_bytes"].tolist()):
+        budget = _whole_bytes(value)
+        if budget is None:
+            raise TraceFormatError(path, k + 2, f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no "
+                                                "whole number of bytes")
+        budgets.append(budget)
+    table["safe_kv_bytes"] = pd.Series(budgets, dtype="int64", index=table.index)
+    return table
+
+
+def _whole_bytes(value: Any) -> int | None:
+    """A CSV cell (a number, or text where the column is mixed) as bytes (``parse_bytes``); None if it is none."""
+    if isinstance(value, float) and value == value and value.is_integer() and abs(value) < 2**63:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None
+    try:
+        nbytes = parse_bytes(value)
+    except PolicyError:
+        return None
+    return nbytes if nbytes < 2**63 else None
+
+
+def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -> dict[str, int]:
+    """Each spec's ``safe_kv_bytes`` from a plan table (the row of that policy); PlanError naming
+    the spec when the plan has no row for it (and the policies it has) or found no KV size for it."""
+    by_policy = dict(zip(table["policy"].astype(str), table["safe_kv_bytes"]))
+    out = {}
+    for spec in specs:
+        if spec not in by_policy:
+            raise PlanError(f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it with "
+                            f"`poollab plan SNAPSHOT -p {spec}`")
+        if by_policy[spec] <= 0:
+            raise PlanError(f"{source}: the plan found no KV size with which {spec} serves the recorded run "
+                            "(see `poollab plan`)")
+        out[spec] = int(by_policy[spec])
+    return out

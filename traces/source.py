@@ -1,0 +1,232 @@
+"""A trace file's bytes: any path (regular file, pipe, FIFO, ``<(...)``, gzip) read once, under a size limit.
+
+Every reader and every format sniffer takes its bytes from ``open_source``, so detection and
+reading see the same bytes, a pipe is read only once (detection used to eat its first 4 KiB), and
+no file is parsed past the limits:
+
+- ``POOLLAB_MAX_TRACE_BYTES`` (default ``DEFAULT_MAX_TRACE_BYTES``, 1 GiB) bounds the bytes of
+  the file and, for gzip, the bytes it decompresses to. A larger file is refused before it is
+  read (its size is known for a regular file), a stream or a gzip bomb as soon as it passes the
+  limit; the error names the limit and the variable that raises it.
+- ``POOLLAB_STREAM_TIMEOUT_S`` (default ``DEFAULT_STREAM_TIMEOUT_S``) bounds how long a pipe or
+  FIFO may go without sending a byte (a FIFO that nobody opens for writing would block forever).
+
+A pipe or FIFO can be read only once; a second ``open_source`` of the same stream in the same
+process (the command line detects the format, then reads, then looks for a hint of the other
+kind of trace) gets the bytes of the first. A damaged gzip stream is not an error here: the
+source keeps the bytes that decompressed, so a sniffer can still tell the format, and the reader
+calls ``require_intact`` before it trusts them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import select
+import stat
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from traces.errors import TraceFormatError
+
+__all__ = ["TraceSource", "open_source", "max_trace_bytes", "stream_timeout_s", "GZIP_MAGIC",
+           "MAX_TRACE_BYTES_ENV", "STREAM_TIMEOUT_ENV", "DEFAULT_MAX_TRACE_BYTES", "DEFAULT_STREAM_TIMEOUT_S"]
+
+GZIP_MAGIC = b"\x1f\x8b"
+MAX_TRACE_BYTES_ENV = "POOLLAB_MAX_TRACE_BYTES"
+STREAM_TIMEOUT_ENV = "POOLLAB_STREAM_TIMEOUT_S"
+#: Largest trace, in file bytes and in decompressed bytes: a real trace of 10^7 events is well
+#: below it, and parsing takes a few times this much memory.
+DEFAULT_MAX_TRACE_BYTES = 1 << 30
+#: Longest wait for the next byte of a pipe or FIFO.
+DEFAULT_STREAM_TIMEOUT_S = 60.0
+_CHUNK_BYTES = 1 << 24
+#: Streams already read in this process, by (path, device, inode): a pipe cannot be read twice.
+_STREAMS: dict[tuple[str, int, int], "TraceSource"] = {}
+
+
+@dataclass(frozen=True, eq=False)
+class TraceSource:
+    """The content of one trace file, read once.
+
+    Attributes:
+        path: the path as given (errors name it).
+        data: the content; decompressed when the file is gzip.
+        gzipped: the file was gzip (its first bytes are the gzip magic, whatever its name says).
+        damage: why a gzip stream stopped early (truncated, corrupt); ``data`` then holds what
+            decompressed before. None for an intact file.
+        is_stream: the path is a pipe, FIFO or device rather than a regular file.
+    """
+
+    path: Path
+    data: bytes
+    gzipped: bool = False
+    damage: str | None = None
+    is_stream: bool = False
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def head(self, num_bytes: int) -> bytes:
+        """The first ``num_bytes`` bytes (of the decompressed content)."""
+        return self.data[:num_bytes]
+
+    def stream(self) -> io.BytesIO:
+        """A fresh binary file object over the content (shares the bytes, copies nothing)."""
+        return io.BytesIO(self.data)
+
+    def require_intact(self) -> None:
+        """TraceFormatError naming the file when its gzip stream is damaged."""
+        if self.damage is not None:
+            raise TraceFormatError(self.path, None, self.damage)
+
+
+def open_source(path: str | Path | TraceSource, *, max_bytes: int | None = None,
+                timeout_s: float | None = None) -> TraceSource:
+    """Read ``path`` once, whole, under the limits (see the module docstring); a source is returned as is.
+
+    Args:
+        path: a regular file, pipe, FIFO, character device or a ``TraceSource``.
+        max_bytes: most bytes of the file and of its decompressed content; default
+            ``max_trace_bytes()``.
+        timeout_s: longest wait for the next byte of a stream; default ``stream_timeout_s()``.
+
+    Raises:
+        TraceFormatError: over a limit, or a stream that sent nothing for ``timeout_s``.
+        OSError: the path cannot be opened (missing, a folder, no permission).
+    """
+    if isinstance(path, TraceSource):
+        return path
+    path = Path(path)
+    limit = max_trace_bytes(path) if max_bytes is None else max_bytes
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "Is a directory", str(path))
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size > limit:
+                raise _too_big(path, f"is {st.st_size:,} bytes", limit)
+            os.set_blocking(fd, True)
+            raw = _read_regular(fd, st.st_size, limit, path)
+            is_stream = False
+        else:
+            key = (str(path), st.st_dev, st.st_ino)
+            if key in _STREAMS:
+                return _STREAMS[key]
+            raw = _read_stream(fd, limit, stream_timeout_s(path) if timeout_s is None else timeout_s, path)
+            is_stream = True
+    finally:
+        os.close(fd)
+    source = TraceSource(path, raw, is_stream=is_stream)
+    if raw[:2] == GZIP_MAGIC:
+        data, damage = _gunzip(raw, limit, path)
+        source = TraceSource(path, data, gzipped=True, damage=damage, is_stream=is_stream)
+    if is_stream:
+        _STREAMS[key] = source
+    return source
+
+
+def max_trace_bytes(path: str | Path = "") -> int:
+    """The byte limit on a trace: ``POOLLAB_MAX_TRACE_BYTES`` when set, else ``DEFAULT_MAX_TRACE_BYTES``."""
+    text = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_TRACE_BYTES
+    if not text.isdigit() or len(text) > 19 or int(text) < 1:
+        raise TraceFormatError(path, None, f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a whole number of bytes >= 1")
+    return int(text)
+
+
+def stream_timeout_s(path: str | Path = "") -> float:
+    """The wait limit for a stream's next byte: ``POOLLAB_STREAM_TIMEOUT_S`` when set, else the default."""
+    text = os.environ.get(STREAM_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_STREAM_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < 1e6):
+        raise TraceFormatError(path, None, f"{STREAM_TIMEOUT_ENV}={text[:40]!r} is not a number of seconds "
+                                           "> 0 and < 1e6")
+    return value
+
+
+def _too_big(path: Path, what: str, limit: int) -> TraceFormatError:
+    return TraceFormatError(path, None, f"{what}, more than the limit of {limit:,} bytes on a trace; "
+                                        f"set {MAX_TRACE_BYTES_ENV} to a larger byte count to read it")
+
+
+def _read_regular(fd: int, size_bytes: int, limit: int, path: Path) -> bytes:
+    with os.fdopen(fd, "rb", closefd=False, buffering=0) as f:
+        data = f.read(size_bytes + 1)  # one read of the known size; a file that grows meanwhile reads on
+        if len(data) <= size_bytes:
+            return data
+        parts = [data]
+        total = len(data)
+        while total <= limit:
+            chunk = f.read(_CHUNK_BYTES)
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            total += len(chunk)
+    parts.clear()  # the traceback keeps this frame alive: let the bytes go now
+    raise _too_big(path, "grew while it was read", limit)
+
+
+def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
+    """All of a pipe or FIFO (opened non-blocking): poll, then read what is there, until end of file."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI)
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        if not poller.poll(timeout_s * 1000):
+            raise TraceFormatError(path, None, f"no data for {timeout_s:g} s (a pipe or FIFO that nobody writes "
+                                               f"to?); set {STREAM_TIMEOUT_ENV} to wait longer")
+        try:
+            chunk = os.read(fd, _CHUNK_BYTES)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            parts.clear()  # the traceback keeps this frame alive: let the bytes go now
+            raise _too_big(path, "the stream sends more bytes", limit)
+
+
+def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
+    """Decompress every gzip member of ``raw`` under ``limit`` output bytes: ``(data, damage)``.
+
+    As the ``gzip`` module does, members follow one another and zero bytes may pad the end; a
+    truncated or corrupt member ends the data there with ``damage`` saying why.
+    """
+    parts: list[bytes] = []
+    total = 0
+    rest = raw
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        chunk = rest
+        try:
+            while chunk and not d.eof:
+                # in steps: one call asked for the whole limit grows its buffer to a multiple of it
+                piece = d.decompress(chunk, min(limit + 1 - total, _CHUNK_BYTES))
+                parts.append(piece)
+                total += len(piece)
+                if total > limit:
+                    parts.clear()  # the traceback keeps this frame alive: let the bytes go now
+                    raise _too_big(path, "decompresses to more bytes", limit)
+                chunk = d.unconsumed_tail
+        except zlib.error as exc:
+            return b"".join(parts), f"truncated or corrupt gzip stream ({exc})"
+        if not d.eof:
+            return b"".join(parts), "truncated gzip stream (it ends before its end-of-stream marker)"
+        rest = d.unused_data
+        if not rest.strip(b"\0"):
+            return b"".join(parts), None
+        if rest[:2] != GZIP_MAGIC:
+            return b"".join(parts), "corrupt gzip stream (bytes after its end that are not another gzip member)"
