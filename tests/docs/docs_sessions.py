@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Columns whose values are measured times (or follow from them): never compared.
 TIMING_COLUMNS = frozenset({
     "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "wall_s", "latency_us", "elapsed_s",
-    "planner_s",
+    "planner_s", "plan_s",
 })
 
 #: Phrases of prose lines that carry a measured time: their numbers are not compared.

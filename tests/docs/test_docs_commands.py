@@ -17,7 +17,7 @@ import pytest
 
 from docs_sessions import ROOT, Session, compare, pages, sessions
 
-LINKED = ("traces", "examples", "docs")
+LINKED = ("traces", "examples", "docs", "benchmarks", "tests")
 TIMEOUT_S = 300
 
 
