@@ -2,8 +2,8 @@
 the page shows in every non-timing figure (``docs_sessions``: how sessions are found and compared).
 
 Each page's sessions run in order in one temporary folder (a later one may read what an earlier
-one wrote, as a reader following the page would), with ``traces``, ``examples`` and ``docs`` of
-the repository linked into it, so that the pages' relative paths work and their outputs
+one wrote, as a reader following the page would), with the repository's folders that pages read
+(``LINKED``) linked into it, so that the pages' relative paths work and their outputs
 (``poollab-out/``, covered by ``.gitignore``) land in the temporary folder.
 """
 
