@@ -9,7 +9,9 @@ one wrote, as a reader following the page would), with the repository's folders 
 
 from __future__ import annotations
 
+import doctest
 import os
+import re
 import subprocess
 import sys
 
@@ -52,3 +54,21 @@ def test_page_sessions_print_what_the_page_shows(page, tmp_path):
                                             f"expected {want_rc}:\n{done.stdout[-3000:]}")
         diff = compare(session.expected, done.stdout.splitlines())
         assert diff is None, f"{session.where}: `{session.command}`: {diff}\n--- the run printed:\n{done.stdout}"
+
+
+def _doctest_blocks(page):
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    return [b for b in blocks if b.lstrip().startswith(">>>")]
+
+
+DOCTEST_PAGES = [p for p in pages() if _doctest_blocks(p)]
+
+
+@pytest.mark.parametrize("page", DOCTEST_PAGES, ids=[str(p.relative_to(ROOT)) for p in DOCTEST_PAGES])
+def test_page_python_sessions_print_what_the_page_shows(page, monkeypatch):
+    # ">>>" blocks are Python sessions with their output: run them as doctests, from the root
+    monkeypatch.chdir(ROOT)
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    for number, block in enumerate(_doctest_blocks(page)):
+        runner.run(parser.get_doctest(block, {}, f"{page.name}[{number}]", str(page), 0))
+    assert runner.summarize(verbose=False).failed == 0
