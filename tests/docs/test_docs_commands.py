@@ -1,5 +1,6 @@
 """Every ``$ poollab ...`` the README and the docs pages show runs on bundled data, and prints what
-the page shows in every non-timing figure (``docs_sessions``: how sessions are found and compared).
+the page shows in every non-timing figure (``docs_sessions``: how sessions are found and compared);
+every ``>>>`` Python session runs as a doctest.
 
 Each page's sessions run in order in one temporary folder (a later one may read what an earlier
 one wrote, as a reader following the page would), with the repository's folders that pages read
