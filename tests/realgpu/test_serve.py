@@ -325,17 +325,23 @@ def test_startup_snapshot_holds_the_kv_cache_tensors():
 
 # --- the real engine on the CPU (a tiny model) ---------------------------------------------------------
 
+def tiny_model(tmp_path: Path) -> Path:
+    """A model file of a 2-layer Llama shape, small enough for the host."""
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps({"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
+                                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "param_count": 106816,
+                                 "dtype": "fp32", "gated_mlp": True, "tied_embeddings": False,
+                                 "max_position_embeddings": 256}))
+    return model
+
+
 def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from realgpu.serve import serve_trace
     from traces.requests import RequestTrace
 
-    model = tmp_path / "tiny.json"
-    model.write_text(json.dumps({"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
-                                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "param_count": 106816,
-                                 "dtype": "fp32", "gated_mlp": True, "tied_embeddings": False,
-                                 "max_position_embeddings": 256}))
+    model = tiny_model(tmp_path)
     req = _requests([0.0, 0.05, 0.1, 0.3], [10, 100, 40, 200], [5, 8, 3, 10])
     settings = ServeSettings(model=str(model), block_tokens=16, max_batch_tokens=64, max_num_seqs=8, num_blocks=40,
                              max_len_tokens=128, on_cpu=True, warmup=False)
@@ -364,11 +370,7 @@ def test_without_the_footprint_check_the_engine_starts_at_exactly_num_blocks(tmp
     from realgpu.serve import serve_trace
     from traces.requests import RequestTrace
 
-    model = tmp_path / "tiny.json"
-    model.write_text(json.dumps({"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
-                                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "param_count": 106816,
-                                 "dtype": "fp32", "gated_mlp": True, "tied_embeddings": False,
-                                 "max_position_embeddings": 256}))
+    model = tiny_model(tmp_path)
     trace = RequestTrace(requests=_requests([0.0, 0.05], [10, 30], [3, 4]), name="tiny-trace")
     common = dict(model=str(model), block_tokens=16, max_batch_tokens=64, max_num_seqs=8, num_blocks=40,
                   max_memory_percent=1e-7, max_len_tokens=128, on_cpu=True, warmup=False)
