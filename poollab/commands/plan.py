@@ -91,7 +91,7 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
               help="An allocation the engine sizes by its KV cache, resized with it in every replay: a --kv "
                    "selector (any allocation of the trace) and how much it grows per page, e.g. entries=655:4MiB. "
                    "Repeatable.")
-@click.option("--engine", default=None,
+@click.option("--engine", default=None, metavar="NAME",
               help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the KV "
                    "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
                    "--block-tokens defaults to.")
