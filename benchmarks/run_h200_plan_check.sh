@@ -3,7 +3,8 @@
 # everything lands in $OUT as log.txt and plan_check.tgz). From the repository root on the GPU
 # machine, with .whl/ carried (simpy, plotly):
 #   bash benchmarks/run_h200_plan_check.sh
-# 1. the free memory PyTorch's allocator can have (free + what it already reserved);
+# 1. the free memory PyTorch's allocator can have (free + what it already reserved), with cuBLAS and
+#    SDPA's kernels loaded (what they hold is outside the allocator in the engine's process too);
 # 2. `poollab plan` on the committed start-up snapshot with that memory, --engine transformers: the
 #    paged|sdpa attention mask (8,192 x (tokens + 8,192) bf16) grows with the KV cache in every replay;
 # 3. `gpu serve -p pytorch --no-engine-footprint-check` (transformers' own estimate would refuse the
@@ -24,8 +25,17 @@ trap finish EXIT
 trap 'exit 143' TERM INT
 { nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; date -u; } >> $LOG 2>&1
-FREE=$(python3 -c "import torch; torch.empty(1, device='cuda'); f, t = torch.cuda.mem_get_info(); print(f + torch.cuda.memory_reserved())")
-echo "free for the allocator: $FREE" >> $LOG
+# free + reserved once CUDA is up (as session 11 measured it), and again once cuBLAS and SDPA kernels are
+# loaded: their handles and modules sit outside the allocator in the serving process too, so the second is
+# what the engine's allocator can really have; the plan uses it and the log keeps both
+read -r FREE_BARE FREE < <(python3 -c "
+import torch, torch.nn.functional as F
+torch.empty(1, device='cuda'); f, _ = torch.cuda.mem_get_info(); bare = f + torch.cuda.memory_reserved()
+a = torch.randn(512, 512, device='cuda', dtype=torch.bfloat16); q = torch.randn(1, 32, 256, 128, device='cuda', dtype=torch.bfloat16)
+(a @ a).sum().item(); F.scaled_dot_product_attention(q, q, q).sum().item(); torch.cuda.synchronize()
+f, _ = torch.cuda.mem_get_info(); print(bare, f + torch.cuda.memory_reserved())")
+echo "free for the allocator: $FREE ($FREE_BARE before cuBLAS and SDPA were loaded)" >> $LOG
+[ -n "$FREE" ] || exit 1
 step plan 60 python3 -m poollab plan tests/data/snapshots_h200/startup_transformers_cb.pickle.gz --memory $FREE \
     --model Llama-3-8B --engine transformers -p torch-caching --out $R/plan --no-progress
 PAGES=$(python3 -c "import pandas as pd; print(int(pd.read_csv('$R/plan/plan.csv').safe_kv_pages[0]))") || exit 1
