@@ -35,7 +35,9 @@ What the core guarantees, whatever the policy:
   another stream while the first may still use it; ``Tensor.record_stream`` is not seen by a
   pluggable allocator, so in pluggable mode it raises (use mempool mode for that);
 - CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work; in pluggable
-  mode a malloc during capture is refused with a message saying to use mempool mode;
+  mode ``CUDAGraph.capture_begin`` (and ``torch.cuda.graph``) is refused before PyTorch allocates
+  anything for the graph, with a message saying to use mempool mode (a malloc during a capture
+  begun from C++ is refused by the trampoline);
 - a refused request is PyTorch's own ``torch.OutOfMemoryError`` with the policy's reason (in
   mempool mode PyTorch frees its cached blocks and retries first; when the error leaves the
   ``use_policy`` block it carries the policy's reason too);
@@ -652,7 +654,7 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
     try:
         if mode == "pluggable":
             allocator = _install_pluggable(torch, shim, pool, core)
-            with _refuse_record_stream(torch):
+            with _pluggable_guards(torch):
                 yield allocator
         else:
             allocator = _install_mempool(torch, shim, pool, core, device)
@@ -699,17 +701,50 @@ def _install_mempool(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore,
     return TorchPolicyAllocator(pool, core, "mempool", shim, mempool=mempool)
 
 
+#: Why pluggable mode refuses CUDA graph capture (the trampoline's check says the same).
+CAPTURE_REFUSAL = ("poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its addresses "
+                   "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
+                   "from being reused; use realgpu.torch_allocator.use_policy(..., mode=\"mempool\") and "
+                   "torch.cuda.graph(g, pool=...) for graphs")
+
+
 @contextlib.contextmanager
-def _refuse_record_stream(torch: Any) -> Iterator[None]:
-    """A pluggable allocator never hears of ``record_stream``: refuse it rather than race."""
-    original = torch.Tensor.record_stream
+def _pluggable_guards(torch: Any) -> Iterator[None]:
+    """What a pluggable allocator is never told of, refused up front rather than raced.
 
-    def record_stream(self, stream):  # noqa: ANN001 - torch's signature
-        raise PoolError("Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could "
-                        "not keep this memory from another stream: use use_policy(..., mode='mempool')")
-
-    torch.Tensor.record_stream = record_stream
+    - ``Tensor.record_stream``: the allocator could not keep the memory from another stream.
+    - CUDA graph capture, at ``CUDAGraph.capture_begin`` and ``torch.cuda.graph``'s ``__enter__``,
+      before either does anything: PyTorch's ``capture_begin`` first registers the graph with the
+      default CUDA generator, which allocates its graph RNG state (two 1-element int64 tensors,
+      ``CUDAGeneratorState::register_graph``) on the current, not yet capturing, stream and keeps
+      them until the last registered graph is destroyed; ``torch.cuda.graph`` switches to its
+      capture stream before that and does not switch back when ``capture_begin`` raises. Refused
+      at the first malloc inside the capture (the trampoline's check), a refused capture left
+      those two tensors in the policy for as long as the ``CUDAGraph`` object lived and an
+      empty graph behind. The trampoline's check stays for captures begun from C++.
+    """
+    patches = [(torch.Tensor, "record_stream", _refusing(
+        "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could not keep this memory "
+        "from another stream: use use_policy(..., mode='mempool')"))]
+    graphs = getattr(torch.cuda, "graphs", None)
+    if graphs is not None:
+        patches += [(graphs.CUDAGraph, "capture_begin", _refusing(CAPTURE_REFUSAL)),
+                    (graphs.graph, "__enter__", _refusing(CAPTURE_REFUSAL))]
+    originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     try:
         yield
     finally:
-        torch.Tensor.record_stream = original
+        for owner, name, original in originals:
+            if original is None:
+                delattr(owner, name)  # it was inherited: the base's comes back
+            else:
+                setattr(owner, name, original)
+
+
+def _refusing(message: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PoolError(message)
+
+    return refuse

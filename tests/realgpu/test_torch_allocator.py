@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import policies
+
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
@@ -56,13 +58,15 @@ class FakeEvents:
 # ---------------------------------------------------------------------- the callback table
 @pytest.mark.parametrize("spec", FAST_POLICIES)
 def test_every_pointer_is_512_aligned_and_the_cost_is_counted(spec):
-    core = host_core(spec, device=HostDevice())
+    # numpy's 64-aligned segments send requests down the realignment path; a page-mapped policy maps pages
+    core = host_core(spec, device=HostDevice() if policies.registry.device_kind(spec) == "segment" else "host-vmm")
     sizes = [1, 100, 511, 512, 513, 4096, 5000, 100_000, 3 * MiB + 7]
     ptrs = [core.malloc(n, 0, 0) for n in sizes]
     assert all(p % ALIGNMENT_BYTES == 0 for p in ptrs)
     assert len(set(ptrs)) == len(ptrs)
-    # numpy's segments start 64-aligned, not 512: what is not aligned is asked again, padded
-    assert core.n_align_padded > 0
+    # numpy's segments start 64-aligned, not 512: what is not aligned is asked again, padded (mapped
+    # pages start page-aligned)
+    assert core.n_align_padded > 0 or policies.registry.device_kind(spec) == "page-mapped"
     rounding = sum(-n % ALIGNMENT_BYTES for n in sizes)
     assert core.align_extra_bytes == rounding + core.n_align_padded * ALIGNMENT_BYTES
     # each pointer's range lies inside its allocation
@@ -324,6 +328,34 @@ class _FakeTorch:
             def record_stream(self, stream):
                 return "recorded"
 
+        class CUDAGraph:
+            """As PyTorch's: ``capture_begin`` registers the graph with the default generator,
+            which allocates its graph RNG state (two 8-byte tensors) before the capture starts
+            and keeps it while the graph lives (``CUDAGeneratorState::register_graph``)."""
+
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                self.rng_state = [fake.core.malloc(8, 0, 0) for _ in range(2)]
+                fake.capturing = True
+
+        class Graph:  # torch.cuda.graph
+            def __init__(self, cuda_graph):
+                self.cuda_graph = cuda_graph
+
+            def __enter__(self):
+                fake.stream = "capture"  # torch.cuda.graph switches streams before capture_begin
+                self.cuda_graph.capture_begin()
+
+            def __exit__(self, *exc):
+                fake.stream = "default"
+
+        class Graphs:
+            pass
+
+        Graphs.CUDAGraph, Graphs.graph = CUDAGraph, Graph
+        Cuda.graphs, Cuda.CUDAGraph, Cuda.graph = Graphs, CUDAGraph, Graph
+        self.core = None
+        self.capturing = False
+        self.stream = "default"
         self.cuda = Cuda
         self.Tensor = Tensor
 
@@ -397,6 +429,26 @@ def test_pluggable_installs_once_serves_and_refuses_record_stream(fake_engine):
     with use_policy("best-fit") as second:  # the trampoline stays installed: only rebound
         pass
     assert len(torch.swapped) == 1 and shim.bound[-1][0] is second.core
+
+
+def test_pluggable_refuses_graph_capture_before_pytorch_allocates_for_it(fake_engine):
+    """The H200's leak: refused at the first malloc inside the capture, the two tensors PyTorch's
+    capture_begin allocates beforehand stayed live in the policy while the graph object lived."""
+    _, install = fake_engine
+    torch = install()
+    own = torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__
+    with use_policy("best-fit") as alloc:
+        torch.core = alloc.core
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(PoolError, match="refuses CUDA graph capture.*mode=\"mempool\""):
+            with torch.cuda.graph(g):
+                pass
+        assert torch.stream == "default"  # refused before torch.cuda.graph switched to its capture stream
+        with pytest.raises(PoolError, match="refuses CUDA graph capture"):
+            g.capture_begin()
+        assert not torch.capturing and alloc.core.num_live == 0  # nothing allocated for the graph
+    assert alloc.summary_row()["n_live_at_close"] == 0 and alloc.pool.closed
+    assert (torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__) == own  # torch's own are back
 
 
 def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine):
@@ -574,21 +626,20 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
                 assert "poollab pool 'best-fit' is out of memory" in str(exc), str(exc)
             else:
                 raise AssertionError("no OutOfMemoryError")
+            # refused before PyTorch allocates anything for the graph (its capture_begin allocates
+            # the default generator's graph RNG state, two tensors held while g lives) and before
+            # torch.cuda.graph switches to its capture stream
             g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
+            live_before, stream_before = alloc.core.num_live, torch.cuda.current_stream()
             try:
-                with torch.cuda.stream(s):
-                    with torch.cuda.graph(g):
-                        torch.empty(1 << 20, device="cuda")
-            except Exception as exc:  # capture_end may raise on top of ours: look down the chain
-                chain = [str(e) for e in (exc, exc.__context__, exc.__cause__) if e]
-                # ours, from the first malloc in the capture; or PyTorch's own, where its pluggable
-                # allocator refuses the begin-allocate-to-pool hook before any malloc
-                assert any("refuses CUDA graph capture" in t or "does not yet support" in t for t in chain), chain
+                with torch.cuda.graph(g):
+                    torch.empty(1 << 20, device="cuda")
+            except ValueError as exc:  # realgpu.errors.PoolError
+                assert "refuses CUDA graph capture" in str(exc), str(exc)
             else:
-                raise AssertionError("capture was not refused") if alloc.capture_check else None
-            torch.cuda.current_stream().wait_stream(s)
+                raise AssertionError("capture was not refused")
+            assert alloc.core.num_live == live_before, (alloc.core.num_live, live_before)
+            assert torch.cuda.current_stream() == stream_before
             n_live = alloc.core.num_live
             del xs, e
         row = alloc.summary_row()
@@ -596,7 +647,9 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
         torch.cuda.synchronize()
         print("device_used_delta", reader.used_bytes() - used0, "live_at_close", row["n_live_at_close"],
               "capture_check", alloc.capture_check)
-        assert alloc.pool.closed and alloc.pool.device.used_bytes == 0  # every segment went back
+        # g is still alive: the refused capture left nothing in the policy, so every segment went back
+        assert row["n_live_at_close"] == 0, row["n_live_at_close"]
+        assert alloc.pool.closed and alloc.pool.device.used_bytes == 0
         assert row["n_alloc"] >= 6 and row["n_failed"] == 1
         try:
             torch.empty(16, device="cuda")
