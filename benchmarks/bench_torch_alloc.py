@@ -2,7 +2,7 @@
 
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
-    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--out DIR]   # no GPU
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled DIR] [--out DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -23,7 +23,8 @@ policy in mempool mode side by side in one process.
 Writes ``torch_alloc_runs.csv`` (one row per worker, round and shape), ``torch_alloc_summary.csv``
 (one row per policy and shape) and ``torch_alloc.json`` (everything, with the summary rows of
 ``realgpu.torch_allocator``) into ``--out``. ``--calls N`` needs torch but no GPU: the per-call cost
-of the trampoline and the callback table on a host-backed pool (``torch_alloc_calls.csv``).
+of the trampoline and the callback table on a host-backed pool (``torch_alloc_calls.csv``; with
+``--compiled DIR``, this tree and the compiled copy in DIR, round by round, a ``build`` column).
 """
 
 from __future__ import annotations
@@ -180,8 +181,8 @@ def calls_bench(args) -> list[dict]:
 
     import numpy as np
 
-    from realgpu.pool import GpuPool
-    from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore, load_shim
+    import policies
+    from realgpu.torch_allocator import AlignedHostDevice, AllocatorCore, _make_pool, load_shim
 
     shim = load_shim()
     rng = random.Random(0)
@@ -192,8 +193,10 @@ def calls_bench(args) -> list[dict]:
         if name.startswith("("):
             target = null
         else:
-            pool = GpuPool(name, backend=AlignedHostDevice() if "virtual" not in name else "host-vmm",
-                           guard_bytes=ALIGNMENT_BYTES, check_contents=False)
+            # what use_policy builds, on the host: segments aligned as cudaMalloc's, or mapped pages
+            segment = policies.registry.device_kind(name) == "segment"
+            pool = _make_pool(name, validate=False, device=0, capacity_bytes=None,
+                              backend=AlignedHostDevice() if segment else "host-vmm")
             target = AllocatorCore(pool)
         best = None
         for _ in range(args.rounds):
@@ -204,15 +207,53 @@ def calls_bench(args) -> list[dict]:
                 _, ptr, _ = shim.probe_malloc(n)
                 shim.call_free(ptr, n)
             a, f = shim.samples(0), shim.samples(1)
-            row = {"allocator": name, "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
+            row = {"allocator": name, "build": _build(), "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
                    "alloc_mean_us": float(a.mean()) / 1e3, "free_p50_us": float(np.median(f)) / 1e3,
                    "free_mean_us": float(f.mean()) / 1e3}
             if best is None or row["alloc_mean_us"] + row["free_mean_us"] < best["alloc_mean_us"] + best["free_mean_us"]:
                 best = row
         shim.bind(None)
+        if target is not null:
+            target.close()
         rows.append(best)
         print(f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
               f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us", flush=True)
+    return rows
+
+
+def _build() -> str:
+    """"compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
+    import realgpu.malloc_path as mp
+
+    return "compiled" if not mp.__file__.endswith(".py") else "interpreted"
+
+
+def calls_side_by_side(args) -> list[dict]:
+    """``--calls`` in this tree and in ``--compiled DIR`` (a compiled copy,
+    ``policies.testing.compiled.build_compiled_copy``), alternating round by round in fresh
+    processes; the best round of each (allocator, build)."""
+    best: dict[tuple[str, str], dict] = {}
+    for r in range(args.rounds):
+        for tree in (REPO, args.compiled):
+            out = args.out / f"calls_{Path(tree).name}_{r}"
+            cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--calls",
+                   str(args.calls), "--rounds", "1", "--out", str(out)]
+            for p in args.policies:
+                cmd += ["-p", p]
+            subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+            with open(out / "torch_alloc_calls.csv") as f:
+                for row in csv.DictReader(f):
+                    key = (row["allocator"], row["build"])
+                    cost = float(row["alloc_mean_us"]) + float(row["free_mean_us"])
+                    if key not in best or cost < float(best[key]["alloc_mean_us"]) + float(best[key]["free_mean_us"]):
+                        best[key] = row
+    rows = sorted(best.values(), key=lambda r: ([*["(trampoline only)"], *args.policies].index(r["allocator"]),
+                                                r["build"]))
+    print(f"{'allocator':>24} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}  (us, best of "
+          f"{args.rounds} rounds of {args.calls:,} pairs)")
+    for r in rows:
+        print(f"{r['allocator']:>24} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} {float(r['alloc_mean_us']):6.2f} "
+              f"{float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}")
     return rows
 
 
@@ -297,6 +338,8 @@ def main() -> int:
     ap.add_argument("--worker-timeout", type=float, default=300.0)
     ap.add_argument("--calls", type=int, metavar="N",
                     help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
+    ap.add_argument("--compiled", type=Path, metavar="DIR",
+                    help="with --calls: also run in DIR, a compiled copy of this tree, round by round, side by side")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
     ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
@@ -311,7 +354,7 @@ def main() -> int:
         print(json.dumps(mempool_worker(args), default=str))
         return 0
     if args.calls:
-        rows = calls_bench(args)
+        rows = calls_side_by_side(args) if args.compiled else calls_bench(args)
         args.out.mkdir(parents=True, exist_ok=True)
         write_csv(args.out / "torch_alloc_calls.csv", rows)
         return 0

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections import OrderedDict
 import functools
 import os
 import threading
@@ -72,6 +73,8 @@ __all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYT
            "Shim", "CudaStreamEvents", "AlignedHostDevice"]
 
 MODES = ("pluggable", "mempool")
+#: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``).
+MAX_IDLE_STITCHED_RANGES = 64
 #: Monitor sample stride, in allocator calls (the summary's fragmentation averages).
 DEFAULT_SAMPLE_EVERY = 256
 _SHIM_SOURCE = Path(__file__).with_name("_torch_shim.cpp")
@@ -117,13 +120,18 @@ class AllocatorCore:
         self.n_align_padded = 0
         self.n_deferred_frees = 0
         self.n_zero_bytes = 0
+        self.n_stitched_maps = 0  # ranges mapped for tensors over pages that are not one range
         self._defer_frees = False
         self._validate = pool.validate
         self._free_policy = pool.free if pool.validate else pool.policy.free
         #: a policy whose allocations are pages (``contiguous`` False) serves PyTorch on a
         #: page-mapped device only: an allocation whose pages are not one range gets a fresh
         #: virtual range with its pages' physical memory mapped there in order (``_stitch``)
-        self._stitched: dict[int, tuple[int, int]] = {}  # id(allocation) -> (range offset, bytes)
+        self._stitched: dict[int, tuple[tuple[int, ...], int, int]] = {}  # id(allocation) -> (pages, range, bytes)
+        #: ranges whose allocation was freed, kept mapped for a later one over the same pages in the
+        #: same order (the policy's LIFO reuse hands those out again: no driver call then), least
+        #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest is unmapped
+        self._idle_ranges: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
         if not pool.policy.contiguous:
             _check_pages_can_be_stitched(pool)
             self._free_policy = self._free_unstitch
@@ -272,24 +280,42 @@ class AllocatorCore:
                 handle = device.handle_at(offset)
                 handles.append(handle)
                 offset += device._handles[handle]  # the handle's bytes: the model's own table
-        nbytes = sum(length for _, length in a.extents)
-        start = device.address_reserve(nbytes)
-        if start is None:
-            self._free_policy(a)
-            raise self._refuse(nbytes)
-        device.map_handles(start, handles)
-        self._stitched[id(a)] = (start, nbytes)
+        key = tuple(handles)
+        idle = self._idle_ranges.pop(key, None)
+        if idle is not None:
+            start, nbytes = idle
+        else:
+            nbytes = sum(length for _, length in a.extents)
+            start = device.address_reserve(nbytes)
+            if start is None:
+                self._free_policy(a)
+                raise self._refuse(nbytes)
+            device.map_handles(start, handles)
+            self.n_stitched_maps += 1
+        self._stitched[id(a)] = (key, start, nbytes)
         return device.address(start)
 
     def _free_unstitch(self, a: Allocation) -> None:
-        """The policy's free, the allocation's own range (if it got one) unmapped first, so that no
-        page the policy releases is still mapped there."""
+        """The policy's free; the allocation's own range (if it got one) kept mapped for reuse."""
         stitched = self._stitched.pop(id(a), None)
         if stitched is not None:
-            device = self.pool.device
-            device.unmap(*stitched)  # waits for queued work first (MappedRealDevice.unmap)
-            device.address_free(*stitched)
-        (self.pool.free if self._validate else self.policy.free)(a)
+            key, start, nbytes = stitched
+            idle = self._idle_ranges
+            idle[key] = (start, nbytes)
+            if len(idle) > MAX_IDLE_STITCHED_RANGES:
+                self._unmap_range(*idle.popitem(last=False)[1])
+        self.policy.free(a)
+
+    def _unmap_range(self, start: int, nbytes: int) -> None:
+        # unmap_release: a page whose segment the policy released meanwhile is mapped nowhere
+        # else now, and its memory goes back here; the device waits for queued work first
+        device = self.pool.device
+        device.unmap_release(start, nbytes)
+        device.address_free(start, nbytes)
+
+    def _drop_idle_ranges(self) -> None:
+        while self._idle_ranges:
+            self._unmap_range(*self._idle_ranges.popitem(last=False)[1])
 
     def _realign(self, a: Allocation, nbytes: int, stream: int) -> tuple[int, Allocation]:
         """Ask again for ``ALIGNMENT_BYTES`` more and move the pointer up to the next boundary."""
@@ -365,6 +391,7 @@ class AllocatorCore:
     def _finish(self) -> None:
         # the last call's index: k samples taken, countdown c left since the last => k*S - c
         self.monitor.finish(max(0, self._event - self.path.countdown), (time.perf_counter_ns() - self._t0_ns) // 1000)
+        self._drop_idle_ranges()
         if not self.pool.closed:
             self.pool.close()
         if self.on_drained is not None:
@@ -572,7 +599,7 @@ class TorchPolicyAllocator:
             kind="policy", mode=self.mode, validate=self.pool.validate,
             device_mallocs=device.num_maps, device_frees=device.num_unmaps, driver_ns_total=device.driver_ns_total,
             n_align_padded=core.n_align_padded, align_extra_bytes=core.align_extra_bytes,
-            n_deferred_frees=core.n_deferred_frees, n_streams=len(core.streams), n_free_errors=len(core.errors),
+            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps, n_streams=len(core.streams), n_free_errors=len(core.errors),
             n_live_at_close=core.num_live, **counters)
 
     def check(self) -> None:
@@ -605,16 +632,16 @@ class TorchPolicyAllocator:
 
 
 def _make_pool(policy: str | Policy, *, validate: bool, device: int, capacity_bytes: int | None,
-               backend: str = "cuda") -> GpuPool:
+               backend: Any = "cuda") -> GpuPool:
     """The policy's pool; a policy whose allocations are pages gets the page-mapped backend
     (``cuda-vmm``), so that its pages can be mapped into one range for a tensor (``_stitch``)."""
     pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate,
                    guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
-    if pool.policy.contiguous or isinstance(pool.device, MappedRealDevice) or backend.endswith("-vmm"):
+    if pool.policy.contiguous or isinstance(pool.device, MappedRealDevice):
         return pool
     pool.close()  # nothing was allocated yet: built again on the page-mapped backend
-    return GpuPool(policy, backend=f"{backend}-vmm", capacity_bytes=capacity_bytes, validate=validate,
-                   guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
+    return GpuPool(policy, backend="cuda-vmm" if pool.is_cuda else "host-vmm", capacity_bytes=capacity_bytes,
+                   validate=validate, guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
 
 
 def _check_pages_can_be_stitched(pool: GpuPool) -> None:
