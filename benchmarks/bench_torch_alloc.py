@@ -16,9 +16,11 @@ and the ratio to PyTorch's allocator, the allocator's per-call cost (the trampol
 peak reserved bytes, whether the tokens equal PyTorch's bit for bit, and the device memory used
 (``torch.cuda.mem_get_info``) before the allocator is installed and after its teardown.
 
-``--validate SPEC`` adds one worker with that policy in validation mode (guards checked on every
-free) on the first shape; ``--mempool`` adds one worker that runs PyTorch's allocator and each
-policy in mempool mode side by side in one process.
+``--compiled DIR`` runs each policy's worker in this tree and then in DIR, a compiled copy
+(``policies.testing.compiled.build_compiled_copy``), labelled ``SPEC (compiled)``, against the
+same PyTorch run of the round. ``--validate SPEC`` adds one worker with that policy in
+validation mode (guards checked on every free) on the first shape; ``--mempool`` adds one worker
+that runs PyTorch's allocator and each policy in mempool mode side by side in one process.
 
 Writes ``torch_alloc_runs.csv`` (one row per worker, round and shape), ``torch_alloc_summary.csv``
 (one row per policy and shape) and ``torch_alloc.json`` (everything, with the summary rows of
@@ -120,7 +122,7 @@ def worker(args) -> dict:
     # NVML through CuPy: touching torch.cuda here would initialise PyTorch's allocator, and a
     # pluggable one can only be installed before that
     reader = MemoryReader(device_id=0)
-    result = {"allocator": args.allocator, "validate": bool(args.worker_validate), "mode": "pluggable",
+    result = {"allocator": args.allocator, "build": _build(), "validate": bool(args.worker_validate), "mode": "pluggable",
               "device_used_before_bytes": reader.used_bytes(), "memory_source": reader.source}
     if args.allocator == BASELINE:
         model = build_model(torch, args.layers)
@@ -258,14 +260,18 @@ def calls_side_by_side(args) -> list[dict]:
 
 
 # ---------------------------------------------------------------------- the parent (no torch)
-def spawn(args, extra: list[str], timeout_s: float) -> dict:
-    cmd = [sys.executable, __file__, "--shapes", args.shapes, "--new-tokens", str(args.new_tokens),
-           "--layers", str(args.layers), "--rounds", str(args.rounds), *extra]
+def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
+    """One worker process, running this benchmark in ``tree`` (this one, or a compiled copy)."""
+    cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--shapes", args.shapes,
+           "--new-tokens", str(args.new_tokens), "--layers", str(args.layers), "--rounds", str(args.rounds), *extra]
     for p in args.policies:
         cmd += ["-p", p]
+    env = os.environ
+    if Path(tree) != REPO:  # the copy's modules first ("." in PYTHONPATH is the working folder)
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(tree), *env.get("PYTHONPATH", "").split(os.pathsep)])}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tree, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -298,7 +304,7 @@ def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
         w = info[name]
         s = w.get("summary", {})
         rows.append({
-            "allocator": name, "shape": shape, "n_rounds": len(secs), "seconds_median": med,
+            "allocator": name, "build": w.get("build"), "shape": shape, "n_rounds": len(secs), "seconds_median": med,
             "seconds_min": min(secs), "ratio_to_torch": med / base_med if base else float("nan"),
             "tokens_equal_torch": (tokens[(name, shape)] == tokens.get((BASELINE, shape))) if base else None,
             "tokens_stable": len(tokens[(name, shape)]) == 1,
@@ -339,7 +345,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, metavar="N",
                     help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
     ap.add_argument("--compiled", type=Path, metavar="DIR",
-                    help="with --calls: also run in DIR, a compiled copy of this tree, round by round, side by side")
+                    help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
+                         "side: round by round with --calls, worker by worker otherwise")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
     ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
@@ -360,13 +367,21 @@ def main() -> int:
         return 0
 
     workers = []
+    # with --compiled, each policy runs in this tree and in the compiled copy, one after the other
+    # (labelled "SPEC (compiled)"), against one PyTorch run per round
+    runs = [(BASELINE, BASELINE, REPO)]
+    for name in args.policies:
+        runs.append((name, name, REPO))
+        if args.compiled:
+            runs.append((f"{name} (compiled)", name, args.compiled))
     for r in range(args.rounds):
-        for name in [BASELINE, *args.policies]:
-            w = spawn(args, ["--worker", name], args.worker_timeout)
-            w.setdefault("allocator", name)
+        for label, name, tree in runs:
+            w = spawn(args, ["--worker", name], args.worker_timeout, tree)
+            w["allocator"] = label
+            w.setdefault("build", "compiled" if tree != REPO else "interpreted")  # the worker's own word first
             w["round"] = r
             workers.append(w)
-            print(f"round {r} {name}: " + (w["error"] if "error" in w else
+            print(f"round {r} {label}: " + (w["error"] if "error" in w else
                   " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])), flush=True)
     if args.validate:
         first = args.shapes.split(",")[0]
@@ -382,7 +397,7 @@ def main() -> int:
         mempool = spawn(args, ["--mempool-worker"], args.worker_timeout)
         print("mempool: " + (mempool.get("error") or f"{len(mempool['runs'])} runs"), flush=True)
 
-    rows = summarise(workers, args.policies)
+    rows = summarise(workers, [label for label, _, _ in runs[1:]])
     args.out.mkdir(parents=True, exist_ok=True)
     run_rows = [{"allocator": w["allocator"], "round": w["round"] if "round" in w else -1, "validate": w.get("validate"),
                  **run} for w in workers if "runs" in w for run in w["runs"]]
