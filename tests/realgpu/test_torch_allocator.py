@@ -697,6 +697,34 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
 
 
 @pytest.mark.gpu
+def test_paged_serves_tensors_over_several_pages_on_the_page_mapped_device():
+    # the H200's engine run: paged's worker died building the model (a weight over 8 pages not in one range)
+    pytest.importorskip("torch")
+    out = _run_gpu_script("""
+        import torch
+        from realgpu.torch_allocator import use_policy
+        with use_policy("paged:page_bytes=2MiB", capacity_bytes=2 << 30) as alloc:
+            assert alloc.pool.device.kind == "cupy" and type(alloc.pool.device).__name__ == "CudaVmmDevice"
+            small = [torch.full((1 << 18,), float(i), device="cuda") for i in range(6)]  # one page each
+            del small[1], small[3]  # two free pages that are not neighbours
+            big = torch.arange(3 << 20, dtype=torch.float32, device="cuda")  # 12 MiB: 6 pages
+            assert big.data_ptr() % 512 == 0
+            assert torch.equal(big.cpu(), torch.arange(3 << 20, dtype=torch.float32))
+            assert all(float(t[0]) == i for t, i in zip(small, (0, 2, 4, 5)))  # the other pages untouched
+            stitched = alloc.core.n_stitched_maps
+            del big
+            again = torch.zeros(3 << 20, device="cuda")  # the same pages again: the range kept mapped serves
+            assert alloc.core.n_stitched_maps == stitched and float(again.sum()) == 0.0
+            del again, small
+        row = alloc.summary_row()
+        alloc.check()
+        print("stitched", row["n_stitched_maps"], "live_at_close", row["n_live_at_close"])
+        assert row["n_live_at_close"] == 0 and alloc.pool.closed and alloc.pool.device.physical_bytes == 0
+    """)
+    assert "stitched" in out
+
+
+@pytest.mark.gpu
 def test_pluggable_after_the_first_allocation_says_it_is_too_late():
     pytest.importorskip("torch")
     _run_gpu_script("""
