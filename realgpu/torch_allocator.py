@@ -17,7 +17,8 @@ per-call latency samples and validation mode (patterns and guards, checked on ev
 
 PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first use with
 ``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
-``AllocatorCore.malloc``/``free`` under the GIL. ``AllocatorCore`` is plain Python over a
+``AllocatorCore.malloc``/``free`` under the GIL: the methods of ``realgpu.malloc_path.TorchPath``,
+C in the compiled build (``POOLLAB_COMPILE=1``). ``AllocatorCore`` is plain Python over a
 ``GpuPool`` and imports no torch, so CI tests the callback table on the host backend.
 
 What the core guarantees, whatever the policy:
@@ -26,6 +27,12 @@ What the core guarantees, whatever the policy:
   rounded up to it; a policy that still places one off it (a size class that is no multiple of
   512) is asked again for ``ALIGNMENT_BYTES`` more and the pointer moved up (``n_align_padded``;
   the bytes that costs are ``align_extra_bytes`` on top of the rounding);
+- a policy whose allocations are pages (``contiguous`` False: paged, page-pool, vmm-stitch, a
+  wrapper over one) runs on the page-mapped backend (``cuda-vmm``), and a tensor over pages that
+  are not one range gets a virtual range of its own with those pages' physical memory mapped in
+  it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``);
+  such a policy is refused up front, in one line, on a segment device, in validation mode, or with
+  pages that are no whole number of the device's physical pages;
 - a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
 - a pointer already live that the policy hands out again is refused (a policy bug), and a free
   of an unknown pointer (double free) changes nothing and is kept in ``errors`` (a free may
