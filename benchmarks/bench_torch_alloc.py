@@ -2,7 +2,7 @@
 
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
-    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--out DIR]   # no GPU
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled DIR] [--out DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -16,14 +16,17 @@ and the ratio to PyTorch's allocator, the allocator's per-call cost (the trampol
 peak reserved bytes, whether the tokens equal PyTorch's bit for bit, and the device memory used
 (``torch.cuda.mem_get_info``) before the allocator is installed and after its teardown.
 
-``--validate SPEC`` adds one worker with that policy in validation mode (guards checked on every
-free) on the first shape; ``--mempool`` adds one worker that runs PyTorch's allocator and each
-policy in mempool mode side by side in one process.
+``--compiled DIR`` runs each policy's worker in this tree and then in DIR, a compiled copy
+(``policies.testing.compiled.build_compiled_copy``), labelled ``SPEC (compiled)``, against the
+same PyTorch run of the round. ``--validate SPEC`` adds one worker with that policy in
+validation mode (guards checked on every free) on the first shape; ``--mempool`` adds one worker
+that runs PyTorch's allocator and each policy in mempool mode side by side in one process.
 
 Writes ``torch_alloc_runs.csv`` (one row per worker, round and shape), ``torch_alloc_summary.csv``
 (one row per policy and shape) and ``torch_alloc.json`` (everything, with the summary rows of
 ``realgpu.torch_allocator``) into ``--out``. ``--calls N`` needs torch but no GPU: the per-call cost
-of the trampoline and the callback table on a host-backed pool (``torch_alloc_calls.csv``).
+of the trampoline and the callback table on a host-backed pool (``torch_alloc_calls.csv``; with
+``--compiled DIR``, this tree and the compiled copy in DIR, round by round, a ``build`` column).
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ def worker(args) -> dict:
     # NVML through CuPy: touching torch.cuda here would initialise PyTorch's allocator, and a
     # pluggable one can only be installed before that
     reader = MemoryReader(device_id=0)
-    result = {"allocator": args.allocator, "validate": bool(args.worker_validate), "mode": "pluggable",
+    result = {"allocator": args.allocator, "build": _build(), "validate": bool(args.worker_validate), "mode": "pluggable",
               "device_used_before_bytes": reader.used_bytes(), "memory_source": reader.source}
     if args.allocator == BASELINE:
         model = build_model(torch, args.layers)
@@ -180,8 +183,8 @@ def calls_bench(args) -> list[dict]:
 
     import numpy as np
 
-    from realgpu.pool import GpuPool
-    from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore, load_shim
+    import policies
+    from realgpu.torch_allocator import AlignedHostDevice, AllocatorCore, _make_pool, load_shim
 
     shim = load_shim()
     rng = random.Random(0)
@@ -192,8 +195,10 @@ def calls_bench(args) -> list[dict]:
         if name.startswith("("):
             target = null
         else:
-            pool = GpuPool(name, backend=AlignedHostDevice() if "virtual" not in name else "host-vmm",
-                           guard_bytes=ALIGNMENT_BYTES, check_contents=False)
+            # what use_policy builds, on the host: segments aligned as cudaMalloc's, or mapped pages
+            segment = policies.registry.device_kind(name) == "segment"
+            pool = _make_pool(name, validate=False, device=0, capacity_bytes=None,
+                              backend=AlignedHostDevice() if segment else "host-vmm")
             target = AllocatorCore(pool)
         best = None
         for _ in range(args.rounds):
@@ -204,27 +209,69 @@ def calls_bench(args) -> list[dict]:
                 _, ptr, _ = shim.probe_malloc(n)
                 shim.call_free(ptr, n)
             a, f = shim.samples(0), shim.samples(1)
-            row = {"allocator": name, "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
+            row = {"allocator": name, "build": _build(), "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
                    "alloc_mean_us": float(a.mean()) / 1e3, "free_p50_us": float(np.median(f)) / 1e3,
                    "free_mean_us": float(f.mean()) / 1e3}
             if best is None or row["alloc_mean_us"] + row["free_mean_us"] < best["alloc_mean_us"] + best["free_mean_us"]:
                 best = row
         shim.bind(None)
+        if target is not null:
+            target.close()
         rows.append(best)
         print(f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
               f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us", flush=True)
     return rows
 
 
+def _build() -> str:
+    """"compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
+    import realgpu.malloc_path as mp
+
+    return "compiled" if not mp.__file__.endswith(".py") else "interpreted"
+
+
+def calls_side_by_side(args) -> list[dict]:
+    """``--calls`` in this tree and in ``--compiled DIR`` (a compiled copy,
+    ``policies.testing.compiled.build_compiled_copy``), alternating round by round in fresh
+    processes; the best round of each (allocator, build)."""
+    best: dict[tuple[str, str], dict] = {}
+    for r in range(args.rounds):
+        for tree in (REPO, args.compiled):
+            out = args.out / f"calls_{Path(tree).name}_{r}"
+            cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--calls",
+                   str(args.calls), "--rounds", "1", "--out", str(out)]
+            for p in args.policies:
+                cmd += ["-p", p]
+            subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+            with open(out / "torch_alloc_calls.csv") as f:
+                for row in csv.DictReader(f):
+                    key = (row["allocator"], row["build"])
+                    cost = float(row["alloc_mean_us"]) + float(row["free_mean_us"])
+                    if key not in best or cost < float(best[key]["alloc_mean_us"]) + float(best[key]["free_mean_us"]):
+                        best[key] = row
+    rows = sorted(best.values(), key=lambda r: ([*["(trampoline only)"], *args.policies].index(r["allocator"]),
+                                                r["build"]))
+    print(f"{'allocator':>24} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}  (us, best of "
+          f"{args.rounds} rounds of {args.calls:,} pairs)")
+    for r in rows:
+        print(f"{r['allocator']:>24} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} {float(r['alloc_mean_us']):6.2f} "
+              f"{float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}")
+    return rows
+
+
 # ---------------------------------------------------------------------- the parent (no torch)
-def spawn(args, extra: list[str], timeout_s: float) -> dict:
-    cmd = [sys.executable, __file__, "--shapes", args.shapes, "--new-tokens", str(args.new_tokens),
-           "--layers", str(args.layers), "--rounds", str(args.rounds), *extra]
+def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
+    """One worker process, running this benchmark in ``tree`` (this one, or a compiled copy)."""
+    cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--shapes", args.shapes,
+           "--new-tokens", str(args.new_tokens), "--layers", str(args.layers), "--rounds", str(args.rounds), *extra]
     for p in args.policies:
         cmd += ["-p", p]
+    env = os.environ
+    if Path(tree) != REPO:  # the copy's modules first ("." in PYTHONPATH is the working folder)
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(tree), *env.get("PYTHONPATH", "").split(os.pathsep)])}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tree, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -257,7 +304,7 @@ def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
         w = info[name]
         s = w.get("summary", {})
         rows.append({
-            "allocator": name, "shape": shape, "n_rounds": len(secs), "seconds_median": med,
+            "allocator": name, "build": w.get("build"), "shape": shape, "n_rounds": len(secs), "seconds_median": med,
             "seconds_min": min(secs), "ratio_to_torch": med / base_med if base else float("nan"),
             "tokens_equal_torch": (tokens[(name, shape)] == tokens.get((BASELINE, shape))) if base else None,
             "tokens_stable": len(tokens[(name, shape)]) == 1,
@@ -297,6 +344,9 @@ def main() -> int:
     ap.add_argument("--worker-timeout", type=float, default=300.0)
     ap.add_argument("--calls", type=int, metavar="N",
                     help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
+    ap.add_argument("--compiled", type=Path, metavar="DIR",
+                    help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
+                         "side: round by round with --calls, worker by worker otherwise")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
     ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
@@ -311,19 +361,27 @@ def main() -> int:
         print(json.dumps(mempool_worker(args), default=str))
         return 0
     if args.calls:
-        rows = calls_bench(args)
+        rows = calls_side_by_side(args) if args.compiled else calls_bench(args)
         args.out.mkdir(parents=True, exist_ok=True)
         write_csv(args.out / "torch_alloc_calls.csv", rows)
         return 0
 
     workers = []
+    # with --compiled, each policy runs in this tree and in the compiled copy, one after the other
+    # (labelled "SPEC (compiled)"), against one PyTorch run per round
+    runs = [(BASELINE, BASELINE, REPO)]
+    for name in args.policies:
+        runs.append((name, name, REPO))
+        if args.compiled:
+            runs.append((f"{name} (compiled)", name, args.compiled))
     for r in range(args.rounds):
-        for name in [BASELINE, *args.policies]:
-            w = spawn(args, ["--worker", name], args.worker_timeout)
-            w.setdefault("allocator", name)
+        for label, name, tree in runs:
+            w = spawn(args, ["--worker", name], args.worker_timeout, tree)
+            w["allocator"] = label
+            w.setdefault("build", "compiled" if tree != REPO else "interpreted")  # the worker's own word first
             w["round"] = r
             workers.append(w)
-            print(f"round {r} {name}: " + (w["error"] if "error" in w else
+            print(f"round {r} {label}: " + (w["error"] if "error" in w else
                   " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])), flush=True)
     if args.validate:
         first = args.shapes.split(",")[0]
@@ -339,7 +397,7 @@ def main() -> int:
         mempool = spawn(args, ["--mempool-worker"], args.worker_timeout)
         print("mempool: " + (mempool.get("error") or f"{len(mempool['runs'])} runs"), flush=True)
 
-    rows = summarise(workers, args.policies)
+    rows = summarise(workers, [label for label, _, _ in runs[1:]])
     args.out.mkdir(parents=True, exist_ok=True)
     run_rows = [{"allocator": w["allocator"], "round": w["round"] if "round" in w else -1, "validate": w.get("validate"),
                  **run} for w in workers if "runs" in w for run in w["runs"]]

@@ -15,4 +15,13 @@ cdef class Lease:
     cdef public object allocation
 
 
+
+cdef class TorchPath:
+    cdef public object core, allocate, free_policy, last_stream
+    cdef public list starts, bases, queued
+    cdef public dict live
+    cdef public long long countdown, extra_bytes
+    cdef public bint in_malloc, fast
+
+
 cpdef bint extents_are_one_range(object extents, list starts) except -1

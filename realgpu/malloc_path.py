@@ -1,4 +1,5 @@
-"""``GpuPool.malloc``'s hot path: CuPy's allocator protocol over a policy, in as few steps as it takes.
+"""The allocators' hot paths over a policy, in as few steps as they take: ``GpuPool.malloc``'s
+(CuPy's allocator protocol) and ``realgpu.torch_allocator``'s (PyTorch's pluggable allocator).
 
 CuPy calls the allocator for every array it makes, so each step here is paid per array: one
 frame for ``malloc`` (the policy's ``allocate`` aside), the segment lookup inlined (a ``bisect``
@@ -7,7 +8,9 @@ frame, and the free on drop going from the owner's ``__del__`` to the policy's `
 frame between. A pool that validates, or whose policy may move live allocations, never gets this
 path (``GpuPool.malloc`` handles those).
 
-The compiled build (``POOLLAB_COMPILE=1``) declares both classes ``cdef class``
+``TorchPath`` is PyTorch's side: what the compiled trampoline calls for every tensor.
+
+The compiled build (``POOLLAB_COMPILE=1``) declares the classes ``cdef class``
 (``malloc_path.pxd``), as it does for ``policies``: the same source, run as C.
 """
 
@@ -24,7 +27,10 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Lease", "MallocPath", "extents_are_one_range"]
+__all__ = ["Lease", "MallocPath", "TorchPath", "extents_are_one_range", "ALIGNMENT_BYTES"]
+
+#: What every pointer handed to PyTorch is aligned to: its caching allocator guarantees 512 B.
+ALIGNMENT_BYTES = 512
 
 
 @cython.locals(i=cython.longlong, end=cython.longlong, offset=cython.longlong, length=cython.longlong,
@@ -144,3 +150,124 @@ class MallocPath:
         if self.pointer_type is None:
             return self.pool._memory_pointer(offset, ptr, nbytes, lease)
         return self.pointer_type(self.memory_type(ptr, nbytes, lease, self.device_id), 0)
+
+
+class TorchPath:
+    """PyTorch's two calls for an ``AllocatorCore`` (``realgpu.torch_allocator``), the common case in one frame.
+
+    ``malloc(size, device, stream) -> int`` and ``free(ptr, size, device, stream)`` are what the
+    trampoline calls (they are the core's ``malloc``/``free``). The common case: a pool that
+    neither validates nor defers frees (``fast``), the stream of the last call, a request the
+    policy places in one range whose address is 512-aligned and not live: the policy's call, a
+    C bisect for the segment and a dict store (compiled). Everything else goes to the core's
+    general methods (``_malloc``, ``_place``, ``_free``), which share this object's state:
+    ``countdown`` (calls to the next monitor sample), ``extra_bytes`` (bytes asked beyond the
+    requests), ``last_stream``, ``in_malloc`` and ``queued`` (frees a finalizer set off inside a
+    malloc, done once the policy is through with the request).
+    """
+
+    __slots__ = ("core", "allocate", "free_policy", "starts", "bases", "live", "queued", "last_stream", "countdown",
+                 "extra_bytes", "in_malloc", "fast")
+
+    core: Any
+    allocate: Callable[..., Any]
+    free_policy: Callable[[Any], None]
+    starts: list
+    bases: list
+    live: dict
+    queued: list
+    last_stream: Any
+    countdown: int
+    extra_bytes: int
+    in_malloc: bool
+    fast: bool
+
+    def __init__(self, core: Any, allocate: Callable[..., Any], free_policy: Callable[[Any], None], starts: list,
+                 bases: list, live: dict):
+        self.core = core
+        self.allocate = allocate
+        self.free_policy = free_policy
+        self.starts = starts
+        self.bases = bases
+        self.live = live
+        self.queued = []
+        self.last_stream = None
+        self.countdown = 1
+        self.extra_bytes = 0
+        self.in_malloc = False
+        self.fast = False
+
+    @cython.locals(a=Allocation, b=Block, n=cython.longlong, nbytes=cython.longlong, offset=cython.longlong,
+                   start=cython.longlong, ptr=cython.longlong, i=cython.longlong)
+    def malloc(self, size: int, device: int, stream: int) -> int:
+        """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (what ``AllocatorCore.malloc`` documents)."""
+        if size <= 0 or not self.fast or stream != self.last_stream:
+            return self._general(size, stream)
+        n = size
+        nbytes = (n + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
+        # a free that the garbage collector sets off inside the policy's call (a tensor's
+        # finalizer) is queued by ``free`` and done once the policy is through with this request
+        self.in_malloc = True
+        try:
+            found = self.allocate(nbytes, stream=stream)
+            if found is None:
+                return self.core._place(None, size, nbytes, stream)
+            kind = type(found)
+            if kind is Block:
+                b = found
+                offset = b.offset  # its own field (compiled, a C read)
+            elif kind is Allocation:
+                a = found
+                ext = a._extents  # the slot behind ``extents`` (compiled, a C field read)
+                if len(ext) != 1:
+                    return self.core._place(found, size, nbytes, stream)
+                offset = ext[0][0]
+            else:
+                return self.core._place(found, size, nbytes, stream)
+            starts = self.starts
+            i = bisect_ints(starts, offset + 1) - 1  # the segment holding ``offset`` (compiled, a C bisect)
+            start = starts[i]
+            ptr = self.bases[i]
+            ptr += offset - start
+            live = self.live
+            if ptr & (ALIGNMENT_BYTES - 1) or ptr in live:
+                return self.core._place(found, size, nbytes, stream)
+            live[ptr] = found
+            self.extra_bytes += nbytes - n
+            self.countdown -= 1
+            if not self.countdown:
+                self.core._sample()
+            return ptr
+        finally:
+            self.in_malloc = False
+            if self.queued:
+                self.core._free_queued()
+
+    def _general(self, size: int, stream: int) -> int:
+        self.in_malloc = True
+        try:
+            return self.core._malloc(size, stream)
+        finally:
+            self.in_malloc = False
+            if self.queued:
+                self.core._free_queued()
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        """Give the allocation at ``ptr`` back (what ``AllocatorCore.free`` documents). Never raises."""
+        if self.in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
+            self.queued.append((ptr, size))
+            return
+        if not self.fast:
+            self.core._free(ptr, size)
+            return
+        a = self.live.pop(ptr, None)
+        if a is None:
+            self.core._free_unknown(ptr, size)
+            return
+        try:
+            self.free_policy(a)
+        except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
+            self.core.errors.append(exc)
+        self.countdown -= 1
+        if not self.countdown:
+            self.core._sample()

@@ -86,6 +86,9 @@ class ServeSettings:
         device: CUDA device index.
         sample_every_steps: memory sample (time series) every n steps.
         on_cpu: run the engine on the host (a dry run of a tiny model; no memory columns).
+        engine_footprint_check: let transformers refuse a ``num_blocks`` whose footprint by its own
+            estimate exceeds ``max_memory_percent`` of free memory (its ``_check_footprint``); off,
+            the engine starts at exactly ``num_blocks`` and real memory decides (a plan's check).
     """
 
     model: str = "Llama-3-8B"
@@ -107,6 +110,7 @@ class ServeSettings:
     device: int = 0
     sample_every_steps: int = 8
     on_cpu: bool = False
+    engine_footprint_check: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_tokens", "max_batch_tokens", "max_num_seqs", "sample_every_steps"):
@@ -356,7 +360,10 @@ def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, 
             work = Path(tmp)
             plan.to_csv(work / "plan.csv", index=False)
             (work / "job.json").write_text(json.dumps({"spec": spec, "trace": trace_name, "settings": asdict(settings)}))
-            log(f"{spec}: starting the engine ({settings.checkpoint or settings.model})")
+            log(f"{spec}: starting the engine ({settings.checkpoint or settings.model}"
+                + ("" if settings.engine_footprint_check else
+                   f"; transformers' footprint check off: exactly {settings.num_blocks or 'the sized'} blocks")
+                + ")")
             cmd = [python or sys.executable, "-m", "realgpu.serve_engine", str(work)]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                                 os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

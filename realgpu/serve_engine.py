@@ -95,6 +95,7 @@ class TransformersEngine:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         self.model = model
+        self.settings = settings
         gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=16)
         cb = ContinuousBatchingConfig(block_size=settings.block_tokens, num_blocks=settings.num_blocks,
                                       max_batch_tokens=settings.max_batch_tokens,
@@ -168,14 +169,17 @@ class TransformersEngine:
     # --- realgpu.serve.Engine ---
     def start(self, timeout_s: float = 600.0) -> None:
         """Start the engine's thread and wait for its KV cache (made in that thread), so that no
-        request's latency includes the cache's allocation."""
-        self.manager.start()
-        deadline = time.perf_counter() + timeout_s
-        while self.manager.batch_processor is None:
-            if not self.manager.is_running() or time.perf_counter() > deadline:
-                error = self.manager.background_thread_status.fatal_error
-                raise RuntimeError(f"the engine did not start: {error or f'no KV cache after {timeout_s:.0f} s'}")
-            time.sleep(0.01)
+        request's latency includes the cache's allocation. Without ``engine_footprint_check`` the
+        engine's own footprint estimate cannot refuse the size (``footprint_check_off``)."""
+        check = contextlib.nullcontext() if self.settings.engine_footprint_check else footprint_check_off()
+        with check:
+            self.manager.start()
+            deadline = time.perf_counter() + timeout_s
+            while self.manager.batch_processor is None:
+                if not self.manager.is_running() or time.perf_counter() > deadline:
+                    error = self.manager.background_thread_status.fatal_error
+                    raise RuntimeError(f"the engine did not start: {error or f'no KV cache after {timeout_s:.0f} s'}")
+                time.sleep(0.01)
 
     def submit(self, request_id: int, prompt_ids: list[int], output_tokens: int) -> None:
         self.manager.add_request(prompt_ids, request_id=str(request_id), max_new_tokens=output_tokens,
@@ -218,6 +222,32 @@ class TransformersEngine:
                 "kv_capacity_tokens": int(cache.num_blocks * cache.block_size), "kv_bytes": int(nbytes),
                 "kv_num_tensors": len(tensors), "kv_tensor_bytes": int(tensors[0].numel() * tensors[0].element_size()),
                 "kv_tensor_shape": list(tensors[0].shape), "max_batch_tokens_engine": int(cache.max_batch_tokens)}
+
+
+@contextlib.contextmanager
+def footprint_check_off():
+    """While open, transformers' ``PagedAttentionMemoryHandler._check_footprint`` (5.17: its estimate
+    of the cache and activation peaks against ``max_memory_percent`` of free memory, raising
+    MemoryError before anything is allocated) keeps its sanity check on the sizes but lets a
+    footprint beyond the estimate through, and says so on stdout; restored on exit."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionMemoryHandler
+
+    original = PagedAttentionMemoryHandler._check_footprint
+
+    def check_sizes_only(self, max_batch_tokens: int, num_blocks: int) -> tuple[int, int]:
+        footprint = self.compute_memory_footprint(max_batch_tokens, num_blocks)
+        if footprint > self.available_memory:
+            print(f"serve: footprint check off: transformers estimates {footprint:,} B for {num_blocks:,} blocks, "
+                  f"more than the {self.available_memory:,} B it allows; starting anyway", flush=True)
+        if max_batch_tokens <= 0 or num_blocks <= 0:
+            raise ValueError(f"Invalid values: max_batch_tokens = {max_batch_tokens}, num_blocks = {num_blocks}")
+        return max_batch_tokens, num_blocks
+
+    PagedAttentionMemoryHandler._check_footprint = check_sizes_only
+    try:
+        yield
+    finally:
+        PagedAttentionMemoryHandler._check_footprint = original
 
 
 def warm_up(engine: TransformersEngine, settings: ServeSettings, *, vocab_size: int, max_len_tokens: int) -> None:

@@ -17,7 +17,8 @@ per-call latency samples and validation mode (patterns and guards, checked on ev
 
 PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first use with
 ``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
-``AllocatorCore.malloc``/``free`` under the GIL. ``AllocatorCore`` is plain Python over a
+``AllocatorCore.malloc``/``free`` under the GIL: the methods of ``realgpu.malloc_path.TorchPath``,
+C in the compiled build (``POOLLAB_COMPILE=1``). ``AllocatorCore`` is plain Python over a
 ``GpuPool`` and imports no torch, so CI tests the callback table on the host backend.
 
 What the core guarantees, whatever the policy:
@@ -26,6 +27,12 @@ What the core guarantees, whatever the policy:
   rounded up to it; a policy that still places one off it (a size class that is no multiple of
   512) is asked again for ``ALIGNMENT_BYTES`` more and the pointer moved up (``n_align_padded``;
   the bytes that costs are ``align_extra_bytes`` on top of the rounding);
+- a policy whose allocations are pages (``contiguous`` False: paged, page-pool, vmm-stitch, a
+  wrapper over one) runs on the page-mapped backend (``cuda-vmm``), and a tensor over pages that
+  are not one range gets a virtual range of its own with those pages' physical memory mapped in
+  it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``);
+  such a policy is refused up front, in one line, on a segment device, in validation mode, or with
+  pages that are no whole number of the device's physical pages;
 - a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
 - a pointer already live that the policy hands out again is refused (a policy bug), and a free
   of an unknown pointer (double free) changes nothing and is kept in ``errors`` (a free may
@@ -35,7 +42,9 @@ What the core guarantees, whatever the policy:
   another stream while the first may still use it; ``Tensor.record_stream`` is not seen by a
   pluggable allocator, so in pluggable mode it raises (use mempool mode for that);
 - CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work; in pluggable
-  mode a malloc during capture is refused with a message saying to use mempool mode;
+  mode ``CUDAGraph.capture_begin`` (and ``torch.cuda.graph``) is refused before PyTorch allocates
+  anything for the graph, with a message saying to use mempool mode (a malloc during a capture
+  begun from C++ is refused by the trampoline);
 - a refused request is PyTorch's own ``torch.OutOfMemoryError`` with the policy's reason (in
   mempool mode PyTorch frees its cached blocks and retries first; when the error leaves the
   ``use_policy`` block it carries the policy's reason too);
@@ -47,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from collections import OrderedDict
 import functools
 import os
 import threading
@@ -61,16 +71,17 @@ from policies.base import Allocation, Policy, PoolStats
 from policies.device import SEGMENT_ALIGNMENT_BYTES
 from realgpu.errors import GpuUnavailableError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
-from realgpu.malloc_path import extents_are_one_range
+from realgpu.malloc_path import ALIGNMENT_BYTES, TorchPath, extents_are_one_range
+from realgpu.mapped import MappedRealDevice
 from realgpu.pool import GpuPool
 from sim.metrics import PoolMonitor
 
 __all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYTES", "MODES", "load_shim",
            "Shim", "CudaStreamEvents", "AlignedHostDevice"]
 
-#: What every pointer is aligned to: PyTorch's caching allocator guarantees 512 B.
-ALIGNMENT_BYTES = 512
 MODES = ("pluggable", "mempool")
+#: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``).
+MAX_IDLE_STITCHED_RANGES = 64
 #: Monitor sample stride, in allocator calls (the summary's fragmentation averages).
 DEFAULT_SAMPLE_EVERY = 256
 _SHIM_SOURCE = Path(__file__).with_name("_torch_shim.cpp")
@@ -102,7 +113,6 @@ class AllocatorCore:
         self.events = events
         self.monitor = PoolMonitor(pool.policy, sample_every=1)
         self._sample_every = sample_every
-        self._countdown = 1
         self._event = 0  # the event index of the next sample (calls counted by the sampling stride)
         self._t0_ns = time.perf_counter_ns()
         self.on_drained = on_drained
@@ -111,91 +121,104 @@ class AllocatorCore:
         #: errors met in free (double or unknown frees, corruption found by validation)
         self.errors: list[BaseException] = []
         self.streams: set[int] = set()
-        self._last_stream: int | None = None
         self._pending: list[tuple[Any, Allocation]] = []
         self.closed = False
         self.last_refusal = ""
         self.n_align_padded = 0
-        self.align_extra_bytes = 0  # bytes asked beyond the requests, summed over all allocations
         self.n_deferred_frees = 0
         self.n_zero_bytes = 0
-        self._in_malloc = False
+        self.n_stitched_maps = 0  # ranges mapped for tensors over pages that are not one range
         self._defer_frees = False
-        self._reentrant_frees: list[tuple[int, int]] = []
         self._validate = pool.validate
         self._free_policy = pool.free if pool.validate else pool.policy.free
+        #: a policy whose allocations are pages (``contiguous`` False) serves PyTorch on a
+        #: page-mapped device only: an allocation whose pages are not one range gets a fresh
+        #: virtual range with its pages' physical memory mapped there in order (``_stitch``)
+        self._stitched: dict[int, tuple[tuple[int, ...], int, int]] = {}  # id(allocation) -> (pages, range, bytes)
+        #: ranges whose allocation was freed, kept mapped for a later one over the same pages in the
+        #: same order (the policy's LIFO reuse hands those out again: no driver call then), least
+        #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest is unmapped
+        self._idle_ranges: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
+        if not pool.policy.contiguous:
+            _check_pages_can_be_stitched(pool)
+            self._free_policy = self._free_unstitch
         self._allocate = _validated_allocate(pool) if pool.validate else pool.policy.allocate
         self._address = pool.device.address
-        self._starts = pool.device.address_tables()[0]
+        starts, bases = pool.device.address_tables()
+        self._starts = starts
+        #: the hot path (``realgpu.malloc_path.TorchPath``; C in the compiled build): PyTorch's
+        #: two calls are its methods, bound here over the class's, so the trampoline lands on
+        #: them with no frame between; it keeps the counters both paths share
+        self.path = TorchPath(self, self._allocate, self._free_policy, starts, bases, self.live)
+        self.malloc = self.path.malloc
+        self.free = self.path.free
+        self._update_fast()
 
     # ------------------------------------------------------------------ the callbacks
     def malloc(self, size: int, device: int, stream: int) -> int:
         """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (aligned to 512 B).
 
+        The instance's ``malloc`` is ``self.path.malloc`` (this documents it): the common case
+        there, the rest in ``_malloc``/``_place``. Calls from other threads wait in the
+        trampoline (one call at a time, the GIL let go while waiting).
+
         Raises:
             PoolOutOfMemoryError: the policy cannot place it (the trampoline makes it PyTorch's).
             PoolError: the pool is closed, or the policy broke a rule a pointer needs.
         """
+        return self.path.malloc(size, device, stream)
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        """Give the allocation at ``ptr`` back (deferred while another stream may use it). Never
+        raises. The instance's ``free`` is ``self.path.free``; the rest in ``_free``."""
+        self.path.free(ptr, size, device, stream)
+
+    def _malloc(self, size: int, stream: int) -> int:
+        """``malloc`` off the common case (``path.in_malloc`` is set by the caller)."""
         if size <= 0:
             self.n_zero_bytes += 1
             return 0
         if self.closed:
             raise PoolError(f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own allocator "
                             "cannot be put back in this process once a pluggable allocator was installed)")
-        # a free that the garbage collector sets off inside this call (a tensor's finalizer) is
-        # queued by ``free`` and done once the policy is through with this request; calls from
-        # other threads wait in the trampoline (one call at a time, the GIL let go while waiting).
-        # One frame, every step inline: PyTorch pays this on every tensor.
-        self._in_malloc = True
-        try:
-            if stream != self._last_stream:
-                self._note_stream(stream)
-            if self._pending:
-                self._drain(wait=False)
-            nbytes = (size + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
-            a = self._allocate(nbytes, stream=stream)
-            if a is None and self._pending:
-                self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
-                a = self._allocate(nbytes, stream=stream)
-            if a is None:
-                raise self._refuse(size)
-            # a contiguous policy's block: its offset field (no extents tuple built); a one-extent
-            # allocation: its stored extents (the slot, no property); else the general path
-            kind = type(a)
-            if kind is Block and not self._validate:
-                ptr = self._address(a.offset)
-            elif kind is Allocation and not self._validate and len(a._extents) == 1:
-                ptr = self._address(a._extents[0][0])
-            else:
-                ptr = self._pointer(a)
-            if ptr & (ALIGNMENT_BYTES - 1):
-                ptr, a = self._realign(a, nbytes, stream)
-            self.align_extra_bytes += nbytes - size
-            live = self.live
-            if ptr in live:
-                self._free_policy(a)
-                raise PoolError(f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
-                                f"({live[ptr].size_bytes:,} B there): two tensors would share memory")
-            live[ptr] = a
-            self._countdown -= 1
-            if not self._countdown:
-                self._sample()
-            return ptr
-        finally:
-            self._in_malloc = False
-            if self._reentrant_frees:
-                self._free_queued()
+        if stream != self.path.last_stream:
+            self._note_stream(stream)
+        if self._pending:
+            self._drain(wait=False)
+        nbytes = (size + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
+        return self._place(self._allocate(nbytes, stream=stream), size, nbytes, stream)
 
-    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
-        """Give the allocation at ``ptr`` back (deferred while another stream may use it). Never raises."""
-        if self._in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
-            self._reentrant_frees.append((ptr, size))
-            return
+    def _place(self, a: Allocation | None, size: int, nbytes: int, stream: int) -> int:
+        """The pointer for the policy's answer ``a`` to a request of ``size`` (asked as ``nbytes``):
+        a refusal retried once deferred frees are done, then refused; the pointer aligned; a
+        pointer already live refused."""
+        if a is None and self._pending:
+            self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
+            a = self._allocate(nbytes, stream=stream)
+        if a is None:
+            raise self._refuse(size)
+        ptr = self._pointer(a)
+        if ptr & (ALIGNMENT_BYTES - 1):
+            ptr, a = self._realign(a, nbytes, stream)
+        path = self.path
+        path.extra_bytes += nbytes - size
+        live = self.live
+        if ptr in live:
+            self._free_policy(a)
+            raise PoolError(f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
+                            f"({live[ptr].size_bytes:,} B there): two tensors would share memory")
+        live[ptr] = a
+        path.countdown -= 1
+        if not path.countdown:
+            self._sample()
+        return ptr
+
+    def _free(self, ptr: int, size: int) -> None:
+        """``free`` off the common case (deferred frees, validation, a closed core). Never raises."""
         try:
             a = self.live.pop(ptr, None)
             if a is None:
-                self.errors.append(PoolError(f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
-                                             f"{self.policy.spec!r} (double free, or never allocated here)"))
+                self._free_unknown(ptr, size)
                 return
             if self._defer_frees:
                 self.n_deferred_frees += 1
@@ -204,18 +227,33 @@ class AllocatorCore:
                 self._free_validated(a)
             else:
                 self._free_policy(a)
-            self._countdown -= 1
-            if not self._countdown:
+            path = self.path
+            path.countdown -= 1
+            if not path.countdown:
                 self._sample()
             if self.closed and not self.live:
                 self._finish()
         except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
             self.errors.append(exc)
 
+    def _free_unknown(self, ptr: int, size: int) -> None:
+        self.errors.append(PoolError(f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
+                                     f"{self.policy.spec!r} (double free, or never allocated here)"))
+
     def _free_queued(self) -> None:
-        queued, self._reentrant_frees = self._reentrant_frees, []
+        path = self.path
+        queued, path.queued = path.queued, []
         for ptr, size in queued:
-            self.free(ptr, size, 0, 0)
+            path.free(ptr, size, 0, 0)
+
+    def _update_fast(self) -> None:
+        """Whether the hot path may serve: no validation, no deferred frees, not closed."""
+        self.path.fast = not (self._validate or self._defer_frees or self.closed)
+
+    @property
+    def align_extra_bytes(self) -> int:
+        """Bytes asked beyond the requests, summed over all allocations (rounding and realignment)."""
+        return self.path.extra_bytes
 
     # ------------------------------------------------------------------ helpers
     def _pointer(self, a: Allocation) -> int:
@@ -226,16 +264,65 @@ class AllocatorCore:
         if type(a) is Block:
             return self._address(a.offset)
         ext = a.extents
-        if len(ext) != 1:
-            self._require_contiguous(a)
+        if len(ext) != 1 and not extents_are_one_range(ext, self._starts):
+            return self._stitch(a)
         return self._address(ext[0][0])
 
     def _require_contiguous(self, a: Allocation) -> None:
         if not extents_are_one_range(a.extents, self._starts):
             self._free_policy(a)
             raise PoolError(f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
-                            "pages; a PyTorch tensor needs one contiguous range (a paged policy serves PyTorch only "
-                            "requests of one page)")
+                            "pages; a PyTorch tensor needs one contiguous range (in validation mode a paged policy "
+                            "serves PyTorch only requests of one page)")
+
+    def _stitch(self, a: Allocation) -> int:
+        """The address of a fresh virtual range with ``a``'s pages mapped in it, in order (one
+        ``cuMemAddressReserve``, a ``cuMemMap`` per physical page, one ``cuMemSetAccess``: the
+        driver calls vmm-stitch models); its pages stay mapped where the policy put them too."""
+        device = self.pool.device
+        handles = []
+        for offset, length in a.extents:
+            end = offset + length
+            while offset < end:  # every page starts a mapping (``_check_pages_can_be_stitched``)
+                handle = device.handle_at(offset)
+                handles.append(handle)
+                offset += device._handles[handle]  # the handle's bytes: the model's own table
+        key = tuple(handles)
+        idle = self._idle_ranges.pop(key, None)
+        if idle is not None:
+            start, nbytes = idle
+        else:
+            nbytes = sum(length for _, length in a.extents)
+            start = device.address_reserve(nbytes)
+            if start is None:
+                self._free_policy(a)
+                raise self._refuse(nbytes)
+            device.map_handles(start, handles)
+            self.n_stitched_maps += 1
+        self._stitched[id(a)] = (key, start, nbytes)
+        return device.address(start)
+
+    def _free_unstitch(self, a: Allocation) -> None:
+        """The policy's free; the allocation's own range (if it got one) kept mapped for reuse."""
+        stitched = self._stitched.pop(id(a), None)
+        if stitched is not None:
+            key, start, nbytes = stitched
+            idle = self._idle_ranges
+            idle[key] = (start, nbytes)
+            if len(idle) > MAX_IDLE_STITCHED_RANGES:
+                self._unmap_range(*idle.popitem(last=False)[1])
+        self.policy.free(a)
+
+    def _unmap_range(self, start: int, nbytes: int) -> None:
+        # unmap_release: a page whose segment the policy released meanwhile is mapped nowhere
+        # else now, and its memory goes back here; the device waits for queued work first
+        device = self.pool.device
+        device.unmap_release(start, nbytes)
+        device.address_free(start, nbytes)
+
+    def _drop_idle_ranges(self) -> None:
+        while self._idle_ranges:
+            self._unmap_range(*self._idle_ranges.popitem(last=False)[1])
 
     def _realign(self, a: Allocation, nbytes: int, stream: int) -> tuple[int, Allocation]:
         """Ask again for ``ALIGNMENT_BYTES`` more and move the pointer up to the next boundary."""
@@ -245,7 +332,7 @@ class AllocatorCore:
         if b is None:
             raise self._refuse(padded)
         self.n_align_padded += 1
-        self.align_extra_bytes += ALIGNMENT_BYTES
+        self.path.extra_bytes += ALIGNMENT_BYTES
         ptr = self._pointer(b)
         return (ptr + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES, b
 
@@ -260,10 +347,11 @@ class AllocatorCore:
         self._free_policy(a)
 
     def _note_stream(self, stream: int) -> None:
-        self._last_stream = stream
+        self.path.last_stream = stream
         self.streams.add(stream)
         # once a second stream allocates, memory freed on one may be handed to another
         self._defer_frees = self.events is not None and len(self.streams) > 1
+        self._update_fast()
 
     def _drain(self, *, wait: bool) -> None:
         """Free the deferred allocations whose stream's work is done (all of them, waiting, if ``wait``)."""
@@ -282,7 +370,7 @@ class AllocatorCore:
 
     def _sample(self) -> None:
         # the k-th sample is taken at call 1 + k * sample_every: its event index is k * sample_every
-        self._countdown = self._sample_every
+        self.path.countdown = self._sample_every
         self.monitor.sample(self._event, (time.perf_counter_ns() - self._t0_ns) // 1000)
         self._event += self._sample_every
 
@@ -301,6 +389,7 @@ class AllocatorCore:
         if self.closed:
             return
         self.closed = True
+        self._update_fast()
         if self._pending:
             self._drain(wait=True)
         if not self.live:
@@ -308,7 +397,8 @@ class AllocatorCore:
 
     def _finish(self) -> None:
         # the last call's index: k samples taken, countdown c left since the last => k*S - c
-        self.monitor.finish(max(0, self._event - self._countdown), (time.perf_counter_ns() - self._t0_ns) // 1000)
+        self.monitor.finish(max(0, self._event - self.path.countdown), (time.perf_counter_ns() - self._t0_ns) // 1000)
+        self._drop_idle_ranges()
         if not self.pool.closed:
             self.pool.close()
         if self.on_drained is not None:
@@ -516,7 +606,7 @@ class TorchPolicyAllocator:
             kind="policy", mode=self.mode, validate=self.pool.validate,
             device_mallocs=device.num_maps, device_frees=device.num_unmaps, driver_ns_total=device.driver_ns_total,
             n_align_padded=core.n_align_padded, align_extra_bytes=core.align_extra_bytes,
-            n_deferred_frees=core.n_deferred_frees, n_streams=len(core.streams), n_free_errors=len(core.errors),
+            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps, n_streams=len(core.streams), n_free_errors=len(core.errors),
             n_live_at_close=core.num_live, **counters)
 
     def check(self) -> None:
@@ -549,9 +639,39 @@ class TorchPolicyAllocator:
 
 
 def _make_pool(policy: str | Policy, *, validate: bool, device: int, capacity_bytes: int | None,
-               backend: str = "cuda") -> GpuPool:
-    return GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate,
+               backend: Any = "cuda") -> GpuPool:
+    """The policy's pool; a policy whose allocations are pages gets the page-mapped backend
+    (``cuda-vmm``), so that its pages can be mapped into one range for a tensor (``_stitch``)."""
+    pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate,
                    guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
+    if pool.policy.contiguous or isinstance(pool.device, MappedRealDevice):
+        return pool
+    pool.close()  # nothing was allocated yet: built again on the page-mapped backend
+    return GpuPool(policy, backend="cuda-vmm" if pool.is_cuda else "host-vmm", capacity_bytes=capacity_bytes,
+                   validate=validate, guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
+
+
+def _check_pages_can_be_stitched(pool: GpuPool) -> None:
+    """Refuse, up front, a policy whose allocations are pages where no range can be made of them:
+    a segment device (``cudaMalloc``'d memory cannot be mapped again), validation mode (its
+    guards are written around the policy's own extents), or pages that are no whole number of
+    the device's physical pages (only whole physical allocations can be mapped elsewhere)."""
+    policy, device = pool.policy, pool.device
+    spec = policy.spec
+    if not isinstance(device, MappedRealDevice):
+        raise PoolError(f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor needs "
+                        f"one range: it needs a page-mapped device (backend cuda-vmm or host-vmm), not "
+                        f"{type(device).__name__}")
+    if pool.validate:
+        raise PoolError(f"policy {spec!r} hands out pages that need not be contiguous: validation mode cannot guard "
+                        "a tensor over several pages; validate a contiguous policy, or run this one without validate")
+    page = getattr(policy, "page_size_bytes", None) or getattr(policy, "page_bytes", None)
+    granularity = device.granularity_bytes
+    if isinstance(page, int) and page % granularity:
+        knob = getattr(type(policy), "page_size_knob", None) or "its page size"
+        raise PoolError(f"policy {spec!r} has pages of {page:,} B, no whole number of the device's "
+                        f"{granularity:,} B physical pages, so a tensor over several pages cannot be mapped into one "
+                        f"range: set {knob} to a multiple of {granularity:,}")
 
 
 class _Routing:
@@ -652,7 +772,7 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
     try:
         if mode == "pluggable":
             allocator = _install_pluggable(torch, shim, pool, core)
-            with _refuse_record_stream(torch):
+            with _pluggable_guards(torch):
                 yield allocator
         else:
             allocator = _install_mempool(torch, shim, pool, core, device)
@@ -699,17 +819,50 @@ def _install_mempool(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore,
     return TorchPolicyAllocator(pool, core, "mempool", shim, mempool=mempool)
 
 
+#: Why pluggable mode refuses CUDA graph capture (the trampoline's check says the same).
+CAPTURE_REFUSAL = ("poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its addresses "
+                   "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
+                   "from being reused; use realgpu.torch_allocator.use_policy(..., mode=\"mempool\") and "
+                   "torch.cuda.graph(g, pool=...) for graphs")
+
+
 @contextlib.contextmanager
-def _refuse_record_stream(torch: Any) -> Iterator[None]:
-    """A pluggable allocator never hears of ``record_stream``: refuse it rather than race."""
-    original = torch.Tensor.record_stream
+def _pluggable_guards(torch: Any) -> Iterator[None]:
+    """What a pluggable allocator is never told of, refused up front rather than raced.
 
-    def record_stream(self, stream):  # noqa: ANN001 - torch's signature
-        raise PoolError("Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could "
-                        "not keep this memory from another stream: use use_policy(..., mode='mempool')")
-
-    torch.Tensor.record_stream = record_stream
+    - ``Tensor.record_stream``: the allocator could not keep the memory from another stream.
+    - CUDA graph capture, at ``CUDAGraph.capture_begin`` and ``torch.cuda.graph``'s ``__enter__``,
+      before either does anything: PyTorch's ``capture_begin`` first registers the graph with the
+      default CUDA generator, which allocates its graph RNG state (two 1-element int64 tensors,
+      ``CUDAGeneratorState::register_graph``) on the current, not yet capturing, stream and keeps
+      them until the last registered graph is destroyed; ``torch.cuda.graph`` switches to its
+      capture stream before that and does not switch back when ``capture_begin`` raises. Refused
+      at the first malloc inside the capture (the trampoline's check), a refused capture left
+      those two tensors in the policy for as long as the ``CUDAGraph`` object lived and an
+      empty graph behind. The trampoline's check stays for captures begun from C++.
+    """
+    patches = [(torch.Tensor, "record_stream", _refusing(
+        "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could not keep this memory "
+        "from another stream: use use_policy(..., mode='mempool')"))]
+    graphs = getattr(torch.cuda, "graphs", None)
+    if graphs is not None:
+        patches += [(graphs.CUDAGraph, "capture_begin", _refusing(CAPTURE_REFUSAL)),
+                    (graphs.graph, "__enter__", _refusing(CAPTURE_REFUSAL))]
+    originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     try:
         yield
     finally:
-        torch.Tensor.record_stream = original
+        for owner, name, original in originals:
+            if original is None:
+                delattr(owner, name)  # it was inherited: the base's comes back
+            else:
+                setattr(owner, name, original)
+
+
+def _refusing(message: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PoolError(message)
+
+    return refuse

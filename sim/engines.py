@@ -13,6 +13,10 @@ KV sizing rules:
   ``max_memory_percent`` of the memory free after the weights, less the activation peaks of a
   ``max_batch_tokens`` batch and its ``[M, N + M]`` attention mask, in whole blocks
   (``transformers_kv_blocks``).
+
+``kv_linked``: buffers the engine sizes by its KV cache besides the cache (``KvLinkedRule``:
+``bytes_per_token x KV tokens + fixed_bytes``), which ``poollab plan --engine`` recognises in a
+start-up snapshot and grows with the cache.
 """
 
 from __future__ import annotations
@@ -24,11 +28,24 @@ from typing import Any, Mapping
 
 from sim.models import DATA_DIR, ModelSpec, _read_json_object
 
-__all__ = ["EnginePreset", "ENGINES_PATH", "available_engines", "load_engine", "transformers_kv_blocks"]
+__all__ = ["EnginePreset", "KvLinkedRule", "ENGINES_PATH", "available_engines", "load_engine", "transformers_kv_blocks"]
 
 ENGINES_PATH = DATA_DIR / "engines.json"
 _KV_SIZINGS = ("plan", "transformers")
 _INT32_BYTES, _INT64_BYTES, _FP32_BYTES = 4, 8, 4
+
+
+@dataclass(frozen=True)
+class KvLinkedRule:
+    """A buffer an engine sizes by its KV cache: ``bytes_per_token x kv_tokens + fixed_bytes``
+    requested bytes, where ``kv_tokens`` is what the KV tensors hold (padding blocks included)."""
+
+    name: str
+    bytes_per_token: int
+    fixed_bytes: int = 0
+
+    def nbytes(self, kv_tokens: int) -> int:
+        return self.bytes_per_token * kv_tokens + self.fixed_bytes
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class EnginePreset:
         max_memory_percent, reserved_at_sizing_bytes: the ``transformers`` rule's inputs.
         typical_terms, typical_warmup_s: a fitted step time of this engine (``StepTerms``
             fields), where ``poollab calibrate requests`` starts its search; empty: none known.
+        kv_linked: buffers sized by the KV cache (``KvLinkedRule``), for ``poollab plan --engine``.
     """
 
     name: str
@@ -53,6 +71,7 @@ class EnginePreset:
     reserved_at_sizing_bytes: int = 0
     typical_terms: Mapping[str, float] = field(default_factory=dict)
     typical_warmup_s: float = 0.0
+    kv_linked: tuple[KvLinkedRule, ...] = ()
 
     def server_options(self, model: ModelSpec, gpu: Any, *, explicit: Mapping[str, Any] | None = None,
                        tensor_parallel: int = 1) -> dict[str, Any]:
@@ -111,7 +130,10 @@ def _presets() -> dict[str, EnginePreset]:
                               max_memory_percent=float(entry.get("max_memory_percent", 0.9)),
                               reserved_at_sizing_bytes=int(entry.get("reserved_at_sizing_bytes", 0)),
                               typical_terms=dict(entry.get("typical_terms", {})),
-                              typical_warmup_s=float(entry.get("typical_warmup_s", 0.0)))
+                              typical_warmup_s=float(entry.get("typical_warmup_s", 0.0)),
+                              kv_linked=tuple(KvLinkedRule(str(r["name"]), int(r["bytes_per_token"]),
+                                                           int(r.get("fixed_bytes", 0)))
+                                              for r in entry.get("kv_linked", ())))
         for key in (name, *entry.get("aliases", ())):
             assert key.lower() not in out, f"{ENGINES_PATH}: {key!r} names two presets"
             out[key.lower()] = preset

@@ -9,7 +9,11 @@ run is served: exact to one page (``page_bytes``: ``block_tokens`` tokens of the
 evenly over the KV tensors), by galloping from an estimate and then bisecting.
 
 The KV cache is recognised from the snapshot, or named by the user (``sim.startup_kv``: the
-largest burst of equal-size allocations that live to the end).
+largest burst of equal-size allocations that live to the end). Buffers the engine sizes by the
+cache (transformers' ``paged|sdpa`` attention mask: 4 MiB more per 32 MiB block of Llama-3-8B)
+are resized with it in every replay: named by the user (``--kv-linked``) or recognised by an
+engine preset's rule (``sim.engines.KvLinkedRule``, ``--engine``); ``kv_linked_bytes`` is their
+size at the safe KV size.
 
 What the rest of the run needs is read from the same replay:
 
@@ -45,11 +49,13 @@ from policies.torch_caching import spec_from_settings
 from policies.units import format_bytes, parse_bytes
 from sim import engine
 from sim.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
-from sim.startup_kv import KvCache, KvSelector, PlanError, parse_kv_selector, recognise_kv, select_kv
+from sim.startup_kv import (KvCache, KvLinked, KvSelector, LinkedSelector, PlanError, parse_kv_linked, parse_kv_selector,
+                            recognise_kv, recognise_linked, select_kv, select_linked)
 from traces.errors import TraceFormatError
 
 __all__ = ["PLAN_COLUMNS", "PLAN_FILE", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
-           "KvSelector", "KvCache", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector", "recognise_kv",
+           "KvSelector", "KvCache", "KvLinked", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector",
+           "parse_kv_linked", "recognise_kv",
            "select_kv", "plan_inputs", "fits", "plan_policy", "plan", "plan_snapshot", "write_plan", "read_plan",
            "planned_budgets", "PlanError"]
 
@@ -57,7 +63,8 @@ __all__ = ["PLAN_COLUMNS", "PLAN_FILE", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SH
 PLAN_FILE = "plan.csv"
 #: Columns of ``plan.csv`` and ``PlanResult.table()``, in order.
 PLAN_COLUMNS = ["policy", "device_bytes", "capacity_bytes", "weights_bytes", "num_kv_allocs", "recorded_kv_bytes",
-                "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "peak_non_kv_reserved_bytes",
+                "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "num_kv_linked_allocs", "kv_linked_bytes",
+                "peak_non_kv_reserved_bytes",
                 "frag_at_peak", "peak_reserved_bytes", "margin_bytes", "next_page_oom_event", "next_page_oom_entry",
                 "util_fraction", "profiled_peak_bytes", "util_rule_kv_bytes", "util_rule_fits", "util_rule_oom_event",
                 "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s"]
@@ -82,6 +89,8 @@ class PlanInputs:
         weights_bytes: requested bytes live at the end that were made before the first KV op.
         profiled_peak_bytes: most live bytes beyond ``weights_bytes`` before the first KV op.
         device_bytes, capacity_bytes: the device's memory and what the pool may reserve of it.
+        linked: buffers resized with the KV cache (``KvLinked``): each of their allocations holds
+            its recorded size plus ``bytes_per_page`` for every page beyond the recorded KV size.
     """
 
     rec: Recording
@@ -94,6 +103,7 @@ class PlanInputs:
     profiled_peak_bytes: int
     device_bytes: int
     capacity_bytes: int
+    linked: tuple[KvLinked, ...] = ()
 
     @property
     def share_bytes(self) -> int:
@@ -110,7 +120,23 @@ class PlanInputs:
         nbytes = num_pages * self.share_bytes
         for k in self.kv.ops:
             sizes[k] = nbytes
+        for buffer in self.linked:
+            for k in buffer.ops:
+                sizes[k] = self._linked_size(self.rec.sizes[k], buffer.bytes_per_page, num_pages)
         return sizes
+
+    def _linked_size(self, recorded_bytes: int, bytes_per_page: int, num_pages: int) -> int:
+        """A linked allocation's size at ``num_pages`` of KV (at least 1 B: no request is empty)."""
+        grown = recorded_bytes + (num_pages * self.page_bytes - self.kv.total_bytes) * bytes_per_page // self.page_bytes
+        return max(grown, 1)
+
+    @property
+    def num_linked_allocs(self) -> int:
+        return sum(len(b.ops) for b in self.linked)
+
+    def linked_bytes(self, num_pages: int) -> int:
+        """Requested bytes of every linked allocation at ``num_pages`` of KV (0 without any)."""
+        return sum(self._linked_size(self.rec.sizes[k], b.bytes_per_page, num_pages) for b in self.linked for k in b.ops)
 
     def tokens(self, num_pages: int) -> int | None:
         return None if self.block_tokens is None else num_pages * self.block_tokens
@@ -145,7 +171,8 @@ def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
 
 
 def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None, model: Any = None,
-                block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0) -> PlanInputs:
+                block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
+                kv_linked: Iterable[LinkedSelector] = (), engine: Any = None) -> PlanInputs:
     """Everything a plan needs from ``rec`` besides the policy.
 
     Args:
@@ -156,6 +183,9 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
         block_tokens: tokens per page when a model is given.
         non_torch_bytes: device memory outside the pool (CUDA context, NCCL, cuBLAS workspaces):
             the pool may reserve ``device_bytes - non_torch_bytes``.
+        kv_linked: buffers the user names as sized by the KV cache (``--kv-linked``).
+        engine: a ``sim.engines`` preset (name or ``EnginePreset``) whose ``kv_linked`` rules
+            recognise such buffers (needs ``model``: the rules are per KV token).
     """
     if not rec.ops:
         raise PlanError(f"{rec.source}: the snapshot has no allocation trace (record with "
@@ -179,9 +209,37 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
                             "(--model, or --kv to name the KV tensors)")
     else:
         page = DEFAULT_PAGE_SHARE_BYTES * len(kv.ops)
+    linked = select_linked(rec, kv, kv_linked)
+    if engine is not None:
+        linked += _engine_linked(rec, kv, engine, kv_bytes_per_token=per_token, block_tokens=block_tokens,
+                                 named={k for b in linked for k in b.ops})
     weights, profiled = _resident_and_profiled(rec, kv.ops[0])
     return PlanInputs(rec, kv, page, block_tokens if model is not None else None, per_token, name, weights, profiled,
-                      device_bytes, device_bytes - non_torch_bytes)
+                      device_bytes, device_bytes - non_torch_bytes, tuple(linked))
+
+
+def _engine_linked(rec: Recording, kv: KvCache, engine: Any, *, kv_bytes_per_token: int | None, block_tokens: int,
+                   named: set[int]) -> list[KvLinked]:
+    """The buffers ``engine``'s ``kv_linked`` rules recognise in ``rec`` (those the user named aside)."""
+    from sim.engines import EnginePreset, load_engine
+
+    preset = engine if isinstance(engine, EnginePreset) else load_engine(engine)
+    if not preset.kv_linked:
+        return []
+    if kv_bytes_per_token is None:
+        raise PlanError(f"--engine {preset.name}: its KV-linked buffers are sized per KV token: give --model")
+    if kv.total_bytes % kv_bytes_per_token:
+        raise PlanError(f"--engine {preset.name}: the KV cache ({kv.total_bytes:,} B) is no whole number of tokens "
+                        f"of {kv_bytes_per_token:,} B: is the snapshot of this model?")
+    tokens = kv.total_bytes // kv_bytes_per_token
+    out = []
+    for rule in preset.kv_linked:
+        found = recognise_linked(rec, kv, name=f"{preset.name} {rule.name}", recorded_tokens=tokens,
+                                 bytes_per_token=rule.bytes_per_token, fixed_bytes=rule.fixed_bytes,
+                                 block_tokens=block_tokens)
+        if found is not None and not named & set(found.ops):
+            out.append(found)
+    return out
 
 
 # ---------------------------------------------------------------------------- one replay
@@ -298,7 +356,8 @@ class PolicyPlan:
             "policy": self.spec, "device_bytes": i.device_bytes, "capacity_bytes": i.capacity_bytes,
             "weights_bytes": i.weights_bytes, "num_kv_allocs": len(i.kv.ops), "recorded_kv_bytes": i.kv.total_bytes,
             "page_bytes": i.page_bytes, "safe_kv_pages": self.safe_pages, "safe_kv_bytes": self.safe_pages * i.page_bytes,
-            "safe_kv_tokens": i.tokens(self.safe_pages),
+            "safe_kv_tokens": i.tokens(self.safe_pages), "num_kv_linked_allocs": i.num_linked_allocs,
+            "kv_linked_bytes": i.linked_bytes(self.safe_pages) if self.safe_pages else 0,
             "peak_non_kv_reserved_bytes": safe.peak_non_kv_reserved_bytes if safe else None,
             "frag_at_peak": safe.frag_at_peak if safe else None,
             "peak_reserved_bytes": safe.peak_reserved_bytes if safe else None,
@@ -418,7 +477,8 @@ class PlanResult:
         if k is None:
             return ""
         rec, kv = self.inputs.rec, self.inputs.kv
-        phase = ("the KV cache allocation" if k in kv.ops else
+        linked = {j for b in self.inputs.linked for j in b.ops}
+        phase = ("the KV cache allocation" if k in kv.ops else "a buffer sized by the KV cache" if k in linked else
                  "before the KV cache (profiling)" if k < kv.ops[0] else "after the KV cache")
         return (f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on stream "
                 f"{rec.streams[k]}, {phase}")
@@ -426,14 +486,15 @@ class PlanResult:
 
 def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: int, kv: Iterable[KvSelector] = (),
          model: Any = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
-         util_fraction: float = 0.9, progress: bool = False) -> PlanResult:
+         util_fraction: float = 0.9, progress: bool = False, kv_linked: Iterable[LinkedSelector] = (),
+         engine: Any = None) -> PlanResult:
     """Plan the KV cache of ``rec`` under each spec (default: ``torch-caching`` with the snapshot's
     settings). See the module docstring; arguments as ``plan_inputs`` and ``plan_policy``."""
     if not 0 < util_fraction <= 1:
         raise PlanError(f"--utilization {util_fraction} must be in (0, 1]")
     cache = select_kv(rec, kv) if rec.ops else None
     inputs = plan_inputs(rec, device_bytes=device_bytes, kv=cache, model=model, block_tokens=block_tokens,
-                         non_torch_bytes=non_torch_bytes)
+                         non_torch_bytes=non_torch_bytes, kv_linked=kv_linked, engine=engine)
     spec_list = list(specs or []) or [spec_from_settings(rec.settings)]
     return PlanResult(inputs, [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress)
                                for s in spec_list], util_fraction)

@@ -9,6 +9,13 @@ other requests between two of them; weights of one shape recur once a layer with
 tensors between, so they make runs of one to three). It must hold at least ``CLEAR_WINNER`` times
 the bytes of the next such run, else the snapshot does not say which is the cache and the user
 names it (``KvSelector``: by size, trace entry or address).
+
+An engine may size other buffers by its KV cache too (transformers' ``paged|sdpa`` attention mask,
+``max_batch_tokens x (tokens + max_batch_tokens)``): ``KvLinked`` names those allocations and how
+many bytes each grows by per page of KV, so the planner resizes them with the cache. They are named
+by the user (``parse_kv_linked``: a selector and the growth, ``entries=655:4MiB``) or recognised
+from an engine preset's rule (``recognise_linked``: the allocations whose size is the rule's
+formula at the recorded number of KV tokens).
 """
 
 from __future__ import annotations
@@ -21,8 +28,8 @@ from policies.errors import PolicyError
 from policies.units import format_bytes, parse_bytes
 from sim.fidelity import ALLOC, FREE, Recording
 
-__all__ = ["PlanError", "KvSelector", "KvCache", "parse_kv_selector", "recognise_kv", "select_kv", "BURST_GAP_OPS",
-           "CLEAR_WINNER"]
+__all__ = ["PlanError", "KvSelector", "KvCache", "KvLinked", "LinkedSelector", "parse_kv_selector", "parse_kv_linked",
+           "recognise_kv", "select_kv", "select_linked", "recognise_linked", "BURST_GAP_OPS", "CLEAR_WINNER"]
 
 #: Other requests allowed between two KV allocations of one burst (a scale, a small buffer). Small:
 #: weights of one shape recur every layer with the layer's other tensors between (Llama: 8).
@@ -162,40 +169,49 @@ def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
     return max(((c, n) for n, c in sizes.items()), key=lambda cn: cn[0] * cn[1], default=None)
 
 
+def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: bool) -> list[int]:
+    """Alloc ops one selector names: among those never freed (``live_to_end``) or all of the trace's."""
+    candidates = _never_freed(rec) if live_to_end else [k for k, op in enumerate(rec.ops) if op == ALLOC]
+    candidate_set = set(candidates)
+    kept = "that lives to the end " if live_to_end else ""
+    if sel.kind == "size":
+        found = [k for k in candidates if rec.sizes[k] == sel.values[0]]
+    elif sel.kind == "entries":
+        found = []
+        for first, last in sel.values:
+            if first == last:  # one entry: it must be such an allocation
+                k = next((k for k, op in enumerate(rec.ops) if op == ALLOC and rec.entries[k] == first), None)
+                if k is None:
+                    raise PlanError(f"{option} {sel.text!r}: {rec.entry_unit} {first} is no alloc of the trace")
+                if k not in candidate_set:
+                    raise PlanError(f"{option} {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed during "
+                                    "the trace, so it is no KV cache (those live to the end)")
+                found.append(k)
+            else:
+                found.extend(k for k in candidates if first <= rec.entries[k] <= last)
+    else:
+        at_addr: dict[int, list[int]] = {}
+        for k in candidates:
+            at_addr.setdefault(rec.addrs[k], []).append(k)
+        missing = [a for a in sel.values if a not in at_addr]
+        if missing:
+            raise PlanError(f"{option} {sel.text!r}: no allocation made in the trace at {missing[0]:#x}"
+                            + (" lives to the end" if live_to_end else ""))
+        found = [k for a in sel.values for k in at_addr[a]]
+    if not found:
+        raise PlanError(f"{option} {sel.text!r}: no allocation of the trace {kept}matches")
+    return found
+
+
 def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
     """The KV allocations the selectors name (their union); PlanError when they name none, a
     request that is freed, or allocations of different sizes."""
     selectors = list(selectors)
     if not selectors:
         return recognise_kv(rec)
-    never = _never_freed(rec)
-    never_set = set(never)
     chosen: set[int] = set()
     for sel in selectors:
-        if sel.kind == "size":
-            found = [k for k in never if rec.sizes[k] == sel.values[0]]
-        elif sel.kind == "entries":
-            found = []
-            for first, last in sel.values:
-                if first == last:  # one entry: it must be an allocation that lives to the end
-                    k = next((k for k, op in enumerate(rec.ops) if op == ALLOC and rec.entries[k] == first), None)
-                    if k is None:
-                        raise PlanError(f"--kv {sel.text!r}: {rec.entry_unit} {first} is no alloc of the trace")
-                    if k not in never_set:
-                        raise PlanError(f"--kv {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed during "
-                                        "the trace, so it is no KV cache (those live to the end)")
-                    found.append(k)
-                else:
-                    found.extend(k for k in never if first <= rec.entries[k] <= last)
-        else:
-            at_addr = {rec.addrs[k]: k for k in never}
-            found = [at_addr[a] for a in sel.values if a in at_addr]
-            if len(found) < len(sel.values):
-                raise PlanError(f"--kv {sel.text!r}: no allocation made in the trace at "
-                                f"{next(a for a in sel.values if a not in at_addr):#x} lives to the end")
-        if not found:
-            raise PlanError(f"--kv {sel.text!r}: no allocation of the trace that lives to the end matches")
-        chosen.update(found)
+        chosen.update(_matching_ops(rec, sel, option="--kv", live_to_end=True))
     ops = tuple(sorted(chosen))
     sizes = sorted({rec.sizes[k] for k in ops})
     if len(sizes) > 1:
@@ -203,3 +219,74 @@ def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
                         "the planner resizes equal-size KV tensors")
     return KvCache(ops, sizes[0], f"named by --kv {', '.join(s.text for s in selectors)}: "
                                   f"{_describe_ops(rec, ops)} ({format_bytes(sizes[0] * len(ops))})")
+
+
+# ---------------------------------------------------------------------------- buffers sized by the KV cache
+@dataclass(frozen=True)
+class KvLinked:
+    """Allocations whose size the engine ties to its KV cache: ``ops`` (indices into
+    ``Recording.ops``) each grow by ``bytes_per_page`` for every page of KV beyond the recorded
+    size (and shrink below it); ``how`` says how they were found."""
+
+    ops: tuple[int, ...]
+    bytes_per_page: int
+    how: str
+
+
+@dataclass(frozen=True)
+class LinkedSelector:
+    """``--kv-linked SELECTOR:BYTES_PER_PAGE``: which allocations (a ``KvSelector``, any alloc of the
+    trace, freed or not) and how many bytes each grows by per page of KV."""
+
+    selector: KvSelector
+    bytes_per_page: int
+    text: str
+
+
+def parse_kv_linked(text: str) -> LinkedSelector:
+    """``"entries=655:4MiB"``, ``"size=12GiB:4MiB"``, ``"addr=0x7f00:4194304"``; PlanError otherwise."""
+    where, sep, growth = text.rpartition(":")
+    if not sep or not where:
+        raise PlanError(f"--kv-linked {text!r}: expected SELECTOR:BYTES_PER_PAGE (e.g. entries=655:4MiB, "
+                        "size=12GiB:4MiB)")
+    try:
+        per_page = parse_bytes(growth)
+    except PolicyError:
+        raise PlanError(f"--kv-linked {text!r}: {growth!r} is no size of bytes per page") from None
+    if per_page < 1:
+        raise PlanError(f"--kv-linked {text!r}: the growth per page must be > 0 B")
+    try:
+        sel = parse_kv_selector(where)
+    except PlanError as exc:
+        raise PlanError(str(exc).replace("--kv ", "--kv-linked ", 1)) from None
+    return LinkedSelector(KvSelector(sel.kind, sel.values, text), per_page, text)
+
+
+def select_linked(rec: Recording, kv: KvCache, selectors: Iterable[LinkedSelector]) -> list[KvLinked]:
+    """The buffers ``--kv-linked`` names, one ``KvLinked`` per option; PlanError when one names
+    nothing or a KV allocation itself."""
+    out = []
+    for sel in selectors:
+        ops = tuple(sorted(set(_matching_ops(rec, sel.selector, option="--kv-linked", live_to_end=False))))
+        overlap = set(ops) & set(kv.ops)
+        if overlap:
+            raise PlanError(f"--kv-linked {sel.text!r}: names a KV allocation ({rec.entry_unit} "
+                            f"{rec.entries[min(overlap)]:,}), which grows as the cache already")
+        out.append(KvLinked(ops, sel.bytes_per_page, f"named by --kv-linked {sel.text}: {_describe_ops(rec, ops)}, "
+                                                     f"+{format_bytes(sel.bytes_per_page)} a page"))
+    return out
+
+
+def recognise_linked(rec: Recording, kv: KvCache, *, name: str, recorded_tokens: int, bytes_per_token: int,
+                     fixed_bytes: int, block_tokens: int) -> KvLinked | None:
+    """The allocations of the trace whose requested size is ``bytes_per_token x recorded_tokens +
+    fixed_bytes`` (an engine preset's rule, ``sim.engines.KvLinkedRule``), each growing by
+    ``bytes_per_token x block_tokens`` a page; None when the trace has none."""
+    expected = bytes_per_token * recorded_tokens + fixed_bytes
+    kv_ops = set(kv.ops)
+    ops = tuple(k for k, op in enumerate(rec.ops) if op == ALLOC and rec.sizes[k] == expected and k not in kv_ops)
+    if not ops:
+        return None
+    return KvLinked(ops, bytes_per_token * block_tokens,
+                    f"{name}: {_describe_ops(rec, ops)}, the size the engine's rule gives at the recorded "
+                    f"{recorded_tokens:,} KV tokens, +{format_bytes(bytes_per_token * block_tokens)} a page")

@@ -200,6 +200,9 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
               help="KV cache blocks. Default: the engine sizes the cache from free memory.")
 @click.option("--max-memory-percent", type=FRACTION, default=None,
               help="Share of free memory the engine gives the KV cache when it sizes it (transformers: 0.9).")
+@click.option("--engine-footprint-check/--no-engine-footprint-check", default=True, show_default=True,
+              help="Let transformers refuse a --num-blocks beyond its own footprint estimate (max-memory-percent of "
+                   "free memory); off, the engine starts at exactly --num-blocks and real memory decides.")
 @click.option("--max-len", "max_len_tokens", type=COUNT, default=None,
               help="Longest sequence, prompt + output (prompts are cut to fit). Default: the model's context.")
 @click.option("--attn", "attn_implementation", default="paged|sdpa", show_default=True,
@@ -223,7 +226,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
               help="Step-time calibration JSON of the --sim run.")
 @out_option("poollab-out/gpu-serve")
 def serve_command(trace: Path, specs, model, checkpoint, fmt, rate_scale, duration_s, max_requests, block_tokens,
-                  max_batch_tokens, max_num_seqs, num_blocks, max_memory_percent, max_len_tokens, attn_implementation,
+                  max_batch_tokens, max_num_seqs, num_blocks, max_memory_percent, engine_footprint_check,
+                  max_len_tokens, attn_implementation,
                   cuda_graphs, warmup, snapshot, snapshot_until, allocator_mode, validate, seed, device_id, with_sim,
                   gpu_preset, calibration, out_dir: Path) -> None:
     """Serve the request TRACE with a real continuous-batching engine (transformers, paged KV) in real time,
@@ -240,7 +244,7 @@ def serve_command(trace: Path, specs, model, checkpoint, fmt, rate_scale, durati
                                  max_len_tokens=max_len_tokens, attn_implementation=attn_implementation,
                                  cuda_graphs=cuda_graphs, warmup=warmup, snapshot=snapshot,
                                  snapshot_until=snapshot_until, allocator_mode=allocator_mode, validate=validate,
-                                 seed=seed, device=device_id)
+                                 seed=seed, device=device_id, engine_footprint_check=engine_footprint_check)
         if rate_scale <= 0:
             raise ValueError(f"--rate-scale {rate_scale} must be > 0")
         if checkpoint is not None and not checkpoint.is_dir():

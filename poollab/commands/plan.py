@@ -17,7 +17,8 @@ from poollab.options import BYTES, COUNT, DEVICE, FRACTION
 from poollab.errors import UsageError
 
 #: What the command prints per policy (plan.csv holds every ``sim.plan.PLAN_COLUMNS`` column).
-TABLE_COLUMNS = ["policy", "safe_kv_bytes", "safe_kv_tokens", "peak_non_kv_reserved_bytes", "frag_at_peak",
+TABLE_COLUMNS = ["policy", "safe_kv_bytes", "safe_kv_tokens", "kv_linked_bytes", "peak_non_kv_reserved_bytes",
+                 "frag_at_peak",
                  "margin_bytes", "util_rule_kv_bytes", "util_rule_fits", "num_replays", "plan_s"]
 
 
@@ -43,16 +44,27 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
 
 
 def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[str, ...] = (), model: str | None = None,
-             block_tokens: int = 16, non_torch_bytes: int = 0, util_fraction: float = 0.9,
-             device_index: int | None = None, progress: bool = False):
-    """``sim.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``."""
-    from sim.plan import PlanError, parse_kv_selector, plan_snapshot
+             block_tokens: int | None = 16, non_torch_bytes: int = 0, util_fraction: float = 0.9,
+             device_index: int | None = None, progress: bool = False, kv_linked: tuple[str, ...] = (),
+             engine: str | None = None):
+    """``sim.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``.
+    ``block_tokens`` None: the engine preset's ``tokens_per_page`` (else ``sim.plan.DEFAULT_BLOCK_TOKENS``)."""
+    from sim.plan import DEFAULT_BLOCK_TOKENS, PlanError, parse_kv_linked, parse_kv_selector, plan_snapshot
 
     try:
         selectors = [parse_kv_selector(text) for text in kv]
+        linked = [parse_kv_linked(text) for text in kv_linked]
+        preset = None
+        if engine is not None:
+            from sim.engines import load_engine
+
+            preset = load_engine(engine)
+        if block_tokens is None:
+            block_tokens = int(preset.options.get("tokens_per_page", DEFAULT_BLOCK_TOKENS)) if preset else \
+                DEFAULT_BLOCK_TOKENS
         return plan_snapshot(snapshot, specs, device=device_index, device_bytes=device_bytes, kv=selectors,
                              model=model, block_tokens=block_tokens, non_torch_bytes=non_torch_bytes,
-                             util_fraction=util_fraction, progress=progress)
+                             util_fraction=util_fraction, progress=progress, kv_linked=linked, engine=preset)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # an unknown model preset or a bad model file
@@ -75,11 +87,20 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
                    "allocation of that size), entries=I-J,K (device_traces indices of their alloc entries) or "
                    "addr=0xADDRESS. Repeatable. Default: recognised (the largest burst of equal-size allocations "
                    "that live to the end).")
+@click.option("--kv-linked", "kv_linked", multiple=True, metavar="SELECTOR:BYTES_PER_PAGE",
+              help="An allocation the engine sizes by its KV cache, resized with it in every replay: a --kv "
+                   "selector (any allocation of the trace) and how much it grows per page, e.g. entries=655:4MiB. "
+                   "Repeatable.")
+@click.option("--engine", default=None, metavar="NAME",
+              help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the KV "
+                   "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
+                   "--block-tokens defaults to.")
 @click.option("--model", default=None,
               help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are also "
                    "given in tokens. Default: none (pages of 2 MiB per KV tensor).")
-@click.option("--block-tokens", type=COUNT, default=16, show_default=True,
-              help="Tokens per KV page (with --model): the plan is exact to one page.")
+@click.option("--block-tokens", type=COUNT, default=None,
+              help="Tokens per KV page (with --model): the plan is exact to one page. Default: the --engine "
+                   "preset's block, else 16.")
 @click.option("--utilization", "util_fraction", type=FRACTION, default=0.9,
               show_default=True, help="gpu_memory_utilization of the engine rule the plan is compared with.")
 @click.option("--device", "device_index", type=DEVICE, default=None,
@@ -87,8 +108,8 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (one per policy, counting its replays).")
-def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, model, block_tokens, util_fraction,
-                 device_index, out_dir, progress: bool) -> None:
+def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_linked, engine, model, block_tokens,
+                 util_fraction, device_index, out_dir, progress: bool) -> None:
     """Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits.
 
     Replays the engine's recorded start-up (weights, profiling, KV cache allocation, CUDA-graph
@@ -104,12 +125,16 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, model,
     device_bytes, device_text = device_memory(gpu, memory)
     result = run_plan(snapshot, spec_list, device_bytes=device_bytes, kv=kv, model=model, block_tokens=block_tokens,
                       non_torch_bytes=non_torch_bytes, util_fraction=util_fraction, device_index=device_index,
-                      progress=progress)
+                      progress=progress, kv_linked=kv_linked, engine=engine)
     inputs = result.inputs
     rec = inputs.rec
     click.echo(f"{rec.name}: {len(rec.ops):,} requests, {len(rec.seed_segments)} segments "
                f"({format_bytes(rec.initial_reserved_bytes)}) before recording")
     click.echo(f"KV cache {inputs.kv.how}")
+    for buffer in inputs.linked:
+        click.echo(f"sized by the KV cache, resized with it: {buffer.how}")
+    if engine is not None and not inputs.linked:
+        click.echo(f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the recorded size")
     pool_text = (f"; the pool gets {format_bytes(inputs.capacity_bytes)} ({format_bytes(non_torch_bytes)} outside it)"
                  if non_torch_bytes else "; all of it to the pool (CUDA context and libraries: --non-torch)")
     page_text = (f"{inputs.block_tokens} tokens of {inputs.model} = {format_bytes(inputs.page_bytes)}"
@@ -117,7 +142,9 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, model,
     click.echo(f"device {device_text}{pool_text}; page {page_text}; weights/resident "
                f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them {format_bytes(inputs.profiled_peak_bytes)}")
     table = result.table()
-    click.echo(format_table(table, [c for c in TABLE_COLUMNS if c != "safe_kv_tokens" or inputs.model]))
+    shown = [c for c in TABLE_COLUMNS if (c != "safe_kv_tokens" or inputs.model) and (c != "kv_linked_bytes"
+                                                                                        or inputs.linked)]
+    click.echo(format_table(table, shown))
     for p, row in zip(result.plans, table.itertuples()):
         click.echo(_policy_line(result, p, row))
     if out_dir is not None:
@@ -136,6 +163,7 @@ def _policy_line(result, p, row) -> str:
         text = (f"{p.spec}: safe KV {format_bytes(row.safe_kv_bytes)} ({row.safe_kv_pages:,} pages"
                 + (f", {int(row.safe_kv_tokens):,} tokens" if row.safe_kv_tokens == row.safe_kv_tokens
                    and row.safe_kv_tokens is not None else "")
+                + (f", {format_bytes(row.kv_linked_bytes)} in the buffers sized by it" if p.inputs.linked else "")
                 + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}")
     rule = f"gpu_memory_utilization={result.util_fraction:g} would pick {format_bytes(row.util_rule_kv_bytes)}"
     pages = (p.util_pages - p.safe_pages)

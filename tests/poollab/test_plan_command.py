@@ -95,7 +95,32 @@ def test_simulate_still_takes_a_size(trace, tmp_path, cli_ok):
     assert pd.read_csv(tmp_path / "sim" / "summary.csv")["kv_budget_bytes"].iloc[0] == 4 << 30
 
 
+def test_a_buffer_named_as_sized_by_the_kv_grows_with_it(startup, tmp_path, cli_ok):
+    # the 250 MiB warm-up buffer (entry 5) named as growing 2 MiB a page from the recorded 64 pages:
+    # 100 + 4 n + (250 + 2 (n - 64)) <= 1024, so n = 133 (168 without it)
+    out_dir = tmp_path / "plan"
+    out, _ = cli_ok(["plan", str(startup), "--memory", "1GiB", "-p", "torch-caching", "--kv-linked", "entries=5:2MiB",
+                     "--out", str(out_dir), "--no-progress"])
+    row = pd.read_csv(out_dir / "plan.csv").iloc[0]
+    assert row.safe_kv_pages == 133 and row.kv_linked_bytes == 388 * MiB and row.num_kv_linked_allocs == 1
+    assert "resized with it: named by --kv-linked entries=5:2MiB: 1 x 250.0 MiB" in out
+    assert "kv_linked_MiB" in out and "388.0 MiB in the buffers sized by it" in out
+
+
+def test_an_engine_preset_sets_the_block_and_says_when_its_buffer_is_absent(startup, tmp_path, cli_ok):
+    out_dir = tmp_path / "plan"
+    out, _ = cli_ok(["plan", str(startup), "--memory", "1GiB", "--model", "Llama-3-8B", "--engine", "transformers",
+                     "--out", str(out_dir), "--no-progress"])
+    row = pd.read_csv(out_dir / "plan.csv").iloc[0]
+    assert row.block_tokens == 256 and row.page_bytes == 32 * MiB and row.kv_linked_bytes == 0
+    assert "none of engine transformers's buffers is in the snapshot" in out
+
+
 @pytest.mark.parametrize("argv, words", [
+    (["--kv-linked", "entries=5"], "--kv-linked 'entries=5': expected SELECTOR:BYTES_PER_PAGE"),
+    (["--kv-linked", "entries=3:1MiB"], "names a KV allocation"),
+    (["--engine", "nope"], "unknown engine 'nope'"),
+    (["--engine", "transformers"], "give --model"),
     (["--kv", "weights"], "--kv 'weights': expected size=SIZE"),
     (["--kv", "size=3MiB"], "no allocation of the trace that lives to the end matches"),
     (["--gpu", "tpu-v9"], "unknown GPU"),

@@ -325,17 +325,23 @@ def test_startup_snapshot_holds_the_kv_cache_tensors():
 
 # --- the real engine on the CPU (a tiny model) ---------------------------------------------------------
 
+def tiny_model(tmp_path: Path) -> Path:
+    """A model file of a 2-layer Llama shape, small enough for the host."""
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps({"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
+                                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "param_count": 106816,
+                                 "dtype": "fp32", "gated_mlp": True, "tied_embeddings": False,
+                                 "max_position_embeddings": 256}))
+    return model
+
+
 def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from realgpu.serve import serve_trace
     from traces.requests import RequestTrace
 
-    model = tmp_path / "tiny.json"
-    model.write_text(json.dumps({"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2,
-                                 "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "param_count": 106816,
-                                 "dtype": "fp32", "gated_mlp": True, "tied_embeddings": False,
-                                 "max_position_embeddings": 256}))
+    model = tiny_model(tmp_path)
     req = _requests([0.0, 0.05, 0.1, 0.3], [10, 100, 40, 200], [5, 8, 3, 10])
     settings = ServeSettings(model=str(model), block_tokens=16, max_batch_tokens=64, max_num_seqs=8, num_blocks=40,
                              max_len_tokens=128, on_cpu=True, warmup=False)
@@ -354,6 +360,48 @@ def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
     assert (steps["prefill_context_tokens"] >= steps["num_prefill_tokens"]).all()
     assert run.summary["n_finished"] == 4 and run.summary["kv_blocks"] == 40
     read_step_profile(tmp_path / "out" / "steps_pytorch.csv")
+
+
+def test_without_the_footprint_check_the_engine_starts_at_exactly_num_blocks(tmp_path):
+    # 1e-7 of the host's memory is far below the tiny cache's footprint: transformers refuses 40 blocks by its
+    # own estimate; with the check off the option reaches the engine, which starts at exactly 40 and serves
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from realgpu.serve import serve_trace
+    from traces.requests import RequestTrace
+
+    model = tiny_model(tmp_path)
+    trace = RequestTrace(requests=_requests([0.0, 0.05], [10, 30], [3, 4]), name="tiny-trace")
+    common = dict(model=str(model), block_tokens=16, max_batch_tokens=64, max_num_seqs=8, num_blocks=40,
+                  max_memory_percent=1e-7, max_len_tokens=128, on_cpu=True, warmup=False)
+    with pytest.raises(ValueError, match="Memory footprint .* is more than available memory"):
+        serve_trace(trace, [PYTORCH], ServeSettings(**common), out_dir=tmp_path / "on", log=lambda line: None)
+    lines: list[str] = []
+    outcome = serve_trace(trace, [PYTORCH], ServeSettings(**common, engine_footprint_check=False),
+                          out_dir=tmp_path / "off", log=lines.append)
+    assert outcome.runs[0].summary["kv_blocks"] == 40 and outcome.runs[0].summary["n_finished"] == 2
+    assert any("footprint check off: exactly 40 blocks" in line for line in lines), lines
+    assert any("transformers estimates" in line and "starting anyway" in line for line in lines), lines
+    from transformers.generation.continuous_batching.cache import PagedAttentionMemoryHandler
+    assert PagedAttentionMemoryHandler._check_footprint.__name__ == "_check_footprint"  # restored after the run
+
+
+def test_cli_footprint_check_option_reaches_the_settings(monkeypatch, tmp_path):
+    import realgpu.serve as serve_module
+    from poollab.cli import main
+
+    seen = {}
+
+    def fake_serve_trace(requests, specs, settings, **kwargs):
+        seen["settings"] = settings
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(serve_module, "check_engine_installed", lambda: None)
+    monkeypatch.setattr(serve_module, "serve_trace", fake_serve_trace)
+    for flag, expected in (("--no-engine-footprint-check", False), ("--engine-footprint-check", True)):
+        with pytest.raises(SystemExit):
+            main(["gpu", "serve", str(AZURE), "--num-blocks", "7", flag, "--out", str(tmp_path / "o")])
+        assert seen["settings"].engine_footprint_check is expected and seen["settings"].num_blocks == 7
 
 
 # --- the GPU -------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import policies
+
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
@@ -56,13 +58,15 @@ class FakeEvents:
 # ---------------------------------------------------------------------- the callback table
 @pytest.mark.parametrize("spec", FAST_POLICIES)
 def test_every_pointer_is_512_aligned_and_the_cost_is_counted(spec):
-    core = host_core(spec, device=HostDevice())
+    # numpy's 64-aligned segments send requests down the realignment path; a page-mapped policy maps pages
+    core = host_core(spec, device=HostDevice() if policies.registry.device_kind(spec) == "segment" else "host-vmm")
     sizes = [1, 100, 511, 512, 513, 4096, 5000, 100_000, 3 * MiB + 7]
     ptrs = [core.malloc(n, 0, 0) for n in sizes]
     assert all(p % ALIGNMENT_BYTES == 0 for p in ptrs)
     assert len(set(ptrs)) == len(ptrs)
-    # numpy's segments start 64-aligned, not 512: what is not aligned is asked again, padded
-    assert core.n_align_padded > 0
+    # numpy's segments start 64-aligned, not 512: what is not aligned is asked again, padded (mapped
+    # pages start page-aligned)
+    assert core.n_align_padded > 0 or policies.registry.device_kind(spec) == "page-mapped"
     rounding = sum(-n % ALIGNMENT_BYTES for n in sizes)
     assert core.align_extra_bytes == rounding + core.n_align_padded * ALIGNMENT_BYTES
     # each pointer's range lies inside its allocation
@@ -175,7 +179,8 @@ def test_a_free_set_off_inside_malloc_waits_for_the_policy():
                 depth.pop()
         return call
 
-    core._allocate, core._free_policy = guarded(allocate), guarded(free)
+    core._allocate = core.path.allocate = guarded(allocate)  # the hot path holds its own references
+    core._free_policy = core.path.free_policy = guarded(free)
     p = core.malloc(8192, 0, 0)
     assert victim not in core.live and core.policy.num_live == 1 and list(core.live) == [p]
     assert core.errors == []
@@ -208,15 +213,49 @@ def test_validation_finds_a_write_past_the_end():
     assert core.errors[0].region == "guard-after" and core.policy.num_live == 0
 
 
-def test_discontiguous_pages_are_refused_and_freed():
-    core = host_core("paged:tokens_per_page=1,bytes_per_token=4096")
-    keep = [core.malloc(4096, 0, 0) for _ in range(4)]
-    core.free(keep[1], 4096, 0, 0)
-    core.free(keep[3], 4096, 0, 0)
-    live = core.policy.num_live
-    with pytest.raises(PoolError, match="discontiguous"):
-        core.malloc(3 * 4096, 0, 0)
-    assert core.policy.num_live == live
+def test_paged_tensors_over_several_pages_get_one_range_of_the_same_memory():
+    # the H200's failure: a weight of 8 pages placed on pages that are not one range
+    import ctypes
+
+    from realgpu.torch_allocator import _make_pool
+
+    pool = _make_pool("paged:page_bytes=2MiB", validate=False, device=0, capacity_bytes=None, backend="host")
+    assert pool.device.kind == "numpy" and type(pool.device).__name__ == "HostVmmDevice"  # the page-mapped backend
+    core = AllocatorCore(pool, sample_every=1)
+    keep = [core.malloc(2 * MiB, 0, 0) for _ in range(4)]
+    core.free(keep[1], 2 * MiB, 0, 0)
+    core.free(keep[3], 2 * MiB, 0, 0)
+    n = 3 * 2 * MiB - 100  # three pages: the two freed ones (not adjacent) and a fresh one
+    p = core.malloc(n, 0, 0)
+    a = core.live[p]
+    assert len(a.extents) == 3 and not all(o2 == o1 + l1 for (o1, l1), (o2, _) in zip(a.extents, a.extents[1:]))
+    assert p % ALIGNMENT_BYTES == 0 and p not in {core.pool.pointer(a)}
+    ctypes.memset(p, 0x5A, n)  # the tensor writes its range ...
+    for k, (offset, length) in enumerate(a.extents):  # ... and each page, where the policy put it, holds it
+        page = ctypes.string_at(pool.device.address(offset), length)
+        want = min(length, n - k * 2 * MiB)
+        assert page[:want] == b"\x5a" * want
+    core.free(p, n, 0, 0)
+    assert core._stitched == {} and core.n_stitched_maps == 1
+    # the same pages again, in the same order (LIFO reuse): the range kept mapped serves, no driver call
+    maps = pool.device.num_calls["map"]
+    assert core.malloc(n, 0, 0) == p and pool.device.num_calls["map"] == maps and core.n_stitched_maps == 1
+    core.free(p, n, 0, 0)
+    assert core.malloc(2 * MiB, 0, 0) in {pool.device.address(o) for o, _ in a.extents}  # its pages are reused
+    assert core.errors == []
+    for q in list(core.live):
+        core.free(q, 1, 0, 0)
+    core.close()  # the kept range is unmapped and its memory released with the pool
+    assert pool.closed and pool.device.physical_bytes == 0 and pool.device.num_calls["unmap"] > 0
+
+
+def test_paged_is_refused_up_front_where_its_pages_cannot_be_one_range():
+    with pytest.raises(PoolError, match="needs a page-mapped device.*cuda-vmm"):
+        host_core("paged:page_bytes=2MiB")  # a segment device: cudaMalloc'd memory is never mapped again
+    with pytest.raises(PoolError, match="no whole number.*set page_bytes to a multiple of 2,097,152"):
+        AllocatorCore(GpuPool("paged:page_bytes=64KiB", backend="host-vmm", guard_bytes=ALIGNMENT_BYTES))
+    with pytest.raises(PoolError, match="validation mode"):
+        AllocatorCore(GpuPool("paged:page_bytes=2MiB", backend="host-vmm", validate=True, guard_bytes=ALIGNMENT_BYTES))
 
 
 @pytest.mark.parametrize("spec", ["best-fit", "size-class", "torch-caching"])
@@ -324,6 +363,34 @@ class _FakeTorch:
             def record_stream(self, stream):
                 return "recorded"
 
+        class CUDAGraph:
+            """As PyTorch's: ``capture_begin`` registers the graph with the default generator,
+            which allocates its graph RNG state (two 8-byte tensors) before the capture starts
+            and keeps it while the graph lives (``CUDAGeneratorState::register_graph``)."""
+
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                self.rng_state = [fake.core.malloc(8, 0, 0) for _ in range(2)]
+                fake.capturing = True
+
+        class Graph:  # torch.cuda.graph
+            def __init__(self, cuda_graph):
+                self.cuda_graph = cuda_graph
+
+            def __enter__(self):
+                fake.stream = "capture"  # torch.cuda.graph switches streams before capture_begin
+                self.cuda_graph.capture_begin()
+
+            def __exit__(self, *exc):
+                fake.stream = "default"
+
+        class Graphs:
+            pass
+
+        Graphs.CUDAGraph, Graphs.graph = CUDAGraph, Graph
+        Cuda.graphs, Cuda.CUDAGraph, Cuda.graph = Graphs, CUDAGraph, Graph
+        self.core = None
+        self.capturing = False
+        self.stream = "default"
         self.cuda = Cuda
         self.Tensor = Tensor
 
@@ -397,6 +464,26 @@ def test_pluggable_installs_once_serves_and_refuses_record_stream(fake_engine):
     with use_policy("best-fit") as second:  # the trampoline stays installed: only rebound
         pass
     assert len(torch.swapped) == 1 and shim.bound[-1][0] is second.core
+
+
+def test_pluggable_refuses_graph_capture_before_pytorch_allocates_for_it(fake_engine):
+    """The H200's leak: refused at the first malloc inside the capture, the two tensors PyTorch's
+    capture_begin allocates beforehand stayed live in the policy while the graph object lived."""
+    _, install = fake_engine
+    torch = install()
+    own = torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__
+    with use_policy("best-fit") as alloc:
+        torch.core = alloc.core
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(PoolError, match="refuses CUDA graph capture.*mode=\"mempool\""):
+            with torch.cuda.graph(g):
+                pass
+        assert torch.stream == "default"  # refused before torch.cuda.graph switched to its capture stream
+        with pytest.raises(PoolError, match="refuses CUDA graph capture"):
+            g.capture_begin()
+        assert not torch.capturing and alloc.core.num_live == 0  # nothing allocated for the graph
+    assert alloc.summary_row()["n_live_at_close"] == 0 and alloc.pool.closed
+    assert (torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__) == own  # torch's own are back
 
 
 def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine):
@@ -574,21 +661,20 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
                 assert "poollab pool 'best-fit' is out of memory" in str(exc), str(exc)
             else:
                 raise AssertionError("no OutOfMemoryError")
+            # refused before PyTorch allocates anything for the graph (its capture_begin allocates
+            # the default generator's graph RNG state, two tensors held while g lives) and before
+            # torch.cuda.graph switches to its capture stream
             g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
+            live_before, stream_before = alloc.core.num_live, torch.cuda.current_stream()
             try:
-                with torch.cuda.stream(s):
-                    with torch.cuda.graph(g):
-                        torch.empty(1 << 20, device="cuda")
-            except Exception as exc:  # capture_end may raise on top of ours: look down the chain
-                chain = [str(e) for e in (exc, exc.__context__, exc.__cause__) if e]
-                # ours, from the first malloc in the capture; or PyTorch's own, where its pluggable
-                # allocator refuses the begin-allocate-to-pool hook before any malloc
-                assert any("refuses CUDA graph capture" in t or "does not yet support" in t for t in chain), chain
+                with torch.cuda.graph(g):
+                    torch.empty(1 << 20, device="cuda")
+            except ValueError as exc:  # realgpu.errors.PoolError
+                assert "refuses CUDA graph capture" in str(exc), str(exc)
             else:
-                raise AssertionError("capture was not refused") if alloc.capture_check else None
-            torch.cuda.current_stream().wait_stream(s)
+                raise AssertionError("capture was not refused")
+            assert alloc.core.num_live == live_before, (alloc.core.num_live, live_before)
+            assert torch.cuda.current_stream() == stream_before
             n_live = alloc.core.num_live
             del xs, e
         row = alloc.summary_row()
@@ -596,7 +682,9 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
         torch.cuda.synchronize()
         print("device_used_delta", reader.used_bytes() - used0, "live_at_close", row["n_live_at_close"],
               "capture_check", alloc.capture_check)
-        assert alloc.pool.closed and alloc.pool.device.used_bytes == 0  # every segment went back
+        # g is still alive: the refused capture left nothing in the policy, so every segment went back
+        assert row["n_live_at_close"] == 0, row["n_live_at_close"]
+        assert alloc.pool.closed and alloc.pool.device.used_bytes == 0
         assert row["n_alloc"] >= 6 and row["n_failed"] == 1
         try:
             torch.empty(16, device="cuda")
@@ -606,6 +694,34 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
             raise AssertionError("allocation after close")
     """)
     assert "device_used_delta" in out
+
+
+@pytest.mark.gpu
+def test_paged_serves_tensors_over_several_pages_on_the_page_mapped_device():
+    # the H200's engine run: paged's worker died building the model (a weight over 8 pages not in one range)
+    pytest.importorskip("torch")
+    out = _run_gpu_script("""
+        import torch
+        from realgpu.torch_allocator import use_policy
+        with use_policy("paged:page_bytes=2MiB", capacity_bytes=2 << 30) as alloc:
+            assert alloc.pool.device.kind == "cupy" and type(alloc.pool.device).__name__ == "CudaVmmDevice"
+            small = [torch.full((1 << 18,), float(i), device="cuda") for i in range(6)]  # one page each
+            del small[1], small[3]  # two free pages that are not neighbours
+            big = torch.arange(3 << 20, dtype=torch.float32, device="cuda")  # 12 MiB: 6 pages
+            assert big.data_ptr() % 512 == 0
+            assert torch.equal(big.cpu(), torch.arange(3 << 20, dtype=torch.float32))
+            assert all(float(t[0]) == i for t, i in zip(small, (0, 2, 4, 5)))  # the other pages untouched
+            stitched = alloc.core.n_stitched_maps
+            del big
+            again = torch.zeros(3 << 20, device="cuda")  # the same pages again: the range kept mapped serves
+            assert alloc.core.n_stitched_maps == stitched and float(again.sum()) == 0.0
+            del again, small
+        row = alloc.summary_row()
+        alloc.check()
+        print("stitched", row["n_stitched_maps"], "live_at_close", row["n_live_at_close"])
+        assert row["n_live_at_close"] == 0 and alloc.pool.closed and alloc.pool.device.physical_bytes == 0
+    """)
+    assert "stitched" in out
 
 
 @pytest.mark.gpu

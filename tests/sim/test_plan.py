@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sim.fidelity import read_recording, snapshot_to_recording
-from sim.plan import (PLAN_COLUMNS, PlanError, fits, parse_kv_selector, plan, plan_inputs, planned_budgets,
-                      read_plan, recognise_kv, select_kv, write_plan)
+from sim.plan import (PLAN_COLUMNS, PlanError, fits, parse_kv_linked, parse_kv_selector, plan, plan_inputs,
+                      planned_budgets, read_plan, recognise_kv, select_kv, write_plan)
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import parse_snapshot
 
@@ -19,11 +19,12 @@ SNAPSHOTS = Path(__file__).resolve().parents[1] / "data" / "snapshots_h200"
 
 
 def startup_snapshot(*, weights=(100 * MiB,), pre_trace_weights=(), profiling=(), num_kv=2, kv_bytes=128 * MiB,
-                     warmup=(50 * MiB,), small_between_kv=0) -> dict:
+                     warmup=(50 * MiB,), small_between_kv=0, linked=()) -> dict:
     """A start-up snapshot laid out as ``torch.cuda.memory._snapshot()`` does: weights (allocated in
     the trace, or ``pre_trace_weights`` as blocks of the final ``segments`` never seen allocated), a
     profiling run (allocations freed again), ``num_kv`` KV tensors in one burst (``small_between_kv``
-    small allocations after each, as views and scales would be), then warm-up steps (alloc, free)."""
+    small allocations after each, as views and scales would be), ``linked`` buffers allocated after the
+    cache and never freed (an attention mask sized by it), then warm-up steps (alloc, free)."""
     entries, t, addr = [], [0], [1 << 40]
 
     def alloc(size: int) -> int:
@@ -46,6 +47,8 @@ def startup_snapshot(*, weights=(100 * MiB,), pre_trace_weights=(), profiling=()
         alloc(kv_bytes)
         for _ in range(small_between_kv):
             alloc(4096)
+    for size in linked:
+        alloc(size)
     for size in warmup:
         free(alloc(size), size)
     segments, seg_addr = [], 1 << 30
@@ -190,6 +193,72 @@ def test_the_search_finds_what_trying_every_size_finds(spec):
     assert p.safe_pages == brute_force_safe_pages(inputs, spec, inputs.capacity_bytes // inputs.page_bytes + 2)
     assert p.safe_pages > 0 and not p.next_page.fits
     assert p.num_replays < inputs.capacity_bytes // inputs.page_bytes  # fewer replays than trying every size
+
+
+# ---------------------------------------------------------------------------- buffers sized by the KV cache
+def test_a_linked_buffer_grows_with_the_kv_worked_by_hand():
+    # as test_the_plan_is_the_largest_kv_that_fits_worked_by_hand, plus a 20 MiB buffer after the cache that
+    # grows 2 MiB a page (recorded at 64 pages): 100 + 4 n + (20 + 2 (n - 64)) + 50 <= 1024, so n = 163
+    rec = recording(startup_snapshot(weights=(100 * MiB,), num_kv=2, kv_bytes=128 * MiB, linked=(20 * MiB,),
+                                     warmup=(50 * MiB,)))
+    mask = next(k for k, s in enumerate(rec.sizes) if s == 20 * MiB)
+    result = plan(rec, ["torch-caching"], device_bytes=1024 * MiB,
+                  kv_linked=[parse_kv_linked(f"entries={rec.entries[mask]}:2MiB")])
+    inputs, row = result.inputs, result.table().iloc[0]
+    assert inputs.sizes_for(164)[mask] == (20 + 2 * 100) * MiB
+    assert row.safe_kv_pages == 163 and row.kv_linked_bytes == 218 * MiB and row.num_kv_linked_allocs == 1
+    assert row.peak_reserved_bytes == (100 + 4 * 163 + 218 + 50) * MiB
+    assert result.plans[0].next_page.oom_op is not None
+    unlinked = plan(rec, ["torch-caching"], device_bytes=1024 * MiB).table().iloc[0]
+    assert unlinked.safe_kv_pages == 213 and unlinked.kv_linked_bytes == 0  # 100 + 4 n + 20 + 50 <= 1024
+
+
+@pytest.mark.parametrize("spec", ["torch-caching", "best-fit", "size-class"])
+def test_with_a_linked_buffer_the_search_finds_what_trying_every_size_finds(spec):
+    rec = recording(startup_snapshot(weights=(70 * MiB, 3 * MiB), profiling=(90 * MiB,), num_kv=4, kv_bytes=40 * MiB,
+                                     small_between_kv=1, linked=(9 * MiB, 5 * MiB), warmup=(120 * MiB, 45 * MiB)))
+    result = plan(rec, [spec], device_bytes=512 * MiB,
+                  kv_linked=[parse_kv_linked("size=9MiB:3MiB"), parse_kv_linked("size=5MiB:700KiB")])
+    inputs, p = result.inputs, result.plans[0]
+    assert inputs.num_linked_allocs == 2
+    assert p.safe_pages == brute_force_safe_pages(inputs, spec, inputs.capacity_bytes // inputs.page_bytes + 2)
+    assert p.safe_pages > 0 and not p.next_page.fits
+    unlinked = plan(rec, [spec], device_bytes=512 * MiB).plans[0]
+    assert unlinked.safe_pages > p.safe_pages
+
+
+def test_an_engine_rule_recognises_its_buffer_and_needs_a_model():
+    from sim.engines import EnginePreset, KvLinkedRule
+
+    # Llama-3.2-1B: 32 KiB a token; 32 tensors of 8 MiB = 8,192 tokens; a rule of 1 KiB a token + 1 MiB = 9 MiB
+    rec = recording(startup_snapshot(weights=(100 * MiB,), num_kv=32, kv_bytes=8 * MiB, linked=(9 * MiB,)))
+    engine = EnginePreset("toy", "", kv_linked=(KvLinkedRule("mask", 1024, MiB),))
+    inputs = plan_inputs(rec, device_bytes=1 << 30, model="Llama-3.2-1B", block_tokens=16, engine=engine)
+    (buffer,) = inputs.linked
+    assert [rec.sizes[k] for k in buffer.ops] == [9 * MiB] and buffer.bytes_per_page == 16 * 1024
+    assert inputs.linked_bytes(int(inputs.recorded_pages) + 10) == 9 * MiB + 10 * 16 * 1024
+    other = EnginePreset("toy", "", kv_linked=(KvLinkedRule("mask", 2048, MiB),))
+    assert plan_inputs(rec, device_bytes=1 << 30, model="Llama-3.2-1B", engine=other).linked == ()
+    with pytest.raises(PlanError, match="give --model"):
+        plan_inputs(rec, device_bytes=1 << 30, engine=engine)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("entries=5", "expected SELECTOR:BYTES_PER_PAGE"),
+    ("entries=5:lots", "'lots' is no size"),
+    ("weights:4MiB", "--kv-linked 'weights': expected size=SIZE"),
+])
+def test_bad_linked_options_say_what_is_wrong(text, words):
+    with pytest.raises(PlanError, match=words):
+        parse_kv_linked(text)
+
+
+def test_a_linked_selector_naming_nothing_or_the_kv_itself_is_refused():
+    rec = recording(startup_snapshot(num_kv=2, kv_bytes=128 * MiB, linked=(20 * MiB,)))
+    with pytest.raises(PlanError, match="--kv-linked 'size=3MiB:1MiB': no allocation of the trace matches"):
+        plan(rec, device_bytes=1 << 30, kv_linked=[parse_kv_linked("size=3MiB:1MiB")])
+    with pytest.raises(PlanError, match="names a KV allocation"):
+        plan(rec, device_bytes=1 << 30, kv_linked=[parse_kv_linked("size=128MiB:1MiB")])
 
 
 def test_pages_of_a_model_give_tokens_and_split_over_the_kv_tensors():
@@ -365,3 +434,23 @@ def test_a_real_start_up_on_the_whole_h200(startup_rec):
     assert row.safe_kv_tokens == p.safe_pages * 256
     assert row.peak_non_kv_reserved_bytes + row.safe_kv_bytes <= STARTUP_TOTAL_BYTES
     assert p.next_page.oom_op > inputs.kv.ops[-1]  # what fails first with one page more comes after the cache
+
+
+#: transformers' paged|sdpa attention mask at that start-up: 8,192 x (3,060 x 256 + 8,192) bf16
+STARTUP_MASK_BYTES = 12_968_787_968
+
+
+def test_a_real_start_ups_attention_mask_is_recognised_and_grows_with_the_cache(startup_rec):
+    result = plan(startup_rec, ["torch-caching"], device_bytes=STARTUP_TOTAL_BYTES, model="Llama-3-8B",
+                  block_tokens=256, engine="transformers")
+    inputs, p = result.inputs, result.plans[0]
+    (mask,) = inputs.linked
+    assert [startup_rec.sizes[k] for k in mask.ops] == [STARTUP_MASK_BYTES]
+    assert mask.bytes_per_page == 4 * MiB  # 256 tokens x 8,192 x 2 B
+    assert inputs.linked_bytes(3_062) == STARTUP_MASK_BYTES
+    unlinked = plan(startup_rec, ["torch-caching"], device_bytes=STARTUP_TOTAL_BYTES, model="Llama-3-8B",
+                    block_tokens=256).plans[0]
+    # the mask takes 4 MiB of each 36 MiB a page costs: the plan is smaller by about a ninth of the growth
+    assert 3_062 < p.safe_pages < unlinked.safe_pages
+    assert not fits(inputs, p.spec, p.safe_pages + 1).fits
+    assert result.table().iloc[0].kv_linked_bytes == STARTUP_MASK_BYTES + (p.safe_pages - 3_062) * 4 * MiB
