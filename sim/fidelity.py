@@ -446,7 +446,7 @@ def _fmt(metric: str, value: Any) -> str:
 
 
 def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
-                     capacity_bytes: int | None = None) -> FidelityResult:
+                     capacity_bytes: int | None = None, progress: str | None = None) -> FidelityResult:
     """Replay ``rec``'s requests through ``policy`` from the recorded starting state and compare.
 
     Args:
@@ -455,6 +455,7 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
             policy class; a spec is built on the device ``addresses`` asks for.
         addresses: ``"recorded"`` or ``"virtual"`` (see the module docstring).
         capacity_bytes: a limit for the replayed pool (PyTorch's memory fraction), None for none.
+        progress: a progress bar's title (``sim.progress.progress_bar``, on a terminal only); None for none.
     """
     if addresses not in ADDRESS_MODES:
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
@@ -492,7 +493,7 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
 
     # the recording's op codes are the engine's (ALLOC, FREE, and EMPTY_CACHE as its FLUSH)
     run = engine.run(rec.ops, rec.addrs, rec.sizes, streams=rec.streams, target=engine.policy_target(pool),
-                     live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free)
+                     live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free, progress=progress)
     emulated = pd.DataFrame(device.log[seeded_events:], columns=["at", "action", "address", "nbytes"])
     return _compare(rec, pool, emulated, start_reserved, run.num_failed, num_at_address, addresses)
 

@@ -12,10 +12,11 @@ worker, summed by the parent that draws the bar).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
-from typing import Any
+from typing import Any, Callable, Iterator
 
-__all__ = ["progress_bar", "NullBar", "SharedCounts"]
+__all__ = ["progress_bar", "time_bar", "NullBar", "SharedCounts"]
 
 
 class NullBar:
@@ -66,6 +67,23 @@ def progress_bar(total: float | None, desc: str, *, unit: str = "ev", enabled: b
     # disable=None: only on a terminal (piped output stays readable); mininterval: redraw at most twice a second
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, leave=False, mininterval=0.5,
                 disable=None, file=file, **kwargs)
+
+
+@contextlib.contextmanager
+def time_bar(total_s: float, desc: str, *, enabled: bool = True) -> Iterator[Callable[[float], None] | None]:
+    """A bar in simulated seconds up to ``total_s``, and the callback that moves it to a
+    simulated time (``advance(now_s)``; times past ``total_s`` stop at its end); None when not
+    ``enabled``, for callers that then skip their hook altogether."""
+    if not enabled:
+        yield None
+        return
+    total_s = max(float(total_s), 1e-9)
+    with progress_bar(round(total_s, 1), desc, unit="sim-s", unit_scale=False,
+                      bar_format="{l_bar}{bar}| {n:,.0f}/{total:,.0f} sim-s [{elapsed}<{remaining}]") as bar:
+        def advance(now_s: float) -> None:
+            bar.update(round(min(now_s, total_s), 1) - bar.n)
+
+        yield advance
 
 
 class SharedCounts:
