@@ -11,6 +11,7 @@ on the hot path shows as it would on the device. A long trace times a random sam
 from __future__ import annotations
 
 import os
+import threading
 import time
 from array import array
 from dataclasses import dataclass
@@ -197,7 +198,7 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
 
     The trace becomes one compact event table (``trace_events``) that every run reads. With
     ``workers`` above 1 (by default: the cores this process may use, when there are several
-    runs and a long trace), the runs, and the bounds, go to that many forked worker processes,
+    runs, a long trace and no other thread: ``_num_workers``), the runs, and the bounds, go to that many forked worker processes,
     which share the table's pages; each run is the same as in this process (the same
     ``replay`` of the same table), its rows come back in spec order, and one bar counts the
     events of all of them.
@@ -251,8 +252,11 @@ def available_cores() -> int:
 
 
 def _num_workers(workers: int | None, num_jobs: int, num_events: int) -> int:
+    """Workers for ``replay_tables``: by default the cores, but one (this process) for a short
+    trace, off POSIX (no fork), or where threads run already (a notebook's kernel): a fork
+    copies a lock another thread may hold."""
     if workers is None:
-        if num_events < MIN_EVENTS_FOR_WORKERS or os.name != "posix":
+        if num_events < MIN_EVENTS_FOR_WORKERS or os.name != "posix" or threading.active_count() > 1:
             return 1
         workers = available_cores()
     if workers < 1:
