@@ -300,11 +300,13 @@ def _replay_in_workers(trace: AllocTrace, events: TraceEvents, specs: list[str],
                                f"{num_workers} workers", enabled=progress)
             pending = set(futures.values())
             while pending:
-                _, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_EXCEPTION)
+                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_EXCEPTION)
                 bar.update(counts.total() - bar.n)
-                if any(f.done() and f.exception() is not None for f in futures.values()):
-                    break
-            outcomes = {job: f.result() for job, f in futures.items()}  # raises a worker's error here
+                failed = next((f for f in done if f.exception() is not None), None)
+                if failed is not None:  # the first error, at once: the jobs not started are dropped
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise failed.exception()
+            outcomes = {job: f.result() for job, f in futures.items()}
     finally:
         _JOB.clear()
         if bar is not None:
