@@ -21,9 +21,21 @@ _TOUCH_BYTES = 64
 #: starts at the same phase of the word): one small pattern buffer serves a region of any size,
 #: and the piece stays in cache while it is copied or compared.
 _PIECE_BYTES = 1 << 16
-_memcmp = ctypes.CDLL(None).memcmp  # this process's libc: the clean-case check reads each byte once
-_memcmp.restype = ctypes.c_int
-_memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+
+
+def _load_memcmp():
+    """libc's ``memcmp`` (the clean-case check reads each byte once, copying nothing), or None
+    where this process's C library cannot be opened by name (then numpy compares)."""
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return memcmp
+
+
+_memcmp = _load_memcmp()
 
 
 class HostMemory:
@@ -51,8 +63,9 @@ class HostMemory:
         base, expected = view.ctypes.data, pattern.ctypes.data
         for start in range(0, nbytes, _PIECE_BYTES):
             length = min(_PIECE_BYTES, nbytes - start)
-            if _memcmp(base + start, expected, length):
-                piece = view[start:start + length]
+            piece = view[start:start + length]
+            if (_memcmp(base + start, expected, length) if _memcmp is not None
+                    else not np.array_equal(piece, pattern[:length])):
                 return start + int(np.flatnonzero(piece != pattern[:length])[0])
         return -1
 

@@ -122,3 +122,16 @@ def test_fill_and_check_span_many_pieces_at_every_phase(phase):
         assert dev.first_mismatch(off + 1, nbytes, 0x80C0FFEE, phase) == bad
         dev.view(off + 1 + bad, 1)[:] ^= 0x01
     assert dev.first_mismatch(off + 1, nbytes, 0x80C0FFEE, phase) == -1
+
+
+def test_the_check_without_libc_finds_the_same_byte(monkeypatch):
+    import realgpu.host as host
+
+    monkeypatch.setattr(host, "_memcmp", None)  # no C library by name: numpy compares
+    dev = HostDevice()
+    off = dev.reserve(MiB)
+    nbytes = 2 * host._PIECE_BYTES + 9
+    dev.fill(off, nbytes, 0x80000077, 2)
+    assert dev.first_mismatch(off, nbytes, 0x80000077, 2) == -1
+    dev.view(off + host._PIECE_BYTES + 3, 1)[:] ^= 0x04
+    assert dev.first_mismatch(off, nbytes, 0x80000077, 2) == host._PIECE_BYTES + 3
