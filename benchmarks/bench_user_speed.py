@@ -43,19 +43,22 @@ import resource, subprocess, sys, time
 t0 = time.perf_counter()
 rc = subprocess.call(sys.argv[1:])
 wall = time.perf_counter() - t0
-print(rc, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+use = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(rc, wall, use.ru_utime + use.ru_stime, use.ru_maxrss)
 """
 
 
-def measure(tree: Path, argv: list[str]) -> tuple[float, float]:
-    """``(wall_s, peak_mb)`` of ``python -m poollab argv`` run from ``tree`` (its own process tree)."""
+def measure(tree: Path, argv: list[str]) -> tuple[float, float, float]:
+    """``(wall_s, peak_mb, cpu_s)`` of ``python -m poollab argv`` run from ``tree`` (its own process
+    tree; ``cpu_s`` is user + system time of it and its workers: the work, which other jobs on
+    the machine do not inflate as they do the wall time)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "poollab", *argv]
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True).stdout.split()
-    rc, wall_s, peak_kb = int(out[-3]), float(out[-2]), int(out[-1])
+    rc, wall_s, cpu_s, peak_kb = int(out[-4]), float(out[-3]), float(out[-2]), int(out[-1])
     if rc != 0:
         raise SystemExit(f"{tree}: poollab {' '.join(argv)} exited {rc}")
-    return wall_s, peak_kb / 1024
+    return wall_s, peak_kb / 1024, cpu_s
 
 
 def same_summaries(a: Path, b: Path, *, measured_ns: bool = False) -> str:
@@ -105,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
                     quiet = ["--no-progress"] if has_option(tree, ["replay"], "--no-progress") else []
                     run = measure(tree, ["replay", str(args.million), *[a for p in FIVE for a in ("-p", p)],
                                          "--out", str(out), *quiet])
-                    print(f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB peak", flush=True)
+                    print(f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB peak  "
+                          f"{run[2]:7.1f} s CPU  (load {os.getloadavg()[0]:.1f})", flush=True)
                     got[name] = min(got.get(name, run), run)
             b, a = got["before"], got["after"]
-            print(f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after {a[0]:.1f} s")
+            print(f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after {a[0]:.1f} s; "
+                  f"CPU of those runs: before {b[2]:.1f} s, after {a[2]:.1f} s")
             print(f"replay 1M x5 policies  after/before: time {a[0] / b[0]:.2f} (target <= 0.33), "
                   f"peak {a[1]:.0f} MB (target <= 500); summaries "
                   f"{same_summaries(Path(tmp) / 'replay-before' / 'summary.csv', Path(tmp) / 'replay-after' / 'summary.csv')}",
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--sim", "--out", str(out), "--no-progress", *(["--validate"] if validate else [])]
                         run = measure(tree, argv_)
                         print(f"gpu replay slice {'--validate' if validate else 'plain':>10} {name:>6}: "
-                              f"{run[0]:7.1f} s  {run[1]:7.0f} MB peak", flush=True)
+                              f"{run[0]:7.1f} s  {run[1]:7.0f} MB peak  {run[2]:7.1f} s CPU", flush=True)
                         got[name, validate] = min(got.get((name, validate), run), run)
             for name in trees:
                 print(f"gpu replay --validate over plain, {name}: {got[name, True][0] / got[name, False][0]:.1f}x "
