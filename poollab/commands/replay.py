@@ -33,7 +33,7 @@ def register(cli: click.Group) -> None:
                    "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.")
 @click.option("--record-layout", is_flag=True, default=False,
               help="Also record each pool's segment layout over the run (layout.parquet; the report's segment view).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--workers", type=COUNT, default=None, metavar="N",
               help="Processes replaying the policies side by side (default: the cores available, for a trace of "
                    "50,000 events or more; 1: all in this process). The results are the same either way.")
 @out_option("poollab-out/replay")
