@@ -28,6 +28,12 @@ share of calls (``sim.engine.default_latency_sample``: about 20,000 on a long tr
 before sampling. ``replay_ns`` is the whole ``replay()`` call (turning the trace into event
 lists, the summary row and time series included).
 
+``verdict``: issue 33's pure-Python targets, restated against the floors issue 16 measured:
+the do-nothing policy within ``NOTHING_TARGET`` (1.6x) the ``(trivial + Allocation)`` floor,
+and the block policies issue 16 held to 2x (``BLOCK_POLICIES``: best-fit, first-fit, which cut
+and merge blocks) within ``BLOCK_TARGET`` (3x) the do-nothing policy, both by ``bare_ns`` of
+this run; ``ok`` or ``MISS``, and ``-`` for rows no target covers.
+
 ``--parts`` instead builds the harness up piece by piece for each policy row (ns per event, best
 of ``--repeat``): the bare loop; ``sim.engine.run`` timing no call (the loop alone); timing the
 default sample; and with the ``PoolMonitor`` that ``replay()`` drives (its engine time).
@@ -61,6 +67,11 @@ BUNDLED_TRACE = bundled_path("llama1b_generate_slice.pickle.gz")
 #: the trace the benchmarks replay when given none: the full snapshot where the shared data is, else the slice
 DEFAULT_TRACE = str(SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE)
 HARNESS_TARGET = 1.2
+#: issue 33: the do-nothing policy's bare loop over the "(trivial + Allocation)" floor's
+NOTHING_TARGET = 1.6
+#: issue 33: a block policy's bare loop over the do-nothing policy's, for these policies
+BLOCK_TARGET = 3.0
+BLOCK_POLICIES = ("best-fit", "first-fit")
 #: The README workflow's 13-policy replay.
 README_POLICIES = ["first-fit", "best-fit", "size-class", "paged", "elastic", "torch-caching", "cupy-pool", "tlsf",
                    "arena", "buddy", "compacting", "tag-limits", "worst-fit"]
@@ -203,6 +214,17 @@ def trivial_harness(ev, pool_type, latency_sample=None) -> float:
                       unknown_free=_unknown_free, latency_sample=latency_sample).wall_s
 
 
+def verdict(row, bare) -> str:
+    """Issue 33's target for ``row`` and whether this run met it (see the module docstring)."""
+    if row == NOTHING:
+        x, target, what = bare[NOTHING] / bare[OBJECT], NOTHING_TARGET, "x trivial+Allocation"
+    elif row in BLOCK_POLICIES:
+        x, target, what = bare[row] / bare[NOTHING], BLOCK_TARGET, "x do-nothing"
+    else:
+        return "-"
+    return f"{x:.2f}{what} <= {target}: {'ok' if x <= target else 'MISS'}"
+
+
 def make_policy(spec, costs):
     device = CostedDevice(costs)
     return DoNothing(device=device) if spec == NOTHING else policies.create(spec, device=device)
@@ -313,7 +335,7 @@ def main(argv=None) -> int:
     print(f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls (the default); "
           f"every_*: timing every call")
     print(f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} {'harness_ns':>10} {'harness_x':>9} "
-          f"{'every_ns':>9} {'every_x':>8} {'replay_ns':>9} failed")
+          f"{'every_ns':>9} {'every_x':>8} {'replay_ns':>9} failed harness verdict")
     out_rows = []
     ns = 1e9 / n
     for row in rows:
@@ -326,8 +348,9 @@ def main(argv=None) -> int:
                             f"{f'{whole[row] * ns:.0f}' if whole[row] != float('inf') else '-':>9} {failed[row]}")
         else:  # --bare-only: the harness columns were not measured
             harness_cols = f"{'-':>10} {'-':>9} {'-':>9} {'-':>8} {'-':>9} -"
+        target = verdict(row, bare)
         print(f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
-              f"{calls[row]:>6.1f} {harness_cols} {mark}")
+              f"{calls[row]:>6.1f} {harness_cols} {mark or '-'} {target}")
         out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
                          "x_nothing": bare[row] / bare[NOTHING],
                          "harness_ns": harness[row] * ns if timed else None,
@@ -335,7 +358,8 @@ def main(argv=None) -> int:
                          "every_ns": every[row] * ns if timed else None,
                          "every_x": every[row] / bare[row] if timed else None,
                          "replay_ns": whole[row] * ns if whole[row] != float("inf") else None,
-                         "failed": failed[row], "calls_per_event": calls[row], "clock": args.clock})
+                         "failed": failed[row], "calls_per_event": calls[row], "clock": args.clock,
+                         "verdict": target})
     policy_rows = [r for r in out_rows if r["row"] not in (INLINE, *FLOORS)]
     total_bare = sum(bare[r["row"]] for r in policy_rows)
     total_harness = sum(harness[r["row"]] for r in policy_rows)

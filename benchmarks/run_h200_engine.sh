@@ -10,15 +10,8 @@
 #    free memory, then `gpu serve` at the planned KV size and at the size the planner would give if it
 #    also grew the engine's attention mask with the cache (4 MiB per 32 MiB block).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-R=/tmp/res; mkdir -p $R; LOG=$R/log.txt
-step() { local name=$1 limit=$2; shift 2; echo "== $name: $* ($(date -u +%T))" >> $LOG
-         timeout $limit "$@" >> $LOG 2>&1; echo "== $name rc=$? $(date -u +%T)" >> $LOG; cp $LOG $OUT/log.txt; }
-finish() { cp $LOG $OUT/log.txt; tar -czf $OUT/engine_check.tgz -C $R .; }
-trap finish EXIT
-trap 'exit 143' TERM INT
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; date -u; } >> $LOG 2>&1
+. "$(dirname "$0")/h200_lib.sh"
+h200_setup engine_check
 python3 -m pytest tests/realgpu -m gpu -q -p no:cacheprovider --import-mode=importlib -rfE > $R/gpu_tests.log 2>&1 &
 TESTS=$!
 ( sleep 150; kill -INT $TESTS 2>/dev/null ) &

@@ -15,16 +15,8 @@
 #    (the RESULTS runs peaked at 135-139 GiB reserved while serving), so this one may run out of
 #    memory while serving: the plan promises the recorded run, not traffic it never saw.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-R=/tmp/res; mkdir -p $R; LOG=$R/log.txt
-step() { local name=$1 limit=$2; shift 2; echo "== $name: $* ($(date -u +%T))" >> $LOG
-         timeout $limit "$@" >> $LOG 2>&1; echo "== $name rc=$? $(date -u +%T)" >> $LOG; cp $LOG $OUT/log.txt; }
-finish() { cp $LOG $OUT/log.txt; tar -czf $OUT/plan_check.tgz -C $R .; }
-trap finish EXIT
-trap 'exit 143' TERM INT
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-  python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)"; date -u; } >> $LOG 2>&1
+. "$(dirname "$0")/h200_lib.sh"
+h200_setup plan_check
 # free + reserved once CUDA is up (as session 11 measured it), and again once cuBLAS and SDPA kernels are
 # loaded: their handles and modules sit outside the allocator in the serving process too, so the second is
 # what the engine's allocator can really have; the plan uses it and the log keeps both

@@ -3,7 +3,9 @@
 # From the repository root on the GPU machine, with .whl/ carried (simpy, plotly, and Cython and
 # setuptools for the machine's Python: the compiled build needs them):
 #   bash benchmarks/run_h200_torch_fast.sh
-# 1. build the compiled copy in /tmp/compiled (policies.testing.compiled.build_compiled_copy);
+# 0. the torch allocator's GPU tests;
+# 1. build the compiled copy in /tmp/compiled (policies.testing.compiled.build_compiled_copy), or, with
+#    a carried .compiled_so/ (the extension modules built elsewhere for this Python), copy the tree and them;
 # 2. generate under PyTorch's allocator and under best-fit, size-class, paged and torch-caching,
 #    each policy in this tree and then in the compiled copy, against one PyTorch run per round,
 #    2 rounds (bench_torch_alloc.py --compiled), the per-call figures from the trampoline's samples;
@@ -11,20 +13,18 @@
 # Measured on the CPU in the same way: bench_torch_alloc.py --calls --compiled DIR (benchmarks/RESULTS.md).
 # Everything lands in $OUT: log.txt and torch_fast.tgz (the CSVs and JSON), nothing else.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-R=/tmp/res; mkdir -p $R; LOG=$R/log.txt
-step() { local name=$1 limit=$2; shift 2; echo "== $name: $* ($(date -u +%T))" >> $LOG
-         timeout $limit "$@" >> $LOG 2>&1; echo "== $name rc=$? $(date -u +%T)" >> $LOG; cp $LOG $OUT/log.txt; }
-finish() { cp $LOG $OUT/log.txt; tar -czf $OUT/torch_fast.tgz -C $R .; }
-trap finish EXIT
-trap 'exit 143' TERM INT
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc
-  python3 -c "import torch, transformers, Cython; print(torch.__version__, transformers.__version__, Cython.__version__)"
-  date -u; } >> $LOG 2>&1
-step build 100 python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
+. "$(dirname "$0")/h200_lib.sh"
+h200_setup torch_fast
+step gpu-tests 90 python3 -m pytest tests/realgpu/test_torch_allocator.py -m gpu -q -p no:cacheprovider \
+    --import-mode=importlib -rfE
+if [ -d .compiled_so ]; then  # extension modules built elsewhere for this Python (cp312, x86-64): copy, not build
+    step copy-compiled 60 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl \
+        --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
+else
+    step build 100 python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
 build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
-POLICIES="-p best-fit -p size-class -p paged -p torch-caching"
+fi
+POLICIES=${POLICIES:-"-p best-fit -p size-class -p paged -p torch-caching"}
 if [ -f /tmp/compiled/realgpu/malloc_path.py ] && ls /tmp/compiled/realgpu/malloc_path*.so > /dev/null 2>&1; then
     COMPILED="--compiled /tmp/compiled"
 else

@@ -7,6 +7,7 @@ validation patterns and the replay without a GPU. ``HostMemoryPointer`` plays th
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,25 @@ from realgpu.segments import SegmentDevice
 __all__ = ["HostDevice", "HostMemory", "HostMemoryPointer"]
 
 _TOUCH_BYTES = 64
+#: Validation fills and checks in pieces of this many bytes (a multiple of 4, so every piece
+#: starts at the same phase of the word): one small pattern buffer serves a region of any size,
+#: and the piece stays in cache while it is copied or compared.
+_PIECE_BYTES = 1 << 16
+
+
+def _load_memcmp():
+    """libc's ``memcmp`` (the clean-case check reads each byte once, copying nothing), or None
+    where this process's C library cannot be opened by name (then numpy compares)."""
+    try:
+        memcmp = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    memcmp.restype = ctypes.c_int
+    memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return memcmp
+
+
+_memcmp = _load_memcmp()
 
 
 class HostMemory:
@@ -25,16 +45,29 @@ class HostMemory:
     kind = "numpy"
 
     def fill(self, offset: int, nbytes: int, word: int, phase: int) -> None:
-        if nbytes > 0:
-            self.view(offset, nbytes)[:] = _pattern(nbytes, word, phase)
+        """Write ``word`` (little-endian, starting at byte ``phase`` of it) over ``[offset, offset + nbytes)``."""
+        if nbytes <= 0:
+            return
+        view, pattern = self.view(offset, nbytes), _pattern(min(nbytes, _PIECE_BYTES), word, phase)
+        for start in range(0, nbytes, _PIECE_BYTES):
+            piece = view[start:start + _PIECE_BYTES]
+            piece[:] = pattern[:len(piece)]
 
     def first_mismatch(self, offset: int, nbytes: int, word: int, phase: int) -> int:
+        """Index of the first byte of ``[offset, offset + nbytes)`` that ``fill`` with the same
+        arguments would not have written, or -1: ``memcmp`` piece by piece (no copy of the
+        region), then numpy within the first piece that differs."""
         if nbytes <= 0:
             return -1
-        view, expected = self.view(offset, nbytes), _pattern(nbytes, word, phase)
-        if view.tobytes() == expected.tobytes():  # memcmp: the common, clean case
-            return -1
-        return int(np.flatnonzero(view != expected)[0])
+        view, pattern = self.view(offset, nbytes), _pattern(min(nbytes, _PIECE_BYTES), word, phase)
+        base, expected = view.ctypes.data, pattern.ctypes.data
+        for start in range(0, nbytes, _PIECE_BYTES):
+            length = min(_PIECE_BYTES, nbytes - start)
+            piece = view[start:start + length]
+            if (_memcmp(base + start, expected, length) if _memcmp is not None
+                    else not np.array_equal(piece, pattern[:length])):
+                return start + int(np.flatnonzero(piece != pattern[:length])[0])
+        return -1
 
     def read_bytes(self, offset: int, nbytes: int) -> bytes:
         return self.view(offset, nbytes).tobytes()
@@ -81,10 +114,10 @@ class HostDevice(HostMemory, SegmentDevice):
 
 
 def _pattern(nbytes: int, word: int, phase: int) -> np.ndarray:
-    four = int(word & 0xFFFFFFFF).to_bytes(4, "little")
+    """``nbytes`` bytes of ``word`` repeated (little-endian), the first being its byte ``phase % 4``."""
     k = phase % 4
-    four = four[k:] + four[:k]
-    return np.frombuffer((four * (nbytes // 4 + 1))[:nbytes], dtype=np.uint8)
+    words = np.full(nbytes // 4 + 2, word & 0xFFFFFFFF, dtype="<u4")
+    return words.view(np.uint8)[k:k + nbytes]
 
 
 class HostMemoryPointer:

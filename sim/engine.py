@@ -211,7 +211,7 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
         on_alloc: Callable[[Any, int, Any], None] | None = None, on_free: Callable[[Any], None] | None = None,
         before: Callable[[int], None] | None = None, unknown_free: Callable[[int, Any], Exception],
         timer: Callable[[], int] = time.perf_counter_ns, latency_sample: float | None = None,
-        progress: str | None = None) -> EngineRun:
+        progress: str | Callable[[int], None] | None = None) -> EngineRun:
     """Replay the events ``ops[i]`` (``ALLOC``/``FREE``/``FLUSH``) of allocation ``keys[i]``.
 
     A refused allocation is counted and the trace goes on; its matching free is skipped. A free
@@ -238,7 +238,9 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
         latency_sample: the share of calls to time, chosen at random (``latency_sample_mask``);
             None for ``default_latency_sample(len(ops))``, 1.0 to time every call. Untimed calls
             add no sample to ``alloc_ns``/``free_ns``; their driver time is drained unsampled.
-        progress: a progress bar's title; None for no bar.
+        progress: a progress bar's title (``sim.progress.progress_bar``: on a terminal only), or a
+            callable given the number of events done since its last call (a worker process
+            reporting to the parent's bar, ``sim.progress.SharedCounts``); None for neither.
 
     The loop is the hot path of every replay, so it is written for CPython: the event lists are
     walked by one ``zip`` (no indexing), the latencies go to ``array`` buffers (an append is
@@ -275,7 +277,7 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
     mask = latency_sample_mask(n, latency_sample)
     streams = itertools.repeat(0) if streams is None else streams
     tags = itertools.repeat(None) if tags is None else tags
-    bar = _progress_bar(n, progress) if progress is not None else None
+    bar = None if progress is None else _CallbackBar(progress) if callable(progress) else _progress_bar(n, progress)
     tight = _tight_loop_serves(target, before=before, on_alloc=on_alloc, on_free=on_free, every_event=every_event)
     wall0 = time.perf_counter()
     if tight:
@@ -439,7 +441,18 @@ def _tight_loop_serves(target: Target, *, before: Any, on_alloc: Any, on_free: A
 
 
 def _progress_bar(total: int, desc: str):
-    from tqdm.auto import tqdm
+    from sim.progress import progress_bar
 
-    # disable=None: only on a terminal, as simulate's and report's bars (piped output stays readable)
-    return tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5, disable=None)
+    return progress_bar(total, desc, unit="ev")
+
+
+class _CallbackBar:
+    """``progress`` given as a callable: the loop's ``update(n)`` calls it; nothing to close."""
+
+    __slots__ = ("update",)
+
+    def __init__(self, advance: Callable[[int], None]):
+        self.update = advance
+
+    def close(self) -> None:
+        pass

@@ -497,7 +497,7 @@ def start_replay(rec: Recording, policy: str | Policy | None = None, *, addresse
 
 
 def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
-                     capacity_bytes: int | None = None) -> FidelityResult:
+                     capacity_bytes: int | None = None, progress: str | None = None) -> FidelityResult:
     """Replay ``rec``'s requests through ``policy`` from the recorded starting state and compare.
 
     Args:
@@ -506,6 +506,7 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
             policy class; a spec is built on the device ``addresses`` asks for.
         addresses: ``"recorded"`` or ``"virtual"`` (see the module docstring).
         capacity_bytes: a limit for the replayed pool (PyTorch's memory fraction), None for none.
+        progress: a progress bar's title (``sim.progress.progress_bar``, on a terminal only); None for none.
     """
     started = start_replay(rec, policy, addresses=addresses, capacity_bytes=capacity_bytes)
     pool, device, live = started.pool, started.device, started.live
@@ -526,7 +527,7 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
 
     # the recording's op codes are the engine's (ALLOC, FREE, and EMPTY_CACHE as its FLUSH)
     run = engine.run(rec.ops, rec.addrs, rec.sizes, streams=rec.streams, target=engine.policy_target(pool),
-                     live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free)
+                     live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free, progress=progress)
     emulated = pd.DataFrame(device.log[seeded_events:], columns=["at", "action", "address", "nbytes"])
     return _compare(rec, pool, emulated, start_reserved, run.num_failed, num_at_address, started.addresses)
 

@@ -8,7 +8,6 @@ table and a time series.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -441,18 +440,8 @@ def result_tables(results: list[SimResult]) -> tuple[pd.DataFrame, pd.DataFrame,
             pd.concat([r.requests for r in results], ignore_index=True))
 
 
-@contextlib.contextmanager
 def _time_bar(trace: RequestTrace, spec: str, show: bool):
     """A progress bar in simulated seconds over the trace's arrivals, and the callback that moves it."""
-    if not show:
-        yield None
-        return
-    from tqdm.auto import tqdm
+    from sim.progress import time_bar
 
-    total_s = max(float(trace.duration_s), 1e-9)
-    with tqdm(total=round(total_s, 1), desc=f"{trace.name} · {spec}", unit="sim-s", leave=False, disable=None,
-              bar_format="{l_bar}{bar}| {n:,.0f}/{total:,.0f} sim-s [{elapsed}<{remaining}]") as bar:
-        def advance(now_s: float) -> None:
-            bar.update(round(min(now_s, total_s), 1) - bar.n)
-
-        yield advance
+    return time_bar(float(trace.duration_s), f"{trace.name} · {spec}", enabled=show)

@@ -321,6 +321,8 @@ class Colocation:
         gpu = load_gpu(gpu)
         self.layout = layout
         self.compute = compute
+        #: the simulated seconds over which requests arrive (the longest tenant trace)
+        self.arrivals_s = max(float(t.duration_s) for t in traces)
         self.split = split_gpu(loaded, gpu, cfg)
         self.env = simpy.Environment()
         # capacity 1: one step at a time; FIFO, so tenants with work take turns step by step
@@ -372,11 +374,18 @@ class Colocation:
             return fixed + self.shared.policy.reserved_bytes
         return fixed + sum(s.policy.reserved_bytes for s in self.setups)
 
-    def run(self, *, tenant_names: list[str] | None = None) -> list[SimResult]:
+    def run(self, *, tenant_names: list[str] | None = None,
+            progress: Callable[[float], None] | None = None) -> list[SimResult]:
         """Serve every tenant's requests (until all are done, or the config's ``horizon_s``); one
-        ``SimResult`` per tenant, its summary row with the ``tenant`` columns."""
+        ``SimResult`` per tenant, its summary row with the ``tenant`` columns.
+
+        ``progress`` is called with the simulated time (s) about 200 times over the tenants'
+        arrivals (``sim.progress.time_bar``'s callback), from a process of its own that reads
+        the clock and touches nothing else, so the results are the same with it or without."""
         wall0 = time.perf_counter()
         env = self.env
+        if progress is not None:
+            env.process(_report_time(env, progress, self.arrivals_s / 200))
         engines = [s.server.start() for s in self.setups]
         done = env.all_of(engines)
         horizon_s = self.setups[0].cfg.horizon_s
@@ -406,11 +415,21 @@ class Colocation:
         return results
 
 
+def _report_time(env: simpy.Environment, progress: Callable[[float], None], every_s: float):
+    """A simpy process: ``progress(env.now)`` every ``every_s`` simulated seconds (until the run stops)."""
+    every_s = max(every_s, 1e-3)
+    while True:
+        yield env.timeout(every_s)
+        progress(env.now)
+
+
 def colocate(traces: list[RequestTrace], policy_spec: str, *, tenant_names: list[str] | None = None,
+             progress: Callable[[float], None] | None = None,
              **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Build and run a ``Colocation``: ``(summary, timeseries, requests)`` tables, one block per
-    tenant (a ``tenant`` column in each), as ``sim.simulate.simulate_many`` returns them."""
-    results = Colocation(traces, policy_spec, **kwargs).run(tenant_names=tenant_names)
+    tenant (a ``tenant`` column in each), as ``sim.simulate.simulate_many`` returns them.
+    ``progress``: see ``Colocation.run``."""
+    results = Colocation(traces, policy_spec, **kwargs).run(tenant_names=tenant_names, progress=progress)
     names = [r.summary["tenant"] for r in results]
     for name, r in zip(names, results):
         r.timeseries.insert(0, "tenant", name)

@@ -60,8 +60,9 @@ def register(cli: click.Group) -> None:
 @config_options
 @model_file_options
 @out_option("poollab-out/colocate")
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds.")
 def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, models, gpu, fmt, rate_scale,
-                     tenant_rate_scales, compute, sleep_after_s, calibration, costs, out_dir: Path,
+                     tenant_rate_scales, compute, sleep_after_s, calibration, costs, out_dir: Path, progress: bool,
                      **options: Any) -> None:
     """Simulate several model instances (tenants) sharing one GPU's memory, under each layout.
 
@@ -80,6 +81,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         raise UsageError(str(exc)) from None
     if num_tenants is not None and len(traces_) != 1:
         raise UsageError(f"--tenants deals ONE trace to tenants; got {len(traces_)} traces (each is a tenant)")
+    from sim.progress import time_bar
     from sim.tenants import COMPUTE_MODES, colocate, scale_tenant_rates, share_trace
 
     assert COMPUTE_CHOICES == COMPUTE_MODES, "colocate's --compute choices follow sim.tenants"
@@ -99,10 +101,12 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
 
     summaries, series, tables = [], [], []
     for layout in layouts or ("static", "shared", "sleep"):
+        arrivals_s = max(float(t.duration_s) for t in tenant_traces)
         try:
-            s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or ["Llama-3-8B"],
-                                 gpu=gpu, layout=layout, config=config, sleep_after_s=sleep_after_s,
-                                 calibration=calibration, costs=cost_model, compute=compute)
+            with time_bar(arrivals_s, f"colocate · {layout}", enabled=progress) as advance:
+                s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or ["Llama-3-8B"],
+                                     gpu=gpu, layout=layout, config=config, sleep_after_s=sleep_after_s,
+                                     calibration=calibration, costs=cost_model, compute=compute, progress=advance)
         except ValueError as exc:  # a knob, model or size the user gave (PolicyError passes through)
             if type(exc) is not ValueError:
                 raise

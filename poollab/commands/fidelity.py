@@ -34,7 +34,8 @@ def register(cli: click.Group) -> None:
               help="Which device's trace to read. Default: the first with entries.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, callback=check_out,
               help="Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here.")
-def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_index, out_dir) -> None:
+@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_index, out_dir, progress: bool) -> None:
     """Does the emulation decide what the real allocator decided on SNAPSHOT?
 
     Starts from the segments and allocations that existed when recording began, replays the
@@ -53,7 +54,8 @@ def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_ind
                f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before recording")
     for spec in spec_list:
         for mode in modes:
-            result = replay_recording(rec, spec, addresses=mode, capacity_bytes=capacity)
+            result = replay_recording(rec, spec, addresses=mode, capacity_bytes=capacity,
+                                      progress=f"{rec.name} · {spec} · {mode}" if progress else None)
             click.echo("")
             click.echo(result.format())
             tables.append(result.table.assign(policy=result.spec, addresses=mode))

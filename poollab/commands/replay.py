@@ -33,17 +33,20 @@ def register(cli: click.Group) -> None:
                    "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.")
 @click.option("--record-layout", is_flag=True, default=False,
               help="Also record each pool's segment layout over the run (layout.parquet; the report's segment view).")
+@click.option("--workers", type=COUNT, default=None, metavar="N",
+              help="Processes replaying the policies side by side (default: the cores available, for a trace of "
+                   "50,000 events or more; 1: all in this process). The results are the same either way.")
 @out_option("poollab-out/replay")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, latency_sample, record_layout: bool,
-                   out_dir: Path, progress: bool) -> None:
+                   workers, out_dir: Path, progress: bool) -> None:
     """Replay the allocation TRACE against each policy and compare them."""
     spec_list = check_specs(specs)
     cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
     tables = replay_tables(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
                            sample_every=sample_every, progress=progress, record_layout=record_layout,
-                           latency_sample=latency_sample)
+                           latency_sample=latency_sample, workers=workers)
     summary = tables.summary
     write_results(out_dir, summary, tables.timeseries, extra_tables={"latency_samples": tables.latency_samples,
                                                                    **({"layout": tables.layout} if tables.layout is not None else {}),

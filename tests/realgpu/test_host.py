@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from policies.device import VirtualDevice
@@ -101,3 +102,36 @@ def test_touch_writes_first_and_last_bytes_only():
     view = dev.view(off, 1000)
     assert (view[:64] == 0x5A).all() and (view[-64:] == 0x5A).all()
     assert not (view[64:-64] == 0x5A).any()
+
+
+@pytest.mark.parametrize("phase", [0, 1, 2, 3])
+def test_fill_and_check_span_many_pieces_at_every_phase(phase):
+    from realgpu.host import _PIECE_BYTES
+
+    dev = HostDevice()
+    off = dev.reserve(4 * MiB)
+    nbytes = 3 * _PIECE_BYTES + 5  # past several pieces, ending part way into a word
+    dev.fill(off + 1, nbytes, 0x80C0FFEE, phase)
+    got = np.frombuffer(dev.read_bytes(off + 1, nbytes), dtype=np.uint8)
+    word = (0x80C0FFEE).to_bytes(4, "little")
+    expected = np.frombuffer((word[phase:] + word[:phase]) * (nbytes // 4 + 1), dtype=np.uint8)[:nbytes]
+    assert np.array_equal(got, expected)
+    assert dev.read_bytes(off, 1) == b"\0" and dev.read_bytes(off + 1 + nbytes, 1) == b"\0"  # nothing outside
+    for bad in (0, _PIECE_BYTES - 1, _PIECE_BYTES, 2 * _PIECE_BYTES + 17, nbytes - 1):
+        dev.view(off + 1 + bad, 1)[:] ^= 0x01
+        assert dev.first_mismatch(off + 1, nbytes, 0x80C0FFEE, phase) == bad
+        dev.view(off + 1 + bad, 1)[:] ^= 0x01
+    assert dev.first_mismatch(off + 1, nbytes, 0x80C0FFEE, phase) == -1
+
+
+def test_the_check_without_libc_finds_the_same_byte(monkeypatch):
+    import realgpu.host as host
+
+    monkeypatch.setattr(host, "_memcmp", None)  # no C library by name: numpy compares
+    dev = HostDevice()
+    off = dev.reserve(MiB)
+    nbytes = 2 * host._PIECE_BYTES + 9
+    dev.fill(off, nbytes, 0x80000077, 2)
+    assert dev.first_mismatch(off, nbytes, 0x80000077, 2) == -1
+    dev.view(off + host._PIECE_BYTES + 3, 1)[:] ^= 0x04
+    assert dev.first_mismatch(off, nbytes, 0x80000077, 2) == host._PIECE_BYTES + 3

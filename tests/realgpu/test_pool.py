@@ -250,6 +250,63 @@ def test_overwritten_data_is_caught_when_contents_are_checked():
         pool.free(a)
 
 
+def _region_of(pos, guard, user):
+    return "guard-before" if pos < guard else "data" if pos < guard + user else "guard-after"
+
+
+def test_a_single_flipped_byte_anywhere_in_an_allocation_or_its_guards_is_caught():
+    """Every byte position of a small allocation (guards, data, rounding slack), one at a time."""
+    pool = host_pool("first-fit", validate=True, guard_bytes=64)
+    user = 301  # the policy rounds up: the slack joins the trailing guard
+    probe = pool.allocate(user)
+    size = probe.size_bytes
+    pool.free(probe)
+    for pos in range(size):
+        a = pool.allocate(user)
+        pool.device.view(a.offset + pos, 1)[:] ^= 0x10
+        with pytest.raises(CorruptionError, match=_region_of(pos, 64, user)) as info:
+            pool.free(a)
+        assert info.value.offset == a.offset + pos
+        pool.device.view(a.offset + pos, 1)[:] ^= 0x10  # the next allocation lands here again
+    assert pool.policy.num_live == 0
+
+
+@pytest.mark.parametrize("spec", ["best-fit", "paged:page_bytes=65536"])
+def test_a_single_flipped_byte_in_a_large_allocation_is_caught_wherever_it_lies(spec):
+    """Positions at the check's piece boundaries, page boundaries and at random, over many
+    pieces (a paged allocation spans extents the check walks one by one)."""
+    from realgpu.host import _PIECE_BYTES
+
+    rng = np.random.default_rng(7)
+    guard, user = 256, 5 * _PIECE_BYTES + 12_345
+    pool = host_pool(spec, validate=True, guard_bytes=guard)
+    probe = pool.allocate(user)
+    size = probe.size_bytes
+    pool.free(probe)
+    positions = {0, guard - 1, guard, guard + user - 1, guard + user, size - 1}
+    positions |= {k * _PIECE_BYTES + d for k in range(1, size // _PIECE_BYTES + 1) for d in (-1, 0, 1)}
+    positions |= set(rng.integers(0, size, 40).tolist())
+    for pos in sorted(p for p in positions if 0 <= p < size):
+        a = pool.allocate(user)
+        span_offset = _span_offset(a, pos)
+        pool.device.view(span_offset, 1)[:] ^= 0x80
+        with pytest.raises(CorruptionError, match=_region_of(pos, guard, user)) as info:
+            pool.free(a)
+        assert info.value.offset == span_offset
+        pool.device.view(span_offset, 1)[:] ^= 0x80
+    a = pool.allocate(user)
+    pool.free(a)  # clean again: nothing left behind
+
+
+def _span_offset(a, pos):
+    """The pool offset of byte ``pos`` of ``a``'s span (its extents in order)."""
+    for offset, length in a.extents:
+        if pos < length:
+            return offset + pos
+        pos -= length
+    raise AssertionError("position past the allocation")
+
+
 def test_data_written_by_the_caller_passes_without_content_checks():
     pool = host_pool(validate=True, check_contents=False)
     a = pool.allocate(1000)

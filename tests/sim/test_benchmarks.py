@@ -25,7 +25,16 @@ def test_bench_replay_prints_the_floors_and_the_harness_ratio(capsys, tmp_path):
     for row in ("(inline dict)", "(trivial object)", "(do-nothing)", "paged"):
         assert f"\n{row} " in out
     assert "harness over bare loop" in out
+    assert "x trivial+Allocation <= 1.6: " in out  # the do-nothing row's verdict
     assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("row,bare_ns,x_dict,x_nothing,harness_ns")
+
+
+def test_bench_replay_gives_issue_33s_verdicts_from_the_rows_of_its_run():
+    bench = _load("bench_replay")
+    bare = {bench.INLINE: 1.0, bench.OBJECT: 4.0, bench.NOTHING: 6.0, "best-fit": 18.5, "first-fit": 17.0, "paged": 9.0}
+    assert bench.verdict(bench.NOTHING, bare) == "1.50x trivial+Allocation <= 1.6: ok"
+    assert bench.verdict("best-fit", bare).endswith("MISS") and bench.verdict("first-fit", bare).endswith("ok")
+    assert bench.verdict("paged", bare) == bench.verdict(bench.OBJECT, bare) == "-"
 
 
 def test_bench_replay_parts_builds_the_harness_up(capsys):
