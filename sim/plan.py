@@ -388,15 +388,12 @@ def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, pr
 
 @contextlib.contextmanager
 def _replay_bar(title: str, show: bool):
-    """A progress bar counting one policy's replays (on a terminal only, as replay's), and its tick."""
-    if not show:
-        yield lambda fit: None
-        return
-    from tqdm.auto import tqdm
+    """A progress bar counting one policy's replays (``sim.progress``: on a terminal only), and its tick."""
+    from sim.progress import progress_bar
 
-    with tqdm(desc=title, unit="replay", leave=False, disable=None) as bar:
+    with progress_bar(None, title, unit="replay", enabled=show, unit_scale=False) as bar:
         def tick(fit: Fit) -> None:
-            bar.set_postfix_str(f"{fit.num_pages:,} pages {'fit' if fit.fits else 'do not fit'}", refresh=False)
+            bar.set_postfix_str(f"{fit.num_pages:,} pages {'fit' if fit.fits else 'do not fit'}")
             bar.update(1)
 
         yield tick
