@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,13 +69,17 @@ def _records(out: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("target", ["group", "main"])
 def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, target):
-    out = tmp_path / "out"
-    _run(["sweep", str(_sweep_file(tmp_path, trace, ["64GiB"])), "--out", str(out), "--scheduler", "serial",
+    first = tmp_path / "first"
+    _run(["sweep", str(_sweep_file(tmp_path, trace, ["64GiB"])), "--out", str(first), "--scheduler", "serial",
           "--no-progress"])
-    stored = _records(out)
+    stored = _records(first)
     assert len(stored) == 2
     big = _sweep_file(tmp_path, trace, [f"{64 + i}GiB" for i in range(16)])  # 32 cells, 2 already stored
     for attempt in range(3):
+        # each try from the same 2 stored cells: cells an earlier try stored would let a later one
+        # finish before its SIGINT on a fast machine
+        out = tmp_path / f"out{attempt}"
+        shutil.copytree(first, out)
         proc = subprocess.Popen([sys.executable, "-m", "poollab", "sweep", str(big), "--out", str(out),
                                  "--workers", "2", "--no-progress"], cwd=tmp_path, start_new_session=True,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
@@ -113,8 +118,8 @@ def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, ta
             while _live_in_group(proc.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert _live_in_group(proc.pid) == []
-        stored = now
-    # the next run starts from what was stored
+        last = now
+    # the next run starts from what the last try stored
     proc = subprocess.run([sys.executable, "-m", "poollab", "sweep", str(big), "--out", str(out), "--dry-run"],
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
-    assert f"32 replay cells, {len(stored)} already done; {32 - len(stored)} to run" in proc.stdout, proc.stdout
+    assert f"32 replay cells, {len(last)} already done; {32 - len(last)} to run" in proc.stdout, proc.stdout
