@@ -39,7 +39,8 @@ Logging a step profile from an engine (one row per pass of its loop; time the pa
 * Your own engine: the same six counts per step; write them with ``write_step_profile`` or as
   a CSV with the header ``STEP_COLUMNS``. Leave idle time out of ``duration_s``.
 
-Both read from CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``). Every cell is
+Both read from CSV or Parquet (told from the content; gzipped, a pipe or a FIFO too) and are written
+as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``). Every cell is
 checked before use (a number, finite, within range, integral where a count) and the first bad
 one raises ``TraceFormatError`` naming file, line (CSV) or row (Parquet) and column.
 """
@@ -52,9 +53,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from traces.alloc_table import PARQUET_FORMAT, output_format
+from traces.alloc_table import CSV_FORMAT, PARQUET_FORMAT, output_format
 from traces.atomic import replacing_file
-from traces.errors import DAMAGED_GZIP, TraceFormatError
+from traces.errors import TraceFormatError
+from traces.source import open_source
 
 __all__ = [
     "STEP_COLUMNS", "STEP_OPTIONAL_COLUMNS", "SERVED_REQUEST_COLUMNS",
@@ -138,21 +140,21 @@ def _write_table(df: pd.DataFrame, path: str | Path, required: tuple[str, ...], 
 
 
 def _read_table(path: Path, required: tuple[str, ...], optional: tuple[str, ...]) -> pd.DataFrame:
-    if not path.is_file():
-        raise TraceFormatError(path, None, "no such file" if not path.exists() else "not a regular file")
+    # any file, pipe or FIFO, read once under the trace size limit (gzip undone); the format is told
+    # from the content, as every reader tells it: Parquet's magic, else CSV
     try:
-        fmt = output_format(path)
-    except ValueError as exc:
-        raise TraceFormatError(path, None, str(exc)) from None
+        src = open_source(path)
+    except OSError as exc:  # missing, a folder, no permission
+        raise TraceFormatError(path, None, (exc.strerror or str(exc)).lower()) from None
+    path = src.path
+    src.require_intact()
+    fmt = PARQUET_FORMAT if src.head(4) == b"PAR1" else CSV_FORMAT
     try:
         if fmt == PARQUET_FORMAT:
-            df = pd.read_parquet(path)
+            df = pd.read_parquet(src.stream())
         else:
             # every cell as text: the checks below name the first bad one with its line
-            df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False,
-                             compression="gzip" if path.name.lower().endswith(".gz") else None)
-    except DAMAGED_GZIP as exc:
-        raise TraceFormatError(path, None, f"damaged gzip file ({exc})") from None
+            df = pd.read_csv(src.stream(), dtype=str, keep_default_na=False, na_filter=False)
     except pd.errors.EmptyDataError:
         raise TraceFormatError(path, 1, "empty file: expected a header line") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:

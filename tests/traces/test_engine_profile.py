@@ -87,8 +87,22 @@ def test_missing_columns_and_files(tmp_path):
     with pytest.raises(TraceFormatError, match="empty file"):
         read_step_profile(tmp_path / "e.csv")
     (tmp_path / "x.txt").write_text("a")
-    with pytest.raises(TraceFormatError, match="output format"):
+    with pytest.raises(TraceFormatError, match="x.txt:1: missing column"):
         read_step_profile(tmp_path / "x.txt")
+
+
+def test_a_profile_from_a_pipe_reads_as_from_its_file(tmp_path):
+    """Read once from any stream (a pipe, ``<(...)``), its format told from the content."""
+    import subprocess
+    import sys
+
+    path = write_step_profile(_steps(), tmp_path / "s.parquet")
+    code = ("import sys; from traces.engine_profile import read_step_profile; "
+            "print(len(read_step_profile('/dev/stdin')))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], stdin=path.open("rb"), capture_output=True, text=True,
+                         cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, timeout=60)
+    assert out.stdout.strip() == "2", out.stderr
 
 
 def test_served_requests_allow_unfinished_and_refuse_time_travel(tmp_path):
