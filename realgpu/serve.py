@@ -52,6 +52,8 @@ __all__ = ["PYTORCH", "ServeSettings", "StepRow", "Completion", "Engine", "plan_
 
 #: The spec that means PyTorch's own caching allocator (no poollab policy, no subprocess hooks).
 PYTORCH = "pytorch"
+#: What ``--snapshot-until`` takes: the start-up only, the whole run, or both (two snapshots).
+SNAPSHOT_UNTIL = ("startup", "end", "both")
 #: Serving columns ``--sim`` compares, measured against predicted.
 COMPARED_COLUMNS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
                     "output_tok_s", "n_finished")
@@ -78,7 +80,9 @@ class ServeSettings:
             decodes ``max_num_seqs`` at once (kernels loaded, the largest activations allocated once),
             unrecorded.
         snapshot: record PyTorch's memory history and write it (``snapshot_until``: ``startup``
-            stops after warm-up, before the first trace request; ``end`` keeps it to the end).
+            stops after warm-up, before the first trace request; ``end`` keeps it to the end;
+            ``both`` writes the start-up one and the whole run's), each with the device memory the
+            engine's process held outside PyTorch's allocator beside it (``traces.engine_memory``).
         allocator_mode: ``pluggable`` (the policy is PyTorch's allocator) or ``mempool`` (the policy
             supplies the segments PyTorch's caching allocator splits).
         validate: the policy's validation mode (guards and patterns).
@@ -122,8 +126,8 @@ class ServeSettings:
             raise ValueError(f"max-len {self.max_len_tokens} must be >= 2 (one prompt and one output token)")
         if self.max_memory_percent is not None and not 0 < self.max_memory_percent <= 1:
             raise ValueError(f"max-memory-percent {self.max_memory_percent} must be in (0, 1]")
-        if self.snapshot_until not in ("startup", "end"):
-            raise ValueError(f"snapshot-until {self.snapshot_until!r} must be 'startup' or 'end'")
+        if self.snapshot_until not in SNAPSHOT_UNTIL:
+            raise ValueError(f"snapshot-until {self.snapshot_until!r} must be one of {', '.join(SNAPSHOT_UNTIL)}")
         if self.allocator_mode not in ("pluggable", "mempool"):
             raise ValueError(f"allocator-mode {self.allocator_mode!r} must be 'pluggable' or 'mempool'")
 
@@ -343,6 +347,7 @@ class ServeRun:
     timeseries: pd.DataFrame | None = None
     snapshot_path: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    run_snapshot_path: Path | None = None  # the whole run's, beside the start-up one (``snapshot_until="both"``)
 
 
 class ServeError(RuntimeError):
@@ -387,11 +392,27 @@ def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, 
                     log(f"{spec}:   | {line}")
                 raise ServeError(f"gpu serve: policy {spec!r}: {why}")
             runs.append(read_run(work, spec))
-            if runs[-1].snapshot_path is not None:  # out of the temporary folder before it goes
-                keep = Path(tempfile.mkdtemp(prefix="poollab-snapshot-")) / runs[-1].snapshot_path.name
-                runs[-1].snapshot_path.replace(keep)
-                runs[-1].snapshot_path = keep
+            if runs[-1].snapshot_path is not None or runs[-1].run_snapshot_path is not None:
+                keep = Path(tempfile.mkdtemp(prefix="poollab-snapshot-"))  # out of the temporary folder before it goes
+                runs[-1].snapshot_path = _move_snapshot(runs[-1].snapshot_path, keep)
+                runs[-1].run_snapshot_path = _move_snapshot(runs[-1].run_snapshot_path, keep)
     return runs
+
+
+def _snapshot_files(snapshot: Path) -> list[Path]:
+    """A written snapshot and, where there is one, the JSON of the engine's memory beside it."""
+    from traces.engine_memory import sidecar_path
+
+    return [snapshot] + [p for p in (sidecar_path(snapshot),) if p.is_file()]
+
+
+def _move_snapshot(snapshot: Path | None, folder: Path) -> Path | None:
+    """Move a snapshot and its JSON into ``folder``; the snapshot's new path."""
+    if snapshot is None:
+        return None
+    for path in _snapshot_files(snapshot):
+        path.replace(folder / path.name)
+    return folder / snapshot.name
 
 
 def read_run(work: Path, spec: str) -> ServeRun:
@@ -408,16 +429,18 @@ def read_run(work: Path, spec: str) -> ServeRun:
     summary = serve_summary_row(result["memory_row"], served, steps, kv_capacity_tokens=result["kv_capacity_tokens"],
                                 num_preemptions=result["num_preemptions"], **result["extra"])
     snap = work / result["snapshot"] if result.get("snapshot") else None
+    run_snap = work / result["run_snapshot"] if result.get("run_snapshot") else None
     return ServeRun(spec=spec, summary=summary, steps=steps, served=served, timeseries=ts, snapshot_path=snap,
-                    info=result)
+                    info=result, run_snapshot_path=run_snap)
 
 
 def write_serve_results(out_dir: Path, runs: Sequence[ServeRun], meta: dict[str, Any],
                         comparison: pd.DataFrame | None = None) -> list[Path]:
     """The result folder: ``summary.csv``, ``timeseries.parquet``, ``requests.parquet`` (every run's
     request table, ``sim.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
-    per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served requests) and
-    ``snapshot_<policy>.pickle.gz`` when recorded. Returns the per-policy files."""
+    per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served requests) and,
+    when recorded, ``snapshot_<policy>.pickle.gz`` (and the whole run's ``snapshot_<policy>_run.pickle.gz``),
+    each with its ``.json`` of the engine's memory. Returns the per-policy files."""
     from sim.report import summary_frame, write_results
 
     summary = summary_frame([r.summary for r in runs])
@@ -433,10 +456,11 @@ def write_serve_results(out_dir: Path, runs: Sequence[ServeRun], meta: dict[str,
         slug = policy_slug(r.spec)
         written.append(write_step_profile(r.steps, out_dir / f"steps_{slug}.csv"))
         written.append(write_served_requests(r.served, out_dir / f"requests_{slug}.csv"))
-        if r.snapshot_path is not None:
-            dest = out_dir / f"snapshot_{slug}.pickle.gz"
-            dest.write_bytes(r.snapshot_path.read_bytes())
-            written.append(dest)
+        for snapshot, name in ((r.snapshot_path, f"snapshot_{slug}"), (r.run_snapshot_path, f"snapshot_{slug}_run")):
+            if snapshot is not None:
+                for path, dest in zip(_snapshot_files(snapshot), (f"{name}.pickle.gz", f"{name}.json")):
+                    (out_dir / dest).write_bytes(path.read_bytes())
+                    written.append(out_dir / dest)
     return written
 
 

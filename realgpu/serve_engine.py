@@ -3,7 +3,9 @@
 ``WORK_DIR`` holds ``job.json`` (spec, trace name, ``realgpu.serve.ServeSettings``) and ``plan.csv``
 (``realgpu.serve.plan_requests``); the run writes ``steps.csv``, ``requests.csv``,
 ``timeseries.parquet`` (PyTorch's own allocator), ``result.json`` (the memory columns and what the
-parent needs to assemble the summary) and, when asked, ``snapshot.pickle.gz``; on failure
+parent needs to assemble the summary) and, when asked, ``snapshot.pickle.gz`` (and with
+``snapshot_until="both"`` the whole run's ``snapshot_run.pickle.gz``), each with the device memory
+the process held outside PyTorch's allocator beside it (``traces.engine_memory``); on failure
 ``error.txt`` with one line. Its own process because a pluggable allocator must be installed before
 the process's first CUDA allocation, and so that each policy starts from an empty device.
 
@@ -19,6 +21,7 @@ import contextlib
 import gzip
 import json
 import math
+import os
 import pickle
 import queue
 import sys
@@ -36,6 +39,8 @@ from realgpu.serve import PYTORCH, Completion, ServeSettings, StepRow, drive, se
 GIVE_UP_AFTER_S = 1800.0
 #: History entries kept for ``--snapshot`` (PyTorch's ring buffer; a start-up needs far fewer).
 SNAPSHOT_MAX_ENTRIES = 200_000
+#: ... and when the serving run is recorded too (``--snapshot-until end|both``): a few hundred entries a step.
+SNAPSHOT_RUN_MAX_ENTRIES = 2_000_000
 
 
 def model_config(spec: Any, *, max_len_tokens: int | None):
@@ -322,6 +327,53 @@ class HostReadings:
                               "peak_reserved_bytes", "n_grow", "n_shrink", "grown_bytes", "shrunk_bytes"), math.nan)
 
 
+class NonTorchMemory:
+    """The device memory this process holds outside PyTorch's allocator: ``cudaMemGetInfo``'s used
+    (total - free) less ``torch.cuda.memory_reserved`` (the policy's reserved under a pluggable
+    policy, ``_policy_memory_counters``). The CUDA context, cuBLAS handles, kernels' modules loaded
+    as first used: a snapshot holds none of it. Device-wide, so another process on the device
+    would count too (the serving machine is the engine's alone).
+
+    ``at_startup`` reads it once start-up and warm-up are done; ``sample`` while serving (at the
+    memory samples) keeps the largest reading.
+    """
+
+    def __init__(self, device: Any):
+        import torch
+
+        self.torch, self.device = torch, device
+        self.total_bytes: int | None = None
+        self.startup: dict[str, int] | None = None
+        self.serving_max: dict[str, int] | None = None
+
+    def read(self) -> dict[str, int]:
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        reserved = int(self.torch.cuda.memory_reserved(self.device))
+        self.total_bytes = int(total)
+        return {"device_used_bytes": int(total - free), "torch_reserved_bytes": reserved,
+                "non_torch_bytes": int(total - free) - reserved}
+
+    def at_startup(self) -> None:
+        self.startup = self.read()
+
+    def sample(self) -> None:
+        r = self.read()
+        if self.serving_max is None or r["non_torch_bytes"] > self.serving_max["non_torch_bytes"]:
+            self.serving_max = r
+
+    def fields(self) -> dict[str, Any]:
+        """The sidecar's figures (``traces.engine_memory`` keys, and the readings they come from)."""
+        out: dict[str, Any] = {"mem_get_info_total_bytes": self.total_bytes,
+                               "non_torch_how": "cudaMemGetInfo used (total - free) less torch.cuda.memory_reserved, "
+                                                "in the engine's process"}
+        for name, r in (("startup", self.startup), ("serving_max", self.serving_max)):
+            if r is not None:
+                out[f"non_torch_{name}_bytes"] = r["non_torch_bytes"]
+                out[f"device_used_{name}_bytes"] = r["device_used_bytes"]
+                out[f"torch_reserved_{name}_bytes"] = r["torch_reserved_bytes"]
+        return out
+
+
 def _allocator(spec: str, settings: ServeSettings):
     """PyTorch's own allocator (nothing to install), or ``spec`` through ``use_policy``."""
     if spec == PYTORCH:
@@ -390,7 +442,8 @@ def run_job(work: Path) -> None:
                   "no snapshot for this policy", flush=True)
         if recording:
             # the Python stack of each allocation only (C++ frames make a start-up snapshot tens of MB)
-            torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_MAX_ENTRIES, context="alloc", stacks="python")
+            max_entries = SNAPSHOT_MAX_ENTRIES if settings.snapshot_until == "startup" else SNAPSHOT_RUN_MAX_ENTRIES
+            torch.cuda.memory._record_memory_history(max_entries=max_entries, context="alloc", stacks="python")
         model = build_model(settings, device)
         max_len = settings.max_len_tokens or int(model.config.max_position_embeddings)
         readings = (HostReadings() if settings.on_cpu else TorchMemoryReadings(device)) if alloc is None else None
@@ -400,10 +453,15 @@ def run_job(work: Path) -> None:
 
             monitor = PoolMonitor(readings=readings)
         t_ref = [time.perf_counter()]
+        non_torch = None if settings.on_cpu else NonTorchMemory(device)
+        serving = [False]  # warm-up steps are start-up's
 
         def on_step(i: int) -> None:
-            if monitor is not None and i % settings.sample_every_steps == 0:
-                monitor.sample(i, int((time.perf_counter() - t_ref[0]) * 1e6))
+            if i % settings.sample_every_steps == 0:
+                if monitor is not None:
+                    monitor.sample(i, int((time.perf_counter() - t_ref[0]) * 1e6))
+                if non_torch is not None and serving[0]:
+                    non_torch.sample()
 
         engine = TransformersEngine(model, settings, on_step=on_step)
         if alloc is not None and alloc.mempool is not None:
@@ -416,9 +474,12 @@ def run_job(work: Path) -> None:
         print(f"serve: KV cache {info['kv_blocks']:,} blocks of {settings.block_tokens} tokens "
               f"({info['kv_bytes'] / 2**30:,.2f} GiB); {len(plan)} requests over {plan['arrival_s'].iloc[-1]:,.1f} s",
               flush=True)
-        snapshot = None
-        if recording and settings.snapshot_until == "startup":
-            snapshot = _dump_snapshot(work)
+        if non_torch is not None:
+            non_torch.at_startup()
+        snapshot = run_snapshot = None
+        if recording and settings.snapshot_until in ("startup", "both"):
+            snapshot = _dump_snapshot(work, "snapshot.pickle.gz", stop=settings.snapshot_until == "startup")
+        serving[0] = True
         engine.steps.clear()
         t_ref[0] = time.perf_counter()
         if monitor is not None:
@@ -430,8 +491,11 @@ def run_job(work: Path) -> None:
         engine.stop()
         if not settings.on_cpu:
             torch.cuda.synchronize(device)
+            non_torch.sample()  # the cache and the last step's blocks are still held
         if recording and settings.snapshot_until == "end":
-            snapshot = _dump_snapshot(work)
+            snapshot = _dump_snapshot(work, "snapshot.pickle.gz")
+        elif recording and settings.snapshot_until == "both":
+            run_snapshot = _dump_snapshot(work, "snapshot_run.pickle.gz")
         steps = step_table(engine.steps, t0)
         served = served_table(plan, t0, submit_t, done)
         wall_s = time.perf_counter() - wall0
@@ -442,6 +506,11 @@ def run_job(work: Path) -> None:
                  "max_batch_tokens": settings.max_batch_tokens, "max_num_seqs": settings.max_num_seqs,
                  "cuda_graphs": settings.cuda_graphs, "attn_implementation": settings.attn_implementation,
                  **{k: v for k, v in info.items() if k != "kv_capacity_tokens"}}
+        if non_torch is not None:
+            extra.update({k: v for k, v in non_torch.fields().items() if k.startswith("non_torch_") and k != "non_torch_how"})
+        if snapshot or run_snapshot:
+            _write_sidecars(work, [(snapshot, "startup" if settings.snapshot_until != "end" else "run"),
+                                   (run_snapshot, "run")], non_torch, info, settings, extra)
         if alloc is None:
             from sim.report import summary_row
 
@@ -461,7 +530,7 @@ def run_job(work: Path) -> None:
     steps.to_csv(work / "steps.csv", index=False)
     served.to_csv(work / "requests.csv", index=False)
     result = {"memory_row": memory_row, "num_steps": len(steps), "kv_capacity_tokens": info["kv_capacity_tokens"],
-              "num_preemptions": preempted, "extra": extra, "snapshot": snapshot}
+              "num_preemptions": preempted, "extra": extra, "snapshot": snapshot, "run_snapshot": run_snapshot}
     (work / "result.json").write_text(json.dumps(result, default=_jsonable))
 
 
@@ -478,12 +547,39 @@ def _jsonable(v: Any) -> Any:
 SNAPSHOT_FRAMES_MIN_BYTES = 16 << 20
 
 
-def _dump_snapshot(work: Path) -> str:
-    """Write PyTorch's memory snapshot (with its history) gzipped, and stop recording."""
+def _write_sidecars(work: Path, snapshots: list[tuple[str | None, str]], non_torch: NonTorchMemory | None,
+                    info: dict[str, Any], settings: ServeSettings, extra: dict[str, Any]) -> None:
+    """Beside each written snapshot, its JSON (``traces.engine_memory``): the device memory outside
+    PyTorch's allocator in this process, the engine's KV figures, torch's peaks over the run."""
+    import torch
+
+    from traces.engine_memory import write_engine_memory
+
+    stats = torch.cuda.memory_stats(settings.device)
+    shape = info.get("kv_tensor_shape")
+    padding = (int(shape[0]) // int(info["kv_block_tokens"]) - int(info["kv_blocks"])
+               if shape and info.get("kv_block_tokens") else None)  # transformers: [blocks x block tokens, heads, dim]
+    common = {**(non_torch.fields() if non_torch is not None else {}),
+              **{k: info[k] for k in ("kv_blocks", "kv_block_tokens", "kv_bytes", "kv_num_tensors", "kv_tensor_bytes",
+                                      "kv_tensor_shape") if k in info},
+              "kv_padding_blocks": padding,
+              "whole_run_peak_reserved_bytes": stats.get("reserved_bytes.all.peak"),
+              "whole_run_peak_allocated_bytes": stats.get("allocated_bytes.all.peak"),
+              "gpu": extra.get("device_name"), "torch": extra.get("torch"), "transformers": extra.get("transformers"),
+              "model": extra.get("model"), "num_blocks_option": settings.num_blocks,
+              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    for name, what in snapshots:
+        if name is not None:
+            write_engine_memory(work / name, {"snapshot": what, **common})
+
+
+def _dump_snapshot(work: Path, name: str, *, stop: bool = True) -> str:
+    """Write PyTorch's memory snapshot (with its history) gzipped as ``name``; ``stop``: stop recording."""
     import torch
 
     snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
+    if stop:
+        torch.cuda.memory._record_memory_history(enabled=None)
     for trace in snap.get("device_traces", []):
         for entry in trace:
             if entry.get("size", 0) < SNAPSHOT_FRAMES_MIN_BYTES:
@@ -492,7 +588,6 @@ def _dump_snapshot(work: Path) -> str:
         for block in seg.get("blocks", []):
             if block.get("size", 0) < SNAPSHOT_FRAMES_MIN_BYTES:
                 block["frames"] = []
-    name = "snapshot.pickle.gz"
     with gzip.open(work / name, "wb", compresslevel=6) as f:
         pickle.dump(snap, f, protocol=4)
     return name

@@ -15,6 +15,12 @@ are resized with it in every replay: named by the user (``--kv-linked``) or reco
 engine preset's rule (``sim.engines.KvLinkedRule``, ``--engine``); ``kv_linked_bytes`` is their
 size at the safe KV size.
 
+The device's memory less what the engine's process holds outside PyTorch's allocator (the CUDA
+context, cuBLAS, the kernels' modules: no snapshot holds it) is what the pool may reserve. Both
+figures come from the JSON beside the snapshot when ``gpu serve --snapshot`` measured them in the
+engine's own process (``traces.engine_memory``), else from the caller (``device_memory_of``); each
+row says where its figures came from (``device_source``, ``non_torch_source``).
+
 What the rest of the run needs is read from the same replay:
 
 - ``weights_bytes``: requests still live at the end that were made before the first KV allocation,
@@ -51,23 +57,26 @@ from sim import engine
 from sim.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
 from sim.startup_kv import (KvCache, KvLinked, KvSelector, LinkedSelector, PlanError, parse_kv_linked, parse_kv_selector,
                             recognise_kv, recognise_linked, select_kv, select_linked)
+from traces.engine_memory import read_engine_memory, sidecar_path
 from traces.errors import TraceFormatError
 
 __all__ = ["PLAN_COLUMNS", "PLAN_FILE", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
            "KvSelector", "KvCache", "KvLinked", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector",
            "parse_kv_linked", "recognise_kv",
            "select_kv", "plan_inputs", "fits", "plan_policy", "plan", "plan_snapshot", "write_plan", "read_plan",
-           "planned_budgets", "PlanError"]
+           "planned_budgets", "PlanError", "DeviceMemory", "device_memory_of"]
 
 #: The file ``write_plan`` writes in a plan folder (one row per policy).
 PLAN_FILE = "plan.csv"
 #: Columns of ``plan.csv`` and ``PlanResult.table()``, in order.
-PLAN_COLUMNS = ["policy", "device_bytes", "capacity_bytes", "weights_bytes", "num_kv_allocs", "recorded_kv_bytes",
-                "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "num_kv_linked_allocs", "kv_linked_bytes",
+PLAN_COLUMNS = ["policy", "device_bytes", "non_torch_bytes", "capacity_bytes", "weights_bytes", "num_kv_allocs",
+                "recorded_kv_bytes", "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "engine_num_blocks",
+                "num_kv_linked_allocs", "kv_linked_bytes",
                 "peak_non_kv_reserved_bytes",
                 "frag_at_peak", "peak_reserved_bytes", "margin_bytes", "next_page_oom_event", "next_page_oom_entry",
                 "util_fraction", "profiled_peak_bytes", "util_rule_kv_bytes", "util_rule_fits", "util_rule_oom_event",
-                "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s"]
+                "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s",
+                "device_source", "non_torch_source"]
 #: vLLM's KV block (field notes): the page a plan is exact to, in tokens, when a model is given.
 DEFAULT_BLOCK_TOKENS = 16
 #: Without a model, each KV tensor grows by this much a page: PyTorch rounds large blocks to 2 MiB.
@@ -91,6 +100,9 @@ class PlanInputs:
         device_bytes, capacity_bytes: the device's memory and what the pool may reserve of it.
         linked: buffers resized with the KV cache (``KvLinked``): each of their allocations holds
             its recorded size plus ``bytes_per_page`` for every page beyond the recorded KV size.
+        device_source, non_torch_source: where the device's memory and the memory outside the pool
+            came from, in words.
+        padding_pages: pages the engine adds to the block count it is given (None: not known).
     """
 
     rec: Recording
@@ -104,6 +116,9 @@ class PlanInputs:
     device_bytes: int
     capacity_bytes: int
     linked: tuple[KvLinked, ...] = ()
+    device_source: str = ""
+    non_torch_source: str = ""
+    padding_pages: int | None = None
 
     @property
     def share_bytes(self) -> int:
@@ -172,7 +187,8 @@ def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
 
 def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None, model: Any = None,
                 block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
-                kv_linked: Iterable[LinkedSelector] = (), engine: Any = None) -> PlanInputs:
+                kv_linked: Iterable[LinkedSelector] = (), engine: Any = None, device_source: str = "",
+                non_torch_source: str = "", padding_pages: int | None = None) -> PlanInputs:
     """Everything a plan needs from ``rec`` besides the policy.
 
     Args:
@@ -186,6 +202,7 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
         kv_linked: buffers the user names as sized by the KV cache (``--kv-linked``).
         engine: a ``sim.engines`` preset (name or ``EnginePreset``) whose ``kv_linked`` rules
             recognise such buffers (needs ``model``: the rules are per KV token).
+        device_source, non_torch_source, padding_pages: as ``PlanInputs`` (``device_memory_of``).
     """
     if not rec.ops:
         raise PlanError(f"{rec.source}: the snapshot has no allocation trace (record with "
@@ -215,7 +232,8 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
                                  named={k for b in linked for k in b.ops})
     weights, profiled = _resident_and_profiled(rec, kv.ops[0])
     return PlanInputs(rec, kv, page, block_tokens if model is not None else None, per_token, name, weights, profiled,
-                      device_bytes, device_bytes - non_torch_bytes, tuple(linked))
+                      device_bytes, device_bytes - non_torch_bytes, tuple(linked), device_source, non_torch_source,
+                      padding_pages)
 
 
 def _engine_linked(rec: Recording, kv: KvCache, engine: Any, *, kv_bytes_per_token: int | None, block_tokens: int,
@@ -352,11 +370,15 @@ class PolicyPlan:
         i, safe = self.inputs, self.safe
         entry = (lambda k: i.rec.entries[k] if k is not None else None)
         util_bytes = self.util_pages * i.page_bytes
+        engine_blocks = (self.safe_pages - i.padding_pages if i.padding_pages is not None
+                         and self.safe_pages > i.padding_pages else None)
         return {
-            "policy": self.spec, "device_bytes": i.device_bytes, "capacity_bytes": i.capacity_bytes,
+            "policy": self.spec, "device_bytes": i.device_bytes, "non_torch_bytes": i.device_bytes - i.capacity_bytes,
+            "capacity_bytes": i.capacity_bytes,
             "weights_bytes": i.weights_bytes, "num_kv_allocs": len(i.kv.ops), "recorded_kv_bytes": i.kv.total_bytes,
             "page_bytes": i.page_bytes, "safe_kv_pages": self.safe_pages, "safe_kv_bytes": self.safe_pages * i.page_bytes,
-            "safe_kv_tokens": i.tokens(self.safe_pages), "num_kv_linked_allocs": i.num_linked_allocs,
+            "safe_kv_tokens": i.tokens(self.safe_pages), "engine_num_blocks": engine_blocks,
+            "num_kv_linked_allocs": i.num_linked_allocs,
             "kv_linked_bytes": i.linked_bytes(self.safe_pages) if self.safe_pages else 0,
             "peak_non_kv_reserved_bytes": safe.peak_non_kv_reserved_bytes if safe else None,
             "frag_at_peak": safe.frag_at_peak if safe else None,
@@ -370,7 +392,7 @@ class PolicyPlan:
             "util_rule_oom_entry": entry(self.util.oom_op) if self.util is not None else None,
             "util_rule_excess_bytes": util_bytes - self.safe_pages * i.page_bytes,
             "model": i.model, "block_tokens": i.block_tokens, "num_replays": self.num_replays,
-            "plan_s": self.plan_s,
+            "plan_s": self.plan_s, "device_source": i.device_source, "non_torch_source": i.non_torch_source,
         }
 
 
@@ -484,23 +506,79 @@ class PlanResult:
 def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: int, kv: Iterable[KvSelector] = (),
          model: Any = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
          util_fraction: float = 0.9, progress: bool = False, kv_linked: Iterable[LinkedSelector] = (),
-         engine: Any = None) -> PlanResult:
+         engine: Any = None, device_source: str = "", non_torch_source: str = "",
+         padding_pages: int | None = None) -> PlanResult:
     """Plan the KV cache of ``rec`` under each spec (default: ``torch-caching`` with the snapshot's
     settings). See the module docstring; arguments as ``plan_inputs`` and ``plan_policy``."""
     if not 0 < util_fraction <= 1:
         raise PlanError(f"--utilization {util_fraction} must be in (0, 1]")
     cache = select_kv(rec, kv) if rec.ops else None
     inputs = plan_inputs(rec, device_bytes=device_bytes, kv=cache, model=model, block_tokens=block_tokens,
-                         non_torch_bytes=non_torch_bytes, kv_linked=kv_linked, engine=engine)
+                         non_torch_bytes=non_torch_bytes, kv_linked=kv_linked, engine=engine,
+                         device_source=device_source, non_torch_source=non_torch_source, padding_pages=padding_pages)
     spec_list = list(specs or []) or [spec_from_settings(rec.settings)]
     return PlanResult(inputs, [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress)
                                for s in spec_list], util_fraction)
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The memory a plan fits the recorded run into, and where each figure came from (in words)."""
+
+    device_bytes: int
+    device_source: str
+    non_torch_bytes: int
+    non_torch_source: str
+    padding_pages: int | None = None  # the engine's padding blocks, where the snapshot's JSON says
+
+
+#: The non-PyTorch source when nothing measured it (``{why}``: no file, or no figure in it): the plan is
+#: then optimistic by that much.
+UNMEASURED_NON_TORCH = ("none measured ({why}): 0 B assumed, so the plan is optimistic by the CUDA context and "
+                        "libraries' memory (0.69 GiB in an engine's process on an H200): record with "
+                        "`poollab gpu serve --snapshot`, or give --non-torch")
+
+
+def device_memory_of(snapshot: str | Path, *, device_bytes: int | None = None, device_source: str = "",
+                     non_torch_bytes: int | None = None, non_torch_source: str = "",
+                     default_device: tuple[int, str] | None = None) -> DeviceMemory:
+    """The device's memory and what lies outside the pool for a plan of ``snapshot``: the figures
+    given (not None) win; else those the engine's process measured, from the JSON beside the
+    snapshot (``traces.engine_memory``; TraceFormatError when it is malformed); else
+    ``default_device`` for the device and 0 B outside the pool, said to be unmeasured."""
+    found = read_engine_memory(snapshot)
+    if device_bytes is None:
+        if found is not None and found.total_bytes:
+            device_bytes = found.total_bytes
+            device_source = f"cudaMemGetInfo's total in the engine's process, {found.path.name}"
+        elif default_device is not None:
+            device_bytes, device_source = default_device
+        else:
+            raise PlanError(f"{snapshot}: no device memory given and none beside the snapshot "
+                            f"({sidecar_path(snapshot).name})")
+    if non_torch_bytes is None:
+        if found is not None and found.non_torch_bytes is not None:
+            non_torch_bytes, non_torch_source = found.non_torch_bytes, found.describe_non_torch()
+        else:
+            non_torch_bytes = 0
+            name = sidecar_path(snapshot).name
+            non_torch_source = UNMEASURED_NON_TORCH.format(
+                why=f"{name} has no non_torch_bytes" if found is not None else f"no {name} beside the snapshot")
+    return DeviceMemory(device_bytes, device_source, non_torch_bytes, non_torch_source,
+                        found.padding_blocks if found is not None else None)
+
+
 def plan_snapshot(path: str | Path, specs: Iterable[str] | None = None, *, device: int | None = None,
-                  **kwargs: Any) -> PlanResult:
-    """``plan`` of the snapshot file at ``path`` (``device``: which device's trace)."""
-    return plan(read_recording(path, device=device), specs, **kwargs)
+                  memory: DeviceMemory | None = None, **kwargs: Any) -> PlanResult:
+    """``plan`` of the snapshot file at ``path`` (``device``: which device's trace). Its memory:
+    ``memory``, else ``device_memory_of(path)`` with the ``device_bytes`` / ``non_torch_bytes`` given
+    (each None or absent: the figures beside the snapshot)."""
+    if memory is None:
+        memory = device_memory_of(path, device_bytes=kwargs.pop("device_bytes", None),
+                                  non_torch_bytes=kwargs.pop("non_torch_bytes", None))
+    return plan(read_recording(path, device=device), specs, device_bytes=memory.device_bytes,
+                non_torch_bytes=memory.non_torch_bytes, device_source=memory.device_source,
+                non_torch_source=memory.non_torch_source, padding_pages=memory.padding_pages, **kwargs)
 
 
 # ---------------------------------------------------------------------------- plan.csv

@@ -210,9 +210,12 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True, help="Let the engine capture CUDA graphs.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True,
               help="Serve one full-budget prefill and one wide decode, unrecorded, before the trace.")
-@click.option("--snapshot", is_flag=True, help="Write PyTorch's memory snapshot (snapshot_<policy>.pickle.gz).")
-@click.option("--snapshot-until", type=click.Choice(["startup", "end"]), default="startup", show_default=True,
-              help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': the whole run.")
+@click.option("--snapshot", is_flag=True,
+              help="Write PyTorch's memory snapshot (snapshot_<policy>.pickle.gz) and beside it the device memory the "
+                   "engine's process held outside PyTorch's allocator (snapshot_<policy>.json; `poollab plan` reads it).")
+@click.option("--snapshot-until", type=click.Choice(["startup", "end", "both"]), default="startup", show_default=True,
+              help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': the whole run; "
+                   "'both': the start-up one and the whole run's (snapshot_<policy>_run.pickle.gz).")
 @click.option("--allocator-mode", type=click.Choice(["pluggable", "mempool"]), default="pluggable", show_default=True,
               help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator splits.")
 @click.option("--validate", is_flag=True, help="The policy's validation mode (guards and patterns).")

@@ -27,7 +27,7 @@ def register(cli: click.Group) -> None:
 
 
 def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
-    """``(device_bytes, what it is)`` from ``--gpu`` or ``--memory`` (default: the H200 preset)."""
+    """``(device_bytes, what it is)`` from ``--gpu`` or ``--memory`` (neither: the H200 preset)."""
     if gpu is not None and memory is not None:
         raise UsageError("--gpu and --memory both give the device's memory: pass one")
     if memory is not None:
@@ -40,15 +40,30 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
         spec = load_gpu(gpu or "H200")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return spec.memory_bytes, f"{spec.name} ({format_bytes(spec.memory_bytes)})"
+    return spec.memory_bytes, f"--gpu {spec.name}" if gpu else f"the {spec.name} preset (--gpu, --memory)"
 
 
-def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[str, ...] = (), model: str | None = None,
-             block_tokens: int | None = 16, non_torch_bytes: int = 0, util_fraction: float = 0.9,
+def plan_memory(snapshot: Path, gpu: str | None, memory: int | None, non_torch_bytes: int | None):
+    """The ``sim.plan.DeviceMemory`` of a plan: ``--gpu``/``--memory`` and ``--non-torch`` where given,
+    else the figures the engine's process measured beside the snapshot, else the H200 preset and 0 B."""
+    from sim.plan import PlanError, device_memory_of
+
+    given = device_memory(gpu, memory) if gpu is not None or memory is not None else None
+    try:
+        return device_memory_of(snapshot, device_bytes=given[0] if given else None,
+                                device_source=given[1] if given else "", non_torch_bytes=non_torch_bytes,
+                                non_torch_source="--non-torch", default_device=device_memory(None, None))
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_plan(snapshot: Path, specs: list[str], *, memory: Any, kv: tuple[str, ...] = (), model: str | None = None,
+             block_tokens: int | None = 16, util_fraction: float = 0.9,
              device_index: int | None = None, progress: bool = False, kv_linked: tuple[str, ...] = (),
              engine: str | None = None):
     """``sim.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``.
-    ``block_tokens`` None: the engine preset's ``tokens_per_page`` (else ``sim.plan.DEFAULT_BLOCK_TOKENS``)."""
+    ``memory``: a ``sim.plan.DeviceMemory`` (``plan_memory``). ``block_tokens`` None: the engine
+    preset's ``tokens_per_page`` (else ``sim.plan.DEFAULT_BLOCK_TOKENS``)."""
     from sim.plan import DEFAULT_BLOCK_TOKENS, PlanError, parse_kv_linked, parse_kv_selector, plan_snapshot
 
     try:
@@ -62,8 +77,8 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
         if block_tokens is None:
             block_tokens = int(preset.options.get("tokens_per_page", DEFAULT_BLOCK_TOKENS)) if preset else \
                 DEFAULT_BLOCK_TOKENS
-        return plan_snapshot(snapshot, specs, device=device_index, device_bytes=device_bytes, kv=selectors,
-                             model=model, block_tokens=block_tokens, non_torch_bytes=non_torch_bytes,
+        return plan_snapshot(snapshot, specs, device=device_index, memory=memory, kv=selectors,
+                             model=model, block_tokens=block_tokens,
                              util_fraction=util_fraction, progress=progress, kv_linked=linked, engine=preset)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
@@ -77,11 +92,14 @@ def run_plan(snapshot: Path, specs: list[str], *, device_bytes: int, kv: tuple[s
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
               help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.")
-@click.option("--gpu", default=None, help="GPU preset or JSON file whose memory the run must fit. Default: H200.")
+@click.option("--gpu", default=None,
+              help="GPU preset or JSON file whose memory the run must fit. Default: the device total measured beside "
+                   "the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.")
 @click.option("--memory", type=BYTES, default=None, help="The device's memory instead of a --gpu preset (e.g. 80GiB).")
-@click.option("--non-torch", "non_torch_bytes", type=BYTES, default=0,
+@click.option("--non-torch", "non_torch_bytes", type=BYTES, default=None,
               help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): the pool gets the rest. "
-                   "Default: 0.")
+                   "Default: what the engine's process held outside PyTorch's allocator, measured beside the snapshot "
+                   "(SNAPSHOT.json), else 0 (said to be unmeasured).")
 @click.option("--kv", "kv", multiple=True, metavar="SELECTOR",
               help="The KV allocation(s), when the snapshot does not tell: size=SIZE (every never-freed "
                    "allocation of that size), entries=I-J,K (device_traces indices of their alloc entries) or "
@@ -122,9 +140,9 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_lin
     from sim.report import format_table
 
     spec_list = check_specs(specs) if specs else []
-    device_bytes, device_text = device_memory(gpu, memory)
-    result = run_plan(snapshot, spec_list, device_bytes=device_bytes, kv=kv, model=model, block_tokens=block_tokens,
-                      non_torch_bytes=non_torch_bytes, util_fraction=util_fraction, device_index=device_index,
+    memory_plan = plan_memory(snapshot, gpu, memory, non_torch_bytes)
+    result = run_plan(snapshot, spec_list, memory=memory_plan, kv=kv, model=model, block_tokens=block_tokens,
+                      util_fraction=util_fraction, device_index=device_index,
                       progress=progress, kv_linked=kv_linked, engine=engine)
     inputs = result.inputs
     rec = inputs.rec
@@ -135,11 +153,12 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_lin
         click.echo(f"sized by the KV cache, resized with it: {buffer.how}")
     if engine is not None and not inputs.linked:
         click.echo(f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the recorded size")
-    pool_text = (f"; the pool gets {format_bytes(inputs.capacity_bytes)} ({format_bytes(non_torch_bytes)} outside it)"
-                 if non_torch_bytes else "; all of it to the pool (CUDA context and libraries: --non-torch)")
+    click.echo(f"device {format_bytes(inputs.device_bytes)}: {inputs.device_source}")
+    click.echo(f"outside PyTorch's allocator {format_bytes(memory_plan.non_torch_bytes)}: {inputs.non_torch_source}; "
+               f"the pool gets {format_bytes(inputs.capacity_bytes)}")
     page_text = (f"{inputs.block_tokens} tokens of {inputs.model} = {format_bytes(inputs.page_bytes)}"
                  if inputs.model else f"{format_bytes(inputs.page_bytes)} (2 MiB per KV tensor; --model for tokens)")
-    click.echo(f"device {device_text}{pool_text}; page {page_text}; weights/resident "
+    click.echo(f"page {page_text}; weights/resident "
                f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them {format_bytes(inputs.profiled_peak_bytes)}")
     table = result.table()
     shown = [c for c in TABLE_COLUMNS if (c != "safe_kv_tokens" or inputs.model) and (c != "kv_linked_bytes"
@@ -163,6 +182,9 @@ def _policy_line(result, p, row) -> str:
         text = (f"{p.spec}: safe KV {format_bytes(row.safe_kv_bytes)} ({row.safe_kv_pages:,} pages"
                 + (f", {int(row.safe_kv_tokens):,} tokens" if row.safe_kv_tokens == row.safe_kv_tokens
                    and row.safe_kv_tokens is not None else "")
+                + (f"; the engine's --num-blocks {int(row.engine_num_blocks):,}, its {p.inputs.padding_pages} padding "
+                   "blocks aside" if p.inputs.padding_pages is not None and row.engine_num_blocks == row.engine_num_blocks
+                   and row.engine_num_blocks is not None else "")
                 + (f", {format_bytes(row.kv_linked_bytes)} in the buffers sized by it" if p.inputs.linked else "")
                 + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}")
     rule = f"gpu_memory_utilization={result.util_fraction:g} would pick {format_bytes(row.util_rule_kv_bytes)}"
@@ -193,7 +215,13 @@ class KvBudgetSource:
                 return planned_budgets(read_plan(self.path), specs, source=str(self.path))
             except PlanError as exc:
                 raise UsageError(str(exc)) from None
-        result = run_plan(self.path, specs, device_bytes=gpu.memory_bytes, model=model)
+        from sim.plan import device_memory_of
+
+        try:  # the simulated GPU's memory, less what the engine's process measured beside the snapshot
+            memory = device_memory_of(self.path, device_bytes=gpu.memory_bytes, device_source=f"simulate's GPU {gpu.name}")
+        except PlanError as exc:
+            raise UsageError(str(exc)) from None
+        result = run_plan(self.path, specs, memory=memory, model=model)
         budgets = dict(zip(result.table()["policy"], result.table()["safe_kv_bytes"]))
         empty = [s for s, b in budgets.items() if not b]
         if empty:

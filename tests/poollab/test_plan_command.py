@@ -66,7 +66,63 @@ def test_cuda_graph_snapshot_plans_on_a_gpu_preset(tmp_path, cli_ok):
     out, _ = cli_ok(["plan", str(GRAPHS), "--gpu", "A100-40GB", "--non-torch", "38GiB", "--out", str(tmp_path / "p")])
     row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
     assert row.device_bytes == 40 << 30 and row.capacity_bytes == 2 << 30 and row.safe_kv_pages == 46
-    assert "A100-40GB" in out and "the pool gets 2.0 GiB (38.0 GiB outside it)" in out
+    assert "device 40.0 GiB: --gpu A100-40GB" in out
+    assert "outside PyTorch's allocator 38.0 GiB: --non-torch; the pool gets 2.0 GiB" in out
+    assert row.non_torch_bytes == 38 << 30 and row.non_torch_source == "--non-torch"
+
+
+def _sidecar(snapshot: Path, **fields) -> Path:
+    from traces.engine_memory import write_engine_memory
+
+    return write_engine_memory(snapshot, fields)
+
+
+def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_pool(startup, tmp_path, cli_ok):
+    # what `gpu serve --snapshot` writes beside it: the device's total and, measured in the engine's
+    # process, 200 MiB outside PyTorch's allocator at start-up's end and 224 MiB at most while serving
+    _sidecar(startup, mem_get_info_total_bytes=1 << 30, non_torch_startup_bytes=200 * MiB,
+             non_torch_serving_max_bytes=224 * MiB, kv_padding_blocks=2)
+    out, _ = cli_ok(["plan", str(startup), "-p", "torch-caching", "--out", str(tmp_path / "p"), "--no-progress"])
+    row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
+    # the larger figure comes off the device: 1,024 - 224 = 800 MiB for 100 MiB of weights, 250 MiB of warm-up
+    assert row.device_bytes == 1 << 30 and row.non_torch_bytes == 224 * MiB and row.capacity_bytes == 800 * MiB
+    assert row.safe_kv_bytes == (800 - 350) // 4 * 4 * MiB
+    assert row.engine_num_blocks == row.safe_kv_pages - 2
+    assert "device 1.0 GiB: cudaMemGetInfo's total in the engine's process, startup.json" in out
+    assert ("outside PyTorch's allocator 224.0 MiB: measured in the engine's process (0.20 GiB at start-up's end, "
+            "0.22 GiB at most while serving), startup.json; the pool gets 800.0 MiB") in out
+    assert f"the engine's --num-blocks {int(row.engine_num_blocks):,}, its 2 padding blocks aside" in out
+    # what the user gives wins over what was measured
+    cli_ok(["plan", str(startup), "--memory", "2GiB", "--non-torch", "0", "--out", str(tmp_path / "q"), "--no-progress"])
+    row = pd.read_csv(tmp_path / "q" / "plan.csv").iloc[0]
+    assert row.device_bytes == 2 << 30 and row.capacity_bytes == 2 << 30 and row.non_torch_source == "--non-torch"
+    # --memory alone: the measured non-PyTorch memory still comes off it
+    cli_ok(["plan", str(startup), "--memory", "2GiB", "--out", str(tmp_path / "r"), "--no-progress"])
+    assert pd.read_csv(tmp_path / "r" / "plan.csv").iloc[0].capacity_bytes == (2 << 30) - 224 * MiB
+
+
+def test_without_a_measurement_the_plan_says_it_assumed_none(startup, tmp_path, cli_ok):
+    out, _ = cli_ok(["plan", str(startup), "--memory", "1GiB", "--out", str(tmp_path / "p"), "--no-progress"])
+    row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
+    assert row.capacity_bytes == 1 << 30 and row.non_torch_bytes == 0
+    assert "outside PyTorch's allocator 0 B: none measured (no startup.json beside the snapshot): 0 B assumed" in out
+    assert "give --non-torch" in out and row.non_torch_source.startswith("none measured")
+    _sidecar(startup, kv_blocks=3)  # a file without the figure: the device's memory from the preset, said so
+    out, _ = cli_ok(["plan", str(startup), "--out", str(tmp_path / "q"), "--no-progress"])
+    assert "none measured (startup.json has no non_torch_bytes)" in out and "the H200 preset" in out
+
+
+def test_simulate_auto_plans_with_the_measured_non_torch_memory(startup, trace, tmp_path, cli_ok):
+    def budget(name: str) -> int:
+        out, _ = cli_ok(["simulate", str(trace), "-p", "best-fit", "--model", "Llama-3.2-1B", "--gpu", "H200",
+                         "--kv-capacity", f"auto:{startup}", "--out", str(tmp_path / name), "--no-progress"])
+        return int(pd.read_csv(tmp_path / name / "summary.csv")["kv_budget_bytes"].iloc[0])
+
+    unmeasured = budget("bare")
+    # measured beside the snapshot: 20 GiB outside PyTorch's allocator (the device's total there is not
+    # the simulated GPU's: simulate's --gpu gives the device)
+    _sidecar(startup, mem_get_info_total_bytes=80 << 30, non_torch_startup_bytes=20 << 30)
+    assert abs(unmeasured - budget("measured") - (20 << 30)) <= 4 * MiB  # a page and PyTorch's 2 MiB rounding
 
 
 def test_simulate_takes_each_policys_budget_from_the_plan(startup, trace, tmp_path, cli_ok):
@@ -154,6 +210,14 @@ def test_bad_snapshots_are_one_line_and_exit_2(tmp_path, cli):
                         (tmp_path / "missing.pickle", "missing.pickle")):
         code, _, err = cli(["plan", str(path)])
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_bad_json_beside_the_snapshot_is_one_line_and_exit_2(startup, tmp_path, cli):
+    (tmp_path / "startup.json").write_text('{"non_torch_bytes": "700MiB"}')
+    code, _, err = cli(["plan", str(startup), "--memory", "1GiB"])
+    assert code == 2 and "startup.json: non_torch_bytes '700MiB'" in err and len(err.strip().splitlines()) == 1, err
+    code, _, err = cli(["plan", str(startup), "--memory", "1GiB", "--non-torch", "0"])  # read even then: it is bad
+    assert code == 2, err
 
 
 def test_simulate_with_a_bad_plan_is_one_line_and_exit_2(startup, trace, tmp_path, cli):

@@ -241,6 +241,58 @@ def test_result_folder_round_trips_through_the_profile_readers(tmp_path):
     assert json.loads((tmp_path / "out" / "run.json").read_text())["command"] == "gpu serve"
 
 
+def test_both_snapshots_and_their_memory_figures_land_in_the_result_folder(tmp_path):
+    from traces.engine_memory import read_engine_memory, write_engine_memory
+
+    served = pd.DataFrame({"request": [0], "arrival_s": [0.0], "prompt_tokens": [10], "output_tokens": [2],
+                           "first_token_s": [0.4], "finish_s": [0.6], "num_generated": [2], "error": [""]})
+    steps = step_table([StepRow(1.0, 0.4, 1, 10, 10, 0, 0)], t0=1.0)
+    work = tmp_path / "work"
+    work.mkdir()
+    for name, what in (("snapshot.pickle.gz", "startup"), ("snapshot_run.pickle.gz", "run")):
+        (work / name).write_bytes(name.encode())
+        write_engine_memory(work / name, {"snapshot": what, "non_torch_startup_bytes": 7, "mem_get_info_total_bytes": 99})
+    run = ServeRun(spec=PYTORCH, summary=serve_summary_row(_memory_row(), served, steps, kv_capacity_tokens=512),
+                   steps=steps, served=served, snapshot_path=work / "snapshot.pickle.gz",
+                   run_snapshot_path=work / "snapshot_run.pickle.gz")
+    files = write_serve_results(tmp_path / "out", [run], {"command": "gpu serve"})
+    assert [f.name for f in files][2:] == ["snapshot_pytorch.pickle.gz", "snapshot_pytorch.json",
+                                           "snapshot_pytorch_run.pickle.gz", "snapshot_pytorch_run.json"]
+    assert (tmp_path / "out" / "snapshot_pytorch_run.pickle.gz").read_bytes() == b"snapshot_run.pickle.gz"
+    found = read_engine_memory(tmp_path / "out" / "snapshot_pytorch.pickle.gz")  # what `poollab plan` reads
+    assert found.non_torch_bytes == 7 and found.total_bytes == 99
+    assert json.loads((tmp_path / "out" / "snapshot_pytorch_run.json").read_text())["snapshot"] == "run"
+
+
+def test_the_engines_non_torch_memory_is_the_devices_used_less_pytorchs_reserved(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from realgpu.serve_engine import NonTorchMemory
+
+    readings = iter([(40, 100, 50), (30, 100, 60), (35, 100, 40), (20, 100, 75)])  # free, total, reserved
+    now = {}
+
+    def mem_get_info(device=None):
+        now["free"], total, now["reserved"] = next(readings)
+        return now["free"], total
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: now["reserved"])
+    watch = NonTorchMemory(torch.device("cuda", 0))
+    watch.at_startup()  # used 60, PyTorch 50: 10 outside
+    for _ in range(3):  # serving: 10, 25, 5 outside; the largest is kept with its reading
+        watch.sample()
+    fields = watch.fields()
+    assert fields["mem_get_info_total_bytes"] == 100 and fields["non_torch_startup_bytes"] == 10
+    assert (fields["non_torch_serving_max_bytes"], fields["device_used_serving_max_bytes"],
+            fields["torch_reserved_serving_max_bytes"]) == (25, 65, 40)
+
+
+def test_snapshot_until_takes_both_and_names_a_bad_value(monkeypatch, tmp_path):
+    assert ServeSettings(snapshot=True, snapshot_until="both").snapshot_until == "both"
+    with pytest.raises(ValueError, match="snapshot-until 'later' must be one of startup, end, both"):
+        ServeSettings(snapshot_until="later")
+
+
 def test_policy_slug_is_a_file_name():
     assert policy_slug("best-fit:virtual=true") == "best-fit_virtual-true"
     assert policy_slug("pytorch") == "pytorch"
