@@ -1,41 +1,55 @@
 #!/usr/bin/env bash
 # Issue 34's real check of the KV plan, on the H200 (about 3-4 minutes; the device keeps nothing:
-# everything lands in $OUT as log.txt and plan_check.tgz). From the repository root on the GPU
-# machine, with .whl/ carried (simpy, plotly):
-#   bash benchmarks/run_h200_plan_check.sh
-# 1. the free memory PyTorch's allocator can have (free + what it already reserved), with cuBLAS and
-#    SDPA's kernels loaded (what they hold is outside the allocator in the engine's process too);
-# 2. `poollab plan` on the committed start-up snapshot with that memory, --engine transformers: the
-#    paged|sdpa attention mask (8,192 x (tokens + 8,192) bf16) grows with the KV cache in every replay;
-# 3. `gpu serve -p pytorch --no-engine-footprint-check` (transformers' own estimate would refuse the
-#    planned size before allocating anything) with --num-blocks N = planned pages - 2 (the engine adds
-#    2 padding blocks) and N + 1, 4 requests each: N should start, warm up and serve; N + 1 should
-#    run out of CUDA memory at start-up or warm-up, reported as one line (exit 2);
-# 4. at N a 30 s serving run. The start-up snapshot holds start-up and warm-up, not serving's peak
-#    (the RESULTS runs peaked at 135-139 GiB reserved while serving), so this one may run out of
-#    memory while serving: the plan promises the recorded run, not traffic it never saw.
+# everything lands in $OUT as log_plan_check.txt and plan_check.tgz). From the repository root on the
+# GPU machine, with .whl/ carried (simpy, plotly):
+#   bash benchmarks/run_h200_plan_check.sh            (REQUESTS=8 requests of the Azure code slice)
+# 1. record: `gpu serve -p pytorch --snapshot --snapshot-until both`, the engine sizing its own KV
+#    cache: a start-up snapshot, the whole run's snapshot, and beside each the device memory the
+#    engine's process held outside PyTorch's allocator (cudaMemGetInfo used less torch's reserved, at
+#    start-up's end and while serving: snapshot_pytorch.json);
+# 2. plan on each snapshot with what was measured beside it (no --memory, no --non-torch), --engine
+#    transformers (the paged|sdpa attention mask grows with the cache): the engine's --num-blocks N
+#    (the plan's pages less the engine's 2 padding blocks, from the JSON);
+# 3. check in fresh processes (nothing fitted on them): `gpu serve --num-blocks N` and N + 1 with the
+#    start-up plan's N (the plan promises start-up and warm-up), and with the whole run's plan's N
+#    (it promises the recorded requests too), the same requests, --no-engine-footprint-check
+#    (transformers' own estimate would refuse these sizes before allocating anything).
 set -u
 . "$(dirname "$0")/h200_lib.sh"
 h200_setup plan_check
-# free + reserved once CUDA is up (as session 11 measured it), and again once cuBLAS and SDPA kernels are
-# loaded: their handles and modules sit outside the allocator in the serving process too, so the second is
-# what the engine's allocator can really have; the plan uses it and the log keeps both
-read -r FREE_BARE FREE < <(python3 -c "
+REQUESTS=${REQUESTS:-8}
+# what a separate probe process sees free for the allocator (session 11 planned with this; logged to compare)
+python3 -c "
 import torch, torch.nn.functional as F
-torch.empty(1, device='cuda'); f, _ = torch.cuda.mem_get_info(); bare = f + torch.cuda.memory_reserved()
-a = torch.randn(512, 512, device='cuda', dtype=torch.bfloat16); q = torch.randn(1, 32, 256, 128, device='cuda', dtype=torch.bfloat16)
+torch.empty(1, device='cuda'); a = torch.randn(512, 512, device='cuda', dtype=torch.bfloat16)
+q = torch.randn(1, 32, 256, 128, device='cuda', dtype=torch.bfloat16)
 (a @ a).sum().item(); F.scaled_dot_product_attention(q, q, q).sum().item(); torch.cuda.synchronize()
-f, _ = torch.cuda.mem_get_info(); print(bare, f + torch.cuda.memory_reserved())")
-echo "free for the allocator: $FREE ($FREE_BARE before cuBLAS and SDPA were loaded)" >> $LOG
-[ -n "$FREE" ] || exit 1
-step plan 60 python3 -m poollab plan tests/data/snapshots_h200/startup_transformers_cb.pickle.gz --memory $FREE \
-    --model Llama-3-8B --engine transformers -p torch-caching --out $R/plan --no-progress
-PAGES=$(python3 -c "import pandas as pd; print(int(pd.read_csv('$R/plan/plan.csv').safe_kv_pages[0]))") || exit 1
-N=$((PAGES - 2))
-echo "planned pages $PAGES (mask grown with them): --num-blocks $N, and $((N + 1)) one page more" >> $LOG
-for n in $N $((N + 1)); do
-    step serve-$n 90 python3 -m poollab gpu serve traces/data/azure_code_slice.csv -p pytorch --max-requests 4 \
-        --num-blocks $n --no-engine-footprint-check --out $R/serve_$n --no-sim
+f, t = torch.cuda.mem_get_info(); r = torch.cuda.memory_reserved()
+print(f'probe process: total {t}, outside the allocator {t - f - r}')" >> $LOG 2>&1
+SERVE="python3 -m poollab gpu serve traces/data/azure_code_slice.csv -p pytorch --max-requests $REQUESTS --no-sim"
+step record 150 $SERVE --snapshot --snapshot-until both --out $R/rec
+ls -l $R/rec >> $LOG
+cat $R/rec/snapshot_pytorch.json >> $LOG
+for what in startup run; do
+    snap=$R/rec/snapshot_pytorch.pickle.gz; [ $what = run ] && snap=$R/rec/snapshot_pytorch_run.pickle.gz
+    step plan-$what 120 python3 -m poollab plan $snap --model Llama-3-8B --engine transformers -p torch-caching \
+        --out $R/plan_$what --no-progress
 done
-step serve-$N-30s 90 python3 -m poollab gpu serve traces/data/azure_code_slice.csv -p pytorch --duration 30 \
-    --num-blocks $N --no-engine-footprint-check --out $R/serve_${N}_30s --no-sim
+blocks() { python3 -c "import pandas as pd; print(int(pd.read_csv('$R/plan_$1/plan.csv').engine_num_blocks[0]))"; }
+N_START=$(blocks startup) || exit 1
+N_RUN=$(blocks run) || exit 1
+echo "engine blocks: start-up plan $N_START, whole-run plan $N_RUN" >> $LOG
+done_n=""
+for n in $N_START $((N_START + 1)) $N_RUN $((N_RUN + 1)); do
+    case " $done_n " in *" $n "*) continue;; esac
+    done_n="$done_n $n"
+    step serve-$n 100 $SERVE --num-blocks $n --no-engine-footprint-check --out $R/serve_$n
+done
+python3 - >> $LOG 2>&1 <<EOF
+import glob, pandas as pd
+cols = ["kv_blocks", "n_finished", "n_request_errors", "peak_reserved_bytes", "non_torch_startup_bytes",
+        "non_torch_serving_max_bytes"]
+for path in sorted(glob.glob("$R/serve_*/summary.csv")) + ["$R/rec/summary.csv"]:
+    row = pd.read_csv(path).iloc[0]
+    print(path.split("/")[-2], {c: row.get(c) for c in cols})
+EOF
