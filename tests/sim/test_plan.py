@@ -454,3 +454,29 @@ def test_a_real_start_ups_attention_mask_is_recognised_and_grows_with_the_cache(
     assert 3_062 < p.safe_pages < unlinked.safe_pages
     assert not fits(inputs, p.spec, p.safe_pages + 1).fits
     assert result.table().iloc[0].kv_linked_bytes == STARTUP_MASK_BYTES + (p.safe_pages - 3_062) * 4 * MiB
+
+
+# ---------------------------------------------------------------------------- the H200 check of session 12
+#: A start-up recorded by `gpu serve --snapshot --snapshot-until both` with the JSON it wrote beside it: the
+#: device memory the engine's process held outside PyTorch's allocator, 0.72 GiB at start-up's end and at
+#: most while serving (benchmarks/results/engine_check/plan_check_s12)
+MEASURED = SNAPSHOTS / "startup_transformers_cb_measured.pickle.gz"
+#: what PyTorch reserved at its peak in the fresh engine processes that served 8 and 12 requests at the
+#: planned --num-blocks 3,482 (summary.csv's peak_reserved_bytes of both H200 calls)
+MEASURED_RUN_PEAK_RESERVED = 149_325_611_008
+
+
+def test_a_plan_from_the_engines_own_figures_is_what_the_h200_served_and_one_page_more_is_what_failed():
+    from sim.plan import plan_snapshot
+
+    result = plan_snapshot(MEASURED, ["torch-caching"], model="Llama-3-8B", block_tokens=256, engine="transformers")
+    inputs, p = result.inputs, result.plans[0]
+    row = result.table().iloc[0]
+    assert inputs.device_bytes == STARTUP_TOTAL_BYTES and row.non_torch_bytes == 772_603_904
+    assert "measured in the engine's process" in row.non_torch_source
+    assert (p.safe_pages, row.engine_num_blocks) == (3_484, 3_482)
+    # the replay's peak at the planned size is the real run's, to the byte
+    assert p.safe.peak_reserved_bytes == MEASURED_RUN_PEAK_RESERVED
+    # one page more: the 224 MiB warm-up request on stream 1 that ran out of memory on the H200 at 3,483 blocks
+    k = p.next_page.oom_op
+    assert inputs.rec.sizes[k] == 224 * MiB and inputs.rec.streams[k] == 1 and k > inputs.kv.ops[-1]
