@@ -102,7 +102,8 @@ class PlanInputs:
             its recorded size plus ``bytes_per_page`` for every page beyond the recorded KV size.
         device_source, non_torch_source: where the device's memory and the memory outside the pool
             came from, in words.
-        padding_pages: pages the engine adds to the block count it is given (None: not known).
+        engine_block_tokens, engine_padding_blocks: the engine's KV block (tokens) and the blocks it
+            adds to the ``--num-blocks`` it is given, where the snapshot's JSON says (else None).
     """
 
     rec: Recording
@@ -118,7 +119,15 @@ class PlanInputs:
     linked: tuple[KvLinked, ...] = ()
     device_source: str = ""
     non_torch_source: str = ""
-    padding_pages: int | None = None
+    engine_block_tokens: int | None = None
+    engine_padding_blocks: int | None = None
+
+    def engine_num_blocks(self, num_pages: int) -> int | None:
+        """The ``--num-blocks`` that makes the engine allocate at most ``num_pages`` of KV (None: not known)."""
+        if self.block_tokens is None or not self.engine_block_tokens or self.engine_padding_blocks is None:
+            return None
+        blocks = num_pages * self.block_tokens // self.engine_block_tokens - self.engine_padding_blocks
+        return blocks if blocks > 0 else None
 
     @property
     def share_bytes(self) -> int:
@@ -188,7 +197,8 @@ def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
 def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None, model: Any = None,
                 block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
                 kv_linked: Iterable[LinkedSelector] = (), engine: Any = None, device_source: str = "",
-                non_torch_source: str = "", padding_pages: int | None = None) -> PlanInputs:
+                non_torch_source: str = "", engine_block_tokens: int | None = None,
+                engine_padding_blocks: int | None = None) -> PlanInputs:
     """Everything a plan needs from ``rec`` besides the policy.
 
     Args:
@@ -202,7 +212,8 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
         kv_linked: buffers the user names as sized by the KV cache (``--kv-linked``).
         engine: a ``sim.engines`` preset (name or ``EnginePreset``) whose ``kv_linked`` rules
             recognise such buffers (needs ``model``: the rules are per KV token).
-        device_source, non_torch_source, padding_pages: as ``PlanInputs`` (``device_memory_of``).
+        device_source, non_torch_source, engine_block_tokens, engine_padding_blocks: as ``PlanInputs``
+            (``device_memory_of``).
     """
     if not rec.ops:
         raise PlanError(f"{rec.source}: the snapshot has no allocation trace (record with "
@@ -233,7 +244,7 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
     weights, profiled = _resident_and_profiled(rec, kv.ops[0])
     return PlanInputs(rec, kv, page, block_tokens if model is not None else None, per_token, name, weights, profiled,
                       device_bytes, device_bytes - non_torch_bytes, tuple(linked), device_source, non_torch_source,
-                      padding_pages)
+                      engine_block_tokens, engine_padding_blocks)
 
 
 def _engine_linked(rec: Recording, kv: KvCache, engine: Any, *, kv_bytes_per_token: int | None, block_tokens: int,
@@ -370,14 +381,12 @@ class PolicyPlan:
         i, safe = self.inputs, self.safe
         entry = (lambda k: i.rec.entries[k] if k is not None else None)
         util_bytes = self.util_pages * i.page_bytes
-        engine_blocks = (self.safe_pages - i.padding_pages if i.padding_pages is not None
-                         and self.safe_pages > i.padding_pages else None)
         return {
             "policy": self.spec, "device_bytes": i.device_bytes, "non_torch_bytes": i.device_bytes - i.capacity_bytes,
             "capacity_bytes": i.capacity_bytes,
             "weights_bytes": i.weights_bytes, "num_kv_allocs": len(i.kv.ops), "recorded_kv_bytes": i.kv.total_bytes,
             "page_bytes": i.page_bytes, "safe_kv_pages": self.safe_pages, "safe_kv_bytes": self.safe_pages * i.page_bytes,
-            "safe_kv_tokens": i.tokens(self.safe_pages), "engine_num_blocks": engine_blocks,
+            "safe_kv_tokens": i.tokens(self.safe_pages), "engine_num_blocks": i.engine_num_blocks(self.safe_pages),
             "num_kv_linked_allocs": i.num_linked_allocs,
             "kv_linked_bytes": i.linked_bytes(self.safe_pages) if self.safe_pages else 0,
             "peak_non_kv_reserved_bytes": safe.peak_non_kv_reserved_bytes if safe else None,
@@ -507,7 +516,7 @@ def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: in
          model: Any = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
          util_fraction: float = 0.9, progress: bool = False, kv_linked: Iterable[LinkedSelector] = (),
          engine: Any = None, device_source: str = "", non_torch_source: str = "",
-         padding_pages: int | None = None) -> PlanResult:
+         engine_block_tokens: int | None = None, engine_padding_blocks: int | None = None) -> PlanResult:
     """Plan the KV cache of ``rec`` under each spec (default: ``torch-caching`` with the snapshot's
     settings). See the module docstring; arguments as ``plan_inputs`` and ``plan_policy``."""
     if not 0 < util_fraction <= 1:
@@ -515,7 +524,8 @@ def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: in
     cache = select_kv(rec, kv) if rec.ops else None
     inputs = plan_inputs(rec, device_bytes=device_bytes, kv=cache, model=model, block_tokens=block_tokens,
                          non_torch_bytes=non_torch_bytes, kv_linked=kv_linked, engine=engine,
-                         device_source=device_source, non_torch_source=non_torch_source, padding_pages=padding_pages)
+                         device_source=device_source, non_torch_source=non_torch_source,
+                         engine_block_tokens=engine_block_tokens, engine_padding_blocks=engine_padding_blocks)
     spec_list = list(specs or []) or [spec_from_settings(rec.settings)]
     return PlanResult(inputs, [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress)
                                for s in spec_list], util_fraction)
@@ -529,13 +539,14 @@ class DeviceMemory:
     device_source: str
     non_torch_bytes: int
     non_torch_source: str
-    padding_pages: int | None = None  # the engine's padding blocks, where the snapshot's JSON says
+    engine_block_tokens: int | None = None  # the engine's KV block and its padding blocks, where the JSON says
+    engine_padding_blocks: int | None = None
 
 
 #: The non-PyTorch source when nothing measured it (``{why}``: no file, or no figure in it): the plan is
 #: then optimistic by that much.
 UNMEASURED_NON_TORCH = ("none measured ({why}): 0 B assumed, so the plan is optimistic by the CUDA context and "
-                        "libraries' memory (0.69 GiB in an engine's process on an H200): record with "
+                        "libraries' memory (0.72 GiB in an engine's process on an H200): record with "
                         "`poollab gpu serve --snapshot`, or give --non-torch")
 
 
@@ -565,6 +576,7 @@ def device_memory_of(snapshot: str | Path, *, device_bytes: int | None = None, d
             non_torch_source = UNMEASURED_NON_TORCH.format(
                 why=f"{name} has no non_torch_bytes" if found is not None else f"no {name} beside the snapshot")
     return DeviceMemory(device_bytes, device_source, non_torch_bytes, non_torch_source,
+                        found.block_tokens if found is not None else None,
                         found.padding_blocks if found is not None else None)
 
 
@@ -578,7 +590,9 @@ def plan_snapshot(path: str | Path, specs: Iterable[str] | None = None, *, devic
                                   non_torch_bytes=kwargs.pop("non_torch_bytes", None))
     return plan(read_recording(path, device=device), specs, device_bytes=memory.device_bytes,
                 non_torch_bytes=memory.non_torch_bytes, device_source=memory.device_source,
-                non_torch_source=memory.non_torch_source, padding_pages=memory.padding_pages, **kwargs)
+                non_torch_source=memory.non_torch_source,
+                engine_block_tokens=memory.engine_block_tokens, engine_padding_blocks=memory.engine_padding_blocks,
+                **kwargs)
 
 
 # ---------------------------------------------------------------------------- plan.csv

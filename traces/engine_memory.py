@@ -14,7 +14,8 @@ Keys this module reads (every one optional, each a whole number of bytes >= 0 wh
 - ``non_torch_startup_bytes``: outside PyTorch's allocator at the end of start-up (warm-up done);
 - ``non_torch_serving_max_bytes``: the most outside it at any memory sample while serving;
 - ``non_torch_bytes``: what a plan takes (the larger of the two);
-- ``kv_padding_blocks``: blocks the engine adds to the ``--num-blocks`` it is given.
+- ``kv_block_tokens``, ``kv_padding_blocks``: the engine's KV block (tokens) and the blocks it adds
+  to the ``--num-blocks`` it is given.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ __all__ = ["EngineMemory", "sidecar_path", "read_engine_memory", "write_engine_m
 INT_KEYS = {"mem_get_info_total_bytes": "the device's memory", "non_torch_bytes": "memory outside PyTorch's allocator",
             "non_torch_startup_bytes": "memory outside PyTorch's allocator at start-up's end",
             "non_torch_serving_max_bytes": "memory outside PyTorch's allocator while serving",
-            "kv_padding_blocks": "the engine's padding blocks"}
+            "kv_block_tokens": "the engine's KV block", "kv_padding_blocks": "the engine's padding blocks"}
 
 
 def sidecar_path(snapshot: str | Path) -> Path:
@@ -55,14 +56,15 @@ class EngineMemory:
     non_torch_startup_bytes: int | None = None
     non_torch_serving_max_bytes: int | None = None
     padding_blocks: int | None = None
+    block_tokens: int | None = None
 
     def describe_non_torch(self) -> str:
         """Where the non-PyTorch figure came from, in words (for a plan's report)."""
         parts = []
         if self.non_torch_startup_bytes is not None:
-            parts.append(f"{self.non_torch_startup_bytes / 2**30:,.2f} GiB at start-up's end")
+            parts.append(f"{self.non_torch_startup_bytes / 2**20:,.1f} MiB at start-up's end")
         if self.non_torch_serving_max_bytes is not None:
-            parts.append(f"{self.non_torch_serving_max_bytes / 2**30:,.2f} GiB at most while serving")
+            parts.append(f"{self.non_torch_serving_max_bytes / 2**20:,.1f} MiB at most while serving")
         how = f" ({', '.join(parts)})" if parts else ""
         return f"measured in the engine's process{how}, {self.path.name}"
 
@@ -100,7 +102,7 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
         raise TraceFormatError(path, None, f"non_torch_bytes {non_torch:,} is not below the device's memory "
                                            f"({total:,} B)")
     return EngineMemory(path, total, non_torch, values["non_torch_startup_bytes"],
-                        values["non_torch_serving_max_bytes"], values["kv_padding_blocks"])
+                        values["non_torch_serving_max_bytes"], values["kv_padding_blocks"], values["kv_block_tokens"] or None)
 
 
 def write_engine_memory(snapshot: str | Path, fields: dict[str, Any]) -> Path:

@@ -182,9 +182,9 @@ def _policy_line(result, p, row) -> str:
         text = (f"{p.spec}: safe KV {format_bytes(row.safe_kv_bytes)} ({row.safe_kv_pages:,} pages"
                 + (f", {int(row.safe_kv_tokens):,} tokens" if row.safe_kv_tokens == row.safe_kv_tokens
                    and row.safe_kv_tokens is not None else "")
-                + (f"; the engine's --num-blocks {int(row.engine_num_blocks):,}, its {p.inputs.padding_pages} padding "
-                   "blocks aside" if p.inputs.padding_pages is not None and row.engine_num_blocks == row.engine_num_blocks
-                   and row.engine_num_blocks is not None else "")
+                + (f"; the engine's --num-blocks {int(row.engine_num_blocks):,} of {p.inputs.engine_block_tokens} "
+                   f"tokens, its {p.inputs.engine_padding_blocks} padding blocks aside"
+                   if row.engine_num_blocks == row.engine_num_blocks and row.engine_num_blocks is not None else "")
                 + (f", {format_bytes(row.kv_linked_bytes)} in the buffers sized by it" if p.inputs.linked else "")
                 + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}")
     rule = f"gpu_memory_utilization={result.util_fraction:g} would pick {format_bytes(row.util_rule_kv_bytes)}"

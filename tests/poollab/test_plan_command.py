@@ -81,17 +81,21 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
     # what `gpu serve --snapshot` writes beside it: the device's total and, measured in the engine's
     # process, 200 MiB outside PyTorch's allocator at start-up's end and 224 MiB at most while serving
     _sidecar(startup, mem_get_info_total_bytes=1 << 30, non_torch_startup_bytes=200 * MiB,
-             non_torch_serving_max_bytes=224 * MiB, kv_padding_blocks=2)
+             non_torch_serving_max_bytes=224 * MiB, kv_block_tokens=32, kv_padding_blocks=2)
     out, _ = cli_ok(["plan", str(startup), "-p", "torch-caching", "--out", str(tmp_path / "p"), "--no-progress"])
     row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
     # the larger figure comes off the device: 1,024 - 224 = 800 MiB for 100 MiB of weights, 250 MiB of warm-up
     assert row.device_bytes == 1 << 30 and row.non_torch_bytes == 224 * MiB and row.capacity_bytes == 800 * MiB
     assert row.safe_kv_bytes == (800 - 350) // 4 * 4 * MiB
-    assert row.engine_num_blocks == row.safe_kv_pages - 2
+    assert pd.isna(row.engine_num_blocks)  # no model: pages of no token count, so no engine blocks
     assert "device 1.0 GiB: cudaMemGetInfo's total in the engine's process, startup.json" in out
-    assert ("outside PyTorch's allocator 224.0 MiB: measured in the engine's process (0.20 GiB at start-up's end, "
-            "0.22 GiB at most while serving), startup.json; the pool gets 800.0 MiB") in out
-    assert f"the engine's --num-blocks {int(row.engine_num_blocks):,}, its 2 padding blocks aside" in out
+    assert ("outside PyTorch's allocator 224.0 MiB: measured in the engine's process (200.0 MiB at start-up's end, "
+            "224.0 MiB at most while serving), startup.json; the pool gets 800.0 MiB") in out
+    # with a model: 16-token pages, the engine's blocks of 32 tokens less its 2 padding blocks
+    out, _ = cli_ok(["plan", str(startup), "--model", "Llama-3-8B", "--out", str(tmp_path / "m"), "--no-progress"])
+    row = pd.read_csv(tmp_path / "m" / "plan.csv").iloc[0]
+    assert row.engine_num_blocks == row.safe_kv_pages * 16 // 32 - 2
+    assert f"the engine's --num-blocks {int(row.engine_num_blocks):,} of 32 tokens, its 2 padding blocks aside" in out
     # what the user gives wins over what was measured
     cli_ok(["plan", str(startup), "--memory", "2GiB", "--non-torch", "0", "--out", str(tmp_path / "q"), "--no-progress"])
     row = pd.read_csv(tmp_path / "q" / "plan.csv").iloc[0]

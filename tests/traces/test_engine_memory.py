@@ -29,8 +29,8 @@ def test_what_gpu_serve_writes_reads_back_and_the_larger_figure_is_the_plans(tmp
     found = read_engine_memory(snapshot)
     assert (found.total_bytes, found.non_torch_bytes, found.non_torch_startup_bytes, found.padding_blocks) == \
         (150_109_880_320, 744 * MiB, 700 * MiB, 2)
-    assert found.describe_non_torch() == ("measured in the engine's process (0.68 GiB at start-up's end, 0.73 GiB at "
-                                          "most while serving), snapshot_pytorch.json")
+    assert found.describe_non_torch() == ("measured in the engine's process (700.0 MiB at start-up's end, 744.0 MiB "
+                                          "at most while serving), snapshot_pytorch.json")
 
 
 def test_a_file_with_the_parts_only_takes_the_larger(tmp_path):
