@@ -30,7 +30,8 @@ What the core guarantees, whatever the policy:
 - a policy whose allocations are pages (``contiguous`` False: paged, page-pool, vmm-stitch, a
   wrapper over one) runs on the page-mapped backend (``cuda-vmm``), and a tensor over pages that
   are not one range gets a virtual range of its own with those pages' physical memory mapped in
-  it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``);
+  it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``,
+  unmapped in batches past that, and at once when the policy refuses a request);
   such a policy is refused up front, in one line, on a segment device, in validation mode, or with
   pages that are no whole number of the device's physical pages;
 - a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
@@ -80,8 +81,13 @@ __all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYT
            "Shim", "CudaStreamEvents", "AlignedHostDevice"]
 
 MODES = ("pluggable", "mempool")
-#: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``).
-MAX_IDLE_STITCHED_RANGES = 64
+#: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``): address
+#: space only (their pages are the policy's, mapped in its segments too), so many are kept. Past it
+#: the least recently used ``IDLE_EVICT_BATCH`` go at once: unmapping waits for the GPU's queued
+#: work (``MappedRealDevice.unmap``), and in a batch only the first unmap waits (issue 30: one
+#: eviction, so one device synchronize, per fresh stitch made ``paged`` 1.3-4x slower)
+MAX_IDLE_STITCHED_RANGES = 1024
+IDLE_EVICT_BATCH = 256
 #: Monitor sample stride, in allocator calls (the summary's fragmentation averages).
 DEFAULT_SAMPLE_EVERY = 256
 _SHIM_SOURCE = Path(__file__).with_name("_torch_shim.cpp")
@@ -128,6 +134,8 @@ class AllocatorCore:
         self.n_deferred_frees = 0
         self.n_zero_bytes = 0
         self.n_stitched_maps = 0  # ranges mapped for tensors over pages that are not one range
+        self.n_stitch_reuses = 0  # tensors over such pages served by a range kept mapped (no driver call)
+        self.n_idle_evictions = 0  # batches of kept ranges unmapped (each waits for the GPU once)
         self._defer_frees = False
         self._validate = pool.validate
         self._free_policy = pool.free if pool.validate else pool.policy.free
@@ -137,7 +145,7 @@ class AllocatorCore:
         self._stitched: dict[int, tuple[tuple[int, ...], int, int]] = {}  # id(allocation) -> (pages, range, bytes)
         #: ranges whose allocation was freed, kept mapped for a later one over the same pages in the
         #: same order (the policy's LIFO reuse hands those out again: no driver call then), least
-        #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest is unmapped
+        #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest ``IDLE_EVICT_BATCH`` go
         self._idle_ranges: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
         if not pool.policy.contiguous:
             _check_pages_can_be_stitched(pool)
@@ -194,6 +202,11 @@ class AllocatorCore:
         pointer already live refused."""
         if a is None and self._pending:
             self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
+            a = self._allocate(nbytes, stream=stream)
+        if a is None and self._idle_ranges:
+            # kept ranges hold the physical pages of segments the policy released meanwhile (its
+            # trim on a refusal): unmapped, that memory goes back to the device; then retry
+            self._drop_idle_ranges()
             a = self._allocate(nbytes, stream=stream)
         if a is None:
             raise self._refuse(size)
@@ -291,6 +304,7 @@ class AllocatorCore:
         idle = self._idle_ranges.pop(key, None)
         if idle is not None:
             start, nbytes = idle
+            self.n_stitch_reuses += 1
         else:
             nbytes = sum(length for _, length in a.extents)
             start = device.address_reserve(nbytes)
@@ -310,7 +324,9 @@ class AllocatorCore:
             idle = self._idle_ranges
             idle[key] = (start, nbytes)
             if len(idle) > MAX_IDLE_STITCHED_RANGES:
-                self._unmap_range(*idle.popitem(last=False)[1])
+                self.n_idle_evictions += 1
+                for _ in range(min(IDLE_EVICT_BATCH, len(idle))):
+                    self._unmap_range(*idle.popitem(last=False)[1])
         self.policy.free(a)
 
     def _unmap_range(self, start: int, nbytes: int) -> None:
@@ -606,7 +622,9 @@ class TorchPolicyAllocator:
             kind="policy", mode=self.mode, validate=self.pool.validate,
             device_mallocs=device.num_maps, device_frees=device.num_unmaps, driver_ns_total=device.driver_ns_total,
             n_align_padded=core.n_align_padded, align_extra_bytes=core.align_extra_bytes,
-            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps, n_streams=len(core.streams), n_free_errors=len(core.errors),
+            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps,
+            n_stitch_reuses=core.n_stitch_reuses, n_idle_evictions=core.n_idle_evictions,
+            sync_ns_total=getattr(device, "sync_ns_total", 0), n_streams=len(core.streams), n_free_errors=len(core.errors),
             n_live_at_close=core.num_live, **counters)
 
     def check(self) -> None:
