@@ -828,3 +828,42 @@ def test_mempool_mode_equal_results_and_oom_reason():
         else:
             raise AssertionError("no OutOfMemoryError")
     """)
+
+
+@pytest.mark.gpu
+def test_mempool_mode_captures_and_replays_cuda_graphs():
+    # PyTorch's graph pools do the work in mempool mode: a graph captured into its own private pool
+    # (PyTorch's segments), and one captured into the policy's MemPool (the policy's segments)
+    pytest.importorskip("torch")
+    out = _run_gpu_script("""
+        import torch
+        from realgpu.torch_allocator import use_policy
+        with use_policy("best-fit", mode="mempool", capacity_bytes=1 << 30) as alloc:
+            static_in = torch.ones(1 << 20, device="cuda")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up on a side stream, as PyTorch asks before a capture
+                warm = static_in * 2 + 1
+            torch.cuda.current_stream().wait_stream(side)
+            outcomes = {}
+            for name, pool in (("own pool", None), ("policy's pool", alloc.mempool.id)):
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        static_out = static_in * 2 + 1
+                    static_in.fill_(3)
+                    g.replay()
+                    torch.cuda.synchronize()
+                    outcomes[name] = float(static_out.sum()) == 7.0 * (1 << 20)
+                    static_in.fill_(1)
+                    del g, static_out
+                except Exception as exc:
+                    outcomes[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            del static_in, warm
+        row = alloc.summary_row()
+        alloc.check()
+        print("outcomes", outcomes, "n_alloc", row["n_alloc"], "live_at_close", row["n_live_at_close"])
+        assert outcomes == {"own pool": True, "policy's pool": True}, outcomes
+        assert row["n_alloc"] >= 1 and row["n_live_at_close"] == 0, row
+    """)
+    assert "outcomes" in out
