@@ -460,6 +460,7 @@ def main() -> int:
             workers.append(w)
             print(f"round {r} {label}: " + (w["error"] if "error" in w else
                   " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])), flush=True)
+            write_results(args, workers, [label for label, _, _ in runs[1:]], None)  # a run cut short keeps these
     if args.validate:
         first = args.shapes.split(",")[0]
         w = spawn(argparse.Namespace(**{**vars(args), "shapes": first, "rounds": 1}),
@@ -474,7 +475,16 @@ def main() -> int:
         mempool = spawn(args, ["--mempool-worker"], 2 * args.worker_timeout, args.compiled or REPO)
         print("mempool: " + (mempool.get("error") or f"{len(mempool['runs'])} runs"), flush=True)
 
-    rows = summarise(workers, [label for label, _, _ in runs[1:]])
+    rows, mempool_rows = write_results(args, workers, [label for label, _, _ in runs[1:]], mempool)
+    print_rows(rows, "pluggable mode: one worker process per allocator and round")
+    if mempool_rows:
+        print_rows(mempool_rows, "mempool mode: PyTorch's allocator and each policy in one process, round by round")
+    return 0
+
+
+def write_results(args, workers: list[dict], labels: list[str], mempool: dict | None) -> tuple[list[dict], list[dict]]:
+    """The runs, the summaries and the JSON in ``--out`` (rewritten after every worker); the summaries."""
+    rows = summarise(workers, labels)
     mempool_rows = summarise(mempool_as_workers(mempool), args.policies) if mempool and "runs" in mempool else []
     args.out.mkdir(parents=True, exist_ok=True)
     run_rows = [{"allocator": w["allocator"], "round": w["round"] if "round" in w else -1, "validate": w.get("validate"),
@@ -483,14 +493,12 @@ def main() -> int:
     write_csv(args.out / "torch_alloc_summary.csv", rows)
     write_csv(args.out / "torch_alloc_mempool_summary.csv", mempool_rows)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv[1:],
-            "shapes": args.shapes, "new_tokens": args.new_tokens, "layers": args.layers, "rounds": args.rounds}
+            "shapes": args.shapes, "new_tokens": args.new_tokens, "layers": args.layers, "rounds": args.rounds,
+            "repeats": args.repeats}
     with open(args.out / "torch_alloc.json", "w") as f:
         json.dump({"meta": meta, "summary": rows, "workers": workers, "mempool": mempool,
                    "mempool_summary": mempool_rows}, f, indent=1, default=str)
-    print_rows(rows, "pluggable mode: one worker process per allocator and round")
-    if mempool_rows:
-        print_rows(mempool_rows, "mempool mode: PyTorch's allocator and each policy in one process, round by round")
-    return 0
+    return rows, mempool_rows
 
 
 def print_rows(rows: list[dict], title: str) -> None:

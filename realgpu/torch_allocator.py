@@ -8,8 +8,10 @@
   a new CUDA allocation fails with a message saying so; frees of tensors still alive keep going
   to the policy, and its segments are released when the last one is freed.
 - ``mode="mempool"``: PyTorch's caching allocator stays, and the policy supplies the segments it
-  splits (``torch.cuda.MemPool(allocator)`` + ``torch.cuda.use_mem_pool``), for the allocations of
-  the calling thread inside the block. Works at any time and next to PyTorch's own pool.
+  splits (``torch.cuda.MemPool(allocator)``, routed as ``torch.cuda.use_mem_pool`` routes it), for
+  the allocations of the calling thread inside the block. Works at any time and next to PyTorch's own
+  pool. PyTorch routes a pool for one thread at a time: ``pause_routing`` hands it to another
+  thread (an engine's), ``resume_routing`` takes it back.
 
 Both go through ``realgpu.GpuPool`` (backend ``"cuda"``), so the policy's ``PoolStats``, the
 per-call latency samples and validation mode (patterns and guards, checked on every free) are
@@ -42,7 +44,9 @@ What the core guarantees, whatever the policy:
   allocation's stream is done (a CUDA event), so memory freed on one stream is never handed to
   another stream while the first may still use it; ``Tensor.record_stream`` is not seen by a
   pluggable allocator, so in pluggable mode it raises (use mempool mode for that);
-- CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work; in pluggable
+- CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work (a graph captured
+  with its own pool, whose memory is PyTorch's, replays correctly: H200 session 12; a capture into
+  the policy's pool from inside the block is refused up front, ``MEMPOOL_CAPTURE_REFUSAL``); in pluggable
   mode ``CUDAGraph.capture_begin`` (and ``torch.cuda.graph``) is refused before PyTorch allocates
   anything for the graph, with a message saying to use mempool mode (a malloc during a capture
   begun from C++ is refused by the trampoline);
@@ -592,6 +596,44 @@ class TorchPolicyAllocator:
         self._wall_s: float | None = None
         self._final_stats: PoolStats | None = None
         self._row: dict[str, Any] | None = None
+        self._routing: tuple[Any, int] | None = None  # mempool mode: (torch.cuda.memory, device) while routed
+        self._paused: tuple[Any, int] | None = None  # the same while paused
+
+    # ------------------------------------------------------------------ mempool mode's routing
+    def pause_routing(self) -> None:
+        """Mempool mode: stop routing this thread's allocations to the policy's pool, so that another
+        thread (an engine's) can enter it with ``torch.cuda.use_mem_pool``. PyTorch routes a pool for
+        one thread at a time ("beginAllocateToPool: already recording to mempool_id", H200 session
+        12); ``resume_routing`` routes this thread again, and the block's end copes with either."""
+        if self._routing is None:
+            return
+        memory, device = self._routing
+        memory._cuda_endAllocateToPool(device, self.mempool.id)  # use_mem_pool's own exit
+        memory._cuda_releasePool(device, self.mempool.id)
+        self._routing = None
+        self._paused = (memory, device)
+
+    def resume_routing(self) -> None:
+        """Route this thread's allocations to the policy's pool again (after ``pause_routing``)."""
+        paused = self._paused
+        if paused is None or self._routing is not None:
+            return
+        memory, device = paused
+        memory._cuda_beginAllocateCurrentThreadToPool(device, self.mempool.id)  # use_mem_pool's own entry
+        self._routing, self._paused = paused, None
+
+    def _route(self, torch: Any, device: int) -> None:
+        self._paused = (torch.cuda.memory, device)
+        self.resume_routing()
+
+    def _unroute(self) -> None:
+        self.pause_routing()
+        self._paused = None
+
+    @property
+    def routing(self) -> bool:
+        """Whether this thread's allocations go to the policy's pool now (mempool mode)."""
+        return self._routing is not None
 
     def stats(self) -> PoolStats:
         """The policy's ``PoolStats`` (as they were at close, once closed)."""
@@ -794,8 +836,14 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
                 yield allocator
         else:
             allocator = _install_mempool(torch, shim, pool, core, device)
-            with torch.cuda.use_mem_pool(allocator.mempool, device=device):
-                yield allocator
+            # use_mem_pool's entry and exit, held by the allocator so that it can hand the pool to another
+            # thread for a while (pause_routing)
+            allocator._route(torch, device)
+            try:
+                with _mempool_guards(torch, allocator):
+                    yield allocator
+            finally:
+                allocator._unroute()
     except torch.OutOfMemoryError as exc:
         if core.last_refusal and core.last_refusal not in str(exc):
             raise torch.OutOfMemoryError(f"{exc}\n{core.last_refusal}") from exc
@@ -842,6 +890,54 @@ CAPTURE_REFUSAL = ("poollab's pluggable allocator refuses CUDA graph capture: a 
                    "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
                    "from being reused; use realgpu.torch_allocator.use_policy(..., mode=\"mempool\") and "
                    "torch.cuda.graph(g, pool=...) for graphs")
+
+
+#: Why mempool mode refuses a capture into the policy's own pool from inside the block.
+MEMPOOL_CAPTURE_REFUSAL = ("a CUDA graph captured into the policy's MemPool inside use_policy(..., mode='mempool'): "
+                           "PyTorch routes a pool for one thread at a time, and this thread's allocations go there "
+                           "already; capture with the graph's own pool (torch.cuda.graph(g), no pool=), whose memory "
+                           "is PyTorch's")
+
+
+@contextlib.contextmanager
+def _mempool_guards(torch: Any, allocator: TorchPolicyAllocator) -> Iterator[None]:
+    """Mempool mode: a capture into the policy's own pool while this thread routes to it, refused up
+    front. PyTorch refuses it too, but only after ``torch.cuda.graph`` switched streams (not switched
+    back) and after counting one more user of the pool, so that the pool's segments never went back
+    (H200 session 12: 4 live at close)."""
+    graphs = getattr(torch.cuda, "graphs", None)
+    if graphs is None:
+        yield
+        return
+    pool_id = allocator.mempool.id
+
+    def ours(pool: Any) -> bool:
+        return allocator.routing and (pool == pool_id or getattr(pool, "id", None) == pool_id)
+
+    original_begin, original_enter = graphs.CUDAGraph.capture_begin, graphs.graph.__enter__
+
+    def capture_begin(self, pool=None, *args, **kwargs):
+        if ours(pool):
+            raise PoolError(MEMPOOL_CAPTURE_REFUSAL)
+        return original_begin(self, pool, *args, **kwargs)
+
+    def enter(self):
+        if any(ours(p) for p in getattr(self, "pool", ())):
+            raise PoolError(MEMPOOL_CAPTURE_REFUSAL)
+        return original_enter(self)
+
+    patches = [(graphs.CUDAGraph, "capture_begin", capture_begin), (graphs.graph, "__enter__", enter)]
+    originals = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
 
 
 @contextlib.contextmanager

@@ -477,3 +477,41 @@ def test_a_policy_whose_engine_fails_is_reported_and_nothing_half_written(tmp_pa
                     out_dir=tmp_path / "out", log=logged.append)
     assert any(line.startswith("warning: gpu serve: policy 'best-fit'") for line in logged)
     assert not (tmp_path / "out").exists()
+
+
+def test_in_mempool_mode_the_engines_thread_gets_the_pool_from_start_to_stop(monkeypatch):
+    # the H200: the engine's thread entered the policy's pool while this thread was routed to it, and
+    # PyTorch refused ("beginAllocateToPool: already recording to mempool_id"): the engine never started
+    import contextlib
+    import sys
+    from types import SimpleNamespace
+
+    from realgpu.serve_engine import _engine_thread_in_mempool
+
+    events = []
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool, device=None):
+        events.append(("enter", pool))
+        yield
+        events.append(("exit", pool))
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(use_mem_pool=use_mem_pool)))
+    alloc = SimpleNamespace(mempool="policy-pool", pause_routing=lambda: events.append("pause"),
+                            resume_routing=lambda: events.append("resume"))
+    manager = SimpleNamespace(_run_generation_loop=lambda: events.append("loop"))
+
+    def start(fail=False):
+        manager._run_generation_loop()  # the engine's thread, run here
+        if fail:
+            raise RuntimeError("the engine did not start")
+
+    engine = SimpleNamespace(manager=manager, start=start, stop=lambda: events.append("stop"))
+    _engine_thread_in_mempool(engine, alloc, "cuda:0")
+    engine.start()
+    engine.stop()
+    assert events == ["pause", ("enter", "policy-pool"), "loop", ("exit", "policy-pool"), "stop", "resume"]
+    events.clear()
+    with pytest.raises(RuntimeError, match="did not start"):
+        engine.start(fail=True)
+    assert events[0] == "pause" and events[-1] == "resume"  # this thread routed again when the start fails

@@ -7,7 +7,9 @@ import contextlib
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -383,6 +385,8 @@ class _FakeTorch:
         fake = self
         self.swapped = []
         self.pools = []
+        self.recording = {}  # pool id -> the thread routed to it
+        self.use_count = {}
 
         class Memory:
             class CUDAPluggableAllocator:
@@ -398,6 +402,24 @@ class _FakeTorch:
                     raise RuntimeError(swap_error)
                 fake.swapped.append(wrapper)
 
+            # what use_mem_pool calls, with PyTorch's rules (CUDACachingAllocator.cpp): a pool is
+            # routed for one thread (or capture) at a time, and each entry counts one more user
+            @staticmethod
+            def _cuda_beginAllocateCurrentThreadToPool(device, pool_id):
+                fake.use_count[pool_id] = fake.use_count.get(pool_id, 0) + 1
+                if pool_id in fake.recording:
+                    raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+                fake.recording[pool_id] = threading.get_ident()
+
+            @staticmethod
+            def _cuda_endAllocateToPool(device, pool_id):
+                if fake.recording.pop(pool_id, None) is None:
+                    raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+            @staticmethod
+            def _cuda_releasePool(device, pool_id):
+                fake.use_count[pool_id] -= 1
+
         class Cuda:
             memory = Memory
 
@@ -412,7 +434,9 @@ class _FakeTorch:
             @staticmethod
             def MemPool(allocator):  # noqa: N802 - torch's name
                 fake.pools.append(allocator)
-                return allocator
+                pool = SimpleNamespace(id=(0, len(fake.pools)), allocator=allocator)
+                fake.use_count[pool.id] = 1  # the MemPool object's own
+                return pool
 
             @staticmethod
             @contextlib.contextmanager
@@ -433,12 +457,13 @@ class _FakeTorch:
                 fake.capturing = True
 
         class Graph:  # torch.cuda.graph
-            def __init__(self, cuda_graph):
+            def __init__(self, cuda_graph, pool=None):
                 self.cuda_graph = cuda_graph
+                self.pool = () if pool is None else (pool,)
 
             def __enter__(self):
                 fake.stream = "capture"  # torch.cuda.graph switches streams before capture_begin
-                self.cuda_graph.capture_begin()
+                self.cuda_graph.capture_begin(*self.pool)
 
             def __exit__(self, *exc):
                 fake.stream = "default"
@@ -565,6 +590,65 @@ def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine
         assert shim.bound[-1][0] is second.core  # nothing left to route: straight to the policy again
         ta._routing.free(ptr, 4096, 0, 0)
     assert second.core.errors == [] and second.pool.closed
+
+
+def test_mempool_routes_this_thread_and_hands_the_pool_to_another(fake_engine):
+    # gpu serve in mempool mode on the H200: the engine's thread entered the pool this thread was
+    # routed to, and PyTorch refused ("already recording to mempool_id"); the engine never started
+    _, install = fake_engine
+    torch = install()
+    with use_policy("best-fit", mode="mempool") as alloc:
+        pool_id = alloc.mempool.id
+        assert torch.recording == {pool_id: threading.get_ident()} and alloc.routing
+        alloc.pause_routing()
+        assert torch.recording == {} and not alloc.routing
+        errors = []
+
+        def engine_thread():
+            try:
+                with_pool = torch.cuda.memory  # what use_mem_pool does in that thread
+                with_pool._cuda_beginAllocateCurrentThreadToPool(0, pool_id)
+                with_pool._cuda_endAllocateToPool(0, pool_id)
+                with_pool._cuda_releasePool(0, pool_id)
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=engine_thread)
+        t.start()
+        t.join()
+        assert errors == []
+        alloc.resume_routing()
+        assert torch.recording == {pool_id: threading.get_ident()}
+    assert torch.recording == {} and torch.use_count[pool_id] == 1  # every entry released: only the MemPool's own
+    with use_policy("best-fit", mode="mempool") as alloc:
+        second_id = alloc.mempool.id
+        alloc.pause_routing()  # the block may end paused (an engine that failed before it stopped)
+    assert torch.recording == {} and torch.use_count[second_id] == 1
+
+
+def test_mempool_refuses_a_capture_into_its_own_pool_up_front(fake_engine):
+    # the H200: PyTorch refused it too, but after switching streams and counting one more user of the
+    # pool, whose segments then never went back (4 live at close)
+    from realgpu.torch_allocator import MEMPOOL_CAPTURE_REFUSAL
+
+    _, install = fake_engine
+    torch = install()
+    own = torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__
+    with use_policy("best-fit", mode="mempool") as alloc:
+        torch.core = alloc.core
+        pool_id = alloc.mempool.id
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(PoolError, match="captured into the policy's MemPool.*torch.cuda.graph\\(g\\)"):
+            with torch.cuda.graph(g, pool=pool_id):
+                pass
+        assert torch.stream == "default" and not torch.capturing and torch.use_count[pool_id] == 2
+        with pytest.raises(PoolError, match="captured into the policy's MemPool"):
+            g.capture_begin(pool=alloc.mempool)
+        with torch.cuda.graph(g):  # the graph's own pool: PyTorch's hooks do the work
+            pass
+        assert torch.capturing
+    assert MEMPOOL_CAPTURE_REFUSAL.startswith("a CUDA graph")
+    assert (torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__) == own  # torch's own are back
 
 
 def test_mempool_out_of_memory_carries_the_policys_reason(fake_engine):
@@ -833,7 +917,9 @@ def test_mempool_mode_equal_results_and_oom_reason():
 @pytest.mark.gpu
 def test_mempool_mode_captures_and_replays_cuda_graphs():
     # PyTorch's graph pools do the work in mempool mode: a graph captured into its own private pool
-    # (PyTorch's segments), and one captured into the policy's MemPool (the policy's segments)
+    # (PyTorch's segments) replays right (H200 session 12); one captured into the policy's MemPool
+    # from inside the block is refused up front (PyTorch refused it too, after counting one more
+    # user of the pool: its 4 segments never went back)
     pytest.importorskip("torch")
     out = _run_gpu_script("""
         import torch
@@ -858,12 +944,13 @@ def test_mempool_mode_captures_and_replays_cuda_graphs():
                     static_in.fill_(1)
                     del g, static_out
                 except Exception as exc:
-                    outcomes[name] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                    outcomes[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:60]
             del static_in, warm
         row = alloc.summary_row()
         alloc.check()
         print("outcomes", outcomes, "n_alloc", row["n_alloc"], "live_at_close", row["n_live_at_close"])
-        assert outcomes == {"own pool": True, "policy's pool": True}, outcomes
+        assert outcomes["own pool"] is True, outcomes
+        assert str(outcomes["policy's pool"]).startswith("PoolError: a CUDA graph captured into the policy's"), outcomes
         assert row["n_alloc"] >= 1 and row["n_live_at_close"] == 0, row
     """)
     assert "outcomes" in out
