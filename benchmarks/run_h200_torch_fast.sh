@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 30 on the H200: the torch allocator's GPU tests, then its speed targets measured ABAB
-# (about 4 minutes of GPU time). From the repository root on the GPU machine, with .whl/ carried
+# (about 9 minutes of GPU time: a worker takes about 20 s on the H200, 8 layers, two shapes, two
+# repeats; session 12's call, cut at 240 s, ran 12 of its 15 workers). From the repository root on the GPU machine, with .whl/ carried
 # (simpy, plotly, narwhals; Cython and setuptools too if the compiled copy is built there):
 #   bash benchmarks/run_h200_torch_fast.sh
 # 0. the torch allocator's GPU tests (pluggable, paged over stitched ranges, mempool mode with CUDA
@@ -16,7 +17,7 @@
 set -u
 . "$(dirname "$0")/h200_lib.sh"
 h200_setup torch_fast
-step gpu-tests ${TESTS_S:-170} python3 -m pytest tests/realgpu/test_torch_allocator.py tests/realgpu/test_serve.py -m gpu \
+step gpu-tests ${TESTS_S:-120} python3 -m pytest tests/realgpu/test_torch_allocator.py tests/realgpu/test_serve.py -m gpu \
     -k "not test_gpu_serve_runs_pytorch" -q -p no:cacheprovider --import-mode=importlib -rfE
 if [ -d .compiled_so ]; then  # extension modules built elsewhere for this Python (cp312, x86-64): copy, not build
     step copy-compiled 60 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl \
@@ -31,5 +32,5 @@ if [ -f /tmp/compiled/realgpu/malloc_path.py ] && ls /tmp/compiled/realgpu/mallo
 else
     COMPILED=""; echo "no compiled copy: the interpreted tree alone" >> $LOG
 fi
-step generate ${GENERATE_S:-240} python3 benchmarks/bench_torch_alloc.py --rounds ${ROUNDS:-3} --repeats ${REPEATS:-2} \
+step generate ${GENERATE_S:-400} python3 benchmarks/bench_torch_alloc.py --rounds ${ROUNDS:-3} --repeats ${REPEATS:-2} \
     --layers 8 --shapes ${SHAPES:-8x128,4x1500} --worker-timeout 45 --mempool $POLICIES $COMPILED --out $R/generate
