@@ -926,18 +926,8 @@ def _mempool_guards(torch: Any, allocator: TorchPolicyAllocator) -> Iterator[Non
             raise PoolError(MEMPOOL_CAPTURE_REFUSAL)
         return original_enter(self)
 
-    patches = [(graphs.CUDAGraph, "capture_begin", capture_begin), (graphs.graph, "__enter__", enter)]
-    originals = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
-    for owner, name, replacement in patches:
-        setattr(owner, name, replacement)
-    try:
+    with _patched([(graphs.CUDAGraph, "capture_begin", capture_begin), (graphs.graph, "__enter__", enter)]):
         yield
-    finally:
-        for owner, name, original in originals:
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
 
 
 @contextlib.contextmanager
@@ -962,6 +952,13 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
     if graphs is not None:
         patches += [(graphs.CUDAGraph, "capture_begin", _refusing(CAPTURE_REFUSAL)),
                     (graphs.graph, "__enter__", _refusing(CAPTURE_REFUSAL))]
+    with _patched(patches):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """``(owner, name, replacement)`` set for the block, each owner's own attribute put back after."""
     originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name, _ in patches]
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)

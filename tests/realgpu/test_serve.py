@@ -415,12 +415,16 @@ def test_cli_footprint_check_option_reaches_the_settings(monkeypatch, tmp_path):
 
 # --- the GPU -------------------------------------------------------------------------------------------
 
-@pytest.mark.gpu
-def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
+def _needs_cuda_engine() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+
+
+@pytest.mark.gpu
+def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
+    _needs_cuda_engine()
     result = _run(AZURE, "-p", PYTORCH, "--model", "Llama-3.2-1B", "--max-requests", "8", "--max-len", "2048",
                   "--num-blocks", "64", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
@@ -434,10 +438,7 @@ def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
 
 @pytest.mark.gpu
 def test_gpu_serve_captures_cuda_graphs_with_a_policy_in_mempool_mode(tmp_path):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+    _needs_cuda_engine()
     result = _run(AZURE, "-p", "best-fit", "--allocator-mode", "mempool", "--cuda-graphs", "--model", "Llama-3.2-1B",
                   "--max-requests", "8", "--max-len", "2048", "--num-blocks", "64", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
