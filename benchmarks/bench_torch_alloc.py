@@ -3,6 +3,7 @@
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
     python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled DIR] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -250,6 +251,63 @@ def calls_bench(args) -> list[dict]:
     return rows
 
 
+def stitch_bench(args) -> list[dict]:
+    """No GPU: PyTorch's own requests (the bundled llama1b ``generate`` slice) through the callback
+    table of each page policy on ``host-vmm``, as ``use_policy`` builds it; what its tensors over
+    pages that are not one range cost: fresh ranges, kept ranges reused or taken over, driver calls,
+    and their time at the bundled H200 costs (``sim.costs.CostModel``: a reserve a range, a map and
+    an access call a page mapped, an unmap a page unmapped). With and without take-overs
+    (``TAKE_OVER_CANDIDATES`` 0: only exact reuse, the code before session 12's change)."""
+    import realgpu.torch_allocator as ta
+    from sim.costs import CostModel
+    from traces import bundled_path, read_alloc_trace
+
+    costs = CostModel.load()
+    trace = read_alloc_trace(bundled_path("llama1b_generate_slice.pickle.gz"))
+    _, is_alloc, ids, nbytes, _ = trace.arrays()
+    rows = []
+    candidates = ta.TAKE_OVER_CANDIDATES
+    for name in args.policies:
+        for take_over in (False, True):
+            ta.TAKE_OVER_CANDIDATES = candidates if take_over else 0
+            try:
+                pool = ta._make_pool(name, validate=False, device=0, capacity_bytes=None, backend="host")
+                core = ta.AllocatorCore(pool)
+                calls0 = dict(pool.device.num_calls)  # the pool's own segments are not the stitching's
+                ptrs, n_multi, t0 = {}, 0, time.perf_counter()
+                page = pool.device.granularity_bytes
+                for alloc, key, n in zip(is_alloc.tolist(), ids.tolist(), nbytes.tolist()):
+                    if alloc:
+                        ptrs[key] = core.malloc(n, 0, 0)
+                        n_multi += n > page
+                    elif key in ptrs:
+                        core.free(ptrs.pop(key), n, 0, 0)
+                wall_s = time.perf_counter() - t0
+                grown = pool.device.num_calls["create"] - calls0.get("create", 0)
+                calls = {c: pool.device.num_calls[c] - calls0.get(c, 0) for c in pool.device.num_calls}
+                stitch_maps = calls["map"] - grown  # one map per page created for the pool's own segments
+                modelled_ns = (calls["address_reserve"] * costs.vmm_call_ns("address_reserve", page)
+                               + stitch_maps * (costs.vmm_call_ns("map", page) + costs.vmm_call_ns("set_access", page))
+                               + calls["unmap"] * costs.vmm_call_ns("unmap", page))
+                row = {"policy": name, "take_over": take_over, "n_requests": int(is_alloc.sum()),
+                       "n_over_pages": n_multi, "n_fresh_ranges": core.n_stitched_maps,
+                       "n_exact_reuses": core.n_stitch_reuses, "n_take_overs": core.n_stitch_takeovers,
+                       "n_pages_remapped": core.n_stitch_pages_remapped, "n_stitch_maps": stitch_maps,
+                       "n_unmaps": calls["unmap"], "n_idle_evictions": core.n_idle_evictions,
+                       "modelled_driver_ms": modelled_ns / 1e6, "host_wall_s": wall_s, "n_errors": len(core.errors)}
+                for q in list(core.live):
+                    core.free(q, 1, 0, 0)
+                core.close()
+            finally:
+                ta.TAKE_OVER_CANDIDATES = candidates
+            rows.append(row)
+            print(f"{name:>24} take-over={'on ' if take_over else 'off'} fresh {row['n_fresh_ranges']:5d} "
+                  f"reused {row['n_exact_reuses']:5d} taken over {row['n_take_overs']:5d} "
+                  f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
+                  f"modelled {row['modelled_driver_ms']:7.1f} ms", flush=True)
+    return rows
+
+
 def _build() -> str:
     """"compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
     import realgpu.malloc_path as mp
@@ -420,6 +478,8 @@ def main() -> int:
     ap.add_argument("--worker-timeout", type=float, default=300.0)
     ap.add_argument("--calls", type=int, metavar="N",
                     help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
+    ap.add_argument("--stitch", action="store_true",
+                    help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled slice")
     ap.add_argument("--compiled", type=Path, metavar="DIR",
                     help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
                          "side: round by round with --calls, worker by worker otherwise")
@@ -435,6 +495,11 @@ def main() -> int:
         return 0
     if args.mempool_worker:
         print(json.dumps(mempool_worker(args), default=str))
+        return 0
+    if args.stitch:
+        rows = stitch_bench(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out / "torch_alloc_stitch.csv", rows)
         return 0
     if args.calls:
         rows = calls_side_by_side(args) if args.compiled else calls_bench(args)

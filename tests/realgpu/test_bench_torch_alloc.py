@@ -90,3 +90,12 @@ def test_results_are_written_after_every_worker_and_rounds_run_abab(bench, tmp_p
     assert seen_rows[0] == 3 and seen_rows[-1] == 9  # torch's rows after the first worker; all three allocators later
     with open(tmp_path / "torch_alloc_runs.csv") as f:
         assert len(list(csv.DictReader(f))) == 12
+
+
+def test_stitch_bench_take_overs_cut_fresh_ranges_on_pytorchs_own_requests(bench):
+    from types import SimpleNamespace
+
+    off, on = bench.stitch_bench(SimpleNamespace(policies=["paged:page_bytes=2MiB"]))
+    assert not off["take_over"] and on["take_over"] and off["n_take_overs"] == 0 < on["n_take_overs"]
+    assert on["n_fresh_ranges"] < off["n_fresh_ranges"] and on["n_stitch_maps"] < off["n_stitch_maps"]
+    assert on["modelled_driver_ms"] < off["modelled_driver_ms"] and off["n_errors"] == on["n_errors"] == 0

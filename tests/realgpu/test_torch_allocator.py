@@ -294,6 +294,44 @@ def test_kept_ranges_past_the_bound_go_in_one_batch(monkeypatch):
     assert row["n_idle_evictions"] == 1 and row["n_stitched_maps"] == 7 and row["n_stitch_reuses"] == 0
 
 
+def test_a_kept_range_over_most_of_the_pages_is_taken_over_once_its_work_is_done(monkeypatch):
+    # the paged stack shifted by a small request in between: the same tensor comes back over pages
+    # one off a kept range's; only that page is remapped, once the range's work is done, no wait
+    import ctypes
+
+    events = FakeEvents()
+    core = _paged_core()
+    core.events = events
+    syncs = []
+    monkeypatch.setattr(core.pool.device, "synchronize", lambda: syncs.append(1))
+    t1, held = _scattered(core, 4)
+    core.free(t1, 8 * MiB, 0, 0)  # kept: range 1, its work not done yet
+    s1 = core.malloc(2 * MiB, 0, 0)  # takes t1's first page
+    t2 = core.malloc(8 * MiB, 0, 0)  # three of t1's pages and another: range 1 is still busy
+    assert core.n_stitched_maps == 2 and core.n_stitch_takeovers == 0
+    core.free(t2, 8 * MiB, 0, 0)
+    for token in events.recorded:  # the GPU is done with both ranges
+        token[1] = True
+    s2 = core.malloc(2 * MiB, 0, 0)  # takes t2's first page
+    t3 = core.malloc(8 * MiB, 0, 0)  # t2's other three and one more
+    a = core.live[t3]
+    assert t3 == t2 and core.n_stitched_maps == 2 and core.n_stitch_takeovers == 1
+    assert core.n_stitch_pages_remapped == 1 and syncs == []
+    for k in range(4):  # each 2 MiB of the tensor lands on one of its pages, each page once
+        ctypes.memset(t3 + k * 2 * MiB, 0x40 + k, 2 * MiB)
+    device = core.pool.device
+    found = sorted(ctypes.string_at(device.address(offset), 1)[0] for offset, _ in a.extents)
+    assert found == [0x40, 0x41, 0x42, 0x43]
+    assert all(ctypes.string_at(device.address(o), 2 * MiB) == bytes([ctypes.string_at(device.address(o), 1)[0]]) * (2 * MiB)
+               for o, _ in a.extents)
+    core.free(t3, 8 * MiB, 0, 0)
+    for q in [s1, s2, *held]:
+        core.free(q, 2 * MiB, 0, 0)
+    assert core.errors == []
+    core.close()
+    assert core.pool.device.physical_bytes == 0
+
+
 def test_a_refusal_unmaps_kept_ranges_holding_released_memory_and_retries():
     # a kept range holds its pages' physical memory after the policy released their segment (a
     # trim): the device is then full of memory nobody uses, until the range is unmapped
