@@ -3,6 +3,7 @@
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
     python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled DIR] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -86,8 +87,10 @@ def build_model(torch, layers: int):
     return model
 
 
-def run_shapes(torch, model, shapes, new_tokens: int) -> list[dict]:
-    """Warm up on the smallest shape, then time ``generate`` on each shape; tokens hashed."""
+def run_shapes(torch, model, shapes, new_tokens: int, repeats: int = 1) -> list[dict]:
+    """Warm up on the smallest shape, then time ``generate`` on each shape ``repeats`` times, one
+    shape after the other each time (``seconds``: their median, ``seconds_all``: each); tokens hashed
+    (the set of hashes, so a run whose tokens change from one repeat to the next shows it)."""
     out = []
     gen = torch.Generator().manual_seed(1)
     inputs = [torch.randint(3, 32000, (b, p), generator=gen) for b, p in shapes]
@@ -101,13 +104,18 @@ def run_shapes(torch, model, shapes, new_tokens: int) -> list[dict]:
         return tokens
 
     generate(inputs[0][:1, :16])
-    for (b, p), ids in zip(shapes, inputs):
-        t0 = time.perf_counter()
-        tokens = generate(ids)
-        seconds = time.perf_counter() - t0
-        digest = hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16]
-        out.append({"shape": f"{b}x{p}", "seconds": seconds, "tokens_sha": digest})
-        del tokens
+    seconds: list[list[float]] = [[] for _ in shapes]
+    digests: list[set[str]] = [set() for _ in shapes]
+    for _ in range(repeats):
+        for k, ids in enumerate(inputs):
+            t0 = time.perf_counter()
+            tokens = generate(ids)
+            seconds[k].append(time.perf_counter() - t0)
+            digests[k].add(hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16])
+            del tokens
+    for (b, p), secs, sha in zip(shapes, seconds, digests):
+        out.append({"shape": f"{b}x{p}", "seconds": statistics.median(secs), "seconds_all": secs,
+                    "tokens_sha": ",".join(sorted(sha))})
     return out
 
 
@@ -126,7 +134,7 @@ def worker(args) -> dict:
               "device_used_before_bytes": reader.used_bytes(), "memory_source": reader.source}
     if args.allocator == BASELINE:
         model = build_model(torch, args.layers)
-        result["runs"] = run_shapes(torch, model, shapes, args.new_tokens)
+        result["runs"] = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
         result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         del model
@@ -136,9 +144,12 @@ def worker(args) -> dict:
 
         with use_policy(args.allocator, validate=bool(args.worker_validate)) as alloc:
             model = build_model(torch, args.layers)
-            result["runs"] = run_shapes(torch, model, shapes, args.new_tokens)
+            result["runs"] = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
             del model
         row = alloc.summary_row()
+        # the trampoline's own samples, entry to return: what PyTorch pays per call
+        result["alloc_mean_us"] = float(alloc.shim.samples(0).mean()) / 1e3
+        result["free_mean_us"] = float(alloc.shim.samples(1).mean()) / 1e3
         result["free_errors"] = [str(e) for e in alloc.core.errors[:3]]  # double frees, corruption (validate)
         result["peak_reserved_bytes"] = row["peak_reserved_bytes"]
         result["peak_allocated_bytes"] = row["peak_allocated_bytes"]
@@ -151,7 +162,7 @@ def worker(args) -> dict:
 
 
 def mempool_worker(args) -> dict:
-    """PyTorch's allocator and each policy in mempool mode, side by side in this one process."""
+    """PyTorch's allocator and each policy in mempool mode, side by side in this one process, ABAB round by round."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
 
@@ -162,15 +173,32 @@ def mempool_worker(args) -> dict:
     model = build_model(torch, args.layers)  # weights in PyTorch's own pool; activations and KV in the policy's
     out = {"runs": [], "summaries": []}
     for r in range(args.rounds):
-        for name in [BASELINE, *args.policies]:
+        for name in round_order([BASELINE, *args.policies], r):
             if name == BASELINE:
-                runs = run_shapes(torch, model, shapes, args.new_tokens)
+                runs = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
             else:
                 with use_policy(name, mode="mempool") as alloc:
-                    runs = run_shapes(torch, model, shapes, args.new_tokens)
-                out["summaries"].append(alloc.summary_row(round=r))
+                    runs = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
+                out["summaries"].append({**alloc.summary_row(round=r), "alloc_mean_us": float(alloc.shim.samples(0).mean()) / 1e3,
+                                         "free_mean_us": float(alloc.shim.samples(1).mean()) / 1e3})
             out["runs"].extend({"allocator": name, "round": r, **run} for run in runs)
     return out
+
+
+def mempool_as_workers(mempool: dict) -> list[dict]:
+    """The mempool worker's runs as one pseudo-worker per (allocator, round), for ``summarise``: the
+    ratios are then to PyTorch's own allocator in the same process and round."""
+    groups: dict[tuple[str, int], dict] = {}
+    for run in mempool["runs"]:
+        w = groups.setdefault((run["allocator"], run["round"]), {"allocator": run["allocator"], "round": run["round"],
+                                                                  "runs": []})
+        w["runs"].append({k: v for k, v in run.items() if k not in ("allocator", "round")})
+    for row in mempool["summaries"]:
+        w = groups.get((row["policy"], row["round"]))
+        if w is not None:
+            w.update(summary=row, alloc_mean_us=row["alloc_mean_us"], free_mean_us=row["free_mean_us"],
+                     peak_reserved_bytes=row["peak_reserved_bytes"])
+    return list(groups.values())
 
 
 def calls_bench(args) -> list[dict]:
@@ -223,6 +251,63 @@ def calls_bench(args) -> list[dict]:
     return rows
 
 
+def stitch_bench(args) -> list[dict]:
+    """No GPU: PyTorch's own requests (the bundled llama1b ``generate`` slice) through the callback
+    table of each page policy on ``host-vmm``, as ``use_policy`` builds it; what its tensors over
+    pages that are not one range cost: fresh ranges, kept ranges reused or taken over, driver calls,
+    and their time at the bundled H200 costs (``sim.costs.CostModel``: a reserve a range, a map and
+    an access call a page mapped, an unmap a page unmapped). With and without take-overs
+    (``TAKE_OVER_CANDIDATES`` 0: only exact reuse, the code before session 12's change)."""
+    import realgpu.torch_allocator as ta
+    from sim.costs import CostModel
+    from traces import bundled_path, read_alloc_trace
+
+    costs = CostModel.load()
+    trace = read_alloc_trace(bundled_path("llama1b_generate_slice.pickle.gz"))
+    _, is_alloc, ids, nbytes, _ = trace.arrays()
+    rows = []
+    candidates = ta.TAKE_OVER_CANDIDATES
+    for name in args.policies:
+        for take_over in (False, True):
+            ta.TAKE_OVER_CANDIDATES = candidates if take_over else 0
+            try:
+                pool = ta._make_pool(name, validate=False, device=0, capacity_bytes=None, backend="host")
+                core = ta.AllocatorCore(pool)
+                calls0 = dict(pool.device.num_calls)  # the pool's own segments are not the stitching's
+                ptrs, n_multi, t0 = {}, 0, time.perf_counter()
+                page = pool.device.granularity_bytes
+                for alloc, key, n in zip(is_alloc.tolist(), ids.tolist(), nbytes.tolist()):
+                    if alloc:
+                        ptrs[key] = core.malloc(n, 0, 0)
+                        n_multi += n > page
+                    elif key in ptrs:
+                        core.free(ptrs.pop(key), n, 0, 0)
+                wall_s = time.perf_counter() - t0
+                grown = pool.device.num_calls["create"] - calls0.get("create", 0)
+                calls = {c: pool.device.num_calls[c] - calls0.get(c, 0) for c in pool.device.num_calls}
+                stitch_maps = calls["map"] - grown  # one map per page created for the pool's own segments
+                modelled_ns = (calls["address_reserve"] * costs.vmm_call_ns("address_reserve", page)
+                               + stitch_maps * (costs.vmm_call_ns("map", page) + costs.vmm_call_ns("set_access", page))
+                               + calls["unmap"] * costs.vmm_call_ns("unmap", page))
+                row = {"policy": name, "take_over": take_over, "n_requests": int(is_alloc.sum()),
+                       "n_over_pages": n_multi, "n_fresh_ranges": core.n_stitched_maps,
+                       "n_exact_reuses": core.n_stitch_reuses, "n_take_overs": core.n_stitch_takeovers,
+                       "n_pages_remapped": core.n_stitch_pages_remapped, "n_stitch_maps": stitch_maps,
+                       "n_unmaps": calls["unmap"], "n_idle_evictions": core.n_idle_evictions,
+                       "modelled_driver_ms": modelled_ns / 1e6, "host_wall_s": wall_s, "n_errors": len(core.errors)}
+                for q in list(core.live):
+                    core.free(q, 1, 0, 0)
+                core.close()
+            finally:
+                ta.TAKE_OVER_CANDIDATES = candidates
+            rows.append(row)
+            print(f"{name:>24} take-over={'on ' if take_over else 'off'} fresh {row['n_fresh_ranges']:5d} "
+                  f"reused {row['n_exact_reuses']:5d} taken over {row['n_take_overs']:5d} "
+                  f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
+                  f"modelled {row['modelled_driver_ms']:7.1f} ms", flush=True)
+    return rows
+
+
 def _build() -> str:
     """"compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
     import realgpu.malloc_path as mp
@@ -263,7 +348,8 @@ def calls_side_by_side(args) -> list[dict]:
 def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
     """One worker process, running this benchmark in ``tree`` (this one, or a compiled copy)."""
     cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--shapes", args.shapes,
-           "--new-tokens", str(args.new_tokens), "--layers", str(args.layers), "--rounds", str(args.rounds), *extra]
+           "--new-tokens", str(args.new_tokens), "--layers", str(args.layers), "--rounds", str(args.rounds),
+           "--repeats", str(args.repeats), *extra]
     for p in args.policies:
         cmd += ["-p", p]
     env = os.environ
@@ -283,42 +369,87 @@ def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
     return result
 
 
+#: Issue 30's speed targets: ``generate`` at most this many times PyTorch's own allocator's time, and
+#: one call (malloc or free, mean through the trampoline) at most this many microseconds.
+GENERATE_RATIO_TARGET = 1.05
+CALL_US_TARGET = 1.5
+#: The summary's row over every shape: the seconds of all of them added, per round.
+ALL_SHAPES = "all"
+
+
+def round_order(names: list[str], r: int) -> list[str]:
+    """ABAB...: the allocators in order on even rounds and reversed on odd ones, so that drift on the
+    machine and the place in the round fall on every allocator alike."""
+    return list(names) if r % 2 == 0 else list(reversed(names))
+
+
 def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
-    """One row per (allocator, shape): median seconds, ratio to PyTorch's, token equality, costs."""
-    seconds: dict[tuple[str, str], list[float]] = {}
-    tokens: dict[tuple[str, str], set[str]] = {}
-    info: dict[str, dict] = {}
+    """One row per (allocator, shape), and per allocator one over all shapes (``ALL_SHAPES``).
+
+    Ratios are paired: each round's seconds (a worker's median over its repeats) over PyTorch's in
+    the same round; ``ratio_to_torch`` is their median, ``ratio_min``/``ratio_max`` their spread.
+    ``meets_generate`` is ``ratio_to_torch <= GENERATE_RATIO_TARGET``; ``meets_call`` is both mean
+    costs (median over rounds) at most ``CALL_US_TARGET``."""
+    by: dict[tuple[str, int], dict] = {}
     for w in workers:
-        if "error" in w or w.get("validate"):
-            continue
-        info.setdefault(w["allocator"], w)
-        for run in w["runs"]:
-            key = (w["allocator"], run["shape"])
-            seconds.setdefault(key, []).append(run["seconds"])
-            tokens.setdefault(key, set()).add(run["tokens_sha"])
+        if "error" not in w and not w.get("validate"):
+            by[(w["allocator"], w.get("round", 0))] = w
+    shapes = list(dict.fromkeys(run["shape"] for w in by.values() for run in w["runs"]))
     rows = []
-    for (name, shape), secs in seconds.items():
-        base = seconds.get((BASELINE, shape))
-        base_med = statistics.median(base) if base else float("nan")
-        med = statistics.median(secs)
-        w = info[name]
-        s = w.get("summary", {})
-        rows.append({
-            "allocator": name, "build": w.get("build"), "shape": shape, "n_rounds": len(secs), "seconds_median": med,
-            "seconds_min": min(secs), "ratio_to_torch": med / base_med if base else float("nan"),
-            "tokens_equal_torch": (tokens[(name, shape)] == tokens.get((BASELINE, shape))) if base else None,
-            "tokens_stable": len(tokens[(name, shape)]) == 1,
-            "peak_reserved_bytes": w.get("peak_reserved_bytes"), "alloc_p50_us": s.get("alloc_p50_us"),
-            "alloc_p99_us": s.get("alloc_p99_us"), "free_p50_us": s.get("free_p50_us"),
-            "free_p99_us": s.get("free_p99_us"), "n_alloc": s.get("n_alloc"), "n_failed": s.get("n_failed"),
-            "n_align_padded": s.get("n_align_padded"),
-            "device_used_before_bytes": w.get("device_used_before_bytes"),
-            "device_used_after_bytes": w.get("device_used_after_bytes"),
-            "pool_bytes_after": w.get("pool_bytes_after"), "n_live_at_close": s.get("n_live_at_close"),
-            "n_free_errors": s.get("n_free_errors"),
-        })
-    order = {name: i for i, name in enumerate([BASELINE, *policies])}
-    rows.sort(key=lambda r: (order.get(r["allocator"], 99), r["shape"]))
+    for name in dict.fromkeys([BASELINE, *policies]):
+        rounds = sorted(r for n, r in by if n == name)
+        if not rounds:
+            continue
+        first = by[(name, rounds[0])]
+        for shape in [*shapes, ALL_SHAPES]:
+            secs, ratios, tokens, base_tokens = [], [], set(), set()
+            for r in rounds:
+                mine = {run["shape"]: run for run in by[(name, r)]["runs"]}
+                base = by.get((BASELINE, r))
+                theirs = {run["shape"]: run for run in base["runs"]} if base else {}
+                wanted = shapes if shape == ALL_SHAPES else [shape]
+                if not all(k in mine for k in wanted):
+                    continue
+                sec = sum(mine[k]["seconds"] for k in wanted)
+                secs.append(sec)
+                if all(k in theirs for k in wanted):
+                    ratios.append(sec / sum(theirs[k]["seconds"] for k in wanted))
+                for k in wanted:
+                    tokens.add((k, mine[k]["tokens_sha"]))
+                    if k in theirs:
+                        base_tokens.add((k, theirs[k]["tokens_sha"]))
+            if not secs:
+                continue
+            s = first.get("summary", {})
+            alloc_us = [by[(name, r)]["alloc_mean_us"] for r in rounds if "alloc_mean_us" in by[(name, r)]]
+            free_us = [by[(name, r)]["free_mean_us"] for r in rounds if "free_mean_us" in by[(name, r)]]
+            alloc_mean = statistics.median(alloc_us) if alloc_us else None
+            free_mean = statistics.median(free_us) if free_us else None
+            ratio = statistics.median(ratios) if ratios else float("nan")
+            rows.append({
+                "allocator": name, "build": first.get("build"), "shape": shape, "n_rounds": len(secs),
+                "seconds_median": statistics.median(secs), "seconds_min": min(secs), "seconds_max": max(secs),
+                "ratio_to_torch": ratio, "ratio_min": min(ratios) if ratios else float("nan"),
+                "ratio_max": max(ratios) if ratios else float("nan"),
+                "meets_generate": name != BASELINE and ratio <= GENERATE_RATIO_TARGET,
+                "alloc_mean_us": alloc_mean, "free_mean_us": free_mean,
+                "alloc_mean_us_max": max(alloc_us) if alloc_us else None,
+                "free_mean_us_max": max(free_us) if free_us else None,
+                "meets_call": (alloc_mean is not None and free_mean is not None
+                               and max(alloc_mean, free_mean) <= CALL_US_TARGET),
+                "tokens_equal_torch": tokens == base_tokens if base_tokens else None,
+                "tokens_stable": len(tokens) == len({k for k, _ in tokens}) and all("," not in t for _, t in tokens),
+                "peak_reserved_bytes": first.get("peak_reserved_bytes"), "alloc_p50_us": s.get("alloc_p50_us"),
+                "alloc_p99_us": s.get("alloc_p99_us"), "free_p50_us": s.get("free_p50_us"),
+                "free_p99_us": s.get("free_p99_us"), "n_alloc": s.get("n_alloc"), "n_failed": s.get("n_failed"),
+                "n_align_padded": s.get("n_align_padded"), "n_stitched_maps": s.get("n_stitched_maps"),
+                "n_stitch_reuses": s.get("n_stitch_reuses"), "n_idle_evictions": s.get("n_idle_evictions"),
+                "driver_ns_total": s.get("driver_ns_total"), "sync_ns_total": s.get("sync_ns_total"),
+                "device_used_before_bytes": first.get("device_used_before_bytes"),
+                "device_used_after_bytes": first.get("device_used_after_bytes"),
+                "pool_bytes_after": first.get("pool_bytes_after"), "n_live_at_close": s.get("n_live_at_close"),
+                "n_free_errors": s.get("n_free_errors"),
+            })
     return rows
 
 
@@ -337,13 +468,18 @@ def main() -> int:
     ap.add_argument("-p", "--policy", dest="policies", action="append", help="policy spec (repeatable)")
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--new-tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="worker rounds (ABAB: reversed every other round)")
+    ap.add_argument("--repeats", type=int, default=1, help="generate calls per shape in each worker (their median)")
+    ap.add_argument("--compiled-only", action="store_true",
+                    help="with --compiled, run the policies in the compiled copy only (PyTorch's run is the same)")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--validate", metavar="SPEC", help="also run SPEC in validation mode on the first shape")
     ap.add_argument("--mempool", action="store_true", help="also run every policy in mempool mode (one process)")
     ap.add_argument("--worker-timeout", type=float, default=300.0)
     ap.add_argument("--calls", type=int, metavar="N",
                     help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
+    ap.add_argument("--stitch", action="store_true",
+                    help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled slice")
     ap.add_argument("--compiled", type=Path, metavar="DIR",
                     help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
                          "side: round by round with --calls, worker by worker otherwise")
@@ -360,6 +496,11 @@ def main() -> int:
     if args.mempool_worker:
         print(json.dumps(mempool_worker(args), default=str))
         return 0
+    if args.stitch:
+        rows = stitch_bench(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_csv(args.out / "torch_alloc_stitch.csv", rows)
+        return 0
     if args.calls:
         rows = calls_side_by_side(args) if args.compiled else calls_bench(args)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -371,11 +512,12 @@ def main() -> int:
     # (labelled "SPEC (compiled)"), against one PyTorch run per round
     runs = [(BASELINE, BASELINE, REPO)]
     for name in args.policies:
-        runs.append((name, name, REPO))
+        if not (args.compiled and args.compiled_only):
+            runs.append((name, name, REPO))
         if args.compiled:
             runs.append((f"{name} (compiled)", name, args.compiled))
     for r in range(args.rounds):
-        for label, name, tree in runs:
+        for label, name, tree in round_order(runs, r):
             w = spawn(args, ["--worker", name], args.worker_timeout, tree)
             w["allocator"] = label
             w.setdefault("build", "compiled" if tree != REPO else "interpreted")  # the worker's own word first
@@ -383,6 +525,7 @@ def main() -> int:
             workers.append(w)
             print(f"round {r} {label}: " + (w["error"] if "error" in w else
                   " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])), flush=True)
+            write_results(args, workers, [label for label, _, _ in runs[1:]], None)  # a run cut short keeps these
     if args.validate:
         first = args.shapes.split(",")[0]
         w = spawn(argparse.Namespace(**{**vars(args), "shapes": first, "rounds": 1}),
@@ -394,25 +537,50 @@ def main() -> int:
         print(f"validate {args.validate}: {found}", flush=True)
     mempool = None
     if args.mempool:
-        mempool = spawn(args, ["--mempool-worker"], args.worker_timeout)
+        mempool = spawn(args, ["--mempool-worker"], 2 * args.worker_timeout, args.compiled or REPO)
         print("mempool: " + (mempool.get("error") or f"{len(mempool['runs'])} runs"), flush=True)
 
-    rows = summarise(workers, [label for label, _, _ in runs[1:]])
+    rows, mempool_rows = write_results(args, workers, [label for label, _, _ in runs[1:]], mempool)
+    print_rows(rows, "pluggable mode: one worker process per allocator and round")
+    if mempool_rows:
+        print_rows(mempool_rows, "mempool mode: PyTorch's allocator and each policy in one process, round by round")
+    return 0
+
+
+def write_results(args, workers: list[dict], labels: list[str], mempool: dict | None) -> tuple[list[dict], list[dict]]:
+    """The runs, the summaries and the JSON in ``--out`` (rewritten after every worker); the summaries."""
+    rows = summarise(workers, labels)
+    mempool_rows = summarise(mempool_as_workers(mempool), args.policies) if mempool and "runs" in mempool else []
     args.out.mkdir(parents=True, exist_ok=True)
     run_rows = [{"allocator": w["allocator"], "round": w["round"] if "round" in w else -1, "validate": w.get("validate"),
                  **run} for w in workers if "runs" in w for run in w["runs"]]
     write_csv(args.out / "torch_alloc_runs.csv", run_rows)
     write_csv(args.out / "torch_alloc_summary.csv", rows)
+    write_csv(args.out / "torch_alloc_mempool_summary.csv", mempool_rows)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv[1:],
-            "shapes": args.shapes, "new_tokens": args.new_tokens, "layers": args.layers, "rounds": args.rounds}
+            "shapes": args.shapes, "new_tokens": args.new_tokens, "layers": args.layers, "rounds": args.rounds,
+            "repeats": args.repeats}
     with open(args.out / "torch_alloc.json", "w") as f:
-        json.dump({"meta": meta, "summary": rows, "workers": workers, "mempool": mempool}, f, indent=1, default=str)
+        json.dump({"meta": meta, "summary": rows, "workers": workers, "mempool": mempool,
+                   "mempool_summary": mempool_rows}, f, indent=1, default=str)
+    return rows, mempool_rows
+
+
+def print_rows(rows: list[dict], title: str) -> None:
+    print(title)
+    print(f"{'allocator':>24} {'shape':>7} {'s (med)':>8} {'x torch':>7} {'min-max':>11} {'alloc us':>8} "
+          f"{'free us':>7} {'targets':>8} tokens=")
     for row in rows:
-        print(f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:.3f}s x{row['ratio_to_torch']:.3f} "
-              f"tokens_equal={row['tokens_equal_torch']} peak_reserved={row['peak_reserved_bytes']} "
-              f"alloc_p50={row['alloc_p50_us']} free_p50={row['free_p50_us']} "
-              f"mem_before={row['device_used_before_bytes']} after={row['device_used_after_bytes']}")
-    return 0
+        us = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
+        met = "" if row["allocator"] == BASELINE else (f"{'G' if row['meets_generate'] else '-'}"
+                                                       f"{'C' if row['meets_call'] else '-'}")
+        print(f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:8.3f} {row['ratio_to_torch']:7.3f} "
+              f"{row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f} {us(row['alloc_mean_us']):>8} "
+              f"{us(row['free_mean_us']):>7} {met:>8} {row['tokens_equal_torch']} "
+              f"peak_reserved={row['peak_reserved_bytes']} mem_before={row['device_used_before_bytes']} "
+              f"after={row['device_used_after_bytes']}")
+    print(f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's (median of the paired ratios), "
+          f"C = malloc and free <= {CALL_US_TARGET} us a call (mean through the trampoline)")
 
 
 if __name__ == "__main__":

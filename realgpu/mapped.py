@@ -144,10 +144,12 @@ class MappedRealDevice(PageMappedDevice):
         super().set_access(offset, nbytes)
         self._timed("set_access", self.driver.set_access, self.address(offset), nbytes)
 
-    def unmap(self, offset: int, nbytes: int) -> list[int]:
+    def unmap(self, offset: int, nbytes: int, *, wait: bool = True) -> list[int]:
+        """The model's ``unmap``, then the driver's, after waiting for queued work unless ``wait`` is
+        False (the caller knows the range's work is done: an event it recorded has completed)."""
         pieces = [(off, self._mappings[off][1]) for off in self._mappings_in(offset, nbytes)]
         handles = super().unmap(offset, nbytes)
-        if pieces:
+        if pieces and wait:
             # queued kernels may still use the pages: cuMemUnmap does not wait for them (PyTorch
             # synchronizes before unmapping for the same reason)
             t0 = time.perf_counter_ns()

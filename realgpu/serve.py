@@ -48,7 +48,7 @@ from traces.engine_profile import STEP_COLUMNS, write_served_requests, write_ste
 __all__ = ["PYTORCH", "ServeSettings", "StepRow", "Completion", "Engine", "plan_requests", "drive", "step_table",
            "served_table", "serve_summary_row", "COMPARED_COLUMNS", "measured_against_predicted", "serve",
            "ServeRun", "ServeError", "ServeOutcome", "write_serve_results", "policy_slug", "sim_config", "serve_trace",
-           "simulate_like", "check_engine_installed", "check_serve_specs", "resolve_max_len"]
+           "simulate_like", "check_engine_installed", "check_serve_specs", "check_cuda_graphs", "resolve_max_len"]
 
 #: The spec that means PyTorch's own caching allocator (no poollab policy, no subprocess hooks).
 PYTORCH = "pytorch"
@@ -486,6 +486,19 @@ def check_serve_specs(specs: Sequence[str]) -> list[str]:
     return out
 
 
+def check_cuda_graphs(specs: Sequence[str], settings: ServeSettings) -> None:
+    """Refuse, before any engine starts, CUDA graphs under a pluggable policy: the engine captures into
+    a ``torch.cuda.MemPool`` of PyTorch's caching allocator, which a pluggable allocator replaces
+    (``realgpu.torch_allocator`` refuses the capture). In mempool mode the graphs' memory is PyTorch's
+    own graph pool and the rest the policy's."""
+    if not settings.cuda_graphs or settings.allocator_mode != "pluggable":
+        return
+    policies = [s for s in specs if s != PYTORCH]
+    if policies:
+        raise ValueError(f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: the engine captures "
+                         "its graphs into a pool of PyTorch's caching allocator, which a pluggable policy replaces")
+
+
 def resolve_max_len(settings: ServeSettings) -> int:
     """The engine's longest sequence: ``max_len_tokens``, else the checkpoint's or preset's context limit."""
     if settings.max_len_tokens is not None:
@@ -523,7 +536,9 @@ def serve_trace(requests: Any, specs: Sequence[str], settings: ServeSettings, *,
                 log: Callable[[str], None] = print, meta: dict[str, Any] | None = None) -> ServeOutcome:
     """Plan ``requests`` (a ``RequestTrace``), serve it under each spec, optionally simulate each run with
     matching settings, and write the result folder. A policy whose engine fails is reported in
-    ``failed`` and the others still run; ValueError when none ran."""
+    ``failed`` and the others still run; ValueError when none ran (or, before anything runs, when
+    ``cuda_graphs`` asks for a capture a pluggable policy would refuse)."""
+    check_cuda_graphs(specs, settings)
     max_len = resolve_max_len(settings)
     settings = ServeSettings(**{**asdict(settings), "max_len_tokens": max_len})
     plan = plan_requests(requests.requests, max_len_tokens=max_len, rate_scale=rate_scale, duration_s=duration_s,

@@ -181,9 +181,12 @@ class TransformersEngine:
             self.manager.start()
             deadline = time.perf_counter() + timeout_s
             while self.manager.batch_processor is None:
-                if not self.manager.is_running() or time.perf_counter() > deadline:
-                    error = self.manager.background_thread_status.fatal_error
-                    raise RuntimeError(f"the engine did not start: {error or f'no KV cache after {timeout_s:.0f} s'}")
+                running = self.manager.is_running()
+                if not running or time.perf_counter() > deadline:
+                    error = self.manager.background_thread_status.fatal_error or (
+                        f"no KV cache after {timeout_s:.0f} s" if running else
+                        "its thread ended before making the KV cache (its traceback is above)")
+                    raise RuntimeError(f"the engine did not start: {error}")
                 time.sleep(0.01)
 
     def submit(self, request_id: int, prompt_ids: list[int], output_tokens: int) -> None:
@@ -386,18 +389,35 @@ def _allocator(spec: str, settings: ServeSettings):
     return use_policy(spec, mode=settings.allocator_mode, validate=settings.validate, device=settings.device)
 
 
-def _engine_thread_in_mempool(engine: TransformersEngine, mempool: Any, device: Any) -> None:
+def _engine_thread_in_mempool(engine: TransformersEngine, alloc: Any, device: Any) -> None:
     """A ``MemPool`` serves the allocations of the thread that entered it; the engine allocates its
-    KV cache and activations in its own thread, so that thread enters the policy's pool too."""
+    KV cache and activations in its own thread, so that thread enters the policy's pool. PyTorch
+    routes a pool for one thread at a time (the H200 refused the engine's thread: "already
+    recording to mempool_id"), so this thread hands it over from ``start`` to ``stop``."""
     import torch
 
-    loop = engine.manager._run_generation_loop
+    loop, start, stop = engine.manager._run_generation_loop, engine.start, engine.stop
 
     def loop_in_pool():
-        with torch.cuda.use_mem_pool(mempool, device=device):
+        with torch.cuda.use_mem_pool(alloc.mempool, device=device):
             loop()
 
+    def start_in_pool(*args, **kwargs):
+        alloc.pause_routing()
+        try:
+            return start(*args, **kwargs)
+        except BaseException:
+            alloc.resume_routing()
+            raise
+
+    def stop_in_pool(*args, **kwargs):
+        try:
+            return stop(*args, **kwargs)
+        finally:
+            alloc.resume_routing()
+
     engine.manager._run_generation_loop = loop_in_pool  # start() makes the thread from this attribute
+    engine.start, engine.stop = start_in_pool, stop_in_pool
 
 
 @contextlib.contextmanager
@@ -465,7 +485,7 @@ def run_job(work: Path) -> None:
 
         engine = TransformersEngine(model, settings, on_step=on_step)
         if alloc is not None and alloc.mempool is not None:
-            _engine_thread_in_mempool(engine, alloc.mempool, device)
+            _engine_thread_in_mempool(engine, alloc, device)
         engine.start()
         vocab = int(model.config.vocab_size)
         if settings.warmup:

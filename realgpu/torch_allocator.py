@@ -8,8 +8,10 @@
   a new CUDA allocation fails with a message saying so; frees of tensors still alive keep going
   to the policy, and its segments are released when the last one is freed.
 - ``mode="mempool"``: PyTorch's caching allocator stays, and the policy supplies the segments it
-  splits (``torch.cuda.MemPool(allocator)`` + ``torch.cuda.use_mem_pool``), for the allocations of
-  the calling thread inside the block. Works at any time and next to PyTorch's own pool.
+  splits (``torch.cuda.MemPool(allocator)``, routed as ``torch.cuda.use_mem_pool`` routes it), for
+  the allocations of the calling thread inside the block. Works at any time and next to PyTorch's own
+  pool. PyTorch routes a pool for one thread at a time: ``pause_routing`` hands it to another
+  thread (an engine's), ``resume_routing`` takes it back.
 
 Both go through ``realgpu.GpuPool`` (backend ``"cuda"``), so the policy's ``PoolStats``, the
 per-call latency samples and validation mode (patterns and guards, checked on every free) are
@@ -30,7 +32,10 @@ What the core guarantees, whatever the policy:
 - a policy whose allocations are pages (``contiguous`` False: paged, page-pool, vmm-stitch, a
   wrapper over one) runs on the page-mapped backend (``cuda-vmm``), and a tensor over pages that
   are not one range gets a virtual range of its own with those pages' physical memory mapped in
-  it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``);
+  it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``,
+  unmapped in batches past that, and at once when the policy refuses a request; a kept range over
+  most of a new tensor's pages, its GPU work done, is taken over with only the other pages
+  remapped, the shared ones left in their places);
   such a policy is refused up front, in one line, on a segment device, in validation mode, or with
   pages that are no whole number of the device's physical pages;
 - a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
@@ -41,7 +46,9 @@ What the core guarantees, whatever the policy:
   allocation's stream is done (a CUDA event), so memory freed on one stream is never handed to
   another stream while the first may still use it; ``Tensor.record_stream`` is not seen by a
   pluggable allocator, so in pluggable mode it raises (use mempool mode for that);
-- CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work; in pluggable
+- CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work (a graph captured
+  with its own pool, whose memory is PyTorch's, replays correctly: H200 session 12; a capture into
+  the policy's pool from inside the block is refused up front, ``MEMPOOL_CAPTURE_REFUSAL``); in pluggable
   mode ``CUDAGraph.capture_begin`` (and ``torch.cuda.graph``) is refused before PyTorch allocates
   anything for the graph, with a message saying to use mempool mode (a malloc during a capture
   begun from C++ is refused by the trampoline);
@@ -80,8 +87,15 @@ __all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYT
            "Shim", "CudaStreamEvents", "AlignedHostDevice"]
 
 MODES = ("pluggable", "mempool")
-#: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``).
-MAX_IDLE_STITCHED_RANGES = 64
+#: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``): address
+#: space only (their pages are the policy's, mapped in its segments too), so many are kept. Past it
+#: the least recently used ``IDLE_EVICT_BATCH`` go at once: unmapping waits for the GPU's queued
+#: work (``MappedRealDevice.unmap``), and in a batch only the first unmap waits (issue 30: one
+#: eviction, so one device synchronize, per fresh stitch made ``paged`` 1.3-4x slower)
+MAX_IDLE_STITCHED_RANGES = 1024
+IDLE_EVICT_BATCH = 256
+#: Kept ranges (most recently freed first) looked at for one with most of a new tensor's pages.
+TAKE_OVER_CANDIDATES = 64
 #: Monitor sample stride, in allocator calls (the summary's fragmentation averages).
 DEFAULT_SAMPLE_EVERY = 256
 _SHIM_SOURCE = Path(__file__).with_name("_torch_shim.cpp")
@@ -128,6 +142,10 @@ class AllocatorCore:
         self.n_deferred_frees = 0
         self.n_zero_bytes = 0
         self.n_stitched_maps = 0  # ranges mapped for tensors over pages that are not one range
+        self.n_stitch_reuses = 0  # tensors over such pages served by a range kept mapped (no driver call)
+        self.n_idle_evictions = 0  # batches of kept ranges unmapped (each waits for the GPU once)
+        self.n_stitch_takeovers = 0  # tensors served by a kept range with some of its pages remapped
+        self.n_stitch_pages_remapped = 0
         self._defer_frees = False
         self._validate = pool.validate
         self._free_policy = pool.free if pool.validate else pool.policy.free
@@ -137,8 +155,8 @@ class AllocatorCore:
         self._stitched: dict[int, tuple[tuple[int, ...], int, int]] = {}  # id(allocation) -> (pages, range, bytes)
         #: ranges whose allocation was freed, kept mapped for a later one over the same pages in the
         #: same order (the policy's LIFO reuse hands those out again: no driver call then), least
-        #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest is unmapped
-        self._idle_ranges: OrderedDict[tuple[int, ...], tuple[int, int]] = OrderedDict()
+        #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest ``IDLE_EVICT_BATCH`` go
+        self._idle_ranges: OrderedDict[tuple[int, ...], tuple[int, int, Any]] = OrderedDict()
         if not pool.policy.contiguous:
             _check_pages_can_be_stitched(pool)
             self._free_policy = self._free_unstitch
@@ -194,6 +212,11 @@ class AllocatorCore:
         pointer already live refused."""
         if a is None and self._pending:
             self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
+            a = self._allocate(nbytes, stream=stream)
+        if a is None and self._idle_ranges:
+            # kept ranges hold the physical pages of segments the policy released meanwhile (its
+            # trim on a refusal): unmapped, that memory goes back to the device; then retry
+            self._drop_idle_ranges()
             a = self._allocate(nbytes, stream=stream)
         if a is None:
             raise self._refuse(size)
@@ -276,9 +299,11 @@ class AllocatorCore:
                             "serves PyTorch only requests of one page)")
 
     def _stitch(self, a: Allocation) -> int:
-        """The address of a fresh virtual range with ``a``'s pages mapped in it, in order (one
-        ``cuMemAddressReserve``, a ``cuMemMap`` per physical page, one ``cuMemSetAccess``: the
-        driver calls vmm-stitch models); its pages stay mapped where the policy put them too."""
+        """The address of a virtual range with ``a``'s pages mapped in it; its pages stay mapped
+        where the policy put them too. A kept range over the same pages in the same order serves
+        with no driver call; else a kept range over mostly the same pages (``_take_over``) has only
+        the others remapped; else a fresh one (one ``cuMemAddressReserve``, a ``cuMemMap`` per
+        physical page, one ``cuMemSetAccess``: the driver calls vmm-stitch models), in order."""
         device = self.pool.device
         handles = []
         for offset, length in a.extents:
@@ -290,7 +315,10 @@ class AllocatorCore:
         key = tuple(handles)
         idle = self._idle_ranges.pop(key, None)
         if idle is not None:
-            start, nbytes = idle
+            start, nbytes, _ = idle
+            self.n_stitch_reuses += 1
+        elif (taken := self._take_over(handles)) is not None:
+            key, start, nbytes = taken
         else:
             nbytes = sum(length for _, length in a.extents)
             start = device.address_reserve(nbytes)
@@ -308,10 +336,59 @@ class AllocatorCore:
         if stitched is not None:
             key, start, nbytes = stitched
             idle = self._idle_ranges
-            idle[key] = (start, nbytes)
+            # when the work queued on the range is done, its pages may be remapped (``_take_over``)
+            idle[key] = (start, nbytes, self.events.record(a.stream) if self.events is not None else None)
             if len(idle) > MAX_IDLE_STITCHED_RANGES:
-                self._unmap_range(*idle.popitem(last=False)[1])
+                self.n_idle_evictions += 1
+                for _ in range(min(IDLE_EVICT_BATCH, len(idle))):
+                    self._unmap_range(*idle.popitem(last=False)[1][:2])
         self.policy.free(a)
+
+    def _take_over(self, handles: list[int]) -> tuple[tuple[int, ...], int, int] | None:
+        """A kept range of as many pages of one size, most of them ``handles``' and its queued work
+        done (its event), remapped so that it holds exactly ``handles``: the pages it shares stay
+        in their places, the others are unmapped (no device wait: the event said it is idle) and
+        ``handles``' other pages mapped there. ``(slots, start, bytes)``, or None when no kept range
+        among the ``TAKE_OVER_CANDIDATES`` most recent shares at least half of the pages.
+
+        The LIFO stack the paged policy reuses pages from is shifted by a small request taken in
+        between, so the same tensor comes back over pages that differ from a kept range's by one or
+        two (418 of 619 fresh ranges in the bundled generate slice): remapping those costs an
+        unmap, a map and an access call a page, where a fresh range costs a map and an access call
+        for every page, and an unmap each again when it is evicted."""
+        device = self.pool.device
+        sizes = device._handles
+        page = sizes[handles[0]]
+        n = len(handles)
+        if any(sizes[h] != page for h in handles):
+            return None
+        wanted = set(handles)
+        best, best_shared = None, n // 2
+        for k, (key, value) in enumerate(reversed(self._idle_ranges.items())):
+            if k >= TAKE_OVER_CANDIDATES:
+                break
+            if len(key) != n or any(sizes.get(h) != page for h in key):
+                continue
+            shared = len(wanted.intersection(key))
+            if shared > best_shared and (value[2] is None or self.events.done(value[2])):
+                best, best_shared = key, shared
+        if best is None:
+            return None
+        start, nbytes, _ = self._idle_ranges.pop(best)
+        incoming = iter([h for h in handles if h not in set(best)])
+        slots = list(best)
+        for i, h in enumerate(best):
+            if h in wanted:
+                continue
+            offset = start + i * page
+            for gone in device.unmap(offset, page, wait=False):
+                if device._handle_maps[gone] == 0:  # its segment released meanwhile: its memory goes back
+                    device.release_handle(gone)
+            slots[i] = next(incoming)
+            device.map_handles(offset, [slots[i]])
+        self.n_stitch_takeovers += 1
+        self.n_stitch_pages_remapped += n - best_shared
+        return tuple(slots), start, nbytes
 
     def _unmap_range(self, start: int, nbytes: int) -> None:
         # unmap_release: a page whose segment the policy released meanwhile is mapped nowhere
@@ -322,7 +399,7 @@ class AllocatorCore:
 
     def _drop_idle_ranges(self) -> None:
         while self._idle_ranges:
-            self._unmap_range(*self._idle_ranges.popitem(last=False)[1])
+            self._unmap_range(*self._idle_ranges.popitem(last=False)[1][:2])
 
     def _realign(self, a: Allocation, nbytes: int, stream: int) -> tuple[int, Allocation]:
         """Ask again for ``ALIGNMENT_BYTES`` more and move the pointer up to the next boundary."""
@@ -576,6 +653,44 @@ class TorchPolicyAllocator:
         self._wall_s: float | None = None
         self._final_stats: PoolStats | None = None
         self._row: dict[str, Any] | None = None
+        self._routing: tuple[Any, int] | None = None  # mempool mode: (torch.cuda.memory, device) while routed
+        self._paused: tuple[Any, int] | None = None  # the same while paused
+
+    # ------------------------------------------------------------------ mempool mode's routing
+    def pause_routing(self) -> None:
+        """Mempool mode: stop routing this thread's allocations to the policy's pool, so that another
+        thread (an engine's) can enter it with ``torch.cuda.use_mem_pool``. PyTorch routes a pool for
+        one thread at a time ("beginAllocateToPool: already recording to mempool_id", H200 session
+        12); ``resume_routing`` routes this thread again, and the block's end copes with either."""
+        if self._routing is None:
+            return
+        memory, device = self._routing
+        memory._cuda_endAllocateToPool(device, self.mempool.id)  # use_mem_pool's own exit
+        memory._cuda_releasePool(device, self.mempool.id)
+        self._routing = None
+        self._paused = (memory, device)
+
+    def resume_routing(self) -> None:
+        """Route this thread's allocations to the policy's pool again (after ``pause_routing``)."""
+        paused = self._paused
+        if paused is None or self._routing is not None:
+            return
+        memory, device = paused
+        memory._cuda_beginAllocateCurrentThreadToPool(device, self.mempool.id)  # use_mem_pool's own entry
+        self._routing, self._paused = paused, None
+
+    def _route(self, torch: Any, device: int) -> None:
+        self._paused = (torch.cuda.memory, device)
+        self.resume_routing()
+
+    def _unroute(self) -> None:
+        self.pause_routing()
+        self._paused = None
+
+    @property
+    def routing(self) -> bool:
+        """Whether this thread's allocations go to the policy's pool now (mempool mode)."""
+        return self._routing is not None
 
     def stats(self) -> PoolStats:
         """The policy's ``PoolStats`` (as they were at close, once closed)."""
@@ -606,7 +721,10 @@ class TorchPolicyAllocator:
             kind="policy", mode=self.mode, validate=self.pool.validate,
             device_mallocs=device.num_maps, device_frees=device.num_unmaps, driver_ns_total=device.driver_ns_total,
             n_align_padded=core.n_align_padded, align_extra_bytes=core.align_extra_bytes,
-            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps, n_streams=len(core.streams), n_free_errors=len(core.errors),
+            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps,
+            n_stitch_reuses=core.n_stitch_reuses, n_stitch_takeovers=core.n_stitch_takeovers,
+            n_stitch_pages_remapped=core.n_stitch_pages_remapped, n_idle_evictions=core.n_idle_evictions,
+            sync_ns_total=getattr(device, "sync_ns_total", 0), n_streams=len(core.streams), n_free_errors=len(core.errors),
             n_live_at_close=core.num_live, **counters)
 
     def check(self) -> None:
@@ -776,8 +894,14 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
                 yield allocator
         else:
             allocator = _install_mempool(torch, shim, pool, core, device)
-            with torch.cuda.use_mem_pool(allocator.mempool, device=device):
-                yield allocator
+            # use_mem_pool's entry and exit, held by the allocator so that it can hand the pool to another
+            # thread for a while (pause_routing)
+            allocator._route(torch, device)
+            try:
+                with _mempool_guards(torch, allocator):
+                    yield allocator
+            finally:
+                allocator._unroute()
     except torch.OutOfMemoryError as exc:
         if core.last_refusal and core.last_refusal not in str(exc):
             raise torch.OutOfMemoryError(f"{exc}\n{core.last_refusal}") from exc
@@ -826,6 +950,44 @@ CAPTURE_REFUSAL = ("poollab's pluggable allocator refuses CUDA graph capture: a 
                    "torch.cuda.graph(g, pool=...) for graphs")
 
 
+#: Why mempool mode refuses a capture into the policy's own pool from inside the block.
+MEMPOOL_CAPTURE_REFUSAL = ("a CUDA graph captured into the policy's MemPool inside use_policy(..., mode='mempool'): "
+                           "PyTorch routes a pool for one thread at a time, and this thread's allocations go there "
+                           "already; capture with the graph's own pool (torch.cuda.graph(g), no pool=), whose memory "
+                           "is PyTorch's")
+
+
+@contextlib.contextmanager
+def _mempool_guards(torch: Any, allocator: TorchPolicyAllocator) -> Iterator[None]:
+    """Mempool mode: a capture into the policy's own pool while this thread routes to it, refused up
+    front. PyTorch refuses it too, but only after ``torch.cuda.graph`` switched streams (not switched
+    back) and after counting one more user of the pool, so that the pool's segments never went back
+    (H200 session 12: 4 live at close)."""
+    graphs = getattr(torch.cuda, "graphs", None)
+    if graphs is None:
+        yield
+        return
+    pool_id = allocator.mempool.id
+
+    def ours(pool: Any) -> bool:
+        return allocator.routing and (pool == pool_id or getattr(pool, "id", None) == pool_id)
+
+    original_begin, original_enter = graphs.CUDAGraph.capture_begin, graphs.graph.__enter__
+
+    def capture_begin(self, pool=None, *args, **kwargs):
+        if ours(pool):
+            raise PoolError(MEMPOOL_CAPTURE_REFUSAL)
+        return original_begin(self, pool, *args, **kwargs)
+
+    def enter(self):
+        if any(ours(p) for p in getattr(self, "pool", ())):
+            raise PoolError(MEMPOOL_CAPTURE_REFUSAL)
+        return original_enter(self)
+
+    with _patched([(graphs.CUDAGraph, "capture_begin", capture_begin), (graphs.graph, "__enter__", enter)]):
+        yield
+
+
 @contextlib.contextmanager
 def _pluggable_guards(torch: Any) -> Iterator[None]:
     """What a pluggable allocator is never told of, refused up front rather than raced.
@@ -848,6 +1010,13 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
     if graphs is not None:
         patches += [(graphs.CUDAGraph, "capture_begin", _refusing(CAPTURE_REFUSAL)),
                     (graphs.graph, "__enter__", _refusing(CAPTURE_REFUSAL))]
+    with _patched(patches):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """``(owner, name, replacement)`` set for the block, each owner's own attribute put back after."""
     originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name, _ in patches]
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)

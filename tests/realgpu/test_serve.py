@@ -359,6 +359,15 @@ def test_cli_without_torch_says_what_to_install(monkeypatch, one_line_error):
     one_line_error([AZURE, "--max-requests", "2"], "transformers", "poollab[engine]")
 
 
+def test_cuda_graphs_under_a_pluggable_policy_are_refused_before_any_engine_starts(tmp_path):
+    from realgpu.serve import serve_trace
+
+    settings = ServeSettings(cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"--cuda-graphs with policy 'best-fit' needs --allocator-mode mempool"):
+        serve_trace(None, [PYTORCH, "best-fit"], settings, out_dir=tmp_path / "out")  # refused before the trace is read
+    assert not (tmp_path / "out").exists()
+
+
 def test_startup_snapshot_holds_the_kv_cache_tensors():
     """The committed H200 start-up snapshot (issue 34's input): the 64 KV tensors of Llama-3-8B's
     32 layers, allocated in transformers' PagedAttentionCache, 3,060 blocks of 256 tokens each."""
@@ -458,12 +467,16 @@ def test_cli_footprint_check_option_reaches_the_settings(monkeypatch, tmp_path):
 
 # --- the GPU -------------------------------------------------------------------------------------------
 
-@pytest.mark.gpu
-def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
+def _needs_cuda_engine() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+
+
+@pytest.mark.gpu
+def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
+    _needs_cuda_engine()
     result = _run(AZURE, "-p", PYTORCH, "--model", "Llama-3.2-1B", "--max-requests", "8", "--max-len", "2048",
                   "--num-blocks", "64", "--out", tmp_path / "out")
     assert result.exit_code == 0, result.output
@@ -473,6 +486,17 @@ def test_gpu_serve_runs_pytorch_and_writes_the_step_profile(tmp_path):
     assert steps["num_prefill_tokens"].sum() == served["prompt_tokens"].sum()
     summary = pd.read_csv(tmp_path / "out" / "summary.csv")
     assert summary["peak_reserved_bytes"][0] > 0 and summary["n_finished"][0] == 8
+
+
+@pytest.mark.gpu
+def test_gpu_serve_captures_cuda_graphs_with_a_policy_in_mempool_mode(tmp_path):
+    _needs_cuda_engine()
+    result = _run(AZURE, "-p", "best-fit", "--allocator-mode", "mempool", "--cuda-graphs", "--model", "Llama-3.2-1B",
+                  "--max-requests", "8", "--max-len", "2048", "--num-blocks", "64", "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert summary["n_finished"][0] == 8 and summary["backend"][0] == "torch-mempool", summary.iloc[0].to_dict()
+    assert bool(summary["cuda_graphs"][0]) and summary["n_alloc"][0] > 0 and summary["n_live_at_close"][0] == 0
 
 
 def test_under_a_pluggable_policy_the_engine_reads_the_policys_reserved_bytes():
@@ -506,3 +530,41 @@ def test_a_policy_whose_engine_fails_is_reported_and_nothing_half_written(tmp_pa
                     out_dir=tmp_path / "out", log=logged.append)
     assert any(line.startswith("warning: gpu serve: policy 'best-fit'") for line in logged)
     assert not (tmp_path / "out").exists()
+
+
+def test_in_mempool_mode_the_engines_thread_gets_the_pool_from_start_to_stop(monkeypatch):
+    # the H200: the engine's thread entered the policy's pool while this thread was routed to it, and
+    # PyTorch refused ("beginAllocateToPool: already recording to mempool_id"): the engine never started
+    import contextlib
+    import sys
+    from types import SimpleNamespace
+
+    from realgpu.serve_engine import _engine_thread_in_mempool
+
+    events = []
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool, device=None):
+        events.append(("enter", pool))
+        yield
+        events.append(("exit", pool))
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=SimpleNamespace(use_mem_pool=use_mem_pool)))
+    alloc = SimpleNamespace(mempool="policy-pool", pause_routing=lambda: events.append("pause"),
+                            resume_routing=lambda: events.append("resume"))
+    manager = SimpleNamespace(_run_generation_loop=lambda: events.append("loop"))
+
+    def start(fail=False):
+        manager._run_generation_loop()  # the engine's thread, run here
+        if fail:
+            raise RuntimeError("the engine did not start")
+
+    engine = SimpleNamespace(manager=manager, start=start, stop=lambda: events.append("stop"))
+    _engine_thread_in_mempool(engine, alloc, "cuda:0")
+    engine.start()
+    engine.stop()
+    assert events == ["pause", ("enter", "policy-pool"), "loop", ("exit", "policy-pool"), "stop", "resume"]
+    events.clear()
+    with pytest.raises(RuntimeError, match="did not start"):
+        engine.start(fail=True)
+    assert events[0] == "pause" and events[-1] == "resume"  # this thread routed again when the start fails

@@ -7,7 +7,9 @@ import contextlib
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -249,6 +251,104 @@ def test_paged_tensors_over_several_pages_get_one_range_of_the_same_memory():
     assert pool.closed and pool.device.physical_bytes == 0 and pool.device.num_calls["unmap"] > 0
 
 
+def _paged_core(spec="paged:page_bytes=2MiB", **device_kw):
+    from realgpu.host_vmm import HostVmmDevice
+    from realgpu.torch_allocator import _make_pool
+
+    pool = _make_pool(spec, validate=False, device=0, capacity_bytes=None, backend=HostVmmDevice(**device_kw))
+    return AllocatorCore(pool, sample_every=1)
+
+
+def _scattered(core, num_pages: int) -> tuple[int, list[int]]:
+    """A tensor of ``num_pages`` pages whose pages are not one range: ``(pointer, pages kept live)``."""
+    keep = [core.malloc(2 * MiB, 0, 0) for _ in range(2 * num_pages)]
+    for q in keep[1::2]:
+        core.free(q, 2 * MiB, 0, 0)
+    return core.malloc(num_pages * 2 * MiB, 0, 0), keep[0::2]
+
+
+def test_kept_ranges_past_the_bound_go_in_one_batch(monkeypatch):
+    # one device synchronize per fresh stitch (an eviction each past the bound) made paged 1.3-4x
+    # slower than PyTorch on the H200: past the bound, the oldest go together, the first unmap
+    # waiting for the GPU and the rest finding it idle
+    import realgpu.torch_allocator as ta
+
+    monkeypatch.setattr(ta, "MAX_IDLE_STITCHED_RANGES", 4)
+    monkeypatch.setattr(ta, "IDLE_EVICT_BATCH", 3)
+    core = _paged_core()
+    syncs = []
+    monkeypatch.setattr(core.pool.device, "synchronize", lambda: syncs.append(1))
+    held = []
+    for _ in range(5):  # five tensors over different scattered pages, each freed: five kept ranges
+        p, keep = _scattered(core, 2)
+        held += keep
+        core.free(p, 4 * MiB, 0, 0)
+    assert core.n_stitched_maps == 5 and core.n_idle_evictions == 1 and len(core._idle_ranges) == 2
+    assert len(syncs) == 3  # three ranges unmapped in the batch (the device's call; it waits only once on a GPU)
+    for _ in range(2):
+        p, keep = _scattered(core, 2)
+        held += keep
+        core.free(p, 4 * MiB, 0, 0)
+    assert core.n_idle_evictions == 1 and len(core._idle_ranges) == 4 and len(syncs) == 3  # up to the bound: kept
+    row = TorchPolicyAllocator(core.pool, core, "pluggable", None).summary_row()
+    assert row["n_idle_evictions"] == 1 and row["n_stitched_maps"] == 7 and row["n_stitch_reuses"] == 0
+
+
+def test_a_kept_range_over_most_of_the_pages_is_taken_over_once_its_work_is_done(monkeypatch):
+    # the paged stack shifted by a small request in between: the same tensor comes back over pages
+    # one off a kept range's; only that page is remapped, once the range's work is done, no wait
+    import ctypes
+
+    events = FakeEvents()
+    core = _paged_core()
+    core.events = events
+    syncs = []
+    monkeypatch.setattr(core.pool.device, "synchronize", lambda: syncs.append(1))
+    t1, held = _scattered(core, 4)
+    core.free(t1, 8 * MiB, 0, 0)  # kept: range 1, its work not done yet
+    s1 = core.malloc(2 * MiB, 0, 0)  # takes t1's first page
+    t2 = core.malloc(8 * MiB, 0, 0)  # three of t1's pages and another: range 1 is still busy
+    assert core.n_stitched_maps == 2 and core.n_stitch_takeovers == 0
+    core.free(t2, 8 * MiB, 0, 0)
+    for token in events.recorded:  # the GPU is done with both ranges
+        token[1] = True
+    s2 = core.malloc(2 * MiB, 0, 0)  # takes t2's first page
+    t3 = core.malloc(8 * MiB, 0, 0)  # t2's other three and one more
+    a = core.live[t3]
+    assert t3 == t2 and core.n_stitched_maps == 2 and core.n_stitch_takeovers == 1
+    assert core.n_stitch_pages_remapped == 1 and syncs == []
+    for k in range(4):  # each 2 MiB of the tensor lands on one of its pages, each page once
+        ctypes.memset(t3 + k * 2 * MiB, 0x40 + k, 2 * MiB)
+    device = core.pool.device
+    found = sorted(ctypes.string_at(device.address(offset), 1)[0] for offset, _ in a.extents)
+    assert found == [0x40, 0x41, 0x42, 0x43]
+    assert all(ctypes.string_at(device.address(o), 2 * MiB) == bytes([ctypes.string_at(device.address(o), 1)[0]]) * (2 * MiB)
+               for o, _ in a.extents)
+    core.free(t3, 8 * MiB, 0, 0)
+    for q in [s1, s2, *held]:
+        core.free(q, 2 * MiB, 0, 0)
+    assert core.errors == []
+    core.close()
+    assert core.pool.device.physical_bytes == 0
+
+
+def test_a_refusal_unmaps_kept_ranges_holding_released_memory_and_retries():
+    # a kept range holds its pages' physical memory after the policy released their segment (a
+    # trim): the device is then full of memory nobody uses, until the range is unmapped
+    core = _paged_core("paged:page_bytes=2MiB,segment_bytes=8MiB", limit_bytes=16 * MiB)
+    p, keep = _scattered(core, 2)  # 4 pages live in one segment, 2 more in a second, stitched
+    core.free(p, 4 * MiB, 0, 0)
+    for q in keep:
+        core.free(q, 2 * MiB, 0, 0)
+    assert len(core._idle_ranges) == 1 and core.policy.trim() > 0 and core.policy.reserved_bytes == 0
+    assert core.pool.device.physical_bytes > 0  # held by the kept range alone
+    q = core.malloc(16 * MiB, 0, 0)  # the whole device: only after the kept range lets go
+    assert q and core._idle_ranges == {} and core.errors == []
+    core.free(q, 16 * MiB, 0, 0)
+    core.close()
+    assert core.pool.device.physical_bytes == 0
+
+
 def test_paged_is_refused_up_front_where_its_pages_cannot_be_one_range():
     with pytest.raises(PoolError, match="needs a page-mapped device.*cuda-vmm"):
         host_core("paged:page_bytes=2MiB")  # a segment device: cudaMalloc'd memory is never mapped again
@@ -323,6 +423,8 @@ class _FakeTorch:
         fake = self
         self.swapped = []
         self.pools = []
+        self.recording = {}  # pool id -> the thread routed to it
+        self.use_count = {}
 
         class Memory:
             class CUDAPluggableAllocator:
@@ -338,6 +440,24 @@ class _FakeTorch:
                     raise RuntimeError(swap_error)
                 fake.swapped.append(wrapper)
 
+            # what use_mem_pool calls, with PyTorch's rules (CUDACachingAllocator.cpp): a pool is
+            # routed for one thread (or capture) at a time, and each entry counts one more user
+            @staticmethod
+            def _cuda_beginAllocateCurrentThreadToPool(device, pool_id):
+                fake.use_count[pool_id] = fake.use_count.get(pool_id, 0) + 1
+                if pool_id in fake.recording:
+                    raise RuntimeError("beginAllocateToPool: already recording to mempool_id")
+                fake.recording[pool_id] = threading.get_ident()
+
+            @staticmethod
+            def _cuda_endAllocateToPool(device, pool_id):
+                if fake.recording.pop(pool_id, None) is None:
+                    raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+
+            @staticmethod
+            def _cuda_releasePool(device, pool_id):
+                fake.use_count[pool_id] -= 1
+
         class Cuda:
             memory = Memory
 
@@ -352,7 +472,9 @@ class _FakeTorch:
             @staticmethod
             def MemPool(allocator):  # noqa: N802 - torch's name
                 fake.pools.append(allocator)
-                return allocator
+                pool = SimpleNamespace(id=(0, len(fake.pools)), allocator=allocator)
+                fake.use_count[pool.id] = 1  # the MemPool object's own
+                return pool
 
             @staticmethod
             @contextlib.contextmanager
@@ -373,12 +495,13 @@ class _FakeTorch:
                 fake.capturing = True
 
         class Graph:  # torch.cuda.graph
-            def __init__(self, cuda_graph):
+            def __init__(self, cuda_graph, pool=None):
                 self.cuda_graph = cuda_graph
+                self.pool = () if pool is None else (pool,)
 
             def __enter__(self):
                 fake.stream = "capture"  # torch.cuda.graph switches streams before capture_begin
-                self.cuda_graph.capture_begin()
+                self.cuda_graph.capture_begin(*self.pool)
 
             def __exit__(self, *exc):
                 fake.stream = "default"
@@ -505,6 +628,65 @@ def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine
         assert shim.bound[-1][0] is second.core  # nothing left to route: straight to the policy again
         ta._routing.free(ptr, 4096, 0, 0)
     assert second.core.errors == [] and second.pool.closed
+
+
+def test_mempool_routes_this_thread_and_hands_the_pool_to_another(fake_engine):
+    # gpu serve in mempool mode on the H200: the engine's thread entered the pool this thread was
+    # routed to, and PyTorch refused ("already recording to mempool_id"); the engine never started
+    _, install = fake_engine
+    torch = install()
+    with use_policy("best-fit", mode="mempool") as alloc:
+        pool_id = alloc.mempool.id
+        assert torch.recording == {pool_id: threading.get_ident()} and alloc.routing
+        alloc.pause_routing()
+        assert torch.recording == {} and not alloc.routing
+        errors = []
+
+        def engine_thread():
+            try:
+                with_pool = torch.cuda.memory  # what use_mem_pool does in that thread
+                with_pool._cuda_beginAllocateCurrentThreadToPool(0, pool_id)
+                with_pool._cuda_endAllocateToPool(0, pool_id)
+                with_pool._cuda_releasePool(0, pool_id)
+            except RuntimeError as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=engine_thread)
+        t.start()
+        t.join()
+        assert errors == []
+        alloc.resume_routing()
+        assert torch.recording == {pool_id: threading.get_ident()}
+    assert torch.recording == {} and torch.use_count[pool_id] == 1  # every entry released: only the MemPool's own
+    with use_policy("best-fit", mode="mempool") as alloc:
+        second_id = alloc.mempool.id
+        alloc.pause_routing()  # the block may end paused (an engine that failed before it stopped)
+    assert torch.recording == {} and torch.use_count[second_id] == 1
+
+
+def test_mempool_refuses_a_capture_into_its_own_pool_up_front(fake_engine):
+    # the H200: PyTorch refused it too, but after switching streams and counting one more user of the
+    # pool, whose segments then never went back (4 live at close)
+    from realgpu.torch_allocator import MEMPOOL_CAPTURE_REFUSAL
+
+    _, install = fake_engine
+    torch = install()
+    own = torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__
+    with use_policy("best-fit", mode="mempool") as alloc:
+        torch.core = alloc.core
+        pool_id = alloc.mempool.id
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(PoolError, match="captured into the policy's MemPool.*torch.cuda.graph\\(g\\)"):
+            with torch.cuda.graph(g, pool=pool_id):
+                pass
+        assert torch.stream == "default" and not torch.capturing and torch.use_count[pool_id] == 2
+        with pytest.raises(PoolError, match="captured into the policy's MemPool"):
+            g.capture_begin(pool=alloc.mempool)
+        with torch.cuda.graph(g):  # the graph's own pool: PyTorch's hooks do the work
+            pass
+        assert torch.capturing
+    assert MEMPOOL_CAPTURE_REFUSAL.startswith("a CUDA graph")
+    assert (torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__) == own  # torch's own are back
 
 
 def test_mempool_out_of_memory_carries_the_policys_reason(fake_engine):
@@ -706,7 +888,7 @@ def test_paged_serves_tensors_over_several_pages_on_the_page_mapped_device():
         with use_policy("paged:page_bytes=2MiB", capacity_bytes=2 << 30) as alloc:
             assert alloc.pool.device.kind == "cupy" and type(alloc.pool.device).__name__ == "CudaVmmDevice"
             small = [torch.full((1 << 18,), float(i), device="cuda") for i in range(6)]  # one page each
-            del small[1], small[3]  # two free pages that are not neighbours
+            del small[3], small[1]  # two free pages that are not neighbours (tensors 1 and 3)
             big = torch.arange(3 << 20, dtype=torch.float32, device="cuda")  # 12 MiB: 6 pages
             assert big.data_ptr() % 512 == 0
             assert torch.equal(big.cpu(), torch.arange(3 << 20, dtype=torch.float32))
@@ -768,3 +950,45 @@ def test_mempool_mode_equal_results_and_oom_reason():
         else:
             raise AssertionError("no OutOfMemoryError")
     """)
+
+
+@pytest.mark.gpu
+def test_mempool_mode_captures_and_replays_cuda_graphs():
+    # PyTorch's graph pools do the work in mempool mode: a graph captured into its own private pool
+    # (PyTorch's segments) replays right (H200 session 12); one captured into the policy's MemPool
+    # from inside the block is refused up front (PyTorch refused it too, after counting one more
+    # user of the pool: its 4 segments never went back)
+    pytest.importorskip("torch")
+    out = _run_gpu_script("""
+        import torch
+        from realgpu.torch_allocator import use_policy
+        with use_policy("best-fit", mode="mempool", capacity_bytes=1 << 30) as alloc:
+            static_in = torch.ones(1 << 20, device="cuda")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up on a side stream, as PyTorch asks before a capture
+                warm = static_in * 2 + 1
+            torch.cuda.current_stream().wait_stream(side)
+            outcomes = {}
+            for name, pool in (("own pool", None), ("policy's pool", alloc.mempool.id)):
+                try:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        static_out = static_in * 2 + 1
+                    static_in.fill_(3)
+                    g.replay()
+                    torch.cuda.synchronize()
+                    outcomes[name] = float(static_out.sum()) == 7.0 * (1 << 20)
+                    static_in.fill_(1)
+                    del g, static_out
+                except Exception as exc:
+                    outcomes[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:60]
+            del static_in, warm
+        row = alloc.summary_row()
+        alloc.check()
+        print("outcomes", outcomes, "n_alloc", row["n_alloc"], "live_at_close", row["n_live_at_close"])
+        assert outcomes["own pool"] is True, outcomes
+        assert str(outcomes["policy's pool"]).startswith("PoolError: a CUDA graph captured into the policy's"), outcomes
+        assert row["n_alloc"] >= 1 and row["n_live_at_close"] == 0, row
+    """)
+    assert "outcomes" in out
