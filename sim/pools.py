@@ -93,10 +93,12 @@ class TimedPool:
 
     def __init__(self, policy: Policy, *, record_latency: bool = True):
         self.policy = policy
-        self._calls = TimedCalls(policy_target(policy))  # construction-time driver calls belong to no step
         self.alloc_ns: list[int] = []
         self.free_ns: list[int] = []
         self.record_latency = record_latency
+        # construction-time driver calls belong to no step; the latencies land in the lists above
+        self._calls = TimedCalls(policy_target(policy), alloc_ns=self.alloc_ns if record_latency else None,
+                                 free_ns=self.free_ns if record_latency else None)
 
     @property
     def pending_driver_ns(self) -> int:
@@ -107,15 +109,10 @@ class TimedPool:
         self._calls.pending_driver_ns = ns
 
     def allocate(self, nbytes: int, tag: str | None = None) -> Allocation | None:
-        a, ns = self._calls.allocate(nbytes, 0, tag)
-        if self.record_latency:
-            self.alloc_ns.append(ns)
-        return a
+        return self._calls.allocate(nbytes, 0, tag)
 
     def free(self, allocation: Allocation) -> None:
-        ns = self._calls.free(allocation)
-        if self.record_latency:
-            self.free_ns.append(ns)
+        self._calls.free(allocation)
 
     def take_driver_ns(self) -> int:
         return self._calls.take_driver_ns()
