@@ -129,11 +129,10 @@ def policy_target(policy: Policy) -> Target:
 class TimedCalls:
     """A target's calls, timed: THE definition of a call's latency.
 
-    latency = the call's time on ``timer`` + the driver time its device accrued in it, taken
-    after the call (``Target.driver_clock``'s pending time when the device declares a clock, else
-    ``Target.take_driver_ns()``). The caller sees that the device has nothing pending before a
-    timed call (``drop_pending``): what is pending belongs to no call, or, for the serving
-    simulator's pools, is charged to the call that follows, as it always was.
+    latency = the call's time on ``timer`` + the driver time its device has pending after it,
+    taken (``Target.driver_clock``'s pending time when the device declares a clock, else
+    ``Target.take_driver_ns()``). A caller that wants each sample to be its own call's alone drops
+    what is pending before the call (``drop_pending``; ``run``'s loops do, after untimed calls).
 
     ``allocate`` returns the handle (None when refused, or out of memory) and ``free`` nothing;
     each appends its latency to ``alloc_ns``/``free_ns`` (not kept when None). The driver time

@@ -16,10 +16,10 @@ from policies.mapped_device import PageMappedDevice
 from policies.paged import Paged
 from sim import engine
 from sim.costs import CostedDevice, CostModel, costed_page_mapped_device
-from tests.sim.test_step_fast_path import assert_same_results
+from tests.sim.test_engine import TickTimer, _unknown
+from tests.sim.test_step_fast_path import AZURE, assert_same_results
 from tests.sim.test_step_fast_path import run as simulate_once
 from traces.request_readers import read_request_trace
-from tests.sim.test_step_fast_path import AZURE
 
 MiB = 1 << 20
 
@@ -135,19 +135,6 @@ class ClockedDevice(_ChargingDevice):
     @property
     def driver_ns_total(self):
         return self.driver_clock.total_ns
-
-
-class TickTimer:
-    def __init__(self):
-        self.now = 0
-
-    def __call__(self):
-        self.now += 10
-        return self.now
-
-
-def _unknown(i, key):
-    return KeyError(f"event {i}: {key}")
 
 
 def _replay(device, share):
