@@ -163,18 +163,21 @@ class GpuPool:
         if backend not in BACKENDS:
             raise PoolError(f"backend(={backend!r}) must be one of {', '.join(map(repr, BACKENDS))} "
                             "or a realgpu device")
+        platform = DeviceKind.platform_of(backend)
         if kind is DeviceKind.PAGE_MAPPED or model is not None:  # the policy's own kind wins
-            backend = DeviceKind.PAGE_MAPPED.backend(DeviceKind.platform_of(backend))
+            kind = DeviceKind.PAGE_MAPPED
+        else:
+            kind = DeviceKind.of_backend(backend)
         mapped = {} if model is None else {"granularity_bytes": model.granularity_bytes,
                                            "limit_bytes": model.limit_bytes,
                                            "virtual_limit_bytes": model.virtual_limit_bytes}
-        if backend == "host":
-            return HostDevice()
-        if backend == "host-vmm":
+        if platform == "host":
+            if kind is DeviceKind.SEGMENT:
+                return HostDevice()
             from realgpu.host_vmm import HostVmmDevice
 
             return HostVmmDevice(**mapped)
-        if backend == "cuda-vmm":
+        if kind is DeviceKind.PAGE_MAPPED:
             from realgpu.vmm import CudaVmmDevice
 
             return CudaVmmDevice(device_id=device_id, **mapped)
