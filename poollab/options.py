@@ -173,6 +173,9 @@ class DeviceKindType(click.ParamType):
 
     name = "|".join(k.value for k in DeviceKind)
 
+    def get_metavar(self, param, ctx=None) -> str:  # click upper-cases ``name``; users type the values
+        return f"[{self.name}]"
+
     def convert(self, value: Any, param, ctx) -> DeviceKind | None:
         if value is None:
             return None
