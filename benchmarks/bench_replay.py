@@ -38,6 +38,11 @@ this run; ``ok`` or ``MISS``, and ``-`` for rows no target covers.
 of ``--repeat``): the bare loop; ``sim.engine.run`` timing no call (the loop alone); timing the
 default sample; and with the ``PoolMonitor`` that ``replay()`` drives (its engine time).
 
+``--engine-calls`` instead counts, for each policy row, the calls ``sim.engine.run`` makes per
+event (cProfile, Python functions and built-ins, the clock reads included; the ``run`` frame
+itself excluded) at the default sampling and timing every call: a count that a busy machine does
+not blur, for comparing two versions of the loop.
+
 ``--sample-bytes`` instead measures the per-call latency samples of a replay of the README's 13
 policies (``sim.replay.replay_tables``): bytes per trace event in memory and as
 ``latency_samples.parquet`` (issue 16: <= 400 B per event).
@@ -203,6 +208,21 @@ def calls_per_event(events, row, costs) -> float:
     return num_calls / len(events)
 
 
+def engine_calls_per_event(ev, spec, costs, latency_sample=None) -> float:
+    """Calls per event of ``sim.engine.run`` replaying ``ev`` through ``spec`` (``--engine-calls``)."""
+    import cProfile
+    import pstats
+
+    policy = make_policy(spec, costs)
+    profiler = cProfile.Profile()
+    profiler.runcall(engine.run, ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags,
+                     target=engine.policy_target(policy), unknown_free=_unknown_free, latency_sample=latency_sample)
+    stats = pstats.Stats(profiler).stats
+    num_calls = sum(nc for (path, _, name), (_, nc, *_rest) in stats.items()
+                    if not (name == "run" and path.endswith("engine.py")))
+    return num_calls / len(ev.ops)
+
+
 def _unknown_free(i, key):
     return ValueError(f"event {i} frees {key}, which is not live")
 
@@ -279,6 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", action="store_true",
                     help="instead: the bare loop and sim.engine.run piece by piece (the loop alone, "
                          "+ sampled timing, + the monitor), ns per event, policy rows only")
+    ap.add_argument("--engine-calls", action="store_true",
+                    help="instead: calls per event of sim.engine.run, at the default sampling and timing every call")
     ap.add_argument("--bare-only", action="store_true",
                     help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)")
     args = ap.parse_args(argv)
@@ -303,6 +325,12 @@ def main(argv=None) -> int:
           f"load average before {os.getloadavg()[0]:.2f}")
     if args.parts:
         return print_parts(ev, events, rows[rows.index(NOTHING):], costs, args.repeat)
+    if args.engine_calls:
+        print(f"{'row':<24} {'bare_calls':>10} {'engine_calls':>12} {'every_calls':>11}")
+        for row in rows[rows.index(NOTHING):]:
+            print(f"{row:<24} {calls_per_event(events, row, costs):>10.3f} {engine_calls_per_event(ev, row, costs):>12.3f} "
+                  f"{engine_calls_per_event(ev, row, costs, latency_sample=1.0):>11.3f}")
+        return 0
     bare = dict.fromkeys(rows, float("inf"))
     harness = dict.fromkeys(rows, float("inf"))
     every = dict.fromkeys(rows, float("inf"))  # the harness timing every call

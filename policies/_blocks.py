@@ -42,6 +42,7 @@ from typing import ClassVar, Iterator
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import SEGMENT_ALIGNMENT_BYTES, Device
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.mapped_device import as_page_mapped
 from policies.units import round_up
@@ -311,8 +312,8 @@ class ContiguousPolicy(Policy):
         super().__init__(capacity_bytes=capacity_bytes, device=as_page_mapped(device) if virtual else device)
 
     @classmethod
-    def device_kind_for(cls, params: dict) -> str:
-        return "page-mapped" if params.get("virtual") is True else cls.device_kind
+    def device_kind_for(cls, params: dict) -> DeviceKind:
+        return DeviceKind.PAGE_MAPPED if params.get("virtual") is True else cls.device_kind
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

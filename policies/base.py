@@ -23,7 +23,8 @@ Knobs are explicit keyword arguments of ``__init__``, stored unchanged under the
 
 What else a pool can be asked is *declared* on ``Policy`` (the "declared capabilities" block:
 ``moves_allocations``, ``can_reserve``/``reserve``, ``can_compact``/``compact``, ``empty_cache``,
-``seed_segment``, ``page_size_bytes``, ``block_cache``, ``base_policy``, ``can_hold_kv``): a policy that offers
+``seed_segment``, ``page_size_bytes``, ``counts_free_pages``/``num_free_pages``, ``block_cache``,
+``base_policy``, ``can_hold_kv``, ``device_kind``): a policy that offers
 more sets the flag and overrides the method, a wrapper (``policies.wrapper``) forwards both to
 its base, and callers read the flag, never the presence of an attribute.
 
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from policies.device import Device, VirtualDevice
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.units import round_up
 
@@ -280,10 +282,18 @@ class Policy:
     #: the pool that keeps cached prefix blocks with their reference counts (``cache_block``,
     #: ``share_block``, ``release_block``, ``evict_block``: vLLM's ``BlockPool``); None if none
     block_cache: "Policy | None" = None
-    #: the device a spec-built policy needs: "segment" (``policies.device``, cudaMalloc) or
-    #: "page-mapped" (``policies.mapped_device``, cuMem); the factory that builds a policy picks
-    #: the device by it (``registry.device_kind``), and a knob may change it (``device_kind_for``)
-    device_kind: ClassVar[str] = "segment"
+    #: the device a spec-built policy needs (``policies.device_kind.DeviceKind``): segments
+    #: (``policies.device``, cudaMalloc) or mapped pages (``policies.mapped_device``, cuMem); the
+    #: factory that builds a policy picks the device by it (``registry.device_kind``), and a knob
+    #: may change it (``device_kind_for``). A plain ``"segment"``/``"page-mapped"`` reads the same.
+    device_kind: ClassVar[DeviceKind] = DeviceKind.SEGMENT
+    #: ``num_free_pages()`` counts free pages the pool holds, and each of the next that many
+    #: allocations of at most ``page_size_bytes`` is served from one of them at once: no device
+    #: call, no eviction, no move, nothing refused. What lets a caller know a page is there
+    #: without asking for it (the serving simulator's quiet decode runs take pages by it). A
+    #: wrapper does not forward it: its own rules (a tag's limit, a reservation) may refuse what
+    #: its base would serve
+    counts_free_pages: ClassVar[bool] = False
     #: a simulated server can keep its KV cache in it (``sim.simulate``): each allocation is one
     #: range (``contiguous``) or whole pages of ``page_size_bytes``; False for a pool whose
     #: allocations are neither (vmm-stitch's chunks of several ranges). A spec's answer, without
@@ -327,7 +337,7 @@ class Policy:
         return names
 
     @classmethod
-    def device_kind_for(cls, params: dict[str, Any]) -> str:
+    def device_kind_for(cls, params: dict[str, Any]) -> DeviceKind:
         """The ``device_kind`` a policy built with the knobs ``params`` needs."""
         return cls.device_kind
 
@@ -567,6 +577,10 @@ class Policy:
     def take_compaction_ns(self) -> int:
         """Modelled copy time of the compaction passes since the last call (0 when none)."""
         return 0
+
+    def num_free_pages(self) -> int:
+        """Free pages the pool holds, each one allocation away (only where ``counts_free_pages``)."""
+        raise PolicyError(f"policy {self.spec!r} does not count free pages (counts_free_pages is False)")
 
     def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()) -> list[Allocation]:
         """Rebuild a pre-existing segment with its live blocks (only where ``can_seed_segments``)."""

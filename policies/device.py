@@ -12,6 +12,13 @@ Driver time is part of the protocol, so no caller needs to know which device it 
   real one return 0 (a real call runs inside the caller's timed region already).
 - ``driver_ns_total``: all driver time since the device was made, modelled or measured (the
   report's ``driver_ns_total`` column).
+- ``driver_clock``: the ``DriverClock`` whose ``take()`` is ``take_driver_ns()``, declared by a
+  device that keeps its pending time in one clock (None: it does not, e.g. a page-mapped device
+  over a physical one keeps two). The replay loop then reads the clock's ``pending_ns``, an
+  attribute, instead of calling ``take_driver_ns`` after every call
+  (``sim.engine.policy_target``); a device without it gets the same results through the calls.
+- ``device_kind``: what kind of device it is (``policies.device_kind.DeviceKind``: segments or
+  mapped pages), the report's ``device_kind`` column for a real device.
 
 - ``call_stats()``: the report's per-call device columns (``VMM_STAT_KEYS``): virtual-memory
   calls and bytes. A segment device makes no such call and returns zeros (``vmm_stats()``).
@@ -27,10 +34,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from policies.device_kind import DeviceKind
 from policies.units import round_up
 
 __all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "DeviceInFront", "SEGMENT_ALIGNMENT_BYTES",
-           "MAX_DEVICE_BYTES", "VMM_STAT_KEYS", "vmm_stats"]
+           "MAX_DEVICE_BYTES", "VMM_STAT_KEYS", "vmm_stats", "NO_DRIVER_TIME"]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
 SEGMENT_ALIGNMENT_BYTES = 2 << 20
@@ -64,6 +72,10 @@ class Device(Protocol):
     (``MAX_DEVICE_BYTES`` for the built-in ones): policies refuse larger ones up front."""
 
     max_bytes: int
+    #: the clock ``take_driver_ns`` takes from, or None (see the module docstring)
+    driver_clock: "DriverClock | None"
+    #: segments or mapped pages (``policies.device_kind``)
+    device_kind: DeviceKind
 
     def reserve(self, nbytes: int) -> int | None:
         """Reserve ``nbytes``; return the segment's offset in the pool address space, or None."""
@@ -87,13 +99,22 @@ class Device(Protocol):
 
 
 class UnmodelledDriver:
-    """The driver-time half of ``Device`` for a device that models no cost: always 0.
+    """The driver-time half of ``Device`` for a segment device that models no cost: always 0.
 
-    ``VirtualDevice`` and the replay's address-handing devices inherit it.
+    ``VirtualDevice`` and the replay's address-handing devices inherit it. Its ``driver_clock``
+    is ``NO_DRIVER_TIME``, never charged; a subclass that takes driver time its own way
+    (overrides ``take_driver_ns``) declares its own ``driver_clock``, or has None by default
+    (``__init_subclass__``): an inherited declaration must never outlive the method it describes.
     """
 
     driver_ns_total = 0
     max_bytes = MAX_DEVICE_BYTES
+    device_kind = DeviceKind.SEGMENT
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "take_driver_ns" in cls.__dict__ and "driver_clock" not in cls.__dict__:
+            cls.driver_clock = None
 
     def take_driver_ns(self) -> int:
         return 0
@@ -115,6 +136,14 @@ class DeviceInFront:
     @property
     def max_bytes(self) -> int:
         return self.inner.max_bytes
+
+    @property
+    def driver_clock(self) -> "DriverClock | None":
+        return getattr(self.inner, "driver_clock", None)  # a third-party device may predate the declaration
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        return self.inner.device_kind
 
     def take_driver_ns(self) -> int:
         return self.inner.take_driver_ns()
@@ -152,6 +181,11 @@ class DriverClock:
     def take(self) -> int:
         ns, self.pending_ns = self.pending_ns, 0
         return ns
+
+
+#: The clock of a device that models no driver time: nothing ever charges it (``UnmodelledDriver``).
+NO_DRIVER_TIME = DriverClock()
+UnmodelledDriver.driver_clock = NO_DRIVER_TIME
 
 
 class VirtualDevice(UnmodelledDriver):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.torch_caching import K_LARGE_BUFFER, TorchCaching
 
@@ -22,7 +23,7 @@ class Expandable(TorchCaching):
     """``torch-caching`` with expandable segments always on (see ``TorchCaching`` for the knobs)."""
 
     name = "expandable"
-    device_kind = "page-mapped"
+    device_kind = DeviceKind.PAGE_MAPPED
 
     def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
                  roundup_power2_divisions: int | str = 0, garbage_collection_threshold: float = 0.0,
@@ -36,5 +37,5 @@ class Expandable(TorchCaching):
                          capacity_bytes=capacity_bytes, device=device)
 
     @classmethod
-    def device_kind_for(cls, params: dict[str, Any]) -> str:
-        return "page-mapped"
+    def device_kind_for(cls, params: dict[str, Any]) -> DeviceKind:
+        return DeviceKind.PAGE_MAPPED

@@ -39,6 +39,7 @@ from typing import Protocol
 from sortedcontainers import SortedDict
 
 from policies.device import MAX_DEVICE_BYTES, SEGMENT_ALIGNMENT_BYTES, Device, DriverClock, vmm_stats
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.units import format_bytes, round_up
 
@@ -72,6 +73,8 @@ class PageMappedDevice:
     Mappings are kept in a ``SortedDict`` by address: range queries (``unmap``, ``mapped_in``)
     bisect to the first mapping in O(log n) and walk only the ones inside the range.
     """
+
+    device_kind = DeviceKind.PAGE_MAPPED
 
     def __init__(self, *, granularity_bytes: int = SEGMENT_ALIGNMENT_BYTES, limit_bytes: int | None = None,
                  costs: VmmCosts | None = None, virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
@@ -119,6 +122,11 @@ class PageMappedDevice:
     @property
     def driver_ns_total(self) -> int:
         return self.clock.total_ns + (self.physical.driver_ns_total if self.physical is not None else 0)
+
+    @property
+    def driver_clock(self) -> DriverClock | None:
+        """``clock``, whose ``take()`` is ``take_driver_ns()``; None over a physical device (two clocks)."""
+        return self.clock if self.physical is None else None
 
     def copy_ns(self, nbytes: int) -> int:
         return 0

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device, DeviceInFront
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.mapped_device import PageMappedDevice, as_page_mapped
 from policies.units import format_bytes
@@ -134,7 +135,7 @@ class PagePool(Policy):
     """
 
     name = "page-pool"
-    device_kind = "page-mapped"
+    device_kind = DeviceKind.PAGE_MAPPED
     contiguous = False
     page_size_knob = "page_bytes"
 

@@ -226,6 +226,8 @@ class Paged(_PagedCore):
     contiguous = False
     coalesces = False
     page_size_knob = "page_bytes"
+    #: a request of at most one page pops a free page when there is one (``_allocate``'s hot path)
+    counts_free_pages = True
 
     @property
     def block_cache(self) -> "Paged":
@@ -535,6 +537,7 @@ class Paged(_PagedCore):
         return [(off, page) for off, pg in sorted(self._pages.items()) if pg.ref_cnt > 1]
 
     def num_free_pages(self) -> int:
+        """Pages on the free stack: the next this many one-page requests pop one each (``counts_free_pages``)."""
         return len(self._free_pages)
 
     def num_total_pages(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from policies.base import Policy
 from policies.device import Device
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.spec import parse_spec
 
@@ -149,13 +150,24 @@ def create(spec: str | type[Policy] | Policy, *, capacity_bytes: int | None = No
         raise PolicyError(f"policy {label!r}: {exc}") from None
 
 
-def device_kind(spec: str | type[Policy]) -> str:
-    """The device a policy built from ``spec`` needs: "segment" or "page-mapped"
-    (``Policy.device_kind``; a knob such as ``virtual=true`` or a wrapper's base decides it)."""
-    if inspect.isclass(spec):
-        return spec.device_kind_for({})
-    name, params = parse_spec(spec)
-    return get(name).device_kind_for(params)
+def device_kind(spec: str | type[Policy] | Policy) -> DeviceKind:
+    """The device a policy built from ``spec`` (a spec string, a class, or a policy object, by its
+    knobs) needs (``policies.device_kind.DeviceKind``: segments or mapped pages), as it declares
+    (``Policy.device_kind_for``; a knob such as ``virtual=true`` or a wrapper's base decides it).
+    A third-party class may declare a plain string; one that is no kind raises PolicyError naming
+    the policy."""
+    if isinstance(spec, Policy):
+        cls, params, label = type(spec), spec.get_params(), spec.spec
+    elif inspect.isclass(spec):
+        cls, params, label = spec, {}, getattr(spec, "name", "") or spec.__name__
+    else:
+        label, params = parse_spec(spec)
+        cls = get(label)
+    declared = cls.device_kind_for(params)
+    try:
+        return DeviceKind.parse(declared, where=f"policy {label!r}: device_kind")
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def can_hold_kv(spec: str | type[Policy]) -> bool:

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from policies.base import Allocation, Policy, Segment
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.mapped_device import as_page_mapped
 from policies.spec import format_spec
@@ -251,9 +252,9 @@ class TorchCaching(Policy):
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
     @classmethod
-    def device_kind_for(cls, params: dict[str, Any]) -> str:
-        return "page-mapped" if params.get("expandable_segments", cls.param_defaults()["expandable_segments"]) \
-            else "segment"
+    def device_kind_for(cls, params: dict[str, Any]) -> DeviceKind:
+        expandable = params.get("expandable_segments", cls.param_defaults()["expandable_segments"])
+        return DeviceKind.PAGE_MAPPED if expandable else DeviceKind.SEGMENT
 
     def _reset_state(self) -> None:
         if self.expandable_segments:

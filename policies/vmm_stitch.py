@@ -39,6 +39,7 @@ from policies._blocks import Block
 from policies.base import Allocation, Segment, check_positive_int
 from policies.best_fit import BestFit
 from policies.device import Device
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.mapped_device import as_page_mapped
 from policies.units import round_up
@@ -72,7 +73,7 @@ class VmmStitch(BestFit):
     """
 
     name = "vmm-stitch"
-    device_kind = "page-mapped"
+    device_kind = DeviceKind.PAGE_MAPPED
     contiguous = False  # a stitched allocation spans chunks of several pBlocks
     #: neither one range (in the pool's space) nor whole pages: the simulator's KV managers know
     #: only those two, and its stitched address is not the pool's (``stitched_address``)

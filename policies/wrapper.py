@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator
 
 from policies.base import Allocation, Policy, PoolStats, Segment
 from policies.device import Device
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 
 __all__ = ["WrapperPolicy", "MoveCallback", "layers"]
@@ -89,7 +90,7 @@ class WrapperPolicy(Policy):
         super().__init__(capacity_bytes=capacity_bytes, device=base_policy.device)
 
     @classmethod
-    def device_kind_for(cls, params: dict[str, Any]) -> str:
+    def device_kind_for(cls, params: dict[str, Any]) -> DeviceKind:
         """The base's: a wrapper reserves nothing itself."""
         from policies.registry import device_kind
 

@@ -20,11 +20,12 @@ from typing import Any
 
 import click
 
+from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.units import parse_bytes
 
 __all__ = ["INT64_MAX", "ByteSize", "FiniteFloat", "Count", "FloatList", "BYTES", "POSITIVE", "FRACTION",
-           "RATE_SCALE", "COUNT", "SEED", "DEVICE", "MIN_RATE_SCALE", "MAX_RATE_SCALE"]
+           "RATE_SCALE", "COUNT", "SEED", "DEVICE", "MIN_RATE_SCALE", "MAX_RATE_SCALE", "DeviceKindType", "DEVICE_KIND"]
 
 #: The largest size or count an option takes: what an int64 column holds.
 INT64_MAX = 2**63 - 1
@@ -166,6 +167,30 @@ class FloatList(click.ParamType):
         return out
 
 
+class DeviceKindType(click.ParamType):
+    """A device kind (``policies.device_kind.DeviceKind``): ``segment`` or ``page-mapped``, or
+    the spellings earlier releases took (``segments``, ``vmm``), read by ``DeviceKind.parse``."""
+
+    name = "|".join(k.value for k in DeviceKind)
+
+    def get_metavar(self, param, ctx=None) -> str:  # click upper-cases ``name``; users type the values
+        return f"[{self.name}]"
+
+    def convert(self, value: Any, param, ctx) -> DeviceKind | None:
+        if value is None:
+            return None
+        try:
+            return DeviceKind.parse(value, where=str(value))
+        except ValueError:
+            self.fail(f"{_short(value)} is not a device kind; one of "
+                      f"{', '.join(k.value for k in DeviceKind)} (or segments, vmm)", param, ctx)
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(k.value) for k in DeviceKind if k.value.startswith(incomplete)]
+
+
 def _short(value: Any, limit: int = 40) -> str:
     """``value`` for an error line: a 400-digit number shown by its start and length."""
     text = repr(value) if not isinstance(value, str) else value
@@ -185,3 +210,5 @@ COUNT = Count(1)
 SEED = Count(0)
 #: A CUDA device index.
 DEVICE = Count(0, 1023)
+#: Segments or mapped pages (``DeviceKindType``).
+DEVICE_KIND = DeviceKindType()

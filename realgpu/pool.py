@@ -30,6 +30,7 @@ from typing import Any, Callable
 import policies
 from policies.base import Allocation, Policy, PoolStats, _as_size
 from policies.device import SEGMENT_ALIGNMENT_BYTES, DeviceInFront
+from policies.device_kind import PLATFORMS, DeviceKind
 from policies.mapped_device import PageMappedDevice
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError, oom_message
 from realgpu.host import HostDevice, HostMemoryPointer
@@ -39,8 +40,9 @@ from realgpu.segments import SegmentDevice
 
 __all__ = ["GpuPool", "GUARD_WORD", "data_word", "BACKENDS", "RealDevice"]
 
-#: ``backend=`` names: segments (``cudaMalloc``) or mapped pages (``cuMem*``), on the GPU or the CPU.
-BACKENDS = ("cuda", "host", "cuda-vmm", "host-vmm")
+#: ``backend=`` names: segments (``cudaMalloc``) or mapped pages (``cuMem*``), on the GPU or the CPU
+#: (``DeviceKind.backend``: ``"cuda"``, ``"host"``, ``"cuda-vmm"``, ``"host-vmm"``).
+BACKENDS = tuple(kind.backend(platform) for kind in DeviceKind for platform in PLATFORMS)
 #: What a pool's device may be.
 RealDevice = SegmentDevice | MappedRealDevice
 
@@ -154,25 +156,28 @@ class GpuPool:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def _make_device(backend: str | RealDevice, device_id: int, kind: str | None,
+    def _make_device(backend: str | RealDevice, device_id: int, kind: DeviceKind | None,
                      model: PageMappedDevice | None) -> RealDevice:
         if isinstance(backend, (SegmentDevice, MappedRealDevice)):
             return backend
         if backend not in BACKENDS:
             raise PoolError(f"backend(={backend!r}) must be one of {', '.join(map(repr, BACKENDS))} "
                             "or a realgpu device")
-        if (kind == "page-mapped" or model is not None) and not backend.endswith("-vmm"):
-            backend += "-vmm"
+        platform = DeviceKind.platform_of(backend)
+        if kind is DeviceKind.PAGE_MAPPED or model is not None:  # the policy's own kind wins
+            kind = DeviceKind.PAGE_MAPPED
+        else:
+            kind = DeviceKind.of_backend(backend)
         mapped = {} if model is None else {"granularity_bytes": model.granularity_bytes,
                                            "limit_bytes": model.limit_bytes,
                                            "virtual_limit_bytes": model.virtual_limit_bytes}
-        if backend == "host":
-            return HostDevice()
-        if backend == "host-vmm":
+        if platform == "host":
+            if kind is DeviceKind.SEGMENT:
+                return HostDevice()
             from realgpu.host_vmm import HostVmmDevice
 
             return HostVmmDevice(**mapped)
-        if backend == "cuda-vmm":
+        if kind is DeviceKind.PAGE_MAPPED:
             from realgpu.vmm import CudaVmmDevice
 
             return CudaVmmDevice(device_id=device_id, **mapped)
@@ -218,8 +223,8 @@ class GpuPool:
         while device is not self.device and isinstance(device, DeviceInFront):
             device = device.inner
         if device is not self.device:
-            kind = _device_kind(policy)
-            fix = "page-mapped backend (host-vmm, cuda-vmm)" if kind == "page-mapped" else "segment backend (host, cuda)"
+            kind = _device_kind(policy) or DeviceKind.SEGMENT
+            fix = f"{kind} backend ({', '.join(kind.backend(p) for p in PLATFORMS)})"
             raise PoolError(f"policy {policy.spec!r} needs a {kind} device and built its own over this pool's "
                             f"{type(self.device).__name__}; its offsets would not be the device's: give a {fix}")
 
@@ -481,13 +486,11 @@ class GpuPool:
         return f"<GpuPool {self.policy.spec!r} on {self.device.kind} ({state})>"
 
 
-def _device_kind(policy: str | Policy) -> str | None:
+def _device_kind(policy: str | Policy) -> DeviceKind | None:
     """The device ``policy`` needs, as it declares (``policies.registry.device_kind``; a policy
     object's from its knobs), or None for what the real construction will refuse."""
     try:
-        if isinstance(policy, Policy):
-            return type(policy).device_kind_for(policy.get_params())
-        if isinstance(policy, str):
+        if isinstance(policy, (Policy, str)):
             return policies.registry.device_kind(policy)
     except policies.PolicyError:
         pass  # the real construction reports the bad spec

@@ -15,8 +15,8 @@ and reporting their own reserved-bytes reading. Columns they cannot know (fragme
 rounding waste for some) are NaN.
 
 Extra summary columns, after ``SUMMARY_COLUMNS``: ``kind`` (policy or baseline), ``device``,
-``device_kind`` (``segments``: ``cudaMalloc``; ``vmm``: pages mapped with ``cuMem*``, whose
-per-call counts and measured times fill the report's device columns), ``validate``,
+``device_kind`` (``policies.device_kind.DeviceKind``: ``segment``, ``cudaMalloc``; ``page-mapped``,
+pages mapped with ``cuMem*``, whose per-call counts and measured times fill the report's device columns), ``validate``,
 ``n_events``, ``driver_ns_total`` (measured time inside ``cudaMalloc``/``cudaFree``, or inside
 the ``cuMem*`` calls, for policies), ``device_mallocs``, ``device_frees`` (``cudaMalloc`` /
 ``cudaFree``, or ``cuMemCreate`` / ``cuMemRelease``, during the replay; teardown frees the rest),
@@ -35,9 +35,7 @@ import numpy as np
 import pandas as pd
 
 from policies.base import Policy
-from policies.device import SEGMENT_ALIGNMENT_BYTES
 from realgpu.baselines import Baseline, make_baseline
-from realgpu.mapped import MappedRealDevice
 from realgpu.pool import GpuPool
 from sim.engine import ALLOC, FREE, Target
 from sim.engine import run as engine_run
@@ -46,7 +44,7 @@ from sim.replay import ReplayResult, replay, trace_events
 from sim.report import summary_row
 from traces.events import AllocTrace
 
-__all__ = ["gpu_replay", "baseline_replay", "BaselineResult", "device_name", "model_device"]
+__all__ = ["gpu_replay", "baseline_replay", "BaselineResult", "device_name"]
 
 NAN = float("nan")
 
@@ -66,16 +64,6 @@ def device_name(device_id: int = 0) -> str:
 
     name = cupy.cuda.runtime.getDeviceProperties(device_id)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def model_device(device_kind: str, costs: Any = None, *, granularity_bytes: int | None = None):
-    """The simulator's device for a run that mirrors a device replay whose row says ``device_kind``:
-    a costed segment device (``"segments"``), or a costed page-mapped one (``"vmm"``)."""
-    from sim.costs import CostedDevice, costed_page_mapped_device
-
-    if device_kind == "vmm":
-        return costed_page_mapped_device(costs, granularity_bytes=granularity_bytes or SEGMENT_ALIGNMENT_BYTES)
-    return CostedDevice(costs)
 
 
 def _memory_watch(device_id: int):
@@ -127,7 +115,7 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
     result.summary.update({
         "kind": "policy",
         "device": device_name(device_id) if pool.is_cuda else "host",
-        "device_kind": "vmm" if isinstance(device, MappedRealDevice) else "segments",
+        "device_kind": device.device_kind.value,  # a plain string in the table (``DeviceKind``'s value)
         "validate": bool(validate),
         **measured,
         **_memory_columns(watch),

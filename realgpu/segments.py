@@ -109,6 +109,11 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         return self.clock.take()
 
     @property
+    def driver_clock(self) -> DriverClock:
+        """The clock ``take_driver_ns`` takes from: charged only with measured time (never pending)."""
+        return self.clock
+
+    @property
     def driver_ns_total(self) -> int:
         return self.clock.total_ns
 

@@ -76,10 +76,10 @@ import numpy as np
 from policies._blocks import Block
 from policies.base import Allocation, Policy, PoolStats
 from policies.device import SEGMENT_ALIGNMENT_BYTES
+from policies.device_kind import DeviceKind
 from realgpu.errors import GpuUnavailableError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.malloc_path import ALIGNMENT_BYTES, TorchPath, extents_are_one_range
-from realgpu.mapped import MappedRealDevice
 from realgpu.pool import GpuPool
 from sim.metrics import PoolMonitor
 
@@ -762,10 +762,11 @@ def _make_pool(policy: str | Policy, *, validate: bool, device: int, capacity_by
     (``cuda-vmm``), so that its pages can be mapped into one range for a tensor (``_stitch``)."""
     pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate,
                    guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
-    if pool.policy.contiguous or isinstance(pool.device, MappedRealDevice):
+    if pool.policy.contiguous or pool.device.device_kind is DeviceKind.PAGE_MAPPED:
         return pool
     pool.close()  # nothing was allocated yet: built again on the page-mapped backend
-    return GpuPool(policy, backend="cuda-vmm" if pool.is_cuda else "host-vmm", capacity_bytes=capacity_bytes,
+    backend = DeviceKind.PAGE_MAPPED.backend("cuda" if pool.is_cuda else "host")
+    return GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes,
                    validate=validate, guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
 
 
@@ -776,7 +777,7 @@ def _check_pages_can_be_stitched(pool: GpuPool) -> None:
     the device's physical pages (only whole physical allocations can be mapped elsewhere)."""
     policy, device = pool.policy, pool.device
     spec = policy.spec
-    if not isinstance(device, MappedRealDevice):
+    if device.device_kind is not DeviceKind.PAGE_MAPPED:
         raise PoolError(f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor needs "
                         f"one range: it needs a page-mapped device (backend cuda-vmm or host-vmm), not "
                         f"{type(device).__name__}")

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from policies.device import Device, DriverClock, VirtualDevice, vmm_stats
+from policies.device_kind import DeviceKind
 from policies.mapped_device import VMM_CALLS, PageMappedDevice
 
-__all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS", "costed_page_mapped_device"]
+__all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS", "costed_page_mapped_device", "costed_device"]
 
 DEFAULT_COSTS = "costs_h200.json"
 
@@ -151,6 +152,8 @@ class CostedDevice:
         inner: the device that hands out addresses (a fresh ``VirtualDevice`` by default).
     """
 
+    device_kind = DeviceKind.SEGMENT
+
     def __init__(self, costs: CostModel | None = None, inner: Device | None = None):
         self.costs = costs if costs is not None else CostModel.load()
         self.inner = inner if inner is not None else VirtualDevice()
@@ -178,6 +181,11 @@ class CostedDevice:
         return self.clock.take()
 
     @property
+    def driver_clock(self) -> DriverClock:
+        """The clock ``take_driver_ns`` takes from (the ``Device`` protocol's declaration)."""
+        return self.clock
+
+    @property
     def driver_ns_total(self) -> int:
         return self.clock.total_ns
 
@@ -193,3 +201,13 @@ def costed_page_mapped_device(costs: CostModel | None = None, *, granularity_byt
     """A ``PageMappedDevice`` charging each cuMem call its modelled time (bundled H200 table by default)."""
     return PageMappedDevice(granularity_bytes=granularity_bytes, limit_bytes=limit_bytes,
                             costs=costs if costs is not None else CostModel.load())
+
+
+def costed_device(kind: DeviceKind | str, costs: CostModel | None = None, *,
+                  granularity_bytes: int | None = None) -> CostedDevice | PageMappedDevice:
+    """The simulator's device of ``kind`` (``DeviceKind``, or a spelling ``DeviceKind.parse`` reads):
+    a ``CostedDevice`` charging ``costs`` per ``cudaMalloc``/``cudaFree``, or a page-mapped one
+    charging them per cuMem call (of ``granularity_bytes``, 2 MiB by default)."""
+    if DeviceKind.parse(kind) is DeviceKind.PAGE_MAPPED:
+        return costed_page_mapped_device(costs, granularity_bytes=granularity_bytes or 2 << 20)
+    return CostedDevice(costs)

@@ -8,7 +8,8 @@ time comes from; the loop, the timing and the sampling are the same code for all
 
 Latency of one call = the call's own time on ``timer`` + the driver time its device modelled
 for it (``Device.take_driver_ns``; 0 for a free or a real device, whose calls already run
-inside the timed region). ``TimedCalls`` is that definition; ``sim.pools.TimedPool`` uses it too.
+inside the timed region). ``TimedCalls`` is that definition, the one place it is written: both of
+``run``'s loops time their calls through it, and so does ``sim.pools.TimedPool``.
 
 Which calls are timed: a long replay times a random sample of its calls (``latency_sample``;
 about ``LATENCY_SAMPLE_CALLS`` of them by default), because timing one call costs CPython two
@@ -30,9 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from policies.base import Policy
-from policies.device import DriverClock, UnmodelledDriver
-from policies.mapped_device import PageMappedDevice
-from sim.costs import CostedDevice
+from policies.device import DriverClock
 
 __all__ = ["ALLOC", "FREE", "FLUSH", "Target", "policy_target", "TimedCalls", "EngineRun", "run",
            "LATENCY_SAMPLE_CALLS", "default_latency_sample", "latency_sample_mask"]
@@ -104,10 +103,10 @@ class Target:
         flush: what a ``FLUSH`` op calls (``Policy.empty_cache``; ``torch.cuda.empty_cache`` for
             that baseline); None: the target caches nothing to give back, the op is only counted.
         sized_only: ``allocate`` takes the size alone (baselines ignore streams and tags).
-        driver_clock: the device's own ``DriverClock`` when its type is known to keep one
-            (``policy_target``): the loop then reads its pending time, an attribute, and calls
-            ``take`` only when there is some (a call per event is a tenth of a cheap policy's
-            replay); None: ``take_driver_ns`` is called after every call.
+        driver_clock: the device's ``DriverClock`` when it declares one (``Device.driver_clock``,
+            read by ``policy_target``): the loop then reads its pending time, an attribute, and
+            calls ``take`` only when there is some (a call per event is a tenth of a cheap
+            policy's replay); None: ``take_driver_ns`` is called after every call.
     """
 
     allocate: Callable[..., Any]
@@ -122,44 +121,53 @@ class Target:
 def policy_target(policy: Policy) -> Target:
     """A policy as a target: its own calls, its device's driver time, ``empty_cache`` on flush."""
     device = policy.device
+    # a third-party device may predate the ``driver_clock`` declaration: then it has none
     return Target(allocate=policy.allocate, free=policy.free, take_driver_ns=device.take_driver_ns,
-                  flush=policy.empty_cache, driver_clock=_driver_clock(device))
-
-
-def _driver_clock(device: Any) -> DriverClock | None:
-    """The ``DriverClock`` that ``device.take_driver_ns`` takes from, when its method is one known
-    to (a fresh, never charged clock for a device that models no driver time); else None."""
-    take = type(device).take_driver_ns
-    if take is UnmodelledDriver.take_driver_ns:
-        return DriverClock()
-    if take is CostedDevice.take_driver_ns:
-        return device.clock
-    if take is PageMappedDevice.take_driver_ns and device.physical is None:  # over a physical one: two clocks
-        return device.clock
-    return None
+                  flush=policy.empty_cache, driver_clock=getattr(device, "driver_clock", None))
 
 
 class TimedCalls:
-    """A target's calls, each returning its latency (call time + modelled driver time).
+    """A target's calls, timed: THE definition of a call's latency.
 
-    The driver time of each call also accrues in ``pending_driver_ns`` until taken (the
-    serving simulator charges it to the step that caused it). Driver time the device accrued
-    before this object existed is dropped: construction-time calls belong to no call.
-    ``run``'s loop inlines this definition (a method call per event is a tenth of a cheap
-    policy's replay): change both together.
+    latency = the call's time on ``timer`` + the driver time its device has pending after it,
+    taken (``Target.driver_clock``'s pending time when the device declares a clock, else
+    ``Target.take_driver_ns()``). A caller that wants each sample to be its own call's alone drops
+    what is pending before the call (``drop_pending``; ``run``'s loops do, after untimed calls).
+
+    ``allocate`` returns the handle (None when refused, or out of memory) and ``free`` nothing;
+    each appends its latency to ``alloc_ns``/``free_ns`` (not kept when None). The driver time
+    also accrues in ``pending_driver_ns`` until taken (the serving simulator charges it to the
+    step that caused it). Driver time the device accrued before this object existed is dropped:
+    construction-time calls belong to no call.
     """
 
-    __slots__ = ("_allocate", "_free", "_take", "_oom", "_sized", "timer", "pending_driver_ns")
+    __slots__ = ("_allocate", "_free", "_take", "_clock", "_oom", "_sized", "_alloc_append", "_free_append",
+                 "timer", "pending_driver_ns", "alloc_ns", "free_ns")
 
-    def __init__(self, target: Target, *, timer: Callable[[], int] = time.perf_counter_ns):
+    def __init__(self, target: Target, *, timer: Callable[[], int] = time.perf_counter_ns,
+                 alloc_ns: Any = None, free_ns: Any = None):
         self._allocate, self._free, self._take = target.allocate, target.free, target.take_driver_ns
+        self._clock = target.driver_clock
         self._oom, self._sized = target.oom_errors, target.sized_only
         self.timer = timer
         self.pending_driver_ns = 0
-        self._take()
+        #: where the latencies go (a list or an ``array``), or None to keep none
+        self.alloc_ns, self.free_ns = alloc_ns, free_ns
+        self._alloc_append = None if alloc_ns is None else alloc_ns.append
+        self._free_append = None if free_ns is None else free_ns.append
+        self.drop_pending()
 
-    def allocate(self, nbytes: int, stream: int = 0, tag: str | None = None) -> tuple[Any, int]:
-        """``(handle or None, latency_ns)``."""
+    def drop_pending(self) -> None:
+        """Drop the driver time the device has pending: it belongs to no timed call (the
+        device's total keeps it)."""
+        clock = self._clock
+        if clock is None:
+            self._take()
+        elif clock.pending_ns:
+            clock.take()
+
+    def allocate(self, nbytes: int, stream: int = 0, tag: str | None = None) -> Any:
+        """The handle, or None; the latency goes to ``alloc_ns``."""
         timer = self.timer
         t0 = timer()
         try:
@@ -168,13 +176,18 @@ class TimedCalls:
         except self._oom:
             t1 = timer()
             h = None
-        driver = self._take()
-        self.pending_driver_ns += driver
-        return h, t1 - t0 + driver
+        clock = self._clock
+        driver = self._take() if clock is None else clock.take() if clock.pending_ns else 0
+        if driver:
+            self.pending_driver_ns += driver
+        if self._alloc_append is not None:
+            self._alloc_append(t1 - t0 + driver)
+        return h
 
-    def free(self, handle: Any) -> int:
-        """Free ``handle``; latency in ns. Pass the last reference (for a dropping target the
-        argument is what frees: CPython hands it to this frame, and ``del`` lets go of it)."""
+    def free(self, handle: Any) -> None:
+        """Free ``handle``; the latency goes to ``free_ns``. Pass the last reference (for a
+        dropping target the argument is what frees: CPython hands it to this frame, and ``del``
+        lets go of it inside the timed region)."""
         timer = self.timer
         free = self._free
         t0 = timer()
@@ -182,9 +195,12 @@ class TimedCalls:
             free(handle)
         del handle
         t1 = timer()
-        driver = self._take()
-        self.pending_driver_ns += driver
-        return t1 - t0 + driver
+        clock = self._clock
+        driver = self._take() if clock is None else clock.take() if clock.pending_ns else 0
+        if driver:
+            self.pending_driver_ns += driver
+        if self._free_append is not None:
+            self._free_append(t1 - t0 + driver)
 
     def take_driver_ns(self) -> int:
         ns, self.pending_driver_ns = self.pending_driver_ns, 0
@@ -243,14 +259,14 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
             reporting to the parent's bar, ``sim.progress.SharedCounts``); None for neither.
 
     The loop is the hot path of every replay, so it is written for CPython: the event lists are
-    walked by one ``zip`` (no indexing), the latencies go to ``array`` buffers (an append is
-    cheaper than a NumPy store), a ``TimedCalls`` call is inlined (the same definition of a
-    latency), driver time is read off the device's ``DriverClock`` when it keeps one (an
-    attribute read instead of a call), the events run in chunks between two ``observe``
-    points, so events that are not observed cost no test at all, and an untimed call reads no
-    clock (``latency_sample``). It comes in two variants, chosen once: a tight loop for the
+    walked by one ``zip`` (no indexing), an untimed call is made inline and reads no clock
+    (``latency_sample``), a timed one goes through ``TimedCalls`` (the one definition of a
+    latency; its latencies go to ``array`` buffers, an append cheaper than a NumPy store), driver
+    time is read off the device's ``DriverClock`` when it declares one (an attribute read instead
+    of a call), and the events run in chunks between two ``observe`` points, so events that are
+    not observed cost no test at all. It comes in two variants, chosen once: a tight loop for the
     common case (``_tight_loop_serves``: no per-event hook), which tests one code per event
-    (``_event_codes``: op and timed together) and drains driver time only around timed calls
+    (``_event_codes``: op and timed together) and drains driver time only before timed calls
     and at the end, and the general loop, which tests each feature per event. Both give the
     same results (``tests/sim/test_engine.py``).
     """
@@ -259,14 +275,11 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
     n = len(ops)
     allocate, free, take, clock = target.allocate, target.free, target.take_driver_ns, target.driver_clock
     oom, sized, flush = target.oom_errors, target.sized_only, target.flush
-    if clock is None:
-        take()  # driver time accrued before the run belongs to no call (as ``TimedCalls``)
-    else:
-        clock.take()
+    # driver time accrued before the run belongs to no call (``TimedCalls`` drops it)
+    calls = TimedCalls(target, timer=timer, alloc_ns=array("q"), free_ns=array("q"))
+    timed_allocate, timed_free = calls.allocate, calls.free
     live = {} if live is None else live
     failed: set[Any] = set()
-    alloc_ns, free_ns = array("q"), array("q")
-    alloc_append, free_append = alloc_ns.append, free_ns.append
     num_failed = num_flushes = 0
     alloc_op, free_op = ALLOC, FREE  # locals: a global read per event costs
     every_event = observe if observe_every == 1 else None
@@ -294,13 +307,9 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
         while start < n:
             if tight:
                 # ``_event_codes``: 0 untimed alloc, 1 untimed free, 3 timed alloc, 4 timed free,
-                # else a flush. Driver time is never drained per call here: a timed call's is the
-                # growth of the clock's pending time across it (an attribute read, no call), or,
-                # on a device with no known clock, what ``take`` gives after it once a ``take``
-                # before it has drained the untimed calls' (the protocol's time is additive); the
-                # ``finally`` below drains the rest, as draining after every call would. The timed
-                # branches repeat the untimed ones' bookkeeping on purpose: folding them costs a
-                # second test per event (5-7 ns a cheap policy's event on dev, 2026-11-29).
+                # else a flush. Untimed calls leave their driver time pending; a timed call drops
+                # it first (a test of the clock's pending time, or a ``take``), so its sample is
+                # its own; the ``finally`` below drops the rest, as dropping after every call would.
                 for code, key, nbytes, stream, tag in itertools.islice(events, stop - start):
                     if code == 0:
                         try:
@@ -322,17 +331,10 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
                             raise unknown_free(n - 1 - operator.length_hint(code_iter), key)
                     elif code == 3:
                         if clock is None:
-                            take()  # the untimed calls' time: the sample is this call's alone
-                        else:
-                            pending0 = clock.pending_ns
-                        t0 = timer()
-                        try:
-                            a = allocate(nbytes, stream=stream, tag=tag)
-                            t1 = timer()
-                        except oom:
-                            t1 = timer()
-                            a = None
-                        alloc_append(t1 - t0 + (take() if clock is None else clock.pending_ns - pending0))
+                            take()
+                        elif clock.pending_ns:
+                            clock.take()
+                        a = timed_allocate(nbytes, stream, tag)
                         if a is None:
                             failed.add(key)
                             num_failed += 1
@@ -343,12 +345,9 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
                         if a is not None:
                             if clock is None:
                                 take()
-                            else:
-                                pending0 = clock.pending_ns
-                            t0 = timer()
-                            free(a)
-                            t1 = timer()
-                            free_append(t1 - t0 + (take() if clock is None else clock.pending_ns - pending0))
+                            elif clock.pending_ns:
+                                clock.take()
+                            timed_free(a)
                         elif key in failed:
                             failed.discard(key)
                         else:
@@ -358,23 +357,23 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
                         if flush is not None:
                             flush()
             else:
+                # driver time is dropped after every untimed call and flush: nothing is pending
+                # when a timed call starts
                 for i, op, key, nbytes, stream, tag, timed in itertools.islice(events, stop - start):
                     if before is not None:
                         before(i)
                     if op == alloc_op:
                         if timed:
-                            t0 = timer()
-                        try:
-                            a = allocate(nbytes) if sized else allocate(nbytes, stream=stream, tag=tag)
-                        except oom:
-                            a = None
-                        if timed:
-                            t1 = timer()
-                            alloc_append(t1 - t0 + (take() if clock is None else clock.take() if clock.pending_ns else 0))
-                        elif clock is None:
-                            take()  # an untimed call's driver time belongs to no sample (the device's total keeps it)
-                        elif clock.pending_ns:
-                            clock.take()
+                            a = timed_allocate(nbytes, stream, tag)
+                        else:
+                            try:
+                                a = allocate(nbytes) if sized else allocate(nbytes, stream=stream, tag=tag)
+                            except oom:
+                                a = None
+                            if clock is None:  # an untimed call's driver time belongs to no sample
+                                take()
+                            elif clock.pending_ns:
+                                clock.take()
                         if a is None:
                             failed.add(key)
                             num_failed += 1
@@ -384,23 +383,22 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
                                 on_alloc(a, nbytes, key)
                         del a  # the live map holds the only reference (a dropping target frees on its last)
                     elif op == free_op:
-                        a = live.pop(key, None)
+                        a = live.get(key)
                         if a is not None:
                             if on_free is not None:
                                 on_free(a)
+                            del a  # the free below takes the live map's, the last reference
                             if timed:
-                                t0 = timer()
-                            if free is None:  # dropping the last reference is the free (timed when sampled)
-                                del a
+                                timed_free(live.pop(key))
                             else:
-                                free(a)
-                            if timed:
-                                t1 = timer()
-                                free_append(t1 - t0 + (take() if clock is None else clock.take() if clock.pending_ns else 0))
-                            elif clock is None:
-                                take()
-                            elif clock.pending_ns:
-                                clock.take()
+                                if free is None:  # dropping the last reference is the free
+                                    del live[key]
+                                else:
+                                    free(live.pop(key))
+                                if clock is None:
+                                    take()
+                                elif clock.pending_ns:
+                                    clock.take()
                         elif key in failed:
                             failed.discard(key)
                         else:
@@ -422,14 +420,15 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
             start, stop = stop, min(stop + stride, n)
     finally:
         if tight:  # untimed calls' driver time belongs to no sample (the device's total keeps it)
-            take() if clock is None else clock.take()
+            calls.drop_pending()
     wall_s = time.perf_counter() - wall0
     if bar is not None:
         bar.close()
     # every FREE op freed a live allocation except the skipped frees of refused ones (counted
     # here, not per event: the loop stays as it is)
     num_frees = ops.count(free_op) - (num_failed - len(failed))
-    return EngineRun(alloc_ns=np.frombuffer(alloc_ns, dtype=np.int64), free_ns=np.frombuffer(free_ns, dtype=np.int64),
+    return EngineRun(alloc_ns=np.frombuffer(calls.alloc_ns, dtype=np.int64),
+                     free_ns=np.frombuffer(calls.free_ns, dtype=np.int64),
                      num_failed=num_failed, wall_s=wall_s, live=live, num_flushes=num_flushes, num_frees=num_frees)
 
 

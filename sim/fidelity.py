@@ -51,6 +51,7 @@ from policies.base import Allocation, Policy
 from policies.device import SEGMENT_ALIGNMENT_BYTES, DeviceInFront, UnmodelledDriver, VirtualDevice
 from policies.errors import PolicyError
 from policies.mapped_device import PageMappedDevice
+from policies.device_kind import DeviceKind
 from policies.registry import device_kind
 from policies.torch_caching import TorchCaching, params_from_settings, spec_from_settings
 from policies.units import round_up
@@ -484,7 +485,7 @@ def start_replay(rec: Recording, policy: str | Policy | None = None, *, addresse
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
     spec = policy if isinstance(policy, str) else spec_from_settings(rec.settings) if policy is None else policy
     recorded_allocs = rec.segment_events.loc[rec.segment_events["action"] == "segment_alloc", ["address", "nbytes"]]
-    if device_kind(spec) == "page-mapped":
+    if device_kind(spec) is DeviceKind.PAGE_MAPPED:
         device = _LoggingMappedDevice()
         addresses = "virtual"  # ranges are the device's; runs keep their offsets, not their addresses
     else:
@@ -539,7 +540,7 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
         for s in rec.seed_segments:
             device.pin(s.address)
             kwargs = {"pool": s.pool_id} if pool.has_private_pools else {}
-            if s.range_offset is not None and device_kind(type(pool)) == "page-mapped":
+            if s.range_offset is not None and device_kind(pool) is DeviceKind.PAGE_MAPPED:
                 kwargs["range_offset_bytes"] = s.range_offset
             seeded = pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks, **kwargs)
             for addr, a in zip(s.block_addrs, seeded):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import policies
 from policies.base import Allocation, Policy
-from sim.costs import CostedDevice, CostModel, costed_page_mapped_device
+from sim.costs import CostModel, costed_device
 from sim.engine import TimedCalls, policy_target
 
 if TYPE_CHECKING:
@@ -93,10 +93,12 @@ class TimedPool:
 
     def __init__(self, policy: Policy, *, record_latency: bool = True):
         self.policy = policy
-        self._calls = TimedCalls(policy_target(policy))  # construction-time driver calls belong to no step
         self.alloc_ns: list[int] = []
         self.free_ns: list[int] = []
         self.record_latency = record_latency
+        # construction-time driver calls belong to no step; the latencies land in the lists above
+        self._calls = TimedCalls(policy_target(policy), alloc_ns=self.alloc_ns if record_latency else None,
+                                 free_ns=self.free_ns if record_latency else None)
 
     @property
     def pending_driver_ns(self) -> int:
@@ -107,15 +109,10 @@ class TimedPool:
         self._calls.pending_driver_ns = ns
 
     def allocate(self, nbytes: int, tag: str | None = None) -> Allocation | None:
-        a, ns = self._calls.allocate(nbytes, 0, tag)
-        if self.record_latency:
-            self.alloc_ns.append(ns)
-        return a
+        return self._calls.allocate(nbytes, 0, tag)
 
     def free(self, allocation: Allocation) -> None:
-        ns = self._calls.free(allocation)
-        if self.record_latency:
-            self.free_ns.append(ns)
+        self._calls.free(allocation)
 
     def take_driver_ns(self) -> int:
         return self._calls.take_driver_ns()
@@ -125,7 +122,7 @@ def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | N
                   fill: dict[str, Any] | None = None, device: Any = None) -> Policy:
     """Build ``spec`` on the costed device it declares (``policies.registry.device_kind``): a
     ``CostedDevice`` charging ``costs`` per ``cudaMalloc``, or a page-mapped device charging
-    them per cuMem call (``costed_page_mapped_device``); or on ``device`` when given (the KV
+    them per cuMem call (``sim.costs.costed_device``); or on ``device`` when given (the KV
     pool's page-mapped device under ``kv_strategy=virtual``). The one place a spec gets its device.
 
     ``fill`` gives knobs the policy gets when it has them and the spec does not set them: the
@@ -137,8 +134,7 @@ def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | N
         known = policies.get(name)._param_names()
         extra = {k: v for k, v in fill.items() if v is not None and k in known and k not in params}
     if device is None:
-        device = costed_page_mapped_device(costs) if policies.registry.device_kind(spec) == "page-mapped" \
-            else CostedDevice(costs)
+        device = costed_device(policies.registry.device_kind(spec), costs)
     return policies.create(spec, capacity_bytes=capacity_bytes, device=device, **extra)
 
 

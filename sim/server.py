@@ -33,8 +33,7 @@ import simpy
 
 from sim.config import ServerConfig
 from sim.pools import ServerPools
-from policies.base import Allocation
-from policies.paged import Paged
+from policies.base import Allocation, Policy
 from sim.kv import ContiguousKV, PagedKV, VirtualKV
 from sim.scheduler import Request, Scheduler, StepPlan
 from sim.metrics import PoolMonitor
@@ -145,7 +144,7 @@ class Server:
         self._all_arrived = False
         self._num_empty = 0  # plans in a row that scheduled nothing
         self._batch_steps = self._quiet_runs = False  # set when the engine starts (_may_batch_steps)
-        self._page_grows: Paged | None = None
+        self._page_grows: Policy | None = None
         self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
         self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
         self._repeat_activation_bytes = -1  # a round trip of this size can be skipped (_step_activations)
@@ -218,8 +217,10 @@ class Server:
         self._batch_steps = self._may_batch_steps()
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
         policy = self.pools.kv.policy
-        #: a Paged pool whose free pages quiet runs may take at page boundaries (one page a request)
-        self._page_grows = policy if self._quiet_runs and type(kv) is PagedKV and type(policy) is Paged else None
+        #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
+        #: may take at page boundaries (one page a request: a paged KV manager's pages are no larger)
+        self._page_grows = policy if (self._quiet_runs and kv.paged and policy.counts_free_pages
+                                      and kv.page_bytes <= policy.page_size_bytes) else None
         while True:
             if not sched.has_work():
                 if self._all_arrived:

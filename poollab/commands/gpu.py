@@ -4,7 +4,7 @@
 ``--baseline``), timing every alloc and free; ``poollab gpu calibrate``: measure the driver's
 costs into a JSON the simulator reads (``poollab replay --costs``), VMM calls included. Without
 CuPy or a GPU both exit 2 with one line saying why (``--backend host`` replays on the CPU
-stand-in instead). ``--device-kind vmm`` backs the policies with pages mapped into reserved
+stand-in instead). ``--device-kind page-mapped`` backs the policies with pages mapped into reserved
 virtual ranges (``cuMem*`` through cuda-bindings; ``mmap``/``memfd`` on the host) instead of
 ``cudaMalloc`` segments.
 """
@@ -19,7 +19,8 @@ import pandas as pd
 import policies
 from poollab.commands._common import out_option
 from poollab.errors import UsageError
-from poollab.options import BYTES, COUNT, DEVICE, FRACTION, POSITIVE, RATE_SCALE, SEED
+from policies.device_kind import PLATFORMS, DeviceKind
+from poollab.options import BYTES, COUNT, DEVICE, DEVICE_KIND, FRACTION, POSITIVE, RATE_SCALE, SEED
 
 
 def register(cli: click.Group) -> None:
@@ -84,11 +85,11 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
               help="Also replay each policy in the simulator (same capacity) and add its rows (backend=sim).")
 @click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Cost model JSON for the --sim rows (from `poollab gpu calibrate`).")
-@click.option("--backend", type=click.Choice(["cuda", "host"]), default="cuda", show_default=True,
+@click.option("--backend", type=click.Choice(PLATFORMS), default="cuda", show_default=True,
               help="'host' replays on host memory standing in for the GPU (no baselines).")
-@click.option("--device-kind", type=click.Choice(["segments", "vmm"]), default="segments", show_default=True,
-              help="'vmm': pages mapped into reserved virtual ranges (cuMemCreate/cuMemMap; mmap on the host), "
-                   "and the --sim rows on the simulator's page-mapped device. A policy that builds a page-mapped "
+@click.option("--device-kind", type=DEVICE_KIND, default=DeviceKind.SEGMENT.value, show_default=True,
+              help="'page-mapped' (or 'vmm'): pages mapped into reserved virtual ranges (cuMemCreate/cuMemMap; mmap "
+                   "on the host), and the --sim rows on the simulator's page-mapped device. A policy that builds a page-mapped "
                    "device of its own gets one either way.")
 @click.option("--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
@@ -96,16 +97,17 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
 @out_option("poollab-out/gpu")
 @click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
 def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with_sim: bool, costs, backend: str,
-                   device_kind: str, device_id: int, fmt, sample_every, out_dir: Path, progress: bool) -> None:
+                   device_kind: DeviceKind, device_id: int, fmt, sample_every, out_dir: Path, progress: bool) -> None:
     """Replay the allocation TRACE on the GPU under each policy (and baseline), with real allocations."""
     if backend == "cuda":
-        _require_gpu(device_id, vmm=device_kind == "vmm")
+        _require_gpu(device_id, vmm=device_kind is DeviceKind.PAGE_MAPPED)
     spec_list = _policy_specs(specs)
     baseline_list = _baseline_names(baselines)
     if baseline_list and backend != "cuda":
         raise UsageError("--baseline needs --backend cuda: the baselines are real CUDA allocators")
 
-    from realgpu.replay import baseline_replay, gpu_replay, model_device
+    from realgpu.replay import baseline_replay, gpu_replay
+    from sim.costs import costed_device
     from sim.replay import replay
     from sim.report import format_table, latency_samples, summary_frame, write_results
     from poollab.commands._common import load_costs, read_alloc_or_explain
@@ -113,7 +115,7 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
     cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
-    pool_backend = f"{backend}-vmm" if device_kind == "vmm" else backend
+    pool_backend = device_kind.backend(backend)
     rows, series, runs = [], [], []
     for spec in spec_list:
         result = gpu_replay(alloc_trace, spec, backend=pool_backend, capacity_bytes=capacity, validate=validate,
@@ -123,9 +125,9 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
         runs.append(result)
         if with_sim:
             twin = spec
-            if result.summary["device_kind"] == "vmm":  # the simulator's page-mapped device, same pages
+            if result.summary["device_kind"] == DeviceKind.PAGE_MAPPED:  # the simulator's page-mapped device, same pages
                 twin = policies.create(spec, capacity_bytes=result.summary["capacity_bytes"],
-                                       device=model_device("vmm", cost_model))
+                                       device=costed_device(DeviceKind.PAGE_MAPPED, cost_model))
             sim = replay(alloc_trace, twin, capacity_bytes=result.summary["capacity_bytes"], costs=cost_model,
                          sample_every=sample_every, progress=progress)
             rows.append({**sim.summary, "kind": "policy", "device_kind": result.summary["device_kind"]})
@@ -141,7 +143,7 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
                   extra_tables={"latency_samples": latency_samples(runs)},
                   meta={"command": "gpu replay", "trace": str(trace), "policies": spec_list, "baselines": baseline_list,
                         "capacity_bytes": capacity, "validate": validate, "backend": backend,
-                        "device_kind": device_kind, "device": device_id,
+                        "device_kind": device_kind.value, "device": device_id,
                         "costs": str(costs) if costs else ("bundled" if with_sim else None)})
     click.echo(format_table(summary, ["policy", "backend", "n_failed", "peak_live_bytes", "peak_reserved_bytes",
                                       "overhead", "frag_ext_mean", "alloc_p50_us", "alloc_p99_us", "free_p50_us",

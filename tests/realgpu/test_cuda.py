@@ -202,7 +202,7 @@ def test_page_pool_on_cuda_maps_its_pages_into_one_range(tmp_path):
                          [1 * MiB, 3 * MiB, 1 * MiB, 3 * MiB])
     result = gpu_replay(AllocTrace(events=events, name="one-then-three"), "page-pool", backend="cuda",
                         capacity_bytes=256 * MiB, validate=True)
-    assert result.summary["device_kind"] == "vmm" and result.summary["n_failed"] == 0
+    assert result.summary["device_kind"] == "page-mapped" and result.summary["n_failed"] == 0
 
 
 @pytest.mark.gpu

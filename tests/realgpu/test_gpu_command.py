@@ -44,6 +44,15 @@ def test_baselines_need_the_cuda_backend(tmp_path, capsys):
     assert info.value.code == 2 and "--backend cuda" in capsys.readouterr().err
 
 
+def test_unknown_device_kind_is_one_line_naming_the_option_and_the_kinds(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["gpu", "replay", BUNDLED, "--backend", "host", "--device-kind", "paged", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "'--device-kind'" in err and "segment, page-mapped" in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 def test_unknown_baseline_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["gpu", "replay", BUNDLED, "--backend", "host", "-b", "jemalloc", "--out", str(tmp_path)])
@@ -79,5 +88,5 @@ def test_page_pool_replays_on_the_host_backend(tmp_path, capsys, validate):
     main(["gpu", "replay", str(trace), "--backend", "host", "-p", "page-pool", "--sim", "--out", str(out),
           "--no-progress", *validate])
     summary = pd.read_csv(out / "summary.csv")
-    assert list(summary["device_kind"]) == ["vmm", "vmm"] and list(summary["n_failed"]) == [0, 0]
+    assert list(summary["device_kind"]) == ["page-mapped", "page-mapped"] and list(summary["n_failed"]) == [0, 0]
     assert summary["peak_reserved_bytes"].nunique() == 1

@@ -14,7 +14,8 @@ from realgpu.calibrate import time_vmm_calls, write_costs
 from realgpu.errors import CorruptionError, VmmDriverError
 from realgpu.host_vmm import HostMmapDriver, HostVmmDevice
 from realgpu.pool import GpuPool
-from realgpu.replay import gpu_replay, model_device
+from realgpu.replay import gpu_replay
+from sim.costs import costed_device
 from sim.costs import CostModel
 from sim.replay import replay
 
@@ -170,16 +171,16 @@ def test_a_driver_refusal_part_way_undoes_the_grow_and_refuses_the_segment():
 @pytest.mark.parametrize("spec", ["best-fit", "first-fit", "size-class", "paged", "torch-caching", "buddy"])
 def test_mapped_replay_with_validation_agrees_with_the_simulator(spec):
     trace = random_trace(1)
-    sim_row = replay(trace, policies.create(spec, device=model_device("vmm")), sample_every=7).summary
+    sim_row = replay(trace, policies.create(spec, device=costed_device("page-mapped")), sample_every=7).summary
     gpu_row = gpu_replay(trace, spec, backend="host-vmm", validate=True, sample_every=7).summary
     assert {k: (sim_row[k], gpu_row[k]) for k in MAPPED_SHARED if sim_row[k] != gpu_row[k]} == {}
-    assert gpu_row["device_kind"] == "vmm" and gpu_row["n_map"] > 0
+    assert gpu_row["device_kind"] == "page-mapped" and gpu_row["n_map"] > 0
     assert gpu_row["driver_ns_total"] >= gpu_row["driver_ns_map"] > 0
 
 
 def test_mapped_replay_agrees_on_failures_under_a_tight_capacity():
     trace = random_trace(2, max_live=60)
-    sim_row = replay(trace, policies.create("first-fit", capacity_bytes=48 * MiB, device=model_device("vmm")),
+    sim_row = replay(trace, policies.create("first-fit", capacity_bytes=48 * MiB, device=costed_device("page-mapped")),
                      sample_every=5).summary
     gpu_row = gpu_replay(trace, "first-fit", backend="host-vmm", capacity_bytes=48 * MiB, validate=True,
                          sample_every=5).summary
@@ -248,15 +249,16 @@ def test_vmm_calibration_refuses_a_size_off_the_granularity():
         time_vmm_calls(HostMmapDriver(), (3 * MiB,), repeats=1)
 
 
-def test_gpu_replay_command_runs_mapped_on_the_host_next_to_the_simulator(tmp_path):
+@pytest.mark.parametrize("kind", ["page-mapped", "vmm"])  # the kind's name, and the spelling it had before
+def test_gpu_replay_command_runs_mapped_on_the_host_next_to_the_simulator(tmp_path, kind):
     import pandas as pd
 
     from poollab.cli import main
 
     out = tmp_path / "out"
-    main(["gpu", "replay", str(BUNDLED_SNAPSHOT), "-p", "best-fit", "--backend", "host", "--device-kind", "vmm",
+    main(["gpu", "replay", str(BUNDLED_SNAPSHOT), "-p", "best-fit", "--backend", "host", "--device-kind", kind,
           "--validate", "--sim", "--no-progress", "--out", str(out)])
     rows = pd.read_csv(out / "summary.csv").set_index("backend")
-    assert (rows["device_kind"] == "vmm").all()
+    assert (rows["device_kind"] == "page-mapped").all()
     for col in MAPPED_SHARED:
         assert rows.loc["gpu", col] == rows.loc["sim", col], col

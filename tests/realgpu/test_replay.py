@@ -334,3 +334,18 @@ def time_ns_counter():
 
     ticks = itertools.count(0, 1000)
     return lambda: next(ticks)
+
+
+@pytest.mark.parametrize("backend", ["host", "host-vmm"])
+def test_a_real_device_declares_its_clock_and_kind_so_the_replay_reads_them(backend):
+    """The replay loop reads a real device's driver time off the clock it declares (measured
+    time only: never pending), and its row's ``device_kind`` is the device's declaration."""
+    from policies.device_kind import DeviceKind
+    from realgpu.pool import GpuPool
+    from sim.engine import policy_target
+
+    with GpuPool("best-fit", backend=backend) as pool:
+        assert policy_target(pool.policy).driver_clock is pool.device.clock
+        assert pool.device.device_kind is DeviceKind.of_backend(backend)
+    row = gpu_replay(make_trace([("alloc", 1, 4096), ("free", 1, 4096)]), "best-fit", backend=backend).summary
+    assert row["device_kind"] == DeviceKind.of_backend(backend).value and row["driver_ns_total"] > 0

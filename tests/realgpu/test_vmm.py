@@ -118,16 +118,17 @@ def test_a_driver_error_names_the_call():
 # ---------------------------------------------------------------------------- pools and replays
 @pytest.mark.parametrize("spec", ["best-fit", "size-class", "paged", "torch-caching"])
 def test_mapped_replay_on_the_gpu_agrees_with_the_simulator_and_gives_memory_back(spec):
-    from realgpu.replay import gpu_replay, model_device
+    from realgpu.replay import gpu_replay
+    from sim.costs import costed_device
     from sim.replay import replay
 
     warm = gpu_replay(random_trace(9, num_allocs=20), spec, backend="cuda-vmm", validate=True,
                       capacity_bytes=1 << 30)  # contexts, kernels and NVML loaded before the measured run
-    assert warm.summary["device_kind"] == "vmm"
+    assert warm.summary["device_kind"] == "page-mapped"
     trace = random_trace(1)
     gpu_row = gpu_replay(trace, spec, backend="cuda-vmm", validate=True, capacity_bytes=4 << 30,
                          sample_every=7).summary
-    sim_row = replay(trace, policies.create(spec, capacity_bytes=4 << 30, device=model_device("vmm")),
+    sim_row = replay(trace, policies.create(spec, capacity_bytes=4 << 30, device=costed_device("page-mapped")),
                      sample_every=7).summary
     differ = {k: (sim_row[k], gpu_row[k]) for k in MAPPED_SHARED if sim_row[k] != gpu_row[k]}
     assert differ == {}, f"simulator vs GPU (cuMem) differ on {differ}"

@@ -46,6 +46,16 @@ def test_bench_replay_parts_builds_the_harness_up(capsys):
         assert f"\n{row} " in out
 
 
+def test_bench_replay_engine_calls_counts_what_timing_adds(capsys):
+    """``--engine-calls``: the engine's calls per event; timing a call adds at most two clock
+    reads, the ``TimedCalls`` frame and an append to the policy's own calls."""
+    bench = _load("bench_replay")
+    assert bench.main([str(bench.BUNDLED_TRACE), "-p", "paged", "--engine-calls"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("paged "))
+    bare, sampled, every = map(float, line.split()[1:])
+    assert bare < sampled <= every <= bare + 4.05  # at most: 2 clock reads, the TimedCalls frame, an append
+
+
 def test_bench_sweep_writes_the_speedups_and_phases(capsys, tmp_path):
     bench = _load("bench_sweep")
     assert bench.main(["--workers", "1,2", "--cells", "25", "--out", str(tmp_path / "s.json")]) == 0

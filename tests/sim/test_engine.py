@@ -86,7 +86,7 @@ def test_a_page_mapped_device_over_a_costed_one_charges_the_physical_time_to_its
 
 
 class CustomDriver(UnmodelledDriver):
-    """A device type the engine does not know: driver time only through ``take_driver_ns``."""
+    """A device taking driver time its own way, declaring no clock: driver time only through ``take_driver_ns``."""
 
     def __init__(self):
         self.inner = VirtualDevice()
@@ -104,7 +104,7 @@ class CustomDriver(UnmodelledDriver):
         return ns
 
 
-def test_driver_clock_is_read_only_off_devices_known_to_keep_one():
+def test_driver_clock_is_read_only_off_devices_that_declare_one():
     assert engine.policy_target(policies.create("paged", device=CostedDevice())).driver_clock is not None
     assert isinstance(engine.policy_target(policies.create("paged")).driver_clock, DriverClock)  # never charged
     custom = CustomDriver()
