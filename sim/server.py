@@ -10,9 +10,11 @@ compute, as vAttention maps in the background); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
 
 On a clock of its own, the engine runs the steps that end before the next arrival back to back
-without a simpy event each, computes quiet decode steps in closed form and skips activation
-round trips that repeat the last one in a pool of their own (``Server.fast_path``; the results
-are identical with it off, ``tests/sim/test_step_fast_path.py``).
+without a simpy event each, computes quiet decode steps in closed form (``Scheduler.decode_run``:
+the scheduler's and KV manager's arithmetic of decode steps, through finishes and page
+boundaries, every KV allocate and free still made) and skips activation round trips known to
+leave their pool as found (``Server.fast_path``; the results are identical with it off,
+``tests/sim/test_step_fast_path.py``).
 
 Pool controls the engine drives (``sim.config.ServerConfig``): it can freeze the KV pool after its first N
 steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
