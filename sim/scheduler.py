@@ -447,7 +447,7 @@ class DecodeRun:
     kv_blocked = False
 
     __slots__ = ("sched", "kv", "num_seqs", "context_tokens", "num_own_tokens", "num_steps", "_applied",
-                 "_live", "_finish_at", "_slots_at", "_tokens_per_slot", "_page_source")
+                 "_live", "_order", "_finish_at", "_slots_at", "_page_source")
 
     def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
         self.sched, self.kv = sched, sched.kv
@@ -458,6 +458,7 @@ class DecodeRun:
         self.num_steps = 0  # steps ended since the run began
         self._applied = 0  # of them, those written into the requests
         self._live = list(running)
+        self._order = {r: i for i, r in enumerate(running)}  # running order
         finish_at: dict[int, list[Request]] = {}
         slots_at: dict[int, list[Request]] = {}
         for r in running:  # in running order, so every list below is too
@@ -467,7 +468,6 @@ class DecodeRun:
         #: step -> requests whose next token needs a slot beyond their capacity then
         self._slots_at = slots_at
         self._page_source = page_source
-        self._tokens_per_slot = getattr(self.kv, "tokens_per_page", 0)
 
     def needs_slots(self, step: int) -> bool:
         """Whether some request may need a new KV slot at ``step`` (``take_slots`` then)."""
@@ -491,8 +491,14 @@ class DecodeRun:
         if not self.kv.grow_from_free_pages([(r.kv, r.num_computed + step - applied) for r in due],
                                             self._page_source):
             return False
-        del self._slots_at[step]
-        self._slots_at.setdefault(step + self._tokens_per_slot, []).extend(due)  # a page lasts tokens_per_page steps
+        slots_at = self._slots_at
+        del slots_at[step]
+        later = slots_at.get(step + self.kv.tokens_per_page)  # a page lasts tokens_per_page steps
+        if later is None:
+            slots_at[step + self.kv.tokens_per_page] = due
+        else:  # requests that first run out then too (a larger slack): keep running order
+            later.extend(due)
+            later.sort(key=self._order.__getitem__)
         return True
 
     def end_step(self, now_s: float) -> int:

@@ -235,12 +235,17 @@ def test_unschedule_last_undoes_exactly_what_scheduling_counted():
 
 
 # ---------------------------------------------------------------------- DecodeRun (the closed form)
-def _decoding_batch(kind):
-    """A scheduler whose five running requests all decode next (prompts admitted, one step run)."""
+def _decoding_batch(kind, slack=False):
+    """A scheduler whose five running requests all decode next (prompts admitted, one step run);
+    with ``slack``, the last holds a page more than its tokens need (its slots run out later than
+    a page's worth of steps, so it shares a step's grows with requests ahead of it)."""
     s = make(budget_tokens=4096, max_num_batched_tokens=1024, kind=kind)
-    for rid, (prompt, output) in enumerate([(40, 9), (17, 30), (63, 4), (5, 21), (33, 30)]):
+    for rid, (prompt, output) in enumerate([(40, 9), (17, 40), (63, 4), (5, 21), (33, 36)]):
         s.add(req(s, rid, prompt, output))
     step(s, now=0.5)
+    if slack:  # 15 slots to spare, as request 1 has: its grow at step 15 is due again at 31, with this one's first
+        r = s.running[-1]
+        assert s.kv.grow(r.kv, r.kv.capacity_tokens + 16, r.num_computed)
     return s
 
 
@@ -263,9 +268,9 @@ def _calls(s):
     return log
 
 
-@pytest.mark.parametrize("kind", ["paged", "grow"])
-def test_decode_run_does_what_schedule_and_complete_do_step_by_step(kind):
-    slow, fast = _decoding_batch(kind), _decoding_batch(kind)
+@pytest.mark.parametrize("kind,slack", [("paged", False), ("paged", True), ("grow", False)])
+def test_decode_run_does_what_schedule_and_complete_do_step_by_step(kind, slack):
+    slow, fast = _decoding_batch(kind, slack), _decoding_batch(kind, slack)
     slow_log, fast_log = _calls(slow), _calls(fast)
     slow_reqs, fast_reqs = list(slow.running), list(fast.running)
     run = fast.decode_run(fast.kv.pool.policy if kind == "paged" else None)
@@ -280,13 +285,14 @@ def test_decode_run_does_what_schedule_and_complete_do_step_by_step(kind):
         assert fast.num_finished == slow.num_finished
         run.apply()
         assert run.num_own_tokens == slow.num_own_tokens
-        assert [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens)
-                for r in fast_reqs] == [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status,
-                                         r.kv.capacity_tokens) for r in slow_reqs]
+        assert [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens,
+                 [a.extents for a in r.kv.allocs]) for r in fast_reqs] == \
+            [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens,
+              [a.extents for a in r.kv.allocs]) for r in slow_reqs]
     if kind == "paged":  # pages come from the free list: the run goes until every request is done
-        assert not fast.running and not slow.running and steps == 29
+        assert not fast.running and not slow.running and steps == 39
     else:  # a contiguous grow reallocates and copies: the run stops before the first
-        assert fast.running and steps < 29
+        assert fast.running and steps < 39
     assert fast.num_finished == slow.num_finished and fast.num_own_tokens == slow.num_own_tokens
     assert fast.kv.allocated_bytes == slow.kv.allocated_bytes
     assert fast_log == slow_log and (kind == "grow" or len(fast_log) > 10)
