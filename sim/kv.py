@@ -448,14 +448,15 @@ class PagedKV(_KVBase):
         has a free page for each and they fit the budget, so no grow evicts, refuses or calls
         the driver."""
         k, page = len(grows), self.page_bytes
-        if page_source.num_free_pages() < k or self.allocated_bytes + k * page > self.budget_bytes:
+        held = max(page, page_source.page_size_bytes)  # what a page takes from the budget (the pool may round up)
+        if page_source.num_free_pages() < k or self.allocated_bytes + k * held > self.budget_bytes:
             return False
         allocate, tpp, driver_ns = self.pool.allocate, self.tokens_per_page, self.pool.pending_driver_ns
         for h, c in grows:  # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
             assert h.capacity_tokens == c, "a request grows when its slots run out"
             a = allocate(page, tag="kv")
-            assert a is not None and a.size_bytes == page, "a free page within the budget was refused"
-            self.allocated_bytes += page
+            assert a is not None and a.size_bytes <= held, "a free page within the budget was refused"
+            self.allocated_bytes += a.size_bytes
             h.allocs.append(a)
             h.num_own_pages += 1
             h.capacity_tokens = c + tpp
