@@ -249,29 +249,31 @@ def _decoding_batch(kind, slack=False):
     return s
 
 
-def _calls(s):
-    """Every call the KV policy saw, in order: what the closed form must reproduce."""
+def log_kv_calls(pool):
+    """Record every call the policy behind ``pool`` (a ``TimedPool``) sees from now on, in order:
+    ``("alloc", nbytes, extents or None)`` and ``("free", extents)``. What a closed form of the
+    engine's steps must reproduce exactly."""
     log = []
-    policy = s.kv.pool.policy
-    alloc, free = policy.allocate, policy.free
+    calls = pool._calls
+    alloc, free = calls._allocate, calls._free
 
     def logged_alloc(nbytes, **kw):
         a = alloc(nbytes, **kw)
-        log.append(("alloc", nbytes, a.extents if a is not None else None))
+        log.append(("alloc", nbytes, None if a is None else a.extents))
         return a
 
     def logged_free(a):
         log.append(("free", a.extents))
         free(a)
 
-    s.kv.pool._calls._allocate, s.kv.pool._calls._free = logged_alloc, logged_free
+    calls._allocate, calls._free = logged_alloc, logged_free
     return log
 
 
 @pytest.mark.parametrize("kind,slack", [("paged", False), ("paged", True), ("grow", False)])
 def test_decode_run_does_what_schedule_and_complete_do_step_by_step(kind, slack):
     slow, fast = _decoding_batch(kind, slack), _decoding_batch(kind, slack)
-    slow_log, fast_log = _calls(slow), _calls(fast)
+    slow_log, fast_log = log_kv_calls(slow.kv.pool), log_kv_calls(fast.kv.pool)
     slow_reqs, fast_reqs = list(slow.running), list(fast.running)
     run = fast.decode_run(fast.kv.pool.policy if kind == "paged" else None)
     assert run is not None and run.num_seqs == 5

@@ -9,6 +9,7 @@ between any two runs and are left out.
 
 import math
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,9 @@ import pytest
 from sim.server import _delays_to
 from sim.simulate import build_serving, serving_result
 from traces.request_readers import read_request_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_scheduler import log_kv_calls  # noqa: E402
 
 AZURE = Path(__file__).resolve().parents[2] / "traces" / "data" / "azure_code_slice.csv"
 MODEL, GPU = "Llama-3-8B", "H200"
@@ -128,25 +132,6 @@ def test_fast_path_with_a_prefix_cache_gives_identical_results():
         assert_same_results(slow, fast)
 
 
-def _logged(setup):
-    """Record every call the KV policy sees (op, size, extents), in order."""
-    log = []
-    calls = setup.pools.kv._calls
-    alloc, free = calls._allocate, calls._free
-
-    def logged_alloc(nbytes, **kw):
-        a = alloc(nbytes, **kw)
-        log.append(("alloc", nbytes, None if a is None else a.extents))
-        return a
-
-    def logged_free(a):
-        log.append(("free", a.extents))
-        free(a)
-
-    calls._allocate, calls._free = logged_alloc, logged_free
-    return log
-
-
 @pytest.mark.parametrize("spec,options", [("paged", {}), ("best-fit", {}), ("paged", {"kv_capacity_bytes": 2 << 30})])
 def test_the_kv_policy_sees_every_call_of_the_step_by_step_path(azure, spec, options):
     # the closed form takes pages and frees requests through the policy as the engine's own steps
@@ -155,7 +140,7 @@ def test_the_kv_policy_sees_every_call_of_the_step_by_step_path(azure, spec, opt
     for fast in (False, True):
         setup = build_serving(azure, spec, model=MODEL, gpu=GPU, **options)
         setup.server.fast_path = fast
-        logs.append(_logged(setup))
+        logs.append(log_kv_calls(setup.pools.kv))
         setup.server.run()
     assert len(logs[0]) > 1000 and logs[0] == logs[1]
 
