@@ -89,6 +89,11 @@ class _KVBase:
     paged = False
     evictable_bytes = 0  # cached KV nobody holds (a prefix cache's)
     evictable_tokens = 0  # the tokens in them
+    #: a decode step of a request needs a new slot exactly when its ``num_computed`` reaches
+    #: ``capacity_tokens`` (``grow`` is called then and changes nothing else before): what the
+    #: scheduler's closed form of decode runs (``sim.scheduler.DecodeRun``) relies on. False
+    #: for a manager whose decode steps touch memory otherwise (a hybrid layout's sliding windows)
+    decode_grows_at_capacity = False
 
     def __init__(self, pool: TimedPool, *, bytes_per_token: int, budget_bytes: int):
         self.pool = pool
@@ -147,6 +152,13 @@ class _KVBase:
         ``held_elsewhere`` can be true, a tenant's of a shared pool, has anything to wait for)."""
         raise NotImplementedError(f"{type(self).__name__} shares no pool: no memory is held elsewhere")
 
+    def grow_from_free_pages(self, grows: list[tuple[KVHandle, int]], page_source) -> bool:
+        """Grow each ``(handle, num_computed)`` of ``grows`` by the one slot its next token needs,
+        in order, as ``grow(handle, num_computed + 1, num_computed)`` would, when every grow
+        surely takes one free page of ``page_source`` at once; False, with nothing done, when
+        that is not sure. Only a paged manager grows so (``PagedKV``)."""
+        return False
+
     def take_copy_bytes(self) -> int:
         n, self.copy_bytes_pending = self.copy_bytes_pending, 0
         return n
@@ -185,6 +197,8 @@ class ContiguousKV(_KVBase):
         bytes_per_token: KV bytes of one token (all layers, K and V).
         budget_bytes: most bytes the KV cache may hold.
     """
+
+    decode_grows_at_capacity = True
 
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
@@ -281,6 +295,7 @@ class PagedKV(_KVBase):
     """
 
     paged = True
+    decode_grows_at_capacity = True
     #: whose blocks these are in a block cache shared with other managers (None: not shared)
     cache_owner: Hashable = None
 
@@ -427,9 +442,32 @@ class PagedKV(_KVBase):
         h.capacity_tokens += num_pages * tpp
         return True
 
+    def grow_from_free_pages(self, grows: list[tuple[KVHandle, int]], page_source) -> bool:
+        """``_KVBase.grow_from_free_pages`` for pages: each grow is one page (a page holds at
+        least one token), sure when ``page_source`` (the KV policy, which counts its free pages)
+        has a free page for each and they fit the budget, so no grow evicts, refuses or calls
+        the driver."""
+        k, page = len(grows), self.page_bytes
+        held = max(page, page_source.page_size_bytes)  # what a page takes from the budget (the pool may round up)
+        if page_source.num_free_pages() < k or self.allocated_bytes + k * held > self.budget_bytes:
+            return False
+        allocate, tpp, driver_ns = self.pool.allocate, self.tokens_per_page, self.pool.pending_driver_ns
+        for h, c in grows:  # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
+            assert h.capacity_tokens == c, "a request grows when its slots run out"
+            a = allocate(page, tag="kv")
+            assert a is not None and a.size_bytes <= held, "a free page within the budget was refused"
+            self.allocated_bytes += a.size_bytes
+            h.allocs.append(a)
+            h.num_own_pages += 1
+            h.capacity_tokens = c + tpp
+        assert self.pool.pending_driver_ns == driver_ns, "a free page cost driver time"
+        return True
+
     def free(self, h: KVHandle) -> None:
-        for a in h.allocs:
-            self._release(a)
+        free = self.pool.free
+        for a in h.allocs:  # _release, inlined: a request frees a page per tokens_per_page tokens
+            self.allocated_bytes -= a.size_bytes
+            free(a)
         h.allocs.clear()
         pending = self._pending
         for hid in h.blocks:
@@ -484,6 +522,8 @@ class VirtualKV(_KVBase):
 
     There is no block table, so nothing is shared between requests: no prefix caching.
     """
+
+    decode_grows_at_capacity = True
 
     def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
                  num_kv_tensors: int):

@@ -36,7 +36,7 @@ from sim.kv import KVHandle
 if TYPE_CHECKING:
     from sim.config import ServerConfig
 
-__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "PREEMPTION_MODES", "REJECT_KINDS"]
+__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "DecodeRun", "PREEMPTION_MODES", "REJECT_KINDS"]
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -394,3 +394,155 @@ class Scheduler:
             self.num_finished += num_finished
             self.running = [r for r in self.running if r.status is RequestState.RUNNING]
         return num_finished
+
+    # ------------------------------------------------------------------ quiet decode runs
+    def decode_run(self, page_source=None) -> DecodeRun | None:
+        """The closed form of the next steps, when each of them decodes one token of every running
+        request (``DecodeRun``); None when the next one does not.
+
+        The next step is such a decode step when nothing waits or is swapped out, the batch fits
+        the token budget and every running request has a generated token to compute, its KV
+        slots up to it filled and its prefix blocks computed: ``schedule`` then gives each
+        request its one token in running order, and ``complete`` advances them all. Only a KV
+        manager that ``decode_grows_at_capacity`` qualifies. ``page_source``: a pool whose free
+        pages may be taken at page boundaries inside the run (``DecodeRun.take_slots``); None:
+        the run stops at the first step that needs a new KV slot.
+        """
+        kv, running = self.kv, self.running
+        if self.waiting or self.swapped or not kv.decode_grows_at_capacity:
+            return None
+        if not running or len(running) > self.config.max_num_batched_tokens:
+            return None
+        context = 0
+        for r in running:
+            c = r.num_computed
+            h = r.kv
+            if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
+                    or (h.blocks and h.num_computed_blocks < len(h.blocks)):
+                return None
+            context += c
+        return DecodeRun(self, context, page_source)
+
+
+class DecodeRun:
+    """Consecutive decode steps of a scheduler's running batch, computed arithmetically.
+
+    What ``Scheduler.schedule`` and ``Scheduler.complete`` would do to a batch in which every
+    request decodes one token per step, step after step: the plan of step ``s`` (counted from
+    the run's start) has ``num_seqs`` decode sequences over ``context_tokens``; before it, the
+    requests whose KV slots run out take one page each (``take_slots``, in running order, as
+    ``schedule`` grows them); after it, every request has one more token and those that reach
+    their output length finish (``end_step``: KV freed in running order, as ``complete`` frees
+    it). Every allocate and free the KV pool sees is the one the step-by-step path makes, in
+    the same order; only the per-request counters are written lazily (``apply``, which a reader
+    of the requests calls first). Tested equal to the step-by-step path:
+    ``tests/sim/test_step_fast_path.py``.
+
+    The caller (``sim.server.Server``) owns time: it asks for each step's plan, checks what
+    the scheduler cannot see (the step ends before the next arrival, the activations repeat),
+    and integrates its figures over the step.
+    """
+
+    #: a quiet step is never limited by KV memory (``StepPlan.kv_blocked``)
+    kv_blocked = False
+
+    __slots__ = ("sched", "kv", "num_seqs", "context_tokens", "num_own_tokens", "num_steps", "_applied",
+                 "_live", "_order", "_finish_at", "_slots_at", "_page_source")
+
+    def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
+        self.sched, self.kv = sched, sched.kv
+        running = sched.running
+        self.num_seqs = len(running)
+        self.context_tokens = context_tokens
+        self.num_own_tokens = sched.num_own_tokens
+        self.num_steps = 0  # steps ended since the run began
+        self._applied = 0  # of them, those written into the requests
+        self._live = list(running)
+        self._order = {r: i for i, r in enumerate(running)}  # running order
+        finish_at: dict[int, list[Request]] = {}
+        slots_at: dict[int, list[Request]] = {}
+        for r in running:  # in running order, so every list below is too
+            finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
+            slots_at.setdefault(r.kv.capacity_tokens - r.num_computed, []).append(r)
+        self._finish_at = finish_at
+        #: step -> requests whose next token needs a slot beyond their capacity then
+        self._slots_at = slots_at
+        self._page_source = page_source
+
+    def needs_slots(self, step: int) -> bool:
+        """Whether some request may need a new KV slot at ``step`` (``take_slots`` then)."""
+        return step in self._slots_at
+
+    def take_slots(self, step: int) -> bool:
+        """Give each request due at ``step`` its new slot, as ``schedule`` would (``kv.grow`` in
+        running order), when the KV manager can promise every one at once
+        (``kv.grow_from_free_pages``); False, with nothing done, when it cannot (the engine's
+        own step then runs, with its growth, eviction or preemption)."""
+        due = self._slots_at.get(step)
+        if due is None:
+            return True
+        due = [r for r in due if r.status is RequestState.RUNNING]  # those that finished need nothing
+        if not due:
+            del self._slots_at[step]
+            return True
+        if self._page_source is None:
+            return False
+        applied = self._applied
+        if not self.kv.grow_from_free_pages([(r.kv, r.num_computed + step - applied) for r in due],
+                                            self._page_source):
+            return False
+        slots_at = self._slots_at
+        del slots_at[step]
+        later = slots_at.get(step + self.kv.tokens_per_page)  # a page lasts tokens_per_page steps
+        if later is None:
+            slots_at[step + self.kv.tokens_per_page] = due
+        else:  # requests that first run out then too (a larger slack): keep running order
+            later.extend(due)
+            later.sort(key=self._order.__getitem__)
+        return True
+
+    def end_step(self, now_s: float) -> int:
+        """Step ``num_steps`` ended at ``now_s``: every request has its token; those at their
+        output length finish (KV freed, in running order). Returns how many finished."""
+        step = self.num_steps
+        self.num_steps = step + 1
+        self.context_tokens += self.num_seqs
+        self.num_own_tokens += self.num_seqs
+        done = self._finish_at.pop(step, None)
+        if done is None:
+            return 0
+        sched, kv = self.sched, self.kv
+        ahead = step + 1 - self._applied
+        own = self.num_own_tokens
+        for r in done:
+            c = r.num_computed + ahead
+            r.num_new = 1
+            r.num_computed = c
+            r.num_tokens = c
+            r.num_generated += ahead
+            own -= c - r.kv.prefix_tokens
+            kv.free(r.kv)
+            r.finish_s = now_s
+            r.status = RequestState.FINISHED
+            self.context_tokens -= c
+        self.num_own_tokens = own
+        n = len(done)
+        self.num_seqs -= n
+        sched.num_finished += n
+        self._live = [r for r in self._live if r.status is RequestState.RUNNING]
+        return n
+
+    def apply(self) -> None:
+        """Write the steps run so far into the running requests and the scheduler's counters."""
+        ahead = self.num_steps - self._applied
+        if ahead:
+            for r in self._live:
+                r.num_new = 1
+                r.num_computed += ahead
+                r.num_generated += ahead
+                r.num_tokens += ahead
+            self._applied = self.num_steps
+        sched = self.sched
+        sched.num_own_tokens = self.num_own_tokens
+        if len(sched.running) != len(self._live):
+            sched.running = list(self._live)

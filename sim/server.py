@@ -10,9 +10,11 @@ compute, as vAttention maps in the background); then every
 scheduled request advances and finished ones free their KV. No policy logic lives here.
 
 On a clock of its own, the engine runs the steps that end before the next arrival back to back
-without a simpy event each, computes quiet decode steps in closed form and skips activation
-round trips that repeat the last one in a pool of their own (``Server.fast_path``; the results
-are identical with it off, ``tests/sim/test_step_fast_path.py``).
+without a simpy event each, computes quiet decode steps in closed form (``Scheduler.decode_run``:
+the scheduler's and KV manager's arithmetic of decode steps, through finishes and page
+boundaries, every KV allocate and free still made) and skips activation round trips known to
+leave their pool as found (``Server.fast_path``; the results are identical with it off,
+``tests/sim/test_step_fast_path.py``).
 
 Pool controls the engine drives (``sim.config.ServerConfig``): it can freeze the KV pool after its first N
 steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
@@ -34,14 +36,16 @@ import simpy
 from sim.config import ServerConfig
 from sim.pools import ServerPools
 from policies.base import Allocation, Policy
-from sim.kv import ContiguousKV, PagedKV, VirtualKV
-from sim.scheduler import Request, Scheduler, StepPlan
+from sim.scheduler import DecodeRun, Request, Scheduler, StepPlan
 from sim.metrics import PoolMonitor
 
 __all__ = ["Server"]
 
 #: what ``Server._step_activations`` returns for a skipped round trip (nothing to free)
 SKIPPED = object()
+#: the activations of a quiet step begun in closed form (``Server._quiet_steps``): skipped, and
+#: the plan is the ``DecodeRun`` that ends it
+QUIET = object()
 #: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds the memory
 HELD_ELSEWHERE = object()
 
@@ -147,8 +151,11 @@ class Server:
         self._page_grows: Policy | None = None
         self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
         self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
-        self._repeat_activation_bytes = -1  # a round trip of this size can be skipped (_step_activations)
-        self._round_trip_bytes = -1  # size of the round trip under way when it may be skipped next time
+        #: sizes of activation round trips known to leave their pool as found (_step_activations)
+        self._free_round_trips: set[int] = set()
+        self._skips_round_trips = False  # set when the engine starts: fast path, separate layout
+        self._round_trip_bytes = -1  # size of the round trip under way
+        self._round_trip_before: tuple[int, int, int] = (0, 0, 0)  # its pool's driver time, grows, shrinks before it
         self.num_skipped_activation_round_trips = 0
         self.num_batched_steps = 0  # steps run back to back without an event of their own (_run_steps)
         self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
@@ -215,6 +222,7 @@ class Server:
     def _engine(self):
         env, sched, kv = self.env, self.scheduler, self.scheduler.kv
         self._batch_steps = self._may_batch_steps()
+        self._skips_round_trips = self.fast_path and self.pools.layout == "separate"
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
         policy = self.pools.kv.policy
         #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
@@ -325,9 +333,13 @@ class Server:
         pool's figures over it, compact if asked, and take a sample when one is due."""
         sched, kv = self.scheduler, self.scheduler.kv
         bytes_per_token = kv.bytes_per_token
-        if act is not None:
-            self._free_activations(act)
-        sched.complete(plan, now_s)
+        if act is QUIET:  # the closed form's step: the DecodeRun advances its requests
+            plan.end_step(now_s)
+            plan.apply()
+        else:
+            if act is not None:
+                self._free_activations(act)
+            sched.complete(plan, now_s)
         self.num_steps += 1
         self.busy_s += dt
         self.alloc_stall_s += stall_s
@@ -357,10 +369,11 @@ class Server:
 
     def _may_run_quiet_steps(self) -> bool:
         """Whether quiet decode steps may be computed in closed form (``_quiet_steps``): no
-        compaction, activations in a pool of their own, and a KV manager whose decode steps
-        grow exactly when ``capacity_tokens`` runs out (not the hybrid layouts)."""
+        compaction, activations in a pool of their own, and a KV manager that declares its
+        decode steps grow exactly when ``capacity_tokens`` runs out (``decode_grows_at_capacity``;
+        not the hybrid layouts)."""
         return (self._compactor is None and self.pools.layout == "separate"
-                and type(self.scheduler.kv) in (ContiguousKV, PagedKV, VirtualKV))
+                and self.scheduler.kv.decode_grows_at_capacity)
 
     def _run_steps(self) -> tuple[float, tuple | object | None]:
         """Run the engine's next steps back to back without yielding, as long as each ends
@@ -376,7 +389,11 @@ class Server:
         now_s = self.env.now
         while sched.has_work():
             if self._quiet_runs and not sched.waiting and not sched.swapped:
-                now_s = self._quiet_steps(now_s, next_arrival_s)
+                now_s, begun = self._quiet_steps(now_s, next_arrival_s)
+                if begun is not None:
+                    return now_s, begun
+                if not sched.has_work():  # the run finished the last request
+                    break
             plan = self._schedule(now_s)
             if not plan.scheduled:
                 if self._held_elsewhere(plan):  # someone else's memory: the engine waits for it
@@ -392,158 +409,152 @@ class Server:
             self._end_step(*begun, now_s)
         return now_s, None
 
-    def _quiet_steps(self, now_s: float, next_arrival_s: float) -> float:
-        """Advance the quiet decode steps due next from ``now_s`` in closed form; returns the time reached.
+    def _quiet_steps(self, now_s: float, next_arrival_s: float) -> tuple[float, tuple | None]:
+        """Advance the quiet decode steps due next from ``now_s`` in closed form; returns the
+        time reached and the quiet step begun there that ends at or after the next arrival
+        (``(run, QUIET, seconds, 0.0)``, which ``_end_step`` ends once the engine has yielded its
+        time, as it does for any step), or None.
 
-        Quiet: every running request decodes (one token, its KV already there, below its
-        ``capacity_tokens``: no page or block boundary, no growth), none finishes, nothing waits
-        or is swapped out, no driver time, copy or mapping is pending, the activations are a
-        skippable round trip (``_step_activations``), the freeze is not due, and the step ends
-        strictly before the next arrival. Such a step's plan, time and effects are functions of
-        the running requests alone, so the loop computes them as the scheduler, step-time
-        model and ``_end_step`` would, in the same order of float operations; the requests are
-        advanced once at the end (a sample ends the loop: it reads them).
+        Quiet: a decode step of the whole running batch (``Scheduler.decode_run``: the
+        scheduler's closed form says which requests finish and which need a KV slot at each
+        step) whose slots are there or come from free pages (``DecodeRun.take_slots``), with no
+        driver time, copy or mapping pending, activations that are a skippable round trip
+        (``_step_activations``), the freeze not due, and ending strictly before the next
+        arrival. Such a step's plan, time and effects are functions of the running requests
+        alone, so the loop computes them as the step-time model and ``_end_step`` would, in the
+        same order of float operations; the run goes on through finishes (their KV freed as
+        ``Scheduler.complete`` frees it) and samples, and stops after a finish that left driver
+        time pending (the next step is charged it) or emptied the batch.
         """
-        sched, kv = self.scheduler, self.scheduler.kv
-        running = sched.running
-        m = len(running)
-        if not m or m > sched.config.max_num_batched_tokens \
-                or self._activation_bytes.get((m, m)) != self._repeat_activation_bytes:
-            return now_s
-        if kv.copy_bytes_pending or kv.pending_map_ns:
-            return now_s
-        for pool in self.pools.distinct:
+        sched, kv, pools = self.scheduler, self.scheduler.kv, self.pools
+        if kv.copy_bytes_pending or kv.pending_map_ns or self._warmup_s:
+            return now_s, None
+        for pool in pools.distinct:
             if pool.pending_driver_ns:
-                return now_s
+                return now_s, None
+        run = sched.decode_run(self._page_grows)
+        if run is None:
+            return now_s, None
         max_steps = math.inf
         freeze = self.config.freeze_after_steps
         if freeze is not None and self.frozen_at_s is None:
             max_steps = freeze - self.num_steps
-        context = 0
-        for r in running:
-            c = r.num_computed
-            h = r.kv
-            if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
-                    or (h.blocks and h.num_computed_blocks < len(h.blocks)):
-                return now_s
-            quiet = r.output_tokens - r.num_generated - 1  # steps before the one that finishes it
-            if quiet < max_steps:
-                max_steps = quiet
-            context += c
-        # steps before the first that needs a new slot: the last of the run, unless pages come cheap
-        boundary = self._next_boundary(running, 0)
-        grow_pages = self._page_grows is not None
-        if not grow_pages and boundary < max_steps:
-            max_steps = boundary
         step_time = self.step_model.step_time_s
         bytes_per_token = kv.bytes_per_token
-        own = sched.num_own_tokens
         cached = kv.cached_tokens
         reserved = self._kv_reserved_bytes()
         idle = reserved - kv.allocated_bytes
         busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (self.busy_s, self.token_byte_s, self.reserved_byte_s,
                                                                 self.idle_byte_s)
         next_sample_s = self._next_sample_s
+        free_round_trips, activation_bytes = self._free_round_trips, self._activation_bytes
         t = now_s
-        num_steps = 0
+        num_steps = stored = 0
+        m = -1
         while num_steps < max_steps:
-            dt = step_time(0, m, context, 0, 0)
+            if run.num_seqs != m:  # a new batch size: its activations must be a round trip known to change nothing
+                m = run.num_seqs
+                nbytes = activation_bytes.get((m, m))
+                if nbytes is None:
+                    nbytes = activation_bytes[(m, m)] = self.model.activation_bytes(m, m)
+                if nbytes not in free_round_trips:
+                    break
+            dt = step_time(0, m, run.context_tokens, 0, 0)
             end_s = t + dt
-            if end_s >= next_arrival_s:
-                break
-            if num_steps == boundary:  # (only with grow_pages) some requests need a page now
-                if not self._grow_one_page_each(running, num_steps):
+            if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
+                if run.needs_slots(num_steps) and not run.take_slots(num_steps):
+                    break
+                self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+                self.num_skipped_activation_round_trips += 1
+                self.num_quiet_steps += 1
+                return t, (run, QUIET, dt, 0.0)
+            if run.needs_slots(num_steps):  # some requests need a page now
+                if not run.take_slots(num_steps):
                     break
                 reserved = self._kv_reserved_bytes()
                 idle = reserved - kv.allocated_bytes
-                boundary = self._next_boundary(running, num_steps)
             t = end_s
             num_steps += 1
-            context += m
-            own += m
             busy_s += dt
-            token_byte_s += (own + cached) * bytes_per_token * dt
+            finished = run.end_step(t)
+            if finished:
+                reserved = self._kv_reserved_bytes()
+                idle = reserved - kv.allocated_bytes
+                cached = kv.cached_tokens
+            token_byte_s += (run.num_own_tokens + cached) * bytes_per_token * dt
             reserved_byte_s += reserved * dt
             idle_byte_s += idle * dt
-            if t >= next_sample_s:
+            if t >= next_sample_s:  # the sample reads the requests and the server's figures: store them first
+                self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+                stored = num_steps
+                self._sample(t)
+                next_sample_s = self._next_sample_s
+            if finished and (not run.num_seqs or any(pool.pending_driver_ns for pool in pools.distinct)):
                 break
-        if not num_steps:
-            return now_s
+        self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+        return t, None
+
+    def _store_quiet(self, run: DecodeRun, new: int, busy_s: float, token_byte_s: float,
+                     reserved_byte_s: float, idle_byte_s: float) -> None:
+        """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the requests."""
         self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (busy_s, token_byte_s,
                                                                                   reserved_byte_s, idle_byte_s)
-        self.num_steps += num_steps
-        self.num_skipped_activation_round_trips += num_steps
-        self.num_batched_steps += num_steps
-        self.num_quiet_steps += num_steps
-        sched.num_own_tokens = own
-        for r in running:
-            r.num_new = 1
-            r.num_computed += num_steps
-            r.num_generated += num_steps
-            r.num_tokens += num_steps
-        if t >= next_sample_s:
-            self._sample(t)
-        return t
-
-    def _next_boundary(self, running: list[Request], num_steps: int) -> float:
-        """Steps into a quiet run (whose requests have not been advanced by its ``num_steps``
-        yet) at which the first of ``running`` needs a new KV slot."""
-        return min(r.kv.capacity_tokens - r.num_computed for r in running)
-
-    def _grow_one_page_each(self, running: list[Request], num_steps: int) -> bool:
-        """The page each request at a page boundary needs, ``num_steps`` into a quiet run,
-        taken as ``Scheduler.schedule`` takes them (``kv.grow``, in running order) when every
-        one of them surely gets a free page at once: within the KV budget and from the pool's
-        free pages (a ``Paged`` pool's hot path: no growth, no driver call, no eviction).
-        False, with nothing done, when that is not sure (the engine's own step then runs)."""
-        kv, policy = self.scheduler.kv, self._page_grows
-        needing = [r for r in running if r.kv.capacity_tokens - r.num_computed == num_steps]
-        k = len(needing)
-        if policy.num_free_pages() < k or kv.allocated_bytes + k * kv.page_bytes > kv.budget_bytes:
-            return False
-        for r in needing:
-            c = r.num_computed + num_steps
-            grown = kv.grow(r.kv, c + 1, c)
-            assert grown, "a free page within the budget was refused"
-        assert not self.pools.kv.pending_driver_ns, "a free page cost driver time"
-        return True
+        self.num_steps += new
+        self.num_skipped_activation_round_trips += new
+        self.num_batched_steps += new
+        self.num_quiet_steps += new
+        run.apply()
 
     # ------------------------------------------------------------------ activations
     def _step_activations(self, plan: StepPlan) -> Allocation | None | object:
         """The step's activations: an allocation, None when they do not fit, or ``SKIPPED``.
 
-        A round trip of the size the last one had is skipped (and counted in
-        ``num_skipped_activation_round_trips``) when that one charged no driver time in a pool
-        private to activations (the separate layout): nothing else touches that pool between
-        two steps, and a round trip that left a caching pool as it found it (a free block split
-        and coalesced back, a size class popped and pushed) leaves it so again, so only the
-        pool's own call counters, which no report reads, would differ. Sizes are memoised per
-        batch shape (the dict: one entry per (tokens, sampled) seen, a few hundred at most).
+        A round trip is skipped (and counted in ``num_skipped_activation_round_trips``) when
+        its size is in ``_free_round_trips``: round trips known to leave the pool as they found
+        it, in a pool private to activations (the separate layout: nothing else touches it
+        between two steps, and it holds nothing between them). Which sizes are known:
+
+        - in a pool that ``coalesces``, every size whose last round trip charged no driver
+          time and grew or shrank no segment: with nothing live, such a pool's state is its set
+          of segments (each one free block), so any such round trip leaves it as found, and so
+          does the next of any of these sizes, until a round trip changes the segments (which
+          forgets them all);
+        - in any other pool, the size of the last round trip, when it charged nothing: one that
+          left a caching pool as it found it (a size class popped and pushed) leaves it so again.
+
+        Only the pool's own call counters, which no report reads, differ from making the calls.
+        Sizes are memoised per batch shape (the dict: one entry per (tokens, sampled) seen, a
+        few hundred at most).
         """
         shape = (plan.prefill_tokens + plan.decode_seqs, plan.num_prefill_seqs + plan.decode_seqs)
         nbytes = self._activation_bytes.get(shape)
         if nbytes is None:
             nbytes = self._activation_bytes[shape] = self.model.activation_bytes(*shape)
-        if nbytes == self._repeat_activation_bytes:
+        if nbytes in self._free_round_trips:
             self.num_skipped_activation_round_trips += 1
             return SKIPPED
-        self._repeat_activation_bytes = -1
         pool = self.pools.activations
-        driver_ns = pool.pending_driver_ns
+        self._round_trip_before = (pool.pending_driver_ns, pool.policy.num_grows, pool.policy.num_shrinks)
         a = self.pools.allocate_activations(nbytes)
-        repeatable = a is not None and self.fast_path and self.pools.layout == "separate" \
-            and pool.pending_driver_ns == driver_ns
-        self._round_trip_bytes = nbytes if repeatable else -1
+        if a is None:  # a refusal may have released cached segments
+            self._free_round_trips.clear()
+        self._round_trip_bytes = nbytes
         return a
 
     def _free_activations(self, a: Allocation | object) -> None:
         if a is SKIPPED:
             return
         pool = self.pools.activations
-        driver_ns = pool.pending_driver_ns
         self.pools.free_activations(a)  # type: ignore[arg-type]
-        if pool.pending_driver_ns == driver_ns:  # the round trip charged nothing: the next one may be skipped
-            self._repeat_activation_bytes = self._round_trip_bytes
+        if not self._skips_round_trips:
+            return
+        known = self._free_round_trips
+        if (pool.pending_driver_ns, pool.policy.num_grows, pool.policy.num_shrinks) != self._round_trip_before:
+            known.clear()  # the round trip changed the pool: no size is known to leave it as found
+        else:
+            if not pool.policy.coalesces:
+                known.clear()  # only the last size is known to repeat
+            known.add(self._round_trip_bytes)
 
     # ------------------------------------------------------------------ pre-growth
     def predicted_bytes(self) -> int:

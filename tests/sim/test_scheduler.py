@@ -232,3 +232,79 @@ def test_unschedule_last_undoes_exactly_what_scheduling_counted():
     assert s.unschedule_last(plan) and plan.num_batched_tokens == 0 and a.status is SWAPPED
     assert plan.swap_out_bytes == 30 * BPT  # the swap-out is charged to the plan it was taken from
     assert not s.unschedule_last(plan)
+
+
+# ---------------------------------------------------------------------- DecodeRun (the closed form)
+def _decoding_batch(kind, slack=False):
+    """A scheduler whose five running requests all decode next (prompts admitted, one step run);
+    with ``slack``, the last holds a page more than its tokens need (its slots run out later than
+    a page's worth of steps, so it shares a step's grows with requests ahead of it)."""
+    s = make(budget_tokens=4096, max_num_batched_tokens=1024, kind=kind)
+    for rid, (prompt, output) in enumerate([(40, 9), (17, 40), (63, 4), (5, 21), (33, 36)]):
+        s.add(req(s, rid, prompt, output))
+    step(s, now=0.5)
+    if slack:  # 15 slots to spare, as request 1 has: its grow at step 15 is due again at 31, with this one's first
+        r = s.running[-1]
+        assert s.kv.grow(r.kv, r.kv.capacity_tokens + 16, r.num_computed)
+    return s
+
+
+def log_kv_calls(pool):
+    """Record every call the policy behind ``pool`` (a ``TimedPool``) sees from now on, in order:
+    ``("alloc", nbytes, extents or None)`` and ``("free", extents)``. What a closed form of the
+    engine's steps must reproduce exactly."""
+    log = []
+    calls = pool._calls
+    alloc, free = calls._allocate, calls._free
+
+    def logged_alloc(nbytes, **kw):
+        a = alloc(nbytes, **kw)
+        log.append(("alloc", nbytes, None if a is None else a.extents))
+        return a
+
+    def logged_free(a):
+        log.append(("free", a.extents))
+        free(a)
+
+    calls._allocate, calls._free = logged_alloc, logged_free
+    return log
+
+
+@pytest.mark.parametrize("kind,slack", [("paged", False), ("paged", True), ("grow", False)])
+def test_decode_run_does_what_schedule_and_complete_do_step_by_step(kind, slack):
+    slow, fast = _decoding_batch(kind, slack), _decoding_batch(kind, slack)
+    slow_log, fast_log = log_kv_calls(slow.kv.pool), log_kv_calls(fast.kv.pool)
+    slow_reqs, fast_reqs = list(slow.running), list(fast.running)
+    run = fast.decode_run(fast.kv.pool.policy if kind == "paged" else None)
+    assert run is not None and run.num_seqs == 5
+    steps = 0
+    while run.num_seqs and run.take_slots(run.num_steps):
+        plan = slow.schedule()
+        assert (plan.decode_seqs, plan.context_tokens, plan.prefill_tokens) == (run.num_seqs, run.context_tokens, 0)
+        slow.complete(plan, 1.0 + steps)
+        run.end_step(1.0 + steps)
+        steps += 1
+        assert fast.num_finished == slow.num_finished
+        run.apply()
+        assert run.num_own_tokens == slow.num_own_tokens
+        assert [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens,
+                 [a.extents for a in r.kv.allocs]) for r in fast_reqs] == \
+            [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens,
+              [a.extents for a in r.kv.allocs]) for r in slow_reqs]
+    if kind == "paged":  # pages come from the free list: the run goes until every request is done
+        assert not fast.running and not slow.running and steps == 39
+    else:  # a contiguous grow reallocates and copies: the run stops before the first
+        assert fast.running and steps < 39
+    assert fast.num_finished == slow.num_finished and fast.num_own_tokens == slow.num_own_tokens
+    assert fast.kv.allocated_bytes == slow.kv.allocated_bytes
+    assert fast_log == slow_log and (kind == "grow" or len(fast_log) > 10)
+
+
+def test_decode_run_is_none_unless_every_running_request_decodes():
+    s = make(budget_tokens=4096, max_num_batched_tokens=1024)
+    s.add(req(s, 0, 40, 9))
+    assert s.decode_run() is None  # it waits: the next step is its prefill
+    step(s)
+    assert s.decode_run() is not None
+    s.add(req(s, 1, 20, 5))
+    assert s.decode_run() is None  # someone waits: the next step admits it

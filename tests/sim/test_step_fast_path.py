@@ -9,6 +9,7 @@ between any two runs and are left out.
 
 import math
 import re
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,9 @@ import pytest
 from sim.server import _delays_to
 from sim.simulate import build_serving, serving_result
 from traces.request_readers import read_request_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_scheduler import log_kv_calls  # noqa: E402
 
 AZURE = Path(__file__).resolve().parents[2] / "traces" / "data" / "azure_code_slice.csv"
 MODEL, GPU = "Llama-3-8B", "H200"
@@ -126,3 +130,52 @@ def test_fast_path_with_a_prefix_cache_gives_identical_results():
         assert fast_server.num_quiet_steps > 0
         assert fast.summary["prefix_hit_rate"] > 0
         assert_same_results(slow, fast)
+
+
+@pytest.mark.parametrize("spec,options", [("paged", {}), ("best-fit", {}), ("paged", {"kv_capacity_bytes": 2 << 30})])
+def test_the_kv_policy_sees_every_call_of_the_step_by_step_path(azure, spec, options):
+    # the closed form takes pages and frees requests through the policy as the engine's own steps
+    # do: the same calls, sizes and addresses, in the same order
+    logs = []
+    for fast in (False, True):
+        setup = build_serving(azure, spec, model=MODEL, gpu=GPU, **options)
+        setup.server.fast_path = fast
+        logs.append(log_kv_calls(setup.pools.kv))
+        setup.server.run()
+    assert len(logs[0]) > 1000 and logs[0] == logs[1]
+
+
+def test_quiet_runs_go_through_finishes_arrivals_and_samples(azure):
+    # a quiet run ends only where the batch changes shape by an admission (or memory runs out):
+    # finishing requests, the step an arrival falls in and time-series samples stay in closed form
+    server, result = run(azure, "paged", True)
+    num_prefill_steps = sum(1 for r in server.requests if r.status.value == "finished")  # one prompt step each
+    assert server.num_steps - server.num_quiet_steps <= 1.5 * num_prefill_steps
+    assert server.num_quiet_steps > 0.9 * server.num_steps
+
+
+def _round_trips(spec, trace, **options):
+    """The activation round trips a fast run makes: (size, segment changes of the pool before it)."""
+    setup = build_serving(trace, spec, model=MODEL, gpu=GPU, **options)
+    pools, trips = setup.pools, []
+    allocate = pools.allocate_activations
+
+    def logged(nbytes):
+        acts = pools.activations.policy
+        trips.append((nbytes, acts.num_grows + acts.num_shrinks))
+        return allocate(nbytes)
+
+    pools.allocate_activations = logged
+    setup.server.run()
+    return trips
+
+
+def test_a_coalescing_activation_pool_skips_every_size_it_has_seen(azure):
+    # best-fit coalesces: with nothing live its state is its segments, so each activation size
+    # makes one round trip per change of its segments, the others are skipped
+    trips = _round_trips("paged", azure)
+    assert len(trips) > 50 and len(set(trips)) == len(trips)
+    # a size-class pool does not coalesce: only a repeat of the last size is skipped
+    trips = _round_trips("paged", azure, aux_policy="size-class")
+    assert len(set(trips)) < len(trips)
+    assert all(a != b for a, b in zip(trips, trips[1:]))
