@@ -340,10 +340,11 @@ def _default_trace_name(path: Path) -> str:
 
 def _traces(doc: _Doc, items: list[tuple[tuple, Any]], base: Path, mode: str, how: str
             ) -> list[tuple[FileRef, str, str]]:
-    from traces import ALLOC_FORMATS, REQUEST_FORMATS, TraceFormatError, detect_alloc_format, detect_request_format
+    from traces import TraceFormatError
+    from traces.formats import ALLOC, REQUEST
 
-    formats, detect = ((ALLOC_FORMATS, detect_alloc_format) if mode == "replay"
-                       else (REQUEST_FORMATS, detect_request_format))
+    registry = ALLOC if mode == "replay" else REQUEST
+    formats, detect = registry.names(), registry.detect
     out, names = [], {}
     for i, (kp, item) in enumerate(items):
         entry = {"path": item} if isinstance(item, str) else item
