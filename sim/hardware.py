@@ -22,7 +22,10 @@ from sim.models import _PresetTable
 from traces.knobs import check_int
 
 
-__all__ = ["GpuSpec", "load_gpu", "available_gpus"]
+__all__ = ["GpuSpec", "DEFAULT_GPU", "load_gpu", "available_gpus"]
+
+#: The GPU every command, sweep and library call simulates when none is named (a preset).
+DEFAULT_GPU = "H200"
 
 
 @dataclass(frozen=True, slots=True)

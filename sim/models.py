@@ -29,7 +29,10 @@ from typing import Any, Mapping, TypeVar
 
 from traces.knobs import check_flag, check_int
 
-__all__ = ["ModelSpec", "LayerGroup", "LAYER_KINDS", "DTYPE_BYTES", "load_model", "available_models"]
+__all__ = ["ModelSpec", "LayerGroup", "LAYER_KINDS", "DTYPE_BYTES", "DEFAULT_MODEL", "load_model", "available_models"]
+
+#: The model every command, sweep and library call serves when none is named (a preset).
+DEFAULT_MODEL = "Llama-3-8B"
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 

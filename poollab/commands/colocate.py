@@ -14,6 +14,8 @@ from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
 from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
 from sim.config import ServerConfig
+from sim.hardware import DEFAULT_GPU
+from sim.models import DEFAULT_MODEL
 from sim.report import format_table, write_results
 
 #: ``sim.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator
@@ -43,8 +45,8 @@ def register(cli: click.Group) -> None:
               help="KV pool policy (a paged one for the shared layouts).")
 @click.option("--model", "models", multiple=True, metavar="MODEL",
               help="Model preset or JSON file, repeatable: one for all tenants or one per tenant "
-                   "(default: Llama-3-8B).")
-@click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
+                   f"(default: {DEFAULT_MODEL}).")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
 @click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply every tenant's request rate (2 = arrivals twice as dense).")
@@ -104,7 +106,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         arrivals_s = max(float(t.duration_s) for t in tenant_traces)
         try:
             with time_bar(arrivals_s, f"colocate · {layout}", enabled=progress) as advance:
-                s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or ["Llama-3-8B"],
+                s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or [DEFAULT_MODEL],
                                      gpu=gpu, layout=layout, config=config, sleep_after_s=sleep_after_s,
                                      calibration=calibration, costs=cost_model, compute=compute, progress=advance)
         except ValueError as exc:  # a knob, model or size the user gave (PolicyError passes through)
@@ -120,7 +122,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
     requests = pd.concat(tables, ignore_index=True)
     write_results(out_dir, summary, pd.concat(series, ignore_index=True), extra_tables={"requests": requests},
                   meta={"command": "colocate", "traces": [str(p) for p in traces_], "num_tenants": len(names),
-                        "policy": spec, "models": list(models) or ["Llama-3-8B"], "gpu": gpu,
+                        "policy": spec, "models": list(models) or [DEFAULT_MODEL], "gpu": gpu,
                         "rate_scale": rate_scale, "tenant_rate_scales": tenant_rate_scales,
                         "compute": compute, "sleep_after_s": sleep_after_s, **config.as_dict(),
                         "calibration": str(calibration) if calibration else "bundled",

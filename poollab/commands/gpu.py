@@ -20,6 +20,8 @@ import policies
 from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from poollab.options import BYTES, COUNT, DEVICE, FRACTION, POSITIVE, RATE_SCALE, SEED
+from sim.hardware import DEFAULT_GPU
+from sim.models import DEFAULT_MODEL
 
 
 def register(cli: click.Group) -> None:
@@ -183,7 +185,7 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
               help="Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's own caching "
                    "allocator, the default) or a policy spec.")
-@click.option("--model", default="Llama-3-8B", show_default=True,
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Model preset (or JSON file) whose shape the random weights take.")
 @click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="A Hugging Face model folder to serve instead of random weights (no download).")
@@ -221,7 +223,7 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--sim/--no-sim", "with_sim", default=False,
               help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and sequence "
                    "limits; the --model preset's shape) and print measured against predicted.")
-@click.option("--gpu", "gpu_preset", default="H200", show_default=True, help="GPU preset of the --sim run.")
+@click.option("--gpu", "gpu_preset", default=DEFAULT_GPU, show_default=True, help="GPU preset of the --sim run.")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Step-time calibration JSON of the --sim run.")
 @out_option("poollab-out/gpu-serve")

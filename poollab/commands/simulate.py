@@ -15,7 +15,9 @@ from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
 from sim.config import Knob, ServerConfig, knobs
+from sim.hardware import DEFAULT_GPU
 from sim.kv import VIRTUAL
+from sim.models import DEFAULT_MODEL
 from sim.report import format_table, write_results
 from sim.simulate import check_kv_policy, result_tables, simulate_runs
 
@@ -165,8 +167,8 @@ def config_options(command: Callable) -> Callable:
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
               help="Policy spec for the KV cache, repeatable (default: the five built-ins).")
-@click.option("--model", default="Llama-3-8B", show_default=True, help="Model preset or JSON file.")
-@click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model preset or JSON file.")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
 @click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
