@@ -195,8 +195,7 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     budget_bytes = plan.kv_budget_bytes if kv_budget_bytes is None else kv_budget_bytes
     shared = cfg.pool_layout == "shared"
     virtual = cfg.kv_strategy == VIRTUAL
-    if virtual:
-        _check_virtual(cfg)
+    cfg.check_rules()
     layout = None
     fill = {"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page}
     if shard.is_hybrid:  # the layout's granule is the KV policy's page
@@ -210,6 +209,7 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
                                costs=cost_model, fill=fill,
                                device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
                                                                 limit_bytes=budget_bytes) if virtual else None)
+    cfg.check_rules(kv_policy=policy)  # what the controls need of the KV pool
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
         max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
@@ -348,19 +348,6 @@ def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
             cache[i] = step_model.step_cost(block_tokens, 0, 0, i * block_tokens, 1).compute_s
         return cache[i]
     return cost
-
-
-def _check_virtual(cfg: ServerConfig) -> None:
-    """What ``kv_strategy=virtual`` does not model: its KV bypasses the policy, so the pool
-    controls (which act on the policy) and the shared layout have nothing to act on."""
-    if cfg.pool_layout != "separate":
-        raise ValueError("kv_strategy=virtual keeps the KV cache in virtual ranges of its own: pool_layout must "
-                         "be 'separate'")
-    for name in ("freeze_after_steps", "pregrow_safety"):
-        if getattr(cfg, name) is not None:
-            raise ValueError(f"{name} acts on the KV policy, which holds no KV under kv_strategy=virtual")
-    if cfg.compact_between_steps:
-        raise ValueError("compact_between_steps acts on the KV policy, which holds no KV under kv_strategy=virtual")
 
 
 def _control_fields(server: Server, policy: Policy) -> dict[str, Any]:

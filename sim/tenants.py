@@ -305,11 +305,7 @@ class Colocation:
         if not traces:
             raise ValueError("colocation needs at least one tenant trace")
         cfg = config if config is not None else ServerConfig()
-        if cfg.kv_capacity_bytes is not None:
-            raise ValueError("kv_capacity_bytes is the tenant layout's to decide; leave it unset")
-        if cfg.pool_layout != "separate":
-            raise ValueError(f"tenants keep their weights out of the KV pool: pool_layout must be 'separate', "
-                             f"not {cfg.pool_layout!r}")
+        cfg.check_rules(tenants=True)
         if not (sleep_after_s > 0):
             raise ValueError(f"sleep_after_s(={sleep_after_s!r}) must be > 0")
         model_list = list(models) if isinstance(models, (list, tuple)) else [models] * len(traces)
