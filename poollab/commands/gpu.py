@@ -107,40 +107,18 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
     if baseline_list and backend != "cuda":
         raise UsageError("--baseline needs --backend cuda: the baselines are real CUDA allocators")
 
-    from realgpu.replay import baseline_replay, gpu_replay, model_device
-    from sim.replay import replay
-    from sim.report import format_table, latency_samples, summary_frame, write_results
+    from realgpu.replay import gpu_replay_tables
+    from sim.report import format_table, write_results
     from poollab.commands._common import load_costs, read_alloc_or_explain
 
     cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
-    pool_backend = f"{backend}-vmm" if device_kind == "vmm" else backend
-    rows, series, runs = [], [], []
-    for spec in spec_list:
-        result = gpu_replay(alloc_trace, spec, backend=pool_backend, capacity_bytes=capacity, validate=validate,
-                            sample_every=sample_every, progress=progress, device_id=device_id)
-        rows.append(result.summary)
-        series.append(result.timeseries)
-        runs.append(result)
-        if with_sim:
-            twin = spec
-            if result.summary["device_kind"] == "vmm":  # the simulator's page-mapped device, same pages
-                twin = policies.create(spec, capacity_bytes=result.summary["capacity_bytes"],
-                                       device=model_device("vmm", cost_model))
-            sim = replay(alloc_trace, twin, capacity_bytes=result.summary["capacity_bytes"], costs=cost_model,
-                         sample_every=sample_every, progress=progress)
-            rows.append({**sim.summary, "kind": "policy", "device_kind": result.summary["device_kind"]})
-            series.append(sim.timeseries)
-            runs.append(sim)
-    for name in baseline_list:
-        result = baseline_replay(alloc_trace, name, sample_every=sample_every, progress=progress, device_id=device_id)
-        rows.append(result.summary)
-        series.append(result.timeseries)
-        runs.append(result)
-    summary = summary_frame(rows)
-    write_results(out_dir, summary, pd.concat(series, ignore_index=True),
-                  extra_tables={"latency_samples": latency_samples(runs)},
+    tables = gpu_replay_tables(alloc_trace, spec_list, baselines=baseline_list, backend=backend,
+                               device_kind=device_kind, capacity_bytes=capacity, validate=validate, with_sim=with_sim,
+                               costs=cost_model, sample_every=sample_every, progress=progress, device_id=device_id)
+    summary = tables.summary
+    write_results(out_dir, summary, tables.timeseries, extra_tables={"latency_samples": tables.latency_samples},
                   meta={"command": "gpu replay", "trace": str(trace), "policies": spec_list, "baselines": baseline_list,
                         "capacity_bytes": capacity, "validate": validate, "backend": backend,
                         "device_kind": device_kind, "device": device_id,
