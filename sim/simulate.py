@@ -34,12 +34,15 @@ from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
 __all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many",
-           "check_kv_policy", "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
+           "check_kv_policy", "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS",
+           "PREFIX_CACHING_OFF"]
 
 #: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
 #: Tokens per ``hash_ids`` block when the trace does not say (Mooncake's 512).
 DEFAULT_HASH_BLOCK_TOKENS = 512
+#: Why a run shares no prompt blocks (``SimResult.prefix_caching_off``), in the order they are told.
+PREFIX_CACHING_OFF = ("config", "virtual", "hybrid", "contiguous")
 
 
 @dataclass
@@ -56,6 +59,9 @@ class SimResult:
         policy: the policy object after the run.
         config: the server knobs used, with the defaults that depend on the model and trace
             resolved (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``).
+        prefix_caching_off: why the run shared no prompt blocks, when it did not (None: it
+            could): one of ``PREFIX_CACHING_OFF`` (the config turned it off; the virtual KV cache
+            has no block table; a hybrid model's layer groups; a contiguous KV cache).
     """
 
     summary: dict[str, Any]
@@ -64,6 +70,7 @@ class SimResult:
     policy: Policy
     config: ServerConfig
     kv_groups: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    prefix_caching_off: str | None = None
 
 
 def _as_trace(requests: RequestTrace | pd.DataFrame) -> RequestTrace:
@@ -320,7 +327,18 @@ def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_na
         groups.insert(0, "policy", spec)
         groups.insert(0, "trace", name)
     return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
-                     policy=policy, config=cfg, kv_groups=groups)
+                     policy=policy, config=cfg, kv_groups=groups, prefix_caching_off=_prefix_caching_off(cfg, kv, virtual))
+
+
+def _prefix_caching_off(cfg: ServerConfig, kv: Any, virtual: bool) -> str | None:
+    """``SimResult.prefix_caching_off``: None when the KV manager shares prompt blocks."""
+    if kv.paged and kv.prefix_caching:
+        return None
+    if not cfg.prefix_caching:
+        return "config"
+    if virtual:
+        return "virtual"
+    return "hybrid" if isinstance(kv, HybridKV) else "contiguous"
 
 
 def _group_fields(kv: Any) -> dict[str, Any]:
