@@ -66,6 +66,7 @@ from typing import Any, Iterable, Iterator
 from policies.base import Allocation, Policy, Segment
 from policies.errors import PolicyError
 from traces.knobs import check_flag, check_int
+from traces.spec_grammar import parse_items
 from policies.mapped_device import as_page_mapped
 from policies.spec import format_spec
 from policies.units import round_up
@@ -963,10 +964,9 @@ def params_from_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if isinstance(max_split, int) and 0 < max_split < 1 << 62:
         params["max_split_size_bytes"] = max_split
     conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-    for item in conf.replace(" ", "").split(","):
-        key, _, value = item.partition(":")
-        if key == "max_non_split_rounding_mb" and value.isdigit():
-            params["max_non_split_rounding_bytes"] = int(value) * MiB
+    rounding_mb = parse_items(conf, bad_item=None, valid_key=bool, assign=":").get("max_non_split_rounding_mb", "")
+    if rounding_mb.isdigit():
+        params["max_non_split_rounding_bytes"] = int(rounding_mb) * MiB
     divisions = settings.get("roundup_power2_divisions")
     if isinstance(divisions, dict) and divisions:
         values = [int(v) for _, v in sorted(divisions.items(), key=lambda kv: int(kv[0]))]

@@ -72,27 +72,31 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     return parts
 
 
-def parse_items(text: str, *, bad_item: Callable[[str], Exception], twice: Callable[[str], Exception] | None = None,
-                valid_key: Callable[[str], bool] = str.isidentifier, skip_empty: bool = True,
-                need_value: bool = False) -> dict[str, str]:
+def parse_items(text: str, *, bad_item: Callable[[str], Exception] | None,
+                twice: Callable[[str], Exception] | None = None, valid_key: Callable[[str], bool] = str.isidentifier,
+                skip_empty: bool = True, need_value: bool = False, assign: str = "=") -> dict[str, str]:
     """``"a=1, b=[x:c=2,d=3]" -> {"a": "1", "b": "[x:c=2,d=3]"}``: keys and values stripped,
     brackets kept (``unbracket`` takes them off), in the text's order.
 
     Args:
-        bad_item: the error for an item that is not ``key=value`` (given the stripped item).
+        bad_item: the error for an item that is not ``key=value`` (given the stripped item);
+            None skips such items (reading someone else's text, e.g. ``PYTORCH_CUDA_ALLOC_CONF``).
         twice: the error for a key given twice (given the key); None: the last one wins.
         valid_key: which keys are keys (identifiers by default).
         skip_empty: empty items (``a=1,,b=2``) are skipped; False: they are bad items.
         need_value: ``key=`` (an empty value) is a bad item.
+        assign: what separates a key from its value (PyTorch's allocator settings use ``:``).
     """
     items: dict[str, str] = {}
     for raw in split_top(text):
         item = raw.strip()
         if not item and skip_empty:
             continue
-        key, eq, value = item.partition("=")
+        key, eq, value = item.partition(assign)
         key, value = key.strip(), value.strip()
         if not eq or not key or not valid_key(key) or (need_value and not value):
+            if bad_item is None:
+                continue
             raise bad_item(item)
         if key in items and twice is not None:
             raise twice(key)

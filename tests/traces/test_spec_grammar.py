@@ -77,3 +77,9 @@ def test_check_text_without_depth_checks_the_length_only():
     check_text("a=]]", "spec", error=Bad, max_depth=None)
     with pytest.raises(Bad, match="characters long"):
         check_text("]" * 10, "spec", error=Bad, max_chars=5, max_depth=None)
+
+
+def test_someone_elses_settings_are_read_leniently_with_their_separator():
+    conf = "expandable_segments:True, roundup_power2_divisions:[256:1,512:2,>:8],garbage,max_split_size_mb:128"
+    assert parse_items(conf, bad_item=None, valid_key=bool, assign=":") == {
+        "expandable_segments": "True", "roundup_power2_divisions": "[256:1,512:2,>:8]", "max_split_size_mb": "128"}
