@@ -25,8 +25,10 @@ Error = Callable[[str], Exception]
 
 def describe_int(low: int | None = 1, high: int | None = None, multiple_of: int | None = None,
                  none_ok: bool = False) -> str:
-    """What ``check_int`` accepts, in words: ``"an integer >= 1"``, ``"a multiple of 512 >= 512"``."""
+    """What ``check_int`` accepts, in words: ``"an integer >= 1"``, ``"a positive multiple of 512"``."""
     what = f"a multiple of {multiple_of:,}" if multiple_of else "an integer"
+    if multiple_of and low == multiple_of:  # the smallest multiple: "positive" says it
+        what, low = f"a positive multiple of {multiple_of:,}", None
     if low is not None and high is not None:
         what += f" in [{low:,}, {high:,}]"
     elif low is not None:

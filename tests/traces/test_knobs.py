@@ -22,7 +22,8 @@ def test_whole_numbers_pass_as_plain_ints(value):
     (None, {}, r"^num_pages\(=None\) must be an integer >= 1$"),
     (-1, {"low": 0, "none_ok": True}, r"^num_pages\(=-1\) must be an integer >= 0 or None$"),
     (9, {"low": 1, "high": 8}, r"^num_pages\(=9\) must be an integer in \[1, 8\]$"),
-    (3000, {"low": 2048, "multiple_of": 2048}, r"^num_pages\(=3000\) must be a multiple of 2,048 >= 2048$"),
+    (3000, {"low": 2048, "multiple_of": 2048}, r"^num_pages\(=3000\) must be a positive multiple of 2,048$"),
+    (2048, {"low": 4096, "multiple_of": 2048}, r"^num_pages\(=2048\) must be a multiple of 2,048 >= 4096$"),
     (0, {"where": "preset.json: "}, r"^preset\.json: num_pages\(=0\) must be an integer >= 1$"),
 ])
 def test_refusals_name_the_knob_in_one_shape(value, kwargs, message):
