@@ -44,6 +44,7 @@ from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import SEGMENT_ALIGNMENT_BYTES, Device
 from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
+from traces.knobs import check_flag
 from policies.mapped_device import as_page_mapped
 from policies.units import round_up
 
@@ -305,8 +306,7 @@ class ContiguousPolicy(Policy):
         self.segment_bytes = segment_bytes
         self.alignment_bytes = alignment_bytes
         self.granularity_bytes = granularity_bytes
-        if not isinstance(virtual, bool):
-            raise PolicyError(f"virtual(={virtual!r}) must be true or false")
+        check_flag("virtual", virtual, error=PolicyError)
         self.split_threshold_bytes = split_threshold_bytes
         self.virtual = virtual
         super().__init__(capacity_bytes=capacity_bytes, device=as_page_mapped(device) if virtual else device)

@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 from policies.device import Device, VirtualDevice
 from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
+from traces.knobs import check_int
 from policies.units import round_up
 
 try:
@@ -310,9 +311,7 @@ class Policy:
         if abstract:  # what abc.ABC said, for a class that leaves a hook unimplemented
             raise TypeError(f"Can't instantiate abstract class {type(self).__name__} with abstract method"
                             f"{'s' if len(abstract) > 1 else ''} {', '.join(sorted(abstract))}")
-        if capacity_bytes is not None and (isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
-                                           or capacity_bytes <= 0):
-            raise PolicyError(f"capacity_bytes(={capacity_bytes!r}) must be a positive integer or None")
+        check_int("capacity_bytes", capacity_bytes, none_ok=True, error=PolicyError)
         self.capacity_bytes = capacity_bytes
         self.device = device if device is not None else VirtualDevice()
         #: larger requests are refused before any work: no device could ever hold them
@@ -745,7 +744,6 @@ def _as_size(nbytes: Any) -> int:
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    """Validate an integer knob at construction, naming it in the error."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise PolicyError(f"{name}(={value!r}) must be an integer >= {minimum}")
+    """Validate an integer knob at construction, naming it in the error (``traces.knobs``)."""
+    check_int(name, value, low=minimum, error=PolicyError)
     return value

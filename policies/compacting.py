@@ -47,6 +47,7 @@ from policies._blocks import Block, ContiguousPolicy
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device
 from policies.errors import PolicyError
+from traces.knobs import check_flag
 from policies.wrapper import WrapperPolicy
 
 __all__ = ["Compacting", "Compaction"]
@@ -119,8 +120,7 @@ class Compacting(WrapperPolicy):
                  check_every: int = 64, min_free_bytes: int = 16 << 20, capacity_bytes: int | None = None,
                  device: Device | None = None):
         _check_fraction("threshold", threshold)
-        if not isinstance(idle_only, bool):
-            raise PolicyError(f"idle_only(={idle_only!r}) must be true or false")
+        check_flag("idle_only", idle_only, error=PolicyError)
         check_positive_int("check_every", check_every, minimum=0)
         check_positive_int("min_free_bytes", min_free_bytes, minimum=0)
         self.threshold = threshold

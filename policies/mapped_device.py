@@ -41,6 +41,7 @@ from sortedcontainers import SortedDict
 from policies.device import MAX_DEVICE_BYTES, SEGMENT_ALIGNMENT_BYTES, Device, DriverClock, vmm_stats
 from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
+from traces.knobs import check_int
 from policies.units import format_bytes, round_up
 
 __all__ = ["PageMappedDevice", "VmmCosts", "VMM_CALLS", "MAX_VIRTUAL_BYTES", "as_page_mapped"]
@@ -79,8 +80,7 @@ class PageMappedDevice:
     def __init__(self, *, granularity_bytes: int = SEGMENT_ALIGNMENT_BYTES, limit_bytes: int | None = None,
                  costs: VmmCosts | None = None, virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
                  physical: Device | None = None):
-        if isinstance(granularity_bytes, bool) or not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
-            raise PolicyError(f"granularity_bytes(={granularity_bytes!r}) must be a positive integer")
+        check_int("granularity_bytes", granularity_bytes, error=PolicyError)
         self.granularity_bytes = granularity_bytes
         self.limit_bytes = limit_bytes
         self.costs = costs

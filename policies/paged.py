@@ -22,6 +22,7 @@ from typing import Hashable, Iterable
 from policies.base import Allocation, Policy, Segment, check_positive_int
 from policies.device import Device
 from policies.errors import PolicyError
+from traces.knobs import check_int
 from policies.eviction import EvictableQueue, make_queue
 from policies.units import round_up
 
@@ -373,8 +374,7 @@ class Paged(_PagedCore):
                 shared_pages.append(pg)
             if len(set(offsets)) != len(offsets):
                 raise PolicyError(f"allocate_shared: page offsets {offsets!r} name a page more than once")
-        if isinstance(extra_nbytes, bool) or not isinstance(extra_nbytes, int) or extra_nbytes < 0:
-            raise PolicyError(f"allocate_shared: extra_nbytes(={extra_nbytes!r}) must be an integer >= 0")
+        check_int("extra_nbytes", extra_nbytes, low=0, error=PolicyError, where="allocate_shared: ")
         if not shared_pages and extra_nbytes == 0:
             raise PolicyError("allocate_shared: no shared pages and extra_nbytes=0 make an empty request")
         page = self.page_size_bytes

@@ -24,6 +24,7 @@ from policies.errors import PolicyError
 from policies.spec import check_spec_text
 from policies.units import parse_bytes
 from policies.wrapper import WrapperPolicy
+from traces.spec_grammar import format_items, parse_items
 
 __all__ = ["TagLimits", "TagStats", "parse_limits", "format_limits"]
 
@@ -37,18 +38,13 @@ def parse_limits(text: str) -> dict[str, int]:
     if not isinstance(text, str):
         raise PolicyError(f"limits(={text!r}) must be a string 'tag=size,...' such as 'kv=40GiB,activations=2GiB'")
     check_spec_text(text, "limits")
+    items = parse_items(text, valid_key=bool,
+                        bad_item=lambda item: PolicyError(f"limits(={text!r}): {item!r} is not tag=size (e.g. kv=40GiB)"),
+                        twice=lambda tag: PolicyError(f"limits(={text!r}): tag {tag!r} is given twice"))
     limits: dict[str, int] = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        tag, eq, size = item.partition("=")
-        tag = tag.strip()
-        if not eq or not tag:
-            raise PolicyError(f"limits(={text!r}): {item.strip()!r} is not tag=size (e.g. kv=40GiB)")
-        if tag in limits:
-            raise PolicyError(f"limits(={text!r}): tag {tag!r} is given twice")
+    for tag, size in items.items():
         try:
-            limits[tag] = parse_bytes(size.strip())
+            limits[tag] = parse_bytes(size)
         except PolicyError as exc:
             raise PolicyError(f"limits(={text!r}): tag {tag!r}: {exc}") from None
     return limits
@@ -56,7 +52,7 @@ def parse_limits(text: str) -> dict[str, int]:
 
 def format_limits(limits: dict[str, int]) -> str:
     """The ``limits`` knob for a mapping: ``{"kv": 1 << 30} -> "kv=1073741824"``."""
-    return ",".join(f"{tag}={nbytes}" for tag, nbytes in limits.items())
+    return format_items(limits)
 
 
 @dataclass(slots=True)

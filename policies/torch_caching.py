@@ -66,6 +66,8 @@ from typing import Any, Iterable, Iterator
 from policies.base import Allocation, Policy, Segment
 from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
+from traces.knobs import check_flag, check_int
+from traces.spec_grammar import parse_items
 from policies.mapped_device import as_page_mapped
 from policies.spec import format_spec
 from policies.units import round_up
@@ -234,16 +236,12 @@ class TorchCaching(Policy):
                 max_split_size_bytes, int) or max_split_size_bytes <= K_LARGE_BUFFER):
             raise PolicyError(f"max_split_size_bytes(={max_split_size_bytes!r}) must be None or an integer "
                               "> 20 MiB, as in PyTorch")
-        if isinstance(max_non_split_rounding_bytes, bool) or not isinstance(max_non_split_rounding_bytes, int) \
-                or max_non_split_rounding_bytes < K_LARGE_BUFFER:
-            raise PolicyError(f"max_non_split_rounding_bytes(={max_non_split_rounding_bytes!r}) must be an integer "
-                              ">= 20 MiB, as in PyTorch")
+        check_int("max_non_split_rounding_bytes", max_non_split_rounding_bytes, low=K_LARGE_BUFFER, error=PolicyError)
         parse_roundup_power2_divisions(roundup_power2_divisions)
         if isinstance(garbage_collection_threshold, bool) or not isinstance(garbage_collection_threshold, (int, float)) \
                 or not 0.0 <= garbage_collection_threshold < 1.0:
             raise PolicyError(f"garbage_collection_threshold(={garbage_collection_threshold!r}) must be in [0, 1)")
-        if not isinstance(expandable_segments, bool):
-            raise PolicyError(f"expandable_segments(={expandable_segments!r}) must be true or false")
+        check_flag("expandable_segments", expandable_segments, error=PolicyError)
         self.max_split_size_bytes = max_split_size_bytes
         self.max_non_split_rounding_bytes = max_non_split_rounding_bytes
         self.roundup_power2_divisions = roundup_power2_divisions
@@ -967,10 +965,9 @@ def params_from_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if isinstance(max_split, int) and 0 < max_split < 1 << 62:
         params["max_split_size_bytes"] = max_split
     conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-    for item in conf.replace(" ", "").split(","):
-        key, _, value = item.partition(":")
-        if key == "max_non_split_rounding_mb" and value.isdigit():
-            params["max_non_split_rounding_bytes"] = int(value) * MiB
+    rounding_mb = parse_items(conf, bad_item=None, valid_key=bool, assign=":").get("max_non_split_rounding_mb", "")
+    if rounding_mb.isdigit():
+        params["max_non_split_rounding_bytes"] = int(rounding_mb) * MiB
     divisions = settings.get("roundup_power2_divisions")
     if isinstance(divisions, dict) and divisions:
         values = [int(v) for _, v in sorted(divisions.items(), key=lambda kv: int(kv[0]))]

@@ -34,6 +34,7 @@ import numpy as np
 from policies.base import Allocation
 from policies.compacting import Compaction
 from realgpu.errors import CorruptionError, PoolError
+from traces.knobs import check_int
 
 __all__ = ["DeviceMover", "GpuCompaction", "attach", "compact", "DEFAULT_STAGING_BYTES"]
 
@@ -74,8 +75,7 @@ class DeviceMover:
     """
 
     def __init__(self, pool: Any, *, verify: bool = True, staging_bytes: int = DEFAULT_STAGING_BYTES):
-        if isinstance(staging_bytes, bool) or not isinstance(staging_bytes, int) or staging_bytes <= 0:
-            raise PoolError(f"staging_bytes(={staging_bytes!r}) must be a positive integer")
+        check_int("staging_bytes", staging_bytes, error=PoolError)
         self.pool = pool
         self.device = pool.device
         self.verify = verify

@@ -34,9 +34,10 @@ import time
 from typing import Any, Callable, Protocol
 
 from policies.mapped_device import MAX_VIRTUAL_BYTES, PageMappedDevice
-from policies.units import format_bytes, round_up
+from policies.units import round_up
 from realgpu.errors import PoolError
 from realgpu.segments import SegmentDevice, add_range, remove_range
+from traces.knobs import check_int
 
 __all__ = ["MappedRealDevice", "VmmDriver"]
 
@@ -79,9 +80,8 @@ class MappedRealDevice(PageMappedDevice):
     def __init__(self, driver: VmmDriver, *, granularity_bytes: int | None = None, limit_bytes: int | None = None,
                  virtual_limit_bytes: int = MAX_VIRTUAL_BYTES):
         g = driver.granularity_bytes if granularity_bytes is None else granularity_bytes
-        if isinstance(g, bool) or not isinstance(g, int) or g <= 0 or g % driver.granularity_bytes:
-            raise PoolError(f"granularity_bytes(={g!r}) must be a positive multiple of the driver's "
-                            f"{format_bytes(driver.granularity_bytes)} allocation granularity")
+        check_int("granularity_bytes", g, low=driver.granularity_bytes, multiple_of=driver.granularity_bytes,
+                  error=PoolError)  # the driver's allocation granularity
         super().__init__(granularity_bytes=g, limit_bytes=limit_bytes, costs=None,
                          virtual_limit_bytes=virtual_limit_bytes)
         self.driver = driver

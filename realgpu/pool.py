@@ -37,6 +37,7 @@ from realgpu.host import HostDevice, HostMemoryPointer
 from realgpu.malloc_path import Lease, MallocPath, extents_are_one_range
 from realgpu.mapped import MappedRealDevice
 from realgpu.segments import SegmentDevice
+from traces.knobs import check_int
 
 __all__ = ["GpuPool", "GUARD_WORD", "data_word", "BACKENDS", "RealDevice"]
 
@@ -108,8 +109,7 @@ class GpuPool:
                  capacity_bytes: int | None = None, validate: bool = False, guard_bytes: int = 256,
                  check_contents: bool = True, device_id: int = 0,
                  headroom_bytes: int = DEFAULT_HEADROOM_BYTES):
-        if isinstance(guard_bytes, bool) or not isinstance(guard_bytes, int) or guard_bytes < 0:
-            raise PoolError(f"guard_bytes(={guard_bytes!r}) must be an integer >= 0")
+        check_int("guard_bytes", guard_bytes, low=0, error=PoolError)
         self.backend = backend
         self.capacity_bytes = capacity_bytes
         self._validate = bool(validate)

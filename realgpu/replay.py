@@ -34,17 +34,20 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+import policies
 from policies.base import Policy
+from policies.device_kind import DeviceKind
 from realgpu.baselines import Baseline, make_baseline
 from realgpu.pool import GpuPool
+from sim.costs import costed_device
 from sim.engine import ALLOC, FREE, Target
 from sim.engine import run as engine_run
 from sim.metrics import PoolMonitor, default_sample_every
 from sim.replay import ReplayResult, replay, trace_events
-from sim.report import summary_row
+from sim.report import latency_samples, summary_frame, summary_row
 from traces.events import AllocTrace
 
-__all__ = ["gpu_replay", "baseline_replay", "BaselineResult", "device_name"]
+__all__ = ["gpu_replay", "baseline_replay", "gpu_replay_tables", "GpuReplayTables", "BaselineResult", "device_name"]
 
 NAN = float("nan")
 
@@ -121,6 +124,57 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
         **_memory_columns(watch),
     })
     return result
+
+
+@dataclass
+class GpuReplayTables:
+    """``gpu_replay_tables``' result: one summary row per run, their time series and latency samples."""
+
+    summary: pd.DataFrame
+    timeseries: pd.DataFrame
+    latency_samples: pd.DataFrame
+
+
+def gpu_replay_tables(trace: AllocTrace, specs: list[str], *, baselines: list[str] | tuple[str, ...] = (),
+                      backend: str = "cuda", device_kind: DeviceKind | str = DeviceKind.SEGMENT,
+                      capacity_bytes: int | None = None,
+                      validate: bool = False, with_sim: bool = False, costs: Any = None,
+                      sample_every: int | None = None, progress: bool = False, device_id: int = 0) -> GpuReplayTables:
+    """``gpu_replay`` under each spec, in order, each followed (``with_sim``) by its simulated twin,
+    then ``baseline_replay`` under each baseline: what ``poollab gpu replay`` runs.
+
+    Args:
+        backend: ``"cuda"`` or ``"host"``; ``device_kind="page-mapped"`` maps pages into reserved
+            virtual ranges on either.
+        with_sim: also replay each policy in the simulator at the capacity the real run had, on the
+            simulator's page-mapped device when the real one mapped pages (rows ``backend=sim``).
+        costs: the simulator's cost model (None: the bundled figures).
+        Others: ``gpu_replay``'s.
+    """
+    pool_backend = DeviceKind.parse(device_kind).backend(backend)
+    rows, series, runs = [], [], []
+    for spec in specs:
+        result = gpu_replay(trace, spec, backend=pool_backend, capacity_bytes=capacity_bytes, validate=validate,
+                            sample_every=sample_every, progress=progress, device_id=device_id)
+        rows.append(result.summary)
+        series.append(result.timeseries)
+        runs.append(result)
+        if with_sim:
+            twin: str | Policy = spec
+            if result.summary["device_kind"] == DeviceKind.PAGE_MAPPED:  # the simulator's page-mapped device, same pages
+                twin = policies.create(spec, capacity_bytes=result.summary["capacity_bytes"],
+                                       device=costed_device(DeviceKind.PAGE_MAPPED, costs))
+            sim = replay(trace, twin, capacity_bytes=result.summary["capacity_bytes"], costs=costs,
+                         sample_every=sample_every, progress=progress)
+            rows.append({**sim.summary, "kind": "policy", "device_kind": result.summary["device_kind"]})
+            series.append(sim.timeseries)
+            runs.append(sim)
+    for name in baselines:
+        result = baseline_replay(trace, name, sample_every=sample_every, progress=progress, device_id=device_id)
+        rows.append(result.summary)
+        series.append(result.timeseries)
+        runs.append(result)
+    return GpuReplayTables(summary_frame(rows), pd.concat(series, ignore_index=True), latency_samples(runs))
 
 
 def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every: int | None = None,

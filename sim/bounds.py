@@ -39,6 +39,7 @@ import numpy as np
 
 from policies.units import round_up
 from traces.events import AllocTrace
+from traces.knobs import check_int
 
 __all__ = ["bounds", "lifetimes", "lower_bound_bytes", "plan_greedy_by_size", "plan_best_fit_in_order",
            "check_plan", "greedy_work", "PLANNERS", "GREEDY_WORK_LIMIT"]
@@ -341,8 +342,7 @@ def bounds(trace: AllocTrace, *, alignment_bytes: int = 512, planner: str = "aut
     """
     if planner not in PLANNERS and planner != "auto":
         raise ValueError(f"planner(={planner!r}) must be one of auto, {', '.join(PLANNERS)}")
-    if isinstance(alignment_bytes, bool) or not isinstance(alignment_bytes, int) or alignment_bytes <= 0:
-        raise ValueError(f"alignment_bytes(={alignment_bytes!r}) must be a positive integer")
+    check_int("alignment_bytes", alignment_bytes)
     t0 = time.perf_counter()
     starts, ends, raw = lifetimes(trace)
     sizes = [round_up(n, alignment_bytes) for n in raw]

@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from policies.eviction import EVICTION_ORDERS
-from sim.kv import STRATEGIES
+from sim.kv import STRATEGIES, VIRTUAL
 from sim.kv_groups import HYBRID_LAYOUTS
 from sim.pools import DEFAULT_WORKSPACE_BYTES, POOL_LAYOUTS
 from sim.scheduler import PREEMPTION_MODES
@@ -180,6 +180,41 @@ class ServerConfig:
             value = getattr(self, name)
             if not k.accepts(value):
                 raise ValueError(f"{name}(={value!r}) must be {k.describe()}")
+
+    def check_rules(self, *, kv_policy: Any = None, tenants: bool = False) -> None:
+        """The rules that span several knobs, or a knob and what it acts on: the one place they live.
+
+        ``__post_init__`` checks each knob alone; these are asked by whoever builds a server
+        (``sim.simulate.build_serving``, again with ``kv_policy`` once the KV pool is built) and by
+        ``sim.tenants.Colocation`` (``tenants=True``: several servers on one GPU).
+
+        Raises:
+            ValueError: naming the knobs that do not go together.
+        """
+        if tenants:
+            if self.kv_capacity_bytes is not None:
+                raise ValueError("kv_capacity_bytes is the tenant layout's to decide; leave it unset")
+            if self.pool_layout != "separate":
+                raise ValueError(f"tenants keep their weights out of the KV pool: pool_layout must be 'separate', "
+                                 f"not {self.pool_layout!r}")
+        if self.kv_strategy == VIRTUAL:
+            # its KV bypasses the policy, so the pool controls (which act on the policy) and the
+            # shared layout have nothing to act on
+            if self.pool_layout != "separate":
+                raise ValueError("kv_strategy=virtual keeps the KV cache in virtual ranges of its own: pool_layout "
+                                 "must be 'separate'")
+            for name in ("freeze_after_steps", "pregrow_safety"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} acts on the KV policy, which holds no KV under kv_strategy=virtual")
+            if self.compact_between_steps:
+                raise ValueError("compact_between_steps acts on the KV policy, which holds no KV under "
+                                 "kv_strategy=virtual")
+        if kv_policy is not None:
+            if self.pregrow_safety is not None and not kv_policy.can_reserve:
+                raise ValueError(f"pregrow_safety needs a KV pool that can reserve (elastic), not {kv_policy.spec!r}")
+            if self.compact_between_steps and not kv_policy.can_compact:
+                raise ValueError(f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
+                                 f"not {kv_policy.spec!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerConfig:

@@ -19,8 +19,8 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from sim.engines import load_engine
-from sim.hardware import load_gpu
-from sim.models import load_model
+from sim.hardware import DEFAULT_GPU, load_gpu
+from sim.models import DEFAULT_MODEL, load_model
 from sim.serving_metrics import add_latencies, latency_percentiles
 from sim.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, default_calibration
 from traces.requests import RequestTrace, make_requests
@@ -42,8 +42,8 @@ def served_trace(served: pd.DataFrame, name: str = "served") -> RequestTrace:
     return RequestTrace(requests=df, name=name, format="served")
 
 
-def predict_served(trace: RequestTrace, calibration: Any, *, engine: str = "transformers", model: Any = "Llama-3-8B",
-                   gpu: Any = "H200", tensor_parallel: int = 1, policy: str = "paged",
+def predict_served(trace: RequestTrace, calibration: Any, *, engine: str = "transformers", model: Any = DEFAULT_MODEL,
+                   gpu: Any = DEFAULT_GPU, tensor_parallel: int = 1, policy: str = "paged",
                    **options: Any) -> pd.DataFrame:
     """The simulated request table (``add_latencies``' columns) of ``trace`` served as ``engine``
     schedules, steps priced by ``calibration`` (a file, ``StepCalibration`` or None)."""
@@ -102,8 +102,8 @@ def _loss(measured: pd.DataFrame, predicted: pd.DataFrame, mask: np.ndarray) -> 
     return total
 
 
-def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", model: Any = "Llama-3-8B",
-                      gpu: Any = "H200", tensor_parallel: int = 1, source: str = "",
+def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", model: Any = DEFAULT_MODEL,
+                      gpu: Any = DEFAULT_GPU, tensor_parallel: int = 1, source: str = "",
                       max_evaluations: int = 200, two_fold: bool = True) -> RequestFit:
     """Infer ``StepTerms`` from a served-request table alone: simulate its requests as
     ``engine`` schedules them and fit ``REQUEST_FIT_TERMS`` (Nelder-Mead on their logarithms,

@@ -57,6 +57,7 @@ from policies.torch_caching import TorchCaching, params_from_settings, spec_from
 from policies.units import round_up
 from sim import engine
 from traces.errors import TraceFormatError
+from traces.spec_grammar import parse_items
 from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
 from traces.pytorch_snapshot import (DEFAULT_POOL_ID, PyTorchSnapshot, empty_cache_frees, infer_request_pools,
                                      read_snapshot, snapshot_max_split_size_bytes)
@@ -636,10 +637,15 @@ _MODELLED_CONF_KEYS = {"", "max_split_size_mb", "max_non_split_rounding_mb", "ro
 CAUSES = ("unmodelled private pool", "external release", "unsupported setting", "record_stream")
 
 
+def unmodelled_conf_keys(conf: str) -> list[str]:
+    """The keys of a ``PYTORCH_CUDA_ALLOC_CONF`` the emulation does not model, sorted (a bracketed
+    value such as ``roundup_power2_divisions:[256:1,512:2]`` is one item: ``traces.spec_grammar``)."""
+    return sorted(set(parse_items(conf, bad_item=None, valid_key=bool, assign=":")) - _MODELLED_CONF_KEYS)
+
+
 def _likely_cause(rec: Recording, pool: Policy, recorded: tuple | None, emulated: tuple | None) -> str:
     """Which class of cause (``CAUSES``) most likely explains the first divergence, with why."""
-    conf = str(rec.settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-    unknown = sorted({item.partition(":")[0].strip() for item in conf.split(",")} - _MODELLED_CONF_KEYS)
+    unknown = unmodelled_conf_keys(str(rec.settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""))
     if unknown:
         return f"unsupported setting ({', '.join(unknown)} in PYTORCH_CUDA_ALLOC_CONF)"
     if rec.pool_calls and not pool.has_private_pools:

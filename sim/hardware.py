@@ -19,8 +19,13 @@ from typing import Any
 
 # The preset-file machinery is shared with the model presets; it lives beside them.
 from sim.models import _PresetTable
+from traces.knobs import check_int
 
-__all__ = ["GpuSpec", "load_gpu", "available_gpus"]
+
+__all__ = ["GpuSpec", "DEFAULT_GPU", "load_gpu", "available_gpus"]
+
+#: The GPU every command, sweep and library call simulates when none is named (a preset).
+DEFAULT_GPU = "H200"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +60,7 @@ class GpuSpec:
         where = f"GpuSpec {self.name!r}"
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"GpuSpec: field 'name' must be a non-empty string, got {self.name!r}")
-        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
-            raise ValueError(f"{where}: field 'memory_bytes' must be a positive integer, got {self.memory_bytes!r}")
+        check_int("memory_bytes", self.memory_bytes, where=f"{where}: ")
         for f in ("hbm_bandwidth_bytes_per_s", "bf16_flops_per_s", "pcie_bandwidth_bytes_per_s", "fp32_flops_per_s",
                   "interconnect_bandwidth_bytes_per_s"):
             value = getattr(self, f)

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-__all__ = ["ModelSpec", "LayerGroup", "LAYER_KINDS", "DTYPE_BYTES", "load_model", "available_models"]
+from traces.knobs import check_flag, check_int
+
+__all__ = ["ModelSpec", "LayerGroup", "LAYER_KINDS", "DTYPE_BYTES", "DEFAULT_MODEL", "load_model", "available_models"]
+
+#: The model every command, sweep and library call serves when none is named (a preset).
+DEFAULT_MODEL = "Llama-3-8B"
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -86,9 +91,7 @@ class LayerGroup:
             value = getattr(self, f)
             if f in need or value is not None:
                 _check_positive_int(value, f, where)
-        if isinstance(self.mamba_n_groups, bool) or not isinstance(self.mamba_n_groups, int) \
-                or self.mamba_n_groups < 0:
-            raise ValueError(f"{where}: field 'mamba_n_groups' must be an integer >= 0, got {self.mamba_n_groups!r}")
+        check_int("mamba_n_groups", self.mamba_n_groups, low=0, where=f"{where}: ")
 
     @property
     def is_attention(self) -> bool:
@@ -178,8 +181,7 @@ class ModelSpec:
         if self.max_position_embeddings is not None:
             _check_positive_int(self.max_position_embeddings, "max_position_embeddings", where)
         for f in ("gated_mlp", "tied_embeddings"):
-            if not isinstance(getattr(self, f), bool):
-                raise ValueError(f"{where}: field {f!r} must be true or false, got {getattr(self, f)!r}")
+            check_flag(f, getattr(self, f), where=f"{where}: ")
         dtype = _DTYPE_ALIASES.get(str(self.dtype).lower(), str(self.dtype).lower())
         if dtype not in DTYPE_BYTES:
             raise ValueError(f"{where}: field 'dtype' must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
@@ -397,8 +399,7 @@ def _layer_groups(model: ModelSpec, where: str) -> tuple[LayerGroup, ...]:
 
 
 def _check_positive_int(value: Any, field: str, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{where}: field {field!r} must be a positive integer, got {value!r}")
+    check_int(field, value, where=f"{where}: ")
 
 
 # -- preset files (shared with sim.hardware) ---------------------------------------------------

@@ -89,9 +89,8 @@ class Server:
     engine runs out of work, and its ``before_step()`` before each step returns an event to wait
     for first (weights being restored) or None.
 
-    Raises:
-        ValueError: a control the KV pool does not offer (pre-growth without ``reserve``,
-            compaction without ``compact``).
+    The config has passed ``ServerConfig.check_rules(kv_policy=...)`` (``build_serving``): the
+    pool offers what the controls need (``reserve`` for pre-growth, ``compact`` for compaction).
     """
 
     def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
@@ -103,12 +102,7 @@ class Server:
         self._progress = progress
         policy = pools.kv.policy
         self._reserver = policy if pregrow_safety is not None and policy.can_reserve else None
-        if pregrow_safety is not None and self._reserver is None:
-            raise ValueError(f"pregrow_safety needs a KV pool that can reserve (elastic), not {policy.spec!r}")
         self._compactor = policy if policy.can_compact else None
-        if compact_between_steps and self._compactor is None:
-            raise ValueError(f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
-                             f"not {policy.spec!r}")
         self.requests = requests
         self.scheduler = scheduler
         self.pools = pools

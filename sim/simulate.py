@@ -34,12 +34,15 @@ from sim.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
 __all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many",
-           "check_kv_policy", "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS"]
+           "check_kv_policy", "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS",
+           "PREFIX_CACHING_OFF"]
 
 #: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
 #: Tokens per ``hash_ids`` block when the trace does not say (Mooncake's 512).
 DEFAULT_HASH_BLOCK_TOKENS = 512
+#: Why a run shares no prompt blocks (``SimResult.prefix_caching_off``), in the order they are told.
+PREFIX_CACHING_OFF = ("config", "virtual", "hybrid", "contiguous")
 
 
 @dataclass
@@ -56,6 +59,9 @@ class SimResult:
         policy: the policy object after the run.
         config: the server knobs used, with the defaults that depend on the model and trace
             resolved (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``).
+        prefix_caching_off: why the run shared no prompt blocks, when it did not (None: it
+            could): one of ``PREFIX_CACHING_OFF`` (the config turned it off; the virtual KV cache
+            has no block table; a hybrid model's layer groups; a contiguous KV cache).
     """
 
     summary: dict[str, Any]
@@ -64,6 +70,7 @@ class SimResult:
     policy: Policy
     config: ServerConfig
     kv_groups: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    prefix_caching_off: str | None = None
 
 
 def _as_trace(requests: RequestTrace | pd.DataFrame) -> RequestTrace:
@@ -195,8 +202,7 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     budget_bytes = plan.kv_budget_bytes if kv_budget_bytes is None else kv_budget_bytes
     shared = cfg.pool_layout == "shared"
     virtual = cfg.kv_strategy == VIRTUAL
-    if virtual:
-        _check_virtual(cfg)
+    cfg.check_rules()
     layout = None
     fill = {"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page}
     if shard.is_hybrid:  # the layout's granule is the KV policy's page
@@ -210,6 +216,7 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
                                costs=cost_model, fill=fill,
                                device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
                                                                 limit_bytes=budget_bytes) if virtual else None)
+    cfg.check_rules(kv_policy=policy)  # what the controls need of the KV pool
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
         max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
@@ -320,7 +327,18 @@ def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_na
         groups.insert(0, "policy", spec)
         groups.insert(0, "trace", name)
     return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
-                     policy=policy, config=cfg, kv_groups=groups)
+                     policy=policy, config=cfg, kv_groups=groups, prefix_caching_off=_prefix_caching_off(cfg, kv, virtual))
+
+
+def _prefix_caching_off(cfg: ServerConfig, kv: Any, virtual: bool) -> str | None:
+    """``SimResult.prefix_caching_off``: None when the KV manager shares prompt blocks."""
+    if kv.paged and kv.prefix_caching:
+        return None
+    if not cfg.prefix_caching:
+        return "config"
+    if virtual:
+        return "virtual"
+    return "hybrid" if isinstance(kv, HybridKV) else "contiguous"
 
 
 def _group_fields(kv: Any) -> dict[str, Any]:
@@ -348,19 +366,6 @@ def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
             cache[i] = step_model.step_cost(block_tokens, 0, 0, i * block_tokens, 1).compute_s
         return cache[i]
     return cost
-
-
-def _check_virtual(cfg: ServerConfig) -> None:
-    """What ``kv_strategy=virtual`` does not model: its KV bypasses the policy, so the pool
-    controls (which act on the policy) and the shared layout have nothing to act on."""
-    if cfg.pool_layout != "separate":
-        raise ValueError("kv_strategy=virtual keeps the KV cache in virtual ranges of its own: pool_layout must "
-                         "be 'separate'")
-    for name in ("freeze_after_steps", "pregrow_safety"):
-        if getattr(cfg, name) is not None:
-            raise ValueError(f"{name} acts on the KV policy, which holds no KV under kv_strategy=virtual")
-    if cfg.compact_between_steps:
-        raise ValueError("compact_between_steps acts on the KV policy, which holds no KV under kv_strategy=virtual")
 
 
 def _control_fields(server: Server, policy: Policy) -> dict[str, Any]:

@@ -71,6 +71,7 @@ import numpy as np
 
 from sim.hardware import GpuSpec
 from sim.models import DATA_DIR, ModelSpec, _read_json_object
+from traces.knobs import check_int
 
 __all__ = [
     "Calibration", "StepCost", "StepTimeModel", "StepTerms", "StepCalibration", "default_calibration",
@@ -295,8 +296,7 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
         raise ValueError(f"{path}: 'factors' must be an object of roofline factors")
     factors = _calibration_from_mapping(factors_data, f"{path}: factors", base=default_calibration())
     tp = data.get("tp")
-    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
-        raise ValueError(f"{path}: 'tp' must be an integer >= 1, got {tp!r}")
+    check_int("tp", tp, none_ok=True, where=f"{path}: ")
     for key in ("engine", "model", "gpu", "source"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"{path}: {key!r} must be a string, got {data[key]!r}")

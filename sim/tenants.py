@@ -57,11 +57,12 @@ from sim.kv import PagedKV
 from sim.models import load_model
 from sim.pools import create_policy, plan_memory
 from sim.report import summary_frame
+from sim.serving_metrics import latency_percentiles
 from sim.simulate import ServingSetup, SimResult, build_serving, serving_result
 from traces.requests import RequestTrace
 
 __all__ = ["LAYOUTS", "COMPUTE_MODES", "DEFAULT_SLEEP_AFTER_S", "Colocation", "GpuSplit", "split_gpu", "share_trace",
-           "scale_tenant_rates", "colocate"]
+           "scale_tenant_rates", "colocate", "colocate_layouts", "LayoutComparison"]
 
 LAYOUTS = ("static", "shared", "sleep")
 #: How the tenants share the GPU's compute (module docstring); the first is the default.
@@ -305,11 +306,7 @@ class Colocation:
         if not traces:
             raise ValueError("colocation needs at least one tenant trace")
         cfg = config if config is not None else ServerConfig()
-        if cfg.kv_capacity_bytes is not None:
-            raise ValueError("kv_capacity_bytes is the tenant layout's to decide; leave it unset")
-        if cfg.pool_layout != "separate":
-            raise ValueError(f"tenants keep their weights out of the KV pool: pool_layout must be 'separate', "
-                             f"not {cfg.pool_layout!r}")
+        cfg.check_rules(tenants=True)
         if not (sleep_after_s > 0):
             raise ValueError(f"sleep_after_s(={sleep_after_s!r}) must be > 0")
         model_list = list(models) if isinstance(models, (list, tuple)) else [models] * len(traces)
@@ -437,3 +434,51 @@ def colocate(traces: list[RequestTrace], policy_spec: str, *, tenant_names: list
     return (summary_frame([r.summary for r in results]),
             pd.concat([r.timeseries for r in results], ignore_index=True),
             pd.concat([r.requests for r in results], ignore_index=True))
+
+
+@dataclass
+class LayoutComparison:
+    """The same tenants under each memory layout (``colocate_layouts``): the tables of every
+    run, one block per (layout, tenant), with a ``tenant_layout`` column in each."""
+
+    summary: pd.DataFrame
+    timeseries: pd.DataFrame
+    requests: pd.DataFrame
+
+    def served(self) -> pd.DataFrame:
+        """One row per layout over all tenants' requests: ``n_finished`` of ``n_requests``, the
+        TTFT of the finished ones (``ttft_p50_s``, ``ttft_p99_s``, ``ttft_mean_s``) and
+        ``gpu_busy_share`` (above 1 only when compute is independent: steps overlap)."""
+        busy = self.summary.groupby("tenant_layout", sort=False)["gpu_busy_share"].first()
+        rows = []
+        for layout, rq in self.requests.groupby("tenant_layout", sort=False):
+            finished = rq[rq["status"] == "finished"]
+            quantiles = latency_percentiles(finished)
+            rows.append({"tenant_layout": layout, "n_finished": len(finished), "n_requests": len(rq),
+                         "ttft_p50_s": quantiles["ttft_p50_s"], "ttft_p99_s": quantiles["ttft_p99_s"],
+                         "ttft_mean_s": float(finished["ttft_s"].mean()), "gpu_busy_share": float(busy[layout])})
+        return pd.DataFrame(rows)
+
+
+def colocate_layouts(traces: list[RequestTrace], policy_spec: str, *, layouts: tuple[str, ...] | list[str] = LAYOUTS,
+                     tenant_names: list[str] | None = None, progress: bool = False,
+                     **kwargs: Any) -> LayoutComparison:
+    """``colocate`` under each of ``layouts``, in order; keyword arguments are ``Colocation``'s.
+
+    ``progress`` shows a bar per layout on stderr, in simulated seconds up to the last arrival.
+    """
+    from sim.progress import time_bar
+
+    arrivals_s = max(float(t.duration_s) for t in traces)
+    summaries, series, tables = [], [], []
+    for layout in layouts:
+        with time_bar(arrivals_s, f"colocate · {layout}", enabled=progress) as advance:
+            s, ts, rq = colocate(traces, policy_spec, tenant_names=tenant_names, layout=layout, progress=advance,
+                                 **kwargs)
+        ts.insert(0, "tenant_layout", layout)
+        rq.insert(0, "tenant_layout", layout)
+        summaries.append(s)
+        series.append(ts)
+        tables.append(rq)
+    return LayoutComparison(pd.concat(summaries, ignore_index=True), pd.concat(series, ignore_index=True),
+                            pd.concat(tables, ignore_index=True))

@@ -2,7 +2,10 @@
 
 Allocation traces (one event per ``alloc``/``free``) feed replay; request traces (one row per
 LLM request) feed the serving simulator. Readers detect the format from the file's content and
-raise ``TraceFormatError`` naming file, line and problem.
+raise ``TraceFormatError`` naming file, line and problem. Formats are registered in
+``traces.formats`` (``ALLOC``, ``REQUEST``: ``{format: (sniff, read)}``), the one place a new one
+is added; ``traces.spec_grammar`` and ``traces.knobs`` hold the ``key=value`` grammar and the
+knob validator that ``policies`` shares (standard library only).
 
 The names below are imported on first use (PEP 562 ``__getattr__``): the readers pull in
 pandas and pyarrow, which a command that only needs ``TraceFormatError`` (or ``--help``) should

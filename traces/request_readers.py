@@ -47,6 +47,7 @@ import pandas as pd
 from traces.alloc_table import output_format
 from traces.atomic import replacing_file
 from traces.errors import TraceFormatError
+from traces.formats import HEAD_BYTES, REQUEST
 from traces.requests import MAX_TIME_S, MAX_TOKENS, REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
 from traces.source import TraceSource, open_source
 
@@ -89,68 +90,72 @@ _INT64_LIMIT = 2**63
 _LONG_INT_RE = r"\s*[+-]?\d{309,}\s*"
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 _SECONDS_PER_YEAR = 365.25 * 86400
+#: The built-in formats (``traces.formats.REQUEST.names()`` lists third-party ones too).
 REQUEST_FORMATS = tuple(lay.format for lay in _CSV_LAYOUTS) + ("mooncake", "parquet")
 
 
-def read_request_trace(path: str | Path, *, format: str | None = None, name: str | None = None) -> RequestTrace:
+def read_request_trace(path: str | Path | TraceSource, *, format: str | None = None,
+                       name: str | None = None) -> RequestTrace:
     """Read a request trace, detecting the format from the content unless ``format`` is given.
 
     Args:
-        path: the file (plain or gzipped text, or Parquet).
-        format: one of ``REQUEST_FORMATS`` to skip detection.
+        path: the file (plain or gzipped text, or Parquet), or its ``TraceSource``.
+        format: a registered format's name (``traces.formats.REQUEST``) to skip detection.
         name: name for reports; the file stem by default.
 
     Raises:
         TraceFormatError: unknown format, or the first malformed line and why.
     """
-    path = Path(path)
-    if format is not None and format not in REQUEST_FORMATS:
-        raise TraceFormatError(path, None, f"unknown request-trace format {format!r}; known: {', '.join(REQUEST_FORMATS)}")
+    if format is not None:
+        REQUEST.get(format, path)  # an unknown name first, before the file is opened
     src = open_source(path)  # read once: detection and the reader see the same bytes (a pipe too)
-    kind, header, first = _sniff(src)
-    fmt = format or _match(path, kind, header, first)
-    name = name or Path(path.name.removesuffix(".gz")).stem
-    if fmt == "parquet":
-        return _read_parquet(src, name)
-    if fmt == "mooncake":
-        return _read_mooncake(src, name)
-    layout = next(lay for lay in _CSV_LAYOUTS if lay.format == fmt)
-    return _read_csv(src, name, layout, header)
+    return REQUEST.read(src, format=format, name=name or _trace_name(src.path))
 
 
-def detect_request_format(path: str | Path) -> str:
+def detect_request_format(path: str | Path | TraceSource) -> str:
     """The format name of a request-trace file, from its content (the suffix is not looked at)."""
-    path = Path(path)
-    return _match(path, *_sniff(open_source(path)))
+    return REQUEST.detect(path)
 
 
-def _sniff(src: TraceSource) -> tuple[str, list[str], str]:
-    """``(kind, header columns, first line)``: kind is "parquet", "json" or "csv"."""
-    head = src.head(1 << 16)
-    if not src.gzipped and head.startswith(b"PAR1"):
-        return "parquet", [], ""
-    if src.damage is not None and not head:
-        raise TraceFormatError(src.path, None, src.damage)
-    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+def _trace_name(path: object) -> str:
+    return Path(Path(str(path)).name.removesuffix(".gz")).stem
+
+
+def _sniff(src: TraceSource) -> tuple[list[str], str]:
+    """``(header columns, first non-blank line)`` of a text file."""
+    text = src.head(HEAD_BYTES).decode("utf-8", errors="replace").lstrip("\ufeff")
     first = next((ln for ln in text.splitlines() if ln.strip()), "")
-    if first.lstrip().startswith("{"):
-        return "json", [], first
-    return "csv", [c.strip() for c in next(csv.reader([first]), [])], first
+    return [c.strip() for c in next(csv.reader([first]), [])], first
 
 
-def _match(path: Path, kind: str, header: list[str], first: str) -> str:
-    if kind == "parquet":
-        return "parquet"
-    if kind == "json":
-        return "mooncake"
-    if not first:
-        raise TraceFormatError(path, None, "empty file: no header line or JSON object")
+def _is_parquet(src: TraceSource) -> bool:
+    return not src.gzipped and src.head(4) == b"PAR1"
+
+
+def _has_request_columns(src: TraceSource) -> bool:
+    import pyarrow.parquet as pq
+
+    return set(pq.read_schema(src.stream()).names) >= {"arrival_s", "prompt_tokens", "output_tokens"}
+
+
+def _register_builtins() -> None:
+    """The built-in formats, in the order their sniffers are asked (their contents exclude each
+    other; a CSV header is matched to the first layout whose columns it has)."""
     for lay in _CSV_LAYOUTS:
-        if {lay.time_col, lay.prompt_col, lay.output_col} <= set(header):
-            return lay.format
-    known = "; ".join(f"{lay.format}: {lay.time_col},{lay.prompt_col},{lay.output_col}" for lay in _CSV_LAYOUTS)
-    raise TraceFormatError(path, 1, f"unrecognised request-trace header {first.strip()[:120]!r}; expected columns of "
-                                    f"{known}; or Mooncake JSON lines; or Parquet")
+        REQUEST.register(
+            lay.format, replace=True,
+            sniff=lambda src, lay=lay: not _is_parquet(src) and {lay.time_col, lay.prompt_col, lay.output_col}
+            <= set(_sniff(src)[0]),
+            read=lambda src, name=None, lay=lay, **_: _read_csv(src, name or _trace_name(src.path), lay,
+                                                                _sniff(src)[0]),
+            describe=f"columns of {lay.format}: {lay.time_col},{lay.prompt_col},{lay.output_col}")
+    REQUEST.register("mooncake", replace=True,
+                     sniff=lambda src: not _is_parquet(src) and _sniff(src)[1].lstrip().startswith("{"),
+                     read=lambda src, name=None, **_: _read_mooncake(src, name or _trace_name(src.path)),
+                     describe="Mooncake JSON lines")
+    REQUEST.register("parquet", replace=True, sniff=_is_parquet, confirm=_has_request_columns,
+                     read=lambda src, name=None, **_: _read_parquet(src, name or _trace_name(src.path)),
+                     describe="Parquet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -534,3 +539,6 @@ def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | 
     with replacing_file(path) as tmp:
         pq.write_table(table, tmp)
     return path
+
+
+_register_builtins()

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from traces.events import AllocTrace, make_events
+from traces.knobs import check_int
 from traces.requests import MAX_TOKENS
 
 __all__ = ["generate_alloc_trace", "kv_bytes_per_token", "SYNTH_FORMAT", "MAX_EVENTS"]
@@ -365,5 +366,4 @@ def _check_num_events(num_layers: int, max_batch: int, num_requests: int, num_pr
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}(={value!r}) must be a positive integer")
+    check_int(name, value)

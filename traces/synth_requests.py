@@ -26,6 +26,7 @@ import math
 import numpy as np
 
 from traces.requests import MAX_TIME_S, MAX_TOKENS, RequestTrace, make_requests
+from traces.spec_grammar import MAX_SPEC_DEPTH, check_text, parse_items, unbracket
 
 __all__ = [
     "LengthDist", "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing",
@@ -287,20 +288,15 @@ def _describe_dist(dist: Any) -> str:
 
 
 def _parse_kv(text: str, kind: str, body: str) -> dict[str, str]:
-    out = {}
-    for part in filter(None, (p.strip() for p in body.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip() or not value.strip():
-            raise ValueError(f"cannot read {part!r} in {kind} spec {text!r}: expected key=value")
-        out[key.strip()] = value.strip()
-    return out
+    return parse_items(body, valid_key=bool, need_value=True,
+                       bad_item=lambda part: ValueError(f"cannot read {part!r} in {kind} spec {text!r}: expected key=value"))
 
 
-def _check_spec(spec: str, kind: str) -> str:
-    """The spec stripped, unless it is longer than ``MAX_SPEC_CHARS``."""
+def _check_spec(spec: str, kind: str, *, brackets: bool = True) -> str:
+    """The spec stripped, unless it is longer than ``MAX_SPEC_CHARS`` (or, with ``brackets``, its
+    brackets are unbalanced or nested too deep)."""
     spec = str(spec).strip()
-    if len(spec) > MAX_SPEC_CHARS:
-        raise ValueError(f"{kind} spec {spec[:40]!r}... is {len(spec):,} characters long; at most {MAX_SPEC_CHARS:,}")
+    check_text(spec, f"{kind} spec", max_chars=MAX_SPEC_CHARS, max_depth=MAX_SPEC_DEPTH if brackets else None)
     return spec
 
 
@@ -365,27 +361,20 @@ def parse_prefix_sharing(text: str) -> PrefixSharing:
     ``prefix_tokens`` takes a length spec in square brackets (or a plain number of tokens); no
     other brackets are read, so they may not nest.
     """
-    spec = _check_spec(text, "prefix-sharing")
-    kv: dict[str, Any] = {}
-    depth, start, parts = 0, 0, []
-    for i, ch in enumerate(spec):
+    spec = _check_spec(text, "prefix-sharing", brackets=False)
+    depth = 0
+    for i, ch in enumerate(spec):  # one level, named by position: more than check_text would say
         depth += {"[": 1, "]": -1}.get(ch, 0)
         if not 0 <= depth <= 1:
             raise ValueError(f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' at "
                              f"character {i + 1}; only prefix_tokens=[...] takes brackets, one level")
-        if ch == "," and depth == 0:
-            parts.append(spec[start:i])
-            start = i + 1
     if depth:
         raise ValueError(f"prefix-sharing spec {spec!r}: unbalanced '['")
-    parts.append(spec[start:])
     types = {"num_prefixes": int, "a": float, "fraction": float, "block_tokens": int}
-    for part in filter(None, (p.strip() for p in parts)):
-        key, sep, value = (s.strip() for s in part.partition("="))
-        if not sep or not value:
-            raise ValueError(f"cannot read {part!r} in prefix-sharing spec {spec!r}: expected key=value")
+    kv: dict[str, Any] = {}
+    for key, value in _parse_kv(spec, "prefix-sharing", spec).items():
         if key == "prefix_tokens":
-            kv[key] = parse_length_dist(value[1:-1] if value.startswith("[") and value.endswith("]") else value)
+            kv[key] = parse_length_dist(unbracket(value))
         elif key in types:
             kv[key] = _number(value, spec, key, types[key])
         else:

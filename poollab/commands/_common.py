@@ -11,6 +11,7 @@ import traces
 from poollab.errors import UsageError
 from poollab.options import BYTES, ByteSize  # noqa: F401 (the commands' size type, re-exported)
 from traces.atomic import check_out_folder
+from traces.formats import ALLOC, REQUEST
 
 #: What ``--policy`` means when it is not given: the five built-in policies.
 DEFAULT_POLICIES = ("first-fit", "best-fit", "size-class", "paged", "elastic")
@@ -68,7 +69,7 @@ def read_alloc_or_explain(path: Path, fmt: str | None):
     try:
         return traces.read_alloc_trace(path, format=fmt)
     except traces.TraceFormatError:
-        other = None if fmt else _detected(traces.detect_request_format, path)
+        other = None if fmt else REQUEST.recognises(path)
         if other:
             raise UsageError(f"{path}: this is a request trace ({other}); replay takes allocation traces: "
                              f"simulate it with `poollab simulate {path}`") from None
@@ -80,32 +81,11 @@ def read_requests_or_explain(path: Path, fmt: str | None):
     try:
         return traces.read_request_trace(path, format=fmt)
     except traces.TraceFormatError:
-        other = None if fmt else _detected(traces.detect_alloc_format, path)
+        other = None if fmt else ALLOC.recognises(path)
         if other:
             raise UsageError(f"{path}: this is an allocation trace ({other}); simulate takes request traces: "
                              f"replay it with `poollab replay {path}`") from None
         raise
-
-
-def _detected(detect, path: Path) -> str | None:
-    """The format ``detect`` finds in ``path``, or None when it finds none.
-
-    Both kinds of trace have a Parquet form with the same magic: a Parquet file counts as the
-    other kind only when it has that kind's columns (else the reader's own error is the one
-    to show, e.g. a missing column).
-    """
-    try:
-        fmt = detect(path)
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            columns = set(pq.read_schema(path).names)
-            wanted = traces.EVENT_COLUMNS if detect is traces.detect_alloc_format else ("arrival_s", "prompt_tokens",
-                                                                                         "output_tokens")
-            return fmt if columns >= set(wanted) else None
-        return fmt
-    except Exception:  # noqa: BLE001 (only a hint: any failure to tell means "no hint")
-        return None
 
 
 def load_costs(path: Path | None):

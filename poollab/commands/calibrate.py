@@ -15,6 +15,8 @@ import click
 
 from poollab.errors import UsageError
 from poollab.options import COUNT, Count
+from sim.hardware import DEFAULT_GPU
+from sim.models import DEFAULT_MODEL
 
 __all__ = ["register"]
 
@@ -51,8 +53,8 @@ def _terms_line(terms) -> str:
 
 
 _common = [
-    click.option("--model", default="Llama-3-8B", show_default=True, help="Model preset or JSON file the engine ran."),
-    click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file the engine ran on."),
+    click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model preset or JSON file the engine ran."),
+    click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file the engine ran on."),
     click.option("--tp", "tensor_parallel", type=COUNT, default=None,
                  help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1)."),
     click.option("--engine", default="transformers", show_default=True,

@@ -14,6 +14,8 @@ from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
 from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
 from sim.config import ServerConfig
+from sim.hardware import DEFAULT_GPU
+from sim.models import DEFAULT_MODEL
 from sim.report import format_table, write_results
 
 #: ``sim.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator
@@ -43,8 +45,8 @@ def register(cli: click.Group) -> None:
               help="KV pool policy (a paged one for the shared layouts).")
 @click.option("--model", "models", multiple=True, metavar="MODEL",
               help="Model preset or JSON file, repeatable: one for all tenants or one per tenant "
-                   "(default: Llama-3-8B).")
-@click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
+                   f"(default: {DEFAULT_MODEL}).")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
 @click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply every tenant's request rate (2 = arrivals twice as dense).")
@@ -81,8 +83,7 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         raise UsageError(str(exc)) from None
     if num_tenants is not None and len(traces_) != 1:
         raise UsageError(f"--tenants deals ONE trace to tenants; got {len(traces_)} traces (each is a tenant)")
-    from sim.progress import time_bar
-    from sim.tenants import COMPUTE_MODES, colocate, scale_tenant_rates, share_trace
+    from sim.tenants import COMPUTE_MODES, LAYOUTS, colocate_layouts, scale_tenant_rates, share_trace
 
     assert COMPUTE_CHOICES == COMPUTE_MODES, "colocate's --compute choices follow sim.tenants"
 
@@ -97,30 +98,19 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         raise UsageError(str(exc)) from None
     names = [f"t{i}" for i in range(len(tenant_traces))]
     cost_model = load_costs(costs)
-    import pandas as pd
-
-    summaries, series, tables = [], [], []
-    for layout in layouts or ("static", "shared", "sleep"):
-        arrivals_s = max(float(t.duration_s) for t in tenant_traces)
-        try:
-            with time_bar(arrivals_s, f"colocate · {layout}", enabled=progress) as advance:
-                s, ts, rq = colocate(tenant_traces, spec, tenant_names=names, models=list(models) or ["Llama-3-8B"],
-                                     gpu=gpu, layout=layout, config=config, sleep_after_s=sleep_after_s,
-                                     calibration=calibration, costs=cost_model, compute=compute, progress=advance)
-        except ValueError as exc:  # a knob, model or size the user gave (PolicyError passes through)
-            if type(exc) is not ValueError:
-                raise
-            raise UsageError(str(exc)) from None
-        ts.insert(0, "tenant_layout", layout)
-        rq.insert(0, "tenant_layout", layout)
-        summaries.append(s)
-        series.append(ts)
-        tables.append(rq)
-    summary = pd.concat(summaries, ignore_index=True)
-    requests = pd.concat(tables, ignore_index=True)
-    write_results(out_dir, summary, pd.concat(series, ignore_index=True), extra_tables={"requests": requests},
+    try:
+        runs = colocate_layouts(tenant_traces, spec, layouts=layouts or LAYOUTS,
+                                tenant_names=names, models=list(models) or [DEFAULT_MODEL], gpu=gpu, config=config,
+                                sleep_after_s=sleep_after_s, calibration=calibration, costs=cost_model,
+                                compute=compute, progress=progress)
+    except ValueError as exc:  # a knob, model or size the user gave (PolicyError passes through)
+        if type(exc) is not ValueError:
+            raise
+        raise UsageError(str(exc)) from None
+    summary = runs.summary
+    write_results(out_dir, summary, runs.timeseries, extra_tables={"requests": runs.requests},
                   meta={"command": "colocate", "traces": [str(p) for p in traces_], "num_tenants": len(names),
-                        "policy": spec, "models": list(models) or ["Llama-3-8B"], "gpu": gpu,
+                        "policy": spec, "models": list(models) or [DEFAULT_MODEL], "gpu": gpu,
                         "rate_scale": rate_scale, "tenant_rate_scales": tenant_rate_scales,
                         "compute": compute, "sleep_after_s": sleep_after_s, **config.as_dict(),
                         "calibration": str(calibration) if calibration else "bundled",
@@ -131,12 +121,11 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
                f"activations and workspace; policy {spec}; compute {compute}; {step_time}")
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
     click.echo("all tenants' requests:")
-    busy = summary.groupby("tenant_layout", sort=False)["gpu_busy_share"].first()
     # independent compute: steps of different tenants overlap, so their sum may pass 100 %
     busy_text = ("the tenants' steps add up to {:.0%} of the run (independent compute: they overlap)"
                  if compute == "independent" else "GPU busy {:.0%} of the run").format
-    for layout, rq in requests.groupby("tenant_layout", sort=False):
-        served = rq[rq["status"] == "finished"]["ttft_s"]
-        click.echo(f"  {layout:>6}: {len(served):,} of {len(rq):,} finished; TTFT p50 {served.quantile(0.5):.3f} s, "
-                   f"p99 {served.quantile(0.99):.3f} s, mean {served.mean():.3f} s; " + busy_text(busy[layout]))
+    for row in runs.served().itertuples():
+        click.echo(f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; TTFT p50 "
+                   f"{row.ttft_p50_s:.3f} s, p99 {row.ttft_p99_s:.3f} s, mean {row.ttft_mean_s:.3f} s; "
+                   + busy_text(row.gpu_busy_share))
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet")

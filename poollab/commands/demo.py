@@ -16,7 +16,9 @@ from poollab.commands._common import DEFAULT_POLICIES, out_option
 from poollab.commands.replay import REPLAY_COLUMNS
 from sim.replay import replay_tables
 from sim.report import format_table, write_results
+from sim.hardware import DEFAULT_GPU
 from sim.html_report import write_html_report
+from sim.models import DEFAULT_MODEL
 from sim.simulate import simulate_many
 from traces import bundled_path, read_alloc_trace, read_request_trace
 
@@ -24,8 +26,8 @@ DEMO_SNAPSHOT = "llama1b_generate_slice.pickle.gz"
 DEMO_REQUESTS = "azure_code_slice.csv"
 #: Emulations of the allocators people run today, as reference rows beside the five policies.
 BASELINES = ("torch-caching", "cupy-pool")
-DEMO_MODEL = "Llama-3-8B"
-DEMO_GPU = "H200"
+DEMO_MODEL = DEFAULT_MODEL
+DEMO_GPU = DEFAULT_GPU
 # Memory pressure makes the policies differ: with the whole H200 for KV every policy serves this
 # slice alike, so the demo gives the KV cache 8 GiB and compresses arrivals 3x.
 DEMO_KV_BYTES = 8 << 30

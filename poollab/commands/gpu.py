@@ -21,6 +21,8 @@ from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from policies.device_kind import PLATFORMS, DeviceKind
 from poollab.options import BYTES, COUNT, DEVICE, DEVICE_KIND, FRACTION, POSITIVE, RATE_SCALE, SEED
+from sim.hardware import DEFAULT_GPU
+from sim.models import DEFAULT_MODEL
 
 
 def register(cli: click.Group) -> None:
@@ -106,41 +108,18 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
     if baseline_list and backend != "cuda":
         raise UsageError("--baseline needs --backend cuda: the baselines are real CUDA allocators")
 
-    from realgpu.replay import baseline_replay, gpu_replay
-    from sim.costs import costed_device
-    from sim.replay import replay
-    from sim.report import format_table, latency_samples, summary_frame, write_results
+    from realgpu.replay import gpu_replay_tables
+    from sim.report import format_table, write_results
     from poollab.commands._common import load_costs, read_alloc_or_explain
 
     cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
-    pool_backend = device_kind.backend(backend)
-    rows, series, runs = [], [], []
-    for spec in spec_list:
-        result = gpu_replay(alloc_trace, spec, backend=pool_backend, capacity_bytes=capacity, validate=validate,
-                            sample_every=sample_every, progress=progress, device_id=device_id)
-        rows.append(result.summary)
-        series.append(result.timeseries)
-        runs.append(result)
-        if with_sim:
-            twin = spec
-            if result.summary["device_kind"] == DeviceKind.PAGE_MAPPED:  # the simulator's page-mapped device, same pages
-                twin = policies.create(spec, capacity_bytes=result.summary["capacity_bytes"],
-                                       device=costed_device(DeviceKind.PAGE_MAPPED, cost_model))
-            sim = replay(alloc_trace, twin, capacity_bytes=result.summary["capacity_bytes"], costs=cost_model,
-                         sample_every=sample_every, progress=progress)
-            rows.append({**sim.summary, "kind": "policy", "device_kind": result.summary["device_kind"]})
-            series.append(sim.timeseries)
-            runs.append(sim)
-    for name in baseline_list:
-        result = baseline_replay(alloc_trace, name, sample_every=sample_every, progress=progress, device_id=device_id)
-        rows.append(result.summary)
-        series.append(result.timeseries)
-        runs.append(result)
-    summary = summary_frame(rows)
-    write_results(out_dir, summary, pd.concat(series, ignore_index=True),
-                  extra_tables={"latency_samples": latency_samples(runs)},
+    tables = gpu_replay_tables(alloc_trace, spec_list, baselines=baseline_list, backend=backend,
+                               device_kind=device_kind, capacity_bytes=capacity, validate=validate, with_sim=with_sim,
+                               costs=cost_model, sample_every=sample_every, progress=progress, device_id=device_id)
+    summary = tables.summary
+    write_results(out_dir, summary, tables.timeseries, extra_tables={"latency_samples": tables.latency_samples},
                   meta={"command": "gpu replay", "trace": str(trace), "policies": spec_list, "baselines": baseline_list,
                         "capacity_bytes": capacity, "validate": validate, "backend": backend,
                         "device_kind": device_kind.value, "device": device_id,
@@ -185,7 +164,7 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
               help="Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's own caching "
                    "allocator, the default) or a policy spec.")
-@click.option("--model", default="Llama-3-8B", show_default=True,
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
               help="Model preset (or JSON file) whose shape the random weights take.")
 @click.option("--checkpoint", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="A Hugging Face model folder to serve instead of random weights (no download).")
@@ -226,7 +205,7 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option("--sim/--no-sim", "with_sim", default=False,
               help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and sequence "
                    "limits; the --model preset's shape) and print measured against predicted.")
-@click.option("--gpu", "gpu_preset", default="H200", show_default=True, help="GPU preset of the --sim run.")
+@click.option("--gpu", "gpu_preset", default=DEFAULT_GPU, show_default=True, help="GPU preset of the --sim run.")
 @click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Step-time calibration JSON of the --sim run.")
 @out_option("poollab-out/gpu-serve")

@@ -15,8 +15,10 @@ from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
 from sim.config import Knob, ServerConfig, knobs
+from sim.hardware import DEFAULT_GPU
 from sim.kv import VIRTUAL
-from sim.report import format_table, write_results
+from sim.models import DEFAULT_MODEL
+from sim.report import format_table, summary_frame, write_results
 from sim.simulate import check_kv_policy, result_tables, simulate_runs
 
 #: What the command prints per policy (the files hold every column; README "Columns" says what
@@ -85,28 +87,35 @@ def _option(name: str, k: Knob, default: Any) -> Callable:
     return click.option(f"--{k.cli}", name, type=_click_type(k), default=default, show_default=True, help=text)
 
 
-def settings_line(config: ServerConfig, summary: Any, *, has_hash_ids: bool = True) -> str:
+#: How the settings line tells each of ``sim.simulate.PREFIX_CACHING_OFF``.
+_PREFIX_CACHING_OFF_TEXT = {
+    "config": "off by --no-prefix-caching",
+    "virtual": "off: virtual KV has no block table",
+    "hybrid": "off: KV layer groups of a hybrid model share no prefix blocks (not modelled)",
+    "contiguous": "off: contiguous KV cannot share blocks",
+}
+
+
+def settings_line(config: ServerConfig, runs: list[Any], *, has_hash_ids: bool = True) -> str:
     """One line with what decides the comparison besides the policy: the KV budget, max_model_len,
-    tensor parallelism, prefix caching per policy, the contiguous policies' strategy, and every
-    other knob that differs from its default."""
+    tensor parallelism, prefix caching per policy (and why off, as each run says:
+    ``SimResult.prefix_caching_off``), the contiguous policies' strategy, and every other knob
+    that differs from its default."""
+    summary = summary_frame([r.summary for r in runs])
     first = summary.iloc[0]
     parts = [f"KV budget {format_bytes(int(first['kv_budget_bytes']))}"
              + (f" per GPU x {config.tensor_parallel} (tp)" if config.tensor_parallel > 1 else ""),
              f"max_model_len {int(first['max_model_len']):,}" + ("" if config.max_model_len else " (the model's)")]
-    on = [p for p, c in zip(summary["policy"], summary["prefix_caching"]) if c]
-    off = [p for p, c in zip(summary["policy"], summary["prefix_caching"]) if not c]
+    on = [r.summary["policy"] for r in runs if r.prefix_caching_off is None]
+    off = [r for r in runs if r.prefix_caching_off is not None]
     caching = []
     if on:
         caching.append(f"on for {', '.join(on)} ({config.prefix_eviction.upper()} eviction, "
                        f"{int(first['prefix_block_tokens'])}-token blocks"
                        + ("" if has_hash_ids else "; the trace has no hash_ids, so nothing is shared") + ")")
-    if off:
-        hybrid = "hybrid_kv_layout" in summary.columns and summary["hybrid_kv_layout"].notna().any()
-        why = ("off by --no-prefix-caching" if not config.prefix_caching
-               else "off: virtual KV has no block table" if config.kv_strategy == VIRTUAL
-               else "off: KV layer groups of a hybrid model share no prefix blocks (not modelled)" if hybrid
-               else "off: contiguous KV cannot share blocks")
-        caching.append(f"{why} for {', '.join(off)}")
+    for why in dict.fromkeys(r.prefix_caching_off for r in off):
+        caching.append(f"{_PREFIX_CACHING_OFF_TEXT[why]} for "
+                       f"{', '.join(r.summary['policy'] for r in off if r.prefix_caching_off == why)}")
     parts.append("prefix caching " + "; ".join(caching))
     if any(s != "paged" for s in summary["kv_strategy"]):
         parts.append("KV strategy virtual (one virtual range per request, pages mapped as it grows)"
@@ -165,8 +174,8 @@ def config_options(command: Callable) -> Callable:
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
               help="Policy spec for the KV cache, repeatable (default: the five built-ins).")
-@click.option("--model", default="Llama-3-8B", show_default=True, help="Model preset or JSON file.")
-@click.option("--gpu", default="H200", show_default=True, help="GPU preset or JSON file.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model preset or JSON file.")
+@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
 @click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
 @click.option("--rate-scale", type=RATE_SCALE, default=1.0, show_default=True,
               help="Multiply the request rate (2 = arrivals twice as dense).")
@@ -229,7 +238,7 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, ca
                         "costs": str(costs) if costs else "bundled"})
     click.echo(f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
                f"{model_spec.name} on {gpu_spec.name}")
-    click.echo(settings_line(config, summary, has_hash_ids="hash_ids" in requests.requests.columns)
+    click.echo(settings_line(config, runs, has_hash_ids="hash_ids" in requests.requests.columns)
                + (f"; engine {engine}" if engine else "") + f"; {step_time}"
                + (f"; {kv_source.describe(budgets)}" if kv_source is not None else ""))
     for line in rejection_warnings(summary):

@@ -13,6 +13,8 @@ from poollab.errors import UsageError
 from poollab.options import COUNT, POSITIVE, RATE_SCALE, SEED
 from traces.alloc_table import output_format
 from traces.errors import TraceFormatError
+from traces.formats import trace_kind
+from traces.source import open_source
 from traces.synth_requests import synth_requests
 
 
@@ -29,20 +31,12 @@ def traces_group() -> None:
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 def info_command(trace: Path) -> None:
     """Describe TRACE: an allocation trace (snapshot, RMM log, CSV/Parquet) or a request trace."""
-    try:
-        fmt = traces.detect_alloc_format(trace)
-    except TraceFormatError:
-        fmt = None
-    if fmt is not None:
-        row = traces.describe_alloc_trace(traces.read_alloc_trace(trace, format=fmt))
+    src = open_source(trace)  # read once: a pipe too
+    kind, fmt = trace_kind(src)
+    if kind == "alloc":
+        row = traces.describe_alloc_trace(traces.read_alloc_trace(src, format=fmt))
     else:
-        try:
-            traces.detect_request_format(trace)
-        except TraceFormatError:
-            raise TraceFormatError(trace, None, "neither an allocation trace (PyTorch snapshot, RMM log, poollab "
-                                                "CSV/Parquet) nor a request trace (Azure, BurstGPT, Mooncake, Vidur, "
-                                                "poollab CSV/Parquet)") from None
-        row = traces.read_request_trace(trace).describe()
+        row = traces.read_request_trace(src, format=fmt).describe()
     width = max(len(k) for k in row)
     for key, value in row.items():
         click.echo(f"{key:<{width}}  {_fmt(key, value)}")

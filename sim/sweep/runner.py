@@ -41,6 +41,7 @@ from sim.sweep.pareto import pareto_table
 from sim.sweep.spec import SweepSpec
 from sim.sweep.store import CellStore
 from traces.atomic import process_alive
+from traces.knobs import check_int
 
 __all__ = ["SweepOutcome", "run_sweep", "plan_sweep", "results_frame", "make_executor", "STATUS_COLUMNS",
            "DIST_HINT"]
@@ -355,8 +356,7 @@ class DaskExecutor:
 
 def make_executor(scheduler: Any = None, workers: int | None = None):
     """The executor for a ``--scheduler`` value (see the module docstring); SweepError if unusable."""
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise SweepError(f"--workers {workers!r} must be a whole number >= 1")
+    check_int("--workers", workers, none_ok=True, error=SweepError)
     if scheduler is None or scheduler == "processes":
         return ProcessExecutor(workers or os.cpu_count() or 1)
     if isinstance(scheduler, (SerialExecutor, ProcessExecutor, DaskExecutor)):

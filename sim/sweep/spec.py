@@ -67,7 +67,6 @@ _SIMULATE_KEYS = ("models", "gpus", "rate_scales", "options", "calibration")
 _TRACE_KEYS = ("path", "format", "name")
 _POLICY_KEYS = ("policy", "params")
 #: As ``poollab simulate``'s defaults.
-DEFAULT_MODEL, DEFAULT_GPU = "Llama-3-8B", "H200"
 #: The trade-offs the Pareto fronts show against ``overhead`` unless the file says otherwise.
 DEFAULT_PARETO_Y = {"replay": ["alloc_p99_us", "failure_rate"], "simulate": ["ttft_p99_s", "n_preempted"]}
 #: What a front is computed within: the workload, never the choices being compared.
@@ -340,10 +339,11 @@ def _default_trace_name(path: Path) -> str:
 
 def _traces(doc: _Doc, items: list[tuple[tuple, Any]], base: Path, mode: str, how: str
             ) -> list[tuple[FileRef, str, str]]:
-    from traces import ALLOC_FORMATS, REQUEST_FORMATS, TraceFormatError, detect_alloc_format, detect_request_format
+    from traces import TraceFormatError
+    from traces.formats import ALLOC, REQUEST
 
-    formats, detect = ((ALLOC_FORMATS, detect_alloc_format) if mode == "replay"
-                       else (REQUEST_FORMATS, detect_request_format))
+    registry = ALLOC if mode == "replay" else REQUEST
+    formats, detect = registry.names(), registry.detect
     out, names = [], {}
     for i, (kp, item) in enumerate(items):
         entry = {"path": item} if isinstance(item, str) else item
@@ -464,8 +464,8 @@ def _preset_or_file(doc: _Doc, kp: tuple, value: Any, base: Path, how: str, load
 
 
 def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list) -> list[dict[str, Any]]:
-    from sim.hardware import load_gpu
-    from sim.models import load_model
+    from sim.hardware import DEFAULT_GPU, load_gpu
+    from sim.models import DEFAULT_MODEL, load_model
     from sim.config import ServerConfig, knobs
     from sim.steptime import load_calibration
 

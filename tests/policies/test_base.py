@@ -47,7 +47,7 @@ def test_negative_numpy_integer_raises():
 # ---------------------------------------------------------------------------- construction
 @pytest.mark.parametrize("capacity", [0, -1, 1.5, "1GiB"])
 def test_bad_capacity_raises(capacity):
-    with pytest.raises(PolicyError, match=r"capacity_bytes\(=.*\) must be a positive integer or None"):
+    with pytest.raises(PolicyError, match=r"capacity_bytes\(=.*\) must be an integer >= 1 or None"):
         _pool(capacity_bytes=capacity)
 
 

@@ -349,3 +349,27 @@ def test_a_real_device_declares_its_clock_and_kind_so_the_replay_reads_them(back
         assert pool.device.device_kind is DeviceKind.of_backend(backend)
     row = gpu_replay(make_trace([("alloc", 1, 4096), ("free", 1, 4096)]), "best-fit", backend=backend).summary
     assert row["device_kind"] == DeviceKind.of_backend(backend).value and row["driver_ns_total"] > 0
+
+
+def test_replay_tables_pair_each_policy_with_its_simulated_twin():
+    from realgpu.replay import gpu_replay_tables
+
+    trace = random_trace(3, num_allocs=120)
+    tables = gpu_replay_tables(trace, ["paged", "first-fit"], backend="host", with_sim=True,
+                               capacity_bytes=256 * MiB)
+    summary = tables.summary
+    assert list(zip(summary["policy"], summary["backend"])) == [("paged", "gpu"), ("paged", "sim"),
+                                                               ("first-fit", "gpu"), ("first-fit", "sim")]
+    for real, sim in ((0, 1), (2, 3)):  # the twin replays at the capacity the real run had, to the same result
+        assert summary["capacity_bytes"].iloc[real] == summary["capacity_bytes"].iloc[sim]
+        assert _agree(summary.iloc[sim], summary.iloc[real]) == {}
+    assert set(tables.timeseries["backend"]) == {"gpu", "sim"}
+    assert len(tables.latency_samples) > 0
+
+
+def test_replay_tables_on_mapped_pages_give_the_twin_a_page_mapped_device():
+    from realgpu.replay import gpu_replay_tables
+
+    tables = gpu_replay_tables(random_trace(4, num_allocs=80), ["best-fit"], backend="host", device_kind="vmm",
+                               with_sim=True, capacity_bytes=256 * MiB)
+    assert list(tables.summary["device_kind"]) == ["page-mapped", "page-mapped"]

@@ -56,3 +56,32 @@ def test_describe_says_the_range():
     assert Knob("x", type=float, low=0, low_open=True, high=1).describe() == "a finite number in (0, 1]"
     assert Knob("x", type=int, low=1, nullable=True).describe() == "an integer >= 1 or None"
     assert Knob("x", type=str, choices=("a", "b")).describe() == "one of a, b"
+
+
+# ---------------------------------------------------------------------------- rules across knobs
+@pytest.mark.parametrize("kw, check, message", [
+    ({"kv_strategy": "virtual", "pool_layout": "shared"}, {}, "kv_strategy=virtual .* pool_layout must be 'separate'"),
+    ({"kv_strategy": "virtual", "freeze_after_steps": 3}, {}, "freeze_after_steps acts on the KV policy"),
+    ({"kv_strategy": "virtual", "compact_between_steps": True}, {}, "compact_between_steps acts on the KV policy"),
+    ({"kv_capacity_bytes": 1 << 30}, {"tenants": True}, "kv_capacity_bytes is the tenant layout's to decide"),
+    ({"pool_layout": "shared"}, {"tenants": True}, "tenants keep their weights out of the KV pool"),
+    ({"pregrow_safety": 1.0}, {"kv_policy": "paged"}, "pregrow_safety needs a KV pool that can reserve"),
+    ({"compact_between_steps": True}, {"kv_policy": "best-fit"}, "compact_between_steps needs a compacting KV pool"),
+])
+def test_rules_across_knobs_are_checked_in_one_place(kw, check, message):
+    import policies
+
+    cfg = ServerConfig(**kw)  # each knob alone is fine
+    if "kv_policy" in check:
+        check = {"kv_policy": policies.create(check["kv_policy"])}
+    with pytest.raises(ValueError, match=message):
+        cfg.check_rules(**check)
+
+
+def test_rules_pass_for_what_goes_together():
+    import policies
+
+    ServerConfig(kv_strategy="virtual").check_rules()
+    ServerConfig().check_rules(tenants=True)
+    ServerConfig(pregrow_safety=1.2).check_rules(kv_policy=policies.create("elastic"))
+    ServerConfig(compact_between_steps=True).check_rules(kv_policy=policies.create("compacting:base=[best-fit]"))

@@ -203,3 +203,12 @@ def test_the_command_compares_several_policies_and_address_modes():
                                       "-p", "torch-caching", "-p", "best-fit", "--addresses", "both"])
     assert out.exit_code == 0, out.output
     assert out.output.count("(addresses: recorded)") == 2 and out.output.count("(addresses: virtual)") == 2
+
+
+def test_a_bracketed_conf_value_is_one_setting_not_several():
+    from sim.fidelity import unmodelled_conf_keys
+
+    # the list inside the brackets once read as settings "512" and ">", unmodelled
+    assert unmodelled_conf_keys("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments:True") == []
+    assert unmodelled_conf_keys("pinned_use_cuda_host_register:True,max_split_size_mb:64") == [
+        "pinned_use_cuda_host_register"]
