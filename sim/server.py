@@ -97,7 +97,7 @@ class Server:
                  model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
                  env: simpy.Environment | None = None, gpu: simpy.Resource | None = None):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
-        pregrow_safety, compact_between_steps = config.pregrow_safety, config.compact_between_steps
+        pregrow_safety = config.pregrow_safety
         self.config = config
         self._progress = progress
         policy = pools.kv.policy
