@@ -901,26 +901,52 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     next_id = int(np.max(np.asarray(req.alloc_id, np.int64))) + 1 if len(req) else 0
     pre_ids = [req.alloc_id[p.freed_at] for p in pre_freed] + list(range(next_id, next_id + len(pre_live)))
 
-    t_raw = np.asarray(req.time_us, np.int64) if len(req) else np.zeros(0, np.int64)
-    # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
-    t_rel = np.maximum.accumulate(t_raw - t0) if t_raw.size else t_raw
-    num_time_clamped = int(np.count_nonzero(t_rel != t_raw - t0))
-    time_us = np.concatenate([np.zeros(n_pre, np.int64), t_rel])
-    is_alloc = np.concatenate([np.ones(n_pre, bool), np.asarray(req.is_alloc, dtype=bool)])
-    ids = np.concatenate([np.asarray(pre_ids, np.int64), np.asarray(req.alloc_id, np.int64)])
-    nbytes = np.concatenate([np.asarray([p.requested_bytes for p in pre], np.int64), np.asarray(req.nbytes, np.int64)])
-    stream = np.concatenate([np.asarray([p.stream for p in pre], np.int64), np.asarray(req.stream, np.int64)])
-    tags = [PRE_TRACE_TAG] * n_pre + req.tag
-    addresses = np.concatenate([np.asarray([p.address for p in pre], np.int64), np.asarray(req.address, np.int64)])
-    ids = _renumber_by_alloc_order(ids, is_alloc, next_id + len(pre_live))
-    op = np.where(is_alloc, ALLOC_OP, FREE_OP).astype(object)
+    # Each column is made once, at its final rows: a request table of 10^6 rows is 8 MB a column,
+    # and copies (np.insert per column, an op column of one str object per row) doubled the peak.
+    n_req = len(req)
     points = empty_cache_points(snap)
-    if points:  # each call goes in ahead of its request: rows n_pre + k of the requests
-        at = n_pre + np.asarray(points, np.int64)
-        call_time_us = time_us[np.minimum(at, len(time_us) - 1)] if len(time_us) else np.zeros(len(at), np.int64)
-        time_us, op, ids, nbytes, stream, addresses = (np.insert(a, at, v) for a, v in (
-            (time_us, call_time_us), (op, EMPTY_CACHE_OP), (ids, -1), (nbytes, 0), (stream, 0), (addresses, -1)))
-        tags = np.insert(np.asarray(tags, dtype=object), at, "")
+    n_rows = n_pre + n_req + len(points)
+    is_call = np.zeros(n_rows, bool)  # each empty_cache call goes in ahead of its request: rows n_pre + k
+    call_at = n_pre + np.asarray(points, np.int64)
+    is_call[call_at + np.arange(len(points))] = True
+    rows = np.flatnonzero(~is_call)  # the table row of each event: pre-trace allocations, then the requests
+    pre_rows, req_rows = rows[:n_pre], rows[n_pre:]
+    del rows
+
+    def column(pre_values, req_values, call_value, dtype=np.int64) -> np.ndarray:
+        out = np.empty(n_rows, dtype)
+        out[pre_rows] = np.asarray(pre_values, dtype) if n_pre else 0
+        out[req_rows] = _as_numpy(req_values, dtype)
+        out[is_call] = call_value
+        return out
+
+    t_rel = _as_numpy(req.time_us, np.int64) - t0
+    # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
+    clamped = np.maximum.accumulate(t_rel) if t_rel.size else t_rel
+    num_time_clamped = int(np.count_nonzero(clamped != t_rel))
+    del t_rel
+    time_us = np.zeros(n_rows, np.int64)
+    time_us[req_rows] = clamped
+    if points:  # a call takes the time of the request it precedes (of the last one at the end)
+        time_us[call_at + np.arange(len(points))] = clamped[np.minimum(call_at - n_pre, n_req - 1)] if n_req else 0
+    del clamped
+    is_alloc = column(np.ones(n_pre, bool), req.is_alloc, False, bool)
+    ids = np.empty(n_rows, np.int64)
+    ids[~is_call] = _renumber_by_alloc_order(
+        np.concatenate([np.asarray(pre_ids, np.int64), _as_numpy(req.alloc_id, np.int64)]),
+        np.concatenate([np.ones(n_pre, bool), _as_numpy(req.is_alloc, bool)]), next_id + len(pre_live))
+    ids[is_call] = -1
+    nbytes = column([p.requested_bytes for p in pre], req.nbytes, 0)
+    stream = column([p.stream for p in pre], req.stream, 0)
+    addresses = column([p.address for p in pre], req.address, -1)
+    op = np.empty(n_rows, object)  # the three str objects shared, not one made per row
+    op[is_alloc] = ALLOC_OP
+    op[~is_alloc] = FREE_OP
+    op[is_call] = EMPTY_CACHE_OP
+    tags = np.empty(n_rows, object)
+    tags[pre_rows] = PRE_TRACE_TAG
+    tags[req_rows] = req.tag
+    tags[is_call] = ""
     events = make_events(time_us, op, ids, nbytes, stream, tags)
 
     seg_events = pd.DataFrame(list(zip(ev.time_us, ev.action, ev.address, ev.nbytes, ev.stream)),
@@ -1002,6 +1028,15 @@ def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
     if not is_oom and max(sizes) > MAX_SEGMENT_BYTES:
         raise ValueError(f"size {max(sizes):,} is more than a GPU's whole virtual address space "
                          f"({MAX_SEGMENT_BYTES:,} bytes)")
+
+
+def _as_numpy(values: Sequence, dtype) -> np.ndarray:
+    """A request column as NumPy: an ``array`` is read in place (no copy), a list converted."""
+    if isinstance(values, array):
+        out = np.frombuffer(values, np.int8 if values.typecode == "b" else np.int64) if len(values) else \
+            np.zeros(0, np.int64)
+        return out.astype(dtype, copy=False)
+    return np.asarray(values, dtype)
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:

@@ -34,7 +34,9 @@ __all__ = ["StreamedEntries", "find_device_list", "load_streaming", "STREAM_GLOB
 STREAM_GLOBAL = ("traces.snapshot_stream", "StreamedEntries")
 #: Most opcodes walked while looking for the device list (the segments table of a large server
 #: is ~10^5 opcodes); past it the whole-file path is cheaper than walking on in Python.
-MAX_WALK_OPCODES = 2_000_000
+MAX_WALK_OPCODES = 500_000
+#: Deepest stack the walk follows: a snapshot nests a few levels (a batch of 1,000 items on top).
+MAX_WALK_DEPTH = 5_000
 _FRAME = pickletools.code2op["\x95"] if "\x95" in pickletools.code2op else None
 _MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
 _MEMO_GETS = {"GET", "BINGET", "LONG_BINGET"}
@@ -148,6 +150,7 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
     the pickle is not laid out so (see the module docstring).
     """
     stack: list[Any] = []
+    marks: list[int] = []  # where each MARK on the stack is: the last one found at once, not by a scan
     memo: dict[int, Any] = {}
     frame: tuple[int, int] | None = None
     top: _Token | None = None
@@ -157,7 +160,7 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
     try:
         ops = pickletools.genops(data)
         for num_ops, (op, arg, pos) in enumerate(ops):
-            if num_ops > MAX_WALK_OPCODES:
+            if num_ops > MAX_WALK_OPCODES or len(stack) > MAX_WALK_DEPTH:
                 return None
             name = op.name
             if pending is not None and name not in _MEMO_PUTS:
@@ -176,6 +179,7 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                     return None
                 continue
             if name == "MARK":
+                marks.append(len(stack))
                 stack.append(_MARK)
             elif name in _MEMO_PUTS:
                 memo[len(memo) if name == "MEMOIZE" else arg] = stack[-1]
@@ -192,10 +196,10 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                 token = _Token("list")
                 if outer is None and top is not None and _is_value_of(stack, top, "device_traces"):
                     token = outer = _Token("outer")
-                elif outer is not None and (stack[-1] is outer or _container_of(stack) is outer):
+                elif outer is not None and (stack[-1] is outer or (marks and marks[-1] and stack[marks[-1] - 1] is outer)):
                     token = _Token("device")
                     devices.append(token)
-                    dev = outer.count + (0 if stack[-1] is outer else _num_items(stack))
+                    dev = outer.count + (0 if stack[-1] is outer else len(stack) - marks[-1] - 1)
                     if device is not None and dev == device:
                         return pos, dev, _frame_at(frame, pos)
                     if device is None:
@@ -203,7 +207,7 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                 stack.append(token)
             elif name in _CONTAINER_KEEPING:
                 if op.stack_before and pickletools.markobject in op.stack_before:
-                    m = _last_mark(stack)
+                    m = marks.pop()
                     num = len(stack) - m - 1
                     del stack[m:]
                 else:
@@ -212,14 +216,14 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                 if name in ("APPEND", "APPENDS"):
                     stack[-1].count += num
             elif name == "POP_MARK":
-                del stack[_last_mark(stack):]
+                del stack[marks.pop():]
             elif name == "DUP":
                 stack.append(stack[-1])
             else:  # any other opcode: pop what it takes (through a mark), push opaque results
                 before = op.stack_before
                 if pickletools.markobject in before:
                     k = before.index(pickletools.markobject)
-                    m = _last_mark(stack)
+                    m = marks.pop()
                     del stack[m:]
                     if k:
                         del stack[len(stack) - k:]
@@ -227,33 +231,12 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                     if len(before) > len(stack):
                         return None
                     del stack[len(stack) - len(before):]
+                while marks and marks[-1] >= len(stack):  # a pickle that pops a mark as an object
+                    marks.pop()
                 stack.extend(_Token("other") for _ in op.stack_after)
     except Exception:  # a pickle this walk cannot follow: the whole-file path reads (and judges) it
         return None
     return None
-
-
-def _last_mark(stack: list) -> int:
-    for k in range(len(stack) - 1, -1, -1):
-        if stack[k] is _MARK:
-            return k
-    raise ValueError("no mark")
-
-
-def _container_of(stack: list) -> Any:
-    """What lies below the last mark: the container that the items pushed since go into."""
-    for k in range(len(stack) - 1, -1, -1):
-        if stack[k] is _MARK:
-            return stack[k - 1] if k else None
-    return None
-
-
-def _num_items(stack: list) -> int:
-    """Items pushed since the last mark (0 without one: a single APPEND)."""
-    for k in range(len(stack) - 1, -1, -1):
-        if stack[k] is _MARK:
-            return len(stack) - k - 1
-    return 0
 
 
 def _is_value_of(stack: list, top: _Token, key: str) -> bool:
