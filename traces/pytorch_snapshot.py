@@ -35,7 +35,8 @@ import pandas as pd
 
 from traces.errors import TraceFormatError, shown
 from traces.events import ALLOC_OP, EMPTY_CACHE_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace, make_events, trace_name
-from traces.snapshot_stream import STREAM_GLOBAL, StreamedEntries, find_device_list, load_streaming
+from traces.snapshot_stream import (STREAM_GLOBAL, StreamedEntries, find_device_list, load_streaming,
+                                    release_freed_memory)
 from traces.source import TraceSource, open_source
 
 __all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
@@ -259,6 +260,7 @@ def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSn
         if got is None or got[1].fallback:
             return None
         snap, entries = got
+        release_freed_memory()  # the emptied entries and the memo, before the columns are copied
         if parser.assumed and not parser.seen_completed and len(entries):
             parser = _EntryParser({0: 0}, source, unit, "free_requested")  # read again, knowing
             continue
@@ -821,7 +823,9 @@ def read_pytorch_snapshot(path: str | Path | TraceSource, *, device: int | None 
         path: a pickle or gzipped pickle from ``torch.cuda.memory._dump_snapshot``.
         device: which device's trace to read; default: the first device with trace entries.
     """
-    return snapshot_to_trace(read_snapshot(path, device=device))
+    trace = snapshot_to_trace(read_snapshot(path, device=device))
+    release_freed_memory()  # the parse's columns and copies: freed, but held by the heap until handed back
+    return trace
 
 
 #: Segment actions that reserve (or fail to): the allocator takes them only while serving a request.
