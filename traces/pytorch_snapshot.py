@@ -24,16 +24,19 @@ the allocation-trace reader (``read_pytorch_snapshot``, for replay) and ``sim.fi
 from __future__ import annotations
 
 import pickle
+from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from traces.errors import TraceFormatError, shown
 from traces.events import ALLOC_OP, EMPTY_CACHE_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace, make_events, trace_name
+from traces.snapshot_stream import (STREAM_GLOBAL, StreamedEntries, find_device_list, load_streaming,
+                                    release_freed_memory)
 from traces.source import TraceSource, open_source
 
 __all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
@@ -64,7 +67,9 @@ class SnapshotRequests:
     """The program's requests (``alloc`` and the free action), in trace order, one list per column.
 
     Columns, not one object per request: a trace holds 10^5-10^6 entries, and the trace reader
-    turns each column into one NumPy array.
+    turns each column into one NumPy array. The number columns are ``array('q')`` (``is_alloc``
+    ``array('b')``): 8 bytes a request, no int object each; they index and iterate as lists do.
+    ``time_us`` is a list, with None, only when some entry has no time.
 
     Attributes:
         entry: index of the trace entry in ``device_traces[device]``.
@@ -78,13 +83,13 @@ class SnapshotRequests:
         tag: ``user_metadata`` of an ``alloc`` (``""`` for none and for frees).
     """
 
-    entry: list[int]
-    time_us: list[int | None]
-    is_alloc: list[bool]
-    address: list[int]
-    nbytes: list[int]
-    stream: list[int]
-    alloc_id: list[int]
+    entry: Sequence[int]
+    time_us: Sequence[int | None]
+    is_alloc: Sequence[int]
+    address: Sequence[int]
+    nbytes: Sequence[int]
+    stream: Sequence[int]
+    alloc_id: Sequence[int]
     tag: list[str]
 
     def __len__(self) -> int:
@@ -199,29 +204,77 @@ class PyTorchSnapshot:
 
 # ---------------------------------------------------------------------------- reading
 class _SnapshotUnpickler(pickle.Unpickler):
+    #: What ``traces.snapshot_stream.STREAM_GLOBAL`` resolves to: set by ``load_streaming`` on its own unpickler only.
+    stream_global = None
+
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
+        if (module, name) == STREAM_GLOBAL and self.stream_global is not None:
+            return self.stream_global
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a memory snapshot holds only plain data")
 
 
 def load_snapshot_dict(path: str | Path | TraceSource) -> dict:
     """Unpickle a (gzipped or plain) snapshot file, read once (``traces.source``), without running code from it."""
     src = open_source(path)
+    return _checked_snapshot(src, _unpickled(src, lambda: _SnapshotUnpickler(src.stream()).load()))
+
+
+def _unpickled(src: TraceSource, load) -> Any:
+    """What ``load()`` unpickles; any failure to unpickle is one ``TraceFormatError`` naming the file."""
     what = "gzipped pickle" if src.gzipped else "pickle"
     try:
         src.require_intact()
-        snap = _SnapshotUnpickler(src.stream()).load()
+        return load()
     except TraceFormatError as exc:
         raise TraceFormatError(src.path, None, f"not a readable {what} ({exc.reason})") from None
     except RecursionError:
         raise TraceFormatError(src.path, None, f"not a readable {what} (nested too deeply)") from None
     except Exception as exc:  # a truncated pickle fails in many ways; all mean one thing
         raise TraceFormatError(src.path, None, f"not a readable {what} ({type(exc).__name__}: {exc})") from None
+
+
+def _checked_snapshot(src: TraceSource, snap: Any) -> dict:
     if not isinstance(snap, dict) or not ("device_traces" in snap or "segments" in snap):
         raise TraceFormatError(src.path, None,
                                "pickle holds no 'device_traces' or 'segments': not a PyTorch memory snapshot")
     return snap
+
+
+def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSnapshot | None:
+    """``read_snapshot`` with the device's entries parsed as they are unpickled (``traces.snapshot_stream``):
+    the same result, without the whole list of entry dicts in memory. None where the file's layout
+    (or an entry shared by two places) needs the whole-file read.
+
+    A trace with no ``free_completed`` closes allocations with ``free_requested``; a streamed
+    read knows that only at the end, so such a file is unpickled twice.
+    """
+    found = find_device_list(src.data, device)
+    if found is None:
+        return None
+    source, unit = str(src.path), f"device_traces[{found[1]}] index"
+    parser = _EntryParser({0: 0}, source, unit, "free_completed", assumed=True)
+    for _ in range(2):
+        got = _unpickled(src, lambda: load_streaming(src.data, found, _SnapshotUnpickler, parser.feed))
+        if got is None or got[1].fallback:
+            return None
+        snap, entries = got
+        release_freed_memory()  # the emptied entries and the memo, before the columns are copied
+        if parser.assumed and not parser.seen_completed and len(entries):
+            parser = _EntryParser({0: 0}, source, unit, "free_requested")  # read again, knowing
+            continue
+        try:
+            return _parse_snapshot(_checked_snapshot(src, snap), source, device, name, streamed=(entries, parser))
+        except RecursionError:
+            raise TraceFormatError(source, None, "a field is nested too deeply to be part of a memory snapshot") from None
+        except _NotStreamable:
+            return None
+    return None
+
+
+class _NotStreamable(Exception):
+    """The streamed device list is not the one the parse picks (the whole-file read decides)."""
 
 
 def read_snapshot(path: str | Path | TraceSource, *, device: int | None = None) -> PyTorchSnapshot:
@@ -235,8 +288,11 @@ def read_snapshot(path: str | Path | TraceSource, *, device: int | None = None) 
         TraceFormatError: the file is no snapshot or a record is malformed (names file and record).
     """
     src = open_source(path)
-    return parse_snapshot(load_snapshot_dict(src), source=str(src.path), device=device,
-                          name=trace_name(src.path, _SUFFIXES))
+    name = trace_name(src.path, _SUFFIXES)
+    streamed = _read_streamed(src, device, name)
+    if streamed is not None:
+        return streamed
+    return parse_snapshot(load_snapshot_dict(src), source=str(src.path), device=device, name=name)
 
 
 def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None = None,
@@ -254,7 +310,8 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
         raise TraceFormatError(source, None, "a field is nested too deeply to be part of a memory snapshot") from None
 
 
-def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | None) -> PyTorchSnapshot:
+def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | None,
+                    streamed: "tuple[StreamedEntries, _EntryParser] | None" = None) -> PyTorchSnapshot:
     device_traces = snap.get("device_traces") or []
     segments = snap.get("segments") or []
     if not isinstance(device_traces, list) or not isinstance(segments, list):
@@ -263,22 +320,35 @@ def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | Non
     if not isinstance(settings, dict):
         raise TraceFormatError(source, None, f"'allocator_settings' must be a dict, not {type(settings).__name__}")
     for d, entries in enumerate(device_traces):
-        if not isinstance(entries, list):
+        if not isinstance(entries, (list, StreamedEntries)):
             raise TraceFormatError(source, d, f"is {shown(entries, 40)}, not a list of trace entries",
                                    unit="device_traces index")
     _check_devices(segments, source)
     dev = _pick_device(device_traces, segments, device, source)
     entries = device_traces[dev] if dev < len(device_traces) else []
-    streams: dict[Any, int] = {0: 0}
-    requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = _parse_entries(
-        entries, streams, source, f"device_traces[{dev}] index")
+    if streamed is not None:
+        if entries is not streamed[0]:
+            raise _NotStreamable()
+        parser = streamed[1]
+        streams = parser.streams
+        requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = parser.finish()
+    else:
+        if any(isinstance(e, StreamedEntries) for e in device_traces):
+            raise _NotStreamable()
+        streams = {0: 0}
+        requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = _parse_entries(
+            entries, streams, source, f"device_traces[{dev}] index")
     at_end, live_blocks = _parse_segments(segments, dev, streams, source)
     pre_live = tuple(PreTraceAllocation(addr, requested, stream, block_bytes, None)
                      for addr, block_bytes, requested, stream in live_blocks if addr not in seen_addrs)
-    first = entries[0] if entries else None
+    if isinstance(entries, StreamedEntries):
+        time_origin_us = entries.first_time_us
+    else:
+        first = entries[0] if entries else None
+        time_origin_us = first.get("time_us") if isinstance(first, dict) else None
     return PyTorchSnapshot(
         name=Path(source).name if name is None else name, source=source, device=dev, free_action=free_action,
-        time_origin_us=first.get("time_us") if isinstance(first, dict) else None,
+        time_origin_us=time_origin_us,
         requests=requests, segment_events=events, segments_at_end=at_end,
         segments_at_start=_segments_at_start(at_end, events), pre_trace=tuple(pre_freed) + pre_live,
         allocator_settings=settings, stream_handles=streams, ignored_actions=ignored,
@@ -311,93 +381,174 @@ def _pick_device(device_traces: list, segments: list, device: int | None, source
 
 
 def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: str):
-    """One pass over the trace entries (the hot loop): requests, decisions, pre-trace frees.
-
-    Adds the streams it meets to ``streams``. Returns ``(requests, segment_events, pre_freed,
-    seen_addrs, free_action, ignored, num_deferred_frees)``.
-    """
+    """One pass over a list of trace entries (``_EntryParser``); see ``_EntryParser.finish`` for what it returns."""
     free_action = "free_completed"
     if not any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries):
         free_action = "free_requested"
-    live: dict[int, tuple[int, int]] = {}  # addr -> (alloc id, size): the allocation living there now
-    seen_addrs: set[int] = set()
-    r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag = [], [], [], [], [], [], [], []
-    s_entry, s_time, s_action, s_addr, s_size, s_stream = [], [], [], [], [], []
-    pre_freed: list[PreTraceAllocation] = []
-    ignored: dict[str, int] = {}
-    requested_at: dict[int, int] = {}  # address -> entry of its pending free_requested
-    num_deferred = 0
-    next_id = 0
-    i = -1
-    try:
-        for i, e in enumerate(entries):
-            action = e["action"]
-            if action == "alloc":
-                addr, size = e["addr"], e["size"]
-                if type(size) is not int or type(addr) is not int or not 0 < size < _INT64_LIMIT \
-                        or not 0 <= addr < _INT64_LIMIT:
-                    raise TraceFormatError(source, i, _bad_entry_numbers("alloc", addr, size), unit=unit)
-                if addr in live:
-                    raise TraceFormatError(source, i, f"alloc at address {addr:#x}, where allocation "
-                                                      f"{live[addr][0]} is still live", unit=unit)
-                s = streams.get(e["stream"])
-                if s is None:
-                    s = _new_stream(streams, e["stream"])
-                live[addr] = (next_id, size)
-                seen_addrs.add(addr)
-                r_entry.append(i); r_time.append(e.get("time_us")); r_is_alloc.append(True); r_addr.append(addr)
-                r_size.append(size); r_stream.append(s); r_id.append(next_id); r_tag.append(e.get("user_metadata") or "")
-                next_id += 1
-            elif action == free_action:
-                addr = e["addr"]
-                if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:  # the trace keeps every address
-                    raise TraceFormatError(source, i, _bad_entry_numbers(action, addr, None), unit=unit)
-                if requested_at and requested_at.pop(addr, i - 1) < i - 1:
-                    num_deferred += 1  # completed after other entries: an event (record_stream) held it
-                s = streams.get(e["stream"])
-                if s is None:
-                    s = _new_stream(streams, e["stream"])
-                found = live.pop(addr, None)
-                if found is None:  # allocated before recording began
-                    size = e["size"]
-                    if type(size) is not int or not 0 < size < _INT64_LIMIT:
-                        raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size {shown(size, 40)}",
-                                               unit=unit)
-                    found = (next_id, size)
-                    pre_freed.append(PreTraceAllocation(addr, size, s, None, len(r_entry)))
-                    seen_addrs.add(addr)
+    parser = _EntryParser(streams, source, unit, free_action)
+    parser.feed(entries, 0)
+    return parser.finish()
+
+
+class _EntryParser:
+    """The trace entries of one device as columns: requests, decisions, pre-trace frees (the hot loop).
+
+    ``feed(batch, start)`` parses entries ``start, start + 1, ...`` (whole lists, or the batches of
+    a streamed read: ``traces.snapshot_stream``); ``finish()`` checks the times and returns the
+    tables. A malformed entry's ``TraceFormatError`` is kept and raised by ``finish``, so that a
+    streamed read raises it where a whole read would (after the checks of segments and devices).
+
+    ``free_action`` is the action that closes an allocation: ``free_completed``, or
+    ``free_requested`` when the trace holds no completion. A streamed read cannot know that
+    before the end: it assumes completions (``assumed=True``) and ``seen_completed`` tells, at
+    the end, whether the trace had one (else it is read again with ``free_requested``).
+    """
+
+    def __init__(self, streams: dict[Any, int], source: str, unit: str, free_action: str, *, assumed: bool = False):
+        self.streams, self.source, self.unit, self.free_action = streams, source, unit, free_action
+        self.assumed = assumed
+        self.seen_completed = False
+        self.live: dict[int, tuple[int, int]] = {}  # addr -> (alloc id, size): the allocation living there now
+        self.seen_addrs: set[int] = set()
+        # request columns: array('q') (8 bytes a number, no int object each); tags a list of the few strings
+        self.r_entry, self.r_time, self.r_addr, self.r_size, self.r_stream, self.r_id = (array("q") for _ in range(6))
+        self.r_is_alloc = array("b")
+        self.r_tag: list[str] = []
+        self.untimed: list[int] = []  # requests whose entry has no time_us
+        self.bad_time: tuple[int, Any] | None = None  # (request, value): the first time_us that is no int64
+        self.s_entry, self.s_time, self.s_action, self.s_addr, self.s_size, self.s_stream = [], [], [], [], [], []
+        self.pre_freed: list[PreTraceAllocation] = []
+        self.ignored: dict[str, int] = {}
+        self.requested_at: dict[int, int] = {}  # address -> entry of its pending free_requested
+        self.num_deferred = 0
+        self.next_id = 0
+        self.error: TraceFormatError | None = None
+
+    def _odd_time(self, value: Any, request: int) -> int:
+        """A request's time_us that is no int64 (absent, or malformed: reported by ``finish``); 0 stands in."""
+        if value is None:
+            self.untimed.append(request)
+        elif self.bad_time is None:
+            self.bad_time = (request, value)
+        return 0
+
+    def feed(self, entries: list, start: int) -> None:
+        if self.error is not None:  # the error stands; a streamed read only still needs to know the free action
+            if self.assumed and not self.seen_completed:
+                self.seen_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
+            return
+        source, unit, streams, live, free_action = self.source, self.unit, self.streams, self.live, self.free_action
+        requested_at, pre_freed, ignored = self.requested_at, self.pre_freed, self.ignored
+        seen_add, odd_time, entry_col = self.seen_addrs.add, self._odd_time, self.r_entry
+        r_entry, r_time, r_is_alloc, r_addr = entry_col.append, self.r_time.append, self.r_is_alloc.append, self.r_addr.append
+        r_size, r_stream, r_id, r_tag = self.r_size.append, self.r_stream.append, self.r_id.append, self.r_tag.append
+        lim = _INT64_LIMIT
+        next_id, num_deferred, completed = self.next_id, self.num_deferred, False
+        i = start - 1
+        try:
+            for i, e in enumerate(entries, start):
+                action = e["action"]
+                if action == "alloc":
+                    addr, size = e["addr"], e["size"]
+                    if type(size) is not int or type(addr) is not int or not 0 < size < lim or not 0 <= addr < lim:
+                        raise TraceFormatError(source, i, _bad_entry_numbers("alloc", addr, size), unit=unit)
+                    if addr in live:
+                        raise TraceFormatError(source, i, f"alloc at address {addr:#x}, where allocation "
+                                                          f"{live[addr][0]} is still live", unit=unit)
+                    s = streams.get(e["stream"])
+                    if s is None:
+                        s = _new_stream(streams, e["stream"])
+                    live[addr] = (next_id, size)
+                    seen_add(addr)
+                    t = e.get("time_us")
+                    if type(t) is not int or not -lim <= t < lim:
+                        t = odd_time(t, len(entry_col))
+                    tag = e.get("user_metadata") or ""
+                    if type(tag) is not str and not isinstance(tag, str):
+                        tag = str(tag)
+                    r_entry(i); r_time(t); r_is_alloc(1); r_addr(addr); r_size(size); r_stream(s); r_id(next_id)
+                    r_tag(tag)
                     next_id += 1
-                r_entry.append(i); r_time.append(e.get("time_us")); r_is_alloc.append(False); r_addr.append(addr)
-                r_size.append(found[1]); r_stream.append(s); r_id.append(found[0]); r_tag.append("")
-            elif action in SEGMENT_ACTIONS:
-                s = streams.get(e["stream"])
-                if s is None:
-                    s = _new_stream(streams, e["stream"])
-                _check_segment_numbers(e, is_oom=action == "oom")
-                # an oom entry's address field is the device's free memory in some versions
-                addr = e.get("addr", e.get("device_free", 0))
-                _check_address(addr)
-                s_entry.append(i); s_time.append(e.get("time_us")); s_action.append(action)
-                s_addr.append(addr); s_size.append(e["size"]); s_stream.append(s)
-            elif action == "free_requested":  # before its free_completed (counted in ignored)
-                requested_at[e["addr"]] = i
-                ignored[action] = ignored.get(action, 0) + 1
-            elif action != "free_completed":
-                ignored[action] = ignored.get(action, 0) + 1
-    except TraceFormatError:
-        raise
-    except KeyError as exc:
-        raise TraceFormatError(source, i, f"trace entry lacks key {exc}", unit=unit) from None
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(source, i, f"malformed trace entry {shown(entries[i])} ({exc})", unit=unit) from None
-    for times, index in ((r_time, r_entry), (s_time, s_entry)):
-        k = next((k for k, t in enumerate(times) if t is not None and _bad_time(t)), None)
+                elif action == free_action:
+                    completed = True
+                    addr = e["addr"]
+                    if type(addr) is not int or not 0 <= addr < lim:  # the trace keeps every address
+                        raise TraceFormatError(source, i, _bad_entry_numbers(action, addr, None), unit=unit)
+                    if requested_at and requested_at.pop(addr, i - 1) < i - 1:
+                        num_deferred += 1  # completed after other entries: an event (record_stream) held it
+                    s = streams.get(e["stream"])
+                    if s is None:
+                        s = _new_stream(streams, e["stream"])
+                    found = live.pop(addr, None)
+                    if found is None:  # allocated before recording began
+                        size = e["size"]
+                        if type(size) is not int or not 0 < size < lim:
+                            raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size "
+                                                              f"{shown(size, 40)}", unit=unit)
+                        found = (next_id, size)
+                        pre_freed.append(PreTraceAllocation(addr, size, s, None, len(entry_col)))
+                        seen_add(addr)
+                        next_id += 1
+                    t = e.get("time_us")
+                    if type(t) is not int or not -lim <= t < lim:
+                        t = odd_time(t, len(entry_col))
+                    r_entry(i); r_time(t); r_is_alloc(0); r_addr(addr); r_size(found[1]); r_stream(s); r_id(found[0])
+                    r_tag("")
+                elif action == "free_requested":  # before its free_completed (counted in ignored)
+                    requested_at[e["addr"]] = i
+                    ignored[action] = ignored.get(action, 0) + 1
+                elif action in SEGMENT_ACTIONS:
+                    s = streams.get(e["stream"])
+                    if s is None:
+                        s = _new_stream(streams, e["stream"])
+                    _check_segment_numbers(e, is_oom=action == "oom")
+                    # an oom entry's address field is the device's free memory in some versions
+                    addr = e.get("addr", e.get("device_free", 0))
+                    _check_address(addr)
+                    self.s_entry.append(i); self.s_time.append(e.get("time_us")); self.s_action.append(action)
+                    self.s_addr.append(addr); self.s_size.append(e["size"]); self.s_stream.append(s)
+                elif action != "free_completed":
+                    ignored[action] = ignored.get(action, 0) + 1
+        except TraceFormatError as exc:
+            self.error = exc
+        except KeyError as exc:
+            self.error = TraceFormatError(source, i, f"trace entry lacks key {exc}", unit=unit)
+        except (TypeError, ValueError, AttributeError) as exc:
+            self.error = TraceFormatError(source, i, f"malformed trace entry {shown(entries[i - start])} ({exc})",
+                                          unit=unit)
+        self.next_id, self.num_deferred = next_id, num_deferred
+        if completed and free_action == "free_completed":
+            self.seen_completed = True
+        if self.error is not None and self.assumed and not self.seen_completed:
+            self.seen_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
+
+    def finish(self):
+        """``(requests, segment_events, pre_freed, seen_addrs, free_action, ignored, num_deferred_frees)``.
+
+        Raises:
+            TraceFormatError: the first malformed entry, else the first request (then segment
+                event) whose ``time_us`` is no int64.
+        """
+        if self.error is not None:
+            raise self.error
+        if self.bad_time is not None:
+            k, value = self.bad_time
+            raise TraceFormatError(self.source, self.r_entry[k], f"time_us {shown(value, 40)} is not an integer",
+                                   unit=self.unit)
+        k = next((k for k, t in enumerate(self.s_time) if t is not None and _bad_time(t)), None)
         if k is not None:
-            raise TraceFormatError(source, index[k], f"time_us {shown(times[k], 40)} is not an integer", unit=unit)
-    r_tag = [t if isinstance(t, str) else str(t) for t in r_tag]
-    requests = SnapshotRequests(r_entry, r_time, r_is_alloc, r_addr, r_size, r_stream, r_id, r_tag)
-    events = SegmentEvents(s_entry, s_time, s_action, s_addr, s_size, s_stream)
-    return requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred
+            raise TraceFormatError(self.source, self.s_entry[k], f"time_us {shown(self.s_time[k], 40)} is not an "
+                                                                 f"integer", unit=self.unit)
+        times: Any = self.r_time
+        if self.untimed:  # None where an entry has no time (the trace reader refuses it; fidelity does not need it)
+            times = list(times)
+            for k in self.untimed:
+                times[k] = None
+        requests = SnapshotRequests(self.r_entry, times, self.r_is_alloc, self.r_addr, self.r_size, self.r_stream,
+                                    self.r_id, self.r_tag)
+        events = SegmentEvents(self.s_entry, self.s_time, self.s_action, self.s_addr, self.s_size, self.s_stream)
+        return (requests, events, self.pre_freed, self.seen_addrs, self.free_action, self.ignored,
+                self.num_deferred)
 
 
 def _parse_segments(segments: list, dev: int, streams: dict, source: str
@@ -672,7 +823,9 @@ def read_pytorch_snapshot(path: str | Path | TraceSource, *, device: int | None 
         path: a pickle or gzipped pickle from ``torch.cuda.memory._dump_snapshot``.
         device: which device's trace to read; default: the first device with trace entries.
     """
-    return snapshot_to_trace(read_snapshot(path, device=device))
+    trace = snapshot_to_trace(read_snapshot(path, device=device))
+    release_freed_memory()  # the parse's columns and copies: freed, but held by the heap until handed back
+    return trace
 
 
 #: Segment actions that reserve (or fail to): the allocator takes them only while serving a request.
@@ -736,7 +889,7 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     """
     source, req, ev = snap.source, snap.requests, snap.segment_events
     for times, index in ((req.time_us, req.entry), (ev.time_us, ev.entry)):
-        if None in times:
+        if isinstance(times, list) and None in times:  # an array('q') of times has every one
             raise TraceFormatError(source, index[times.index(None)], "trace entry lacks key 'time_us'",
                                    unit=snap.entry_unit)
     t0 = snap.time_origin_us
@@ -749,29 +902,55 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     pre_live = [p for p in snap.pre_trace if p.freed_at is None]
     pre = pre_freed + pre_live
     n_pre = len(pre)
-    next_id = max(req.alloc_id) + 1 if len(req) else 0
+    next_id = int(np.max(np.asarray(req.alloc_id, np.int64))) + 1 if len(req) else 0
     pre_ids = [req.alloc_id[p.freed_at] for p in pre_freed] + list(range(next_id, next_id + len(pre_live)))
 
-    t_raw = np.asarray(req.time_us, np.int64) if len(req) else np.zeros(0, np.int64)
-    # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
-    t_rel = np.maximum.accumulate(t_raw - t0) if t_raw.size else t_raw
-    num_time_clamped = int(np.count_nonzero(t_rel != t_raw - t0))
-    time_us = np.concatenate([np.zeros(n_pre, np.int64), t_rel])
-    is_alloc = np.concatenate([np.ones(n_pre, bool), np.asarray(req.is_alloc, dtype=bool)])
-    ids = np.concatenate([np.asarray(pre_ids, np.int64), np.asarray(req.alloc_id, np.int64)])
-    nbytes = np.concatenate([np.asarray([p.requested_bytes for p in pre], np.int64), np.asarray(req.nbytes, np.int64)])
-    stream = np.concatenate([np.asarray([p.stream for p in pre], np.int64), np.asarray(req.stream, np.int64)])
-    tags = [PRE_TRACE_TAG] * n_pre + req.tag
-    addresses = np.asarray([p.address for p in pre] + req.address, np.int64)
-    ids = _renumber_by_alloc_order(ids, is_alloc, next_id + len(pre_live))
-    op = np.where(is_alloc, ALLOC_OP, FREE_OP).astype(object)
+    # Each column is made once, at its final rows: a request table of 10^6 rows is 8 MB a column,
+    # and copies (np.insert per column, an op column of one str object per row) doubled the peak.
+    n_req = len(req)
     points = empty_cache_points(snap)
-    if points:  # each call goes in ahead of its request: rows n_pre + k of the requests
-        at = n_pre + np.asarray(points, np.int64)
-        call_time_us = time_us[np.minimum(at, len(time_us) - 1)] if len(time_us) else np.zeros(len(at), np.int64)
-        time_us, op, ids, nbytes, stream, addresses = (np.insert(a, at, v) for a, v in (
-            (time_us, call_time_us), (op, EMPTY_CACHE_OP), (ids, -1), (nbytes, 0), (stream, 0), (addresses, -1)))
-        tags = np.insert(np.asarray(tags, dtype=object), at, "")
+    n_rows = n_pre + n_req + len(points)
+    is_call = np.zeros(n_rows, bool)  # each empty_cache call goes in ahead of its request: rows n_pre + k
+    call_at = n_pre + np.asarray(points, np.int64)
+    is_call[call_at + np.arange(len(points))] = True
+    rows = np.flatnonzero(~is_call)  # the table row of each event: pre-trace allocations, then the requests
+    pre_rows, req_rows = rows[:n_pre], rows[n_pre:]
+    del rows
+
+    def column(pre_values, req_values, call_value, dtype=np.int64) -> np.ndarray:
+        out = np.empty(n_rows, dtype)
+        out[pre_rows] = np.asarray(pre_values, dtype) if n_pre else 0
+        out[req_rows] = _as_numpy(req_values, dtype)
+        out[is_call] = call_value
+        return out
+
+    t_rel = _as_numpy(req.time_us, np.int64) - t0
+    # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
+    clamped = np.maximum.accumulate(t_rel) if t_rel.size else t_rel
+    num_time_clamped = int(np.count_nonzero(clamped != t_rel))
+    del t_rel
+    time_us = np.zeros(n_rows, np.int64)
+    time_us[req_rows] = clamped
+    if points:  # a call takes the time of the request it precedes (of the last one at the end)
+        time_us[call_at + np.arange(len(points))] = clamped[np.minimum(call_at - n_pre, n_req - 1)] if n_req else 0
+    del clamped
+    is_alloc = column(np.ones(n_pre, bool), req.is_alloc, False, bool)
+    ids = np.empty(n_rows, np.int64)
+    ids[~is_call] = _renumber_by_alloc_order(
+        np.concatenate([np.asarray(pre_ids, np.int64), _as_numpy(req.alloc_id, np.int64)]),
+        np.concatenate([np.ones(n_pre, bool), _as_numpy(req.is_alloc, bool)]), next_id + len(pre_live))
+    ids[is_call] = -1
+    nbytes = column([p.requested_bytes for p in pre], req.nbytes, 0)
+    stream = column([p.stream for p in pre], req.stream, 0)
+    addresses = column([p.address for p in pre], req.address, -1)
+    op = np.empty(n_rows, object)  # the three str objects shared, not one made per row
+    op[is_alloc] = ALLOC_OP
+    op[~is_alloc] = FREE_OP
+    op[is_call] = EMPTY_CACHE_OP
+    tags = np.empty(n_rows, object)
+    tags[pre_rows] = PRE_TRACE_TAG
+    tags[req_rows] = req.tag
+    tags[is_call] = ""
     events = make_events(time_us, op, ids, nbytes, stream, tags)
 
     seg_events = pd.DataFrame(list(zip(ev.time_us, ev.action, ev.address, ev.nbytes, ev.stream)),
@@ -853,6 +1032,15 @@ def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
     if not is_oom and max(sizes) > MAX_SEGMENT_BYTES:
         raise ValueError(f"size {max(sizes):,} is more than a GPU's whole virtual address space "
                          f"({MAX_SEGMENT_BYTES:,} bytes)")
+
+
+def _as_numpy(values: Sequence, dtype) -> np.ndarray:
+    """A request column as NumPy: an ``array`` is read in place (no copy), a list converted."""
+    if isinstance(values, array):
+        out = np.frombuffer(values, np.int8 if values.typecode == "b" else np.int64) if len(values) else \
+            np.zeros(0, np.int64)
+        return out.astype(dtype, copy=False)
+    return np.asarray(values, dtype)
 
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:
