@@ -10,7 +10,10 @@ one wrote, as a reader following the page would), with the repository's folders 
 
 from __future__ import annotations
 
+import contextlib
 import doctest
+import faulthandler
+import io
 import os
 import re
 import subprocess
@@ -19,15 +22,47 @@ import sys
 import pytest
 
 from docs_sessions import ROOT, Session, compare, pages, sessions
+from poollab.__main__ import run as entry_point
 
 LINKED = ("traces", "examples", "docs", "benchmarks", "tests")
 TIMEOUT_S = 300
 
 
 def run(session: Session, cwd) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "poollab", *session.argv], cwd=cwd, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S)
+    """Run the session's ``poollab ARGS`` in ``cwd`` and in this process, through the console
+    script's own entry point (``poollab.__main__.run``), with stdout and stderr in one stream as a
+    terminal shows them (a ``StringIO``: no terminal, so no progress bar, as on a pipe).
+
+    In-process rather than ``python -m poollab`` per session: a subprocess paid the interpreter's
+    start and the imports of pandas and the simulator again for each of ~40 sessions (~30 s of
+    CPU of ~110). The real process's exit statuses and one-line errors are tested on their own
+    (``tests/poollab``, ``..._through_the_real_entry_point``). A session still running after
+    ``TIMEOUT_S`` ends the test process with every thread's traceback (``faulthandler``).
+    """
+    out = io.StringIO()
+    saved_cwd, saved_argv, saved_columns = os.getcwd(), sys.argv, os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"  # the width the pages were written at
+    sys.argv = ["poollab", *session.argv]
+    os.chdir(cwd)
+    faulthandler.dump_traceback_later(TIMEOUT_S, exit=True)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                entry_point(session.argv)
+                code = 0
+            except SystemExit as exc:  # as the interpreter ends: an int is the status, a message goes to stderr
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        if saved_columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = saved_columns
+    return subprocess.CompletedProcess(["poollab", *session.argv], code, out.getvalue())
 
 
 PAGES = [p for p in pages() if sessions(p)]

@@ -41,8 +41,12 @@ def _run(argv: list[str], err: io.StringIO, monkeypatch) -> str:
 
 @pytest.fixture
 def small_alloc_trace(tmp_path):
+    """A few hundred events of a tiny model: ``gpu replay --validate`` writes and checks every byte
+    the policy hands out, so a Llama-3.2-1B-shaped trace (2.4 GiB of weights) cost ~25 s a run."""
     path = tmp_path / "small.csv"
-    write_alloc_trace(generate_alloc_trace(num_requests=2, max_batch=2, seed=1), path)
+    trace = generate_alloc_trace(num_requests=2, max_batch=2, num_layers=2, hidden_size=256, vocab_size=1024,
+                                 prompt_tokens=(32, 64), output_tokens=(4, 8), seed=1)
+    write_alloc_trace(trace, path)
     return str(path)
 
 
