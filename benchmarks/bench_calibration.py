@@ -35,7 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from poollab.cli import run_script  # noqa: E402

@@ -254,7 +254,7 @@ class SizeClass(_SizeClassCore):
         # block cached), so a list never empties: CPython moves an emptied list's storage to the
         # C allocator and back on the next append, a realloc pair that cost ~15 ns of a ~110 ns
         # compiled round trip on Python 3.11, and a fifth of the bundled snapshot's pops would
-        # empty their class (benchmarks/RESULTS.md, session 8).
+        # empty their class (benchmarks/RESULTS.md, "size-class lists that never empty").
         self._free_lists: list[list[_Block]] = [[None] for _ in self._class_sizes]
         # per class, the blocks its last refill carved and no request has taken yet (or None);
         # a class refills only when its list and its run are both empty

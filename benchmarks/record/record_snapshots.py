@@ -206,7 +206,7 @@ def run_scenario(name: str, out_dir: str) -> None:
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                out = fwd_static(tok, p, kc, vc)
+                _out = fwd_static(tok, p, kc, vc)  # the captured output, held while the graph replays
             for _ in range(20):
                 g.replay()
                 p += 1

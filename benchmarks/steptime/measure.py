@@ -1,5 +1,5 @@
 """Measure a Llama-3-8B-shaped forward pass on this GPU to calibrate sim.steptime (results: sim/data/calibration_default.json)."""
-import json, math, os, sys, time
+import json, os
 import torch
 import torch.nn.functional as F
 

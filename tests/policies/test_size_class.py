@@ -108,7 +108,7 @@ def test_freed_blocks_are_reused_last_in_first_out():
 def test_a_class_list_keeps_its_storage_when_its_last_block_is_taken():
     """Taking a class's only cached block leaves its placeholder, so the list keeps its storage:
     an emptied list would give it back, and the next free reallocate it, on every
-    alloc-free-alloc of one size (benchmarks/RESULTS.md, session 8)."""
+    alloc-free-alloc of one size (benchmarks/RESULTS.md, "size-class lists that never empty")."""
 
     pool = SizeClass()
     a = pool.allocate(4096)

@@ -7,7 +7,6 @@ import pytest
 from click.testing import CliRunner
 
 import policies
-from policies.errors import PolicyError
 from policies.torch_caching import spec_from_settings
 from sim.fidelity import (ALLOC, EMPTY_CACHE, FREE, RecordedAddressDevice, fidelity, read_recording, replay_recording,
                           snapshot_to_recording)
