@@ -23,7 +23,7 @@ recorded and with virtual segment addresses.
 instead: the snapshot's requests are replayed through PyTorch's caching allocator once per
 ``REAL_TORCH_CONFIGS`` entry (each in a fresh process with its ``PYTORCH_CUDA_ALLOC_CONF``; the
 allocations made before recording first, then ``_record_memory_history`` and the rest), each
-new snapshot is written to ``OUT_DIR`` and compared with ``torch-caching`` by ``sim.fidelity``;
+new snapshot is written to ``OUT_DIR`` and compared with ``torch-caching`` by ``sim.replay.fidelity``;
 and the same requests go through CuPy's ``MemoryPool``, whose ``total_bytes()`` after every
 request is compared with ``cupy-pool``'s reserved bytes.
 """
@@ -46,9 +46,9 @@ sys.path.insert(0, str(REPO))
 import pandas as pd  # noqa: E402
 
 import policies  # noqa: E402
-from sim.bounds import bounds  # noqa: E402
-from sim.fidelity import read_recording, replay_recording  # noqa: E402
-from sim.replay import replay  # noqa: E402
+from sim.replay.bounds import bounds  # noqa: E402
+from sim.replay.fidelity import read_recording, replay_recording  # noqa: E402
+from sim.replay.trace_replay import replay  # noqa: E402
 from traces import bundled_path, generate_alloc_trace, read_alloc_trace  # noqa: E402
 
 FULL_SNAPSHOT = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"

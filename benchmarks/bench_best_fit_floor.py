@@ -31,8 +31,8 @@ import bench_replay  # noqa: E402  (puts the repository on the path)
 import policies  # noqa: E402
 from policies.base import Allocation, Policy  # noqa: E402
 from policies.registry import unregister  # noqa: E402
-from sim.costs import CostedDevice, CostModel  # noqa: E402
-from sim.replay import trace_events  # noqa: E402
+from sim.replay.costs import CostedDevice, CostModel  # noqa: E402
+from sim.replay.trace_replay import trace_events  # noqa: E402
 from traces import read_alloc_trace  # noqa: E402
 
 FLOOR = "boundary-tag-best-fit"

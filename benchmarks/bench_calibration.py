@@ -19,7 +19,7 @@ figure (|A / B - 1|) is the engine's run-to-run spread, quoted beside every erro
 is 15 % or that spread, where larger). Without a repeat the spread is reported missing.
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
-shipped model) against the roofline as a seventh NNLS feature (``sim.step_fit``'s docstring).
+shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s docstring).
 
 Prints Markdown for ``benchmarks/RESULTS.md``; exit status 0, or 2 for a file it cannot read.
 """
@@ -38,11 +38,11 @@ import numpy as np  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from poollab.cli import run_script  # noqa: E402
-from sim.engine_runs import LATENCY_METRICS, fit_from_requests, latency_errors, predict_served, served_trace  # noqa: E402
-from sim.hardware import load_gpu  # noqa: E402
-from sim.models import load_model  # noqa: E402
-from sim.step_fit import fit_step_profile, profile_features, roofline_s  # noqa: E402
-from sim.steptime import StepTimeModel  # noqa: E402
+from sim.serving.engine_runs import LATENCY_METRICS, fit_from_requests, latency_errors, predict_served, served_trace  # noqa: E402
+from sim.serving.hardware import load_gpu  # noqa: E402
+from sim.serving.models import load_model  # noqa: E402
+from sim.serving.step_fit import fit_step_profile, profile_features, roofline_s  # noqa: E402
+from sim.serving.steptime import StepTimeModel  # noqa: E402
 from traces.engine_profile import read_served_requests, read_step_profile  # noqa: E402
 
 ENGINE = REPO.parent / "shared" / "data" / "engine"

@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import policies  # noqa: E402
-from sim.replay import replay  # noqa: E402
-from sim.simulate import simulate  # noqa: E402
+from sim.replay.trace_replay import replay  # noqa: E402
+from sim.serving.simulate import simulate  # noqa: E402
 from traces.bundled import bundled_path  # noqa: E402
 from traces.detect import read_alloc_trace  # noqa: E402
 from traces.events import AllocTrace, make_events  # noqa: E402
@@ -287,7 +287,7 @@ def bench_tags() -> None:
 def bench_gpu_compaction() -> None:
     from realgpu.compaction import attach, compact
     from realgpu.pool import GpuPool
-    from sim.costs import CostModel
+    from sim.replay.costs import CostModel
 
     costs = CostModel.load()
     sizes = [int(n) for n in np.random.default_rng(0).integers(8 * MiB, 64 * MiB, 96)]

@@ -42,9 +42,9 @@ from realgpu.nvml import MemoryReader  # noqa: E402
 from realgpu.pool import GpuPool  # noqa: E402
 from realgpu.replay import baseline_replay, device_name, gpu_replay  # noqa: E402
 from realgpu.roundtrip import baseline_roundtrip, pointer_floor_roundtrip, pool_roundtrip  # noqa: E402
-from sim.costs import CostModel  # noqa: E402
-from sim.replay import replay  # noqa: E402
-from sim.report import summary_frame  # noqa: E402
+from sim.replay.costs import CostModel  # noqa: E402
+from sim.replay.trace_replay import replay  # noqa: E402
+from sim.replay.schema import summary_frame  # noqa: E402
 from traces.detect import read_alloc_trace  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30

@@ -31,8 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from policies.units import format_bytes, parse_bytes  # noqa: E402
-from sim.fidelity import read_recording  # noqa: E402
-from sim.plan import plan  # noqa: E402
+from sim.replay.fidelity import read_recording  # noqa: E402
+from sim.planner.plan import plan  # noqa: E402
 from traces.pytorch_snapshot import infer_request_pools, load_snapshot_dict, parse_snapshot  # noqa: E402
 
 DEFAULT_SNAPSHOT = REPO / "tests" / "data" / "snapshots_h200" / "graphs.pickle.gz"

@@ -19,11 +19,11 @@ Columns: ``bare_ns`` is ns per event of the bare loop, which calls ``allocate(nb
 stream=, tag=)`` and ``free(a)`` exactly as replay does and keeps the trace-id -> allocation
 dict, nothing else; ``x_dict`` and ``x_nothing`` are its ratios to the inline dict and to the
 do-nothing policy; ``calls`` (``calls_per_event``) counts the calls the loop makes per event,
-Python functions and built-ins alike (cProfile, in a separate untimed pass). ``harness_ns`` is ns per event of ``sim.engine.run`` driving the same
-allocator as ``sim.replay.replay`` does (two clock reads and the device's driver time per call,
+Python functions and built-ins alike (cProfile, in a separate untimed pass). ``harness_ns`` is ns per event of ``sim.replay.engine.run`` driving the same
+allocator as ``sim.replay.trace_replay.replay`` does (two clock reads and the device's driver time per call,
 the latency samples, the ``PoolMonitor``): for a policy it is ``replay()``'s own ``wall_s``; and
 ``harness_x`` = harness_ns / bare_ns (issue 16: <= 1.2). The harness times the replay's default
-share of calls (``sim.engine.default_latency_sample``: about 20,000 on a long trace);
+share of calls (``sim.replay.engine.default_latency_sample``: about 20,000 on a long trace);
 ``every_ns``/``every_x`` are the same with every call timed (``latency_sample=1``), its cost
 before sampling. ``replay_ns`` is the whole ``replay()`` call (turning the trace into event
 lists, the summary row and time series included).
@@ -35,16 +35,16 @@ and merge blocks) within ``BLOCK_TARGET`` (3x) the do-nothing policy, both by ``
 this run; ``ok`` or ``MISS``, and ``-`` for rows no target covers.
 
 ``--parts`` instead builds the harness up piece by piece for each policy row (ns per event, best
-of ``--repeat``): the bare loop; ``sim.engine.run`` timing no call (the loop alone); timing the
+of ``--repeat``): the bare loop; ``sim.replay.engine.run`` timing no call (the loop alone); timing the
 default sample; and with the ``PoolMonitor`` that ``replay()`` drives (its engine time).
 
-``--engine-calls`` instead counts, for each policy row, the calls ``sim.engine.run`` makes per
+``--engine-calls`` instead counts, for each policy row, the calls ``sim.replay.engine.run`` makes per
 event (cProfile, Python functions and built-ins, the clock reads included; the ``run`` frame
 itself excluded) at the default sampling and timing every call: a count that a busy machine does
 not blur, for comparing two versions of the loop.
 
 ``--sample-bytes`` instead measures the per-call latency samples of a replay of the README's 13
-policies (``sim.replay.replay_tables``): bytes per trace event in memory and as
+policies (``sim.replay.trace_replay.replay_tables``): bytes per trace event in memory and as
 ``latency_samples.parquet`` (issue 16: <= 400 B per event).
 """
 
@@ -62,9 +62,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import policies  # noqa: E402
-from sim import engine  # noqa: E402
-from sim.costs import CostedDevice, CostModel  # noqa: E402
-from sim.replay import replay, trace_events  # noqa: E402
+from sim.replay import engine  # noqa: E402
+from sim.replay.costs import CostedDevice, CostModel  # noqa: E402
+from sim.replay.trace_replay import replay, trace_events  # noqa: E402
 from traces import bundled_path, read_alloc_trace  # noqa: E402
 
 SHARED_TRACE = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
@@ -156,7 +156,7 @@ FLOORS = {TRIVIAL: TrivialPool, OBJECT: TrivialAllocationPool}
 
 def request_events(ev) -> list[tuple[bool, int, int, int, str | None]]:
     """The reference loops' events: ``(is_alloc, key, nbytes, stream, tag)`` for each request of the
-    ``sim.replay.TraceEvents`` ``ev`` (flushes dropped: the reference loops replay requests only)."""
+    ``sim.replay.trace_replay.TraceEvents`` ``ev`` (flushes dropped: the reference loops replay requests only)."""
     tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
     return [(op == engine.ALLOC, *rest) for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
             if op != engine.FLUSH]
@@ -209,7 +209,7 @@ def calls_per_event(events, row, costs) -> float:
 
 
 def engine_calls_per_event(ev, spec, costs, latency_sample=None) -> float:
-    """Calls per event of ``sim.engine.run`` replaying ``ev`` through ``spec`` (``--engine-calls``)."""
+    """Calls per event of ``sim.replay.engine.run`` replaying ``ev`` through ``spec`` (``--engine-calls``)."""
     import cProfile
     import pstats
 
@@ -250,14 +250,14 @@ def make_policy(spec, costs):
     return DoNothing(device=device) if spec == NOTHING else policies.create(spec, device=device)
 
 
-#: ``--parts``: the harness built up piece by piece, ``sim.engine.run`` keyword arguments by part
+#: ``--parts``: the harness built up piece by piece, ``sim.replay.engine.run`` keyword arguments by part
 #: (``latency_sample=1e-9`` times no call; the monitor is the one ``replay()`` drives)
 PARTS = {"loop": {"latency_sample": 1e-9}, "+timing": {}, "+monitor": "monitor"}
 
 
 def harness_parts(ev, spec, costs) -> dict[str, float]:
-    """Seconds of ``sim.engine.run`` for each of ``PARTS``, driving a fresh ``spec`` policy."""
-    from sim.metrics import PoolMonitor, default_sample_every
+    """Seconds of ``sim.replay.engine.run`` for each of ``PARTS``, driving a fresh ``spec`` policy."""
+    from sim.replay.metrics import PoolMonitor, default_sample_every
 
     out = {}
     for part, kwargs in PARTS.items():
@@ -274,7 +274,7 @@ def sample_bytes(trace) -> dict:
     """Bytes per trace event of the latency samples of a 13-policy replay, in memory and in Parquet."""
     import tempfile
 
-    from sim.replay import replay_tables
+    from sim.replay.trace_replay import replay_tables
 
     samples = replay_tables(trace, README_POLICIES, with_bounds=False).latency_samples
     with tempfile.TemporaryDirectory() as tmp:
@@ -297,10 +297,10 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy machine)")
     ap.add_argument("--parts", action="store_true",
-                    help="instead: the bare loop and sim.engine.run piece by piece (the loop alone, "
+                    help="instead: the bare loop and sim.replay.engine.run piece by piece (the loop alone, "
                          "+ sampled timing, + the monitor), ns per event, policy rows only")
     ap.add_argument("--engine-calls", action="store_true",
-                    help="instead: calls per event of sim.engine.run, at the default sampling and timing every call")
+                    help="instead: calls per event of sim.replay.engine.run, at the default sampling and timing every call")
     ap.add_argument("--bare-only", action="store_true",
                     help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)")
     args = ap.parse_args(argv)
@@ -414,7 +414,7 @@ def print_parts(ev, events, specs, costs, repeat) -> int:
             times = {"bare": bare_loop(events, policy.allocate, policy.free), **harness_parts(ev, spec, costs)}
             best[spec] = {k: min(best[spec][k], t) for k, t in times.items()}
     ns = 1e9 / len(events)
-    print(f"# ns per event, best of {repeat}: the bare loop; sim.engine.run timing no call (loop), "
+    print(f"# ns per event, best of {repeat}: the bare loop; sim.replay.engine.run timing no call (loop), "
           f"timing the default sample (+timing), and with the monitor (+monitor: replay's engine)")
     print(f"{'row':<24} {'bare':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'x_bare':>7}")
     for spec, t in best.items():

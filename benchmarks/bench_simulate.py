@@ -9,7 +9,7 @@ Llama-3-8B on an H200 by default. For each policy and scale k the trace is simul
 - ``repeat``: k copies back to back (k times the requests over k times the time), and
 - ``rate``: k copies squeezed into the original time (k times the request rate),
 
-and the wall time of ``sim.simulate.simulate`` (setup, run and tables) is printed with the
+and the wall time of ``sim.serving.simulate.simulate`` (setup, run and tables) is printed with the
 simulated time it covered and the ratio of the two (CPU time too: on a shared machine it is
 what a dedicated core would take), the steps and the wall time per step, and the share of steps
 the server computed as quiet decode steps in closed form (``Server._quiet_steps`` over
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sim.simulate import build_serving, serving_result  # noqa: E402
+from sim.serving.simulate import build_serving, serving_result  # noqa: E402
 from traces.request_readers import read_request_trace  # noqa: E402
 
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "AzureLLMInferenceTrace_code.csv"
@@ -47,7 +47,7 @@ def scaled(trace, k: int, mode: str):
 
 
 def run(trace, spec: str, model: str, gpu: str, *, fast: bool):
-    """``sim.simulate.simulate``'s work (setup, run, tables) with the fast path on or off:
+    """``sim.serving.simulate.simulate``'s work (setup, run, tables) with the fast path on or off:
     ``(summary row, server)``."""
     t0 = time.perf_counter()
     setup = build_serving(trace, spec, model=model, gpu=gpu)

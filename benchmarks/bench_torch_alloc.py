@@ -255,11 +255,11 @@ def stitch_bench(args) -> list[dict]:
     """No GPU: PyTorch's own requests (the bundled llama1b ``generate`` slice) through the callback
     table of each page policy on ``host-vmm``, as ``use_policy`` builds it; what its tensors over
     pages that are not one range cost: fresh ranges, kept ranges reused or taken over, driver calls,
-    and their time at the bundled H200 costs (``sim.costs.CostModel``: a reserve a range, a map and
+    and their time at the bundled H200 costs (``sim.replay.costs.CostModel``: a reserve a range, a map and
     an access call a page mapped, an unmap a page unmapped). With and without take-overs
     (``TAKE_OVER_CANDIDATES`` 0: only exact reuse, the code before session 12's change)."""
     import realgpu.torch_allocator as ta
-    from sim.costs import CostModel
+    from sim.replay.costs import CostModel
     from traces import bundled_path, read_alloc_trace
 
     costs = CostModel.load()

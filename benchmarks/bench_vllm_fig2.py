@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from sim.simulate import simulate  # noqa: E402
+from sim.serving.simulate import simulate  # noqa: E402
 from traces.synth_requests import Lognormal, synth_requests  # noqa: E402
 
 PAPER = {"max": 20.4, "pow2-oracle": 26.8, "oracle": 38.2, "paged": 96.3}

@@ -3,7 +3,7 @@
 Each library draws the same thing, offline (its JavaScript inlined): the report's timelines of a
 result folder (reserved, live and external fragmentation over time, one line per run, three
 panels on one shared, zoomable time axis, hover for values), from the very series the report
-embeds (``sim.interactive.page.trace_data``: ``DETAIL_POINTS`` rows per run, bucket maxima).
+embeds (``sim.report.interactive.page.trace_data``: ``DETAIL_POINTS`` rows per run, bucket maxima).
 Each page sets ``window.benchReady`` once the library has drawn (polled in the page), and
 ``report_load.load_times`` times navigation start to that flag in headless Chromium.
 
@@ -26,8 +26,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report_load import load_times  # noqa: E402
 
-from sim.html_report import load_result_folder  # noqa: E402
-from sim.interactive.page import DETAIL_POINTS, trace_data  # noqa: E402
+from sim.report.html import load_result_folder  # noqa: E402
+from sim.report.interactive.page import DETAIL_POINTS, trace_data  # noqa: E402
 
 METRICS = (("reserved", "reserved (MiB)", 2**20), ("live", "live (MiB)", 2**20), ("frag", "ext. fragmentation", 1))
 

@@ -172,7 +172,7 @@ def gauges_mismatch(policy: "Policy", stats: "PoolStats") -> str | None:
     """What ``policy.gauges()`` says that ``stats`` (its ``stats()``) does not, or None when they
     agree. A monitor charts the gauges and the summary reports ``stats()``: a policy that
     overrides ``stats()`` alone would chart numbers its own summary contradicts. The one check,
-    for the battery (``check_invariants``) and for every replay's monitor (``sim.metrics``)."""
+    for the battery (``check_invariants``) and for every replay's monitor (``sim.replay.metrics``)."""
     gauges = tuple(policy.gauges())
     levels = (stats.live_bytes, stats.allocated_bytes, stats.reserved_bytes, stats.largest_free_bytes,
               stats.num_segments)
@@ -295,7 +295,7 @@ class Policy:
     #: wrapper does not forward it: its own rules (a tag's limit, a reservation) may refuse what
     #: its base would serve
     counts_free_pages: ClassVar[bool] = False
-    #: a simulated server can keep its KV cache in it (``sim.simulate``): each allocation is one
+    #: a simulated server can keep its KV cache in it (``sim.serving.simulate``): each allocation is one
     #: range (``contiguous``) or whole pages of ``page_size_bytes``; False for a pool whose
     #: allocations are neither (vmm-stitch's chunks of several ranges). A spec's answer, without
     #: building it: ``registry.can_hold_kv`` (``can_hold_kv_for``); wrappers answer for their base

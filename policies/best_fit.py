@@ -62,7 +62,7 @@ class _BestFitCore(Policy):
         rest = a.next
         if rest is not None and rest.free:  # a split: the rest goes back into the index
             key = rest.size << shift | rest.offset
-            if i == 0 or (k := keys[i - 1]) < key:  # the rest keeps the block's place in the order: no shift
+            if i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
                 keys[i] = key
                 blocks[i] = rest
             else:

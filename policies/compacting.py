@@ -29,7 +29,7 @@ When it runs:
 ``idle_only=True`` turns the first two off: nothing moves on the allocation path.
 
 Cost: each move is modelled as a device copy: ``copy_ns(nbytes)`` when set (wiring, not a knob:
-by default the device's own ``copy_ns``: ``sim.costs.CostedDevice`` models it, other devices say 0).
+by default the device's own ``copy_ns``: ``sim.replay.costs.CostedDevice`` models it, other devices say 0).
 Each pass is recorded as a ``Compaction`` row (bytes moved, modelled time, fragmentation and
 largest free range before and after, bytes released).
 

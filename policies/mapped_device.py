@@ -27,7 +27,7 @@ A page-mapped device may take its physical memory from a segment device (``physi
 ``release_handle`` its ``release``, so a VMM policy handed a plain ``Device`` (a test's
 ``VirtualDevice`` with a limit) maps pages whose physical bytes that device counts and refuses.
 
-Every call is costed through ``costs.vmm_call_ns(call, nbytes)`` (``sim.costs.CostModel`` has a
+Every call is costed through ``costs.vmm_call_ns(call, nbytes)`` (``sim.replay.costs.CostModel`` has a
 table for each of ``VMM_CALLS``; None: free) and counted per call; ``call_stats()`` gives the
 report's columns. ``realgpu`` implements the same calls with ``cuda.bindings.driver``.
 """

@@ -29,7 +29,7 @@ and the device's memory at once: a segment that would pass it is refused.
 Replay fidelity: ``seed_segment`` rebuilds a segment that existed before a trace began (its
 blocks at their real offsets), and ties between equal-size free blocks are broken by address as
 in PyTorch, so a device that hands out the recorded ``cudaMalloc`` addresses reproduces the real
-allocator's decisions (``sim.fidelity``).
+allocator's decisions (``sim.replay.fidelity``).
 
 Private pools (``beginAllocateToPool`` / ``endAllocateToPool`` / ``releasePool``, what a CUDA
 graph capture and ``torch.cuda.MemPool`` use): while a capture into pool P is underway on stream

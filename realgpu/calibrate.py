@@ -2,7 +2,7 @@
 
 ``cudaMalloc`` and ``cudaFree`` are timed apart, one call at a time from Python (the way a pool
 calls them), at sizes from 4 KiB to 4 GiB; copies are timed with CUDA events. The file
-``sim.costs.CostModel.load`` reads needs ``malloc_us``/``free_us`` (``nbytes`` and median
+``sim.replay.costs.CostModel.load`` reads needs ``malloc_us``/``free_us`` (``nbytes`` and median
 ``us`` lists) and the three bandwidths in bytes copied per second; the rest (p99s, the repeat
 counts, pageable-memory bandwidths, versions) is there for people.
 
@@ -296,7 +296,7 @@ def _calibrate_vmm(device_id: int, sizes: tuple[int, ...], free_bytes: int, repe
 
 def write_costs(table: dict[str, Any], path: str | Path) -> Path:
     """Write a cost table and read it back through the simulator's loader (which checks the schema)."""
-    from sim.costs import CostModel
+    from sim.replay.costs import CostModel
 
     from traces.atomic import replacing_file
 

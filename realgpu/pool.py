@@ -347,7 +347,7 @@ class GpuPool:
 
     # ------------------------------------------------------------------ replay hooks
     def replay_hooks(self) -> tuple[Callable[[Allocation], None], Callable[[Allocation], None]]:
-        """``(on_alloc, on_free)`` for ``sim.replay.replay`` driving ``self.policy`` directly.
+        """``(on_alloc, on_free)`` for ``sim.replay.trace_replay.replay`` driving ``self.policy`` directly.
 
         Without validation each allocation is touched (its first and last bytes written); with
         it, the whole allocation is filled (the rounding slack as guard) and checked before the

@@ -1,6 +1,6 @@
 """Replay an allocation trace on the device: policies and baselines, in the shared report schema.
 
-A policy is replayed by the simulator's own loop (``sim.replay.replay``) with the policy's
+A policy is replayed by the simulator's own loop (``sim.replay.trace_replay.replay``) with the policy's
 upstream being a real device (``GpuPool``): the same ``PoolMonitor`` samples the same event
 indices and the device hands out the simulator's offsets, so the GPU row and the simulated row
 of one trace and policy agree exactly on peak live, peak reserved, failures and fragmentation.
@@ -9,8 +9,8 @@ it caused (and, for a compacting policy, the device copies of the allocations it
 ``realgpu.compaction.DeviceMover``), every allocation is touched (or, with ``validate``, filled
 and checked), and the device's own used memory is read (NVML).
 
-Baselines (``realgpu.baselines``) go through the same loop (``sim.engine.run``: same timer,
-same sampling stride) and the same row (``sim.report.summary_row``), touching each allocation
+Baselines (``realgpu.baselines``) go through the same loop (``sim.replay.engine.run``: same timer,
+same sampling stride) and the same row (``sim.replay.schema.summary_row``), touching each allocation
 and reporting their own reserved-bytes reading. Columns they cannot know (fragmentation,
 rounding waste for some) are NaN.
 
@@ -39,12 +39,12 @@ from policies.base import Policy
 from policies.device_kind import DeviceKind
 from realgpu.baselines import Baseline, make_baseline
 from realgpu.pool import GpuPool
-from sim.costs import costed_device
-from sim.engine import ALLOC, FREE, Target
-from sim.engine import run as engine_run
-from sim.metrics import PoolMonitor, default_sample_every
-from sim.replay import ReplayResult, replay, trace_events
-from sim.report import latency_samples, summary_frame, summary_row
+from sim.replay.costs import costed_device
+from sim.replay.engine import ALLOC, FREE, Target
+from sim.replay.engine import run as engine_run
+from sim.replay.metrics import PoolMonitor, default_sample_every
+from sim.replay.trace_replay import ReplayResult, replay, trace_events
+from sim.replay.schema import latency_samples, summary_frame, summary_row
 from traces.events import AllocTrace
 
 __all__ = ["gpu_replay", "baseline_replay", "gpu_replay_tables", "GpuReplayTables", "BaselineResult", "device_name"]
@@ -89,12 +89,12 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
             CUDA (recorded in the row, so a simulated run can be given the same), none on the host.
         validate: fill every allocation with a pattern (rounding slack as guard) and check it
             before each free; raises ``CorruptionError`` at the first difference.
-        sample_every: stats sample stride in events (as ``sim.replay``).
+        sample_every: stats sample stride in events (as ``sim.replay.trace_replay``).
         progress: show a progress bar.
         device_id: the CUDA device.
 
     Returns:
-        ``sim.replay.ReplayResult`` with ``backend="gpu"`` rows; the pool is closed (every
+        ``sim.replay.trace_replay.ReplayResult`` with ``backend="gpu"`` rows; the pool is closed (every
         segment freed) before it returns.
     """
     watch = _memory_watch(device_id) if backend.startswith("cuda") else None
@@ -182,7 +182,7 @@ def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every
                     timer: Callable[[], int] = time.perf_counter_ns) -> BaselineResult:
     """Replay ``trace`` through a baseline allocator (``realgpu.baselines``) on the GPU.
 
-    The loop is ``sim.engine.run`` and the row ``sim.report.summary_row``, as for a policy: the
+    The loop is ``sim.replay.engine.run`` and the row ``sim.replay.schema.summary_row``, as for a policy: the
     timed region is the allocator's own call (``alloc(nbytes)``; ``free(handle)`` or dropping
     the last reference), a failed allocation is counted and its free skipped. Each allocation is
     made on the stream the trace recorded (``Baseline.use_stream``, switched between events,

@@ -5,7 +5,7 @@ A policy sees a ``policies.device.Device``: ``reserve(nbytes) -> offset | None``
 simulator's default upstream) and backs each segment with real memory (``cudaMalloc`` in
 ``realgpu.cuda.CudaDevice``, a host array in ``realgpu.host.HostDevice``). Since the offsets are
 exactly the simulator's, the same policy on the same trace makes the same decisions on the
-device as in ``sim.replay``: peaks, failures and fragmentation agree to the byte.
+device as in ``sim.replay.trace_replay``: peaks, failures and fragmentation agree to the byte.
 
 Backends implement ``_map``/``_unmap`` (get and give back ``nbytes`` of memory) and the memory
 operations the pool's validation mode and replay use (``fill``, ``first_mismatch``, ``touch``).

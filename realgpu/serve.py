@@ -15,8 +15,8 @@ What happens, per policy spec (``pytorch`` is PyTorch's own caching allocator, n
    (``drive``). It records one row per engine step (``traces.engine_profile`` step profile) and
    one per request.
 3. This process assembles the summary row (``serve_summary_row``): the report schema's memory
-   columns (``sim.report.summary_row``) and the serving columns ``simulate`` has
-   (``sim.serving_metrics``), and writes the result folder (``write_serve_results``).
+   columns (``sim.replay.schema.summary_row``) and the serving columns ``simulate`` has
+   (``sim.serving.serving_metrics``), and writes the result folder (``write_serve_results``).
 
 The engine allocates its KV cache as one tensor per layer for K and one for V at start-up and
 manages its blocks itself; an allocator sees those tensors, the weights and the activations, never a
@@ -275,16 +275,16 @@ def served_table(plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completion
 def serve_summary_row(memory_row: dict[str, Any], served: pd.DataFrame, steps: pd.DataFrame, *,
                       kv_capacity_tokens: int, num_preemptions: int = 0, **extra: Any) -> dict[str, Any]:
     """The summary row ``simulate`` writes, from a real run: ``memory_row`` (the report schema's columns,
-    ``sim.report.summary_row``'s) and the serving columns (``sim.serving_metrics.serving_summary`` over
-    the request table ``sim.serving_metrics.request_table`` builds), then the engine's columns and
+    ``sim.replay.schema.summary_row``'s) and the serving columns (``sim.serving.serving_metrics.serving_summary`` over
+    the request table ``sim.serving.serving_metrics.request_table`` builds), then the engine's columns and
     ``extra``.
 
     ``kv_token_util`` is the step-time-weighted share of the KV cache's tokens the step's sequences
     held (their context tokens over ``kv_capacity_tokens``); ``duration_s`` the time from the first
     arrival to the last finish.
     """
-    from sim.scheduler import RequestState
-    from sim.serving_metrics import request_table, serving_summary
+    from sim.serving.scheduler import RequestState
+    from sim.serving.serving_metrics import request_table, serving_summary
 
     requests = [SimpleNamespace(request_id=int(r.request), arrival_s=r.arrival_s, prompt_tokens=int(r.prompt_tokens),
                                 output_tokens=int(r.output_tokens), num_generated=int(r.num_generated),
@@ -318,7 +318,7 @@ def policy_slug(spec: str) -> str:
 def sim_config(*, kv_capacity_bytes: int, settings: ServeSettings, max_len_tokens: int) -> Any:
     """The ``simulate`` settings that match a real run: its KV bytes, block size, step budget,
     sequence limit and longest sequence; no prefix sharing (the prompts are random)."""
-    from sim.config import ServerConfig
+    from sim.serving.config import ServerConfig
 
     return ServerConfig(kv_capacity_bytes=int(kv_capacity_bytes), tokens_per_page=settings.block_tokens,
                         max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_batch_tokens,
@@ -437,11 +437,11 @@ def read_run(work: Path, spec: str) -> ServeRun:
 def write_serve_results(out_dir: Path, runs: Sequence[ServeRun], meta: dict[str, Any],
                         comparison: pd.DataFrame | None = None) -> list[Path]:
     """The result folder: ``summary.csv``, ``timeseries.parquet``, ``requests.parquet`` (every run's
-    request table, ``sim.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
+    request table, ``sim.serving.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
     per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served requests) and,
     when recorded, ``snapshot_<policy>.pickle.gz`` (and the whole run's ``snapshot_<policy>_run.pickle.gz``),
     each with its ``.json`` of the engine's memory. Returns the per-policy files."""
-    from sim.report import summary_frame, write_results
+    from sim.replay.schema import summary_frame, write_results
 
     summary = summary_frame([r.summary for r in runs])
     tables = [r.served.assign(policy=r.spec) for r in runs]
@@ -513,7 +513,7 @@ def resolve_max_len(settings: ServeSettings) -> int:
             raise ValueError(f"--checkpoint {settings.checkpoint}: config.json has no max_position_embeddings; "
                              f"give --max-len")
         return value
-    from sim.models import load_model
+    from sim.serving.models import load_model
 
     return int(load_model(settings.model).max_position_embeddings or 8192)
 
@@ -574,7 +574,7 @@ def simulate_like(run: ServeRun, plan: pd.DataFrame, settings: ServeSettings, *,
                   calibration: Any = None, trace_name: str = "requests") -> pd.DataFrame:
     """``simulate`` the planned requests with the real run's KV bytes and engine limits (``sim_config``)
     and the run's policy (``torch-caching`` for PyTorch's own), and compare (``measured_against_predicted``)."""
-    from sim.simulate import simulate
+    from sim.serving.simulate import simulate
 
     spec = SIM_TWIN_OF_PYTORCH if run.spec == PYTORCH else run.spec
     config = sim_config(kv_capacity_bytes=int(run.summary["kv_bytes"]), settings=settings,

@@ -44,7 +44,7 @@ SNAPSHOT_RUN_MAX_ENTRIES = 2_000_000
 
 
 def model_config(spec: Any, *, max_len_tokens: int | None):
-    """A ``LlamaConfig`` of ``spec``'s shape (``sim.models.ModelSpec``): a dense Llama-architecture
+    """A ``LlamaConfig`` of ``spec``'s shape (``sim.serving.models.ModelSpec``): a dense Llama-architecture
     decoder (Llama, Mistral and Qwen presets keep their shapes; Qwen's qkv biases are left out).
     Raises ValueError for a shape that architecture cannot take (plain MLP, hybrid layers)."""
     from transformers import LlamaConfig
@@ -76,7 +76,7 @@ def build_model(settings: ServeSettings, device: Any):
     if settings.checkpoint:
         return AutoModelForCausalLM.from_pretrained(settings.checkpoint, dtype="auto", device_map={"": device},
                                                     attn_implementation=settings.attn_implementation).eval()
-    from sim.models import load_model
+    from sim.serving.models import load_model
 
     spec = load_model(settings.model)
     cfg = model_config(spec, max_len_tokens=settings.max_len_tokens)
@@ -287,7 +287,7 @@ def warm_up(engine: TransformersEngine, settings: ServeSettings, *, vocab_size: 
 
 
 class TorchMemoryReadings:
-    """PyTorch's caching allocator as ``sim.metrics.PoolMonitor`` readings: its own counters (live =
+    """PyTorch's caching allocator as ``sim.replay.metrics.PoolMonitor`` readings: its own counters (live =
     requested bytes, allocated, reserved) and, from ``torch.cuda.memory_snapshot()``, the largest free
     block inside its segments (for external fragmentation)."""
 
@@ -469,7 +469,7 @@ def run_job(work: Path) -> None:
         readings = (HostReadings() if settings.on_cpu else TorchMemoryReadings(device)) if alloc is None else None
         monitor = None
         if readings is not None:
-            from sim.metrics import PoolMonitor
+            from sim.replay.metrics import PoolMonitor
 
             monitor = PoolMonitor(readings=readings)
         t_ref = [time.perf_counter()]
@@ -532,7 +532,7 @@ def run_job(work: Path) -> None:
             _write_sidecars(work, [(snapshot, "startup" if settings.snapshot_until != "end" else "run"),
                                    (run_snapshot, "run")], non_torch, info, settings, extra)
         if alloc is None:
-            from sim.report import summary_row
+            from sim.replay.schema import summary_row
 
             monitor.finish(len(engine.steps) + 1, int((time.perf_counter() - t_ref[0]) * 1e6))
             memory_row = summary_row(trace=trace_name, policy=PYTORCH, backend="host" if settings.on_cpu else "torch-cuda",

@@ -15,7 +15,7 @@
 
 Both go through ``realgpu.GpuPool`` (backend ``"cuda"``), so the policy's ``PoolStats``, the
 per-call latency samples and validation mode (patterns and guards, checked on every free) are
-``GpuPool``'s, and ``summary_row`` is ``sim.report.summary_row``'s row.
+``GpuPool``'s, and ``summary_row`` is ``sim.replay.schema.summary_row``'s row.
 
 PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first use with
 ``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
@@ -81,7 +81,7 @@ from realgpu.errors import GpuUnavailableError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.malloc_path import ALIGNMENT_BYTES, TorchPath, extents_are_one_range
 from realgpu.pool import GpuPool
-from sim.metrics import PoolMonitor
+from sim.replay.metrics import PoolMonitor
 
 __all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYTES", "MODES", "load_shim",
            "Shim", "CudaStreamEvents", "AlignedHostDevice"]
@@ -699,11 +699,11 @@ class TorchPolicyAllocator:
         return self.pool.stats()
 
     def summary_row(self, **context: Any) -> dict[str, Any]:
-        """``sim.report.summary_row``'s row for this run; ``context`` (``trace=``, ``params=``, or
+        """``sim.replay.schema.summary_row``'s row for this run; ``context`` (``trace=``, ``params=``, or
         extra columns such as a batch shape) goes in front of the computed extras."""
         if self._row is not None:
             return {**self._row, **context}
-        from sim.report import summary_row
+        from sim.replay.schema import summary_row
 
         shim = self.shim
         alloc_ns = shim.samples(0) if shim is not None else np.empty(0, dtype=np.int64)

@@ -4,7 +4,7 @@ A snapshot is a pickle (often gzipped) of a dict with ``segments`` (the allocato
 snapshot was taken), ``device_traces`` (one list of trace entries per device) and
 ``allocator_settings``. Each trace entry has ``action``, ``addr``, ``size``, ``stream`` and
 ``time_us``. ``parse_snapshot`` reads one device's part into a ``PyTorchSnapshot``, which both
-the allocation-trace reader (``read_pytorch_snapshot``, for replay) and ``sim.fidelity`` use:
+the allocation-trace reader (``read_pytorch_snapshot``, for replay) and ``sim.replay.fidelity`` use:
 
 - ``alloc`` opens an allocation (``size`` is the size asked for, before rounding);
   ``free_completed`` closes it (``free_requested`` only when the trace holds no completions:
@@ -841,7 +841,7 @@ def snapshot_max_split_size_bytes(settings: dict[str, Any]) -> int | None:
 def empty_cache_frees(actions: list[str], sizes: list[int], max_split_size_bytes: int | None) -> int:
     """How many segment events, of those between two requests (``actions``/``sizes`` in trace
     order), are the program calling ``empty_cache()``: the run of frees ahead of any reservation
-    (0: none). The one rule both ``snapshot_to_trace`` and ``sim.fidelity`` read the call with.
+    (0: none). The one rule both ``snapshot_to_trace`` and ``sim.replay.fidelity`` read the call with.
 
     The allocator reserves only while serving a request, so a reservation or an ``oom`` belongs
     to the next request, and frees ahead of it are ``empty_cache()`` (``torch.cuda.graph`` calls

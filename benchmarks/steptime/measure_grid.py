@@ -1,4 +1,4 @@
-"""Step times of a Llama-3-8B-shaped forward pass over a grid, for validating sim.steptime.
+"""Step times of a Llama-3-8B-shaped forward pass over a grid, for validating sim.serving.steptime.
 
     OUT=/some/folder python benchmarks/steptime/measure_grid.py      # on the GPU; writes $OUT/steptime_grid.csv
 

@@ -1,4 +1,4 @@
-"""Validate sim.steptime on step times it was not fitted on.
+"""Validate sim.serving.steptime on step times it was not fitted on.
 
     python benchmarks/steptime/validate.py steptime_grid.csv [--split random|context] [--seed 0]
 
@@ -39,9 +39,9 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.hardware import load_gpu  # noqa: E402
-from sim.models import load_model  # noqa: E402
-from sim.steptime import StepTimeModel, default_calibration  # noqa: E402
+from sim.serving.hardware import load_gpu  # noqa: E402
+from sim.serving.models import load_model  # noqa: E402
+from sim.serving.steptime import StepTimeModel, default_calibration  # noqa: E402
 
 #: Columns ``measure_grid.py`` writes that this script needs.
 NEEDED = ("kind", "batch", "context_tokens", "prefill_tokens", "measured_s")

@@ -4,10 +4,10 @@ An mkdocs hook (``hooks:`` in ``mkdocs.yml``). A page asks for a generated block
 line ``<!-- poollab:generate NAME -->``; ``on_page_markdown`` replaces it with ``GENERATORS[NAME]()``,
 computed from the code at build time, so the pages change when a column, a policy or a knob does:
 
-- ``columns``: the report schema (``sim.report.SUMMARY_COLUMNS``, ``DEVICE_COLUMNS``,
-  ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``; ``sim.serving_metrics.SERVING_COLUMNS``),
+- ``columns``: the report schema (``sim.replay.schema.SUMMARY_COLUMNS``, ``DEVICE_COLUMNS``,
+  ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``; ``sim.serving.serving_metrics.SERVING_COLUMNS``),
   in schema order, each with its unit (from the name: ``*_bytes``, ``*_us``, ``n_*``, ...) and
-  the header the command line prints it under (``sim.report.format_table`` itself). Meanings come
+  the header the command line prints it under (``sim.replay.schema.format_table`` itself). Meanings come
   from ``columns.yml`` beside this file, keyed by column; ``tests/docs`` fails when a schema
   column has none there or when it describes a column the schema no longer has.
 - ``policies``: every registered policy (``policies.available()``: built-ins and entry points),
@@ -44,7 +44,8 @@ COLUMNS_FILE = Path(__file__).with_name("columns.yml")
 
 def schema_tables() -> dict[str, list[str]]:
     """Each table of the report schema -> its columns, in schema order."""
-    from sim import report, serving_metrics
+    from sim.replay import schema as report
+    from sim.serving import serving_metrics
 
     return {
         "summary.csv: every backend": list(report.SUMMARY_COLUMNS),
@@ -81,9 +82,9 @@ def column_unit(column: str, shown_as: str) -> str:
 
 
 def shown_as(column: str) -> str:
-    """The header the command line's tables print the column under (``sim.report.format_table``)."""
+    """The header the command line's tables print the column under (``sim.replay.schema.format_table``)."""
     import pandas as pd
-    from sim.report import format_table
+    from sim.replay.schema import format_table
 
     header = format_table(pd.DataFrame({column: [0.0]}), [column]).splitlines()[0]
     return header.strip()

@@ -56,7 +56,7 @@ def step_time_line(calibration: Path | None) -> str:
     describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a UsageError."""
     if calibration is None:
         return "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
-    from sim.steptime import load_step_calibration
+    from sim.serving.steptime import load_step_calibration
 
     try:
         return load_step_calibration(calibration).describe()
@@ -89,8 +89,8 @@ def read_requests_or_explain(path: Path, fmt: str | None):
 
 
 def load_costs(path: Path | None):
-    """``sim.costs.CostModel.load(path)`` (None: the bundled figures); a bad file is a UsageError."""
-    from sim.costs import CostModel
+    """``sim.replay.costs.CostModel.load(path)`` (None: the bundled figures); a bad file is a UsageError."""
+    from sim.replay.costs import CostModel
 
     if path is None:
         return None

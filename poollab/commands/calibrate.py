@@ -1,9 +1,9 @@
 """``poollab calibrate``: make the simulator's step time describe a real engine.
 
-``steps PROFILE`` fits the step-time terms to an engine's step profile (``sim.step_fit``);
-``requests REQUESTS`` infers them from a served-request table alone (``sim.engine_runs``). Both
+``steps PROFILE`` fits the step-time terms to an engine's step profile (``sim.serving.step_fit``);
+``requests REQUESTS`` infers them from a served-request table alone (``sim.serving.engine_runs``). Both
 write a calibration file that ``simulate``, ``colocate`` and ``sweep`` read with
-``--calibration`` (``sim.steptime.load_step_calibration``).
+``--calibration`` (``sim.serving.steptime.load_step_calibration``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import click
 
 from poollab.errors import UsageError
 from poollab.options import COUNT, Count
-from sim.hardware import DEFAULT_GPU
-from sim.models import DEFAULT_MODEL
+from sim.serving.hardware import DEFAULT_GPU
+from sim.serving.models import DEFAULT_MODEL
 
 __all__ = ["register"]
 
@@ -31,8 +31,8 @@ def calibrate_group() -> None:
 
 
 def _specs(model: str, gpu: str):
-    from sim.hardware import load_gpu
-    from sim.models import load_model
+    from sim.serving.hardware import load_gpu
+    from sim.serving.models import load_model
 
     try:
         return load_model(model), load_gpu(gpu)
@@ -71,7 +71,7 @@ def _with_common(command):
 
 
 def _engine(name: str) -> str:
-    from sim.engines import load_engine
+    from sim.serving.engines import load_engine
 
     try:
         return load_engine(name).name
@@ -87,8 +87,8 @@ def _engine(name: str) -> str:
                    "per_kv_token_s, per_pair_s, per_query_kv_s.")
 def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
-    from sim.step_fit import OUTLIER_REL_ERROR, fit_step_profile
-    from sim.report import format_table
+    from sim.serving.step_fit import OUTLIER_REL_ERROR, fit_step_profile
+    from sim.replay.schema import format_table
     from traces.engine_profile import read_step_profile
 
     engine = _engine(engine)
@@ -122,8 +122,8 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
               help="Simulations the fit may run (each serves the whole table).")
 def requests_command(requests: Path, model, gpu, tensor_parallel, engine, out: Path, max_evaluations: int) -> None:
     """Infer the step time from a served-request table REQUESTS alone (arrival, first token, finish, tokens)."""
-    from sim.engine_runs import fit_from_requests
-    from sim.report import format_table
+    from sim.serving.engine_runs import fit_from_requests
+    from sim.replay.schema import format_table
     from traces.engine_profile import read_served_requests
 
     engine = _engine(engine)

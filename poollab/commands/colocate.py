@@ -13,12 +13,12 @@ from poollab.commands._common import check_specs, load_costs, model_file_options
 from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
 from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
-from sim.config import ServerConfig
-from sim.hardware import DEFAULT_GPU
-from sim.models import DEFAULT_MODEL
-from sim.report import format_table, write_results
+from sim.serving.config import ServerConfig
+from sim.serving.hardware import DEFAULT_GPU
+from sim.serving.models import DEFAULT_MODEL
+from sim.replay.schema import format_table, write_results
 
-#: ``sim.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator
+#: ``sim.serving.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator
 COMPUTE_CHOICES = ("time-sliced", "independent")
 
 
@@ -83,9 +83,9 @@ def colocate_command(traces_: tuple[Path, ...], num_tenants, layouts, spec, mode
         raise UsageError(str(exc)) from None
     if num_tenants is not None and len(traces_) != 1:
         raise UsageError(f"--tenants deals ONE trace to tenants; got {len(traces_)} traces (each is a tenant)")
-    from sim.tenants import COMPUTE_MODES, LAYOUTS, colocate_layouts, scale_tenant_rates, share_trace
+    from sim.serving.tenants import COMPUTE_MODES, LAYOUTS, colocate_layouts, scale_tenant_rates, share_trace
 
-    assert COMPUTE_CHOICES == COMPUTE_MODES, "colocate's --compute choices follow sim.tenants"
+    assert COMPUTE_CHOICES == COMPUTE_MODES, "colocate's --compute choices follow sim.serving.tenants"
 
     read = [read_requests_or_explain(p, fmt) for p in traces_]
     if rate_scale != 1.0:

@@ -14,12 +14,12 @@ import click
 
 from poollab.commands._common import DEFAULT_POLICIES, out_option
 from poollab.commands.replay import REPLAY_COLUMNS
-from sim.replay import replay_tables
-from sim.report import format_table, write_results
-from sim.hardware import DEFAULT_GPU
-from sim.html_report import write_html_report
-from sim.models import DEFAULT_MODEL
-from sim.simulate import simulate_many
+from sim.replay.trace_replay import replay_tables
+from sim.replay.schema import format_table, write_results
+from sim.serving.hardware import DEFAULT_GPU
+from sim.report.html import write_html_report
+from sim.serving.models import DEFAULT_MODEL
+from sim.serving.simulate import simulate_many
 from traces import bundled_path, read_alloc_trace, read_request_trace
 
 DEMO_SNAPSHOT = "llama1b_generate_slice.pickle.gz"

@@ -10,7 +10,7 @@ from poollab.commands._common import check_out
 from poollab.options import BYTES, DEVICE
 from poollab.errors import UsageError
 from policies.torch_caching import spec_from_settings
-from sim.fidelity import ADDRESS_MODES, read_recording, replay_recording
+from sim.replay.fidelity import ADDRESS_MODES, read_recording, replay_recording
 
 
 #: What ``--out`` holds after a run (a folder written before poollab listed its files: these are replaced).

@@ -21,8 +21,8 @@ from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from policies.device_kind import PLATFORMS, DeviceKind
 from poollab.options import BYTES, COUNT, DEVICE, DEVICE_KIND, FRACTION, POSITIVE, RATE_SCALE, SEED
-from sim.hardware import DEFAULT_GPU
-from sim.models import DEFAULT_MODEL
+from sim.serving.hardware import DEFAULT_GPU
+from sim.serving.models import DEFAULT_MODEL
 
 
 def register(cli: click.Group) -> None:
@@ -109,7 +109,7 @@ def replay_command(trace: Path, specs, baselines, capacity, validate: bool, with
         raise UsageError("--baseline needs --backend cuda: the baselines are real CUDA allocators")
 
     from realgpu.replay import gpu_replay_tables
-    from sim.report import format_table, write_results
+    from sim.replay.schema import format_table, write_results
     from poollab.commands._common import load_costs, read_alloc_or_explain
 
     cost_model = load_costs(costs)
@@ -217,7 +217,7 @@ def serve_command(trace: Path, specs, model, checkpoint, fmt, rate_scale, durati
     """Serve the request TRACE with a real continuous-batching engine (transformers, paged KV) in real time,
     each policy in turn holding all of PyTorch's memory; write what `simulate` writes plus the engine's step log."""
     from realgpu.serve import ServeSettings, check_engine_installed, check_serve_specs, serve_trace
-    from sim.report import format_table
+    from sim.replay.schema import format_table
     from poollab.commands._common import read_requests_or_explain
 
     spec_list = check_serve_specs(specs)

@@ -16,7 +16,7 @@ from policies.units import format_bytes
 from poollab.options import BYTES, COUNT, DEVICE, FRACTION
 from poollab.errors import UsageError
 
-#: What the command prints per policy (plan.csv holds every ``sim.plan.PLAN_COLUMNS`` column).
+#: What the command prints per policy (plan.csv holds every ``sim.planner.plan.PLAN_COLUMNS`` column).
 TABLE_COLUMNS = ["policy", "safe_kv_bytes", "safe_kv_tokens", "kv_linked_bytes", "peak_non_kv_reserved_bytes",
                  "frag_at_peak",
                  "margin_bytes", "util_rule_kv_bytes", "util_rule_fits", "num_replays", "plan_s"]
@@ -34,7 +34,7 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
         if memory <= 0:
             raise UsageError(f"--memory {memory} must be > 0")
         return memory, f"--memory {format_bytes(memory)}"
-    from sim.hardware import load_gpu
+    from sim.serving.hardware import load_gpu
 
     try:
         spec = load_gpu(gpu or "H200")
@@ -44,9 +44,9 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
 
 
 def plan_memory(snapshot: Path, gpu: str | None, memory: int | None, non_torch_bytes: int | None):
-    """The ``sim.plan.DeviceMemory`` of a plan: ``--gpu``/``--memory`` and ``--non-torch`` where given,
+    """The ``sim.planner.plan.DeviceMemory`` of a plan: ``--gpu``/``--memory`` and ``--non-torch`` where given,
     else the figures the engine's process measured beside the snapshot, else the H200 preset and 0 B."""
-    from sim.plan import PlanError, device_memory_of
+    from sim.planner.plan import PlanError, device_memory_of
 
     given = device_memory(gpu, memory) if gpu is not None or memory is not None else None
     try:
@@ -61,17 +61,17 @@ def run_plan(snapshot: Path, specs: list[str], *, memory: Any, kv: tuple[str, ..
              block_tokens: int | None = 16, util_fraction: float = 0.9,
              device_index: int | None = None, progress: bool = False, kv_linked: tuple[str, ...] = (),
              engine: str | None = None):
-    """``sim.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``.
-    ``memory``: a ``sim.plan.DeviceMemory`` (``plan_memory``). ``block_tokens`` None: the engine
-    preset's ``tokens_per_page`` (else ``sim.plan.DEFAULT_BLOCK_TOKENS``)."""
-    from sim.plan import DEFAULT_BLOCK_TOKENS, PlanError, parse_kv_linked, parse_kv_selector, plan_snapshot
+    """``sim.planner.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``.
+    ``memory``: a ``sim.planner.plan.DeviceMemory`` (``plan_memory``). ``block_tokens`` None: the engine
+    preset's ``tokens_per_page`` (else ``sim.planner.plan.DEFAULT_BLOCK_TOKENS``)."""
+    from sim.planner.plan import DEFAULT_BLOCK_TOKENS, PlanError, parse_kv_linked, parse_kv_selector, plan_snapshot
 
     try:
         selectors = [parse_kv_selector(text) for text in kv]
         linked = [parse_kv_linked(text) for text in kv_linked]
         preset = None
         if engine is not None:
-            from sim.engines import load_engine
+            from sim.serving.engines import load_engine
 
             preset = load_engine(engine)
         if block_tokens is None:
@@ -137,7 +137,7 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_lin
     profiled peak) would pick, and whether that runs out of memory in the replay.
     """
     from poollab.commands._common import check_specs
-    from sim.report import format_table
+    from sim.replay.schema import format_table
 
     spec_list = check_specs(specs) if specs else []
     memory_plan = plan_memory(snapshot, gpu, memory, non_torch_bytes)
@@ -167,7 +167,7 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_lin
     for p, row in zip(result.plans, table.itertuples()):
         click.echo(_policy_line(result, p, row))
     if out_dir is not None:
-        from sim.plan import write_plan
+        from sim.planner.plan import write_plan
 
         click.echo(f"wrote {write_plan(out_dir, result)}")
 
@@ -208,14 +208,14 @@ class KvBudgetSource:
 
     def budgets(self, specs: list[str], *, model: Any, gpu: Any) -> dict[str, int]:
         """Each spec's planned KV bytes (``auto`` plans them now on ``gpu``'s memory for ``model``)."""
-        from sim.plan import PlanError, planned_budgets, read_plan
+        from sim.planner.plan import PlanError, planned_budgets, read_plan
 
         if self.kind == "plan":
             try:
                 return planned_budgets(read_plan(self.path), specs, source=str(self.path))
             except PlanError as exc:
                 raise UsageError(str(exc)) from None
-        from sim.plan import device_memory_of
+        from sim.planner.plan import device_memory_of
 
         try:  # the simulated GPU's memory, less what the engine's process measured beside the snapshot
             memory = device_memory_of(self.path, device_bytes=gpu.memory_bytes, device_source=f"simulate's GPU {gpu.name}")

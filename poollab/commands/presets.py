@@ -14,8 +14,8 @@ def presets_command() -> None:
     """List the model and GPU presets (shapes, context limits, memory, rates, links)."""
     import pandas as pd
 
-    from sim.hardware import available_gpus, load_gpu
-    from sim.models import available_models, load_model
+    from sim.serving.hardware import available_gpus, load_gpu
+    from sim.serving.models import available_models, load_model
 
     models = []
     for name in available_models():
@@ -36,4 +36,4 @@ def presets_command() -> None:
     click.echo(pd.DataFrame(models).to_string(index=False, float_format=fmt))
     click.echo("\nGPUs (--gpu NAME; link_GB_s: GPU-to-GPU per direction, what --tp's all-reduces use):")
     click.echo(pd.DataFrame(gpus).to_string(index=False, float_format=fmt))
-    click.echo("\nA model or GPU of your own: a JSON file with the same fields (sim/models.py, sim/hardware.py).")
+    click.echo("\nA model or GPU of your own: a JSON file with the same fields (sim/serving/models.py, sim/serving/hardware.py).")

@@ -8,8 +8,8 @@ import click
 
 from poollab.commands._common import check_specs, load_costs, out_option, read_alloc_or_explain
 from poollab.options import BYTES, COUNT, FRACTION
-from sim.replay import replay_tables
-from sim.report import DEFAULT_TABLE_COLUMNS, format_table, write_results
+from sim.replay.trace_replay import replay_tables
+from sim.replay.schema import DEFAULT_TABLE_COLUMNS, format_table, write_results
 
 
 REPLAY_COLUMNS = DEFAULT_TABLE_COLUMNS + ["gap_to_planner"]

@@ -23,7 +23,7 @@ def register(cli: click.Group) -> None:
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 def report_command(dirs: tuple[Path, ...], out_path: Path, title: str | None, static: bool, progress: bool) -> None:
     """Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs)."""
-    from sim.html_report import write_html_report
+    from sim.report.html import write_html_report
 
     try:
         path = write_html_report(dirs, out_path, title=title, progress=progress, interactive=not static)

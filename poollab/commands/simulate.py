@@ -14,12 +14,12 @@ from poollab.commands._common import check_specs, model_file_options, out_option
 from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
-from sim.config import Knob, ServerConfig, knobs
-from sim.hardware import DEFAULT_GPU
-from sim.kv import VIRTUAL
-from sim.models import DEFAULT_MODEL
-from sim.report import format_table, summary_frame, write_results
-from sim.simulate import check_kv_policy, result_tables, simulate_runs
+from sim.serving.config import Knob, ServerConfig, knobs
+from sim.serving.hardware import DEFAULT_GPU
+from sim.serving.choices import VIRTUAL
+from sim.serving.models import DEFAULT_MODEL
+from sim.replay.schema import format_table, summary_frame, write_results
+from sim.serving.simulate import check_kv_policy, result_tables, simulate_runs
 
 #: What the command prints per policy (the files hold every column; README "Columns" says what
 #: each means). What decides a comparison comes first: failures, preemptions, prefix hits.
@@ -27,7 +27,7 @@ TABLE_COLUMNS = ["policy", "kv_strategy", "n_finished", "n_rejected", "n_failed"
                  "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p99_s", "input_tok_s", "output_tok_s",
                  "goodput_rps", "slo_attainment", "kv_token_util", "kv_token_util_pressure", "peak_reserved_bytes",
                  "frag_ext_mean", "n_grow", "wall_s"]
-#: What the command prints per policy and layer group of a hybrid model (``sim.kv_groups.GROUP_TABLE_COLUMNS``
+#: What the command prints per policy and layer group of a hybrid model (``sim.serving.kv_groups.GROUP_TABLE_COLUMNS``
 #: has them all; kv_groups.parquet holds every one).
 GROUP_COLUMNS = ["policy", "group", "kind", "num_layers", "tokens_per_page", "page_bytes", "capacity_bytes",
                  "peak_held_bytes", "peak_padding_bytes", "peak_data_bytes", "peak_waste_bytes"]
@@ -87,7 +87,7 @@ def _option(name: str, k: Knob, default: Any) -> Callable:
     return click.option(f"--{k.cli}", name, type=_click_type(k), default=default, show_default=True, help=text)
 
 
-#: How the settings line tells each of ``sim.simulate.PREFIX_CACHING_OFF``.
+#: How the settings line tells each of ``sim.serving.simulate.PREFIX_CACHING_OFF``.
 _PREFIX_CACHING_OFF_TEXT = {
     "config": "off by --no-prefix-caching",
     "virtual": "off: virtual KV has no block table",
@@ -147,8 +147,8 @@ def rejection_warnings(summary: Any) -> list[str]:
 
 def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` (the command's ``ServerConfig`` values) with engine preset ``engine``'s in
-    place of those the user left at their defaults (``sim.engines``); ValueError for an unknown engine."""
-    from sim.engines import load_engine
+    place of those the user left at their defaults (``sim.serving.engines``); ValueError for an unknown engine."""
+    from sim.serving.engines import load_engine
 
     try:
         preset = load_engine(engine)
@@ -201,8 +201,8 @@ def simulate_command(trace: Path, specs, model, gpu, fmt, rate_scale, engine, ca
         options["kv_capacity_bytes"] = None
     else:
         kv_source = None
-    from sim.hardware import load_gpu
-    from sim.models import load_model
+    from sim.serving.hardware import load_gpu
+    from sim.serving.models import load_model
 
     try:
         model_spec, gpu_spec = load_model(model), load_gpu(gpu)

@@ -177,13 +177,13 @@ def _request_trace(path: str, fmt: str | None, fingerprint: str):
 
 @functools.lru_cache(maxsize=8)
 def _cost_model(ref: FileRef | None):
-    from sim.costs import CostModel
+    from sim.replay.costs import CostModel
 
     return CostModel.load(ref.path if ref is not None else None)
 
 
 def _run_replay(cell: Cell) -> dict[str, Any]:
-    from sim.replay import replay
+    from sim.replay.trace_replay import replay
 
     trace = _alloc_trace(cell.trace.path, cell.trace_format, cell.trace.fingerprint)
     trace = dataclasses.replace(trace, name=cell.trace_name)
@@ -193,7 +193,7 @@ def _run_replay(cell: Cell) -> dict[str, Any]:
 
 
 def _run_simulate(cell: Cell) -> dict[str, Any]:
-    from sim.simulate import simulate
+    from sim.serving.simulate import simulate
 
     trace = _request_trace(cell.trace.path, cell.trace_format, cell.trace.fingerprint)
     if cell.rate_scale is not None and cell.rate_scale != 1.0:

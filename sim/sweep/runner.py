@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from sim.report import SUMMARY_COLUMNS, write_results
+from sim.replay.schema import SUMMARY_COLUMNS, write_results
 from sim.sweep import cells as _cells
 from sim.sweep.cells import STATUS_FAILED, STATUS_LOST, STATUS_OK, Cell, cell_columns, lost_record
 from sim.sweep.errors import SweepError
@@ -50,7 +50,7 @@ __all__ = ["SweepOutcome", "run_sweep", "plan_sweep", "results_frame", "make_exe
 STATUS_COLUMNS = ["status", "error", "elapsed_s"]
 DIST_HINT = "install the optional extra: pip install 'poollab[dist]'"
 #: What the fork server imports once for every worker it forks.
-_PRELOAD = ["sim.sweep.cells", "sim.replay", "sim.simulate", "traces"]
+_PRELOAD = ["sim.sweep.cells", "sim.replay.trace_replay", "sim.serving.simulate", "traces"]
 #: How long to wait for an existing Dask scheduler to answer.
 _CONNECT_TIMEOUT_S = 20
 

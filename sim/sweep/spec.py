@@ -44,7 +44,7 @@ import yaml
 import policies
 from policies.spec import format_spec, parse_spec, parse_value
 from policies.units import parse_bytes
-from sim.report import SUMMARY_COLUMNS
+from sim.replay.schema import SUMMARY_COLUMNS
 from sim.sweep.cells import MODES, Cell, FileRef, file_ref
 from sim.sweep.errors import SweepSpecError
 
@@ -440,7 +440,7 @@ def _capacity(doc: _Doc, kp: tuple, value: Any) -> int | None:
 def _costs(doc: _Doc, value: Any, base: Path, how: str) -> FileRef | None:
     if value is None:
         return None
-    from sim.costs import CostModel
+    from sim.replay.costs import CostModel
 
     path = _resolve(doc, ("costs",), value, base)
     try:
@@ -464,10 +464,10 @@ def _preset_or_file(doc: _Doc, kp: tuple, value: Any, base: Path, how: str, load
 
 
 def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list) -> list[dict[str, Any]]:
-    from sim.hardware import DEFAULT_GPU, load_gpu
-    from sim.models import DEFAULT_MODEL, load_model
-    from sim.config import ServerConfig, knobs
-    from sim.steptime import load_calibration
+    from sim.serving.hardware import DEFAULT_GPU, load_gpu
+    from sim.serving.models import DEFAULT_MODEL, load_model
+    from sim.serving.config import ServerConfig, knobs
+    from sim.serving.steptime import load_calibration
 
     models = [_preset_or_file(doc, kp, v, base, how, load_model) for kp, v in doc.listed(data, "models", DEFAULT_MODEL)]
     gpus = [_preset_or_file(doc, kp, v, base, how, load_gpu) for kp, v in doc.listed(data, "gpus", DEFAULT_GPU)]
@@ -514,7 +514,7 @@ def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list
 
 
 def _pareto(doc: _Doc, value: Any, mode: str) -> tuple[str, list[str]]:
-    from sim.serving_metrics import SERVING_COLUMNS
+    from sim.serving.serving_metrics import SERVING_COLUMNS
 
     columns = SUMMARY_COLUMNS + (SERVING_COLUMNS if mode == "simulate" else [])
     value = {} if value is None else value

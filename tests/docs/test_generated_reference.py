@@ -30,7 +30,7 @@ def test_every_schema_column_has_a_meaning_and_no_meaning_is_stale():
 
 
 def test_a_new_schema_column_appears_with_its_unit_and_printed_header(monkeypatch):
-    from sim import report
+    from sim.replay import schema as report
 
     monkeypatch.setattr(report, "SUMMARY_COLUMNS", [*report.SUMMARY_COLUMNS, "spill_bytes", "spill_rate"])
     page = hook.columns_markdown()

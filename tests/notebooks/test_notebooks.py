@@ -125,8 +125,8 @@ def test_validate_on_gpu_as_committed():
 
 
 def test_validate_on_gpu_reads_committed_results(small_alloc_trace, tmp_path):
-    from sim.replay import replay
-    from sim.report import write_results
+    from sim.replay.trace_replay import replay
+    from sim.replay.schema import write_results
     from traces import read_alloc_trace
 
     trace = read_alloc_trace(small_alloc_trace)

@@ -223,7 +223,7 @@ def test_modelled_time_is_the_cost_hook_over_every_move():
 
 
 def test_cost_hook_defaults_to_the_devices_cost_model():
-    from sim.costs import CostedDevice, CostModel
+    from sim.replay.costs import CostedDevice, CostModel
 
     costs = CostModel.load()
     p = Compacting(base="best-fit:segment_bytes=1MiB", min_free_bytes=0, device=CostedDevice(costs))

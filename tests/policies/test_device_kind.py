@@ -8,7 +8,7 @@ from policies.device import VirtualDevice
 from policies.device_kind import PLATFORMS, DeviceKind
 from policies.first_fit import FirstFit
 from policies.mapped_device import PageMappedDevice
-from sim.costs import CostedDevice, costed_device
+from sim.replay.costs import CostedDevice, costed_device
 
 
 @pytest.mark.parametrize("text,kind", [("segment", DeviceKind.SEGMENT), ("page-mapped", DeviceKind.PAGE_MAPPED),

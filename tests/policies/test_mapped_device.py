@@ -119,7 +119,7 @@ def test_physical_bytes_are_what_is_mapped_in_random_grows(ops):
 
 
 def test_the_cost_model_prices_every_vmm_call():
-    from sim.costs import CostModel, costed_page_mapped_device
+    from sim.replay.costs import CostModel, costed_page_mapped_device
 
     costs = CostModel.load()
     for call in VMM_CALLS:

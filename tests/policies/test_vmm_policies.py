@@ -85,7 +85,7 @@ def test_virtual_spec_declares_a_page_mapped_device():
 
 
 def test_replay_builds_a_costed_page_mapped_device_for_a_virtual_spec():
-    from sim.pools import create_policy
+    from sim.replay.costed_policy import create_policy
 
     p = create_policy("best-fit:virtual=true", capacity_bytes=None, costs=None)
     p.allocate(3 * MiB)

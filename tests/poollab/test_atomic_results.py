@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from poollab.cli import main
-from sim.report import read_results, write_results
+from sim.replay.schema import read_results, write_results
 
 TRACE = "time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,0,4096,0,\n5,free,0,4096,0,\n"
 REQUESTS = "arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5,200,20\n"

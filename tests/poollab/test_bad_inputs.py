@@ -191,7 +191,7 @@ add(alloc_case("rmm-bad-action", "r.csv", _rmm(f"1,{T},allocate,0x10,4096,0x0", 
 add(alloc_case("rmm-bad-pointer", "r.csv", _rmm(f"1,{T},allocate,0xZZ,4096,0x0"), ("r.csv:2", "Pointer")))
 add(alloc_case("rmm-free-not-live", "r.csv", _rmm(f"1,{T},free,0x10,4096,0x0"), ("r.csv:2", "not live")))
 add(alloc_case("rmm-bad-time", "r.csv", _rmm("1,yesterday,allocate,0x10,4096,0x0"), ("r.csv:2", "Time")))
-add(alloc_case("rmm-time-1e30", "r.csv", _rmm(f"1,1e30,allocate,0x10,4096,0x0"), ("r.csv:2", "Time")))
+add(alloc_case("rmm-time-1e30", "r.csv", _rmm("1,1e30,allocate,0x10,4096,0x0"), ("r.csv:2", "Time")))
 add(alloc_case("rmm-truncated-gzip", "r.csv.gz", _truncated_gzip(_rmm(f"1,{T},allocate,0x10,4096,0x0", f"1,{T},free,0x10,4096,0x0")), ("r.csv.gz",)))
 add(alloc_case("rmm-ragged-row", "r.csv", _rmm(f"1,{T},allocate,0x10,4096,0x0", f"1,{T},free"), ("r.csv:3",)))
 

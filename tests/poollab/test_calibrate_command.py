@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.hardware import load_gpu
-from sim.models import load_model
+from sim.serving.hardware import load_gpu
+from sim.serving.models import load_model
 
 ENGINE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "engine"
 needs_engine_data = pytest.mark.skipif(not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository")
@@ -107,8 +107,8 @@ def test_colocate_reads_a_fitted_calibration(profile, tmp_path, trace, cli_ok):
 
 def test_requests_writes_the_same_calibration_with_its_expected_error(tmp_path, trace, cli_ok):
     # a request table as an engine that steps in ~80 ms would log it: simulate one, then fit to it
-    from sim.engine_runs import predict_served, served_trace
-    from sim.steptime import StepCalibration, StepTerms, default_calibration
+    from sim.serving.engine_runs import predict_served, served_trace
+    from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
     from traces import read_request_trace
 
     requests = read_request_trace(trace).requests

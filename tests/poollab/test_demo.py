@@ -24,6 +24,6 @@ def test_demo_replays_simulates_and_writes_a_report(tmp_path, capsys):
     assert (tmp_path / "simulate" / "requests.parquet").exists()
     html = (tmp_path / "report.html").read_text()
     # the inlined plotly.min.js holds URLs in its strings; the page around it names none
-    # (tests/sim/test_interactive_report.py checks in Chromium that nothing is fetched)
+    # (tests/sim/report/test_interactive_report.py checks in Chromium that nothing is fetched)
     page = re.sub(r"<script.*?</script>", "", html, flags=re.S)
     assert "<img" in page and "http://" not in page and "https://" not in page

@@ -1,6 +1,6 @@
 """Every long command shows a progress bar on a terminal, and nothing on a pipe or with --no-progress.
 
-The bar is ``sim.progress.progress_bar``'s (tqdm, drawn on stderr only when it is a terminal):
+The bar is ``sim.replay.progress.progress_bar``'s (tqdm, drawn on stderr only when it is a terminal):
 these tests put a terminal stand-in in stderr's place and run the command in-process.
 """
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from poollab.cli import main
-from sim.progress import NullBar, progress_bar, time_bar
+from sim.replay.progress import NullBar, progress_bar, time_bar
 from traces import bundled_path, generate_alloc_trace, write_alloc_trace
 
 SLICE = str(bundled_path("llama1b_generate_slice.pickle.gz"))
@@ -100,7 +100,7 @@ def test_the_helper_draws_on_a_terminal_and_does_nothing_when_disabled():
 
 
 def test_colocate_results_are_the_same_with_a_bar(request_trace):
-    from sim.tenants import colocate
+    from sim.serving.tenants import colocate
     from traces import read_request_trace
 
     trace = read_request_trace(request_trace)

@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from sim.replay import replay
-from sim.report import write_results
+from sim.replay.trace_replay import replay
+from sim.replay.schema import write_results
 from traces import generate_alloc_trace
 
 

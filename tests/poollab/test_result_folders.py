@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.report import read_results, write_results
+from sim.replay.schema import read_results, write_results
 from traces import atomic
 from traces.atomic import MANIFEST_NAME, replacing_folder
 

@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from sim.hardware import available_gpus
-from sim.models import available_models
+from sim.serving.hardware import available_gpus
+from sim.serving.models import available_models
 
 
 def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, cli_ok):
@@ -91,7 +91,7 @@ def test_pregrowth_without_an_elastic_pool_is_exit_2(trace, tmp_path, cli):
 
 
 def test_help_lists_every_config_knob_with_its_choices(cli_ok):
-    from sim.config import knobs
+    from sim.serving.config import knobs
 
     out = cli_ok(["simulate", "--help"]).out
     flat = " ".join(out.split())

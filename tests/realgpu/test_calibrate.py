@@ -3,7 +3,7 @@ import json
 import pytest
 
 from realgpu.calibrate import DEFAULT_SIZES, repeats_for, write_costs
-from sim.costs import CostModel
+from sim.replay.costs import CostModel
 
 MiB = 1 << 20
 

@@ -15,9 +15,9 @@ from realgpu.errors import CorruptionError, VmmDriverError
 from realgpu.host_vmm import HostMmapDriver, HostVmmDevice
 from realgpu.pool import GpuPool
 from realgpu.replay import gpu_replay
-from sim.costs import costed_device
-from sim.costs import CostModel
-from sim.replay import replay
+from sim.replay.costs import costed_device
+from sim.replay.costs import CostModel
+from sim.replay.trace_replay import replay
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import BUNDLED_SNAPSHOT  # noqa: E402

@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import policies
 from realgpu.errors import CorruptionError
 from realgpu.replay import gpu_replay
-from sim.replay import replay
-from sim.report import SUMMARY_COLUMNS, summary_frame
+from sim.replay.trace_replay import replay
+from sim.replay.schema import SUMMARY_COLUMNS, summary_frame
 from traces.events import AllocTrace, make_events
 
 MiB = 1 << 20
@@ -245,7 +245,7 @@ def test_a_long_baseline_replay_counts_every_free_though_it_times_a_sample(drop)
     """Past 20,000 events the engine times a sample of the calls; the row's counts are still
     every call's (a free count taken from the timed frees would be short)."""
     from realgpu.replay import _baseline_run
-    from sim.engine import LATENCY_SAMPLE_CALLS
+    from sim.replay.engine import LATENCY_SAMPLE_CALLS
 
     num_allocs = LATENCY_SAMPLE_CALLS  # twice as many events with the frees
     ops = [("alloc", i, 64) for i in range(num_allocs)] + [("free", i, 64) for i in range(num_allocs - 10)]
@@ -342,7 +342,7 @@ def test_a_real_device_declares_its_clock_and_kind_so_the_replay_reads_them(back
     time only: never pending), and its row's ``device_kind`` is the device's declaration."""
     from policies.device_kind import DeviceKind
     from realgpu.pool import GpuPool
-    from sim.engine import policy_target
+    from sim.replay.engine import policy_target
 
     with GpuPool("best-fit", backend=backend) as pool:
         assert policy_target(pool.policy).driver_clock is pool.device.clock

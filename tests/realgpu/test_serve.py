@@ -17,8 +17,8 @@ from poollab.cli import cli, main
 from realgpu.serve import (PYTORCH, Completion, ServeRun, ServeSettings, StepRow, drive, measured_against_predicted,
                            plan_requests, policy_slug, serve_summary_row, served_table, sim_config, step_table,
                            write_serve_results)
-from sim.report import SUMMARY_COLUMNS, summary_frame
-from sim.serving_metrics import SERVING_COLUMNS
+from sim.replay.schema import SUMMARY_COLUMNS, summary_frame
+from sim.serving.serving_metrics import SERVING_COLUMNS
 from traces.engine_profile import STEP_COLUMNS, read_served_requests, read_step_profile
 
 #: A start-up snapshot of transformers' continuous batching, recorded on the H200 by `poollab gpu serve --snapshot`

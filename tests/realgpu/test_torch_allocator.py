@@ -21,7 +21,7 @@ from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
 from realgpu.torch_allocator import (ALIGNMENT_BYTES, DEFAULT_SAMPLE_EVERY, AlignedHostDevice, AllocatorCore,
                                      TorchPolicyAllocator, use_policy)
-from sim.report import SUMMARY_COLUMNS
+from sim.replay.schema import SUMMARY_COLUMNS
 
 from .conftest import OverlappingPolicy
 
@@ -363,7 +363,7 @@ def test_pytorchs_own_traffic_through_the_table_reserves_what_replay_reserves(sp
     # the bundled snapshot is PyTorch's own requests (generate on a 1B Llama): served through the
     # callback table, the policy must make replay's decisions; only the live bytes differ, by the
     # rounding to 512 B of the requests PyTorch's snapshot records unrounded
-    from sim.replay import replay
+    from sim.replay.trace_replay import replay
     from traces import bundled_path, read_alloc_trace
 
     trace = read_alloc_trace(bundled_path("llama1b_generate_slice.pickle.gz"))

@@ -119,8 +119,8 @@ def test_a_driver_error_names_the_call():
 @pytest.mark.parametrize("spec", ["best-fit", "size-class", "paged", "torch-caching"])
 def test_mapped_replay_on_the_gpu_agrees_with_the_simulator_and_gives_memory_back(spec):
     from realgpu.replay import gpu_replay
-    from sim.costs import costed_device
-    from sim.replay import replay
+    from sim.replay.costs import costed_device
+    from sim.replay.trace_replay import replay
 
     warm = gpu_replay(random_trace(9, num_allocs=20), spec, backend="cuda-vmm", validate=True,
                       capacity_bytes=1 << 30)  # contexts, kernels and NVML loaded before the measured run
@@ -172,7 +172,7 @@ def test_validation_catches_an_overrun_on_mapped_pages():
 
 def test_calibration_measures_the_vmm_calls_into_a_usable_cost_file(tmp_path):
     from realgpu.calibrate import calibrate, write_costs
-    from sim.costs import CostModel
+    from sim.replay.costs import CostModel
 
     table = calibrate(sizes=(4096, MiB), repeats=5, copy_bytes=64 * MiB, host_copy_bytes=16 * MiB, copy_repeats=3,
                       vmm_sizes=(2 * MiB, 20 * MiB))

@@ -366,7 +366,7 @@ def test_page_ranges_equal_a_set_of_pages():
             else:
                 ranges.remove(addr, nbytes)
                 pages.difference_update(range(addr, addr + nbytes, page))
-        expected, start = [], None
+        expected, start, prev = [], None, 0
         for p in sorted(pages):
             if start is None or p != prev + page:
                 if start is not None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.fidelity import ALLOC, EMPTY_CACHE, FREE, read_recording
+from sim.replay.fidelity import ALLOC, EMPTY_CACHE, FREE, read_recording
 from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import PreTraceAllocation, read_pytorch_snapshot, read_snapshot
 

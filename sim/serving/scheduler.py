@@ -1,0 +1,547 @@
+"""Iteration-level (continuous) batching, FCFS, in the manner of vLLM's scheduler.
+
+Each step, in order:
+
+1. Running requests, oldest first, each get their next tokens (one when decoding, a chunk of the
+   prompt when prefilling) within the step's token budget. A request whose KV cache cannot grow
+   preempts the newest running request (``recompute``: its KV is dropped and it is requeued at
+   the front; ``swap``: its KV is copied to host memory at PCIe speed) until it fits, or is
+   preempted itself. A request that cannot grow while it runs alone can never finish: it is
+   rejected.
+2. Unless someone was preempted this step, swapped-out requests come back first, then waiting
+   requests are admitted in arrival order while seats (``max_num_seqs``), budget and memory
+   last. Admission keeps ``watermark`` of the KV budget free, so a new request does not push a
+   running one out at its next token (vLLM's admission watermark).
+
+Requests that can never fit (their KV peak exceeds the whole KV budget, or a prompt exceeds the
+step budget without chunked prefill) are rejected on arrival and counted, never looped on. Each
+rejection carries a kind (``REJECT_KINDS``: what a summary groups by) and a sentence with its
+numbers.
+
+A step whose plan the KV memory limited (an admission or swap-in that did not fit, a running
+request that preempted or was preempted) is marked ``StepPlan.kv_blocked``: the steps where the
+pool is under pressure, over which the server takes ``kv_token_util_pressure``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sim.serving.kv import KVHandle
+from sim.serving.choices import PREEMPTION_MODES  # noqa: F401 (moved; importable here too)
+
+if TYPE_CHECKING:
+    from sim.serving.config import ServerConfig
+
+__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "DecodeRun", "PREEMPTION_MODES", "REJECT_KINDS"]
+
+#: Why requests are rejected: kind -> what it means (a summary's ``rejected_by`` names kinds).
+REJECT_KINDS = {
+    "prompt>=max_model_len": "the prompt leaves no room to generate below max_model_len",
+    "kv>budget": "the request's KV peak exceeds the whole KV budget",
+    "prompt>step_budget": "the prompt exceeds max_num_batched_tokens and chunked prefill is off",
+    "kv_cannot_grow": "its KV cache could not grow even with the pool to itself",
+}
+
+
+class RequestState(enum.Enum):
+    """Where a request is; the value is what the request table's ``status`` column says."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One request's progress.
+
+    ``num_tokens`` is what is known (prompt + generated so far); ``num_computed`` of them have
+    their KV in memory. A step computes ``num_new`` more; when it reaches ``num_tokens`` a token
+    is generated. Times are simulated seconds.
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    kv: KVHandle
+    num_tokens: int = 0
+    num_computed: int = 0
+    num_generated: int = 0
+    num_new: int = 0
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    num_preemptions: int = 0
+    num_swaps: int = 0
+    prefix_hit_tokens: int = 0
+    status: RequestState = RequestState.WAITING
+    reject_kind: str = ""  # a key of REJECT_KINDS
+    reject_reason: str = ""  # the same with this request's numbers
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes, in the step-time model's terms, plus its transfers.
+
+    Built by ``Scheduler.schedule`` and passed explicitly to whatever changes it (preemptions
+    add their swap-outs, ``Scheduler.unschedule_last`` takes a request off): the scheduler keeps
+    no reference to it.
+    """
+
+    scheduled: list[Request] = field(default_factory=list)
+    prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_context_tokens: int = 0
+    decode_seqs: int = 0
+    context_tokens: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+    num_preemptions: int = 0  # requests preempted while this plan was built or trimmed
+    kv_blocked: bool = False  # KV memory refused something this step (admission, swap-in or growth)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_seqs
+
+    def add(self, r: Request, num_new: int) -> None:
+        """Schedule ``num_new`` tokens of ``r`` (before ``r.num_computed`` advances)."""
+        r.num_new = num_new
+        self.scheduled.append(r)
+        self._count(r, 1)
+
+    def pop(self) -> Request:
+        """Take the last scheduled request off, undoing what ``add`` counted."""
+        r = self.scheduled.pop()
+        self._count(r, -1)
+        return r
+
+    def _count(self, r: Request, sign: int) -> None:
+        # a decode step computes the one token generated last; anything else is (chunked) prefill
+        # (Scheduler.schedule inlines this for running requests: change both together)
+        if r.num_new == 1 and r.num_generated and r.num_computed == r.num_tokens - 1:
+            self.decode_seqs += sign
+            self.context_tokens += sign * r.num_computed
+        else:
+            self.prefill_tokens += sign * r.num_new
+            self.num_prefill_seqs += sign
+            self.prefill_context_tokens += sign * r.num_computed
+
+
+class Scheduler:
+    """FCFS continuous batching over a KV manager (``sim.serving.kv``).
+
+    Args:
+        kv: the KV-cache manager.
+        config: the server's settings; the scheduler reads ``max_num_seqs``,
+            ``max_num_batched_tokens``, ``chunked_prefill``, ``watermark`` (share of the KV
+            budget admission keeps free), ``preemption``, ``swap_space_bytes`` (a victim that does
+            not fit there is recomputed instead) and ``max_model_len`` (resolved: not None; a
+            prompt this long or longer is rejected, it leaves no room to generate).
+    """
+
+    def __init__(self, kv, config: ServerConfig):
+        assert config.max_model_len is not None, "simulate() resolves max_model_len"
+        self.kv = kv
+        self.config = config
+        self.watermark_bytes = int(config.watermark * kv.budget_bytes)
+        self.waiting: deque[Request] = deque()
+        self.swapped: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.rejected: list[Request] = []
+        self.num_finished = 0
+        self.num_preemptions = 0
+        self.num_swap_outs = 0
+        self.host_swap_bytes = 0
+        #: tokens whose KV running requests hold outside shared prefix blocks (for kv_token_util)
+        self.num_own_tokens = 0
+
+    # ------------------------------------------------------------------ arrivals
+    def add(self, r: Request) -> bool:
+        """A request arrives; False (and counted) when it can never be served."""
+        kind, reason = self._never_fits(r)
+        if kind:
+            self._reject(r, kind, reason)
+            return False
+        self.waiting.append(r)
+        return True
+
+    def _never_fits(self, r: Request) -> tuple[str, str]:
+        """``(kind, reason)`` when ``r`` can never be served, else ``("", "")``."""
+        if r.prompt_tokens >= self.config.max_model_len:
+            return ("prompt>=max_model_len", f"prompt of {r.prompt_tokens} tokens leaves no room below "
+                    f"max_model_len={self.config.max_model_len}")
+        peak = self.kv.peak_bytes(r.prompt_tokens, r.output_tokens)
+        if peak > self.kv.budget_bytes:
+            return "kv>budget", f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
+        if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
+            return ("prompt>step_budget", f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
+                    f"{self.config.max_num_batched_tokens} without chunked prefill")
+        return "", ""
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.swapped)
+
+    # ------------------------------------------------------------------ one step
+    def schedule(self) -> StepPlan:
+        """Choose the next step's work and reserve its KV slots."""
+        plan = StepPlan()
+        budget = self.config.max_num_batched_tokens
+        running = self.running
+        scheduled = plan.scheduled
+        # StepPlan.add inlined (the loop runs once per running request per step), its counts
+        # kept in locals and stored once: preemptions below change the plan's other fields only
+        decode_seqs = context_tokens = prefill_tokens = num_prefill_seqs = prefill_context_tokens = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            c = r.num_computed
+            n = r.num_tokens - c
+            if n > budget:  # only a chunked prefill can be longer than one token here
+                n = budget
+            total = c + n
+            if total > r.kv.capacity_tokens and not self._grow_or_preempt(plan, r, total):
+                break  # r was preempted: it was the newest, so nobody is left behind it
+            r.num_new = n
+            scheduled.append(r)
+            if n == 1 and r.num_generated and c == r.num_tokens - 1:  # as StepPlan._count
+                decode_seqs += 1
+                context_tokens += c
+            else:
+                prefill_tokens += n
+                num_prefill_seqs += 1
+                prefill_context_tokens += c
+            budget -= n
+            i += 1
+        plan.decode_seqs, plan.context_tokens = decode_seqs, context_tokens
+        plan.prefill_tokens, plan.num_prefill_seqs, plan.prefill_context_tokens = (
+            prefill_tokens, num_prefill_seqs, prefill_context_tokens)
+        if not plan.num_preemptions:
+            budget = self._swap_in(plan, budget)
+            if not self.swapped:
+                self._admit(plan, budget)
+        return plan
+
+    def _grow_or_preempt(self, plan: StepPlan, r: Request, total: int) -> bool:
+        """Grow ``r``'s KV to ``total`` slots, preempting the newest running requests as needed.
+
+        Returns False when ``r`` itself was preempted (or rejected: it ran alone and still did
+        not fit, so it never will).
+        """
+        kv, running = self.kv, self.running
+        while not kv.grow(r.kv, total, r.num_computed):
+            plan.kv_blocked = True
+            victim = running.pop()
+            if victim is r:
+                if not running and not kv.held_elsewhere():
+                    self._drop_kv(r)
+                    self._reject(r, "kv_cannot_grow", f"its KV cache cannot grow to {total} tokens even running alone")
+                else:
+                    self._preempt(plan, r)
+                return False
+            self._preempt(plan, victim)
+        return True
+
+    def _preempt(self, plan: StepPlan, r: Request) -> None:
+        """Take ``r`` off the GPU: swap its KV out (charged to ``plan``), or drop it to recompute later."""
+        plan.num_preemptions += 1
+        self.num_preemptions += 1
+        r.num_preemptions += 1
+        nbytes = r.num_computed * self.kv.bytes_per_token
+        swap = self.config.preemption == "swap" and r.num_computed > 0 and (
+            self.config.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.config.swap_space_bytes)
+        self._drop_kv(r)
+        if swap:
+            self.num_swap_outs += 1
+            r.num_swaps += 1
+            self.host_swap_bytes += nbytes
+            plan.swap_out_bytes += nbytes
+            r.status = RequestState.SWAPPED
+            self.swapped.appendleft(r)  # victims go newest first, so earlier arrivals end up in front
+        else:
+            r.num_computed = 0
+            r.status = RequestState.WAITING
+            self.waiting.appendleft(r)
+
+    def _drop_kv(self, r: Request) -> None:
+        self.num_own_tokens -= max(0, r.num_computed - r.kv.prefix_tokens)
+        self.kv.free(r.kv)
+
+    def _reject(self, r: Request, kind: str, reason: str) -> None:
+        r.status = RequestState.REJECTED
+        r.reject_kind = kind
+        r.reject_reason = reason
+        self.rejected.append(r)
+
+    def _fits(self, h: KVHandle, total: int) -> bool:
+        """Admission test: the new KV leaves the watermark free (waived when nothing else runs)."""
+        if not self.running:
+            return True
+        return self.kv.free_bytes() - self.kv.estimate_bytes(h, total) >= self.watermark_bytes
+
+    def _swap_in(self, plan: StepPlan, budget: int) -> int:
+        kv, running, swapped = self.kv, self.running, self.swapped
+        while swapped and len(running) < self.config.max_num_seqs and budget > 0:
+            r = swapped[0]
+            n = min(r.num_tokens - r.num_computed, budget)
+            total = r.num_computed + n
+            if not self._fits(r.kv, total):
+                plan.kv_blocked = True
+                break
+            if not kv.admit(r.kv, total):
+                if running or kv.held_elsewhere():
+                    plan.kv_blocked = True
+                    break
+                swapped.popleft()  # it cannot come back even to an empty pool
+                self.host_swap_bytes -= r.num_computed * kv.bytes_per_token
+                self._reject(r, "kv_cannot_grow", f"its KV cache for {total} tokens does not fit back in an empty pool")
+                continue
+            kv.mark_computed(r.kv, r.num_computed)  # the copy refills every block it holds
+            swapped.popleft()
+            nbytes = r.num_computed * kv.bytes_per_token
+            self.host_swap_bytes -= nbytes
+            plan.swap_in_bytes += nbytes
+            self.num_own_tokens += max(0, r.num_computed - r.kv.prefix_tokens)
+            r.status = RequestState.RUNNING
+            running.append(r)
+            plan.add(r, n)
+            budget -= n
+        return budget
+
+    def _admit(self, plan: StepPlan, budget: int) -> None:
+        kv, running, waiting = self.kv, self.running, self.waiting
+        while waiting and len(running) < self.config.max_num_seqs and budget > 0:
+            r = waiting[0]
+            h = r.kv
+            hit = kv.match_prefix(h)
+            n = r.num_tokens - hit
+            if n > budget:
+                if not self.config.chunked_prefill:
+                    if budget < self.config.max_num_batched_tokens:
+                        break
+                else:
+                    n = budget
+            total = hit + n
+            if not self._fits(h, total):
+                plan.kv_blocked = True
+                break
+            if not kv.admit(h, total):
+                if running or kv.held_elsewhere():
+                    plan.kv_blocked = True
+                    break
+                # nothing else holds KV memory and it still does not fit: it never will
+                waiting.popleft()
+                self._reject(r, "kv_cannot_grow", f"its KV cache for {total} tokens does not fit in an empty pool")
+                continue
+            waiting.popleft()
+            r.num_computed = hit
+            r.prefix_hit_tokens += hit
+            r.status = RequestState.RUNNING
+            running.append(r)
+            plan.add(r, n)
+            budget -= n
+
+    def unschedule_last(self, plan: StepPlan) -> bool:
+        """Preempt the last request scheduled in ``plan`` (the server calls this when a step's
+        activations do not fit). False when nothing is left to take off."""
+        if not plan.scheduled:
+            return False
+        victim = plan.pop()
+        self.running.remove(victim)  # rare path: O(running) is fine
+        self._preempt(plan, victim)
+        return True
+
+    # ------------------------------------------------------------------ after a step
+    def complete(self, plan: StepPlan, now_s: float) -> int:
+        """The step ran: advance every scheduled request; returns how many finished."""
+        kv = self.kv
+        num_finished = 0
+        own = self.num_own_tokens
+        for r in plan.scheduled:
+            h = r.kv
+            p = h.prefix_tokens
+            before = r.num_computed
+            c = before + r.num_new
+            r.num_computed = c
+            if p == 0:
+                own += r.num_new
+            elif c > p:
+                own += c - max(before, p)
+            if h.blocks and h.num_computed_blocks < len(h.blocks):
+                kv.mark_computed(h, c)
+            if c == r.num_tokens:
+                g = r.num_generated + 1
+                r.num_generated = g
+                if g == 1:
+                    r.first_token_s = now_s
+                if g >= r.output_tokens:
+                    own -= c - p if c > p else 0
+                    kv.free(h)
+                    r.finish_s = now_s
+                    r.status = RequestState.FINISHED
+                    num_finished += 1
+                else:
+                    r.num_tokens = c + 1
+        self.num_own_tokens = own
+        if num_finished:
+            self.num_finished += num_finished
+            self.running = [r for r in self.running if r.status is RequestState.RUNNING]
+        return num_finished
+
+    # ------------------------------------------------------------------ quiet decode runs
+    def decode_run(self, page_source=None) -> DecodeRun | None:
+        """The closed form of the next steps, when each of them decodes one token of every running
+        request (``DecodeRun``); None when the next one does not.
+
+        The next step is such a decode step when nothing waits or is swapped out, the batch fits
+        the token budget and every running request has a generated token to compute, its KV
+        slots up to it filled and its prefix blocks computed: ``schedule`` then gives each
+        request its one token in running order, and ``complete`` advances them all. Only a KV
+        manager that ``decode_grows_at_capacity`` qualifies. ``page_source``: a pool whose free
+        pages may be taken at page boundaries inside the run (``DecodeRun.take_slots``); None:
+        the run stops at the first step that needs a new KV slot.
+        """
+        kv, running = self.kv, self.running
+        if self.waiting or self.swapped or not kv.decode_grows_at_capacity:
+            return None
+        if not running or len(running) > self.config.max_num_batched_tokens:
+            return None
+        context = 0
+        for r in running:
+            c = r.num_computed
+            h = r.kv
+            if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
+                    or (h.blocks and h.num_computed_blocks < len(h.blocks)):
+                return None
+            context += c
+        return DecodeRun(self, context, page_source)
+
+
+class DecodeRun:
+    """Consecutive decode steps of a scheduler's running batch, computed arithmetically.
+
+    What ``Scheduler.schedule`` and ``Scheduler.complete`` would do to a batch in which every
+    request decodes one token per step, step after step: the plan of step ``s`` (counted from
+    the run's start) has ``num_seqs`` decode sequences over ``context_tokens``; before it, the
+    requests whose KV slots run out take one page each (``take_slots``, in running order, as
+    ``schedule`` grows them); after it, every request has one more token and those that reach
+    their output length finish (``end_step``: KV freed in running order, as ``complete`` frees
+    it). Every allocate and free the KV pool sees is the one the step-by-step path makes, in
+    the same order; only the per-request counters are written lazily (``apply``, which a reader
+    of the requests calls first). Tested equal to the step-by-step path:
+    ``tests/sim/serving/test_step_fast_path.py``.
+
+    The caller (``sim.serving.server.Server``) owns time: it asks for each step's plan, checks what
+    the scheduler cannot see (the step ends before the next arrival, the activations repeat),
+    and integrates its figures over the step.
+    """
+
+    #: a quiet step is never limited by KV memory (``StepPlan.kv_blocked``)
+    kv_blocked = False
+
+    __slots__ = ("sched", "kv", "num_seqs", "context_tokens", "num_own_tokens", "num_steps", "_applied",
+                 "_live", "_order", "_finish_at", "_slots_at", "_page_source")
+
+    def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
+        self.sched, self.kv = sched, sched.kv
+        running = sched.running
+        self.num_seqs = len(running)
+        self.context_tokens = context_tokens
+        self.num_own_tokens = sched.num_own_tokens
+        self.num_steps = 0  # steps ended since the run began
+        self._applied = 0  # of them, those written into the requests
+        self._live = list(running)
+        self._order = {r: i for i, r in enumerate(running)}  # running order
+        finish_at: dict[int, list[Request]] = {}
+        slots_at: dict[int, list[Request]] = {}
+        for r in running:  # in running order, so every list below is too
+            finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
+            slots_at.setdefault(r.kv.capacity_tokens - r.num_computed, []).append(r)
+        self._finish_at = finish_at
+        #: step -> requests whose next token needs a slot beyond their capacity then
+        self._slots_at = slots_at
+        self._page_source = page_source
+
+    def needs_slots(self, step: int) -> bool:
+        """Whether some request may need a new KV slot at ``step`` (``take_slots`` then)."""
+        return step in self._slots_at
+
+    def take_slots(self, step: int) -> bool:
+        """Give each request due at ``step`` its new slot, as ``schedule`` would (``kv.grow`` in
+        running order), when the KV manager can promise every one at once
+        (``kv.grow_from_free_pages``); False, with nothing done, when it cannot (the engine's
+        own step then runs, with its growth, eviction or preemption)."""
+        due = self._slots_at.get(step)
+        if due is None:
+            return True
+        due = [r for r in due if r.status is RequestState.RUNNING]  # those that finished need nothing
+        if not due:
+            del self._slots_at[step]
+            return True
+        if self._page_source is None:
+            return False
+        applied = self._applied
+        if not self.kv.grow_from_free_pages([(r.kv, r.num_computed + step - applied) for r in due],
+                                            self._page_source):
+            return False
+        slots_at = self._slots_at
+        del slots_at[step]
+        later = slots_at.get(step + self.kv.tokens_per_page)  # a page lasts tokens_per_page steps
+        if later is None:
+            slots_at[step + self.kv.tokens_per_page] = due
+        else:  # requests that first run out then too (a larger slack): keep running order
+            later.extend(due)
+            later.sort(key=self._order.__getitem__)
+        return True
+
+    def end_step(self, now_s: float) -> int:
+        """Step ``num_steps`` ended at ``now_s``: every request has its token; those at their
+        output length finish (KV freed, in running order). Returns how many finished."""
+        step = self.num_steps
+        self.num_steps = step + 1
+        self.context_tokens += self.num_seqs
+        self.num_own_tokens += self.num_seqs
+        done = self._finish_at.pop(step, None)
+        if done is None:
+            return 0
+        sched, kv = self.sched, self.kv
+        ahead = step + 1 - self._applied
+        own = self.num_own_tokens
+        for r in done:
+            c = r.num_computed + ahead
+            r.num_new = 1
+            r.num_computed = c
+            r.num_tokens = c
+            r.num_generated += ahead
+            own -= c - r.kv.prefix_tokens
+            kv.free(r.kv)
+            r.finish_s = now_s
+            r.status = RequestState.FINISHED
+            self.context_tokens -= c
+        self.num_own_tokens = own
+        n = len(done)
+        self.num_seqs -= n
+        sched.num_finished += n
+        self._live = [r for r in self._live if r.status is RequestState.RUNNING]
+        return n
+
+    def apply(self) -> None:
+        """Write the steps run so far into the running requests and the scheduler's counters."""
+        ahead = self.num_steps - self._applied
+        if ahead:
+            for r in self._live:
+                r.num_new = 1
+                r.num_computed += ahead
+                r.num_generated += ahead
+                r.num_tokens += ahead
+            self._applied = self.num_steps
+        sched = self.sched
+        sched.num_own_tokens = self.num_own_tokens
+        if len(sched.running) != len(self._live):
+            sched.running = list(self._live)

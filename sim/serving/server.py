@@ -1,0 +1,632 @@
+"""The simulated inference server: simpy owns time, the scheduler owns requests, the policy owns bytes.
+
+Two simpy processes: ``arrivals`` hands each request to the scheduler at its arrival time and
+wakes an idle engine; ``engine`` runs iterations back to back while there is work. One
+iteration: the scheduler picks the batch and reserves its KV slots; the step's activations are
+allocated; the step lasts the roofline time of its batch plus everything the memory system cost
+on the way (driver calls of every pool, KV copies on reallocation, swaps over PCIe; a virtual KV
+cache's page mapping whole, or with ``map_overlap`` only the part that outlasts the step's
+compute, as vAttention maps in the background); then every
+scheduled request advances and finished ones free their KV. No policy logic lives here.
+
+On a clock of its own, the engine runs the steps that end before the next arrival back to back
+without a simpy event each, computes quiet decode steps in closed form (``Scheduler.decode_run``:
+the scheduler's and KV manager's arithmetic of decode steps, through finishes and page
+boundaries, every KV allocate and free still made) and skips activation round trips known to
+leave their pool as found (``Server.fast_path``; the results are identical with it off,
+``tests/sim/serving/test_step_fast_path.py``).
+
+Pool controls the engine drives (``sim.serving.config.ServerConfig``): it can freeze the KV pool after its first N
+steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
+admit requests, to ``reserve`` the bytes the admissions will take (phase-aware pre-growth); and
+call a compacting pool's ``compact()`` between steps (it runs a pass only when the pool is
+fragmented). Compaction copies are charged to the next step. Pre-growth is taken to overlap the
+previous step (``cudaMalloc`` is a host call that does not wait for the GPU), so its driver time
+is reported apart (``pregrow_driver_s``), not added to any step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Callable
+
+import simpy
+
+from sim.serving.config import ServerConfig
+from sim.serving.pools import ServerPools
+from policies.base import Allocation, Policy
+from sim.serving.scheduler import DecodeRun, Request, Scheduler, StepPlan
+from sim.replay.metrics import PoolMonitor
+
+__all__ = ["Server"]
+
+#: what ``Server._step_activations`` returns for a skipped round trip (nothing to free)
+SKIPPED = object()
+#: the activations of a quiet step begun in closed form (``Server._quiet_steps``): skipped, and
+#: the plan is the ``DecodeRun`` that ends it
+QUIET = object()
+#: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds the memory
+HELD_ELSEWHERE = object()
+
+
+def _delays_to(now_s: float, end_s: float) -> tuple[float, ...]:
+    """Delays whose timeouts, one after the other, take simpy from ``now_s`` to exactly
+    ``end_s`` (it adds each to its clock), so that a run of steps ends at the float time one
+    event per step would have reached. One when ``end_s - now_s`` lands there (always when
+    ``end_s <= 2 now_s``, Sterbenz); else two, through a time past ``end_s / 2`` from which the
+    rest is exact (rounding to even can leave ``end_s`` out of one addition's reach)."""
+    delay = end_s - now_s
+    if now_s + delay == end_s:
+        return (delay,)
+    first = 0.75 * delay
+    mid_s = now_s + first  # what simpy reaches with ``first``, by construction
+    assert end_s / 2 <= mid_s < end_s and mid_s + (end_s - mid_s) == end_s, (now_s, end_s)
+    return first, end_s - mid_s
+
+
+class Server:
+    """One simulated server run over a list of requests (in arrival order).
+
+    Args:
+        requests: the requests, sorted by ``arrival_s``.
+        scheduler: batching and KV decisions.
+        pools: the memory pools (the policy under test is ``pools.kv.policy``).
+        step_model: ``step_time_s``, ``copy_time_s``, ``swap_time_s`` (``sim.serving.steptime``).
+        model: the model spec (activation sizes).
+        config: the server's settings; it reads ``sample_every_s`` (resolved: not None),
+            ``horizon_s`` and the pool controls ``freeze_after_steps``, ``pregrow_safety`` and
+            ``compact_between_steps``.
+        progress: called with the simulated time (s) at each time-series sample, e.g. to move a
+            progress bar; None for nothing.
+        env: the simpy environment to run in (several servers share one when they share a GPU,
+            ``sim.serving.tenants``); None for a fresh one.
+        gpu: the GPU's compute when several servers time-share it (``sim.serving.tenants``): a simpy
+            Resource of capacity 1 each step holds for its duration, so steps of different
+            servers run one after another; None for a GPU of its own.
+
+    ``gate`` (None here) is what a tenant on a shared GPU sets: its ``idle()`` is called when the
+    engine runs out of work, and its ``before_step()`` before each step returns an event to wait
+    for first (weights being restored) or None.
+
+    The config has passed ``ServerConfig.check_rules(kv_policy=...)`` (``build_serving``): the
+    pool offers what the controls need (``reserve`` for pre-growth, ``compact`` for compaction).
+    """
+
+    def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
+                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
+                 env: simpy.Environment | None = None, gpu: simpy.Resource | None = None):
+        assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
+        pregrow_safety = config.pregrow_safety
+        self.config = config
+        self._progress = progress
+        policy = pools.kv.policy
+        self._reserver = policy if pregrow_safety is not None and policy.can_reserve else None
+        self._compactor = policy if policy.can_compact else None
+        self.requests = requests
+        self.scheduler = scheduler
+        self.pools = pools
+        self.step_model = step_model
+        self._warmup_s = getattr(step_model, "warmup_s", 0.0)  # a fitted engine's cold first step, paid once
+        self.model = model
+        self.env = env if env is not None else simpy.Environment()
+        self.gpu = gpu
+        self.gate: Any = None
+        #: private switch: multi-step decode runs and skipped activation round trips (results are
+        #: the same either way, ``tests/sim/serving/test_step_fast_path.py``; off to check that)
+        self.fast_path = env is None
+        self._private_env = env is None
+        kv = scheduler.kv
+        readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
+        self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
+        self._kv_reserved_bytes = readings.reserved_bytes if readings is not None else pools.kv_reserved_bytes
+        self.num_steps = 0
+        self.busy_s = 0.0
+        self.token_byte_s = 0.0  # integral of KV bytes holding token states over busy time
+        self.reserved_byte_s = 0.0  # integral of KV bytes reserved over busy time
+        self.pressure_byte_s = [0.0, 0.0, 0.0]  # token bytes, reserved bytes, seconds over KV-blocked steps
+        self.alloc_stall_s = 0.0  # step time spent in driver calls, copies and swaps
+        self.kv_driver_s = 0.0  # driver time of the KV cache's memory (its pool's grows, or page mapping)
+        self.kv_driver_step_s = 0.0  # the part of it that lengthened steps (overlapped mapping hides some)
+        self.num_activation_failures = 0
+        self.idle_byte_s = 0.0  # integral of KV bytes reserved but not allocated over busy time
+        self.frozen_at_s: float | None = None
+        self.num_pregrows = 0  # segment grows made by pre-growth, off the hot path
+        self.pregrow_bytes = 0
+        self.pregrow_driver_s = 0.0
+        self.compaction_s = 0.0  # modelled copy time of compaction passes, charged to steps
+        self.initial_grows = policy.stats().num_grows  # grows before the first step (weights, workspace)
+        self.rows: list[tuple] = []
+        self._next_sample_s = 0.0
+        self._wakeup: simpy.Event | None = None
+        self._all_arrived = False
+        self._num_empty = 0  # plans in a row that scheduled nothing
+        self._batch_steps = self._quiet_runs = False  # set when the engine starts (_may_batch_steps)
+        self._page_grows: Policy | None = None
+        self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
+        self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
+        #: sizes of activation round trips known to leave their pool as found (_step_activations)
+        self._free_round_trips: set[int] = set()
+        self._skips_round_trips = False  # set when the engine starts: fast path, separate layout
+        self._round_trip_bytes = -1  # size of the round trip under way
+        self._round_trip_before: tuple[int, int, int] = (0, 0, 0)  # its pool's driver time, grows, shrinks before it
+        self.num_skipped_activation_round_trips = 0
+        self.num_batched_steps = 0  # steps run back to back without an event of their own (_run_steps)
+        self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
+
+    def run(self) -> float:
+        """Simulate until every request is done (or ``horizon_s``); returns the end time."""
+        env = self.env
+        engine = self.start()
+        if self.config.horizon_s is None:
+            env.run(until=engine)
+        else:
+            env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        return self.finish()
+
+    def start(self) -> simpy.Process:
+        """Start the arrival and engine processes in ``env``; returns the engine's (done when all is served)."""
+        self.env.process(self._arrivals())
+        return self.env.process(self._engine())
+
+    def finish(self) -> float:
+        """Take the last sample once the clock has stopped; returns the end time."""
+        env = self.env
+        self._sample(env.now)
+        self.monitor.finish(self.num_steps, int(env.now * 1e6))
+        return env.now
+
+    # ------------------------------------------------------------------ processes
+    def _arrivals(self):
+        env, add = self.env, self.scheduler.add
+        for r in self.requests:
+            delay = r.arrival_s - env.now
+            if delay > 0:
+                self._next_arrival_s = env.now + delay  # the time simpy gives the timeout
+                yield env.timeout(delay)
+            add(r)
+            self._wake()
+        self._all_arrived = True
+        self._next_arrival_s = math.inf
+        self._wake()
+
+    def _wake(self, waiting: simpy.Event | None = None) -> None:
+        """Wake the engine if it waits (for work, or for memory another tenant holds); with
+        ``waiting``, only if it still waits on that event (a wake-up that came late is dropped)."""
+        if self._wakeup is not None and (waiting is None or waiting is self._wakeup):
+            wake, self._wakeup = self._wakeup, None
+            wake.succeed()
+
+    def _held_elsewhere(self, plan: StepPlan) -> bool:
+        """Whether an empty ``plan`` must wait for memory another tenant holds: it preempted
+        nobody (a round that preempted skips admission: the engine plans again at once) and
+        the KV manager says the memory is held elsewhere."""
+        return not plan.num_preemptions and self.scheduler.kv.held_elsewhere()
+
+    def _memory_freed(self) -> simpy.Event:
+        """An event that fires when another tenant frees KV memory of the shared pool (or a
+        request arrives): what the engine waits for after ``_held_elsewhere``. Nothing but a
+        free can change what the scheduler decides then (its queue is first come, first served:
+        an arrival lines up behind the request that does not fit), so waking at the free is
+        exact, where a fixed poll would retry late and repeat failed admissions meanwhile."""
+        self._wakeup = waiting = self.env.event()
+        self.scheduler.kv.call_when_freed(lambda: self._wake(waiting))
+        return waiting
+
+    def _engine(self):
+        env, sched, kv = self.env, self.scheduler, self.scheduler.kv
+        self._batch_steps = self._may_batch_steps()
+        self._skips_round_trips = self.fast_path and self.pools.layout == "separate"
+        self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
+        policy = self.pools.kv.policy
+        #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
+        #: may take at page boundaries (one page a request: a paged KV manager's pages are no larger)
+        self._page_grows = policy if (self._quiet_runs and kv.paged and policy.counts_free_pages
+                                      and kv.page_bytes <= policy.page_size_bytes) else None
+        while True:
+            if not sched.has_work():
+                if self._all_arrived:
+                    return
+                if self.gate is not None:
+                    self.gate.idle()
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            begun = None
+            if self.gate is not None:
+                ready = self.gate.before_step()
+                if ready is not None:
+                    yield ready
+            elif self._batch_steps:
+                end_s, begun = self._run_steps()
+                if end_s > env.now:
+                    for delay in _delays_to(env.now, end_s):
+                        yield env.timeout(delay)
+                if begun is HELD_ELSEWHERE:
+                    yield self._memory_freed()
+                    continue
+                if begun is None:
+                    continue
+            if begun is None:
+                plan = self._schedule(env.now)
+                if not plan.scheduled:
+                    if self._held_elsewhere(plan):  # another tenant holds the memory: wait until it frees some
+                        yield self._memory_freed()
+                    else:
+                        self._count_empty_round()
+                    continue
+                begun = self._begin_step(plan)
+            if self.gpu is None:
+                yield env.timeout(begun[2])
+            else:  # a time-shared GPU: wait for the other servers' steps, hold it for this one
+                with self.gpu.request() as turn:
+                    yield turn
+                    yield env.timeout(begun[2])
+            self._end_step(*begun, env.now)
+
+    # ------------------------------------------------------------------ one step
+    def _schedule(self, now_s: float) -> StepPlan:
+        """The controls due before a step (freeze, pre-growth), then the scheduler's plan."""
+        sched = self.scheduler
+        if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
+                and self.num_steps >= self.config.freeze_after_steps:
+            self.pools.kv.policy.freeze()
+            self.frozen_at_s = now_s
+        if self._reserver is not None and sched.waiting:
+            self._pregrow()
+        plan = sched.schedule()
+        if plan.scheduled:
+            self._num_empty = 0
+        return plan
+
+    def _count_empty_round(self) -> None:
+        """A plan scheduled nothing: every running request was preempted or rejected this round,
+        and the engine admits again at once. Each empty round preempts or rejects someone, so
+        this cannot spin for ever."""
+        self._num_empty += 1
+        assert self._num_empty <= len(self.requests) + 1, "the scheduler makes no progress"
+
+    def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
+        """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
+        seconds)``; the driver time, copies, mapping and swaps pending are charged to it."""
+        sched, pools, kv, step_model = self.scheduler, self.pools, self.scheduler.kv, self.step_model
+        act = self._step_activations(plan)
+        while act is None and len(plan.scheduled) > 1:
+            sched.unschedule_last(plan)
+            act = self._step_activations(plan)
+        if act is None:  # even one request's activations do not fit: it runs, the failure counts
+            self.num_activation_failures += 1
+        compute_s = step_model.step_time_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
+                                           plan.prefill_context_tokens, plan.num_prefill_seqs)
+        if self._warmup_s:
+            compute_s += self._warmup_s
+            self._warmup_s = 0.0
+        kv_driver_ns = pools.kv.take_driver_ns()
+        map_s = kv.take_map_ns() * 1e-9
+        # vAttention maps pages in the background: only what outlasts the step's compute shows
+        map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
+        self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
+        self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
+        stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
+        compactor = self._compactor
+        if compactor is not None:  # passes on the allocation path, or between the last two steps
+            compaction_s = compactor.take_compaction_ns() * 1e-9
+            self.compaction_s += compaction_s
+            stall_s += compaction_s
+        copy_bytes = kv.take_copy_bytes()
+        if copy_bytes:
+            stall_s += step_model.copy_time_s(copy_bytes)
+        if plan.swap_out_bytes:
+            stall_s += step_model.swap_time_s(plan.swap_out_bytes)
+        if plan.swap_in_bytes:
+            stall_s += step_model.swap_time_s(plan.swap_in_bytes)
+        return plan, act, compute_s + stall_s, stall_s
+
+    def _end_step(self, plan: StepPlan, act: Any, dt: float, stall_s: float, now_s: float) -> None:
+        """The step ended at ``now_s``: free its activations, advance its requests, integrate the
+        pool's figures over it, compact if asked, and take a sample when one is due."""
+        sched, kv = self.scheduler, self.scheduler.kv
+        bytes_per_token = kv.bytes_per_token
+        if act is QUIET:  # the closed form's step: the DecodeRun advances its requests
+            plan.end_step(now_s)
+            plan.apply()
+        else:
+            if act is not None:
+                self._free_activations(act)
+            sched.complete(plan, now_s)
+        self.num_steps += 1
+        self.busy_s += dt
+        self.alloc_stall_s += stall_s
+        token_bytes = (sched.num_own_tokens + kv.cached_tokens) * bytes_per_token
+        self.token_byte_s += token_bytes * dt
+        reserved = self._kv_reserved_bytes()
+        self.reserved_byte_s += reserved * dt
+        if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
+            pressure = self.pressure_byte_s
+            pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
+            pressure[1] += reserved * dt
+            pressure[2] += dt
+        self.idle_byte_s += (reserved - kv.allocated_bytes) * dt
+        if self.config.compact_between_steps:
+            self._compactor.compact()
+        if now_s >= self._next_sample_s:
+            self._sample(now_s)
+
+    # ------------------------------------------------------------------ runs of steps
+    def _may_batch_steps(self) -> bool:
+        """Whether this server may run steps back to back in one simpy event: only its own
+        arrivals share its clock (no other tenant, no shared GPU) and no horizon can stop it
+        inside a step. Then a step that ends before the next arrival changes nothing anyone
+        else could see in between, and the clock can jump over it."""
+        return (self.fast_path and self._private_env and self.gpu is None and self.gate is None
+                and self.config.horizon_s is None)
+
+    def _may_run_quiet_steps(self) -> bool:
+        """Whether quiet decode steps may be computed in closed form (``_quiet_steps``): no
+        compaction, activations in a pool of their own, and a KV manager that declares its
+        decode steps grow exactly when ``capacity_tokens`` runs out (``decode_grows_at_capacity``;
+        not the hybrid layouts)."""
+        return (self._compactor is None and self.pools.layout == "separate"
+                and self.scheduler.kv.decode_grows_at_capacity)
+
+    def _run_steps(self) -> tuple[float, tuple | object | None]:
+        """Run the engine's next steps back to back without yielding, as long as each ends
+        strictly before the next arrival; returns the time reached and the step begun but not
+        run (it ends at or after the next arrival: the engine yields its time, as it would have
+        without the run) or None (no work left, or a round that scheduled nothing).
+
+        Each step is the engine's own (``_schedule``, ``_begin_step``, ``_end_step`` with the
+        run's clock), or, when quiet, ``_quiet_steps``'s closed form of the same: the results
+        are identical to one event per step (``tests/sim/serving/test_step_fast_path.py``).
+        """
+        sched, next_arrival_s = self.scheduler, self._next_arrival_s
+        now_s = self.env.now
+        while sched.has_work():
+            if self._quiet_runs and not sched.waiting and not sched.swapped:
+                now_s, begun = self._quiet_steps(now_s, next_arrival_s)
+                if begun is not None:
+                    return now_s, begun
+                if not sched.has_work():  # the run finished the last request
+                    break
+            plan = self._schedule(now_s)
+            if not plan.scheduled:
+                if self._held_elsewhere(plan):  # someone else's memory: the engine waits for it
+                    return now_s, HELD_ELSEWHERE
+                self._count_empty_round()
+                continue
+            begun = self._begin_step(plan)
+            end_s = now_s + begun[2]
+            if end_s >= next_arrival_s:
+                return now_s, begun
+            now_s = end_s
+            self.num_batched_steps += 1
+            self._end_step(*begun, now_s)
+        return now_s, None
+
+    def _quiet_steps(self, now_s: float, next_arrival_s: float) -> tuple[float, tuple | None]:
+        """Advance the quiet decode steps due next from ``now_s`` in closed form; returns the
+        time reached and the quiet step begun there that ends at or after the next arrival
+        (``(run, QUIET, seconds, 0.0)``, which ``_end_step`` ends once the engine has yielded its
+        time, as it does for any step), or None.
+
+        Quiet: a decode step of the whole running batch (``Scheduler.decode_run``: the
+        scheduler's closed form says which requests finish and which need a KV slot at each
+        step) whose slots are there or come from free pages (``DecodeRun.take_slots``), with no
+        driver time, copy or mapping pending, activations that are a skippable round trip
+        (``_step_activations``), the freeze not due, and ending strictly before the next
+        arrival. Such a step's plan, time and effects are functions of the running requests
+        alone, so the loop computes them as the step-time model and ``_end_step`` would, in the
+        same order of float operations; the run goes on through finishes (their KV freed as
+        ``Scheduler.complete`` frees it) and samples, and stops after a finish that left driver
+        time pending (the next step is charged it) or emptied the batch.
+        """
+        sched, kv, pools = self.scheduler, self.scheduler.kv, self.pools
+        if kv.copy_bytes_pending or kv.pending_map_ns or self._warmup_s:
+            return now_s, None
+        for pool in pools.distinct:
+            if pool.pending_driver_ns:
+                return now_s, None
+        run = sched.decode_run(self._page_grows)
+        if run is None:
+            return now_s, None
+        max_steps = math.inf
+        freeze = self.config.freeze_after_steps
+        if freeze is not None and self.frozen_at_s is None:
+            max_steps = freeze - self.num_steps
+        step_time = self.step_model.step_time_s
+        bytes_per_token = kv.bytes_per_token
+        cached = kv.cached_tokens
+        reserved = self._kv_reserved_bytes()
+        idle = reserved - kv.allocated_bytes
+        busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (self.busy_s, self.token_byte_s, self.reserved_byte_s,
+                                                                self.idle_byte_s)
+        next_sample_s = self._next_sample_s
+        free_round_trips, activation_bytes = self._free_round_trips, self._activation_bytes
+        t = now_s
+        num_steps = stored = 0
+        m = -1
+        while num_steps < max_steps:
+            if run.num_seqs != m:  # a new batch size: its activations must be a round trip known to change nothing
+                m = run.num_seqs
+                nbytes = activation_bytes.get((m, m))
+                if nbytes is None:
+                    nbytes = activation_bytes[(m, m)] = self.model.activation_bytes(m, m)
+                if nbytes not in free_round_trips:
+                    break
+            dt = step_time(0, m, run.context_tokens, 0, 0)
+            end_s = t + dt
+            if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
+                if run.needs_slots(num_steps) and not run.take_slots(num_steps):
+                    break
+                self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+                self.num_skipped_activation_round_trips += 1
+                self.num_quiet_steps += 1
+                return t, (run, QUIET, dt, 0.0)
+            if run.needs_slots(num_steps):  # some requests need a page now
+                if not run.take_slots(num_steps):
+                    break
+                reserved = self._kv_reserved_bytes()
+                idle = reserved - kv.allocated_bytes
+            t = end_s
+            num_steps += 1
+            busy_s += dt
+            finished = run.end_step(t)
+            if finished:
+                reserved = self._kv_reserved_bytes()
+                idle = reserved - kv.allocated_bytes
+                cached = kv.cached_tokens
+            token_byte_s += (run.num_own_tokens + cached) * bytes_per_token * dt
+            reserved_byte_s += reserved * dt
+            idle_byte_s += idle * dt
+            if t >= next_sample_s:  # the sample reads the requests and the server's figures: store them first
+                self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+                stored = num_steps
+                self._sample(t)
+                next_sample_s = self._next_sample_s
+            if finished and (not run.num_seqs or any(pool.pending_driver_ns for pool in pools.distinct)):
+                break
+        self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+        return t, None
+
+    def _store_quiet(self, run: DecodeRun, new: int, busy_s: float, token_byte_s: float,
+                     reserved_byte_s: float, idle_byte_s: float) -> None:
+        """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the requests."""
+        self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (busy_s, token_byte_s,
+                                                                                  reserved_byte_s, idle_byte_s)
+        self.num_steps += new
+        self.num_skipped_activation_round_trips += new
+        self.num_batched_steps += new
+        self.num_quiet_steps += new
+        run.apply()
+
+    # ------------------------------------------------------------------ activations
+    def _step_activations(self, plan: StepPlan) -> Allocation | None | object:
+        """The step's activations: an allocation, None when they do not fit, or ``SKIPPED``.
+
+        A round trip is skipped (and counted in ``num_skipped_activation_round_trips``) when
+        its size is in ``_free_round_trips``: round trips known to leave the pool as they found
+        it, in a pool private to activations (the separate layout: nothing else touches it
+        between two steps, and it holds nothing between them). Which sizes are known:
+
+        - in a pool that ``coalesces``, every size whose last round trip charged no driver
+          time and grew or shrank no segment: with nothing live, such a pool's state is its set
+          of segments (each one free block), so any such round trip leaves it as found, and so
+          does the next of any of these sizes, until a round trip changes the segments (which
+          forgets them all);
+        - in any other pool, the size of the last round trip, when it charged nothing: one that
+          left a caching pool as it found it (a size class popped and pushed) leaves it so again.
+
+        Only the pool's own call counters, which no report reads, differ from making the calls.
+        Sizes are memoised per batch shape (the dict: one entry per (tokens, sampled) seen, a
+        few hundred at most).
+        """
+        shape = (plan.prefill_tokens + plan.decode_seqs, plan.num_prefill_seqs + plan.decode_seqs)
+        nbytes = self._activation_bytes.get(shape)
+        if nbytes is None:
+            nbytes = self._activation_bytes[shape] = self.model.activation_bytes(*shape)
+        if nbytes in self._free_round_trips:
+            self.num_skipped_activation_round_trips += 1
+            return SKIPPED
+        pool = self.pools.activations
+        self._round_trip_before = (pool.pending_driver_ns, pool.policy.num_grows, pool.policy.num_shrinks)
+        a = self.pools.allocate_activations(nbytes)
+        if a is None:  # a refusal may have released cached segments
+            self._free_round_trips.clear()
+        self._round_trip_bytes = nbytes
+        return a
+
+    def _free_activations(self, a: Allocation | object) -> None:
+        if a is SKIPPED:
+            return
+        pool = self.pools.activations
+        self.pools.free_activations(a)  # type: ignore[arg-type]
+        if not self._skips_round_trips:
+            return
+        known = self._free_round_trips
+        if (pool.pending_driver_ns, pool.policy.num_grows, pool.policy.num_shrinks) != self._round_trip_before:
+            known.clear()  # the round trip changed the pool: no size is known to leave it as found
+        else:
+            if not pool.policy.coalesces:
+                known.clear()  # only the last size is known to repeat
+            known.add(self._round_trip_bytes)
+
+    # ------------------------------------------------------------------ pre-growth
+    def predicted_bytes(self) -> int:
+        """Bytes the next step's admissions will allocate in the KV pool.
+
+        The waiting requests the scheduler would admit (seats and the token budget left after
+        one token per running request), each with the KV its first chunk takes, without prefix
+        hits (an over-estimate at worst); plus the step's activations when they share the pool.
+        """
+        sched, kv = self.scheduler, self.scheduler.kv
+        num_running = len(sched.running)
+        budget = sched.config.max_num_batched_tokens - num_running
+        total = tokens = seqs = 0
+        for r in itertools.islice(sched.waiting, max(0, sched.config.max_num_seqs - num_running)):
+            if budget <= 0:
+                break
+            n = min(r.num_tokens, budget)
+            total += kv.estimate_bytes(r.kv, n)
+            budget -= n
+            tokens += n
+            seqs += 1
+        if seqs and self.pools.layout == "shared":
+            total += self.model.activation_bytes(tokens + num_running, seqs + num_running)
+        return total
+
+    def _pregrow(self) -> None:
+        """Reserve the predicted bytes x safety before the step; its driver time is kept apart."""
+        nbytes = self.predicted_bytes()
+        if nbytes <= 0:
+            return
+        reserver = self._reserver
+        take = reserver.device.take_driver_ns
+        self.pools.kv.pending_driver_ns += take()  # driver time still pending belongs to the step, as before
+        grows, grown = reserver.num_grows, reserver.grown_bytes
+        reserver.reserve(math.ceil(nbytes * self.config.pregrow_safety))
+        self.num_pregrows += reserver.num_grows - grows
+        self.pregrow_bytes += reserver.grown_bytes - grown
+        self.pregrow_driver_s += take() * 1e-9
+
+    # ------------------------------------------------------------------ time series
+    def _sample(self, now: float) -> None:
+        self._next_sample_s = now + self.config.sample_every_s
+        sched, kv = self.scheduler, self.scheduler.kv
+        time_us = int(now * 1e6)
+        if self._progress is not None:
+            self._progress(now)
+        self.monitor.observe(self.num_steps, time_us)
+        free_kv = kv.free_bytes()  # cached blocks nobody holds count as free, as in vLLM's free queue
+        comp = self._compactor.compaction_stats() if self._compactor is not None else {}  # read per sample only
+        self.rows.append((
+            self.num_steps, time_us, len(sched.running), len(sched.waiting), len(sched.swapped),
+            (sched.num_own_tokens + kv.cached_tokens) * kv.bytes_per_token, kv.allocated_bytes,
+            self._kv_reserved_bytes(), free_kv,
+            free_kv // kv.page_bytes if kv.paged else -1,
+            sched.num_finished, len(sched.rejected), comp.get("num_compactions", 0), comp.get("moved_bytes", 0),
+        ))
+
+    #: columns of ``rows``; ``free_pages`` is -1 for contiguous KV managers (they have no pages);
+    #: ``num_compactions``, ``compaction_moved_bytes``: a compacting pool's passes so far (0 for others)
+    ROW_COLUMNS = ["event", "time_us", "running", "waiting", "swapped", "kv_token_bytes", "kv_allocated_bytes",
+                   "kv_reserved_bytes", "kv_free_bytes", "free_pages", "finished", "rejected",
+                   "num_compactions", "compaction_moved_bytes"]
+
+    @property
+    def kv_token_util(self) -> float:
+        """Share of reserved KV bytes holding token states, averaged over busy time (vLLM Fig. 2)."""
+        return self.token_byte_s / self.reserved_byte_s if self.reserved_byte_s > 0 else float("nan")
+
+    @property
+    def kv_token_util_pressure(self) -> float:
+        """Share of reserved KV bytes holding running requests' token states (their own and the
+        cached prefix blocks they hold; cached blocks nobody holds are left out, they are free to
+        evict), averaged over the steps the KV memory limited (``StepPlan.kv_blocked``) only: the
+        pool's use when it matters, as in vLLM's Figure 2. NaN when no step was limited."""
+        token, reserved, _ = self.pressure_byte_s
+        return token / reserved if reserved > 0 else float("nan")
+
+    @property
+    def kv_pressure_s(self) -> float:
+        """Busy seconds of the steps the KV memory limited."""
+        return self.pressure_byte_s[2]

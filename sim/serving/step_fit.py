@@ -1,0 +1,229 @@
+"""Fit a serving engine's step time from its step profile (``traces.engine_profile``).
+
+The model is ``sim.serving.steptime``'s: ``max(roofline, StepTerms)``, six non-negative linear terms
+(fixed, per sequence, per token, per KV token read, per causal pair inside a sequence, per
+query x KV pair of the whole step) over the roofline of the model and GPU as the floor. The
+terms are fitted by non-negative least squares on relative error (each step weighs by
+1 / its duration, so 70 ms decode steps count as much as 1 s prefills), then once more without
+the outliers the first fit shows (a warm-up step, a garbage-collection pause: more than
+``OUTLIER_REL_ERROR`` off), which are counted, not hidden.
+
+Why NNLS with the roofline as the floor, not the roofline as a seventh feature nor a Vidur-style
+random forest: every term is a physical cost that cannot be negative, so NNLS keeps the fit
+meaningful and extrapolates linearly to batches the profile never saw (a forest predicts at
+most the largest step it was shown); as a feature the roofline is nearly a mix of the fixed,
+per-token and per-KV-token terms: on six transformers recordings it took weight 0 to 0.89 and
+moved the held-out step error by 0.4 points at most (``benchmarks/bench_calibration.py
+--variants``, RESULTS.md), while as a floor it keeps the uncalibrated CUDA-graph engine exactly
+what it was.
+
+A profile that cannot determine a term (its column is zero, or a mix of the others: decode
+steps alone cannot tell a per-sequence cost from a per-token one) is refused with
+``UnderdeterminedProfile`` naming the term and the steps that would determine it, unless the
+term is left out (``drop``: held at 0).
+
+Errors are reported by step kind (``prefill``: no decode sequence; ``decode``: no prefill
+token; ``mixed``) in-sample and cross-validated over contiguous blocks of steps (each block
+predicted by a fit on the others, so neighbouring steps do not leak).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from sim.serving.hardware import GpuSpec
+from sim.serving.models import ModelSpec
+from sim.serving.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, StepTimeModel, default_calibration, \
+    step_pairs, term_features
+
+__all__ = ["UnderdeterminedProfile", "StepFit", "fit_step_profile", "profile_features", "step_kinds",
+           "STEP_KINDS", "OUTLIER_REL_ERROR", "error_table"]
+
+STEP_KINDS = ("prefill", "decode", "mixed")
+#: A step the first fit misses by more than this (relative) is an outlier: left out of the refit.
+OUTLIER_REL_ERROR = 0.5
+#: A term whose (scaled) column the others reproduce within this relative residual is undetermined.
+_COLLINEAR = 0.02
+#: Contiguous blocks of the cross-validation.
+DEFAULT_FOLDS = 5
+
+#: What data determines each term (the refusal names it).
+_WHAT_DETERMINES = {
+    "fixed_s": "steps of different sizes, small ones included (a decode step of one sequence)",
+    "per_seq_s": "prefill steps whose sequences have more than one token each, beside decode steps",
+    "per_token_s": "steps whose token count varies apart from their sequence count (prefills of different lengths)",
+    "per_kv_token_s": "decode steps of one batch size at different context lengths",
+    "per_pair_s": "prefill chunks of different lengths after different cached contexts",
+    "per_query_kv_s": "steps whose query tokens and KV tokens vary apart (mixed prefill and decode steps, "
+                      "batches of different sizes and contexts)",
+}
+
+
+class UnderdeterminedProfile(ValueError):
+    """The profile cannot determine ``term``; ``hint`` says what steps would."""
+
+    def __init__(self, term: str, hint: str, why: str):
+        self.term, self.hint = term, hint
+        super().__init__(f"the step profile cannot determine {term} ({why}); it needs {hint}, "
+                         f"or leave the term out with --drop {term}")
+
+
+def step_kinds(steps: pd.DataFrame) -> np.ndarray:
+    """``"prefill"``, ``"decode"`` or ``"mixed"`` for each step of a profile."""
+    has_p = steps["num_prefill_tokens"].to_numpy() > 0
+    has_d = steps["num_decode_seqs"].to_numpy() > 0
+    return np.where(has_p & has_d, "mixed", np.where(has_p, "prefill", "decode"))
+
+
+def profile_features(steps: pd.DataFrame) -> np.ndarray:
+    """``(n_steps, 6)``: what each ``StepTerms`` term multiplies, from the profile's counts
+    (its context columns count the new tokens, as ``StepTimeModel``'s ``kv`` does)."""
+    p = steps["num_prefill_tokens"].to_numpy(np.float64)
+    k = steps["num_prefill_seqs"].to_numpy(np.float64)
+    pc = steps["prefill_context_tokens"].to_numpy(np.float64)
+    d = steps["num_decode_seqs"].to_numpy(np.float64)
+    dc = steps["decode_context_tokens"].to_numpy(np.float64)
+    return np.column_stack(term_features(p, d, k, pc + dc, step_pairs(p, k, pc - p, dc)))
+
+
+def roofline_s(steps: pd.DataFrame, roofline: StepTimeModel) -> np.ndarray:
+    """The roofline's time of each profile step (the fitted model's floor)."""
+    out = np.empty(len(steps))
+    cols = [steps[c].to_numpy(np.int64) for c in ("num_prefill_tokens", "num_decode_seqs", "decode_context_tokens",
+                                                  "prefill_context_tokens", "num_prefill_seqs")]
+    for i, (p, d, dc, pc, k) in enumerate(zip(*cols)):
+        out[i] = roofline.step_time_s(int(p), int(d), int(dc - d), int(pc - p), int(k))
+    return out
+
+
+@dataclass
+class StepFit:
+    """A fit: the terms, what it left out, and its errors (``error_table``'s frame)."""
+
+    terms: StepTerms
+    num_steps: int
+    num_outliers: int
+    dropped: tuple[str, ...]
+    errors: pd.DataFrame
+    calibration: StepCalibration
+    predicted_s: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0))
+
+
+def _check_determined(x: np.ndarray, active: list[int]) -> None:
+    """Raise ``UnderdeterminedProfile`` for the first active column the others reproduce."""
+    for j in active:
+        col = x[:, j]
+        norm = np.linalg.norm(col)
+        if norm == 0:
+            raise UnderdeterminedProfile(STEP_TERM_NAMES[j], _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
+                                         "no step has what it multiplies")
+        others = [i for i in active if i != j]
+        if not others:
+            continue
+        a = x[:, others]
+        coef, *_ = np.linalg.lstsq(a, col, rcond=None)
+        if np.linalg.norm(col - a @ coef) / norm < _COLLINEAR:
+            raise UnderdeterminedProfile(STEP_TERM_NAMES[j], _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
+                                         "in these steps it moves with the other terms")
+
+
+def _nnls_terms(x: np.ndarray, y: np.ndarray, active: list[int]) -> np.ndarray:
+    """Non-negative coefficients minimising the relative squared error, inactive terms 0."""
+    w = 1.0 / y
+    a = x[:, active] * w[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(a / scale, y * w)
+    out = np.zeros(x.shape[1])
+    out[active] = coef / scale
+    return out
+
+
+def _fit(x: np.ndarray, y: np.ndarray, floor: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``(coefficients, outlier mask)``: NNLS, then NNLS again without the outliers of the first."""
+    coef = _nnls_terms(x, y, active)
+    rel = np.maximum(x @ coef, floor) / y - 1
+    outliers = np.abs(rel) > OUTLIER_REL_ERROR
+    if outliers.any() and (~outliers).sum() >= len(active):
+        coef = _nnls_terms(x[~outliers], y[~outliers], active)
+    return coef, outliers
+
+
+def error_table(measured_s: np.ndarray, predicted_s: np.ndarray, kinds: np.ndarray, *, split: str,
+                keep: np.ndarray | None = None) -> pd.DataFrame:
+    """Rows per step kind (and ``all``): steps, mean absolute relative error and the bias of
+    the summed time (predicted / measured - 1), both in %; ``keep`` masks the steps counted."""
+    keep = np.ones(len(measured_s), bool) if keep is None else keep
+    rows = []
+    for kind in (*STEP_KINDS, "all"):
+        m = keep & ((kinds == kind) if kind != "all" else True)
+        if not m.any():
+            continue
+        rel = predicted_s[m] / measured_s[m] - 1
+        rows.append({"split": split, "kind": kind, "n_steps": int(m.sum()),
+                     "mean_abs_err_%": float(100 * np.mean(np.abs(rel))),
+                     "sum_bias_%": float(100 * (predicted_s[m].sum() / measured_s[m].sum() - 1))})
+    return pd.DataFrame(rows)
+
+
+def fit_step_profile(steps: pd.DataFrame, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
+                     drop: Iterable[str] = (), folds: int = DEFAULT_FOLDS, engine: str | None = None,
+                     source: str = "") -> StepFit:
+    """Fit ``StepTerms`` to a step profile (``traces.engine_profile.read_step_profile``'s frame).
+
+    Args:
+        steps: the profile.
+        model, gpu, tensor_parallel: what the engine ran (the roofline floor's).
+        drop: terms held at 0 (names from ``STEP_TERM_NAMES``).
+        folds: contiguous blocks of the cross-validation (fewer when the profile is short).
+        engine, source: recorded in the calibration (what engine, which file).
+
+    Raises ``UnderdeterminedProfile`` (a ValueError) for a term the steps cannot determine,
+    ValueError for an unknown term name.
+    """
+    drop = tuple(drop)
+    unknown = [t for t in drop if t not in STEP_TERM_NAMES]
+    if unknown:
+        raise ValueError(f"--drop {unknown[0]}: no such term; terms: {', '.join(STEP_TERM_NAMES)}")
+    active = [j for j, name in enumerate(STEP_TERM_NAMES) if name not in drop]
+    if not active:
+        raise ValueError("every term dropped: nothing to fit")
+    x = profile_features(steps)
+    y = steps["duration_s"].to_numpy(np.float64)
+    if len(y) < 2 * len(active):
+        raise ValueError(f"the step profile has {len(y)} steps; fitting {len(active)} terms needs at least "
+                         f"{2 * len(active)}")
+    _check_determined(x / y[:, None] / np.maximum(np.abs(x / y[:, None]).max(axis=0), 1e-300), active)
+    floor = roofline_s(steps, StepTimeModel(model, gpu, calibration=default_calibration(),
+                                            tensor_parallel=tensor_parallel))
+    kinds = step_kinds(steps)
+    coef, outliers = _fit(x, y, floor, active)
+    predicted = np.maximum(x @ coef, floor)
+    cv = np.empty(len(y))
+    blocks = np.array_split(np.arange(len(y)), max(2, min(folds, len(y) // (2 * len(active)))))
+    for block in blocks:
+        train = np.ones(len(y), bool)
+        train[block] = False
+        c, _ = _fit(x[train], y[train], floor[train], active)
+        cv[block] = np.maximum(x[block] @ c, floor[block])
+    errors = pd.concat([error_table(y, predicted, kinds, split="in-sample", keep=~outliers),
+                        error_table(y, cv, kinds, split="cross-validated", keep=~outliers),
+                        error_table(y, predicted, kinds, split="in-sample, outliers too")], ignore_index=True)
+    terms = StepTerms(**{name: float(c) for name, c in zip(STEP_TERM_NAMES, coef)})
+    # a cold first step (the engine's warm-up) is an outlier the simulator should still pay once
+    warmup_s = float(y[0] - predicted[0]) if outliers[0] and y[0] > predicted[0] else 0.0
+    fit_info: dict[str, Any] = {
+        "num_steps": int(len(y)), "num_outliers": int(outliers.sum()), "dropped": list(drop),
+        "first_step_s": float(y[0]), "warmup_s": warmup_s,
+        "outlier_rel_error": OUTLIER_REL_ERROR, "folds": len(blocks),
+        "errors": errors.round(3).to_dict(orient="records"),
+    }
+    cal = StepCalibration(factors=default_calibration(), terms=terms, warmup_s=warmup_s, engine=engine, model=model.name,
+                          gpu=gpu.name, tp=tensor_parallel, fit=fit_info, source=source)
+    return StepFit(terms=terms, num_steps=len(y), num_outliers=int(outliers.sum()), dropped=drop, errors=errors,
+                   calibration=cal, predicted_s=predicted)

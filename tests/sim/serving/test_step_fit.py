@@ -1,0 +1,123 @@
+"""``sim.serving.step_fit``: the fit recovers known terms, refuses what a profile cannot determine, reports by step kind."""
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.serving.hardware import load_gpu
+from sim.serving.models import load_model
+from sim.serving.step_fit import UnderdeterminedProfile, fit_step_profile, profile_features, step_kinds
+from sim.serving.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, StepTimeModel, default_calibration
+
+#: the real recordings (``shared/data/README.md``), beside the repository in CI and here
+ENGINE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "engine"
+needs_engine_data = pytest.mark.skipif(not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository")
+
+TRUE = StepTerms(fixed_s=0.07, per_seq_s=2e-4, per_token_s=2e-5, per_kv_token_s=1e-6, per_pair_s=3e-9,
+                 per_query_kv_s=1.5e-9)
+
+
+@pytest.fixture(scope="module")
+def llama_h200():
+    return load_model("Llama-3-8B"), load_gpu("H200")
+
+
+def synthetic_profile(n=400, seed=0, terms=TRUE, noise=0.0, model_gpu=None):
+    """Steps of random prefill, decode and mixed composition, timed by the ``StepTimeModel`` of ``terms``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        kind = i % 3
+        k = int(rng.integers(1, 6)) if kind != 1 else 0
+        p = int(rng.integers(k, 8192)) if k else 0
+        cached = int(rng.integers(0, 4000)) * k if k and rng.random() < 0.5 else 0
+        d = int(rng.integers(1, 200)) if kind != 0 else 0
+        c = d * int(rng.integers(10, 4000)) if d else 0
+        rows.append((p, k, cached, d, c))
+    model, gpu = model_gpu
+    stm = StepTimeModel(model, gpu, calibration=StepCalibration(default_calibration(), terms=terms))
+    out = []
+    for p, k, cached, d, c in rows:
+        t = stm.step_time_s(p, d, c, cached, k) * (1 + noise * rng.standard_normal())
+        out.append({"duration_s": t, "num_prefill_seqs": k, "num_prefill_tokens": p,
+                    "prefill_context_tokens": cached + p, "num_decode_seqs": d, "decode_context_tokens": c + d})
+    return pd.DataFrame(out)
+
+
+def test_the_fit_recovers_known_terms(llama_h200):
+    fit = fit_step_profile(synthetic_profile(model_gpu=llama_h200), *llama_h200)
+    for name in STEP_TERM_NAMES:
+        assert getattr(fit.terms, name) == pytest.approx(getattr(TRUE, name), rel=0.02), name
+    errors = fit.errors.set_index(["split", "kind"])
+    assert errors.loc[("cross-validated", "all"), "mean_abs_err_%"] < 0.5
+    assert set(errors.loc["in-sample"].index) == {"prefill", "decode", "mixed", "all"}
+
+
+def test_noise_and_a_cold_first_step_leave_the_terms_close_and_become_the_warm_up(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200, noise=0.03, seed=1)
+    steps.loc[0, "duration_s"] += 1.5  # the engine's warm-up
+    fit = fit_step_profile(steps, *llama_h200)
+    assert fit.num_outliers >= 1
+    assert fit.calibration.warmup_s == pytest.approx(1.5, abs=0.1)
+    assert fit.terms.fixed_s == pytest.approx(TRUE.fixed_s, rel=0.05)
+    assert fit.terms.per_query_kv_s == pytest.approx(TRUE.per_query_kv_s, rel=0.1)
+
+
+def test_a_decode_only_profile_cannot_tell_a_sequence_from_a_token(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200)
+    decode = steps[steps["num_prefill_seqs"] == 0].reset_index(drop=True)
+    with pytest.raises(UnderdeterminedProfile) as info:
+        fit_step_profile(decode, *llama_h200)
+    assert info.value.term in ("per_seq_s", "per_token_s", "per_pair_s", "per_kv_token_s")
+    assert "--drop" in str(info.value) and "needs" in str(info.value)
+
+
+def test_dropping_the_undetermined_terms_fits_a_decode_only_profile(llama_h200):
+    terms = StepTerms(fixed_s=0.05, per_token_s=3e-4, per_kv_token_s=2e-6)
+    steps = synthetic_profile(model_gpu=llama_h200, terms=terms)
+    decode = steps[steps["num_prefill_seqs"] == 0].reset_index(drop=True)
+    fit = fit_step_profile(decode, *llama_h200, drop=("per_seq_s", "per_pair_s", "per_query_kv_s"))
+    assert fit.terms.per_seq_s == 0 and fit.terms.per_pair_s == 0
+    assert fit.terms.fixed_s == pytest.approx(0.05, rel=0.02)
+    assert fit.terms.per_kv_token_s == pytest.approx(2e-6, rel=0.02)
+
+
+def test_a_profile_without_prefill_tokens_names_the_term_it_cannot_fit(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200)
+    same = steps.assign(num_prefill_seqs=0, num_prefill_tokens=0, prefill_context_tokens=0,
+                        num_decode_seqs=8, decode_context_tokens=8000)
+    with pytest.raises(UnderdeterminedProfile, match="cannot determine"):
+        fit_step_profile(same, *llama_h200, drop=("per_seq_s",))
+
+
+def test_an_unknown_term_is_named(llama_h200):
+    with pytest.raises(ValueError, match="no such term"):
+        fit_step_profile(synthetic_profile(model_gpu=llama_h200, n=30), *llama_h200, drop=("per_banana_s",))
+
+
+def test_features_count_what_the_step_time_model_counts(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200, n=30)
+    x = profile_features(steps)
+    stm = StepTimeModel(*llama_h200, calibration=StepCalibration(default_calibration(), terms=TRUE))
+    floor = StepTimeModel(*llama_h200)
+    for i, row in steps.iterrows():
+        args = (int(row.num_prefill_tokens), int(row.num_decode_seqs),
+                int(row.decode_context_tokens - row.num_decode_seqs),
+                int(row.prefill_context_tokens - row.num_prefill_tokens), int(row.num_prefill_seqs))
+        linear = float(x[i] @ np.array([getattr(TRUE, n) for n in STEP_TERM_NAMES]))
+        assert stm.step_time_s(*args) == pytest.approx(max(linear, floor.step_time_s(*args)), rel=1e-9)
+    assert list(step_kinds(steps[:3])) == ["prefill", "decode", "mixed"]
+
+
+@needs_engine_data
+def test_the_shared_transformers_recording_fits_within_15_percent_cross_validated(llama_h200):
+    from traces.engine_profile import read_step_profile
+
+    steps = read_step_profile(ENGINE / "transformers_cb_synth_mixed_60s_steps.csv")
+    fit = fit_step_profile(steps, *llama_h200)
+    errors = fit.errors.set_index(["split", "kind"])
+    assert errors.loc[("cross-validated", "all"), "mean_abs_err_%"] < 15
+    assert 0.05 < fit.terms.fixed_s < 0.15  # ~100 ms a step even at batch 2: no CUDA graphs
+    assert fit.terms.per_query_kv_s > 0  # attention over the whole packed step

@@ -1,0 +1,341 @@
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.serving.hardware import load_gpu
+from sim.serving.models import load_model
+from sim.serving.steptime import (DEFAULT_CALIBRATION_PATH, Calibration, StepTimeModel, default_calibration,
+                          load_calibration)
+
+
+@pytest.fixture(scope="module")
+def llama_h200():
+    return StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"))
+
+
+def test_decode_batch_1_short_context_takes_4_to_6_ms(llama_h200):
+    # About 15-16 GB of weights at 4.8 TB/s x efficiency, plus the step overhead.
+    assert 4e-3 < llama_h200.step_time_s(0, 1, 128) < 6e-3
+
+
+def test_prefill_of_2048_tokens_takes_tens_of_ms(llama_h200):
+    assert 20e-3 < llama_h200.step_time_s(2048, 0, 0) < 100e-3
+
+
+@pytest.mark.parametrize("batch, context", [(1, 128), (32, 32 * 1000), (128, 128 * 2000)])
+def test_decode_is_memory_bound(llama_h200, batch, context):
+    assert llama_h200.step_cost(0, batch, context).bound == "memory"
+
+
+@pytest.mark.parametrize("tokens", [512, 2048, 8192])
+def test_prefill_is_compute_bound(llama_h200, tokens):
+    assert llama_h200.step_cost(tokens, 0, 0).bound == "compute"
+
+
+def test_prefill_flops_count_the_lm_head_once_per_sequence(llama_h200):
+    m = llama_h200.model
+    cost = llama_h200.step_cost(100, 0, 0)
+    body = m.flops_per_token - m.logits_flops_per_token
+    assert cost.flops == 100 * body + m.logits_flops_per_token + m.attention_flops(1, 100 * 101 // 2)
+
+
+def test_decode_bytes_read_weights_once_and_every_context_token(llama_h200):
+    m = llama_h200.model
+    cost = llama_h200.step_cost(0, 4, 4000)
+    expected = (m.weight_read_bytes + m.kv_bytes_per_token * (4000 + 4)
+                + 4 * (m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token))
+    assert cost.hbm_bytes == expected
+
+
+def test_longer_context_costs_more_decode_time(llama_h200):
+    assert llama_h200.step_time_s(0, 64, 64 * 4000) > llama_h200.step_time_s(0, 64, 64 * 1000)
+
+
+def test_cached_prefix_makes_a_chunk_dearer(llama_h200):
+    assert llama_h200.step_time_s(512, 0, 0, 8192) > llama_h200.step_time_s(512, 0, 0, 0)
+
+
+def test_splitting_prefill_among_more_sequences_has_fewer_causal_pairs(llama_h200):
+    one = llama_h200.step_cost(4096, 0, 0, 0, 1)
+    many = llama_h200.step_cost(4096, 0, 0, 0, 8)
+    assert many.flops < one.flops
+
+
+counts = st.integers(min_value=0, max_value=20_000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(p=counts, d=st.integers(0, 512), c=counts, pc=counts, extra=st.integers(1, 4096))
+def test_step_time_is_monotone_in_every_count(llama_h200, p, d, c, pc, extra):
+    c = c if d else 0
+    pc = pc if p else 0
+    base = llama_h200.step_time_s(p, d, c, pc)
+    assert llama_h200.step_time_s(p + extra, d, c, pc if p + extra else 0) >= base
+    assert llama_h200.step_time_s(p, d + extra, c, pc) >= base
+    if d:
+        assert llama_h200.step_time_s(p, d, c + extra, pc) >= base
+    if p:
+        assert llama_h200.step_time_s(p, d, c, pc + extra) >= base
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=counts, d=st.integers(0, 512), c=counts)
+def test_step_cost_agrees_with_step_time(llama_h200, p, d, c):
+    c = c if d else 0
+    assert math.isclose(llama_h200.step_cost(p, d, c).total_s, llama_h200.step_time_s(p, d, c))
+
+
+def test_empty_step_takes_no_time(llama_h200):
+    assert llama_h200.step_time_s(0, 0, 0) == 0.0
+
+
+@pytest.mark.parametrize("args, name", [
+    ((-1, 0, 0), "prefill_tokens"), ((0, -1, 0), "decode_seqs"), ((0, 1, -5), "context_tokens"),
+    ((0, 0, 10), "context_tokens"), ((0, 1, 0, 10), "prefill_context_tokens"),
+    ((10, 0, 0, 0, 11), "num_prefill_seqs"), ((10, 0, 0, 0, 0), "num_prefill_seqs"),
+])
+def test_bad_counts_name_the_argument(llama_h200, args, name):
+    with pytest.raises(ValueError, match=name):
+        llama_h200.step_time_s(*args)
+
+
+def test_decode_memory_time_scales_with_hbm_bandwidth():
+    m = load_model("Llama-3-8B")
+    h200 = StepTimeModel(m, load_gpu("H200")).step_cost(0, 16, 16_000)
+    a100 = StepTimeModel(m, load_gpu("A100-80GB")).step_cost(0, 16, 16_000)
+    assert a100.memory_s / h200.memory_s == pytest.approx(4.8 / 2.039)
+    assert a100.total_s > h200.total_s
+
+
+def test_copy_reads_and_writes_at_hbm_speed(llama_h200):
+    cal = llama_h200.factors
+    expected = cal.transfer_latency_s + 2 * (1 << 30) / (4.8e12 * cal.hbm_efficiency)
+    assert llama_h200.copy_time_s(1 << 30) == pytest.approx(expected)
+
+
+def test_swap_goes_at_pcie_speed(llama_h200):
+    cal = llama_h200.factors
+    expected = cal.transfer_latency_s + (1 << 30) / (llama_h200.gpu.pcie_bandwidth_bytes_per_s * cal.pcie_efficiency)
+    assert llama_h200.swap_time_s(1 << 30) == pytest.approx(expected)
+
+
+def test_empty_transfers_take_no_time(llama_h200):
+    assert llama_h200.copy_time_s(0) == 0.0 and llama_h200.swap_time_s(0) == 0.0
+
+
+def test_defaults_are_the_bundled_file():
+    cal = default_calibration()
+    assert 0.3 <= cal.mfu_prefill <= 0.8 and 0.6 <= cal.hbm_efficiency <= 0.95
+    assert 0 < cal.step_overhead_s < 5e-3
+
+
+def test_every_default_is_explained():
+    raw = json.loads(DEFAULT_CALIBRATION_PATH.read_text())
+    assert set(raw["notes"]) == set(default_calibration().to_dict())
+
+
+def test_calibration_file_overrides_a_factor(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({"hbm_efficiency": 0.5, "source": "measured"}))
+    cal = load_calibration(path)
+    assert cal.hbm_efficiency == 0.5
+    assert cal.mfu_prefill == default_calibration().mfu_prefill
+    m, g = load_model("Llama-3-8B"), load_gpu("H200")
+    slow = StepTimeModel(m, g, calibration=str(path)).step_time_s(0, 1, 128)
+    assert slow > StepTimeModel(m, g).step_time_s(0, 1, 128) * 1.4
+
+
+def test_layer_overhead_is_paid_once_per_layer():
+    cal = {"layer_overhead_s": 1e-3, "step_overhead_s": 0.0}
+    small = StepTimeModel(load_model("Llama-3.2-1B"), load_gpu("H200"), calibration=cal)
+    assert small.step_cost(0, 1, 10).overhead_s == pytest.approx(16e-3)
+
+
+def test_defaults_reproduce_the_h200_measurements():
+    # The bundled defaults were fitted to step times measured on an H200 (recorded in the file).
+    raw = json.loads(DEFAULT_CALIBRATION_PATH.read_text())
+    decode, prefill = raw["measured"].values()
+    model = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration={"step_overhead_s": 0.0})
+    for shape, (measured_ms, _) in decode.items():
+        batch, context = map(int, shape.split("x"))
+        assert model.step_time_s(0, batch, batch * context) * 1e3 == pytest.approx(measured_ms, rel=0.15), shape
+    for tokens, (measured_ms, _) in prefill.items():
+        assert model.step_time_s(int(tokens), 0, 0) * 1e3 == pytest.approx(measured_ms, rel=0.15), tokens
+
+
+def test_calibration_mapping_overrides_a_factor():
+    m, g = load_model("Llama-3-8B"), load_gpu("H200")
+    model = StepTimeModel(m, g, calibration={"step_overhead_s": 0.0})
+    assert model.factors.step_overhead_s == 0.0
+    assert model.calibration == {"step_overhead_s": 0.0}  # stored as given
+
+
+def test_calibration_unknown_factor_names_file_and_factor(tmp_path):
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps({"mfu_prefil": 0.6}))
+    with pytest.raises(ValueError, match=r"typo\.json.*mfu_prefil"):
+        load_calibration(path)
+
+
+def test_calibration_out_of_range_names_file_and_factor(tmp_path):
+    path = tmp_path / "range.json"
+    path.write_text(json.dumps({"mfu_decode": 1.5}))
+    with pytest.raises(ValueError, match=r"range\.json.*'mfu_decode'.*1.5"):
+        load_calibration(path)
+
+
+def test_negative_overhead_is_rejected():
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        default_calibration().replace(step_overhead_s=-1e-3)
+
+
+def test_calibration_object_is_used_as_given():
+    cal = default_calibration().replace(mfu_prefill=0.25)
+    model = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=cal)
+    assert model.factors is cal
+    assert isinstance(cal, Calibration)
+
+
+def test_model_must_be_a_spec():
+    with pytest.raises(ValueError, match="load_model"):
+        StepTimeModel("llama-3-8b", load_gpu("H200"))
+
+
+def test_get_params_names_model_gpu_and_factors(llama_h200):
+    params = llama_h200.get_params()
+    assert params["model"] == "Llama-3-8B" and params["gpu"] == "H200"
+    assert params["hbm_efficiency"] == llama_h200.factors.hbm_efficiency
+
+
+# -- hybrid models: each layer costed as its group -------------------------------------------------
+def _with_all_full(name):
+    import dataclasses
+
+    model = load_model(name)
+    return StepTimeModel(model, load_gpu("H200")), StepTimeModel(dataclasses.replace(model, layer_groups=None),
+                                                                 load_gpu("H200"))
+
+
+@pytest.mark.parametrize("args", [(0, 64, 64 * 1000), (0, 1, 4000), (2048, 0, 0, 0), (1024, 0, 0, 2048),
+                                  (512, 8, 8 * 3000, 1024, 2)])
+def test_sliding_window_costs_what_full_attention_does_below_the_window(args):
+    gemma, all_full = _with_all_full("Gemma-2-9B")  # window 4096
+    assert gemma.step_time_s(*args) == pytest.approx(all_full.step_time_s(*args), rel=1e-12)
+    assert gemma.step_cost(*args).flops == pytest.approx(all_full.step_cost(*args).flops, rel=1e-12)
+    assert gemma.step_cost(*args).hbm_bytes == pytest.approx(all_full.step_cost(*args).hbm_bytes, rel=1e-12)
+
+
+def test_sliding_window_decode_past_the_window_reads_only_the_window():
+    gemma, all_full = _with_all_full("Gemma-2-9B")
+    m = gemma.model
+    d, context = 64, 64 * 30_000
+    saved = all_full.step_cost(0, d, context).hbm_bytes - gemma.step_cost(0, d, context).hbm_bytes
+    sliding = next(g for g in m.kv_groups if g.kind == "sliding")
+    # the sliding layers read W keys per sequence instead of its whole context
+    assert saved == pytest.approx(sliding.token_bytes(m.dtype_bytes) * (context + d - d * sliding.sliding_window))
+    assert gemma.step_time_s(0, d, context) < 0.7 * all_full.step_time_s(0, d, context)
+
+
+def test_sliding_window_prefill_past_the_window_counts_pairs_inside_it():
+    gemma, all_full = _with_all_full("Gemma-2-9B")
+    w = 4096
+    # one sequence, 8192 new tokens: full layers 8192*8193/2 pairs, sliding ones w(w+1)/2 + (8192-w) w
+    full_pairs, sliding_pairs = 8192 * 8193 / 2, w * (w + 1) / 2 + (8192 - w) * w
+    saved = all_full.step_cost(8192, 0, 0).flops - gemma.step_cost(8192, 0, 0).flops
+    assert saved == pytest.approx(21 * 4 * gemma.model.q_size * (full_pairs - sliding_pairs))
+    assert gemma.step_time_s(512, 0, 0, 16_000) < all_full.step_time_s(512, 0, 0, 16_000)
+
+
+def test_mamba_layers_cost_the_same_at_any_context():
+    bamba, all_full = _with_all_full("Bamba-9B")
+    m = bamba.model
+    short, long = bamba.step_cost(0, 16, 16 * 1000), bamba.step_cost(0, 16, 16 * 100_000)
+    attention = sum(g.token_bytes(m.dtype_bytes) for g in m.kv_groups if g.is_attention)
+    # only the 3 attention layers' KV grows with context
+    assert long.hbm_bytes - short.hbm_bytes == pytest.approx(attention * 16 * 99_000)
+    assert bamba.step_time_s(0, 16, 16 * 100_000) < 0.5 * all_full.step_time_s(0, 16, 16 * 100_000)
+    # each scheduled sequence's states are read and written once per step
+    state = sum(g.state_bytes(m.dtype_bytes) for g in m.kv_groups)
+    one, two = bamba.step_cost(0, 1, 1000), bamba.step_cost(0, 2, 2000)
+    assert two.hbm_bytes - one.hbm_bytes == pytest.approx(
+        2 * state + attention * 1001 + m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token)
+    assert bamba.step_cost(100, 0, 0).flops > 100 * (m.flops_per_token - m.logits_flops_per_token)
+
+
+# -- fitted engines (StepTerms, poollab calibrate) --------------------------------------------------
+from sim.serving.steptime import StepCalibration, StepTerms, load_step_calibration  # noqa: E402
+
+FITTED = StepTerms(fixed_s=0.07, per_seq_s=1e-4, per_token_s=2e-5, per_kv_token_s=1e-6, per_pair_s=2e-9,
+                   per_query_kv_s=1.5e-9)
+
+
+def _fitted_file(tmp_path, **changes):
+    cal = StepCalibration(default_calibration(), terms=FITTED, warmup_s=1.5, engine="transformers",
+                          model="Llama-3-8B", gpu="H200", tp=1)
+    data = {**cal.to_json(), **changes}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_the_uncalibrated_default_is_the_roofline_alone(llama_h200):
+    # a CUDA-graph engine: batch-1 decode ~5 ms, no fitted terms in play
+    assert llama_h200.terms.is_zero and llama_h200.warmup_s == 0
+    assert 0.004 < llama_h200.step_time_s(0, 1, 128) < 0.006
+
+
+def test_an_old_factor_file_still_loads_as_factors_only(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"mfu_prefill": 0.4, "source": "an old file"}))
+    cal = load_step_calibration(path)
+    assert cal.factors.mfu_prefill == 0.4 and cal.terms.is_zero and cal.model is None
+    assert load_calibration(path).mfu_prefill == 0.4
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=path)
+    assert stm.step_time_s(2048, 0, 0) == StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"),
+                                                         calibration={"mfu_prefill": 0.4}).step_time_s(2048, 0, 0)
+
+
+def test_a_fitted_file_prices_steps_with_its_terms_over_the_roofline_floor(tmp_path, llama_h200):
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=_fitted_file(tmp_path))
+    assert stm.warmup_s == 1.5
+    # batch-2 decode: the fixed 70 ms, not the roofline's 5 ms
+    linear = FITTED.linear_s(0, 2, 0, 1002, 1002)
+    assert stm.step_time_s(0, 2, 1000) == pytest.approx(linear)
+    assert stm.step_time_s(0, 2, 1000) > 10 * llama_h200.step_time_s(0, 2, 1000)
+    # the whole step's queries x keys: a prefill beside long decodes costs their product
+    cost = stm.step_cost(8000, 20, 40000, 0, 2)
+    assert cost.total_s == stm.step_time_s(8000, 20, 40000, 0, 2) == cost.fitted_s
+    assert cost.fitted_s > FITTED.per_query_kv_s * 8020 * 48020
+
+
+def test_the_roofline_is_the_floor_of_a_fitted_engine(tmp_path, llama_h200):
+    tiny = StepCalibration(default_calibration(), terms=StepTerms(fixed_s=1e-6))
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=tiny)
+    assert stm.step_time_s(4096, 0, 0) == pytest.approx(llama_h200.step_time_s(4096, 0, 0), rel=1e-12)
+
+
+def test_a_fitted_file_for_another_model_is_refused(tmp_path):
+    path = _fitted_file(tmp_path)
+    with pytest.raises(ValueError, match="fitted for Llama-3-8B on H200"):
+        StepTimeModel(load_model("Llama-3.2-1B"), load_gpu("H200"), calibration=path)
+
+
+@pytest.mark.parametrize("changes, words", [({"terms": {"fixed_s": -1}}, "fixed_s"),
+                                            ({"terms": {"per_banana_s": 1}}, "terms"),
+                                            ({"format": "poollab-step-time/9"}, "unknown calibration format"),
+                                            ({"warmup_s": "soon"}, "warmup_s"),
+                                            ({"colour": "red"}, "unknown key")])
+def test_a_bad_fitted_file_names_file_and_field(tmp_path, changes, words):
+    path = _fitted_file(tmp_path, **changes)
+    with pytest.raises(ValueError, match=words) as info:
+        load_step_calibration(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_fitted_file_round_trips(tmp_path):
+    cal = load_step_calibration(_fitted_file(tmp_path))
+    assert cal.terms == FITTED and cal.engine == "transformers" and (cal.model, cal.gpu, cal.tp) == ("Llama-3-8B", "H200", 1)
+    assert "fitted from" in cal.describe() and "70.0 ms" in cal.describe()
