@@ -16,9 +16,9 @@ from policies.mapped_device import PageMappedDevice
 from policies.paged import Paged
 from sim.replay import engine
 from sim.replay.costs import CostedDevice, CostModel, costed_page_mapped_device
-from tests.sim.test_engine import TickTimer, _unknown
-from tests.sim.test_step_fast_path import AZURE, assert_same_results
-from tests.sim.test_step_fast_path import run as simulate_once
+from tests.sim.replay.test_engine import TickTimer, _unknown
+from tests.sim.serving.test_step_fast_path import AZURE, assert_same_results
+from tests.sim.serving.test_step_fast_path import run as simulate_once
 from traces.request_readers import read_request_trace
 
 MiB = 1 << 20
