@@ -27,17 +27,17 @@ def register(cli: click.Group) -> None:
 
 
 def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
-    """``(device_bytes, what it is)`` from ``--gpu`` or ``--memory`` (neither: the H200 preset)."""
+    """``(device_bytes, what it is)`` from ``--gpu`` or ``--memory`` (neither: the default GPU preset)."""
     if gpu is not None and memory is not None:
         raise UsageError("--gpu and --memory both give the device's memory: pass one")
     if memory is not None:
         if memory <= 0:
             raise UsageError(f"--memory {memory} must be > 0")
         return memory, f"--memory {format_bytes(memory)}"
-    from sim.serving.hardware import load_gpu
+    from sim.serving.hardware import DEFAULT_GPU, load_gpu
 
     try:
-        spec = load_gpu(gpu or "H200")
+        spec = load_gpu(gpu or DEFAULT_GPU)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return spec.memory_bytes, f"--gpu {spec.name}" if gpu else f"the {spec.name} preset (--gpu, --memory)"
