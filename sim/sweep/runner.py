@@ -121,6 +121,7 @@ class ProcessExecutor:
         if self.start_method == "forkserver":
             ctx.set_forkserver_preload(_PRELOAD)  # no effect once this process's fork server runs
         num_workers = max(1, min(self.num_workers, len(cells)))
+        _start_quiet_resource_tracker()
         pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx,
                                    initializer=die_with_parent, initargs=(os.getpid(),))
         finished = False
@@ -141,6 +142,31 @@ class ProcessExecutor:
                 pool.shutdown(wait=True, cancel_futures=True)
             else:  # Ctrl-C, an error, or the caller stopped reading: nothing more is wanted from the workers
                 stop_pool(pool)
+
+
+def _start_quiet_resource_tracker() -> None:
+    """Start ``multiprocessing``'s resource tracker, if it is not running, with its stderr on /dev/null.
+
+    An interrupted sweep terminates its workers (``stop_pool``), possibly inside one of the pool's
+    queues; the tracker then unlinks the semaphores they left, as it should, but says so on stderr
+    ("leaked semaphore objects", after "poollab: interrupted"): noise about its own cleanup, not the
+    user's error. Its stderr is this process's when it starts, so it is started here with fd 2 on
+    /dev/null for that moment.
+    """
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker  # CPython's one tracker per process
+    if getattr(tracker, "_fd", None) is not None:
+        return
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 #: How long ``stop_pool`` lets a worker end on SIGTERM before it is killed.
