@@ -93,10 +93,12 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise TraceFormatError(path, None, f"{key} {shown(value)} ({what}) is no whole number of bytes >= 0")
         values[key] = value
-    non_torch = values["non_torch_bytes"]
+    non_torch, larger = values["non_torch_bytes"], _larger_part(values)
     if non_torch is None:  # a file with the parts only: the larger is what the run needed
-        parts = [v for v in (values["non_torch_startup_bytes"], values["non_torch_serving_max_bytes"]) if v is not None]
-        non_torch = max(parts) if parts else None
+        non_torch = larger
+    elif larger is not None and non_torch != larger:  # an edited file: which figure is meant cannot be told
+        raise TraceFormatError(path, None, f"non_torch_bytes {non_torch:,} is not the larger of "
+                                           f"non_torch_startup_bytes and non_torch_serving_max_bytes ({larger:,})")
     total = values["mem_get_info_total_bytes"]
     if total is not None and non_torch is not None and non_torch >= total:
         raise TraceFormatError(path, None, f"non_torch_bytes {non_torch:,} is not below the device's memory "
@@ -109,9 +111,15 @@ def write_engine_memory(snapshot: str | Path, fields: dict[str, Any]) -> Path:
     """Write ``fields`` (the keys above and any others: the engine's settings, torch's counters) as the
     sidecar of ``snapshot``; ``non_torch_bytes`` is filled in from the parts when missing."""
     fields = dict(fields)
-    parts = [fields.get(k) for k in ("non_torch_startup_bytes", "non_torch_serving_max_bytes")]
-    if fields.get("non_torch_bytes") is None and any(p is not None for p in parts):
-        fields["non_torch_bytes"] = max(p for p in parts if p is not None)
+    if fields.get("non_torch_bytes") is None and (larger := _larger_part(fields)) is not None:
+        fields["non_torch_bytes"] = larger
     path = sidecar_path(snapshot)
     path.write_text(json.dumps(fields, indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def _larger_part(figures: dict[str, Any]) -> int | None:
+    """The larger of the start-up and serving figures outside PyTorch (None when neither is there):
+    what a plan takes, ``non_torch_bytes``."""
+    parts = [figures.get(k) for k in ("non_torch_startup_bytes", "non_torch_serving_max_bytes")]
+    return max((p for p in parts if p is not None), default=None)

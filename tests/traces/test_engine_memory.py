@@ -49,6 +49,10 @@ def test_a_file_with_the_parts_only_takes_the_larger(tmp_path):
     ('{"non_torch_bytes": 1.5}', ["non_torch_bytes 1.5"]),
     ('{"kv_padding_blocks": true}', ["kv_padding_blocks True"]),
     ('{"non_torch_bytes": 10, "mem_get_info_total_bytes": 10}', ["is not below the device's memory"]),
+    ('{"non_torch_bytes": 5, "non_torch_startup_bytes": 5, "non_torch_serving_max_bytes": 1180591620717411303424}',
+     ["non_torch_bytes 5 is not the larger of", "(1,180,591,620,717,411,303,424)"]),
+    ('{"non_torch_startup_bytes": 1180591620717411303424, "mem_get_info_total_bytes": 10}',
+     ["is not below the device's memory"]),
 ])
 def test_a_bad_file_names_itself_and_what_is_wrong(tmp_path, text, words):
     (tmp_path / "s.json").write_text(text)
