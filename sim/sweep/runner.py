@@ -145,7 +145,8 @@ class ProcessExecutor:
 
 
 def _start_quiet_resource_tracker() -> None:
-    """Start ``multiprocessing``'s resource tracker, if it is not running, with its stderr on /dev/null.
+    """Start ``multiprocessing``'s resource tracker, if it is not running, with its stderr on /dev/null
+    (``ensure_running`` does nothing when it runs already).
 
     An interrupted sweep terminates its workers (``stop_pool``), possibly inside one of the pool's
     queues; the tracker then unlinks the semaphores they left, as it should, but says so on stderr
@@ -155,9 +156,6 @@ def _start_quiet_resource_tracker() -> None:
     """
     from multiprocessing import resource_tracker
 
-    tracker = resource_tracker._resource_tracker  # CPython's one tracker per process
-    if getattr(tracker, "_fd", None) is not None:
-        return
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
