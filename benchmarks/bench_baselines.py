@@ -87,32 +87,44 @@ def lean_ops_per_s(trace, spec: str, repeat: int) -> float:
 def compare(trace, specs: list[str], repeat: int) -> pd.DataFrame:
     b = bounds(trace)
     print(f"\n## {trace.name}: {len(trace):,} events, {b['num_allocations']:,} allocations")
-    print(f"lower bound (peak live) {b['lower_bound_bytes'] / MiB:,.1f} MiB; planner ({b['planner']}) "
-          f"{b['planner_peak_bytes'] / MiB:,.1f} MiB (+{100 * (b['planner_peak_bytes'] / b['lower_bound_bytes'] - 1):.2f} %, "
-          f"{b['planner_s']:.1f} s)")
+    print(
+        f"lower bound (peak live) {b['lower_bound_bytes'] / MiB:,.1f} MiB; planner ({b['planner']}) "
+        f"{b['planner_peak_bytes'] / MiB:,.1f} MiB (+{100 * (b['planner_peak_bytes'] / b['lower_bound_bytes'] - 1):.2f} %, "
+        f"{b['planner_s']:.1f} s)"
+    )
     rows = []
     for spec in specs:
         s = replay(trace, spec).summary
-        rows.append({
-            "policy": spec,
-            "peak_reserved_MiB": s["peak_reserved_bytes"] / MiB,
-            "overhead_%": 100 * s["overhead"],
-            "failed": s["n_failed"],
-            "gap_to_bound_%": 100 * (s["peak_reserved_bytes"] / b["lower_bound_bytes"] - 1),
-            "gap_to_planner_%": 100 * (s["peak_reserved_bytes"] / b["planner_peak_bytes"] - 1),
-            "segments": s["n_grow"],
-            "Mops/s": lean_ops_per_s(trace, spec, repeat) / 1e6,
-        })
+        rows.append(
+            {
+                "policy": spec,
+                "peak_reserved_MiB": s["peak_reserved_bytes"] / MiB,
+                "overhead_%": 100 * s["overhead"],
+                "failed": s["n_failed"],
+                "gap_to_bound_%": 100 * (s["peak_reserved_bytes"] / b["lower_bound_bytes"] - 1),
+                "gap_to_planner_%": 100 * (s["peak_reserved_bytes"] / b["planner_peak_bytes"] - 1),
+                "segments": s["n_grow"],
+                "Mops/s": lean_ops_per_s(trace, spec, repeat) / 1e6,
+            }
+        )
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.2f}"))
-    return table.assign(trace=trace.name, lower_bound_bytes=b["lower_bound_bytes"],
-                        planner_peak_bytes=b["planner_peak_bytes"])
+    return table.assign(
+        trace=trace.name,
+        lower_bound_bytes=b["lower_bound_bytes"],
+        planner_peak_bytes=b["planner_peak_bytes"],
+    )
 
 
 def _requests(trace):
     """``(is_alloc, alloc_id, nbytes, pre_trace)`` lists of a trace, for the real replays."""
     _, is_alloc, ids, sizes, _ = trace.arrays()
-    return is_alloc.tolist(), ids.tolist(), sizes.tolist(), (trace.events["tag"] == "pre-trace").tolist()
+    return (
+        is_alloc.tolist(),
+        ids.tolist(),
+        sizes.tolist(),
+        (trace.events["tag"] == "pre-trace").tolist(),
+    )
 
 
 def torch_child(snapshot: str, limit: str, out_path: str) -> None:
@@ -120,7 +132,9 @@ def torch_child(snapshot: str, limit: str, out_path: str) -> None:
     import torch
 
     if limit != "none":
-        torch.cuda.set_per_process_memory_fraction(int(limit) / torch.cuda.get_device_properties(0).total_memory)
+        torch.cuda.set_per_process_memory_fraction(
+            int(limit) / torch.cuda.get_device_properties(0).total_memory
+        )
     is_alloc, ids, sizes, pre = _requests(read_alloc_trace(snapshot))
     live = {}
     k = 0
@@ -139,8 +153,10 @@ def torch_child(snapshot: str, limit: str, out_path: str) -> None:
         import pickle
 
         pickle.dump(snap, f)
-    print(f"  torch {torch.__version__}: max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} MiB, "
-          f"max allocated {torch.cuda.max_memory_allocated() / MiB:,.1f} MiB")
+    print(
+        f"  torch {torch.__version__}: max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} MiB, "
+        f"max allocated {torch.cuda.max_memory_allocated() / MiB:,.1f} MiB"
+    )
 
 
 def cupy_child(snapshot: str) -> None:
@@ -165,9 +181,11 @@ def cupy_child(snapshot: str) -> None:
         if real != emu:
             num_differ += 1
             first_differ = k if first_differ < 0 else first_differ
-    print(f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: peak total_bytes "
-          f"{peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; requests after which they differ: "
-          f"{num_differ:,} (first: {first_differ})")
+    print(
+        f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: peak total_bytes "
+        f"{peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; requests after which they differ: "
+        f"{num_differ:,} (first: {first_differ})"
+    )
 
 
 def real(snapshot: str, out_dir: Path) -> None:
@@ -177,8 +195,11 @@ def real(snapshot: str, out_dir: Path) -> None:
         path = out_dir / f"torch_{name}.pickle.gz"
         print(f"\n### PyTorch, PYTORCH_CUDA_ALLOC_CONF={conf!r}, limit {limit}")
         env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf}
-        subprocess.run([sys.executable, __file__, "--_torch-child", snapshot, str(limit or "none"), str(path)],
-                       env=env, check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--_torch-child", snapshot, str(limit or "none"), str(path)],
+            env=env,
+            check=True,
+        )
         result = replay_recording(read_recording(path), capacity_bytes=limit)
         print(result.format())
     print("\n### CuPy")
@@ -194,24 +215,41 @@ def main(argv=None) -> int:
         cupy_child(argv[1])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_snapshot = FULL_SNAPSHOT if FULL_SNAPSHOT.exists() else bundled_path("llama1b_generate_slice.pickle.gz")
+    default_snapshot = (
+        FULL_SNAPSHOT
+        if FULL_SNAPSHOT.exists()
+        else bundled_path("llama1b_generate_slice.pickle.gz")
+    )
     ap.add_argument("--snapshot", default=str(default_snapshot))
     ap.add_argument("--requests", type=int, default=12, help="requests in the synthetic trace")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policy", action="append", dest="specs", help="policy spec, repeatable (default: all)")
+    ap.add_argument(
+        "--policy", action="append", dest="specs", help="policy spec, repeatable (default: all)"
+    )
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=None, help="write baselines.csv and fidelity.csv here")
-    ap.add_argument("--real", type=Path, default=None, metavar="OUT_DIR",
-                    help="validate against the real allocators on this machine's GPU instead (see above)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="write baselines.csv and fidelity.csv here"
+    )
+    ap.add_argument(
+        "--real",
+        type=Path,
+        default=None,
+        metavar="OUT_DIR",
+        help="validate against the real allocators on this machine's GPU instead (see above)",
+    )
     args = ap.parse_args(argv)
     if args.real is not None:
         real(args.snapshot, args.real)
         return 0
     specs = args.specs or policies.available()
-    print(f"# bench_baselines {datetime.date.today()}: python {platform.python_version()} on {platform.machine()}")
+    print(
+        f"# bench_baselines {datetime.date.today()}: python {platform.python_version()} on {platform.machine()}"
+    )
     print(f"command: {' '.join(['python', 'benchmarks/bench_baselines.py', *argv])}")
     snapshot = read_alloc_trace(args.snapshot)
-    synthetic = generate_alloc_trace(num_requests=args.requests, arrival_rate_per_s=4.0, seed=args.seed)
+    synthetic = generate_alloc_trace(
+        num_requests=args.requests, arrival_rate_per_s=4.0, seed=args.seed
+    )
     synthetic.name = f"synthetic-{args.requests}req-seed{args.seed}"
     tables = [compare(snapshot, specs, args.repeat), compare(synthetic, specs, args.repeat)]
 

@@ -77,7 +77,11 @@ class BoundaryTagBestFit(Policy):
         keys = self._keys
         i = bisect_left(keys, size << _SHIFT)
         if i == len(keys):
-            bytes_ = _SEGMENT_BYTES if size <= _SEGMENT_BYTES else -(-size // _OVERSIZE_MULTIPLE) * _OVERSIZE_MULTIPLE
+            bytes_ = (
+                _SEGMENT_BYTES
+                if size <= _SEGMENT_BYTES
+                else -(-size // _OVERSIZE_MULTIPLE) * _OVERSIZE_MULTIPLE
+            )
             segment = self._reserve_segment(bytes_, stream)
             if segment is None:
                 return None
@@ -88,7 +92,9 @@ class BoundaryTagBestFit(Policy):
         free_bytes = key >> _SHIFT
         rest = free_bytes - size
         del self._size_by_start[offset]
-        if rest:  # the rest stays free above the request; it keeps the key's place when the order allows
+        if (
+            rest
+        ):  # the rest stays free above the request; it keeps the key's place when the order allows
             rest_offset = offset + size
             self._size_by_start[rest_offset] = rest
             self._start_by_end[rest_offset + rest] = rest_offset
@@ -123,7 +129,9 @@ class BoundaryTagBestFit(Policy):
             size += next_bytes
             end += next_bytes
         prev_offset = start_by_end.get(offset)
-        if prev_offset is not None and offset not in self._segment_starts:  # merge into the free range below
+        if (
+            prev_offset is not None and offset not in self._segment_starts
+        ):  # merge into the free range below
             prev_bytes = size_by_start[prev_offset]
             i = bisect_left(keys, prev_bytes << _SHIFT | prev_offset)
             del start_by_end[offset]
@@ -152,9 +160,13 @@ def check_same_placements(events, costs) -> int:
         if is_alloc:
             a = best.allocate(nbytes, stream=stream, tag=tag)
             b = floor.allocate(nbytes, stream=stream, tag=tag)
-            if (a is None) != (b is None) or (a is not None and (a.offset, a.size_bytes) != (b.handle, b.size_bytes)):
-                raise SystemExit(f"event {i}: best fit placed {a and (a.offset, a.size_bytes)}, "
-                                 f"the floor {b and (b.handle, b.size_bytes)}: the floor is not best fit")
+            if (a is None) != (b is None) or (
+                a is not None and (a.offset, a.size_bytes) != (b.handle, b.size_bytes)
+            ):
+                raise SystemExit(
+                    f"event {i}: best fit placed {a and (a.offset, a.size_bytes)}, "
+                    f"the floor {b and (b.handle, b.size_bytes)}: the floor is not best fit"
+                )
             if a is not None:
                 live_best[key], live_floor[key] = a, b
                 num_allocs += 1
@@ -175,8 +187,20 @@ def main(argv=None) -> int:
     print(f"# {FLOOR} placed all {num_allocs:,} allocations of the trace where best-fit did")
     policies.register(FLOOR, BoundaryTagBestFit, replace=True)
     try:
-        return bench_replay.main([args.trace, "-p", "best-fit", "-p", FLOOR, "--bare-only",
-                                  "--repeat", str(args.repeat), "--clock", args.clock])
+        return bench_replay.main(
+            [
+                args.trace,
+                "-p",
+                "best-fit",
+                "-p",
+                FLOOR,
+                "--bare-only",
+                "--repeat",
+                str(args.repeat),
+                "--clock",
+                args.clock,
+            ]
+        )
     finally:
         unregister(FLOOR)
 

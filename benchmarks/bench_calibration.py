@@ -38,7 +38,13 @@ import numpy as np  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from poollab.cli import run_script  # noqa: E402
-from sim.serving.engine_runs import LATENCY_METRICS, fit_from_requests, latency_errors, predict_served, served_trace  # noqa: E402
+from sim.serving.engine_runs import (
+    LATENCY_METRICS,
+    fit_from_requests,
+    latency_errors,
+    predict_served,
+    served_trace,
+)  # noqa: E402
 from sim.serving.hardware import load_gpu  # noqa: E402
 from sim.serving.models import load_model  # noqa: E402
 from sim.serving.step_fit import fit_step_profile, profile_features, roofline_s  # noqa: E402
@@ -47,15 +53,25 @@ from traces.engine_profile import read_served_requests, read_step_profile  # noq
 
 ENGINE = REPO.parent / "shared" / "data" / "engine"
 DEFAULT_RUNS = {
-    "azure_code_60s": (ENGINE / "transformers_cb_azure_code_60s_steps.csv",
-                       ENGINE / "transformers_cb_azure_code_60s_requests.csv"),
-    "synth_mixed_60s": (ENGINE / "transformers_cb_synth_mixed_60s_steps.csv",
-                        ENGINE / "transformers_cb_synth_mixed_60s_requests.csv"),
+    "azure_code_60s": (
+        ENGINE / "transformers_cb_azure_code_60s_steps.csv",
+        ENGINE / "transformers_cb_azure_code_60s_requests.csv",
+    ),
+    "synth_mixed_60s": (
+        ENGINE / "transformers_cb_synth_mixed_60s_steps.csv",
+        ENGINE / "transformers_cb_synth_mixed_60s_requests.csv",
+    ),
 }
 #: The held-out target (issue 31): within this, or within the run-to-run spread where larger.
 TARGET_PCT = 15.0
-_SHORT = {"ttft_p50_s": "TTFT p50", "ttft_p99_s": "TTFT p99", "tpot_p50_s": "TPOT p50", "tpot_p99_s": "TPOT p99",
-          "e2e_p50_s": "e2e p50", "e2e_p99_s": "e2e p99"}
+_SHORT = {
+    "ttft_p50_s": "TTFT p50",
+    "ttft_p99_s": "TTFT p99",
+    "tpot_p50_s": "TPOT p50",
+    "tpot_p99_s": "TPOT p99",
+    "e2e_p50_s": "e2e p50",
+    "e2e_p99_s": "e2e p99",
+}
 
 
 def _parse_run(text: str) -> tuple[str, tuple[Path, Path]]:
@@ -70,7 +86,10 @@ def spread_pct(runs: dict, repeat: tuple[str, str] | None) -> dict[str, float] |
     """|A / B - 1| in % per figure for two recordings of one workload and load; None without them."""
     if repeat is None:
         return None
-    a, b = (latency_errors(runs[n]["served"], runs[n]["served"]).set_index("metric")["measured_s"] for n in repeat)
+    a, b = (
+        latency_errors(runs[n]["served"], runs[n]["served"]).set_index("metric")["measured_s"]
+        for n in repeat
+    )
     return {m: float(100 * abs(a[m] / b[m] - 1)) for m in LATENCY_METRICS}
 
 
@@ -86,9 +105,12 @@ def discover_runs(folder: Path) -> dict[str, tuple[Path, Path]]:
     """``NAME_steps.csv`` + ``NAME_requests.csv`` pairs in ``folder``, by NAME (``transformers_cb_`` dropped)."""
     out = {}
     for steps in sorted(folder.glob("*_steps.csv")):
-        requests = steps.with_name(steps.name[:-len("_steps.csv")] + "_requests.csv")
+        requests = steps.with_name(steps.name[: -len("_steps.csv")] + "_requests.csv")
         if requests.is_file():
-            out[steps.name[:-len("_steps.csv")].removeprefix("transformers_cb_")] = (steps, requests)
+            out[steps.name[: -len("_steps.csv")].removeprefix("transformers_cb_")] = (
+                steps,
+                requests,
+            )
     return out
 
 
@@ -101,22 +123,40 @@ def as_recorded(cal, judged: dict):
 def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict | None) -> str:
     rows = []
     for fit_name, fit_run in runs.items():
-        cals = {"steps": fit_step_profile(fit_run["steps"], model, gpu, engine="transformers",
-                                          source=str(fit_run["files"][0])).calibration}
+        cals = {
+            "steps": fit_step_profile(
+                fit_run["steps"], model, gpu, engine="transformers", source=str(fit_run["files"][0])
+            ).calibration
+        }
         if from_requests:
-            cals["requests"] = fit_from_requests(fit_run["served"], engine="transformers", model=model, gpu=gpu,
-                                                 source=str(fit_run["files"][1]), two_fold=False).calibration
+            cals["requests"] = fit_from_requests(
+                fit_run["served"],
+                engine="transformers",
+                model=model,
+                gpu=gpu,
+                source=str(fit_run["files"][1]),
+                two_fold=False,
+            ).calibration
         for how, cal in cals.items():
             for judged_name, judged in runs.items():
-                errors = latency_errors(judged["served"], predict_served(served_trace(judged["served"]),
-                                                                         as_recorded(cal, judged), model=model, gpu=gpu))
+                errors = latency_errors(
+                    judged["served"],
+                    predict_served(
+                        served_trace(judged["served"]),
+                        as_recorded(cal, judged),
+                        model=model,
+                        gpu=gpu,
+                    ),
+                )
                 kind = "in-sample" if judged_name == fit_name else "held out"
                 if kind == "held out" and judged["cold"] and not fit_run["cold"]:
                     kind = "held out †"  # a cold start judged by a fit of a warmed engine
                 rows.append((f"calibrate {how} {fit_name}", judged_name, kind, errors, how))
     for judged_name, judged in runs.items():
-        errors = latency_errors(judged["served"], predict_served(served_trace(judged["served"]), None,
-                                                                 model=model, gpu=gpu))
+        errors = latency_errors(
+            judged["served"],
+            predict_served(served_trace(judged["served"]), None, model=model, gpu=gpu),
+        )
         rows.append(("none (bundled roofline)", judged_name, "baseline", errors, None))
     head = "| fitted on | judged on | | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |"
     lines = [head, "|" + "---|" * (3 + len(LATENCY_METRICS))]
@@ -125,35 +165,71 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
         e = errors.set_index("metric")["error_%"]
         if kind == "held out":
             counts = tally.setdefault(how, [0, 0])
-            counts[0] += sum(_within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS)
+            counts[0] += sum(
+                _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
+            )
             counts[1] += len(LATENCY_METRICS)
-        cells = [_cell(e[m], None if spread is None else spread[m]) if kind != "baseline" else f"{e[m]:+.0f} %"
-                 for m in LATENCY_METRICS]
+        cells = [
+            _cell(e[m], None if spread is None else spread[m])
+            if kind != "baseline"
+            else f"{e[m]:+.0f} %"
+            for m in LATENCY_METRICS
+        ]
         lines.append(f"| {fit} | {judged} | {kind} | " + " | ".join(cells) + " |")
-    measured = ["| measured (s) | requests | steps (start) | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |",
-                "|" + "---|" * (3 + len(LATENCY_METRICS))]
+    measured = [
+        "| measured (s) | requests | steps (start) | "
+        + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
+        + " |",
+        "|" + "---|" * (3 + len(LATENCY_METRICS)),
+    ]
     for name, run in runs.items():
         m = latency_errors(run["served"], run["served"]).set_index("metric")["measured_s"]
-        measured.append(f"| {name} | {len(run['served'])} | {len(run['steps'])} ({'cold' if run['cold'] else 'warm'}) | "
-                        + " | ".join(f"{m[k]:.3f}" for k in LATENCY_METRICS) + " |")
-    spread_line = ("run-to-run spread: missing (no workload recorded twice; give --repeat A,B)" if spread is None else
-                   "run-to-run spread (|A/B - 1| of the repeated recordings): "
-                   + ", ".join(f"{_SHORT[m]} {spread[m]:.0f} %" for m in LATENCY_METRICS))
-    totals = "; ".join(f"calibrate {how}: {n} of {m} held-out figures within target" for how, (n, m) in tally.items())
-    return "\n".join(["\n".join(measured), "", "\n".join(lines), "",
-                      f"Errors are predicted / measured - 1; ✗ marks an error outside {TARGET_PCT:.0f} % "
-                      "(or outside the spread, where larger). † a run that started cold (its first step a 1.4-1.6 s "
-                      "warm-up) judged by a fit of a run recorded after a warm-up, which cannot know that cost; "
-                      "left out of the counts. " + spread_line, "", totals + " (rows without †)."])
+        measured.append(
+            f"| {name} | {len(run['served'])} | {len(run['steps'])} ({'cold' if run['cold'] else 'warm'}) | "
+            + " | ".join(f"{m[k]:.3f}" for k in LATENCY_METRICS)
+            + " |"
+        )
+    spread_line = (
+        "run-to-run spread: missing (no workload recorded twice; give --repeat A,B)"
+        if spread is None
+        else "run-to-run spread (|A/B - 1| of the repeated recordings): "
+        + ", ".join(f"{_SHORT[m]} {spread[m]:.0f} %" for m in LATENCY_METRICS)
+    )
+    totals = "; ".join(
+        f"calibrate {how}: {n} of {m} held-out figures within target"
+        for how, (n, m) in tally.items()
+    )
+    return "\n".join(
+        [
+            "\n".join(measured),
+            "",
+            "\n".join(lines),
+            "",
+            f"Errors are predicted / measured - 1; ✗ marks an error outside {TARGET_PCT:.0f} % "
+            "(or outside the spread, where larger). † a run that started cold (its first step a 1.4-1.6 s "
+            "warm-up) judged by a fit of a run recorded after a warm-up, which cannot know that cost; "
+            "left out of the counts. " + spread_line,
+            "",
+            totals + " (rows without †).",
+        ]
+    )
 
 
 def variants_table(runs: dict, model, gpu) -> str:
     """Per-step error on the other runs: the roofline as the fit's floor (shipped) against as a feature."""
     floor_model = StepTimeModel(model, gpu)
-    data = {n: (profile_features(r["steps"]), r["steps"]["duration_s"].to_numpy(), roofline_s(r["steps"], floor_model))
-            for n, r in runs.items()}
-    lines = ["| fitted on | judged on | floor: mean abs step error | feature: mean abs step error | feature's roofline weight |",
-             "|---|---|---|---|---|"]
+    data = {
+        n: (
+            profile_features(r["steps"]),
+            r["steps"]["duration_s"].to_numpy(),
+            roofline_s(r["steps"], floor_model),
+        )
+        for n, r in runs.items()
+    }
+    lines = [
+        "| fitted on | judged on | floor: mean abs step error | feature: mean abs step error | feature's roofline weight |",
+        "|---|---|---|---|---|",
+    ]
     for fit_name, fit_run in runs.items():
         floor_fit = fit_step_profile(fit_run["steps"], model, gpu)
         x, y, roof = data[fit_name]
@@ -172,20 +248,39 @@ def variants_table(runs: dict, model, gpu) -> str:
             feat_pred = np.column_stack([xj, roofj]) @ coef
             m = np.ones(len(yj), bool)
             m[0] = False
-            lines.append(f"| {fit_name} | {judged_name} | {100 * np.mean(np.abs(floor_pred[m] / yj[m] - 1)):.1f} % | "
-                         f"{100 * np.mean(np.abs(feat_pred[m] / yj[m] - 1)):.1f} % | {coef[-1]:.2f} |")
+            lines.append(
+                f"| {fit_name} | {judged_name} | {100 * np.mean(np.abs(floor_pred[m] / yj[m] - 1)):.1f} % | "
+                f"{100 * np.mean(np.abs(feat_pred[m] / yj[m] - 1)):.1f} % | {coef[-1]:.2f} |"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", action="append", type=_parse_run, default=[], metavar="NAME=STEPS,REQUESTS")
-    ap.add_argument("--runs-dir", action="append", type=Path, default=[], metavar="DIR",
-                    help="add every NAME_steps.csv + NAME_requests.csv pair in DIR (repeatable)")
+    ap.add_argument(
+        "--run", action="append", type=_parse_run, default=[], metavar="NAME=STEPS,REQUESTS"
+    )
+    ap.add_argument(
+        "--runs-dir",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
+        help="add every NAME_steps.csv + NAME_requests.csv pair in DIR (repeatable)",
+    )
     ap.add_argument("--no-shared", action="store_true", help="leave out the two shared recordings")
-    ap.add_argument("--repeat", default=None, metavar="A,B", help="two runs of one workload and load (the spread)")
-    ap.add_argument("--from-requests", action="store_true", help="also fit from each request table alone")
-    ap.add_argument("--variants", action="store_true", help="roofline as floor against as a feature")
+    ap.add_argument(
+        "--repeat",
+        default=None,
+        metavar="A,B",
+        help="two runs of one workload and load (the spread)",
+    )
+    ap.add_argument(
+        "--from-requests", action="store_true", help="also fit from each request table alone"
+    )
+    ap.add_argument(
+        "--variants", action="store_true", help="roofline as floor against as a feature"
+    )
     ap.add_argument("--model", default="Llama-3-8B")
     ap.add_argument("--gpu", default="H200")
     args = ap.parse_args(argv)
@@ -194,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         files.update(discover_runs(folder))
     files.update(dict(args.run))
     model, gpu = load_model(args.model), load_gpu(args.gpu)
-    runs = {name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
-            for name, (s, r) in files.items()}
+    runs = {
+        name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
+        for name, (s, r) in files.items()
+    }
     for run in runs.values():
         run["cold"] = fit_step_profile(run["steps"], model, gpu).calibration.warmup_s > 0
     repeat = None
@@ -203,7 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         repeat = tuple(args.repeat.split(","))
         if len(repeat) != 2 or any(n not in runs for n in repeat):
             ap.error(f"--repeat {args.repeat}: expected two run names among {', '.join(runs)}")
-    print(held_out_table(runs, model, gpu, from_requests=args.from_requests, spread=spread_pct(runs, repeat)))
+    print(
+        held_out_table(
+            runs, model, gpu, from_requests=args.from_requests, spread=spread_pct(runs, repeat)
+        )
+    )
     if args.variants:
         print()
         print(variants_table(runs, model, gpu))

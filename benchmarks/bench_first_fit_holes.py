@@ -39,8 +39,12 @@ REQUEST_BYTES = 4 * KiB
 
 def load_before(rev: str) -> type:
     """``FirstFit`` of ``policies/first_fit.py`` at git revision ``rev``, as module ``first_fit_before``."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:policies/first_fit.py"],
-                            check=True, capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:policies/first_fit.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(tempfile.mkdtemp(prefix="first_fit_before_")) / "first_fit_before.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("first_fit_before", path)
@@ -70,21 +74,27 @@ def time_events(p, num_events: int, clock) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--holes", type=int, nargs="+", default=[30, 1000, 5000, 20000])
-    ap.add_argument("--before-rev", default="bcff0ce", help="git revision of the previous first_fit.py")
+    ap.add_argument(
+        "--before-rev", default="bcff0ce", help="git revision of the previous first_fit.py"
+    )
     ap.add_argument("--events", type=int, default=4000, help="events per timed loop")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     args = ap.parse_args(argv)
     clock = CLOCKS[args.clock]
     classes = {"before": load_before(args.before_rev), "new": FirstFit}
-    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"Python {platform.python_version()}; best of {args.repeat}, {args.events} events per loop, "
-          f"{args.clock} clock; before = {args.before_rev}")
+    print(
+        f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+        f"Python {platform.python_version()}; best of {args.repeat}, {args.events} events per loop, "
+        f"{args.clock} clock; before = {args.before_rev}"
+    )
     print(f"{'holes':>7} {'before ns/event':>16} {'new ns/event':>13} {'before / new':>13}")
     for num_holes in args.holes:
         pools = {name: holed_pool(cls, num_holes)[0] for name, cls in classes.items()}
         placed = {name: p.allocate(REQUEST_BYTES) for name, p in pools.items()}
-        assert placed["before"].offset == placed["new"].offset, f"{num_holes} holes: placements differ"
+        assert placed["before"].offset == placed["new"].offset, (
+            f"{num_holes} holes: placements differ"
+        )
         for name, p in pools.items():
             p.free(placed[name])
         best = {name: float("inf") for name in pools}
@@ -93,7 +103,9 @@ def main(argv=None) -> int:
                 best[name] = min(best[name], time_events(p, args.events, clock))
         for p in pools.values():
             p.check_invariants()
-        print(f"{num_holes:>7,} {best['before']:>16,.0f} {best['new']:>13,.0f} {best['before'] / best['new']:>13.2f}")
+        print(
+            f"{num_holes:>7,} {best['before']:>16,.0f} {best['new']:>13,.0f} {best['before'] / best['new']:>13.2f}"
+        )
     return 0
 
 

@@ -59,7 +59,13 @@ def measure(specs: list[str], nbytes: int, iterations: int, repeat: int) -> list
     def floor(n: int):
         return pointer(memory(0x7F0000000000, n, object(), 0), 0)
 
-    rows = [{"build": build, "row": "(stand-in pointer)", "ns": best_ns(floor, nbytes, iterations, repeat)}]
+    rows = [
+        {
+            "build": build,
+            "row": "(stand-in pointer)",
+            "ns": best_ns(floor, nbytes, iterations, repeat),
+        }
+    ]
     for spec in specs:
         pool = GpuPool(spec, backend="host")
         allocate, free = pool.policy.allocate, pool.policy.free
@@ -67,29 +73,62 @@ def measure(specs: list[str], nbytes: int, iterations: int, repeat: int) -> list
         def round_trip(n: int) -> None:
             free(allocate(n))
 
-        path = pool._malloc_path  # the stand-ins in place of CuPy's classes (host pools build HostMemoryPointer)
+        path = (
+            pool._malloc_path
+        )  # the stand-ins in place of CuPy's classes (host pools build HostMemoryPointer)
         path.pointer_type, path.memory_type = pointer, memory
-        rows.append({"build": build, "row": f"{spec}: (policy round trip)",
-                     "ns": best_ns(round_trip, nbytes, iterations, repeat)})
-        rows.append({"build": build, "row": f"{spec}: malloc + drop", "ns": best_ns(pool.malloc, nbytes, iterations, repeat)})
-        assert pool.policy.num_live == 0 and not pool.lease_errors, "a round trip left allocations live"
+        rows.append(
+            {
+                "build": build,
+                "row": f"{spec}: (policy round trip)",
+                "ns": best_ns(round_trip, nbytes, iterations, repeat),
+            }
+        )
+        rows.append(
+            {
+                "build": build,
+                "row": f"{spec}: malloc + drop",
+                "ns": best_ns(pool.malloc, nbytes, iterations, repeat),
+            }
+        )
+        assert pool.policy.num_live == 0 and not pool.lease_errors, (
+            "a round trip left allocations live"
+        )
         pool.close()
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-p", "--policy", action="append", dest="specs", metavar="SPEC", help="a policy spec (repeat)")
+    ap.add_argument(
+        "-p",
+        "--policy",
+        action="append",
+        dest="specs",
+        metavar="SPEC",
+        help="a policy spec (repeat)",
+    )
     ap.add_argument("--nbytes", type=int, default=MiB)
     ap.add_argument("--iterations", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--rounds", type=int, default=2, help="with --compiled: runs of each build, alternating")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="with --compiled: runs of each build, alternating"
+    )
     ap.add_argument("--compiled", action="store_true", help="also run a compiled copy of this tree")
-    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one tree's rows, for --compiled
+    ap.add_argument(
+        "--json", action="store_true", help=argparse.SUPPRESS
+    )  # one tree's rows, for --compiled
     ap.add_argument("--out", type=Path, help="also write the rows as CSV here")
     args = ap.parse_args(argv)
     specs = args.specs or DEFAULT_POLICIES
-    one = ["--nbytes", str(args.nbytes), "--iterations", str(args.iterations), "--repeat", str(args.repeat)]
+    one = [
+        "--nbytes",
+        str(args.nbytes),
+        "--iterations",
+        str(args.iterations),
+        "--repeat",
+        str(args.repeat),
+    ]
     for spec in specs:
         one += ["-p", spec]
 
@@ -112,8 +151,12 @@ def main(argv=None) -> int:
             for tree in trees:
                 from policies.testing.compiled import run_in
 
-                out = run_in(tree, [sys.executable, str(tree / "benchmarks/bench_malloc_path.py"), "--json", *one],
-                             capture_output=True, text=True).stdout
+                out = run_in(
+                    tree,
+                    [sys.executable, str(tree / "benchmarks/bench_malloc_path.py"), "--json", *one],
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 for row in json.loads(out):
                     key = (row["build"], row["row"])
                     best[key] = min(best.get(key, float("inf")), row["ns"])
@@ -126,8 +169,14 @@ def main(argv=None) -> int:
     for b in builds:
         floor = best[(b, "(stand-in pointer)")]
         for spec in specs:
-            own = best[(b, f"{spec}: malloc + drop")] - floor - best[(b, f"{spec}: (policy round trip)")]
-            print(f"{b}: {spec}: malloc's own share {own:.0f} ns (malloc + drop, less the floor and the policy)")
+            own = (
+                best[(b, f"{spec}: malloc + drop")]
+                - floor
+                - best[(b, f"{spec}: (policy round trip)")]
+            )
+            print(
+                f"{b}: {spec}: malloc's own share {own:.0f} ns (malloc + drop, less the floor and the policy)"
+            )
     if args.out:
         with open(args.out, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["build", "row", "ns"])

@@ -74,7 +74,9 @@ def repeatable_window(snap: dict) -> tuple[int, int]:
         else:
             break
     if stop is None or start is None or stop - start < 2:
-        raise SystemExit("bench_plan: the snapshot has no window of freed requests after its last capture to repeat")
+        raise SystemExit(
+            "bench_plan: the snapshot has no window of freed requests after its last capture to repeat"
+        )
     return req.entry[start], req.entry[stop - 1] + 1
 
 
@@ -82,7 +84,11 @@ def lengthen(snap: dict, num_events: int) -> tuple[dict, int]:
     """A copy of ``snap`` whose trace repeats its last balanced window until ``num_events`` requests."""
     first, stop = repeatable_window(snap)
     entries = snap["device_traces"][0]
-    window = [e for e in entries[first:stop] if e["action"] in ("alloc", "free_requested", "free_completed")]
+    window = [
+        e
+        for e in entries[first:stop]
+        if e["action"] in ("alloc", "free_requested", "free_completed")
+    ]
     per_copy = sum(e["action"] in ("alloc", "free_completed") for e in window)
     have = sum(e["action"] in ("alloc", "free_completed") for e in entries)
     copies = max(0, -(-(num_events - have) // per_copy))
@@ -97,29 +103,46 @@ def lengthen(snap: dict, num_events: int) -> tuple[dict, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("snapshot", nargs="?", type=Path, default=DEFAULT_SNAPSHOT)
-    ap.add_argument("--events", type=int, default=2_000_000, help="requests the lengthened snapshot holds")
+    ap.add_argument(
+        "--events", type=int, default=2_000_000, help="requests the lengthened snapshot holds"
+    )
     ap.add_argument("--policy", "-p", dest="specs", action="append", default=None)
     ap.add_argument("--memory", default="2GiB", help="device memory the plan fits (default 2GiB)")
     ap.add_argument("--model", default=None)
-    ap.add_argument("--block-tokens", type=int, default=16, help="tokens per page with --model (default 16)")
-    ap.add_argument("--write", type=Path, default=None, help="also keep the lengthened snapshot here")
+    ap.add_argument(
+        "--block-tokens", type=int, default=16, help="tokens per page with --model (default 16)"
+    )
+    ap.add_argument(
+        "--write", type=Path, default=None, help="also keep the lengthened snapshot here"
+    )
     args = ap.parse_args(argv)
     snap, copies = lengthen(load_snapshot_dict(args.snapshot), args.events)
-    path = args.write or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_plan_{os.getpid()}.pickle.gz"
+    path = (
+        args.write or Path(os.environ.get("TMPDIR", "/tmp")) / f"bench_plan_{os.getpid()}.pickle.gz"
+    )
     path.write_bytes(gzip.compress(pickle.dumps(snap, protocol=4), compresslevel=1))
     try:
         t0 = time.perf_counter()
         rec = read_recording(path)
         read_s = time.perf_counter() - t0
-        print(f"# {datetime.date.today()} {platform.node()} Python {platform.python_version()}: {args.snapshot.name} "
-              f"with its last window repeated {copies:,} times: {len(rec.ops):,} requests; read in {read_s:.1f} s")
-        result = plan(rec, args.specs, device_bytes=parse_bytes(args.memory), model=args.model,
-                      block_tokens=args.block_tokens)
+        print(
+            f"# {datetime.date.today()} {platform.node()} Python {platform.python_version()}: {args.snapshot.name} "
+            f"with its last window repeated {copies:,} times: {len(rec.ops):,} requests; read in {read_s:.1f} s"
+        )
+        result = plan(
+            rec,
+            args.specs,
+            device_bytes=parse_bytes(args.memory),
+            model=args.model,
+            block_tokens=args.block_tokens,
+        )
         for p in result.plans:
             per_replay = p.plan_s / p.num_replays
-            print(f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, {per_replay:.2f} s a replay "
-                  f"({per_replay / len(rec.ops) * 1e9:,.0f} ns a request); safe KV {format_bytes(p.safe_pages * result.inputs.page_bytes)} "
-                  f"({p.safe_pages:,} pages)")
+            print(
+                f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, {per_replay:.2f} s a replay "
+                f"({per_replay / len(rec.ops) * 1e9:,.0f} ns a request); safe KV {format_bytes(p.safe_pages * result.inputs.page_bytes)} "
+                f"({p.safe_pages:,} pages)"
+            )
     finally:
         if args.write is None:
             path.unlink(missing_ok=True)

@@ -78,9 +78,27 @@ NOTHING_TARGET = 1.6
 BLOCK_TARGET = 3.0
 BLOCK_POLICIES = ("best-fit", "first-fit")
 #: The README workflow's 13-policy replay.
-README_POLICIES = ["first-fit", "best-fit", "size-class", "paged", "elastic", "torch-caching", "cupy-pool", "tlsf",
-                   "arena", "buddy", "compacting", "tag-limits", "worst-fit"]
-INLINE, TRIVIAL, OBJECT, NOTHING = "(inline dict)", "(trivial object)", "(trivial + Allocation)", "(do-nothing)"
+README_POLICIES = [
+    "first-fit",
+    "best-fit",
+    "size-class",
+    "paged",
+    "elastic",
+    "torch-caching",
+    "cupy-pool",
+    "tlsf",
+    "arena",
+    "buddy",
+    "compacting",
+    "tag-limits",
+    "worst-fit",
+]
+INLINE, TRIVIAL, OBJECT, NOTHING = (
+    "(inline dict)",
+    "(trivial object)",
+    "(trivial + Allocation)",
+    "(do-nothing)",
+)
 
 
 class TrivialPool:
@@ -158,8 +176,11 @@ def request_events(ev) -> list[tuple[bool, int, int, int, str | None]]:
     """The reference loops' events: ``(is_alloc, key, nbytes, stream, tag)`` for each request of the
     ``sim.replay.trace_replay.TraceEvents`` ``ev`` (flushes dropped: the reference loops replay requests only)."""
     tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
-    return [(op == engine.ALLOC, *rest) for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
-            if op != engine.FLUSH]
+    return [
+        (op == engine.ALLOC, *rest)
+        for op, *rest in zip(ev.ops, ev.keys, ev.sizes, ev.streams, tags)
+        if op != engine.FLUSH
+    ]
 
 
 def inline_loop(events) -> float:
@@ -203,8 +224,16 @@ def calls_per_event(events, row, costs) -> float:
     profiler = cProfile.Profile()
     profiler.runcall(bare_loop, events, pool.allocate, pool.free)
     stats = pstats.Stats(profiler).stats
-    num_calls = sum(nc for (_, _, name), (_, nc, *_rest) in stats.items()
-                    if name not in ("bare_loop", "<built-in method time.perf_counter>", "<built-in method time.process_time>"))
+    num_calls = sum(
+        nc
+        for (_, _, name), (_, nc, *_rest) in stats.items()
+        if name
+        not in (
+            "bare_loop",
+            "<built-in method time.perf_counter>",
+            "<built-in method time.process_time>",
+        )
+    )
     return num_calls / len(events)
 
 
@@ -215,11 +244,23 @@ def engine_calls_per_event(ev, spec, costs, latency_sample=None) -> float:
 
     policy = make_policy(spec, costs)
     profiler = cProfile.Profile()
-    profiler.runcall(engine.run, ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags,
-                     target=engine.policy_target(policy), unknown_free=_unknown_free, latency_sample=latency_sample)
+    profiler.runcall(
+        engine.run,
+        ev.ops,
+        ev.keys,
+        ev.sizes,
+        streams=ev.streams,
+        tags=ev.tags,
+        target=engine.policy_target(policy),
+        unknown_free=_unknown_free,
+        latency_sample=latency_sample,
+    )
     stats = pstats.Stats(profiler).stats
-    num_calls = sum(nc for (path, _, name), (_, nc, *_rest) in stats.items()
-                    if not (name == "run" and path.endswith("engine.py")))
+    num_calls = sum(
+        nc
+        for (path, _, name), (_, nc, *_rest) in stats.items()
+        if not (name == "run" and path.endswith("engine.py"))
+    )
     return num_calls / len(ev.ops)
 
 
@@ -229,9 +270,17 @@ def _unknown_free(i, key):
 
 def trivial_harness(ev, pool_type, latency_sample=None) -> float:
     pool = pool_type()
-    return engine.run(ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags, times_us=ev.times_us,
-                      target=engine.Target(allocate=pool.allocate, free=pool.free),
-                      unknown_free=_unknown_free, latency_sample=latency_sample).wall_s
+    return engine.run(
+        ev.ops,
+        ev.keys,
+        ev.sizes,
+        streams=ev.streams,
+        tags=ev.tags,
+        times_us=ev.times_us,
+        target=engine.Target(allocate=pool.allocate, free=pool.free),
+        unknown_free=_unknown_free,
+        latency_sample=latency_sample,
+    ).wall_s
 
 
 def verdict(row, bare) -> str:
@@ -265,8 +314,17 @@ def harness_parts(ev, spec, costs) -> dict[str, float]:
         if kwargs == "monitor":
             monitor = PoolMonitor(policy, sample_every=default_sample_every(len(ev.ops)))
             kwargs = {"observe": monitor.sample, "observe_every": monitor.sample_every}
-        out[part] = engine.run(ev.ops, ev.keys, ev.sizes, streams=ev.streams, tags=ev.tags, times_us=ev.times_us,
-                               target=engine.policy_target(policy), unknown_free=_unknown_free, **kwargs).wall_s
+        out[part] = engine.run(
+            ev.ops,
+            ev.keys,
+            ev.sizes,
+            streams=ev.streams,
+            tags=ev.tags,
+            times_us=ev.times_us,
+            target=engine.policy_target(policy),
+            unknown_free=_unknown_free,
+            **kwargs,
+        ).wall_s
     return out
 
 
@@ -282,54 +340,87 @@ def sample_bytes(trace) -> dict:
         samples.to_parquet(path, index=False)
         file_bytes = path.stat().st_size
     n = len(trace)
-    return {"trace": trace.name, "events": n, "rows": len(samples),
-            "memory_bytes_per_event": samples.memory_usage(deep=True).sum() / n,
-            "parquet_bytes_per_event": file_bytes / n}
+    return {
+        "trace": trace.name,
+        "events": n,
+        "rows": len(samples),
+        "memory_bytes_per_event": samples.memory_usage(deep=True).sum() / n,
+        "parquet_bytes_per_event": file_bytes / n,
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?", default=DEFAULT_TRACE)
-    ap.add_argument("-p", "--policy", action="append", dest="specs", help="a policy spec (repeat; default: all)")
-    ap.add_argument("--repeat", type=int, default=5, help="runs per row, interleaved; the best is kept")
+    ap.add_argument(
+        "-p", "--policy", action="append", dest="specs", help="a policy spec (repeat; default: all)"
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=5, help="runs per row, interleaved; the best is kept"
+    )
     ap.add_argument("--out", default=None, help="also write the table as CSV here")
-    ap.add_argument("--sample-bytes", action="store_true", help="measure latency-sample storage instead")
-    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                    help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy machine)")
-    ap.add_argument("--parts", action="store_true",
-                    help="instead: the bare loop and sim.replay.engine.run piece by piece (the loop alone, "
-                         "+ sampled timing, + the monitor), ns per event, policy rows only")
-    ap.add_argument("--engine-calls", action="store_true",
-                    help="instead: calls per event of sim.replay.engine.run, at the default sampling and timing every call")
-    ap.add_argument("--bare-only", action="store_true",
-                    help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)")
+    ap.add_argument(
+        "--sample-bytes", action="store_true", help="measure latency-sample storage instead"
+    )
+    ap.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy machine)",
+    )
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="instead: the bare loop and sim.replay.engine.run piece by piece (the loop alone, "
+        "+ sampled timing, + the monitor), ns per event, policy rows only",
+    )
+    ap.add_argument(
+        "--engine-calls",
+        action="store_true",
+        help="instead: calls per event of sim.replay.engine.run, at the default sampling and timing every call",
+    )
+    ap.add_argument(
+        "--bare-only",
+        action="store_true",
+        help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)",
+    )
     args = ap.parse_args(argv)
     global _clock
     _clock = CLOCKS[args.clock]
     trace = read_alloc_trace(args.trace)
     if args.sample_bytes:
         r = sample_bytes(trace)
-        print(f"# latency samples of a {len(README_POLICIES)}-policy replay of {r['trace']} ({r['events']:,} events, "
-              f"{r['rows']:,} rows): {r['memory_bytes_per_event']:,.0f} B per event in memory, "
-              f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)")
+        print(
+            f"# latency samples of a {len(README_POLICIES)}-policy replay of {r['trace']} ({r['events']:,} events, "
+            f"{r['rows']:,} rows): {r['memory_bytes_per_event']:,.0f} B per event in memory, "
+            f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)"
+        )
         return 0
     ev = trace_events(trace)
     events = request_events(ev)
     n = len(events)
     costs = CostModel.load()
     rows = [INLINE, TRIVIAL, OBJECT, NOTHING] + (args.specs or policies.available())
-    print(f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-          f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}")
-    print(f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    print(f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, {args.clock} clock; "
-          f"load average before {os.getloadavg()[0]:.2f}")
+    print(
+        f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · python "
+        f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}"
+    )
+    print(
+        f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    )
+    print(
+        f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, {args.clock} clock; "
+        f"load average before {os.getloadavg()[0]:.2f}"
+    )
     if args.parts:
-        return print_parts(ev, events, rows[rows.index(NOTHING):], costs, args.repeat)
+        return print_parts(ev, events, rows[rows.index(NOTHING) :], costs, args.repeat)
     if args.engine_calls:
         print(f"{'row':<24} {'bare_calls':>10} {'engine_calls':>12} {'every_calls':>11}")
-        for row in rows[rows.index(NOTHING):]:
-            print(f"{row:<24} {calls_per_event(events, row, costs):>10.3f} {engine_calls_per_event(ev, row, costs):>12.3f} "
-                  f"{engine_calls_per_event(ev, row, costs, latency_sample=1.0):>11.3f}")
+        for row in rows[rows.index(NOTHING) :]:
+            print(
+                f"{row:<24} {calls_per_event(events, row, costs):>10.3f} {engine_calls_per_event(ev, row, costs):>12.3f} "
+                f"{engine_calls_per_event(ev, row, costs, latency_sample=1.0):>11.3f}"
+            )
         return 0
     bare = dict.fromkeys(rows, float("inf"))
     harness = dict.fromkeys(rows, float("inf"))
@@ -346,7 +437,9 @@ def main(argv=None) -> int:
                 bare[row] = min(bare[row], bare_loop(events, pool.allocate, pool.free))
                 if not args.bare_only:
                     harness[row] = min(harness[row], trivial_harness(ev, FLOORS[row]))
-                    every[row] = min(every[row], trivial_harness(ev, FLOORS[row], latency_sample=1.0))
+                    every[row] = min(
+                        every[row], trivial_harness(ev, FLOORS[row], latency_sample=1.0)
+                    )
                 continue
             policy = make_policy(row, costs)
             bare[row] = min(bare[row], bare_loop(events, policy.allocate, policy.free))
@@ -358,43 +451,68 @@ def main(argv=None) -> int:
             whole[row] = min(whole[row], time.perf_counter() - t0)
             harness[row] = min(harness[row], result.summary["wall_s"])
             failed[row] = result.summary["n_failed"]
-            every[row] = min(every[row], replay(trace, make_policy(row, costs), latency_sample=1.0).summary["wall_s"])
+            every[row] = min(
+                every[row],
+                replay(trace, make_policy(row, costs), latency_sample=1.0).summary["wall_s"],
+            )
     calls = {row: calls_per_event(events, row, costs) for row in rows}
-    print(f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls (the default); "
-          f"every_*: timing every call")
-    print(f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} {'harness_ns':>10} {'harness_x':>9} "
-          f"{'every_ns':>9} {'every_x':>8} {'replay_ns':>9} failed harness verdict")
+    print(
+        f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls (the default); "
+        f"every_*: timing every call"
+    )
+    print(
+        f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} {'harness_ns':>10} {'harness_x':>9} "
+        f"{'every_ns':>9} {'every_x':>8} {'replay_ns':>9} failed harness verdict"
+    )
     out_rows = []
     ns = 1e9 / n
     for row in rows:
         harness_x = harness[row] / bare[row]
         timed = harness[row] != float("inf")  # not with --bare-only: no harness ratio to mark
-        mark = "" if row == INLINE or not timed else f"{'ok' if harness_x <= HARNESS_TARGET else 'MISS'}"
+        mark = (
+            ""
+            if row == INLINE or not timed
+            else f"{'ok' if harness_x <= HARNESS_TARGET else 'MISS'}"
+        )
         if timed:
-            harness_cols = (f"{harness[row] * ns:>10.0f} {harness_x:>8.2f}x {every[row] * ns:>9.0f} "
-                            f"{every[row] / bare[row]:>7.2f}x "
-                            f"{f'{whole[row] * ns:.0f}' if whole[row] != float('inf') else '-':>9} {failed[row]}")
+            harness_cols = (
+                f"{harness[row] * ns:>10.0f} {harness_x:>8.2f}x {every[row] * ns:>9.0f} "
+                f"{every[row] / bare[row]:>7.2f}x "
+                f"{f'{whole[row] * ns:.0f}' if whole[row] != float('inf') else '-':>9} {failed[row]}"
+            )
         else:  # --bare-only: the harness columns were not measured
             harness_cols = f"{'-':>10} {'-':>9} {'-':>9} {'-':>8} {'-':>9} -"
         target = verdict(row, bare)
-        print(f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
-              f"{calls[row]:>6.1f} {harness_cols} {mark or '-'} {target}")
-        out_rows.append({"row": row, "bare_ns": bare[row] * ns, "x_dict": bare[row] / bare[INLINE],
-                         "x_nothing": bare[row] / bare[NOTHING],
-                         "harness_ns": harness[row] * ns if timed else None,
-                         "harness_x": harness_x if timed else None,
-                         "every_ns": every[row] * ns if timed else None,
-                         "every_x": every[row] / bare[row] if timed else None,
-                         "replay_ns": whole[row] * ns if whole[row] != float("inf") else None,
-                         "failed": failed[row], "calls_per_event": calls[row], "clock": args.clock,
-                         "verdict": target})
+        print(
+            f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
+            f"{calls[row]:>6.1f} {harness_cols} {mark or '-'} {target}"
+        )
+        out_rows.append(
+            {
+                "row": row,
+                "bare_ns": bare[row] * ns,
+                "x_dict": bare[row] / bare[INLINE],
+                "x_nothing": bare[row] / bare[NOTHING],
+                "harness_ns": harness[row] * ns if timed else None,
+                "harness_x": harness_x if timed else None,
+                "every_ns": every[row] * ns if timed else None,
+                "every_x": every[row] / bare[row] if timed else None,
+                "replay_ns": whole[row] * ns if whole[row] != float("inf") else None,
+                "failed": failed[row],
+                "calls_per_event": calls[row],
+                "clock": args.clock,
+                "verdict": target,
+            }
+        )
     policy_rows = [r for r in out_rows if r["row"] not in (INLINE, *FLOORS)]
     total_bare = sum(bare[r["row"]] for r in policy_rows)
     total_harness = sum(harness[r["row"]] for r in policy_rows)
     if not args.bare_only:
         total_every = sum(every[r["row"]] for r in policy_rows)
-        print(f"# harness over bare loop, all policies together: {total_harness / total_bare:.2f}x "
-              f"(target <= {HARNESS_TARGET}x); timing every call {total_every / total_bare:.2f}x")
+        print(
+            f"# harness over bare loop, all policies together: {total_harness / total_bare:.2f}x "
+            f"(target <= {HARNESS_TARGET}x); timing every call {total_every / total_bare:.2f}x"
+        )
     if args.out:
         import csv
 
@@ -411,15 +529,23 @@ def print_parts(ev, events, specs, costs, repeat) -> int:
     for _ in range(repeat):
         for spec in specs:
             policy = make_policy(spec, costs)
-            times = {"bare": bare_loop(events, policy.allocate, policy.free), **harness_parts(ev, spec, costs)}
+            times = {
+                "bare": bare_loop(events, policy.allocate, policy.free),
+                **harness_parts(ev, spec, costs),
+            }
             best[spec] = {k: min(best[spec][k], t) for k, t in times.items()}
     ns = 1e9 / len(events)
-    print(f"# ns per event, best of {repeat}: the bare loop; sim.replay.engine.run timing no call (loop), "
-          f"timing the default sample (+timing), and with the monitor (+monitor: replay's engine)")
+    print(
+        f"# ns per event, best of {repeat}: the bare loop; sim.replay.engine.run timing no call (loop), "
+        f"timing the default sample (+timing), and with the monitor (+monitor: replay's engine)"
+    )
     print(f"{'row':<24} {'bare':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'x_bare':>7}")
     for spec, t in best.items():
-        print(f"{spec:<24} {t['bare'] * ns:>6.0f} " + " ".join(f"{t[p] * ns:>9.0f}" for p in PARTS)
-              + f" {t['+monitor'] / t['bare']:>6.2f}x")
+        print(
+            f"{spec:<24} {t['bare'] * ns:>6.0f} "
+            + " ".join(f"{t[p] * ns:>9.0f}" for p in PARTS)
+            + f" {t['+monitor'] / t['bare']:>6.2f}x"
+        )
     return 0
 
 

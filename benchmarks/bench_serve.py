@@ -38,9 +38,16 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
     # the README's "validate in a real model": PyTorch's allocator and a fast policy, one after the other
-    "azure_code_60s_policies": (AZURE, ["--duration", "60", "-p", "pytorch", "-p", "best-fit:virtual=true", "--sim"],
-                                420),
-    "azure_code_60s_torch_caching": (AZURE, ["--duration", "60", "-p", "torch-caching", "--sim"], 240),
+    "azure_code_60s_policies": (
+        AZURE,
+        ["--duration", "60", "-p", "pytorch", "-p", "best-fit:virtual=true", "--sim"],
+        420,
+    ),
+    "azure_code_60s_torch_caching": (
+        AZURE,
+        ["--duration", "60", "-p", "torch-caching", "--sim"],
+        240,
+    ),
 }
 
 
@@ -50,10 +57,23 @@ def record(names: list[str], out: Path, bundle: Path | None, policies: list[str]
     for name in names:
         trace, options, limit_s = RUNS[name]
         specs = [] if "-p" in options else [a for p in policies for a in ("-p", p)]
-        cmd = [sys.executable, "-m", "poollab", "gpu", "serve", trace, *specs, "--out", str(out / name), *options]
+        cmd = [
+            sys.executable,
+            "-m",
+            "poollab",
+            "gpu",
+            "serve",
+            trace,
+            *specs,
+            "--out",
+            str(out / name),
+            *options,
+        ]
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
         t = time.perf_counter()
-        proc = subprocess.Popen(cmd, start_new_session=True)  # its own group: a timeout ends the engine child too
+        proc = subprocess.Popen(
+            cmd, start_new_session=True
+        )  # its own group: a timeout ends the engine child too
         try:
             rc = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
@@ -75,8 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("names", nargs="+", choices=sorted(RUNS))
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--bundle", type=Path, default=None)
-    rec.add_argument("-p", "--policy", dest="policies", action="append", default=None,
-                     help="gpu serve -p, repeatable (default: pytorch)")
+    rec.add_argument(
+        "-p",
+        "--policy",
+        dest="policies",
+        action="append",
+        default=None,
+        help="gpu serve -p, repeatable (default: pytorch)",
+    )
     sub.add_parser("list", help="the recordings and their options")
     args = ap.parse_args(argv)
     if args.what == "list":

@@ -57,7 +57,9 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
         try:
             batch, prompt = (int(x) for x in part.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"bench_torch_alloc.py: error: --shapes: {part!r} is not BATCHxPROMPT") from None
+            raise SystemExit(
+                f"bench_torch_alloc.py: error: --shapes: {part!r} is not BATCHxPROMPT"
+            ) from None
         if batch <= 0 or prompt <= 0:
             raise SystemExit(f"bench_torch_alloc.py: error: --shapes: {part!r} must be positive")
         shapes.append((batch, prompt))
@@ -77,9 +79,16 @@ def build_model(torch, layers: int):
     """The same random-weight Llama-shaped model in every process (seeded), bf16, eager attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-                         num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=4096,
-                         attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        max_position_embeddings=4096,
+        attn_implementation="eager",
+    )
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
@@ -98,8 +107,14 @@ def run_shapes(torch, model, shapes, new_tokens: int, repeats: int = 1) -> list[
     def generate(ids):
         ids = ids.cuda()
         with torch.no_grad():
-            tokens = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            tokens = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
         torch.cuda.synchronize()
         return tokens
 
@@ -114,8 +129,14 @@ def run_shapes(torch, model, shapes, new_tokens: int, repeats: int = 1) -> list[
             digests[k].add(hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16])
             del tokens
     for (b, p), secs, sha in zip(shapes, seconds, digests):
-        out.append({"shape": f"{b}x{p}", "seconds": statistics.median(secs), "seconds_all": secs,
-                    "tokens_sha": ",".join(sorted(sha))})
+        out.append(
+            {
+                "shape": f"{b}x{p}",
+                "seconds": statistics.median(secs),
+                "seconds_all": secs,
+                "tokens_sha": ",".join(sorted(sha)),
+            }
+        )
     return out
 
 
@@ -130,8 +151,14 @@ def worker(args) -> dict:
     # NVML through CuPy: touching torch.cuda here would initialise PyTorch's allocator, and a
     # pluggable one can only be installed before that
     reader = MemoryReader(device_id=0)
-    result = {"allocator": args.allocator, "build": _build(), "validate": bool(args.worker_validate), "mode": "pluggable",
-              "device_used_before_bytes": reader.used_bytes(), "memory_source": reader.source}
+    result = {
+        "allocator": args.allocator,
+        "build": _build(),
+        "validate": bool(args.worker_validate),
+        "mode": "pluggable",
+        "device_used_before_bytes": reader.used_bytes(),
+        "memory_source": reader.source,
+    }
     if args.allocator == BASELINE:
         model = build_model(torch, args.layers)
         result["runs"] = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
@@ -150,12 +177,16 @@ def worker(args) -> dict:
         # the trampoline's own samples, entry to return: what PyTorch pays per call
         result["alloc_mean_us"] = float(alloc.shim.samples(0).mean()) / 1e3
         result["free_mean_us"] = float(alloc.shim.samples(1).mean()) / 1e3
-        result["free_errors"] = [str(e) for e in alloc.core.errors[:3]]  # double frees, corruption (validate)
+        result["free_errors"] = [
+            str(e) for e in alloc.core.errors[:3]
+        ]  # double frees, corruption (validate)
         result["peak_reserved_bytes"] = row["peak_reserved_bytes"]
         result["peak_allocated_bytes"] = row["peak_allocated_bytes"]
         result["summary"] = row
         result["capture_check"] = alloc.capture_check
-        result["pool_bytes_after"] = alloc.pool.device.used_bytes  # the policy's segments still held: 0
+        result["pool_bytes_after"] = (
+            alloc.pool.device.used_bytes
+        )  # the policy's segments still held: 0
     torch.cuda.synchronize()
     result["device_used_after_bytes"] = reader.used_bytes()
     return result
@@ -170,7 +201,9 @@ def mempool_worker(args) -> dict:
 
     _deterministic(torch)
     shapes = parse_shapes(args.shapes)
-    model = build_model(torch, args.layers)  # weights in PyTorch's own pool; activations and KV in the policy's
+    model = build_model(
+        torch, args.layers
+    )  # weights in PyTorch's own pool; activations and KV in the policy's
     out = {"runs": [], "summaries": []}
     for r in range(args.rounds):
         for name in round_order([BASELINE, *args.policies], r):
@@ -179,8 +212,13 @@ def mempool_worker(args) -> dict:
             else:
                 with use_policy(name, mode="mempool") as alloc:
                     runs = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
-                out["summaries"].append({**alloc.summary_row(round=r), "alloc_mean_us": float(alloc.shim.samples(0).mean()) / 1e3,
-                                         "free_mean_us": float(alloc.shim.samples(1).mean()) / 1e3})
+                out["summaries"].append(
+                    {
+                        **alloc.summary_row(round=r),
+                        "alloc_mean_us": float(alloc.shim.samples(0).mean()) / 1e3,
+                        "free_mean_us": float(alloc.shim.samples(1).mean()) / 1e3,
+                    }
+                )
             out["runs"].extend({"allocator": name, "round": r, **run} for run in runs)
     return out
 
@@ -190,14 +228,20 @@ def mempool_as_workers(mempool: dict) -> list[dict]:
     ratios are then to PyTorch's own allocator in the same process and round."""
     groups: dict[tuple[str, int], dict] = {}
     for run in mempool["runs"]:
-        w = groups.setdefault((run["allocator"], run["round"]), {"allocator": run["allocator"], "round": run["round"],
-                                                                  "runs": []})
+        w = groups.setdefault(
+            (run["allocator"], run["round"]),
+            {"allocator": run["allocator"], "round": run["round"], "runs": []},
+        )
         w["runs"].append({k: v for k, v in run.items() if k not in ("allocator", "round")})
     for row in mempool["summaries"]:
         w = groups.get((row["policy"], row["round"]))
         if w is not None:
-            w.update(summary=row, alloc_mean_us=row["alloc_mean_us"], free_mean_us=row["free_mean_us"],
-                     peak_reserved_bytes=row["peak_reserved_bytes"])
+            w.update(
+                summary=row,
+                alloc_mean_us=row["alloc_mean_us"],
+                free_mean_us=row["free_mean_us"],
+                peak_reserved_bytes=row["peak_reserved_bytes"],
+            )
     return list(groups.values())
 
 
@@ -218,15 +262,22 @@ def calls_bench(args) -> list[dict]:
     rng = random.Random(0)
     sizes = [rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20]) for _ in range(64)]
     rows = []
-    null = SimpleNamespace(malloc=lambda size, device, stream: 1 << 21, free=lambda ptr, size, device, stream: None)
+    null = SimpleNamespace(
+        malloc=lambda size, device, stream: 1 << 21, free=lambda ptr, size, device, stream: None
+    )
     for name in ["(trampoline only)", *args.policies]:
         if name.startswith("("):
             target = null
         else:
             # what use_policy builds, on the host: segments aligned as cudaMalloc's, or mapped pages
             segment = policies.registry.device_kind(name) == "segment"
-            pool = _make_pool(name, validate=False, device=0, capacity_bytes=None,
-                              backend=AlignedHostDevice() if segment else "host-vmm")
+            pool = _make_pool(
+                name,
+                validate=False,
+                device=0,
+                capacity_bytes=None,
+                backend=AlignedHostDevice() if segment else "host-vmm",
+            )
             target = AllocatorCore(pool)
         best = None
         for _ in range(args.rounds):
@@ -237,17 +288,30 @@ def calls_bench(args) -> list[dict]:
                 _, ptr, _ = shim.probe_malloc(n)
                 shim.call_free(ptr, n)
             a, f = shim.samples(0), shim.samples(1)
-            row = {"allocator": name, "build": _build(), "n_calls": int(a.size + f.size), "alloc_p50_us": float(np.median(a)) / 1e3,
-                   "alloc_mean_us": float(a.mean()) / 1e3, "free_p50_us": float(np.median(f)) / 1e3,
-                   "free_mean_us": float(f.mean()) / 1e3}
-            if best is None or row["alloc_mean_us"] + row["free_mean_us"] < best["alloc_mean_us"] + best["free_mean_us"]:
+            row = {
+                "allocator": name,
+                "build": _build(),
+                "n_calls": int(a.size + f.size),
+                "alloc_p50_us": float(np.median(a)) / 1e3,
+                "alloc_mean_us": float(a.mean()) / 1e3,
+                "free_p50_us": float(np.median(f)) / 1e3,
+                "free_mean_us": float(f.mean()) / 1e3,
+            }
+            if (
+                best is None
+                or row["alloc_mean_us"] + row["free_mean_us"]
+                < best["alloc_mean_us"] + best["free_mean_us"]
+            ):
                 best = row
         shim.bind(None)
         if target is not null:
             target.close()
         rows.append(best)
-        print(f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
-              f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us", flush=True)
+        print(
+            f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
+            f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us",
+            flush=True,
+        )
     return rows
 
 
@@ -271,9 +335,13 @@ def stitch_bench(args) -> list[dict]:
         for take_over in (False, True):
             ta.TAKE_OVER_CANDIDATES = candidates if take_over else 0
             try:
-                pool = ta._make_pool(name, validate=False, device=0, capacity_bytes=None, backend="host")
+                pool = ta._make_pool(
+                    name, validate=False, device=0, capacity_bytes=None, backend="host"
+                )
                 core = ta.AllocatorCore(pool)
-                calls0 = dict(pool.device.num_calls)  # the pool's own segments are not the stitching's
+                calls0 = dict(
+                    pool.device.num_calls
+                )  # the pool's own segments are not the stitching's
                 ptrs, n_multi, t0 = {}, 0, time.perf_counter()
                 page = pool.device.granularity_bytes
                 for alloc, key, n in zip(is_alloc.tolist(), ids.tolist(), nbytes.tolist()):
@@ -284,32 +352,52 @@ def stitch_bench(args) -> list[dict]:
                         core.free(ptrs.pop(key), n, 0, 0)
                 wall_s = time.perf_counter() - t0
                 grown = pool.device.num_calls["create"] - calls0.get("create", 0)
-                calls = {c: pool.device.num_calls[c] - calls0.get(c, 0) for c in pool.device.num_calls}
-                stitch_maps = calls["map"] - grown  # one map per page created for the pool's own segments
-                modelled_ns = (calls["address_reserve"] * costs.vmm_call_ns("address_reserve", page)
-                               + stitch_maps * (costs.vmm_call_ns("map", page) + costs.vmm_call_ns("set_access", page))
-                               + calls["unmap"] * costs.vmm_call_ns("unmap", page))
-                row = {"policy": name, "take_over": take_over, "n_requests": int(is_alloc.sum()),
-                       "n_over_pages": n_multi, "n_fresh_ranges": core.n_stitched_maps,
-                       "n_exact_reuses": core.n_stitch_reuses, "n_take_overs": core.n_stitch_takeovers,
-                       "n_pages_remapped": core.n_stitch_pages_remapped, "n_stitch_maps": stitch_maps,
-                       "n_unmaps": calls["unmap"], "n_idle_evictions": core.n_idle_evictions,
-                       "modelled_driver_ms": modelled_ns / 1e6, "host_wall_s": wall_s, "n_errors": len(core.errors)}
+                calls = {
+                    c: pool.device.num_calls[c] - calls0.get(c, 0) for c in pool.device.num_calls
+                }
+                stitch_maps = (
+                    calls["map"] - grown
+                )  # one map per page created for the pool's own segments
+                modelled_ns = (
+                    calls["address_reserve"] * costs.vmm_call_ns("address_reserve", page)
+                    + stitch_maps
+                    * (costs.vmm_call_ns("map", page) + costs.vmm_call_ns("set_access", page))
+                    + calls["unmap"] * costs.vmm_call_ns("unmap", page)
+                )
+                row = {
+                    "policy": name,
+                    "take_over": take_over,
+                    "n_requests": int(is_alloc.sum()),
+                    "n_over_pages": n_multi,
+                    "n_fresh_ranges": core.n_stitched_maps,
+                    "n_exact_reuses": core.n_stitch_reuses,
+                    "n_take_overs": core.n_stitch_takeovers,
+                    "n_pages_remapped": core.n_stitch_pages_remapped,
+                    "n_stitch_maps": stitch_maps,
+                    "n_unmaps": calls["unmap"],
+                    "n_idle_evictions": core.n_idle_evictions,
+                    "modelled_driver_ms": modelled_ns / 1e6,
+                    "host_wall_s": wall_s,
+                    "n_errors": len(core.errors),
+                }
                 for q in list(core.live):
                     core.free(q, 1, 0, 0)
                 core.close()
             finally:
                 ta.TAKE_OVER_CANDIDATES = candidates
             rows.append(row)
-            print(f"{name:>24} take-over={'on ' if take_over else 'off'} fresh {row['n_fresh_ranges']:5d} "
-                  f"reused {row['n_exact_reuses']:5d} taken over {row['n_take_overs']:5d} "
-                  f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
-                  f"modelled {row['modelled_driver_ms']:7.1f} ms", flush=True)
+            print(
+                f"{name:>24} take-over={'on ' if take_over else 'off'} fresh {row['n_fresh_ranges']:5d} "
+                f"reused {row['n_exact_reuses']:5d} taken over {row['n_take_overs']:5d} "
+                f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
+                f"modelled {row['modelled_driver_ms']:7.1f} ms",
+                flush=True,
+            )
     return rows
 
 
 def _build() -> str:
-    """"compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
+    """ "compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
     import realgpu.malloc_path as mp
 
     return "compiled" if not mp.__file__.endswith(".py") else "interpreted"
@@ -323,8 +411,16 @@ def calls_side_by_side(args) -> list[dict]:
     for r in range(args.rounds):
         for tree in (REPO, args.compiled):
             out = args.out / f"calls_{Path(tree).name}_{r}"
-            cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--calls",
-                   str(args.calls), "--rounds", "1", "--out", str(out)]
+            cmd = [
+                sys.executable,
+                str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"),
+                "--calls",
+                str(args.calls),
+                "--rounds",
+                "1",
+                "--out",
+                str(out),
+            ]
             for p in args.policies:
                 cmd += ["-p", p]
             subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
@@ -332,38 +428,68 @@ def calls_side_by_side(args) -> list[dict]:
                 for row in csv.DictReader(f):
                     key = (row["allocator"], row["build"])
                     cost = float(row["alloc_mean_us"]) + float(row["free_mean_us"])
-                    if key not in best or cost < float(best[key]["alloc_mean_us"]) + float(best[key]["free_mean_us"]):
+                    if key not in best or cost < float(best[key]["alloc_mean_us"]) + float(
+                        best[key]["free_mean_us"]
+                    ):
                         best[key] = row
-    rows = sorted(best.values(), key=lambda r: ([*["(trampoline only)"], *args.policies].index(r["allocator"]),
-                                                r["build"]))
-    print(f"{'allocator':>24} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}  (us, best of "
-          f"{args.rounds} rounds of {args.calls:,} pairs)")
+    rows = sorted(
+        best.values(),
+        key=lambda r: ([*["(trampoline only)"], *args.policies].index(r["allocator"]), r["build"]),
+    )
+    print(
+        f"{'allocator':>24} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}  (us, best of "
+        f"{args.rounds} rounds of {args.calls:,} pairs)"
+    )
     for r in rows:
-        print(f"{r['allocator']:>24} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} {float(r['alloc_mean_us']):6.2f} "
-              f"{float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}")
+        print(
+            f"{r['allocator']:>24} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} {float(r['alloc_mean_us']):6.2f} "
+            f"{float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}"
+        )
     return rows
 
 
 # ---------------------------------------------------------------------- the parent (no torch)
 def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
     """One worker process, running this benchmark in ``tree`` (this one, or a compiled copy)."""
-    cmd = [sys.executable, str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"), "--shapes", args.shapes,
-           "--new-tokens", str(args.new_tokens), "--layers", str(args.layers), "--rounds", str(args.rounds),
-           "--repeats", str(args.repeats), *extra]
+    cmd = [
+        sys.executable,
+        str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"),
+        "--shapes",
+        args.shapes,
+        "--new-tokens",
+        str(args.new_tokens),
+        "--layers",
+        str(args.layers),
+        "--rounds",
+        str(args.rounds),
+        "--repeats",
+        str(args.repeats),
+        *extra,
+    ]
     for p in args.policies:
         cmd += ["-p", p]
     env = os.environ
     if Path(tree) != REPO:  # the copy's modules first ("." in PYTHONPATH is the working folder)
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(tree), *env.get("PYTHONPATH", "").split(os.pathsep)])}
+        env = {
+            **env,
+            "PYTHONPATH": os.pathsep.join(
+                [str(tree), *env.get("PYTHONPATH", "").split(os.pathsep)]
+            ),
+        }
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tree, env=env)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, cwd=tree, env=env
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s", "wall_s": time.perf_counter() - t0}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-        return {"error": f"exit {proc.returncode}: " + " | ".join(tail), "wall_s": time.perf_counter() - t0}
+        return {
+            "error": f"exit {proc.returncode}: " + " | ".join(tail),
+            "wall_s": time.perf_counter() - t0,
+        }
     result = json.loads(lines[-1])
     result["wall_s"] = time.perf_counter() - t0
     return result
@@ -421,35 +547,60 @@ def summarise(workers: list[dict], policies: list[str]) -> list[dict]:
             if not secs:
                 continue
             s = first.get("summary", {})
-            alloc_us = [by[(name, r)]["alloc_mean_us"] for r in rounds if "alloc_mean_us" in by[(name, r)]]
-            free_us = [by[(name, r)]["free_mean_us"] for r in rounds if "free_mean_us" in by[(name, r)]]
+            alloc_us = [
+                by[(name, r)]["alloc_mean_us"] for r in rounds if "alloc_mean_us" in by[(name, r)]
+            ]
+            free_us = [
+                by[(name, r)]["free_mean_us"] for r in rounds if "free_mean_us" in by[(name, r)]
+            ]
             alloc_mean = statistics.median(alloc_us) if alloc_us else None
             free_mean = statistics.median(free_us) if free_us else None
             ratio = statistics.median(ratios) if ratios else float("nan")
-            rows.append({
-                "allocator": name, "build": first.get("build"), "shape": shape, "n_rounds": len(secs),
-                "seconds_median": statistics.median(secs), "seconds_min": min(secs), "seconds_max": max(secs),
-                "ratio_to_torch": ratio, "ratio_min": min(ratios) if ratios else float("nan"),
-                "ratio_max": max(ratios) if ratios else float("nan"),
-                "meets_generate": name != BASELINE and ratio <= GENERATE_RATIO_TARGET,
-                "alloc_mean_us": alloc_mean, "free_mean_us": free_mean,
-                "alloc_mean_us_max": max(alloc_us) if alloc_us else None,
-                "free_mean_us_max": max(free_us) if free_us else None,
-                "meets_call": (alloc_mean is not None and free_mean is not None
-                               and max(alloc_mean, free_mean) <= CALL_US_TARGET),
-                "tokens_equal_torch": tokens == base_tokens if base_tokens else None,
-                "tokens_stable": len(tokens) == len({k for k, _ in tokens}) and all("," not in t for _, t in tokens),
-                "peak_reserved_bytes": first.get("peak_reserved_bytes"), "alloc_p50_us": s.get("alloc_p50_us"),
-                "alloc_p99_us": s.get("alloc_p99_us"), "free_p50_us": s.get("free_p50_us"),
-                "free_p99_us": s.get("free_p99_us"), "n_alloc": s.get("n_alloc"), "n_failed": s.get("n_failed"),
-                "n_align_padded": s.get("n_align_padded"), "n_stitched_maps": s.get("n_stitched_maps"),
-                "n_stitch_reuses": s.get("n_stitch_reuses"), "n_idle_evictions": s.get("n_idle_evictions"),
-                "driver_ns_total": s.get("driver_ns_total"), "sync_ns_total": s.get("sync_ns_total"),
-                "device_used_before_bytes": first.get("device_used_before_bytes"),
-                "device_used_after_bytes": first.get("device_used_after_bytes"),
-                "pool_bytes_after": first.get("pool_bytes_after"), "n_live_at_close": s.get("n_live_at_close"),
-                "n_free_errors": s.get("n_free_errors"),
-            })
+            rows.append(
+                {
+                    "allocator": name,
+                    "build": first.get("build"),
+                    "shape": shape,
+                    "n_rounds": len(secs),
+                    "seconds_median": statistics.median(secs),
+                    "seconds_min": min(secs),
+                    "seconds_max": max(secs),
+                    "ratio_to_torch": ratio,
+                    "ratio_min": min(ratios) if ratios else float("nan"),
+                    "ratio_max": max(ratios) if ratios else float("nan"),
+                    "meets_generate": name != BASELINE and ratio <= GENERATE_RATIO_TARGET,
+                    "alloc_mean_us": alloc_mean,
+                    "free_mean_us": free_mean,
+                    "alloc_mean_us_max": max(alloc_us) if alloc_us else None,
+                    "free_mean_us_max": max(free_us) if free_us else None,
+                    "meets_call": (
+                        alloc_mean is not None
+                        and free_mean is not None
+                        and max(alloc_mean, free_mean) <= CALL_US_TARGET
+                    ),
+                    "tokens_equal_torch": tokens == base_tokens if base_tokens else None,
+                    "tokens_stable": len(tokens) == len({k for k, _ in tokens})
+                    and all("," not in t for _, t in tokens),
+                    "peak_reserved_bytes": first.get("peak_reserved_bytes"),
+                    "alloc_p50_us": s.get("alloc_p50_us"),
+                    "alloc_p99_us": s.get("alloc_p99_us"),
+                    "free_p50_us": s.get("free_p50_us"),
+                    "free_p99_us": s.get("free_p99_us"),
+                    "n_alloc": s.get("n_alloc"),
+                    "n_failed": s.get("n_failed"),
+                    "n_align_padded": s.get("n_align_padded"),
+                    "n_stitched_maps": s.get("n_stitched_maps"),
+                    "n_stitch_reuses": s.get("n_stitch_reuses"),
+                    "n_idle_evictions": s.get("n_idle_evictions"),
+                    "driver_ns_total": s.get("driver_ns_total"),
+                    "sync_ns_total": s.get("sync_ns_total"),
+                    "device_used_before_bytes": first.get("device_used_before_bytes"),
+                    "device_used_after_bytes": first.get("device_used_after_bytes"),
+                    "pool_bytes_after": first.get("pool_bytes_after"),
+                    "n_live_at_close": s.get("n_live_at_close"),
+                    "n_free_errors": s.get("n_free_errors"),
+                }
+            )
     return rows
 
 
@@ -465,24 +616,51 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("-p", "--policy", dest="policies", action="append", help="policy spec (repeatable)")
+    ap.add_argument(
+        "-p", "--policy", dest="policies", action="append", help="policy spec (repeatable)"
+    )
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--new-tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=2, help="worker rounds (ABAB: reversed every other round)")
-    ap.add_argument("--repeats", type=int, default=1, help="generate calls per shape in each worker (their median)")
-    ap.add_argument("--compiled-only", action="store_true",
-                    help="with --compiled, run the policies in the compiled copy only (PyTorch's run is the same)")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="worker rounds (ABAB: reversed every other round)"
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="generate calls per shape in each worker (their median)",
+    )
+    ap.add_argument(
+        "--compiled-only",
+        action="store_true",
+        help="with --compiled, run the policies in the compiled copy only (PyTorch's run is the same)",
+    )
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--validate", metavar="SPEC", help="also run SPEC in validation mode on the first shape")
-    ap.add_argument("--mempool", action="store_true", help="also run every policy in mempool mode (one process)")
+    ap.add_argument(
+        "--validate", metavar="SPEC", help="also run SPEC in validation mode on the first shape"
+    )
+    ap.add_argument(
+        "--mempool", action="store_true", help="also run every policy in mempool mode (one process)"
+    )
     ap.add_argument("--worker-timeout", type=float, default=300.0)
-    ap.add_argument("--calls", type=int, metavar="N",
-                    help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds")
-    ap.add_argument("--stitch", action="store_true",
-                    help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled slice")
-    ap.add_argument("--compiled", type=Path, metavar="DIR",
-                    help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
-                         "side: round by round with --calls, worker by worker otherwise")
+    ap.add_argument(
+        "--calls",
+        type=int,
+        metavar="N",
+        help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds",
+    )
+    ap.add_argument(
+        "--stitch",
+        action="store_true",
+        help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled slice",
+    )
+    ap.add_argument(
+        "--compiled",
+        type=Path,
+        metavar="DIR",
+        help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
+        "side: round by round with --calls, worker by worker otherwise",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
     ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
@@ -520,20 +698,36 @@ def main() -> int:
         for label, name, tree in round_order(runs, r):
             w = spawn(args, ["--worker", name], args.worker_timeout, tree)
             w["allocator"] = label
-            w.setdefault("build", "compiled" if tree != REPO else "interpreted")  # the worker's own word first
+            w.setdefault(
+                "build", "compiled" if tree != REPO else "interpreted"
+            )  # the worker's own word first
             w["round"] = r
             workers.append(w)
-            print(f"round {r} {label}: " + (w["error"] if "error" in w else
-                  " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])), flush=True)
-            write_results(args, workers, [label for label, _, _ in runs[1:]], None)  # a run cut short keeps these
+            print(
+                f"round {r} {label}: "
+                + (
+                    w["error"]
+                    if "error" in w
+                    else " ".join(f"{run['shape']}={run['seconds']:.3f}s" for run in w["runs"])
+                ),
+                flush=True,
+            )
+            write_results(
+                args, workers, [label for label, _, _ in runs[1:]], None
+            )  # a run cut short keeps these
     if args.validate:
         first = args.shapes.split(",")[0]
-        w = spawn(argparse.Namespace(**{**vars(args), "shapes": first, "rounds": 1}),
-                  ["--worker", args.validate, "--worker-validate"], args.worker_timeout)
+        w = spawn(
+            argparse.Namespace(**{**vars(args), "shapes": first, "rounds": 1}),
+            ["--worker", args.validate, "--worker-validate"],
+            args.worker_timeout,
+        )
         w.setdefault("allocator", args.validate)
         w["validate"] = True
         workers.append(w)
-        found = w.get("error") or "; ".join(w.get("free_errors", [])) or "no corruption, no bad free"
+        found = (
+            w.get("error") or "; ".join(w.get("free_errors", [])) or "no corruption, no bad free"
+        )
         print(f"validate {args.validate}: {found}", flush=True)
     mempool = None
     if args.mempool:
@@ -543,44 +737,87 @@ def main() -> int:
     rows, mempool_rows = write_results(args, workers, [label for label, _, _ in runs[1:]], mempool)
     print_rows(rows, "pluggable mode: one worker process per allocator and round")
     if mempool_rows:
-        print_rows(mempool_rows, "mempool mode: PyTorch's allocator and each policy in one process, round by round")
+        print_rows(
+            mempool_rows,
+            "mempool mode: PyTorch's allocator and each policy in one process, round by round",
+        )
     return 0
 
 
-def write_results(args, workers: list[dict], labels: list[str], mempool: dict | None) -> tuple[list[dict], list[dict]]:
+def write_results(
+    args, workers: list[dict], labels: list[str], mempool: dict | None
+) -> tuple[list[dict], list[dict]]:
     """The runs, the summaries and the JSON in ``--out`` (rewritten after every worker); the summaries."""
     rows = summarise(workers, labels)
-    mempool_rows = summarise(mempool_as_workers(mempool), args.policies) if mempool and "runs" in mempool else []
+    mempool_rows = (
+        summarise(mempool_as_workers(mempool), args.policies)
+        if mempool and "runs" in mempool
+        else []
+    )
     args.out.mkdir(parents=True, exist_ok=True)
-    run_rows = [{"allocator": w["allocator"], "round": w["round"] if "round" in w else -1, "validate": w.get("validate"),
-                 **run} for w in workers if "runs" in w for run in w["runs"]]
+    run_rows = [
+        {
+            "allocator": w["allocator"],
+            "round": w["round"] if "round" in w else -1,
+            "validate": w.get("validate"),
+            **run,
+        }
+        for w in workers
+        if "runs" in w
+        for run in w["runs"]
+    ]
     write_csv(args.out / "torch_alloc_runs.csv", run_rows)
     write_csv(args.out / "torch_alloc_summary.csv", rows)
     write_csv(args.out / "torch_alloc_mempool_summary.csv", mempool_rows)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "argv": sys.argv[1:],
-            "shapes": args.shapes, "new_tokens": args.new_tokens, "layers": args.layers, "rounds": args.rounds,
-            "repeats": args.repeats}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "argv": sys.argv[1:],
+        "shapes": args.shapes,
+        "new_tokens": args.new_tokens,
+        "layers": args.layers,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+    }
     with open(args.out / "torch_alloc.json", "w") as f:
-        json.dump({"meta": meta, "summary": rows, "workers": workers, "mempool": mempool,
-                   "mempool_summary": mempool_rows}, f, indent=1, default=str)
+        json.dump(
+            {
+                "meta": meta,
+                "summary": rows,
+                "workers": workers,
+                "mempool": mempool,
+                "mempool_summary": mempool_rows,
+            },
+            f,
+            indent=1,
+            default=str,
+        )
     return rows, mempool_rows
 
 
 def print_rows(rows: list[dict], title: str) -> None:
     print(title)
-    print(f"{'allocator':>24} {'shape':>7} {'s (med)':>8} {'x torch':>7} {'min-max':>11} {'alloc us':>8} "
-          f"{'free us':>7} {'targets':>8} tokens=")
+    print(
+        f"{'allocator':>24} {'shape':>7} {'s (med)':>8} {'x torch':>7} {'min-max':>11} {'alloc us':>8} "
+        f"{'free us':>7} {'targets':>8} tokens="
+    )
     for row in rows:
         us = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
-        met = "" if row["allocator"] == BASELINE else (f"{'G' if row['meets_generate'] else '-'}"
-                                                       f"{'C' if row['meets_call'] else '-'}")
-        print(f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:8.3f} {row['ratio_to_torch']:7.3f} "
-              f"{row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f} {us(row['alloc_mean_us']):>8} "
-              f"{us(row['free_mean_us']):>7} {met:>8} {row['tokens_equal_torch']} "
-              f"peak_reserved={row['peak_reserved_bytes']} mem_before={row['device_used_before_bytes']} "
-              f"after={row['device_used_after_bytes']}")
-    print(f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's (median of the paired ratios), "
-          f"C = malloc and free <= {CALL_US_TARGET} us a call (mean through the trampoline)")
+        met = (
+            ""
+            if row["allocator"] == BASELINE
+            else (f"{'G' if row['meets_generate'] else '-'}{'C' if row['meets_call'] else '-'}")
+        )
+        print(
+            f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:8.3f} {row['ratio_to_torch']:7.3f} "
+            f"{row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f} {us(row['alloc_mean_us']):>8} "
+            f"{us(row['free_mean_us']):>7} {met:>8} {row['tokens_equal_torch']} "
+            f"peak_reserved={row['peak_reserved_bytes']} mem_before={row['device_used_before_bytes']} "
+            f"after={row['device_used_after_bytes']}"
+        )
+    print(
+        f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's (median of the paired ratios), "
+        f"C = malloc and free <= {CALL_US_TARGET} us a call (mean through the trampoline)"
+    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ def measure(tree: Path, argv: list[str]) -> tuple[float, float, float]:
     the machine do not inflate as they do the wall time)."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, "-c", _MEASURE, sys.executable, "-m", "poollab", *argv]
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        cmd, cwd=tree, env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     rc, wall_s, cpu_s, peak_kb = int(out[-4]), float(out[-3]), float(out[-2]), int(out[-1])
     if rc != 0:
         raise SystemExit(f"{tree}: poollab {' '.join(argv)} exited {rc}")
@@ -76,8 +78,13 @@ def same_summaries(a: Path, b: Path, *, measured_ns: bool = False) -> str:
 
 def has_option(tree: Path, command: list[str], option: str) -> bool:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    text = subprocess.run([sys.executable, "-m", "poollab", *command, "--help"], cwd=tree, env=env,
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "poollab", *command, "--help"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
     return option in text
 
 
@@ -86,55 +93,108 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=Path, required=True, help="a checkout of the code before")
     ap.add_argument("--rows", default="replay,validate")
     ap.add_argument("--million", type=Path, default=MILLION)
-    ap.add_argument("--repeat", type=int, default=1, help="alternating runs of each row; the best time is kept")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="alternating runs of each row; the best time is kept"
+    )
     args = ap.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": REPO}
-    print(f"# bench_user_speed {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-          f"{platform.python_version()} · {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}) · "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"# command: python benchmarks/bench_user_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(
+        f"# bench_user_speed {datetime.datetime.now().isoformat(timespec='seconds')} · python "
+        f"{platform.python_version()} · {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}) · "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"# command: python benchmarks/bench_user_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    )
     rows = args.rows.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         if "replay" in rows:
             if not args.million.exists():
-                subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_million_snapshot.py"), str(args.million)],
-                               check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        str(REPO / "benchmarks" / "make_million_snapshot.py"),
+                        str(args.million),
+                    ],
+                    check=True,
+                )
             got = {}
             for _ in range(args.repeat):
                 for name, tree in trees.items():
                     out = Path(tmp) / f"replay-{name}"
-                    quiet = ["--no-progress"] if has_option(tree, ["replay"], "--no-progress") else []
-                    run = measure(tree, ["replay", str(args.million), *[a for p in FIVE for a in ("-p", p)],
-                                         "--out", str(out), *quiet])
-                    print(f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB peak  "
-                          f"{run[2]:7.1f} s CPU  (load {os.getloadavg()[0]:.1f})", flush=True)
+                    quiet = (
+                        ["--no-progress"] if has_option(tree, ["replay"], "--no-progress") else []
+                    )
+                    run = measure(
+                        tree,
+                        [
+                            "replay",
+                            str(args.million),
+                            *[a for p in FIVE for a in ("-p", p)],
+                            "--out",
+                            str(out),
+                            *quiet,
+                        ],
+                    )
+                    print(
+                        f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB peak  "
+                        f"{run[2]:7.1f} s CPU  (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
                     got[name] = min(got.get(name, run), run)
             b, a = got["before"], got["after"]
-            print(f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after {a[0]:.1f} s; "
-                  f"CPU of those runs: before {b[2]:.1f} s, after {a[2]:.1f} s")
-            print(f"replay 1M x5 policies  after/before: CPU time {a[2] / b[2]:.2f} (the work: what more cores "
-                  f"cannot cut)")
-            print(f"replay 1M x5 policies  after/before: time {a[0] / b[0]:.2f} (target <= 0.33), "
-                  f"peak {a[1]:.0f} MB (target <= 500); summaries "
-                  f"{same_summaries(Path(tmp) / 'replay-before' / 'summary.csv', Path(tmp) / 'replay-after' / 'summary.csv')}",
-                  flush=True)
+            print(
+                f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after {a[0]:.1f} s; "
+                f"CPU of those runs: before {b[2]:.1f} s, after {a[2]:.1f} s"
+            )
+            print(
+                f"replay 1M x5 policies  after/before: CPU time {a[2] / b[2]:.2f} (the work: what more cores "
+                f"cannot cut)"
+            )
+            print(
+                f"replay 1M x5 policies  after/before: time {a[0] / b[0]:.2f} (target <= 0.33), "
+                f"peak {a[1]:.0f} MB (target <= 500); summaries "
+                f"{same_summaries(Path(tmp) / 'replay-before' / 'summary.csv', Path(tmp) / 'replay-after' / 'summary.csv')}",
+                flush=True,
+            )
         if "validate" in rows:
             got = {}
             for _ in range(args.repeat):
                 for name, tree in trees.items():
                     for validate in (False, True):
                         out = Path(tmp) / f"gpu-{name}-{validate}"
-                        argv_ = ["gpu", "replay", str(SLICE), "-p", "paged", "-p", "best-fit", "--backend", "host",
-                                 "--sim", "--out", str(out), "--no-progress", *(["--validate"] if validate else [])]
+                        argv_ = [
+                            "gpu",
+                            "replay",
+                            str(SLICE),
+                            "-p",
+                            "paged",
+                            "-p",
+                            "best-fit",
+                            "--backend",
+                            "host",
+                            "--sim",
+                            "--out",
+                            str(out),
+                            "--no-progress",
+                            *(["--validate"] if validate else []),
+                        ]
                         run = measure(tree, argv_)
-                        print(f"gpu replay slice {'--validate' if validate else 'plain':>10} {name:>6}: "
-                              f"{run[0]:7.1f} s  {run[1]:7.0f} MB peak  {run[2]:7.1f} s CPU", flush=True)
+                        print(
+                            f"gpu replay slice {'--validate' if validate else 'plain':>10} {name:>6}: "
+                            f"{run[0]:7.1f} s  {run[1]:7.0f} MB peak  {run[2]:7.1f} s CPU",
+                            flush=True,
+                        )
                         got[name, validate] = min(got.get((name, validate), run), run)
             for name in trees:
-                print(f"gpu replay --validate over plain, {name}: {got[name, True][0] / got[name, False][0]:.1f}x "
-                      f"(target <= 10x)")
-            print(f"validated summaries before/after: "
-                  f"{same_summaries(Path(tmp) / 'gpu-before-True' / 'summary.csv', Path(tmp) / 'gpu-after-True' / 'summary.csv', measured_ns=True)}")
+                print(
+                    f"gpu replay --validate over plain, {name}: {got[name, True][0] / got[name, False][0]:.1f}x "
+                    f"(target <= 10x)"
+                )
+            print(
+                f"validated summaries before/after: "
+                f"{same_summaries(Path(tmp) / 'gpu-before-True' / 'summary.csv', Path(tmp) / 'gpu-after-True' / 'summary.csv', measured_ns=True)}"
+            )
     print(f"# load average after {os.getloadavg()[0]:.2f}")
     return 0
 

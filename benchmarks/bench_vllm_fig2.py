@@ -48,19 +48,29 @@ from sim.serving.simulate import simulate  # noqa: E402
 from traces.synth_requests import Lognormal, synth_requests  # noqa: E402
 
 PAPER = {"max": 20.4, "pow2-oracle": 26.8, "oracle": 38.2, "paged": 96.3}
-ROWS = [("Orca (Max)", "best-fit", "max"), ("Orca (Pow2)", "best-fit", "pow2-oracle"),
-        ("Orca (Oracle)", "best-fit", "oracle"), ("vLLM", "paged", "paged"),
-        ("(doubling, no oracle)", "best-fit", "pow2"), ("(512-token chunks)", "best-fit", "grow")]
+ROWS = [
+    ("Orca (Max)", "best-fit", "max"),
+    ("Orca (Pow2)", "best-fit", "pow2-oracle"),
+    ("Orca (Oracle)", "best-fit", "oracle"),
+    ("vLLM", "paged", "paged"),
+    ("(doubling, no oracle)", "best-fit", "pow2"),
+    ("(512-token chunks)", "best-fit", "grow"),
+]
 SIGMA = 1.0  # lognormal spread of both lengths
 MAX_LEN = 2048
 
 
 def sharegpt_like(num_requests: int, rate_rps: float, seed: int, sigma: float = SIGMA):
     # a lognormal's mean is median * exp(sigma^2 / 2): pick medians that give the paper's means
-    to_median = float(np.exp(-sigma**2 / 2))
-    return synth_requests(num_requests=num_requests, rate_rps=rate_rps, seed=seed, name="sharegpt-like",
-                          prompt=Lognormal(161 * to_median, sigma, max=1024),
-                          output=Lognormal(338 * to_median, sigma, max=1024))
+    to_median = float(np.exp(-(sigma**2) / 2))
+    return synth_requests(
+        num_requests=num_requests,
+        rate_rps=rate_rps,
+        seed=seed,
+        name="sharegpt-like",
+        prompt=Lognormal(161 * to_median, sigma, max=1024),
+        output=Lognormal(338 * to_median, sigma, max=1024),
+    )
 
 
 def ceiling(trace, strategy: str) -> float:
@@ -74,7 +84,9 @@ def ceiling(trace, strategy: str) -> float:
     elif strategy == "pow2-oracle":
         reserved = p + 2.0 ** np.ceil(np.log2(np.maximum(o, 1)))
     elif strategy == "paged":
-        reserved = 16 * np.ceil((p + o) / 16) - (o - 1) / 2  # pages grow with the tokens: a page's slack
+        reserved = (
+            16 * np.ceil((p + o) / 16) - (o - 1) / 2
+        )  # pages grow with the tokens: a page's slack
     else:
         return float("nan")
     return float(np.sum(o * (p + (o + 1) / 2)) / np.sum(o * reserved))
@@ -82,43 +94,71 @@ def ceiling(trace, strategy: str) -> float:
 
 def saturated_util(ts) -> float:
     busy = ts[ts["waiting"] > 0]
-    return float(busy["kv_token_bytes"].sum() / busy["kv_reserved_bytes"].sum()) if len(busy) else float("nan")
+    return (
+        float(busy["kv_token_bytes"].sum() / busy["kv_reserved_bytes"].sum())
+        if len(busy)
+        else float("nan")
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=3000)
-    ap.add_argument("--rate", type=float, default=6.0, help="arrivals per second (the server sustains about 2.5)")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=6.0,
+        help="arrivals per second (the server sustains about 2.5)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--allocator", default="best-fit", help="policy behind the contiguous (Orca) rows")
-    ap.add_argument("--sigma", type=float, default=SIGMA, help="lognormal spread of prompt and output lengths")
+    ap.add_argument(
+        "--allocator", default="best-fit", help="policy behind the contiguous (Orca) rows"
+    )
+    ap.add_argument(
+        "--sigma", type=float, default=SIGMA, help="lognormal spread of prompt and output lengths"
+    )
     args = ap.parse_args(argv)
 
     trace = sharegpt_like(args.num_requests, args.rate, args.seed, args.sigma)
     d = trace.describe()
-    print(f"OPT-13B on A100-40GB, {d['num_requests']} ShareGPT-like requests at {d['rate_rps']:.1f}/s: "
-          f"prompt mean {d['prompt_tokens_mean']:.0f}, output mean {d['output_tokens_mean']:.0f} tokens")
-    print(f"{'system':<24}{'policy':<10}{'strategy':<13}{'util busy':>10}{'util full':>10}{'ceiling':>9}"
-          f"{'paper':>8}{'frag ext':>9}{'preempt':>9}{'tok/s':>8}{'wall s':>8}")
+    print(
+        f"OPT-13B on A100-40GB, {d['num_requests']} ShareGPT-like requests at {d['rate_rps']:.1f}/s: "
+        f"prompt mean {d['prompt_tokens_mean']:.0f}, output mean {d['output_tokens_mean']:.0f} tokens"
+    )
+    print(
+        f"{'system':<24}{'policy':<10}{'strategy':<13}{'util busy':>10}{'util full':>10}{'ceiling':>9}"
+        f"{'paper':>8}{'frag ext':>9}{'preempt':>9}{'tok/s':>8}{'wall s':>8}"
+    )
     measured = {}
     for label, spec, strategy in ROWS:
         spec = args.allocator if spec == "best-fit" else spec
         t0 = time.perf_counter()
-        res = simulate(trace, spec, model="OPT-13B", gpu="A100-40GB", max_model_len=MAX_LEN,
-                       kv_strategy=strategy if strategy != "paged" else "pow2")
+        res = simulate(
+            trace,
+            spec,
+            model="OPT-13B",
+            gpu="A100-40GB",
+            max_model_len=MAX_LEN,
+            kv_strategy=strategy if strategy != "paged" else "pow2",
+        )
         wall = time.perf_counter() - t0
         s = res.summary
         full = saturated_util(res.timeseries)
         measured[strategy] = full
         paper = f"{PAPER[strategy]:.1f}" if strategy in PAPER else "-"
-        print(f"{label:<24}{spec:<10}{strategy:<13}{100 * s['kv_token_util']:>9.1f}%{100 * full:>9.1f}%"
-              f"{100 * ceiling(trace, strategy):>8.1f}%{paper:>8}{100 * s['frag_ext_mean']:>8.1f}%"
-              f"{s['n_preempted']:>9}{s['throughput_tok_s']:>8.0f}{wall:>8.2f}", flush=True)
+        print(
+            f"{label:<24}{spec:<10}{strategy:<13}{100 * s['kv_token_util']:>9.1f}%{100 * full:>9.1f}%"
+            f"{100 * ceiling(trace, strategy):>8.1f}%{paper:>8}{100 * s['frag_ext_mean']:>8.1f}%"
+            f"{s['n_preempted']:>9}{s['throughput_tok_s']:>8.0f}{wall:>8.2f}",
+            flush=True,
+        )
     order = ["max", "pow2-oracle", "oracle", "paged"]
     ordered = all(measured[a] < measured[b] for a, b in zip(order, order[1:]))
     ok = ordered and measured["paged"] > 0.95
-    print(f"shape max < pow2-oracle < oracle < paged: {'yes' if ordered else 'NO'}; "
-          f"paged above 95 %: {'yes' if measured['paged'] > 0.95 else 'NO'}")
+    print(
+        f"shape max < pow2-oracle < oracle < paged: {'yes' if ordered else 'NO'}; "
+        f"paged above 95 %: {'yes' if measured['paged'] > 0.95 else 'NO'}"
+    )
     return 0 if ok else 1
 
 

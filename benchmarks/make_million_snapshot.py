@@ -62,8 +62,11 @@ def repeat_steps(snap: dict, num_entries: int) -> dict:
     out += [{**e, "time_us": e["time_us"] + tail_shift} for e in entries[j:]]
     new_traces = list(traces)
     new_traces[dev] = out
-    print(f"stretch entries {i:,}..{j:,} of {len(entries):,} ({j - i:,} entries, {span_us / 1e6:.1f} s), "
-          f"{copies} copies: {len(out):,} entries", file=sys.stderr)
+    print(
+        f"stretch entries {i:,}..{j:,} of {len(entries):,} ({j - i:,} entries, {span_us / 1e6:.1f} s), "
+        f"{copies} copies: {len(out):,} entries",
+        file=sys.stderr,
+    )
     return {**snap, "device_traces": new_traces}
 
 
@@ -71,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", type=Path, default=Path("/tmp/llama1b_generate_1m.pickle.gz"))
     ap.add_argument("--source", type=Path, default=SHARED)
-    ap.add_argument("--entries", type=int, default=1_500_000, help="trace entries to reach (default 1.5M)")
+    ap.add_argument(
+        "--entries", type=int, default=1_500_000, help="trace entries to reach (default 1.5M)"
+    )
     args = ap.parse_args(argv)
     with gzip.open(args.source, "rb") as f:
         snap = pickle.load(f)

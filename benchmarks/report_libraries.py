@@ -29,7 +29,11 @@ from report_load import load_times  # noqa: E402
 from sim.report.html import load_result_folder  # noqa: E402
 from sim.report.interactive.page import DETAIL_POINTS, trace_data  # noqa: E402
 
-METRICS = (("reserved", "reserved (MiB)", 2**20), ("live", "live (MiB)", 2**20), ("frag", "ext. fragmentation", 1))
+METRICS = (
+    ("reserved", "reserved (MiB)", 2**20),
+    ("live", "live (MiB)", 2**20),
+    ("frag", "ext. fragmentation", 1),
+)
 
 #: Polled in each page: true once the library's drawing is in the document.
 _READY = """<script>(function poll(){{if({cond}){{requestAnimationFrame(()=>{{window.benchReady=true;}});}}
@@ -38,7 +42,7 @@ _DRAWN = {
     "plotly": "document.querySelector('.js-plotly-plot .main-svg .scatterlayer .trace')",
     # Bokeh 3 draws into canvases inside its elements' shadow roots, once the document is embedded
     "bokeh": "window.Bokeh && Bokeh.documents && Bokeh.documents.length > 0 && "
-             "document.querySelector('.bk-Column, .bk-GridPlot, .bk-Figure')",
+    "document.querySelector('.bk-Column, .bk-GridPlot, .bk-Figure')",
     "vega-lite": "document.querySelector('.vega-embed canvas, .vega-embed svg.marks')",
 }
 
@@ -60,13 +64,28 @@ def plotly_page(runs: list[dict], out: Path) -> Path:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=[m[1] for m in METRICS])
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.04,
+        subplot_titles=[m[1] for m in METRICS],
+    )
     for r, run in enumerate(runs):
         for row, (key, name, scale) in enumerate(METRICS, start=1):
             y = np.asarray(run[key], dtype=float) / scale
-            fig.add_trace(go.Scatter(x=run["t"], y=y, name=run["label"], legendgroup=run["label"],
-                                     showlegend=row == 1, mode="lines"), row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=run["t"],
+                    y=y,
+                    name=run["label"],
+                    legendgroup=run["label"],
+                    showlegend=row == 1,
+                    mode="lines",
+                ),
+                row=row,
+                col=1,
+            )
     fig.update_layout(height=620, hovermode="x unified")
     fig.write_html(out, include_plotlyjs=True, full_html=True)
     out.write_text(_with_ready(out.read_text(encoding="utf-8"), "plotly"), encoding="utf-8")
@@ -84,10 +103,17 @@ def bokeh_page(runs: list[dict], out: Path) -> Path:
     figs = []
     for key, name, scale in METRICS:
         shared = {"x_range": figs[0].x_range} if figs else {}
-        fig = figure(height=200, sizing_mode="stretch_width", title=name, tools="xpan,xwheel_zoom,box_zoom,reset",
-                     **shared)
+        fig = figure(
+            height=200,
+            sizing_mode="stretch_width",
+            title=name,
+            tools="xpan,xwheel_zoom,box_zoom,reset",
+            **shared,
+        )
         for r, run in enumerate(runs):
-            src = ColumnDataSource({"t": run["t"], "y": [np.nan if v is None else v / scale for v in run[key]]})
+            src = ColumnDataSource(
+                {"t": run["t"], "y": [np.nan if v is None else v / scale for v in run[key]]}
+            )
             fig.line("t", "y", source=src, legend_label=run["label"], color=Category10_10[r % 10])
         fig.add_tools(HoverTool(tooltips=[("t", "@t{0.000}"), (name, "@y{0,0.00}")], mode="vline"))
         figs.append(fig)
@@ -100,14 +126,28 @@ def vega_lite_page(runs: list[dict], out: Path) -> Path:
     import altair as alt
 
     alt.data_transformers.disable_max_rows()
-    rows = pd.concat([pd.DataFrame({"t": run["t"], "run": run["label"],
-                                    **{key: np.asarray(run[key], dtype=float) / scale
-                                       for key, _, scale in METRICS}}) for run in runs], ignore_index=True)
+    rows = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "t": run["t"],
+                    "run": run["label"],
+                    **{key: np.asarray(run[key], dtype=float) / scale for key, _, scale in METRICS},
+                }
+            )
+            for run in runs
+        ],
+        ignore_index=True,
+    )
     zoom = alt.selection_interval(bind="scales", encodings=["x"])
     base = alt.Chart(rows).mark_line().encode(x=alt.X("t:Q", title="time (s)"), color="run:N")
     # field names without dots: Vega-Lite reads "a.b" as a nested field
-    panels = [base.encode(y=alt.Y(f"{key}:Q", title=name), tooltip=["run:N", "t:Q", f"{key}:Q"])
-              .properties(width=1200, height=180) for key, name, _ in METRICS]
+    panels = [
+        base.encode(
+            y=alt.Y(f"{key}:Q", title=name), tooltip=["run:N", "t:Q", f"{key}:Q"]
+        ).properties(width=1200, height=180)
+        for key, name, _ in METRICS
+    ]
     chart = alt.vconcat(panels[0].add_params(zoom), *panels[1:]).resolve_scale(x="shared")
     chart.save(str(out), inline=True)  # vega, vega-lite and vega-embed inlined (from vl-convert)
     out.write_text(_with_ready(out.read_text(encoding="utf-8"), "vega-lite"), encoding="utf-8")
@@ -123,15 +163,28 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     runs = _series(args.folder)
     points = sum(len(r["t"]) for r in runs)
-    pages = {lib: make(runs, args.out / f"{lib}.html")
-             for lib, make in (("plotly", plotly_page), ("bokeh", bokeh_page), ("vega-lite", vega_lite_page))}
+    pages = {
+        lib: make(runs, args.out / f"{lib}.html")
+        for lib, make in (
+            ("plotly", plotly_page),
+            ("bokeh", bokeh_page),
+            ("vega-lite", vega_lite_page),
+        )
+    }
     timed = load_times(list(pages.values()), args.repeat)
     print(f"{args.folder}: {len(runs)} runs, {points:,} points per metric ({len(METRICS)} metrics)")
     rows = []
     for lib, path in pages.items():
         median, times, errors = timed[path]
-        rows.append({"library": lib, "page_mib": round(path.stat().st_size / 2**20, 2), "load_s": round(median, 2),
-                     "loads_s": [round(t, 2) for t in times], "errors": errors})
+        rows.append(
+            {
+                "library": lib,
+                "page_mib": round(path.stat().st_size / 2**20, 2),
+                "load_s": round(median, 2),
+                "loads_s": [round(t, 2) for t in times],
+                "errors": errors,
+            }
+        )
         print(json.dumps(rows[-1]))
 
 

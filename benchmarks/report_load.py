@@ -35,15 +35,22 @@ def load_times(pages: list[Path], repeat: int = 3, zoom: float | None = None) ->
                 page.on("pageerror", lambda e: errors.append(str(e)))
                 t0 = time.perf_counter()
                 page.goto(path.resolve().as_uri(), timeout=120_000)
-                page.wait_for_function("(window.poollab && window.poollab.ready) || window.benchReady === true "
-                                       "|| (!window.poollab && window.benchReady === undefined)", timeout=120_000)
+                page.wait_for_function(
+                    "(window.poollab && window.poollab.ready) || window.benchReady === true "
+                    "|| (!window.poollab && window.benchReady === undefined)",
+                    timeout=120_000,
+                )
                 times.append(time.perf_counter() - t0)
                 if zoom is not None and page.evaluate("!!window.poollab"):
                     took, points = page.evaluate(_ZOOM_JS, zoom)
                     zoom_s.append(took)
                 page.close()
-            out[path] = (statistics.median(times), times, errors,
-                         (statistics.median(zoom_s), points) if zoom_s else None)
+            out[path] = (
+                statistics.median(times),
+                times,
+                errors,
+                (statistics.median(zoom_s), points) if zoom_s else None,
+            )
         browser.close()
     return out
 
@@ -66,13 +73,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("pages", nargs="+", type=Path)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--zoom", type=float, default=None, help="also time a zoom to this middle fraction of the run")
+    ap.add_argument(
+        "--zoom",
+        type=float,
+        default=None,
+        help="also time a zoom to this middle fraction of the run",
+    )
     args = ap.parse_args()
-    for path, (median, times, errors, zoom) in load_times(args.pages, args.repeat, args.zoom).items():
+    for path, (median, times, errors, zoom) in load_times(
+        args.pages, args.repeat, args.zoom
+    ).items():
         size = path.stat().st_size / 2**20
-        zoomed = f"; zoom to {args.zoom:g} of the run: {zoom[0]:.3f} s, {zoom[1]} points per line" if zoom else ""
-        print(f"{path}: {size:.2f} MiB, load {median:.2f} s (median of {len(times)}; "
-              f"{', '.join(f'{t:.2f}' for t in times)}){zoomed}{' ERRORS ' + str(errors) if errors else ''}")
+        zoomed = (
+            f"; zoom to {args.zoom:g} of the run: {zoom[0]:.3f} s, {zoom[1]} points per line"
+            if zoom
+            else ""
+        )
+        print(
+            f"{path}: {size:.2f} MiB, load {median:.2f} s (median of {len(times)}; "
+            f"{', '.join(f'{t:.2f}' for t in times)}){zoomed}{' ERRORS ' + str(errors) if errors else ''}"
+        )
 
 
 if __name__ == "__main__":

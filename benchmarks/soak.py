@@ -40,11 +40,19 @@ def _run(spec: str, num_ops: int, seed: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, default=100_000, help="operations per policy (default 100000)")
-    ap.add_argument("--jobs", type=int, default=1, help="policies soaked at once, one process each (default 1)")
+    ap.add_argument(
+        "--ops", type=int, default=100_000, help="operations per policy (default 100000)"
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="policies soaked at once, one process each (default 1)"
+    )
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--spec", action="append", help="policy spec to soak (repeatable; default: every registered "
-                                                    "policy and a few active configurations)")
+    ap.add_argument(
+        "--spec",
+        action="append",
+        help="policy spec to soak (repeatable; default: every registered "
+        "policy and a few active configurations)",
+    )
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
     if args.ops <= 0 or args.jobs <= 0:
@@ -58,19 +66,35 @@ def main(argv: list[str] | None = None) -> int:
         for future in futures:  # in spec order; each result printed as soon as its turn comes
             row = future.result()
             rows.append(row)
-            print(f"{row['spec']:<52} {row['num_ops']:>10,} ops {row['num_violations']:>4} violations "
-                  f"{row['num_failures']:>9,} refused {row['seconds']:>9.1f} s", flush=True)
+            print(
+                f"{row['spec']:<52} {row['num_ops']:>10,} ops {row['num_violations']:>4} violations "
+                f"{row['num_failures']:>9,} refused {row['seconds']:>9.1f} s",
+                flush=True,
+            )
             for message in row["violations"]:
                 print(f"    {message}")
     wall_s = time.perf_counter() - start
     total_violations = sum(r["num_violations"] for r in rows)
-    print(f"{len(rows)} policies, {sum(r['num_ops'] for r in rows):,} operations, {total_violations} violations, "
-          f"{wall_s:.1f} s wall with {args.jobs} jobs")
+    print(
+        f"{len(rows)} policies, {sum(r['num_ops'] for r in rows):,} operations, {total_violations} violations, "
+        f"{wall_s:.1f} s wall with {args.jobs} jobs"
+    )
     if args.out is not None:
-        args.out.write_text(json.dumps({
-            "ops_per_policy": args.ops, "seed": args.seed, "jobs": args.jobs, "wall_s": wall_s,
-            "machine": f"{platform.node()} ({platform.machine()}, {platform.python_version()})",
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "policies": rows}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "ops_per_policy": args.ops,
+                    "seed": args.seed,
+                    "jobs": args.jobs,
+                    "wall_s": wall_s,
+                    "machine": f"{platform.node()} ({platform.machine()}, {platform.python_version()})",
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "policies": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         print(f"wrote {args.out}")
     return 1 if total_violations else 0
 

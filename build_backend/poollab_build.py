@@ -61,8 +61,11 @@ COMPILED_PACKAGES = ("policies", "realgpu")
 
 def compiled_modules(root: str | Path = ".") -> list[str]:
     """``PACKAGE/NAME.py`` for every ``PACKAGE/NAME.pxd``: a module is compiled iff it is declared."""
-    return sorted(str(pxd.relative_to(root).with_suffix(".py"))
-                  for package in COMPILED_PACKAGES for pxd in Path(root, package).glob("*.pxd"))
+    return sorted(
+        str(pxd.relative_to(root).with_suffix(".py"))
+        for package in COMPILED_PACKAGES
+        for pxd in Path(root, package).glob("*.pxd")
+    )
 
 
 #: True while setuptools runs ``setup.py`` to list build requirements, before Cython is installed
@@ -75,8 +78,12 @@ def ext_modules() -> list:
         return []
     from Cython.Build import cythonize
 
-    extensions = cythonize(compiled_modules(), compiler_directives=COMPILER_DIRECTIVES,
-                           nthreads=os.cpu_count() or 1, quiet=True)
+    extensions = cythonize(
+        compiled_modules(),
+        compiler_directives=COMPILER_DIRECTIVES,
+        nthreads=os.cpu_count() or 1,
+        quiet=True,
+    )
     macros = c_macros()
     for ext in extensions:
         ext.define_macros += macros

@@ -12,7 +12,20 @@ from policies.spec import format_spec, parse_spec
 from policies.units import format_bytes, parse_bytes
 
 __all__ = [
-    "Allocation", "PoolStats", "Policy", "Segment", "Device", "VirtualDevice", "PolicyError",
-    "ENTRY_POINT_GROUP", "available", "create", "get", "register", "format_spec", "parse_spec",
-    "format_bytes", "parse_bytes",
+    "Allocation",
+    "PoolStats",
+    "Policy",
+    "Segment",
+    "Device",
+    "VirtualDevice",
+    "PolicyError",
+    "ENTRY_POINT_GROUP",
+    "available",
+    "create",
+    "get",
+    "register",
+    "format_spec",
+    "parse_spec",
+    "format_bytes",
+    "parse_bytes",
 ]

@@ -53,14 +53,24 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["NO_STREAM", "OFFSET_BITS", "Block", "ContiguousPolicy", "VIRTUAL_RANGE_BYTES", "bisect_ints", "cut_block",
-           "merge_down"]
+__all__ = [
+    "NO_STREAM",
+    "OFFSET_BITS",
+    "Block",
+    "ContiguousPolicy",
+    "VIRTUAL_RANGE_BYTES",
+    "bisect_ints",
+    "cut_block",
+    "merge_down",
+]
 
 #: The virtual range a ``virtual=True`` pool reserves per stream: 1 TiB, past any GPU's memory
 #: (reserving costs microseconds and no physical memory), so a range never has to move.
 VIRTUAL_RANGE_BYTES = 1 << 40
 
-_DEFAULT_SEGMENT_BYTES = 32 << 20  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
+_DEFAULT_SEGMENT_BYTES = (
+    32 << 20
+)  # 32 MiB: between PyTorch's 20 MiB large segments and RMM's doubling pools
 _DEFAULT_ALIGNMENT_BYTES = 256  # RMM's pool alignment (field notes; PyTorch and CuPy round to 512)
 #: Offsets are below 2**64 (device pointers are), so indexes may pack them into int keys.
 OFFSET_BITS = 64
@@ -124,8 +134,15 @@ class Block(Allocation):
     next: Block | None
     free: bool
 
-    def __init__(self, offset: int, size: int, segment: Segment, prev: Block | None = None,
-                 next: Block | None = None, free: bool = True):
+    def __init__(
+        self,
+        offset: int,
+        size: int,
+        segment: Segment,
+        prev: Block | None = None,
+        next: Block | None = None,
+        free: bool = True,
+    ):
         self.offset = offset
         self.size = size
         self.segment = segment
@@ -153,9 +170,18 @@ class Block(Allocation):
         return f"Block(offset={self.offset:#x}, size={self.size}, {state})"
 
 
-@cython.locals(a=Block, rest=Block, nxt=Block, prev=Block, seg=Segment, offset=cython.longlong,
-               rest_bytes=cython.longlong)
-def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None, split_min_bytes: int) -> Block:
+@cython.locals(
+    a=Block,
+    rest=Block,
+    nxt=Block,
+    prev=Block,
+    seg=Segment,
+    offset=cython.longlong,
+    rest_bytes=cython.longlong,
+)
+def cut_block(
+    block: Block, size: int, nbytes: int, stream: int, tag: str | None, split_min_bytes: int
+) -> Block:
     """Hand out the low ``size`` bytes of free ``block`` (out of the index) as a fresh block.
 
     The fresh block replaces ``block`` in the chain. The remainder, when at least
@@ -170,11 +196,15 @@ def cut_block(block: Block, size: int, nbytes: int, stream: int, tag: str | None
     prev = block.prev
     offset = block.offset
     rest_bytes = block.size - size
-    a = Block.__new__(Block)  # field by field: ``Block(...)`` would run ``__init__`` as one more frame
+    a = Block.__new__(
+        Block
+    )  # field by field: ``Block(...)`` would run ``__init__`` as one more frame
     if rest_bytes >= split_min_bytes:  # split: the request takes the low end, the rest stays free
         if block.size_bytes:  # a freed allocation never moves: a fresh block keeps the rest
             nxt = block.next
-            rest = Block.__new__(Block)  # field by field, as ``a`` below (``Block.__init__``'s fields)
+            rest = Block.__new__(
+                Block
+            )  # field by field, as ``a`` below (``Block.__init__``'s fields)
             rest.offset = offset + size
             rest.size = rest_bytes
             rest.segment = seg
@@ -285,22 +315,33 @@ class ContiguousPolicy(Policy):
     #: inlines more of its index (best fit: its key) lists those methods too
     _index_hooks: ClassVar[tuple[str, ...]] = _INDEX_HOOKS
 
-    def __init__(self, *, segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
-                 alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES, granularity_bytes: int | None = None,
-                 split_threshold_bytes: int | None = None, virtual: bool = False,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
+        alignment_bytes: int = _DEFAULT_ALIGNMENT_BYTES,
+        granularity_bytes: int | None = None,
+        split_threshold_bytes: int | None = None,
+        virtual: bool = False,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("alignment_bytes", alignment_bytes)
         if alignment_bytes & (alignment_bytes - 1):
             raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
         if granularity_bytes is not None:
             check_positive_int("granularity_bytes", granularity_bytes)
             if granularity_bytes % alignment_bytes:
-                raise PolicyError(f"granularity_bytes(={granularity_bytes}) must be a multiple of "
-                                  f"alignment_bytes(={alignment_bytes})")
+                raise PolicyError(
+                    f"granularity_bytes(={granularity_bytes}) must be a multiple of "
+                    f"alignment_bytes(={alignment_bytes})"
+                )
         check_positive_int("segment_bytes", segment_bytes)
         if segment_bytes % alignment_bytes:
-            raise PolicyError(f"segment_bytes(={segment_bytes}) must be a multiple of "
-                              f"alignment_bytes(={alignment_bytes})")
+            raise PolicyError(
+                f"segment_bytes(={segment_bytes}) must be a multiple of "
+                f"alignment_bytes(={alignment_bytes})"
+            )
         if split_threshold_bytes is not None:
             check_positive_int("split_threshold_bytes", split_threshold_bytes)
         self.segment_bytes = segment_bytes
@@ -309,7 +350,9 @@ class ContiguousPolicy(Policy):
         check_flag("virtual", virtual, error=PolicyError)
         self.split_threshold_bytes = split_threshold_bytes
         self.virtual = virtual
-        super().__init__(capacity_bytes=capacity_bytes, device=as_page_mapped(device) if virtual else device)
+        super().__init__(
+            capacity_bytes=capacity_bytes, device=as_page_mapped(device) if virtual else device
+        )
 
     @classmethod
     def device_kind_for(cls, params: dict) -> DeviceKind:
@@ -333,7 +376,9 @@ class ContiguousPolicy(Policy):
         accepted = inspect.signature(cls.__init__).parameters
         if any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
             return super()._param_names()
-        names = super()._param_names()  # not inside the comprehension: Cython's super() needs the method's frame
+        names = (
+            super()._param_names()
+        )  # not inside the comprehension: Cython's super() needs the method's frame
         return [n for n in names if n in accepted]
 
     # ----------------------------------------------------------------- free-block index
@@ -382,7 +427,9 @@ class ContiguousPolicy(Policy):
         self._split_min_bytes = self.alignment_bytes if threshold is None else threshold
         # oversize segments: a multiple of both the driver's 2 MiB and the alignment (powers of two)
         self._oversize_multiple = max(SEGMENT_ALIGNMENT_BYTES, self.alignment_bytes)
-        self._ranges: dict[int, Segment] = {}  # virtual: stream -> its one range (the mapped prefix)
+        self._ranges: dict[
+            int, Segment
+        ] = {}  # virtual: stream -> its one range (the mapped prefix)
         if self.virtual:
             page = self.device.granularity_bytes
             self._range_bytes = max(VIRTUAL_RANGE_BYTES, round_up(self.capacity_bytes or 0, page))
@@ -440,7 +487,9 @@ class ContiguousPolicy(Policy):
 
     @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, old_size=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle  # the block itself, or the block a subclass's allocation wraps
+        block: Block = (
+            allocation.handle
+        )  # the block itself, or the block a subclass's allocation wraps
         assert not block.free and block.size == allocation.size_bytes
         block.handle = None
         self.allocated_bytes -= block.size
@@ -479,7 +528,9 @@ class ContiguousPolicy(Policy):
     @staticmethod
     def _segment_block(segment: Segment) -> Block:
         """The one free block spanning a fresh segment (not yet indexed)."""
-        assert segment.end <= 1 << OFFSET_BITS, f"segment end {segment.end:#x} does not fit in {OFFSET_BITS} bits"
+        assert segment.end <= 1 << OFFSET_BITS, (
+            f"segment end {segment.end:#x} does not fit in {OFFSET_BITS} bits"
+        )
         block = Block(segment.offset, segment.nbytes, segment)
         segment.handle = block
         return block
@@ -520,7 +571,9 @@ class ContiguousPolicy(Policy):
         seg = self._ranges.get(stream)
         if (seg.nbytes if seg is not None else 0) + nbytes > span:
             return None  # past the range: more than any capacity
-        for attempt in range(0 if retry else 1, 2):  # range: Cython mistypes a conditional of tuple literals
+        for attempt in range(
+            0 if retry else 1, 2
+        ):  # range: Cython mistypes a conditional of tuple literals
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
                 if seg is None:
                     start = device.address_reserve(span)
@@ -652,9 +705,15 @@ class ContiguousPolicy(Policy):
             block, end, live, prev_free = seg.handle, seg.offset, 0, False
             assert block.prev is None, f"segment {seg.offset:#x}: first block has a prev"
             while block is not None:
-                assert block.segment is seg and block.offset == end and block.size > 0, f"gap or overlap at {end:#x}"
-                assert block.size % self.alignment_bytes == 0, f"block at {block.offset:#x} is not aligned"
-                assert block.next is None or block.next.prev is block, f"broken chain at {block.offset:#x}"
+                assert block.segment is seg and block.offset == end and block.size > 0, (
+                    f"gap or overlap at {end:#x}"
+                )
+                assert block.size % self.alignment_bytes == 0, (
+                    f"block at {block.offset:#x} is not aligned"
+                )
+                assert block.next is None or block.next.prev is block, (
+                    f"broken chain at {block.offset:#x}"
+                )
                 if block.free:
                     assert not prev_free, f"free blocks touch at {block.offset:#x}"
                     free += block.size
@@ -664,11 +723,19 @@ class ContiguousPolicy(Policy):
                 prev_free = block.free
                 end += block.size
                 block = block.next
-            assert end == seg.end, f"segment {seg.offset:#x}: blocks end at {end:#x}, not {seg.end:#x}"
-            assert live == seg.num_live, f"segment {seg.offset:#x}: num_live {seg.num_live} != {live}"
-        assert allocated == self.allocated_bytes, f"allocated_bytes {self.allocated_bytes} != {allocated}"
+            assert end == seg.end, (
+                f"segment {seg.offset:#x}: blocks end at {end:#x}, not {seg.end:#x}"
+            )
+            assert live == seg.num_live, (
+                f"segment {seg.offset:#x}: num_live {seg.num_live} != {live}"
+            )
+        assert allocated == self.allocated_bytes, (
+            f"allocated_bytes {self.allocated_bytes} != {allocated}"
+        )
         assert allocated + free == self.reserved_bytes, "free + allocated != reserved"
-        assert self.largest_free_bytes() == max((b.size for b in self.blocks() if b.free), default=0)
+        assert self.largest_free_bytes() == max(
+            (b.size for b in self.blocks() if b.free), default=0
+        )
 
     def free_extents(self) -> list[tuple[int, int]]:
         return [(b.offset, b.size) for b in self.blocks() if b.free]

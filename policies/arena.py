@@ -49,14 +49,22 @@ class Arena(Policy):
     name = "arena"
     contiguous = True
 
-    def __init__(self, *, arena_bytes: int = _DEFAULT_ARENA_BYTES, alignment_bytes: int = 512,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        arena_bytes: int = _DEFAULT_ARENA_BYTES,
+        alignment_bytes: int = 512,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("arena_bytes", arena_bytes)
         check_positive_int("alignment_bytes", alignment_bytes)
         if alignment_bytes & (alignment_bytes - 1):
             raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
         if arena_bytes % alignment_bytes:
-            raise PolicyError(f"arena_bytes(={arena_bytes}) must be a multiple of alignment_bytes(={alignment_bytes})")
+            raise PolicyError(
+                f"arena_bytes(={arena_bytes}) must be a multiple of alignment_bytes(={alignment_bytes})"
+            )
         self.arena_bytes = arena_bytes
         self.alignment_bytes = alignment_bytes
         super().__init__(capacity_bytes=capacity_bytes, device=device)
@@ -145,9 +153,14 @@ class Arena(Policy):
 
     # ------------------------------------------------------------------ inspection
     def free_extents(self) -> list[tuple[int, int]]:
-        out = [(a.segment.offset + a.top, a.segment.nbytes - a.top) for a in self._current.values()
-               if a.top < a.segment.nbytes]
-        out += [(a.segment.offset, a.segment.nbytes) for arenas in self._cached.values() for a in arenas]
+        out = [
+            (a.segment.offset + a.top, a.segment.nbytes - a.top)
+            for a in self._current.values()
+            if a.top < a.segment.nbytes
+        ]
+        out += [
+            (a.segment.offset, a.segment.nbytes) for arenas in self._cached.values() for a in arenas
+        ]
         return sorted(out)
 
     def largest_free_bytes(self) -> int:

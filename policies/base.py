@@ -54,7 +54,15 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Allocation", "Segment", "PoolStats", "Policy", "frag_ext", "gauges_mismatch", "round_up"]
+__all__ = [
+    "Allocation",
+    "Segment",
+    "PoolStats",
+    "Policy",
+    "frag_ext",
+    "gauges_mismatch",
+    "round_up",
+]
 
 
 class Allocation:
@@ -93,8 +101,16 @@ class Allocation:
     handle: Any
     owner: Any
 
-    def __init__(self, nbytes: int, size_bytes: int, extents: tuple[tuple[int, int], ...], stream: int = 0,
-                 tag: str | None = None, handle: Any = None, owner: Any = None):
+    def __init__(
+        self,
+        nbytes: int,
+        size_bytes: int,
+        extents: tuple[tuple[int, int], ...],
+        stream: int = 0,
+        tag: str | None = None,
+        handle: Any = None,
+        owner: Any = None,
+    ):
         self.nbytes = nbytes
         self.size_bytes = size_bytes
         self._extents = extents
@@ -104,9 +120,11 @@ class Allocation:
         self.owner = owner
 
     def __repr__(self) -> str:
-        return (f"{type(self).__qualname__}(nbytes={self.nbytes!r}, size_bytes={self.size_bytes!r}, "
-                f"extents={self.extents!r}, stream={self.stream!r}, tag={self.tag!r}, handle={self.handle!r}, "
-                f"owner={self.owner!r})")
+        return (
+            f"{type(self).__qualname__}(nbytes={self.nbytes!r}, size_bytes={self.size_bytes!r}, "
+            f"extents={self.extents!r}, stream={self.stream!r}, tag={self.tag!r}, handle={self.handle!r}, "
+            f"owner={self.owner!r})"
+        )
 
     @property
     def extents(self) -> tuple[tuple[int, int], ...]:
@@ -144,7 +162,9 @@ class Segment:
     num_live: int
     handle: Any
 
-    def __init__(self, offset: int, nbytes: int, stream: int = 0, num_live: int = 0, handle: Any = None):
+    def __init__(
+        self, offset: int, nbytes: int, stream: int = 0, num_live: int = 0, handle: Any = None
+    ):
         self.offset = offset
         self.nbytes = nbytes
         self.stream = stream
@@ -152,8 +172,10 @@ class Segment:
         self.handle = handle
 
     def __repr__(self) -> str:
-        return (f"{type(self).__qualname__}(offset={self.offset!r}, nbytes={self.nbytes!r}, stream={self.stream!r}, "
-                f"num_live={self.num_live!r}, handle={self.handle!r})")
+        return (
+            f"{type(self).__qualname__}(offset={self.offset!r}, nbytes={self.nbytes!r}, stream={self.stream!r}, "
+            f"num_live={self.num_live!r}, handle={self.handle!r})"
+        )
 
     @property
     def end(self) -> int:
@@ -174,12 +196,19 @@ def gauges_mismatch(policy: "Policy", stats: "PoolStats") -> str | None:
     overrides ``stats()`` alone would chart numbers its own summary contradicts. The one check,
     for the battery (``check_invariants``) and for every replay's monitor (``sim.replay.metrics``)."""
     gauges = tuple(policy.gauges())
-    levels = (stats.live_bytes, stats.allocated_bytes, stats.reserved_bytes, stats.largest_free_bytes,
-              stats.num_segments)
+    levels = (
+        stats.live_bytes,
+        stats.allocated_bytes,
+        stats.reserved_bytes,
+        stats.largest_free_bytes,
+        stats.num_segments,
+    )
     if gauges == levels:
         return None
-    return (f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() says {levels}: "
-            "a policy that counts these its own way overrides gauges(), which stats() reads")
+    return (
+        f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() says {levels}: "
+        "a policy that counts these its own way overrides gauges(), which stats() reads"
+    )
 
 
 @dataclass(slots=True)
@@ -204,7 +233,9 @@ class PoolStats:
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     capacity_bytes: int | None
-    num_frozen_failures: int = 0  # failures of requests that needed a segment while frozen (``Policy.freeze``)
+    num_frozen_failures: int = (
+        0  # failures of requests that needed a segment while frozen (``Policy.freeze``)
+    )
 
     @property
     def frag_ext(self) -> float:
@@ -229,10 +260,29 @@ class Policy:
     # The state every pool has, in slots: the counters are read and written on every call, and
     # a slot is one pointer away while a subclass's other attributes (in its ``__dict__``, which
     # subclasses keep) would push an instance past CPython's 30 shared dict keys.
-    __slots__ = ("capacity_bytes", "device", "_max_request_bytes", "_segments", "_token", "_frozen",
-                 "live_bytes", "allocated_bytes", "reserved_bytes", "num_allocs", "num_frees", "num_failures",
-                 "num_grows", "num_shrinks", "grown_bytes", "shrunk_bytes", "peak_live_bytes",
-                 "peak_allocated_bytes", "peak_reserved_bytes", "num_frozen_failures", "_frozen_refusal_at")
+    __slots__ = (
+        "capacity_bytes",
+        "device",
+        "_max_request_bytes",
+        "_segments",
+        "_token",
+        "_frozen",
+        "live_bytes",
+        "allocated_bytes",
+        "reserved_bytes",
+        "num_allocs",
+        "num_frees",
+        "num_failures",
+        "num_grows",
+        "num_shrinks",
+        "grown_bytes",
+        "shrunk_bytes",
+        "peak_live_bytes",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "num_frozen_failures",
+        "_frozen_refusal_at",
+    )
 
     capacity_bytes: int | None
     device: Device
@@ -309,8 +359,10 @@ class Policy:
     def __init__(self, *, capacity_bytes: int | None = None, device: Device | None = None):
         abstract = _abstract_methods(type(self))
         if abstract:  # what abc.ABC said, for a class that leaves a hook unimplemented
-            raise TypeError(f"Can't instantiate abstract class {type(self).__name__} with abstract method"
-                            f"{'s' if len(abstract) > 1 else ''} {', '.join(sorted(abstract))}")
+            raise TypeError(
+                f"Can't instantiate abstract class {type(self).__name__} with abstract method"
+                f"{'s' if len(abstract) > 1 else ''} {', '.join(sorted(abstract))}"
+            )
         check_int("capacity_bytes", capacity_bytes, none_ok=True, error=PolicyError)
         self.capacity_bytes = capacity_bytes
         self.device = device if device is not None else VirtualDevice()
@@ -384,8 +436,12 @@ class Policy:
         return f"<{type(self).__name__} {self.spec!r} capacity_bytes={self.capacity_bytes}>"
 
     # ----------------------------------------------------------------- public API
-    @cython.locals(a=Allocation, size=cython.longlong, live=cython.longlong, allocated=cython.longlong)
-    def allocate(self, nbytes: int, *, stream: int = 0, tag: str | None = None) -> Allocation | None:
+    @cython.locals(
+        a=Allocation, size=cython.longlong, live=cython.longlong, allocated=cython.longlong
+    )
+    def allocate(
+        self, nbytes: int, *, stream: int = 0, tag: str | None = None
+    ) -> Allocation | None:
         """Serve a request of ``nbytes`` bytes.
 
         Returns:
@@ -399,7 +455,9 @@ class Policy:
         Raises:
             PolicyError: ``nbytes`` is not a positive integer (nothing changes).
         """
-        if type(nbytes) is not int:  # compiled: one pointer compare (``__class__`` would be a lookup)
+        if (
+            type(nbytes) is not int
+        ):  # compiled: one pointer compare (``__class__`` would be a lookup)
             nbytes = _as_size(nbytes)
         if not 0 < nbytes <= self._max_request_bytes:  # one chained test on the hot path
             if nbytes <= 0:
@@ -408,7 +466,9 @@ class Policy:
             return None
         a = self._allocate(nbytes, stream, tag)
         if a is None:
-            if self._frozen_refusal_at == self.num_allocs + self.num_failures:  # a grow was refused in this call
+            if (
+                self._frozen_refusal_at == self.num_allocs + self.num_failures
+            ):  # a grow was refused in this call
                 self.num_frozen_failures += 1
             self.num_failures += 1
             return None
@@ -434,7 +494,10 @@ class Policy:
                 changes).
         """
         if cython.compiled:  # a C type test: a try block would save and restore the thread's exception state every call
-            live = isinstance(allocation, Allocation) and cython.cast(Allocation, allocation).owner is self._token
+            live = (
+                isinstance(allocation, Allocation)
+                and cython.cast(Allocation, allocation).owner is self._token
+            )
         else:  # interpreted, a try costs nothing until it catches (3.11+), where isinstance is a call
             try:
                 live = allocation.owner is self._token
@@ -481,8 +544,13 @@ class Policy:
         the levels in ``stats()``, without the snapshot around them (a monitor reads them
         thousands of times a replay, where building the ``PoolStats`` cost more than the reads).
         ``stats()`` takes them from here, so a policy that counts differently overrides this."""
-        return (self.live_bytes, self.allocated_bytes, self.reserved_bytes, self.largest_free_bytes(),
-                len(self._segments))
+        return (
+            self.live_bytes,
+            self.allocated_bytes,
+            self.reserved_bytes,
+            self.largest_free_bytes(),
+            len(self._segments),
+        )
 
     def stats(self) -> PoolStats:
         """Current accounting (O(free ranges) at most, for ``largest_free_bytes``)."""
@@ -563,11 +631,15 @@ class Policy:
     # ----------------------------------------------------------------- optional abilities
     def reserve(self, nbytes: int) -> bool:
         """Pre-grow so that at least ``nbytes`` are free (only where ``can_reserve``)."""
-        raise PolicyError(f"policy {self.spec!r} cannot reserve ahead; wrap it, e.g. elastic:base=[{self.spec}]")
+        raise PolicyError(
+            f"policy {self.spec!r} cannot reserve ahead; wrap it, e.g. elastic:base=[{self.spec}]"
+        )
 
     def compact(self, *, force: bool = False) -> Any:
         """Run a compaction pass (only where ``can_compact``); see ``policies.compacting``."""
-        raise PolicyError(f"policy {self.spec!r} cannot compact; wrap it, e.g. compacting:base=[{self.spec}]")
+        raise PolicyError(
+            f"policy {self.spec!r} cannot compact; wrap it, e.g. compacting:base=[{self.spec}]"
+        )
 
     def compaction_stats(self) -> dict[str, Any]:
         """Compaction totals since the last reset (empty for a pool that never compacts)."""
@@ -579,9 +651,13 @@ class Policy:
 
     def num_free_pages(self) -> int:
         """Free pages the pool holds, each one allocation away (only where ``counts_free_pages``)."""
-        raise PolicyError(f"policy {self.spec!r} does not count free pages (counts_free_pages is False)")
+        raise PolicyError(
+            f"policy {self.spec!r} does not count free pages (counts_free_pages is False)"
+        )
 
-    def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()) -> list[Allocation]:
+    def seed_segment(
+        self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()
+    ) -> list[Allocation]:
         """Rebuild a pre-existing segment with its live blocks (only where ``can_seed_segments``)."""
         raise PolicyError(f"policy {self.spec!r} cannot seed segments")
 
@@ -660,9 +736,13 @@ class Policy:
         self.peak_allocated_bytes = 0
         self.peak_reserved_bytes = 0
         self.num_frozen_failures = 0
-        self._frozen_refusal_at = -1  # attempt number (allocs + failures) of the last refusal by freeze
+        self._frozen_refusal_at = (
+            -1
+        )  # attempt number (allocs + failures) of the last refusal by freeze
 
-    def _reserve_segment(self, nbytes: int, stream: int = 0, *, retry: bool = True) -> Segment | None:
+    def _reserve_segment(
+        self, nbytes: int, stream: int = 0, *, retry: bool = True
+    ) -> Segment | None:
         """Reserve ``nbytes`` from the device, within capacity.
 
         When capacity or the device refuses and ``retry`` is set, fully free segments are
@@ -675,7 +755,9 @@ class Policy:
             return None
         if nbytes > self._max_request_bytes:  # rounding took a request past what any device holds
             return None
-        for attempt in range(0 if retry else 1, 2):  # range: Cython mistypes a conditional of tuple literals
+        for attempt in range(
+            0 if retry else 1, 2
+        ):  # range: Cython mistypes a conditional of tuple literals
             if self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes:
                 offset = self.device.reserve(nbytes)
                 if offset is not None:
@@ -694,8 +776,10 @@ class Policy:
     def _free_segments_to_release(self, max_bytes: int | None) -> list[Segment]:
         """Fully free segments, largest first (highest address on ties), until their bytes reach
         ``max_bytes`` (all of them when None): what a policy's ``_release_free_segments`` gives back."""
-        candidates = sorted((s for s in self._segments.values() if s.num_live == 0),
-                            key=lambda s: (-s.nbytes, -s.offset))
+        candidates = sorted(
+            (s for s in self._segments.values() if s.num_live == 0),
+            key=lambda s: (-s.nbytes, -s.offset),
+        )
         chosen: list[Segment] = []
         released_bytes = 0
         for seg in candidates:
@@ -731,7 +815,11 @@ def _abstract_methods(cls: type) -> frozenset[str]:
     abstract = _abstract_by_class.get(cls)
     if abstract is None:
         names = {name for name in _HOOKS if getattr(cls, name) is getattr(Policy, name)}
-        names.update(name for name in dir(cls) if getattr(getattr(cls, name, None), "__isabstractmethod__", False))
+        names.update(
+            name
+            for name in dir(cls)
+            if getattr(getattr(cls, name, None), "__isabstractmethod__", False)
+        )
         abstract = _abstract_by_class[cls] = frozenset(names)
     return abstract
 

@@ -36,14 +36,28 @@ class _BestFitCore(Policy):
     C's, where ``keys[i] < key`` would box ``key`` into a fresh Python int first.
     """
 
-    @cython.locals(block=Block, a=Block, rest=Block, keys=list, blocks=list, i=cython.longlong, j=cython.longlong,
-                   size=cython.longlong, key=cython.longlong, k=cython.longlong, shift=cython.longlong, n=cython.longlong,
-                   m=cython.longlong)
+    @cython.locals(
+        block=Block,
+        a=Block,
+        rest=Block,
+        keys=list,
+        blocks=list,
+        i=cython.longlong,
+        j=cython.longlong,
+        size=cython.longlong,
+        key=cython.longlong,
+        k=cython.longlong,
+        shift=cython.longlong,
+        n=cython.longlong,
+        m=cython.longlong,
+    )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         if not _COMPILED:
             size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
-        elif mask is not None and nbytes <= self._rounded_request_limit:  # compared as objects: no overflow
+        elif (
+            mask is not None and nbytes <= self._rounded_request_limit
+        ):  # compared as objects: no overflow
             n = nbytes
             m = mask
             size = (n + m) & ~m  # in C: the limit leaves room for the mask and the key
@@ -62,7 +76,9 @@ class _BestFitCore(Policy):
         rest = a.next
         if rest is not None and rest.free:  # a split: the rest goes back into the index
             key = rest.size << shift | rest.offset
-            if i == 0 or keys[i - 1] < key:  # the rest keeps the block's place in the order: no shift
+            if (
+                i == 0 or keys[i - 1] < key
+            ):  # the rest keeps the block's place in the order: no shift
                 keys[i] = key
                 blocks[i] = rest
             else:
@@ -95,14 +111,31 @@ class _BestFitCore(Policy):
         self._hot_stream = stream
         return keys
 
-    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, survivor=Block, seg=Segment, keys=list,
-                   blocks=list, size=cython.longlong, i=cython.longlong, j=cython.longlong, key=cython.longlong,
-                   shift=cython.longlong, offset=cython.longlong, k=cython.longlong, alloc=Allocation)
+    @cython.locals(
+        block=Block,
+        nxt=Block,
+        prev=Block,
+        after=Block,
+        survivor=Block,
+        seg=Segment,
+        keys=list,
+        blocks=list,
+        size=cython.longlong,
+        i=cython.longlong,
+        j=cython.longlong,
+        key=cython.longlong,
+        shift=cython.longlong,
+        offset=cython.longlong,
+        k=cython.longlong,
+        alloc=Allocation,
+    )
     def _free(self, allocation: Allocation) -> None:
         alloc = allocation  # compiled: typed, so its fields are read as C fields
         block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
-        if _COMPILED and block.segment.nbytes > self._key_size_limit:  # keys past 63 bits: Python ints
+        if (
+            _COMPILED and block.segment.nbytes > self._key_size_limit
+        ):  # keys past 63 bits: Python ints
             return ContiguousPolicy._free(self, allocation)
         assert not block.free and size == alloc.size_bytes
         block.handle = None
@@ -114,7 +147,9 @@ class _BestFitCore(Policy):
         shift = self._key_shift
         nxt = block.next
         prev = block.prev
-        survivor = block  # the block that stays for the merged range, if ``prev`` does not absorb it
+        survivor = (
+            block  # the block that stays for the merged range, if ``prev`` does not absorb it
+        )
         j = -1  # where ``nxt``'s key was, once merged (its place is reused below)
         if nxt is not None and nxt.free:  # merge with the free block above
             key = nxt.size << shift | nxt.offset
@@ -131,7 +166,9 @@ class _BestFitCore(Policy):
                 if after is not None:
                     after.prev = block
                 nxt.prev = nxt.next = None
-        if prev is not None and prev.free:  # merge into the free block below, re-keyed by its new size
+        if (
+            prev is not None and prev.free
+        ):  # merge into the free block below, re-keyed by its new size
             if j >= 0:
                 del keys[j], blocks[j]
             offset = prev.offset
@@ -142,7 +179,9 @@ class _BestFitCore(Policy):
             size += prev.size
             prev.size = size
             key = size << shift | offset
-            if i + 1 == len(keys) or (k := keys[i + 1]) > key:  # it grew but keeps its place in the order
+            if (
+                i + 1 == len(keys) or (k := keys[i + 1]) > key
+            ):  # it grew but keeps its place in the order
                 keys[i] = key
             else:
                 del keys[i], blocks[i]
@@ -160,7 +199,9 @@ class _BestFitCore(Policy):
                 j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, survivor)
-            elif j + 1 == len(keys) or (k := keys[j + 1]) > key:  # it takes the absorbed block's place in the order
+            elif (
+                j + 1 == len(keys) or (k := keys[j + 1]) > key
+            ):  # it takes the absorbed block's place in the order
                 keys[j] = key
                 blocks[j] = survivor
             else:
@@ -197,7 +238,9 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
     # gives a subclass that brings another index the generic path)
-    _allocate = vars(_BestFitCore)["_allocate"]  # vars(): compiled, the method itself, not its C function
+    _allocate = vars(_BestFitCore)[
+        "_allocate"
+    ]  # vars(): compiled, the method itself, not its C function
     _free = vars(_BestFitCore)["_free"]
 
     def _key(self, size: int, offset: int) -> int:
@@ -206,14 +249,18 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     def _index_reset(self) -> None:
         self._keys_by_stream: dict[int, list[int]] = {}
-        self._blocks_by_stream: dict[int, list[Block]] = {}  # per stream, the block of each key, same order
+        self._blocks_by_stream: dict[
+            int, list[Block]
+        ] = {}  # per stream, the block of each key, same order
         # the lists of the stream the hot paths used last, beside the dicts: one identity test
         # instead of two dict lookups a call (a trace's requests are nearly all on one stream)
         self._hot_stream: object = NO_STREAM
         self._hot_keys: list[int] | None = None
         self._hot_blocks: list[Block] | None = None
         self._unit_bits = self.alignment_bytes.bit_length() - 1  # every block size is a multiple
-        self._max_segment_bytes = 0  # no block is larger than the largest segment the keys were fit to
+        self._max_segment_bytes = (
+            0  # no block is larger than the largest segment the keys were fit to
+        )
         self._set_offset_bits(self._unit_bits)
 
     def _set_offset_bits(self, offset_bits: int) -> None:
@@ -228,7 +275,9 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         # the largest request whose rounding (``nbytes + mask``) and key both fit, or -1: the
         # compiled hot path compares the request with it before it reads it as a C integer
         mask = self._round_mask
-        self._rounded_request_limit = limit - mask if mask is not None and 0 <= mask <= limit else -1
+        self._rounded_request_limit = (
+            limit - mask if mask is not None and 0 <= mask <= limit else -1
+        )
 
     def _fit_keys(self, segment: Segment) -> None:
         """Widen the keys' offset field to hold ``segment`` (re-keying the index: rare, as the
@@ -249,7 +298,9 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     def _index_add(self, block: Block) -> None:
         seg = block.segment
         if seg.offset + seg.nbytes > self._keys_end or seg.nbytes > self._max_segment_bytes:
-            self._fit_keys(seg)  # its own test, inlined: most adds are of fitted segments (a call each costs)
+            self._fit_keys(
+                seg
+            )  # its own test, inlined: most adds are of fitted segments (a call each costs)
         stream = seg.stream
         keys = self._keys_by_stream.get(stream)
         if keys is None:
@@ -297,20 +348,40 @@ class BestFit(_BestFitCore, ContiguousPolicy):
 
     def check_invariants(self) -> None:
         super().check_invariants()
-        free_blocks = sorted((b for b in self.blocks() if b.free), key=lambda b: self._key(b.size, b.offset))
+        free_blocks = sorted(
+            (b for b in self.blocks() if b.free), key=lambda b: self._key(b.size, b.offset)
+        )
         expected: dict[int, list[Block]] = {}
         for b in free_blocks:
             expected.setdefault(b.segment.stream, []).append(b)
-        assert self._keys_by_stream.keys() == self._blocks_by_stream.keys(), "keys and blocks index other streams"
-        if self._hot_keys is not None:  # (not ``_hot_stream``: a copy of the pool has a copy of the sentinel)
-            assert (self._hot_keys is self._keys_by_stream.get(self._hot_stream)
-                    and self._hot_blocks is self._blocks_by_stream[self._hot_stream]), "the hot lists are another stream's"
-        assert expected.keys() <= self._keys_by_stream.keys(), "a stream's free blocks are not indexed"
+        assert self._keys_by_stream.keys() == self._blocks_by_stream.keys(), (
+            "keys and blocks index other streams"
+        )
+        if (
+            self._hot_keys is not None
+        ):  # (not ``_hot_stream``: a copy of the pool has a copy of the sentinel)
+            assert (
+                self._hot_keys is self._keys_by_stream.get(self._hot_stream)
+                and self._hot_blocks is self._blocks_by_stream[self._hot_stream]
+            ), "the hot lists are another stream's"
+        assert expected.keys() <= self._keys_by_stream.keys(), (
+            "a stream's free blocks are not indexed"
+        )
         for stream, keys in self._keys_by_stream.items():
             blocks = expected.get(stream, [])
-            assert self._blocks_by_stream[stream] == blocks, f"stream {stream}: blocks differ from the free blocks"
-            assert keys == [self._key(b.size, b.offset) for b in blocks], f"stream {stream}: keys differ from the blocks"
+            assert self._blocks_by_stream[stream] == blocks, (
+                f"stream {stream}: blocks differ from the free blocks"
+            )
+            assert keys == [self._key(b.size, b.offset) for b in blocks], (
+                f"stream {stream}: keys differ from the blocks"
+            )
 
     def _index_largest_bytes(self) -> int:
-        return max(((keys[-1] >> self._offset_bits) << self._unit_bits for keys in self._keys_by_stream.values() if keys),
-                   default=0)
+        return max(
+            (
+                (keys[-1] >> self._offset_bits) << self._unit_bits
+                for keys in self._keys_by_stream.values()
+                if keys
+            ),
+            default=0,
+        )

@@ -49,14 +49,22 @@ class Buddy(Policy):
     contiguous = True
     coalesces = False  # free neighbours that are not buddies stay apart
 
-    def __init__(self, *, segment_bytes: int = _DEFAULT_SEGMENT_BYTES, min_block_bytes: int = 512,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
+        min_block_bytes: int = 512,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         for name, value in (("segment_bytes", segment_bytes), ("min_block_bytes", min_block_bytes)):
             check_positive_int(name, value)
             if value & (value - 1):
                 raise PolicyError(f"{name}(={value}) must be a power of two")
         if min_block_bytes > segment_bytes:
-            raise PolicyError(f"min_block_bytes(={min_block_bytes}) must be <= segment_bytes(={segment_bytes})")
+            raise PolicyError(
+                f"min_block_bytes(={min_block_bytes}) must be <= segment_bytes(={segment_bytes})"
+            )
         self.segment_bytes = segment_bytes
         self.min_block_bytes = min_block_bytes
         super().__init__(capacity_bytes=capacity_bytes, device=device)
@@ -120,7 +128,9 @@ class Buddy(Policy):
 
     def _free(self, allocation: Allocation) -> None:
         seg, order = allocation.handle
-        offset = allocation._extents[0][0]  # its own plain allocation: the stored slot, no property call
+        offset = allocation._extents[0][
+            0
+        ]  # its own plain allocation: the stored slot, no property call
         seg.num_live -= 1
         self.allocated_bytes -= 1 << order
         top, base = seg.handle, seg.offset
@@ -143,7 +153,9 @@ class Buddy(Policy):
         for seg in [s for s in self._segments.values() if s.num_live == 0]:
             if max_bytes is not None and released >= max_bytes:
                 break
-            assert self._free_order.get(seg.offset) == seg.handle, "an empty segment is not one free block"
+            assert self._free_order.get(seg.offset) == seg.handle, (
+                "an empty segment is not one free block"
+            )
             self._unlink(seg.offset, seg.handle, seg.stream)
             self._release_segment(seg)
             released += seg.nbytes
@@ -154,4 +166,6 @@ class Buddy(Policy):
         return sorted((offset, 1 << order) for offset, order in self._free_order.items())
 
     def largest_free_bytes(self) -> int:
-        return max((1 << (mask.bit_length() - 1) for mask in self._masks.values() if mask), default=0)
+        return max(
+            (1 << (mask.bit_length() - 1) for mask in self._masks.values() if mask), default=0
+        )

@@ -79,10 +79,16 @@ class Compaction:
 class _Plan:
     """What a pass will do: ``moves`` in a safe copy order; the new chain of each changed segment."""
 
-    moves: list[tuple[Block, Segment, int]] = field(default_factory=list)  # (block, to segment, new offset)
-    layouts: dict[Segment, list[Block]] = field(default_factory=dict)  # live blocks, new address order
+    moves: list[tuple[Block, Segment, int]] = field(
+        default_factory=list
+    )  # (block, to segment, new offset)
+    layouts: dict[Segment, list[Block]] = field(
+        default_factory=dict
+    )  # live blocks, new address order
     evacuated: list[Segment] = field(default_factory=list)
-    tail_bytes: dict[Segment, int] = field(default_factory=dict)  # free bytes at each live segment's end
+    tail_bytes: dict[Segment, int] = field(
+        default_factory=dict
+    )  # free bytes at each live segment's end
 
 
 def _check_fraction(name: str, value: Any) -> None:
@@ -116,9 +122,17 @@ class Compacting(WrapperPolicy):
     moves_allocations = True
     can_compact = True
 
-    def __init__(self, *, base: str = "best-fit", threshold: float = 0.5, idle_only: bool = False,
-                 check_every: int = 64, min_free_bytes: int = 16 << 20, capacity_bytes: int | None = None,
-                 device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        base: str = "best-fit",
+        threshold: float = 0.5,
+        idle_only: bool = False,
+        check_every: int = 64,
+        min_free_bytes: int = 16 << 20,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         _check_fraction("threshold", threshold)
         check_flag("idle_only", idle_only, error=PolicyError)
         check_positive_int("check_every", check_every, minimum=0)
@@ -139,7 +153,8 @@ class Compacting(WrapperPolicy):
             raise PolicyError(
                 f"compacting base must be a block policy (first-fit, best-fit, worst-fit, ...), not "
                 f"{base_policy.name!r}: compaction rewrites the base's blocks. Wrap compacting instead, "
-                f"e.g. elastic:base=[compacting:base=[best-fit]]")
+                f"e.g. elastic:base=[compacting:base=[best-fit]]"
+            )
 
     # ----------------------------------------------------------------- public
     def compact(self, *, force: bool = False) -> Compaction | None:
@@ -162,8 +177,12 @@ class Compacting(WrapperPolicy):
         """Totals since the last reset."""
         # kept as the passes run (``_count_pass``): a replay reads these at every monitor sample,
         # and summing the rows each time cost O(passes) a read (a quarter of a long replay)
-        return {"num_compactions": len(self.compactions), **self._pass_totals, "num_rescues": self.num_rescues,
-                **self._trigger_counts}
+        return {
+            "num_compactions": len(self.compactions),
+            **self._pass_totals,
+            "num_rescues": self.num_rescues,
+            **self._trigger_counts,
+        }
 
     def _count_pass(self, rec: Compaction) -> None:
         totals = self._pass_totals
@@ -201,8 +220,9 @@ class Compacting(WrapperPolicy):
         self._by_block: dict[Block, Allocation] = {}
         self._frees_to_check = self.check_every
         self.compactions: list[Compaction] = []
-        self._pass_totals = dict.fromkeys(("num_moves", "moved_bytes", "released_bytes", "num_released_segments",
-                                           "time_ns"), 0)
+        self._pass_totals = dict.fromkeys(
+            ("num_moves", "moved_bytes", "released_bytes", "num_released_segments", "time_ns"), 0
+        )
         self._trigger_counts = {f"num_{t}_compactions": 0 for t in TRIGGERS}
         self.num_rescues = 0
         self.pending_ns = 0
@@ -212,7 +232,11 @@ class Compacting(WrapperPolicy):
     def _fragmented(self) -> bool:
         b = self.base_policy
         free = b.reserved_bytes - b.allocated_bytes
-        return free > 0 and free >= self.min_free_bytes and 1 - b.largest_free_bytes() / free > self.threshold
+        return (
+            free > 0
+            and free >= self.min_free_bytes
+            and 1 - b.largest_free_bytes() / free > self.threshold
+        )
 
     def _rescue(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         """Compact for a failed request and retry it, when the plan says it will then fit."""
@@ -257,14 +281,19 @@ class Compacting(WrapperPolicy):
         size = b.rounded_size(nbytes)
         fully_free = [s for s in b.segments() if s.num_live == 0]
         if any(t >= size for t in plan.tail_bytes.values()) or any(
-                s.nbytes >= size and s.stream == stream for s in fully_free):
+            s.nbytes >= size and s.stream == stream for s in fully_free
+        ):
             return True
         if not plan.evacuated or b.frozen:
             return False
         if b.capacity_bytes is None:
             return True  # the device refused: released segments may let it accept
         # the base's retry releases fully free segments too before it asks for a new one
-        held = b.reserved_bytes - sum(s.nbytes for s in plan.evacuated) - sum(s.nbytes for s in fully_free)
+        held = (
+            b.reserved_bytes
+            - sum(s.nbytes for s in plan.evacuated)
+            - sum(s.nbytes for s in fully_free)
+        )
         return held + b._segment_size_for(size) <= b.capacity_bytes
 
     # ----------------------------------------------------------------- planning
@@ -353,9 +382,15 @@ class Compacting(WrapperPolicy):
             trigger=trigger,
             frag_before=1 - largest_before / free if free else 0.0,
             frag_after=1 - largest_after / free_after if free_after else 0.0,
-            largest_free_before_bytes=largest_before, largest_free_after_bytes=largest_after,
-            free_before_bytes=free, num_moves=len(moved), moved_bytes=sum(n for *_, n in moved),
-            num_released_segments=len(released), released_bytes=sum(released), time_ns=time_ns)
+            largest_free_before_bytes=largest_before,
+            largest_free_after_bytes=largest_after,
+            free_before_bytes=free,
+            num_moves=len(moved),
+            moved_bytes=sum(n for *_, n in moved),
+            num_released_segments=len(released),
+            released_bytes=sum(released),
+            time_ns=time_ns,
+        )
         self.compactions.append(rec)
         self._count_pass(rec)
         self._sync()

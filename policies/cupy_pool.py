@@ -51,8 +51,13 @@ class CupyPool(BestFit):
     name = "cupy-pool"
 
     def __init__(self, *, capacity_bytes: int | None = None, device: Device | None = None):
-        super().__init__(segment_bytes=ALLOCATION_UNIT_BYTES, alignment_bytes=ALLOCATION_UNIT_BYTES,
-                         split_threshold_bytes=None, capacity_bytes=capacity_bytes, device=device)
+        super().__init__(
+            segment_bytes=ALLOCATION_UNIT_BYTES,
+            alignment_bytes=ALLOCATION_UNIT_BYTES,
+            split_threshold_bytes=None,
+            capacity_bytes=capacity_bytes,
+            device=device,
+        )
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -62,10 +67,16 @@ class CupyPool(BestFit):
     def param_defaults(cls) -> dict[str, Any]:
         return {"capacity_bytes": None}
 
-    def _reserve_segment(self, nbytes: int, stream: int = 0, *, retry: bool = True) -> Segment | None:
+    def _reserve_segment(
+        self, nbytes: int, stream: int = 0, *, retry: bool = True
+    ) -> Segment | None:
         """``_try_malloc``: past the limit, out of memory without freeing anything; the base's
         release-and-retry runs only when the device refuses."""
-        if not self._frozen and self.capacity_bytes is not None and self.reserved_bytes + nbytes > self.capacity_bytes:
+        if (
+            not self._frozen
+            and self.capacity_bytes is not None
+            and self.reserved_bytes + nbytes > self.capacity_bytes
+        ):
             return None
         return super()._reserve_segment(nbytes, stream, retry=retry)
 

@@ -37,8 +37,18 @@ from typing import Protocol, runtime_checkable
 from policies.device_kind import DeviceKind
 from policies.units import round_up
 
-__all__ = ["Device", "VirtualDevice", "DriverClock", "UnmodelledDriver", "DeviceInFront", "SEGMENT_ALIGNMENT_BYTES",
-           "MAX_DEVICE_BYTES", "VMM_STAT_KEYS", "vmm_stats", "NO_DRIVER_TIME"]
+__all__ = [
+    "Device",
+    "VirtualDevice",
+    "DriverClock",
+    "UnmodelledDriver",
+    "DeviceInFront",
+    "SEGMENT_ALIGNMENT_BYTES",
+    "MAX_DEVICE_BYTES",
+    "VMM_STAT_KEYS",
+    "vmm_stats",
+    "NO_DRIVER_TIME",
+]
 
 #: Segments start on 2 MiB boundaries, the granularity CUDA's driver maps memory in.
 SEGMENT_ALIGNMENT_BYTES = 2 << 20
@@ -51,18 +61,38 @@ MAX_DEVICE_BYTES = 4 << 40
 
 #: The device columns of the report: ``cuMemMap``/``cuMemUnmap`` calls, bytes mapped in total,
 #: the peak of reserved virtual address space, and modelled or measured driver time per VMM call.
-VMM_STAT_KEYS = ("n_map", "n_unmap", "mapped_bytes", "peak_virtual_bytes", "driver_ns_address_reserve",
-                 "driver_ns_create", "driver_ns_map", "driver_ns_set_access", "driver_ns_unmap",
-                 "driver_ns_release", "driver_ns_address_free")
+VMM_STAT_KEYS = (
+    "n_map",
+    "n_unmap",
+    "mapped_bytes",
+    "peak_virtual_bytes",
+    "driver_ns_address_reserve",
+    "driver_ns_create",
+    "driver_ns_map",
+    "driver_ns_set_access",
+    "driver_ns_unmap",
+    "driver_ns_release",
+    "driver_ns_address_free",
+)
 
 
-def vmm_stats(*, num_maps: int = 0, num_unmaps: int = 0, mapped_bytes: int = 0, peak_virtual_bytes: int = 0,
-              call_ns: dict[str, int] | None = None) -> dict[str, int]:
+def vmm_stats(
+    *,
+    num_maps: int = 0,
+    num_unmaps: int = 0,
+    mapped_bytes: int = 0,
+    peak_virtual_bytes: int = 0,
+    call_ns: dict[str, int] | None = None,
+) -> dict[str, int]:
     """``call_stats()``'s dict, every ``VMM_STAT_KEYS`` key present (zeros by default)."""
-    out = {"n_map": num_maps, "n_unmap": num_unmaps, "mapped_bytes": mapped_bytes,
-           "peak_virtual_bytes": peak_virtual_bytes}
+    out = {
+        "n_map": num_maps,
+        "n_unmap": num_unmaps,
+        "mapped_bytes": mapped_bytes,
+        "peak_virtual_bytes": peak_virtual_bytes,
+    }
     for key in VMM_STAT_KEYS[4:]:
-        out[key] = (call_ns or {}).get(key[len("driver_ns_"):], 0)
+        out[key] = (call_ns or {}).get(key[len("driver_ns_") :], 0)
     return out
 
 
@@ -139,7 +169,9 @@ class DeviceInFront:
 
     @property
     def driver_clock(self) -> "DriverClock | None":
-        return getattr(self.inner, "driver_clock", None)  # a third-party device may predate the declaration
+        return getattr(
+            self.inner, "driver_clock", None
+        )  # a third-party device may predate the declaration
 
     @property
     def device_kind(self) -> DeviceKind:

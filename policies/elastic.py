@@ -70,9 +70,18 @@ class Elastic(WrapperPolicy):
     name = "elastic"
     can_reserve = True
 
-    def __init__(self, *, base: str = "best-fit", high: float = 0.85, low: float = 0.30, patience: int = 16,
-                 grow_bytes: int = 32 << 20, min_reserved_bytes: int = 0,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        base: str = "best-fit",
+        high: float = 0.85,
+        low: float = 0.30,
+        patience: int = 16,
+        grow_bytes: int = 32 << 20,
+        min_reserved_bytes: int = 0,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         _check_fraction("high", high)
         _check_fraction("low", low)
         if not low < high:
@@ -80,8 +89,14 @@ class Elastic(WrapperPolicy):
         check_positive_int("patience", patience)
         check_positive_int("grow_bytes", grow_bytes)
         check_positive_int("min_reserved_bytes", min_reserved_bytes, minimum=0)
-        if capacity_bytes is not None and isinstance(capacity_bytes, int) and min_reserved_bytes > capacity_bytes:
-            raise PolicyError(f"min_reserved_bytes(={min_reserved_bytes}) exceeds capacity_bytes(={capacity_bytes})")
+        if (
+            capacity_bytes is not None
+            and isinstance(capacity_bytes, int)
+            and min_reserved_bytes > capacity_bytes
+        ):
+            raise PolicyError(
+                f"min_reserved_bytes(={min_reserved_bytes}) exceeds capacity_bytes(={capacity_bytes})"
+            )
         self.high = high
         self.low = low
         self.patience = patience
@@ -200,12 +215,18 @@ class Elastic(WrapperPolicy):
         b = self.base_policy
         self._free_inner(allocation)
         allocated, reserved = b.allocated_bytes, b.reserved_bytes
-        if allocated < self.low * reserved and reserved > self.min_reserved_bytes and not self._frozen:
+        if (
+            allocated < self.low * reserved
+            and reserved > self.min_reserved_bytes
+            and not self._frozen
+        ):
             self._num_low_frees += 1
             if self._num_low_frees >= self.patience:
                 self._num_low_frees = 0
                 # keep enough for use to sit mid-band, so the next allocations do not re-grow
-                self._trim_to(max(self.min_reserved_bytes, math.ceil(allocated * 2 / (self.low + self.high))))
+                self._trim_to(
+                    max(self.min_reserved_bytes, math.ceil(allocated * 2 / (self.low + self.high)))
+                )
         else:
             self._num_low_frees = 0
         if b.reserved_bytes != self.reserved_bytes or b.num_shrinks != self.num_shrinks:

@@ -142,4 +142,6 @@ def make_queue(order: str) -> EvictableQueue:
     try:
         return _QUEUES[order]()
     except (KeyError, TypeError):
-        raise ValueError(f"unknown eviction order {order!r}; choose one of {', '.join(EVICTION_ORDERS)}") from None
+        raise ValueError(
+            f"unknown eviction order {order!r}; choose one of {', '.join(EVICTION_ORDERS)}"
+        ) from None

@@ -25,16 +25,30 @@ class Expandable(TorchCaching):
     name = "expandable"
     device_kind = DeviceKind.PAGE_MAPPED
 
-    def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
-                 roundup_power2_divisions: int | str = 0, garbage_collection_threshold: float = 0.0,
-                 expandable_segments: bool = True, capacity_bytes: int | None = None, device=None):
+    def __init__(
+        self,
+        *,
+        max_split_size_bytes: int | None = None,
+        max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
+        roundup_power2_divisions: int | str = 0,
+        garbage_collection_threshold: float = 0.0,
+        expandable_segments: bool = True,
+        capacity_bytes: int | None = None,
+        device=None,
+    ):
         if expandable_segments is not True:
-            raise PolicyError("expandable: expandable_segments is always true here (use torch-caching for false)")
-        super().__init__(max_split_size_bytes=max_split_size_bytes,
-                         max_non_split_rounding_bytes=max_non_split_rounding_bytes,
-                         roundup_power2_divisions=roundup_power2_divisions,
-                         garbage_collection_threshold=garbage_collection_threshold, expandable_segments=True,
-                         capacity_bytes=capacity_bytes, device=device)
+            raise PolicyError(
+                "expandable: expandable_segments is always true here (use torch-caching for false)"
+            )
+        super().__init__(
+            max_split_size_bytes=max_split_size_bytes,
+            max_non_split_rounding_bytes=max_non_split_rounding_bytes,
+            roundup_power2_divisions=roundup_power2_divisions,
+            garbage_collection_threshold=garbage_collection_threshold,
+            expandable_segments=True,
+            capacity_bytes=capacity_bytes,
+            device=device,
+        )
 
     @classmethod
     def device_kind_for(cls, params: dict[str, Any]) -> DeviceKind:

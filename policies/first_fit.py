@@ -65,17 +65,20 @@ class _ChunkedFreeList:
     def __init__(self, offsets: list[int], sizes: list[int], blocks: list[Block]) -> None:
         k = CHUNK_ENTRIES
         starts = range(0, len(offsets), k)
-        self.offsets = [offsets[j:j + k] for j in starts]
-        self.sizes = [sizes[j:j + k] for j in starts]
-        self.blocks = [blocks[j:j + k] for j in starts]
+        self.offsets = [offsets[j : j + k] for j in starts]
+        self.sizes = [sizes[j : j + k] for j in starts]
+        self.blocks = [blocks[j : j + k] for j in starts]
         self.firsts = [c[0] for c in self.offsets]
         self.bounds = [max(c) for c in self.sizes]
         self.num_entries = len(offsets)
 
     def flat(self) -> tuple[list[int], list[int], list[Block]]:
         """The entries as the flat parallel lists, in address order."""
-        return ([o for c in self.offsets for o in c], [s for c in self.sizes for s in c],
-                [b for c in self.blocks for b in c])
+        return (
+            [o for c in self.offsets for o in c],
+            [s for c in self.sizes for s in c],
+            [b for c in self.blocks for b in c],
+        )
 
     def find(self, size: int) -> tuple[Block, int, int] | None:
         """The lowest-address block that holds ``size``, with its chunk and place in it; or None."""
@@ -184,7 +187,9 @@ class _FirstFitCore(Policy):
     ``FirstFit`` stays a Python class over it and ``ContiguousPolicy`` (see ``best_fit._BestFitCore``).
     """
 
-    @cython.locals(block=Block, a=Block, rest=Block, offsets=list, sizes=list, blocks=list, i=cython.longlong)
+    @cython.locals(
+        block=Block, a=Block, rest=Block, offsets=list, sizes=list, blocks=list, i=cython.longlong
+    )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         mask = self._round_mask
         size = (nbytes + mask) & ~mask if mask is not None else self.rounded_size(nbytes)
@@ -195,11 +200,15 @@ class _FirstFitCore(Policy):
             if _COMPILED:
                 i = _first_at_least(sizes, size)
             else:
-                fit = next(filter(size.__le__, sizes), 0)  # the first size that holds it, found in C
+                fit = next(
+                    filter(size.__le__, sizes), 0
+                )  # the first size that holds it, found in C
                 if fit:
                     i = sizes.index(fit)  # no size before it equals it: they are all smaller
         elif stream in self._chunked_by_stream:  # a long free list
-            return self._allocate_chunked(self._chunked_by_stream[stream], size, nbytes, stream, tag)
+            return self._allocate_chunked(
+                self._chunked_by_stream[stream], size, nbytes, stream, tag
+            )
         if i >= 0:
             block = blocks[i]
         else:
@@ -210,7 +219,9 @@ class _FirstFitCore(Policy):
             i = -1
         a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
         rest = a.next
-        if rest is not None and rest.free:  # a split: the rest keeps the block's place in address order
+        if (
+            rest is not None and rest.free
+        ):  # a split: the rest keeps the block's place in address order
             if i < 0:  # a miss: the block came from outside the index
                 i = bisect_ints(offsets, rest.offset)
                 offsets.insert(i, rest.offset)
@@ -223,7 +234,9 @@ class _FirstFitCore(Policy):
         elif i >= 0:
             del offsets[i], sizes[i], blocks[i]
         self.allocated_bytes += a.size
-        if i >= CHUNKED_FROM_ENTRIES:  # this search scanned that many free blocks: bound the next ones
+        if (
+            i >= CHUNKED_FROM_ENTRIES
+        ):  # this search scanned that many free blocks: bound the next ones
             self._chunk(stream)
         return a
 
@@ -237,10 +250,23 @@ class _FirstFitCore(Policy):
             self._hot_lists = lists
         return lists
 
-    @cython.locals(block=Block, nxt=Block, prev=Block, after=Block, seg=Segment, offsets=list, sizes=list,
-                   blocks=list, size=cython.longlong, i=cython.longlong, offset=cython.longlong)
+    @cython.locals(
+        block=Block,
+        nxt=Block,
+        prev=Block,
+        after=Block,
+        seg=Segment,
+        offsets=list,
+        sizes=list,
+        blocks=list,
+        size=cython.longlong,
+        i=cython.longlong,
+        offset=cython.longlong,
+    )
     def _free(self, allocation: Allocation) -> None:
-        block: Block = allocation.handle  # a block is its own handle; a subclass's allocation wraps one
+        block: Block = (
+            allocation.handle
+        )  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
         assert not block.free and size == allocation.size_bytes
         seg = block.segment
@@ -253,7 +279,9 @@ class _FirstFitCore(Policy):
         seg.num_live -= 1
         nxt = block.next
         prev = block.prev
-        if nxt is not None and nxt.free:  # absorb the free block above: its entry is the merged block's
+        if (
+            nxt is not None and nxt.free
+        ):  # absorb the free block above: its entry is the merged block's
             i = bisect_ints(offsets, nxt.offset)
             assert blocks[i] is nxt, "merging a block that is not indexed"
             size += nxt.size
@@ -323,7 +351,9 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
 
     # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
     # gives a subclass that brings another index the generic path)
-    _allocate = vars(_FirstFitCore)["_allocate"]  # vars(): compiled, the method itself, not its C function
+    _allocate = vars(_FirstFitCore)[
+        "_allocate"
+    ]  # vars(): compiled, the method itself, not its C function
     _free = vars(_FirstFitCore)["_free"]
 
     def _index_reset(self) -> None:
@@ -394,8 +424,9 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
         fit = next(filter(size.__le__, sizes), 0)
         return lists[2][sizes.index(fit)] if fit else None
 
-    def _allocate_chunked(self, chunked: _ChunkedFreeList, size: int, nbytes: int, stream: int,
-                          tag: str | None) -> Allocation | None:
+    def _allocate_chunked(
+        self, chunked: _ChunkedFreeList, size: int, nbytes: int, stream: int, tag: str | None
+    ) -> Allocation | None:
         """``_allocate`` on a chunked stream: the split's rest keeps the taken block's entry."""
         found = chunked.find(size)
         if found is None:  # a miss may release free segments and so turn the stream flat: the hooks
@@ -416,17 +447,28 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
     def check_invariants(self) -> None:
         super().check_invariants()
         indexes = dict(self._free_by_stream)
-        if self._hot_lists is not None:  # (not ``_hot_stream``: a copy of the pool has a copy of the sentinel)
-            assert indexes.get(self._hot_stream) is self._hot_lists, "the hot lists are not the hot stream's"
+        if (
+            self._hot_lists is not None
+        ):  # (not ``_hot_stream``: a copy of the pool has a copy of the sentinel)
+            assert indexes.get(self._hot_stream) is self._hot_lists, (
+                "the hot lists are not the hot stream's"
+            )
         for stream, chunked in self._chunked_by_stream.items():
             assert stream not in indexes, f"stream {stream}: indexed flat and chunked"
             indexes[stream] = chunked.flat()
-            assert chunked.num_entries == len(indexes[stream][0]) and all(chunked.offsets), \
+            assert chunked.num_entries == len(indexes[stream][0]) and all(chunked.offsets), (
                 f"stream {stream}: chunk counts"
-            assert chunked.firsts == [c[0] for c in chunked.offsets], f"stream {stream}: chunk first offsets"
-            assert all(map(int.__ge__, chunked.bounds, map(max, chunked.sizes))), f"stream {stream}: chunk bounds"
+            )
+            assert chunked.firsts == [c[0] for c in chunked.offsets], (
+                f"stream {stream}: chunk first offsets"
+            )
+            assert all(map(int.__ge__, chunked.bounds, map(max, chunked.sizes))), (
+                f"stream {stream}: chunk bounds"
+            )
             assert len(chunked.bounds) == len(chunked.offsets), f"stream {stream}: chunk bounds"
-            assert max(map(len, chunked.offsets), default=0) <= 2 * CHUNK_ENTRIES, f"stream {stream}: a chunk too long"
+            assert max(map(len, chunked.offsets), default=0) <= 2 * CHUNK_ENTRIES, (
+                f"stream {stream}: a chunk too long"
+            )
         for stream, (offsets, sizes, blocks) in indexes.items():
             expected = [b for b in self.blocks() if b.free and b.segment.stream == stream]
             assert blocks == expected, f"stream {stream}: the index and the free blocks differ"

@@ -38,7 +38,13 @@ from typing import Protocol
 
 from sortedcontainers import SortedDict
 
-from policies.device import MAX_DEVICE_BYTES, SEGMENT_ALIGNMENT_BYTES, Device, DriverClock, vmm_stats
+from policies.device import (
+    MAX_DEVICE_BYTES,
+    SEGMENT_ALIGNMENT_BYTES,
+    Device,
+    DriverClock,
+    vmm_stats,
+)
 from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from traces.knobs import check_int
@@ -77,9 +83,15 @@ class PageMappedDevice:
 
     device_kind = DeviceKind.PAGE_MAPPED
 
-    def __init__(self, *, granularity_bytes: int = SEGMENT_ALIGNMENT_BYTES, limit_bytes: int | None = None,
-                 costs: VmmCosts | None = None, virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
-                 physical: Device | None = None):
+    def __init__(
+        self,
+        *,
+        granularity_bytes: int = SEGMENT_ALIGNMENT_BYTES,
+        limit_bytes: int | None = None,
+        costs: VmmCosts | None = None,
+        virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
+        physical: Device | None = None,
+    ):
         check_int("granularity_bytes", granularity_bytes, error=PolicyError)
         self.granularity_bytes = granularity_bytes
         self.limit_bytes = limit_bytes
@@ -91,7 +103,9 @@ class PageMappedDevice:
         self.clock = DriverClock()
         self.num_calls = dict.fromkeys(VMM_CALLS, 0)
         self.call_ns = dict.fromkeys(VMM_CALLS, 0)
-        self._ranges: SortedDict = SortedDict()  # reserved virtual range: offset -> bytes (bisected by range_of)
+        self._ranges: SortedDict = (
+            SortedDict()
+        )  # reserved virtual range: offset -> bytes (bisected by range_of)
         self._mappings: SortedDict = SortedDict()  # offset -> (handle, bytes)
         self._handles: dict[int, int] = {}  # live physical handle -> bytes
         self._handle_maps: dict[int, int] = {}  # handle -> number of addresses it is mapped at
@@ -99,7 +113,9 @@ class PageMappedDevice:
         self._next_offset = granularity_bytes
         self.physical_bytes = self.peak_physical_bytes = 0
         self.virtual_bytes = self.peak_virtual_bytes = 0
-        self.mapped_bytes_total = 0  # bytes mapped over the device's life (a page mapped twice counts twice)
+        self.mapped_bytes_total = (
+            0  # bytes mapped over the device's life (a page mapped twice counts twice)
+        )
         self.used_bytes = 0  # the segment protocol's name for physical bytes held
 
     # ------------------------------------------------------------------ accounting
@@ -121,7 +137,9 @@ class PageMappedDevice:
 
     @property
     def driver_ns_total(self) -> int:
-        return self.clock.total_ns + (self.physical.driver_ns_total if self.physical is not None else 0)
+        return self.clock.total_ns + (
+            self.physical.driver_ns_total if self.physical is not None else 0
+        )
 
     @property
     def driver_clock(self) -> DriverClock | None:
@@ -133,15 +151,21 @@ class PageMappedDevice:
 
     def call_stats(self) -> dict[str, int]:
         """The report's device columns (``policies.device.VMM_STAT_KEYS``)."""
-        return vmm_stats(num_maps=self.num_calls["map"], num_unmaps=self.num_calls["unmap"],
-                         mapped_bytes=self.mapped_bytes_total, peak_virtual_bytes=self.peak_virtual_bytes,
-                         call_ns=self.call_ns)
+        return vmm_stats(
+            num_maps=self.num_calls["map"],
+            num_unmaps=self.num_calls["unmap"],
+            mapped_bytes=self.mapped_bytes_total,
+            peak_virtual_bytes=self.peak_virtual_bytes,
+            call_ns=self.call_ns,
+        )
 
     def _check_aligned(self, what: str, offset: int, nbytes: int) -> None:
         g = self.granularity_bytes
         if nbytes <= 0 or offset % g or nbytes % g:
-            raise PolicyError(f"{what}(offset={offset}, nbytes={nbytes}): both must be multiples of the "
-                              f"{format_bytes(g)} granularity, nbytes > 0")
+            raise PolicyError(
+                f"{what}(offset={offset}, nbytes={nbytes}): both must be multiples of the "
+                f"{format_bytes(g)} granularity, nbytes > 0"
+            )
 
     # ------------------------------------------------------------------ address space
     def address_reserve(self, nbytes: int) -> int | None:
@@ -164,7 +188,9 @@ class PageMappedDevice:
         if span is None or span != round_up(nbytes, self.granularity_bytes):
             raise PolicyError(f"address_free({offset}, {nbytes}): no such reserved range")
         if self.mapped_in(offset, span):
-            raise PolicyError(f"address_free({offset}, {nbytes}): pages are still mapped in the range")
+            raise PolicyError(
+                f"address_free({offset}, {nbytes}): pages are still mapped in the range"
+            )
         self._charge("address_free", span)
         del self._ranges[offset]
         self.virtual_bytes -= span
@@ -208,9 +234,13 @@ class PageMappedDevice:
         self._check_aligned("map", offset, nbytes)
         rng = self.range_of(offset)
         if rng is None or offset + nbytes > rng[0] + rng[1]:
-            raise PolicyError(f"map({offset}, {format_bytes(nbytes)}): not inside one reserved range")
+            raise PolicyError(
+                f"map({offset}, {format_bytes(nbytes)}): not inside one reserved range"
+            )
         if self.mapped_in(offset, nbytes):
-            raise PolicyError(f"map({offset}, {format_bytes(nbytes)}): part of the range is mapped already")
+            raise PolicyError(
+                f"map({offset}, {format_bytes(nbytes)}): part of the range is mapped already"
+            )
         self._charge("map", nbytes)
         self._mappings[offset] = (handle, nbytes)
         self._handle_maps[handle] += 1
@@ -220,11 +250,17 @@ class PageMappedDevice:
         """Make the mapped pages of ``[offset, offset + nbytes)`` readable and writable."""
         self._check_aligned("set_access", offset, nbytes)
         if self.mapped_bytes_in(offset, nbytes) != nbytes:
-            raise PolicyError(f"set_access({offset}, {format_bytes(nbytes)}): the range is not fully mapped")
+            raise PolicyError(
+                f"set_access({offset}, {format_bytes(nbytes)}): the range is not fully mapped"
+            )
         # one call, but the driver's time grows with the mappings it covers, not the bytes: on the
         # H200 a set-access over 32 mapped 2 MiB pages took ~35 us a page (the replay on the device,
         # benchmarks/RESULTS.md), a set-access over one 64 MiB mapping 56 us (calibration)
-        self._charge("set_access", nbytes, piece_bytes=[self._mappings[off][1] for off in self._mappings_in(offset, nbytes)])
+        self._charge(
+            "set_access",
+            nbytes,
+            piece_bytes=[self._mappings[off][1] for off in self._mappings_in(offset, nbytes)],
+        )
 
     def unmap(self, offset: int, nbytes: int) -> list[int]:
         """Unmap every mapping in ``[offset, offset + nbytes)`` (one call per mapping, as PyTorch
@@ -235,7 +271,9 @@ class PageMappedDevice:
         end = offset + nbytes
         for off in inside:
             if off + self._mappings[off][1] > end:
-                raise PolicyError(f"unmap({offset}, {format_bytes(nbytes)}): the mapping at {off} sticks out")
+                raise PolicyError(
+                    f"unmap({offset}, {format_bytes(nbytes)}): the mapping at {off} sticks out"
+                )
         handles = []
         for off in inside:
             handle, size = self._mappings.pop(off)
@@ -316,7 +354,9 @@ class PageMappedDevice:
         self._check_aligned("map_new", offset, nbytes)
         self._check_aligned("map_new", 0, page)
         if nbytes % page:
-            raise PolicyError(f"map_new: {format_bytes(nbytes)} is not a whole number of {format_bytes(page)} pages")
+            raise PolicyError(
+                f"map_new: {format_bytes(nbytes)} is not a whole number of {format_bytes(page)} pages"
+            )
         if self.limit_bytes is not None and self.physical_bytes + nbytes > self.limit_bytes:
             self._charge("create", page)  # the first cuMemCreate past the limit fails
             return False
@@ -359,10 +399,11 @@ class PageMappedDevice:
         self.address_free(offset, span)
 
     def __repr__(self) -> str:
-        return (f"<PageMappedDevice physical {format_bytes(self.physical_bytes)} of "
-                f"{format_bytes(self.limit_bytes) if self.limit_bytes else 'no limit'}, "
-                f"virtual {format_bytes(self.virtual_bytes)}, {len(self._mappings)} mappings>")
-
+        return (
+            f"<PageMappedDevice physical {format_bytes(self.physical_bytes)} of "
+            f"{format_bytes(self.limit_bytes) if self.limit_bytes else 'no limit'}, "
+            f"virtual {format_bytes(self.virtual_bytes)}, {len(self._mappings)} mappings>"
+        )
 
 
 def as_page_mapped(device: Device | None) -> PageMappedDevice:

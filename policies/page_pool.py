@@ -60,8 +60,12 @@ class RangeDevice(DeviceInFront):
         self.range_bytes = range_bytes
         self.base = mapped.address_reserve(range_bytes)
         if self.base is None:
-            raise PolicyError(f"page-pool: the device cannot reserve a {format_bytes(range_bytes)} virtual range")
-        self._top = self.base  # slots at or above this are free and were never mapped since the top last fell
+            raise PolicyError(
+                f"page-pool: the device cannot reserve a {format_bytes(range_bytes)} virtual range"
+            )
+        self._top = (
+            self.base
+        )  # slots at or above this are free and were never mapped since the top last fell
         self._free_slots: dict[int, None] = {}  # free slots below the top, most recently freed last
 
     @property
@@ -108,11 +112,15 @@ class RangeDevice(DeviceInFront):
         if offset + nbytes == self._top:  # the top falls, and with it any free slots just below
             self._top = offset
             free = self._free_slots
-            while self._top - self.page_bytes in free:  # every free slot at or above the top is in this run
+            while (
+                self._top - self.page_bytes in free
+            ):  # every free slot at or above the top is in this run
                 self._top -= self.page_bytes
                 del free[self._top]
             return
-        self._free_slots.update(dict.fromkeys(range(offset + nbytes - self.page_bytes, offset - 1, -self.page_bytes)))
+        self._free_slots.update(
+            dict.fromkeys(range(offset + nbytes - self.page_bytes, offset - 1, -self.page_bytes))
+        )
 
 
 class PagePool(Policy):
@@ -139,24 +147,37 @@ class PagePool(Policy):
     contiguous = False
     page_size_knob = "page_bytes"
 
-    def __init__(self, *, page_bytes: int = 2 << 20, min_free_pages: int = 5, max_free_pages: int = 10,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        page_bytes: int = 2 << 20,
+        min_free_pages: int = 5,
+        max_free_pages: int = 10,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("page_bytes", page_bytes)
         check_positive_int("min_free_pages", min_free_pages, minimum=0)
         check_positive_int("max_free_pages", max_free_pages, minimum=0)
         if min_free_pages > max_free_pages:
-            raise PolicyError(f"page-pool watermarks need min_free_pages(={min_free_pages}) <= "
-                              f"max_free_pages(={max_free_pages})")
+            raise PolicyError(
+                f"page-pool watermarks need min_free_pages(={min_free_pages}) <= "
+                f"max_free_pages(={max_free_pages})"
+            )
         mapped = as_page_mapped(device)
         if page_bytes % mapped.granularity_bytes:
-            raise PolicyError(f"page_bytes(={page_bytes}) must be a multiple of the device granularity "
-                              f"({format_bytes(mapped.granularity_bytes)})")
+            raise PolicyError(
+                f"page_bytes(={page_bytes}) must be a multiple of the device granularity "
+                f"({format_bytes(mapped.granularity_bytes)})"
+            )
         self.page_bytes = page_bytes
         self.min_free_pages = min_free_pages
         self.max_free_pages = max_free_pages
         self.page_size_bytes = page_bytes
-        super().__init__(capacity_bytes=capacity_bytes,
-                         device=RangeDevice(mapped, page_bytes, max(_RANGE_BYTES, capacity_bytes or 0)))
+        super().__init__(
+            capacity_bytes=capacity_bytes,
+            device=RangeDevice(mapped, page_bytes, max(_RANGE_BYTES, capacity_bytes or 0)),
+        )
 
     # ----------------------------------------------------------------- pages
     def _map_batch(self, num_pages: int, stream: int) -> Segment | None:
@@ -188,7 +209,10 @@ class PagePool(Policy):
 
     def pool_stats(self) -> dict[str, int]:
         """Free mapped pages now (the reserve) and pages mapped ahead by the low watermark."""
-        return {"num_free_pages": len(self._free_pages), "num_prefetched_pages": self.num_prefetched_pages}
+        return {
+            "num_free_pages": len(self._free_pages),
+            "num_prefetched_pages": self.num_prefetched_pages,
+        }
 
     # ----------------------------------------------------------------- Policy hooks
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
@@ -197,7 +221,10 @@ class PagePool(Policy):
         free = self._free_pages
         lacking = num_pages - len(free)
         if lacking > 0:
-            if self.capacity_bytes is not None and self.reserved_bytes + lacking * page > self.capacity_bytes:
+            if (
+                self.capacity_bytes is not None
+                and self.reserved_bytes + lacking * page > self.capacity_bytes
+            ):
                 return None
             if self._map_batch(lacking, stream) is None:
                 return None
@@ -224,7 +251,9 @@ class PagePool(Policy):
             want = self.min_free_pages - len(free)
             if self.capacity_bytes is not None:
                 want = min(want, (self.capacity_bytes - self.reserved_bytes) // page)
-            for _ in range(want):  # one page a batch, so the high watermark can unmap them one by one
+            for _ in range(
+                want
+            ):  # one page a batch, so the high watermark can unmap them one by one
                 if self._map_batch(1, stream) is None:
                     break
                 self.num_prefetched_pages += 1
@@ -262,7 +291,9 @@ class PagePool(Policy):
         super()._release_segment(seg)
 
     def _reset_state(self) -> None:
-        self._free_pages: dict[int, Segment] = {}  # free mapped page -> its batch (insertion order: LIFO)
+        self._free_pages: dict[
+            int, Segment
+        ] = {}  # free mapped page -> its batch (insertion order: LIFO)
         self._page_seg: dict[int, Segment] = {}  # every mapped page -> its batch
         self._idle: dict[int, Segment] = {}  # batches with no live page, by offset
         self.num_prefetched_pages = 0

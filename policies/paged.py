@@ -48,12 +48,20 @@ class _Page:
     offset: int
     segment: Segment
     extents: tuple[tuple[int, int], ...]  # ((offset, page_size_bytes),), built once
-    handle: tuple[_Page]  # (self,): a one-page allocation's handle, built once (not a tuple per request)
+    handle: tuple[
+        _Page
+    ]  # (self,): a one-page allocation's handle, built once (not a tuple per request)
     ref_cnt: int
     cache_key: Hashable | None
 
-    def __init__(self, offset: int, segment: Segment, extents: tuple[tuple[int, int], ...], ref_cnt: int = 0,
-                 cache_key: Hashable | None = None):
+    def __init__(
+        self,
+        offset: int,
+        segment: Segment,
+        extents: tuple[tuple[int, int], ...],
+        ref_cnt: int = 0,
+        cache_key: Hashable | None = None,
+    ):
         self.offset = offset
         self.segment = segment
         self.extents = extents
@@ -91,8 +99,16 @@ class _PagedCore(Policy):
     _free_pages: list[_Page]
     _blocks: dict[Hashable, _CachedBlock]
 
-    @cython.locals(pg=_Page, a=Allocation, n=cython.longlong, page=cython.longlong, num_pages=cython.longlong,
-                   size=cython.longlong, k=cython.longlong, exts=list)
+    @cython.locals(
+        pg=_Page,
+        a=Allocation,
+        n=cython.longlong,
+        page=cython.longlong,
+        num_pages=cython.longlong,
+        size=cython.longlong,
+        k=cython.longlong,
+        exts=list,
+    )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
         page = self.page_size_bytes
@@ -141,8 +157,10 @@ class _PagedCore(Policy):
         if self._blocks:  # nothing may leave the cache by the back door
             for pg in pages:
                 if pg.cache_key is not None and pg.ref_cnt <= 1:
-                    raise PolicyError(f"free: the page at offset {pg.offset} belongs to the cached block "
-                                      f"{pg.cache_key!r}; release_block and evict_block it instead")
+                    raise PolicyError(
+                        f"free: the page at offset {pg.offset} belongs to the cached block "
+                        f"{pg.cache_key!r}; release_block and evict_block it instead"
+                    )
         if len(pages) == 1:
             pg = pages[0]
             if pg.ref_cnt == 1:
@@ -156,7 +174,9 @@ class _PagedCore(Policy):
         free = self._free_pages
         num_released = 0
         i = len(pages) - 1
-        while i >= 0:  # from the last page: the first one ends on top, as before allocation (compiled, a C loop)
+        while (
+            i >= 0
+        ):  # from the last page: the first one ends on top, as before allocation (compiled, a C loop)
             pg = pages[i]
             if pg.ref_cnt == 1:
                 pg.ref_cnt = 0
@@ -235,9 +255,16 @@ class Paged(_PagedCore):
         """This pool keeps the prefix cache itself (``cache_block`` and friends)."""
         return self
 
-    def __init__(self, *, page_bytes: int | None = None, tokens_per_page: int = 16,
-                 bytes_per_token: int = 131072, segment_bytes: int = 64 << 20,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        page_bytes: int | None = None,
+        tokens_per_page: int = 16,
+        bytes_per_token: int = 131072,
+        segment_bytes: int = 64 << 20,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("tokens_per_page", tokens_per_page)
         check_positive_int("bytes_per_token", bytes_per_token)
         check_positive_int("segment_bytes", segment_bytes)
@@ -257,7 +284,11 @@ class Paged(_PagedCore):
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
     def _reset_state(self) -> None:
-        page = self.page_bytes if self.page_bytes is not None else self.tokens_per_page * self.bytes_per_token
+        page = (
+            self.page_bytes
+            if self.page_bytes is not None
+            else self.tokens_per_page * self.bytes_per_token
+        )
         self.page_size_bytes: int = page
         self.pages_per_segment: int = -(-self.segment_bytes // page)
         # A list as a LIFO stack: append/pop at the end are O(1) and the cheapest ops Python has.
@@ -334,11 +365,25 @@ class Paged(_PagedCore):
         pages = allocation.handle  # never mutated, so the fork can hold the same sequence
         for pg in pages:
             pg.ref_cnt += 1
-        return self._hand_out(Allocation(allocation.nbytes, allocation.size_bytes, allocation.extents,
-                                         allocation.stream, allocation.tag, pages))
+        return self._hand_out(
+            Allocation(
+                allocation.nbytes,
+                allocation.size_bytes,
+                allocation.extents,
+                allocation.stream,
+                allocation.tag,
+                pages,
+            )
+        )
 
-    def allocate_shared(self, shared: Allocation | Iterable[int], extra_nbytes: int = 0, *,
-                        stream: int = 0, tag: str | None = None) -> Allocation | None:
+    def allocate_shared(
+        self,
+        shared: Allocation | Iterable[int],
+        extra_nbytes: int = 0,
+        *,
+        stream: int = 0,
+        tag: str | None = None,
+    ) -> Allocation | None:
         """Allocate a request whose first pages are shared with another allocation.
 
         The result holds the shared pages first (reference counts +1, no new bytes), then
@@ -370,13 +415,19 @@ class Paged(_PagedCore):
             for off in offsets:
                 pg = self._pages.get(off) if off.__class__ is int else None
                 if pg is None or pg.ref_cnt == 0:
-                    raise PolicyError(f"allocate_shared: page offset {off!r} is not a live page of this pool")
+                    raise PolicyError(
+                        f"allocate_shared: page offset {off!r} is not a live page of this pool"
+                    )
                 shared_pages.append(pg)
             if len(set(offsets)) != len(offsets):
-                raise PolicyError(f"allocate_shared: page offsets {offsets!r} name a page more than once")
+                raise PolicyError(
+                    f"allocate_shared: page offsets {offsets!r} name a page more than once"
+                )
         check_int("extra_nbytes", extra_nbytes, low=0, error=PolicyError, where="allocate_shared: ")
         if not shared_pages and extra_nbytes == 0:
-            raise PolicyError("allocate_shared: no shared pages and extra_nbytes=0 make an empty request")
+            raise PolicyError(
+                "allocate_shared: no shared pages and extra_nbytes=0 make an empty request"
+            )
         page = self.page_size_bytes
         fresh: list[_Page] = []
         if extra_nbytes > self._max_request_bytes:  # no device holds it (see Policy.allocate)
@@ -394,8 +445,16 @@ class Paged(_PagedCore):
         for pg in shared_pages:
             pg.ref_cnt += 1
         pages = shared_pages + fresh
-        return self._hand_out(Allocation(len(shared_pages) * page + extra_nbytes, len(pages) * page,
-                                         tuple([pg.extents[0] for pg in pages]), stream, tag, pages))
+        return self._hand_out(
+            Allocation(
+                len(shared_pages) * page + extra_nbytes,
+                len(pages) * page,
+                tuple([pg.extents[0] for pg in pages]),
+                stream,
+                tag,
+                pages,
+            )
+        )
 
     # ----------------------------------------------------------------- prefix cache
     def set_eviction_order(self, order: str) -> None:
@@ -409,12 +468,19 @@ class Paged(_PagedCore):
         except ValueError as e:
             raise PolicyError(f"set_eviction_order: {e}") from None
         if any(len(q) for q in self._queues.values()):
-            raise PolicyError("set_eviction_order: blocks are evictable already; choose the order before caching")
+            raise PolicyError(
+                "set_eviction_order: blocks are evictable already; choose the order before caching"
+            )
         self.eviction_order = order  # kept across reset(), which rebuilds the queues
         self._queues = {owner: make_queue(order) for owner in self._queues}
 
-    def cache_block(self, key: Hashable, allocation: Allocation, recompute_cost: float = 1.0,
-                    owner: Hashable = None) -> None:
+    def cache_block(
+        self,
+        key: Hashable,
+        allocation: Allocation,
+        recompute_cost: float = 1.0,
+        owner: Hashable = None,
+    ) -> None:
         """Name ``allocation``'s pages ``key``, so that later requests can find and share them.
 
         Its current holders keep holding it (nothing is counted again). ``allocation`` is one
@@ -435,14 +501,23 @@ class Paged(_PagedCore):
         for off, length in allocation.extents:
             pg = self._pages.get(off)
             if pg is None or pg.ref_cnt == 0 or length != self.page_size_bytes:
-                raise PolicyError(f"cache_block: extent ({off!r}, {length!r}) is not a live page of this pool")
+                raise PolicyError(
+                    f"cache_block: extent ({off!r}, {length!r}) is not a live page of this pool"
+                )
             if pg.cache_key is not None:
-                raise PolicyError(f"cache_block: the page at offset {off} is cached as {pg.cache_key!r} already")
+                raise PolicyError(
+                    f"cache_block: the page at offset {off} is cached as {pg.cache_key!r} already"
+                )
             pages.append(pg)
         for pg in pages:
             pg.cache_key = key
-        self._blocks[key] = _CachedBlock(allocation, tuple(pages), len(pages) * self.page_size_bytes,
-                                         owner, float(recompute_cost))
+        self._blocks[key] = _CachedBlock(
+            allocation,
+            tuple(pages),
+            len(pages) * self.page_size_bytes,
+            owner,
+            float(recompute_cost),
+        )
         if owner not in self._queues:
             self._queues[owner] = make_queue(self.eviction_order)
 
@@ -556,11 +631,16 @@ class Paged(_PagedCore):
     def _add_segment(self, segment: Segment) -> None:
         page = self.page_size_bytes
         assert segment.nbytes % page == 0, "a paged segment holds whole pages"
-        fresh = [_Page(off, segment, ((off, page),)) for off in range(segment.end - page, segment.offset - page, -page)]
+        fresh = [
+            _Page(off, segment, ((off, page),))
+            for off in range(segment.end - page, segment.offset - page, -page)
+        ]
         pages = self._pages
         for pg in fresh:
             pages[pg.offset] = pg
-        self._free_pages[:0] = fresh  # bottom of the stack, highest first: reused pages go first, then ascending
+        self._free_pages[:0] = (
+            fresh  # bottom of the stack, highest first: reused pages go first, then ascending
+        )
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
         """Release fully free segments, largest first, until ``max_bytes`` (None: all) is reached."""
@@ -572,7 +652,9 @@ class Paged(_PagedCore):
             for off in range(seg.offset, seg.end, self.page_size_bytes):
                 del pages[off]
             self._release_segment(seg)
-        self._free_pages[:] = [pg for pg in self._free_pages if pg.segment not in gone]  # in place: callers hold it
+        self._free_pages[:] = [
+            pg for pg in self._free_pages if pg.segment not in gone
+        ]  # in place: callers hold it
         return sum(seg.nbytes for seg in gone)
 
     # ----------------------------------------------------------------- free space

@@ -22,7 +22,15 @@ from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.spec import parse_spec
 
-__all__ = ["available", "get", "create", "register", "device_kind", "can_hold_kv", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "available",
+    "get",
+    "create",
+    "register",
+    "device_kind",
+    "can_hold_kv",
+    "ENTRY_POINT_GROUP",
+]
 
 ENTRY_POINT_GROUP = "poollab.policies"
 
@@ -54,8 +62,11 @@ def _entry_point_table() -> dict[str, Any]:
     table: dict[str, Any] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in BUILTIN_POLICIES or ep.name in table:
-            warnings.warn(f"policy {ep.name!r} from entry point {ep.value!r} is already registered; ignored",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"policy {ep.name!r} from entry point {ep.value!r} is already registered; ignored",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             continue
         table[ep.name] = ep
     return table
@@ -65,7 +76,9 @@ def _table() -> dict[str, Any]:
     merged: dict[str, Any] = dict(BUILTIN_POLICIES)
     for name, ep in _entry_point_table().items():
         merged.setdefault(name, ep)
-    merged.update(_runtime)  # run-time registrations win (register(..., replace=True) can shadow a built-in)
+    merged.update(
+        _runtime
+    )  # run-time registrations win (register(..., replace=True) can shadow a built-in)
     return merged
 
 
@@ -107,12 +120,19 @@ def get(name: str) -> type[Policy]:
     else:  # an entry point
         cls = target.load()
     if not (inspect.isclass(cls) and issubclass(cls, Policy)):
-        raise PolicyError(f"policy {name!r} resolves to {cls!r}, which is not a policies.Policy subclass")
+        raise PolicyError(
+            f"policy {name!r} resolves to {cls!r}, which is not a policies.Policy subclass"
+        )
     return cls
 
 
-def create(spec: str | type[Policy] | Policy, *, capacity_bytes: int | None = None, device: Device | None = None,
-           **params: Any) -> Policy:
+def create(
+    spec: str | type[Policy] | Policy,
+    *,
+    capacity_bytes: int | None = None,
+    device: Device | None = None,
+    **params: Any,
+) -> Policy:
     """Build a policy from a name, a spec string, a class, or another policy's knobs.
 
     ``create("size-class:classes_per_doubling=4", capacity_bytes=80 << 30)``; keyword
@@ -138,7 +158,9 @@ def create(spec: str | type[Policy] | Policy, *, capacity_bytes: int | None = No
     known = cls._param_names()
     unknown = [k for k in merged if k not in known]
     if unknown:
-        raise PolicyError(f"policy {label!r} has no parameter {unknown[0]!r}; parameters: {', '.join(known)}")
+        raise PolicyError(
+            f"policy {label!r} has no parameter {unknown[0]!r}; parameters: {', '.join(known)}"
+        )
     if "capacity_bytes" in merged and capacity_bytes is None:
         capacity_bytes = merged.pop("capacity_bytes")
     merged.pop("capacity_bytes", None)

@@ -29,12 +29,18 @@ __all__ = ["SizeClass", "make_class_sizes", "CLASS_ALIGNMENT_BYTES"]
 CLASS_ALIGNMENT_BYTES = 512
 
 _LARGE = -1  # class_index of a large range
-_FREE_LIST_BASE = 1  # a class's free list holds one placeholder below its blocks (``SizeClass._reset_state``)
-_TABLE_MAX_BYTES = 32 << 20  # classes up to here are found by table (64 Ki entries, 512 KiB at most)
+_FREE_LIST_BASE = (
+    1  # a class's free list holds one placeholder below its blocks (``SizeClass._reset_state``)
+)
+_TABLE_MAX_BYTES = (
+    32 << 20
+)  # classes up to here are found by table (64 Ki entries, 512 KiB at most)
 _extents_of = attrgetter("extents")
 
 
-def make_class_sizes(min_class_bytes: int, max_class_bytes: int, classes_per_doubling: int) -> list[int]:
+def make_class_sizes(
+    min_class_bytes: int, max_class_bytes: int, classes_per_doubling: int
+) -> list[int]:
     """The class sizes, ascending: ``k = classes_per_doubling`` linear steps per doubling.
 
     Each doubling ``[b, 2b)`` starting at ``b = min_class_bytes * 2**j`` is cut in steps of
@@ -47,7 +53,10 @@ def make_class_sizes(min_class_bytes: int, max_class_bytes: int, classes_per_dou
     sizes: list[int] = []
     base = min_class_bytes
     while base <= max_class_bytes:
-        step = max(CLASS_ALIGNMENT_BYTES, base // classes_per_doubling // CLASS_ALIGNMENT_BYTES * CLASS_ALIGNMENT_BYTES)
+        step = max(
+            CLASS_ALIGNMENT_BYTES,
+            base // classes_per_doubling // CLASS_ALIGNMENT_BYTES * CLASS_ALIGNMENT_BYTES,
+        )
         sizes.extend(range(base, min(2 * base, max_class_bytes + 1), step))
         base *= 2
     if sizes[-1] != max_class_bytes:
@@ -68,8 +77,15 @@ class _Block:
     extents: tuple[tuple[int, int], ...]  # built once, handed to every allocation of this block
     home: list | None  # its class's free list (None for a large range): a free is one append
 
-    def __init__(self, offset: int, size_bytes: int, class_index: int, segment: Segment,
-                 extents: tuple[tuple[int, int], ...], home: list | None):
+    def __init__(
+        self,
+        offset: int,
+        size_bytes: int,
+        class_index: int,
+        segment: Segment,
+        extents: tuple[tuple[int, int], ...],
+        home: list | None,
+    ):
         self.offset = offset
         self.size_bytes = size_bytes
         self.class_index = class_index
@@ -109,7 +125,14 @@ class _SizeClassCore(Policy):
 
     __slots__ = ()
 
-    @cython.locals(a=Allocation, blk=_Block, blocks=list, n=cython.longlong, ci=cython.longlong, size=cython.longlong)
+    @cython.locals(
+        a=Allocation,
+        blk=_Block,
+        blocks=list,
+        n=cython.longlong,
+        ci=cython.longlong,
+        size=cython.longlong,
+    )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes): C arithmetic below
         if n <= self._table_max_bytes:
@@ -214,18 +237,33 @@ class SizeClass(_SizeClassCore):
     contiguous = True
     coalesces = False
 
-    def __init__(self, *, classes_per_doubling: int = 4, min_class_bytes: int = 512,
-                 max_class_bytes: int = 16 << 20, refill_bytes: int = 2 << 20, segment_bytes: int = 32 << 20,
-                 large_granularity_bytes: int = 2 << 20, capacity_bytes: int | None = None,
-                 device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        classes_per_doubling: int = 4,
+        min_class_bytes: int = 512,
+        max_class_bytes: int = 16 << 20,
+        refill_bytes: int = 2 << 20,
+        segment_bytes: int = 32 << 20,
+        large_granularity_bytes: int = 2 << 20,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("classes_per_doubling", classes_per_doubling)
-        for knob, value in (("min_class_bytes", min_class_bytes), ("max_class_bytes", max_class_bytes),
-                            ("large_granularity_bytes", large_granularity_bytes)):
+        for knob, value in (
+            ("min_class_bytes", min_class_bytes),
+            ("max_class_bytes", max_class_bytes),
+            ("large_granularity_bytes", large_granularity_bytes),
+        ):
             check_positive_int(knob, value, CLASS_ALIGNMENT_BYTES)
             if value % CLASS_ALIGNMENT_BYTES:
-                raise PolicyError(f"{knob}(={value}) must be a multiple of {CLASS_ALIGNMENT_BYTES} B")
+                raise PolicyError(
+                    f"{knob}(={value}) must be a multiple of {CLASS_ALIGNMENT_BYTES} B"
+                )
         if max_class_bytes < min_class_bytes:
-            raise PolicyError(f"max_class_bytes(={max_class_bytes}) must be >= min_class_bytes(={min_class_bytes})")
+            raise PolicyError(
+                f"max_class_bytes(={max_class_bytes}) must be >= min_class_bytes(={min_class_bytes})"
+            )
         check_positive_int("refill_bytes", refill_bytes)
         check_positive_int("segment_bytes", segment_bytes)
         self.classes_per_doubling = classes_per_doubling
@@ -237,7 +275,9 @@ class SizeClass(_SizeClassCore):
         super().__init__(capacity_bytes=capacity_bytes, device=device)
 
     def _reset_state(self) -> None:
-        self._class_sizes = make_class_sizes(self.min_class_bytes, self.max_class_bytes, self.classes_per_doubling)
+        self._class_sizes = make_class_sizes(
+            self.min_class_bytes, self.max_class_bytes, self.classes_per_doubling
+        )
         # Class index by request size in 512 B units, up to _TABLE_MAX_BYTES: one list index
         # instead of a bisect, which costs about three times as much per request.
         sizes = self._class_sizes
@@ -326,7 +366,9 @@ class SizeClass(_SizeClassCore):
             if room >= size and (best is None or room < best.end - best.handle.bump):
                 best = seg
         if best is None:
-            best = self._recycle(size) or self._reserve_and_add(self._reserve_sizes(size, size), stream)
+            best = self._recycle(size) or self._reserve_and_add(
+                self._reserve_sizes(size, size), stream
+            )
             if best is None:
                 return None
         carving = best.handle
@@ -348,7 +390,8 @@ class SizeClass(_SizeClassCore):
         if best is not None:
             return best
         return self._recycle(need) or self._reserve_and_add(
-            self._reserve_sizes(max(self.segment_bytes, want), want, need), stream)
+            self._reserve_sizes(max(self.segment_bytes, want), want, need), stream
+        )
 
     def _recycle(self, need: int) -> Segment | None:
         """Turn the smallest carved segment with no live block (and ``need`` bytes) back into a tail.
@@ -358,8 +401,12 @@ class SizeClass(_SizeClassCore):
         """
         best = None
         for seg in self._segments.values():
-            if (seg.num_live == 0 and seg.nbytes >= need and seg.handle.bump > seg.offset
-                    and (best is None or seg.nbytes < best.nbytes)):
+            if (
+                seg.num_live == 0
+                and seg.nbytes >= need
+                and seg.handle.bump > seg.offset
+                and (best is None or seg.nbytes < best.nbytes)
+            ):
                 best = seg
         if best is None:
             return None
@@ -374,7 +421,11 @@ class SizeClass(_SizeClassCore):
         """Segment sizes to try, largest first: ``preferred``, what capacity still allows, fallbacks."""
         sizes = [preferred]
         if self.capacity_bytes is not None:
-            room = (self.capacity_bytes - self.reserved_bytes) // CLASS_ALIGNMENT_BYTES * CLASS_ALIGNMENT_BYTES
+            room = (
+                (self.capacity_bytes - self.reserved_bytes)
+                // CLASS_ALIGNMENT_BYTES
+                * CLASS_ALIGNMENT_BYTES
+            )
             if fallbacks and fallbacks[0] <= room < preferred:
                 sizes.append(room)
         for nbytes in fallbacks:
@@ -422,7 +473,9 @@ class SizeClass(_SizeClassCore):
             else:
                 blocks = self._free_lists[ci]
                 # in place (blocks point at the list), past the placeholder
-                blocks[_FREE_LIST_BASE:] = [b for b in blocks[_FREE_LIST_BASE:] if b.segment not in gone]
+                blocks[_FREE_LIST_BASE:] = [
+                    b for b in blocks[_FREE_LIST_BASE:] if b.segment not in gone
+                ]
                 run = self._runs[ci]
                 if run is not None and run.segment in gone:
                     self._runs[ci] = None
@@ -438,40 +491,60 @@ class SizeClass(_SizeClassCore):
         O(free blocks), about 10^4 here) checks where those blocks lie.
         """
         sizes = self._class_sizes
-        assert all(blocks[:_FREE_LIST_BASE] == [None] for blocks in self._free_lists), "a free list lost its placeholder"
-        cached = sum((len(blocks) - _FREE_LIST_BASE) * size for blocks, size in zip(self._free_lists, sizes))
+        assert all(blocks[:_FREE_LIST_BASE] == [None] for blocks in self._free_lists), (
+            "a free list lost its placeholder"
+        )
+        cached = sum(
+            (len(blocks) - _FREE_LIST_BASE) * size for blocks, size in zip(self._free_lists, sizes)
+        )
         cached += sum(run.end - run.next for run in self._runs if run is not None)
-        assert all(run.segment.offset <= run.next < run.end <= run.segment.handle.bump
-                   and (run.end - run.next) % size == 0
-                   for run, size in zip(self._runs, sizes) if run is not None), "a class's run is malformed"
+        assert all(
+            run.segment.offset <= run.next < run.end <= run.segment.handle.bump
+            and (run.end - run.next) % size == 0
+            for run, size in zip(self._runs, sizes)
+            if run is not None
+        ), "a class's run is malformed"
         large = sum(size for size, _, _ in self._large_cache)
         segs = self._segments.values()
         tails = sum(seg.end - seg.handle.bump for seg in segs)
         accounted = self.allocated_bytes + cached + large + tails
         assert accounted == self.reserved_bytes, (
             f"allocated {self.allocated_bytes} + cached {cached} + large {large} + tails {tails} "
-            f"= {accounted} != reserved {self.reserved_bytes}")
+            f"= {accounted} != reserved {self.reserved_bytes}"
+        )
         live = sum(seg.num_live for seg in segs)
         assert live == self.num_live, f"segments count {live} live blocks, the pool {self.num_live}"
-        assert all(seg.offset <= seg.handle.bump <= seg.end and (seg.handle.bump - seg.offset) % CLASS_ALIGNMENT_BYTES == 0
-                   for seg in segs), "a segment's bump pointer lies outside it or off the 512 B grid"
+        assert all(
+            seg.offset <= seg.handle.bump <= seg.end
+            and (seg.handle.bump - seg.offset) % CLASS_ALIGNMENT_BYTES == 0
+            for seg in segs
+        ), "a segment's bump pointer lies outside it or off the 512 B grid"
         open_ids = {id(seg) for seg in self._open}
         assert len(open_ids) == len(self._open), "a segment is listed twice as open"
         should_be_open = {id(seg) for seg in segs if seg.end - seg.handle.bump >= sizes[0]}
-        assert open_ids == should_be_open, "_open does not list exactly the segments with room for a block"
-        assert all(a[:2] <= b[:2] for a, b in zip(self._large_cache, self._large_cache[1:])), \
+        assert open_ids == should_be_open, (
+            "_open does not list exactly the segments with room for a block"
+        )
+        assert all(a[:2] <= b[:2] for a, b in zip(self._large_cache, self._large_cache[1:])), (
             "the large cache is out of size order"
+        )
 
     # ----------------------------------------------------------------- free space
     def free_extents(self) -> list[tuple[int, int]]:
         # C-level chains over the cached blocks' prebuilt extents: ~10^4 of them in a busy pool
-        cached = chain.from_iterable(islice(blocks, _FREE_LIST_BASE, None) for blocks in self._free_lists)
+        cached = chain.from_iterable(
+            islice(blocks, _FREE_LIST_BASE, None) for blocks in self._free_lists
+        )
         out = list(chain.from_iterable(map(_extents_of, cached)))
         for run, size in zip(self._runs, self._class_sizes):
             if run is not None:
                 out.extend((off, size) for off in range(run.next, run.end, size))
         out.extend((off, size) for size, off, _ in self._large_cache)
-        out.extend((s.handle.bump, s.end - s.handle.bump) for s in self._segments.values() if s.handle.bump < s.end)
+        out.extend(
+            (s.handle.bump, s.end - s.handle.bump)
+            for s in self._segments.values()
+            if s.handle.bump < s.end
+        )
         out.sort()
         return out
 
@@ -481,8 +554,12 @@ class SizeClass(_SizeClassCore):
         # replay, where the generator and property version cost ~3.5 us (~35 ns an event)
         sizes, free_lists, runs = self._class_sizes, self._free_lists, self._runs
         best = 0
-        for ci in range(len(sizes) - 1, -1, -1):  # the largest class with a block or a run to hand out
-            if free_lists[ci][-1] is not None or runs[ci] is not None:  # a block above the placeholder
+        for ci in range(
+            len(sizes) - 1, -1, -1
+        ):  # the largest class with a block or a run to hand out
+            if (
+                free_lists[ci][-1] is not None or runs[ci] is not None
+            ):  # a block above the placeholder
                 best = sizes[ci]
                 break
         if self._large_cache:
@@ -499,5 +576,7 @@ class SizeClass(_SizeClassCore):
         if room >= sizes[0]:
             best = max(best, sizes[bisect_right(sizes, room) - 1])
             if room > self.max_class_bytes:  # a large request rounded to the granularity fits too
-                best = max(best, room // self.large_granularity_bytes * self.large_granularity_bytes)
+                best = max(
+                    best, room // self.large_granularity_bytes * self.large_granularity_bytes
+                )
         return best

@@ -19,7 +19,14 @@ from policies.units import parse_bytes
 from traces.spec_grammar import MAX_SPEC_CHARS, MAX_SPEC_DEPTH, check_text, parse_items, unbracket
 from traces.spec_grammar import format_value as _format_text
 
-__all__ = ["parse_spec", "format_spec", "parse_value", "check_spec_text", "MAX_SPEC_CHARS", "MAX_SPEC_DEPTH"]
+__all__ = [
+    "parse_spec",
+    "format_spec",
+    "parse_value",
+    "check_spec_text",
+    "MAX_SPEC_CHARS",
+    "MAX_SPEC_DEPTH",
+]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -67,9 +74,12 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         raise PolicyError(f"policy spec {spec!r}: {name!r} is not a policy name")
     if not rest.strip():
         return name, {}
-    items = parse_items(rest, skip_empty=False,
-                        bad_item=lambda item: PolicyError(f"policy spec {spec!r}: {item!r} is not key=value"),
-                        twice=lambda key: PolicyError(f"policy spec {spec!r}: {key!r} is given twice"))
+    items = parse_items(
+        rest,
+        skip_empty=False,
+        bad_item=lambda item: PolicyError(f"policy spec {spec!r}: {item!r} is not key=value"),
+        twice=lambda key: PolicyError(f"policy spec {spec!r}: {key!r} is given twice"),
+    )
     return name, {key: parse_value(value) for key, value in items.items()}
 
 

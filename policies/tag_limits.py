@@ -36,11 +36,18 @@ def parse_limits(text: str) -> dict[str, int]:
         PolicyError: naming the item that is not ``tag=size`` (or a tag given twice).
     """
     if not isinstance(text, str):
-        raise PolicyError(f"limits(={text!r}) must be a string 'tag=size,...' such as 'kv=40GiB,activations=2GiB'")
+        raise PolicyError(
+            f"limits(={text!r}) must be a string 'tag=size,...' such as 'kv=40GiB,activations=2GiB'"
+        )
     check_spec_text(text, "limits")
-    items = parse_items(text, valid_key=bool,
-                        bad_item=lambda item: PolicyError(f"limits(={text!r}): {item!r} is not tag=size (e.g. kv=40GiB)"),
-                        twice=lambda tag: PolicyError(f"limits(={text!r}): tag {tag!r} is given twice"))
+    items = parse_items(
+        text,
+        valid_key=bool,
+        bad_item=lambda item: PolicyError(
+            f"limits(={text!r}): {item!r} is not tag=size (e.g. kv=40GiB)"
+        ),
+        twice=lambda tag: PolicyError(f"limits(={text!r}): tag {tag!r} is given twice"),
+    )
     limits: dict[str, int] = {}
     for tag, size in items.items():
         try:
@@ -89,8 +96,14 @@ class TagLimits(WrapperPolicy):
 
     name = "tag-limits"
 
-    def __init__(self, *, base: str = "best-fit", limits: str = "", capacity_bytes: int | None = None,
-                 device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        base: str = "best-fit",
+        limits: str = "",
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         parse_limits(limits)  # refuse a bad knob before building anything
         self.limits = limits
         super().__init__(base=base, capacity_bytes=capacity_bytes, device=device)
@@ -144,6 +157,8 @@ class TagLimits(WrapperPolicy):
         self._mirror()
 
     def _reset_state(self) -> None:
-        self._tags: dict[str | None, TagStats] = {tag: TagStats(n) for tag, n in parse_limits(self.limits).items()}
+        self._tags: dict[str | None, TagStats] = {
+            tag: TagStats(n) for tag, n in parse_limits(self.limits).items()
+        }
         self.num_limit_failures = 0
         super()._reset_state()

@@ -66,15 +66,27 @@ class TLSF(ContiguousPolicy):
 
     name = "tlsf"
 
-    def __init__(self, *, second_level_log2: int = 4, segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
-                 alignment_bytes: int = 512, split_threshold_bytes: int | None = None,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        second_level_log2: int = 4,
+        segment_bytes: int = _DEFAULT_SEGMENT_BYTES,
+        alignment_bytes: int = 512,
+        split_threshold_bytes: int | None = None,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("second_level_log2", second_level_log2)
         if second_level_log2 > 8:
             raise PolicyError(f"second_level_log2(={second_level_log2}) must be between 1 and 8")
         self.second_level_log2 = second_level_log2
-        super().__init__(segment_bytes=segment_bytes, alignment_bytes=alignment_bytes,
-                         split_threshold_bytes=split_threshold_bytes, capacity_bytes=capacity_bytes, device=device)
+        super().__init__(
+            segment_bytes=segment_bytes,
+            alignment_bytes=alignment_bytes,
+            split_threshold_bytes=split_threshold_bytes,
+            capacity_bytes=capacity_bytes,
+            device=device,
+        )
 
     # ------------------------------------------------------------------ the class mapping
     def _class_of(self, size: int) -> tuple[int, int]:
@@ -105,7 +117,9 @@ class TLSF(ContiguousPolicy):
     def _index_reset(self) -> None:
         self._align_log2 = self.alignment_bytes.bit_length() - 1
         self._num_sl = 1 << self.second_level_log2
-        self._round_mask = None  # sizes round to class boundaries: ContiguousPolicy calls rounded_size
+        self._round_mask = (
+            None  # sizes round to class boundaries: ContiguousPolicy calls rounded_size
+        )
         self._streams: dict[int, _Classes] = {}
 
     def _index_add(self, block: Block) -> None:

@@ -72,8 +72,17 @@ from policies.mapped_device import as_page_mapped
 from policies.spec import format_spec
 from policies.units import round_up
 
-__all__ = ["TorchCaching", "round_size", "allocation_size", "roundup_power2_next_division",
-           "parse_roundup_power2_divisions", "NUM_ROUNDUP_INTERVALS", "DEFAULT_POOL", "params_from_settings", "spec_from_settings"]
+__all__ = [
+    "TorchCaching",
+    "round_size",
+    "allocation_size",
+    "roundup_power2_next_division",
+    "parse_roundup_power2_divisions",
+    "NUM_ROUNDUP_INTERVALS",
+    "DEFAULT_POOL",
+    "params_from_settings",
+    "spec_from_settings",
+]
 
 MiB = 1 << 20
 K_MIN_BLOCK = 512
@@ -161,10 +170,12 @@ def parse_roundup_power2_divisions(value: int | str) -> tuple[int, ...]:
         boundary, sep, divs = item.partition(":")
         boundary, divs = boundary.strip(), divs.strip()
         if not sep or not divs.isdigit() or not _is_pow2_or_zero(int(divs)):
-            raise PolicyError(f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 or a power of two")
+            raise PolicyError(
+                f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 or a power of two"
+            )
         d = int(divs)
         if boundary == ">":
-            table[last_index + 1:] = [d] * (NUM_ROUNDUP_INTERVALS - last_index - 1)
+            table[last_index + 1 :] = [d] * (NUM_ROUNDUP_INTERVALS - last_index - 1)
             continue
         if not boundary.isdigit() or int(boundary) <= 0 or not _is_pow2_or_zero(int(boundary)):
             raise PolicyError(f"{where}: boundary {boundary!r} must be a power of two (MiB) or '>'")
@@ -229,18 +240,41 @@ class TorchCaching(Policy):
     has_private_pools = True
     coalesces = True
 
-    def __init__(self, *, max_split_size_bytes: int | None = None, max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
-                 roundup_power2_divisions: int | str = 0, garbage_collection_threshold: float = 0.0,
-                 expandable_segments: bool = False, capacity_bytes: int | None = None, device=None):
-        if max_split_size_bytes is not None and (isinstance(max_split_size_bytes, bool) or not isinstance(
-                max_split_size_bytes, int) or max_split_size_bytes <= K_LARGE_BUFFER):
-            raise PolicyError(f"max_split_size_bytes(={max_split_size_bytes!r}) must be None or an integer "
-                              "> 20 MiB, as in PyTorch")
-        check_int("max_non_split_rounding_bytes", max_non_split_rounding_bytes, low=K_LARGE_BUFFER, error=PolicyError)
+    def __init__(
+        self,
+        *,
+        max_split_size_bytes: int | None = None,
+        max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
+        roundup_power2_divisions: int | str = 0,
+        garbage_collection_threshold: float = 0.0,
+        expandable_segments: bool = False,
+        capacity_bytes: int | None = None,
+        device=None,
+    ):
+        if max_split_size_bytes is not None and (
+            isinstance(max_split_size_bytes, bool)
+            or not isinstance(max_split_size_bytes, int)
+            or max_split_size_bytes <= K_LARGE_BUFFER
+        ):
+            raise PolicyError(
+                f"max_split_size_bytes(={max_split_size_bytes!r}) must be None or an integer "
+                "> 20 MiB, as in PyTorch"
+            )
+        check_int(
+            "max_non_split_rounding_bytes",
+            max_non_split_rounding_bytes,
+            low=K_LARGE_BUFFER,
+            error=PolicyError,
+        )
         parse_roundup_power2_divisions(roundup_power2_divisions)
-        if isinstance(garbage_collection_threshold, bool) or not isinstance(garbage_collection_threshold, (int, float)) \
-                or not 0.0 <= garbage_collection_threshold < 1.0:
-            raise PolicyError(f"garbage_collection_threshold(={garbage_collection_threshold!r}) must be in [0, 1)")
+        if (
+            isinstance(garbage_collection_threshold, bool)
+            or not isinstance(garbage_collection_threshold, (int, float))
+            or not 0.0 <= garbage_collection_threshold < 1.0
+        ):
+            raise PolicyError(
+                f"garbage_collection_threshold(={garbage_collection_threshold!r}) must be in [0, 1)"
+            )
         check_flag("expandable_segments", expandable_segments, error=PolicyError)
         self.max_split_size_bytes = max_split_size_bytes
         self.max_non_split_rounding_bytes = max_non_split_rounding_bytes
@@ -260,20 +294,30 @@ class TorchCaching(Policy):
             self.device = self._mapped_device
         # expandable: (pool, small, stream) -> that range's Segment (nbytes: the bytes mapped in it)
         self._ranges: dict[tuple[Any, bool, int], Segment] = {}
-        self._heads: dict[int, _Block] = {}  # range start -> its first block (the chain walks the range)
+        self._heads: dict[
+            int, _Block
+        ] = {}  # range start -> its first block (the chain walks the range)
         self._spans: dict[int, int] = {}  # range start -> its reserved bytes
-        self._keys: dict[tuple[Any, bool, int], list[int]] = {}  # (pool, small, stream) -> sorted size << 64 | ptr
+        self._keys: dict[
+            tuple[Any, bool, int], list[int]
+        ] = {}  # (pool, small, stream) -> sorted size << 64 | ptr
         self._free_at: dict[int, _Block] = {}  # ptr -> cached (free) block
         table = parse_roundup_power2_divisions(self.roundup_power2_divisions)
         self._divisions: int | tuple[int, ...] = table[0] if len(set(table)) == 1 else table
-        self._max_split = self.max_split_size_bytes if self.max_split_size_bytes is not None else 1 << 64
+        self._max_split = (
+            self.max_split_size_bytes if self.max_split_size_bytes is not None else 1 << 64
+        )
         self._gc_on = self.garbage_collection_threshold > 0 and self.capacity_bytes is not None
         self._free_block_calls = {True: 0, False: 0}  # BlockPool::get_free_blocks_call_count
         self.num_alloc_retries = 0  # release_cached_blocks ran to satisfy a request
         self.num_ooms = 0
         self._use_count: dict[Any, int] = {}  # private pool -> PrivatePool::use_count
-        self._captures: list[tuple[Any, int]] = []  # captures_underway: (pool, stream), oldest first
-        self._num_pool_segments: dict[Any, int] = {}  # private pool -> PrivatePool::cudaMalloc_count
+        self._captures: list[
+            tuple[Any, int]
+        ] = []  # captures_underway: (pool, stream), oldest first
+        self._num_pool_segments: dict[
+            Any, int
+        ] = {}  # private pool -> PrivatePool::cudaMalloc_count
 
     # ------------------------------------------------------------------ the free-block index
     def _insert(self, b: _Block) -> None:
@@ -296,7 +340,9 @@ class TorchCaching(Policy):
     def _cached(self, small: bool, pool: Any = DEFAULT_POOL) -> Iterator[_Block]:
         """``pool``'s cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
         blocks = []
-        for (in_pool, is_small, _stream), keys in sorted(self._keys.items(), key=lambda kv: kv[0][2]):
+        for (in_pool, is_small, _stream), keys in sorted(
+            self._keys.items(), key=lambda kv: kv[0][2]
+        ):
             if is_small == small and in_pool == pool:
                 blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
         return iter(blocks)
@@ -349,8 +395,11 @@ class TorchCaching(Policy):
                 self.num_ooms += 1
                 return None
         remaining = b.size - size
-        if (remaining >= K_MIN_BLOCK) if small or self.expandable_segments else (
-                size < self._max_split and remaining > K_SMALL_SIZE):
+        if (
+            (remaining >= K_MIN_BLOCK)
+            if small or self.expandable_segments
+            else (size < self._max_split and remaining > K_SMALL_SIZE)
+        ):
             front = _Block(b.ptr, size, stream, small, b.segment, pool, prev=b.prev, next=b)
             if b.prev is not None:
                 b.prev.next = front
@@ -431,7 +480,9 @@ class TorchCaching(Policy):
         self._heads[seg.offset] = b
         return b
 
-    def _try_allocate_expandable_block(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
+    def _try_allocate_expandable_block(
+        self, pool: Any, small: bool, stream: int, size: int
+    ) -> _Block | None:
         """``try_allocate_expandable_block``: a free block of at least ``size`` made by mapping
         pages into the lowest unmapped range that, with the free block before it, has room;
         removed from the index. None when the device or ``capacity_bytes`` refuses."""
@@ -458,7 +509,9 @@ class TorchCaching(Policy):
         if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
             self._drop_if_empty((pool, small, stream))
             return None
-        while candidate.size < size:  # free -> unmapped: map what is missing, merging into the free block
+        while (
+            candidate.size < size
+        ):  # free -> unmapped: map what is missing, merging into the free block
             nxt = candidate.next
             if not self._map_block(nxt, min(size - candidate.size, nxt.size)):
                 return None
@@ -507,8 +560,17 @@ class TorchCaching(Policy):
         right = nbytes == b.size and b.next is not None and b.next.mapped
         self._count_runs(1 - left - right)
         if nbytes < b.size:
-            rest = _Block(b.ptr + nbytes, b.size - nbytes, b.stream, b.small, seg, b.pool, prev=b, next=b.next,
-                          mapped=False)
+            rest = _Block(
+                b.ptr + nbytes,
+                b.size - nbytes,
+                b.stream,
+                b.small,
+                seg,
+                b.pool,
+                prev=b,
+                next=b.next,
+                mapped=False,
+            )
             if b.next is not None:
                 b.next.prev = rest
             b.next = rest
@@ -560,7 +622,9 @@ class TorchCaching(Policy):
         right = b.ptr + b.size > end or (b.next is not None and b.next.mapped)
         self._count_runs(left + right - 1)
         if start > b.ptr:
-            before = _Block(b.ptr, start - b.ptr, b.stream, b.small, seg, b.pool, prev=b.prev, next=b)
+            before = _Block(
+                b.ptr, start - b.ptr, b.stream, b.small, seg, b.pool, prev=b.prev, next=b
+            )
             if b.prev is not None:
                 b.prev.next = before
             else:
@@ -568,7 +632,9 @@ class TorchCaching(Policy):
             b.prev = before
             self._insert(before)
         if b.ptr + b.size > end:
-            after = _Block(end, b.ptr + b.size - end, b.stream, b.small, seg, b.pool, prev=b, next=b.next)
+            after = _Block(
+                end, b.ptr + b.size - end, b.stream, b.small, seg, b.pool, prev=b, next=b.next
+            )
             if b.next is not None:
                 b.next.prev = after
             b.next = after
@@ -622,7 +688,9 @@ class TorchCaching(Policy):
         return sorted(runs, key=lambda r: r.offset)
 
     def reset(self) -> None:
-        if self.expandable_segments:  # unmap every page and give the ranges back (not the segment protocol)
+        if (
+            self.expandable_segments
+        ):  # unmap every page and give the ranges back (not the segment protocol)
             for seg in self._ranges.values():
                 span = self._spans[seg.offset]
                 self._mapped_device.unmap_release(seg.offset, span)
@@ -679,7 +747,9 @@ class TorchCaching(Policy):
                         return released
                     if not b.is_split:
                         released += self._release_block(b)
-        for pool in freeable:  # a freeable pool left with no segment is forgotten (cudaMalloc_count == 0)
+        for (
+            pool
+        ) in freeable:  # a freeable pool left with no segment is forgotten (cudaMalloc_count == 0)
             if not self._num_pool_segments.get(pool):
                 del self._use_count[pool]
         return released
@@ -697,7 +767,9 @@ class TorchCaching(Policy):
         ``end_allocate_to_pool``. A new pool starts in use (``use_count`` 1); a capture into an
         existing one shares it (``use_count`` + 1)."""
         if pool_id == DEFAULT_POOL:
-            raise PolicyError(f"begin_allocate_to_pool: {pool_id!r} is the default pool, not a private one")
+            raise PolicyError(
+                f"begin_allocate_to_pool: {pool_id!r} is the default pool, not a private one"
+            )
         if pool_id in self._use_count:
             if self._use_count[pool_id] == 0:
                 raise PolicyError(f"begin_allocate_to_pool: private pool {pool_id!r} was released")
@@ -721,7 +793,9 @@ class TorchCaching(Policy):
             raise PolicyError(f"release_pool: private pool {pool_id!r} is not in use")
         self._use_count[pool_id] -= 1
 
-    def _release_available_cached_blocks(self, pool: Any, small: bool, stream: int, size: int) -> bool:
+    def _release_available_cached_blocks(
+        self, pool: Any, small: bool, stream: int, size: int
+    ) -> bool:
         """``release_available_cached_blocks``: free oversize cached blocks, only with ``max_split_size``.
 
         One block at least as large as the request (or ``max_split_size``) if there is one, else
@@ -734,7 +808,9 @@ class TorchCaching(Policy):
         i = bisect_left(keys, key << _KEY_BITS)
         if i < len(keys):
             b = self._free_at[keys[i] & _PTR_MASK]
-            if b.is_split:  # PyTorch would cudaFree it anyway; oversize blocks are never split in practice
+            if (
+                b.is_split
+            ):  # PyTorch would cudaFree it anyway; oversize blocks are never split in practice
                 return False
             self._release_block(b)
             return True
@@ -783,19 +859,36 @@ class TorchCaching(Policy):
             return super().grow(nbytes)
         size = round_size(nbytes, self._divisions)
         small = size <= K_SMALL_SIZE
-        seg = None if self._frozen or nbytes > self._max_request_bytes else self._range(DEFAULT_POOL, small, 0)
+        seg = (
+            None
+            if self._frozen or nbytes > self._max_request_bytes
+            else self._range(DEFAULT_POOL, small, 0)
+        )
         unmapped = self._head(seg) if seg is not None else None
         page = self._page_bytes(small)
         while unmapped is not None and (unmapped.mapped or unmapped.size < size + page):
             unmapped = unmapped.next
-        if unmapped is not None and unmapped.prev is not None:  # one page of address space apart: a segment of its own
-            gap = _Block(unmapped.ptr, page, 0, small, seg, DEFAULT_POOL, prev=unmapped.prev, next=unmapped,
-                         mapped=False)
+        if (
+            unmapped is not None and unmapped.prev is not None
+        ):  # one page of address space apart: a segment of its own
+            gap = _Block(
+                unmapped.ptr,
+                page,
+                0,
+                small,
+                seg,
+                DEFAULT_POOL,
+                prev=unmapped.prev,
+                next=unmapped,
+                mapped=False,
+            )
             unmapped.prev.next = gap
             unmapped.prev = gap
             unmapped.ptr += page
             unmapped.size -= page
-        if unmapped is None or not self._map_block(unmapped, size):  # fresh pages at the lowest room
+        if unmapped is None or not self._map_block(
+            unmapped, size
+        ):  # fresh pages at the lowest room
             if seg is not None:
                 self._drop_if_empty((DEFAULT_POOL, small, 0))
             self._frozen_refusal_at = -1  # a refused grow() is no allocation's failure
@@ -812,9 +905,16 @@ class TorchCaching(Policy):
         return allocation_size(round_size(nbytes, self._divisions))
 
     # ------------------------------------------------------------------ seeding
-    def seed_segment(self, nbytes: int, *, small: bool, stream: int = 0,
-                     blocks: Iterable[tuple[int, int, int]] = (), pool: Any = DEFAULT_POOL,
-                     range_offset_bytes: int = 0) -> list[Allocation]:
+    def seed_segment(
+        self,
+        nbytes: int,
+        *,
+        small: bool,
+        stream: int = 0,
+        blocks: Iterable[tuple[int, int, int]] = (),
+        pool: Any = DEFAULT_POOL,
+        range_offset_bytes: int = 0,
+    ) -> list[Allocation]:
         """Rebuild a segment that existed before a trace began, with its live blocks in place.
 
         Reserves ``nbytes`` through the device (as ``cudaMalloc`` did) and lays out
@@ -841,30 +941,52 @@ class TorchCaching(Policy):
                 fit within ``capacity_bytes`` or the device.
         """
         where = f"seed_segment(nbytes={nbytes!r})"
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0 or nbytes % K_MIN_BLOCK:
-            raise PolicyError(f"{where}: the segment size must be a positive multiple of {K_MIN_BLOCK}")
+        if (
+            isinstance(nbytes, bool)
+            or not isinstance(nbytes, int)
+            or nbytes <= 0
+            or nbytes % K_MIN_BLOCK
+        ):
+            raise PolicyError(
+                f"{where}: the segment size must be a positive multiple of {K_MIN_BLOCK}"
+            )
         given = [tuple(b) for b in blocks]
         layout = sorted(given)
         end = 0
         for b in layout:
             if len(b) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in b):
-                raise PolicyError(f"{where}: block {b!r} is not (offset_in_segment, block_bytes, requested_bytes)")
+                raise PolicyError(
+                    f"{where}: block {b!r} is not (offset_in_segment, block_bytes, requested_bytes)"
+                )
             offset, block_bytes, requested = b
-            if offset < end or offset % K_MIN_BLOCK or block_bytes <= 0 or block_bytes % K_MIN_BLOCK:
-                raise PolicyError(f"{where}: block {b!r} overlaps the one before it or is not 512-aligned")
+            if (
+                offset < end
+                or offset % K_MIN_BLOCK
+                or block_bytes <= 0
+                or block_bytes % K_MIN_BLOCK
+            ):
+                raise PolicyError(
+                    f"{where}: block {b!r} overlaps the one before it or is not 512-aligned"
+                )
             if not 0 < requested <= block_bytes:
-                raise PolicyError(f"{where}: block {b!r} must have 0 < requested_bytes <= block_bytes")
+                raise PolicyError(
+                    f"{where}: block {b!r} must have 0 < requested_bytes <= block_bytes"
+                )
             end = offset + block_bytes
         if end > nbytes:
             raise PolicyError(f"{where}: blocks reach offset {end}, past the segment's end")
         if pool != DEFAULT_POOL:
             self._use_count.setdefault(pool, 1)
         if self.expandable_segments:
-            seg, base, prev, after = self._seed_mapped_run(where, nbytes, small, stream, pool, range_offset_bytes)
+            seg, base, prev, after = self._seed_mapped_run(
+                where, nbytes, small, stream, pool, range_offset_bytes
+            )
         else:
             seg = self._reserve_segment(nbytes, stream, retry=False)
             if seg is None:
-                raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment")
+                raise PolicyError(
+                    f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment"
+                )
             seg.handle = small
             self._count_pool_segment(pool, +1)
             base, prev, after = seg.offset, None, None
@@ -873,14 +995,21 @@ class TorchCaching(Policy):
         cursor = base
         for offset, block_bytes, requested in layout:
             if base + offset > cursor:
-                prev = self._link(_Block(cursor, base + offset - cursor, stream, small, seg, pool), prev)
+                prev = self._link(
+                    _Block(cursor, base + offset - cursor, stream, small, seg, pool), prev
+                )
                 self._insert(prev)
-            prev = self._link(_Block(base + offset, block_bytes, stream, small, seg, pool, allocated=True), prev)
+            prev = self._link(
+                _Block(base + offset, block_bytes, stream, small, seg, pool, allocated=True), prev
+            )
             cursor = prev.ptr + block_bytes
             made[(offset, block_bytes, requested)] = self._count_seeded(
-                Allocation(requested, block_bytes, ((prev.ptr, block_bytes),), stream, None, prev))
+                Allocation(requested, block_bytes, ((prev.ptr, block_bytes),), stream, None, prev)
+            )
         if base + nbytes > cursor:
-            prev = self._link(_Block(cursor, base + nbytes - cursor, stream, small, seg, pool), prev)
+            prev = self._link(
+                _Block(cursor, base + nbytes - cursor, stream, small, seg, pool), prev
+            )
             self._insert(prev)
         if after is not None:
             self._link(after, prev)
@@ -891,28 +1020,40 @@ class TorchCaching(Policy):
             self._heads[seg.offset] = head
         return [made[b] for b in given]
 
-    def _seed_mapped_run(self, where: str, nbytes: int, small: bool, stream: int, pool: Any, range_offset_bytes: int):
+    def _seed_mapped_run(
+        self, where: str, nbytes: int, small: bool, stream: int, pool: Any, range_offset_bytes: int
+    ):
         """Map ``nbytes`` at ``range_offset_bytes`` into the range; returns ``(range segment,
         run start, block before the run, block after it)`` with the run's own block unlinked."""
         page = self._page_bytes(small)
         if range_offset_bytes % page or nbytes % page:
-            raise PolicyError(f"{where}: an expandable run must start and end on {page // MiB} MiB pages")
+            raise PolicyError(
+                f"{where}: an expandable run must start and end on {page // MiB} MiB pages"
+            )
         seg = self._range(pool, small, stream)
         start = seg.offset + range_offset_bytes
         u = self._head(seg)
-        while u is not None and not (not u.mapped and u.ptr <= start and start + nbytes <= u.ptr + u.size):
+        while u is not None and not (
+            not u.mapped and u.ptr <= start and start + nbytes <= u.ptr + u.size
+        ):
             u = u.next
         if u is None:
-            raise PolicyError(f"{where}: [{range_offset_bytes}, +{nbytes}) of the range is mapped already")
+            raise PolicyError(
+                f"{where}: [{range_offset_bytes}, +{nbytes}) of the range is mapped already"
+            )
         if u.ptr < start:  # the unmapped stretch before the run stays a block of its own
-            before = _Block(u.ptr, start - u.ptr, stream, small, seg, pool, prev=u.prev, next=u, mapped=False)
+            before = _Block(
+                u.ptr, start - u.ptr, stream, small, seg, pool, prev=u.prev, next=u, mapped=False
+            )
             if u.prev is not None:
                 u.prev.next = before
             u.prev = before
             u.size -= start - u.ptr
             u.ptr = start
         if not self._map_block(u, nbytes):
-            raise PolicyError(f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the pages")
+            raise PolicyError(
+                f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the pages"
+            )
         run = self._last_merged
         self._remove(run)
         return seg, run.ptr, run.prev, run.next
@@ -947,8 +1088,11 @@ class TorchCaching(Policy):
 
     def allocator_info(self) -> dict[str, Any]:
         """PyTorch's own counters that the base stats lack."""
-        return {"num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms,
-                "num_cached_blocks": len(self._free_at)}
+        return {
+            "num_alloc_retries": self.num_alloc_retries,
+            "num_ooms": self.num_ooms,
+            "num_cached_blocks": len(self._free_at),
+        }
 
 
 # ---------------------------------------------------------------------------- PyTorch's settings
@@ -965,7 +1109,9 @@ def params_from_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if isinstance(max_split, int) and 0 < max_split < 1 << 62:
         params["max_split_size_bytes"] = max_split
     conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF") or "")
-    rounding_mb = parse_items(conf, bad_item=None, valid_key=bool, assign=":").get("max_non_split_rounding_mb", "")
+    rounding_mb = parse_items(conf, bad_item=None, valid_key=bool, assign=":").get(
+        "max_non_split_rounding_mb", ""
+    )
     if rounding_mb.isdigit():
         params["max_non_split_rounding_bytes"] = int(rounding_mb) * MiB
     divisions = settings.get("roundup_power2_divisions")
@@ -975,7 +1121,9 @@ def params_from_settings(settings: dict[str, Any]) -> dict[str, Any]:
             if values[0] > 1:
                 params["roundup_power2_divisions"] = values[0]
         else:
-            params["roundup_power2_divisions"] = ",".join(f"{1 << k}:{v}" for k, v in enumerate(values))
+            params["roundup_power2_divisions"] = ",".join(
+                f"{1 << k}:{v}" for k, v in enumerate(values)
+            )
     elif isinstance(divisions, int) and divisions > 1:
         params["roundup_power2_divisions"] = divisions
     gc = settings.get("garbage_collection_threshold") or 0.0

@@ -9,9 +9,20 @@ from policies.errors import PolicyError
 __all__ = ["parse_bytes", "format_bytes", "round_up"]
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9][0-9_]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -31,9 +42,15 @@ def parse_bytes(text: str | int) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise PolicyError(f"cannot read {text!r} as a size in bytes (examples: 4096, 2MiB, 80GiB)")
     digits, unit = m.group(1).replace("_", ""), _UNITS[m.group(2).lower()]
-    if len(digits) > 30:  # past any memory; float() would make it inf, int() may pass Python's digit limit
-        raise PolicyError(f"size {str(text)[:40]!r}... ({len(digits):,} digits) is too large to be a number of bytes")
-    value = int(digits) * unit if "." not in digits else float(digits) * unit  # whole numbers stay exact
+    if (
+        len(digits) > 30
+    ):  # past any memory; float() would make it inf, int() may pass Python's digit limit
+        raise PolicyError(
+            f"size {str(text)[:40]!r}... ({len(digits):,} digits) is too large to be a number of bytes"
+        )
+    value = (
+        int(digits) * unit if "." not in digits else float(digits) * unit
+    )  # whole numbers stay exact
     if value != int(value):
         raise PolicyError(f"size {text!r} is not a whole number of bytes")
     return int(value)

@@ -79,13 +79,23 @@ class VmmStitch(BestFit):
     #: only those two, and its stitched address is not the pool's (``stitched_address``)
     can_hold_kv = False
 
-    def __init__(self, *, max_stitched_ranges: int = 64, alignment_bytes: int = 512,
-                 capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        max_stitched_ranges: int = 64,
+        alignment_bytes: int = 512,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("max_stitched_ranges", max_stitched_ranges, minimum=0)
         self.max_stitched_ranges = max_stitched_ranges
         device = as_page_mapped(device)
-        super().__init__(segment_bytes=device.granularity_bytes, alignment_bytes=alignment_bytes,
-                         capacity_bytes=capacity_bytes, device=device)
+        super().__init__(
+            segment_bytes=device.granularity_bytes,
+            alignment_bytes=alignment_bytes,
+            capacity_bytes=capacity_bytes,
+            device=device,
+        )
 
     # ----------------------------------------------------------------- stitching
     def stitched_address(self, allocation: Allocation) -> int:
@@ -95,8 +105,11 @@ class VmmStitch(BestFit):
 
     def stitch_stats(self) -> dict[str, int]:
         """Stitches made, stitches served from the cache, and ranges cached now."""
-        return {"num_stitches": self.num_stitches, "num_stitch_reuses": self.num_stitch_reuses,
-                "num_stitched_ranges": len(self._stitched)}
+        return {
+            "num_stitches": self.num_stitches,
+            "num_stitch_reuses": self.num_stitch_reuses,
+            "num_stitched_ranges": len(self._stitched),
+        }
 
     def _free_chunks(self, stream: int) -> list[tuple[int, int, Block]]:
         """``(chunk-aligned start, bytes, block)`` of the whole free chunks in each free block of
@@ -124,7 +137,9 @@ class VmmStitch(BestFit):
             self._index_add(block)
             block = right
         if block.size > nbytes:
-            rest = Block(block.offset + nbytes, block.size - nbytes, block.segment, block, block.next)
+            rest = Block(
+                block.offset + nbytes, block.size - nbytes, block.segment, block, block.next
+            )
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
@@ -179,12 +194,18 @@ class VmmStitch(BestFit):
         """Unmap cached stitched ranges (least recently used first) down to ``keep``, or those in
         ``only``. A range whose allocation is live is kept."""
         device = self.device
-        victims = list(only) if only is not None else list(self._stitched)[:max(0, len(self._stitched) - keep)]
+        victims = (
+            list(only)
+            if only is not None
+            else list(self._stitched)[: max(0, len(self._stitched) - keep)]
+        )
         for chunks in victims:
             if chunks in self._live_stitches:
                 continue
             stitched = self._stitched.pop(chunks)
-            device.unmap(stitched.address, stitched.nbytes)  # the chunks stay mapped in their pBlocks
+            device.unmap(
+                stitched.address, stitched.nbytes
+            )  # the chunks stay mapped in their pBlocks
             device.address_free(stitched.address, stitched.nbytes)
             for owners in self._stitched_over.values():
                 owners.discard(chunks)
@@ -216,7 +237,9 @@ class VmmStitch(BestFit):
             block.segment.num_live += 1
         self.allocated_bytes += size
         self._live_stitches.add(stitched.chunks)
-        return Allocation(nbytes, size, tuple((b.offset, b.size) for b in blocks), stream, tag, (stitched, blocks))
+        return Allocation(
+            nbytes, size, tuple((b.offset, b.size) for b in blocks), stream, tag, (stitched, blocks)
+        )
 
     def _free(self, allocation: Allocation) -> None:
         handle = allocation.handle
@@ -225,7 +248,9 @@ class VmmStitch(BestFit):
         stitched, blocks = handle
         self._live_stitches.discard(stitched.chunks)
         for block in blocks:
-            super()._free(Allocation(block.size, block.size, ((block.offset, block.size),), handle=block))
+            super()._free(
+                Allocation(block.size, block.size, ((block.offset, block.size),), handle=block)
+            )
 
     def _release_segment(self, seg: Segment) -> None:
         owners = self._stitched_over.pop(seg.offset, set())
@@ -235,7 +260,9 @@ class VmmStitch(BestFit):
 
     def _reset_state(self) -> None:
         self._stitched: OrderedDict[tuple[int, ...], _Stitched] = OrderedDict()
-        self._stitched_over: dict[int, set[tuple[int, ...]]] = {}  # pBlock offset -> stitched ranges over it
+        self._stitched_over: dict[
+            int, set[tuple[int, ...]]
+        ] = {}  # pBlock offset -> stitched ranges over it
         self._live_stitches: set[tuple[int, ...]] = set()
         self.num_stitches = 0
         self.num_stitch_reuses = 0

@@ -60,4 +60,6 @@ class WorstFit(BestFit):
         return self._blocks_by_stream[stream].pop()
 
     def _index_largest_bytes(self) -> int:
-        return max((keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0)
+        return max(
+            (keys[-1] >> OFFSET_BITS for keys in self._keys_by_stream.values() if keys), default=0
+        )

@@ -67,9 +67,17 @@ class WrapperPolicy(Policy):
     ``super()._reset_state()`` from their own.
     """
 
-    def __init__(self, *, base: str = "best-fit", capacity_bytes: int | None = None, device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        base: str = "best-fit",
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         if not isinstance(base, str):
-            raise PolicyError(f"{self.name} base(={base!r}) must be a policy spec string such as 'best-fit'")
+            raise PolicyError(
+                f"{self.name} base(={base!r}) must be a policy spec string such as 'best-fit'"
+            )
         from policies.registry import create  # the registry lists wrapper modules: import it late
 
         try:
@@ -218,7 +226,11 @@ class WrapperPolicy(Policy):
     def _mirror(self) -> None:
         """``_sync`` in the common case where no segment changed hands: the hot path."""
         b = self.base_policy
-        if b.reserved_bytes != self.reserved_bytes or b.num_grows != self.num_grows or b.num_shrinks != self.num_shrinks:
+        if (
+            b.reserved_bytes != self.reserved_bytes
+            or b.num_grows != self.num_grows
+            or b.num_shrinks != self.num_shrinks
+        ):
             self._sync()
         else:
             self.allocated_bytes = b.allocated_bytes

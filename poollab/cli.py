@@ -21,29 +21,58 @@ from poollab.errors import USER_ERRORS
 #: the command runs or shows its own help; ``poollab --help`` lists the summaries, so it does not
 #: import pandas, simpy or the simulator (tests/poollab check each summary against the command).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "policies": ("poollab.commands.policies",
-                 "List registered policies (built-in and third-party) and their parameters."),
-    "presets": ("poollab.commands.presets",
-                "List the model and GPU presets (shapes, context limits, memory, rates, links)."),
-    "replay": ("poollab.commands.replay", "Replay the allocation TRACE against each policy and compare them."),
-    "simulate": ("poollab.commands.simulate",
-                 "Simulate serving the request TRACE with each policy managing the KV cache."),
-    "colocate": ("poollab.commands.colocate",
-                 "Simulate several model instances (tenants) sharing one GPU's memory, under each layout."),
-    "fidelity": ("poollab.commands.fidelity",
-                 "Does the emulation decide what the real allocator decided on SNAPSHOT?"),
-    "calibrate": ("poollab.commands.calibrate",
-                  "Fit the simulator's step time to a real engine (a step profile, or a request table alone)."),
-    "plan": ("poollab.commands.plan",
-             "Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits."),
-    "gpu": ("poollab.commands.gpu",
-            "Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator."),
-    "report": ("poollab.commands.report",
-               "Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs)."),
-    "sweep": ("poollab.commands.sweep",
-              "Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one table."),
-    "traces": ("poollab.commands.traces", "Inspect allocation and request traces; generate synthetic ones."),
-    "demo": ("poollab.commands.demo", "Compare the five policies on bundled real traces (replay, then simulation)."),
+    "policies": (
+        "poollab.commands.policies",
+        "List registered policies (built-in and third-party) and their parameters.",
+    ),
+    "presets": (
+        "poollab.commands.presets",
+        "List the model and GPU presets (shapes, context limits, memory, rates, links).",
+    ),
+    "replay": (
+        "poollab.commands.replay",
+        "Replay the allocation TRACE against each policy and compare them.",
+    ),
+    "simulate": (
+        "poollab.commands.simulate",
+        "Simulate serving the request TRACE with each policy managing the KV cache.",
+    ),
+    "colocate": (
+        "poollab.commands.colocate",
+        "Simulate several model instances (tenants) sharing one GPU's memory, under each layout.",
+    ),
+    "fidelity": (
+        "poollab.commands.fidelity",
+        "Does the emulation decide what the real allocator decided on SNAPSHOT?",
+    ),
+    "calibrate": (
+        "poollab.commands.calibrate",
+        "Fit the simulator's step time to a real engine (a step profile, or a request table alone).",
+    ),
+    "plan": (
+        "poollab.commands.plan",
+        "Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits.",
+    ),
+    "gpu": (
+        "poollab.commands.gpu",
+        "Run policies as real GPU memory pools (CuPy); measure baselines; calibrate the simulator.",
+    ),
+    "report": (
+        "poollab.commands.report",
+        "Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs).",
+    ),
+    "sweep": (
+        "poollab.commands.sweep",
+        "Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one table.",
+    ),
+    "traces": (
+        "poollab.commands.traces",
+        "Inspect allocation and request traces; generate synthetic ones.",
+    ),
+    "demo": (
+        "poollab.commands.demo",
+        "Compare the five policies on bundled real traces (replay, then simulation).",
+    ),
 }
 
 
@@ -63,8 +92,10 @@ class LazyGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The command list, from ``COMMANDS``' summaries for commands not imported yet."""
-        rows = [(name, self.commands.get(name) or click.Command(name, help=COMMANDS[name][1]))
-                for name in self.list_commands(ctx)]
+        rows = [
+            (name, self.commands.get(name) or click.Command(name, help=COMMANDS[name][1]))
+            for name in self.list_commands(ctx)
+        ]
         rows = [(name, cmd) for name, cmd in rows if not cmd.hidden]
         if rows:
             limit = formatter.width - 6 - max(len(name) for name, _ in rows)
@@ -72,7 +103,10 @@ class LazyGroup(click.Group):
                 formatter.write_dl([(name, cmd.get_short_help_str(limit)) for name, cmd in rows])
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=LazyGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="poollab")
 def cli() -> None:
     """poollab: compare GPU memory-pool policies for LLM inference.
@@ -100,9 +134,13 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"{' '.join(exc.format_message().split())}{hint}")
     except click.ClickException as exc:
         _fail(" ".join(exc.format_message().split()), exc.exit_code)
-    except BrokenPipeError:  # the reader went away (`poollab presets | head`): stop quietly, as Unix tools do
+    except (
+        BrokenPipeError
+    ):  # the reader went away (`poollab presets | head`): stop quietly, as Unix tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        os.dup2(
+            devnull, sys.stdout.fileno()
+        )  # so the interpreter's final flush does not fail again
         sys.exit(141)
     except click.exceptions.Abort:
         click.echo("poollab: aborted", err=True)

@@ -24,8 +24,24 @@ from policies.device_kind import DeviceKind
 from policies.errors import PolicyError
 from policies.units import parse_bytes
 
-__all__ = ["INT64_MAX", "ByteSize", "FiniteFloat", "Count", "FloatList", "BYTES", "POSITIVE", "FRACTION",
-           "RATE_SCALE", "COUNT", "SEED", "DEVICE", "MIN_RATE_SCALE", "MAX_RATE_SCALE", "DeviceKindType", "DEVICE_KIND"]
+__all__ = [
+    "INT64_MAX",
+    "ByteSize",
+    "FiniteFloat",
+    "Count",
+    "FloatList",
+    "BYTES",
+    "POSITIVE",
+    "FRACTION",
+    "RATE_SCALE",
+    "COUNT",
+    "SEED",
+    "DEVICE",
+    "MIN_RATE_SCALE",
+    "MAX_RATE_SCALE",
+    "DeviceKindType",
+    "DEVICE_KIND",
+]
 
 #: The largest size or count an option takes: what an int64 column holds.
 INT64_MAX = 2**63 - 1
@@ -44,7 +60,9 @@ def _interval(low: float | None, high: float | None, low_open: bool, high_open: 
     return ""
 
 
-def _within(value: float, low: float | None, high: float | None, low_open: bool, high_open: bool) -> bool:
+def _within(
+    value: float, low: float | None, high: float | None, low_open: bool, high_open: bool
+) -> bool:
     if low is not None and (value <= low if low_open else value < low):
         return False
     return high is None or (value < high if high_open else value <= high)
@@ -70,11 +88,15 @@ class ByteSize(click.ParamType):
         except PolicyError as exc:
             self.fail(str(exc), param, ctx)
         except (OverflowError, ValueError):  # 400 digits: the float behind a unit is infinite
-            self.fail(f"{_short(value)} is too large: at most {INT64_MAX:,} bytes (8 EiB)", param, ctx)
+            self.fail(
+                f"{_short(value)} is too large: at most {INT64_MAX:,} bytes (8 EiB)", param, ctx
+            )
         if nbytes > self.max_bytes:
             self.fail(f"{_short(value)} is too large: at most {self.max_bytes:,} bytes", param, ctx)
         if nbytes < self.min_bytes:
-            self.fail(f"{_short(value)} is too small: at least {self.min_bytes:,} bytes", param, ctx)
+            self.fail(
+                f"{_short(value)} is too small: at least {self.min_bytes:,} bytes", param, ctx
+            )
         return nbytes
 
 
@@ -86,8 +108,14 @@ class FiniteFloat(click.FloatRange):
 
     name = "NUMBER"
 
-    def __init__(self, low: float | None = None, high: float | None = None, *, low_open: bool = False,
-                 high_open: bool = False):
+    def __init__(
+        self,
+        low: float | None = None,
+        high: float | None = None,
+        *,
+        low_open: bool = False,
+        high_open: bool = False,
+    ):
         super().__init__(low, high, min_open=low_open, max_open=high_open)
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
 
@@ -103,8 +131,11 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{_short(value)} is not a finite number", param, ctx)
         if not _within(number, self.low, self.high, self.low_open, self.high_open):
-            self.fail(f"{_short(value)} is not {_interval(self.low, self.high, self.low_open, self.high_open)}",
-                      param, ctx)
+            self.fail(
+                f"{_short(value)} is not {_interval(self.low, self.high, self.low_open, self.high_open)}",
+                param,
+                ctx,
+            )
         return number
 
     def __repr__(self) -> str:
@@ -138,8 +169,11 @@ class Count(click.IntRange):
             except ValueError:  # also Python's digit limit (4,300 digits): not a count anyone means
                 self.fail(f"{_short(value)} is not a whole number", param, ctx)
         if not _within(number, self.low, self.high, False, False):
-            self.fail(f"{_short(value)} is not in [{self.low if self.low is not None else '-inf'}, {self.high:,}]",
-                      param, ctx)
+            self.fail(
+                f"{_short(value)} is not in [{self.low if self.low is not None else '-inf'}, {self.high:,}]",
+                param,
+                ctx,
+            )
         return number
 
 
@@ -173,7 +207,9 @@ class DeviceKindType(click.ParamType):
 
     name = "|".join(k.value for k in DeviceKind)
 
-    def get_metavar(self, param, ctx=None) -> str:  # click upper-cases ``name``; users type the values
+    def get_metavar(
+        self, param, ctx=None
+    ) -> str:  # click upper-cases ``name``; users type the values
         return f"[{self.name}]"
 
     def convert(self, value: Any, param, ctx) -> DeviceKind | None:
@@ -182,8 +218,12 @@ class DeviceKindType(click.ParamType):
         try:
             return DeviceKind.parse(value, where=str(value))
         except ValueError:
-            self.fail(f"{_short(value)} is not a device kind; one of "
-                      f"{', '.join(k.value for k in DeviceKind)} (or segments, vmm)", param, ctx)
+            self.fail(
+                f"{_short(value)} is not a device kind; one of "
+                f"{', '.join(k.value for k in DeviceKind)} (or segments, vmm)",
+                param,
+                ctx,
+            )
 
     def shell_complete(self, ctx, param, incomplete):
         from click.shell_completion import CompletionItem

@@ -19,10 +19,26 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "GpuPool", "CudaDevice", "HostDevice", "SegmentDevice", "GpuUnavailableError", "PoolOutOfMemoryError",
-    "CorruptionError", "PoolError", "gpu_replay", "baseline_replay", "BASELINES", "require_cuda",
-    "pool_roundtrip", "baseline_roundtrip", "MappedRealDevice", "CudaVmmDevice", "HostVmmDevice", "VmmDriverError",
-    "use_policy", "TorchPolicyAllocator",
+    "GpuPool",
+    "CudaDevice",
+    "HostDevice",
+    "SegmentDevice",
+    "GpuUnavailableError",
+    "PoolOutOfMemoryError",
+    "CorruptionError",
+    "PoolError",
+    "gpu_replay",
+    "baseline_replay",
+    "BASELINES",
+    "require_cuda",
+    "pool_roundtrip",
+    "baseline_roundtrip",
+    "MappedRealDevice",
+    "CudaVmmDevice",
+    "HostVmmDevice",
+    "VmmDriverError",
+    "use_policy",
+    "TorchPolicyAllocator",
 ]
 
 _EXPORTS = {

@@ -188,8 +188,12 @@ class CudaMallocBaseline(Baseline):
         return self._live
 
     def counters(self) -> dict[str, float]:
-        return {"peak_allocated_bytes": self._peak, "peak_reserved_bytes": self._peak,
-                "n_grow": self._n_malloc, "n_shrink": self._n_free}
+        return {
+            "peak_allocated_bytes": self._peak,
+            "peak_reserved_bytes": self._peak,
+            "n_grow": self._n_malloc,
+            "n_shrink": self._n_free,
+        }
 
     def close(self) -> None:
         import cupy
@@ -233,8 +237,12 @@ class CupyPoolBaseline(Baseline):
         return self._pool.used_bytes()
 
     def counters(self) -> dict[str, float]:
-        return {"peak_allocated_bytes": self._peak_used, "peak_reserved_bytes": self._peak_reserved,
-                "n_grow": NAN, "n_shrink": NAN}
+        return {
+            "peak_allocated_bytes": self._peak_used,
+            "peak_reserved_bytes": self._peak_reserved,
+            "n_grow": NAN,
+            "n_shrink": NAN,
+        }
 
     def use_stream(self, stream_id: int) -> None:
         self._streams.use(stream_id)
@@ -242,7 +250,9 @@ class CupyPoolBaseline(Baseline):
     def close(self) -> None:
         import cupy
 
-        cupy.cuda.Device(self.device_id).synchronize()  # blocks freed on side streams may still be in use
+        cupy.cuda.Device(
+            self.device_id
+        ).synchronize()  # blocks freed on side streams may still be in use
         self._streams.restore()
         self._pool.free_all_blocks()
 
@@ -268,7 +278,9 @@ class CupyAsyncBaseline(Baseline):
         with cupy.cuda.Device(device_id):
             self._pool = cupy.cuda.MemoryAsyncPool()
             self._handle = rt.deviceGetMemPool(device_id)
-            self._old_threshold = rt.memPoolGetAttribute(self._handle, rt.cudaMemPoolAttrReleaseThreshold)
+            self._old_threshold = rt.memPoolGetAttribute(
+                self._handle, rt.cudaMemPoolAttrReleaseThreshold
+            )
             _, total = rt.memGetInfo()
             rt.memPoolSetAttribute(self._handle, rt.cudaMemPoolAttrReleaseThreshold, total)
             # the high-water marks can only be reset to 0 (they then track from now on)
@@ -281,16 +293,25 @@ class CupyAsyncBaseline(Baseline):
         return handle.ptr
 
     def reserved_bytes(self) -> int:
-        return self._rt.memPoolGetAttribute(self._handle, self._rt.cudaMemPoolAttrReservedMemCurrent)
+        return self._rt.memPoolGetAttribute(
+            self._handle, self._rt.cudaMemPoolAttrReservedMemCurrent
+        )
 
     def allocated_bytes(self) -> float:
         return self._rt.memPoolGetAttribute(self._handle, self._rt.cudaMemPoolAttrUsedMemCurrent)
 
     def counters(self) -> dict[str, float]:
         rt = self._rt
-        return {"peak_allocated_bytes": rt.memPoolGetAttribute(self._handle, rt.cudaMemPoolAttrUsedMemHigh),
-                "peak_reserved_bytes": rt.memPoolGetAttribute(self._handle, rt.cudaMemPoolAttrReservedMemHigh),
-                "n_grow": NAN, "n_shrink": NAN}
+        return {
+            "peak_allocated_bytes": rt.memPoolGetAttribute(
+                self._handle, rt.cudaMemPoolAttrUsedMemHigh
+            ),
+            "peak_reserved_bytes": rt.memPoolGetAttribute(
+                self._handle, rt.cudaMemPoolAttrReservedMemHigh
+            ),
+            "n_grow": NAN,
+            "n_shrink": NAN,
+        }
 
     def use_stream(self, stream_id: int) -> None:
         self._streams.use(stream_id)
@@ -302,7 +323,9 @@ class CupyAsyncBaseline(Baseline):
         device = cupy.cuda.Device(self.device_id)
         with device:
             device.synchronize()  # the frees queued on every stream
-            self._rt.memPoolSetAttribute(self._handle, self._rt.cudaMemPoolAttrReleaseThreshold, self._old_threshold)
+            self._rt.memPoolSetAttribute(
+                self._handle, self._rt.cudaMemPoolAttrReleaseThreshold, self._old_threshold
+            )
             self._rt.memPoolTrimTo(self._handle, 0)
 
 
@@ -328,8 +351,11 @@ class TorchCachingBaseline(Baseline):
         empty, uint8 = torch.empty, torch.uint8
         # torch.cuda.set_stream is what ``with torch.cuda.stream(s)`` does on entry; the replay
         # switches between events, so the context manager's enter/exit would sit in no timed call
-        self._streams = _Streams(torch.cuda.current_stream(device), lambda: torch.cuda.Stream(device=device),
-                                 torch.cuda.set_stream)
+        self._streams = _Streams(
+            torch.cuda.current_stream(device),
+            lambda: torch.cuda.Stream(device=device),
+            torch.cuda.set_stream,
+        )
 
         def alloc(nbytes: int):
             return empty(nbytes, dtype=uint8, device=device)
@@ -357,10 +383,12 @@ class TorchCachingBaseline(Baseline):
     def counters(self) -> dict[str, float]:
         cuda = self._torch.cuda
         stats = cuda.memory_stats(self._device)
-        return {"peak_allocated_bytes": cuda.max_memory_allocated(self._device),
-                "peak_reserved_bytes": cuda.max_memory_reserved(self._device),
-                "n_grow": stats.get("segment.all.allocated", 0) - self._grow0,
-                "n_shrink": stats.get("segment.all.freed", 0) - self._shrink0}
+        return {
+            "peak_allocated_bytes": cuda.max_memory_allocated(self._device),
+            "peak_reserved_bytes": cuda.max_memory_reserved(self._device),
+            "n_grow": stats.get("segment.all.allocated", 0) - self._grow0,
+            "n_shrink": stats.get("segment.all.freed", 0) - self._shrink0,
+        }
 
     def use_stream(self, stream_id: int) -> None:
         self._streams.use(stream_id)
@@ -372,7 +400,8 @@ class TorchCachingBaseline(Baseline):
 
 
 BASELINES: dict[str, type[Baseline]] = {
-    cls.name: cls for cls in (CudaMallocBaseline, CupyPoolBaseline, CupyAsyncBaseline, TorchCachingBaseline)
+    cls.name: cls
+    for cls in (CudaMallocBaseline, CupyPoolBaseline, CupyAsyncBaseline, TorchCachingBaseline)
 }
 
 
@@ -386,7 +415,9 @@ def _torch_cuda_available() -> bool:
 
 def available_baselines() -> list[str]:
     """Baselines that can run here (torch.cuda only with a CUDA build of torch)."""
-    return [name for name in BASELINES if name != TorchCachingBaseline.name or _torch_cuda_available()]
+    return [
+        name for name in BASELINES if name != TorchCachingBaseline.name or _torch_cuda_available()
+    ]
 
 
 def make_baseline(name: str, *, device_id: int = 0) -> Baseline:
@@ -397,7 +428,9 @@ def make_baseline(name: str, *, device_id: int = 0) -> Baseline:
     if cls is None:
         raise PoolError(f"unknown baseline {name!r}; available: {', '.join(BASELINES)}")
     if cls is TorchCachingBaseline and not _torch_cuda_available():
-        raise PoolError(f"baseline {cls.name!r} needs PyTorch with CUDA, which is not importable here")
+        raise PoolError(
+            f"baseline {cls.name!r} needs PyTorch with CUDA, which is not importable here"
+        )
     return cls(device_id=device_id)
 
 

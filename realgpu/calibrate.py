@@ -23,7 +23,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["DEFAULT_SIZES", "DEFAULT_VMM_SIZES", "calibrate", "write_costs", "repeats_for", "time_vmm_calls"]
+__all__ = [
+    "DEFAULT_SIZES",
+    "DEFAULT_VMM_SIZES",
+    "calibrate",
+    "write_costs",
+    "repeats_for",
+    "time_vmm_calls",
+]
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: 4 KiB to 4 GiB in steps of 4x.
@@ -43,7 +50,9 @@ def repeats_for(nbytes: int) -> int:
     return 8
 
 
-def _time_malloc_free(nbytes: int, repeats: int, timer: Callable[[], int]) -> tuple[np.ndarray, np.ndarray]:
+def _time_malloc_free(
+    nbytes: int, repeats: int, timer: Callable[[], int]
+) -> tuple[np.ndarray, np.ndarray]:
     import cupy
 
     rt = cupy.cuda.runtime
@@ -61,9 +70,14 @@ def _time_malloc_free(nbytes: int, repeats: int, timer: Callable[[], int]) -> tu
     return m, f
 
 
-def time_vmm_calls(driver: Any, sizes: tuple[int, ...], *, repeats: int | None = None,
-                   timer: Callable[[], int] = time.perf_counter_ns,
-                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def time_vmm_calls(
+    driver: Any,
+    sizes: tuple[int, ...],
+    *,
+    repeats: int | None = None,
+    timer: Callable[[], int] = time.perf_counter_ns,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Time each VMM call alone, at each size (a multiple of ``driver.granularity_bytes``).
 
     Every repeat is one whole cycle (reserve, create, map, set_access, unmap, release, free),
@@ -76,7 +90,9 @@ def time_vmm_calls(driver: Any, sizes: tuple[int, ...], *, repeats: int | None =
     counts = []
     for nbytes in sizes:
         if nbytes % driver.granularity_bytes:
-            raise ValueError(f"VMM size {nbytes:,} B is not a multiple of the {driver.granularity_bytes:,} B granularity")
+            raise ValueError(
+                f"VMM size {nbytes:,} B is not a multiple of the {driver.granularity_bytes:,} B granularity"
+            )
         r = repeats or repeats_for(nbytes)
         t = {call: np.empty(r, np.int64) for call in VMM_CALLS}
         for i in range(-2, r):
@@ -88,17 +104,28 @@ def time_vmm_calls(driver: Any, sizes: tuple[int, ...], *, repeats: int | None =
             samples[call].append(t[call])
         counts.append(r)
         if progress is not None:
-            progress(f"{nbytes:>13,} B  " + "  ".join(f"{call} {np.median(t[call]) / 1e3:.1f}" for call in VMM_CALLS)
-                     + f" us  ({r} cycles)")
+            progress(
+                f"{nbytes:>13,} B  "
+                + "  ".join(f"{call} {np.median(t[call]) / 1e3:.1f}" for call in VMM_CALLS)
+                + f" us  ({r} cycles)"
+            )
 
     def table(stat: Callable[[np.ndarray], float]) -> dict[str, dict[str, list]]:
         # a call can take less than the timer's resolution on the host: 1 ns is the floor the cost
         # model accepts (times must be > 0)
-        return {call: {"nbytes": list(sizes), "us": [max(round(stat(x) / 1e3, 3), 0.001) for x in samples[call]]}
-                for call in VMM_CALLS}
+        return {
+            call: {
+                "nbytes": list(sizes),
+                "us": [max(round(stat(x) / 1e3, 3), 0.001) for x in samples[call]],
+            }
+            for call in VMM_CALLS
+        }
 
-    return {"vmm_us": table(np.median), "vmm_p99_us": table(lambda x: float(np.percentile(x, 99))),
-            "vmm_calls_per_size": counts}
+    return {
+        "vmm_us": table(np.median),
+        "vmm_p99_us": table(lambda x: float(np.percentile(x, 99))),
+        "vmm_calls_per_size": counts,
+    }
 
 
 def _vmm_cycle(driver: Any, nbytes: int, timer: Callable[[], int]) -> dict[str, int]:
@@ -128,8 +155,15 @@ def _vmm_cycle(driver: Any, nbytes: int, timer: Callable[[], int]) -> dict[str, 
         raise
     driver.address_free(base, nbytes)
     t8 = timer()
-    return {"address_reserve": t1 - t0, "create": t3 - t2, "map": t4 - t3, "set_access": t5 - t4,
-            "unmap": t6 - t5, "release": t7 - t6, "address_free": t8 - t7}
+    return {
+        "address_reserve": t1 - t0,
+        "create": t3 - t2,
+        "map": t4 - t3,
+        "set_access": t5 - t4,
+        "unmap": t6 - t5,
+        "release": t7 - t6,
+        "address_free": t8 - t7,
+    }
 
 
 def _give_back(driver: Any, base: int, nbytes: int, handle: Any) -> None:
@@ -170,7 +204,9 @@ def _bandwidths(copy_bytes: int, host_copy_bytes: int, repeats: int) -> dict[str
     src, dst = rt.malloc(copy_bytes), rt.malloc(copy_bytes)
     try:
         rt.memset(src, 0x3C, copy_bytes)
-        ms = _event_ms(lambda: rt.memcpyAsync(dst, src, copy_bytes, rt.memcpyDeviceToDevice, stream), repeats)
+        ms = _event_ms(
+            lambda: rt.memcpyAsync(dst, src, copy_bytes, rt.memcpyDeviceToDevice, stream), repeats
+        )
         out["d2d_bytes_per_s"] = copy_bytes / (ms / 1e3)
     finally:
         rt.free(src)
@@ -179,15 +215,23 @@ def _bandwidths(copy_bytes: int, host_copy_bytes: int, repeats: int) -> dict[str
     try:
         pinned = cupy.cuda.alloc_pinned_memory(host_copy_bytes)
         hptr = pinned.ptr
-        ms = _event_ms(lambda: rt.memcpyAsync(dev, hptr, host_copy_bytes, rt.memcpyHostToDevice, stream), repeats)
+        ms = _event_ms(
+            lambda: rt.memcpyAsync(dev, hptr, host_copy_bytes, rt.memcpyHostToDevice, stream),
+            repeats,
+        )
         out["h2d_bytes_per_s"] = host_copy_bytes / (ms / 1e3)
-        ms = _event_ms(lambda: rt.memcpyAsync(hptr, dev, host_copy_bytes, rt.memcpyDeviceToHost, stream), repeats)
+        ms = _event_ms(
+            lambda: rt.memcpyAsync(hptr, dev, host_copy_bytes, rt.memcpyDeviceToHost, stream),
+            repeats,
+        )
         out["d2h_bytes_per_s"] = host_copy_bytes / (ms / 1e3)
         del pinned
         pageable = np.full(host_copy_bytes, 7, dtype=np.uint8)
         hp = pageable.ctypes.data
-        for key, args in (("h2d_pageable_bytes_per_s", (dev, hp, rt.memcpyHostToDevice)),
-                          ("d2h_pageable_bytes_per_s", (hp, dev, rt.memcpyDeviceToHost))):
+        for key, args in (
+            ("h2d_pageable_bytes_per_s", (dev, hp, rt.memcpyHostToDevice)),
+            ("d2h_pageable_bytes_per_s", (hp, dev, rt.memcpyDeviceToHost)),
+        ):
             rt.memcpy(args[0], args[1], host_copy_bytes, args[2])
             samples = []
             for _ in range(repeats):
@@ -200,11 +244,18 @@ def _bandwidths(copy_bytes: int, host_copy_bytes: int, repeats: int) -> dict[str
     return out
 
 
-def calibrate(*, device_id: int = 0, sizes: tuple[int, ...] = DEFAULT_SIZES, repeats: int | None = None,
-              copy_bytes: int = GiB, host_copy_bytes: int = 256 * MiB, copy_repeats: int = 10,
-              vmm_sizes: tuple[int, ...] | None = DEFAULT_VMM_SIZES,
-              progress: Callable[[str], None] | None = None,
-              timer: Callable[[], int] = time.perf_counter_ns) -> dict[str, Any]:
+def calibrate(
+    *,
+    device_id: int = 0,
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    repeats: int | None = None,
+    copy_bytes: int = GiB,
+    host_copy_bytes: int = 256 * MiB,
+    copy_repeats: int = 10,
+    vmm_sizes: tuple[int, ...] | None = DEFAULT_VMM_SIZES,
+    progress: Callable[[str], None] | None = None,
+    timer: Callable[[], int] = time.perf_counter_ns,
+) -> dict[str, Any]:
     """Measure ``device_id`` and return a cost table (``json.dump`` it, or use ``write_costs``).
 
     Args:
@@ -237,23 +288,37 @@ def calibrate(*, device_id: int = 0, sizes: tuple[int, ...] = DEFAULT_SIZES, rep
                 p99s[key].append(round(float(np.percentile(samples, 99)) / 1e3, 3))
             counts.append(r)
             if progress is not None:
-                progress(f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  cudaFree {medians['free'][-1]:9.1f} us"
-                         f"  ({r} calls)")
-        bandwidths = _bandwidths(min(copy_bytes, free_bytes // 4), min(host_copy_bytes, free_bytes // 4), copy_repeats)
+                progress(
+                    f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  cudaFree {medians['free'][-1]:9.1f} us"
+                    f"  ({r} calls)"
+                )
+        bandwidths = _bandwidths(
+            min(copy_bytes, free_bytes // 4), min(host_copy_bytes, free_bytes // 4), copy_repeats
+        )
         vmm = _calibrate_vmm(device_id, vmm_sizes or (), free_bytes, repeats, timer, progress)
     name = device_name(device_id)
     table = {
         "device": name,
-        "source": (f"poollab gpu calibrate on {name}, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC: "
-                   "cudaMalloc alone / cudaFree alone through cupy.cuda.runtime, median of the calls per size, "
-                   "after 3 warm-up pairs; copies timed with CUDA events (pinned host memory), median"),
+        "source": (
+            f"poollab gpu calibrate on {name}, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC: "
+            "cudaMalloc alone / cudaFree alone through cupy.cuda.runtime, median of the calls per size, "
+            "after 3 warm-up pairs; copies timed with CUDA events (pinned host memory), median"
+        ),
         "malloc_us": {"nbytes": list(usable), "us": medians["malloc"]},
         "free_us": {"nbytes": list(usable), "us": medians["free"]},
-        **{k: float(f"{v:.4g}") for k, v in bandwidths.items() if not k.endswith("pageable_bytes_per_s")},
+        **{
+            k: float(f"{v:.4g}")
+            for k, v in bandwidths.items()
+            if not k.endswith("pageable_bytes_per_s")
+        },
         "malloc_p99_us": {"nbytes": list(usable), "us": p99s["malloc"]},
         "free_p99_us": {"nbytes": list(usable), "us": p99s["free"]},
         "calls_per_size": counts,
-        **{k: float(f"{v:.4g}") for k, v in bandwidths.items() if k.endswith("pageable_bytes_per_s")},
+        **{
+            k: float(f"{v:.4g}")
+            for k, v in bandwidths.items()
+            if k.endswith("pageable_bytes_per_s")
+        },
         "copy_bytes": min(copy_bytes, free_bytes // 4),
         "host_copy_bytes": min(host_copy_bytes, free_bytes // 4),
         "total_bytes": int(total_bytes),
@@ -264,13 +329,21 @@ def calibrate(*, device_id: int = 0, sizes: tuple[int, ...] = DEFAULT_SIZES, rep
         **vmm,
     }
     if vmm:
-        table["source"] += ("; cuMem* calls through cuda-bindings, each alone, one reserve-to-free cycle per call "
-                            "timed, median, after 2 warm-up cycles")
+        table["source"] += (
+            "; cuMem* calls through cuda-bindings, each alone, one reserve-to-free cycle per call "
+            "timed, median, after 2 warm-up cycles"
+        )
     return table
 
 
-def _calibrate_vmm(device_id: int, sizes: tuple[int, ...], free_bytes: int, repeats: int | None,
-                   timer: Callable[[], int], progress: Callable[[str], None] | None) -> dict[str, Any]:
+def _calibrate_vmm(
+    device_id: int,
+    sizes: tuple[int, ...],
+    free_bytes: int,
+    repeats: int | None,
+    timer: Callable[[], int],
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
     """The ``vmm_*`` entries of the cost table, or none (with a progress line) where VMM cannot run."""
     if not sizes:
         return {}

@@ -74,7 +74,9 @@ class DeviceMover:
         copy_ns: wall time spent copying and checking (each move synchronised).
     """
 
-    def __init__(self, pool: Any, *, verify: bool = True, staging_bytes: int = DEFAULT_STAGING_BYTES):
+    def __init__(
+        self, pool: Any, *, verify: bool = True, staging_bytes: int = DEFAULT_STAGING_BYTES
+    ):
         check_int("staging_bytes", staging_bytes, error=PoolError)
         self.pool = pool
         self.device = pool.device
@@ -90,7 +92,9 @@ class DeviceMover:
 
             self._cupy = cupy
 
-    def __call__(self, allocation: Allocation, old_offset: int, new_offset: int, nbytes: int) -> None:
+    def __call__(
+        self, allocation: Allocation, old_offset: int, new_offset: int, nbytes: int
+    ) -> None:
         t0 = time.perf_counter_ns()
         with self._raw_temporaries():
             chunk = min(self.staging_bytes, nbytes)
@@ -108,7 +112,9 @@ class DeviceMover:
         self.num_moves += 1
         self.moved_bytes += nbytes
 
-    def _move_chunk(self, a: Allocation, src_offset: int, dst_offset: int, n: int, overlap: bool) -> None:
+    def _move_chunk(
+        self, a: Allocation, src_offset: int, dst_offset: int, n: int, overlap: bool
+    ) -> None:
         view = self.device.view
         dst = view(dst_offset, n)
         if overlap:
@@ -137,8 +143,9 @@ class DeviceMover:
             size = min(self.staging_bytes, max(n, 1))
             if self._cupy is not None:
                 cp = self._cupy
-                self._staging = cp.ndarray((size,), dtype=cp.uint8,
-                                           memptr=cp.cuda.MemoryPointer(cp.cuda.Memory(size), 0))
+                self._staging = cp.ndarray(
+                    (size,), dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(cp.cuda.Memory(size), 0)
+                )
             else:
                 self._staging = np.empty(size, dtype=np.uint8)
         return self._staging[:n]
@@ -153,16 +160,21 @@ class DeviceMover:
         stack.enter_context(cp.cuda.using_allocator())
         return stack
 
-    def _raise(self, a: Allocation, src_offset: int, dst_offset: int, dst: Any, source: Any) -> None:
+    def _raise(
+        self, a: Allocation, src_offset: int, dst_offset: int, dst: Any, source: Any
+    ) -> None:
         k = int(np.flatnonzero(np.asarray(self._host(dst)) != np.asarray(self._host(source)))[0])
         offset = dst_offset + k
         raise CorruptionError(
             f"compaction moved {a.size_bytes:,} B of the allocation now at pool offset {a.offset} and the copy "
             f"differs: the byte at pool offset {offset} (address 0x{self.device.address(offset):x}) is "
-            f"0x{int(self._host(dst[k:k + 1])[0]):02x}, its source at {src_offset + k} held "
-            f"0x{int(self._host(source[k:k + 1])[0]):02x}",
-            offset=offset, address=self.device.address(offset), region="moved",
-            allocation=(a.offset, a.size_bytes, a.nbytes))
+            f"0x{int(self._host(dst[k : k + 1])[0]):02x}, its source at {src_offset + k} held "
+            f"0x{int(self._host(source[k : k + 1])[0]):02x}",
+            offset=offset,
+            address=self.device.address(offset),
+            region="moved",
+            allocation=(a.offset, a.size_bytes, a.nbytes),
+        )
 
     def _host(self, array: Any) -> np.ndarray:
         return array.get() if self._cupy is not None else array
@@ -184,8 +196,10 @@ def attach(pool: Any, **kwargs: Any) -> DeviceMover:
     """
     layer = pool.policy
     if not layer.moves_allocations:
-        raise PoolError(f"policy {pool.policy.spec!r} never moves allocations; compaction needs a compacting "
-                        "policy, e.g. 'compacting:base=[best-fit]'")
+        raise PoolError(
+            f"policy {pool.policy.spec!r} never moves allocations; compaction needs a compacting "
+            "policy, e.g. 'compacting:base=[best-fit]'"
+        )
     if layer.on_move is not None:
         raise PoolError(f"policy {pool.policy.spec!r} already has an on_move callback; attach once")
     mover = DeviceMover(pool, **kwargs)
@@ -202,12 +216,18 @@ def compact(pool: Any, *, force: bool = False) -> GpuCompaction:
     """
     policy = pool.policy
     if not (policy.moves_allocations and policy.can_compact):
-        raise PoolError(f"policy {pool.policy.spec!r} cannot compact; use e.g. 'compacting:base=[best-fit]'")
+        raise PoolError(
+            f"policy {pool.policy.spec!r} cannot compact; use e.g. 'compacting:base=[best-fit]'"
+        )
     mover = policy.on_move
     if not isinstance(mover, DeviceMover):
-        raise PoolError("attach(pool) first: a pass would move allocations without copying their bytes")
+        raise PoolError(
+            "attach(pool) first: a pass would move allocations without copying their bytes"
+        )
     copy_before = mover.copy_ns
     t0 = time.perf_counter_ns()
     record = policy.compact(force=force)
     pool.device.synchronize()
-    return GpuCompaction(record=record, wall_ns=time.perf_counter_ns() - t0, copy_ns=mover.copy_ns - copy_before)
+    return GpuCompaction(
+        record=record, wall_ns=time.perf_counter_ns() - t0, copy_ns=mover.copy_ns - copy_before
+    )

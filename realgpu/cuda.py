@@ -25,7 +25,14 @@ else:
 from realgpu.errors import GpuUnavailableError, PoolOutOfMemoryError
 from realgpu.segments import SegmentDevice
 
-__all__ = ["require_cuda", "CudaDevice", "CudaMemory", "CudaPoolOutOfMemoryError", "device_array", "touch_pointer"]
+__all__ = [
+    "require_cuda",
+    "CudaDevice",
+    "CudaMemory",
+    "CudaPoolOutOfMemoryError",
+    "device_array",
+    "touch_pointer",
+]
 
 #: cudaErrorMemoryAllocation in ``cudaError_t`` (CUDA runtime API); CuPy does not export the name.
 _CUDA_ERROR_MEMORY_ALLOCATION = 2
@@ -36,8 +43,10 @@ _NO_MISMATCH = np.uint64(2**64 - 1)
 def require_cuda(device_id: int = 0) -> None:
     """Raise ``GpuUnavailableError`` (one line, with what to do) unless CuPy sees ``device_id``."""
     if cupy is None:
-        raise GpuUnavailableError(f"CuPy is not importable ({_IMPORT_ERROR}); install poollab[gpu] "
-                                  "(CuPy for your CUDA version and nvidia-ml-py)")
+        raise GpuUnavailableError(
+            f"CuPy is not importable ({_IMPORT_ERROR}); install poollab[gpu] "
+            "(CuPy for your CUDA version and nvidia-ml-py)"
+        )
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except CUDARuntimeError as exc:
@@ -45,7 +54,9 @@ def require_cuda(device_id: int = 0) -> None:
     if count == 0:
         raise GpuUnavailableError("no CUDA device found (cudaGetDeviceCount returned 0)")
     if not 0 <= device_id < count:
-        raise GpuUnavailableError(f"CUDA device {device_id} does not exist; this machine has {count} (0..{count - 1})")
+        raise GpuUnavailableError(
+            f"CUDA device {device_id} does not exist; this machine has {count} (0..{count - 1})"
+        )
 
 
 if cupy is not None:
@@ -63,14 +74,18 @@ if cupy is not None:
         __reduce__ = PoolOutOfMemoryError.__reduce__
 
     _fill_kernel = cupy.ElementwiseKernel(
-        "uint32 word, int64 phase", "uint8 y",
+        "uint32 word, int64 phase",
+        "uint8 y",
         "y = (unsigned char)(word >> (8 * ((i + phase) & 3)));",
-        "poollab_pattern_fill")
+        "poollab_pattern_fill",
+    )
 
     _check_kernel = cupy.ElementwiseKernel(
-        "uint8 x, uint32 word, int64 phase", "raw uint64 first",
+        "uint8 x, uint32 word, int64 phase",
+        "raw uint64 first",
         "if (x != (unsigned char)(word >> (8 * ((i + phase) & 3)))) atomicMin(&first[0], (unsigned long long)i);",
-        "poollab_pattern_check")
+        "poollab_pattern_check",
+    )
 else:  # pragma: no cover
     CudaPoolOutOfMemoryError = PoolOutOfMemoryError  # type: ignore[misc, assignment]
 
@@ -99,7 +114,9 @@ class CudaMemory:
     def fill(self, offset: int, nbytes: int, word: int, phase: int) -> None:
         if nbytes > 0:
             with self._device:
-                _fill_kernel(np.uint32(word & 0xFFFFFFFF), np.int64(phase), self.view(offset, nbytes))
+                _fill_kernel(
+                    np.uint32(word & 0xFFFFFFFF), np.int64(phase), self.view(offset, nbytes)
+                )
 
     def first_mismatch(self, offset: int, nbytes: int, word: int, phase: int) -> int:
         if nbytes <= 0:
@@ -107,7 +124,9 @@ class CudaMemory:
         with self._device:
             answer = self._answer()
             answer.fill(_NO_MISMATCH)
-            _check_kernel(self.view(offset, nbytes), np.uint32(word & 0xFFFFFFFF), np.int64(phase), answer)
+            _check_kernel(
+                self.view(offset, nbytes), np.uint32(word & 0xFFFFFFFF), np.int64(phase), answer
+            )
             first = int(answer.get()[0])
         return -1 if first == int(_NO_MISMATCH) else first
 
@@ -116,8 +135,9 @@ class CudaMemory:
         # allocates through the current CuPy allocator (which may be this very pool)
         if self._answer_word is None:
             with self._device:
-                self._answer_word = cupy.ndarray((1,), dtype=cupy.uint64,
-                                                 memptr=cupy.cuda.MemoryPointer(cupy.cuda.Memory(8), 0))
+                self._answer_word = cupy.ndarray(
+                    (1,), dtype=cupy.uint64, memptr=cupy.cuda.MemoryPointer(cupy.cuda.Memory(8), 0)
+                )
         return self._answer_word
 
     def read_bytes(self, offset: int, nbytes: int) -> bytes:
@@ -125,7 +145,9 @@ class CudaMemory:
             return self.view(offset, nbytes).get().tobytes()
 
     def touch(self, offset: int, nbytes: int) -> None:
-        self.check_range(offset, nbytes)  # as the host's view checks it, so both backends refuse alike
+        self.check_range(
+            offset, nbytes
+        )  # as the host's view checks it, so both backends refuse alike
         touch_pointer(self.address(offset), nbytes)
 
     def synchronize(self) -> None:
@@ -133,7 +155,9 @@ class CudaMemory:
 
     def memory_pointer(self, ptr: int, nbytes: int, owner: Any):
         """``cupy.cuda.MemoryPointer`` to ``nbytes`` at ``ptr``, kept alive by ``owner``."""
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device_id), 0)
+        return cupy.cuda.MemoryPointer(
+            cupy.cuda.UnownedMemory(ptr, nbytes, owner, self.device_id), 0
+        )
 
 
 class CudaDevice(CudaMemory, SegmentDevice):

@@ -12,8 +12,14 @@ from typing import Any
 from policies.base import PoolStats
 from policies.units import format_bytes
 
-__all__ = ["GpuUnavailableError", "PoolOutOfMemoryError", "CorruptionError", "PoolError", "VmmDriverError",
-           "oom_message"]
+__all__ = [
+    "GpuUnavailableError",
+    "PoolOutOfMemoryError",
+    "CorruptionError",
+    "PoolError",
+    "VmmDriverError",
+    "oom_message",
+]
 
 
 class GpuUnavailableError(RuntimeError):
@@ -71,8 +77,15 @@ class CorruptionError(RuntimeError):
         allocation: the allocation's ``(offset, size_bytes, nbytes)`` as the policy gave it.
     """
 
-    def __init__(self, message: str, *, offset: int, address: int, region: str,
-                 allocation: tuple[int, int, int]):
+    def __init__(
+        self,
+        message: str,
+        *,
+        offset: int,
+        address: int,
+        region: str,
+        allocation: tuple[int, int, int],
+    ):
         super().__init__(message)
         self.offset = offset
         self.address = address
@@ -82,13 +95,19 @@ class CorruptionError(RuntimeError):
 
 def oom_message(policy_spec: str, nbytes: int, stats: PoolStats) -> str:
     """One paragraph a user can act on: what was asked, what the pool holds, how fragmented."""
-    cap = "no capacity limit" if stats.capacity_bytes is None else f"capacity {_b(stats.capacity_bytes)}"
-    return (f"poollab pool {policy_spec!r} is out of memory allocating {_b(nbytes)}: "
-            f"live {_b(stats.live_bytes)} in {stats.num_live} allocations, allocated {_b(stats.allocated_bytes)}, "
-            f"reserved {_b(stats.reserved_bytes)} in {stats.num_segments} segments ({cap}), "
-            f"free {_b(stats.free_bytes)} of which the largest servable request is {_b(stats.largest_free_bytes)} "
-            f"(external fragmentation {stats.frag_ext:.1%}); "
-            f"peak reserved {_b(stats.peak_reserved_bytes)}, {stats.num_failures} failed requests so far")
+    cap = (
+        "no capacity limit"
+        if stats.capacity_bytes is None
+        else f"capacity {_b(stats.capacity_bytes)}"
+    )
+    return (
+        f"poollab pool {policy_spec!r} is out of memory allocating {_b(nbytes)}: "
+        f"live {_b(stats.live_bytes)} in {stats.num_live} allocations, allocated {_b(stats.allocated_bytes)}, "
+        f"reserved {_b(stats.reserved_bytes)} in {stats.num_segments} segments ({cap}), "
+        f"free {_b(stats.free_bytes)} of which the largest servable request is {_b(stats.largest_free_bytes)} "
+        f"(external fragmentation {stats.frag_ext:.1%}); "
+        f"peak reserved {_b(stats.peak_reserved_bytes)}, {stats.num_failures} failed requests so far"
+    )
 
 
 def _b(nbytes: Any) -> str:

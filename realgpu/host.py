@@ -50,8 +50,8 @@ class HostMemory:
             return
         view, pattern = self.view(offset, nbytes), _pattern(min(nbytes, _PIECE_BYTES), word, phase)
         for start in range(0, nbytes, _PIECE_BYTES):
-            piece = view[start:start + _PIECE_BYTES]
-            piece[:] = pattern[:len(piece)]
+            piece = view[start : start + _PIECE_BYTES]
+            piece[:] = pattern[: len(piece)]
 
     def first_mismatch(self, offset: int, nbytes: int, word: int, phase: int) -> int:
         """Index of the first byte of ``[offset, offset + nbytes)`` that ``fill`` with the same
@@ -63,9 +63,12 @@ class HostMemory:
         base, expected = view.ctypes.data, pattern.ctypes.data
         for start in range(0, nbytes, _PIECE_BYTES):
             length = min(_PIECE_BYTES, nbytes - start)
-            piece = view[start:start + length]
-            if (_memcmp(base + start, expected, length) if _memcmp is not None
-                    else not np.array_equal(piece, pattern[:length])):
+            piece = view[start : start + length]
+            if (
+                _memcmp(base + start, expected, length)
+                if _memcmp is not None
+                else not np.array_equal(piece, pattern[:length])
+            ):
                 return start + int(np.flatnonzero(piece != pattern[:length])[0])
         return -1
 
@@ -76,7 +79,7 @@ class HostMemory:
         view = self.view(offset, nbytes)
         k = min(nbytes, _TOUCH_BYTES)
         view[:k] = 0x5A
-        view[nbytes - k:] = 0x5A
+        view[nbytes - k :] = 0x5A
 
     def synchronize(self) -> None:
         """Host writes are done when they return."""
@@ -110,14 +113,14 @@ class HostDevice(HostMemory, SegmentDevice):
         (``check_range``: a slice past the array's end would silently come back shorter)."""
         self.check_range(offset, nbytes)
         seg, rel = self.locate(offset)
-        return self._buffers[seg][rel:rel + nbytes]
+        return self._buffers[seg][rel : rel + nbytes]
 
 
 def _pattern(nbytes: int, word: int, phase: int) -> np.ndarray:
     """``nbytes`` bytes of ``word`` repeated (little-endian), the first being its byte ``phase % 4``."""
     k = phase % 4
     words = np.full(nbytes // 4 + 2, word & 0xFFFFFFFF, dtype="<u4")
-    return words.view(np.uint8)[k:k + nbytes]
+    return words.view(np.uint8)[k : k + nbytes]
 
 
 class HostMemoryPointer:

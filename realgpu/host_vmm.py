@@ -43,7 +43,14 @@ _OUT_OF_MEMORY = (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE)
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.munmap.restype = ctypes.c_int
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mprotect.restype = ctypes.c_int
@@ -64,17 +71,23 @@ class HostMmapDriver:
         if not hasattr(os, "memfd_create"):
             raise GpuUnavailableError("the host page-mapped device needs Linux (os.memfd_create)")
         if granularity_bytes <= 0 or granularity_bytes % mmap.PAGESIZE:
-            raise ValueError(f"granularity_bytes(={granularity_bytes}) must be a positive multiple of "
-                             f"the {mmap.PAGESIZE} B page size")
+            raise ValueError(
+                f"granularity_bytes(={granularity_bytes}) must be a positive multiple of "
+                f"the {mmap.PAGESIZE} B page size"
+            )
         self.granularity_bytes = granularity_bytes
         self._libc = _libc()
 
     def _fail(self, call: str, args: str) -> VmmDriverError:
         code = ctypes.get_errno()
         name = errno.errorcode.get(code, str(code))
-        return VmmDriverError(f"{call}({args}) failed: {name} ({os.strerror(code)})", call=call, error=name)
+        return VmmDriverError(
+            f"{call}({args}) failed: {name} ({os.strerror(code)})", call=call, error=name
+        )
 
-    def _mmap(self, address: int, nbytes: int, prot: int, flags: int, fd: int, call: str) -> int | None:
+    def _mmap(
+        self, address: int, nbytes: int, prot: int, flags: int, fd: int, call: str
+    ) -> int | None:
         got = self._libc.mmap(address or None, nbytes, prot, flags, fd, 0)
         if got is None or got == _MAP_FAILED:
             if ctypes.get_errno() == errno.ENOMEM:
@@ -88,7 +101,9 @@ class HostMmapDriver:
         raw = self._mmap(0, nbytes + g, _PROT_NONE, flags, -1, "mmap (reserve)")
         if raw is None:
             return None
-        base = -(-raw // g) * g  # aligned as the driver aligns a reservation; the slack is given back
+        base = (
+            -(-raw // g) * g
+        )  # aligned as the driver aligns a reservation; the slack is given back
         if base > raw:
             self._munmap(raw, base - raw)
         if raw + nbytes + g > base + nbytes:
@@ -108,22 +123,32 @@ class HostMmapDriver:
         except OSError as exc:
             if exc.errno in _OUT_OF_MEMORY:
                 return None
-            raise VmmDriverError(f"memfd_create failed: {exc}", call="memfd_create",
-                                 error=errno.errorcode.get(exc.errno, "")) from None
+            raise VmmDriverError(
+                f"memfd_create failed: {exc}",
+                call="memfd_create",
+                error=errno.errorcode.get(exc.errno, ""),
+            ) from None
         try:
             os.ftruncate(fd, nbytes)
         except OSError as exc:
             os.close(fd)
             if exc.errno in _OUT_OF_MEMORY:
                 return None
-            raise VmmDriverError(f"ftruncate(memfd, {nbytes}) failed: {exc}", call="ftruncate",
-                                 error=errno.errorcode.get(exc.errno, "")) from None
+            raise VmmDriverError(
+                f"ftruncate(memfd, {nbytes}) failed: {exc}",
+                call="ftruncate",
+                error=errno.errorcode.get(exc.errno, ""),
+            ) from None
         return fd
 
     def map(self, address: int, nbytes: int, handle: int) -> None:
-        got = self._mmap(address, nbytes, _PROT_NONE, mmap.MAP_SHARED | _MAP_FIXED, handle, "mmap (map)")
+        got = self._mmap(
+            address, nbytes, _PROT_NONE, mmap.MAP_SHARED | _MAP_FIXED, handle, "mmap (map)"
+        )
         if got != address:
-            raise VmmDriverError(f"mmap (map) of memfd {handle} at 0x{address:x} landed at {got!r}", call="mmap")
+            raise VmmDriverError(
+                f"mmap (map) of memfd {handle} at 0x{address:x} landed at {got!r}", call="mmap"
+            )
 
     def set_access(self, address: int, nbytes: int) -> None:
         if self._libc.mprotect(address, nbytes, _PROT_RW) != 0:
@@ -150,14 +175,25 @@ class HostVmmDevice(HostMemory, MappedRealDevice):
         virtual_limit_bytes: address space the model hands out.
     """
 
-    def __init__(self, *, granularity_bytes: int = DEFAULT_HOST_GRANULARITY_BYTES, limit_bytes: int | None = None,
-                 virtual_limit_bytes: int = MAX_VIRTUAL_BYTES):
-        super().__init__(HostMmapDriver(granularity_bytes), granularity_bytes=granularity_bytes,
-                         limit_bytes=limit_bytes, virtual_limit_bytes=virtual_limit_bytes)
+    def __init__(
+        self,
+        *,
+        granularity_bytes: int = DEFAULT_HOST_GRANULARITY_BYTES,
+        limit_bytes: int | None = None,
+        virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
+    ):
+        super().__init__(
+            HostMmapDriver(granularity_bytes),
+            granularity_bytes=granularity_bytes,
+            limit_bytes=limit_bytes,
+            virtual_limit_bytes=virtual_limit_bytes,
+        )
 
     def view(self, offset: int, nbytes: int) -> np.ndarray:
         """A writable ``uint8`` array over ``[offset, offset + nbytes)``, across page boundaries."""
         self.check_range(offset, nbytes)
         if nbytes == 0:
             return np.empty(0, dtype=np.uint8)
-        return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(self.address(offset)), dtype=np.uint8)
+        return np.frombuffer(
+            (ctypes.c_ubyte * nbytes).from_address(self.address(offset)), dtype=np.uint8
+        )

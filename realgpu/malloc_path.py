@@ -33,8 +33,13 @@ __all__ = ["Lease", "MallocPath", "TorchPath", "extents_are_one_range", "ALIGNME
 ALIGNMENT_BYTES = 512
 
 
-@cython.locals(i=cython.longlong, end=cython.longlong, offset=cython.longlong, length=cython.longlong,
-               first=cython.longlong)
+@cython.locals(
+    i=cython.longlong,
+    end=cython.longlong,
+    offset=cython.longlong,
+    length=cython.longlong,
+    first=cython.longlong,
+)
 def extents_are_one_range(extents: Any, starts: list) -> bool:
     """Whether ``extents`` lie back to back, in their order, inside one segment (``starts``: the
     device's sorted segment offsets), so that one pointer to the first reaches all of them: what
@@ -89,8 +94,18 @@ class MallocPath:
         lease_errors: the pool's list that drop-time free errors go to.
     """
 
-    __slots__ = ("pool", "allocate", "free", "starts", "bases", "pointer_type", "memory_type", "device_id",
-                 "closed", "lease_errors")
+    __slots__ = (
+        "pool",
+        "allocate",
+        "free",
+        "starts",
+        "bases",
+        "pointer_type",
+        "memory_type",
+        "device_id",
+        "closed",
+        "lease_errors",
+    )
 
     pool: Any
     allocate: Callable[..., Any]
@@ -103,20 +118,38 @@ class MallocPath:
     closed: bool
     lease_errors: list
 
-    def __init__(self, pool: Any, starts: list, bases: list, pointer_types: tuple[Any, Any] | None,
-                 device_id: int, lease_errors: list):
+    def __init__(
+        self,
+        pool: Any,
+        starts: list,
+        bases: list,
+        pointer_types: tuple[Any, Any] | None,
+        device_id: int,
+        lease_errors: list,
+    ):
         self.pool = pool
         self.allocate = pool.policy.allocate
-        self.free = pool.free if pool.validate else pool.policy.free  # validating: guards checked on drop
+        self.free = (
+            pool.free if pool.validate else pool.policy.free
+        )  # validating: guards checked on drop
         self.starts = starts
         self.bases = bases
-        self.pointer_type, self.memory_type = pointer_types if pointer_types is not None else (None, None)
+        self.pointer_type, self.memory_type = (
+            pointer_types if pointer_types is not None else (None, None)
+        )
         self.device_id = device_id
         self.closed = False
         self.lease_errors = lease_errors
 
-    @cython.locals(a=Allocation, b=Block, lease=Lease, offset=cython.longlong, start=cython.longlong,
-                   ptr=cython.longlong, i=cython.longlong)
+    @cython.locals(
+        a=Allocation,
+        b=Block,
+        lease=Lease,
+        offset=cython.longlong,
+        start=cython.longlong,
+        ptr=cython.longlong,
+        i=cython.longlong,
+    )
     def malloc(self, nbytes: int):
         """What ``GpuPool.malloc`` documents, for the pools this path serves."""
         if nbytes == 0:
@@ -129,7 +162,9 @@ class MallocPath:
         kind = type(a)
         if kind is Block:
             b = a
-            offset = b.offset  # its own field (compiled, a C read); its ``extents`` are built when read
+            offset = (
+                b.offset
+            )  # its own field (compiled, a C read); its ``extents`` are built when read
         else:
             # a plain allocation's stored extents: the slot itself (compiled, a C field read)
             ext = a._extents if kind is Allocation else a.extents
@@ -144,7 +179,9 @@ class MallocPath:
         start = starts[i]
         ptr = self.bases[i]
         ptr += offset - start
-        lease = Lease.__new__(Lease)  # field by field: no __init__ frame (compiled: a direct tp_new)
+        lease = Lease.__new__(
+            Lease
+        )  # field by field: no __init__ frame (compiled: a direct tp_new)
         lease.path = self
         lease.allocation = a
         if self.pointer_type is None:
@@ -166,8 +203,20 @@ class TorchPath:
     malloc, done once the policy is through with the request).
     """
 
-    __slots__ = ("core", "allocate", "free_policy", "starts", "bases", "live", "queued", "last_stream", "countdown",
-                 "extra_bytes", "in_malloc", "fast")
+    __slots__ = (
+        "core",
+        "allocate",
+        "free_policy",
+        "starts",
+        "bases",
+        "live",
+        "queued",
+        "last_stream",
+        "countdown",
+        "extra_bytes",
+        "in_malloc",
+        "fast",
+    )
 
     core: Any
     allocate: Callable[..., Any]
@@ -182,8 +231,15 @@ class TorchPath:
     in_malloc: bool
     fast: bool
 
-    def __init__(self, core: Any, allocate: Callable[..., Any], free_policy: Callable[[Any], None], starts: list,
-                 bases: list, live: dict):
+    def __init__(
+        self,
+        core: Any,
+        allocate: Callable[..., Any],
+        free_policy: Callable[[Any], None],
+        starts: list,
+        bases: list,
+        live: dict,
+    ):
         self.core = core
         self.allocate = allocate
         self.free_policy = free_policy
@@ -197,8 +253,16 @@ class TorchPath:
         self.in_malloc = False
         self.fast = False
 
-    @cython.locals(a=Allocation, b=Block, n=cython.longlong, nbytes=cython.longlong, offset=cython.longlong,
-                   start=cython.longlong, ptr=cython.longlong, i=cython.longlong)
+    @cython.locals(
+        a=Allocation,
+        b=Block,
+        n=cython.longlong,
+        nbytes=cython.longlong,
+        offset=cython.longlong,
+        start=cython.longlong,
+        ptr=cython.longlong,
+        i=cython.longlong,
+    )
     def malloc(self, size: int, device: int, stream: int) -> int:
         """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (what ``AllocatorCore.malloc`` documents)."""
         if size <= 0 or not self.fast or stream != self.last_stream:
@@ -225,7 +289,9 @@ class TorchPath:
             else:
                 return self.core._place(found, size, nbytes, stream)
             starts = self.starts
-            i = bisect_ints(starts, offset + 1) - 1  # the segment holding ``offset`` (compiled, a C bisect)
+            i = (
+                bisect_ints(starts, offset + 1) - 1
+            )  # the segment holding ``offset`` (compiled, a C bisect)
             start = starts[i]
             ptr = self.bases[i]
             ptr += offset - start

@@ -77,13 +77,28 @@ class MappedRealDevice(PageMappedDevice):
     kind: str = ""
     device_id: int = 0
 
-    def __init__(self, driver: VmmDriver, *, granularity_bytes: int | None = None, limit_bytes: int | None = None,
-                 virtual_limit_bytes: int = MAX_VIRTUAL_BYTES):
+    def __init__(
+        self,
+        driver: VmmDriver,
+        *,
+        granularity_bytes: int | None = None,
+        limit_bytes: int | None = None,
+        virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
+    ):
         g = driver.granularity_bytes if granularity_bytes is None else granularity_bytes
-        check_int("granularity_bytes", g, low=driver.granularity_bytes, multiple_of=driver.granularity_bytes,
-                  error=PoolError)  # the driver's allocation granularity
-        super().__init__(granularity_bytes=g, limit_bytes=limit_bytes, costs=None,
-                         virtual_limit_bytes=virtual_limit_bytes)
+        check_int(
+            "granularity_bytes",
+            g,
+            low=driver.granularity_bytes,
+            multiple_of=driver.granularity_bytes,
+            error=PoolError,
+        )  # the driver's allocation granularity
+        super().__init__(
+            granularity_bytes=g,
+            limit_bytes=limit_bytes,
+            costs=None,
+            virtual_limit_bytes=virtual_limit_bytes,
+        )
         self.driver = driver
         self._starts: list[int] = []
         self._bases: list[int] = []  # _starts[i]'s real base, for each i
@@ -92,7 +107,9 @@ class MappedRealDevice(PageMappedDevice):
         self.num_creates = 0  # physical allocations the driver made (the replay's device_mallocs)
         self.num_releases = 0
         self.num_refused = 0  # creates the driver refused (out of memory)
-        self.sync_ns_total = 0  # waiting for queued work before unmapping (not a driver call's time)
+        self.sync_ns_total = (
+            0  # waiting for queued work before unmapping (not a driver call's time)
+        )
 
     # ------------------------------------------------------------------ timing
     def _timed(self, call: str, fn: Callable, *args: Any) -> Any:
@@ -119,7 +136,9 @@ class MappedRealDevice(PageMappedDevice):
     def address_free(self, offset: int, nbytes: int) -> None:
         super().address_free(offset, nbytes)
         base = remove_range(self._starts, self._bases, offset)
-        self._timed("address_free", self.driver.address_free, base, round_up(nbytes, self.granularity_bytes))
+        self._timed(
+            "address_free", self.driver.address_free, base, round_up(nbytes, self.granularity_bytes)
+        )
 
     # ------------------------------------------------------------------ physical pages
     def create(self, nbytes: int) -> int | None:
@@ -138,7 +157,13 @@ class MappedRealDevice(PageMappedDevice):
 
     def map(self, offset: int, handle: int) -> None:
         super().map(offset, handle)
-        self._timed("map", self.driver.map, self.address(offset), self._handles[handle], self._physical[handle])
+        self._timed(
+            "map",
+            self.driver.map,
+            self.address(offset),
+            self._handles[handle],
+            self._physical[handle],
+        )
 
     def set_access(self, offset: int, nbytes: int) -> None:
         super().set_access(offset, nbytes)
@@ -189,8 +214,10 @@ class MappedRealDevice(PageMappedDevice):
         the process on the host, and the context on the GPU): ``SegmentDevice.check_range``'s part
         here, which every memory operation of the backends calls."""
         mapped = self.mapped_bytes_in(offset, nbytes)
-        assert mapped == nbytes, (f"[{offset}, {offset + nbytes}) is not fully mapped ({mapped:,} of "
-                                  f"{nbytes:,} B): the policy handed out memory it had not mapped")
+        assert mapped == nbytes, (
+            f"[{offset}, {offset + nbytes}) is not fully mapped ({mapped:,} of "
+            f"{nbytes:,} B): the policy handed out memory it had not mapped"
+        )
 
     def synchronize(self) -> None:
         """Wait for queued memory operations (the memory mixin's)."""

@@ -105,10 +105,18 @@ class GpuPool:
         PoolError: a used policy object, or a device instance of a kind the policy cannot run on.
     """
 
-    def __init__(self, policy: str | Policy, *, backend: str | SegmentDevice = "cuda",
-                 capacity_bytes: int | None = None, validate: bool = False, guard_bytes: int = 256,
-                 check_contents: bool = True, device_id: int = 0,
-                 headroom_bytes: int = DEFAULT_HEADROOM_BYTES):
+    def __init__(
+        self,
+        policy: str | Policy,
+        *,
+        backend: str | SegmentDevice = "cuda",
+        capacity_bytes: int | None = None,
+        validate: bool = False,
+        guard_bytes: int = 256,
+        check_contents: bool = True,
+        device_id: int = 0,
+        headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+    ):
         check_int("guard_bytes", guard_bytes, low=0, error=PoolError)
         self.backend = backend
         self.capacity_bytes = capacity_bytes
@@ -118,7 +126,9 @@ class GpuPool:
         self.device_id = device_id
         self.headroom_bytes = headroom_bytes
 
-        self.device = self._make_device(backend, device_id, _device_kind(policy), _page_mapped_model(policy))
+        self.device = self._make_device(
+            backend, device_id, _device_kind(policy), _page_mapped_model(policy)
+        )
         self.is_cuda = self.device.kind == "cupy"
         if self.is_cuda:
             from realgpu.cuda import CudaPoolOutOfMemoryError
@@ -145,7 +155,9 @@ class GpuPool:
         #: CuPy's hot path for a pool that neither validates nor moves allocations: an instance
         #: attribute over the ``malloc`` method, so CuPy's call lands on it with no frame between
         starts, bases = self.device.address_tables()
-        self._malloc_path = MallocPath(self, starts, bases, pointer_types, self.device_id, self.lease_errors)
+        self._malloc_path = MallocPath(
+            self, starts, bases, pointer_types, self.device_id, self.lease_errors
+        )
         if not self._validate and not self.moves_on_hot_path:
             self.malloc = self._malloc_path.malloc
 
@@ -156,21 +168,33 @@ class GpuPool:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def _make_device(backend: str | RealDevice, device_id: int, kind: DeviceKind | None,
-                     model: PageMappedDevice | None) -> RealDevice:
+    def _make_device(
+        backend: str | RealDevice,
+        device_id: int,
+        kind: DeviceKind | None,
+        model: PageMappedDevice | None,
+    ) -> RealDevice:
         if isinstance(backend, (SegmentDevice, MappedRealDevice)):
             return backend
         if backend not in BACKENDS:
-            raise PoolError(f"backend(={backend!r}) must be one of {', '.join(map(repr, BACKENDS))} "
-                            "or a realgpu device")
+            raise PoolError(
+                f"backend(={backend!r}) must be one of {', '.join(map(repr, BACKENDS))} "
+                "or a realgpu device"
+            )
         platform = DeviceKind.platform_of(backend)
         if kind is DeviceKind.PAGE_MAPPED or model is not None:  # the policy's own kind wins
             kind = DeviceKind.PAGE_MAPPED
         else:
             kind = DeviceKind.of_backend(backend)
-        mapped = {} if model is None else {"granularity_bytes": model.granularity_bytes,
-                                           "limit_bytes": model.limit_bytes,
-                                           "virtual_limit_bytes": model.virtual_limit_bytes}
+        mapped = (
+            {}
+            if model is None
+            else {
+                "granularity_bytes": model.granularity_bytes,
+                "limit_bytes": model.limit_bytes,
+                "virtual_limit_bytes": model.virtual_limit_bytes,
+            }
+        )
         if platform == "host":
             if kind is DeviceKind.SEGMENT:
                 return HostDevice()
@@ -193,20 +217,30 @@ class GpuPool:
         free = MemoryReader(device_id=self.device_id).read().free_bytes
         usable = (free - self.headroom_bytes) // SEGMENT_ALIGNMENT_BYTES * SEGMENT_ALIGNMENT_BYTES
         if usable <= 0:
-            raise PoolError(f"the GPU has {free:,} B free, less than headroom_bytes(={self.headroom_bytes:,})")
+            raise PoolError(
+                f"the GPU has {free:,} B free, less than headroom_bytes(={self.headroom_bytes:,})"
+            )
         return usable
 
     def _make_policy(self, policy: str | Policy) -> Policy:
         """The pool's own policy, built on ``self.device`` (the one way a policy gets a real device)."""
         if isinstance(policy, Policy):
             if policy.segments() or policy.num_allocs:
-                raise PoolError(f"policy {policy.spec!r} has already been used; pass a fresh one (or a spec string)")
+                raise PoolError(
+                    f"policy {policy.spec!r} has already been used; pass a fresh one (or a spec string)"
+                )
             if self.capacity_bytes is not None:
-                raise PoolError("capacity_bytes is the policy's own knob: set it on the policy object, "
-                                "or pass a spec string")
-            built = policies.create(policy, device=self.device)  # a fresh one from its knobs, on this device
+                raise PoolError(
+                    "capacity_bytes is the policy's own knob: set it on the policy object, "
+                    "or pass a spec string"
+                )
+            built = policies.create(
+                policy, device=self.device
+            )  # a fresh one from its knobs, on this device
         elif isinstance(policy, str):
-            capacity = self.capacity_bytes if self.capacity_bytes is not None else self._device_capacity()
+            capacity = (
+                self.capacity_bytes if self.capacity_bytes is not None else self._device_capacity()
+            )
             built = policies.create(policy, capacity_bytes=capacity, device=self.device)
         else:
             raise PoolError(f"policy(={policy!r}) must be a spec string or a policies.Policy")
@@ -225,8 +259,10 @@ class GpuPool:
         if device is not self.device:
             kind = _device_kind(policy) or DeviceKind.SEGMENT
             fix = f"{kind} backend ({', '.join(kind.backend(p) for p in PLATFORMS)})"
-            raise PoolError(f"policy {policy.spec!r} needs a {kind} device and built its own over this pool's "
-                            f"{type(self.device).__name__}; its offsets would not be the device's: give a {fix}")
+            raise PoolError(
+                f"policy {policy.spec!r} needs a {kind} device and built its own over this pool's "
+                f"{type(self.device).__name__}; its offsets would not be the device's: give a {fix}"
+            )
 
     # ------------------------------------------------------------------ CuPy allocator protocol
     def malloc(self, nbytes: int):
@@ -246,8 +282,10 @@ class GpuPool:
         if self._closed:
             raise PoolError("malloc on a closed pool")
         if self.moves_on_hot_path:
-            raise PoolError(f"policy {self.policy.spec!r} may move live allocations while allocating; the raw "
-                            "pointers CuPy holds could not follow: use allocate() handles, or idle_only=true")
+            raise PoolError(
+                f"policy {self.policy.spec!r} may move live allocations while allocating; the raw "
+                "pointers CuPy holds could not follow: use allocate() handles, or idle_only=true"
+            )
         if not self._validate:
             return self._malloc_path.malloc(nbytes)
         a = self.allocate(nbytes, contents=False)
@@ -276,12 +314,15 @@ class GpuPool:
     def _refuse_discontiguous(self, a: Allocation) -> None:
         """Free ``a``, whose pages one pointer cannot reach, and say why."""
         self.free(a)
-        raise PoolError(f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous pages; "
-                        "a CuPy pointer needs contiguous memory: use pool.allocate() and pool.pages()")
+        raise PoolError(
+            f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous pages; "
+            "a CuPy pointer needs contiguous memory: use pool.allocate() and pool.pages()"
+        )
 
     # ------------------------------------------------------------------ allocations
-    def allocate(self, nbytes: int, *, stream: int = 0, tag: str | None = None,
-                 contents: bool | None = None) -> Allocation:
+    def allocate(
+        self, nbytes: int, *, stream: int = 0, tag: str | None = None, contents: bool | None = None
+    ) -> Allocation:
         """Allocate through the policy; ``pointer``/``pages`` give its addresses.
 
         In validation mode the policy is asked for ``nbytes + 2 * guard_bytes``; ``contents``
@@ -379,7 +420,9 @@ class GpuPool:
         rec = _Check(data_word(self._serial), guard, user_nbytes, contents)
         self._checks[a] = rec
         tail = a.size_bytes - guard - user_nbytes
-        assert tail >= 0, f"policy gave {a.size_bytes} B for a request of {guard * 2 + user_nbytes} B"
+        assert tail >= 0, (
+            f"policy gave {a.size_bytes} B for a request of {guard * 2 + user_nbytes} B"
+        )
         self._fill(a, 0, guard, GUARD_WORD)
         self._fill(a, guard, user_nbytes, rec.word)
         self._fill(a, guard + user_nbytes, tail, GUARD_WORD)
@@ -413,7 +456,9 @@ class GpuPool:
         for offset, n, pos in self._pieces(a, start, length):
             fill(offset, n, word, pos % 4)
 
-    def _first_bad(self, a: Allocation, start: int, length: int, word: int) -> tuple[int, int] | None:
+    def _first_bad(
+        self, a: Allocation, start: int, length: int, word: int
+    ) -> tuple[int, int] | None:
         check = self.device.first_mismatch
         for offset, n, pos in self._pieces(a, start, length):
             k = check(offset, n, word, pos % 4)
@@ -421,22 +466,39 @@ class GpuPool:
                 return offset + k, pos + k
         return None
 
-    def _corruption(self, a: Allocation, rec: _Check, region: str, word: int, offset: int,
-                    pos: int) -> CorruptionError:
+    def _corruption(
+        self, a: Allocation, rec: _Check, region: str, word: int, offset: int, pos: int
+    ) -> CorruptionError:
         found = self.device.read_bytes(offset, 1)[0]
         expected = (word >> (8 * (pos % 4))) & 0xFF
         address = self._address(offset)
-        other = next((b for b in self._checks
-                      if b is not a and any(o <= offset < o + n for o, n in b.extents)), None)
-        why = (f"; that byte also lies in live allocation at offset {other.offset} ({other.size_bytes:,} B): "
-               "the policy placed two allocations over the same bytes" if other is not None else
-               "; something wrote outside its allocation (overrun) or into memory already freed")
-        msg = (f"memory corruption in the {region} bytes of the allocation at pool offset {a.offset} "
-               f"({rec.user_nbytes:,} B asked, {a.size_bytes:,} B placed by policy {self.policy.spec!r}): "
-               f"the byte at pool offset {offset} (address 0x{address:x}) is 0x{found:02x}, "
-               f"the pool wrote 0x{expected:02x}{why}")
-        return CorruptionError(msg, offset=offset, address=address, region=region,
-                               allocation=(a.offset, a.size_bytes, rec.user_nbytes))
+        other = next(
+            (
+                b
+                for b in self._checks
+                if b is not a and any(o <= offset < o + n for o, n in b.extents)
+            ),
+            None,
+        )
+        why = (
+            f"; that byte also lies in live allocation at offset {other.offset} ({other.size_bytes:,} B): "
+            "the policy placed two allocations over the same bytes"
+            if other is not None
+            else "; something wrote outside its allocation (overrun) or into memory already freed"
+        )
+        msg = (
+            f"memory corruption in the {region} bytes of the allocation at pool offset {a.offset} "
+            f"({rec.user_nbytes:,} B asked, {a.size_bytes:,} B placed by policy {self.policy.spec!r}): "
+            f"the byte at pool offset {offset} (address 0x{address:x}) is 0x{found:02x}, "
+            f"the pool wrote 0x{expected:02x}{why}"
+        )
+        return CorruptionError(
+            msg,
+            offset=offset,
+            address=address,
+            region=region,
+            allocation=(a.offset, a.size_bytes, rec.user_nbytes),
+        )
 
     # ------------------------------------------------------------------ state
     def _oom(self, nbytes: int) -> PoolOutOfMemoryError:
@@ -504,4 +566,8 @@ def _page_mapped_model(policy: str | Policy) -> PageMappedDevice | None:
     device = policy.device if isinstance(policy, Policy) else None
     while isinstance(device, DeviceInFront):
         device = device.inner
-    return device if isinstance(device, PageMappedDevice) and not isinstance(device, MappedRealDevice) else None
+    return (
+        device
+        if isinstance(device, PageMappedDevice) and not isinstance(device, MappedRealDevice)
+        else None
+    )

@@ -47,7 +47,14 @@ from sim.replay.trace_replay import ReplayResult, replay, trace_events
 from sim.replay.schema import latency_samples, summary_frame, summary_row
 from traces.events import AllocTrace
 
-__all__ = ["gpu_replay", "baseline_replay", "gpu_replay_tables", "GpuReplayTables", "BaselineResult", "device_name"]
+__all__ = [
+    "gpu_replay",
+    "baseline_replay",
+    "gpu_replay_tables",
+    "GpuReplayTables",
+    "BaselineResult",
+    "device_name",
+]
 
 NAN = float("nan")
 
@@ -75,9 +82,17 @@ def _memory_watch(device_id: int):
     return PeakWatch(MemoryReader(device_id=device_id))
 
 
-def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda",
-               capacity_bytes: int | None = None, validate: bool = False, sample_every: int | None = None,
-               progress: bool = False, device_id: int = 0) -> ReplayResult:
+def gpu_replay(
+    trace: AllocTrace,
+    policy: str | Policy,
+    *,
+    backend: str = "cuda",
+    capacity_bytes: int | None = None,
+    validate: bool = False,
+    sample_every: int | None = None,
+    progress: bool = False,
+    device_id: int = 0,
+) -> ReplayResult:
     """Replay ``trace`` through ``policy`` driving real memory.
 
     Args:
@@ -98,31 +113,49 @@ def gpu_replay(trace: AllocTrace, policy: str | Policy, *, backend: str = "cuda"
         segment freed) before it returns.
     """
     watch = _memory_watch(device_id) if backend.startswith("cuda") else None
-    pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate, guard_bytes=0,
-                   device_id=device_id)
+    pool = GpuPool(
+        policy,
+        backend=backend,
+        capacity_bytes=capacity_bytes,
+        validate=validate,
+        guard_bytes=0,
+        device_id=device_id,
+    )
     mover = _attach_mover(pool, verify=validate)
     hook_alloc, on_free = pool.replay_hooks()
     on_alloc = hook_alloc if watch is None else _with_reading(hook_alloc, pool.policy, watch)
 
     device = pool.device
     try:
-        result = replay(trace, pool.policy, backend="gpu", sample_every=sample_every, progress=progress,
-                        on_alloc=on_alloc, on_free=on_free)
+        result = replay(
+            trace,
+            pool.policy,
+            backend="gpu",
+            sample_every=sample_every,
+            progress=progress,
+            on_alloc=on_alloc,
+            on_free=on_free,
+        )
         device.synchronize()
-        measured = {"driver_ns_total": device.driver_ns_total, "device_mallocs": device.num_maps,
-                    "device_frees": device.num_unmaps,
-                    "moved_bytes": mover.moved_bytes if mover is not None else 0,
-                    "move_ns_total": mover.copy_ns if mover is not None else 0}
+        measured = {
+            "driver_ns_total": device.driver_ns_total,
+            "device_mallocs": device.num_maps,
+            "device_frees": device.num_unmaps,
+            "moved_bytes": mover.moved_bytes if mover is not None else 0,
+            "move_ns_total": mover.copy_ns if mover is not None else 0,
+        }
     finally:
         pool.close()
-    result.summary.update({
-        "kind": "policy",
-        "device": device_name(device_id) if pool.is_cuda else "host",
-        "device_kind": device.device_kind.value,  # a plain string in the table (``DeviceKind``'s value)
-        "validate": bool(validate),
-        **measured,
-        **_memory_columns(watch),
-    })
+    result.summary.update(
+        {
+            "kind": "policy",
+            "device": device_name(device_id) if pool.is_cuda else "host",
+            "device_kind": device.device_kind.value,  # a plain string in the table (``DeviceKind``'s value)
+            "validate": bool(validate),
+            **measured,
+            **_memory_columns(watch),
+        }
+    )
     return result
 
 
@@ -135,11 +168,21 @@ class GpuReplayTables:
     latency_samples: pd.DataFrame
 
 
-def gpu_replay_tables(trace: AllocTrace, specs: list[str], *, baselines: list[str] | tuple[str, ...] = (),
-                      backend: str = "cuda", device_kind: DeviceKind | str = DeviceKind.SEGMENT,
-                      capacity_bytes: int | None = None,
-                      validate: bool = False, with_sim: bool = False, costs: Any = None,
-                      sample_every: int | None = None, progress: bool = False, device_id: int = 0) -> GpuReplayTables:
+def gpu_replay_tables(
+    trace: AllocTrace,
+    specs: list[str],
+    *,
+    baselines: list[str] | tuple[str, ...] = (),
+    backend: str = "cuda",
+    device_kind: DeviceKind | str = DeviceKind.SEGMENT,
+    capacity_bytes: int | None = None,
+    validate: bool = False,
+    with_sim: bool = False,
+    costs: Any = None,
+    sample_every: int | None = None,
+    progress: bool = False,
+    device_id: int = 0,
+) -> GpuReplayTables:
     """``gpu_replay`` under each spec, in order, each followed (``with_sim``) by its simulated twin,
     then ``baseline_replay`` under each baseline: what ``poollab gpu replay`` runs.
 
@@ -154,32 +197,63 @@ def gpu_replay_tables(trace: AllocTrace, specs: list[str], *, baselines: list[st
     pool_backend = DeviceKind.parse(device_kind).backend(backend)
     rows, series, runs = [], [], []
     for spec in specs:
-        result = gpu_replay(trace, spec, backend=pool_backend, capacity_bytes=capacity_bytes, validate=validate,
-                            sample_every=sample_every, progress=progress, device_id=device_id)
+        result = gpu_replay(
+            trace,
+            spec,
+            backend=pool_backend,
+            capacity_bytes=capacity_bytes,
+            validate=validate,
+            sample_every=sample_every,
+            progress=progress,
+            device_id=device_id,
+        )
         rows.append(result.summary)
         series.append(result.timeseries)
         runs.append(result)
         if with_sim:
             twin: str | Policy = spec
-            if result.summary["device_kind"] == DeviceKind.PAGE_MAPPED:  # the simulator's page-mapped device, same pages
-                twin = policies.create(spec, capacity_bytes=result.summary["capacity_bytes"],
-                                       device=costed_device(DeviceKind.PAGE_MAPPED, costs))
-            sim = replay(trace, twin, capacity_bytes=result.summary["capacity_bytes"], costs=costs,
-                         sample_every=sample_every, progress=progress)
-            rows.append({**sim.summary, "kind": "policy", "device_kind": result.summary["device_kind"]})
+            if (
+                result.summary["device_kind"] == DeviceKind.PAGE_MAPPED
+            ):  # the simulator's page-mapped device, same pages
+                twin = policies.create(
+                    spec,
+                    capacity_bytes=result.summary["capacity_bytes"],
+                    device=costed_device(DeviceKind.PAGE_MAPPED, costs),
+                )
+            sim = replay(
+                trace,
+                twin,
+                capacity_bytes=result.summary["capacity_bytes"],
+                costs=costs,
+                sample_every=sample_every,
+                progress=progress,
+            )
+            rows.append(
+                {**sim.summary, "kind": "policy", "device_kind": result.summary["device_kind"]}
+            )
             series.append(sim.timeseries)
             runs.append(sim)
     for name in baselines:
-        result = baseline_replay(trace, name, sample_every=sample_every, progress=progress, device_id=device_id)
+        result = baseline_replay(
+            trace, name, sample_every=sample_every, progress=progress, device_id=device_id
+        )
         rows.append(result.summary)
         series.append(result.timeseries)
         runs.append(result)
-    return GpuReplayTables(summary_frame(rows), pd.concat(series, ignore_index=True), latency_samples(runs))
+    return GpuReplayTables(
+        summary_frame(rows), pd.concat(series, ignore_index=True), latency_samples(runs)
+    )
 
 
-def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every: int | None = None,
-                    progress: bool = False, device_id: int = 0,
-                    timer: Callable[[], int] = time.perf_counter_ns) -> BaselineResult:
+def baseline_replay(
+    trace: AllocTrace,
+    baseline: str | Baseline,
+    *,
+    sample_every: int | None = None,
+    progress: bool = False,
+    device_id: int = 0,
+    timer: Callable[[], int] = time.perf_counter_ns,
+) -> BaselineResult:
     """Replay ``trace`` through a baseline allocator (``realgpu.baselines``) on the GPU.
 
     The loop is ``sim.replay.engine.run`` and the row ``sim.replay.schema.summary_row``, as for a policy: the
@@ -193,8 +267,17 @@ def baseline_replay(trace: AllocTrace, baseline: str | Baseline, *, sample_every
 
     watch = _memory_watch(device_id)
     bl = make_baseline(baseline, device_id=device_id) if isinstance(baseline, str) else baseline
-    return _baseline_run(trace, bl, watch=watch, touch=touch_pointer, sample_every=sample_every, progress=progress,
-                         device=device_name(device_id), synchronize=lambda: _synchronize(device_id), timer=timer)
+    return _baseline_run(
+        trace,
+        bl,
+        watch=watch,
+        touch=touch_pointer,
+        sample_every=sample_every,
+        progress=progress,
+        device=device_name(device_id),
+        synchronize=lambda: _synchronize(device_id),
+        timer=timer,
+    )
 
 
 def _synchronize(device_id: int) -> None:
@@ -203,9 +286,18 @@ def _synchronize(device_id: int) -> None:
     cupy.cuda.Device(device_id).synchronize()
 
 
-def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[int, int], None],
-                  sample_every: int | None, progress: bool, device: str, synchronize: Callable[[], None],
-                  timer: Callable[[], int]) -> BaselineResult:
+def _baseline_run(
+    trace: AllocTrace,
+    bl: Any,
+    *,
+    watch: Any,
+    touch: Callable[[int, int], None],
+    sample_every: int | None,
+    progress: bool,
+    device: str,
+    synchronize: Callable[[], None],
+    timer: Callable[[], int],
+) -> BaselineResult:
     """``baseline_replay`` once the allocator, the memory watch and the device calls exist
     (split off so that the host tests can drive it with a stand-in allocator)."""
     events = trace_events(trace)
@@ -226,26 +318,58 @@ def _baseline_run(trace: AllocTrace, bl: Any, *, watch: Any, touch: Callable[[in
     def unknown_free(i: int, key: int) -> Exception:
         return ValueError(f"{where}: event {i} frees allocation {key}, which is not live")
 
-    target = Target(allocate=bl.alloc, free=None if bl.drop else bl.free, oom_errors=bl.oom_errors, sized_only=True,
-                    flush=bl.empty_cache)
+    target = Target(
+        allocate=bl.alloc,
+        free=None if bl.drop else bl.free,
+        oom_errors=bl.oom_errors,
+        sized_only=True,
+        flush=bl.empty_cache,
+    )
     try:
-        run = engine_run(events.ops, events.keys, events.sizes, target=target, times_us=events.times_us,
-                         observe=_booking(monitor.observe, readings, events), on_alloc=on_alloc,
-                         before=_stream_switches(bl, events), unknown_free=unknown_free, timer=timer,
-                         progress=f"{trace.name} · {bl.name}" if progress else None)
+        run = engine_run(
+            events.ops,
+            events.keys,
+            events.sizes,
+            target=target,
+            times_us=events.times_us,
+            observe=_booking(monitor.observe, readings, events),
+            on_alloc=on_alloc,
+            before=_stream_switches(bl, events),
+            unknown_free=unknown_free,
+            timer=timer,
+            progress=f"{trace.name} · {bl.name}" if progress else None,
+        )
     finally:
         if bl.keys_by_stream:
             bl.use_stream(0)
     if n:
         monitor.finish(n - 1, events.times_us[-1])
     synchronize()
-    readings.num_failed, readings.num_frees = run.num_failed, run.num_frees  # every free, not the timed ones
+    readings.num_failed, readings.num_frees = (
+        run.num_failed,
+        run.num_frees,
+    )  # every free, not the timed ones
     readings.counters = bl.counters()  # read before teardown frees what is still live
-    row = summary_row(trace=trace.name, policy=bl.name, backend="gpu", params="", capacity_bytes=None,
-                      monitor=monitor, alloc_ns=run.alloc_ns, free_ns=run.free_ns, wall_s=run.wall_s,
-                      device_calls=None, n_events=n, n_empty_cache=run.num_flushes,
-                      kind="baseline", device=device, validate=False, driver_ns_total=NAN,
-                      device_mallocs=readings.counters["n_grow"], device_frees=readings.counters["n_shrink"])
+    row = summary_row(
+        trace=trace.name,
+        policy=bl.name,
+        backend="gpu",
+        params="",
+        capacity_bytes=None,
+        monitor=monitor,
+        alloc_ns=run.alloc_ns,
+        free_ns=run.free_ns,
+        wall_s=run.wall_s,
+        device_calls=None,
+        n_events=n,
+        n_empty_cache=run.num_flushes,
+        kind="baseline",
+        device=device,
+        validate=False,
+        driver_ns_total=NAN,
+        device_mallocs=readings.counters["n_grow"],
+        device_frees=readings.counters["n_shrink"],
+    )
     if not bl.drop:
         for h in run.live.values():
             bl.free(h)
@@ -288,13 +412,23 @@ class BaselineReadings:
 
     def totals(self) -> dict[str, Any]:
         c = self.counters
-        return {"n_alloc": self.num_attempts, "n_free": self.num_frees, "n_failed": self.num_failed,
-                "peak_live_bytes": self.peak_live_bytes, "peak_allocated_bytes": c["peak_allocated_bytes"],
-                "peak_reserved_bytes": c["peak_reserved_bytes"], "n_grow": c["n_grow"], "n_shrink": c["n_shrink"],
-                "grown_bytes": NAN, "shrunk_bytes": NAN}
+        return {
+            "n_alloc": self.num_attempts,
+            "n_free": self.num_frees,
+            "n_failed": self.num_failed,
+            "peak_live_bytes": self.peak_live_bytes,
+            "peak_allocated_bytes": c["peak_allocated_bytes"],
+            "peak_reserved_bytes": c["peak_reserved_bytes"],
+            "n_grow": c["n_grow"],
+            "n_shrink": c["n_shrink"],
+            "grown_bytes": NAN,
+            "shrunk_bytes": NAN,
+        }
 
 
-def _booking(observe: Callable[[int, int], None], readings: BaselineReadings, events: Any) -> Callable:
+def _booking(
+    observe: Callable[[int, int], None], readings: BaselineReadings, events: Any
+) -> Callable:
     """``observe``, after booking the event's attempt or free in ``readings``."""
     ops, keys = events.ops, events.keys
 
@@ -318,7 +452,9 @@ def _stream_switches(bl: Any, events: Any) -> Callable[[int], None] | None:
     """
     if not bl.keys_by_stream or len(set(events.streams)) < 2:
         return None
-    switch_to: dict[int, int] = {}  # event index -> stream id, at the allocations that change stream
+    switch_to: dict[
+        int, int
+    ] = {}  # event index -> stream id, at the allocations that change stream
     current = 0
     for i, (op, stream) in enumerate(zip(events.ops, events.streams)):
         if op == ALLOC and stream != current:
@@ -359,8 +495,15 @@ def _with_reading(hook: Callable, policy: Policy, watch) -> Callable:
 
 def _memory_columns(watch) -> dict[str, Any]:
     if watch is None:
-        return {"nvml_base_used_bytes": NAN, "nvml_peak_used_bytes": NAN, "nvml_end_used_bytes": NAN,
-                "memory_source": ""}
-    return {"nvml_base_used_bytes": watch.base_used_bytes, "nvml_peak_used_bytes": watch.peak_used_bytes,
-            "nvml_end_used_bytes": watch.reader.used_bytes(), "memory_source": watch.reader.source}
-
+        return {
+            "nvml_base_used_bytes": NAN,
+            "nvml_peak_used_bytes": NAN,
+            "nvml_end_used_bytes": NAN,
+            "memory_source": "",
+        }
+    return {
+        "nvml_base_used_bytes": watch.base_used_bytes,
+        "nvml_peak_used_bytes": watch.peak_used_bytes,
+        "nvml_end_used_bytes": watch.reader.used_bytes(),
+        "memory_source": watch.reader.source,
+    }

@@ -16,12 +16,24 @@ import numpy as np
 from realgpu.baselines import Baseline
 from realgpu.pool import GpuPool
 
-__all__ = ["time_roundtrips", "pool_roundtrip", "baseline_roundtrip", "pointer_floor_roundtrip", "summarize"]
+__all__ = [
+    "time_roundtrips",
+    "pool_roundtrip",
+    "baseline_roundtrip",
+    "pointer_floor_roundtrip",
+    "summarize",
+]
 
 
-def time_roundtrips(alloc: Callable[[int], Any], free: Callable[[Any], None] | None, nbytes: int, *,
-                    iterations: int, warmup: int = 100,
-                    timer: Callable[[], int] = time.perf_counter_ns) -> np.ndarray:
+def time_roundtrips(
+    alloc: Callable[[int], Any],
+    free: Callable[[Any], None] | None,
+    nbytes: int,
+    *,
+    iterations: int,
+    warmup: int = 100,
+    timer: Callable[[], int] = time.perf_counter_ns,
+) -> np.ndarray:
     """Nanoseconds of each ``alloc(nbytes)`` + free; ``free=None`` frees by dropping the handle."""
     out = np.empty(iterations, dtype=np.int64)
     if free is None:
@@ -45,15 +57,30 @@ def time_roundtrips(alloc: Callable[[int], Any], free: Callable[[Any], None] | N
 
 def summarize(name: str, path: str, nbytes: int, samples_ns: np.ndarray) -> dict[str, Any]:
     p50, p99 = np.percentile(samples_ns, [50, 99])
-    return {"allocator": name, "path": path, "nbytes": nbytes, "iterations": int(samples_ns.size),
-            "p50_us": float(p50) / 1e3, "p99_us": float(p99) / 1e3, "mean_us": float(samples_ns.mean()) / 1e3}
+    return {
+        "allocator": name,
+        "path": path,
+        "nbytes": nbytes,
+        "iterations": int(samples_ns.size),
+        "p50_us": float(p50) / 1e3,
+        "p99_us": float(p99) / 1e3,
+        "mean_us": float(samples_ns.mean()) / 1e3,
+    }
 
 
-def pool_roundtrip(pool: GpuPool, nbytes: int, *, path: str = "allocate", iterations: int = 20000,
-                   warmup: int = 100) -> dict[str, Any]:
+def pool_roundtrip(
+    pool: GpuPool,
+    nbytes: int,
+    *,
+    path: str = "allocate",
+    iterations: int = 20000,
+    warmup: int = 100,
+) -> dict[str, Any]:
     """Round trips through ``pool.allocate``/``pool.free`` (``path="allocate"``) or ``pool.malloc`` + drop."""
     if path == "allocate":
-        samples = time_roundtrips(pool.allocate, pool.free, nbytes, iterations=iterations, warmup=warmup)
+        samples = time_roundtrips(
+            pool.allocate, pool.free, nbytes, iterations=iterations, warmup=warmup
+        )
     elif path == "malloc":
         samples = time_roundtrips(pool.malloc, None, nbytes, iterations=iterations, warmup=warmup)
     else:
@@ -62,10 +89,17 @@ def pool_roundtrip(pool: GpuPool, nbytes: int, *, path: str = "allocate", iterat
     return summarize(pool.policy.spec, path, nbytes, samples)
 
 
-def baseline_roundtrip(baseline: Baseline, nbytes: int, *, iterations: int = 20000, warmup: int = 100) -> dict[str, Any]:
+def baseline_roundtrip(
+    baseline: Baseline, nbytes: int, *, iterations: int = 20000, warmup: int = 100
+) -> dict[str, Any]:
     """Round trips through a baseline's own allocate/free (or drop) calls."""
-    samples = time_roundtrips(baseline.alloc, None if baseline.drop else baseline.free, nbytes,
-                              iterations=iterations, warmup=warmup)
+    samples = time_roundtrips(
+        baseline.alloc,
+        None if baseline.drop else baseline.free,
+        nbytes,
+        iterations=iterations,
+        warmup=warmup,
+    )
     return summarize(baseline.name, "native", nbytes, samples)
 
 
@@ -84,8 +118,9 @@ class _FinalizingOwner:
         pass
 
 
-def pointer_floor_roundtrip(nbytes: int, *, iterations: int = 20000, warmup: int = 100,
-                            finalizer: bool = False) -> dict[str, Any]:
+def pointer_floor_roundtrip(
+    nbytes: int, *, iterations: int = 20000, warmup: int = 100, finalizer: bool = False
+) -> dict[str, Any]:
     """The floor of any allocator that hands CuPy a foreign pointer (``GpuPool.malloc``): build
     ``MemoryPointer(UnownedMemory(ptr, nbytes, owner, device), 0)`` over one fixed real
     allocation and drop it, deciding nothing and allocating nothing.
@@ -107,5 +142,9 @@ def pointer_floor_roundtrip(nbytes: int, *, iterations: int = 20000, warmup: int
 
     samples = time_roundtrips(alloc, None, nbytes, iterations=iterations, warmup=warmup)
     del base
-    return summarize("CuPy pointer, owner with __del__ (floor)" if finalizer else "CuPy pointer (floor)",
-                     "native", nbytes, samples)
+    return summarize(
+        "CuPy pointer, owner with __del__ (floor)" if finalizer else "CuPy pointer (floor)",
+        "native",
+        nbytes,
+        samples,
+    )

@@ -94,7 +94,9 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
 
     def release(self, offset: int, nbytes: int) -> None:
         size = self._sizes.get(offset)
-        assert size == nbytes, f"release({offset}, {nbytes}) does not match a reserved segment (size {size})"
+        assert size == nbytes, (
+            f"release({offset}, {nbytes}) does not match a reserved segment (size {size})"
+        )
         remove_range(self._starts, self._bases, offset)
         del self._sizes[offset]
         buffer = self._buffers.pop(offset)
@@ -129,7 +131,9 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         assert i >= 0, f"offset {offset} lies below every segment"
         seg = starts[i]
         rel = offset - seg
-        assert rel < self._sizes[seg], f"offset {offset} lies past segment [{seg}, {seg + self._sizes[seg]})"
+        assert rel < self._sizes[seg], (
+            f"offset {offset} lies past segment [{seg}, {seg + self._sizes[seg]})"
+        )
         return seg, rel
 
     def address(self, offset: int) -> int:
@@ -150,7 +154,8 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         seg, rel = self.locate(offset)
         assert rel + nbytes <= self._sizes[seg], (
             f"range [{offset}, {offset + nbytes}) runs past the end of segment [{seg}, {seg + self._sizes[seg]}): "
-            "the policy handed out memory outside any segment")
+            "the policy handed out memory outside any segment"
+        )
 
     def close(self) -> None:
         """Give back every segment still held (the policy's ``reset`` normally did already)."""

@@ -45,18 +45,49 @@ import pandas as pd
 
 from traces.engine_profile import STEP_COLUMNS, write_served_requests, write_step_profile
 
-__all__ = ["PYTORCH", "ServeSettings", "StepRow", "Completion", "Engine", "plan_requests", "drive", "step_table",
-           "served_table", "serve_summary_row", "COMPARED_COLUMNS", "measured_against_predicted", "serve",
-           "ServeRun", "ServeError", "ServeOutcome", "write_serve_results", "policy_slug", "sim_config", "serve_trace",
-           "simulate_like", "check_engine_installed", "check_serve_specs", "check_cuda_graphs", "resolve_max_len"]
+__all__ = [
+    "PYTORCH",
+    "ServeSettings",
+    "StepRow",
+    "Completion",
+    "Engine",
+    "plan_requests",
+    "drive",
+    "step_table",
+    "served_table",
+    "serve_summary_row",
+    "COMPARED_COLUMNS",
+    "measured_against_predicted",
+    "serve",
+    "ServeRun",
+    "ServeError",
+    "ServeOutcome",
+    "write_serve_results",
+    "policy_slug",
+    "sim_config",
+    "serve_trace",
+    "simulate_like",
+    "check_engine_installed",
+    "check_serve_specs",
+    "check_cuda_graphs",
+    "resolve_max_len",
+]
 
 #: The spec that means PyTorch's own caching allocator (no poollab policy, no subprocess hooks).
 PYTORCH = "pytorch"
 #: What ``--snapshot-until`` takes: the start-up only, the whole run, or both (two snapshots).
 SNAPSHOT_UNTIL = ("startup", "end", "both")
 #: Serving columns ``--sim`` compares, measured against predicted.
-COMPARED_COLUMNS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
-                    "output_tok_s", "n_finished")
+COMPARED_COLUMNS = (
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "output_tok_s",
+    "n_finished",
+)
 
 
 @dataclass(frozen=True)
@@ -123,13 +154,19 @@ class ServeSettings:
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num-blocks {self.num_blocks} must be >= 1")
         if self.max_len_tokens is not None and self.max_len_tokens < 2:
-            raise ValueError(f"max-len {self.max_len_tokens} must be >= 2 (one prompt and one output token)")
+            raise ValueError(
+                f"max-len {self.max_len_tokens} must be >= 2 (one prompt and one output token)"
+            )
         if self.max_memory_percent is not None and not 0 < self.max_memory_percent <= 1:
             raise ValueError(f"max-memory-percent {self.max_memory_percent} must be in (0, 1]")
         if self.snapshot_until not in SNAPSHOT_UNTIL:
-            raise ValueError(f"snapshot-until {self.snapshot_until!r} must be one of {', '.join(SNAPSHOT_UNTIL)}")
+            raise ValueError(
+                f"snapshot-until {self.snapshot_until!r} must be one of {', '.join(SNAPSHOT_UNTIL)}"
+            )
         if self.allocator_mode not in ("pluggable", "mempool"):
-            raise ValueError(f"allocator-mode {self.allocator_mode!r} must be 'pluggable' or 'mempool'")
+            raise ValueError(
+                f"allocator-mode {self.allocator_mode!r} must be 'pluggable' or 'mempool'"
+            )
 
 
 @dataclass(frozen=True)
@@ -166,8 +203,14 @@ class Engine(Protocol):
     def alive(self) -> bool: ...
 
 
-def plan_requests(requests: pd.DataFrame, *, max_len_tokens: int, rate_scale: float = 1.0,
-                  duration_s: float | None = None, max_requests: int | None = None) -> pd.DataFrame:
+def plan_requests(
+    requests: pd.DataFrame,
+    *,
+    max_len_tokens: int,
+    rate_scale: float = 1.0,
+    duration_s: float | None = None,
+    max_requests: int | None = None,
+) -> pd.DataFrame:
     """The requests to serve: ``arrival_s`` divided by ``rate_scale``, those arriving before ``duration_s``
     (in the scaled time: the real seconds the run takes arrivals for), at most ``max_requests``, rebased
     to the first; each output capped at ``max_len_tokens - 1`` and its prompt so that prompt + output
@@ -179,9 +222,15 @@ def plan_requests(requests: pd.DataFrame, *, max_len_tokens: int, rate_scale: fl
     if rate_scale <= 0:
         raise ValueError(f"--rate-scale {rate_scale} must be > 0")
     if max_len_tokens < 2:
-        raise ValueError(f"the engine's longest sequence ({max_len_tokens} tokens) leaves no room for a prompt and an output")
+        raise ValueError(
+            f"the engine's longest sequence ({max_len_tokens} tokens) leaves no room for a prompt and an output"
+        )
     df = requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-    arrival = (df["arrival_s"].to_numpy(np.float64) - float(df["arrival_s"].iloc[0])) / rate_scale if len(df) else np.zeros(0)
+    arrival = (
+        (df["arrival_s"].to_numpy(np.float64) - float(df["arrival_s"].iloc[0])) / rate_scale
+        if len(df)
+        else np.zeros(0)
+    )
     keep = np.ones(len(df), dtype=bool)
     if duration_s is not None:
         if duration_s <= 0:
@@ -198,13 +247,27 @@ def plan_requests(requests: pd.DataFrame, *, max_len_tokens: int, rate_scale: fl
     output = np.maximum(output, 1)
     prompt_trace = df["prompt_tokens"].to_numpy(np.int64)[idx]
     prompt = np.clip(prompt_trace, 1, max_len_tokens - output)
-    return pd.DataFrame({"request": np.arange(idx.size), "arrival_s": arrival[idx] - arrival[idx[0]],
-                         "prompt_tokens": prompt, "output_tokens": output, "trace_prompt_tokens": prompt_trace})
+    return pd.DataFrame(
+        {
+            "request": np.arange(idx.size),
+            "arrival_s": arrival[idx] - arrival[idx[0]],
+            "prompt_tokens": prompt,
+            "output_tokens": output,
+            "trace_prompt_tokens": prompt_trace,
+        }
+    )
 
 
-def drive(engine: Engine, plan: pd.DataFrame, *, vocab_size: int, seed: int = 0,
-          clock: Callable[[], float] = time.perf_counter, poll_s: float = 0.05,
-          give_up_s: float | None = None) -> tuple[float, np.ndarray, list[Completion]]:
+def drive(
+    engine: Engine,
+    plan: pd.DataFrame,
+    *,
+    vocab_size: int,
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+    poll_s: float = 0.05,
+    give_up_s: float | None = None,
+) -> tuple[float, np.ndarray, list[Completion]]:
     """Submit ``plan``'s requests to a started ``engine`` at their arrival times, in real time, and
     collect what it finishes, until every request is done, the engine dies, or ``give_up_s`` seconds
     pass after the last arrival.
@@ -250,7 +313,9 @@ def step_table(steps: Iterable[StepRow], t0: float) -> pd.DataFrame:
     return df[["start_s", *STEP_COLUMNS]].astype({c: np.int64 for c in STEP_COLUMNS[1:]})
 
 
-def served_table(plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completions: Iterable[Completion]) -> pd.DataFrame:
+def served_table(
+    plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completions: Iterable[Completion]
+) -> pd.DataFrame:
     """One row per planned request (``traces.engine_profile`` served-request columns, seconds from the
     first arrival; NaN where a request never got a first token or never finished) plus
     ``num_generated`` and ``error``."""
@@ -267,13 +332,29 @@ def served_table(plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completion
     arrival = submit_t - t0
     never = np.isnan(arrival)
     error[never] = "never submitted"
-    return pd.DataFrame({"request": plan["request"].to_numpy(), "arrival_s": np.where(never, plan["arrival_s"], arrival),
-                         "prompt_tokens": plan["prompt_tokens"].to_numpy(), "output_tokens": plan["output_tokens"].to_numpy(),
-                         "first_token_s": first, "finish_s": finish, "num_generated": generated, "error": error})
+    return pd.DataFrame(
+        {
+            "request": plan["request"].to_numpy(),
+            "arrival_s": np.where(never, plan["arrival_s"], arrival),
+            "prompt_tokens": plan["prompt_tokens"].to_numpy(),
+            "output_tokens": plan["output_tokens"].to_numpy(),
+            "first_token_s": first,
+            "finish_s": finish,
+            "num_generated": generated,
+            "error": error,
+        }
+    )
 
 
-def serve_summary_row(memory_row: dict[str, Any], served: pd.DataFrame, steps: pd.DataFrame, *,
-                      kv_capacity_tokens: int, num_preemptions: int = 0, **extra: Any) -> dict[str, Any]:
+def serve_summary_row(
+    memory_row: dict[str, Any],
+    served: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    kv_capacity_tokens: int,
+    num_preemptions: int = 0,
+    **extra: Any,
+) -> dict[str, Any]:
     """The summary row ``simulate`` writes, from a real run: ``memory_row`` (the report schema's columns,
     ``sim.replay.schema.summary_row``'s) and the serving columns (``sim.serving.serving_metrics.serving_summary`` over
     the request table ``sim.serving.serving_metrics.request_table`` builds), then the engine's columns and
@@ -286,27 +367,51 @@ def serve_summary_row(memory_row: dict[str, Any], served: pd.DataFrame, steps: p
     from sim.serving.scheduler import RequestState
     from sim.serving.serving_metrics import request_table, serving_summary
 
-    requests = [SimpleNamespace(request_id=int(r.request), arrival_s=r.arrival_s, prompt_tokens=int(r.prompt_tokens),
-                                output_tokens=int(r.output_tokens), num_generated=int(r.num_generated),
-                                first_token_s=r.first_token_s, finish_s=r.finish_s, num_preemptions=0, num_swaps=0,
-                                prefix_hit_tokens=0,
-                                status=RequestState.FINISHED if math.isfinite(r.finish_s) else RequestState.RUNNING,
-                                reject_reason="", reject_kind="")
-                for r in served.itertuples()]
+    requests = [
+        SimpleNamespace(
+            request_id=int(r.request),
+            arrival_s=r.arrival_s,
+            prompt_tokens=int(r.prompt_tokens),
+            output_tokens=int(r.output_tokens),
+            num_generated=int(r.num_generated),
+            first_token_s=r.first_token_s,
+            finish_s=r.finish_s,
+            num_preemptions=0,
+            num_swaps=0,
+            prefix_hit_tokens=0,
+            status=RequestState.FINISHED if math.isfinite(r.finish_s) else RequestState.RUNNING,
+            reject_reason="",
+            reject_kind="",
+        )
+        for r in served.itertuples()
+    ]
     table = request_table(requests)
     finish = served["finish_s"].to_numpy(np.float64)
     duration_s = float(np.nanmax(finish)) if np.isfinite(finish).any() else math.nan
     busy_s = float(steps["duration_s"].sum()) if len(steps) else 0.0
     held = (steps["prefill_context_tokens"] + steps["decode_context_tokens"]).to_numpy(np.float64)
-    util = (float((held * steps["duration_s"]).sum() / (busy_s * kv_capacity_tokens))
-            if busy_s > 0 and kv_capacity_tokens > 0 else math.nan)
-    serving = serving_summary(table, duration_s=duration_s, num_preemptions=num_preemptions, kv_token_util=util,
-                              busy_s=busy_s)
+    util = (
+        float((held * steps["duration_s"]).sum() / (busy_s * kv_capacity_tokens))
+        if busy_s > 0 and kv_capacity_tokens > 0
+        else math.nan
+    )
+    serving = serving_summary(
+        table,
+        duration_s=duration_s,
+        num_preemptions=num_preemptions,
+        kv_token_util=util,
+        busy_s=busy_s,
+    )
     d = steps["duration_s"].to_numpy(np.float64)
-    engine = {"duration_s": duration_s, "num_steps": len(steps), "busy_s": busy_s,
-              "step_p50_s": float(np.percentile(d, 50)) if d.size else math.nan,
-              "step_p99_s": float(np.percentile(d, 99)) if d.size else math.nan,
-              "n_request_errors": int((served["error"] != "").sum()), "kv_capacity_tokens": kv_capacity_tokens}
+    engine = {
+        "duration_s": duration_s,
+        "num_steps": len(steps),
+        "busy_s": busy_s,
+        "step_p50_s": float(np.percentile(d, 50)) if d.size else math.nan,
+        "step_p99_s": float(np.percentile(d, 99)) if d.size else math.nan,
+        "n_request_errors": int((served["error"] != "").sum()),
+        "kv_capacity_tokens": kv_capacity_tokens,
+    }
     return {**memory_row, **serving, **engine, **extra}
 
 
@@ -320,13 +425,19 @@ def sim_config(*, kv_capacity_bytes: int, settings: ServeSettings, max_len_token
     sequence limit and longest sequence; no prefix sharing (the prompts are random)."""
     from sim.serving.config import ServerConfig
 
-    return ServerConfig(kv_capacity_bytes=int(kv_capacity_bytes), tokens_per_page=settings.block_tokens,
-                        max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_batch_tokens,
-                        max_model_len=max_len_tokens, prefix_caching=False)
+    return ServerConfig(
+        kv_capacity_bytes=int(kv_capacity_bytes),
+        tokens_per_page=settings.block_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_batch_tokens,
+        max_model_len=max_len_tokens,
+        prefix_caching=False,
+    )
 
 
-def measured_against_predicted(measured: dict[str, Any], predicted: dict[str, Any],
-                               columns: Sequence[str] = COMPARED_COLUMNS) -> pd.DataFrame:
+def measured_against_predicted(
+    measured: dict[str, Any], predicted: dict[str, Any], columns: Sequence[str] = COMPARED_COLUMNS
+) -> pd.DataFrame:
     """One row per column: measured, predicted and the prediction's error in percent of the measured."""
     rows = []
     for c in columns:
@@ -347,15 +458,25 @@ class ServeRun:
     timeseries: pd.DataFrame | None = None
     snapshot_path: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    run_snapshot_path: Path | None = None  # the whole run's, beside the start-up one (``snapshot_until="both"``)
+    run_snapshot_path: Path | None = (
+        None  # the whole run's, beside the start-up one (``snapshot_until="both"``)
+    )
 
 
 class ServeError(RuntimeError):
     """A policy's engine process failed; the message is its last error line."""
 
 
-def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, trace_name: str,
-          log: Callable[[str], None] = print, python: str | None = None, timeout_s: float | None = None) -> list[ServeRun]:
+def serve(
+    plan: pd.DataFrame,
+    specs: Sequence[str],
+    settings: ServeSettings,
+    *,
+    trace_name: str,
+    log: Callable[[str], None] = print,
+    python: str | None = None,
+    timeout_s: float | None = None,
+) -> list[ServeRun]:
     """Serve ``plan`` under each spec in turn, each in a fresh process (``realgpu.serve_engine``), and
     return the runs. ``pytorch`` runs PyTorch's own allocator; any other spec goes through
     ``realgpu.torch_allocator.use_policy``. Raises ``ServeError`` with the child's last error line."""
@@ -364,22 +485,35 @@ def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, 
         with tempfile.TemporaryDirectory(prefix="poollab-serve-") as tmp:
             work = Path(tmp)
             plan.to_csv(work / "plan.csv", index=False)
-            (work / "job.json").write_text(json.dumps({"spec": spec, "trace": trace_name, "settings": asdict(settings)}))
-            log(f"{spec}: starting the engine ({settings.checkpoint or settings.model}"
-                + ("" if settings.engine_footprint_check else
-                   f"; transformers' footprint check off: exactly {settings.num_blocks or 'the sized'} blocks")
-                + ")")
+            (work / "job.json").write_text(
+                json.dumps({"spec": spec, "trace": trace_name, "settings": asdict(settings)})
+            )
+            log(
+                f"{spec}: starting the engine ({settings.checkpoint or settings.model}"
+                + (
+                    ""
+                    if settings.engine_footprint_check
+                    else f"; transformers' footprint check off: exactly {settings.num_blocks or 'the sized'} blocks"
+                )
+                + ")"
+            )
             cmd = [python or sys.executable, "-m", "realgpu.serve_engine", str(work)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+                ).rstrip(os.pathsep),
+            }
             tail: collections.deque[str] = collections.deque(maxlen=12)
-            with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            with subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ) as proc:
                 deadline = None if timeout_s is None else time.monotonic() + timeout_s
                 for line in proc.stdout:  # the engine's progress lines as they come
                     line = line.rstrip("\n")
                     tail.append(line)
                     if line.startswith("serve: "):
-                        log(f"{spec}: {line[len('serve: '):]}")
+                        log(f"{spec}: {line[len('serve: ') :]}")
                     if deadline is not None and time.monotonic() > deadline:
                         proc.kill()
                         break
@@ -387,13 +521,19 @@ def serve(plan: pd.DataFrame, specs: Sequence[str], settings: ServeSettings, *, 
             result = work / "result.json"
             if returncode != 0 or not result.is_file():
                 err = work / "error.txt"
-                why = err.read_text().strip() if err.is_file() else (tail[-1] if tail else f"exit status {returncode}")
+                why = (
+                    err.read_text().strip()
+                    if err.is_file()
+                    else (tail[-1] if tail else f"exit status {returncode}")
+                )
                 for line in tail:  # the engine's own last words, for whoever debugs
                     log(f"{spec}:   | {line}")
                 raise ServeError(f"gpu serve: policy {spec!r}: {why}")
             runs.append(read_run(work, spec))
             if runs[-1].snapshot_path is not None or runs[-1].run_snapshot_path is not None:
-                keep = Path(tempfile.mkdtemp(prefix="poollab-snapshot-"))  # out of the temporary folder before it goes
+                keep = Path(
+                    tempfile.mkdtemp(prefix="poollab-snapshot-")
+                )  # out of the temporary folder before it goes
                 runs[-1].snapshot_path = _move_snapshot(runs[-1].snapshot_path, keep)
                 runs[-1].run_snapshot_path = _move_snapshot(runs[-1].run_snapshot_path, keep)
     return runs
@@ -420,22 +560,47 @@ def read_run(work: Path, spec: str) -> ServeRun:
     from traces.engine_profile import read_served_requests, read_step_profile
 
     result = json.loads((work / "result.json").read_text())
-    steps = read_step_profile(work / "steps.csv") if (work / "steps.csv").stat().st_size and result["num_steps"] else \
-        pd.DataFrame(columns=["start_s", *STEP_COLUMNS])
+    steps = (
+        read_step_profile(work / "steps.csv")
+        if (work / "steps.csv").stat().st_size and result["num_steps"]
+        else pd.DataFrame(columns=["start_s", *STEP_COLUMNS])
+    )
     served = pd.read_csv(work / "requests.csv", dtype={"error": object})
     served["error"] = served["error"].fillna("")
     read_served_requests(work / "requests.csv")  # the schema's checks, naming a bad cell
-    ts = pd.read_parquet(work / "timeseries.parquet") if (work / "timeseries.parquet").is_file() else None
-    summary = serve_summary_row(result["memory_row"], served, steps, kv_capacity_tokens=result["kv_capacity_tokens"],
-                                num_preemptions=result["num_preemptions"], **result["extra"])
+    ts = (
+        pd.read_parquet(work / "timeseries.parquet")
+        if (work / "timeseries.parquet").is_file()
+        else None
+    )
+    summary = serve_summary_row(
+        result["memory_row"],
+        served,
+        steps,
+        kv_capacity_tokens=result["kv_capacity_tokens"],
+        num_preemptions=result["num_preemptions"],
+        **result["extra"],
+    )
     snap = work / result["snapshot"] if result.get("snapshot") else None
     run_snap = work / result["run_snapshot"] if result.get("run_snapshot") else None
-    return ServeRun(spec=spec, summary=summary, steps=steps, served=served, timeseries=ts, snapshot_path=snap,
-                    info=result, run_snapshot_path=run_snap)
+    return ServeRun(
+        spec=spec,
+        summary=summary,
+        steps=steps,
+        served=served,
+        timeseries=ts,
+        snapshot_path=snap,
+        info=result,
+        run_snapshot_path=run_snap,
+    )
 
 
-def write_serve_results(out_dir: Path, runs: Sequence[ServeRun], meta: dict[str, Any],
-                        comparison: pd.DataFrame | None = None) -> list[Path]:
+def write_serve_results(
+    out_dir: Path,
+    runs: Sequence[ServeRun],
+    meta: dict[str, Any],
+    comparison: pd.DataFrame | None = None,
+) -> list[Path]:
     """The result folder: ``summary.csv``, ``timeseries.parquet``, ``requests.parquet`` (every run's
     request table, ``sim.serving.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
     per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served requests) and,
@@ -449,16 +614,26 @@ def write_serve_results(out_dir: Path, runs: Sequence[ServeRun], meta: dict[str,
     extra = {"requests": pd.concat(tables, ignore_index=True)}
     if comparison is not None:
         extra["sim_comparison"] = comparison
-    write_results(out_dir, summary, pd.concat(series, ignore_index=True) if series else None, extra_tables=extra,
-                  meta=meta)
+    write_results(
+        out_dir,
+        summary,
+        pd.concat(series, ignore_index=True) if series else None,
+        extra_tables=extra,
+        meta=meta,
+    )
     written = []
     for r in runs:
         slug = policy_slug(r.spec)
         written.append(write_step_profile(r.steps, out_dir / f"steps_{slug}.csv"))
         written.append(write_served_requests(r.served, out_dir / f"requests_{slug}.csv"))
-        for snapshot, name in ((r.snapshot_path, f"snapshot_{slug}"), (r.run_snapshot_path, f"snapshot_{slug}_run")):
+        for snapshot, name in (
+            (r.snapshot_path, f"snapshot_{slug}"),
+            (r.run_snapshot_path, f"snapshot_{slug}_run"),
+        ):
             if snapshot is not None:
-                for path, dest in zip(_snapshot_files(snapshot), (f"{name}.pickle.gz", f"{name}.json")):
+                for path, dest in zip(
+                    _snapshot_files(snapshot), (f"{name}.pickle.gz", f"{name}.json")
+                ):
                     (out_dir / dest).write_bytes(path.read_bytes())
                     written.append(out_dir / dest)
     return written
@@ -471,8 +646,10 @@ def check_engine_installed() -> None:
 
     missing = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ValueError(f"gpu serve needs {' and '.join(missing)} (pip install 'poollab[engine]'); "
-                         f"the GPU machine has both")
+        raise ValueError(
+            f"gpu serve needs {' and '.join(missing)} (pip install 'poollab[engine]'); "
+            f"the GPU machine has both"
+        )
 
 
 def check_serve_specs(specs: Sequence[str]) -> list[str]:
@@ -495,8 +672,10 @@ def check_cuda_graphs(specs: Sequence[str], settings: ServeSettings) -> None:
         return
     policies = [s for s in specs if s != PYTORCH]
     if policies:
-        raise ValueError(f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: the engine captures "
-                         "its graphs into a pool of PyTorch's caching allocator, which a pluggable policy replaces")
+        raise ValueError(
+            f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: the engine captures "
+            "its graphs into a pool of PyTorch's caching allocator, which a pluggable policy replaces"
+        )
 
 
 def resolve_max_len(settings: ServeSettings) -> int:
@@ -508,10 +687,14 @@ def resolve_max_len(settings: ServeSettings) -> int:
         try:
             value = json.loads(cfg.read_text()).get("max_position_embeddings")
         except (OSError, ValueError) as exc:
-            raise ValueError(f"--checkpoint {settings.checkpoint}: cannot read config.json ({exc})") from None
+            raise ValueError(
+                f"--checkpoint {settings.checkpoint}: cannot read config.json ({exc})"
+            ) from None
         if not isinstance(value, int) or value < 2:
-            raise ValueError(f"--checkpoint {settings.checkpoint}: config.json has no max_position_embeddings; "
-                             f"give --max-len")
+            raise ValueError(
+                f"--checkpoint {settings.checkpoint}: config.json has no max_position_embeddings; "
+                f"give --max-len"
+            )
         return value
     from sim.serving.models import load_model
 
@@ -530,10 +713,21 @@ class ServeOutcome:
     files: list[Path]
 
 
-def serve_trace(requests: Any, specs: Sequence[str], settings: ServeSettings, *, out_dir: Path,
-                rate_scale: float = 1.0, duration_s: float | None = None, max_requests: int | None = None,
-                with_sim: bool = False, gpu: str = "H200", calibration: Any = None,
-                log: Callable[[str], None] = print, meta: dict[str, Any] | None = None) -> ServeOutcome:
+def serve_trace(
+    requests: Any,
+    specs: Sequence[str],
+    settings: ServeSettings,
+    *,
+    out_dir: Path,
+    rate_scale: float = 1.0,
+    duration_s: float | None = None,
+    max_requests: int | None = None,
+    with_sim: bool = False,
+    gpu: str = "H200",
+    calibration: Any = None,
+    log: Callable[[str], None] = print,
+    meta: dict[str, Any] | None = None,
+) -> ServeOutcome:
     """Plan ``requests`` (a ``RequestTrace``), serve it under each spec, optionally simulate each run with
     matching settings, and write the result folder. A policy whose engine fails is reported in
     ``failed`` and the others still run; ValueError when none ran (or, before anything runs, when
@@ -541,8 +735,13 @@ def serve_trace(requests: Any, specs: Sequence[str], settings: ServeSettings, *,
     check_cuda_graphs(specs, settings)
     max_len = resolve_max_len(settings)
     settings = ServeSettings(**{**asdict(settings), "max_len_tokens": max_len})
-    plan = plan_requests(requests.requests, max_len_tokens=max_len, rate_scale=rate_scale, duration_s=duration_s,
-                         max_requests=max_requests)
+    plan = plan_requests(
+        requests.requests,
+        max_len_tokens=max_len,
+        rate_scale=rate_scale,
+        duration_s=duration_s,
+        max_requests=max_requests,
+    )
     runs, failed = [], {}
     for spec in specs:
         try:
@@ -555,14 +754,31 @@ def serve_trace(requests: Any, specs: Sequence[str], settings: ServeSettings, *,
     comparisons = {}
     if with_sim:
         for run in runs:
-            comparisons[run.spec] = simulate_like(run, plan, settings, gpu=gpu, calibration=calibration,
-                                                  trace_name=requests.name)
-    comparison = (pd.concat([c.assign(policy=s) for s, c in comparisons.items()], ignore_index=True)
-                  if comparisons else None)
-    files = write_serve_results(out_dir, runs, {**(meta or {}), "command": "gpu serve", "trace": requests.name,
-                                               "policies": list(specs), "failed": failed, "rate_scale": rate_scale,
-                                               "duration_s": duration_s, "max_requests": max_requests,
-                                               "num_requests": len(plan), **asdict(settings)}, comparison)
+            comparisons[run.spec] = simulate_like(
+                run, plan, settings, gpu=gpu, calibration=calibration, trace_name=requests.name
+            )
+    comparison = (
+        pd.concat([c.assign(policy=s) for s, c in comparisons.items()], ignore_index=True)
+        if comparisons
+        else None
+    )
+    files = write_serve_results(
+        out_dir,
+        runs,
+        {
+            **(meta or {}),
+            "command": "gpu serve",
+            "trace": requests.name,
+            "policies": list(specs),
+            "failed": failed,
+            "rate_scale": rate_scale,
+            "duration_s": duration_s,
+            "max_requests": max_requests,
+            "num_requests": len(plan),
+            **asdict(settings),
+        },
+        comparison,
+    )
     return ServeOutcome(plan, runs, failed, comparisons, files)
 
 
@@ -570,16 +786,35 @@ def serve_trace(requests: Any, specs: Sequence[str], settings: ServeSettings, *,
 SIM_TWIN_OF_PYTORCH = "torch-caching"
 
 
-def simulate_like(run: ServeRun, plan: pd.DataFrame, settings: ServeSettings, *, gpu: str = "H200",
-                  calibration: Any = None, trace_name: str = "requests") -> pd.DataFrame:
+def simulate_like(
+    run: ServeRun,
+    plan: pd.DataFrame,
+    settings: ServeSettings,
+    *,
+    gpu: str = "H200",
+    calibration: Any = None,
+    trace_name: str = "requests",
+) -> pd.DataFrame:
     """``simulate`` the planned requests with the real run's KV bytes and engine limits (``sim_config``)
     and the run's policy (``torch-caching`` for PyTorch's own), and compare (``measured_against_predicted``)."""
     from sim.serving.simulate import simulate
 
     spec = SIM_TWIN_OF_PYTORCH if run.spec == PYTORCH else run.spec
-    config = sim_config(kv_capacity_bytes=int(run.summary["kv_bytes"]), settings=settings,
-                        max_len_tokens=int(settings.max_len_tokens))
-    requests = plan[["request", "arrival_s", "prompt_tokens", "output_tokens"]].rename(columns={"request": "request_id"})
-    sim = simulate(requests, spec, model=settings.model, gpu=gpu, calibration=calibration, config=config,
-                   trace_name=trace_name)
+    config = sim_config(
+        kv_capacity_bytes=int(run.summary["kv_bytes"]),
+        settings=settings,
+        max_len_tokens=int(settings.max_len_tokens),
+    )
+    requests = plan[["request", "arrival_s", "prompt_tokens", "output_tokens"]].rename(
+        columns={"request": "request_id"}
+    )
+    sim = simulate(
+        requests,
+        spec,
+        model=settings.model,
+        gpu=gpu,
+        calibration=calibration,
+        config=config,
+        trace_name=trace_name,
+    )
     return measured_against_predicted(run.summary, sim.summary)

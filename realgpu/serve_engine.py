@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from realgpu.serve import PYTORCH, Completion, ServeSettings, StepRow, drive, served_table, step_table
+from realgpu.serve import (
+    PYTORCH,
+    Completion,
+    ServeSettings,
+    StepRow,
+    drive,
+    served_table,
+    step_table,
+)
 
 #: How long to wait for the last requests after the last arrival before calling the run stuck.
 GIVE_UP_AFTER_S = 1800.0
@@ -50,21 +58,39 @@ def model_config(spec: Any, *, max_len_tokens: int | None):
     from transformers import LlamaConfig
 
     if not spec.gated_mlp:
-        raise ValueError(f"model {spec.name!r} has a plain (non-gated) MLP: random weights are built as a Llama-"
-                         f"architecture model; pass --checkpoint DIR for it")
+        raise ValueError(
+            f"model {spec.name!r} has a plain (non-gated) MLP: random weights are built as a Llama-"
+            f"architecture model; pass --checkpoint DIR for it"
+        )
     if spec.layer_groups is not None:
-        raise ValueError(f"model {spec.name!r} has hybrid layer groups (sliding window or Mamba layers): random "
-                         f"weights are built as a dense Llama-architecture model; pass --checkpoint DIR for it")
-    return LlamaConfig(num_hidden_layers=spec.num_layers, hidden_size=spec.hidden_size,
-                       num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                       head_dim=spec.head_dim, intermediate_size=spec.intermediate_size, vocab_size=spec.vocab_size,
-                       tie_word_embeddings=spec.tied_embeddings,
-                       max_position_embeddings=max_len_tokens or spec.max_position_embeddings or 8192,
-                       eos_token_id=None, bos_token_id=None, pad_token_id=0)
+        raise ValueError(
+            f"model {spec.name!r} has hybrid layer groups (sliding window or Mamba layers): random "
+            f"weights are built as a dense Llama-architecture model; pass --checkpoint DIR for it"
+        )
+    return LlamaConfig(
+        num_hidden_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        vocab_size=spec.vocab_size,
+        tie_word_embeddings=spec.tied_embeddings,
+        max_position_embeddings=max_len_tokens or spec.max_position_embeddings or 8192,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
 
 
-_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-           "fp32": "float32", "float32": "float32"}
+_DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 
 
 def build_model(settings: ServeSettings, device: Any):
@@ -74,8 +100,12 @@ def build_model(settings: ServeSettings, device: Any):
     from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     if settings.checkpoint:
-        return AutoModelForCausalLM.from_pretrained(settings.checkpoint, dtype="auto", device_map={"": device},
-                                                    attn_implementation=settings.attn_implementation).eval()
+        return AutoModelForCausalLM.from_pretrained(
+            settings.checkpoint,
+            dtype="auto",
+            device_map={"": device},
+            attn_implementation=settings.attn_implementation,
+        ).eval()
     from sim.serving.models import load_model
 
     spec = load_model(settings.model)
@@ -102,13 +132,20 @@ class TransformersEngine:
         self.model = model
         self.settings = settings
         gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=16)
-        cb = ContinuousBatchingConfig(block_size=settings.block_tokens, num_blocks=settings.num_blocks,
-                                      max_batch_tokens=settings.max_batch_tokens,
-                                      max_requests_per_batch=settings.max_num_seqs,
-                                      max_memory_percent=settings.max_memory_percent,
-                                      use_cuda_graph=settings.cuda_graphs, use_async_batching=False,
-                                      scheduler_type="fifo", seed=settings.seed)
-        self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        cb = ContinuousBatchingConfig(
+            block_size=settings.block_tokens,
+            num_blocks=settings.num_blocks,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_requests_per_batch=settings.max_num_seqs,
+            max_memory_percent=settings.max_memory_percent,
+            use_cuda_graph=settings.cuda_graphs,
+            use_async_batching=False,
+            scheduler_type="fifo",
+            seed=settings.seed,
+        )
+        self.manager = model.init_continuous_batching(
+            generation_config=gen, continuous_batching_config=cb
+        )
         self.steps: list[StepRow] = []
         self.num_preemptions = 0
         self._on_step = on_step
@@ -176,7 +213,11 @@ class TransformersEngine:
         """Start the engine's thread and wait for its KV cache (made in that thread), so that no
         request's latency includes the cache's allocation. Without ``engine_footprint_check`` the
         engine's own footprint estimate cannot refuse the size (``footprint_check_off``)."""
-        check = contextlib.nullcontext() if self.settings.engine_footprint_check else footprint_check_off()
+        check = (
+            contextlib.nullcontext()
+            if self.settings.engine_footprint_check
+            else footprint_check_off()
+        )
         with check:
             self.manager.start()
             deadline = time.perf_counter() + timeout_s
@@ -184,14 +225,21 @@ class TransformersEngine:
                 running = self.manager.is_running()
                 if not running or time.perf_counter() > deadline:
                     error = self.manager.background_thread_status.fatal_error or (
-                        f"no KV cache after {timeout_s:.0f} s" if running else
-                        "its thread ended before making the KV cache (its traceback is above)")
+                        f"no KV cache after {timeout_s:.0f} s"
+                        if running
+                        else "its thread ended before making the KV cache (its traceback is above)"
+                    )
                     raise RuntimeError(f"the engine did not start: {error}")
                 time.sleep(0.01)
 
     def submit(self, request_id: int, prompt_ids: list[int], output_tokens: int) -> None:
-        self.manager.add_request(prompt_ids, request_id=str(request_id), max_new_tokens=output_tokens,
-                                 record_timestamps=True, eos_token_id=-1)
+        self.manager.add_request(
+            prompt_ids,
+            request_id=str(request_id),
+            max_new_tokens=output_tokens,
+            record_timestamps=True,
+            eos_token_id=-1,
+        )
 
     def results(self, timeout_s: float) -> list[Completion]:
         out, wait = [], timeout_s
@@ -205,9 +253,15 @@ class TransformersEngine:
             if not r.is_finished():
                 continue
             stamps = r.timestamps or []
-            out.append(Completion(int(r.request_id), stamps[0] if stamps else math.nan,
-                                  r.lifespan[1] if r.lifespan[1] > 0 else math.nan, len(r.generated_tokens),
-                                  str(r.error) if r.error is not None else ""))
+            out.append(
+                Completion(
+                    int(r.request_id),
+                    stamps[0] if stamps else math.nan,
+                    r.lifespan[1] if r.lifespan[1] > 0 else math.nan,
+                    len(r.generated_tokens),
+                    str(r.error) if r.error is not None else "",
+                )
+            )
 
     def alive(self) -> bool:
         return self.manager.is_running()
@@ -226,10 +280,16 @@ class TransformersEngine:
             return {"kv_blocks": 0, "kv_bytes": 0, "kv_capacity_tokens": 0}
         tensors = list(cache.key_cache) + list(cache.value_cache)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return {"kv_blocks": int(cache.num_blocks), "kv_block_tokens": int(cache.block_size),
-                "kv_capacity_tokens": int(cache.num_blocks * cache.block_size), "kv_bytes": int(nbytes),
-                "kv_num_tensors": len(tensors), "kv_tensor_bytes": int(tensors[0].numel() * tensors[0].element_size()),
-                "kv_tensor_shape": list(tensors[0].shape), "max_batch_tokens_engine": int(cache.max_batch_tokens)}
+        return {
+            "kv_blocks": int(cache.num_blocks),
+            "kv_block_tokens": int(cache.block_size),
+            "kv_capacity_tokens": int(cache.num_blocks * cache.block_size),
+            "kv_bytes": int(nbytes),
+            "kv_num_tensors": len(tensors),
+            "kv_tensor_bytes": int(tensors[0].numel() * tensors[0].element_size()),
+            "kv_tensor_shape": list(tensors[0].shape),
+            "max_batch_tokens_engine": int(cache.max_batch_tokens),
+        }
 
 
 @contextlib.contextmanager
@@ -245,10 +305,15 @@ def footprint_check_off():
     def check_sizes_only(self, max_batch_tokens: int, num_blocks: int) -> tuple[int, int]:
         footprint = self.compute_memory_footprint(max_batch_tokens, num_blocks)
         if footprint > self.available_memory:
-            print(f"serve: footprint check off: transformers estimates {footprint:,} B for {num_blocks:,} blocks, "
-                  f"more than the {self.available_memory:,} B it allows; starting anyway", flush=True)
+            print(
+                f"serve: footprint check off: transformers estimates {footprint:,} B for {num_blocks:,} blocks, "
+                f"more than the {self.available_memory:,} B it allows; starting anyway",
+                flush=True,
+            )
         if max_batch_tokens <= 0 or num_blocks <= 0:
-            raise ValueError(f"Invalid values: max_batch_tokens = {max_batch_tokens}, num_blocks = {num_blocks}")
+            raise ValueError(
+                f"Invalid values: max_batch_tokens = {max_batch_tokens}, num_blocks = {num_blocks}"
+            )
         return max_batch_tokens, num_blocks
 
     PagedAttentionMemoryHandler._check_footprint = check_sizes_only
@@ -258,7 +323,9 @@ def footprint_check_off():
         PagedAttentionMemoryHandler._check_footprint = original
 
 
-def warm_up(engine: TransformersEngine, settings: ServeSettings, *, vocab_size: int, max_len_tokens: int) -> None:
+def warm_up(
+    engine: TransformersEngine, settings: ServeSettings, *, vocab_size: int, max_len_tokens: int
+) -> None:
     """Serve, unrecorded, one step's worth of prefill (``max_batch_tokens`` in prompts of at most the
     longest sequence) and then a decode of as many sequences as fit, so kernels are loaded and the
     largest activations allocated before the clock starts."""
@@ -269,8 +336,12 @@ def warm_up(engine: TransformersEngine, settings: ServeSettings, *, vocab_size: 
     n_decode = min(settings.max_num_seqs, 64)
     jobs = [(prompt, 4)] * n_prefill + [(16, 8)] * n_decode
     for i, (p, o) in enumerate(jobs):
-        engine.manager.add_request(rng.integers(0, vocab_size, size=p).tolist(), request_id=f"warmup{i}",
-                                   max_new_tokens=o, eos_token_id=-1)
+        engine.manager.add_request(
+            rng.integers(0, vocab_size, size=p).tolist(),
+            request_id=f"warmup{i}",
+            max_new_tokens=o,
+            eos_token_id=-1,
+        )
     got = 0
     deadline = time.perf_counter() + 600
     while got < len(jobs) and time.perf_counter() < deadline and engine.alive():
@@ -305,18 +376,38 @@ class TorchMemoryReadings:
         live = s["requested_bytes"]["all"]["current"]
         allocated = s["allocated_bytes"]["all"]["current"]
         reserved = s["reserved_bytes"]["all"]["current"]
-        segments = [seg for seg in self.torch.cuda.memory_snapshot() if seg.get("device", 0) == (self.device.index or 0)]
-        largest = max((b["size"] for seg in segments for b in seg["blocks"] if b["state"] == "inactive"), default=0)
-        return (live, allocated, reserved, largest, frag_ext(reserved - allocated, largest), len(segments))
+        segments = [
+            seg
+            for seg in self.torch.cuda.memory_snapshot()
+            if seg.get("device", 0) == (self.device.index or 0)
+        ]
+        largest = max(
+            (b["size"] for seg in segments for b in seg["blocks"] if b["state"] == "inactive"),
+            default=0,
+        )
+        return (
+            live,
+            allocated,
+            reserved,
+            largest,
+            frag_ext(reserved - allocated, largest),
+            len(segments),
+        )
 
     def totals(self) -> dict[str, Any]:
         s = self.torch.cuda.memory_stats(self.device)
-        return {"n_alloc": s.get("allocation.all.allocated", 0), "n_free": s.get("allocation.all.freed", 0),
-                "n_failed": s.get("num_ooms", 0), "peak_live_bytes": s.get("requested_bytes.all.peak", 0),
-                "peak_allocated_bytes": s.get("allocated_bytes.all.peak", 0),
-                "peak_reserved_bytes": s.get("reserved_bytes.all.peak", 0),
-                "n_grow": s.get("segment.all.allocated", 0), "n_shrink": s.get("segment.all.freed", 0),
-                "grown_bytes": math.nan, "shrunk_bytes": math.nan}
+        return {
+            "n_alloc": s.get("allocation.all.allocated", 0),
+            "n_free": s.get("allocation.all.freed", 0),
+            "n_failed": s.get("num_ooms", 0),
+            "peak_live_bytes": s.get("requested_bytes.all.peak", 0),
+            "peak_allocated_bytes": s.get("allocated_bytes.all.peak", 0),
+            "peak_reserved_bytes": s.get("reserved_bytes.all.peak", 0),
+            "n_grow": s.get("segment.all.allocated", 0),
+            "n_shrink": s.get("segment.all.freed", 0),
+            "grown_bytes": math.nan,
+            "shrunk_bytes": math.nan,
+        }
 
 
 class HostReadings:
@@ -326,8 +417,21 @@ class HostReadings:
         return (math.nan,) * 6
 
     def totals(self) -> dict[str, Any]:
-        return dict.fromkeys(("n_alloc", "n_free", "n_failed", "peak_live_bytes", "peak_allocated_bytes",
-                              "peak_reserved_bytes", "n_grow", "n_shrink", "grown_bytes", "shrunk_bytes"), math.nan)
+        return dict.fromkeys(
+            (
+                "n_alloc",
+                "n_free",
+                "n_failed",
+                "peak_live_bytes",
+                "peak_allocated_bytes",
+                "peak_reserved_bytes",
+                "n_grow",
+                "n_shrink",
+                "grown_bytes",
+                "shrunk_bytes",
+            ),
+            math.nan,
+        )
 
 
 class NonTorchMemory:
@@ -353,8 +457,11 @@ class NonTorchMemory:
         free, total = self.torch.cuda.mem_get_info(self.device)
         reserved = int(self.torch.cuda.memory_reserved(self.device))
         self.total_bytes = int(total)
-        return {"device_used_bytes": int(total - free), "torch_reserved_bytes": reserved,
-                "non_torch_bytes": int(total - free) - reserved}
+        return {
+            "device_used_bytes": int(total - free),
+            "torch_reserved_bytes": reserved,
+            "non_torch_bytes": int(total - free) - reserved,
+        }
 
     def at_startup(self) -> None:
         self.startup = self.read()
@@ -366,9 +473,11 @@ class NonTorchMemory:
 
     def fields(self) -> dict[str, Any]:
         """The sidecar's figures (``traces.engine_memory`` keys, and the readings they come from)."""
-        out: dict[str, Any] = {"mem_get_info_total_bytes": self.total_bytes,
-                               "non_torch_how": "cudaMemGetInfo used (total - free) less torch.cuda.memory_reserved, "
-                                                "in the engine's process"}
+        out: dict[str, Any] = {
+            "mem_get_info_total_bytes": self.total_bytes,
+            "non_torch_how": "cudaMemGetInfo used (total - free) less torch.cuda.memory_reserved, "
+            "in the engine's process",
+        }
         for name, r in (("startup", self.startup), ("serving_max", self.serving_max)):
             if r is not None:
                 out[f"non_torch_{name}_bytes"] = r["non_torch_bytes"]
@@ -384,9 +493,13 @@ def _allocator(spec: str, settings: ServeSettings):
     try:
         from realgpu.torch_allocator import use_policy
     except ImportError as exc:
-        raise RuntimeError(f"policy {spec!r} needs realgpu.torch_allocator (a policy as PyTorch's allocator), "
-                           f"which this install lacks ({exc}); -p pytorch runs PyTorch's own allocator") from None
-    return use_policy(spec, mode=settings.allocator_mode, validate=settings.validate, device=settings.device)
+        raise RuntimeError(
+            f"policy {spec!r} needs realgpu.torch_allocator (a policy as PyTorch's allocator), "
+            f"which this install lacks ({exc}); -p pytorch runs PyTorch's own allocator"
+        ) from None
+    return use_policy(
+        spec, mode=settings.allocator_mode, validate=settings.validate, device=settings.device
+    )
 
 
 def _engine_thread_in_mempool(engine: TransformersEngine, alloc: Any, device: Any) -> None:
@@ -416,7 +529,9 @@ def _engine_thread_in_mempool(engine: TransformersEngine, alloc: Any, device: An
         finally:
             alloc.resume_routing()
 
-    engine.manager._run_generation_loop = loop_in_pool  # start() makes the thread from this attribute
+    engine.manager._run_generation_loop = (
+        loop_in_pool  # start() makes the thread from this attribute
+    )
     engine.start, engine.stop = start_in_pool, stop_in_pool
 
 
@@ -448,25 +563,46 @@ def run_job(work: Path) -> None:
     plan = pd.read_csv(work / "plan.csv")
     if settings.on_cpu:
         if spec != PYTORCH or settings.snapshot:
-            raise RuntimeError("a run on the host takes -p pytorch and no --snapshot (policies hold GPU memory)")
+            raise RuntimeError(
+                "a run on the host takes -p pytorch and no --snapshot (policies hold GPU memory)"
+            )
     elif not torch.cuda.is_available():
-        raise RuntimeError("CUDA is not available to PyTorch here (gpu serve runs the model on a GPU)")
+        raise RuntimeError(
+            "CUDA is not available to PyTorch here (gpu serve runs the model on a GPU)"
+        )
     device = torch.device("cpu") if settings.on_cpu else torch.device("cuda", settings.device)
     wall0 = time.perf_counter()
     with _allocator(spec, settings) as alloc, _policy_memory_counters(alloc):
         if not settings.on_cpu:
             torch.cuda.set_device(device)
-        recording = settings.snapshot and spec == PYTORCH or (settings.snapshot and settings.allocator_mode == "mempool")
+        recording = (
+            settings.snapshot
+            and spec == PYTORCH
+            or (settings.snapshot and settings.allocator_mode == "mempool")
+        )
         if settings.snapshot and not recording:
-            print("serve: --snapshot records PyTorch's caching allocator, which a pluggable policy replaces: "
-                  "no snapshot for this policy", flush=True)
+            print(
+                "serve: --snapshot records PyTorch's caching allocator, which a pluggable policy replaces: "
+                "no snapshot for this policy",
+                flush=True,
+            )
         if recording:
             # the Python stack of each allocation only (C++ frames make a start-up snapshot tens of MB)
-            max_entries = SNAPSHOT_MAX_ENTRIES if settings.snapshot_until == "startup" else SNAPSHOT_RUN_MAX_ENTRIES
-            torch.cuda.memory._record_memory_history(max_entries=max_entries, context="alloc", stacks="python")
+            max_entries = (
+                SNAPSHOT_MAX_ENTRIES
+                if settings.snapshot_until == "startup"
+                else SNAPSHOT_RUN_MAX_ENTRIES
+            )
+            torch.cuda.memory._record_memory_history(
+                max_entries=max_entries, context="alloc", stacks="python"
+            )
         model = build_model(settings, device)
         max_len = settings.max_len_tokens or int(model.config.max_position_embeddings)
-        readings = (HostReadings() if settings.on_cpu else TorchMemoryReadings(device)) if alloc is None else None
+        readings = (
+            (HostReadings() if settings.on_cpu else TorchMemoryReadings(device))
+            if alloc is None
+            else None
+        )
         monitor = None
         if readings is not None:
             from sim.replay.metrics import PoolMonitor
@@ -491,23 +627,32 @@ def run_job(work: Path) -> None:
         if settings.warmup:
             warm_up(engine, settings, vocab_size=vocab, max_len_tokens=max_len)
         info = engine.kv_info()
-        print(f"serve: KV cache {info['kv_blocks']:,} blocks of {settings.block_tokens} tokens "
-              f"({info['kv_bytes'] / 2**30:,.2f} GiB); {len(plan)} requests over {plan['arrival_s'].iloc[-1]:,.1f} s",
-              flush=True)
+        print(
+            f"serve: KV cache {info['kv_blocks']:,} blocks of {settings.block_tokens} tokens "
+            f"({info['kv_bytes'] / 2**30:,.2f} GiB); {len(plan)} requests over {plan['arrival_s'].iloc[-1]:,.1f} s",
+            flush=True,
+        )
         if non_torch is not None:
             non_torch.at_startup()
         snapshot = run_snapshot = None
         if recording and settings.snapshot_until in ("startup", "both"):
-            snapshot = _dump_snapshot(work, "snapshot.pickle.gz", stop=settings.snapshot_until == "startup")
+            snapshot = _dump_snapshot(
+                work, "snapshot.pickle.gz", stop=settings.snapshot_until == "startup"
+            )
         serving[0] = True
         engine.steps.clear()
         t_ref[0] = time.perf_counter()
         if monitor is not None:
             monitor.sample(0, 0)
-        t0, submit_t, done = drive(engine, plan, vocab_size=vocab, seed=settings.seed, give_up_s=GIVE_UP_AFTER_S)
+        t0, submit_t, done = drive(
+            engine, plan, vocab_size=vocab, seed=settings.seed, give_up_s=GIVE_UP_AFTER_S
+        )
         alive = engine.alive()
-        print(f"serve: {len(done)} of {len(plan)} requests done, {len(engine.steps)} steps, "
-              f"{time.perf_counter() - t0:,.1f} s after the first arrival", flush=True)
+        print(
+            f"serve: {len(done)} of {len(plan)} requests done, {len(engine.steps)} steps, "
+            f"{time.perf_counter() - t0:,.1f} s after the first arrival",
+            flush=True,
+        )
         engine.stop()
         if not settings.on_cpu:
             torch.cuda.synchronize(device)
@@ -519,28 +664,64 @@ def run_job(work: Path) -> None:
         steps = step_table(engine.steps, t0)
         served = served_table(plan, t0, submit_t, done)
         wall_s = time.perf_counter() - wall0
-        extra = {"engine": "transformers-cb", "model": settings.checkpoint or settings.model,
-                 "device_name": "host" if settings.on_cpu else torch.cuda.get_device_name(device), "torch": torch.__version__,
-                 "transformers": __import__("transformers").__version__, "rate_plan_requests": len(plan),
-                 "engine_alive_at_end": alive, "max_len_tokens": max_len, "block_tokens": settings.block_tokens,
-                 "max_batch_tokens": settings.max_batch_tokens, "max_num_seqs": settings.max_num_seqs,
-                 "cuda_graphs": settings.cuda_graphs, "attn_implementation": settings.attn_implementation,
-                 **{k: v for k, v in info.items() if k != "kv_capacity_tokens"}}
+        extra = {
+            "engine": "transformers-cb",
+            "model": settings.checkpoint or settings.model,
+            "device_name": "host" if settings.on_cpu else torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "rate_plan_requests": len(plan),
+            "engine_alive_at_end": alive,
+            "max_len_tokens": max_len,
+            "block_tokens": settings.block_tokens,
+            "max_batch_tokens": settings.max_batch_tokens,
+            "max_num_seqs": settings.max_num_seqs,
+            "cuda_graphs": settings.cuda_graphs,
+            "attn_implementation": settings.attn_implementation,
+            **{k: v for k, v in info.items() if k != "kv_capacity_tokens"},
+        }
         if non_torch is not None:
-            extra.update({k: v for k, v in non_torch.fields().items() if k.startswith("non_torch_") and k != "non_torch_how"})
+            extra.update(
+                {
+                    k: v
+                    for k, v in non_torch.fields().items()
+                    if k.startswith("non_torch_") and k != "non_torch_how"
+                }
+            )
         if snapshot or run_snapshot:
-            _write_sidecars(work, [(snapshot, "startup" if settings.snapshot_until != "end" else "run"),
-                                   (run_snapshot, "run")], non_torch, info, settings, extra)
+            _write_sidecars(
+                work,
+                [
+                    (snapshot, "startup" if settings.snapshot_until != "end" else "run"),
+                    (run_snapshot, "run"),
+                ],
+                non_torch,
+                info,
+                settings,
+                extra,
+            )
         if alloc is None:
             from sim.replay.schema import summary_row
 
             monitor.finish(len(engine.steps) + 1, int((time.perf_counter() - t_ref[0]) * 1e6))
-            memory_row = summary_row(trace=trace_name, policy=PYTORCH, backend="host" if settings.on_cpu else "torch-cuda",
-                                     params="", monitor=monitor,
-                                     capacity_bytes=None if settings.on_cpu else torch.cuda.mem_get_info(device)[1],
-                                     alloc_ns=[], free_ns=[], wall_s=wall_s, device_calls=None)
+            memory_row = summary_row(
+                trace=trace_name,
+                policy=PYTORCH,
+                backend="host" if settings.on_cpu else "torch-cuda",
+                params="",
+                monitor=monitor,
+                capacity_bytes=None if settings.on_cpu else torch.cuda.mem_get_info(device)[1],
+                alloc_ns=[],
+                free_ns=[],
+                wall_s=wall_s,
+                device_calls=None,
+            )
             ts = monitor.timeseries()
-            for col, value in (("backend", memory_row["backend"]), ("policy", PYTORCH), ("trace", trace_name)):
+            for col, value in (
+                ("backend", memory_row["backend"]),
+                ("policy", PYTORCH),
+                ("trace", trace_name),
+            ):
                 ts.insert(0, col, value)
             ts.to_parquet(work / "timeseries.parquet", index=False)
         preempted = engine.num_preemptions
@@ -549,8 +730,15 @@ def run_job(work: Path) -> None:
         memory_row = alloc.summary_row(trace=trace_name)
     steps.to_csv(work / "steps.csv", index=False)
     served.to_csv(work / "requests.csv", index=False)
-    result = {"memory_row": memory_row, "num_steps": len(steps), "kv_capacity_tokens": info["kv_capacity_tokens"],
-              "num_preemptions": preempted, "extra": extra, "snapshot": snapshot, "run_snapshot": run_snapshot}
+    result = {
+        "memory_row": memory_row,
+        "num_steps": len(steps),
+        "kv_capacity_tokens": info["kv_capacity_tokens"],
+        "num_preemptions": preempted,
+        "extra": extra,
+        "snapshot": snapshot,
+        "run_snapshot": run_snapshot,
+    }
     (work / "result.json").write_text(json.dumps(result, default=_jsonable))
 
 
@@ -567,8 +755,14 @@ def _jsonable(v: Any) -> Any:
 SNAPSHOT_FRAMES_MIN_BYTES = 16 << 20
 
 
-def _write_sidecars(work: Path, snapshots: list[tuple[str | None, str]], non_torch: NonTorchMemory | None,
-                    info: dict[str, Any], settings: ServeSettings, extra: dict[str, Any]) -> None:
+def _write_sidecars(
+    work: Path,
+    snapshots: list[tuple[str | None, str]],
+    non_torch: NonTorchMemory | None,
+    info: dict[str, Any],
+    settings: ServeSettings,
+    extra: dict[str, Any],
+) -> None:
     """Beside each written snapshot, its JSON (``traces.engine_memory``): the device memory outside
     PyTorch's allocator in this process, the engine's KV figures, torch's peaks over the run."""
     import torch
@@ -577,17 +771,35 @@ def _write_sidecars(work: Path, snapshots: list[tuple[str | None, str]], non_tor
 
     stats = torch.cuda.memory_stats(settings.device)
     shape = info.get("kv_tensor_shape")
-    padding = (int(shape[0]) // int(info["kv_block_tokens"]) - int(info["kv_blocks"])
-               if shape and info.get("kv_block_tokens") else None)  # transformers: [blocks x block tokens, heads, dim]
-    common = {**(non_torch.fields() if non_torch is not None else {}),
-              **{k: info[k] for k in ("kv_blocks", "kv_block_tokens", "kv_bytes", "kv_num_tensors", "kv_tensor_bytes",
-                                      "kv_tensor_shape") if k in info},
-              "kv_padding_blocks": padding,
-              "whole_run_peak_reserved_bytes": stats.get("reserved_bytes.all.peak"),
-              "whole_run_peak_allocated_bytes": stats.get("allocated_bytes.all.peak"),
-              "gpu": extra.get("device_name"), "torch": extra.get("torch"), "transformers": extra.get("transformers"),
-              "model": extra.get("model"), "num_blocks_option": settings.num_blocks,
-              "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    padding = (
+        int(shape[0]) // int(info["kv_block_tokens"]) - int(info["kv_blocks"])
+        if shape and info.get("kv_block_tokens")
+        else None
+    )  # transformers: [blocks x block tokens, heads, dim]
+    common = {
+        **(non_torch.fields() if non_torch is not None else {}),
+        **{
+            k: info[k]
+            for k in (
+                "kv_blocks",
+                "kv_block_tokens",
+                "kv_bytes",
+                "kv_num_tensors",
+                "kv_tensor_bytes",
+                "kv_tensor_shape",
+            )
+            if k in info
+        },
+        "kv_padding_blocks": padding,
+        "whole_run_peak_reserved_bytes": stats.get("reserved_bytes.all.peak"),
+        "whole_run_peak_allocated_bytes": stats.get("allocated_bytes.all.peak"),
+        "gpu": extra.get("device_name"),
+        "torch": extra.get("torch"),
+        "transformers": extra.get("transformers"),
+        "model": extra.get("model"),
+        "num_blocks_option": settings.num_blocks,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    }
     for name, what in snapshots:
         if name is not None:
             write_engine_memory(work / name, {"snapshot": what, **common})

@@ -83,8 +83,17 @@ from realgpu.malloc_path import ALIGNMENT_BYTES, TorchPath, extents_are_one_rang
 from realgpu.pool import GpuPool
 from sim.replay.metrics import PoolMonitor
 
-__all__ = ["use_policy", "TorchPolicyAllocator", "AllocatorCore", "ALIGNMENT_BYTES", "MODES", "load_shim",
-           "Shim", "CudaStreamEvents", "AlignedHostDevice"]
+__all__ = [
+    "use_policy",
+    "TorchPolicyAllocator",
+    "AllocatorCore",
+    "ALIGNMENT_BYTES",
+    "MODES",
+    "load_shim",
+    "Shim",
+    "CudaStreamEvents",
+    "AlignedHostDevice",
+]
 
 MODES = ("pluggable", "mempool")
 #: Stitched ranges kept mapped after their allocation is freed (``AllocatorCore._stitch``): address
@@ -117,11 +126,19 @@ class AllocatorCore:
     trampoline calls (``size`` > 0 and ``ptr`` != 0 there: it answers those itself).
     """
 
-    def __init__(self, pool: GpuPool, *, events: Any = None, sample_every: int = DEFAULT_SAMPLE_EVERY,
-                 on_drained: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        pool: GpuPool,
+        *,
+        events: Any = None,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
+        on_drained: Callable[[], None] | None = None,
+    ):
         if pool.moves_on_hot_path:
-            raise PoolError(f"policy {pool.policy.spec!r} may move live allocations while allocating; PyTorch's "
-                            "tensors hold raw pointers that could not follow (set idle_only=true)")
+            raise PoolError(
+                f"policy {pool.policy.spec!r} may move live allocations while allocating; PyTorch's "
+                "tensors hold raw pointers that could not follow (set idle_only=true)"
+            )
         self.pool = pool
         self.policy = pool.policy
         self.events = events
@@ -142,9 +159,13 @@ class AllocatorCore:
         self.n_deferred_frees = 0
         self.n_zero_bytes = 0
         self.n_stitched_maps = 0  # ranges mapped for tensors over pages that are not one range
-        self.n_stitch_reuses = 0  # tensors over such pages served by a range kept mapped (no driver call)
+        self.n_stitch_reuses = (
+            0  # tensors over such pages served by a range kept mapped (no driver call)
+        )
         self.n_idle_evictions = 0  # batches of kept ranges unmapped (each waits for the GPU once)
-        self.n_stitch_takeovers = 0  # tensors served by a kept range with some of its pages remapped
+        self.n_stitch_takeovers = (
+            0  # tensors served by a kept range with some of its pages remapped
+        )
         self.n_stitch_pages_remapped = 0
         self._defer_frees = False
         self._validate = pool.validate
@@ -152,7 +173,9 @@ class AllocatorCore:
         #: a policy whose allocations are pages (``contiguous`` False) serves PyTorch on a
         #: page-mapped device only: an allocation whose pages are not one range gets a fresh
         #: virtual range with its pages' physical memory mapped there in order (``_stitch``)
-        self._stitched: dict[int, tuple[tuple[int, ...], int, int]] = {}  # id(allocation) -> (pages, range, bytes)
+        self._stitched: dict[
+            int, tuple[tuple[int, ...], int, int]
+        ] = {}  # id(allocation) -> (pages, range, bytes)
         #: ranges whose allocation was freed, kept mapped for a later one over the same pages in the
         #: same order (the policy's LIFO reuse hands those out again: no driver call then), least
         #: recently used first; past ``MAX_IDLE_STITCHED_RANGES`` the oldest ``IDLE_EVICT_BATCH`` go
@@ -197,8 +220,10 @@ class AllocatorCore:
             self.n_zero_bytes += 1
             return 0
         if self.closed:
-            raise PoolError(f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own allocator "
-                            "cannot be put back in this process once a pluggable allocator was installed)")
+            raise PoolError(
+                f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own allocator "
+                "cannot be put back in this process once a pluggable allocator was installed)"
+            )
         if stream != self.path.last_stream:
             self._note_stream(stream)
         if self._pending:
@@ -228,8 +253,10 @@ class AllocatorCore:
         live = self.live
         if ptr in live:
             self._free_policy(a)
-            raise PoolError(f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
-                            f"({live[ptr].size_bytes:,} B there): two tensors would share memory")
+            raise PoolError(
+                f"policy {self.policy.spec!r} handed out address 0x{ptr:x} again while it is live "
+                f"({live[ptr].size_bytes:,} B there): two tensors would share memory"
+            )
         live[ptr] = a
         path.countdown -= 1
         if not path.countdown:
@@ -260,8 +287,12 @@ class AllocatorCore:
             self.errors.append(exc)
 
     def _free_unknown(self, ptr: int, size: int) -> None:
-        self.errors.append(PoolError(f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
-                                     f"{self.policy.spec!r} (double free, or never allocated here)"))
+        self.errors.append(
+            PoolError(
+                f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
+                f"{self.policy.spec!r} (double free, or never allocated here)"
+            )
+        )
 
     def _free_queued(self) -> None:
         path = self.path
@@ -294,9 +325,11 @@ class AllocatorCore:
     def _require_contiguous(self, a: Allocation) -> None:
         if not extents_are_one_range(a.extents, self._starts):
             self._free_policy(a)
-            raise PoolError(f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
-                            "pages; a PyTorch tensor needs one contiguous range (in validation mode a paged policy "
-                            "serves PyTorch only requests of one page)")
+            raise PoolError(
+                f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
+                "pages; a PyTorch tensor needs one contiguous range (in validation mode a paged policy "
+                "serves PyTorch only requests of one page)"
+            )
 
     def _stitch(self, a: Allocation) -> int:
         """The address of a virtual range with ``a``'s pages mapped in it; its pages stay mapped
@@ -337,7 +370,11 @@ class AllocatorCore:
             key, start, nbytes = stitched
             idle = self._idle_ranges
             # when the work queued on the range is done, its pages may be remapped (``_take_over``)
-            idle[key] = (start, nbytes, self.events.record(a.stream) if self.events is not None else None)
+            idle[key] = (
+                start,
+                nbytes,
+                self.events.record(a.stream) if self.events is not None else None,
+            )
             if len(idle) > MAX_IDLE_STITCHED_RANGES:
                 self.n_idle_evictions += 1
                 for _ in range(min(IDLE_EVICT_BATCH, len(idle))):
@@ -382,7 +419,9 @@ class AllocatorCore:
                 continue
             offset = start + i * page
             for gone in device.unmap(offset, page, wait=False):
-                if device._handle_maps[gone] == 0:  # its segment released meanwhile: its memory goes back
+                if (
+                    device._handle_maps[gone] == 0
+                ):  # its segment released meanwhile: its memory goes back
                     device.release_handle(gone)
             slots[i] = next(incoming)
             device.map_handles(offset, [slots[i]])
@@ -420,7 +459,9 @@ class AllocatorCore:
 
     def _free_validated(self, a: Allocation) -> None:
         if a.stream and self.events is not None:
-            self.events.wait(self.events.record(a.stream))  # the guard check reads what that stream wrote
+            self.events.wait(
+                self.events.record(a.stream)
+            )  # the guard check reads what that stream wrote
         self._free_policy(a)
 
     def _note_stream(self, stream: int) -> None:
@@ -474,7 +515,10 @@ class AllocatorCore:
 
     def _finish(self) -> None:
         # the last call's index: k samples taken, countdown c left since the last => k*S - c
-        self.monitor.finish(max(0, self._event - self.path.countdown), (time.perf_counter_ns() - self._t0_ns) // 1000)
+        self.monitor.finish(
+            max(0, self._event - self.path.countdown),
+            (time.perf_counter_ns() - self._t0_ns) // 1000,
+        )
         self._drop_idle_ranges()
         if not self.pool.closed:
             self.pool.close()
@@ -494,7 +538,7 @@ class AlignedHostDevice(HostDevice):
             return None
         base, buf = mapped
         skip = -base % SEGMENT_ALIGNMENT_BYTES
-        return base + skip, buf[skip:skip + nbytes]
+        return base + skip, buf[skip : skip + nbytes]
 
 
 def _validated_allocate(pool: GpuPool) -> Callable[..., Allocation | None]:
@@ -540,20 +584,32 @@ class Shim:
 
     def __init__(self, path: str):
         self.path = path
-        self.lib = ctypes.PyDLL(path)  # PyDLL: calls keep the GIL (set_callbacks takes Python objects)
+        self.lib = ctypes.PyDLL(
+            path
+        )  # PyDLL: calls keep the GIL (set_callbacks takes Python objects)
         self.lib.poollab_set_callbacks.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.c_int]
         self.lib.poollab_set_capture_check.argtypes = [ctypes.c_void_p]
-        self.lib.poollab_samples.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]
+        self.lib.poollab_samples.argtypes = [
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_size_t,
+        ]
         self.lib.poollab_samples.restype = ctypes.c_size_t
         self.lib.poollab_counter.argtypes = [ctypes.c_int]
         self.lib.poollab_counter.restype = ctypes.c_uint64
-        self.lib.poollab_probe_malloc.argtypes = [ctypes.c_size_t, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                                                  ctypes.c_char_p, ctypes.c_size_t]
+        self.lib.poollab_probe_malloc.argtypes = [
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
         raw = ctypes.CDLL(path)  # the hot entry points' addresses, for PyTorch
         self.malloc_address = ctypes.cast(raw.poollab_malloc, ctypes.c_void_p).value
         self.free_address = ctypes.cast(raw.poollab_free, ctypes.c_void_p).value
-        self._free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)(
-            self.free_address)
+        self._free = ctypes.CFUNCTYPE(
+            None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+        )(self.free_address)
 
     def bind(self, core: AllocatorCore | None, *, null_on_refusal: bool = False) -> None:
         """Route the trampoline to ``core`` (None: to nothing; frees then do nothing)."""
@@ -576,8 +632,12 @@ class Shim:
 
     def counters(self) -> dict[str, int]:
         c = self.lib.poollab_counter
-        return {"n_calls_malloc": int(c(0)), "n_calls_free": int(c(1)), "n_zero_bytes": int(c(2)),
-                "n_frees_ignored": int(c(3))}
+        return {
+            "n_calls_malloc": int(c(0)),
+            "n_calls_free": int(c(1)),
+            "n_zero_bytes": int(c(2)),
+            "n_frees_ignored": int(c(3)),
+        }
 
     def probe_malloc(self, size: int, stream: int = 0) -> tuple[int, int, str]:
         """Call the trampoline's malloc as PyTorch does, catching what it throws (tests without a GPU):
@@ -602,15 +662,30 @@ def load_shim(verbose: bool = False) -> Shim:
     try:
         from torch.utils import cpp_extension
     except ImportError as exc:
-        raise GpuUnavailableError(f"torch is not importable ({exc}); install poollab[engine]") from None
+        raise GpuUnavailableError(
+            f"torch is not importable ({exc}); install poollab[engine]"
+        ) from None
     try:
-        path = cpp_extension.load(name="poollab_torch_shim", sources=[str(_SHIM_SOURCE)], extra_cflags=["-O2"],
-                                  is_python_module=False, with_cuda=False, verbose=verbose)
+        path = cpp_extension.load(
+            name="poollab_torch_shim",
+            sources=[str(_SHIM_SOURCE)],
+            extra_cflags=["-O2"],
+            is_python_module=False,
+            with_cuda=False,
+            verbose=verbose,
+        )
     except Exception as exc:  # noqa: BLE001 - a compiler's failure, reported in one line
-        raise GpuUnavailableError(f"could not build poollab's PyTorch allocator shim ({_SHIM_SOURCE.name}): "
-                                  f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}") from None
-    if not isinstance(path, str):  # torch versions that return nothing: the library sits in the build folder
-        path = os.path.join(cpp_extension._get_build_directory("poollab_torch_shim", verbose), "poollab_torch_shim.so")
+        raise GpuUnavailableError(
+            f"could not build poollab's PyTorch allocator shim ({_SHIM_SOURCE.name}): "
+            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+        ) from None
+    if not isinstance(
+        path, str
+    ):  # torch versions that return nothing: the library sits in the build folder
+        path = os.path.join(
+            cpp_extension._get_build_directory("poollab_torch_shim", verbose),
+            "poollab_torch_shim.so",
+        )
     return Shim(path)
 
 
@@ -641,8 +716,16 @@ class TorchPolicyAllocator:
         mempool: the ``torch.cuda.MemPool`` in mempool mode (None otherwise).
     """
 
-    def __init__(self, pool: GpuPool, core: AllocatorCore, mode: str, shim: Shim | None, *,
-                 mempool: Any = None, capture_check: bool = False):
+    def __init__(
+        self,
+        pool: GpuPool,
+        core: AllocatorCore,
+        mode: str,
+        shim: Shim | None,
+        *,
+        mempool: Any = None,
+        capture_check: bool = False,
+    ):
         self.pool = pool
         self.core = core
         self.mode = mode
@@ -653,7 +736,9 @@ class TorchPolicyAllocator:
         self._wall_s: float | None = None
         self._final_stats: PoolStats | None = None
         self._row: dict[str, Any] | None = None
-        self._routing: tuple[Any, int] | None = None  # mempool mode: (torch.cuda.memory, device) while routed
+        self._routing: tuple[Any, int] | None = (
+            None  # mempool mode: (torch.cuda.memory, device) while routed
+        )
         self._paused: tuple[Any, int] | None = None  # the same while paused
 
     # ------------------------------------------------------------------ mempool mode's routing
@@ -676,7 +761,9 @@ class TorchPolicyAllocator:
         if paused is None or self._routing is not None:
             return
         memory, device = paused
-        memory._cuda_beginAllocateCurrentThreadToPool(device, self.mempool.id)  # use_mem_pool's own entry
+        memory._cuda_beginAllocateCurrentThreadToPool(
+            device, self.mempool.id
+        )  # use_mem_pool's own entry
         self._routing, self._paused = paused, None
 
     def _route(self, torch: Any, device: int) -> None:
@@ -714,18 +801,37 @@ class TorchPolicyAllocator:
         params = ctx.pop("params", "")
         core, device = self.core, self.pool.device
         return summary_row(
-            trace=trace, policy=self.pool.policy.spec, backend=f"torch-{self.mode}", params=params,
-            capacity_bytes=self.pool.policy.capacity_bytes, monitor=core.monitor, alloc_ns=alloc_ns,
-            free_ns=free_ns, wall_s=self._wall_s if self._wall_s is not None else time.perf_counter() - self._t0,
-            device_calls=device.call_stats(), **ctx,
-            kind="policy", mode=self.mode, validate=self.pool.validate,
-            device_mallocs=device.num_maps, device_frees=device.num_unmaps, driver_ns_total=device.driver_ns_total,
-            n_align_padded=core.n_align_padded, align_extra_bytes=core.align_extra_bytes,
-            n_deferred_frees=core.n_deferred_frees, n_stitched_maps=core.n_stitched_maps,
-            n_stitch_reuses=core.n_stitch_reuses, n_stitch_takeovers=core.n_stitch_takeovers,
-            n_stitch_pages_remapped=core.n_stitch_pages_remapped, n_idle_evictions=core.n_idle_evictions,
-            sync_ns_total=getattr(device, "sync_ns_total", 0), n_streams=len(core.streams), n_free_errors=len(core.errors),
-            n_live_at_close=core.num_live, **counters)
+            trace=trace,
+            policy=self.pool.policy.spec,
+            backend=f"torch-{self.mode}",
+            params=params,
+            capacity_bytes=self.pool.policy.capacity_bytes,
+            monitor=core.monitor,
+            alloc_ns=alloc_ns,
+            free_ns=free_ns,
+            wall_s=self._wall_s if self._wall_s is not None else time.perf_counter() - self._t0,
+            device_calls=device.call_stats(),
+            **ctx,
+            kind="policy",
+            mode=self.mode,
+            validate=self.pool.validate,
+            device_mallocs=device.num_maps,
+            device_frees=device.num_unmaps,
+            driver_ns_total=device.driver_ns_total,
+            n_align_padded=core.n_align_padded,
+            align_extra_bytes=core.align_extra_bytes,
+            n_deferred_frees=core.n_deferred_frees,
+            n_stitched_maps=core.n_stitched_maps,
+            n_stitch_reuses=core.n_stitch_reuses,
+            n_stitch_takeovers=core.n_stitch_takeovers,
+            n_stitch_pages_remapped=core.n_stitch_pages_remapped,
+            n_idle_evictions=core.n_idle_evictions,
+            sync_ns_total=getattr(device, "sync_ns_total", 0),
+            n_streams=len(core.streams),
+            n_free_errors=len(core.errors),
+            n_live_at_close=core.num_live,
+            **counters,
+        )
 
     def check(self) -> None:
         """Raise the first error a free met (double free, memory corruption found by validation)."""
@@ -756,18 +862,38 @@ class TorchPolicyAllocator:
         self.core.close()
 
 
-def _make_pool(policy: str | Policy, *, validate: bool, device: int, capacity_bytes: int | None,
-               backend: Any = "cuda") -> GpuPool:
+def _make_pool(
+    policy: str | Policy,
+    *,
+    validate: bool,
+    device: int,
+    capacity_bytes: int | None,
+    backend: Any = "cuda",
+) -> GpuPool:
     """The policy's pool; a policy whose allocations are pages gets the page-mapped backend
     (``cuda-vmm``), so that its pages can be mapped into one range for a tensor (``_stitch``)."""
-    pool = GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes, validate=validate,
-                   guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
+    pool = GpuPool(
+        policy,
+        backend=backend,
+        capacity_bytes=capacity_bytes,
+        validate=validate,
+        guard_bytes=ALIGNMENT_BYTES,
+        check_contents=False,
+        device_id=device,
+    )
     if pool.policy.contiguous or pool.device.device_kind is DeviceKind.PAGE_MAPPED:
         return pool
     pool.close()  # nothing was allocated yet: built again on the page-mapped backend
     backend = DeviceKind.PAGE_MAPPED.backend("cuda" if pool.is_cuda else "host")
-    return GpuPool(policy, backend=backend, capacity_bytes=capacity_bytes,
-                   validate=validate, guard_bytes=ALIGNMENT_BYTES, check_contents=False, device_id=device)
+    return GpuPool(
+        policy,
+        backend=backend,
+        capacity_bytes=capacity_bytes,
+        validate=validate,
+        guard_bytes=ALIGNMENT_BYTES,
+        check_contents=False,
+        device_id=device,
+    )
 
 
 def _check_pages_can_be_stitched(pool: GpuPool) -> None:
@@ -778,19 +904,25 @@ def _check_pages_can_be_stitched(pool: GpuPool) -> None:
     policy, device = pool.policy, pool.device
     spec = policy.spec
     if device.device_kind is not DeviceKind.PAGE_MAPPED:
-        raise PoolError(f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor needs "
-                        f"one range: it needs a page-mapped device (backend cuda-vmm or host-vmm), not "
-                        f"{type(device).__name__}")
+        raise PoolError(
+            f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor needs "
+            f"one range: it needs a page-mapped device (backend cuda-vmm or host-vmm), not "
+            f"{type(device).__name__}"
+        )
     if pool.validate:
-        raise PoolError(f"policy {spec!r} hands out pages that need not be contiguous: validation mode cannot guard "
-                        "a tensor over several pages; validate a contiguous policy, or run this one without validate")
+        raise PoolError(
+            f"policy {spec!r} hands out pages that need not be contiguous: validation mode cannot guard "
+            "a tensor over several pages; validate a contiguous policy, or run this one without validate"
+        )
     page = getattr(policy, "page_size_bytes", None) or getattr(policy, "page_bytes", None)
     granularity = device.granularity_bytes
     if isinstance(page, int) and page % granularity:
         knob = getattr(type(policy), "page_size_knob", None) or "its page size"
-        raise PoolError(f"policy {spec!r} has pages of {page:,} B, no whole number of the device's "
-                        f"{granularity:,} B physical pages, so a tensor over several pages cannot be mapped into one "
-                        f"range: set {knob} to a multiple of {granularity:,}")
+        raise PoolError(
+            f"policy {spec!r} has pages of {page:,} B, no whole number of the device's "
+            f"{granularity:,} B physical pages, so a tensor over several pages cannot be mapped into one "
+            f"range: set {knob} to a multiple of {granularity:,}"
+        )
 
 
 class _Routing:
@@ -809,8 +941,10 @@ class _Routing:
             previous = self.active
             if previous is not None and previous is not core and previous.live:
                 if not previous.closed:
-                    raise PoolError(f"a poollab allocator for {previous.policy.spec!r} is serving PyTorch: "
-                                    "end its use_policy block before starting another")
+                    raise PoolError(
+                        f"a poollab allocator for {previous.policy.spec!r} is serving PyTorch: "
+                        "end its use_policy block before starting another"
+                    )
                 self.draining.append(previous)
                 previous.on_drained = functools.partial(self._drained, previous)
             self.active, self.shim, self.null_on_refusal = core, shim, null_on_refusal
@@ -856,8 +990,14 @@ _pluggable_installed = False
 
 
 @contextlib.contextmanager
-def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool = False, device: int = 0,
-               capacity_bytes: int | None = None) -> Iterator[TorchPolicyAllocator]:
+def use_policy(
+    policy: str | Policy,
+    *,
+    mode: str = "pluggable",
+    validate: bool = False,
+    device: int = 0,
+    capacity_bytes: int | None = None,
+) -> Iterator[TorchPolicyAllocator]:
     """Let ``policy`` (a spec string or a fresh policy object) serve PyTorch's CUDA memory.
 
     Args:
@@ -880,7 +1020,9 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
     try:
         import torch
     except ImportError as exc:
-        raise GpuUnavailableError(f"torch is not importable ({exc}); install poollab[engine]") from None
+        raise GpuUnavailableError(
+            f"torch is not importable ({exc}); install poollab[engine]"
+        ) from None
     if not torch.cuda.is_available():
         raise GpuUnavailableError("torch sees no CUDA device (torch.cuda.is_available() is False)")
     shim = load_shim()
@@ -915,17 +1057,23 @@ def use_policy(policy: str | Policy, *, mode: str = "pluggable", validate: bool 
             allocator.close()
 
 
-def _install_pluggable(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore) -> TorchPolicyAllocator:
+def _install_pluggable(
+    torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore
+) -> TorchPolicyAllocator:
     global _pluggable_installed
     _routing.serve(shim, core, null_on_refusal=False)
     if not _pluggable_installed:
-        wrapper = torch.cuda.memory.CUDAPluggableAllocator(shim.path, "poollab_malloc", "poollab_free")
+        wrapper = torch.cuda.memory.CUDAPluggableAllocator(
+            shim.path, "poollab_malloc", "poollab_free"
+        )
         try:
             torch.cuda.memory.change_current_allocator(wrapper)
         except RuntimeError as exc:
-            raise PoolError(f"mode='pluggable' must be installed before the process's first CUDA allocation, and "
-                            f"PyTorch's allocator has already been used ({exc}); install use_policy first, or use "
-                            "mode='mempool'") from None
+            raise PoolError(
+                f"mode='pluggable' must be installed before the process's first CUDA allocation, and "
+                f"PyTorch's allocator has already been used ({exc}); install use_policy first, or use "
+                "mode='mempool'"
+            ) from None
         _pluggable_installed = True
     torch.cuda.init()
     address = _cudart_capture_check()
@@ -933,29 +1081,39 @@ def _install_pluggable(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCor
     return TorchPolicyAllocator(pool, core, "pluggable", shim, capture_check=address is not None)
 
 
-def _install_mempool(torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore, device: int) -> TorchPolicyAllocator:
+def _install_mempool(
+    torch: Any, shim: Shim, pool: GpuPool, core: AllocatorCore, device: int
+) -> TorchPolicyAllocator:
     if _pluggable_installed:
-        raise PoolError("mode='mempool' needs PyTorch's caching allocator, and this process installed a pluggable "
-                        "poollab allocator in its place")
+        raise PoolError(
+            "mode='mempool' needs PyTorch's caching allocator, and this process installed a pluggable "
+            "poollab allocator in its place"
+        )
     _routing.serve(shim, core, null_on_refusal=True)
-    shim.set_capture_check(None)  # PyTorch's graph pools handle capture; segments may come during it
+    shim.set_capture_check(
+        None
+    )  # PyTorch's graph pools handle capture; segments may come during it
     wrapper = torch.cuda.memory.CUDAPluggableAllocator(shim.path, "poollab_malloc", "poollab_free")
     mempool = torch.cuda.MemPool(wrapper.allocator())
     return TorchPolicyAllocator(pool, core, "mempool", shim, mempool=mempool)
 
 
 #: Why pluggable mode refuses CUDA graph capture (the trampoline's check says the same).
-CAPTURE_REFUSAL = ("poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its addresses "
-                   "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
-                   "from being reused; use realgpu.torch_allocator.use_policy(..., mode=\"mempool\") and "
-                   "torch.cuda.graph(g, pool=...) for graphs")
+CAPTURE_REFUSAL = (
+    "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its addresses "
+    "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
+    'from being reused; use realgpu.torch_allocator.use_policy(..., mode="mempool") and '
+    "torch.cuda.graph(g, pool=...) for graphs"
+)
 
 
 #: Why mempool mode refuses a capture into the policy's own pool from inside the block.
-MEMPOOL_CAPTURE_REFUSAL = ("a CUDA graph captured into the policy's MemPool inside use_policy(..., mode='mempool'): "
-                           "PyTorch routes a pool for one thread at a time, and this thread's allocations go there "
-                           "already; capture with the graph's own pool (torch.cuda.graph(g), no pool=), whose memory "
-                           "is PyTorch's")
+MEMPOOL_CAPTURE_REFUSAL = (
+    "a CUDA graph captured into the policy's MemPool inside use_policy(..., mode='mempool'): "
+    "PyTorch routes a pool for one thread at a time, and this thread's allocations go there "
+    "already; capture with the graph's own pool (torch.cuda.graph(g), no pool=), whose memory "
+    "is PyTorch's"
+)
 
 
 @contextlib.contextmanager
@@ -985,7 +1143,9 @@ def _mempool_guards(torch: Any, allocator: TorchPolicyAllocator) -> Iterator[Non
             raise PoolError(MEMPOOL_CAPTURE_REFUSAL)
         return original_enter(self)
 
-    with _patched([(graphs.CUDAGraph, "capture_begin", capture_begin), (graphs.graph, "__enter__", enter)]):
+    with _patched(
+        [(graphs.CUDAGraph, "capture_begin", capture_begin), (graphs.graph, "__enter__", enter)]
+    ):
         yield
 
 
@@ -1004,13 +1164,22 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
       those two tensors in the policy for as long as the ``CUDAGraph`` object lived and an
       empty graph behind. The trampoline's check stays for captures begun from C++.
     """
-    patches = [(torch.Tensor, "record_stream", _refusing(
-        "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could not keep this memory "
-        "from another stream: use use_policy(..., mode='mempool')"))]
+    patches = [
+        (
+            torch.Tensor,
+            "record_stream",
+            _refusing(
+                "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could not keep this memory "
+                "from another stream: use use_policy(..., mode='mempool')"
+            ),
+        )
+    ]
     graphs = getattr(torch.cuda, "graphs", None)
     if graphs is not None:
-        patches += [(graphs.CUDAGraph, "capture_begin", _refusing(CAPTURE_REFUSAL)),
-                    (graphs.graph, "__enter__", _refusing(CAPTURE_REFUSAL))]
+        patches += [
+            (graphs.CUDAGraph, "capture_begin", _refusing(CAPTURE_REFUSAL)),
+            (graphs.graph, "__enter__", _refusing(CAPTURE_REFUSAL)),
+        ]
     with _patched(patches):
         yield
 
@@ -1018,7 +1187,10 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
     """``(owner, name, replacement)`` set for the block, each owner's own attribute put back after."""
-    originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name, _ in patches]
+    originals = [
+        (owner, name, owner.__dict__[name] if name in owner.__dict__ else None)
+        for owner, name, _ in patches
+    ]
     for owner, name, replacement in patches:
         setattr(owner, name, replacement)
     try:

@@ -39,8 +39,10 @@ def require_vmm(device_id: int = 0) -> None:
     """Raise ``GpuUnavailableError`` (one line) unless CuPy, cuda-bindings and VMM work on ``device_id``."""
     require_cuda(device_id)
     if cu is None:
-        raise GpuUnavailableError(f"cuda-bindings is not importable ({_IMPORT_ERROR}); install poollab[gpu] "
-                                  "(pip install cuda-bindings matching your CUDA major version)")
+        raise GpuUnavailableError(
+            f"cuda-bindings is not importable ({_IMPORT_ERROR}); install poollab[gpu] "
+            "(pip install cuda-bindings matching your CUDA major version)"
+        )
 
 
 def _error_name(status: Any) -> str:
@@ -83,20 +85,29 @@ class CuMemDriver:
 
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
-            cupy.cuda.runtime.free(0)  # makes the runtime create (and make current) the primary context
+            cupy.cuda.runtime.free(
+                0
+            )  # makes the runtime create (and make current) the primary context
         _check(cu.cuInit(0), "cuInit", "0")
         self._cu_device = _check(cu.cuDeviceGet(device_id), "cuDeviceGet", str(device_id))
         attrs = cu.CUdevice_attribute  # CUDA 12 and 13 name attribute 102 differently
         vmm_attr = getattr(attrs, "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", None)
         if vmm_attr is None:
             vmm_attr = attrs.CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED
-        vmm = _check(cu.cuDeviceGetAttribute(vmm_attr, self._cu_device), "cuDeviceGetAttribute",
-                     "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")
+        vmm = _check(
+            cu.cuDeviceGetAttribute(vmm_attr, self._cu_device),
+            "cuDeviceGetAttribute",
+            "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+        )
         if not vmm:
-            raise GpuUnavailableError(f"CUDA device {device_id} does not support virtual memory management "
-                                      "(cuMemCreate/cuMemMap)")
+            raise GpuUnavailableError(
+                f"CUDA device {device_id} does not support virtual memory management "
+                "(cuMemCreate/cuMemMap)"
+            )
         # the primary context is the runtime's (CuPy's): pages mapped here are CuPy-addressable
-        self._context = _check(cu.cuDevicePrimaryCtxRetain(self._cu_device), "cuDevicePrimaryCtxRetain")
+        self._context = _check(
+            cu.cuDevicePrimaryCtxRetain(self._cu_device), "cuDevicePrimaryCtxRetain"
+        )
         self._closed = False
         _check(cu.cuCtxSetCurrent(self._context), "cuCtxSetCurrent")
         prop = cu.CUmemAllocationProp()
@@ -105,10 +116,20 @@ class CuMemDriver:
         prop.location.id = device_id
         self._prop = prop
         flags = cu.CUmemAllocationGranularity_flags
-        self.granularity_bytes = int(_check(cu.cuMemGetAllocationGranularity(
-            prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity", "MINIMUM"))
-        self.recommended_granularity_bytes = int(_check(cu.cuMemGetAllocationGranularity(
-            prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), "cuMemGetAllocationGranularity", "RECOMMENDED"))
+        self.granularity_bytes = int(
+            _check(
+                cu.cuMemGetAllocationGranularity(prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                "cuMemGetAllocationGranularity",
+                "MINIMUM",
+            )
+        )
+        self.recommended_granularity_bytes = int(
+            _check(
+                cu.cuMemGetAllocationGranularity(prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+                "cuMemGetAllocationGranularity",
+                "RECOMMENDED",
+            )
+        )
         access = cu.CUmemAccessDesc()
         access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         access.location.id = device_id
@@ -119,7 +140,9 @@ class CuMemDriver:
         result = cu.cuMemAddressReserve(nbytes, self.granularity_bytes, cu.CUdeviceptr(0), 0)
         if _out_of_memory(result[0]):
             return None
-        return int(_check(result, "cuMemAddressReserve", f"{nbytes}, {self.granularity_bytes}, 0, 0"))
+        return int(
+            _check(result, "cuMemAddressReserve", f"{nbytes}, {self.granularity_bytes}, 0, 0")
+        )
 
     def address_free(self, address: int, nbytes: int) -> None:
         _check(cu.cuMemAddressFree(address, nbytes), "cuMemAddressFree", f"0x{address:x}, {nbytes}")
@@ -131,12 +154,18 @@ class CuMemDriver:
         return _check(result, "cuMemCreate", f"{nbytes}, device {self.device_id}, 0")
 
     def map(self, address: int, nbytes: int, handle: Any) -> None:
-        _check(cu.cuMemMap(address, nbytes, 0, handle, 0), "cuMemMap",
-               f"0x{address:x}, {nbytes}, 0, handle {int(handle)}, 0")
+        _check(
+            cu.cuMemMap(address, nbytes, 0, handle, 0),
+            "cuMemMap",
+            f"0x{address:x}, {nbytes}, 0, handle {int(handle)}, 0",
+        )
 
     def set_access(self, address: int, nbytes: int) -> None:
-        _check(cu.cuMemSetAccess(address, nbytes, self._access, 1), "cuMemSetAccess",
-               f"0x{address:x}, {nbytes}, device {self.device_id} read-write")
+        _check(
+            cu.cuMemSetAccess(address, nbytes, self._access, 1),
+            "cuMemSetAccess",
+            f"0x{address:x}, {nbytes}, device {self.device_id} read-write",
+        )
 
     def unmap(self, address: int, nbytes: int) -> None:
         _check(cu.cuMemUnmap(address, nbytes), "cuMemUnmap", f"0x{address:x}, {nbytes}")
@@ -161,10 +190,20 @@ class CudaVmmDevice(CudaMemory, MappedRealDevice):
         virtual_limit_bytes: address space the model hands out.
     """
 
-    def __init__(self, *, device_id: int = 0, granularity_bytes: int | None = None, limit_bytes: int | None = None,
-                 virtual_limit_bytes: int = MAX_VIRTUAL_BYTES):
-        super().__init__(CuMemDriver(device_id), granularity_bytes=granularity_bytes, limit_bytes=limit_bytes,
-                         virtual_limit_bytes=virtual_limit_bytes)
+    def __init__(
+        self,
+        *,
+        device_id: int = 0,
+        granularity_bytes: int | None = None,
+        limit_bytes: int | None = None,
+        virtual_limit_bytes: int = MAX_VIRTUAL_BYTES,
+    ):
+        super().__init__(
+            CuMemDriver(device_id),
+            granularity_bytes=granularity_bytes,
+            limit_bytes=limit_bytes,
+            virtual_limit_bytes=virtual_limit_bytes,
+        )
         self._init_memory(device_id)
 
     def close(self) -> None:

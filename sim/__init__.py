@@ -8,7 +8,6 @@
 - ``sim.report``: the HTML report and the figures.
 """
 
-
 # --- old module paths (before sim/ had rooms): ``import sim.engine``, ``from sim.simulate import
 # simulate``, ``sim.plots`` keep importing, as the same module objects as their new paths, so a
 # user's notebook written against the flat layout runs unchanged. ``sim.replay`` and ``sim.report``
@@ -20,35 +19,35 @@ import sys as _sys
 
 #: old module (under ``sim.``) -> its new home; a package row covers its submodules
 MOVED = {
-    'engine': 'replay.engine',
-    'costs': 'replay.costs',
-    'metrics': 'replay.metrics',
-    'bounds': 'replay.bounds',
-    'compaction_log': 'replay.compaction_log',
-    'progress': 'replay.progress',
-    'fidelity': 'replay.fidelity',
-    'interactive.layout': 'replay.layout',
-    'config': 'serving.config',
-    'server': 'serving.server',
-    'scheduler': 'serving.scheduler',
-    'kv': 'serving.kv',
-    'kv_groups': 'serving.kv_groups',
-    'pools': 'serving.pools',
-    'steptime': 'serving.steptime',
-    'step_fit': 'serving.step_fit',
-    'engine_runs': 'serving.engine_runs',
-    'models': 'serving.models',
-    'engines': 'serving.engines',
-    'hardware': 'serving.hardware',
-    'simulate': 'serving.simulate',
-    'serving_metrics': 'serving.serving_metrics',
-    'tenants': 'serving.tenants',
-    'plan': 'planner.plan',
-    'startup_kv': 'planner.startup_kv',
-    'html_report': 'report.html',
-    'bounded_tables': 'report.bounded_tables',
-    'plots': 'report.plots',
-    'interactive': 'report.interactive',
+    "engine": "replay.engine",
+    "costs": "replay.costs",
+    "metrics": "replay.metrics",
+    "bounds": "replay.bounds",
+    "compaction_log": "replay.compaction_log",
+    "progress": "replay.progress",
+    "fidelity": "replay.fidelity",
+    "interactive.layout": "replay.layout",
+    "config": "serving.config",
+    "server": "serving.server",
+    "scheduler": "serving.scheduler",
+    "kv": "serving.kv",
+    "kv_groups": "serving.kv_groups",
+    "pools": "serving.pools",
+    "steptime": "serving.steptime",
+    "step_fit": "serving.step_fit",
+    "engine_runs": "serving.engine_runs",
+    "models": "serving.models",
+    "engines": "serving.engines",
+    "hardware": "serving.hardware",
+    "simulate": "serving.simulate",
+    "serving_metrics": "serving.serving_metrics",
+    "tenants": "serving.tenants",
+    "plan": "planner.plan",
+    "startup_kv": "planner.startup_kv",
+    "html_report": "report.html",
+    "bounded_tables": "report.bounded_tables",
+    "plots": "report.plots",
+    "interactive": "report.interactive",
 }
 
 

@@ -44,8 +44,12 @@ def imports(path: Path, *, module_level_only: bool = False) -> set[str]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     nodes = tree.body if module_level_only else list(ast.walk(tree))
     if module_level_only:  # the bodies of module-level if/try (TYPE_CHECKING, optional imports)
-        nodes = [n for top in tree.body for n in ast.walk(top)
-                 if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        nodes = [
+            n
+            for top in tree.body
+            for n in ast.walk(top)
+            if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
     out: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -62,7 +66,11 @@ def imports(path: Path, *, module_level_only: bool = False) -> set[str]:
 
 
 def modules(package: str) -> dict[str, Path]:
-    return {module_name(p): p for p in sorted((ROOT / package).rglob("*.py")) if "__pycache__" not in p.parts}
+    return {
+        module_name(p): p
+        for p in sorted((ROOT / package).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
 
 
 def room(module: str) -> str | None:
@@ -71,8 +79,12 @@ def room(module: str) -> str | None:
 
 
 def offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
-    return sorted(f"{m} imports {i}" for m, p in modules(package).items() for i in imports(p)
-                  if any(i == f or i.startswith(f + ".") for f in forbidden))
+    return sorted(
+        f"{m} imports {i}"
+        for m, p in modules(package).items()
+        for i in imports(p)
+        if any(i == f or i.startswith(f + ".") for f in forbidden)
+    )
 
 
 def test_the_rooms_exist():
@@ -86,16 +98,35 @@ SHARED_WITH_POLICIES = ("traces.spec_grammar", "traces.knobs")
 
 
 def test_policies_import_no_heavy_library_and_no_other_package():
-    found = offenders("policies", ("simpy", "cupy", "pandas", "sim", "traces", "realgpu", "poollab"))
-    assert [f for f in found if not f.split(" imports ")[1].startswith(tuple(f"{m}" for m in SHARED_WITH_POLICIES))
-            ] == []
+    found = offenders(
+        "policies", ("simpy", "cupy", "pandas", "sim", "traces", "realgpu", "poollab")
+    )
+    assert [
+        f
+        for f in found
+        if not f.split(" imports ")[1].startswith(tuple(f"{m}" for m in SHARED_WITH_POLICIES))
+    ] == []
 
 
 def test_what_policies_shares_with_traces_imports_only_the_standard_library():
     for name in SHARED_WITH_POLICIES:
         path = ROOT / (name.replace(".", "/") + ".py")
-        assert [i for i in imports(path) if i.split(".")[0] in ("traces", "policies", "sim", "realgpu", "poollab",
-                                                                "pandas", "numpy", "simpy", "cupy")] == [], name
+        assert [
+            i
+            for i in imports(path)
+            if i.split(".")[0]
+            in (
+                "traces",
+                "policies",
+                "sim",
+                "realgpu",
+                "poollab",
+                "pandas",
+                "numpy",
+                "simpy",
+                "cupy",
+            )
+        ] == [], name
 
 
 def test_traces_import_no_policy_and_nothing_built_on_it():
@@ -116,8 +147,13 @@ def test_each_room_imports_only_the_rooms_below_it():
 
 
 def test_realgpu_imports_only_the_replay_room():
-    bad = [f"{m} imports {i}" for m, p in modules("realgpu").items() if m not in EXEMPT_REALGPU
-           for i in imports(p) if i.startswith("sim.") and room(i) != "replay"]
+    bad = [
+        f"{m} imports {i}"
+        for m, p in modules("realgpu").items()
+        if m not in EXEMPT_REALGPU
+        for i in imports(p)
+        if i.startswith("sim.") and room(i) != "replay"
+    ]
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -159,12 +195,21 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_circle_among_sims_modules():
     """Module level (TYPE_CHECKING imports included: a type-only circle is still a circle to read)."""
     mods = modules("sim")
-    graph = {m: {i for i in imports(p, module_level_only=True) if i in mods and i != m
-                 and not (i == m.rpartition(".")[0] and mods[i].name == "__init__.py")}
-             for m, p in mods.items()}
+    graph = {
+        m: {
+            i
+            for i in imports(p, module_level_only=True)
+            if i in mods
+            and i != m
+            and not (i == m.rpartition(".")[0] and mods[i].name == "__init__.py")
+        }
+        for m, p in mods.items()
+    }
     # a package's __init__ re-exporting its own submodules is no circle to read
-    graph = {m: {i for i in deps if not (mods[m].name == "__init__.py" and i.startswith(m + "."))}
-             for m, deps in graph.items()}
+    graph = {
+        m: {i for i in deps if not (mods[m].name == "__init__.py" and i.startswith(m + "."))}
+        for m, deps in graph.items()
+    }
     found = cycles(graph)
     assert not found, "\n".join(" <-> ".join(c) for c in found)
 
@@ -174,9 +219,16 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("old, new", [("sim.engine", "sim.replay.engine"), ("sim.simulate", "sim.serving.simulate"),
-                                      ("sim.plots", "sim.report.plots"), ("sim.interactive.layout", "sim.replay.layout"),
-                                      ("sim.plots.memory", "sim.report.plots.memory")])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("sim.engine", "sim.replay.engine"),
+        ("sim.simulate", "sim.serving.simulate"),
+        ("sim.plots", "sim.report.plots"),
+        ("sim.interactive.layout", "sim.replay.layout"),
+        ("sim.plots.memory", "sim.report.plots.memory"),
+    ],
+)
 def test_an_old_module_path_imports_the_same_module(old, new):
     import importlib
 
@@ -192,7 +244,10 @@ def test_the_old_flat_names_stay_importable():
     import sim.replay.trace_replay
     import sim.serving.simulate
 
-    assert replay is sim.replay.trace_replay.replay and trace_events is sim.replay.trace_replay.trace_events
+    assert (
+        replay is sim.replay.trace_replay.replay
+        and trace_events is sim.replay.trace_replay.trace_events
+    )
     assert summary_row is sim.replay.schema.summary_row
     assert simulate is sim.serving.simulate.simulate
     with pytest.raises(AttributeError):

@@ -24,24 +24,61 @@ from traces.errors import TraceFormatError
 _LAZY_NAMES = {
     **dict.fromkeys(["bundled_names", "bundled_path"], "traces.bundled"),
     **dict.fromkeys(["ALLOC_FORMATS", "detect_alloc_format", "read_alloc_trace"], "traces.detect"),
-    **dict.fromkeys(["EVENT_COLUMNS", "AllocTrace", "make_events", "validate_events"], "traces.events"),
+    **dict.fromkeys(
+        ["EVENT_COLUMNS", "AllocTrace", "make_events", "validate_events"], "traces.events"
+    ),
     "write_alloc_trace": "traces.alloc_table",
     "describe_alloc_trace": "traces.info",
-    **dict.fromkeys(["REQUEST_FORMATS", "detect_request_format", "read_request_trace", "write_request_trace"],
-                    "traces.request_readers"),
-    **dict.fromkeys(["REQUEST_COLUMNS", "RequestTrace", "make_requests", "validate_requests"], "traces.requests"),
+    **dict.fromkeys(
+        ["REQUEST_FORMATS", "detect_request_format", "read_request_trace", "write_request_trace"],
+        "traces.request_readers",
+    ),
+    **dict.fromkeys(
+        ["REQUEST_COLUMNS", "RequestTrace", "make_requests", "validate_requests"], "traces.requests"
+    ),
     "generate_alloc_trace": "traces.synth_alloc",
-    **dict.fromkeys(["Empirical", "Fixed", "Lognormal", "PrefixSharing", "Zipf", "parse_length_dist",
-                     "parse_prefix_sharing"], "traces.synth_requests"),
+    **dict.fromkeys(
+        [
+            "Empirical",
+            "Fixed",
+            "Lognormal",
+            "PrefixSharing",
+            "Zipf",
+            "parse_length_dist",
+            "parse_prefix_sharing",
+        ],
+        "traces.synth_requests",
+    ),
 }
 
 __all__ = [
-    "TraceFormatError", "EVENT_COLUMNS", "AllocTrace", "make_events", "validate_events",
-    "ALLOC_FORMATS", "detect_alloc_format", "read_alloc_trace", "write_alloc_trace", "describe_alloc_trace",
-    "generate_alloc_trace", "bundled_path", "bundled_names",
-    "REQUEST_COLUMNS", "RequestTrace", "make_requests", "validate_requests", "REQUEST_FORMATS",
-    "read_request_trace", "write_request_trace", "detect_request_format",
-    "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing", "parse_length_dist",
+    "TraceFormatError",
+    "EVENT_COLUMNS",
+    "AllocTrace",
+    "make_events",
+    "validate_events",
+    "ALLOC_FORMATS",
+    "detect_alloc_format",
+    "read_alloc_trace",
+    "write_alloc_trace",
+    "describe_alloc_trace",
+    "generate_alloc_trace",
+    "bundled_path",
+    "bundled_names",
+    "REQUEST_COLUMNS",
+    "RequestTrace",
+    "make_requests",
+    "validate_requests",
+    "REQUEST_FORMATS",
+    "read_request_trace",
+    "write_request_trace",
+    "detect_request_format",
+    "Lognormal",
+    "Zipf",
+    "Empirical",
+    "Fixed",
+    "PrefixSharing",
+    "parse_length_dist",
     "parse_prefix_sharing",
 ]
 
@@ -65,8 +102,20 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from traces.detect import ALLOC_FORMATS, detect_alloc_format, read_alloc_trace
     from traces.events import EVENT_COLUMNS, AllocTrace, make_events, validate_events
     from traces.info import describe_alloc_trace
-    from traces.request_readers import REQUEST_FORMATS, detect_request_format, read_request_trace, write_request_trace
+    from traces.request_readers import (
+        REQUEST_FORMATS,
+        detect_request_format,
+        read_request_trace,
+        write_request_trace,
+    )
     from traces.requests import REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
     from traces.synth_alloc import generate_alloc_trace
-    from traces.synth_requests import (Empirical, Fixed, Lognormal, PrefixSharing, Zipf, parse_length_dist,
-                                       parse_prefix_sharing)
+    from traces.synth_requests import (
+        Empirical,
+        Fixed,
+        Lognormal,
+        PrefixSharing,
+        Zipf,
+        parse_length_dist,
+        parse_prefix_sharing,
+    )

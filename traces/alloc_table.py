@@ -19,11 +19,25 @@ import pyarrow.parquet as pq
 
 from traces.atomic import replacing_file
 from traces.errors import TraceFormatError, shown
-from traces.events import (ALLOC_OP, EMPTY_CACHE_OP, EVENT_COLUMNS, AllocTrace, make_events, trace_name,
-                           validate_events)
+from traces.events import (
+    ALLOC_OP,
+    EMPTY_CACHE_OP,
+    EVENT_COLUMNS,
+    AllocTrace,
+    make_events,
+    trace_name,
+    validate_events,
+)
 from traces.source import TraceSource, open_source
 
-__all__ = ["CSV_FORMAT", "PARQUET_FORMAT", "read_table_csv", "read_table_parquet", "write_alloc_trace", "output_format"]
+__all__ = [
+    "CSV_FORMAT",
+    "PARQUET_FORMAT",
+    "read_table_csv",
+    "read_table_parquet",
+    "write_alloc_trace",
+    "output_format",
+]
 
 CSV_FORMAT = "csv"
 PARQUET_FORMAT = "parquet"
@@ -47,8 +61,10 @@ def output_format(path: str | Path) -> str:
         return CSV_FORMAT
     if name.endswith(_PARQUET_SUFFIXES):
         return PARQUET_FORMAT
-    raise ValueError(f"cannot tell the output format from {Path(path).name!r}: use one of "
-                     f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}")
+    raise ValueError(
+        f"cannot tell the output format from {Path(path).name!r}: use one of "
+        f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}"
+    )
 
 
 def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Path:
@@ -59,7 +75,9 @@ def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Pat
     fmt = output_format(path)
     with replacing_file(path) as tmp:
         if fmt == CSV_FORMAT:
-            events.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
+            events.to_csv(
+                tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None
+            )
         else:
             events.to_parquet(tmp, index=False)
     return path
@@ -72,10 +90,17 @@ def read_table_csv(path: str | Path | TraceSource) -> AllocTrace:
     try:
         src.require_intact()
         # fast path: typed parse; any bad cell sends us to the slow path that finds its line
-        with warnings.catch_warnings():  # a cell past int64 ("1e30") warns before it raises; the slow path names it
+        with (
+            warnings.catch_warnings()
+        ):  # a cell past int64 ("1e30") warns before it raises; the slow path names it
             warnings.simplefilter("ignore", RuntimeWarning)
-            df = pd.read_csv(src.stream(), dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
-                             keep_default_na=False, na_filter=False, skip_blank_lines=False)
+            df = pd.read_csv(
+                src.stream(),
+                dtype={c: np.int64 for c in _INT_COLUMNS} | {"op": str, "tag": str},
+                keep_default_na=False,
+                na_filter=False,
+                skip_blank_lines=False,
+            )
     except TraceFormatError as exc:
         _raise_csv_error(path, exc)
     except (ValueError, TypeError, OverflowError) as exc:
@@ -85,7 +110,12 @@ def read_table_csv(path: str | Path | TraceSource) -> AllocTrace:
     _check_header(path, list(df.columns))
     df = df[EVENT_COLUMNS]
     validate_events(df, str(path), line_offset=2)
-    return AllocTrace(_canonical(df), name=trace_name(path, (".csv", ".parquet", ".pq")), source=str(path), format=CSV_FORMAT)
+    return AllocTrace(
+        _canonical(df),
+        name=trace_name(path, (".csv", ".parquet", ".pq")),
+        source=str(path),
+        format=CSV_FORMAT,
+    )
 
 
 def read_table_parquet(path: str | Path | TraceSource) -> AllocTrace:
@@ -105,8 +135,11 @@ def read_table_parquet(path: str | Path | TraceSource) -> AllocTrace:
         raise TraceFormatError(path, None, f"not a readable Parquet file ({exc})") from None
     missing = [c for c in EVENT_COLUMNS if c not in table.column_names]
     if missing:
-        raise TraceFormatError(path, None, f"missing column(s) {', '.join(missing)}; "
-                                           f"expected {', '.join(EVENT_COLUMNS)}")
+        raise TraceFormatError(
+            path,
+            None,
+            f"missing column(s) {', '.join(missing)}; expected {', '.join(EVENT_COLUMNS)}",
+        )
     table = table.select(EVENT_COLUMNS)
     for col in ("op", "tag"):
         table = _as_string_column(table, col, path)
@@ -116,7 +149,12 @@ def read_table_parquet(path: str | Path | TraceSource) -> AllocTrace:
     for col in _INT_COLUMNS:
         df[col] = _as_int(df[col], path, col, record_offset=1, unit="record")
     validate_events(df, str(path), line_offset=1, unit="record")
-    return AllocTrace(_canonical(df), name=trace_name(path, (".csv", ".parquet", ".pq")), source=str(path), format=PARQUET_FORMAT)
+    return AllocTrace(
+        _canonical(df),
+        name=trace_name(path, (".csv", ".parquet", ".pq")),
+        source=str(path),
+        format=PARQUET_FORMAT,
+    )
 
 
 def _check_number_column(table: pa.Table, col: str, path: Path) -> None:
@@ -124,7 +162,11 @@ def _check_number_column(table: pa.Table, col: str, path: Path) -> None:
     arr_type = table.schema.field(col).type
     if pa.types.is_dictionary(arr_type):
         arr_type = arr_type.value_type
-    if not (pa.types.is_integer(arr_type) or pa.types.is_floating(arr_type) or pa.types.is_null(arr_type)):
+    if not (
+        pa.types.is_integer(arr_type)
+        or pa.types.is_floating(arr_type)
+        or pa.types.is_null(arr_type)
+    ):
         raise TraceFormatError(path, None, f"column {col} has type {arr_type}, expected integers")
 
 
@@ -133,8 +175,11 @@ def _as_string_column(table: pa.Table, col: str, path: Path) -> pa.Table:
     arr = table.column(col)
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
-            or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(arr.type))):
+    if not (
+        pa.types.is_string(arr.type)
+        or pa.types.is_large_string(arr.type)
+        or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(arr.type))
+    ):
         raise TraceFormatError(path, None, f"column {col} has type {arr.type}, expected strings")
     if arr.null_count:
         if col == "op":
@@ -148,7 +193,9 @@ def _read_csv_slow(src: TraceSource) -> pd.DataFrame:
     """Everything as text, then the first cell that is not an integer, with its line."""
     path = src.path
     try:
-        df = pd.read_csv(src.stream(), dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False)
+        df = pd.read_csv(
+            src.stream(), dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False
+        )
     except (ValueError, UnicodeDecodeError) as exc:
         _raise_csv_error(path, exc)
     _check_header(path, list(df.columns))
@@ -174,24 +221,38 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
         long = col.astype(str).str.len().to_numpy() > _MAX_NUMBER_CHARS
         if long.any():
             k = int(np.flatnonzero(long)[0])
-            raise TraceFormatError(path, k + record_offset, f"{name} {shown(str(col.iloc[k]), 24)} "
-                                                            f"({len(str(col.iloc[k])):,} characters) is not an integer",
-                                   unit=unit)
+            raise TraceFormatError(
+                path,
+                k + record_offset,
+                f"{name} {shown(str(col.iloc[k]), 24)} "
+                f"({len(str(col.iloc[k])):,} characters) is not an integer",
+                unit=unit,
+            )
     num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
     bad = np.isnan(num) | (num != np.floor(num)) | (np.abs(num) >= 2.0**63)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
         value = col.iloc[k]
-        what = "empty" if (isinstance(value, str) and not value) or pd.isna(value) else shown(value, 40)
-        raise TraceFormatError(path, k + record_offset, f"{name} {what} is not an integer", unit=unit)
+        what = (
+            "empty"
+            if (isinstance(value, str) and not value) or pd.isna(value)
+            else shown(value, 40)
+        )
+        raise TraceFormatError(
+            path, k + record_offset, f"{name} {what} is not an integer", unit=unit
+        )
     return pd.to_numeric(col).to_numpy(np.int64)
 
 
 def _check_header(path: Path, columns: list[str]) -> None:
     missing = [c for c in EVENT_COLUMNS if c not in columns]
     if missing:
-        raise TraceFormatError(path, 1, f"header {shown(','.join(map(str, columns)))} lacks {', '.join(missing)} "
-                                        f"(expected {','.join(EVENT_COLUMNS)})")
+        raise TraceFormatError(
+            path,
+            1,
+            f"header {shown(','.join(map(str, columns)))} lacks {', '.join(missing)} "
+            f"(expected {','.join(EVENT_COLUMNS)})",
+        )
 
 
 def _raise_csv_error(path: Path, exc: Exception):
@@ -202,7 +263,9 @@ def _raise_csv_error(path: Path, exc: Exception):
     if isinstance(exc, UnicodeDecodeError):
         raise TraceFormatError(path, None, f"not a text file ({exc})") from None
     m = _LINE_RE.search(str(exc))
-    raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
+    raise TraceFormatError(
+        path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})"
+    ) from None
 
 
 def _canonical(df: pd.DataFrame) -> pd.DataFrame:
@@ -215,7 +278,9 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
     if not np.array_equal(alloc_ids, np.arange(alloc_ids.size)):
         out["alloc_id"] = ids = pd.Index(alloc_ids).get_indexer(ids).astype(np.int64)
     calls = (df["op"] == EMPTY_CACHE_OP).to_numpy(dtype=bool)
-    if calls.any():  # an empty_cache row names no allocation: its id and size are written as -1 and 0
+    if (
+        calls.any()
+    ):  # an empty_cache row names no allocation: its id and size are written as -1 and 0
         out["alloc_id"] = np.where(calls, -1, ids)
         out["nbytes"] = np.where(calls, 0, out["nbytes"])
     for c in ("op", "tag"):

@@ -34,8 +34,17 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-__all__ = ["replacing_file", "replacing_folder", "check_out_folder", "naming_errors", "written_files", "ManifestError", "process_alive", "MANIFEST_NAME",
-           "TEMP_PREFIX"]
+__all__ = [
+    "replacing_file",
+    "replacing_folder",
+    "check_out_folder",
+    "naming_errors",
+    "written_files",
+    "ManifestError",
+    "process_alive",
+    "MANIFEST_NAME",
+    "TEMP_PREFIX",
+]
 
 #: The list of what the tool wrote into a result folder (JSON: ``{"written_by", "files"}``).
 MANIFEST_NAME = ".poollab-files.json"
@@ -83,8 +92,12 @@ def replacing_file(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def replacing_folder(path: str | Path, *, legacy_outputs: Callable[[Path], bool] | None = None,
-                     carry: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+def replacing_folder(
+    path: str | Path,
+    *,
+    legacy_outputs: Callable[[Path], bool] | None = None,
+    carry: Callable[[Path], bool] | None = None,
+) -> Iterator[Path]:
     """A temporary folder beside ``path`` to fill; it takes the place of ``path`` if the block succeeds.
 
     Args:
@@ -125,10 +138,14 @@ def written_files(folder: str | Path) -> set[str] | None:
     except FileNotFoundError:
         return None
     except ValueError as exc:
-        raise ManifestError(p, f"not a readable list of the files poollab wrote ({' '.join(str(exc).split())})") from None
+        raise ManifestError(
+            p, f"not a readable list of the files poollab wrote ({' '.join(str(exc).split())})"
+        ) from None
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise ManifestError(p, 'not a list of the files poollab wrote (expected {"files": [names]})')
+        raise ManifestError(
+            p, 'not a list of the files poollab wrote (expected {"files": [names]})'
+        )
     return set(files)
 
 
@@ -145,17 +162,25 @@ def _resolve_out(path: Path) -> Path:
     root, the current folder and any folder holding it."""
     real = Path(os.path.realpath(path))
     if real.parent == real:
-        raise IsADirectoryError(errno.EBUSY, "the file system's root cannot be a result folder; choose another --out",
-                                str(path))
+        raise IsADirectoryError(
+            errno.EBUSY,
+            "the file system's root cannot be a result folder; choose another --out",
+            str(path),
+        )
     cwd = Path(os.path.realpath(os.getcwd()))
     if real == cwd or real in cwd.parents:
-        raise IsADirectoryError(errno.EBUSY, "is the current folder (or holds it): replacing it would leave you in a "
-                                "deleted folder; give a folder inside it, e.g. --out ./results", str(path))
+        raise IsADirectoryError(
+            errno.EBUSY,
+            "is the current folder (or holds it): replacing it would leave you in a "
+            "deleted folder; give a folder inside it, e.g. --out ./results",
+            str(path),
+        )
     return real
 
 
-def _swap_in(new: Path, target: Path, shown: str | Path, legacy_outputs: Callable[[Path], bool] | None
-             ) -> Path | None:
+def _swap_in(
+    new: Path, target: Path, shown: str | Path, legacy_outputs: Callable[[Path], bool] | None
+) -> Path | None:
     """Make ``new`` the folder at ``target``; returns what is left to remove (the old folder)."""
     wrote = sorted(entry.name for entry in new.iterdir())
     _write_manifest(new, wrote)
@@ -168,28 +193,46 @@ def _swap_in(new: Path, target: Path, shown: str | Path, legacy_outputs: Callabl
     return _exchange(new, target)
 
 
-def _kept_entries(target: Path, writes: Iterable[str], shown: str | Path,
-                  legacy_outputs: Callable[[Path], bool] | None) -> list[Path]:
+def _kept_entries(
+    target: Path,
+    writes: Iterable[str],
+    shown: str | Path,
+    legacy_outputs: Callable[[Path], bool] | None,
+) -> list[Path]:
     """The entries of the existing folder ``target`` that a new run keeps (all but the tool's own);
     FileExistsError when one of them has a name in ``writes``."""
     try:
         before = written_files(target)
-    except ManifestError as exc:  # a writer's error is an OSError (one line, exit 2, nothing changed)
-        raise OSError(errno.EINVAL, f"{exc.reason}; fix or remove it, or choose another --out (nothing was changed)",
-                      str(exc.path)) from None
+    except (
+        ManifestError
+    ) as exc:  # a writer's error is an OSError (one line, exit 2, nothing changed)
+        raise OSError(
+            errno.EINVAL,
+            f"{exc.reason}; fix or remove it, or choose another --out (nothing was changed)",
+            str(exc.path),
+        ) from None
     if before is None:
-        before = {e.name for e in target.iterdir() if legacy_outputs is not None and legacy_outputs(e)}
+        before = {
+            e.name for e in target.iterdir() if legacy_outputs is not None and legacy_outputs(e)
+        }
     kept = [e for e in target.iterdir() if e.name not in before and e.name != MANIFEST_NAME]
     clash = sorted(e.name for e in kept if e.name in set(writes))
     if clash:
-        raise FileExistsError(errno.EEXIST, f"poollab did not write it, so it is not replaced ({len(clash)} such: "
-                              f"{', '.join(clash[:3])}); move it away or choose another --out (nothing was changed)",
-                              str(Path(shown) / clash[0]))
+        raise FileExistsError(
+            errno.EEXIST,
+            f"poollab did not write it, so it is not replaced ({len(clash)} such: "
+            f"{', '.join(clash[:3])}); move it away or choose another --out (nothing was changed)",
+            str(Path(shown) / clash[0]),
+        )
     return kept
 
 
-def check_out_folder(path: str | Path, *, writes: Iterable[str] = (),
-                     legacy_outputs: Callable[[Path], bool] | None = None) -> None:
+def check_out_folder(
+    path: str | Path,
+    *,
+    writes: Iterable[str] = (),
+    legacy_outputs: Callable[[Path], bool] | None = None,
+) -> None:
     """Raise now what ``replacing_folder(path)`` would raise at the end of a run that writes the
     entries ``writes``: the root or current folder, a file, a file of the user's in the way.
     Commands call it before any work, so that a refusal does not come after hours of it
@@ -286,11 +329,15 @@ def _remove_dead_temporaries(parent: Path) -> None:
     """Temporaries of runs that died (their pid is gone): a folder put aside between two renames
     goes back where it belongs when nothing took its place; the rest is removed."""
     try:
-        entries = [e for e in parent.iterdir() if e.name.startswith(TEMP_PREFIX) and e.suffix in (".tmp", ".old")]
+        entries = [
+            e
+            for e in parent.iterdir()
+            if e.name.startswith(TEMP_PREFIX) and e.suffix in (".tmp", ".old")
+        ]
     except OSError:
         return
     for entry in entries:
-        pid_text = entry.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        pid_text = entry.name[len(TEMP_PREFIX) :].split("-", 1)[0]
         if not pid_text.isdigit() or int(pid_text) == os.getpid() or process_alive(int(pid_text)):
             continue
         if entry.suffix == ".old" and (entry / "x").is_dir():

@@ -14,8 +14,11 @@ _NOT_DATA = {"README.md", "make_slices.py", "__init__.py"}
 def bundled_names() -> list[str]:
     """Names of the bundled data files."""
     root = resources.files("traces") / "data"
-    return sorted(p.name for p in root.iterdir() if p.is_file() and p.name not in _NOT_DATA
-                  and not p.name.startswith("."))
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_file() and p.name not in _NOT_DATA and not p.name.startswith(".")
+    )
 
 
 def bundled_path(name: str) -> Path:
@@ -26,6 +29,8 @@ def bundled_path(name: str) -> Path:
     """
     res = resources.files("traces") / "data" / name
     if name in _NOT_DATA or not res.is_file():
-        raise FileNotFoundError(f"no bundled data file {name!r}; bundled: {', '.join(bundled_names())}")
+        raise FileNotFoundError(
+            f"no bundled data file {name!r}; bundled: {', '.join(bundled_names())}"
+        )
     # a regular install unpacks the package, so the resource is a real file already
     return Path(str(res))

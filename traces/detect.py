@@ -40,8 +40,13 @@ def detect_alloc_format(path: str | Path | TraceSource) -> str:
     return ALLOC.detect(path)
 
 
-def read_alloc_trace(path: str | Path | TraceSource, *, format: str | None = None, device: int | None = None,
-                     lenient: bool = False) -> AllocTrace:
+def read_alloc_trace(
+    path: str | Path | TraceSource,
+    *,
+    format: str | None = None,
+    device: int | None = None,
+    lenient: bool = False,
+) -> AllocTrace:
     """Read an allocation trace of any registered format (``traces.formats.ALLOC``).
 
     Args:
@@ -77,14 +82,32 @@ def _has_event_columns(src: TraceSource) -> bool:
 
 
 # The built-in formats, in the order their sniffers are asked (their contents exclude each other).
-ALLOC.register(SNAPSHOT_FORMAT, sniff=lambda src: _is_pickle(src.head(2)),
-               read=lambda src, device=None, **_: read_pytorch_snapshot(src, device=device),
-               describe="a PyTorch snapshot pickle", replace=True)
-ALLOC.register(RMM_FORMAT, sniff=lambda src: _first_fields(src) == RMM_HEADER,
-               read=lambda src, lenient=False, **_: read_rmm_log(src, lenient=lenient),
-               describe=f"an RMM log ({','.join(RMM_HEADER)})", replace=True)
-ALLOC.register(CSV_FORMAT, sniff=lambda src: _first_fields(src)[: len(EVENT_COLUMNS)] == EVENT_COLUMNS,
-               read=lambda src, **_: read_table_csv(src), describe=f"our CSV ({','.join(EVENT_COLUMNS)})",
-               replace=True)
-ALLOC.register(PARQUET_FORMAT, sniff=_is_parquet, read=lambda src, **_: read_table_parquet(src),
-               describe="Parquet", confirm=_has_event_columns, replace=True)
+ALLOC.register(
+    SNAPSHOT_FORMAT,
+    sniff=lambda src: _is_pickle(src.head(2)),
+    read=lambda src, device=None, **_: read_pytorch_snapshot(src, device=device),
+    describe="a PyTorch snapshot pickle",
+    replace=True,
+)
+ALLOC.register(
+    RMM_FORMAT,
+    sniff=lambda src: _first_fields(src) == RMM_HEADER,
+    read=lambda src, lenient=False, **_: read_rmm_log(src, lenient=lenient),
+    describe=f"an RMM log ({','.join(RMM_HEADER)})",
+    replace=True,
+)
+ALLOC.register(
+    CSV_FORMAT,
+    sniff=lambda src: _first_fields(src)[: len(EVENT_COLUMNS)] == EVENT_COLUMNS,
+    read=lambda src, **_: read_table_csv(src),
+    describe=f"our CSV ({','.join(EVENT_COLUMNS)})",
+    replace=True,
+)
+ALLOC.register(
+    PARQUET_FORMAT,
+    sniff=_is_parquet,
+    read=lambda src, **_: read_table_parquet(src),
+    describe="Parquet",
+    confirm=_has_event_columns,
+    replace=True,
+)

@@ -30,10 +30,14 @@ from traces.errors import TraceFormatError, shown
 __all__ = ["EngineMemory", "sidecar_path", "read_engine_memory", "write_engine_memory", "INT_KEYS"]
 
 #: The keys read as byte counts (or block counts), with what each means in an error message.
-INT_KEYS = {"mem_get_info_total_bytes": "the device's memory", "non_torch_bytes": "memory outside PyTorch's allocator",
-            "non_torch_startup_bytes": "memory outside PyTorch's allocator at start-up's end",
-            "non_torch_serving_max_bytes": "memory outside PyTorch's allocator while serving",
-            "kv_block_tokens": "the engine's KV block", "kv_padding_blocks": "the engine's padding blocks"}
+INT_KEYS = {
+    "mem_get_info_total_bytes": "the device's memory",
+    "non_torch_bytes": "memory outside PyTorch's allocator",
+    "non_torch_startup_bytes": "memory outside PyTorch's allocator at start-up's end",
+    "non_torch_serving_max_bytes": "memory outside PyTorch's allocator while serving",
+    "kv_block_tokens": "the engine's KV block",
+    "kv_padding_blocks": "the engine's padding blocks",
+}
 
 
 def sidecar_path(snapshot: str | Path) -> Path:
@@ -64,7 +68,9 @@ class EngineMemory:
         if self.non_torch_startup_bytes is not None:
             parts.append(f"{self.non_torch_startup_bytes / 2**20:,.1f} MiB at start-up's end")
         if self.non_torch_serving_max_bytes is not None:
-            parts.append(f"{self.non_torch_serving_max_bytes / 2**20:,.1f} MiB at most while serving")
+            parts.append(
+                f"{self.non_torch_serving_max_bytes / 2**20:,.1f} MiB at most while serving"
+            )
         how = f" ({', '.join(parts)})" if parts else ""
         return f"measured in the engine's process{how}, {self.path.name}"
 
@@ -81,8 +87,12 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise TraceFormatError(path, exc.lineno, f"not JSON ({exc.msg}); the figures beside a snapshot are a JSON "
-                                                 "object (`poollab gpu serve --snapshot` writes one)") from None
+        raise TraceFormatError(
+            path,
+            exc.lineno,
+            f"not JSON ({exc.msg}); the figures beside a snapshot are a JSON "
+            "object (`poollab gpu serve --snapshot` writes one)",
+        ) from None
     except UnicodeDecodeError:
         raise TraceFormatError(path, None, "not JSON (not UTF-8 text)") from None
     if not isinstance(data, dict):
@@ -90,21 +100,41 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
     values: dict[str, int | None] = {}
     for key, what in INT_KEYS.items():
         value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise TraceFormatError(path, None, f"{key} {shown(value)} ({what}) is no whole number of bytes >= 0")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise TraceFormatError(
+                path, None, f"{key} {shown(value)} ({what}) is no whole number of bytes >= 0"
+            )
         values[key] = value
     non_torch, larger = values["non_torch_bytes"], _larger_part(values)
     if non_torch is None:  # a file with the parts only: the larger is what the run needed
         non_torch = larger
-    elif larger is not None and non_torch != larger:  # an edited file: which figure is meant cannot be told
-        raise TraceFormatError(path, None, f"non_torch_bytes {non_torch:,} is not the larger of "
-                                           f"non_torch_startup_bytes and non_torch_serving_max_bytes ({larger:,})")
+    elif (
+        larger is not None and non_torch != larger
+    ):  # an edited file: which figure is meant cannot be told
+        raise TraceFormatError(
+            path,
+            None,
+            f"non_torch_bytes {non_torch:,} is not the larger of "
+            f"non_torch_startup_bytes and non_torch_serving_max_bytes ({larger:,})",
+        )
     total = values["mem_get_info_total_bytes"]
     if total is not None and non_torch is not None and non_torch >= total:
-        raise TraceFormatError(path, None, f"non_torch_bytes {non_torch:,} is not below the device's memory "
-                                           f"({total:,} B)")
-    return EngineMemory(path, total, non_torch, values["non_torch_startup_bytes"],
-                        values["non_torch_serving_max_bytes"], values["kv_padding_blocks"], values["kv_block_tokens"] or None)
+        raise TraceFormatError(
+            path,
+            None,
+            f"non_torch_bytes {non_torch:,} is not below the device's memory ({total:,} B)",
+        )
+    return EngineMemory(
+        path,
+        total,
+        non_torch,
+        values["non_torch_startup_bytes"],
+        values["non_torch_serving_max_bytes"],
+        values["kv_padding_blocks"],
+        values["kv_block_tokens"] or None,
+    )
 
 
 def write_engine_memory(snapshot: str | Path, fields: dict[str, Any]) -> Path:

@@ -59,17 +59,34 @@ from traces.errors import TraceFormatError
 from traces.source import open_source
 
 __all__ = [
-    "STEP_COLUMNS", "STEP_OPTIONAL_COLUMNS", "SERVED_REQUEST_COLUMNS",
-    "read_step_profile", "write_step_profile", "read_served_requests", "write_served_requests",
+    "STEP_COLUMNS",
+    "STEP_OPTIONAL_COLUMNS",
+    "SERVED_REQUEST_COLUMNS",
+    "read_step_profile",
+    "write_step_profile",
+    "read_served_requests",
+    "write_served_requests",
 ]
 
 #: Required step-profile columns (counts are integers, ``duration_s`` seconds).
-STEP_COLUMNS = ("duration_s", "num_prefill_seqs", "num_prefill_tokens", "prefill_context_tokens",
-                "num_decode_seqs", "decode_context_tokens")
+STEP_COLUMNS = (
+    "duration_s",
+    "num_prefill_seqs",
+    "num_prefill_tokens",
+    "prefill_context_tokens",
+    "num_decode_seqs",
+    "decode_context_tokens",
+)
 #: Step-profile columns kept when present.
 STEP_OPTIONAL_COLUMNS = ("start_s", "tp")
 #: Required served-request columns; times may be NaN (never reached).
-SERVED_REQUEST_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s")
+SERVED_REQUEST_COLUMNS = (
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "first_token_s",
+    "finish_s",
+)
 _SERVED_OPTIONAL_COLUMNS = ("request",)
 
 #: Largest count a cell may hold: tokens of one step stay far below it; more is corruption.
@@ -87,13 +104,31 @@ def read_step_profile(path: str | Path) -> pd.DataFrame:
     df = _read_table(path, STEP_COLUMNS, STEP_OPTIONAL_COLUMNS)
     _check_columns(path, df, int_columns=_STEP_INT_COLUMNS, nullable=())
     _check(path, df, df["duration_s"] <= 0, "duration_s", "must be > 0 (a step takes time)")
-    for seqs, tokens in (("num_prefill_seqs", "num_prefill_tokens"), ("num_decode_seqs", "decode_context_tokens")):
-        _check(path, df, (df[seqs] > 0) & (df[tokens] < df[seqs]), tokens,
-               f"is below {seqs} (every sequence has at least one token)")
-    _check(path, df, df["prefill_context_tokens"] < df["num_prefill_tokens"], "prefill_context_tokens",
-           "is below num_prefill_tokens (attention reads at least the new tokens)")
-    _check(path, df, (df["num_prefill_seqs"] == 0) & (df["num_prefill_tokens"] > 0), "num_prefill_tokens",
-           "is > 0 with num_prefill_seqs 0")
+    for seqs, tokens in (
+        ("num_prefill_seqs", "num_prefill_tokens"),
+        ("num_decode_seqs", "decode_context_tokens"),
+    ):
+        _check(
+            path,
+            df,
+            (df[seqs] > 0) & (df[tokens] < df[seqs]),
+            tokens,
+            f"is below {seqs} (every sequence has at least one token)",
+        )
+    _check(
+        path,
+        df,
+        df["prefill_context_tokens"] < df["num_prefill_tokens"],
+        "prefill_context_tokens",
+        "is below num_prefill_tokens (attention reads at least the new tokens)",
+    )
+    _check(
+        path,
+        df,
+        (df["num_prefill_seqs"] == 0) & (df["num_prefill_tokens"] > 0),
+        "num_prefill_tokens",
+        "is > 0 with num_prefill_seqs 0",
+    )
     if "tp" in df:
         _check(path, df, df["tp"] < 1, "tp", "must be >= 1")
     if df.empty:
@@ -124,7 +159,9 @@ def write_served_requests(requests: pd.DataFrame, path: str | Path) -> Path:
     return _write_table(requests, path, SERVED_REQUEST_COLUMNS, _SERVED_OPTIONAL_COLUMNS)
 
 
-def _write_table(df: pd.DataFrame, path: str | Path, required: tuple[str, ...], optional: tuple[str, ...]) -> Path:
+def _write_table(
+    df: pd.DataFrame, path: str | Path, required: tuple[str, ...], optional: tuple[str, ...]
+) -> Path:
     path = Path(path)
     missing = [c for c in required if c not in df.columns]
     if missing:
@@ -135,7 +172,9 @@ def _write_table(df: pd.DataFrame, path: str | Path, required: tuple[str, ...], 
         if fmt == PARQUET_FORMAT:
             df.to_parquet(tmp, index=False)
         else:
-            df.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
+            df.to_csv(
+                tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None
+            )
     return path
 
 
@@ -158,11 +197,16 @@ def _read_table(path: Path, required: tuple[str, ...], optional: tuple[str, ...]
     except pd.errors.EmptyDataError:
         raise TraceFormatError(path, 1, "empty file: expected a header line") from None
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
-        raise TraceFormatError(path, None, f"cannot read the table: {str(exc).strip().splitlines()[0]}") from None
+        raise TraceFormatError(
+            path, None, f"cannot read the table: {str(exc).strip().splitlines()[0]}"
+        ) from None
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise TraceFormatError(path, 1 if fmt != PARQUET_FORMAT else None,
-                               f"missing column(s) {', '.join(missing)}; expected {', '.join(required)}")
+        raise TraceFormatError(
+            path,
+            1 if fmt != PARQUET_FORMAT else None,
+            f"missing column(s) {', '.join(missing)}; expected {', '.join(required)}",
+        )
     df = df[[*required, *(c for c in optional if c in df.columns)]].reset_index(drop=True)
     df.attrs["poollab_is_csv"] = fmt != PARQUET_FORMAT
     return df
@@ -177,10 +221,14 @@ def _check(path: Path, df: pd.DataFrame, bad: pd.Series, column: str, reason: st
     hits = np.flatnonzero(np.asarray(bad, dtype=bool))
     if hits.size:
         line, unit = _where(path, df, int(hits[0]))
-        raise TraceFormatError(path, line, f"{column} {df[column].iloc[hits[0]].item()!r} {reason}", unit=unit)
+        raise TraceFormatError(
+            path, line, f"{column} {df[column].iloc[hits[0]].item()!r} {reason}", unit=unit
+        )
 
 
-def _check_columns(path: Path, df: pd.DataFrame, *, int_columns: tuple[str, ...], nullable: tuple[str, ...]) -> None:
+def _check_columns(
+    path: Path, df: pd.DataFrame, *, int_columns: tuple[str, ...], nullable: tuple[str, ...]
+) -> None:
     """Turn every column into float64 or int64 in place, naming the first cell that is not a fit number."""
     for column in list(df.columns):
         values = df[column].tolist()
@@ -191,7 +239,16 @@ def _check_columns(path: Path, df: pd.DataFrame, *, int_columns: tuple[str, ...]
         df[column] = out.astype(np.int64) if is_int else out
 
 
-def _number(path: Path, df: pd.DataFrame, row: int, column: str, cell: object, *, is_int: bool, nullable: bool) -> float:
+def _number(
+    path: Path,
+    df: pd.DataFrame,
+    row: int,
+    column: str,
+    cell: object,
+    *,
+    is_int: bool,
+    nullable: bool,
+) -> float:
     def fail(reason: str) -> None:
         line, unit = _where(path, df, row)
         raise TraceFormatError(path, line, f"{column} {cell!r}: {reason}", unit=unit)
@@ -204,7 +261,9 @@ def _number(path: Path, df: pd.DataFrame, row: int, column: str, cell: object, *
         fail("missing value")
     if isinstance(cell, str):
         text = cell.strip()
-        if len(text) > 40:  # no fit number is this long; float() of 5,000 digits is slow and int() refuses
+        if (
+            len(text) > 40
+        ):  # no fit number is this long; float() of 5,000 digits is slow and int() refuses
             fail("not a number of sensible size")
         try:
             value = float(text)

@@ -24,7 +24,13 @@ class TraceFormatError(ValueError):
         self.path = str(path)
         self.line = line
         self.reason = reason
-        where = self.path if line is None else f"{self.path}:{line}" if unit == "line" else f"{self.path} ({unit} {line})"
+        where = (
+            self.path
+            if line is None
+            else f"{self.path}:{line}"
+            if unit == "line"
+            else f"{self.path} ({unit} {line})"
+        )
         super().__init__(f"{where}: {reason}")
 
 

@@ -34,7 +34,17 @@ import pandas as pd
 
 from traces.errors import TraceFormatError, shown
 
-__all__ = ["EVENT_COLUMNS", "PRE_TRACE_TAG", "ALLOC_OP", "FREE_OP", "EMPTY_CACHE_OP", "EVENT_OPS", "AllocTrace", "make_events", "validate_events"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "PRE_TRACE_TAG",
+    "ALLOC_OP",
+    "FREE_OP",
+    "EMPTY_CACHE_OP",
+    "EVENT_OPS",
+    "AllocTrace",
+    "make_events",
+    "validate_events",
+]
 
 EVENT_COLUMNS = ["time_us", "op", "alloc_id", "nbytes", "stream", "tag"]
 #: Tag of allocations made before recording began (synthesised by the snapshot reader).
@@ -72,9 +82,13 @@ class AllocTrace:
         calls = self.is_empty_cache()
         if calls.any():
             ev = ev[~calls]
-        return (ev["time_us"].to_numpy(np.int64), (ev["op"] == ALLOC_OP).to_numpy(),
-                ev["alloc_id"].to_numpy(np.int64), ev["nbytes"].to_numpy(np.int64),
-                ev["stream"].to_numpy(np.int64))
+        return (
+            ev["time_us"].to_numpy(np.int64),
+            (ev["op"] == ALLOC_OP).to_numpy(),
+            ev["alloc_id"].to_numpy(np.int64),
+            ev["nbytes"].to_numpy(np.int64),
+            ev["stream"].to_numpy(np.int64),
+        )
 
     def is_empty_cache(self) -> np.ndarray:
         """Per row: whether it is an ``empty_cache`` call."""
@@ -94,20 +108,28 @@ def make_events(time_us, op, alloc_id, nbytes, stream=None, tag=None) -> pd.Data
     """Build an event table with the canonical columns and dtypes."""
     n = len(op)
     # astype(str): the default string dtype of the installed pandas, also when the table is empty
-    df = pd.DataFrame({
-        "time_us": np.asarray(time_us, dtype=np.int64),
-        "op": pd.Series(np.asarray(op, dtype=object), dtype=object).astype(str),
-        "alloc_id": np.asarray(alloc_id, dtype=np.int64),
-        "nbytes": np.asarray(nbytes, dtype=np.int64),
-        "stream": np.zeros(n, np.int64) if stream is None else np.asarray(stream, dtype=np.int64),
-        "tag": pd.Series([""] * n if tag is None else np.asarray(tag, dtype=object),
-                         dtype=object).fillna("").astype(str),
-    })
+    df = pd.DataFrame(
+        {
+            "time_us": np.asarray(time_us, dtype=np.int64),
+            "op": pd.Series(np.asarray(op, dtype=object), dtype=object).astype(str),
+            "alloc_id": np.asarray(alloc_id, dtype=np.int64),
+            "nbytes": np.asarray(nbytes, dtype=np.int64),
+            "stream": np.zeros(n, np.int64)
+            if stream is None
+            else np.asarray(stream, dtype=np.int64),
+            "tag": pd.Series(
+                [""] * n if tag is None else np.asarray(tag, dtype=object), dtype=object
+            )
+            .fillna("")
+            .astype(str),
+        }
+    )
     return df
 
 
-def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: int = 2,
-                    unit: str = "line") -> None:
+def validate_events(
+    df: pd.DataFrame, source: str = "<events>", *, line_offset: int = 2, unit: str = "line"
+) -> None:
     """Raise TraceFormatError at the earliest row that breaks the table's invariants.
 
     Args:
@@ -119,8 +141,14 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     """
     missing = [c for c in EVENT_COLUMNS if c not in df.columns]
     if missing:
-        raise TraceFormatError(source, None, f"missing column(s) {', '.join(missing)}; expected {', '.join(EVENT_COLUMNS)}")
-    problems: list[tuple[int, str]] = []  # (row, reason): each check's first offender; the earliest wins
+        raise TraceFormatError(
+            source,
+            None,
+            f"missing column(s) {', '.join(missing)}; expected {', '.join(EVENT_COLUMNS)}",
+        )
+    problems: list[
+        tuple[int, str]
+    ] = []  # (row, reason): each check's first offender; the earliest wins
     op = df["op"]
     is_alloc = (op == ALLOC_OP).to_numpy(dtype=bool, na_value=False)
     is_free = (op == FREE_OP).to_numpy(dtype=bool, na_value=False)
@@ -128,14 +156,18 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     bad = np.flatnonzero(~is_request & ~(op == EMPTY_CACHE_OP).to_numpy(dtype=bool, na_value=False))
     if bad.size:
         i = int(bad[0])
-        problems.append((i, f"op {shown(op.iloc[i], 40)} is not one of {', '.join(map(repr, EVENT_OPS))}"))
+        problems.append(
+            (i, f"op {shown(op.iloc[i], 40)} is not one of {', '.join(map(repr, EVENT_OPS))}")
+        )
     nbytes = df["nbytes"].to_numpy()
     bad = np.flatnonzero(is_request & ((nbytes < 0) | (is_alloc & (nbytes == 0))))
     if bad.size:
         i = int(bad[0])
         problems.append((i, f"size {int(nbytes[i])} must be > 0"))
     ids = df["alloc_id"].to_numpy()
-    bad = np.flatnonzero(is_request & (ids < 0))  # ids index per-allocation tables downstream (bounds, replay)
+    bad = np.flatnonzero(
+        is_request & (ids < 0)
+    )  # ids index per-allocation tables downstream (bounds, replay)
     if bad.size:
         i = int(bad[0])
         problems.append((i, f"alloc_id {int(ids[i])} must be >= 0"))
@@ -143,12 +175,14 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
     bad = np.flatnonzero(np.diff(t) < 0)
     if bad.size:
         i = int(bad[0]) + 1
-        problems.append((i, f"time_us {int(t[i])} goes back in time (previous {int(t[i-1])})"))
+        problems.append((i, f"time_us {int(t[i])} goes back in time (previous {int(t[i - 1])})"))
     # each id: at most one alloc, at most one free, free after alloc
     rows = np.arange(len(ids))
     alloc_ids, free_ids = ids[is_alloc], ids[is_free]
-    for found in (_first_dup(alloc_ids, rows[is_alloc], "allocated twice"),
-                  _first_dup(free_ids, rows[is_free], "freed twice (double free)")):
+    for found in (
+        _first_dup(alloc_ids, rows[is_alloc], "allocated twice"),
+        _first_dup(free_ids, rows[is_free], "freed twice (double free)"),
+    ):
         if found is not None:
             problems.append(found)
     # first alloc row of each id (drop_duplicates keeps the first): a free must come after it
@@ -168,8 +202,13 @@ def validate_events(df: pd.DataFrame, source: str = "<events>", *, line_offset: 
         bad = np.flatnonzero(alloc_stream != stream[freed_rows[matched]])
         if bad.size:
             i = int(freed_rows[matched][bad[0]])
-            problems.append((i, f"free of allocation {int(ids[i])} on stream {int(stream[i])}, but it was allocated "
-                                f"on stream {int(alloc_stream[bad[0]])}"))
+            problems.append(
+                (
+                    i,
+                    f"free of allocation {int(ids[i])} on stream {int(stream[i])}, but it was allocated "
+                    f"on stream {int(alloc_stream[bad[0]])}",
+                )
+            )
     if problems:
         i, reason = min(problems, key=lambda p: p[0])
         raise TraceFormatError(source, i + line_offset, reason, unit=unit)

@@ -63,8 +63,15 @@ class TraceFormat:
 class FormatRegistry:
     """The formats of one kind of trace, in registration order (built-ins first)."""
 
-    def __init__(self, kind: str, what: str, builtins: str, *, empty_hint: str,
-                 unknown: Callable[[str, list[str]], str]):
+    def __init__(
+        self,
+        kind: str,
+        what: str,
+        builtins: str,
+        *,
+        empty_hint: str,
+        unknown: Callable[[str, list[str]], str],
+    ):
         self.kind = kind  # "alloc" or "request"
         self.what = what  # "allocation-trace", "request-trace": for messages
         self._builtins = builtins
@@ -73,15 +80,24 @@ class FormatRegistry:
         self._formats: dict[str, TraceFormat] = {}
         self._loaded = False
 
-    def register(self, name: str, *, sniff: Callable[[TraceSource], bool], read: Callable[..., Any],
-                 describe: str, confirm: Callable[[TraceSource], bool] | None = None,
-                 replace: bool = False) -> TraceFormat:
+    def register(
+        self,
+        name: str,
+        *,
+        sniff: Callable[[TraceSource], bool],
+        read: Callable[..., Any],
+        describe: str,
+        confirm: Callable[[TraceSource], bool] | None = None,
+        replace: bool = False,
+    ) -> TraceFormat:
         """Add a format; ValueError if ``name`` is taken (``replace=True`` replaces it in place)."""
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"a {self.what} format needs a name, not {name!r}")
         table = self._table()  # the built-ins first, whoever registers first
         if name in table and not replace:
-            raise ValueError(f"{self.what} format {name!r} is registered already (replace=True replaces it)")
+            raise ValueError(
+                f"{self.what} format {name!r} is registered already (replace=True replaces it)"
+            )
         fmt = self._formats[name] = TraceFormat(name, sniff, read, describe, confirm)
         return fmt
 
@@ -96,7 +112,9 @@ class FormatRegistry:
         """The format called ``name``; a TraceFormatError naming ``path`` and the known ones if none."""
         table = self._table()
         if name not in table:
-            raise TraceFormatError(path, None, f"unknown {self.what} format {name!r}; known: {', '.join(table)}")
+            raise TraceFormatError(
+                path, None, f"unknown {self.what} format {name!r}; known: {', '.join(table)}"
+            )
         return table[name]
 
     def detect(self, path: str | Path | TraceSource) -> str:
@@ -110,16 +128,24 @@ class FormatRegistry:
         if not head.strip():
             if src.damage is not None and not head:  # a damaged gzip stream that yields nothing
                 raise TraceFormatError(src.path, None, src.damage)
-            raise TraceFormatError(src.path, None, ("gzip stream holds nothing" if src.gzipped and not head
-                                                    else "empty file") + self._empty_hint)
+            raise TraceFormatError(
+                src.path,
+                None,
+                ("gzip stream holds nothing" if src.gzipped and not head else "empty file")
+                + self._empty_hint,
+            )
         for fmt in self._table().values():
             if fmt.sniff(src):
                 return fmt.name
         text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
         first = next((line for line in text.splitlines() if line.strip()), "")
-        raise TraceFormatError(src.path, 1, self._unknown(first, [f.describe for f in self._table().values()]))
+        raise TraceFormatError(
+            src.path, 1, self._unknown(first, [f.describe for f in self._table().values()])
+        )
 
-    def read(self, path: str | Path | TraceSource, *, format: str | None = None, **options: Any) -> Any:
+    def read(
+        self, path: str | Path | TraceSource, *, format: str | None = None, **options: Any
+    ) -> Any:
         """Read ``path`` in ``format`` (None: detected from the content), read once whatever it is."""
         fmt = None if format is None else self.get(format, path)
         src = open_source(path)
@@ -138,7 +164,9 @@ class FormatRegistry:
     def _table(self) -> dict[str, TraceFormat]:
         if not self._loaded:
             self._loaded = True
-            importlib.import_module(self._builtins)  # registers the built-ins (a no-op while it is importing)
+            importlib.import_module(
+                self._builtins
+            )  # registers the built-ins (a no-op while it is importing)
         return self._formats
 
 
@@ -147,13 +175,24 @@ def _or(items: list[str]) -> str:
 
 
 ALLOC = FormatRegistry(
-    "alloc", "allocation-trace", "traces.detect", empty_hint="",
-    unknown=lambda first, describes: f"cannot tell the format from the first line {first[:80]!r}: expected "
-                                     f"{_or(describes)}")
+    "alloc",
+    "allocation-trace",
+    "traces.detect",
+    empty_hint="",
+    unknown=lambda first, describes: (
+        f"cannot tell the format from the first line {first[:80]!r}: expected {_or(describes)}"
+    ),
+)
 REQUEST = FormatRegistry(
-    "request", "request-trace", "traces.request_readers", empty_hint=": no header line or JSON object",
-    unknown=lambda first, describes: f"unrecognised request-trace header {first.strip()[:120]!r}; expected "
-                                     f"{'; '.join(describes[:-1])}; or {describes[-1]}")
+    "request",
+    "request-trace",
+    "traces.request_readers",
+    empty_hint=": no header line or JSON object",
+    unknown=lambda first, describes: (
+        f"unrecognised request-trace header {first.strip()[:120]!r}; expected "
+        f"{'; '.join(describes[:-1])}; or {describes[-1]}"
+    ),
+)
 REGISTRIES = {"alloc": ALLOC, "request": REQUEST}
 
 
@@ -168,5 +207,9 @@ def trace_kind(path: str | Path | TraceSource) -> tuple[str, str]:
         fmt = registry.recognises(src)
         if fmt is not None:
             return registry.kind, fmt
-    raise TraceFormatError(src.path, None, f"neither an allocation trace ({', '.join(ALLOC.names())}) nor a request "
-                                           f"trace ({', '.join(REQUEST.names())})")
+    raise TraceFormatError(
+        src.path,
+        None,
+        f"neither an allocation trace ({', '.join(ALLOC.names())}) nor a request "
+        f"trace ({', '.join(REQUEST.names())})",
+    )

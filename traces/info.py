@@ -14,8 +14,14 @@ __all__ = ["describe_alloc_trace", "live_bytes"]
 UNTAGGED = "(untagged)"
 #: What a reader changed or skipped to make a table of the file (``AllocTrace.meta`` counts):
 #: ``traces info`` shows them, so nothing a reader adjusts goes unsaid.
-READER_ADJUSTMENTS = ("num_time_clamped", "num_cross_stream_frees", "num_unmatched_frees_dropped",
-                      "num_free_size_mismatches", "num_failed_allocations", "num_zero_size_skipped")
+READER_ADJUSTMENTS = (
+    "num_time_clamped",
+    "num_cross_stream_frees",
+    "num_unmatched_frees_dropped",
+    "num_free_size_mismatches",
+    "num_failed_allocations",
+    "num_zero_size_skipped",
+)
 
 
 def live_bytes(trace: AllocTrace) -> np.ndarray:
@@ -92,16 +98,34 @@ def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     }
     if sizes.size:
         p50, p90, p99 = np.percentile(sizes, [50, 90, 99], method="lower")
-        info.update(size_min_bytes=int(sizes.min()), size_p50_bytes=int(p50), size_p90_bytes=int(p90),
-                    size_p99_bytes=int(p99), size_max_bytes=int(sizes.max()),
-                    size_mean_bytes=_exact_sum(sizes) / sizes.size)
+        info.update(
+            size_min_bytes=int(sizes.min()),
+            size_p50_bytes=int(p50),
+            size_p90_bytes=int(p90),
+            size_p99_bytes=int(p99),
+            size_max_bytes=int(sizes.max()),
+            size_mean_bytes=_exact_sum(sizes) / sizes.size,
+        )
     else:
-        info.update({k: 0 for k in ("size_min_bytes", "size_p50_bytes", "size_p90_bytes", "size_p99_bytes",
-                                    "size_max_bytes")}, size_mean_bytes=0.0)
+        info.update(
+            {
+                k: 0
+                for k in (
+                    "size_min_bytes",
+                    "size_p50_bytes",
+                    "size_p90_bytes",
+                    "size_p99_bytes",
+                    "size_max_bytes",
+                )
+            },
+            size_mean_bytes=0.0,
+        )
     info["num_distinct_sizes"] = int(np.unique(sizes).size)
     streams = pd.Series(ev["stream"].to_numpy(np.int64)[is_alloc]).value_counts().sort_index()
     info["streams"] = {int(s): int(n) for s, n in streams.items()}
-    by_tag = pd.DataFrame({"tag": pd.Series(alloc_tags, dtype=object).replace("", UNTAGGED), "nbytes": sizes})
+    by_tag = pd.DataFrame(
+        {"tag": pd.Series(alloc_tags, dtype=object).replace("", UNTAGGED), "nbytes": sizes}
+    )
     grouped = by_tag.groupby("tag", sort=True)["nbytes"]
     info["tags"] = {str(t): int(n) for t, n in grouped.count().items()}
     info["tag_bytes"] = {str(t): _exact_sum(g.to_numpy(np.int64)) for t, g in grouped}

@@ -23,8 +23,12 @@ __all__ = ["check_int", "check_flag", "describe_int"]
 Error = Callable[[str], Exception]
 
 
-def describe_int(low: int | None = 1, high: int | None = None, multiple_of: int | None = None,
-                 none_ok: bool = False) -> str:
+def describe_int(
+    low: int | None = 1,
+    high: int | None = None,
+    multiple_of: int | None = None,
+    none_ok: bool = False,
+) -> str:
     """What ``check_int`` accepts, in words: ``"an integer >= 1"``, ``"a positive multiple of 512"``."""
     what = f"a multiple of {multiple_of:,}" if multiple_of else "an integer"
     if multiple_of and low == multiple_of:  # the smallest multiple: "positive" says it
@@ -38,9 +42,17 @@ def describe_int(low: int | None = 1, high: int | None = None, multiple_of: int 
     return what + (" or None" if none_ok else "")
 
 
-def check_int(name: str, value: Any, *, low: int | None = 1, high: int | None = None,
-              multiple_of: int | None = None, none_ok: bool = False, error: Error = ValueError,
-              where: str = "") -> Any:
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    low: int | None = 1,
+    high: int | None = None,
+    multiple_of: int | None = None,
+    none_ok: bool = False,
+    error: Error = ValueError,
+    where: str = "",
+) -> Any:
     """``value`` as a plain int when it is a whole number (numpy's too, not a bool) in
     ``[low, high]`` and a multiple of ``multiple_of``; None when ``none_ok`` and it is None.
 
@@ -53,9 +65,15 @@ def check_int(name: str, value: Any, *, low: int | None = 1, high: int | None = 
         number = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
         number = None
-    if number is None or (low is not None and number < low) or (high is not None and number > high) \
-            or (multiple_of and number % multiple_of):
-        raise error(f"{where}{name}(={_shown(value)}) must be {describe_int(low, high, multiple_of, none_ok)}")
+    if (
+        number is None
+        or (low is not None and number < low)
+        or (high is not None and number > high)
+        or (multiple_of and number % multiple_of)
+    ):
+        raise error(
+            f"{where}{name}(={_shown(value)}) must be {describe_int(low, high, multiple_of, none_ok)}"
+        )
     return number
 
 

@@ -34,21 +34,53 @@ import numpy as np
 import pandas as pd
 
 from traces.errors import TraceFormatError, shown
-from traces.events import ALLOC_OP, EMPTY_CACHE_OP, FREE_OP, PRE_TRACE_TAG, AllocTrace, make_events, trace_name
-from traces.snapshot_stream import (STREAM_GLOBAL, StreamedEntries, find_device_list, load_streaming,
-                                    release_freed_memory)
+from traces.events import (
+    ALLOC_OP,
+    EMPTY_CACHE_OP,
+    FREE_OP,
+    PRE_TRACE_TAG,
+    AllocTrace,
+    make_events,
+    trace_name,
+)
+from traces.snapshot_stream import (
+    STREAM_GLOBAL,
+    StreamedEntries,
+    find_device_list,
+    load_streaming,
+    release_freed_memory,
+)
 from traces.source import TraceSource, open_source
 
-__all__ = ["SNAPSHOT_FORMAT", "SEGMENT_ACTIONS", "RESERVED_SIGN", "SMALL_SEGMENT_BYTES", "PyTorchSnapshot",
-           "SnapshotRequests", "SegmentEvents", "SnapshotSegment", "PreTraceAllocation", "load_snapshot_dict",
-           "parse_snapshot", "read_snapshot", "read_pytorch_snapshot", "snapshot_to_trace", "PoolInference",
-           "infer_request_pools", "DEFAULT_POOL_ID", "empty_cache_frees", "empty_cache_points",
-           "snapshot_max_split_size_bytes"]
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "SEGMENT_ACTIONS",
+    "RESERVED_SIGN",
+    "SMALL_SEGMENT_BYTES",
+    "PyTorchSnapshot",
+    "SnapshotRequests",
+    "SegmentEvents",
+    "SnapshotSegment",
+    "PreTraceAllocation",
+    "load_snapshot_dict",
+    "parse_snapshot",
+    "read_snapshot",
+    "read_pytorch_snapshot",
+    "snapshot_to_trace",
+    "PoolInference",
+    "infer_request_pools",
+    "DEFAULT_POOL_ID",
+    "empty_cache_frees",
+    "empty_cache_points",
+    "snapshot_max_split_size_bytes",
+]
 
 SNAPSHOT_FORMAT = "pytorch-snapshot"
 
 #: Actions that describe the allocator's segments rather than requests.
-SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"})
+SEGMENT_ACTIONS = frozenset(
+    {"segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"}
+)
 #: How each segment action changes reserved memory.
 RESERVED_SIGN = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 #: PyTorch's ``kSmallBuffer``: small-pool segments are exactly this size.
@@ -127,7 +159,9 @@ class SnapshotSegment:
     stream: int
     segment_type: str | None
     is_expandable: bool
-    pool_id: tuple[int, int] | None = None  # ``segment_pool_id``; None where the snapshot does not say
+    pool_id: tuple[int, int] | None = (
+        None  # ``segment_pool_id``; None where the snapshot does not say
+    )
 
     @property
     def is_small(self) -> bool:
@@ -212,7 +246,9 @@ class _SnapshotUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if (module, name) == STREAM_GLOBAL and self.stream_global is not None:
             return self.stream_global
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a memory snapshot holds only plain data")
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: a memory snapshot holds only plain data"
+        )
 
 
 def load_snapshot_dict(path: str | Path | TraceSource) -> dict:
@@ -230,15 +266,22 @@ def _unpickled(src: TraceSource, load) -> Any:
     except TraceFormatError as exc:
         raise TraceFormatError(src.path, None, f"not a readable {what} ({exc.reason})") from None
     except RecursionError:
-        raise TraceFormatError(src.path, None, f"not a readable {what} (nested too deeply)") from None
+        raise TraceFormatError(
+            src.path, None, f"not a readable {what} (nested too deeply)"
+        ) from None
     except Exception as exc:  # a truncated pickle fails in many ways; all mean one thing
-        raise TraceFormatError(src.path, None, f"not a readable {what} ({type(exc).__name__}: {exc})") from None
+        raise TraceFormatError(
+            src.path, None, f"not a readable {what} ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _checked_snapshot(src: TraceSource, snap: Any) -> dict:
     if not isinstance(snap, dict) or not ("device_traces" in snap or "segments" in snap):
-        raise TraceFormatError(src.path, None,
-                               "pickle holds no 'device_traces' or 'segments': not a PyTorch memory snapshot")
+        raise TraceFormatError(
+            src.path,
+            None,
+            "pickle holds no 'device_traces' or 'segments': not a PyTorch memory snapshot",
+        )
     return snap
 
 
@@ -256,7 +299,9 @@ def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSn
     source, unit = str(src.path), f"device_traces[{found[1]}] index"
     parser = _EntryParser({0: 0}, source, unit, "free_completed", assumed=True)
     for _ in range(2):
-        got = _unpickled(src, lambda: load_streaming(src.data, found, _SnapshotUnpickler, parser.feed))
+        got = _unpickled(
+            src, lambda: load_streaming(src.data, found, _SnapshotUnpickler, parser.feed)
+        )
         if got is None or got[1].fallback:
             return None
         snap, entries = got
@@ -265,9 +310,13 @@ def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSn
             parser = _EntryParser({0: 0}, source, unit, "free_requested")  # read again, knowing
             continue
         try:
-            return _parse_snapshot(_checked_snapshot(src, snap), source, device, name, streamed=(entries, parser))
+            return _parse_snapshot(
+                _checked_snapshot(src, snap), source, device, name, streamed=(entries, parser)
+            )
         except RecursionError:
-            raise TraceFormatError(source, None, "a field is nested too deeply to be part of a memory snapshot") from None
+            raise TraceFormatError(
+                source, None, "a field is nested too deeply to be part of a memory snapshot"
+            ) from None
         except _NotStreamable:
             return None
     return None
@@ -295,8 +344,9 @@ def read_snapshot(path: str | Path | TraceSource, *, device: int | None = None) 
     return parse_snapshot(load_snapshot_dict(src), source=str(src.path), device=device, name=name)
 
 
-def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None = None,
-                   name: str | None = None) -> PyTorchSnapshot:
+def parse_snapshot(
+    snap: dict, *, source: str = "<snapshot>", device: int | None = None, name: str | None = None
+) -> PyTorchSnapshot:
     """Parse an unpickled snapshot dict (see the module docstring); ``name`` defaults to the source's.
 
     Every field is checked before use (``TraceFormatError`` naming the list and index): trace
@@ -307,22 +357,35 @@ def parse_snapshot(snap: dict, *, source: str = "<snapshot>", device: int | None
     try:
         return _parse_snapshot(snap, source, device, name)
     except RecursionError:  # a field nested thousands deep (a hostile pickle): no snapshot has one
-        raise TraceFormatError(source, None, "a field is nested too deeply to be part of a memory snapshot") from None
+        raise TraceFormatError(
+            source, None, "a field is nested too deeply to be part of a memory snapshot"
+        ) from None
 
 
-def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | None,
-                    streamed: "tuple[StreamedEntries, _EntryParser] | None" = None) -> PyTorchSnapshot:
+def _parse_snapshot(
+    snap: dict,
+    source: str,
+    device: int | None,
+    name: str | None,
+    streamed: "tuple[StreamedEntries, _EntryParser] | None" = None,
+) -> PyTorchSnapshot:
     device_traces = snap.get("device_traces") or []
     segments = snap.get("segments") or []
     if not isinstance(device_traces, list) or not isinstance(segments, list):
         raise TraceFormatError(source, None, "'device_traces' and 'segments' must be lists")
     settings = snap.get("allocator_settings") or {}
     if not isinstance(settings, dict):
-        raise TraceFormatError(source, None, f"'allocator_settings' must be a dict, not {type(settings).__name__}")
+        raise TraceFormatError(
+            source, None, f"'allocator_settings' must be a dict, not {type(settings).__name__}"
+        )
     for d, entries in enumerate(device_traces):
         if not isinstance(entries, (list, StreamedEntries)):
-            raise TraceFormatError(source, d, f"is {shown(entries, 40)}, not a list of trace entries",
-                                   unit="device_traces index")
+            raise TraceFormatError(
+                source,
+                d,
+                f"is {shown(entries, 40)}, not a list of trace entries",
+                unit="device_traces index",
+            )
     _check_devices(segments, source)
     dev = _pick_device(device_traces, segments, device, source)
     entries = device_traces[dev] if dev < len(device_traces) else []
@@ -331,47 +394,73 @@ def _parse_snapshot(snap: dict, source: str, device: int | None, name: str | Non
             raise _NotStreamable()
         parser = streamed[1]
         streams = parser.streams
-        requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = parser.finish()
+        requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = (
+            parser.finish()
+        )
     else:
         if any(isinstance(e, StreamedEntries) for e in device_traces):
             raise _NotStreamable()
         streams = {0: 0}
-        requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = _parse_entries(
-            entries, streams, source, f"device_traces[{dev}] index")
+        requests, events, pre_freed, seen_addrs, free_action, ignored, num_deferred = (
+            _parse_entries(entries, streams, source, f"device_traces[{dev}] index")
+        )
     at_end, live_blocks = _parse_segments(segments, dev, streams, source)
-    pre_live = tuple(PreTraceAllocation(addr, requested, stream, block_bytes, None)
-                     for addr, block_bytes, requested, stream in live_blocks if addr not in seen_addrs)
+    pre_live = tuple(
+        PreTraceAllocation(addr, requested, stream, block_bytes, None)
+        for addr, block_bytes, requested, stream in live_blocks
+        if addr not in seen_addrs
+    )
     if isinstance(entries, StreamedEntries):
         time_origin_us = entries.first_time_us
     else:
         first = entries[0] if entries else None
         time_origin_us = first.get("time_us") if isinstance(first, dict) else None
     return PyTorchSnapshot(
-        name=Path(source).name if name is None else name, source=source, device=dev, free_action=free_action,
+        name=Path(source).name if name is None else name,
+        source=source,
+        device=dev,
+        free_action=free_action,
         time_origin_us=time_origin_us,
-        requests=requests, segment_events=events, segments_at_end=at_end,
-        segments_at_start=_segments_at_start(at_end, events), pre_trace=tuple(pre_freed) + pre_live,
-        allocator_settings=settings, stream_handles=streams, ignored_actions=ignored,
-        num_deferred_frees=num_deferred)
+        requests=requests,
+        segment_events=events,
+        segments_at_end=at_end,
+        segments_at_start=_segments_at_start(at_end, events),
+        pre_trace=tuple(pre_freed) + pre_live,
+        allocator_settings=settings,
+        stream_handles=streams,
+        ignored_actions=ignored,
+        num_deferred_frees=num_deferred,
+    )
 
 
 def _check_devices(segments: list, source: str) -> None:
     """TraceFormatError unless every segment is a dict whose ``device`` (when given) is a device index."""
     for k, seg in enumerate(segments):
         if not isinstance(seg, dict):
-            raise TraceFormatError(source, k, f"malformed segment {shown(seg, 40)} (not a dict)", unit="segments index")
+            raise TraceFormatError(
+                source, k, f"malformed segment {shown(seg, 40)} (not a dict)", unit="segments index"
+            )
         d = seg.get("device")
         if d is not None and (type(d) is not int or not 0 <= d < _MAX_DEVICES):
-            raise TraceFormatError(source, k, f"device {shown(d, 40)} is not a device index (a whole number "
-                                              f">= 0 and < {_MAX_DEVICES})", unit="segments index")
+            raise TraceFormatError(
+                source,
+                k,
+                f"device {shown(d, 40)} is not a device index (a whole number "
+                f">= 0 and < {_MAX_DEVICES})",
+                unit="segments index",
+            )
 
 
 def _pick_device(device_traces: list, segments: list, device: int | None, source: str) -> int:
     if device is not None:
-        known = set(range(len(device_traces))) | {s.get("device") for s in segments if isinstance(s, dict)}
+        known = set(range(len(device_traces))) | {
+            s.get("device") for s in segments if isinstance(s, dict)
+        }
         if device not in known:
             devices = sorted(d for d in known if d is not None)
-            raise TraceFormatError(source, None, f"device {device} is not in the snapshot (devices: {devices})")
+            raise TraceFormatError(
+                source, None, f"device {device} is not in the snapshot (devices: {devices})"
+            )
         return device
     for dev, entries in enumerate(device_traces):
         if entries:
@@ -404,19 +493,40 @@ class _EntryParser:
     the end, whether the trace had one (else it is read again with ``free_requested``).
     """
 
-    def __init__(self, streams: dict[Any, int], source: str, unit: str, free_action: str, *, assumed: bool = False):
+    def __init__(
+        self,
+        streams: dict[Any, int],
+        source: str,
+        unit: str,
+        free_action: str,
+        *,
+        assumed: bool = False,
+    ):
         self.streams, self.source, self.unit, self.free_action = streams, source, unit, free_action
         self.assumed = assumed
         self.seen_completed = False
-        self.live: dict[int, tuple[int, int]] = {}  # addr -> (alloc id, size): the allocation living there now
+        self.live: dict[
+            int, tuple[int, int]
+        ] = {}  # addr -> (alloc id, size): the allocation living there now
         self.seen_addrs: set[int] = set()
         # request columns: array('q') (8 bytes a number, no int object each); tags a list of the few strings
-        self.r_entry, self.r_time, self.r_addr, self.r_size, self.r_stream, self.r_id = (array("q") for _ in range(6))
+        self.r_entry, self.r_time, self.r_addr, self.r_size, self.r_stream, self.r_id = (
+            array("q") for _ in range(6)
+        )
         self.r_is_alloc = array("b")
         self.r_tag: list[str] = []
         self.untimed: list[int] = []  # requests whose entry has no time_us
-        self.bad_time: tuple[int, Any] | None = None  # (request, value): the first time_us that is no int64
-        self.s_entry, self.s_time, self.s_action, self.s_addr, self.s_size, self.s_stream = [], [], [], [], [], []
+        self.bad_time: tuple[int, Any] | None = (
+            None  # (request, value): the first time_us that is no int64
+        )
+        self.s_entry, self.s_time, self.s_action, self.s_addr, self.s_size, self.s_stream = (
+            [],
+            [],
+            [],
+            [],
+            [],
+            [],
+        )
         self.pre_freed: list[PreTraceAllocation] = []
         self.ignored: dict[str, int] = {}
         self.requested_at: dict[int, int] = {}  # address -> entry of its pending free_requested
@@ -433,15 +543,35 @@ class _EntryParser:
         return 0
 
     def feed(self, entries: list, start: int) -> None:
-        if self.error is not None:  # the error stands; a streamed read only still needs to know the free action
+        if (
+            self.error is not None
+        ):  # the error stands; a streamed read only still needs to know the free action
             if self.assumed and not self.seen_completed:
-                self.seen_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
+                self.seen_completed = any(
+                    isinstance(e, dict) and e.get("action") == "free_completed" for e in entries
+                )
             return
-        source, unit, streams, live, free_action = self.source, self.unit, self.streams, self.live, self.free_action
+        source, unit, streams, live, free_action = (
+            self.source,
+            self.unit,
+            self.streams,
+            self.live,
+            self.free_action,
+        )
         requested_at, pre_freed, ignored = self.requested_at, self.pre_freed, self.ignored
         seen_add, odd_time, entry_col = self.seen_addrs.add, self._odd_time, self.r_entry
-        r_entry, r_time, r_is_alloc, r_addr = entry_col.append, self.r_time.append, self.r_is_alloc.append, self.r_addr.append
-        r_size, r_stream, r_id, r_tag = self.r_size.append, self.r_stream.append, self.r_id.append, self.r_tag.append
+        r_entry, r_time, r_is_alloc, r_addr = (
+            entry_col.append,
+            self.r_time.append,
+            self.r_is_alloc.append,
+            self.r_addr.append,
+        )
+        r_size, r_stream, r_id, r_tag = (
+            self.r_size.append,
+            self.r_stream.append,
+            self.r_id.append,
+            self.r_tag.append,
+        )
         lim = _INT64_LIMIT
         next_id, num_deferred, completed = self.next_id, self.num_deferred, False
         i = start - 1
@@ -450,11 +580,23 @@ class _EntryParser:
                 action = e["action"]
                 if action == "alloc":
                     addr, size = e["addr"], e["size"]
-                    if type(size) is not int or type(addr) is not int or not 0 < size < lim or not 0 <= addr < lim:
-                        raise TraceFormatError(source, i, _bad_entry_numbers("alloc", addr, size), unit=unit)
+                    if (
+                        type(size) is not int
+                        or type(addr) is not int
+                        or not 0 < size < lim
+                        or not 0 <= addr < lim
+                    ):
+                        raise TraceFormatError(
+                            source, i, _bad_entry_numbers("alloc", addr, size), unit=unit
+                        )
                     if addr in live:
-                        raise TraceFormatError(source, i, f"alloc at address {addr:#x}, where allocation "
-                                                          f"{live[addr][0]} is still live", unit=unit)
+                        raise TraceFormatError(
+                            source,
+                            i,
+                            f"alloc at address {addr:#x}, where allocation "
+                            f"{live[addr][0]} is still live",
+                            unit=unit,
+                        )
                     s = streams.get(e["stream"])
                     if s is None:
                         s = _new_stream(streams, e["stream"])
@@ -466,16 +608,28 @@ class _EntryParser:
                     tag = e.get("user_metadata") or ""
                     if type(tag) is not str and not isinstance(tag, str):
                         tag = str(tag)
-                    r_entry(i); r_time(t); r_is_alloc(1); r_addr(addr); r_size(size); r_stream(s); r_id(next_id)
+                    r_entry(i)
+                    r_time(t)
+                    r_is_alloc(1)
+                    r_addr(addr)
+                    r_size(size)
+                    r_stream(s)
+                    r_id(next_id)
                     r_tag(tag)
                     next_id += 1
                 elif action == free_action:
                     completed = True
                     addr = e["addr"]
-                    if type(addr) is not int or not 0 <= addr < lim:  # the trace keeps every address
-                        raise TraceFormatError(source, i, _bad_entry_numbers(action, addr, None), unit=unit)
+                    if (
+                        type(addr) is not int or not 0 <= addr < lim
+                    ):  # the trace keeps every address
+                        raise TraceFormatError(
+                            source, i, _bad_entry_numbers(action, addr, None), unit=unit
+                        )
                     if requested_at and requested_at.pop(addr, i - 1) < i - 1:
-                        num_deferred += 1  # completed after other entries: an event (record_stream) held it
+                        num_deferred += (
+                            1  # completed after other entries: an event (record_stream) held it
+                        )
                     s = streams.get(e["stream"])
                     if s is None:
                         s = _new_stream(streams, e["stream"])
@@ -483,8 +637,12 @@ class _EntryParser:
                     if found is None:  # allocated before recording began
                         size = e["size"]
                         if type(size) is not int or not 0 < size < lim:
-                            raise TraceFormatError(source, i, f"free of never-seen address {addr:#x} with size "
-                                                              f"{shown(size, 40)}", unit=unit)
+                            raise TraceFormatError(
+                                source,
+                                i,
+                                f"free of never-seen address {addr:#x} with size {shown(size, 40)}",
+                                unit=unit,
+                            )
                         found = (next_id, size)
                         pre_freed.append(PreTraceAllocation(addr, size, s, None, len(entry_col)))
                         seen_add(addr)
@@ -492,7 +650,13 @@ class _EntryParser:
                     t = e.get("time_us")
                     if type(t) is not int or not -lim <= t < lim:
                         t = odd_time(t, len(entry_col))
-                    r_entry(i); r_time(t); r_is_alloc(0); r_addr(addr); r_size(found[1]); r_stream(s); r_id(found[0])
+                    r_entry(i)
+                    r_time(t)
+                    r_is_alloc(0)
+                    r_addr(addr)
+                    r_size(found[1])
+                    r_stream(s)
+                    r_id(found[0])
                     r_tag("")
                 elif action == "free_requested":  # before its free_completed (counted in ignored)
                     requested_at[e["addr"]] = i
@@ -505,8 +669,12 @@ class _EntryParser:
                     # an oom entry's address field is the device's free memory in some versions
                     addr = e.get("addr", e.get("device_free", 0))
                     _check_address(addr)
-                    self.s_entry.append(i); self.s_time.append(e.get("time_us")); self.s_action.append(action)
-                    self.s_addr.append(addr); self.s_size.append(e["size"]); self.s_stream.append(s)
+                    self.s_entry.append(i)
+                    self.s_time.append(e.get("time_us"))
+                    self.s_action.append(action)
+                    self.s_addr.append(addr)
+                    self.s_size.append(e["size"])
+                    self.s_stream.append(s)
                 elif action != "free_completed":
                     ignored[action] = ignored.get(action, 0) + 1
         except TraceFormatError as exc:
@@ -514,13 +682,16 @@ class _EntryParser:
         except KeyError as exc:
             self.error = TraceFormatError(source, i, f"trace entry lacks key {exc}", unit=unit)
         except (TypeError, ValueError, AttributeError) as exc:
-            self.error = TraceFormatError(source, i, f"malformed trace entry {shown(entries[i - start])} ({exc})",
-                                          unit=unit)
+            self.error = TraceFormatError(
+                source, i, f"malformed trace entry {shown(entries[i - start])} ({exc})", unit=unit
+            )
         self.next_id, self.num_deferred = next_id, num_deferred
         if completed and free_action == "free_completed":
             self.seen_completed = True
         if self.error is not None and self.assumed and not self.seen_completed:
-            self.seen_completed = any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries)
+            self.seen_completed = any(
+                isinstance(e, dict) and e.get("action") == "free_completed" for e in entries
+            )
 
     def finish(self):
         """``(requests, segment_events, pre_freed, seen_addrs, free_action, ignored, num_deferred_frees)``.
@@ -533,26 +704,52 @@ class _EntryParser:
             raise self.error
         if self.bad_time is not None:
             k, value = self.bad_time
-            raise TraceFormatError(self.source, self.r_entry[k], f"time_us {shown(value, 40)} is not an integer",
-                                   unit=self.unit)
+            raise TraceFormatError(
+                self.source,
+                self.r_entry[k],
+                f"time_us {shown(value, 40)} is not an integer",
+                unit=self.unit,
+            )
         k = next((k for k, t in enumerate(self.s_time) if t is not None and _bad_time(t)), None)
         if k is not None:
-            raise TraceFormatError(self.source, self.s_entry[k], f"time_us {shown(self.s_time[k], 40)} is not an "
-                                                                 f"integer", unit=self.unit)
+            raise TraceFormatError(
+                self.source,
+                self.s_entry[k],
+                f"time_us {shown(self.s_time[k], 40)} is not an integer",
+                unit=self.unit,
+            )
         times: Any = self.r_time
         if self.untimed:  # None where an entry has no time (the trace reader refuses it; fidelity does not need it)
             times = list(times)
             for k in self.untimed:
                 times[k] = None
-        requests = SnapshotRequests(self.r_entry, times, self.r_is_alloc, self.r_addr, self.r_size, self.r_stream,
-                                    self.r_id, self.r_tag)
-        events = SegmentEvents(self.s_entry, self.s_time, self.s_action, self.s_addr, self.s_size, self.s_stream)
-        return (requests, events, self.pre_freed, self.seen_addrs, self.free_action, self.ignored,
-                self.num_deferred)
+        requests = SnapshotRequests(
+            self.r_entry,
+            times,
+            self.r_is_alloc,
+            self.r_addr,
+            self.r_size,
+            self.r_stream,
+            self.r_id,
+            self.r_tag,
+        )
+        events = SegmentEvents(
+            self.s_entry, self.s_time, self.s_action, self.s_addr, self.s_size, self.s_stream
+        )
+        return (
+            requests,
+            events,
+            self.pre_freed,
+            self.seen_addrs,
+            self.free_action,
+            self.ignored,
+            self.num_deferred,
+        )
 
 
-def _parse_segments(segments: list, dev: int, streams: dict, source: str
-                    ) -> tuple[tuple[SnapshotSegment, ...], list[tuple[int, int, int, int]]]:
+def _parse_segments(
+    segments: list, dev: int, streams: dict, source: str
+) -> tuple[tuple[SnapshotSegment, ...], list[tuple[int, int, int, int]]]:
     """The final segment table of ``dev`` and its live blocks as (addr, block bytes, requested bytes, stream).
 
     A segment's blocks lie inside it, one after another; its ``allocated_size`` is at most its
@@ -571,47 +768,78 @@ def _parse_segments(segments: list, dev: int, streams: dict, source: str
             _check_address(addr)
             end = addr + seg["total_size"]
             if seg.get("allocated_size", 0) > seg["total_size"]:
-                raise ValueError(f"allocated_size {seg['allocated_size']} is more than total_size {seg['total_size']}")
+                raise ValueError(
+                    f"allocated_size {seg['allocated_size']} is more than total_size {seg['total_size']}"
+                )
             pool_id = seg.get("segment_pool_id")
-            table.append(SnapshotSegment(addr, seg["total_size"], seg.get("allocated_size", 0), s,
-                                         seg.get("segment_type"), bool(seg.get("is_expandable", False)),
-                                         tuple(pool_id) if pool_id is not None else None))
+            table.append(
+                SnapshotSegment(
+                    addr,
+                    seg["total_size"],
+                    seg.get("allocated_size", 0),
+                    s,
+                    seg.get("segment_type"),
+                    bool(seg.get("is_expandable", False)),
+                    tuple(pool_id) if pool_id is not None else None,
+                )
+            )
             index.append(k)
             for j, b in enumerate(seg.get("blocks", [])):
-                b_addr = b.get("address", addr)  # older snapshots lack block addresses: blocks tile the segment
+                b_addr = b.get(
+                    "address", addr
+                )  # older snapshots lack block addresses: blocks tile the segment
                 _check_address(b_addr)
                 if b_addr < addr or b_addr + b["size"] > end:
-                    raise ValueError(f"block {j} [{b_addr:#x}, {b_addr + b['size']:#x}) does not lie inside the "
-                                     f"segment [{seg['address']:#x}, {end:#x})")
+                    raise ValueError(
+                        f"block {j} [{b_addr:#x}, {b_addr + b['size']:#x}) does not lie inside the "
+                        f"segment [{seg['address']:#x}, {end:#x})"
+                    )
                 requested = b.get("requested_size")
                 if requested is not None and (type(requested) is not int or requested < 0):
-                    raise ValueError(f"block {j} requested_size {shown(requested, 40)} is not a byte count")
+                    raise ValueError(
+                        f"block {j} requested_size {shown(requested, 40)} is not a byte count"
+                    )
                 if b["state"] in _LIVE_BLOCK_STATES:
                     if requested is not None and requested > b["size"]:
-                        raise ValueError(f"block {j} requested_size {requested} is more than its size {b['size']}")
+                        raise ValueError(
+                            f"block {j} requested_size {requested} is more than its size {b['size']}"
+                        )
                     live_blocks.append((b_addr, b["size"], requested or b["size"], s))
                 addr = b_addr + b["size"]
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            raise TraceFormatError(source, k, f"malformed segment ({type(exc).__name__}: {exc})",
-                                   unit="segments index") from None
+            raise TraceFormatError(
+                source, k, f"malformed segment ({type(exc).__name__}: {exc})", unit="segments index"
+            ) from None
     order = sorted(range(len(table)), key=lambda i: table[i].address)
     for a, b in zip(order, order[1:]):
         first, second = table[a], table[b]
         if first.address + first.total_bytes > second.address:
-            raise TraceFormatError(source, index[b], f"segment at {second.address:#x} overlaps segments index "
-                                                     f"{index[a]} [{first.address:#x}, "
-                                                     f"{first.address + first.total_bytes:#x})",
-                                   unit="segments index")
+            raise TraceFormatError(
+                source,
+                index[b],
+                f"segment at {second.address:#x} overlaps segments index "
+                f"{index[a]} [{first.address:#x}, "
+                f"{first.address + first.total_bytes:#x})",
+                unit="segments index",
+            )
     return tuple(table), live_blocks
 
 
-def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
+def _segments_at_start(
+    at_end: tuple[SnapshotSegment, ...], events: SegmentEvents
+) -> tuple[SnapshotSegment, ...]:
     """The segments held when recording began, by address (see ``PyTorchSnapshot``)."""
-    if any(seg.is_expandable for seg in at_end) or "segment_map" in events.action or "segment_unmap" in events.action:
+    if (
+        any(seg.is_expandable for seg in at_end)
+        or "segment_map" in events.action
+        or "segment_unmap" in events.action
+    ):
         return _mapped_runs_at_start(at_end, events)
     held: set[int] = set()  # addresses of a segment_alloc in the trace not freed since
     freed_unseen: list[SnapshotSegment] = []
-    for action, addr, nbytes, stream in zip(events.action, events.address, events.nbytes, events.stream):
+    for action, addr, nbytes, stream in zip(
+        events.action, events.address, events.nbytes, events.stream
+    ):
         if action == "segment_alloc":
             held.add(addr)
         elif action == "segment_free":
@@ -625,7 +853,9 @@ def _segments_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvent
     return tuple(start[a] for a in sorted(start))
 
 
-def _mapped_runs_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEvents) -> tuple[SnapshotSegment, ...]:
+def _mapped_runs_at_start(
+    at_end: tuple[SnapshotSegment, ...], events: SegmentEvents
+) -> tuple[SnapshotSegment, ...]:
     """Expandable segments: the runs of pages mapped when recording began.
 
     The final table lists each mapped run as a segment; undoing the trace's ``segment_map`` /
@@ -639,9 +869,15 @@ def _mapped_runs_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEv
     mapped = _PageRanges(page)
     for seg in at_end:
         mapped.add(seg.address, seg.total_bytes)
-    unmapped_streams: list[tuple[int, int, int]] = []  # (address, bytes, stream), earliest unmap last
-    for action, addr, nbytes, stream in zip(reversed(events.action), reversed(events.address),
-                                            reversed(events.nbytes), reversed(events.stream)):
+    unmapped_streams: list[
+        tuple[int, int, int]
+    ] = []  # (address, bytes, stream), earliest unmap last
+    for action, addr, nbytes, stream in zip(
+        reversed(events.action),
+        reversed(events.address),
+        reversed(events.nbytes),
+        reversed(events.stream),
+    ):
         if action == "segment_map":
             mapped.remove(addr, nbytes)
         elif action == "segment_unmap":
@@ -662,7 +898,11 @@ def _mapped_runs_at_start(at_end: tuple[SnapshotSegment, ...], events: SegmentEv
         if like is None:
             runs.append(SnapshotSegment(start, nbytes, 0, stream_of(start, 0), None, True))
         else:
-            runs.append(SnapshotSegment(start, nbytes, 0, like.stream, like.segment_type, True, like.pool_id))
+            runs.append(
+                SnapshotSegment(
+                    start, nbytes, 0, like.stream, like.segment_type, True, like.pool_id
+                )
+            )
     return tuple(runs)
 
 
@@ -687,7 +927,9 @@ class _PageRanges:
         lo, hi = self._span(addr, nbytes)
         if lo == hi:
             return
-        i = bisect_left(self.ends, lo)  # first run ending at or after lo: it touches or follows [lo, hi)
+        i = bisect_left(
+            self.ends, lo
+        )  # first run ending at or after lo: it touches or follows [lo, hi)
         j = i
         while j < len(self.starts) and self.starts[j] <= hi:
             lo, hi = min(lo, self.starts[j]), max(hi, self.ends[j])
@@ -703,9 +945,11 @@ class _PageRanges:
         keep_s, keep_e = [], []
         while j < len(self.starts) and self.starts[j] < hi:
             if self.starts[j] < lo:
-                keep_s.append(self.starts[j]); keep_e.append(lo)
+                keep_s.append(self.starts[j])
+                keep_e.append(lo)
             if self.ends[j] > hi:
-                keep_s.append(hi); keep_e.append(self.ends[j])
+                keep_s.append(hi)
+                keep_e.append(self.ends[j])
             j += 1
         self.starts[i:j], self.ends[i:j] = keep_s, keep_e
 
@@ -762,7 +1006,9 @@ def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
         elif action == "segment_free" and addr in last_alloc_at:
             freed_after.add(last_alloc_at.pop(addr))
     starts: list[int] = []
-    held: dict[int, tuple[int, tuple[int, int] | None]] = {}  # start -> (end, pool or None: unknown)
+    held: dict[
+        int, tuple[int, tuple[int, int] | None]
+    ] = {}  # start -> (end, pool or None: unknown)
 
     def hold(addr: int, nbytes: int, pool) -> None:
         i = bisect_left(starts, addr)
@@ -816,7 +1062,9 @@ def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
 
 
 # ---------------------------------------------------------------------------- as an allocation trace
-def read_pytorch_snapshot(path: str | Path | TraceSource, *, device: int | None = None) -> AllocTrace:
+def read_pytorch_snapshot(
+    path: str | Path | TraceSource, *, device: int | None = None
+) -> AllocTrace:
     """Read a snapshot file into an AllocTrace (``snapshot_to_trace`` of ``read_snapshot``).
 
     Args:
@@ -838,7 +1086,9 @@ def snapshot_max_split_size_bytes(settings: dict[str, Any]) -> int | None:
     return max_split if isinstance(max_split, int) and 0 < max_split < 1 << 62 else None
 
 
-def empty_cache_frees(actions: list[str], sizes: list[int], max_split_size_bytes: int | None) -> int:
+def empty_cache_frees(
+    actions: list[str], sizes: list[int], max_split_size_bytes: int | None
+) -> int:
     """How many segment events, of those between two requests (``actions``/``sizes`` in trace
     order), are the program calling ``empty_cache()``: the run of frees ahead of any reservation
     (0: none). The one rule both ``snapshot_to_trace`` and ``sim.replay.fidelity`` read the call with.
@@ -851,8 +1101,12 @@ def empty_cache_frees(actions: list[str], sizes: list[int], max_split_size_bytes
     segments at least that large: a run of such frees followed by a reservation is not a call.
     """
     n = next((k for k, action in enumerate(actions) if action in _RESERVING_ACTIONS), len(actions))
-    if n and n < len(actions) and max_split_size_bytes is not None and \
-            all(nbytes >= max_split_size_bytes for nbytes in sizes[:n]):
+    if (
+        n
+        and n < len(actions)
+        and max_split_size_bytes is not None
+        and all(nbytes >= max_split_size_bytes for nbytes in sizes[:n])
+    ):
         return 0
     return n
 
@@ -890,30 +1144,44 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     source, req, ev = snap.source, snap.requests, snap.segment_events
     for times, index in ((req.time_us, req.entry), (ev.time_us, ev.entry)):
         if isinstance(times, list) and None in times:  # an array('q') of times has every one
-            raise TraceFormatError(source, index[times.index(None)], "trace entry lacks key 'time_us'",
-                                   unit=snap.entry_unit)
+            raise TraceFormatError(
+                source,
+                index[times.index(None)],
+                "trace entry lacks key 'time_us'",
+                unit=snap.entry_unit,
+            )
     t0 = snap.time_origin_us
     if type(t0) is not int:
         if len(req) or len(ev):
-            raise TraceFormatError(source, 0, f"time_us {shown(t0, 40)} of the first entry is not an integer",
-                                   unit=snap.entry_unit)
+            raise TraceFormatError(
+                source,
+                0,
+                f"time_us {shown(t0, 40)} of the first entry is not an integer",
+                unit=snap.entry_unit,
+            )
         t0 = 0
     pre_freed = [p for p in snap.pre_trace if p.freed_at is not None]
     pre_live = [p for p in snap.pre_trace if p.freed_at is None]
     pre = pre_freed + pre_live
     n_pre = len(pre)
     next_id = int(np.max(np.asarray(req.alloc_id, np.int64))) + 1 if len(req) else 0
-    pre_ids = [req.alloc_id[p.freed_at] for p in pre_freed] + list(range(next_id, next_id + len(pre_live)))
+    pre_ids = [req.alloc_id[p.freed_at] for p in pre_freed] + list(
+        range(next_id, next_id + len(pre_live))
+    )
 
     # Each column is made once, at its final rows: a request table of 10^6 rows is 8 MB a column,
     # and copies (np.insert per column, an op column of one str object per row) doubled the peak.
     n_req = len(req)
     points = empty_cache_points(snap)
     n_rows = n_pre + n_req + len(points)
-    is_call = np.zeros(n_rows, bool)  # each empty_cache call goes in ahead of its request: rows n_pre + k
+    is_call = np.zeros(
+        n_rows, bool
+    )  # each empty_cache call goes in ahead of its request: rows n_pre + k
     call_at = n_pre + np.asarray(points, np.int64)
     is_call[call_at + np.arange(len(points))] = True
-    rows = np.flatnonzero(~is_call)  # the table row of each event: pre-trace allocations, then the requests
+    rows = np.flatnonzero(
+        ~is_call
+    )  # the table row of each event: pre-trace allocations, then the requests
     pre_rows, req_rows = rows[:n_pre], rows[n_pre:]
     del rows
 
@@ -932,13 +1200,17 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     time_us = np.zeros(n_rows, np.int64)
     time_us[req_rows] = clamped
     if points:  # a call takes the time of the request it precedes (of the last one at the end)
-        time_us[call_at + np.arange(len(points))] = clamped[np.minimum(call_at - n_pre, n_req - 1)] if n_req else 0
+        time_us[call_at + np.arange(len(points))] = (
+            clamped[np.minimum(call_at - n_pre, n_req - 1)] if n_req else 0
+        )
     del clamped
     is_alloc = column(np.ones(n_pre, bool), req.is_alloc, False, bool)
     ids = np.empty(n_rows, np.int64)
     ids[~is_call] = _renumber_by_alloc_order(
         np.concatenate([np.asarray(pre_ids, np.int64), _as_numpy(req.alloc_id, np.int64)]),
-        np.concatenate([np.ones(n_pre, bool), _as_numpy(req.is_alloc, bool)]), next_id + len(pre_live))
+        np.concatenate([np.ones(n_pre, bool), _as_numpy(req.is_alloc, bool)]),
+        next_id + len(pre_live),
+    )
     ids[is_call] = -1
     nbytes = column([p.requested_bytes for p in pre], req.nbytes, 0)
     stream = column([p.stream for p in pre], req.stream, 0)
@@ -953,13 +1225,32 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     tags[is_call] = ""
     events = make_events(time_us, op, ids, nbytes, stream, tags)
 
-    seg_events = pd.DataFrame(list(zip(ev.time_us, ev.action, ev.address, ev.nbytes, ev.stream)),
-                              columns=["time_us", "action", "addr", "size", "stream"])
+    seg_events = pd.DataFrame(
+        list(zip(ev.time_us, ev.action, ev.address, ev.nbytes, ev.stream)),
+        columns=["time_us", "action", "addr", "size", "stream"],
+    )
     seg_events["time_us"] = seg_events["time_us"].astype(np.int64) - t0
-    seg_table = pd.DataFrame([(s.address, s.total_bytes, s.allocated_bytes, s.stream, s.segment_type or "",
-                               s.is_expandable) for s in snap.segments_at_end],
-                             columns=["address", "total_size", "allocated_size", "stream", "segment_type",
-                                      "is_expandable"])
+    seg_table = pd.DataFrame(
+        [
+            (
+                s.address,
+                s.total_bytes,
+                s.allocated_bytes,
+                s.stream,
+                s.segment_type or "",
+                s.is_expandable,
+            )
+            for s in snap.segments_at_end
+        ],
+        columns=[
+            "address",
+            "total_size",
+            "allocated_size",
+            "stream",
+            "segment_type",
+            "is_expandable",
+        ],
+    )
     reserved_end = int(seg_table["total_size"].sum()) if len(seg_table) else 0
     sign = seg_events["action"].map(RESERVED_SIGN).fillna(0).to_numpy(np.int64)
     delta = sign * seg_events["size"].to_numpy(np.int64)
@@ -1030,15 +1321,20 @@ def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
     if bad is not None:
         raise ValueError(f"size {shown(bad, 40)} is not a whole number of bytes below 2**63")
     if not is_oom and max(sizes) > MAX_SEGMENT_BYTES:
-        raise ValueError(f"size {max(sizes):,} is more than a GPU's whole virtual address space "
-                         f"({MAX_SEGMENT_BYTES:,} bytes)")
+        raise ValueError(
+            f"size {max(sizes):,} is more than a GPU's whole virtual address space "
+            f"({MAX_SEGMENT_BYTES:,} bytes)"
+        )
 
 
 def _as_numpy(values: Sequence, dtype) -> np.ndarray:
     """A request column as NumPy: an ``array`` is read in place (no copy), a list converted."""
     if isinstance(values, array):
-        out = np.frombuffer(values, np.int8 if values.typecode == "b" else np.int64) if len(values) else \
-            np.zeros(0, np.int64)
+        out = (
+            np.frombuffer(values, np.int8 if values.typecode == "b" else np.int64)
+            if len(values)
+            else np.zeros(0, np.int64)
+        )
         return out.astype(dtype, copy=False)
     return np.asarray(values, dtype)
 
@@ -1050,4 +1346,3 @@ def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int
     assert alloc_ids.size == num_ids, "every id is allocated exactly once"
     new[alloc_ids] = np.arange(num_ids)
     return new[ids]
-

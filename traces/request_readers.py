@@ -48,7 +48,14 @@ from traces.alloc_table import output_format
 from traces.atomic import replacing_file
 from traces.errors import TraceFormatError
 from traces.formats import HEAD_BYTES, REQUEST
-from traces.requests import MAX_TIME_S, MAX_TOKENS, REQUEST_COLUMNS, RequestTrace, make_requests, validate_requests
+from traces.requests import (
+    MAX_TIME_S,
+    MAX_TOKENS,
+    REQUEST_COLUMNS,
+    RequestTrace,
+    make_requests,
+    validate_requests,
+)
 from traces.source import TraceSource, open_source
 
 __all__ = ["REQUEST_FORMATS", "read_request_trace", "write_request_trace", "detect_request_format"]
@@ -74,10 +81,19 @@ class _CsvLayout:
 
 _CSV_LAYOUTS = (
     _CsvLayout("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", time_is_datetime=True),
-    _CsvLayout("burstgpt", "Timestamp", "Request tokens", "Response tokens", session_col="Session ID"),
+    _CsvLayout(
+        "burstgpt", "Timestamp", "Request tokens", "Response tokens", session_col="Session ID"
+    ),
     _CsvLayout("vidur", "arrived_at", "num_prefill_tokens", "num_decode_tokens"),
-    _CsvLayout("csv", "arrival_s", "prompt_tokens", "output_tokens", session_col="session_id",
-               hash_col="hash_ids", ours=True),
+    _CsvLayout(
+        "csv",
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+        session_col="session_id",
+        hash_col="hash_ids",
+        ours=True,
+    ),
 )
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 #: Deepest JSON nesting a Mooncake line may have (a published line is 2 deep: an object holding a
@@ -94,8 +110,9 @@ _SECONDS_PER_YEAR = 365.25 * 86400
 REQUEST_FORMATS = tuple(lay.format for lay in _CSV_LAYOUTS) + ("mooncake", "parquet")
 
 
-def read_request_trace(path: str | Path | TraceSource, *, format: str | None = None,
-                       name: str | None = None) -> RequestTrace:
+def read_request_trace(
+    path: str | Path | TraceSource, *, format: str | None = None, name: str | None = None
+) -> RequestTrace:
     """Read a request trace, detecting the format from the content unless ``format`` is given.
 
     Args:
@@ -135,7 +152,11 @@ def _is_parquet(src: TraceSource) -> bool:
 def _has_request_columns(src: TraceSource) -> bool:
     import pyarrow.parquet as pq
 
-    return set(pq.read_schema(src.stream()).names) >= {"arrival_s", "prompt_tokens", "output_tokens"}
+    return set(pq.read_schema(src.stream()).names) >= {
+        "arrival_s",
+        "prompt_tokens",
+        "output_tokens",
+    }
 
 
 def _register_builtins() -> None:
@@ -143,19 +164,32 @@ def _register_builtins() -> None:
     other; a CSV header is matched to the first layout whose columns it has)."""
     for lay in _CSV_LAYOUTS:
         REQUEST.register(
-            lay.format, replace=True,
-            sniff=lambda src, lay=lay: not _is_parquet(src) and {lay.time_col, lay.prompt_col, lay.output_col}
-            <= set(_sniff(src)[0]),
-            read=lambda src, name=None, lay=lay, **_: _read_csv(src, name or _trace_name(src.path), lay,
-                                                                _sniff(src)[0]),
-            describe=f"columns of {lay.format}: {lay.time_col},{lay.prompt_col},{lay.output_col}")
-    REQUEST.register("mooncake", replace=True,
-                     sniff=lambda src: not _is_parquet(src) and _sniff(src)[1].lstrip().startswith("{"),
-                     read=lambda src, name=None, **_: _read_mooncake(src, name or _trace_name(src.path)),
-                     describe="Mooncake JSON lines")
-    REQUEST.register("parquet", replace=True, sniff=_is_parquet, confirm=_has_request_columns,
-                     read=lambda src, name=None, **_: _read_parquet(src, name or _trace_name(src.path)),
-                     describe="Parquet")
+            lay.format,
+            replace=True,
+            sniff=lambda src, lay=lay: (
+                not _is_parquet(src)
+                and {lay.time_col, lay.prompt_col, lay.output_col} <= set(_sniff(src)[0])
+            ),
+            read=lambda src, name=None, lay=lay, **_: _read_csv(
+                src, name or _trace_name(src.path), lay, _sniff(src)[0]
+            ),
+            describe=f"columns of {lay.format}: {lay.time_col},{lay.prompt_col},{lay.output_col}",
+        )
+    REQUEST.register(
+        "mooncake",
+        replace=True,
+        sniff=lambda src: not _is_parquet(src) and _sniff(src)[1].lstrip().startswith("{"),
+        read=lambda src, name=None, **_: _read_mooncake(src, name or _trace_name(src.path)),
+        describe="Mooncake JSON lines",
+    )
+    REQUEST.register(
+        "parquet",
+        replace=True,
+        sniff=_is_parquet,
+        confirm=_has_request_columns,
+        read=lambda src, name=None, **_: _read_parquet(src, name or _trace_name(src.path)),
+        describe="Parquet",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,7 +232,7 @@ def _show(value: Any, limit: int = 40) -> str:
     """A value for an error message: strings quoted; a long one (a 400-digit number) cut short."""
     text = value if isinstance(value, str) else str(value)
     if len(text) > limit:
-        head = repr(text[:limit // 2]) if isinstance(value, str) else text[:limit // 2]
+        head = repr(text[: limit // 2]) if isinstance(value, str) else text[: limit // 2]
         return f"{head}... ({len(text):,} characters)"
     return repr(value) if isinstance(value, str) else text
 
@@ -208,7 +242,10 @@ def _floats(col: pd.Series) -> np.ndarray:
     whole number too long for a float (pandas fails on the column or gives NaN there)."""
     try:
         v = pd.to_numeric(col, errors="coerce").to_numpy(np.float64)
-    except (OverflowError, ValueError):  # "int too large to convert to float": one cell fails the column
+    except (
+        OverflowError,
+        ValueError,
+    ):  # "int too large to convert to float": one cell fails the column
         v = None
     if v is not None and (pd.api.types.is_float_dtype(col.dtype) or not np.isnan(v).any()):
         return v
@@ -227,7 +264,9 @@ def _is_bool(col: pd.Series) -> np.ndarray:
     if pd.api.types.is_bool_dtype(col.dtype):
         return np.ones(len(col), dtype=bool)
     if col.dtype == object:
-        return np.fromiter((type(x) is bool or isinstance(x, np.bool_) for x in col), dtype=bool, count=len(col))
+        return np.fromiter(
+            (type(x) is bool or isinstance(x, np.bool_) for x in col), dtype=bool, count=len(col)
+        )
     return np.zeros(len(col), dtype=bool)
 
 
@@ -236,9 +275,13 @@ def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) 
     negative, fractional and out-of-range values."""
     if pd.api.types.is_integer_dtype(col.dtype):
         v = col.to_numpy(np.float64)
-    elif pd.api.types.is_datetime64_any_dtype(col.dtype) or pd.api.types.is_timedelta64_dtype(col.dtype):
-        problems.add(np.ones(len(col), dtype=bool), lambda i: f"{label} {_show(col.iloc[i])} is a {col.dtype} "
-                                                              "value, not a number")
+    elif pd.api.types.is_datetime64_any_dtype(col.dtype) or pd.api.types.is_timedelta64_dtype(
+        col.dtype
+    ):
+        problems.add(
+            np.ones(len(col), dtype=bool),
+            lambda i: f"{label} {_show(col.iloc[i])} is a {col.dtype} value, not a number",
+        )
         return np.zeros(len(col))
     else:
         boolean = _is_bool(col)
@@ -246,16 +289,26 @@ def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) 
         v = _floats(col.astype(object).where(~boolean) if boolean.any() else col)
         missing = col.isna().to_numpy()
         problems.add(missing, lambda i: f"missing value in column {label!r}")
-        problems.add(np.isnan(v) & ~missing & ~boolean, lambda i: f"{label} {_show(col.iloc[i])} is not a number")
+        problems.add(
+            np.isnan(v) & ~missing & ~boolean,
+            lambda i: f"{label} {_show(col.iloc[i])} is not a number",
+        )
     problems.add(np.isinf(v), lambda i: f"{label} {_show(col.iloc[i])} is not a finite number")
     problems.add(v < 0, lambda i: f"{label} {_show(col.iloc[i])} must not be negative")
     if integer:
-        problems.add(np.isfinite(v) & (v != np.floor(v)), lambda i: f"{label} {_show(col.iloc[i])} is not a whole number of tokens")
-        problems.add(np.isfinite(v) & (v > MAX_TOKENS), lambda i: f"{label} {_show(col.iloc[i])} is more than "
-                                                                 f"{MAX_TOKENS:,} tokens")
+        problems.add(
+            np.isfinite(v) & (v != np.floor(v)),
+            lambda i: f"{label} {_show(col.iloc[i])} is not a whole number of tokens",
+        )
+        problems.add(
+            np.isfinite(v) & (v > MAX_TOKENS),
+            lambda i: f"{label} {_show(col.iloc[i])} is more than {MAX_TOKENS:,} tokens",
+        )
     else:
-        problems.add(np.isfinite(v) & (v > MAX_TIME_S), lambda i: f"{label} {_show(col.iloc[i])} is later than "
-                                                                 f"{MAX_TIME_S:g} s")
+        problems.add(
+            np.isfinite(v) & (v > MAX_TIME_S),
+            lambda i: f"{label} {_show(col.iloc[i])} is later than {MAX_TIME_S:g} s",
+        )
     return v
 
 
@@ -269,9 +322,14 @@ def _datetimes_s(col: pd.Series, label: str, problems: _Problems) -> tuple[np.nd
         return np.full(len(col), np.nan), ""
     start = ts.min()
     t = (ts - start).dt.total_seconds().to_numpy(np.float64)
-    problems.add(t > MAX_TIME_S, lambda i: f"{label} {_show(col.iloc[i])} is {t[i] / _SECONDS_PER_YEAR:,.0f} years "
-                                           f"after the first request ({start.isoformat()}); a trace spans at most "
-                                           f"{MAX_TIME_S:g} s")
+    problems.add(
+        t > MAX_TIME_S,
+        lambda i: (
+            f"{label} {_show(col.iloc[i])} is {t[i] / _SECONDS_PER_YEAR:,.0f} years "
+            f"after the first request ({start.isoformat()}); a trace spans at most "
+            f"{MAX_TIME_S:g} s"
+        ),
+    )
     return t, start.isoformat()
 
 
@@ -294,7 +352,10 @@ def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]
         except ValueError:
             bad[i] = True
             out.append(())
-    problems.add(bad, lambda i: f"hash_ids {_show(col.iloc[i])} is not a space-separated list of 64-bit integers")
+    problems.add(
+        bad,
+        lambda i: f"hash_ids {_show(col.iloc[i])} is not a space-separated list of 64-bit integers",
+    )
     return out
 
 
@@ -308,23 +369,38 @@ def _hash_ids(ids) -> tuple[int, ...]:
 
 def _read_csv(src: TraceSource, name: str, layout: _CsvLayout, header: list[str]) -> RequestTrace:
     path = src.path
-    missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in header]
+    missing = [
+        c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in header
+    ]
     if missing:
-        raise TraceFormatError(path, 1, f"missing column(s) {', '.join(map(repr, missing))} for format {layout.format!r}")
+        raise TraceFormatError(
+            path,
+            1,
+            f"missing column(s) {', '.join(map(repr, missing))} for format {layout.format!r}",
+        )
     optional = [c for c in (layout.session_col, layout.hash_col) if c and c in header]
     text_cols = optional + ([layout.time_col] if layout.time_is_datetime else [])
     try:
         # all columns, not usecols: with usecols pandas lets a row with extra fields pass
         # only an empty field is missing: a session id may well be "NA" or "null"
         src.require_intact()
-        df = pd.read_csv(src.stream(), dtype={c: str for c in text_cols},
-                         keep_default_na=False, na_values={c: [""] for c in header}, encoding="utf-8-sig",
-                         **_EXACT_FLOATS)
+        df = pd.read_csv(
+            src.stream(),
+            dtype={c: str for c in text_cols},
+            keep_default_na=False,
+            na_values={c: [""] for c in header},
+            encoding="utf-8-sig",
+            **_EXACT_FLOATS,
+        )
     except pd.errors.ParserError as exc:  # "... Expected 3 fields in line 6, saw 4"
         m = re.search(r"line (\d+)", str(exc))
-        raise TraceFormatError(path, int(m.group(1)) if m else None, f"cannot parse CSV: {str(exc).split(': ')[-1]}") from None
+        raise TraceFormatError(
+            path, int(m.group(1)) if m else None, f"cannot parse CSV: {str(exc).split(': ')[-1]}"
+        ) from None
     except (TraceFormatError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, None, f"cannot read CSV: {getattr(exc, 'reason', exc)}") from None
+        raise TraceFormatError(
+            path, None, f"cannot read CSV: {getattr(exc, 'reason', exc)}"
+        ) from None
     df.columns = [str(c).strip() for c in df.columns]  # detection strips header names too
     problems = _Problems()
     meta: dict[str, Any] = {"num_rows_read": len(df)}
@@ -334,7 +410,11 @@ def _read_csv(src: TraceSource, name: str, layout: _CsvLayout, header: list[str]
         t = _numbers(df[layout.time_col], layout.time_col, problems, integer=False)
     prompt = _numbers(df[layout.prompt_col], layout.prompt_col, problems, integer=True)
     output = _numbers(df[layout.output_col], layout.output_col, problems, integer=True)
-    sessions = df[layout.session_col].fillna("").astype(str).to_numpy(object) if layout.session_col in optional else None
+    sessions = (
+        df[layout.session_col].fillna("").astype(str).to_numpy(object)
+        if layout.session_col in optional
+        else None
+    )
     hashes = _parse_hash_ids(df[layout.hash_col], problems) if layout.hash_col in optional else None
     if layout.ours:
         problems.add(prompt == 0, lambda i: f"{layout.prompt_col} 0 must be >= 1")
@@ -349,13 +429,25 @@ def _read_csv(src: TraceSource, name: str, layout: _CsvLayout, header: list[str]
     return trace
 
 
-def _finish(path: Path, name: str, fmt: str, t: np.ndarray, prompt: np.ndarray, output: np.ndarray,
-            sessions: np.ndarray | None, hashes: list | None, meta: dict[str, Any]) -> RequestTrace:
+def _finish(
+    path: Path,
+    name: str,
+    fmt: str,
+    t: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    sessions: np.ndarray | None,
+    hashes: list | None,
+    meta: dict[str, Any],
+) -> RequestTrace:
     """Drop zero-token requests (counted), sort by arrival, rebase, validate."""
     zero_out, zero_prompt = output == 0, (prompt == 0) & (output != 0)
     keep = ~(zero_out | zero_prompt)
-    meta.update(num_dropped_zero_output=int(zero_out.sum()), num_dropped_zero_prompt=int(zero_prompt.sum()),
-                was_sorted=bool(np.all(np.diff(t) >= 0)))
+    meta.update(
+        num_dropped_zero_output=int(zero_out.sum()),
+        num_dropped_zero_prompt=int(zero_prompt.sum()),
+        was_sorted=bool(np.all(np.diff(t) >= 0)),
+    )
     if not keep.all():
         t, prompt, output = t[keep], prompt[keep], output[keep]
         sessions = None if sessions is None else sessions[keep]
@@ -379,56 +471,93 @@ def _read_mooncake(src: TraceSource, name: str) -> RequestTrace:
         _mooncake_line(path, lineno, raw, t, prompt, output, hashes)
     else:
         lineno += 1
-    if src.damage is not None:  # every whole line that decompressed was good: the damage is where they end
+    if (
+        src.damage is not None
+    ):  # every whole line that decompressed was good: the damage is where they end
         raise TraceFormatError(path, lineno, src.damage)
     meta = {"num_rows_read": len(t), "hash_block_tokens": DEFAULT_HASH_BLOCK_TOKENS}
-    return _finish(path, name, "mooncake", np.asarray(t, np.float64), np.asarray(prompt, np.int64),
-                   np.asarray(output, np.int64), None, hashes, meta)
+    return _finish(
+        path,
+        name,
+        "mooncake",
+        np.asarray(t, np.float64),
+        np.asarray(prompt, np.int64),
+        np.asarray(output, np.int64),
+        None,
+        hashes,
+        meta,
+    )
 
 
-def _mooncake_line(path: Path, lineno: int, raw: bytes, t: list, prompt: list, output: list, hashes: list) -> None:
+def _mooncake_line(
+    path: Path, lineno: int, raw: bytes, t: list, prompt: list, output: list, hashes: list
+) -> None:
     """Check one JSON line and append its request to the columns (a blank line adds nothing)."""
     try:
         line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as exc:
-        raise TraceFormatError(path, lineno, f"not UTF-8 text (byte {exc.start} of the line)") from None
+        raise TraceFormatError(
+            path, lineno, f"not UTF-8 text (byte {exc.start} of the line)"
+        ) from None
     if not line.strip():
         return
     # str.count is C-fast: only a line with many brackets is scanned for its depth
     if line.count("[") + line.count("{") > MAX_JSON_DEPTH and _json_depth(line) > MAX_JSON_DEPTH:
-        raise TraceFormatError(path, lineno, f"JSON nested {_json_depth(line):,} levels deep; a Mooncake line may nest "
-                                             f"at most {MAX_JSON_DEPTH} (it is an object holding a list)")
+        raise TraceFormatError(
+            path,
+            lineno,
+            f"JSON nested {_json_depth(line):,} levels deep; a Mooncake line may nest "
+            f"at most {MAX_JSON_DEPTH} (it is an object holding a list)",
+        )
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise TraceFormatError(path, lineno, f"bad JSON: {exc.msg} at column {exc.colno}") from None
-    except ValueError:  # the one other: an integer longer than Python converts (sys.get_int_max_str_digits)
-        raise TraceFormatError(path, lineno, f"a number of more than {sys.get_int_max_str_digits():,} digits") from None
+    except (
+        ValueError
+    ):  # the one other: an integer longer than Python converts (sys.get_int_max_str_digits)
+        raise TraceFormatError(
+            path, lineno, f"a number of more than {sys.get_int_max_str_digits():,} digits"
+        ) from None
     if not isinstance(obj, dict):
         raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
     for key in _MOONCAKE_KEYS:
         value = obj.get(key)
         if key not in obj:
-            raise TraceFormatError(path, lineno, f"missing key {key!r} (Mooncake lines have {', '.join(_MOONCAKE_KEYS)}, hash_ids)")
+            raise TraceFormatError(
+                path,
+                lineno,
+                f"missing key {key!r} (Mooncake lines have {', '.join(_MOONCAKE_KEYS)}, hash_ids)",
+            )
         # ints are compared as ints (exact): a 400-digit one has no float, and would overflow
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                (isinstance(value, float) and not math.isfinite(value)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not math.isfinite(value))
+        ):
             raise TraceFormatError(path, lineno, f"{key} {_show(value)} is not a number")
         if value < 0:
             raise TraceFormatError(path, lineno, f"{key} {_show(value)} must not be negative")
         if key == "timestamp":
             if value > MAX_TIME_S * 1000.0:  # Mooncake timestamps are milliseconds
-                raise TraceFormatError(path, lineno, f"timestamp {_show(value)} ms is later than {MAX_TIME_S:g} s")
+                raise TraceFormatError(
+                    path, lineno, f"timestamp {_show(value)} ms is later than {MAX_TIME_S:g} s"
+                )
         elif value > MAX_TOKENS:
-            raise TraceFormatError(path, lineno, f"{key} {_show(value)} is more than {MAX_TOKENS:,} tokens")
+            raise TraceFormatError(
+                path, lineno, f"{key} {_show(value)} is more than {MAX_TOKENS:,} tokens"
+            )
         elif value != int(value):
             raise TraceFormatError(path, lineno, f"{key} {value!r} is not a whole number of tokens")
     try:
         raw_ids = obj.get("hash_ids", [])
         ids = _hash_ids(raw_ids if isinstance(raw_ids, list) else None)
     except (TypeError, ValueError):
-        raise TraceFormatError(path, lineno, f"hash_ids {_show(obj.get('hash_ids'), 80)} is not a list of 64-bit "
-                                             "integers") from None
+        raise TraceFormatError(
+            path,
+            lineno,
+            f"hash_ids {_show(obj.get('hash_ids'), 80)} is not a list of 64-bit integers",
+        ) from None
     t.append(obj["timestamp"] / 1000.0)
     prompt.append(int(obj["input_length"]))
     output.append(int(obj["output_length"]))
@@ -464,9 +593,15 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
     stored = _stored_meta(path, (table.schema.metadata or {}).get(_PARQUET_META_KEY, b"{}"))
     df = table.to_pandas()
     layout = _CSV_LAYOUTS[-1]
-    missing = [c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in df.columns]
+    missing = [
+        c for c in (layout.time_col, layout.prompt_col, layout.output_col) if c not in df.columns
+    ]
     if missing:
-        raise TraceFormatError(path, None, f"missing column(s) {', '.join(map(repr, missing))}; expected {', '.join(REQUEST_COLUMNS)}")
+        raise TraceFormatError(
+            path,
+            None,
+            f"missing column(s) {', '.join(map(repr, missing))}; expected {', '.join(REQUEST_COLUMNS)}",
+        )
     problems = _Problems()
     t = _numbers(df["arrival_s"], "arrival_s", problems, integer=False)
     prompt = _numbers(df["prompt_tokens"], "prompt_tokens", problems, integer=True)
@@ -474,7 +609,9 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
     problems.add(prompt == 0, lambda i: "prompt_tokens 0 must be >= 1")
     problems.add(output == 0, lambda i: "output_tokens 0 must be >= 1")
     problems.raise_first(path, lambda row: row + 1, unit="row")
-    sessions = df["session_id"].fillna("").astype(str).to_numpy(object) if "session_id" in df else None
+    sessions = (
+        df["session_id"].fillna("").astype(str).to_numpy(object) if "session_id" in df else None
+    )
     hashes = None
     if "hash_ids" in df:
         hashes = []
@@ -482,11 +619,17 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
             try:  # a list<int64> column reads as int arrays; a string "123" or floats are not hash ids
                 if h is not None and not isinstance(h, (list, np.ndarray)):
                     raise TypeError
-                hashes.append(() if h is None else _hash_ids(h.tolist() if isinstance(h, np.ndarray) else h))
+                hashes.append(
+                    () if h is None else _hash_ids(h.tolist() if isinstance(h, np.ndarray) else h)
+                )
             except (TypeError, ValueError):
                 shown = h.tolist() if isinstance(h, np.ndarray) else h
-                raise TraceFormatError(path, row + 1, f"hash_ids {_show(shown, 80)} is not a list of 64-bit integers",
-                                       unit="row") from None
+                raise TraceFormatError(
+                    path,
+                    row + 1,
+                    f"hash_ids {_show(shown, 80)} is not a list of 64-bit integers",
+                    unit="row",
+                ) from None
     meta = {**stored.get("meta", {}), "num_rows_read": len(df)}
     meta.setdefault("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)
     return _finish(path, name, "parquet", t, prompt, output, sessions, hashes, meta)
@@ -496,18 +639,25 @@ def _stored_meta(path: Path, raw: bytes) -> dict[str, Any]:
     """The name, format and meta our writer stores in the Parquet schema, checked like any JSON read here."""
     text = raw.decode("utf-8", errors="replace")
     try:
-        if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _json_depth(text) > MAX_JSON_DEPTH:
+        if (
+            text.count("[") + text.count("{") > MAX_JSON_DEPTH
+            and _json_depth(text) > MAX_JSON_DEPTH
+        ):
             raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
         stored = json.loads(text)
         if not isinstance(stored, dict) or not isinstance(stored.get("meta", {}), dict):
             raise ValueError("not a JSON object with a 'meta' object")
     except ValueError as exc:  # JSONDecodeError and the digit limit are ValueErrors too
         reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise TraceFormatError(path, None, f"damaged {_PARQUET_META_KEY.decode()} metadata: {reason}") from None
+        raise TraceFormatError(
+            path, None, f"damaged {_PARQUET_META_KEY.decode()} metadata: {reason}"
+        ) from None
     return stored
 
 
-def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | None = None) -> Path:
+def write_request_trace(
+    trace: RequestTrace, path: str | Path, *, format: str | None = None
+) -> Path:
     """Write our CSV (hash ids space-separated) or Parquet (also keeps name and meta), all or nothing.
 
     The format follows ``format`` or the suffix (``traces.alloc_table.output_format``: ``.csv``,
@@ -521,21 +671,29 @@ def write_request_trace(trace: RequestTrace, path: str | Path, *, format: str | 
     if fmt == "csv":
         out = df.assign(hash_ids=[" ".join(map(str, h)) for h in df["hash_ids"]])
         with replacing_file(path) as tmp:
-            out.to_csv(tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None)
+            out.to_csv(
+                tmp, index=False, compression="gzip" if path.name.lower().endswith(".gz") else None
+            )
         return path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({
-        "request_id": pa.array(df["request_id"].to_numpy(np.int64)),
-        "arrival_s": pa.array(df["arrival_s"].to_numpy(np.float64)),
-        "prompt_tokens": pa.array(df["prompt_tokens"].to_numpy(np.int64)),
-        "output_tokens": pa.array(df["output_tokens"].to_numpy(np.int64)),
-        "session_id": pa.array([str(s) for s in df["session_id"]], pa.string()),
-        "hash_ids": pa.array([list(h) for h in df["hash_ids"]], pa.list_(pa.int64())),
-    })
-    stored = json.dumps({"name": trace.name, "format": trace.format, "meta": trace.meta}, default=str)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _PARQUET_META_KEY: stored.encode()})
+    table = pa.table(
+        {
+            "request_id": pa.array(df["request_id"].to_numpy(np.int64)),
+            "arrival_s": pa.array(df["arrival_s"].to_numpy(np.float64)),
+            "prompt_tokens": pa.array(df["prompt_tokens"].to_numpy(np.int64)),
+            "output_tokens": pa.array(df["output_tokens"].to_numpy(np.int64)),
+            "session_id": pa.array([str(s) for s in df["session_id"]], pa.string()),
+            "hash_ids": pa.array([list(h) for h in df["hash_ids"]], pa.list_(pa.int64())),
+        }
+    )
+    stored = json.dumps(
+        {"name": trace.name, "format": trace.format, "meta": trace.meta}, default=str
+    )
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), _PARQUET_META_KEY: stored.encode()}
+    )
     with replacing_file(path) as tmp:
         pq.write_table(table, tmp)
     return path

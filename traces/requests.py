@@ -29,9 +29,23 @@ import pandas as pd
 
 from traces.errors import TraceFormatError
 
-__all__ = ["REQUEST_COLUMNS", "MAX_TOKENS", "MAX_TIME_S", "RequestTrace", "make_requests", "validate_requests"]
+__all__ = [
+    "REQUEST_COLUMNS",
+    "MAX_TOKENS",
+    "MAX_TIME_S",
+    "RequestTrace",
+    "make_requests",
+    "validate_requests",
+]
 
-REQUEST_COLUMNS = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "session_id", "hash_ids"]
+REQUEST_COLUMNS = [
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "session_id",
+    "hash_ids",
+]
 #: Most tokens one request may have (prompt or output): no model's context comes near it, so more
 #: is a corrupt field (and past 2**63 it would wrap in int64). Readers refuse more, generators
 #: refuse specs that could draw more.
@@ -66,8 +80,11 @@ class RequestTrace:
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(arrival_s, prompt_tokens, output_tokens)`` as numpy arrays, for simulation loops."""
         df = self.requests
-        return (df["arrival_s"].to_numpy(np.float64), df["prompt_tokens"].to_numpy(np.int64),
-                df["output_tokens"].to_numpy(np.int64))
+        return (
+            df["arrival_s"].to_numpy(np.float64),
+            df["prompt_tokens"].to_numpy(np.int64),
+            df["output_tokens"].to_numpy(np.int64),
+        )
 
     @property
     def duration_s(self) -> float:
@@ -86,8 +103,10 @@ class RequestTrace:
         with np.errstate(over="ignore"):  # past float64 is inf, refused below
             df["arrival_s"] = df["arrival_s"].to_numpy(np.float64) / factor
         if len(df) and not df["arrival_s"].iloc[-1] <= MAX_TIME_S:
-            raise ValueError(f"rate scale factor {factor!r} puts the last arrival at {df['arrival_s'].iloc[-1]:g} s, "
-                             f"later than {MAX_TIME_S:g} s")
+            raise ValueError(
+                f"rate scale factor {factor!r} puts the last arrival at {df['arrival_s'].iloc[-1]:g} s, "
+                f"later than {MAX_TIME_S:g} s"
+            )
         return self._derive(df, rate_scale=self.meta.get("rate_scale", 1.0) * factor)
 
     def window(self, start_s: float, end_s: float | None = None) -> RequestTrace:
@@ -105,7 +124,9 @@ class RequestTrace:
             raise ValueError(f"head(num_requests={num_requests!r}) must not be negative")
         return self._derive(_renumber(self.requests.iloc[:num_requests]))
 
-    def repeat(self, times: int, *, period_s: float | None = None, distinct: bool = True) -> RequestTrace:
+    def repeat(
+        self, times: int, *, period_s: float | None = None, distinct: bool = True
+    ) -> RequestTrace:
         """Tile the trace ``times`` times back to back (2x/4x-length scaling runs).
 
         Args:
@@ -123,7 +144,9 @@ class RequestTrace:
                 raise ValueError(f"repeat() of a trace with {n} request(s) needs period_s")
             period_s = self.duration_s * n / (n - 1)
         if not np.isfinite(period_s) or period_s < self.duration_s:
-            raise ValueError(f"repeat(period_s={period_s!r}) must be >= the trace's duration {self.duration_s} s")
+            raise ValueError(
+                f"repeat(period_s={period_s!r}) must be >= the trace's duration {self.duration_s} s"
+            )
         df = self.requests
         hash_span = 1 + max((max(h) for h in df["hash_ids"] if h), default=-1)
         copies = []
@@ -145,15 +168,25 @@ class RequestTrace:
         t, prompt, output = self.arrays()
         gaps = np.diff(t)
         row: dict[str, Any] = {
-            "name": self.name, "format": self.format, "num_requests": n,
+            "name": self.name,
+            "format": self.format,
+            "num_requests": n,
             "duration_s": self.duration_s,
             "rate_rps": (n - 1) / self.duration_s if self.duration_s > 0 else float("nan"),
-            "interarrival_cv": float(gaps.std() / gaps.mean()) if gaps.size and gaps.mean() > 0 else float("nan"),
+            "interarrival_cv": float(gaps.std() / gaps.mean())
+            if gaps.size and gaps.mean() > 0
+            else float("nan"),
         }
         for col, values in (("prompt_tokens", prompt), ("output_tokens", output)):
             p50, p99 = np.percentile(values, [50, 99]) if n else (np.nan, np.nan)
-            row.update({f"{col}_mean": float(values.mean()) if n else float("nan"), f"{col}_p50": float(p50),
-                        f"{col}_p99": float(p99), f"{col}_max": int(values.max()) if n else 0})
+            row.update(
+                {
+                    f"{col}_mean": float(values.mean()) if n else float("nan"),
+                    f"{col}_p50": float(p50),
+                    f"{col}_p99": float(p99),
+                    f"{col}_max": int(values.max()) if n else 0,
+                }
+            )
         sessions = df["session_id"]
         row["num_sessions"] = int(sessions[sessions != ""].nunique())
         num_blocks = int(sum(len(h) for h in df["hash_ids"]))
@@ -173,9 +206,13 @@ def _renumber(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def make_requests(arrival_s: Sequence[float] | np.ndarray, prompt_tokens: Sequence[int] | np.ndarray,
-                  output_tokens: Sequence[int] | np.ndarray, session_id: Sequence[str] | None = None,
-                  hash_ids: Sequence[Sequence[int]] | None = None) -> pd.DataFrame:
+def make_requests(
+    arrival_s: Sequence[float] | np.ndarray,
+    prompt_tokens: Sequence[int] | np.ndarray,
+    output_tokens: Sequence[int] | np.ndarray,
+    session_id: Sequence[str] | None = None,
+    hash_ids: Sequence[Sequence[int]] | None = None,
+) -> pd.DataFrame:
     """Build a request table with the canonical columns and dtypes.
 
     Rows are sorted by arrival (stable, so ties keep their given order), times are rebased to
@@ -184,14 +221,20 @@ def make_requests(arrival_s: Sequence[float] | np.ndarray, prompt_tokens: Sequen
     """
     t = np.asarray(arrival_s, dtype=np.float64)
     n = t.size
-    lengths = {"prompt_tokens": len(prompt_tokens), "output_tokens": len(output_tokens),
-               "session_id": n if session_id is None else len(session_id),
-               "hash_ids": n if hash_ids is None else len(hash_ids)}
+    lengths = {
+        "prompt_tokens": len(prompt_tokens),
+        "output_tokens": len(output_tokens),
+        "session_id": n if session_id is None else len(session_id),
+        "hash_ids": n if hash_ids is None else len(hash_ids),
+    }
     wrong = {k: v for k, v in lengths.items() if v != n}
     assert not wrong, f"make_requests: {n} arrival times but column lengths {wrong}"
     order = np.argsort(t, kind="stable")
-    sessions = np.full(n, "", dtype=object) if session_id is None else \
-        pd.Series(list(session_id), dtype=object).fillna("").astype(str).to_numpy(dtype=object)
+    sessions = (
+        np.full(n, "", dtype=object)
+        if session_id is None
+        else pd.Series(list(session_id), dtype=object).fillna("").astype(str).to_numpy(dtype=object)
+    )
     hashes = np.empty(n, dtype=object)  # filled one by one: numpy would read tuples as a 2-D array
     if hash_ids is None:
         hashes.fill(())
@@ -199,43 +242,65 @@ def make_requests(arrival_s: Sequence[float] | np.ndarray, prompt_tokens: Sequen
         for i, h in enumerate(hash_ids):
             hashes[i] = h if type(h) is tuple else tuple(int(x) for x in h)
     t = t[order]
-    return pd.DataFrame({
-        "request_id": np.arange(n, dtype=np.int64),
-        "arrival_s": t - t[0] if n else t,
-        "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64)[order],
-        "output_tokens": np.asarray(output_tokens, dtype=np.int64)[order],
-        "session_id": pd.Series(sessions[order], dtype=str),
-        "hash_ids": pd.Series(hashes[order], dtype=object),
-    })
+    return pd.DataFrame(
+        {
+            "request_id": np.arange(n, dtype=np.int64),
+            "arrival_s": t - t[0] if n else t,
+            "prompt_tokens": np.asarray(prompt_tokens, dtype=np.int64)[order],
+            "output_tokens": np.asarray(output_tokens, dtype=np.int64)[order],
+            "session_id": pd.Series(sessions[order], dtype=str),
+            "hash_ids": pd.Series(hashes[order], dtype=object),
+        }
+    )
 
 
-def validate_requests(df: pd.DataFrame, source: str = "<requests>", *, line_offset: int = 2) -> None:
+def validate_requests(
+    df: pd.DataFrame, source: str = "<requests>", *, line_offset: int = 2
+) -> None:
     """Raise TraceFormatError at the first row that breaks the table's invariants.
 
     ``line_offset`` maps a row index to a file line (2 for a CSV with one header line).
     """
     missing = [c for c in REQUEST_COLUMNS if c not in df.columns]
     if missing:
-        raise TraceFormatError(source, None, f"missing column(s) {', '.join(missing)}; expected {', '.join(REQUEST_COLUMNS)}")
+        raise TraceFormatError(
+            source,
+            None,
+            f"missing column(s) {', '.join(missing)}; expected {', '.join(REQUEST_COLUMNS)}",
+        )
     n = len(df)
     ids = df["request_id"].to_numpy()
     bad = np.flatnonzero(ids != np.arange(n))
     if bad.size:
         i = int(bad[0])
-        raise TraceFormatError(source, i + line_offset, f"request_id {ids[i]} should be {i} (0..n-1 in arrival order)")
+        raise TraceFormatError(
+            source, i + line_offset, f"request_id {ids[i]} should be {i} (0..n-1 in arrival order)"
+        )
     t = df["arrival_s"].to_numpy(np.float64)
     bad = np.flatnonzero(~np.isfinite(t))
     if bad.size:
-        raise TraceFormatError(source, int(bad[0]) + line_offset, f"arrival_s {t[bad[0]]} is not a finite number")
+        raise TraceFormatError(
+            source, int(bad[0]) + line_offset, f"arrival_s {t[bad[0]]} is not a finite number"
+        )
     bad = np.flatnonzero(t > MAX_TIME_S)
     if bad.size:
-        raise TraceFormatError(source, int(bad[0]) + line_offset, f"arrival_s {t[bad[0]]:g} is later than {MAX_TIME_S:g} s")
+        raise TraceFormatError(
+            source,
+            int(bad[0]) + line_offset,
+            f"arrival_s {t[bad[0]]:g} is later than {MAX_TIME_S:g} s",
+        )
     if n and t[0] != 0.0:
-        raise TraceFormatError(source, line_offset, f"arrival_s of the first request is {t[0]}, must be 0 (times are relative to it)")
+        raise TraceFormatError(
+            source,
+            line_offset,
+            f"arrival_s of the first request is {t[0]}, must be 0 (times are relative to it)",
+        )
     bad = np.flatnonzero(np.diff(t) < 0)
     if bad.size:
         i = int(bad[0]) + 1
-        raise TraceFormatError(source, i + line_offset, f"arrival_s {t[i]} goes back in time (previous {t[i - 1]})")
+        raise TraceFormatError(
+            source, i + line_offset, f"arrival_s {t[i]} goes back in time (previous {t[i - 1]})"
+        )
     for col in ("prompt_tokens", "output_tokens"):
         v = df[col].to_numpy()
         bad = np.flatnonzero((v < 1) | (v > MAX_TOKENS))
@@ -250,4 +315,6 @@ def validate_requests(df: pd.DataFrame, source: str = "<requests>", *, line_offs
                 raise TraceFormatError(source, i + line_offset, f"session_id {s!r} is not a string")
     for i, h in enumerate(df["hash_ids"]):
         if type(h) is not tuple or (h and not all(isinstance(x, (int, np.integer)) for x in h)):
-            raise TraceFormatError(source, i + line_offset, f"hash_ids {h!r} is not a tuple of ints")
+            raise TraceFormatError(
+                source, i + line_offset, f"hash_ids {h!r} is not a tuple of ints"
+            )

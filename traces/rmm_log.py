@@ -40,7 +40,9 @@ _FREE_ACTIONS = frozenset({"free", "deallocate"})  # "deallocate": the wording o
 _FAIL_ACTION = "allocate failure"
 _NULL_POINTERS = {"(nil)": "0", "nullptr": "0", "null": "0", "0x0": "0"}
 _DAY_US = 86_400_000_000
-_INT64_LIMIT = 2.0**63  # sizes and times are int64 from here on: anything at or past this does not fit
+_INT64_LIMIT = (
+    2.0**63
+)  # sizes and times are int64 from here on: anything at or past this does not fit
 _LINE_RE = re.compile(r"line (\d+)")
 #: How far back a row's time may lie behind an earlier row's: threads log in a race, not in order.
 MAX_CLOCK_JITTER_US = 1_000_000
@@ -64,8 +66,12 @@ def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> Al
     bad = np.flatnonzero(~(is_fail | is_alloc | is_free))
     if bad.size:
         k = bad[0]
-        raise TraceFormatError(path, int(line[k]), f"Action {shown(action[int(k)].as_py())} is not 'allocate', 'free' "
-                                                   "or 'allocate failure'")
+        raise TraceFormatError(
+            path,
+            int(line[k]),
+            f"Action {shown(action[int(k)].as_py())} is not 'allocate', 'free' "
+            "or 'allocate failure'",
+        )
     size = _parse_sizes(cols["Size"], line, path)
     time_us, num_time_clamped = _parse_times(cols["Time"], line, path)
     stream_raw = _parse_hex(cols["Stream"], line, path, "Stream")
@@ -75,11 +81,19 @@ def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> Al
     keep = (is_alloc | is_free) & ~zero
     num_failed = int(is_fail.sum())
     pointer = _parse_hex(cols["Pointer"].filter(pa.array(keep)), line[keep], path, "Pointer")
-    line, is_alloc, size, time_us, stream_raw = line[keep], is_alloc[keep], size[keep], time_us[keep], stream_raw[keep]
+    line, is_alloc, size, time_us, stream_raw = (
+        line[keep],
+        is_alloc[keep],
+        size[keep],
+        time_us[keep],
+        stream_raw[keep],
+    )
     ids, alloc_row, keep_free = _match_frees(pointer, is_alloc, size == 0, line, path, lenient)
     if not keep_free.all():
         line, is_alloc, size, time_us, stream_raw, pointer, ids, alloc_row = (
-            a[keep_free] for a in (line, is_alloc, size, time_us, stream_raw, pointer, ids, alloc_row))
+            a[keep_free]
+            for a in (line, is_alloc, size, time_us, stream_raw, pointer, ids, alloc_row)
+        )
         alloc_row = _rows_after_drop(alloc_row, keep_free)
     alloc_size = size[alloc_row]
     num_size_mismatch = int(np.count_nonzero(alloc_size != size))
@@ -93,13 +107,21 @@ def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> Al
     meta = {
         "num_failed_allocations": num_failed,
         "num_zero_size_skipped": int(zero.sum()),
-        "num_unmatched_frees_dropped": int((~keep_free).sum()),  # incl. frees of zero-byte allocations
+        "num_unmatched_frees_dropped": int(
+            (~keep_free).sum()
+        ),  # incl. frees of zero-byte allocations
         "num_free_size_mismatches": num_size_mismatch,
         "num_time_clamped": num_time_clamped,
         "num_cross_stream_frees": num_cross_stream,
         "stream_handles": {int(h): i for i, h in enumerate(handles)},
     }
-    return AllocTrace(events, name=trace_name(path, (".csv", ".log")), source=str(path), format=RMM_FORMAT, meta=meta)
+    return AllocTrace(
+        events,
+        name=trace_name(path, (".csv", ".log")),
+        source=str(path),
+        format=RMM_FORMAT,
+        meta=meta,
+    )
 
 
 def _read_columns(src: TraceSource) -> tuple[dict[str, pa.Array], np.ndarray]:
@@ -108,9 +130,14 @@ def _read_columns(src: TraceSource) -> tuple[dict[str, pa.Array], np.ndarray]:
     Fast path: Arrow's CSV reader. On any irregularity (a blank line, a ragged row) pandas
     reads the file again, keeping blank lines so that row numbers map to file lines.
     """
-    opts = dict(parse_options=pacsv.ParseOptions(ignore_empty_lines=False),
-                convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in RMM_HEADER},
-                                                     strings_can_be_null=False, quoted_strings_can_be_null=False))
+    opts = dict(
+        parse_options=pacsv.ParseOptions(ignore_empty_lines=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in RMM_HEADER},
+            strings_can_be_null=False,
+            quoted_strings_can_be_null=False,
+        ),
+    )
     src.require_intact()
     try:
         table = pacsv.read_csv(pa.BufferReader(src.data), **opts)
@@ -130,7 +157,9 @@ def _read_columns(src: TraceSource) -> tuple[dict[str, pa.Array], np.ndarray]:
     line = df.index.to_numpy() + 2  # one header line; blank lines are kept as rows of ""
     blank = (df == "").all(axis=1).to_numpy()
     df, line = df[~blank], line[~blank]
-    return {name: pa.array(df[name].to_numpy(dtype=object), type=pa.string()) for name in RMM_HEADER}, line
+    return {
+        name: pa.array(df[name].to_numpy(dtype=object), type=pa.string()) for name in RMM_HEADER
+    }, line
 
 
 def _bools(arr: pa.Array) -> np.ndarray:
@@ -140,18 +169,28 @@ def _bools(arr: pa.Array) -> np.ndarray:
 def _read_csv_strings(src: TraceSource) -> pd.DataFrame:
     path = src.path
     try:
-        df = pd.read_csv(src.stream(), dtype=str, keep_default_na=False, na_filter=False, skip_blank_lines=False,
-                         skipinitialspace=True)
+        df = pd.read_csv(
+            src.stream(),
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            skip_blank_lines=False,
+            skipinitialspace=True,
+        )
     except pd.errors.EmptyDataError:
         raise TraceFormatError(path, None, "empty file") from None
     except pd.errors.ParserError as exc:
         m = _LINE_RE.search(str(exc))
-        raise TraceFormatError(path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})") from None
+        raise TraceFormatError(
+            path, int(m.group(1)) if m else None, f"malformed CSV row ({exc})"
+        ) from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, None, f"not a readable text file ({exc})") from None
     header = [c.strip() for c in df.columns]
     if header != RMM_HEADER:
-        raise TraceFormatError(path, 1, f"header {','.join(header)!r} is not {','.join(RMM_HEADER)!r}")
+        raise TraceFormatError(
+            path, 1, f"header {','.join(header)!r} is not {','.join(RMM_HEADER)!r}"
+        )
     df.columns = header
     return df
 
@@ -161,12 +200,16 @@ def _parse_sizes(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
     try:
         size = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
     except pa.ArrowInvalid:
-        num = pd.to_numeric(pd.Series(text.to_numpy(zero_copy_only=False)), errors="coerce").to_numpy(np.float64)
+        num = pd.to_numeric(
+            pd.Series(text.to_numpy(zero_copy_only=False)), errors="coerce"
+        ).to_numpy(np.float64)
         size = np.where(np.isnan(num) | (num != np.floor(num)) | (num >= _INT64_LIMIT), -1, num)
     bad = np.flatnonzero(size < 0)
     if bad.size:
         k = int(bad[0])
-        raise TraceFormatError(path, int(line[k]), f"Size {shown(col[k].as_py())} is not a byte count")
+        raise TraceFormatError(
+            path, int(line[k]), f"Size {shown(col[k].as_py())} is not a byte count"
+        )
     return size.astype(np.int64)
 
 
@@ -182,7 +225,9 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
         text = pd.Series(pc.utf8_trim_whitespace(col).to_numpy(zero_copy_only=False), dtype=object)
         if len(text) and ":" not in text.iloc[0]:  # seconds since the epoch
             secs = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
-            bad = np.flatnonzero(~(np.abs(secs) < _INT64_LIMIT / 1e6))  # NaN, inf, or microseconds past int64
+            bad = np.flatnonzero(
+                ~(np.abs(secs) < _INT64_LIMIT / 1e6)
+            )  # NaN, inf, or microseconds past int64
             t = np.round(secs * 1e6)
         else:
             td = pd.to_timedelta(text, errors="coerce")
@@ -190,7 +235,9 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
             t = td.to_numpy(dtype="timedelta64[us]").astype(np.float64) if not bad.size else None
         if bad.size:
             k = int(bad[0])
-            raise TraceFormatError(path, int(line[k]), f"Time {shown(text.iloc[k])} is not HH:MM:SS.ffffff")
+            raise TraceFormatError(
+                path, int(line[k]), f"Time {shown(text.iloc[k])} is not HH:MM:SS.ffffff"
+            )
         t = t.astype(np.int64)
     # a jump back of more than half a day is midnight; smaller ones are threads racing to log
     wraps = np.concatenate([[0], np.cumsum(np.diff(t) < -_DAY_US // 2)])
@@ -202,9 +249,13 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
     if back.size:
         k = int(back[0])
         before = int(np.flatnonzero(t[:k] == latest[k])[0])
-        raise TraceFormatError(path, int(line[k]), f"Time goes back {(latest[k] - t[k]) / 1e6:,.6f} s from line "
-                                                   f"{int(line[before])}'s (more than the "
-                                                   f"{MAX_CLOCK_JITTER_US / 1e6:g} s of threads racing to log)")
+        raise TraceFormatError(
+            path,
+            int(line[k]),
+            f"Time goes back {(latest[k] - t[k]) / 1e6:,.6f} s from line "
+            f"{int(line[before])}'s (more than the "
+            f"{MAX_CLOCK_JITTER_US / 1e6:g} s of threads racing to log)",
+        )
     return latest, int(np.count_nonzero(latest != t))
 
 
@@ -213,16 +264,20 @@ def _clock_fixed_width_us(col: pa.Array) -> np.ndarray | None:
     n = len(col)
     if n == 0 or col.null_count or not pa.types.is_string(col.type):
         return None
-    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset: col.offset + n + 1]
+    offsets = np.frombuffer(col.buffers()[1], dtype=np.int32)[col.offset : col.offset + n + 1]
     if offsets[-1] - offsets[0] != 15 * n or not np.all(np.diff(offsets) == 15):
         return None
-    data = np.frombuffer(col.buffers()[2], dtype=np.uint8)[offsets[0]: offsets[-1]].reshape(n, 15)
+    data = np.frombuffer(col.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(n, 15)
     if not ((data[:, [2, 5]] == ord(":")).all() and (data[:, 8] == ord(".")).all()):
         return None
     digits = data[:, [0, 1, 3, 4, 6, 7, 9, 10, 11, 12, 13, 14]].astype(np.int64) - ord("0")
     if ((digits < 0) | (digits > 9)).any():
         return None
-    h, m, s = digits[:, 0] * 10 + digits[:, 1], digits[:, 2] * 10 + digits[:, 3], digits[:, 4] * 10 + digits[:, 5]
+    h, m, s = (
+        digits[:, 0] * 10 + digits[:, 1],
+        digits[:, 2] * 10 + digits[:, 3],
+        digits[:, 4] * 10 + digits[:, 5],
+    )
     if (h > 23).any() or (m > 59).any() or (s > 60).any():
         return None
     frac = digits[:, 6:] @ np.array([100_000, 10_000, 1_000, 100, 10, 1], dtype=np.int64)
@@ -246,12 +301,20 @@ def _parse_hex(col: pa.Array, line: np.ndarray, path: Path, what: str) -> np.nda
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     if bad:
         k = int(np.flatnonzero(np.isin(codes, bad))[0])
-        raise TraceFormatError(path, int(line[k]), f"{what} {shown(values[codes[k]])} is not a hex address")
+        raise TraceFormatError(
+            path, int(line[k]), f"{what} {shown(values[codes[k]])} is not a hex address"
+        )
     return parsed[codes]
 
 
-def _check_no_overlap(pointer: np.ndarray, is_alloc: np.ndarray, alloc_size: np.ndarray, alloc_row: np.ndarray,
-                      line: np.ndarray, path: Path) -> None:
+def _check_no_overlap(
+    pointer: np.ndarray,
+    is_alloc: np.ndarray,
+    alloc_size: np.ndarray,
+    alloc_row: np.ndarray,
+    line: np.ndarray,
+    path: Path,
+) -> None:
     """TraceFormatError at the first allocation whose bytes overlap a live allocation's.
 
     The rows are matched already (every free closes a live allocation, a pointer is not live
@@ -266,17 +329,25 @@ def _check_no_overlap(pointer: np.ndarray, is_alloc: np.ndarray, alloc_size: np.
     past = np.flatnonzero(start > np.uint64(2**64 - 1) - size)
     if past.size:
         k = int(rows[past[0]])
-        raise TraceFormatError(path, int(line[k]), f"allocate at {int(pointer[k]):#x} of {int(alloc_size[k]):,} bytes "
-                                                   "runs past the end of the address space")
+        raise TraceFormatError(
+            path,
+            int(line[k]),
+            f"allocate at {int(pointer[k]):#x} of {int(alloc_size[k]):,} bytes "
+            "runs past the end of the address space",
+        )
     end = start + size
     order = np.argsort(start, kind="stable")
     s_start, s_end = start[order], end[order]
-    first = np.concatenate([[True], s_start[1:] != s_start[:-1]])  # first allocation of each pointer
+    first = np.concatenate(
+        [[True], s_start[1:] != s_start[:-1]]
+    )  # first allocation of each pointer
     group = np.cumsum(first) - 1
     group_end = np.maximum.reduceat(s_end, np.flatnonzero(first))
     # uint64 throughout (pointers may pass 2**63; mixing in int64 would make floats of them)
     before_end = np.concatenate([np.zeros(1, np.uint64), np.maximum.accumulate(group_end)[:-1]])
-    next_start = np.concatenate([s_start[first][1:], np.full(1, np.iinfo(np.uint64).max, np.uint64)])
+    next_start = np.concatenate(
+        [s_start[first][1:], np.full(1, np.iinfo(np.uint64).max, np.uint64)]
+    )
     shared = np.empty(rows.size, bool)
     shared[order] = (before_end[group] > s_start) | (next_start[group] < s_end)
     if not shared.any():
@@ -285,7 +356,11 @@ def _check_no_overlap(pointer: np.ndarray, is_alloc: np.ndarray, alloc_size: np.
     check = np.flatnonzero(shared[ordinal[alloc_row]])
     starts: list[int] = []  # pointers of the live allocations, sorted
     live: dict[int, tuple[int, int]] = {}  # pointer -> (end, row)
-    ptrs, allocs, sizes = pointer[check].tolist(), is_alloc[check].tolist(), alloc_size[check].tolist()
+    ptrs, allocs, sizes = (
+        pointer[check].tolist(),
+        is_alloc[check].tolist(),
+        alloc_size[check].tolist(),
+    )
     for j, p in enumerate(ptrs):
         k = int(check[j])
         if not allocs[j]:
@@ -297,18 +372,31 @@ def _check_no_overlap(pointer: np.ndarray, is_alloc: np.ndarray, alloc_size: np.
         if p in live:  # lenient: allocated again without a free; the old one is gone
             del starts[i]
             del live[p]
-        other = starts[i - 1] if i and live[starts[i - 1]][0] > p else (
-            starts[i] if i < len(starts) and starts[i] < end else None)
+        other = (
+            starts[i - 1]
+            if i and live[starts[i - 1]][0] > p
+            else (starts[i] if i < len(starts) and starts[i] < end else None)
+        )
         if other is not None:
             other_end, row = live[other]
-            raise TraceFormatError(path, int(line[k]), f"allocate at {p:#x} of {sizes[j]:,} bytes overlaps the live "
-                                                       f"allocation [{other:#x}, {other_end:#x}) of line {int(line[row])}")
+            raise TraceFormatError(
+                path,
+                int(line[k]),
+                f"allocate at {p:#x} of {sizes[j]:,} bytes overlaps the live "
+                f"allocation [{other:#x}, {other_end:#x}) of line {int(line[row])}",
+            )
         starts.insert(i, p)
         live[p] = (end, k)
 
 
-def _match_frees(pointer: np.ndarray, is_alloc: np.ndarray, is_empty: np.ndarray, line: np.ndarray, path: Path,
-                 lenient: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _match_frees(
+    pointer: np.ndarray,
+    is_alloc: np.ndarray,
+    is_empty: np.ndarray,
+    line: np.ndarray,
+    path: Path,
+    lenient: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pair each free with the latest earlier allocation of the same pointer.
 
     An unmatched free of 0 bytes belongs to a skipped zero-byte allocation and is dropped.
@@ -324,19 +412,26 @@ def _match_frees(pointer: np.ndarray, is_alloc: np.ndarray, is_empty: np.ndarray
     sp, sa = pointer[order], is_alloc[order]
     same_prev = np.concatenate([[False], sp[1:] == sp[:-1]])
     prev_alloc = same_prev & np.concatenate([[False], sa[:-1]])
-    unmatched = ~sa & ~prev_alloc          # a free whose pointer is not live
-    realloc = sa & prev_alloc              # an allocation of a pointer still live
+    unmatched = ~sa & ~prev_alloc  # a free whose pointer is not live
+    realloc = sa & prev_alloc  # an allocation of a pointer still live
     empty_unmatched = unmatched & is_empty[order]
     if not lenient:
         unmatched = unmatched & ~empty_unmatched
         problems = []
         if unmatched.any():
             k = order[unmatched].min()
-            problems.append((k, f"free of pointer {int(pointer[k]):#x}, which is not live "
-                                "(no allocation since its last free)"))
+            problems.append(
+                (
+                    k,
+                    f"free of pointer {int(pointer[k]):#x}, which is not live "
+                    "(no allocation since its last free)",
+                )
+            )
         if realloc.any():
             k = order[realloc].min()
-            problems.append((k, f"allocate returned pointer {int(pointer[k]):#x}, which is still live"))
+            problems.append(
+                (k, f"allocate returned pointer {int(pointer[k]):#x}, which is still live")
+            )
         if problems:
             k, reason = min(problems)
             raise TraceFormatError(path, int(line[k]), reason)

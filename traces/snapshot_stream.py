@@ -28,7 +28,13 @@ import pickle
 import pickletools
 from typing import Any, Callable
 
-__all__ = ["StreamedEntries", "find_device_list", "load_streaming", "release_freed_memory", "STREAM_GLOBAL"]
+__all__ = [
+    "StreamedEntries",
+    "find_device_list",
+    "load_streaming",
+    "release_freed_memory",
+    "STREAM_GLOBAL",
+]
 
 #: The global the swapped-in opcodes name; only the snapshot unpickler of ``load_streaming`` resolves it.
 STREAM_GLOBAL = ("traces.snapshot_stream", "StreamedEntries")
@@ -124,7 +130,7 @@ class _Pieces:
         while self.k < len(self.pieces) and (n < 0 or n > 0):
             piece = self.pieces[self.k]
             take = len(piece) - self.offset if n < 0 else min(n, len(piece) - self.offset)
-            out.append(piece[self.offset:self.offset + take])
+            out.append(piece[self.offset : self.offset + take])
             self.offset += take
             if n > 0:
                 n -= take
@@ -134,21 +140,21 @@ class _Pieces:
 
     def readinto(self, buf) -> int:
         data = self.read(len(buf))
-        buf[:len(data)] = data
+        buf[: len(data)] = data
         return len(data)
 
     def readline(self) -> bytes:
         out = []
         while self.k < len(self.pieces):
             piece = self.pieces[self.k]
-            end = bytes(piece[self.offset:]).find(b"\n")
+            end = bytes(piece[self.offset :]).find(b"\n")
             if end >= 0:
-                out.append(piece[self.offset:self.offset + end + 1])
+                out.append(piece[self.offset : self.offset + end + 1])
                 self.offset += end + 1
                 if self.offset == len(piece):
                     self.k, self.offset = self.k + 1, 0
                 break
-            out.append(piece[self.offset:])
+            out.append(piece[self.offset :])
             self.k, self.offset = self.k + 1, 0
         return b"".join(out)
 
@@ -174,7 +180,9 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
     the pickle is not laid out so (see the module docstring).
     """
     stack: list[Any] = []
-    marks: list[int] = []  # where each MARK on the stack is: the last one found at once, not by a scan
+    marks: list[
+        int
+    ] = []  # where each MARK on the stack is: the last one found at once, not by a scan
     memo: dict[int, Any] = {}
     frame: tuple[int, int] | None = None
     top: _Token | None = None
@@ -190,7 +198,11 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
             if pending is not None and name not in _MEMO_PUTS:
                 at, dev, token = pending
                 pending = None
-                if name not in ("EMPTY_LIST", "APPEND", "APPENDS"):  # its first item, or the batch mark
+                if name not in (
+                    "EMPTY_LIST",
+                    "APPEND",
+                    "APPENDS",
+                ):  # its first item, or the batch mark
                     if device is None and all(d.count == 0 for d in devices[:-1]):
                         return at, dev, _frame_at(frame, at)
                     if device is None:
@@ -220,7 +232,9 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                 token = _Token("list")
                 if outer is None and top is not None and _is_value_of(stack, top, "device_traces"):
                     token = outer = _Token("outer")
-                elif outer is not None and (stack[-1] is outer or (marks and marks[-1] and stack[marks[-1] - 1] is outer)):
+                elif outer is not None and (
+                    stack[-1] is outer or (marks and marks[-1] and stack[marks[-1] - 1] is outer)
+                ):
                     token = _Token("device")
                     devices.append(token)
                     dev = outer.count + (0 if stack[-1] is outer else len(stack) - marks[-1] - 1)
@@ -236,11 +250,11 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                     del stack[m:]
                 else:
                     num = len(op.stack_before) - 1
-                    del stack[len(stack) - num:]
+                    del stack[len(stack) - num :]
                 if name in ("APPEND", "APPENDS"):
                     stack[-1].count += num
             elif name == "POP_MARK":
-                del stack[marks.pop():]
+                del stack[marks.pop() :]
             elif name == "DUP":
                 stack.append(stack[-1])
             else:  # any other opcode: pop what it takes (through a mark), push opaque results
@@ -250,11 +264,11 @@ def find_device_list(data, device: int | None) -> tuple[int, int, tuple[int, int
                     m = marks.pop()
                     del stack[m:]
                     if k:
-                        del stack[len(stack) - k:]
+                        del stack[len(stack) - k :]
                 elif before:
                     if len(before) > len(stack):
                         return None
-                    del stack[len(stack) - len(before):]
+                    del stack[len(stack) - len(before) :]
                 while marks and marks[-1] >= len(stack):  # a pickle that pops a mark as an object
                     marks.pop()
                 stack.extend(_Token("other") for _ in op.stack_after)
@@ -267,8 +281,14 @@ def _is_value_of(stack: list, top: _Token, key: str) -> bool:
     """Whether the next object pushed is the value of ``key`` in the top-level dict ``top``."""
     if len(stack) == 2:
         return stack[0] is top and stack[1] == key
-    return (len(stack) >= 3 and stack[0] is top and stack[1] is _MARK and (len(stack) - 2) % 2 == 1
-            and stack[-1] == key and isinstance(stack[-1], str))
+    return (
+        len(stack) >= 3
+        and stack[0] is top
+        and stack[1] is _MARK
+        and (len(stack) - 2) % 2 == 1
+        and stack[-1] == key
+        and isinstance(stack[-1], str)
+    )
 
 
 def _frame_at(frame: tuple[int, int] | None, pos: int) -> tuple[int, int] | None:
@@ -277,8 +297,12 @@ def _frame_at(frame: tuple[int, int] | None, pos: int) -> tuple[int, int] | None
     return None
 
 
-def load_streaming(data, found: tuple[int, int, tuple[int, int] | None], unpickler: Callable[[Any], pickle.Unpickler],
-                   consume: Callable[[list, int], Any]) -> tuple[Any, StreamedEntries] | None:
+def load_streaming(
+    data,
+    found: tuple[int, int, tuple[int, int] | None],
+    unpickler: Callable[[Any], pickle.Unpickler],
+    consume: Callable[[list, int], Any],
+) -> tuple[Any, StreamedEntries] | None:
     """Unpickle ``data`` with the device list ``found`` by ``find_device_list`` read into a
     ``StreamedEntries`` over ``consume``; None when the swapped-in call was never reached.
 
@@ -290,11 +314,16 @@ def load_streaming(data, found: tuple[int, int, tuple[int, int] | None], unpickl
     call = b"c" + "\n".join(STREAM_GLOBAL).encode() + b"\n)R"
     view = memoryview(data)
     if frame is None:
-        pieces = [view[:pos], call, view[pos + 1:]]
+        pieces = [view[:pos], call, view[pos + 1 :]]
     else:  # the frame holding the opcode grows by the bytes swapped in
         at, length = frame
-        pieces = [view[:at + 1], (length + len(call) - 1).to_bytes(8, "little"), view[at + 9:pos], call,
-                  view[pos + 1:]]
+        pieces = [
+            view[: at + 1],
+            (length + len(call) - 1).to_bytes(8, "little"),
+            view[at + 9 : pos],
+            call,
+            view[pos + 1 :],
+        ]
     made: list[StreamedEntries] = []
 
     def make() -> StreamedEntries:

@@ -31,8 +31,17 @@ from pathlib import Path
 
 from traces.errors import TraceFormatError
 
-__all__ = ["TraceSource", "open_source", "max_trace_bytes", "stream_timeout_s", "GZIP_MAGIC",
-           "MAX_TRACE_BYTES_ENV", "STREAM_TIMEOUT_ENV", "DEFAULT_MAX_TRACE_BYTES", "DEFAULT_STREAM_TIMEOUT_S"]
+__all__ = [
+    "TraceSource",
+    "open_source",
+    "max_trace_bytes",
+    "stream_timeout_s",
+    "GZIP_MAGIC",
+    "MAX_TRACE_BYTES_ENV",
+    "STREAM_TIMEOUT_ENV",
+    "DEFAULT_MAX_TRACE_BYTES",
+    "DEFAULT_STREAM_TIMEOUT_S",
+]
 
 GZIP_MAGIC = b"\x1f\x8b"
 MAX_TRACE_BYTES_ENV = "POOLLAB_MAX_TRACE_BYTES"
@@ -83,8 +92,9 @@ class TraceSource:
             raise TraceFormatError(self.path, None, self.damage)
 
 
-def open_source(path: str | Path | TraceSource, *, max_bytes: int | None = None,
-                timeout_s: float | None = None) -> TraceSource:
+def open_source(
+    path: str | Path | TraceSource, *, max_bytes: int | None = None, timeout_s: float | None = None
+) -> TraceSource:
     """Read ``path`` once, whole, under the limits (see the module docstring); a source is returned as is.
 
     Args:
@@ -116,7 +126,9 @@ def open_source(path: str | Path | TraceSource, *, max_bytes: int | None = None,
             key = (str(path), st.st_dev, st.st_ino)
             if key in _STREAMS:
                 return _STREAMS[key]
-            raw = _read_stream(fd, limit, stream_timeout_s(path) if timeout_s is None else timeout_s, path)
+            raw = _read_stream(
+                fd, limit, stream_timeout_s(path) if timeout_s is None else timeout_s, path
+            )
             is_stream = True
     finally:
         os.close(fd)
@@ -135,7 +147,9 @@ def max_trace_bytes(path: str | Path = "") -> int:
     if not text:
         return DEFAULT_MAX_TRACE_BYTES
     if not text.isdigit() or len(text) > 19 or int(text) < 1:
-        raise TraceFormatError(path, None, f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a whole number of bytes >= 1")
+        raise TraceFormatError(
+            path, None, f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a whole number of bytes >= 1"
+        )
     return int(text)
 
 
@@ -149,19 +163,28 @@ def stream_timeout_s(path: str | Path = "") -> float:
     except ValueError:
         value = math.nan
     if not (0 < value < 1e6):
-        raise TraceFormatError(path, None, f"{STREAM_TIMEOUT_ENV}={text[:40]!r} is not a number of seconds "
-                                           "> 0 and < 1e6")
+        raise TraceFormatError(
+            path,
+            None,
+            f"{STREAM_TIMEOUT_ENV}={text[:40]!r} is not a number of seconds > 0 and < 1e6",
+        )
     return value
 
 
 def _too_big(path: Path, what: str, limit: int) -> TraceFormatError:
-    return TraceFormatError(path, None, f"{what}, more than the limit of {limit:,} bytes on a trace; "
-                                        f"set {MAX_TRACE_BYTES_ENV} to a larger byte count to read it")
+    return TraceFormatError(
+        path,
+        None,
+        f"{what}, more than the limit of {limit:,} bytes on a trace; "
+        f"set {MAX_TRACE_BYTES_ENV} to a larger byte count to read it",
+    )
 
 
 def _read_regular(fd: int, size_bytes: int, limit: int, path: Path) -> bytes:
     with os.fdopen(fd, "rb", closefd=False, buffering=0) as f:
-        data = f.read(size_bytes + 1)  # one read of the known size; a file that grows meanwhile reads on
+        data = f.read(
+            size_bytes + 1
+        )  # one read of the known size; a file that grows meanwhile reads on
         if len(data) <= size_bytes:
             return data
         parts = [data]
@@ -184,8 +207,12 @@ def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
     total = 0
     while True:
         if not poller.poll(timeout_s * 1000):
-            raise TraceFormatError(path, None, f"no data for {timeout_s:g} s (a pipe or FIFO that nobody writes "
-                                               f"to?); set {STREAM_TIMEOUT_ENV} to wait longer")
+            raise TraceFormatError(
+                path,
+                None,
+                f"no data for {timeout_s:g} s (a pipe or FIFO that nobody writes "
+                f"to?); set {STREAM_TIMEOUT_ENV} to wait longer",
+            )
         try:
             chunk = os.read(fd, _CHUNK_BYTES)
         except BlockingIOError:
@@ -224,9 +251,13 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
         except zlib.error as exc:
             return b"".join(parts), f"truncated or corrupt gzip stream ({exc})"
         if not d.eof:
-            return b"".join(parts), "truncated gzip stream (it ends before its end-of-stream marker)"
+            return b"".join(
+                parts
+            ), "truncated gzip stream (it ends before its end-of-stream marker)"
         rest = d.unused_data
         if not rest.strip(b"\0"):
             return b"".join(parts), None
         if rest[:2] != GZIP_MAGIC:
-            return b"".join(parts), "corrupt gzip stream (bytes after its end that are not another gzip member)"
+            return b"".join(
+                parts
+            ), "corrupt gzip stream (bytes after its end that are not another gzip member)"

@@ -21,8 +21,16 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-__all__ = ["MAX_SPEC_CHARS", "MAX_SPEC_DEPTH", "check_text", "split_top", "parse_items", "unbracket",
-           "format_value", "format_items"]
+__all__ = [
+    "MAX_SPEC_CHARS",
+    "MAX_SPEC_DEPTH",
+    "check_text",
+    "split_top",
+    "parse_items",
+    "unbracket",
+    "format_value",
+    "format_items",
+]
 
 #: Longest text read: the longest in the docs is under 100 characters, so more is a runaway (a
 #: generated or pasted text) that every error message would repeat. Below Python's 4,300-digit
@@ -36,13 +44,21 @@ _BRACKET_RE = re.compile(r"[\[\]]")
 Error = Callable[[str], Exception]
 
 
-def check_text(text: str, what: str, *, error: Error = ValueError, max_chars: int = MAX_SPEC_CHARS,
-               max_depth: int | None = MAX_SPEC_DEPTH) -> None:
+def check_text(
+    text: str,
+    what: str,
+    *,
+    error: Error = ValueError,
+    max_chars: int = MAX_SPEC_CHARS,
+    max_depth: int | None = MAX_SPEC_DEPTH,
+) -> None:
     """Raise ``error(message)`` unless ``text`` is at most ``max_chars`` long, with its square
     brackets balanced and nested at most ``max_depth`` deep; ``what`` names the text.
     ``max_depth=None`` checks the length only (for a caller whose own rule on brackets says more)."""
     if len(text) > max_chars:
-        raise error(f"{what} {text[:40]!r}... is {len(text):,} characters long; at most {max_chars:,}")
+        raise error(
+            f"{what} {text[:40]!r}... is {len(text):,} characters long; at most {max_chars:,}"
+        )
     if max_depth is None:
         return
     depth = deepest = 0
@@ -54,7 +70,9 @@ def check_text(text: str, what: str, *, error: Error = ValueError, max_chars: in
     if depth:
         raise error(f"unbalanced '[' in {what} {text!r}")
     if deepest > max_depth:
-        raise error(f"{what} {text[:40]!r}... nests [...] {deepest:,} levels deep; at most {max_depth}")
+        raise error(
+            f"{what} {text[:40]!r}... nests [...] {deepest:,} levels deep; at most {max_depth}"
+        )
 
 
 def split_top(text: str, sep: str = ",") -> list[str]:
@@ -72,9 +90,16 @@ def split_top(text: str, sep: str = ",") -> list[str]:
     return parts
 
 
-def parse_items(text: str, *, bad_item: Callable[[str], Exception] | None,
-                twice: Callable[[str], Exception] | None = None, valid_key: Callable[[str], bool] = str.isidentifier,
-                skip_empty: bool = True, need_value: bool = False, assign: str = "=") -> dict[str, str]:
+def parse_items(
+    text: str,
+    *,
+    bad_item: Callable[[str], Exception] | None,
+    twice: Callable[[str], Exception] | None = None,
+    valid_key: Callable[[str], bool] = str.isidentifier,
+    skip_empty: bool = True,
+    need_value: bool = False,
+    assign: str = "=",
+) -> dict[str, str]:
     """``"a=1, b=[x:c=2,d=3]" -> {"a": "1", "b": "[x:c=2,d=3]"}``: keys and values stripped,
     brackets kept (``unbracket`` takes them off), in the text's order.
 

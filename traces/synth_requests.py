@@ -29,8 +29,15 @@ from traces.requests import MAX_TIME_S, MAX_TOKENS, RequestTrace, make_requests
 from traces.spec_grammar import MAX_SPEC_DEPTH, check_text, parse_items, unbracket
 
 __all__ = [
-    "LengthDist", "Lognormal", "Zipf", "Empirical", "Fixed", "PrefixSharing",
-    "parse_length_dist", "parse_prefix_sharing", "synth_requests",
+    "LengthDist",
+    "Lognormal",
+    "Zipf",
+    "Empirical",
+    "Fixed",
+    "PrefixSharing",
+    "parse_length_dist",
+    "parse_prefix_sharing",
+    "synth_requests",
 ]
 
 _MAX_ZIPF_RANGE = 10_000_000  # the bounded Zipf keeps its whole CDF in memory
@@ -50,14 +57,22 @@ class LengthDist(Protocol):
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray: ...
 
 
-def _check_whole(kind: str, key: str, value: Any, *, low: int = 1, high: int = MAX_TOKENS,
-                 unit: str = "tokens") -> None:
+def _check_whole(
+    kind: str, key: str, value: Any, *, low: int = 1, high: int = MAX_TOKENS, unit: str = "tokens"
+) -> None:
     """Refuse a knob that is not a whole number in ``[low, high]`` (a bool is not a number here)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or int(value) != value or value < low:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not math.isfinite(value)
+        or int(value) != value
+        or value < low
+    ):
         raise ValueError(f"{kind}: {key}={value!r} must be a whole number >= {low}")
     if value > high:
-        raise ValueError(f"{kind}: {key}={value!r} is more than {high:,} {unit}, the most a request trace may hold")
+        raise ValueError(
+            f"{kind}: {key}={value!r} is more than {high:,} {unit}, the most a request trace may hold"
+        )
 
 
 def _check_bounds(kind: str, lo: int, hi: int | None) -> None:
@@ -81,8 +96,10 @@ class Lognormal:
         if not (np.isfinite(self.median) and self.median > 0):
             raise ValueError(f"lognormal: median={self.median!r} must be > 0")
         if self.median > MAX_TOKENS:
-            raise ValueError(f"lognormal: median={self.median!r} is more than {MAX_TOKENS:,} tokens, the most a "
-                             "request trace may hold")
+            raise ValueError(
+                f"lognormal: median={self.median!r} is more than {MAX_TOKENS:,} tokens, the most a "
+                "request trace may hold"
+            )
         if not (np.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"lognormal: sigma={self.sigma!r} must be >= 0")
         _check_bounds("lognormal", self.min, self.max)
@@ -90,7 +107,9 @@ class Lognormal:
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """Draws clipped to ``[min, max]``; without a max, to ``MAX_TOKENS`` (a huge sigma overflows to inf)."""
         x = np.rint(rng.lognormal(np.log(self.median), self.sigma, size))
-        return np.clip(x, self.min, self.max if self.max is not None else MAX_TOKENS).astype(np.int64)
+        return np.clip(x, self.min, self.max if self.max is not None else MAX_TOKENS).astype(
+            np.int64
+        )
 
 
 @dataclass(frozen=True)
@@ -106,11 +125,13 @@ class Zipf:
             raise ValueError(f"zipf: a={self.a!r} must be > 0")
         _check_bounds("zipf", self.min, self.max)
         if self.max - self.min >= _MAX_ZIPF_RANGE:
-            raise ValueError(f"zipf: range [{self.min}, {self.max}] is wider than {_MAX_ZIPF_RANGE:,} values")
+            raise ValueError(
+                f"zipf: range [{self.min}, {self.max}] is wider than {_MAX_ZIPF_RANGE:,} values"
+            )
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         k = np.arange(self.min, self.max + 1, dtype=np.float64)
-        cdf = np.cumsum(k ** -self.a)
+        cdf = np.cumsum(k**-self.a)
         idx = np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right")
         return (self.min + np.minimum(idx, k.size - 1)).astype(np.int64)
 
@@ -128,11 +149,18 @@ class Empirical:
         v = np.asarray(self.values)
         if v.ndim != 1 or v.size == 0:
             raise ValueError("empirical: needs a non-empty list of lengths")
-        if not np.issubdtype(v.dtype, np.number) or v.dtype == bool or np.any(v < 1) or np.any(v != np.floor(v)):
+        if (
+            not np.issubdtype(v.dtype, np.number)
+            or v.dtype == bool
+            or np.any(v < 1)
+            or np.any(v != np.floor(v))
+        ):
             raise ValueError("empirical: lengths must be whole numbers >= 1")
         if np.any(v > MAX_TOKENS):
-            raise ValueError(f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, the most a request "
-                             "trace may hold")
+            raise ValueError(
+                f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, the most a request "
+                "trace may hold"
+            )
         object.__setattr__(self, "values", v.astype(np.int64))
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -170,17 +198,23 @@ class PrefixSharing:
 
     def __post_init__(self) -> None:
         # a prefix more than there are requests is never used; a count past that only costs memory
-        _check_whole("prefix sharing", "num_prefixes", self.num_prefixes, high=MAX_REQUESTS, unit="prefixes")
+        _check_whole(
+            "prefix sharing", "num_prefixes", self.num_prefixes, high=MAX_REQUESTS, unit="prefixes"
+        )
         if not (np.isfinite(self.a) and self.a >= 0):
             raise ValueError(f"prefix sharing: a={self.a!r} must be >= 0")
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"prefix sharing: fraction={self.fraction!r} must be in [0, 1]")
         _check_whole("prefix sharing", "block_tokens", self.block_tokens)
 
-    def hash_ids(self, rng: np.random.Generator, prompt_tokens: np.ndarray) -> list[tuple[int, ...]]:
+    def hash_ids(
+        self, rng: np.random.Generator, prompt_tokens: np.ndarray
+    ) -> list[tuple[int, ...]]:
         bt = int(self.block_tokens)
         prefix_blocks = self.prefix_tokens.sample(rng, self.num_prefixes) // bt
-        first_id = np.concatenate([[0], np.cumsum(prefix_blocks)])  # prefix k owns ids first_id[k]..
+        first_id = np.concatenate(
+            [[0], np.cumsum(prefix_blocks)]
+        )  # prefix k owns ids first_id[k]..
         weights = np.arange(1, self.num_prefixes + 1, dtype=np.float64) ** -self.a
         choice = rng.choice(self.num_prefixes, size=prompt_tokens.size, p=weights / weights.sum())
         uses = rng.random(prompt_tokens.size) < self.fraction
@@ -190,15 +224,27 @@ class PrefixSharing:
             num_blocks = -(-n_tokens // bt)
             shared = min(int(prefix_blocks[k]), n_tokens // bt) if use else 0
             own = num_blocks - shared
-            out.append(tuple(range(first_id[k], first_id[k] + shared)) + tuple(range(next_id, next_id + own)))
+            out.append(
+                tuple(range(first_id[k], first_id[k] + shared))
+                + tuple(range(next_id, next_id + own))
+            )
             next_id += own
         return out
 
 
-def synth_requests(*, num_requests: int | None = None, duration_s: float | None = None, rate_rps: float,
-                   arrival: str = "poisson", cv: float = 1.0, prompt: LengthDist = Lognormal(1000, 1.0),
-                   output: LengthDist = Lognormal(128, 1.0), seed: int = 0,
-                   prefix_sharing: PrefixSharing | None = None, name: str = "synth") -> RequestTrace:
+def synth_requests(
+    *,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+    rate_rps: float,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    prompt: LengthDist = Lognormal(1000, 1.0),
+    output: LengthDist = Lognormal(128, 1.0),
+    seed: int = 0,
+    prefix_sharing: PrefixSharing | None = None,
+    name: str = "synth",
+) -> RequestTrace:
     """A synthetic request trace.
 
     Args:
@@ -219,49 +265,83 @@ def synth_requests(*, num_requests: int | None = None, duration_s: float | None 
     if duration_s is not None and not (np.isfinite(duration_s) and duration_s > 0):
         raise ValueError(f"duration_s={duration_s!r} must be a finite number > 0")
     if duration_s is not None and duration_s > MAX_TIME_S:
-        raise ValueError(f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, the most a request trace may last")
+        raise ValueError(
+            f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, the most a request trace may last"
+        )
     if not (np.isfinite(rate_rps) and rate_rps > 0):
         raise ValueError(f"rate_rps={rate_rps!r} must be a finite number > 0")
     if duration_s is None and num_requests > 1 and (num_requests - 1) / rate_rps > MAX_TIME_S:
-        raise ValueError(f"num_requests={num_requests:,} at rate_rps={rate_rps!r} would last about "
-                         f"{(num_requests - 1) / rate_rps:.3g} s, longer than {MAX_TIME_S:g} s; raise the rate")
+        raise ValueError(
+            f"num_requests={num_requests:,} at rate_rps={rate_rps!r} would last about "
+            f"{(num_requests - 1) / rate_rps:.3g} s, longer than {MAX_TIME_S:g} s; raise the rate"
+        )
     expected = num_requests if num_requests is not None else rate_rps * duration_s
     if duration_s is not None and num_requests is not None:
         expected = min(num_requests, rate_rps * duration_s)
     if expected > MAX_REQUESTS:  # refused before any work: the table would not fit in memory
-        raise ValueError(f"num_requests={expected:,.0f} (or rate_rps x duration_s) is more than {MAX_REQUESTS:,} "
-                         "requests; generate fewer, or several traces")
+        raise ValueError(
+            f"num_requests={expected:,.0f} (or rate_rps x duration_s) is more than {MAX_REQUESTS:,} "
+            "requests; generate fewer, or several traces"
+        )
     if arrival not in ("poisson", "gamma"):
         raise ValueError(f"arrival={arrival!r} must be 'poisson' or 'gamma'")
     if not (np.isfinite(cv) and cv > 0):
         raise ValueError(f"cv={cv!r} must be a finite number > 0")
     if not _MIN_CV <= cv <= _MAX_CV:
-        raise ValueError(f"cv={cv!r} must be between {_MIN_CV:g} and {_MAX_CV:g} (the Gamma shape is 1/cv**2)")
+        raise ValueError(
+            f"cv={cv!r} must be between {_MIN_CV:g} and {_MAX_CV:g} (the Gamma shape is 1/cv**2)"
+        )
     if arrival == "poisson" and cv != 1.0:
         raise ValueError(f"cv={cv!r} needs arrival='gamma' (a Poisson process has CV 1)")
-    rng_arrival, rng_prompt, rng_output, rng_prefix = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+    rng_arrival, rng_prompt, rng_output, rng_prefix = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
+    )
     t = _arrivals(rng_arrival, num_requests, duration_s, rate_rps, arrival, cv)
     if t.size and not t[-1] <= MAX_TIME_S:  # a bursty (gamma) draw can outrun the expected span
-        raise ValueError(f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; raise rate_rps or "
-                         "lower cv")
+        raise ValueError(
+            f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; raise rate_rps or "
+            "lower cv"
+        )
     prompt_tokens = prompt.sample(rng_prompt, t.size)
     output_tokens = output.sample(rng_output, t.size)
     hash_ids = prefix_sharing.hash_ids(rng_prefix, prompt_tokens) if prefix_sharing else None
     meta: dict[str, Any] = {
-        "seed": seed, "rate_rps": rate_rps, "arrival": arrival, "cv": cv, "num_requests": num_requests,
-        "duration_s": duration_s, "prompt": _describe_dist(prompt), "output": _describe_dist(output),
-        "prefix_sharing": None if prefix_sharing is None else
-        {**asdict(prefix_sharing), "prefix_tokens": _describe_dist(prefix_sharing.prefix_tokens)},
+        "seed": seed,
+        "rate_rps": rate_rps,
+        "arrival": arrival,
+        "cv": cv,
+        "num_requests": num_requests,
+        "duration_s": duration_s,
+        "prompt": _describe_dist(prompt),
+        "output": _describe_dist(output),
+        "prefix_sharing": None
+        if prefix_sharing is None
+        else {
+            **asdict(prefix_sharing),
+            "prefix_tokens": _describe_dist(prefix_sharing.prefix_tokens),
+        },
     }
     if prefix_sharing is not None:
         meta["hash_block_tokens"] = int(prefix_sharing.block_tokens)
-    return RequestTrace(make_requests(t, prompt_tokens, output_tokens, hash_ids=hash_ids),
-                        name=name, source="", format="synth", meta=meta)
+    return RequestTrace(
+        make_requests(t, prompt_tokens, output_tokens, hash_ids=hash_ids),
+        name=name,
+        source="",
+        format="synth",
+        meta=meta,
+    )
 
 
-def _arrivals(rng: np.random.Generator, num_requests: int | None, duration_s: float | None,
-              rate_rps: float, arrival: str, cv: float) -> np.ndarray:
+def _arrivals(
+    rng: np.random.Generator,
+    num_requests: int | None,
+    duration_s: float | None,
+    rate_rps: float,
+    arrival: str,
+    cv: float,
+) -> np.ndarray:
     """Arrival times of a renewal process with an arrival at 0 and mean gap 1/rate_rps."""
+
     def gaps(size: int) -> np.ndarray:
         if arrival == "poisson":
             return rng.exponential(1.0 / rate_rps, size)
@@ -288,15 +368,26 @@ def _describe_dist(dist: Any) -> str:
 
 
 def _parse_kv(text: str, kind: str, body: str) -> dict[str, str]:
-    return parse_items(body, valid_key=bool, need_value=True,
-                       bad_item=lambda part: ValueError(f"cannot read {part!r} in {kind} spec {text!r}: expected key=value"))
+    return parse_items(
+        body,
+        valid_key=bool,
+        need_value=True,
+        bad_item=lambda part: ValueError(
+            f"cannot read {part!r} in {kind} spec {text!r}: expected key=value"
+        ),
+    )
 
 
 def _check_spec(spec: str, kind: str, *, brackets: bool = True) -> str:
     """The spec stripped, unless it is longer than ``MAX_SPEC_CHARS`` (or, with ``brackets``, its
     brackets are unbalanced or nested too deep)."""
     spec = str(spec).strip()
-    check_text(spec, f"{kind} spec", max_chars=MAX_SPEC_CHARS, max_depth=MAX_SPEC_DEPTH if brackets else None)
+    check_text(
+        spec,
+        f"{kind} spec",
+        max_chars=MAX_SPEC_CHARS,
+        max_depth=MAX_SPEC_DEPTH if brackets else None,
+    )
     return spec
 
 
@@ -315,7 +406,11 @@ def _number(text: str, spec: str, key: str, kind: type = float) -> Any:
 
 
 _DIST_KEYS = {
-    "lognormal": (Lognormal, {"median": float, "sigma": float, "min": int, "max": int}, ("median", "sigma")),
+    "lognormal": (
+        Lognormal,
+        {"median": float, "sigma": float, "min": int, "max": int},
+        ("median", "sigma"),
+    ),
     "zipf": (Zipf, {"a": float, "min": int, "max": int}, ("a",)),
     "fixed": (Fixed, {"n": int}, ("n",)),
 }
@@ -334,24 +429,35 @@ def parse_length_dist(text: str) -> LengthDist:
         kv = _parse_kv(spec, kind, body)
         unknown = set(kv) - {"trace", "column"}
         if unknown or "trace" not in kv:
-            raise ValueError(f"empirical spec {spec!r} needs trace=FILE[,column=prompt_tokens|output_tokens]")
+            raise ValueError(
+                f"empirical spec {spec!r} needs trace=FILE[,column=prompt_tokens|output_tokens]"
+            )
         column = kv.get("column", "prompt_tokens")
         column = {"prompt": "prompt_tokens", "output": "output_tokens"}.get(column, column)
         if column not in ("prompt_tokens", "output_tokens"):
-            raise ValueError(f"empirical spec {spec!r}: column must be prompt_tokens or output_tokens")
+            raise ValueError(
+                f"empirical spec {spec!r}: column must be prompt_tokens or output_tokens"
+            )
         from traces.request_readers import read_request_trace
+
         return Empirical(read_request_trace(kv["trace"]).requests[column].to_numpy())
     if kind not in _DIST_KEYS:
-        raise ValueError(f"unknown length distribution {kind!r} in {spec!r}; known: lognormal, zipf, fixed, empirical "
-                         f"(e.g. lognormal:median=1000,sigma=1.0)")
+        raise ValueError(
+            f"unknown length distribution {kind!r} in {spec!r}; known: lognormal, zipf, fixed, empirical "
+            f"(e.g. lognormal:median=1000,sigma=1.0)"
+        )
     cls, keys, required = _DIST_KEYS[kind]
     kv = _parse_kv(spec, kind, body)
     unknown = sorted(set(kv) - set(keys))
     if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)} in {spec!r}; {kind} takes {', '.join(keys)}")
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} in {spec!r}; {kind} takes {', '.join(keys)}"
+        )
     missing = [k for k in required if k not in kv]
     if missing:
-        raise ValueError(f"{spec!r} lacks {', '.join(missing)} (e.g. {kind}:{','.join(f'{k}=...' for k in required)})")
+        raise ValueError(
+            f"{spec!r} lacks {', '.join(missing)} (e.g. {kind}:{','.join(f'{k}=...' for k in required)})"
+        )
     return cls(**{k: _number(v, spec, k, keys[k]) for k, v in kv.items()})
 
 
@@ -366,8 +472,10 @@ def parse_prefix_sharing(text: str) -> PrefixSharing:
     for i, ch in enumerate(spec):  # one level, named by position: more than check_text would say
         depth += {"[": 1, "]": -1}.get(ch, 0)
         if not 0 <= depth <= 1:
-            raise ValueError(f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' at "
-                             f"character {i + 1}; only prefix_tokens=[...] takes brackets, one level")
+            raise ValueError(
+                f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' at "
+                f"character {i + 1}; only prefix_tokens=[...] takes brackets, one level"
+            )
     if depth:
         raise ValueError(f"prefix-sharing spec {spec!r}: unbalanced '['")
     types = {"num_prefixes": int, "a": float, "fraction": float, "block_tokens": int}
@@ -378,5 +486,7 @@ def parse_prefix_sharing(text: str) -> PrefixSharing:
         elif key in types:
             kv[key] = _number(value, spec, key, types[key])
         else:
-            raise ValueError(f"unknown key {key!r} in prefix-sharing spec {spec!r}; known: prefix_tokens, {', '.join(types)}")
+            raise ValueError(
+                f"unknown key {key!r} in prefix-sharing spec {spec!r}; known: prefix_tokens, {', '.join(types)}"
+            )
     return PrefixSharing(**kv)

@@ -41,11 +41,19 @@ def _model(torch):
     g = torch.Generator(device=dev).manual_seed(0)
 
     def w(*shape):
-        return (torch.randn(*shape, device=dev, dtype=dt, generator=g) * 0.02)
+        return torch.randn(*shape, device=dev, dtype=dt, generator=g) * 0.02
 
-    layers = [dict(qkv=w((H + 2 * KV) * HD, D), o=w(D, H * HD), gu=w(2 * FF, D), down=w(D, FF),
-                   n1=torch.ones(D, device=dev, dtype=dt), n2=torch.ones(D, device=dev, dtype=dt))
-              for _ in range(LAYERS)]
+    layers = [
+        dict(
+            qkv=w((H + 2 * KV) * HD, D),
+            o=w(D, H * HD),
+            gu=w(2 * FF, D),
+            down=w(D, FF),
+            n1=torch.ones(D, device=dev, dtype=dt),
+            n2=torch.ones(D, device=dev, dtype=dt),
+        )
+        for _ in range(LAYERS)
+    ]
     emb, head, nf = w(VOCAB, D), w(VOCAB, D), torch.ones(D, device=dev, dtype=dt)
 
     def block(l, x, k_all, v_all, mask):
@@ -54,12 +62,20 @@ def _model(torch):
         qkv = F.linear(F.rms_norm(x, (D,), l["n1"]), l["qkv"])
         q, k, v = qkv.split([H * HD, KV * HD, KV * HD], -1)
         q = q.view(B, T, H, HD).transpose(1, 2)
-        att = F.scaled_dot_product_attention(q, k_all.repeat_interleave(H // KV, 1),
-                                             v_all.repeat_interleave(H // KV, 1), attn_mask=mask)
+        att = F.scaled_dot_product_attention(
+            q,
+            k_all.repeat_interleave(H // KV, 1),
+            v_all.repeat_interleave(H // KV, 1),
+            attn_mask=mask,
+        )
         x = x + F.linear(att.transpose(1, 2).reshape(B, T, H * HD), l["o"])
         gu = F.linear(F.rms_norm(x, (D,), l["n2"]), l["gu"])
         a, b = gu.chunk(2, -1)
-        return x + F.linear(F.silu(a) * b, l["down"]), k.view(B, T, KV, HD).transpose(1, 2), v.view(B, T, KV, HD).transpose(1, 2)
+        return (
+            x + F.linear(F.silu(a) * b, l["down"]),
+            k.view(B, T, KV, HD).transpose(1, 2),
+            v.view(B, T, KV, HD).transpose(1, 2),
+        )
 
     def forward_cat(tokens, cache):
         """Eager step with a growing cache (list of (k, v) per layer, concatenated)."""
@@ -76,7 +92,9 @@ def _model(torch):
             k_all = k if k0 is None else torch.cat([k0, k], 2)
             v_all = v if v0 is None else torch.cat([v0, v], 2)
             S = k_all.shape[2]
-            mask = torch.full((T, S), float("-inf"), device=x.device, dtype=x.dtype).triu(S - T + 1)[None, None]
+            mask = torch.full((T, S), float("-inf"), device=x.device, dtype=x.dtype).triu(
+                S - T + 1
+            )[None, None]
             x, _, _ = block(l, x, k_all, v_all, mask)
             new.append((k_all, v_all))
         return F.linear(F.rms_norm(x[:, -1], (D,), nf), head), new
@@ -85,9 +103,11 @@ def _model(torch):
         """One step with a static cache kc/vc [L][B, KV, MAX_CTX, HD]; tokens [B, T] at positions pos [B] onward."""
         x = emb[tokens]
         B, T = tokens.shape
-        idx = pos[:, None] + torch.arange(T, device=x.device)[None]            # [B, T]
+        idx = pos[:, None] + torch.arange(T, device=x.device)[None]  # [B, T]
         cols = torch.arange(MAX_CTX, device=x.device)
-        mask = torch.where(cols[None, None, :] <= idx[:, :, None], 0.0, float("-inf")).to(x.dtype)[:, None]
+        mask = torch.where(cols[None, None, :] <= idx[:, :, None], 0.0, float("-inf")).to(x.dtype)[
+            :, None
+        ]
         for i, l in enumerate(layers):
             qkv = F.linear(F.rms_norm(x, (D,), l["n1"]), l["qkv"])
             _, k, v = qkv.split([H * HD, KV * HD, KV * HD], -1)
@@ -102,8 +122,10 @@ def _model(torch):
 
 def _static_cache(torch, batch):
     shape = (batch, KV, MAX_CTX, HD)
-    return ([torch.zeros(shape, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)],
-            [torch.zeros(shape, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)])
+    return (
+        [torch.zeros(shape, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)],
+        [torch.zeros(shape, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)],
+    )
 
 
 def run_scenario(name: str, out_dir: str) -> None:
@@ -129,15 +151,17 @@ def run_scenario(name: str, out_dir: str) -> None:
             if name == "graphs":
                 pool = torch.cuda.graph_pool_handle()
                 graphs, outs = {}, {}
-                for bs in sizes:                                 # largest first, one shared pool
+                for bs in sizes:  # largest first, one shared pool
                     s = torch.cuda.Stream()
                     s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):                  # warm-up on a side stream, as vLLM does
+                    with torch.cuda.stream(s):  # warm-up on a side stream, as vLLM does
                         fwd_static(tok[:bs], pos[:bs], [k[:bs] for k in kc], [v[:bs] for v in vc])
                     torch.cuda.current_stream().wait_stream(s)
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=pool):
-                        outs[bs] = fwd_static(tok[:bs], pos[:bs], [k[:bs] for k in kc], [v[:bs] for v in vc])
+                        outs[bs] = fwd_static(
+                            tok[:bs], pos[:bs], [k[:bs] for k in kc], [v[:bs] for v in vc]
+                        )
                     graphs[bs] = g
                 decode = lambda bs: graphs[bs].replay()
             else:
@@ -152,8 +176,12 @@ def run_scenario(name: str, out_dir: str) -> None:
 
                     def forward(self, t, p):
                         bs = t.shape[0]
-                        return fwd_static(t, p, [getattr(self, f"k{i}")[:bs] for i in range(LAYERS)],
-                                          [getattr(self, f"v{i}")[:bs] for i in range(LAYERS)])
+                        return fwd_static(
+                            t,
+                            p,
+                            [getattr(self, f"k{i}")[:bs] for i in range(LAYERS)],
+                            [getattr(self, f"v{i}")[:bs] for i in range(LAYERS)],
+                        )
 
                 step = torch.compile(Decoder(), mode="reduce-overhead", dynamic=False)
                 decode = lambda bs: step(tok[:bs], pos[:bs])
@@ -162,8 +190,12 @@ def run_scenario(name: str, out_dir: str) -> None:
                 n = int(torch.randint(1, 5, (1,), generator=rng))
                 plen = int(torch.randint(32, 400, (1,), generator=rng))
                 prompt = torch.randint(0, VOCAB, (n, plen), device="cuda")
-                fwd_static(prompt, torch.zeros(n, dtype=torch.long, device="cuda"),
-                           [k[:n] for k in kc], [v[:n] for v in vc])
+                fwd_static(
+                    prompt,
+                    torch.zeros(n, dtype=torch.long, device="cuda"),
+                    [k[:n] for k in kc],
+                    [v[:n] for v in vc],
+                )
                 bs = sizes[int(torch.randint(0, len(sizes), (1,), generator=rng))]
                 for _ in range(int(torch.randint(4, 16, (1,), generator=rng))):
                     decode(bs)
@@ -193,7 +225,7 @@ def run_scenario(name: str, out_dir: str) -> None:
                     p += 1
                 del kc, vc, logits
             torch.cuda.synchronize()
-            torch.cuda.empty_cache()                             # what a server does before capture
+            torch.cuda.empty_cache()  # what a server does before capture
             notes["empty_cache_at_s"] = time.perf_counter() - t0
             b = 8
             kc, vc = _static_cache(torch, b)
@@ -206,7 +238,9 @@ def run_scenario(name: str, out_dir: str) -> None:
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                _out = fwd_static(tok, p, kc, vc)  # the captured output, held while the graph replays
+                _out = fwd_static(
+                    tok, p, kc, vc
+                )  # the captured output, held while the graph replays
             for _ in range(20):
                 g.replay()
                 p += 1
@@ -215,7 +249,9 @@ def run_scenario(name: str, out_dir: str) -> None:
     torch.cuda.memory._record_memory_history(enabled=None)
     stats = torch.cuda.memory_stats()
     meta = {
-        "scenario": name, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "scenario": name,
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
         "peak_allocated_bytes": stats["allocated_bytes.all.peak"],

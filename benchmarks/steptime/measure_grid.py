@@ -17,6 +17,7 @@ Runtime stays under 4 minutes on an H200 (``BUDGET_S`` stops the grid early, kee
 point already written). One CSV row per point (``COLUMNS``), flushed as it is measured, so an
 interrupted run still leaves its points. ``validate.py`` reads the CSV.
 """
+
 import csv
 import os
 import sys
@@ -25,12 +26,23 @@ import time
 import torch
 import torch.nn.functional as F
 
-COLUMNS = ["kind", "batch", "context_tokens", "prefill_tokens", "measured_s", "repeats", "gpu", "torch"]
+COLUMNS = [
+    "kind",
+    "batch",
+    "context_tokens",
+    "prefill_tokens",
+    "measured_s",
+    "repeats",
+    "gpu",
+    "torch",
+]
 DECODE_BATCHES = (1, 4, 16, 64, 128, 256)
 DECODE_CONTEXTS = (128, 512, 2048, 8192, 32768)
 PREFILL_CHUNKS = (256, 1024, 2048, 4096, 8192)
 PREFILL_CONTEXTS = (0, 2048, 8192, 24576)
-MAX_KV_TOKENS = 1 << 19  # 512k cached tokens: 64 GiB of bf16 KV for this shape, beside 16 GB of weights
+MAX_KV_TOKENS = (
+    1 << 19
+)  # 512k cached tokens: 64 GiB of bf16 KV for this shape, beside 16 GB of weights
 BUDGET_S = 210.0
 
 L, H, KV, HD, D, I, V = 32, 32, 8, 128, 4096, 14336, 128256
@@ -62,9 +74,17 @@ def main():
     torch.manual_seed(0)
     out_dir = os.environ.get("OUT", ".")
     path = os.path.join(out_dir, "steptime_grid.csv")
-    layers = [dict(qkv=w((H + 2 * KV) * HD, D), o=w(D, H * HD), gu=w(2 * I, D), down=w(D, I),
-                   n1=torch.ones(D, device=dev, dtype=dt), n2=torch.ones(D, device=dev, dtype=dt))
-              for _ in range(L)]
+    layers = [
+        dict(
+            qkv=w((H + 2 * KV) * HD, D),
+            o=w(D, H * HD),
+            gu=w(2 * I, D),
+            down=w(D, I),
+            n1=torch.ones(D, device=dev, dtype=dt),
+            n2=torch.ones(D, device=dev, dtype=dt),
+        )
+        for _ in range(L)
+    ]
     emb, head, nf = w(V, D), w(V, D), torch.ones(D, device=dev, dtype=dt)
     from torch.nn.attention.bias import causal_lower_right
 
@@ -82,7 +102,7 @@ def main():
             kc[i][:, :, C] = k.view(B, KV, HD)
             vc[i][:, :, C] = v.view(B, KV, HD)
             qg = q.view(B, KV, H // KV, HD)
-            s = torch.matmul(qg, kc[i].transpose(-1, -2)) * (HD ** -0.5)
+            s = torch.matmul(qg, kc[i].transpose(-1, -2)) * (HD**-0.5)
             p = torch.softmax(s.float(), -1).to(dt)
             x = x + F.linear(torch.matmul(p, vc[i]).reshape(B, H * HD), l["o"])
             x = x + mlp(l, x)
@@ -95,8 +115,9 @@ def main():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         except (TypeError, RuntimeError):  # a torch whose CausalBias does not take enable_gqa
             rep = H // KV
-            return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                                  attn_mask=mask)
+            return F.scaled_dot_product_attention(
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=mask
+            )
 
     def prefill(tok, kc, vc, C):
         # kc/vc per layer [1, KV, C + N, HD]: C cached tokens, then this chunk's N written in place.
@@ -123,8 +144,11 @@ def main():
         def record(kind, batch, context, prefill_tokens, seconds, repeats):
             out.writerow([kind, batch, context, prefill_tokens, f"{seconds:.6e}", repeats, gpu, tv])
             fh.flush()
-            print(f"{kind:8s} batch {batch:4d} context {context:6d} prefill {prefill_tokens:5d}: "
-                  f"{seconds * 1e3:9.3f} ms  [{time.perf_counter() - t0:6.1f} s]", flush=True)
+            print(
+                f"{kind:8s} batch {batch:4d} context {context:6d} prefill {prefill_tokens:5d}: "
+                f"{seconds * 1e3:9.3f} ms  [{time.perf_counter() - t0:6.1f} s]",
+                flush=True,
+            )
 
         for C in PREFILL_CONTEXTS:
             for N in PREFILL_CHUNKS:
@@ -137,7 +161,14 @@ def main():
                     tok = torch.randint(0, V, (N,), device=dev)
                     reps = 5 if N * (C + N) > 1 << 26 else 8
                     with torch.no_grad():
-                        record("prefill", 1, C, N, timeit(lambda: prefill(tok, kc, vc, C), reps, 2), reps)
+                        record(
+                            "prefill",
+                            1,
+                            C,
+                            N,
+                            timeit(lambda: prefill(tok, kc, vc, C), reps, 2),
+                            reps,
+                        )
                     del kc, vc
                 except torch.OutOfMemoryError as exc:
                     skipped.append(("prefill", 1, C, N, repr(exc)[:80]))

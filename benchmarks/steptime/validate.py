@@ -46,8 +46,12 @@ from sim.serving.steptime import StepTimeModel, default_calibration  # noqa: E40
 #: Columns ``measure_grid.py`` writes that this script needs.
 NEEDED = ("kind", "batch", "context_tokens", "prefill_tokens", "measured_s")
 #: Factors fitted, and the bounds each is kept in.
-FITTED = {"mfu_prefill": (0.05, 1.0), "mfu_decode": (0.05, 1.0), "hbm_efficiency": (0.05, 1.0),
-          "layer_overhead_s": (1e-7, 1e-3)}
+FITTED = {
+    "mfu_prefill": (0.05, 1.0),
+    "mfu_decode": (0.05, 1.0),
+    "hbm_efficiency": (0.05, 1.0),
+    "layer_overhead_s": (1e-7, 1e-3),
+}
 #: What the roofline leaves out, said with every report (the residuals show where it bites).
 LEFT_OUT = [
     "CPU time per step (scheduling, input preparation, sampling, Python): the grid replays CUDA graphs and "
@@ -72,16 +76,25 @@ def read_grid(path: Path) -> pd.DataFrame:
         raise ValueError(f"{path}: cannot read it as a CSV ({exc})") from None
     missing = [c for c in NEEDED if c not in grid.columns]
     if missing:
-        raise ValueError(f"{path}: lacks the columns {missing} (measure_grid.py writes {list(NEEDED)})")
+        raise ValueError(
+            f"{path}: lacks the columns {missing} (measure_grid.py writes {list(NEEDED)})"
+        )
     bad = ~grid["kind"].isin(["decode", "prefill"])
     if bad.any():
-        raise ValueError(f"{path}: line {int(np.flatnonzero(bad)[0]) + 2}: kind must be decode or prefill")
+        raise ValueError(
+            f"{path}: line {int(np.flatnonzero(bad)[0]) + 2}: kind must be decode or prefill"
+        )
     nums = grid[list(NEEDED[1:])].apply(pd.to_numeric, errors="coerce")
-    bad = nums.isna().any(axis=1) | (nums["measured_s"] <= 0) | (nums[["batch", "context_tokens",
-                                                                       "prefill_tokens"]] < 0).any(axis=1)
+    bad = (
+        nums.isna().any(axis=1)
+        | (nums["measured_s"] <= 0)
+        | (nums[["batch", "context_tokens", "prefill_tokens"]] < 0).any(axis=1)
+    )
     if bad.any():
-        raise ValueError(f"{path}: line {int(np.flatnonzero(bad)[0]) + 2}: counts must be >= 0 and "
-                         f"measured_s > 0")
+        raise ValueError(
+            f"{path}: line {int(np.flatnonzero(bad)[0]) + 2}: counts must be >= 0 and "
+            f"measured_s > 0"
+        )
     grid[list(NEEDED[1:])] = nums
     if len(grid) < 4:
         raise ValueError(f"{path}: {len(grid)} points; a fit and a held-out part need at least 4")
@@ -105,12 +118,17 @@ def split(grid: pd.DataFrame, how: str, seed: int, max_fit_context: int) -> np.n
 
 def predict(grid: pd.DataFrame, factors: dict[str, float], model=None, gpu=None) -> np.ndarray:
     """Predicted seconds per point with the bundled calibration changed by ``factors``."""
-    stm = StepTimeModel(model or load_model("Llama-3-8B"), gpu or load_gpu("H200"), calibration=factors)
+    stm = StepTimeModel(
+        model or load_model("Llama-3-8B"), gpu or load_gpu("H200"), calibration=factors
+    )
     out = np.empty(len(grid))
     for i, r in enumerate(grid.itertuples(index=False)):
         b, c, n = int(r.batch), int(r.context_tokens), int(r.prefill_tokens)
-        out[i] = stm.step_time_s(0, b, b * c) if r.kind == "decode" else \
-            stm.step_time_s(n, 0, 0, prefill_context_tokens=c, num_prefill_seqs=1)
+        out[i] = (
+            stm.step_time_s(0, b, b * c)
+            if r.kind == "decode"
+            else stm.step_time_s(n, 0, 0, prefill_context_tokens=c, num_prefill_seqs=1)
+        )
     return out
 
 
@@ -140,8 +158,11 @@ def fit(grid: pd.DataFrame, start: dict[str, float]) -> dict[str, float]:
 
 
 def _label(r) -> str:
-    return (f"decode {int(r.batch)} x {int(r.context_tokens):,}" if r.kind == "decode"
-            else f"prefill {int(r.prefill_tokens):,} after {int(r.context_tokens):,}")
+    return (
+        f"decode {int(r.batch)} x {int(r.context_tokens):,}"
+        if r.kind == "decode"
+        else f"prefill {int(r.prefill_tokens):,} after {int(r.context_tokens):,}"
+    )
 
 
 def report(grid: pd.DataFrame, fit_mask: np.ndarray, how: str, goal: float) -> tuple[str, bool]:
@@ -154,21 +175,40 @@ def report(grid: pd.DataFrame, fit_mask: np.ndarray, how: str, goal: float) -> t
     held["err_fit"] = held["pred_fit_s"] / held["measured_s"] - 1
     held["err_default"] = held["pred_default_s"] / held["measured_s"] - 1
     fit_err = predict(grid[fit_mask], fitted) / grid.loc[fit_mask, "measured_s"].to_numpy() - 1
-    lines = [f"Split `{how}`: fitted on {int(fit_mask.sum())} points, held out {int((~fit_mask).sum())}.", "",
-             "| factor | bundled default | fitted here |", "|---|---:|---:|"]
+    lines = [
+        f"Split `{how}`: fitted on {int(fit_mask.sum())} points, held out {int((~fit_mask).sum())}.",
+        "",
+        "| factor | bundled default | fitted here |",
+        "|---|---:|---:|",
+    ]
     for name in FITTED:
         lines.append(f"| {name} | {defaults[name]:.4g} | {fitted[name]:.4g} |")
-    lines += ["", "| held-out point | measured ms | fitted model ms | error | bundled model ms | error |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for r in held.sort_values(["kind", "batch", "prefill_tokens", "context_tokens"]).itertuples(index=False):
-        lines.append(f"| {_label(r)} | {r.measured_s * 1e3:,.3f} | {r.pred_fit_s * 1e3:,.3f} | {r.err_fit:+.1%} "
-                     f"| {r.pred_default_s * 1e3:,.3f} | {r.err_default:+.1%} |")
-    lines += ["", "| points | median abs error | max abs error | within 10 % |", "|---|---:|---:|---:|"]
+    lines += [
+        "",
+        "| held-out point | measured ms | fitted model ms | error | bundled model ms | error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in held.sort_values(["kind", "batch", "prefill_tokens", "context_tokens"]).itertuples(
+        index=False
+    ):
+        lines.append(
+            f"| {_label(r)} | {r.measured_s * 1e3:,.3f} | {r.pred_fit_s * 1e3:,.3f} | {r.err_fit:+.1%} "
+            f"| {r.pred_default_s * 1e3:,.3f} | {r.err_default:+.1%} |"
+        )
+    lines += [
+        "",
+        "| points | median abs error | max abs error | within 10 % |",
+        "|---|---:|---:|---:|",
+    ]
 
     def row(name, errs):
         a = np.abs(np.asarray(errs, dtype=np.float64))
-        return f"| {name} | {np.median(a):.1%} | {a.max():.1%} | {np.mean(a <= 0.10):.0%} |" if a.size else \
-            f"| {name} | – | – | – |"
+        return (
+            f"| {name} | {np.median(a):.1%} | {a.max():.1%} | {np.mean(a <= 0.10):.0%} |"
+            if a.size
+            else f"| {name} | – | – | – |"
+        )
+
     lines.append(row("fitted on (fitted model)", fit_err))
     lines.append(row("held out, fitted model", held["err_fit"]))
     for kind, part in held.groupby("kind"):
@@ -177,9 +217,14 @@ def report(grid: pd.DataFrame, fit_mask: np.ndarray, how: str, goal: float) -> t
     worst = held.loc[held["err_fit"].abs().idxmax()]
     median_err = float(np.median(np.abs(held["err_fit"])))
     ok = median_err <= goal
-    lines += ["", f"Goal: held-out median |error| within {goal:.0%}: {'met' if ok else 'NOT met'} "
-                  f"({median_err:.1%}). Worst held-out point: {_label(worst)} ({worst['err_fit']:+.1%}).", "",
-              "What the model leaves out:", ""] + [f"- {text}" for text in LEFT_OUT]
+    lines += [
+        "",
+        f"Goal: held-out median |error| within {goal:.0%}: {'met' if ok else 'NOT met'} "
+        f"({median_err:.1%}). Worst held-out point: {_label(worst)} ({worst['err_fit']:+.1%}).",
+        "",
+        "What the model leaves out:",
+        "",
+    ] + [f"- {text}" for text in LEFT_OUT]
     return "\n".join(lines), ok
 
 
@@ -188,13 +233,19 @@ def main(argv=None) -> int:
     ap.add_argument("csv", type=Path, help="the grid measure_grid.py wrote")
     ap.add_argument("--split", choices=["random", "context"], default="random")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random split")
-    ap.add_argument("--max-fit-context", type=int, default=2048,
-                    help="context split: longest context per sequence fitted on")
+    ap.add_argument(
+        "--max-fit-context",
+        type=int,
+        default=2048,
+        help="context split: longest context per sequence fitted on",
+    )
     ap.add_argument("--goal", type=float, default=0.10, help="held-out median |error| to meet")
     args = ap.parse_args(argv)
     try:
         grid = read_grid(args.csv)
-        text, ok = report(grid, split(grid, args.split, args.seed, args.max_fit_context), args.split, args.goal)
+        text, ok = report(
+            grid, split(grid, args.split, args.seed, args.max_fit_context), args.split, args.goal
+        )
     except ValueError as exc:
         print(f"validate.py: error: {exc}", file=sys.stderr)
         return 2

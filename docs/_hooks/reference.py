@@ -42,6 +42,7 @@ COLUMNS_FILE = Path(__file__).with_name("columns.yml")
 
 # ---------------------------------------------------------------------------------------- columns
 
+
 def schema_tables() -> dict[str, list[str]]:
     """Each table of the report schema -> its columns, in schema order."""
     from sim.replay import schema as report
@@ -105,7 +106,12 @@ def columns_markdown() -> str:
 
 def undescribed_columns() -> list[str]:
     meanings = column_descriptions()
-    return [c for cols in schema_tables().values() for c in cols if not str(meanings.get(c) or "").strip()]
+    return [
+        c
+        for cols in schema_tables().values()
+        for c in cols
+        if not str(meanings.get(c) or "").strip()
+    ]
 
 
 def stale_descriptions() -> list[str]:
@@ -160,8 +166,14 @@ def _rst_to_md(text: str) -> str:
 def _default_text(knob: str, default) -> str:
     """A knob's default as a spec would write it; a size also in binary units."""
     text = f"`{default!r}`"
-    if knob.endswith("_bytes") and isinstance(default, int) and not isinstance(default, bool) and default >= 1024:
+    if (
+        knob.endswith("_bytes")
+        and isinstance(default, int)
+        and not isinstance(default, bool)
+        and default >= 1024
+    ):
         from policies.units import format_bytes
+
         text += f" ({format_bytes(default)})"
     return text
 
@@ -187,31 +199,44 @@ def policies_markdown() -> str:
         summary = " ".join(doc.split("\n\n")[0].split())
         kind = registry.device_kind(name)
         holds = "yes" if registry.can_hold_kv(name) else "no"
-        out += [f"### `{name}`", "", _rst_to_md(summary), "",
-                f"`{cls.__module__}.{cls.__qualname__}` · holds a simulated KV cache: **{holds}** "
-                f"(`can_hold_kv`) · device: **{kind}** (`device_kind`)", ""]
+        out += [
+            f"### `{name}`",
+            "",
+            _rst_to_md(summary),
+            "",
+            f"`{cls.__module__}.{cls.__qualname__}` · holds a simulated KV cache: **{holds}** "
+            f"(`can_hold_kv`) · device: **{kind}** (`device_kind`)",
+            "",
+        ]
         params = {k: v for k, v in cls.param_defaults().items()}
         if params:
             lines = knob_lines(cls)
             out += ["| knob | default | meaning |", "|---|---|---|"]
             for knob, default in params.items():
-                out.append(f"| `{knob}` | {_default_text(knob, default)} | {_rst_to_md(lines.get(knob, ''))} |")
+                out.append(
+                    f"| `{knob}` | {_default_text(knob, default)} | {_rst_to_md(lines.get(knob, ''))} |"
+                )
             out.append("")
     return "\n".join(out)
 
 
 # -------------------------------------------------------------------------------- engine profiles
 
+
 def engine_profile_markdown() -> str:
     """The two engine-profile tables' columns, required then optional (``traces.engine_profile``)."""
     from traces import engine_profile as ep
 
     served_optional = getattr(ep, "_SERVED_OPTIONAL_COLUMNS", ())
-    rows = [("step profile", ep.STEP_COLUMNS, ep.STEP_OPTIONAL_COLUMNS),
-            ("served requests", ep.SERVED_REQUEST_COLUMNS, served_optional)]
+    rows = [
+        ("step profile", ep.STEP_COLUMNS, ep.STEP_OPTIONAL_COLUMNS),
+        ("served requests", ep.SERVED_REQUEST_COLUMNS, served_optional),
+    ]
     out = ["| table | required columns | optional columns |", "|---|---|---|"]
     for name, required, optional in rows:
-        out.append(f"| {name} | {', '.join(f'`{c}`' for c in required)} | {', '.join(f'`{c}`' for c in optional)} |")
+        out.append(
+            f"| {name} | {', '.join(f'`{c}`' for c in required)} | {', '.join(f'`{c}`' for c in optional)} |"
+        )
     return "\n".join(out)
 
 
@@ -225,10 +250,14 @@ GENERATORS: dict[str, Callable[[], str]] = {
 
 def render(markdown: str) -> str:
     """The page's markdown with each marker replaced by what its generator makes now."""
+
     def one(m: re.Match) -> str:
         if m.group(1) not in GENERATORS:
-            raise KeyError(f"unknown generated block {m.group(1)!r}; known: {', '.join(GENERATORS)}")
+            raise KeyError(
+                f"unknown generated block {m.group(1)!r}; known: {', '.join(GENERATORS)}"
+            )
         return GENERATORS[m.group(1)]()
+
     return MARKER.sub(one, markdown)
 
 
@@ -243,6 +272,7 @@ def load_all_commands() -> None:
 
 
 # ------------------------------------------------------------------------------------ mkdocs hooks
+
 
 def on_config(config, **kwargs):
     load_all_commands()

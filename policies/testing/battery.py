@@ -44,26 +44,47 @@ def _holdings(live: Iterable[Allocation]) -> Holdings:
     return [(a.extents, a.size_bytes, a.nbytes, a.stream, a.tag, a.live) for a in live]
 
 
-def _expect_failure_unchanged(policy: Policy, before: PoolStats, what: str, live: Iterable[Allocation] = (),
-                              held: Holdings | None = None) -> None:
+def _expect_failure_unchanged(
+    policy: Policy,
+    before: PoolStats,
+    what: str,
+    live: Iterable[Allocation] = (),
+    held: Holdings | None = None,
+) -> None:
     """The ``Policy.allocate`` failure contract: one failure counted; every live allocation
     (``live``, which held ``held`` before the call) and the live and allocated byte counters
     unchanged; nothing reserved; at most fully free segments released, and none while frozen."""
     after = policy.stats()
     if after.num_failures != before.num_failures + 1:
-        _fail(f"{policy!r}: {what} counted {after.num_failures - before.num_failures} failures, expected 1")
+        _fail(
+            f"{policy!r}: {what} counted {after.num_failures - before.num_failures} failures, expected 1"
+        )
     released = before.reserved_bytes - after.reserved_bytes
     # bytes, not num_grows: unmapping a hole in an expandable range adds a segment and reserves nothing
     if released < 0 or after.grown_bytes != before.grown_bytes:
-        _fail(f"{policy!r}: {what} reserved memory and still failed ({_differences(before, after)})")
+        _fail(
+            f"{policy!r}: {what} reserved memory and still failed ({_differences(before, after)})"
+        )
     if released != after.shrunk_bytes - before.shrunk_bytes:
         _fail(f"{policy!r}: {what} changed reserved bytes other than by releasing segments")
     if released and policy.frozen:
-        _fail(f"{policy!r}: {what} released {released} B while frozen (memory given back could not come back)")
+        _fail(
+            f"{policy!r}: {what} released {released} B while frozen (memory given back could not come back)"
+        )
     if held is not None and _holdings(live) != held:
         _fail(f"{policy!r}: {what} returned None but changed a live allocation")
-    may_change = {"num_failures", "num_frozen_failures", "reserved_bytes", "free_bytes", "largest_free_bytes",
-                  "num_segments", "num_shrinks", "shrunk_bytes", "frag_ext", "num_grows"}
+    may_change = {
+        "num_failures",
+        "num_frozen_failures",
+        "reserved_bytes",
+        "free_bytes",
+        "largest_free_bytes",
+        "num_segments",
+        "num_shrinks",
+        "shrunk_bytes",
+        "frag_ext",
+        "num_grows",
+    }
     diff = {k: v for k, v in _differences(before, after).items() if k not in may_change}
     if diff:
         _fail(f"{policy!r}: {what} returned None but changed {diff}")
@@ -90,8 +111,9 @@ def _alloc_all(policy: Policy, sizes: Iterable[int]) -> list[Allocation]:
     return out
 
 
-def _run_workload(policy: Policy, rng: random.Random, num_ops: int, live: list[Allocation],
-                  max_live: int = 120) -> None:
+def _run_workload(
+    policy: Policy, rng: random.Random, num_ops: int, live: list[Allocation], max_live: int = 120
+) -> None:
     """Random allocs, frees, trims and grows, with the invariants checked after every step."""
     for _ in range(num_ops):
         r = rng.random()
@@ -110,8 +132,10 @@ def _run_workload(policy: Policy, rng: random.Random, num_ops: int, live: list[A
             before = policy.stats().reserved_bytes
             released = policy.trim()
             if before - policy.stats().reserved_bytes != released:
-                _fail(f"{policy!r}: trim() returned {released} but reserved fell by "
-                      f"{before - policy.stats().reserved_bytes}")
+                _fail(
+                    f"{policy!r}: trim() returned {released} but reserved fell by "
+                    f"{before - policy.stats().reserved_bytes}"
+                )
         else:
             policy.grow(random_size(rng))
         check_invariants(policy, live)
@@ -121,8 +145,19 @@ def check_fresh_pool(factory: PolicyFactory) -> None:
     """A new pool holds nothing and has counted nothing."""
     policy = factory()
     s = check_invariants(policy, [])
-    counts = {k: getattr(s, k) for k in ("live_bytes", "allocated_bytes", "num_live", "num_allocs", "num_frees",
-                                         "num_failures", "peak_live_bytes", "peak_allocated_bytes")}
+    counts = {
+        k: getattr(s, k)
+        for k in (
+            "live_bytes",
+            "allocated_bytes",
+            "num_live",
+            "num_allocs",
+            "num_frees",
+            "num_failures",
+            "peak_live_bytes",
+            "peak_allocated_bytes",
+        )
+    }
     if any(counts.values()):
         _fail(f"{policy!r}: a fresh pool reports {counts}")
 
@@ -134,8 +169,10 @@ def check_allocation_fields(factory: PolicyFactory) -> None:
     if a is None:
         _fail(f"{policy!r}: allocate(1000) failed with no capacity limit")
     if (a.nbytes, a.stream, a.tag, a.live) != (1000, 1, "kv", True):
-        _fail(f"{policy!r}: allocate(1000, stream=1, tag='kv') gave nbytes={a.nbytes}, stream={a.stream}, "
-              f"tag={a.tag!r}, live={a.live}")
+        _fail(
+            f"{policy!r}: allocate(1000, stream=1, tag='kv') gave nbytes={a.nbytes}, stream={a.stream}, "
+            f"tag={a.tag!r}, live={a.live}"
+        )
     b = policy.allocate(1000)
     if b is a:
         _fail(f"{policy!r}: two allocations are the same object")
@@ -162,7 +199,9 @@ def check_random_workload(factory: PolicyFactory, seed: int = 0, num_ops: int = 
     policy.trim()
     s = check_invariants(policy, [])
     if s.reserved_bytes or s.num_segments:
-        _fail(f"{policy!r}: trim() with nothing live left {s.reserved_bytes} B in {s.num_segments} segments")
+        _fail(
+            f"{policy!r}: trim() with nothing live left {s.reserved_bytes} B in {s.num_segments} segments"
+        )
 
 
 def check_capacity_workload(factory: PolicyFactory, seed: int = 1, num_ops: int = 200) -> None:
@@ -186,9 +225,13 @@ def check_capacity_workload(factory: PolicyFactory, seed: int = 1, num_ops: int 
                 live.append(a)
         s = check_invariants(policy, live)
         if s.peak_reserved_bytes > capacity:
-            _fail(f"{policy!r}: peak_reserved_bytes={s.peak_reserved_bytes} exceeds capacity_bytes={capacity}")
+            _fail(
+                f"{policy!r}: peak_reserved_bytes={s.peak_reserved_bytes} exceeds capacity_bytes={capacity}"
+            )
     if num_refused == 0:
-        _fail(f"{policy!r}: {num_ops} requests against {capacity} B never hit the limit (check the workload)")
+        _fail(
+            f"{policy!r}: {num_ops} requests against {capacity} B never hit the limit (check the workload)"
+        )
 
 
 def check_bad_sizes(factory: PolicyFactory) -> None:
@@ -215,13 +258,19 @@ def check_unknown_free(factory: PolicyFactory) -> None:
     mine = _alloc_all(policy, [4096])
     theirs = _alloc_all(other, [4096])[0]
     forged = Allocation(4096, 4096, ((mine[0].offset, 4096),))
-    for what, obj in (("another pool's allocation", theirs), ("a hand-made Allocation", forged),
-                      ("an int", 4096), ("None", None)):
+    for what, obj in (
+        ("another pool's allocation", theirs),
+        ("a hand-made Allocation", forged),
+        ("an int", 4096),
+        ("None", None),
+    ):
         _expect_error(policy, lambda obj=obj: policy.free(obj), f"free({what})")
     check_invariants(policy, mine)
     check_invariants(other, [theirs])
     policy.reset()
-    _expect_error(policy, lambda: policy.free(mine[0]), "free() of an allocation made before reset()")
+    _expect_error(
+        policy, lambda: policy.free(mine[0]), "free() of an allocation made before reset()"
+    )
 
 
 def check_capacity_refusal(factory: PolicyFactory) -> None:
@@ -253,7 +302,9 @@ def check_device_refusal(factory: PolicyFactory) -> None:
     _expect_failure_unchanged(policy, before, "allocate() refused by the device", live, held)
     check_invariants(policy, live)
     if device.used_bytes != policy.stats().reserved_bytes:
-        _fail(f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved {policy.stats().reserved_bytes}")
+        _fail(
+            f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved {policy.stats().reserved_bytes}"
+        )
 
 
 def check_reset(factory: PolicyFactory, seed: int = 2) -> None:
@@ -269,7 +320,9 @@ def check_reset(factory: PolicyFactory, seed: int = 2) -> None:
     if device.used_bytes != fresh_device.used_bytes:
         _fail(f"{policy!r}: after reset() the device still holds {device.used_bytes} B")
     for a in live[:3]:
-        _expect_error(policy, lambda a=a: policy.free(a), "free() of an allocation made before reset()")
+        _expect_error(
+            policy, lambda a=a: policy.free(a), "free() of an allocation made before reset()"
+        )
     again = _alloc_all(policy, [4096, 5 * MiB])
     check_invariants(policy, again)
 
@@ -286,11 +339,17 @@ def check_trim(factory: PolicyFactory) -> None:
     released = policy.trim()
     after = check_invariants(policy, live)
     if released != before.reserved_bytes - after.reserved_bytes or released < 0:
-        _fail(f"{policy!r}: trim() returned {released} but reserved went {before.reserved_bytes} -> {after.reserved_bytes}")
+        _fail(
+            f"{policy!r}: trim() returned {released} but reserved went {before.reserved_bytes} -> {after.reserved_bytes}"
+        )
     if released != after.shrunk_bytes - before.shrunk_bytes:
-        _fail(f"{policy!r}: trim() released {released} B but shrunk_bytes grew by {after.shrunk_bytes - before.shrunk_bytes}")
+        _fail(
+            f"{policy!r}: trim() released {released} B but shrunk_bytes grew by {after.shrunk_bytes - before.shrunk_bytes}"
+        )
     if device.used_bytes != after.reserved_bytes:
-        _fail(f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved {after.reserved_bytes}")
+        _fail(
+            f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved {after.reserved_bytes}"
+        )
     if (after.live_bytes, after.allocated_bytes) != (before.live_bytes, before.allocated_bytes):
         _fail(f"{policy!r}: trim() changed live or allocated bytes")
     again = policy.trim()
@@ -311,16 +370,25 @@ def check_grow(factory: PolicyFactory) -> None:
     live = _alloc_all(policy, [4096])
     before = policy.stats()
     if not policy.grow(8 * MiB):
-        _fail(f"{policy!r}: grow(8 MiB) returned False with {capacity - before.reserved_bytes} B of capacity left")
+        _fail(
+            f"{policy!r}: grow(8 MiB) returned False with {capacity - before.reserved_bytes} B of capacity left"
+        )
     after = check_invariants(policy, live)
     if after.free_bytes - before.free_bytes < 8 * MiB or after.num_grows <= before.num_grows:
-        _fail(f"{policy!r}: grow(8 MiB) added {after.free_bytes - before.free_bytes} B of free space")
-    if (after.live_bytes, after.allocated_bytes, after.num_allocs) != (before.live_bytes, before.allocated_bytes,
-                                                                        before.num_allocs):
+        _fail(
+            f"{policy!r}: grow(8 MiB) added {after.free_bytes - before.free_bytes} B of free space"
+        )
+    if (after.live_bytes, after.allocated_bytes, after.num_allocs) != (
+        before.live_bytes,
+        before.allocated_bytes,
+        before.num_allocs,
+    ):
         _fail(f"{policy!r}: grow() changed live or allocated bytes")
     before = policy.stats()
     if policy.grow(capacity):
-        _fail(f"{policy!r}: grow(capacity_bytes) succeeded with {before.reserved_bytes} B already reserved")
+        _fail(
+            f"{policy!r}: grow(capacity_bytes) succeeded with {before.reserved_bytes} B already reserved"
+        )
     after = check_invariants(policy, live)
     if after.num_grows != before.num_grows or after.reserved_bytes > before.reserved_bytes:
         _fail(f"{policy!r}: a refused grow() reserved memory")
@@ -337,17 +405,25 @@ def check_params(factory: PolicyFactory) -> None:
         _fail(f"{policy!r}: get_params() keys {list(params)} differ from __init__'s keywords")
     clone = type(policy)(**params, device=VirtualDevice())
     if clone.get_params() != params:
-        _fail(f"{policy!r}: a clone from get_params() has params {clone.get_params()}, not {params}")
+        _fail(
+            f"{policy!r}: a clone from get_params() has params {clone.get_params()}, not {params}"
+        )
     name, _ = parse_spec(policy.spec)
     if name != policy.name:
-        _fail(f"{policy!r}: spec {policy.spec!r} does not start with the policy's name {policy.name!r}")
+        _fail(
+            f"{policy!r}: spec {policy.spec!r} does not start with the policy's name {policy.name!r}"
+        )
     if name in available() and get(name) is type(policy):
         rebuilt = create(policy.spec, capacity_bytes=policy.capacity_bytes)
         if rebuilt.get_params() != params:
-            _fail(f"{policy!r}: create({policy.spec!r}) has params {rebuilt.get_params()}, not {params}")
+            _fail(
+                f"{policy!r}: create({policy.spec!r}) has params {rebuilt.get_params()}, not {params}"
+            )
 
 
-def _allocate_checked(policy: Policy, nbytes: int, live: list[Allocation], stream: int = 0) -> Allocation | None:
+def _allocate_checked(
+    policy: Policy, nbytes: int, live: list[Allocation], stream: int = 0
+) -> Allocation | None:
     """``allocate`` under the failure contract; the result joins ``live``; invariants checked."""
     before, held = policy.stats(), _holdings(live)
     a = policy.allocate(nbytes, stream=stream)
@@ -393,14 +469,26 @@ def check_release_and_retry(factory: PolicyFactory) -> None:
                 check_invariants(policy, live)
             s = policy.stats()
             if s.peak_live_bytes > s.peak_reserved_bytes:
-                _fail(f"{policy!r}: peak_live_bytes={s.peak_live_bytes} above peak_reserved_bytes="
-                      f"{s.peak_reserved_bytes}")
+                _fail(
+                    f"{policy!r}: peak_live_bytes={s.peak_live_bytes} above peak_reserved_bytes="
+                    f"{s.peak_reserved_bytes}"
+                )
 
 
 #: sizes reused over and over by ``check_same_size_reuse``: issue 11's buffer, and sizes one
 #: byte off powers of two and off the segment and pool thresholds of the built-in policies
-REUSED_SIZES: tuple[int, ...] = (131_072_000, 3 * MiB + 1, MiB, MiB + 1, 2 * MiB - 1, 10 * MiB - 512,
-                                 20 * MiB + 1, 33 * MiB, 4097, 100_000)
+REUSED_SIZES: tuple[int, ...] = (
+    131_072_000,
+    3 * MiB + 1,
+    MiB,
+    MiB + 1,
+    2 * MiB - 1,
+    10 * MiB - 512,
+    20 * MiB + 1,
+    33 * MiB,
+    4097,
+    100_000,
+)
 
 
 def check_same_size_reuse(factory: PolicyFactory, num_rounds: int = 24) -> None:
@@ -422,8 +510,10 @@ def check_same_size_reuse(factory: PolicyFactory, num_rounds: int = 24) -> None:
                     first_peak = policy.stats().peak_reserved_bytes
             s = check_invariants(policy, live)
             if s.peak_reserved_bytes > 2 * first_peak:
-                _fail(f"{policy!r}: reusing {n} B {num_rounds} times raised peak_reserved_bytes from {first_peak} "
-                      f"to {s.peak_reserved_bytes} ({s.num_grows} grows)")
+                _fail(
+                    f"{policy!r}: reusing {n} B {num_rounds} times raised peak_reserved_bytes from {first_peak} "
+                    f"to {s.peak_reserved_bytes} ({s.num_grows} grows)"
+                )
 
 
 class _CountingDevice(VirtualDevice):
@@ -445,23 +535,36 @@ HUGE_SIZES: tuple[int, ...] = (MAX_DEVICE_BYTES + 1, 1 << 62, 1 << 64, 1 << 100)
 def check_huge_request(factory: PolicyFactory) -> None:
     """A request larger than the device can hold fails before any work: None, one failure,
     nothing else changed, the device never asked; the pool stays usable (issue 11)."""
-    for capacity, device, sizes in ((None, _CountingDevice(), HUGE_SIZES),
-                                    (64 * MiB, _CountingDevice(), HUGE_SIZES),
-                                    (None, _CountingDevice(max_bytes=64 * MiB), (64 * MiB + 1, 1 << 40))):
+    for capacity, device, sizes in (
+        (None, _CountingDevice(), HUGE_SIZES),
+        (64 * MiB, _CountingDevice(), HUGE_SIZES),
+        (None, _CountingDevice(max_bytes=64 * MiB), (64 * MiB + 1, 1 << 40)),
+    ):
         policy = factory(capacity_bytes=capacity, device=device)
         live = _alloc_all(policy, [4096, 3 * MiB])
         for n in sizes:
             before, held, num_reserves = policy.stats(), _holdings(live), device.num_reserves
             if policy.allocate(n) is not None:
-                _fail(f"{policy!r}: allocate({n}) succeeded on a device of at most {device.max_bytes} B")
+                _fail(
+                    f"{policy!r}: allocate({n}) succeeded on a device of at most {device.max_bytes} B"
+                )
             diff = _differences(before, policy.stats())
-            if diff.pop("num_failures", None) != (before.num_failures, before.num_failures + 1) or diff:
-                _fail(f"{policy!r}: a refused allocate({n}) changed {diff or 'num_failures by other than 1'}")
+            if (
+                diff.pop("num_failures", None) != (before.num_failures, before.num_failures + 1)
+                or diff
+            ):
+                _fail(
+                    f"{policy!r}: a refused allocate({n}) changed {diff or 'num_failures by other than 1'}"
+                )
             if _holdings(live) != held or device.num_reserves != num_reserves:
-                _fail(f"{policy!r}: a refused allocate({n}) touched a live allocation or asked the device")
+                _fail(
+                    f"{policy!r}: a refused allocate({n}) touched a live allocation or asked the device"
+                )
             before = policy.stats()
             if policy.grow(n):
-                _fail(f"{policy!r}: grow({n}) succeeded on a device of at most {device.max_bytes} B")
+                _fail(
+                    f"{policy!r}: grow({n}) succeeded on a device of at most {device.max_bytes} B"
+                )
             _expect_unchanged(policy, before, f"a refused grow({n})")
         check_invariants(policy, live)
         policy.free(live.pop())
@@ -472,14 +575,28 @@ def check_huge_request(factory: PolicyFactory) -> None:
         policy.trim()
         s = check_invariants(policy, [])
         if s.reserved_bytes:
-            _fail(f"{policy!r}: after huge requests, trim() with nothing live kept {s.reserved_bytes} B")
+            _fail(
+                f"{policy!r}: after huge requests, trim() with nothing live kept {s.reserved_bytes} B"
+            )
 
 
 #: every check ``check_policy`` runs, in order; each takes a policy factory.
 POLICY_CHECKS: tuple[Callable[[PolicyFactory], None], ...] = (
-    check_fresh_pool, check_allocation_fields, check_random_workload, check_capacity_workload,
-    check_bad_sizes, check_double_free, check_unknown_free, check_capacity_refusal, check_device_refusal,
-    check_reset, check_trim, check_grow, check_params, check_release_and_retry, check_same_size_reuse,
+    check_fresh_pool,
+    check_allocation_fields,
+    check_random_workload,
+    check_capacity_workload,
+    check_bad_sizes,
+    check_double_free,
+    check_unknown_free,
+    check_capacity_refusal,
+    check_device_refusal,
+    check_reset,
+    check_trim,
+    check_grow,
+    check_params,
+    check_release_and_retry,
+    check_same_size_reuse,
     check_huge_request,
 )
 
@@ -501,13 +618,14 @@ def check_policy(policy_factory: PolicyFactory) -> None:
             raise AssertionError(f"{check.__name__}: {exc}") from exc
 
 
-
 #: ``make_pool(policy) -> pool``: a real pool (``realgpu.GpuPool``, validation on) over a spec
 #: string or a fresh policy object; the pool builds its own policy on its own device
 RealPoolFactory = Callable[[Any], Any]
 
 
-def check_real_pool(make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num_ops: int = 48) -> None:
+def check_real_pool(
+    make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num_ops: int = 48
+) -> None:
     """``spec`` driving real memory, given as a spec string and as a fresh policy object.
 
     ``make_pool`` builds a pool that validates (``realgpu.GpuPool(..., validate=True,
@@ -531,10 +649,15 @@ def check_real_pool(make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num
         try:
             real = pool.policy
             if obj is not None and (real is obj or obj.num_allocs or obj.segments()):
-                _fail(f"{where}: the pool drove the object it was given instead of building its own")
+                _fail(
+                    f"{where}: the pool drove the object it was given instead of building its own"
+                )
             device = pool.device
-            model = (PageMappedDevice(granularity_bytes=device.granularity_bytes)
-                     if isinstance(device, PageMappedDevice) else VirtualDevice())
+            model = (
+                PageMappedDevice(granularity_bytes=device.granularity_bytes)
+                if isinstance(device, PageMappedDevice)
+                else VirtualDevice()
+            )
             twin = create(spec, device=model)
             rng = random.Random(seed)
             live: list[tuple[Allocation, Allocation]] = []
@@ -545,18 +668,30 @@ def check_real_pool(make_pool: RealPoolFactory, spec: str, *, seed: int = 5, num
                     twin.free(b)
                 else:
                     # up to 24 MiB: every byte is written and read back
-                    n, stream, tag = random_size(rng, 24 * MiB), rng.choice((0, 0, 1)), rng.choice((None, "kv", "act"))
-                    a = pool.allocate(n, stream=stream, tag=tag)  # raises where the pool cannot place it
+                    n, stream, tag = (
+                        random_size(rng, 24 * MiB),
+                        rng.choice((0, 0, 1)),
+                        rng.choice((None, "kv", "act")),
+                    )
+                    a = pool.allocate(
+                        n, stream=stream, tag=tag
+                    )  # raises where the pool cannot place it
                     b = twin.allocate(n, stream=stream, tag=tag)
                     if b is None:
-                        _fail(f"{where}: allocate({n}) failed on the model device with no capacity limit")
+                        _fail(
+                            f"{where}: allocate({n}) failed on the model device with no capacity limit"
+                        )
                     live.append((a, b))
                     if a.extents != b.extents:
-                        _fail(f"{where}: request {step} ({n} B) placed at {a.extents[:4]} on the device but "
-                              f"{b.extents[:4]} on the model: the policy's offsets are not the device's")
+                        _fail(
+                            f"{where}: request {step} ({n} B) placed at {a.extents[:4]} on the device but "
+                            f"{b.extents[:4]} on the model: the policy's offsets are not the device's"
+                        )
                 diff = _differences(twin.stats(), pool.stats())
                 if diff:
-                    _fail(f"{where}: after request {step} the pool's accounting differs from the model's: {diff}")
+                    _fail(
+                        f"{where}: after request {step} the pool's accounting differs from the model's: {diff}"
+                    )
             check_invariants(real, [a for a, _ in live])
             check_invariants(twin, [b for _, b in live])
             while live:

@@ -25,8 +25,21 @@ from typing import Any
 #: the repository root: this file is policies/testing/compiled.py
 REPO = Path(__file__).resolve().parents[2]
 #: what a copy of the tree leaves out: environments, VCS data and build outputs
-COPY_IGNORE = shutil.ignore_patterns(".git", ".venv*", ".ci-venv", "venv", ".whl", "build", "__pycache__", "*.so",
-                                     "*.c", "*.egg-info", "poollab-out", "poollab-demo", "node_modules")
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv*",
+    ".ci-venv",
+    "venv",
+    ".whl",
+    "build",
+    "__pycache__",
+    "*.so",
+    "*.c",
+    "*.egg-info",
+    "poollab-out",
+    "poollab-demo",
+    "node_modules",
+)
 
 CHECK = """
 import importlib, sys
@@ -43,7 +56,9 @@ def unavailable_reason() -> str | None:
     """Why a compiled copy cannot be built here, or None when it can."""
     if importlib.util.find_spec("Cython") is None:
         return "Cython is not installed (pip install cython, or the dev extra)"
-    if importlib.util.find_spec("setuptools") is None:  # the build runs setup.py in this environment
+    if (
+        importlib.util.find_spec("setuptools") is None
+    ):  # the build runs setup.py in this environment
         return "setuptools is not installed (a Python 3.12+ virtual environment has none: pip install setuptools)"
     if not any(map(shutil.which, ("cc", "gcc", "clang"))):
         return "no C compiler (cc, gcc or clang) on PATH"
@@ -73,14 +88,21 @@ def build_description() -> str:
         cython_version = Cython.__version__
     shared = "shared" if sysconfig.get_config_var("Py_ENABLE_SHARED") else "static"
     macros = " ".join(f"-D{name}={value}" for name, value in c_macros()) or "none"
-    return (f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, CFLAGS "
-            f"{sysconfig.get_config_var('CFLAGS')!r}), Cython {cython_version}, backend macros {macros}")
+    return (
+        f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, CFLAGS "
+        f"{sysconfig.get_config_var('CFLAGS')!r}), Cython {cython_version}, backend macros {macros}"
+    )
 
 
 def run_in(tree: Path, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
     """Run ``cmd`` in ``tree`` with that tree first on the import path (its ``policies`` is the one used)."""
     # the tree first; what the caller's path had (a --target install of dependencies) after it
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p
+        ),
+    }
     kwargs.setdefault("check", True)
     return subprocess.run(cmd, cwd=tree, env=env, **kwargs)
 
@@ -96,6 +118,12 @@ def build_compiled_copy(dest: Path, *, quiet: bool = True) -> None:
     jobs = str(os.cpu_count() or 1)
     out = subprocess.DEVNULL if quiet else None
     env = {**os.environ, "POOLLAB_COMPILE": "1"}
-    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", "-j", jobs], cwd=dest, env=env,
-                   stdout=out, stderr=subprocess.STDOUT if quiet else None, check=True)
+    subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace", "-j", jobs],
+        cwd=dest,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT if quiet else None,
+        check=True,
+    )
     run_in(dest, [sys.executable, "-c", CHECK], stdout=out)

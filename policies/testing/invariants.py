@@ -40,8 +40,9 @@ class _Where:
         return repr(self.policy)
 
 
-def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
-                     free_extents: bool = True) -> PoolStats:
+def check_invariants(
+    policy: Policy, live_allocations: Iterable[Allocation], *, free_extents: bool = True
+) -> PoolStats:
     """Recount ``policy``'s state by brute force and compare it with what the policy reports.
 
     Args:
@@ -72,8 +73,10 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
     segs = policy.segments()
     for a, b in zip(segs, segs[1:]):
         if a.end > b.offset:
-            _fail(f"{where}: segments [{a.offset}, {a.end}) and [{b.offset}, {b.end}) overlap "
-                  "or are out of address order")
+            _fail(
+                f"{where}: segments [{a.offset}, {a.end}) and [{b.offset}, {b.end}) overlap "
+                "or are out of address order"
+            )
     if any(s.nbytes <= 0 for s in segs):
         _fail(f"{where}: a segment has no bytes")
     reserved = sum(s.nbytes for s in segs)
@@ -82,9 +85,13 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
     if stats.num_segments != len(segs):
         _fail(f"{where}: num_segments={stats.num_segments} but segments() lists {len(segs)}")
     if stats.grown_bytes - stats.shrunk_bytes != reserved:
-        _fail(f"{where}: grown_bytes - shrunk_bytes = {stats.grown_bytes - stats.shrunk_bytes} != reserved {reserved}")
+        _fail(
+            f"{where}: grown_bytes - shrunk_bytes = {stats.grown_bytes - stats.shrunk_bytes} != reserved {reserved}"
+        )
     if stats.num_grows - stats.num_shrinks != len(segs):
-        _fail(f"{where}: num_grows - num_shrinks = {stats.num_grows - stats.num_shrinks} != {len(segs)} segments")
+        _fail(
+            f"{where}: num_grows - num_shrinks = {stats.num_grows - stats.num_shrinks} != {len(segs)} segments"
+        )
     for cap in {stats.capacity_bytes, policy.capacity_bytes} - {None}:
         if reserved > cap:
             _fail(f"{where}: reserved {reserved} B exceeds capacity_bytes={cap}")
@@ -97,7 +104,9 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
         if not isinstance(a, Allocation):
             _fail(f"{where}: allocate() returned {type(a).__name__}, not an Allocation")
         if not a.live:
-            _fail(f"{where}: allocation of {a.nbytes} B at {a.extents} is listed live but was freed")
+            _fail(
+                f"{where}: allocation of {a.nbytes} B at {a.extents} is listed live but was freed"
+            )
         if a.size_bytes < a.nbytes:
             _fail(f"{where}: size_bytes={a.size_bytes} < nbytes={a.nbytes}")
         if not a.extents or any(n <= 0 for _, n in a.extents):
@@ -110,11 +119,15 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
 
     # ... inside segments, disjoint except shared pages
     extents.sort()
-    seg_has_live, union, union_bytes = _place_live_extents(extents, segs, _shared_ranges(policy), where)
+    seg_has_live, union, union_bytes = _place_live_extents(
+        extents, segs, _shared_ranges(policy), where
+    )
     for seg, has_live in zip(segs, seg_has_live):
         if has_live != (seg.num_live > 0):
-            _fail(f"{where}: segment at {seg.offset} has num_live={seg.num_live} but "
-                  f"{'holds' if has_live else 'holds no'} live allocations")
+            _fail(
+                f"{where}: segment at {seg.offset} has num_live={seg.num_live} but "
+                f"{'holds' if has_live else 'holds no'} live allocations"
+            )
 
     # the counters against the recount
     live_bytes = sum(a.nbytes for a in live)
@@ -123,15 +136,24 @@ def check_invariants(policy: Policy, live_allocations: Iterable[Allocation], *,
     if stats.num_live != len(live):
         _fail(f"{where}: num_live={stats.num_live} but {len(live)} allocations are live")
     if stats.allocated_bytes != union_bytes:
-        _fail(f"{where}: allocated_bytes={stats.allocated_bytes} but live extents cover {union_bytes} B")
+        _fail(
+            f"{where}: allocated_bytes={stats.allocated_bytes} but live extents cover {union_bytes} B"
+        )
     if stats.free_bytes != stats.reserved_bytes - stats.allocated_bytes:
         _fail(f"{where}: free_bytes={stats.free_bytes} != reserved - allocated")
     if not 0 <= stats.largest_free_bytes <= stats.free_bytes:
-        _fail(f"{where}: largest_free_bytes={stats.largest_free_bytes} outside [0, free_bytes={stats.free_bytes}]")
+        _fail(
+            f"{where}: largest_free_bytes={stats.largest_free_bytes} outside [0, free_bytes={stats.free_bytes}]"
+        )
     if stats.num_allocs - stats.num_frees != stats.num_live:
-        _fail(f"{where}: num_allocs - num_frees = {stats.num_allocs - stats.num_frees} != num_live={stats.num_live}")
-    for peak, now in (("peak_live_bytes", "live_bytes"), ("peak_allocated_bytes", "allocated_bytes"),
-                      ("peak_reserved_bytes", "reserved_bytes")):
+        _fail(
+            f"{where}: num_allocs - num_frees = {stats.num_allocs - stats.num_frees} != num_live={stats.num_live}"
+        )
+    for peak, now in (
+        ("peak_live_bytes", "live_bytes"),
+        ("peak_allocated_bytes", "allocated_bytes"),
+        ("peak_reserved_bytes", "reserved_bytes"),
+    ):
         if getattr(stats, peak) < getattr(stats, now):
             _fail(f"{where}: {peak}={getattr(stats, peak)} < {now}={getattr(stats, now)}")
     for field in ("num_failures", "num_grows", "num_shrinks", "grown_bytes", "shrunk_bytes"):
@@ -159,8 +181,12 @@ def _segment_numbers(starts: list[int], ends: list[int], segs: list[Segment]) ->
     return numbers
 
 
-def _place_live_extents(extents: list[tuple[int, int]], segs: list[Segment], shared: list[tuple[int, int]],
-                        where: _Where) -> tuple[list[bool], list[tuple[int, int]], int]:
+def _place_live_extents(
+    extents: list[tuple[int, int]],
+    segs: list[Segment],
+    shared: list[tuple[int, int]],
+    where: _Where,
+) -> tuple[list[bool], list[tuple[int, int]], int]:
     """Check sorted live ``[start, end)`` extents lie in segments and overlap only where shared.
 
     Returns which segments hold live bytes, the union of the extents (sorted, disjoint) and its size.
@@ -202,8 +228,13 @@ def _overlaps_any(rng: tuple[int, int], starts: list[int], ends: list[int]) -> b
     return j < len(starts) and starts[j] < rng[1]
 
 
-def _check_free_extents(policy: Policy, stats: PoolStats, segs: list[Segment], union: list[tuple[int, int]],
-                        where: _Where) -> None:
+def _check_free_extents(
+    policy: Policy,
+    stats: PoolStats,
+    segs: list[Segment],
+    union: list[tuple[int, int]],
+    where: _Where,
+) -> None:
     """Free extents: in address order, inside segments, clear of live bytes, merged if promised."""
     try:
         free = policy.free_extents()
@@ -212,13 +243,18 @@ def _check_free_extents(policy: Policy, stats: PoolStats, segs: list[Segment], u
     flat = list(chain.from_iterable(free))
     starts, lengths = flat[0::2], flat[1::2]
     ends = list(map(operator.add, starts, lengths))
-    if ((not lengths or min(lengths) > 0) and all(map(operator.le, ends[:-1], starts[1:]))
-            and not (policy.coalesces and any(map(operator.eq, ends[:-1], starts[1:])))
-            and _segment_numbers(starts, ends, segs) is not None
-            and not any(_overlaps_any(u, starts, ends) for u in union)):
+    if (
+        (not lengths or min(lengths) > 0)
+        and all(map(operator.le, ends[:-1], starts[1:]))
+        and not (policy.coalesces and any(map(operator.eq, ends[:-1], starts[1:])))
+        and _segment_numbers(starts, ends, segs) is not None
+        and not any(_overlaps_any(u, starts, ends) for u in union)
+    ):
         total = sum(lengths)
         if total > stats.free_bytes:
-            _fail(f"{where}: free extents add up to {total} B, more than free_bytes={stats.free_bytes}")
+            _fail(
+                f"{where}: free extents add up to {total} B, more than free_bytes={stats.free_bytes}"
+            )
         return
     # something is wrong (or free extents touch across segments): walk them to say what
     num_segs, num_union = len(segs), len(union)
@@ -244,5 +280,3 @@ def _check_free_extents(policy: Policy, stats: PoolStats, segs: list[Segment], u
         prev_end, prev_si = end, si
     if total > stats.free_bytes:
         _fail(f"{where}: free extents add up to {total} B, more than free_bytes={stats.free_bytes}")
-
-

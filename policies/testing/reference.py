@@ -18,8 +18,13 @@ class SegmentPerRequest(Policy):
 
     name = "segment-per-request"
 
-    def __init__(self, *, rounding_bytes: int = 512, capacity_bytes: int | None = None,
-                 device: Device | None = None):
+    def __init__(
+        self,
+        *,
+        rounding_bytes: int = 512,
+        capacity_bytes: int | None = None,
+        device: Device | None = None,
+    ):
         check_positive_int("rounding_bytes", rounding_bytes)
         self.rounding_bytes = rounding_bytes
         super().__init__(capacity_bytes=capacity_bytes, device=device)
@@ -65,5 +70,3 @@ class SegmentPerRequest(Policy):
 
     def free_extents(self) -> list[tuple[int, int]]:
         return sorted((s.offset, s.nbytes) for s in self._cached)
-
-

@@ -27,10 +27,24 @@ from typing import Any, Callable
 from policies.base import Allocation, Policy
 from policies.device import MAX_DEVICE_BYTES
 from policies.testing._common import BAD_SIZES, MiB, PolicyFactory, fail as _fail
-from policies.testing.battery import _differences, _expect_error, _expect_failure_unchanged, _holdings, random_size
+from policies.testing.battery import (
+    _differences,
+    _expect_error,
+    _expect_failure_unchanged,
+    _holdings,
+    random_size,
+)
 from policies.testing.invariants import check_invariants
 
-__all__ = ["SoakReport", "soak", "soak_size", "soak_specs", "SOAK_CAPACITIES", "BOUNDARY_SIZES", "ACTIVE_SPECS"]
+__all__ = [
+    "SoakReport",
+    "soak",
+    "soak_size",
+    "soak_specs",
+    "SOAK_CAPACITIES",
+    "BOUNDARY_SIZES",
+    "ACTIVE_SPECS",
+]
 
 GiB = 1 << 30
 
@@ -39,10 +53,15 @@ SOAK_CAPACITIES: tuple[int | None, ...] = (None, 96 * MiB, 256 * MiB, GiB)
 _STREAMS = (0, 0, 0, 1, 2)
 #: besides each registered policy's defaults, configurations that make wrappers and options act often
 ACTIVE_SPECS: tuple[str, ...] = (
-    "elastic:patience=2,grow_bytes=4MiB", "tag-limits:limits=[kv=64MiB]",
-    "compacting:threshold=0.1,check_every=4,min_free_bytes=1MiB", "elastic:base=[paged],patience=2",
+    "elastic:patience=2,grow_bytes=4MiB",
+    "tag-limits:limits=[kv=64MiB]",
+    "compacting:threshold=0.1,check_every=4,min_free_bytes=1MiB",
+    "elastic:base=[paged],patience=2",
     "torch-caching:max_split_size_bytes=40MiB,roundup_power2_divisions=4,garbage_collection_threshold=0.5",
-    "best-fit:virtual=true", "first-fit:virtual=true", "elastic:base=[page-pool]")
+    "best-fit:virtual=true",
+    "first-fit:virtual=true",
+    "elastic:base=[page-pool]",
+)
 
 
 def soak_specs() -> list[str]:
@@ -50,6 +69,8 @@ def soak_specs() -> list[str]:
     from policies.registry import available  # the registry imports every policy module: late
 
     return [*available(), *ACTIVE_SPECS]
+
+
 _TAGS = (None, "kv", "kv", "act", "weights")
 #: free ranges a pool may list and still have them all walked after every soak operation
 FREE_RECOUNT_RANGES = 256
@@ -103,7 +124,9 @@ class SoakReport:
 class _Episode:
     """One pool under soak: the operations, each followed by the checks."""
 
-    def __init__(self, factory: PolicyFactory, rng: random.Random, capacity: int | None, max_live: int):
+    def __init__(
+        self, factory: PolicyFactory, rng: random.Random, capacity: int | None, max_live: int
+    ):
         self.factory, self.rng, self.capacity, self.max_live = factory, rng, capacity, max_live
         self.policy: Policy = factory(capacity_bytes=capacity)
         self.fresh_stats = factory(capacity_bytes=capacity).stats()
@@ -146,7 +169,9 @@ class _Episode:
             self.allocate()
         self.steps_to_recount -= 1
         recount = self.steps_to_recount <= 0
-        check_invariants(self.policy, self.live, free_extents=recount)  # not ``live``: reset() starts a new list
+        check_invariants(
+            self.policy, self.live, free_extents=recount
+        )  # not ``live``: reset() starts a new list
         if self.own_check is not None:
             self.own_check()
         if recount:
@@ -177,7 +202,12 @@ class _Episode:
         if a is None:
             self.num_failures += 1
             _expect_failure_unchanged(policy, before, f"a refused allocate({n})", self.live, held)
-            if self.capacity is None and not frozen and n <= MAX_DEVICE_BYTES and not self._limited_by_tag():
+            if (
+                self.capacity is None
+                and not frozen
+                and n <= MAX_DEVICE_BYTES
+                and not self._limited_by_tag()
+            ):
                 _fail(f"{policy!r}: allocate({n}) failed with no capacity limit")
             return
         if n > MAX_DEVICE_BYTES:
@@ -205,11 +235,16 @@ class _Episode:
         released = policy.trim(max_bytes)
         after = policy.stats()
         if released != before.reserved_bytes - after.reserved_bytes or released < 0:
-            _fail(f"{policy!r}: trim({max_bytes}) returned {released} but reserved went "
-                  f"{before.reserved_bytes} -> {after.reserved_bytes}")
+            _fail(
+                f"{policy!r}: trim({max_bytes}) returned {released} but reserved went "
+                f"{before.reserved_bytes} -> {after.reserved_bytes}"
+            )
         # grown_bytes, not num_grows: unmapping a hole in an expandable range adds a segment, no memory
         if (after.live_bytes, after.allocated_bytes, after.grown_bytes) != (
-                before.live_bytes, before.allocated_bytes, before.grown_bytes) or _holdings(self.live) != held:
+            before.live_bytes,
+            before.allocated_bytes,
+            before.grown_bytes,
+        ) or _holdings(self.live) != held:
             _fail(f"{policy!r}: trim({max_bytes}) changed live allocations or grew")
 
     def grow(self) -> None:
@@ -219,11 +254,18 @@ class _Episode:
         ok = policy.grow(n)
         after = policy.stats()
         if ok and (policy.frozen or n > MAX_DEVICE_BYTES):
-            _fail(f"{policy!r}: grow({n}) succeeded {'while frozen' if policy.frozen else 'past any device'}")
+            _fail(
+                f"{policy!r}: grow({n}) succeeded {'while frozen' if policy.frozen else 'past any device'}"
+            )
         if ok and after.grown_bytes - before.grown_bytes < n:
-            _fail(f"{policy!r}: grow({n}) returned True but reserved {after.grown_bytes - before.grown_bytes} B")
+            _fail(
+                f"{policy!r}: grow({n}) returned True but reserved {after.grown_bytes - before.grown_bytes} B"
+            )
         if (after.live_bytes, after.allocated_bytes, after.num_allocs) != (
-                before.live_bytes, before.allocated_bytes, before.num_allocs) or _holdings(self.live) != held:
+            before.live_bytes,
+            before.allocated_bytes,
+            before.num_allocs,
+        ) or _holdings(self.live) != held:
             _fail(f"{policy!r}: grow({n}) changed live allocations")
 
     def fork(self) -> None:
@@ -250,11 +292,23 @@ class _Episode:
         stale = self.live[:1]
         self.live, self.freed = [], []
         for a in stale:
-            _expect_error(self.policy, lambda: self.policy.free(a), "free() of an allocation made before reset()")
+            _expect_error(
+                self.policy,
+                lambda: self.policy.free(a),
+                "free() of an allocation made before reset()",
+            )
 
 
-def soak(factory: PolicyFactory, num_ops: int, *, seed: int = 0, spec: str = "", episode_ops: int = 20_000,
-         max_live: int = 160, max_messages: int = 5) -> SoakReport:
+def soak(
+    factory: PolicyFactory,
+    num_ops: int,
+    *,
+    seed: int = 0,
+    spec: str = "",
+    episode_ops: int = 20_000,
+    max_live: int = 160,
+    max_messages: int = 5,
+) -> SoakReport:
     """Run ``num_ops`` random operations against pools built by ``factory``, checking after each.
 
     Args:
@@ -293,7 +347,8 @@ def soak(factory: PolicyFactory, num_ops: int, *, seed: int = 0, spec: str = "",
                     where = traceback.extract_tb(exc.__traceback__)[-1]
                     report.violations.append(
                         f"seed {seed}, episode {episode_index} (capacity {episode.capacity}), op {op_index}: "
-                        f"{type(exc).__name__}: {exc} [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]")
+                        f"{type(exc).__name__}: {exc} [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]"
+                    )
                 break
         report.num_failures += episode.num_failures
     report.num_ops = done

@@ -17,8 +17,6 @@ from traces.formats import ALLOC, REQUEST
 DEFAULT_POLICIES = ("first-fit", "best-fit", "size-class", "paged", "elastic")
 
 
-
-
 def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
     """Fail early, before any work, on an unknown policy or parameter."""
     out = list(specs) or list(DEFAULT_POLICIES)
@@ -27,11 +25,21 @@ def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def out_option(default: str, help: str = "Folder for summary.csv and the other tables (an earlier run's are "
-                                         "replaced; files you put there are kept)."):
+def out_option(
+    default: str,
+    help: str = "Folder for summary.csv and the other tables (an earlier run's are "
+    "replaced; files you put there are kept).",
+):
     """``--out``: a result folder, checked before any work (``check_out``)."""
-    return click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=default,
-                        show_default=True, callback=check_out, help=help)
+    return click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=default,
+        show_default=True,
+        callback=check_out,
+        help=help,
+    )
 
 
 def check_out(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
@@ -45,10 +53,18 @@ def check_out(ctx: click.Context, param: click.Parameter, value: Path | None) ->
 
 def model_file_options(command):
     """``--calibration`` and ``--costs``: the step-time and cost-model files of a simulation."""
-    command = click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                           help="Driver and PCIe cost model JSON (default: bundled H200 figures).")(command)
-    return click.option("--calibration", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        help="Step-time calibration JSON (default: bundled factors).")(command)
+    command = click.option(
+        "--costs",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Driver and PCIe cost model JSON (default: bundled H200 figures).",
+    )(command)
+    return click.option(
+        "--calibration",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Step-time calibration JSON (default: bundled factors).",
+    )(command)
 
 
 def step_time_line(calibration: Path | None) -> str:
@@ -71,8 +87,10 @@ def read_alloc_or_explain(path: Path, fmt: str | None):
     except traces.TraceFormatError:
         other = None if fmt else REQUEST.recognises(path)
         if other:
-            raise UsageError(f"{path}: this is a request trace ({other}); replay takes allocation traces: "
-                             f"simulate it with `poollab simulate {path}`") from None
+            raise UsageError(
+                f"{path}: this is a request trace ({other}); replay takes allocation traces: "
+                f"simulate it with `poollab simulate {path}`"
+            ) from None
         raise
 
 
@@ -83,8 +101,10 @@ def read_requests_or_explain(path: Path, fmt: str | None):
     except traces.TraceFormatError:
         other = None if fmt else ALLOC.recognises(path)
         if other:
-            raise UsageError(f"{path}: this is an allocation trace ({other}); simulate takes request traces: "
-                             f"replay it with `poollab replay {path}`") from None
+            raise UsageError(
+                f"{path}: this is an allocation trace ({other}); simulate takes request traces: "
+                f"replay it with `poollab replay {path}`"
+            ) from None
         raise
 
 

@@ -49,18 +49,41 @@ def _write(calibration, out: Path) -> None:
 
 
 def _terms_line(terms) -> str:
-    return ("terms: " + ", ".join(f"{name} {value:.4g}" for name, value in terms.to_dict().items()))
+    return "terms: " + ", ".join(f"{name} {value:.4g}" for name, value in terms.to_dict().items())
 
 
 _common = [
-    click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model preset or JSON file the engine ran."),
-    click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file the engine ran on."),
-    click.option("--tp", "tensor_parallel", type=COUNT, default=None,
-                 help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1)."),
-    click.option("--engine", default="transformers", show_default=True,
-                 help="Engine preset whose scheduling the simulator mimics (sim/data/engines.json)."),
-    click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
-                 help="Calibration JSON to write (simulate --calibration reads it)."),
+    click.option(
+        "--model",
+        default=DEFAULT_MODEL,
+        show_default=True,
+        help="Model preset or JSON file the engine ran.",
+    ),
+    click.option(
+        "--gpu",
+        default=DEFAULT_GPU,
+        show_default=True,
+        help="GPU preset or JSON file the engine ran on.",
+    ),
+    click.option(
+        "--tp",
+        "tensor_parallel",
+        type=COUNT,
+        default=None,
+        help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1).",
+    ),
+    click.option(
+        "--engine",
+        default="transformers",
+        show_default=True,
+        help="Engine preset whose scheduling the simulator mimics (sim/data/engines.json).",
+    ),
+    click.option(
+        "--out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        required=True,
+        help="Calibration JSON to write (simulate --calibration reads it).",
+    ),
 ]
 
 
@@ -82,9 +105,14 @@ def _engine(name: str) -> str:
 @calibrate_group.command("steps")
 @click.argument("profile", type=click.Path(dir_okay=False, path_type=Path))
 @_with_common
-@click.option("--drop", "drop", multiple=True, metavar="TERM",
-              help="Hold a term at 0 instead of fitting it (repeatable): fixed_s, per_seq_s, per_token_s, "
-                   "per_kv_token_s, per_pair_s, per_query_kv_s.")
+@click.option(
+    "--drop",
+    "drop",
+    multiple=True,
+    metavar="TERM",
+    help="Hold a term at 0 instead of fitting it (repeatable): fixed_s, per_seq_s, per_token_s, "
+    "per_kv_token_s, per_pair_s, per_query_kv_s.",
+)
 def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
     from sim.serving.step_fit import OUTLIER_REL_ERROR, fit_step_profile
@@ -97,30 +125,57 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
     if tensor_parallel is None:
         tps = sorted(set(steps["tp"])) if "tp" in steps else [1]
         if len(tps) > 1:
-            raise UsageError(f"{profile}: the tp column holds {tps}; fit one tensor-parallel degree at a time (--tp)")
+            raise UsageError(
+                f"{profile}: the tp column holds {tps}; fit one tensor-parallel degree at a time (--tp)"
+            )
         tensor_parallel = int(tps[0])
     try:
-        fit = fit_step_profile(steps, model_spec, gpu_spec, tensor_parallel=tensor_parallel, drop=drop,
-                               engine=engine, source=str(profile))
+        fit = fit_step_profile(
+            steps,
+            model_spec,
+            gpu_spec,
+            tensor_parallel=tensor_parallel,
+            drop=drop,
+            engine=engine,
+            source=str(profile),
+        )
     except ValueError as exc:
         raise UsageError(f"{profile}: {exc}") from None
     _write(fit.calibration, out)
-    click.echo(f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp {tensor_parallel}); "
-               f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off its first pass)"
-               + (f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
-                  if fit.calibration.warmup_s else ""))
+    click.echo(
+        f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp {tensor_parallel}); "
+        f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off its first pass)"
+        + (
+            f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
+            if fit.calibration.warmup_s
+            else ""
+        )
+    )
     click.echo(_terms_line(fit.terms))
-    click.echo("step-time error by step kind (mean |predicted/measured - 1|, and the bias of their sum):")
-    click.echo(format_table(fit.errors, columns=["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]))
+    click.echo(
+        "step-time error by step kind (mean |predicted/measured - 1|, and the bias of their sum):"
+    )
+    click.echo(
+        format_table(
+            fit.errors, columns=["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]
+        )
+    )
     click.echo(f"wrote {out} (simulate --engine {engine} --calibration {out})")
 
 
 @calibrate_group.command("requests")
 @click.argument("requests", type=click.Path(dir_okay=False, path_type=Path))
 @_with_common
-@click.option("--max-evaluations", type=Count(10), default=200, show_default=True,
-              help="Simulations the fit may run (each serves the whole table).")
-def requests_command(requests: Path, model, gpu, tensor_parallel, engine, out: Path, max_evaluations: int) -> None:
+@click.option(
+    "--max-evaluations",
+    type=Count(10),
+    default=200,
+    show_default=True,
+    help="Simulations the fit may run (each serves the whole table).",
+)
+def requests_command(
+    requests: Path, model, gpu, tensor_parallel, engine, out: Path, max_evaluations: int
+) -> None:
     """Infer the step time from a served-request table REQUESTS alone (arrival, first token, finish, tokens)."""
     from sim.serving.engine_runs import fit_from_requests
     from sim.replay.schema import format_table
@@ -130,18 +185,28 @@ def requests_command(requests: Path, model, gpu, tensor_parallel, engine, out: P
     model_spec, gpu_spec = _specs(model, gpu)
     served = read_served_requests(requests)
     try:
-        fit = fit_from_requests(served, engine=engine, model=model_spec, gpu=gpu_spec,
-                                tensor_parallel=tensor_parallel or 1, source=str(requests),
-                                max_evaluations=max_evaluations)
+        fit = fit_from_requests(
+            served,
+            engine=engine,
+            model=model_spec,
+            gpu=gpu_spec,
+            tensor_parallel=tensor_parallel or 1,
+            source=str(requests),
+            max_evaluations=max_evaluations,
+        )
     except ValueError as exc:
         raise UsageError(f"{requests}: {exc}") from None
     _write(fit.calibration, out)
-    click.echo(f"{requests}: {len(served):,} requests of {model_spec.name} on {gpu_spec.name}, simulated as "
-               f"{engine} schedules them")
+    click.echo(
+        f"{requests}: {len(served):,} requests of {model_spec.name} on {gpu_spec.name}, simulated as "
+        f"{engine} schedules them"
+    )
     click.echo(_terms_line(fit.calibration.terms))
     click.echo("fitted on every request (in-sample):")
     click.echo(format_table(fit.errors, columns=["metric", "measured_s", "predicted_s", "error_%"]))
     worst = fit.cv_errors.groupby("metric", sort=False)["error_%"].apply(lambda e: e.abs().max())
-    click.echo("expected error (two-fold: each half of the requests judged by terms fitted on the other half; "
-               "worst half): " + ", ".join(f"{m} {v:.0f} %" for m, v in worst.items()))
+    click.echo(
+        "expected error (two-fold: each half of the requests judged by terms fitted on the other half; "
+        "worst half): " + ", ".join(f"{m} {v:.0f} %" for m, v in worst.items())
+    )
     click.echo(f"wrote {out} (simulate --engine {engine} --calibration {out})")

@@ -23,19 +23,47 @@ def register(cli: click.Group) -> None:
 
 @click.command("fidelity")
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
-              help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.")
-@click.option("--addresses", type=click.Choice([*ADDRESS_MODES, "both"]), default="recorded", show_default=True,
-              help="Segment addresses: the recorded cudaMalloc ones (PyTorch breaks best-fit ties by address), "
-                   "fresh virtual ones, or both runs.")
-@click.option("--capacity", type=BYTES, default=None,
-              help="Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.")
-@click.option("--device", "device_index", type=DEVICE, default=None,
-              help="Which device's trace to read. Default: the first with entries.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, callback=check_out,
-              help="Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here.")
+@click.option(
+    "--policy",
+    "-p",
+    "specs",
+    multiple=True,
+    metavar="SPEC",
+    help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.",
+)
+@click.option(
+    "--addresses",
+    type=click.Choice([*ADDRESS_MODES, "both"]),
+    default="recorded",
+    show_default=True,
+    help="Segment addresses: the recorded cudaMalloc ones (PyTorch breaks best-fit ties by address), "
+    "fresh virtual ones, or both runs.",
+)
+@click.option(
+    "--capacity",
+    type=BYTES,
+    default=None,
+    help="Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.",
+)
+@click.option(
+    "--device",
+    "device_index",
+    type=DEVICE,
+    default=None,
+    help="Which device's trace to read. Default: the first with entries.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    callback=check_out,
+    help="Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here.",
+)
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
-def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_index, out_dir, progress: bool) -> None:
+def fidelity_command(
+    snapshot: Path, specs, addresses: str, capacity, device_index, out_dir, progress: bool
+) -> None:
     """Does the emulation decide what the real allocator decided on SNAPSHOT?
 
     Starts from the segments and allocations that existed when recording began, replays the
@@ -45,17 +73,26 @@ def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_ind
     rec = read_recording(snapshot, device=device_index)
     if not rec.ops:
         which = f"device {device_index} has" if device_index is not None else "the snapshot has"
-        raise UsageError(f"{snapshot}: {which} no allocation trace (record with "
-                         "torch.cuda.memory._record_memory_history() before taking it)")
+        raise UsageError(
+            f"{snapshot}: {which} no allocation trace (record with "
+            "torch.cuda.memory._record_memory_history() before taking it)"
+        )
     spec_list = list(specs) or [spec_from_settings(rec.settings)]
     modes = list(ADDRESS_MODES) if addresses == "both" else [addresses]
     tables, events = [], []
-    click.echo(f"{rec.name}: {rec.num_allocs:,} allocations, {len(rec.segment_events):,} segment events, "
-               f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before recording")
+    click.echo(
+        f"{rec.name}: {rec.num_allocs:,} allocations, {len(rec.segment_events):,} segment events, "
+        f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before recording"
+    )
     for spec in spec_list:
         for mode in modes:
-            result = replay_recording(rec, spec, addresses=mode, capacity_bytes=capacity,
-                                      progress=f"{rec.name} · {spec} · {mode}" if progress else None)
+            result = replay_recording(
+                rec,
+                spec,
+                addresses=mode,
+                capacity_bytes=capacity,
+                progress=f"{rec.name} · {spec} · {mode}" if progress else None,
+            )
             click.echo("")
             click.echo(result.format())
             tables.append(result.table.assign(policy=result.spec, addresses=mode))
@@ -65,7 +102,9 @@ def fidelity_command(snapshot: Path, specs, addresses: str, capacity, device_ind
 
         from traces.atomic import naming_errors, replacing_folder
 
-        with replacing_folder(out_dir, legacy_outputs=lambda entry: entry.name in FIDELITY_FILES) as tmp:
+        with replacing_folder(
+            out_dir, legacy_outputs=lambda entry: entry.name in FIDELITY_FILES
+        ) as tmp:
             with naming_errors(out_dir / "fidelity.csv"):
                 pd.concat(tables, ignore_index=True).to_csv(tmp / "fidelity.csv", index=False)
             with naming_errors(out_dir / "segment_events.csv"):

@@ -17,9 +17,19 @@ from poollab.options import BYTES, COUNT, DEVICE, FRACTION
 from poollab.errors import UsageError
 
 #: What the command prints per policy (plan.csv holds every ``sim.planner.plan.PLAN_COLUMNS`` column).
-TABLE_COLUMNS = ["policy", "safe_kv_bytes", "safe_kv_tokens", "kv_linked_bytes", "peak_non_kv_reserved_bytes",
-                 "frag_at_peak",
-                 "margin_bytes", "util_rule_kv_bytes", "util_rule_fits", "num_replays", "plan_s"]
+TABLE_COLUMNS = [
+    "policy",
+    "safe_kv_bytes",
+    "safe_kv_tokens",
+    "kv_linked_bytes",
+    "peak_non_kv_reserved_bytes",
+    "frag_at_peak",
+    "margin_bytes",
+    "util_rule_kv_bytes",
+    "util_rule_fits",
+    "num_replays",
+    "plan_s",
+]
 
 
 def register(cli: click.Group) -> None:
@@ -40,7 +50,10 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
         spec = load_gpu(gpu or DEFAULT_GPU)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return spec.memory_bytes, f"--gpu {spec.name}" if gpu else f"the {spec.name} preset (--gpu, --memory)"
+    return (
+        spec.memory_bytes,
+        f"--gpu {spec.name}" if gpu else f"the {spec.name} preset (--gpu, --memory)",
+    )
 
 
 def plan_memory(snapshot: Path, gpu: str | None, memory: int | None, non_torch_bytes: int | None):
@@ -50,21 +63,42 @@ def plan_memory(snapshot: Path, gpu: str | None, memory: int | None, non_torch_b
 
     given = device_memory(gpu, memory) if gpu is not None or memory is not None else None
     try:
-        return device_memory_of(snapshot, device_bytes=given[0] if given else None,
-                                device_source=given[1] if given else "", non_torch_bytes=non_torch_bytes,
-                                non_torch_source="--non-torch", default_device=device_memory(None, None))
+        return device_memory_of(
+            snapshot,
+            device_bytes=given[0] if given else None,
+            device_source=given[1] if given else "",
+            non_torch_bytes=non_torch_bytes,
+            non_torch_source="--non-torch",
+            default_device=device_memory(None, None),
+        )
     except PlanError as exc:
         raise UsageError(str(exc)) from None
 
 
-def run_plan(snapshot: Path, specs: list[str], *, memory: Any, kv: tuple[str, ...] = (), model: str | None = None,
-             block_tokens: int | None = 16, util_fraction: float = 0.9,
-             device_index: int | None = None, progress: bool = False, kv_linked: tuple[str, ...] = (),
-             engine: str | None = None):
+def run_plan(
+    snapshot: Path,
+    specs: list[str],
+    *,
+    memory: Any,
+    kv: tuple[str, ...] = (),
+    model: str | None = None,
+    block_tokens: int | None = 16,
+    util_fraction: float = 0.9,
+    device_index: int | None = None,
+    progress: bool = False,
+    kv_linked: tuple[str, ...] = (),
+    engine: str | None = None,
+):
     """``sim.planner.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``.
     ``memory``: a ``sim.planner.plan.DeviceMemory`` (``plan_memory``). ``block_tokens`` None: the engine
     preset's ``tokens_per_page`` (else ``sim.planner.plan.DEFAULT_BLOCK_TOKENS``)."""
-    from sim.planner.plan import DEFAULT_BLOCK_TOKENS, PlanError, parse_kv_linked, parse_kv_selector, plan_snapshot
+    from sim.planner.plan import (
+        DEFAULT_BLOCK_TOKENS,
+        PlanError,
+        parse_kv_linked,
+        parse_kv_selector,
+        plan_snapshot,
+    )
 
     try:
         selectors = [parse_kv_selector(text) for text in kv]
@@ -75,11 +109,24 @@ def run_plan(snapshot: Path, specs: list[str], *, memory: Any, kv: tuple[str, ..
 
             preset = load_engine(engine)
         if block_tokens is None:
-            block_tokens = int(preset.options.get("tokens_per_page", DEFAULT_BLOCK_TOKENS)) if preset else \
-                DEFAULT_BLOCK_TOKENS
-        return plan_snapshot(snapshot, specs, device=device_index, memory=memory, kv=selectors,
-                             model=model, block_tokens=block_tokens,
-                             util_fraction=util_fraction, progress=progress, kv_linked=linked, engine=preset)
+            block_tokens = (
+                int(preset.options.get("tokens_per_page", DEFAULT_BLOCK_TOKENS))
+                if preset
+                else DEFAULT_BLOCK_TOKENS
+            )
+        return plan_snapshot(
+            snapshot,
+            specs,
+            device=device_index,
+            memory=memory,
+            kv=selectors,
+            model=model,
+            block_tokens=block_tokens,
+            util_fraction=util_fraction,
+            progress=progress,
+            kv_linked=linked,
+            engine=preset,
+        )
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:  # an unknown model preset or a bad model file
@@ -90,44 +137,118 @@ def run_plan(snapshot: Path, specs: list[str], *, memory: Any, kv: tuple[str, ..
 
 @click.command("plan")
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
-              help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.")
-@click.option("--gpu", default=None,
-              help="GPU preset or JSON file whose memory the run must fit. Default: the device total measured beside "
-                   "the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.")
-@click.option("--memory", type=BYTES, default=None, help="The device's memory instead of a --gpu preset (e.g. 80GiB).")
-@click.option("--non-torch", "non_torch_bytes", type=BYTES, default=None,
-              help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): the pool gets the rest. "
-                   "Default: what the engine's process held outside PyTorch's allocator, measured beside the snapshot "
-                   "(SNAPSHOT.json), else 0 (said to be unmeasured).")
-@click.option("--kv", "kv", multiple=True, metavar="SELECTOR",
-              help="The KV allocation(s), when the snapshot does not tell: size=SIZE (every never-freed "
-                   "allocation of that size), entries=I-J,K (device_traces indices of their alloc entries) or "
-                   "addr=0xADDRESS. Repeatable. Default: recognised (the largest burst of equal-size allocations "
-                   "that live to the end).")
-@click.option("--kv-linked", "kv_linked", multiple=True, metavar="SELECTOR:BYTES_PER_PAGE",
-              help="An allocation the engine sizes by its KV cache, resized with it in every replay: a --kv "
-                   "selector (any allocation of the trace) and how much it grows per page, e.g. entries=655:4MiB. "
-                   "Repeatable.")
-@click.option("--engine", default=None, metavar="NAME",
-              help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the KV "
-                   "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
-                   "--block-tokens defaults to.")
-@click.option("--model", default=None,
-              help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are also "
-                   "given in tokens. Default: none (pages of 2 MiB per KV tensor).")
-@click.option("--block-tokens", type=COUNT, default=None,
-              help="Tokens per KV page (with --model): the plan is exact to one page. Default: the --engine "
-                   "preset's block, else 16.")
-@click.option("--utilization", "util_fraction", type=FRACTION, default=0.9,
-              show_default=True, help="gpu_memory_utilization of the engine rule the plan is compared with.")
-@click.option("--device", "device_index", type=DEVICE, default=None,
-              help="Which device's trace to read. Default: the first with entries.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr (one per policy, counting its replays).")
-def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_linked, engine, model, block_tokens,
-                 util_fraction, device_index, out_dir, progress: bool) -> None:
+@click.option(
+    "--policy",
+    "-p",
+    "specs",
+    multiple=True,
+    metavar="SPEC",
+    help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.",
+)
+@click.option(
+    "--gpu",
+    default=None,
+    help="GPU preset or JSON file whose memory the run must fit. Default: the device total measured beside "
+    "the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.",
+)
+@click.option(
+    "--memory",
+    type=BYTES,
+    default=None,
+    help="The device's memory instead of a --gpu preset (e.g. 80GiB).",
+)
+@click.option(
+    "--non-torch",
+    "non_torch_bytes",
+    type=BYTES,
+    default=None,
+    help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): the pool gets the rest. "
+    "Default: what the engine's process held outside PyTorch's allocator, measured beside the snapshot "
+    "(SNAPSHOT.json), else 0 (said to be unmeasured).",
+)
+@click.option(
+    "--kv",
+    "kv",
+    multiple=True,
+    metavar="SELECTOR",
+    help="The KV allocation(s), when the snapshot does not tell: size=SIZE (every never-freed "
+    "allocation of that size), entries=I-J,K (device_traces indices of their alloc entries) or "
+    "addr=0xADDRESS. Repeatable. Default: recognised (the largest burst of equal-size allocations "
+    "that live to the end).",
+)
+@click.option(
+    "--kv-linked",
+    "kv_linked",
+    multiple=True,
+    metavar="SELECTOR:BYTES_PER_PAGE",
+    help="An allocation the engine sizes by its KV cache, resized with it in every replay: a --kv "
+    "selector (any allocation of the trace) and how much it grows per page, e.g. entries=655:4MiB. "
+    "Repeatable.",
+)
+@click.option(
+    "--engine",
+    default=None,
+    metavar="NAME",
+    help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the KV "
+    "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
+    "--block-tokens defaults to.",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are also "
+    "given in tokens. Default: none (pages of 2 MiB per KV tensor).",
+)
+@click.option(
+    "--block-tokens",
+    type=COUNT,
+    default=None,
+    help="Tokens per KV page (with --model): the plan is exact to one page. Default: the --engine "
+    "preset's block, else 16.",
+)
+@click.option(
+    "--utilization",
+    "util_fraction",
+    type=FRACTION,
+    default=0.9,
+    show_default=True,
+    help="gpu_memory_utilization of the engine rule the plan is compared with.",
+)
+@click.option(
+    "--device",
+    "device_index",
+    type=DEVICE,
+    default=None,
+    help="Which device's trace to read. Default: the first with entries.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    help="Progress bar on stderr (one per policy, counting its replays).",
+)
+def plan_command(
+    snapshot: Path,
+    specs,
+    gpu,
+    memory,
+    non_torch_bytes,
+    kv,
+    kv_linked,
+    engine,
+    model,
+    block_tokens,
+    util_fraction,
+    device_index,
+    out_dir,
+    progress: bool,
+) -> None:
     """Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits.
 
     Replays the engine's recorded start-up (weights, profiling, KV cache allocation, CUDA-graph
@@ -141,28 +262,52 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_lin
 
     spec_list = check_specs(specs) if specs else []
     memory_plan = plan_memory(snapshot, gpu, memory, non_torch_bytes)
-    result = run_plan(snapshot, spec_list, memory=memory_plan, kv=kv, model=model, block_tokens=block_tokens,
-                      util_fraction=util_fraction, device_index=device_index,
-                      progress=progress, kv_linked=kv_linked, engine=engine)
+    result = run_plan(
+        snapshot,
+        spec_list,
+        memory=memory_plan,
+        kv=kv,
+        model=model,
+        block_tokens=block_tokens,
+        util_fraction=util_fraction,
+        device_index=device_index,
+        progress=progress,
+        kv_linked=kv_linked,
+        engine=engine,
+    )
     inputs = result.inputs
     rec = inputs.rec
-    click.echo(f"{rec.name}: {len(rec.ops):,} requests, {len(rec.seed_segments)} segments "
-               f"({format_bytes(rec.initial_reserved_bytes)}) before recording")
+    click.echo(
+        f"{rec.name}: {len(rec.ops):,} requests, {len(rec.seed_segments)} segments "
+        f"({format_bytes(rec.initial_reserved_bytes)}) before recording"
+    )
     click.echo(f"KV cache {inputs.kv.how}")
     for buffer in inputs.linked:
         click.echo(f"sized by the KV cache, resized with it: {buffer.how}")
     if engine is not None and not inputs.linked:
-        click.echo(f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the recorded size")
+        click.echo(
+            f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the recorded size"
+        )
     click.echo(f"device {format_bytes(inputs.device_bytes)}: {inputs.device_source}")
-    click.echo(f"outside PyTorch's allocator {format_bytes(memory_plan.non_torch_bytes)}: {inputs.non_torch_source}; "
-               f"the pool gets {format_bytes(inputs.capacity_bytes)}")
-    page_text = (f"{inputs.block_tokens} tokens of {inputs.model} = {format_bytes(inputs.page_bytes)}"
-                 if inputs.model else f"{format_bytes(inputs.page_bytes)} (2 MiB per KV tensor; --model for tokens)")
-    click.echo(f"page {page_text}; weights/resident "
-               f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them {format_bytes(inputs.profiled_peak_bytes)}")
+    click.echo(
+        f"outside PyTorch's allocator {format_bytes(memory_plan.non_torch_bytes)}: {inputs.non_torch_source}; "
+        f"the pool gets {format_bytes(inputs.capacity_bytes)}"
+    )
+    page_text = (
+        f"{inputs.block_tokens} tokens of {inputs.model} = {format_bytes(inputs.page_bytes)}"
+        if inputs.model
+        else f"{format_bytes(inputs.page_bytes)} (2 MiB per KV tensor; --model for tokens)"
+    )
+    click.echo(
+        f"page {page_text}; weights/resident "
+        f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them {format_bytes(inputs.profiled_peak_bytes)}"
+    )
     table = result.table()
-    shown = [c for c in TABLE_COLUMNS if (c != "safe_kv_tokens" or inputs.model) and (c != "kv_linked_bytes"
-                                                                                        or inputs.linked)]
+    shown = [
+        c
+        for c in TABLE_COLUMNS
+        if (c != "safe_kv_tokens" or inputs.model) and (c != "kv_linked_bytes" or inputs.linked)
+    ]
     click.echo(format_table(table, shown))
     for p, row in zip(result.plans, table.itertuples()):
         click.echo(_policy_line(result, p, row))
@@ -175,20 +320,36 @@ def plan_command(snapshot: Path, specs, gpu, memory, non_torch_bytes, kv, kv_lin
 def _policy_line(result, p, row) -> str:
     """One sentence per policy: the answer, why one page more fails, and the engine rule's fate."""
     if p.safe is None:
-        why = ("the allocations live when recording began do not fit" if p.next_page.at_start
-               else f"out of memory at {result.describe_oom(p.next_page.oom_op)}")
+        why = (
+            "the allocations live when recording began do not fit"
+            if p.next_page.at_start
+            else f"out of memory at {result.describe_oom(p.next_page.oom_op)}"
+        )
         text = f"{p.spec}: the recorded run does not fit even with one page of KV ({why})"
     else:
-        text = (f"{p.spec}: safe KV {format_bytes(row.safe_kv_bytes)} ({row.safe_kv_pages:,} pages"
-                + (f", {int(row.safe_kv_tokens):,} tokens" if row.safe_kv_tokens == row.safe_kv_tokens
-                   and row.safe_kv_tokens is not None else "")
-                + (f"; the engine's --num-blocks {int(row.engine_num_blocks):,} of {p.inputs.engine_block_tokens} "
-                   f"tokens, its {p.inputs.engine_padding_blocks} padding blocks aside"
-                   if row.engine_num_blocks == row.engine_num_blocks and row.engine_num_blocks is not None else "")
-                + (f", {format_bytes(row.kv_linked_bytes)} in the buffers sized by it" if p.inputs.linked else "")
-                + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}")
+        text = (
+            f"{p.spec}: safe KV {format_bytes(row.safe_kv_bytes)} ({row.safe_kv_pages:,} pages"
+            + (
+                f", {int(row.safe_kv_tokens):,} tokens"
+                if row.safe_kv_tokens == row.safe_kv_tokens and row.safe_kv_tokens is not None
+                else ""
+            )
+            + (
+                f"; the engine's --num-blocks {int(row.engine_num_blocks):,} of {p.inputs.engine_block_tokens} "
+                f"tokens, its {p.inputs.engine_padding_blocks} padding blocks aside"
+                if row.engine_num_blocks == row.engine_num_blocks
+                and row.engine_num_blocks is not None
+                else ""
+            )
+            + (
+                f", {format_bytes(row.kv_linked_bytes)} in the buffers sized by it"
+                if p.inputs.linked
+                else ""
+            )
+            + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}"
+        )
     rule = f"gpu_memory_utilization={result.util_fraction:g} would pick {format_bytes(row.util_rule_kv_bytes)}"
-    pages = (p.util_pages - p.safe_pages)
+    pages = p.util_pages - p.safe_pages
     if p.util is None:
         rule += " (nothing left after weights and the profiled peak)"
     elif p.util.fits:
@@ -218,21 +379,31 @@ class KvBudgetSource:
         from sim.planner.plan import device_memory_of
 
         try:  # the simulated GPU's memory, less what the engine's process measured beside the snapshot
-            memory = device_memory_of(self.path, device_bytes=gpu.memory_bytes, device_source=f"simulate's GPU {gpu.name}")
+            memory = device_memory_of(
+                self.path, device_bytes=gpu.memory_bytes, device_source=f"simulate's GPU {gpu.name}"
+            )
         except PlanError as exc:
             raise UsageError(str(exc)) from None
         result = run_plan(self.path, specs, memory=memory, model=model)
         budgets = dict(zip(result.table()["policy"], result.table()["safe_kv_bytes"]))
         empty = [s for s, b in budgets.items() if not b]
         if empty:
-            raise UsageError(f"--kv-capacity auto:{self.path}: {empty[0]} leaves no room for a KV cache on {gpu.name}"
-                             f" (see `poollab plan {self.path}`)")
+            raise UsageError(
+                f"--kv-capacity auto:{self.path}: {empty[0]} leaves no room for a KV cache on {gpu.name}"
+                f" (see `poollab plan {self.path}`)"
+            )
         return {s: int(b) for s, b in budgets.items()}
 
     def describe(self, budgets: dict[str, int]) -> str:
         """For the settings line: where the budgets came from and what they are."""
-        what = f"from plan {self.path}" if self.kind == "plan" else f"planned on {self.path} (`poollab plan`)"
-        return f"KV budget {what}: " + ", ".join(f"{s} {format_bytes(b)}" for s, b in budgets.items())
+        what = (
+            f"from plan {self.path}"
+            if self.kind == "plan"
+            else f"planned on {self.path} (`poollab plan`)"
+        )
+        return f"KV budget {what}: " + ", ".join(
+            f"{s} {format_bytes(b)}" for s, b in budgets.items()
+        )
 
 
 class KvCapacity(click.ParamType):
@@ -247,8 +418,12 @@ class KvCapacity(click.ParamType):
         kind = kind.lower()  # --help shows the metavar upper-case
         if sep and kind in ("plan", "auto"):
             if not rest:
-                self.fail(f"{value!r}: name the {'plan folder or plan.csv' if kind == 'plan' else 'snapshot'} "
-                          f"after '{kind}:'", param, ctx)
+                self.fail(
+                    f"{value!r}: name the {'plan folder or plan.csv' if kind == 'plan' else 'snapshot'} "
+                    f"after '{kind}:'",
+                    param,
+                    ctx,
+                )
             return KvBudgetSource(kind, Path(rest))
         return BYTES.convert(value, param, ctx)
 

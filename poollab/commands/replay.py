@@ -21,43 +21,106 @@ def register(cli: click.Group) -> None:
 
 @click.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--policy", "-p", "specs", multiple=True, metavar="SPEC",
-              help="Policy spec, repeatable (default: the five built-ins). E.g. size-class:classes_per_doubling=8")
-@click.option("--capacity", type=BYTES, default=None, help="Most bytes a pool may reserve (e.g. 80GiB). Default: no limit.")
-@click.option("--costs", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Driver cost model JSON (from `poollab gpu calibrate`). Default: bundled H200 figures.")
-@click.option("--format", "fmt", default=None, help="Trace format, when detection from content is not wanted.")
+@click.option(
+    "--policy",
+    "-p",
+    "specs",
+    multiple=True,
+    metavar="SPEC",
+    help="Policy spec, repeatable (default: the five built-ins). E.g. size-class:classes_per_doubling=8",
+)
+@click.option(
+    "--capacity",
+    type=BYTES,
+    default=None,
+    help="Most bytes a pool may reserve (e.g. 80GiB). Default: no limit.",
+)
+@click.option(
+    "--costs",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Driver cost model JSON (from `poollab gpu calibrate`). Default: bundled H200 figures.",
+)
+@click.option(
+    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
+)
 @click.option("--sample-every", type=COUNT, default=None, help="Stats sample stride in events.")
-@click.option("--latency-sample", type=FRACTION, default=None, metavar="FRACTION",
-              help="Share of calls whose latency is timed, chosen at random (default: every call up to 20,000 "
-                   "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.")
-@click.option("--record-layout", is_flag=True, default=False,
-              help="Also record each pool's segment layout over the run (layout.parquet; the report's segment view).")
-@click.option("--workers", type=COUNT, default=None, metavar="N",
-              help="Processes replaying the policies side by side (default: the cores available, for a trace of "
-                   "50,000 events or more; 1: all in this process). The results are the same either way.")
+@click.option(
+    "--latency-sample",
+    type=FRACTION,
+    default=None,
+    metavar="FRACTION",
+    help="Share of calls whose latency is timed, chosen at random (default: every call up to 20,000 "
+    "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.",
+)
+@click.option(
+    "--record-layout",
+    is_flag=True,
+    default=False,
+    help="Also record each pool's segment layout over the run (layout.parquet; the report's segment view).",
+)
+@click.option(
+    "--workers",
+    type=COUNT,
+    default=None,
+    metavar="N",
+    help="Processes replaying the policies side by side (default: the cores available, for a trace of "
+    "50,000 events or more; 1: all in this process). The results are the same either way.",
+)
 @out_option("poollab-out/replay")
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
-def replay_command(trace: Path, specs, capacity, costs, fmt, sample_every, latency_sample, record_layout: bool,
-                   workers, out_dir: Path, progress: bool) -> None:
+def replay_command(
+    trace: Path,
+    specs,
+    capacity,
+    costs,
+    fmt,
+    sample_every,
+    latency_sample,
+    record_layout: bool,
+    workers,
+    out_dir: Path,
+    progress: bool,
+) -> None:
     """Replay the allocation TRACE against each policy and compare them."""
     spec_list = check_specs(specs)
     cost_model = load_costs(costs)
     alloc_trace = read_alloc_or_explain(trace, fmt)
-    tables = replay_tables(alloc_trace, spec_list, capacity_bytes=capacity, costs=cost_model,
-                           sample_every=sample_every, progress=progress, record_layout=record_layout,
-                           latency_sample=latency_sample, workers=workers)
+    tables = replay_tables(
+        alloc_trace,
+        spec_list,
+        capacity_bytes=capacity,
+        costs=cost_model,
+        sample_every=sample_every,
+        progress=progress,
+        record_layout=record_layout,
+        latency_sample=latency_sample,
+        workers=workers,
+    )
     summary = tables.summary
-    write_results(out_dir, summary, tables.timeseries, extra_tables={"latency_samples": tables.latency_samples,
-                                                                   **({"layout": tables.layout} if tables.layout is not None else {}),
-                                                                   **({"compactions": tables.compactions}
-                                                                      if tables.compactions is not None else {})},
-                  meta={"command": "replay", "trace": str(trace), "policies": spec_list, "capacity_bytes": capacity,
-                        "costs": str(costs) if costs else "bundled"})
+    write_results(
+        out_dir,
+        summary,
+        tables.timeseries,
+        extra_tables={
+            "latency_samples": tables.latency_samples,
+            **({"layout": tables.layout} if tables.layout is not None else {}),
+            **({"compactions": tables.compactions} if tables.compactions is not None else {}),
+        },
+        meta={
+            "command": "replay",
+            "trace": str(trace),
+            "policies": spec_list,
+            "capacity_bytes": capacity,
+            "costs": str(costs) if costs else "bundled",
+        },
+    )
     click.echo(f"{alloc_trace.name}: {len(alloc_trace):,} events ({alloc_trace.format})")
     click.echo(format_table(summary, REPLAY_COLUMNS))
     if "lower_bound_bytes" in summary:
         first = summary.iloc[0]
-        click.echo(f"best possible: lower bound (peak live) {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "
-                   f"offline planner ({first['planner']}) {first['planner_peak_bytes'] / 2**20:,.1f} MiB")
+        click.echo(
+            f"best possible: lower bound (peak live) {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "
+            f"offline planner ({first['planner']}) {first['planner_peak_bytes'] / 2**20:,.1f} MiB"
+        )
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet")

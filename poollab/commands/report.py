@@ -15,18 +15,34 @@ def register(cli: click.Group) -> None:
 
 @click.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
-              show_default=True, help="HTML file to write (plots embedded; opens offline).")
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("report.html"),
+    show_default=True,
+    help="HTML file to write (plots embedded; opens offline).",
+)
 @click.option("--title", default=None, help="Page title (default: 'poollab report').")
-@click.option("--static", is_flag=True, default=False,
-              help="PNG figures only, no scripts (default: interactive timelines and segment view, still offline).")
+@click.option(
+    "--static",
+    is_flag=True,
+    default=False,
+    help="PNG figures only, no scripts (default: interactive timelines and segment view, still offline).",
+)
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
-def report_command(dirs: tuple[Path, ...], out_path: Path, title: str | None, static: bool, progress: bool) -> None:
+def report_command(
+    dirs: tuple[Path, ...], out_path: Path, title: str | None, static: bool, progress: bool
+) -> None:
     """Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs)."""
     from sim.report.html import write_html_report
 
     try:
-        path = write_html_report(dirs, out_path, title=title, progress=progress, interactive=not static)
+        path = write_html_report(
+            dirs, out_path, title=title, progress=progress, interactive=not static
+        )
     except ValueError as exc:  # a folder whose tables lack the report's columns
         raise UsageError(str(exc)) from None
-    click.echo(f"wrote {path} ({path.stat().st_size / 2**20:,.2f} MiB) from {len(dirs)} result folder(s)")
+    click.echo(
+        f"wrote {path} ({path.stat().st_size / 2**20:,.2f} MiB) from {len(dirs)} result folder(s)"
+    )

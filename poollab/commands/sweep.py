@@ -24,18 +24,38 @@ def register(cli: click.Group) -> None:
 
 @click.command("sweep")
 @click.argument("sweep_file", metavar="SWEEP.yaml", type=click.Path(dir_okay=False, path_type=Path))
-@out_option("poollab-out/sweep", help="Folder of the sweep: cells/ (one record per finished cell), results.parquet, "
-                                     "summary.csv, pareto.csv. Re-use it to resume; files you put there are kept.")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask cluster "
-                   "of N workers), processes (default: a local process pool) or serial.")
-@click.option("--workers", type=COUNT, default=None,
-              help="Processes of the local pool (default: the machine's cores), or N of --scheduler local.")
+@out_option(
+    "poollab-out/sweep",
+    help="Folder of the sweep: cells/ (one record per finished cell), results.parquet, "
+    "summary.csv, pareto.csv. Re-use it to resume; files you put there are kept.",
+)
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="ADDRESS",
+    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask cluster "
+    "of N workers), processes (default: a local process pool) or serial.",
+)
+@click.option(
+    "--workers",
+    type=COUNT,
+    default=None,
+    help="Processes of the local pool (default: the machine's cores), or N of --scheduler local.",
+)
 @click.option("--retry-failed", is_flag=True, help="Run cells that failed in an earlier run again.")
-@click.option("--dry-run", is_flag=True, help="Validate the file and count the cells to run; run nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Validate the file and count the cells to run; run nothing."
+)
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
-def sweep_command(sweep_file: Path, out_dir: Path, scheduler, workers, retry_failed: bool, dry_run: bool,
-                  progress: bool) -> None:
+def sweep_command(
+    sweep_file: Path,
+    out_dir: Path,
+    scheduler,
+    workers,
+    retry_failed: bool,
+    dry_run: bool,
+    progress: bool,
+) -> None:
     """Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one table.
 
     Exit status 1 when a cell failed (the others still ran; see the error column). A damaged
@@ -44,35 +64,60 @@ def sweep_command(sweep_file: Path, out_dir: Path, scheduler, workers, retry_fai
     with warnings.catch_warnings():
         warnings.simplefilter("always", CellRecordWarning)
         warnings.showwarning = _one_line_warning
-        outcome, spec = _run(sweep_file, out_dir, scheduler, workers, retry_failed, dry_run, progress)
+        outcome, spec = _run(
+            sweep_file, out_dir, scheduler, workers, retry_failed, dry_run, progress
+        )
     if outcome is None:
         return
-    click.echo(f"{outcome.num_run} run on {outcome.scheduler}, {outcome.num_cached} already done "
-               f"({outcome.wall_s:,.1f} s)")
+    click.echo(
+        f"{outcome.num_run} run on {outcome.scheduler}, {outcome.num_cached} already done "
+        f"({outcome.wall_s:,.1f} s)"
+    )
     click.echo(format_fronts(outcome.pareto, by=spec.pareto_by))
     click.echo(f"wrote {out_dir}/results.parquet, {out_dir}/summary.csv, {out_dir}/pareto.csv")
     bad = outcome.results[outcome.results["status"] != "ok"]
     if len(bad):
-        click.echo(f"{outcome.num_failed} cells failed, {outcome.num_lost} lost to dead workers "
-                   f"(lost ones run again next time; failed ones with --retry-failed):", err=True)
+        click.echo(
+            f"{outcome.num_failed} cells failed, {outcome.num_lost} lost to dead workers "
+            f"(lost ones run again next time; failed ones with --retry-failed):",
+            err=True,
+        )
         for row in bad.head(_MAX_FAILED_SHOWN).itertuples():
             click.echo(f"  {row.trace} · {row.policy} · {row.cell_key}: {row.error}", err=True)
         sys.exit(1)
 
 
-def _run(sweep_file: Path, out_dir: Path, scheduler, workers, retry_failed: bool, dry_run: bool, progress: bool):
+def _run(
+    sweep_file: Path,
+    out_dir: Path,
+    scheduler,
+    workers,
+    retry_failed: bool,
+    dry_run: bool,
+    progress: bool,
+):
     """``(outcome, spec)`` of the sweep; outcome None for ``--dry-run`` (its line printed here)."""
     try:
-        make_executor(scheduler, workers)  # a bad --scheduler fails before any work (nothing starts here)
+        make_executor(
+            scheduler, workers
+        )  # a bad --scheduler fails before any work (nothing starts here)
         spec = load_sweep(sweep_file)
         if dry_run:
             todo, done = plan_sweep(spec, out_dir, retry_failed=retry_failed)
             click.echo(_plan_line(spec, len(done)) + f"; {len(todo)} to run")
             return None, spec
-        out_dir.mkdir(parents=True, exist_ok=True)  # --out under a file fails here, before any cell runs
+        out_dir.mkdir(
+            parents=True, exist_ok=True
+        )  # --out under a file fails here, before any cell runs
         click.echo(_plan_line(spec, None), err=True)
-        outcome = run_sweep(spec, out_dir, scheduler=scheduler, workers=workers, retry_failed=retry_failed,
-                            progress=progress)
+        outcome = run_sweep(
+            spec,
+            out_dir,
+            scheduler=scheduler,
+            workers=workers,
+            retry_failed=retry_failed,
+            progress=progress,
+        )
     except SweepError as exc:  # a bad file or scheduler: one line, exit 2
         raise UsageError(str(exc)) from None
     return outcome, spec

@@ -52,7 +52,9 @@ def _fmt(key: str, value) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in value.items())
+        return ", ".join(
+            f"{k}={v:,}" if isinstance(v, int) else f"{k}={v}" for k, v in value.items()
+        )
     return str(value)
 
 
@@ -65,32 +67,90 @@ def _check_out_suffix(out_path: Path) -> None:
 
 
 @traces_group.command("synth")
-@click.option("--rate", "rate_rps", type=POSITIVE, required=True, help="Mean arrival rate, requests per second.")
+@click.option(
+    "--rate",
+    "rate_rps",
+    type=POSITIVE,
+    required=True,
+    help="Mean arrival rate, requests per second.",
+)
 @click.option("--num-requests", type=COUNT, default=None, help="How many requests.")
-@click.option("--duration", "duration_s", type=POSITIVE, default=None, help="Time window in seconds.")
-@click.option("--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson", show_default=True)
-@click.option("--cv", type=POSITIVE, default=1.0, show_default=True, help="Burstiness (Gamma arrivals): coefficient of variation of the gaps.")
-@click.option("--prompt", default="lognormal:median=1000,sigma=1.0", show_default=True,
-              help="Prompt length distribution: lognormal:median=,sigma= | zipf:a= | fixed:N | empirical:trace=FILE,column=prompt")
-@click.option("--output", "output_dist", default="lognormal:median=128,sigma=1.0", show_default=True,
-              help="Output length distribution (same forms as --prompt).")
-@click.option("--prefix-sharing", default=None, help="e.g. num_prefixes=8,fraction=0.9 (shared prompt prefixes as hash_ids).")
-@click.option("--scale", type=RATE_SCALE, default=1.0, show_default=True, help="Rate scale applied after generation.")
+@click.option(
+    "--duration", "duration_s", type=POSITIVE, default=None, help="Time window in seconds."
+)
+@click.option(
+    "--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson", show_default=True
+)
+@click.option(
+    "--cv",
+    type=POSITIVE,
+    default=1.0,
+    show_default=True,
+    help="Burstiness (Gamma arrivals): coefficient of variation of the gaps.",
+)
+@click.option(
+    "--prompt",
+    default="lognormal:median=1000,sigma=1.0",
+    show_default=True,
+    help="Prompt length distribution: lognormal:median=,sigma= | zipf:a= | fixed:N | empirical:trace=FILE,column=prompt",
+)
+@click.option(
+    "--output",
+    "output_dist",
+    default="lognormal:median=128,sigma=1.0",
+    show_default=True,
+    help="Output length distribution (same forms as --prompt).",
+)
+@click.option(
+    "--prefix-sharing",
+    default=None,
+    help="e.g. num_prefixes=8,fraction=0.9 (shared prompt prefixes as hash_ids).",
+)
+@click.option(
+    "--scale",
+    type=RATE_SCALE,
+    default=1.0,
+    show_default=True,
+    help="Rate scale applied after generation.",
+)
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output file (.csv or .parquet).")
-def synth_command(rate_rps, num_requests, duration_s, arrival, cv, prompt, output_dist, prefix_sharing, scale, seed,
-                  out_path: Path) -> None:
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Output file (.csv or .parquet).",
+)
+def synth_command(
+    rate_rps,
+    num_requests,
+    duration_s,
+    arrival,
+    cv,
+    prompt,
+    output_dist,
+    prefix_sharing,
+    scale,
+    seed,
+    out_path: Path,
+) -> None:
     """Generate a seeded synthetic request trace for `poollab simulate`."""
     if num_requests is None and duration_s is None:
         raise UsageError("give --num-requests, --duration or both")
     _check_out_suffix(out_path)
     try:
         trace = synth_requests(
-            num_requests=num_requests, duration_s=duration_s, rate_rps=rate_rps, arrival=arrival, cv=cv,
-            prompt=traces.parse_length_dist(prompt), output=traces.parse_length_dist(output_dist), seed=seed,
+            num_requests=num_requests,
+            duration_s=duration_s,
+            rate_rps=rate_rps,
+            arrival=arrival,
+            cv=cv,
+            prompt=traces.parse_length_dist(prompt),
+            output=traces.parse_length_dist(output_dist),
+            seed=seed,
             prefix_sharing=traces.parse_prefix_sharing(prefix_sharing) if prefix_sharing else None,
-            name=out_path.stem)
+            name=out_path.stem,
+        )
         if scale != 1.0:
             trace = trace.scale_rate(scale)
     except ValueError as exc:
@@ -99,20 +159,40 @@ def synth_command(rate_rps, num_requests, duration_s, arrival, cv, prompt, outpu
         raise UsageError(str(exc)) from None
     traces.write_request_trace(trace, out_path)
     d = trace.describe()
-    click.echo(f"wrote {out_path}: {d['num_requests']:,} requests over {d['duration_s']:,.1f} s "
-               f"({d['rate_rps']:.2f} req/s), prompt p50 {d['prompt_tokens_p50']:.0f}, output p50 {d['output_tokens_p50']:.0f}")
+    click.echo(
+        f"wrote {out_path}: {d['num_requests']:,} requests over {d['duration_s']:,.1f} s "
+        f"({d['rate_rps']:.2f} req/s), prompt p50 {d['prompt_tokens_p50']:.0f}, output p50 {d['output_tokens_p50']:.0f}"
+    )
 
 
 @traces_group.command("synth-alloc")
-@click.option("--model", default="llama-3.2-1b", show_default=True, help="Model preset (see sim presets) or JSON file.")
+@click.option(
+    "--model",
+    default="llama-3.2-1b",
+    show_default=True,
+    help="Model preset (see sim presets) or JSON file.",
+)
 @click.option("--num-requests", type=COUNT, default=32, show_default=True)
 @click.option("--max-batch", type=COUNT, default=8, show_default=True)
 @click.option("--kv-chunk-tokens", type=COUNT, default=16, show_default=True)
-@click.option("--rate", "rate", type=POSITIVE, default=None, help="Poisson arrival rate; default: all arrive at once.")
+@click.option(
+    "--rate",
+    "rate",
+    type=POSITIVE,
+    default=None,
+    help="Poisson arrival rate; default: all arrive at once.",
+)
 @click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Output file (.csv or .parquet).")
-def synth_alloc_command(model, num_requests, max_batch, kv_chunk_tokens, rate, seed, out_path: Path) -> None:
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Output file (.csv or .parquet).",
+)
+def synth_alloc_command(
+    model, num_requests, max_batch, kv_chunk_tokens, rate, seed, out_path: Path
+) -> None:
     """Generate a seeded synthetic allocation trace of LLM inference for `poollab replay`."""
     from sim.serving.models import load_model
 
@@ -120,10 +200,20 @@ def synth_alloc_command(model, num_requests, max_batch, kv_chunk_tokens, rate, s
     try:
         spec = load_model(model)
         trace = traces.generate_alloc_trace(
-            num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
-            vocab_size=spec.vocab_size, dtype_bytes=spec.dtype_bytes, num_requests=num_requests,
-            arrival_rate_per_s=rate, max_batch=max_batch, kv_chunk_tokens=kv_chunk_tokens, seed=seed)
+            num_layers=spec.num_layers,
+            hidden_size=spec.hidden_size,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            intermediate_size=spec.intermediate_size,
+            vocab_size=spec.vocab_size,
+            dtype_bytes=spec.dtype_bytes,
+            num_requests=num_requests,
+            arrival_rate_per_s=rate,
+            max_batch=max_batch,
+            kv_chunk_tokens=kv_chunk_tokens,
+            seed=seed,
+        )
     except ValueError as exc:
         if isinstance(exc, TraceFormatError):
             raise

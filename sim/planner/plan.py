@@ -55,28 +55,88 @@ from policies.torch_caching import spec_from_settings
 from policies.units import format_bytes, parse_bytes
 from sim.replay import engine
 from sim.replay.fidelity import ALLOC, FREE, Recording, read_recording, start_replay
-from sim.planner.startup_kv import (KvCache, KvLinked, KvSelector, LinkedSelector, PlanError, parse_kv_linked, parse_kv_selector,
-                            recognise_kv, recognise_linked, select_kv, select_linked)
+from sim.planner.startup_kv import (
+    KvCache,
+    KvLinked,
+    KvSelector,
+    LinkedSelector,
+    PlanError,
+    parse_kv_linked,
+    parse_kv_selector,
+    recognise_kv,
+    recognise_linked,
+    select_kv,
+    select_linked,
+)
 from traces.engine_memory import read_engine_memory, sidecar_path
 from traces.errors import TraceFormatError
 
-__all__ = ["PLAN_COLUMNS", "PLAN_FILE", "DEFAULT_BLOCK_TOKENS", "DEFAULT_PAGE_SHARE_BYTES",
-           "KvSelector", "KvCache", "KvLinked", "PlanInputs", "PolicyPlan", "PlanResult", "parse_kv_selector",
-           "parse_kv_linked", "recognise_kv",
-           "select_kv", "plan_inputs", "fits", "plan_policy", "plan", "plan_snapshot", "write_plan", "read_plan",
-           "planned_budgets", "PlanError", "DeviceMemory", "device_memory_of"]
+__all__ = [
+    "PLAN_COLUMNS",
+    "PLAN_FILE",
+    "DEFAULT_BLOCK_TOKENS",
+    "DEFAULT_PAGE_SHARE_BYTES",
+    "KvSelector",
+    "KvCache",
+    "KvLinked",
+    "PlanInputs",
+    "PolicyPlan",
+    "PlanResult",
+    "parse_kv_selector",
+    "parse_kv_linked",
+    "recognise_kv",
+    "select_kv",
+    "plan_inputs",
+    "fits",
+    "plan_policy",
+    "plan",
+    "plan_snapshot",
+    "write_plan",
+    "read_plan",
+    "planned_budgets",
+    "PlanError",
+    "DeviceMemory",
+    "device_memory_of",
+]
 
 #: The file ``write_plan`` writes in a plan folder (one row per policy).
 PLAN_FILE = "plan.csv"
 #: Columns of ``plan.csv`` and ``PlanResult.table()``, in order.
-PLAN_COLUMNS = ["policy", "device_bytes", "non_torch_bytes", "capacity_bytes", "weights_bytes", "num_kv_allocs",
-                "recorded_kv_bytes", "page_bytes", "safe_kv_pages", "safe_kv_bytes", "safe_kv_tokens", "engine_num_blocks",
-                "num_kv_linked_allocs", "kv_linked_bytes",
-                "peak_non_kv_reserved_bytes",
-                "frag_at_peak", "peak_reserved_bytes", "margin_bytes", "next_page_oom_event", "next_page_oom_entry",
-                "util_fraction", "profiled_peak_bytes", "util_rule_kv_bytes", "util_rule_fits", "util_rule_oom_event",
-                "util_rule_oom_entry", "util_rule_excess_bytes", "model", "block_tokens", "num_replays", "plan_s",
-                "device_source", "non_torch_source"]
+PLAN_COLUMNS = [
+    "policy",
+    "device_bytes",
+    "non_torch_bytes",
+    "capacity_bytes",
+    "weights_bytes",
+    "num_kv_allocs",
+    "recorded_kv_bytes",
+    "page_bytes",
+    "safe_kv_pages",
+    "safe_kv_bytes",
+    "safe_kv_tokens",
+    "engine_num_blocks",
+    "num_kv_linked_allocs",
+    "kv_linked_bytes",
+    "peak_non_kv_reserved_bytes",
+    "frag_at_peak",
+    "peak_reserved_bytes",
+    "margin_bytes",
+    "next_page_oom_event",
+    "next_page_oom_entry",
+    "util_fraction",
+    "profiled_peak_bytes",
+    "util_rule_kv_bytes",
+    "util_rule_fits",
+    "util_rule_oom_event",
+    "util_rule_oom_entry",
+    "util_rule_excess_bytes",
+    "model",
+    "block_tokens",
+    "num_replays",
+    "plan_s",
+    "device_source",
+    "non_torch_source",
+]
 #: vLLM's KV block (field notes): the page a plan is exact to, in tokens, when a model is given.
 DEFAULT_BLOCK_TOKENS = 16
 #: Without a model, each KV tensor grows by this much a page: PyTorch rounds large blocks to 2 MiB.
@@ -124,9 +184,15 @@ class PlanInputs:
 
     def engine_num_blocks(self, num_pages: int) -> int | None:
         """The ``--num-blocks`` that makes the engine allocate at most ``num_pages`` of KV (None: not known)."""
-        if self.block_tokens is None or not self.engine_block_tokens or self.engine_padding_blocks is None:
+        if (
+            self.block_tokens is None
+            or not self.engine_block_tokens
+            or self.engine_padding_blocks is None
+        ):
             return None
-        blocks = num_pages * self.block_tokens // self.engine_block_tokens - self.engine_padding_blocks
+        blocks = (
+            num_pages * self.block_tokens // self.engine_block_tokens - self.engine_padding_blocks
+        )
         return blocks if blocks > 0 else None
 
     @property
@@ -151,7 +217,12 @@ class PlanInputs:
 
     def _linked_size(self, recorded_bytes: int, bytes_per_page: int, num_pages: int) -> int:
         """A linked allocation's size at ``num_pages`` of KV (at least 1 B: no request is empty)."""
-        grown = recorded_bytes + (num_pages * self.page_bytes - self.kv.total_bytes) * bytes_per_page // self.page_bytes
+        grown = (
+            recorded_bytes
+            + (num_pages * self.page_bytes - self.kv.total_bytes)
+            * bytes_per_page
+            // self.page_bytes
+        )
         return max(grown, 1)
 
     @property
@@ -160,7 +231,11 @@ class PlanInputs:
 
     def linked_bytes(self, num_pages: int) -> int:
         """Requested bytes of every linked allocation at ``num_pages`` of KV (0 without any)."""
-        return sum(self._linked_size(self.rec.sizes[k], b.bytes_per_page, num_pages) for b in self.linked for k in b.ops)
+        return sum(
+            self._linked_size(self.rec.sizes[k], b.bytes_per_page, num_pages)
+            for b in self.linked
+            for k in b.ops
+        )
 
     def tokens(self, num_pages: int) -> int | None:
         return None if self.block_tokens is None else num_pages * self.block_tokens
@@ -194,11 +269,21 @@ def _resident_and_profiled(rec: Recording, first_kv: int) -> tuple[int, int]:
     return weights, max(peak_before - weights, 0)
 
 
-def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None, model: Any = None,
-                block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
-                kv_linked: Iterable[LinkedSelector] = (), engine: Any = None, device_source: str = "",
-                non_torch_source: str = "", engine_block_tokens: int | None = None,
-                engine_padding_blocks: int | None = None) -> PlanInputs:
+def plan_inputs(
+    rec: Recording,
+    *,
+    device_bytes: int,
+    kv: KvCache | None = None,
+    model: Any = None,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    non_torch_bytes: int = 0,
+    kv_linked: Iterable[LinkedSelector] = (),
+    engine: Any = None,
+    device_source: str = "",
+    non_torch_source: str = "",
+    engine_block_tokens: int | None = None,
+    engine_padding_blocks: int | None = None,
+) -> PlanInputs:
     """Everything a plan needs from ``rec`` besides the policy.
 
     Args:
@@ -216,12 +301,16 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
             (``device_memory_of``).
     """
     if not rec.ops:
-        raise PlanError(f"{rec.source}: the snapshot has no allocation trace (record with "
-                        "torch.cuda.memory._record_memory_history() before the engine starts)")
+        raise PlanError(
+            f"{rec.source}: the snapshot has no allocation trace (record with "
+            "torch.cuda.memory._record_memory_history() before the engine starts)"
+        )
     kv = recognise_kv(rec) if kv is None else kv
     if device_bytes <= 0 or non_torch_bytes < 0 or non_torch_bytes >= device_bytes:
-        raise PlanError(f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves nothing "
-                        "for it")
+        raise PlanError(
+            f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves nothing "
+            "for it"
+        )
     per_token = name = None
     if model is not None:
         from sim.serving.models import load_model
@@ -232,23 +321,52 @@ def plan_inputs(rec: Recording, *, device_bytes: int, kv: KvCache | None = None,
             raise PlanError(f"--block-tokens {block_tokens} must be >= 1")
         page = block_tokens * per_token
         if page % len(kv.ops):
-            raise PlanError(f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly over "
-                            f"the {len(kv.ops)} KV allocations of the snapshot: is the snapshot of {name}? "
-                            "(--model, or --kv to name the KV tensors)")
+            raise PlanError(
+                f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly over "
+                f"the {len(kv.ops)} KV allocations of the snapshot: is the snapshot of {name}? "
+                "(--model, or --kv to name the KV tensors)"
+            )
     else:
         page = DEFAULT_PAGE_SHARE_BYTES * len(kv.ops)
     linked = select_linked(rec, kv, kv_linked)
     if engine is not None:
-        linked += _engine_linked(rec, kv, engine, kv_bytes_per_token=per_token, block_tokens=block_tokens,
-                                 named={k for b in linked for k in b.ops})
+        linked += _engine_linked(
+            rec,
+            kv,
+            engine,
+            kv_bytes_per_token=per_token,
+            block_tokens=block_tokens,
+            named={k for b in linked for k in b.ops},
+        )
     weights, profiled = _resident_and_profiled(rec, kv.ops[0])
-    return PlanInputs(rec, kv, page, block_tokens if model is not None else None, per_token, name, weights, profiled,
-                      device_bytes, device_bytes - non_torch_bytes, tuple(linked), device_source, non_torch_source,
-                      engine_block_tokens, engine_padding_blocks)
+    return PlanInputs(
+        rec,
+        kv,
+        page,
+        block_tokens if model is not None else None,
+        per_token,
+        name,
+        weights,
+        profiled,
+        device_bytes,
+        device_bytes - non_torch_bytes,
+        tuple(linked),
+        device_source,
+        non_torch_source,
+        engine_block_tokens,
+        engine_padding_blocks,
+    )
 
 
-def _engine_linked(rec: Recording, kv: KvCache, engine: Any, *, kv_bytes_per_token: int | None, block_tokens: int,
-                   named: set[int]) -> list[KvLinked]:
+def _engine_linked(
+    rec: Recording,
+    kv: KvCache,
+    engine: Any,
+    *,
+    kv_bytes_per_token: int | None,
+    block_tokens: int,
+    named: set[int],
+) -> list[KvLinked]:
     """The buffers ``engine``'s ``kv_linked`` rules recognise in ``rec`` (those the user named aside)."""
     from sim.serving.engines import EnginePreset, load_engine
 
@@ -256,16 +374,26 @@ def _engine_linked(rec: Recording, kv: KvCache, engine: Any, *, kv_bytes_per_tok
     if not preset.kv_linked:
         return []
     if kv_bytes_per_token is None:
-        raise PlanError(f"--engine {preset.name}: its KV-linked buffers are sized per KV token: give --model")
+        raise PlanError(
+            f"--engine {preset.name}: its KV-linked buffers are sized per KV token: give --model"
+        )
     if kv.total_bytes % kv_bytes_per_token:
-        raise PlanError(f"--engine {preset.name}: the KV cache ({kv.total_bytes:,} B) is no whole number of tokens "
-                        f"of {kv_bytes_per_token:,} B: is the snapshot of this model?")
+        raise PlanError(
+            f"--engine {preset.name}: the KV cache ({kv.total_bytes:,} B) is no whole number of tokens "
+            f"of {kv_bytes_per_token:,} B: is the snapshot of this model?"
+        )
     tokens = kv.total_bytes // kv_bytes_per_token
     out = []
     for rule in preset.kv_linked:
-        found = recognise_linked(rec, kv, name=f"{preset.name} {rule.name}", recorded_tokens=tokens,
-                                 bytes_per_token=rule.bytes_per_token, fixed_bytes=rule.fixed_bytes,
-                                 block_tokens=block_tokens)
+        found = recognise_linked(
+            rec,
+            kv,
+            name=f"{preset.name} {rule.name}",
+            recorded_tokens=tokens,
+            bytes_per_token=rule.bytes_per_token,
+            fixed_bytes=rule.fixed_bytes,
+            block_tokens=block_tokens,
+        )
         if found is not None and not named & set(found.ops):
             out.append(found)
     return out
@@ -306,7 +434,9 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
         try:  # too little memory for the starting state, or a policy that cannot hold it at all?
             start_replay(rec, spec)
         except PolicyError:
-            raise PlanError(f"{spec} cannot start from {rec.source}'s state when recording began ({exc})") from None
+            raise PlanError(
+                f"{spec} cannot start from {rec.source}'s state when recording began ({exc})"
+            ) from None
         return Fit(num_pages, False, at_start=True)
     pool = started.pool
     sizes = inputs.sizes_for(num_pages)
@@ -328,6 +458,7 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
     observe: Callable[[int, int], None] | None = None
     offset = 0
     if measure:
+
         def observe(i: int, _t: int) -> None:
             nonlocal kv_held
             k = offset + i
@@ -336,11 +467,17 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
             non_kv = pool.reserved_bytes - kv_held
             if non_kv > peak["non_kv"]:
                 peak["non_kv"], peak["event"] = non_kv, k
-                peak["frag"] = (pool.reserved_bytes - pool.allocated_bytes) / non_kv if non_kv else 0.0
+                peak["frag"] = (
+                    (pool.reserved_bytes - pool.allocated_bytes) / non_kv if non_kv else 0.0
+                )
 
     def unknown_free(i: int, addr: int) -> Exception:
-        return TraceFormatError(rec.source, rec.entries[offset + i], f"frees {addr:#x}, which is not live",
-                                unit=rec.entry_unit)
+        return TraceFormatError(
+            rec.source,
+            rec.entries[offset + i],
+            f"frees {addr:#x}, which is not live",
+            unit=rec.entry_unit,
+        )
 
     # runs between the private-pool calls (a capture window's begin and end), so no per-event hook is needed
     cuts = sorted(k for k in started.pool_calls if 0 < k < len(rec.ops))
@@ -349,16 +486,35 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
         for start, stop in bounds:
             offset = start
             started.pool_call(start)
-            engine.run(rec.ops[start:stop], rec.addrs[start:stop], sizes[start:stop],
-                       streams=rec.streams[start:stop], target=target, live=live, observe=observe,
-                       unknown_free=unknown_free, latency_sample=1e-9)
+            engine.run(
+                rec.ops[start:stop],
+                rec.addrs[start:stop],
+                sizes[start:stop],
+                streams=rec.streams[start:stop],
+                target=target,
+                live=live,
+                observe=observe,
+                unknown_free=unknown_free,
+                latency_sample=1e-9,
+            )
     except _Refused:
         num_served = next(counter) - 1  # the refused call was counted too
-        return Fit(num_pages, False, oom_op=alloc_positions[num_served], peak_reserved_bytes=pool.peak_reserved_bytes,
-                   measured=measure)
-    return Fit(num_pages, True, peak_reserved_bytes=pool.peak_reserved_bytes,
-               peak_non_kv_reserved_bytes=peak["non_kv"], peak_event=peak["event"], frag_at_peak=peak["frag"],
-               measured=measure)
+        return Fit(
+            num_pages,
+            False,
+            oom_op=alloc_positions[num_served],
+            peak_reserved_bytes=pool.peak_reserved_bytes,
+            measured=measure,
+        )
+    return Fit(
+        num_pages,
+        True,
+        peak_reserved_bytes=pool.peak_reserved_bytes,
+        peak_non_kv_reserved_bytes=peak["non_kv"],
+        peak_event=peak["event"],
+        frag_at_peak=peak["frag"],
+        measured=measure,
+    )
 
 
 # ---------------------------------------------------------------------------- the search
@@ -379,33 +535,48 @@ class PolicyPlan:
 
     def row(self) -> dict[str, Any]:
         i, safe = self.inputs, self.safe
-        entry = (lambda k: i.rec.entries[k] if k is not None else None)
+        entry = lambda k: i.rec.entries[k] if k is not None else None
         util_bytes = self.util_pages * i.page_bytes
         return {
-            "policy": self.spec, "device_bytes": i.device_bytes, "non_torch_bytes": i.device_bytes - i.capacity_bytes,
+            "policy": self.spec,
+            "device_bytes": i.device_bytes,
+            "non_torch_bytes": i.device_bytes - i.capacity_bytes,
             "capacity_bytes": i.capacity_bytes,
-            "weights_bytes": i.weights_bytes, "num_kv_allocs": len(i.kv.ops), "recorded_kv_bytes": i.kv.total_bytes,
-            "page_bytes": i.page_bytes, "safe_kv_pages": self.safe_pages, "safe_kv_bytes": self.safe_pages * i.page_bytes,
-            "safe_kv_tokens": i.tokens(self.safe_pages), "engine_num_blocks": i.engine_num_blocks(self.safe_pages),
+            "weights_bytes": i.weights_bytes,
+            "num_kv_allocs": len(i.kv.ops),
+            "recorded_kv_bytes": i.kv.total_bytes,
+            "page_bytes": i.page_bytes,
+            "safe_kv_pages": self.safe_pages,
+            "safe_kv_bytes": self.safe_pages * i.page_bytes,
+            "safe_kv_tokens": i.tokens(self.safe_pages),
+            "engine_num_blocks": i.engine_num_blocks(self.safe_pages),
             "num_kv_linked_allocs": i.num_linked_allocs,
             "kv_linked_bytes": i.linked_bytes(self.safe_pages) if self.safe_pages else 0,
             "peak_non_kv_reserved_bytes": safe.peak_non_kv_reserved_bytes if safe else None,
             "frag_at_peak": safe.frag_at_peak if safe else None,
             "peak_reserved_bytes": safe.peak_reserved_bytes if safe else None,
             "margin_bytes": i.capacity_bytes - safe.peak_reserved_bytes if safe else None,
-            "next_page_oom_event": self.next_page.oom_op, "next_page_oom_entry": entry(self.next_page.oom_op),
-            "util_fraction": self.util_fraction, "profiled_peak_bytes": i.profiled_peak_bytes,
+            "next_page_oom_event": self.next_page.oom_op,
+            "next_page_oom_entry": entry(self.next_page.oom_op),
+            "util_fraction": self.util_fraction,
+            "profiled_peak_bytes": i.profiled_peak_bytes,
             "util_rule_kv_bytes": util_bytes,
             "util_rule_fits": self.util.fits if self.util is not None else None,
             "util_rule_oom_event": self.util.oom_op if self.util is not None else None,
             "util_rule_oom_entry": entry(self.util.oom_op) if self.util is not None else None,
             "util_rule_excess_bytes": util_bytes - self.safe_pages * i.page_bytes,
-            "model": i.model, "block_tokens": i.block_tokens, "num_replays": self.num_replays,
-            "plan_s": self.plan_s, "device_source": i.device_source, "non_torch_source": i.non_torch_source,
+            "model": i.model,
+            "block_tokens": i.block_tokens,
+            "num_replays": self.num_replays,
+            "plan_s": self.plan_s,
+            "device_source": i.device_source,
+            "non_torch_source": i.non_torch_source,
         }
 
 
-def plan_policy(inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, progress: bool = False) -> PolicyPlan:
+def plan_policy(
+    inputs: PlanInputs, spec: str, *, util_fraction: float = 0.9, progress: bool = False
+) -> PolicyPlan:
     """The largest KV size (in pages) with which ``spec`` serves the whole recording.
 
     Replays the recorded size first (the engine sized its cache near the limit), then the
@@ -423,6 +594,7 @@ def _replay_bar(title: str, show: bool):
     from sim.replay.progress import progress_bar
 
     with progress_bar(None, title, unit="replay", enabled=show, unit_scale=False) as bar:
+
         def tick(fit: Fit) -> None:
             bar.set_postfix_str(f"{fit.num_pages:,} pages {'fit' if fit.fits else 'do not fit'}")
             bar.update(1)
@@ -430,24 +602,37 @@ def _replay_bar(title: str, show: bool):
         yield tick
 
 
-def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[[Fit], None]) -> PolicyPlan:
+def _search(
+    inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[[Fit], None]
+) -> PolicyPlan:
     t0 = time.perf_counter()
     cache: dict[int, Fit] = {}
 
     def check(n: int) -> Fit:
         if n not in cache:
-            cache[n] = fits(inputs, spec, n, measure=True)  # measured: its peak costs no second replay
+            cache[n] = fits(
+                inputs, spec, n, measure=True
+            )  # measured: its peak costs no second replay
             tick(cache[n])
         return cache[n]
 
     max_pages = inputs.capacity_bytes // inputs.page_bytes + 1  # more KV than capacity never fits
-    lo, hi = 0, max_pages + 1  # lo fits (0: nothing is known to); hi does not (or is past every size worth trying)
-    start = min(max(int(inputs.recorded_pages), 1), max_pages)  # where the engine sized it: usually close
+    lo, hi = (
+        0,
+        max_pages + 1,
+    )  # lo fits (0: nothing is known to); hi does not (or is past every size worth trying)
+    start = min(
+        max(int(inputs.recorded_pages), 1), max_pages
+    )  # where the engine sized it: usually close
     first = check(start)
     if first.fits:
         lo = start
-        guess = min(max((inputs.capacity_bytes - first.peak_non_kv_reserved_bytes) // inputs.page_bytes, lo),
-                    max_pages)
+        guess = min(
+            max(
+                (inputs.capacity_bytes - first.peak_non_kv_reserved_bytes) // inputs.page_bytes, lo
+            ),
+            max_pages,
+        )
         if guess > lo:
             if check(guess).fits:
                 lo = guess
@@ -456,7 +641,9 @@ def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[
     else:
         hi = start
     step = 1
-    while hi - lo > 1 and (lo == 0 or hi == max_pages + 1):  # gallop out from the bracket's known end
+    while hi - lo > 1 and (
+        lo == 0 or hi == max_pages + 1
+    ):  # gallop out from the bracket's known end
         if lo > 0:
             n = min(lo + step, hi - 1)
             if check(n).fits:
@@ -484,8 +671,18 @@ def _search(inputs: PlanInputs, spec: str, util_fraction: float, tick: Callable[
     budget = util_fraction * inputs.device_bytes - inputs.weights_bytes - inputs.profiled_peak_bytes
     util_pages = max(int(budget // inputs.page_bytes), 0)
     util = check(util_pages) if util_pages > 0 else None
-    return PolicyPlan(spec, inputs, safe_pages, safe, nxt, util_fraction, util_pages, util, len(cache),
-                      time.perf_counter() - t0)
+    return PolicyPlan(
+        spec,
+        inputs,
+        safe_pages,
+        safe,
+        nxt,
+        util_fraction,
+        util_pages,
+        util,
+        len(cache),
+        time.perf_counter() - t0,
+    )
 
 
 @dataclass
@@ -506,29 +703,64 @@ class PlanResult:
             return ""
         rec, kv = self.inputs.rec, self.inputs.kv
         linked = {j for b in self.inputs.linked for j in b.ops}
-        phase = ("the KV cache allocation" if k in kv.ops else "a buffer sized by the KV cache" if k in linked else
-                 "before the KV cache (profiling)" if k < kv.ops[0] else "after the KV cache")
-        return (f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on stream "
-                f"{rec.streams[k]}, {phase}")
+        phase = (
+            "the KV cache allocation"
+            if k in kv.ops
+            else "a buffer sized by the KV cache"
+            if k in linked
+            else "before the KV cache (profiling)"
+            if k < kv.ops[0]
+            else "after the KV cache"
+        )
+        return (
+            f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on stream "
+            f"{rec.streams[k]}, {phase}"
+        )
 
 
-def plan(rec: Recording, specs: Iterable[str] | None = None, *, device_bytes: int, kv: Iterable[KvSelector] = (),
-         model: Any = None, block_tokens: int = DEFAULT_BLOCK_TOKENS, non_torch_bytes: int = 0,
-         util_fraction: float = 0.9, progress: bool = False, kv_linked: Iterable[LinkedSelector] = (),
-         engine: Any = None, device_source: str = "", non_torch_source: str = "",
-         engine_block_tokens: int | None = None, engine_padding_blocks: int | None = None) -> PlanResult:
+def plan(
+    rec: Recording,
+    specs: Iterable[str] | None = None,
+    *,
+    device_bytes: int,
+    kv: Iterable[KvSelector] = (),
+    model: Any = None,
+    block_tokens: int = DEFAULT_BLOCK_TOKENS,
+    non_torch_bytes: int = 0,
+    util_fraction: float = 0.9,
+    progress: bool = False,
+    kv_linked: Iterable[LinkedSelector] = (),
+    engine: Any = None,
+    device_source: str = "",
+    non_torch_source: str = "",
+    engine_block_tokens: int | None = None,
+    engine_padding_blocks: int | None = None,
+) -> PlanResult:
     """Plan the KV cache of ``rec`` under each spec (default: ``torch-caching`` with the snapshot's
     settings). See the module docstring; arguments as ``plan_inputs`` and ``plan_policy``."""
     if not 0 < util_fraction <= 1:
         raise PlanError(f"--utilization {util_fraction} must be in (0, 1]")
     cache = select_kv(rec, kv) if rec.ops else None
-    inputs = plan_inputs(rec, device_bytes=device_bytes, kv=cache, model=model, block_tokens=block_tokens,
-                         non_torch_bytes=non_torch_bytes, kv_linked=kv_linked, engine=engine,
-                         device_source=device_source, non_torch_source=non_torch_source,
-                         engine_block_tokens=engine_block_tokens, engine_padding_blocks=engine_padding_blocks)
+    inputs = plan_inputs(
+        rec,
+        device_bytes=device_bytes,
+        kv=cache,
+        model=model,
+        block_tokens=block_tokens,
+        non_torch_bytes=non_torch_bytes,
+        kv_linked=kv_linked,
+        engine=engine,
+        device_source=device_source,
+        non_torch_source=non_torch_source,
+        engine_block_tokens=engine_block_tokens,
+        engine_padding_blocks=engine_padding_blocks,
+    )
     spec_list = list(specs or []) or [spec_from_settings(rec.settings)]
-    return PlanResult(inputs, [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress)
-                               for s in spec_list], util_fraction)
+    return PlanResult(
+        inputs,
+        [plan_policy(inputs, s, util_fraction=util_fraction, progress=progress) for s in spec_list],
+        util_fraction,
+    )
 
 
 @dataclass(frozen=True)
@@ -539,20 +771,30 @@ class DeviceMemory:
     device_source: str
     non_torch_bytes: int
     non_torch_source: str
-    engine_block_tokens: int | None = None  # the engine's KV block and its padding blocks, where the JSON says
+    engine_block_tokens: int | None = (
+        None  # the engine's KV block and its padding blocks, where the JSON says
+    )
     engine_padding_blocks: int | None = None
 
 
 #: The non-PyTorch source when nothing measured it (``{why}``: no file, or no figure in it): the plan is
 #: then optimistic by that much.
-UNMEASURED_NON_TORCH = ("none measured ({why}): 0 B assumed, so the plan is optimistic by the CUDA context and "
-                        "libraries' memory (0.72 GiB in an engine's process on an H200): record with "
-                        "`poollab gpu serve --snapshot`, or give --non-torch")
+UNMEASURED_NON_TORCH = (
+    "none measured ({why}): 0 B assumed, so the plan is optimistic by the CUDA context and "
+    "libraries' memory (0.72 GiB in an engine's process on an H200): record with "
+    "`poollab gpu serve --snapshot`, or give --non-torch"
+)
 
 
-def device_memory_of(snapshot: str | Path, *, device_bytes: int | None = None, device_source: str = "",
-                     non_torch_bytes: int | None = None, non_torch_source: str = "",
-                     default_device: tuple[int, str] | None = None) -> DeviceMemory:
+def device_memory_of(
+    snapshot: str | Path,
+    *,
+    device_bytes: int | None = None,
+    device_source: str = "",
+    non_torch_bytes: int | None = None,
+    non_torch_source: str = "",
+    default_device: tuple[int, str] | None = None,
+) -> DeviceMemory:
     """The device's memory and what lies outside the pool for a plan of ``snapshot``: the figures
     given (not None) win; else those the engine's process measured, from the JSON beside the
     snapshot (``traces.engine_memory``; TraceFormatError when it is malformed); else
@@ -565,8 +807,10 @@ def device_memory_of(snapshot: str | Path, *, device_bytes: int | None = None, d
         elif default_device is not None:
             device_bytes, device_source = default_device
         else:
-            raise PlanError(f"{snapshot}: no device memory given and none beside the snapshot "
-                            f"({sidecar_path(snapshot).name})")
+            raise PlanError(
+                f"{snapshot}: no device memory given and none beside the snapshot "
+                f"({sidecar_path(snapshot).name})"
+            )
     if non_torch_bytes is None:
         if found is not None and found.non_torch_bytes is not None:
             non_torch_bytes, non_torch_source = found.non_torch_bytes, found.describe_non_torch()
@@ -574,25 +818,48 @@ def device_memory_of(snapshot: str | Path, *, device_bytes: int | None = None, d
             non_torch_bytes = 0
             name = sidecar_path(snapshot).name
             non_torch_source = UNMEASURED_NON_TORCH.format(
-                why=f"{name} has no non_torch_bytes" if found is not None else f"no {name} beside the snapshot")
-    return DeviceMemory(device_bytes, device_source, non_torch_bytes, non_torch_source,
-                        found.block_tokens if found is not None else None,
-                        found.padding_blocks if found is not None else None)
+                why=f"{name} has no non_torch_bytes"
+                if found is not None
+                else f"no {name} beside the snapshot"
+            )
+    return DeviceMemory(
+        device_bytes,
+        device_source,
+        non_torch_bytes,
+        non_torch_source,
+        found.block_tokens if found is not None else None,
+        found.padding_blocks if found is not None else None,
+    )
 
 
-def plan_snapshot(path: str | Path, specs: Iterable[str] | None = None, *, device: int | None = None,
-                  memory: DeviceMemory | None = None, **kwargs: Any) -> PlanResult:
+def plan_snapshot(
+    path: str | Path,
+    specs: Iterable[str] | None = None,
+    *,
+    device: int | None = None,
+    memory: DeviceMemory | None = None,
+    **kwargs: Any,
+) -> PlanResult:
     """``plan`` of the snapshot file at ``path`` (``device``: which device's trace). Its memory:
     ``memory``, else ``device_memory_of(path)`` with the ``device_bytes`` / ``non_torch_bytes`` given
     (each None or absent: the figures beside the snapshot)."""
     if memory is None:
-        memory = device_memory_of(path, device_bytes=kwargs.pop("device_bytes", None),
-                                  non_torch_bytes=kwargs.pop("non_torch_bytes", None))
-    return plan(read_recording(path, device=device), specs, device_bytes=memory.device_bytes,
-                non_torch_bytes=memory.non_torch_bytes, device_source=memory.device_source,
-                non_torch_source=memory.non_torch_source,
-                engine_block_tokens=memory.engine_block_tokens, engine_padding_blocks=memory.engine_padding_blocks,
-                **kwargs)
+        memory = device_memory_of(
+            path,
+            device_bytes=kwargs.pop("device_bytes", None),
+            non_torch_bytes=kwargs.pop("non_torch_bytes", None),
+        )
+    return plan(
+        read_recording(path, device=device),
+        specs,
+        device_bytes=memory.device_bytes,
+        non_torch_bytes=memory.non_torch_bytes,
+        device_source=memory.device_source,
+        non_torch_source=memory.non_torch_source,
+        engine_block_tokens=memory.engine_block_tokens,
+        engine_padding_blocks=memory.engine_padding_blocks,
+        **kwargs,
+    )
 
 
 # ---------------------------------------------------------------------------- plan.csv
@@ -618,16 +885,26 @@ def read_plan(path: str | Path) -> pd.DataFrame:
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(path, None, f"not a plan.csv ({type(exc).__name__}: {exc})") from None
+        raise TraceFormatError(
+            path, None, f"not a plan.csv ({type(exc).__name__}: {exc})"
+        ) from None
     missing = [c for c in ("policy", "safe_kv_bytes") if c not in table.columns]
     if missing:
-        raise TraceFormatError(path, 1, f"not a plan.csv: no column {missing[0]!r} (write one with `poollab plan --out`)")
+        raise TraceFormatError(
+            path,
+            1,
+            f"not a plan.csv: no column {missing[0]!r} (write one with `poollab plan --out`)",
+        )
     budgets = []
     for k, value in enumerate(table["safe_kv_bytes"].tolist()):
         budget = _whole_bytes(value)
         if budget is None:
-            raise TraceFormatError(path, k + 2, f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no "
-                                                "whole number of bytes")
+            raise TraceFormatError(
+                path,
+                k + 2,
+                f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no "
+                "whole number of bytes",
+            )
         budgets.append(budget)
     table["safe_kv_bytes"] = pd.Series(budgets, dtype="int64", index=table.index)
     return table
@@ -653,10 +930,14 @@ def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -
     out = {}
     for spec in specs:
         if spec not in by_policy:
-            raise PlanError(f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it with "
-                            f"`poollab plan SNAPSHOT -p {spec}`")
+            raise PlanError(
+                f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it with "
+                f"`poollab plan SNAPSHOT -p {spec}`"
+            )
         if by_policy[spec] <= 0:
-            raise PlanError(f"{source}: the plan found no KV size with which {spec} serves the recorded run "
-                            "(see `poollab plan`)")
+            raise PlanError(
+                f"{source}: the plan found no KV size with which {spec} serves the recorded run "
+                "(see `poollab plan`)"
+            )
         out[spec] = int(by_policy[spec])
     return out

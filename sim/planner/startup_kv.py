@@ -28,8 +28,21 @@ from policies.errors import PolicyError
 from policies.units import format_bytes, parse_bytes
 from sim.replay.fidelity import ALLOC, FREE, Recording
 
-__all__ = ["PlanError", "KvSelector", "KvCache", "KvLinked", "LinkedSelector", "parse_kv_selector", "parse_kv_linked",
-           "recognise_kv", "select_kv", "select_linked", "recognise_linked", "BURST_GAP_OPS", "CLEAR_WINNER"]
+__all__ = [
+    "PlanError",
+    "KvSelector",
+    "KvCache",
+    "KvLinked",
+    "LinkedSelector",
+    "parse_kv_selector",
+    "parse_kv_linked",
+    "recognise_kv",
+    "select_kv",
+    "select_linked",
+    "recognise_linked",
+    "BURST_GAP_OPS",
+    "CLEAR_WINNER",
+]
 
 #: Other requests allowed between two KV allocations of one burst (a scale, a small buffer). Small:
 #: weights of one shape recur every layer with the layer's other tensors between (Llama: 8).
@@ -40,6 +53,7 @@ CLEAR_WINNER = 2
 
 class PlanError(ValueError):
     """The snapshot or the options cannot give a plan (no KV cache found, a bad selector, ...)."""
+
 
 @dataclass(frozen=True)
 class KvSelector:
@@ -131,27 +145,36 @@ def recognise_kv(rec: Recording) -> KvCache:
     """The KV cache as the largest burst of equal-size, never-freed allocations (module docstring)."""
     runs = sorted(_bursts(rec, _never_freed(rec)), key=lambda r: (-len(r) * rec.sizes[r[0]], r[0]))
     if not runs:
-        raise PlanError(f"{rec.source}: no allocation made in the trace lives to the end, so none can be the KV "
-                        "cache (record from before the engine allocates it, or name it with --kv)")
+        raise PlanError(
+            f"{rec.source}: no allocation made in the trace lives to the end, so none can be the KV "
+            "cache (record from before the engine allocates it, or name it with --kv)"
+        )
     best = runs[0]
     best_bytes = len(best) * rec.sizes[best[0]]
     if len(runs) > 1:
         second = runs[1]
         if best_bytes < CLEAR_WINNER * len(second) * rec.sizes[second[0]]:
-            raise PlanError(f"{rec.source}: cannot tell the KV cache apart: {_describe_ops(rec, best)} and "
-                            f"{_describe_ops(rec, second)} both live to the end; name it with --kv "
-                            "(size=SIZE, entries=I-J or addr=0xADDRESS)")
+            raise PlanError(
+                f"{rec.source}: cannot tell the KV cache apart: {_describe_ops(rec, best)} and "
+                f"{_describe_ops(rec, second)} both live to the end; name it with --kv "
+                "(size=SIZE, entries=I-J or addr=0xADDRESS)"
+            )
     resident = _largest_resident_group(rec)
     if resident is not None and resident[0] * resident[1] >= CLEAR_WINNER * best_bytes:
         count, nbytes = resident
-        raise PlanError(f"{rec.source}: {count} x {format_bytes(nbytes)} ({format_bytes(count * nbytes)}) were live "
-                        f"before recording began, more than the largest candidate allocated in the trace "
-                        f"({_describe_ops(rec, best)}): if they are the KV cache, record from before the engine "
-                        "allocates it (or with a larger ring buffer: _record_memory_history(max_entries=...)); "
-                        "if not, name the cache with --kv")
-    return KvCache(tuple(best), rec.sizes[best[0]],
-                   f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one burst "
-                   f"on stream {rec.streams[best[0]]} and live to the end")
+        raise PlanError(
+            f"{rec.source}: {count} x {format_bytes(nbytes)} ({format_bytes(count * nbytes)}) were live "
+            f"before recording began, more than the largest candidate allocated in the trace "
+            f"({_describe_ops(rec, best)}): if they are the KV cache, record from before the engine "
+            "allocates it (or with a larger ring buffer: _record_memory_history(max_entries=...)); "
+            "if not, name the cache with --kv"
+        )
+    return KvCache(
+        tuple(best),
+        rec.sizes[best[0]],
+        f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one burst "
+        f"on stream {rec.streams[best[0]]} and live to the end",
+    )
 
 
 def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
@@ -161,8 +184,11 @@ def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
     for op, addr in zip(rec.ops, rec.addrs):
         first_op.setdefault(addr, op)
     sizes: dict[int, int] = {}
-    starting = [(addr, requested) for seg in rec.seed_segments
-                for addr, (_, _, requested) in zip(seg.block_addrs, seg.blocks)]
+    starting = [
+        (addr, requested)
+        for seg in rec.seed_segments
+        for addr, (_, _, requested) in zip(seg.block_addrs, seg.blocks)
+    ]
     for addr, requested in starting + [(a, n) for a, n, _ in rec.unplaced]:
         if first_op.get(addr) != FREE:  # freed in the trace: not resident
             sizes[requested] = sizes.get(requested, 0) + 1
@@ -171,7 +197,9 @@ def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
 
 def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: bool) -> list[int]:
     """Alloc ops one selector names: among those never freed (``live_to_end``) or all of the trace's."""
-    candidates = _never_freed(rec) if live_to_end else [k for k, op in enumerate(rec.ops) if op == ALLOC]
+    candidates = (
+        _never_freed(rec) if live_to_end else [k for k, op in enumerate(rec.ops) if op == ALLOC]
+    )
     candidate_set = set(candidates)
     kept = "that lives to the end " if live_to_end else ""
     if sel.kind == "size":
@@ -180,12 +208,19 @@ def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: 
         found = []
         for first, last in sel.values:
             if first == last:  # one entry: it must be such an allocation
-                k = next((k for k, op in enumerate(rec.ops) if op == ALLOC and rec.entries[k] == first), None)
+                k = next(
+                    (k for k, op in enumerate(rec.ops) if op == ALLOC and rec.entries[k] == first),
+                    None,
+                )
                 if k is None:
-                    raise PlanError(f"{option} {sel.text!r}: {rec.entry_unit} {first} is no alloc of the trace")
+                    raise PlanError(
+                        f"{option} {sel.text!r}: {rec.entry_unit} {first} is no alloc of the trace"
+                    )
                 if k not in candidate_set:
-                    raise PlanError(f"{option} {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed during "
-                                    "the trace, so it is no KV cache (those live to the end)")
+                    raise PlanError(
+                        f"{option} {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed during "
+                        "the trace, so it is no KV cache (those live to the end)"
+                    )
                 found.append(k)
             else:
                 found.extend(k for k in candidates if first <= rec.entries[k] <= last)
@@ -195,8 +230,10 @@ def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: 
             at_addr.setdefault(rec.addrs[k], []).append(k)
         missing = [a for a in sel.values if a not in at_addr]
         if missing:
-            raise PlanError(f"{option} {sel.text!r}: no allocation made in the trace at {missing[0]:#x}"
-                            + (" lives to the end" if live_to_end else ""))
+            raise PlanError(
+                f"{option} {sel.text!r}: no allocation made in the trace at {missing[0]:#x}"
+                + (" lives to the end" if live_to_end else "")
+            )
         found = [k for a in sel.values for k in at_addr[a]]
     if not found:
         raise PlanError(f"{option} {sel.text!r}: no allocation of the trace {kept}matches")
@@ -215,10 +252,16 @@ def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
     ops = tuple(sorted(chosen))
     sizes = sorted({rec.sizes[k] for k in ops})
     if len(sizes) > 1:
-        raise PlanError(f"--kv: the named allocations differ in size ({', '.join(format_bytes(s) for s in sizes)}); "
-                        "the planner resizes equal-size KV tensors")
-    return KvCache(ops, sizes[0], f"named by --kv {', '.join(s.text for s in selectors)}: "
-                                  f"{_describe_ops(rec, ops)} ({format_bytes(sizes[0] * len(ops))})")
+        raise PlanError(
+            f"--kv: the named allocations differ in size ({', '.join(format_bytes(s) for s in sizes)}); "
+            "the planner resizes equal-size KV tensors"
+        )
+    return KvCache(
+        ops,
+        sizes[0],
+        f"named by --kv {', '.join(s.text for s in selectors)}: "
+        f"{_describe_ops(rec, ops)} ({format_bytes(sizes[0] * len(ops))})",
+    )
 
 
 # ---------------------------------------------------------------------------- buffers sized by the KV cache
@@ -247,8 +290,10 @@ def parse_kv_linked(text: str) -> LinkedSelector:
     """``"entries=655:4MiB"``, ``"size=12GiB:4MiB"``, ``"addr=0x7f00:4194304"``; PlanError otherwise."""
     where, sep, growth = text.rpartition(":")
     if not sep or not where:
-        raise PlanError(f"--kv-linked {text!r}: expected SELECTOR:BYTES_PER_PAGE (e.g. entries=655:4MiB, "
-                        "size=12GiB:4MiB)")
+        raise PlanError(
+            f"--kv-linked {text!r}: expected SELECTOR:BYTES_PER_PAGE (e.g. entries=655:4MiB, "
+            "size=12GiB:4MiB)"
+        )
     try:
         per_page = parse_bytes(growth)
     except PolicyError:
@@ -262,31 +307,58 @@ def parse_kv_linked(text: str) -> LinkedSelector:
     return LinkedSelector(KvSelector(sel.kind, sel.values, text), per_page, text)
 
 
-def select_linked(rec: Recording, kv: KvCache, selectors: Iterable[LinkedSelector]) -> list[KvLinked]:
+def select_linked(
+    rec: Recording, kv: KvCache, selectors: Iterable[LinkedSelector]
+) -> list[KvLinked]:
     """The buffers ``--kv-linked`` names, one ``KvLinked`` per option; PlanError when one names
     nothing or a KV allocation itself."""
     out = []
     for sel in selectors:
-        ops = tuple(sorted(set(_matching_ops(rec, sel.selector, option="--kv-linked", live_to_end=False))))
+        ops = tuple(
+            sorted(set(_matching_ops(rec, sel.selector, option="--kv-linked", live_to_end=False)))
+        )
         overlap = set(ops) & set(kv.ops)
         if overlap:
-            raise PlanError(f"--kv-linked {sel.text!r}: names a KV allocation ({rec.entry_unit} "
-                            f"{rec.entries[min(overlap)]:,}), which grows as the cache already")
-        out.append(KvLinked(ops, sel.bytes_per_page, f"named by --kv-linked {sel.text}: {_describe_ops(rec, ops)}, "
-                                                     f"+{format_bytes(sel.bytes_per_page)} a page"))
+            raise PlanError(
+                f"--kv-linked {sel.text!r}: names a KV allocation ({rec.entry_unit} "
+                f"{rec.entries[min(overlap)]:,}), which grows as the cache already"
+            )
+        out.append(
+            KvLinked(
+                ops,
+                sel.bytes_per_page,
+                f"named by --kv-linked {sel.text}: {_describe_ops(rec, ops)}, "
+                f"+{format_bytes(sel.bytes_per_page)} a page",
+            )
+        )
     return out
 
 
-def recognise_linked(rec: Recording, kv: KvCache, *, name: str, recorded_tokens: int, bytes_per_token: int,
-                     fixed_bytes: int, block_tokens: int) -> KvLinked | None:
+def recognise_linked(
+    rec: Recording,
+    kv: KvCache,
+    *,
+    name: str,
+    recorded_tokens: int,
+    bytes_per_token: int,
+    fixed_bytes: int,
+    block_tokens: int,
+) -> KvLinked | None:
     """The allocations of the trace whose requested size is ``bytes_per_token x recorded_tokens +
     fixed_bytes`` (an engine preset's rule, ``sim.serving.engines.KvLinkedRule``), each growing by
     ``bytes_per_token x block_tokens`` a page; None when the trace has none."""
     expected = bytes_per_token * recorded_tokens + fixed_bytes
     kv_ops = set(kv.ops)
-    ops = tuple(k for k, op in enumerate(rec.ops) if op == ALLOC and rec.sizes[k] == expected and k not in kv_ops)
+    ops = tuple(
+        k
+        for k, op in enumerate(rec.ops)
+        if op == ALLOC and rec.sizes[k] == expected and k not in kv_ops
+    )
     if not ops:
         return None
-    return KvLinked(ops, bytes_per_token * block_tokens,
-                    f"{name}: {_describe_ops(rec, ops)}, the size the engine's rule gives at the recorded "
-                    f"{recorded_tokens:,} KV tokens, +{format_bytes(bytes_per_token * block_tokens)} a page")
+    return KvLinked(
+        ops,
+        bytes_per_token * block_tokens,
+        f"{name}: {_describe_ops(rec, ops)}, the size the engine's rule gives at the recorded "
+        f"{recorded_tokens:,} KV tokens, +{format_bytes(bytes_per_token * block_tokens)} a page",
+    )

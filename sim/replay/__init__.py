@@ -3,7 +3,6 @@
 (``trace_replay``), bounds, fidelity against PyTorch's recorded decisions, the layout recorder,
 progress bars. Imports ``policies`` and ``traces``, no other room."""
 
-
 # ``sim.replay`` was one module (now ``sim.replay.trace_replay``) before sim/ had rooms: its names stay importable
 # from here (``from sim.replay import replay``), loaded on first use so that importing one module of
 # the room imports no other.

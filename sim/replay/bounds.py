@@ -41,8 +41,17 @@ from policies.units import round_up
 from traces.events import AllocTrace
 from traces.knobs import check_int
 
-__all__ = ["bounds", "lifetimes", "lower_bound_bytes", "plan_greedy_by_size", "plan_best_fit_in_order",
-           "check_plan", "greedy_work", "PLANNERS", "GREEDY_WORK_LIMIT"]
+__all__ = [
+    "bounds",
+    "lifetimes",
+    "lower_bound_bytes",
+    "plan_greedy_by_size",
+    "plan_best_fit_in_order",
+    "check_plan",
+    "greedy_work",
+    "PLANNERS",
+    "GREEDY_WORK_LIMIT",
+]
 
 _BORN_BUCKET_EVENTS = 64  # placed allocations are bucketed by start event in runs of this many
 #: ``planner="auto"`` runs greedy by size when the allocations live at each one's start, summed,
@@ -108,15 +117,24 @@ class _BornIndex:
         while self.widths[-1] < horizon:
             self.widths.append(self.widths[-1] * self.FANOUT)
         self.items: list[list[int]] = [[] for _ in range(horizon // _BORN_BUCKET_EVENTS + 1)]
-        self.merged: list[list[list[int] | None]] = [[None] * (horizon // w + 1) for w in self.widths]
+        self.merged: list[list[list[int] | None]] = [
+            [None] * (horizon // w + 1) for w in self.widths
+        ]
 
     def add(self, i: int, start: int, lo: int, hi: int) -> None:
         self.items[start // _BORN_BUCKET_EVENTS].append(i)
         for level, width in zip(self.merged, self.widths):
             _file(level, start // width, lo, hi)
 
-    def collect(self, lo: int, hi: int, starts: list[int], offsets: list[int], sizes: list[int],
-                out: list[tuple[int, int]]) -> None:
+    def collect(
+        self,
+        lo: int,
+        hi: int,
+        starts: list[int],
+        offsets: list[int],
+        sizes: list[int],
+        out: list[tuple[int, int]],
+    ) -> None:
         """Append the address ranges of placed allocations starting in ``[lo, hi]`` to ``out``."""
         if lo > hi:
             return
@@ -124,7 +142,11 @@ class _BornIndex:
         first, last = lo // w0, hi // w0 + 1  # half-open range of level-0 buckets
         for b in {first, last - 1}:  # partial buckets at the ends: one by one
             if (b == first and lo % w0) or (b == last - 1 and (hi + 1) % w0):
-                out.extend((offsets[j], offsets[j] + sizes[j]) for j in self.items[b] if lo <= starts[j] <= hi)
+                out.extend(
+                    (offsets[j], offsets[j] + sizes[j])
+                    for j in self.items[b]
+                    if lo <= starts[j] <= hi
+                )
         if lo % w0:
             first += 1
         if (hi + 1) % w0 and last > first:
@@ -146,7 +168,9 @@ class _BornIndex:
                     out.extend(zip(ranges[0::2], ranges[1::2]))
 
 
-def plan_greedy_by_size(starts: list[int], ends: list[int], sizes: list[int]) -> tuple[int, list[int]]:
+def plan_greedy_by_size(
+    starts: list[int], ends: list[int], sizes: list[int]
+) -> tuple[int, list[int]]:
     """Offsets for every allocation by greedy-by-size best-fit placement.
 
     Args:
@@ -161,8 +185,10 @@ def plan_greedy_by_size(starts: list[int], ends: list[int], sizes: list[int]) ->
     if n == 0:
         return 0, offsets
     min_end, max_start = min(ends), max(starts)
-    everlasting = sorted((i for i in range(n) if starts[i] < min_end and ends[i] > max_start),
-                         key=lambda i: (-sizes[i], starts[i]))
+    everlasting = sorted(
+        (i for i in range(n) if starts[i] < min_end and ends[i] > max_start),
+        key=lambda i: (-sizes[i], starts[i]),
+    )
     base = 0
     for i in everlasting:  # they overlap everything: a band of their own at the bottom
         offsets[i] = base
@@ -185,7 +211,9 @@ def plan_greedy_by_size(starts: list[int], ends: list[int], sizes: list[int]) ->
             if ranges:
                 taken.extend(zip(ranges[0::2], ranges[1::2]))
             node >>= 1
-        born.collect(s + 1, e - 1, starts, offsets, sizes, taken)  # and those starting while it lives
+        born.collect(
+            s + 1, e - 1, starts, offsets, sizes, taken
+        )  # and those starting while it lives
         taken.sort()
         best, best_gap, top = -1, 0, 0
         for lo, hi in taken:
@@ -222,7 +250,9 @@ def _file(table: list, key: int, lo: int, hi: int) -> None:
         _add_range(ranges, lo, hi)
 
 
-def plan_best_fit_in_order(starts: list[int], ends: list[int], sizes: list[int]) -> tuple[int, list[int]]:
+def plan_best_fit_in_order(
+    starts: list[int], ends: list[int], sizes: list[int]
+) -> tuple[int, list[int]]:
     """Offsets by best fit in time order over one perfectly coalescing range (no lookahead).
 
     What an ideal online allocator without rounding, segments or streams would reach; a cheap
@@ -230,7 +260,9 @@ def plan_best_fit_in_order(starts: list[int], ends: list[int], sizes: list[int])
     """
     n = len(sizes)
     offsets = [0] * n
-    events = sorted([(s, 1, i) for i, s in enumerate(starts)] + [(e, 0, i) for i, e in enumerate(ends)])
+    events = sorted(
+        [(s, 1, i) for i, s in enumerate(starts)] + [(e, 0, i) for i, e in enumerate(ends)]
+    )
     gaps: list[tuple[int, int]] = []  # (size, offset), sorted
     gap_at: dict[int, int] = {}  # offset -> size
     gap_ending: dict[int, int] = {}  # end -> offset
@@ -292,7 +324,9 @@ def check_plan(starts: list[int], ends: list[int], sizes: list[int], offsets: li
     """
     from sortedcontainers import SortedList
 
-    events = sorted([(e, 0, i) for i, e in enumerate(ends)] + [(s, 1, i) for i, s in enumerate(starts)])
+    events = sorted(
+        [(e, 0, i) for i, e in enumerate(ends)] + [(s, 1, i) for i, s in enumerate(starts)]
+    )
     live = SortedList()
     peak = 0
     for _, is_start, i in events:
@@ -302,9 +336,13 @@ def check_plan(starts: list[int], ends: list[int], sizes: list[int], offsets: li
             continue
         k = live.bisect_left((lo, hi, i))
         if k > 0 and live[k - 1][1] > lo:
-            raise AssertionError(f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k - 1][2]} {live[k - 1][:2]}")
+            raise AssertionError(
+                f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k - 1][2]} {live[k - 1][:2]}"
+            )
         if k < len(live) and live[k][0] < hi:
-            raise AssertionError(f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k][2]} {live[k][:2]}")
+            raise AssertionError(
+                f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k][2]} {live[k][:2]}"
+            )
         live.add((lo, hi, i))
         peak = max(peak, hi)
     return peak
@@ -324,7 +362,9 @@ def greedy_work(starts: list[int], ends: list[int]) -> int:
     return int(np.cumsum(delta)[s].sum())
 
 
-def bounds(trace: AllocTrace, *, alignment_bytes: int = 512, planner: str = "auto") -> dict[str, Any]:
+def bounds(
+    trace: AllocTrace, *, alignment_bytes: int = 512, planner: str = "auto"
+) -> dict[str, Any]:
     """The lower bound and the offline planner's peak for ``trace``.
 
     Args:
@@ -347,7 +387,11 @@ def bounds(trace: AllocTrace, *, alignment_bytes: int = 512, planner: str = "aut
     starts, ends, raw = lifetimes(trace)
     sizes = [round_up(n, alignment_bytes) for n in raw]
     if planner == "auto":
-        planner = "greedy-by-size" if greedy_work(starts, ends) <= GREEDY_WORK_LIMIT else "best-fit-in-order"
+        planner = (
+            "greedy-by-size"
+            if greedy_work(starts, ends) <= GREEDY_WORK_LIMIT
+            else "best-fit-in-order"
+        )
     peak, _ = PLANNERS[planner](starts, ends, sizes)
     out = {
         "lower_bound_bytes": lower_bound_bytes(trace),

@@ -21,7 +21,14 @@ __all__ = ["COMPACTION_COLUMNS", "CompactionLog"]
 
 #: Columns of the compaction table (after the run keys): the sample that first saw the passes,
 #: and what they did in total.
-COMPACTION_COLUMNS = ["event", "time_us", "num_compactions", "num_moves", "moved_bytes", "released_bytes"]
+COMPACTION_COLUMNS = [
+    "event",
+    "time_us",
+    "num_compactions",
+    "num_moves",
+    "moved_bytes",
+    "released_bytes",
+]
 #: ``compaction_stats`` keys behind the counted columns, in ``COMPACTION_COLUMNS`` order.
 _STATS = ("num_compactions", "num_moves", "moved_bytes", "released_bytes")
 

@@ -12,8 +12,14 @@ from sim.replay.costs import CostModel, costed_device
 __all__ = ["create_policy"]
 
 
-def create_policy(spec: str, *, capacity_bytes: int | None, costs: CostModel | None,
-                  fill: dict[str, Any] | None = None, device: Any = None) -> Policy:
+def create_policy(
+    spec: str,
+    *,
+    capacity_bytes: int | None,
+    costs: CostModel | None,
+    fill: dict[str, Any] | None = None,
+    device: Any = None,
+) -> Policy:
     """Build ``spec`` on the costed device it declares (``policies.registry.device_kind``): a
     ``CostedDevice`` charging ``costs`` per ``cudaMalloc``, or a page-mapped device charging
     them per cuMem call (``sim.replay.costs.costed_device``); or on ``device`` when given (the KV

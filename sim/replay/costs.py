@@ -20,10 +20,15 @@ from policies.device import Device, DriverClock, VirtualDevice, vmm_stats
 from policies.device_kind import DeviceKind
 from policies.mapped_device import VMM_CALLS, PageMappedDevice
 
-__all__ = ["CostModel", "CostedDevice", "DEFAULT_COSTS", "costed_page_mapped_device", "costed_device"]
+__all__ = [
+    "CostModel",
+    "CostedDevice",
+    "DEFAULT_COSTS",
+    "costed_page_mapped_device",
+    "costed_device",
+]
 
 DEFAULT_COSTS = "costs_h200.json"
-
 
 
 def _bundled_table() -> dict[str, Any]:
@@ -40,9 +45,16 @@ class _Curve:
     @classmethod
     def from_table(cls, table: dict[str, list[float]], where: str) -> "_Curve":
         if not isinstance(table, dict):
-            raise ValueError(f"{where}: needs an object with 'nbytes' and 'us' lists, got {table!r}")
+            raise ValueError(
+                f"{where}: needs an object with 'nbytes' and 'us' lists, got {table!r}"
+            )
         sizes, us = table.get("nbytes"), table.get("us")
-        if not isinstance(sizes, list) or not isinstance(us, list) or not sizes or len(sizes) != len(us):
+        if (
+            not isinstance(sizes, list)
+            or not isinstance(us, list)
+            or not sizes
+            or len(sizes) != len(us)
+        ):
             raise ValueError(f"{where}: needs equally long, non-empty 'nbytes' and 'us' lists")
         bad = next((v for v in sizes + us if not _is_positive_number(v)), None)
         if bad is not None:
@@ -64,8 +76,12 @@ class _Curve:
 
 def _is_positive_number(value: Any) -> bool:
     """A JSON number that can be a size, a time or a bandwidth: finite and > 0 (not a bool)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value > 0)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 class CostModel:
@@ -84,8 +100,12 @@ class CostModel:
         self._free = _Curve.from_table(table.get("free_us", {}), f"{source}: free_us")
         vmm = table["vmm_us"] if "vmm_us" in table else _bundled_table()["vmm_us"]
         if not isinstance(vmm, dict) or set(vmm) != set(VMM_CALLS):
-            raise ValueError(f"{source}: vmm_us must have a table for each of {', '.join(VMM_CALLS)}")
-        self._vmm = {call: _Curve.from_table(vmm[call], f"{source}: vmm_us.{call}") for call in VMM_CALLS}
+            raise ValueError(
+                f"{source}: vmm_us must have a table for each of {', '.join(VMM_CALLS)}"
+            )
+        self._vmm = {
+            call: _Curve.from_table(vmm[call], f"{source}: vmm_us.{call}") for call in VMM_CALLS
+        }
         #: (call, bytes) -> ns, memoised: a page pool asks for the same page size millions of times
         self._vmm_ns: dict[tuple[str, int], int] = {}
         self.vmm_source = source if "vmm_us" in table else f"sim/data/{DEFAULT_COSTS}"
@@ -163,7 +183,9 @@ class CostedDevice:
 
     def reserve(self, nbytes: int) -> int | None:
         offset = self.inner.reserve(nbytes)
-        self.clock.charge(self.costs.malloc_ns(nbytes), pending=True)  # a failed cudaMalloc costs a call too
+        self.clock.charge(
+            self.costs.malloc_ns(nbytes), pending=True
+        )  # a failed cudaMalloc costs a call too
         self.num_reserves += 1
         return offset
 
@@ -196,15 +218,23 @@ class CostedDevice:
         return vmm_stats()  # cudaMalloc/cudaFree: counted as the pool's grows and shrinks
 
 
-def costed_page_mapped_device(costs: CostModel | None = None, *, granularity_bytes: int = 2 << 20,
-                              limit_bytes: int | None = None) -> PageMappedDevice:
+def costed_page_mapped_device(
+    costs: CostModel | None = None,
+    *,
+    granularity_bytes: int = 2 << 20,
+    limit_bytes: int | None = None,
+) -> PageMappedDevice:
     """A ``PageMappedDevice`` charging each cuMem call its modelled time (bundled H200 table by default)."""
-    return PageMappedDevice(granularity_bytes=granularity_bytes, limit_bytes=limit_bytes,
-                            costs=costs if costs is not None else CostModel.load())
+    return PageMappedDevice(
+        granularity_bytes=granularity_bytes,
+        limit_bytes=limit_bytes,
+        costs=costs if costs is not None else CostModel.load(),
+    )
 
 
-def costed_device(kind: DeviceKind | str, costs: CostModel | None = None, *,
-                  granularity_bytes: int | None = None) -> CostedDevice | PageMappedDevice:
+def costed_device(
+    kind: DeviceKind | str, costs: CostModel | None = None, *, granularity_bytes: int | None = None
+) -> CostedDevice | PageMappedDevice:
     """The simulator's device of ``kind`` (``DeviceKind``, or a spelling ``DeviceKind.parse`` reads):
     a ``CostedDevice`` charging ``costs`` per ``cudaMalloc``/``cudaFree``, or a page-mapped one
     charging them per cuMem call (of ``granularity_bytes``, 2 MiB by default)."""

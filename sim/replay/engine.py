@@ -33,8 +33,19 @@ import numpy as np
 from policies.base import Policy
 from policies.device import DriverClock
 
-__all__ = ["ALLOC", "FREE", "FLUSH", "Target", "policy_target", "TimedCalls", "EngineRun", "run",
-           "LATENCY_SAMPLE_CALLS", "default_latency_sample", "latency_sample_mask"]
+__all__ = [
+    "ALLOC",
+    "FREE",
+    "FLUSH",
+    "Target",
+    "policy_target",
+    "TimedCalls",
+    "EngineRun",
+    "run",
+    "LATENCY_SAMPLE_CALLS",
+    "default_latency_sample",
+    "latency_sample_mask",
+]
 
 # op codes of an event stream
 ALLOC, FREE, FLUSH = 0, 1, 2
@@ -66,8 +77,10 @@ def latency_sample_mask(num_events: int, latency_sample: float, *, seed: int = 0
     if latency_sample >= 1.0:
         return None
     rng = np.random.default_rng(seed)
-    chunks = (rng.random(min(1 << 20, num_events - start), dtype=np.float32) < latency_sample
-              for start in range(0, num_events, 1 << 20))  # in chunks: no float array of the whole trace
+    chunks = (
+        rng.random(min(1 << 20, num_events - start), dtype=np.float32) < latency_sample
+        for start in range(0, num_events, 1 << 20)
+    )  # in chunks: no float array of the whole trace
     return b"".join(c.astype(np.uint8).tobytes() for c in chunks)
 
 
@@ -122,8 +135,13 @@ def policy_target(policy: Policy) -> Target:
     """A policy as a target: its own calls, its device's driver time, ``empty_cache`` on flush."""
     device = policy.device
     # a third-party device may predate the ``driver_clock`` declaration: then it has none
-    return Target(allocate=policy.allocate, free=policy.free, take_driver_ns=device.take_driver_ns,
-                  flush=policy.empty_cache, driver_clock=getattr(device, "driver_clock", None))
+    return Target(
+        allocate=policy.allocate,
+        free=policy.free,
+        take_driver_ns=device.take_driver_ns,
+        flush=policy.empty_cache,
+        driver_clock=getattr(device, "driver_clock", None),
+    )
 
 
 class TimedCalls:
@@ -141,11 +159,29 @@ class TimedCalls:
     construction-time calls belong to no call.
     """
 
-    __slots__ = ("_allocate", "_free", "_take", "_clock", "_oom", "_sized", "_alloc_append", "_free_append",
-                 "timer", "pending_driver_ns", "alloc_ns", "free_ns")
+    __slots__ = (
+        "_allocate",
+        "_free",
+        "_take",
+        "_clock",
+        "_oom",
+        "_sized",
+        "_alloc_append",
+        "_free_append",
+        "timer",
+        "pending_driver_ns",
+        "alloc_ns",
+        "free_ns",
+    )
 
-    def __init__(self, target: Target, *, timer: Callable[[], int] = time.perf_counter_ns,
-                 alloc_ns: Any = None, free_ns: Any = None):
+    def __init__(
+        self,
+        target: Target,
+        *,
+        timer: Callable[[], int] = time.perf_counter_ns,
+        alloc_ns: Any = None,
+        free_ns: Any = None,
+    ):
         self._allocate, self._free, self._take = target.allocate, target.free, target.take_driver_ns
         self._clock = target.driver_clock
         self._oom, self._sized = target.oom_errors, target.sized_only
@@ -171,7 +207,11 @@ class TimedCalls:
         timer = self.timer
         t0 = timer()
         try:
-            h = self._allocate(nbytes) if self._sized else self._allocate(nbytes, stream=stream, tag=tag)
+            h = (
+                self._allocate(nbytes)
+                if self._sized
+                else self._allocate(nbytes, stream=stream, tag=tag)
+            )
             t1 = timer()
         except self._oom:
             t1 = timer()
@@ -211,7 +251,9 @@ class TimedCalls:
 class EngineRun:
     """What one walk over the events measured."""
 
-    alloc_ns: np.ndarray  # one latency per timed allocation attempt, refused ones included (``latency_sample``)
+    alloc_ns: (
+        np.ndarray
+    )  # one latency per timed allocation attempt, refused ones included (``latency_sample``)
     free_ns: np.ndarray  # one per timed free of a live allocation
     num_failed: int
     wall_s: float
@@ -220,14 +262,26 @@ class EngineRun:
     num_flushes: int = 0  # ``FLUSH`` ops (``empty_cache`` calls): untimed, counted here
 
 
-def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target,
-        streams: list[int] | None = None, tags: list[Any] | None = None, times_us: list[int] | None = None,
-        observe: Callable[[int, int], None] | None = None, observe_every: int = 1,
-        live: dict[Any, Any] | None = None,
-        on_alloc: Callable[[Any, int, Any], None] | None = None, on_free: Callable[[Any], None] | None = None,
-        before: Callable[[int], None] | None = None, unknown_free: Callable[[int, Any], Exception],
-        timer: Callable[[], int] = time.perf_counter_ns, latency_sample: float | None = None,
-        progress: str | Callable[[int], None] | None = None) -> EngineRun:
+def run(
+    ops: Sequence[int],
+    keys: list[Any],
+    sizes: list[int],
+    *,
+    target: Target,
+    streams: list[int] | None = None,
+    tags: list[Any] | None = None,
+    times_us: list[int] | None = None,
+    observe: Callable[[int, int], None] | None = None,
+    observe_every: int = 1,
+    live: dict[Any, Any] | None = None,
+    on_alloc: Callable[[Any, int, Any], None] | None = None,
+    on_free: Callable[[Any], None] | None = None,
+    before: Callable[[int], None] | None = None,
+    unknown_free: Callable[[int, Any], Exception],
+    timer: Callable[[], int] = time.perf_counter_ns,
+    latency_sample: float | None = None,
+    progress: str | Callable[[int], None] | None = None,
+) -> EngineRun:
     """Replay the events ``ops[i]`` (``ALLOC``/``FREE``/``FLUSH``) of allocation ``keys[i]``.
 
     A refused allocation is counted and the trace goes on; its matching free is skipped. A free
@@ -273,7 +327,12 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
     if observe_every < 1:
         raise ValueError(f"observe_every(={observe_every}) must be >= 1")
     n = len(ops)
-    allocate, free, take, clock = target.allocate, target.free, target.take_driver_ns, target.driver_clock
+    allocate, free, take, clock = (
+        target.allocate,
+        target.free,
+        target.take_driver_ns,
+        target.driver_clock,
+    )
     oom, sized, flush = target.oom_errors, target.sized_only, target.flush
     # driver time accrued before the run belongs to no call (``TimedCalls`` drops it)
     calls = TimedCalls(target, timer=timer, alloc_ns=array("q"), free_ns=array("q"))
@@ -290,16 +349,31 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
     mask = latency_sample_mask(n, latency_sample)
     streams = itertools.repeat(0) if streams is None else streams
     tags = itertools.repeat(None) if tags is None else tags
-    bar = None if progress is None else _CallbackBar(progress) if callable(progress) else _progress_bar(n, progress)
-    tight = _tight_loop_serves(target, before=before, on_alloc=on_alloc, on_free=on_free, every_event=every_event)
+    bar = (
+        None
+        if progress is None
+        else _CallbackBar(progress)
+        if callable(progress)
+        else _progress_bar(n, progress)
+    )
+    tight = _tight_loop_serves(
+        target, before=before, on_alloc=on_alloc, on_free=on_free, every_event=every_event
+    )
     wall0 = time.perf_counter()
     if tight:
         codes = _event_codes(ops, mask)
         code_iter = iter(codes)
         events = zip(code_iter, keys, sizes, streams, tags)
     else:
-        events = zip(itertools.count(), ops, keys, sizes, streams, tags,
-                     itertools.repeat(1) if mask is None else mask)
+        events = zip(
+            itertools.count(),
+            ops,
+            keys,
+            sizes,
+            streams,
+            tags,
+            itertools.repeat(1) if mask is None else mask,
+        )
     # chunk ends: 1, 1 + stride, 1 + 2 stride, ... (after events 0, stride, 2 stride, ...), then n
     start = 0
     stop = min(1, n)
@@ -359,7 +433,9 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
             else:
                 # driver time is dropped after every untimed call and flush: nothing is pending
                 # when a timed call starts
-                for i, op, key, nbytes, stream, tag, timed in itertools.islice(events, stop - start):
+                for i, op, key, nbytes, stream, tag, timed in itertools.islice(
+                    events, stop - start
+                ):
                     if before is not None:
                         before(i)
                     if op == alloc_op:
@@ -367,7 +443,11 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
                             a = timed_allocate(nbytes, stream, tag)
                         else:
                             try:
-                                a = allocate(nbytes) if sized else allocate(nbytes, stream=stream, tag=tag)
+                                a = (
+                                    allocate(nbytes)
+                                    if sized
+                                    else allocate(nbytes, stream=stream, tag=tag)
+                                )
                             except oom:
                                 a = None
                             if clock is None:  # an untimed call's driver time belongs to no sample
@@ -427,16 +507,31 @@ def run(ops: Sequence[int], keys: list[Any], sizes: list[int], *, target: Target
     # every FREE op freed a live allocation except the skipped frees of refused ones (counted
     # here, not per event: the loop stays as it is)
     num_frees = ops.count(free_op) - (num_failed - len(failed))
-    return EngineRun(alloc_ns=np.frombuffer(calls.alloc_ns, dtype=np.int64),
-                     free_ns=np.frombuffer(calls.free_ns, dtype=np.int64),
-                     num_failed=num_failed, wall_s=wall_s, live=live, num_flushes=num_flushes, num_frees=num_frees)
+    return EngineRun(
+        alloc_ns=np.frombuffer(calls.alloc_ns, dtype=np.int64),
+        free_ns=np.frombuffer(calls.free_ns, dtype=np.int64),
+        num_failed=num_failed,
+        wall_s=wall_s,
+        live=live,
+        num_flushes=num_flushes,
+        num_frees=num_frees,
+    )
 
 
-def _tight_loop_serves(target: Target, *, before: Any, on_alloc: Any, on_free: Any, every_event: Any) -> bool:
+def _tight_loop_serves(
+    target: Target, *, before: Any, on_alloc: Any, on_free: Any, every_event: Any
+) -> bool:
     """Whether ``run`` can take its tight loop: the common case, a policy replayed with no
     per-event hook (a free call; calls with stream and tag).
     Anything else takes the general loop, which tests for each feature per event."""
-    return (target.free is not None and not target.sized_only and before is None and on_alloc is None and on_free is None and every_event is None)
+    return (
+        target.free is not None
+        and not target.sized_only
+        and before is None
+        and on_alloc is None
+        and on_free is None
+        and every_event is None
+    )
 
 
 def _progress_bar(total: int, desc: str):

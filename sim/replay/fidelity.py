@@ -59,11 +59,28 @@ from sim.replay import engine
 from traces.errors import TraceFormatError
 from traces.spec_grammar import parse_items
 from traces.pytorch_snapshot import RESERVED_SIGN as _RESERVE_ACTIONS
-from traces.pytorch_snapshot import (DEFAULT_POOL_ID, PyTorchSnapshot, empty_cache_frees, infer_request_pools,
-                                     read_snapshot, snapshot_max_split_size_bytes)
+from traces.pytorch_snapshot import (
+    DEFAULT_POOL_ID,
+    PyTorchSnapshot,
+    empty_cache_frees,
+    infer_request_pools,
+    read_snapshot,
+    snapshot_max_split_size_bytes,
+)
 
-__all__ = ["Recording", "SeedSegment", "FidelityResult", "read_recording", "snapshot_to_recording",
-           "StartedReplay", "start_replay", "replay_recording", "fidelity", "RecordedAddressDevice", "ADDRESS_MODES"]
+__all__ = [
+    "Recording",
+    "SeedSegment",
+    "FidelityResult",
+    "read_recording",
+    "snapshot_to_recording",
+    "StartedReplay",
+    "start_replay",
+    "replay_recording",
+    "fidelity",
+    "RecordedAddressDevice",
+    "ADDRESS_MODES",
+]
 
 ADDRESS_MODES = ("recorded", "virtual")
 MiB = 1 << 20
@@ -152,16 +169,32 @@ def snapshot_to_recording(snap: PyTorchSnapshot) -> Recording:
     for first, last, pool, stream in inferred.windows:
         pool_calls.setdefault(request_ops[first], []).append(("begin", pool, stream))
         pool_calls.setdefault(request_ops[last] + 1, []).insert(0, ("end", pool, stream))
-    return Recording(pool_calls=pool_calls, num_unknown_pool=inferred.num_unknown,
-                     num_deferred_frees=snap.num_deferred_frees, entry_unit=snap.entry_unit,
-        name=snap.name, source=snap.source, ops=ops, addrs=addrs, sizes=sizes, streams=streams, entries=entries,
-        segment_events=pd.DataFrame(segment_rows, columns=["at", "action", "address", "nbytes", "entry"]),
-        seed_segments=seeds, unplaced=unplaced, initial_reserved_bytes=sum(s.nbytes for s in seeds),
-        settings=snap.allocator_settings, free_action=snap.free_action)
+    return Recording(
+        pool_calls=pool_calls,
+        num_unknown_pool=inferred.num_unknown,
+        num_deferred_frees=snap.num_deferred_frees,
+        entry_unit=snap.entry_unit,
+        name=snap.name,
+        source=snap.source,
+        ops=ops,
+        addrs=addrs,
+        sizes=sizes,
+        streams=streams,
+        entries=entries,
+        segment_events=pd.DataFrame(
+            segment_rows, columns=["at", "action", "address", "nbytes", "entry"]
+        ),
+        seed_segments=seeds,
+        unplaced=unplaced,
+        initial_reserved_bytes=sum(s.nbytes for s in seeds),
+        settings=snap.allocator_settings,
+        free_action=snap.free_action,
+    )
 
 
-def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int], list[int], list[int], list[int],
-                                                              list[list]]:
+def _requests_and_decisions(
+    snap: PyTorchSnapshot,
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[list]]:
     """The requests as ops, with ``EMPTY_CACHE`` markers, and each segment event tied to an op.
 
     Walks requests and segment events together in trace order; returns ``(ops, addrs, sizes,
@@ -191,21 +224,33 @@ def _requests_and_decisions(snap: PyTorchSnapshot) -> tuple[list[int], list[int]
         sizes.append(req.nbytes[k])
         streams.append(req.stream[k])
         index.append(i)
-    pending.extend([-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]] for j in range(j, num_events))
+    pending.extend(
+        [-1, ev.action[j], ev.address[j], ev.nbytes[j], ev.entry[j]] for j in range(j, num_events)
+    )
     if pending:
         _flush(pending, segment_rows, ops, addrs, sizes, streams, index, max_split)
     return ops, addrs, sizes, streams, index, segment_rows, request_ops
 
 
-def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, streams, index,
-           max_split_size_bytes: int | None) -> None:
+def _flush(
+    pending: list[list],
+    segment_rows: list[list],
+    ops,
+    addrs,
+    sizes,
+    streams,
+    index,
+    max_split_size_bytes: int | None,
+) -> None:
     """Attach the segment events seen since the last request to the request that follows.
 
     The frees ``empty_cache_frees`` reads as the program calling ``empty_cache()`` get an
     ``EMPTY_CACHE`` op of their own, placed before the request (or at the end of the trace); the
     rest (reservations, ``oom``, retry frees) belong to the request.
     """
-    num_calls = empty_cache_frees([row[1] for row in pending], [row[3] for row in pending], max_split_size_bytes)
+    num_calls = empty_cache_frees(
+        [row[1] for row in pending], [row[3] for row in pending], max_split_size_bytes
+    )
     if num_calls:
         ops.append(EMPTY_CACHE)
         addrs.append(0)
@@ -223,11 +268,17 @@ def _flush(pending: list[list], segment_rows: list[list], ops, addrs, sizes, str
 
 def _starting_state(snap: PyTorchSnapshot) -> tuple[list[SeedSegment], list[tuple[int, int, int]]]:
     """The segments that existed before recording and the allocations live in them then."""
-    seeds = {s.address: SeedSegment(s.address, s.total_bytes, s.is_small, s.stream, s.pool_id or DEFAULT_POOL_ID)
-             for s in snap.segments_at_start}
+    seeds = {
+        s.address: SeedSegment(
+            s.address, s.total_bytes, s.is_small, s.stream, s.pool_id or DEFAULT_POOL_ID
+        )
+        for s in snap.segments_at_start
+    }
     expandable = any(s.is_expandable for s in snap.segments_at_start)
     starts = list(seeds)  # segments_at_start is sorted by address
-    placed: dict[int, list[tuple[int, int | None, int]]] = {}  # segment -> [(addr, block bytes or None, asked)]
+    placed: dict[
+        int, list[tuple[int, int | None, int]]
+    ] = {}  # segment -> [(addr, block bytes or None, asked)]
     unplaced: list[tuple[int, int, int]] = []
     starting = [(p.address, p.block_bytes, p.requested_bytes, p.stream) for p in snap.pre_trace]
     for addr, block_bytes, requested, stream in sorted(starting):
@@ -424,16 +475,23 @@ class FidelityResult:
         view = self.table.copy()
         for col in ("recorded", "emulated", "difference"):
             view[col] = [_fmt(m, v) for m, v in zip(view["metric"], view[col])]
-        view["difference_pct"] = view["difference_pct"].map(lambda v: "" if v != v else f"{v:+.2f} %")
+        view["difference_pct"] = view["difference_pct"].map(
+            lambda v: "" if v != v else f"{v:+.2f} %"
+        )
         view["within_1pct"] = view["within_1pct"].map({True: "yes", False: "NO", None: ""})
-        lines = [f"{self.name}: {self.spec} (addresses: {self.addresses})", view.to_string(index=False)]
+        lines = [
+            f"{self.name}: {self.spec} (addresses: {self.addresses})",
+            view.to_string(index=False),
+        ]
         d = self.first_divergence
         if d is None:
             lines.append("segment decisions: identical to the recording, in order")
         else:
-            lines.append(f"first divergence at segment event {d['index']} (segment_events.csv event={d['index']}, "
-                         f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated {d['emulated']}; "
-                         f"likely cause: {d['cause']}")
+            lines.append(
+                f"first divergence at segment event {d['index']} (segment_events.csv event={d['index']}, "
+                f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated {d['emulated']}; "
+                f"likely cause: {d['cause']}"
+            )
         return "\n".join(lines)
 
 
@@ -474,8 +532,13 @@ class StartedReplay:
                 self.pool.end_allocate_to_pool(pool_id)
 
 
-def start_replay(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
-                 capacity_bytes: int | None = None) -> StartedReplay:
+def start_replay(
+    rec: Recording,
+    policy: str | Policy | None = None,
+    *,
+    addresses: str = "recorded",
+    capacity_bytes: int | None = None,
+) -> StartedReplay:
     """Build ``policy`` on the device ``addresses`` asks for and seed the recording's starting state.
 
     The part of ``replay_recording`` before the loop, shared with ``sim.planner.plan`` (which replays the
@@ -484,22 +547,43 @@ def start_replay(rec: Recording, policy: str | Policy | None = None, *, addresse
     """
     if addresses not in ADDRESS_MODES:
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
-    spec = policy if isinstance(policy, str) else spec_from_settings(rec.settings) if policy is None else policy
-    recorded_allocs = rec.segment_events.loc[rec.segment_events["action"] == "segment_alloc", ["address", "nbytes"]]
+    spec = (
+        policy
+        if isinstance(policy, str)
+        else spec_from_settings(rec.settings)
+        if policy is None
+        else policy
+    )
+    recorded_allocs = rec.segment_events.loc[
+        rec.segment_events["action"] == "segment_alloc", ["address", "nbytes"]
+    ]
     if device_kind(spec) is DeviceKind.PAGE_MAPPED:
         device = _LoggingMappedDevice()
-        addresses = "virtual"  # ranges are the device's; runs keep their offsets, not their addresses
+        addresses = (
+            "virtual"  # ranges are the device's; runs keep their offsets, not their addresses
+        )
     else:
-        inner = (RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
-                 if addresses == "recorded" else VirtualDevice())
+        inner = (
+            RecordedAddressDevice(list(recorded_allocs.itertuples(index=False, name=None)))
+            if addresses == "recorded"
+            else VirtualDevice()
+        )
         device = _LoggingDevice(inner, pin=inner.pin if addresses == "recorded" else None)
     pool = policies.create(spec, capacity_bytes=capacity_bytes, device=device)
     live = _seed(pool, rec, device)
-    return StartedReplay(pool, device, live, addresses, rec.pool_calls if pool.has_private_pools else {})
+    return StartedReplay(
+        pool, device, live, addresses, rec.pool_calls if pool.has_private_pools else {}
+    )
 
 
-def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addresses: str = "recorded",
-                     capacity_bytes: int | None = None, progress: str | None = None) -> FidelityResult:
+def replay_recording(
+    rec: Recording,
+    policy: str | Policy | None = None,
+    *,
+    addresses: str = "recorded",
+    capacity_bytes: int | None = None,
+    progress: str | None = None,
+) -> FidelityResult:
     """Replay ``rec``'s requests through ``policy`` from the recorded starting state and compare.
 
     Args:
@@ -524,14 +608,32 @@ def replay_recording(rec: Recording, policy: str | Policy | None = None, *, addr
         num_at_address += a.extents[0][0] == addr
 
     def unknown_free(k: int, addr: int) -> Exception:
-        return TraceFormatError(rec.source, rec.entries[k], f"frees {addr:#x}, which is not live",
-                                unit="device_traces entry")
+        return TraceFormatError(
+            rec.source,
+            rec.entries[k],
+            f"frees {addr:#x}, which is not live",
+            unit="device_traces entry",
+        )
 
     # the recording's op codes are the engine's (ALLOC, FREE, and EMPTY_CACHE as its FLUSH)
-    run = engine.run(rec.ops, rec.addrs, rec.sizes, streams=rec.streams, target=engine.policy_target(pool),
-                     live=live, before=at, on_alloc=on_alloc, unknown_free=unknown_free, progress=progress)
-    emulated = pd.DataFrame(device.log[seeded_events:], columns=["at", "action", "address", "nbytes"])
-    return _compare(rec, pool, emulated, start_reserved, run.num_failed, num_at_address, started.addresses)
+    run = engine.run(
+        rec.ops,
+        rec.addrs,
+        rec.sizes,
+        streams=rec.streams,
+        target=engine.policy_target(pool),
+        live=live,
+        before=at,
+        on_alloc=on_alloc,
+        unknown_free=unknown_free,
+        progress=progress,
+    )
+    emulated = pd.DataFrame(
+        device.log[seeded_events:], columns=["at", "action", "address", "nbytes"]
+    )
+    return _compare(
+        rec, pool, emulated, start_reserved, run.num_failed, num_at_address, started.addresses
+    )
 
 
 def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, Allocation]:
@@ -543,7 +645,9 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
             kwargs = {"pool": s.pool_id} if pool.has_private_pools else {}
             if s.range_offset is not None and device_kind(pool) is DeviceKind.PAGE_MAPPED:
                 kwargs["range_offset_bytes"] = s.range_offset
-            seeded = pool.seed_segment(s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks, **kwargs)
+            seeded = pool.seed_segment(
+                s.nbytes, small=s.small, stream=s.stream, blocks=s.blocks, **kwargs
+            )
             for addr, a in zip(s.block_addrs, seeded):
                 live[addr] = a
     else:
@@ -557,16 +661,29 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
 
 def _must(a: Allocation | None, rec: Recording, addr: int) -> Allocation:
     if a is None:
-        raise PolicyError(f"{rec.source}: the allocation live at {addr:#x} when recording began does not fit "
-                          "the replayed pool (raise its capacity)")
+        raise PolicyError(
+            f"{rec.source}: the allocation live at {addr:#x} when recording began does not fit "
+            "the replayed pool (raise its capacity)"
+        )
     return a
 
 
-def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserved: int, num_failed: int,
-             num_at_address: int, addresses: str) -> FidelityResult:
+def _compare(
+    rec: Recording,
+    pool: Policy,
+    emulated: pd.DataFrame,
+    start_reserved: int,
+    num_failed: int,
+    num_at_address: int,
+    addresses: str,
+) -> FidelityResult:
     recorded = rec.segment_events[["at", "action", "address", "nbytes"]].copy()
     recorded["reserved_bytes"] = rec.recorded_reserved().to_numpy() if len(recorded) else []
-    sign = emulated["action"].map(_RESERVE_ACTIONS).astype("int64") if len(emulated) else emulated["nbytes"]
+    sign = (
+        emulated["action"].map(_RESERVE_ACTIONS).astype("int64")
+        if len(emulated)
+        else emulated["nbytes"]
+    )
     emulated["reserved_bytes"] = start_reserved + (sign * emulated["nbytes"]).cumsum()
     stats = pool.stats()
 
@@ -574,10 +691,14 @@ def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserve
         allocs = df["action"].isin(("segment_alloc", "segment_map"))
         frees = df["action"].isin(("segment_free", "segment_unmap"))
         reserved = df["reserved_bytes"]
-        return {"segment allocations": int(allocs.sum()), "segment allocation bytes": int(df.loc[allocs, "nbytes"].sum()),
-                "segment frees": int(frees.sum()), "segment free bytes": int(df.loc[frees, "nbytes"].sum()),
-                "peak reserved bytes": int(max(reserved.max() if len(df) else 0, start)),
-                "reserved at end bytes": int(reserved.iloc[-1]) if len(df) else start}
+        return {
+            "segment allocations": int(allocs.sum()),
+            "segment allocation bytes": int(df.loc[allocs, "nbytes"].sum()),
+            "segment frees": int(frees.sum()),
+            "segment free bytes": int(df.loc[frees, "nbytes"].sum()),
+            "peak reserved bytes": int(max(reserved.max() if len(df) else 0, start)),
+            "reserved at end bytes": int(reserved.iloc[-1]) if len(df) else start,
+        }
 
     r, e = side(recorded, rec.initial_reserved_bytes), side(emulated, start_reserved)
     r["failed allocations (oom)"] = int((recorded["action"] == "oom").sum())
@@ -589,39 +710,84 @@ def _compare(rec: Recording, pool: Policy, emulated: pd.DataFrame, start_reserve
     emulated["event"] = range(len(emulated))
     for df in (recorded, emulated):
         df["entry"] = [rec.entries[at] if 0 <= at < len(rec.entries) else -1 for at in df["at"]]
-    key_r = list(zip(recorded.loc[decisions, "at"], recorded.loc[decisions, "action"], recorded.loc[decisions, "nbytes"]))
+    key_r = list(
+        zip(
+            recorded.loc[decisions, "at"],
+            recorded.loc[decisions, "action"],
+            recorded.loc[decisions, "nbytes"],
+        )
+    )
     key_e = list(zip(emulated["at"], emulated["action"], emulated["nbytes"]))
-    same = next((i for i, (x, y) in enumerate(zip(key_r, key_e)) if x != y), min(len(key_r), len(key_e)))
+    same = next(
+        (i for i, (x, y) in enumerate(zip(key_r, key_e)) if x != y), min(len(key_r), len(key_e))
+    )
     divergence = None
     if same < max(len(key_r), len(key_e)):
         at = (key_r if same < len(key_r) else key_e)[same][0]
-        divergence = {"index": same, "entry": rec.entries[at] if 0 <= at < len(rec.entries) else None,
-                      "entry_unit": rec.entry_unit, "recorded": _describe(key_r, same),
-                      "emulated": _describe(key_e, same),
-                      "cause": _likely_cause(rec, pool, key_r[same] if same < len(key_r) else None,
-                                             key_e[same] if same < len(key_e) else None)}
+        divergence = {
+            "index": same,
+            "entry": rec.entries[at] if 0 <= at < len(rec.entries) else None,
+            "entry_unit": rec.entry_unit,
+            "recorded": _describe(key_r, same),
+            "emulated": _describe(key_e, same),
+            "cause": _likely_cause(
+                rec,
+                pool,
+                key_r[same] if same < len(key_r) else None,
+                key_e[same] if same < len(key_e) else None,
+            ),
+        }
     rows = []
     for metric in r:
         rows.append(_row(metric, r[metric], e[metric]))
     rows.append(_row("segment decisions in recorded order", len(key_r), same))
     if addresses == "recorded" and num_allocs:
-        rows.append(_row("allocations at the recorded address %", 100.0, 100.0 * num_at_address / num_allocs))
-    rows.append(_row("peak allocated bytes", None, stats.peak_allocated_bytes))  # the snapshot does not say
-    events = pd.concat([recorded.assign(side="recorded"), emulated.assign(side="emulated")], ignore_index=True)
-    events = events[["side", "event", "entry", "at", "action", "address", "nbytes", "reserved_bytes"]]
+        rows.append(
+            _row(
+                "allocations at the recorded address %", 100.0, 100.0 * num_at_address / num_allocs
+            )
+        )
+    rows.append(
+        _row("peak allocated bytes", None, stats.peak_allocated_bytes)
+    )  # the snapshot does not say
+    events = pd.concat(
+        [recorded.assign(side="recorded"), emulated.assign(side="emulated")], ignore_index=True
+    )
+    events = events[
+        ["side", "event", "entry", "at", "action", "address", "nbytes", "reserved_bytes"]
+    ]
     spec = pool.spec
-    return FidelityResult(name=rec.name, spec=spec, addresses=addresses, table=pd.DataFrame(rows),
-                          segment_events=events, first_divergence=divergence, policy=pool)
+    return FidelityResult(
+        name=rec.name,
+        spec=spec,
+        addresses=addresses,
+        table=pd.DataFrame(rows),
+        segment_events=events,
+        first_divergence=divergence,
+        policy=pool,
+    )
 
 
 def _row(metric: str, recorded: Any, emulated: Any) -> dict[str, Any]:
     if recorded is None or emulated != emulated:
-        return {"metric": metric, "recorded": recorded, "emulated": emulated, "difference": None,
-                "difference_pct": float("nan"), "within_1pct": None}
+        return {
+            "metric": metric,
+            "recorded": recorded,
+            "emulated": emulated,
+            "difference": None,
+            "difference_pct": float("nan"),
+            "within_1pct": None,
+        }
     diff = emulated - recorded
     pct = 100.0 * diff / recorded if recorded else (0.0 if diff == 0 else float("inf"))
-    return {"metric": metric, "recorded": recorded, "emulated": emulated, "difference": diff,
-            "difference_pct": pct, "within_1pct": abs(pct) <= 1.0}
+    return {
+        "metric": metric,
+        "recorded": recorded,
+        "emulated": emulated,
+        "difference": diff,
+        "difference_pct": pct,
+        "within_1pct": abs(pct) <= 1.0,
+    }
 
 
 def _describe(keys: list, i: int) -> str:
@@ -632,38 +798,64 @@ def _describe(keys: list, i: int) -> str:
 
 
 #: ``PYTORCH_CUDA_ALLOC_CONF`` keys ``params_from_settings`` models (or that do not change decisions)
-_MODELLED_CONF_KEYS = {"", "max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions",
-                       "garbage_collection_threshold", "expandable_segments", "backend"}
+_MODELLED_CONF_KEYS = {
+    "",
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "roundup_power2_divisions",
+    "garbage_collection_threshold",
+    "expandable_segments",
+    "backend",
+}
 CAUSES = ("unmodelled private pool", "external release", "unsupported setting", "record_stream")
 
 
 def unmodelled_conf_keys(conf: str) -> list[str]:
     """The keys of a ``PYTORCH_CUDA_ALLOC_CONF`` the emulation does not model, sorted (a bracketed
     value such as ``roundup_power2_divisions:[256:1,512:2]`` is one item: ``traces.spec_grammar``)."""
-    return sorted(set(parse_items(conf, bad_item=None, valid_key=bool, assign=":")) - _MODELLED_CONF_KEYS)
+    return sorted(
+        set(parse_items(conf, bad_item=None, valid_key=bool, assign=":")) - _MODELLED_CONF_KEYS
+    )
 
 
-def _likely_cause(rec: Recording, pool: Policy, recorded: tuple | None, emulated: tuple | None) -> str:
+def _likely_cause(
+    rec: Recording, pool: Policy, recorded: tuple | None, emulated: tuple | None
+) -> str:
     """Which class of cause (``CAUSES``) most likely explains the first divergence, with why."""
     unknown = unmodelled_conf_keys(str(rec.settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""))
     if unknown:
         return f"unsupported setting ({', '.join(unknown)} in PYTORCH_CUDA_ALLOC_CONF)"
     if rec.pool_calls and not pool.has_private_pools:
         return f"unmodelled private pool ({pool.spec} has no private pools; the trace allocates to one)"
-    if recorded is not None and recorded[1] in ("segment_free", "segment_unmap") and (
-            emulated is None or emulated[1] not in ("segment_free", "segment_unmap")):
+    if (
+        recorded is not None
+        and recorded[1] in ("segment_free", "segment_unmap")
+        and (emulated is None or emulated[1] not in ("segment_free", "segment_unmap"))
+    ):
         return "external release (the recording gives memory back where the emulation does not decide to)"
     if rec.num_deferred_frees:
         return f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held the blocks)"
     if rec.num_unknown_pool:
-        return (f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the snapshot "
-                "cannot tell were put in the default pool)")
+        return (
+            f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the snapshot "
+            "cannot tell were put in the default pool)"
+        )
     return "unmodelled private pool or external release (no sign in the trace points to either)"
 
 
-def fidelity(path: str | Path, policy: str | None = None, *, addresses: str = "recorded",
-             capacity_bytes: int | None = None, device: int | None = None) -> FidelityResult:
+def fidelity(
+    path: str | Path,
+    policy: str | None = None,
+    *,
+    addresses: str = "recorded",
+    capacity_bytes: int | None = None,
+    device: int | None = None,
+) -> FidelityResult:
     """Read a snapshot, replay it through ``policy`` (default: ``torch-caching`` with the
     snapshot's settings) and compare with what the real allocator recorded."""
-    return replay_recording(read_recording(path, device=device), policy, addresses=addresses,
-                            capacity_bytes=capacity_bytes)
+    return replay_recording(
+        read_recording(path, device=device),
+        policy,
+        addresses=addresses,
+        capacity_bytes=capacity_bytes,
+    )

@@ -29,10 +29,24 @@ import pandas as pd
 from policies.base import Policy
 from traces.events import ALLOC_OP, FREE_OP
 
-__all__ = ["LAYOUT_COLUMNS", "LayoutRecorder", "pytorch_layout", "RECORDED_POLICY", "MAX_LAYOUT_SAMPLES"]
+__all__ = [
+    "LAYOUT_COLUMNS",
+    "LayoutRecorder",
+    "pytorch_layout",
+    "RECORDED_POLICY",
+    "MAX_LAYOUT_SAMPLES",
+]
 
 #: Columns of the layout table (after the run keys trace, policy, backend).
-LAYOUT_COLUMNS = ["sample", "event", "time_us", "at_failure", "kind", "offset_bytes", "length_bytes"]
+LAYOUT_COLUMNS = [
+    "sample",
+    "event",
+    "time_us",
+    "at_failure",
+    "kind",
+    "offset_bytes",
+    "length_bytes",
+]
 #: Layouts kept per run by default: a slider of 200 steps, and a table that stays small.
 MAX_LAYOUT_SAMPLES = 200
 #: Refusals whose layout is kept (the first ones: the first failure is the one that matters).
@@ -48,10 +62,18 @@ class LayoutRecorder:
     once at the end.
     """
 
-    def __init__(self, policy: Policy, *, num_monitor_samples: int, max_samples: int = MAX_LAYOUT_SAMPLES,
-                 max_failures: int = MAX_FAILURES):
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        num_monitor_samples: int,
+        max_samples: int = MAX_LAYOUT_SAMPLES,
+        max_failures: int = MAX_FAILURES,
+    ):
         self.policy = policy
-        self.every = max(1, -(-num_monitor_samples // max(1, max_samples)))  # monitor samples per layout
+        self.every = max(
+            1, -(-num_monitor_samples // max(1, max_samples))
+        )  # monitor samples per layout
         self.max_failures = max_failures
         self.num_failures = 0
         self.rows: list[tuple] = []
@@ -76,9 +98,12 @@ class LayoutRecorder:
         if self._last_event != event:
             self.take(event, time_us)
 
-    def wrap_allocate(self, allocate: Callable[..., Any], times_us: list[int]) -> Callable[..., Any]:
+    def wrap_allocate(
+        self, allocate: Callable[..., Any], times_us: list[int]
+    ) -> Callable[..., Any]:
         """``allocate`` that also records the layout when it refuses (the pool as the request found it:
         a refusal leaves the pool unchanged, so reading it after the call is the same)."""
+
         def recording_allocate(nbytes: int, stream: int = 0, tag: str | None = None):
             a = allocate(nbytes, stream=stream, tag=tag)
             if a is None:
@@ -86,6 +111,7 @@ class LayoutRecorder:
                 if self.num_failures <= self.max_failures:
                     self.take(self._event, times_us[self._event], request_bytes=nbytes)
             return a
+
         return recording_allocate
 
     # -- the layout --
@@ -112,12 +138,21 @@ class LayoutRecorder:
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=LAYOUT_COLUMNS)
-    return df.astype({"sample": np.int32, "event": np.int64, "time_us": np.int64, "at_failure": bool,
-                      "offset_bytes": np.int64, "length_bytes": np.int64})
+    return df.astype(
+        {
+            "sample": np.int32,
+            "event": np.int64,
+            "time_us": np.int64,
+            "at_failure": bool,
+            "offset_bytes": np.int64,
+            "length_bytes": np.int64,
+        }
+    )
 
 
-def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]],
-                   events: pd.DataFrame | None = None) -> pd.DataFrame | None:
+def pytorch_layout(
+    meta: dict[str, Any], samples: list[tuple[int, int]], events: pd.DataFrame | None = None
+) -> pd.DataFrame | None:
     """What PyTorch held at each ``(event, time_us)`` of ``samples``, from a snapshot's
     ``segment_events`` and final ``segments`` table (``trace.meta``); None when it has neither.
 
@@ -136,7 +171,9 @@ def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]],
         return None
     held = {int(a): int(n) for a, n in zip(final["address"], final["total_size"])}
     actions = seg_events["action"].tolist()
-    addrs, sizes, times = (seg_events[c].astype("int64").tolist() for c in ("addr", "size", "time_us"))
+    addrs, sizes, times = (
+        seg_events[c].astype("int64").tolist() for c in ("addr", "size", "time_us")
+    )
     grow = ("segment_alloc", "segment_map")
     shrink = ("segment_free", "segment_unmap")
     for action, addr, size in zip(reversed(actions), reversed(addrs), reversed(sizes)):
@@ -157,7 +194,10 @@ def pytorch_layout(meta: dict[str, Any], samples: list[tuple[int, int]],
         segs = sorted(held.items())
         rows.extend((sample, event, time_us, False, "segment", a, n) for a, n in segs)
         if blocks.known:
-            rows.extend((sample, event, time_us, False, "free", a, n) for a, n in blocks.gaps_after(event, segs))
+            rows.extend(
+                (sample, event, time_us, False, "free", a, n)
+                for a, n in blocks.gaps_after(event, segs)
+            )
     return _frame(rows)
 
 

@@ -22,8 +22,16 @@ from policies.errors import PolicyError
 __all__ = ["PoolMonitor", "PolicyReadings", "default_sample_every", "TIMESERIES_SAMPLE_COLUMNS"]
 
 #: One monitor sample (the report's time series adds trace, policy and backend in front).
-TIMESERIES_SAMPLE_COLUMNS = ["event", "time_us", "live_bytes", "allocated_bytes", "reserved_bytes",
-                             "largest_free_bytes", "frag_ext", "num_segments"]
+TIMESERIES_SAMPLE_COLUMNS = [
+    "event",
+    "time_us",
+    "live_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "largest_free_bytes",
+    "frag_ext",
+    "num_segments",
+]
 
 
 def default_sample_every(num_events: int, num_samples: int = 2000) -> int:
@@ -42,17 +50,32 @@ class PolicyReadings:
 
     def sample(self) -> tuple:
         live, allocated, reserved, largest_free, num_segments = self.policy.gauges()
-        return (live, allocated, reserved, largest_free, frag_ext(reserved - allocated, largest_free), num_segments)
+        return (
+            live,
+            allocated,
+            reserved,
+            largest_free,
+            frag_ext(reserved - allocated, largest_free),
+            num_segments,
+        )
 
     def totals(self) -> dict[str, Any]:
         s = self.policy.stats()
         mismatch = gauges_mismatch(self.policy, s)
         if mismatch:  # the samples charted would contradict these totals: refuse, never report both
             raise PolicyError(f"{self.policy!r}: {mismatch}")
-        return {"n_alloc": s.num_allocs + s.num_failures, "n_free": s.num_frees, "n_failed": s.num_failures,
-                "peak_live_bytes": s.peak_live_bytes, "peak_allocated_bytes": s.peak_allocated_bytes,
-                "peak_reserved_bytes": s.peak_reserved_bytes, "n_grow": s.num_grows, "n_shrink": s.num_shrinks,
-                "grown_bytes": s.grown_bytes, "shrunk_bytes": s.shrunk_bytes}
+        return {
+            "n_alloc": s.num_allocs + s.num_failures,
+            "n_free": s.num_frees,
+            "n_failed": s.num_failures,
+            "peak_live_bytes": s.peak_live_bytes,
+            "peak_allocated_bytes": s.peak_allocated_bytes,
+            "peak_reserved_bytes": s.peak_reserved_bytes,
+            "n_grow": s.num_grows,
+            "n_shrink": s.num_shrinks,
+            "grown_bytes": s.grown_bytes,
+            "shrunk_bytes": s.shrunk_bytes,
+        }
 
 
 class PoolMonitor:
@@ -67,7 +90,9 @@ class PoolMonitor:
             count and peak columns: a baseline allocator's own readings (``realgpu.replay``).
     """
 
-    def __init__(self, policy: Policy | None = None, *, sample_every: int = 1, readings: Any = None):
+    def __init__(
+        self, policy: Policy | None = None, *, sample_every: int = 1, readings: Any = None
+    ):
         if sample_every < 1:
             raise ValueError(f"sample_every(={sample_every}) must be >= 1")
         self.readings = readings if readings is not None else PolicyReadings(policy)

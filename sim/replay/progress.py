@@ -46,8 +46,16 @@ class NullBar:
         self.close()
 
 
-def progress_bar(total: float | None, desc: str, *, unit: str = "ev", enabled: bool = True,
-                 unit_scale: bool = True, bar_format: str | None = None, file: Any = None) -> Any:
+def progress_bar(
+    total: float | None,
+    desc: str,
+    *,
+    unit: str = "ev",
+    enabled: bool = True,
+    unit_scale: bool = True,
+    bar_format: str | None = None,
+    file: Any = None,
+) -> Any:
     """A bar over ``total`` units titled ``desc``, drawn on ``file`` (stderr) only if it is a terminal.
 
     Args:
@@ -65,12 +73,23 @@ def progress_bar(total: float | None, desc: str, *, unit: str = "ev", enabled: b
 
     kwargs: dict[str, Any] = {} if bar_format is None else {"bar_format": bar_format}
     # disable=None: only on a terminal (piped output stays readable); mininterval: redraw at most twice a second
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit_scale, leave=False, mininterval=0.5,
-                disable=None, file=file, **kwargs)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        unit_scale=unit_scale,
+        leave=False,
+        mininterval=0.5,
+        disable=None,
+        file=file,
+        **kwargs,
+    )
 
 
 @contextlib.contextmanager
-def time_bar(total_s: float, desc: str, *, enabled: bool = True) -> Iterator[Callable[[float], None] | None]:
+def time_bar(
+    total_s: float, desc: str, *, enabled: bool = True
+) -> Iterator[Callable[[float], None] | None]:
     """A bar in simulated seconds up to ``total_s``, and the callback that moves it to a
     simulated time (``advance(now_s)``; times past ``total_s`` stop at its end); None when not
     ``enabled``, for callers that then skip their hook altogether."""
@@ -78,8 +97,14 @@ def time_bar(total_s: float, desc: str, *, enabled: bool = True) -> Iterator[Cal
         yield None
         return
     total_s = max(float(total_s), 1e-9)
-    with progress_bar(round(total_s, 1), desc, unit="sim-s", unit_scale=False,
-                      bar_format="{l_bar}{bar}| {n:,.0f}/{total:,.0f} sim-s [{elapsed}<{remaining}]") as bar:
+    with progress_bar(
+        round(total_s, 1),
+        desc,
+        unit="sim-s",
+        unit_scale=False,
+        bar_format="{l_bar}{bar}| {n:,.0f}/{total:,.0f} sim-s [{elapsed}<{remaining}]",
+    ) as bar:
+
         def advance(now_s: float) -> None:
             bar.update(round(min(now_s, total_s), 1) - bar.n)
 

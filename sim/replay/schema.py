@@ -23,18 +23,49 @@ from traces.atomic import naming_errors, replacing_folder, written_files
 NAN = float("nan")
 
 __all__ = [
-    "SUMMARY_COLUMNS", "DEVICE_COLUMNS", "TIMESERIES_COLUMNS", "summary_row", "params_text", "summary_frame", "write_results", "read_results",
-    "latency_percentiles", "format_table", "invariant_warnings", "DEFAULT_TABLE_COLUMNS", "LATENCY_SAMPLE_COLUMNS", "latency_samples",
+    "SUMMARY_COLUMNS",
+    "DEVICE_COLUMNS",
+    "TIMESERIES_COLUMNS",
+    "summary_row",
+    "params_text",
+    "summary_frame",
+    "write_results",
+    "read_results",
+    "latency_percentiles",
+    "format_table",
+    "invariant_warnings",
+    "DEFAULT_TABLE_COLUMNS",
+    "LATENCY_SAMPLE_COLUMNS",
+    "latency_samples",
 ]
 
 #: The columns every backend fills, in order (docs/reference/columns.md is generated from them).
 SUMMARY_COLUMNS = [
-    "trace", "policy", "backend", "params", "capacity_bytes",
-    "n_alloc", "n_free", "n_failed", "failure_rate",
-    "peak_live_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "overhead",
-    "frag_ext_mean", "frag_ext_max", "internal_waste_frac",
-    "n_grow", "n_shrink", "grown_bytes", "shrunk_bytes",
-    "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "latency_sampled_frac",
+    "trace",
+    "policy",
+    "backend",
+    "params",
+    "capacity_bytes",
+    "n_alloc",
+    "n_free",
+    "n_failed",
+    "failure_rate",
+    "peak_live_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "overhead",
+    "frag_ext_mean",
+    "frag_ext_max",
+    "internal_waste_frac",
+    "n_grow",
+    "n_shrink",
+    "grown_bytes",
+    "shrunk_bytes",
+    "alloc_p50_us",
+    "alloc_p99_us",
+    "free_p50_us",
+    "free_p99_us",
+    "latency_sampled_frac",
     "wall_s",
 ]
 
@@ -45,8 +76,17 @@ SUMMARY_COLUMNS = [
 DEVICE_COLUMNS = list(VMM_STAT_KEYS)
 
 TIMESERIES_COLUMNS = [
-    "trace", "policy", "backend", "event", "time_us",
-    "live_bytes", "allocated_bytes", "reserved_bytes", "largest_free_bytes", "frag_ext", "num_segments",
+    "trace",
+    "policy",
+    "backend",
+    "event",
+    "time_us",
+    "live_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "largest_free_bytes",
+    "frag_ext",
+    "num_segments",
 ]
 
 
@@ -61,12 +101,27 @@ def latency_percentiles(samples_ns: Iterable[float] | np.ndarray, prefix: str) -
 
 def params_text(params: dict[str, Any]) -> str:
     """The ``params`` column: a policy's knobs but ``capacity_bytes``, ``k=v;...`` (wrapped policies by spec)."""
-    return ";".join(f"{k}={v.spec if isinstance(v, Policy) else v}" for k, v in params.items() if k != "capacity_bytes")
+    return ";".join(
+        f"{k}={v.spec if isinstance(v, Policy) else v}"
+        for k, v in params.items()
+        if k != "capacity_bytes"
+    )
 
 
-def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_bytes: int | None, monitor: Any,
-                alloc_ns: Any, free_ns: Any, wall_s: float, device_calls: dict[str, int] | None,
-                **extra: Any) -> dict[str, Any]:
+def summary_row(
+    *,
+    trace: str,
+    policy: str,
+    backend: str,
+    params: str,
+    capacity_bytes: int | None,
+    monitor: Any,
+    alloc_ns: Any,
+    free_ns: Any,
+    wall_s: float,
+    device_calls: dict[str, int] | None,
+    **extra: Any,
+) -> dict[str, Any]:
     """One summary row, ``SUMMARY_COLUMNS`` in order and then ``extra``: the one place every
     backend (replay, gpu replay, baselines, simulate) derives its columns.
 
@@ -99,7 +154,11 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
     n_attempts, n_failed, peak_live = t["n_alloc"], t["n_failed"], t["peak_live_bytes"]
     n_calls = n_attempts + t["n_free"]
     return {
-        "trace": trace, "policy": policy, "backend": backend, "params": params, "capacity_bytes": capacity_bytes,
+        "trace": trace,
+        "policy": policy,
+        "backend": backend,
+        "params": params,
+        "capacity_bytes": capacity_bytes,
         "n_alloc": n_attempts,
         "n_free": t["n_free"],
         "n_failed": n_failed,
@@ -117,7 +176,9 @@ def summary_row(*, trace: str, policy: str, backend: str, params: str, capacity_
         "shrunk_bytes": t["shrunk_bytes"],
         **latency_percentiles(alloc_ns, "alloc"),
         **latency_percentiles(free_ns, "free"),
-        "latency_sampled_frac": (np.size(alloc_ns) + np.size(free_ns)) / n_calls if n_calls else NAN,
+        "latency_sampled_frac": (np.size(alloc_ns) + np.size(free_ns)) / n_calls
+        if n_calls
+        else NAN,
         "wall_s": wall_s,
         **_device_columns(device_calls, t["peak_reserved_bytes"]),
         **extra,
@@ -128,7 +189,9 @@ def _device_columns(calls: dict[str, int] | None, peak_reserved_bytes: int) -> d
     if calls is None:
         return dict.fromkeys(DEVICE_COLUMNS, NAN)
     out = {k: calls[k] for k in DEVICE_COLUMNS}
-    if not out["peak_virtual_bytes"]:  # a segment device: every reserved byte is its own address range
+    if not out[
+        "peak_virtual_bytes"
+    ]:  # a segment device: every reserved byte is its own address range
         out["peak_virtual_bytes"] = peak_reserved_bytes
     return out
 
@@ -167,8 +230,12 @@ def latency_samples(results: Iterable[Any]) -> pd.DataFrame:
                 codes[c].append(np.full(ns.size, code, dtype=np.int16))
             codes["op"].append(np.full(ns.size, op_code, dtype=np.int16))
     names = {**{c: list(labels[c]) for c in _LABEL_COLUMNS}, "op": list(_LATENCY_OPS)}
-    table = {c: pd.Categorical.from_codes(np.concatenate(codes[c]) if codes[c] else np.zeros(0, np.int16),
-                                          categories=names[c]) for c in names}
+    table = {
+        c: pd.Categorical.from_codes(
+            np.concatenate(codes[c]) if codes[c] else np.zeros(0, np.int16), categories=names[c]
+        )
+        for c in names
+    }
     table["latency_us"] = np.concatenate(latencies) if latencies else np.zeros(0, np.float32)
     return pd.DataFrame(table, columns=LATENCY_SAMPLE_COLUMNS)
 
@@ -182,9 +249,14 @@ def summary_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df[SUMMARY_COLUMNS + extra]
 
 
-def write_results(out_dir: str | Path, summary: pd.DataFrame, timeseries: pd.DataFrame | None = None,
-                  extra_tables: dict[str, pd.DataFrame] | None = None, meta: dict[str, Any] | None = None,
-                  csv_tables: dict[str, pd.DataFrame] | None = None) -> Path:
+def write_results(
+    out_dir: str | Path,
+    summary: pd.DataFrame,
+    timeseries: pd.DataFrame | None = None,
+    extra_tables: dict[str, pd.DataFrame] | None = None,
+    meta: dict[str, Any] | None = None,
+    csv_tables: dict[str, pd.DataFrame] | None = None,
+) -> Path:
     """Write ``summary.csv``, ``timeseries.parquet``, any extra tables (Parquet; ``csv_tables`` as
     CSV) and ``run.json``, all or nothing.
 
@@ -256,13 +328,26 @@ def _read_table(path: Path, read) -> pd.DataFrame:
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
     except Exception as exc:  # noqa: BLE001 (pandas and pyarrow raise many types for a damaged file)
-        raise ValueError(f"{path}: cannot read it as a result table ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]})") from None
+        raise ValueError(
+            f"{path}: cannot read it as a result table ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]})"
+        ) from None
 
 
 #: What the command line prints by default.
-DEFAULT_TABLE_COLUMNS = ["policy", "n_failed", "peak_live_bytes", "peak_reserved_bytes", "overhead", "frag_ext_mean",
-                         "internal_waste_frac", "n_grow", "alloc_p50_us", "alloc_p99_us", "free_p50_us"]
+DEFAULT_TABLE_COLUMNS = [
+    "policy",
+    "n_failed",
+    "peak_live_bytes",
+    "peak_reserved_bytes",
+    "overhead",
+    "frag_ext_mean",
+    "internal_waste_frac",
+    "n_grow",
+    "alloc_p50_us",
+    "alloc_p99_us",
+    "free_p50_us",
+]
 
 
 def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str:
@@ -274,9 +359,21 @@ def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str
         if c.endswith("_bytes"):
             view[c] = view[c] / 2**20
             rename[c] = c[: -len("_bytes")] + "_MiB"
-        elif c in ("overhead", "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "failure_rate", "kv_token_util",
-                   "gap_to_bound", "gap_to_planner", "prefix_hit_rate", "prefix_first_hit_rate",
-                   "kv_token_util_pressure", "slo_attainment", "kv_pressure_share"):
+        elif c in (
+            "overhead",
+            "frag_ext_mean",
+            "frag_ext_max",
+            "internal_waste_frac",
+            "failure_rate",
+            "kv_token_util",
+            "gap_to_bound",
+            "gap_to_planner",
+            "prefix_hit_rate",
+            "prefix_first_hit_rate",
+            "kv_token_util_pressure",
+            "slo_attainment",
+            "kv_pressure_share",
+        ):
             view[c] = view[c] * 100
             rename[c] = c + "_%"
     view = view.rename(columns=rename)
@@ -291,6 +388,8 @@ def invariant_warnings(summary: pd.DataFrame) -> list[str]:
     if not {"peak_live_bytes", "peak_reserved_bytes"} <= set(summary.columns):
         return []
     bad = summary[summary["peak_live_bytes"] > summary["peak_reserved_bytes"]]
-    return [f"warning: {r.policy} ({r.backend}): peak live {r.peak_live_bytes / 2**20:,.2f} MiB is above peak reserved "
-            f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; do not trust this row"
-            for r in bad.itertuples()]
+    return [
+        f"warning: {r.policy} ({r.backend}): peak live {r.peak_live_bytes / 2**20:,.2f} MiB is above peak reserved "
+        f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; do not trust this row"
+        for r in bad.itertuples()
+    ]

@@ -30,8 +30,17 @@ from sim.replay.metrics import PoolMonitor, default_sample_every
 from sim.replay.schema import latency_samples, params_text, summary_frame, summary_row
 from traces.events import ALLOC_OP, AllocTrace
 
-__all__ = ["ReplayResult", "ReplayTables", "replay", "replay_many", "replay_tables", "TraceEvents", "trace_events",
-           "available_cores", "MIN_EVENTS_FOR_WORKERS"]
+__all__ = [
+    "ReplayResult",
+    "ReplayTables",
+    "replay",
+    "replay_many",
+    "replay_tables",
+    "TraceEvents",
+    "trace_events",
+    "available_cores",
+    "MIN_EVENTS_FOR_WORKERS",
+]
 
 
 @dataclass
@@ -40,19 +49,35 @@ class ReplayResult:
 
     summary: dict[str, Any]
     timeseries: pd.DataFrame
-    policy: Policy | None  # None for a run made in a worker process (``replay_tables``): the pool stayed there
+    policy: (
+        Policy | None
+    )  # None for a run made in a worker process (``replay_tables``): the pool stayed there
     alloc_ns: np.ndarray
     free_ns: np.ndarray
-    layout: pd.DataFrame | None = None  # ``sim.replay.layout.LAYOUT_COLUMNS`` with run keys; when recorded
-    compactions: pd.DataFrame | None = None  # ``sim.replay.compaction_log.COMPACTION_COLUMNS`` with run keys; compacting pools
+    layout: pd.DataFrame | None = (
+        None  # ``sim.replay.layout.LAYOUT_COLUMNS`` with run keys; when recorded
+    )
+    compactions: pd.DataFrame | None = (
+        None  # ``sim.replay.compaction_log.COMPACTION_COLUMNS`` with run keys; compacting pools
+    )
 
 
-def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | None = None,
-           costs: CostModel | None = None, backend: str = "sim", sample_every: int | None = None,
-           progress: bool | Callable[[int], None] = False, on_alloc: Callable[[Allocation], None] | None = None,
-           on_free: Callable[[Allocation], None] | None = None,
-           timer: Callable[[], int] = time.perf_counter_ns, record_layout: bool = False,
-           latency_sample: float | None = None, events: "TraceEvents | None" = None) -> ReplayResult:
+def replay(
+    trace: AllocTrace,
+    policy: Policy | str,
+    *,
+    capacity_bytes: int | None = None,
+    costs: CostModel | None = None,
+    backend: str = "sim",
+    sample_every: int | None = None,
+    progress: bool | Callable[[int], None] = False,
+    on_alloc: Callable[[Allocation], None] | None = None,
+    on_free: Callable[[Allocation], None] | None = None,
+    timer: Callable[[], int] = time.perf_counter_ns,
+    record_layout: bool = False,
+    latency_sample: float | None = None,
+    events: "TraceEvents | None" = None,
+) -> ReplayResult:
     """Replay ``trace`` through ``policy``.
 
     Args:
@@ -110,33 +135,73 @@ def replay(trace: AllocTrace, policy: Policy | str, *, capacity_bytes: int | Non
             observe_before_log(event, time_us)
             log.observe(event, time_us)
 
-    run = engine.run(events.ops, events.keys, events.sizes, streams=events.streams, tags=events.tags,
-                     times_us=events.times_us, target=target, observe=observe, before=before,
-                     observe_every=monitor.sample_every,
-                     on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None, on_free=on_free,
-                     unknown_free=unknown_free, timer=timer, latency_sample=latency_sample,
-                     progress=(progress if callable(progress) else f"{trace.name} · {policy.spec}" if progress
-                               else None))
+    run = engine.run(
+        events.ops,
+        events.keys,
+        events.sizes,
+        streams=events.streams,
+        tags=events.tags,
+        times_us=events.times_us,
+        target=target,
+        observe=observe,
+        before=before,
+        observe_every=monitor.sample_every,
+        on_alloc=(lambda a, nbytes, key: on_alloc(a)) if on_alloc is not None else None,
+        on_free=on_free,
+        unknown_free=unknown_free,
+        timer=timer,
+        latency_sample=latency_sample,
+        progress=(
+            progress
+            if callable(progress)
+            else f"{trace.name} · {policy.spec}"
+            if progress
+            else None
+        ),
+    )
     if n:
         monitor.finish(n - 1, events.times_us[-1])
         if recorder is not None:
             recorder.finish(n - 1, events.times_us[-1])
         if log is not None:
             log.observe(n - 1, events.times_us[-1])
-    row = summary_row(trace=trace.name, policy=policy.spec, backend=backend, params=params_text(policy.get_params()),
-                      capacity_bytes=policy.capacity_bytes, monitor=monitor, alloc_ns=run.alloc_ns,
-                      free_ns=run.free_ns, wall_s=run.wall_s, device_calls=policy.device.call_stats(), n_events=n,
-                      driver_ns_total=policy.device.driver_ns_total, n_empty_cache=run.num_flushes)
+    row = summary_row(
+        trace=trace.name,
+        policy=policy.spec,
+        backend=backend,
+        params=params_text(policy.get_params()),
+        capacity_bytes=policy.capacity_bytes,
+        monitor=monitor,
+        alloc_ns=run.alloc_ns,
+        free_ns=run.free_ns,
+        wall_s=run.wall_s,
+        device_calls=policy.device.call_stats(),
+        n_events=n,
+        driver_ns_total=policy.device.driver_ns_total,
+        n_empty_cache=run.num_flushes,
+    )
     ts = monitor.timeseries()
     ts.insert(0, "backend", backend)
     ts.insert(0, "policy", policy.spec)
     ts.insert(0, "trace", trace.name)
-    layout, compactions = (recorder.table() if recorder is not None else None), (log.table() if log is not None else None)
+    layout, compactions = (
+        (recorder.table() if recorder is not None else None),
+        (log.table() if log is not None else None),
+    )
     for table in (t for t in (layout, compactions) if t is not None):
-        for i, (key, value) in enumerate((("trace", trace.name), ("policy", policy.spec), ("backend", backend))):
+        for i, (key, value) in enumerate(
+            (("trace", trace.name), ("policy", policy.spec), ("backend", backend))
+        ):
             table.insert(i, key, value)
-    return ReplayResult(summary=row, timeseries=ts, policy=policy, alloc_ns=run.alloc_ns, free_ns=run.free_ns,
-                        layout=layout, compactions=compactions)
+    return ReplayResult(
+        summary=row,
+        timeseries=ts,
+        policy=policy,
+        alloc_ns=run.alloc_ns,
+        free_ns=run.free_ns,
+        layout=layout,
+        compactions=compactions,
+    )
 
 
 @dataclass(slots=True)
@@ -167,10 +232,16 @@ def trace_events(trace: AllocTrace) -> TraceEvents:
     if tags is not None and not any(tags):
         tags = None
     is_alloc = (ev["op"] == ALLOC_OP).to_numpy()
-    ops = np.where(is_alloc, engine.ALLOC, np.where(trace.is_empty_cache(), engine.FLUSH, engine.FREE)).astype(np.uint8)
+    ops = np.where(
+        is_alloc, engine.ALLOC, np.where(trace.is_empty_cache(), engine.FLUSH, engine.FREE)
+    ).astype(np.uint8)
     ops = ops.tobytes()
-    return TraceEvents(ops, *(_int_column(ev[c]) for c in ("alloc_id", "nbytes", "stream")), tags,
-                       _int_column(ev["time_us"]))
+    return TraceEvents(
+        ops,
+        *(_int_column(ev[c]) for c in ("alloc_id", "nbytes", "stream")),
+        tags,
+        _int_column(ev["time_us"]),
+    )
 
 
 def _int_column(column: pd.Series) -> array:
@@ -186,14 +257,27 @@ class ReplayTables:
     summary: pd.DataFrame
     timeseries: pd.DataFrame
     latency_samples: pd.DataFrame  # one row per call (``sim.replay.schema.LATENCY_SAMPLE_COLUMNS``)
-    layout: pd.DataFrame | None = None  # segment layouts (``record_layout``), PyTorch's recorded ones included
-    compactions: pd.DataFrame | None = None  # compaction passes of the compacting runs (``sim.replay.compaction_log``)
+    layout: pd.DataFrame | None = (
+        None  # segment layouts (``record_layout``), PyTorch's recorded ones included
+    )
+    compactions: pd.DataFrame | None = (
+        None  # compaction passes of the compacting runs (``sim.replay.compaction_log``)
+    )
 
 
-def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: int | None = None,
-                  costs: CostModel | None = None, sample_every: int | None = None,
-                  progress: bool = False, with_bounds: bool = True, record_layout: bool = False,
-                  latency_sample: float | None = None, workers: int | None = None) -> ReplayTables:
+def replay_tables(
+    trace: AllocTrace,
+    specs: Iterable[str],
+    *,
+    capacity_bytes: int | None = None,
+    costs: CostModel | None = None,
+    sample_every: int | None = None,
+    progress: bool = False,
+    with_bounds: bool = True,
+    record_layout: bool = False,
+    latency_sample: float | None = None,
+    workers: int | None = None,
+) -> ReplayTables:
     """Replay one trace under several policy specs.
 
     The trace becomes one compact event table (``trace_events``) that every run reads. With
@@ -218,25 +302,40 @@ def replay_tables(trace: AllocTrace, specs: Iterable[str], *, capacity_bytes: in
     specs = list(specs)
     events = trace_events(trace)
     bounded = with_bounds and len(trace) > 0
-    options = {"capacity_bytes": capacity_bytes, "costs": costs, "sample_every": sample_every,
-               "record_layout": record_layout, "latency_sample": latency_sample}
+    options = {
+        "capacity_bytes": capacity_bytes,
+        "costs": costs,
+        "sample_every": sample_every,
+        "record_layout": record_layout,
+        "latency_sample": latency_sample,
+    }
     num_workers = _num_workers(workers, len(specs) + bounded, len(events.ops))
     if num_workers > 1:
-        results, ref = _replay_in_workers(trace, events, specs, options, bounded, num_workers, progress)
+        results, ref = _replay_in_workers(
+            trace, events, specs, options, bounded, num_workers, progress
+        )
     else:
-        results = [replay(trace, spec, progress=progress, events=events, **options) for spec in specs]
+        results = [
+            replay(trace, spec, progress=progress, events=events, **options) for spec in specs
+        ]
         ref = bounds(trace) if bounded else None
     summary = summary_frame([r.summary for r in results])
     if ref is not None:
         summary["lower_bound_bytes"] = ref["lower_bound_bytes"]
         summary["planner_peak_bytes"] = ref["planner_peak_bytes"]
         summary["planner"] = ref["planner"]
-        summary["planner_s"] = ref["planner_s"]  # its time, apart from the policies' wall_s (up to a quarter of a replay)
+        summary["planner_s"] = ref[
+            "planner_s"
+        ]  # its time, apart from the policies' wall_s (up to a quarter of a replay)
         summary["gap_to_bound"] = summary["peak_reserved_bytes"] / ref["lower_bound_bytes"] - 1
         summary["gap_to_planner"] = summary["peak_reserved_bytes"] / ref["planner_peak_bytes"] - 1
-    return ReplayTables(summary, pd.concat([r.timeseries for r in results], ignore_index=True),
-                        latency_samples(results), _layouts(trace, results) if record_layout else None,
-                        _compactions(results))
+    return ReplayTables(
+        summary,
+        pd.concat([r.timeseries for r in results], ignore_index=True),
+        latency_samples(results),
+        _layouts(trace, results) if record_layout else None,
+        _compactions(results),
+    )
 
 
 #: Below this many events a run takes well under a second: forking workers would cost more than it saves.
@@ -256,7 +355,11 @@ def _num_workers(workers: int | None, num_jobs: int, num_events: int) -> int:
     trace, off POSIX (no fork), or where threads run already (a notebook's kernel): a fork
     copies a lock another thread may hold."""
     if workers is None:
-        if num_events < MIN_EVENTS_FOR_WORKERS or os.name != "posix" or threading.active_count() > 1:
+        if (
+            num_events < MIN_EVENTS_FOR_WORKERS
+            or os.name != "posix"
+            or threading.active_count() > 1
+        ):
             return 1
         workers = available_cores()
     if workers < 1:
@@ -271,16 +374,29 @@ _JOB: dict[str, Any] = {}
 
 def _worker_job(job: int) -> Any:
     """One job in a worker: replay ``specs[job]``, or the bounds for the last job."""
-    trace, events, specs, options, counts = (_JOB[k] for k in ("trace", "events", "specs", "options", "counts"))
+    trace, events, specs, options, counts = (
+        _JOB[k] for k in ("trace", "events", "specs", "options", "counts")
+    )
     if job == len(specs):
         return bounds(trace)
-    result = replay(trace, specs[job], events=events, progress=lambda n: counts.add(job, n), **options)
-    result.policy = None  # the pool stays here: its state can be large and it is no part of the tables
+    result = replay(
+        trace, specs[job], events=events, progress=lambda n: counts.add(job, n), **options
+    )
+    result.policy = (
+        None  # the pool stays here: its state can be large and it is no part of the tables
+    )
     return result
 
 
-def _replay_in_workers(trace: AllocTrace, events: TraceEvents, specs: list[str], options: dict[str, Any],
-                       bounded: bool, num_workers: int, progress: bool) -> tuple[list[ReplayResult], dict | None]:
+def _replay_in_workers(
+    trace: AllocTrace,
+    events: TraceEvents,
+    specs: list[str],
+    options: dict[str, Any],
+    bounded: bool,
+    num_workers: int,
+    progress: bool,
+) -> tuple[list[ReplayResult], dict | None]:
     import concurrent.futures as cf
     import multiprocessing
 
@@ -296,8 +412,11 @@ def _replay_in_workers(trace: AllocTrace, events: TraceEvents, specs: list[str],
             jobs = ([len(specs)] if bounded else []) + list(range(len(specs)))
             futures = {job: pool.submit(_worker_job, job) for job in jobs}
             # the bar after the fork (the workers start at the first submit): its thread stays here
-            bar = progress_bar(len(events.ops) * len(specs), f"{trace.name} · {len(specs)} policies, "
-                               f"{num_workers} workers", enabled=progress)
+            bar = progress_bar(
+                len(events.ops) * len(specs),
+                f"{trace.name} · {len(specs)} policies, {num_workers} workers",
+                enabled=progress,
+            )
             pending = set(futures.values())
             while pending:
                 done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_EXCEPTION)
@@ -327,17 +446,21 @@ def _layouts(trace: AllocTrace, results: list[ReplayResult]) -> pd.DataFrame | N
     parts = [r.layout for r in results if r.layout is not None and len(r.layout)]
     if parts:
         first = parts[0][~parts[0]["at_failure"]].drop_duplicates("sample")
-        recorded = pytorch_layout(trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())),
-                                  trace.events)
+        recorded = pytorch_layout(
+            trace.meta, list(zip(first["event"].tolist(), first["time_us"].tolist())), trace.events
+        )
         if recorded is not None:
-            for i, (key, value) in enumerate((("trace", trace.name), ("policy", RECORDED_POLICY),
-                                              ("backend", "snapshot"))):
+            for i, (key, value) in enumerate(
+                (("trace", trace.name), ("policy", RECORDED_POLICY), ("backend", "snapshot"))
+            ):
                 recorded.insert(i, key, value)
             parts.append(recorded)
     return pd.concat(parts, ignore_index=True) if parts else None
 
 
-def replay_many(trace: AllocTrace, specs: Iterable[str], **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+def replay_many(
+    trace: AllocTrace, specs: Iterable[str], **kwargs: Any
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(summary, timeseries)`` of ``replay_tables`` (same arguments)."""
     tables = replay_tables(trace, specs, **kwargs)
     return tables.summary, tables.timeseries

@@ -51,11 +51,15 @@ def _batches(path: Path, columns: list[str]):
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
     except Exception as exc:  # noqa: BLE001 (as sim.replay.schema._read_table: pyarrow raises many types)
-        raise ValueError(f"{path}: cannot read it as a result table ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]})") from None
+        raise ValueError(
+            f"{path}: cannot read it as a result table ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]})"
+        ) from None
 
 
-def _run_codes(path: Path, keys: list[str]) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
+def _run_codes(
+    path: Path, keys: list[str]
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Each key column as (distinct values, per-row index into them), and each row's run number
     (runs numbered in order of first appearance); no per-row strings are ever made."""
     distinct: dict[str, dict] = {k: {} for k in keys}
@@ -67,9 +71,14 @@ def _run_codes(path: Path, keys: list[str]) -> tuple[dict[str, tuple[np.ndarray,
             col = batch.column(k)
             col = col if hasattr(col, "indices") else col.dictionary_encode()
             ids = distinct[k]
-            local = np.array([ids.setdefault(v, len(ids)) for v in col.dictionary.to_pylist()] + [-1], dtype=np.int64)
+            local = np.array(
+                [ids.setdefault(v, len(ids)) for v in col.dictionary.to_pylist()] + [-1],
+                dtype=np.int64,
+            )
             idx = col.indices.to_numpy(zero_copy_only=False)
-            idx = np.where(np.isnan(idx), -1, idx).astype(np.int64) if idx.dtype.kind == "f" else idx
+            idx = (
+                np.where(np.isnan(idx), -1, idx).astype(np.int64) if idx.dtype.kind == "f" else idx
+            )
             parts[k].append(local[idx])
     values, code = {}, np.zeros(num_rows, dtype=np.int64)
     for k in keys:
@@ -88,7 +97,9 @@ def _run_codes(path: Path, keys: list[str]) -> tuple[dict[str, tuple[np.ndarray,
     return values, rank[inverse.reshape(-1)]
 
 
-def _key_values(keys: dict[str, tuple[np.ndarray, np.ndarray]], rows: np.ndarray) -> dict[str, np.ndarray]:
+def _key_values(
+    keys: dict[str, tuple[np.ndarray, np.ndarray]], rows: np.ndarray
+) -> dict[str, np.ndarray]:
     """The key columns at ``rows``."""
     return {k: dictionary[idx[rows]] for k, (dictionary, idx) in keys.items()}
 
@@ -131,9 +142,15 @@ def _read_timeseries(path: Path, names: list[str], max_points: int) -> pd.DataFr
     frame, codes = _run_codes(path, keys)
     runs = _runs(codes)
     del codes
-    plans = [(rows, _bucket_starts(len(rows), max_points) if len(rows) > max_points else None) for rows in runs]
-    firsts = np.concatenate([rows if starts is None else rows[starts] for rows, starts in plans]) if plans \
+    plans = [
+        (rows, _bucket_starts(len(rows), max_points) if len(rows) > max_points else None)
+        for rows in runs
+    ]
+    firsts = (
+        np.concatenate([rows if starts is None else rows[starts] for rows, starts in plans])
+        if plans
         else np.zeros(0, dtype=np.int64)
+    )
     out = _key_values(frame, firsts)
     del frame
     for name in names:
@@ -144,7 +161,10 @@ def _read_timeseries(path: Path, names: list[str], max_points: int) -> pd.DataFr
             out[name] = values[firsts]
             continue
         reduce = np.fmax if values.dtype.kind == "f" else np.maximum
-        parts = [values[rows] if starts is None else reduce.reduceat(values[rows], starts) for rows, starts in plans]
+        parts = [
+            values[rows] if starts is None else reduce.reduceat(values[rows], starts)
+            for rows, starts in plans
+        ]
         out[name] = np.concatenate(parts) if parts else values[:0]
     return pd.DataFrame(out, columns=names)
 
@@ -153,7 +173,9 @@ def _read_timeseries(path: Path, names: list[str], max_points: int) -> pd.DataFr
 #: ``_LATENCY_HI_US`` (100 s), each ``_LATENCY_RATIO`` wide, so a rank read from a bin is within
 #: 0.05 % of the true value; ~25,000 counters per run and operation.
 _LATENCY_LO_US, _LATENCY_HI_US, _LATENCY_RATIO = 1e-3, 1e8, 1.001
-_LATENCY_NUM_BINS = int(np.ceil(np.log(_LATENCY_HI_US / _LATENCY_LO_US) / np.log(_LATENCY_RATIO))) + 2  # + under, over
+_LATENCY_NUM_BINS = (
+    int(np.ceil(np.log(_LATENCY_HI_US / _LATENCY_LO_US) / np.log(_LATENCY_RATIO))) + 2
+)  # + under, over
 
 
 class _LatencySketch:
@@ -181,7 +203,9 @@ class _LatencySketch:
         self.min, self.max = min(self.min, float(v.min())), max(self.max, float(v.max()))
         with np.errstate(divide="ignore", invalid="ignore"):
             b = np.floor(np.log(np.maximum(v, 0) / _LATENCY_LO_US) / np.log(_LATENCY_RATIO)) + 1
-        b = np.clip(np.nan_to_num(b, nan=0.0, neginf=0.0), 0, _LATENCY_NUM_BINS - 1).astype(np.int64)
+        b = np.clip(np.nan_to_num(b, nan=0.0, neginf=0.0), 0, _LATENCY_NUM_BINS - 1).astype(
+            np.int64
+        )
         self.counts += np.bincount(b, minlength=_LATENCY_NUM_BINS)
         if self.values is not None:
             self.values.append(np.asarray(v, dtype=np.float64))
@@ -207,11 +231,19 @@ def _read_latency_samples(path: Path, names: list[str], max_points: int) -> pd.D
     value_col = "latency_us" if "latency_us" in names else None
     sketches: dict[tuple, _LatencySketch] = {}  # in order of first appearance
     for batch in _batches(path, keys + ([value_col] if value_col else [])):
-        cols = [batch.column(k).dictionary_encode() if not hasattr(batch.column(k), "indices") else batch.column(k)
-                for k in keys]
+        cols = [
+            batch.column(k).dictionary_encode()
+            if not hasattr(batch.column(k), "indices")
+            else batch.column(k)
+            for k in keys
+        ]
         dicts = [c.dictionary.to_pylist() + [None] for c in cols]
-        idx = [np.nan_to_num(c.indices.to_numpy(zero_copy_only=False).astype(np.float64), nan=len(d) - 1)
-               .astype(np.int64) for c, d in zip(cols, dicts)]
+        idx = [
+            np.nan_to_num(
+                c.indices.to_numpy(zero_copy_only=False).astype(np.float64), nan=len(d) - 1
+            ).astype(np.int64)
+            for c, d in zip(cols, dicts)
+        ]
         code = np.zeros(batch.num_rows, dtype=np.int64)
         for i, d in zip(idx, dicts):
             code = code * len(d) + i
@@ -226,7 +258,7 @@ def _read_latency_samples(path: Path, names: list[str], max_points: int) -> pd.D
             if sketch is None:
                 sketch = sketches[key] = _LatencySketch(max_points)
             if values is not None:
-                sketch.add(values[order[bounds[j]:bounds[j + 1]]].astype(np.float64))
+                sketch.add(values[order[bounds[j] : bounds[j + 1]]].astype(np.float64))
             else:
                 sketch.n += int(bounds[j + 1] - bounds[j])
     parts = []
@@ -237,14 +269,20 @@ def _read_latency_samples(path: Path, names: list[str], max_points: int) -> pd.D
         if ranked is not None:
             part["latency_us"] = ranked
         parts.append(pd.DataFrame(part))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=keys + ([value_col] if value_col else []))
+    return (
+        pd.concat(parts, ignore_index=True)
+        if parts
+        else pd.DataFrame(columns=keys + ([value_col] if value_col else []))
+    )
 
 
 def _read_requests(path: Path, names: list[str], max_points: int) -> pd.DataFrame:
     keys = [k for k in RUN_KEYS if k in names]
     frame, codes = _run_codes(path, keys)
     limit = 10 * max_points
-    kept = [rows if len(rows) <= limit else rows[:: -(-len(rows) // limit)] for rows in _runs(codes)]
+    kept = [
+        rows if len(rows) <= limit else rows[:: -(-len(rows) // limit)] for rows in _runs(codes)
+    ]
     rows = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
     out = _key_values(frame, rows)
     for name in (c for c in _REQUEST_COLUMNS if c in names):
@@ -253,8 +291,11 @@ def _read_requests(path: Path, names: list[str], max_points: int) -> pd.DataFram
 
 
 #: The tables the report draws, and how each is read.
-DRAWN_TABLES = {"timeseries": _read_timeseries, "latency_samples": _read_latency_samples,
-                "requests": _read_requests}
+DRAWN_TABLES = {
+    "timeseries": _read_timeseries,
+    "latency_samples": _read_latency_samples,
+    "requests": _read_requests,
+}
 
 
 def read_drawn_table(path: str | Path, max_points: int = MAX_POINTS_PER_RUN) -> pd.DataFrame | None:
@@ -271,7 +312,9 @@ def read_drawn_table(path: str | Path, max_points: int = MAX_POINTS_PER_RUN) -> 
     return read(path, names, max_points)
 
 
-def read_run_series(path: str | Path, columns: list[str], order_by: str = "time_us") -> dict[tuple, dict[str, np.ndarray]]:
+def read_run_series(
+    path: str | Path, columns: list[str], order_by: str = "time_us"
+) -> dict[tuple, dict[str, np.ndarray]]:
     """Every row of a time-series table, per run (``RUN_KEYS`` values as a tuple, in order of first
     appearance): the numeric ``columns`` the table has (float64, NaN for nulls), ordered by
     ``order_by``. For the page's zoom detail (``sim.report.interactive.detail``), which needs every row;

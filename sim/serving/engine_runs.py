@@ -25,8 +25,14 @@ from sim.serving.serving_metrics import add_latencies, latency_percentiles
 from sim.serving.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, default_calibration
 from traces.requests import RequestTrace, make_requests
 
-__all__ = ["served_trace", "predict_served", "latency_errors", "fit_from_requests", "LATENCY_METRICS",
-           "RequestFit"]
+__all__ = [
+    "served_trace",
+    "predict_served",
+    "latency_errors",
+    "fit_from_requests",
+    "LATENCY_METRICS",
+    "RequestFit",
+]
 
 #: The figures a prediction is judged on (``sim.serving.serving_metrics.latency_percentiles``' keys).
 LATENCY_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s")
@@ -37,21 +43,36 @@ REQUEST_FIT_TERMS = ("fixed_s", "per_token_s", "per_kv_token_s", "per_query_kv_s
 
 def served_trace(served: pd.DataFrame, name: str = "served") -> RequestTrace:
     """The requests of a served-request table, as a trace to simulate."""
-    df = make_requests(served["arrival_s"].to_numpy(np.float64), served["prompt_tokens"].to_numpy(np.int64),
-                       served["output_tokens"].to_numpy(np.int64))
+    df = make_requests(
+        served["arrival_s"].to_numpy(np.float64),
+        served["prompt_tokens"].to_numpy(np.int64),
+        served["output_tokens"].to_numpy(np.int64),
+    )
     return RequestTrace(requests=df, name=name, format="served")
 
 
-def predict_served(trace: RequestTrace, calibration: Any, *, engine: str = "transformers", model: Any = DEFAULT_MODEL,
-                   gpu: Any = DEFAULT_GPU, tensor_parallel: int = 1, policy: str = "paged",
-                   **options: Any) -> pd.DataFrame:
+def predict_served(
+    trace: RequestTrace,
+    calibration: Any,
+    *,
+    engine: str = "transformers",
+    model: Any = DEFAULT_MODEL,
+    gpu: Any = DEFAULT_GPU,
+    tensor_parallel: int = 1,
+    policy: str = "paged",
+    **options: Any,
+) -> pd.DataFrame:
     """The simulated request table (``add_latencies``' columns) of ``trace`` served as ``engine``
     schedules, steps priced by ``calibration`` (a file, ``StepCalibration`` or None)."""
     from sim.serving.simulate import simulate
 
     model, gpu = load_model(model), load_gpu(gpu)
-    opts = load_engine(engine).server_options(model, gpu, explicit={"tensor_parallel": tensor_parallel, **options},
-                                              tensor_parallel=tensor_parallel)
+    opts = load_engine(engine).server_options(
+        model,
+        gpu,
+        explicit={"tensor_parallel": tensor_parallel, **options},
+        tensor_parallel=tensor_parallel,
+    )
     result = simulate(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
     return result.requests
 
@@ -60,9 +81,20 @@ def latency_errors(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFr
     """One row per ``LATENCY_METRICS`` figure: measured and predicted seconds and the error in %
     (predicted / measured - 1). ``measured`` is a served-request table; both get latencies added."""
     m = latency_percentiles(add_latencies(measured.copy()))
-    p = latency_percentiles(add_latencies(predicted.copy()) if "ttft_s" not in predicted else predicted)
-    return pd.DataFrame([{"metric": k, "measured_s": m[k], "predicted_s": p[k],
-                          "error_%": 100 * (p[k] / m[k] - 1) if m[k] else math.nan} for k in LATENCY_METRICS])
+    p = latency_percentiles(
+        add_latencies(predicted.copy()) if "ttft_s" not in predicted else predicted
+    )
+    return pd.DataFrame(
+        [
+            {
+                "metric": k,
+                "measured_s": m[k],
+                "predicted_s": p[k],
+                "error_%": 100 * (p[k] / m[k] - 1) if m[k] else math.nan,
+            }
+            for k in LATENCY_METRICS
+        ]
+    )
 
 
 class RequestFit:
@@ -83,8 +115,12 @@ class RequestFit:
 def _calibration(x: np.ndarray, start: dict[str, float], **meta: Any) -> StepCalibration:
     """The calibration at search point ``x``: log-multipliers of ``start``'s terms, then of its warm-up."""
     scaled = {name: start[name] * math.exp(v) for name, v in zip(REQUEST_FIT_TERMS, x)}
-    terms = StepTerms(**{name: scaled.get(name, start[name]) for name in start if name != "warmup_s"})
-    return StepCalibration(default_calibration(), terms=terms, warmup_s=start["warmup_s"] * math.exp(x[-1]), **meta)
+    terms = StepTerms(
+        **{name: scaled.get(name, start[name]) for name in start if name != "warmup_s"}
+    )
+    return StepCalibration(
+        default_calibration(), terms=terms, warmup_s=start["warmup_s"] * math.exp(x[-1]), **meta
+    )
 
 
 def _loss(measured: pd.DataFrame, predicted: pd.DataFrame, mask: np.ndarray) -> float:
@@ -102,9 +138,17 @@ def _loss(measured: pd.DataFrame, predicted: pd.DataFrame, mask: np.ndarray) -> 
     return total
 
 
-def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", model: Any = DEFAULT_MODEL,
-                      gpu: Any = DEFAULT_GPU, tensor_parallel: int = 1, source: str = "",
-                      max_evaluations: int = 200, two_fold: bool = True) -> RequestFit:
+def fit_from_requests(
+    served: pd.DataFrame,
+    *,
+    engine: str = "transformers",
+    model: Any = DEFAULT_MODEL,
+    gpu: Any = DEFAULT_GPU,
+    tensor_parallel: int = 1,
+    source: str = "",
+    max_evaluations: int = 200,
+    two_fold: bool = True,
+) -> RequestFit:
     """Infer ``StepTerms`` from a served-request table alone: simulate its requests as
     ``engine`` schedules them and fit ``REQUEST_FIT_TERMS`` (Nelder-Mead on their logarithms,
     so they stay positive; the warm-up too) to its per-request TTFT, TPOT and e2e. Start: the
@@ -120,31 +164,61 @@ def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", mod
     measured = add_latencies(served.copy().reset_index(drop=True))
     done = measured["finish_s"].notna().to_numpy()
     if done.sum() < 4:
-        raise ValueError(f"the request table has {int(done.sum())} finished requests; fitting needs at least 4")
+        raise ValueError(
+            f"the request table has {int(done.sum())} finished requests; fitting needs at least 4"
+        )
     trace = served_trace(served)
-    order = np.argsort(served["arrival_s"].to_numpy(), kind="stable")  # simulated rows are in arrival order
+    order = np.argsort(
+        served["arrival_s"].to_numpy(), kind="stable"
+    )  # simulated rows are in arrival order
     measured = measured.iloc[order].reset_index(drop=True)
     done = done[order]
 
     preset = load_engine(engine)
     start = {name: 0.0 for name in STEP_TERM_NAMES}
     start.update(preset.typical_terms)
-    tpot0 = float(np.nanmedian(measured["tpot_s"])) if np.isfinite(measured["tpot_s"]).any() else 0.05
-    fallback = {"fixed_s": 0.5 * tpot0, "per_token_s": 1e-6, "per_kv_token_s": 1e-8, "per_query_kv_s": 1e-12}
-    for name in REQUEST_FIT_TERMS:  # a term the preset does not know starts small, so that it can grow
+    tpot0 = (
+        float(np.nanmedian(measured["tpot_s"])) if np.isfinite(measured["tpot_s"]).any() else 0.05
+    )
+    fallback = {
+        "fixed_s": 0.5 * tpot0,
+        "per_token_s": 1e-6,
+        "per_kv_token_s": 1e-8,
+        "per_query_kv_s": 1e-12,
+    }
+    for (
+        name
+    ) in REQUEST_FIT_TERMS:  # a term the preset does not know starts small, so that it can grow
         start[name] = start[name] or fallback[name]
     start["warmup_s"] = preset.typical_warmup_s or max(tpot0, 1e-3)
     meta = dict(engine=engine, model=model_spec.name, gpu=gpu_spec.name, tp=tensor_parallel)
 
     def simulate_terms(x: np.ndarray) -> pd.DataFrame:
-        return predict_served(trace, _calibration(x, start, **meta), engine=engine, model=model_spec, gpu=gpu_spec,
-                              tensor_parallel=tensor_parallel)
+        return predict_served(
+            trace,
+            _calibration(x, start, **meta),
+            engine=engine,
+            model=model_spec,
+            gpu=gpu_spec,
+            tensor_parallel=tensor_parallel,
+        )
 
     def fit(mask: np.ndarray) -> np.ndarray:
         x0 = np.zeros(len(REQUEST_FIT_TERMS) + 1)
-        simplex = np.vstack([x0, x0 + np.eye(len(x0)) * 0.7])  # each term x2 up front: a wide first look
-        res = minimize(lambda x: _loss(measured, simulate_terms(x), mask), x0, method="Nelder-Mead",
-                       options={"maxfev": max_evaluations, "xatol": 0.01, "fatol": 1e-5, "initial_simplex": simplex})
+        simplex = np.vstack(
+            [x0, x0 + np.eye(len(x0)) * 0.7]
+        )  # each term x2 up front: a wide first look
+        res = minimize(
+            lambda x: _loss(measured, simulate_terms(x), mask),
+            x0,
+            method="Nelder-Mead",
+            options={
+                "maxfev": max_evaluations,
+                "xatol": 0.01,
+                "fatol": 1e-5,
+                "initial_simplex": simplex,
+            },
+        )
         return res.x
 
     x = fit(done)
@@ -154,14 +228,22 @@ def fit_from_requests(served: pd.DataFrame, *, engine: str = "transformers", mod
     for half in (0, 1) if two_fold else ():
         train = done & (idx % 2 != half)
         predicted = simulate_terms(fit(train))
-        test = (idx % 2 == half)
+        test = idx % 2 == half
         e = latency_errors(measured[test], predicted[test])
         e.insert(0, "half", half)
         halves.append(e)
-    cv_errors = pd.concat(halves, ignore_index=True) if halves else pd.DataFrame(columns=["half", *errors.columns])
-    fit_info = {"from": "requests", "num_requests": int(len(measured)), "num_finished": int(done.sum()),
-                "fitted_terms": list(REQUEST_FIT_TERMS),
-                "errors": errors.round(4).to_dict(orient="records"),
-                "two_fold_errors": cv_errors.round(4).to_dict(orient="records")}
+    cv_errors = (
+        pd.concat(halves, ignore_index=True)
+        if halves
+        else pd.DataFrame(columns=["half", *errors.columns])
+    )
+    fit_info = {
+        "from": "requests",
+        "num_requests": int(len(measured)),
+        "num_finished": int(done.sum()),
+        "fitted_terms": list(REQUEST_FIT_TERMS),
+        "errors": errors.round(4).to_dict(orient="records"),
+        "two_fold_errors": cv_errors.round(4).to_dict(orient="records"),
+    }
     cal = dataclasses.replace(_calibration(x, start, **meta), fit=fit_info, source=source)
     return RequestFit(cal, errors, cv_errors)

@@ -61,17 +61,31 @@ class GpuSpec:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"GpuSpec: field 'name' must be a non-empty string, got {self.name!r}")
         check_int("memory_bytes", self.memory_bytes, where=f"{where}: ")
-        for f in ("hbm_bandwidth_bytes_per_s", "bf16_flops_per_s", "pcie_bandwidth_bytes_per_s", "fp32_flops_per_s",
-                  "interconnect_bandwidth_bytes_per_s"):
+        for f in (
+            "hbm_bandwidth_bytes_per_s",
+            "bf16_flops_per_s",
+            "pcie_bandwidth_bytes_per_s",
+            "fp32_flops_per_s",
+            "interconnect_bandwidth_bytes_per_s",
+        ):
             value = getattr(self, f)
             if value is None and f in ("fp32_flops_per_s", "interconnect_bandwidth_bytes_per_s"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not (math.isfinite(value) and value > 0):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value > 0)
+            ):
                 raise ValueError(f"{where}: field {f!r} must be a positive number, got {value!r}")
         lat = self.interconnect_latency_s
-        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (math.isfinite(lat) and lat >= 0):
-            raise ValueError(f"{where}: field 'interconnect_latency_s' must be a number >= 0, got {lat!r}")
+        if (
+            isinstance(lat, bool)
+            or not isinstance(lat, (int, float))
+            or not (math.isfinite(lat) and lat >= 0)
+        ):
+            raise ValueError(
+                f"{where}: field 'interconnect_latency_s' must be a number >= 0, got {lat!r}"
+            )
 
     @property
     def link_bytes_per_s(self) -> float:
@@ -84,7 +98,11 @@ class GpuSpec:
         if dtype in ("bf16", "fp16"):
             return float(self.bf16_flops_per_s)
         if dtype == "fp32":
-            return float(self.fp32_flops_per_s if self.fp32_flops_per_s is not None else self.bf16_flops_per_s / 2)
+            return float(
+                self.fp32_flops_per_s
+                if self.fp32_flops_per_s is not None
+                else self.bf16_flops_per_s / 2
+            )
         raise ValueError(f"GpuSpec {self.name!r}: no matrix rate for dtype {dtype!r}")
 
     @property

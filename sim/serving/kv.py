@@ -44,8 +44,17 @@ from sim.serving.choices import CONTIGUOUS_STRATEGIES, STRATEGIES, VIRTUAL  # no
 if TYPE_CHECKING:
     from sim.serving.config import ServerConfig
 
-__all__ = ["KVHandle", "ContiguousKV", "PagedKV", "VirtualKV", "VirtualKVReadings", "STRATEGIES",
-           "CONTIGUOUS_STRATEGIES", "VIRTUAL", "next_pow2"]
+__all__ = [
+    "KVHandle",
+    "ContiguousKV",
+    "PagedKV",
+    "VirtualKV",
+    "VirtualKVReadings",
+    "STRATEGIES",
+    "CONTIGUOUS_STRATEGIES",
+    "VIRTUAL",
+    "next_pow2",
+]
 
 
 def next_pow2(n: int) -> int:
@@ -145,7 +154,9 @@ class _KVBase:
     def call_when_freed(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, when memory held elsewhere is freed (only a manager whose
         ``held_elsewhere`` can be true, a tenant's of a shared pool, has anything to wait for)."""
-        raise NotImplementedError(f"{type(self).__name__} shares no pool: no memory is held elsewhere")
+        raise NotImplementedError(
+            f"{type(self).__name__} shares no pool: no memory is held elsewhere"
+        )
 
     def grow_from_free_pages(self, grows: list[tuple[KVHandle, int]], page_source) -> bool:
         """Grow each ``(handle, num_computed)`` of ``grows`` by the one slot its next token needs,
@@ -171,7 +182,9 @@ class _KVBase:
         """What the server's pool monitor reads; None: the KV policy's own stats."""
         return None
 
-    def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> KVHandle:
+    def new_handle(
+        self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()
+    ) -> KVHandle:
         return KVHandle(prompt_tokens, output_tokens, hash_ids)
 
     # prefix caching hooks, no-ops here
@@ -195,7 +208,9 @@ class ContiguousKV(_KVBase):
 
     decode_grows_at_capacity = True
 
-    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int):
+    def __init__(
+        self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int
+    ):
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
         assert config.kv_strategy in CONTIGUOUS_STRATEGIES, "'virtual' is VirtualKV's"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
@@ -294,14 +309,24 @@ class PagedKV(_KVBase):
     #: whose blocks these are in a block cache shared with other managers (None: not shared)
     cache_owner: Hashable = None
 
-    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
-                 tokens_per_page: int, page_bytes: int | None = None,
-                 block_recompute_s: Callable[[int], float] | None = None):
+    def __init__(
+        self,
+        pool: TimedPool,
+        config: ServerConfig,
+        *,
+        bytes_per_token: int,
+        budget_bytes: int,
+        tokens_per_page: int,
+        page_bytes: int | None = None,
+        block_recompute_s: Callable[[int], float] | None = None,
+    ):
         assert config.prefix_block_tokens is not None, "simulate() resolves prefix_block_tokens"
         prefix_caching, block_tokens = config.prefix_caching, config.prefix_block_tokens
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         self.tokens_per_page = tokens_per_page
-        self.page_bytes = page_bytes if page_bytes is not None else tokens_per_page * bytes_per_token
+        self.page_bytes = (
+            page_bytes if page_bytes is not None else tokens_per_page * bytes_per_token
+        )
         assert self.page_bytes >= tokens_per_page * bytes_per_token, "a page holds its tokens"
         #: the layer of the pool's stack that keeps cached blocks (the paged policy)
         self.block_cache = pool.policy.block_cache
@@ -317,7 +342,11 @@ class PagedKV(_KVBase):
 
     @property
     def evictable_bytes(self) -> int:
-        return self.block_cache.evictable_bytes_of(self.cache_owner) if self.block_cache is not None else 0
+        return (
+            self.block_cache.evictable_bytes_of(self.cache_owner)
+            if self.block_cache is not None
+            else 0
+        )
 
     @property
     def evictable_tokens(self) -> int:
@@ -328,7 +357,9 @@ class PagedKV(_KVBase):
         """Pool bytes of ``num_cached_tokens`` tokens of cached blocks (held or evictable)."""
         return num_cached_tokens // self.block_tokens * self.block_bytes
 
-    def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> KVHandle:
+    def new_handle(
+        self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()
+    ) -> KVHandle:
         if not self.prefix_caching:
             hash_ids = ()
         else:  # only whole blocks are cacheable
@@ -373,7 +404,9 @@ class PagedKV(_KVBase):
                 taken.append(hid)
                 hits += 1
                 continue
-            if cached or hid in pending:  # after a miss, or not computed yet (maybe repeated in this prompt)
+            if (
+                cached or hid in pending
+            ):  # after a miss, or not computed yet (maybe repeated in this prompt)
                 break
             a = self._allocate(self.block_bytes)
             if a is None:
@@ -443,14 +476,27 @@ class PagedKV(_KVBase):
         has a free page for each and they fit the budget, so no grow evicts, refuses or calls
         the driver."""
         k, page = len(grows), self.page_bytes
-        held = max(page, page_source.page_size_bytes)  # what a page takes from the budget (the pool may round up)
+        held = max(
+            page, page_source.page_size_bytes
+        )  # what a page takes from the budget (the pool may round up)
         if page_source.num_free_pages() < k or self.allocated_bytes + k * held > self.budget_bytes:
             return False
-        allocate, tpp, driver_ns = self.pool.allocate, self.tokens_per_page, self.pool.pending_driver_ns
-        for h, c in grows:  # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
+        allocate, tpp, driver_ns = (
+            self.pool.allocate,
+            self.tokens_per_page,
+            self.pool.pending_driver_ns,
+        )
+        for (
+            h,
+            c,
+        ) in (
+            grows
+        ):  # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
             assert h.capacity_tokens == c, "a request grows when its slots run out"
             a = allocate(page, tag="kv")
-            assert a is not None and a.size_bytes <= held, "a free page within the budget was refused"
+            assert a is not None and a.size_bytes <= held, (
+                "a free page within the budget was refused"
+            )
             self.allocated_bytes += a.size_bytes
             h.allocs.append(a)
             h.num_own_pages += 1
@@ -520,26 +566,41 @@ class VirtualKV(_KVBase):
 
     decode_grows_at_capacity = True
 
-    def __init__(self, pool: TimedPool, config: ServerConfig, *, bytes_per_token: int, budget_bytes: int,
-                 num_kv_tensors: int):
+    def __init__(
+        self,
+        pool: TimedPool,
+        config: ServerConfig,
+        *,
+        bytes_per_token: int,
+        budget_bytes: int,
+        num_kv_tensors: int,
+    ):
         assert config.max_model_len is not None, "simulate() resolves max_model_len"
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         device = pool.policy.device
         page = config.virtual_page_bytes
         if not isinstance(device, PageMappedDevice) or device.granularity_bytes != page:
-            raise ValueError(f"kv_strategy=virtual needs the KV pool on a page-mapped device of "
-                             f"{format_bytes(page)} pages, not {device!r}")
+            raise ValueError(
+                f"kv_strategy=virtual needs the KV pool on a page-mapped device of "
+                f"{format_bytes(page)} pages, not {device!r}"
+            )
         if num_kv_tensors < 1 or bytes_per_token % num_kv_tensors:
-            raise ValueError(f"bytes_per_token={bytes_per_token} does not split into {num_kv_tensors} KV tensors")
+            raise ValueError(
+                f"bytes_per_token={bytes_per_token} does not split into {num_kv_tensors} KV tensors"
+            )
         tensor_bytes_per_token = bytes_per_token // num_kv_tensors
         if page < tensor_bytes_per_token:
-            raise ValueError(f"a {format_bytes(page)} page holds less than one token of one KV tensor "
-                             f"({tensor_bytes_per_token} B)")
+            raise ValueError(
+                f"a {format_bytes(page)} page holds less than one token of one KV tensor "
+                f"({tensor_bytes_per_token} B)"
+            )
         self.device = device
         self.page_bytes = page
         self.num_kv_tensors = num_kv_tensors
         self.tokens_per_page = page // tensor_bytes_per_token
-        self.group_bytes = page * num_kv_tensors  # physical bytes of one page of tokens, all tensors
+        self.group_bytes = (
+            page * num_kv_tensors
+        )  # physical bytes of one page of tokens, all tensors
         self.map_cache = config.map_cache
         self.num_slots = config.max_num_seqs
         self.slot_span_bytes = round_up(config.max_model_len * tensor_bytes_per_token, page)
@@ -547,8 +608,10 @@ class VirtualKV(_KVBase):
         total_span = self.slot_span_bytes * self.num_slots * num_kv_tensors
         base = device.address_reserve(total_span)
         if base is None:
-            raise ValueError(f"kv_strategy=virtual: {self.num_slots} ranges of {config.max_model_len} tokens "
-                             f"({format_bytes(total_span)}) exceed the device's address space")
+            raise ValueError(
+                f"kv_strategy=virtual: {self.num_slots} ranges of {config.max_model_len} tokens "
+                f"({format_bytes(total_span)}) exceed the device's address space"
+            )
         self._base = base
         device.take_driver_ns()  # the start-up reservation belongs to no step
         n = self.num_slots
@@ -560,7 +623,9 @@ class VirtualKV(_KVBase):
         self.live_bytes = 0  # tokens asked for x bytes_per_token, over live requests
         self.peak_live_bytes = self.peak_held_bytes = self.peak_mapped_bytes = 0
         self.num_grow_calls = self.num_failures = self.num_frees = 0
-        self.num_maps = self.num_unmaps = 0  # page-run maps and unmaps (one call per tensor and page on the device)
+        self.num_maps = self.num_unmaps = (
+            0  # page-run maps and unmaps (one call per tensor and page on the device)
+        )
         self.grown_bytes = self.shrunk_bytes = 0
         self.num_reused_pages = 0  # pages of tokens that were found mapped (cached) when needed
         self._map_ns = 0
@@ -684,8 +749,10 @@ class VirtualKV(_KVBase):
         the pages past live requests' tokens (most first)."""
         pages, need, free = self._slot_pages, self._slot_need, self._free_slots
         while nbytes > 0:
-            s = min((s for s in range(self.num_slots) if pages[s] > need[s]),
-                    key=lambda s: (s not in free, need[s] - pages[s], s))  # empty: the caller checked
+            s = min(
+                (s for s in range(self.num_slots) if pages[s] > need[s]),
+                key=lambda s: (s not in free, need[s] - pages[s], s),
+            )  # empty: the caller checked
             excess = pages[s] - need[s]
             count = min(excess, -(-nbytes // self.group_bytes))
             self._unmap_tail(s, count)
@@ -704,7 +771,11 @@ class VirtualKV(_KVBase):
         self.shrunk_bytes += nbytes
 
     def _offset(self, tensor: int, slot: int, page_index: int) -> int:
-        return self._base + (tensor * self.num_slots + slot) * self.slot_span_bytes + page_index * self.page_bytes
+        return (
+            self._base
+            + (tensor * self.num_slots + slot) * self.slot_span_bytes
+            + page_index * self.page_bytes
+        )
 
     def _sample_driver(self, samples: list[int]) -> None:
         """The driver time of the call just made: one latency sample, and pending for the step."""
@@ -736,11 +807,26 @@ class VirtualKVReadings:
 
     def sample(self) -> tuple:
         kv = self.kv
-        return (kv.live_bytes, kv.held_bytes, kv.allocated_bytes, kv.cached_bytes, 0.0, kv.num_mapped_slots)
+        return (
+            kv.live_bytes,
+            kv.held_bytes,
+            kv.allocated_bytes,
+            kv.cached_bytes,
+            0.0,
+            kv.num_mapped_slots,
+        )
 
     def totals(self) -> dict[str, int]:
         kv = self.kv
-        return {"n_alloc": kv.num_grow_calls, "n_free": kv.num_frees, "n_failed": kv.num_failures,
-                "peak_live_bytes": kv.peak_live_bytes, "peak_allocated_bytes": kv.peak_held_bytes,
-                "peak_reserved_bytes": kv.peak_mapped_bytes, "n_grow": kv.num_maps, "n_shrink": kv.num_unmaps,
-                "grown_bytes": kv.grown_bytes, "shrunk_bytes": kv.shrunk_bytes}
+        return {
+            "n_alloc": kv.num_grow_calls,
+            "n_free": kv.num_frees,
+            "n_failed": kv.num_failures,
+            "peak_live_bytes": kv.peak_live_bytes,
+            "peak_allocated_bytes": kv.peak_held_bytes,
+            "peak_reserved_bytes": kv.peak_mapped_bytes,
+            "n_grow": kv.num_maps,
+            "n_shrink": kv.num_unmaps,
+            "grown_bytes": kv.grown_bytes,
+            "shrunk_bytes": kv.shrunk_bytes,
+        }

@@ -48,8 +48,15 @@ if TYPE_CHECKING:
     from sim.serving.config import ServerConfig
     from sim.serving.models import ModelSpec
 
-__all__ = ["HYBRID_LAYOUTS", "GroupPages", "KVLayout", "plan_layout", "HybridKV", "GroupHandle",
-           "GROUP_TABLE_COLUMNS"]
+__all__ = [
+    "HYBRID_LAYOUTS",
+    "GroupPages",
+    "KVLayout",
+    "plan_layout",
+    "HybridKV",
+    "GroupHandle",
+    "GROUP_TABLE_COLUMNS",
+]
 
 #: Two-level pages fall back from the LCM when fewer than this many large pages fit the budget.
 MIN_LARGE_PAGES = 64
@@ -141,21 +148,29 @@ def _natural_layer_page(grp: Any, dtype_bytes: int, tokens_per_page: int) -> int
     return grp.state_bytes(dtype_bytes) // grp.num_layers
 
 
-def plan_layout(model: ModelSpec, layout: str, *, tokens_per_page: int, budget_bytes: int,
-                max_model_len: int) -> KVLayout:
+def plan_layout(
+    model: ModelSpec, layout: str, *, tokens_per_page: int, budget_bytes: int, max_model_len: int
+) -> KVLayout:
     """Cut ``model``'s layer groups (one GPU's shard) into pages under ``layout``.
 
     Raises ValueError for an unknown layout, or when a page is larger than the budget.
     """
     if layout not in HYBRID_LAYOUTS:
-        raise ValueError(f"hybrid_kv_layout(={layout!r}) must be one of {', '.join(HYBRID_LAYOUTS)}")
+        raise ValueError(
+            f"hybrid_kv_layout(={layout!r}) must be one of {', '.join(HYBRID_LAYOUTS)}"
+        )
     dtype = model.dtype_bytes
     raw = model.kv_groups
     natural = [_natural_layer_page(g, dtype, tokens_per_page) for g in raw]
     states = [p for g, p in zip(raw, natural) if not g.is_attention]
     # tokens per attention page: vLLM grows the block until its page holds a Mamba state
-    grown = {i: tokens_per_page * -(-max(states) // natural[i]) if states and layout == "padded" else tokens_per_page
-             for i, g in enumerate(raw) if g.is_attention}
+    grown = {
+        i: tokens_per_page * -(-max(states) // natural[i])
+        if states and layout == "padded"
+        else tokens_per_page
+        for i, g in enumerate(raw)
+        if g.is_attention
+    }
     padded_page = max([grown[i] * natural[i] // tokens_per_page for i in grown] + states)
     groups = []
     for i, (g, nat) in enumerate(zip(raw, natural)):
@@ -173,8 +188,19 @@ def plan_layout(model: ModelSpec, layout: str, *, tokens_per_page: int, budget_b
             tpp = tokens_per_page if g.is_attention else 0
         data = tpp * tb if g.is_attention else sb
         name = g.kind + (f"-{g.sliding_window}" if g.kind == "sliding" else "")
-        groups.append(GroupPages(name, g.kind, g.num_layers, tb, sb, g.sliding_window if g.kind == "sliding" else None,
-                                 tpp, layer_page * g.num_layers, data))
+        groups.append(
+            GroupPages(
+                name,
+                g.kind,
+                g.num_layers,
+                tb,
+                sb,
+                g.sliding_window if g.kind == "sliding" else None,
+                tpp,
+                layer_page * g.num_layers,
+                data,
+            )
+        )
     large = 0
     if layout == "two-level":
         large = math.lcm(*(p.page_bytes for p in groups))
@@ -189,12 +215,17 @@ def plan_layout(model: ModelSpec, layout: str, *, tokens_per_page: int, budget_b
     if layout == "per-group":
         weights = [p.end_page(max_model_len) * p.page_bytes for p in groups]
         shares = [budget_bytes * w // sum(weights) // granule * granule for w in weights[:-1]]
-        budgets = (*shares, budget_bytes - sum(shares))  # the rounding goes to the last pool: they add up
+        budgets = (
+            *shares,
+            budget_bytes - sum(shares),
+        )  # the rounding goes to the last pool: they add up
     kv_layout = KVLayout(layout, tuple(groups), granule, budgets, large)
     biggest = max(large, *(p.page_bytes for p in groups))
     if biggest > budget_bytes:
-        raise ValueError(f"{model.name}: a {layout} KV page of {biggest:,} B is larger than the KV budget "
-                         f"({budget_bytes:,} B)")
+        raise ValueError(
+            f"{model.name}: a {layout} KV page of {biggest:,} B is larger than the KV budget "
+            f"({budget_bytes:,} B)"
+        )
     return kv_layout
 
 
@@ -205,8 +236,17 @@ def _granule(page_sizes: list[int]) -> int:
 
 
 def _with_page(p: GroupPages, page_bytes: int) -> GroupPages:
-    return GroupPages(p.name, p.kind, p.num_layers, p.token_bytes, p.state_bytes, p.window_tokens,
-                      p.tokens_per_page, page_bytes, p.data_bytes_per_page)
+    return GroupPages(
+        p.name,
+        p.kind,
+        p.num_layers,
+        p.token_bytes,
+        p.state_bytes,
+        p.window_tokens,
+        p.tokens_per_page,
+        page_bytes,
+        p.data_bytes_per_page,
+    )
 
 
 @dataclass(slots=True, eq=False)
@@ -228,7 +268,9 @@ class GroupHandle(KVHandle):
     """
 
     pages: list[dict[int, Any]] = field(default_factory=list)
-    end_pages: list[int] = field(default_factory=list)  # one past the last page allocated, per group
+    end_pages: list[int] = field(
+        default_factory=list
+    )  # one past the last page allocated, per group
     data_tokens: int = 0  # tokens the last grow reserved (for the groups' data bytes)
 
 
@@ -240,7 +282,9 @@ class _GroupState:
     data_bytes: int = 0
     large_pages: int = 0  # two-level only
     num_free_slots: int = 0  # two-level: free small pages in the group's large pages
-    free_slots: list[_LargePage] = field(default_factory=list)  # two-level: LIFO, stale entries skipped
+    free_slots: list[_LargePage] = field(
+        default_factory=list
+    )  # two-level: LIFO, stale entries skipped
 
 
 class HybridKV(_KVBase):
@@ -264,8 +308,15 @@ class HybridKV(_KVBase):
     prefix_caching = False
     block_cache = None
 
-    def __init__(self, pool: TimedPool, config: ServerConfig, *, layout: KVLayout, bytes_per_token: int,
-                 budget_bytes: int):
+    def __init__(
+        self,
+        pool: TimedPool,
+        config: ServerConfig,
+        *,
+        layout: KVLayout,
+        bytes_per_token: int,
+        budget_bytes: int,
+    ):
         super().__init__(pool, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
         self.layout = layout
         self.page_bytes = layout.granule_bytes
@@ -274,7 +325,9 @@ class HybridKV(_KVBase):
         attention = [p.tokens_per_page for p in layout.groups if p.kind != "mamba"]
         self.tokens_per_page = min(attention)
         self.peak_held_bytes = 0
-        self._peak: list[tuple[int, int, int]] = [(0, 0, 0)] * len(layout.groups)  # held, padding, data
+        self._peak: list[tuple[int, int, int]] = [(0, 0, 0)] * len(
+            layout.groups
+        )  # held, padding, data
 
     # ------------------------------------------------------------------ sizes
     def _held_bytes(self, g: int) -> int:
@@ -293,7 +346,9 @@ class HybridKV(_KVBase):
             return self.budget_bytes - self.allocated_bytes
         return budgets[g] - self._held_bytes(g)
 
-    def _pages_needed(self, h: GroupHandle | None, num_tokens: int, num_valid_tokens: int) -> list[tuple[int, int]]:
+    def _pages_needed(
+        self, h: GroupHandle | None, num_tokens: int, num_valid_tokens: int
+    ) -> list[tuple[int, int]]:
         """Per group, the page index range ``[first, end)`` to add for ``num_tokens`` tokens."""
         out = []
         for g, p in enumerate(self.groups):
@@ -317,11 +372,17 @@ class HybridKV(_KVBase):
         total = prompt_tokens + output_tokens - 1
         out = 0
         for g, p in enumerate(self.groups):
-            n = p.end_page(total) - p.first_live_page(total - 1) + 1 if p.window_tokens else p.end_page(total)
+            n = (
+                p.end_page(total) - p.first_live_page(total - 1) + 1
+                if p.window_tokens
+                else p.end_page(total)
+            )
             n = min(p.end_page(total), max(n, p.end_page(prompt_tokens)))
             nbytes = n * p.page_bytes
             if self.layout.large_page_bytes:
-                nbytes = -(-n // self.layout.small_pages_per_large(g)) * self.layout.large_page_bytes
+                nbytes = (
+                    -(-n // self.layout.small_pages_per_large(g)) * self.layout.large_page_bytes
+                )
             budgets = self.layout.group_budget_bytes
             if budgets is not None and nbytes > budgets[g]:
                 return self.budget_bytes + 1
@@ -331,17 +392,26 @@ class HybridKV(_KVBase):
     def estimate_bytes(self, h: GroupHandle, num_tokens: int) -> int:
         if num_tokens <= h.capacity_tokens:
             return 0
-        return sum(self._new_bytes(g, end - first)
-                   for g, (first, end) in enumerate(self._pages_needed(h, num_tokens, 0)))
+        return sum(
+            self._new_bytes(g, end - first)
+            for g, (first, end) in enumerate(self._pages_needed(h, num_tokens, 0))
+        )
 
     def free_bytes(self) -> int:
-        return sum(self._group_free_bytes(g) for g in range(len(self.groups))) \
-            if self.layout.group_budget_bytes is not None else self.budget_bytes - self.allocated_bytes
+        return (
+            sum(self._group_free_bytes(g) for g in range(len(self.groups)))
+            if self.layout.group_budget_bytes is not None
+            else self.budget_bytes - self.allocated_bytes
+        )
 
     # ------------------------------------------------------------------ requests
-    def new_handle(self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()) -> GroupHandle:
+    def new_handle(
+        self, prompt_tokens: int, output_tokens: int, hash_ids: tuple[int, ...] = ()
+    ) -> GroupHandle:
         n = len(self.groups)
-        return GroupHandle(prompt_tokens, output_tokens, pages=[{} for _ in range(n)], end_pages=[0] * n)
+        return GroupHandle(
+            prompt_tokens, output_tokens, pages=[{} for _ in range(n)], end_pages=[0] * n
+        )
 
     def admit(self, h: GroupHandle, num_tokens: int) -> bool:
         return self.grow(h, num_tokens, 0)
@@ -365,8 +435,13 @@ class HybridKV(_KVBase):
                 added.append((g, i, backing))
             h.end_pages[g] = max(h.end_pages[g], end)
         self._set_data(h, num_tokens)
-        h.capacity_tokens = min((h.end_pages[g] * p.tokens_per_page for g, p in enumerate(self.groups)
-                                 if p.kind != "mamba"))
+        h.capacity_tokens = min(
+            (
+                h.end_pages[g] * p.tokens_per_page
+                for g, p in enumerate(self.groups)
+                if p.kind != "mamba"
+            )
+        )
         h.num_own_pages = sum(len(d) for d in h.pages)
         self._note_peak()
         return True
@@ -448,8 +523,14 @@ class HybridKV(_KVBase):
         held = self.allocated_bytes
         if held > self.peak_held_bytes:
             self.peak_held_bytes = held
-            self._peak = [(self._held_bytes(g), self._state[g].num_pages * p.padding_bytes_per_page,
-                           self._state[g].data_bytes) for g, p in enumerate(self.groups)]
+            self._peak = [
+                (
+                    self._held_bytes(g),
+                    self._state[g].num_pages * p.padding_bytes_per_page,
+                    self._state[g].data_bytes,
+                )
+                for g, p in enumerate(self.groups)
+            ]
 
     def group_rows(self) -> list[dict[str, Any]]:
         """One row per group (``GROUP_TABLE_COLUMNS``): its pages, its pool, and at the moment the
@@ -459,19 +540,41 @@ class HybridKV(_KVBase):
         budgets = self.layout.group_budget_bytes
         for g, p in enumerate(self.groups):
             held, padding, data = self._peak[g]
-            rows.append({
-                "group": p.name, "kind": p.kind, "num_layers": p.num_layers, "kv_layout": self.layout.layout,
-                "tokens_per_page": p.tokens_per_page, "page_bytes": p.page_bytes,
-                "padding_bytes_per_page": p.padding_bytes_per_page,
-                "large_page_bytes": self.layout.large_page_bytes,
-                "capacity_bytes": budgets[g] if budgets is not None else self.budget_bytes,
-                "peak_held_bytes": held, "peak_padding_bytes": padding, "peak_data_bytes": data,
-                "peak_other_waste_bytes": held - padding - data, "peak_waste_bytes": held - data,
-            })
+            rows.append(
+                {
+                    "group": p.name,
+                    "kind": p.kind,
+                    "num_layers": p.num_layers,
+                    "kv_layout": self.layout.layout,
+                    "tokens_per_page": p.tokens_per_page,
+                    "page_bytes": p.page_bytes,
+                    "padding_bytes_per_page": p.padding_bytes_per_page,
+                    "large_page_bytes": self.layout.large_page_bytes,
+                    "capacity_bytes": budgets[g] if budgets is not None else self.budget_bytes,
+                    "peak_held_bytes": held,
+                    "peak_padding_bytes": padding,
+                    "peak_data_bytes": data,
+                    "peak_other_waste_bytes": held - padding - data,
+                    "peak_waste_bytes": held - data,
+                }
+            )
         return rows
 
 
 #: Columns of ``HybridKV.group_rows`` (``capacity_bytes``: the group's own pool, or the shared budget).
-GROUP_TABLE_COLUMNS = ["group", "kind", "num_layers", "kv_layout", "tokens_per_page", "page_bytes",
-                       "padding_bytes_per_page", "large_page_bytes", "capacity_bytes", "peak_held_bytes",
-                       "peak_padding_bytes", "peak_data_bytes", "peak_other_waste_bytes", "peak_waste_bytes"]
+GROUP_TABLE_COLUMNS = [
+    "group",
+    "kind",
+    "num_layers",
+    "kv_layout",
+    "tokens_per_page",
+    "page_bytes",
+    "padding_bytes_per_page",
+    "large_page_bytes",
+    "capacity_bytes",
+    "peak_held_bytes",
+    "peak_padding_bytes",
+    "peak_data_bytes",
+    "peak_other_waste_bytes",
+    "peak_waste_bytes",
+]

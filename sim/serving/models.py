@@ -29,7 +29,15 @@ from typing import Any, Mapping, TypeVar
 
 from traces.knobs import check_flag, check_int
 
-__all__ = ["ModelSpec", "LayerGroup", "LAYER_KINDS", "DTYPE_BYTES", "DEFAULT_MODEL", "load_model", "available_models"]
+__all__ = [
+    "ModelSpec",
+    "LayerGroup",
+    "LAYER_KINDS",
+    "DTYPE_BYTES",
+    "DEFAULT_MODEL",
+    "load_model",
+    "available_models",
+]
 
 #: The model every command, sweep and library call serves when none is named (a preset).
 DEFAULT_MODEL = "Llama-3-8B"
@@ -38,7 +46,13 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 #: Bytes per element of the dtypes a model may be served in.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
 
 #: Logits are computed in the model dtype, then cast to fp32 for sampling (vLLM's sampler works in
 #: fp32); both copies are live at once.
@@ -83,11 +97,23 @@ class LayerGroup:
     def __post_init__(self) -> None:
         where = f"layer group {self.kind!r}"
         if self.kind not in LAYER_KINDS:
-            raise ValueError(f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, got {self.kind!r}")
+            raise ValueError(
+                f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, got {self.kind!r}"
+            )
         _check_positive_int(self.num_layers, "num_layers", where)
-        need = {"full": (), "sliding": ("sliding_window",),
-                "mamba": ("mamba_d_inner", "mamba_d_state", "mamba_d_conv")}[self.kind]
-        for f in ("sliding_window", "num_kv_heads", "head_dim", "mamba_d_inner", "mamba_d_state", "mamba_d_conv"):
+        need = {
+            "full": (),
+            "sliding": ("sliding_window",),
+            "mamba": ("mamba_d_inner", "mamba_d_state", "mamba_d_conv"),
+        }[self.kind]
+        for f in (
+            "sliding_window",
+            "num_kv_heads",
+            "head_dim",
+            "mamba_d_inner",
+            "mamba_d_state",
+            "mamba_d_conv",
+        ):
             value = getattr(self, f)
             if f in need or value is not None:
                 _check_positive_int(value, f, where)
@@ -107,7 +133,9 @@ class LayerGroup:
         """Fixed per-request state of every layer of the group (0 for attention)."""
         if self.is_attention:
             return 0
-        conv = (self.mamba_d_conv - 1) * (self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state)
+        conv = (self.mamba_d_conv - 1) * (
+            self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state
+        )
         return self.num_layers * (conv + self.mamba_d_inner * self.mamba_d_state) * dtype_bytes
 
     def state_update_flops_per_token(self) -> int:
@@ -119,7 +147,9 @@ class LayerGroup:
         if self.is_attention:
             return 0
         conv_channels = self.mamba_d_inner + 2 * self.mamba_n_groups * self.mamba_d_state
-        return self.num_layers * (2 * self.mamba_d_conv * conv_channels + 6 * self.mamba_d_inner * self.mamba_d_state)
+        return self.num_layers * (
+            2 * self.mamba_d_conv * conv_channels + 6 * self.mamba_d_inner * self.mamba_d_state
+        )
 
     def shard(self, tensor_parallel: int, model_kv_heads: int) -> LayerGroup:
         """One GPU's share: KV heads split as the model's (one kept per GPU past their number),
@@ -129,9 +159,13 @@ class LayerGroup:
             kv = self.num_kv_heads if self.num_kv_heads is not None else model_kv_heads
             return dataclasses.replace(self, num_kv_heads=max(1, kv // tp))
         if self.mamba_d_inner % tp:
-            raise ValueError(f"tensor parallelism {tp} must divide mamba_d_inner ({self.mamba_d_inner})")
+            raise ValueError(
+                f"tensor parallelism {tp} must divide mamba_d_inner ({self.mamba_d_inner})"
+            )
         groups = max(1, self.mamba_n_groups // tp) if self.mamba_n_groups else 0
-        return dataclasses.replace(self, mamba_d_inner=self.mamba_d_inner // tp, mamba_n_groups=groups)
+        return dataclasses.replace(
+            self, mamba_d_inner=self.mamba_d_inner // tp, mamba_n_groups=groups
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +208,19 @@ class ModelSpec:
         if self.layer_groups is not None:
             object.__setattr__(self, "layer_groups", _layer_groups(self, where))
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"ModelSpec: field 'name' must be a non-empty string, got {self.name!r}")
-        for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size", "vocab_size", "param_count"):
+            raise ValueError(
+                f"ModelSpec: field 'name' must be a non-empty string, got {self.name!r}"
+            )
+        for f in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+            "param_count",
+        ):
             _check_positive_int(getattr(self, f), f, where)
         if self.max_position_embeddings is not None:
             _check_positive_int(self.max_position_embeddings, "max_position_embeddings", where)
@@ -184,15 +228,21 @@ class ModelSpec:
             check_flag(f, getattr(self, f), where=f"{where}: ")
         dtype = _DTYPE_ALIASES.get(str(self.dtype).lower(), str(self.dtype).lower())
         if dtype not in DTYPE_BYTES:
-            raise ValueError(f"{where}: field 'dtype' must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ValueError(
+                f"{where}: field 'dtype' must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
+            )
         object.__setattr__(self, "dtype", dtype)  # normalised spelling; frozen otherwise
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"{where}: field 'num_kv_heads' ({self.num_kv_heads}) must divide "
-                             f"num_heads ({self.num_heads})")
+            raise ValueError(
+                f"{where}: field 'num_kv_heads' ({self.num_kv_heads}) must divide "
+                f"num_heads ({self.num_heads})"
+            )
         if self.param_count <= self._embedding_table_params():
-            raise ValueError(f"{where}: field 'param_count' ({self.param_count:,}) is not larger than its "
-                             f"embedding tables ({self._embedding_table_params():,}); give the full count, "
-                             f"not billions")
+            raise ValueError(
+                f"{where}: field 'param_count' ({self.param_count:,}) is not larger than its "
+                f"embedding tables ({self._embedding_table_params():,}); give the full count, "
+                f"not billions"
+            )
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -220,7 +270,11 @@ class ModelSpec:
         """The KV geometry: ``layer_groups``, or one full-attention group of every layer."""
         if self.layer_groups is not None:
             return self.layer_groups
-        return (LayerGroup("full", self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim),)
+        return (
+            LayerGroup(
+                "full", self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim
+            ),
+        )
 
     @property
     def is_hybrid(self) -> bool:
@@ -247,7 +301,9 @@ class ModelSpec:
         The input embedding table is only indexed, so an untied model's copy is left out (a
         tied model's single table *is* the LM head and stays in).
         """
-        return self.param_count - (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
+        return self.param_count - (
+            0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        )
 
     @property
     def weight_read_bytes(self) -> int:
@@ -352,21 +408,34 @@ class ModelSpec:
             return self
         kv = self.num_kv_heads
         if self.num_heads % tp or self.intermediate_size % tp or (kv % tp and tp % kv):
-            raise ValueError(f"{self.name}: tensor parallelism {tp} must divide num_heads ({self.num_heads}) and "
-                             f"intermediate_size ({self.intermediate_size}), and divide or be a multiple of "
-                             f"num_kv_heads ({kv})")
+            raise ValueError(
+                f"{self.name}: tensor parallelism {tp} must divide num_heads ({self.num_heads}) and "
+                f"intermediate_size ({self.intermediate_size}), and divide or be a multiple of "
+                f"num_kv_heads ({kv})"
+            )
         kv_shard = max(1, kv // tp)
         tables = self._embedding_table_params()
         vocab_shard = -(-self.vocab_size // tp)
         # layer parameters split evenly, except KV projections replicated past num_kv_heads GPUs
         kv_proj = 2 * self.num_layers * self.hidden_size * self.head_dim
         layer_params = self.param_count - tables - kv_proj * kv
-        shard_params = (-(-layer_params // tp) + kv_proj * kv_shard
-                        + vocab_shard * self.hidden_size * (1 if self.tied_embeddings else 2))
-        groups = None if self.layer_groups is None else tuple(g.shard(tp, kv) for g in self.layer_groups)
-        return dataclasses.replace(self, num_heads=self.num_heads // tp, num_kv_heads=kv_shard,
-                                   intermediate_size=self.intermediate_size // tp, vocab_size=vocab_shard,
-                                   param_count=shard_params, layer_groups=groups)
+        shard_params = (
+            -(-layer_params // tp)
+            + kv_proj * kv_shard
+            + vocab_shard * self.hidden_size * (1 if self.tied_embeddings else 2)
+        )
+        groups = (
+            None if self.layer_groups is None else tuple(g.shard(tp, kv) for g in self.layer_groups)
+        )
+        return dataclasses.replace(
+            self,
+            num_heads=self.num_heads // tp,
+            num_kv_heads=kv_shard,
+            intermediate_size=self.intermediate_size // tp,
+            vocab_size=vocab_shard,
+            param_count=shard_params,
+            layer_groups=groups,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, ready for ``json.dump`` (a custom-model file round-trips through it)."""
@@ -378,23 +447,34 @@ def _layer_groups(model: ModelSpec, where: str) -> tuple[LayerGroup, ...]:
     filled in from the model, checked against its layer count."""
     raw = model.layer_groups
     if not isinstance(raw, (list, tuple)) or not raw:
-        raise ValueError(f"{where}: field 'layer_groups' must be a non-empty list of groups, got {raw!r}")
+        raise ValueError(
+            f"{where}: field 'layer_groups' must be a non-empty list of groups, got {raw!r}"
+        )
     groups = []
     for i, g in enumerate(raw):
         if isinstance(g, Mapping):
             g = _spec_from_mapping(LayerGroup, g, f"{where}: layer_groups[{i}]")
         elif not isinstance(g, LayerGroup):
-            raise ValueError(f"{where}: layer_groups[{i}] must be an object with a 'kind', got {g!r}")
+            raise ValueError(
+                f"{where}: layer_groups[{i}] must be an object with a 'kind', got {g!r}"
+            )
         if g.is_attention:
-            g = dataclasses.replace(g, num_kv_heads=g.num_kv_heads or model.num_kv_heads,
-                                    head_dim=g.head_dim or model.head_dim)
+            g = dataclasses.replace(
+                g,
+                num_kv_heads=g.num_kv_heads or model.num_kv_heads,
+                head_dim=g.head_dim or model.head_dim,
+            )
         groups.append(g)
     total = sum(g.num_layers for g in groups)
     if total != model.num_layers:
-        raise ValueError(f"{where}: layer_groups hold {total} layers, the model has num_layers={model.num_layers}")
+        raise ValueError(
+            f"{where}: layer_groups hold {total} layers, the model has num_layers={model.num_layers}"
+        )
     if not any(g.is_attention for g in groups):
-        raise ValueError(f"{where}: layer_groups need at least one attention group (pure state-space models "
-                         f"are not modelled)")
+        raise ValueError(
+            f"{where}: layer_groups need at least one attention group (pure state-space models "
+            f"are not modelled)"
+        )
     return tuple(groups)
 
 
@@ -417,9 +497,13 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}), so not JSON") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+        raise ValueError(
+            f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
+        ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object with the spec's fields, got {type(data).__name__}")
+        raise ValueError(
+            f"{path}: expected a JSON object with the spec's fields, got {type(data).__name__}"
+        )
     return data
 
 
@@ -434,8 +518,9 @@ def _coerce(value: Any, type_name: str, field: str, where: str) -> Any:
     return value
 
 
-def _spec_from_mapping(cls: type[_Spec], data: Mapping[str, Any], where: str, *,
-                       default_name: str | None = None) -> _Spec:
+def _spec_from_mapping(
+    cls: type[_Spec], data: Mapping[str, Any], where: str, *, default_name: str | None = None
+) -> _Spec:
     """Build ``cls`` from a preset/file mapping, naming ``where`` and the field in every error."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(k for k in data if k not in fields and k not in _METADATA_KEYS)
@@ -444,8 +529,11 @@ def _spec_from_mapping(cls: type[_Spec], data: Mapping[str, Any], where: str, *,
     values = {k: v for k, v in data.items() if k in fields}
     if "name" not in values and default_name is not None:
         values["name"] = default_name
-    required = [n for n, f in fields.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [n for n in required if n not in values]
     if missing:
         raise ValueError(f"{where}: missing field(s) {missing}")
@@ -481,25 +569,32 @@ class _PresetTable:
     @functools.lru_cache(maxsize=None)  # noqa: B019 (one table per kind, lives for the process)
     def _build(self, name: str) -> Any:
         entries, _ = self._entries
-        return _spec_from_mapping(self.cls, {"name": name, **entries[name]},
-                                  f"{DATA_DIR / self.filename} [{name}]")
+        return _spec_from_mapping(
+            self.cls, {"name": name, **entries[name]}, f"{DATA_DIR / self.filename} [{name}]"
+        )
 
     def load(self, name_or_path: Any) -> Any:
         if isinstance(name_or_path, self.cls):
             return name_or_path
         if not isinstance(name_or_path, (str, Path)):
-            raise ValueError(f"{self.kind} must be a preset name or a JSON file path, got {name_or_path!r}")
+            raise ValueError(
+                f"{self.kind} must be a preset name or a JSON file path, got {name_or_path!r}"
+            )
         key = str(name_or_path).strip().lower()
         canonical = self._entries[1].get(key)
         if canonical is not None:
             return self._build(canonical)
         path = Path(name_or_path).expanduser()
         if path.is_file():
-            return _spec_from_mapping(self.cls, _read_json_object(path), str(path), default_name=path.stem)
+            return _spec_from_mapping(
+                self.cls, _read_json_object(path), str(path), default_name=path.stem
+            )
         if path.suffix.lower() in (".json", ".yaml", ".yml"):
             raise ValueError(f"{self.kind} file {str(path)!r} does not exist")
-        raise ValueError(f"unknown {self.kind} {str(name_or_path)!r}; known: {', '.join(self.names())} "
-                         f"(or a path to a JSON file with the same fields)")
+        raise ValueError(
+            f"unknown {self.kind} {str(name_or_path)!r}; known: {', '.join(self.names())} "
+            f"(or a path to a JSON file with the same fields)"
+        )
 
 
 _MODELS = _PresetTable(ModelSpec, "models.json", "models", "model")

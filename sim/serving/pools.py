@@ -26,7 +26,15 @@ from sim.replay.costed_policy import create_policy  # noqa: F401 (moved; importa
 if TYPE_CHECKING:
     from sim.serving.config import ServerConfig
 
-__all__ = ["MemoryPlan", "plan_memory", "TimedPool", "ServerPools", "create_policy", "POOL_LAYOUTS", "DEFAULT_WORKSPACE_BYTES"]
+__all__ = [
+    "MemoryPlan",
+    "plan_memory",
+    "TimedPool",
+    "ServerPools",
+    "create_policy",
+    "POOL_LAYOUTS",
+    "DEFAULT_WORKSPACE_BYTES",
+]
 
 
 @dataclass(frozen=True)
@@ -50,9 +58,16 @@ class MemoryPlan:
         return {f.name: getattr(self, f.name) for f in self.__dataclass_fields__.values()}  # type: ignore[attr-defined]
 
 
-def plan_memory(model: Any, gpu: Any, *, gpu_memory_utilization: float, max_num_batched_tokens: int,
-                workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, kv_capacity_bytes: int | None = None,
-                tensor_parallel: int = 1) -> MemoryPlan:
+def plan_memory(
+    model: Any,
+    gpu: Any,
+    *,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+    kv_capacity_bytes: int | None = None,
+    tensor_parallel: int = 1,
+) -> MemoryPlan:
     """Split one ``gpu``'s memory for ``model`` (its shard over ``tensor_parallel`` GPUs) like vLLM
     does; raise ValueError when nothing is left for KV. ``kv_capacity_bytes`` is per GPU too."""
     model = model.shard(tensor_parallel)
@@ -67,7 +82,8 @@ def plan_memory(model: Any, gpu: Any, *, gpu_memory_utilization: float, max_num_
             raise ValueError(
                 f"no memory left for the KV cache: {gpu.name} x gpu_memory_utilization={gpu_memory_utilization} "
                 f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB of weights{per}, "
-                f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} GiB of workspace")
+                f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} GiB of workspace"
+            )
     else:
         kv = int(kv_capacity_bytes)
         if kv <= 0:
@@ -92,8 +108,11 @@ class TimedPool:
         self.free_ns: list[int] = []
         self.record_latency = record_latency
         # construction-time driver calls belong to no step; the latencies land in the lists above
-        self._calls = TimedCalls(policy_target(policy), alloc_ns=self.alloc_ns if record_latency else None,
-                                 free_ns=self.free_ns if record_latency else None)
+        self._calls = TimedCalls(
+            policy_target(policy),
+            alloc_ns=self.alloc_ns if record_latency else None,
+            free_ns=self.free_ns if record_latency else None,
+        )
 
     @property
     def pending_driver_ns(self) -> int:
@@ -125,8 +144,15 @@ class ServerPools:
         num_weight_tensors: weights are allocated as this many equal tensors (one per layer).
     """
 
-    def __init__(self, kv_policy: Policy, plan: MemoryPlan, config: ServerConfig, *,
-                 costs: CostModel | None, num_weight_tensors: int):
+    def __init__(
+        self,
+        kv_policy: Policy,
+        plan: MemoryPlan,
+        config: ServerConfig,
+        *,
+        costs: CostModel | None,
+        num_weight_tensors: int,
+    ):
         layout, aux_policy = config.pool_layout, config.aux_policy
         self.plan = plan
         self.layout = layout
@@ -136,11 +162,15 @@ class ServerPools:
             self.distinct: tuple[TimedPool, ...] = (self.kv,)
         else:
             # the auxiliary pools are not under test: no latency samples, but their driver time counts
-            self.weights = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False)
-            self.activations = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs),
-                                         record_latency=False)
-            self.workspace = TimedPool(create_policy(aux_policy, capacity_bytes=None, costs=costs),
-                                       record_latency=False)
+            self.weights = TimedPool(
+                create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False
+            )
+            self.activations = TimedPool(
+                create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False
+            )
+            self.workspace = TimedPool(
+                create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False
+            )
             self.distinct = (self.kv, self.weights, self.activations, self.workspace)
         #: bytes the non-KV allocations hold in the KV policy's pool (nonzero only when shared)
         self.aux_allocated_bytes = 0
@@ -155,14 +185,18 @@ class ServerPools:
         for _ in range(n):
             a = self.weights.allocate(per_tensor, tag="weights")
             if a is None:
-                raise ValueError(f"the weights ({self.plan.weight_bytes / 2**30:.1f} GiB) do not fit in the "
-                                 f"{self.layout} pool ({self.weights.policy!r})")
+                raise ValueError(
+                    f"the weights ({self.plan.weight_bytes / 2**30:.1f} GiB) do not fit in the "
+                    f"{self.layout} pool ({self.weights.policy!r})"
+                )
             self._weights.append(a)
         if self.plan.workspace_bytes > 0:
             self._workspace = self.workspace.allocate(self.plan.workspace_bytes, tag="workspace")
             if self._workspace is None:
-                raise ValueError(f"the workspace ({self.plan.workspace_bytes} B) does not fit in the "
-                                 f"{self.layout} pool ({self.workspace.policy!r})")
+                raise ValueError(
+                    f"the workspace ({self.plan.workspace_bytes} B) does not fit in the "
+                    f"{self.layout} pool ({self.workspace.policy!r})"
+                )
         if self.layout == "shared":
             self.aux_allocated_bytes = self.kv.policy.allocated_bytes
         for pool in self.distinct:
@@ -196,4 +230,6 @@ class ServerPools:
         """Peak bytes the auxiliary pools reserved (0 in the shared layout)."""
         if self.layout == "shared":
             return 0
-        return sum(p.policy.peak_reserved_bytes for p in (self.weights, self.activations, self.workspace))
+        return sum(
+            p.policy.peak_reserved_bytes for p in (self.weights, self.activations, self.workspace)
+        )

@@ -37,7 +37,15 @@ from sim.serving.choices import PREEMPTION_MODES  # noqa: F401 (moved; importabl
 if TYPE_CHECKING:
     from sim.serving.config import ServerConfig
 
-__all__ = ["Request", "RequestState", "StepPlan", "Scheduler", "DecodeRun", "PREEMPTION_MODES", "REJECT_KINDS"]
+__all__ = [
+    "Request",
+    "RequestState",
+    "StepPlan",
+    "Scheduler",
+    "DecodeRun",
+    "PREEMPTION_MODES",
+    "REJECT_KINDS",
+]
 
 #: Why requests are rejected: kind -> what it means (a summary's ``rejected_by`` names kinds).
 REJECT_KINDS = {
@@ -175,14 +183,23 @@ class Scheduler:
     def _never_fits(self, r: Request) -> tuple[str, str]:
         """``(kind, reason)`` when ``r`` can never be served, else ``("", "")``."""
         if r.prompt_tokens >= self.config.max_model_len:
-            return ("prompt>=max_model_len", f"prompt of {r.prompt_tokens} tokens leaves no room below "
-                    f"max_model_len={self.config.max_model_len}")
+            return (
+                "prompt>=max_model_len",
+                f"prompt of {r.prompt_tokens} tokens leaves no room below "
+                f"max_model_len={self.config.max_model_len}",
+            )
         peak = self.kv.peak_bytes(r.prompt_tokens, r.output_tokens)
         if peak > self.kv.budget_bytes:
-            return "kv>budget", f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B"
+            return (
+                "kv>budget",
+                f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B",
+            )
         if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
-            return ("prompt>step_budget", f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
-                    f"{self.config.max_num_batched_tokens} without chunked prefill")
+            return (
+                "prompt>step_budget",
+                f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
+                f"{self.config.max_num_batched_tokens} without chunked prefill",
+            )
         return "", ""
 
     def has_work(self) -> bool:
@@ -197,7 +214,9 @@ class Scheduler:
         scheduled = plan.scheduled
         # StepPlan.add inlined (the loop runs once per running request per step), its counts
         # kept in locals and stored once: preemptions below change the plan's other fields only
-        decode_seqs = context_tokens = prefill_tokens = num_prefill_seqs = prefill_context_tokens = 0
+        decode_seqs = context_tokens = prefill_tokens = num_prefill_seqs = (
+            prefill_context_tokens
+        ) = 0
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -221,7 +240,10 @@ class Scheduler:
             i += 1
         plan.decode_seqs, plan.context_tokens = decode_seqs, context_tokens
         plan.prefill_tokens, plan.num_prefill_seqs, plan.prefill_context_tokens = (
-            prefill_tokens, num_prefill_seqs, prefill_context_tokens)
+            prefill_tokens,
+            num_prefill_seqs,
+            prefill_context_tokens,
+        )
         if not plan.num_preemptions:
             budget = self._swap_in(plan, budget)
             if not self.swapped:
@@ -241,7 +263,11 @@ class Scheduler:
             if victim is r:
                 if not running and not kv.held_elsewhere():
                     self._drop_kv(r)
-                    self._reject(r, "kv_cannot_grow", f"its KV cache cannot grow to {total} tokens even running alone")
+                    self._reject(
+                        r,
+                        "kv_cannot_grow",
+                        f"its KV cache cannot grow to {total} tokens even running alone",
+                    )
                 else:
                     self._preempt(plan, r)
                 return False
@@ -254,8 +280,14 @@ class Scheduler:
         self.num_preemptions += 1
         r.num_preemptions += 1
         nbytes = r.num_computed * self.kv.bytes_per_token
-        swap = self.config.preemption == "swap" and r.num_computed > 0 and (
-            self.config.swap_space_bytes is None or self.host_swap_bytes + nbytes <= self.config.swap_space_bytes)
+        swap = (
+            self.config.preemption == "swap"
+            and r.num_computed > 0
+            and (
+                self.config.swap_space_bytes is None
+                or self.host_swap_bytes + nbytes <= self.config.swap_space_bytes
+            )
+        )
         self._drop_kv(r)
         if swap:
             self.num_swap_outs += 1
@@ -263,7 +295,9 @@ class Scheduler:
             self.host_swap_bytes += nbytes
             plan.swap_out_bytes += nbytes
             r.status = RequestState.SWAPPED
-            self.swapped.appendleft(r)  # victims go newest first, so earlier arrivals end up in front
+            self.swapped.appendleft(
+                r
+            )  # victims go newest first, so earlier arrivals end up in front
         else:
             r.num_computed = 0
             r.status = RequestState.WAITING
@@ -300,7 +334,11 @@ class Scheduler:
                     break
                 swapped.popleft()  # it cannot come back even to an empty pool
                 self.host_swap_bytes -= r.num_computed * kv.bytes_per_token
-                self._reject(r, "kv_cannot_grow", f"its KV cache for {total} tokens does not fit back in an empty pool")
+                self._reject(
+                    r,
+                    "kv_cannot_grow",
+                    f"its KV cache for {total} tokens does not fit back in an empty pool",
+                )
                 continue
             kv.mark_computed(r.kv, r.num_computed)  # the copy refills every block it holds
             swapped.popleft()
@@ -337,7 +375,11 @@ class Scheduler:
                     break
                 # nothing else holds KV memory and it still does not fit: it never will
                 waiting.popleft()
-                self._reject(r, "kv_cannot_grow", f"its KV cache for {total} tokens does not fit in an empty pool")
+                self._reject(
+                    r,
+                    "kv_cannot_grow",
+                    f"its KV cache for {total} tokens does not fit in an empty pool",
+                )
                 continue
             waiting.popleft()
             r.num_computed = hit
@@ -416,8 +458,12 @@ class Scheduler:
         for r in running:
             c = r.num_computed
             h = r.kv
-            if r.num_tokens - c != 1 or not r.num_generated or c < h.prefix_tokens \
-                    or (h.blocks and h.num_computed_blocks < len(h.blocks)):
+            if (
+                r.num_tokens - c != 1
+                or not r.num_generated
+                or c < h.prefix_tokens
+                or (h.blocks and h.num_computed_blocks < len(h.blocks))
+            ):
                 return None
             context += c
         return DecodeRun(self, context, page_source)
@@ -445,8 +491,20 @@ class DecodeRun:
     #: a quiet step is never limited by KV memory (``StepPlan.kv_blocked``)
     kv_blocked = False
 
-    __slots__ = ("sched", "kv", "num_seqs", "context_tokens", "num_own_tokens", "num_steps", "_applied",
-                 "_live", "_order", "_finish_at", "_slots_at", "_page_source")
+    __slots__ = (
+        "sched",
+        "kv",
+        "num_seqs",
+        "context_tokens",
+        "num_own_tokens",
+        "num_steps",
+        "_applied",
+        "_live",
+        "_order",
+        "_finish_at",
+        "_slots_at",
+        "_page_source",
+    )
 
     def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
         self.sched, self.kv = sched, sched.kv
@@ -480,15 +538,18 @@ class DecodeRun:
         due = self._slots_at.get(step)
         if due is None:
             return True
-        due = [r for r in due if r.status is RequestState.RUNNING]  # those that finished need nothing
+        due = [
+            r for r in due if r.status is RequestState.RUNNING
+        ]  # those that finished need nothing
         if not due:
             del self._slots_at[step]
             return True
         if self._page_source is None:
             return False
         applied = self._applied
-        if not self.kv.grow_from_free_pages([(r.kv, r.num_computed + step - applied) for r in due],
-                                            self._page_source):
+        if not self.kv.grow_from_free_pages(
+            [(r.kv, r.num_computed + step - applied) for r in due], self._page_source
+        ):
             return False
         slots_at = self._slots_at
         del slots_at[step]

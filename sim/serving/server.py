@@ -93,9 +93,18 @@ class Server:
     pool offers what the controls need (``reserve`` for pre-growth, ``compact`` for compaction).
     """
 
-    def __init__(self, requests: list[Request], scheduler: Scheduler, pools: ServerPools, step_model: Any,
-                 model: Any, config: ServerConfig, progress: Callable[[float], None] | None = None,
-                 env: simpy.Environment | None = None, gpu: simpy.Resource | None = None):
+    def __init__(
+        self,
+        requests: list[Request],
+        scheduler: Scheduler,
+        pools: ServerPools,
+        step_model: Any,
+        model: Any,
+        config: ServerConfig,
+        progress: Callable[[float], None] | None = None,
+        env: simpy.Environment | None = None,
+        gpu: simpy.Resource | None = None,
+    ):
         assert config.sample_every_s is not None, "simulate() resolves the sampling interval"
         pregrow_safety = config.pregrow_safety
         self.config = config
@@ -107,7 +116,9 @@ class Server:
         self.scheduler = scheduler
         self.pools = pools
         self.step_model = step_model
-        self._warmup_s = getattr(step_model, "warmup_s", 0.0)  # a fitted engine's cold first step, paid once
+        self._warmup_s = getattr(
+            step_model, "warmup_s", 0.0
+        )  # a fitted engine's cold first step, paid once
         self.model = model
         self.env = env if env is not None else simpy.Environment()
         self.gpu = gpu
@@ -117,17 +128,29 @@ class Server:
         self.fast_path = env is None
         self._private_env = env is None
         kv = scheduler.kv
-        readings = kv.pool_readings()  # None: the KV policy's own (a virtual KV cache brings its own)
+        readings = (
+            kv.pool_readings()
+        )  # None: the KV policy's own (a virtual KV cache brings its own)
         self.monitor = PoolMonitor(pools.kv.policy, sample_every=1, readings=readings)
-        self._kv_reserved_bytes = readings.reserved_bytes if readings is not None else pools.kv_reserved_bytes
+        self._kv_reserved_bytes = (
+            readings.reserved_bytes if readings is not None else pools.kv_reserved_bytes
+        )
         self.num_steps = 0
         self.busy_s = 0.0
         self.token_byte_s = 0.0  # integral of KV bytes holding token states over busy time
         self.reserved_byte_s = 0.0  # integral of KV bytes reserved over busy time
-        self.pressure_byte_s = [0.0, 0.0, 0.0]  # token bytes, reserved bytes, seconds over KV-blocked steps
+        self.pressure_byte_s = [
+            0.0,
+            0.0,
+            0.0,
+        ]  # token bytes, reserved bytes, seconds over KV-blocked steps
         self.alloc_stall_s = 0.0  # step time spent in driver calls, copies and swaps
-        self.kv_driver_s = 0.0  # driver time of the KV cache's memory (its pool's grows, or page mapping)
-        self.kv_driver_step_s = 0.0  # the part of it that lengthened steps (overlapped mapping hides some)
+        self.kv_driver_s = (
+            0.0  # driver time of the KV cache's memory (its pool's grows, or page mapping)
+        )
+        self.kv_driver_step_s = (
+            0.0  # the part of it that lengthened steps (overlapped mapping hides some)
+        )
         self.num_activation_failures = 0
         self.idle_byte_s = 0.0  # integral of KV bytes reserved but not allocated over busy time
         self.frozen_at_s: float | None = None
@@ -135,13 +158,17 @@ class Server:
         self.pregrow_bytes = 0
         self.pregrow_driver_s = 0.0
         self.compaction_s = 0.0  # modelled copy time of compaction passes, charged to steps
-        self.initial_grows = policy.stats().num_grows  # grows before the first step (weights, workspace)
+        self.initial_grows = (
+            policy.stats().num_grows
+        )  # grows before the first step (weights, workspace)
         self.rows: list[tuple] = []
         self._next_sample_s = 0.0
         self._wakeup: simpy.Event | None = None
         self._all_arrived = False
         self._num_empty = 0  # plans in a row that scheduled nothing
-        self._batch_steps = self._quiet_runs = False  # set when the engine starts (_may_batch_steps)
+        self._batch_steps = self._quiet_runs = (
+            False  # set when the engine starts (_may_batch_steps)
+        )
         self._page_grows: Policy | None = None
         self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
         self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
@@ -149,9 +176,15 @@ class Server:
         self._free_round_trips: set[int] = set()
         self._skips_round_trips = False  # set when the engine starts: fast path, separate layout
         self._round_trip_bytes = -1  # size of the round trip under way
-        self._round_trip_before: tuple[int, int, int] = (0, 0, 0)  # its pool's driver time, grows, shrinks before it
+        self._round_trip_before: tuple[int, int, int] = (
+            0,
+            0,
+            0,
+        )  # its pool's driver time, grows, shrinks before it
         self.num_skipped_activation_round_trips = 0
-        self.num_batched_steps = 0  # steps run back to back without an event of their own (_run_steps)
+        self.num_batched_steps = (
+            0  # steps run back to back without an event of their own (_run_steps)
+        )
         self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
 
     def run(self) -> float:
@@ -221,8 +254,16 @@ class Server:
         policy = self.pools.kv.policy
         #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
         #: may take at page boundaries (one page a request: a paged KV manager's pages are no larger)
-        self._page_grows = policy if (self._quiet_runs and kv.paged and policy.counts_free_pages
-                                      and kv.page_bytes <= policy.page_size_bytes) else None
+        self._page_grows = (
+            policy
+            if (
+                self._quiet_runs
+                and kv.paged
+                and policy.counts_free_pages
+                and kv.page_bytes <= policy.page_size_bytes
+            )
+            else None
+        )
         while True:
             if not sched.has_work():
                 if self._all_arrived:
@@ -250,7 +291,9 @@ class Server:
             if begun is None:
                 plan = self._schedule(env.now)
                 if not plan.scheduled:
-                    if self._held_elsewhere(plan):  # another tenant holds the memory: wait until it frees some
+                    if self._held_elsewhere(
+                        plan
+                    ):  # another tenant holds the memory: wait until it frees some
                         yield self._memory_freed()
                     else:
                         self._count_empty_round()
@@ -268,8 +311,11 @@ class Server:
     def _schedule(self, now_s: float) -> StepPlan:
         """The controls due before a step (freeze, pre-growth), then the scheduler's plan."""
         sched = self.scheduler
-        if self.config.freeze_after_steps is not None and self.frozen_at_s is None \
-                and self.num_steps >= self.config.freeze_after_steps:
+        if (
+            self.config.freeze_after_steps is not None
+            and self.frozen_at_s is None
+            and self.num_steps >= self.config.freeze_after_steps
+        ):
             self.pools.kv.policy.freeze()
             self.frozen_at_s = now_s
         if self._reserver is not None and sched.waiting:
@@ -289,15 +335,25 @@ class Server:
     def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
         """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
         seconds)``; the driver time, copies, mapping and swaps pending are charged to it."""
-        sched, pools, kv, step_model = self.scheduler, self.pools, self.scheduler.kv, self.step_model
+        sched, pools, kv, step_model = (
+            self.scheduler,
+            self.pools,
+            self.scheduler.kv,
+            self.step_model,
+        )
         act = self._step_activations(plan)
         while act is None and len(plan.scheduled) > 1:
             sched.unschedule_last(plan)
             act = self._step_activations(plan)
         if act is None:  # even one request's activations do not fit: it runs, the failure counts
             self.num_activation_failures += 1
-        compute_s = step_model.step_time_s(plan.prefill_tokens, plan.decode_seqs, plan.context_tokens,
-                                           plan.prefill_context_tokens, plan.num_prefill_seqs)
+        compute_s = step_model.step_time_s(
+            plan.prefill_tokens,
+            plan.decode_seqs,
+            plan.context_tokens,
+            plan.prefill_context_tokens,
+            plan.num_prefill_seqs,
+        )
         if self._warmup_s:
             compute_s += self._warmup_s
             self._warmup_s = 0.0
@@ -341,7 +397,9 @@ class Server:
         self.token_byte_s += token_bytes * dt
         reserved = self._kv_reserved_bytes()
         self.reserved_byte_s += reserved * dt
-        if plan.kv_blocked:  # token states of running requests only: cached blocks nobody holds are free
+        if (
+            plan.kv_blocked
+        ):  # token states of running requests only: cached blocks nobody holds are free
             pressure = self.pressure_byte_s
             pressure[0] += (token_bytes - kv.evictable_tokens * bytes_per_token) * dt
             pressure[1] += reserved * dt
@@ -358,16 +416,24 @@ class Server:
         arrivals share its clock (no other tenant, no shared GPU) and no horizon can stop it
         inside a step. Then a step that ends before the next arrival changes nothing anyone
         else could see in between, and the clock can jump over it."""
-        return (self.fast_path and self._private_env and self.gpu is None and self.gate is None
-                and self.config.horizon_s is None)
+        return (
+            self.fast_path
+            and self._private_env
+            and self.gpu is None
+            and self.gate is None
+            and self.config.horizon_s is None
+        )
 
     def _may_run_quiet_steps(self) -> bool:
         """Whether quiet decode steps may be computed in closed form (``_quiet_steps``): no
         compaction, activations in a pool of their own, and a KV manager that declares its
         decode steps grow exactly when ``capacity_tokens`` runs out (``decode_grows_at_capacity``;
         not the hybrid layouts)."""
-        return (self._compactor is None and self.pools.layout == "separate"
-                and self.scheduler.kv.decode_grows_at_capacity)
+        return (
+            self._compactor is None
+            and self.pools.layout == "separate"
+            and self.scheduler.kv.decode_grows_at_capacity
+        )
 
     def _run_steps(self) -> tuple[float, tuple | object | None]:
         """Run the engine's next steps back to back without yielding, as long as each ends
@@ -438,15 +504,21 @@ class Server:
         cached = kv.cached_tokens
         reserved = self._kv_reserved_bytes()
         idle = reserved - kv.allocated_bytes
-        busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (self.busy_s, self.token_byte_s, self.reserved_byte_s,
-                                                                self.idle_byte_s)
+        busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (
+            self.busy_s,
+            self.token_byte_s,
+            self.reserved_byte_s,
+            self.idle_byte_s,
+        )
         next_sample_s = self._next_sample_s
         free_round_trips, activation_bytes = self._free_round_trips, self._activation_bytes
         t = now_s
         num_steps = stored = 0
         m = -1
         while num_steps < max_steps:
-            if run.num_seqs != m:  # a new batch size: its activations must be a round trip known to change nothing
+            if (
+                run.num_seqs != m
+            ):  # a new batch size: its activations must be a round trip known to change nothing
                 m = run.num_seqs
                 nbytes = activation_bytes.get((m, m))
                 if nbytes is None:
@@ -458,7 +530,9 @@ class Server:
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
                 if run.needs_slots(num_steps) and not run.take_slots(num_steps):
                     break
-                self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+                self._store_quiet(
+                    run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
+                )
                 self.num_skipped_activation_round_trips += 1
                 self.num_quiet_steps += 1
                 return t, (run, QUIET, dt, 0.0)
@@ -478,21 +552,40 @@ class Server:
             token_byte_s += (run.num_own_tokens + cached) * bytes_per_token * dt
             reserved_byte_s += reserved * dt
             idle_byte_s += idle * dt
-            if t >= next_sample_s:  # the sample reads the requests and the server's figures: store them first
-                self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+            if (
+                t >= next_sample_s
+            ):  # the sample reads the requests and the server's figures: store them first
+                self._store_quiet(
+                    run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
+                )
                 stored = num_steps
                 self._sample(t)
                 next_sample_s = self._next_sample_s
-            if finished and (not run.num_seqs or any(pool.pending_driver_ns for pool in pools.distinct)):
+            if finished and (
+                not run.num_seqs or any(pool.pending_driver_ns for pool in pools.distinct)
+            ):
                 break
-        self._store_quiet(run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s)
+        self._store_quiet(
+            run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
+        )
         return t, None
 
-    def _store_quiet(self, run: DecodeRun, new: int, busy_s: float, token_byte_s: float,
-                     reserved_byte_s: float, idle_byte_s: float) -> None:
+    def _store_quiet(
+        self,
+        run: DecodeRun,
+        new: int,
+        busy_s: float,
+        token_byte_s: float,
+        reserved_byte_s: float,
+        idle_byte_s: float,
+    ) -> None:
         """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the requests."""
-        self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (busy_s, token_byte_s,
-                                                                                  reserved_byte_s, idle_byte_s)
+        self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (
+            busy_s,
+            token_byte_s,
+            reserved_byte_s,
+            idle_byte_s,
+        )
         self.num_steps += new
         self.num_skipped_activation_round_trips += new
         self.num_batched_steps += new
@@ -528,7 +621,11 @@ class Server:
             self.num_skipped_activation_round_trips += 1
             return SKIPPED
         pool = self.pools.activations
-        self._round_trip_before = (pool.pending_driver_ns, pool.policy.num_grows, pool.policy.num_shrinks)
+        self._round_trip_before = (
+            pool.pending_driver_ns,
+            pool.policy.num_grows,
+            pool.policy.num_shrinks,
+        )
         a = self.pools.allocate_activations(nbytes)
         if a is None:  # a refusal may have released cached segments
             self._free_round_trips.clear()
@@ -543,7 +640,11 @@ class Server:
         if not self._skips_round_trips:
             return
         known = self._free_round_trips
-        if (pool.pending_driver_ns, pool.policy.num_grows, pool.policy.num_shrinks) != self._round_trip_before:
+        if (
+            pool.pending_driver_ns,
+            pool.policy.num_grows,
+            pool.policy.num_shrinks,
+        ) != self._round_trip_before:
             known.clear()  # the round trip changed the pool: no size is known to leave it as found
         else:
             if not pool.policy.coalesces:
@@ -581,7 +682,9 @@ class Server:
             return
         reserver = self._reserver
         take = reserver.device.take_driver_ns
-        self.pools.kv.pending_driver_ns += take()  # driver time still pending belongs to the step, as before
+        self.pools.kv.pending_driver_ns += (
+            take()
+        )  # driver time still pending belongs to the step, as before
         grows, grown = reserver.num_grows, reserver.grown_bytes
         reserver.reserve(math.ceil(nbytes * self.config.pregrow_safety))
         self.num_pregrows += reserver.num_grows - grows
@@ -596,26 +699,56 @@ class Server:
         if self._progress is not None:
             self._progress(now)
         self.monitor.observe(self.num_steps, time_us)
-        free_kv = kv.free_bytes()  # cached blocks nobody holds count as free, as in vLLM's free queue
-        comp = self._compactor.compaction_stats() if self._compactor is not None else {}  # read per sample only
-        self.rows.append((
-            self.num_steps, time_us, len(sched.running), len(sched.waiting), len(sched.swapped),
-            (sched.num_own_tokens + kv.cached_tokens) * kv.bytes_per_token, kv.allocated_bytes,
-            self._kv_reserved_bytes(), free_kv,
-            free_kv // kv.page_bytes if kv.paged else -1,
-            sched.num_finished, len(sched.rejected), comp.get("num_compactions", 0), comp.get("moved_bytes", 0),
-        ))
+        free_kv = (
+            kv.free_bytes()
+        )  # cached blocks nobody holds count as free, as in vLLM's free queue
+        comp = (
+            self._compactor.compaction_stats() if self._compactor is not None else {}
+        )  # read per sample only
+        self.rows.append(
+            (
+                self.num_steps,
+                time_us,
+                len(sched.running),
+                len(sched.waiting),
+                len(sched.swapped),
+                (sched.num_own_tokens + kv.cached_tokens) * kv.bytes_per_token,
+                kv.allocated_bytes,
+                self._kv_reserved_bytes(),
+                free_kv,
+                free_kv // kv.page_bytes if kv.paged else -1,
+                sched.num_finished,
+                len(sched.rejected),
+                comp.get("num_compactions", 0),
+                comp.get("moved_bytes", 0),
+            )
+        )
 
     #: columns of ``rows``; ``free_pages`` is -1 for contiguous KV managers (they have no pages);
     #: ``num_compactions``, ``compaction_moved_bytes``: a compacting pool's passes so far (0 for others)
-    ROW_COLUMNS = ["event", "time_us", "running", "waiting", "swapped", "kv_token_bytes", "kv_allocated_bytes",
-                   "kv_reserved_bytes", "kv_free_bytes", "free_pages", "finished", "rejected",
-                   "num_compactions", "compaction_moved_bytes"]
+    ROW_COLUMNS = [
+        "event",
+        "time_us",
+        "running",
+        "waiting",
+        "swapped",
+        "kv_token_bytes",
+        "kv_allocated_bytes",
+        "kv_reserved_bytes",
+        "kv_free_bytes",
+        "free_pages",
+        "finished",
+        "rejected",
+        "num_compactions",
+        "compaction_moved_bytes",
+    ]
 
     @property
     def kv_token_util(self) -> float:
         """Share of reserved KV bytes holding token states, averaged over busy time (vLLM Fig. 2)."""
-        return self.token_byte_s / self.reserved_byte_s if self.reserved_byte_s > 0 else float("nan")
+        return (
+            self.token_byte_s / self.reserved_byte_s if self.reserved_byte_s > 0 else float("nan")
+        )
 
     @property
     def kv_token_util_pressure(self) -> float:

@@ -33,32 +33,98 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-__all__ = ["REQUEST_TABLE_COLUMNS", "SERVING_COLUMNS", "prefix_hit_rates", "request_table", "rejected_by",
-           "serving_summary", "add_latencies", "latency_percentiles"]
+__all__ = [
+    "REQUEST_TABLE_COLUMNS",
+    "SERVING_COLUMNS",
+    "prefix_hit_rates",
+    "request_table",
+    "rejected_by",
+    "serving_summary",
+    "add_latencies",
+    "latency_percentiles",
+]
 
 REQUEST_TABLE_COLUMNS = [
-    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "num_generated", "first_token_s", "finish_s",
-    "ttft_s", "tpot_s", "e2e_s", "num_preemptions", "num_swaps", "prefix_hit_tokens", "status", "reject_reason",
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "num_generated",
+    "first_token_s",
+    "finish_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "num_preemptions",
+    "num_swaps",
+    "prefix_hit_tokens",
+    "status",
+    "reject_reason",
     "reject_kind",
 ]
 
 #: The serving columns the summary adds after the report schema's (issue 3).
 SERVING_COLUMNS = [
-    "n_requests", "n_finished", "n_rejected", "n_preempted", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-    "tpot_p99_s", "e2e_p50_s", "e2e_p99_s", "throughput_tok_s", "goodput_rps", "kv_token_util",
-    "input_tok_s", "output_tok_s", "slo_attainment", "kv_token_util_pressure", "kv_pressure_share", "rejected_by",
+    "n_requests",
+    "n_finished",
+    "n_rejected",
+    "n_preempted",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "e2e_p50_s",
+    "e2e_p99_s",
+    "throughput_tok_s",
+    "goodput_rps",
+    "kv_token_util",
+    "input_tok_s",
+    "output_tok_s",
+    "slo_attainment",
+    "kv_token_util_pressure",
+    "kv_pressure_share",
+    "rejected_by",
 ]
 
 
 def request_table(requests: Iterable[Any]) -> pd.DataFrame:
     """One row per request (``sim.serving.scheduler.Request`` objects), latencies derived."""
-    rows = [(r.request_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.num_generated, r.first_token_s,
-             r.finish_s, r.num_preemptions, r.num_swaps, r.prefix_hit_tokens, r.status.value, r.reject_reason,
-             r.reject_kind)
-            for r in requests]
-    df = pd.DataFrame(rows, columns=["request_id", "arrival_s", "prompt_tokens", "output_tokens", "num_generated",
-                                     "first_token_s", "finish_s", "num_preemptions", "num_swaps",
-                                     "prefix_hit_tokens", "status", "reject_reason", "reject_kind"])
+    rows = [
+        (
+            r.request_id,
+            r.arrival_s,
+            r.prompt_tokens,
+            r.output_tokens,
+            r.num_generated,
+            r.first_token_s,
+            r.finish_s,
+            r.num_preemptions,
+            r.num_swaps,
+            r.prefix_hit_tokens,
+            r.status.value,
+            r.reject_reason,
+            r.reject_kind,
+        )
+        for r in requests
+    ]
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            "request_id",
+            "arrival_s",
+            "prompt_tokens",
+            "output_tokens",
+            "num_generated",
+            "first_token_s",
+            "finish_s",
+            "num_preemptions",
+            "num_swaps",
+            "prefix_hit_tokens",
+            "status",
+            "reject_reason",
+            "reject_kind",
+        ],
+    )
     return add_latencies(df)[REQUEST_TABLE_COLUMNS]
 
 
@@ -75,8 +141,11 @@ def add_latencies(df: pd.DataFrame) -> pd.DataFrame:
 def latency_percentiles(table: pd.DataFrame) -> dict[str, float]:
     """p50 and p99 of TTFT, TPOT and e2e over a table with ``add_latencies``' columns
     (``ttft_p50_s``, ...; NaNs, requests never served, left out)."""
-    return {**_percentiles(table["ttft_s"], "ttft"), **_percentiles(table["tpot_s"], "tpot"),
-            **_percentiles(table["e2e_s"], "e2e")}
+    return {
+        **_percentiles(table["ttft_s"], "ttft"),
+        **_percentiles(table["tpot_s"], "tpot"),
+        **_percentiles(table["e2e_s"], "e2e"),
+    }
 
 
 def _percentiles(values: pd.Series, name: str) -> dict[str, float]:
@@ -94,8 +163,9 @@ def rejected_by(table: pd.DataFrame) -> str:
     return ", ".join(f"{kind}: {n}" for kind, n in kinds.value_counts().items())
 
 
-def prefix_hit_rates(*, lookup_tokens: int, hit_tokens: int, first_lookup_tokens: int,
-                     first_hit_tokens: int) -> dict[str, float]:
+def prefix_hit_rates(
+    *, lookup_tokens: int, hit_tokens: int, first_lookup_tokens: int, first_hit_tokens: int
+) -> dict[str, float]:
     """The prefix cache's two hit rates (0 when nothing was looked up), counted by the KV manager
     at each admission (``sim.serving.kv.PagedKV.admit``) over the prompt tokens in whole cacheable blocks:
 
@@ -105,14 +175,27 @@ def prefix_hit_rates(*, lookup_tokens: int, hit_tokens: int, first_lookup_tokens
     - ``prefix_first_hit_rate``: the same over first admissions only, where every hit is on a
       block another request cached: the reuse the traffic itself offers.
     """
-    return {"prefix_hit_rate": hit_tokens / lookup_tokens if lookup_tokens else 0.0,
-            "prefix_first_hit_rate": first_hit_tokens / first_lookup_tokens if first_lookup_tokens else 0.0}
+    return {
+        "prefix_hit_rate": hit_tokens / lookup_tokens if lookup_tokens else 0.0,
+        "prefix_first_hit_rate": first_hit_tokens / first_lookup_tokens
+        if first_lookup_tokens
+        else 0.0,
+    }
 
 
-def serving_summary(table: pd.DataFrame, *, duration_s: float, num_preemptions: int, kv_token_util: float,
-                    kv_token_util_pressure: float = math.nan, kv_pressure_s: float = 0.0, busy_s: float = 0.0,
-                    slo_ttft_s: float | None = None, slo_tpot_s: float | None = None,
-                    slo_e2e_s: float | None = None) -> dict[str, Any]:
+def serving_summary(
+    table: pd.DataFrame,
+    *,
+    duration_s: float,
+    num_preemptions: int,
+    kv_token_util: float,
+    kv_token_util_pressure: float = math.nan,
+    kv_pressure_s: float = 0.0,
+    busy_s: float = 0.0,
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+    slo_e2e_s: float | None = None,
+) -> dict[str, Any]:
     """The ``SERVING_COLUMNS`` of one run from its request table (definitions: module docstring)."""
     done = table[table["status"] == "finished"]
     ok = np.ones(len(done), dtype=bool)

@@ -35,9 +35,20 @@ from sim.serving.serving_metrics import prefix_hit_rates, request_table, serving
 from sim.serving.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
-__all__ = ["SimResult", "ServingSetup", "build_serving", "serving_result", "simulate", "simulate_many",
-           "check_kv_policy", "simulate_runs", "result_tables", "DEFAULT_MAX_MODEL_LEN", "DEFAULT_HASH_BLOCK_TOKENS",
-           "PREFIX_CACHING_OFF"]
+__all__ = [
+    "SimResult",
+    "ServingSetup",
+    "build_serving",
+    "serving_result",
+    "simulate",
+    "simulate_many",
+    "check_kv_policy",
+    "simulate_runs",
+    "result_tables",
+    "DEFAULT_MAX_MODEL_LEN",
+    "DEFAULT_HASH_BLOCK_TOKENS",
+    "PREFIX_CACHING_OFF",
+]
 
 #: ``max_model_len`` when neither the config nor the model (``max_position_embeddings``) gives one.
 DEFAULT_MAX_MODEL_LEN = 8192
@@ -80,7 +91,9 @@ def _as_trace(requests: RequestTrace | pd.DataFrame) -> RequestTrace:
         return requests
     if isinstance(requests, pd.DataFrame):
         return RequestTrace(requests=requests, name="requests")
-    raise TypeError(f"requests must be a RequestTrace or a request DataFrame, got {type(requests).__name__}")
+    raise TypeError(
+        f"requests must be a RequestTrace or a request DataFrame, got {type(requests).__name__}"
+    )
 
 
 def _costs(costs: CostModel | str | Path | None) -> CostModel:
@@ -100,8 +113,10 @@ def check_kv_policy(spec: str, policy: Policy | None = None) -> None:
     (``Policy.can_hold_kv``, read from the spec without building it), naming those that can."""
     able = policy.can_hold_kv if policy is not None else policies.registry.can_hold_kv(spec)
     if not able:
-        raise ValueError(f"policy {spec!r} cannot hold a KV cache: its allocations are neither one range nor whole "
-                         f"pages; policies that can: {', '.join(policies.available(holds_kv=True))}")
+        raise ValueError(
+            f"policy {spec!r} cannot hold a KV cache: its allocations are neither one range nor whole "
+            f"pages; policies that can: {', '.join(policies.available(holds_kv=True))}"
+        )
 
 
 def _page_knob(policy: Policy, bytes_per_token: int) -> str:
@@ -117,10 +132,19 @@ def _page_knob(policy: Policy, bytes_per_token: int) -> str:
     return "it declares no knob that sets its page (Policy.page_size_knob)"
 
 
-def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
-             calibration: Any = None, costs: CostModel | str | Path | None = None, trace_name: str | None = None,
-             config: ServerConfig | None = None, progress: Callable[[float], None] | None = None,
-             **options: Any) -> SimResult:
+def simulate(
+    requests: RequestTrace | pd.DataFrame,
+    policy_spec: str,
+    *,
+    model: Any,
+    gpu: Any,
+    calibration: Any = None,
+    costs: CostModel | str | Path | None = None,
+    trace_name: str | None = None,
+    config: ServerConfig | None = None,
+    progress: Callable[[float], None] | None = None,
+    **options: Any,
+) -> SimResult:
     """Serve ``requests`` with ``model`` on ``gpu``, the KV cache in a ``policy_spec`` pool.
 
     Args:
@@ -144,10 +168,21 @@ def simulate(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: 
     that include the all-reduces; byte columns are per GPU, times and token counts the server's.
     """
     wall0 = time.perf_counter()
-    setup = build_serving(requests, policy_spec, model=model, gpu=gpu, calibration=calibration, costs=costs,
-                          config=config, progress=progress, **options)
+    setup = build_serving(
+        requests,
+        policy_spec,
+        model=model,
+        gpu=gpu,
+        calibration=calibration,
+        costs=costs,
+        config=config,
+        progress=progress,
+        **options,
+    )
     end_s = setup.server.run()
-    return serving_result(setup, end_s=end_s, wall_s=time.perf_counter() - wall0, trace_name=trace_name)
+    return serving_result(
+        setup, end_s=end_s, wall_s=time.perf_counter() - wall0, trace_name=trace_name
+    )
 
 
 @dataclass
@@ -171,14 +206,27 @@ class ServingSetup:
     scheduler: Scheduler
     requests: list[Request]
     server: Server
-    notes: list[str]  # what the run turned off or ignored (the row's ``kv_note``; the CLI prints each)
+    notes: list[
+        str
+    ]  # what the run turned off or ignored (the row's ``kv_note``; the CLI prints each)
 
 
-def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, model: Any, gpu: Any,
-                  calibration: Any = None, costs: CostModel | str | Path | None = None,
-                  config: ServerConfig | None = None, progress: Callable[[float], None] | None = None,
-                  env: Any = None, policy: Policy | None = None, kv_class: Callable[..., PagedKV] = PagedKV,
-                  kv_budget_bytes: int | None = None, **options: Any) -> ServingSetup:
+def build_serving(
+    requests: RequestTrace | pd.DataFrame,
+    policy_spec: str,
+    *,
+    model: Any,
+    gpu: Any,
+    calibration: Any = None,
+    costs: CostModel | str | Path | None = None,
+    config: ServerConfig | None = None,
+    progress: Callable[[float], None] | None = None,
+    env: Any = None,
+    policy: Policy | None = None,
+    kv_class: Callable[..., PagedKV] = PagedKV,
+    kv_budget_bytes: int | None = None,
+    **options: Any,
+) -> ServingSetup:
     """``simulate``'s pieces, validated and built, not run; arguments as ``simulate``'s.
 
     For a GPU shared by several servers (``sim.serving.tenants``): ``env`` is the one simpy environment,
@@ -188,9 +236,13 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     """
     trace = _as_trace(requests)
     if len(trace.requests) == 0:
-        raise ValueError(f"{trace.name}: the trace has no requests (a header only?); nothing to simulate")
+        raise ValueError(
+            f"{trace.name}: the trace has no requests (a header only?); nothing to simulate"
+        )
     if config is not None and options:
-        raise ValueError(f"give simulator options in the config or as keywords, not both ({', '.join(options)})")
+        raise ValueError(
+            f"give simulator options in the config or as keywords, not both ({', '.join(options)})"
+        )
     cfg = config if config is not None else ServerConfig.from_kwargs(**options)
     model, gpu = load_model(model), load_gpu(gpu)
     tp = cfg.tensor_parallel
@@ -198,9 +250,15 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     cost_model = _costs(costs)
     step_model = StepTimeModel(model, gpu, calibration=calibration, tensor_parallel=tp)
     bytes_per_token = shard.kv_bytes_per_token
-    plan = plan_memory(model, gpu, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                       max_num_batched_tokens=cfg.max_num_batched_tokens, workspace_bytes=cfg.workspace_bytes,
-                       kv_capacity_bytes=cfg.kv_capacity_bytes, tensor_parallel=tp)
+    plan = plan_memory(
+        model,
+        gpu,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        workspace_bytes=cfg.workspace_bytes,
+        kv_capacity_bytes=cfg.kv_capacity_bytes,
+        tensor_parallel=tp,
+    )
     budget_bytes = plan.kv_budget_bytes if kv_budget_bytes is None else kv_budget_bytes
     shared = cfg.pool_layout == "shared"
     virtual = cfg.kv_strategy == VIRTUAL
@@ -208,38 +266,65 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     layout = None
     fill = {"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page}
     if shard.is_hybrid:  # the layout's granule is the KV policy's page
-        layout = plan_layout(shard, cfg.hybrid_kv_layout, tokens_per_page=cfg.tokens_per_page or 16,
-                             budget_bytes=budget_bytes,
-                             max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN)
+        layout = plan_layout(
+            shard,
+            cfg.hybrid_kv_layout,
+            tokens_per_page=cfg.tokens_per_page or 16,
+            budget_bytes=budget_bytes,
+            max_model_len=cfg.max_model_len
+            or model.max_position_embeddings
+            or DEFAULT_MAX_MODEL_LEN,
+        )
         fill = {"page_bytes": layout.granule_bytes}
     check_kv_policy(policy_spec, policy)
     if policy is None:
-        policy = create_policy(policy_spec, capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
-                               costs=cost_model, fill=fill,
-                               device=costed_page_mapped_device(cost_model, granularity_bytes=cfg.virtual_page_bytes,
-                                                                limit_bytes=budget_bytes) if virtual else None)
+        policy = create_policy(
+            policy_spec,
+            capacity_bytes=plan.usable_bytes if shared else plan.kv_budget_bytes,
+            costs=cost_model,
+            fill=fill,
+            device=costed_page_mapped_device(
+                cost_model, granularity_bytes=cfg.virtual_page_bytes, limit_bytes=budget_bytes
+            )
+            if virtual
+            else None,
+        )
     cfg.check_rules(kv_policy=policy)  # what the controls need of the KV pool
     pools = ServerPools(policy, plan, cfg, costs=cost_model, num_weight_tensors=model.num_layers)
     cfg = cfg.replace(
         max_model_len=cfg.max_model_len or model.max_position_embeddings or DEFAULT_MAX_MODEL_LEN,
-        prefix_block_tokens=cfg.prefix_block_tokens or int(trace.meta.get("hash_block_tokens",
-                                                                          DEFAULT_HASH_BLOCK_TOKENS)),
-        sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3))
+        prefix_block_tokens=cfg.prefix_block_tokens
+        or int(trace.meta.get("hash_block_tokens", DEFAULT_HASH_BLOCK_TOKENS)),
+        sample_every_s=cfg.sample_every_s or max(trace.duration_s / 2000, 1e-3),
+    )
     notes = []
     if virtual:
-        kv = VirtualKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes,
-                       num_kv_tensors=2 * model.num_layers)
+        kv = VirtualKV(
+            pools.kv,
+            cfg,
+            bytes_per_token=bytes_per_token,
+            budget_bytes=budget_bytes,
+            num_kv_tensors=2 * model.num_layers,
+        )
         kv_layout = VIRTUAL
-        notes.append(f"kv_strategy=virtual maps KV pages straight onto the device: policy {policy_spec!r} "
-                     f"holds no KV")
+        notes.append(
+            f"kv_strategy=virtual maps KV pages straight onto the device: policy {policy_spec!r} "
+            f"holds no KV"
+        )
         if cfg.prefix_caching:
-            notes.append("prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by")
+            notes.append(
+                "prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by"
+            )
     elif layout is not None:
         if policy.contiguous or _page_bytes(policy) != layout.granule_bytes:
-            raise ValueError(f"{model.name} keeps KV in layer groups ({', '.join(p.name for p in layout.groups)}): "
-                             f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
-                             f"(leave {type(policy).page_size_knob or 'its page size'} unset), not {policy_spec!r}")
-        kv = HybridKV(pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
+            raise ValueError(
+                f"{model.name} keeps KV in layer groups ({', '.join(p.name for p in layout.groups)}): "
+                f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
+                f"(leave {type(policy).page_size_knob or 'its page size'} unset), not {policy_spec!r}"
+            )
+        kv = HybridKV(
+            pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes
+        )
         kv_layout = "paged"
     elif policy.contiguous:
         kv = ContiguousKV(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes)
@@ -247,25 +332,55 @@ def build_serving(requests: RequestTrace | pd.DataFrame, policy_spec: str, *, mo
     else:
         page_bytes = _page_bytes(policy)
         if page_bytes is None:
-            raise ValueError(f"policy {policy_spec!r} places its allocations in pieces but declares no page size "
-                             "(Policy.page_size_bytes): a KV cache cannot be laid out in it; it should declare "
-                             f"can_hold_kv = False. Policies that can: {', '.join(policies.available(holds_kv=True))}")
+            raise ValueError(
+                f"policy {policy_spec!r} places its allocations in pieces but declares no page size "
+                "(Policy.page_size_bytes): a KV cache cannot be laid out in it; it should declare "
+                f"can_hold_kv = False. Policies that can: {', '.join(policies.available(holds_kv=True))}"
+            )
         if page_bytes < bytes_per_token:
-            raise ValueError(f"policy {policy_spec!r}: its page ({page_bytes:,} B) must hold at least one token's "
-                             f"KV ({bytes_per_token:,} B for {model.name}): {_page_knob(policy, bytes_per_token)}")
-        kv = kv_class(pools.kv, cfg, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes,
-                      tokens_per_page=page_bytes // bytes_per_token, page_bytes=page_bytes,
-                      block_recompute_s=_block_recompute_s(step_model, cfg.prefix_block_tokens))
+            raise ValueError(
+                f"policy {policy_spec!r}: its page ({page_bytes:,} B) must hold at least one token's "
+                f"KV ({bytes_per_token:,} B for {model.name}): {_page_knob(policy, bytes_per_token)}"
+            )
+        kv = kv_class(
+            pools.kv,
+            cfg,
+            bytes_per_token=bytes_per_token,
+            budget_bytes=budget_bytes,
+            tokens_per_page=page_bytes // bytes_per_token,
+            page_bytes=page_bytes,
+            block_recompute_s=_block_recompute_s(step_model, cfg.prefix_block_tokens),
+        )
         kv_layout = "paged"
     scheduler = Scheduler(kv, cfg)
     reqs = _build_requests(trace, kv, cfg.max_model_len)
     server = Server(reqs, scheduler, pools, step_model, shard, cfg, progress=progress, env=env)
-    return ServingSetup(trace, policy_spec, model, gpu, cfg, plan, policy, pools, kv, kv_layout, scheduler, reqs,
-                        server, notes)
+    return ServingSetup(
+        trace,
+        policy_spec,
+        model,
+        gpu,
+        cfg,
+        plan,
+        policy,
+        pools,
+        kv,
+        kv_layout,
+        scheduler,
+        reqs,
+        server,
+        notes,
+    )
 
 
-def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_name: str | None = None,
-                   extra: dict[str, Any] | None = None) -> SimResult:
+def serving_result(
+    setup: ServingSetup,
+    *,
+    end_s: float,
+    wall_s: float,
+    trace_name: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> SimResult:
     """The report of a server that has run until ``end_s``: its summary row (with ``extra``
     columns appended), request table and time series."""
     trace, model, gpu, cfg, policy = setup.trace, setup.model, setup.gpu, setup.cfg, setup.policy
@@ -274,62 +389,90 @@ def serving_result(setup: ServingSetup, *, end_s: float, wall_s: float, trace_na
     virtual, notes = setup.kv_layout == VIRTUAL, setup.notes
     name = trace_name or trace.name
     table = request_table(reqs)
-    serving = serving_summary(table, duration_s=end_s, num_preemptions=scheduler.num_preemptions,
-                              kv_token_util=server.kv_token_util,
-                              kv_token_util_pressure=server.kv_token_util_pressure,
-                              kv_pressure_s=server.kv_pressure_s, busy_s=server.busy_s, slo_ttft_s=cfg.slo_ttft_s,
-                              slo_tpot_s=cfg.slo_tpot_s, slo_e2e_s=cfg.slo_e2e_s)
+    serving = serving_summary(
+        table,
+        duration_s=end_s,
+        num_preemptions=scheduler.num_preemptions,
+        kv_token_util=server.kv_token_util,
+        kv_token_util_pressure=server.kv_token_util_pressure,
+        kv_pressure_s=server.kv_pressure_s,
+        busy_s=server.busy_s,
+        slo_ttft_s=cfg.slo_ttft_s,
+        slo_tpot_s=cfg.slo_tpot_s,
+        slo_e2e_s=cfg.slo_e2e_s,
+    )
     # the spec as the user chose it, normalised as replay writes it (the knobs filled in from
     # the model are the params column's)
     spec = policies.create(policy_spec).spec
     row = summary_row(
-        trace=name, policy=spec, backend="sim", params=params_text(policy.get_params()),
-        capacity_bytes=policy.capacity_bytes, monitor=server.monitor,
-        alloc_ns=np.asarray(pools.kv.alloc_ns, dtype=np.int64), free_ns=np.asarray(pools.kv.free_ns, dtype=np.int64),
-        wall_s=wall_s, device_calls=policy.device.call_stats(), **serving, **{
-        "model": model.name,
-        "gpu": gpu.name,
-        "kv_strategy": setup.kv_layout,
-        "pool_layout": cfg.pool_layout,
-        "preemption": cfg.preemption,
-        "kv_budget_bytes": kv.budget_bytes,
-        "tensor_parallel": tp,
-        "max_model_len": cfg.max_model_len,
-        "prefix_caching": bool(kv.paged and kv.prefix_caching),
-        "prefix_eviction": cfg.prefix_eviction,
-        "prefix_block_tokens": cfg.prefix_block_tokens,
-        "kv_page_bytes": kv.page_bytes if (kv.paged or virtual) else 0,
-        "map_overlap": cfg.map_overlap if virtual else None,
-        "n_reused_pages": kv.num_reused_pages if virtual else 0,
-        "kv_driver_s": server.kv_driver_s,
-        "kv_driver_step_s": server.kv_driver_step_s,
-        "kv_note": "; ".join(notes),  # what the run turned off or ignored; the CLI prints each note
-        **prefix_hit_rates(lookup_tokens=kv.prefix_lookup_tokens, hit_tokens=kv.prefix_hit_tokens,
-                           first_lookup_tokens=kv.prefix_first_lookup_tokens,
-                           first_hit_tokens=kv.prefix_first_hit_tokens),
-        "prefix_saved_bytes": kv.prefix_saved_bytes,
-        "n_prefix_evictions": kv.num_evictions,
-        "n_kv_reallocs": kv.num_reallocs,
-        "kv_copied_bytes": kv.copied_bytes,
-        "n_swap_outs": scheduler.num_swap_outs,
-        "n_activation_failures": server.num_activation_failures,
-        "aux_peak_reserved_bytes": pools.aux_peak_reserved_bytes(),
-        "n_steps": server.num_steps,
-        "sim_time_s": end_s,
-        "busy_s": server.busy_s,
-        "alloc_stall_s": server.alloc_stall_s,
-        **_control_fields(server, policy),
-        **_group_fields(kv),
-        **(extra or {}),
-    })
+        trace=name,
+        policy=spec,
+        backend="sim",
+        params=params_text(policy.get_params()),
+        capacity_bytes=policy.capacity_bytes,
+        monitor=server.monitor,
+        alloc_ns=np.asarray(pools.kv.alloc_ns, dtype=np.int64),
+        free_ns=np.asarray(pools.kv.free_ns, dtype=np.int64),
+        wall_s=wall_s,
+        device_calls=policy.device.call_stats(),
+        **serving,
+        **{
+            "model": model.name,
+            "gpu": gpu.name,
+            "kv_strategy": setup.kv_layout,
+            "pool_layout": cfg.pool_layout,
+            "preemption": cfg.preemption,
+            "kv_budget_bytes": kv.budget_bytes,
+            "tensor_parallel": tp,
+            "max_model_len": cfg.max_model_len,
+            "prefix_caching": bool(kv.paged and kv.prefix_caching),
+            "prefix_eviction": cfg.prefix_eviction,
+            "prefix_block_tokens": cfg.prefix_block_tokens,
+            "kv_page_bytes": kv.page_bytes if (kv.paged or virtual) else 0,
+            "map_overlap": cfg.map_overlap if virtual else None,
+            "n_reused_pages": kv.num_reused_pages if virtual else 0,
+            "kv_driver_s": server.kv_driver_s,
+            "kv_driver_step_s": server.kv_driver_step_s,
+            "kv_note": "; ".join(
+                notes
+            ),  # what the run turned off or ignored; the CLI prints each note
+            **prefix_hit_rates(
+                lookup_tokens=kv.prefix_lookup_tokens,
+                hit_tokens=kv.prefix_hit_tokens,
+                first_lookup_tokens=kv.prefix_first_lookup_tokens,
+                first_hit_tokens=kv.prefix_first_hit_tokens,
+            ),
+            "prefix_saved_bytes": kv.prefix_saved_bytes,
+            "n_prefix_evictions": kv.num_evictions,
+            "n_kv_reallocs": kv.num_reallocs,
+            "kv_copied_bytes": kv.copied_bytes,
+            "n_swap_outs": scheduler.num_swap_outs,
+            "n_activation_failures": server.num_activation_failures,
+            "aux_peak_reserved_bytes": pools.aux_peak_reserved_bytes(),
+            "n_steps": server.num_steps,
+            "sim_time_s": end_s,
+            "busy_s": server.busy_s,
+            "alloc_stall_s": server.alloc_stall_s,
+            **_control_fields(server, policy),
+            **_group_fields(kv),
+            **(extra or {}),
+        },
+    )
     table.insert(0, "policy", spec)
     table.insert(0, "trace", name)
     groups = pd.DataFrame(kv.group_rows()) if isinstance(kv, HybridKV) else pd.DataFrame()
     if len(groups):
         groups.insert(0, "policy", spec)
         groups.insert(0, "trace", name)
-    return SimResult(summary=row, requests=table, timeseries=_timeseries(server, name, spec),
-                     policy=policy, config=cfg, kv_groups=groups, prefix_caching_off=_prefix_caching_off(cfg, kv, virtual))
+    return SimResult(
+        summary=row,
+        requests=table,
+        timeseries=_timeseries(server, name, spec),
+        policy=policy,
+        config=cfg,
+        kv_groups=groups,
+        prefix_caching_off=_prefix_caching_off(cfg, kv, virtual),
+    )
 
 
 def _prefix_caching_off(cfg: ServerConfig, kv: Any, virtual: bool) -> str | None:
@@ -367,6 +510,7 @@ def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
         if i not in cache:
             cache[i] = step_model.step_cost(block_tokens, 0, 0, i * block_tokens, 1).compute_s
         return cache[i]
+
     return cost
 
 
@@ -416,8 +560,15 @@ def _timeseries(server: Server, trace_name: str, policy_spec: str) -> pd.DataFra
     return ts
 
 
-def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str] | None = None, *, model: Any,
-                  gpu: Any, progress: bool = False, **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def simulate_many(
+    requests: RequestTrace | pd.DataFrame,
+    policy_specs: Iterable[str] | None = None,
+    *,
+    model: Any,
+    gpu: Any,
+    progress: bool = False,
+    **kwargs: Any,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """``simulate`` under each spec (None: every registered policy that can hold KV,
     ``policies.available(holds_kv=True)``): ``(summary, timeseries, requests)`` tables, one block per policy.
 
@@ -425,11 +576,20 @@ def simulate_many(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[
     extra_tables={"requests": requests})`` writes them. ``progress`` shows a bar per policy on
     stderr (when it is a terminal) that advances with simulated time up to the last arrival.
     """
-    return result_tables(simulate_runs(requests, policy_specs, model=model, gpu=gpu, progress=progress, **kwargs))
+    return result_tables(
+        simulate_runs(requests, policy_specs, model=model, gpu=gpu, progress=progress, **kwargs)
+    )
 
 
-def simulate_runs(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[str] | None = None, *, model: Any,
-                  gpu: Any, progress: bool = False, **kwargs: Any) -> list[SimResult]:
+def simulate_runs(
+    requests: RequestTrace | pd.DataFrame,
+    policy_specs: Iterable[str] | None = None,
+    *,
+    model: Any,
+    gpu: Any,
+    progress: bool = False,
+    **kwargs: Any,
+) -> list[SimResult]:
     """``simulate`` under each spec, in order (``simulate_many``'s runs, their ``SimResult`` whole:
     a hybrid model's ``kv_groups`` too); None: every registered policy that can hold KV."""
     trace = _as_trace(requests)
@@ -442,9 +602,11 @@ def simulate_runs(requests: RequestTrace | pd.DataFrame, policy_specs: Iterable[
 
 def result_tables(results: list[SimResult]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """``(summary, timeseries, requests)`` of several runs, one block per run."""
-    return (summary_frame([r.summary for r in results]),
-            pd.concat([r.timeseries for r in results], ignore_index=True),
-            pd.concat([r.requests for r in results], ignore_index=True))
+    return (
+        summary_frame([r.summary for r in results]),
+        pd.concat([r.timeseries for r in results], ignore_index=True),
+        pd.concat([r.requests for r in results], ignore_index=True),
+    )
 
 
 def _time_bar(trace: RequestTrace, spec: str, show: bool):

@@ -38,11 +38,26 @@ from scipy.optimize import nnls
 
 from sim.serving.hardware import GpuSpec
 from sim.serving.models import ModelSpec
-from sim.serving.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, StepTimeModel, default_calibration, \
-    step_pairs, term_features
+from sim.serving.steptime import (
+    STEP_TERM_NAMES,
+    StepCalibration,
+    StepTerms,
+    StepTimeModel,
+    default_calibration,
+    step_pairs,
+    term_features,
+)
 
-__all__ = ["UnderdeterminedProfile", "StepFit", "fit_step_profile", "profile_features", "step_kinds",
-           "STEP_KINDS", "OUTLIER_REL_ERROR", "error_table"]
+__all__ = [
+    "UnderdeterminedProfile",
+    "StepFit",
+    "fit_step_profile",
+    "profile_features",
+    "step_kinds",
+    "STEP_KINDS",
+    "OUTLIER_REL_ERROR",
+    "error_table",
+]
 
 STEP_KINDS = ("prefill", "decode", "mixed")
 #: A step the first fit misses by more than this (relative) is an outlier: left out of the refit.
@@ -60,7 +75,7 @@ _WHAT_DETERMINES = {
     "per_kv_token_s": "decode steps of one batch size at different context lengths",
     "per_pair_s": "prefill chunks of different lengths after different cached contexts",
     "per_query_kv_s": "steps whose query tokens and KV tokens vary apart (mixed prefill and decode steps, "
-                      "batches of different sizes and contexts)",
+    "batches of different sizes and contexts)",
 }
 
 
@@ -69,8 +84,10 @@ class UnderdeterminedProfile(ValueError):
 
     def __init__(self, term: str, hint: str, why: str):
         self.term, self.hint = term, hint
-        super().__init__(f"the step profile cannot determine {term} ({why}); it needs {hint}, "
-                         f"or leave the term out with --drop {term}")
+        super().__init__(
+            f"the step profile cannot determine {term} ({why}); it needs {hint}, "
+            f"or leave the term out with --drop {term}"
+        )
 
 
 def step_kinds(steps: pd.DataFrame) -> np.ndarray:
@@ -94,8 +111,16 @@ def profile_features(steps: pd.DataFrame) -> np.ndarray:
 def roofline_s(steps: pd.DataFrame, roofline: StepTimeModel) -> np.ndarray:
     """The roofline's time of each profile step (the fitted model's floor)."""
     out = np.empty(len(steps))
-    cols = [steps[c].to_numpy(np.int64) for c in ("num_prefill_tokens", "num_decode_seqs", "decode_context_tokens",
-                                                  "prefill_context_tokens", "num_prefill_seqs")]
+    cols = [
+        steps[c].to_numpy(np.int64)
+        for c in (
+            "num_prefill_tokens",
+            "num_decode_seqs",
+            "decode_context_tokens",
+            "prefill_context_tokens",
+            "num_prefill_seqs",
+        )
+    ]
     for i, (p, d, dc, pc, k) in enumerate(zip(*cols)):
         out[i] = roofline.step_time_s(int(p), int(d), int(dc - d), int(pc - p), int(k))
     return out
@@ -120,16 +145,22 @@ def _check_determined(x: np.ndarray, active: list[int]) -> None:
         col = x[:, j]
         norm = np.linalg.norm(col)
         if norm == 0:
-            raise UnderdeterminedProfile(STEP_TERM_NAMES[j], _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
-                                         "no step has what it multiplies")
+            raise UnderdeterminedProfile(
+                STEP_TERM_NAMES[j],
+                _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
+                "no step has what it multiplies",
+            )
         others = [i for i in active if i != j]
         if not others:
             continue
         a = x[:, others]
         coef, *_ = np.linalg.lstsq(a, col, rcond=None)
         if np.linalg.norm(col - a @ coef) / norm < _COLLINEAR:
-            raise UnderdeterminedProfile(STEP_TERM_NAMES[j], _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
-                                         "in these steps it moves with the other terms")
+            raise UnderdeterminedProfile(
+                STEP_TERM_NAMES[j],
+                _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
+                "in these steps it moves with the other terms",
+            )
 
 
 def _nnls_terms(x: np.ndarray, y: np.ndarray, active: list[int]) -> np.ndarray:
@@ -144,7 +175,9 @@ def _nnls_terms(x: np.ndarray, y: np.ndarray, active: list[int]) -> np.ndarray:
     return out
 
 
-def _fit(x: np.ndarray, y: np.ndarray, floor: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _fit(
+    x: np.ndarray, y: np.ndarray, floor: np.ndarray, active: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """``(coefficients, outlier mask)``: NNLS, then NNLS again without the outliers of the first."""
     coef = _nnls_terms(x, y, active)
     rel = np.maximum(x @ coef, floor) / y - 1
@@ -154,8 +187,14 @@ def _fit(x: np.ndarray, y: np.ndarray, floor: np.ndarray, active: list[int]) -> 
     return coef, outliers
 
 
-def error_table(measured_s: np.ndarray, predicted_s: np.ndarray, kinds: np.ndarray, *, split: str,
-                keep: np.ndarray | None = None) -> pd.DataFrame:
+def error_table(
+    measured_s: np.ndarray,
+    predicted_s: np.ndarray,
+    kinds: np.ndarray,
+    *,
+    split: str,
+    keep: np.ndarray | None = None,
+) -> pd.DataFrame:
     """Rows per step kind (and ``all``): steps, mean absolute relative error and the bias of
     the summed time (predicted / measured - 1), both in %; ``keep`` masks the steps counted."""
     keep = np.ones(len(measured_s), bool) if keep is None else keep
@@ -165,15 +204,29 @@ def error_table(measured_s: np.ndarray, predicted_s: np.ndarray, kinds: np.ndarr
         if not m.any():
             continue
         rel = predicted_s[m] / measured_s[m] - 1
-        rows.append({"split": split, "kind": kind, "n_steps": int(m.sum()),
-                     "mean_abs_err_%": float(100 * np.mean(np.abs(rel))),
-                     "sum_bias_%": float(100 * (predicted_s[m].sum() / measured_s[m].sum() - 1))})
+        rows.append(
+            {
+                "split": split,
+                "kind": kind,
+                "n_steps": int(m.sum()),
+                "mean_abs_err_%": float(100 * np.mean(np.abs(rel))),
+                "sum_bias_%": float(100 * (predicted_s[m].sum() / measured_s[m].sum() - 1)),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-def fit_step_profile(steps: pd.DataFrame, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
-                     drop: Iterable[str] = (), folds: int = DEFAULT_FOLDS, engine: str | None = None,
-                     source: str = "") -> StepFit:
+def fit_step_profile(
+    steps: pd.DataFrame,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    tensor_parallel: int = 1,
+    drop: Iterable[str] = (),
+    folds: int = DEFAULT_FOLDS,
+    engine: str | None = None,
+    source: str = "",
+) -> StepFit:
     """Fit ``StepTerms`` to a step profile (``traces.engine_profile.read_step_profile``'s frame).
 
     Args:
@@ -196,11 +249,19 @@ def fit_step_profile(steps: pd.DataFrame, model: ModelSpec, gpu: GpuSpec, *, ten
     x = profile_features(steps)
     y = steps["duration_s"].to_numpy(np.float64)
     if len(y) < 2 * len(active):
-        raise ValueError(f"the step profile has {len(y)} steps; fitting {len(active)} terms needs at least "
-                         f"{2 * len(active)}")
-    _check_determined(x / y[:, None] / np.maximum(np.abs(x / y[:, None]).max(axis=0), 1e-300), active)
-    floor = roofline_s(steps, StepTimeModel(model, gpu, calibration=default_calibration(),
-                                            tensor_parallel=tensor_parallel))
+        raise ValueError(
+            f"the step profile has {len(y)} steps; fitting {len(active)} terms needs at least "
+            f"{2 * len(active)}"
+        )
+    _check_determined(
+        x / y[:, None] / np.maximum(np.abs(x / y[:, None]).max(axis=0), 1e-300), active
+    )
+    floor = roofline_s(
+        steps,
+        StepTimeModel(
+            model, gpu, calibration=default_calibration(), tensor_parallel=tensor_parallel
+        ),
+    )
     kinds = step_kinds(steps)
     coef, outliers = _fit(x, y, floor, active)
     predicted = np.maximum(x @ coef, floor)
@@ -211,19 +272,44 @@ def fit_step_profile(steps: pd.DataFrame, model: ModelSpec, gpu: GpuSpec, *, ten
         train[block] = False
         c, _ = _fit(x[train], y[train], floor[train], active)
         cv[block] = np.maximum(x[block] @ c, floor[block])
-    errors = pd.concat([error_table(y, predicted, kinds, split="in-sample", keep=~outliers),
-                        error_table(y, cv, kinds, split="cross-validated", keep=~outliers),
-                        error_table(y, predicted, kinds, split="in-sample, outliers too")], ignore_index=True)
+    errors = pd.concat(
+        [
+            error_table(y, predicted, kinds, split="in-sample", keep=~outliers),
+            error_table(y, cv, kinds, split="cross-validated", keep=~outliers),
+            error_table(y, predicted, kinds, split="in-sample, outliers too"),
+        ],
+        ignore_index=True,
+    )
     terms = StepTerms(**{name: float(c) for name, c in zip(STEP_TERM_NAMES, coef)})
     # a cold first step (the engine's warm-up) is an outlier the simulator should still pay once
     warmup_s = float(y[0] - predicted[0]) if outliers[0] and y[0] > predicted[0] else 0.0
     fit_info: dict[str, Any] = {
-        "num_steps": int(len(y)), "num_outliers": int(outliers.sum()), "dropped": list(drop),
-        "first_step_s": float(y[0]), "warmup_s": warmup_s,
-        "outlier_rel_error": OUTLIER_REL_ERROR, "folds": len(blocks),
+        "num_steps": int(len(y)),
+        "num_outliers": int(outliers.sum()),
+        "dropped": list(drop),
+        "first_step_s": float(y[0]),
+        "warmup_s": warmup_s,
+        "outlier_rel_error": OUTLIER_REL_ERROR,
+        "folds": len(blocks),
         "errors": errors.round(3).to_dict(orient="records"),
     }
-    cal = StepCalibration(factors=default_calibration(), terms=terms, warmup_s=warmup_s, engine=engine, model=model.name,
-                          gpu=gpu.name, tp=tensor_parallel, fit=fit_info, source=source)
-    return StepFit(terms=terms, num_steps=len(y), num_outliers=int(outliers.sum()), dropped=drop, errors=errors,
-                   calibration=cal, predicted_s=predicted)
+    cal = StepCalibration(
+        factors=default_calibration(),
+        terms=terms,
+        warmup_s=warmup_s,
+        engine=engine,
+        model=model.name,
+        gpu=gpu.name,
+        tp=tensor_parallel,
+        fit=fit_info,
+        source=source,
+    )
+    return StepFit(
+        terms=terms,
+        num_steps=len(y),
+        num_outliers=int(outliers.sum()),
+        dropped=drop,
+        errors=errors,
+        calibration=cal,
+        predicted_s=predicted,
+    )

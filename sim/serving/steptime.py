@@ -74,9 +74,19 @@ from sim.serving.models import DATA_DIR, ModelSpec, _read_json_object
 from traces.knobs import check_int
 
 __all__ = [
-    "Calibration", "StepCost", "StepTimeModel", "StepTerms", "StepCalibration", "default_calibration",
-    "load_calibration", "load_step_calibration", "STEP_CALIBRATION_FORMAT", "STEP_TERM_NAMES",
-    "DEFAULT_CALIBRATION_PATH", "step_pairs", "term_features",
+    "Calibration",
+    "StepCost",
+    "StepTimeModel",
+    "StepTerms",
+    "StepCalibration",
+    "default_calibration",
+    "load_calibration",
+    "load_step_calibration",
+    "STEP_CALIBRATION_FORMAT",
+    "STEP_TERM_NAMES",
+    "DEFAULT_CALIBRATION_PATH",
+    "step_pairs",
+    "term_features",
 ]
 
 DEFAULT_CALIBRATION_PATH = DATA_DIR / "calibration_default.json"
@@ -86,8 +96,9 @@ _CALIBRATION_METADATA_KEYS = frozenset({"source", "notes", "measured_on", "measu
 #: ``format`` of a fitted calibration file (``StepCalibration``); a file without it holds factors only.
 STEP_CALIBRATION_FORMAT = "poollab-step-time/2"
 #: Keys of a fitted calibration file; ``fit`` and ``source`` are what the fit measured, documentation only.
-_STEP_CALIBRATION_KEYS = frozenset({"format", "engine", "model", "gpu", "tp", "terms", "warmup_s", "factors", "fit",
-                                    "source"})
+_STEP_CALIBRATION_KEYS = frozenset(
+    {"format", "engine", "model", "gpu", "tp", "terms", "warmup_s", "factors", "fit", "source"}
+)
 #: Factors that are shares of a peak: in (0, 1].
 _FRACTION_FACTORS = ("mfu_prefill", "mfu_decode", "hbm_efficiency", "pcie_efficiency")
 
@@ -119,12 +130,18 @@ class Calibration:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"calibration: field {f.name!r} must be a number, got {value!r}")
             if f.name in _FRACTION_FACTORS and not 0 < value <= 1:
                 raise ValueError(f"calibration: field {f.name!r} must be in (0, 1], got {value!r}")
             if f.name not in _FRACTION_FACTORS and value < 0:
-                raise ValueError(f"calibration: field {f.name!r} must be >= 0 seconds, got {value!r}")
+                raise ValueError(
+                    f"calibration: field {f.name!r} must be >= 0 seconds, got {value!r}"
+                )
 
     def replace(self, **overrides: float) -> Calibration:
         """A copy with some factors changed (unknown names raise ValueError)."""
@@ -134,7 +151,9 @@ class Calibration:
         return dataclasses.asdict(self)
 
 
-def _calibration_from_mapping(data: Mapping[str, Any], where: str, *, base: Calibration | None) -> Calibration:
+def _calibration_from_mapping(
+    data: Mapping[str, Any], where: str, *, base: Calibration | None
+) -> Calibration:
     names = [f.name for f in dataclasses.fields(Calibration)]
     unknown = sorted(k for k in data if k not in names and k not in _CALIBRATION_METADATA_KEYS)
     if unknown:
@@ -190,8 +209,15 @@ class StepTerms:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"term {f.name!r} must be a finite number >= 0 seconds, got {value!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ValueError(
+                    f"term {f.name!r} must be a finite number >= 0 seconds, got {value!r}"
+                )
 
     @property
     def is_zero(self) -> bool:
@@ -203,7 +229,9 @@ class StepTerms:
     def linear_s(self, p: float, d: float, k: float, kv: float, pairs: float) -> float:
         """The terms' sum for a step of ``p`` prefill tokens in ``k`` sequences, ``d`` decode
         sequences, ``kv`` KV tokens read and ``pairs`` causal pairs (``term_features``)."""
-        return sum(c * x for c, x in zip(dataclasses.astuple(self), term_features(p, d, k, kv, pairs)))
+        return sum(
+            c * x for c, x in zip(dataclasses.astuple(self), term_features(p, d, k, kv, pairs))
+        )
 
 
 def term_features(p: Any, d: Any, k: Any, kv: Any, pairs: Any) -> tuple[Any, ...]:
@@ -246,27 +274,39 @@ class StepCalibration:
 
     def to_json(self) -> dict[str, Any]:
         """The file's content (``load_step_calibration`` reads it back)."""
-        return {"format": STEP_CALIBRATION_FORMAT, "source": self.source, "engine": self.engine,
-                "model": self.model, "gpu": self.gpu, "tp": self.tp, "terms": self.terms.to_dict(),
-                "warmup_s": self.warmup_s,
-                "factors": self.factors.to_dict(), "fit": dict(self.fit or {})}
+        return {
+            "format": STEP_CALIBRATION_FORMAT,
+            "source": self.source,
+            "engine": self.engine,
+            "model": self.model,
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "terms": self.terms.to_dict(),
+            "warmup_s": self.warmup_s,
+            "factors": self.factors.to_dict(),
+            "fit": dict(self.fit or {}),
+        }
 
     def check_matches(self, model: str, gpu: str, tp: int) -> None:
         """ValueError when the file was fitted for another model, GPU or tensor parallelism."""
         theirs, ours = (self.model, self.gpu, self.tp), (model, gpu, tp)
         for what, a, b in zip(("model", "GPU", "tensor parallelism"), theirs, ours):
             if a is not None and a != b:
-                raise ValueError(f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} (tp {self.tp}); "
-                                 f"this run's {what} is {b} (fit a calibration for it: poollab calibrate steps)")
+                raise ValueError(
+                    f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} (tp {self.tp}); "
+                    f"this run's {what} is {b} (fit a calibration for it: poollab calibrate steps)"
+                )
 
     def describe(self) -> str:
         """A few words for a settings line: the file and what it describes."""
         where = self.path or "in-memory calibration"
         if self.terms.is_zero:
             return f"step time: roofline with factors from {where}"
-        return (f"step time: fitted from {where}"
-                + (f" ({self.engine} engine, fixed {self.terms.fixed_s * 1e3:.1f} ms a step)" if self.engine else
-                   f" (fixed {self.terms.fixed_s * 1e3:.1f} ms a step)"))
+        return f"step time: fitted from {where}" + (
+            f" ({self.engine} engine, fixed {self.terms.fixed_s * 1e3:.1f} ms a step)"
+            if self.engine
+            else f" (fixed {self.terms.fixed_s * 1e3:.1f} ms a step)"
+        )
 
 
 def load_step_calibration(path: str | Path) -> StepCalibration:
@@ -280,13 +320,19 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
         factors = _calibration_from_mapping(data, str(path), base=default_calibration())
         return StepCalibration(factors=factors, source=str(data.get("source", "")), path=str(path))
     if data["format"] != STEP_CALIBRATION_FORMAT:
-        raise ValueError(f"{path}: unknown calibration format {data['format']!r}; expected {STEP_CALIBRATION_FORMAT!r}")
+        raise ValueError(
+            f"{path}: unknown calibration format {data['format']!r}; expected {STEP_CALIBRATION_FORMAT!r}"
+        )
     unknown = sorted(set(data) - _STEP_CALIBRATION_KEYS)
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown}; a fitted calibration has {sorted(_STEP_CALIBRATION_KEYS)}")
+        raise ValueError(
+            f"{path}: unknown key(s) {unknown}; a fitted calibration has {sorted(_STEP_CALIBRATION_KEYS)}"
+        )
     terms_data = data.get("terms") or {}
     if not isinstance(terms_data, dict) or set(terms_data) - set(STEP_TERM_NAMES):
-        raise ValueError(f"{path}: 'terms' must be an object with keys among {list(STEP_TERM_NAMES)}")
+        raise ValueError(
+            f"{path}: 'terms' must be an object with keys among {list(STEP_TERM_NAMES)}"
+        )
     try:
         terms = StepTerms(**terms_data)
     except ValueError as e:
@@ -294,7 +340,9 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
     factors_data = data.get("factors") or {}
     if not isinstance(factors_data, dict):
         raise ValueError(f"{path}: 'factors' must be an object of roofline factors")
-    factors = _calibration_from_mapping(factors_data, f"{path}: factors", base=default_calibration())
+    factors = _calibration_from_mapping(
+        factors_data, f"{path}: factors", base=default_calibration()
+    )
     tp = data.get("tp")
     check_int("tp", tp, none_ok=True, where=f"{path}: ")
     for key in ("engine", "model", "gpu", "source"):
@@ -304,11 +352,24 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
     if fit is not None and not isinstance(fit, dict):
         raise ValueError(f"{path}: 'fit' must be an object")
     warmup_s = data.get("warmup_s", 0.0)
-    if isinstance(warmup_s, bool) or not isinstance(warmup_s, (int, float)) or not 0 <= warmup_s < math.inf:
+    if (
+        isinstance(warmup_s, bool)
+        or not isinstance(warmup_s, (int, float))
+        or not 0 <= warmup_s < math.inf
+    ):
         raise ValueError(f"{path}: 'warmup_s' must be a number >= 0 seconds, got {warmup_s!r}")
-    return StepCalibration(factors=factors, terms=terms, warmup_s=float(warmup_s), engine=data.get("engine"),
-                           model=data.get("model"),
-                           gpu=data.get("gpu"), tp=tp, fit=fit, source=data.get("source") or "", path=str(path))
+    return StepCalibration(
+        factors=factors,
+        terms=terms,
+        warmup_s=float(warmup_s),
+        engine=data.get("engine"),
+        model=data.get("model"),
+        gpu=data.get("gpu"),
+        tp=tp,
+        fit=fit,
+        source=data.get("source") or "",
+        path=str(path),
+    )
 
 
 def _windowed_pairs(num_positions: float, window: int | None) -> float:
@@ -366,13 +427,22 @@ class StepTimeModel:
     into a few floats in ``_reset_state`` and a call is a handful of multiplications.
     """
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, *,
-                 calibration: Calibration | Mapping[str, float] | str | Path | None = None,
-                 tensor_parallel: int = 1):
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        *,
+        calibration: Calibration | Mapping[str, float] | str | Path | None = None,
+        tensor_parallel: int = 1,
+    ):
         if not isinstance(model, ModelSpec):
-            raise ValueError(f"model must be a ModelSpec (use sim.serving.models.load_model), got {model!r}")
+            raise ValueError(
+                f"model must be a ModelSpec (use sim.serving.models.load_model), got {model!r}"
+            )
         if not isinstance(gpu, GpuSpec):
-            raise ValueError(f"gpu must be a GpuSpec (use sim.serving.hardware.load_gpu), got {gpu!r}")
+            raise ValueError(
+                f"gpu must be a GpuSpec (use sim.serving.hardware.load_gpu), got {gpu!r}"
+            )
         self.whole_model = model
         self.tensor_parallel = tensor_parallel
         self.model = model.shard(tensor_parallel)  # what one GPU computes
@@ -392,8 +462,10 @@ class StepTimeModel:
             return load_step_calibration(cal)
         if isinstance(cal, Mapping):
             return StepCalibration(default_calibration().replace(**cal))
-        raise ValueError(f"calibration must be a Calibration, a StepCalibration, a mapping, a file path or None, "
-                         f"got {cal!r}")
+        raise ValueError(
+            f"calibration must be a Calibration, a StepCalibration, a mapping, a file path or None, "
+            f"got {cal!r}"
+        )
 
     def _reset_state(self) -> None:
         step_cal = self._resolved_calibration()
@@ -401,7 +473,9 @@ class StepTimeModel:
         self.step_calibration = step_cal
         self.terms = step_cal.terms
         self.warmup_s = step_cal.warmup_s  # the server adds it to its first step
-        self._terms = None if step_cal.terms.is_zero else step_cal.terms  # None: the roofline alone (hot path)
+        self._terms = (
+            None if step_cal.terms.is_zero else step_cal.terms
+        )  # None: the roofline alone (hot path)
         m, cal = self.model, step_cal.factors
         self.factors = cal
         peak = self.gpu.flops_per_s(m.dtype)
@@ -431,14 +505,28 @@ class StepTimeModel:
         tp = self.tensor_parallel
         num_allreduces = 2 * m.num_layers if tp > 1 else 0
         self._allreduce_fixed_s = num_allreduces * self.gpu.interconnect_latency_s
-        self._allreduce_token_s = (num_allreduces * 2 * (tp - 1) / tp * m.hidden_size * m.dtype_bytes
-                                   / self.gpu.link_bytes_per_s)
+        self._allreduce_token_s = (
+            num_allreduces
+            * 2
+            * (tp - 1)
+            / tp
+            * m.hidden_size
+            * m.dtype_bytes
+            / self.gpu.link_bytes_per_s
+        )
         # Hybrid models: per attention group (layers, window or None, KV bytes per token); Mamba
         # groups as their state bytes per sequence and state-update FLOPs per token.
         self._hybrid = m.is_hybrid
         groups = m.kv_groups
-        self._attention_groups = [(g.num_layers, g.sliding_window if g.kind == "sliding" else None,
-                                   g.token_bytes(m.dtype_bytes)) for g in groups if g.is_attention]
+        self._attention_groups = [
+            (
+                g.num_layers,
+                g.sliding_window if g.kind == "sliding" else None,
+                g.token_bytes(m.dtype_bytes),
+            )
+            for g in groups
+            if g.is_attention
+        ]
         self._layer_pair_flops = 4 * m.q_size  # QK^T and PV of one query/key pair in one layer
         self._state_bytes = sum(g.state_bytes(m.dtype_bytes) for g in groups)
         self._state_flops_per_token = sum(g.state_update_flops_per_token() for g in groups)
@@ -447,7 +535,13 @@ class StepTimeModel:
         """Model, GPU and factors by name, for a report's params column."""
         tp = {"tensor_parallel": self.tensor_parallel} if self.tensor_parallel > 1 else {}
         terms = self._terms.to_dict() if self._terms is not None else {}
-        return {"model": self.model.name, "gpu": self.gpu.name, **tp, **self.factors.to_dict(), **terms}
+        return {
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            **tp,
+            **self.factors.to_dict(),
+            **terms,
+        }
 
     def allreduce_time_s(self, num_tokens: int) -> float:
         """Seconds a step of ``num_tokens`` tokens spends in tensor-parallel all-reduces (0 on one GPU)."""
@@ -456,8 +550,14 @@ class StepTimeModel:
         return self._allreduce_fixed_s + num_tokens * self._allreduce_token_s
 
     # -- the hot path ----------------------------------------------------------------------------
-    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
-                    prefill_context_tokens: int = 0, num_prefill_seqs: int | None = None) -> float:
+    def step_time_s(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        context_tokens: int,
+        prefill_context_tokens: int = 0,
+        num_prefill_seqs: int | None = None,
+    ) -> float:
         """Seconds one iteration takes (compute/memory roofline plus the fixed overheads).
 
         Args:
@@ -477,8 +577,17 @@ class StepTimeModel:
         p, d, k = prefill_tokens, decode_seqs, num_prefill_seqs
         if k is None:
             k = 1 if p > 0 else 0
-        if p < 0 or d < 0 or context_tokens < 0 or prefill_context_tokens < 0 or k < 0 or k > p \
-                or (p > 0 and k == 0) or (d == 0 and context_tokens) or (p == 0 and prefill_context_tokens):
+        if (
+            p < 0
+            or d < 0
+            or context_tokens < 0
+            or prefill_context_tokens < 0
+            or k < 0
+            or k > p
+            or (p > 0 and k == 0)
+            or (d == 0 and context_tokens)
+            or (p == 0 and prefill_context_tokens)
+        ):
             self._check_args(p, d, context_tokens, prefill_context_tokens, k)
         if p == 0 and d == 0:
             return 0.0
@@ -490,15 +599,21 @@ class StepTimeModel:
             # Causal pairs of k sequences of n = p/k new tokens after c = P/k cached ones:
             # k x (n c + n (n + 1) / 2) = p P / k + p (p / k + 1) / 2.
             pairs = p * prefill_context_tokens / k + p * (p / k + 1) / 2
-            compute_s = p * self._prefill_token_s + k * self._prefill_sampled_s + pairs * self._prefill_pair_s
+            compute_s = (
+                p * self._prefill_token_s
+                + k * self._prefill_sampled_s
+                + pairs * self._prefill_pair_s
+            )
         else:
             compute_s = 0.0
         if d:
             compute_s += d * self._decode_token_s + (context_tokens + d) * self._decode_pair_s
-        hbm_bytes = (self._weight_bytes
-                     + self._kv_bytes_per_token * (context_tokens + prefill_context_tokens + p + d)
-                     + self._act_bytes_per_token * (p + d)
-                     + self._logits_bytes * (k + d))
+        hbm_bytes = (
+            self._weight_bytes
+            + self._kv_bytes_per_token * (context_tokens + prefill_context_tokens + p + d)
+            + self._act_bytes_per_token * (p + d)
+            + self._logits_bytes * (k + d)
+        )
         memory_s = hbm_bytes * self._s_per_hbm_byte
         step_s = (compute_s if compute_s > memory_s else memory_s) + self._fixed_s
         if self._allreduce_token_s:
@@ -507,8 +622,13 @@ class StepTimeModel:
 
     @staticmethod
     def _check_args(p: int, d: int, c: int, pc: int, k: int) -> None:
-        for name, value in (("prefill_tokens", p), ("decode_seqs", d), ("context_tokens", c),
-                            ("prefill_context_tokens", pc), ("num_prefill_seqs", k)):
+        for name, value in (
+            ("prefill_tokens", p),
+            ("decode_seqs", d),
+            ("context_tokens", c),
+            ("prefill_context_tokens", pc),
+            ("num_prefill_seqs", k),
+        ):
             if value < 0:
                 raise ValueError(f"{name}={value} must be >= 0")
         if k > p or (p > 0 and k == 0):
@@ -518,8 +638,14 @@ class StepTimeModel:
         raise ValueError(f"prefill_context_tokens={pc} given for prefill_tokens=0")
 
     # -- diagnostics -----------------------------------------------------------------------------
-    def step_cost(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
-                  prefill_context_tokens: int = 0, num_prefill_seqs: int | None = None) -> StepCost:
+    def step_cost(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        context_tokens: int,
+        prefill_context_tokens: int = 0,
+        num_prefill_seqs: int | None = None,
+    ) -> StepCost:
         """The roofline terms behind ``step_time_s`` (same arguments); ``total_s`` equals it."""
         p, d = prefill_tokens, decode_seqs
         k = (1 if p > 0 else 0) if num_prefill_seqs is None else num_prefill_seqs
@@ -534,27 +660,53 @@ class StepTimeModel:
         """``step_cost`` with the fitted terms (arguments validated, at least one token): the
         roofline's terms, and ``fitted_s`` in the step profile's counts (``kv`` counts new tokens)."""
         cost = self._roofline_cost(p, d, c, pc, k, None)
-        cost.fitted_s = float(self._terms.linear_s(p, d, k, pc + p + c + d, step_pairs(p, k, pc, c + d)))
+        cost.fitted_s = float(
+            self._terms.linear_s(p, d, k, pc + p + c + d, step_pairs(p, k, pc, c + d))
+        )
         return cost
 
-    def _roofline_cost(self, p: int, d: int, context_tokens: int, prefill_context_tokens: int, k: int,
-                       total: float | None) -> StepCost:
+    def _roofline_cost(
+        self,
+        p: int,
+        d: int,
+        context_tokens: int,
+        prefill_context_tokens: int,
+        k: int,
+        total: float | None,
+    ) -> StepCost:
         """The roofline's terms (arguments validated, at least one token); checked against
         ``step_time_s``'s ``total`` when given."""
         if self._hybrid:
             return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k)
         pairs = p * prefill_context_tokens / k + p * (p / k + 1) / 2 if p else 0.0
-        prefill_flops = p * self._body_flops_per_token + k * self._logits_flops + pairs * self._attn_flops_per_pair
-        decode_flops = d * (self._body_flops_per_token + self._logits_flops) \
-            + (context_tokens + d) * self._attn_flops_per_pair if d else 0.0
+        prefill_flops = (
+            p * self._body_flops_per_token
+            + k * self._logits_flops
+            + pairs * self._attn_flops_per_pair
+        )
+        decode_flops = (
+            d * (self._body_flops_per_token + self._logits_flops)
+            + (context_tokens + d) * self._attn_flops_per_pair
+            if d
+            else 0.0
+        )
         peak = self.gpu.flops_per_s(self.model.dtype)
-        compute_s = prefill_flops / (peak * self.factors.mfu_prefill) + decode_flops / (peak * self.factors.mfu_decode)
-        hbm_bytes = (self._weight_bytes
-                     + self._kv_bytes_per_token * (context_tokens + prefill_context_tokens + p + d)
-                     + self._act_bytes_per_token * (p + d) + self._logits_bytes * (k + d))
-        cost = StepCost(flops=prefill_flops + decode_flops, hbm_bytes=hbm_bytes, compute_s=compute_s,
-                        memory_s=hbm_bytes * self._s_per_hbm_byte,
-                        overhead_s=self._fixed_s + self.allreduce_time_s(p + d))
+        compute_s = prefill_flops / (peak * self.factors.mfu_prefill) + decode_flops / (
+            peak * self.factors.mfu_decode
+        )
+        hbm_bytes = (
+            self._weight_bytes
+            + self._kv_bytes_per_token * (context_tokens + prefill_context_tokens + p + d)
+            + self._act_bytes_per_token * (p + d)
+            + self._logits_bytes * (k + d)
+        )
+        cost = StepCost(
+            flops=prefill_flops + decode_flops,
+            hbm_bytes=hbm_bytes,
+            compute_s=compute_s,
+            memory_s=hbm_bytes * self._s_per_hbm_byte,
+            overhead_s=self._fixed_s + self.allreduce_time_s(p + d),
+        )
         assert total is None or math.isclose(cost.total_s, total, rel_tol=1e-9), (cost, total)
         return cost
 
@@ -565,25 +717,54 @@ class StepTimeModel:
         kv_tokens_bytes = 0.0
         for num_layers, window, token_bytes in self._attention_groups:
             if p:
-                n, cached = p / k, pc / k  # per sequence, split evenly as the full-attention path assumes
+                n, cached = (
+                    p / k,
+                    pc / k,
+                )  # per sequence, split evenly as the full-attention path assumes
                 pairs = k * (_windowed_pairs(cached + n, window) - _windowed_pairs(cached, window))
                 prefill_pairs += num_layers * pairs
-                kv_tokens_bytes += token_bytes * ((pc if window is None else k * min(cached, window)) + p)
+                kv_tokens_bytes += token_bytes * (
+                    (pc if window is None else k * min(cached, window)) + p
+                )
             if d:
                 keys = c + d if window is None else min(c + d, d * window)
                 decode_pairs += num_layers * keys
                 kv_tokens_bytes += token_bytes * keys
-        prefill_flops = (p * (self._body_flops_per_token + self._state_flops_per_token) + k * self._logits_flops
-                         + prefill_pairs * self._layer_pair_flops) if p else 0.0
-        decode_flops = (d * (self._body_flops_per_token + self._logits_flops + self._state_flops_per_token)
-                        + decode_pairs * self._layer_pair_flops) if d else 0.0
+        prefill_flops = (
+            (
+                p * (self._body_flops_per_token + self._state_flops_per_token)
+                + k * self._logits_flops
+                + prefill_pairs * self._layer_pair_flops
+            )
+            if p
+            else 0.0
+        )
+        decode_flops = (
+            (
+                d * (self._body_flops_per_token + self._logits_flops + self._state_flops_per_token)
+                + decode_pairs * self._layer_pair_flops
+            )
+            if d
+            else 0.0
+        )
         peak = self.gpu.flops_per_s(self.model.dtype)
-        compute_s = prefill_flops / (peak * self.factors.mfu_prefill) + decode_flops / (peak * self.factors.mfu_decode)
-        hbm_bytes = (self._weight_bytes + kv_tokens_bytes + 2 * self._state_bytes * (k + d)
-                     + self._act_bytes_per_token * (p + d) + self._logits_bytes * (k + d))
-        return StepCost(flops=prefill_flops + decode_flops, hbm_bytes=hbm_bytes, compute_s=compute_s,
-                        memory_s=hbm_bytes * self._s_per_hbm_byte,
-                        overhead_s=self._fixed_s + self.allreduce_time_s(p + d))
+        compute_s = prefill_flops / (peak * self.factors.mfu_prefill) + decode_flops / (
+            peak * self.factors.mfu_decode
+        )
+        hbm_bytes = (
+            self._weight_bytes
+            + kv_tokens_bytes
+            + 2 * self._state_bytes * (k + d)
+            + self._act_bytes_per_token * (p + d)
+            + self._logits_bytes * (k + d)
+        )
+        return StepCost(
+            flops=prefill_flops + decode_flops,
+            hbm_bytes=hbm_bytes,
+            compute_s=compute_s,
+            memory_s=hbm_bytes * self._s_per_hbm_byte,
+            overhead_s=self._fixed_s + self.allreduce_time_s(p + d),
+        )
 
     # -- transfers -------------------------------------------------------------------------------
     def copy_time_s(self, nbytes: int) -> float:

@@ -62,8 +62,19 @@ from sim.serving.serving_metrics import latency_percentiles
 from sim.serving.simulate import ServingSetup, SimResult, build_serving, serving_result
 from traces.requests import RequestTrace
 
-__all__ = ["LAYOUTS", "COMPUTE_MODES", "DEFAULT_SLEEP_AFTER_S", "Colocation", "GpuSplit", "split_gpu", "share_trace",
-           "scale_tenant_rates", "colocate", "colocate_layouts", "LayoutComparison"]
+__all__ = [
+    "LAYOUTS",
+    "COMPUTE_MODES",
+    "DEFAULT_SLEEP_AFTER_S",
+    "Colocation",
+    "GpuSplit",
+    "split_gpu",
+    "share_trace",
+    "scale_tenant_rates",
+    "colocate",
+    "colocate_layouts",
+    "LayoutComparison",
+]
 
 LAYOUTS = ("static", "shared", "sleep")
 #: How the tenants share the GPU's compute (module docstring); the first is the default.
@@ -81,18 +92,29 @@ def share_trace(trace: RequestTrace, num_shares: int) -> list[RequestTrace]:
     if int(num_shares) != num_shares or num_shares < 1:
         raise ValueError(f"num_shares(={num_shares!r}) must be a whole number >= 1")
     if len(trace) < num_shares:
-        raise ValueError(f"{trace.name}: {len(trace)} requests cannot be shared among {num_shares} tenants")
+        raise ValueError(
+            f"{trace.name}: {len(trace)} requests cannot be shared among {num_shares} tenants"
+        )
     df = trace.requests
-    return [RequestTrace(requests=df.iloc[i::num_shares].reset_index(drop=True), name=f"{trace.name}[{i}/{num_shares}]",
-                         source=trace.source, format=trace.format, meta=dict(trace.meta))
-            for i in range(num_shares)]
+    return [
+        RequestTrace(
+            requests=df.iloc[i::num_shares].reset_index(drop=True),
+            name=f"{trace.name}[{i}/{num_shares}]",
+            source=trace.source,
+            format=trace.format,
+            meta=dict(trace.meta),
+        )
+        for i in range(num_shares)
+    ]
 
 
 def scale_tenant_rates(traces: list[RequestTrace], scales: list[float]) -> list[RequestTrace]:
     """Tenant i's trace with its request rate times ``scales[i]`` (unequal loads: a scale of 4
     packs a tenant's share into a quarter of the time, a burst the others do not see)."""
     if len(scales) != len(traces):
-        raise ValueError(f"{len(scales)} rate scales for {len(traces)} tenants: give one per tenant")
+        raise ValueError(
+            f"{len(scales)} rate scales for {len(traces)} tenants: give one per tenant"
+        )
     return [t.scale_rate(f) if f != 1.0 else t for t, f in zip(traces, scales)]
 
 
@@ -120,17 +142,25 @@ def split_gpu(models: list[Any], gpu: Any, config: ServerConfig) -> GpuSplit:
     fixed, weights = [], []
     usable = 0
     for m in models:
-        p = plan_memory(m, gpu, gpu_memory_utilization=config.gpu_memory_utilization,
-                        max_num_batched_tokens=config.max_num_batched_tokens, workspace_bytes=config.workspace_bytes,
-                        kv_capacity_bytes=1, tensor_parallel=config.tensor_parallel)
+        p = plan_memory(
+            m,
+            gpu,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            workspace_bytes=config.workspace_bytes,
+            kv_capacity_bytes=1,
+            tensor_parallel=config.tensor_parallel,
+        )
         fixed.append(p.weight_bytes + p.activation_reserve_bytes + p.workspace_bytes)
         weights.append(p.weight_bytes)
         usable = p.usable_bytes
     kv = usable - sum(fixed)
     if kv <= 0:
         names = ", ".join(m.name for m in models)
-        raise ValueError(f"{len(models)} tenants ({names}) do not fit on {gpu.name}: their weights, activations "
-                         f"and workspace take {sum(fixed) / 2**30:.1f} GiB of the {usable / 2**30:.1f} GiB usable")
+        raise ValueError(
+            f"{len(models)} tenants ({names}) do not fit on {gpu.name}: their weights, activations "
+            f"and workspace take {sum(fixed) / 2**30:.1f} GiB of the {usable / 2**30:.1f} GiB usable"
+        )
     return GpuSplit(int(gpu.memory_bytes), usable, tuple(fixed), tuple(weights), kv)
 
 
@@ -210,8 +240,15 @@ class _SleepGate:
     """vLLM sleep mode for one tenant (``Server.gate``): sleep after ``sleep_after_s`` idle, wake
     before the next step (pool bytes back, then the weights over PCIe)."""
 
-    def __init__(self, env: simpy.Environment, shared: _SharedPool, kv: SharedKV, weight_bytes: int,
-                 restore_s: float, sleep_after_s: float):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        shared: _SharedPool,
+        kv: SharedKV,
+        weight_bytes: int,
+        restore_s: float,
+        sleep_after_s: float,
+    ):
         self.env, self.shared, self.kv = env, shared, kv
         self.weight_bytes = weight_bytes
         self.restore_s = restore_s
@@ -254,7 +291,9 @@ class _SleepGate:
     def _wake(self):
         env, policy = self.env, self.shared.policy
         t0 = env.now
-        policy.capacity_bytes -= self.weight_bytes  # from now on no tenant may map into the weights' room
+        policy.capacity_bytes -= (
+            self.weight_bytes
+        )  # from now on no tenant may map into the weights' room
         while policy.reserved_bytes > policy.capacity_bytes:
             while policy.reserved_bytes > policy.capacity_bytes and self.shared.evict_any():
                 pass
@@ -262,9 +301,13 @@ class _SleepGate:
             driver_s = policy.device.take_driver_ns() * 1e-9
             self.restore_driver_s += driver_s
             freed = None
-            if policy.reserved_bytes > policy.capacity_bytes:  # held by running requests: wait for a free
+            if (
+                policy.reserved_bytes > policy.capacity_bytes
+            ):  # held by running requests: wait for a free
                 freed = env.event()
-                self.shared.call_when_freed(freed.succeed)  # before the unmap time: a free in it counts
+                self.shared.call_when_freed(
+                    freed.succeed
+                )  # before the unmap time: a free in it counts
             if driver_s:
                 yield env.timeout(driver_s)
             if freed is not None:
@@ -296,14 +339,26 @@ class Colocation:
     ``env`` is the one simpy environment; a test may add processes to it before ``run``.
     """
 
-    def __init__(self, traces: list[RequestTrace], policy_spec: str, *, models: list[Any] | Any, gpu: Any,
-                 layout: str = "shared", config: ServerConfig | None = None,
-                 sleep_after_s: float = DEFAULT_SLEEP_AFTER_S, calibration: Any = None,
-                 costs: CostModel | str | Path | None = None, compute: str = COMPUTE_MODES[0]):
+    def __init__(
+        self,
+        traces: list[RequestTrace],
+        policy_spec: str,
+        *,
+        models: list[Any] | Any,
+        gpu: Any,
+        layout: str = "shared",
+        config: ServerConfig | None = None,
+        sleep_after_s: float = DEFAULT_SLEEP_AFTER_S,
+        calibration: Any = None,
+        costs: CostModel | str | Path | None = None,
+        compute: str = COMPUTE_MODES[0],
+    ):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown tenant layout {layout!r}; layouts: {', '.join(LAYOUTS)}")
         if compute not in COMPUTE_MODES:
-            raise ValueError(f"unknown compute sharing {compute!r}; modes: {', '.join(COMPUTE_MODES)}")
+            raise ValueError(
+                f"unknown compute sharing {compute!r}; modes: {', '.join(COMPUTE_MODES)}"
+            )
         if not traces:
             raise ValueError("colocation needs at least one tenant trace")
         cfg = config if config is not None else ServerConfig()
@@ -314,7 +369,9 @@ class Colocation:
         if len(model_list) == 1:
             model_list *= len(traces)
         if len(model_list) != len(traces):
-            raise ValueError(f"{len(model_list)} models for {len(traces)} tenants: give one, or one per tenant")
+            raise ValueError(
+                f"{len(model_list)} models for {len(traces)} tenants: give one, or one per tenant"
+            )
         loaded = [load_model(m) for m in model_list]
         gpu = load_gpu(gpu)
         self.layout = layout
@@ -333,28 +390,55 @@ class Colocation:
         if layout == "static":
             share = self.split.static_share_bytes()
             for trace, m in zip(traces, loaded):
-                self.setups.append(build_serving(trace, policy_spec, model=m,
-                                                 config=cfg.replace(kv_capacity_bytes=share), **common))
+                self.setups.append(
+                    build_serving(
+                        trace,
+                        policy_spec,
+                        model=m,
+                        config=cfg.replace(kv_capacity_bytes=share),
+                        **common,
+                    )
+                )
             self._share_compute()
             return
         kv_bytes = self.split.kv_bytes
         bytes_per_token = loaded[0].shard(cfg.tensor_parallel).kv_bytes_per_token
-        policy = create_policy(policy_spec, capacity_bytes=kv_bytes, costs=cost_model,
-                               fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page})
+        policy = create_policy(
+            policy_spec,
+            capacity_bytes=kv_bytes,
+            costs=cost_model,
+            fill={"bytes_per_token": bytes_per_token, "tokens_per_page": cfg.tokens_per_page},
+        )
         if policy.contiguous:
-            raise ValueError(f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
-                             f"(try page-pool, kvcached's elastic page pool, or paged)")
+            raise ValueError(
+                f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
+                f"(try page-pool, kvcached's elastic page pool, or paged)"
+            )
         self.shared = _SharedPool(policy)
         # the most any one tenant could hold: all the KV memory, plus every other tenant's weights asleep
         budget = kv_bytes + (sum(self.split.weight_bytes) if layout == "sleep" else 0)
         kv_class = functools.partial(SharedKV, shared=self.shared)
         for i, (trace, m) in enumerate(zip(traces, loaded)):
-            setup = build_serving(trace, policy_spec, model=m, config=cfg.replace(kv_capacity_bytes=kv_bytes),
-                                  policy=policy, kv_class=kv_class, kv_budget_bytes=budget, **common)
+            setup = build_serving(
+                trace,
+                policy_spec,
+                model=m,
+                config=cfg.replace(kv_capacity_bytes=kv_bytes),
+                policy=policy,
+                kv_class=kv_class,
+                kv_budget_bytes=budget,
+                **common,
+            )
             self.setups.append(setup)
             if layout == "sleep":
-                gate = _SleepGate(self.env, self.shared, setup.kv, self.split.weight_bytes[i],
-                                  cost_model.h2d_ns(self.split.weight_bytes[i]) * 1e-9, sleep_after_s)
+                gate = _SleepGate(
+                    self.env,
+                    self.shared,
+                    setup.kv,
+                    self.split.weight_bytes[i],
+                    cost_model.h2d_ns(self.split.weight_bytes[i]) * 1e-9,
+                    sleep_after_s,
+                )
                 setup.server.gate = gate
                 self.gates[i] = gate
         self._share_compute()
@@ -366,14 +450,20 @@ class Colocation:
     def gpu_used_bytes(self) -> int:
         """Bytes the tenants hold on the GPU now: KV pools' reserved bytes plus every awake
         tenant's weights and every tenant's activation reserve and workspace."""
-        fixed = sum(f - (w if g is not None and g.asleep else 0)
-                    for f, w, g in zip(self.split.fixed_bytes, self.split.weight_bytes, self.gates))
+        fixed = sum(
+            f - (w if g is not None and g.asleep else 0)
+            for f, w, g in zip(self.split.fixed_bytes, self.split.weight_bytes, self.gates)
+        )
         if self.shared is not None:
             return fixed + self.shared.policy.reserved_bytes
         return fixed + sum(s.policy.reserved_bytes for s in self.setups)
 
-    def run(self, *, tenant_names: list[str] | None = None,
-            progress: Callable[[float], None] | None = None) -> list[SimResult]:
+    def run(
+        self,
+        *,
+        tenant_names: list[str] | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> list[SimResult]:
         """Serve every tenant's requests (until all are done, or the config's ``horizon_s``); one
         ``SimResult`` per tenant, its summary row with the ``tenant`` columns.
 
@@ -395,21 +485,30 @@ class Colocation:
         gpu_busy_s = sum(s.server.busy_s for s in self.setups)
         for name, setup, gate in zip(names, self.setups, self.gates):
             setup.server.finish()
-            results.append(serving_result(setup, end_s=end_s, wall_s=wall_s, extra={
-                "tenant": name,
-                "tenant_layout": self.layout,
-                "tenant_compute": self.compute,
-                "num_tenants": len(self.setups),
-                # steps of all tenants over the run: above 1 only when compute is independent
-                "gpu_busy_share": gpu_busy_s / end_s if end_s > 0 else 0.0,
-                "gpu_kv_bytes": self.split.kv_bytes,
-                "n_sleeps": gate.num_sleeps if gate else 0,
-                "n_wakes": gate.num_wakes if gate else 0,
-                "wake_s": gate.wake_s if gate else 0.0,
-                # this tenant's own prefix cache (held or evictable blocks): at the end and at peak
-                "prefix_cached_bytes": setup.kv.cached_bytes(setup.kv.cached_tokens),
-                "prefix_peak_cached_bytes": setup.kv.cached_bytes(setup.kv.peak_cached_tokens),
-            }))
+            results.append(
+                serving_result(
+                    setup,
+                    end_s=end_s,
+                    wall_s=wall_s,
+                    extra={
+                        "tenant": name,
+                        "tenant_layout": self.layout,
+                        "tenant_compute": self.compute,
+                        "num_tenants": len(self.setups),
+                        # steps of all tenants over the run: above 1 only when compute is independent
+                        "gpu_busy_share": gpu_busy_s / end_s if end_s > 0 else 0.0,
+                        "gpu_kv_bytes": self.split.kv_bytes,
+                        "n_sleeps": gate.num_sleeps if gate else 0,
+                        "n_wakes": gate.num_wakes if gate else 0,
+                        "wake_s": gate.wake_s if gate else 0.0,
+                        # this tenant's own prefix cache (held or evictable blocks): at the end and at peak
+                        "prefix_cached_bytes": setup.kv.cached_bytes(setup.kv.cached_tokens),
+                        "prefix_peak_cached_bytes": setup.kv.cached_bytes(
+                            setup.kv.peak_cached_tokens
+                        ),
+                    },
+                )
+            )
         return results
 
 
@@ -421,20 +520,29 @@ def _report_time(env: simpy.Environment, progress: Callable[[float], None], ever
         progress(env.now)
 
 
-def colocate(traces: list[RequestTrace], policy_spec: str, *, tenant_names: list[str] | None = None,
-             progress: Callable[[float], None] | None = None,
-             **kwargs: Any) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def colocate(
+    traces: list[RequestTrace],
+    policy_spec: str,
+    *,
+    tenant_names: list[str] | None = None,
+    progress: Callable[[float], None] | None = None,
+    **kwargs: Any,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Build and run a ``Colocation``: ``(summary, timeseries, requests)`` tables, one block per
     tenant (a ``tenant`` column in each), as ``sim.serving.simulate.simulate_many`` returns them.
     ``progress``: see ``Colocation.run``."""
-    results = Colocation(traces, policy_spec, **kwargs).run(tenant_names=tenant_names, progress=progress)
+    results = Colocation(traces, policy_spec, **kwargs).run(
+        tenant_names=tenant_names, progress=progress
+    )
     names = [r.summary["tenant"] for r in results]
     for name, r in zip(names, results):
         r.timeseries.insert(0, "tenant", name)
         r.requests.insert(0, "tenant", name)
-    return (summary_frame([r.summary for r in results]),
-            pd.concat([r.timeseries for r in results], ignore_index=True),
-            pd.concat([r.requests for r in results], ignore_index=True))
+    return (
+        summary_frame([r.summary for r in results]),
+        pd.concat([r.timeseries for r in results], ignore_index=True),
+        pd.concat([r.requests for r in results], ignore_index=True),
+    )
 
 
 @dataclass
@@ -455,15 +563,29 @@ class LayoutComparison:
         for layout, rq in self.requests.groupby("tenant_layout", sort=False):
             finished = rq[rq["status"] == "finished"]
             quantiles = latency_percentiles(finished)
-            rows.append({"tenant_layout": layout, "n_finished": len(finished), "n_requests": len(rq),
-                         "ttft_p50_s": quantiles["ttft_p50_s"], "ttft_p99_s": quantiles["ttft_p99_s"],
-                         "ttft_mean_s": float(finished["ttft_s"].mean()), "gpu_busy_share": float(busy[layout])})
+            rows.append(
+                {
+                    "tenant_layout": layout,
+                    "n_finished": len(finished),
+                    "n_requests": len(rq),
+                    "ttft_p50_s": quantiles["ttft_p50_s"],
+                    "ttft_p99_s": quantiles["ttft_p99_s"],
+                    "ttft_mean_s": float(finished["ttft_s"].mean()),
+                    "gpu_busy_share": float(busy[layout]),
+                }
+            )
         return pd.DataFrame(rows)
 
 
-def colocate_layouts(traces: list[RequestTrace], policy_spec: str, *, layouts: tuple[str, ...] | list[str] = LAYOUTS,
-                     tenant_names: list[str] | None = None, progress: bool = False,
-                     **kwargs: Any) -> LayoutComparison:
+def colocate_layouts(
+    traces: list[RequestTrace],
+    policy_spec: str,
+    *,
+    layouts: tuple[str, ...] | list[str] = LAYOUTS,
+    tenant_names: list[str] | None = None,
+    progress: bool = False,
+    **kwargs: Any,
+) -> LayoutComparison:
     """``colocate`` under each of ``layouts``, in order; keyword arguments are ``Colocation``'s.
 
     ``progress`` shows a bar per layout on stderr, in simulated seconds up to the last arrival.
@@ -474,12 +596,21 @@ def colocate_layouts(traces: list[RequestTrace], policy_spec: str, *, layouts: t
     summaries, series, tables = [], [], []
     for layout in layouts:
         with time_bar(arrivals_s, f"colocate · {layout}", enabled=progress) as advance:
-            s, ts, rq = colocate(traces, policy_spec, tenant_names=tenant_names, layout=layout, progress=advance,
-                                 **kwargs)
+            s, ts, rq = colocate(
+                traces,
+                policy_spec,
+                tenant_names=tenant_names,
+                layout=layout,
+                progress=advance,
+                **kwargs,
+            )
         ts.insert(0, "tenant_layout", layout)
         rq.insert(0, "tenant_layout", layout)
         summaries.append(s)
         series.append(ts)
         tables.append(rq)
-    return LayoutComparison(pd.concat(summaries, ignore_index=True), pd.concat(series, ignore_index=True),
-                            pd.concat(tables, ignore_index=True))
+    return LayoutComparison(
+        pd.concat(summaries, ignore_index=True),
+        pd.concat(series, ignore_index=True),
+        pd.concat(tables, ignore_index=True),
+    )

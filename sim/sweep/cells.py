@@ -26,8 +26,21 @@ import numpy as np
 
 from policies.spec import parse_spec
 
-__all__ = ["FileRef", "Cell", "file_ref", "cell_key", "run_cell", "run_cells", "cell_columns", "KEY_SCHEMA", "MODES",
-           "STATUS_OK", "STATUS_FAILED", "STATUS_LOST", "lost_record"]
+__all__ = [
+    "FileRef",
+    "Cell",
+    "file_ref",
+    "cell_key",
+    "run_cell",
+    "run_cells",
+    "cell_columns",
+    "KEY_SCHEMA",
+    "MODES",
+    "STATUS_OK",
+    "STATUS_FAILED",
+    "STATUS_LOST",
+    "lost_record",
+]
 
 #: Bumped when what a key covers changes, so old stores are not mistaken for new results.
 KEY_SCHEMA = 1
@@ -132,7 +145,11 @@ def _key_value(value: Any) -> Any:
 
 def cell_key(cell: Cell) -> str:
     """Hex key of a cell's inputs: file fingerprints, spec, capacity, every option, poollab's version."""
-    inputs = {f.name: _key_value(getattr(cell, f.name)) for f in dataclasses.fields(cell) if f.name != "key"}
+    inputs = {
+        f.name: _key_value(getattr(cell, f.name))
+        for f in dataclasses.fields(cell)
+        if f.name != "key"
+    }
     inputs["key_schema"] = KEY_SCHEMA
     inputs["poollab"] = _poollab_version()
     text = json.dumps(inputs, sort_keys=True, default=repr, allow_nan=True)
@@ -154,7 +171,11 @@ def cell_columns(cell: Cell) -> dict[str, Any]:
         "cell_capacity_bytes": cell.capacity_bytes,
     }
     if cell.mode == "simulate":
-        cols.update(cell_model=_label(cell.model), cell_gpu=_label(cell.gpu), cell_rate_scale=cell.rate_scale)
+        cols.update(
+            cell_model=_label(cell.model),
+            cell_gpu=_label(cell.gpu),
+            cell_rate_scale=cell.rate_scale,
+        )
     cols.update({f"param_{k}": v for k, v in params.items()})
     cols.update({f"option_{k}": v for k, v in cell.options})
     return cols
@@ -187,8 +208,13 @@ def _run_replay(cell: Cell) -> dict[str, Any]:
 
     trace = _alloc_trace(cell.trace.path, cell.trace_format, cell.trace.fingerprint)
     trace = dataclasses.replace(trace, name=cell.trace_name)
-    result = replay(trace, cell.policy, capacity_bytes=cell.capacity_bytes, costs=_cost_model(cell.costs),
-                    sample_every=cell.sample_every)
+    result = replay(
+        trace,
+        cell.policy,
+        capacity_bytes=cell.capacity_bytes,
+        costs=_cost_model(cell.costs),
+        sample_every=cell.sample_every,
+    )
     return result.summary
 
 
@@ -201,9 +227,16 @@ def _run_simulate(cell: Cell) -> dict[str, Any]:
     options = dict(cell.options)
     if cell.capacity_bytes is not None:
         options["kv_capacity_bytes"] = cell.capacity_bytes
-    result = simulate(trace, cell.policy, model=_label(cell.model), gpu=_label(cell.gpu),
-                      calibration=_label(cell.calibration), costs=_cost_model(cell.costs),
-                      trace_name=cell.trace_name, **options)
+    result = simulate(
+        trace,
+        cell.policy,
+        model=_label(cell.model),
+        gpu=_label(cell.gpu),
+        calibration=_label(cell.calibration),
+        costs=_cost_model(cell.costs),
+        trace_name=cell.trace_name,
+        **options,
+    )
     return result.summary
 
 
@@ -231,10 +264,23 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         summary = _run_replay(cell) if cell.mode == "replay" else _run_simulate(cell)
         status, error, tb = STATUS_OK, None, None
     except Exception as exc:  # a failing cell is a result, not the end of the sweep
-        summary, status, error, tb = {}, STATUS_FAILED, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+        summary, status, error, tb = (
+            {},
+            STATUS_FAILED,
+            f"{type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+        )
     elapsed_s = time.perf_counter() - t0
-    return {"key": cell.key, "status": status, "error": error, "traceback": tb, "elapsed_s": elapsed_s,
-            "host": socket.gethostname(), "pid": os.getpid(), "summary": _plain(summary)}
+    return {
+        "key": cell.key,
+        "status": status,
+        "error": error,
+        "traceback": tb,
+        "elapsed_s": elapsed_s,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "summary": _plain(summary),
+    }
 
 
 def run_cells(cells: list[Cell]) -> list[dict[str, Any]]:
@@ -247,5 +293,13 @@ def lost_record(cell: Cell, exc: BaseException) -> dict[str, Any]:
     """The record of a cell whose worker died or vanished (not stored: a re-run retries it)."""
     message = str(exc)
     error = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    return {"key": cell.key, "status": STATUS_LOST, "error": error,
-            "traceback": None, "elapsed_s": math.nan, "host": None, "pid": None, "summary": {}}
+    return {
+        "key": cell.key,
+        "status": STATUS_LOST,
+        "error": error,
+        "traceback": None,
+        "elapsed_s": math.nan,
+        "host": None,
+        "pid": None,
+        "summary": {},
+    }

@@ -16,7 +16,14 @@ import pandas as pd
 __all__ = ["pareto_mask", "pareto_front", "pareto_table", "format_fronts"]
 
 #: Columns that are fractions, printed in percent.
-_FRACTIONS = {"overhead", "failure_rate", "frag_ext_mean", "frag_ext_max", "internal_waste_frac", "kv_token_util"}
+_FRACTIONS = {
+    "overhead",
+    "failure_rate",
+    "frag_ext_mean",
+    "frag_ext_max",
+    "internal_waste_frac",
+    "kv_token_util",
+}
 
 
 def pareto_mask(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -41,7 +48,9 @@ def pareto_mask(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
     return mask
 
 
-def pareto_front(df: pd.DataFrame, x: str, y: str, *, by: Sequence[str] | None = None) -> pd.DataFrame:
+def pareto_front(
+    df: pd.DataFrame, x: str, y: str, *, by: Sequence[str] | None = None
+) -> pd.DataFrame:
     """The rows of ``df`` on the front of columns ``x`` and ``y`` (both minimised).
 
     Args:
@@ -55,7 +64,9 @@ def pareto_front(df: pd.DataFrame, x: str, y: str, *, by: Sequence[str] | None =
     """
     for col in [x, y, *(by or [])]:
         if col not in df.columns:
-            raise KeyError(f"pareto: no column {col!r} in the results; columns: {', '.join(map(str, df.columns))}")
+            raise KeyError(
+                f"pareto: no column {col!r} in the results; columns: {', '.join(map(str, df.columns))}"
+            )
     data = df[df["status"] == "ok"] if "status" in df.columns else df
     if not len(data):
         return data.iloc[0:0].copy()
@@ -70,7 +81,9 @@ def pareto_front(df: pd.DataFrame, x: str, y: str, *, by: Sequence[str] | None =
     return front.sort_values([*(by or []), x, y], kind="stable").reset_index(drop=True)
 
 
-def pareto_table(results: pd.DataFrame, x: str, ys: Sequence[str], *, by: Sequence[str] = ("trace",)) -> pd.DataFrame:
+def pareto_table(
+    results: pd.DataFrame, x: str, ys: Sequence[str], *, by: Sequence[str] = ("trace",)
+) -> pd.DataFrame:
     """Every front of a sweep as one tidy table (``pareto.csv``): one row per point per ``y``.
 
     Columns: the ``by`` columns, ``x_metric``, ``x``, ``y_metric``, ``y``, then what identifies
@@ -83,7 +96,12 @@ def pareto_table(results: pd.DataFrame, x: str, ys: Sequence[str], *, by: Sequen
     for y in ys:
         front = pareto_front(results, x, y, by=list(by))
         part = front[list(by)].copy()
-        part["x_metric"], part["x"], part["y_metric"], part["y"] = x, front[x].to_numpy(), y, front[y].to_numpy()
+        part["x_metric"], part["x"], part["y_metric"], part["y"] = (
+            x,
+            front[x].to_numpy(),
+            y,
+            front[y].to_numpy(),
+        )
         parts.append(pd.concat([part, front[ident]], axis=1))
     if not parts:
         return pd.DataFrame(columns=[*by, "x_metric", "x", "y_metric", "y", *ident])
@@ -97,15 +115,21 @@ def format_fronts(table: pd.DataFrame, *, by: Sequence[str] = ("trace",)) -> str
     blocks = []
     keys = [*by, "y_metric"]
     # options every cell shares say nothing about the trade-off; those that vary are choices
-    options = [c for c in table.columns if str(c).startswith("option_") and table[c].nunique(dropna=False) > 1]
+    options = [
+        c
+        for c in table.columns
+        if str(c).startswith("option_") and table[c].nunique(dropna=False) > 1
+    ]
     for group, rows in table.groupby(keys, dropna=False, sort=False):
-        labels = [f"{k.removeprefix('cell_')}={v}" for k, v in zip(by, group[:-1]) if not pd.isna(v)]
+        labels = [
+            f"{k.removeprefix('cell_')}={v}" for k, v in zip(by, group[:-1]) if not pd.isna(v)
+        ]
         x_metric, y_metric = rows["x_metric"].iloc[0], group[-1]
         view = pd.DataFrame({"policy": rows["policy"].to_numpy()})
         if "cell_capacity_bytes" in rows:
             view["capacity"] = [_size(v) for v in rows["cell_capacity_bytes"]]
         for col in options:
-            view[col[len("option_"):]] = rows[col].to_numpy()
+            view[col[len("option_") :]] = rows[col].to_numpy()
         for metric, col in ((x_metric, "x"), (y_metric, "y")):
             values = rows[col].to_numpy(np.float64)
             if metric in _FRACTIONS:  # as the other commands print them

@@ -43,8 +43,15 @@ from sim.sweep.store import CellStore
 from traces.atomic import process_alive
 from traces.knobs import check_int
 
-__all__ = ["SweepOutcome", "run_sweep", "plan_sweep", "results_frame", "make_executor", "STATUS_COLUMNS",
-           "DIST_HINT"]
+__all__ = [
+    "SweepOutcome",
+    "run_sweep",
+    "plan_sweep",
+    "results_frame",
+    "make_executor",
+    "STATUS_COLUMNS",
+    "DIST_HINT",
+]
 
 #: Columns every results row has after the report schema's.
 STATUS_COLUMNS = ["status", "error", "elapsed_s"]
@@ -105,7 +112,9 @@ class ProcessExecutor:
 
     def __init__(self, num_workers: int, *, start_method: str | None = None):
         self.num_workers = num_workers
-        self.start_method = start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+        self.start_method = start_method or (
+            "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        )
         self.label = f"processes:{num_workers}"
         self.startup_s = 0.0
 
@@ -122,13 +131,20 @@ class ProcessExecutor:
             ctx.set_forkserver_preload(_PRELOAD)  # no effect once this process's fork server runs
         num_workers = max(1, min(self.num_workers, len(cells)))
         _start_quiet_resource_tracker()
-        pool = ProcessPoolExecutor(max_workers=num_workers, mp_context=ctx,
-                                   initializer=die_with_parent, initargs=(os.getpid(),))
+        pool = ProcessPoolExecutor(
+            max_workers=num_workers,
+            mp_context=ctx,
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        )
         finished = False
         try:
             _start_workers(pool, num_workers)
             self.startup_s = time.perf_counter() - t0
-            futures = {pool.submit(_cells.run_cells, batch): batch for batch in batch_cells(cells, num_workers)}
+            futures = {
+                pool.submit(_cells.run_cells, batch): batch
+                for batch in batch_cells(cells, num_workers)
+            }
             for fut in as_completed(futures):
                 batch = futures.pop(fut)
                 try:
@@ -180,7 +196,9 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     workers ignore SIGINT (``die_with_parent``), and here they are terminated and joined; the
     cells already collected are in the store, the abandoned batches run again next time.
     """
-    processes = list((getattr(pool, "_processes", None) or {}).values())  # CPython's pool keeps them here
+    processes = list(
+        (getattr(pool, "_processes", None) or {}).values()
+    )  # CPython's pool keeps them here
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in processes:
         with contextlib.suppress(Exception):
@@ -245,7 +263,9 @@ def _stop_fork_server() -> None:
 TASKS_PER_WORKER = 2
 
 
-def batch_cells(cells: list[Cell], num_workers: int, tasks_per_worker: int = TASKS_PER_WORKER) -> list[list[Cell]]:
+def batch_cells(
+    cells: list[Cell], num_workers: int, tasks_per_worker: int = TASKS_PER_WORKER
+) -> list[list[Cell]]:
     """``cells`` as batches to hand out in order, each of one trace file (a worker parses a
     trace once and keeps it), every cell once.
 
@@ -258,7 +278,9 @@ def batch_cells(cells: list[Cell], num_workers: int, tasks_per_worker: int = TAS
     by_trace: dict[str, list[Cell]] = {}
     for cell in cells:
         by_trace.setdefault(cell.trace.fingerprint, []).append(cell)
-    groups = sorted(by_trace.values(), key=lambda g: -_file_bytes(g[0].trace.path))  # stable: ties keep grid order
+    groups = sorted(
+        by_trace.values(), key=lambda g: -_file_bytes(g[0].trace.path)
+    )  # stable: ties keep grid order
     divisor = max(1, num_workers * tasks_per_worker)
     remaining = len(cells)
     batches: list[list[Cell]] = []
@@ -266,7 +288,7 @@ def batch_cells(cells: list[Cell], num_workers: int, tasks_per_worker: int = TAS
         i = 0
         while i < len(group):
             size = -(-remaining // divisor)
-            batches.append(group[i:i + size])
+            batches.append(group[i : i + size])
             i += size
             remaining -= len(batches[-1])
     return batches
@@ -295,7 +317,9 @@ def die_with_parent(main_pid: int) -> None:
     and exits when either is gone: the portable part. The worker ignores SIGINT: Ctrl-C reaches
     the whole process group, and it is the main process that stops the pool (``stop_pool``).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (stop_pool)
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C is the main process's to handle (stop_pool)
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:
@@ -322,7 +346,9 @@ def die_with_parent(main_pid: int) -> None:
 class DaskExecutor:
     """Cells as Dask tasks keyed by cell key, on a client made here or given."""
 
-    def __init__(self, *, address: str | None = None, num_workers: int | None = None, client: Any = None):
+    def __init__(
+        self, *, address: str | None = None, num_workers: int | None = None, client: Any = None
+    ):
         self.address, self.num_workers, self.client = address, num_workers, client
         self._own: list[Any] = []
         self.startup_s = 0.0
@@ -338,16 +364,24 @@ class DaskExecutor:
         try:
             from distributed import Client, LocalCluster
         except ImportError:
-            raise SweepError(f"--scheduler {self.label} needs Dask distributed; {DIST_HINT}") from None
+            raise SweepError(
+                f"--scheduler {self.label} needs Dask distributed; {DIST_HINT}"
+            ) from None
         if self.client is None:
             if self.address is not None:
                 try:
                     self.client = Client(self.address, timeout=f"{_CONNECT_TIMEOUT_S}s")
                 except (OSError, TimeoutError) as exc:
-                    raise SweepError(f"cannot reach the Dask scheduler at {self.address}: {exc}") from None
+                    raise SweepError(
+                        f"cannot reach the Dask scheduler at {self.address}: {exc}"
+                    ) from None
             else:  # one thread per worker: cells are pure Python and hold the GIL
-                cluster = LocalCluster(n_workers=self.num_workers, threads_per_worker=1, processes=True,
-                                       dashboard_address=":0")
+                cluster = LocalCluster(
+                    n_workers=self.num_workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=":0",
+                )
                 self._own.append(cluster)
                 self.client = Client(cluster)
             self._own.insert(0, self.client)
@@ -389,7 +423,9 @@ def make_executor(scheduler: Any = None, workers: int | None = None):
         return DaskExecutor(client=scheduler)
     if scheduler == "serial":
         if workers not in (None, 1):
-            raise SweepError(f"--scheduler serial runs one cell at a time; --workers {workers} does not apply")
+            raise SweepError(
+                f"--scheduler serial runs one cell at a time; --workers {workers} does not apply"
+            )
         return SerialExecutor()
     if scheduler == "local" or scheduler.startswith("local:"):
         text = scheduler.partition(":")[2]
@@ -397,18 +433,25 @@ def make_executor(scheduler: Any = None, workers: int | None = None):
             raise SweepError(f"--scheduler {scheduler!r}: N in local:N must be a whole number >= 1")
         n = int(text) if text else (workers or os.cpu_count() or 1)
         if text and workers is not None and workers != n:
-            raise SweepError(f"--scheduler {scheduler} and --workers {workers} disagree; give one of them")
+            raise SweepError(
+                f"--scheduler {scheduler} and --workers {workers} disagree; give one of them"
+            )
         return DaskExecutor(num_workers=n)
     if "://" in scheduler:
         if workers is not None:
-            raise SweepError(f"--workers does not apply to the existing cluster at {scheduler}; it has its own")
+            raise SweepError(
+                f"--workers does not apply to the existing cluster at {scheduler}; it has its own"
+            )
         return DaskExecutor(address=scheduler)
-    raise SweepError(f"--scheduler {scheduler!r} is not understood; give tcp://HOST:PORT (a Dask scheduler), "
-                     "local:N (a local Dask cluster), processes (the default) or serial")
+    raise SweepError(
+        f"--scheduler {scheduler!r} is not understood; give tcp://HOST:PORT (a Dask scheduler), "
+        "local:N (a local Dask cluster), processes (the default) or serial"
+    )
 
 
-def plan_sweep(spec: SweepSpec, out_dir: str | Path, *, retry_failed: bool = False
-               ) -> tuple[list[Cell], dict[str, dict[str, Any]]]:
+def plan_sweep(
+    spec: SweepSpec, out_dir: str | Path, *, retry_failed: bool = False
+) -> tuple[list[Cell], dict[str, dict[str, Any]]]:
     """``(cells to run, records of cells already done)``: stored ok cells are done; stored failed
     cells too unless ``retry_failed``."""
     store = CellStore(out_dir)
@@ -422,8 +465,15 @@ def plan_sweep(spec: SweepSpec, out_dir: str | Path, *, retry_failed: bool = Fal
     return todo, done
 
 
-def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, workers: int | None = None,
-              retry_failed: bool = False, progress: bool = False) -> SweepOutcome:
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    *,
+    scheduler: Any = None,
+    workers: int | None = None,
+    retry_failed: bool = False,
+    progress: bool = False,
+) -> SweepOutcome:
     """Run the cells of ``spec`` not yet in ``out_dir`` and write the merged tables there.
 
     Writes ``cells/<key>.json`` per cell as it finishes, then ``results.parquet`` (and the
@@ -450,8 +500,16 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
     if todo:
         from tqdm.auto import tqdm
 
-        with executor, tqdm(total=len(todo), desc=spec.name, unit="cell", disable=None if progress else True,  # None: only on a terminal
-                            mininterval=0.5) as bar:
+        with (
+            executor,
+            tqdm(
+                total=len(todo),
+                desc=spec.name,
+                unit="cell",
+                disable=None if progress else True,  # None: only on a terminal
+                mininterval=0.5,
+            ) as bar,
+        ):
             num_bad = 0
             arriving = executor.run(todo)
             try:
@@ -470,13 +528,25 @@ def run_sweep(spec: SweepSpec, out_dir: str | Path, *, scheduler: Any = None, wo
     results = results_frame(spec.cells, records)
     pareto = pareto_table(results, spec.pareto_x, spec.pareto_y, by=spec.pareto_by)
     statuses = results["status"].value_counts() if len(results) else pd.Series(dtype=int)
-    outcome = SweepOutcome(results=results, pareto=pareto, out_dir=out_dir, scheduler=executor.label,
-                           num_cells=len(spec.cells), num_cached=num_cached, num_run=len(todo),
-                           num_failed=int(statuses.get(STATUS_FAILED, 0)), num_lost=int(statuses.get(STATUS_LOST, 0)),
-                           wall_s=time.perf_counter() - wall0)
+    outcome = SweepOutcome(
+        results=results,
+        pareto=pareto,
+        out_dir=out_dir,
+        scheduler=executor.label,
+        num_cells=len(spec.cells),
+        num_cached=num_cached,
+        num_run=len(todo),
+        num_failed=int(statuses.get(STATUS_FAILED, 0)),
+        num_lost=int(statuses.get(STATUS_LOST, 0)),
+        wall_s=time.perf_counter() - wall0,
+    )
     _write(spec, outcome)
-    outcome.phases_s = {"plan_s": plan_s, "startup_s": executor.startup_s, "cells_s": run_s - executor.startup_s,
-                        "collect_s": time.perf_counter() - collect0}
+    outcome.phases_s = {
+        "plan_s": plan_s,
+        "startup_s": executor.startup_s,
+        "cells_s": run_s - executor.startup_s,
+        "collect_s": time.perf_counter() - collect0,
+    }
     return outcome
 
 
@@ -487,18 +557,28 @@ def results_frame(cells: Iterable[Cell], records: dict[str, dict[str, Any]]) -> 
         record = records.get(cell.key)
         if record is None:
             continue
-        row = dict(record.get("summary") or {}) or {"trace": cell.trace_name, "policy": cell.policy,
-                                                     "backend": "sim", "capacity_bytes": cell.capacity_bytes}
-        row.update(status=record["status"], error=record.get("error"), elapsed_s=record.get("elapsed_s"))
+        row = dict(record.get("summary") or {}) or {
+            "trace": cell.trace_name,
+            "policy": cell.policy,
+            "backend": "sim",
+            "capacity_bytes": cell.capacity_bytes,
+        }
+        row.update(
+            status=record["status"], error=record.get("error"), elapsed_s=record.get("elapsed_s")
+        )
         row.update(cell_columns(cell))
         rows.append(row)
     df = pd.DataFrame(rows)
-    for col in df.columns:  # whole numbers with gaps (no capacity, a knob one policy lacks) stay integers
+    for (
+        col
+    ) in df.columns:  # whole numbers with gaps (no capacity, a knob one policy lacks) stay integers
         values = [row[col] for row in rows if not _is_missing(row.get(col))]
         if df[col].dtype == np.float64 and values and all(type(v) is int for v in values):
             df[col] = df[col].astype("Int64")
     seen = set(SUMMARY_COLUMNS + STATUS_COLUMNS)
-    cell_cols = [c for c in df.columns if c.startswith(("cell_", "param_", "option_")) and c not in seen]
+    cell_cols = [
+        c for c in df.columns if c.startswith(("cell_", "param_", "option_")) and c not in seen
+    ]
     rest = [c for c in df.columns if c not in seen and c not in cell_cols]
     df = df.reindex(columns=SUMMARY_COLUMNS + STATUS_COLUMNS + cell_cols + rest)
     return _arrow_safe(df)
@@ -522,10 +602,25 @@ def _arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
 
 def _write(spec: SweepSpec, outcome: SweepOutcome) -> None:
     out = outcome.out_dir
-    meta = {"command": "sweep", "sweep": str(spec.path), "name": spec.name, "mode": spec.mode,
-            "scheduler": outcome.scheduler, "num_cells": outcome.num_cells, "num_cached": outcome.num_cached,
-            "num_run": outcome.num_run, "num_failed": outcome.num_failed, "num_lost": outcome.num_lost,
-            "wall_s": outcome.wall_s, "pareto": {"x": spec.pareto_x, "y": spec.pareto_y, "by": spec.pareto_by},
-            "poollab_version": _cells._poollab_version()}
-    write_results(out, outcome.results, extra_tables={"results": outcome.results}, meta=meta,
-                  csv_tables={"pareto": outcome.pareto})
+    meta = {
+        "command": "sweep",
+        "sweep": str(spec.path),
+        "name": spec.name,
+        "mode": spec.mode,
+        "scheduler": outcome.scheduler,
+        "num_cells": outcome.num_cells,
+        "num_cached": outcome.num_cached,
+        "num_run": outcome.num_run,
+        "num_failed": outcome.num_failed,
+        "num_lost": outcome.num_lost,
+        "wall_s": outcome.wall_s,
+        "pareto": {"x": spec.pareto_x, "y": spec.pareto_y, "by": spec.pareto_by},
+        "poollab_version": _cells._poollab_version(),
+    }
+    write_results(
+        out,
+        outcome.results,
+        extra_tables={"results": outcome.results},
+        meta=meta,
+        csv_tables={"pareto": outcome.pareto},
+    )

@@ -48,8 +48,16 @@ from sim.replay.schema import SUMMARY_COLUMNS
 from sim.sweep.cells import MODES, Cell, FileRef, file_ref
 from sim.sweep.errors import SweepSpecError
 
-__all__ = ["SweepSpec", "load_sweep", "parse_sweep", "DEFAULT_PARETO_Y", "PARETO_BY", "MAX_CELLS",
-           "MAX_YAML_DEPTH", "MAX_YAML_NODES"]
+__all__ = [
+    "SweepSpec",
+    "load_sweep",
+    "parse_sweep",
+    "DEFAULT_PARETO_Y",
+    "PARETO_BY",
+    "MAX_CELLS",
+    "MAX_YAML_DEPTH",
+    "MAX_YAML_NODES",
+]
 
 #: Deepest nesting of a SWEEP.yaml: its deepest key (``policies[0].params.base[1]``) is 5 levels;
 #: PyYAML composes recursively and runs out of stack near 300.
@@ -61,16 +69,31 @@ MAX_YAML_NODES = 100_000
 #: the cells are held in memory; a larger study is several sweeps.
 MAX_CELLS = 100_000
 
-_COMMON_KEYS = ("name", "mode", "traces", "policies", "capacities", "costs", "fingerprint", "pareto")
+_COMMON_KEYS = (
+    "name",
+    "mode",
+    "traces",
+    "policies",
+    "capacities",
+    "costs",
+    "fingerprint",
+    "pareto",
+)
 _REPLAY_KEYS = ("sample_every",)
 _SIMULATE_KEYS = ("models", "gpus", "rate_scales", "options", "calibration")
 _TRACE_KEYS = ("path", "format", "name")
 _POLICY_KEYS = ("policy", "params")
 #: As ``poollab simulate``'s defaults.
 #: The trade-offs the Pareto fronts show against ``overhead`` unless the file says otherwise.
-DEFAULT_PARETO_Y = {"replay": ["alloc_p99_us", "failure_rate"], "simulate": ["ttft_p99_s", "n_preempted"]}
+DEFAULT_PARETO_Y = {
+    "replay": ["alloc_p99_us", "failure_rate"],
+    "simulate": ["ttft_p99_s", "n_preempted"],
+}
 #: What a front is computed within: the workload, never the choices being compared.
-PARETO_BY = {"replay": ["trace"], "simulate": ["trace", "cell_model", "cell_gpu", "cell_rate_scale"]}
+PARETO_BY = {
+    "replay": ["trace"],
+    "simulate": ["trace", "cell_model", "cell_gpu", "cell_rate_scale"],
+}
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -94,7 +117,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SweepSpecError(path, None, None, f"not UTF-8 text (byte {exc.start}), so not YAML") from None
+        raise SweepSpecError(
+            path, None, None, f"not UTF-8 text (byte {exc.start}), so not YAML"
+        ) from None
     return parse_sweep(text, path)
 
 
@@ -119,7 +144,9 @@ class _Doc:
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             reason = " ".join(str(p) for p in (exc.context, exc.problem) if p) or "not valid YAML"
-            raise SweepSpecError(path, mark.line + 1 if mark else None, None, f"not valid YAML: {reason}") from None
+            raise SweepSpecError(
+                path, mark.line + 1 if mark else None, None, f"not valid YAML: {reason}"
+            ) from None
         except yaml.YAMLError as exc:
             raise SweepSpecError(path, None, None, f"not valid YAML: {exc}") from None
         finally:
@@ -135,8 +162,12 @@ class _Doc:
             for k, v in node.value:
                 key, line = str(k.value), k.start_mark.line + 1
                 if key in seen:  # PyYAML would silently keep the last one
-                    raise SweepSpecError(self.path, line, _fmt_key(kp + (key,)),
-                                         f"given twice (first on line {seen[key]})")
+                    raise SweepSpecError(
+                        self.path,
+                        line,
+                        _fmt_key(kp + (key,)),
+                        f"given twice (first on line {seen[key]})",
+                    )
                 seen[key] = line
                 self._index(v, kp + (key,))
         elif isinstance(node, yaml.SequenceNode):
@@ -160,7 +191,10 @@ class _Doc:
     def listed(self, data: dict, key: str, default: Any = None) -> list[tuple[tuple, Any]]:
         """``(key path, value)`` of each value of the top-level axis ``key``."""
         raw = data.get(key, default)
-        return [((key, i) if isinstance(raw, list) else (key,), v) for i, v in enumerate(self.axis((key,), raw))]
+        return [
+            ((key, i) if isinstance(raw, list) else (key,), v)
+            for i, v in enumerate(self.axis((key,), raw))
+        ]
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -176,8 +210,12 @@ class _BoundedLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_YAML_DEPTH:
                 mark = self.peek_event().start_mark
-                raise SweepSpecError(self._path, mark.line + 1, None,
-                                     f"nested more than {MAX_YAML_DEPTH} levels deep (the deepest key of a sweep is 5)")
+                raise SweepSpecError(
+                    self._path,
+                    mark.line + 1,
+                    None,
+                    f"nested more than {MAX_YAML_DEPTH} levels deep (the deepest key of a sweep is 5)",
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -209,21 +247,36 @@ def _check_expanded_size(path: Path, root: yaml.Node) -> None:
         if key in size:
             continue
         if key in on_path:  # reached again below itself
-            raise SweepSpecError(path, node.start_mark.line + 1, None, "an alias refers to a node that contains it, "
-                                                                         "so it never ends")
+            raise SweepSpecError(
+                path,
+                node.start_mark.line + 1,
+                None,
+                "an alias refers to a node that contains it, so it never ends",
+            )
         on_path.add(key)
         stack.append((node, True))
         stack.extend((k, False) for k in _children(node) if id(k) not in size)
     nodes = {id(n): n for n in _walk_once(root)}
     if size[id(root)] > MAX_YAML_NODES:
         # the smallest node past the limit is where the aliases multiply
-        worst = min((n for k, n in nodes.items() if size[k] > MAX_YAML_NODES), key=lambda n: size[id(n)])
-        raise SweepSpecError(path, worst.start_mark.line + 1, None,
-                             f"with its aliases expanded this holds {size[id(worst)]:,} values, more than "
-                             f"{MAX_YAML_NODES:,} (the whole file: {size[id(root)]:,})")
+        worst = min(
+            (n for k, n in nodes.items() if size[k] > MAX_YAML_NODES), key=lambda n: size[id(n)]
+        )
+        raise SweepSpecError(
+            path,
+            worst.start_mark.line + 1,
+            None,
+            f"with its aliases expanded this holds {size[id(worst)]:,} values, more than "
+            f"{MAX_YAML_NODES:,} (the whole file: {size[id(root)]:,})",
+        )
     if depth[id(root)] > MAX_YAML_DEPTH:
-        raise SweepSpecError(path, None, None, f"with its aliases expanded the file nests {depth[id(root)]:,} levels "
-                                               f"deep, more than {MAX_YAML_DEPTH}")
+        raise SweepSpecError(
+            path,
+            None,
+            None,
+            f"with its aliases expanded the file nests {depth[id(root)]:,} levels "
+            f"deep, more than {MAX_YAML_DEPTH}",
+        )
 
 
 def _walk_once(root: yaml.Node) -> list[yaml.Node]:
@@ -241,6 +294,7 @@ def _walk_once(root: yaml.Node) -> list[yaml.Node]:
 def _num_cells(data: dict, mode: str) -> int:
     """Cells the grid will have before duplicates are dropped, from the lengths of its axes
     (what is malformed counts as one value: it is reported once the axes are read)."""
+
     def num_values(value: Any) -> int:
         return len(value) if isinstance(value, list) else 1
 
@@ -248,8 +302,12 @@ def _num_cells(data: dict, mode: str) -> int:
         return reduce(mul, (num_values(v) for v in values), 1)
 
     items = data.get("policies")
-    num_policies = sum(product(item["params"].values()) if isinstance(item, dict) and isinstance(item.get("params"), dict)
-                       else 1 for item in (items if isinstance(items, list) else [items]))
+    num_policies = sum(
+        product(item["params"].values())
+        if isinstance(item, dict) and isinstance(item.get("params"), dict)
+        else 1
+        for item in (items if isinstance(items, list) else [items])
+    )
     cells = num_values(data.get("traces")) * num_policies * num_values(data.get("capacities"))
     if mode == "simulate":
         options = data.get("options")
@@ -279,11 +337,17 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
             doc.fail((), f"missing key {key!r}")
     num_cells = _num_cells(data, mode)
     if num_cells > MAX_CELLS:
-        doc.fail((), f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; sweep fewer values, or split "
-                     "it into several sweeps")
+        doc.fail(
+            (),
+            f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; sweep fewer values, or split "
+            "it into several sweeps",
+        )
     how = data.get("fingerprint", "content")
     if how not in ("content", "stat"):
-        doc.fail(("fingerprint",), f"{how!r} must be 'content' (hash the files) or 'stat' (path, size, mtime)")
+        doc.fail(
+            ("fingerprint",),
+            f"{how!r} must be 'content' (hash the files) or 'stat' (path, size, mtime)",
+        )
     base = path.parent
 
     traces = _traces(doc, doc.listed(data, "traces"), base, mode, how)
@@ -294,9 +358,12 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
     common = dict(costs=costs)
     if mode == "replay":
         sample_every = data.get("sample_every")
-        if sample_every is not None and (isinstance(sample_every, bool) or not isinstance(sample_every, int)
-                                         or sample_every < 1):
-            doc.fail(("sample_every",), f"{sample_every!r} must be a positive whole number of events")
+        if sample_every is not None and (
+            isinstance(sample_every, bool) or not isinstance(sample_every, int) or sample_every < 1
+        ):
+            doc.fail(
+                ("sample_every",), f"{sample_every!r} must be a positive whole number of events"
+            )
         grid = [dict(capacity_bytes=cap, sample_every=sample_every) for cap in capacities]
     else:
         grid = _simulate_grid(doc, data, base, how, capacities)
@@ -309,8 +376,16 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
     name = data.get("name", path.stem)
     if not isinstance(name, str):
         doc.fail(("name",), f"{name!r} must be a string")
-    return SweepSpec(path=path, name=name, mode=mode, cells=cells, pareto_x=pareto_x, pareto_y=pareto_y,
-                     pareto_by=list(PARETO_BY[mode]), num_duplicates=len(traces) * len(specs) * len(grid) - len(cells))
+    return SweepSpec(
+        path=path,
+        name=name,
+        mode=mode,
+        cells=cells,
+        pareto_x=pareto_x,
+        pareto_y=pareto_y,
+        pareto_by=list(PARETO_BY[mode]),
+        num_duplicates=len(traces) * len(specs) * len(grid) - len(cells),
+    )
 
 
 def _resolve(doc: _Doc, kp: tuple, value: Any, base: Path) -> Path:
@@ -320,7 +395,7 @@ def _resolve(doc: _Doc, kp: tuple, value: Any, base: Path) -> Path:
         from traces import bundled_path
 
         try:
-            return bundled_path(value[len("bundled:"):])
+            return bundled_path(value[len("bundled:") :])
         except FileNotFoundError as exc:
             doc.fail(kp, str(exc))
     p = Path(value).expanduser()
@@ -337,8 +412,9 @@ def _default_trace_name(path: Path) -> str:
     return name or path.name
 
 
-def _traces(doc: _Doc, items: list[tuple[tuple, Any]], base: Path, mode: str, how: str
-            ) -> list[tuple[FileRef, str, str]]:
+def _traces(
+    doc: _Doc, items: list[tuple[tuple, Any]], base: Path, mode: str, how: str
+) -> list[tuple[FileRef, str, str]]:
     from traces import TraceFormatError
     from traces.formats import ALLOC, REQUEST
 
@@ -363,12 +439,18 @@ def _traces(doc: _Doc, items: list[tuple[tuple, Any]], base: Path, mode: str, ho
                 kind = "an allocation" if mode == "replay" else "a request"
                 doc.fail(kp, f"not {kind} trace: {' '.join(str(exc).split())}")
         elif fmt not in formats:
-            doc.fail(kp + ("format",), f"{fmt!r} is not a {mode} trace format; choose one of {', '.join(formats)}")
+            doc.fail(
+                kp + ("format",),
+                f"{fmt!r} is not a {mode} trace format; choose one of {', '.join(formats)}",
+            )
         name = entry.get("name") or _default_trace_name(path)
         if not isinstance(name, str):
             doc.fail(kp + ("name",), f"{name!r} must be a string")
         if name in names:  # fronts and tables are per trace name
-            doc.fail(kp, f"trace name {name!r} is also traces[{names[name]}]'s; give one of them a 'name'")
+            doc.fail(
+                kp,
+                f"trace name {name!r} is also traces[{names[name]}]'s; give one of them a 'name'",
+            )
         names[name] = i
         out.append((file_ref(path, how), name, fmt))
     return out
@@ -386,12 +468,20 @@ def _policies(doc: _Doc, items: list[tuple[tuple, Any]]) -> list[str]:
         elif isinstance(item, dict):
             for key in item:
                 if key not in _POLICY_KEYS:
-                    doc.fail(kp + (str(key),), f"unknown key; a policy entry has {', '.join(_POLICY_KEYS)}")
+                    doc.fail(
+                        kp + (str(key),),
+                        f"unknown key; a policy entry has {', '.join(_POLICY_KEYS)}",
+                    )
             if not isinstance(item.get("policy"), str):
-                doc.fail(kp + ("policy",), f"{item.get('policy')!r} must be a policy name or spec string")
+                doc.fail(
+                    kp + ("policy",), f"{item.get('policy')!r} must be a policy name or spec string"
+                )
             params = item.get("params") or {}
             if not isinstance(params, dict):
-                doc.fail(kp + ("params",), f"{params!r} must be a mapping of parameter: value or [values]")
+                doc.fail(
+                    kp + ("params",),
+                    f"{params!r} must be a mapping of parameter: value or [values]",
+                )
             axes = []
             for k, v in params.items():
                 pk = kp + ("params", str(k))
@@ -400,12 +490,16 @@ def _policies(doc: _Doc, items: list[tuple[tuple, Any]]) -> list[str]:
                 values = doc.axis(pk, v)
                 for j, x in enumerate(values):
                     if not isinstance(x, _SCALARS):
-                        doc.fail(pk + ((j,) if isinstance(v, list) else ()),
-                                 f"{x!r} must be a number, string, boolean or null (a nested policy is a spec "
-                                 "string, e.g. 'size-class:classes_per_doubling=8')")
+                        doc.fail(
+                            pk + ((j,) if isinstance(v, list) else ()),
+                            f"{x!r} must be a number, string, boolean or null (a nested policy is a spec "
+                            "string, e.g. 'size-class:classes_per_doubling=8')",
+                        )
                 axes.append((k, values))
-            variants = [(kp, item["policy"], dict(zip([k for k, _ in axes], combo)))
-                        for combo in itertools.product(*[vals for _, vals in axes])]
+            variants = [
+                (kp, item["policy"], dict(zip([k for k, _ in axes], combo)))
+                for combo in itertools.product(*[vals for _, vals in axes])
+            ]
         else:
             doc.fail(kp, f"{item!r} must be a spec string or a mapping with 'policy' and 'params'")
         for where, text, extra in variants:
@@ -463,14 +557,22 @@ def _preset_or_file(doc: _Doc, kp: tuple, value: Any, base: Path, how: str, load
     return file_ref(candidate, how) if target is candidate else spec.name
 
 
-def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list) -> list[dict[str, Any]]:
+def _simulate_grid(
+    doc: _Doc, data: dict, base: Path, how: str, capacities: list
+) -> list[dict[str, Any]]:
     from sim.serving.hardware import DEFAULT_GPU, load_gpu
     from sim.serving.models import DEFAULT_MODEL, load_model
     from sim.serving.config import ServerConfig, knobs
     from sim.serving.steptime import load_calibration
 
-    models = [_preset_or_file(doc, kp, v, base, how, load_model) for kp, v in doc.listed(data, "models", DEFAULT_MODEL)]
-    gpus = [_preset_or_file(doc, kp, v, base, how, load_gpu) for kp, v in doc.listed(data, "gpus", DEFAULT_GPU)]
+    models = [
+        _preset_or_file(doc, kp, v, base, how, load_model)
+        for kp, v in doc.listed(data, "models", DEFAULT_MODEL)
+    ]
+    gpus = [
+        _preset_or_file(doc, kp, v, base, how, load_gpu)
+        for kp, v in doc.listed(data, "gpus", DEFAULT_GPU)
+    ]
     rates = []
     for kp, v in doc.listed(data, "rate_scales", 1.0):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
@@ -487,7 +589,9 @@ def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list
 
     options = data.get("options") or {}
     if not isinstance(options, dict):
-        doc.fail(("options",), f"{options!r} must be a mapping of simulator option: value or [values]")
+        doc.fail(
+            ("options",), f"{options!r} must be a mapping of simulator option: value or [values]"
+        )
     known = knobs()
     axes = []
     for k, v in options.items():
@@ -503,14 +607,19 @@ def _simulate_grid(doc: _Doc, data: dict, base: Path, how: str, capacities: list
             if not isinstance(x, _SCALARS):
                 doc.fail(kp, f"{x!r} must be a number, string, boolean or null")
         axes.append((k, values))
-    combos = [tuple(sorted(zip([k for k, _ in axes], combo))) for combo in itertools.product(*[v for _, v in axes])]
+    combos = [
+        tuple(sorted(zip([k for k, _ in axes], combo)))
+        for combo in itertools.product(*[v for _, v in axes])
+    ]
     for combo in combos:
         try:
             ServerConfig.from_kwargs(**dict(combo))
         except (TypeError, ValueError) as exc:
             doc.fail(("options",), str(exc))
-    return [dict(capacity_bytes=cap, model=m, gpu=g, rate_scale=r, options=o, calibration=calibration)
-            for cap, m, g, r, o in itertools.product(capacities, models, gpus, rates, combos)]
+    return [
+        dict(capacity_bytes=cap, model=m, gpu=g, rate_scale=r, options=o, calibration=calibration)
+        for cap, m, g, r, o in itertools.product(capacities, models, gpus, rates, combos)
+    ]
 
 
 def _pareto(doc: _Doc, value: Any, mode: str) -> tuple[str, list[str]]:
@@ -522,7 +631,10 @@ def _pareto(doc: _Doc, value: Any, mode: str) -> tuple[str, list[str]]:
         doc.fail(("pareto",), f"{value!r} must be a mapping with 'x' and 'y'")
     for key in value:
         if key not in ("x", "y"):
-            doc.fail(("pareto", str(key)), "unknown key; pareto has x (memory) and y (a metric or a list)")
+            doc.fail(
+                ("pareto", str(key)),
+                "unknown key; pareto has x (memory) and y (a metric or a list)",
+            )
     x = value.get("x", "overhead")
     ys = value.get("y", DEFAULT_PARETO_Y[mode])
     ys = ys if isinstance(ys, list) else [ys]

@@ -34,19 +34,29 @@ def record_problem(record: Any, key: str) -> str | None:
     if record.get("key") != key:
         return f"the record of another cell ({str(record.get('key'))[:40]!r}, not {key!r})"
     if record.get("status") not in _STORED_STATUSES:
-        return (f"not a cell record: status {record.get('status')!r}, expected one of "
-                f"{', '.join(_STORED_STATUSES)}" if "status" in record else "not a cell record: no status")
+        return (
+            f"not a cell record: status {record.get('status')!r}, expected one of "
+            f"{', '.join(_STORED_STATUSES)}"
+            if "status" in record
+            else "not a cell record: no status"
+        )
     summary = record.get("summary", {})
     if summary is not None and not isinstance(summary, dict):
         return f"not a cell record: its summary is {type(summary).__name__}, not an object"
-    bad = [k for k, v in (summary or {}).items() if not isinstance(v, (str, int, float, bool, type(None)))]
+    bad = [
+        k
+        for k, v in (summary or {}).items()
+        if not isinstance(v, (str, int, float, bool, type(None)))
+    ]
     if bad:
         return f"not a cell record: summary field {bad[0]!r} is {type(summary[bad[0]]).__name__}, not a plain value"
     if record["status"] == STATUS_OK and not summary:
         return "not a cell record: status ok without a summary"
     if not isinstance(record.get("error"), (str, type(None))):
         return f"not a cell record: its error is {type(record['error']).__name__}, not text"
-    if not isinstance(record.get("elapsed_s"), (int, float, type(None))) or isinstance(record.get("elapsed_s"), bool):
+    if not isinstance(record.get("elapsed_s"), (int, float, type(None))) or isinstance(
+        record.get("elapsed_s"), bool
+    ):
         return "not a cell record: elapsed_s is not a number"
     return None
 
@@ -91,8 +101,12 @@ class CellStore:
         """Store ``record`` (from ``run_cell``) with the cell's inputs, for the record's reader."""
         assert record["key"] == cell.key
         self.dir.mkdir(parents=True, exist_ok=True)
-        doc = {**record, "cell": asdict(cell), "poollab_version": _poollab_version(),
-               "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        doc = {
+            **record,
+            "cell": asdict(cell),
+            "poollab_version": _poollab_version(),
+            "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
         p = self.path(cell.key)
         tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(doc, indent=1, default=str, allow_nan=True) + "\n")

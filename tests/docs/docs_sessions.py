@@ -32,10 +32,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Columns whose values are measured times (or follow from them): never compared.
-TIMING_COLUMNS = frozenset({
-    "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "wall_s", "latency_us", "elapsed_s",
-    "planner_s", "plan_s",
-})
+TIMING_COLUMNS = frozenset(
+    {
+        "alloc_p50_us",
+        "alloc_p99_us",
+        "free_p50_us",
+        "free_p99_us",
+        "wall_s",
+        "latency_us",
+        "elapsed_s",
+        "planner_s",
+        "plan_s",
+    }
+)
 
 #: Phrases of prose lines that carry a measured time: their numbers are not compared.
 TIMING_PATTERNS = [
@@ -62,7 +71,9 @@ class Session:
 
     @property
     def argv(self) -> list[str]:
-        return shlex.split(self.command)[2 if self.is_mkdir else 1:]  # past "poollab" or "mkdir -p"
+        return shlex.split(self.command)[
+            2 if self.is_mkdir else 1 :
+        ]  # past "poollab" or "mkdir -p"
 
     @property
     def is_mkdir(self) -> bool:

@@ -50,7 +50,9 @@ def run(session: Session, cwd) -> subprocess.CompletedProcess:
             try:
                 entry_point(session.argv)
                 code = 0
-            except SystemExit as exc:  # as the interpreter ends: an int is the status, a message goes to stderr
+            except (
+                SystemExit
+            ) as exc:  # as the interpreter ends: an int is the status, a message goes to stderr
                 code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
                 if isinstance(exc.code, str):
                     print(exc.code, file=sys.stderr)
@@ -86,10 +88,14 @@ def test_page_sessions_print_what_the_page_shows(page, tmp_path):
             continue
         done = run(session, tmp_path)
         want_rc = 2 if session.expects_error else 0
-        assert done.returncode == want_rc, (f"{session.where}: `{session.command}` exited {done.returncode}, "
-                                            f"expected {want_rc}:\n{done.stdout[-3000:]}")
+        assert done.returncode == want_rc, (
+            f"{session.where}: `{session.command}` exited {done.returncode}, "
+            f"expected {want_rc}:\n{done.stdout[-3000:]}"
+        )
         diff = compare(session.expected, done.stdout.splitlines())
-        assert diff is None, f"{session.where}: `{session.command}`: {diff}\n--- the run printed:\n{done.stdout}"
+        assert diff is None, (
+            f"{session.where}: `{session.command}`: {diff}\n--- the run printed:\n{done.stdout}"
+        )
 
 
 def _doctest_blocks(page):
@@ -100,11 +106,16 @@ def _doctest_blocks(page):
 DOCTEST_PAGES = [p for p in pages() if _doctest_blocks(p)]
 
 
-@pytest.mark.parametrize("page", DOCTEST_PAGES, ids=[str(p.relative_to(ROOT)) for p in DOCTEST_PAGES])
+@pytest.mark.parametrize(
+    "page", DOCTEST_PAGES, ids=[str(p.relative_to(ROOT)) for p in DOCTEST_PAGES]
+)
 def test_page_python_sessions_print_what_the_page_shows(page, monkeypatch):
     # ">>>" blocks are Python sessions with their output: run them as doctests, from the root
     monkeypatch.chdir(ROOT)
-    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    parser, runner = (
+        doctest.DocTestParser(),
+        doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE),
+    )
     for number, block in enumerate(_doctest_blocks(page)):
         runner.run(parser.get_doctest(block, {}, f"{page.name}[{number}]", str(page), 0))
     assert runner.summarize(verbose=False).failed == 0

@@ -15,7 +15,9 @@ from policies.testing import SegmentPerRequest
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", ROOT / "docs" / "_hooks" / "reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "docs_reference_hook", ROOT / "docs" / "_hooks" / "reference.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -26,13 +28,17 @@ hook = _hook()
 
 def test_every_schema_column_has_a_meaning_and_no_meaning_is_stale():
     assert hook.undescribed_columns() == [], "add a line for each to docs/_hooks/columns.yml"
-    assert hook.stale_descriptions() == [], "these are in docs/_hooks/columns.yml but no longer in the schema"
+    assert hook.stale_descriptions() == [], (
+        "these are in docs/_hooks/columns.yml but no longer in the schema"
+    )
 
 
 def test_a_new_schema_column_appears_with_its_unit_and_printed_header(monkeypatch):
     from sim.replay import schema as report
 
-    monkeypatch.setattr(report, "SUMMARY_COLUMNS", [*report.SUMMARY_COLUMNS, "spill_bytes", "spill_rate"])
+    monkeypatch.setattr(
+        report, "SUMMARY_COLUMNS", [*report.SUMMARY_COLUMNS, "spill_bytes", "spill_rate"]
+    )
     page = hook.columns_markdown()
     assert "| `spill_bytes` | bytes | `spill_MiB` |" in page
     assert "| `spill_rate` |" in page
@@ -59,9 +65,18 @@ class _Documented(SegmentPerRequest):
     name = "docs-test-policy"
     can_hold_kv = False
 
-    def __init__(self, *, spare_segments: int = 3, rounding_bytes: int = 512, capacity_bytes=None, device=None):
+    def __init__(
+        self,
+        *,
+        spare_segments: int = 3,
+        rounding_bytes: int = 512,
+        capacity_bytes=None,
+        device=None,
+    ):
         self.spare_segments = spare_segments
-        super().__init__(rounding_bytes=rounding_bytes, capacity_bytes=capacity_bytes, device=device)
+        super().__init__(
+            rounding_bytes=rounding_bytes, capacity_bytes=capacity_bytes, device=device
+        )
 
 
 def test_a_registered_policy_appears_with_its_knobs_capabilities_and_lines(monkeypatch):
@@ -78,7 +93,9 @@ def test_a_registered_policy_appears_with_its_knobs_capabilities_and_lines(monke
 
 
 def test_knob_lines_come_from_the_args_sections_of_the_class_and_its_bases():
-    lines = hook.knob_lines(policies.get("best-fit"))  # BestFit documents its knobs on ContiguousPolicy
+    lines = hook.knob_lines(
+        policies.get("best-fit")
+    )  # BestFit documents its knobs on ContiguousPolicy
     assert lines["segment_bytes"].startswith("size of the segment reserved on a miss")
 
 
@@ -100,7 +117,9 @@ def test_the_commands_reference_is_generated_from_click(monkeypatch):
 
     assert "--kv-capacity" in page()
     replay = cli.commands["replay"]
-    monkeypatch.setattr(replay, "params", [*replay.params, click.Option(["--docs-test-option"], help="Made up.")])
+    monkeypatch.setattr(
+        replay, "params", [*replay.params, click.Option(["--docs-test-option"], help="Made up.")]
+    )
     assert "--docs-test-option" in page()
 
 

@@ -14,9 +14,11 @@ def test_the_readme_fits_on_two_screens():
 
 def test_the_set_up_commands_are_there_as_they_are():
     assert "```\npip install -e . && poollab demo\n```" in README
-    assert "```\npip install -e \".[dev]\" && pytest\n```" in README
+    assert '```\npip install -e ".[dev]" && pytest\n```' in README
     ci = (ROOT / ".ci" / "run").read_text().rstrip("\n").splitlines()
-    assert ci[-1] == 'pip install -e ".[dev]" && pytest'  # .ci/run ends with the README's test command
+    assert (
+        ci[-1] == 'pip install -e ".[dev]" && pytest'
+    )  # .ci/run ends with the README's test command
 
 
 def test_the_four_workflows_are_there():

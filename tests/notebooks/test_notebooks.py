@@ -29,8 +29,9 @@ def run(name, *, after="", **params):
         nb.cells.insert(at + 1, injected)
     if after:
         nb.cells.append(nbformat.v4.new_code_cell(after))
-    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     client.execute()  # raises CellExecutionError naming the cell on any error
     texts, images = [], 0
     for cell in nb.cells:
@@ -44,14 +45,19 @@ def run(name, *, after="", **params):
 def kernel_finds_the_repository(monkeypatch, tmp_path):
     """The kernel inherits the environment: put the repository first on its path, wherever pytest
     ran, and its temporary folders (notebook 3's default result folder) under the test's."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
     monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 
 def cell_source(name, marker):
     """The source of the one code cell of notebook ``name`` that contains ``marker``."""
-    cells = [c.source for c in nbformat.read(NOTEBOOKS / name, as_version=4).cells
-             if c.cell_type == "code" and marker in c.source]
+    cells = [
+        c.source
+        for c in nbformat.read(NOTEBOOKS / name, as_version=4).cells
+        if c.cell_type == "code" and marker in c.source
+    ]
     assert len(cells) == 1, f"{len(cells)} cells of {name} contain {marker!r}"
     return cells[0]
 
@@ -61,7 +67,9 @@ def small_alloc_trace(tmp_path_factory):
     """A small allocation trace, for the test of the committed-results mode."""
     from traces import generate_alloc_trace, write_alloc_trace
 
-    trace = generate_alloc_trace(num_requests=4, seed=3, prompt_tokens=(32, 96), output_tokens=(4, 16))
+    trace = generate_alloc_trace(
+        num_requests=4, seed=3, prompt_tokens=(32, 96), output_tokens=(4, 16)
+    )
     return write_alloc_trace(trace, tmp_path_factory.mktemp("trace") / "small.csv")
 
 
@@ -99,7 +107,9 @@ def test_replay_pytorch_snapshot_as_committed():
 
     text, images = run("02_replay_pytorch_snapshot.ipynb")
     assert "PyTorch reserved at most" in text and "vs PyTorch" in text
-    assert all(f"{name:>14}: peak reserved" in text for name in policies.available())  # every registered policy
+    assert all(
+        f"{name:>14}: peak reserved" in text for name in policies.available()
+    )  # every registered policy
     assert images == 4
 
 
@@ -131,10 +141,17 @@ def test_validate_on_gpu_reads_committed_results(small_alloc_trace, tmp_path):
 
     trace = read_alloc_trace(small_alloc_trace)
     runs = [replay(trace, "paged", backend=b) for b in ("gpu", "sim")]
-    write_results(tmp_path / "results" / "h200-paged", pd.DataFrame([r.summary for r in runs]),
-                  pd.concat([r.timeseries for r in runs]))
-    text, images = run("03_validate_on_gpu.ipynb", POLICY="paged", MODE="committed",
-                       RESULTS_DIR=str(tmp_path / "results"))
+    write_results(
+        tmp_path / "results" / "h200-paged",
+        pd.DataFrame([r.summary for r in runs]),
+        pd.concat([r.timeseries for r in runs]),
+    )
+    text, images = run(
+        "03_validate_on_gpu.ipynb",
+        POLICY="paged",
+        MODE="committed",
+        RESULTS_DIR=str(tmp_path / "results"),
+    )
     assert "mode: committed" in text and "h200-paged" in text
     assert "paged: pool measures agree exactly" in text
     assert images == 4

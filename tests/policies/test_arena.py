@@ -66,7 +66,9 @@ def test_trim_releases_empty_arenas_only():
     assert len(pool.segments()) == 1
 
 
-@pytest.mark.parametrize("kw", [{"alignment_bytes": 384}, {"arena_bytes": 1000}, {"arena_bytes": 0}])
+@pytest.mark.parametrize(
+    "kw", [{"alignment_bytes": 384}, {"arena_bytes": 1000}, {"arena_bytes": 0}]
+)
 def test_bad_knobs_are_refused(kw):
     with pytest.raises(PolicyError):
         Arena(**kw)

@@ -63,7 +63,9 @@ def test_default_device_is_a_fresh_virtual_device():
 
 @pytest.mark.parametrize("value", [0, -1, 1.0, "8", True, None])
 def test_check_positive_int_names_the_knob(value):
-    with pytest.raises(PolicyError, match=rf"^rounding_bytes\(={value!r}\) must be an integer >= 1$"):
+    with pytest.raises(
+        PolicyError, match=rf"^rounding_bytes\(={value!r}\) must be an integer >= 1$"
+    ):
         check_positive_int("rounding_bytes", value)
 
 
@@ -75,7 +77,10 @@ def test_check_positive_int_takes_a_minimum():
 
 # ---------------------------------------------------------------------------- parameters
 def test_get_params_lists_every_keyword_knob():
-    assert _pool(rounding_bytes=1024, capacity_bytes=MiB).get_params() == {"rounding_bytes": 1024, "capacity_bytes": MiB}
+    assert _pool(rounding_bytes=1024, capacity_bytes=MiB).get_params() == {
+        "rounding_bytes": 1024,
+        "capacity_bytes": MiB,
+    }
 
 
 def test_param_defaults_come_from_the_signatures():
@@ -84,11 +89,17 @@ def test_param_defaults_come_from_the_signatures():
 
 def test_spec_lists_changed_knobs_only():
     assert _pool().spec == "segment-per-request"
-    assert _pool(rounding_bytes=1024, capacity_bytes=MiB).spec == "segment-per-request:rounding_bytes=1024"
+    assert (
+        _pool(rounding_bytes=1024, capacity_bytes=MiB).spec
+        == "segment-per-request:rounding_bytes=1024"
+    )
 
 
 def test_repr_shows_spec_and_capacity():
-    assert repr(_pool(capacity_bytes=MiB)) == "<SegmentPerRequest 'segment-per-request' capacity_bytes=1048576>"
+    assert (
+        repr(_pool(capacity_bytes=MiB))
+        == "<SegmentPerRequest 'segment-per-request' capacity_bytes=1048576>"
+    )
 
 
 # ---------------------------------------------------------------------------- free
@@ -161,7 +172,12 @@ def test_grow_adds_a_free_segment():
     p = _pool()
     assert p.grow(3 * MiB)
     s = p.stats()
-    assert (s.reserved_bytes, s.free_bytes, s.num_grows, s.grown_bytes) == (3 * MiB, 3 * MiB, 1, 3 * MiB)
+    assert (s.reserved_bytes, s.free_bytes, s.num_grows, s.grown_bytes) == (
+        3 * MiB,
+        3 * MiB,
+        1,
+        3 * MiB,
+    )
 
 
 def test_grow_beyond_capacity_returns_false():
@@ -211,8 +227,14 @@ def test_segment_end():
 
 def _stats(free_bytes, largest_free_bytes):
     zero = {f: 0 for f in PoolStats.__dataclass_fields__}
-    return PoolStats(**{**zero, "free_bytes": free_bytes, "largest_free_bytes": largest_free_bytes,
-                        "capacity_bytes": None})
+    return PoolStats(
+        **{
+            **zero,
+            "free_bytes": free_bytes,
+            "largest_free_bytes": largest_free_bytes,
+            "capacity_bytes": None,
+        }
+    )
 
 
 def test_frag_ext_is_one_minus_largest_over_free():

@@ -31,15 +31,26 @@ def test_registered_as_best_fit():
 
 def test_picks_the_smallest_block_that_fits():
     p = BestFit(segment_bytes=1 * MiB)
-    _, _, tight, _, mid, _ = _holes(p, [(64 * KiB, True), (4 * KiB, False), (16 * KiB, True),
-                                        (4 * KiB, False), (20 * KiB, True), (4 * KiB, False)])
+    _, _, tight, _, mid, _ = _holes(
+        p,
+        [
+            (64 * KiB, True),
+            (4 * KiB, False),
+            (16 * KiB, True),
+            (4 * KiB, False),
+            (20 * KiB, True),
+            (4 * KiB, False),
+        ],
+    )
     assert p.allocate(16 * KiB).offset == tight.offset
     assert p.allocate(17 * KiB).offset == mid.offset
 
 
 def test_ties_go_to_the_lowest_address():
     p = BestFit(segment_bytes=1 * MiB)
-    low, _, high, _ = _holes(p, [(16 * KiB, True), (4 * KiB, False), (16 * KiB, True), (4 * KiB, False)])
+    low, _, high, _ = _holes(
+        p, [(16 * KiB, True), (4 * KiB, False), (16 * KiB, True), (4 * KiB, False)]
+    )
     assert p.allocate(12 * KiB).offset == low.offset
 
 
@@ -69,6 +80,14 @@ def test_split_threshold_hands_out_a_whole_near_fit():
 
 def test_largest_free_bytes_is_the_last_key():
     p = BestFit(segment_bytes=1 * MiB)
-    _holes(p, [(40 * KiB, True), (4 * KiB, False), (60 * KiB, True), (4 * KiB, False), (MiB - 108 * KiB, False)])
+    _holes(
+        p,
+        [
+            (40 * KiB, True),
+            (4 * KiB, False),
+            (60 * KiB, True),
+            (4 * KiB, False),
+            (MiB - 108 * KiB, False),
+        ],
+    )
     assert p.largest_free_bytes() == 60 * KiB
-

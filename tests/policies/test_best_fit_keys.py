@@ -39,8 +39,11 @@ class _OffsetDevice(VirtualDevice):
 def _check_placement(p: BestFit, n: int, stream: int):
     """Allocate ``n`` and check it lands where a brute-force best-fit scan says."""
     size = -(-n // 256) * 256
-    fits = [((b.size, b.offset), b.offset) for b in p.blocks()
-            if b.free and b.size >= size and b.segment.stream == stream]
+    fits = [
+        ((b.size, b.offset), b.offset)
+        for b in p.blocks()
+        if b.free and b.size >= size and b.segment.stream == stream
+    ]
     a = p.allocate(n, stream=stream)
     if fits:
         assert a.offset == min(fits)[1]
@@ -50,8 +53,12 @@ def _check_placement(p: BestFit, n: int, stream: int):
 
 
 # a rare request of GiBs gets a segment too large for 63-bit keys above 2**40 (the generic path)
-_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB),
-                   st.sampled_from([3 * GiB, 1]))
+_SIZES = st.one_of(
+    st.integers(1, 8 * KiB),
+    st.integers(1, 256 * KiB),
+    st.integers(1, 2 * MiB),
+    st.sampled_from([3 * GiB, 1]),
+)
 
 
 @pytest.mark.parametrize("base", [0, 1 << 40, 1 << 62], ids=["low", "2**40", "2**62"])
@@ -80,7 +87,9 @@ def test_the_hot_lists_follow_the_stream_in_use_and_a_reset():
     base = 1 << 40
     live = []
     for i in range(90):
-        stream = int(str(base + i % 3))  # a fresh int object each call, equal to the last one of its stream
+        stream = int(
+            str(base + i % 3)
+        )  # a fresh int object each call, equal to the last one of its stream
         live.append(_check_placement(p, 1000 + 4099 * (i % 7), stream))
         assert p._hot_stream == stream
         if i % 3 == 2:
@@ -91,7 +100,10 @@ def test_the_hot_lists_follow_the_stream_in_use_and_a_reset():
     assert p._hot_stream != base and p._hot_keys is None and p._hot_blocks is None
     p.free(_check_placement(p, 5000, base))
     p.check_invariants()
-    for fresh in (copy.deepcopy(BestFit()), pickle.loads(pickle.dumps(BestFit()))):  # a copy of the sentinel
+    for fresh in (
+        copy.deepcopy(BestFit()),
+        pickle.loads(pickle.dumps(BestFit())),
+    ):  # a copy of the sentinel
         fresh.check_invariants()
         fresh.free(fresh.allocate(5000))
         fresh.check_invariants()
@@ -133,11 +145,16 @@ class _NoRequestLimit(BestFit):
         self._max_request_bytes = 1 << 200
 
 
-@pytest.mark.parametrize("nbytes", [(1 << 63) - 1, (1 << 63) - 256, 1 << 63, 1 << 70],
-                         ids=["2**63-1", "2**63-256", "2**63", "2**70"])
+@pytest.mark.parametrize(
+    "nbytes",
+    [(1 << 63) - 1, (1 << 63) - 256, 1 << 63, 1 << 70],
+    ids=["2**63-1", "2**63-256", "2**63", "2**70"],
+)
 def test_a_request_near_or_past_2_63_bytes_is_refused_without_an_overflow(nbytes):
     # compiled, the hot path rounds in C: a request within the mask of 2**63 must not reach it
-    p = _NoRequestLimit(segment_bytes=1 * MiB, alignment_bytes=512, device=VirtualDevice(limit_bytes=64 * MiB))
+    p = _NoRequestLimit(
+        segment_bytes=1 * MiB, alignment_bytes=512, device=VirtualDevice(limit_bytes=64 * MiB)
+    )
     small = p.allocate(1000)
     assert p.allocate(nbytes) is None  # the device refuses it; the pool does not overflow
     assert p.num_failures == 1 and small.size_bytes == 1024
@@ -160,8 +177,13 @@ def test_a_subclass_with_its_own_key_takes_the_generic_path_that_makes_keys_with
     from policies import testing
     from policies._blocks import ContiguousPolicy
 
-    assert BestFit._allocate is not ContiguousPolicy._allocate  # BestFit's own, with the key inlined
-    assert _CountsKeys._allocate is ContiguousPolicy._allocate and _CountsKeys._free is ContiguousPolicy._free
+    assert (
+        BestFit._allocate is not ContiguousPolicy._allocate
+    )  # BestFit's own, with the key inlined
+    assert (
+        _CountsKeys._allocate is ContiguousPolicy._allocate
+        and _CountsKeys._free is ContiguousPolicy._free
+    )
     testing.check_policy(_CountsKeys)
     pool = _CountsKeys(segment_bytes=2 * MiB)
     _CountsKeys.num_keys = 0

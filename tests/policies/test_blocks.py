@@ -40,7 +40,9 @@ class LinearFirstFit(ContiguousPolicy):
         del self._free_blocks[block.offset]
 
     def _find(self, size: int, stream: int) -> Block | None:
-        fits = [b for b in self._free_blocks.values() if b.size >= size and b.segment.stream == stream]
+        fits = [
+            b for b in self._free_blocks.values() if b.size >= size and b.segment.stream == stream
+        ]
         return min(fits, key=lambda b: b.offset, default=None)
 
 
@@ -57,36 +59,56 @@ def _snapshot(p: ContiguousPolicy) -> tuple:
 
 # ----------------------------------------------------------------- knobs
 def test_knobs_are_stored_unchanged(cls):
-    p = cls(segment_bytes=4 * MiB, alignment_bytes=1024, granularity_bytes=3072, split_threshold_bytes=8 * KiB,
-            capacity_bytes=64 * MiB)
-    assert p.get_params() == {"segment_bytes": 4 * MiB, "alignment_bytes": 1024, "granularity_bytes": 3072,
-                              "split_threshold_bytes": 8 * KiB, "virtual": False, "capacity_bytes": 64 * MiB}
+    p = cls(
+        segment_bytes=4 * MiB,
+        alignment_bytes=1024,
+        granularity_bytes=3072,
+        split_threshold_bytes=8 * KiB,
+        capacity_bytes=64 * MiB,
+    )
+    assert p.get_params() == {
+        "segment_bytes": 4 * MiB,
+        "alignment_bytes": 1024,
+        "granularity_bytes": 3072,
+        "split_threshold_bytes": 8 * KiB,
+        "virtual": False,
+        "capacity_bytes": 64 * MiB,
+    }
 
 
 def test_defaults_are_32mib_segments_256b_alignment():
     p = FirstFit()
-    assert (p.segment_bytes, p.alignment_bytes, p.granularity_bytes, p.split_threshold_bytes) == (32 * MiB, 256,
-                                                                                                   None, None)
+    assert (p.segment_bytes, p.alignment_bytes, p.granularity_bytes, p.split_threshold_bytes) == (
+        32 * MiB,
+        256,
+        None,
+        None,
+    )
     assert FirstFit.coalesces and BestFit.coalesces and FirstFit.contiguous
 
 
-@pytest.mark.parametrize("knobs, named", [
-    ({"alignment_bytes": 0}, "alignment_bytes"),
-    ({"alignment_bytes": 768}, "alignment_bytes"),
-    ({"segment_bytes": 1000}, "segment_bytes"),
-    ({"segment_bytes": 0}, "segment_bytes"),
-    ({"segment_bytes": True}, "segment_bytes"),
-    ({"split_threshold_bytes": 0}, "split_threshold_bytes"),
-    ({"split_threshold_bytes": 1.5}, "split_threshold_bytes"),
-])
+@pytest.mark.parametrize(
+    "knobs, named",
+    [
+        ({"alignment_bytes": 0}, "alignment_bytes"),
+        ({"alignment_bytes": 768}, "alignment_bytes"),
+        ({"segment_bytes": 1000}, "segment_bytes"),
+        ({"segment_bytes": 0}, "segment_bytes"),
+        ({"segment_bytes": True}, "segment_bytes"),
+        ({"split_threshold_bytes": 0}, "split_threshold_bytes"),
+        ({"split_threshold_bytes": 1.5}, "split_threshold_bytes"),
+    ],
+)
 def test_bad_knob_raises_policy_error_naming_it(cls, knobs, named):
     with pytest.raises(PolicyError, match=named):
         cls(**knobs)
 
 
 # ----------------------------------------------------------------- rounding and splitting
-@pytest.mark.parametrize("nbytes, alignment, expected", [(1, 512, 512), (512, 512, 512), (513, 512, 1024),
-                                                         (1, 4096, 4096), (5000, 4096, 8192)])
+@pytest.mark.parametrize(
+    "nbytes, alignment, expected",
+    [(1, 512, 512), (512, 512, 512), (513, 512, 1024), (1, 4096, 4096), (5000, 4096, 8192)],
+)
 def test_request_size_is_rounded_up_to_alignment(cls, nbytes, alignment, expected):
     a = cls(alignment_bytes=alignment).allocate(nbytes)
     assert (a.nbytes, a.size_bytes, a.extents) == (nbytes, expected, ((a.offset, expected),))
@@ -111,7 +133,9 @@ def test_remainder_below_split_threshold_stays_with_the_allocation(cls):
 def test_remainder_equal_to_split_threshold_is_split_off(cls):
     p = cls(segment_bytes=1 * MiB, split_threshold_bytes=64 * KiB)
     a = p.allocate(MiB - 64 * KiB)
-    assert a.size_bytes == MiB - 64 * KiB and p.free_extents() == [(a.offset + a.size_bytes, 64 * KiB)]
+    assert a.size_bytes == MiB - 64 * KiB and p.free_extents() == [
+        (a.offset + a.size_bytes, 64 * KiB)
+    ]
 
 
 def test_freeing_an_unsplit_block_returns_all_of_it(cls):
@@ -253,7 +277,11 @@ def test_blocks_serve_only_their_own_stream(cls):
     p = cls(segment_bytes=1 * MiB)
     p.free(p.allocate(4 * KiB, stream=0))
     b = p.allocate(4 * KiB, stream=1)
-    assert len(p.segments()) == 2 and b.offset == p.segments()[1].offset and p.segments()[1].stream == 1
+    assert (
+        len(p.segments()) == 2
+        and b.offset == p.segments()[1].offset
+        and p.segments()[1].stream == 1
+    )
 
 
 def test_reset_releases_everything(cls):
@@ -282,17 +310,24 @@ def test_block_is_slotted_and_compared_by_identity():
 
 # ----------------------------------------------------------------- properties
 _SIZES = st.one_of(st.integers(1, 16 * KiB), st.integers(1, 512 * KiB), st.integers(1, 3 * MiB))
-_OPS = st.lists(st.one_of(
-    st.tuples(st.just("alloc"), _SIZES, st.sampled_from([0, 0, 0, 7])),
-    st.tuples(st.just("free"), st.integers(0, 10_000), st.just(0)),
-    st.tuples(st.just("trim"), st.sampled_from([None, 1, 2 * MiB]), st.just(0)),
-    st.tuples(st.just("grow"), st.integers(1, 3 * MiB), st.just(0)),
-), max_size=80)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), _SIZES, st.sampled_from([0, 0, 0, 7])),
+        st.tuples(st.just("free"), st.integers(0, 10_000), st.just(0)),
+        st.tuples(st.just("trim"), st.sampled_from([None, 1, 2 * MiB]), st.just(0)),
+        st.tuples(st.just("grow"), st.integers(1, 3 * MiB), st.just(0)),
+    ),
+    max_size=80,
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops=_OPS, policy=st.sampled_from([FirstFit, BestFit, LinearFirstFit]),
-       threshold=st.sampled_from([None, 4 * KiB, 256 * KiB]), capacity=st.sampled_from([None, 4 * MiB, 8 * MiB]))
+@given(
+    ops=_OPS,
+    policy=st.sampled_from([FirstFit, BestFit, LinearFirstFit]),
+    threshold=st.sampled_from([None, 4 * KiB, 256 * KiB]),
+    capacity=st.sampled_from([None, 4 * MiB, 8 * MiB]),
+)
 def test_random_operations_keep_every_invariant(ops, policy, threshold, capacity):
     p = policy(segment_bytes=1 * MiB, split_threshold_bytes=threshold, capacity_bytes=capacity)
     live = []
@@ -313,7 +348,9 @@ def test_random_operations_keep_every_invariant(ops, policy, threshold, capacity
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
     for a in live:
         seg = a.handle.segment
-        assert seg.offset <= a.offset and a.offset + a.size_bytes <= seg.end and seg.stream == a.stream
+        assert (
+            seg.offset <= a.offset and a.offset + a.size_bytes <= seg.end and seg.stream == a.stream
+        )
     used = sorted((b.offset, b.offset + b.size) for b in p.blocks() if not b.free)
     assert used == spans
     s = p.stats()
@@ -325,8 +362,11 @@ def _llama_slice_ops() -> list[tuple[bool, int, int]]:
     """The bundled PyTorch snapshot slice (one real ``generate`` call) as (is_alloc, address, size)."""
     with gzip.open(bundled_path("llama1b_generate_slice.pickle.gz")) as f:
         snapshot = pickle.load(f)
-    return [(e["action"] == "alloc", e["addr"], e["size"]) for e in snapshot["device_traces"][0]
-            if e["action"] in ("alloc", "free_completed")]
+    return [
+        (e["action"] == "alloc", e["addr"], e["size"])
+        for e in snapshot["device_traces"][0]
+        if e["action"] in ("alloc", "free_completed")
+    ]
 
 
 @pytest.mark.parametrize("policy", [FirstFit, BestFit])
@@ -344,7 +384,9 @@ def test_real_trace_replay_keeps_invariants_and_reuses_memory(policy):
     assert s.peak_allocated_bytes <= s.peak_reserved_bytes < 2 * s.peak_allocated_bytes
 
 
-_ORACLE_SIZES = st.one_of(st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB))
+_ORACLE_SIZES = st.one_of(
+    st.integers(1, 8 * KiB), st.integers(1, 256 * KiB), st.integers(1, 2 * MiB)
+)
 
 #: Each placement rule as the key a brute-force scan minimises over the free blocks that fit.
 _PLACEMENT_RULES = {
@@ -356,7 +398,9 @@ _PLACEMENT_RULES = {
 
 @pytest.mark.parametrize("cls", list(_PLACEMENT_RULES), ids=lambda c: c.name)
 @settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), _ORACLE_SIZES, st.sampled_from([0, 0, 3])), max_size=120))
+@given(
+    ops=st.lists(st.tuples(st.booleans(), _ORACLE_SIZES, st.sampled_from([0, 0, 3])), max_size=120)
+)
 def test_places_exactly_where_a_brute_force_scan_would(cls, ops):
     rule = _PLACEMENT_RULES[cls]
     p = cls(segment_bytes=1 * MiB)
@@ -365,12 +409,18 @@ def test_places_exactly_where_a_brute_force_scan_would(cls, ops):
         if is_alloc or not live:
             size = -(-n // 256) * 256
             # (key, offset) taken now: allocate() reshapes the Block objects themselves
-            fits = [(rule(b), b.offset) for b in p.blocks() if b.free and b.size >= size and b.segment.stream == stream]
+            fits = [
+                (rule(b), b.offset)
+                for b in p.blocks()
+                if b.free and b.size >= size and b.segment.stream == stream
+            ]
             a = p.allocate(n, stream=stream)
             if fits:
                 assert a.offset == min(fits)[1]
             else:
-                assert a.offset == p.segments()[-1].offset  # grew: placed at the new segment's start
+                assert (
+                    a.offset == p.segments()[-1].offset
+                )  # grew: placed at the new segment's start
             live.append(a)
         else:
             p.free(live.pop(n % len(live)))
@@ -385,7 +435,9 @@ def test_an_allocation_is_its_block_and_a_freed_one_is_never_handed_out_again(cl
     p.free(a)
     b = p.allocate(300 * KiB)  # the same place, a new object
     assert b is not a and b.offset == where
-    assert a.offset == where and a.extents == ((where, 300 * KiB),)  # a freed allocation never moves
+    assert a.offset == where and a.extents == (
+        (where, 300 * KiB),
+    )  # a freed allocation never moves
     with pytest.raises(PolicyError, match="double free"):
         p.free(a)
     assert b.live and p.stats().num_live == 1
@@ -401,7 +453,9 @@ def test_a_block_is_its_handle_only_while_handed_out(cls):
     assert [blk.handle for blk in p.blocks() if blk.free] == [None]  # the segment's free tail
     p.free(a)
     assert a.handle is None and b.handle is b
-    assert Allocation.offset.__get__(b) == b.offset == b.extents[0][0]  # the field and the extent agree
+    assert (
+        Allocation.offset.__get__(b) == b.offset == b.extents[0][0]
+    )  # the field and the extent agree
     p.free(b)
     assert b.handle is None and all(blk.handle is None for blk in p.blocks())
     p.check_invariants()
@@ -461,6 +515,9 @@ def test_the_inlined_policies_keep_their_knobs_and_hot_paths():
 
 
 def test_a_subclass_with_its_own_index_gets_the_generic_paths():
-    assert WorstFit._free is ContiguousPolicy._free and WorstFit._allocate is ContiguousPolicy._allocate
+    assert (
+        WorstFit._free is ContiguousPolicy._free
+        and WorstFit._allocate is ContiguousPolicy._allocate
+    )
     assert BestFit._free is not ContiguousPolicy._free
     assert LinearFirstFit._free is ContiguousPolicy._free

@@ -24,8 +24,16 @@ def test_default_alignment_is_256_bytes(name):
 
 
 @pytest.mark.parametrize("name", BLOCK_POLICIES)
-@pytest.mark.parametrize("granularity, nbytes, expected", [(4096, 1, 4096), (4096, 4097, 8192), (3072, 1, 3072),
-                                                           (3072, 3073, 6144), (2 * MiB, 5 * MiB + 1, 6 * MiB)])
+@pytest.mark.parametrize(
+    "granularity, nbytes, expected",
+    [
+        (4096, 1, 4096),
+        (4096, 4097, 8192),
+        (3072, 1, 3072),
+        (3072, 3073, 6144),
+        (2 * MiB, 5 * MiB + 1, 6 * MiB),
+    ],
+)
 def test_granularity_rounds_requests_up_to_its_multiple(name, granularity, nbytes, expected):
     p = policies.create(f"{name}:alignment_bytes=1024,granularity_bytes={granularity}")
     a = p.allocate(nbytes)
@@ -33,9 +41,14 @@ def test_granularity_rounds_requests_up_to_its_multiple(name, granularity, nbyte
     assert p.stats().live_bytes == nbytes  # the rest is internal waste
 
 
-@pytest.mark.parametrize("knobs, named", [({"granularity_bytes": 1000}, "multiple of alignment_bytes"),
-                                          ({"granularity_bytes": 0}, "granularity_bytes"),
-                                          ({"granularity_bytes": True}, "granularity_bytes")])
+@pytest.mark.parametrize(
+    "knobs, named",
+    [
+        ({"granularity_bytes": 1000}, "multiple of alignment_bytes"),
+        ({"granularity_bytes": 0}, "granularity_bytes"),
+        ({"granularity_bytes": True}, "granularity_bytes"),
+    ],
+)
 def test_bad_granularity_raises_policy_error_naming_it(knobs, named):
     with pytest.raises(PolicyError, match=named):
         BestFit(**knobs)
@@ -51,12 +64,17 @@ def test_coarse_granularity_lets_a_freed_block_fit_the_next_request_exactly():
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(1, 300 * KiB), min_size=1, max_size=40),
-       alignment=st.sampled_from([256, 512, 4096]), factor=st.sampled_from([None, 1, 3, 8]),
-       name=st.sampled_from(BLOCK_POLICIES))
+@given(
+    sizes=st.lists(st.integers(1, 300 * KiB), min_size=1, max_size=40),
+    alignment=st.sampled_from([256, 512, 4096]),
+    factor=st.sampled_from([None, 1, 3, 8]),
+    name=st.sampled_from(BLOCK_POLICIES),
+)
 def test_every_allocation_is_aligned_and_a_whole_number_of_granules(sizes, alignment, factor, name):
     granularity = None if factor is None else alignment * factor
-    p = policies.create(name, alignment_bytes=alignment, granularity_bytes=granularity, segment_bytes=MiB)
+    p = policies.create(
+        name, alignment_bytes=alignment, granularity_bytes=granularity, segment_bytes=MiB
+    )
     live = []
     for i, n in enumerate(sizes):
         a = p.allocate(n)

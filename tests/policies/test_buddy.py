@@ -13,7 +13,13 @@ KiB, MiB = 1 << 10, 1 << 20
 
 def test_requests_round_up_to_a_power_of_two_and_the_minimum_block():
     pool = Buddy()
-    assert [pool.allocate(n).size_bytes for n in (1, 512, 513, 3000, 5 * MiB)] == [512, 512, 1024, 4096, 8 * MiB]
+    assert [pool.allocate(n).size_bytes for n in (1, 512, 513, 3000, 5 * MiB)] == [
+        512,
+        512,
+        1024,
+        4096,
+        8 * MiB,
+    ]
 
 
 def test_halving_keeps_the_buddy_free_next_to_the_block():
@@ -54,8 +60,15 @@ def test_the_smallest_free_block_that_fits_is_split():
     assert a.offset - keep.offset == 256 * KiB and pool.largest_free_bytes() == 512 * KiB
 
 
-@pytest.mark.parametrize("kw", [{"segment_bytes": 3 * MiB}, {"min_block_bytes": 768}, {"min_block_bytes": 0},
-                                {"segment_bytes": MiB, "min_block_bytes": 2 * MiB}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"segment_bytes": 3 * MiB},
+        {"min_block_bytes": 768},
+        {"min_block_bytes": 0},
+        {"segment_bytes": MiB, "min_block_bytes": 2 * MiB},
+    ],
+)
 def test_bad_sizes_are_refused(kw):
     with pytest.raises(PolicyError):
         Buddy(**kw)
@@ -69,11 +82,17 @@ def _check_buddy_layout(pool):
             if seg.offset <= off < seg.end:
                 assert (off - seg.offset) % n == 0
                 if n < seg.nbytes:
-                    assert free.get(seg.offset + ((off - seg.offset) ^ n)) != n, "two free buddies did not merge"
+                    assert free.get(seg.offset + ((off - seg.offset) ^ n)) != n, (
+                        "two free buddies did not merge"
+                    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 3 * MiB), st.integers(0, 1 << 16)), max_size=80))
+@given(
+    ops=st.lists(
+        st.tuples(st.booleans(), st.integers(1, 3 * MiB), st.integers(0, 1 << 16)), max_size=80
+    )
+)
 def test_random_operations_keep_the_buddy_invariants(ops):
     pool = Buddy(segment_bytes=4 * MiB)
     live = []

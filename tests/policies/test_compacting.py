@@ -44,9 +44,15 @@ class Moves:
 
 # ---------------------------------------------------------------------------- construction
 def test_spec_round_trips_and_builds_the_base():
-    p = policies.create("compacting:base=[first-fit:segment_bytes=4MiB],threshold=0.3,idle_only=true")
-    assert (p.base_policy.name, p.base_policy.segment_bytes, p.threshold, p.idle_only) == ("first-fit", 4 * MiB,
-                                                                                           0.3, True)
+    p = policies.create(
+        "compacting:base=[first-fit:segment_bytes=4MiB],threshold=0.3,idle_only=true"
+    )
+    assert (p.base_policy.name, p.base_policy.segment_bytes, p.threshold, p.idle_only) == (
+        "first-fit",
+        4 * MiB,
+        0.3,
+        True,
+    )
     assert policies.create(p.spec).get_params() == p.get_params()
 
 
@@ -56,8 +62,17 @@ def test_refuses_a_base_that_is_not_a_block_policy(base):
         Compacting(base=base)
 
 
-@pytest.mark.parametrize("kw", [{"threshold": 1.5}, {"threshold": True}, {"idle_only": 1}, {"check_every": -1},
-                                {"min_free_bytes": -1}, {"base": 3}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"threshold": 1.5},
+        {"threshold": True},
+        {"idle_only": 1},
+        {"check_every": -1},
+        {"min_free_bytes": -1},
+        {"base": 3},
+    ],
+)
 def test_bad_knobs_raise_policy_error(kw):
     with pytest.raises(PolicyError):
         Compacting(**kw)
@@ -84,7 +99,9 @@ def test_moves_are_reported_in_order_with_old_and_new_offsets():
     old = (x.offset, y.offset)
     p.compact(force=True)
     assert [(a, o, n, size) for a, o, n, size in moves.calls] == [
-        (x, old[0], old[0] - 64 * KiB, 64 * KiB), (y, old[1], old[1] - 128 * KiB, 64 * KiB)]
+        (x, old[0], old[0] - 64 * KiB, 64 * KiB),
+        (y, old[1], old[1] - 128 * KiB, 64 * KiB),
+    ]
 
 
 def test_sparse_segment_is_emptied_into_the_others_and_released():
@@ -107,8 +124,11 @@ def test_record_reports_fragmentation_and_largest_free_before_and_after():
     s = p.stats()
     rec = p.compact(force=True)
     assert isinstance(rec, Compaction) and p.compactions == [rec]
-    assert (rec.frag_before, rec.largest_free_before_bytes, rec.free_before_bytes) == (s.frag_ext, s.largest_free_bytes,
-                                                                                       s.free_bytes)
+    assert (rec.frag_before, rec.largest_free_before_bytes, rec.free_before_bytes) == (
+        s.frag_ext,
+        s.largest_free_bytes,
+        s.free_bytes,
+    )
     assert rec.frag_after == 0.0 and rec.largest_free_after_bytes == s.free_bytes
     assert rec.as_dict()["trigger"] == "explicit"
 
@@ -163,8 +183,12 @@ def test_a_fragmented_failure_becomes_a_success():
 
 def test_a_failure_slides_only_the_segment_that_frees_room_for_the_fewest_moved_bytes():
     p = compacting(capacity_bytes=2 * MiB)
-    costly = [p.allocate(128 * KiB) for _ in range(8)]  # segment 1: four 128 KiB holes, 512 KiB above them
-    cheap = [p.allocate(128 * KiB) for _ in range(8)]  # segment 2: a 256 KiB hole, 128 KiB above it, the tail
+    costly = [
+        p.allocate(128 * KiB) for _ in range(8)
+    ]  # segment 1: four 128 KiB holes, 512 KiB above them
+    cheap = [
+        p.allocate(128 * KiB) for _ in range(8)
+    ]  # segment 2: a 256 KiB hole, 128 KiB above it, the tail
     for a in costly[0::2] + cheap[4:6] + cheap[7:]:
         p.free(a)
     before = [a.offset for a in costly]
@@ -255,7 +279,9 @@ def test_frozen_pool_compacts_but_keeps_emptied_segments():
     p.freeze()
     rec = p.compact(force=True)
     assert rec.num_released_segments == 0 and len(p.segments()) == 2
-    assert p.allocate(MiB) is not None  # the emptied segment serves a request the freeze would refuse
+    assert (
+        p.allocate(MiB) is not None
+    )  # the emptied segment serves a request the freeze would refuse
     assert p.stats().num_grows == 2
 
 
@@ -269,7 +295,9 @@ def test_reset_forgets_passes():
 
 # ---------------------------------------------------------------------------- wrappers above follow moves
 def test_a_wrapper_above_sees_its_handles_moved():
-    e = policies.create("elastic:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0],high=1.0")
+    e = policies.create(
+        "elastic:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0],high=1.0"
+    )
     moves = e.on_move = Moves()
     x, y = holes(e, [64 * KiB] * 4)
     e.base_policy.compact(force=True)
@@ -294,31 +322,43 @@ class Memory:
 
     def write(self, a, byte: int) -> None:
         buf, rel = self._at(a.offset)
-        buf[rel:rel + a.size_bytes] = bytes([byte]) * a.size_bytes
+        buf[rel : rel + a.size_bytes] = bytes([byte]) * a.size_bytes
 
     def holds(self, a, byte: int) -> bool:
         buf, rel = self._at(a.offset)
-        return buf[rel:rel + a.size_bytes] == bytes([byte]) * a.size_bytes
+        return buf[rel : rel + a.size_bytes] == bytes([byte]) * a.size_bytes
 
     def __call__(self, a, old, new, nbytes):
         src, rs = self._at(old)
         dst, rd = self._at(new)
-        dst[rd:rd + nbytes] = bytes(src[rs:rs + nbytes])
+        dst[rd : rd + nbytes] = bytes(src[rs : rs + nbytes])
 
 
-_OPS = st.lists(st.one_of(
-    st.tuples(st.just("alloc"), st.integers(1, 96 * KiB), st.sampled_from([0, 0, 1])),
-    st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
-    st.tuples(st.just("compact"), st.booleans(), st.just(0)),
-), min_size=10, max_size=80)
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), st.integers(1, 96 * KiB), st.sampled_from([0, 0, 1])),
+        st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+        st.tuples(st.just("compact"), st.booleans(), st.just(0)),
+    ),
+    min_size=10,
+    max_size=80,
+)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=_OPS, base=st.sampled_from(["best-fit", "first-fit", "worst-fit"]),
-       capacity=st.sampled_from([None, 512 * KiB, MiB]))
+@given(
+    ops=_OPS,
+    base=st.sampled_from(["best-fit", "first-fit", "worst-fit"]),
+    capacity=st.sampled_from([None, 512 * KiB, MiB]),
+)
 def test_moves_keep_every_byte_and_never_overlap(ops, base, capacity):
-    p = Compacting(base=f"{base}:segment_bytes=256KiB", capacity_bytes=capacity, min_free_bytes=0, check_every=2,
-                   threshold=0.3)
+    p = Compacting(
+        base=f"{base}:segment_bytes=256KiB",
+        capacity_bytes=capacity,
+        min_free_bytes=0,
+        check_every=2,
+        threshold=0.3,
+    )
     memory = p.on_move = Memory(p)
     live: list[tuple] = []
     for i, (op, arg, stream) in enumerate(ops):
@@ -346,8 +386,13 @@ def test_long_runs_keep_every_byte_through_hundreds_of_moves(base, seed):
     import random
 
     rng = random.Random(seed)
-    p = Compacting(base=f"{base}:segment_bytes=256KiB", capacity_bytes=MiB, min_free_bytes=0, check_every=3,
-                   threshold=0.3)
+    p = Compacting(
+        base=f"{base}:segment_bytes=256KiB",
+        capacity_bytes=MiB,
+        min_free_bytes=0,
+        check_every=3,
+        threshold=0.3,
+    )
     memory = p.on_move = Memory(p)
     live: list[tuple] = []
     for i in range(600):
@@ -358,7 +403,9 @@ def test_long_runs_keep_every_byte_through_hundreds_of_moves(base, seed):
             if a is not None:
                 memory.write(a, i % 251 + 1)
                 live.append((a, i % 251 + 1))
-        memory.buffers = {k: v for k, v in memory.buffers.items() if any(s.offset == k for s in p.segments())}
+        memory.buffers = {
+            k: v for k, v in memory.buffers.items() if any(s.offset == k for s in p.segments())
+        }
         for a, byte in live:
             assert memory.holds(a, byte), f"step {i}: allocation at {a.offset} lost its bytes"
     check_invariants(p, [a for a, _ in live])

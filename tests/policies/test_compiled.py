@@ -28,11 +28,28 @@ def test_policies_tests_pass_against_the_compiled_modules(tmp_path):
     except subprocess.CalledProcessError as exc:
         pytest.fail(f"compiled build failed: {exc}")
     here = "tests/policies/test_compiled.py"  # not again inside the copy
-    proc = compiled.run_in(tree, [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                                  "tests/policies", f"--ignore={here}", "tests/realgpu/test_malloc_path.py",
-                                  "tests/realgpu/test_pool.py"],
-                           capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, f"tests/policies and the malloc tests against the compiled modules:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
+    proc = compiled.run_in(
+        tree,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            "tests/policies",
+            f"--ignore={here}",
+            "tests/realgpu/test_malloc_path.py",
+            "tests/realgpu/test_pool.py",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, (
+        f"tests/policies and the malloc tests against the compiled modules:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
+    )
 
 
 def test_pure_install_needs_no_cython():
@@ -58,6 +75,12 @@ else:
     raise AssertionError("a bad free was accepted")
 print("ok")
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
-                          cwd=compiled.REPO, env={**os.environ, "PYTHONPATH": str(compiled.REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=compiled.REPO,
+        env={**os.environ, "PYTHONPATH": str(compiled.REPO)},
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -50,7 +50,9 @@ def test_policy_without_its_hooks_cannot_be_instantiated():
         def _allocate(self, nbytes, stream, tag):
             return None
 
-    with pytest.raises(TypeError, match="abstract class Partial with abstract methods _add_segment, _free"):
+    with pytest.raises(
+        TypeError, match="abstract class Partial with abstract methods _add_segment, _free"
+    ):
         Partial()
 
 
@@ -59,7 +61,12 @@ def test_python_subclass_with_slots_works_and_counts_exactly():
     big = 3 << 40  # counters are 64-bit in the compiled build: far beyond any device
     a = pool.allocate(big, stream=7, tag="kv")
     b = pool.allocate(np.int64(512))  # a size that is not an int goes through _as_size
-    assert (pool.live_bytes, pool.peak_live_bytes, pool.num_allocs, pool._live) == (big + 512, big + 512, 2, 2)
+    assert (pool.live_bytes, pool.peak_live_bytes, pool.num_allocs, pool._live) == (
+        big + 512,
+        big + 512,
+        2,
+        2,
+    )
     assert type(b.nbytes) is int and (a.stream, a.tag) == (7, "kv")
     pool.free(a)
     pool.free(b)
@@ -67,7 +74,9 @@ def test_python_subclass_with_slots_works_and_counts_exactly():
     assert not pool.can_compact and pool.name == "minimal"
 
 
-@pytest.mark.parametrize("bad, message", [(None, "got NoneType"), (object(), "got object"), (3, "got int")])
+@pytest.mark.parametrize(
+    "bad, message", [(None, "got NoneType"), (object(), "got object"), (3, "got int")]
+)
 def test_bad_free_names_what_it_got(bad, message):
     pool = policies.create("paged")
     with pytest.raises(PolicyError, match=f"free\\(\\) takes an Allocation, {message}"):
@@ -85,13 +94,18 @@ def test_bad_sizes_are_policy_errors(bad):
 
 def test_allocation_and_segment_keep_their_public_behaviour():
     a = Allocation(nbytes=10, size_bytes=512, extents=((4096, 512),), tag="kv")
-    assert repr(a) == ("Allocation(nbytes=10, size_bytes=512, extents=((4096, 512),), stream=0, tag='kv', "
-                       "handle=None, owner=None)")
+    assert repr(a) == (
+        "Allocation(nbytes=10, size_bytes=512, extents=((4096, 512),), stream=0, tag='kv', "
+        "handle=None, owner=None)"
+    )
     assert a.offset == 4096 and not a.live and a != Allocation(10, 512, ((4096, 512),)) and a == a
     with pytest.raises(AttributeError):
         a.color = "red"  # slots: no instance dict
     seg = Segment(offset=4096, nbytes=1024)
-    assert seg.end == 5120 and repr(seg) == "Segment(offset=4096, nbytes=1024, stream=0, num_live=0, handle=None)"
+    assert (
+        seg.end == 5120
+        and repr(seg) == "Segment(offset=4096, nbytes=1024, stream=0, num_live=0, handle=None)"
+    )
     live = policies.create("paged").allocate(100)
     assert live.live and live.offset == live.extents[0][0]
 

@@ -8,7 +8,14 @@ import functools
 
 import pytest
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import policies
 from policies import registry, testing
@@ -74,7 +81,9 @@ class PolicyMachine(RuleBasedStateMachine):
     def allocate(self, nbytes, stream):
         a = self.policy.allocate(nbytes, stream=stream)
         if a is None:
-            assert self.policy.capacity_bytes is not None, f"allocate({nbytes}) failed with no capacity limit"
+            assert self.policy.capacity_bytes is not None, (
+                f"allocate({nbytes}) failed with no capacity limit"
+            )
         else:
             assert (a.nbytes, a.stream) == (nbytes, stream)
             self.live.append(a)
@@ -117,9 +126,13 @@ class PolicyMachine(RuleBasedStateMachine):
         ok = self.policy.grow(nbytes)
         new = [s for s in self.policy.segments() if s.offset not in old]
         if ok:
-            assert any(s.nbytes >= nbytes and s.num_live == 0 for s in new), f"grow({nbytes}) added no free segment"
+            assert any(s.nbytes >= nbytes and s.num_live == 0 for s in new), (
+                f"grow({nbytes}) added no free segment"
+            )
         else:
-            assert self.policy.capacity_bytes is not None, f"grow({nbytes}) refused with no capacity limit"
+            assert self.policy.capacity_bytes is not None, (
+                f"grow({nbytes}) refused with no capacity limit"
+            )
             assert not new, f"a refused grow({nbytes}) reserved {new}"
 
     @rule()
@@ -139,8 +152,15 @@ class PolicyMachine(RuleBasedStateMachine):
 @pytest.mark.parametrize("spec", SPECS)
 def test_random_operation_sequences_keep_invariants(spec):
     machine = type("PolicyMachine", (PolicyMachine,), {"spec": spec})
-    run_state_machine_as_test(machine, settings=settings(
-        max_examples=30, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------- the checks catch bugs
@@ -208,7 +228,9 @@ class _Shares(SegmentPerRequest):
 
     def fork(self, a):
         a.handle.num_live += 1
-        return self._hand_out(Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a.handle))
+        return self._hand_out(
+            Allocation(a.nbytes, a.size_bytes, a.extents, a.stream, a.tag, a.handle)
+        )
 
     def _free(self, allocation):
         seg = allocation.handle
@@ -276,20 +298,24 @@ class _StatsWithoutGauges(SegmentPerRequest):
         return s
 
 
-@pytest.mark.parametrize("broken, check, message", [
-    (_LeaksAllocatedBytes, testing.check_random_workload, "allocated_bytes"),
-    (_HandsOutOneRange, testing.check_allocation_fields, "overlap"),
-    (_StaleSegmentCount, testing.check_random_workload, "num_live"),
-    (_ClaimsToCoalesce, testing.check_random_workload, "touch"),
-    (_ReservesThenFails, testing.check_capacity_refusal, "reserved memory"),
-    (_RoundsFloats, testing.check_bad_sizes, "did not raise PolicyError"),
-    (_ResetKeepsSegments, testing.check_reset, "differs from a fresh one"),
-    (_CachesReleasedSegments, testing.check_release_and_retry, "outside"),
-    (_NeverReuses, testing.check_same_size_reuse, "raised peak_reserved_bytes"),
-    (_NoSizeLimit, testing.check_huge_request, "succeeded on a device"),
-    (_TouchesLiveOnFailure, testing.check_capacity_refusal, "changed a live allocation"),
-    (_StatsWithoutGauges, testing.check_allocation_fields, "gauges"),
-], ids=lambda x: getattr(x, "__name__", None) if callable(x) else None)
+@pytest.mark.parametrize(
+    "broken, check, message",
+    [
+        (_LeaksAllocatedBytes, testing.check_random_workload, "allocated_bytes"),
+        (_HandsOutOneRange, testing.check_allocation_fields, "overlap"),
+        (_StaleSegmentCount, testing.check_random_workload, "num_live"),
+        (_ClaimsToCoalesce, testing.check_random_workload, "touch"),
+        (_ReservesThenFails, testing.check_capacity_refusal, "reserved memory"),
+        (_RoundsFloats, testing.check_bad_sizes, "did not raise PolicyError"),
+        (_ResetKeepsSegments, testing.check_reset, "differs from a fresh one"),
+        (_CachesReleasedSegments, testing.check_release_and_retry, "outside"),
+        (_NeverReuses, testing.check_same_size_reuse, "raised peak_reserved_bytes"),
+        (_NoSizeLimit, testing.check_huge_request, "succeeded on a device"),
+        (_TouchesLiveOnFailure, testing.check_capacity_refusal, "changed a live allocation"),
+        (_StatsWithoutGauges, testing.check_allocation_fields, "gauges"),
+    ],
+    ids=lambda x: getattr(x, "__name__", None) if callable(x) else None,
+)
 def test_check_catches_broken_policy(broken, check, message):
     with pytest.raises(AssertionError, match=message):
         check(broken)
@@ -360,4 +386,6 @@ def test_policy_runs_on_a_real_pool(spec, backend):
     byte written and checked in real (host) memory, the accounting equal to the model's."""
     from realgpu.pool import GpuPool
 
-    testing.check_real_pool(lambda policy: GpuPool(policy, backend=backend, validate=True, guard_bytes=0), spec)
+    testing.check_real_pool(
+        lambda policy: GpuPool(policy, backend=backend, validate=True, guard_bytes=0), spec
+    )

@@ -82,8 +82,14 @@ def test_past_the_limit_it_fails_without_freeing_anything():
     assert pool.allocate(7 * MiB) is None
     after = check_invariants(pool, [])
     assert [s.nbytes for s in pool.segments()] == [6 * MiB]
-    assert (after.num_failures, after.num_shrinks, after.reserved_bytes) == (1, 0, before.reserved_bytes)
-    assert pool.free_all_blocks() == 6 * MiB and pool.allocate(7 * MiB) is not None  # as a CuPy user would
+    assert (after.num_failures, after.num_shrinks, after.reserved_bytes) == (
+        1,
+        0,
+        before.reserved_bytes,
+    )
+    assert (
+        pool.free_all_blocks() == 6 * MiB and pool.allocate(7 * MiB) is not None
+    )  # as a CuPy user would
 
 
 def test_a_request_beyond_the_limit_fails_cleanly():

@@ -11,17 +11,28 @@ from policies.mapped_device import PageMappedDevice
 from sim.replay.costs import CostedDevice, costed_device
 
 
-@pytest.mark.parametrize("text,kind", [("segment", DeviceKind.SEGMENT), ("page-mapped", DeviceKind.PAGE_MAPPED),
-                                       ("segments", DeviceKind.SEGMENT), ("vmm", DeviceKind.PAGE_MAPPED),
-                                       (" VMM ", DeviceKind.PAGE_MAPPED), (DeviceKind.SEGMENT, DeviceKind.SEGMENT)])
+@pytest.mark.parametrize(
+    "text,kind",
+    [
+        ("segment", DeviceKind.SEGMENT),
+        ("page-mapped", DeviceKind.PAGE_MAPPED),
+        ("segments", DeviceKind.SEGMENT),
+        ("vmm", DeviceKind.PAGE_MAPPED),
+        (" VMM ", DeviceKind.PAGE_MAPPED),
+        (DeviceKind.SEGMENT, DeviceKind.SEGMENT),
+    ],
+)
 def test_parse_reads_the_values_and_the_old_spellings_once(text, kind):
     assert DeviceKind.parse(text) is kind
 
 
 @pytest.mark.parametrize("bad", ["paged", "", "cuda-vmm", None, 3])
 def test_parse_refuses_anything_else_naming_where_and_the_kinds(bad):
-    with pytest.raises(ValueError, match=r"^--device-kind: unknown device kind .*; one of segment, page-mapped, "
-                                         r"segments, vmm$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--device-kind: unknown device kind .*; one of segment, page-mapped, "
+        r"segments, vmm$",
+    ):
         DeviceKind.parse(bad, where="--device-kind")
 
 
@@ -44,12 +55,22 @@ def test_policies_and_devices_declare_members_of_the_enum():
     for name in policies.available():
         assert isinstance(policies.registry.device_kind(name), DeviceKind), name
     assert policies.registry.device_kind("best-fit:virtual=true") is DeviceKind.PAGE_MAPPED
-    assert policies.registry.device_kind(policies.create("best-fit:virtual=true")) is DeviceKind.PAGE_MAPPED  # an object: by its knobs
-    assert policies.registry.device_kind(policies.create("torch-caching:expandable_segments=true")) is DeviceKind.PAGE_MAPPED
+    assert (
+        policies.registry.device_kind(policies.create("best-fit:virtual=true"))
+        is DeviceKind.PAGE_MAPPED
+    )  # an object: by its knobs
+    assert (
+        policies.registry.device_kind(policies.create("torch-caching:expandable_segments=true"))
+        is DeviceKind.PAGE_MAPPED
+    )
     assert VirtualDevice().device_kind is CostedDevice().device_kind is DeviceKind.SEGMENT
     assert PageMappedDevice().device_kind is DeviceKind.PAGE_MAPPED
-    assert policies.create("page-pool").device.device_kind is DeviceKind.PAGE_MAPPED  # its range, in front of a mapped device
-    assert isinstance(costed_device("vmm"), PageMappedDevice) and isinstance(costed_device("segment"), CostedDevice)
+    assert (
+        policies.create("page-pool").device.device_kind is DeviceKind.PAGE_MAPPED
+    )  # its range, in front of a mapped device
+    assert isinstance(costed_device("vmm"), PageMappedDevice) and isinstance(
+        costed_device("segment"), CostedDevice
+    )
 
 
 class OldStylePagePolicy(FirstFit):
@@ -69,7 +90,9 @@ def test_a_third_party_policy_declaring_a_plain_string_still_reads_as_the_kind()
 
 
 def test_a_third_party_policy_declaring_no_kind_is_one_error_naming_it():
-    with pytest.raises(policies.PolicyError, match=r"policy 'wrong-kind': device_kind: unknown device kind 'gpu'"):
+    with pytest.raises(
+        policies.PolicyError, match=r"policy 'wrong-kind': device_kind: unknown device kind 'gpu'"
+    ):
         policies.registry.device_kind(WrongKindPolicy)
 
 

@@ -29,7 +29,9 @@ class FixedPool(SegmentPerRequest):
         self._cached.remove(seg)
         seg.num_live = 1
         self.allocated_bytes += seg.nbytes
-        return policies.Allocation(nbytes, seg.nbytes, ((seg.offset, seg.nbytes),), stream, tag, seg)
+        return policies.Allocation(
+            nbytes, seg.nbytes, ((seg.offset, seg.nbytes),), stream, tag, seg
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +68,16 @@ def test_base_gets_the_capacity_and_device():
 
 
 def test_spec_round_trips_through_create():
-    e = policies.create("elastic:base=[first-fit:segment_bytes=4MiB],high=0.9,low=0.1,min_reserved_bytes=8MiB")
+    e = policies.create(
+        "elastic:base=[first-fit:segment_bytes=4MiB],high=0.9,low=0.1,min_reserved_bytes=8MiB"
+    )
     assert policies.create(e.spec).get_params() == e.get_params()
 
 
 def test_elastic_can_wrap_elastic():
-    e = policies.create("elastic:base=[elastic:base=[segment-per-request],patience=2],grow_bytes=2MiB")
+    e = policies.create(
+        "elastic:base=[elastic:base=[segment-per-request],patience=2],grow_bytes=2MiB"
+    )
     assert isinstance(e.base_policy, Elastic)
     a = e.allocate(MiB)
     check_invariants(e, [a])
@@ -82,11 +88,23 @@ def test_unknown_base_names_the_base_and_the_choices():
         Elastic(base="nope")
 
 
-@pytest.mark.parametrize("kw", [
-    {"high": 1.5}, {"high": -0.1}, {"low": 0.9, "high": 0.8}, {"low": 0.5, "high": 0.5}, {"high": True},
-    {"low": "0.3"}, {"patience": 0}, {"patience": 1.5}, {"grow_bytes": 0}, {"min_reserved_bytes": -1},
-    {"min_reserved_bytes": 128 * MiB, "capacity_bytes": 64 * MiB}, {"base": BestFit},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"high": 1.5},
+        {"high": -0.1},
+        {"low": 0.9, "high": 0.8},
+        {"low": 0.5, "high": 0.5},
+        {"high": True},
+        {"low": "0.3"},
+        {"patience": 0},
+        {"patience": 1.5},
+        {"grow_bytes": 0},
+        {"min_reserved_bytes": -1},
+        {"min_reserved_bytes": 128 * MiB, "capacity_bytes": 64 * MiB},
+        {"base": BestFit},
+    ],
+)
 def test_bad_knobs_raise_policy_error(kw):
     with pytest.raises(PolicyError):
         elastic(**kw)
@@ -95,7 +113,10 @@ def test_bad_knobs_raise_policy_error(kw):
 def test_takes_placement_flags_from_its_base():
     paged = Elastic(base="paged")
     assert (paged.contiguous, paged.coalesces) == (False, False)
-    assert (Elastic(base="first-fit").contiguous, Elastic(base="first-fit").coalesces) == (True, True)
+    assert (Elastic(base="first-fit").contiguous, Elastic(base="first-fit").coalesces) == (
+        True,
+        True,
+    )
 
 
 # ---------------------------------------------------------------------------- growing
@@ -231,7 +252,14 @@ def test_trim_stops_mid_band_so_the_next_request_does_not_regrow():
     assert e.num_maps == 0
 
 
-@pytest.mark.parametrize("base", ["segment-per-request", "first-fit:segment_bytes=4MiB", "paged:page_bytes=1MiB,segment_bytes=4MiB"])
+@pytest.mark.parametrize(
+    "base",
+    [
+        "segment-per-request",
+        "first-fit:segment_bytes=4MiB",
+        "paged:page_bytes=1MiB,segment_bytes=4MiB",
+    ],
+)
 def test_trim_never_goes_below_min_reserved_bytes(base):
     e = Elastic(base=base, patience=1, high=1.0, min_reserved_bytes=10 * MiB)
     live = [e.allocate(MiB) for _ in range(24)]
@@ -257,11 +285,17 @@ def test_explicit_trim_releases_everything_free():
     assert e.unmapped_bytes == 4 * MiB
 
 
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 12 * MiB)), max_size=60),
-       st.sampled_from(["segment-per-request", "first-fit:segment_bytes=4MiB", "paged:page_bytes=2MiB"]))
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(1, 12 * MiB)), max_size=60),
+    st.sampled_from(
+        ["segment-per-request", "first-fit:segment_bytes=4MiB", "paged:page_bytes=2MiB"]
+    ),
+)
 @settings(max_examples=60, deadline=None)
 def test_controller_trims_never_cross_the_floor(ops, base):
-    e = Elastic(base=base, patience=2, low=0.5, high=0.9, grow_bytes=2 * MiB, min_reserved_bytes=16 * MiB)
+    e = Elastic(
+        base=base, patience=2, low=0.5, high=0.9, grow_bytes=2 * MiB, min_reserved_bytes=16 * MiB
+    )
     live = []
     for is_alloc, n in ops:
         if is_alloc or not live:
@@ -281,7 +315,11 @@ def test_stats_are_the_base_stats():
     e.free(live.pop())
     s, b = e.stats(), e.base_policy.stats()
     assert s == b
-    assert (e.reserved_bytes, e.allocated_bytes, e.num_grows) == (b.reserved_bytes, b.allocated_bytes, b.num_grows)
+    assert (e.reserved_bytes, e.allocated_bytes, e.num_grows) == (
+        b.reserved_bytes,
+        b.allocated_bytes,
+        b.num_grows,
+    )
 
 
 def test_counts_mapped_and_unmapped_bytes():

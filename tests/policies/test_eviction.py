@@ -86,7 +86,11 @@ def test_queue_matches_a_brute_force_model(order):
             if k in model:
                 continue
             b = block(uses=rng.randrange(1, 5), cost=rng.choice([1.0, 2.0, 5.0]))
-            prio = {"lru": 0, "lfu": b.num_uses, "cost": clock + b.num_uses * b.recompute_cost / b.size_bytes}[order]
+            prio = {
+                "lru": 0,
+                "lfu": b.num_uses,
+                "cost": clock + b.num_uses * b.recompute_cost / b.size_bytes,
+            }[order]
             model[k] = (prio, seq)
             seq += 1
             q.push(k, b)

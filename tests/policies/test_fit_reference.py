@@ -36,7 +36,9 @@ def test_placement_follows_the_rule(cls, rule, seed):
         if live and rng.random() < 0.45:
             p.free(live.pop(rng.randrange(len(live))))
         else:
-            nbytes = rng.choice([rng.randrange(1, 4 * KiB), rng.randrange(1, 256 * KiB), rng.randrange(1, 3 << 20)])
+            nbytes = rng.choice(
+                [rng.randrange(1, 4 * KiB), rng.randrange(1, 256 * KiB), rng.randrange(1, 3 << 20)]
+            )
             stream = rng.randrange(2)
             size = p.rounded_size(nbytes)
             free_blocks = [b for b in p.blocks() if b.free and b.segment.stream == stream]
@@ -44,7 +46,9 @@ def test_placement_follows_the_rule(cls, rule, seed):
             a = p.allocate(nbytes, stream=stream)
             assert a is not None
             if expected is not None:  # else a fresh segment serves it
-                assert a.offset == expected, f"step {step}: {cls.name} put {size} B at {a.offset:#x}, not {expected:#x}"
+                assert a.offset == expected, (
+                    f"step {step}: {cls.name} put {size} B at {a.offset:#x}, not {expected:#x}"
+                )
             live.append(a)
         if step % 50 == 0:
             p.check_invariants()

@@ -33,8 +33,12 @@ def test_a_request_that_needs_a_grow_fails_and_is_counted():
     before = p.stats()
     assert p.allocate(2 * MiB) is None
     s = p.stats()
-    assert (s.num_failures, s.num_frozen_failures, s.num_grows, s.reserved_bytes) == (1, 1, before.num_grows,
-                                                                                       before.reserved_bytes)
+    assert (s.num_failures, s.num_frozen_failures, s.num_grows, s.reserved_bytes) == (
+        1,
+        1,
+        before.num_grows,
+        before.reserved_bytes,
+    )
 
 
 def test_capacity_failures_before_the_freeze_are_not_frozen_failures():
@@ -101,7 +105,9 @@ def test_tag_limit_refusals_are_not_frozen_failures():
     assert (p.stats().num_failures, p.stats().num_frozen_failures) == (1, 0)
 
 
-@pytest.mark.parametrize("spec", [n for n in policies.available()] + ["elastic:base=[paged]", "compacting"])
+@pytest.mark.parametrize(
+    "spec", [n for n in policies.available()] + ["elastic:base=[paged]", "compacting"]
+)
 def test_every_policy_stops_growing_once_frozen(spec):
     rng = random.Random(7)
     p = policies.create(spec)
@@ -126,8 +132,11 @@ def test_every_policy_stops_growing_once_frozen(spec):
     assert s.num_frozen_failures == s.num_failures - frozen.num_failures > 0
 
 
-@pytest.mark.parametrize("spec", [n for n in policies.available()] + [
-    "torch-caching:garbage_collection_threshold=0.5", "elastic:base=[torch-caching]"])
+@pytest.mark.parametrize(
+    "spec",
+    [n for n in policies.available()]
+    + ["torch-caching:garbage_collection_threshold=0.5", "elastic:base=[torch-caching]"],
+)
 def test_no_policy_releases_memory_to_serve_a_frozen_request(spec):
     # found by the soak: torch-caching emptied its cache (and ran GC) before failing a frozen request
     p = policies.create(spec, capacity_bytes=1 << 30)

@@ -39,12 +39,20 @@ _BLOCKER = textwrap.dedent("""
 
 def _run(blocked: str, body: str) -> subprocess.CompletedProcess:
     code = _BLOCKER + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", code, blocked], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, blocked],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
 
 
 def test_policies_and_every_builtin_import_without_simpy_cupy_or_pandas():
-    result = _run("simpy,cupy,pandas", """
+    result = _run(
+        "simpy,cupy,pandas",
+        """
         import policies
         from policies.registry import BUILTIN_POLICIES
         import_package("policies")
@@ -52,23 +60,30 @@ def test_policies_and_every_builtin_import_without_simpy_cupy_or_pandas():
             cls = policies.get(name)
             cls().allocate(4096)
         print("ok", len(BUILTIN_POLICIES))
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ok")
 
 
 def test_traces_import_without_policies():
-    result = _run("policies", """
+    result = _run(
+        "policies",
+        """
         import_package("traces")
         print("ok")
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 
 
 def test_blocked_import_is_reported():
-    result = _run("pandas", """
+    result = _run(
+        "pandas",
+        """
         import pandas
-    """)
+    """,
+    )
     assert result.returncode != 0
     assert "pandas is blocked for this test" in result.stderr

@@ -45,8 +45,15 @@ def test_grow_in_place_page_by_page_and_give_back():
     assert set(stats) == set(VMM_STAT_KEYS)
     assert (stats["n_map"], stats["n_unmap"], stats["mapped_bytes"]) == (3, 2, 3 * G)
     # one create per page, one set-access per map_new, the refused create charged too
-    assert d.num_calls["create"] == 4 and d.num_calls["set_access"] == 2 and d.num_calls["release"] == 2
-    assert d.driver_ns_total == sum(d.call_ns.values()) == d.take_driver_ns() and d.take_driver_ns() == 0
+    assert (
+        d.num_calls["create"] == 4
+        and d.num_calls["set_access"] == 2
+        and d.num_calls["release"] == 2
+    )
+    assert (
+        d.driver_ns_total == sum(d.call_ns.values()) == d.take_driver_ns()
+        and d.take_driver_ns() == 0
+    )
 
 
 def test_a_handle_can_be_mapped_twice_and_is_released_once_unmapped_everywhere():
@@ -62,17 +69,20 @@ def test_a_handle_can_be_mapped_twice_and_is_released_once_unmapped_everywhere()
     assert d.num_handles == 0 and d.physical_bytes == 0
 
 
-@pytest.mark.parametrize("bad", [
-    lambda d, va, h: d.map(va + MiB, h),            # not on the granularity
-    lambda d, va, h: d.map(va + 4 * G, h),          # outside the reserved range
-    lambda d, va, h: (d.map(va, h), d.map(va, h)),  # over a mapping
-    lambda d, va, h: d.set_access(va, G),           # nothing mapped
-    lambda d, va, h: d.release_handle(999),         # no such handle
-    lambda d, va, h: (d.map(va, h), d.release_handle(h)),  # still mapped
-    lambda d, va, h: (d.map(va, h), d.address_free(va, 4 * G)),  # pages still mapped
-    lambda d, va, h: d.address_free(va + G, G),     # not a reserved range
-    lambda d, va, h: d.create(MiB),                 # not a multiple of the granularity
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda d, va, h: d.map(va + MiB, h),  # not on the granularity
+        lambda d, va, h: d.map(va + 4 * G, h),  # outside the reserved range
+        lambda d, va, h: (d.map(va, h), d.map(va, h)),  # over a mapping
+        lambda d, va, h: d.set_access(va, G),  # nothing mapped
+        lambda d, va, h: d.release_handle(999),  # no such handle
+        lambda d, va, h: (d.map(va, h), d.release_handle(h)),  # still mapped
+        lambda d, va, h: (d.map(va, h), d.address_free(va, 4 * G)),  # pages still mapped
+        lambda d, va, h: d.address_free(va + G, G),  # not a reserved range
+        lambda d, va, h: d.create(MiB),  # not a multiple of the granularity
+    ],
+)
 def test_misuse_is_an_error_that_changes_nothing_it_names(bad):
     d = PageMappedDevice()
     va = d.address_reserve(4 * G)
@@ -125,11 +135,19 @@ def test_the_cost_model_prices_every_vmm_call():
     for call in VMM_CALLS:
         assert costs.vmm_call_ns(call, G) > 0
     # field notes: a 2 MiB page's create + map + set-access is about 44 µs on the H200
-    assert 40_000 < costs.vmm_call_ns("create", G) + costs.vmm_call_ns("map", G) + costs.vmm_call_ns("set_access", G) < 50_000
+    assert (
+        40_000
+        < costs.vmm_call_ns("create", G)
+        + costs.vmm_call_ns("map", G)
+        + costs.vmm_call_ns("set_access", G)
+        < 50_000
+    )
     d = costed_page_mapped_device(costs)
     va = d.address_reserve(G)
     d.map_new(va, G)
-    assert d.take_driver_ns() == sum(costs.vmm_call_ns(c, G) for c in ("address_reserve", "create", "map", "set_access"))
+    assert d.take_driver_ns() == sum(
+        costs.vmm_call_ns(c, G) for c in ("address_reserve", "create", "map", "set_access")
+    )
 
 
 def test_physical_pages_can_come_from_a_segment_device():
@@ -142,7 +160,9 @@ def test_physical_pages_can_come_from_a_segment_device():
     va = d.address_reserve(8 * G)
     assert d.map_new(va, 2 * G) and upstream.used_bytes == 2 * G
     handles = d.num_handles
-    assert not d.map_new(va + 2 * G, 2 * G)  # the second page is refused upstream: the first is given back
+    assert not d.map_new(
+        va + 2 * G, 2 * G
+    )  # the second page is refused upstream: the first is given back
     assert upstream.used_bytes == d.physical_bytes == 2 * G and d.num_handles == handles
     assert d.mapped_bytes_in(va, 8 * G) == 2 * G
     h = d.handle_at(va)

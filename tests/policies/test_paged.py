@@ -33,7 +33,11 @@ def check_pool(pool: Paged, live: list) -> None:
     held = Counter(off for a in live for off in pages_of(a))
     free = [off for off, _ in pool.free_extents()]
     assert not set(free) & set(held), "a page is both free and held"
-    assert len(free) + len(held) == pool.num_total_pages() == pool.reserved_bytes // pool.page_size_bytes
+    assert (
+        len(free) + len(held)
+        == pool.num_total_pages()
+        == pool.reserved_bytes // pool.page_size_bytes
+    )
     for off, count in held.items():
         assert pool.page_refcount(off) == count
     for off in free:
@@ -61,10 +65,16 @@ def test_page_bytes_overrides_and_segment_rounds_up_to_whole_pages():
     assert pool.page_size_bytes == 3 * MiB and pool.pages_per_segment == 22
 
 
-@pytest.mark.parametrize("knobs", [
-    {"page_bytes": 1000}, {"tokens_per_page": 16, "bytes_per_token": 100}, {"page_bytes": 0},
-    {"tokens_per_page": 0}, {"segment_bytes": 0},
-])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"page_bytes": 1000},
+        {"tokens_per_page": 16, "bytes_per_token": 100},
+        {"page_bytes": 0},
+        {"tokens_per_page": 0},
+        {"segment_bytes": 0},
+    ],
+)
 def test_bad_knobs_raise_policy_error(knobs):
     with pytest.raises(PolicyError):
         Paged(**knobs)
@@ -181,15 +191,23 @@ def test_allocate_shared_with_an_allocation_shares_all_its_pages():
     check_pool(pool, [a, b])
 
 
-@pytest.mark.parametrize("bad", ["free page", "unknown offset", "twice", "negative extra", "empty", "freed allocation"])
+@pytest.mark.parametrize(
+    "bad", ["free page", "unknown offset", "twice", "negative extra", "empty", "freed allocation"]
+)
 def test_allocate_shared_rejects_bad_input_and_changes_nothing(bad):
     pool = small_pool()
     a = pool.allocate(2 * PAGE)
     gone = pool.allocate(PAGE)
     pool.free(gone)
     p0, p1 = pages_of(a)
-    args = {"free page": ([gone.offset], 0), "unknown offset": ([p0 + 1], 0), "twice": ([p0, p0], 0),
-            "negative extra": ([p0], -1), "empty": ([], 0), "freed allocation": (gone, 0)}[bad]
+    args = {
+        "free page": ([gone.offset], 0),
+        "unknown offset": ([p0 + 1], 0),
+        "twice": ([p0, p0], 0),
+        "negative extra": ([p0], -1),
+        "empty": ([], 0),
+        "freed allocation": (gone, 0),
+    }[bad]
     before = (pool.stats(), pool.free_extents())
     with pytest.raises(PolicyError):
         pool.allocate_shared(*args)
@@ -309,7 +327,9 @@ def test_a_block_nobody_holds_stays_cached_and_allocated_until_evicted():
     assert pool.release_block("h1") is True
     assert [pool.page_refcount(off) for off in pages_of(a)] == [0, 0]
     assert pool.evictable_bytes == 2 * PAGE and pool.allocated_bytes == 2 * PAGE
-    assert not set(pages_of(a)) & {off for off, _ in pool.free_extents()}, "cached pages are not free"
+    assert not set(pages_of(a)) & {off for off, _ in pool.free_extents()}, (
+        "cached pages are not free"
+    )
     assert pool.cached_block("h1") is a
 
 
@@ -356,10 +376,16 @@ def test_a_fork_of_a_cached_block_may_be_freed_while_the_block_is_held():
     assert pool.page_refcount(pages_of(a)[0]) == 1 and pool.cached_block("h1") is a
 
 
-@pytest.mark.parametrize("bad", ["twice", "unknown share", "unknown release", "unheld release", "freed"])
+@pytest.mark.parametrize(
+    "bad", ["twice", "unknown share", "unknown release", "unheld release", "freed"]
+)
 def test_bad_cache_calls_raise_and_change_nothing(bad):
     pool, a = cached_pool()
-    before = (pool.allocated_bytes, pool.evictable_bytes, [pool.page_refcount(off) for off in pages_of(a)])
+    before = (
+        pool.allocated_bytes,
+        pool.evictable_bytes,
+        [pool.page_refcount(off) for off in pages_of(a)],
+    )
     with pytest.raises(PolicyError):
         if bad == "twice":
             pool.cache_block("h1", pool.allocate(PAGE))
@@ -377,7 +403,11 @@ def test_bad_cache_calls_raise_and_change_nothing(bad):
             pool.cache_block("h2", b)
     if bad == "twice":
         before = (before[0] + PAGE,) + before[1:]
-    assert (pool.allocated_bytes, pool.evictable_bytes, [pool.page_refcount(off) for off in pages_of(a)]) == before
+    assert (
+        pool.allocated_bytes,
+        pool.evictable_bytes,
+        [pool.page_refcount(off) for off in pages_of(a)],
+    ) == before
 
 
 def test_the_cache_works_through_a_wrapper_stack():
@@ -393,8 +423,16 @@ def test_the_cache_works_through_a_wrapper_stack():
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "share", "release", "evict"]), st.integers(1, 3 * PAGE),
-                              st.integers(0, 99)), max_size=60))
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "share", "release", "evict"]),
+            st.integers(1, 3 * PAGE),
+            st.integers(0, 99),
+        ),
+        max_size=60,
+    )
+)
 def test_random_cache_workload_keeps_counts_in_step(ops):
     """A model of holders per key against the pool's page reference counts and queue."""
     pool = small_pool()
@@ -425,16 +463,26 @@ def test_random_cache_workload_keeps_counts_in_step(ops):
                 pool.free(a)
         for key, n in holders.items():
             assert {pool.page_refcount(off) for off in pages_of(allocs[key])} == {n}
-        assert pool.evictable_bytes == sum(len(allocs[k].extents) * PAGE for k, n in holders.items() if n == 0)
+        assert pool.evictable_bytes == sum(
+            len(allocs[k].extents) * PAGE for k, n in holders.items() if n == 0
+        )
         assert pool.allocated_bytes == sum(len(a.extents) * PAGE for a in allocs.values())
     assert pool.num_cached_blocks() == len(holders)
 
 
 # ----------------------------------------------------------------- properties and real data
 @settings(max_examples=80, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "fork", "shared"]), st.integers(1, 9 * PAGE),
-                              st.integers(0, 99)), max_size=60),
-       capacity=st.sampled_from([None, 16 * PAGE, 40 * PAGE]))
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "free", "fork", "shared"]),
+            st.integers(1, 9 * PAGE),
+            st.integers(0, 99),
+        ),
+        max_size=60,
+    ),
+    capacity=st.sampled_from([None, 16 * PAGE, 40 * PAGE]),
+)
 def test_random_workload_keeps_pages_disjoint_and_counted(ops, capacity):
     pool = small_pool(capacity_bytes=capacity)
     live = []
@@ -462,7 +510,10 @@ def test_random_workload_keeps_pages_disjoint_and_counted(ops, capacity):
 
 
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(1, 6 * PAGE), min_size=1, max_size=40), frees=st.lists(st.integers(0, 99)))
+@given(
+    sizes=st.lists(st.integers(1, 6 * PAGE), min_size=1, max_size=40),
+    frees=st.lists(st.integers(0, 99)),
+)
 def test_extents_of_unshared_allocations_never_overlap(sizes, frees):
     pool = small_pool()
     live = [pool.allocate(n) for n in sizes]
@@ -504,5 +555,8 @@ def test_a_request_no_device_holds_is_refused_at_once_not_built_page_by_page():
     before = pool.stats()
     assert pool.allocate(2**62) is None and pool.allocate_shared(a, 2**62) is None
     after = check_invariants(pool, [a])
-    assert after.num_failures == 2 and pool.num_total_pages() == before.reserved_bytes // pool.page_size_bytes
+    assert (
+        after.num_failures == 2
+        and pool.num_total_pages() == before.reserved_bytes // pool.page_size_bytes
+    )
     assert (after.reserved_bytes, after.num_grows) == (before.reserved_bytes, before.num_grows)

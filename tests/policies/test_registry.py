@@ -48,6 +48,7 @@ def fake_entry_points(monkeypatch):
         def entry_points(**kw):
             calls.append(kw)
             return list(eps)
+
         monkeypatch.setattr(registry, "entry_points", entry_points)
         registry._entry_point_table.cache_clear()
         return calls
@@ -68,7 +69,7 @@ def runtime_names():
 
 # ---------------------------------------------------------------------------- lookup
 def test_available_lists_builtins_first_in_table_order():
-    assert policies.available()[:len(registry.BUILTIN_POLICIES)] == list(registry.BUILTIN_POLICIES)
+    assert policies.available()[: len(registry.BUILTIN_POLICIES)] == list(registry.BUILTIN_POLICIES)
 
 
 @pytest.mark.parametrize("name", list(registry.BUILTIN_POLICIES))
@@ -106,7 +107,10 @@ def test_keyword_parameters_override_the_spec():
 
 
 def test_unknown_parameter_raises_and_lists_the_parameters():
-    with pytest.raises(PolicyError, match=r"policy 'first-fit' has no parameter 'segment_size'; parameters: .*segment_bytes"):
+    with pytest.raises(
+        PolicyError,
+        match=r"policy 'first-fit' has no parameter 'segment_size'; parameters: .*segment_bytes",
+    ):
         policies.create("first-fit:segment_size=4MiB")
 
 
@@ -120,7 +124,10 @@ def test_capacity_may_come_from_the_spec():
 
 
 def test_capacity_keyword_wins_over_the_spec():
-    assert policies.create("first-fit:capacity_bytes=1GiB", capacity_bytes=2 << 30).capacity_bytes == 2 << 30
+    assert (
+        policies.create("first-fit:capacity_bytes=1GiB", capacity_bytes=2 << 30).capacity_bytes
+        == 2 << 30
+    )
 
 
 def test_device_is_passed_through():
@@ -224,7 +231,9 @@ def test_entry_point_shadowing_a_builtin_warns_and_is_ignored(fake_entry_points)
 
 
 def test_duplicate_entry_points_warn_and_keep_the_first(fake_entry_points):
-    fake_entry_points(FakeEntryPoint("third-party", ThirdParty), FakeEntryPoint("third-party", SegmentPerRequest))
+    fake_entry_points(
+        FakeEntryPoint("third-party", ThirdParty), FakeEntryPoint("third-party", SegmentPerRequest)
+    )
     with pytest.warns(RuntimeWarning, match="'third-party'"):
         names = policies.available()
     assert names.count("third-party") == 1

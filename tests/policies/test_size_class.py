@@ -28,7 +28,9 @@ def check_pool(pool: SizeClass, live: list) -> None:
     for (o0, n0), (o1, _) in zip(ranges, ranges[1:]):
         assert o0 + n0 <= o1, "extents overlap"
     for off, n in ranges:
-        assert any(s.offset <= off and off + n <= s.end for s in segments), "extent outside every segment"
+        assert any(s.offset <= off and off + n <= s.end for s in segments), (
+            "extent outside every segment"
+        )
     assert sum(n for _, n in ranges) == pool.reserved_bytes
     assert pool.allocated_bytes == sum(a.size_bytes for a in live)
     assert pool.internal_waste_bytes() == sum(a.size_bytes - a.nbytes for a in live)
@@ -47,14 +49,22 @@ def test_class_sizes_are_ascending_512_multiples_from_min_to_max():
 def test_default_classes_have_four_per_doubling_where_a_step_is_whole_512s():
     sizes = SizeClass().class_sizes()
     for base in (2 * KiB, 64 * KiB, 8 * MiB):
-        assert [s for s in sizes if base <= s < 2 * base] == [base, base * 5 // 4, base * 6 // 4, base * 7 // 4]
+        assert [s for s in sizes if base <= s < 2 * base] == [
+            base,
+            base * 5 // 4,
+            base * 6 // 4,
+            base * 7 // 4,
+        ]
 
 
 @settings(max_examples=300, deadline=None)
 @given(k=st.integers(1, 8), min_units=st.integers(1, 16), span=st.integers(0, 14), data=st.data())
 def test_rounding_picks_the_smallest_class_and_bounds_the_waste(k, min_units, span, data):
-    pool = SizeClass(classes_per_doubling=k, min_class_bytes=512 * min_units,
-                     max_class_bytes=512 * min_units << span)
+    pool = SizeClass(
+        classes_per_doubling=k,
+        min_class_bytes=512 * min_units,
+        max_class_bytes=512 * min_units << span,
+    )
     sizes = pool.class_sizes()
     nbytes = data.draw(st.integers(1, pool.max_class_bytes))
     rounded = pool.rounded_size(nbytes)
@@ -63,7 +73,9 @@ def test_rounding_picks_the_smallest_class_and_bounds_the_waste(k, min_units, sp
     units = pool._table_max_bytes // 512 + 1  # the table, entry by entry, against a bisect per unit
     assert pool._class_by_units == [bisect_left(sizes, u * 512) for u in range(units)]
     assert all(s < nbytes for s in sizes if s < rounded)
-    for below, size in zip(sizes, sizes[1:]):  # the worst request of each class: one byte above the last
+    for below, size in zip(
+        sizes, sizes[1:]
+    ):  # the worst request of each class: one byte above the last
         assert pool.rounded_size(below + 1) == size
         waste = size - (below + 1)
         assert waste < 512 or waste * (k + 1) <= size
@@ -83,7 +95,9 @@ def test_refill_carves_a_batch_of_blocks_at_once():
     allocs = [pool.allocate(4 * KiB) for _ in range(16)]
     assert pool.num_grows == 1
     assert [a.offset for a in allocs] == [allocs[0].offset + i * 4 * KiB for i in range(16)]
-    assert pool.largest_free_bytes() == 30 * MiB  # the tail, rounded down to 2 MiB for the large path
+    assert (
+        pool.largest_free_bytes() == 30 * MiB
+    )  # the tail, rounded down to 2 MiB for the large path
     a17 = pool.allocate(4 * KiB)
     assert a17.offset == allocs[-1].offset + 4 * KiB  # the next batch comes from the same tail
     check_pool(pool, allocs + [a17])
@@ -104,7 +118,6 @@ def test_freed_blocks_are_reused_last_in_first_out():
     assert pool.allocate(4096).offset == a.offset
 
 
-
 def test_a_class_list_keeps_its_storage_when_its_last_block_is_taken():
     """Taking a class's only cached block leaves its placeholder, so the list keeps its storage:
     an emptied list would give it back, and the next free reallocate it, on every
@@ -121,6 +134,7 @@ def test_a_class_list_keeps_its_storage_when_its_last_block_is_taken():
     pool.free(b)
     assert [e for e in pool.free_extents() if e[0] == b.offset] == [(b.offset, b.size_bytes)]
     check_pool(pool, [])
+
 
 def test_tail_of_a_segment_serves_other_classes_before_growing():
     pool = SizeClass(segment_bytes=4 * MiB, refill_bytes=64 * KiB)
@@ -191,9 +205,17 @@ def test_trim_max_bytes_stops_once_enough_is_released():
 def test_refused_request_returns_none_and_changes_nothing():
     pool = SizeClass(capacity_bytes=64 * MiB)
     live = [pool.allocate(4096), pool.allocate(20 * MiB)]
-    before = (pool.stats(), pool.free_extents(), [(s.offset, s.nbytes, s.num_live) for s in pool.segments()])
+    before = (
+        pool.stats(),
+        pool.free_extents(),
+        [(s.offset, s.nbytes, s.num_live) for s in pool.segments()],
+    )
     assert pool.allocate(50 * MiB) is None
-    after = (pool.stats(), pool.free_extents(), [(s.offset, s.nbytes, s.num_live) for s in pool.segments()])
+    after = (
+        pool.stats(),
+        pool.free_extents(),
+        [(s.offset, s.nbytes, s.num_live) for s in pool.segments()],
+    )
     assert after[1:] == before[1:]
     assert after[0].num_failures == before[0].num_failures + 1
     assert {**after[0].as_dict(), "num_failures": 0} == {**before[0].as_dict(), "num_failures": 0}
@@ -232,10 +254,17 @@ def test_largest_free_is_servable_without_growing():
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), st.sampled_from([1, 511, 4096, 70_000, 900 * KiB, 3 * MiB + 5,
-                                                               17 * MiB, 40 * MiB]), st.integers(0, 99)),
-                    max_size=80),
-       capacity=st.sampled_from([None, 48 * MiB, 100 * MiB]))
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.booleans(),
+            st.sampled_from([1, 511, 4096, 70_000, 900 * KiB, 3 * MiB + 5, 17 * MiB, 40 * MiB]),
+            st.integers(0, 99),
+        ),
+        max_size=80,
+    ),
+    capacity=st.sampled_from([None, 48 * MiB, 100 * MiB]),
+)
 def test_random_workload_keeps_extents_disjoint_and_accounted(ops, capacity):
     pool = SizeClass(segment_bytes=8 * MiB, refill_bytes=256 * KiB, capacity_bytes=capacity)
     live = []
@@ -263,11 +292,18 @@ def test_random_workload_keeps_extents_disjoint_and_accounted(ops, capacity):
 
 
 # ----------------------------------------------------------------- contract
-@pytest.mark.parametrize("knobs", [
-    {"classes_per_doubling": 0}, {"min_class_bytes": 1000}, {"min_class_bytes": 256},
-    {"max_class_bytes": 1024, "min_class_bytes": 2048}, {"large_granularity_bytes": 100},
-    {"refill_bytes": 0}, {"segment_bytes": -1},
-])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"classes_per_doubling": 0},
+        {"min_class_bytes": 1000},
+        {"min_class_bytes": 256},
+        {"max_class_bytes": 1024, "min_class_bytes": 2048},
+        {"large_granularity_bytes": 100},
+        {"refill_bytes": 0},
+        {"segment_bytes": -1},
+    ],
+)
 def test_bad_knobs_raise_policy_error(knobs):
     with pytest.raises(PolicyError):
         SizeClass(**knobs)
@@ -283,7 +319,9 @@ def test_double_free_raises_and_keeps_the_block_cached_once():
 
 
 def test_spec_round_trips_through_the_registry():
-    pool = policies.create("size-class:classes_per_doubling=8,max_class_bytes=4MiB", capacity_bytes=1 << 30)
+    pool = policies.create(
+        "size-class:classes_per_doubling=8,max_class_bytes=4MiB", capacity_bytes=1 << 30
+    )
     assert isinstance(pool, SizeClass)
     assert pool.spec == "size-class:classes_per_doubling=8,max_class_bytes=4194304"
     assert policies.create(pool.spec).get_params() == {**pool.get_params(), "capacity_bytes": None}
@@ -303,7 +341,9 @@ def test_llama_snapshot_replays_with_bounded_rounding_waste():
                 assert waste < pool.large_granularity_bytes + a.size_bytes / 5
             elif a.nbytes > 512:
                 assert waste < 512 or waste * 5 <= a.size_bytes
-        elif e["action"] == "free_completed" and e["addr"] in live:  # blocks from before recording are skipped
+        elif (
+            e["action"] == "free_completed" and e["addr"] in live
+        ):  # blocks from before recording are skipped
             pool.free(live.pop(e["addr"]))
     assert pool.num_failures == 0 and pool.num_allocs > 100_000
     check_pool(pool, list(live.values()))

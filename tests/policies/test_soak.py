@@ -17,7 +17,11 @@ SPECS = soak_specs()
 
 
 def _soak(spec: str, num_ops: int, seed: int = 0, episode_ops: int = 20_000):
-    factory = SegmentPerRequest if spec == SegmentPerRequest.name else functools.partial(policies.create, spec)
+    factory = (
+        SegmentPerRequest
+        if spec == SegmentPerRequest.name
+        else functools.partial(policies.create, spec)
+    )
     report = soak(factory, num_ops, seed=seed, spec=spec, episode_ops=episode_ops)
     assert report.num_ops == num_ops
     assert report.num_violations == 0, "\n".join(report.violations)
@@ -31,8 +35,10 @@ def test_a_short_soak_finds_no_violation(spec):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif("POOLLAB_SOAK_OPS" not in os.environ,
-                    reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; benchmarks/soak.py runs it in parallel")
+@pytest.mark.skipif(
+    "POOLLAB_SOAK_OPS" not in os.environ,
+    reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; benchmarks/soak.py runs it in parallel",
+)
 @pytest.mark.parametrize("spec", [*SPECS, SegmentPerRequest.name])
 def test_a_long_soak_finds_no_violation(spec):
     _soak(spec, int(os.environ.get("POOLLAB_SOAK_OPS", "0")), seed=1)
@@ -62,4 +68,6 @@ def test_a_soak_is_replayed_exactly_by_its_seed():
 
 
 def test_boundary_sizes_straddle_powers_of_two_and_the_thresholds():
-    assert {(1 << 20) - 1, 1 << 20, (1 << 20) + 1, 131_072_000, 20 * (1 << 20) + 1} <= set(BOUNDARY_SIZES)
+    assert {(1 << 20) - 1, 1 << 20, (1 << 20) + 1, 131_072_000, 20 * (1 << 20) + 1} <= set(
+        BOUNDARY_SIZES
+    )

@@ -31,14 +31,31 @@ def test_params_keep_their_order():
     assert list(params) == ["b", "a", "c"]
 
 
-@pytest.mark.parametrize("text, value", [
-    ("4", 4), ("-3", -3), ("1_000", 1000), ("0.85", 0.85), ("1e3", 1000.0),
-    ("true", True), ("Yes", True), ("on", True), ("false", False), ("NO", False), ("off", False),
-    ("none", None), ("null", None),
-    ("2MiB", 2 * MiB), ("80GiB", 80 << 30), ("1.5kb", 1500),
-    ("lifo", "lifo"), ("best-fit", "best-fit"),
-    (" 4 ", 4), ("[best-fit:segment_bytes=4MiB]", "best-fit:segment_bytes=4MiB"),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("4", 4),
+        ("-3", -3),
+        ("1_000", 1000),
+        ("0.85", 0.85),
+        ("1e3", 1000.0),
+        ("true", True),
+        ("Yes", True),
+        ("on", True),
+        ("false", False),
+        ("NO", False),
+        ("off", False),
+        ("none", None),
+        ("null", None),
+        ("2MiB", 2 * MiB),
+        ("80GiB", 80 << 30),
+        ("1.5kb", 1500),
+        ("lifo", "lifo"),
+        ("best-fit", "best-fit"),
+        (" 4 ", 4),
+        ("[best-fit:segment_bytes=4MiB]", "best-fit:segment_bytes=4MiB"),
+    ],
+)
 def test_values_read_as_the_first_type_that_fits(text, value):
     parsed = parse_value(text)
     assert parsed == value and type(parsed) is type(value)
@@ -46,34 +63,47 @@ def test_values_read_as_the_first_type_that_fits(text, value):
 
 def test_whitespace_around_names_keys_and_values_is_ignored():
     assert parse_spec("  first-fit : segment_bytes = 4MiB , alignment_bytes=1024 ") == (
-        "first-fit", {"segment_bytes": 4 * MiB, "alignment_bytes": 1024})
+        "first-fit",
+        {"segment_bytes": 4 * MiB, "alignment_bytes": 1024},
+    )
 
 
 def test_nested_spec_stays_a_string_for_the_wrapper():
-    name, params = parse_spec("elastic:base=[size-class:classes_per_doubling=8,refill_bytes=4MiB],high=0.85,low=0.3")
+    name, params = parse_spec(
+        "elastic:base=[size-class:classes_per_doubling=8,refill_bytes=4MiB],high=0.85,low=0.3"
+    )
     assert name == "elastic"
-    assert params == {"base": "size-class:classes_per_doubling=8,refill_bytes=4MiB", "high": 0.85, "low": 0.3}
+    assert params == {
+        "base": "size-class:classes_per_doubling=8,refill_bytes=4MiB",
+        "high": 0.85,
+        "low": 0.3,
+    }
 
 
 def test_nesting_goes_deeper():
-    _, outer = parse_spec("elastic:base=[elastic:base=[first-fit:segment_bytes=4MiB],patience=2],high=0.9")
+    _, outer = parse_spec(
+        "elastic:base=[elastic:base=[first-fit:segment_bytes=4MiB],patience=2],high=0.9"
+    )
     _, inner = parse_spec(outer["base"])
     assert parse_spec(inner["base"]) == ("first-fit", {"segment_bytes": 4 * MiB})
     assert (inner["patience"], outer["high"]) == (2, 0.9)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("", "is empty"),
-    ("   ", "is empty"),
-    ("first fit", "is not a policy name"),
-    (":a=1", "is not a policy name"),
-    ("x:a", "'a' is not key=value"),
-    ("x:a=1,,b=2", "is not key=value"),
-    ("x:1a=2", "is not key=value"),
-    ("x:a=1,a=2", "'a' is given twice"),
-    ("x:base=[first-fit", "unbalanced '\\['"),
-    ("x:base=first-fit]", "unbalanced '\\]'"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", "is empty"),
+        ("   ", "is empty"),
+        ("first fit", "is not a policy name"),
+        (":a=1", "is not a policy name"),
+        ("x:a", "'a' is not key=value"),
+        ("x:a=1,,b=2", "is not key=value"),
+        ("x:1a=2", "is not key=value"),
+        ("x:a=1,a=2", "'a' is given twice"),
+        ("x:base=[first-fit", "unbalanced '\\['"),
+        ("x:base=first-fit]", "unbalanced '\\]'"),
+    ],
+)
 def test_malformed_spec_raises_naming_the_spec(spec, message):
     with pytest.raises(PolicyError, match=message):
         parse_spec(spec)
@@ -88,7 +118,10 @@ def test_a_spec_nested_too_deep_is_refused_before_any_policy_is_built(wrapper):
     """Thousands deep used to build policy inside policy until Python's stack ran out (RecursionError)."""
     from policies.spec import MAX_SPEC_DEPTH
 
-    with pytest.raises(PolicyError, match=f"nests \\[...\\] {MAX_SPEC_DEPTH + 1} levels deep; at most {MAX_SPEC_DEPTH}"):
+    with pytest.raises(
+        PolicyError,
+        match=f"nests \\[...\\] {MAX_SPEC_DEPTH + 1} levels deep; at most {MAX_SPEC_DEPTH}",
+    ):
         policies.create(_nested(MAX_SPEC_DEPTH + 1, wrapper))
     assert policies.create(_nested(MAX_SPEC_DEPTH, wrapper)).allocate(4096) is not None
 
@@ -113,7 +146,8 @@ def test_format_without_params_is_the_name():
 
 def test_format_brackets_strings_that_hold_a_spec():
     assert format_spec("elastic", {"base": "first-fit:segment_bytes=4194304", "high": 0.9}) == (
-        "elastic:base=[first-fit:segment_bytes=4194304],high=0.9")
+        "elastic:base=[first-fit:segment_bytes=4194304],high=0.9"
+    )
 
 
 def test_format_leaves_plain_strings_bare():
@@ -125,10 +159,17 @@ def test_format_writes_a_policy_value_as_its_bracketed_spec():
     assert format_spec("wrapper", {"base": inner}) == f"wrapper:base=[{inner.spec}]"
 
 
-_plain_text = st.text("abcdefghijklmnopqrstuvwxyz-_.", min_size=1, max_size=12).filter(lambda s: parse_value(s) == s)
+_plain_text = st.text("abcdefghijklmnopqrstuvwxyz-_.", min_size=1, max_size=12).filter(
+    lambda s: parse_value(s) == s
+)
 _values = st.one_of(
-    st.integers(-10**12, 10**12), st.booleans(), st.none(), _plain_text,
-    st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != int(f) or abs(f) >= 1e16),
+    st.integers(-(10**12), 10**12),
+    st.booleans(),
+    st.none(),
+    _plain_text,
+    st.floats(allow_nan=False, allow_infinity=False).filter(
+        lambda f: f != int(f) or abs(f) >= 1e16
+    ),
 )
 _keys = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
 
@@ -147,16 +188,19 @@ def test_nested_format_then_parse_round_trips(inner, outer):
 
 
 # ---------------------------------------------------------------------------- create(p.spec)
-@pytest.mark.parametrize("spec", [
-    "first-fit:segment_bytes=8MiB,alignment_bytes=1024",
-    "best-fit:split_threshold_bytes=1MiB",
-    "size-class:classes_per_doubling=8",
-    "paged:page_bytes=1MiB,segment_bytes=16MiB",
-    "torch-caching",
-    "elastic:base=[size-class:classes_per_doubling=8],high=0.9,low=0.2,patience=4,grow_bytes=64MiB",
-    "elastic:base=[elastic:base=[paged:page_bytes=1MiB]],min_reserved_bytes=1GiB",
-    "segment-per-request:rounding_bytes=4096",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "first-fit:segment_bytes=8MiB,alignment_bytes=1024",
+        "best-fit:split_threshold_bytes=1MiB",
+        "size-class:classes_per_doubling=8",
+        "paged:page_bytes=1MiB,segment_bytes=16MiB",
+        "torch-caching",
+        "elastic:base=[size-class:classes_per_doubling=8],high=0.9,low=0.2,patience=4,grow_bytes=64MiB",
+        "elastic:base=[elastic:base=[paged:page_bytes=1MiB]],min_reserved_bytes=1GiB",
+        "segment-per-request:rounding_bytes=4096",
+    ],
+)
 def test_create_from_a_policys_spec_gives_equal_params(spec, segment_per_request):
     p = policies.create(spec, capacity_bytes=8 << 30)
     again = policies.create(p.spec, capacity_bytes=p.capacity_bytes)
@@ -170,7 +214,10 @@ def test_default_policy_spec_is_its_name(name):
 
 
 def test_spec_lists_only_changed_knobs():
-    assert policies.create("first-fit:segment_bytes=8MiB,alignment_bytes=256").spec == "first-fit:segment_bytes=8388608"
+    assert (
+        policies.create("first-fit:segment_bytes=8MiB,alignment_bytes=256").spec
+        == "first-fit:segment_bytes=8388608"
+    )
 
 
 def test_spec_leaves_capacity_out():

@@ -24,9 +24,16 @@ def test_limits_parse_sizes_per_tag():
     assert parse_limits("") == {}
 
 
-@pytest.mark.parametrize("text, named", [("kv", "'kv' is not tag=size"), ("=1MiB", "not tag=size"),
-                                         ("kv=1MiB,kv=2MiB", "given twice"), ("kv=lots", "'kv'"),
-                                         (5, "must be a string")])
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("kv", "'kv' is not tag=size"),
+        ("=1MiB", "not tag=size"),
+        ("kv=1MiB,kv=2MiB", "given twice"),
+        ("kv=lots", "'kv'"),
+        (5, "must be a string"),
+    ],
+)
 def test_bad_limits_raise_policy_error_naming_the_item(text, named):
     with pytest.raises(PolicyError, match=named):
         TagLimits(limits=text)
@@ -51,7 +58,12 @@ def test_a_request_over_its_tags_limit_fails_before_the_base_sees_it():
     assert p.allocate(512 * KiB, tag="kv") is None
     assert p.base_policy.stats() == before
     s = p.tag_stats()["kv"]
-    assert (s.num_failures, s.num_limit_failures, p.num_limit_failures, p.stats().num_failures) == (1, 1, 1, 1)
+    assert (s.num_failures, s.num_limit_failures, p.num_limit_failures, p.stats().num_failures) == (
+        1,
+        1,
+        1,
+        1,
+    )
 
 
 def test_the_limit_is_inclusive():
@@ -93,7 +105,12 @@ def test_tag_stats_break_the_pool_down():
     w = p.allocate(MiB, tag="weights")
     p.free(kv[0])
     t = p.tag_stats()
-    assert (t["kv"].live_bytes, t["kv"].num_live, t["kv"].num_allocs, t["kv"].num_frees) == (200 * KiB, 2, 3, 1)
+    assert (t["kv"].live_bytes, t["kv"].num_live, t["kv"].num_allocs, t["kv"].num_frees) == (
+        200 * KiB,
+        2,
+        3,
+        1,
+    )
     assert t["kv"].peak_live_bytes == 300 * KiB and t["weights"].limit_bytes is None
     assert sum(s.allocated_bytes for s in t.values()) == p.stats().allocated_bytes
     check_invariants(p, kv[1:] + [w])
@@ -113,7 +130,9 @@ def test_tag_rows_make_a_table():
     p = limited()
     p.allocate(KiB, tag="kv")
     df = pd.DataFrame(p.tag_rows())
-    assert list(df["tag"]) == ["kv", "activations"] and {"live_bytes", "num_limit_failures"} <= set(df.columns)
+    assert list(df["tag"]) == ["kv", "activations"] and {"live_bytes", "num_limit_failures"} <= set(
+        df.columns
+    )
 
 
 def test_reset_clears_the_counts_and_keeps_the_limits():
@@ -126,7 +145,9 @@ def test_reset_clears_the_counts_and_keeps_the_limits():
 
 
 def test_handles_follow_a_compacting_base():
-    p = policies.create("tag-limits:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0]")
+    p = policies.create(
+        "tag-limits:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0]"
+    )
     allocs = [p.allocate(64 * KiB, tag="kv") for _ in range(4)]
     p.free(allocs[0])
     p.free(allocs[2])

@@ -20,7 +20,14 @@ def test_small_sizes_have_exact_classes():
 def test_each_power_of_two_is_split_into_second_level_classes():
     pool = TLSF(second_level_log2=2)  # 4 classes per power of two
     assert [pool._class_of(n * U) for n in (8, 9, 10, 12, 14, 15, 16)] == [
-        (2, 0), (2, 0), (2, 1), (2, 2), (2, 3), (2, 3), (3, 0)]
+        (2, 0),
+        (2, 0),
+        (2, 1),
+        (2, 2),
+        (2, 3),
+        (2, 3),
+        (3, 0),
+    ]
 
 
 def _class_floor(fl, sl, sl_log2):
@@ -30,7 +37,9 @@ def _class_floor(fl, sl, sl_log2):
 
 @settings(max_examples=300, deadline=None)
 @given(sl_log2=st.integers(1, 6), units=st.integers(1, 1 << 24))
-def test_the_search_class_holds_only_blocks_that_fit_and_rounds_by_at_most_one_class(sl_log2, units):
+def test_the_search_class_holds_only_blocks_that_fit_and_rounds_by_at_most_one_class(
+    sl_log2, units
+):
     pool = TLSF(second_level_log2=sl_log2)
     fl, sl = pool._search_class(units * U)
     floor = _class_floor(fl, sl, sl_log2)
@@ -54,7 +63,8 @@ def test_a_request_is_rounded_up_to_its_class_boundary():
     pool = TLSF(second_level_log2=2)
     # 4 classes per power of two: [32, 64) units are cut at 32, 40, 48, 56
     assert [pool.rounded_size(n * U) for n in (1, 3, 4, 5, 32, 33, 40, 41, 57)] == [
-        n * U for n in (1, 3, 4, 5, 32, 40, 40, 48, 64)]
+        n * U for n in (1, 3, 4, 5, 32, 40, 40, 48, 64)
+    ]
     assert pool.rounded_size(1) == U and pool.allocate(41 * U - 7).size_bytes == 48 * U
 
 
@@ -88,8 +98,15 @@ def test_second_level_must_be_1_to_8(bad):
 
 
 @settings(max_examples=50, deadline=None)
-@given(sl=st.integers(1, 5), ops=st.lists(st.tuples(st.booleans(), st.integers(1, 6 * MiB), st.sampled_from([0, 1]),
-                                                     st.integers(0, 1 << 16)), max_size=80))
+@given(
+    sl=st.integers(1, 5),
+    ops=st.lists(
+        st.tuples(
+            st.booleans(), st.integers(1, 6 * MiB), st.sampled_from([0, 1]), st.integers(0, 1 << 16)
+        ),
+        max_size=80,
+    ),
+)
 def test_random_operations_keep_the_index_and_blocks_in_step(sl, ops):
     pool = TLSF(second_level_log2=sl, segment_bytes=8 * MiB)
     live = []
@@ -99,8 +116,12 @@ def test_random_operations_keep_the_index_and_blocks_in_step(sl, ops):
         else:
             pool.free(live.pop(pick % len(live)))
         pool.check_invariants()
-        indexed = sorted((b.offset, b.size) for c in pool._streams.values() for bl in c.lists.values()
-                         for b in bl.values())
+        indexed = sorted(
+            (b.offset, b.size)
+            for c in pool._streams.values()
+            for bl in c.lists.values()
+            for b in bl.values()
+        )
         assert indexed == pool.free_extents()
     check_invariants(pool, live)
 

@@ -6,8 +6,13 @@ from hypothesis import strategies as st
 
 from policies.errors import PolicyError
 from policies.testing import check_invariants
-from policies.torch_caching import (TorchCaching, allocation_size, parse_roundup_power2_divisions, round_size,
-                                    roundup_power2_next_division)
+from policies.torch_caching import (
+    TorchCaching,
+    allocation_size,
+    parse_roundup_power2_divisions,
+    round_size,
+    roundup_power2_next_division,
+)
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -85,10 +90,14 @@ def test_small_pool_splits_when_512_bytes_remain():
 
 def test_best_fit_takes_the_smallest_block_then_the_lowest_address():
     pool = TorchCaching()
-    a, b, c, d, e, rest = (pool.allocate(n * MiB) for n in (3, 4, 3, 2, 3, 5))  # fills a 20 MiB segment
+    a, b, c, d, e, rest = (
+        pool.allocate(n * MiB) for n in (3, 4, 3, 2, 3, 5)
+    )  # fills a 20 MiB segment
     pool.free(b)  # a 4 MiB hole at 3 MiB
     pool.free(d)  # a 2 MiB hole at 10 MiB
-    assert pool.allocate(2 * MiB).offset == d.offset  # the 2 MiB hole, though the 4 MiB one is lower
+    assert (
+        pool.allocate(2 * MiB).offset == d.offset
+    )  # the 2 MiB hole, though the 4 MiB one is lower
     f = pool.allocate(2 * MiB)
     pool.free(rest)
     pool.free(e)  # a 10 MiB hole after the 2 MiB left of b's hole: equal sizes now go lowest first
@@ -163,7 +172,11 @@ def test_a_failure_releases_cached_segments_as_pytorch_does_but_touches_nothing_
     after = check_invariants(pool, [keep])
     assert seg_sizes(pool) == [20 * MiB] and after.shrunk_bytes - before.shrunk_bytes == 26 * MiB
     assert (keep.extents, after.live_bytes, after.allocated_bytes, after.num_failures) == (
-        extents, before.live_bytes, before.allocated_bytes, before.num_failures + 1)
+        extents,
+        before.live_bytes,
+        before.allocated_bytes,
+        before.num_failures + 1,
+    )
 
 
 def test_a_split_cached_segment_is_not_released():
@@ -204,16 +217,25 @@ def test_garbage_collection_needs_a_capacity():
 # ----------------------------------------------------------------- seeding
 def test_seed_segment_places_blocks_and_leaves_the_gaps_free():
     pool = TorchCaching()
-    a, b = pool.seed_segment(20 * MiB, small=False, blocks=[(8 * MiB, 4 * MiB, 4 * MiB - 100), (0, 2 * MiB, 2 * MiB)])
+    a, b = pool.seed_segment(
+        20 * MiB, small=False, blocks=[(8 * MiB, 4 * MiB, 4 * MiB - 100), (0, 2 * MiB, 2 * MiB)]
+    )
     base = pool.segments()[0].offset
-    assert (b.offset - base, b.size_bytes, a.offset - base, a.nbytes) == (0, 2 * MiB, 8 * MiB, 4 * MiB - 100)
+    assert (b.offset - base, b.size_bytes, a.offset - base, a.nbytes) == (
+        0,
+        2 * MiB,
+        8 * MiB,
+        4 * MiB - 100,
+    )
     assert pool.free_extents() == [(base + 2 * MiB, 6 * MiB), (base + 12 * MiB, 8 * MiB)]
     check_invariants(pool, [a, b])
 
 
 def test_seeded_allocations_free_and_merge_like_any_other():
     pool = TorchCaching()
-    a, b = pool.seed_segment(20 * MiB, small=False, blocks=[(0, 2 * MiB, 2 * MiB), (8 * MiB, 4 * MiB, 4 * MiB)])
+    a, b = pool.seed_segment(
+        20 * MiB, small=False, blocks=[(0, 2 * MiB, 2 * MiB), (8 * MiB, 4 * MiB, 4 * MiB)]
+    )
     pool.free(a)
     pool.free(b)
     assert pool.free_extents() == [(pool.segments()[0].offset, 20 * MiB)]
@@ -227,13 +249,16 @@ def test_a_request_fills_a_seeded_gap_by_best_fit():
     assert b.offset == pool.segments()[0].offset and len(pool.segments()) == 1
 
 
-@pytest.mark.parametrize("blocks", [
-    [(0, 4 * MiB, 4 * MiB), (2 * MiB, 4 * MiB, 4 * MiB)],  # overlap
-    [(0, 4 * MiB, 5 * MiB)],  # asked for more than the block
-    [(100, 4 * MiB, 4 * MiB)],  # not 512-aligned
-    [(18 * MiB, 4 * MiB, 4 * MiB)],  # past the end
-    [(0, 4 * MiB)],
-])
+@pytest.mark.parametrize(
+    "blocks",
+    [
+        [(0, 4 * MiB, 4 * MiB), (2 * MiB, 4 * MiB, 4 * MiB)],  # overlap
+        [(0, 4 * MiB, 5 * MiB)],  # asked for more than the block
+        [(100, 4 * MiB, 4 * MiB)],  # not 512-aligned
+        [(18 * MiB, 4 * MiB, 4 * MiB)],  # past the end
+        [(0, 4 * MiB)],
+    ],
+)
 def test_a_bad_seed_layout_is_refused_before_anything_changes(blocks):
     pool = TorchCaching()
     before = pool.stats()
@@ -305,8 +330,13 @@ class _Model:
     def malloc(self, n, stream):
         size = round_size(n)
         small = size <= MiB
-        cands = [(b[0], s[2] + sum(x[0] for x in s[3][:i]), s, i) for s in self.segs if s[0] == small and s[1] == stream
-                 for i, b in enumerate(s[3]) if not b[1] and b[0] >= size]
+        cands = [
+            (b[0], s[2] + sum(x[0] for x in s[3][:i]), s, i)
+            for s in self.segs
+            if s[0] == small and s[1] == stream
+            for i, b in enumerate(s[3])
+            if not b[1] and b[0] >= size
+        ]
         if cands:
             _, addr, seg, i = min(cands, key=lambda c: (c[0], c[1]))
         else:
@@ -317,7 +347,7 @@ class _Model:
         block = seg[3][i]
         rest = block[0] - size
         if (rest >= 512) if small else (rest > MiB):
-            seg[3][i:i + 1] = [[size, True], [rest, False]]
+            seg[3][i : i + 1] = [[size, True], [rest, False]]
         else:
             block[1] = True
         return addr
@@ -358,8 +388,17 @@ def _layout(pool):
 
 
 @settings(max_examples=60, deadline=None)
-@given(ops=st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MiB), st.sampled_from([0, 0, 1]),
-                              st.integers(0, 1 << 16)), max_size=60))
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.booleans(),
+            st.integers(1, 24 * MiB),
+            st.sampled_from([0, 0, 1]),
+            st.integers(0, 1 << 16),
+        ),
+        max_size=60,
+    )
+)
 def test_layout_matches_a_brute_force_model_of_the_rules(ops):
     pool, model = TorchCaching(), _Model()
     live, addrs = [], []

@@ -19,8 +19,11 @@ G = 2 * MiB
 VIRTUAL_SPECS = ["best-fit:virtual=true", "first-fit:virtual=true", "worst-fit:virtual=true"]
 
 
-@pytest.mark.parametrize("check", [c for c in testing.POLICY_CHECKS if c is not testing.check_grow],
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "check",
+    [c for c in testing.POLICY_CHECKS if c is not testing.check_grow],
+    ids=lambda c: c.__name__,
+)
 @pytest.mark.parametrize("spec", VIRTUAL_SPECS)
 def test_virtual_block_policies_pass_the_battery(spec, check):
     # check_grow expects a grow to add a segment; a virtual pool grows its one range in place
@@ -90,7 +93,11 @@ def test_replay_builds_a_costed_page_mapped_device_for_a_virtual_spec():
     p = create_policy("best-fit:virtual=true", capacity_bytes=None, costs=None)
     p.allocate(3 * MiB)
     stats = p.device.call_stats()
-    assert isinstance(p.device, PageMappedDevice) and stats["n_map"] == 2 and p.device.driver_ns_total > 0
+    assert (
+        isinstance(p.device, PageMappedDevice)
+        and stats["n_map"] == 2
+        and p.device.driver_ns_total > 0
+    )
     seg = create_policy("best-fit", capacity_bytes=None, costs=None)
     assert not isinstance(seg.device, PageMappedDevice)
 
@@ -155,7 +162,9 @@ def test_page_pool_keeps_its_reserve_between_the_watermarks():
     creates = d.num_calls["create"]
     more = p.allocate(G)
     assert more.offset in reserve  # served from a page mapped ahead ...
-    assert d.num_calls["create"] == creates + 1 and p.pool_stats()["num_free_pages"] == 2  # ... then topped up
+    assert (
+        d.num_calls["create"] == creates + 1 and p.pool_stats()["num_free_pages"] == 2
+    )  # ... then topped up
     allocs.append(more)
     for a in allocs:
         p.free(a)
@@ -223,4 +232,7 @@ def test_page_pool_range_never_runs_out_of_address_space_in_a_long_run():
         assert dev.mapped.physical_bytes == mapped
         assert sum(n for _, n in held) <= 8 * 4 * page
     # never refused for want of address space: at most 36 pages are ever held in a 64-page range
-    assert all(dev.reserve(page) is not None for _ in range(64 - len(held) - sum(n // page - 1 for _, n in held)))
+    assert all(
+        dev.reserve(page) is not None
+        for _ in range(64 - len(held) - sum(n // page - 1 for _, n in held))
+    )

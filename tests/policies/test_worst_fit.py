@@ -10,7 +10,9 @@ MiB = 1 << 20
 
 
 def test_registered_and_built_from_a_spec():
-    p = policies.create("worst-fit:alignment_bytes=4096,granularity_bytes=8192", capacity_bytes=1 << 30)
+    p = policies.create(
+        "worst-fit:alignment_bytes=4096,granularity_bytes=8192", capacity_bytes=1 << 30
+    )
     assert isinstance(p, WorstFit) and (p.alignment_bytes, p.granularity_bytes) == (4096, 8192)
 
 
@@ -36,4 +38,3 @@ def test_a_request_larger_than_every_hole_grows():
     p.allocate(768 * KiB)
     b = p.allocate(512 * KiB)
     assert len(p.segments()) == 2 and b.offset == p.segments()[1].offset
-

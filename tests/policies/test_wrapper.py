@@ -12,21 +12,34 @@ from policies.wrapper import layers
 KiB = 1 << 10
 
 
-STACK = ("tag-limits:base=[elastic:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0,"
-         "check_every=0],high=1.0]")
+STACK = (
+    "tag-limits:base=[elastic:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0,"
+    "check_every=0],high=1.0]"
+)
 
 
 def test_layers_walk_the_stack_outside_in():
     p = policies.create(STACK)
-    assert [layer.name for layer in layers(p)] == ["tag-limits", "elastic", "compacting", "best-fit"]
+    assert [layer.name for layer in layers(p)] == [
+        "tag-limits",
+        "elastic",
+        "compacting",
+        "best-fit",
+    ]
 
 
 def test_capabilities_are_declared_and_forwarded_from_any_depth():
     p = policies.create(STACK)
     assert p.can_reserve and p.can_compact and p.moves_allocations and p.moves_while_allocating
     plain = policies.create("best-fit")
-    assert not (plain.can_reserve or plain.can_compact or plain.moves_allocations or plain.can_seed_segments)
-    assert plain.compaction_stats() == {} and plain.take_compaction_ns() == 0 and plain.shared_extents() == []
+    assert not (
+        plain.can_reserve or plain.can_compact or plain.moves_allocations or plain.can_seed_segments
+    )
+    assert (
+        plain.compaction_stats() == {}
+        and plain.take_compaction_ns() == 0
+        and plain.shared_extents() == []
+    )
     with pytest.raises(PolicyError, match="cannot compact"):
         plain.compact()
     with pytest.raises(PolicyError, match="cannot reserve"):
@@ -52,13 +65,19 @@ def test_moves_reach_every_layer_with_that_layers_handle():
     seen = {layer.name: [] for layer in layers(p) if layer.moves_allocations}
     for layer in layers(p):
         if layer.moves_allocations:
-            layer.on_move = lambda a, old, new, n, name=layer.name: seen[name].append((a, old, new, n))
+            layer.on_move = lambda a, old, new, n, name=layer.name: seen[name].append(
+                (a, old, new, n)
+            )
     allocs = [p.allocate(64 * KiB) for _ in range(4)]
     p.free(allocs[0])
     p.free(allocs[2])
     p.compact(force=True)
     assert [m[0] for m in seen["tag-limits"]] == [allocs[1], allocs[3]]
-    assert [m[1:] for m in seen["tag-limits"]] == [m[1:] for m in seen["elastic"]] == [m[1:] for m in seen["compacting"]]
+    assert (
+        [m[1:] for m in seen["tag-limits"]]
+        == [m[1:] for m in seen["elastic"]]
+        == [m[1:] for m in seen["compacting"]]
+    )
     check_invariants(p, [allocs[1], allocs[3]])
 
 
@@ -69,7 +88,9 @@ def test_only_wrappers_over_a_mover_keep_a_handle_map():
 
 
 def test_wrapper_stats_count_the_callers_failures():
-    p = policies.create("compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0", capacity_bytes=1 << 20)
+    p = policies.create(
+        "compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0", capacity_bytes=1 << 20
+    )
     allocs = [p.allocate(128 * KiB) for _ in range(8)]
     for a in allocs[::2]:
         p.free(a)

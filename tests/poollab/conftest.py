@@ -8,7 +8,8 @@ from poollab.cli import main
 
 #: twelve requests in the Azure LLM inference trace's CSV layout, one a second
 AZURE_TRACE = "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
-    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12))
+    f"2023-11-16 18:17:{i:02d}.0000000,{100 + 37 * i},{5 + i}\n" for i in range(12)
+)
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ from sim.serving.hardware import load_gpu
 from sim.serving.models import load_model
 
 ENGINE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "engine"
-needs_engine_data = pytest.mark.skipif(not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository")
+needs_engine_data = pytest.mark.skipif(
+    not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository"
+)
 
 
 @pytest.fixture
@@ -21,16 +23,33 @@ def profile(tmp_path):
     from test_step_fit import synthetic_profile
 
     path = tmp_path / "steps.csv"
-    synthetic_profile(n=120, model_gpu=(load_model("Llama-3-8B"), load_gpu("H200"))).to_csv(path, index=False)
+    synthetic_profile(n=120, model_gpu=(load_model("Llama-3-8B"), load_gpu("H200"))).to_csv(
+        path, index=False
+    )
     return path
 
 
 def test_steps_writes_a_calibration_and_prints_errors_by_step_kind(profile, tmp_path, cli_ok):
     out_file = tmp_path / "cal.json"
-    out, _ = cli_ok(["calibrate", "steps", str(profile), "--model", "Llama-3-8B", "--gpu", "H200",
-                     "--out", str(out_file)])
+    out, _ = cli_ok(
+        [
+            "calibrate",
+            "steps",
+            str(profile),
+            "--model",
+            "Llama-3-8B",
+            "--gpu",
+            "H200",
+            "--out",
+            str(out_file),
+        ]
+    )
     data = json.loads(out_file.read_text())
-    assert data["format"] == "poollab-step-time/2" and data["model"] == "Llama-3-8B" and data["tp"] == 1
+    assert (
+        data["format"] == "poollab-step-time/2"
+        and data["model"] == "Llama-3-8B"
+        and data["tp"] == 1
+    )
     assert data["terms"]["fixed_s"] == pytest.approx(0.07, rel=0.02)
     for word in ("in-sample", "cross-validated", "prefill", "decode", "mixed", "fixed_s 0.07"):
         assert word in out
@@ -48,27 +67,46 @@ def test_an_underdetermined_profile_is_refused_in_one_line(profile, tmp_path, cl
 
 def test_a_bad_cell_names_file_line_and_column(profile, tmp_path, cli):
     lines = profile.read_text().splitlines()
-    lines[3] = "-1" + lines[3][lines[3].index(","):]
+    lines[3] = "-1" + lines[3][lines[3].index(",") :]
     profile.write_text("\n".join(lines) + "\n")
     code, _, err = cli(["calibrate", "steps", str(profile), "--out", str(tmp_path / "cal.json")])
     assert code == 2 and f"{profile}:4" in err and "duration_s" in err
 
 
 def test_an_unknown_drop_term_and_engine_are_named(profile, tmp_path, cli):
-    code, _, err = cli(["calibrate", "steps", str(profile), "--drop", "per_banana_s", "--out", str(tmp_path / "c")])
+    code, _, err = cli(
+        ["calibrate", "steps", str(profile), "--drop", "per_banana_s", "--out", str(tmp_path / "c")]
+    )
     assert code == 2 and "per_banana_s" in err
-    code, _, err = cli(["calibrate", "steps", str(profile), "--engine", "nope", "--out", str(tmp_path / "c")])
+    code, _, err = cli(
+        ["calibrate", "steps", str(profile), "--engine", "nope", "--out", str(tmp_path / "c")]
+    )
     assert code == 2 and "--engine" in err and "vllm, transformers" in err
 
 
 def test_simulate_prices_steps_with_the_calibration_and_names_it(profile, tmp_path, trace, cli_ok):
     cal = tmp_path / "cal.json"
     cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
-    out, _ = cli_ok(["simulate", str(trace), "-p", "paged", "--engine", "transformers", "--calibration", str(cal),
-                     "--no-progress", "--out", str(tmp_path / "fitted")])
+    out, _ = cli_ok(
+        [
+            "simulate",
+            str(trace),
+            "-p",
+            "paged",
+            "--engine",
+            "transformers",
+            "--calibration",
+            str(cal),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "fitted"),
+        ]
+    )
     assert f"step time: fitted from {cal}" in out and "engine transformers" in out
     assert "--max-num-seqs 1024" in out and "--tokens-per-page 256" in out
-    cli_ok(["simulate", str(trace), "-p", "paged", "--no-progress", "--out", str(tmp_path / "default")])
+    cli_ok(
+        ["simulate", str(trace), "-p", "paged", "--no-progress", "--out", str(tmp_path / "default")]
+    )
     fitted = pd.read_csv(tmp_path / "fitted" / "summary.csv")
     default = pd.read_csv(tmp_path / "default" / "summary.csv")
     # ~70 ms a step against the CUDA-graph roofline's ~5 ms
@@ -76,15 +114,28 @@ def test_simulate_prices_steps_with_the_calibration_and_names_it(profile, tmp_pa
 
 
 def test_simulate_without_calibration_says_it_prices_a_cuda_graph_engine(trace, tmp_path, cli_ok):
-    out, _ = cli_ok(["simulate", str(trace), "-p", "paged", "--no-progress", "--out", str(tmp_path / "o")])
+    out, _ = cli_ok(
+        ["simulate", str(trace), "-p", "paged", "--no-progress", "--out", str(tmp_path / "o")]
+    )
     assert "step time: bundled roofline (a CUDA-graph, vLLM-class engine" in out
 
 
 def test_an_old_calibration_file_still_works_in_simulate(trace, tmp_path, cli_ok):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"step_overhead_s": 0.05}))
-    out, _ = cli_ok(["simulate", str(trace), "-p", "paged", "--calibration", str(old), "--no-progress",
-                     "--out", str(tmp_path / "o")])
+    out, _ = cli_ok(
+        [
+            "simulate",
+            str(trace),
+            "-p",
+            "paged",
+            "--calibration",
+            str(old),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert f"step time: roofline with factors from {old}" in out
     assert pd.read_csv(tmp_path / "o" / "summary.csv")["tpot_p50_s"].iloc[0] > 0.05
 
@@ -92,16 +143,43 @@ def test_an_old_calibration_file_still_works_in_simulate(trace, tmp_path, cli_ok
 def test_a_calibration_for_another_model_is_refused_in_one_line(profile, tmp_path, trace, cli):
     cal = tmp_path / "cal.json"
     cli(["calibrate", "steps", str(profile), "--out", str(cal)])
-    code, _, err = cli(["simulate", str(trace), "-p", "paged", "--model", "Llama-3.2-1B", "--calibration", str(cal),
-                        "--no-progress", "--out", str(tmp_path / "o")])
+    code, _, err = cli(
+        [
+            "simulate",
+            str(trace),
+            "-p",
+            "paged",
+            "--model",
+            "Llama-3.2-1B",
+            "--calibration",
+            str(cal),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert code == 2 and "fitted for Llama-3-8B on H200" in err and "Traceback" not in err
 
 
 def test_colocate_reads_a_fitted_calibration(profile, tmp_path, trace, cli_ok):
     cal = tmp_path / "cal.json"
     cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
-    out, _ = cli_ok(["colocate", str(trace), "--tenants", "2", "--layout", "static", "--model", "Llama-3-8B",
-                     "--calibration", str(cal), "--out", str(tmp_path / "o")])
+    out, _ = cli_ok(
+        [
+            "colocate",
+            str(trace),
+            "--tenants",
+            "2",
+            "--layout",
+            "static",
+            "--model",
+            "Llama-3-8B",
+            "--calibration",
+            str(cal),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert f"step time: fitted from {cal}" in out
 
 
@@ -112,15 +190,24 @@ def test_requests_writes_the_same_calibration_with_its_expected_error(tmp_path, 
     from traces import read_request_trace
 
     requests = read_request_trace(trace).requests
-    cal = StepCalibration(default_calibration(), terms=StepTerms(fixed_s=0.08, per_token_s=2e-5),
-                          model="Llama-3-8B", gpu="H200", tp=1)
+    cal = StepCalibration(
+        default_calibration(),
+        terms=StepTerms(fixed_s=0.08, per_token_s=2e-5),
+        model="Llama-3-8B",
+        gpu="H200",
+        tp=1,
+    )
     predicted = predict_served(served_trace(requests), cal)
     table = requests[["arrival_s", "prompt_tokens", "output_tokens"]].assign(
-        first_token_s=predicted["first_token_s"].to_numpy(), finish_s=predicted["finish_s"].to_numpy())
+        first_token_s=predicted["first_token_s"].to_numpy(),
+        finish_s=predicted["finish_s"].to_numpy(),
+    )
     path = tmp_path / "requests.csv"
     table.to_csv(path, index=False)
     out_file = tmp_path / "cal.json"
-    out, _ = cli_ok(["calibrate", "requests", str(path), "--max-evaluations", "60", "--out", str(out_file)])
+    out, _ = cli_ok(
+        ["calibrate", "requests", str(path), "--max-evaluations", "60", "--out", str(out_file)]
+    )
     data = json.loads(out_file.read_text())
     assert data["format"] == "poollab-step-time/2" and data["fit"]["from"] == "requests"
     assert data["terms"]["fixed_s"] == pytest.approx(0.08, rel=0.25)
@@ -135,19 +222,38 @@ def test_sweep_reads_a_fitted_calibration(profile, tmp_path, trace, cli, cli_ok)
     results = {}
     for name, line in (("fitted", f"calibration: {cal}"), ("default", "")):
         spec = tmp_path / f"{name}.yaml"
-        spec.write_text(textwrap.dedent(f"""
+        spec.write_text(
+            textwrap.dedent(f"""
             mode: simulate
             traces: [{trace}]
             policies: [paged]
             models: [Llama-3-8B]
-            """) + line + "\n")
-        code, _, err = cli(["sweep", str(spec), "--out", str(tmp_path / name), "--scheduler", "serial",
-                            "--no-progress"])
+            """)
+            + line
+            + "\n"
+        )
+        code, _, err = cli(
+            [
+                "sweep",
+                str(spec),
+                "--out",
+                str(tmp_path / name),
+                "--scheduler",
+                "serial",
+                "--no-progress",
+            ]
+        )
         assert code == 0, err
         results[name] = pd.read_parquet(tmp_path / name / "results.parquet")["tpot_p50_s"].iloc[0]
     assert results["fitted"] > 5 * results["default"]
 
 
 def test_simulate_names_an_unknown_engine_by_its_option(trace, tmp_path, cli):
-    code, _, err = cli(["simulate", str(trace), "--engine", "nope", "--no-progress", "--out", str(tmp_path / "o")])
-    assert code == 2 and err.strip() == "poollab: error: --engine: unknown engine 'nope'; engines: vllm, transformers"
+    code, _, err = cli(
+        ["simulate", str(trace), "--engine", "nope", "--no-progress", "--out", str(tmp_path / "o")]
+    )
+    assert (
+        code == 2
+        and err.strip()
+        == "poollab: error: --engine: unknown engine 'nope'; engines: vllm, transformers"
+    )

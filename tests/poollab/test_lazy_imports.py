@@ -11,14 +11,19 @@ HEAVY = ("pandas", "numpy", "pyarrow", "simpy", "sim", "matplotlib")
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return set(out.split())
 
 
 def test_the_cli_and_its_help_import_no_heavy_library():
-    loaded = _modules_after("from poollab.cli import main\n"
-                            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass")
+    loaded = _modules_after(
+        "from poollab.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    )
     assert not loaded & set(HEAVY)
     assert not any(m.startswith("poollab.commands.") for m in loaded)
 

@@ -44,8 +44,16 @@ def small_alloc_trace(tmp_path):
     """A few hundred events of a tiny model: ``gpu replay --validate`` writes and checks every byte
     the policy hands out, so a Llama-3.2-1B-shaped trace (2.4 GiB of weights) cost ~25 s a run."""
     path = tmp_path / "small.csv"
-    trace = generate_alloc_trace(num_requests=2, max_batch=2, num_layers=2, hidden_size=256, vocab_size=1024,
-                                 prompt_tokens=(32, 64), output_tokens=(4, 8), seed=1)
+    trace = generate_alloc_trace(
+        num_requests=2,
+        max_batch=2,
+        num_layers=2,
+        hidden_size=256,
+        vocab_size=1024,
+        prompt_tokens=(32, 64),
+        output_tokens=(4, 8),
+        seed=1,
+    )
     write_alloc_trace(trace, path)
     return str(path)
 
@@ -63,21 +71,56 @@ def _commands(tmp_path, small_alloc_trace, request_trace):
     out = str(tmp_path / "out")
     return {
         "replay": (["replay", SLICE, "-p", "best-fit", "-p", "paged", "--out", out], "best-fit"),
-        "replay in workers": (["replay", SLICE, "-p", "best-fit", "-p", "paged", "--workers", "2", "--out", out],
-                              "2 policies, 2 workers"),
-        "gpu replay --validate": (["gpu", "replay", small_alloc_trace, "-p", "paged", "--backend", "host",
-                                   "--validate", "--sim", "--out", out], "paged"),
-        "colocate": (["colocate", request_trace, "--tenants", "2", "--layout", "shared", "--model", "Llama-3.2-1B",
-                      "--out", out], "colocate · shared"),
+        "replay in workers": (
+            ["replay", SLICE, "-p", "best-fit", "-p", "paged", "--workers", "2", "--out", out],
+            "2 policies, 2 workers",
+        ),
+        "gpu replay --validate": (
+            [
+                "gpu",
+                "replay",
+                small_alloc_trace,
+                "-p",
+                "paged",
+                "--backend",
+                "host",
+                "--validate",
+                "--sim",
+                "--out",
+                out,
+            ],
+            "paged",
+        ),
+        "colocate": (
+            [
+                "colocate",
+                request_trace,
+                "--tenants",
+                "2",
+                "--layout",
+                "shared",
+                "--model",
+                "Llama-3.2-1B",
+                "--out",
+                out,
+            ],
+            "colocate · shared",
+        ),
         "fidelity": (["fidelity", SLICE], "torch-caching"),
-        "simulate": (["simulate", request_trace, "-p", "paged", "--model", "Llama-3.2-1B", "--out", out], "sim-s"),
+        "simulate": (
+            ["simulate", request_trace, "-p", "paged", "--model", "Llama-3.2-1B", "--out", out],
+            "sim-s",
+        ),
     }
 
 
-@pytest.mark.parametrize("name", ["replay", "replay in workers", "gpu replay --validate", "colocate", "fidelity",
-                                  "simulate"])
-def test_a_long_command_shows_progress_on_a_terminal_only(name, tmp_path, small_alloc_trace, request_trace,
-                                                          monkeypatch):
+@pytest.mark.parametrize(
+    "name",
+    ["replay", "replay in workers", "gpu replay --validate", "colocate", "fidelity", "simulate"],
+)
+def test_a_long_command_shows_progress_on_a_terminal_only(
+    name, tmp_path, small_alloc_trace, request_trace, monkeypatch
+):
     argv, title = _commands(tmp_path, small_alloc_trace, request_trace)[name]
     shown = _run(argv, Terminal(), monkeypatch)
     assert title in shown and "%|" in shown, shown[-500:]

@@ -11,7 +11,10 @@ from traces import generate_alloc_trace
 @pytest.fixture(scope="module")
 def result_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("replay")
-    r = replay(generate_alloc_trace(num_requests=3, seed=2, prompt_tokens=(32, 64), output_tokens=(4, 8)), "best-fit")
+    r = replay(
+        generate_alloc_trace(num_requests=3, seed=2, prompt_tokens=(32, 64), output_tokens=(4, 8)),
+        "best-fit",
+    )
     write_results(out, pd.DataFrame([r.summary]), meta={"command": "replay"})
     return out
 
@@ -26,7 +29,9 @@ def test_report_writes_the_html_file(result_dir, tmp_path, cli):
 def test_report_on_a_folder_without_results_exits_2_with_one_line(tmp_path, cli):
     code, _, err = cli(["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
     assert code == 2
-    assert err.strip() == f"poollab: error: {tmp_path}: not a poollab result folder (no summary.csv)"
+    assert (
+        err.strip() == f"poollab: error: {tmp_path}: not a poollab result folder (no summary.csv)"
+    )
     assert not (tmp_path / "r.html").exists()
 
 

@@ -12,18 +12,31 @@ from traces import generate_alloc_trace, write_alloc_trace
 
 @pytest.fixture
 def sweep_file(tmp_path):
-    write_alloc_trace(generate_alloc_trace(num_layers=2, num_requests=4, seed=1), tmp_path / "t.csv")
+    write_alloc_trace(
+        generate_alloc_trace(num_layers=2, num_requests=4, seed=1), tmp_path / "t.csv"
+    )
     path = tmp_path / "sweep.yaml"
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         traces: [t.csv]
         policies: [first-fit, {policy: size-class, params: {classes_per_doubling: [2, 8]}}]
-    """))
+    """)
+    )
     return path
 
 
 def test_sweep_prints_the_fronts_and_writes_the_tables(sweep_file, tmp_path, cli):
-    code, out, _ = cli(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--scheduler", "serial",
-                        "--no-progress"])
+    code, out, _ = cli(
+        [
+            "sweep",
+            str(sweep_file),
+            "--out",
+            str(tmp_path / "out"),
+            "--scheduler",
+            "serial",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     assert "3 run on serial, 0 already done" in out
     assert "pareto front (trace=t): overhead vs alloc_p99_us" in out
@@ -32,7 +45,17 @@ def test_sweep_prints_the_fronts_and_writes_the_tables(sweep_file, tmp_path, cli
 
 
 def test_dry_run_counts_what_is_left(sweep_file, tmp_path, cli):
-    cli(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--scheduler", "serial", "--no-progress"])
+    cli(
+        [
+            "sweep",
+            str(sweep_file),
+            "--out",
+            str(tmp_path / "out"),
+            "--scheduler",
+            "serial",
+            "--no-progress",
+        ]
+    )
     sweep_file.write_text(sweep_file.read_text().replace("[2, 8]", "[2, 4, 8]"))
     code, out, _ = cli(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--dry-run"])
     assert code == 0 and "4 replay cells, 3 already done; 1 to run" in out
@@ -41,8 +64,17 @@ def test_dry_run_counts_what_is_left(sweep_file, tmp_path, cli):
 def test_a_failed_cell_exits_1_after_the_others_ran(sweep_file, tmp_path, cli):
     (tmp_path / "bad.csv").write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,free,99,4096,0,\n")
     sweep_file.write_text(sweep_file.read_text().replace("[t.csv]", "[t.csv, bad.csv]"))
-    code, out, err = cli(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--scheduler", "serial",
-                          "--no-progress"])
+    code, out, err = cli(
+        [
+            "sweep",
+            str(sweep_file),
+            "--out",
+            str(tmp_path / "out"),
+            "--scheduler",
+            "serial",
+            "--no-progress",
+        ]
+    )
     assert code == 1
     assert "3 cells failed" in err and "bad · first-fit" in err and "TraceFormatError" in err
     results = pd.read_parquet(tmp_path / "out" / "results.parquet")
@@ -58,7 +90,9 @@ def test_a_bad_file_is_one_line_naming_file_line_and_key_and_exit_2(sweep_file, 
 
 
 def test_a_bad_scheduler_is_exit_2_before_any_work(sweep_file, tmp_path, cli):
-    code, _, err = cli(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--scheduler", "yarn"])
+    code, _, err = cli(
+        ["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--scheduler", "yarn"]
+    )
     assert code == 2 and "--scheduler 'yarn' is not understood" in err
     assert not (tmp_path / "out").exists()
 
@@ -88,7 +122,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.skipif(
+    not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc"
+)
 def test_pool_workers_die_when_the_main_process_is_killed(tmp_path):
     import signal
     import subprocess
@@ -98,12 +134,26 @@ def test_pool_workers_die_when_the_main_process_is_killed(tmp_path):
     from traces import bundled_path
 
     sweep = tmp_path / "long.yaml"
-    sweep.write_text(f"traces: [{bundled_path('llama1b_generate_slice.pickle.gz')}]\n"
-                     "policies: [first-fit, best-fit, torch-caching, size-class]\n"
-                     f"capacities: [{', '.join(f'{g}GiB' for g in range(2, 40))}]\n")
+    sweep.write_text(
+        f"traces: [{bundled_path('llama1b_generate_slice.pickle.gz')}]\n"
+        "policies: [first-fit, best-fit, torch-caching, size-class]\n"
+        f"capacities: [{', '.join(f'{g}GiB' for g in range(2, 40))}]\n"
+    )
     exe = Path(sys.executable).with_name("poollab")
-    main = subprocess.Popen([str(exe), "sweep", str(sweep), "--out", str(tmp_path / "out"), "--workers", "2",
-                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    main = subprocess.Popen(
+        [
+            str(exe),
+            "sweep",
+            str(sweep),
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     below: set[int] = set()
     try:
         deadline = time.monotonic() + 60

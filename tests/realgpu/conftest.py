@@ -58,7 +58,14 @@ class OverlappingPolicy(SegmentPerRequest):
     def _allocate(self, nbytes, stream, tag):
         if self.num_allocs == 1 and self._first is not None:
             self.allocated_bytes += nbytes
-            return Allocation(nbytes, nbytes, ((self._first.offset + self.inside_bytes, nbytes),), stream, tag, None)
+            return Allocation(
+                nbytes,
+                nbytes,
+                ((self._first.offset + self.inside_bytes, nbytes),),
+                stream,
+                tag,
+                None,
+            )
         a = super()._allocate(nbytes + 4096, stream, tag)
         self._first = a
         return a

@@ -11,7 +11,12 @@ MiB = 1 << 20
 
 
 def test_the_four_baselines_are_listed():
-    assert list(BASELINES) == ["cudaMalloc", "cupy.MemoryPool", "cupy.MemoryAsyncPool", "torch.cuda"]
+    assert list(BASELINES) == [
+        "cudaMalloc",
+        "cupy.MemoryPool",
+        "cupy.MemoryAsyncPool",
+        "torch.cuda",
+    ]
 
 
 def test_unknown_baseline_is_refused_with_the_choices():
@@ -24,7 +29,9 @@ def test_available_baselines_are_known_ones():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["cudaMalloc", "cupy.MemoryPool", "cupy.MemoryAsyncPool", "torch.cuda"])
+@pytest.mark.parametrize(
+    "name", ["cudaMalloc", "cupy.MemoryPool", "cupy.MemoryAsyncPool", "torch.cuda"]
+)
 def test_each_baseline_allocates_reads_reserved_and_gives_back(name):
     if name not in available_baselines():
         pytest.skip(f"{name} is not available here")
@@ -42,7 +49,9 @@ def test_each_baseline_allocates_reads_reserved_and_gives_back(name):
     bl.close()
 
 
-SNAPSHOT = Path(__file__).resolve().parents[1] / "data" / "snapshots_h200" / "static_empty_cache.pickle.gz"
+SNAPSHOT = (
+    Path(__file__).resolve().parents[1] / "data" / "snapshots_h200" / "static_empty_cache.pickle.gz"
+)
 
 
 @pytest.mark.gpu
@@ -53,10 +62,25 @@ def test_torch_cuda_on_the_recorded_streams_matches_the_emulation(tmp_path):
         pytest.skip("torch with CUDA is not importable here")
     from traces.pytorch_snapshot import read_pytorch_snapshot
 
-    assert read_pytorch_snapshot(SNAPSHOT).events["stream"].nunique() > 1, "the fixture exercises several streams"
+    assert read_pytorch_snapshot(SNAPSHOT).events["stream"].nunique() > 1, (
+        "the fixture exercises several streams"
+    )
     out = tmp_path / "out"
-    main(["gpu", "replay", str(SNAPSHOT), "-p", "torch-caching", "-b", "torch.cuda", "--sim",
-          "--out", str(out), "--no-progress"])
+    main(
+        [
+            "gpu",
+            "replay",
+            str(SNAPSHOT),
+            "-p",
+            "torch-caching",
+            "-b",
+            "torch.cuda",
+            "--sim",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     summary = pd.read_csv(out / "summary.csv").set_index(["policy", "backend"])
     real = summary.loc[("torch.cuda", "gpu"), "peak_reserved_bytes"]
     emulated = summary.loc[("torch-caching", "sim"), "peak_reserved_bytes"]
@@ -75,7 +99,10 @@ def test_a_stream_keyed_baseline_replays_several_streams_and_restores_the_curren
 
     # a block freed on stream 5 is not reused by stream 0's next request: both are reserved
     ops = ["alloc", "free", "alloc", "free"]
-    trace = AllocTrace(make_events(range(4), ops, [0, 0, 1, 1], [8 * MiB] * 4, stream=[5, 5, 0, 0]), name="two")
+    trace = AllocTrace(
+        make_events(range(4), ops, [0, 0, 1, 1], [8 * MiB] * 4, stream=[5, 5, 0, 0]), name="two"
+    )
+
     def current_streams():
         torch_stream = None
         if name == "torch.cuda":

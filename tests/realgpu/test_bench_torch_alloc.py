@@ -20,8 +20,15 @@ def bench():
 
 
 def _worker(name, r, seconds, *, alloc_us=None, free_us=None, sha="t"):
-    w = {"allocator": name, "round": r, "build": "compiled",
-         "runs": [{"shape": shape, "seconds": s, "tokens_sha": sha} for shape, s in zip(("8x128", "4x1500"), seconds)]}
+    w = {
+        "allocator": name,
+        "round": r,
+        "build": "compiled",
+        "runs": [
+            {"shape": shape, "seconds": s, "tokens_sha": sha}
+            for shape, s in zip(("8x128", "4x1500"), seconds)
+        ],
+    }
     if alloc_us is not None:
         w.update(alloc_mean_us=alloc_us, free_mean_us=free_us, summary={"n_alloc": 10})
     return w
@@ -35,35 +42,77 @@ def test_rounds_alternate_their_order(bench):
 def test_ratios_are_paired_by_round_with_their_spread_and_the_targets(bench):
     # PyTorch's allocator slow in round 1 (the machine, not the policy): paired, the policy's ratio
     # stays near 1.0; unpaired medians would say 0.7
-    workers = [_worker("torch", 0, [1.0, 2.0]), _worker("torch", 1, [2.0, 4.0]), _worker("torch", 2, [1.0, 2.0]),
-               _worker("fast", 0, [1.02, 2.04], alloc_us=1.2, free_us=0.9),
-               _worker("fast", 1, [2.06, 4.12], alloc_us=1.4, free_us=1.0),
-               _worker("fast", 2, [1.0, 2.0], alloc_us=1.3, free_us=0.8),
-               _worker("slow", 0, [1.2, 2.4], alloc_us=3.0, free_us=1.0, sha="other"),
-               _worker("slow", 1, [2.4, 4.8], alloc_us=3.1, free_us=1.1, sha="other"),
-               {"allocator": "slow", "round": 2, "error": "timed out after 45 s"}]
+    workers = [
+        _worker("torch", 0, [1.0, 2.0]),
+        _worker("torch", 1, [2.0, 4.0]),
+        _worker("torch", 2, [1.0, 2.0]),
+        _worker("fast", 0, [1.02, 2.04], alloc_us=1.2, free_us=0.9),
+        _worker("fast", 1, [2.06, 4.12], alloc_us=1.4, free_us=1.0),
+        _worker("fast", 2, [1.0, 2.0], alloc_us=1.3, free_us=0.8),
+        _worker("slow", 0, [1.2, 2.4], alloc_us=3.0, free_us=1.0, sha="other"),
+        _worker("slow", 1, [2.4, 4.8], alloc_us=3.1, free_us=1.1, sha="other"),
+        {"allocator": "slow", "round": 2, "error": "timed out after 45 s"},
+    ]
     rows = {(r["allocator"], r["shape"]): r for r in bench.summarise(workers, ["fast", "slow"])}
     fast = rows[("fast", "8x128")]
     assert fast["n_rounds"] == 3 and fast["ratio_to_torch"] == pytest.approx(1.02)
     assert fast["ratio_min"] == pytest.approx(1.0) and fast["ratio_max"] == pytest.approx(1.03)
-    assert fast["meets_generate"] and fast["meets_call"] and fast["alloc_mean_us"] == pytest.approx(1.3)
+    assert (
+        fast["meets_generate"]
+        and fast["meets_call"]
+        and fast["alloc_mean_us"] == pytest.approx(1.3)
+    )
     assert fast["tokens_equal_torch"] is True
     every = rows[("fast", bench.ALL_SHAPES)]
-    assert every["seconds_median"] == pytest.approx(3.06) and every["ratio_to_torch"] == pytest.approx(1.02)
+    assert every["seconds_median"] == pytest.approx(3.06) and every[
+        "ratio_to_torch"
+    ] == pytest.approx(1.02)
     slow = rows[("slow", "4x1500")]
     assert slow["n_rounds"] == 2 and slow["ratio_to_torch"] == pytest.approx(1.2)
-    assert not slow["meets_generate"] and not slow["meets_call"] and slow["tokens_equal_torch"] is False
-    assert rows[("torch", "8x128")]["ratio_to_torch"] == pytest.approx(1.0) and not rows[("torch", "8x128")]["meets_generate"]
+    assert (
+        not slow["meets_generate"]
+        and not slow["meets_call"]
+        and slow["tokens_equal_torch"] is False
+    )
+    assert (
+        rows[("torch", "8x128")]["ratio_to_torch"] == pytest.approx(1.0)
+        and not rows[("torch", "8x128")]["meets_generate"]
+    )
 
 
 def test_mempool_runs_summarise_against_pytorch_in_the_same_process(bench):
-    mempool = {"runs": [{"allocator": "torch", "round": 0, "shape": "8x128", "seconds": 1.0, "tokens_sha": "t"},
-                        {"allocator": "best-fit", "round": 0, "shape": "8x128", "seconds": 1.1, "tokens_sha": "t"}],
-               "summaries": [{"policy": "best-fit", "round": 0, "alloc_mean_us": 2.0, "free_mean_us": 1.0,
-                              "peak_reserved_bytes": 5, "n_alloc": 3}]}
-    rows = {(r["allocator"], r["shape"]): r for r in bench.summarise(bench.mempool_as_workers(mempool), ["best-fit"])}
+    mempool = {
+        "runs": [
+            {"allocator": "torch", "round": 0, "shape": "8x128", "seconds": 1.0, "tokens_sha": "t"},
+            {
+                "allocator": "best-fit",
+                "round": 0,
+                "shape": "8x128",
+                "seconds": 1.1,
+                "tokens_sha": "t",
+            },
+        ],
+        "summaries": [
+            {
+                "policy": "best-fit",
+                "round": 0,
+                "alloc_mean_us": 2.0,
+                "free_mean_us": 1.0,
+                "peak_reserved_bytes": 5,
+                "n_alloc": 3,
+            }
+        ],
+    }
+    rows = {
+        (r["allocator"], r["shape"]): r
+        for r in bench.summarise(bench.mempool_as_workers(mempool), ["best-fit"])
+    }
     row = rows[("best-fit", "8x128")]
-    assert row["ratio_to_torch"] == pytest.approx(1.1) and row["peak_reserved_bytes"] == 5 and row["n_alloc"] == 3
+    assert (
+        row["ratio_to_torch"] == pytest.approx(1.1)
+        and row["peak_reserved_bytes"] == 5
+        and row["n_alloc"] == 3
+    )
 
 
 def test_results_are_written_after_every_worker_and_rounds_run_abab(bench, tmp_path, monkeypatch):
@@ -80,14 +129,33 @@ def test_results_are_written_after_every_worker_and_rounds_run_abab(bench, tmp_p
         if (tmp_path / "torch_alloc_summary.csv").is_file():
             with open(tmp_path / "torch_alloc_summary.csv") as f:
                 seen_rows.append(len(list(csv.DictReader(f))))
-        return _worker(name, 0, [1.0, 2.0], **({} if name == "torch" else {"alloc_us": 1.0, "free_us": 1.0}))
+        return _worker(
+            name, 0, [1.0, 2.0], **({} if name == "torch" else {"alloc_us": 1.0, "free_us": 1.0})
+        )
 
     monkeypatch.setattr(bench, "spawn", spawn)
-    monkeypatch.setattr(sys, "argv", ["bench_torch_alloc.py", "--rounds", "2", "-p", "a", "-p", "b", "--shapes",
-                                      "8x128,4x1500", "--out", str(tmp_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "bench_torch_alloc.py",
+            "--rounds",
+            "2",
+            "-p",
+            "a",
+            "-p",
+            "b",
+            "--shapes",
+            "8x128,4x1500",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert bench.main() == 0
     assert order == ["torch", "a", "b", "b", "a", "torch"]
-    assert seen_rows[0] == 3 and seen_rows[-1] == 9  # torch's rows after the first worker; all three allocators later
+    assert (
+        seen_rows[0] == 3 and seen_rows[-1] == 9
+    )  # torch's rows after the first worker; all three allocators later
     with open(tmp_path / "torch_alloc_runs.csv") as f:
         assert len(list(csv.DictReader(f))) == 12
 
@@ -96,6 +164,13 @@ def test_stitch_bench_take_overs_cut_fresh_ranges_on_pytorchs_own_requests(bench
     from types import SimpleNamespace
 
     off, on = bench.stitch_bench(SimpleNamespace(policies=["paged:page_bytes=2MiB"]))
-    assert not off["take_over"] and on["take_over"] and off["n_take_overs"] == 0 < on["n_take_overs"]
-    assert on["n_fresh_ranges"] < off["n_fresh_ranges"] and on["n_stitch_maps"] < off["n_stitch_maps"]
-    assert on["modelled_driver_ms"] < off["modelled_driver_ms"] and off["n_errors"] == on["n_errors"] == 0
+    assert (
+        not off["take_over"] and on["take_over"] and off["n_take_overs"] == 0 < on["n_take_overs"]
+    )
+    assert (
+        on["n_fresh_ranges"] < off["n_fresh_ranges"] and on["n_stitch_maps"] < off["n_stitch_maps"]
+    )
+    assert (
+        on["modelled_driver_ms"] < off["modelled_driver_ms"]
+        and off["n_errors"] == on["n_errors"] == 0
+    )

@@ -55,7 +55,11 @@ def test_a_pass_moves_the_bytes_with_the_handles():
     result = compact(pool, force=True)
     assert [a.offset for a in kept] != old
     assert all(contents(pool, a) == expected(a, i) for i, a in enumerate(kept))
-    assert (mover.num_moves, mover.moved_bytes) == (result.record.num_moves, result.moved_bytes) == (4, 256 * KiB)
+    assert (
+        (mover.num_moves, mover.moved_bytes)
+        == (result.record.num_moves, result.moved_bytes)
+        == (4, 256 * KiB)
+    )
     assert result.wall_ns >= result.copy_ns > 0
 
 
@@ -69,7 +73,10 @@ def test_an_overlapping_slide_is_copied_safely_in_any_chunk_size(staging_bytes):
     pool.free(hole)
     compact(pool, force=True)
     assert big.offset == pool.policy.segments()[0].offset
-    assert contents(pool, big) == (np.arange(512 * KiB, dtype=np.uint64) % 251).astype(np.uint8).tobytes()
+    assert (
+        contents(pool, big)
+        == (np.arange(512 * KiB, dtype=np.uint64) % 251).astype(np.uint8).tobytes()
+    )
     assert mover.num_moves == 1
 
 
@@ -153,8 +160,12 @@ def test_nothing_to_do_moves_nothing():
 
 @pytest.mark.gpu
 def test_cuda_pass_moves_and_verifies_bytes():
-    pool, mover, kept = pool_with_holes(backend="cuda", capacity_bytes=64 * MiB, sizes=(3 * MiB,) * 10,
-                                        spec="compacting:base=[best-fit:segment_bytes=32MiB],min_free_bytes=0")
+    pool, mover, kept = pool_with_holes(
+        backend="cuda",
+        capacity_bytes=64 * MiB,
+        sizes=(3 * MiB,) * 10,
+        spec="compacting:base=[best-fit:segment_bytes=32MiB],min_free_bytes=0",
+    )
     result = compact(pool, force=True)
     assert result.moved_bytes > 0 and mover.num_moves == result.record.num_moves
     assert all(contents(pool, a) == expected(a, i) for i, a in enumerate(kept))

@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _fake_cupy(count):
-    return SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: count)))
+    return SimpleNamespace(
+        cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: count))
+    )
 
 
 def test_without_cupy_the_reason_says_what_to_install(monkeypatch):
@@ -47,8 +49,13 @@ def test_realgpu_and_its_host_backend_work_with_cupy_blocked():
         "pool.free(pool.allocate(1000)); pool.close()\n"
         "try:\n    realgpu.GpuPool('paged')\nexcept realgpu.GpuUnavailableError as e:\n    print(e)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr
     assert "install poollab[gpu]" in done.stdout
 
@@ -181,8 +188,11 @@ def test_a_range_past_a_cudamalloc_block_is_refused():
     first = dev.reserve(2 * MiB)
     dev.reserve(2 * MiB)
     end = first + 2 * MiB
-    for operation in (lambda: dev.fill(end - 8, 16, 0x80ABCDEF, 0), lambda: dev.touch(end - 8, 16),
-                      lambda: dev.first_mismatch(end - 8, 16, 0x80ABCDEF, 0)):
+    for operation in (
+        lambda: dev.fill(end - 8, 16, 0x80ABCDEF, 0),
+        lambda: dev.touch(end - 8, 16),
+        lambda: dev.first_mismatch(end - 8, 16, 0x80ABCDEF, 0),
+    ):
         with pytest.raises(AssertionError, match="outside any segment"):
             operation()
     dev.fill(end - 16, 16, 0x80ABCDEF, 0)
@@ -198,10 +208,19 @@ def test_page_pool_on_cuda_maps_its_pages_into_one_range(tmp_path):
     from realgpu.replay import gpu_replay
     from traces.events import AllocTrace, make_events
 
-    events = make_events([0, 1, 2, 3], ["alloc", "alloc", "free", "free"], [0, 1, 0, 1],
-                         [1 * MiB, 3 * MiB, 1 * MiB, 3 * MiB])
-    result = gpu_replay(AllocTrace(events=events, name="one-then-three"), "page-pool", backend="cuda",
-                        capacity_bytes=256 * MiB, validate=True)
+    events = make_events(
+        [0, 1, 2, 3],
+        ["alloc", "alloc", "free", "free"],
+        [0, 1, 0, 1],
+        [1 * MiB, 3 * MiB, 1 * MiB, 3 * MiB],
+    )
+    result = gpu_replay(
+        AllocTrace(events=events, name="one-then-three"),
+        "page-pool",
+        backend="cuda",
+        capacity_bytes=256 * MiB,
+        validate=True,
+    )
     assert result.summary["device_kind"] == "page-mapped" and result.summary["n_failed"] == 0
 
 

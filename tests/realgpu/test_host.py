@@ -39,7 +39,11 @@ def test_the_address_tables_stay_aligned_as_segments_come_and_go():
         assert dev.address_tables() == (starts, bases)  # the same live lists, mutated in place
         assert starts == sorted(live) and len(bases) == len(starts)
         for offset in live:
-            assert bases[starts.index(offset)] == dev.view(offset, 1).ctypes.data == dev.address(offset)
+            assert (
+                bases[starts.index(offset)]
+                == dev.view(offset, 1).ctypes.data
+                == dev.address(offset)
+            )
 
 
 def test_limit_makes_reserve_refuse_without_taking_an_offset():
@@ -55,7 +59,13 @@ def test_release_gives_memory_back_and_counts():
     dev = HostDevice()
     off = dev.reserve(MiB)
     dev.release(off, MiB)
-    assert (dev.used_bytes, dev.peak_used_bytes, dev.num_maps, dev.num_unmaps, dev.num_segments) == (0, MiB, 1, 1, 0)
+    assert (
+        dev.used_bytes,
+        dev.peak_used_bytes,
+        dev.num_maps,
+        dev.num_unmaps,
+        dev.num_segments,
+    ) == (0, MiB, 1, 1, 0)
 
 
 def test_release_of_a_wrong_size_is_an_invariant_failure():
@@ -114,9 +124,13 @@ def test_fill_and_check_span_many_pieces_at_every_phase(phase):
     dev.fill(off + 1, nbytes, 0x80C0FFEE, phase)
     got = np.frombuffer(dev.read_bytes(off + 1, nbytes), dtype=np.uint8)
     word = (0x80C0FFEE).to_bytes(4, "little")
-    expected = np.frombuffer((word[phase:] + word[:phase]) * (nbytes // 4 + 1), dtype=np.uint8)[:nbytes]
+    expected = np.frombuffer((word[phase:] + word[:phase]) * (nbytes // 4 + 1), dtype=np.uint8)[
+        :nbytes
+    ]
     assert np.array_equal(got, expected)
-    assert dev.read_bytes(off, 1) == b"\0" and dev.read_bytes(off + 1 + nbytes, 1) == b"\0"  # nothing outside
+    assert (
+        dev.read_bytes(off, 1) == b"\0" and dev.read_bytes(off + 1 + nbytes, 1) == b"\0"
+    )  # nothing outside
     for bad in (0, _PIECE_BYTES - 1, _PIECE_BYTES, 2 * _PIECE_BYTES + 17, nbytes - 1):
         dev.view(off + 1 + bad, 1)[:] ^= 0x01
         assert dev.first_mismatch(off + 1, nbytes, 0x80C0FFEE, phase) == bad

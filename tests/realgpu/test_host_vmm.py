@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from conftest import BUNDLED_SNAPSHOT  # noqa: E402
 from test_replay import SHARED, random_trace  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="the host stand-in needs Linux memfd")
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "memfd_create"), reason="the host stand-in needs Linux memfd"
+)
 
 MiB = 1 << 20
 G = 2 * MiB
@@ -68,7 +70,9 @@ def test_a_block_spanning_pages_mapped_at_different_times_reads_and_writes_corre
     assert d.address(va + G) - d.address(va) == G
     d.fill(va + G - 300, 2 * G + 600, 0x80ABCDEF, 3)  # one block across three page boundaries
     assert d.first_mismatch(va + G - 300, 2 * G + 600, 0x80ABCDEF, 3) == -1
-    assert d.first_mismatch(va + G - 1000, 700, 0x80000001, 0) == -1  # the older bytes survived the grow
+    assert (
+        d.first_mismatch(va + G - 1000, 700, 0x80000001, 0) == -1
+    )  # the older bytes survived the grow
     d.view(va + 2 * G, 1)[:] = 0  # a byte on the boundary of the second and third pages
     assert d.first_mismatch(va + G - 300, 2 * G + 600, 0x80ABCDEF, 3) == G + 300
     d.close()
@@ -106,7 +110,9 @@ def test_calls_are_counted_and_timed_as_the_model_counts_them():
         dev.unmap_release(va + G, 2 * G)
     assert d.num_calls == model.num_calls and d.call_stats()["n_map"] == 3
     assert all(d.call_ns[c] > 0 for c in VMM_CALLS if d.num_calls[c] and c != "address_free")
-    assert d.driver_ns_total == sum(d.call_ns.values()) and d.take_driver_ns() == 0  # measured, not pending
+    assert (
+        d.driver_ns_total == sum(d.call_ns.values()) and d.take_driver_ns() == 0
+    )  # measured, not pending
     assert (d.num_maps, d.num_unmaps) == (3, 2)  # physical allocations made and released
     d.close()
 
@@ -130,7 +136,9 @@ def test_misuse_is_refused_by_the_bookkeeping_before_any_driver_call():
 def test_a_driver_error_names_the_call_and_the_error():
     drv = HostMmapDriver()
     base = drv.address_reserve(G)
-    with pytest.raises(VmmDriverError, match=r"mmap \(map\)\(0x[0-9a-f]+, 2097152\) failed: EBADF") as info:
+    with pytest.raises(
+        VmmDriverError, match=r"mmap \(map\)\(0x[0-9a-f]+, 2097152\) failed: EBADF"
+    ) as info:
         drv.map(base, G, 987_654)  # no such memfd
     assert info.value.error == "EBADF"
     drv.address_free(base, G)
@@ -161,17 +169,23 @@ def test_a_driver_refusal_part_way_undoes_the_grow_and_refuses_the_segment():
     va = d.address_reserve(8 * G)
     assert d.map_new(va, 2 * G)
     assert not d.map_new(va + 2 * G, 2 * G)  # the second page is refused: the first goes back
-    assert d.mapped_bytes_in(va, 8 * G) == 2 * G and d.physical_bytes == 2 * G and d.num_refused == 1
+    assert (
+        d.mapped_bytes_in(va, 8 * G) == 2 * G and d.physical_bytes == 2 * G and d.num_refused == 1
+    )
     assert d.reserve(4 * G) is None and d.num_segments == 1  # the segment's range is given back too
     d.close()
     assert _open_memfds() == 0
 
 
 # ---------------------------------------------------------------------------- pools and replays
-@pytest.mark.parametrize("spec", ["best-fit", "first-fit", "size-class", "paged", "torch-caching", "buddy"])
+@pytest.mark.parametrize(
+    "spec", ["best-fit", "first-fit", "size-class", "paged", "torch-caching", "buddy"]
+)
 def test_mapped_replay_with_validation_agrees_with_the_simulator(spec):
     trace = random_trace(1)
-    sim_row = replay(trace, policies.create(spec, device=costed_device("page-mapped")), sample_every=7).summary
+    sim_row = replay(
+        trace, policies.create(spec, device=costed_device("page-mapped")), sample_every=7
+    ).summary
     gpu_row = gpu_replay(trace, spec, backend="host-vmm", validate=True, sample_every=7).summary
     assert {k: (sim_row[k], gpu_row[k]) for k in MAPPED_SHARED if sim_row[k] != gpu_row[k]} == {}
     assert gpu_row["device_kind"] == "page-mapped" and gpu_row["n_map"] > 0
@@ -180,16 +194,27 @@ def test_mapped_replay_with_validation_agrees_with_the_simulator(spec):
 
 def test_mapped_replay_agrees_on_failures_under_a_tight_capacity():
     trace = random_trace(2, max_live=60)
-    sim_row = replay(trace, policies.create("first-fit", capacity_bytes=48 * MiB, device=costed_device("page-mapped")),
-                     sample_every=5).summary
-    gpu_row = gpu_replay(trace, "first-fit", backend="host-vmm", capacity_bytes=48 * MiB, validate=True,
-                         sample_every=5).summary
+    sim_row = replay(
+        trace,
+        policies.create("first-fit", capacity_bytes=48 * MiB, device=costed_device("page-mapped")),
+        sample_every=5,
+    ).summary
+    gpu_row = gpu_replay(
+        trace,
+        "first-fit",
+        backend="host-vmm",
+        capacity_bytes=48 * MiB,
+        validate=True,
+        sample_every=5,
+    ).summary
     assert sim_row["n_failed"] > 0
     assert {k: (sim_row[k], gpu_row[k]) for k in MAPPED_SHARED if sim_row[k] != gpu_row[k]} == {}
 
 
 def test_a_policy_built_on_a_page_mapped_device_gets_the_mapped_backend():
-    policy = policies.create("best-fit", device=PageMappedDevice(granularity_bytes=4 * MiB, limit_bytes=64 * MiB))
+    policy = policies.create(
+        "best-fit", device=PageMappedDevice(granularity_bytes=4 * MiB, limit_bytes=64 * MiB)
+    )
     pool = GpuPool(policy, backend="host")
     assert isinstance(pool.device, HostVmmDevice)
     assert (pool.device.granularity_bytes, pool.device.limit_bytes) == (4 * MiB, 64 * MiB)
@@ -235,9 +260,15 @@ def test_teardown_leaves_nothing_mapped():
 def test_vmm_calibration_writes_a_table_the_simulator_prices_calls_from(tmp_path):
     measured = time_vmm_calls(HostMmapDriver(), (G, 10 * G), repeats=5)
     assert set(measured["vmm_us"]) == set(VMM_CALLS) and measured["vmm_calls_per_size"] == [5, 5]
-    table = {"device": "host", "malloc_us": {"nbytes": [4096, MiB], "us": [2.0, 40.0]},
-             "free_us": {"nbytes": [4096, MiB], "us": [3.0, 30.0]},
-             "d2d_bytes_per_s": 2e12, "h2d_bytes_per_s": 5e10, "d2h_bytes_per_s": 5e10, **measured}
+    table = {
+        "device": "host",
+        "malloc_us": {"nbytes": [4096, MiB], "us": [2.0, 40.0]},
+        "free_us": {"nbytes": [4096, MiB], "us": [3.0, 30.0]},
+        "d2d_bytes_per_s": 2e12,
+        "h2d_bytes_per_s": 5e10,
+        "d2h_bytes_per_s": 5e10,
+        **measured,
+    }
     model = CostModel.load(write_costs(table, tmp_path / "costs.json"))
     assert model.vmm_source == str(tmp_path / "costs.json")
     assert model.vmm_call_ns("map", G) == round(measured["vmm_us"]["map"]["us"][0] * 1e3)
@@ -249,15 +280,33 @@ def test_vmm_calibration_refuses_a_size_off_the_granularity():
         time_vmm_calls(HostMmapDriver(), (3 * MiB,), repeats=1)
 
 
-@pytest.mark.parametrize("kind", ["page-mapped", "vmm"])  # the kind's name, and the spelling it had before
+@pytest.mark.parametrize(
+    "kind", ["page-mapped", "vmm"]
+)  # the kind's name, and the spelling it had before
 def test_gpu_replay_command_runs_mapped_on_the_host_next_to_the_simulator(tmp_path, kind):
     import pandas as pd
 
     from poollab.cli import main
 
     out = tmp_path / "out"
-    main(["gpu", "replay", str(BUNDLED_SNAPSHOT), "-p", "best-fit", "--backend", "host", "--device-kind", kind,
-          "--validate", "--sim", "--no-progress", "--out", str(out)])
+    main(
+        [
+            "gpu",
+            "replay",
+            str(BUNDLED_SNAPSHOT),
+            "-p",
+            "best-fit",
+            "--backend",
+            "host",
+            "--device-kind",
+            kind,
+            "--validate",
+            "--sim",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     rows = pd.read_csv(out / "summary.csv").set_index("backend")
     assert (rows["device_kind"] == "page-mapped").all()
     for col in MAPPED_SHARED:

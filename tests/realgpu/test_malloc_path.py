@@ -19,20 +19,26 @@ def test_a_plain_pool_answers_malloc_with_the_fast_path_and_a_validating_one_doe
     plain = GpuPool("best-fit", backend="host")
     assert plain.malloc == plain._malloc_path.malloc and isinstance(plain._malloc_path, MallocPath)
     checked = GpuPool("best-fit", backend="host", validate=True)
-    assert checked.malloc == checked.malloc.__self__.malloc and checked.malloc.__func__ is GpuPool.malloc
+    assert (
+        checked.malloc == checked.malloc.__self__.malloc
+        and checked.malloc.__func__ is GpuPool.malloc
+    )
     with pytest.raises(AttributeError):
         checked.validate = False  # fixed at construction: the choice of path rests on it
 
 
-@pytest.mark.parametrize("spec", ["best-fit:segment_bytes=4MiB", "size-class:segment_bytes=4MiB",
-                                  "cupy-pool"])
+@pytest.mark.parametrize(
+    "spec", ["best-fit:segment_bytes=4MiB", "size-class:segment_bytes=4MiB", "cupy-pool"]
+)
 def test_fast_malloc_addresses_match_the_devices_lookup_across_many_segments(spec):
     pool = GpuPool(spec, backend="host")
     pointers = [pool.malloc(n) for n in (300_000, 1 * MiB, 3 * MiB, 700, 2 * MiB, 5 * MiB) * 3]
     assert pool.device.num_segments > 3  # the inlined bisect picks among several segments
     for p in pointers:
         a = p.owner.allocation
-        assert isinstance(p.owner, Lease) and p.ptr == pool.device.address(a.extents[0][0]) == pool.pointer(a)
+        assert isinstance(p.owner, Lease) and p.ptr == pool.device.address(
+            a.extents[0][0]
+        ) == pool.pointer(a)
         assert p.array.size == p.size and p.array.ctypes.data == p.ptr
     live = pool.policy.num_live
     del pointers[::2]
@@ -57,7 +63,9 @@ def test_general_and_fast_malloc_make_the_same_placements():
 def test_a_free_that_fails_on_drop_is_kept_for_check_not_raised():
     pool = GpuPool("best-fit", backend="host")
     p = pool.malloc(4096)
-    pool.policy.free(p.owner.allocation)  # freed behind the pointer's back: the drop is a double free
+    pool.policy.free(
+        p.owner.allocation
+    )  # freed behind the pointer's back: the drop is a double free
     del p
     gc.collect()
     assert len(pool.lease_errors) == 1 and isinstance(pool.lease_errors[0], PolicyError)
@@ -87,13 +95,19 @@ def test_fast_malloc_out_of_memory_leaves_the_pool_as_it_was():
     del keep
 
 
-@pytest.mark.parametrize("extents, one_range", [
-    (((4 * MiB, MiB),), True),
-    (((4 * MiB, MiB), (5 * MiB, MiB), (6 * MiB, 2 * MiB)), True),
-    (((5 * MiB, MiB), (4 * MiB, MiB)), False),  # back to back, but not in the allocation's order
-    (((4 * MiB, MiB), (6 * MiB, MiB)), False),  # a gap
-    (((7 * MiB, MiB), (8 * MiB, MiB)), False),  # back to back across two segments
-])
+@pytest.mark.parametrize(
+    "extents, one_range",
+    [
+        (((4 * MiB, MiB),), True),
+        (((4 * MiB, MiB), (5 * MiB, MiB), (6 * MiB, 2 * MiB)), True),
+        (
+            ((5 * MiB, MiB), (4 * MiB, MiB)),
+            False,
+        ),  # back to back, but not in the allocation's order
+        (((4 * MiB, MiB), (6 * MiB, MiB)), False),  # a gap
+        (((7 * MiB, MiB), (8 * MiB, MiB)), False),  # back to back across two segments
+    ],
+)
 def test_extents_are_one_range_when_back_to_back_in_order_in_one_segment(extents, one_range):
     starts = [0, 8 * MiB, 16 * MiB]  # segments [0, 8), [8, 16), [16, ...) MiB
     assert extents_are_one_range(extents, starts) is one_range
@@ -102,10 +116,14 @@ def test_extents_are_one_range_when_back_to_back_in_order_in_one_segment(extents
 @pytest.mark.parametrize("validate", [False, True])
 def test_both_malloc_paths_refuse_discontiguous_pages_and_accept_contiguous_ones(validate):
     def paged_pool():
-        return GpuPool("paged:page_bytes=1MiB,segment_bytes=8MiB", backend="host", validate=validate)
+        return GpuPool(
+            "paged:page_bytes=1MiB,segment_bytes=8MiB", backend="host", validate=validate
+        )
 
     pool = paged_pool()
-    guards = 2 * pool.guard_bytes if validate else 0  # a validating pool asks the policy for its guards too
+    guards = (
+        2 * pool.guard_bytes if validate else 0
+    )  # a validating pool asks the policy for its guards too
     held = [pool.allocate(MiB - guards) for _ in range(8)]  # a page each
     pool.free(held[1])
     pool.free(held[5])
@@ -142,8 +160,11 @@ class _WrapsBlocks(BestFit):
         super()._free(allocation.handle)
 
 
-@pytest.mark.parametrize("policy", [BestFit, _WrapsBlocks, lambda: policies.create("paged:page_bytes=1MiB")],
-                         ids=["block", "computed-extents", "paged"])
+@pytest.mark.parametrize(
+    "policy",
+    [BestFit, _WrapsBlocks, lambda: policies.create("paged:page_bytes=1MiB")],
+    ids=["block", "computed-extents", "paged"],
+)
 def test_fast_malloc_reads_each_kind_of_allocation_at_its_offset(policy):
     """A block's ``offset`` field, another subclass's computed ``extents`` and a plain
     allocation's stored ones: each gives the pointer the general path gives."""

@@ -29,7 +29,12 @@ def test_memory_written_through_one_allocation_is_seen_at_its_address():
     pool = host_pool()
     a = pool.allocate(4096)
     pool.device.view(a.offset, 4096)[:] = 9
-    assert np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * 4096).from_address(pool.pointer(a))).sum() == 9 * 4096
+    assert (
+        np.ctypeslib.as_array(
+            (np.ctypeslib.ctypes.c_uint8 * 4096).from_address(pool.pointer(a))
+        ).sum()
+        == 9 * 4096
+    )
     pool.free(a)
 
 
@@ -100,14 +105,27 @@ def test_policy_object_is_rebuilt_from_its_knobs_on_the_pools_device():
     policy = policies.create("best-fit:alignment_bytes=1024", capacity_bytes=64 * MiB)
     pool = GpuPool(policy, backend="host")
     pool.allocate(1000)
-    assert pool.policy is not policy and pool.policy.device is pool.device and pool.device.num_segments == 1
+    assert (
+        pool.policy is not policy
+        and pool.policy.device is pool.device
+        and pool.device.num_segments == 1
+    )
     assert pool.policy.get_params() == policy.get_params()  # capacity_bytes included
     assert policy.num_allocs == 0 and not policy.segments()  # the object given is left as it was
 
 
 #: the wrappers (their bases rebuilt too), a page-mapped policy of each kind, and a plain one
-OBJECT_SPECS = ["elastic", "compacting", "tag-limits", "expandable", "page-pool", "vmm-stitch",
-                "elastic:base=[page-pool]", "tag-limits:base=[compacting:base=[first-fit]]", "best-fit:virtual=true"]
+OBJECT_SPECS = [
+    "elastic",
+    "compacting",
+    "tag-limits",
+    "expandable",
+    "page-pool",
+    "vmm-stitch",
+    "elastic:base=[page-pool]",
+    "tag-limits:base=[compacting:base=[first-fit]]",
+    "best-fit:virtual=true",
+]
 
 
 @pytest.mark.parametrize("validate", [True, False], ids=["validate", "plain"])
@@ -124,7 +142,9 @@ def test_a_policy_object_runs_on_the_pool_as_its_spec_does(spec, validate):
             for offset, length in a.extents:
                 pool.device.check_range(offset, length)  # real memory the device handed out
             assert pool.pointer(a) >= pool.pages(a)[0][0]
-        for layer in policies.wrapper.layers(pool.policy):  # every layer's segments are the pool device's
+        for layer in policies.wrapper.layers(
+            pool.policy
+        ):  # every layer's segments are the pool device's
             assert all(pool.device.locate(seg.offset) for seg in layer.segments())
         for a in held:
             pool.free(a)
@@ -165,8 +185,12 @@ def test_host_segments_refuse_a_range_over_two_of_them():
     first = device.reserve(2 * MiB)
     device.reserve(2 * MiB)
     end = first + 2 * MiB
-    for operation in (lambda: device.fill(end - 8, 16, GUARD_WORD, 0), lambda: device.touch(end - 8, 16),
-                      lambda: device.first_mismatch(end - 8, 16, GUARD_WORD, 0), lambda: device.view(end - 8, 16)):
+    for operation in (
+        lambda: device.fill(end - 8, 16, GUARD_WORD, 0),
+        lambda: device.touch(end - 8, 16),
+        lambda: device.first_mismatch(end - 8, 16, GUARD_WORD, 0),
+        lambda: device.view(end - 8, 16),
+    ):
         with pytest.raises(AssertionError, match="outside any segment"):
             operation()
     device.fill(end - 16, 16, GUARD_WORD, 0)  # inside one segment: fine
@@ -284,7 +308,9 @@ def test_a_single_flipped_byte_in_a_large_allocation_is_caught_wherever_it_lies(
     size = probe.size_bytes
     pool.free(probe)
     positions = {0, guard - 1, guard, guard + user - 1, guard + user, size - 1}
-    positions |= {k * _PIECE_BYTES + d for k in range(1, size // _PIECE_BYTES + 1) for d in (-1, 0, 1)}
+    positions |= {
+        k * _PIECE_BYTES + d for k in range(1, size // _PIECE_BYTES + 1) for d in (-1, 0, 1)
+    }
     positions |= set(rng.integers(0, size, 40).tolist())
     for pos in sorted(p for p in positions if 0 <= p < size):
         a = pool.allocate(user)
@@ -335,7 +361,11 @@ def test_writes_through_a_malloc_pointer_are_not_corruption():
 def test_overrun_through_a_malloc_pointer_surfaces_at_close():
     pool = host_pool(validate=True, guard_bytes=32)
     p = pool.malloc(100)
-    offset = p.ptr - pool.device.address(pool.policy.segments()[0].offset) + pool.policy.segments()[0].offset
+    offset = (
+        p.ptr
+        - pool.device.address(pool.policy.segments()[0].offset)
+        + pool.policy.segments()[0].offset
+    )
     pool.device.view(offset + 100, 1)[:] = 0  # one byte past the end
     del p
     gc.collect()
@@ -346,7 +376,9 @@ def test_overrun_through_a_malloc_pointer_surfaces_at_close():
 
 # page-mapped policies address a virtual range the segment backends cannot translate: they run on
 # the cuMem backend (issue 13), not here
-@pytest.mark.parametrize("spec", [n for n in policies.available() if policies.registry.device_kind(n) == "segment"])
+@pytest.mark.parametrize(
+    "spec", [n for n in policies.available() if policies.registry.device_kind(n) == "segment"]
+)
 def test_every_registered_policy_validates_clean_under_a_random_workload(spec):
     rng = np.random.default_rng(7)
     pool = host_pool(spec, validate=True, guard_bytes=128)

@@ -10,14 +10,21 @@ MiB = 1 << 20
 def test_pool_round_trips_leave_nothing_live(path):
     pool = GpuPool("size-class", backend="host")
     row = pool_roundtrip(pool, MiB, path=path, iterations=500, warmup=10)
-    assert (row["allocator"], row["path"], row["nbytes"], row["iterations"]) == ("size-class", path, MiB, 500)
+    assert (row["allocator"], row["path"], row["nbytes"], row["iterations"]) == (
+        "size-class",
+        path,
+        MiB,
+        500,
+    )
     assert 0 < row["p50_us"] <= row["p99_us"]
     assert pool.policy.num_allocs == 510 and pool.policy.num_live == 0
 
 
 def test_round_trip_times_every_iteration_after_warmup():
     calls = []
-    samples = time_roundtrips(lambda n: calls.append(n) or n, lambda h: None, 64, iterations=7, warmup=3)
+    samples = time_roundtrips(
+        lambda n: calls.append(n) or n, lambda h: None, 64, iterations=7, warmup=3
+    )
     assert samples.shape == (7,) and (samples >= 0).all() and calls == [64] * 10
 
 

@@ -19,8 +19,14 @@ import policies
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
 from realgpu.pool import GUARD_WORD, GpuPool
-from realgpu.torch_allocator import (ALIGNMENT_BYTES, DEFAULT_SAMPLE_EVERY, AlignedHostDevice, AllocatorCore,
-                                     TorchPolicyAllocator, use_policy)
+from realgpu.torch_allocator import (
+    ALIGNMENT_BYTES,
+    DEFAULT_SAMPLE_EVERY,
+    AlignedHostDevice,
+    AllocatorCore,
+    TorchPolicyAllocator,
+    use_policy,
+)
 from sim.replay.schema import SUMMARY_COLUMNS
 
 from .conftest import OverlappingPolicy
@@ -31,11 +37,20 @@ MiB = 1 << 20
 FAST_POLICIES = ["best-fit", "size-class", "torch-caching", "best-fit:virtual=true"]
 
 
-def host_core(spec: str = "best-fit", *, validate: bool = False, limit_bytes: int | None = None, events=None,
-              sample_every: int = 1, device=None) -> AllocatorCore:
+def host_core(
+    spec: str = "best-fit",
+    *,
+    validate: bool = False,
+    limit_bytes: int | None = None,
+    events=None,
+    sample_every: int = 1,
+    device=None,
+) -> AllocatorCore:
     if device is None:
         device = AlignedHostDevice(limit_bytes=limit_bytes)
-    pool = GpuPool(spec, backend=device, validate=validate, guard_bytes=ALIGNMENT_BYTES, check_contents=False)
+    pool = GpuPool(
+        spec, backend=device, validate=validate, guard_bytes=ALIGNMENT_BYTES, check_contents=False
+    )
     return AllocatorCore(pool, events=events, sample_every=sample_every)
 
 
@@ -61,7 +76,10 @@ class FakeEvents:
 @pytest.mark.parametrize("spec", FAST_POLICIES)
 def test_every_pointer_is_512_aligned_and_the_cost_is_counted(spec):
     # numpy's 64-aligned segments send requests down the realignment path; a page-mapped policy maps pages
-    core = host_core(spec, device=HostDevice() if policies.registry.device_kind(spec) == "segment" else "host-vmm")
+    core = host_core(
+        spec,
+        device=HostDevice() if policies.registry.device_kind(spec) == "segment" else "host-vmm",
+    )
     sizes = [1, 100, 511, 512, 513, 4096, 5000, 100_000, 3 * MiB + 7]
     ptrs = [core.malloc(n, 0, 0) for n in sizes]
     assert all(p % ALIGNMENT_BYTES == 0 for p in ptrs)
@@ -109,8 +127,11 @@ def test_refused_request_raises_the_policys_reason_and_changes_nothing():
         core.malloc(1 << 30, 0, 0)
     assert core.last_refusal == str(info.value)
     after = core.policy.stats()
-    assert (after.num_live, after.live_bytes, after.reserved_bytes) == (before.num_live, before.live_bytes,
-                                                                       before.reserved_bytes)
+    assert (after.num_live, after.live_bytes, after.reserved_bytes) == (
+        before.num_live,
+        before.live_bytes,
+        before.reserved_bytes,
+    )
     assert list(core.live) == [p]
 
 
@@ -138,7 +159,9 @@ def test_frees_wait_for_their_stream_once_two_streams_allocate():
     a = core.malloc(4096, 0, 11)
     b = core.malloc(4096, 0, 22)
     core.free(a, 4096, 0, 11)
-    assert core.policy.num_live == 2 and core.n_deferred_frees == 1  # stream 11 may still be using it
+    assert (
+        core.policy.num_live == 2 and core.n_deferred_frees == 1
+    )  # stream 11 may still be using it
     assert events.recorded[-1][0] == 11
     c = core.malloc(4096, 0, 22)
     assert c != a and core.policy.num_live == 3  # not reused while stream 11's work is pending
@@ -179,6 +202,7 @@ def test_a_free_set_off_inside_malloc_waits_for_the_policy():
                 return fn(*args, **kwargs)
             finally:
                 depth.pop()
+
         return call
 
     core._allocate = core.path.allocate = guarded(allocate)  # the hot path holds its own references
@@ -205,7 +229,9 @@ def test_validation_finds_a_write_past_the_end():
     assert p % ALIGNMENT_BYTES == 0
     a = core.live[p]
     pool = core.pool
-    offset = a.extents[0][0] + ALIGNMENT_BYTES + 1024  # first byte past the rounded request: the after-guard
+    offset = (
+        a.extents[0][0] + ALIGNMENT_BYTES + 1024
+    )  # first byte past the rounded request: the after-guard
     assert core.n_align_padded == 0
     view = pool.device.view(offset, 1)
     assert view[0] == GUARD_WORD & 0xFF
@@ -221,8 +247,12 @@ def test_paged_tensors_over_several_pages_get_one_range_of_the_same_memory():
 
     from realgpu.torch_allocator import _make_pool
 
-    pool = _make_pool("paged:page_bytes=2MiB", validate=False, device=0, capacity_bytes=None, backend="host")
-    assert pool.device.kind == "numpy" and type(pool.device).__name__ == "HostVmmDevice"  # the page-mapped backend
+    pool = _make_pool(
+        "paged:page_bytes=2MiB", validate=False, device=0, capacity_bytes=None, backend="host"
+    )
+    assert (
+        pool.device.kind == "numpy" and type(pool.device).__name__ == "HostVmmDevice"
+    )  # the page-mapped backend
     core = AllocatorCore(pool, sample_every=1)
     keep = [core.malloc(2 * MiB, 0, 0) for _ in range(4)]
     core.free(keep[1], 2 * MiB, 0, 0)
@@ -230,10 +260,14 @@ def test_paged_tensors_over_several_pages_get_one_range_of_the_same_memory():
     n = 3 * 2 * MiB - 100  # three pages: the two freed ones (not adjacent) and a fresh one
     p = core.malloc(n, 0, 0)
     a = core.live[p]
-    assert len(a.extents) == 3 and not all(o2 == o1 + l1 for (o1, l1), (o2, _) in zip(a.extents, a.extents[1:]))
+    assert len(a.extents) == 3 and not all(
+        o2 == o1 + l1 for (o1, l1), (o2, _) in zip(a.extents, a.extents[1:])
+    )
     assert p % ALIGNMENT_BYTES == 0 and p not in {core.pool.pointer(a)}
     ctypes.memset(p, 0x5A, n)  # the tensor writes its range ...
-    for k, (offset, length) in enumerate(a.extents):  # ... and each page, where the policy put it, holds it
+    for k, (offset, length) in enumerate(
+        a.extents
+    ):  # ... and each page, where the policy put it, holds it
         page = ctypes.string_at(pool.device.address(offset), length)
         want = min(length, n - k * 2 * MiB)
         assert page[:want] == b"\x5a" * want
@@ -241,9 +275,15 @@ def test_paged_tensors_over_several_pages_get_one_range_of_the_same_memory():
     assert core._stitched == {} and core.n_stitched_maps == 1
     # the same pages again, in the same order (LIFO reuse): the range kept mapped serves, no driver call
     maps = pool.device.num_calls["map"]
-    assert core.malloc(n, 0, 0) == p and pool.device.num_calls["map"] == maps and core.n_stitched_maps == 1
+    assert (
+        core.malloc(n, 0, 0) == p
+        and pool.device.num_calls["map"] == maps
+        and core.n_stitched_maps == 1
+    )
     core.free(p, n, 0, 0)
-    assert core.malloc(2 * MiB, 0, 0) in {pool.device.address(o) for o, _ in a.extents}  # its pages are reused
+    assert core.malloc(2 * MiB, 0, 0) in {
+        pool.device.address(o) for o, _ in a.extents
+    }  # its pages are reused
     assert core.errors == []
     for q in list(core.live):
         core.free(q, 1, 0, 0)
@@ -255,7 +295,9 @@ def _paged_core(spec="paged:page_bytes=2MiB", **device_kw):
     from realgpu.host_vmm import HostVmmDevice
     from realgpu.torch_allocator import _make_pool
 
-    pool = _make_pool(spec, validate=False, device=0, capacity_bytes=None, backend=HostVmmDevice(**device_kw))
+    pool = _make_pool(
+        spec, validate=False, device=0, capacity_bytes=None, backend=HostVmmDevice(**device_kw)
+    )
     return AllocatorCore(pool, sample_every=1)
 
 
@@ -284,14 +326,20 @@ def test_kept_ranges_past_the_bound_go_in_one_batch(monkeypatch):
         held += keep
         core.free(p, 4 * MiB, 0, 0)
     assert core.n_stitched_maps == 5 and core.n_idle_evictions == 1 and len(core._idle_ranges) == 2
-    assert len(syncs) == 3  # three ranges unmapped in the batch (the device's call; it waits only once on a GPU)
+    assert (
+        len(syncs) == 3
+    )  # three ranges unmapped in the batch (the device's call; it waits only once on a GPU)
     for _ in range(2):
         p, keep = _scattered(core, 2)
         held += keep
         core.free(p, 4 * MiB, 0, 0)
-    assert core.n_idle_evictions == 1 and len(core._idle_ranges) == 4 and len(syncs) == 3  # up to the bound: kept
+    assert (
+        core.n_idle_evictions == 1 and len(core._idle_ranges) == 4 and len(syncs) == 3
+    )  # up to the bound: kept
     row = TorchPolicyAllocator(core.pool, core, "pluggable", None).summary_row()
-    assert row["n_idle_evictions"] == 1 and row["n_stitched_maps"] == 7 and row["n_stitch_reuses"] == 0
+    assert (
+        row["n_idle_evictions"] == 1 and row["n_stitched_maps"] == 7 and row["n_stitch_reuses"] == 0
+    )
 
 
 def test_a_kept_range_over_most_of_the_pages_is_taken_over_once_its_work_is_done(monkeypatch):
@@ -322,8 +370,11 @@ def test_a_kept_range_over_most_of_the_pages_is_taken_over_once_its_work_is_done
     device = core.pool.device
     found = sorted(ctypes.string_at(device.address(offset), 1)[0] for offset, _ in a.extents)
     assert found == [0x40, 0x41, 0x42, 0x43]
-    assert all(ctypes.string_at(device.address(o), 2 * MiB) == bytes([ctypes.string_at(device.address(o), 1)[0]]) * (2 * MiB)
-               for o, _ in a.extents)
+    assert all(
+        ctypes.string_at(device.address(o), 2 * MiB)
+        == bytes([ctypes.string_at(device.address(o), 1)[0]]) * (2 * MiB)
+        for o, _ in a.extents
+    )
     core.free(t3, 8 * MiB, 0, 0)
     for q in [s1, s2, *held]:
         core.free(q, 2 * MiB, 0, 0)
@@ -340,7 +391,9 @@ def test_a_refusal_unmaps_kept_ranges_holding_released_memory_and_retries():
     core.free(p, 4 * MiB, 0, 0)
     for q in keep:
         core.free(q, 2 * MiB, 0, 0)
-    assert len(core._idle_ranges) == 1 and core.policy.trim() > 0 and core.policy.reserved_bytes == 0
+    assert (
+        len(core._idle_ranges) == 1 and core.policy.trim() > 0 and core.policy.reserved_bytes == 0
+    )
     assert core.pool.device.physical_bytes > 0  # held by the kept range alone
     q = core.malloc(16 * MiB, 0, 0)  # the whole device: only after the kept range lets go
     assert q and core._idle_ranges == {} and core.errors == []
@@ -351,11 +404,24 @@ def test_a_refusal_unmaps_kept_ranges_holding_released_memory_and_retries():
 
 def test_paged_is_refused_up_front_where_its_pages_cannot_be_one_range():
     with pytest.raises(PoolError, match="needs a page-mapped device.*cuda-vmm"):
-        host_core("paged:page_bytes=2MiB")  # a segment device: cudaMalloc'd memory is never mapped again
-    with pytest.raises(PoolError, match="no whole number.*set page_bytes to a multiple of 2,097,152"):
-        AllocatorCore(GpuPool("paged:page_bytes=64KiB", backend="host-vmm", guard_bytes=ALIGNMENT_BYTES))
+        host_core(
+            "paged:page_bytes=2MiB"
+        )  # a segment device: cudaMalloc'd memory is never mapped again
+    with pytest.raises(
+        PoolError, match="no whole number.*set page_bytes to a multiple of 2,097,152"
+    ):
+        AllocatorCore(
+            GpuPool("paged:page_bytes=64KiB", backend="host-vmm", guard_bytes=ALIGNMENT_BYTES)
+        )
     with pytest.raises(PoolError, match="validation mode"):
-        AllocatorCore(GpuPool("paged:page_bytes=2MiB", backend="host-vmm", validate=True, guard_bytes=ALIGNMENT_BYTES))
+        AllocatorCore(
+            GpuPool(
+                "paged:page_bytes=2MiB",
+                backend="host-vmm",
+                validate=True,
+                guard_bytes=ALIGNMENT_BYTES,
+            )
+        )
 
 
 @pytest.mark.parametrize("spec", ["best-fit", "size-class", "torch-caching"])
@@ -370,13 +436,17 @@ def test_pytorchs_own_traffic_through_the_table_reserves_what_replay_reserves(sp
     _, is_alloc, ids, nbytes, streams = trace.arrays()
     core = host_core(spec, sample_every=DEFAULT_SAMPLE_EVERY)
     ptrs = {}
-    for alloc, key, n, stream in zip(is_alloc.tolist(), ids.tolist(), nbytes.tolist(), streams.tolist()):
+    for alloc, key, n, stream in zip(
+        is_alloc.tolist(), ids.tolist(), nbytes.tolist(), streams.tolist()
+    ):
         if alloc:
             ptrs[key] = core.malloc(n, 0, stream)
         elif key in ptrs:
             core.free(ptrs.pop(key), n, 0, stream)
     got, want = core.policy.stats(), replay(trace, spec).summary
-    assert got.num_failures == want["n_failed"] == 0 and core.errors == [] and core.n_align_padded == 0
+    assert (
+        got.num_failures == want["n_failed"] == 0 and core.errors == [] and core.n_align_padded == 0
+    )
     assert got.peak_reserved_bytes == want["peak_reserved_bytes"]
     rounding = int((-nbytes[is_alloc] % ALIGNMENT_BYTES).sum())
     assert want["peak_live_bytes"] <= got.peak_live_bytes <= want["peak_live_bytes"] + rounding
@@ -390,7 +460,7 @@ def test_summary_row_is_the_report_row():
         core.free(p, 0, 0, 0)
     alloc.close()
     row = alloc.summary_row(trace="generate-8x128")
-    assert list(row)[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
+    assert list(row)[: len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
     assert row["trace"] == "generate-8x128" and row["backend"] == "torch-pluggable"
     assert row["n_alloc"] == 3 and row["n_free"] == 3 and row["n_failed"] == 0
     assert row["align_extra_bytes"] == core.align_extra_bytes and row["n_live_at_close"] == 0
@@ -547,9 +617,17 @@ def fake_engine(monkeypatch):
 
     shim = _FakeShim()
     monkeypatch.setattr(ta, "load_shim", lambda: shim)
-    monkeypatch.setattr(ta, "_make_pool", lambda policy, **kw: GpuPool(
-        policy, backend=AlignedHostDevice(), validate=kw["validate"], capacity_bytes=kw["capacity_bytes"],
-        guard_bytes=ALIGNMENT_BYTES))
+    monkeypatch.setattr(
+        ta,
+        "_make_pool",
+        lambda policy, **kw: GpuPool(
+            policy,
+            backend=AlignedHostDevice(),
+            validate=kw["validate"],
+            capacity_bytes=kw["capacity_bytes"],
+            guard_bytes=ALIGNMENT_BYTES,
+        ),
+    )
     monkeypatch.setattr(ta, "CudaStreamEvents", lambda device: FakeEvents())
     monkeypatch.setattr(ta, "_routing", ta._Routing())
     monkeypatch.setattr(ta, "_pluggable_installed", False)
@@ -567,7 +645,9 @@ def test_pluggable_too_late_is_one_clear_error_and_frees_the_claim(fake_engine):
     shim, install = fake_engine
     install(swap_error="Can't swap an already initialized allocator")
     for _ in range(2):  # the second try gets the same answer: nothing was left claimed
-        with pytest.raises(PoolError, match="before the process's first CUDA allocation.*mode='mempool'"):
+        with pytest.raises(
+            PoolError, match="before the process's first CUDA allocation.*mode='mempool'"
+        ):
             with use_policy("best-fit"):
                 pass
     assert shim.bound[-1] == (None, False)
@@ -582,7 +662,10 @@ def test_pluggable_installs_once_serves_and_refuses_record_stream(fake_engine):
             torch.Tensor().record_stream(None)
         alloc.core.free(ptr, 4096, 0, 0)
     assert torch.Tensor().record_stream(None) == "recorded"  # torch's own method is back
-    assert len(torch.swapped) == 1 and torch.swapped[0].names[1:] == ("poollab_malloc", "poollab_free")
+    assert len(torch.swapped) == 1 and torch.swapped[0].names[1:] == (
+        "poollab_malloc",
+        "poollab_free",
+    )
     assert alloc.pool.closed and alloc.summary_row()["n_alloc"] == 1
     with use_policy("best-fit") as second:  # the trampoline stays installed: only rebound
         pass
@@ -598,15 +681,20 @@ def test_pluggable_refuses_graph_capture_before_pytorch_allocates_for_it(fake_en
     with use_policy("best-fit") as alloc:
         torch.core = alloc.core
         g = torch.cuda.CUDAGraph()
-        with pytest.raises(PoolError, match="refuses CUDA graph capture.*mode=\"mempool\""):
+        with pytest.raises(PoolError, match='refuses CUDA graph capture.*mode="mempool"'):
             with torch.cuda.graph(g):
                 pass
-        assert torch.stream == "default"  # refused before torch.cuda.graph switched to its capture stream
+        assert (
+            torch.stream == "default"
+        )  # refused before torch.cuda.graph switched to its capture stream
         with pytest.raises(PoolError, match="refuses CUDA graph capture"):
             g.capture_begin()
         assert not torch.capturing and alloc.core.num_live == 0  # nothing allocated for the graph
     assert alloc.summary_row()["n_live_at_close"] == 0 and alloc.pool.closed
-    assert (torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__) == own  # torch's own are back
+    assert (
+        torch.cuda.CUDAGraph.capture_begin,
+        torch.cuda.graph.__enter__,
+    ) == own  # torch's own are back
 
 
 def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine):
@@ -615,17 +703,23 @@ def test_policies_follow_one_another_while_tensors_of_the_first_live(fake_engine
     shim, install = fake_engine
     install()
     with use_policy("best-fit") as first:
-        kept = first.core.malloc(4096, 0, 0)  # a tensor that outlives the block (the model's weights)
+        kept = first.core.malloc(
+            4096, 0, 0
+        )  # a tensor that outlives the block (the model's weights)
         with pytest.raises(PoolError, match="end its use_policy block"):
             with use_policy("size-class"):
                 pass
     with use_policy("size-class") as second:
-        assert shim.bound[-1][0] is ta._routing  # frees are routed to their owner while the first drains
+        assert (
+            shim.bound[-1][0] is ta._routing
+        )  # frees are routed to their owner while the first drains
         ptr = ta._routing.malloc(4096, 0, 0)
         assert ptr in second.core.live
         ta._routing.free(kept, 4096, 0, 0)  # PyTorch frees the old tensor: back to best-fit
         assert first.pool.closed and first.core.errors == []
-        assert shim.bound[-1][0] is second.core  # nothing left to route: straight to the policy again
+        assert (
+            shim.bound[-1][0] is second.core
+        )  # nothing left to route: straight to the policy again
         ta._routing.free(ptr, 4096, 0, 0)
     assert second.core.errors == [] and second.pool.closed
 
@@ -657,7 +751,9 @@ def test_mempool_routes_this_thread_and_hands_the_pool_to_another(fake_engine):
         assert errors == []
         alloc.resume_routing()
         assert torch.recording == {pool_id: threading.get_ident()}
-    assert torch.recording == {} and torch.use_count[pool_id] == 1  # every entry released: only the MemPool's own
+    assert (
+        torch.recording == {} and torch.use_count[pool_id] == 1
+    )  # every entry released: only the MemPool's own
     with use_policy("best-fit", mode="mempool") as alloc:
         second_id = alloc.mempool.id
         alloc.pause_routing()  # the block may end paused (an engine that failed before it stopped)
@@ -676,7 +772,9 @@ def test_mempool_refuses_a_capture_into_its_own_pool_up_front(fake_engine):
         torch.core = alloc.core
         pool_id = alloc.mempool.id
         g = torch.cuda.CUDAGraph()
-        with pytest.raises(PoolError, match="captured into the policy's MemPool.*torch.cuda.graph\\(g\\)"):
+        with pytest.raises(
+            PoolError, match="captured into the policy's MemPool.*torch.cuda.graph\\(g\\)"
+        ):
             with torch.cuda.graph(g, pool=pool_id):
                 pass
         assert torch.stream == "default" and not torch.capturing and torch.use_count[pool_id] == 2
@@ -686,15 +784,24 @@ def test_mempool_refuses_a_capture_into_its_own_pool_up_front(fake_engine):
             pass
         assert torch.capturing
     assert MEMPOOL_CAPTURE_REFUSAL.startswith("a CUDA graph")
-    assert (torch.cuda.CUDAGraph.capture_begin, torch.cuda.graph.__enter__) == own  # torch's own are back
+    assert (
+        torch.cuda.CUDAGraph.capture_begin,
+        torch.cuda.graph.__enter__,
+    ) == own  # torch's own are back
 
 
 def test_mempool_out_of_memory_carries_the_policys_reason(fake_engine):
     shim, install = fake_engine
     torch = install()
-    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory(.|\n)*poollab pool 'best-fit' is out of memory"):
+    with pytest.raises(
+        torch.OutOfMemoryError,
+        match="CUDA out of memory(.|\n)*poollab pool 'best-fit' is out of memory",
+    ):
         with use_policy("best-fit", mode="mempool", capacity_bytes=64 * MiB) as alloc:
-            assert shim.bound[-1] == (alloc.core, True)  # a refusal answers null: PyTorch retries first
+            assert shim.bound[-1] == (
+                alloc.core,
+                True,
+            )  # a refusal answers null: PyTorch retries first
             with pytest.raises(PoolOutOfMemoryError):
                 alloc.core.malloc(1 << 30, 0, 0)
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
@@ -723,7 +830,11 @@ def test_trampoline_routes_calls_and_counts_them(shim):
     shim.call_free(ptr, 1000)
     assert core.policy.num_live == 0
     counters = shim.counters()
-    assert counters["n_calls_malloc"] == 1 and counters["n_calls_free"] == 1 and counters["n_zero_bytes"] == 1
+    assert (
+        counters["n_calls_malloc"] == 1
+        and counters["n_calls_free"] == 1
+        and counters["n_zero_bytes"] == 1
+    )
     assert len(shim.samples(0)) == 1 and shim.samples(0)[0] > 0
     shim.bind(None)
 
@@ -817,7 +928,9 @@ def test_frees_during_interpreter_shutdown_raise_nothing(shim, tmp_path):
 def _run_gpu_script(body: str, timeout_s: float = 300) -> str:
     """Pluggable mode is once per process: each GPU scenario runs in its own interpreter."""
     script = f"import sys\nsys.path.insert(0, {str(REPO)!r})\n" + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout_s
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 

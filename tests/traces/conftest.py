@@ -32,27 +32,45 @@ def real_azure_path() -> Path:
 def real_snapshot(real_snapshot_path):
     """The real snapshot read once per session (about a second)."""
     from traces.pytorch_snapshot import read_pytorch_snapshot
+
     return read_pytorch_snapshot(real_snapshot_path)
 
 
 @pytest.fixture
 def write_snapshot(tmp_path):
     """``write_snapshot(entries, segments=(), name=..., gz=True, devices=None) -> Path``."""
-    def write(entries, segments=(), *, name="snap.pickle.gz", gz=True, device_traces=None, **extra) -> Path:
-        snap = {"segments": list(segments),
-                "device_traces": device_traces if device_traces is not None else [list(entries)],
-                "allocator_settings": {"expandable_segments": False}, **extra}
+
+    def write(
+        entries, segments=(), *, name="snap.pickle.gz", gz=True, device_traces=None, **extra
+    ) -> Path:
+        snap = {
+            "segments": list(segments),
+            "device_traces": device_traces if device_traces is not None else [list(entries)],
+            "allocator_settings": {"expandable_segments": False},
+            **extra,
+        }
         path = tmp_path / name
         data = pickle.dumps(snap, protocol=4)
         path.write_bytes(gzip.compress(data, mtime=0) if gz else data)
         return path
+
     return write
 
 
 @pytest.fixture
 def snap_entry():
     """``snap_entry(action, addr, size, time_us, stream=0) -> dict``: a trace entry shaped like PyTorch's."""
+
     def entry(action: str, addr: int, size: int, time_us: int, stream: int = 0, **extra) -> dict:
-        return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": time_us,
-                "compile_context": "N/A", "user_metadata": "", **extra}
+        return {
+            "action": action,
+            "addr": addr,
+            "size": size,
+            "stream": stream,
+            "time_us": time_us,
+            "compile_context": "N/A",
+            "user_metadata": "",
+            **extra,
+        }
+
     return entry

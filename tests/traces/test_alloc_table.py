@@ -28,8 +28,18 @@ def _error(fn, path):
 
 @pytest.fixture(scope="module")
 def small_synth():
-    return generate_alloc_trace(num_layers=2, hidden_size=256, num_kv_heads=2, head_dim=32, vocab_size=1000,
-                                num_requests=4, prompt_tokens=(8, 40), output_tokens=(2, 6), max_batch=2, seed=3)
+    return generate_alloc_trace(
+        num_layers=2,
+        hidden_size=256,
+        num_kv_heads=2,
+        head_dim=32,
+        vocab_size=1000,
+        num_requests=4,
+        prompt_tokens=(8, 40),
+        output_tokens=(2, 6),
+        max_batch=2,
+        seed=3,
+    )
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".parquet"])
@@ -42,6 +52,7 @@ def test_round_trip_keeps_every_event(tmp_path, small_synth, suffix):
 def test_round_trip_of_real_slice(tmp_path):
     from traces.bundled import bundled_path
     from traces.pytorch_snapshot import read_pytorch_snapshot
+
     trace = read_pytorch_snapshot(bundled_path("llama1b_generate_slice.pickle.gz"))
     back = read_table_parquet(write_alloc_trace(trace, tmp_path / "slice.parquet"))
     pd.testing.assert_frame_equal(back.events, trace.events)
@@ -71,7 +82,9 @@ def test_negative_size_names_its_line(tmp_path):
 
 
 def test_free_before_alloc_names_its_line(tmp_path):
-    err = _error(read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "1,free,1,50,0,", "2,alloc,1,50,0,"]))
+    err = _error(
+        read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "1,free,1,50,0,", "2,alloc,1,50,0,"])
+    )
     assert err.line == 3 and "not live" in err.reason
 
 
@@ -150,8 +163,15 @@ def test_truncated_parquet_is_an_error(tmp_path, small_synth):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 1 << 40), st.integers(0, 3), st.sampled_from(["", "kv", "a,b", "x y"])),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 1 << 40), st.integers(0, 3), st.sampled_from(["", "kv", "a,b", "x y"])
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_csv_round_trip_of_arbitrary_allocations(tmp_path_factory, allocs):
     n = len(allocs)
     ops = ["alloc"] * n + ["free"] * (n // 2)
@@ -166,8 +186,10 @@ def test_csv_round_trip_of_arbitrary_allocations(tmp_path_factory, allocs):
 
 def test_huge_and_sparse_ids_are_renumbered_in_allocation_order(tmp_path):
     path = tmp_path / "ids.csv"
-    path.write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,9000000000000000000,4096,0,\n"
-                    "1,alloc,7,512,0,\n2,free,9000000000000000000,4096,0,\n3,free,7,512,0,\n")
+    path.write_text(
+        "time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,9000000000000000000,4096,0,\n"
+        "1,alloc,7,512,0,\n2,free,9000000000000000000,4096,0,\n3,free,7,512,0,\n"
+    )
     events = read_table_csv(path).events
     assert events["alloc_id"].tolist() == [0, 1, 0, 1]
     assert events["nbytes"].tolist() == [4096, 512, 4096, 512]
@@ -175,36 +197,54 @@ def test_huge_and_sparse_ids_are_renumbered_in_allocation_order(tmp_path):
 
 # --- numbers that do not fit, columns of the wrong kind, frees elsewhere (issue 29) -----------
 
+
 @pytest.mark.parametrize("column", ["nbytes", "time_us", "alloc_id", "stream"])
 def test_a_5000_digit_integer_names_its_line_and_column(tmp_path, column):
     rows = dict(time_us="0", alloc_id="0", nbytes="4096", stream="0")
     rows[column] = "9" * 5000  # past Python's 4,300-digit limit on int(): a ValueError of its own
-    path = _csv(tmp_path, ["0,alloc,0,4096,0,", f"{rows['time_us']},alloc,{rows['alloc_id']},{rows['nbytes']},"
-                                                f"{rows['stream']},"])
+    path = _csv(
+        tmp_path,
+        [
+            "0,alloc,0,4096,0,",
+            f"{rows['time_us']},alloc,{rows['alloc_id']},{rows['nbytes']},{rows['stream']},",
+        ],
+    )
     err = _error(read_table_csv, path)
     assert (err.line, err.reason.split()[0]) == (3, column)
     assert "5,000 characters" in err.reason and len(str(err)) < 300
 
 
 def _pq(tmp_path, **override):
-    cols = {"time_us": pa.array([0, 5], pa.int64()), "op": pa.array(["alloc", "free"]),
-            "alloc_id": pa.array([0, 0], pa.int64()), "nbytes": pa.array([4096, 4096], pa.int64()),
-            "stream": pa.array([0, 0], pa.int64()), "tag": pa.array(["", ""])}
+    cols = {
+        "time_us": pa.array([0, 5], pa.int64()),
+        "op": pa.array(["alloc", "free"]),
+        "alloc_id": pa.array([0, 0], pa.int64()),
+        "nbytes": pa.array([4096, 4096], pa.int64()),
+        "stream": pa.array([0, 0], pa.int64()),
+        "tag": pa.array(["", ""]),
+    }
     cols.update(override)
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table(cols), path)
     return path
 
 
-@pytest.mark.parametrize("column,array,kind", [
-    ("nbytes", pa.array([True, True]), "bool"),
-    ("time_us", pa.array([0, 5], pa.timestamp("us")), "timestamp"),
-    ("time_us", pa.array([0, 5], pa.duration("us")), "duration"),
-    ("alloc_id", pa.array(["0", "0"]), "string"),
-], ids=["bool-nbytes", "timestamp-time", "duration-time", "text-ids"])
+@pytest.mark.parametrize(
+    "column,array,kind",
+    [
+        ("nbytes", pa.array([True, True]), "bool"),
+        ("time_us", pa.array([0, 5], pa.timestamp("us")), "timestamp"),
+        ("time_us", pa.array([0, 5], pa.duration("us")), "duration"),
+        ("alloc_id", pa.array(["0", "0"]), "string"),
+    ],
+    ids=["bool-nbytes", "timestamp-time", "duration-time", "text-ids"],
+)
 def test_parquet_column_of_the_wrong_kind_is_refused(tmp_path, column, array, kind):
     err = _error(read_table_parquet, _pq(tmp_path, **{column: array}))
-    assert err.reason.startswith(f"column {column} has type {kind}") and "expected integers" in err.reason
+    assert (
+        err.reason.startswith(f"column {column} has type {kind}")
+        and "expected integers" in err.reason
+    )
 
 
 def test_parquet_whole_floats_are_still_read(tmp_path):
@@ -214,7 +254,10 @@ def test_parquet_whole_floats_are_still_read(tmp_path):
 
 def test_free_on_another_stream_than_its_allocation_names_its_line(tmp_path):
     err = _error(read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "5,free,0,100,1,"]))
-    assert (err.line, err.reason) == (3, "free of allocation 0 on stream 1, but it was allocated on stream 0")
+    assert (err.line, err.reason) == (
+        3,
+        "free of allocation 0 on stream 1, but it was allocated on stream 0",
+    )
 
 
 def test_free_on_another_stream_in_parquet_names_its_record(tmp_path):

@@ -54,8 +54,12 @@ def test_snapshot_slice_segments_agree_with_the_trace(slice_trace):
     # every block active in the rebuilt segments is live at the end of the replay
     with gzip.open(bundled_path(SNAPSHOT)) as f:
         snap = pickle.load(f)
-    active_bytes = sum(b["requested_size"] for s in snap["segments"] for b in s["blocks"]
-                       if b["state"] == "active_allocated")
+    active_bytes = sum(
+        b["requested_size"]
+        for s in snap["segments"]
+        for b in s["blocks"]
+        if b["state"] == "active_allocated"
+    )
     assert active_bytes == live_bytes(slice_trace)[-1]
     for seg in snap["segments"]:
         assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
@@ -67,6 +71,7 @@ def test_snapshot_slice_reserved_never_exceeds_the_full_run(slice_trace):
 
 def test_azure_slice_spans_ten_minutes():
     import pandas as pd
+
     df = pd.read_csv(bundled_path(AZURE))
     assert list(df.columns) == ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
     span = pd.to_datetime(df["TIMESTAMP"]).agg(["min", "max"])
@@ -98,12 +103,16 @@ def test_mooncake_slice_is_ten_minutes_of_the_conversation_trace_under_1_mb():
     trace = read_request_trace(path)
     assert trace.format == "mooncake" and trace.meta["hash_block_tokens"] == 512
     assert len(trace) == 1_750 and 590 < trace.duration_s < 600
-    assert trace.requests["prompt_tokens"].median() > 4_000  # long prompts: what the Azure slice lacks
+    assert (
+        trace.requests["prompt_tokens"].median() > 4_000
+    )  # long prompts: what the Azure slice lacks
 
 
 def test_slice_mooncake_keeps_lines_before_the_cut_unchanged(tmp_path):
-    lines = [f'{{"timestamp": {t}, "input_length": 10, "output_length": 2, "hash_ids": [0]}}\n'
-             for t in (0, 59_999, 60_000, 120_000)]
+    lines = [
+        f'{{"timestamp": {t}, "input_length": 10, "output_length": 2, "hash_ids": [0]}}\n'
+        for t in (0, 59_999, 60_000, 120_000)
+    ]
     src = tmp_path / "trace.jsonl"
     src.write_text("".join(lines))
     n = _make_slices().slice_mooncake(src, tmp_path / "out.jsonl", minutes=1)

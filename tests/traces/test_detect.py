@@ -9,8 +9,10 @@ from traces.detect import ALLOC_FORMATS, detect_alloc_format, read_alloc_trace
 from traces.errors import TraceFormatError
 from traces.events import EVENT_COLUMNS, AllocTrace, make_events
 
-RMM_TEXT = ("Thread,Time,Action,Pointer,Size,Stream\n"
-            "1,10:00:00.000000,allocate,0x10,8,0\n1,10:00:00.000005,free,0x10,8,0\n")
+RMM_TEXT = (
+    "Thread,Time,Action,Pointer,Size,Stream\n"
+    "1,10:00:00.000000,allocate,0x10,8,0\n1,10:00:00.000005,free,0x10,8,0\n"
+)
 OUR_TEXT = ",".join(EVENT_COLUMNS) + "\n0,alloc,0,8,0,\n5,free,0,8,0,\n"
 
 
@@ -64,7 +66,9 @@ def test_csv_header_with_byte_order_mark_is_detected(tmp_path):
 
 def test_unknown_text_is_a_format_error_on_line_one(tmp_path):
     path = tmp_path / "azure.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+    )
     with pytest.raises(TraceFormatError, match="cannot tell the format") as err:
         detect_alloc_format(path)
     assert err.value.line == 1

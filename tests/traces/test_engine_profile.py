@@ -7,12 +7,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from traces.engine_profile import (SERVED_REQUEST_COLUMNS, STEP_COLUMNS, read_served_requests, read_step_profile,
-                                   write_served_requests, write_step_profile)
+from traces.engine_profile import (
+    SERVED_REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    read_served_requests,
+    read_step_profile,
+    write_served_requests,
+    write_step_profile,
+)
 from traces.errors import TraceFormatError
 
 ENGINE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "engine"
-needs_engine_data = pytest.mark.skipif(not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository")
+needs_engine_data = pytest.mark.skipif(
+    not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository"
+)
 
 
 @needs_engine_data
@@ -27,8 +35,15 @@ def test_shared_profiles_read(workload):
 
 
 def _steps(**override):
-    row = dict(start_s=0.0, duration_s=0.1, num_prefill_seqs=1, num_prefill_tokens=10, prefill_context_tokens=10,
-               num_decode_seqs=2, decode_context_tokens=40)
+    row = dict(
+        start_s=0.0,
+        duration_s=0.1,
+        num_prefill_seqs=1,
+        num_prefill_tokens=10,
+        prefill_context_tokens=10,
+        num_decode_seqs=2,
+        decode_context_tokens=40,
+    )
     row.update(override)
     return pd.DataFrame([row, dict(row, start_s=0.1)])
 
@@ -40,16 +55,19 @@ def test_round_trip(tmp_path, suffix):
     pd.testing.assert_frame_equal(back, _steps()[list(back.columns)], check_dtype=False)
 
 
-@pytest.mark.parametrize("override, match", [
-    (dict(duration_s=0.0), "duration_s.*> 0"),
-    (dict(num_prefill_tokens=1.5), "num_prefill_tokens.*whole number"),
-    (dict(decode_context_tokens=float("nan")), "decode_context_tokens '': missing value"),
-    (dict(decode_context_tokens=float("inf")), "finite"),
-    (dict(num_decode_seqs=-1), "must be >= 0"),
-    (dict(num_prefill_tokens=10**30), "corrupt count"),
-    (dict(prefill_context_tokens=5), "prefill_context_tokens.*below num_prefill_tokens"),
-    (dict(num_prefill_seqs=0), "num_prefill_tokens.*num_prefill_seqs 0"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (dict(duration_s=0.0), "duration_s.*> 0"),
+        (dict(num_prefill_tokens=1.5), "num_prefill_tokens.*whole number"),
+        (dict(decode_context_tokens=float("nan")), "decode_context_tokens '': missing value"),
+        (dict(decode_context_tokens=float("inf")), "finite"),
+        (dict(num_decode_seqs=-1), "must be >= 0"),
+        (dict(num_prefill_tokens=10**30), "corrupt count"),
+        (dict(prefill_context_tokens=5), "prefill_context_tokens.*below num_prefill_tokens"),
+        (dict(num_prefill_seqs=0), "num_prefill_tokens.*num_prefill_seqs 0"),
+    ],
+)
 def test_bad_cells_name_line_and_column(tmp_path, override, match):
     df = _steps()
     for column, value in override.items():
@@ -97,17 +115,34 @@ def test_a_profile_from_a_pipe_reads_as_from_its_file(tmp_path):
     import sys
 
     path = write_step_profile(_steps(), tmp_path / "s.parquet")
-    code = ("import sys; from traces.engine_profile import read_step_profile; "
-            "print(len(read_step_profile('/dev/stdin')))")
+    code = (
+        "import sys; from traces.engine_profile import read_step_profile; "
+        "print(len(read_step_profile('/dev/stdin')))"
+    )
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-c", code], stdin=path.open("rb"), capture_output=True, text=True,
-                         cwd=root, env={"PYTHONPATH": str(root), "PATH": ""}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        stdin=path.open("rb"),
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": ""},
+        timeout=60,
+    )
     assert out.stdout.strip() == "2", out.stderr
 
 
 def test_served_requests_allow_unfinished_and_refuse_time_travel(tmp_path):
-    df = pd.DataFrame(dict(request=[0, 1], arrival_s=[0.0, 1.0], prompt_tokens=[10, 20], output_tokens=[5, 5],
-                           first_token_s=[0.5, float("nan")], finish_s=[1.0, float("nan")]))
+    df = pd.DataFrame(
+        dict(
+            request=[0, 1],
+            arrival_s=[0.0, 1.0],
+            prompt_tokens=[10, 20],
+            output_tokens=[5, 5],
+            first_token_s=[0.5, float("nan")],
+            finish_s=[1.0, float("nan")],
+        )
+    )
     path = write_served_requests(df, tmp_path / "r.csv")
     back = read_served_requests(path)
     assert back["finish_s"].isna().tolist() == [False, True]

@@ -26,14 +26,22 @@ def _read_toy(src, **options):
             raise TraceFormatError(src.path, lineno, f"cannot read {line!r}")
         rows.append((len(rows), "alloc" if op == "+" else "free", int(alloc_id), sizes[alloc_id]))
     time_us, ops, ids, nbytes = zip(*rows)
-    return AllocTrace(make_events(time_us, ops, ids, nbytes), name=src.path.stem, source=str(src.path),
-                      format="toy-alloc")
+    return AllocTrace(
+        make_events(time_us, ops, ids, nbytes),
+        name=src.path.stem,
+        source=str(src.path),
+        format="toy-alloc",
+    )
 
 
 @pytest.fixture
 def toy_format():
-    ALLOC.register("toy-alloc", sniff=lambda src: src.head(10) == b"#toy-alloc", read=_read_toy,
-                   describe="a toy log (#toy-alloc)")
+    ALLOC.register(
+        "toy-alloc",
+        sniff=lambda src: src.head(10) == b"#toy-alloc",
+        read=_read_toy,
+        describe="a toy log (#toy-alloc)",
+    )
     yield
     ALLOC.unregister("toy-alloc")
 
@@ -45,7 +53,9 @@ def test_a_registered_format_is_sniffed_and_read(tmp_path, toy_format):
     trace = traces.read_alloc_trace(path)
     assert trace.format == "toy-alloc" and len(trace) == 4
     assert trace_kind(path) == ("alloc", "toy-alloc")
-    assert "toy-alloc" in ALLOC.names() and ALLOC.names()[:4] == traces.ALLOC_FORMATS  # built-ins first
+    assert (
+        "toy-alloc" in ALLOC.names() and ALLOC.names()[:4] == traces.ALLOC_FORMATS
+    )  # built-ins first
 
 
 def test_replay_reads_a_registered_format(tmp_path, toy_format, capsys):
@@ -69,7 +79,10 @@ def test_without_the_registration_the_message_lists_what_is_known(tmp_path):
     with pytest.raises(TraceFormatError, match="cannot tell the format .* or Parquet") as err:
         traces.read_alloc_trace(path)
     assert err.value.line == 1
-    with pytest.raises(TraceFormatError, match="unknown allocation-trace format 'toy-alloc'; known: pytorch-snapshot"):
+    with pytest.raises(
+        TraceFormatError,
+        match="unknown allocation-trace format 'toy-alloc'; known: pytorch-snapshot",
+    ):
         traces.read_alloc_trace(path, format="toy-alloc")
 
 
@@ -87,10 +100,16 @@ def test_a_name_is_registered_once(toy_format):
 
 def test_a_request_format_is_read_by_read_request_trace(tmp_path):
     def read(src, name=None, **_):
-        t, p, o = zip(*(map(float, ln.split(";")) for ln in src.head(1 << 16).decode().splitlines()[1:]))
-        return RequestTrace(make_requests(t, [int(x) for x in p], [int(x) for x in o]), name=name or "x")
+        t, p, o = zip(
+            *(map(float, ln.split(";")) for ln in src.head(1 << 16).decode().splitlines()[1:])
+        )
+        return RequestTrace(
+            make_requests(t, [int(x) for x in p], [int(x) for x in o]), name=name or "x"
+        )
 
-    REQUEST.register("semicolons", sniff=lambda src: src.head(5) == b"t;p;o", read=read, describe="t;p;o lines")
+    REQUEST.register(
+        "semicolons", sniff=lambda src: src.head(5) == b"t;p;o", read=read, describe="t;p;o lines"
+    )
     try:
         path = tmp_path / "reqs.txt"
         path.write_text("t;p;o\n0;100;5\n1.5;200;7\n")
@@ -104,7 +123,9 @@ def test_a_request_format_is_read_by_read_request_trace(tmp_path):
 
 def test_a_parquet_file_is_told_apart_by_its_columns(tmp_path):
     path = tmp_path / "reqs.parquet"
-    traces.write_request_trace(RequestTrace(make_requests([0.0, 1.0], [10, 20], [1, 2]), name="r"), path)
+    traces.write_request_trace(
+        RequestTrace(make_requests([0.0, 1.0], [10, 20], [1, 2]), name="r"), path
+    )
     assert ALLOC.recognises(path) is None  # the Parquet magic, not the event columns
     assert trace_kind(path) == ("request", "parquet")
 
@@ -112,6 +133,9 @@ def test_a_parquet_file_is_told_apart_by_its_columns(tmp_path):
 def test_neither_kind_names_both_kinds_formats(tmp_path):
     path = tmp_path / "x.txt"
     path.write_text("hello\n")
-    with pytest.raises(TraceFormatError, match=r"neither an allocation trace \(pytorch-snapshot.*\) nor a request "
-                                               r"trace \(azure.*\)"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"neither an allocation trace \(pytorch-snapshot.*\) nor a request "
+        r"trace \(azure.*\)",
+    ):
         trace_kind(path)

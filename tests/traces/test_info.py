@@ -13,19 +13,33 @@ def _trace(rows):
     return AllocTrace(make_events(t, op, ids, sizes, streams, tags), name="t", format="csv")
 
 
-ROWS = [(0, "alloc", 0, 100, 0, "pre-trace"), (0, "alloc", 1, 300, 0, "kv"), (5, "free", 0, 100, 0, ""),
-        (6, "alloc", 2, 50, 1, ""), (9, "free", 2, 50, 1, "")]
+ROWS = [
+    (0, "alloc", 0, 100, 0, "pre-trace"),
+    (0, "alloc", 1, 300, 0, "kv"),
+    (5, "free", 0, 100, 0, ""),
+    (6, "alloc", 2, 50, 1, ""),
+    (9, "free", 2, 50, 1, ""),
+]
 
 
 def test_counts():
     info = describe_alloc_trace(_trace(ROWS))
-    assert (info["num_events"], info["num_allocs"], info["num_frees"], info["num_never_freed"],
-            info["num_pre_trace_allocs"]) == (5, 3, 2, 1, 1)
+    assert (
+        info["num_events"],
+        info["num_allocs"],
+        info["num_frees"],
+        info["num_never_freed"],
+        info["num_pre_trace_allocs"],
+    ) == (5, 3, 2, 1, 1)
 
 
 def test_peak_live_bytes_and_when():
     info = describe_alloc_trace(_trace(ROWS))
-    assert (info["peak_live_bytes"], info["peak_live_time_us"], info["final_live_bytes"]) == (400, 0, 300)
+    assert (info["peak_live_bytes"], info["peak_live_time_us"], info["final_live_bytes"]) == (
+        400,
+        0,
+        300,
+    )
 
 
 def test_free_subtracts_its_allocation_size_not_its_own():
@@ -35,7 +49,12 @@ def test_free_subtracts_its_allocation_size_not_its_own():
 
 def test_sizes_streams_and_tags():
     info = describe_alloc_trace(_trace(ROWS))
-    sizes = (info["size_min_bytes"], info["size_p50_bytes"], info["size_max_bytes"], info["num_distinct_sizes"])
+    sizes = (
+        info["size_min_bytes"],
+        info["size_p50_bytes"],
+        info["size_max_bytes"],
+        info["num_distinct_sizes"],
+    )
     assert sizes == (50, 100, 300, 3)
     assert info["streams"] == {0: 2, 1: 1}
     assert info["tags"] == {"(untagged)": 1, "kv": 1, "pre-trace": 1}
@@ -82,8 +101,13 @@ def test_sums_past_int64_are_exact_not_wrapped():
     from traces.info import describe_alloc_trace
 
     big = 2**62
-    ev = make_events([0, 1, 2, 3], ["alloc", "alloc", "alloc", "free"], [0, 1, 2, 0], [big, big, big, big],
-                     tag=["kv", "kv", "w", ""])
+    ev = make_events(
+        [0, 1, 2, 3],
+        ["alloc", "alloc", "alloc", "free"],
+        [0, 1, 2, 0],
+        [big, big, big, big],
+        tag=["kv", "kv", "w", ""],
+    )
     info = describe_alloc_trace(AllocTrace(ev, name="big"))
     assert info["total_alloc_bytes"] == 3 * big
     assert info["peak_live_bytes"] == 3 * big
@@ -96,8 +120,10 @@ def test_what_a_reader_adjusted_is_described(tmp_path):
     from traces.rmm_log import read_rmm_log
 
     path = tmp_path / "rmm.csv"
-    path.write_text("Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000500,allocate,0x10,8,0xa\n"
-                    "2,10:00:00.000200,free,0x10,8,0xb\n")
+    path.write_text(
+        "Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00.000500,allocate,0x10,8,0xa\n"
+        "2,10:00:00.000200,free,0x10,8,0xb\n"
+    )
     info = describe_alloc_trace(read_rmm_log(path))
     assert (info["num_time_clamped"], info["num_cross_stream_frees"]) == (1, 1)
     assert info["num_failed_allocations"] == 0

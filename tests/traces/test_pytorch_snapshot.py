@@ -12,14 +12,30 @@ A, B, C = 0x7F0000000000, 0x7F0000100000, 0x7F0000200000
 
 
 def _segment(address, total_size, blocks, stream=0, device=0, segment_type="large"):
-    return {"device": device, "address": address, "total_size": total_size, "allocated_size": 0,
-            "active_size": 0, "requested_size": 0, "stream": stream, "segment_type": segment_type,
-            "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks}
+    return {
+        "device": device,
+        "address": address,
+        "total_size": total_size,
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "stream": stream,
+        "segment_type": segment_type,
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
 
 
 def _block(address, size, state, requested_size=None):
-    return {"address": address, "size": size, "requested_size": size if requested_size is None else requested_size,
-            "state": state, "frames": []}
+    return {
+        "address": address,
+        "size": size,
+        "requested_size": size if requested_size is None else requested_size,
+        "state": state,
+        "frames": [],
+    }
 
 
 def _rows(trace):
@@ -28,6 +44,7 @@ def _rows(trace):
 
 
 # --- the real recording ---------------------------------------------------------------------
+
 
 def test_real_snapshot_counts(real_snapshot):
     ev = real_snapshot.events
@@ -61,15 +78,30 @@ def test_real_snapshot_keeps_segment_events_and_table(real_snapshot):
 
 # --- how entries become events --------------------------------------------------------------
 
+
 def test_alloc_and_free_completed_pair_up(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 100, 1000), snap_entry("free_requested", A, 100, 1005),
-                           snap_entry("free_completed", A, 100, 1010)])
-    assert _rows(read_pytorch_snapshot(path)) == [(0, "alloc", 0, 100, 0, ""), (10, "free", 0, 100, 0, "")]
+    path = write_snapshot(
+        [
+            snap_entry("alloc", A, 100, 1000),
+            snap_entry("free_requested", A, 100, 1005),
+            snap_entry("free_completed", A, 100, 1010),
+        ]
+    )
+    assert _rows(read_pytorch_snapshot(path)) == [
+        (0, "alloc", 0, 100, 0, ""),
+        (10, "free", 0, 100, 0, ""),
+    ]
 
 
 def test_reused_address_gets_a_new_id(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 100, 0), snap_entry("free_completed", A, 100, 1),
-                           snap_entry("alloc", A, 200, 2), snap_entry("free_completed", A, 200, 3)])
+    path = write_snapshot(
+        [
+            snap_entry("alloc", A, 100, 0),
+            snap_entry("free_completed", A, 100, 1),
+            snap_entry("alloc", A, 200, 2),
+            snap_entry("free_completed", A, 200, 3),
+        ]
+    )
     ev = read_pytorch_snapshot(path).events
     assert list(ev["alloc_id"]) == [0, 0, 1, 1]
     assert list(ev["nbytes"]) == [100, 100, 200, 200]
@@ -83,24 +115,43 @@ def test_free_requested_is_the_fallback_without_completions(write_snapshot, snap
 
 
 def test_free_requested_alone_does_not_free_when_completions_exist(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 100, 0), snap_entry("alloc", B, 50, 1),
-                           snap_entry("free_requested", A, 100, 2), snap_entry("free_requested", B, 50, 3),
-                           snap_entry("free_completed", B, 50, 4)])
+    path = write_snapshot(
+        [
+            snap_entry("alloc", A, 100, 0),
+            snap_entry("alloc", B, 50, 1),
+            snap_entry("free_requested", A, 100, 2),
+            snap_entry("free_requested", B, 50, 3),
+            snap_entry("free_completed", B, 50, 4),
+        ]
+    )
     ev = read_pytorch_snapshot(path).events
     assert list(zip(ev["op"], ev["alloc_id"])) == [("alloc", 0), ("alloc", 1), ("free", 1)]
 
 
 def test_free_of_never_seen_address_synthesises_pre_trace_alloc(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 100, 50), snap_entry("free_completed", B, 4096, 60)])
+    path = write_snapshot(
+        [snap_entry("alloc", A, 100, 50), snap_entry("free_completed", B, 4096, 60)]
+    )
     trace = read_pytorch_snapshot(path)
-    assert _rows(trace) == [(0, "alloc", 0, 4096, 0, PRE_TRACE_TAG), (0, "alloc", 1, 100, 0, ""),
-                            (10, "free", 0, 4096, 0, "")]
+    assert _rows(trace) == [
+        (0, "alloc", 0, 4096, 0, PRE_TRACE_TAG),
+        (0, "alloc", 1, 100, 0, ""),
+        (10, "free", 0, 4096, 0, ""),
+    ]
     assert trace.meta["num_pre_trace_freed"] == 1
 
 
 def test_active_block_never_seen_becomes_live_pre_trace_alloc(write_snapshot, snap_entry):
-    segments = [_segment(C, 1 << 21, [_block(C, 1 << 20, "active_allocated", requested_size=1000),
-                                      _block(C + (1 << 20), 1 << 20, "inactive")])]
+    segments = [
+        _segment(
+            C,
+            1 << 21,
+            [
+                _block(C, 1 << 20, "active_allocated", requested_size=1000),
+                _block(C + (1 << 20), 1 << 20, "inactive"),
+            ],
+        )
+    ]
     trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", A, 100, 5)], segments))
     assert _rows(trace)[0] == (0, "alloc", 0, 1000, 0, PRE_TRACE_TAG)
     assert trace.meta["num_pre_trace_live"] == 1
@@ -114,35 +165,55 @@ def test_active_block_allocated_in_trace_is_not_duplicated(write_snapshot, snap_
 
 
 def test_blocks_without_address_tile_their_segment(write_snapshot, snap_entry):
-    blocks = [{"size": 1 << 20, "requested_size": 0, "state": "inactive"},
-              {"size": 1 << 20, "requested_size": 777, "state": "active_allocated"}]
+    blocks = [
+        {"size": 1 << 20, "requested_size": 0, "state": "inactive"},
+        {"size": 1 << 20, "requested_size": 777, "state": "active_allocated"},
+    ]
     segments = [_segment(C, 1 << 21, blocks)]
     # the second block sits at C + 1 MiB, an address the trace allocates: no pre-trace alloc
-    trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", C + (1 << 20), 777, 0)], segments))
+    trace = read_pytorch_snapshot(
+        write_snapshot([snap_entry("alloc", C + (1 << 20), 777, 0)], segments)
+    )
     assert len(trace) == 1
 
 
 def test_stream_handles_become_small_ints_in_order(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 10, 0, stream=0xBEEF), snap_entry("alloc", B, 10, 1, stream=0),
-                           snap_entry("alloc", C, 10, 2, stream=0xCAFE)])
+    path = write_snapshot(
+        [
+            snap_entry("alloc", A, 10, 0, stream=0xBEEF),
+            snap_entry("alloc", B, 10, 1, stream=0),
+            snap_entry("alloc", C, 10, 2, stream=0xCAFE),
+        ]
+    )
     trace = read_pytorch_snapshot(path)
     assert list(trace.events["stream"]) == [1, 0, 2]
     assert trace.meta["stream_handles"] == {0: 0, 0xBEEF: 1, 0xCAFE: 2}
 
 
 def test_time_is_relative_to_first_entry_of_any_kind(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("segment_alloc", C, 1 << 21, 1_000), snap_entry("alloc", C, 10, 1_250)])
+    path = write_snapshot(
+        [snap_entry("segment_alloc", C, 1 << 21, 1_000), snap_entry("alloc", C, 10, 1_250)]
+    )
     trace = read_pytorch_snapshot(path)
     assert list(trace.events["time_us"]) == [250]
     assert list(trace.meta["segment_events"]["time_us"]) == [0]
 
 
 def test_segment_and_oom_events_go_to_meta(write_snapshot, snap_entry):
-    entries = [snap_entry("segment_alloc", C, 1 << 21, 0), snap_entry("alloc", C, 10, 1),
-               snap_entry("oom", 0, 1 << 40, 2), snap_entry("segment_free", C + (1 << 22), 1 << 21, 3),
-               snap_entry("snapshot", 0, 0, 4)]
-    segments = [_segment(C, 1 << 21, [_block(C, 512, "active_allocated", 10),
-                                      _block(C + 512, (1 << 21) - 512, "inactive")])]
+    entries = [
+        snap_entry("segment_alloc", C, 1 << 21, 0),
+        snap_entry("alloc", C, 10, 1),
+        snap_entry("oom", 0, 1 << 40, 2),
+        snap_entry("segment_free", C + (1 << 22), 1 << 21, 3),
+        snap_entry("snapshot", 0, 0, 4),
+    ]
+    segments = [
+        _segment(
+            C,
+            1 << 21,
+            [_block(C, 512, "active_allocated", 10), _block(C + 512, (1 << 21) - 512, "inactive")],
+        )
+    ]
     trace = read_pytorch_snapshot(write_snapshot(entries, segments))
     assert list(trace.meta["segment_events"]["action"]) == ["segment_alloc", "oom", "segment_free"]
     assert trace.meta["num_oom"] == 1
@@ -158,7 +229,9 @@ def test_device_defaults_to_the_one_with_entries(write_snapshot, snap_entry):
 
 
 def test_explicit_device_is_read(write_snapshot, snap_entry):
-    path = write_snapshot([], device_traces=[[snap_entry("alloc", A, 10, 0)], [snap_entry("alloc", B, 20, 0)]])
+    path = write_snapshot(
+        [], device_traces=[[snap_entry("alloc", A, 10, 0)], [snap_entry("alloc", B, 20, 0)]]
+    )
     assert list(read_pytorch_snapshot(path, device=1).events["nbytes"]) == [20]
 
 
@@ -185,14 +258,20 @@ def test_user_metadata_becomes_the_tag(write_snapshot, snap_entry):
 
 
 def test_ids_follow_allocation_order(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("free_completed", B, 30, 1),
-                           snap_entry("free_completed", A, 10, 2)])
+    path = write_snapshot(
+        [
+            snap_entry("alloc", A, 10, 0),
+            snap_entry("free_completed", B, 30, 1),
+            snap_entry("free_completed", A, 10, 2),
+        ]
+    )
     ev = read_pytorch_snapshot(path).events
     allocs = ev[ev["op"] == "alloc"]["alloc_id"].to_numpy()
     assert np.array_equal(allocs, np.arange(len(allocs)))
 
 
 # --- malformed input --------------------------------------------------------------------------
+
 
 def test_truncated_gzip_is_a_format_error(write_snapshot, snap_entry, tmp_path):
     full = write_snapshot([snap_entry("alloc", A + 512 * i, 10, i) for i in range(2000)])
@@ -207,6 +286,7 @@ def test_pickle_naming_a_global_is_refused(tmp_path):
     class Evil:
         def __reduce__(self):
             return (print, ("should never run",))
+
     path = tmp_path / "evil.pickle"
     path.write_bytes(pickle.dumps({"device_traces": [Evil()]}))
     with pytest.raises(TraceFormatError, match="refusing to load builtins.print"):
@@ -230,7 +310,13 @@ def test_entry_without_key_names_its_index(write_snapshot, snap_entry):
 
 
 def test_alloc_of_non_positive_size_names_its_index(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("alloc", B, 10, 1), snap_entry("alloc", C, -4, 2)])
+    path = write_snapshot(
+        [
+            snap_entry("alloc", A, 10, 0),
+            snap_entry("alloc", B, 10, 1),
+            snap_entry("alloc", C, -4, 2),
+        ]
+    )
     with pytest.raises(TraceFormatError, match="size -4") as err:
         read_pytorch_snapshot(path)
     assert err.value.line == 2
@@ -244,7 +330,9 @@ def test_alloc_over_a_live_address_is_an_error(write_snapshot, snap_entry):
 
 
 def test_free_at_a_non_integer_address_names_its_index(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("free_completed", "nowhere", 10, 1)])
+    path = write_snapshot(
+        [snap_entry("alloc", A, 10, 0), snap_entry("free_completed", "nowhere", 10, 1)]
+    )
     with pytest.raises(TraceFormatError, match="address 'nowhere': must be an integer") as err:
         read_pytorch_snapshot(path)
     assert err.value.line == 1
@@ -284,13 +372,19 @@ def test_free_of_never_seen_address_at_2_63_names_its_index(write_snapshot, snap
 
 
 def test_segment_event_at_a_text_address_names_its_index(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("segment_alloc", "0x7f00", 2 * MiB, 1)])
-    with pytest.raises(TraceFormatError, match=r"index 1\): malformed trace entry .*address '0x7f00'"):
+    path = write_snapshot(
+        [snap_entry("alloc", A, 10, 0), snap_entry("segment_alloc", "0x7f00", 2 * MiB, 1)]
+    )
+    with pytest.raises(
+        TraceFormatError, match=r"index 1\): malformed trace entry .*address '0x7f00'"
+    ):
         read_pytorch_snapshot(path)
 
 
 def test_segment_event_address_at_2_63_names_its_index(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("segment_alloc", 2**63, 2 * MiB, 0), snap_entry("alloc", A, 10, 1)])
+    path = write_snapshot(
+        [snap_entry("segment_alloc", 2**63, 2 * MiB, 0), snap_entry("alloc", A, 10, 1)]
+    )
     with pytest.raises(TraceFormatError, match=r"index 0\).*address 9223372036854775808"):
         read_pytorch_snapshot(path)
 
@@ -303,23 +397,37 @@ def test_segment_address_at_2_63_names_the_segment(write_snapshot):
 
 def test_device_trace_that_is_an_int_names_it(write_snapshot, snap_entry):
     path = write_snapshot([], device_traces=[[snap_entry("alloc", A, 10, 0)], 7])
-    with pytest.raises(TraceFormatError, match=r"device_traces index 1\): is 7, not a list of trace entries"):
+    with pytest.raises(
+        TraceFormatError, match=r"device_traces index 1\): is 7, not a list of trace entries"
+    ):
         read_pytorch_snapshot(path)
 
 
-@pytest.mark.parametrize("devices", [("0", 1), ([0], 0), (0.0, 0), (True, 0), (-1, 0)],
-                         ids=["mixed-str-int", "unhashable", "float", "bool", "negative"])
-def test_segment_device_that_is_no_device_index_names_the_segment(write_snapshot, snap_entry, devices):
-    segs = [_segment(A, 2 * MiB, [], device=devices[0]), _segment(C, 2 * MiB, [], device=devices[1])]
+@pytest.mark.parametrize(
+    "devices",
+    [("0", 1), ([0], 0), (0.0, 0), (True, 0), (-1, 0)],
+    ids=["mixed-str-int", "unhashable", "float", "bool", "negative"],
+)
+def test_segment_device_that_is_no_device_index_names_the_segment(
+    write_snapshot, snap_entry, devices
+):
+    segs = [
+        _segment(A, 2 * MiB, [], device=devices[0]),
+        _segment(C, 2 * MiB, [], device=devices[1]),
+    ]
     path = write_snapshot([snap_entry("alloc", A, 10, 0)], segs)
-    with pytest.raises(TraceFormatError, match=r"segments index 0\): device .* is not a device index"):
+    with pytest.raises(
+        TraceFormatError, match=r"segments index 0\): device .* is not a device index"
+    ):
         read_pytorch_snapshot(path, device=0)
     with pytest.raises(TraceFormatError, match=r"segments index 0\): device"):
         read_pytorch_snapshot(path)
 
 
 def test_stream_that_is_no_handle_names_its_index(write_snapshot, snap_entry):
-    path = write_snapshot([snap_entry("alloc", A, 10, 0), snap_entry("alloc", B, 10, 1, stream="s1")])
+    path = write_snapshot(
+        [snap_entry("alloc", A, 10, 0), snap_entry("alloc", B, 10, 1, stream="s1")]
+    )
     with pytest.raises(TraceFormatError, match=r"index 1\).*stream 's1' is not a stream handle"):
         read_pytorch_snapshot(path)
 
@@ -328,13 +436,23 @@ def test_stream_that_is_no_handle_names_its_index(write_snapshot, snap_entry):
 def test_expandable_map_of_2_55_bytes_is_refused_at_once(write_snapshot, snap_entry, where):
     # one map of 2**55 bytes is 2**34 pages: a page set took 18 s and then ran out of memory
     huge = 2**55
-    seg = {**_segment(A, huge if where == "segment" else 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "is_expandable": True}
+    seg = {
+        **_segment(A, huge if where == "segment" else 2 * MiB, [_block(A, 2 * MiB, "inactive")]),
+        "is_expandable": True,
+    }
     if where == "segment":
         seg["blocks"] = [_block(A, huge, "inactive")]
-    path = write_snapshot([snap_entry("segment_map", A, huge if where == "event" else 2 * MiB, 0),
-                           snap_entry("alloc", A, 10, 1)], [seg])
+    path = write_snapshot(
+        [
+            snap_entry("segment_map", A, huge if where == "event" else 2 * MiB, 0),
+            snap_entry("alloc", A, 10, 1),
+        ],
+        [seg],
+    )
     unit = "device_traces\\[0\\] index 0" if where == "event" else "segments index 0"
-    with pytest.raises(TraceFormatError, match=rf"{unit}\).*size 36,028,797,018,963,968 is more than a GPU's whole"):
+    with pytest.raises(
+        TraceFormatError, match=rf"{unit}\).*size 36,028,797,018,963,968 is more than a GPU's whole"
+    ):
         read_pytorch_snapshot(path)
 
 
@@ -343,6 +461,7 @@ def test_many_large_maps_are_ranges_not_pages(write_snapshot, snap_entry):
     entries = [snap_entry("segment_map", A + k * 2**48, 2**48, k) for k in range(64)]
     seg = {**_segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")]), "is_expandable": True}
     from traces.pytorch_snapshot import read_snapshot
+
     snap = read_snapshot(write_snapshot(entries + [snap_entry("alloc", A, 10, 99)], [seg]))
     assert [(s.address, s.total_bytes) for s in snap.segments_at_start] == []
     assert len(snap.segment_events) == 64
@@ -385,14 +504,30 @@ def _key(text: str) -> bytes:
 def _deep_pickle(depth: int, *, in_metadata: bool) -> bytes:
     """A snapshot pickle holding a list nested ``depth`` deep (pickle.dumps itself recurses, so by opcode):
     as the one trace entry, or as that entry's ``user_metadata``."""
-    nested = b"]" * depth + b"a" * (depth - 1)  # EMPTY_LIST each level, APPEND each into the one outside
+    nested = b"]" * depth + b"a" * (
+        depth - 1
+    )  # EMPTY_LIST each level, APPEND each into the one outside
     if in_metadata:
-        entry = (b"}" + _key("action") + _key("alloc") + b"s" + _key("addr") + b"J\x00\x00\x01\x00s"
-                 + _key("size") + b"K\x0as" + _key("stream") + b"K\x00s" + _key("time_us") + b"K\x00s"
-                 + _key("user_metadata") + nested + b"s")
+        entry = (
+            b"}"
+            + _key("action")
+            + _key("alloc")
+            + b"s"
+            + _key("addr")
+            + b"J\x00\x00\x01\x00s"
+            + _key("size")
+            + b"K\x0as"
+            + _key("stream")
+            + b"K\x00s"
+            + _key("time_us")
+            + b"K\x00s"
+            + _key("user_metadata")
+            + nested
+            + b"s"
+        )
     else:
         entry = nested
-    return (b"\x80\x04}" + _key("segments") + b"]s" + _key("device_traces") + b"]]" + entry + b"aas.")
+    return b"\x80\x04}" + _key("segments") + b"]s" + _key("device_traces") + b"]]" + entry + b"aas."
 
 
 @pytest.mark.parametrize("in_metadata", [False, True], ids=["entry", "user-metadata"])
@@ -407,12 +542,16 @@ def test_deeply_nested_pickle_is_one_line(tmp_path, in_metadata):
 def test_block_larger_than_its_segment_names_the_segment(write_snapshot, snap_entry):
     seg = _segment(A, 2 * MiB, [_block(A, 4 * MiB, "active_allocated")])
     path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
-    with pytest.raises(TraceFormatError, match=r"segments index 0\).*block 0 .* does not lie inside the segment"):
+    with pytest.raises(
+        TraceFormatError, match=r"segments index 0\).*block 0 .* does not lie inside the segment"
+    ):
         read_pytorch_snapshot(path)
 
 
 def test_block_past_the_end_of_its_segment_names_the_segment(write_snapshot, snap_entry):
-    seg = _segment(A, 2 * MiB, [_block(A, MiB, "inactive"), _block(A + MiB, 2 * MiB, "active_allocated")])
+    seg = _segment(
+        A, 2 * MiB, [_block(A, MiB, "inactive"), _block(A + MiB, 2 * MiB, "active_allocated")]
+    )
     path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
     with pytest.raises(TraceFormatError, match=r"segments index 0\).*block 1"):
         read_pytorch_snapshot(path)
@@ -426,22 +565,31 @@ def test_allocated_size_above_total_size_names_the_segment(write_snapshot, snap_
 
 
 def test_overlapping_segments_name_both(write_snapshot, snap_entry):
-    segs = [_segment(A, 4 * MiB, [_block(A, 4 * MiB, "inactive")]),
-            _segment(FAR, 2 * MiB, [_block(FAR, 2 * MiB, "inactive")]),
-            _segment(A + 2 * MiB, 2 * MiB, [_block(A + 2 * MiB, 2 * MiB, "inactive")])]
+    segs = [
+        _segment(A, 4 * MiB, [_block(A, 4 * MiB, "inactive")]),
+        _segment(FAR, 2 * MiB, [_block(FAR, 2 * MiB, "inactive")]),
+        _segment(A + 2 * MiB, 2 * MiB, [_block(A + 2 * MiB, 2 * MiB, "inactive")]),
+    ]
     path = write_snapshot([snap_entry("alloc", FAR + 4 * MiB, 10, 0)], segs)
-    with pytest.raises(TraceFormatError, match=r"segments index 2\): segment at 0x7f0000200000 overlaps segments index 0"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"segments index 2\): segment at 0x7f0000200000 overlaps segments index 0",
+    ):
         read_pytorch_snapshot(path)
 
 
 def test_segments_of_other_devices_may_share_addresses(write_snapshot, snap_entry):
-    segs = [_segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")], device=0),
-            _segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")], device=1)]
+    segs = [
+        _segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")], device=0),
+        _segment(A, 2 * MiB, [_block(A, 2 * MiB, "inactive")], device=1),
+    ]
     trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", C, 10, 0)], segs))
     assert len(trace.meta["segments"]) == 1
 
 
-@pytest.mark.parametrize("requested", [-5, "10", 10.5, 3 * MiB], ids=["negative", "text", "fractional", "above-size"])
+@pytest.mark.parametrize(
+    "requested", [-5, "10", 10.5, 3 * MiB], ids=["negative", "text", "fractional", "above-size"]
+)
 def test_impossible_requested_size_names_the_segment(write_snapshot, snap_entry, requested):
     seg = _segment(A, 2 * MiB, [_block(A, 2 * MiB, "active_allocated", requested_size=requested)])
     path = write_snapshot([snap_entry("alloc", C, 10, 0)], [seg])
@@ -451,7 +599,13 @@ def test_impossible_requested_size_names_the_segment(write_snapshot, snap_entry,
 
 def test_stale_requested_size_of_an_inactive_block_is_no_error(write_snapshot, snap_entry):
     # recorded snapshots (expandable.pickle.gz) keep a freed block's last request, larger than what is left
-    seg = _segment(A, 2 * MiB, [_block(A, MiB, "inactive", requested_size=3 * MiB),
-                                _block(A + MiB, MiB, "active_allocated", requested_size=MiB - 8)])
+    seg = _segment(
+        A,
+        2 * MiB,
+        [
+            _block(A, MiB, "inactive", requested_size=3 * MiB),
+            _block(A + MiB, MiB, "active_allocated", requested_size=MiB - 8),
+        ],
+    )
     trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", C, 10, 0)], [seg]))
     assert trace.meta["num_pre_trace_live"] == 1

@@ -48,5 +48,9 @@ def test_the_server_patterns_are_in_the_recordings():
     assert any(e["action"] == "segment_map" for t in expandable["device_traces"] for e in t)
     # empty_cache(): a run of segment frees with no allocation between them
     actions = [e["action"] for t in empty["device_traces"] for e in t]
-    runs = [len(r) for r in "".join("F" if a == "segment_free" else "." for a in actions).split(".") if r]
+    runs = [
+        len(r)
+        for r in "".join("F" if a == "segment_free" else "." for a in actions).split(".")
+        if r
+    ]
     assert max(runs) >= 4

@@ -39,11 +39,27 @@ BURSTGPT = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Ty
 118,ChatGPT,0,0,0,API log
 140,ChatGPT,1360,215,1575,Conversation log
 """
-MOONCAKE = "\n".join(json.dumps(o) for o in [
-    {"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": list(range(14))},
-    {"timestamp": 27482, "input_length": 6472, "output_length": 26, "hash_ids": list(range(12)) + [46, 47]},
-    {"timestamp": 30535, "input_length": 600, "output_length": 31, "hash_ids": [48, 49]},
-]) + "\n"
+MOONCAKE = (
+    "\n".join(
+        json.dumps(o)
+        for o in [
+            {
+                "timestamp": 0,
+                "input_length": 6955,
+                "output_length": 52,
+                "hash_ids": list(range(14)),
+            },
+            {
+                "timestamp": 27482,
+                "input_length": 6472,
+                "output_length": 26,
+                "hash_ids": list(range(12)) + [46, 47],
+            },
+            {"timestamp": 30535, "input_length": 600, "output_length": 31, "hash_ids": [48, 49]},
+        ]
+    )
+    + "\n"
+)
 VIDUR = """arrived_at,num_prefill_tokens,num_decode_tokens
 0.0,4808,10
 0.052,3180,8
@@ -84,8 +100,10 @@ def test_burstgpt_drops_failed_requests_and_counts_them(tmp_path):
 
 
 def test_burstgpt_session_column_when_present(tmp_path):
-    text = "Timestamp,Session ID,Model,Request tokens,Response tokens,Total tokens,Log Type\n" \
-           "0,s1,ChatGPT,10,5,15,Conversation log\n1,,ChatGPT,11,6,17,API log\n"
+    text = (
+        "Timestamp,Session ID,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "0,s1,ChatGPT,10,5,15,Conversation log\n1,,ChatGPT,11,6,17,API log\n"
+    )
     tr = read_request_trace(_write(tmp_path, "b.csv", text))
     assert tr.requests["session_id"].tolist() == ["s1", ""]
 
@@ -108,7 +126,13 @@ def test_vidur_splitwise_csv(tmp_path):
 
 
 def _sample_trace() -> RequestTrace:
-    df = make_requests([0.0, 0.1 + 0.2, 7.25], [5, 600, 1025], [1, 2, 3], ["s, 1", "", "s, 1"], [(1, 2), (), (1, 2, 9)])
+    df = make_requests(
+        [0.0, 0.1 + 0.2, 7.25],
+        [5, 600, 1025],
+        [1, 2, 3],
+        ["s, 1", "", "s, 1"],
+        [(1, 2), (), (1, 2, 9)],
+    )
     return RequestTrace(df, name="x", format="synth", meta={"seed": 3, "hash_block_tokens": 16})
 
 
@@ -131,8 +155,10 @@ def test_parquet_keeps_meta(tmp_path):
     assert back.meta["seed"] == 3 and back.meta["hash_block_tokens"] == 16
 
 
-@pytest.mark.parametrize("text, fmt", [(MOONCAKE, "mooncake"), (AZURE_2023, "azure"), (VIDUR, "vidur"),
-                                       (BURSTGPT, "burstgpt")])
+@pytest.mark.parametrize(
+    "text, fmt",
+    [(MOONCAKE, "mooncake"), (AZURE_2023, "azure"), (VIDUR, "vidur"), (BURSTGPT, "burstgpt")],
+)
 def test_detection_ignores_misleading_suffix(tmp_path, text, fmt):
     assert detect_request_format(_write(tmp_path, "trace.parquet", text)) == fmt
 
@@ -231,7 +257,9 @@ def test_mooncake_missing_key_names_the_line(tmp_path):
 
 
 def test_mooncake_negative_length_is_an_error(tmp_path):
-    text = json.dumps({"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}) + "\n"
+    text = (
+        json.dumps({"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []}) + "\n"
+    )
     err = _error(_write(tmp_path, "m.jsonl", text))
     assert err.line == 1 and "negative" in err.reason
 
@@ -250,14 +278,18 @@ def test_our_csv_rejects_bad_hash_ids(tmp_path):
 
 def test_parquet_errors_name_the_row(tmp_path):
     p = tmp_path / "bad.parquet"
-    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [1, -1], "output_tokens": [1, 1]}).to_parquet(p)
+    pd.DataFrame(
+        {"arrival_s": [0.0, 1.0], "prompt_tokens": [1, -1], "output_tokens": [1, 1]}
+    ).to_parquet(p)
     err = _error(p)
     assert err.line == 2 and "(row 2)" in str(err)
 
 
 def test_error_message_has_file_line_and_reason(tmp_path):
     p = _write(tmp_path, "v.csv", VIDUR + "0.2,abc,5\n")
-    with pytest.raises(TraceFormatError, match=r"v\.csv:5: num_prefill_tokens 'abc' is not a number"):
+    with pytest.raises(
+        TraceFormatError, match=r"v\.csv:5: num_prefill_tokens 'abc' is not a number"
+    ):
         read_request_trace(p)
 
 
@@ -266,9 +298,17 @@ def test_missing_file_is_file_not_found(tmp_path):
         read_request_trace(tmp_path / "nope.csv")
 
 
-_requests = st.lists(st.tuples(st.floats(0, 1e7, allow_nan=False), st.integers(1, 10**6), st.integers(1, 10**5),
-                               st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8),
-                               st.lists(st.integers(0, 2**62), max_size=4)), min_size=1, max_size=20)
+_requests = st.lists(
+    st.tuples(
+        st.floats(0, 1e7, allow_nan=False),
+        st.integers(1, 10**6),
+        st.integers(1, 10**5),
+        st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8),
+        st.lists(st.integers(0, 2**62), max_size=4),
+    ),
+    min_size=1,
+    max_size=20,
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -287,21 +327,43 @@ _HUGE = "9" * 400  # past float64: pandas fails the whole column, float() on the
 _HUGER = "9" * 5000  # past Python's int-string digit limit
 
 
-@pytest.mark.parametrize("digits, where", [(_HUGE, "arrival_s"), (_HUGE, "prompt_tokens"), (_HUGER, "output_tokens"),
-                                           ("-" + _HUGE, "prompt_tokens")],
-                         ids=["time-400-digits", "prompt-400-digits", "output-5000-digits", "prompt-minus-400-digits"])
+@pytest.mark.parametrize(
+    "digits, where",
+    [
+        (_HUGE, "arrival_s"),
+        (_HUGE, "prompt_tokens"),
+        (_HUGER, "output_tokens"),
+        ("-" + _HUGE, "prompt_tokens"),
+    ],
+    ids=["time-400-digits", "prompt-400-digits", "output-5000-digits", "prompt-minus-400-digits"],
+)
 def test_csv_numbers_too_long_for_a_float_are_out_of_range(tmp_path, digits, where):
     row = {"arrival_s": "1", "prompt_tokens": "3", "output_tokens": "4", where: digits}
     text = "arrival_s,prompt_tokens,output_tokens\n0,1,1\n" + ",".join(row.values()) + "\n"
     err = _error(_write(tmp_path, "o.csv", text))
     assert err.line == 3 and err.reason.startswith(where)
-    assert ("negative" if digits.startswith("-") else "more than" if where != "arrival_s" else "later than") in err.reason
-    assert "characters)" in err.reason and len(err.reason) < 120  # the value is cut short, not repeated whole
+    assert (
+        "negative"
+        if digits.startswith("-")
+        else "more than"
+        if where != "arrival_s"
+        else "later than"
+    ) in err.reason
+    assert (
+        "characters)" in err.reason and len(err.reason) < 120
+    )  # the value is cut short, not repeated whole
 
 
-@pytest.mark.parametrize("field, value, why", [("input_length", _HUGE, "more than"), ("timestamp", _HUGE, "later than"),
-                                               ("output_length", _HUGER, "digits"), ("input_length", "true", "not a number")],
-                         ids=["input-400-digits", "timestamp-400-digits", "output-5000-digits", "input-true"])
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("input_length", _HUGE, "more than"),
+        ("timestamp", _HUGE, "later than"),
+        ("output_length", _HUGER, "digits"),
+        ("input_length", "true", "not a number"),
+    ],
+    ids=["input-400-digits", "timestamp-400-digits", "output-5000-digits", "input-true"],
+)
 def test_mooncake_numbers_too_long_or_boolean(tmp_path, field, value, why):
     line = {"timestamp": "0", "input_length": "3", "output_length": "5", field: value}
     text = MOONCAKE + "{" + ", ".join(f'"{k}": {v}' for k, v in line.items()) + "}\n"
@@ -310,18 +372,27 @@ def test_mooncake_numbers_too_long_or_boolean(tmp_path, field, value, why):
 
 
 def test_boolean_token_columns_are_not_numbers(tmp_path):
-    err = _error(_write(tmp_path, "o.csv", "arrival_s,prompt_tokens,output_tokens\n0,True,1\n1,False,1\n"))
+    err = _error(
+        _write(tmp_path, "o.csv", "arrival_s,prompt_tokens,output_tokens\n0,True,1\n1,False,1\n")
+    )
     assert err.line == 2 and "prompt_tokens True is a boolean" in err.reason
     p = tmp_path / "b.parquet"
-    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [4, 5], "output_tokens": [True, True]}).to_parquet(p)
+    pd.DataFrame(
+        {"arrival_s": [0.0, 1.0], "prompt_tokens": [4, 5], "output_tokens": [True, True]}
+    ).to_parquet(p)
     err = _error(p)
     assert err.line == 1 and "output_tokens True is a boolean" in err.reason
 
 
 def test_parquet_time_column_of_date_times_is_not_seconds(tmp_path):
     p = tmp_path / "t.parquet"
-    pd.DataFrame({"arrival_s": pd.to_datetime(["2023-01-01", "2023-01-02"]), "prompt_tokens": [4, 5],
-                  "output_tokens": [1, 1]}).to_parquet(p)
+    pd.DataFrame(
+        {
+            "arrival_s": pd.to_datetime(["2023-01-01", "2023-01-02"]),
+            "prompt_tokens": [4, 5],
+            "output_tokens": [1, 1],
+        }
+    ).to_parquet(p)
     assert "not a number" in _error(p).reason
 
 
@@ -329,14 +400,23 @@ def test_parquet_time_column_of_date_times_is_not_seconds(tmp_path):
 def test_parquet_hash_ids_must_be_lists_of_ints(tmp_path, hash_ids):
     """A string "123" used to read as (1, 2, 3) and floats were truncated."""
     p = tmp_path / "h.parquet"
-    pd.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [4, 5], "output_tokens": [1, 1],
-                  "hash_ids": hash_ids}).to_parquet(p)
+    pd.DataFrame(
+        {
+            "arrival_s": [0.0, 1.0],
+            "prompt_tokens": [4, 5],
+            "output_tokens": [1, 1],
+            "hash_ids": hash_ids,
+        }
+    ).to_parquet(p)
     err = _error(p)
     assert err.line == 1 and "hash_ids" in err.reason and "64-bit integers" in err.reason
 
 
 def test_mooncake_hash_ids_as_a_string_is_named_as_one(tmp_path):
-    text = json.dumps({"timestamp": 0, "input_length": 3, "output_length": 5, "hash_ids": "123"}) + "\n"
+    text = (
+        json.dumps({"timestamp": 0, "input_length": 3, "output_length": 5, "hash_ids": "123"})
+        + "\n"
+    )
     assert "hash_ids '123' is not a list" in _error(_write(tmp_path, "m.jsonl", text)).reason
 
 
@@ -354,13 +434,21 @@ def test_azure_date_beyond_nanosecond_range_is_named_as_such(tmp_path):
 
 def test_mooncake_deeply_nested_json_is_refused_before_parsing(tmp_path):
     deep = "[" * 100_000 + "]" * 100_000
-    text = MOONCAKE + '{"timestamp": 9, "input_length": 3, "output_length": 5, "extra": ' + deep + "}\n"
+    text = (
+        MOONCAKE
+        + '{"timestamp": 9, "input_length": 3, "output_length": 5, "extra": '
+        + deep
+        + "}\n"
+    )
     err = _error(_write(tmp_path, "m.jsonl", text))
     assert err.line == 4 and "nested 100,001 levels deep" in err.reason
 
 
 def test_mooncake_brackets_inside_strings_do_not_count_as_nesting(tmp_path):
-    text = json.dumps({"timestamp": 0, "input_length": 3, "output_length": 5, "note": "[{" * 50}) + "\n"
+    text = (
+        json.dumps({"timestamp": 0, "input_length": 3, "output_length": 5, "note": "[{" * 50})
+        + "\n"
+    )
     assert len(read_request_trace(_write(tmp_path, "m.jsonl", text))) == 1
 
 
@@ -368,19 +456,27 @@ def test_validate_requests_holds_the_limits_readers_apply():
     from traces.requests import MAX_TOKENS
 
     df = make_requests([0.0, 1.0], [3, MAX_TOKENS + 1], [1, 1])
-    with pytest.raises(TraceFormatError, match="prompt_tokens 2147483648 is more than 2,147,483,647 tokens"):
+    with pytest.raises(
+        TraceFormatError, match="prompt_tokens 2147483648 is more than 2,147,483,647 tokens"
+    ):
         validate_requests(df)
     with pytest.raises(TraceFormatError, match="later than 1e\\+11 s"):
         validate_requests(make_requests([0.0, 2e11], [3, 3], [1, 1]))
 
 
-@pytest.mark.parametrize("stored", [b"[" * 50_000 + b"]" * 50_000, b'{"meta": ', b'{"meta": [1]}'],
-                         ids=["deep", "broken", "meta-not-object"])
+@pytest.mark.parametrize(
+    "stored",
+    [b"[" * 50_000 + b"]" * 50_000, b'{"meta": ', b'{"meta": [1]}'],
+    ids=["deep", "broken", "meta-not-object"],
+)
 def test_parquet_with_damaged_stored_meta_names_the_file(tmp_path, stored):
     import pyarrow.parquet as pq
 
     p = write_request_trace(_sample_trace(), tmp_path / "t.parquet")
     table = pq.read_table(p)
-    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"poollab.request_trace": stored}), p)
+    pq.write_table(
+        table.replace_schema_metadata({**table.schema.metadata, b"poollab.request_trace": stored}),
+        p,
+    )
     err = _error(p)
     assert err.path == str(p) and "damaged poollab.request_trace metadata" in err.reason

@@ -10,13 +10,20 @@ from traces.requests import REQUEST_COLUMNS, RequestTrace, make_requests, valida
 
 def _trace(times, prompt=None, output=None, sessions=None, hashes=None) -> RequestTrace:
     n = len(times)
-    df = make_requests(times, prompt if prompt is not None else [100] * n, output if output is not None else [10] * n,
-                       sessions, hashes)
+    df = make_requests(
+        times,
+        prompt if prompt is not None else [100] * n,
+        output if output is not None else [10] * n,
+        sessions,
+        hashes,
+    )
     return RequestTrace(df, name="t")
 
 
 def test_make_requests_sorts_rebases_and_numbers():
-    df = make_requests([12.0, 10.0, 11.0], [3, 1, 2], [30, 10, 20], ["c", "a", "b"], [(3,), (1,), (2,)])
+    df = make_requests(
+        [12.0, 10.0, 11.0], [3, 1, 2], [30, 10, 20], ["c", "a", "b"], [(3,), (1,), (2,)]
+    )
     assert list(df.columns) == REQUEST_COLUMNS
     assert df["arrival_s"].tolist() == [0.0, 1.0, 2.0]
     assert df["prompt_tokens"].tolist() == [1, 2, 3]
@@ -39,12 +46,15 @@ def test_make_requests_keeps_order_of_ties():
     assert df["prompt_tokens"].tolist() == [2, 1, 3]
 
 
-@pytest.mark.parametrize("column, value, reason", [
-    ("prompt_tokens", 0, "prompt_tokens 0 must be >= 1"),
-    ("output_tokens", -2, "output_tokens -2 must be >= 1"),
-    ("request_id", 7, "request_id 7 should be 1"),
-    ("arrival_s", -1.0, "goes back in time"),
-])
+@pytest.mark.parametrize(
+    "column, value, reason",
+    [
+        ("prompt_tokens", 0, "prompt_tokens 0 must be >= 1"),
+        ("output_tokens", -2, "output_tokens -2 must be >= 1"),
+        ("request_id", 7, "request_id 7 should be 1"),
+        ("arrival_s", -1.0, "goes back in time"),
+    ],
+)
 def test_validate_requests_names_row_and_reason(column, value, reason):
     df = make_requests([0.0, 1.0, 2.0], [1, 1, 1], [1, 1, 1])
     df.loc[1, column] = value
@@ -137,8 +147,12 @@ def test_repeat_single_request_needs_period():
 
 
 def test_describe_reports_counts_rate_and_reuse():
-    tr = _trace([0.0, 1.0, 2.0, 3.0], prompt=[10, 20, 30, 40], sessions=["a", "a", "b", ""],
-                hashes=[(0, 1), (0, 2), (0,), ()])
+    tr = _trace(
+        [0.0, 1.0, 2.0, 3.0],
+        prompt=[10, 20, 30, 40],
+        sessions=["a", "a", "b", ""],
+        hashes=[(0, 1), (0, 2), (0,), ()],
+    )
     d = tr.describe()
     assert d["num_requests"] == 4 and d["duration_s"] == 3.0 and d["rate_rps"] == 1.0
     assert d["interarrival_cv"] == 0.0

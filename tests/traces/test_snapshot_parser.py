@@ -7,12 +7,24 @@ from traces.errors import TraceFormatError
 from traces.pytorch_snapshot import PreTraceAllocation, read_pytorch_snapshot, read_snapshot
 
 MiB = 1 << 20
-A, B, C = 0x7F0000000000, 0x7F0001400000, 0x7F0001600000  # B just past A (20 MiB): segments never overlap
+A, B, C = (
+    0x7F0000000000,
+    0x7F0001400000,
+    0x7F0001600000,
+)  # B just past A (20 MiB): segments never overlap
 
 
 def _segment(address, total_size, blocks, stream=0, segment_type="large"):
-    return {"device": 0, "address": address, "total_size": total_size, "allocated_size": 0, "stream": stream,
-            "segment_type": segment_type, "is_expandable": False, "blocks": blocks}
+    return {
+        "device": 0,
+        "address": address,
+        "total_size": total_size,
+        "allocated_size": 0,
+        "stream": stream,
+        "segment_type": segment_type,
+        "is_expandable": False,
+        "blocks": blocks,
+    }
 
 
 def _block(address, size, state, requested_size):
@@ -24,16 +36,25 @@ def snapshot_file(write_snapshot, snap_entry):
     """Segment A (20 MiB) held a block before recording; B (2 MiB) is reserved in the trace; C is
     freed by the trace without having been reserved in it."""
     entries = [
-        snap_entry("free_completed", A + MiB, 3000, 100, stream=0xBEEF),  # allocated before recording
+        snap_entry(
+            "free_completed", A + MiB, 3000, 100, stream=0xBEEF
+        ),  # allocated before recording
         snap_entry("segment_alloc", B, 2 * MiB, 110, stream=0xBEEF),
         snap_entry("alloc", B, 700, 120, stream=0xBEEF, user_metadata="kv"),
         snap_entry("snapshot", 0, 0, 125),
         snap_entry("segment_free", C, 20 * MiB, 130),
         snap_entry("free_completed", B, 0, 140, stream=0xBEEF),
     ]
-    segments = [_segment(A, 20 * MiB, [_block(A, MiB, "active_allocated", MiB - 8),
-                                       _block(A + MiB, 19 * MiB, "inactive", 0)]),
-                _segment(B, 2 * MiB, [_block(B, 2 * MiB, "inactive", 0)], stream=0xBEEF, segment_type="small")]
+    segments = [
+        _segment(
+            A,
+            20 * MiB,
+            [_block(A, MiB, "active_allocated", MiB - 8), _block(A + MiB, 19 * MiB, "inactive", 0)],
+        ),
+        _segment(
+            B, 2 * MiB, [_block(B, 2 * MiB, "inactive", 0)], stream=0xBEEF, segment_type="small"
+        ),
+    ]
     return write_snapshot(entries, segments)
 
 
@@ -42,17 +63,28 @@ def test_the_parsed_snapshot_holds_requests_decisions_and_the_starting_state(sna
     assert snap.name == "snap" and snap.device == 0 and snap.free_action == "free_completed"
     assert snap.stream_handles == {0: 0, 0xBEEF: 1}
     req = snap.requests
-    assert list(zip(req.entry, req.is_alloc, req.address, req.nbytes, req.stream, req.alloc_id, req.tag)) == [
-        (0, False, A + MiB, 3000, 1, 0, ""), (2, True, B, 700, 1, 1, "kv"), (5, False, B, 700, 1, 1, "")]
+    assert list(
+        zip(req.entry, req.is_alloc, req.address, req.nbytes, req.stream, req.alloc_id, req.tag)
+    ) == [
+        (0, False, A + MiB, 3000, 1, 0, ""),
+        (2, True, B, 700, 1, 1, "kv"),
+        (5, False, B, 700, 1, 1, ""),
+    ]
     ev = snap.segment_events
-    assert list(zip(ev.entry, ev.action, ev.address, ev.nbytes)) == [(1, "segment_alloc", B, 2 * MiB),
-                                                                    (4, "segment_free", C, 20 * MiB)]
+    assert list(zip(ev.entry, ev.action, ev.address, ev.nbytes)) == [
+        (1, "segment_alloc", B, 2 * MiB),
+        (4, "segment_free", C, 20 * MiB),
+    ]
     assert [s.address for s in snap.segments_at_end] == [A, B]
     # B was reserved in the trace; C was held at the start (a free without a reservation)
-    assert [(s.address, s.total_bytes, s.is_small) for s in snap.segments_at_start] == [(A, 20 * MiB, False),
-                                                                                        (C, 20 * MiB, False)]
-    assert snap.pre_trace == (PreTraceAllocation(A + MiB, 3000, 1, None, 0),
-                              PreTraceAllocation(A, MiB - 8, 0, MiB, None))
+    assert [(s.address, s.total_bytes, s.is_small) for s in snap.segments_at_start] == [
+        (A, 20 * MiB, False),
+        (C, 20 * MiB, False),
+    ]
+    assert snap.pre_trace == (
+        PreTraceAllocation(A + MiB, 3000, 1, None, 0),
+        PreTraceAllocation(A, MiB - 8, 0, MiB, None),
+    )
     assert snap.ignored_actions == {"snapshot": 1}
 
 
@@ -60,7 +92,12 @@ def test_replay_and_fidelity_read_the_same_parse(snapshot_file):
     trace, rec = read_pytorch_snapshot(snapshot_file), read_recording(snapshot_file)
     ev = trace.events
     assert list(ev["nbytes"][ev["tag"] == "pre-trace"]) == [3000, MiB - 8]
-    assert rec.ops == [FREE, ALLOC, EMPTY_CACHE, FREE]  # a segment_free no reservation follows: empty_cache()
+    assert rec.ops == [
+        FREE,
+        ALLOC,
+        EMPTY_CACHE,
+        FREE,
+    ]  # a segment_free no reservation follows: empty_cache()
     assert rec.sizes == [3000, 700, 0, 700] and rec.entries == [0, 2, 4, 5]
     assert [(s.address, s.block_addrs) for s in rec.seed_segments] == [(A, [A, A + MiB]), (C, [])]
     assert trace.meta["allocator_settings"] == rec.settings
@@ -71,7 +108,9 @@ def test_fidelity_names_the_file_and_record_of_a_malformed_entry(write_snapshot,
     del bad["size"]
     path = write_snapshot([snap_entry("alloc", A, 10, 0), bad])
     for read in (read_recording, read_pytorch_snapshot):
-        with pytest.raises(TraceFormatError, match=r"snap.pickle.gz \(device_traces\[0\] index 1\).*'size'"):
+        with pytest.raises(
+            TraceFormatError, match=r"snap.pickle.gz \(device_traces\[0\] index 1\).*'size'"
+        ):
             read(path)
 
 

@@ -10,19 +10,35 @@ import pytest
 
 import traces.pytorch_snapshot as pytorch_snapshot
 from traces.errors import TraceFormatError
-from traces.pytorch_snapshot import load_snapshot_dict, parse_snapshot, read_pytorch_snapshot, read_snapshot
+from traces.pytorch_snapshot import (
+    load_snapshot_dict,
+    parse_snapshot,
+    read_pytorch_snapshot,
+    read_snapshot,
+)
 from traces.snapshot_stream import StreamedEntries, find_device_list
 from traces.source import open_source
 
 MiB = 1 << 20
 
 
-def _entries(num_steps: int, snap_entry, *, completions: bool = True, stream: int = 0) -> list[dict]:
+def _entries(
+    num_steps: int, snap_entry, *, completions: bool = True, stream: int = 0
+) -> list[dict]:
     """``num_steps`` alloc / free_requested / free_completed triples over a few addresses, with tags."""
     out = []
     for k in range(num_steps):
         addr = 0x7F0000000000 + (k % 7) * MiB
-        out.append(snap_entry("alloc", addr, 512 + k % 5, 10 * k, stream=stream, user_metadata="kv" if k % 3 else ""))
+        out.append(
+            snap_entry(
+                "alloc",
+                addr,
+                512 + k % 5,
+                10 * k,
+                stream=stream,
+                user_metadata="kv" if k % 3 else "",
+            )
+        )
         out.append(snap_entry("free_requested", addr, 512 + k % 5, 10 * k + 3, stream=stream))
         if completions:
             out.append(snap_entry("free_completed", addr, 512 + k % 5, 10 * k + 5, stream=stream))
@@ -37,8 +53,10 @@ def _whole(path, device=None):
 
 def _streamed(path, monkeypatch, device=None):
     """``read_snapshot`` that fails should it read the file whole (it must stream)."""
+
     def whole(src):
         raise AssertionError("read whole")
+
     with monkeypatch.context() as m:
         m.setattr(pytorch_snapshot, "load_snapshot_dict", whole)
         return read_snapshot(path, device=device)
@@ -48,14 +66,27 @@ def _read_whole_counted(path, monkeypatch, device=None):
     """``read_snapshot`` and how many times it fell back to the whole-file read."""
     calls = []
     with monkeypatch.context() as m:
-        m.setattr(pytorch_snapshot, "load_snapshot_dict",
-                  lambda src: calls.append(1) or load_snapshot_dict(src))
+        m.setattr(
+            pytorch_snapshot,
+            "load_snapshot_dict",
+            lambda src: calls.append(1) or load_snapshot_dict(src),
+        )
         return read_snapshot(path, device=device), len(calls)
 
 
 def _same(a, b) -> None:
-    for field in ("device", "free_action", "time_origin_us", "segments_at_end", "segments_at_start", "pre_trace",
-                  "stream_handles", "ignored_actions", "num_deferred_frees", "allocator_settings"):
+    for field in (
+        "device",
+        "free_action",
+        "time_origin_us",
+        "segments_at_end",
+        "segments_at_start",
+        "pre_trace",
+        "stream_handles",
+        "ignored_actions",
+        "num_deferred_frees",
+        "allocator_settings",
+    ):
         assert getattr(a, field) == getattr(b, field), field
     for table in ("requests", "segment_events"):
         x, y = getattr(a, table), getattr(b, table)
@@ -64,8 +95,12 @@ def _same(a, b) -> None:
 
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
-def test_a_streamed_read_parses_as_the_whole_file_read(write_snapshot, snap_entry, tmp_path, protocol, monkeypatch):
-    entries = _entries(1500, snap_entry)  # 4,500 entries: several of the unpickler's 1,000-entry batches
+def test_a_streamed_read_parses_as_the_whole_file_read(
+    write_snapshot, snap_entry, tmp_path, protocol, monkeypatch
+):
+    entries = _entries(
+        1500, snap_entry
+    )  # 4,500 entries: several of the unpickler's 1,000-entry batches
     entries.insert(7, snap_entry("segment_alloc", 0x7E0000000000, 2 * MiB, 65))
     snap = {"segments": [], "device_traces": [[], entries], "allocator_settings": {}}
     path = tmp_path / "snap.pickle.gz"
@@ -73,7 +108,11 @@ def test_a_streamed_read_parses_as_the_whole_file_read(write_snapshot, snap_entr
     assert find_device_list(open_source(path).data, None)[1] == 1  # the first non-empty device
     streamed = _streamed(path, monkeypatch)
     _same(streamed, _whole(path))
-    assert streamed.device == 1 and len(streamed.requests) == 3000 and streamed.ignored_actions == {"free_requested": 1500}
+    assert (
+        streamed.device == 1
+        and len(streamed.requests) == 3000
+        and streamed.ignored_actions == {"free_requested": 1500}
+    )
 
 
 def test_the_streamed_read_holds_no_list_of_entry_dicts(write_snapshot, snap_entry):
@@ -89,18 +128,24 @@ def test_the_streamed_read_holds_no_list_of_entry_dicts(write_snapshot, snap_ent
     assert streamed < 0.5 * whole, (streamed, whole)
 
 
-def test_a_trace_without_completions_is_read_again_with_free_requested(write_snapshot, snap_entry, monkeypatch):
+def test_a_trace_without_completions_is_read_again_with_free_requested(
+    write_snapshot, snap_entry, monkeypatch
+):
     path = write_snapshot(_entries(1200, snap_entry, completions=False))
     snap = _streamed(path, monkeypatch)
     assert snap.free_action == "free_requested" and len(snap.requests) == 2400
     _same(snap, _whole(path))
 
 
-def test_a_device_after_a_non_empty_one_and_shared_entries_read_whole_alike(write_snapshot, snap_entry, monkeypatch):
+def test_a_device_after_a_non_empty_one_and_shared_entries_read_whole_alike(
+    write_snapshot, snap_entry, monkeypatch
+):
     first, second = _entries(400, snap_entry), _entries(1300, snap_entry, stream=0xBEEF)
     path = write_snapshot([], device_traces=[first, second])
     assert find_device_list(open_source(path).data, 1)[1] == 1
-    _same(_streamed(path, monkeypatch, device=1), _whole(path, device=1))  # the walk passes device 0's entries
+    _same(
+        _streamed(path, monkeypatch, device=1), _whole(path, device=1)
+    )  # the walk passes device 0's entries
     _same(_streamed(path, monkeypatch), _whole(path))
     # one dict object twice, in batches 1,000 entries apart: the streamed read empties the first, so it
     # must hand over to the whole-file read, which sees the second as PyTorch wrote it
@@ -115,9 +160,13 @@ def test_a_device_after_a_non_empty_one_and_shared_entries_read_whole_alike(writ
 
 
 def test_errors_name_the_entry_in_a_later_batch(write_snapshot, snap_entry):
-    entries = _entries(1000, snap_entry)  # entries 3k + 1 are free_requested: replacing one leaves the rest whole
+    entries = _entries(
+        1000, snap_entry
+    )  # entries 3k + 1 are free_requested: replacing one leaves the rest whole
     entries[2344] = {"action": "alloc", "addr": 5, "size": -3, "stream": 0, "time_us": 1}
-    entries[2899] = snap_entry("alloc", 16, 8, "late")  # a bad time after it: the entry's error comes first
+    entries[2899] = snap_entry(
+        "alloc", 16, 8, "late"
+    )  # a bad time after it: the entry's error comes first
     path = write_snapshot(entries)
     with pytest.raises(TraceFormatError, match=r"device_traces\[0\] index 2344\).*size -3"):
         read_snapshot(path)
@@ -131,6 +180,8 @@ def test_a_hostile_pickle_cannot_name_the_collector(tmp_path):
     """Only the reader's own swapped-in opcode makes a collector; a file naming it is refused as any global."""
     path = tmp_path / "evil.pickle"
     path.write_bytes(b"\x80\x04c" + b"traces.snapshot_stream\nStreamedEntries\n)R.")
-    with pytest.raises(TraceFormatError, match="refusing to load traces.snapshot_stream.StreamedEntries"):
+    with pytest.raises(
+        TraceFormatError, match="refusing to load traces.snapshot_stream.StreamedEntries"
+    ):
         read_snapshot(path)
     assert StreamedEntries(0, lambda batch, start: None).num_entries == 0

@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _alloc_csv(num_allocs: int = 400) -> bytes:
     """Our CSV, well past 4 KiB (what detection used to read from a pipe before the reader did)."""
-    rows = [f"{2 * i},alloc,{i},{4096 + i},0,kv\n{2 * i + 1},free,{i},{4096 + i},0,\n" for i in range(num_allocs)]
+    rows = [
+        f"{2 * i},alloc,{i},{4096 + i},0,kv\n{2 * i + 1},free,{i},{4096 + i},0,\n"
+        for i in range(num_allocs)
+    ]
     return (HEADER + "".join(rows)).encode()
 
 
@@ -73,7 +76,9 @@ def test_a_fifo_nobody_writes_to_is_an_error_not_a_hang(tmp_path, monkeypatch):
     fifo = tmp_path / "t.fifo"
     os.mkfifo(fifo)
     monkeypatch.setenv(STREAM_TIMEOUT_ENV, "0.2")
-    with pytest.raises(TraceFormatError, match=rf"t.fifo: no data for 0.2 s .*set {STREAM_TIMEOUT_ENV}"):
+    with pytest.raises(
+        TraceFormatError, match=rf"t.fifo: no data for 0.2 s .*set {STREAM_TIMEOUT_ENV}"
+    ):
         read_alloc_trace(fifo)
 
 
@@ -81,8 +86,14 @@ def test_process_substitution_through_the_command_line(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_bytes(_alloc_csv())
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(["bash", "-c", f'"{sys.executable}" -m poollab traces info <(cat "{trace}")'],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m poollab traces info <(cat "{trace}")'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "num_allocs" in proc.stdout and "400" in proc.stdout
 
@@ -94,8 +105,11 @@ def test_a_large_sparse_file_is_refused_before_it_is_read(tmp_path):
         f.truncate(2 << 30)  # 2 GiB of holes after a valid header
     tracemalloc.start()
     try:
-        with pytest.raises(TraceFormatError, match=rf"sparse.csv: is 2,147,483,648 bytes, more than the limit of "
-                                                   rf"1,073,741,824 bytes on a trace; set {MAX_TRACE_BYTES_ENV}"):
+        with pytest.raises(
+            TraceFormatError,
+            match=rf"sparse.csv: is 2,147,483,648 bytes, more than the limit of "
+            rf"1,073,741,824 bytes on a trace; set {MAX_TRACE_BYTES_ENV}",
+        ):
             read_alloc_trace(path)
         peak_bytes = tracemalloc.get_traced_memory()[1]
     finally:
@@ -118,18 +132,24 @@ def test_a_bad_limit_is_one_line_naming_the_variable(tmp_path, monkeypatch, valu
     path = tmp_path / "t.csv"
     path.write_bytes(_alloc_csv(1))
     monkeypatch.setenv(MAX_TRACE_BYTES_ENV, value)
-    with pytest.raises(TraceFormatError, match=rf"{MAX_TRACE_BYTES_ENV}=.* is not a whole number of bytes"):
+    with pytest.raises(
+        TraceFormatError, match=rf"{MAX_TRACE_BYTES_ENV}=.* is not a whole number of bytes"
+    ):
         read_alloc_trace(path)
 
 
 def test_a_gzip_bomb_stops_at_the_limit(tmp_path, monkeypatch):
     path = tmp_path / "bomb.csv.gz"
-    path.write_bytes(gzip.compress(HEADER.encode() + b"\0" * (64 << 20), mtime=0))  # 64 KiB -> 64 MiB
+    path.write_bytes(
+        gzip.compress(HEADER.encode() + b"\0" * (64 << 20), mtime=0)
+    )  # 64 KiB -> 64 MiB
     monkeypatch.setenv(MAX_TRACE_BYTES_ENV, str(8 << 20))
     tracemalloc.start()
     try:
-        with pytest.raises(TraceFormatError, match="bomb.csv.gz: decompresses to more bytes, more than the limit "
-                                                   "of 8,388,608 bytes"):
+        with pytest.raises(
+            TraceFormatError,
+            match="bomb.csv.gz: decompresses to more bytes, more than the limit of 8,388,608 bytes",
+        ):
             read_alloc_trace(path)
         peak_bytes = tracemalloc.get_traced_memory()[1]
     finally:

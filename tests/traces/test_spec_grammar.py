@@ -19,9 +19,15 @@ def _twice(key):
 
 
 _KEYS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
-_ATOM = st.text(st.sampled_from("abcXYZ019._-:=,/ "), min_size=1, max_size=10).map(str.strip).filter(bool)
+_ATOM = (
+    st.text(st.sampled_from("abcXYZ019._-:=,/ "), min_size=1, max_size=10)
+    .map(str.strip)
+    .filter(bool)
+)
 # values with balanced brackets (a nested spec), whatever separators they hold
-_VALUES = st.recursive(_ATOM, lambda inner: st.builds(lambda a, b: f"{a}[{b}]", _ATOM, inner), max_leaves=4)
+_VALUES = st.recursive(
+    _ATOM, lambda inner: st.builds(lambda a, b: f"{a}[{b}]", _ATOM, inner), max_leaves=4
+)
 
 
 @given(st.dictionaries(_KEYS, _VALUES, max_size=6))
@@ -40,13 +46,22 @@ def test_numbers_are_written_bare(items):
 
 def test_brackets_hold_commas_and_nest():
     text = "base=[elastic:base=[size-class:classes_per_doubling=8],high=0.85],low=0.3"
-    assert parse_items(text, bad_item=_bad) == {"base": "[elastic:base=[size-class:classes_per_doubling=8],high=0.85]",
-                                               "low": "0.3"}
+    assert parse_items(text, bad_item=_bad) == {
+        "base": "[elastic:base=[size-class:classes_per_doubling=8],high=0.85]",
+        "low": "0.3",
+    }
     assert split_top("a,[b,c],d") == ["a", "[b,c]", "d"]
 
 
-@pytest.mark.parametrize("text, message", [("a=1,b", "bad item 'b'"), ("=1", "bad item '=1'"),
-                                           ("a=1,a=2", "'a' twice"), ("1a=2", "bad item '1a=2'")])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("a=1,b", "bad item 'b'"),
+        ("=1", "bad item '=1'"),
+        ("a=1,a=2", "'a' twice"),
+        ("1a=2", "bad item '1a=2'"),
+    ],
+)
 def test_bad_items_raise_the_callers_error(text, message):
     with pytest.raises(Bad, match=message):
         parse_items(text, bad_item=_bad, twice=_twice)
@@ -62,12 +77,15 @@ def test_empty_items_and_values_follow_the_callers_rule():
     assert parse_items("a=1,a=2", bad_item=_bad) == {"a": "2"}  # no ``twice``: the last one wins
 
 
-@pytest.mark.parametrize("text, message", [
-    ("x" * 50, "is 50 characters long; at most 40"),
-    ("a=[b", r"unbalanced '\[' in spec 'a=\[b'"),
-    ("a=b]", r"unbalanced '\]' in spec"),
-    ("a=[[[b]]]", r"nests \[...\] 3 levels deep; at most 2"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("x" * 50, "is 50 characters long; at most 40"),
+        ("a=[b", r"unbalanced '\[' in spec 'a=\[b'"),
+        ("a=b]", r"unbalanced '\]' in spec"),
+        ("a=[[[b]]]", r"nests \[...\] 3 levels deep; at most 2"),
+    ],
+)
 def test_check_text_names_the_text(text, message):
     with pytest.raises(Bad, match=message):
         check_text(text, "spec", error=Bad, max_chars=40, max_depth=2)
@@ -82,4 +100,7 @@ def test_check_text_without_depth_checks_the_length_only():
 def test_someone_elses_settings_are_read_leniently_with_their_separator():
     conf = "expandable_segments:True, roundup_power2_divisions:[256:1,512:2,>:8],garbage,max_split_size_mb:128"
     assert parse_items(conf, bad_item=None, valid_key=bool, assign=":") == {
-        "expandable_segments": "True", "roundup_power2_divisions": "[256:1,512:2,>:8]", "max_split_size_mb": "128"}
+        "expandable_segments": "True",
+        "roundup_power2_divisions": "[256:1,512:2,>:8]",
+        "max_split_size_mb": "128",
+    }

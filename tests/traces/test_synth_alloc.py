@@ -8,8 +8,17 @@ from traces.events import validate_events
 from traces.info import live_bytes
 from traces.synth_alloc import generate_alloc_trace, kv_bytes_per_token
 
-SMALL = dict(num_layers=2, hidden_size=256, num_kv_heads=2, head_dim=32, vocab_size=1000,
-             num_requests=6, prompt_tokens=(8, 60), output_tokens=(1, 12), max_batch=3)
+SMALL = dict(
+    num_layers=2,
+    hidden_size=256,
+    num_kv_heads=2,
+    head_dim=32,
+    vocab_size=1000,
+    num_requests=6,
+    prompt_tokens=(8, 60),
+    output_tokens=(1, 12),
+    max_batch=3,
+)
 
 
 def _gen(**kw):
@@ -43,7 +52,11 @@ def test_weights_come_first_at_time_zero_and_stay():
     weights = _allocs(trace, "weights")
     assert (weights["time_us"] == 0).all()
     assert list(weights.index) == list(range(len(weights)))
-    assert not trace.events.loc[trace.events["op"] == "free", "alloc_id"].isin(weights["alloc_id"]).any()
+    assert (
+        not trace.events.loc[trace.events["op"] == "free", "alloc_id"]
+        .isin(weights["alloc_id"])
+        .any()
+    )
     assert weights["nbytes"].sum() == trace.meta["weights_bytes"]
 
 
@@ -76,7 +89,10 @@ def test_kv_bytes_cover_prompt_and_generated_tokens_in_chunks():
 def test_chunk_of_one_token_grows_per_token():
     trace = _gen(seed=4, kv_chunk_tokens=1)
     req = trace.meta["requests"]
-    assert len(_allocs(trace, "kv")) == int((req["prompt_tokens"] + req["output_tokens"] - 1).sum()) * 2
+    assert (
+        len(_allocs(trace, "kv"))
+        == int((req["prompt_tokens"] + req["output_tokens"] - 1).sum()) * 2
+    )
 
 
 def test_no_more_than_max_batch_requests_run_at_once():
@@ -109,11 +125,18 @@ def test_list_and_callable_length_specs():
     assert set(req["prompt_tokens"]) <= {10, 20} and (req["output_tokens"] == 3).all()
 
 
-@pytest.mark.parametrize("kw, name", [({"num_layers": 0}, "num_layers"), ({"prompt_tokens": (50, 10)}, "prompt_tokens"),
-                                      ({"output_tokens": 0}, "output_tokens"), ({"max_batch": 1.5}, "max_batch"),
-                                      ({"param_count": 10, "intermediate_size": 5}, "intermediate_size"),
-                                      ({"param_count": 1000}, "param_count"),
-                                      ({"arrival_rate_per_s": 0}, "arrival_rate_per_s")])
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        ({"num_layers": 0}, "num_layers"),
+        ({"prompt_tokens": (50, 10)}, "prompt_tokens"),
+        ({"output_tokens": 0}, "output_tokens"),
+        ({"max_batch": 1.5}, "max_batch"),
+        ({"param_count": 10, "intermediate_size": 5}, "intermediate_size"),
+        ({"param_count": 1000}, "param_count"),
+        ({"arrival_rate_per_s": 0}, "arrival_rate_per_s"),
+    ],
+)
 def test_bad_arguments_name_themselves(kw, name):
     with pytest.raises(ValueError, match=name):
         _gen(**kw)
@@ -125,10 +148,17 @@ def test_kv_bytes_per_token_matches_field_notes():
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 3), batch=st.integers(1, 4), chunk=st.integers(1, 32),
-       requests=st.integers(1, 6))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    layers=st.integers(1, 3),
+    batch=st.integers(1, 4),
+    chunk=st.integers(1, 32),
+    requests=st.integers(1, 6),
+)
 def test_any_configuration_gives_a_valid_trace(seed, layers, batch, chunk, requests):
-    trace = _gen(seed=seed, num_layers=layers, max_batch=batch, kv_chunk_tokens=chunk, num_requests=requests)
+    trace = _gen(
+        seed=seed, num_layers=layers, max_batch=batch, kv_chunk_tokens=chunk, num_requests=requests
+    )
     validate_events(trace.events, "synth")
     assert live_bytes(trace)[-1] == trace.meta["weights_bytes"]
     assert (trace.meta["requests"]["finish_us"] > 0).all()
@@ -136,15 +166,25 @@ def test_any_configuration_gives_a_valid_trace(seed, layers, batch, chunk, reque
 
 # -- the generator holds the readers' limits (issue 29): refused before the work, not after
 
-@pytest.mark.parametrize("kw, match", [
-    ({"prompt_tokens": 10**12}, "from 1 to 2,147,483,647"),  # was: killed for memory, building 6e10 KV chunks
-    ({"prompt_tokens": (1, 10**20)}, "high <= 2,147,483,647"),
-    ({"output_tokens": [10**30]}, "must be integers"),
-    ({"output_tokens": [True, False]}, "must be integers"),
-    ({"num_requests": 100_000_000}, "100,000,000 requests of this shape make at least .* events, more than 20,000,000"),
-    ({"num_requests": 3, "prompt_tokens": 2_000_000_000}, "more than 20,000,000"),
-    ({"step_us_per_token": float("inf")}, "finite numbers >= 0"),  # was: OverflowError
-])
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (
+            {"prompt_tokens": 10**12},
+            "from 1 to 2,147,483,647",
+        ),  # was: killed for memory, building 6e10 KV chunks
+        ({"prompt_tokens": (1, 10**20)}, "high <= 2,147,483,647"),
+        ({"output_tokens": [10**30]}, "must be integers"),
+        ({"output_tokens": [True, False]}, "must be integers"),
+        (
+            {"num_requests": 100_000_000},
+            "100,000,000 requests of this shape make at least .* events, more than 20,000,000",
+        ),
+        ({"num_requests": 3, "prompt_tokens": 2_000_000_000}, "more than 20,000,000"),
+        ({"step_us_per_token": float("inf")}, "finite numbers >= 0"),  # was: OverflowError
+    ],
+)
 def test_specs_beyond_the_limits_are_refused_before_any_work(kw, match):
     with pytest.raises(ValueError, match=match):
         _gen(**kw)
@@ -161,8 +201,15 @@ def test_times_past_int64_are_refused_not_wrapped():
 def test_a_tensor_past_int64_is_refused():
     """A model JSON of absurd width used to fail with numpy's OverflowError, a traceback on the command line."""
     with pytest.raises(ValueError, match="more than an int64 size holds"):
-        _gen(num_requests=1, hidden_size=4_000_000_000, head_dim=4_000_000_000, num_heads=1,
-             intermediate_size=4_000_000_000, output_tokens=1, prompt_tokens=1)
+        _gen(
+            num_requests=1,
+            hidden_size=4_000_000_000,
+            head_dim=4_000_000_000,
+            num_heads=1,
+            intermediate_size=4_000_000_000,
+            output_tokens=1,
+            prompt_tokens=1,
+        )
 
 
 def test_the_event_bound_never_refuses_a_trace_that_fits():
@@ -173,6 +220,9 @@ def test_the_event_bound_never_refuses_a_trace_that_fits():
     old = synth_alloc.MAX_EVENTS
     try:
         synth_alloc.MAX_EVENTS = num_events  # exactly its size: allowed
-        assert len(_gen(num_requests=40, prompt_tokens=(100, 400), output_tokens=(5, 40))) == num_events
+        assert (
+            len(_gen(num_requests=40, prompt_tokens=(100, 400), output_tokens=(5, 40)))
+            == num_events
+        )
     finally:
         synth_alloc.MAX_EVENTS = old

@@ -80,7 +80,9 @@ def rebuild_segments(final_segments: list[dict], full: list[dict], cut: int) -> 
     if any(e["action"] in ("segment_free", "segment_unmap") for e in full):
         raise SystemExit("the trace releases segments: rebuild_segments does not handle that")
     late = {e["addr"] for e in full[cut:] if e["action"] == "segment_alloc"}
-    touched = {e["addr"] for e in full if e["action"] in ("alloc", "free_requested", "free_completed")}
+    touched = {
+        e["addr"] for e in full if e["action"] in ("alloc", "free_requested", "free_completed")
+    }
     live: dict[int, int] = {}
     for e in full[:cut]:
         if e["action"] == "alloc":
@@ -93,10 +95,22 @@ def rebuild_segments(final_segments: list[dict], full: list[dict], cut: int) -> 
             continue
         start, end = seg["address"], seg["address"] + seg["total_size"]
         small = seg["segment_type"] == "small"
-        blocks = [b for b in _blocks_with_address(seg)
-                  if b["state"] == "active_allocated" and b["address"] not in touched]
-        blocks += [{"address": a, "size": -(-n // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES, "requested_size": n,
-                    "state": "active_allocated", "frames": []} for a, n in live.items() if start <= a < end]
+        blocks = [
+            b
+            for b in _blocks_with_address(seg)
+            if b["state"] == "active_allocated" and b["address"] not in touched
+        ]
+        blocks += [
+            {
+                "address": a,
+                "size": -(-n // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES,
+                "requested_size": n,
+                "state": "active_allocated",
+                "frames": [],
+            }
+            for a, n in live.items()
+            if start <= a < end
+        ]
         blocks.sort(key=lambda b: b["address"])
         tiled, cursor = [], start
         for b in blocks:
@@ -108,8 +122,12 @@ def rebuild_segments(final_segments: list[dict], full: list[dict], cut: int) -> 
         active = [b for b in tiled if b["state"] == "active_allocated"]
         new = dict(seg)
         active_bytes = sum(b["size"] for b in active)
-        new.update(blocks=tiled, allocated_size=active_bytes, active_size=active_bytes,
-                   requested_size=sum(b["requested_size"] for b in active))
+        new.update(
+            blocks=tiled,
+            allocated_size=active_bytes,
+            active_size=active_bytes,
+            requested_size=sum(b["requested_size"] for b in active),
+        )
         out.append(new)
     placed = {b["address"] for s in out for b in s["blocks"] if b["state"] == "active_allocated"}
     assert set(live) <= placed, "every allocation live at the cut lies in a segment"
@@ -135,7 +153,9 @@ def _add_gap(tiled: list[dict], start: int, end: int, small: bool) -> None:
     if not splittable and tiled and tiled[-1]["state"] == "active_allocated":
         tiled[-1]["size"] += gap  # the allocator would not have split this remainder off
         return
-    tiled.append({"address": start, "size": gap, "requested_size": 0, "state": "inactive", "frames": []})
+    tiled.append(
+        {"address": start, "size": gap, "requested_size": 0, "state": "inactive", "frames": []}
+    )
 
 
 def slice_snapshot(src: Path, dst: Path) -> int:
@@ -165,8 +185,11 @@ def slice_azure(src: Path, dst: Path, minutes: int = AZURE_MINUTES) -> int:
 
 def slice_mooncake(src: Path, dst: Path, minutes: int = MOONCAKE_MINUTES) -> int:
     """Lines of a Mooncake JSONL trace (``timestamp`` in ms from the trace's start) before ``minutes``."""
-    kept = [line for line in src.read_text().splitlines(keepends=True)
-            if line.strip() and json.loads(line)["timestamp"] < minutes * 60_000]
+    kept = [
+        line
+        for line in src.read_text().splitlines(keepends=True)
+        if line.strip() and json.loads(line)["timestamp"] < minutes * 60_000
+    ]
     text = "".join(kept)
     dst.write_text(text if text.endswith("\n") else text + "\n")
     return len(kept)
@@ -176,18 +199,28 @@ def _azure_time(row: str) -> datetime:
     stamp = row.split(",", 1)[0]
     day, clock = stamp.split(" ")
     hms, _, frac = clock.partition(".")
-    return datetime.fromisoformat(f"{day} {hms}") + timedelta(microseconds=int((frac + "000000")[:6]))
+    return datetime.fromisoformat(f"{day} {hms}") + timedelta(
+        microseconds=int((frac + "000000")[:6])
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="folder with the full traces")
-    parser.add_argument("--mooncake-source", type=Path, default=DEFAULT_MOONCAKE_SOURCE,
-                        help="folder with Mooncake's FAST'25 traces (its traces/ folder)")
+    parser.add_argument(
+        "--source", type=Path, default=DEFAULT_SOURCE, help="folder with the full traces"
+    )
+    parser.add_argument(
+        "--mooncake-source",
+        type=Path,
+        default=DEFAULT_MOONCAKE_SOURCE,
+        help="folder with Mooncake's FAST'25 traces (its traces/ folder)",
+    )
     args = parser.parse_args()
-    for src, out, make, unit in ((args.source / SNAPSHOT_IN, SNAPSHOT_OUT, slice_snapshot, "trace entries"),
-                                 (args.source / AZURE_IN, AZURE_OUT, slice_azure, "requests"),
-                                 (args.mooncake_source / MOONCAKE_IN, MOONCAKE_OUT, slice_mooncake, "requests")):
+    for src, out, make, unit in (
+        (args.source / SNAPSHOT_IN, SNAPSHOT_OUT, slice_snapshot, "trace entries"),
+        (args.source / AZURE_IN, AZURE_OUT, slice_azure, "requests"),
+        (args.mooncake_source / MOONCAKE_IN, MOONCAKE_OUT, slice_mooncake, "requests"),
+    ):
         if not src.is_file():
             print(f"{out}: skipped, no {src}")
             continue

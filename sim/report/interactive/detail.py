@@ -28,14 +28,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["METRICS", "COLUMNS", "CHUNK_BUCKETS", "LEVEL_FACTOR", "detail_levels", "encode_chunk", "decode_chunk"]
+__all__ = [
+    "METRICS",
+    "COLUMNS",
+    "CHUNK_BUCKETS",
+    "LEVEL_FACTOR",
+    "detail_levels",
+    "encode_chunk",
+    "decode_chunk",
+]
 
 #: Metrics the timelines draw, by the page's name for them (``report.js`` ``METRICS``) and the
 #: storage of their values in a chunk.
-METRICS = {"reserved_bytes": ("reserved", "f8"), "live_bytes": ("live", "f8"), "frag_ext": ("frag", "f4")}
+METRICS = {
+    "reserved_bytes": ("reserved", "f8"),
+    "live_bytes": ("live", "f8"),
+    "frag_ext": ("frag", "f4"),
+}
 #: A chunk's columns, in order: (the page's name, storage). "i8d": int64 differences from the
 #: previous value (the first from 0); "f8"/"f4": float64/float32. Each level lists them for the page.
-COLUMNS = [("t_us", "i8d")] + [(page + end, kind) for page, kind in METRICS.values() for end in ("Min", "Max")]
+COLUMNS = [("t_us", "i8d")] + [
+    (page + end, kind) for page, kind in METRICS.values() for end in ("Min", "Max")
+]
 #: Buckets per chunk: small enough that decoding the chunks of a narrow range is instant.
 CHUNK_BUCKETS = 8192
 #: Each level has this many times the buckets of the one before.
@@ -56,9 +70,13 @@ def encode_chunk(columns: list[np.ndarray], kinds: list[str]) -> str:
             values = np.diff(values.astype(np.int64), prepend=0)
         values = np.ascontiguousarray(values.astype(_DTYPES[kind]))
         if kind == "f4":
-            values.view(np.uint32)[:] &= np.uint32(0xFFFF_FF80)  # low 7 of 23 mantissa bits: within 2**-16
+            values.view(np.uint32)[:] &= np.uint32(
+                0xFFFF_FF80
+            )  # low 7 of 23 mantissa bits: within 2**-16
         parts.append(values.view(np.uint8).reshape(len(values), -1).T.tobytes())
-    return base64.b64encode(gzip.compress(b"".join(parts), compresslevel=6, mtime=0)).decode("ascii")
+    return base64.b64encode(gzip.compress(b"".join(parts), compresslevel=6, mtime=0)).decode(
+        "ascii"
+    )
 
 
 def decode_chunk(text: str, kinds: list[str], n: int) -> list[np.ndarray]:
@@ -66,7 +84,7 @@ def decode_chunk(text: str, kinds: list[str], n: int) -> list[np.ndarray]:
     raw, out, at = gzip.decompress(base64.b64decode(text)), [], 0
     for kind in kinds:
         width = np.dtype(_DTYPES[kind]).itemsize
-        block = np.frombuffer(raw[at:at + n * width], dtype=np.uint8).reshape(width, n).T.copy()
+        block = np.frombuffer(raw[at : at + n * width], dtype=np.uint8).reshape(width, n).T.copy()
         values = block.view(_DTYPES[kind]).reshape(n)
         out.append((np.cumsum(values) if kind == "i8d" else values).astype(np.float64))
         at += n * width
@@ -93,7 +111,9 @@ def _level(t_us: np.ndarray, series: dict[str, np.ndarray], num_buckets: int) ->
     return out
 
 
-def detail_levels(series: dict[str, np.ndarray], *, overview_points: int, budget_bytes: int) -> list[dict[str, Any]]:
+def detail_levels(
+    series: dict[str, np.ndarray], *, overview_points: int, budget_bytes: int
+) -> list[dict[str, Any]]:
     """The zoom levels of one run (module docstring) from its rows (``time_us`` and ``METRICS``,
     in time order), coarse to fine, within ``budget_bytes`` of encoded text:
     ``[{"buckets", "rows", "columns", "chunks": [{"t0", "t1", "n", "data"}]}]`` (chunk times in
@@ -111,12 +131,18 @@ def detail_levels(series: dict[str, np.ndarray], *, overview_points: int, budget
         columns = _level(t_us, series, num_buckets)
         chunks = []
         for a in range(0, len(columns[0]), CHUNK_BUCKETS):
-            part = [c[a:a + CHUNK_BUCKETS] for c in columns]
+            part = [c[a : a + CHUNK_BUCKETS] for c in columns]
             data = encode_chunk(part, kinds)
             used += len(data)
             if used > budget_bytes:
                 return levels
-            chunks.append({"t0": float(part[0][0]) / 1e6, "t1": float(part[0][-1]) / 1e6, "n": len(part[0]),
-                           "data": data})
+            chunks.append(
+                {
+                    "t0": float(part[0][0]) / 1e6,
+                    "t1": float(part[0][-1]) / 1e6,
+                    "n": len(part[0]),
+                    "data": data,
+                }
+            )
         levels.append({"buckets": len(columns[0]), "rows": n, "columns": COLUMNS, "chunks": chunks})
     return levels

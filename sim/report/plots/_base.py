@@ -17,14 +17,37 @@ import pandas as pd
 SERIES_KEYS = ("policy", "backend", "source")
 
 #: Qualitative palette (matplotlib's tab10 then tab20's light half): stable colours by first appearance.
-_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-            "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
+_PALETTE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+]
 
 _BYTE_UNITS = [(2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B")]
 
 
-def new_figure(nrows: int = 1, ncols: int = 1, *, panel_w: float = 4.8, panel_h: float = 3.0,
-               sharex: bool | str = False, sharey: bool | str = False) -> tuple[Any, np.ndarray]:
+def new_figure(
+    nrows: int = 1,
+    ncols: int = 1,
+    *,
+    panel_w: float = 4.8,
+    panel_h: float = 3.0,
+    sharex: bool | str = False,
+    sharey: bool | str = False,
+) -> tuple[Any, np.ndarray]:
     """A figure on an Agg canvas and its axes as a 2-D array (``nrows`` x ``ncols``)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -76,7 +99,10 @@ def series_keys(table: pd.DataFrame) -> list[str]:
     keys = [k for k in SERIES_KEYS if k in table.columns]
     needed = ["policy"] if "policy" in keys else keys[:1]
     for k in keys:
-        if k not in needed and table.groupby(needed, sort=False, dropna=False)[k].nunique(dropna=False).max() > 1:
+        if (
+            k not in needed
+            and table.groupby(needed, sort=False, dropna=False)[k].nunique(dropna=False).max() > 1
+        ):
             needed.append(k)
     return needed
 
@@ -144,8 +170,17 @@ def ecdf(values: pd.Series | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def note(ax: Any, text: str) -> None:
     """Write ``text`` in the middle of an empty panel."""
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#555555",
-            wrap=True)
+    ax.text(
+        0.5,
+        0.5,
+        text,
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        fontsize=9,
+        color="#555555",
+        wrap=True,
+    )
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -159,13 +194,29 @@ def legend_below(fig: Any, axes: np.ndarray, ncol: int = 4) -> None:
                 handles[label] = h
                 labels.append(label)
     if labels:
-        fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
-                   ncol=min(ncol, len(labels)), fontsize=8, frameon=False)
+        fig.legend(
+            [handles[label] for label in labels],
+            labels,
+            loc="outside lower center",
+            ncol=min(ncol, len(labels)),
+            fontsize=8,
+            frameon=False,
+        )
 
 
 #: Columns that are fractions 0..1 (shown in percent).
-FRACTION_COLUMNS = frozenset({"failure_rate", "overhead", "frag_ext_mean", "frag_ext_max", "internal_waste_frac",
-                              "kv_token_util", "prefix_hit_rate", "rel_diff"})
+FRACTION_COLUMNS = frozenset(
+    {
+        "failure_rate",
+        "overhead",
+        "frag_ext_mean",
+        "frag_ext_max",
+        "internal_waste_frac",
+        "kv_token_util",
+        "prefix_hit_rate",
+        "rel_diff",
+    }
+)
 
 
 def column_header(col: str) -> str:
@@ -186,7 +237,9 @@ def format_value(col: str, v: Any) -> str:
             return f"{v / 2**20:,.1f}"
         if col in FRACTION_COLUMNS:
             return f"{v * 100:,.2f}"
-        if isinstance(v, (int, np.integer)) or (float(v).is_integer() and col.startswith(("n_", "num_"))):
+        if isinstance(v, (int, np.integer)) or (
+            float(v).is_integer() and col.startswith(("n_", "num_"))
+        ):
             return f"{int(v):,}"
         return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.1f}"
     return str(v)

@@ -15,16 +15,43 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report.plots._base import (byte_unit, column_header, format_value, grid_shape, hide_unused, legend_below,
-                             new_figure, note, require_columns, time_unit)
+from sim.report.plots._base import (
+    byte_unit,
+    column_header,
+    format_value,
+    grid_shape,
+    hide_unused,
+    legend_below,
+    new_figure,
+    note,
+    require_columns,
+    time_unit,
+)
 
-__all__ = ["COMPARED_MEASURES", "sim_gpu_pairs", "sim_gpu_differences", "differences_view", "plot_sim_vs_gpu",
-           "plot_sim_vs_gpu_over_time"]
+__all__ = [
+    "COMPARED_MEASURES",
+    "sim_gpu_pairs",
+    "sim_gpu_differences",
+    "differences_view",
+    "plot_sim_vs_gpu",
+    "plot_sim_vs_gpu_over_time",
+]
 
 #: Measures compared between a simulated and a GPU run, in the order listed.
 COMPARED_MEASURES = [
-    "n_failed", "peak_live_bytes", "peak_reserved_bytes", "overhead", "frag_ext_mean", "frag_ext_max",
-    "internal_waste_frac", "n_grow", "n_shrink", "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us",
+    "n_failed",
+    "peak_live_bytes",
+    "peak_reserved_bytes",
+    "overhead",
+    "frag_ext_mean",
+    "frag_ext_max",
+    "internal_waste_frac",
+    "n_grow",
+    "n_shrink",
+    "alloc_p50_us",
+    "alloc_p99_us",
+    "free_p50_us",
+    "free_p99_us",
     "wall_s",
 ]
 
@@ -45,14 +72,25 @@ def sim_gpu_pairs(summary: pd.DataFrame) -> pd.DataFrame:
     for (trace, policy), gpu_runs in gpus.groupby(["trace", "policy"], sort=False):
         sim_runs = sims[(sims["trace"] == trace) & (sims["policy"] == policy)]
         for _, g in gpu_runs.iterrows():
-            same = sim_runs[sim_runs["source"] == g["source"]] if "source" in s.columns else sim_runs
+            same = (
+                sim_runs[sim_runs["source"] == g["source"]] if "source" in s.columns else sim_runs
+            )
             match = same if len(same) else (sim_runs if len(sim_runs) == 1 else sim_runs.iloc[0:0])
             if len(match):
                 rows.append((match.iloc[-1], g))
     cols = [c for c in s.columns if c not in ("trace", "policy")]
-    out = [{"trace": g["trace"], "policy": g["policy"], **{f"{c}_sim": m[c] for c in cols},
-            **{f"{c}_gpu": g[c] for c in cols}} for m, g in rows]
-    return pd.DataFrame(out, columns=["trace", "policy"] + [f"{c}_{b}" for b in ("sim", "gpu") for c in cols])
+    out = [
+        {
+            "trace": g["trace"],
+            "policy": g["policy"],
+            **{f"{c}_sim": m[c] for c in cols},
+            **{f"{c}_gpu": g[c] for c in cols},
+        }
+        for m, g in rows
+    ]
+    return pd.DataFrame(
+        out, columns=["trace", "policy"] + [f"{c}_{b}" for b in ("sim", "gpu") for c in cols]
+    )
 
 
 def sim_gpu_differences(summary: pd.DataFrame) -> pd.DataFrame:
@@ -70,23 +108,41 @@ def sim_gpu_differences(summary: pd.DataFrame) -> pd.DataFrame:
         for m in COMPARED_MEASURES:
             if f"{m}_sim" not in p or f"{m}_gpu" not in p:
                 continue
-            a, b = pd.to_numeric(p[f"{m}_sim"], errors="coerce"), pd.to_numeric(p[f"{m}_gpu"], errors="coerce")
+            a, b = (
+                pd.to_numeric(p[f"{m}_sim"], errors="coerce"),
+                pd.to_numeric(p[f"{m}_gpu"], errors="coerce"),
+            )
             if pd.isna(a) or pd.isna(b):
                 continue
             a, b = float(a), float(b)
-            rows.append({"trace": p["trace"], "policy": p["policy"], "source": source,
-                         "kind": kind if isinstance(kind, str) else "policy", "measure": m, "sim": a, "gpu": b,
-                         "diff": b - a, "rel_diff": (b - a) / abs(a) if a else float("nan")})
-    return pd.DataFrame(rows, columns=["trace", "policy", "source", "kind", "measure", "sim", "gpu", "diff",
-                                       "rel_diff"])
+            rows.append(
+                {
+                    "trace": p["trace"],
+                    "policy": p["policy"],
+                    "source": source,
+                    "kind": kind if isinstance(kind, str) else "policy",
+                    "measure": m,
+                    "sim": a,
+                    "gpu": b,
+                    "diff": b - a,
+                    "rel_diff": (b - a) / abs(a) if a else float("nan"),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["trace", "policy", "source", "kind", "measure", "sim", "gpu", "diff", "rel_diff"],
+    )
 
 
 def _pair_labels(traces: list, policies: list, sources: list) -> list[str]:
     """``policy``, with the trace when there are several and the source when a pair repeats."""
     multi_trace = len(set(traces)) > 1
     keys = list(zip(traces, policies))
-    return [(f"{p} · {t}" if multi_trace else str(p)) + (f" · {s}" if keys.count((t, p)) > 1 and s else "")
-            for t, p, s in zip(traces, policies, sources)]
+    return [
+        (f"{p} · {t}" if multi_trace else str(p))
+        + (f" · {s}" if keys.count((t, p)) > 1 and s else "")
+        for t, p, s in zip(traces, policies, sources)
+    ]
 
 
 def differences_view(diffs: pd.DataFrame) -> pd.DataFrame:
@@ -96,16 +152,26 @@ def differences_view(diffs: pd.DataFrame) -> pd.DataFrame:
     ``=`` when the two are equal, or absolute when the simulated value is 0.
     """
     groups = list(diffs.groupby(["trace", "policy", "source", "kind"], sort=False, dropna=False))
-    labels = _pair_labels([k[0] for k, _ in groups], [k[1] for k, _ in groups],
-                          [None if pd.isna(k[2]) else k[2] for k, _ in groups])
+    labels = _pair_labels(
+        [k[0] for k, _ in groups],
+        [k[1] for k, _ in groups],
+        [None if pd.isna(k[2]) else k[2] for k, _ in groups],
+    )
     columns: dict[str, dict[str, str]] = {}
     for ((_, _, _, kind), part), name in zip(groups, labels):
         name += " (gpu baseline)" if kind == "baseline" else ""
         cells = {}
         for r in part.itertuples(index=False):
-            change = "=" if r.diff == 0 else f"{r.rel_diff:+.1%}" if np.isfinite(r.rel_diff) else f"{r.diff:+,.3g}"
-            cells[column_header(r.measure)] = (f"{format_value(r.measure, r.sim)} → {format_value(r.measure, r.gpu)}"
-                                               f" ({change})")
+            change = (
+                "="
+                if r.diff == 0
+                else f"{r.rel_diff:+.1%}"
+                if np.isfinite(r.rel_diff)
+                else f"{r.diff:+,.3g}"
+            )
+            cells[column_header(r.measure)] = (
+                f"{format_value(r.measure, r.sim)} → {format_value(r.measure, r.gpu)} ({change})"
+            )
         columns[name] = cells
     return pd.DataFrame(columns).fillna("–").rename_axis("measure (sim → gpu)")
 
@@ -143,8 +209,10 @@ def _col(pairs: pd.DataFrame, name: str) -> np.ndarray:
 
 
 def _memory_panel(ax: Any, pairs: pd.DataFrame, y: np.ndarray) -> None:
-    bars = [("reserved, sim", _SIM_COLOUR, _col(pairs, "peak_reserved_bytes_sim")),
-            ("reserved, gpu", _GPU_COLOUR, _col(pairs, "peak_reserved_bytes_gpu"))]
+    bars = [
+        ("reserved, sim", _SIM_COLOUR, _col(pairs, "peak_reserved_bytes_sim")),
+        ("reserved, gpu", _GPU_COLOUR, _col(pairs, "peak_reserved_bytes_gpu")),
+    ]
     nvml = _col(pairs, "nvml_peak_used_bytes_gpu") - _col(pairs, "nvml_base_used_bytes_gpu")
     if np.isfinite(nvml).any():
         bars.append(("device use above its start (NVML), gpu", "#756bb1", nvml))
@@ -153,7 +221,9 @@ def _memory_panel(ax: Any, pairs: pd.DataFrame, y: np.ndarray) -> None:
     div, unit = byte_unit(top)
     h = 0.8 / len(bars)
     for i, (label, colour, v) in enumerate(bars):
-        ax.barh(y - 0.4 + h * (i + 0.5), np.nan_to_num(v) / div, height=h, color=colour, label=label)
+        ax.barh(
+            y - 0.4 + h * (i + 0.5), np.nan_to_num(v) / div, height=h, color=colour, label=label
+        )
     ax.scatter(live / div, y, marker="|", s=300, color="black", zorder=3, label="peak live")
     ax.set_xlabel(f"peak memory ({unit})")
     ax.grid(axis="x", alpha=0.3)
@@ -168,20 +238,33 @@ def _latency_panel(ax: Any, pairs: pd.DataFrame, y: np.ndarray) -> None:
             for yi, a, b in zip(y + off, lo, hi):
                 if np.isfinite(a) and np.isfinite(b):
                     ax.plot([a, b], [yi, yi], color=colour, lw=1.5, alpha=0.7)
-            ax.plot(lo, y + off, marker, color=colour, ms=5, ls="none", label=f"{op} p50 → p99, {backend}")
+            ax.plot(
+                lo,
+                y + off,
+                marker,
+                color=colour,
+                ms=5,
+                ls="none",
+                label=f"{op} p50 → p99, {backend}",
+            )
     ax.set_xscale("log")
     ax.set_xlabel("latency per call (µs, log)")
     ax.grid(alpha=0.3, which="both", axis="x")
 
 
-def plot_sim_vs_gpu_over_time(timeseries: pd.DataFrame, *, max_cols: int = 3, title: str | None = None) -> Any:
+def plot_sim_vs_gpu_over_time(
+    timeseries: pd.DataFrame, *, max_cols: int = 3, title: str | None = None
+) -> Any:
     """Reserved and live bytes over time per (trace, policy) that ran in both backends, overlaid.
 
     The two runs sample the same event indices, so any gap between the lines is a real
     difference in what the pool held.
     """
-    ts = require_columns(timeseries, ["trace", "policy", "backend", "time_us", "live_bytes", "reserved_bytes"],
-                         "plot_sim_vs_gpu_over_time")
+    ts = require_columns(
+        timeseries,
+        ["trace", "policy", "backend", "time_us", "live_bytes", "reserved_bytes"],
+        "plot_sim_vs_gpu_over_time",
+    )
     by = ["trace", "policy"] + (["source"] if "source" in ts.columns else [])
     both = ts.groupby(by, sort=False)["backend"].agg(lambda b: {"sim", "gpu"} <= set(b))
     keys = [k for k, ok in both.items() if ok]
@@ -192,16 +275,33 @@ def plot_sim_vs_gpu_over_time(timeseries: pd.DataFrame, *, max_cols: int = 3, ti
         return fig
     div, unit = byte_unit(float(ts["reserved_bytes"].max()))
     t_div, tlabel = time_unit(ts["time_us"])
-    labels = _pair_labels([k[0] for k in keys], [k[1] for k in keys], [k[2] if len(k) > 2 else None for k in keys])
+    labels = _pair_labels(
+        [k[0] for k in keys], [k[1] for k in keys], [k[2] if len(k) > 2 else None for k in keys]
+    )
     for ax, key, label in zip(axes.flat, keys, labels):
         run = ts[(ts[by] == pd.Series(key, index=by)).all(axis=1)]
         for backend, colour, ls in (("sim", _SIM_COLOUR, "-"), ("gpu", _GPU_COLOUR, "--")):
             r = run[run["backend"] == backend].sort_values("time_us")
             t = r["time_us"].to_numpy(np.float64) / t_div
-            ax.step(t, r["reserved_bytes"].to_numpy(np.float64) / div, where="post", color=colour, ls=ls, lw=1.1,
-                    label=f"reserved, {backend}")
-            ax.step(t, r["live_bytes"].to_numpy(np.float64) / div, where="post", color=colour, ls=ls, lw=0.7,
-                    alpha=0.6, label=f"live, {backend}")
+            ax.step(
+                t,
+                r["reserved_bytes"].to_numpy(np.float64) / div,
+                where="post",
+                color=colour,
+                ls=ls,
+                lw=1.1,
+                label=f"reserved, {backend}",
+            )
+            ax.step(
+                t,
+                r["live_bytes"].to_numpy(np.float64) / div,
+                where="post",
+                color=colour,
+                ls=ls,
+                lw=0.7,
+                alpha=0.6,
+                label=f"live, {backend}",
+            )
         ax.set_title(label, fontsize=9)
         ax.set_xlabel(tlabel)
         ax.set_ylabel(unit)

@@ -14,15 +14,28 @@ import numpy as np
 import pandas as pd
 
 from sim.replay.schema import LATENCY_SAMPLE_COLUMNS, latency_samples  # noqa: F401  (re-exported)
-from sim.report.plots._base import (colours, ecdf, legend_below, new_figure, note, require_columns, series_order,
-                             with_series)
+from sim.report.plots._base import (
+    colours,
+    ecdf,
+    legend_below,
+    new_figure,
+    note,
+    require_columns,
+    series_order,
+    with_series,
+)
 
 __all__ = ["LATENCY_SAMPLE_COLUMNS", "latency_samples", "plot_alloc_latency"]
 
 _OPS = ("alloc", "free")
 
-def plot_alloc_latency(summary: pd.DataFrame | None = None, samples: pd.DataFrame | None = None, *,
-                       title: str | None = None) -> Any:
+
+def plot_alloc_latency(
+    summary: pd.DataFrame | None = None,
+    samples: pd.DataFrame | None = None,
+    *,
+    title: str | None = None,
+) -> Any:
     """Allocate and free latency per run: one panel per operation, log-scaled microseconds.
 
     With ``samples`` (``LATENCY_SAMPLE_COLUMNS``): the empirical distribution (CDF) of every
@@ -32,12 +45,20 @@ def plot_alloc_latency(summary: pd.DataFrame | None = None, samples: pd.DataFram
         A matplotlib ``Figure``. Raises ValueError when neither table has what it needs.
     """
     if samples is not None and len(samples):
-        return _from_samples(require_columns(samples, ["policy", "op", "latency_us"], "plot_alloc_latency(samples=)"),
-                             title)
+        return _from_samples(
+            require_columns(
+                samples, ["policy", "op", "latency_us"], "plot_alloc_latency(samples=)"
+            ),
+            title,
+        )
     if summary is None:
-        raise ValueError("plot_alloc_latency needs a summary (alloc_p50_us, ...) or per-call samples")
-    return _from_summary(require_columns(summary, ["policy", "alloc_p50_us", "alloc_p99_us"], "plot_alloc_latency"),
-                         title)
+        raise ValueError(
+            "plot_alloc_latency needs a summary (alloc_p50_us, ...) or per-call samples"
+        )
+    return _from_summary(
+        require_columns(summary, ["policy", "alloc_p50_us", "alloc_p99_us"], "plot_alloc_latency"),
+        title,
+    )
 
 
 def _from_samples(samples: pd.DataFrame, title: str | None) -> Any:
@@ -52,7 +73,7 @@ def _from_samples(samples: pd.DataFrame, title: str | None) -> Any:
             x, y = ecdf(part.loc[part["series"] == name, "latency_us"])
             x = x[x > 0] if x.size else x
             if x.size:
-                ax.step(x, y[-x.size:], where="post", color=colour[name], lw=1.0, label=name)
+                ax.step(x, y[-x.size :], where="post", color=colour[name], lw=1.0, label=name)
                 drawn = True
         if drawn:
             ax.set_xscale("log")
@@ -89,7 +110,10 @@ def _from_summary(summary: pd.DataFrame, title: str | None) -> Any:
         ax.set_xscale("log")
         ax.set_xlabel(f"{op} latency (µs, log): p50 ● to p99 |")
         ax.grid(alpha=0.3, which="both", axis="x")
-        lo_x, hi_x = np.nanmin(lo[lo > 0]) if (lo > 0).any() else 0.1, np.nanmax(hi) if np.isfinite(hi).any() else 1
+        lo_x, hi_x = (
+            np.nanmin(lo[lo > 0]) if (lo > 0).any() else 0.1,
+            np.nanmax(hi) if np.isfinite(hi).any() else 1,
+        )
         ax.set_xlim(lo_x / 2, hi_x * 6)
         ax.set_title(op, fontsize=9)
     axes[0, 0].set_yticks(y, s["series"].tolist(), fontsize=8)

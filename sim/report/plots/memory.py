@@ -12,15 +12,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report.plots._base import (byte_unit, colours, grid_shape, hide_unused, legend_below, new_figure, note,
-                             require_columns, series_order, time_unit, with_series)
+from sim.report.plots._base import (
+    byte_unit,
+    colours,
+    grid_shape,
+    hide_unused,
+    legend_below,
+    new_figure,
+    note,
+    require_columns,
+    series_order,
+    time_unit,
+    with_series,
+)
 
 __all__ = ["plot_memory_over_time", "plot_fragmentation_over_time", "plot_peak_memory"]
 
 
-def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.DataFrame | None = None,
-                          reference_label: str = "reference", zoom: bool = False, max_cols: int = 3,
-                          title: str | None = None) -> Any:
+def plot_memory_over_time(
+    timeseries: pd.DataFrame,
+    *,
+    reference: float | pd.DataFrame | None = None,
+    reference_label: str = "reference",
+    zoom: bool = False,
+    max_cols: int = 3,
+    title: str | None = None,
+) -> Any:
     """Reserved vs live bytes over time, one panel per run (policy, backend, source).
 
     Args:
@@ -40,18 +57,27 @@ def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.Dat
     Returns:
         A matplotlib ``Figure``; the panels share both axes so runs compare at a glance.
     """
-    ts = with_series(require_columns(timeseries, ["time_us", "live_bytes", "reserved_bytes", "policy"],
-                                     "plot_memory_over_time"))
+    ts = with_series(
+        require_columns(
+            timeseries,
+            ["time_us", "live_bytes", "reserved_bytes", "policy"],
+            "plot_memory_over_time",
+        )
+    )
     names = series_order(ts)
     nrows, ncols = grid_shape(len(names), max_cols)
     fig, axes = new_figure(nrows, ncols, panel_w=4.2, panel_h=2.7, sharex=True, sharey=True)
     ref_max = 0.0
     if isinstance(reference, pd.DataFrame):
-        require_columns(reference, ["time_us", "reserved_bytes"], "plot_memory_over_time(reference=)")
+        require_columns(
+            reference, ["time_us", "reserved_bytes"], "plot_memory_over_time(reference=)"
+        )
         ref_max = float(reference["reserved_bytes"].max()) if len(reference) else 0.0
     elif reference is not None:
         ref_max = float(reference)
-    top = max(float(np.nanmax(ts["reserved_bytes"].to_numpy(np.float64))) if len(ts) else 0.0, ref_max)
+    top = max(
+        float(np.nanmax(ts["reserved_bytes"].to_numpy(np.float64))) if len(ts) else 0.0, ref_max
+    )
     div, unit = byte_unit(top)
     t_div, tlabel = time_unit(ts["time_us"])
     if not names:
@@ -63,12 +89,34 @@ def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.Dat
         ax.fill_between(t, 0, reserved, step="post", color="#c6dbef", label="reserved")
         ax.step(t, reserved, where="post", color="#2171b5", lw=1.0)
         if "allocated_bytes" in run and not run["allocated_bytes"].isna().all():
-            ax.step(t, run["allocated_bytes"].to_numpy(np.float64) / div, where="post", color="#fd8d3c", lw=0.8,
-                    ls="--", label="allocated (live + rounding)")
-        ax.step(t, run["live_bytes"].to_numpy(np.float64) / div, where="post", color="#d62728", lw=1.0, label="live")
-        if "kv_token_bytes" in run and not run["kv_token_bytes"].isna().all():  # simulations: KV actually in use
-            ax.step(t, run["kv_token_bytes"].to_numpy(np.float64) / div, where="post", color="#31a354", lw=0.7,
-                    label="KV tokens held")
+            ax.step(
+                t,
+                run["allocated_bytes"].to_numpy(np.float64) / div,
+                where="post",
+                color="#fd8d3c",
+                lw=0.8,
+                ls="--",
+                label="allocated (live + rounding)",
+            )
+        ax.step(
+            t,
+            run["live_bytes"].to_numpy(np.float64) / div,
+            where="post",
+            color="#d62728",
+            lw=1.0,
+            label="live",
+        )
+        if (
+            "kv_token_bytes" in run and not run["kv_token_bytes"].isna().all()
+        ):  # simulations: KV actually in use
+            ax.step(
+                t,
+                run["kv_token_bytes"].to_numpy(np.float64) / div,
+                where="post",
+                color="#31a354",
+                lw=0.7,
+                label="KV tokens held",
+            )
         _draw_reference(ax, reference, div, t_div, reference_label)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
@@ -84,13 +132,22 @@ def plot_memory_over_time(timeseries: pd.DataFrame, *, reference: float | pd.Dat
     return fig
 
 
-def _draw_reference(ax: Any, reference: float | pd.DataFrame | None, div: float, t_div: float, label: str) -> None:
+def _draw_reference(
+    ax: Any, reference: float | pd.DataFrame | None, div: float, t_div: float, label: str
+) -> None:
     if reference is None:
         return
     if isinstance(reference, pd.DataFrame):
         ref = reference.sort_values("time_us")
-        ax.step(ref["time_us"].to_numpy(np.float64) / t_div, ref["reserved_bytes"].to_numpy(np.float64) / div,
-                where="post", color="black", lw=0.9, ls=":", label=label)
+        ax.step(
+            ref["time_us"].to_numpy(np.float64) / t_div,
+            ref["reserved_bytes"].to_numpy(np.float64) / div,
+            where="post",
+            color="black",
+            lw=0.9,
+            ls=":",
+            label=label,
+        )
     else:
         ax.axhline(float(reference) / div, color="black", lw=0.9, ls=":", label=label)
 
@@ -101,7 +158,11 @@ def plot_fragmentation_over_time(timeseries: pd.DataFrame, *, title: str | None 
     Runs whose ``frag_ext`` is all NaN (baselines that cannot see their free ranges) are listed
     as such rather than drawn.
     """
-    ts = with_series(require_columns(timeseries, ["time_us", "frag_ext", "policy"], "plot_fragmentation_over_time"))
+    ts = with_series(
+        require_columns(
+            timeseries, ["time_us", "frag_ext", "policy"], "plot_fragmentation_over_time"
+        )
+    )
     names = series_order(ts)
     colour = colours(names)
     fig, axes = new_figure(1, 1, panel_w=8.0, panel_h=3.4)
@@ -113,8 +174,14 @@ def plot_fragmentation_over_time(timeseries: pd.DataFrame, *, title: str | None 
         if run["frag_ext"].isna().all():
             unknown.append(name)
             continue
-        ax.step(run["time_us"].to_numpy(np.float64) / t_div, run["frag_ext"].to_numpy(np.float64) * 100,
-                where="post", lw=1.0, color=colour[name], label=name)
+        ax.step(
+            run["time_us"].to_numpy(np.float64) / t_div,
+            run["frag_ext"].to_numpy(np.float64) * 100,
+            where="post",
+            lw=1.0,
+            color=colour[name],
+            label=name,
+        )
     if len(unknown) == len(names):
         note(ax, "no fragmentation samples")
     else:
@@ -129,8 +196,13 @@ def plot_fragmentation_over_time(timeseries: pd.DataFrame, *, title: str | None 
     return fig
 
 
-def plot_peak_memory(summary: pd.DataFrame, *, reference_bytes: float | None = None,
-                     reference_label: str = "reference", title: str | None = None) -> Any:
+def plot_peak_memory(
+    summary: pd.DataFrame,
+    *,
+    reference_bytes: float | None = None,
+    reference_label: str = "reference",
+    title: str | None = None,
+) -> Any:
     """Peak live and peak reserved bytes per run, the overhead (reserved / live - 1) written beside.
 
     Args:
@@ -140,8 +212,11 @@ def plot_peak_memory(summary: pd.DataFrame, *, reference_bytes: float | None = N
             the run's difference from it.
         reference_label: the legend entry of the line.
     """
-    s = with_series(require_columns(summary, ["policy", "peak_live_bytes", "peak_reserved_bytes"],
-                                    "plot_peak_memory"))
+    s = with_series(
+        require_columns(
+            summary, ["policy", "peak_live_bytes", "peak_reserved_bytes"], "plot_peak_memory"
+        )
+    )
     names = series_order(s)
     fig, axes = new_figure(1, 1, panel_w=8.0, panel_h=0.45 * max(len(names), 2) + 1.2)
     ax = axes[0, 0]

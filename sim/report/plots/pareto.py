@@ -7,7 +7,14 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from sim.report.plots._base import FRACTION_COLUMNS, column_header, new_figure, note, require_columns, with_series
+from sim.report.plots._base import (
+    FRACTION_COLUMNS,
+    column_header,
+    new_figure,
+    note,
+    require_columns,
+    with_series,
+)
 from sim.sweep.pareto import pareto_mask
 
 __all__ = ["plot_pareto", "pareto_axes"]
@@ -18,11 +25,20 @@ PARETO_Y = ("alloc_p99_us", "failure_rate", "ttft_p99_s", "n_preempted")
 
 def pareto_axes(summary: pd.DataFrame, x: str = "overhead") -> list[str]:
     """The ``PARETO_Y`` columns present in ``summary`` with more than one distinct value."""
-    return [y for y in PARETO_Y if y in summary.columns and y != x and summary[y].nunique(dropna=True) > 1]
+    return [
+        y
+        for y in PARETO_Y
+        if y in summary.columns and y != x and summary[y].nunique(dropna=True) > 1
+    ]
 
 
-def plot_pareto(summary: pd.DataFrame, *, x: str = "overhead", ys: Sequence[str] | None = None,
-                title: str | None = None) -> Any:
+def plot_pareto(
+    summary: pd.DataFrame,
+    *,
+    x: str = "overhead",
+    ys: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Any:
     """One panel per second axis: every run as a point, the non-dominated runs joined and named.
 
     Both axes are minimised (``sim.sweep.pareto.pareto_mask``); fractions are drawn in percent.
@@ -54,6 +70,7 @@ def plot_pareto(summary: pd.DataFrame, *, x: str = "overhead", ys: Sequence[str]
         ax.set_ylabel(column_header(y))
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7, loc="best")
-    fig.suptitle(title or f"Pareto fronts: {column_header(x)} against latency and failures", fontsize=11)
+    fig.suptitle(
+        title or f"Pareto fronts: {column_header(x)} against latency and failures", fontsize=11
+    )
     return fig
-

@@ -13,14 +13,34 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report.plots._base import (colours, ecdf, grid_shape, hide_unused, legend_below, new_figure, note,
-                             require_columns, series_order, time_unit, with_series)
+from sim.report.plots._base import (
+    colours,
+    ecdf,
+    grid_shape,
+    hide_unused,
+    legend_below,
+    new_figure,
+    note,
+    require_columns,
+    series_order,
+    time_unit,
+    with_series,
+)
 
-__all__ = ["REQUEST_METRICS", "FAILURE_COUNTERS", "plot_request_latency", "plot_queue_lengths", "plot_failures"]
+__all__ = [
+    "REQUEST_METRICS",
+    "FAILURE_COUNTERS",
+    "plot_request_latency",
+    "plot_queue_lengths",
+    "plot_failures",
+]
 
 #: Per-request latency columns and their titles.
-REQUEST_METRICS = {"ttft_s": "TTFT (time to first token)", "tpot_s": "TPOT (time per output token)",
-                   "e2e_s": "end-to-end latency"}
+REQUEST_METRICS = {
+    "ttft_s": "TTFT (time to first token)",
+    "tpot_s": "TPOT (time per output token)",
+    "e2e_s": "end-to-end latency",
+}
 
 #: Summary counters of things that went wrong (or had to be worked around), and their titles.
 FAILURE_COUNTERS = {
@@ -40,8 +60,10 @@ def plot_request_latency(requests: pd.DataFrame, *, title: str | None = None) ->
     req = require_columns(requests, ["policy"], "plot_request_latency")
     metrics = [m for m in REQUEST_METRICS if m in req.columns]
     if not metrics:
-        raise ValueError(f"plot_request_latency needs one of {list(REQUEST_METRICS)}; "
-                         f"the table has {list(req.columns)}")
+        raise ValueError(
+            f"plot_request_latency needs one of {list(REQUEST_METRICS)}; "
+            f"the table has {list(req.columns)}"
+        )
     if "status" in req.columns:
         req = req[req["status"] == "finished"]
     r = with_series(req)
@@ -75,7 +97,9 @@ def plot_queue_lengths(timeseries: pd.DataFrame, *, title: str | None = None) ->
     queues = [q for q in ("running", "waiting", "swapped") if q in ts.columns]
     queues = [q for q in queues if q != "swapped" or (ts[q].fillna(0) > 0).any()]
     if not queues:
-        raise ValueError(f"plot_queue_lengths needs 'running' or 'waiting' columns; the table has {list(ts.columns)}")
+        raise ValueError(
+            f"plot_queue_lengths needs 'running' or 'waiting' columns; the table has {list(ts.columns)}"
+        )
     t = with_series(ts)
     names = series_order(t)
     colour = colours(names)
@@ -84,8 +108,14 @@ def plot_queue_lengths(timeseries: pd.DataFrame, *, title: str | None = None) ->
     for ax, queue in zip(axes[:, 0], queues):
         for name in names:
             run = t[t["series"] == name].sort_values("time_us")
-            ax.step(run["time_us"].to_numpy(np.float64) / t_div, run[queue].to_numpy(np.float64), where="post",
-                    lw=0.9, color=colour[name], label=name)
+            ax.step(
+                run["time_us"].to_numpy(np.float64) / t_div,
+                run[queue].to_numpy(np.float64),
+                where="post",
+                lw=0.9,
+                color=colour[name],
+                label=name,
+            )
         ax.set_ylabel(f"{queue} requests")
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel(tlabel)
@@ -101,9 +131,15 @@ def plot_failures(summary: pd.DataFrame, *, title: str | None = None, max_cols: 
     (NaN) is labelled "n/a", and a counter no run reports gets no panel.
     """
     s = with_series(require_columns(summary, ["policy"], "plot_failures"))
-    counters = [c for c in FAILURE_COUNTERS if c in s.columns and pd.to_numeric(s[c], errors="coerce").notna().any()]
+    counters = [
+        c
+        for c in FAILURE_COUNTERS
+        if c in s.columns and pd.to_numeric(s[c], errors="coerce").notna().any()
+    ]
     if not counters:
-        raise ValueError(f"plot_failures needs one of {list(FAILURE_COUNTERS)}; the table has {list(s.columns)}")
+        raise ValueError(
+            f"plot_failures needs one of {list(FAILURE_COUNTERS)}; the table has {list(s.columns)}"
+        )
     names = series_order(s)
     colour = colours(names)
     panel_w = max(3.2, 0.4 * len(s) + 1.2)
@@ -114,7 +150,14 @@ def plot_failures(summary: pd.DataFrame, *, title: str | None = None, max_cols: 
         values = pd.to_numeric(s[counter], errors="coerce").to_numpy(np.float64)
         ax.bar(x, np.nan_to_num(values), color=[colour[n] for n in s["series"]])
         for xi, v in zip(x, values):
-            ax.text(xi, np.nan_to_num(v), "n/a" if np.isnan(v) else f"{v:,.0f}", ha="center", va="bottom", fontsize=7)
+            ax.text(
+                xi,
+                np.nan_to_num(v),
+                "n/a" if np.isnan(v) else f"{v:,.0f}",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
         ax.set_xticks(x, s["series"].tolist(), rotation=35, ha="right", fontsize=7)
         ax.set_title(FAILURE_COUNTERS[counter], fontsize=9)
         finite = values[np.isfinite(values)]

@@ -4,8 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.replay.bounds import (bounds, check_plan, lifetimes, lower_bound_bytes, plan_best_fit_in_order,
-                        plan_greedy_by_size)
+from sim.replay.bounds import (
+    bounds,
+    check_plan,
+    lifetimes,
+    lower_bound_bytes,
+    plan_best_fit_in_order,
+    plan_greedy_by_size,
+)
 from traces import bundled_path, read_alloc_trace
 from traces.events import AllocTrace, make_events
 
@@ -61,7 +67,11 @@ def test_check_plan_catches_an_overlap():
         check_plan([0, 1], [3, 4], [100, 100], [0, 50])
 
 
-_ops = st.lists(st.tuples(st.integers(1, 64 * KiB), st.integers(0, 40), st.integers(1, 40)), min_size=1, max_size=60)
+_ops = st.lists(
+    st.tuples(st.integers(1, 64 * KiB), st.integers(0, 40), st.integers(1, 40)),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -70,7 +80,9 @@ def test_plans_are_valid_and_never_below_the_bound(ops):
     starts = [s for _, s, _ in ops]
     ends = [s + d for _, s, d in ops]
     sizes = [-(-n // 512) * 512 for n, _, _ in ops]
-    live_peak = max(sum(z for z, s, e in zip(sizes, starts, ends) if s <= t < e) for t in range(max(ends)))
+    live_peak = max(
+        sum(z for z, s, e in zip(sizes, starts, ends) if s <= t < e) for t in range(max(ends))
+    )
     for planner in (plan_greedy_by_size, plan_best_fit_in_order):
         peak, offsets = planner(starts, ends, sizes)
         assert check_plan(starts, ends, sizes, offsets) == peak
@@ -80,14 +92,20 @@ def test_plans_are_valid_and_never_below_the_bound(ops):
 def test_bounds_of_the_bundled_slice():
     b = bounds(read_alloc_trace(bundled_path("llama1b_generate_slice.pickle.gz")))
     assert b["lower_bound_bytes"] == 2_079_592_664 and b["planner"] == "greedy-by-size"
-    assert b["aligned_lower_bound_bytes"] <= b["planner_peak_bytes"] <= 1.01 * b["lower_bound_bytes"]
+    assert (
+        b["aligned_lower_bound_bytes"] <= b["planner_peak_bytes"] <= 1.01 * b["lower_bound_bytes"]
+    )
     assert b["num_allocations"] == 12_234
 
 
 def test_the_in_order_planner_is_selectable():
     tr = trace_of([("a", 0, 4096), ("a", 1, 4096), ("f", 0), ("a", 2, 2048)])
     b = bounds(tr, planner="best-fit-in-order")
-    assert (b["planner"], b["planner_peak_bytes"], b["lower_bound_bytes"]) == ("best-fit-in-order", 8192, 8192)
+    assert (b["planner"], b["planner_peak_bytes"], b["lower_bound_bytes"]) == (
+        "best-fit-in-order",
+        8192,
+        8192,
+    )
 
 
 def test_an_empty_trace_has_zero_bounds():
@@ -104,7 +122,9 @@ def test_bad_options_are_refused(kw):
 def test_auto_falls_back_to_best_fit_in_order_when_greedy_would_take_too_long(monkeypatch):
     import sim.replay.bounds
 
-    tr = trace_of([("a", 0, 4096), ("a", 1, 4096), ("a", 2, 4096), ("f", 0), ("f", 1), ("f", 2), ("a", 3, 1)])
+    tr = trace_of(
+        [("a", 0, 4096), ("a", 1, 4096), ("a", 2, 4096), ("f", 0), ("f", 1), ("f", 2), ("a", 3, 1)]
+    )
     assert bounds(tr)["planner"] == "greedy-by-size"
     monkeypatch.setattr(sim.replay.bounds, "GREEDY_WORK_LIMIT", 1)
     assert bounds(tr)["planner"] == "best-fit-in-order"

@@ -22,7 +22,9 @@ def test_compaction_rows_add_up_to_the_policys_own_passes():
     last = len(trace) - 1
     assert all(e % 97 == 0 or e == last for e in table["event"])
     assert table["time_us"].is_monotonic_increasing
-    assert set(table[["trace", "policy", "backend"]].itertuples(index=False)) == {(trace.name, "compacting", "sim")}
+    assert set(table[["trace", "policy", "backend"]].itertuples(index=False)) == {
+        (trace.name, "compacting", "sim")
+    }
 
 
 def test_a_pool_that_cannot_compact_records_no_table():
@@ -39,14 +41,30 @@ def test_a_serving_run_samples_its_compactions_and_the_page_marks_each_growth():
 
     rng = np.random.default_rng(0)
     n = 150
-    requests = RequestTrace(make_requests(np.cumsum(rng.exponential(1 / 200.0, n)), rng.integers(50, 400, n),
-                                          rng.integers(20, 200, n)), name="t")
+    requests = RequestTrace(
+        make_requests(
+            np.cumsum(rng.exponential(1 / 200.0, n)),
+            rng.integers(50, 400, n),
+            rng.integers(20, 200, n),
+        ),
+        name="t",
+    )
     spec = "compacting:base=[best-fit:segment_bytes=8MiB],idle_only=true,threshold=0.3"
-    res = simulate(requests, spec, model="Llama-3.2-1B", gpu="H200", kv_capacity_bytes=3000 * 32768,
-                   compact_between_steps=True)
+    res = simulate(
+        requests,
+        spec,
+        model="Llama-3.2-1B",
+        gpu="H200",
+        kv_capacity_bytes=3000 * 32768,
+        compact_between_steps=True,
+    )
     ts = res.timeseries
     counts = ts["num_compactions"].to_numpy()
-    assert counts[-1] > 0 and (np.diff(counts) >= 0).all() and counts[-1] <= res.summary["n_compactions"]
+    assert (
+        counts[-1] > 0
+        and (np.diff(counts) >= 0).all()
+        and counts[-1] <= res.summary["n_compactions"]
+    )
     markers = trace_data("t", ts.assign(source="s"), None)["compactions"]
     assert sum(m["num_compactions"] for m in markers) == counts[-1]
     assert sum(m["moved_bytes"] for m in markers) == ts["compaction_moved_bytes"].iloc[-1]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import policies
+
 MiB = 1 << 20
 from sim.replay.bounds import bounds
 from sim.replay.trace_replay import replay
@@ -22,7 +23,11 @@ SNAPSHOTS = Path(__file__).resolve().parents[2] / "data" / "snapshots_h200"
 
 def _trace(with_call: bool = True) -> AllocTrace:
     """Two 8 MiB blocks allocated and freed, (an empty_cache call,) then one small block."""
-    ops = ["alloc", "alloc", "free", "free"] + ([EMPTY_CACHE_OP] if with_call else []) + ["alloc", "free"]
+    ops = (
+        ["alloc", "alloc", "free", "free"]
+        + ([EMPTY_CACHE_OP] if with_call else [])
+        + ["alloc", "free"]
+    )
     ids = [0, 1, 0, 1] + ([-1] if with_call else []) + [2, 2]
     sizes = [8 * MiB, 8 * MiB, 8 * MiB, 8 * MiB] + ([0] if with_call else []) + [4096, 4096]
     events = make_events(np.arange(len(ops)), ops, ids, sizes)
@@ -56,14 +61,25 @@ def test_every_policy_honours_the_call(spec):
 def test_requests_leave_the_call_out():
     trace = _trace()
     _, is_alloc, ids, _, _ = trace.arrays()
-    assert is_alloc.tolist() == [True, True, False, False, True, False] and ids.tolist() == [0, 1, 0, 1, 2, 2]
-    assert bounds(trace)["lower_bound_bytes"] == bounds(_trace(with_call=False))["lower_bound_bytes"]
+    assert is_alloc.tolist() == [True, True, False, False, True, False] and ids.tolist() == [
+        0,
+        1,
+        0,
+        1,
+        2,
+        2,
+    ]
+    assert (
+        bounds(trace)["lower_bound_bytes"] == bounds(_trace(with_call=False))["lower_bound_bytes"]
+    )
     info = describe_alloc_trace(trace)
     assert (info["num_allocs"], info["num_frees"], info["num_empty_cache"]) == (3, 3, 1)
     assert info["peak_live_bytes"] == 16 * MiB and info["final_live_bytes"] == 0
 
 
-@pytest.mark.parametrize("suffix, read", [(".csv", read_table_csv), (".parquet", read_table_parquet)])
+@pytest.mark.parametrize(
+    "suffix, read", [(".csv", read_table_csv), (".parquet", read_table_parquet)]
+)
 def test_table_round_trip(tmp_path, suffix, read):
     path = tmp_path / f"ec{suffix}"
     write_alloc_trace(_trace(), path)

@@ -51,9 +51,16 @@ def test_sampling_at_chunk_ends_takes_the_samples_observe_takes(every):
     for per_event in (True, False):
         policy = policies.create("best-fit")
         monitor = PoolMonitor(policy, sample_every=every)
-        engine.run(ev.ops, ev.keys, ev.sizes, times_us=ev.times_us, target=engine.policy_target(policy),
-                   observe=monitor.observe if per_event else monitor.sample,
-                   observe_every=1 if per_event else every, unknown_free=_unknown)
+        engine.run(
+            ev.ops,
+            ev.keys,
+            ev.sizes,
+            times_us=ev.times_us,
+            target=engine.policy_target(policy),
+            observe=monitor.observe if per_event else monitor.sample,
+            observe_every=1 if per_event else every,
+            unknown_free=_unknown,
+        )
         monitor.finish(len(ev.ops) - 1, ev.times_us[-1])
         tables.append(monitor.timeseries())
     assert tables[0].equals(tables[1])
@@ -63,8 +70,14 @@ def test_sampling_at_chunk_ends_takes_the_samples_observe_takes(every):
 def test_latency_is_call_time_plus_the_driver_time_it_caused():
     costs = CostModel.load()
     policy = policies.create("first-fit:segment_bytes=8MiB", device=CostedDevice(costs))
-    run = engine.run([engine.ALLOC, engine.ALLOC, engine.FREE, engine.FREE], [1, 2, 1, 2], [1000] * 4,
-                     target=engine.policy_target(policy), unknown_free=_unknown, timer=TickTimer())
+    run = engine.run(
+        [engine.ALLOC, engine.ALLOC, engine.FREE, engine.FREE],
+        [1, 2, 1, 2],
+        [1000] * 4,
+        target=engine.policy_target(policy),
+        unknown_free=_unknown,
+        timer=TickTimer(),
+    )
     assert run.alloc_ns.tolist() == [10 + costs.malloc_ns(8 * MiB), 10]
     assert run.free_ns.tolist() == [10, 10]
     assert run.alloc_ns.dtype == np.int64
@@ -79,9 +92,17 @@ def test_a_page_mapped_device_over_a_costed_one_charges_the_physical_time_to_its
     assert policy.device.physical is not None
     target = engine.policy_target(policy)
     assert target.driver_clock is None  # two clocks behind one take_driver_ns: call it
-    run = engine.run([engine.ALLOC, engine.ALLOC, engine.FREE, engine.FREE], [1, 2, 1, 2], [3 * MiB, 1000, 0, 0],
-                     target=target, unknown_free=_unknown, timer=TickTimer())
-    driver_ns = [n - 10 for n in run.alloc_ns.tolist() + run.free_ns.tolist()]  # every call timed (4 events)
+    run = engine.run(
+        [engine.ALLOC, engine.ALLOC, engine.FREE, engine.FREE],
+        [1, 2, 1, 2],
+        [3 * MiB, 1000, 0, 0],
+        target=target,
+        unknown_free=_unknown,
+        timer=TickTimer(),
+    )
+    driver_ns = [
+        n - 10 for n in run.alloc_ns.tolist() + run.free_ns.tolist()
+    ]  # every call timed (4 events)
     assert driver_ns[0] > 0 and sum(driver_ns) == policy.device.driver_ns_total
 
 
@@ -105,15 +126,26 @@ class CustomDriver(UnmodelledDriver):
 
 
 def test_driver_clock_is_read_only_off_devices_that_declare_one():
-    assert engine.policy_target(policies.create("paged", device=CostedDevice())).driver_clock is not None
-    assert isinstance(engine.policy_target(policies.create("paged")).driver_clock, DriverClock)  # never charged
+    assert (
+        engine.policy_target(policies.create("paged", device=CostedDevice())).driver_clock
+        is not None
+    )
+    assert isinstance(
+        engine.policy_target(policies.create("paged")).driver_clock, DriverClock
+    )  # never charged
     custom = CustomDriver()
     policy = policies.create("first-fit:segment_bytes=8MiB", device=custom)
     target = engine.policy_target(policy)
     assert target.driver_clock is None  # its take_driver_ns is its own: called after every call
     custom.pending = 100  # accrued before the run: belongs to no call
-    run = engine.run([engine.ALLOC, engine.FREE], [1, 1], [1000, 1000], target=target, unknown_free=_unknown,
-                     timer=TickTimer())
+    run = engine.run(
+        [engine.ALLOC, engine.FREE],
+        [1, 1],
+        [1000, 1000],
+        target=target,
+        unknown_free=_unknown,
+        timer=TickTimer(),
+    )
     assert run.alloc_ns.tolist() == [10 + 7]
 
 
@@ -130,8 +162,14 @@ class Handle:
 def test_a_dropping_target_frees_inside_the_timed_region():
     timer, log = TickTimer(), []
     target = engine.Target(allocate=lambda nbytes: Handle(log, timer), free=None, sized_only=True)
-    run = engine.run([engine.ALLOC, engine.FREE], [1, 1], [64, 64], target=target, unknown_free=_unknown,
-                     timer=timer)
+    run = engine.run(
+        [engine.ALLOC, engine.FREE],
+        [1, 1],
+        [64, 64],
+        target=target,
+        unknown_free=_unknown,
+        timer=timer,
+    )
     assert log == [30]  # between the free's two clock reads (20: after the alloc; 30, 40: the free)
     assert run.free_ns.tolist() == [10] and not run.live
 
@@ -144,17 +182,26 @@ def test_an_empty_stream_and_a_refusal_oom():
         raise Oom
 
     target = engine.Target(allocate=refuse, free=lambda h: None, oom_errors=(Oom,), sized_only=True)
-    run = engine.run([engine.ALLOC, engine.FREE], [5, 5], [64, 64], target=target, unknown_free=_unknown)
+    run = engine.run(
+        [engine.ALLOC, engine.FREE], [5, 5], [64, 64], target=target, unknown_free=_unknown
+    )
     assert run.num_failed == 1 and run.alloc_ns.size == 1 and run.free_ns.size == 0
-    empty = engine.run([], [], [], target=target, unknown_free=_unknown, observe=lambda i, t: None,
-                       observe_every=4)
+    empty = engine.run(
+        [], [], [], target=target, unknown_free=_unknown, observe=lambda i, t: None, observe_every=4
+    )
     assert empty.alloc_ns.size == 0 and empty.free_ns.size == 0
 
 
 def test_observe_every_must_be_positive():
     with pytest.raises(ValueError, match="observe_every"):
-        engine.run([], [], [], target=engine.Target(allocate=int, free=None), unknown_free=_unknown,
-                   observe_every=0)
+        engine.run(
+            [],
+            [],
+            [],
+            target=engine.Target(allocate=int, free=None),
+            unknown_free=_unknown,
+            observe_every=0,
+        )
 
 
 def test_latency_sample_mask_is_seeded_uniform_and_none_for_every_call():
@@ -163,7 +210,7 @@ def test_latency_sample_mask_is_seeded_uniform_and_none_for_every_call():
     assert len(mask) == 200_000 and set(mask) == {0, 1}
     assert abs(sum(mask) / 200_000 - 0.1) < 0.005
     # uniform along the trace: no stride a periodic trace could alias (each tenth within 10 %)
-    tenths = [sum(mask[k * 20_000:(k + 1) * 20_000]) for k in range(10)]
+    tenths = [sum(mask[k * 20_000 : (k + 1) * 20_000]) for k in range(10)]
     assert max(tenths) < 1.1 * 2_000 and min(tenths) > 0.9 * 2_000
     assert engine.latency_sample_mask(10, 1.0) is None
     for bad in (0.0, -0.5, 1.5):
@@ -207,7 +254,9 @@ class CallStampTimer:
 
     def _at_next_call(self):
         j = self.next
-        while self.ops[j] == engine.FLUSH or (self.ops[j] == engine.FREE and self.keys[j] in self.refused):
+        while self.ops[j] == engine.FLUSH or (
+            self.ops[j] == engine.FREE and self.keys[j] in self.refused
+        ):
             j += 1
         self.event, self.next = j, j + 1
 
@@ -238,8 +287,11 @@ def test_a_sampled_run_times_the_chosen_calls_each_with_its_own_driver_time(loop
     ev = trace_events(_random_trace(3000, seed=3))
     samples, pools, failed = {}, {}, {}
     for share in (1.0, 0.3):
-        policy = policies.create("first-fit:segment_bytes=4MiB", device=CostedDevice(CostModel.load()),
-                                 capacity_bytes=64 * MiB)
+        policy = policies.create(
+            "first-fit:segment_bytes=4MiB",
+            device=CostedDevice(CostModel.load()),
+            capacity_bytes=64 * MiB,
+        )
         target = engine.policy_target(policy)
         if loop == "general":
             timer = EventStampTimer()
@@ -247,13 +299,26 @@ def test_a_sampled_run_times_the_chosen_calls_each_with_its_own_driver_time(loop
         else:
             timer = CallStampTimer(ev)
             target, hooks = timer.wrap(target), {}
-        assert engine._tight_loop_serves(target, before=hooks.get("before"), on_alloc=None, on_free=None,
-                                         every_event=None) == (loop == "tight")
-        run = engine.run(ev.ops, ev.keys, ev.sizes, target=target, unknown_free=_unknown,
-                         timer=timer, latency_sample=share, **hooks)
-        assert policy.device.clock.pending_ns == 0  # every call's driver time drained, sampled or not
-        samples[share] = {op: dict(divmod(int(ns), 10**12) for ns in arr)
-                          for op, arr in (("alloc", run.alloc_ns), ("free", run.free_ns))}
+        assert engine._tight_loop_serves(
+            target, before=hooks.get("before"), on_alloc=None, on_free=None, every_event=None
+        ) == (loop == "tight")
+        run = engine.run(
+            ev.ops,
+            ev.keys,
+            ev.sizes,
+            target=target,
+            unknown_free=_unknown,
+            timer=timer,
+            latency_sample=share,
+            **hooks,
+        )
+        assert (
+            policy.device.clock.pending_ns == 0
+        )  # every call's driver time drained, sampled or not
+        samples[share] = {
+            op: dict(divmod(int(ns), 10**12) for ns in arr)
+            for op, arr in (("alloc", run.alloc_ns), ("free", run.free_ns))
+        }
         pools[share], failed[share] = policy.stats().as_dict(), run.num_failed
         assert run.num_frees == policy.num_frees  # every free counted, timed or not
     assert pools[1.0] == pools[0.3] and failed[1.0] == failed[0.3] > 0  # refusals happen
@@ -270,12 +335,25 @@ def test_a_replay_reports_the_share_of_calls_it_timed():
     from sim.replay.trace_replay import replay
 
     trace = _random_trace(3000, seed=4)
-    rows = {share: replay(trace, "best-fit", latency_sample=share).summary for share in (None, 1.0, 0.25)}
-    assert rows[None]["latency_sampled_frac"] == rows[1.0]["latency_sampled_frac"] == 1.0  # short: every call
+    rows = {
+        share: replay(trace, "best-fit", latency_sample=share).summary
+        for share in (None, 1.0, 0.25)
+    }
+    assert (
+        rows[None]["latency_sampled_frac"] == rows[1.0]["latency_sampled_frac"] == 1.0
+    )  # short: every call
     assert 0.2 < rows[0.25]["latency_sampled_frac"] < 0.3
-    timing = {"alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us", "latency_sampled_frac", "wall_s"}
-    assert {k: v for k, v in rows[0.25].items() if k not in timing} == \
-        {k: v for k, v in rows[1.0].items() if k not in timing}
+    timing = {
+        "alloc_p50_us",
+        "alloc_p99_us",
+        "free_p50_us",
+        "free_p99_us",
+        "latency_sampled_frac",
+        "wall_s",
+    }
+    assert {k: v for k, v in rows[0.25].items() if k not in timing} == {
+        k: v for k, v in rows[1.0].items() if k not in timing
+    }
 
 
 def _trace_with_flushes(num_events, seed):
@@ -306,18 +384,43 @@ def test_the_tight_loop_replays_exactly_as_the_general_one(share, device):
         policy = policies.create("torch-caching", device=dev, capacity_bytes=96 * MiB)
         assert (engine.policy_target(policy).driver_clock is None) == (device == "custom")
         monitor = PoolMonitor(policy, sample_every=7)
-        run = engine.run(ops, keys, sizes, streams=streams, tags=tags, times_us=times_us,
-                         target=engine.policy_target(policy), observe=monitor.sample, observe_every=7,
-                         before=before, unknown_free=_unknown, timer=TickTimer(), latency_sample=share)
+        run = engine.run(
+            ops,
+            keys,
+            sizes,
+            streams=streams,
+            tags=tags,
+            times_us=times_us,
+            target=engine.policy_target(policy),
+            observe=monitor.sample,
+            observe_every=7,
+            before=before,
+            unknown_free=_unknown,
+            timer=TickTimer(),
+            latency_sample=share,
+        )
         monitor.finish(len(ops) - 1, times_us[-1])
-        outcomes.append({"alloc_ns": run.alloc_ns.tolist(), "free_ns": run.free_ns.tolist(),
-                         "counts": (run.num_failed, run.num_frees, run.num_flushes), "live": sorted(run.live),
-                         "pool": policy.stats().as_dict(), "timeseries": monitor.timeseries(),
-                         "driver": ((dev.driver_ns_total, dev.clock.pending_ns) if device == "clock" else (dev.pending,)),
-                         "calls": policy.device.call_stats()})
+        outcomes.append(
+            {
+                "alloc_ns": run.alloc_ns.tolist(),
+                "free_ns": run.free_ns.tolist(),
+                "counts": (run.num_failed, run.num_frees, run.num_flushes),
+                "live": sorted(run.live),
+                "pool": policy.stats().as_dict(),
+                "timeseries": monitor.timeseries(),
+                "driver": (
+                    (dev.driver_ns_total, dev.clock.pending_ns)
+                    if device == "clock"
+                    else (dev.pending,)
+                ),
+                "calls": policy.device.call_stats(),
+            }
+        )
     tight, general = outcomes
     assert tight["counts"][0] > 0 and tight["counts"][2] > 0  # refusals and flushes happen
-    assert max(tight["alloc_ns"]) > 10 and not tight["driver"][-1]  # samples carry driver time; all drained
+    assert (
+        max(tight["alloc_ns"]) > 10 and not tight["driver"][-1]
+    )  # samples carry driver time; all drained
     assert tight["timeseries"].equals(general.pop("timeseries"))
     del tight["timeseries"]
     assert tight == general
@@ -326,7 +429,16 @@ def test_the_tight_loop_replays_exactly_as_the_general_one(share, device):
 def test_the_tight_loop_names_the_event_of_an_unknown_free():
     policy = policies.create("best-fit")
     ops = [engine.ALLOC, engine.FREE, engine.ALLOC, engine.FREE, engine.FREE]
-    for share in (1.0, 0.3):  # the double free timed, then untimed (the mask at 0.3 is 0, 0, 0, 1, 0)
+    for share in (
+        1.0,
+        0.3,
+    ):  # the double free timed, then untimed (the mask at 0.3 is 0, 0, 0, 1, 0)
         with pytest.raises(KeyError, match="event 4: 7"):
-            engine.run(ops, [7, 7, 8, 8, 7], [64] * 5, target=engine.policy_target(policy), unknown_free=_unknown,
-                       latency_sample=share)
+            engine.run(
+                ops,
+                [7, 7, 8, 8, 7],
+                [64] * 5,
+                target=engine.policy_target(policy),
+                unknown_free=_unknown,
+                latency_sample=share,
+            )

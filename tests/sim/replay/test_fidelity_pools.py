@@ -21,20 +21,52 @@ def entry(action, addr, size, stream=0):
 def graph_snapshot():
     """A default-pool segment, then a capture on stream CAPTURE into private pool (0, 1), then eager work."""
     entries = [
-        entry("segment_alloc", BASE, 20 * MiB), entry("alloc", BASE, 4 * MiB), entry("free_completed", BASE, 4 * MiB),
-        entry("segment_alloc", PRIVATE, 20 * MiB, CAPTURE), entry("alloc", PRIVATE, 4 * MiB, CAPTURE),
-        entry("free_completed", PRIVATE, 4 * MiB, CAPTURE), entry("alloc", PRIVATE, 2 * MiB, CAPTURE),
+        entry("segment_alloc", BASE, 20 * MiB),
+        entry("alloc", BASE, 4 * MiB),
+        entry("free_completed", BASE, 4 * MiB),
+        entry("segment_alloc", PRIVATE, 20 * MiB, CAPTURE),
+        entry("alloc", PRIVATE, 4 * MiB, CAPTURE),
+        entry("free_completed", PRIVATE, 4 * MiB, CAPTURE),
+        entry("alloc", PRIVATE, 2 * MiB, CAPTURE),
         entry("alloc", BASE, 4 * MiB),  # eager, default pool: not the private pool's free block
     ]
     segments = [
-        {"device": 0, "address": BASE, "total_size": 20 * MiB, "stream": 0, "segment_type": "large",
-         "segment_pool_id": (0, 0), "blocks": [{"address": BASE, "size": 4 * MiB, "requested_size": 4 * MiB,
-                                                 "state": "active_allocated"}]},
-        {"device": 0, "address": PRIVATE, "total_size": 20 * MiB, "stream": CAPTURE, "segment_type": "large",
-         "segment_pool_id": (0, 1), "blocks": [{"address": PRIVATE, "size": 2 * MiB, "requested_size": 2 * MiB,
-                                                "state": "active_allocated"}]},
+        {
+            "device": 0,
+            "address": BASE,
+            "total_size": 20 * MiB,
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "blocks": [
+                {
+                    "address": BASE,
+                    "size": 4 * MiB,
+                    "requested_size": 4 * MiB,
+                    "state": "active_allocated",
+                }
+            ],
+        },
+        {
+            "device": 0,
+            "address": PRIVATE,
+            "total_size": 20 * MiB,
+            "stream": CAPTURE,
+            "segment_type": "large",
+            "segment_pool_id": (0, 1),
+            "blocks": [
+                {
+                    "address": PRIVATE,
+                    "size": 2 * MiB,
+                    "requested_size": 2 * MiB,
+                    "state": "active_allocated",
+                }
+            ],
+        },
     ]
-    return parse_snapshot({"device_traces": [entries], "segments": segments, "allocator_settings": {}})
+    return parse_snapshot(
+        {"device_traces": [entries], "segments": segments, "allocator_settings": {}}
+    )
 
 
 def test_requests_get_the_pool_of_the_segment_holding_them():
@@ -46,10 +78,20 @@ def test_requests_get_the_pool_of_the_segment_holding_them():
 
 
 def test_a_segment_freed_in_the_trace_has_an_unknown_pool():
-    snap = parse_snapshot({"device_traces": [[entry("segment_alloc", BASE, 20 * MiB), entry("alloc", BASE, 100 * 1024),
-                                              entry("free_completed", BASE, 100 * 1024),
-                                              entry("segment_free", BASE, 20 * MiB)]],
-                           "segments": [], "allocator_settings": {}})
+    snap = parse_snapshot(
+        {
+            "device_traces": [
+                [
+                    entry("segment_alloc", BASE, 20 * MiB),
+                    entry("alloc", BASE, 100 * 1024),
+                    entry("free_completed", BASE, 100 * 1024),
+                    entry("segment_free", BASE, 20 * MiB),
+                ]
+            ],
+            "segments": [],
+            "allocator_settings": {},
+        }
+    )
     assert infer_request_pools(snap).num_unknown == 1
 
 
@@ -78,26 +120,43 @@ def test_a_divergence_names_one_index_for_message_csv_and_trace_and_a_private_po
     assert d["cause"].startswith("unmodelled private pool")
     rows = result.segment_events[result.segment_events["event"] == d["index"]]
     assert set(rows["entry"]) == {d["entry"]}  # the same trace entry on both sides
-    assert f"segment event {d['index']}" in result.format() and f"index {d['entry']}" in result.format()
+    assert (
+        f"segment event {d['index']}" in result.format()
+        and f"index {d['entry']}" in result.format()
+    )
 
 
 def test_a_recorded_free_the_emulation_does_not_make_is_an_external_release():
-    entries = [entry("segment_alloc", BASE, 30 * MiB), entry("alloc", BASE, 30 * MiB),
-               entry("free_completed", BASE, 30 * MiB),
-               entry("segment_free", BASE, 30 * MiB), entry("segment_alloc", OTHER, 36 * MiB),
-               entry("alloc", OTHER, 35 * MiB)]
+    entries = [
+        entry("segment_alloc", BASE, 30 * MiB),
+        entry("alloc", BASE, 30 * MiB),
+        entry("free_completed", BASE, 30 * MiB),
+        entry("segment_free", BASE, 30 * MiB),
+        entry("segment_alloc", OTHER, 36 * MiB),
+        entry("alloc", OTHER, 35 * MiB),
+    ]
     # with max_split_size these frees read as the allocator's retry; without a limit it never retries
-    snap = parse_snapshot({"device_traces": [entries], "segments": [],
-                           "allocator_settings": {"max_split_size": 25 * MiB}})
+    snap = parse_snapshot(
+        {
+            "device_traces": [entries],
+            "segments": [],
+            "allocator_settings": {"max_split_size": 25 * MiB},
+        }
+    )
     d = replay_recording(snapshot_to_recording(snap)).first_divergence
     assert d["cause"].startswith("external release") and d["entry"] == 5
 
 
 def test_frees_completed_late_point_to_record_stream():
-    entries = [entry("segment_alloc", BASE, 20 * MiB), entry("alloc", BASE, 4 * MiB),
-               entry("free_requested", BASE, 4 * MiB), entry("alloc", BASE + 4 * MiB, 4 * MiB),
-               entry("free_completed", BASE, 4 * MiB), entry("segment_alloc", OTHER, 20 * MiB),
-               entry("alloc", OTHER, 14 * MiB)]
+    entries = [
+        entry("segment_alloc", BASE, 20 * MiB),
+        entry("alloc", BASE, 4 * MiB),
+        entry("free_requested", BASE, 4 * MiB),
+        entry("alloc", BASE + 4 * MiB, 4 * MiB),
+        entry("free_completed", BASE, 4 * MiB),
+        entry("segment_alloc", OTHER, 20 * MiB),
+        entry("alloc", OTHER, 14 * MiB),
+    ]
     snap = parse_snapshot({"device_traces": [entries], "segments": [], "allocator_settings": {}})
     assert snap.num_deferred_frees == 1
     result = replay_recording(snapshot_to_recording(snap))  # the 14 MiB fits the freed space here

@@ -31,8 +31,14 @@ def test_a_sample_is_the_levels_of_stats(spec):
             if a is not None:
                 live.append(a)
         s = policy.stats()
-        assert readings.sample() == (s.live_bytes, s.allocated_bytes, s.reserved_bytes, s.largest_free_bytes,
-                                     s.frag_ext, s.num_segments)
+        assert readings.sample() == (
+            s.live_bytes,
+            s.allocated_bytes,
+            s.reserved_bytes,
+            s.largest_free_bytes,
+            s.frag_ext,
+            s.num_segments,
+        )
 
 
 def test_the_monitor_keeps_one_row_per_sample_with_its_event_and_time():
@@ -59,7 +65,9 @@ class _StatsWithoutGauges(BestFit):
 
 
 def test_a_replay_refuses_a_policy_whose_gauges_contradict_its_stats():
-    trace = AllocTrace(make_events(range(4), ["alloc", "alloc", "free", "free"], [1, 2, 1, 2], [MiB] * 4), name="t")
+    trace = AllocTrace(
+        make_events(range(4), ["alloc", "alloc", "free", "free"], [1, 2, 1, 2], [MiB] * 4), name="t"
+    )
     assert replay(trace, BestFit()).summary["n_failed"] == 0  # the same trace, a consistent policy
     with pytest.raises(PolicyError, match=r"gauges\(\).*stats\(\) says"):
         replay(trace, _StatsWithoutGauges())

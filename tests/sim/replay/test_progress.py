@@ -10,8 +10,14 @@ from traces.requests import RequestTrace, make_requests
 
 def _requests(n=25):
     rng = np.random.default_rng(3)
-    return RequestTrace(make_requests(np.cumsum(rng.exponential(1 / 20, n)), rng.integers(50, 300, n),
-                                      rng.integers(10, 100, n)), name="synth")
+    return RequestTrace(
+        make_requests(
+            np.cumsum(rng.exponential(1 / 20, n)),
+            rng.integers(50, 300, n),
+            rng.integers(10, 100, n),
+        ),
+        name="synth",
+    )
 
 
 def test_simulate_reports_simulated_time_until_the_end():

@@ -15,7 +15,9 @@ SNAPSHOT = "traces/data/llama1b_generate_slice.pickle.gz"
 def test_segments_minus_gaps_are_the_live_bytes_after_each_sampled_event():
     trace = read_alloc_trace(SNAPSHOT)
     ev = trace.events
-    live_after = np.where(ev["op"] == "alloc", ev["nbytes"], np.where(ev["op"] == "free", -ev["nbytes"], 0)).cumsum()
+    live_after = np.where(
+        ev["op"] == "alloc", ev["nbytes"], np.where(ev["op"] == "free", -ev["nbytes"], 0)
+    ).cumsum()
     picks = np.linspace(0, len(ev) - 1, 25).astype(int)
     samples = list(zip(picks.tolist(), ev["time_us"].to_numpy()[picks].tolist()))
     lay = pytorch_layout(trace.meta, samples, ev)
@@ -34,6 +36,8 @@ def test_without_the_event_table_only_segments_are_rebuilt():
     lay = pytorch_layout(trace.meta, [(10, int(trace.events["time_us"].iat[10]))])
     assert set(lay["kind"]) == {"segment"}
     # a trace whose events no longer match the addresses (sliced, say) gets segments only too
-    lay = pytorch_layout(trace.meta, [(10, int(trace.events["time_us"].iat[10]))], trace.events.iloc[:20])
+    lay = pytorch_layout(
+        trace.meta, [(10, int(trace.events["time_us"].iat[10]))], trace.events.iloc[:20]
+    )
     assert set(lay["kind"]) == {"segment"}
     assert isinstance(lay, pd.DataFrame)

@@ -13,8 +13,12 @@ MiB = 1 << 20
 
 def _trace(ops):
     """ops: list of (op, id, nbytes)."""
-    return AllocTrace(make_events(range(len(ops)), [o for o, _, _ in ops], [i for _, i, _ in ops],
-                                  [n for _, _, n in ops]), name="t")
+    return AllocTrace(
+        make_events(
+            range(len(ops)), [o for o, _, _ in ops], [i for _, i, _ in ops], [n for _, _, n in ops]
+        ),
+        name="t",
+    )
 
 
 def test_summary_row_has_every_schema_column():
@@ -24,8 +28,14 @@ def test_summary_row_has_every_schema_column():
 
 
 def test_failed_allocation_is_counted_and_its_free_skipped():
-    ops = [("alloc", 1, 3 * MiB), ("alloc", 2, 3 * MiB), ("free", 2, 3 * MiB), ("free", 1, 3 * MiB),
-           ("alloc", 3, MiB), ("free", 3, MiB)]
+    ops = [
+        ("alloc", 1, 3 * MiB),
+        ("alloc", 2, 3 * MiB),
+        ("free", 2, 3 * MiB),
+        ("free", 1, 3 * MiB),
+        ("alloc", 3, MiB),
+        ("free", 3, MiB),
+    ]
     r = replay(_trace(ops), "first-fit:segment_bytes=4MiB", capacity_bytes=4 * MiB)
     s = r.summary
     assert (s["n_alloc"], s["n_failed"], s["n_free"]) == (3, 1, 2)
@@ -62,11 +72,21 @@ def test_bookkeeping_is_deterministic_across_runs():
             live.append((next_id, size))
             next_id += 1
     trace = _trace(ops)
-    keys = ["peak_live_bytes", "peak_reserved_bytes", "n_failed", "frag_ext_mean", "frag_ext_max",
-            "internal_waste_frac", "n_grow"]
+    keys = [
+        "peak_live_bytes",
+        "peak_reserved_bytes",
+        "n_failed",
+        "frag_ext_mean",
+        "frag_ext_max",
+        "internal_waste_frac",
+        "n_grow",
+    ]
     a = replay(trace, "best-fit", capacity_bytes=256 * MiB, sample_every=7).summary
-    b = replay(trace, policies.create("best-fit", capacity_bytes=256 * MiB, device=VirtualDevice()),
-               sample_every=7).summary
+    b = replay(
+        trace,
+        policies.create("best-fit", capacity_bytes=256 * MiB, device=VirtualDevice()),
+        sample_every=7,
+    ).summary
     assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
 
@@ -93,14 +113,22 @@ def test_replay_many_gives_one_row_per_policy_and_a_tidy_timeseries():
 
 
 def test_rows_show_the_gap_to_the_lower_bound_and_the_planner():
-    ops = [("alloc", 1, MiB), ("alloc", 2, MiB), ("free", 1, MiB), ("alloc", 3, 2 * MiB), ("free", 2, MiB),
-           ("free", 3, 2 * MiB)]
+    ops = [
+        ("alloc", 1, MiB),
+        ("alloc", 2, MiB),
+        ("free", 1, MiB),
+        ("alloc", 3, 2 * MiB),
+        ("free", 2, MiB),
+        ("free", 3, 2 * MiB),
+    ]
     summary, _ = replay_many(_trace(ops), ["first-fit:segment_bytes=4MiB"])
     row = summary.iloc[0]
     assert row["lower_bound_bytes"] == 3 * MiB
     assert row["planner_peak_bytes"] >= row["lower_bound_bytes"]
     assert row["gap_to_bound"] == pytest.approx(row["peak_reserved_bytes"] / (3 * MiB) - 1)
-    assert row["gap_to_planner"] == pytest.approx(row["peak_reserved_bytes"] / row["planner_peak_bytes"] - 1)
+    assert row["gap_to_planner"] == pytest.approx(
+        row["peak_reserved_bytes"] / row["planner_peak_bytes"] - 1
+    )
 
 
 def test_the_planner_time_is_a_column_beside_the_planner():
@@ -108,4 +136,6 @@ def test_the_planner_time_is_a_column_beside_the_planner():
     summary, _ = replay_many(_trace(ops), ["first-fit", "paged"])
     cols = summary.columns.tolist()
     assert cols.index("planner_s") == cols.index("planner") + 1
-    assert (summary["planner_s"] > 0).all() and summary["planner_s"].nunique() == 1  # one reference per trace
+    assert (summary["planner_s"] > 0).all() and summary[
+        "planner_s"
+    ].nunique() == 1  # one reference per trace

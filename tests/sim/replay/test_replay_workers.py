@@ -31,12 +31,21 @@ def slice_trace():
 @pytest.mark.parametrize("workers", [1, 2])
 def test_replay_command_summary_is_the_one_from_before_in_every_untimed_column(tmp_path, workers):
     out = tmp_path / "out"
-    args = ["replay", str(bundled_path("llama1b_generate_slice.pickle.gz")), "--workers", str(workers),
-            "--out", str(out), "--no-progress"] + [a for spec in FIVE for a in ("-p", spec)]
+    args = [
+        "replay",
+        str(bundled_path("llama1b_generate_slice.pickle.gz")),
+        "--workers",
+        str(workers),
+        "--out",
+        str(out),
+        "--no-progress",
+    ] + [a for spec in FIVE for a in ("-p", spec)]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     got = pd.read_csv(out / "summary.csv")
-    pd.testing.assert_frame_equal(_untimed(got), pd.read_csv(EXPECTED), check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(
+        _untimed(got), pd.read_csv(EXPECTED), check_exact=False, rtol=1e-12
+    )
 
 
 def test_workers_give_the_tables_of_one_process(slice_trace):
@@ -44,10 +53,14 @@ def test_workers_give_the_tables_of_one_process(slice_trace):
     one = replay_tables(slice_trace, specs, workers=1)
     two = replay_tables(slice_trace, specs, workers=2)
     timing = [c for c in one.summary.columns if c.endswith("_us") or c.endswith("_s")]
-    pd.testing.assert_frame_equal(one.summary.drop(columns=timing), two.summary.drop(columns=timing))
+    pd.testing.assert_frame_equal(
+        one.summary.drop(columns=timing), two.summary.drop(columns=timing)
+    )
     pd.testing.assert_frame_equal(one.timeseries, two.timeseries)
     assert list(two.latency_samples.columns) == list(one.latency_samples.columns)
-    assert len(two.latency_samples) == len(one.latency_samples)  # the same sampled calls, timed elsewhere
+    assert len(two.latency_samples) == len(
+        one.latency_samples
+    )  # the same sampled calls, timed elsewhere
 
 
 def test_a_worker_error_surfaces_in_the_caller(slice_trace):
@@ -59,9 +72,12 @@ def test_the_event_table_is_compact_and_replays_as_the_trace_does(slice_trace):
     ev = trace_events(slice_trace)
     n = len(slice_trace)
     for column in (ev.keys, ev.sizes, ev.streams, ev.times_us):
-        assert len(column) == n and column.itemsize == 8  # array('q'): 8 bytes an event, no int objects
+        assert (
+            len(column) == n and column.itemsize == 8
+        )  # array('q'): 8 bytes an event, no int objects
     assert ev.keys.tolist() == slice_trace.events["alloc_id"].tolist()
     shared = replay(slice_trace, "best-fit", events=ev).summary
     own = replay(slice_trace, "best-fit").summary
-    assert {k: v for k, v in shared.items() if not k.endswith(("_us", "_s"))} == \
-        {k: v for k, v in own.items() if not k.endswith(("_us", "_s"))}
+    assert {k: v for k, v in shared.items() if not k.endswith(("_us", "_s"))} == {
+        k: v for k, v in own.items() if not k.endswith(("_us", "_s"))
+    }

@@ -6,14 +6,24 @@ from sim.replay.schema import format_table, invariant_warnings
 
 
 def _rows(live, reserved):
-    return pd.DataFrame({"policy": ["a", "b"], "backend": ["sim", "gpu"], "peak_live_bytes": live,
-                         "peak_reserved_bytes": reserved})
+    return pd.DataFrame(
+        {
+            "policy": ["a", "b"],
+            "backend": ["sim", "gpu"],
+            "peak_live_bytes": live,
+            "peak_reserved_bytes": reserved,
+        }
+    )
 
 
 def test_live_above_reserved_is_announced_under_the_table():
-    table = format_table(_rows([2 << 20, 1 << 20], [1 << 20, 1 << 20]), ["policy", "peak_live_bytes"])
+    table = format_table(
+        _rows([2 << 20, 1 << 20], [1 << 20, 1 << 20]), ["policy", "peak_live_bytes"]
+    )
     lines = table.splitlines()
-    assert lines[-1].startswith("warning: a (sim): peak live 2.00 MiB is above peak reserved 1.00 MiB")
+    assert lines[-1].startswith(
+        "warning: a (sim): peak live 2.00 MiB is above peak reserved 1.00 MiB"
+    )
     assert sum(line.startswith("warning:") for line in lines) == 1
 
 

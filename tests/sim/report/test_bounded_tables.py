@@ -12,9 +12,20 @@ def _timeseries(n: int) -> pd.DataFrame:
     parts = []
     for policy in ("best-fit", "paged"):
         live = rng.integers(0, 1 << 30, n)
-        parts.append(pd.DataFrame({"trace": "t", "policy": policy, "backend": "sim", "event": np.arange(n),
-                                   "time_us": np.arange(n) * 10, "live_bytes": live, "reserved_bytes": live + 5,
-                                   "frag_ext": rng.random(n)}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "trace": "t",
+                    "policy": policy,
+                    "backend": "sim",
+                    "event": np.arange(n),
+                    "time_us": np.arange(n) * 10,
+                    "live_bytes": live,
+                    "reserved_bytes": live + 5,
+                    "frag_ext": rng.random(n),
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -50,8 +61,15 @@ def test_numeric_nulls_become_nan_and_are_skipped_by_the_maximum(tmp_path):
 def test_latency_samples_keep_the_distribution_at_evenly_spaced_ranks(tmp_path):
     rng = np.random.default_rng(1)
     lat = rng.lognormal(0, 1, 20_000)
-    t = pd.DataFrame({"trace": "t", "policy": "p", "backend": "sim", "op": np.repeat(["alloc", "free"], 10_000),
-                      "latency_us": lat})
+    t = pd.DataFrame(
+        {
+            "trace": "t",
+            "policy": "p",
+            "backend": "sim",
+            "op": np.repeat(["alloc", "free"], 10_000),
+            "latency_us": lat,
+        }
+    )
     t.to_parquet(tmp_path / "latency_samples.parquet", index=False)
     got = read_drawn_table(tmp_path / "latency_samples.parquet", max_points=501)
     assert got.groupby("op").size().to_dict() == {"alloc": 501, "free": 501}
@@ -60,7 +78,9 @@ def test_latency_samples_keep_the_distribution_at_evenly_spaced_ranks(tmp_path):
     assert np.median(alloc) == pytest.approx(np.median(lat[:10_000]), rel=0.02)
 
 
-def test_latency_ranks_stay_within_a_bin_over_many_batches_and_interleaved_runs(tmp_path, monkeypatch):
+def test_latency_ranks_stay_within_a_bin_over_many_batches_and_interleaved_runs(
+    tmp_path, monkeypatch
+):
     """Read in small batches (the streaming path): every rank within 0.05 % of the exact value;
     a run with at most max_points calls comes back exactly, sorted; runs in order of first sight."""
     import sim.report.bounded_tables as bt
@@ -69,9 +89,13 @@ def test_latency_ranks_stay_within_a_bin_over_many_batches_and_interleaved_runs(
     rng = np.random.default_rng(2)
     n = 30_000
     lat = np.concatenate([rng.lognormal(0, 2, n), rng.lognormal(3, 0.5, n), rng.random(300) * 50])
-    policy = np.concatenate([np.where(rng.random(n) < 0.5, "a", "b"), np.full(n, "c"), np.full(300, "d")])
+    policy = np.concatenate(
+        [np.where(rng.random(n) < 0.5, "a", "b"), np.full(n, "c"), np.full(300, "d")]
+    )
     lat[5] = 0.0  # a zero-time call sits in the underflow bin, and is the exact minimum
-    t = pd.DataFrame({"trace": "t", "policy": policy, "backend": "sim", "op": "alloc", "latency_us": lat})
+    t = pd.DataFrame(
+        {"trace": "t", "policy": policy, "backend": "sim", "op": "alloc", "latency_us": lat}
+    )
     t.to_parquet(tmp_path / "latency_samples.parquet", index=False)
     got = read_drawn_table(tmp_path / "latency_samples.parquet", max_points=400)
     assert list(dict.fromkeys(got["policy"])) == list(dict.fromkeys(policy))
@@ -88,8 +112,16 @@ def test_latency_ranks_stay_within_a_bin_over_many_batches_and_interleaved_runs(
 
 
 def test_requests_keep_only_drawn_columns(tmp_path):
-    t = pd.DataFrame({"trace": "t", "policy": "p", "request_id": range(30), "status": "finished",
-                      "ttft_s": np.linspace(0, 1, 30), "prompt_tokens": 5})
+    t = pd.DataFrame(
+        {
+            "trace": "t",
+            "policy": "p",
+            "request_id": range(30),
+            "status": "finished",
+            "ttft_s": np.linspace(0, 1, 30),
+            "prompt_tokens": 5,
+        }
+    )
     t.to_parquet(tmp_path / "requests.parquet", index=False)
     got = read_drawn_table(tmp_path / "requests.parquet", max_points=1)
     assert list(got.columns) == ["trace", "policy", "status", "ttft_s"]

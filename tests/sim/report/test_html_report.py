@@ -49,21 +49,44 @@ def section_html(page: str, sid: str) -> str:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
-    trace = generate_alloc_trace(num_requests=6, seed=1, prompt_tokens=(32, 128), output_tokens=(8, 32))
+    trace = generate_alloc_trace(
+        num_requests=6, seed=1, prompt_tokens=(32, 128), output_tokens=(8, 32)
+    )
     runs = [replay(trace, spec) for spec in ("first-fit", "paged")]
-    write_results(root / "replay", pd.DataFrame([r.summary for r in runs]),
-                  pd.concat([r.timeseries for r in runs]), meta={"command": "replay"})
+    write_results(
+        root / "replay",
+        pd.DataFrame([r.summary for r in runs]),
+        pd.concat([r.timeseries for r in runs]),
+        meta={"command": "replay"},
+    )
     gpu_runs = [replay(trace, "paged", backend=b) for b in ("sim", "gpu")]
-    write_results(root / "gpu", pd.DataFrame([r.summary for r in gpu_runs]),
-                  pd.concat([r.timeseries for r in gpu_runs]),
-                  extra_tables={"latency_samples": plots.latency_samples(gpu_runs)}, meta={"command": "gpu replay"})
+    write_results(
+        root / "gpu",
+        pd.DataFrame([r.summary for r in gpu_runs]),
+        pd.concat([r.timeseries for r in gpu_runs]),
+        extra_tables={"latency_samples": plots.latency_samples(gpu_runs)},
+        meta={"command": "gpu replay"},
+    )
     rng = np.random.default_rng(0)
     n = 30
-    requests = RequestTrace(make_requests(np.cumsum(rng.exponential(1 / 50, n)), rng.integers(50, 400, n),
-                                          rng.integers(20, 200, n)), name="synth_requests")
-    summary, ts, table = simulate_many(requests, ["best-fit", "paged"], model="Llama-3.2-1B", gpu="H200")
-    write_results(root / "simulate", summary, ts, extra_tables={"requests": table},
-                  meta={"command": "simulate", "model": "Llama-3.2-1B", "gpu": "H200"})
+    requests = RequestTrace(
+        make_requests(
+            np.cumsum(rng.exponential(1 / 50, n)),
+            rng.integers(50, 400, n),
+            rng.integers(20, 200, n),
+        ),
+        name="synth_requests",
+    )
+    summary, ts, table = simulate_many(
+        requests, ["best-fit", "paged"], model="Llama-3.2-1B", gpu="H200"
+    )
+    write_results(
+        root / "simulate",
+        summary,
+        ts,
+        extra_tables={"requests": table},
+        meta={"command": "simulate", "model": "Llama-3.2-1B", "gpu": "H200"},
+    )
     only_summary = root / "only_summary"
     write_results(only_summary, pd.DataFrame([runs[0].summary]))
     return root
@@ -71,7 +94,9 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_page(folders):
-    return build_html_report([folders / "replay", folders / "simulate", folders / "gpu"], title="all <three>")
+    return build_html_report(
+        [folders / "replay", folders / "simulate", folders / "gpu"], title="all <three>"
+    )
 
 
 def test_every_section_is_there_in_order(full_page):
@@ -97,7 +122,9 @@ def test_scripts_are_inline_only(full_page):
 
 
 def test_static_page_fetches_nothing_from_elsewhere(folders):
-    full_page = build_html_report([folders / "replay", folders / "simulate", folders / "gpu"], interactive=False)
+    full_page = build_html_report(
+        [folders / "replay", folders / "simulate", folders / "gpu"], interactive=False
+    )
     page = Page(full_page)
     assert "the segment view is in the interactive report" in page.text["segments"]
     assert not [t for t, _ in page.tags if t in ("script", "link", "iframe", "object", "embed")]
@@ -143,7 +170,10 @@ def test_latency_uses_per_call_samples_when_a_folder_has_them(full_page):
 def test_replay_only_report_says_what_is_missing(folders):
     page = build_html_report([folders / "replay"], dpi=30)
     assert "no simulation folders" in Page(page).text["serving"]
-    assert "no trace and policy ran with both backend sim and backend gpu" in Page(page).text["sim-vs-gpu"]
+    assert (
+        "no trace and policy ran with both backend sim and backend gpu"
+        in Page(page).text["sim-vs-gpu"]
+    )
 
 
 def test_summary_only_folder_still_reports(folders):
@@ -180,19 +210,34 @@ def test_write_html_report_writes_the_page(folders, tmp_path):
 
 
 def _cells(table_html: str) -> list[list[str]]:
-    return [re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", table_html)]
+    return [
+        re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row)
+        for row in re.findall(r"<tr>(.*?)</tr>", table_html)
+    ]
 
 
 def test_two_simulations_at_different_kv_budgets_do_not_look_alike(tmp_path):
     rng = np.random.default_rng(0)
     n = 20
-    requests = RequestTrace(make_requests(np.cumsum(rng.exponential(1 / 50, n)), rng.integers(50, 400, n),
-                                          rng.integers(20, 200, n)), name="synth_requests")
+    requests = RequestTrace(
+        make_requests(
+            np.cumsum(rng.exponential(1 / 50, n)),
+            rng.integers(50, 400, n),
+            rng.integers(20, 200, n),
+        ),
+        name="synth_requests",
+    )
     for name, capacity in (("small", 1 << 30), ("large", 2 << 30)):
-        summary, ts, table = simulate_many(requests, ["paged"], model="Llama-3.2-1B", gpu="H200",
-                                           kv_capacity_bytes=capacity)
-        write_results(tmp_path / name, summary, ts, extra_tables={"requests": table},
-                      meta={"command": "simulate", "model": "Llama-3.2-1B", "kv_capacity_bytes": capacity})
+        summary, ts, table = simulate_many(
+            requests, ["paged"], model="Llama-3.2-1B", gpu="H200", kv_capacity_bytes=capacity
+        )
+        write_results(
+            tmp_path / name,
+            summary,
+            ts,
+            extra_tables={"requests": table},
+            meta={"command": "simulate", "model": "Llama-3.2-1B", "kv_capacity_bytes": capacity},
+        )
     page = build_html_report([tmp_path / "small", tmp_path / "large"], dpi=20)
     overview = {row[0]: row[-1] for row in _cells(section_html(page, "overview"))[1:]}
     assert overview == {"small": "kv_capacity_bytes=1.0 GiB", "large": "kv_capacity_bytes=2.0 GiB"}

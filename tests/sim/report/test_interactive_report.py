@@ -16,8 +16,12 @@ from sim.replay.schema import write_results
 from traces.detect import read_alloc_trace
 
 playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)")
+CHROMIUM = next(
+    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="no Chromium installed (apt-get install chromium)"
+)
 
 SNAPSHOT = "traces/data/llama1b_generate_slice.pickle.gz"
 
@@ -28,14 +32,26 @@ def report(tmp_path_factory):
     one policy refuses requests, and its interactive report."""
     out = tmp_path_factory.mktemp("interactive")
     trace = read_alloc_trace(SNAPSHOT)
-    tables = replay_tables(trace, ["best-fit", "torch-caching"], record_layout=True, with_bounds=False)
-    write_results(out / "run", tables.summary, tables.timeseries, extra_tables={"layout": tables.layout})
+    tables = replay_tables(
+        trace, ["best-fit", "torch-caching"], record_layout=True, with_bounds=False
+    )
+    write_results(
+        out / "run", tables.summary, tables.timeseries, extra_tables={"layout": tables.layout}
+    )
     cap = int(tables.summary["peak_live_bytes"].max() * 1.02)
-    tight = replay_tables(trace, ["size-class"], capacity_bytes=cap, record_layout=True, with_bounds=False)
-    write_results(out / "tight", tight.summary, tight.timeseries, extra_tables={"layout": tight.layout})
+    tight = replay_tables(
+        trace, ["size-class"], capacity_bytes=cap, record_layout=True, with_bounds=False
+    )
+    write_results(
+        out / "tight", tight.summary, tight.timeseries, extra_tables={"layout": tight.layout}
+    )
     compacting = replay_tables(trace, ["compacting"], with_bounds=False)
-    write_results(out / "compact", compacting.summary, compacting.timeseries,
-                  extra_tables={"compactions": compacting.compactions})
+    write_results(
+        out / "compact",
+        compacting.summary,
+        compacting.timeseries,
+        extra_tables={"compactions": compacting.compactions},
+    )
     page = write_html_report([out / "run", out / "tight", out / "compact"], out / "report.html")
     return page, tables, tight, compacting
 
@@ -48,8 +64,14 @@ def browser_page(report):
         errors: list[str] = []
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("request", lambda r: None if r.url.startswith(("file:", "data:", "blob:"))
-                else errors.append(f"fetched {r.url}"))
+        page.on(
+            "request",
+            lambda r: (
+                None
+                if r.url.startswith(("file:", "data:", "blob:"))
+                else errors.append(f"fetched {r.url}")
+            ),
+        )
         page.goto(report[0].resolve().as_uri())
         page.wait_for_function("window.poollab && window.poollab.ready", timeout=30_000)
         yield page, errors
@@ -74,7 +96,9 @@ def test_time_range_filter_moves_the_axis_and_the_slider(browser_page, report):
     assert got == pytest.approx([mid0, mid1], rel=1e-4)
     axis = page.evaluate("document.getElementById('tl-0').layout.xaxis.range")
     assert axis == pytest.approx([mid0, mid1], rel=1e-4)
-    lo, hi = page.evaluate("[+document.getElementById('slider-0').min, +document.getElementById('slider-0').max]")
+    lo, hi = page.evaluate(
+        "[+document.getElementById('slider-0').min, +document.getElementById('slider-0').max]"
+    )
     assert 0 < lo <= hi  # the slider only offers moments inside the range
     page.click("#reset-0")
     assert errors == []
@@ -107,17 +131,30 @@ def test_pytorchs_live_blocks_at_a_moment_are_the_snapshots_live_bytes(browser_p
     page, errors = browser_page
     _, tables, _, _ = report
     events = read_alloc_trace(SNAPSHOT).events
-    signed = events["nbytes"].where(events["op"] == "alloc", -events["nbytes"]).where(events["op"] != "empty_cache", 0)
+    signed = (
+        events["nbytes"]
+        .where(events["op"] == "alloc", -events["nbytes"])
+        .where(events["op"] != "empty_cache", 0)
+    )
     live_after = signed.cumsum()
-    recorded = tables.layout[tables.layout["policy"] == "pytorch (recorded)"].drop_duplicates("sample")
+    recorded = tables.layout[tables.layout["policy"] == "pytorch (recorded)"].drop_duplicates(
+        "sample"
+    )
     checked = 0
     for k in (len(recorded) // 3, 2 * len(recorded) // 3, len(recorded) - 1):
         chosen = recorded.iloc[k]
-        got = page.evaluate(f"window.poollab.showTime(0, {chosen['time_us'] / 1e6})")["pytorch (recorded) (run)"]
+        got = page.evaluate(f"window.poollab.showTime(0, {chosen['time_us'] / 1e6})")[
+            "pytorch (recorded) (run)"
+        ]
         assert got["event"] == chosen["event"]
         assert got["live_bytes"] == live_after.iloc[chosen["event"]] > 0
         ts = tables.timeseries
-        assert got["live_bytes"] == ts[(ts["policy"] == "best-fit") & (ts["event"] == chosen["event"])]["live_bytes"].iloc[0]
+        assert (
+            got["live_bytes"]
+            == ts[(ts["policy"] == "best-fit") & (ts["event"] == chosen["event"])][
+                "live_bytes"
+            ].iloc[0]
+        )
         assert 0 < got["free_bytes"] < got["reserved_bytes"] and got["num_free_blocks"] > 0
         checked += 1
     assert checked == 3
@@ -150,7 +187,8 @@ def test_tables_sort_on_a_header_click(browser_page):
     col = header.evaluate("th => th.cellIndex")
     header.click()
     values = table.locator("tbody tr").evaluate_all(
-        f"rows => rows.map(r => parseFloat(r.cells[{col}].textContent.replace(/,/g, '')))")
+        f"rows => rows.map(r => parseFloat(r.cells[{col}].textContent.replace(/,/g, '')))"
+    )
     assert values == sorted(values) and len(values) >= 2
 
 
@@ -158,7 +196,9 @@ def test_compactions_are_marked_at_the_recorded_times(browser_page, report):
     page, errors = browser_page
     compactions = report[3].compactions
     assert len(compactions) > 0  # the bundled slice makes best-fit fragment enough to compact
-    marker = page.evaluate("document.getElementById('tl-0').data.find(t => t.name === 'compaction')")
+    marker = page.evaluate(
+        "document.getElementById('tl-0').data.find(t => t.name === 'compaction')"
+    )
     want = sorted((compactions["time_us"] / 1e6).round(6).tolist())
     assert marker["x"] == pytest.approx(want, abs=1e-9)
     moved = compactions.sort_values("time_us", kind="stable")["moved_bytes"]
@@ -174,21 +214,30 @@ def zoom_report(tmp_path_factory):
     from traces.synth_alloc import generate_alloc_trace
 
     out = tmp_path_factory.mktemp("zoom")
-    tables = replay_tables(generate_alloc_trace(num_requests=2, max_batch=2, seed=1), ["best-fit"],
-                           sample_every=1, with_bounds=False)
+    tables = replay_tables(
+        generate_alloc_trace(num_requests=2, max_batch=2, seed=1),
+        ["best-fit"],
+        sample_every=1,
+        with_bounds=False,
+    )
     write_results(out / "run", tables.summary, tables.timeseries)
     return write_html_report([out / "run"], out / "report.html"), out / "run" / "timeseries.parquet"
 
 
-def _drawn_in_range(page, x0: float, x1: float) -> tuple[dict, dict[str, list[tuple[float, float]]]]:
+def _drawn_in_range(
+    page, x0: float, x1: float
+) -> tuple[dict, dict[str, list[tuple[float, float]]]]:
     """Zoom trace 0 to [x0, x1]; the level drawn and the (time, bytes) points of each byte panel there."""
     levels, lines = page.evaluate(
         f"window.poollab.setRange(0, {x0}, {x1}).then(() => [window.poollab.levels(0), "
         "document.getElementById('tl-0').data.filter(d => d.yaxis === 'y' || d.yaxis === 'y2')"
-        ".map(d => [d.yaxis, d.x, d.y])])")
+        ".map(d => [d.yaxis, d.x, d.y])])"
+    )
     panel = {"y": "reserved_bytes", "y2": "live_bytes"}
-    return next(iter(levels.values())), {panel[axis]: [(x, y * 2**20) for x, y in zip(xs, ys) if x0 <= x <= x1]
-                                         for axis, xs, ys in lines}
+    return next(iter(levels.values())), {
+        panel[axis]: [(x, y * 2**20) for x, y in zip(xs, ys) if x0 <= x <= x1]
+        for axis, xs, ys in lines
+    }
 
 
 def test_zooming_in_draws_the_replays_own_rows_finer_than_the_overview(zoom_report, browser_page):
@@ -204,8 +253,10 @@ def test_zooming_in_draws_the_replays_own_rows_finer_than_the_overview(zoom_repo
     t_s = ts["time_us"].to_numpy() / 1e6
     assert len(ts) > 8 * DETAIL_POINTS
     overview_t_s = read_drawn_table(parquet, DETAIL_POINTS)["time_us"].to_numpy() / 1e6
-    middle = ts["live_bytes"].to_numpy()[len(ts) // 4: 3 * len(ts) // 4]
-    peak = len(ts) // 4 + int(middle.argmax())  # the highest live bytes in the middle half: ranges around it
+    middle = ts["live_bytes"].to_numpy()[len(ts) // 4 : 3 * len(ts) // 4]
+    peak = len(ts) // 4 + int(
+        middle.argmax()
+    )  # the highest live bytes in the middle half: ranges around it
     # a second page of the module's browser: Playwright's sync API runs once per process
     page = browser_page[0].context.browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
@@ -214,7 +265,9 @@ def test_zooming_in_draws_the_replays_own_rows_finer_than_the_overview(zoom_repo
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto(page_path.resolve().as_uri())
         page.wait_for_function("window.poollab && window.poollab.ready", timeout=30_000)
-        assert page.evaluate("Object.values(window.poollab.levels(0))[0].level") == 0  # min and max: troughs too
+        assert (
+            page.evaluate("Object.values(window.poollab.levels(0))[0].level") == 0
+        )  # min and max: troughs too
         for half_rows, want_level in ((150, None), (1_500, 0)):
             x0, x1 = t_s[peak - half_rows], t_s[peak + half_rows]
             inside = ts[(t_s >= x0) & (t_s <= x1)]

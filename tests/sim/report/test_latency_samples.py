@@ -6,13 +6,21 @@ import pytest
 
 from sim.report import plots
 from sim.replay.trace_replay import replay, replay_tables
-from sim.replay.schema import LATENCY_SAMPLE_COLUMNS, latency_samples, read_results, summary_frame, write_results
+from sim.replay.schema import (
+    LATENCY_SAMPLE_COLUMNS,
+    latency_samples,
+    read_results,
+    summary_frame,
+    write_results,
+)
 from traces import generate_alloc_trace
 
 
 @pytest.fixture(scope="module")
 def trace():
-    return generate_alloc_trace(num_requests=6, seed=3, prompt_tokens=(32, 128), output_tokens=(8, 32))
+    return generate_alloc_trace(
+        num_requests=6, seed=3, prompt_tokens=(32, 128), output_tokens=(8, 32)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +33,9 @@ def test_rows_follow_runs_then_allocations_then_frees(runs):
     assert list(s.columns) == LATENCY_SAMPLE_COLUMNS
     expected = np.concatenate([np.concatenate([r.alloc_ns, r.free_ns]) for r in runs]) / 1e3
     assert np.array_equal(s["latency_us"].to_numpy(), expected.astype(np.float32))
-    assert s["policy"].tolist() == [r.summary["policy"] for r in runs for _ in range(r.alloc_ns.size + r.free_ns.size)]
+    assert s["policy"].tolist() == [
+        r.summary["policy"] for r in runs for _ in range(r.alloc_ns.size + r.free_ns.size)
+    ]
     first = runs[0]
     assert s["op"].tolist()[: first.alloc_ns.size + 1] == ["alloc"] * first.alloc_ns.size + ["free"]
 
@@ -33,13 +43,19 @@ def test_rows_follow_runs_then_allocations_then_frees(runs):
 def test_eight_bytes_a_row_in_memory(runs):
     s = latency_samples(runs)
     assert s["latency_us"].dtype == np.float32
-    assert all(isinstance(s[c].dtype, pd.CategoricalDtype) for c in ("trace", "policy", "backend", "op"))
+    assert all(
+        isinstance(s[c].dtype, pd.CategoricalDtype) for c in ("trace", "policy", "backend", "op")
+    )
     assert s.memory_usage(deep=True, index=False).sum() <= 8 * len(s) + 4096  # + the category names
 
 
 def test_written_and_read_back_unchanged(runs, tmp_path):
     s = latency_samples(runs)
-    write_results(tmp_path / "out", summary_frame([r.summary for r in runs]), extra_tables={"latency_samples": s})
+    write_results(
+        tmp_path / "out",
+        summary_frame([r.summary for r in runs]),
+        extra_tables={"latency_samples": s},
+    )
     back = read_results(tmp_path / "out")["latency_samples"]
     pd.testing.assert_frame_equal(back, s)
 

@@ -18,7 +18,9 @@ BPT = 32768  # Llama-3.2-1B: KV bytes per token
 
 @pytest.fixture(scope="module")
 def alloc_trace():
-    return generate_alloc_trace(num_requests=6, seed=1, prompt_tokens=(32, 128), output_tokens=(8, 32))
+    return generate_alloc_trace(
+        num_requests=6, seed=1, prompt_tokens=(32, 128), output_tokens=(8, 32)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +32,17 @@ def replayed(alloc_trace):
 def simulated():
     rng = np.random.default_rng(0)
     n = 40
-    trace = RequestTrace(make_requests(np.cumsum(rng.exponential(1 / 50, n)), rng.integers(50, 400, n),
-                                       rng.integers(20, 200, n)), name="synth")
-    return simulate_many(trace, ["best-fit", "paged"], model="Llama-3.2-1B", gpu="H200", kv_capacity_bytes=3000 * BPT)
+    trace = RequestTrace(
+        make_requests(
+            np.cumsum(rng.exponential(1 / 50, n)),
+            rng.integers(50, 400, n),
+            rng.integers(20, 200, n),
+        ),
+        name="synth",
+    )
+    return simulate_many(
+        trace, ["best-fit", "paged"], model="Llama-3.2-1B", gpu="H200", kv_capacity_bytes=3000 * BPT
+    )
 
 
 def visible_axes(fig):
@@ -52,7 +62,9 @@ def test_memory_over_time_has_one_panel_per_policy_titled_by_it(replayed):
 
 def test_memory_over_time_draws_a_reference_on_every_panel(replayed):
     _, ts = replayed
-    ref = pd.DataFrame({"time_us": [0, int(ts["time_us"].max())], "reserved_bytes": [1 << 20, 2 << 20]})
+    ref = pd.DataFrame(
+        {"time_us": [0, int(ts["time_us"].max())], "reserved_bytes": [1 << 20, 2 << 20]}
+    )
     fig = plots.plot_memory_over_time(ts, reference=ref, reference_label="recorded")
     for ax in visible_axes(fig):
         assert "recorded" in [line.get_label() for line in ax.get_lines()]
@@ -60,11 +72,23 @@ def test_memory_over_time_draws_a_reference_on_every_panel(replayed):
 
 def test_memory_over_time_zoom_starts_below_the_live_floor(replayed):
     _, ts = replayed
-    ts = pd.concat([ts, ts.assign(time_us=ts["time_us"] + 10**6, live_bytes=ts["live_bytes"] + (1 << 30),
-                                  reserved_bytes=ts["reserved_bytes"] + (1 << 30))], ignore_index=True)
+    ts = pd.concat(
+        [
+            ts,
+            ts.assign(
+                time_us=ts["time_us"] + 10**6,
+                live_bytes=ts["live_bytes"] + (1 << 30),
+                reserved_bytes=ts["reserved_bytes"] + (1 << 30),
+            ),
+        ],
+        ignore_index=True,
+    )
     bottom, top = plots.plot_memory_over_time(ts, zoom=True).axes[0].get_ylim()
     later = ts[ts["time_us"] > ts["time_us"].min()]
-    assert 0 < bottom * 2**30 <= later["live_bytes"].min() and top * 2**30 >= ts["reserved_bytes"].max()
+    assert (
+        0 < bottom * 2**30 <= later["live_bytes"].min()
+        and top * 2**30 >= ts["reserved_bytes"].max()
+    )
     assert plots.plot_memory_over_time(ts).axes[0].get_ylim()[0] <= 0
 
 
@@ -78,14 +102,23 @@ def test_series_add_backend_only_where_policies_repeat(replayed):
     summary, _ = replayed
     assert plots.with_series(summary)["series"].tolist() == ["first-fit", "paged"]
     both = pd.concat([summary, summary.assign(backend="gpu")], ignore_index=True)
-    assert plots.with_series(both)["series"].tolist() == ["first-fit · sim", "paged · sim", "first-fit · gpu",
-                                                          "paged · gpu"]
+    assert plots.with_series(both)["series"].tolist() == [
+        "first-fit · sim",
+        "paged · sim",
+        "first-fit · gpu",
+        "paged · gpu",
+    ]
 
 
 def test_series_add_the_source_when_backend_does_not_tell_runs_apart(replayed):
     summary, _ = replayed
     two = pd.concat([summary.assign(source="a"), summary.assign(source="b")], ignore_index=True)
-    assert plots.with_series(two)["series"].tolist() == ["first-fit · a", "paged · a", "first-fit · b", "paged · b"]
+    assert plots.with_series(two)["series"].tolist() == [
+        "first-fit · a",
+        "paged · a",
+        "first-fit · b",
+        "paged · b",
+    ]
 
 
 def test_fragmentation_skips_runs_that_cannot_measure_it(replayed):
@@ -155,7 +188,10 @@ def test_queue_lengths_shows_swapped_only_when_something_was_swapped(simulated):
     assert len(plots.plot_queue_lengths(ts).axes) == 2
     swapped = ts.assign(swapped=np.where(ts.index % 7 == 0, 1, 0))
     assert [ax.get_ylabel() for ax in plots.plot_queue_lengths(swapped).axes] == [
-        "running requests", "waiting requests", "swapped requests"]
+        "running requests",
+        "waiting requests",
+        "swapped requests",
+    ]
 
 
 def test_queue_lengths_needs_queue_columns(replayed):
@@ -195,8 +231,15 @@ def test_sim_gpu_pairs_match_trace_and_policy(alloc_trace):
 
 
 def test_sim_gpu_pairs_prefer_the_same_source():
-    s = pd.DataFrame({"trace": "t", "policy": "p", "backend": ["sim", "sim", "gpu"], "source": ["a", "b", "b"],
-                      "peak_reserved_bytes": [1, 2, 3]})
+    s = pd.DataFrame(
+        {
+            "trace": "t",
+            "policy": "p",
+            "backend": ["sim", "sim", "gpu"],
+            "source": ["a", "b", "b"],
+            "peak_reserved_bytes": [1, 2, 3],
+        }
+    )
     pairs = plots.sim_gpu_pairs(s)
     assert pairs[["source_sim", "peak_reserved_bytes_sim"]].values.tolist() == [["b", 2]]
 
@@ -208,23 +251,44 @@ def test_sim_gpu_pairs_empty_without_gpu_runs(replayed):
 
 def test_sim_gpu_differences_agree_on_pool_measures(alloc_trace):
     diffs = plots.sim_gpu_differences(gpu_pair_summary(alloc_trace))
-    pool = diffs[diffs["measure"].isin(["n_failed", "peak_live_bytes", "peak_reserved_bytes", "frag_ext_mean"])]
+    pool = diffs[
+        diffs["measure"].isin(
+            ["n_failed", "peak_live_bytes", "peak_reserved_bytes", "frag_ext_mean"]
+        )
+    ]
     assert len(pool) == 8 and (pool["diff"] == 0).all()
     lat = diffs[diffs["measure"] == "alloc_p50_us"].iloc[0]
     assert lat["rel_diff"] == pytest.approx((lat["gpu"] - lat["sim"]) / lat["sim"])
 
 
 def test_sim_gpu_differences_skip_measures_missing_on_one_side():
-    s = pd.DataFrame({"trace": "t", "policy": "torch-caching", "backend": ["sim", "gpu"],
-                      "kind": ["policy", "baseline"], "frag_ext_mean": [0.5, np.nan],
-                      "peak_reserved_bytes": [100, 120]})
+    s = pd.DataFrame(
+        {
+            "trace": "t",
+            "policy": "torch-caching",
+            "backend": ["sim", "gpu"],
+            "kind": ["policy", "baseline"],
+            "frag_ext_mean": [0.5, np.nan],
+            "peak_reserved_bytes": [100, 120],
+        }
+    )
     diffs = plots.sim_gpu_differences(s)
-    assert diffs[["measure", "kind", "diff"]].values.tolist() == [["peak_reserved_bytes", "baseline", 20.0]]
+    assert diffs[["measure", "kind", "diff"]].values.tolist() == [
+        ["peak_reserved_bytes", "baseline", 20.0]
+    ]
 
 
 def test_differences_view_reads_sim_then_gpu_in_display_units():
-    s = pd.DataFrame({"trace": "t", "policy": "p", "backend": ["sim", "gpu"], "peak_reserved_bytes": [2**20, 2**21],
-                      "overhead": [0.05, 0.05], "alloc_p50_us": [0.0, 1.5]})
+    s = pd.DataFrame(
+        {
+            "trace": "t",
+            "policy": "p",
+            "backend": ["sim", "gpu"],
+            "peak_reserved_bytes": [2**20, 2**21],
+            "overhead": [0.05, 0.05],
+            "alloc_p50_us": [0.0, 1.5],
+        }
+    )
     view = plots.differences_view(plots.sim_gpu_differences(s))
     assert view.loc["peak_reserved (MiB)", "p"] == "1.0 → 2.0 (+100.0%)"
     assert view.loc["overhead (%)", "p"] == "5.00 → 5.00 (=)"
@@ -234,7 +298,10 @@ def test_differences_view_reads_sim_then_gpu_in_display_units():
 def test_pairs_repeated_in_two_sources_stay_apart(alloc_trace):
     s = gpu_pair_summary(alloc_trace, ("paged",))
     two = pd.concat([s.assign(source="a"), s.assign(source="b")], ignore_index=True)
-    assert list(plots.differences_view(plots.sim_gpu_differences(two)).columns) == ["paged · a", "paged · b"]
+    assert list(plots.differences_view(plots.sim_gpu_differences(two)).columns) == [
+        "paged · a",
+        "paged · b",
+    ]
     fig = plots.plot_sim_vs_gpu(two)
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["paged · a", "paged · b"]
 
@@ -250,7 +317,9 @@ def test_sim_vs_gpu_figures_have_a_panel_per_pair(alloc_trace):
 
 def test_figure_png_is_a_png(replayed):
     summary, _ = replayed
-    assert plots.figure_png(plots.plot_peak_memory(summary), dpi=40).startswith(b"\x89PNG\r\n\x1a\n")
+    assert plots.figure_png(plots.plot_peak_memory(summary), dpi=40).startswith(
+        b"\x89PNG\r\n\x1a\n"
+    )
 
 
 def test_pareto_plot_marks_the_non_dominated_runs():
@@ -258,9 +327,16 @@ def test_pareto_plot_marks_the_non_dominated_runs():
 
     from sim.report import plots
 
-    summary = pd.DataFrame({"trace": ["t"] * 4, "policy": ["a", "b", "c", "d"], "backend": ["sim"] * 4,
-                            "overhead": [0.1, 0.2, 0.3, 0.05], "alloc_p99_us": [5.0, 2.0, 6.0, 9.0],
-                            "failure_rate": [0.0, 0.0, 0.1, 0.2]})
+    summary = pd.DataFrame(
+        {
+            "trace": ["t"] * 4,
+            "policy": ["a", "b", "c", "d"],
+            "backend": ["sim"] * 4,
+            "overhead": [0.1, 0.2, 0.3, 0.05],
+            "alloc_p99_us": [5.0, 2.0, 6.0, 9.0],
+            "failure_rate": [0.0, 0.0, 0.1, 0.2],
+        }
+    )
     assert plots.pareto_axes(summary) == ["alloc_p99_us", "failure_rate"]
     fig = plots.plot_pareto(summary)
     front = fig.axes[0].lines[0]  # the joined front of the first panel
@@ -272,4 +348,6 @@ def test_series_colours_do_not_repeat_past_the_palette():
 
     names = [f"run {i}" for i in range(500)]
     assert len(set(colours(names).values())) == 500
-    assert colours(names[:3]) == {n: c for n, c in list(colours(names).items())[:3]}  # stable by appearance
+    assert colours(names[:3]) == {
+        n: c for n, c in list(colours(names).items())[:3]
+    }  # stable by appearance

@@ -18,7 +18,9 @@ from test_step_fit import synthetic_profile  # noqa: E402
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_calibration", BENCH / "bench_calibration.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_calibration", BENCH / "bench_calibration.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -26,17 +28,31 @@ def _load():
 
 def _recording(tmp_path, name, fixed_s, seed):
     """A run of an engine whose steps follow known terms: its profile and its request table."""
-    terms = StepTerms(fixed_s=fixed_s, per_seq_s=2e-4, per_token_s=2e-5, per_kv_token_s=1e-6, per_pair_s=3e-9,
-                      per_query_kv_s=1.5e-9)
-    steps = synthetic_profile(n=90, seed=seed, terms=terms, model_gpu=(load_model("Llama-3-8B"), load_gpu("H200")))
+    terms = StepTerms(
+        fixed_s=fixed_s,
+        per_seq_s=2e-4,
+        per_token_s=2e-5,
+        per_kv_token_s=1e-6,
+        per_pair_s=3e-9,
+        per_query_kv_s=1.5e-9,
+    )
+    steps = synthetic_profile(
+        n=90, seed=seed, terms=terms, model_gpu=(load_model("Llama-3-8B"), load_gpu("H200"))
+    )
     steps.to_csv(tmp_path / f"{name}_steps.csv", index=False)
-    served = pd.DataFrame({"arrival_s": [0.5 * i for i in range(16)], "prompt_tokens": [200 + 150 * i for i in range(16)],
-                           "output_tokens": [5 + 2 * i for i in range(16)]})
+    served = pd.DataFrame(
+        {
+            "arrival_s": [0.5 * i for i in range(16)],
+            "prompt_tokens": [200 + 150 * i for i in range(16)],
+            "output_tokens": [5 + 2 * i for i in range(16)],
+        }
+    )
     cal = StepCalibration(default_calibration(), terms=terms, model="Llama-3-8B", gpu="H200", tp=1)
     predicted = predict_served(served_trace(served), cal)
-    served.assign(first_token_s=served["arrival_s"] + predicted["ttft_s"],
-                  finish_s=served["arrival_s"] + predicted["e2e_s"]).to_csv(tmp_path / f"{name}_requests.csv",
-                                                                            index=False)
+    served.assign(
+        first_token_s=served["arrival_s"] + predicted["ttft_s"],
+        finish_s=served["arrival_s"] + predicted["e2e_s"],
+    ).to_csv(tmp_path / f"{name}_requests.csv", index=False)
 
 
 def test_the_table_judges_each_run_by_the_others_fits_with_the_spread(tmp_path, capsys):
@@ -46,7 +62,9 @@ def test_the_table_judges_each_run_by_the_others_fits_with_the_spread(tmp_path, 
     assert _load().main(["--no-shared", "--runs-dir", str(tmp_path), "--repeat", "a,b"]) == 0
     out = capsys.readouterr().out
     assert "| calibrate steps a | b | held out | +0 % | +0 % | +0 % | +0 % | +0 % | +0 % |" in out
-    assert "| calibrate steps a | slow | held out |" in out and "✗" in out  # 0.07 s steps for a 0.09 s engine
+    assert (
+        "| calibrate steps a | slow | held out |" in out and "✗" in out
+    )  # 0.07 s steps for a 0.09 s engine
     assert "run-to-run spread (|A/B - 1| of the repeated recordings): TTFT p50 0 %" in out
     assert "calibrate steps: " in out and "held-out figures within target" in out
 
@@ -54,6 +72,18 @@ def test_the_table_judges_each_run_by_the_others_fits_with_the_spread(tmp_path, 
 def test_a_bad_recording_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "x_steps.csv").write_text("duration_s,num_prefill_seqs\n0.1,1\n")
     (tmp_path / "x_requests.csv").write_text("arrival_s\n0\n")
-    run = subprocess.run([sys.executable, str(BENCH / "bench_calibration.py"), "--no-shared", "--runs-dir",
-                          str(tmp_path)], capture_output=True, text=True, cwd=BENCH.parent)
-    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1 and "missing column" in run.stderr
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_calibration.py"),
+            "--no-shared",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=BENCH.parent,
+    )
+    assert (
+        run.returncode == 2 and len(run.stderr.splitlines()) == 1 and "missing column" in run.stderr
+    )

@@ -20,20 +20,47 @@ def _load(name):
 
 def test_bench_replay_prints_the_floors_and_the_harness_ratio(capsys, tmp_path):
     bench = _load("bench_replay")
-    assert bench.main([str(bench.BUNDLED_TRACE), "-p", "paged", "--repeat", "1", "--out", str(tmp_path / "r.csv")]) == 0
+    assert (
+        bench.main(
+            [
+                str(bench.BUNDLED_TRACE),
+                "-p",
+                "paged",
+                "--repeat",
+                "1",
+                "--out",
+                str(tmp_path / "r.csv"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for row in ("(inline dict)", "(trivial object)", "(do-nothing)", "paged"):
         assert f"\n{row} " in out
     assert "harness over bare loop" in out
     assert "x trivial+Allocation <= 1.6: " in out  # the do-nothing row's verdict
-    assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("row,bare_ns,x_dict,x_nothing,harness_ns")
+    assert (
+        (tmp_path / "r.csv")
+        .read_text()
+        .splitlines()[0]
+        .startswith("row,bare_ns,x_dict,x_nothing,harness_ns")
+    )
 
 
 def test_bench_replay_gives_issue_33s_verdicts_from_the_rows_of_its_run():
     bench = _load("bench_replay")
-    bare = {bench.INLINE: 1.0, bench.OBJECT: 4.0, bench.NOTHING: 6.0, "best-fit": 18.5, "first-fit": 17.0, "paged": 9.0}
+    bare = {
+        bench.INLINE: 1.0,
+        bench.OBJECT: 4.0,
+        bench.NOTHING: 6.0,
+        "best-fit": 18.5,
+        "first-fit": 17.0,
+        "paged": 9.0,
+    }
     assert bench.verdict(bench.NOTHING, bare) == "1.50x trivial+Allocation <= 1.6: ok"
-    assert bench.verdict("best-fit", bare).endswith("MISS") and bench.verdict("first-fit", bare).endswith("ok")
+    assert bench.verdict("best-fit", bare).endswith("MISS") and bench.verdict(
+        "first-fit", bare
+    ).endswith("ok")
     assert bench.verdict("paged", bare) == bench.verdict(bench.OBJECT, bare) == "-"
 
 
@@ -53,7 +80,9 @@ def test_bench_replay_engine_calls_counts_what_timing_adds(capsys):
     assert bench.main([str(bench.BUNDLED_TRACE), "-p", "paged", "--engine-calls"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("paged "))
     bare, sampled, every = map(float, line.split()[1:])
-    assert bare < sampled <= every <= bare + 4.05  # at most: 2 clock reads, the TimedCalls frame, an append
+    assert (
+        bare < sampled <= every <= bare + 4.05
+    )  # at most: 2 clock reads, the TimedCalls frame, an append
 
 
 def test_bench_sweep_writes_the_speedups_and_phases(capsys, tmp_path):
@@ -73,12 +102,23 @@ def test_bench_sweep_rejects_a_grid_it_cannot_build():
 def test_bench_malloc_path_prints_malloc_beside_its_floors(capsys, tmp_path):
     bench = _load("bench_malloc_path")
     out_csv = tmp_path / "m.csv"
-    assert bench.main(["-p", "size-class", "--iterations", "2000", "--repeat", "1", "--out", str(out_csv)]) == 0
+    assert (
+        bench.main(
+            ["-p", "size-class", "--iterations", "2000", "--repeat", "1", "--out", str(out_csv)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "size-class: malloc's own share" in out
     rows = {r.split(",")[1]: float(r.split(",")[2]) for r in out_csv.read_text().splitlines()[1:]}
-    assert set(rows) == {"(stand-in pointer)", "size-class: (policy round trip)", "size-class: malloc + drop"}
-    assert all(ns > 0 for ns in rows.values())  # (no ordering of timings here: a loaded machine reorders them)
+    assert set(rows) == {
+        "(stand-in pointer)",
+        "size-class: (policy round trip)",
+        "size-class: malloc + drop",
+    }
+    assert all(
+        ns > 0 for ns in rows.values()
+    )  # (no ordering of timings here: a loaded machine reorders them)
 
 
 def test_bench_best_fit_floor_checks_its_placements_then_times_both(capsys):
@@ -102,7 +142,13 @@ def test_bench_best_fit_floor_refuses_a_floor_that_places_elsewhere(monkeypatch)
 def test_a_benchmark_given_a_malformed_trace_says_where_in_one_line_and_exits_2(tmp_path, script):
     bad = tmp_path / "bad.csv"
     bad.write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,1,1024,0,\n1,free,2,0,0,\n")
-    run = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), str(bad), "--repeat", "1"],
-                         capture_output=True, text=True, cwd=BENCH.parent)
+    run = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), str(bad), "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        cwd=BENCH.parent,
+    )
     assert run.returncode == 2
-    assert run.stderr.splitlines() == [f"{script}.py: error: {bad}:3: free of allocation 2, which is not live at that point"]
+    assert run.stderr.splitlines() == [
+        f"{script}.py: error: {bad}:3: free of allocation 2, which is not live at that point"
+    ]

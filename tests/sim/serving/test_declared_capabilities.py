@@ -54,7 +54,9 @@ def registered():
 def test_a_policy_declaring_its_free_page_count_gets_page_grows_in_quiet_runs(azure, registered):
     slow_server, slow = simulate_once(azure, ThirdPartyPaged.name, False)
     fast_server, fast = simulate_once(azure, ThirdPartyPaged.name, True)
-    assert fast_server._page_grows is fast_server.pools.kv.policy  # by its declaration, not its type
+    assert (
+        fast_server._page_grows is fast_server.pools.kv.policy
+    )  # by its declaration, not its type
     assert fast_server.num_steps == slow_server.num_steps
     assert_same_results(slow, fast)
     _, uncounted = simulate_once(azure, UncountedPaged.name, True)
@@ -63,21 +65,30 @@ def test_a_policy_declaring_its_free_page_count_gets_page_grows_in_quiet_runs(az
     assert fast_server.num_quiet_steps == paged_server.num_quiet_steps
 
 
-def test_a_policy_without_the_declaration_takes_the_engines_step_at_page_boundaries(azure, registered):
+def test_a_policy_without_the_declaration_takes_the_engines_step_at_page_boundaries(
+    azure, registered
+):
     slow_server, slow = simulate_once(azure, UncountedPaged.name, False)
     fast_server, fast = simulate_once(azure, UncountedPaged.name, True)
     assert fast_server._page_grows is None
     assert 0 < fast_server.num_quiet_steps
     counted_server, _ = simulate_once(azure, ThirdPartyPaged.name, True)
-    assert fast_server.num_quiet_steps < counted_server.num_quiet_steps  # the boundaries end its quiet runs
+    assert (
+        fast_server.num_quiet_steps < counted_server.num_quiet_steps
+    )  # the boundaries end its quiet runs
     assert_same_results(slow, fast)
 
 
 def test_counting_free_pages_is_declared_not_guessed():
-    assert policies.create("paged").counts_free_pages and policies.create("paged").num_free_pages() == 0
+    assert (
+        policies.create("paged").counts_free_pages
+        and policies.create("paged").num_free_pages() == 0
+    )
     for spec in ("best-fit", "page-pool", "elastic:base=[paged]", "tag-limits:base=[paged]"):
         policy = policies.create(spec)
-        assert not policy.counts_free_pages, spec  # a wrapper's rules may refuse what its base would serve
+        assert not policy.counts_free_pages, (
+            spec
+        )  # a wrapper's rules may refuse what its base would serve
         with pytest.raises(policies.PolicyError, match="does not count free pages"):
             policy.num_free_pages()
 
@@ -144,25 +155,40 @@ def _replay(device, share):
     keys = list(range(n // 2)) * 2
     sizes = [(k % 7 + 1) * 300_000 for k in keys]
     target = engine.policy_target(policy)
-    run = engine.run(ops, keys, sizes, target=target, unknown_free=_unknown, timer=TickTimer(), latency_sample=share)
+    run = engine.run(
+        ops,
+        keys,
+        sizes,
+        target=target,
+        unknown_free=_unknown,
+        timer=TickTimer(),
+        latency_sample=share,
+    )
     return target, run, device
 
 
 @pytest.mark.parametrize("share", [1.0, 0.4])
 def test_a_third_party_device_declaring_its_clock_is_read_off_the_clock(share):
     target, clocked, dev = _replay(ClockedDevice(), share)
-    assert target.driver_clock is dev.driver_clock  # the declaration, for a type the engine never heard of
+    assert (
+        target.driver_clock is dev.driver_clock
+    )  # the declaration, for a type the engine never heard of
     _, plain_target_run, plain = _replay(_ChargingDevice(), share)
     assert dev.driver_ns_total == plain.driver_ns_total > 0
     assert clocked.alloc_ns.tolist() == plain_target_run.alloc_ns.tolist()
     assert clocked.free_ns.tolist() == plain_target_run.free_ns.tolist()
-    assert max(clocked.alloc_ns) > 10 and not dev.driver_clock.pending_ns  # samples carry driver time; all drained
+    assert (
+        max(clocked.alloc_ns) > 10 and not dev.driver_clock.pending_ns
+    )  # samples carry driver time; all drained
 
 
 def test_a_device_without_the_declaration_is_asked_through_take_driver_ns():
     target, run, dev = _replay(_ChargingDevice(), 1.0)
     assert target.driver_clock is None
-    assert sum(run.alloc_ns) + sum(run.free_ns) - 10 * (len(run.alloc_ns) + len(run.free_ns)) == dev.driver_ns_total
+    assert (
+        sum(run.alloc_ns) + sum(run.free_ns) - 10 * (len(run.alloc_ns) + len(run.free_ns))
+        == dev.driver_ns_total
+    )
 
 
 class OwnTake(UnmodelledDriver):
@@ -184,5 +210,7 @@ def test_every_built_in_device_declares_the_clock_its_take_driver_ns_takes_from(
     assert VirtualDevice().driver_clock is NO_DRIVER_TIME
     mapped = costed_page_mapped_device()
     assert mapped.driver_clock is mapped.clock
-    assert PageMappedDevice(physical=CostedDevice()).driver_clock is None  # two clocks: only the call knows
+    assert (
+        PageMappedDevice(physical=CostedDevice()).driver_clock is None
+    )  # two clocks: only the call knows
     assert OwnTake().driver_clock is None and OwnTake().take_driver_ns() == 5

@@ -10,27 +10,43 @@ from sim.serving.engine_runs import fit_from_requests, latency_errors, predict_s
 from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
 
 ENGINE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "engine"
-needs_engine_data = pytest.mark.skipif(not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository")
+needs_engine_data = pytest.mark.skipif(
+    not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository"
+)
 
 TERMS = StepTerms(fixed_s=0.08, per_token_s=2e-5, per_kv_token_s=1.2e-6, per_query_kv_s=1.5e-9)
 
 
 def _cal(terms=TERMS, warmup_s=0.0):
-    return StepCalibration(default_calibration(), terms=terms, warmup_s=warmup_s, engine="transformers",
-                           model="Llama-3-8B", gpu="H200", tp=1)
+    return StepCalibration(
+        default_calibration(),
+        terms=terms,
+        warmup_s=warmup_s,
+        engine="transformers",
+        model="Llama-3-8B",
+        gpu="H200",
+        tp=1,
+    )
 
 
 def _served(n=24, seed=0):
     rng = np.random.default_rng(seed)
-    return pd.DataFrame({"arrival_s": np.sort(rng.uniform(0, 20, n)), "prompt_tokens": rng.integers(64, 3000, n),
-                         "output_tokens": rng.integers(4, 40, n)})
+    return pd.DataFrame(
+        {
+            "arrival_s": np.sort(rng.uniform(0, 20, n)),
+            "prompt_tokens": rng.integers(64, 3000, n),
+            "output_tokens": rng.integers(4, 40, n),
+        }
+    )
 
 
 def _as_measured(served, predicted, ttft_scale=1.0):
     """``served`` with the first-token and finish times ``predicted`` gives (its TTFT scaled)."""
     arrival = served["arrival_s"].to_numpy()
-    return served.assign(first_token_s=arrival + ttft_scale * predicted["ttft_s"].to_numpy(),
-                         finish_s=arrival + predicted["e2e_s"].to_numpy())
+    return served.assign(
+        first_token_s=arrival + ttft_scale * predicted["ttft_s"].to_numpy(),
+        finish_s=arrival + predicted["e2e_s"].to_numpy(),
+    )
 
 
 def test_the_warm_up_is_paid_once_on_the_first_step():
@@ -47,15 +63,28 @@ def test_latency_errors_are_predicted_over_measured():
     predicted = predict_served(served_trace(served), _cal())
     measured = _as_measured(served, predicted, ttft_scale=1 / 1.1)
     errors = latency_errors(measured, predicted).set_index("metric")
-    assert list(errors.index) == ["ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s"]
+    assert list(errors.index) == [
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+    ]
     assert errors.loc["e2e_p50_s", "error_%"] == pytest.approx(0, abs=1e-9)
     assert errors.loc["ttft_p50_s", "error_%"] == pytest.approx(10, rel=1e-9)
 
 
 def test_terms_are_recovered_from_a_request_table_alone():
     served = _served(n=40, seed=2)
-    truth = StepTerms(fixed_s=0.06, per_seq_s=0.0, per_token_s=3e-5, per_kv_token_s=1.41e-6, per_pair_s=2.05e-9,
-                      per_query_kv_s=1.68e-09)
+    truth = StepTerms(
+        fixed_s=0.06,
+        per_seq_s=0.0,
+        per_token_s=3e-5,
+        per_kv_token_s=1.41e-6,
+        per_pair_s=2.05e-9,
+        per_query_kv_s=1.68e-09,
+    )
     predicted = predict_served(served_trace(served), _cal(truth, warmup_s=1.0))
     measured = _as_measured(served, predicted)
     fit = fit_from_requests(measured, max_evaluations=120)
@@ -72,9 +101,15 @@ def test_calibrated_on_one_workload_the_other_is_predicted_far_better_than_by_th
     from traces.engine_profile import read_served_requests, read_step_profile
 
     steps = read_step_profile(ENGINE / "transformers_cb_synth_mixed_60s_steps.csv")
-    cal = fit_step_profile(steps, load_model("Llama-3-8B"), load_gpu("H200"), engine="transformers").calibration
+    cal = fit_step_profile(
+        steps, load_model("Llama-3-8B"), load_gpu("H200"), engine="transformers"
+    ).calibration
     served = read_served_requests(ENGINE / "transformers_cb_azure_code_60s_requests.csv")
-    calibrated = latency_errors(served, predict_served(served_trace(served), cal)).set_index("metric")["error_%"]
-    roofline = latency_errors(served, predict_served(served_trace(served), None)).set_index("metric")["error_%"]
+    calibrated = latency_errors(served, predict_served(served_trace(served), cal)).set_index(
+        "metric"
+    )["error_%"]
+    roofline = latency_errors(served, predict_served(served_trace(served), None)).set_index(
+        "metric"
+    )["error_%"]
     assert (roofline < -70).all()  # issue 31: the CUDA-graph roofline is 95-99 % low on this engine
     assert (calibrated.abs() < 25).all(), calibrated

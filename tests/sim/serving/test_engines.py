@@ -24,7 +24,9 @@ def test_the_transformers_rule_gives_the_blocks_the_shared_recordings_logged(lla
 
 def test_a_larger_step_budget_leaves_fewer_blocks(llama_h200):
     # the [M, N + M] attention mask grows with M: transformers trades KV for batch tokens
-    assert transformers_kv_blocks(*llama_h200, max_batch_tokens=16384) < transformers_kv_blocks(*llama_h200)
+    assert transformers_kv_blocks(*llama_h200, max_batch_tokens=16384) < transformers_kv_blocks(
+        *llama_h200
+    )
 
 
 def test_the_transformers_preset_schedules_as_its_fifo_scheduler(llama_h200):
@@ -36,7 +38,9 @@ def test_the_transformers_preset_schedules_as_its_fifo_scheduler(llama_h200):
 
 
 def test_options_the_user_gives_win_over_the_preset(llama_h200):
-    opts = load_engine("hf").server_options(*llama_h200, explicit={"max_num_seqs": 8, "kv_capacity_bytes": 1 << 30})
+    opts = load_engine("hf").server_options(
+        *llama_h200, explicit={"max_num_seqs": 8, "kv_capacity_bytes": 1 << 30}
+    )
     assert opts["max_num_seqs"] == 8 and opts["kv_capacity_bytes"] == 1 << 30
     assert opts["tokens_per_page"] == 256
 

@@ -22,13 +22,16 @@ def test_h200_memory_is_the_measured_total():
     assert load_gpu("H200").memory_bytes == 150_754_820_096  # pynvml total (field notes)
 
 
-@pytest.mark.parametrize("name, hbm, bf16", [
-    ("H200", 4.8e12, 989.4e12),
-    ("H100", 3.35e12, 989.4e12),
-    ("A100-80GB", 2.039e12, 312e12),
-    ("A100-40GB", 1.555e12, 312e12),
-    ("L40S", 864e9, 362.05e12),
-])
+@pytest.mark.parametrize(
+    "name, hbm, bf16",
+    [
+        ("H200", 4.8e12, 989.4e12),
+        ("H100", 3.35e12, 989.4e12),
+        ("A100-80GB", 2.039e12, 312e12),
+        ("A100-40GB", 1.555e12, 312e12),
+        ("L40S", 864e9, 362.05e12),
+    ],
+)
 def test_datasheet_rates(name, hbm, bf16):
     gpu = load_gpu(name)
     assert gpu.hbm_bandwidth_bytes_per_s == hbm
@@ -45,9 +48,15 @@ def test_every_preset_cites_a_source():
     assert all(entry.get("source", "").startswith("https://") for entry in raw["gpus"].values())
 
 
-@pytest.mark.parametrize("spelling, name", [
-    ("h200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"), ("a100-sxm4-80gb", "A100-80GB"), ("l40s", "L40S"),
-])
+@pytest.mark.parametrize(
+    "spelling, name",
+    [
+        ("h200", "H200"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("a100-sxm4-80gb", "A100-80GB"),
+        ("l40s", "L40S"),
+    ],
+)
 def test_names_and_nvidia_smi_names(spelling, name):
     assert load_gpu(spelling).name == name
 
@@ -68,8 +77,16 @@ def test_unknown_name_lists_known_names():
 
 def test_custom_gpu_from_json_file(tmp_path):
     path = tmp_path / "my-gpu.json"
-    path.write_text(json.dumps({"memory_bytes": 24 << 30, "hbm_bandwidth_bytes_per_s": 1e12,
-                                "bf16_flops_per_s": 200e12, "pcie_bandwidth_bytes_per_s": 25e9}))
+    path.write_text(
+        json.dumps(
+            {
+                "memory_bytes": 24 << 30,
+                "hbm_bandwidth_bytes_per_s": 1e12,
+                "bf16_flops_per_s": 200e12,
+                "pcie_bandwidth_bytes_per_s": 25e9,
+            }
+        )
+    )
     gpu = load_gpu(str(path))
     assert gpu.name == "my-gpu" and gpu.memory_bytes == 24 << 30
     assert gpu.fp32_flops_per_s is None

@@ -20,18 +20,39 @@ def contiguous(strategy, budget_bytes=64 * MiB, max_model_len=4096, grow_tokens=
 
 
 def paged(budget_bytes=64 * MiB, prefix_caching=True, block_tokens=64, tokens_per_page=16):
-    pool = TimedPool(policies.create("paged", capacity_bytes=budget_bytes, bytes_per_token=BPT,
-                                     tokens_per_page=tokens_per_page, segment_bytes=MiB, device=CostedDevice()))
+    pool = TimedPool(
+        policies.create(
+            "paged",
+            capacity_bytes=budget_bytes,
+            bytes_per_token=BPT,
+            tokens_per_page=tokens_per_page,
+            segment_bytes=MiB,
+            device=CostedDevice(),
+        )
+    )
     cfg = ServerConfig(prefix_caching=prefix_caching, prefix_block_tokens=block_tokens)
-    return PagedKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes, tokens_per_page=tokens_per_page)
+    return PagedKV(
+        pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes, tokens_per_page=tokens_per_page
+    )
 
 
 def test_next_pow2():
-    assert [next_pow2(n) for n in (1, 2, 3, 4, 5, 1000, 1024, 1025)] == [1, 2, 4, 4, 8, 1024, 1024, 2048]
+    assert [next_pow2(n) for n in (1, 2, 3, 4, 5, 1000, 1024, 1025)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        1024,
+        1024,
+        2048,
+    ]
 
 
-@pytest.mark.parametrize("strategy, expected_tokens", [
-    ("max", 4096), ("oracle", 300 + 50), ("pow2", 512), ("pow2-oracle", 300 + 64), ("grow", 512)])
+@pytest.mark.parametrize(
+    "strategy, expected_tokens",
+    [("max", 4096), ("oracle", 300 + 50), ("pow2", 512), ("pow2-oracle", 300 + 64), ("grow", 512)],
+)
 def test_first_reservation_follows_the_strategy(strategy, expected_tokens):
     kv = contiguous(strategy)
     h = kv.new_handle(300, 50)
@@ -237,6 +258,9 @@ def test_failed_admission_leaves_the_cache_as_it_was():
     b = kv.new_handle(10 * 64, 1, (1, 2, 3))
     assert not kv.admit(b, 10 * 64)
     cache = kv.block_cache
-    assert [cache.page_refcount(cache.cached_block(hid).extents[0][0]) for hid in a.blocks] == [1, 1]
+    assert [cache.page_refcount(cache.cached_block(hid).extents[0][0]) for hid in a.blocks] == [
+        1,
+        1,
+    ]
     assert kv.allocated_bytes == 2 * kv.block_bytes
     assert cache.cached_block(3) is None and cache.num_cached_blocks() == 2

@@ -17,12 +17,27 @@ GIB = 1 << 30
 
 
 def _kv(model, layout, budget_bytes=2 * GIB, max_model_len=8192):
-    lay = plan_layout(load_model(model), layout, tokens_per_page=16, budget_bytes=budget_bytes,
-                      max_model_len=max_model_len)
-    policy = create_policy("paged", capacity_bytes=budget_bytes, costs=CostModel.load(), fill={"page_bytes": lay.granule_bytes})
+    lay = plan_layout(
+        load_model(model),
+        layout,
+        tokens_per_page=16,
+        budget_bytes=budget_bytes,
+        max_model_len=max_model_len,
+    )
+    policy = create_policy(
+        "paged",
+        capacity_bytes=budget_bytes,
+        costs=CostModel.load(),
+        fill={"page_bytes": lay.granule_bytes},
+    )
     cfg = ServerConfig(hybrid_kv_layout=layout)
-    return HybridKV(TimedPool(policy), cfg, layout=lay, bytes_per_token=load_model(model).kv_bytes_per_token,
-                    budget_bytes=budget_bytes)
+    return HybridKV(
+        TimedPool(policy),
+        cfg,
+        layout=lay,
+        bytes_per_token=load_model(model).kv_bytes_per_token,
+        budget_bytes=budget_bytes,
+    )
 
 
 def _group(kv, kind):
@@ -39,8 +54,10 @@ def test_existing_presets_are_one_full_attention_group():
 
 def test_gemma_2_alternates_sliding_and_full_layers():
     m = load_model("google/gemma-2-9b")
-    assert [(g.kind, g.num_layers, g.sliding_window) for g in m.kv_groups] == [("sliding", 21, 4096),
-                                                                                ("full", 21, None)]
+    assert [(g.kind, g.num_layers, g.sliding_window) for g in m.kv_groups] == [
+        ("sliding", 21, 4096),
+        ("full", 21, None),
+    ]
     assert m.kv_bytes_per_token == 2 * 42 * 8 * 256 * 2
 
 
@@ -56,7 +73,13 @@ def test_bamba_param_count_agrees_with_its_shape():
     m = load_model("Bamba-9B")
     h, d_inner, n, heads = 4096, 8192, 128, 128
     attention = 2 * h * h + 2 * h * 1024
-    mamba = h * (2 * d_inner + 2 * n + heads) + (d_inner + 2 * n) * 5 + 3 * heads + d_inner + d_inner * h
+    mamba = (
+        h * (2 * d_inner + 2 * n + heads)
+        + (d_inner + 2 * n) * 5
+        + 3 * heads
+        + d_inner
+        + d_inner * h
+    )
     mlp = 3 * h * 14336
     estimate = 3 * attention + 29 * mamba + 32 * mlp + 2 * m.vocab_size * h
     assert abs(m.param_count - estimate) / m.param_count < 0.001
@@ -90,8 +113,13 @@ def test_tensor_parallel_shard_splits_groups():
 
 # -- layouts ----------------------------------------------------------------------------------
 def test_padded_layout_grows_the_attention_block_until_it_holds_a_state():
-    lay = plan_layout(load_model("Bamba-9B"), "padded", tokens_per_page=16, budget_bytes=8 * GIB,
-                      max_model_len=8192)
+    lay = plan_layout(
+        load_model("Bamba-9B"),
+        "padded",
+        tokens_per_page=16,
+        budget_bytes=8 * GIB,
+        max_model_len=8192,
+    )
     full, mamba = lay.groups
     state_per_layer = 2 * (3 * (8192 + 256) + 8192 * 128)
     assert full.tokens_per_page == 16 * -(-state_per_layer // (16 * 4096)) == 528
@@ -101,20 +129,36 @@ def test_padded_layout_grows_the_attention_block_until_it_holds_a_state():
 
 def test_per_group_capacity_sums_to_the_budget():
     budget = 8 * GIB + 12345
-    lay = plan_layout(load_model("Bamba-9B"), "per-group", tokens_per_page=16, budget_bytes=budget,
-                      max_model_len=8192)
+    lay = plan_layout(
+        load_model("Bamba-9B"),
+        "per-group",
+        tokens_per_page=16,
+        budget_bytes=budget,
+        max_model_len=8192,
+    )
     assert sum(lay.group_budget_bytes) == budget
 
 
 def test_two_level_large_page_is_a_multiple_of_every_small_page():
-    lay = plan_layout(load_model("Gemma-2-9B"), "two-level", tokens_per_page=16, budget_bytes=8 * GIB,
-                      max_model_len=8192)
+    lay = plan_layout(
+        load_model("Gemma-2-9B"),
+        "two-level",
+        tokens_per_page=16,
+        budget_bytes=8 * GIB,
+        max_model_len=8192,
+    )
     assert all(lay.large_page_bytes % g.page_bytes == 0 for g in lay.groups)
 
 
 def test_unknown_layout_is_named():
     with pytest.raises(ValueError, match="hybrid_kv_layout.*one of"):
-        plan_layout(load_model("Bamba-9B"), "buddy", tokens_per_page=16, budget_bytes=GIB, max_model_len=8192)
+        plan_layout(
+            load_model("Bamba-9B"),
+            "buddy",
+            tokens_per_page=16,
+            budget_bytes=GIB,
+            max_model_len=8192,
+        )
 
 
 # -- the manager ------------------------------------------------------------------------------
@@ -161,8 +205,15 @@ def test_padded_waste_equals_the_computed_padding():
     full, mamba = kv.groups
     rows = {r["kind"]: r for r in kv.group_rows()}
     assert rows["mamba"]["peak_padding_bytes"] == 5 * mamba.padding_bytes_per_page
-    assert rows["mamba"]["peak_held_bytes"] - rows["mamba"]["peak_data_bytes"] == 5 * mamba.padding_bytes_per_page
-    assert rows["full"]["peak_held_bytes"] == rows["full"]["peak_data_bytes"] == 5 * 528 * full.token_bytes
+    assert (
+        rows["mamba"]["peak_held_bytes"] - rows["mamba"]["peak_data_bytes"]
+        == 5 * mamba.padding_bytes_per_page
+    )
+    assert (
+        rows["full"]["peak_held_bytes"]
+        == rows["full"]["peak_data_bytes"]
+        == 5 * 528 * full.token_bytes
+    )
 
 
 def test_a_refused_grow_changes_nothing():
@@ -180,8 +231,11 @@ def test_a_refused_grow_changes_nothing():
 
 # -- the simulator ----------------------------------------------------------------------------
 def _trace(n=40):
-    reqs = make_requests([0.05 * i for i in range(n)], [200 + 300 * (i % 9) for i in range(n)],
-                         [30 + 7 * (i % 5) for i in range(n)])
+    reqs = make_requests(
+        [0.05 * i for i in range(n)],
+        [200 + 300 * (i % 9) for i in range(n)],
+        [30 + 7 * (i % 5) for i in range(n)],
+    )
     return RequestTrace(requests=reqs, name="toy")
 
 
@@ -189,16 +243,26 @@ def _trace(n=40):
 @pytest.mark.parametrize("layout", ["padded", "two-level", "per-group"])
 def test_hybrid_simulation_conserves_tokens(model, layout):
     trace = _trace()
-    r = simulate(trace, "paged", model=model, gpu="H200", kv_capacity_bytes=4 * GIB, hybrid_kv_layout=layout)
+    r = simulate(
+        trace, "paged", model=model, gpu="H200", kv_capacity_bytes=4 * GIB, hybrid_kv_layout=layout
+    )
     done = r.requests[r.requests["status"] == "finished"]
     assert len(done) == len(trace.requests)
     assert int(done["output_tokens"].sum()) == int(trace.requests["output_tokens"].sum())
     assert r.summary["hybrid_kv_layout"] == layout
-    assert list(r.kv_groups["group"]) == [p.name for p in plan_layout(
-        load_model(model), layout, tokens_per_page=16, budget_bytes=4 * GIB, max_model_len=8192).groups]
+    assert list(r.kv_groups["group"]) == [
+        p.name
+        for p in plan_layout(
+            load_model(model), layout, tokens_per_page=16, budget_bytes=4 * GIB, max_model_len=8192
+        ).groups
+    ]
     held = r.kv_groups["peak_held_bytes"]
-    assert (held == r.kv_groups["peak_padding_bytes"] + r.kv_groups["peak_data_bytes"]
-            + r.kv_groups["peak_other_waste_bytes"]).all()
+    assert (
+        held
+        == r.kv_groups["peak_padding_bytes"]
+        + r.kv_groups["peak_data_bytes"]
+        + r.kv_groups["peak_other_waste_bytes"]
+    ).all()
 
 
 def test_full_attention_models_have_no_group_table():

@@ -17,12 +17,15 @@ def test_required_presets_are_available():
     assert set(REQUIRED) <= set(available_models())
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("Llama-3-8B", 131_072),  # 2 x 32 x 8 x 128 x 2 (field notes)
-    ("Llama-3-70B", 327_680),  # 2 x 80 x 8 x 128 x 2
-    ("OPT-13B", 819_200),  # MHA: 2 x 40 x 40 x 128 x 2
-    ("Qwen2.5-7B", 57_344),  # 2 x 28 x 4 x 128 x 2
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("Llama-3-8B", 131_072),  # 2 x 32 x 8 x 128 x 2 (field notes)
+        ("Llama-3-70B", 327_680),  # 2 x 80 x 8 x 128 x 2
+        ("OPT-13B", 819_200),  # MHA: 2 x 40 x 40 x 128 x 2
+        ("Qwen2.5-7B", 57_344),  # 2 x 28 x 4 x 128 x 2
+    ],
+)
 def test_kv_bytes_per_token(name, expected):
     assert load_model(name).kv_bytes_per_token == expected
 
@@ -38,7 +41,9 @@ def test_param_count_agrees_with_shape(name):
     # positional table are the only parts left out, well under 1 %.
     m = load_model(name)
     if any(g.kind == "mamba" for g in m.kv_groups):
-        pytest.skip("Mamba layers have no attention/MLP shape (tests/sim/serving/test_kv_groups.py checks Bamba's count)")
+        pytest.skip(
+            "Mamba layers have no attention/MLP shape (tests/sim/serving/test_kv_groups.py checks Bamba's count)"
+        )
     attention = 2 * m.hidden_size * m.q_size + 2 * m.hidden_size * m.kv_size
     mlp = (3 if m.gated_mlp else 2) * m.hidden_size * m.intermediate_size
     embeddings = m.vocab_size * m.hidden_size * (1 if m.tied_embeddings else 2)
@@ -92,7 +97,9 @@ def test_activation_bytes_grow_with_tokens():
     assert m.activation_bytes(1) < m.activation_bytes(2) < m.activation_bytes(2048)
 
 
-@pytest.mark.parametrize("spelling", ["llama-3-8b", "LLAMA-3-8B", " Llama-3-8B ", "meta-llama/Meta-Llama-3-8B"])
+@pytest.mark.parametrize(
+    "spelling", ["llama-3-8b", "LLAMA-3-8B", " Llama-3-8B ", "meta-llama/Meta-Llama-3-8B"]
+)
 def test_names_are_case_insensitive_and_hf_ids_work(spelling):
     assert load_model(spelling).name == "Llama-3-8B"
 
@@ -109,8 +116,15 @@ def test_unknown_name_lists_known_names():
 
 def test_custom_model_from_json_file(tmp_path):
     path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({k: v for k, v in _fields(num_layers=2, param_count=1_100_000_000).items()
-                                if k != "name"}))
+    path.write_text(
+        json.dumps(
+            {
+                k: v
+                for k, v in _fields(num_layers=2, param_count=1_100_000_000).items()
+                if k != "name"
+            }
+        )
+    )
     m = load_model(str(path))
     assert m.name == "tiny" and m.num_layers == 2
     assert m.kv_bytes_per_token == 2 * 2 * 8 * 128 * 2

@@ -30,7 +30,9 @@ def test_hash_ids_name_one_512_token_block_each(mooncake):
 def test_the_prefix_cache_hits_the_shared_blocks_and_only_them(mooncake):
     head = mooncake.head(120)
     on = simulate(head, "paged", model="Llama-3.1-8B", gpu="H200", config=ServerConfig())
-    off = simulate(head, "paged", model="Llama-3.1-8B", gpu="H200", config=ServerConfig(prefix_caching=False))
+    off = simulate(
+        head, "paged", model="Llama-3.1-8B", gpu="H200", config=ServerConfig(prefix_caching=False)
+    )
     hits = on.requests["prefix_hit_tokens"]
     assert hits.sum() > 0 and off.requests["prefix_hit_tokens"].sum() == 0
     assert on.summary["prefix_block_tokens"] == 512 and (hits % 512 == 0).all()
@@ -47,7 +49,9 @@ def test_the_prefix_cache_hits_the_shared_blocks_and_only_them(mooncake):
                 break
             shared += 1
         assert hit <= shared * 512
-        assert shared <= 1 or hit > 0  # a shared prefix of two blocks or more is hit (the cache holds it here)
+        assert (
+            shared <= 1 or hit > 0
+        )  # a shared prefix of two blocks or more is hit (the cache holds it here)
         seen.update(h)
     assert on.requests["ttft_s"].mean() < off.requests["ttft_s"].mean()  # hits skip prefill
 
@@ -55,8 +59,17 @@ def test_the_prefix_cache_hits_the_shared_blocks_and_only_them(mooncake):
 def test_the_eviction_sweep_is_three_orders_on_the_bundled_slice():
     spec = load_sweep(ROOT / "benchmarks" / "mooncake_eviction.yaml")
     assert {c.trace.path for c in spec.cells} == {str(SLICE)}
-    grid = {(dict(c.options)["prefix_eviction"], dict(c.options)["prefix_caching"], c.capacity_bytes, c.rate_scale)
-            for c in spec.cells}
-    assert len(grid) == len(spec.cells) == 48  # every order, with prefix caching on and off, at 4 budgets and 2 rates
+    grid = {
+        (
+            dict(c.options)["prefix_eviction"],
+            dict(c.options)["prefix_caching"],
+            c.capacity_bytes,
+            c.rate_scale,
+        )
+        for c in spec.cells
+    }
+    assert (
+        len(grid) == len(spec.cells) == 48
+    )  # every order, with prefix caching on and off, at 4 budgets and 2 rates
     assert {g[0] for g in grid} == {"lru", "lfu", "cost"} and {g[1] for g in grid} == {True, False}
     assert {c.model for c in spec.cells} == {"Llama-3.1-8B"}

@@ -13,8 +13,15 @@ from traces.requests import RequestTrace, make_requests
 
 MODEL, GPU = "Llama-3.2-1B", "H200"
 BPT = 32768  # Llama-3.2-1B: KV bytes per token
-FREE_COPIES = CostModel({"malloc_us": {"nbytes": [1], "us": [50.0]}, "free_us": {"nbytes": [1], "us": [50.0]},
-                         "d2d_bytes_per_s": 1e30, "h2d_bytes_per_s": 1e30, "d2h_bytes_per_s": 1e30})
+FREE_COPIES = CostModel(
+    {
+        "malloc_us": {"nbytes": [1], "us": [50.0]},
+        "free_us": {"nbytes": [1], "us": [50.0]},
+        "d2d_bytes_per_s": 1e30,
+        "h2d_bytes_per_s": 1e30,
+        "d2h_bytes_per_s": 1e30,
+    }
+)
 
 
 def trace(rows):
@@ -25,7 +32,15 @@ def trace(rows):
 
 def synth(n=150, rate=200.0, seed=0):
     rng = np.random.default_rng(seed)
-    return trace(list(zip(np.cumsum(rng.exponential(1 / rate, n)), rng.integers(50, 400, n), rng.integers(20, 200, n))))
+    return trace(
+        list(
+            zip(
+                np.cumsum(rng.exponential(1 / rate, n)),
+                rng.integers(50, 400, n),
+                rng.integers(20, 200, n),
+            )
+        )
+    )
 
 
 def sim(spec, t, **kw):
@@ -33,11 +48,16 @@ def sim(spec, t, **kw):
 
 
 # ---------------------------------------------------------------------------- options
-@pytest.mark.parametrize("kw, named", [({"freeze_after_steps": -1}, "freeze_after_steps"),
-                                       ({"freeze_after_steps": 1.5}, "freeze_after_steps"),
-                                       ({"pregrow_safety": 0}, "pregrow_safety"),
-                                       ({"pregrow_safety": float("inf")}, "pregrow_safety"),
-                                       ({"compact_between_steps": 1}, "compact_between_steps")])
+@pytest.mark.parametrize(
+    "kw, named",
+    [
+        ({"freeze_after_steps": -1}, "freeze_after_steps"),
+        ({"freeze_after_steps": 1.5}, "freeze_after_steps"),
+        ({"pregrow_safety": 0}, "pregrow_safety"),
+        ({"pregrow_safety": float("inf")}, "pregrow_safety"),
+        ({"compact_between_steps": 1}, "compact_between_steps"),
+    ],
+)
 def test_bad_control_options_name_themselves(kw, named):
     with pytest.raises(ValueError, match=named):
         ServerConfig(**kw)
@@ -55,13 +75,20 @@ def test_compaction_needs_a_compacting_pool():
 
 def test_controls_off_report_zeros():
     s = sim("paged", trace([(0.0, 100, 5)])).summary
-    assert (s["n_frozen_failures"], s["frozen_at_s"], s["n_pregrows"], s["n_compactions"]) == (0, None, 0, 0)
+    assert (s["n_frozen_failures"], s["frozen_at_s"], s["n_pregrows"], s["n_compactions"]) == (
+        0,
+        None,
+        0,
+        0,
+    )
     assert s["n_hot_grows"] == s["n_grow"] > 0
 
 
 # ---------------------------------------------------------------------------- freeze
 def test_freeze_stops_kv_growth_after_n_steps():
-    res = sim("best-fit:segment_bytes=8MiB", synth(), kv_capacity_bytes=6000 * BPT, freeze_after_steps=5)
+    res = sim(
+        "best-fit:segment_bytes=8MiB", synth(), kv_capacity_bytes=6000 * BPT, freeze_after_steps=5
+    )
     s = res.summary
     assert s["frozen_at_s"] > 0 and s["n_frozen_failures"] > 0
     assert res.policy.frozen
@@ -71,7 +98,9 @@ def test_freeze_stops_kv_growth_after_n_steps():
 
 def test_freeze_before_the_first_step_leaves_no_room_at_all():
     s = sim("paged", trace([(0.0, 100, 5)]), freeze_after_steps=0).summary
-    assert (s["n_finished"], s["n_rejected"]) == (0, 1) and s["n_frozen_failures"] == s["n_failed"] > 0
+    assert (s["n_finished"], s["n_rejected"]) == (0, 1) and s["n_frozen_failures"] == s[
+        "n_failed"
+    ] > 0
 
 
 # ---------------------------------------------------------------------------- pre-growth
@@ -95,7 +124,11 @@ def test_pregrowth_reserves_at_least_the_admitted_kv():
 def test_compaction_between_steps_runs_and_is_charged_to_steps():
     base = "compacting:base=[best-fit:segment_bytes=8MiB],idle_only=true,threshold=0.3"
     s = sim(base, synth(), kv_capacity_bytes=3000 * BPT, compact_between_steps=True).summary
-    assert s["n_compactions"] > 0 and s["compaction_moved_bytes"] > 0 and s["n_compaction_rescues"] == 0
+    assert (
+        s["n_compactions"] > 0
+        and s["compaction_moved_bytes"] > 0
+        and s["n_compaction_rescues"] == 0
+    )
     assert 0 < s["compaction_s"] <= s["alloc_stall_s"]
 
 
@@ -106,6 +139,8 @@ def test_idle_only_pool_without_the_option_never_compacts():
 
 
 def test_failures_on_the_allocation_path_are_rescued():
-    s = sim("compacting:base=[best-fit:segment_bytes=8MiB]", synth(), kv_capacity_bytes=3000 * BPT).summary
+    s = sim(
+        "compacting:base=[best-fit:segment_bytes=8MiB]", synth(), kv_capacity_bytes=3000 * BPT
+    ).summary
     plain = sim("best-fit:segment_bytes=8MiB", synth(), kv_capacity_bytes=3000 * BPT).summary
     assert s["n_compaction_rescues"] > 0 and s["n_failed"] < plain["n_failed"]

@@ -7,23 +7,50 @@ from sim.serving.kv import ContiguousKV, PagedKV
 from sim.serving.pools import TimedPool
 from sim.serving.scheduler import Request, RequestState, Scheduler
 
-WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = (RequestState.WAITING, RequestState.RUNNING, RequestState.SWAPPED,
-                                                 RequestState.FINISHED, RequestState.REJECTED)
+WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = (
+    RequestState.WAITING,
+    RequestState.RUNNING,
+    RequestState.SWAPPED,
+    RequestState.FINISHED,
+    RequestState.REJECTED,
+)
 
 BPT = 1024
 MiB = 1 << 20
 
 
-def make(budget_tokens=1024, preemption="recompute", max_num_seqs=8, max_num_batched_tokens=256,
-         chunked_prefill=True, watermark=0.0, kind="paged", max_model_len=100_000):
+def make(
+    budget_tokens=1024,
+    preemption="recompute",
+    max_num_seqs=8,
+    max_num_batched_tokens=256,
+    chunked_prefill=True,
+    watermark=0.0,
+    kind="paged",
+    max_model_len=100_000,
+):
     budget = budget_tokens * BPT
-    cfg = ServerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                       chunked_prefill=chunked_prefill, watermark=watermark, preemption=preemption,
-                       max_model_len=max_model_len, prefix_block_tokens=64, grow_tokens=64,
-                       kv_strategy=kind if kind != "paged" else "pow2")
+    cfg = ServerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        chunked_prefill=chunked_prefill,
+        watermark=watermark,
+        preemption=preemption,
+        max_model_len=max_model_len,
+        prefix_block_tokens=64,
+        grow_tokens=64,
+        kv_strategy=kind if kind != "paged" else "pow2",
+    )
     if kind == "paged":
-        pool = TimedPool(policies.create("paged", bytes_per_token=BPT, tokens_per_page=16, segment_bytes=MiB,
-                                         device=CostedDevice()))
+        pool = TimedPool(
+            policies.create(
+                "paged",
+                bytes_per_token=BPT,
+                tokens_per_page=16,
+                segment_bytes=MiB,
+                device=CostedDevice(),
+            )
+        )
         kv = PagedKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget, tokens_per_page=16)
     else:
         pool = TimedPool(policies.create("best-fit", device=CostedDevice()))
@@ -32,7 +59,14 @@ def make(budget_tokens=1024, preemption="recompute", max_num_seqs=8, max_num_bat
 
 
 def req(sched, rid, prompt, output, hash_ids=()):
-    return Request(rid, float(rid), prompt, output, sched.kv.new_handle(prompt, output, hash_ids), num_tokens=prompt)
+    return Request(
+        rid,
+        float(rid),
+        prompt,
+        output,
+        sched.kv.new_handle(prompt, output, hash_ids),
+        num_tokens=prompt,
+    )
 
 
 def step(sched, now=1.0):
@@ -227,7 +261,9 @@ def test_unschedule_last_undoes_exactly_what_scheduling_counted():
     assert s.unschedule_last(plan)
     assert plan.scheduled == [a] and (plan.decode_seqs, plan.context_tokens) == (1, 30)
     assert (plan.prefill_tokens, plan.num_prefill_seqs, plan.prefill_context_tokens) == (0, 0, 0)
-    assert b.status is WAITING and plan.num_preemptions == 1  # nothing computed yet: recomputed, not swapped
+    assert (
+        b.status is WAITING and plan.num_preemptions == 1
+    )  # nothing computed yet: recomputed, not swapped
     assert plan.swap_out_bytes == 0
     assert s.unschedule_last(plan) and plan.num_batched_tokens == 0 and a.status is SWAPPED
     assert plan.swap_out_bytes == 30 * BPT  # the swap-out is charged to the plan it was taken from
@@ -280,17 +316,40 @@ def test_decode_run_does_what_schedule_and_complete_do_step_by_step(kind, slack)
     steps = 0
     while run.num_seqs and run.take_slots(run.num_steps):
         plan = slow.schedule()
-        assert (plan.decode_seqs, plan.context_tokens, plan.prefill_tokens) == (run.num_seqs, run.context_tokens, 0)
+        assert (plan.decode_seqs, plan.context_tokens, plan.prefill_tokens) == (
+            run.num_seqs,
+            run.context_tokens,
+            0,
+        )
         slow.complete(plan, 1.0 + steps)
         run.end_step(1.0 + steps)
         steps += 1
         assert fast.num_finished == slow.num_finished
         run.apply()
         assert run.num_own_tokens == slow.num_own_tokens
-        assert [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens,
-                 [a.extents for a in r.kv.allocs]) for r in fast_reqs] == \
-            [(r.num_tokens, r.num_computed, r.num_generated, r.finish_s, r.status, r.kv.capacity_tokens,
-              [a.extents for a in r.kv.allocs]) for r in slow_reqs]
+        assert [
+            (
+                r.num_tokens,
+                r.num_computed,
+                r.num_generated,
+                r.finish_s,
+                r.status,
+                r.kv.capacity_tokens,
+                [a.extents for a in r.kv.allocs],
+            )
+            for r in fast_reqs
+        ] == [
+            (
+                r.num_tokens,
+                r.num_computed,
+                r.num_generated,
+                r.finish_s,
+                r.status,
+                r.kv.capacity_tokens,
+                [a.extents for a in r.kv.allocs],
+            )
+            for r in slow_reqs
+        ]
     if kind == "paged":  # pages come from the free list: the run goes until every request is done
         assert not fast.running and not slow.running and steps == 39
     else:  # a contiguous grow reallocates and copies: the run stops before the first

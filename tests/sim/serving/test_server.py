@@ -11,8 +11,15 @@ from sim.serving.steptime import StepTimeModel
 from traces.requests import RequestTrace, make_requests
 
 MODEL, GPU = "Llama-3.2-1B", "H200"
-FREE = CostModel({"malloc_us": {"nbytes": [1], "us": [1e-6]}, "free_us": {"nbytes": [1], "us": [1e-6]},
-                  "d2d_bytes_per_s": 1e30, "h2d_bytes_per_s": 1e30, "d2h_bytes_per_s": 1e30})
+FREE = CostModel(
+    {
+        "malloc_us": {"nbytes": [1], "us": [1e-6]},
+        "free_us": {"nbytes": [1], "us": [1e-6]},
+        "d2d_bytes_per_s": 1e30,
+        "h2d_bytes_per_s": 1e30,
+        "d2h_bytes_per_s": 1e30,
+    }
+)
 
 
 def trace(rows):
@@ -45,7 +52,9 @@ def test_driver_time_lands_on_the_steps_that_allocated():
 
 
 def test_an_idle_server_waits_for_the_next_arrival():
-    res = simulate(trace([(0.0, 100, 5), (50.0, 100, 5)]), "paged", model=MODEL, gpu=GPU, costs=FREE)
+    res = simulate(
+        trace([(0.0, 100, 5), (50.0, 100, 5)]), "paged", model=MODEL, gpu=GPU, costs=FREE
+    )
     a, b = res.requests.itertuples()
     assert b.first_token_s - b.arrival_s == pytest.approx(a.ttft_s)
     assert res.summary["sim_time_s"] == pytest.approx(b.finish_s)
@@ -58,7 +67,9 @@ def test_batched_requests_share_steps():
 
 
 def test_horizon_stops_the_clock_and_leaves_requests_unfinished():
-    res = simulate(trace([(0.0, 100, 5), (0.5, 100, 5000)]), "paged", model=MODEL, gpu=GPU, horizon_s=1.0)
+    res = simulate(
+        trace([(0.0, 100, 5), (0.5, 100, 5000)]), "paged", model=MODEL, gpu=GPU, horizon_s=1.0
+    )
     assert res.summary["sim_time_s"] == pytest.approx(1.0)
     assert res.summary["n_finished"] == 1
     assert list(res.requests["status"]) == ["finished", "running"]
@@ -66,15 +77,30 @@ def test_horizon_stops_the_clock_and_leaves_requests_unfinished():
 
 
 def test_time_series_is_sampled_at_the_given_interval():
-    res = simulate(trace([(0.01 * i, 100, 200) for i in range(20)]), "paged", model=MODEL, gpu=GPU, sample_every_s=0.01)
+    res = simulate(
+        trace([(0.01 * i, 100, 200) for i in range(20)]),
+        "paged",
+        model=MODEL,
+        gpu=GPU,
+        sample_every_s=0.01,
+    )
     t = res.timeseries["time_us"].to_numpy()
     assert (t[1:] >= t[:-1]).all()
     assert len(t) >= 20
     assert res.timeseries["running"].max() >= 2
 
 
-@pytest.mark.parametrize("name, value", [("kv_strategy", "lucky"), ("preemption", "pause"), ("watermark", 1.5),
-                                         ("max_num_seqs", 0), ("pool_layout", "mixed"), ("horizon_s", -1.0)])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("kv_strategy", "lucky"),
+        ("preemption", "pause"),
+        ("watermark", 1.5),
+        ("max_num_seqs", 0),
+        ("pool_layout", "mixed"),
+        ("horizon_s", -1.0),
+    ],
+)
 def test_bad_knobs_are_named(name, value):
     with pytest.raises(ValueError, match=name):
         ServerConfig(**{name: value})
@@ -88,7 +114,16 @@ def test_unknown_option_lists_the_known_ones():
 def test_a_request_rejected_after_preempting_the_others_does_not_stall_them():
     # pow2 holds the old and the doubled copy at once: 128 + 256 tokens do not fit in 300
     t = trace([(0.0, 100, 150), (0.0, 20, 100)])
-    res = simulate(t, "best-fit:segment_bytes=2MiB", model=MODEL, gpu=GPU, kv_strategy="pow2",
-                   kv_capacity_bytes=300 * 32768)
+    res = simulate(
+        t,
+        "best-fit:segment_bytes=2MiB",
+        model=MODEL,
+        gpu=GPU,
+        kv_strategy="pow2",
+        kv_capacity_bytes=300 * 32768,
+    )
     assert list(res.requests["status"]) == ["rejected", "finished"]
-    assert res.requests.loc[1, "num_preemptions"] == 1 and "alone" in res.requests.loc[0, "reject_reason"]
+    assert (
+        res.requests.loc[1, "num_preemptions"] == 1
+        and "alone" in res.requests.loc[0, "reject_reason"]
+    )

@@ -8,10 +8,21 @@ from sim.serving.serving_metrics import SERVING_COLUMNS, request_table, serving_
 
 
 def r(rid, arrival, first, finish, output, status="finished", kind=""):
-    return SimpleNamespace(request_id=rid, arrival_s=arrival, prompt_tokens=100, output_tokens=output,
-                           num_generated=output if status == "finished" else 0, first_token_s=first, finish_s=finish,
-                           num_preemptions=0, num_swaps=0, prefix_hit_tokens=0, status=RequestState(status),
-                           reject_reason=kind and f"{kind} (details)", reject_kind=kind)
+    return SimpleNamespace(
+        request_id=rid,
+        arrival_s=arrival,
+        prompt_tokens=100,
+        output_tokens=output,
+        num_generated=output if status == "finished" else 0,
+        first_token_s=first,
+        finish_s=finish,
+        num_preemptions=0,
+        num_swaps=0,
+        prefix_hit_tokens=0,
+        status=RequestState(status),
+        reject_reason=kind and f"{kind} (details)",
+        reject_kind=kind,
+    )
 
 
 def test_ttft_tpot_e2e_definitions():
@@ -39,22 +50,34 @@ def test_summary_counts_and_percentiles_over_finished_requests_only():
 
 def test_rejections_are_counted_by_kind_most_first():
     rows = [r(0, 0.0, 0.1, 1.0, 2)]
-    rows += [r(i, 0.0, math.nan, math.nan, 2, "rejected", "prompt>=max_model_len") for i in (1, 2, 3)]
+    rows += [
+        r(i, 0.0, math.nan, math.nan, 2, "rejected", "prompt>=max_model_len") for i in (1, 2, 3)
+    ]
     rows += [r(4, 0.0, math.nan, math.nan, 2, "rejected", "kv>budget")]
     s = serving_summary(request_table(rows), duration_s=1.0, num_preemptions=0, kv_token_util=0.5)
     assert s["rejected_by"] == "prompt>=max_model_len: 3, kv>budget: 1"
-    assert serving_summary(request_table(rows[:1]), duration_s=1.0, num_preemptions=0,
-                           kv_token_util=0.5)["rejected_by"] == ""
+    assert (
+        serving_summary(
+            request_table(rows[:1]), duration_s=1.0, num_preemptions=0, kv_token_util=0.5
+        )["rejected_by"]
+        == ""
+    )
 
 
 def test_goodput_counts_requests_meeting_every_slo():
-    rows = [r(0, 0.0, 0.1, 1.1, 11),   # ttft 0.1, tpot 0.1
-            r(1, 0.0, 0.5, 1.5, 11),   # ttft 0.5 misses
-            r(2, 0.0, 0.1, 3.1, 11)]   # tpot 0.3 misses
+    rows = [
+        r(0, 0.0, 0.1, 1.1, 11),  # ttft 0.1, tpot 0.1
+        r(1, 0.0, 0.5, 1.5, 11),  # ttft 0.5 misses
+        r(2, 0.0, 0.1, 3.1, 11),
+    ]  # tpot 0.3 misses
     table = request_table(rows)
-    s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0, slo_ttft_s=0.2, slo_tpot_s=0.2)
+    s = serving_summary(
+        table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0, slo_ttft_s=0.2, slo_tpot_s=0.2
+    )
     assert s["goodput_rps"] == pytest.approx(0.1) and s["slo_attainment"] == pytest.approx(1 / 3)
-    s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0, slo_ttft_s=0.2)
+    s = serving_summary(
+        table, duration_s=10.0, num_preemptions=0, kv_token_util=1.0, slo_ttft_s=0.2
+    )
     assert s["goodput_rps"] == pytest.approx(0.2)  # only the TTFT SLO set: request 2 meets it
 
 
@@ -66,21 +89,36 @@ def test_without_an_slo_goodput_is_not_the_completion_rate_but_nan():
 
 def test_rejected_requests_miss_the_slo_in_attainment():
     rows = [r(0, 0.0, 0.1, 1.1, 11), r(1, 0.0, math.nan, math.nan, 11, "rejected", "kv>budget")]
-    s = serving_summary(request_table(rows), duration_s=1.0, num_preemptions=0, kv_token_util=1.0,
-                        slo_ttft_s=1.0, slo_tpot_s=1.0)
+    s = serving_summary(
+        request_table(rows),
+        duration_s=1.0,
+        num_preemptions=0,
+        kv_token_util=1.0,
+        slo_ttft_s=1.0,
+        slo_tpot_s=1.0,
+    )
     assert s["slo_attainment"] == pytest.approx(0.5) and s["goodput_rps"] == pytest.approx(1.0)
 
 
 def test_pressure_share_is_the_blocked_steps_share_of_busy_time():
     table = request_table([r(0, 0.0, 0.1, 1.1, 11)])
-    s = serving_summary(table, duration_s=10.0, num_preemptions=0, kv_token_util=0.9, kv_token_util_pressure=0.6,
-                        kv_pressure_s=2.0, busy_s=8.0)
+    s = serving_summary(
+        table,
+        duration_s=10.0,
+        num_preemptions=0,
+        kv_token_util=0.9,
+        kv_token_util_pressure=0.6,
+        kv_pressure_s=2.0,
+        busy_s=8.0,
+    )
     assert (s["kv_token_util_pressure"], s["kv_pressure_share"]) == (0.6, 0.25)
 
 
 def test_a_one_token_output_cannot_miss_the_tpot_slo():
     table = request_table([r(0, 0.0, 0.1, 0.1, 1)])
-    s = serving_summary(table, duration_s=1.0, num_preemptions=0, kv_token_util=1.0, slo_tpot_s=0.01)
+    s = serving_summary(
+        table, duration_s=1.0, num_preemptions=0, kv_token_util=1.0, slo_tpot_s=0.01
+    )
     assert s["goodput_rps"] == 1.0
 
 

@@ -18,8 +18,11 @@ def synth(n=60, rate=50.0, seed=0, prompt=(50, 400), output=(20, 200), hash_ids=
     t = np.cumsum(rng.exponential(1 / rate, n))
     p = rng.integers(*prompt, n)
     o = rng.integers(*output, n)
-    return RequestTrace(make_requests(t, p, o, hash_ids=hash_ids), name=f"synth{seed}",
-                        meta={"hash_block_tokens": 64})
+    return RequestTrace(
+        make_requests(t, p, o, hash_ids=hash_ids),
+        name=f"synth{seed}",
+        meta={"hash_block_tokens": 64},
+    )
 
 
 def sim(spec, trace=None, **kw):
@@ -35,10 +38,20 @@ def test_summary_has_the_report_schema_and_the_serving_columns():
 def test_timeseries_and_requests_tables():
     res = sim("best-fit")
     assert set(TIMESERIES_COLUMNS) <= set(res.timeseries.columns)
-    assert {"running", "waiting", "kv_token_bytes", "kv_reserved_bytes", "free_pages"} <= set(res.timeseries.columns)
+    assert {"running", "waiting", "kv_token_bytes", "kv_reserved_bytes", "free_pages"} <= set(
+        res.timeseries.columns
+    )
     assert len(res.requests) == 60
-    assert {"arrival_s", "first_token_s", "finish_s", "ttft_s", "tpot_s", "e2e_s", "num_preemptions",
-            "status"} <= set(res.requests.columns)
+    assert {
+        "arrival_s",
+        "first_token_s",
+        "finish_s",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "num_preemptions",
+        "status",
+    } <= set(res.requests.columns)
 
 
 @pytest.mark.parametrize("spec", FIVE)
@@ -74,7 +87,9 @@ def test_a_request_larger_than_the_kv_pool_is_rejected_and_counted():
 
 def test_prefix_caching_hits_shared_hash_ids_and_saves_bytes():
     n = 40
-    hash_ids = [(1, 2, 3, 100 + i) for i in range(n)]  # a 192-token shared prefix, then a block of its own
+    hash_ids = [
+        (1, 2, 3, 100 + i) for i in range(n)
+    ]  # a 192-token shared prefix, then a block of its own
     t = synth(n=n, rate=20.0, prompt=(256, 300), hash_ids=hash_ids)
     on = sim("paged", t).summary
     off = sim("paged", t, prefix_caching=False).summary
@@ -85,9 +100,16 @@ def test_prefix_caching_hits_shared_hash_ids_and_saves_bytes():
 
 def test_kv_token_util_orders_paged_above_pow2_above_max():
     t = synth(n=150, rate=200.0)
-    util = {s: sim(spec, t, kv_strategy=s if spec != "paged" else "pow2", kv_capacity_bytes=6000 * BPT,
-                   max_model_len=2048).summary["kv_token_util"]
-            for spec, s in (("paged", "paged"), ("best-fit", "pow2"), ("best-fit", "max"))}
+    util = {
+        s: sim(
+            spec,
+            t,
+            kv_strategy=s if spec != "paged" else "pow2",
+            kv_capacity_bytes=6000 * BPT,
+            max_model_len=2048,
+        ).summary["kv_token_util"]
+        for spec, s in (("paged", "paged"), ("best-fit", "pow2"), ("best-fit", "max"))
+    }
     assert util["paged"] > util["pow2"] > util["max"]
 
 
@@ -98,11 +120,17 @@ def test_same_input_gives_identical_results():
     timing = {"wall_s", "alloc_p50_us", "alloc_p99_us", "free_p50_us", "free_p99_us"}
     same = {k: v for k, v in a.summary.items() if k not in timing}
     assert list(same) == [k for k in b.summary if k not in timing]
-    assert {k: repr(v) for k, v in same.items()} == {k: repr(b.summary[k]) for k in same}  # NaN equals NaN
+    assert {k: repr(v) for k, v in same.items()} == {
+        k: repr(b.summary[k]) for k in same
+    }  # NaN equals NaN
 
 
 def test_different_seeds_give_different_traffic():
-    assert not sim("paged", synth(seed=1)).requests["e2e_s"].equals(sim("paged", synth(seed=2)).requests["e2e_s"])
+    assert (
+        not sim("paged", synth(seed=1))
+        .requests["e2e_s"]
+        .equals(sim("paged", synth(seed=2)).requests["e2e_s"])
+    )
 
 
 @pytest.mark.parametrize("spec", ["paged", "best-fit"])
@@ -125,7 +153,10 @@ def test_simulate_many_writes_the_report_tables(tmp_path):
     write_results(tmp_path, summary, ts, extra_tables={"requests": reqs})
     back = read_results(tmp_path)
     assert set(back) == {"summary", "timeseries", "requests"}
-    assert len(back["requests"]) == 40 and set(back["timeseries"]["policy"]) == {"paged", "first-fit"}
+    assert len(back["requests"]) == 40 and set(back["timeseries"]["policy"]) == {
+        "paged",
+        "first-fit",
+    }
 
 
 def test_unknown_policy_model_and_option_are_clear_errors():
@@ -143,15 +174,27 @@ def test_first_hit_rate_leaves_out_a_preempted_requests_own_blocks():
     not first-time hits). A third request, after both, repeats the first one's prompt: the only
     first-time hit, 4 of the 12 blocks looked up at first admissions."""
     prompt = 4 * 512  # four 512-token hash blocks
-    t = RequestTrace(make_requests([0.0, 0.0, 100.0], [prompt] * 3, [3000, 3000, 10],
-                                   hash_ids=[(1, 2, 3, 4), (5, 6, 7, 8), (1, 2, 3, 4)]), name="preempted")
+    t = RequestTrace(
+        make_requests(
+            [0.0, 0.0, 100.0],
+            [prompt] * 3,
+            [3000, 3000, 10],
+            hash_ids=[(1, 2, 3, 4), (5, 6, 7, 8), (1, 2, 3, 4)],
+        ),
+        name="preempted",
+    )
     res = sim("paged", t, kv_capacity_bytes=7200 * BPT)
     s, req = res.summary, res.requests
-    assert req["num_preemptions"].iloc[1] >= 1 and req["num_preemptions"].iloc[[0, 2]].tolist() == [0, 0]
+    assert req["num_preemptions"].iloc[1] >= 1 and req["num_preemptions"].iloc[[0, 2]].tolist() == [
+        0,
+        0,
+    ]
     assert (req["status"] == "finished").all()
     num_readmissions = int(req["num_preemptions"].iloc[1])
     assert s["prefix_first_hit_rate"] == pytest.approx(4 / 12)
     # every re-admission of the preempted request hit all four of its own blocks
-    assert s["prefix_hit_rate"] == pytest.approx((4 + 4 * num_readmissions) / (12 + 4 * num_readmissions))
+    assert s["prefix_hit_rate"] == pytest.approx(
+        (4 + 4 * num_readmissions) / (12 + 4 * num_readmissions)
+    )
     off = sim("paged", t, kv_capacity_bytes=7200 * BPT, prefix_caching=False).summary
     assert off["prefix_hit_rate"] == 0 and off["prefix_first_hit_rate"] == 0

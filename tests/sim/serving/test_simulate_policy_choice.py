@@ -36,16 +36,26 @@ def test_every_registered_policy_either_holds_kv_or_is_refused_up_front():
                 simulate(tiny(2), name, model=MODEL, gpu=GPU)
 
 
-@pytest.mark.parametrize("spec, able", [("vmm-stitch", False), ("elastic:base=[vmm-stitch]", False),
-                                        ("tag-limits:base=[elastic:base=[vmm-stitch]]", False),
-                                        ("elastic:base=[page-pool]", True), ("paged", True), ("best-fit", True)])
+@pytest.mark.parametrize(
+    "spec, able",
+    [
+        ("vmm-stitch", False),
+        ("elastic:base=[vmm-stitch]", False),
+        ("tag-limits:base=[elastic:base=[vmm-stitch]]", False),
+        ("elastic:base=[page-pool]", True),
+        ("paged", True),
+        ("best-fit", True),
+    ],
+)
 def test_the_capability_is_read_from_the_spec_and_wrappers_answer_for_their_base(spec, able):
     assert registry.can_hold_kv(spec) is able
     assert policies.create(spec).can_hold_kv is able  # the built policy says the same
 
 
 def test_a_page_too_small_names_the_knob_that_sets_it():
-    with pytest.raises(ValueError, match=r"set page_bytes \(e.g. paged:page_bytes=524288, 16 tokens\)"):
+    with pytest.raises(
+        ValueError, match=r"set page_bytes \(e.g. paged:page_bytes=524288, 16 tokens\)"
+    ):
         simulate(tiny(), "paged:page_bytes=4096", model=MODEL, gpu=GPU)
     with pytest.raises(ValueError, match="set page_bytes of its base 'paged:page_bytes=4096'"):
         simulate(tiny(), "elastic:base=[paged:page_bytes=4096]", model=MODEL, gpu=GPU)

@@ -25,7 +25,9 @@ from test_scheduler import log_kv_calls  # noqa: E402
 AZURE = Path(__file__).resolve().parents[3] / "traces" / "data" / "azure_code_slice.csv"
 MODEL, GPU = "Llama-3-8B", "H200"
 #: measured, not simulated: they differ between any two runs
-TIMING = re.compile(r"(_us$|_ns$|_ns_total$|wall_s|latency|_s_per|elapsed|^ns$|seconds|^t_ns|duration_ns|driver_ns)")
+TIMING = re.compile(
+    r"(_us$|_ns$|_ns_total$|wall_s|latency|_s_per|elapsed|^ns$|seconds|^t_ns|duration_ns|driver_ns)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,9 @@ def assert_same_results(slow, fast):
         if TIMING.search(k):
             continue
         w = fast.summary[k]
-        same = (v == w) or (isinstance(v, float) and isinstance(w, float) and math.isnan(v) and math.isnan(w))
+        same = (v == w) or (
+            isinstance(v, float) and isinstance(w, float) and math.isnan(v) and math.isnan(w)
+        )
         assert same, f"summary column {k}: {v!r} (fast path off) != {w!r} (on)"
     assert_same_frames(slow.requests, fast.requests, "requests")
     assert_same_frames(slow.timeseries, fast.timeseries, "timeseries")
@@ -69,11 +73,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("spec,options", CASES, ids=[f"{s}-{'-'.join(o) or 'default'}" for s, o in CASES])
+@pytest.mark.parametrize(
+    "spec,options", CASES, ids=[f"{s}-{'-'.join(o) or 'default'}" for s, o in CASES]
+)
 def test_fast_path_gives_identical_results(azure, spec, options):
     slow_server, slow = run(azure, spec, False, **options)
     fast_server, fast = run(azure, spec, True, **options)
-    assert slow_server.num_batched_steps == 0 and slow_server.num_skipped_activation_round_trips == 0
+    assert (
+        slow_server.num_batched_steps == 0 and slow_server.num_skipped_activation_round_trips == 0
+    )
     assert fast_server.num_quiet_steps > 0, "the case exercises the fast path"
     assert fast_server.num_steps == slow_server.num_steps
     assert_same_results(slow, fast)
@@ -99,8 +107,16 @@ def test_skipped_round_trips_are_counted(azure):
     assert server.num_quiet_steps <= server.num_skipped_activation_round_trips
 
 
-@pytest.mark.parametrize("now_s,end_s", [(0.0, 0.3), (0.19552277483712263, 0.46556321754368596), (1.5, 2.9),
-                                          (3600.25, 3600.2500001), (1e-9, 7.0)])
+@pytest.mark.parametrize(
+    "now_s,end_s",
+    [
+        (0.0, 0.3),
+        (0.19552277483712263, 0.46556321754368596),
+        (1.5, 2.9),
+        (3600.25, 3600.2500001),
+        (1e-9, 7.0),
+    ],
+)
 def test_delays_reach_the_exact_float_time_of_a_run(now_s, end_s):
     # rounding to even can put end_s out of one addition's reach (the second pair): two timeouts then
     t = now_s
@@ -121,9 +137,16 @@ def test_fast_path_with_a_prefix_cache_gives_identical_results():
     groups = rng.integers(0, 8, n)
     prompts = (rng.integers(4, 9, n) * 64 + rng.integers(0, 64, n)).tolist()
     hash_ids = [tuple(1000 * int(g) + b for b in range(p // 64)) for g, p in zip(groups, prompts)]
-    t = RequestTrace(make_requests(np.cumsum(rng.exponential(0.05, n)), prompts,
-                                   rng.integers(5, 300, n).tolist(), hash_ids=hash_ids),
-                     name="prefix", meta={"hash_block_tokens": 64})
+    t = RequestTrace(
+        make_requests(
+            np.cumsum(rng.exponential(0.05, n)),
+            prompts,
+            rng.integers(5, 300, n).tolist(),
+            hash_ids=hash_ids,
+        ),
+        name="prefix",
+        meta={"hash_block_tokens": 64},
+    )
     for options in ({}, {"kv_capacity_bytes": 256 << 20}):
         slow_server, slow = run(t, "paged", False, **options)
         fast_server, fast = run(t, "paged", True, **options)
@@ -132,7 +155,9 @@ def test_fast_path_with_a_prefix_cache_gives_identical_results():
         assert_same_results(slow, fast)
 
 
-@pytest.mark.parametrize("spec,options", [("paged", {}), ("best-fit", {}), ("paged", {"kv_capacity_bytes": 2 << 30})])
+@pytest.mark.parametrize(
+    "spec,options", [("paged", {}), ("best-fit", {}), ("paged", {"kv_capacity_bytes": 2 << 30})]
+)
 def test_the_kv_policy_sees_every_call_of_the_step_by_step_path(azure, spec, options):
     # the closed form takes pages and frees requests through the policy as the engine's own steps
     # do: the same calls, sizes and addresses, in the same order
@@ -149,7 +174,9 @@ def test_quiet_runs_go_through_finishes_arrivals_and_samples(azure):
     # a quiet run ends only where the batch changes shape by an admission (or memory runs out):
     # finishing requests, the step an arrival falls in and time-series samples stay in closed form
     server, result = run(azure, "paged", True)
-    num_prefill_steps = sum(1 for r in server.requests if r.status.value == "finished")  # one prompt step each
+    num_prefill_steps = sum(
+        1 for r in server.requests if r.status.value == "finished"
+    )  # one prompt step each
     assert server.num_steps - server.num_quiet_steps <= 1.5 * num_prefill_steps
     assert server.num_quiet_steps > 0.9 * server.num_steps
 

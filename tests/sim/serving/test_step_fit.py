@@ -8,15 +8,34 @@ import pytest
 
 from sim.serving.hardware import load_gpu
 from sim.serving.models import load_model
-from sim.serving.step_fit import UnderdeterminedProfile, fit_step_profile, profile_features, step_kinds
-from sim.serving.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, StepTimeModel, default_calibration
+from sim.serving.step_fit import (
+    UnderdeterminedProfile,
+    fit_step_profile,
+    profile_features,
+    step_kinds,
+)
+from sim.serving.steptime import (
+    STEP_TERM_NAMES,
+    StepCalibration,
+    StepTerms,
+    StepTimeModel,
+    default_calibration,
+)
 
 #: the real recordings (``shared/data/README.md``), beside the repository in CI and here
 ENGINE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "engine"
-needs_engine_data = pytest.mark.skipif(not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository")
+needs_engine_data = pytest.mark.skipif(
+    not ENGINE.is_dir(), reason="../shared/data/engine is not beside the repository"
+)
 
-TRUE = StepTerms(fixed_s=0.07, per_seq_s=2e-4, per_token_s=2e-5, per_kv_token_s=1e-6, per_pair_s=3e-9,
-                 per_query_kv_s=1.5e-9)
+TRUE = StepTerms(
+    fixed_s=0.07,
+    per_seq_s=2e-4,
+    per_token_s=2e-5,
+    per_kv_token_s=1e-6,
+    per_pair_s=3e-9,
+    per_query_kv_s=1.5e-9,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +60,16 @@ def synthetic_profile(n=400, seed=0, terms=TRUE, noise=0.0, model_gpu=None):
     out = []
     for p, k, cached, d, c in rows:
         t = stm.step_time_s(p, d, c, cached, k) * (1 + noise * rng.standard_normal())
-        out.append({"duration_s": t, "num_prefill_seqs": k, "num_prefill_tokens": p,
-                    "prefill_context_tokens": cached + p, "num_decode_seqs": d, "decode_context_tokens": c + d})
+        out.append(
+            {
+                "duration_s": t,
+                "num_prefill_seqs": k,
+                "num_prefill_tokens": p,
+                "prefill_context_tokens": cached + p,
+                "num_decode_seqs": d,
+                "decode_context_tokens": c + d,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -86,15 +113,22 @@ def test_dropping_the_undetermined_terms_fits_a_decode_only_profile(llama_h200):
 
 def test_a_profile_without_prefill_tokens_names_the_term_it_cannot_fit(llama_h200):
     steps = synthetic_profile(model_gpu=llama_h200)
-    same = steps.assign(num_prefill_seqs=0, num_prefill_tokens=0, prefill_context_tokens=0,
-                        num_decode_seqs=8, decode_context_tokens=8000)
+    same = steps.assign(
+        num_prefill_seqs=0,
+        num_prefill_tokens=0,
+        prefill_context_tokens=0,
+        num_decode_seqs=8,
+        decode_context_tokens=8000,
+    )
     with pytest.raises(UnderdeterminedProfile, match="cannot determine"):
         fit_step_profile(same, *llama_h200, drop=("per_seq_s",))
 
 
 def test_an_unknown_term_is_named(llama_h200):
     with pytest.raises(ValueError, match="no such term"):
-        fit_step_profile(synthetic_profile(model_gpu=llama_h200, n=30), *llama_h200, drop=("per_banana_s",))
+        fit_step_profile(
+            synthetic_profile(model_gpu=llama_h200, n=30), *llama_h200, drop=("per_banana_s",)
+        )
 
 
 def test_features_count_what_the_step_time_model_counts(llama_h200):
@@ -103,11 +137,17 @@ def test_features_count_what_the_step_time_model_counts(llama_h200):
     stm = StepTimeModel(*llama_h200, calibration=StepCalibration(default_calibration(), terms=TRUE))
     floor = StepTimeModel(*llama_h200)
     for i, row in steps.iterrows():
-        args = (int(row.num_prefill_tokens), int(row.num_decode_seqs),
-                int(row.decode_context_tokens - row.num_decode_seqs),
-                int(row.prefill_context_tokens - row.num_prefill_tokens), int(row.num_prefill_seqs))
+        args = (
+            int(row.num_prefill_tokens),
+            int(row.num_decode_seqs),
+            int(row.decode_context_tokens - row.num_decode_seqs),
+            int(row.prefill_context_tokens - row.num_prefill_tokens),
+            int(row.num_prefill_seqs),
+        )
         linear = float(x[i] @ np.array([getattr(TRUE, n) for n in STEP_TERM_NAMES]))
-        assert stm.step_time_s(*args) == pytest.approx(max(linear, floor.step_time_s(*args)), rel=1e-9)
+        assert stm.step_time_s(*args) == pytest.approx(
+            max(linear, floor.step_time_s(*args)), rel=1e-9
+        )
     assert list(step_kinds(steps[:3])) == ["prefill", "decode", "mixed"]
 
 

@@ -7,8 +7,13 @@ from hypothesis import strategies as st
 
 from sim.serving.hardware import load_gpu
 from sim.serving.models import load_model
-from sim.serving.steptime import (DEFAULT_CALIBRATION_PATH, Calibration, StepTimeModel, default_calibration,
-                          load_calibration)
+from sim.serving.steptime import (
+    DEFAULT_CALIBRATION_PATH,
+    Calibration,
+    StepTimeModel,
+    default_calibration,
+    load_calibration,
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +44,19 @@ def test_prefill_flops_count_the_lm_head_once_per_sequence(llama_h200):
     m = llama_h200.model
     cost = llama_h200.step_cost(100, 0, 0)
     body = m.flops_per_token - m.logits_flops_per_token
-    assert cost.flops == 100 * body + m.logits_flops_per_token + m.attention_flops(1, 100 * 101 // 2)
+    assert cost.flops == 100 * body + m.logits_flops_per_token + m.attention_flops(
+        1, 100 * 101 // 2
+    )
 
 
 def test_decode_bytes_read_weights_once_and_every_context_token(llama_h200):
     m = llama_h200.model
     cost = llama_h200.step_cost(0, 4, 4000)
-    expected = (m.weight_read_bytes + m.kv_bytes_per_token * (4000 + 4)
-                + 4 * (m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token))
+    expected = (
+        m.weight_read_bytes
+        + m.kv_bytes_per_token * (4000 + 4)
+        + 4 * (m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token)
+    )
     assert cost.hbm_bytes == expected
 
 
@@ -92,11 +102,18 @@ def test_empty_step_takes_no_time(llama_h200):
     assert llama_h200.step_time_s(0, 0, 0) == 0.0
 
 
-@pytest.mark.parametrize("args, name", [
-    ((-1, 0, 0), "prefill_tokens"), ((0, -1, 0), "decode_seqs"), ((0, 1, -5), "context_tokens"),
-    ((0, 0, 10), "context_tokens"), ((0, 1, 0, 10), "prefill_context_tokens"),
-    ((10, 0, 0, 0, 11), "num_prefill_seqs"), ((10, 0, 0, 0, 0), "num_prefill_seqs"),
-])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((-1, 0, 0), "prefill_tokens"),
+        ((0, -1, 0), "decode_seqs"),
+        ((0, 1, -5), "context_tokens"),
+        ((0, 0, 10), "context_tokens"),
+        ((0, 1, 0, 10), "prefill_context_tokens"),
+        ((10, 0, 0, 0, 11), "num_prefill_seqs"),
+        ((10, 0, 0, 0, 0), "num_prefill_seqs"),
+    ],
+)
 def test_bad_counts_name_the_argument(llama_h200, args, name):
     with pytest.raises(ValueError, match=name):
         llama_h200.step_time_s(*args)
@@ -118,7 +135,9 @@ def test_copy_reads_and_writes_at_hbm_speed(llama_h200):
 
 def test_swap_goes_at_pcie_speed(llama_h200):
     cal = llama_h200.factors
-    expected = cal.transfer_latency_s + (1 << 30) / (llama_h200.gpu.pcie_bandwidth_bytes_per_s * cal.pcie_efficiency)
+    expected = cal.transfer_latency_s + (1 << 30) / (
+        llama_h200.gpu.pcie_bandwidth_bytes_per_s * cal.pcie_efficiency
+    )
     assert llama_h200.swap_time_s(1 << 30) == pytest.approx(expected)
 
 
@@ -158,12 +177,18 @@ def test_defaults_reproduce_the_h200_measurements():
     # The bundled defaults were fitted to step times measured on an H200 (recorded in the file).
     raw = json.loads(DEFAULT_CALIBRATION_PATH.read_text())
     decode, prefill = raw["measured"].values()
-    model = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration={"step_overhead_s": 0.0})
+    model = StepTimeModel(
+        load_model("Llama-3-8B"), load_gpu("H200"), calibration={"step_overhead_s": 0.0}
+    )
     for shape, (measured_ms, _) in decode.items():
         batch, context = map(int, shape.split("x"))
-        assert model.step_time_s(0, batch, batch * context) * 1e3 == pytest.approx(measured_ms, rel=0.15), shape
+        assert model.step_time_s(0, batch, batch * context) * 1e3 == pytest.approx(
+            measured_ms, rel=0.15
+        ), shape
     for tokens, (measured_ms, _) in prefill.items():
-        assert model.step_time_s(int(tokens), 0, 0) * 1e3 == pytest.approx(measured_ms, rel=0.15), tokens
+        assert model.step_time_s(int(tokens), 0, 0) * 1e3 == pytest.approx(measured_ms, rel=0.15), (
+            tokens
+        )
 
 
 def test_calibration_mapping_overrides_a_factor():
@@ -215,17 +240,28 @@ def _with_all_full(name):
     import dataclasses
 
     model = load_model(name)
-    return StepTimeModel(model, load_gpu("H200")), StepTimeModel(dataclasses.replace(model, layer_groups=None),
-                                                                 load_gpu("H200"))
+    return StepTimeModel(model, load_gpu("H200")), StepTimeModel(
+        dataclasses.replace(model, layer_groups=None), load_gpu("H200")
+    )
 
 
-@pytest.mark.parametrize("args", [(0, 64, 64 * 1000), (0, 1, 4000), (2048, 0, 0, 0), (1024, 0, 0, 2048),
-                                  (512, 8, 8 * 3000, 1024, 2)])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, 64, 64 * 1000),
+        (0, 1, 4000),
+        (2048, 0, 0, 0),
+        (1024, 0, 0, 2048),
+        (512, 8, 8 * 3000, 1024, 2),
+    ],
+)
 def test_sliding_window_costs_what_full_attention_does_below_the_window(args):
     gemma, all_full = _with_all_full("Gemma-2-9B")  # window 4096
     assert gemma.step_time_s(*args) == pytest.approx(all_full.step_time_s(*args), rel=1e-12)
     assert gemma.step_cost(*args).flops == pytest.approx(all_full.step_cost(*args).flops, rel=1e-12)
-    assert gemma.step_cost(*args).hbm_bytes == pytest.approx(all_full.step_cost(*args).hbm_bytes, rel=1e-12)
+    assert gemma.step_cost(*args).hbm_bytes == pytest.approx(
+        all_full.step_cost(*args).hbm_bytes, rel=1e-12
+    )
 
 
 def test_sliding_window_decode_past_the_window_reads_only_the_window():
@@ -235,7 +271,9 @@ def test_sliding_window_decode_past_the_window_reads_only_the_window():
     saved = all_full.step_cost(0, d, context).hbm_bytes - gemma.step_cost(0, d, context).hbm_bytes
     sliding = next(g for g in m.kv_groups if g.kind == "sliding")
     # the sliding layers read W keys per sequence instead of its whole context
-    assert saved == pytest.approx(sliding.token_bytes(m.dtype_bytes) * (context + d - d * sliding.sliding_window))
+    assert saved == pytest.approx(
+        sliding.token_bytes(m.dtype_bytes) * (context + d - d * sliding.sliding_window)
+    )
     assert gemma.step_time_s(0, d, context) < 0.7 * all_full.step_time_s(0, d, context)
 
 
@@ -261,20 +299,37 @@ def test_mamba_layers_cost_the_same_at_any_context():
     state = sum(g.state_bytes(m.dtype_bytes) for g in m.kv_groups)
     one, two = bamba.step_cost(0, 1, 1000), bamba.step_cost(0, 2, 2000)
     assert two.hbm_bytes - one.hbm_bytes == pytest.approx(
-        2 * state + attention * 1001 + m.activation_traffic_bytes_per_token + m.logits_bytes_per_sampled_token)
+        2 * state
+        + attention * 1001
+        + m.activation_traffic_bytes_per_token
+        + m.logits_bytes_per_sampled_token
+    )
     assert bamba.step_cost(100, 0, 0).flops > 100 * (m.flops_per_token - m.logits_flops_per_token)
 
 
 # -- fitted engines (StepTerms, poollab calibrate) --------------------------------------------------
 from sim.serving.steptime import StepCalibration, StepTerms, load_step_calibration  # noqa: E402
 
-FITTED = StepTerms(fixed_s=0.07, per_seq_s=1e-4, per_token_s=2e-5, per_kv_token_s=1e-6, per_pair_s=2e-9,
-                   per_query_kv_s=1.5e-9)
+FITTED = StepTerms(
+    fixed_s=0.07,
+    per_seq_s=1e-4,
+    per_token_s=2e-5,
+    per_kv_token_s=1e-6,
+    per_pair_s=2e-9,
+    per_query_kv_s=1.5e-9,
+)
 
 
 def _fitted_file(tmp_path, **changes):
-    cal = StepCalibration(default_calibration(), terms=FITTED, warmup_s=1.5, engine="transformers",
-                          model="Llama-3-8B", gpu="H200", tp=1)
+    cal = StepCalibration(
+        default_calibration(),
+        terms=FITTED,
+        warmup_s=1.5,
+        engine="transformers",
+        model="Llama-3-8B",
+        gpu="H200",
+        tp=1,
+    )
     data = {**cal.to_json(), **changes}
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(data))
@@ -294,12 +349,15 @@ def test_an_old_factor_file_still_loads_as_factors_only(tmp_path):
     assert cal.factors.mfu_prefill == 0.4 and cal.terms.is_zero and cal.model is None
     assert load_calibration(path).mfu_prefill == 0.4
     stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=path)
-    assert stm.step_time_s(2048, 0, 0) == StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"),
-                                                         calibration={"mfu_prefill": 0.4}).step_time_s(2048, 0, 0)
+    assert stm.step_time_s(2048, 0, 0) == StepTimeModel(
+        load_model("Llama-3-8B"), load_gpu("H200"), calibration={"mfu_prefill": 0.4}
+    ).step_time_s(2048, 0, 0)
 
 
 def test_a_fitted_file_prices_steps_with_its_terms_over_the_roofline_floor(tmp_path, llama_h200):
-    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=_fitted_file(tmp_path))
+    stm = StepTimeModel(
+        load_model("Llama-3-8B"), load_gpu("H200"), calibration=_fitted_file(tmp_path)
+    )
     assert stm.warmup_s == 1.5
     # batch-2 decode: the fixed 70 ms, not the roofline's 5 ms
     linear = FITTED.linear_s(0, 2, 0, 1002, 1002)
@@ -314,7 +372,9 @@ def test_a_fitted_file_prices_steps_with_its_terms_over_the_roofline_floor(tmp_p
 def test_the_roofline_is_the_floor_of_a_fitted_engine(tmp_path, llama_h200):
     tiny = StepCalibration(default_calibration(), terms=StepTerms(fixed_s=1e-6))
     stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=tiny)
-    assert stm.step_time_s(4096, 0, 0) == pytest.approx(llama_h200.step_time_s(4096, 0, 0), rel=1e-12)
+    assert stm.step_time_s(4096, 0, 0) == pytest.approx(
+        llama_h200.step_time_s(4096, 0, 0), rel=1e-12
+    )
 
 
 def test_a_fitted_file_for_another_model_is_refused(tmp_path):
@@ -323,11 +383,16 @@ def test_a_fitted_file_for_another_model_is_refused(tmp_path):
         StepTimeModel(load_model("Llama-3.2-1B"), load_gpu("H200"), calibration=path)
 
 
-@pytest.mark.parametrize("changes, words", [({"terms": {"fixed_s": -1}}, "fixed_s"),
-                                            ({"terms": {"per_banana_s": 1}}, "terms"),
-                                            ({"format": "poollab-step-time/9"}, "unknown calibration format"),
-                                            ({"warmup_s": "soon"}, "warmup_s"),
-                                            ({"colour": "red"}, "unknown key")])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"terms": {"fixed_s": -1}}, "fixed_s"),
+        ({"terms": {"per_banana_s": 1}}, "terms"),
+        ({"format": "poollab-step-time/9"}, "unknown calibration format"),
+        ({"warmup_s": "soon"}, "warmup_s"),
+        ({"colour": "red"}, "unknown key"),
+    ],
+)
 def test_a_bad_fitted_file_names_file_and_field(tmp_path, changes, words):
     path = _fitted_file(tmp_path, **changes)
     with pytest.raises(ValueError, match=words) as info:
@@ -337,5 +402,9 @@ def test_a_bad_fitted_file_names_file_and_field(tmp_path, changes, words):
 
 def test_a_fitted_file_round_trips(tmp_path):
     cal = load_step_calibration(_fitted_file(tmp_path))
-    assert cal.terms == FITTED and cal.engine == "transformers" and (cal.model, cal.gpu, cal.tp) == ("Llama-3-8B", "H200", 1)
+    assert (
+        cal.terms == FITTED
+        and cal.engine == "transformers"
+        and (cal.model, cal.gpu, cal.tp) == ("Llama-3-8B", "H200", 1)
+    )
     assert "fitted from" in cal.describe() and "70.0 ms" in cal.describe()

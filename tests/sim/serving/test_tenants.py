@@ -29,8 +29,15 @@ def shares():
 
 
 def _run(shares, layout, **kwargs):
-    c = Colocation(shares, "page-pool", models=MODEL, gpu=GPU, layout=layout,
-                   config=kwargs.pop("config", CONFIG), **kwargs)
+    c = Colocation(
+        shares,
+        "page-pool",
+        models=MODEL,
+        gpu=GPU,
+        layout=layout,
+        config=kwargs.pop("config", CONFIG),
+        **kwargs,
+    )
     return c, c.run()
 
 
@@ -39,8 +46,13 @@ def test_share_trace_deals_every_request_once():
     parts = share_trace(trace, 3)
     ids = np.sort(np.concatenate([p.requests["request_id"].to_numpy() for p in parts]))
     assert list(ids) == list(trace.requests["request_id"])
-    assert sum(p.requests["prompt_tokens"].sum() for p in parts) == trace.requests["prompt_tokens"].sum()
-    assert parts[1].requests["arrival_s"].iloc[0] == trace.requests["arrival_s"].iloc[1]  # clock kept
+    assert (
+        sum(p.requests["prompt_tokens"].sum() for p in parts)
+        == trace.requests["prompt_tokens"].sum()
+    )
+    assert (
+        parts[1].requests["arrival_s"].iloc[0] == trace.requests["arrival_s"].iloc[1]
+    )  # clock kept
     with pytest.raises(ValueError, match="cannot be shared"):
         share_trace(trace.head(2), 3)
 
@@ -50,22 +62,37 @@ def test_static_layout_is_single_tenant_runs_at_a_share(shares):
     share = c.split.static_share_bytes()
     assert share == c.split.kv_bytes // 3
     for trace, r in zip(shares, results):
-        alone = simulate(trace, "page-pool", model=MODEL, gpu=GPU, config=CONFIG.replace(kv_capacity_bytes=share))
-        for col in ("n_finished", "n_preempted", "n_steps", "busy_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s",
-                    "peak_reserved_bytes", "n_grow", "kv_budget_bytes"):
+        alone = simulate(
+            trace, "page-pool", model=MODEL, gpu=GPU, config=CONFIG.replace(kv_capacity_bytes=share)
+        )
+        for col in (
+            "n_finished",
+            "n_preempted",
+            "n_steps",
+            "busy_s",
+            "ttft_p50_s",
+            "ttft_p99_s",
+            "tpot_p50_s",
+            "peak_reserved_bytes",
+            "n_grow",
+            "kv_budget_bytes",
+        ):
             assert r.summary[col] == alone.summary[col], col
         pd.testing.assert_series_equal(r.requests["ttft_s"], alone.requests["ttft_s"])
 
 
 @pytest.mark.parametrize("layout", ["static", "shared", "sleep"])
 def test_memory_never_exceeds_the_gpu_and_tokens_are_conserved(shares, layout):
-    c = Colocation(shares, "page-pool", models=MODEL, gpu=GPU, layout=layout, config=CONFIG, sleep_after_s=0.5)
+    c = Colocation(
+        shares, "page-pool", models=MODEL, gpu=GPU, layout=layout, config=CONFIG, sleep_after_s=0.5
+    )
     peak = [0]
 
     def watch():
         while True:
             peak[0] = max(peak[0], c.gpu_used_bytes())
             yield c.env.timeout(0.005)
+
     c.env.process(watch())
     results = c.run()
     assert 0 < peak[0] <= c.split.usable_bytes
@@ -81,14 +108,19 @@ def test_memory_never_exceeds_the_gpu_and_tokens_are_conserved(shares, layout):
 
 
 def test_shared_pool_serves_at_least_what_static_thirds_serve(shares):
-    cfg = CONFIG.replace(horizon_s=20.0)  # the load outruns the GPU: count what each layout finishes
+    cfg = CONFIG.replace(
+        horizon_s=20.0
+    )  # the load outruns the GPU: count what each layout finishes
     _, static = _run(shares, "static", config=cfg)
     _, shared = _run(shares, "shared", config=cfg)
     n_static = sum(r.summary["n_finished"] for r in static)
     n_shared = sum(r.summary["n_finished"] for r in shared)
     assert n_shared >= n_static
     # one tenant may hold more than a third of the KV memory at once
-    assert max(r.summary["peak_reserved_bytes"] for r in shared) > shared[0].summary["gpu_kv_bytes"] / 3
+    assert (
+        max(r.summary["peak_reserved_bytes"] for r in shared)
+        > shared[0].summary["gpu_kv_bytes"] / 3
+    )
 
 
 def _sparse_tenants() -> list[RequestTrace]:
@@ -100,7 +132,9 @@ def _sparse_tenants() -> list[RequestTrace]:
 
 def test_sleep_charges_the_restore_to_the_next_requests_ttft():
     tenants = _sparse_tenants()
-    weights = Colocation(tenants, "page-pool", models=MODEL, gpu=GPU, layout="sleep").split.weight_bytes[0]
+    weights = Colocation(
+        tenants, "page-pool", models=MODEL, gpu=GPU, layout="sleep"
+    ).split.weight_bytes[0]
     restore_s = CostModel.load().h2d_ns(weights) * 1e-9
     assert restore_s > 0.1  # 15 GiB over PCIe
     c, sleep = _run(tenants, "sleep", config=ServerConfig(), sleep_after_s=10.0)
@@ -111,16 +145,21 @@ def test_sleep_charges_the_restore_to_the_next_requests_ttft():
     late_sleep = sleep[0].requests["ttft_s"].iloc[1]
     late_shared = shared[0].requests["ttft_s"].iloc[1]
     assert late_sleep - late_shared == pytest.approx(gate.wake_s, rel=0.05)
-    assert sleep[0].requests["ttft_s"].iloc[0] == pytest.approx(shared[0].requests["ttft_s"].iloc[0])
+    assert sleep[0].requests["ttft_s"].iloc[0] == pytest.approx(
+        shared[0].requests["ttft_s"].iloc[0]
+    )
 
 
 def test_a_sleeping_tenants_weights_become_kv_memory_for_the_others():
     seen = []
-    c2 = Colocation(_sparse_tenants(), "page-pool", models=MODEL, gpu=GPU, layout="sleep", sleep_after_s=10.0)
+    c2 = Colocation(
+        _sparse_tenants(), "page-pool", models=MODEL, gpu=GPU, layout="sleep", sleep_after_s=10.0
+    )
 
     def watch():
         yield c2.env.timeout(30.0)  # tenant 0 is asleep by now
         seen.append(c2.shared.policy.capacity_bytes)
+
     c2.env.process(watch())
     c2.run()
     assert seen == [c2.split.kv_bytes + c2.split.weight_bytes[0]]
@@ -128,8 +167,12 @@ def test_a_sleeping_tenants_weights_become_kv_memory_for_the_others():
 
 
 def test_runs_are_deterministic(shares):
-    a = colocate(shares, "page-pool", models=MODEL, gpu=GPU, layout="sleep", config=CONFIG, sleep_after_s=0.5)
-    b = colocate(shares, "page-pool", models=MODEL, gpu=GPU, layout="sleep", config=CONFIG, sleep_after_s=0.5)
+    a = colocate(
+        shares, "page-pool", models=MODEL, gpu=GPU, layout="sleep", config=CONFIG, sleep_after_s=0.5
+    )
+    b = colocate(
+        shares, "page-pool", models=MODEL, gpu=GPU, layout="sleep", config=CONFIG, sleep_after_s=0.5
+    )
     keep = [c for c in a[0].columns if not _MEASURED.search(c)]
     pd.testing.assert_frame_equal(a[0][keep], b[0][keep])
     pd.testing.assert_frame_equal(a[2], b[2])
@@ -166,7 +209,9 @@ def test_time_sliced_never_overlaps_and_queues_at_least_as_long(shares):
             sliced = pd.concat([r.requests for r in results])
         else:
             spatial = pd.concat([r.requests for r in results])
-    assert busy[0] <= 1 + 1e-9 < busy[1]  # this load needs more than one GPU's time when steps overlap
+    assert (
+        busy[0] <= 1 + 1e-9 < busy[1]
+    )  # this load needs more than one GPU's time when steps overlap
     assert sliced["ttft_s"].mean() > spatial["ttft_s"].mean()
 
 
@@ -180,15 +225,18 @@ def test_tenant_rate_scales_compress_each_tenants_arrivals(shares):
         scale_tenant_rates(shares, [1.0, 2.0])
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"layout": "ring"}, "unknown tenant layout"),
-    ({"compute": "mps"}, "unknown compute sharing"),
-    ({"config": ServerConfig(kv_capacity_bytes=1 << 30)}, "kv_capacity_bytes"),
-    ({"config": ServerConfig(pool_layout="shared")}, "pool_layout"),
-    ({"spec": "best-fit", "layout": "shared"}, "contiguous"),
-    ({"models": ["Llama-3-8B", "Llama-3-8B"]}, "2 models for 3 tenants"),
-    ({"config": ServerConfig(gpu_memory_utilization=0.3)}, "do not fit"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"layout": "ring"}, "unknown tenant layout"),
+        ({"compute": "mps"}, "unknown compute sharing"),
+        ({"config": ServerConfig(kv_capacity_bytes=1 << 30)}, "kv_capacity_bytes"),
+        ({"config": ServerConfig(pool_layout="shared")}, "pool_layout"),
+        ({"spec": "best-fit", "layout": "shared"}, "contiguous"),
+        ({"models": ["Llama-3-8B", "Llama-3-8B"]}, "2 models for 3 tenants"),
+        ({"config": ServerConfig(gpu_memory_utilization=0.3)}, "do not fit"),
+    ],
+)
 def test_bad_settings_are_named(shares, kwargs, match):
     spec = kwargs.pop("spec", "page-pool")
     kwargs.setdefault("models", MODEL)
@@ -198,8 +246,14 @@ def test_bad_settings_are_named(shares, kwargs, match):
 
 def test_paged_shared_runs_without_prefix_caching(shares):
     """A shared pool with a block cache and prefix caching off consults no cache."""
-    c = Colocation(shares, "paged", models=MODEL, gpu=GPU, layout="shared",
-                   config=CONFIG.replace(prefix_caching=False))
+    c = Colocation(
+        shares,
+        "paged",
+        models=MODEL,
+        gpu=GPU,
+        layout="shared",
+        config=CONFIG.replace(prefix_caching=False),
+    )
     assert all(r.summary["n_finished"] == 150 and not r.summary["prefix_caching"] for r in c.run())
 
 
@@ -221,7 +275,10 @@ def test_tenants_keep_their_own_prefix_caches_in_a_shared_pool(layout):
     for r in results:
         s = r.summary
         assert s["prefix_caching"] and s["n_finished"] == 2
-        assert r.requests["prefix_hit_tokens"].tolist() == [0, 4 * 512 - 1]  # the last token is recomputed
+        assert r.requests["prefix_hit_tokens"].tolist() == [
+            0,
+            4 * 512 - 1,
+        ]  # the last token is recomputed
         assert s["prefix_hit_rate"] == s["prefix_first_hit_rate"] == 0.5
         assert s["prefix_cached_bytes"] == s["prefix_peak_cached_bytes"] == 4 * block_bytes
     assert [k.evictable_bytes for k in c.setups[0].kv.shared.kvs] == [4 * block_bytes] * 2
@@ -242,8 +299,9 @@ def test_a_full_shared_pool_evicts_the_asking_tenants_cached_blocks_first():
     extra = kv1._allocate(5 * kv1.block_bytes)
     assert extra is not None
     assert kv1.num_evictions == 4 and kv1.evictable_bytes == 0  # all of its own
-    assert kv0.num_evictions == 1 and kv0.evictable_bytes == 3 * kv0.block_bytes  # then one of tenant 0's
-
+    assert (
+        kv0.num_evictions == 1 and kv0.evictable_bytes == 3 * kv0.block_bytes
+    )  # then one of tenant 0's
 
 
 def _held_then_freed(compute: str):
@@ -251,10 +309,19 @@ def _held_then_freed(compute: str):
     at their end), tenant 1's 16k-token prompt arrives at 4 s and cannot be admitted until one
     of them finishes; nothing else tenant 1 sees can change that (a first-come queue)."""
     cfg = ServerConfig(gpu_memory_utilization=0.5, max_num_batched_tokens=16384)
-    tenants = [RequestTrace(make_requests([0.0] * 6, [16000] * 6, [400] * 6), name="first"),
-               RequestTrace(make_requests([0.0, 4.0], [16, 16000], [1, 200]), name="second")]
-    c = Colocation(tenants, "page-pool", models="Llama-3.1-8B", gpu=GPU, layout="shared", config=cfg,
-                   compute=compute)
+    tenants = [
+        RequestTrace(make_requests([0.0] * 6, [16000] * 6, [400] * 6), name="first"),
+        RequestTrace(make_requests([0.0, 4.0], [16, 16000], [1, 200]), name="second"),
+    ]
+    c = Colocation(
+        tenants,
+        "page-pool",
+        models="Llama-3.1-8B",
+        gpu=GPU,
+        layout="shared",
+        config=cfg,
+        compute=compute,
+    )
     plans = []  # (time, requests scheduled) of every plan tenant 1's engine asks for
     sched = c.setups[1].server.scheduler
     schedule = sched.schedule
@@ -263,6 +330,7 @@ def _held_then_freed(compute: str):
         plan = schedule()
         plans.append((c.env.now, len(plan.scheduled)))
         return plan
+
     sched.schedule = counted
     return c, c.run(), plans
 
@@ -273,18 +341,31 @@ def test_a_tenant_waiting_for_held_memory_wakes_at_the_free_not_on_a_poll(comput
     first_free_s = results[0].requests["finish_s"].min()
     assert results[1].requests["status"].eq("finished").all()
     waits = [t for t, n in plans if n == 0]
-    assert waits == [4.0]  # one look when the prompt arrives; no retries on a clock (a 2 ms poll made 1,200)
+    assert waits == [
+        4.0
+    ]  # one look when the prompt arrives; no retries on a clock (a 2 ms poll made 1,200)
     admitted_s = next(t for t, n in plans if n and t >= 4.0)
-    assert admitted_s == first_free_s  # admitted the moment tenant 0's first request freed its pages
+    assert (
+        admitted_s == first_free_s
+    )  # admitted the moment tenant 0's first request freed its pages
 
 
 def test_a_waking_tenant_waits_for_the_others_frees():
     """Sleep layout: tenant 0 sleeps while tenant 1 fills the pool past what is left without
     tenant 0's weights; tenant 0's wake waits for tenant 1's frees (event-driven) and ends."""
     t0 = RequestTrace(make_requests([0.0, 20.0], [500, 500], [4, 4]), name="sleeper")
-    t1 = RequestTrace(make_requests([0.0] + [15.0] * 8, [16] + [16000] * 8, [1] + [300] * 8), name="hog")
-    c = Colocation([t0, t1], "page-pool", models="Llama-3.1-8B", gpu=GPU, layout="sleep", sleep_after_s=1.0,
-                   config=ServerConfig(gpu_memory_utilization=0.5, max_num_batched_tokens=16384))
+    t1 = RequestTrace(
+        make_requests([0.0] + [15.0] * 8, [16] + [16000] * 8, [1] + [300] * 8), name="hog"
+    )
+    c = Colocation(
+        [t0, t1],
+        "page-pool",
+        models="Llama-3.1-8B",
+        gpu=GPU,
+        layout="sleep",
+        sleep_after_s=1.0,
+        config=ServerConfig(gpu_memory_utilization=0.5, max_num_batched_tokens=16384),
+    )
     results = c.run()
     gate = c.gates[0]
     assert gate.num_sleeps >= 1 and gate.num_wakes == 1

@@ -23,12 +23,23 @@ TPP = 64
 GROUP = TENSORS * 64 * KiB  # one page of tokens on the device, every tensor
 
 
-def virtual(budget_bytes=64 * GROUP, map_cache=True, max_num_seqs=8, max_model_len=4096, page=64 * KiB):
-    device = costed_page_mapped_device(CostModel.load(), granularity_bytes=page, limit_bytes=budget_bytes)
+def virtual(
+    budget_bytes=64 * GROUP, map_cache=True, max_num_seqs=8, max_model_len=4096, page=64 * KiB
+):
+    device = costed_page_mapped_device(
+        CostModel.load(), granularity_bytes=page, limit_bytes=budget_bytes
+    )
     pool = TimedPool(policies.create("best-fit", device=device))
-    cfg = ServerConfig(kv_strategy="virtual", virtual_page_bytes=page, map_cache=map_cache,
-                       max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-    return VirtualKV(pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes, num_kv_tensors=TENSORS)
+    cfg = ServerConfig(
+        kv_strategy="virtual",
+        virtual_page_bytes=page,
+        map_cache=map_cache,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+    )
+    return VirtualKV(
+        pool, cfg, bytes_per_token=BPT, budget_bytes=budget_bytes, num_kv_tensors=TENSORS
+    )
 
 
 def test_a_page_of_tokens_is_one_page_in_every_kv_tensor():
@@ -101,8 +112,15 @@ def test_a_grow_past_the_budget_fails_and_changes_nothing():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["admit", "grow", "free"]), st.integers(0, 7), st.integers(1, 900)),
-                max_size=60), st.booleans())
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "grow", "free"]), st.integers(0, 7), st.integers(1, 900)
+        ),
+        max_size=60,
+    ),
+    st.booleans(),
+)
 def test_pages_mapped_follow_the_tokens_of_every_live_request(ops, map_cache):
     """Held pages = ceil(tokens / page) per live request; mapped pages only add the reuse cache;
     the device holds exactly what the manager counts, never past the budget."""
@@ -124,7 +142,12 @@ def test_pages_mapped_follow_the_tokens_of_every_live_request(ops, map_cache):
         for i, (h, t) in live.items():
             assert h.capacity_tokens == need[i] * TPP
             assert kv.mapped_pages(h) == need[i] if not map_cache else kv.mapped_pages(h) >= need[i]
-        assert kv.device.physical_bytes == kv.allocated_bytes == kv.held_bytes + kv.cached_bytes <= kv.budget_bytes
+        assert (
+            kv.device.physical_bytes
+            == kv.allocated_bytes
+            == kv.held_bytes + kv.cached_bytes
+            <= kv.budget_bytes
+        )
         assert kv.live_bytes == sum(t for _, t in live.values()) * BPT
         if not map_cache:
             assert kv.cached_bytes == 0
@@ -138,8 +161,10 @@ MODEL_BPT = 32768
 def synth(n=60, rate=50.0, seed=0, prompt=(50, 400), output=(20, 200), hash_ids=None):
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1 / rate, n))
-    return RequestTrace(make_requests(t, rng.integers(*prompt, n), rng.integers(*output, n), hash_ids=hash_ids),
-                        name=f"synth{seed}")
+    return RequestTrace(
+        make_requests(t, rng.integers(*prompt, n), rng.integers(*output, n), hash_ids=hash_ids),
+        name=f"synth{seed}",
+    )
 
 
 def sim(trace=None, spec="best-fit", **kw):
@@ -148,26 +173,36 @@ def sim(trace=None, spec="best-fit", **kw):
 
 
 @pytest.mark.parametrize("page, budget_tokens", [(64 * KiB, 3000), (2 * MiB, 3 * 2048)])
-def test_every_token_is_generated_under_pressure_and_the_device_is_the_one_reported(page, budget_tokens):
+def test_every_token_is_generated_under_pressure_and_the_device_is_the_one_reported(
+    page, budget_tokens
+):
     # 2 MiB pages hold 2,048 tokens of one tensor here: the budget is three pages of tokens
     trace = synth(prompt=(50, 2500), output=(20, 400))
-    res = sim(trace, kv_capacity_bytes=budget_tokens * MODEL_BPT, virtual_page_bytes=page, max_num_seqs=16)
+    res = sim(
+        trace, kv_capacity_bytes=budget_tokens * MODEL_BPT, virtual_page_bytes=page, max_num_seqs=16
+    )
     s, r = res.summary, res.requests
     assert s["kv_strategy"] == "virtual" and s["n_preempted"] > 0
     assert s["n_finished"] == 60 and (r.status == "finished").all()
     assert (r.num_generated == r.output_tokens).all()
     device = res.policy.device
     assert (s["n_map"], s["n_unmap"], s["mapped_bytes"]) == (
-        device.num_calls["map"], device.num_calls["unmap"], device.mapped_bytes_total)
+        device.num_calls["map"],
+        device.num_calls["unmap"],
+        device.mapped_bytes_total,
+    )
     assert s["n_map"] > 0 and s["peak_reserved_bytes"] <= budget_tokens * MODEL_BPT
-    assert s["kv_driver_s"] == pytest.approx(sum(s[f"driver_ns_{c}"] for c in (
-        "create", "map", "set_access", "unmap", "release")) * 1e-9)
+    assert s["kv_driver_s"] == pytest.approx(
+        sum(s[f"driver_ns_{c}"] for c in ("create", "map", "set_access", "unmap", "release")) * 1e-9
+    )
     assert s["kv_page_bytes"] == page and s["frag_ext_mean"] == 0
 
 
 def test_results_are_deterministic():
     a, b = sim(kv_capacity_bytes=3000 * MODEL_BPT), sim(kv_capacity_bytes=3000 * MODEL_BPT)
-    pd.testing.assert_series_equal(pd.Series(a.summary).drop("wall_s"), pd.Series(b.summary).drop("wall_s"))
+    pd.testing.assert_series_equal(
+        pd.Series(a.summary).drop("wall_s"), pd.Series(b.summary).drop("wall_s")
+    )
     assert a.summary["n_map"] > 0
     pd.testing.assert_frame_equal(a.requests, b.requests)
 
@@ -203,9 +238,15 @@ def test_prefix_caching_is_off_with_a_note_not_silently():
     assert sim(trace, kv_strategy="pow2").summary["kv_note"] == ""
 
 
-@pytest.mark.parametrize("options, words", [
-    (dict(pool_layout="shared"), "pool_layout"), (dict(freeze_after_steps=3), "freeze_after_steps"),
-    (dict(virtual_page_bytes=96 * KiB), "power of two"), (dict(virtual_page_bytes=4 * MiB), "virtual_page_bytes")])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(pool_layout="shared"), "pool_layout"),
+        (dict(freeze_after_steps=3), "freeze_after_steps"),
+        (dict(virtual_page_bytes=96 * KiB), "power of two"),
+        (dict(virtual_page_bytes=4 * MiB), "virtual_page_bytes"),
+    ],
+)
 def test_what_virtual_does_not_model_is_refused_by_name(options, words):
     with pytest.raises(ValueError, match=words):
         sim(**options)

@@ -39,14 +39,18 @@ def _run(argv: list[str]) -> None:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "t.csv"
-    _run(["traces", "synth-alloc", "--num-requests", "12", "--out", str(path)])  # ~120k events: ~1 s a cell
+    _run(
+        ["traces", "synth-alloc", "--num-requests", "12", "--out", str(path)]
+    )  # ~120k events: ~1 s a cell
     return path
 
 
 def _sweep_file(folder: Path, trace: Path, capacities: list[str]) -> Path:
     path = folder / f"sweep{len(capacities)}.yaml"
-    path.write_text(f"mode: replay\ntraces: [{trace}]\npolicies: [first-fit, best-fit]\n"
-                    f"capacities: [{', '.join(capacities)}]\n")
+    path.write_text(
+        f"mode: replay\ntraces: [{trace}]\npolicies: [first-fit, best-fit]\n"
+        f"capacities: [{', '.join(capacities)}]\n"
+    )
     return path
 
 
@@ -70,25 +74,54 @@ def _records(out: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("target", ["group", "main"])
 def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, target):
     first = tmp_path / "first"
-    _run(["sweep", str(_sweep_file(tmp_path, trace, ["64GiB"])), "--out", str(first), "--scheduler", "serial",
-          "--no-progress"])
+    _run(
+        [
+            "sweep",
+            str(_sweep_file(tmp_path, trace, ["64GiB"])),
+            "--out",
+            str(first),
+            "--scheduler",
+            "serial",
+            "--no-progress",
+        ]
+    )
     stored = _records(first)
     assert len(stored) == 2
-    big = _sweep_file(tmp_path, trace, [f"{64 + i}GiB" for i in range(16)])  # 32 cells, 2 already stored
+    big = _sweep_file(
+        tmp_path, trace, [f"{64 + i}GiB" for i in range(16)]
+    )  # 32 cells, 2 already stored
     for attempt in range(3):
         # each try from the same 2 stored cells: cells an earlier try stored would let a later one
         # finish before its SIGINT on a fast machine
         out = tmp_path / f"out{attempt}"
         shutil.copytree(first, out)
-        proc = subprocess.Popen([sys.executable, "-m", "poollab", "sweep", str(big), "--out", str(out),
-                                 "--workers", "2", "--no-progress"], cwd=tmp_path, start_new_session=True,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "poollab",
+                "sweep",
+                str(big),
+                "--out",
+                str(out),
+                "--workers",
+                "2",
+                "--no-progress",
+            ],
+            cwd=tmp_path,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
         reader.start()
         try:
             deadline = time.monotonic() + 120
-            while not lines and time.monotonic() < deadline:  # the plan line: cells are about to start
+            while (
+                not lines and time.monotonic() < deadline
+            ):  # the plan line: cells are about to start
                 time.sleep(0.05)
             assert lines, "the sweep never started"
             time.sleep(1.0 + 1.5 * attempt)  # while workers start, then while cells run
@@ -107,7 +140,9 @@ def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, ta
         err = "".join(lines)
         assert code == 130, err
         assert took_s < PROMPT_EXIT_S, f"exit {took_s:.1f} s after SIGINT"
-        assert "Traceback" not in err and err.strip().splitlines()[-1] == "poollab: interrupted", err
+        assert "Traceback" not in err and err.strip().splitlines()[-1] == "poollab: interrupted", (
+            err
+        )
         now = _records(out)
         assert {k: now[k] for k in stored} == stored  # what was stored is kept, byte for byte
         for name, data in now.items():  # and every record there is whole
@@ -120,6 +155,13 @@ def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, ta
             assert _live_in_group(proc.pid) == []
         last = now
     # the next run starts from what the last try stored
-    proc = subprocess.run([sys.executable, "-m", "poollab", "sweep", str(big), "--out", str(out), "--dry-run"],
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
-    assert f"32 replay cells, {len(last)} already done; {32 - len(last)} to run" in proc.stdout, proc.stdout
+    proc = subprocess.run(
+        [sys.executable, "-m", "poollab", "sweep", str(big), "--out", str(out), "--dry-run"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert f"32 replay cells, {len(last)} already done; {32 - len(last)} to run" in proc.stdout, (
+        proc.stdout
+    )

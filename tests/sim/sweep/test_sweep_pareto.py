@@ -33,8 +33,14 @@ def test_every_point_off_the_front_is_dominated_by_one_on_it(pts):
         assert any(dominates(q, pts[i]) for q in front)
 
 
-@given(st.lists(st.tuples(st.one_of(coords, st.just(float("nan"))), st.one_of(coords, st.just(float("nan")))),
-                max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(coords, st.just(float("nan"))), st.one_of(coords, st.just(float("nan")))
+        ),
+        max_size=30,
+    )
+)
 def test_a_point_with_a_missing_value_is_never_on_the_front_nor_dominates(pts):
     x, y = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
     mask = pareto_mask(x, y)
@@ -49,19 +55,26 @@ def test_equal_points_are_on_the_front_together():
 
 
 def results():
-    return pd.DataFrame({
-        "trace": ["a", "a", "a", "b", "b", "a"],
-        "policy": ["p1", "p2", "p3", "p1", "p2", "p4"],
-        "overhead": [0.10, 0.05, 0.20, 0.30, 0.40, 0.01],
-        "alloc_p99_us": [2.0, 5.0, 1.0, 9.0, 1.0, np.nan],
-        "status": ["ok", "ok", "ok", "ok", "ok", "failed"],
-    })
+    return pd.DataFrame(
+        {
+            "trace": ["a", "a", "a", "b", "b", "a"],
+            "policy": ["p1", "p2", "p3", "p1", "p2", "p4"],
+            "overhead": [0.10, 0.05, 0.20, 0.30, 0.40, 0.01],
+            "alloc_p99_us": [2.0, 5.0, 1.0, 9.0, 1.0, np.nan],
+            "status": ["ok", "ok", "ok", "ok", "ok", "failed"],
+        }
+    )
 
 
 def test_front_is_computed_within_each_group():
     front = pareto_front(results(), "overhead", "alloc_p99_us", by=["trace"])
-    assert list(zip(front["trace"], front["policy"])) == [("a", "p2"), ("a", "p1"), ("a", "p3"), ("b", "p1"),
-                                                          ("b", "p2")]
+    assert list(zip(front["trace"], front["policy"])) == [
+        ("a", "p2"),
+        ("a", "p1"),
+        ("a", "p3"),
+        ("b", "p1"),
+        ("b", "p2"),
+    ]
 
 
 def test_front_without_groups_spans_every_row():
@@ -72,7 +85,9 @@ def test_front_without_groups_spans_every_row():
 def test_cells_that_did_not_finish_are_left_out():
     df = results()
     df.loc[5, "alloc_p99_us"] = 0.5  # p4 would dominate everything in trace a...
-    assert "p4" not in set(pareto_front(df, "overhead", "alloc_p99_us", by=["trace"])["policy"])  # ...but failed
+    assert "p4" not in set(
+        pareto_front(df, "overhead", "alloc_p99_us", by=["trace"])["policy"]
+    )  # ...but failed
 
 
 def test_missing_column_names_itself():
@@ -81,8 +96,11 @@ def test_missing_column_names_itself():
 
 
 def test_pareto_table_is_tidy_and_prints():
-    df = results().assign(failure_rate=[0.0, 0.0, 0.1, 0.0, 0.0, np.nan], cell_capacity_bytes=[None] * 6,
-                          cell_key=list("uvwxyz"))
+    df = results().assign(
+        failure_rate=[0.0, 0.0, 0.1, 0.0, 0.0, np.nan],
+        cell_capacity_bytes=[None] * 6,
+        cell_key=list("uvwxyz"),
+    )
     table = pareto_table(df, "overhead", ["alloc_p99_us", "failure_rate"], by=["trace"])
     assert list(table.columns[:5]) == ["trace", "x_metric", "x", "y_metric", "y"]
     failures = table[table["y_metric"] == "failure_rate"]

@@ -21,7 +21,9 @@ BAD_TRACE = "time_us,op,alloc_id,nbytes,stream,tag\n0,free,99,4096,0,\n"
 
 def write_sweep(folder, body, *, bad=False):
     for seed in (1, 2):
-        write_alloc_trace(generate_alloc_trace(num_layers=2, num_requests=4, seed=seed), folder / f"t{seed}.csv")
+        write_alloc_trace(
+            generate_alloc_trace(num_layers=2, num_requests=4, seed=seed), folder / f"t{seed}.csv"
+        )
     if bad:
         (folder / "bad.csv").write_text(BAD_TRACE)
     path = folder / "sweep.yaml"
@@ -32,20 +34,27 @@ def write_sweep(folder, body, *, bad=False):
 @pytest.fixture
 def spec(tmp_path):
     """8 cells: 2 traces x 2 size-class settings x 2 capacities."""
-    return write_sweep(tmp_path, """
+    return write_sweep(
+        tmp_path,
+        """
         traces: [t1.csv, t2.csv]
         policies: [{policy: size-class, params: {classes_per_doubling: [2, 8]}}]
         capacities: [null, 900MB]
-    """)
+    """,
+    )
 
 
 @pytest.fixture
 def spec_with_bad_trace(tmp_path):
     """6 cells, the 2 of bad.csv fail when read."""
-    return write_sweep(tmp_path, """
+    return write_sweep(
+        tmp_path,
+        """
         traces: [t1.csv, bad.csv, t2.csv]
         policies: [first-fit, paged]
-    """, bad=True)
+    """,
+        bad=True,
+    )
 
 
 @pytest.fixture
@@ -70,7 +79,7 @@ def test_every_cell_runs_once_and_lands_in_one_table(spec, tmp_path, count_runs)
     out = run_sweep(spec, tmp_path / "out", scheduler="serial")
     assert sorted(count_runs) == sorted(c.key for c in spec.cells)
     assert (out.num_cells, out.num_run, out.num_cached, out.num_failed) == (8, 8, 0, 0)
-    assert list(out.results.columns[:len(SUMMARY_COLUMNS) + 3]) == SUMMARY_COLUMNS + STATUS_COLUMNS
+    assert list(out.results.columns[: len(SUMMARY_COLUMNS) + 3]) == SUMMARY_COLUMNS + STATUS_COLUMNS
     assert list(out.results["cell_key"]) == [c.key for c in spec.cells]
     assert set(out.results["param_classes_per_doubling"]) == {2, 8}
     assert (out.results["status"] == "ok").all()
@@ -88,11 +97,14 @@ def test_a_rerun_skips_finished_cells(spec, tmp_path, count_runs):
 def test_a_grown_sweep_runs_only_its_new_cells(spec, tmp_path, count_runs):
     run_sweep(spec, tmp_path / "out", scheduler="serial")
     count_runs.clear()
-    bigger = write_sweep(tmp_path, """
+    bigger = write_sweep(
+        tmp_path,
+        """
         traces: [t1.csv, t2.csv]
         policies: [{policy: size-class, params: {classes_per_doubling: [2, 4, 8]}}]
         capacities: [null, 900MB]
-    """)
+    """,
+    )
     out = run_sweep(bigger, tmp_path / "out", scheduler="serial")
     assert len(count_runs) == 4 and (out.num_run, out.num_cached) == (4, 8)
 
@@ -128,11 +140,16 @@ def test_an_unreadable_record_runs_its_cell_again(spec, tmp_path, count_runs):
 def test_the_folder_holds_the_tables_and_one_record_per_cell(spec, tmp_path):
     out_dir = tmp_path / "out"
     run_sweep(spec, out_dir, scheduler="serial")
-    assert sorted(p.stem for p in (out_dir / "cells").glob("*.json")) == sorted(c.key for c in spec.cells)
+    assert sorted(p.stem for p in (out_dir / "cells").glob("*.json")) == sorted(
+        c.key for c in spec.cells
+    )
     results = pd.read_parquet(out_dir / "results.parquet")
     assert len(results) == 8 and len(pd.read_csv(out_dir / "summary.csv")) == 8
     pareto = pd.read_csv(out_dir / "pareto.csv")
-    assert set(pareto["y_metric"]) == {"alloc_p99_us", "failure_rate"} and set(pareto["trace"]) == {"t1", "t2"}
+    assert set(pareto["y_metric"]) == {"alloc_p99_us", "failure_rate"} and set(pareto["trace"]) == {
+        "t1",
+        "t2",
+    }
     meta = json.loads((out_dir / "run.json").read_text())
     assert (meta["command"], meta["num_cells"], meta["scheduler"]) == ("sweep", 8, "serial")
 
@@ -147,7 +164,9 @@ def test_the_process_pool_gives_the_serial_table(spec, tmp_path):
 def test_a_local_dask_cluster_gives_the_process_pool_table(spec, tmp_path):
     distributed = pytest.importorskip("distributed")
     pool = run_sweep(spec, tmp_path / "pool", workers=2)
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    )
     with cluster, distributed.Client(cluster) as client:
         dask = run_sweep(spec, tmp_path / "dask", scheduler=client)
     assert dask.num_run == 8 and dask.scheduler.startswith("dask:")
@@ -171,24 +190,36 @@ def die_on_t2(cell):
     return _REAL_RUN_CELL(cell)
 
 
-@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="the patch reaches workers by fork")
-def test_cells_lost_with_a_dead_worker_are_not_stored_and_run_next_time(spec, tmp_path, monkeypatch):
+@pytest.mark.skipif(
+    "fork" not in multiprocessing.get_all_start_methods(),
+    reason="the patch reaches workers by fork",
+)
+def test_cells_lost_with_a_dead_worker_are_not_stored_and_run_next_time(
+    spec, tmp_path, monkeypatch
+):
     monkeypatch.setattr(cells_module, "run_cell", die_on_t2)
     broken = run_sweep(spec, tmp_path / "out", scheduler=ProcessExecutor(1, start_method="fork"))
     assert broken.num_lost > 0 and (broken.results["status"] != "failed").all()
-    assert broken.results.loc[broken.results["status"] == "lost", "error"].str.contains("BrokenProcessPool").all()
+    assert (
+        broken.results.loc[broken.results["status"] == "lost", "error"]
+        .str.contains("BrokenProcessPool")
+        .all()
+    )
     monkeypatch.setattr(cells_module, "run_cell", _REAL_RUN_CELL)
     healed = run_sweep(spec, tmp_path / "out", workers=1)
     assert healed.num_run == broken.num_lost and (healed.results["status"] == "ok").all()
 
 
-@pytest.mark.parametrize("scheduler, workers, needle", [
-    ("local:0", None, "N in local:N"),
-    ("local:2", 3, "disagree"),
-    ("tcp://10.0.0.1:8786", 2, "--workers does not apply"),
-    ("serial", 2, "one cell at a time"),
-    ("yarn", None, "not understood"),
-])
+@pytest.mark.parametrize(
+    "scheduler, workers, needle",
+    [
+        ("local:0", None, "N in local:N"),
+        ("local:2", 3, "disagree"),
+        ("tcp://10.0.0.1:8786", 2, "--workers does not apply"),
+        ("serial", 2, "one cell at a time"),
+        ("yarn", None, "not understood"),
+    ],
+)
 def test_bad_schedulers_are_errors_before_any_work(scheduler, workers, needle):
     with pytest.raises(SweepError, match=needle):
         make_executor(scheduler, workers)
@@ -203,8 +234,11 @@ def test_cells_go_out_in_batches_of_one_trace_each_cell_once(spec):
         assert all(len({c.trace.fingerprint for c in b}) == 1 for b in batches)
         assert len(batches) >= min(workers, len(spec.cells))
     assert [c.key for b in batch_cells(spec.cells, 1, 1) for c in b] == [
-        c.key for t in dict.fromkeys(c.trace.fingerprint for c in spec.cells)
-        for c in spec.cells if c.trace.fingerprint == t]
+        c.key
+        for t in dict.fromkeys(c.trace.fingerprint for c in spec.cells)
+        for c in spec.cells
+        if c.trace.fingerprint == t
+    ]
 
 
 def test_the_outcome_says_where_the_time_went(spec, tmp_path):

@@ -14,7 +14,9 @@ def test_a_source_checkout_reads_the_version_from_pyproject(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     cells._poollab_version.cache_clear()
     try:
-        pyproject = tomllib.loads((Path(cells.__file__).resolve().parents[2] / "pyproject.toml").read_text())
+        pyproject = tomllib.loads(
+            (Path(cells.__file__).resolve().parents[2] / "pyproject.toml").read_text()
+        )
         assert cells._poollab_version() == pyproject["project"]["version"]
     finally:
         cells._poollab_version.cache_clear()
