@@ -3,12 +3,14 @@ with ``poollab gpu serve``, and time ``gpu serve`` under PyTorch's allocator aga
 
 Run on the GPU machine from the repository root::
 
-    python benchmarks/bench_serve.py record NAME... --out DIR [--bundle FILE]
+    python benchmarks/bench_serve.py record NAME... --out DIR [--bundle FILE] [--budget-s S]
     python benchmarks/bench_serve.py list
 
 Each NAME is one ``gpu serve`` run of ``RUNS`` (trace, load, policies, options): its result folder goes
 to ``DIR/NAME``; after each run everything under DIR is packed into ``--bundle`` (a .tar.gz), so a run
-cut short by a time limit still leaves the earlier ones. Settings are those of the shared recordings
+cut short by a time limit still leaves the earlier ones. With ``--budget-s`` the runs share that
+many seconds: each gets its own limit or what is left, whichever is less, and a run with under
+30 s left is skipped (named in the output). Settings are those of the shared recordings
 (``../shared/data/engine``): Llama-3-8B's shape, random bf16 weights, 256-token blocks,
 ``max_batch_tokens`` 8192, 1,024 sequences, the KV cache as the engine sizes it.
 
@@ -35,6 +37,18 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     "azure_code_60s_x1_a": (AZURE, ["--duration", "60", "--snapshot"], 240),
     "azure_code_60s_x1_b": (AZURE, ["--duration", "60"], 240),
     "azure_code_60s_x2": (AZURE, ["--duration", "30", "--rate-scale", "2"], 240),
+    # session 13's repeats (issue 31: the engine's run-to-run spread per condition, cold starts),
+    # each about 60-75 s with the engine's start, so a 9-minute device call holds seven
+    "azure_code_60s_x2_b": (AZURE, ["--duration", "30", "--rate-scale", "2"], 100),
+    "azure_code_60s_x2_c": (AZURE, ["--duration", "30", "--rate-scale", "2"], 100),
+    # cold: no warm-up before the trace, as the shared recordings started (their first step 1.4-1.6 s)
+    "azure_code_60s_x1_cold_b": (AZURE, ["--duration", "60", "--no-warmup"], 110),
+    "azure_code_60s_x1_cold_c": (AZURE, ["--duration", "60", "--no-warmup"], 110),
+    # the synthetic trace's first 10 s (26 requests, outputs up to 503 tokens: about 55 s served);
+    # its full 60 s takes 228 s to serve, too long to repeat three times in one call
+    "synth_mixed_10s_x1_a": (SYNTH, ["--duration", "10"], 130),
+    "synth_mixed_10s_x1_b": (SYNTH, ["--duration", "10"], 130),
+    "synth_mixed_10s_x1_c": (SYNTH, ["--duration", "10"], 130),
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
     # the README's "validate in a real model": PyTorch's allocator and a fast policy, one after the other
@@ -51,11 +65,26 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
 }
 
 
-def record(names: list[str], out: Path, bundle: Path | None, policies: list[str]) -> int:
+def record(
+    names: list[str],
+    out: Path,
+    bundle: Path | None,
+    policies: list[str],
+    budget_s: float | None = None,
+    dry_run: bool = False,
+) -> int:
     out.mkdir(parents=True, exist_ok=True)
     status = 0
+    t_start = time.perf_counter()
     for name in names:
         trace, options, limit_s = RUNS[name]
+        if budget_s is not None:
+            left_s = budget_s - (time.perf_counter() - t_start)
+            if left_s < 30:
+                print(f"== {name}: skipped, {left_s:.0f} s of the budget left", flush=True)
+                status = status or 124
+                continue
+            limit_s = min(limit_s, left_s)
         specs = [] if "-p" in options else [a for p in policies for a in ("-p", p)]
         cmd = [
             sys.executable,
@@ -69,10 +98,16 @@ def record(names: list[str], out: Path, bundle: Path | None, policies: list[str]
             str(out / name),
             *options,
         ]
+        env = dict(os.environ)
+        if env.get("POOLLAB_GC_LOG_DIR"):  # benchmarks/gc_log: each run's collections in its folder
+            env["POOLLAB_GC_LOG_DIR"] = str(out / name / "gc")
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        if dry_run:  # the plumbing only: a Python child that collects, in place of gpu serve
+            (out / name).mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-c", "import gc; gc.collect()"]
         t = time.perf_counter()
         proc = subprocess.Popen(
-            cmd, start_new_session=True
+            cmd, start_new_session=True, env=env
         )  # its own group: a timeout ends the engine child too
         try:
             rc = proc.wait(timeout=limit_s)
@@ -96,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--bundle", type=Path, default=None)
     rec.add_argument(
+        "--dry-run", action="store_true", help="run a stand-in child instead of gpu serve"
+    )
+    rec.add_argument(
+        "--budget-s", type=float, default=None, help="seconds all the runs share (default: none)"
+    )
+    rec.add_argument(
         "-p",
         "--policy",
         dest="policies",
@@ -109,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, (trace, options, limit_s) in RUNS.items():
             print(f"{name}: {trace} {' '.join(options)} (limit {limit_s} s)")
         return 0
-    return record(args.names, args.out, args.bundle, args.policies or ["pytorch"])
+    return record(
+        args.names, args.out, args.bundle, args.policies or ["pytorch"], args.budget_s, args.dry_run
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 13's repeated engine recordings for issue 31 (the engine's run-to-run spread per condition,
+# cold against warm starts, and whether its 0.5-0.7 s pauses are Python's garbage collector), on the
+# H200 in at most 9 minutes (the device keeps nothing: $OUT gets log_record.txt and record.tgz, and
+# engine_s13.tgz after every run, so a call cut short keeps the runs done). From the repository root
+# on the GPU machine, with .whl/ (simpy, plotly) carried beside it or in it, and
+# ../shared/data/engine/synth_mixed_60s.csv copied to .data/ (bench_serve.py's SYNTH):
+#   bash benchmarks/run_h200_record.sh            (DRY=1: the plumbing only, no engine: a dry run)
+# Runs, interleaved so that a drift of the machine over the call falls on every condition alike
+# (bench_serve.py list: each about 60-75 s with the engine's start): Azure code x2 (b, c: with session
+# 11's x2, three), the synthetic trace's first 10 s three times, Azure code x1 cold (--no-warmup; b, c:
+# with the shared cold recording, three). Every Python process logs its collections
+# (benchmarks/gc_log/sitecustomize.py) into the run's gc/ folder.
+set -u
+[ -d .whl ] || { [ -d ../.whl ] && ln -s ../.whl .whl; }
+. "$(dirname "$0")/h200_lib.sh"
+T_START=$(date +%s)
+if [ -n "${DRY:-}" ]; then  # h200_setup installs wheels and asks the GPU: a dry run here skips it
+    H200_NAME=record; OUT=${OUT:-/tmp/out_record}; mkdir -p $OUT; R=/tmp/res_record; mkdir -p $R
+    LOG=$R/log.txt; trap h200_finish EXIT; DRY_FLAG=--dry-run
+else
+    h200_setup record; DRY_FLAG=
+fi
+[ -f .data/synth_mixed_60s.csv ] || echo "missing .data/synth_mixed_60s.csv (the synthetic runs fail)" >> $LOG
+export POOLLAB_GC_LOG_DIR=$R/gc PYTHONPATH=$PWD/benchmarks/gc_log:${PYTHONPATH:-.}
+python3 -c "import sitecustomize, gc; print('gc log:', sitecustomize.__file__, gc.get_threshold())" >> $LOG 2>&1
+# 540 s in all: what the setup took comes off the recordings' budget; 15 s kept for the bundles
+BUDGET=$((540 - 15 - ($(date +%s) - T_START)))
+echo "recording budget ${BUDGET} s" >> $LOG
+step record $((BUDGET + 10)) python3 benchmarks/bench_serve.py record \
+    azure_code_60s_x2_b synth_mixed_10s_x1_a azure_code_60s_x1_cold_b \
+    synth_mixed_10s_x1_b azure_code_60s_x2_c synth_mixed_10s_x1_c azure_code_60s_x1_cold_c \
+    --out $R/eng --bundle $OUT/engine_s13.tgz --budget-s $BUDGET $DRY_FLAG
+ls -R $R/eng | head -80 >> $LOG
