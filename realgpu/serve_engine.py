@@ -672,6 +672,9 @@ def run_job(work: Path) -> None:
             "transformers": __import__("transformers").__version__,
             "rate_plan_requests": len(plan),
             "engine_alive_at_end": alive,
+            # the step profile's zero on time.perf_counter (CLOCK_MONOTONIC, one clock for every
+            # process of the machine): lines other logs up with the steps (benchmarks/gc_log)
+            "t0_perf_counter_s": t0,
             "max_len_tokens": max_len,
             "block_tokens": settings.block_tokens,
             "max_batch_tokens": settings.max_batch_tokens,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -583,6 +584,7 @@ def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
 
     model = tiny_model(tmp_path)
     req = _requests([0.0, 0.05, 0.1, 0.3], [10, 100, 40, 200], [5, 8, 3, 10])
+    before_s = time.perf_counter()
     settings = ServeSettings(
         model=str(model),
         block_tokens=16,
@@ -616,6 +618,15 @@ def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
     assert (steps["num_prefill_tokens"] + steps["num_decode_seqs"] <= 64).all()
     assert (steps["prefill_context_tokens"] >= steps["num_prefill_tokens"]).all()
     assert run.summary["n_finished"] == 4 and run.summary["kv_blocks"] == 40
+    # the steps' zero on the machine's monotonic clock (the engine's process measured it), so other
+    # processes' logs line up with them: between this test's start and now, the last step ending before now
+    t0_s = run.summary["t0_perf_counter_s"]
+    assert (
+        before_s
+        < t0_s
+        < t0_s + (steps["start_s"] + steps["duration_s"]).max()
+        < time.perf_counter()
+    )
     read_step_profile(tmp_path / "out" / "steps_pytorch.csv")
 
 
