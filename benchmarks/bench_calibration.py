@@ -1,7 +1,8 @@
 """Held-out check of the step-time calibration (issue 31): fit on one engine run, predict the others.
 
     python benchmarks/bench_calibration.py [--runs-dir DIR] [--run NAME=STEPS.csv,REQUESTS.csv ...]
-                                           [--repeat NAME,NAME] [--from-requests] [--variants] [--model M] [--gpu G]
+                                           [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
+                                           [--from-requests] [--variants] [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
@@ -14,9 +15,13 @@ in-sample row. A run is judged as it was recorded: the calibration's warm-up (a 
 step) is paid only when that run's own first step was one. ``--from-requests`` adds ``poollab calibrate requests`` fits (request table
 alone). The uncalibrated roofline (a CUDA-graph engine) is the baseline row.
 
-``--repeat A,B`` names two recordings of the same workload and load: their difference per
-figure (|A / B - 1|) is the engine's run-to-run spread, quoted beside every error (the target
-is 15 % or that spread, where larger). Without a repeat the spread is reported missing.
+``--repeat A,B[,C...]`` names the recordings of one condition (the same workload, load and
+start, cold or warm), repeatable, one per condition: per figure, (max - min) / median over
+them is that condition's run-to-run spread, and a run of the condition is judged against 15 %
+or that spread, where larger; a run in no condition against 15 % alone. ``--skip TEXT`` leaves
+out the runs whose name holds TEXT (a policy other than the engine's own allocator, say). Each
+held-out row is counted, and separately those judged on another workload than the fit's (the
+name up to its duration, ``azure_code`` or ``synth_mixed``).
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
 shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s docstring).
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -35,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from poollab.cli import run_script  # noqa: E402
@@ -82,15 +90,25 @@ def _parse_run(text: str) -> tuple[str, tuple[Path, Path]]:
     return name, (Path(steps), Path(requests))
 
 
-def spread_pct(runs: dict, repeat: tuple[str, str] | None) -> dict[str, float] | None:
-    """|A / B - 1| in % per figure for two recordings of one workload and load; None without them."""
-    if repeat is None:
-        return None
-    a, b = (
-        latency_errors(runs[n]["served"], runs[n]["served"]).set_index("metric")["measured_s"]
-        for n in repeat
+def spread_pct(runs: dict, repeat: tuple[str, ...]) -> dict[str, float]:
+    """(max - min) / median in % per figure over the recordings of one condition (two or more)."""
+    measured = pd.DataFrame(
+        {
+            n: latency_errors(runs[n]["served"], runs[n]["served"]).set_index("metric")[
+                "measured_s"
+            ]
+            for n in repeat
+        }
     )
-    return {m: float(100 * abs(a[m] / b[m] - 1)) for m in LATENCY_METRICS}
+    return {
+        m: float(100 * (row.max() - row.min()) / row.median())
+        for m, row in measured.loc[list(LATENCY_METRICS)].iterrows()
+    }
+
+
+def workload(name: str) -> str:
+    """The trace a run served: its name up to the duration (``azure_code_60s_x2_b``: ``azure_code``)."""
+    return re.split(r"_\d+s(?:_|$)", name)[0]
 
 
 def _within(error: float, spread: float | None) -> bool:
@@ -120,7 +138,10 @@ def as_recorded(cal, judged: dict):
     return cal if judged["cold"] else dataclasses.replace(cal, warmup_s=0.0)
 
 
-def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict | None) -> str:
+def held_out_table(
+    runs: dict, model, gpu, *, from_requests: bool, spreads: dict[str, dict[str, float]]
+) -> str:
+    """``spreads``: condition name -> its spread per figure; each run's condition, ``runs[n]["condition"]``."""
     rows = []
     for fit_name, fit_run in runs.items():
         cals = {
@@ -160,15 +181,18 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
         rows.append(("none (bundled roofline)", judged_name, "baseline", errors, None))
     head = "| fitted on | judged on | | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |"
     lines = [head, "|" + "---|" * (3 + len(LATENCY_METRICS))]
-    tally: dict[str, list[int]] = {}
+    tally: dict[tuple[str, bool], list[int]] = {}
     for fit, judged, kind, errors, how in rows:
         e = errors.set_index("metric")["error_%"]
+        spread = spreads.get(runs[judged]["condition"])
         if kind == "held out":
-            counts = tally.setdefault(how, [0, 0])
-            counts[0] += sum(
-                _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
-            )
-            counts[1] += len(LATENCY_METRICS)
+            fit_name = fit.removeprefix(f"calibrate {how} ")
+            for other in {False, workload(fit_name) != workload(judged)}:
+                counts = tally.setdefault((how, other), [0, 0])
+                counts[0] += sum(
+                    _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
+                )
+                counts[1] += len(LATENCY_METRICS)
         cells = [
             _cell(e[m], None if spread is None else spread[m])
             if kind != "baseline"
@@ -177,27 +201,37 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
         ]
         lines.append(f"| {fit} | {judged} | {kind} | " + " | ".join(cells) + " |")
     measured = [
-        "| measured (s) | requests | steps (start) | "
+        "| measured (s) | condition | requests | steps (start) | "
         + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
         + " |",
-        "|" + "---|" * (3 + len(LATENCY_METRICS)),
+        "|" + "---|" * (4 + len(LATENCY_METRICS)),
     ]
     for name, run in runs.items():
         m = latency_errors(run["served"], run["served"]).set_index("metric")["measured_s"]
         measured.append(
-            f"| {name} | {len(run['served'])} | {len(run['steps'])} ({'cold' if run['cold'] else 'warm'}) | "
+            f"| {name} | {run['condition'] or '-'} | {len(run['served'])} | {len(run['steps'])} ({'cold' if run['cold'] else 'warm'}) | "
             + " | ".join(f"{m[k]:.3f}" for k in LATENCY_METRICS)
             + " |"
         )
-    spread_line = (
-        "run-to-run spread: missing (no workload recorded twice; give --repeat A,B)"
-        if spread is None
-        else "run-to-run spread (|A/B - 1| of the repeated recordings): "
-        + ", ".join(f"{_SHORT[m]} {spread[m]:.0f} %" for m in LATENCY_METRICS)
+    spread_lines = (
+        ["run-to-run spread: missing (no condition recorded twice; give --repeat A,B)"]
+        if not spreads
+        else [
+            "| condition | runs | "
+            + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
+            + " |\n|"
+            + "---|" * (2 + len(LATENCY_METRICS))
+        ]
+        + [
+            f"| {c} | {', '.join(n for n, r in runs.items() if r['condition'] == c)} | "
+            + " | ".join(f"{sp[m]:.0f} %" for m in LATENCY_METRICS)
+            + " |"
+            for c, sp in spreads.items()
+        ]
     )
     totals = "; ".join(
-        f"calibrate {how}: {n} of {m} held-out figures within target"
-        for how, (n, m) in tally.items()
+        f"calibrate {how}{' on another workload' if other else ''}: {n} of {m} held-out figures within target"
+        for (how, other), (n, m) in tally.items()
     )
     return "\n".join(
         [
@@ -206,9 +240,11 @@ def held_out_table(runs: dict, model, gpu, *, from_requests: bool, spread: dict 
             "\n".join(lines),
             "",
             f"Errors are predicted / measured - 1; ✗ marks an error outside {TARGET_PCT:.0f} % "
-            "(or outside the spread, where larger). † a run that started cold (its first step a 1.4-1.6 s "
-            "warm-up) judged by a fit of a run recorded after a warm-up, which cannot know that cost; "
-            "left out of the counts. " + spread_line,
+            "(or outside the judged run's condition's spread, where larger). † a run that started cold "
+            "judged by a fit of a run recorded after a warm-up, which cannot know that cost; left out "
+            "of the counts. Run-to-run spread per condition ((max - min) / median over its recordings):",
+            "",
+            "\n".join(spread_lines),
             "",
             totals + " (rows without †).",
         ]
@@ -271,9 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-shared", action="store_true", help="leave out the two shared recordings")
     ap.add_argument(
         "--repeat",
-        default=None,
-        metavar="A,B",
-        help="two runs of one workload and load (the spread)",
+        action="append",
+        default=[],
+        metavar="A,B[,C...]",
+        help="the runs of one condition (its spread), repeatable",
+    )
+    ap.add_argument(
+        "--skip", action="append", default=[], metavar="TEXT", help="leave out runs named *TEXT*"
     )
     ap.add_argument(
         "--from-requests", action="store_true", help="also fit from each request table alone"
@@ -288,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.runs_dir:
         files.update(discover_runs(folder))
     files.update(dict(args.run))
+    files = {n: f for n, f in files.items() if not any(t in n for t in args.skip)}
     model, gpu = load_model(args.model), load_gpu(args.gpu)
     runs = {
         name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
@@ -295,16 +336,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     for run in runs.values():
         run["cold"] = fit_step_profile(run["steps"], model, gpu).calibration.warmup_s > 0
-    repeat = None
-    if args.repeat:
-        repeat = tuple(args.repeat.split(","))
-        if len(repeat) != 2 or any(n not in runs for n in repeat):
-            ap.error(f"--repeat {args.repeat}: expected two run names among {', '.join(runs)}")
-    print(
-        held_out_table(
-            runs, model, gpu, from_requests=args.from_requests, spread=spread_pct(runs, repeat)
-        )
-    )
+    spreads = {}
+    for run in runs.values():
+        run["condition"] = None
+    for text in args.repeat:
+        repeat = tuple(text.split(","))
+        if len(repeat) < 2 or any(n not in runs or runs[n]["condition"] for n in repeat):
+            ap.error(
+                f"--repeat {text}: expected two or more run names, each in one condition, among "
+                + ", ".join(runs)
+            )
+        # named by what its runs' names share (azure_code_60s_x1_a, _b, _c: azure_code_60s_x1)
+        condition = os.path.commonprefix(list(repeat)).rstrip("_") or repeat[0]
+        while condition in spreads:
+            condition += "'"
+        spreads[condition] = spread_pct(runs, repeat)
+        for n in repeat:
+            runs[n]["condition"] = condition
+    print(held_out_table(runs, model, gpu, from_requests=args.from_requests, spreads=spreads))
     if args.variants:
         print()
         print(variants_table(runs, model, gpu))

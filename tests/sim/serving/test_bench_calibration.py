@@ -65,8 +65,51 @@ def test_the_table_judges_each_run_by_the_others_fits_with_the_spread(tmp_path, 
     assert (
         "| calibrate steps a | slow | held out |" in out and "✗" in out
     )  # 0.07 s steps for a 0.09 s engine
-    assert "run-to-run spread (|A/B - 1| of the repeated recordings): TTFT p50 0 %" in out
+    assert "| a | a, b | 0 % | 0 % | 0 % | 0 % | 0 % | 0 % |" in out  # a and b: the same engine
     assert "calibrate steps: " in out and "held-out figures within target" in out
+
+
+def test_a_condition_of_three_runs_widens_the_target_of_its_runs_only(tmp_path, capsys):
+    """(max - min) / median over a condition's runs is its spread: a run of it is judged against that
+    where it exceeds 15 %; the same engine outside any condition against 15 % alone."""
+    bench = _load()
+    for name, fixed_s in [
+        ("w_10s_1", 0.05),
+        ("w_10s_2", 0.075),
+        ("w_10s_3", 0.1),
+        ("w_10s_lone", 0.1),
+    ]:
+        _recording(tmp_path, name, fixed_s, 0)
+    args = ["--no-shared", "--runs-dir", str(tmp_path), "--repeat", "w_10s_1,w_10s_2,w_10s_3"]
+    assert bench.main(args + ["--skip", "lone"]) == 0
+    skipped = capsys.readouterr().out
+    assert "w_10s_lone" not in skipped
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    rows = {
+        line.split(" | ")[1]: line
+        for line in out.splitlines()
+        if line.startswith("| calibrate steps w_10s_1 |")
+    }
+    spread_row = next(
+        line
+        for line in out.splitlines()
+        if line.startswith("| w_10s | w_10s_1, w_10s_2, w_10s_3 |")
+    )
+    ttft_spread = float(spread_row.split(" | ")[2].rstrip(" %"))
+    ttft_error = float(rows["w_10s_3"].split(" | ")[3].split(" %")[0])
+    assert (
+        15 < abs(ttft_error) <= ttft_spread
+    )  # 0.05 s steps for a 0.1 s engine: within its runs' spread
+    assert "✗" not in rows["w_10s_3"].split(" | ")[3] and "✗" in rows["w_10s_lone"].split(" | ")[3]
+    assert "on another workload" not in out  # one workload: w, its name up to the duration
+
+
+def test_a_runs_workload_is_its_name_up_to_the_duration():
+    workload = _load().workload
+    assert workload("azure_code_60s_x2_b") == "azure_code"
+    assert workload("synth_mixed_10s_x1_a") == workload("synth_mixed_60s") == "synth_mixed"
+    assert workload("lone") == "lone"
 
 
 def test_a_bad_recording_is_one_line_and_exit_2(tmp_path):
