@@ -45,8 +45,8 @@ from sim.serving.engine_runs import (
     predict_served,
     served_trace,
 )  # noqa: E402
-from sim.serving.hardware import load_gpu  # noqa: E402
-from sim.serving.models import load_model  # noqa: E402
+from sim.replay.hardware import load_gpu  # noqa: E402
+from sim.replay.models import load_model  # noqa: E402
 from sim.serving.step_fit import fit_step_profile, profile_features, roofline_s  # noqa: E402
 from sim.serving.steptime import StepTimeModel  # noqa: E402
 from traces.engine_profile import read_served_requests, read_step_profile  # noqa: E402

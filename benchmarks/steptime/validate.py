@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.serving.hardware import load_gpu  # noqa: E402
-from sim.serving.models import load_model  # noqa: E402
+from sim.replay.hardware import load_gpu  # noqa: E402
+from sim.replay.models import load_model  # noqa: E402
 from sim.serving.steptime import StepTimeModel, default_calibration  # noqa: E402
 
 #: Columns ``measure_grid.py`` writes that this script needs.
