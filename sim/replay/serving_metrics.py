@@ -36,6 +36,7 @@ import pandas as pd
 __all__ = [
     "REQUEST_TABLE_COLUMNS",
     "SERVING_COLUMNS",
+    "LATENCY_COLUMNS",
     "prefix_hit_rates",
     "request_table",
     "request_frame",
@@ -68,18 +69,16 @@ REQUEST_TABLE_COLUMNS = [
     "reject_kind",
 ]
 
+#: The latency percentiles of a run (``latency_percentiles``' keys), in the summary's order.
+LATENCY_COLUMNS = [f"{name}_{q}_s" for name in ("ttft", "tpot", "e2e") for q in ("p50", "p99")]
+
 #: The serving columns the summary adds after the report schema's (issue 3).
 SERVING_COLUMNS = [
     "n_requests",
     "n_finished",
     "n_rejected",
     "n_preempted",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p99_s",
-    "e2e_p50_s",
-    "e2e_p99_s",
+    *LATENCY_COLUMNS,
     "throughput_tok_s",
     "goodput_rps",
     "kv_token_util",

@@ -22,22 +22,14 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from sim.replay.hardware import DEFAULT_GPU
+from sim.replay.serving_metrics import LATENCY_COLUMNS
 from sim.serving.config import ServerConfig
 from sim.serving.simulate import simulate
 
 __all__ = ["COMPARED_COLUMNS", "engine_config", "measured_against_predicted", "compare_with_engine"]
 
 #: Serving columns a comparison holds, measured against predicted.
-COMPARED_COLUMNS = (
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p99_s",
-    "e2e_p50_s",
-    "e2e_p99_s",
-    "output_tok_s",
-    "n_finished",
-)
+COMPARED_COLUMNS = (*LATENCY_COLUMNS, "output_tok_s", "n_finished")
 
 
 def engine_config(*, kv_capacity_bytes: int, settings: Any) -> ServerConfig:
