@@ -687,6 +687,33 @@ def test_cli_footprint_check_option_reaches_the_settings(monkeypatch, tmp_path):
         )
 
 
+def test_cli_sim_hands_the_simulators_comparison_to_serve_trace(monkeypatch, tmp_path):
+    """``--sim`` maps to ``compare=`` ``sim.serving.engine_compare.compare_with_engine`` with the
+    ``--gpu`` and ``--calibration`` bound; ``--no-sim`` to none (and then no simulator import)."""
+    import realgpu.serve as serve_module
+    from poollab.cli import main
+    from sim.serving.engine_compare import compare_with_engine
+
+    seen = {}
+
+    def fake_serve_trace(requests, specs, settings, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(serve_module, "check_engine_installed", lambda: None)
+    monkeypatch.setattr(serve_module, "serve_trace", fake_serve_trace)
+    calibration = tmp_path / "cal.json"
+    args = ["gpu", "serve", str(AZURE), "--out", str(tmp_path / "o")]
+    with pytest.raises(SystemExit):
+        main([*args, "--sim", "--gpu", "H100", "--calibration", str(calibration)])
+    compare = seen["compare"]
+    assert compare.func is compare_with_engine
+    assert compare.keywords == {"gpu": "H100", "calibration": calibration}
+    with pytest.raises(SystemExit):
+        main([*args, "--no-sim"])
+    assert seen["compare"] is None
+
+
 # --- the GPU -------------------------------------------------------------------------------------------
 
 
