@@ -53,8 +53,8 @@ from sim.serving.engine_runs import (
     predict_served,
     served_trace,
 )  # noqa: E402
-from sim.serving.hardware import load_gpu  # noqa: E402
-from sim.serving.models import load_model  # noqa: E402
+from sim.replay.hardware import DEFAULT_GPU, load_gpu  # noqa: E402
+from sim.replay.models import DEFAULT_MODEL, load_model  # noqa: E402
 from sim.serving.step_fit import fit_step_profile, profile_features, roofline_s  # noqa: E402
 from sim.serving.steptime import StepTimeModel  # noqa: E402
 from traces.engine_profile import read_served_requests, read_step_profile  # noqa: E402
@@ -321,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants", action="store_true", help="roofline as floor against as a feature"
     )
-    ap.add_argument("--model", default="Llama-3-8B")
-    ap.add_argument("--gpu", default="H200")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--gpu", default=DEFAULT_GPU)
     args = ap.parse_args(argv)
     files = {} if args.no_shared else dict(DEFAULT_RUNS)
     for folder in args.runs_dir:

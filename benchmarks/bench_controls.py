@@ -38,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import policies  # noqa: E402
+from sim.replay.hardware import DEFAULT_GPU  # noqa: E402
+from sim.replay.models import DEFAULT_MODEL  # noqa: E402
 from sim.replay.trace_replay import replay  # noqa: E402
 from sim.serving.simulate import simulate  # noqa: E402
 from traces.bundled import bundled_path  # noqa: E402
@@ -49,7 +51,7 @@ from traces.synth_alloc import generate_alloc_trace  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 MIXED_SNAPSHOT = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
-MODEL, GPU = "Llama-3-8B", "H200"
+MODEL, GPU = DEFAULT_MODEL, DEFAULT_GPU
 
 
 # ---------------------------------------------------------------------------- traces

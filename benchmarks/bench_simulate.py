@@ -32,6 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sim.replay.hardware import DEFAULT_GPU  # noqa: E402
+from sim.replay.models import DEFAULT_MODEL  # noqa: E402
 from sim.serving.simulate import build_serving, serving_result  # noqa: E402
 from traces.request_readers import read_request_trace  # noqa: E402
 
@@ -62,8 +64,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", "-p", action="append", dest="policies")
     ap.add_argument("--scale", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--mode", choices=["repeat", "rate", "both"], default="both")
-    ap.add_argument("--model", default="Llama-3-8B")
-    ap.add_argument("--gpu", default="H200")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--gpu", default=DEFAULT_GPU)
     ap.add_argument(
         "--repeat", type=int, default=1, help="runs per cell; the fastest counts (shared machines)"
     )

@@ -42,6 +42,7 @@ __all__ = [
     "VirtualDevice",
     "DriverClock",
     "UnmodelledDriver",
+    "ClockedDriver",
     "DeviceInFront",
     "SEGMENT_ALIGNMENT_BYTES",
     "MAX_DEVICE_BYTES",
@@ -213,6 +214,28 @@ class DriverClock:
     def take(self) -> int:
         ns, self.pending_ns = self.pending_ns, 0
         return ns
+
+
+class ClockedDriver:
+    """The driver-time half of ``Device`` for a device that keeps all its driver time in one
+    ``DriverClock``, ``self.clock`` (charged by its own ``reserve``/``release``): the three
+    accessors, defined once (``sim.replay.costs.CostedDevice`` charges modelled time pending,
+    ``realgpu.segments.SegmentDevice`` measured time not pending)."""
+
+    clock: DriverClock
+
+    def take_driver_ns(self) -> int:
+        """Driver time accrued since the last call that the caller's clock did not see; resets it."""
+        return self.clock.take()
+
+    @property
+    def driver_clock(self) -> DriverClock:
+        """The clock ``take_driver_ns`` takes from (the ``Device`` protocol's declaration)."""
+        return self.clock
+
+    @property
+    def driver_ns_total(self) -> int:
+        return self.clock.total_ns
 
 
 #: The clock of a device that models no driver time: nothing ever charges it (``UnmodelledDriver``).

@@ -18,7 +18,7 @@ import bisect
 import time
 from typing import Any
 
-from policies.device import DriverClock, UnmodelledDriver, VirtualDevice
+from policies.device import ClockedDriver, DriverClock, UnmodelledDriver, VirtualDevice
 
 __all__ = ["SegmentDevice", "add_range", "remove_range"]
 
@@ -38,7 +38,7 @@ def remove_range(starts: list[int], bases: list[int], offset: int) -> int:
     return bases.pop(i)
 
 
-class SegmentDevice(UnmodelledDriver, abc.ABC):
+class SegmentDevice(ClockedDriver, UnmodelledDriver, abc.ABC):
     """Address bookkeeping shared by the backends.
 
     ``_starts`` is a sorted list of segment offsets: a segment lookup is one ``bisect`` (pools
@@ -48,7 +48,8 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
     segment offset to the backend's handle for it.
 
     Counters: ``num_maps``/``num_unmaps`` real calls, ``driver_ns_total`` the time measured
-    around them (the ``Device`` protocol; ``take_driver_ns`` is always 0, since a real call runs
+    around them (the ``Device`` protocol through ``ClockedDriver``; the clock is charged never
+    pending, so ``take_driver_ns`` is always 0, since a real call runs
     inside the caller's timed region; copies are measured by ``realgpu.compaction``, not modelled),
     ``used_bytes``/``peak_used_bytes`` memory currently held
     from the backend.
@@ -106,18 +107,6 @@ class SegmentDevice(UnmodelledDriver, abc.ABC):
         self._addresses.release(offset, nbytes)
         self.num_unmaps += 1
         self.used_bytes -= nbytes
-
-    def take_driver_ns(self) -> int:
-        return self.clock.take()
-
-    @property
-    def driver_clock(self) -> DriverClock:
-        """The clock ``take_driver_ns`` takes from: charged only with measured time (never pending)."""
-        return self.clock
-
-    @property
-    def driver_ns_total(self) -> int:
-        return self.clock.total_ns
 
     # ------------------------------------------------------------------ lookups
     @property

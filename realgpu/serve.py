@@ -16,7 +16,7 @@ What happens, per policy spec (``pytorch`` is PyTorch's own caching allocator, n
    one per request.
 3. This process assembles the summary row (``serve_summary_row``): the report schema's memory
    columns (``sim.replay.schema.summary_row``) and the serving columns ``simulate`` has
-   (``sim.serving.serving_metrics``), and writes the result folder (``write_serve_results``).
+   (``sim.replay.serving_metrics``), and writes the result folder (``write_serve_results``).
 
 The engine allocates its KV cache as one tensor per layer for K and one for V at start-up and
 manages its blocks itself; an allocator sees those tensors, the weights and the activations, never a
@@ -37,12 +37,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
 
+from sim.replay.models import DEFAULT_MODEL
 from traces.engine_profile import STEP_COLUMNS, write_served_requests, write_step_profile
 
 __all__ = [
@@ -56,17 +56,14 @@ __all__ = [
     "step_table",
     "served_table",
     "serve_summary_row",
-    "COMPARED_COLUMNS",
-    "measured_against_predicted",
     "serve",
     "ServeRun",
     "ServeError",
     "ServeOutcome",
     "write_serve_results",
     "policy_slug",
-    "sim_config",
     "serve_trace",
-    "simulate_like",
+    "Compare",
     "check_engine_installed",
     "check_serve_specs",
     "check_cuda_graphs",
@@ -77,17 +74,8 @@ __all__ = [
 PYTORCH = "pytorch"
 #: What ``--snapshot-until`` takes: the start-up only, the whole run, or both (two snapshots).
 SNAPSHOT_UNTIL = ("startup", "end", "both")
-#: Serving columns ``--sim`` compares, measured against predicted.
-COMPARED_COLUMNS = (
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p99_s",
-    "e2e_p50_s",
-    "e2e_p99_s",
-    "output_tok_s",
-    "n_finished",
-)
+#: The simulator's stand-in for PyTorch's own allocator (``ServeRun.policy_spec``).
+SIM_TWIN_OF_PYTORCH = "torch-caching"
 
 
 @dataclass(frozen=True)
@@ -126,7 +114,7 @@ class ServeSettings:
             the engine starts at exactly ``num_blocks`` and real memory decides (a plan's check).
     """
 
-    model: str = "Llama-3-8B"
+    model: str = DEFAULT_MODEL
     checkpoint: str | None = None
     block_tokens: int = 256
     max_batch_tokens: int = 8192
@@ -356,36 +344,37 @@ def serve_summary_row(
     **extra: Any,
 ) -> dict[str, Any]:
     """The summary row ``simulate`` writes, from a real run: ``memory_row`` (the report schema's columns,
-    ``sim.replay.schema.summary_row``'s) and the serving columns (``sim.serving.serving_metrics.serving_summary`` over
-    the request table ``sim.serving.serving_metrics.request_table`` builds), then the engine's columns and
+    ``sim.replay.schema.summary_row``'s) and the serving columns
+    (``sim.replay.serving_metrics.serving_summary`` over the request table
+    ``sim.replay.serving_metrics.request_frame`` builds), then the engine's columns and
     ``extra``.
 
     ``kv_token_util`` is the step-time-weighted share of the KV cache's tokens the step's sequences
     held (their context tokens over ``kv_capacity_tokens``); ``duration_s`` the time from the first
     arrival to the last finish.
     """
-    from sim.serving.scheduler import RequestState
-    from sim.serving.serving_metrics import request_table, serving_summary
+    from sim.replay.serving_metrics import FINISHED, RUNNING, request_frame, serving_summary
 
-    requests = [
-        SimpleNamespace(
-            request_id=int(r.request),
-            arrival_s=r.arrival_s,
-            prompt_tokens=int(r.prompt_tokens),
-            output_tokens=int(r.output_tokens),
-            num_generated=int(r.num_generated),
-            first_token_s=r.first_token_s,
-            finish_s=r.finish_s,
-            num_preemptions=0,
-            num_swaps=0,
-            prefix_hit_tokens=0,
-            status=RequestState.FINISHED if math.isfinite(r.finish_s) else RequestState.RUNNING,
-            reject_reason="",
-            reject_kind="",
+    finished = np.isfinite(served["finish_s"].to_numpy(np.float64))
+    table = request_frame(
+        pd.DataFrame(
+            {
+                "request_id": served["request"].to_numpy(np.int64),
+                "arrival_s": served["arrival_s"].to_numpy(np.float64),
+                "prompt_tokens": served["prompt_tokens"].to_numpy(np.int64),
+                "output_tokens": served["output_tokens"].to_numpy(np.int64),
+                "num_generated": served["num_generated"].to_numpy(np.int64),
+                "first_token_s": served["first_token_s"].to_numpy(np.float64),
+                "finish_s": served["finish_s"].to_numpy(np.float64),
+                "num_preemptions": 0,
+                "num_swaps": 0,
+                "prefix_hit_tokens": 0,
+                "status": np.where(finished, FINISHED, RUNNING),
+                "reject_reason": "",
+                "reject_kind": "",
+            }
         )
-        for r in served.itertuples()
-    ]
-    table = request_table(requests)
+    )
     finish = served["finish_s"].to_numpy(np.float64)
     duration_s = float(np.nanmax(finish)) if np.isfinite(finish).any() else math.nan
     busy_s = float(steps["duration_s"].sum()) if len(steps) else 0.0
@@ -420,33 +409,6 @@ def policy_slug(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", spec.replace("=", "-")).strip("_") or "policy"
 
 
-def sim_config(*, kv_capacity_bytes: int, settings: ServeSettings, max_len_tokens: int) -> Any:
-    """The ``simulate`` settings that match a real run: its KV bytes, block size, step budget,
-    sequence limit and longest sequence; no prefix sharing (the prompts are random)."""
-    from sim.serving.config import ServerConfig
-
-    return ServerConfig(
-        kv_capacity_bytes=int(kv_capacity_bytes),
-        tokens_per_page=settings.block_tokens,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_batch_tokens,
-        max_model_len=max_len_tokens,
-        prefix_caching=False,
-    )
-
-
-def measured_against_predicted(
-    measured: dict[str, Any], predicted: dict[str, Any], columns: Sequence[str] = COMPARED_COLUMNS
-) -> pd.DataFrame:
-    """One row per column: measured, predicted and the prediction's error in percent of the measured."""
-    rows = []
-    for c in columns:
-        m, p = float(measured.get(c, math.nan)), float(predicted.get(c, math.nan))
-        err = (p - m) / m * 100 if m and math.isfinite(m) and math.isfinite(p) else math.nan
-        rows.append({"column": c, "measured": m, "predicted": p, "error_%": err})
-    return pd.DataFrame(rows)
-
-
 @dataclass
 class ServeRun:
     """One policy's real run: its summary row, step profile, request table, time series and files."""
@@ -461,6 +423,12 @@ class ServeRun:
     run_snapshot_path: Path | None = (
         None  # the whole run's, beside the start-up one (``snapshot_until="both"``)
     )
+
+    @property
+    def policy_spec(self) -> str:
+        """The poollab policy that stands for this run's allocator in the simulator
+        (``torch-caching`` for PyTorch's own)."""
+        return SIM_TWIN_OF_PYTORCH if self.spec == PYTORCH else self.spec
 
 
 class ServeError(RuntimeError):
@@ -602,7 +570,7 @@ def write_serve_results(
     comparison: pd.DataFrame | None = None,
 ) -> list[Path]:
     """The result folder: ``summary.csv``, ``timeseries.parquet``, ``requests.parquet`` (every run's
-    request table, ``sim.serving.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
+    request table, ``sim.replay.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
     per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served requests) and,
     when recorded, ``snapshot_<policy>.pickle.gz`` (and the whole run's ``snapshot_<policy>_run.pickle.gz``),
     each with its ``.json`` of the engine's memory. Returns the per-policy files."""
@@ -696,15 +664,29 @@ def resolve_max_len(settings: ServeSettings) -> int:
                 f"give --max-len"
             )
         return value
-    from sim.serving.models import load_model
+    from sim.replay.models import load_model
 
     return int(load_model(settings.model).max_position_embeddings or 8192)
+
+
+class Compare(Protocol):
+    """What ``serve_trace`` hands its runs to: each run's measured-against-predicted table by spec
+    (``sim.serving.engine_compare.compare_with_engine``)."""
+
+    def __call__(
+        self,
+        runs: Sequence[ServeRun],
+        plan: pd.DataFrame,
+        settings: ServeSettings,
+        *,
+        trace_name: str,
+    ) -> dict[str, pd.DataFrame]: ...
 
 
 @dataclass
 class ServeOutcome:
     """What ``serve_trace`` did: the plan, each policy's run, the policies whose engine failed (spec:
-    reason) and, with ``with_sim``, each run's measured-against-predicted table."""
+    reason) and, with ``compare``, each run's measured-against-predicted table."""
 
     plan: pd.DataFrame
     runs: list[ServeRun]
@@ -722,16 +704,19 @@ def serve_trace(
     rate_scale: float = 1.0,
     duration_s: float | None = None,
     max_requests: int | None = None,
-    with_sim: bool = False,
-    gpu: str = "H200",
-    calibration: Any = None,
+    compare: Compare | None = None,
     log: Callable[[str], None] = print,
     meta: dict[str, Any] | None = None,
 ) -> ServeOutcome:
-    """Plan ``requests`` (a ``RequestTrace``), serve it under each spec, optionally simulate each run with
-    matching settings, and write the result folder. A policy whose engine fails is reported in
-    ``failed`` and the others still run; ValueError when none ran (or, before anything runs, when
-    ``cuda_graphs`` asks for a capture a pluggable policy would refuse)."""
+    """Plan ``requests`` (a ``RequestTrace``), serve it under each spec, hand the runs to ``compare``
+    when given, and write the result folder (with ``compare``'s tables as ``sim_comparison``). A
+    policy whose engine fails is reported in ``failed`` and the others still run; ValueError when
+    none ran (or, before anything runs, when ``cuda_graphs`` asks for a capture a pluggable policy
+    would refuse).
+
+    ``compare`` is the simulator's side (``sim.serving.engine_compare.compare_with_engine``, with
+    its GPU and calibration bound): ``realgpu`` imports only the replay room, so the caller
+    brings it."""
     check_cuda_graphs(specs, settings)
     max_len = resolve_max_len(settings)
     settings = ServeSettings(**{**asdict(settings), "max_len_tokens": max_len})
@@ -751,12 +736,7 @@ def serve_trace(
             log(f"warning: {exc}")
     if not runs:
         raise ValueError("gpu serve: no policy ran: " + "; ".join(failed.values()))
-    comparisons = {}
-    if with_sim:
-        for run in runs:
-            comparisons[run.spec] = simulate_like(
-                run, plan, settings, gpu=gpu, calibration=calibration, trace_name=requests.name
-            )
+    comparisons = compare(runs, plan, settings, trace_name=requests.name) if compare else {}
     comparison = (
         pd.concat([c.assign(policy=s) for s, c in comparisons.items()], ignore_index=True)
         if comparisons
@@ -780,41 +760,3 @@ def serve_trace(
         comparison,
     )
     return ServeOutcome(plan, runs, failed, comparisons, files)
-
-
-#: The simulator's stand-in for PyTorch's own allocator.
-SIM_TWIN_OF_PYTORCH = "torch-caching"
-
-
-def simulate_like(
-    run: ServeRun,
-    plan: pd.DataFrame,
-    settings: ServeSettings,
-    *,
-    gpu: str = "H200",
-    calibration: Any = None,
-    trace_name: str = "requests",
-) -> pd.DataFrame:
-    """``simulate`` the planned requests with the real run's KV bytes and engine limits (``sim_config``)
-    and the run's policy (``torch-caching`` for PyTorch's own), and compare (``measured_against_predicted``)."""
-    from sim.serving.simulate import simulate
-
-    spec = SIM_TWIN_OF_PYTORCH if run.spec == PYTORCH else run.spec
-    config = sim_config(
-        kv_capacity_bytes=int(run.summary["kv_bytes"]),
-        settings=settings,
-        max_len_tokens=int(settings.max_len_tokens),
-    )
-    requests = plan[["request", "arrival_s", "prompt_tokens", "output_tokens"]].rename(
-        columns={"request": "request_id"}
-    )
-    sim = simulate(
-        requests,
-        spec,
-        model=settings.model,
-        gpu=gpu,
-        calibration=calibration,
-        config=config,
-        trace_name=trace_name,
-    )
-    return measured_against_predicted(run.summary, sim.summary)

@@ -52,7 +52,7 @@ SNAPSHOT_RUN_MAX_ENTRIES = 2_000_000
 
 
 def model_config(spec: Any, *, max_len_tokens: int | None):
-    """A ``LlamaConfig`` of ``spec``'s shape (``sim.serving.models.ModelSpec``): a dense Llama-architecture
+    """A ``LlamaConfig`` of ``spec``'s shape (``sim.replay.models.ModelSpec``): a dense Llama-architecture
     decoder (Llama, Mistral and Qwen presets keep their shapes; Qwen's qkv biases are left out).
     Raises ValueError for a shape that architecture cannot take (plain MLP, hybrid layers)."""
     from transformers import LlamaConfig
@@ -106,7 +106,7 @@ def build_model(settings: ServeSettings, device: Any):
             device_map={"": device},
             attn_implementation=settings.attn_implementation,
         ).eval()
-    from sim.serving.models import load_model
+    from sim.replay.models import load_model
 
     spec = load_model(settings.model)
     cfg = model_config(spec, max_len_tokens=settings.max_len_tokens)

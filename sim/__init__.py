@@ -1,8 +1,9 @@
 """Replay and simulation on top of ``policies`` and ``traces``, in rooms (ARCHITECTURE.md):
 
 - ``sim.replay``: the one replay loop, costs, the pool monitor, the report schema every backend
-  writes (``sim.replay.schema``), trace replay, bounds, fidelity; ``realgpu`` imports only this room;
-- ``sim.serving``: the simulated inference server (simpy), its settings, step time, presets;
+  writes (``sim.replay.schema``, ``sim.replay.serving_metrics``), the model/GPU presets, trace
+  replay, bounds, fidelity; ``realgpu`` imports only this room;
+- ``sim.serving``: the simulated inference server (simpy), its settings, step time;
 - ``sim.planner``: how much KV cache an engine can allocate, from its start-up snapshot;
 - ``sim.sweep``: grids of runs, resumable, and their Pareto fronts;
 - ``sim.report``: the HTML report and the figures.
@@ -36,11 +37,11 @@ MOVED = {
     "steptime": "serving.steptime",
     "step_fit": "serving.step_fit",
     "engine_runs": "serving.engine_runs",
-    "models": "serving.models",
+    "models": "replay.models",
     "engines": "serving.engines",
-    "hardware": "serving.hardware",
+    "hardware": "replay.hardware",
     "simulate": "serving.simulate",
-    "serving_metrics": "serving.serving_metrics",
+    "serving_metrics": "replay.serving_metrics",
     "tenants": "serving.tenants",
     "plan": "planner.plan",
     "startup_kv": "planner.startup_kv",
@@ -48,6 +49,11 @@ MOVED = {
     "bounded_tables": "report.bounded_tables",
     "plots": "report.plots",
     "interactive": "report.interactive",
+    # shared with ``realgpu`` (the model/GPU presets, the request table and serving columns): in the
+    # replay room since session 13, from the serving room's old paths
+    "serving.models": "replay.models",
+    "serving.hardware": "replay.hardware",
+    "serving.serving_metrics": "replay.serving_metrics",
 }
 
 

@@ -39,10 +39,13 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.serving.hardware import load_gpu  # noqa: E402
-from sim.serving.models import load_model  # noqa: E402
+from sim.replay.hardware import load_gpu  # noqa: E402
+from sim.replay.models import load_model  # noqa: E402
 from sim.serving.steptime import StepTimeModel, default_calibration  # noqa: E402
 
+#: The shape and GPU ``measure_grid.py`` measured (its ``L, H, KV, ...`` are Llama-3-8B's): the
+#: grid's, not a default, so it stays this model if the presets' default changes.
+GRID_MODEL, GRID_GPU = "Llama-3-8B", "H200"
 #: Columns ``measure_grid.py`` writes that this script needs.
 NEEDED = ("kind", "batch", "context_tokens", "prefill_tokens", "measured_s")
 #: Factors fitted, and the bounds each is kept in.
@@ -119,7 +122,7 @@ def split(grid: pd.DataFrame, how: str, seed: int, max_fit_context: int) -> np.n
 def predict(grid: pd.DataFrame, factors: dict[str, float], model=None, gpu=None) -> np.ndarray:
     """Predicted seconds per point with the bundled calibration changed by ``factors``."""
     stm = StepTimeModel(
-        model or load_model("Llama-3-8B"), gpu or load_gpu("H200"), calibration=factors
+        model or load_model(GRID_MODEL), gpu or load_gpu(GRID_GPU), calibration=factors
     )
     out = np.empty(len(grid))
     for i, r in enumerate(grid.itertuples(index=False)):
@@ -135,7 +138,7 @@ def predict(grid: pd.DataFrame, factors: dict[str, float], model=None, gpu=None)
 def fit(grid: pd.DataFrame, start: dict[str, float]) -> dict[str, float]:
     """``FITTED`` factors minimising the mean squared log ratio on ``grid`` (coordinate descent from
     ``start``); ``step_overhead_s`` is 0 (module docstring)."""
-    model, gpu = load_model("Llama-3-8B"), load_gpu("H200")
+    model, gpu = load_model(GRID_MODEL), load_gpu(GRID_GPU)
     measured = np.log(grid["measured_s"].to_numpy(np.float64))
 
     def loss(f):

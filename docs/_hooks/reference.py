@@ -5,7 +5,7 @@ line ``<!-- poollab:generate NAME -->``; ``on_page_markdown`` replaces it with `
 computed from the code at build time, so the pages change when a column, a policy or a knob does:
 
 - ``columns``: the report schema (``sim.replay.schema.SUMMARY_COLUMNS``, ``DEVICE_COLUMNS``,
-  ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``; ``sim.serving.serving_metrics.SERVING_COLUMNS``),
+  ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``; ``sim.replay.serving_metrics.SERVING_COLUMNS``),
   in schema order, each with its unit (from the name: ``*_bytes``, ``*_us``, ``n_*``, ...) and
   the header the command line prints it under (``sim.replay.schema.format_table`` itself). Meanings come
   from ``columns.yml`` beside this file, keyed by column; ``tests/docs`` fails when a schema
@@ -46,7 +46,7 @@ COLUMNS_FILE = Path(__file__).with_name("columns.yml")
 def schema_tables() -> dict[str, list[str]]:
     """Each table of the report schema -> its columns, in schema order."""
     from sim.replay import schema as report
-    from sim.serving import serving_metrics
+    from sim.replay import serving_metrics
 
     return {
         "summary.csv: every backend": list(report.SUMMARY_COLUMNS),

@@ -15,8 +15,8 @@ import click
 
 from poollab.errors import UsageError
 from poollab.options import COUNT, Count
-from sim.serving.hardware import DEFAULT_GPU
-from sim.serving.models import DEFAULT_MODEL
+from sim.replay.hardware import DEFAULT_GPU
+from sim.replay.models import DEFAULT_MODEL
 
 __all__ = ["register"]
 
@@ -31,8 +31,8 @@ def calibrate_group() -> None:
 
 
 def _specs(model: str, gpu: str):
-    from sim.serving.hardware import load_gpu
-    from sim.serving.models import load_model
+    from sim.replay.hardware import load_gpu
+    from sim.replay.models import load_model
 
     try:
         return load_model(model), load_gpu(gpu)

@@ -20,8 +20,8 @@ from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
 from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
 from sim.serving.config import ServerConfig
-from sim.serving.hardware import DEFAULT_GPU
-from sim.serving.models import DEFAULT_MODEL
+from sim.replay.hardware import DEFAULT_GPU
+from sim.replay.models import DEFAULT_MODEL
 from sim.replay.schema import format_table, write_results
 
 #: ``sim.serving.tenants.COMPUTE_MODES``, spelt here so that --help imports no simulator

@@ -16,9 +16,9 @@ from poollab.commands._common import DEFAULT_POLICIES, out_option
 from poollab.commands.replay import REPLAY_COLUMNS
 from sim.replay.trace_replay import replay_tables
 from sim.replay.schema import format_table, write_results
-from sim.serving.hardware import DEFAULT_GPU
+from sim.replay.hardware import DEFAULT_GPU
 from sim.report.html import write_html_report
-from sim.serving.models import DEFAULT_MODEL
+from sim.replay.models import DEFAULT_MODEL
 from sim.serving.simulate import simulate_many
 from traces import bundled_path, read_alloc_trace, read_request_trace
 

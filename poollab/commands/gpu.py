@@ -11,6 +11,7 @@ virtual ranges (``cuMem*`` through cuda-bindings; ``mmap``/``memfd`` on the host
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -21,8 +22,8 @@ from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from policies.device_kind import PLATFORMS, DeviceKind
 from poollab.options import BYTES, COUNT, DEVICE, DEVICE_KIND, FRACTION, POSITIVE, RATE_SCALE, SEED
-from sim.serving.hardware import DEFAULT_GPU
-from sim.serving.models import DEFAULT_MODEL
+from sim.replay.hardware import DEFAULT_GPU
+from sim.replay.models import DEFAULT_MODEL
 
 
 def register(cli: click.Group) -> None:
@@ -501,9 +502,7 @@ def serve_command(
             rate_scale=rate_scale,
             duration_s=duration_s,
             max_requests=max_requests,
-            with_sim=with_sim,
-            gpu=gpu_preset,
-            calibration=calibration,
+            compare=_engine_comparison(gpu_preset, calibration) if with_sim else None,
             log=click.echo,
             meta={"trace_path": str(trace)},
         )
@@ -527,6 +526,13 @@ def serve_command(
         f"wrote {out_dir}/summary.csv, {out_dir}/requests.parquet, "
         + ", ".join(str(p.name) for p in outcome.files)
     )
+
+
+def _engine_comparison(gpu_preset: str, calibration: Path | None):
+    """``--sim``: the simulator's side of ``gpu serve`` (imported only then: it needs simpy)."""
+    from sim.serving.engine_compare import compare_with_engine
+
+    return functools.partial(compare_with_engine, gpu=gpu_preset, calibration=calibration)
 
 
 #: What ``gpu serve`` prints per policy (summary.csv has every column).

@@ -44,7 +44,7 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
         if memory <= 0:
             raise UsageError(f"--memory {memory} must be > 0")
         return memory, f"--memory {format_bytes(memory)}"
-    from sim.serving.hardware import DEFAULT_GPU, load_gpu
+    from sim.replay.hardware import DEFAULT_GPU, load_gpu
 
     try:
         spec = load_gpu(gpu or DEFAULT_GPU)

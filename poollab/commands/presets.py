@@ -14,8 +14,8 @@ def presets_command() -> None:
     """List the model and GPU presets (shapes, context limits, memory, rates, links)."""
     import pandas as pd
 
-    from sim.serving.hardware import available_gpus, load_gpu
-    from sim.serving.models import available_models, load_model
+    from sim.replay.hardware import available_gpus, load_gpu
+    from sim.replay.models import available_models, load_model
 
     models = []
     for name in available_models():
@@ -57,5 +57,5 @@ def presets_command() -> None:
     )
     click.echo(pd.DataFrame(gpus).to_string(index=False, float_format=fmt))
     click.echo(
-        "\nA model or GPU of your own: a JSON file with the same fields (sim/serving/models.py, sim/serving/hardware.py)."
+        "\nA model or GPU of your own: a JSON file with the same fields (sim/replay/models.py, sim/replay/hardware.py)."
     )

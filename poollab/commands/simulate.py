@@ -20,9 +20,9 @@ from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
 from sim.serving.config import Knob, ServerConfig, knobs
-from sim.serving.hardware import DEFAULT_GPU
+from sim.replay.hardware import DEFAULT_GPU
 from sim.serving.choices import VIRTUAL
-from sim.serving.models import DEFAULT_MODEL
+from sim.replay.models import DEFAULT_MODEL
 from sim.replay.schema import format_table, summary_frame, write_results
 from sim.serving.simulate import check_kv_policy, result_tables, simulate_runs
 
@@ -316,8 +316,8 @@ def simulate_command(
         options["kv_capacity_bytes"] = None
     else:
         kv_source = None
-    from sim.serving.hardware import load_gpu
-    from sim.serving.models import load_model
+    from sim.replay.hardware import load_gpu
+    from sim.replay.models import load_model
 
     try:
         model_spec, gpu_spec = load_model(model), load_gpu(gpu)

@@ -194,7 +194,7 @@ def synth_alloc_command(
     model, num_requests, max_batch, kv_chunk_tokens, rate, seed, out_path: Path
 ) -> None:
     """Generate a seeded synthetic allocation trace of LLM inference for `poollab replay`."""
-    from sim.serving.models import load_model
+    from sim.replay.models import load_model
 
     _check_out_suffix(out_path)
     try:

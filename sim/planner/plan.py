@@ -289,7 +289,7 @@ def plan_inputs(
     Args:
         device_bytes: the device's memory.
         kv: the KV allocations (default: ``recognise_kv``).
-        model: a ``sim.serving.models`` preset name, file or ``ModelSpec`` for the page size and token
+        model: a ``sim.replay.models`` preset name, file or ``ModelSpec`` for the page size and token
             counts (None: pages of ``DEFAULT_PAGE_SHARE_BYTES`` per KV tensor, no tokens).
         block_tokens: tokens per page when a model is given.
         non_torch_bytes: device memory outside the pool (CUDA context, NCCL, cuBLAS workspaces):
@@ -313,7 +313,7 @@ def plan_inputs(
         )
     per_token = name = None
     if model is not None:
-        from sim.serving.models import load_model
+        from sim.replay.models import load_model
 
         spec = load_model(model)
         per_token, name = int(spec.kv_bytes_per_token), spec.name

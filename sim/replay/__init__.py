@@ -1,5 +1,6 @@
 """The replay room: the one replay loop (``engine``), the cost model (``costs``), the pool monitor
-(``metrics``), the report schema every backend writes (``schema``), trace replay
+(``metrics``), the report schema every backend writes (``schema``; its serving columns and the
+request table: ``serving_metrics``), the model and GPU presets (``models``, ``hardware``), trace replay
 (``trace_replay``), bounds, fidelity against PyTorch's recorded decisions, the layout recorder,
 progress bars. Imports ``policies`` and ``traces``, no other room."""
 

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from policies.device import Device, DriverClock, VirtualDevice, vmm_stats
+from policies.device import ClockedDriver, Device, DriverClock, VirtualDevice, vmm_stats
 from policies.device_kind import DeviceKind
 from policies.mapped_device import VMM_CALLS, PageMappedDevice
 
@@ -161,11 +161,12 @@ class CostModel:
         return int(nbytes / self.d2h_bytes_per_s * 1e9)
 
 
-class CostedDevice:
+class CostedDevice(ClockedDriver):
     """A ``Device`` that charges each reserve/release its modelled driver time.
 
     The time is pending until the caller takes it with ``take_driver_ns()`` (the ``Device``
-    protocol), so it lands on the allocation (or simulated step) that caused the driver call.
+    protocol, ``ClockedDriver``'s), so it lands on the allocation (or simulated step) that caused
+    the driver call.
 
     Args:
         costs: the cost model (the bundled H200 one by default).
@@ -197,19 +198,6 @@ class CostedDevice:
     @property
     def max_bytes(self) -> int:
         return self.inner.max_bytes
-
-    def take_driver_ns(self) -> int:
-        """Modelled driver time accrued since the last call; resets it to zero."""
-        return self.clock.take()
-
-    @property
-    def driver_clock(self) -> DriverClock:
-        """The clock ``take_driver_ns`` takes from (the ``Device`` protocol's declaration)."""
-        return self.clock
-
-    @property
-    def driver_ns_total(self) -> int:
-        return self.clock.total_ns
 
     def copy_ns(self, nbytes: int) -> int:
         return self.costs.copy_ns(nbytes)

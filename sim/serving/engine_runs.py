@@ -19,9 +19,9 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from sim.serving.engines import load_engine
-from sim.serving.hardware import DEFAULT_GPU, load_gpu
-from sim.serving.models import DEFAULT_MODEL, load_model
-from sim.serving.serving_metrics import add_latencies, latency_percentiles
+from sim.replay.hardware import DEFAULT_GPU, load_gpu
+from sim.replay.models import DEFAULT_MODEL, load_model
+from sim.replay.serving_metrics import add_latencies, latency_percentiles
 from sim.serving.steptime import STEP_TERM_NAMES, StepCalibration, StepTerms, default_calibration
 from traces.requests import RequestTrace, make_requests
 
@@ -34,7 +34,7 @@ __all__ = [
     "RequestFit",
 ]
 
-#: The figures a prediction is judged on (``sim.serving.serving_metrics.latency_percentiles``' keys).
+#: The figures a prediction is judged on (``sim.replay.serving_metrics.latency_percentiles``' keys).
 LATENCY_METRICS = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s")
 #: Terms ``fit_from_requests`` fits: request latencies determine these four; the per-sequence
 #: and per-pair terms move with them at a request table's resolution and stay 0.

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from sim.serving.models import DATA_DIR, ModelSpec, _read_json_object
+from sim.replay.models import DATA_DIR, ModelSpec, _read_json_object
 
 __all__ = [
     "EnginePreset",

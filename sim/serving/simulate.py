@@ -20,18 +20,18 @@ import pandas as pd
 import policies
 from policies.base import Policy
 from sim.replay.costs import CostModel, costed_page_mapped_device
-from sim.serving.hardware import load_gpu
+from sim.replay.hardware import load_gpu
 from sim.serving.kv import ContiguousKV, PagedKV, VirtualKV
 from sim.serving.choices import VIRTUAL
 from sim.serving.kv_groups import HybridKV, plan_layout
-from sim.serving.models import load_model
+from sim.replay.models import load_model
 from sim.serving.pools import ServerPools, plan_memory
 from sim.replay.costed_policy import create_policy
 from sim.replay.schema import params_text, summary_frame, summary_row
 from sim.serving.scheduler import Request, Scheduler
 from sim.serving.config import ServerConfig
 from sim.serving.server import Server
-from sim.serving.serving_metrics import prefix_hit_rates, request_table, serving_summary
+from sim.replay.serving_metrics import prefix_hit_rates, request_table, serving_summary
 from sim.serving.steptime import StepTimeModel
 from traces.requests import RequestTrace
 
@@ -64,7 +64,7 @@ class SimResult:
 
     Attributes:
         summary: one row: ``SUMMARY_COLUMNS``, the serving columns, then simulator facts.
-        requests: one row per request (``sim.serving.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
+        requests: one row per request (``sim.replay.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
         timeseries: sampled pool and server state (``TIMESERIES_COLUMNS`` plus serving columns).
         kv_groups: one row per layer group of a hybrid model (``sim.serving.kv_groups.GROUP_TABLE_COLUMNS``:
             pages, pool, and bytes held, padded and needed when the cache held the most); empty
@@ -150,7 +150,7 @@ def simulate(
     Args:
         requests: a ``RequestTrace`` (or its request table).
         policy_spec: the policy under test, e.g. ``"paged"`` or ``"best-fit"``.
-        model, gpu: preset names, JSON paths or specs (``sim.serving.models``, ``sim.serving.hardware``).
+        model, gpu: preset names, JSON paths or specs (``sim.replay.models``, ``sim.replay.hardware``).
         calibration: step-time efficiency factors (``sim.serving.steptime``), None for the defaults.
         costs: driver cost model (or its JSON path), None for the bundled H200 figures.
         trace_name: the report's ``trace`` column (default: the trace's name).

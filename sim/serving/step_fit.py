@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from sim.serving.hardware import GpuSpec
-from sim.serving.models import ModelSpec
+from sim.replay.hardware import GpuSpec
+from sim.replay.models import ModelSpec
 from sim.serving.steptime import (
     STEP_TERM_NAMES,
     StepCalibration,

@@ -69,8 +69,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from sim.serving.hardware import GpuSpec
-from sim.serving.models import DATA_DIR, ModelSpec, _read_json_object
+from sim.replay.hardware import GpuSpec
+from sim.replay.models import DATA_DIR, ModelSpec, _read_json_object
 from traces.knobs import check_int
 
 __all__ = [
@@ -415,8 +415,8 @@ class StepTimeModel:
     """Time of one serving iteration of ``model`` on ``gpu`` (see the module docstring).
 
     Args:
-        model: the model's shape (``sim.serving.models.load_model``).
-        gpu: the accelerator (``sim.serving.hardware.load_gpu``).
+        model: the model's shape (``sim.replay.models.load_model``).
+        gpu: the accelerator (``sim.replay.hardware.load_gpu``).
         calibration: a ``Calibration`` (factors), a ``StepCalibration`` (factors and fitted
             terms), a mapping of factor overrides, a path to a calibration JSON file of either
             format (``load_step_calibration``), or None for the bundled defaults.
@@ -437,11 +437,11 @@ class StepTimeModel:
     ):
         if not isinstance(model, ModelSpec):
             raise ValueError(
-                f"model must be a ModelSpec (use sim.serving.models.load_model), got {model!r}"
+                f"model must be a ModelSpec (use sim.replay.models.load_model), got {model!r}"
             )
         if not isinstance(gpu, GpuSpec):
             raise ValueError(
-                f"gpu must be a GpuSpec (use sim.serving.hardware.load_gpu), got {gpu!r}"
+                f"gpu must be a GpuSpec (use sim.replay.hardware.load_gpu), got {gpu!r}"
             )
         self.whole_model = model
         self.tensor_parallel = tensor_parallel

@@ -52,13 +52,13 @@ import simpy
 from policies.base import Policy
 from sim.serving.config import ServerConfig
 from sim.replay.costs import CostModel
-from sim.serving.hardware import load_gpu
+from sim.replay.hardware import load_gpu
 from sim.serving.kv import PagedKV
-from sim.serving.models import load_model
+from sim.replay.models import load_model
 from sim.serving.pools import plan_memory
 from sim.replay.costed_policy import create_policy
 from sim.replay.schema import summary_frame
-from sim.serving.serving_metrics import latency_percentiles
+from sim.replay.serving_metrics import latency_percentiles
 from sim.serving.simulate import ServingSetup, SimResult, build_serving, serving_result
 from traces.requests import RequestTrace
 

@@ -560,8 +560,8 @@ def _preset_or_file(doc: _Doc, kp: tuple, value: Any, base: Path, how: str, load
 def _simulate_grid(
     doc: _Doc, data: dict, base: Path, how: str, capacities: list
 ) -> list[dict[str, Any]]:
-    from sim.serving.hardware import DEFAULT_GPU, load_gpu
-    from sim.serving.models import DEFAULT_MODEL, load_model
+    from sim.replay.hardware import DEFAULT_GPU, load_gpu
+    from sim.replay.models import DEFAULT_MODEL, load_model
     from sim.serving.config import ServerConfig, knobs
     from sim.serving.steptime import load_calibration
 
@@ -623,7 +623,7 @@ def _simulate_grid(
 
 
 def _pareto(doc: _Doc, value: Any, mode: str) -> tuple[str, list[str]]:
-    from sim.serving.serving_metrics import SERVING_COLUMNS
+    from sim.replay.serving_metrics import SERVING_COLUMNS
 
     columns = SUMMARY_COLUMNS + (SERVING_COLUMNS if mode == "simulate" else [])
     value = {} if value is None else value

@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 
 ENGINE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "engine"
 needs_engine_data = pytest.mark.skipif(

@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from sim.serving.hardware import available_gpus
-from sim.serving.models import available_models
+from sim.replay.hardware import available_gpus
+from sim.replay.models import available_models
 
 
 def test_simulate_writes_summary_requests_and_timeseries(trace, tmp_path, cli_ok):

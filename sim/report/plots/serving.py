@@ -1,6 +1,6 @@
 """What users of a server feel, and what went wrong: TTFT/TPOT/e2e, queues, failures and preemptions.
 
-Inputs: a simulation's per-request table (``sim.serving.serving_metrics.REQUEST_TABLE_COLUMNS`` plus
+Inputs: a simulation's per-request table (``sim.replay.serving_metrics.REQUEST_TABLE_COLUMNS`` plus
 ``trace``/``policy``), its time series (``running``, ``waiting``, ``swapped`` beside the pool
 columns) and any summary (replay, simulation or GPU: counters missing from a backend are
 left out, not drawn as zero).

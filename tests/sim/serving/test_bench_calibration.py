@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from sim.serving.engine_runs import predict_served, served_trace
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"

@@ -96,8 +96,8 @@ def test_terms_are_recovered_from_a_request_table_alone():
 @needs_engine_data
 def test_calibrated_on_one_workload_the_other_is_predicted_far_better_than_by_the_roofline():
     from sim.serving.step_fit import fit_step_profile
-    from sim.serving.hardware import load_gpu
-    from sim.serving.models import load_model
+    from sim.replay.hardware import load_gpu
+    from sim.replay.models import load_model
     from traces.engine_profile import read_served_requests, read_step_profile
 
     steps = read_step_profile(ENGINE / "transformers_cb_synth_mixed_60s_steps.csv")

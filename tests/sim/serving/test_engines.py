@@ -3,8 +3,8 @@
 import pytest
 
 from sim.serving.engines import available_engines, load_engine, transformers_kv_blocks
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 from sim.serving.config import ServerConfig
 
 

@@ -4,7 +4,7 @@ eviction orders through the simulator, empty traces."""
 import numpy as np
 import pytest
 
-from sim.serving.models import available_models, load_model
+from sim.replay.models import available_models, load_model
 from sim.serving.simulate import simulate
 from traces.requests import RequestTrace, make_requests
 

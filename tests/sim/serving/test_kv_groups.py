@@ -7,7 +7,7 @@ import pytest
 from sim.serving.config import ServerConfig
 from sim.replay.costs import CostModel
 from sim.serving.kv_groups import HybridKV, plan_layout
-from sim.serving.models import LayerGroup, load_model
+from sim.replay.models import LayerGroup, load_model
 from sim.serving.pools import TimedPool
 from sim.replay.costed_policy import create_policy
 from sim.serving.simulate import simulate

@@ -3,8 +3,8 @@ import pytest
 import policies
 from sim.serving.config import ServerConfig
 from sim.replay.costs import CostedDevice, CostModel
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 from sim.serving.pools import MemoryPlan, ServerPools, TimedPool, plan_memory
 from sim.replay.costed_policy import create_policy
 

@@ -3,8 +3,8 @@ import math
 import pytest
 
 from sim.replay.costs import CostModel
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 from sim.serving.config import ServerConfig
 from sim.serving.simulate import simulate
 from sim.serving.steptime import StepTimeModel

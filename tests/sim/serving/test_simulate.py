@@ -4,7 +4,7 @@ import pytest
 
 import policies
 from sim.replay.schema import SUMMARY_COLUMNS, TIMESERIES_COLUMNS, read_results, write_results
-from sim.serving.serving_metrics import SERVING_COLUMNS
+from sim.replay.serving_metrics import SERVING_COLUMNS
 from sim.serving.simulate import simulate, simulate_many
 from traces.requests import RequestTrace, make_requests
 

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 from sim.serving.step_fit import (
     UnderdeterminedProfile,
     fit_step_profile,

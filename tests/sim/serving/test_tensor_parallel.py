@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.serving.hardware import load_gpu
-from sim.serving.models import load_model
+from sim.replay.hardware import load_gpu
+from sim.replay.models import load_model
 from sim.serving.pools import plan_memory
 from sim.serving.simulate import simulate
 from sim.serving.steptime import StepTimeModel

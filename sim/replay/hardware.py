@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 # The preset-file machinery is shared with the model presets; it lives beside them.
-from sim.serving.models import _PresetTable
+from sim.replay.models import _PresetTable
 from traces.knobs import check_int
 
 

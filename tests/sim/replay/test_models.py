@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from sim.serving.models import ModelSpec, available_models, load_model
+from sim.replay.models import ModelSpec, available_models, load_model
 
 REQUIRED = ["Llama-3-8B", "Llama-3-70B", "Llama-2-13B", "Qwen2.5-7B", "Mistral-7B", "OPT-13B"]
 

@@ -14,7 +14,7 @@ user's own model is a JSON file with the same fields::
 ``load_model("llama-3-8b")`` or ``load_model("path/to/my-7b.json")``. Names are
 case-insensitive; presets also answer to their Hugging Face ids (``meta-llama/Meta-Llama-3-8B``).
 
-This module also holds the small preset-file machinery ``sim.serving.hardware`` reuses for GPUs.
+This module also holds the small preset-file machinery ``sim.replay.hardware`` reuses for GPUs.
 """
 
 from __future__ import annotations
@@ -482,7 +482,7 @@ def _check_positive_int(value: Any, field: str, where: str) -> None:
     check_int(field, value, where=f"{where}: ")
 
 
-# -- preset files (shared with sim.serving.hardware) ---------------------------------------------------
+# -- preset files (shared with sim.replay.hardware) ---------------------------------------------------
 _Spec = TypeVar("_Spec")
 
 

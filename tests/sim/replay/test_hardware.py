@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from sim.serving.hardware import GpuSpec, available_gpus, load_gpu
-from sim.serving.models import DATA_DIR
+from sim.replay.hardware import GpuSpec, available_gpus, load_gpu
+from sim.replay.models import DATA_DIR
 
 REQUIRED = ["H200", "H100", "A100-80GB", "A100-40GB", "L40S"]
 

@@ -36,8 +36,14 @@ import pandas as pd
 __all__ = [
     "REQUEST_TABLE_COLUMNS",
     "SERVING_COLUMNS",
+    "LATENCY_COLUMNS",
     "prefix_hit_rates",
     "request_table",
+    "request_frame",
+    "RECORDED_COLUMNS",
+    "FINISHED",
+    "REJECTED",
+    "RUNNING",
     "rejected_by",
     "serving_summary",
     "add_latencies",
@@ -63,18 +69,16 @@ REQUEST_TABLE_COLUMNS = [
     "reject_kind",
 ]
 
+#: The latency percentiles of a run (``latency_percentiles``' keys), in the summary's order.
+LATENCY_COLUMNS = [f"{name}_{q}_s" for name in ("ttft", "tpot", "e2e") for q in ("p50", "p99")]
+
 #: The serving columns the summary adds after the report schema's (issue 3).
 SERVING_COLUMNS = [
     "n_requests",
     "n_finished",
     "n_rejected",
     "n_preempted",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p99_s",
-    "e2e_p50_s",
-    "e2e_p99_s",
+    *LATENCY_COLUMNS,
     "throughput_tok_s",
     "goodput_rps",
     "kv_token_util",
@@ -85,6 +89,17 @@ SERVING_COLUMNS = [
     "kv_pressure_share",
     "rejected_by",
 ]
+
+
+#: The request table's ``status`` of a finished request (``sim.serving.scheduler.RequestState``'s
+#: values are what the column says; the serving columns count these).
+FINISHED = "finished"
+#: ... of one the server turned away.
+REJECTED = "rejected"
+#: ... of one admitted and not finished when the run ended.
+RUNNING = "running"
+#: The columns a run records per request; ``request_frame`` derives the latencies from them.
+RECORDED_COLUMNS = [c for c in REQUEST_TABLE_COLUMNS if c not in ("ttft_s", "tpot_s", "e2e_s")]
 
 
 def request_table(requests: Iterable[Any]) -> pd.DataFrame:
@@ -107,25 +122,16 @@ def request_table(requests: Iterable[Any]) -> pd.DataFrame:
         )
         for r in requests
     ]
-    df = pd.DataFrame(
-        rows,
-        columns=[
-            "request_id",
-            "arrival_s",
-            "prompt_tokens",
-            "output_tokens",
-            "num_generated",
-            "first_token_s",
-            "finish_s",
-            "num_preemptions",
-            "num_swaps",
-            "prefix_hit_tokens",
-            "status",
-            "reject_reason",
-            "reject_kind",
-        ],
-    )
-    return add_latencies(df)[REQUEST_TABLE_COLUMNS]
+    return request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
+
+
+def request_frame(recorded: pd.DataFrame) -> pd.DataFrame:
+    """The request table from a frame of ``RECORDED_COLUMNS`` (the simulator's requests, or a real
+    engine's served ones): latencies derived, columns in ``REQUEST_TABLE_COLUMNS`` order."""
+    missing = [c for c in RECORDED_COLUMNS if c not in recorded.columns]
+    if missing:
+        raise ValueError(f"a request table needs the columns {missing}")
+    return add_latencies(recorded.copy())[REQUEST_TABLE_COLUMNS]
 
 
 def add_latencies(df: pd.DataFrame) -> pd.DataFrame:
@@ -159,7 +165,7 @@ def _percentiles(values: pd.Series, name: str) -> dict[str, float]:
 
 def rejected_by(table: pd.DataFrame) -> str:
     """``"kind: count, ..."`` over the rejected requests of a request table, most first; "" when none."""
-    kinds = table.loc[table["status"] == "rejected", "reject_kind"]
+    kinds = table.loc[table["status"] == REJECTED, "reject_kind"]
     return ", ".join(f"{kind}: {n}" for kind, n in kinds.value_counts().items())
 
 
@@ -197,7 +203,7 @@ def serving_summary(
     slo_e2e_s: float | None = None,
 ) -> dict[str, Any]:
     """The ``SERVING_COLUMNS`` of one run from its request table (definitions: module docstring)."""
-    done = table[table["status"] == "finished"]
+    done = table[table["status"] == FINISHED]
     ok = np.ones(len(done), dtype=bool)
     for col, slo in (("ttft_s", slo_ttft_s), ("tpot_s", slo_tpot_s), ("e2e_s", slo_e2e_s)):
         if slo is not None:
@@ -210,7 +216,7 @@ def serving_summary(
     return {
         "n_requests": len(table),
         "n_finished": len(done),
-        "n_rejected": int((table["status"] == "rejected").sum()),
+        "n_rejected": int((table["status"] == REJECTED).sum()),
         "n_preempted": num_preemptions,
         **_percentiles(done["ttft_s"], "ttft"),
         **_percentiles(done["tpot_s"], "tpot"),

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from sim.serving.scheduler import RequestState
-from sim.serving.serving_metrics import SERVING_COLUMNS, request_table, serving_summary
+from sim.replay.serving_metrics import SERVING_COLUMNS, request_table, serving_summary
 
 
 def r(rid, arrival, first, finish, output, status="finished", kind=""):
