@@ -66,6 +66,16 @@ struct Samples {
 Samples g_alloc_ns, g_free_ns;
 uint64_t g_num_zero = 0;    // 0-byte requests (answered here with nullptr, no policy call)
 uint64_t g_num_ignored = 0; // frees that arrived with no callbacks or during shutdown
+// Where a malloc's time goes, on every SPLIT_EVERY-th call (so that the split costs the others
+// nothing): the capture check, taking the GIL and the one-at-a-time lock, the Python call, and
+// giving the GIL back; ns summed over the split calls. And how many calls (malloc and free)
+// arrived without the GIL (PyTorch's Python bindings let go of it before an op runs): those
+// take it here, the dev benchmark's calls from Python find it held.
+constexpr uint64_t SPLIT_EVERY = 16;
+uint64_t g_num_split = 0;
+int64_t g_split_capture_ns = 0, g_split_gil_ns = 0, g_split_call_ns = 0, g_split_release_ns = 0;
+uint64_t g_num_no_gil = 0;
+uint64_t g_num_capture_checks = 0;  // cudaStreamIsCapturing calls made (none on the null stream)
 
 inline int64_t now_ns() {
   timespec ts;
@@ -148,7 +158,12 @@ void* poollab_malloc(size_t size, int device, void* stream) {
     return nullptr;
   }
   int64_t t0 = now_ns();
-  if (g_is_capturing != nullptr) {
+  const bool split = g_alloc_ns.seen % SPLIT_EVERY == 0;
+  // No graph is ever captured on the legacy null stream (cudaStreamBeginCapture refuses it), and
+  // that is the stream of all of PyTorch's work unless it was told otherwise: no check there (a
+  // runtime call on every malloc: issue 30's H200 run)
+  if (g_is_capturing != nullptr && stream != nullptr) {
+    ++g_num_capture_checks;
     int status = 0;
     if (g_is_capturing(stream, &status) == 0 && status != 0) {
       TORCH_CHECK(false, "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps "
@@ -161,9 +176,12 @@ void* poollab_malloc(size_t size, int device, void* stream) {
   std::string error;
   bool is_memory_error = false;
   bool failed = false;
+  int64_t t1 = split ? now_ns() : 0, t2 = 0, t3 = 0;
+  if (!PyGILState_Check()) ++g_num_no_gil;
   {
     Gil gil;
     OneAtATime one;
+    if (split) t2 = now_ns();
     if (g_malloc_cb == nullptr) {
       failed = true;
       error = "poollab allocator: malloc after the policy's pool was closed (PyTorch's own allocator "
@@ -189,8 +207,17 @@ void* poollab_malloc(size_t size, int device, void* stream) {
         }
       }
     }
+    if (split) t3 = now_ns();
   }
-  g_alloc_ns.add(now_ns() - t0);
+  int64_t t4 = now_ns();
+  g_alloc_ns.add(t4 - t0);
+  if (split) {
+    ++g_num_split;
+    g_split_capture_ns += t1 - t0;
+    g_split_gil_ns += t2 - t1;
+    g_split_call_ns += t3 - t2;
+    g_split_release_ns += t4 - t3;
+  }
   if (failed) {
     if (is_memory_error && g_null_on_refusal) return nullptr;
     if (is_memory_error) TORCH_CHECK_WITH(OutOfMemoryError, false, error);
@@ -207,6 +234,7 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
     return;
   }
   int64_t t0 = now_ns();
+  if (!PyGILState_Check()) ++g_num_no_gil;
   {
     Gil gil;
     OneAtATime one;
@@ -255,13 +283,23 @@ size_t poollab_samples(int kind, int64_t* out, size_t n) {
   return s.values.size();
 }
 
-// Counters: 0 mallocs seen, 1 frees seen, 2 zero-byte requests, 3 ignored frees.
+// Counters: 0 mallocs seen, 1 frees seen, 2 zero-byte requests, 3 ignored frees, 4 calls that
+// arrived without the GIL, 5 capture checks made, 6 split mallocs, then the split's ns sums:
+// 7 capture check, 8 taking the GIL and the lock, 9 the Python call, 10 giving the GIL back.
 uint64_t poollab_counter(int which) {
   switch (which) {
     case 0: return g_alloc_ns.seen;
     case 1: return g_free_ns.seen;
     case 2: return g_num_zero;
-    default: return g_num_ignored;
+    case 3: return g_num_ignored;
+    case 4: return g_num_no_gil;
+    case 5: return g_num_capture_checks;
+    case 6: return g_num_split;
+    case 7: return uint64_t(g_split_capture_ns);
+    case 8: return uint64_t(g_split_gil_ns);
+    case 9: return uint64_t(g_split_call_ns);
+    case 10: return uint64_t(g_split_release_ns);
+    default: return 0;
   }
 }
 
@@ -270,6 +308,28 @@ void poollab_reset_counters() {
   g_free_ns.clear();
   g_num_zero = 0;
   g_num_ignored = 0;
+  g_num_split = 0;
+  g_split_capture_ns = g_split_gil_ns = g_split_call_ns = g_split_release_ns = 0;
+  g_num_no_gil = 0;
+  g_num_capture_checks = 0;
+}
+
+// What the trampoline's own steps cost on this machine, ns for n calls: kind 0 the clock read
+// (two a call), kind 1 the capture check on `stream` (-1: none is set).
+int64_t poollab_time_steps(int kind, void* stream, int64_t n) {
+  if (kind != 0 && g_is_capturing == nullptr) return -1;
+  int64_t t0 = now_ns();
+  volatile int64_t sink = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (kind == 0) {
+      sink += now_ns();
+    } else {
+      int status = 0;
+      sink += g_is_capturing(stream, &status);
+    }
+  }
+  (void)sink;
+  return now_ns() - t0;
 }
 
 // For tests without a GPU: call poollab_malloc as PyTorch would, catching what it throws.
