@@ -171,8 +171,11 @@ def worker(args) -> dict:
 
         with use_policy(args.allocator, validate=bool(args.worker_validate)) as alloc:
             model = build_model(torch, args.layers)
+            marks = _CallMarks(alloc)  # the calls from here on are generate's
             result["runs"] = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
+            marks.stop()
             del model
+        result["malloc_breakdown"] = marks.breakdown(torch)
         row = alloc.summary_row()
         # the trampoline's own samples, entry to return: what PyTorch pays per call
         result["alloc_mean_us"] = float(alloc.shim.samples(0).mean()) / 1e3
@@ -190,6 +193,114 @@ def worker(args) -> dict:
     torch.cuda.synchronize()
     result["device_used_after_bytes"] = reader.used_bytes()
     return result
+
+
+class _CallMarks:
+    """Where ``generate``'s mallocs through the trampoline went (issue 30's malloc target): the
+    calls between ``__init__`` (after the model is built) and ``stop``, their per-call times (the
+    shim keeps every sample, in order, below its capacity), the garbage collector's passes in
+    that time, the calls that arrived without the GIL, the trampoline's split of its own steps,
+    the core's calls off the hot path, and what a monitor sample and the trampoline's steps cost."""
+
+    def __init__(self, alloc):
+        import gc
+
+        self.alloc, self.shim, self.core = alloc, alloc.shim, alloc.core
+        c = self.shim.counters()
+        self.n0 = (c["n_calls_malloc"], c["n_calls_free"])
+        self.slow0 = getattr(self.core, "n_slow_mallocs", 0)
+        self.maps0 = self.alloc.pool.device.num_maps
+        self.gc_ns, self.gc_passes, self._gc_t0 = 0, 0, 0
+        self.b0 = self.shim.breakdown() if hasattr(self.shim, "breakdown") else {}
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter_ns()
+        else:
+            self.gc_ns += time.perf_counter_ns() - self._gc_t0
+            self.gc_passes += 1
+
+    def stop(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._gc)
+        c = self.shim.counters()
+        self.n1 = (c["n_calls_malloc"], c["n_calls_free"])
+        self.b1 = self.shim.breakdown() if hasattr(self.shim, "breakdown") else {}
+        self.slow1 = getattr(self.core, "n_slow_mallocs", 0)
+        self.maps1 = self.alloc.pool.device.num_maps
+        # a monitor sample (every DEFAULT_SAMPLE_EVERY calls), timed on the pool as generate left it
+        t0 = time.perf_counter_ns()
+        for _ in range(20):
+            self.core.monitor.readings.sample()
+        self.monitor_sample_ns = (time.perf_counter_ns() - t0) / 20
+
+    def breakdown(self, torch) -> dict:
+        import numpy as np
+
+        out: dict = {}
+        for kind, name in ((0, "malloc"), (1, "free")):
+            ns = self.shim.samples(kind)
+            if ns.size != self.shim.counters()[f"n_calls_{name}"]:
+                continue  # thinned: the calls are no longer one sample each
+            mine = ns[self.n0[kind] : self.n1[kind]].astype(np.float64)
+            if not mine.size:
+                continue
+            out[f"gen_n_{name}"] = int(mine.size)
+            out[f"gen_{name}_mean_us"] = mine.mean() / 1e3
+            for q in (50, 90, 99):
+                out[f"gen_{name}_p{q}_us"] = float(np.percentile(mine, q)) / 1e3
+            slow = mine >= 10_000
+            out[f"gen_{name}_n_over_10us"] = int(slow.sum())
+            out[f"gen_{name}_time_share_over_10us"] = float(mine[slow].sum() / mine.sum())
+            out[f"gen_{name}_mean_us_under_10us"] = float(mine[~slow].mean()) / 1e3
+        b0, b1 = self.b0, self.b1
+        n_calls = (self.n1[0] - self.n0[0]) + (self.n1[1] - self.n0[1])
+        if b1:
+            out["gen_share_calls_without_gil"] = (
+                (b1["n_calls_without_gil"] - b0["n_calls_without_gil"]) / n_calls if n_calls else 0
+            )
+            out["gen_n_capture_checks"] = b1["n_capture_checks"] - b0["n_capture_checks"]
+            # the split's means over the whole run (every 16th malloc, the model's build included)
+            out.update({k: v for k, v in b1.items() if k.startswith("split_")})
+            out.update(self.shim.step_costs_ns(n=100_000))
+            if torch.cuda.is_available():  # what the check costs where it is still made
+                side = torch.cuda.Stream()
+                out["capture_check_side_stream_ns"] = self.shim.step_costs_ns(
+                    n=100_000, stream=side.cuda_stream
+                )["capture_check_ns"]
+        core = self.core
+        out["gen_n_slow_mallocs"] = getattr(core, "n_slow_mallocs", 0) - self.slow0
+        out["gen_n_new_segments"] = self.maps1 - self.maps0
+        out["n_streams"] = len(core.streams)
+        out["n_deferred_frees"] = core.n_deferred_frees
+        out["n_align_padded"] = core.n_align_padded
+        out["gen_gc_passes"] = self.gc_passes
+        out["gen_gc_ms"] = self.gc_ns / 1e6
+        out["monitor_sample_us"] = self.monitor_sample_ns / 1e3
+        out["monitor_sample_every_calls"] = core._sample_every
+        return out
+
+
+def generate_breakdown_text(b: dict) -> str:
+    """One line of ``_CallMarks.breakdown``: generate's malloc and free through the trampoline."""
+    f = lambda k, spec=".2f": format(b[k], spec) if k in b else "?"  # noqa: E731
+    return (
+        f"generate: malloc mean {f('gen_malloc_mean_us')} p50 {f('gen_malloc_p50_us')} "
+        f"p99 {f('gen_malloc_p99_us')} us ({f('gen_n_malloc', 'd')} calls; "
+        f"{f('gen_malloc_n_over_10us', 'd')} over 10 us hold {f('gen_malloc_time_share_over_10us', '.1%')} "
+        f"of the time, the rest average {f('gen_malloc_mean_us_under_10us')} us), free mean "
+        f"{f('gen_free_mean_us')} p50 {f('gen_free_p50_us')} us; without the GIL "
+        f"{f('gen_share_calls_without_gil', '.0%')}; off the hot path {f('gen_n_slow_mallocs', 'd')}, "
+        f"new segments {f('gen_n_new_segments', 'd')}, streams {f('n_streams', 'd')}, GC passes "
+        f"{f('gen_gc_passes', 'd')} ({f('gen_gc_ms')} ms); split (ns): capture check "
+        f"{f('split_capture_check_ns', '.0f')}, take GIL {f('split_take_gil_ns', '.0f')}, Python "
+        f"{f('split_python_call_ns', '.0f')}, give GIL {f('split_release_gil_ns', '.0f')}; a clock read "
+        f"{f('clock_read_ns', '.0f')} ns, a capture check {f('capture_check_ns', '.0f')} ns (null stream) / "
+        f"{f('capture_check_side_stream_ns', '.0f')} ns (side stream), a monitor sample "
+        f"{f('monitor_sample_us')} us every {f('monitor_sample_every_calls', 'd')} calls"
+    )
 
 
 def mempool_worker(args) -> dict:
@@ -882,6 +993,8 @@ def main() -> int:
                 ),
                 flush=True,
             )
+            if "malloc_breakdown" in w:
+                print("  " + generate_breakdown_text(w["malloc_breakdown"]), flush=True)
             write_results(
                 args, workers, [label for label, _, _ in runs[1:]], None
             )  # a run cut short keeps these
@@ -938,6 +1051,14 @@ def write_results(
     ]
     write_csv(args.out / "torch_alloc_runs.csv", run_rows)
     write_csv(args.out / "torch_alloc_summary.csv", rows)
+    write_csv(
+        args.out / "torch_alloc_breakdown.csv",
+        [
+            {"allocator": w["allocator"], "round": w.get("round", -1), **w["malloc_breakdown"]}
+            for w in workers
+            if "malloc_breakdown" in w
+        ],
+    )
     write_csv(args.out / "torch_alloc_mempool_summary.csv", mempool_rows)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
