@@ -680,13 +680,18 @@ class Shim:
             "split_release_gil_ns": mean(10),
         }
 
-    def step_costs_ns(self, n: int = 200_000, stream: int = 0) -> dict[str, float]:
-        """What the trampoline's own steps cost on this machine, ns a call: the clock read (two a
-        call) and the capture check on ``stream`` (NaN when none is set: no CUDA runtime)."""
-        clock = self.lib.poollab_time_steps(0, None, n) / n
-        check = self.lib.poollab_time_steps(1, stream or None, n)
+    def step_costs_ns(self, n: int = 200_000, stream: int = 0) -> dict[str, Any]:
+        """What the trampoline's own steps cost on this machine, ns a call: a read of the clock
+        calls are timed with (two a call; ``call_clock``: ``"tsc"``, the CPU's time-stamp counter
+        where it ticks at a constant rate and reads cheaper, else ``"monotonic"``), a
+        ``clock_gettime(CLOCK_MONOTONIC)`` read, and the capture check on ``stream`` (NaN when none
+        is set: no CUDA runtime)."""
+        steps = self.lib.poollab_time_steps
+        check = steps(1, stream or None, n)
         return {
-            "clock_read_ns": clock,
+            "call_clock": "tsc" if self.lib.poollab_counter(11) else "monotonic",
+            "clock_read_ns": steps(0, None, n) / n,
+            "monotonic_read_ns": steps(2, None, n) / n,
             "capture_check_ns": check / n if check >= 0 else float("nan"),
         }
 

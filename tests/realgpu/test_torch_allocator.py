@@ -920,6 +920,32 @@ def test_trampoline_splits_a_mallocs_time_and_counts_calls_without_the_gil(shim)
         shim.bind(None)
 
 
+def test_trampoline_times_a_call_in_ns_whichever_clock_it_reads(shim):
+    import time
+
+    def slow(size, device, stream):  # 3 ms of Python in the call
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.003:
+            pass
+        return 1 << 21
+
+    shim.bind(SimpleNamespace(malloc=slow, free=lambda ptr, size, device, stream: None))
+    shim.reset()
+    try:
+        t0 = time.perf_counter_ns()
+        for _ in range(5):
+            shim.probe_malloc(512)
+        wall_ns = (time.perf_counter_ns() - t0) / 5
+    finally:
+        shim.bind(None)
+    samples = shim.samples(0)
+    costs = shim.step_costs_ns(n=10_000)
+    assert costs["call_clock"] in ("tsc", "monotonic") and costs["clock_read_ns"] > 0
+    # each sample is the call as timed inside the trampoline: at least the 3 ms, within the wall time
+    assert samples.size == 5 and (samples >= 3_000_000).all() and samples.mean() <= wall_ns * 1.01
+    assert shim.breakdown()["split_python_call_ns"] >= 3_000_000  # the first call was split
+
+
 def test_trampoline_serialises_threads(shim):
     import threading
     from types import SimpleNamespace
