@@ -171,8 +171,11 @@ def worker(args) -> dict:
 
         with use_policy(args.allocator, validate=bool(args.worker_validate)) as alloc:
             model = build_model(torch, args.layers)
+            marks = _CallMarks(alloc)  # the calls from here on are generate's
             result["runs"] = run_shapes(torch, model, shapes, args.new_tokens, args.repeats)
+            marks.stop()
             del model
+        result["malloc_breakdown"] = marks.breakdown(torch)
         row = alloc.summary_row()
         # the trampoline's own samples, entry to return: what PyTorch pays per call
         result["alloc_mean_us"] = float(alloc.shim.samples(0).mean()) / 1e3
@@ -190,6 +193,114 @@ def worker(args) -> dict:
     torch.cuda.synchronize()
     result["device_used_after_bytes"] = reader.used_bytes()
     return result
+
+
+class _CallMarks:
+    """Where ``generate``'s mallocs through the trampoline went (issue 30's malloc target): the
+    calls between ``__init__`` (after the model is built) and ``stop``, their per-call times (the
+    shim keeps every sample, in order, below its capacity), the garbage collector's passes in
+    that time, the calls that arrived without the GIL, the trampoline's split of its own steps,
+    the core's calls off the hot path, and what a monitor sample and the trampoline's steps cost."""
+
+    def __init__(self, alloc):
+        import gc
+
+        self.alloc, self.shim, self.core = alloc, alloc.shim, alloc.core
+        c = self.shim.counters()
+        self.n0 = (c["n_calls_malloc"], c["n_calls_free"])
+        self.slow0 = getattr(self.core, "n_slow_mallocs", 0)
+        self.maps0 = self.alloc.pool.device.num_maps
+        self.gc_ns, self.gc_passes, self._gc_t0 = 0, 0, 0
+        self.b0 = self.shim.breakdown() if hasattr(self.shim, "breakdown") else {}
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter_ns()
+        else:
+            self.gc_ns += time.perf_counter_ns() - self._gc_t0
+            self.gc_passes += 1
+
+    def stop(self) -> None:
+        import gc
+
+        gc.callbacks.remove(self._gc)
+        c = self.shim.counters()
+        self.n1 = (c["n_calls_malloc"], c["n_calls_free"])
+        self.b1 = self.shim.breakdown() if hasattr(self.shim, "breakdown") else {}
+        self.slow1 = getattr(self.core, "n_slow_mallocs", 0)
+        self.maps1 = self.alloc.pool.device.num_maps
+        # a monitor sample (every DEFAULT_SAMPLE_EVERY calls), timed on the pool as generate left it
+        t0 = time.perf_counter_ns()
+        for _ in range(20):
+            self.core.monitor.readings.sample()
+        self.monitor_sample_ns = (time.perf_counter_ns() - t0) / 20
+
+    def breakdown(self, torch) -> dict:
+        import numpy as np
+
+        out: dict = {}
+        for kind, name in ((0, "malloc"), (1, "free")):
+            ns = self.shim.samples(kind)
+            if ns.size != self.shim.counters()[f"n_calls_{name}"]:
+                continue  # thinned: the calls are no longer one sample each
+            mine = ns[self.n0[kind] : self.n1[kind]].astype(np.float64)
+            if not mine.size:
+                continue
+            out[f"gen_n_{name}"] = int(mine.size)
+            out[f"gen_{name}_mean_us"] = mine.mean() / 1e3
+            for q in (50, 90, 99):
+                out[f"gen_{name}_p{q}_us"] = float(np.percentile(mine, q)) / 1e3
+            slow = mine >= 10_000
+            out[f"gen_{name}_n_over_10us"] = int(slow.sum())
+            out[f"gen_{name}_time_share_over_10us"] = float(mine[slow].sum() / mine.sum())
+            out[f"gen_{name}_mean_us_under_10us"] = float(mine[~slow].mean()) / 1e3
+        b0, b1 = self.b0, self.b1
+        n_calls = (self.n1[0] - self.n0[0]) + (self.n1[1] - self.n0[1])
+        if b1:
+            out["gen_share_calls_without_gil"] = (
+                (b1["n_calls_without_gil"] - b0["n_calls_without_gil"]) / n_calls if n_calls else 0
+            )
+            out["gen_n_capture_checks"] = b1["n_capture_checks"] - b0["n_capture_checks"]
+            # the split's means over the whole run (every 16th malloc, the model's build included)
+            out.update({k: v for k, v in b1.items() if k.startswith("split_")})
+            out.update(self.shim.step_costs_ns(n=100_000))
+            if torch.cuda.is_available():  # what the check costs where it is still made
+                side = torch.cuda.Stream()
+                out["capture_check_side_stream_ns"] = self.shim.step_costs_ns(
+                    n=100_000, stream=side.cuda_stream
+                )["capture_check_ns"]
+        core = self.core
+        out["gen_n_slow_mallocs"] = getattr(core, "n_slow_mallocs", 0) - self.slow0
+        out["gen_n_new_segments"] = self.maps1 - self.maps0
+        out["n_streams"] = len(core.streams)
+        out["n_deferred_frees"] = core.n_deferred_frees
+        out["n_align_padded"] = core.n_align_padded
+        out["gen_gc_passes"] = self.gc_passes
+        out["gen_gc_ms"] = self.gc_ns / 1e6
+        out["monitor_sample_us"] = self.monitor_sample_ns / 1e3
+        out["monitor_sample_every_calls"] = core._sample_every
+        return out
+
+
+def generate_breakdown_text(b: dict) -> str:
+    """One line of ``_CallMarks.breakdown``: generate's malloc and free through the trampoline."""
+    f = lambda k, spec=".2f": format(b[k], spec) if k in b else "?"  # noqa: E731
+    return (
+        f"generate: malloc mean {f('gen_malloc_mean_us')} p50 {f('gen_malloc_p50_us')} "
+        f"p99 {f('gen_malloc_p99_us')} us ({f('gen_n_malloc', 'd')} calls; "
+        f"{f('gen_malloc_n_over_10us', 'd')} over 10 us hold {f('gen_malloc_time_share_over_10us', '.1%')} "
+        f"of the time, the rest average {f('gen_malloc_mean_us_under_10us')} us), free mean "
+        f"{f('gen_free_mean_us')} p50 {f('gen_free_p50_us')} us; without the GIL "
+        f"{f('gen_share_calls_without_gil', '.0%')}; off the hot path {f('gen_n_slow_mallocs', 'd')}, "
+        f"new segments {f('gen_n_new_segments', 'd')}, streams {f('n_streams', 'd')}, GC passes "
+        f"{f('gen_gc_passes', 'd')} ({f('gen_gc_ms')} ms); split (ns): capture check "
+        f"{f('split_capture_check_ns', '.0f')}, take GIL {f('split_take_gil_ns', '.0f')}, Python "
+        f"{f('split_python_call_ns', '.0f')}, give GIL {f('split_release_gil_ns', '.0f')}; a clock read "
+        f"{f('clock_read_ns', '.0f')} ns, a capture check {f('capture_check_ns', '.0f')} ns (null stream) / "
+        f"{f('capture_check_side_stream_ns', '.0f')} ns (side stream), a monitor sample "
+        f"{f('monitor_sample_us')} us every {f('monitor_sample_every_calls', 'd')} calls"
+    )
 
 
 def mempool_worker(args) -> dict:
@@ -248,8 +359,18 @@ def mempool_as_workers(mempool: dict) -> list[dict]:
 def calls_bench(args) -> list[dict]:
     """Per-call cost of the trampoline and the callback table, no GPU: the compiled trampoline's
     own samples (entry to return, what PyTorch pays per call) over a host-backed pool whose
-    segments are aligned as ``cudaMalloc``'s, for a mix of sizes PyTorch asks for; the first row
-    is the trampoline alone (a callback that returns a constant)."""
+    segments are aligned as ``cudaMalloc``'s; the first row is the trampoline alone (a callback
+    that returns a constant).
+
+    The requests: a cycle of six sizes, each freed at once (the default); or, with ``--trace``,
+    a real allocation trace's requests in its order, with its sizes and lifetimes (PyTorch's
+    own ``generate``: a few hundred live tensors, 4 B to 16 MiB; frees of tensors allocated
+    before it began are skipped). ``--release-gil``: the trampoline entered without the GIL, as
+    PyTorch's Python bindings call it (they let go of the GIL before an op allocates).
+
+    Each row also says where the malloc time went (``malloc_breakdown``): the share of mallocs,
+    and of malloc time, that took a new segment from the device, a monitor sample, or a path off
+    the common case, and the trampoline's split of its own steps (``Shim.breakdown``)."""
     import random
     from types import SimpleNamespace
 
@@ -259,12 +380,15 @@ def calls_bench(args) -> list[dict]:
     from realgpu.torch_allocator import AlignedHostDevice, AllocatorCore, _make_pool, load_shim
 
     shim = load_shim()
-    rng = random.Random(0)
-    sizes = [rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20]) for _ in range(64)]
+    requests = _trace_requests(args.trace, args.calls) if args.trace else None
+    if requests is None:
+        rng = random.Random(0)
+        cycle = [rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20]) for _ in range(64)]
     rows = []
     null = SimpleNamespace(
         malloc=lambda size, device, stream: 1 << 21, free=lambda ptr, size, device, stream: None
     )
+    release = bool(args.release_gil)
     for name in ["(trampoline only)", *args.policies]:
         if name.startswith("("):
             target = null
@@ -283,19 +407,22 @@ def calls_bench(args) -> list[dict]:
         for _ in range(args.rounds):
             shim.bind(target)
             shim.reset()
-            for i in range(args.calls):
-                n = sizes[i % len(sizes)]
-                _, ptr, _ = shim.probe_malloc(n)
-                shim.call_free(ptr, n)
+            tags = _replay_calls(
+                shim, target, requests, cycle if requests is None else None, args.calls, release
+            )
             a, f = shim.samples(0), shim.samples(1)
             row = {
                 "allocator": name,
                 "build": _build(),
+                "workload": Path(args.trace).name if args.trace else "six-size cycle",
+                "gil": "released" if release else "held",
                 "n_calls": int(a.size + f.size),
                 "alloc_p50_us": float(np.median(a)) / 1e3,
                 "alloc_mean_us": float(a.mean()) / 1e3,
                 "free_p50_us": float(np.median(f)) / 1e3,
                 "free_mean_us": float(f.mean()) / 1e3,
+                **malloc_breakdown(a, tags),
+                **(shim.breakdown() if hasattr(shim, "breakdown") else {}),  # older trees: none
             }
             if (
                 best is None
@@ -309,10 +436,127 @@ def calls_bench(args) -> list[dict]:
         rows.append(best)
         print(
             f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
-            f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us",
+            f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us; "
+            + breakdown_text(best),
             flush=True,
         )
     return rows
+
+
+#: Why a malloc left the common case, in the order ``_replay_calls`` tags it (one tag a malloc).
+MALLOC_TAGS = ("new_segment", "monitor_sample", "slow_path", "fast")
+
+
+def _trace_requests(path: Path, max_events: int) -> list[tuple[bool, int, int]]:
+    """``(is_alloc, alloc_id, nbytes)`` of a trace's first ``max_events`` requests (``traces``'
+    reader: any allocation-trace format), 0-byte requests left out (the trampoline answers them)."""
+    from traces import read_alloc_trace
+
+    _, is_alloc, ids, nbytes, _ = read_alloc_trace(path).arrays()
+    out = [
+        (bool(x), int(i), int(n))
+        for x, i, n in zip(is_alloc[:max_events], ids[:max_events], nbytes[:max_events])
+        if n > 0
+    ]
+    return out
+
+
+def _replay_calls(shim, target, requests, cycle, n_pairs: int, release_gil: bool) -> list[str]:
+    """Drive the trampoline as PyTorch would; per malloc, in order, the tag of ``MALLOC_TAGS`` it
+    earned (read from the core's state after the call: outside the timed region)."""
+    core = target if hasattr(target, "path") else None
+    tags: list[str] = []
+    probe = shim.probe_malloc if hasattr(shim, "breakdown") else _older_probe(shim)
+    if core is None:
+        tag = lambda: "fast"  # noqa: E731
+    else:
+        device, path = core.pool.device, core.path
+
+        def tag() -> str:
+            nonlocal maps, slow
+            t = "fast"
+            if device.num_maps != maps:
+                t = "new_segment"
+            elif path.countdown == core._sample_every:
+                t = "monitor_sample"  # its countdown was just reset: this call took a sample
+            elif getattr(core, "n_slow_mallocs", 0) != slow:
+                t = "slow_path"
+            maps, slow = device.num_maps, getattr(core, "n_slow_mallocs", 0)
+            return t
+
+        maps, slow = device.num_maps, getattr(core, "n_slow_mallocs", 0)
+    if requests is None:
+        for i in range(n_pairs):
+            n = cycle[i % len(cycle)]
+            _, ptr, _ = probe(n, release_gil=release_gil)
+            tags.append(tag())
+            shim.call_free(ptr, n)
+        return tags
+    ptrs: dict[int, tuple[int, int]] = {}
+    for is_alloc, key, n in requests:
+        if is_alloc:
+            code, ptr, msg = probe(n, release_gil=release_gil)
+            if code:
+                raise SystemExit(f"bench_torch_alloc.py: the trace's request of {n:,} B: {msg}")
+            tags.append(tag())
+            ptrs[key] = (ptr, n)
+        elif key in ptrs:
+            ptr, n = ptrs.pop(key)
+            shim.call_free(ptr, n)
+    for ptr, n in ptrs.values():  # what the trace leaves live, freed (untimed rounds after)
+        shim.call_free(ptr, n)
+    return tags
+
+
+def _older_probe(shim):
+    """``Shim.probe_malloc(size, release_gil=...)`` for a tree from before it took
+    ``release_gil`` (``--tree`` copies of the code before a change)."""
+    import ctypes
+
+    released = ctypes.CDLL(shim.path).poollab_probe_malloc
+    released.argtypes = shim.lib.poollab_probe_malloc.argtypes
+
+    def probe(size: int, stream: int = 0, *, release_gil: bool = False):
+        out, buf = ctypes.c_void_p(), ctypes.create_string_buffer(4096)
+        fn = released if release_gil else shim.lib.poollab_probe_malloc
+        code = fn(size, stream or None, ctypes.byref(out), buf, len(buf))
+        return int(code), int(out.value or 0), buf.value.decode(errors="replace")
+
+    return probe
+
+
+def malloc_breakdown(alloc_ns, tags: list[str]) -> dict[str, float]:
+    """Per tag of ``MALLOC_TAGS``: the share of mallocs and the mean us of those (the shim's
+    samples are the calls in order while fewer than its capacity)."""
+    import numpy as np
+
+    out: dict[str, float] = {}
+    if len(tags) != len(alloc_ns):  # the shim thinned its samples: no per-call pairing
+        return out
+    kinds = np.array(tags)
+    total = float(alloc_ns.sum()) or 1.0
+    for t in MALLOC_TAGS:
+        mine = alloc_ns[kinds == t]
+        out[f"share_{t}"] = mine.size / max(1, alloc_ns.size)
+        out[f"time_share_{t}"] = float(mine.sum()) / total
+        out[f"mean_us_{t}"] = float(mine.mean()) / 1e3 if mine.size else float("nan")
+    return out
+
+
+def breakdown_text(row: dict) -> str:
+    parts = [
+        f"{t} {100 * row[f'share_{t}']:.2f}% of calls, {100 * row[f'time_share_{t}']:.1f}% of time"
+        f" ({row[f'mean_us_{t}']:.2f} us)"
+        for t in MALLOC_TAGS
+        if f"share_{t}" in row and row[f"share_{t}"] > 0
+    ]
+    if "split_take_gil_ns" not in row:
+        return "; ".join(parts)
+    split = (
+        f"split: check {row['split_capture_check_ns']:.0f} ns, take GIL {row['split_take_gil_ns']:.0f}, "
+        f"Python {row['split_python_call_ns']:.0f}, give GIL {row['split_release_gil_ns']:.0f}"
+    )
+    return "; ".join(parts + [split])
 
 
 def stitch_bench(args) -> list[dict]:
@@ -404,12 +648,16 @@ def _build() -> str:
 
 
 def calls_side_by_side(args) -> list[dict]:
-    """``--calls`` in this tree and in ``--compiled DIR`` (a compiled copy,
-    ``policies.testing.compiled.build_compiled_copy``), alternating round by round in fresh
-    processes; the best round of each (allocator, build)."""
+    """``--calls`` in this tree, in ``--compiled DIR`` (a compiled copy,
+    ``policies.testing.compiled.build_compiled_copy``) and in each ``--tree DIR`` (another copy:
+    the code before a change, with this benchmark copied in), alternating round by round in fresh
+    processes, each tree with its own trampoline build (``TORCH_EXTENSIONS_DIR``); the best round
+    of each (allocator, tree)."""
+    trees = [REPO, *([args.compiled] if args.compiled else []), *(args.trees or [])]
     best: dict[tuple[str, str], dict] = {}
     for r in range(args.rounds):
-        for tree in (REPO, args.compiled):
+        for tree in trees:
+            label = "." if Path(tree) == REPO else Path(tree).name
             out = args.out / f"calls_{Path(tree).name}_{r}"
             cmd = [
                 sys.executable,
@@ -421,29 +669,41 @@ def calls_side_by_side(args) -> list[dict]:
                 "--out",
                 str(out),
             ]
+            if args.trace:
+                cmd += ["--trace", str(Path(args.trace).resolve())]
+            if args.release_gil:
+                cmd.append("--release-gil")
             for p in args.policies:
                 cmd += ["-p", p]
-            subprocess.run(cmd, check=True, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+            ext = Path(os.environ.get("TMPDIR", "/tmp")) / f"poollab_shim_{abs(hash(str(tree)))}"
+            env = {**os.environ, "PYTHONPATH": str(tree), "TORCH_EXTENSIONS_DIR": str(ext)}
+            subprocess.run(cmd, check=True, cwd=tree, env=env)
             with open(out / "torch_alloc_calls.csv") as f:
                 for row in csv.DictReader(f):
-                    key = (row["allocator"], row["build"])
+                    row["tree"] = label
+                    key = (row["allocator"], label)
                     cost = float(row["alloc_mean_us"]) + float(row["free_mean_us"])
                     if key not in best or cost < float(best[key]["alloc_mean_us"]) + float(
                         best[key]["free_mean_us"]
                     ):
                         best[key] = row
+    labels = ["." if Path(t) == REPO else Path(t).name for t in trees]
     rows = sorted(
         best.values(),
-        key=lambda r: ([*["(trampoline only)"], *args.policies].index(r["allocator"]), r["build"]),
+        key=lambda r: (
+            [*["(trampoline only)"], *args.policies].index(r["allocator"]),
+            labels.index(r["tree"]),
+        ),
     )
     print(
-        f"{'allocator':>24} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}  (us, best of "
-        f"{args.rounds} rounds of {args.calls:,} pairs)"
+        f"{'allocator':>24} {'tree':>14} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}"
+        f"  (us, best of {args.rounds} rounds of {args.calls:,} "
+        f"{'events of ' + Path(args.trace).name if args.trace else 'pairs'})"
     )
     for r in rows:
         print(
-            f"{r['allocator']:>24} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} {float(r['alloc_mean_us']):6.2f} "
-            f"{float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}"
+            f"{r['allocator']:>24} {r['tree']:>14} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} "
+            f"{float(r['alloc_mean_us']):6.2f} {float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}"
         )
     return rows
 
@@ -650,6 +910,27 @@ def main() -> int:
         help="no GPU: time N malloc/free pairs through the trampoline per policy, best of --rounds",
     )
     ap.add_argument(
+        "--trace",
+        type=Path,
+        metavar="PATH",
+        help="with --calls: replay this allocation trace's requests (sizes, order, lifetimes), its "
+        "first N events, instead of the six-size cycle",
+    )
+    ap.add_argument(
+        "--release-gil",
+        action="store_true",
+        help="with --calls: enter the trampoline without the GIL, as PyTorch's bindings do",
+    )
+    ap.add_argument(
+        "--tree",
+        dest="trees",
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="with --calls: also run in DIR, another copy of the tree (the code before a change, "
+        "this benchmark copied in), round by round with this one (repeatable)",
+    )
+    ap.add_argument(
         "--stitch",
         action="store_true",
         help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled slice",
@@ -680,7 +961,7 @@ def main() -> int:
         write_csv(args.out / "torch_alloc_stitch.csv", rows)
         return 0
     if args.calls:
-        rows = calls_side_by_side(args) if args.compiled else calls_bench(args)
+        rows = calls_side_by_side(args) if args.compiled or args.trees else calls_bench(args)
         args.out.mkdir(parents=True, exist_ok=True)
         write_csv(args.out / "torch_alloc_calls.csv", rows)
         return 0
@@ -712,6 +993,8 @@ def main() -> int:
                 ),
                 flush=True,
             )
+            if "malloc_breakdown" in w:
+                print("  " + generate_breakdown_text(w["malloc_breakdown"]), flush=True)
             write_results(
                 args, workers, [label for label, _, _ in runs[1:]], None
             )  # a run cut short keeps these
@@ -768,6 +1051,14 @@ def write_results(
     ]
     write_csv(args.out / "torch_alloc_runs.csv", run_rows)
     write_csv(args.out / "torch_alloc_summary.csv", rows)
+    write_csv(
+        args.out / "torch_alloc_breakdown.csv",
+        [
+            {"allocator": w["allocator"], "round": w.get("round", -1), **w["malloc_breakdown"]}
+            for w in workers
+            if "malloc_breakdown" in w
+        ],
+    )
     write_csv(args.out / "torch_alloc_mempool_summary.csv", mempool_rows)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),

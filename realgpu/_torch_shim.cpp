@@ -18,12 +18,18 @@
 #include <Python.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <mutex>
 #include <string>
 #include <vector>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 namespace {
 
@@ -36,8 +42,9 @@ int g_null_on_refusal = 0;
 typedef int (*is_capturing_fn)(void*, int*);
 is_capturing_fn g_is_capturing = nullptr;
 
-// Per-call latency samples in ns, bounded: once full, every second sample is dropped and the
-// stride doubles (so the kept samples stay evenly spread over the whole run).
+// Per-call latency samples in the call clock's ticks (ns where read out), bounded: once full, every
+// second sample is dropped and the stride doubles (so the kept samples stay evenly spread over the
+// whole run).
 struct Samples {
   std::vector<int64_t> values;
   size_t capacity = size_t(1) << 21;
@@ -66,12 +73,95 @@ struct Samples {
 Samples g_alloc_ns, g_free_ns;
 uint64_t g_num_zero = 0;    // 0-byte requests (answered here with nullptr, no policy call)
 uint64_t g_num_ignored = 0; // frees that arrived with no callbacks or during shutdown
+// Where a malloc's time goes, on every SPLIT_EVERY-th call (so that the split costs the others
+// nothing): the capture check, taking the GIL and the one-at-a-time lock, the Python call, and
+// giving the GIL back; ns summed over the split calls. And how many calls (malloc and free)
+// arrived without the GIL (PyTorch's Python bindings let go of it before an op runs): those
+// take it here, the dev benchmark's calls from Python find it held.
+constexpr uint64_t SPLIT_EVERY = 16;
+uint64_t g_num_split = 0;
+int64_t g_split_capture_ns = 0, g_split_gil_ns = 0, g_split_call_ns = 0, g_split_release_ns = 0;
+uint64_t g_num_no_gil = 0;
+uint64_t g_num_capture_checks = 0;  // cudaStreamIsCapturing calls made (none on the null stream)
 
 inline int64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
+
+// The clock a call is timed with (two reads a call, inside what PyTorch pays): the CPU's
+// time-stamp counter where it ticks at a constant rate (constant_tsc and nonstop_tsc), the
+// kernel's clock source is the TSC too, and it reads cheaper than clock_gettime (16-28 ns against
+// 28-53 ns a read on the dev container's VM, by load), else CLOCK_MONOTONIC itself. Ticks become ns where they are read out, at the rate
+// measured against CLOCK_MONOTONIC over the whole time since the clock was chosen (a clock read's
+// error over seconds, so the samples are ns to a few parts in a million).
+struct CallClock {
+  bool tsc = false;
+  int64_t ns0 = 0;
+  int64_t tick0 = 0;
+
+  inline int64_t ticks() const {
+#if defined(__x86_64__)
+    if (tsc) return int64_t(__rdtsc());
+#endif
+    return now_ns();
+  }
+  // ns per tick now (1 for CLOCK_MONOTONIC)
+  double rate() const {
+    if (!tsc) return 1.0;
+    int64_t ns = now_ns(), t = ticks();
+    return t > tick0 ? double(ns - ns0) / double(t - tick0) : 1.0;
+  }
+  int64_t to_ns(int64_t t, double r) const { return tsc ? int64_t(std::llround(double(t) * r)) : t; }
+
+  static bool invariant_tsc() {
+    FILE* f = std::fopen("/proc/cpuinfo", "r");
+    if (f == nullptr) return false;
+    char line[8192];
+    bool constant = false, nonstop = false;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::strncmp(line, "flags", 5) != 0) continue;
+      constant = std::strstr(line, " constant_tsc") != nullptr;
+      nonstop = std::strstr(line, " nonstop_tsc") != nullptr;
+      break;
+    }
+    std::fclose(f);
+    if (!constant || !nonstop) return false;
+    // and the kernel keeps time with it (it leaves the TSC when it finds the cores' counters apart)
+    f = std::fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (f == nullptr) return false;
+    bool kernel_uses_it = std::fgets(line, sizeof line, f) != nullptr && std::strncmp(line, "tsc", 3) == 0;
+    std::fclose(f);
+    return kernel_uses_it;
+  }
+
+  void choose() {
+#if defined(__x86_64__)
+    if (invariant_tsc()) {
+      volatile int64_t sink = 0;
+      int64_t a = now_ns();
+      for (int i = 0; i < 2000; ++i) sink += now_ns();
+      int64_t b = now_ns();
+      for (int i = 0; i < 2000; ++i) sink += int64_t(__rdtsc());
+      int64_t c = now_ns();
+      (void)sink;
+      tsc = (c - b) < (b - a);
+    }
+#endif
+    ns0 = now_ns();
+    tick0 = ticks();
+    if (tsc) {  // a first span for the rate, so that samples read at once convert well too
+      while (now_ns() - ns0 < 2000000) {
+      }
+    }
+  }
+};
+
+CallClock g_clock;
+struct ChooseAtLoad {
+  ChooseAtLoad() { g_clock.choose(); }  // when the library is loaded, before any call is timed
+} g_choose_at_load;
 
 bool interpreter_gone() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -147,8 +237,13 @@ void* poollab_malloc(size_t size, int device, void* stream) {
     ++g_num_zero;
     return nullptr;
   }
-  int64_t t0 = now_ns();
-  if (g_is_capturing != nullptr) {
+  int64_t t0 = g_clock.ticks();
+  const bool split = g_alloc_ns.seen % SPLIT_EVERY == 0;
+  // No graph is ever captured on the legacy null stream (cudaStreamBeginCapture refuses it), and
+  // that is the stream of all of PyTorch's work unless it was told otherwise: no check there (a
+  // runtime call on every malloc: issue 30's H200 run)
+  if (g_is_capturing != nullptr && stream != nullptr) {
+    ++g_num_capture_checks;
     int status = 0;
     if (g_is_capturing(stream, &status) == 0 && status != 0) {
       TORCH_CHECK(false, "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps "
@@ -161,9 +256,12 @@ void* poollab_malloc(size_t size, int device, void* stream) {
   std::string error;
   bool is_memory_error = false;
   bool failed = false;
+  int64_t t1 = split ? g_clock.ticks() : 0, t2 = 0, t3 = 0;
+  if (!PyGILState_Check()) ++g_num_no_gil;
   {
     Gil gil;
     OneAtATime one;
+    if (split) t2 = g_clock.ticks();
     if (g_malloc_cb == nullptr) {
       failed = true;
       error = "poollab allocator: malloc after the policy's pool was closed (PyTorch's own allocator "
@@ -189,8 +287,17 @@ void* poollab_malloc(size_t size, int device, void* stream) {
         }
       }
     }
+    if (split) t3 = g_clock.ticks();
   }
-  g_alloc_ns.add(now_ns() - t0);
+  int64_t t4 = g_clock.ticks();
+  g_alloc_ns.add(t4 - t0);
+  if (split) {
+    ++g_num_split;
+    g_split_capture_ns += t1 - t0;
+    g_split_gil_ns += t2 - t1;
+    g_split_call_ns += t3 - t2;
+    g_split_release_ns += t4 - t3;
+  }
   if (failed) {
     if (is_memory_error && g_null_on_refusal) return nullptr;
     if (is_memory_error) TORCH_CHECK_WITH(OutOfMemoryError, false, error);
@@ -206,7 +313,8 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
     ++g_num_ignored;
     return;
   }
-  int64_t t0 = now_ns();
+  int64_t t0 = g_clock.ticks();
+  if (!PyGILState_Check()) ++g_num_no_gil;
   {
     Gil gil;
     OneAtATime one;
@@ -227,7 +335,7 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
     }
     Py_DECREF(cb);
   }
-  g_free_ns.add(now_ns() - t0);
+  g_free_ns.add(g_clock.ticks() - t0);
 }
 
 // Install (or, with nulls, clear) the Python callables. Called through ctypes.PyDLL (GIL held).
@@ -251,17 +359,30 @@ void poollab_set_capture_check(void* fn) { g_is_capturing = reinterpret_cast<is_
 size_t poollab_samples(int kind, int64_t* out, size_t n) {
   const Samples& s = kind == 0 ? g_alloc_ns : g_free_ns;
   size_t k = s.values.size() < n ? s.values.size() : n;
-  for (size_t i = 0; i < k; ++i) out[i] = s.values[i];
+  const double r = g_clock.rate();
+  for (size_t i = 0; i < k; ++i) out[i] = g_clock.to_ns(s.values[i], r);
   return s.values.size();
 }
 
-// Counters: 0 mallocs seen, 1 frees seen, 2 zero-byte requests, 3 ignored frees.
+// Counters: 0 mallocs seen, 1 frees seen, 2 zero-byte requests, 3 ignored frees, 4 calls that
+// arrived without the GIL, 5 capture checks made, 6 split mallocs, then the split's ns sums:
+// 7 capture check, 8 taking the GIL and the lock, 9 the Python call, 10 giving the GIL back;
+// 11: 1 when calls are timed with the time-stamp counter, 0 with CLOCK_MONOTONIC.
 uint64_t poollab_counter(int which) {
   switch (which) {
     case 0: return g_alloc_ns.seen;
     case 1: return g_free_ns.seen;
     case 2: return g_num_zero;
-    default: return g_num_ignored;
+    case 3: return g_num_ignored;
+    case 4: return g_num_no_gil;
+    case 5: return g_num_capture_checks;
+    case 6: return g_num_split;
+    case 7: return uint64_t(g_clock.to_ns(g_split_capture_ns, g_clock.rate()));
+    case 8: return uint64_t(g_clock.to_ns(g_split_gil_ns, g_clock.rate()));
+    case 9: return uint64_t(g_clock.to_ns(g_split_call_ns, g_clock.rate()));
+    case 10: return uint64_t(g_clock.to_ns(g_split_release_ns, g_clock.rate()));
+    case 11: return g_clock.tsc ? 1 : 0;
+    default: return 0;
   }
 }
 
@@ -270,6 +391,31 @@ void poollab_reset_counters() {
   g_free_ns.clear();
   g_num_zero = 0;
   g_num_ignored = 0;
+  g_num_split = 0;
+  g_split_capture_ns = g_split_gil_ns = g_split_call_ns = g_split_release_ns = 0;
+  g_num_no_gil = 0;
+  g_num_capture_checks = 0;
+}
+
+// What the trampoline's own steps cost on this machine, ns for n calls: kind 0 the call clock's
+// read (two a call), kind 1 the capture check on `stream` (-1: none is set), kind 2 a
+// clock_gettime(CLOCK_MONOTONIC) read.
+int64_t poollab_time_steps(int kind, void* stream, int64_t n) {
+  if (kind == 1 && g_is_capturing == nullptr) return -1;
+  int64_t t0 = now_ns();
+  volatile int64_t sink = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (kind == 0) {
+      sink += g_clock.ticks();
+    } else if (kind == 2) {
+      sink += now_ns();
+    } else {
+      int status = 0;
+      sink += g_is_capturing(stream, &status);
+    }
+  }
+  (void)sink;
+  return now_ns() - t0;
 }
 
 // For tests without a GPU: call poollab_malloc as PyTorch would, catching what it throws.

@@ -20,7 +20,7 @@ cdef class TorchPath:
     cdef public object core, allocate, free_policy, last_stream
     cdef public list starts, bases, queued
     cdef public dict live
-    cdef public long long countdown, extra_bytes
+    cdef public long long countdown, extra_bytes, align_mask
     cdef public bint in_malloc, fast
 
 

@@ -196,7 +196,8 @@ class TorchPath:
     trampoline calls (they are the core's ``malloc``/``free``). The common case: a pool that
     neither validates nor defers frees (``fast``), the stream of the last call, a request the
     policy places in one range whose address is 512-aligned and not live: the policy's call, a
-    C bisect for the segment and a dict store (compiled). Everything else goes to the core's
+    C bisect for the segment and one dict store (compiled: C arithmetic, one int made for the
+    pointer, ``dict.setdefault``'s one lookup to store it unless live). Everything else goes to the core's
     general methods (``_malloc``, ``_place``, ``_free``), which share this object's state:
     ``countdown`` (calls to the next monitor sample), ``extra_bytes`` (bytes asked beyond the
     requests), ``last_stream``, ``in_malloc`` and ``queued`` (frees a finalizer set off inside a
@@ -216,6 +217,7 @@ class TorchPath:
         "extra_bytes",
         "in_malloc",
         "fast",
+        "align_mask",
     )
 
     core: Any
@@ -230,6 +232,7 @@ class TorchPath:
     extra_bytes: int
     in_malloc: bool
     fast: bool
+    align_mask: int
 
     def __init__(
         self,
@@ -252,6 +255,10 @@ class TorchPath:
         self.extra_bytes = 0
         self.in_malloc = False
         self.fast = False
+        # a C field in the compiled build: ALIGNMENT_BYTES read as a module global is a Python int,
+        # and the rounding and alignment test around it Python arithmetic (14 % of this method's
+        # own time on the generate trace: perf, session 13)
+        self.align_mask = ALIGNMENT_BYTES - 1
 
     @cython.locals(
         a=Allocation,
@@ -262,18 +269,25 @@ class TorchPath:
         start=cython.longlong,
         ptr=cython.longlong,
         i=cython.longlong,
+        mask=cython.longlong,
+        key=object,
+        num_live=cython.Py_ssize_t,
     )
     def malloc(self, size: int, device: int, stream: int) -> int:
         """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (what ``AllocatorCore.malloc`` documents)."""
         if size <= 0 or not self.fast or stream != self.last_stream:
             return self._general(size, stream)
+        mask = self.align_mask
         n = size
-        nbytes = (n + ALIGNMENT_BYTES - 1) & -ALIGNMENT_BYTES
+        nbytes = (n + mask) & ~mask
         # a free that the garbage collector sets off inside the policy's call (a tensor's
         # finalizer) is queued by ``free`` and done once the policy is through with this request
         self.in_malloc = True
         try:
-            found = self.allocate(nbytes, stream=stream)
+            if nbytes == n:  # already a multiple of 512 B: PyTorch's own int, no new one made
+                found = self.allocate(size, stream=stream)
+            else:
+                found = self.allocate(nbytes, stream=stream)
             if found is None:
                 return self.core._place(None, size, nbytes, stream)
             kind = type(found)
@@ -295,15 +309,21 @@ class TorchPath:
             start = starts[i]
             ptr = self.bases[i]
             ptr += offset - start
-            live = self.live
-            if ptr & (ALIGNMENT_BYTES - 1) or ptr in live:
+            if ptr & mask:
                 return self.core._place(found, size, nbytes, stream)
-            live[ptr] = found
+            key = ptr  # one int for the live map and the answer
+            # stored unless live already, in one lookup: a policy that hands a live pointer out
+            # again (the map did not grow) is refused by ``_place``, the first tensor's entry kept
+            live = self.live
+            num_live = len(live)
+            live.setdefault(key, found)
+            if len(live) == num_live:
+                return self.core._place(found, size, nbytes, stream)
             self.extra_bytes += nbytes - n
             self.countdown -= 1
             if not self.countdown:
                 self.core._sample()
-            return ptr
+            return key
         finally:
             self.in_malloc = False
             if self.queued:

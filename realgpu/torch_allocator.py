@@ -157,6 +157,10 @@ class AllocatorCore:
         self.last_refusal = ""
         self.n_align_padded = 0
         self.n_deferred_frees = 0
+        #: mallocs that left the hot path after the policy's call or without one (``_place``: a
+        #: refusal, a realignment, a live pointer, pages to stitch, validation, deferred frees, a
+        #: new stream); counted off the hot path, so it costs the common case nothing
+        self.n_slow_mallocs = 0
         self.n_zero_bytes = 0
         self.n_stitched_maps = 0  # ranges mapped for tensors over pages that are not one range
         self.n_stitch_reuses = (
@@ -235,6 +239,7 @@ class AllocatorCore:
         """The pointer for the policy's answer ``a`` to a request of ``size`` (asked as ``nbytes``):
         a refusal retried once deferred frees are done, then refused; the pointer aligned; a
         pointer already live refused."""
+        self.n_slow_mallocs += 1
         if a is None and self._pending:
             self._drain(wait=True)  # memory that waits for another stream's work: wait, then retry
             a = self._allocate(nbytes, stream=stream)
@@ -604,7 +609,12 @@ class Shim:
             ctypes.c_char_p,
             ctypes.c_size_t,
         ]
+        self.lib.poollab_time_steps.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
+        self.lib.poollab_time_steps.restype = ctypes.c_int64
         raw = ctypes.CDLL(path)  # the hot entry points' addresses, for PyTorch
+        # CDLL lets go of the GIL around a call, as PyTorch's Python bindings do before an op runs
+        self._probe_released = raw.poollab_probe_malloc
+        self._probe_released.argtypes = self.lib.poollab_probe_malloc.argtypes
         self.malloc_address = ctypes.cast(raw.poollab_malloc, ctypes.c_void_p).value
         self.free_address = ctypes.cast(raw.poollab_free, ctypes.c_void_p).value
         self._free = ctypes.CFUNCTYPE(
@@ -639,13 +649,51 @@ class Shim:
             "n_frees_ignored": int(c(3)),
         }
 
-    def probe_malloc(self, size: int, stream: int = 0) -> tuple[int, int, str]:
+    def probe_malloc(
+        self, size: int, stream: int = 0, *, release_gil: bool = False
+    ) -> tuple[int, int, str]:
         """Call the trampoline's malloc as PyTorch does, catching what it throws (tests without a GPU):
-        ``(code, pointer, message)``, code 0 ok, 1 ``c10::OutOfMemoryError``, 2 another ``c10::Error``."""
+        ``(code, pointer, message)``, code 0 ok, 1 ``c10::OutOfMemoryError``, 2 another ``c10::Error``.
+        ``release_gil``: the GIL let go around the call, so that the trampoline takes it, as under
+        PyTorch (whose Python bindings let go of it before an op allocates)."""
         out = ctypes.c_void_p()
         buf = ctypes.create_string_buffer(4096)
-        code = self.lib.poollab_probe_malloc(size, stream or None, ctypes.byref(out), buf, len(buf))
+        probe = self._probe_released if release_gil else self.lib.poollab_probe_malloc
+        code = probe(size, stream or None, ctypes.byref(out), buf, len(buf))
         return int(code), int(out.value or 0), buf.value.decode(errors="replace")
+
+    def breakdown(self) -> dict[str, float]:
+        """Where a malloc's time went since ``reset``, from the trampoline's split of every 16th
+        malloc (mean ns of each step: the capture check, taking the GIL and the one-at-a-time lock,
+        the Python call, giving the GIL back), and how many calls arrived without the GIL and how
+        many capture checks were made."""
+        c = self.lib.poollab_counter
+        n_split = int(c(6))
+        mean = lambda k: int(c(k)) / n_split if n_split else float("nan")  # noqa: E731
+        return {
+            "n_calls_without_gil": int(c(4)),
+            "n_capture_checks": int(c(5)),
+            "n_split": n_split,
+            "split_capture_check_ns": mean(7),
+            "split_take_gil_ns": mean(8),
+            "split_python_call_ns": mean(9),
+            "split_release_gil_ns": mean(10),
+        }
+
+    def step_costs_ns(self, n: int = 200_000, stream: int = 0) -> dict[str, Any]:
+        """What the trampoline's own steps cost on this machine, ns a call: a read of the clock
+        calls are timed with (two a call; ``call_clock``: ``"tsc"``, the CPU's time-stamp counter
+        where it ticks at a constant rate and reads cheaper, else ``"monotonic"``), a
+        ``clock_gettime(CLOCK_MONOTONIC)`` read, and the capture check on ``stream`` (NaN when none
+        is set: no CUDA runtime)."""
+        steps = self.lib.poollab_time_steps
+        check = steps(1, stream or None, n)
+        return {
+            "call_clock": "tsc" if self.lib.poollab_counter(11) else "monotonic",
+            "clock_read_ns": steps(0, None, n) / n,
+            "monotonic_read_ns": steps(2, None, n) / n,
+            "capture_check_ns": check / n if check >= 0 else float("nan"),
+        }
 
     def call_free(self, ptr: int, size: int, stream: int = 0) -> None:
         """Call the trampoline's free as PyTorch does (tests)."""

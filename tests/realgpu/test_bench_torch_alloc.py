@@ -174,3 +174,75 @@ def test_stitch_bench_take_overs_cut_fresh_ranges_on_pytorchs_own_requests(bench
         on["modelled_driver_ms"] < off["modelled_driver_ms"]
         and off["n_errors"] == on["n_errors"] == 0
     )
+
+
+def _host_core(spec: str = "best-fit", sample_every: int = 8):
+    from realgpu.pool import GpuPool
+    from realgpu.torch_allocator import ALIGNMENT_BYTES, AlignedHostDevice, AllocatorCore
+
+    pool = GpuPool(spec, backend=AlignedHostDevice(), guard_bytes=ALIGNMENT_BYTES)
+    return AllocatorCore(pool, sample_every=sample_every)
+
+
+def test_a_traces_requests_replay_through_the_trampoline_with_each_malloc_tagged(bench):
+    pytest.importorskip("torch")
+    from realgpu.torch_allocator import load_shim
+    from traces import bundled_path
+
+    shim = load_shim()
+    requests = bench._trace_requests(bundled_path("llama1b_generate_slice.pickle.gz"), 2000)
+    n_mallocs = sum(a for a, _, _ in requests)
+    core = _host_core()
+    shim.bind(core)
+    shim.reset()
+    try:
+        tags = bench._replay_calls(shim, core, requests, None, 0, True)
+    finally:
+        shim.bind(None)
+    # every malloc tagged, in order; the first took a segment; every free went back (none leak)
+    assert len(tags) == n_mallocs == shim.counters()["n_calls_malloc"] and tags[0] == "new_segment"
+    assert not core.live and core.policy.num_live == 0
+    # a sample every 8 calls (mallocs and frees): those that fell on a malloc, less the segment ones
+    assert 0 < tags.count("monitor_sample") <= (2 * n_mallocs) // 8
+    assert shim.breakdown()["n_calls_without_gil"] == 2 * n_mallocs  # the frees too
+    b = bench.malloc_breakdown(shim.samples(0), tags)
+    assert sum(b[f"share_{t}"] for t in bench.MALLOC_TAGS) == pytest.approx(1.0)
+    assert sum(b[f"time_share_{t}"] for t in bench.MALLOC_TAGS) == pytest.approx(1.0)
+    assert b["share_slow_path"] == 0 and b["mean_us_new_segment"] > 0
+    core.close()
+
+
+def test_call_marks_cover_only_the_calls_between_start_and_stop(bench):
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from realgpu.torch_allocator import load_shim
+
+    shim = load_shim()
+    core = _host_core(sample_every=4)
+    alloc = SimpleNamespace(shim=shim, core=core, pool=core.pool)
+    shim.bind(core)
+    shim.reset()
+    try:
+        before = [shim.probe_malloc(1 << 20)[1] for _ in range(5)]  # "the model's build"
+        marks = bench._CallMarks(alloc)
+        ptrs = [shim.probe_malloc(4096, release_gil=True)[1] for _ in range(30)]
+        for p in ptrs:
+            shim.call_free(p, 4096)
+        marks.stop()
+        after = shim.probe_malloc(8192)[1]  # after stop: not counted
+    finally:
+        shim.bind(None)
+    b = marks.breakdown(torch)
+    assert b["gen_n_malloc"] == 30 and b["gen_n_free"] == 30
+    assert b["gen_share_calls_without_gil"] == 1.0  # every call between the marks came without it
+    assert b["gen_malloc_p50_us"] <= b["gen_malloc_p99_us"] and b["gen_malloc_mean_us"] > 0
+    assert b["gen_n_slow_mallocs"] == 0 and b["n_streams"] == 1 and b["gen_gc_passes"] >= 0
+    assert b["monitor_sample_us"] > 0 and b["monitor_sample_every_calls"] == 4
+    assert b["split_python_call_ns"] > 0 and "capture_check_side_stream_ns" not in b  # no CUDA
+    assert "generate: malloc mean" in bench.generate_breakdown_text(b)
+    for p in before:
+        core.free(p, 1 << 20, 0, 0)
+    core.free(after, 8192, 0, 0)
+    core.close()
+    assert core.pool.closed and core.errors == []

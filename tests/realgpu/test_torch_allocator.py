@@ -145,9 +145,10 @@ def test_a_pointer_handed_out_twice_is_refused():
     pool = GpuPool(_SamePointer(), backend=AlignedHostDevice())
     core = AllocatorCore(pool)
     p = core.malloc(1024, 0, 0)
+    first = core.live[p]
     with pytest.raises(PoolError, match="again while it is live"):
         core.malloc(1024, 0, 0)
-    assert list(core.live) == [p]
+    assert list(core.live) == [p] and core.live[p] is first  # the first tensor's entry stays
 
 
 def test_frees_wait_for_their_stream_once_two_streams_allocate():
@@ -862,6 +863,87 @@ def test_trampoline_other_errors_and_closed_pool(shim):
     before = shim.counters()["n_frees_ignored"]
     shim.call_free(0x1000, 64)  # no callbacks: ignored, nothing raised
     assert shim.counters()["n_frees_ignored"] == before + 1
+
+
+def test_trampoline_checks_for_graph_capture_off_the_null_stream_only(shim):
+    import ctypes
+
+    checked = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+    def always_capturing(stream, status):  # cudaStreamIsCapturing's signature, "capturing" always
+        checked.append(stream)
+        status[0] = 1
+        return 0
+
+    core = host_core()
+    shim.bind(core)
+    shim.reset()
+    shim.set_capture_check(ctypes.cast(always_capturing, ctypes.c_void_p).value)
+    try:
+        # the legacy null stream never captures (cudaStreamBeginCapture refuses it): no check
+        code, ptr, msg = shim.probe_malloc(4096)
+        assert (code, msg) == (0, "") and ptr in core.live and checked == []
+        code, _, msg = shim.probe_malloc(4096, stream=0x7000)
+        assert code == 2 and "refuses CUDA graph capture" in msg and checked == [0x7000]
+        assert shim.breakdown()["n_capture_checks"] == 1
+        assert shim.step_costs_ns(n=1000)["capture_check_ns"] > 0
+    finally:
+        shim.set_capture_check(None)
+        shim.bind(None)
+    assert np.isnan(shim.step_costs_ns(n=10)["capture_check_ns"])  # none set: nothing to time
+    core.free(ptr, 4096, 0, 0)
+    assert not core.live and core.errors == []
+
+
+def test_trampoline_splits_a_mallocs_time_and_counts_calls_without_the_gil(shim):
+    core = host_core()
+    shim.bind(core)
+    shim.reset()
+    try:
+        # every second malloc without the GIL, as PyTorch's bindings call it; frees through
+        # ctypes' function pointer, which lets go of the GIL too
+        ptrs = [shim.probe_malloc(4096, release_gil=i % 2 == 1)[1] for i in range(40)]
+        b = shim.breakdown()
+        assert b["n_calls_without_gil"] == 20
+        assert b["n_split"] == 3  # every 16th malloc: the 1st, 17th and 33rd
+        parts = ["capture_check", "take_gil", "python_call", "release_gil"]
+        assert all(b[f"split_{k}_ns"] >= 0 for k in parts) and b["split_python_call_ns"] > 0
+        # the split's parts add up to no more than the mean of all mallocs' whole times, by far
+        assert sum(b[f"split_{k}_ns"] for k in parts) < 20 * shim.samples(0).mean()
+        for ptr in ptrs:
+            shim.call_free(ptr, 4096)
+        assert shim.breakdown()["n_calls_without_gil"] == 60 and not core.live
+        assert shim.counters()["n_calls_malloc"] == 40  # the summary row's counters as before
+        assert "n_calls_without_gil" not in shim.counters()
+    finally:
+        shim.bind(None)
+
+
+def test_trampoline_times_a_call_in_ns_whichever_clock_it_reads(shim):
+    import time
+
+    def slow(size, device, stream):  # 3 ms of Python in the call
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.003:
+            pass
+        return 1 << 21
+
+    shim.bind(SimpleNamespace(malloc=slow, free=lambda ptr, size, device, stream: None))
+    shim.reset()
+    try:
+        t0 = time.perf_counter_ns()
+        for _ in range(5):
+            shim.probe_malloc(512)
+        wall_ns = (time.perf_counter_ns() - t0) / 5
+    finally:
+        shim.bind(None)
+    samples = shim.samples(0)
+    costs = shim.step_costs_ns(n=10_000)
+    assert costs["call_clock"] in ("tsc", "monotonic") and costs["clock_read_ns"] > 0
+    # each sample is the call as timed inside the trampoline: at least the 3 ms, within the wall time
+    assert samples.size == 5 and (samples >= 3_000_000).all() and samples.mean() <= wall_ns * 1.01
+    assert shim.breakdown()["split_python_call_ns"] >= 3_000_000  # the first call was split
 
 
 def test_trampoline_serialises_threads(shim):
