@@ -365,11 +365,12 @@ class TorchCaching(Policy):
                 blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
         return iter(blocks)
 
-    def _get_free_block(
+    def _take_free_block(
         self, keys: list[int] | None, pool: Any, small: bool, size: int
     ) -> _Block | None:
-        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, or
-        None; ``keys`` is the (pool, small, stream) list of ``_keys`` (None: none made yet)."""
+        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, taken
+        out of the index (``_remove`` at the index the search found), or None; ``keys`` is the
+        (pool, small, stream) list of ``_keys`` (None: none made yet)."""
         if self._gc_on and pool == DEFAULT_POOL:
             self._free_block_calls[small] += 1
         if not keys:
@@ -379,26 +380,32 @@ class TorchCaching(Policy):
             return None
         if self.expandable_segments:
             i = self._skip_growable(keys, i)
-        found = keys[i] >> _KEY_BITS
-        if size < self._max_split and found >= self._max_split:
-            return None  # do not return an oversize block for a request below max_split_size
-        if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
-            return None  # an oversize block may be rounded up only within a limit
-        return self._free_at[keys[i] & _PTR_MASK]
-
-    def _expandable_size(self, b: _Block) -> int:
-        return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+        key = keys[i]
+        if self.max_split_size_bytes is not None:
+            found = key >> _KEY_BITS
+            if size < self._max_split and found >= self._max_split:
+                return None  # do not return an oversize block for a request below max_split_size
+            if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
+                return None  # an oversize block may be rounded up only within a limit
+        del keys[i]
+        return self._free_at.pop(key & _PTR_MASK)
 
     def _skip_growable(self, keys: list[int], i: int) -> int:
         """``get_free_block`` with expandable segments: from the best fit on, move to the next
         block while that one could grow less (a free block before unmapped space counts as the
-        size it could grow to), so a block that merely fits is preferred to a growable tail."""
-        b = self._free_at[keys[i] & _PTR_MASK]
-        while i + 1 < len(keys):
-            nxt = self._free_at[keys[i + 1] & _PTR_MASK]
-            if self._expandable_size(nxt) >= self._expandable_size(b):
+        size it could grow to: ``expandable_size``), so a block that merely fits is preferred to
+        a growable tail."""
+        free_at, last = self._free_at, len(keys) - 1
+        b = free_at[keys[i] & _PTR_MASK]
+        nxt = b.next
+        grown = b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+        while i < last:
+            c = free_at[keys[i + 1] & _PTR_MASK]
+            nxt = c.next
+            c_grown = c.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+            if c_grown >= grown:
                 break
-            i, b = i + 1, nxt
+            i, grown = i + 1, c_grown
         return i
 
     # ------------------------------------------------------------------ Policy hooks
@@ -414,10 +421,8 @@ class TorchCaching(Policy):
         else:  # no capture underway: the default pool (``_pool_for``), by size class and stream
             pool = DEFAULT_POOL
             keys = self._default_keys[small].get(stream)
-        b = self._get_free_block(keys, pool, small, size)
-        if b is not None:
-            self._remove(b)
-        else:
+        b = self._take_free_block(keys, pool, small, size)
+        if b is None:
             b = self._malloc_segment(pool, small, stream, size)
             if b is None:
                 self.num_ooms += 1
