@@ -754,15 +754,7 @@ class TorchCaching(Policy):
         b.allocated = False
         b.segment.num_live -= 1
         self.allocated_bytes -= b.size
-        b = self._merge_free_neighbours(b)
-        # ``_insert`` written out: every free ends here
-        if self._gc_on:
-            b.gc_count_base = self._free_block_calls[b.small]
-        keys = b.keys
-        if keys is None:
-            keys = b.keys = self._keys_of(b.pool, b.small, b.stream)
-        insort(keys, b.size << _KEY_BITS | b.ptr)
-        self._free_at[b.ptr] = b
+        self._insert(self._merge_free_neighbours(b))
 
     def _release_block(self, b: _Block) -> int:
         """``release_block``: ``cudaFree`` a cached block that is a whole segment."""
