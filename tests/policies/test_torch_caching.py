@@ -1,5 +1,7 @@
 """``torch-caching``: PyTorch's rounding, pools, best fit, split and merge rules, retries, GC and seeding."""
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -445,23 +447,30 @@ def _assert_index_consistent(pool: TorchCaching) -> None:
 )
 def test_the_free_block_index_stays_consistent_over_streams_pools_and_empty_cache(expandable, ops):
     pool = TorchCaching(expandable_segments=expandable, capacity_bytes=256 * MiB)
-    live, captures, next_pool = [], [], 1
+    live, captures, pool_ids = [], [], itertools.count(1)
+
+    def alloc(nbytes, stream, pick):
+        a = pool.allocate(nbytes, stream=stream)
+        live.extend([a] if a is not None else [])
+
+    def capture(nbytes, stream, pick):
+        captures.append((next(pool_ids), 0))  # a fresh private pool id: a released one is refused
+        pool.begin_allocate_to_pool(captures[-1], stream)
+
+    def end(nbytes, stream, pick):
+        pool_id = captures.pop(pick % len(captures))
+        pool.end_allocate_to_pool(pool_id)
+        pool.release_pool(pool_id)
+
+    steps = {
+        "alloc": alloc,
+        "free": lambda nbytes, stream, pick: pool.free(live.pop(pick % len(live))),
+        "capture": capture,
+        "end": end,
+        "empty": lambda nbytes, stream, pick: pool.empty_cache(),
+    }
     for op, nbytes, stream, pick in ops:
-        if op == "alloc":
-            a = pool.allocate(nbytes, stream=stream)
-            if a is not None:
-                live.append(a)
-        elif op == "free" and live:
-            pool.free(live.pop(pick % len(live)))
-        elif op == "capture":
-            pool.begin_allocate_to_pool((next_pool, 0), stream)
-            captures.append((next_pool, 0))
-            next_pool += 1
-        elif op == "end" and captures:
-            pool_id = captures.pop(pick % len(captures))
-            pool.end_allocate_to_pool(pool_id)
-            pool.release_pool(pool_id)
-        elif op == "empty":
-            pool.empty_cache()
+        if (op != "free" or live) and (op != "end" or captures):
+            steps[op](nbytes, stream, pick)
         _assert_index_consistent(pool)
     check_invariants(pool, live)
