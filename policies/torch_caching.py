@@ -203,6 +203,9 @@ class _Block:
     allocated: bool = False
     gc_count_base: int = 0  # the pool's get_free_block calls when the block was cached
     mapped: bool = True  # False: address space of an expandable range with no pages behind it
+    # the sorted free-key list of (pool, small, stream), set when first cached: every block of a
+    # chain keeps its pool, size class and stream for life, so the hot paths skip the dict lookup
+    keys: "list[int] | None" = None
 
     @property
     def is_split(self) -> bool:
@@ -232,7 +235,10 @@ class TorchCaching(Policy):
     Index of free blocks: per (pool, stream), a sorted ``list`` of int keys
     ``size << 64 | address``, so the first key at or after ``size << 64`` is PyTorch's best fit
     (a C-level bisect; ``insort``/``del`` beat a ``SortedList`` at the few thousand free blocks
-    real pools hold).
+    real pools hold). Why this structure: one int compare per bisect step in C and one memmove
+    per insert or delete, where any tree or heap written in Python costs a call per step; each
+    block holds its own list (``_Block.keys``) and the default pool's lists are also kept by
+    size class and stream (``_default_keys``), so no per-event lookup hashes a nested tuple.
     """
 
     name = "torch-caching"
@@ -302,6 +308,8 @@ class TorchCaching(Policy):
             tuple[Any, bool, int], list[int]
         ] = {}  # (pool, small, stream) -> sorted size << 64 | ptr
         self._free_at: dict[int, _Block] = {}  # ptr -> cached (free) block
+        # the default pool's lists of ``_keys`` again, [small][stream]: the hot path's lookup
+        self._default_keys: tuple[dict[int, list[int]], dict[int, list[int]]] = ({}, {})
         table = parse_roundup_power2_divisions(self.roundup_power2_divisions)
         self._divisions: int | tuple[int, ...] = table[0] if len(set(table)) == 1 else table
         self._max_split = (
@@ -320,17 +328,27 @@ class TorchCaching(Policy):
         ] = {}  # private pool -> PrivatePool::cudaMalloc_count
 
     # ------------------------------------------------------------------ the free-block index
+    def _keys_of(self, pool: Any, small: bool, stream: int) -> list[int]:
+        """The sorted free-key list of (``pool``, ``small``, ``stream``), made on first use."""
+        keys = self._keys.get((pool, small, stream))
+        if keys is None:
+            keys = self._keys[(pool, small, stream)] = []
+            if pool == DEFAULT_POOL:
+                self._default_keys[small][stream] = keys
+        return keys
+
     def _insert(self, b: _Block) -> None:
         """``insert_into_blocks``: cache a free block (and stamp it for garbage collection)."""
-        b.gc_count_base = self._free_block_calls[b.small]
-        keys = self._keys.get((b.pool, b.small, b.stream))
+        if self._gc_on:  # the counts move only with garbage collection on: else the stamp stays 0
+            b.gc_count_base = self._free_block_calls[b.small]
+        keys = b.keys
         if keys is None:
-            keys = self._keys[(b.pool, b.small, b.stream)] = []
+            keys = b.keys = self._keys_of(b.pool, b.small, b.stream)
         insort(keys, b.size << _KEY_BITS | b.ptr)
         self._free_at[b.ptr] = b
 
     def _remove(self, b: _Block) -> None:
-        keys = self._keys[(b.pool, b.small, b.stream)]
+        keys = b.keys
         key = b.size << _KEY_BITS | b.ptr
         i = bisect_left(keys, key)
         assert keys[i] == key, "removing a block that is not cached"
@@ -347,11 +365,14 @@ class TorchCaching(Policy):
                 blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
         return iter(blocks)
 
-    def _get_free_block(self, pool: Any, small: bool, stream: int, size: int) -> _Block | None:
-        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, or None."""
+    def _take_free_block(
+        self, keys: list[int] | None, pool: Any, small: bool, size: int
+    ) -> _Block | None:
+        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, taken
+        out of the index (``_remove`` at the index the search found), or None; ``keys`` is the
+        (pool, small, stream) list of ``_keys`` (None: none made yet)."""
         if self._gc_on and pool == DEFAULT_POOL:
             self._free_block_calls[small] += 1
-        keys = self._keys.get((pool, small, stream))
         if not keys:
             return None
         i = bisect_left(keys, size << _KEY_BITS)
@@ -359,37 +380,49 @@ class TorchCaching(Policy):
             return None
         if self.expandable_segments:
             i = self._skip_growable(keys, i)
-        found = keys[i] >> _KEY_BITS
-        if size < self._max_split and found >= self._max_split:
-            return None  # do not return an oversize block for a request below max_split_size
-        if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
-            return None  # an oversize block may be rounded up only within a limit
-        return self._free_at[keys[i] & _PTR_MASK]
-
-    def _expandable_size(self, b: _Block) -> int:
-        return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+        key = keys[i]
+        if self.max_split_size_bytes is not None:
+            found = key >> _KEY_BITS
+            if size < self._max_split and found >= self._max_split:
+                return None  # do not return an oversize block for a request below max_split_size
+            if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
+                return None  # an oversize block may be rounded up only within a limit
+        del keys[i]
+        return self._free_at.pop(key & _PTR_MASK)
 
     def _skip_growable(self, keys: list[int], i: int) -> int:
         """``get_free_block`` with expandable segments: from the best fit on, move to the next
         block while that one could grow less (a free block before unmapped space counts as the
-        size it could grow to), so a block that merely fits is preferred to a growable tail."""
-        b = self._free_at[keys[i] & _PTR_MASK]
-        while i + 1 < len(keys):
-            nxt = self._free_at[keys[i + 1] & _PTR_MASK]
-            if self._expandable_size(nxt) >= self._expandable_size(b):
+        size it could grow to: ``expandable_size``), so a block that merely fits is preferred to
+        a growable tail."""
+        free_at, last = self._free_at, len(keys) - 1
+        b = free_at[keys[i] & _PTR_MASK]
+        nxt = b.next
+        grown = b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+        while i < last:
+            c = free_at[keys[i + 1] & _PTR_MASK]
+            nxt = c.next
+            c_grown = c.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+            if c_grown >= grown:
                 break
-            i, b = i + 1, nxt
+            i, grown = i + 1, c_grown
         return i
 
     # ------------------------------------------------------------------ Policy hooks
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        size = round_size(nbytes, self._divisions)
+        # plain rounding inline (``round_size`` with no divisions: up to K_MIN_BLOCK = 512 B)
+        size = (
+            (nbytes + 511) & -512 if self._divisions == 0 else round_size(nbytes, self._divisions)
+        )
         small = size <= K_SMALL_SIZE
-        pool = self._pool_for(stream)
-        b = self._get_free_block(pool, small, stream, size)
-        if b is not None:
-            self._remove(b)
-        else:
+        if self._captures:
+            pool = self._pool_for(stream)
+            keys = self._keys.get((pool, small, stream))
+        else:  # no capture underway: the default pool (``_pool_for``), by size class and stream
+            pool = DEFAULT_POOL
+            keys = self._default_keys[small].get(stream)
+        b = self._take_free_block(keys, pool, small, size)
+        if b is None:
             b = self._malloc_segment(pool, small, stream, size)
             if b is None:
                 self.num_ooms += 1
@@ -400,7 +433,9 @@ class TorchCaching(Policy):
             if small or self.expandable_segments
             else (size < self._max_split and remaining > K_SMALL_SIZE)
         ):
-            front = _Block(b.ptr, size, stream, small, b.segment, pool, prev=b.prev, next=b)
+            front = _Block(
+                b.ptr, size, stream, small, b.segment, pool, prev=b.prev, next=b, keys=b.keys
+            )
             if b.prev is not None:
                 b.prev.next = front
             b.prev = front

@@ -1,5 +1,7 @@
 """``torch-caching``: PyTorch's rounding, pools, best fit, split and merge rules, retries, GC and seeding."""
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -412,4 +414,63 @@ def test_layout_matches_a_brute_force_model_of_the_rules(ops):
             model.free(addrs.pop(k))
         _layout.live = live
         assert _layout(pool) == model.layout()
+    check_invariants(pool, live)
+
+
+# ----------------------------------------------------------------- the free-block index
+def _assert_index_consistent(pool: TorchCaching) -> None:
+    """Every cached block sits in its own (pool, small, stream) list, which ``_Block.keys`` and,
+    for the default pool, ``_default_keys`` name; every key is a cached block's."""
+    for b in pool._free_at.values():
+        keys = pool._keys[(b.pool, b.small, b.stream)]
+        assert b.keys is keys and b.size << 64 | b.ptr in keys
+    for (in_pool, small, stream), keys in pool._keys.items():
+        assert keys == sorted(keys)
+        assert all(pool._free_at[k & ((1 << 64) - 1)].keys is keys for k in keys)
+        if in_pool == (0, 0):
+            assert pool._default_keys[small][stream] is keys
+    assert sum(len(k) for k in pool._keys.values()) == len(pool._free_at)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    expandable=st.booleans(),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "alloc", "alloc", "free", "free", "capture", "end", "empty"]),
+            st.integers(1, 24 * MiB),
+            st.integers(0, 2),
+            st.integers(0, 1000),
+        ),
+        max_size=80,
+    ),
+)
+def test_the_free_block_index_stays_consistent_over_streams_pools_and_empty_cache(expandable, ops):
+    pool = TorchCaching(expandable_segments=expandable, capacity_bytes=256 * MiB)
+    live, captures, pool_ids = [], [], itertools.count(1)
+
+    def alloc(nbytes, stream, pick):
+        a = pool.allocate(nbytes, stream=stream)
+        live.extend([a] if a is not None else [])
+
+    def capture(nbytes, stream, pick):
+        captures.append((next(pool_ids), 0))  # a fresh private pool id: a released one is refused
+        pool.begin_allocate_to_pool(captures[-1], stream)
+
+    def end(nbytes, stream, pick):
+        pool_id = captures.pop(pick % len(captures))
+        pool.end_allocate_to_pool(pool_id)
+        pool.release_pool(pool_id)
+
+    steps = {
+        "alloc": alloc,
+        "free": lambda nbytes, stream, pick: pool.free(live.pop(pick % len(live))),
+        "capture": capture,
+        "end": end,
+        "empty": lambda nbytes, stream, pick: pool.empty_cache(),
+    }
+    for op, nbytes, stream, pick in ops:
+        if (op != "free" or live) and (op != "end" or captures):
+            steps[op](nbytes, stream, pick)
+        _assert_index_consistent(pool)
     check_invariants(pool, live)
