@@ -504,6 +504,7 @@ class DecodeRun:
         "_finish_at",
         "_slots_at",
         "_page_source",
+        "needs_slots",
     )
 
     def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
@@ -525,10 +526,22 @@ class DecodeRun:
         #: step -> requests whose next token needs a slot beyond their capacity then
         self._slots_at = slots_at
         self._page_source = page_source
+        #: ``needs_slots(step)``: whether some request may need a new KV slot at ``step``
+        #: (``take_slots`` then); the step dict's own membership test (one call per step)
+        self.needs_slots = slots_at.__contains__
 
-    def needs_slots(self, step: int) -> bool:
-        """Whether some request may need a new KV slot at ``step`` (``take_slots`` then)."""
-        return step in self._slots_at
+    def next_finish_step(self) -> int | float:
+        """The next step (counted from the run's start, >= ``num_steps``) at whose end some
+        request finishes; ``math.inf`` when none does. Until then ``num_seqs`` stays as it is."""
+        return min(self._finish_at, default=math.inf)
+
+    def advance(self, num_steps: int) -> None:
+        """``num_steps`` x ``end_step`` of steps at whose end nothing finishes (the caller knows:
+        ``next_finish_step``), in one go: the same counters, the same order of integer adds."""
+        self.num_steps += num_steps
+        n = num_steps * self.num_seqs
+        self.context_tokens += n
+        self.num_own_tokens += n
 
     def take_slots(self, step: int) -> bool:
         """Give each request due at ``step`` its new slot, as ``schedule`` would (``kv.grow`` in
