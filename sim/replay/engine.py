@@ -156,7 +156,9 @@ class TimedCalls:
     each appends its latency to ``alloc_ns``/``free_ns`` (not kept when None). The driver time
     also accrues in ``pending_driver_ns`` until taken (the serving simulator charges it to the
     step that caused it). Driver time the device accrued before this object existed is dropped:
-    construction-time calls belong to no call.
+    construction-time calls belong to no call. ``allocate_each`` and ``free_each`` make a run of
+    such calls with the same timing, call by call, in one frame (a Python call is as dear as a
+    cheap policy's whole call): the loop bodies are this definition, written out once more.
     """
 
     __slots__ = (
@@ -241,6 +243,48 @@ class TimedCalls:
             self.pending_driver_ns += driver
         if self._free_append is not None:
             self._free_append(t1 - t0 + driver)
+
+    def allocate_each(self, nbytes: int, num_calls: int, tag: str | None = None) -> list[Any]:
+        """``[allocate(nbytes, 0, tag) for _ in range(num_calls)]``: the same calls, each timed
+        and sampled as ``allocate`` times it, without a Python frame of this class per call (the
+        serving simulator's page grows of a decode step)."""
+        if self._sized or self._oom:
+            return [self.allocate(nbytes, 0, tag) for _ in range(num_calls)]
+        timer, allocate, clock, append = self.timer, self._allocate, self._clock, self._alloc_append
+        take = self._take
+        out = []
+        for _ in range(num_calls):
+            t0 = timer()
+            h = allocate(nbytes, stream=0, tag=tag)
+            t1 = timer()
+            driver = take() if clock is None else clock.take() if clock.pending_ns else 0
+            if driver:
+                self.pending_driver_ns += driver
+            if append is not None:
+                append(t1 - t0 + driver)
+            out.append(h)
+        return out
+
+    def free_each(self, handles: list[Any]) -> None:
+        """``free(h)`` for each of ``handles`` in order, each timed as ``free`` times it, without
+        a Python frame of this class per call (a finished request's pages). For a policy's
+        target; one that frees by dropping the last reference (``Target.free`` None) is
+        handed each to ``free`` (the caller's list still holds them: drop it after)."""
+        free = self._free
+        if free is None:
+            for h in handles:
+                self.free(h)
+            return
+        timer, clock, append, take = self.timer, self._clock, self._free_append, self._take
+        for h in handles:
+            t0 = timer()
+            free(h)
+            t1 = timer()
+            driver = take() if clock is None else clock.take() if clock.pending_ns else 0
+            if driver:
+                self.pending_driver_ns += driver
+            if append is not None:
+                append(t1 - t0 + driver)
 
     def take_driver_ns(self) -> int:
         ns, self.pending_driver_ns = self.pending_driver_ns, 0

@@ -481,35 +481,31 @@ class PagedKV(_KVBase):
         )  # what a page takes from the budget (the pool may round up)
         if page_source.num_free_pages() < k or self.allocated_bytes + k * held > self.budget_bytes:
             return False
-        allocate, tpp, driver_ns = (
-            self.pool.allocate,
-            self.tokens_per_page,
-            self.pool.pending_driver_ns,
-        )
-        for (
-            h,
-            c,
-        ) in (
-            grows
-        ):  # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
+        tpp, pool = self.tokens_per_page, self.pool
+        driver_ns = pool.pending_driver_ns
+        # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them
+        pages = pool.allocate_each(page, k, tag="kv")
+        allocated = 0
+        for (h, c), a in zip(grows, pages):
+            # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
             assert h.capacity_tokens == c, "a request grows when its slots run out"
-            a = allocate(page, tag="kv")
             assert a is not None and a.size_bytes <= held, (
                 "a free page within the budget was refused"
             )
-            self.allocated_bytes += a.size_bytes
+            allocated += a.size_bytes
             h.allocs.append(a)
             h.num_own_pages += 1
             h.capacity_tokens = c + tpp
-        assert self.pool.pending_driver_ns == driver_ns, "a free page cost driver time"
+        self.allocated_bytes += allocated
+        assert pool.pending_driver_ns == driver_ns, "a free page cost driver time"
         return True
 
     def free(self, h: KVHandle) -> None:
-        free = self.pool.free
-        for a in h.allocs:  # _release, inlined: a request frees a page per tokens_per_page tokens
-            self.allocated_bytes -= a.size_bytes
-            free(a)
-        h.allocs.clear()
+        allocs = h.allocs
+        if allocs:  # _release of each, in order: a request frees a page per tokens_per_page tokens
+            self.allocated_bytes -= sum([a.size_bytes for a in allocs])
+            self.pool.free_each(allocs)
+            allocs.clear()
         pending = self._pending
         for hid in h.blocks:
             a = pending.pop(hid, None)

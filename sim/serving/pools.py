@@ -128,6 +128,14 @@ class TimedPool:
     def free(self, allocation: Allocation) -> None:
         self._calls.free(allocation)
 
+    def allocate_each(self, nbytes: int, num_calls: int, tag: str | None = None) -> list:
+        """``num_calls`` allocations of ``nbytes``, each its own timed call (``TimedCalls.allocate_each``)."""
+        return self._calls.allocate_each(nbytes, num_calls, tag)
+
+    def free_each(self, allocations: list[Allocation]) -> None:
+        """Free each of ``allocations`` in order, each its own timed call (``TimedCalls.free_each``)."""
+        self._calls.free_each(allocations)
+
     def take_driver_ns(self) -> int:
         return self._calls.take_driver_ns()
 
