@@ -130,6 +130,7 @@ class Server:
         #: quiet decode steps whose step times are asked for at once (at most: a run's stretch
         #: also ends at its next finish); any value gives the same results (tested with 3)
         self.quiet_stretch_steps = 256
+        self._quiet_pace_s = 0.0  # the last quiet step's time: how many steps reach an arrival
         self._private_env = env is None
         kv = scheduler.kv
         readings = (
@@ -525,6 +526,7 @@ class Server:
         # go (``lag`` steps behind ``num_steps``) before anything reads them.
         times: list[float] = []
         times_at = lag = 0
+        dt = self._quiet_pace_s  # the last quiet step's time (0.0: none yet)
         own = run.num_own_tokens
         finish_step = run.next_finish_step()
         while num_steps < max_steps:
@@ -538,9 +540,16 @@ class Server:
                     break
                 times, times_at = [], num_steps
             i = num_steps - times_at
-            if i == len(times):  # the next stretch: up to the next finish, or as many steps
+            if i == len(times):
+                # the next stretch: up to the next finish, at most ``stretch`` steps, and about
+                # as many as reach the next arrival at the last step's pace (steps only get
+                # longer as the context grows; a stretch that falls short is followed by another)
                 times_at, i = num_steps, 0
                 n = min(finish_step, num_steps + stretch - 1, max_steps - 1) - num_steps + 1
+                if not dt:  # the first stretch of all: no pace known yet
+                    n = min(n, 16)
+                elif next_arrival_s - t < n * dt:
+                    n = int((next_arrival_s - t) / dt) + 2
                 times = step_times(m, run.context_tokens + lag * m, int(n))
             dt = times[i]
             end_s = t + dt
@@ -554,6 +563,7 @@ class Server:
                 )
                 self.num_skipped_activation_round_trips += 1
                 self.num_quiet_steps += 1
+                self._quiet_pace_s = dt
                 return t, (run, QUIET, dt, 0.0)
             if needs_slots(num_steps):  # some requests need a page now
                 if not run.take_slots(num_steps):
