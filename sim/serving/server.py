@@ -568,8 +568,7 @@ class Server:
             if needs_slots(num_steps):  # some requests need a page now
                 if not run.take_slots(num_steps):
                     break
-                reserved = self._kv_reserved_bytes()
-                idle = reserved - kv.allocated_bytes
+                idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
             t = end_s
             busy_s += dt
             if num_steps == finish_step:
