@@ -482,10 +482,10 @@ class PagedKV(_KVBase):
         )  # what a page takes from the budget (the pool may round up)
         if page_source.num_free_pages() < k or self.allocated_bytes + k * held > self.budget_bytes:
             return False
-        tpp, pool = self.tokens_per_page, self.pool
-        driver_ns = pool.pending_driver_ns
+        tpp, calls = self.tokens_per_page, self.pool.calls
+        driver_ns = calls.pending_driver_ns
         # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them
-        pages = pool.allocate_each(page, k, tag="kv")
+        pages = calls.allocate_each(page, k, "kv")
         allocated = 0
         for h, a in zip(handles, pages):  # grow(h, c + 1, c), c = capacity: one page, in budget
             assert a is not None and a.size_bytes <= held, (
@@ -496,14 +496,14 @@ class PagedKV(_KVBase):
             h.num_own_pages += 1
             h.capacity_tokens += tpp
         self.allocated_bytes += allocated
-        assert pool.pending_driver_ns == driver_ns, "a free page cost driver time"
+        assert calls.pending_driver_ns == driver_ns, "a free page cost driver time"
         return True
 
     def free(self, h: KVHandle) -> None:
         allocs = h.allocs
         if allocs:  # _release of each, in order: a request frees a page per tokens_per_page tokens
             self.allocated_bytes -= sum([a.size_bytes for a in allocs])
-            self.pool.free_each(allocs)
+            self.pool.calls.free_each(allocs)
             allocs.clear()
         pending = self._pending
         for hid in h.blocks:
