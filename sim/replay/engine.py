@@ -21,6 +21,7 @@ uniform sample that a trace's periodic structure cannot alias.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import time
@@ -246,16 +247,31 @@ class TimedCalls:
 
     def allocate_each(self, nbytes: int, num_calls: int, tag: str | None = None) -> list[Any]:
         """``[allocate(nbytes, 0, tag) for _ in range(num_calls)]``: the same calls, each timed
-        and sampled as ``allocate`` times it, without a Python frame of this class per call (the
-        serving simulator's page grows of a decode step)."""
+        as ``allocate`` times it, without a Python frame of this class per call (the serving
+        simulator's page grows of a decode step)."""
         if self._sized or self._oom:
             return [self.allocate(nbytes, 0, tag) for _ in range(num_calls)]
-        timer, allocate, clock, append = self.timer, self._allocate, self._clock, self._alloc_append
-        take = self._take
+        call = functools.partial(self._allocate, stream=0, tag=tag)
+        return self._each(call, itertools.repeat(nbytes, num_calls), self._alloc_append)
+
+    def free_each(self, handles: list[Any]) -> None:
+        """``free(h)`` for each of ``handles`` in order, each timed as ``free`` times it, without
+        a Python frame of this class per call (a finished request's pages). For a policy's
+        target; one that frees by dropping the last reference (``Target.free`` None) is
+        handed each to ``free`` (the caller's list still holds them: drop it after)."""
+        if self._free is None:
+            for h in handles:
+                self.free(h)
+            return
+        self._each(self._free, handles, self._free_append)
+
+    def _each(self, call: Callable[[Any], Any], args: Any, append: Any) -> list[Any]:
+        """``call(x)`` for each ``x`` of ``args``, each timed: THE definition above, as a loop."""
+        timer, clock, take = self.timer, self._clock, self._take
         out = []
-        for _ in range(num_calls):
+        for x in args:
             t0 = timer()
-            h = allocate(nbytes, stream=0, tag=tag)
+            h = call(x)
             t1 = timer()
             driver = take() if clock is None else clock.take() if clock.pending_ns else 0
             if driver:
@@ -264,27 +280,6 @@ class TimedCalls:
                 append(t1 - t0 + driver)
             out.append(h)
         return out
-
-    def free_each(self, handles: list[Any]) -> None:
-        """``free(h)`` for each of ``handles`` in order, each timed as ``free`` times it, without
-        a Python frame of this class per call (a finished request's pages). For a policy's
-        target; one that frees by dropping the last reference (``Target.free`` None) is
-        handed each to ``free`` (the caller's list still holds them: drop it after)."""
-        free = self._free
-        if free is None:
-            for h in handles:
-                self.free(h)
-            return
-        timer, clock, append, take = self.timer, self._clock, self._free_append, self._take
-        for h in handles:
-            t0 = timer()
-            free(h)
-            t1 = timer()
-            driver = take() if clock is None else clock.take() if clock.pending_ns else 0
-            if driver:
-                self.pending_driver_ns += driver
-            if append is not None:
-                append(t1 - t0 + driver)
 
     def take_driver_ns(self) -> int:
         ns, self.pending_driver_ns = self.pending_driver_ns, 0
