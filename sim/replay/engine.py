@@ -21,6 +21,7 @@ uniform sample that a trace's periodic structure cannot alias.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import time
@@ -156,7 +157,9 @@ class TimedCalls:
     each appends its latency to ``alloc_ns``/``free_ns`` (not kept when None). The driver time
     also accrues in ``pending_driver_ns`` until taken (the serving simulator charges it to the
     step that caused it). Driver time the device accrued before this object existed is dropped:
-    construction-time calls belong to no call.
+    construction-time calls belong to no call. ``allocate_each`` and ``free_each`` make a run of
+    such calls with the same timing, call by call, in one frame (a Python call is as dear as a
+    cheap policy's whole call): the loop bodies are this definition, written out once more.
     """
 
     __slots__ = (
@@ -241,6 +244,42 @@ class TimedCalls:
             self.pending_driver_ns += driver
         if self._free_append is not None:
             self._free_append(t1 - t0 + driver)
+
+    def allocate_each(self, nbytes: int, num_calls: int, tag: str | None = None) -> list[Any]:
+        """``[allocate(nbytes, 0, tag) for _ in range(num_calls)]``: the same calls, each timed
+        as ``allocate`` times it, without a Python frame of this class per call (the serving
+        simulator's page grows of a decode step)."""
+        if self._sized or self._oom:
+            return [self.allocate(nbytes, 0, tag) for _ in range(num_calls)]
+        call = functools.partial(self._allocate, stream=0, tag=tag)
+        return self._each(call, itertools.repeat(nbytes, num_calls), self._alloc_append)
+
+    def free_each(self, handles: list[Any]) -> None:
+        """``free(h)`` for each of ``handles`` in order, each timed as ``free`` times it, without
+        a Python frame of this class per call (a finished request's pages). For a policy's
+        target; one that frees by dropping the last reference (``Target.free`` None) is
+        handed each to ``free`` (the caller's list still holds them: drop it after)."""
+        if self._free is None:
+            for h in handles:
+                self.free(h)
+            return
+        self._each(self._free, handles, self._free_append)
+
+    def _each(self, call: Callable[[Any], Any], args: Any, append: Any) -> list[Any]:
+        """``call(x)`` for each ``x`` of ``args``, each timed: THE definition above, as a loop."""
+        timer, clock, take = self.timer, self._clock, self._take
+        out = []
+        for x in args:
+            t0 = timer()
+            h = call(x)
+            t1 = timer()
+            driver = take() if clock is None else clock.take() if clock.pending_ns else 0
+            if driver:
+                self.pending_driver_ns += driver
+            if append is not None:
+                append(t1 - t0 + driver)
+            out.append(h)
+        return out
 
     def take_driver_ns(self) -> int:
         ns, self.pending_driver_ns = self.pending_driver_ns, 0

@@ -158,11 +158,12 @@ class _KVBase:
             f"{type(self).__name__} shares no pool: no memory is held elsewhere"
         )
 
-    def grow_from_free_pages(self, grows: list[tuple[KVHandle, int]], page_source) -> bool:
-        """Grow each ``(handle, num_computed)`` of ``grows`` by the one slot its next token needs,
-        in order, as ``grow(handle, num_computed + 1, num_computed)`` would, when every grow
-        surely takes one free page of ``page_source`` at once; False, with nothing done, when
-        that is not sure. Only a paged manager grows so (``PagedKV``)."""
+    def grow_from_free_pages(self, handles: list[KVHandle], page_source) -> bool:
+        """Grow each of ``handles`` (whose slots have run out: ``capacity_tokens`` is its tokens
+        so far) by the one slot its next token needs, in order, as ``grow(h, capacity_tokens +
+        1, capacity_tokens)`` would, when every grow surely takes one free page of
+        ``page_source`` at once; False, with nothing done, when that is not sure. Only a paged
+        manager grows so (``PagedKV``)."""
         return False
 
     def take_copy_bytes(self) -> int:
@@ -470,46 +471,40 @@ class PagedKV(_KVBase):
         h.capacity_tokens += num_pages * tpp
         return True
 
-    def grow_from_free_pages(self, grows: list[tuple[KVHandle, int]], page_source) -> bool:
+    def grow_from_free_pages(self, handles: list[KVHandle], page_source) -> bool:
         """``_KVBase.grow_from_free_pages`` for pages: each grow is one page (a page holds at
         least one token), sure when ``page_source`` (the KV policy, which counts its free pages)
-        has a free page for each and they fit the budget, so no grow evicts, refuses or calls
-        the driver."""
-        k, page = len(grows), self.page_bytes
+        has a free page for each and they fit the budget, so no grow evicts, refuses, reserves
+        or calls the driver."""
+        k, page = len(handles), self.page_bytes
         held = max(
             page, page_source.page_size_bytes
         )  # what a page takes from the budget (the pool may round up)
         if page_source.num_free_pages() < k or self.allocated_bytes + k * held > self.budget_bytes:
             return False
-        allocate, tpp, driver_ns = (
-            self.pool.allocate,
-            self.tokens_per_page,
-            self.pool.pending_driver_ns,
-        )
-        for (
-            h,
-            c,
-        ) in (
-            grows
-        ):  # grow(h, c + 1, c) of a handle whose slots end at c: one page, within the budget
-            assert h.capacity_tokens == c, "a request grows when its slots run out"
-            a = allocate(page, tag="kv")
+        tpp, calls = self.tokens_per_page, self.pool.calls
+        driver_ns = calls.pending_driver_ns
+        # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them
+        pages = calls.allocate_each(page, k, "kv")
+        allocated = 0
+        for h, a in zip(handles, pages):  # grow(h, c + 1, c), c = capacity: one page, in budget
             assert a is not None and a.size_bytes <= held, (
                 "a free page within the budget was refused"
             )
-            self.allocated_bytes += a.size_bytes
+            allocated += a.size_bytes
             h.allocs.append(a)
             h.num_own_pages += 1
-            h.capacity_tokens = c + tpp
-        assert self.pool.pending_driver_ns == driver_ns, "a free page cost driver time"
+            h.capacity_tokens += tpp
+        self.allocated_bytes += allocated
+        assert calls.pending_driver_ns == driver_ns, "a free page cost driver time"
         return True
 
     def free(self, h: KVHandle) -> None:
-        free = self.pool.free
-        for a in h.allocs:  # _release, inlined: a request frees a page per tokens_per_page tokens
-            self.allocated_bytes -= a.size_bytes
-            free(a)
-        h.allocs.clear()
+        allocs = h.allocs
+        if allocs:  # _release of each, in order: a request frees a page per tokens_per_page tokens
+            self.allocated_bytes -= sum([a.size_bytes for a in allocs])
+            self.pool.calls.free_each(allocs)
+            allocs.clear()
         pending = self._pending
         for hid in h.blocks:
             a = pending.pop(hid, None)

@@ -100,7 +100,7 @@ class TimedPool:
     the server takes it for the current step.
     """
 
-    __slots__ = ("policy", "_calls", "alloc_ns", "free_ns", "record_latency")
+    __slots__ = ("policy", "_calls", "calls", "alloc_ns", "free_ns", "record_latency")
 
     def __init__(self, policy: Policy, *, record_latency: bool = True):
         self.policy = policy
@@ -113,6 +113,9 @@ class TimedPool:
             alloc_ns=self.alloc_ns if record_latency else None,
             free_ns=self.free_ns if record_latency else None,
         )
+        #: the ``TimedCalls`` behind this pool: its ``pending_driver_ns`` is a plain attribute
+        #: (read it there on a hot path; this pool's property is the same figure)
+        self.calls = self._calls
 
     @property
     def pending_driver_ns(self) -> int:

@@ -504,6 +504,8 @@ class DecodeRun:
         "_finish_at",
         "_slots_at",
         "_page_source",
+        "_num_finished",
+        "needs_slots",
     )
 
     def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
@@ -525,10 +527,23 @@ class DecodeRun:
         #: step -> requests whose next token needs a slot beyond their capacity then
         self._slots_at = slots_at
         self._page_source = page_source
+        self._num_finished = 0  # requests of the run finished so far
+        #: ``needs_slots(step)``: whether some request may need a new KV slot at ``step``
+        #: (``take_slots`` then); the step dict's own membership test (one call per step)
+        self.needs_slots = slots_at.__contains__
 
-    def needs_slots(self, step: int) -> bool:
-        """Whether some request may need a new KV slot at ``step`` (``take_slots`` then)."""
-        return step in self._slots_at
+    def next_finish_step(self) -> int | float:
+        """The next step (counted from the run's start, >= ``num_steps``) at whose end some
+        request finishes; ``math.inf`` when none does. Until then ``num_seqs`` stays as it is."""
+        return min(self._finish_at, default=math.inf)
+
+    def advance(self, num_steps: int) -> None:
+        """``num_steps`` x ``end_step`` of steps at whose end nothing finishes (the caller knows:
+        ``next_finish_step``), in one go: the same counters, the same order of integer adds."""
+        self.num_steps += num_steps
+        n = num_steps * self.num_seqs
+        self.context_tokens += n
+        self.num_own_tokens += n
 
     def take_slots(self, step: int) -> bool:
         """Give each request due at ``step`` its new slot, as ``schedule`` would (``kv.grow`` in
@@ -538,18 +553,14 @@ class DecodeRun:
         due = self._slots_at.get(step)
         if due is None:
             return True
-        due = [
-            r for r in due if r.status is RequestState.RUNNING
-        ]  # those that finished need nothing
-        if not due:
-            del self._slots_at[step]
-            return True
+        if self._num_finished:  # those that finished need nothing
+            due = [r for r in due if r.status is RequestState.RUNNING]
+            if not due:
+                del self._slots_at[step]
+                return True
         if self._page_source is None:
             return False
-        applied = self._applied
-        if not self.kv.grow_from_free_pages(
-            [(r.kv, r.num_computed + step - applied) for r in due], self._page_source
-        ):
+        if not self.kv.grow_from_free_pages([r.kv for r in due], self._page_source):
             return False
         slots_at = self._slots_at
         del slots_at[step]
@@ -588,6 +599,7 @@ class DecodeRun:
         self.num_own_tokens = own
         n = len(done)
         self.num_seqs -= n
+        self._num_finished += n
         sched.num_finished += n
         self._live = [r for r in self._live if r.status is RequestState.RUNNING]
         return n

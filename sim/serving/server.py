@@ -72,7 +72,8 @@ class Server:
         requests: the requests, sorted by ``arrival_s``.
         scheduler: batching and KV decisions.
         pools: the memory pools (the policy under test is ``pools.kv.policy``).
-        step_model: ``step_time_s``, ``copy_time_s``, ``swap_time_s`` (``sim.serving.steptime``).
+        step_model: ``step_time_s``, ``decode_step_times_s``, ``copy_time_s``, ``swap_time_s``
+            (``sim.serving.steptime.StepTimeModel``).
         model: the model spec (activation sizes).
         config: the server's settings; it reads ``sample_every_s`` (resolved: not None),
             ``horizon_s`` and the pool controls ``freeze_after_steps``, ``pregrow_safety`` and
@@ -126,6 +127,10 @@ class Server:
         #: private switch: multi-step decode runs and skipped activation round trips (results are
         #: the same either way, ``tests/sim/serving/test_step_fast_path.py``; off to check that)
         self.fast_path = env is None
+        #: quiet decode steps whose step times are asked for at once (at most: a run's stretch
+        #: also ends at its next finish); any value gives the same results (tested with 3)
+        self.quiet_stretch_steps = 256
+        self._quiet_pace_s = 0.0  # the last quiet step's time: how many steps reach an arrival
         self._private_env = env is None
         kv = scheduler.kv
         readings = (
@@ -499,7 +504,7 @@ class Server:
         freeze = self.config.freeze_after_steps
         if freeze is not None and self.frozen_at_s is None:
             max_steps = freeze - self.num_steps
-        step_time = self.step_model.step_time_s
+        step_times = self.step_model.decode_step_times_s
         bytes_per_token = kv.bytes_per_token
         cached = kv.cached_tokens
         reserved = self._kv_reserved_bytes()
@@ -512,49 +517,84 @@ class Server:
         )
         next_sample_s = self._next_sample_s
         free_round_trips, activation_bytes = self._free_round_trips, self._activation_bytes
+        needs_slots, stretch = run.needs_slots, self.quiet_stretch_steps
         t = now_s
         num_steps = stored = 0
         m = -1
+        # The run's steps between two finishes have one batch size: their step times come in
+        # one call (``times``, from ``times_at``), and the run's counters are advanced in one
+        # go (``lag`` steps behind ``num_steps``) before anything reads them.
+        times: list[float] = []
+        times_at = lag = 0
+        dt = self._quiet_pace_s  # the last quiet step's time (0.0: none yet)
+        own = run.num_own_tokens
+        finish_step = run.next_finish_step()
         while num_steps < max_steps:
-            if (
-                run.num_seqs != m
-            ):  # a new batch size: its activations must be a round trip known to change nothing
+            if run.num_seqs != m:
+                # a new batch size: its activations must be a round trip known to change nothing
                 m = run.num_seqs
                 nbytes = activation_bytes.get((m, m))
                 if nbytes is None:
                     nbytes = activation_bytes[(m, m)] = self.model.activation_bytes(m, m)
                 if nbytes not in free_round_trips:
                     break
-            dt = step_time(0, m, run.context_tokens, 0, 0)
+                times, times_at = [], num_steps
+            i = num_steps - times_at
+            if i == len(times):
+                # the next stretch: up to the next finish, at most ``stretch`` steps, and about
+                # as many as reach the next arrival at the last step's pace (steps only get
+                # longer as the context grows; a stretch that falls short is followed by another)
+                times_at, i = num_steps, 0
+                n = min(finish_step, num_steps + stretch - 1, max_steps - 1) - num_steps + 1
+                if not dt:  # the first stretch of all: no pace known yet
+                    n = min(n, 16)
+                elif next_arrival_s - t < n * dt:
+                    n = int((next_arrival_s - t) / dt) + 2
+                times = step_times(m, run.context_tokens + lag * m, int(n))
+            dt = times[i]
             end_s = t + dt
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
-                if run.needs_slots(num_steps) and not run.take_slots(num_steps):
+                if needs_slots(num_steps) and not run.take_slots(num_steps):
                     break
+                if lag:
+                    run.advance(lag)
                 self._store_quiet(
                     run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
                 )
                 self.num_skipped_activation_round_trips += 1
                 self.num_quiet_steps += 1
+                self._quiet_pace_s = dt
                 return t, (run, QUIET, dt, 0.0)
-            if run.needs_slots(num_steps):  # some requests need a page now
+            if needs_slots(num_steps):  # some requests need a page now
                 if not run.take_slots(num_steps):
                     break
-                reserved = self._kv_reserved_bytes()
-                idle = reserved - kv.allocated_bytes
+                idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
             t = end_s
-            num_steps += 1
             busy_s += dt
-            finished = run.end_step(t)
-            if finished:
+            if num_steps == finish_step:
+                if lag:
+                    run.advance(lag)
+                    lag = 0
+                num_steps += 1
+                finished = run.end_step(t)
+                own = run.num_own_tokens
+                finish_step = run.next_finish_step()
                 reserved = self._kv_reserved_bytes()
                 idle = reserved - kv.allocated_bytes
                 cached = kv.cached_tokens
-            token_byte_s += (run.num_own_tokens + cached) * bytes_per_token * dt
+            else:
+                num_steps += 1
+                lag += 1
+                own += m
+                finished = 0
+            token_byte_s += (own + cached) * bytes_per_token * dt
             reserved_byte_s += reserved * dt
             idle_byte_s += idle * dt
-            if (
-                t >= next_sample_s
-            ):  # the sample reads the requests and the server's figures: store them first
+            if t >= next_sample_s:
+                # the sample reads the requests and the server's figures: store them first
+                if lag:
+                    run.advance(lag)
+                    lag = 0
                 self._store_quiet(
                     run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
                 )
@@ -565,6 +605,8 @@ class Server:
                 not run.num_seqs or any(pool.pending_driver_ns for pool in pools.distinct)
             ):
                 break
+        if lag:
+            run.advance(lag)
         self._store_quiet(
             run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
         )

@@ -620,6 +620,35 @@ class StepTimeModel:
             step_s += self._allreduce_fixed_s + (p + d) * self._allreduce_token_s
         return step_s
 
+    def decode_step_times_s(
+        self, decode_seqs: int, context_tokens: int, num_steps: int
+    ) -> list[float]:
+        """``step_time_s(0, decode_seqs, context_tokens + s * decode_seqs)`` for each ``s`` in
+        ``range(num_steps)``: the next steps of a batch that decodes one token of each sequence
+        per step (each step adds ``decode_seqs`` tokens of context). The same floats as those
+        calls, bit for bit: the roofline's decode terms in the same order of operations, with
+        what does not depend on the context taken out of the loop (the server's quiet decode
+        runs ask for a stretch at a time; ``tests/sim/serving/test_steptime.py``)."""
+        d = decode_seqs
+        if d <= 0 or context_tokens < 0 or self._hybrid or self._terms is not None:
+            f = self.step_time_s
+            return [f(0, d, context_tokens + s * d) for s in range(num_steps)]
+        token_s, pair_s = d * self._decode_token_s, self._decode_pair_s
+        weights, kv = self._weight_bytes, self._kv_bytes_per_token
+        act, logits = self._act_bytes_per_token * d, self._logits_bytes * d
+        per_byte, fixed = self._s_per_hbm_byte, self._fixed_s
+        out = []
+        c = context_tokens + d  # each decode query attends to its context and itself
+        for _ in range(num_steps):
+            compute_s = 0.0 + (token_s + c * pair_s)
+            memory_s = (weights + kv * c + act + logits) * per_byte
+            out.append((compute_s if compute_s > memory_s else memory_s) + fixed)
+            c += d
+        if self._allreduce_token_s:
+            allreduce_s = self._allreduce_fixed_s + d * self._allreduce_token_s
+            out = [s + allreduce_s for s in out]
+        return out
+
     @staticmethod
     def _check_args(p: int, d: int, c: int, pc: int, k: int) -> None:
         for name, value in (

@@ -442,3 +442,35 @@ def test_the_tight_loop_names_the_event_of_an_unknown_free():
                 unknown_free=_unknown,
                 latency_sample=share,
             )
+
+
+@pytest.mark.parametrize(
+    "device", [lambda: CostedDevice(CostModel.load()), CustomDriver], ids=["clock", "take"]
+)
+def test_calls_made_in_one_go_are_timed_each_as_one_call(device):
+    """``allocate_each``/``free_each`` (the serving simulator's page grows and a finished
+    request's pages): the same handles, samples and driver time as one ``allocate``/``free`` per
+    call, with a clock or with ``take_driver_ns`` only."""
+    results = []
+    for each in (False, True):
+        policy = policies.create("paged:segment_bytes=8MiB", device=device())
+        alloc_ns, free_ns = [], []
+        calls = engine.TimedCalls(
+            engine.policy_target(policy), timer=TickTimer(), alloc_ns=alloc_ns, free_ns=free_ns
+        )
+        if each:
+            handles = calls.allocate_each(3 * MiB, 5, "kv")
+        else:
+            handles = [calls.allocate(3 * MiB, 0, "kv") for _ in range(5)]
+        extents = [h.extents for h in handles]
+        pending = calls.take_driver_ns()
+        if each:
+            calls.free_each(handles[::-1])
+        else:
+            for h in handles[::-1]:
+                calls.free(h)
+        results.append((extents, alloc_ns, free_ns, pending, policy.stats().num_frees))
+    assert results[0] == results[1]
+    extents, alloc_ns, free_ns, pending, num_frees = results[1]
+    assert len(alloc_ns) == 5 and free_ns == [10] * 5 and num_frees == 5
+    assert pending > 0 and sum(alloc_ns) == 50 + pending  # each grow's driver time on its call

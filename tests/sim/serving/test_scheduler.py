@@ -1,3 +1,4 @@
+import math
 import pytest
 
 import policies
@@ -367,3 +368,38 @@ def test_decode_run_is_none_unless_every_running_request_decodes():
     assert s.decode_run() is not None
     s.add(req(s, 1, 20, 5))
     assert s.decode_run() is None  # someone waits: the next step admits it
+
+
+def test_decode_run_advance_is_end_step_over_steps_where_nothing_finishes():
+    """The server advances a run's counters in one go between finishes (``advance`` up to
+    ``next_finish_step``): the same counters as one ``end_step`` per step, and the finishes
+    fall on the same steps."""
+    one, bulk = _decoding_batch("paged"), _decoding_batch("paged")
+    page_source = one.kv.pool.policy
+    a = one.decode_run(page_source)
+    b = bulk.decode_run(bulk.kv.pool.policy)
+    finishes = []
+    while a.num_seqs:
+        assert a.take_slots(a.num_steps) and b.take_slots(a.num_steps)
+        if a.end_step(1.0 + a.num_steps):
+            finishes.append(a.num_steps - 1)
+    steps = []
+    while b.num_seqs:
+        due = b.next_finish_step()
+        assert due >= b.num_steps
+        for s in range(b.num_steps, due):  # the pages due in between (the server takes them too)
+            assert b.take_slots(s)
+        b.advance(due - b.num_steps)
+        assert b.take_slots(due)
+        assert b.end_step(1.0 + due) > 0
+        steps.append(due)
+    assert steps == finishes and len(steps) >= 3
+    a.apply(), b.apply()
+    assert (b.num_steps, b.context_tokens, b.num_own_tokens) == (
+        a.num_steps,
+        a.context_tokens,
+        a.num_own_tokens,
+    )
+    assert bulk.num_finished == one.num_finished == 5
+    assert bulk.num_own_tokens == one.num_own_tokens
+    assert b.next_finish_step() == math.inf

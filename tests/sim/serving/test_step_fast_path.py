@@ -87,6 +87,19 @@ def test_fast_path_gives_identical_results(azure, spec, options):
     assert_same_results(slow, fast)
 
 
+@pytest.mark.parametrize("spec", ["paged", "best-fit"])
+def test_quiet_stretches_of_any_length_give_identical_results(azure, spec):
+    # the quiet runs take their step times a stretch at a time (at most quiet_stretch_steps, up
+    # to the next finish): short stretches cut runs everywhere, and nothing may change
+    slow_server, slow = run(azure, spec, False)
+    setup = build_serving(azure, spec, model=MODEL, gpu=GPU)
+    setup.server.quiet_stretch_steps = 3
+    end_s = setup.server.run()
+    assert setup.server.num_quiet_steps > 0.5 * setup.server.num_steps
+    assert setup.server.num_steps == slow_server.num_steps
+    assert_same_results(slow, serving_result(setup, end_s=end_s, wall_s=0.0))
+
+
 def test_fast_path_is_off_in_the_shared_layout_and_results_agree(azure):
     slow_server, slow = run(azure, "best-fit", False, pool_layout="shared")
     fast_server, fast = run(azure, "best-fit", True, pool_layout="shared")

@@ -408,3 +408,25 @@ def test_a_fitted_file_round_trips(tmp_path):
         and (cal.model, cal.gpu, cal.tp) == ("Llama-3-8B", "H200", 1)
     )
     assert "fitted from" in cal.describe() and "70.0 ms" in cal.describe()
+
+
+# -- a quiet decode run's step times in one call (the server's closed form) -----------------------
+@pytest.mark.parametrize(
+    "model,tp", [("Llama-3-8B", 1), ("Llama-3-70B", 4), ("Llama-3.2-1B", 1)], ids=str
+)
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(1, 512), c=st.integers(0, 4_000_000), n=st.integers(0, 40))
+def test_decode_step_times_are_step_time_s_bit_for_bit(model, tp, d, c, n):
+    stm = _stm(model, tp)
+    got = stm.decode_step_times_s(d, c, n)
+    assert got == [stm.step_time_s(0, d, c + s * d) for s in range(n)]  # exact, no tolerance
+
+
+_STMS: dict = {}
+
+
+def _stm(model: str, tp: int) -> StepTimeModel:
+    key = (model, tp)
+    if key not in _STMS:
+        _STMS[key] = StepTimeModel(load_model(model), load_gpu("H200"), tensor_parallel=tp)
+    return _STMS[key]
