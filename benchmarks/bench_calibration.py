@@ -2,7 +2,8 @@
 
     python benchmarks/bench_calibration.py [--runs-dir DIR] [--run NAME=STEPS.csv,REQUESTS.csv ...]
                                            [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
-                                           [--from-requests] [--variants] [--model M] [--gpu G]
+                                           [--from-requests] [--variants] [--add TERM ...]
+                                           [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
@@ -22,6 +23,9 @@ or that spread, where larger; a run in no condition against 15 % alone. ``--skip
 out the runs whose name holds TEXT (a policy other than the engine's own allocator, say). Each
 held-out row is counted, and separately those judged on another workload than the fit's (the
 name up to its duration, ``azure_code`` or ``synth_mixed``).
+
+``--add TERM`` fits an optional step term too (``sim.serving.step_fit.OPTIONAL_TERMS``: the
+exposed-KV term, not adopted; its before/after counts are in RESULTS.md).
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
 shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s docstring).
@@ -55,8 +59,13 @@ from sim.serving.engine_runs import (
 )  # noqa: E402
 from sim.replay.hardware import DEFAULT_GPU, load_gpu  # noqa: E402
 from sim.replay.models import DEFAULT_MODEL, load_model  # noqa: E402
-from sim.serving.step_fit import fit_step_profile, profile_features, roofline_s  # noqa: E402
-from sim.serving.steptime import StepTimeModel  # noqa: E402
+from sim.serving.step_fit import (  # noqa: E402
+    OPTIONAL_TERMS,
+    fit_step_profile,
+    profile_features,
+    roofline_s,
+)
+from sim.serving.steptime import STEP_TERM_NAMES, StepTimeModel  # noqa: E402
 from traces.engine_profile import read_served_requests, read_step_profile  # noqa: E402
 
 ENGINE = REPO.parent / "shared" / "data" / "engine"
@@ -139,14 +148,26 @@ def as_recorded(cal, judged: dict):
 
 
 def held_out_table(
-    runs: dict, model, gpu, *, from_requests: bool, spreads: dict[str, dict[str, float]]
+    runs: dict,
+    model,
+    gpu,
+    *,
+    from_requests: bool,
+    spreads: dict[str, dict[str, float]],
+    add: tuple[str, ...] = (),
 ) -> str:
-    """``spreads``: condition name -> its spread per figure; each run's condition, ``runs[n]["condition"]``."""
+    """``spreads``: condition name -> its spread per figure; each run's condition, ``runs[n]["condition"]``;
+    ``add``: optional step terms the step-profile fits use (``sim.serving.step_fit.OPTIONAL_TERMS``)."""
     rows = []
     for fit_name, fit_run in runs.items():
         cals = {
             "steps": fit_step_profile(
-                fit_run["steps"], model, gpu, engine="transformers", source=str(fit_run["files"][0])
+                fit_run["steps"],
+                model,
+                gpu,
+                add=add,
+                engine="transformers",
+                source=str(fit_run["files"][0]),
             ).calibration
         }
         if from_requests:
@@ -251,7 +272,7 @@ def held_out_table(
     )
 
 
-def variants_table(runs: dict, model, gpu) -> str:
+def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
     """Per-step error on the other runs: the roofline as the fit's floor (shipped) against as a feature."""
     floor_model = StepTimeModel(model, gpu)
     data = {
@@ -267,7 +288,7 @@ def variants_table(runs: dict, model, gpu) -> str:
         "|---|---|---|---|---|",
     ]
     for fit_name, fit_run in runs.items():
-        floor_fit = fit_step_profile(fit_run["steps"], model, gpu)
+        floor_fit = fit_step_profile(fit_run["steps"], model, gpu, add=add)
         x, y, roof = data[fit_name]
         keep = np.ones(len(y), bool)
         keep[0] = False  # the warm-up step, as the shipped fit leaves its outliers out
@@ -280,7 +301,10 @@ def variants_table(runs: dict, model, gpu) -> str:
             if judged_name == fit_name:
                 continue
             xj, yj, roofj = data[judged_name]
-            floor_pred = np.maximum(xj @ np.array(list(floor_fit.terms.to_dict().values())), roofj)
+            terms = floor_fit.terms
+            coef_floor = np.array([getattr(terms, n) for n in STEP_TERM_NAMES])
+            xh = profile_features(runs[judged_name]["steps"], terms.num_hidden_kv_tokens)
+            floor_pred = np.maximum(xh @ coef_floor, roofj)
             feat_pred = np.column_stack([xj, roofj]) @ coef
             m = np.ones(len(yj), bool)
             m[0] = False
@@ -321,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants", action="store_true", help="roofline as floor against as a feature"
     )
+    ap.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="TERM",
+        help="fit an optional step term too (sim.serving.step_fit.OPTIONAL_TERMS), repeatable",
+    )
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--gpu", default=DEFAULT_GPU)
     args = ap.parse_args(argv)
@@ -330,12 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     files.update(dict(args.run))
     files = {n: f for n, f in files.items() if not any(t in n for t in args.skip)}
     model, gpu = load_model(args.model), load_gpu(args.gpu)
+    add = tuple(args.add)
+    unknown = sorted(set(add) - set(OPTIONAL_TERMS))
+    if unknown:
+        ap.error(
+            f"--add {unknown[0]}: no such optional term; optional terms: {', '.join(OPTIONAL_TERMS)}"
+        )
     runs = {
         name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
         for name, (s, r) in files.items()
     }
     for run in runs.values():
-        run["cold"] = fit_step_profile(run["steps"], model, gpu).calibration.warmup_s > 0
+        run["cold"] = fit_step_profile(run["steps"], model, gpu, add=add).calibration.warmup_s > 0
     spreads = {}
     for run in runs.values():
         run["condition"] = None
@@ -353,10 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         spreads[condition] = spread_pct(runs, repeat)
         for n in repeat:
             runs[n]["condition"] = condition
-    print(held_out_table(runs, model, gpu, from_requests=args.from_requests, spreads=spreads))
+    print(
+        held_out_table(runs, model, gpu, from_requests=args.from_requests, spreads=spreads, add=add)
+    )
     if args.variants:
         print()
-        print(variants_table(runs, model, gpu))
+        print(variants_table(runs, model, gpu, add=add))
     return 0
 
 

@@ -111,9 +111,17 @@ def _engine(name: str) -> str:
     multiple=True,
     metavar="TERM",
     help="Hold a term at 0 instead of fitting it (repeatable): fixed_s, per_seq_s, per_token_s, "
-    "per_kv_token_s, per_pair_s, per_query_kv_s.",
+    "per_kv_token_s, per_pair_s, per_query_kv_s, per_exposed_kv_token_s.",
 )
-def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop) -> None:
+@click.option(
+    "--add",
+    "add",
+    multiple=True,
+    metavar="TERM",
+    help="Fit an optional term, held at 0 otherwise (repeatable): per_exposed_kv_token_s (each KV "
+    "token past those the kernel launches hide; it also fits where that starts).",
+)
+def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop, add) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
     from sim.serving.step_fit import OUTLIER_REL_ERROR, fit_step_profile
     from sim.replay.schema import format_table
@@ -136,6 +144,7 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
             gpu_spec,
             tensor_parallel=tensor_parallel,
             drop=drop,
+            add=add,
             engine=engine,
             source=str(profile),
         )

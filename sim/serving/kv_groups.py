@@ -1,6 +1,6 @@
 """A hybrid model's KV cache: one manager per layer group, pages laid out four ways.
 
-A model's ``kv_groups`` (``sim.serving.models.LayerGroup``) say what each kind of layer keeps per
+A model's ``kv_groups`` (``sim.replay.models.LayerGroup``) say what each kind of layer keeps per
 request: full attention the K and V of every token, a sliding window those of the last W
 tokens (pages wholly out of the window are freed as the request advances, as vLLM's
 ``SlidingWindowManager`` does), Mamba layers one fixed state whatever the length (vLLM's
@@ -46,7 +46,7 @@ from sim.serving.choices import HYBRID_LAYOUTS  # noqa: F401 (moved; importable 
 
 if TYPE_CHECKING:
     from sim.serving.config import ServerConfig
-    from sim.serving.models import ModelSpec
+    from sim.replay.models import ModelSpec
 
 __all__ = [
     "HYBRID_LAYOUTS",

@@ -49,12 +49,14 @@ even at batch 2) is described by linear terms over the step's counts, with the r
 floor no engine beats::
 
     step_s = max(roofline_s, fixed_s + per_seq_s (k + d) + per_token_s (p + d)
-                             + per_kv_token_s kv + per_pair_s pairs + per_query_kv_s (p + d) kv)
+                             + per_kv_token_s kv + per_pair_s pairs + per_query_kv_s (p + d) kv
+                             + per_exposed_kv_token_s max(kv - num_hidden_kv_tokens, 0))
 
 where ``kv`` is every KV token the step's attention reads (cached plus new, all sequences),
 ``pairs`` the causal query/key pairs inside each sequence (what a varlen/paged kernel computes)
 and ``(p + d) kv`` the whole step's queries times its keys (what one masked attention over the
-packed batch computes, as transformers' ``paged|sdpa`` does). All terms 0 (the default, and an
+packed batch computes, as transformers' ``paged|sdpa`` does), and the last the KV tokens past
+what the step's kernel launches hide (``StepTerms``). All terms 0 (the default, and an
 old calibration file) is the roofline alone, unchanged.
 """
 
@@ -188,7 +190,8 @@ def load_calibration(path: str | Path) -> Calibration:
 
 @dataclass(frozen=True, slots=True)
 class StepTerms:
-    """Linear step-time terms of a fitted engine (module docstring), all seconds and >= 0.
+    """Linear step-time terms of a fitted engine (module docstring), all >= 0: seconds, but for
+    ``num_hidden_kv_tokens``, the one count (where ``per_exposed_kv_token_s`` starts).
 
     Attributes:
         fixed_s: every step (scheduling, input preparation, kernel launches without CUDA graphs).
@@ -197,6 +200,14 @@ class StepTerms:
         per_kv_token_s: each KV token the step's attention reads (cached plus new).
         per_pair_s: each causal query/key pair inside one sequence.
         per_query_kv_s: each (query token, KV token) pair of the whole step, masked or not.
+        per_exposed_kv_token_s: each KV token a step reads past ``num_hidden_kv_tokens``. Without
+            CUDA graphs an engine's step is bound by the CPU launching its kernels, and the GPU's
+            attention work runs under those launches until the step reads about that many KV
+            tokens; past it the GPU is the bound and each further KV token adds its time. Why this
+            term (issue 31, session 13): it is the one that carries between small and large
+            decode batches (``benchmarks/RESULTS.md``), where ``per_query_kv_s`` fitted on small
+            batches overshoots large ones.
+        num_hidden_kv_tokens: KV tokens a step reads under the launch time (a count, not seconds).
     """
 
     fixed_s: float = 0.0
@@ -205,6 +216,8 @@ class StepTerms:
     per_kv_token_s: float = 0.0
     per_pair_s: float = 0.0
     per_query_kv_s: float = 0.0
+    per_exposed_kv_token_s: float = 0.0
+    num_hidden_kv_tokens: float = 0.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -215,13 +228,15 @@ class StepTerms:
                 or not math.isfinite(value)
                 or value < 0
             ):
+                unit = "tokens" if f.name.startswith("num_") else "seconds"
                 raise ValueError(
-                    f"term {f.name!r} must be a finite number >= 0 seconds, got {value!r}"
+                    f"term {f.name!r} must be a finite number >= 0 {unit}, got {value!r}"
                 )
 
     @property
     def is_zero(self) -> bool:
-        return not any(self.to_dict().values())
+        """No cost at all (``num_hidden_kv_tokens`` is where a cost starts, not one)."""
+        return not any(getattr(self, name) for name in STEP_TERM_NAMES)
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -229,14 +244,17 @@ class StepTerms:
     def linear_s(self, p: float, d: float, k: float, kv: float, pairs: float) -> float:
         """The terms' sum for a step of ``p`` prefill tokens in ``k`` sequences, ``d`` decode
         sequences, ``kv`` KV tokens read and ``pairs`` causal pairs (``term_features``)."""
-        return sum(
-            c * x for c, x in zip(dataclasses.astuple(self), term_features(p, d, k, kv, pairs))
-        )
+        features = term_features(p, d, k, kv, pairs, self.num_hidden_kv_tokens)
+        return sum(getattr(self, name) * x for name, x in zip(STEP_TERM_NAMES, features))
 
 
-def term_features(p: Any, d: Any, k: Any, kv: Any, pairs: Any) -> tuple[Any, ...]:
-    """What each ``StepTerms`` term multiplies, in its order (numbers or numpy arrays alike)."""
-    return (p * 0 + 1, k + d, p + d, kv, pairs, (p + d) * kv)
+def term_features(
+    p: Any, d: Any, k: Any, kv: Any, pairs: Any, num_hidden_kv_tokens: float = 0.0
+) -> tuple[Any, ...]:
+    """What each ``StepTerms`` cost term multiplies, in ``STEP_TERM_NAMES`` order (numbers or
+    numpy arrays alike); ``num_hidden_kv_tokens`` is where the exposed-KV term starts."""
+    exposed = np.maximum(kv - num_hidden_kv_tokens, 0)
+    return (p * 0 + 1, k + d, p + d, kv, pairs, (p + d) * kv, exposed)
 
 
 def step_pairs(p: Any, k: Any, prefill_cached: Any, decode_kv: Any) -> Any:
@@ -247,8 +265,13 @@ def step_pairs(p: Any, k: Any, prefill_cached: Any, decode_kv: Any) -> Any:
     return p * prefill_cached / per_seq + p * (p / per_seq + 1) / 2 + decode_kv
 
 
-#: The terms' names, in ``StepTerms`` order (the fit's columns).
-STEP_TERM_NAMES = tuple(f.name for f in dataclasses.fields(StepTerms))
+#: The cost terms' names, in ``StepTerms`` order (the fit's columns); ``num_hidden_kv_tokens``
+#: is no column: the fit chooses it (``sim.serving.step_fit``).
+STEP_TERM_NAMES = tuple(
+    f.name for f in dataclasses.fields(StepTerms) if f.name != "num_hidden_kv_tokens"
+)
+#: Every key of a calibration file's ``terms``.
+_STEP_TERM_KEYS = (*STEP_TERM_NAMES, "num_hidden_kv_tokens")
 
 
 @dataclass(frozen=True)
@@ -329,9 +352,9 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
             f"{path}: unknown key(s) {unknown}; a fitted calibration has {sorted(_STEP_CALIBRATION_KEYS)}"
         )
     terms_data = data.get("terms") or {}
-    if not isinstance(terms_data, dict) or set(terms_data) - set(STEP_TERM_NAMES):
+    if not isinstance(terms_data, dict) or set(terms_data) - set(_STEP_TERM_KEYS):
         raise ValueError(
-            f"{path}: 'terms' must be an object with keys among {list(STEP_TERM_NAMES)}"
+            f"{path}: 'terms' must be an object with keys among {list(_STEP_TERM_KEYS)}"
         )
     try:
         terms = StepTerms(**terms_data)

@@ -84,6 +84,41 @@ def test_an_unknown_drop_term_and_engine_are_named(profile, tmp_path, cli):
     assert code == 2 and "--engine" in err and "vllm, transformers" in err
 
 
+def test_add_fits_the_exposed_kv_term_and_the_file_reads_back(profile, tmp_path, cli, cli_ok):
+    from sim.serving.steptime import load_step_calibration
+
+    out_file = tmp_path / "cal.json"
+    out, _ = cli_ok(
+        [
+            "calibrate",
+            "steps",
+            str(profile),
+            "--add",
+            "per_exposed_kv_token_s",
+            "--out",
+            str(out_file),
+        ]
+    )
+    terms = json.loads(out_file.read_text())["terms"]
+    assert "per_exposed_kv_token_s" in terms and terms["num_hidden_kv_tokens"] > 0
+    assert "num_hidden_kv_tokens" in out
+    assert (
+        load_step_calibration(out_file).terms.num_hidden_kv_tokens == terms["num_hidden_kv_tokens"]
+    )
+    code, _, err = cli(
+        [
+            "calibrate",
+            "steps",
+            str(profile),
+            "--add",
+            "per_kv_token_s",
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--add per_kv_token_s" in err
+
+
 def test_simulate_prices_steps_with_the_calibration_and_names_it(profile, tmp_path, trace, cli_ok):
     cal = tmp_path / "cal.json"
     cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sim.serving.engine_runs import predict_served, served_trace
 from sim.replay.hardware import load_gpu
@@ -26,7 +27,7 @@ def _load():
     return module
 
 
-def _recording(tmp_path, name, fixed_s, seed):
+def _recording(tmp_path, name, fixed_s, seed, **more_terms):
     """A run of an engine whose steps follow known terms: its profile and its request table."""
     terms = StepTerms(
         fixed_s=fixed_s,
@@ -35,6 +36,7 @@ def _recording(tmp_path, name, fixed_s, seed):
         per_kv_token_s=1e-6,
         per_pair_s=3e-9,
         per_query_kv_s=1.5e-9,
+        **more_terms,
     )
     steps = synthetic_profile(
         n=90, seed=seed, terms=terms, model_gpu=(load_model("Llama-3-8B"), load_gpu("H200"))
@@ -103,6 +105,29 @@ def test_a_condition_of_three_runs_widens_the_target_of_its_runs_only(tmp_path, 
     )  # 0.05 s steps for a 0.1 s engine: within its runs' spread
     assert "✗" not in rows["w_10s_3"].split(" | ")[3] and "✗" in rows["w_10s_lone"].split(" | ")[3]
     assert "on another workload" not in out  # one workload: w, its name up to the duration
+
+
+def test_add_judges_with_the_exposed_kv_term_fitted(tmp_path, capsys):
+    """Two runs of an engine with an exposed-KV cost: fitted with it (``--add``) each predicts the
+    other exactly; the shipped terms alone do not."""
+    bench = _load()
+    for name, seed in [("a", 0), ("b", 1)]:
+        _recording(
+            tmp_path, name, 0.07, seed, per_exposed_kv_token_s=2e-6, num_hidden_kv_tokens=20_000
+        )
+    args = ["--no-shared", "--runs-dir", str(tmp_path)]
+
+    def worst_error_pct(out):
+        row = next(r for r in out.splitlines() if r.startswith("| calibrate steps a | b |"))
+        return max(abs(float(c.split(" %")[0])) for c in row.strip(" |").split(" | ")[3:])
+
+    assert bench.main(args + ["--add", "per_exposed_kv_token_s"]) == 0
+    assert worst_error_pct(capsys.readouterr().out) <= 1
+    assert bench.main(args) == 0
+    assert worst_error_pct(capsys.readouterr().out) >= 4
+    with pytest.raises(SystemExit) as info:
+        bench.main(args + ["--add", "per_kv_token_s"])
+    assert info.value.code == 2 and "no such optional term" in capsys.readouterr().err
 
 
 def test_a_runs_workload_is_its_name_up_to_the_duration():

@@ -1,5 +1,6 @@
 """``sim.serving.step_fit``: the fit recovers known terms, refuses what a profile cannot determine, reports by step kind."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from sim.replay.hardware import load_gpu
 from sim.replay.models import load_model
 from sim.serving.step_fit import (
+    OPTIONAL_TERMS,
     UnderdeterminedProfile,
     fit_step_profile,
     profile_features,
@@ -122,6 +124,82 @@ def test_a_profile_without_prefill_tokens_names_the_term_it_cannot_fit(llama_h20
     )
     with pytest.raises(UnderdeterminedProfile, match="cannot determine"):
         fit_step_profile(same, *llama_h200, drop=("per_seq_s",))
+
+
+#: an engine whose attention hides under its kernel launches up to 20,000 KV tokens a step
+EXPOSED = dataclasses.replace(TRUE, per_exposed_kv_token_s=1.2e-6, num_hidden_kv_tokens=20_000)
+ADD = ("per_exposed_kv_token_s",)
+
+
+def test_the_fit_recovers_the_exposed_kv_term_and_where_it_starts(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200, terms=EXPOSED)
+    fit = fit_step_profile(steps, *llama_h200, add=ADD)
+    for name in STEP_TERM_NAMES:
+        assert getattr(fit.terms, name) == pytest.approx(getattr(EXPOSED, name), rel=0.05), name
+    assert fit.terms.num_hidden_kv_tokens == pytest.approx(20_000, rel=0.05)
+    assert fit.calibration.fit["added"] == list(ADD)
+    # not adopted (OPTIONAL_TERMS): without --add the term is held at 0, and misses this engine
+    plain = fit_step_profile(steps, *llama_h200)
+    assert plain.terms.per_exposed_kv_token_s == 0 and plain.terms.num_hidden_kv_tokens == 0
+    cv = [
+        f.errors.set_index(["split", "kind"]).loc[("cross-validated", "all"), "mean_abs_err_%"]
+        for f in (fit, plain)
+    ]
+    assert cv[0] < 1.0 < cv[1]
+
+
+def test_the_fitted_exposed_kv_term_prices_the_simulators_steps(llama_h200):
+    """10 decode sequences over 19,990 cached tokens read 20,000 KV tokens: none exposed; 10,000
+    more cached tokens are all exposed."""
+    with_term, without = (
+        StepTimeModel(*llama_h200, calibration=StepCalibration(default_calibration(), terms=t))
+        for t in (EXPOSED, dataclasses.replace(EXPOSED, per_exposed_kv_token_s=0.0))
+    )
+
+    def exposed_s(cached):
+        return (
+            with_term.step_cost(0, 10, cached).fitted_s - without.step_cost(0, 10, cached).fitted_s
+        )
+
+    assert exposed_s(19_990) == pytest.approx(0.0, abs=1e-12)
+    assert exposed_s(29_990) == pytest.approx(10_000 * 1.2e-6, rel=1e-9)
+
+
+def test_a_profile_of_two_kv_counts_cannot_place_the_exposed_kv_term(llama_h200):
+    """Decode steps that read 8,000 or 30,000 KV tokens and nothing else: any start of the
+    exposed-KV term is a mix of the fixed and per-KV-token terms, so the fit names it."""
+    d = np.arange(120) % 60 + 1
+    kv = np.where(np.arange(120) % 2 == 0, 8_000, 30_000)
+    terms = StepTerms(fixed_s=0.07, per_token_s=2e-5, per_kv_token_s=1e-6, per_query_kv_s=1e-9)
+    stm = StepTimeModel(
+        *llama_h200, calibration=StepCalibration(default_calibration(), terms=terms)
+    )
+    steps = pd.DataFrame(
+        {
+            "duration_s": [stm.step_time_s(0, int(n), int(c - n)) for n, c in zip(d, kv)],
+            "num_prefill_seqs": 0,
+            "num_prefill_tokens": 0,
+            "prefill_context_tokens": 0,
+            "num_decode_seqs": d,
+            "decode_context_tokens": kv,
+        }
+    )
+    drop = ("per_seq_s", "per_pair_s")
+    assert fit_step_profile(steps, *llama_h200, drop=drop).terms.fixed_s == pytest.approx(0.07)
+    with pytest.raises(UnderdeterminedProfile) as info:
+        fit_step_profile(steps, *llama_h200, drop=drop, add=ADD)
+    message = str(info.value)
+    assert info.value.term == "per_exposed_kv_token_s" and len(message.splitlines()) == 1
+    assert "needs decode steps of few sequences and of many" in message
+    assert "fit without --add per_exposed_kv_token_s" in message
+
+
+def test_only_an_optional_term_can_be_added(llama_h200):
+    assert OPTIONAL_TERMS == ADD
+    with pytest.raises(ValueError, match="--add per_kv_token_s: no such optional term"):
+        fit_step_profile(
+            synthetic_profile(model_gpu=llama_h200, n=30), *llama_h200, add=("per_kv_token_s",)
+        )
 
 
 def test_an_unknown_term_is_named(llama_h200):
