@@ -1,4 +1,5 @@
-"""setuptools' entry for the opt-in compiled build of ``policies`` (``build_backend/poollab_build.py``).
+"""setuptools' entry for the opt-in compiled build of ``policies``
+(``build_backend/poollab_build.py``).
 
 Everything else is in ``pyproject.toml``; without ``POOLLAB_COMPILE=1`` this adds nothing.
 """

@@ -1,4 +1,5 @@
-"""Every registered policy against the lower bound and the offline planner, on a real and a synthetic trace.
+"""Every registered policy against the lower bound and the offline planner, on a real and a
+synthetic trace.
 
     python benchmarks/bench_baselines.py [--snapshot PATH] [--requests 12] [--seed 0]
                                          [--policy SPEC ...] [--repeat 1] [--out DIR]
@@ -23,9 +24,9 @@ recorded and with virtual segment addresses.
 instead: the snapshot's requests are replayed through PyTorch's caching allocator once per
 ``REAL_TORCH_CONFIGS`` entry (each in a fresh process with its ``PYTORCH_CUDA_ALLOC_CONF``; the
 allocations made before recording first, then ``_record_memory_history`` and the rest), each
-new snapshot is written to ``OUT_DIR`` and compared with ``torch-caching`` by ``sim.replay.fidelity``;
-and the same requests go through CuPy's ``MemoryPool``, whose ``total_bytes()`` after every
-request is compared with ``cupy-pool``'s reserved bytes.
+new snapshot is written to ``OUT_DIR`` and compared with ``torch-caching`` by
+``sim.replay.fidelity``; and the same requests go through CuPy's ``MemoryPool``, whose
+``total_bytes()`` after every request is compared with ``cupy-pool``'s reserved bytes.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ def compare(trace, specs: list[str], repeat: int) -> pd.DataFrame:
     b = bounds(trace)
     print(f"\n## {trace.name}: {len(trace):,} events, {b['num_allocations']:,} allocations")
     print(
-        f"lower bound (peak live) {b['lower_bound_bytes'] / MiB:,.1f} MiB; planner ({b['planner']}) "
-        f"{b['planner_peak_bytes'] / MiB:,.1f} MiB (+{100 * (b['planner_peak_bytes'] / b['lower_bound_bytes'] - 1):.2f} %, "
+        f"lower bound (peak live) {b['lower_bound_bytes'] / MiB:,.1f} MiB; planner "
+        f"({b['planner']}) "
+        f"{b['planner_peak_bytes'] / MiB:,.1f} MiB "
+        f"(+{100 * (b['planner_peak_bytes'] / b['lower_bound_bytes'] - 1):.2f} %, "
         f"{b['planner_s']:.1f} s)"
     )
     rows = []
@@ -154,13 +157,15 @@ def torch_child(snapshot: str, limit: str, out_path: str) -> None:
 
         pickle.dump(snap, f)
     print(
-        f"  torch {torch.__version__}: max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} MiB, "
+        f"  torch {torch.__version__}: max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} "
+        "MiB, "
         f"max allocated {torch.cuda.max_memory_allocated() / MiB:,.1f} MiB"
     )
 
 
 def cupy_child(snapshot: str) -> None:
-    """Replay through CuPy's MemoryPool and compare ``total_bytes()`` with ``cupy-pool`` request by request."""
+    """Replay through CuPy's MemoryPool and compare ``total_bytes()`` with ``cupy-pool`` request by
+    request."""
     import cupy
 
     pool = cupy.cuda.MemoryPool()
@@ -182,8 +187,10 @@ def cupy_child(snapshot: str) -> None:
             num_differ += 1
             first_differ = k if first_differ < 0 else first_differ
     print(
-        f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: peak total_bytes "
-        f"{peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; requests after which they differ: "
+        f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: peak "
+        "total_bytes "
+        f"{peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; requests after which they "
+        "differ: "
         f"{num_differ:,} (first: {first_differ})"
     )
 
@@ -214,7 +221,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["--_cupy-child"]:
         cupy_child(argv[1])
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_snapshot = (
         FULL_SNAPSHOT
         if FULL_SNAPSHOT.exists()
@@ -243,7 +250,8 @@ def main(argv=None) -> int:
         return 0
     specs = args.specs or policies.available()
     print(
-        f"# bench_baselines {datetime.date.today()}: python {platform.python_version()} on {platform.machine()}"
+        f"# bench_baselines {datetime.date.today()}: python {platform.python_version()} on "
+        f"{platform.machine()}"
     )
     print(f"command: {' '.join(['python', 'benchmarks/bench_baselines.py', *argv])}")
     snapshot = read_alloc_trace(args.snapshot)

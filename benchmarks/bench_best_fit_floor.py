@@ -151,7 +151,8 @@ class BoundaryTagBestFit(Policy):
 
 
 def check_same_placements(events, costs) -> int:
-    """Replay ``events`` through best fit and the floor; the number of allocations, all placed alike."""
+    """Replay ``events`` through best fit and the floor; the number of allocations, all placed
+    alike."""
     best = policies.create("best-fit", device=CostedDevice(costs))
     floor = BoundaryTagBestFit(device=CostedDevice(costs))
     live_best, live_floor = {}, {}

@@ -1,4 +1,5 @@
-"""Held-out check of the step-time calibration (issue 31): fit on one engine run, predict the others.
+"""Held-out check of the step-time calibration (issue 31): fit on one engine run, predict the
+others.
 
     python benchmarks/bench_calibration.py [--runs-dir DIR] [--run NAME=STEPS.csv,REQUESTS.csv ...]
                                            [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
@@ -8,13 +9,14 @@
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
 batching on the Azure code slice and on the synthetic mixed trace) are used, plus every pair in
-``--runs-dir`` (``poollab gpu serve`` writes ``NAME_steps.csv`` and ``NAME_requests.csv``). For every ordered
-pair (fit run, judged run), ``poollab calibrate steps`` of the fit run's profile prices the
-steps of ``simulate --engine transformers`` on the judged run's requests, and TTFT, TPOT and
-e2e at p50 and p99 are compared with its request table; a fit on a run judged on itself is the
-in-sample row. A run is judged as it was recorded: the calibration's warm-up (a cold first
-step) is paid only when that run's own first step was one. ``--from-requests`` adds ``poollab calibrate requests`` fits (request table
-alone). The uncalibrated roofline (a CUDA-graph engine) is the baseline row.
+``--runs-dir`` (``poollab gpu serve`` writes ``NAME_steps.csv`` and ``NAME_requests.csv``). For
+every ordered pair (fit run, judged run), ``poollab calibrate steps`` of the fit run's profile
+prices the steps of ``simulate --engine transformers`` on the judged run's requests, and TTFT, TPOT
+and e2e at p50 and p99 are compared with its request table; a fit on a run judged on itself is the
+in-sample row. A run is judged as it was recorded: the calibration's warm-up (a cold first step) is
+paid only when that run's own first step was one. ``--from-requests`` adds ``poollab calibrate
+requests`` fits (request table alone). The uncalibrated roofline (a CUDA-graph engine) is the
+baseline row.
 
 ``--repeat A,B[,C...]`` names the recordings of one condition (the same workload, load and
 start, cold or warm), repeatable, one per condition: per figure, (max - min) / median over
@@ -28,7 +30,8 @@ name up to its duration, ``azure_code`` or ``synth_mixed``).
 exposed-KV term, not adopted; its before/after counts are in RESULTS.md).
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
-shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s docstring).
+shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s
+docstring).
 
 Prints Markdown for ``benchmarks/RESULTS.md``; exit status 0, or 2 for a file it cannot read.
 """
@@ -116,7 +119,8 @@ def spread_pct(runs: dict, repeat: tuple[str, ...]) -> dict[str, float]:
 
 
 def workload(name: str) -> str:
-    """The trace a run served: its name up to the duration (``azure_code_60s_x2_b``: ``azure_code``)."""
+    """The trace a run served: its name up to the duration (``azure_code_60s_x2_b``:
+    ``azure_code``)."""
     return re.split(r"_\d+s(?:_|$)", name)[0]
 
 
@@ -129,7 +133,8 @@ def _cell(error: float, spread: float | None) -> str:
 
 
 def discover_runs(folder: Path) -> dict[str, tuple[Path, Path]]:
-    """``NAME_steps.csv`` + ``NAME_requests.csv`` pairs in ``folder``, by NAME (``transformers_cb_`` dropped)."""
+    """``NAME_steps.csv`` + ``NAME_requests.csv`` pairs in ``folder``, by NAME (``transformers_cb_``
+    dropped)."""
     out = {}
     for steps in sorted(folder.glob("*_steps.csv")):
         requests = steps.with_name(steps.name[: -len("_steps.csv")] + "_requests.csv")
@@ -156,8 +161,9 @@ def held_out_table(
     spreads: dict[str, dict[str, float]],
     add: tuple[str, ...] = (),
 ) -> str:
-    """``spreads``: condition name -> its spread per figure; each run's condition, ``runs[n]["condition"]``;
-    ``add``: optional step terms the step-profile fits use (``sim.serving.step_fit.OPTIONAL_TERMS``)."""
+    """``spreads``: condition name -> its spread per figure; each run's condition,
+    ``runs[n]["condition"]``; ``add``: optional step terms the step-profile fits use
+    (``sim.serving.step_fit.OPTIONAL_TERMS``)."""
     rows = []
     for fit_name, fit_run in runs.items():
         cals = {
@@ -230,7 +236,8 @@ def held_out_table(
     for name, run in runs.items():
         m = latency_errors(run["served"], run["served"]).set_index("metric")["measured_s"]
         measured.append(
-            f"| {name} | {run['condition'] or '-'} | {len(run['served'])} | {len(run['steps'])} ({'cold' if run['cold'] else 'warm'}) | "
+            f"| {name} | {run['condition'] or '-'} | {len(run['served'])} | {len(run['steps'])} "
+            f"({'cold' if run['cold'] else 'warm'}) | "
             + " | ".join(f"{m[k]:.3f}" for k in LATENCY_METRICS)
             + " |"
         )
@@ -251,7 +258,8 @@ def held_out_table(
         ]
     )
     totals = "; ".join(
-        f"calibrate {how}{' on another workload' if other else ''}: {n} of {m} held-out figures within target"
+        f"calibrate {how}{' on another workload' if other else ''}: {n} of {m} held-out figures "
+        "within target"
         for (how, other), (n, m) in tally.items()
     )
     return "\n".join(
@@ -261,9 +269,12 @@ def held_out_table(
             "\n".join(lines),
             "",
             f"Errors are predicted / measured - 1; ✗ marks an error outside {TARGET_PCT:.0f} % "
-            "(or outside the judged run's condition's spread, where larger). † a run that started cold "
-            "judged by a fit of a run recorded after a warm-up, which cannot know that cost; left out "
-            "of the counts. Run-to-run spread per condition ((max - min) / median over its recordings):",
+            "(or outside the judged run's condition's spread, where larger). † a run that started "
+            "cold "
+            "judged by a fit of a run recorded after a warm-up, which cannot know that cost; left "
+            "out "
+            "of the counts. Run-to-run spread per condition ((max - min) / median over its "
+            "recordings):",
             "",
             "\n".join(spread_lines),
             "",
@@ -273,7 +284,8 @@ def held_out_table(
 
 
 def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
-    """Per-step error on the other runs: the roofline as the fit's floor (shipped) against as a feature."""
+    """Per-step error on the other runs: the roofline as the fit's floor (shipped) against as a
+    feature."""
     floor_model = StepTimeModel(model, gpu)
     data = {
         n: (
@@ -284,7 +296,8 @@ def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
         for n, r in runs.items()
     }
     lines = [
-        "| fitted on | judged on | floor: mean abs step error | feature: mean abs step error | feature's roofline weight |",
+        "| fitted on | judged on | floor: mean abs step error | feature: mean abs step error | "
+        "feature's roofline weight |",
         "|---|---|---|---|---|",
     ]
     for fit_name, fit_run in runs.items():
@@ -309,14 +322,15 @@ def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
             m = np.ones(len(yj), bool)
             m[0] = False
             lines.append(
-                f"| {fit_name} | {judged_name} | {100 * np.mean(np.abs(floor_pred[m] / yj[m] - 1)):.1f} % | "
+                f"| {fit_name} | {judged_name} | "
+                f"{100 * np.mean(np.abs(floor_pred[m] / yj[m] - 1)):.1f} % | "
                 f"{100 * np.mean(np.abs(feat_pred[m] / yj[m] - 1)):.1f} % | {coef[-1]:.2f} |"
             )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--run", action="append", type=_parse_run, default=[], metavar="NAME=STEPS,REQUESTS"
     )
@@ -365,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(add) - set(OPTIONAL_TERMS))
     if unknown:
         ap.error(
-            f"--add {unknown[0]}: no such optional term; optional terms: {', '.join(OPTIONAL_TERMS)}"
+            f"--add {unknown[0]}: no such optional term; optional terms: "
+            f"{', '.join(OPTIONAL_TERMS)}"
         )
     runs = {
         name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}

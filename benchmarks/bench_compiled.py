@@ -1,6 +1,8 @@
-"""Pure Python against the Cython build of ``policies`` from the same source, side by side (issue 16).
+"""Pure Python against the Cython build of ``policies`` from the same source, side by side (issue
+16).
 
-    python benchmarks/bench_compiled.py [TRACE] [-p SPEC ...] [--rounds 4] [--repeat 5] [--test] [--keep DIR]
+    python benchmarks/bench_compiled.py [TRACE] [-p SPEC ...] [--rounds 4] [--repeat 5] [--test]
+    [--keep DIR]
 
 Builds a compiled copy of this tree in a temporary folder (``policies.testing.compiled``: the
 same build as ``POOLLAB_COMPILE=1 pip install -e .``, the modules declared by a ``.pxd``
@@ -43,7 +45,8 @@ INLINE, NOTHING = "(inline dict)", "(do-nothing)"
 def bench_rows(
     tree: Path, trace: str, specs: list[str], repeat: int, clock: str, out: Path
 ) -> dict[str, float]:
-    """ns per event of the bare loop of every row, from one ``bench_replay --bare-only`` run in ``tree``."""
+    """ns per event of the bare loop of every row, from one ``bench_replay --bare-only`` run in
+    ``tree``."""
     cmd = [
         sys.executable,
         "benchmarks/bench_replay.py",
@@ -75,7 +78,7 @@ def export_ref(ref: str, dest: Path) -> None:
 def main(argv=None) -> int:
     from traces import bundled_path, read_alloc_trace
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "trace", nargs="?", default=str(bundled_path("llama1b_generate_slice.pickle.gz"))
     )
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
         return 2
     if any((REPO / "policies").glob("*.so")):
         print(
-            f"{REPO}/policies holds compiled modules (an opt-in install): the pure rows would not be pure; "
+            f"{REPO}/policies holds compiled modules (an opt-in install): the pure rows would not "
+            "be pure; "
             "remove policies/*.so first",
             file=sys.stderr,
         )
@@ -148,14 +152,17 @@ def main(argv=None) -> int:
     pure, comp = best["pure"], best["cython"]
     print(
         f"# bench_compiled {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-        f"{platform.python_version()} · {os.cpu_count()} cores · load average {os.getloadavg()[0]:.2f}"
+        f"{platform.python_version()} · {os.cpu_count()} cores · load average "
+        f"{os.getloadavg()[0]:.2f}"
     )
     print(f"# interpreter and build: {build_description()}")
     print(
-        f"# command: python benchmarks/bench_compiled.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+        "# command: python benchmarks/bench_compiled.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}"
     )
     print(
-        f"# bare-loop ns per event ({args.clock} clock), best of {args.rounds} rounds x {args.repeat} repeats, "
+        f"# bare-loop ns per event ({args.clock} clock), best of {args.rounds} rounds x "
+        f"{args.repeat} repeats, "
         "builds alternating; x_dict: over the inline-dict floor of the same build"
     )
     header = f"{'row':<24}" + "".join(f" {build + '_ns':>16} {'x_dict':>7}" for build in builds)

@@ -96,7 +96,8 @@ def fragmenting_trace(
 
 
 def llm_trace() -> AllocTrace:
-    """The synthetic LLM allocation trace (Llama-3.2-1B shape, 96 requests, KV in 256-token chunks)."""
+    """The synthetic LLM allocation trace (Llama-3.2-1B shape, 96 requests, KV in 256-token
+    chunks)."""
     return generate_alloc_trace(
         num_requests=96,
         max_batch=32,
@@ -196,7 +197,8 @@ def bench_compaction() -> None:
                 ]
             )
     table(
-        f"Compaction turns failures into successes: replay of `{trace.name}` ({len(trace):,} events, "
+        f"Compaction turns failures into successes: replay of `{trace.name}` ({len(trace):,} "
+        "events, "
         f"peak live {peak / MiB:,.0f} MiB) under capacity = factor x peak live",
         [
             "capacity",
@@ -212,7 +214,8 @@ def bench_compaction() -> None:
             "frag after",
         ],
         rows,
-        "`check_every=0`: compaction only on a failure (the cheapest segment slide first); default: also every "
+        "`check_every=0`: compaction only on a failure (the cheapest segment slide first); "
+        "default: also every "
         "64 frees when fragmentation > 0.5 and >= 16 MiB are free.",
     )
 
@@ -244,7 +247,8 @@ def bench_compaction() -> None:
                 ]
             )
     table(
-        f"Compaction in the server: Azure code slice x4 rate ({len(t):,} requests), {MODEL} on {GPU}, "
+        f"Compaction in the server: Azure code slice x4 rate ({len(t):,} requests), {MODEL} on "
+        f"{GPU}, "
         "contiguous KV (pow2), KV budget as given",
         [
             "KV budget",
@@ -262,7 +266,8 @@ def bench_compaction() -> None:
             "tok/s",
         ],
         rows,
-        "Rescued allocations spare preemptions; passes between steps move more and rescue nothing. Released "
+        "Rescued allocations spare preemptions; passes between steps move more and rescue nothing. "
+        "Released "
         "segments are re-grown later (hot grows), so driver stall rises with compaction.",
     )
 
@@ -304,8 +309,10 @@ def bench_compaction() -> None:
             "replay wall s",
         ],
         rows,
-        "The threshold passes buy a few MiB of peak reserved memory (or none) for tens of GiB of copies, and "
-        "planning them takes 3-4x the replay's CPU time; compacting only on failures moves nothing here "
+        "The threshold passes buy a few MiB of peak reserved memory (or none) for tens of GiB of "
+        "copies, and "
+        "planning them takes 3-4x the replay's CPU time; compacting only on failures moves nothing "
+        "here "
         "(the wrapper alone adds about half to the replay's time).",
     )
 
@@ -342,7 +349,8 @@ def bench_freeze(snapshot: str | None) -> None:
                 ]
             )
     table(
-        f"Growth freeze after a warm-up: `{trace.name}` ({n_allocs:,} allocations) frozen after its first k",
+        f"Growth freeze after a warm-up: `{trace.name}` ({n_allocs:,} allocations) frozen after "
+        "its first k",
         [
             "policy",
             "warm-up",
@@ -421,7 +429,8 @@ def bench_pregrow() -> None:
                     ]
                 )
     table(
-        f"Demand prediction vs reactive growth: Azure code slice, {MODEL} on {GPU}, elastic KV pool",
+        f"Demand prediction vs reactive growth: Azure code slice, {MODEL} on {GPU}, elastic KV "
+        "pool",
         [
             "rate",
             "base",
@@ -437,8 +446,10 @@ def bench_pregrow() -> None:
             "trims",
         ],
         rows,
-        "Hot-path grows are segment grows inside a step (their driver time is in the step: stall). Pre-grows "
-        "happen before an admitting step; their driver time is taken to overlap the previous step. Idle KV: "
+        "Hot-path grows are segment grows inside a step (their driver time is in the step: stall). "
+        "Pre-grows "
+        "happen before an admitting step; their driver time is taken to overlap the previous step. "
+        "Idle KV: "
         "reserved minus allocated KV bytes, averaged over busy time.",
     )
 
@@ -475,7 +486,8 @@ def bench_tags() -> None:
                 ]
             )
     table(
-        f"Per-tag limits: `{trace.name}` ({len(trace):,} events) in one best-fit pool of weights + 1 GiB "
+        f"Per-tag limits: `{trace.name}` ({len(trace):,} events) in one best-fit pool of weights + "
+        "1 GiB "
         f"({cap / MiB:,.0f} MiB)",
         [
             "cap",
@@ -488,8 +500,10 @@ def bench_tags() -> None:
             "peak allocated MiB",
         ],
         rows,
-        "Without a cap the KV cache fills the pool and activations and workspace fail with it; with one, only "
-        "KV requests are refused (a replay goes on past a failure: the trace does not react to it).",
+        "Without a cap the KV cache fills the pool and activations and workspace fail with it; "
+        "with one, only "
+        "KV requests are refused (a replay goes on past a failure: the trace does not react to "
+        "it).",
     )
 
 
@@ -591,10 +605,14 @@ def bench_gpu_compaction() -> None:
             "released MiB",
         ],
         rows,
-        "Explicit pass: compact(pool, force=True). Failure rescue: capacity = what the 96 tensors reserved, so "
-        "a request one MiB above the largest hole fails in the base and a compaction places it (the allocate "
-        "time includes it). Validation mode filled every allocation with a pattern and checked it (and its "
-        "guards) at its free, after the moves. Modelled: the bundled cost model's copy_ns (1.9e12 B/s).",
+        "Explicit pass: compact(pool, force=True). Failure rescue: capacity = what the 96 tensors "
+        "reserved, so "
+        "a request one MiB above the largest hole fails in the base and a compaction places it "
+        "(the allocate "
+        "time includes it). Validation mode filled every allocation with a pattern and checked it "
+        "(and its "
+        "guards) at its free, after the moves. Modelled: the bundled cost model's copy_ns (1.9e12 "
+        "B/s).",
     )
 
 

@@ -1,4 +1,5 @@
-"""First fit's worst case: N small free holes below the first block that fits, old and new index side by side.
+"""First fit's worst case: N small free holes below the first block that fits, old and new index
+side by side.
 
     python benchmarks/bench_first_fit_holes.py [--holes 30 1000 5000 20000] [--before-rev bcff0ce]
                                                [--events 4000] [--repeat 5] [--clock cpu]
@@ -38,7 +39,8 @@ REQUEST_BYTES = 4 * KiB
 
 
 def load_before(rev: str) -> type:
-    """``FirstFit`` of ``policies/first_fit.py`` at git revision ``rev``, as module ``first_fit_before``."""
+    """``FirstFit`` of ``policies/first_fit.py`` at git revision ``rev``, as module
+    ``first_fit_before``."""
     source = subprocess.run(
         ["git", "-C", str(REPO), "show", f"{rev}:policies/first_fit.py"],
         check=True,
@@ -54,7 +56,8 @@ def load_before(rev: str) -> type:
 
 
 def holed_pool(cls: type, num_holes: int):
-    """A pool of ``cls`` with ``num_holes`` free 512 B holes below its free tail; the live blocks kept."""
+    """A pool of ``cls`` with ``num_holes`` free 512 B holes below its free tail; the live blocks
+    kept."""
     p = cls(segment_bytes=64 * MiB)
     pairs = [(p.allocate(HOLE_BYTES), p.allocate(HOLE_BYTES)) for _ in range(num_holes)]
     for hole, _ in pairs:
@@ -72,7 +75,7 @@ def time_events(p, num_events: int, clock) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--holes", type=int, nargs="+", default=[30, 1000, 5000, 20000])
     ap.add_argument(
         "--before-rev", default="bcff0ce", help="git revision of the previous first_fit.py"
@@ -85,7 +88,8 @@ def main(argv=None) -> int:
     classes = {"before": load_before(args.before_rev), "new": FirstFit}
     print(
         f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-        f"Python {platform.python_version()}; best of {args.repeat}, {args.events} events per loop, "
+        f"Python {platform.python_version()}; best of {args.repeat}, {args.events} events per "
+        "loop, "
         f"{args.clock} clock; before = {args.before_rev}"
     )
     print(f"{'holes':>7} {'before ns/event':>16} {'new ns/event':>13} {'before / new':>13}")
@@ -104,7 +108,8 @@ def main(argv=None) -> int:
         for p in pools.values():
             p.check_invariants()
         print(
-            f"{num_holes:>7,} {best['before']:>16,.0f} {best['new']:>13,.0f} {best['before'] / best['new']:>13.2f}"
+            f"{num_holes:>7,} {best['before']:>16,.0f} {best['new']:>13,.0f} "
+            f"{best['before'] / best['new']:>13.2f}"
         )
     return 0
 

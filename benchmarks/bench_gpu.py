@@ -220,7 +220,8 @@ def replay_trace(
             }
         )
         log(
-            f"  {spec:<16} peak reserved {g.summary['peak_reserved_bytes'] / MiB:9.1f} MiB  failed {g.summary['n_failed']:>5}"
+            f"  {spec:<16} peak reserved {g.summary['peak_reserved_bytes'] / MiB:9.1f} MiB  failed "
+            f"{g.summary['n_failed']:>5}"
             f"  alloc p50 {g.summary['alloc_p50_us']:.2f} us (sim {s.summary['alloc_p50_us']:.2f})"
             f"  agree={'yes' if not diff else diff}"
         )
@@ -253,7 +254,8 @@ def replay_trace(
         rows.append({**b.summary, "run": f"{trace.name}{label}"})
         log(
             f"  {name:<16} peak reserved {b.summary['peak_reserved_bytes'] / MiB:9.1f} MiB  "
-            f"alloc p50 {b.summary['alloc_p50_us']:.2f} us  free p50 {b.summary['free_p50_us']:.2f} us"
+            f"alloc p50 {b.summary['alloc_p50_us']:.2f} us  free p50 "
+            f"{b.summary['free_p50_us']:.2f} us"
         )
         trail.mark(f"{trace.name}{label}: after baseline {name}")
 
@@ -312,7 +314,8 @@ def main(argv=None) -> int:
         "source": base.source,
     }
     log(
-        f"device memory before the first pool: used {base.used_bytes / MiB:,.0f} MiB of {base.total_bytes / MiB:,.0f} ({base.source})"
+        f"device memory before the first pool: used {base.used_bytes / MiB:,.0f} MiB of "
+        f"{base.total_bytes / MiB:,.0f} ({base.source})"
     )
 
     # 1. calibration
@@ -325,8 +328,10 @@ def main(argv=None) -> int:
         costs = CostModel.load(costs_path)
         checks["calibrate_s"] = time.perf_counter() - t0
         log(
-            f"calibrated in {checks['calibrate_s']:.1f} s: d2d {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, "
-            f"h2d {table['h2d_bytes_per_s'] / 1e9:.1f} GB/s, d2h {table['d2h_bytes_per_s'] / 1e9:.1f} GB/s"
+            f"calibrated in {checks['calibrate_s']:.1f} s: d2d "
+            f"{table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, "
+            f"h2d {table['h2d_bytes_per_s'] / 1e9:.1f} GB/s, d2h "
+            f"{table['d2h_bytes_per_s'] / 1e9:.1f} GB/s"
         )
         trail.mark("after calibration")
 
@@ -469,7 +474,8 @@ def main(argv=None) -> int:
             entry["wall_s"] = time.perf_counter() - t0
             checks["cupy_program"].append(entry)
     log(
-        f"CuPy program on every policy: {sum(e.get('equal', False) for e in checks['cupy_program'])}"
+        "CuPy program on every policy: "
+        f"{sum(e.get('equal', False) for e in checks['cupy_program'])}"
         f"/{len(checks['cupy_program'])} runs equal to CuPy's own pool; refused: "
         f"{sorted({e['policy'] for e in checks['cupy_program'] if 'refused' in e})}"
     )
@@ -497,7 +503,8 @@ def main(argv=None) -> int:
     }
     checks["memory_trail"] = trail.rows
     log(
-        f"device memory after teardown: used {end.used_bytes / MiB:,.0f} MiB (delta {(end.used_bytes - base.used_bytes) / MiB:+.1f} MiB)"
+        f"device memory after teardown: used {end.used_bytes / MiB:,.0f} MiB (delta "
+        f"{(end.used_bytes - base.used_bytes) / MiB:+.1f} MiB)"
     )
 
     summary = summary_frame(rows) if rows else pd.DataFrame()
@@ -510,8 +517,11 @@ def main(argv=None) -> int:
 
     if not len(summary):
         print(
-            f"validation clean: {sum(v['corruption'] is None for v in checks['validation'])}/{len(checks['validation'])}; "
-            f"whole-run delta {checks['memory_after']['delta_bytes'] / MiB:+.1f} MiB; errors {len(checks['errors'])}"
+            "validation clean: "
+            f"{sum(v['corruption'] is None for v in checks['validation'])}/"
+            f"{len(checks['validation'])}; "
+            f"whole-run delta {checks['memory_after']['delta_bytes'] / MiB:+.1f} MiB; errors "
+            f"{len(checks['errors'])}"
         )
         return 0
     view = summary[summary["run"] == summary["run"].iloc[0]]
@@ -532,10 +542,15 @@ def main(argv=None) -> int:
         table_view[c] = table_view[c] / MiB
     print(table_view.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
     print(
-        f"agreement exact: {sum(a['exact'] for a in checks['agreement'])}/{len(checks['agreement'])}; "
-        f"validation clean: {sum(v['corruption'] is None for v in checks['validation'])}/{len(checks['validation'])}; "
-        f"policy pools' teardown within 2 MiB: {sum(t['within_2MiB'] for t in checks['pool_teardown'])}"
-        f"/{len(checks['pool_teardown'])}; whole-run delta {checks['memory_after']['delta_bytes'] / MiB:+.1f} MiB; "
+        "agreement exact: "
+        f"{sum(a['exact'] for a in checks['agreement'])}/{len(checks['agreement'])}; "
+        "validation clean: "
+        f"{sum(v['corruption'] is None for v in checks['validation'])}/"
+        f"{len(checks['validation'])}; "
+        "policy pools' teardown within 2 MiB: "
+        f"{sum(t['within_2MiB'] for t in checks['pool_teardown'])}"
+        f"/{len(checks['pool_teardown'])}; whole-run delta "
+        f"{checks['memory_after']['delta_bytes'] / MiB:+.1f} MiB; "
         f"errors {len(checks['errors'])}; "
         f"wall {checks['wall_s']:.0f} s"
     )

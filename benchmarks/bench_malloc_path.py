@@ -1,6 +1,7 @@
 """``GpuPool.malloc``'s own cost, on any machine: CuPy's pointer classes replaced by C stand-ins.
 
-    python benchmarks/bench_malloc_path.py [-p SPEC ...] [--repeat 7] [--iterations 200000] [--compiled] [--out CSV]
+    python benchmarks/bench_malloc_path.py [-p SPEC ...] [--repeat 7] [--iterations 200000]
+    [--compiled] [--out CSV]
 
 On the GPU, ``benchmarks/bench_gpu.py --stages roundtrip`` times ``GpuPool.malloc`` against CuPy's
 ``MemoryPool`` (the issue 16 target). This measures the part of that round trip that is
@@ -36,7 +37,8 @@ DEFAULT_POLICIES = ["size-class", "paged", "best-fit"]
 
 
 def best_ns(call, nbytes: int, iterations: int, repeat: int) -> float:
-    """Best ns per call of ``call(nbytes)`` over ``repeat`` loops of ``iterations`` (after a warm-up)."""
+    """Best ns per call of ``call(nbytes)`` over ``repeat`` loops of ``iterations`` (after a
+    warm-up)."""
     for _ in range(1000):
         call(nbytes)
     best = float("inf")
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
                 - best[(b, f"{spec}: (policy round trip)")]
             )
             print(
-                f"{b}: {spec}: malloc's own share {own:.0f} ns (malloc + drop, less the floor and the policy)"
+                f"{b}: {spec}: malloc's own share {own:.0f} ns (malloc + drop, less the floor and "
+                "the policy)"
             )
     if args.out:
         with open(args.out, "w", newline="") as f:

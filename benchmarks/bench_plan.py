@@ -1,4 +1,5 @@
-"""How long ``poollab plan`` takes on a long start-up snapshot (issue 34: a 2-million-event snapshot).
+"""How long ``poollab plan`` takes on a long start-up snapshot (issue 34: a 2-million-event
+snapshot).
 
     PYTHONPATH=. python benchmarks/bench_plan.py [SNAPSHOT] [--events 2000000] [--policy SPEC ...]
         [--memory BYTES] [--model M] [--block-tokens N] [--write PATH]
@@ -39,7 +40,8 @@ DEFAULT_SNAPSHOT = REPO / "tests" / "data" / "snapshots_h200" / "graphs.pickle.g
 
 
 def repeatable_window(snap: dict) -> tuple[int, int]:
-    """``(first, stop)`` trace-entry indices of the last balanced window of default-pool requests."""
+    """``(first, stop)`` trace-entry indices of the last balanced window of default-pool
+    requests."""
     parsed = parse_snapshot(snap)
     req = parsed.requests
     pools = infer_request_pools(parsed).pools
@@ -75,13 +77,15 @@ def repeatable_window(snap: dict) -> tuple[int, int]:
             break
     if stop is None or start is None or stop - start < 2:
         raise SystemExit(
-            "bench_plan: the snapshot has no window of freed requests after its last capture to repeat"
+            "bench_plan: the snapshot has no window of freed requests after its last capture to "
+            "repeat"
         )
     return req.entry[start], req.entry[stop - 1] + 1
 
 
 def lengthen(snap: dict, num_events: int) -> tuple[dict, int]:
-    """A copy of ``snap`` whose trace repeats its last balanced window until ``num_events`` requests."""
+    """A copy of ``snap`` whose trace repeats its last balanced window until ``num_events``
+    requests."""
     first, stop = repeatable_window(snap)
     entries = snap["device_traces"][0]
     window = [
@@ -126,8 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         rec = read_recording(path)
         read_s = time.perf_counter() - t0
         print(
-            f"# {datetime.date.today()} {platform.node()} Python {platform.python_version()}: {args.snapshot.name} "
-            f"with its last window repeated {copies:,} times: {len(rec.ops):,} requests; read in {read_s:.1f} s"
+            f"# {datetime.date.today()} {platform.node()} Python {platform.python_version()}: "
+            f"{args.snapshot.name} "
+            f"with its last window repeated {copies:,} times: {len(rec.ops):,} requests; read in "
+            f"{read_s:.1f} s"
         )
         result = plan(
             rec,
@@ -139,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in result.plans:
             per_replay = p.plan_s / p.num_replays
             print(
-                f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, {per_replay:.2f} s a replay "
-                f"({per_replay / len(rec.ops) * 1e9:,.0f} ns a request); safe KV {format_bytes(p.safe_pages * result.inputs.page_bytes)} "
+                f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, {per_replay:.2f} s a "
+                "replay "
+                f"({per_replay / len(rec.ops) * 1e9:,.0f} ns a request); safe KV "
+                f"{format_bytes(p.safe_pages * result.inputs.page_bytes)} "
                 f"({p.safe_pages:,} pages)"
             )
     finally:

@@ -1,6 +1,8 @@
-"""Replay cost per event: each policy against honest floors, and the replay harness against the bare loop.
+"""Replay cost per event: each policy against honest floors, and the replay harness against the bare
+loop.
 
-    PYTHONPATH=. python benchmarks/bench_replay.py [TRACE] [--policy SPEC ...] [--repeat 5] [--out CSV] [--parts]
+    PYTHONPATH=. python benchmarks/bench_replay.py [TRACE] [--policy SPEC ...] [--repeat 5] [--out
+    CSV] [--parts]
 
 TRACE defaults to the full PyTorch snapshot of the shared data folder when it is there, else the
 bundled slice (``traces/data``), so a fresh clone runs it as it is.
@@ -19,14 +21,15 @@ Columns: ``bare_ns`` is ns per event of the bare loop, which calls ``allocate(nb
 stream=, tag=)`` and ``free(a)`` exactly as replay does and keeps the trace-id -> allocation
 dict, nothing else; ``x_dict`` and ``x_nothing`` are its ratios to the inline dict and to the
 do-nothing policy; ``calls`` (``calls_per_event``) counts the calls the loop makes per event,
-Python functions and built-ins alike (cProfile, in a separate untimed pass). ``harness_ns`` is ns per event of ``sim.replay.engine.run`` driving the same
-allocator as ``sim.replay.trace_replay.replay`` does (two clock reads and the device's driver time per call,
-the latency samples, the ``PoolMonitor``): for a policy it is ``replay()``'s own ``wall_s``; and
+Python functions and built-ins alike (cProfile, in a separate untimed pass). ``harness_ns`` is ns
+per event of ``sim.replay.engine.run`` driving the same allocator as
+``sim.replay.trace_replay.replay`` does (two clock reads and the device's driver time per call, the
+latency samples, the ``PoolMonitor``): for a policy it is ``replay()``'s own ``wall_s``; and
 ``harness_x`` = harness_ns / bare_ns (issue 16: <= 1.2). The harness times the replay's default
 share of calls (``sim.replay.engine.default_latency_sample``: about 20,000 on a long trace);
-``every_ns``/``every_x`` are the same with every call timed (``latency_sample=1``), its cost
-before sampling. ``replay_ns`` is the whole ``replay()`` call (turning the trace into event
-lists, the summary row and time series included).
+``every_ns``/``every_x`` are the same with every call timed (``latency_sample=1``), its cost before
+sampling. ``replay_ns`` is the whole ``replay()`` call (turning the trace into event lists, the
+summary row and time series included).
 
 ``verdict``: issue 33's pure-Python targets, restated against the floors issue 16 measured:
 the do-nothing policy within ``NOTHING_TARGET`` (1.6x) the ``(trivial + Allocation)`` floor,
@@ -35,13 +38,13 @@ and merge blocks) within ``BLOCK_TARGET`` (3x) the do-nothing policy, both by ``
 this run; ``ok`` or ``MISS``, and ``-`` for rows no target covers.
 
 ``--parts`` instead builds the harness up piece by piece for each policy row (ns per event, best
-of ``--repeat``): the bare loop; ``sim.replay.engine.run`` timing no call (the loop alone); timing the
-default sample; and with the ``PoolMonitor`` that ``replay()`` drives (its engine time).
+of ``--repeat``): the bare loop; ``sim.replay.engine.run`` timing no call (the loop alone); timing
+the default sample; and with the ``PoolMonitor`` that ``replay()`` drives (its engine time).
 
-``--engine-calls`` instead counts, for each policy row, the calls ``sim.replay.engine.run`` makes per
-event (cProfile, Python functions and built-ins, the clock reads included; the ``run`` frame
-itself excluded) at the default sampling and timing every call: a count that a busy machine does
-not blur, for comparing two versions of the loop.
+``--engine-calls`` instead counts, for each policy row, the calls ``sim.replay.engine.run`` makes
+per event (cProfile, Python functions and built-ins, the clock reads included; the ``run`` frame
+itself excluded) at the default sampling and timing every call: a count that a busy machine does not
+blur, for comparing two versions of the loop.
 
 ``--sample-bytes`` instead measures the per-call latency samples of a replay of the README's 13
 policies (``sim.replay.trace_replay.replay_tables``): bytes per trace event in memory and as
@@ -69,7 +72,8 @@ from traces import bundled_path, read_alloc_trace  # noqa: E402
 
 SHARED_TRACE = REPO.parent / "shared" / "data" / "traces" / "llama1b_generate_mixed.pickle.gz"
 BUNDLED_TRACE = bundled_path("llama1b_generate_slice.pickle.gz")
-#: the trace the benchmarks replay when given none: the full snapshot where the shared data is, else the slice
+#: the trace the benchmarks replay when given none: the full snapshot where the shared data is, else
+#: the slice
 DEFAULT_TRACE = str(SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE)
 HARNESS_TARGET = 1.2
 #: issue 33: the do-nothing policy's bare loop over the "(trivial + Allocation)" floor's
@@ -174,7 +178,8 @@ FLOORS = {TRIVIAL: TrivialPool, OBJECT: TrivialAllocationPool}
 
 def request_events(ev) -> list[tuple[bool, int, int, int, str | None]]:
     """The reference loops' events: ``(is_alloc, key, nbytes, stream, tag)`` for each request of the
-    ``sim.replay.trace_replay.TraceEvents`` ``ev`` (flushes dropped: the reference loops replay requests only)."""
+    ``sim.replay.trace_replay.TraceEvents`` ``ev`` (flushes dropped: the reference loops replay
+    requests only)."""
     tags = [t or None for t in ev.tags] if ev.tags is not None else [None] * len(ev.ops)
     return [
         (op == engine.ALLOC, *rest)
@@ -195,7 +200,8 @@ def inline_loop(events) -> float:
 
 
 def bare_loop(events, allocate, free) -> float:
-    """The policy's calls and the id -> allocation dict, nothing else (a refused request's free is skipped)."""
+    """The policy's calls and the id -> allocation dict, nothing else (a refused request's free is
+    skipped)."""
     live = {}
     t0 = _clock()
     for is_alloc, key, nbytes, stream, tag in events:
@@ -211,7 +217,8 @@ def bare_loop(events, allocate, free) -> float:
 
 
 def calls_per_event(events, row, costs) -> float:
-    """Python-level calls per event of the bare loop (cProfile's count, the loop's own frame excluded).
+    """Python-level calls per event of the bare loop (cProfile's count, the loop's own frame
+    excluded).
 
     The call structure is what a pure-Python policy pays for: each call costs tens of ns.
     """
@@ -238,7 +245,8 @@ def calls_per_event(events, row, costs) -> float:
 
 
 def engine_calls_per_event(ev, spec, costs, latency_sample=None) -> float:
-    """Calls per event of ``sim.replay.engine.run`` replaying ``ev`` through ``spec`` (``--engine-calls``)."""
+    """Calls per event of ``sim.replay.engine.run`` replaying ``ev`` through ``spec``
+    (``--engine-calls``)."""
     import cProfile
     import pstats
 
@@ -299,13 +307,14 @@ def make_policy(spec, costs):
     return DoNothing(device=device) if spec == NOTHING else policies.create(spec, device=device)
 
 
-#: ``--parts``: the harness built up piece by piece, ``sim.replay.engine.run`` keyword arguments by part
-#: (``latency_sample=1e-9`` times no call; the monitor is the one ``replay()`` drives)
+#: ``--parts``: the harness built up piece by piece, ``sim.replay.engine.run`` keyword arguments by
+#: part (``latency_sample=1e-9`` times no call; the monitor is the one ``replay()`` drives)
 PARTS = {"loop": {"latency_sample": 1e-9}, "+timing": {}, "+monitor": "monitor"}
 
 
 def harness_parts(ev, spec, costs) -> dict[str, float]:
-    """Seconds of ``sim.replay.engine.run`` for each of ``PARTS``, driving a fresh ``spec`` policy."""
+    """Seconds of ``sim.replay.engine.run`` for each of ``PARTS``, driving a fresh ``spec``
+    policy."""
     from sim.replay.metrics import PoolMonitor, default_sample_every
 
     out = {}
@@ -329,7 +338,8 @@ def harness_parts(ev, spec, costs) -> dict[str, float]:
 
 
 def sample_bytes(trace) -> dict:
-    """Bytes per trace event of the latency samples of a 13-policy replay, in memory and in Parquet."""
+    """Bytes per trace event of the latency samples of a 13-policy replay, in memory and in
+    Parquet."""
     import tempfile
 
     from sim.replay.trace_replay import replay_tables
@@ -350,7 +360,7 @@ def sample_bytes(trace) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", nargs="?", default=DEFAULT_TRACE)
     ap.add_argument(
         "-p", "--policy", action="append", dest="specs", help="a policy spec (repeat; default: all)"
@@ -366,7 +376,8 @@ def main(argv=None) -> int:
         "--clock",
         choices=sorted(CLOCKS),
         default="wall",
-        help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy machine)",
+        help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy "
+        "machine)",
     )
     ap.add_argument(
         "--parts",
@@ -377,12 +388,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--engine-calls",
         action="store_true",
-        help="instead: calls per event of sim.replay.engine.run, at the default sampling and timing every call",
+        help="instead: calls per event of sim.replay.engine.run, at the default sampling and "
+        "timing every call",
     )
     ap.add_argument(
         "--bare-only",
         action="store_true",
-        help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left empty)",
+        help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left "
+        "empty)",
     )
     args = ap.parse_args(argv)
     global _clock
@@ -391,7 +404,8 @@ def main(argv=None) -> int:
     if args.sample_bytes:
         r = sample_bytes(trace)
         print(
-            f"# latency samples of a {len(README_POLICIES)}-policy replay of {r['trace']} ({r['events']:,} events, "
+            f"# latency samples of a {len(README_POLICIES)}-policy replay of {r['trace']} "
+            f"({r['events']:,} events, "
             f"{r['rows']:,} rows): {r['memory_bytes_per_event']:,.0f} B per event in memory, "
             f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)"
         )
@@ -406,10 +420,12 @@ def main(argv=None) -> int:
         f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}"
     )
     print(
-        f"# command: python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+        "# command: python benchmarks/bench_replay.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}"
     )
     print(
-        f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, {args.clock} clock; "
+        f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, "
+        f"{args.clock} clock; "
         f"load average before {os.getloadavg()[0]:.2f}"
     )
     if args.parts:
@@ -418,7 +434,8 @@ def main(argv=None) -> int:
         print(f"{'row':<24} {'bare_calls':>10} {'engine_calls':>12} {'every_calls':>11}")
         for row in rows[rows.index(NOTHING) :]:
             print(
-                f"{row:<24} {calls_per_event(events, row, costs):>10.3f} {engine_calls_per_event(ev, row, costs):>12.3f} "
+                f"{row:<24} {calls_per_event(events, row, costs):>10.3f} "
+                f"{engine_calls_per_event(ev, row, costs):>12.3f} "
                 f"{engine_calls_per_event(ev, row, costs, latency_sample=1.0):>11.3f}"
             )
         return 0
@@ -457,11 +474,13 @@ def main(argv=None) -> int:
             )
     calls = {row: calls_per_event(events, row, costs) for row in rows}
     print(
-        f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls (the default); "
+        f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls (the "
+        "default); "
         f"every_*: timing every call"
     )
     print(
-        f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} {'harness_ns':>10} {'harness_x':>9} "
+        f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} "
+        f"{'harness_ns':>10} {'harness_x':>9} "
         f"{'every_ns':>9} {'every_x':>8} {'replay_ns':>9} failed harness verdict"
     )
     out_rows = []
@@ -478,13 +497,15 @@ def main(argv=None) -> int:
             harness_cols = (
                 f"{harness[row] * ns:>10.0f} {harness_x:>8.2f}x {every[row] * ns:>9.0f} "
                 f"{every[row] / bare[row]:>7.2f}x "
-                f"{f'{whole[row] * ns:.0f}' if whole[row] != float('inf') else '-':>9} {failed[row]}"
+                f"{f'{whole[row] * ns:.0f}' if whole[row] != float('inf') else '-':>9} "
+                f"{failed[row]}"
             )
         else:  # --bare-only: the harness columns were not measured
             harness_cols = f"{'-':>10} {'-':>9} {'-':>9} {'-':>8} {'-':>9} -"
         target = verdict(row, bare)
         print(
-            f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x {bare[row] / bare[NOTHING]:>8.2f}x "
+            f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x "
+            f"{bare[row] / bare[NOTHING]:>8.2f}x "
             f"{calls[row]:>6.1f} {harness_cols} {mark or '-'} {target}"
         )
         out_rows.append(
@@ -524,7 +545,8 @@ def main(argv=None) -> int:
 
 
 def print_parts(ev, events, specs, costs, repeat) -> int:
-    """``--parts``: best of ``repeat`` (interleaved) ns per event of the bare loop and of each of ``PARTS``."""
+    """``--parts``: best of ``repeat`` (interleaved) ns per event of the bare loop and of each of
+    ``PARTS``."""
     best = {spec: dict.fromkeys(["bare", *PARTS], float("inf")) for spec in specs}
     for _ in range(repeat):
         for spec in specs:
@@ -536,7 +558,8 @@ def print_parts(ev, events, specs, costs, repeat) -> int:
             best[spec] = {k: min(best[spec][k], t) for k, t in times.items()}
     ns = 1e9 / len(events)
     print(
-        f"# ns per event, best of {repeat}: the bare loop; sim.replay.engine.run timing no call (loop), "
+        f"# ns per event, best of {repeat}: the bare loop; sim.replay.engine.run timing no call "
+        "(loop), "
         f"timing the default sample (+timing), and with the monitor (+monitor: replay's engine)"
     )
     print(f"{'row':<24} {'bare':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'x_bare':>7}")

@@ -1,21 +1,21 @@
-"""Record the engine step profiles and request tables (issue 31) and the start-up snapshot (issue 34)
-with ``poollab gpu serve``, and time ``gpu serve`` under PyTorch's allocator against policies.
+"""Record the engine step profiles and request tables (issue 31) and the start-up snapshot (issue
+34) with ``poollab gpu serve``, and time ``gpu serve`` under PyTorch's allocator against policies.
 
 Run on the GPU machine from the repository root::
 
     python benchmarks/bench_serve.py record NAME... --out DIR [--bundle FILE] [--budget-s S]
     python benchmarks/bench_serve.py list
 
-Each NAME is one ``gpu serve`` run of ``RUNS`` (trace, load, policies, options): its result folder goes
-to ``DIR/NAME``; after each run everything under DIR is packed into ``--bundle`` (a .tar.gz), so a run
-cut short by a time limit still leaves the earlier ones. With ``--budget-s`` the runs share that
-many seconds: each gets its own limit or what is left, whichever is less, and a run with under
+Each NAME is one ``gpu serve`` run of ``RUNS`` (trace, load, policies, options): its result folder
+goes to ``DIR/NAME``; after each run everything under DIR is packed into ``--bundle`` (a .tar.gz),
+so a run cut short by a time limit still leaves the earlier ones. With ``--budget-s`` the runs share
+that many seconds: each gets its own limit or what is left, whichever is less, and a run with under
 30 s left is skipped (named in the output). Settings are those of the shared recordings
 (``../shared/data/engine``): Llama-3-8B's shape, random bf16 weights, 256-token blocks,
 ``max_batch_tokens`` 8192, 1,024 sequences, the KV cache as the engine sizes it.
 
-The higher loads serve the same requests denser: ``--rate-scale 2 --duration 30`` takes the arrivals of
-the first 60 s of the trace at twice the rate.
+The higher loads serve the same requests denser: ``--rate-scale 2 --duration 30`` takes the arrivals
+of the first 60 s of the trace at twice the rate.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 AZURE = "traces/data/azure_code_slice.csv"
-SYNTH = ".data/synth_mixed_60s.csv"  # ../shared/data/engine/synth_mixed_60s.csv, copied into the carried tree
+# ../shared/data/engine/synth_mixed_60s.csv, copied into the carried tree
+SYNTH = ".data/synth_mixed_60s.csv"
 
 #: name -> (trace, gpu serve options, time limit in seconds); policies: -p options, default pytorch
 RUNS: dict[str, tuple[str, list[str], int]] = {
@@ -41,7 +42,8 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     # each about 60-75 s with the engine's start, so a 9-minute device call holds seven
     "azure_code_60s_x2_b": (AZURE, ["--duration", "30", "--rate-scale", "2"], 100),
     "azure_code_60s_x2_c": (AZURE, ["--duration", "30", "--rate-scale", "2"], 100),
-    # cold: no warm-up before the trace, as the shared recordings started (their first step 1.4-1.6 s)
+    # cold: no warm-up before the trace, as the shared recordings started (their first step 1.4-1.6
+    # s)
     "azure_code_60s_x1_cold_b": (AZURE, ["--duration", "60", "--no-warmup"], 110),
     "azure_code_60s_x1_cold_c": (AZURE, ["--duration", "60", "--no-warmup"], 110),
     # the synthetic trace's first 10 s (26 requests, outputs up to 503 tokens: about 55 s served);
@@ -51,7 +53,8 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     "synth_mixed_10s_x1_c": (SYNTH, ["--duration", "10"], 130),
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
-    # the README's "validate in a real model": PyTorch's allocator and a fast policy, one after the other
+    # the README's "validate in a real model": PyTorch's allocator and a fast policy, one after the
+    # other
     "azure_code_60s_policies": (
         AZURE,
         ["--duration", "60", "-p", "pytorch", "-p", "best-fit:virtual=true", "--sim"],
@@ -124,7 +127,7 @@ def record(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     rec = sub.add_parser("record", help="run the named recordings")
     rec.add_argument("names", nargs="+", choices=sorted(RUNS))

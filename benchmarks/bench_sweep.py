@@ -55,7 +55,10 @@ def grid(trace: Path, num_cells: int, name: str = "bench") -> str:
     capacities = ["null"] + [
         f"{2048 + 256 * k}MiB" for k in range(num_cells // CELLS_PER_CAPACITY - 1)
     ]
-    return f'name: {name}\ntraces: ["{trace}"]\npolicies:\n{POLICIES}capacities: [{", ".join(capacities)}]\n'
+    return (
+        f'name: {name}\ntraces: ["{trace}"]\npolicies:\n{POLICIES}capacities: '
+        f"[{', '.join(capacities)}]\n"
+    )
 
 
 def worker_counts(text: str) -> list[int]:
@@ -110,13 +113,15 @@ def main(argv=None) -> int:
         sweep_path.write_text(grid(args.trace.resolve(), args.cells))
         spec = load_sweep(sweep_path)
         print(
-            f"# bench_sweep {report['date']} · python {report['python']} · {report['cores']} cores · "
+            f"# bench_sweep {report['date']} · python {report['python']} · {report['cores']} cores "
+            "· "
             f"{report['platform']}"
         )
         print(f"# command: {command}")
         print(
             f"# {len(spec.cells)} cells over {args.trace.name}, scheduler {args.scheduler}, "
-            f"load average before {report['load_average_before']:.2f} (a shared machine: others' work counts)"
+            f"load average before {report['load_average_before']:.2f} (a shared machine: others' "
+            "work counts)"
         )
         if args.scheduler == "processes":
             warm_path = Path(tmp) / "warm.yaml"
@@ -127,7 +132,8 @@ def main(argv=None) -> int:
             run_sweep(load_sweep(warm_path), Path(tmp) / "warm", workers=1)
             report["fork_server_start_s"] = time.perf_counter() - t0
             print(
-                f"# fork server start and a 1-cell sweep (once per process): {report['fork_server_start_s']:.2f} s"
+                "# fork server start and a 1-cell sweep (once per process): "
+                f"{report['fork_server_start_s']:.2f} s"
             )
         if args.scheduler == "processes":
             for n in (
@@ -167,9 +173,12 @@ def main(argv=None) -> int:
                 if n not in best or wall_s < best[n]["wall_s"]:
                     best[n] = run
                 print(
-                    f"workers={n:<3} run {rep + 1}: {wall_s:6.2f} s wall = plan {run['plan_s']:.2f} + startup "
-                    f"{run['startup_s']:.2f} + cells {run['cells_s']:.2f} + collect {run['collect_s']:.2f}; "
-                    f"{run['inside_cells_s']:.2f} s inside cells (load average {run['load_average']:.2f})"
+                    f"workers={n:<3} run {rep + 1}: {wall_s:6.2f} s wall = plan "
+                    f"{run['plan_s']:.2f} + startup "
+                    f"{run['startup_s']:.2f} + cells {run['cells_s']:.2f} + collect "
+                    f"{run['collect_s']:.2f}; "
+                    f"{run['inside_cells_s']:.2f} s inside cells (load average "
+                    f"{run['load_average']:.2f})"
                 )
         base = best[args.workers[0]]
         for n in args.workers:
@@ -182,7 +191,8 @@ def main(argv=None) -> int:
                 else f" (target >= {target}x: {'ok' if speedup >= target else 'MISS'})"
             )
             print(
-                f"workers={n:<3} best {b['wall_s']:6.2f} s, speed-up over {args.workers[0]}: {speedup:5.2f}x "
+                f"workers={n:<3} best {b['wall_s']:6.2f} s, speed-up over {args.workers[0]}: "
+                f"{speedup:5.2f}x "
                 f"whole run, {cells_speedup:5.2f}x cells phase{mark}"
             )
             report["best"][str(n)] = {**b, "speedup": speedup, "cells_speedup": cells_speedup}

@@ -1,9 +1,11 @@
-"""A random-weight Llama-shaped model's ``generate`` under PyTorch's allocator and under poollab policies.
+"""A random-weight Llama-shaped model's ``generate`` under PyTorch's allocator and under poollab
+policies.
 
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
-    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled DIR] [--out DIR]
-    python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out DIR]
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled
+    DIR] [--out DIR] python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out
+    DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -66,7 +68,7 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-# ---------------------------------------------------------------------- inside a worker (torch here)
+# --------------------------------------------------------------------- inside a worker (torch here)
 def _deterministic(torch) -> None:
     # warn_only: the deterministic implementation wherever one exists, a warning (not an error)
     # for an op that has none, so that a run never dies on one
@@ -76,7 +78,8 @@ def _deterministic(torch) -> None:
 
 
 def build_model(torch, layers: int):
-    """The same random-weight Llama-shaped model in every process (seeded), bf16, eager attention."""
+    """The same random-weight Llama-shaped model in every process (seeded), bf16, eager
+    attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -98,8 +101,9 @@ def build_model(torch, layers: int):
 
 def run_shapes(torch, model, shapes, new_tokens: int, repeats: int = 1) -> list[dict]:
     """Warm up on the smallest shape, then time ``generate`` on each shape ``repeats`` times, one
-    shape after the other each time (``seconds``: their median, ``seconds_all``: each); tokens hashed
-    (the set of hashes, so a run whose tokens change from one repeat to the next shows it)."""
+    shape after the other each time (``seconds``: their median, ``seconds_all``: each); tokens
+    hashed (the set of hashes, so a run whose tokens change from one repeat to the next shows
+    it)."""
     out = []
     gen = torch.Generator().manual_seed(1)
     inputs = [torch.randint(3, 32000, (b, p), generator=gen) for b, p in shapes]
@@ -289,22 +293,27 @@ def generate_breakdown_text(b: dict) -> str:
     return (
         f"generate: malloc mean {f('gen_malloc_mean_us')} p50 {f('gen_malloc_p50_us')} "
         f"p99 {f('gen_malloc_p99_us')} us ({f('gen_n_malloc', 'd')} calls; "
-        f"{f('gen_malloc_n_over_10us', 'd')} over 10 us hold {f('gen_malloc_time_share_over_10us', '.1%')} "
+        f"{f('gen_malloc_n_over_10us', 'd')} over 10 us hold "
+        f"{f('gen_malloc_time_share_over_10us', '.1%')} "
         f"of the time, the rest average {f('gen_malloc_mean_us_under_10us')} us), free mean "
         f"{f('gen_free_mean_us')} p50 {f('gen_free_p50_us')} us; without the GIL "
-        f"{f('gen_share_calls_without_gil', '.0%')}; off the hot path {f('gen_n_slow_mallocs', 'd')}, "
+        f"{f('gen_share_calls_without_gil', '.0%')}; off the hot path "
+        f"{f('gen_n_slow_mallocs', 'd')}, "
         f"new segments {f('gen_n_new_segments', 'd')}, streams {f('n_streams', 'd')}, GC passes "
         f"{f('gen_gc_passes', 'd')} ({f('gen_gc_ms')} ms); split (ns): capture check "
         f"{f('split_capture_check_ns', '.0f')}, take GIL {f('split_take_gil_ns', '.0f')}, Python "
-        f"{f('split_python_call_ns', '.0f')}, give GIL {f('split_release_gil_ns', '.0f')}; a clock read "
-        f"{f('clock_read_ns', '.0f')} ns, a capture check {f('capture_check_ns', '.0f')} ns (null stream) / "
+        f"{f('split_python_call_ns', '.0f')}, give GIL {f('split_release_gil_ns', '.0f')}; a clock "
+        "read "
+        f"{f('clock_read_ns', '.0f')} ns, a capture check {f('capture_check_ns', '.0f')} ns (null "
+        "stream) / "
         f"{f('capture_check_side_stream_ns', '.0f')} ns (side stream), a monitor sample "
         f"{f('monitor_sample_us')} us every {f('monitor_sample_every_calls', 'd')} calls"
     )
 
 
 def mempool_worker(args) -> dict:
-    """PyTorch's allocator and each policy in mempool mode, side by side in this one process, ABAB round by round."""
+    """PyTorch's allocator and each policy in mempool mode, side by side in this one process, ABAB
+    round by round."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     import torch
 
@@ -435,7 +444,8 @@ def calls_bench(args) -> list[dict]:
             target.close()
         rows.append(best)
         print(
-            f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} us, "
+            f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} "
+            "us, "
             f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us; "
             + breakdown_text(best),
             flush=True,
@@ -553,7 +563,8 @@ def breakdown_text(row: dict) -> str:
     if "split_take_gil_ns" not in row:
         return "; ".join(parts)
     split = (
-        f"split: check {row['split_capture_check_ns']:.0f} ns, take GIL {row['split_take_gil_ns']:.0f}, "
+        f"split: check {row['split_capture_check_ns']:.0f} ns, take GIL "
+        f"{row['split_take_gil_ns']:.0f}, "
         f"Python {row['split_python_call_ns']:.0f}, give GIL {row['split_release_gil_ns']:.0f}"
     )
     return "; ".join(parts + [split])
@@ -563,8 +574,8 @@ def stitch_bench(args) -> list[dict]:
     """No GPU: PyTorch's own requests (the bundled llama1b ``generate`` slice) through the callback
     table of each page policy on ``host-vmm``, as ``use_policy`` builds it; what its tensors over
     pages that are not one range cost: fresh ranges, kept ranges reused or taken over, driver calls,
-    and their time at the bundled H200 costs (``sim.replay.costs.CostModel``: a reserve a range, a map and
-    an access call a page mapped, an unmap a page unmapped). With and without take-overs
+    and their time at the bundled H200 costs (``sim.replay.costs.CostModel``: a reserve a range, a
+    map and an access call a page mapped, an unmap a page unmapped). With and without take-overs
     (``TAKE_OVER_CANDIDATES`` 0: only exact reuse, the code before session 12's change)."""
     import realgpu.torch_allocator as ta
     from sim.replay.costs import CostModel
@@ -631,9 +642,11 @@ def stitch_bench(args) -> list[dict]:
                 ta.TAKE_OVER_CANDIDATES = candidates
             rows.append(row)
             print(
-                f"{name:>24} take-over={'on ' if take_over else 'off'} fresh {row['n_fresh_ranges']:5d} "
+                f"{name:>24} take-over={'on ' if take_over else 'off'} fresh "
+                f"{row['n_fresh_ranges']:5d} "
                 f"reused {row['n_exact_reuses']:5d} taken over {row['n_take_overs']:5d} "
-                f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
+                f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps "
+                f"{calls['unmap']:5d} "
                 f"modelled {row['modelled_driver_ms']:7.1f} ms",
                 flush=True,
             )
@@ -641,7 +654,8 @@ def stitch_bench(args) -> list[dict]:
 
 
 def _build() -> str:
-    """ "compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C extension."""
+    """ "compiled" when the hot path (``realgpu.malloc_path``) is the compiled build's C
+    extension."""
     import realgpu.malloc_path as mp
 
     return "compiled" if not mp.__file__.endswith(".py") else "interpreted"
@@ -696,14 +710,17 @@ def calls_side_by_side(args) -> list[dict]:
         ),
     )
     print(
-        f"{'allocator':>24} {'tree':>14} {'build':>11} {'alloc p50':>9} {'mean':>6} {'free p50':>8} {'mean':>6}"
+        f"{'allocator':>24} {'tree':>14} {'build':>11} {'alloc p50':>9} {'mean':>6} "
+        f"{'free p50':>8} {'mean':>6}"
         f"  (us, best of {args.rounds} rounds of {args.calls:,} "
         f"{'events of ' + Path(args.trace).name if args.trace else 'pairs'})"
     )
     for r in rows:
         print(
-            f"{r['allocator']:>24} {r['tree']:>14} {r['build']:>11} {float(r['alloc_p50_us']):9.2f} "
-            f"{float(r['alloc_mean_us']):6.2f} {float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}"
+            f"{r['allocator']:>24} {r['tree']:>14} {r['build']:>11} "
+            f"{float(r['alloc_p50_us']):9.2f} "
+            f"{float(r['alloc_mean_us']):6.2f} {float(r['free_p50_us']):8.2f} "
+            f"{float(r['free_mean_us']):6.2f}"
         )
     return rows
 
@@ -755,8 +772,8 @@ def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
     return result
 
 
-#: Issue 30's speed targets: ``generate`` at most this many times PyTorch's own allocator's time, and
-#: one call (malloc or free, mean through the trampoline) at most this many microseconds.
+#: Issue 30's speed targets: ``generate`` at most this many times PyTorch's own allocator's time,
+#: and one call (malloc or free, mean through the trampoline) at most this many microseconds.
 GENERATE_RATIO_TARGET = 1.05
 CALL_US_TARGET = 1.5
 #: The summary's row over every shape: the seconds of all of them added, per round.
@@ -764,8 +781,8 @@ ALL_SHAPES = "all"
 
 
 def round_order(names: list[str], r: int) -> list[str]:
-    """ABAB...: the allocators in order on even rounds and reversed on odd ones, so that drift on the
-    machine and the place in the round fall on every allocator alike."""
+    """ABAB...: the allocators in order on even rounds and reversed on odd ones, so that drift on
+    the machine and the place in the round fall on every allocator alike."""
     return list(names) if r % 2 == 0 else list(reversed(names))
 
 
@@ -875,7 +892,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "-p", "--policy", dest="policies", action="append", help="policy spec (repeatable)"
     )
@@ -893,7 +910,8 @@ def main() -> int:
     ap.add_argument(
         "--compiled-only",
         action="store_true",
-        help="with --compiled, run the policies in the compiled copy only (PyTorch's run is the same)",
+        help="with --compiled, run the policies in the compiled copy only (PyTorch's run is the "
+        "same)",
     )
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument(
@@ -933,13 +951,15 @@ def main() -> int:
     ap.add_argument(
         "--stitch",
         action="store_true",
-        help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled slice",
+        help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled "
+        "slice",
     )
     ap.add_argument(
         "--compiled",
         type=Path,
         metavar="DIR",
-        help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), side by "
+        help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), "
+        "side by "
         "side: round by round with --calls, worker by worker otherwise",
     )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -1030,7 +1050,8 @@ def main() -> int:
 def write_results(
     args, workers: list[dict], labels: list[str], mempool: dict | None
 ) -> tuple[list[dict], list[dict]]:
-    """The runs, the summaries and the JSON in ``--out`` (rewritten after every worker); the summaries."""
+    """The runs, the summaries and the JSON in ``--out`` (rewritten after every worker); the
+    summaries."""
     rows = summarise(workers, labels)
     mempool_rows = (
         summarise(mempool_as_workers(mempool), args.policies)
@@ -1088,7 +1109,8 @@ def write_results(
 def print_rows(rows: list[dict], title: str) -> None:
     print(title)
     print(
-        f"{'allocator':>24} {'shape':>7} {'s (med)':>8} {'x torch':>7} {'min-max':>11} {'alloc us':>8} "
+        f"{'allocator':>24} {'shape':>7} {'s (med)':>8} {'x torch':>7} {'min-max':>11} "
+        f"{'alloc us':>8} "
         f"{'free us':>7} {'targets':>8} tokens="
     )
     for row in rows:
@@ -1099,14 +1121,17 @@ def print_rows(rows: list[dict], title: str) -> None:
             else (f"{'G' if row['meets_generate'] else '-'}{'C' if row['meets_call'] else '-'}")
         )
         print(
-            f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:8.3f} {row['ratio_to_torch']:7.3f} "
+            f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:8.3f} "
+            f"{row['ratio_to_torch']:7.3f} "
             f"{row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f} {us(row['alloc_mean_us']):>8} "
             f"{us(row['free_mean_us']):>7} {met:>8} {row['tokens_equal_torch']} "
-            f"peak_reserved={row['peak_reserved_bytes']} mem_before={row['device_used_before_bytes']} "
+            f"peak_reserved={row['peak_reserved_bytes']} "
+            f"mem_before={row['device_used_before_bytes']} "
             f"after={row['device_used_after_bytes']}"
         )
     print(
-        f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's (median of the paired ratios), "
+        f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's (median of the paired "
+        "ratios), "
         f"C = malloc and free <= {CALL_US_TARGET} us a call (mean through the trampoline)"
     )
 

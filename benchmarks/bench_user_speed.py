@@ -1,15 +1,15 @@
 """The waits users feel (issue 33), before and after, side by side in one run.
 
-    PYTHONPATH=. python benchmarks/bench_user_speed.py --before DIR [--rows replay,validate] [--million SNAPSHOT]
-        [--repeat N]
+    PYTHONPATH=. python benchmarks/bench_user_speed.py --before DIR [--rows replay,validate]
+        [--million SNAPSHOT] [--repeat N]
 
 ``DIR`` is a checkout of the code to compare with (``git archive <commit> | tar -x -C DIR``).
 Each row runs one command as a user would (``python -m poollab ...``, a fresh process,
-``--no-progress`` where the tree has it) under both trees, alternately (before, after, before, after, ... ``--repeat`` times; the best
-time of each kept, so that a machine shared with other jobs hits both alike), and reports its wall
-time and its peak memory (the largest resident set of the process and its workers:
-``getrusage(RUSAGE_CHILDREN)`` of a child that runs just that command), and checks that both
-trees' ``summary.csv`` agree in every column that is no measured time.
+``--no-progress`` where the tree has it) under both trees, alternately (before, after, before,
+after, ... ``--repeat`` times; the best time of each kept, so that a machine shared with other jobs
+hits both alike), and reports its wall time and its peak memory (the largest resident set of the
+process and its workers: ``getrusage(RUSAGE_CHILDREN)`` of a child that runs just that command), and
+checks that both trees' ``summary.csv`` agree in every column that is no measured time.
 
 Rows:
 
@@ -62,8 +62,8 @@ def measure(tree: Path, argv: list[str]) -> tuple[float, float, float]:
 
 
 def same_summaries(a: Path, b: Path, *, measured_ns: bool = False) -> str:
-    """Whether two summaries agree in every untimed column (``measured_ns``: the ``*_ns*`` columns are
-    measured too, as a real device's driver time is, and are left out)."""
+    """Whether two summaries agree in every untimed column (``measured_ns``: the ``*_ns*`` columns
+    are measured too, as a real device's driver time is, and are left out)."""
     import pandas as pd
 
     x, y = pd.read_csv(a), pd.read_csv(b)
@@ -100,11 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"before": args.before.resolve(), "after": REPO}
     print(
         f"# bench_user_speed {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-        f"{platform.python_version()} · {os.cpu_count()} cores (affinity {len(os.sched_getaffinity(0))}) · "
+        f"{platform.python_version()} · {os.cpu_count()} cores (affinity "
+        f"{len(os.sched_getaffinity(0))}) · "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"# command: python benchmarks/bench_user_speed.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+        "# command: python benchmarks/bench_user_speed.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}"
     )
     rows = args.rows.split(",")
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,24 +139,27 @@ def main(argv: list[str] | None = None) -> int:
                         ],
                     )
                     print(
-                        f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB peak  "
+                        f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB "
+                        "peak  "
                         f"{run[2]:7.1f} s CPU  (load {os.getloadavg()[0]:.1f})",
                         flush=True,
                     )
                     got[name] = min(got.get(name, run), run)
             b, a = got["before"], got["after"]
             print(
-                f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after {a[0]:.1f} s; "
+                f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after "
+                f"{a[0]:.1f} s; "
                 f"CPU of those runs: before {b[2]:.1f} s, after {a[2]:.1f} s"
             )
             print(
-                f"replay 1M x5 policies  after/before: CPU time {a[2] / b[2]:.2f} (the work: what more cores "
+                f"replay 1M x5 policies  after/before: CPU time {a[2] / b[2]:.2f} (the work: what "
+                "more cores "
                 f"cannot cut)"
             )
             print(
                 f"replay 1M x5 policies  after/before: time {a[0] / b[0]:.2f} (target <= 0.33), "
                 f"peak {a[1]:.0f} MB (target <= 500); summaries "
-                f"{same_summaries(Path(tmp) / 'replay-before' / 'summary.csv', Path(tmp) / 'replay-after' / 'summary.csv')}",
+                f"{same_summaries(Path(tmp) / 'replay-before' / 'summary.csv', Path(tmp) / 'replay-after' / 'summary.csv')}",  # noqa: E501
                 flush=True,
             )
         if "validate" in rows:
@@ -181,19 +186,21 @@ def main(argv: list[str] | None = None) -> int:
                         ]
                         run = measure(tree, argv_)
                         print(
-                            f"gpu replay slice {'--validate' if validate else 'plain':>10} {name:>6}: "
+                            f"gpu replay slice {'--validate' if validate else 'plain':>10} "
+                            f"{name:>6}: "
                             f"{run[0]:7.1f} s  {run[1]:7.0f} MB peak  {run[2]:7.1f} s CPU",
                             flush=True,
                         )
                         got[name, validate] = min(got.get((name, validate), run), run)
             for name in trees:
                 print(
-                    f"gpu replay --validate over plain, {name}: {got[name, True][0] / got[name, False][0]:.1f}x "
+                    f"gpu replay --validate over plain, {name}: "
+                    f"{got[name, True][0] / got[name, False][0]:.1f}x "
                     f"(target <= 10x)"
                 )
             print(
                 f"validated summaries before/after: "
-                f"{same_summaries(Path(tmp) / 'gpu-before-True' / 'summary.csv', Path(tmp) / 'gpu-after-True' / 'summary.csv', measured_ns=True)}"
+                f"{same_summaries(Path(tmp) / 'gpu-before-True' / 'summary.csv', Path(tmp) / 'gpu-after-True' / 'summary.csv', measured_ns=True)}"  # noqa: E501
             )
     print(f"# load average after {os.getloadavg()[0]:.2f}")
     return 0

@@ -122,11 +122,14 @@ def main(argv=None) -> int:
     trace = sharegpt_like(args.num_requests, args.rate, args.seed, args.sigma)
     d = trace.describe()
     print(
-        f"OPT-13B on A100-40GB, {d['num_requests']} ShareGPT-like requests at {d['rate_rps']:.1f}/s: "
-        f"prompt mean {d['prompt_tokens_mean']:.0f}, output mean {d['output_tokens_mean']:.0f} tokens"
+        f"OPT-13B on A100-40GB, {d['num_requests']} ShareGPT-like requests at "
+        f"{d['rate_rps']:.1f}/s: "
+        f"prompt mean {d['prompt_tokens_mean']:.0f}, output mean {d['output_tokens_mean']:.0f} "
+        "tokens"
     )
     print(
-        f"{'system':<24}{'policy':<10}{'strategy':<13}{'util busy':>10}{'util full':>10}{'ceiling':>9}"
+        f"{'system':<24}{'policy':<10}{'strategy':<13}{'util busy':>10}{'util full':>10}"
+        f"{'ceiling':>9}"
         f"{'paper':>8}{'frag ext':>9}{'preempt':>9}{'tok/s':>8}{'wall s':>8}"
     )
     measured = {}
@@ -147,7 +150,8 @@ def main(argv=None) -> int:
         measured[strategy] = full
         paper = f"{PAPER[strategy]:.1f}" if strategy in PAPER else "-"
         print(
-            f"{label:<24}{spec:<10}{strategy:<13}{100 * s['kv_token_util']:>9.1f}%{100 * full:>9.1f}%"
+            f"{label:<24}{spec:<10}{strategy:<13}{100 * s['kv_token_util']:>9.1f}%"
+            f"{100 * full:>9.1f}%"
             f"{100 * ceiling(trace, strategy):>8.1f}%{paper:>8}{100 * s['frag_ext_mean']:>8.1f}%"
             f"{s['n_preempted']:>9}{s['throughput_tok_s']:>8.0f}{wall:>8.2f}",
             flush=True,

@@ -1,15 +1,17 @@
 """A million-event PyTorch snapshot for the replay benchmark, made from the shared 215k-event one.
 
-    PYTHONPATH=. python benchmarks/make_million_snapshot.py [OUT] [--source SNAPSHOT] [--entries 1500000]
+    PYTHONPATH=. python benchmarks/make_million_snapshot.py [OUT] [--source SNAPSHOT] [--entries
+    1500000]
 
 No real snapshot of a million events is at hand here, so this repeats the steps of the shared
 recording (``llama1b_generate_mixed.pickle.gz``: six ``generate`` calls): it finds the longest
 stretch of trace entries after which the same blocks are live as before it (a whole number of
 steps), and plays that stretch again and again, each copy's times shifted past the
 previous one's end, until the file holds ``--entries`` trace entries (1.5M entries: about a
-million events, an entry of each alloc and of each free's completion making an event). Every copy allocates and frees the same addresses as the original, so the
-file is as valid a snapshot as the source (the same segments, the same blocks live at the end).
-The output is written where asked (``/tmp`` by default), never into the repository.
+million events, an entry of each alloc and of each free's completion making an event). Every copy
+allocates and frees the same addresses as the original, so the file is as valid a snapshot as the
+source (the same segments, the same blocks live at the end). The output is written where asked
+(``/tmp`` by default), never into the repository.
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def repeat_steps(snap: dict, num_entries: int) -> dict:
     new_traces = list(traces)
     new_traces[dev] = out
     print(
-        f"stretch entries {i:,}..{j:,} of {len(entries):,} ({j - i:,} entries, {span_us / 1e6:.1f} s), "
+        f"stretch entries {i:,}..{j:,} of {len(entries):,} ({j - i:,} entries, {span_us / 1e6:.1f} "
+        "s), "
         f"{copies} copies: {len(out):,} entries",
         file=sys.stderr,
     )

@@ -37,7 +37,7 @@ METRICS = (
 
 #: Polled in each page: true once the library's drawing is in the document.
 _READY = """<script>(function poll(){{if({cond}){{requestAnimationFrame(()=>{{window.benchReady=true;}});}}
-else setTimeout(poll,5);}})();window.benchReady=false;</script>"""
+else setTimeout(poll,5);}})();window.benchReady=false;</script>"""  # noqa: E501
 _DRAWN = {
     "plotly": "document.querySelector('.js-plotly-plot .main-svg .scatterlayer .trace')",
     # Bokeh 3 draws into canvases inside its elements' shadow roots, once the document is embedded

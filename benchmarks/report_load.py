@@ -91,7 +91,8 @@ def main() -> None:
         )
         print(
             f"{path}: {size:.2f} MiB, load {median:.2f} s (median of {len(times)}; "
-            f"{', '.join(f'{t:.2f}' for t in times)}){zoomed}{' ERRORS ' + str(errors) if errors else ''}"
+            f"{', '.join(f'{t:.2f}' for t in times)}){zoomed}"
+            f"{' ERRORS ' + str(errors) if errors else ''}"
         )
 
 

@@ -1,6 +1,7 @@
 """The randomized soak over every registered policy, one process per policy.
 
-    python benchmarks/soak.py --ops 1000000 --jobs 16 --out results.json [--seed 1] [--spec SPEC ...]
+    python benchmarks/soak.py --ops 1000000 --jobs 16 --out results.json [--seed 1] [--spec SPEC
+    ...]
 
 Runs ``policies.testing.soak`` (random allocate/free of every size class, several streams and
 tags, capacities that force failures, trim, grow, freeze, reset, bad requests; the battery's
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             row = future.result()
             rows.append(row)
             print(
-                f"{row['spec']:<52} {row['num_ops']:>10,} ops {row['num_violations']:>4} violations "
+                f"{row['spec']:<52} {row['num_ops']:>10,} ops {row['num_violations']:>4} "
+                "violations "
                 f"{row['num_failures']:>9,} refused {row['seconds']:>9.1f} s",
                 flush=True,
             )
@@ -76,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.perf_counter() - start
     total_violations = sum(r["num_violations"] for r in rows)
     print(
-        f"{len(rows)} policies, {sum(r['num_ops'] for r in rows):,} operations, {total_violations} violations, "
+        f"{len(rows)} policies, {sum(r['num_ops'] for r in rows):,} operations, {total_violations} "
+        "violations, "
         f"{wall_s:.1f} s wall with {args.jobs} jobs"
     )
     if args.out is not None:
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                     "seed": args.seed,
                     "jobs": args.jobs,
                     "wall_s": wall_s,
-                    "machine": f"{platform.node()} ({platform.machine()}, {platform.python_version()})",
+                    "machine": f"{platform.node()} ({platform.machine()}, "
+                    f"{platform.python_version()})",
                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     "policies": rows,
                 },

@@ -60,7 +60,8 @@ COMPILED_PACKAGES = ("policies", "realgpu")
 
 
 def compiled_modules(root: str | Path = ".") -> list[str]:
-    """``PACKAGE/NAME.py`` for every ``PACKAGE/NAME.pxd``: a module is compiled iff it is declared."""
+    """``PACKAGE/NAME.py`` for every ``PACKAGE/NAME.pxd``: a module is compiled iff it is
+    declared."""
     return sorted(
         str(pxd.relative_to(root).with_suffix(".py"))
         for package in COMPILED_PACKAGES

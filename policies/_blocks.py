@@ -14,8 +14,8 @@ random operation sequences):
   ``check_invariants`` with their index's own checks);
 - no two free blocks of a segment touch (freeing coalesces at once), so a segment with no live
   allocation (``segment.num_live == 0``) is a single free block and can be released in O(1);
-- ``segment.handle`` is the segment's first block (a block cut from it for a request takes its place,
-  as does a free block merged down over it: ``merge_down``);
+- ``segment.handle`` is the segment's first block (a block cut from it for a request takes its
+  place, as does a free block merged down over it: ``merge_down``);
 - every block size is a multiple of ``alignment_bytes`` (so every block starts aligned: segments
   start on 2 MiB boundaries).
 
@@ -468,7 +468,8 @@ class ContiguousPolicy(Policy):
         return self._cut(block, size, nbytes, stream, tag)
 
     def _miss(self, size: int, stream: int) -> Block | None:
-        """No free block holds ``size``: a free block made by growing (out of the index), or None."""
+        """No free block holds ``size``: a free block made by growing (out of the index), or
+        None."""
         if self.virtual:
             return self._grow_in_place(size, stream)
         seg = self._reserve_segment(self._segment_size_for(size), stream)
@@ -682,7 +683,9 @@ class ContiguousPolicy(Policy):
         return True
 
     def reset(self) -> None:
-        if self.virtual:  # unmap and give back the ranges here: the segment protocol would free only their mapped part
+        # unmap and give back the ranges here: the segment protocol would free only their mapped
+        # part
+        if self.virtual:
             for seg in self._ranges.values():
                 self.device.unmap_release(seg.offset, seg.nbytes)
                 self.device.address_free(seg.offset, self._range_bytes)
@@ -699,7 +702,8 @@ class ContiguousPolicy(Policy):
                 block = block.next
 
     def check_invariants(self) -> None:
-        """Assert the module docstring's invariants and the byte accounting (for tests; O(blocks))."""
+        """Assert the module docstring's invariants and the byte accounting (for tests;
+        O(blocks))."""
         allocated = free = 0
         for seg in self.segments():
             block, end, live, prev_free = seg.handle, seg.offset, 0, False

@@ -24,7 +24,8 @@ def _keep(*_args: Any, **_kwargs: Any) -> Callable[[Any], Any]:
     return lambda f: f
 
 
-#: the subset of Cython's shadow module the sources use: C types read as Python's, decorators as no-ops
+#: the subset of Cython's shadow module the sources use: C types read as Python's, decorators as
+#: no-ops
 cython = SimpleNamespace(
     compiled=False, longlong=int, locals=_keep, cast=lambda _type, value: value
 )

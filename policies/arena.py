@@ -63,7 +63,8 @@ class Arena(Policy):
             raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
         if arena_bytes % alignment_bytes:
             raise PolicyError(
-                f"arena_bytes(={arena_bytes}) must be a multiple of alignment_bytes(={alignment_bytes})"
+                f"arena_bytes(={arena_bytes}) must be a multiple of "
+                f"alignment_bytes(={alignment_bytes})"
             )
         self.arena_bytes = arena_bytes
         self.alignment_bytes = alignment_bytes
@@ -100,7 +101,8 @@ class Arena(Policy):
         return Allocation(nbytes, size, ((offset, size),), stream, tag, arena)
 
     def _take_arena(self, size: int, stream: int) -> _ArenaState | None:
-        """An empty arena of at least ``size`` bytes: a cached one (the first that fits) or a new one."""
+        """An empty arena of at least ``size`` bytes: a cached one (the first that fits) or a new
+        one."""
         cached = self._cached.get(stream, [])
         for i, arena in enumerate(cached):
             if arena.segment.nbytes >= size:

@@ -13,10 +13,10 @@ Subclasses implement five hooks:
 - ``_add_segment(segment)`` (take a freshly reserved segment as free space; used by ``grow``)
 - ``_reset_state()`` (build derived state; called by ``__init__`` and ``reset``)
 
-and may override ``free_extents()`` and ``largest_free_bytes()``, and ``gauges()`` where the levels a
-monitor samples are counted otherwise (``stats()`` reads them from it; the battery checks both agree). They reserve segments only
-through ``_reserve_segment`` and release them only through ``_release_segment`` so that
-capacity, counters and the device stay consistent.
+and may override ``free_extents()`` and ``largest_free_bytes()``, and ``gauges()`` where the levels
+a monitor samples are counted otherwise (``stats()`` reads them from it; the battery checks both
+agree). They reserve segments only through ``_reserve_segment`` and release them only through
+``_release_segment`` so that capacity, counters and the device stay consistent.
 
 Knobs are explicit keyword arguments of ``__init__``, stored unchanged under the same name
 (the scikit-learn convention), so ``get_params()`` can list, print and clone them.
@@ -122,7 +122,8 @@ class Allocation:
     def __repr__(self) -> str:
         return (
             f"{type(self).__qualname__}(nbytes={self.nbytes!r}, size_bytes={self.size_bytes!r}, "
-            f"extents={self.extents!r}, stream={self.stream!r}, tag={self.tag!r}, handle={self.handle!r}, "
+            f"extents={self.extents!r}, stream={self.stream!r}, tag={self.tag!r}, "
+            f"handle={self.handle!r}, "
             f"owner={self.owner!r})"
         )
 
@@ -150,7 +151,8 @@ class Segment:
 
     ``num_live`` counts the policy's live allocations (or pages) inside it, so a fully free
     segment is found in O(1); ``handle`` is policy-private. Slots, compared by identity, built
-    by position or keyword (written out, as ``Allocation`` is, for its ``cdef class`` in ``base.pxd``).
+    by position or keyword (written out, as ``Allocation`` is, for its ``cdef class`` in
+    ``base.pxd``).
     """
 
     __slots__ = ("offset", "nbytes", "stream", "num_live", "handle")
@@ -173,7 +175,8 @@ class Segment:
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__qualname__}(offset={self.offset!r}, nbytes={self.nbytes!r}, stream={self.stream!r}, "
+            f"{type(self).__qualname__}(offset={self.offset!r}, nbytes={self.nbytes!r}, "
+            f"stream={self.stream!r}, "
             f"num_live={self.num_live!r}, handle={self.handle!r})"
         )
 
@@ -194,7 +197,8 @@ def gauges_mismatch(policy: "Policy", stats: "PoolStats") -> str | None:
     """What ``policy.gauges()`` says that ``stats`` (its ``stats()``) does not, or None when they
     agree. A monitor charts the gauges and the summary reports ``stats()``: a policy that
     overrides ``stats()`` alone would chart numbers its own summary contradicts. The one check,
-    for the battery (``check_invariants``) and for every replay's monitor (``sim.replay.metrics``)."""
+    for the battery (``check_invariants``) and for every replay's monitor
+    (``sim.replay.metrics``)."""
     gauges = tuple(policy.gauges())
     levels = (
         stats.live_bytes,
@@ -206,7 +210,8 @@ def gauges_mismatch(policy: "Policy", stats: "PoolStats") -> str | None:
     if gauges == levels:
         return None
     return (
-        f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() says {levels}: "
+        f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() says "
+        f"{levels}: "
         "a policy that counts these its own way overrides gauges(), which stats() reads"
     )
 
@@ -345,8 +350,8 @@ class Policy:
     #: wrapper does not forward it: its own rules (a tag's limit, a reservation) may refuse what
     #: its base would serve
     counts_free_pages: ClassVar[bool] = False
-    #: a simulated server can keep its KV cache in it (``sim.serving.simulate``): each allocation is one
-    #: range (``contiguous``) or whole pages of ``page_size_bytes``; False for a pool whose
+    #: a simulated server can keep its KV cache in it (``sim.serving.simulate``): each allocation is
+    #: one range (``contiguous``) or whole pages of ``page_size_bytes``; False for a pool whose
     #: allocations are neither (vmm-stitch's chunks of several ranges). A spec's answer, without
     #: building it: ``registry.can_hold_kv`` (``can_hold_kv_for``); wrappers answer for their base
     can_hold_kv: ClassVar[bool] = True
@@ -394,7 +399,8 @@ class Policy:
 
     @classmethod
     def can_hold_kv_for(cls, params: dict[str, Any]) -> bool:
-        """Whether a policy built with the knobs ``params`` can hold a KV cache (``can_hold_kv``)."""
+        """Whether a policy built with the knobs ``params`` can hold a KV cache
+        (``can_hold_kv``)."""
         return cls.can_hold_kv
 
     @classmethod
@@ -493,12 +499,14 @@ class Policy:
             PolicyError: it was already freed, or this pool did not hand it out (nothing
                 changes).
         """
-        if cython.compiled:  # a C type test: a try block would save and restore the thread's exception state every call
+        # a C type test: a try block would save and restore the thread's exception state every call
+        if cython.compiled:
             live = (
                 isinstance(allocation, Allocation)
                 and cython.cast(Allocation, allocation).owner is self._token
             )
-        else:  # interpreted, a try costs nothing until it catches (3.11+), where isinstance is a call
+        # interpreted, a try costs nothing until it catches (3.11+), where isinstance is a call
+        else:
             try:
                 live = allocation.owner is self._token
             except AttributeError:
@@ -534,10 +542,16 @@ class Policy:
     def _bad_free_reason(self, allocation: Any) -> str:
         if not isinstance(allocation, Allocation):
             return f"free() takes an Allocation, got {type(allocation).__name__}"
-        where = f"allocation of {allocation.nbytes} B at offset {allocation.extents[0][0] if allocation.extents else '?'}"
+        where = (
+            f"allocation of {allocation.nbytes} B at offset "
+            f"{allocation.extents[0][0] if allocation.extents else '?'}"
+        )
         if allocation.owner is None:
             return f"double free: {where} was already freed"
-        return f"unknown allocation: {where} was not handed out by this pool (or predates its last reset)"
+        return (
+            f"unknown allocation: {where} was not handed out by this pool (or predates its last "
+            "reset)"
+        )
 
     def gauges(self) -> tuple[int, int, int, int, int]:
         """``(live_bytes, allocated_bytes, reserved_bytes, largest_free_bytes, num_segments)`` now:
@@ -650,7 +664,8 @@ class Policy:
         return 0
 
     def num_free_pages(self) -> int:
-        """Free pages the pool holds, each one allocation away (only where ``counts_free_pages``)."""
+        """Free pages the pool holds, each one allocation away (only where
+        ``counts_free_pages``)."""
         raise PolicyError(
             f"policy {self.spec!r} does not count free pages (counts_free_pages is False)"
         )
@@ -658,11 +673,13 @@ class Policy:
     def seed_segment(
         self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()
     ) -> list[Allocation]:
-        """Rebuild a pre-existing segment with its live blocks (only where ``can_seed_segments``)."""
+        """Rebuild a pre-existing segment with its live blocks (only where
+        ``can_seed_segments``)."""
         raise PolicyError(f"policy {self.spec!r} cannot seed segments")
 
     def begin_allocate_to_pool(self, pool_id: Any, stream: int) -> None:
-        """Serve requests on ``stream`` from private pool ``pool_id`` (only where ``has_private_pools``)."""
+        """Serve requests on ``stream`` from private pool ``pool_id`` (only where
+        ``has_private_pools``)."""
         raise PolicyError(f"policy {self.spec!r} has no private pools")
 
     def end_allocate_to_pool(self, pool_id: Any) -> None:
@@ -679,7 +696,8 @@ class Policy:
         return self.trim()
 
     def shared_extents(self) -> list[tuple[int, int]]:
-        """Extents held by more than one live allocation (a paged pool's shared pages); none here."""
+        """Extents held by more than one live allocation (a paged pool's shared pages); none
+        here."""
         return []
 
     def segments(self) -> list[Segment]:
@@ -775,7 +793,8 @@ class Policy:
 
     def _free_segments_to_release(self, max_bytes: int | None) -> list[Segment]:
         """Fully free segments, largest first (highest address on ties), until their bytes reach
-        ``max_bytes`` (all of them when None): what a policy's ``_release_free_segments`` gives back."""
+        ``max_bytes`` (all of them when None): what a policy's ``_release_free_segments`` gives
+        back."""
         candidates = sorted(
             (s for s in self._segments.values() if s.num_live == 0),
             key=lambda s: (-s.nbytes, -s.offset),
@@ -806,7 +825,8 @@ _abstract_by_class: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.We
 
 
 def _abstract_methods(cls: type) -> frozenset[str]:
-    """The hooks ``cls`` leaves as ``Policy`` has them, and its methods marked ``@abc.abstractmethod``.
+    """The hooks ``cls`` leaves as ``Policy`` has them, and its methods marked
+    ``@abc.abstractmethod``.
 
     ``abc.ABC`` did this for ``Policy`` until the compiled build made it a ``cdef class``, which
     takes no metaclass: the check runs in ``Policy.__init__`` instead, once per class. Identity

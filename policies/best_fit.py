@@ -61,7 +61,8 @@ class _BestFitCore(Policy):
             n = nbytes
             m = mask
             size = (n + m) & ~m  # in C: the limit leaves room for the mask and the key
-        else:  # a key past 63 bits, or a rounding not a power of two: the generic path's Python ints
+        # a key past 63 bits, or a rounding not a power of two: the generic path's Python ints
+        else:
             return ContiguousPolicy._allocate(self, nbytes, stream, tag)
         keys = self._hot_keys if stream is self._hot_stream else self._make_hot(stream)
         if not keys:
@@ -100,8 +101,9 @@ class _BestFitCore(Policy):
         return self._cut(block, size, nbytes, stream, tag)
 
     def _make_hot(self, stream: int) -> list[int]:
-        """Make ``stream``'s lists the hot ones (``_hot_keys``, ``_hot_blocks``; made empty if it has
-        none yet) and return its keys: the hot paths' way to a stream other than the last one used."""
+        """Make ``stream``'s lists the hot ones (``_hot_keys``, ``_hot_blocks``; made empty if it
+        has none yet) and return its keys: the hot paths' way to a stream other than the last one
+        used."""
         keys = self._keys_by_stream.get(stream)
         if keys is None:
             keys = self._keys_by_stream[stream] = []
@@ -233,11 +235,13 @@ class BestFit(_BestFitCore, ContiguousPolicy):
     """
 
     name = "best-fit"
-    # the key's layout is part of the index: a subclass with other keys (worst fit) takes the generic path
+    # the key's layout is part of the index: a subclass with other keys (worst fit) takes the
+    # generic path
     _index_hooks = ContiguousPolicy._index_hooks + ("_key", "_fit_keys")
 
-    # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
-    # gives a subclass that brings another index the generic path)
+    # the core's inlined hot path goes with this class's index
+    # (``ContiguousPolicy.__init_subclass__`` gives a subclass that brings another index the generic
+    # path)
     _allocate = vars(_BestFitCore)[
         "_allocate"
     ]  # vars(): compiled, the method itself, not its C function

@@ -148,7 +148,8 @@ class Buddy(Policy):
         self._push(segment.offset, segment.handle, segment)
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
-        """Release segments with nothing live (each one free block of its own size), oldest first."""
+        """Release segments with nothing live (each one free block of its own size), oldest
+        first."""
         released = 0
         for seg in [s for s in self._segments.values() if s.num_live == 0]:
             if max_bytes is not None and released >= max_bytes:

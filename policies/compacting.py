@@ -29,8 +29,8 @@ When it runs:
 ``idle_only=True`` turns the first two off: nothing moves on the allocation path.
 
 Cost: each move is modelled as a device copy: ``copy_ns(nbytes)`` when set (wiring, not a knob:
-by default the device's own ``copy_ns``: ``sim.replay.costs.CostedDevice`` models it, other devices say 0).
-Each pass is recorded as a ``Compaction`` row (bytes moved, modelled time, fragmentation and
+by default the device's own ``copy_ns``: ``sim.replay.costs.CostedDevice`` models it, other devices
+say 0). Each pass is recorded as a ``Compaction`` row (bytes moved, modelled time, fragmentation and
 largest free range before and after, bytes released).
 
 The base must be a block policy (``policies._blocks.ContiguousPolicy``: first-fit, best-fit,
@@ -77,7 +77,8 @@ class Compaction:
 
 @dataclass(slots=True)
 class _Plan:
-    """What a pass will do: ``moves`` in a safe copy order; the new chain of each changed segment."""
+    """What a pass will do: ``moves`` in a safe copy order; the new chain of each changed
+    segment."""
 
     moves: list[tuple[Block, Segment, int]] = field(
         default_factory=list
@@ -151,8 +152,10 @@ class Compacting(WrapperPolicy):
     def _check_base(self, base_policy: Policy) -> None:
         if not isinstance(base_policy, ContiguousPolicy):
             raise PolicyError(
-                f"compacting base must be a block policy (first-fit, best-fit, worst-fit, ...), not "
-                f"{base_policy.name!r}: compaction rewrites the base's blocks. Wrap compacting instead, "
+                "compacting base must be a block policy (first-fit, best-fit, worst-fit, ...), "
+                "not "
+                f"{base_policy.name!r}: compaction rewrites the base's blocks. Wrap compacting "
+                "instead, "
                 f"e.g. elastic:base=[compacting:base=[best-fit]]"
             )
 
@@ -169,7 +172,8 @@ class Compacting(WrapperPolicy):
         return self._run(self._plan(None), "explicit")
 
     def take_compaction_ns(self) -> int:
-        """Modelled copy time of the passes since the last call (the simulator charges it to a step)."""
+        """Modelled copy time of the passes since the last call (the simulator charges it to a
+        step)."""
         ns, self.pending_ns = self.pending_ns, 0
         return ns
 

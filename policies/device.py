@@ -1,9 +1,9 @@
 """The upstream a pool reserves segments from: ``cudaMalloc``/``cudaFree`` in the abstract.
 
 A ``Device`` hands out address ranges and accounts for the driver time its calls take.
-``VirtualDevice`` (the default) invents addresses for free; ``sim.replay.costs.CostedDevice`` charges
-each call its modelled driver time and ``realgpu``'s devices make real ``cudaMalloc``/``cudaFree``
-calls, mapping each segment's offset to a device pointer.
+``VirtualDevice`` (the default) invents addresses for free; ``sim.replay.costs.CostedDevice``
+charges each call its modelled driver time and ``realgpu``'s devices make real
+``cudaMalloc``/``cudaFree`` calls, mapping each segment's offset to a device pointer.
 
 Driver time is part of the protocol, so no caller needs to know which device it holds:
 
@@ -16,7 +16,8 @@ Driver time is part of the protocol, so no caller needs to know which device it 
   device that keeps its pending time in one clock (None: it does not, e.g. a page-mapped device
   over a physical one keeps two). The replay loop then reads the clock's ``pending_ns``, an
   attribute, instead of calling ``take_driver_ns`` after every call
-  (``sim.replay.engine.policy_target``); a device without it gets the same results through the calls.
+  (``sim.replay.engine.policy_target``); a device without it gets the same results through the
+  calls.
 - ``device_kind``: what kind of device it is (``policies.device_kind.DeviceKind``: segments or
   mapped pages), the report's ``device_kind`` column for a real device.
 
@@ -126,7 +127,8 @@ class Device(Protocol):
         copies are not modelled (free, or real and measured by whoever copies)."""
 
     def call_stats(self) -> dict[str, int]:
-        """Virtual-memory call counts, bytes and time (``VMM_STAT_KEYS``); zeros for a segment device."""
+        """Virtual-memory call counts, bytes and time (``VMM_STAT_KEYS``); zeros for a segment
+        device."""
 
 
 class UnmodelledDriver:
@@ -225,7 +227,8 @@ class ClockedDriver:
     clock: DriverClock
 
     def take_driver_ns(self) -> int:
-        """Driver time accrued since the last call that the caller's clock did not see; resets it."""
+        """Driver time accrued since the last call that the caller's clock did not see; resets
+        it."""
         return self.clock.take()
 
     @property

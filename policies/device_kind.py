@@ -1,4 +1,5 @@
-"""What kind of device a pool runs on: the one vocabulary of ``policies``, ``sim``, ``realgpu`` and the reports.
+"""What kind of device a pool runs on: the one vocabulary of ``policies``, ``sim``, ``realgpu`` and
+the reports.
 
 - ``DeviceKind.SEGMENT`` (``"segment"``): the device hands out ranges that are memory from the
   start, reserved and released whole (``cudaMalloc``/``cudaFree``; ``policies.device``).

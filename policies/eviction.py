@@ -138,7 +138,8 @@ _QUEUES = {q.order: q for q in (EvictableQueue, LFUQueue, CostAwareQueue)}
 
 
 def make_queue(order: str) -> EvictableQueue:
-    """An empty queue of ``order`` (one of ``EVICTION_ORDERS``); ValueError naming the choices otherwise."""
+    """An empty queue of ``order`` (one of ``EVICTION_ORDERS``); ValueError naming the choices
+    otherwise."""
     try:
         return _QUEUES[order]()
     except (KeyError, TypeError):

@@ -4,8 +4,8 @@ The rules are ``torch-caching``'s with ``expandable_segments=True`` (one code pa
 ``policies.torch_caching``): one growing virtual range per (pool, small/large, stream), 2 MiB /
 20 MiB pages mapped on a miss, whole free pages unmapped by ``empty_cache`` and the
 out-of-memory retry. This name exists so that "PyTorch's expandable segments" is one word in a
-sweep next to ``vmm-stitch`` and ``page-pool``; its spec and ``torch-caching:expandable_segments=true``
-decide alike.
+sweep next to ``vmm-stitch`` and ``page-pool``; its spec and
+``torch-caching:expandable_segments=true`` decide alike.
 """
 
 from __future__ import annotations

@@ -184,7 +184,8 @@ class _FirstFitCore(Policy):
     """``FirstFit``'s hot path: ``ContiguousPolicy._allocate`` (``_take`` + ``_cut``) and
     ``_free`` with the flat index's updates inlined, one frame each (calls are most of what a
     pure-Python pool pays). The compiled build declares it a ``cdef class`` (``first_fit.pxd``);
-    ``FirstFit`` stays a Python class over it and ``ContiguousPolicy`` (see ``best_fit._BestFitCore``).
+    ``FirstFit`` stays a Python class over it and ``ContiguousPolicy`` (see
+    ``best_fit._BestFitCore``).
     """
 
     @cython.locals(
@@ -349,8 +350,9 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
 
     name = "first-fit"
 
-    # the core's inlined hot path goes with this class's index (``ContiguousPolicy.__init_subclass__``
-    # gives a subclass that brings another index the generic path)
+    # the core's inlined hot path goes with this class's index
+    # (``ContiguousPolicy.__init_subclass__`` gives a subclass that brings another index the generic
+    # path)
     _allocate = vars(_FirstFitCore)[
         "_allocate"
     ]  # vars(): compiled, the method itself, not its C function
@@ -362,9 +364,9 @@ class FirstFit(_FirstFitCore, ContiguousPolicy):
         self._forget_hot()
 
     def _forget_hot(self) -> None:
-        """Forget the hot lists, after a stream's flat lists came or went. The hot lists are the flat
-        lists of the stream the hot paths used last, kept beside the dict: one identity test instead
-        of a dict lookup a call (a trace's requests are nearly all on one stream)."""
+        """Forget the hot lists, after a stream's flat lists came or went. The hot lists are the
+        flat lists of the stream the hot paths used last, kept beside the dict: one identity test
+        instead of a dict lookup a call (a trace's requests are nearly all on one stream)."""
         self._hot_stream: object = NO_STREAM
         self._hot_lists: tuple[list[int], list[int], list[Block]] | None = None
 

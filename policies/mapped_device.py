@@ -9,9 +9,9 @@ start (``cudaMalloc``), this one separates the two, as the driver does:
 - **physical pages**: ``create(nbytes)`` (``cuMemCreate``) makes a physical allocation of a
   multiple of the granularity; ``map(offset, handle)`` (``cuMemMap``) puts it at an address in a
   reserved range; ``set_access(offset, nbytes)`` (``cuMemSetAccess``) makes mapped pages usable (one
-  call may cover many pages); ``unmap(offset, nbytes)`` (``cuMemUnmap``) and ``release_handle(handle)``
-  (``cuMemRelease``; ``release`` is the segment protocol's) undo them. A handle may be mapped
-  at several addresses (GMLake's stitching).
+  call may cover many pages); ``unmap(offset, nbytes)`` (``cuMemUnmap``) and
+  ``release_handle(handle)`` (``cuMemRelease``; ``release`` is the segment protocol's) undo them. A
+  handle may be mapped at several addresses (GMLake's stitching).
 
 Capacity counts **physical** bytes (created and not yet released): ``create`` returns None past
 ``limit_bytes``. Virtual bytes are reported apart (``peak_virtual_bytes``).
@@ -27,8 +27,8 @@ A page-mapped device may take its physical memory from a segment device (``physi
 ``release_handle`` its ``release``, so a VMM policy handed a plain ``Device`` (a test's
 ``VirtualDevice`` with a limit) maps pages whose physical bytes that device counts and refuses.
 
-Every call is costed through ``costs.vmm_call_ns(call, nbytes)`` (``sim.replay.costs.CostModel`` has a
-table for each of ``VMM_CALLS``; None: free) and counted per call; ``call_stats()`` gives the
+Every call is costed through ``costs.vmm_call_ns(call, nbytes)`` (``sim.replay.costs.CostModel`` has
+a table for each of ``VMM_CALLS``; None: free) and counted per call; ``call_stats()`` gives the
 report's columns. ``realgpu`` implements the same calls with ``cuda.bindings.driver``.
 """
 
@@ -143,7 +143,8 @@ class PageMappedDevice:
 
     @property
     def driver_clock(self) -> DriverClock | None:
-        """``clock``, whose ``take()`` is ``take_driver_ns()``; None over a physical device (two clocks)."""
+        """``clock``, whose ``take()`` is ``take_driver_ns()``; None over a physical device (two
+        clocks)."""
         return self.clock if self.physical is None else None
 
     def copy_ns(self, nbytes: int) -> int:
@@ -326,7 +327,8 @@ class PageMappedDevice:
         return total
 
     def handle_at(self, offset: int) -> int:
-        """The physical handle mapped at ``offset`` (the start of a mapping): what a stitch maps again."""
+        """The physical handle mapped at ``offset`` (the start of a mapping): what a stitch maps
+        again."""
         found = self._mappings.get(offset)
         if found is None:
             raise PolicyError(f"handle_at({offset}): no mapping starts there")
@@ -355,7 +357,8 @@ class PageMappedDevice:
         self._check_aligned("map_new", 0, page)
         if nbytes % page:
             raise PolicyError(
-                f"map_new: {format_bytes(nbytes)} is not a whole number of {format_bytes(page)} pages"
+                f"map_new: {format_bytes(nbytes)} is not a whole number of {format_bytes(page)} "
+                "pages"
             )
         if self.limit_bytes is not None and self.physical_bytes + nbytes > self.limit_bytes:
             self._charge("create", page)  # the first cuMemCreate past the limit fails

@@ -13,8 +13,8 @@ driver:
   its physical memory released at once.
 
 A request takes ``ceil(nbytes / page_bytes)`` whole pages, anywhere in the range (one extent
-per run of adjacent pages of one batch), free mapped pages first (the most recently freed first, as kvcached
-pops its reserve). The pages it still lacks are created and mapped in one batch (one create
+per run of adjacent pages of one batch), free mapped pages first (the most recently freed first, as
+kvcached pops its reserve). The pages it still lacks are created and mapped in one batch (one create
 and one map per page, one set-access). ``grow(n)`` maps a batch too. Capacity counts mapped
 (physical) bytes. The pool's segments are its mapping batches (usually one page); a batch is
 unmapped once all its pages are free. ``trim`` unmaps every free page.

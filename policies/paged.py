@@ -110,7 +110,8 @@ class _PagedCore(Policy):
         exts=list,
     )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
+        # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
+        n = nbytes
         page = self.page_size_bytes
         free = self._free_pages
         if n <= page and free:  # the hot path: one KV block
@@ -176,7 +177,9 @@ class _PagedCore(Policy):
         i = len(pages) - 1
         while (
             i >= 0
-        ):  # from the last page: the first one ends on top, as before allocation (compiled, a C loop)
+            # from the last page: the first one ends on top, as before allocation (compiled, a C
+            # loop)
+        ):
             pg = pages[i]
             if pg.ref_cnt == 1:
                 pg.ref_cnt = 0
@@ -273,7 +276,10 @@ class Paged(_PagedCore):
             page, where = page_bytes, f"page_bytes(={page_bytes})"
         else:
             page = tokens_per_page * bytes_per_token
-            where = f"page size {page} B (tokens_per_page={tokens_per_page} x bytes_per_token={bytes_per_token})"
+            where = (
+                f"page size {page} B (tokens_per_page={tokens_per_page} x "
+                f"bytes_per_token={bytes_per_token})"
+            )
         if page % PAGE_ALIGNMENT_BYTES:
             raise PolicyError(f"{where} must be a multiple of {PAGE_ALIGNMENT_BYTES} B")
         self.page_bytes = page_bytes
@@ -335,7 +341,8 @@ class Paged(_PagedCore):
         return pages + more
 
     def _grow_pages(self, num_pages: int, stream: int) -> bool:
-        """Reserve one segment of at least ``num_pages`` pages; its pages land on the (empty) stack."""
+        """Reserve one segment of at least ``num_pages`` pages; its pages land on the (empty)
+        stack."""
         page, per_segment = self.page_size_bytes, self.pages_per_segment
         tries = [round_up(num_pages, per_segment)]
         if self.capacity_bytes is not None:  # near capacity: as many pages as still fit
@@ -604,7 +611,8 @@ class Paged(_PagedCore):
         return pg.ref_cnt
 
     def shared_extents(self) -> list[tuple[int, int]]:
-        """Pages held by more than one live allocation, as ``(offset, page_size_bytes)``, address order.
+        """Pages held by more than one live allocation, as ``(offset, page_size_bytes)``, address
+        order.
 
         The hook ``policies.testing.check_invariants`` uses to allow overlap there (O(pages)).
         """
@@ -612,7 +620,8 @@ class Paged(_PagedCore):
         return [(off, page) for off, pg in sorted(self._pages.items()) if pg.ref_cnt > 1]
 
     def num_free_pages(self) -> int:
-        """Pages on the free stack: the next this many one-page requests pop one each (``counts_free_pages``)."""
+        """Pages on the free stack: the next this many one-page requests pop one each
+        (``counts_free_pages``)."""
         return len(self._free_pages)
 
     def num_total_pages(self) -> int:
@@ -643,7 +652,8 @@ class Paged(_PagedCore):
         )
 
     def _release_free_segments(self, max_bytes: int | None) -> int:
-        """Release fully free segments, largest first, until ``max_bytes`` (None: all) is reached."""
+        """Release fully free segments, largest first, until ``max_bytes`` (None: all) is
+        reached."""
         gone = set(self._free_segments_to_release(max_bytes))
         if not gone:
             return 0

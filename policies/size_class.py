@@ -25,7 +25,8 @@ except ImportError:  # a pure install: the same names as no-ops (policies/_cytho
 
 __all__ = ["SizeClass", "make_class_sizes", "CLASS_ALIGNMENT_BYTES"]
 
-#: Class sizes, large ranges and their offsets are multiples of this (PyTorch's and CuPy's rounding).
+#: Class sizes, large ranges and their offsets are multiples of this (PyTorch's and CuPy's
+#: rounding).
 CLASS_ALIGNMENT_BYTES = 512
 
 _LARGE = -1  # class_index of a large range
@@ -96,7 +97,8 @@ class _Block:
 
 @dataclass(slots=True, eq=False)
 class _Run:
-    """The class blocks of a refill not handed out yet: ``[next, end)`` of ``segment``, lowest first.
+    """The class blocks of a refill not handed out yet: ``[next, end)`` of ``segment``, lowest
+    first.
 
     A refill carves a whole batch, but a workload touches few of its blocks (on the bundled Llama
     snapshot 276 of 8,799): a block object is built when it is first handed out.
@@ -109,7 +111,8 @@ class _Run:
 
 @dataclass(slots=True, eq=False)
 class _Carving:
-    """``Segment.handle``: ``[bump, segment.end)`` is not carved yet; ``classes`` were carved here."""
+    """``Segment.handle``: ``[bump, segment.end)`` is not carved yet; ``classes`` were carved
+    here."""
 
     bump: int
     classes: set[int] = field(default_factory=set)
@@ -134,7 +137,8 @@ class _SizeClassCore(Policy):
         size=cython.longlong,
     )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
-        n = nbytes  # compiled: a C integer (``allocate`` passed at most the device's bytes): C arithmetic below
+        # compiled: a C integer (``allocate`` passed at most the device's bytes): C arithmetic below
+        n = nbytes
         if n <= self._table_max_bytes:
             ci = self._class_by_units[(n + 511) >> 9]  # 511, 9: CLASS_ALIGNMENT_BYTES is 2**9
         elif nbytes <= self.max_class_bytes:
@@ -262,7 +266,8 @@ class SizeClass(_SizeClassCore):
                 )
         if max_class_bytes < min_class_bytes:
             raise PolicyError(
-                f"max_class_bytes(={max_class_bytes}) must be >= min_class_bytes(={min_class_bytes})"
+                f"max_class_bytes(={max_class_bytes}) must be >= "
+                f"min_class_bytes(={min_class_bytes})"
             )
         check_positive_int("refill_bytes", refill_bytes)
         check_positive_int("segment_bytes", segment_bytes)
@@ -379,7 +384,8 @@ class SizeClass(_SizeClassCore):
         return _Block(off, size, _LARGE, best, ((off, size),), None)
 
     def _carve_source(self, need: int, want: int, stream: int) -> Segment | None:
-        """A segment whose tail holds ``want`` bytes, else the roomiest holding ``need``, else a new one."""
+        """A segment whose tail holds ``want`` bytes, else the roomiest holding ``need``, else a new
+        one."""
         best, best_room = None, need - 1
         for seg in self._open:
             room = seg.end - seg.handle.bump
@@ -394,7 +400,8 @@ class SizeClass(_SizeClassCore):
         )
 
     def _recycle(self, need: int) -> Segment | None:
-        """Turn the smallest carved segment with no live block (and ``need`` bytes) back into a tail.
+        """Turn the smallest carved segment with no live block (and ``need`` bytes) back into a
+        tail.
 
         The one way memory moves between classes without a device call: its cached blocks
         leave their lists and the whole segment becomes uncarved again.
@@ -418,7 +425,8 @@ class SizeClass(_SizeClassCore):
         return best
 
     def _reserve_sizes(self, preferred: int, *fallbacks: int) -> list[int]:
-        """Segment sizes to try, largest first: ``preferred``, what capacity still allows, fallbacks."""
+        """Segment sizes to try, largest first: ``preferred``, what capacity still allows,
+        fallbacks."""
         sizes = [preferred]
         if self.capacity_bytes is not None:
             room = (
@@ -482,13 +490,15 @@ class SizeClass(_SizeClassCore):
 
     # ----------------------------------------------------------------- checks
     def check_invariants(self) -> None:
-        """Assert the byte accounting in O(classes + segments), cheap enough for every step of a soak.
+        """Assert the byte accounting in O(classes + segments), cheap enough for every step of a
+        soak.
 
         Every reserved byte is held by a live block, cached on a class list, in a class's run of
         blocks not handed out yet (``_Run``), in the large cache, or still uncarved in a segment
         tail; segment ``num_live`` counts add up to the live allocations; ``_open`` lists exactly
-        the segments whose tail holds the smallest class. The brute-force recount of each free block (``policies.testing.check_invariants``,
-        O(free blocks), about 10^4 here) checks where those blocks lie.
+        the segments whose tail holds the smallest class. The brute-force recount of each free block
+        (``policies.testing.check_invariants``, O(free blocks), about 10^4 here) checks where those
+        blocks lie.
         """
         sizes = self._class_sizes
         assert all(blocks[:_FREE_LIST_BASE] == [None] for blocks in self._free_lists), (

@@ -32,8 +32,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 def check_spec_text(text: str, what: str = "policy spec") -> None:
-    """Raise PolicyError unless ``text`` is at most ``MAX_SPEC_CHARS`` long, with its square brackets
-    balanced and nested at most ``MAX_SPEC_DEPTH`` deep. ``what`` names the text in the message."""
+    """Raise PolicyError unless ``text`` is at most ``MAX_SPEC_CHARS`` long, with its square
+    brackets balanced and nested at most ``MAX_SPEC_DEPTH`` deep. ``what`` names the text in the
+    message."""
     check_text(text, what, error=PolicyError)
 
 

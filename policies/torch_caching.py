@@ -134,7 +134,8 @@ def round_size(size: int, divisions: int | tuple[int, ...] = 0) -> int:
 
 
 def allocation_size(size: int) -> int:
-    """``get_allocation_size``: segment bytes ``cudaMalloc`` is asked for when a rounded request misses."""
+    """``get_allocation_size``: segment bytes ``cudaMalloc`` is asked for when a rounded request
+    misses."""
     if size <= K_SMALL_SIZE:
         return K_SMALL_BUFFER
     if size < K_MIN_LARGE_ALLOC:
@@ -171,7 +172,8 @@ def parse_roundup_power2_divisions(value: int | str) -> tuple[int, ...]:
         boundary, divs = boundary.strip(), divs.strip()
         if not sep or not divs.isdigit() or not _is_pow2_or_zero(int(divs)):
             raise PolicyError(
-                f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 or a power of two"
+                f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 or a power of "
+                "two"
             )
         d = int(divs)
         if boundary == ">":
@@ -190,7 +192,8 @@ def parse_roundup_power2_divisions(value: int | str) -> tuple[int, ...]:
 
 @dataclass(slots=True, eq=False)
 class _Block:
-    """``Block``: a range of one segment, free or allocated; ``prev``/``next`` are its address neighbours."""
+    """``Block``: a range of one segment, free or allocated; ``prev``/``next`` are its address
+    neighbours."""
 
     ptr: int
     size: int
@@ -356,7 +359,8 @@ class TorchCaching(Policy):
         del self._free_at[b.ptr]
 
     def _cached(self, small: bool, pool: Any = DEFAULT_POOL) -> Iterator[_Block]:
-        """``pool``'s cached blocks in PyTorch's set order (stream, size, address), as a snapshot."""
+        """``pool``'s cached blocks in PyTorch's set order (stream, size, address), as a
+        snapshot."""
         blocks = []
         for (in_pool, is_small, _stream), keys in sorted(
             self._keys.items(), key=lambda kv: kv[0][2]
@@ -508,7 +512,8 @@ class TorchCaching(Policy):
         return seg
 
     def _head(self, seg: Segment) -> _Block:
-        """The first block of an expandable range (a split in front of the stored one is found by walking back)."""
+        """The first block of an expandable range (a split in front of the stored one is found by
+        walking back)."""
         b = self._heads[seg.offset]
         while b.prev is not None:
             b = b.prev
@@ -791,7 +796,8 @@ class TorchCaching(Policy):
 
     # ------------------------------------------------------------------ private pools
     def _pool_for(self, stream: int) -> Any:
-        """``get_pool``: the private pool of the first capture underway on ``stream``, else the default."""
+        """``get_pool``: the private pool of the first capture underway on ``stream``, else the
+        default."""
         for pool, capture_stream in self._captures:
             if capture_stream == stream:
                 return pool
@@ -831,7 +837,8 @@ class TorchCaching(Policy):
     def _release_available_cached_blocks(
         self, pool: Any, small: bool, stream: int, size: int
     ) -> bool:
-        """``release_available_cached_blocks``: free oversize cached blocks, only with ``max_split_size``.
+        """``release_available_cached_blocks``: free oversize cached blocks, only with
+        ``max_split_size``.
 
         One block at least as large as the request (or ``max_split_size``) if there is one, else
         the largest oversize blocks until that many bytes are freed.
@@ -859,7 +866,8 @@ class TorchCaching(Policy):
         return released >= key
 
     def _garbage_collect(self) -> None:
-        """``garbage_collect_cached_blocks``: release unsplit large cached blocks of above-average age.
+        """``garbage_collect_cached_blocks``: release unsplit large cached blocks of above-average
+        age.
 
         Age is the number of large-pool lookups since the block was cached. Each pass frees
         every block at least as old as the current mean (it does not stop at the target, so GC
@@ -1020,7 +1028,8 @@ class TorchCaching(Policy):
             seg = self._reserve_segment(nbytes, stream, retry=False)
             if seg is None:
                 raise PolicyError(
-                    f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the segment"
+                    f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the "
+                    "segment"
                 )
             seg.handle = small
             self._count_pool_segment(pool, +1)
@@ -1170,5 +1179,6 @@ def params_from_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_from_settings(settings: dict[str, Any]) -> str:
-    """The ``torch-caching`` spec matching a snapshot's ``allocator_settings`` (``params_from_settings``)."""
+    """The ``torch-caching`` spec matching a snapshot's ``allocator_settings``
+    (``params_from_settings``)."""
     return format_spec(TorchCaching.name, params_from_settings(settings))

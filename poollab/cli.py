@@ -1,8 +1,9 @@
 """``poollab``: the root command group and the one place user errors become exit status 2.
 
 Sub-commands live in ``poollab/commands/`` (one module each, with ``register(cli)``), imported
-only when used (``LazyGroup``); they only parse options, call the library and print. Errors in ``USER_ERRORS`` are printed as one line
-``poollab: error: <what and where>`` with exit status 2, never a traceback.
+only when used (``LazyGroup``); they only parse options, call the library and print. Errors in
+``USER_ERRORS`` are printed as one line ``poollab: error: <what and where>`` with exit status 2,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": (
         "poollab.commands.calibrate",
-        "Fit the simulator's step time to a real engine (a step profile, or a request table alone).",
+        "Fit the simulator's step time to a real engine (a step profile, or a request table "
+        "alone).",
     ),
     "plan": (
         "poollab.commands.plan",
-        "Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits.",
+        "Size the KV cache before deploy: the largest KV allocation with which the start-up "
+        "SNAPSHOT still fits.",
     ),
     "gpu": (
         "poollab.commands.gpu",
@@ -59,11 +62,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": (
         "poollab.commands.report",
-        "Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs).",
+        "Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu "
+        "runs).",
     ),
     "sweep": (
         "poollab.commands.sweep",
-        "Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one table.",
+        "Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one "
+        "table.",
     ),
     "traces": (
         "poollab.commands.traces",
@@ -77,7 +82,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class LazyGroup(click.Group):
-    """A group whose sub-commands are imported on first use (click's documented lazy-loading pattern).
+    """A group whose sub-commands are imported on first use (click's documented lazy-loading
+    pattern).
 
     Each module in ``COMMANDS`` registers its command with ``register(group)`` when imported.
     """

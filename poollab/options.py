@@ -1,4 +1,5 @@
-"""The command line's option types: every number or size an option takes is checked here, at parse time.
+"""The command line's option types: every number or size an option takes is checked here, at parse
+time.
 
 One ``click.ParamType`` per kind of value, shared by every command (and by the commands other
 modules add): byte sizes (``BYTES``), finite numbers in a range (``FiniteFloat``; ``POSITIVE``,
@@ -69,7 +70,8 @@ def _within(
 
 
 class ByteSize(click.ParamType):
-    """A size in bytes: ``80GiB``, ``512MiB``, ``4096``; whole, within ``[min_bytes, INT64_MAX]``."""
+    """A size in bytes: ``80GiB``, ``512MiB``, ``4096``; whole, within ``[min_bytes,
+    INT64_MAX]``."""
 
     name = "SIZE"
 
@@ -83,7 +85,8 @@ class ByteSize(click.ParamType):
             self.fail(f"{value!r} is not a size in bytes", param, ctx)
         text = str(value).strip().replace("_", "")
         try:
-            # a plain count of bytes exactly (parse_bytes goes through a float, which rounds past 2**53)
+            # a plain count of bytes exactly (parse_bytes goes through a float, which rounds past
+            # 2**53)
             nbytes = int(text) if text.isdigit() and len(text) <= 19 else parse_bytes(value)
         except PolicyError as exc:
             self.fail(str(exc), param, ctx)
@@ -132,7 +135,8 @@ class FiniteFloat(click.FloatRange):
             self.fail(f"{_short(value)} is not a finite number", param, ctx)
         if not _within(number, self.low, self.high, self.low_open, self.high_open):
             self.fail(
-                f"{_short(value)} is not {_interval(self.low, self.high, self.low_open, self.high_open)}",
+                f"{_short(value)} is not "
+                f"{_interval(self.low, self.high, self.low_open, self.high_open)}",
                 param,
                 ctx,
             )
@@ -143,7 +147,8 @@ class FiniteFloat(click.FloatRange):
 
 
 class Count(click.IntRange):
-    """A whole number within ``[low, high]`` (``high`` at most ``INT64_MAX``): counts, indices, seeds.
+    """A whole number within ``[low, high]`` (``high`` at most ``INT64_MAX``): counts, indices,
+    seeds.
 
     A ``click.IntRange`` for ``--help`` (int64's bound left unsaid), with a conversion of its
     own: bounded above, and a 5,000-digit value is an error line, not Python's digit limit."""
@@ -170,7 +175,8 @@ class Count(click.IntRange):
                 self.fail(f"{_short(value)} is not a whole number", param, ctx)
         if not _within(number, self.low, self.high, False, False):
             self.fail(
-                f"{_short(value)} is not in [{self.low if self.low is not None else '-inf'}, {self.high:,}]",
+                f"{_short(value)} is not in [{self.low if self.low is not None else '-inf'}, "
+                f"{self.high:,}]",
                 param,
                 ctx,
             )
@@ -178,7 +184,8 @@ class Count(click.IntRange):
 
 
 class FloatList(click.ParamType):
-    """``1,2,4``: comma-separated numbers, each of ``item`` (a ``FiniteFloat``), at most ``max_items``."""
+    """``1,2,4``: comma-separated numbers, each of ``item`` (a ``FiniteFloat``), at most
+    ``max_items``."""
 
     name = "F,F,..."
 

@@ -3,8 +3,8 @@
 Importable without CuPy: the CUDA backend (``realgpu.cuda``) is imported only when a CUDA pool,
 baseline or calibration is built. The host backend runs everywhere (CI).
 
-- ``GpuPool(policy, backend="cuda"|"host"|"cuda-vmm"|"host-vmm", ...)``: a policy driving real memory
-  (``cudaMalloc`` segments, or pages mapped with ``cuMem*``; the host stand-ins for CI)
+- ``GpuPool(policy, backend="cuda"|"host"|"cuda-vmm"|"host-vmm", ...)``: a policy driving real
+  memory (``cudaMalloc`` segments, or pages mapped with ``cuMem*``; the host stand-ins for CI)
   (``malloc`` for ``cupy.cuda.set_allocator``; ``allocate``/``free``/``pages`` for replay).
 - ``gpu_replay`` / ``baseline_replay``: replay a trace on the device, in the report schema.
 - ``realgpu.calibrate.calibrate``: measure the driver's costs into the simulator's cost-file schema.

@@ -8,10 +8,11 @@ of reserved memory:
 =====================  ===========================================  ==========================================
 name                   allocation                                   reserved bytes read from
 =====================  ===========================================  ==========================================
-cudaMalloc             ``cudaMalloc`` / ``cudaFree`` every time        sum of live requests (nothing cached)
-cupy.MemoryPool        ``cupy.cuda.MemoryPool().malloc``             ``MemoryPool.total_bytes()``
-cupy.MemoryAsyncPool   ``cupy.cuda.MemoryAsyncPool().malloc``        ``cudaMemPoolAttrReservedMem{Current,High}``
-torch.cuda             ``torch.empty(n, dtype=uint8, device=cuda)``  ``torch.cuda.memory_reserved()`` / max
+cudaMalloc             ``cudaMalloc`` / ``cudaFree`` every time        sum of live requests (nothing
+cached) cupy.MemoryPool        ``cupy.cuda.MemoryPool().malloc``
+``MemoryPool.total_bytes()`` cupy.MemoryAsyncPool   ``cupy.cuda.MemoryAsyncPool().malloc``
+``cudaMemPoolAttrReservedMem{Current,High}`` torch.cuda             ``torch.empty(n, dtype=uint8,
+device=cuda)`` ``torch.cuda.memory_reserved()`` / max
 =====================  ===========================================  ==========================================
 
 Streams. A trace records the stream each request was made on; ``use_stream(stream_id)`` makes
@@ -36,7 +37,7 @@ torch.cuda             the caching allocator files each block under its stream (
 Names are the APIs', so they never collide with policy names (``torch-caching`` and the like are
 emulations of these in ``policies``) and read plainly in reports; lookup ignores case.
 ``torch.cuda`` is listed only where torch with CUDA is importable.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ class Baseline(abc.ABC):
 
     name: ClassVar[str] = ""
     drop: ClassVar[bool] = True
-    #: whether the stream a request is made on changes what the allocator reuses (``use_stream`` matters)
+    #: whether the stream a request is made on changes what the allocator reuses (``use_stream``
+    #: matters)
     keys_by_stream: ClassVar[bool] = False
 
     def __init__(self, *, device_id: int = 0):
@@ -80,7 +82,8 @@ class Baseline(abc.ABC):
 
     @abc.abstractmethod
     def reserved_bytes(self) -> int:
-        """Bytes the allocator holds from the device now (its own reading; cheap enough per event)."""
+        """Bytes the allocator holds from the device now (its own reading; cheap enough per
+        event)."""
 
     def allocated_bytes(self) -> float:
         """Bytes handed out now, after the allocator's rounding (NaN when it does not say)."""
@@ -88,7 +91,8 @@ class Baseline(abc.ABC):
 
     @abc.abstractmethod
     def counters(self) -> dict[str, float]:
-        """``peak_allocated_bytes``, ``peak_reserved_bytes``, ``n_grow``, ``n_shrink`` (NaN when unknown)."""
+        """``peak_allocated_bytes``, ``peak_reserved_bytes``, ``n_grow``, ``n_shrink`` (NaN when
+        unknown)."""
 
     def note_alloc(self) -> None:
         """Called after each successful allocation, outside the timed region (peak upkeep)."""

@@ -1,4 +1,5 @@
-"""Measure a GPU's driver costs into the simulator's cost-file schema (``sim/data/costs_h200.json``).
+"""Measure a GPU's driver costs into the simulator's cost-file schema
+(``sim/data/costs_h200.json``).
 
 ``cudaMalloc`` and ``cudaFree`` are timed apart, one call at a time from Python (the way a pool
 calls them), at sizes from 4 KiB to 4 GiB; copies are timed with CUDA events. The file
@@ -81,8 +82,9 @@ def time_vmm_calls(
     """Time each VMM call alone, at each size (a multiple of ``driver.granularity_bytes``).
 
     Every repeat is one whole cycle (reserve, create, map, set_access, unmap, release, free),
-    after 2 warm-up cycles. Returns ``{"vmm_us": ..., "vmm_p99_us": ..., "vmm_calls_per_size": ...}``
-    where ``vmm_us[call]`` is ``{"nbytes": sizes, "us": medians}`` for every call of ``VMM_CALLS``.
+    after 2 warm-up cycles. Returns ``{"vmm_us": ..., "vmm_p99_us": ..., "vmm_calls_per_size":
+    ...}`` where ``vmm_us[call]`` is ``{"nbytes": sizes, "us": medians}`` for every call of
+    ``VMM_CALLS``.
     """
     from policies.mapped_device import VMM_CALLS
 
@@ -91,7 +93,8 @@ def time_vmm_calls(
     for nbytes in sizes:
         if nbytes % driver.granularity_bytes:
             raise ValueError(
-                f"VMM size {nbytes:,} B is not a multiple of the {driver.granularity_bytes:,} B granularity"
+                f"VMM size {nbytes:,} B is not a multiple of the {driver.granularity_bytes:,} B "
+                "granularity"
             )
         r = repeats or repeats_for(nbytes)
         t = {call: np.empty(r, np.int64) for call in VMM_CALLS}
@@ -289,7 +292,8 @@ def calibrate(
             counts.append(r)
             if progress is not None:
                 progress(
-                    f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  cudaFree {medians['free'][-1]:9.1f} us"
+                    f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  cudaFree "
+                    f"{medians['free'][-1]:9.1f} us"
                     f"  ({r} calls)"
                 )
         bandwidths = _bandwidths(
@@ -300,8 +304,10 @@ def calibrate(
     table = {
         "device": name,
         "source": (
-            f"poollab gpu calibrate on {name}, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC: "
-            "cudaMalloc alone / cudaFree alone through cupy.cuda.runtime, median of the calls per size, "
+            f"poollab gpu calibrate on {name}, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} "
+            "UTC: "
+            "cudaMalloc alone / cudaFree alone through cupy.cuda.runtime, median of the calls per "
+            "size, "
             "after 3 warm-up pairs; copies timed with CUDA events (pinned host memory), median"
         ),
         "malloc_us": {"nbytes": list(usable), "us": medians["malloc"]},
@@ -344,7 +350,8 @@ def _calibrate_vmm(
     timer: Callable[[], int],
     progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
-    """The ``vmm_*`` entries of the cost table, or none (with a progress line) where VMM cannot run."""
+    """The ``vmm_*`` entries of the cost table, or none (with a progress line) where VMM cannot
+    run."""
     if not sizes:
         return {}
     from realgpu.errors import GpuUnavailableError
@@ -368,7 +375,8 @@ def _calibrate_vmm(
 
 
 def write_costs(table: dict[str, Any], path: str | Path) -> Path:
-    """Write a cost table and read it back through the simulator's loader (which checks the schema)."""
+    """Write a cost table and read it back through the simulator's loader (which checks the
+    schema)."""
     from sim.replay.costs import CostModel
 
     from traces.atomic import replacing_file

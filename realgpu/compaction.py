@@ -166,8 +166,10 @@ class DeviceMover:
         k = int(np.flatnonzero(np.asarray(self._host(dst)) != np.asarray(self._host(source)))[0])
         offset = dst_offset + k
         raise CorruptionError(
-            f"compaction moved {a.size_bytes:,} B of the allocation now at pool offset {a.offset} and the copy "
-            f"differs: the byte at pool offset {offset} (address 0x{self.device.address(offset):x}) is "
+            f"compaction moved {a.size_bytes:,} B of the allocation now at pool offset {a.offset} "
+            "and the copy "
+            f"differs: the byte at pool offset {offset} (address "
+            f"0x{self.device.address(offset):x}) is "
             f"0x{int(self._host(dst[k : k + 1])[0]):02x}, its source at {src_offset + k} held "
             f"0x{int(self._host(source[k : k + 1])[0]):02x}",
             offset=offset,

@@ -62,7 +62,8 @@ def require_cuda(device_id: int = 0) -> None:
 if cupy is not None:
 
     class CudaPoolOutOfMemoryError(PoolOutOfMemoryError, _CupyOutOfMemoryError):
-        """Out of memory in a CUDA pool: a ``PoolOutOfMemoryError`` and CuPy's ``OutOfMemoryError``."""
+        """Out of memory in a CUDA pool: a ``PoolOutOfMemoryError`` and CuPy's
+        ``OutOfMemoryError``."""
 
         def __init__(self, message: str, nbytes: int = 0, stats: Any = None):
             PoolOutOfMemoryError.__init__(self, message, nbytes, stats)
@@ -83,7 +84,8 @@ if cupy is not None:
     _check_kernel = cupy.ElementwiseKernel(
         "uint8 x, uint32 word, int64 phase",
         "raw uint64 first",
-        "if (x != (unsigned char)(word >> (8 * ((i + phase) & 3)))) atomicMin(&first[0], (unsigned long long)i);",
+        "if (x != (unsigned char)(word >> (8 * ((i + phase) & 3)))) atomicMin(&first[0], (unsigned "
+        "long long)i);",
         "poollab_pattern_check",
     )
 else:  # pragma: no cover

@@ -40,12 +40,14 @@ _memcmp = _load_memcmp()
 
 class HostMemory:
     """The memory operations of a host backend, over ``view(offset, nbytes)`` (a writable
-    ``uint8`` array): shared by the segment stand-in and the page-mapped one (``realgpu.host_vmm``)."""
+    ``uint8`` array): shared by the segment stand-in and the page-mapped one
+    (``realgpu.host_vmm``)."""
 
     kind = "numpy"
 
     def fill(self, offset: int, nbytes: int, word: int, phase: int) -> None:
-        """Write ``word`` (little-endian, starting at byte ``phase`` of it) over ``[offset, offset + nbytes)``."""
+        """Write ``word`` (little-endian, starting at byte ``phase`` of it) over ``[offset, offset +
+        nbytes)``."""
         if nbytes <= 0:
             return
         view, pattern = self.view(offset, nbytes), _pattern(min(nbytes, _PIECE_BYTES), word, phase)
@@ -117,7 +119,8 @@ class HostDevice(HostMemory, SegmentDevice):
 
 
 def _pattern(nbytes: int, word: int, phase: int) -> np.ndarray:
-    """``nbytes`` bytes of ``word`` repeated (little-endian), the first being its byte ``phase % 4``."""
+    """``nbytes`` bytes of ``word`` repeated (little-endian), the first being its byte ``phase %
+    4``."""
     k = phase % 4
     words = np.full(nbytes // 4 + 2, word & 0xFFFFFFFF, dtype="<u4")
     return words.view(np.uint8)[k : k + nbytes]

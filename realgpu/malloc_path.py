@@ -190,15 +190,16 @@ class MallocPath:
 
 
 class TorchPath:
-    """PyTorch's two calls for an ``AllocatorCore`` (``realgpu.torch_allocator``), the common case in one frame.
+    """PyTorch's two calls for an ``AllocatorCore`` (``realgpu.torch_allocator``), the common case
+    in one frame.
 
     ``malloc(size, device, stream) -> int`` and ``free(ptr, size, device, stream)`` are what the
     trampoline calls (they are the core's ``malloc``/``free``). The common case: a pool that
     neither validates nor defers frees (``fast``), the stream of the last call, a request the
     policy places in one range whose address is 512-aligned and not live: the policy's call, a
     C bisect for the segment and one dict store (compiled: C arithmetic, one int made for the
-    pointer, ``dict.setdefault``'s one lookup to store it unless live). Everything else goes to the core's
-    general methods (``_malloc``, ``_place``, ``_free``), which share this object's state:
+    pointer, ``dict.setdefault``'s one lookup to store it unless live). Everything else goes to the
+    core's general methods (``_malloc``, ``_place``, ``_free``), which share this object's state:
     ``countdown`` (calls to the next monitor sample), ``extra_bytes`` (bytes asked beyond the
     requests), ``last_stream``, ``in_malloc`` and ``queued`` (frees a finalizer set off inside a
     malloc, done once the policy is through with the request).
@@ -274,7 +275,8 @@ class TorchPath:
         num_live=cython.Py_ssize_t,
     )
     def malloc(self, size: int, device: int, stream: int) -> int:
-        """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (what ``AllocatorCore.malloc`` documents)."""
+        """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (what
+        ``AllocatorCore.malloc`` documents)."""
         if size <= 0 or not self.fast or stream != self.last_stream:
             return self._general(size, stream)
         mask = self.align_mask
@@ -339,7 +341,8 @@ class TorchPath:
                 self.core._free_queued()
 
     def free(self, ptr: int, size: int, device: int, stream: int) -> None:
-        """Give the allocation at ``ptr`` back (what ``AllocatorCore.free`` documents). Never raises."""
+        """Give the allocation at ``ptr`` back (what ``AllocatorCore.free`` documents). Never
+        raises."""
         if self.in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
             self.queued.append((ptr, size))
             return

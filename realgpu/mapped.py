@@ -20,7 +20,8 @@ Each offset in a reserved range is a real address: the range's base plus the off
 so a block that spans pages mapped at different times is contiguous memory and validation's
 patterns work across page boundaries. Time is measured around each real call only and charged
 with ``pending=False`` (it is inside the caller's timed region already), per call in
-``call_ns`` (the report's ``driver_ns_*`` columns), so calibration and replay measure the same thing.
+``call_ns`` (the report's ``driver_ns_*`` columns), so calibration and replay measure the same
+thing.
 
 The driver saying "out of memory" is a refusal (``create`` returns None, ``map_new`` False and
 undoes what it mapped, ``reserve`` None), as the model refuses past ``limit_bytes``. Any other
@@ -64,7 +65,8 @@ class MappedRealDevice(PageMappedDevice):
 
     Args:
         driver: the ``VmmDriver``.
-        granularity_bytes: the model's granularity; a multiple of the driver's (default: the driver's).
+        granularity_bytes: the model's granularity; a multiple of the driver's (default: the
+            driver's).
         limit_bytes: physical bytes the model lets be created (None: as many as the driver gives).
         virtual_limit_bytes: address space the model hands out.
 
@@ -170,8 +172,8 @@ class MappedRealDevice(PageMappedDevice):
         self._timed("set_access", self.driver.set_access, self.address(offset), nbytes)
 
     def unmap(self, offset: int, nbytes: int, *, wait: bool = True) -> list[int]:
-        """The model's ``unmap``, then the driver's, after waiting for queued work unless ``wait`` is
-        False (the caller knows the range's work is done: an event it recorded has completed)."""
+        """The model's ``unmap``, then the driver's, after waiting for queued work unless ``wait``
+        is False (the caller knows the range's work is done: an event it recorded has completed)."""
         pieces = [(off, self._mappings[off][1]) for off in self._mappings_in(offset, nbytes)]
         handles = super().unmap(offset, nbytes)
         if pieces and wait:
@@ -189,10 +191,11 @@ class MappedRealDevice(PageMappedDevice):
         self._timed("release", self.driver.release, self._physical.pop(handle))
         self.num_releases += 1
 
-    # ------------------------------------------------------------------ the replay's device interface
+    # ---------------------------------------------------------------- the replay's device interface
     @property
     def num_maps(self) -> int:
-        """Physical allocations made (``cuMemCreate``): what a segment device's ``cudaMalloc`` count is."""
+        """Physical allocations made (``cuMemCreate``): what a segment device's ``cudaMalloc`` count
+        is."""
         return self.num_creates
 
     @property

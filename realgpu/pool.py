@@ -83,11 +83,11 @@ class GpuPool:
             as it was.
         backend: ``"cuda"`` (segments are ``cudaMalloc``'d), ``"host"`` (numpy arrays, for CI),
             ``"cuda-vmm"`` (pages mapped with ``cuMemCreate``/``cuMemMap``), ``"host-vmm"`` (its
-            ``mmap``/``memfd`` stand-in), or a device instance (``HostDevice(limit_bytes=...)`` to make
-            the device refuse). A policy that needs a page-mapped device (its declared
-            ``device_kind``: ``page-pool``, ``vmm-stitch``, ``expandable``, ``virtual=true``, a wrapper
-            over one) gets the page-mapped backend on ``"cuda"``/``"host"``, of the granularity and
-            limit of the ``PageMappedDevice`` a policy object was built on.
+            ``mmap``/``memfd`` stand-in), or a device instance (``HostDevice(limit_bytes=...)`` to
+            make the device refuse). A policy that needs a page-mapped device (its declared
+            ``device_kind``: ``page-pool``, ``vmm-stitch``, ``expandable``, ``virtual=true``, a
+            wrapper over one) gets the page-mapped backend on ``"cuda"``/``"host"``, of the
+            granularity and limit of the ``PageMappedDevice`` a policy object was built on.
         capacity_bytes: most bytes the policy may reserve. None: on CUDA, the device's free
             memory (NVML) less ``headroom_bytes``; on the host, no limit. Only for spec strings.
         validate: write and check patterns and guards (slow: one kernel per region and a sync
@@ -140,7 +140,8 @@ class GpuPool:
         self._checks: dict[Allocation, _Check] = {}
         self._serial = 0
         self._closed = False
-        #: errors found while freeing through a dropped pointer (``__del__`` cannot raise); see ``check()``
+        #: errors found while freeing through a dropped pointer (``__del__`` cannot raise); see
+        #: ``check()``
         self.lease_errors: list[BaseException] = []
         self._allocate = self.policy.allocate
         self._address = self.device.address
@@ -223,11 +224,13 @@ class GpuPool:
         return usable
 
     def _make_policy(self, policy: str | Policy) -> Policy:
-        """The pool's own policy, built on ``self.device`` (the one way a policy gets a real device)."""
+        """The pool's own policy, built on ``self.device`` (the one way a policy gets a real
+        device)."""
         if isinstance(policy, Policy):
             if policy.segments() or policy.num_allocs:
                 raise PoolError(
-                    f"policy {policy.spec!r} has already been used; pass a fresh one (or a spec string)"
+                    f"policy {policy.spec!r} has already been used; pass a fresh one (or a spec "
+                    "string)"
                 )
             if self.capacity_bytes is not None:
                 raise PoolError(
@@ -315,7 +318,8 @@ class GpuPool:
         """Free ``a``, whose pages one pointer cannot reach, and say why."""
         self.free(a)
         raise PoolError(
-            f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous pages; "
+            f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
+            "pages; "
             "a CuPy pointer needs contiguous memory: use pool.allocate() and pool.pages()"
         )
 
@@ -371,7 +375,8 @@ class GpuPool:
         return self._address(a.extents[0][0] + (rec.guard_bytes if rec is not None else 0))
 
     def pages(self, a: Allocation) -> list[tuple[int, int]]:
-        """``(address, nbytes)`` of each extent the policy gave ``a``, in order (guards included)."""
+        """``(address, nbytes)`` of each extent the policy gave ``a``, in order (guards
+        included)."""
         address = self._address
         return [(address(offset), length) for offset, length in a.extents]
 
@@ -388,7 +393,8 @@ class GpuPool:
 
     # ------------------------------------------------------------------ replay hooks
     def replay_hooks(self) -> tuple[Callable[[Allocation], None], Callable[[Allocation], None]]:
-        """``(on_alloc, on_free)`` for ``sim.replay.trace_replay.replay`` driving ``self.policy`` directly.
+        """``(on_alloc, on_free)`` for ``sim.replay.trace_replay.replay`` driving ``self.policy``
+        directly.
 
         Without validation each allocation is touched (its first and last bytes written); with
         it, the whole allocation is filled (the rounding slack as guard) and checked before the
@@ -440,7 +446,8 @@ class GpuPool:
         return None
 
     def _pieces(self, a: Allocation, start: int, length: int):
-        """``(pool offset, length, span position)`` of the parts of ``[start, start+length)`` of ``a``'s span."""
+        """``(pool offset, length, span position)`` of the parts of ``[start, start+length)`` of
+        ``a``'s span."""
         pos = 0
         end = start + length
         for offset, ext_len in a.extents:
@@ -481,14 +488,16 @@ class GpuPool:
             None,
         )
         why = (
-            f"; that byte also lies in live allocation at offset {other.offset} ({other.size_bytes:,} B): "
+            f"; that byte also lies in live allocation at offset {other.offset} "
+            f"({other.size_bytes:,} B): "
             "the policy placed two allocations over the same bytes"
             if other is not None
             else "; something wrote outside its allocation (overrun) or into memory already freed"
         )
         msg = (
             f"memory corruption in the {region} bytes of the allocation at pool offset {a.offset} "
-            f"({rec.user_nbytes:,} B asked, {a.size_bytes:,} B placed by policy {self.policy.spec!r}): "
+            f"({rec.user_nbytes:,} B asked, {a.size_bytes:,} B placed by policy "
+            f"{self.policy.spec!r}): "
             f"the byte at pool offset {offset} (address 0x{address:x}) is 0x{found:02x}, "
             f"the pool wrote 0x{expected:02x}{why}"
         )

@@ -1,13 +1,13 @@
 """Replay an allocation trace on the device: policies and baselines, in the shared report schema.
 
-A policy is replayed by the simulator's own loop (``sim.replay.trace_replay.replay``) with the policy's
-upstream being a real device (``GpuPool``): the same ``PoolMonitor`` samples the same event
-indices and the device hands out the simulator's offsets, so the GPU row and the simulated row
-of one trace and policy agree exactly on peak live, peak reserved, failures and fragmentation.
-What differs is real: each timed ``allocate``/``free`` includes any ``cudaMalloc``/``cudaFree``
-it caused (and, for a compacting policy, the device copies of the allocations it moved, through
-``realgpu.compaction.DeviceMover``), every allocation is touched (or, with ``validate``, filled
-and checked), and the device's own used memory is read (NVML).
+A policy is replayed by the simulator's own loop (``sim.replay.trace_replay.replay``) with the
+policy's upstream being a real device (``GpuPool``): the same ``PoolMonitor`` samples the same event
+indices and the device hands out the simulator's offsets, so the GPU row and the simulated row of
+one trace and policy agree exactly on peak live, peak reserved, failures and fragmentation. What
+differs is real: each timed ``allocate``/``free`` includes any ``cudaMalloc``/``cudaFree`` it caused
+(and, for a compacting policy, the device copies of the allocations it moved, through
+``realgpu.compaction.DeviceMover``), every allocation is touched (or, with ``validate``, filled and
+checked), and the device's own used memory is read (NVML).
 
 Baselines (``realgpu.baselines``) go through the same loop (``sim.replay.engine.run``: same timer,
 same sampling stride) and the same row (``sim.replay.schema.summary_row``), touching each allocation
@@ -16,11 +16,11 @@ rounding waste for some) are NaN.
 
 Extra summary columns, after ``SUMMARY_COLUMNS``: ``kind`` (policy or baseline), ``device``,
 ``device_kind`` (``policies.device_kind.DeviceKind``: ``segment``, ``cudaMalloc``; ``page-mapped``,
-pages mapped with ``cuMem*``, whose per-call counts and measured times fill the report's device columns), ``validate``,
-``n_events``, ``driver_ns_total`` (measured time inside ``cudaMalloc``/``cudaFree``, or inside
-the ``cuMem*`` calls, for policies), ``device_mallocs``, ``device_frees`` (``cudaMalloc`` /
-``cudaFree``, or ``cuMemCreate`` / ``cuMemRelease``, during the replay; teardown frees the rest),
-``moved_bytes``/``move_ns_total`` (compaction copies),
+pages mapped with ``cuMem*``, whose per-call counts and measured times fill the report's device
+columns), ``validate``, ``n_events``, ``driver_ns_total`` (measured time inside
+``cudaMalloc``/``cudaFree``, or inside the ``cuMem*`` calls, for policies), ``device_mallocs``,
+``device_frees`` (``cudaMalloc`` / ``cudaFree``, or ``cuMemCreate`` / ``cuMemRelease``, during the
+replay; teardown frees the rest), ``moved_bytes``/``move_ns_total`` (compaction copies),
 ``nvml_base_used_bytes``,
 ``nvml_peak_used_bytes``, ``nvml_end_used_bytes`` (after teardown), ``memory_source``.
 """
@@ -98,8 +98,8 @@ def gpu_replay(
     Args:
         trace: the allocation events.
         policy: a spec string or a fresh policy object (see ``GpuPool``).
-        backend: ``"cuda"``, ``"host"`` (the CPU stand-in, for tests), ``"cuda-vmm"`` or ``"host-vmm"``
-            (pages mapped into reserved ranges; see ``GpuPool``).
+        backend: ``"cuda"``, ``"host"`` (the CPU stand-in, for tests), ``"cuda-vmm"`` or
+            ``"host-vmm"`` (pages mapped into reserved ranges; see ``GpuPool``).
         capacity_bytes: the policy's capacity; None: the GPU's free memory less headroom on
             CUDA (recorded in the row, so a simulated run can be given the same), none on the host.
         validate: fill every allocation with a pattern (rounding slack as guard) and check it
@@ -109,8 +109,8 @@ def gpu_replay(
         device_id: the CUDA device.
 
     Returns:
-        ``sim.replay.trace_replay.ReplayResult`` with ``backend="gpu"`` rows; the pool is closed (every
-        segment freed) before it returns.
+        ``sim.replay.trace_replay.ReplayResult`` with ``backend="gpu"`` rows; the pool is closed
+        (every segment freed) before it returns.
     """
     watch = _memory_watch(device_id) if backend.startswith("cuda") else None
     pool = GpuPool(
@@ -150,7 +150,8 @@ def gpu_replay(
         {
             "kind": "policy",
             "device": device_name(device_id) if pool.is_cuda else "host",
-            "device_kind": device.device_kind.value,  # a plain string in the table (``DeviceKind``'s value)
+            # a plain string in the table (``DeviceKind``'s value)
+            "device_kind": device.device_kind.value,
             "validate": bool(validate),
             **measured,
             **_memory_columns(watch),
@@ -161,7 +162,8 @@ def gpu_replay(
 
 @dataclass
 class GpuReplayTables:
-    """``gpu_replay_tables``' result: one summary row per run, their time series and latency samples."""
+    """``gpu_replay_tables``' result: one summary row per run, their time series and latency
+    samples."""
 
     summary: pd.DataFrame
     timeseries: pd.DataFrame
@@ -256,12 +258,12 @@ def baseline_replay(
 ) -> BaselineResult:
     """Replay ``trace`` through a baseline allocator (``realgpu.baselines``) on the GPU.
 
-    The loop is ``sim.replay.engine.run`` and the row ``sim.replay.schema.summary_row``, as for a policy: the
-    timed region is the allocator's own call (``alloc(nbytes)``; ``free(handle)`` or dropping
-    the last reference), a failed allocation is counted and its free skipped. Each allocation is
-    made on the stream the trace recorded (``Baseline.use_stream``, switched between events,
-    outside the timed call), so an allocator that caches per stream sees the trace's streams. The
-    baseline is closed (its cache emptied) before this returns.
+    The loop is ``sim.replay.engine.run`` and the row ``sim.replay.schema.summary_row``, as for a
+    policy: the timed region is the allocator's own call (``alloc(nbytes)``; ``free(handle)`` or
+    dropping the last reference), a failed allocation is counted and its free skipped. Each
+    allocation is made on the stream the trace recorded (``Baseline.use_stream``, switched between
+    events, outside the timed call), so an allocator that caches per stream sees the trace's
+    streams. The baseline is closed (its cache emptied) before this returns.
     """
     from realgpu.cuda import touch_pointer
 

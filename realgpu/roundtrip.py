@@ -76,7 +76,8 @@ def pool_roundtrip(
     iterations: int = 20000,
     warmup: int = 100,
 ) -> dict[str, Any]:
-    """Round trips through ``pool.allocate``/``pool.free`` (``path="allocate"``) or ``pool.malloc`` + drop."""
+    """Round trips through ``pool.allocate``/``pool.free`` (``path="allocate"``) or ``pool.malloc``
+    + drop."""
     if path == "allocate":
         samples = time_roundtrips(
             pool.allocate, pool.free, nbytes, iterations=iterations, warmup=warmup
@@ -110,7 +111,8 @@ class _Owner:
 
 
 class _FinalizingOwner:
-    """An owner whose ``__del__`` runs and does nothing: the lease's finalizer, with no policy behind it."""
+    """An owner whose ``__del__`` runs and does nothing: the lease's finalizer, with no policy
+    behind it."""
 
     __slots__ = ()
 

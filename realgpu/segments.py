@@ -114,7 +114,8 @@ class SegmentDevice(ClockedDriver, UnmodelledDriver, abc.ABC):
         return len(self._starts)
 
     def locate(self, offset: int) -> tuple[int, int]:
-        """``(segment offset, offset within it)`` of a pool offset; AssertionError outside every segment."""
+        """``(segment offset, offset within it)`` of a pool offset; AssertionError outside every
+        segment."""
         starts = self._starts
         i = bisect.bisect_right(starts, offset) - 1
         assert i >= 0, f"offset {offset} lies below every segment"
@@ -132,17 +133,21 @@ class SegmentDevice(ClockedDriver, UnmodelledDriver, abc.ABC):
         return self._bases[i] + offset - starts[i]
 
     def address_tables(self) -> tuple[list[int], list[int]]:
-        """What ``address`` reads: the sorted segment offsets and their real bases in the same order,
-        the live lists (mutated in place as segments come and go), for a hot path that inlines the lookup."""
+        """What ``address`` reads: the sorted segment offsets and their real bases in the same
+        order, the live lists (mutated in place as segments come and go), for a hot path that
+        inlines the
+        lookup."""
         return self._starts, self._bases
 
     def check_range(self, offset: int, nbytes: int) -> None:
         """Assert that ``[offset, offset + nbytes)`` lies inside one segment: two segments are two
         ``cudaMalloc`` blocks, not one range, so a range over both reaches memory outside any
-        allocation (policies must not straddle). Every memory operation of the backends checks it."""
+        allocation (policies must not straddle). Every memory operation of the backends checks
+        it."""
         seg, rel = self.locate(offset)
         assert rel + nbytes <= self._sizes[seg], (
-            f"range [{offset}, {offset + nbytes}) runs past the end of segment [{seg}, {seg + self._sizes[seg]}): "
+            f"range [{offset}, {offset + nbytes}) runs past the end of segment [{seg}, "
+            f"{seg + self._sizes[seg]}): "
             "the policy handed out memory outside any segment"
         )
 
@@ -154,7 +159,8 @@ class SegmentDevice(ClockedDriver, UnmodelledDriver, abc.ABC):
     # ------------------------------------------------------------------ backend hooks
     @abc.abstractmethod
     def _map(self, nbytes: int) -> tuple[int, Any] | None:
-        """Get ``nbytes`` of memory: ``(address, handle)``, or None when the backend is out of memory."""
+        """Get ``nbytes`` of memory: ``(address, handle)``, or None when the backend is out of
+        memory."""
 
     @abc.abstractmethod
     def _unmap(self, buffer: Any) -> None:
@@ -169,7 +175,8 @@ class SegmentDevice(ClockedDriver, UnmodelledDriver, abc.ABC):
 
     @abc.abstractmethod
     def first_mismatch(self, offset: int, nbytes: int, word: int, phase: int) -> int:
-        """Index (from ``offset``) of the first byte that differs from what ``fill`` wrote; -1 if none."""
+        """Index (from ``offset``) of the first byte that differs from what ``fill`` wrote; -1 if
+        none."""
 
     @abc.abstractmethod
     def read_bytes(self, offset: int, nbytes: int) -> bytes:

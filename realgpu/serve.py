@@ -1,18 +1,18 @@
-"""``poollab gpu serve``: a real continuous-batching engine serving a request trace, each policy in turn
-holding all of PyTorch's memory, written in the tables ``simulate`` writes.
+"""``poollab gpu serve``: a real continuous-batching engine serving a request trace, each policy in
+turn holding all of PyTorch's memory, written in the tables ``simulate`` writes.
 
 What happens, per policy spec (``pytorch`` is PyTorch's own caching allocator, no poollab policy):
 
-1. The trace becomes a request plan (``plan_requests``): arrival times scaled by ``rate_scale`` and cut
-   by ``duration_s``/``max_requests``, every prompt capped so that prompt + output fit the engine's
-   longest sequence; prompts are random token ids of those lengths (no shared prefixes), outputs
-   exactly the trace's length (EOS disabled).
-2. A fresh Python process (``realgpu.serve_engine``) installs the policy as PyTorch's allocator before
-   its first CUDA allocation (``realgpu.torch_allocator.use_policy``), builds the model (random weights
-   of a ``sim/data/models.json`` preset's shape, made on the GPU in the preset's dtype, or a
-   ``--checkpoint``), starts transformers' ``ContinuousBatchingManager`` (paged KV, sized by the
-   engine unless ``num_blocks`` is given), warms it up, and submits the plan in real time
-   (``drive``). It records one row per engine step (``traces.engine_profile`` step profile) and
+1. The trace becomes a request plan (``plan_requests``): arrival times scaled by ``rate_scale`` and
+   cut by ``duration_s``/``max_requests``, every prompt capped so that prompt + output fit the
+   engine's longest sequence; prompts are random token ids of those lengths (no shared prefixes),
+   outputs exactly the trace's length (EOS disabled).
+2. A fresh Python process (``realgpu.serve_engine``) installs the policy as PyTorch's allocator
+   before its first CUDA allocation (``realgpu.torch_allocator.use_policy``), builds the model
+   (random weights of a ``sim/data/models.json`` preset's shape, made on the GPU in the preset's
+   dtype, or a ``--checkpoint``), starts transformers' ``ContinuousBatchingManager`` (paged KV,
+   sized by the engine unless ``num_blocks`` is given), warms it up, and submits the plan in real
+   time (``drive``). It records one row per engine step (``traces.engine_profile`` step profile) and
    one per request.
 3. This process assembles the summary row (``serve_summary_row``): the report schema's memory
    columns (``sim.replay.schema.summary_row``) and the serving columns ``simulate`` has
@@ -80,7 +80,8 @@ SIM_TWIN_OF_PYTORCH = "torch-caching"
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """The engine's settings; the defaults are those of the shared recordings (``../shared/data/engine``).
+    """The engine's settings; the defaults are those of the shared recordings
+    (``../shared/data/engine``).
 
     Attributes:
         model: a ``sim/data/models.json`` preset (or JSON file) whose shape the random weights take.
@@ -96,7 +97,8 @@ class ServeSettings:
             where installed).
         cuda_graphs: let the engine capture CUDA graphs (off in the shared recordings).
         warmup: before the trace, serve a batch that fills one step's token budget and one that
-            decodes ``max_num_seqs`` at once (kernels loaded, the largest activations allocated once),
+            decodes ``max_num_seqs`` at once (kernels loaded, the largest activations allocated
+            once),
             unrecorded.
         snapshot: record PyTorch's memory history and write it (``snapshot_until``: ``startup``
             stops after warm-up, before the first trace request; ``end`` keeps it to the end;
@@ -182,7 +184,8 @@ class Completion:
 
 
 class Engine(Protocol):
-    """What ``drive`` needs of an engine (``realgpu.serve_engine.TransformersEngine``, or a fake one)."""
+    """What ``drive`` needs of an engine (``realgpu.serve_engine.TransformersEngine``, or a fake
+    one)."""
 
     def submit(self, request_id: int, prompt_ids: list[int], output_tokens: int) -> None: ...
 
@@ -199,19 +202,21 @@ def plan_requests(
     duration_s: float | None = None,
     max_requests: int | None = None,
 ) -> pd.DataFrame:
-    """The requests to serve: ``arrival_s`` divided by ``rate_scale``, those arriving before ``duration_s``
-    (in the scaled time: the real seconds the run takes arrivals for), at most ``max_requests``, rebased
-    to the first; each output capped at ``max_len_tokens - 1`` and its prompt so that prompt + output
-    <= ``max_len_tokens`` (at least one prompt token).
+    """The requests to serve: ``arrival_s`` divided by ``rate_scale``, those arriving before
+    ``duration_s`` (in the scaled time: the real seconds the run takes arrivals for), at most
+    ``max_requests``, rebased to the first; each output capped at ``max_len_tokens - 1`` and its
+    prompt so that prompt
+    + output <= ``max_len_tokens`` (at least one prompt token).
 
-    Columns: ``request``, ``arrival_s``, ``prompt_tokens``, ``output_tokens``, ``trace_prompt_tokens``.
-    Raises ValueError naming the option that leaves nothing to serve.
+    Columns: ``request``, ``arrival_s``, ``prompt_tokens``, ``output_tokens``,
+    ``trace_prompt_tokens``. Raises ValueError naming the option that leaves nothing to serve.
     """
     if rate_scale <= 0:
         raise ValueError(f"--rate-scale {rate_scale} must be > 0")
     if max_len_tokens < 2:
         raise ValueError(
-            f"the engine's longest sequence ({max_len_tokens} tokens) leaves no room for a prompt and an output"
+            f"the engine's longest sequence ({max_len_tokens} tokens) leaves no room for a prompt "
+            "and an output"
         )
     df = requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     arrival = (
@@ -293,8 +298,8 @@ def drive(
 
 
 def step_table(steps: Iterable[StepRow], t0: float) -> pd.DataFrame:
-    """The step profile (``traces.engine_profile`` columns, ``start_s`` from the first arrival) of the
-    steps that began at or after ``t0`` (warm-up steps before it are left out)."""
+    """The step profile (``traces.engine_profile`` columns, ``start_s`` from the first arrival) of
+    the steps that began at or after ``t0`` (warm-up steps before it are left out)."""
     rows = [s for s in steps if s.start_t >= t0]
     df = pd.DataFrame([asdict(s) for s in rows], columns=list(StepRow.__dataclass_fields__))
     df.insert(0, "start_s", df.pop("start_t") - t0)
@@ -304,8 +309,8 @@ def step_table(steps: Iterable[StepRow], t0: float) -> pd.DataFrame:
 def served_table(
     plan: pd.DataFrame, t0: float, submit_t: np.ndarray, completions: Iterable[Completion]
 ) -> pd.DataFrame:
-    """One row per planned request (``traces.engine_profile`` served-request columns, seconds from the
-    first arrival; NaN where a request never got a first token or never finished) plus
+    """One row per planned request (``traces.engine_profile`` served-request columns, seconds from
+    the first arrival; NaN where a request never got a first token or never finished) plus
     ``num_generated`` and ``error``."""
     n = len(plan)
     first, finish = np.full(n, np.nan), np.full(n, np.nan)
@@ -343,8 +348,8 @@ def serve_summary_row(
     num_preemptions: int = 0,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The summary row ``simulate`` writes, from a real run: ``memory_row`` (the report schema's columns,
-    ``sim.replay.schema.summary_row``'s) and the serving columns
+    """The summary row ``simulate`` writes, from a real run: ``memory_row`` (the report schema's
+    columns, ``sim.replay.schema.summary_row``'s) and the serving columns
     (``sim.replay.serving_metrics.serving_summary`` over the request table
     ``sim.replay.serving_metrics.request_frame`` builds), then the engine's columns and
     ``extra``.
@@ -405,13 +410,15 @@ def serve_summary_row(
 
 
 def policy_slug(spec: str) -> str:
-    """A file-name-safe form of a policy spec (``best-fit:virtual=true`` -> ``best-fit_virtual-true``)."""
+    """A file-name-safe form of a policy spec (``best-fit:virtual=true`` ->
+    ``best-fit_virtual-true``)."""
     return re.sub(r"[^A-Za-z0-9.-]+", "_", spec.replace("=", "-")).strip("_") or "policy"
 
 
 @dataclass
 class ServeRun:
-    """One policy's real run: its summary row, step profile, request table, time series and files."""
+    """One policy's real run: its summary row, step profile, request table, time series and
+    files."""
 
     spec: str
     summary: dict[str, Any]
@@ -445,9 +452,10 @@ def serve(
     python: str | None = None,
     timeout_s: float | None = None,
 ) -> list[ServeRun]:
-    """Serve ``plan`` under each spec in turn, each in a fresh process (``realgpu.serve_engine``), and
-    return the runs. ``pytorch`` runs PyTorch's own allocator; any other spec goes through
-    ``realgpu.torch_allocator.use_policy``. Raises ``ServeError`` with the child's last error line."""
+    """Serve ``plan`` under each spec in turn, each in a fresh process (``realgpu.serve_engine``),
+    and return the runs. ``pytorch`` runs PyTorch's own allocator; any other spec goes through
+    ``realgpu.torch_allocator.use_policy``. Raises ``ServeError`` with the child's last error
+    line."""
     runs = []
     for spec in specs:
         with tempfile.TemporaryDirectory(prefix="poollab-serve-") as tmp:
@@ -461,7 +469,8 @@ def serve(
                 + (
                     ""
                     if settings.engine_footprint_check
-                    else f"; transformers' footprint check off: exactly {settings.num_blocks or 'the sized'} blocks"
+                    else "; transformers' footprint check off: exactly "
+                    f"{settings.num_blocks or 'the sized'} blocks"
                 )
                 + ")"
             )
@@ -570,10 +579,11 @@ def write_serve_results(
     comparison: pd.DataFrame | None = None,
 ) -> list[Path]:
     """The result folder: ``summary.csv``, ``timeseries.parquet``, ``requests.parquet`` (every run's
-    request table, ``sim.replay.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes them, and
-    per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served requests) and,
-    when recorded, ``snapshot_<policy>.pickle.gz`` (and the whole run's ``snapshot_<policy>_run.pickle.gz``),
-    each with its ``.json`` of the engine's memory. Returns the per-policy files."""
+    request table, ``sim.replay.serving_metrics`` columns) and ``run.json`` as ``simulate`` writes
+    them, and per policy ``steps_<policy>.csv`` (step profile), ``requests_<policy>.csv`` (served
+    requests) and, when recorded, ``snapshot_<policy>.pickle.gz`` (and the whole run's
+    ``snapshot_<policy>_run.pickle.gz``), each with its ``.json`` of the engine's memory. Returns
+    the per-policy files."""
     from sim.replay.schema import summary_frame, write_results
 
     summary = summary_frame([r.summary for r in runs])
@@ -621,7 +631,8 @@ def check_engine_installed() -> None:
 
 
 def check_serve_specs(specs: Sequence[str]) -> list[str]:
-    """The specs to run (default ``pytorch``), each checked before any work (``PolicyError`` names a bad one)."""
+    """The specs to run (default ``pytorch``), each checked before any work (``PolicyError`` names a
+    bad one)."""
     import policies
 
     out = list(specs) or [PYTORCH]
@@ -632,22 +643,25 @@ def check_serve_specs(specs: Sequence[str]) -> list[str]:
 
 
 def check_cuda_graphs(specs: Sequence[str], settings: ServeSettings) -> None:
-    """Refuse, before any engine starts, CUDA graphs under a pluggable policy: the engine captures into
-    a ``torch.cuda.MemPool`` of PyTorch's caching allocator, which a pluggable allocator replaces
-    (``realgpu.torch_allocator`` refuses the capture). In mempool mode the graphs' memory is PyTorch's
-    own graph pool and the rest the policy's."""
+    """Refuse, before any engine starts, CUDA graphs under a pluggable policy: the engine captures
+    into a ``torch.cuda.MemPool`` of PyTorch's caching allocator, which a pluggable allocator
+    replaces (``realgpu.torch_allocator`` refuses the capture). In mempool mode the graphs' memory
+    is PyTorch's own graph pool and the rest the policy's."""
     if not settings.cuda_graphs or settings.allocator_mode != "pluggable":
         return
     policies = [s for s in specs if s != PYTORCH]
     if policies:
         raise ValueError(
-            f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: the engine captures "
-            "its graphs into a pool of PyTorch's caching allocator, which a pluggable policy replaces"
+            f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: the engine "
+            "captures "
+            "its graphs into a pool of PyTorch's caching allocator, which a pluggable policy "
+            "replaces"
         )
 
 
 def resolve_max_len(settings: ServeSettings) -> int:
-    """The engine's longest sequence: ``max_len_tokens``, else the checkpoint's or preset's context limit."""
+    """The engine's longest sequence: ``max_len_tokens``, else the checkpoint's or preset's context
+    limit."""
     if settings.max_len_tokens is not None:
         return settings.max_len_tokens
     if settings.checkpoint:
@@ -685,8 +699,8 @@ class Compare(Protocol):
 
 @dataclass
 class ServeOutcome:
-    """What ``serve_trace`` did: the plan, each policy's run, the policies whose engine failed (spec:
-    reason) and, with ``compare``, each run's measured-against-predicted table."""
+    """What ``serve_trace`` did: the plan, each policy's run, the policies whose engine failed
+    (spec: reason) and, with ``compare``, each run's measured-against-predicted table."""
 
     plan: pd.DataFrame
     runs: list[ServeRun]
@@ -708,11 +722,11 @@ def serve_trace(
     log: Callable[[str], None] = print,
     meta: dict[str, Any] | None = None,
 ) -> ServeOutcome:
-    """Plan ``requests`` (a ``RequestTrace``), serve it under each spec, hand the runs to ``compare``
-    when given, and write the result folder (with ``compare``'s tables as ``sim_comparison``). A
-    policy whose engine fails is reported in ``failed`` and the others still run; ValueError when
-    none ran (or, before anything runs, when ``cuda_graphs`` asks for a capture a pluggable policy
-    would refuse).
+    """Plan ``requests`` (a ``RequestTrace``), serve it under each spec, hand the runs to
+    ``compare`` when given, and write the result folder (with ``compare``'s tables as
+    ``sim_comparison``). A policy whose engine fails is reported in ``failed`` and the others still
+    run; ValueError when none ran (or, before anything runs, when ``cuda_graphs`` asks for a capture
+    a pluggable policy would refuse).
 
     ``compare`` is the simulator's side (``sim.serving.engine_compare.compare_with_engine``, with
     its GPU and calibration bound): ``realgpu`` imports only the replay room, so the caller

@@ -1,4 +1,5 @@
-"""One policy's real serving run, in a process of its own: ``python -m realgpu.serve_engine WORK_DIR``.
+"""One policy's real serving run, in a process of its own: ``python -m realgpu.serve_engine
+WORK_DIR``.
 
 ``WORK_DIR`` holds ``job.json`` (spec, trace name, ``realgpu.serve.ServeSettings``) and ``plan.csv``
 (``realgpu.serve.plan_requests``); the run writes ``steps.csv``, ``requests.csv``,
@@ -47,14 +48,16 @@ from realgpu.serve import (
 GIVE_UP_AFTER_S = 1800.0
 #: History entries kept for ``--snapshot`` (PyTorch's ring buffer; a start-up needs far fewer).
 SNAPSHOT_MAX_ENTRIES = 200_000
-#: ... and when the serving run is recorded too (``--snapshot-until end|both``): a few hundred entries a step.
+#: ... and when the serving run is recorded too (``--snapshot-until end|both``): a few hundred
+#: entries a step.
 SNAPSHOT_RUN_MAX_ENTRIES = 2_000_000
 
 
 def model_config(spec: Any, *, max_len_tokens: int | None):
-    """A ``LlamaConfig`` of ``spec``'s shape (``sim.replay.models.ModelSpec``): a dense Llama-architecture
-    decoder (Llama, Mistral and Qwen presets keep their shapes; Qwen's qkv biases are left out).
-    Raises ValueError for a shape that architecture cannot take (plain MLP, hybrid layers)."""
+    """A ``LlamaConfig`` of ``spec``'s shape (``sim.replay.models.ModelSpec``): a dense
+    Llama-architecture decoder (Llama, Mistral and Qwen presets keep their shapes; Qwen's qkv biases
+    are left out). Raises ValueError for a shape that architecture cannot take (plain MLP, hybrid
+    layers)."""
     from transformers import LlamaConfig
 
     if not spec.gated_mlp:
@@ -172,8 +175,8 @@ class TransformersEngine:
         manager._generation_loop_body = timed_body  # the loop calls self._generation_loop_body
 
     def _watch(self, batch_processor) -> None:
-        """Wrap the scheduler's ``schedule_batch`` (the batch's composition, before positions advance)
-        and the offloading manager's ``offload_requests`` (preemptions)."""
+        """Wrap the scheduler's ``schedule_batch`` (the batch's composition, before positions
+        advance) and the offloading manager's ``offload_requests`` (preemptions)."""
         scheduler = self._scheduler = batch_processor.scheduler
         schedule = scheduler.schedule_batch
 
@@ -294,9 +297,9 @@ class TransformersEngine:
 
 @contextlib.contextmanager
 def footprint_check_off():
-    """While open, transformers' ``PagedAttentionMemoryHandler._check_footprint`` (5.17: its estimate
-    of the cache and activation peaks against ``max_memory_percent`` of free memory, raising
-    MemoryError before anything is allocated) keeps its sanity check on the sizes but lets a
+    """While open, transformers' ``PagedAttentionMemoryHandler._check_footprint`` (5.17: its
+    estimate of the cache and activation peaks against ``max_memory_percent`` of free memory,
+    raising MemoryError before anything is allocated) keeps its sanity check on the sizes but lets a
     footprint beyond the estimate through, and says so on stdout; restored on exit."""
     from transformers.generation.continuous_batching.cache import PagedAttentionMemoryHandler
 
@@ -306,7 +309,8 @@ def footprint_check_off():
         footprint = self.compute_memory_footprint(max_batch_tokens, num_blocks)
         if footprint > self.available_memory:
             print(
-                f"serve: footprint check off: transformers estimates {footprint:,} B for {num_blocks:,} blocks, "
+                f"serve: footprint check off: transformers estimates {footprint:,} B for "
+                f"{num_blocks:,} blocks, "
                 f"more than the {self.available_memory:,} B it allows; starting anyway",
                 flush=True,
             )
@@ -326,9 +330,9 @@ def footprint_check_off():
 def warm_up(
     engine: TransformersEngine, settings: ServeSettings, *, vocab_size: int, max_len_tokens: int
 ) -> None:
-    """Serve, unrecorded, one step's worth of prefill (``max_batch_tokens`` in prompts of at most the
-    longest sequence) and then a decode of as many sequences as fit, so kernels are loaded and the
-    largest activations allocated before the clock starts."""
+    """Serve, unrecorded, one step's worth of prefill (``max_batch_tokens`` in prompts of at most
+    the longest sequence) and then a decode of as many sequences as fit, so kernels are loaded and
+    the largest activations allocated before the clock starts."""
     rng = np.random.default_rng(settings.seed + 1)
     budget = settings.max_batch_tokens
     prompt = max(1, min(max_len_tokens - 4, budget))
@@ -358,9 +362,9 @@ def warm_up(
 
 
 class TorchMemoryReadings:
-    """PyTorch's caching allocator as ``sim.replay.metrics.PoolMonitor`` readings: its own counters (live =
-    requested bytes, allocated, reserved) and, from ``torch.cuda.memory_snapshot()``, the largest free
-    block inside its segments (for external fragmentation)."""
+    """PyTorch's caching allocator as ``sim.replay.metrics.PoolMonitor`` readings: its own counters
+    (live = requested bytes, allocated, reserved) and, from ``torch.cuda.memory_snapshot()``, the
+    largest free block inside its segments (for external fragmentation)."""
 
     def __init__(self, device: Any):
         import torch
@@ -472,7 +476,8 @@ class NonTorchMemory:
             self.serving_max = r
 
     def fields(self) -> dict[str, Any]:
-        """The sidecar's figures (``traces.engine_memory`` keys, and the readings they come from)."""
+        """The sidecar's figures (``traces.engine_memory`` keys, and the readings they come
+        from)."""
         out: dict[str, Any] = {
             "mem_get_info_total_bytes": self.total_bytes,
             "non_torch_how": "cudaMemGetInfo used (total - free) less torch.cuda.memory_reserved, "
@@ -538,8 +543,8 @@ def _engine_thread_in_mempool(engine: TransformersEngine, alloc: Any, device: An
 @contextlib.contextmanager
 def _policy_memory_counters(alloc: Any):
     """Under a pluggable policy PyTorch keeps no counters (``torch.cuda.memory_reserved`` raises
-    "CUDAPluggableAllocator does not yet support getDeviceStats"), yet the engine reads it to size its
-    KV cache: answer with the policy's own reserved bytes, what PyTorch's counter means."""
+    "CUDAPluggableAllocator does not yet support getDeviceStats"), yet the engine reads it to size
+    its KV cache: answer with the policy's own reserved bytes, what PyTorch's counter means."""
     if alloc is None or alloc.mode != "pluggable":
         yield
         return
@@ -582,12 +587,14 @@ def run_job(work: Path) -> None:
         )
         if settings.snapshot and not recording:
             print(
-                "serve: --snapshot records PyTorch's caching allocator, which a pluggable policy replaces: "
+                "serve: --snapshot records PyTorch's caching allocator, which a pluggable policy "
+                "replaces: "
                 "no snapshot for this policy",
                 flush=True,
             )
         if recording:
-            # the Python stack of each allocation only (C++ frames make a start-up snapshot tens of MB)
+            # the Python stack of each allocation only (C++ frames make a start-up snapshot tens of
+            # MB)
             max_entries = (
                 SNAPSHOT_MAX_ENTRIES
                 if settings.snapshot_until == "startup"
@@ -629,7 +636,8 @@ def run_job(work: Path) -> None:
         info = engine.kv_info()
         print(
             f"serve: KV cache {info['kv_blocks']:,} blocks of {settings.block_tokens} tokens "
-            f"({info['kv_bytes'] / 2**30:,.2f} GiB); {len(plan)} requests over {plan['arrival_s'].iloc[-1]:,.1f} s",
+            f"({info['kv_bytes'] / 2**30:,.2f} GiB); {len(plan)} requests over "
+            f"{plan['arrival_s'].iloc[-1]:,.1f} s",
             flush=True,
         )
         if non_torch is not None:
@@ -753,8 +761,9 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-#: Allocations at least this large keep their stack frames in a written snapshot (weights' and the KV
-#: cache's, which is how a reader tells them apart); smaller ones drop theirs, to keep the file small.
+#: Allocations at least this large keep their stack frames in a written snapshot (weights' and the
+#: KV cache's, which is how a reader tells them apart); smaller ones drop theirs, to keep the file
+#: small.
 SNAPSHOT_FRAMES_MIN_BYTES = 16 << 20
 
 
@@ -809,7 +818,8 @@ def _write_sidecars(
 
 
 def _dump_snapshot(work: Path, name: str, *, stop: bool = True) -> str:
-    """Write PyTorch's memory snapshot (with its history) gzipped as ``name``; ``stop``: stop recording."""
+    """Write PyTorch's memory snapshot (with its history) gzipped as ``name``; ``stop``: stop
+    recording."""
     import torch
 
     snap = torch.cuda.memory._snapshot()

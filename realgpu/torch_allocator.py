@@ -9,8 +9,8 @@
   to the policy, and its segments are released when the last one is freed.
 - ``mode="mempool"``: PyTorch's caching allocator stays, and the policy supplies the segments it
   splits (``torch.cuda.MemPool(allocator)``, routed as ``torch.cuda.use_mem_pool`` routes it), for
-  the allocations of the calling thread inside the block. Works at any time and next to PyTorch's own
-  pool. PyTorch routes a pool for one thread at a time: ``pause_routing`` hands it to another
+  the allocations of the calling thread inside the block. Works at any time and next to PyTorch's
+  own pool. PyTorch routes a pool for one thread at a time: ``pause_routing`` hands it to another
   thread (an engine's), ``resume_routing`` takes it back.
 
 Both go through ``realgpu.GpuPool`` (backend ``"cuda"``), so the policy's ``PoolStats``, the
@@ -48,10 +48,10 @@ What the core guarantees, whatever the policy:
   pluggable allocator, so in pluggable mode it raises (use mempool mode for that);
 - CUDA graph capture: in mempool mode PyTorch's own graph-pool hooks do the work (a graph captured
   with its own pool, whose memory is PyTorch's, replays correctly: H200 session 12; a capture into
-  the policy's pool from inside the block is refused up front, ``MEMPOOL_CAPTURE_REFUSAL``); in pluggable
-  mode ``CUDAGraph.capture_begin`` (and ``torch.cuda.graph``) is refused before PyTorch allocates
-  anything for the graph, with a message saying to use mempool mode (a malloc during a capture
-  begun from C++ is refused by the trampoline);
+  the policy's pool from inside the block is refused up front, ``MEMPOOL_CAPTURE_REFUSAL``); in
+  pluggable mode ``CUDAGraph.capture_begin`` (and ``torch.cuda.graph``) is refused before PyTorch
+  allocates anything for the graph, with a message saying to use mempool mode (a malloc during a
+  capture begun from C++ is refused by the trampoline);
 - a refused request is PyTorch's own ``torch.OutOfMemoryError`` with the policy's reason (in
   mempool mode PyTorch frees its cached blocks and retries first; when the error leaves the
   ``use_policy`` block it carries the policy's reason too);
@@ -136,7 +136,8 @@ class AllocatorCore:
     ):
         if pool.moves_on_hot_path:
             raise PoolError(
-                f"policy {pool.policy.spec!r} may move live allocations while allocating; PyTorch's "
+                f"policy {pool.policy.spec!r} may move live allocations while allocating; "
+                "PyTorch's "
                 "tensors hold raw pointers that could not follow (set idle_only=true)"
             )
         self.pool = pool
@@ -225,7 +226,8 @@ class AllocatorCore:
             return 0
         if self.closed:
             raise PoolError(
-                f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own allocator "
+                f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own "
+                "allocator "
                 "cannot be put back in this process once a pluggable allocator was installed)"
             )
         if stream != self.path.last_stream:
@@ -269,7 +271,8 @@ class AllocatorCore:
         return ptr
 
     def _free(self, ptr: int, size: int) -> None:
-        """``free`` off the common case (deferred frees, validation, a closed core). Never raises."""
+        """``free`` off the common case (deferred frees, validation, a closed core). Never
+        raises."""
         try:
             a = self.live.pop(ptr, None)
             if a is None:
@@ -311,7 +314,8 @@ class AllocatorCore:
 
     @property
     def align_extra_bytes(self) -> int:
-        """Bytes asked beyond the requests, summed over all allocations (rounding and realignment)."""
+        """Bytes asked beyond the requests, summed over all allocations (rounding and
+        realignment)."""
         return self.path.extra_bytes
 
     # ------------------------------------------------------------------ helpers
@@ -331,8 +335,10 @@ class AllocatorCore:
         if not extents_are_one_range(a.extents, self._starts):
             self._free_policy(a)
             raise PoolError(
-                f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
-                "pages; a PyTorch tensor needs one contiguous range (in validation mode a paged policy "
+                f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} "
+                "discontiguous "
+                "pages; a PyTorch tensor needs one contiguous range (in validation mode a paged "
+                "policy "
                 "serves PyTorch only requests of one page)"
             )
 
@@ -477,7 +483,8 @@ class AllocatorCore:
         self._update_fast()
 
     def _drain(self, *, wait: bool) -> None:
-        """Free the deferred allocations whose stream's work is done (all of them, waiting, if ``wait``)."""
+        """Free the deferred allocations whose stream's work is done (all of them, waiting, if
+        ``wait``)."""
         keep = []
         for token, a in self._pending:
             if wait:
@@ -652,10 +659,10 @@ class Shim:
     def probe_malloc(
         self, size: int, stream: int = 0, *, release_gil: bool = False
     ) -> tuple[int, int, str]:
-        """Call the trampoline's malloc as PyTorch does, catching what it throws (tests without a GPU):
-        ``(code, pointer, message)``, code 0 ok, 1 ``c10::OutOfMemoryError``, 2 another ``c10::Error``.
-        ``release_gil``: the GIL let go around the call, so that the trampoline takes it, as under
-        PyTorch (whose Python bindings let go of it before an op allocates)."""
+        """Call the trampoline's malloc as PyTorch does, catching what it throws (tests without a
+        GPU): ``(code, pointer, message)``, code 0 ok, 1 ``c10::OutOfMemoryError``, 2 another
+        ``c10::Error``. ``release_gil``: the GIL let go around the call, so that the trampoline
+        takes it, as under PyTorch (whose Python bindings let go of it before an op allocates)."""
         out = ctypes.c_void_p()
         buf = ctypes.create_string_buffer(4096)
         probe = self._probe_released if release_gil else self.lib.poollab_probe_malloc
@@ -791,10 +798,11 @@ class TorchPolicyAllocator:
 
     # ------------------------------------------------------------------ mempool mode's routing
     def pause_routing(self) -> None:
-        """Mempool mode: stop routing this thread's allocations to the policy's pool, so that another
-        thread (an engine's) can enter it with ``torch.cuda.use_mem_pool``. PyTorch routes a pool for
-        one thread at a time ("beginAllocateToPool: already recording to mempool_id", H200 session
-        12); ``resume_routing`` routes this thread again, and the block's end copes with either."""
+        """Mempool mode: stop routing this thread's allocations to the policy's pool, so that
+        another thread (an engine's) can enter it with ``torch.cuda.use_mem_pool``. PyTorch routes a
+        pool for one thread at a time ("beginAllocateToPool: already recording to mempool_id", H200
+        session 12); ``resume_routing`` routes this thread again, and the block's end copes with
+        either."""
         if self._routing is None:
             return
         memory, device = self._routing
@@ -834,8 +842,9 @@ class TorchPolicyAllocator:
         return self.pool.stats()
 
     def summary_row(self, **context: Any) -> dict[str, Any]:
-        """``sim.replay.schema.summary_row``'s row for this run; ``context`` (``trace=``, ``params=``, or
-        extra columns such as a batch shape) goes in front of the computed extras."""
+        """``sim.replay.schema.summary_row``'s row for this run; ``context`` (``trace=``,
+        ``params=``, or extra columns such as a batch shape) goes in front of the computed
+        extras."""
         if self._row is not None:
             return {**self._row, **context}
         from sim.replay.schema import summary_row
@@ -898,7 +907,8 @@ class TorchPolicyAllocator:
             gc.collect()  # tensors in reference cycles (a model's) are freed now, not at exit
             torch.cuda.synchronize(self.pool.device_id)
             if self.mode == "pluggable" and hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
-                torch._C._cuda_clearCublasWorkspaces()  # cuBLAS keeps its workspaces in our pool otherwise
+                # cuBLAS keeps its workspaces in our pool otherwise
+                torch._C._cuda_clearCublasWorkspaces()
             if self.mempool is not None:
                 # the pool's cached segments go back to the policy when PyTorch drops the pool
                 self.mempool = None
@@ -953,14 +963,17 @@ def _check_pages_can_be_stitched(pool: GpuPool) -> None:
     spec = policy.spec
     if device.device_kind is not DeviceKind.PAGE_MAPPED:
         raise PoolError(
-            f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor needs "
+            f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor "
+            "needs "
             f"one range: it needs a page-mapped device (backend cuda-vmm or host-vmm), not "
             f"{type(device).__name__}"
         )
     if pool.validate:
         raise PoolError(
-            f"policy {spec!r} hands out pages that need not be contiguous: validation mode cannot guard "
-            "a tensor over several pages; validate a contiguous policy, or run this one without validate"
+            f"policy {spec!r} hands out pages that need not be contiguous: validation mode cannot "
+            "guard "
+            "a tensor over several pages; validate a contiguous policy, or run this one without "
+            "validate"
         )
     page = getattr(policy, "page_size_bytes", None) or getattr(policy, "page_bytes", None)
     granularity = device.granularity_bytes
@@ -968,7 +981,8 @@ def _check_pages_can_be_stitched(pool: GpuPool) -> None:
         knob = getattr(type(policy), "page_size_knob", None) or "its page size"
         raise PoolError(
             f"policy {spec!r} has pages of {page:,} B, no whole number of the device's "
-            f"{granularity:,} B physical pages, so a tensor over several pages cannot be mapped into one "
+            f"{granularity:,} B physical pages, so a tensor over several pages cannot be mapped "
+            "into one "
             f"range: set {knob} to a multiple of {granularity:,}"
         )
 
@@ -1085,8 +1099,8 @@ def use_policy(
                 yield allocator
         else:
             allocator = _install_mempool(torch, shim, pool, core, device)
-            # use_mem_pool's entry and exit, held by the allocator so that it can hand the pool to another
-            # thread for a while (pause_routing)
+            # use_mem_pool's entry and exit, held by the allocator so that it can hand the pool to
+            # another thread for a while (pause_routing)
             allocator._route(torch, device)
             try:
                 with _mempool_guards(torch, allocator):
@@ -1118,8 +1132,10 @@ def _install_pluggable(
             torch.cuda.memory.change_current_allocator(wrapper)
         except RuntimeError as exc:
             raise PoolError(
-                f"mode='pluggable' must be installed before the process's first CUDA allocation, and "
-                f"PyTorch's allocator has already been used ({exc}); install use_policy first, or use "
+                "mode='pluggable' must be installed before the process's first CUDA allocation, "
+                "and "
+                f"PyTorch's allocator has already been used ({exc}); install use_policy first, or "
+                "use "
                 "mode='mempool'"
             ) from None
         _pluggable_installed = True
@@ -1134,7 +1150,8 @@ def _install_mempool(
 ) -> TorchPolicyAllocator:
     if _pluggable_installed:
         raise PoolError(
-            "mode='mempool' needs PyTorch's caching allocator, and this process installed a pluggable "
+            "mode='mempool' needs PyTorch's caching allocator, and this process installed a "
+            "pluggable "
             "poollab allocator in its place"
         )
     _routing.serve(shim, core, null_on_refusal=True)
@@ -1148,8 +1165,10 @@ def _install_mempool(
 
 #: Why pluggable mode refuses CUDA graph capture (the trampoline's check says the same).
 CAPTURE_REFUSAL = (
-    "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its addresses "
-    "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
+    "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its "
+    "addresses "
+    "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep "
+    "them "
     'from being reused; use realgpu.torch_allocator.use_policy(..., mode="mempool") and '
     "torch.cuda.graph(g, pool=...) for graphs"
 )
@@ -1167,9 +1186,9 @@ MEMPOOL_CAPTURE_REFUSAL = (
 @contextlib.contextmanager
 def _mempool_guards(torch: Any, allocator: TorchPolicyAllocator) -> Iterator[None]:
     """Mempool mode: a capture into the policy's own pool while this thread routes to it, refused up
-    front. PyTorch refuses it too, but only after ``torch.cuda.graph`` switched streams (not switched
-    back) and after counting one more user of the pool, so that the pool's segments never went back
-    (H200 session 12: 4 live at close)."""
+    front. PyTorch refuses it too, but only after ``torch.cuda.graph`` switched streams (not
+    switched back) and after counting one more user of the pool, so that the pool's segments never
+    went back (H200 session 12: 4 live at close)."""
     graphs = getattr(torch.cuda, "graphs", None)
     if graphs is None:
         yield
@@ -1217,7 +1236,8 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
             torch.Tensor,
             "record_stream",
             _refusing(
-                "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab could not keep this memory "
+                "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab "
+                "could not keep this memory "
                 "from another stream: use use_policy(..., mode='mempool')"
             ),
         )
@@ -1234,7 +1254,8 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    """``(owner, name, replacement)`` set for the block, each owner's own attribute put back after."""
+    """``(owner, name, replacement)`` set for the block, each owner's own attribute put back
+    after."""
     originals = [
         (owner, name, owner.__dict__[name] if name in owner.__dict__ else None)
         for owner, name, _ in patches

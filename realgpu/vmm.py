@@ -36,7 +36,8 @@ __all__ = ["CuMemDriver", "CudaVmmDevice", "require_vmm"]
 
 
 def require_vmm(device_id: int = 0) -> None:
-    """Raise ``GpuUnavailableError`` (one line) unless CuPy, cuda-bindings and VMM work on ``device_id``."""
+    """Raise ``GpuUnavailableError`` (one line) unless CuPy, cuda-bindings and VMM work on
+    ``device_id``."""
     require_cuda(device_id)
     if cu is None:
         raise GpuUnavailableError(

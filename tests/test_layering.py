@@ -191,7 +191,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circle_among_sims_modules():
-    """Module level (TYPE_CHECKING imports included: a type-only circle is still a circle to read)."""
+    """Module level (TYPE_CHECKING imports included: a type-only circle is still a circle to
+    read)."""
     mods = modules("sim")
     graph = {
         m: {

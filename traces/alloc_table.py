@@ -46,12 +46,14 @@ _CSV_SUFFIXES = (".csv", ".csv.gz")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _LINE_RE = re.compile(r"line (\d+)")
 _STRING_DTYPE = make_events([], [], [], []).dtypes["op"]
-#: Longest cell an integer column may hold: int64 has 19 digits; "1.0e+18" and padding fit well within.
+#: Longest cell an integer column may hold: int64 has 19 digits; "1.0e+18" and padding fit well
+#: within.
 _MAX_NUMBER_CHARS = 64
 
 
 def output_format(path: str | Path) -> str:
-    """``"csv"`` or ``"parquet"``, from the suffix of a table file to write; ValueError for any other.
+    """``"csv"`` or ``"parquet"``, from the suffix of a table file to write; ValueError for any
+    other.
 
     One rule for every table writer (allocation and request traces), so a command can check
     ``--out`` before doing any work.
@@ -68,7 +70,8 @@ def output_format(path: str | Path) -> str:
 
 
 def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Path:
-    """Write the event table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``), all or nothing."""
+    """Write the event table as CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``), all
+    or nothing."""
     path = Path(path)
     events = trace.events if isinstance(trace, AllocTrace) else trace
     events = events[EVENT_COLUMNS]
@@ -84,7 +87,8 @@ def write_alloc_trace(trace: AllocTrace | pd.DataFrame, path: str | Path) -> Pat
 
 
 def read_table_csv(path: str | Path | TraceSource) -> AllocTrace:
-    """Read our CSV (a file, any stream, or its ``TraceSource``); every row is checked (types, then ``validate_events``)."""
+    """Read our CSV (a file, any stream, or its ``TraceSource``); every row is checked (types, then
+    ``validate_events``)."""
     src = open_source(path)
     path = src.path
     try:
@@ -119,7 +123,8 @@ def read_table_csv(path: str | Path | TraceSource) -> AllocTrace:
 
 
 def read_table_parquet(path: str | Path | TraceSource) -> AllocTrace:
-    """Read our Parquet file (any stream, or its ``TraceSource``); errors name the 1-based record (row) number.
+    """Read our Parquet file (any stream, or its ``TraceSource``); errors name the 1-based record
+    (row) number.
 
     The integer columns must be stored as integers (whole floats are accepted too): a boolean
     ``nbytes`` or a timestamp ``time_us`` is refused, not read as 1-byte allocations or nanoseconds.
@@ -158,7 +163,8 @@ def read_table_parquet(path: str | Path | TraceSource) -> AllocTrace:
 
 
 def _check_number_column(table: pa.Table, col: str, path: Path) -> None:
-    """TraceFormatError unless ``col`` holds numbers: a bool, timestamp, duration or text column is no byte count."""
+    """TraceFormatError unless ``col`` holds numbers: a bool, timestamp, duration or text column is
+    no byte count."""
     arr_type = table.schema.field(col).type
     if pa.types.is_dictionary(arr_type):
         arr_type = arr_type.value_type
@@ -171,7 +177,8 @@ def _check_number_column(table: pa.Table, col: str, path: Path) -> None:
 
 
 def _as_string_column(table: pa.Table, col: str, path: Path) -> pa.Table:
-    """``col`` as plain strings (dictionary-encoded is fine); a null ``op`` is an error, a null tag is ""."""
+    """``col`` as plain strings (dictionary-encoded is fine); a null ``op`` is an error, a null tag
+    is ""."""
     arr = table.column(col)
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
@@ -217,7 +224,8 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
     if pd.api.types.is_integer_dtype(col.dtype) and not col.isna().any():
         return col.to_numpy(np.int64)
     if col.dtype == object or pd.api.types.is_string_dtype(col.dtype):
-        # a cell of more digits than Python converts (4,300) is no int64 either; checked before pandas sees it
+        # a cell of more digits than Python converts (4,300) is no int64 either; checked before
+        # pandas sees it
         long = col.astype(str).str.len().to_numpy() > _MAX_NUMBER_CHARS
         if long.any():
             k = int(np.flatnonzero(long)[0])

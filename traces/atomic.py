@@ -1,4 +1,5 @@
-"""Writing outputs all or nothing: a run that fails, or is killed, while writing leaves what was there before.
+"""Writing outputs all or nothing: a run that fails, or is killed, while writing leaves what was
+there before.
 
 ``replacing_file(path)`` yields a temporary path beside ``path`` and renames it over ``path``
 when the block ends without an error; ``replacing_folder(path)`` does the same for a folder of
@@ -98,7 +99,8 @@ def replacing_folder(
     legacy_outputs: Callable[[Path], bool] | None = None,
     carry: Callable[[Path], bool] | None = None,
 ) -> Iterator[Path]:
-    """A temporary folder beside ``path`` to fill; it takes the place of ``path`` if the block succeeds.
+    """A temporary folder beside ``path`` to fill; it takes the place of ``path`` if the block
+    succeeds.
 
     Args:
         path: the result folder (created with its parents if missing; a symlink is followed).
@@ -131,7 +133,8 @@ def replacing_folder(
 
 
 def written_files(folder: str | Path) -> set[str] | None:
-    """The names the tool wrote into ``folder`` (its ``.poollab-files.json``), or None without that list."""
+    """The names the tool wrote into ``folder`` (its ``.poollab-files.json``), or None without that
+    list."""
     p = Path(folder) / MANIFEST_NAME
     try:
         doc = json.loads(p.read_bytes())

@@ -1,4 +1,5 @@
-"""The device memory an engine's process held outside PyTorch's allocator, in a JSON file beside its snapshot.
+"""The device memory an engine's process held outside PyTorch's allocator, in a JSON file beside its
+snapshot.
 
 A PyTorch memory snapshot holds what PyTorch's allocator reserved; the engine's process also holds
 the CUDA context, cuBLAS/cuDNN handles, the kernels' loaded modules and NCCL buffers, none of which
@@ -41,7 +42,8 @@ INT_KEYS = {
 
 
 def sidecar_path(snapshot: str | Path) -> Path:
-    """``NAME.json`` beside ``NAME.pickle.gz`` (also ``.pickle``, ``.pkl``, ``.pkl.gz``, ``.gz``)."""
+    """``NAME.json`` beside ``NAME.pickle.gz`` (also ``.pickle``, ``.pkl``, ``.pkl.gz``,
+    ``.gz``)."""
     snapshot = Path(snapshot)
     name = snapshot.name
     for suffix in (".pickle.gz", ".pkl.gz", ".pickle", ".pkl", ".gz"):
@@ -138,8 +140,8 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
 
 
 def write_engine_memory(snapshot: str | Path, fields: dict[str, Any]) -> Path:
-    """Write ``fields`` (the keys above and any others: the engine's settings, torch's counters) as the
-    sidecar of ``snapshot``; ``non_torch_bytes`` is filled in from the parts when missing."""
+    """Write ``fields`` (the keys above and any others: the engine's settings, torch's counters) as
+    the sidecar of ``snapshot``; ``non_torch_bytes`` is filled in from the parts when missing."""
     fields = dict(fields)
     if fields.get("non_torch_bytes") is None and (larger := _larger_part(fields)) is not None:
         fields["non_torch_bytes"] = larger

@@ -23,7 +23,8 @@ calibration, the measured-against-predicted comparison):
   arrival; what any load generator logs); optional ``request``. A request that never got a first
   token or never finished has an empty cell (NaN) there.
 
-Logging a step profile from an engine (one row per pass of its loop; time the pass, count its batch):
+Logging a step profile from an engine (one row per pass of its loop; time the pass, count its
+batch):
 
 * ``poollab gpu serve`` writes both tables for transformers' continuous batching (it wraps the
   manager's loop body and its scheduler's ``schedule_batch``).
@@ -99,7 +100,8 @@ _NULLABLE_TIMES = ("first_token_s", "finish_s")
 
 
 def read_step_profile(path: str | Path) -> pd.DataFrame:
-    """The step profile at ``path``, checked; columns ``STEP_COLUMNS`` then the optional ones present."""
+    """The step profile at ``path``, checked; columns ``STEP_COLUMNS`` then the optional ones
+    present."""
     path = Path(path)
     df = _read_table(path, STEP_COLUMNS, STEP_OPTIONAL_COLUMNS)
     _check_columns(path, df, int_columns=_STEP_INT_COLUMNS, nullable=())
@@ -137,12 +139,14 @@ def read_step_profile(path: str | Path) -> pd.DataFrame:
 
 
 def write_step_profile(steps: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``steps`` (the required columns, and the optional ones it has) as CSV or Parquet, all or nothing."""
+    """Write ``steps`` (the required columns, and the optional ones it has) as CSV or Parquet, all
+    or nothing."""
     return _write_table(steps, path, STEP_COLUMNS, STEP_OPTIONAL_COLUMNS)
 
 
 def read_served_requests(path: str | Path) -> pd.DataFrame:
-    """The served-request table at ``path``, checked (first token and finish, where given, not before arrival)."""
+    """The served-request table at ``path``, checked (first token and finish, where given, not
+    before arrival)."""
     path = Path(path)
     df = _read_table(path, SERVED_REQUEST_COLUMNS, _SERVED_OPTIONAL_COLUMNS)
     _check_columns(path, df, int_columns=_SERVED_INT_COLUMNS, nullable=_NULLABLE_TIMES)
@@ -229,7 +233,8 @@ def _check(path: Path, df: pd.DataFrame, bad: pd.Series, column: str, reason: st
 def _check_columns(
     path: Path, df: pd.DataFrame, *, int_columns: tuple[str, ...], nullable: tuple[str, ...]
 ) -> None:
-    """Turn every column into float64 or int64 in place, naming the first cell that is not a fit number."""
+    """Turn every column into float64 or int64 in place, naming the first cell that is not a fit
+    number."""
     for column in list(df.columns):
         values = df[column].tolist()
         out = np.empty(len(values), dtype=np.float64)

@@ -96,7 +96,8 @@ class AllocTrace:
 
 
 def trace_name(path: "str | Path", suffixes: tuple[str, ...]) -> str:
-    """A trace's short name for reports: the file name without its data suffixes (``x.csv.gz -> x``)."""
+    """A trace's short name for reports: the file name without its data suffixes (``x.csv.gz ->
+    x``)."""
     name = Path(path).name
     for suffix in (".gz",) + suffixes:
         if name.endswith(suffix):
@@ -194,7 +195,8 @@ def validate_events(
     if bad.size:
         i = int(freed_rows[bad[0]])
         problems.append((i, f"free of allocation {int(ids[i])}, which is not live at that point"))
-    # a block is freed on the stream it was allocated on: a free elsewhere is a corrupt row, not a request
+    # a block is freed on the stream it was allocated on: a free elsewhere is a corrupt row, not a
+    # request
     stream = df["stream"].to_numpy()
     matched = ~np.isnan(alloc_row)
     if matched.any():
@@ -205,7 +207,8 @@ def validate_events(
             problems.append(
                 (
                     i,
-                    f"free of allocation {int(ids[i])} on stream {int(stream[i])}, but it was allocated "
+                    f"free of allocation {int(ids[i])} on stream {int(stream[i])}, but it was "
+                    "allocated "
                     f"on stream {int(alloc_stream[bad[0]])}",
                 )
             )

@@ -109,7 +109,8 @@ class FormatRegistry:
         return tuple(self._table())
 
     def get(self, name: str, path: object = "") -> TraceFormat:
-        """The format called ``name``; a TraceFormatError naming ``path`` and the known ones if none."""
+        """The format called ``name``; a TraceFormatError naming ``path`` and the known ones if
+        none."""
         table = self._table()
         if name not in table:
             raise TraceFormatError(
@@ -146,7 +147,8 @@ class FormatRegistry:
     def read(
         self, path: str | Path | TraceSource, *, format: str | None = None, **options: Any
     ) -> Any:
-        """Read ``path`` in ``format`` (None: detected from the content), read once whatever it is."""
+        """Read ``path`` in ``format`` (None: detected from the content), read once whatever it
+        is."""
         fmt = None if format is None else self.get(format, path)
         src = open_source(path)
         fmt = fmt or self._table()[self.detect(src)]

@@ -47,7 +47,8 @@ def live_bytes(trace: AllocTrace) -> np.ndarray:
 
 
 def _sum_may_overflow(sizes: np.ndarray) -> bool:
-    """Whether the sizes (each >= 0 and < 2**63) could sum past int64; float64 is close enough to tell."""
+    """Whether the sizes (each >= 0 and < 2**63) could sum past int64; float64 is close enough to
+    tell."""
     return float(sizes.sum(dtype=np.float64)) >= 2.0**62
 
 
@@ -61,12 +62,13 @@ def _exact_sum(values: np.ndarray) -> int:
 def describe_alloc_trace(trace: AllocTrace) -> dict[str, Any]:
     """A flat-ish dict of plain Python values (JSON-ready).
 
-    Keys: ``name``, ``format``, ``source``, ``num_events``, ``num_allocs``, ``num_frees``, ``num_empty_cache``,
-    ``num_never_freed``, ``num_pre_trace_allocs``, ``duration_us``, ``peak_live_bytes``,
-    ``peak_live_time_us``, ``final_live_bytes``, ``total_alloc_bytes``, ``size_{min,p50,p90,p99,max}_bytes``,
-    ``size_mean_bytes``, ``num_distinct_sizes``, ``streams`` (stream -> allocations), ``tags``
-    (tag -> allocations) and ``tag_bytes`` (tag -> bytes allocated); untagged allocations are
-    listed under ``"(untagged)"``; then each of ``READER_ADJUSTMENTS`` the reader counted.
+    Keys: ``name``, ``format``, ``source``, ``num_events``, ``num_allocs``, ``num_frees``,
+    ``num_empty_cache``, ``num_never_freed``, ``num_pre_trace_allocs``, ``duration_us``,
+    ``peak_live_bytes``, ``peak_live_time_us``, ``final_live_bytes``, ``total_alloc_bytes``,
+    ``size_{min,p50,p90,p99,max}_bytes``, ``size_mean_bytes``, ``num_distinct_sizes``, ``streams``
+    (stream -> allocations), ``tags`` (tag -> allocations) and ``tag_bytes`` (tag -> bytes
+    allocated); untagged allocations are listed under ``"(untagged)"``; then each of
+    ``READER_ADJUSTMENTS`` the reader counted.
     """
     ev = trace.events
     is_alloc = (ev["op"] == ALLOC_OP).to_numpy()

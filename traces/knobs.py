@@ -29,7 +29,8 @@ def describe_int(
     multiple_of: int | None = None,
     none_ok: bool = False,
 ) -> str:
-    """What ``check_int`` accepts, in words: ``"an integer >= 1"``, ``"a positive multiple of 512"``."""
+    """What ``check_int`` accepts, in words: ``"an integer >= 1"``, ``"a positive multiple of
+    512"``."""
     what = f"a multiple of {multiple_of:,}" if multiple_of else "an integer"
     if multiple_of and low == multiple_of:  # the smallest multiple: "positive" says it
         what, low = f"a positive multiple of {multiple_of:,}", None
@@ -72,7 +73,8 @@ def check_int(
         or (multiple_of and number % multiple_of)
     ):
         raise error(
-            f"{where}{name}(={_shown(value)}) must be {describe_int(low, high, multiple_of, none_ok)}"
+            f"{where}{name}(={_shown(value)}) must be "
+            f"{describe_int(low, high, multiple_of, none_ok)}"
         )
     return number
 

@@ -1,4 +1,5 @@
-"""PyTorch memory snapshots (``torch.cuda.memory._snapshot()`` / ``_dump_snapshot()``): the one parser.
+"""PyTorch memory snapshots (``torch.cuda.memory._snapshot()`` / ``_dump_snapshot()``): the one
+parser.
 
 A snapshot is a pickle (often gzipped) of a dict with ``segments`` (the allocator's state when the
 snapshot was taken), ``device_traces`` (one list of trace entries per device) and
@@ -198,7 +199,8 @@ class PyTorchSnapshot:
     Attributes:
         name, source: short name for reports and the file (or ``"<snapshot>"``).
         device: the device read.
-        free_action: ``"free_completed"``, or ``"free_requested"`` when the trace has no completions.
+        free_action: ``"free_completed"``, or ``"free_requested"`` when the trace has no
+            completions.
         time_origin_us: raw ``time_us`` of the device's first trace entry (None: no entries).
         requests: the program's allocations and frees.
         segment_events: the allocator's segment decisions and ``oom`` entries.
@@ -212,7 +214,8 @@ class PyTorchSnapshot:
         stream_handles: raw stream handle -> small-int stream.
         ignored_actions: count of each trace action that is neither a request nor a decision.
         num_deferred_frees: frees completed only after other entries followed their
-            ``free_requested`` (a CUDA event held the block: ``record_stream`` or a cross-stream use).
+            ``free_requested`` (a CUDA event held the block: ``record_stream`` or a cross-stream
+            use).
     """
 
     name: str
@@ -238,7 +241,8 @@ class PyTorchSnapshot:
 
 # ---------------------------------------------------------------------------- reading
 class _SnapshotUnpickler(pickle.Unpickler):
-    #: What ``traces.snapshot_stream.STREAM_GLOBAL`` resolves to: set by ``load_streaming`` on its own unpickler only.
+    #: What ``traces.snapshot_stream.STREAM_GLOBAL`` resolves to: set by ``load_streaming`` on its
+    #: own unpickler only.
     stream_global = None
 
     def find_class(self, module: str, name: str) -> Any:
@@ -252,13 +256,15 @@ class _SnapshotUnpickler(pickle.Unpickler):
 
 
 def load_snapshot_dict(path: str | Path | TraceSource) -> dict:
-    """Unpickle a (gzipped or plain) snapshot file, read once (``traces.source``), without running code from it."""
+    """Unpickle a (gzipped or plain) snapshot file, read once (``traces.source``), without running
+    code from it."""
     src = open_source(path)
     return _checked_snapshot(src, _unpickled(src, lambda: _SnapshotUnpickler(src.stream()).load()))
 
 
 def _unpickled(src: TraceSource, load) -> Any:
-    """What ``load()`` unpickles; any failure to unpickle is one ``TraceFormatError`` naming the file."""
+    """What ``load()`` unpickles; any failure to unpickle is one ``TraceFormatError`` naming the
+    file."""
     what = "gzipped pickle" if src.gzipped else "pickle"
     try:
         src.require_intact()
@@ -286,9 +292,9 @@ def _checked_snapshot(src: TraceSource, snap: Any) -> dict:
 
 
 def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSnapshot | None:
-    """``read_snapshot`` with the device's entries parsed as they are unpickled (``traces.snapshot_stream``):
-    the same result, without the whole list of entry dicts in memory. None where the file's layout
-    (or an entry shared by two places) needs the whole-file read.
+    """``read_snapshot`` with the device's entries parsed as they are unpickled
+    (``traces.snapshot_stream``): the same result, without the whole list of entry dicts in memory.
+    None where the file's layout (or an entry shared by two places) needs the whole-file read.
 
     A trace with no ``free_completed`` closes allocations with ``free_requested``; a streamed
     read knows that only at the end, so such a file is unpickled twice.
@@ -347,7 +353,8 @@ def read_snapshot(path: str | Path | TraceSource, *, device: int | None = None) 
 def parse_snapshot(
     snap: dict, *, source: str = "<snapshot>", device: int | None = None, name: str | None = None
 ) -> PyTorchSnapshot:
-    """Parse an unpickled snapshot dict (see the module docstring); ``name`` defaults to the source's.
+    """Parse an unpickled snapshot dict (see the module docstring); ``name`` defaults to the
+    source's.
 
     Every field is checked before use (``TraceFormatError`` naming the list and index): trace
     entries and segments are dicts, devices whole numbers, addresses and sizes whole numbers
@@ -434,7 +441,8 @@ def _parse_snapshot(
 
 
 def _check_devices(segments: list, source: str) -> None:
-    """TraceFormatError unless every segment is a dict whose ``device`` (when given) is a device index."""
+    """TraceFormatError unless every segment is a dict whose ``device`` (when given) is a device
+    index."""
     for k, seg in enumerate(segments):
         if not isinstance(seg, dict):
             raise TraceFormatError(
@@ -470,7 +478,8 @@ def _pick_device(device_traces: list, segments: list, device: int | None, source
 
 
 def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: str):
-    """One pass over a list of trace entries (``_EntryParser``); see ``_EntryParser.finish`` for what it returns."""
+    """One pass over a list of trace entries (``_EntryParser``); see ``_EntryParser.finish`` for
+    what it returns."""
     free_action = "free_completed"
     if not any(isinstance(e, dict) and e.get("action") == "free_completed" for e in entries):
         free_action = "free_requested"
@@ -480,7 +489,8 @@ def _parse_entries(entries: list, streams: dict[Any, int], source: str, unit: st
 
 
 class _EntryParser:
-    """The trace entries of one device as columns: requests, decisions, pre-trace frees (the hot loop).
+    """The trace entries of one device as columns: requests, decisions, pre-trace frees (the hot
+    loop).
 
     ``feed(batch, start)`` parses entries ``start, start + 1, ...`` (whole lists, or the batches of
     a streamed read: ``traces.snapshot_stream``); ``finish()`` checks the times and returns the
@@ -509,7 +519,8 @@ class _EntryParser:
             int, tuple[int, int]
         ] = {}  # addr -> (alloc id, size): the allocation living there now
         self.seen_addrs: set[int] = set()
-        # request columns: array('q') (8 bytes a number, no int object each); tags a list of the few strings
+        # request columns: array('q') (8 bytes a number, no int object each); tags a list of the few
+        # strings
         self.r_entry, self.r_time, self.r_addr, self.r_size, self.r_stream, self.r_id = (
             array("q") for _ in range(6)
         )
@@ -535,7 +546,8 @@ class _EntryParser:
         self.error: TraceFormatError | None = None
 
     def _odd_time(self, value: Any, request: int) -> int:
-        """A request's time_us that is no int64 (absent, or malformed: reported by ``finish``); 0 stands in."""
+        """A request's time_us that is no int64 (absent, or malformed: reported by ``finish``); 0
+        stands in."""
         if value is None:
             self.untimed.append(request)
         elif self.bad_time is None:
@@ -694,7 +706,8 @@ class _EntryParser:
             )
 
     def finish(self):
-        """``(requests, segment_events, pre_freed, seen_addrs, free_action, ignored, num_deferred_frees)``.
+        """``(requests, segment_events, pre_freed, seen_addrs, free_action, ignored,
+        num_deferred_frees)``.
 
         Raises:
             TraceFormatError: the first malformed entry, else the first request (then segment
@@ -719,7 +732,8 @@ class _EntryParser:
                 unit=self.unit,
             )
         times: Any = self.r_time
-        if self.untimed:  # None where an entry has no time (the trace reader refuses it; fidelity does not need it)
+        # None where an entry has no time (the trace reader refuses it; fidelity does not need it)
+        if self.untimed:
             times = list(times)
             for k in self.untimed:
                 times[k] = None
@@ -750,7 +764,8 @@ class _EntryParser:
 def _parse_segments(
     segments: list, dev: int, streams: dict, source: str
 ) -> tuple[tuple[SnapshotSegment, ...], list[tuple[int, int, int, int]]]:
-    """The final segment table of ``dev`` and its live blocks as (addr, block bytes, requested bytes, stream).
+    """The final segment table of ``dev`` and its live blocks as (addr, block bytes, requested
+    bytes, stream).
 
     A segment's blocks lie inside it, one after another; its ``allocated_size`` is at most its
     size; the segments of ``dev`` do not overlap (``TraceFormatError`` naming the segment).
@@ -769,7 +784,8 @@ def _parse_segments(
             end = addr + seg["total_size"]
             if seg.get("allocated_size", 0) > seg["total_size"]:
                 raise ValueError(
-                    f"allocated_size {seg['allocated_size']} is more than total_size {seg['total_size']}"
+                    f"allocated_size {seg['allocated_size']} is more than total_size "
+                    f"{seg['total_size']}"
                 )
             pool_id = seg.get("segment_pool_id")
             table.append(
@@ -802,7 +818,8 @@ def _parse_segments(
                 if b["state"] in _LIVE_BLOCK_STATES:
                     if requested is not None and requested > b["size"]:
                         raise ValueError(
-                            f"block {j} requested_size {requested} is more than its size {b['size']}"
+                            f"block {j} requested_size {requested} is more than its size "
+                            f"{b['size']}"
                         )
                     live_blocks.append((b_addr, b["size"], requested or b["size"], s))
                 addr = b_addr + b["size"]
@@ -885,7 +902,8 @@ def _mapped_runs_at_start(
             unmapped_streams.append((addr, nbytes, stream))
 
     def stream_of(start: int, default):
-        """The stream of the earliest unmap of the page at ``start`` (undone last), else ``default``."""
+        """The stream of the earliest unmap of the page at ``start`` (undone last), else
+        ``default``."""
         for addr, nbytes, stream in reversed(unmapped_streams):
             if addr <= start < addr + nbytes and (start - addr) % page == 0:
                 return stream
@@ -907,7 +925,8 @@ def _mapped_runs_at_start(
 
 
 class _PageRanges:
-    """A set of pages (``page`` bytes each, starting where a range starts), kept as sorted disjoint runs.
+    """A set of pages (``page`` bytes each, starting where a range starts), kept as sorted disjoint
+    runs.
 
     ``add(addr, nbytes)`` holds the pages ``addr, addr + page, ...`` below ``addr + nbytes``, as
     ``set.update(range(addr, addr + nbytes, page))`` would, and ``remove`` drops them; adjacent
@@ -1061,7 +1080,7 @@ def infer_request_pools(snap: PyTorchSnapshot) -> PoolInference:
     return PoolInference(pools, windows, num_unknown)
 
 
-# ---------------------------------------------------------------------------- as an allocation trace
+# --------------------------------------------------------------------------- as an allocation trace
 def read_pytorch_snapshot(
     path: str | Path | TraceSource, *, device: int | None = None
 ) -> AllocTrace:
@@ -1072,7 +1091,8 @@ def read_pytorch_snapshot(
         device: which device's trace to read; default: the first device with trace entries.
     """
     trace = snapshot_to_trace(read_snapshot(path, device=device))
-    release_freed_memory()  # the parse's columns and copies: freed, but held by the heap until handed back
+    # the parse's columns and copies: freed, but held by the heap until handed back
+    release_freed_memory()
     return trace
 
 
@@ -1081,7 +1101,8 @@ _RESERVING_ACTIONS = ("segment_alloc", "segment_map", "oom")
 
 
 def snapshot_max_split_size_bytes(settings: dict[str, Any]) -> int | None:
-    """The snapshot's ``max_split_size`` in bytes; None when unset (PyTorch reports ``SIZE_MAX``)."""
+    """The snapshot's ``max_split_size`` in bytes; None when unset (PyTorch reports
+    ``SIZE_MAX``)."""
     max_split = settings.get("max_split_size", -1)
     return max_split if isinstance(max_split, int) and 0 < max_split < 1 << 62 else None
 
@@ -1091,7 +1112,8 @@ def empty_cache_frees(
 ) -> int:
     """How many segment events, of those between two requests (``actions``/``sizes`` in trace
     order), are the program calling ``empty_cache()``: the run of frees ahead of any reservation
-    (0: none). The one rule both ``snapshot_to_trace`` and ``sim.replay.fidelity`` read the call with.
+    (0: none). The one rule both ``snapshot_to_trace`` and ``sim.replay.fidelity`` read the call
+    with.
 
     The allocator reserves only while serving a request, so a reservation or an ``oom`` belongs
     to the next request, and frees ahead of it are ``empty_cache()`` (``torch.cuda.graph`` calls
@@ -1268,7 +1290,8 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
         "segment_events": seg_events,
         "segments": seg_table,
         "allocator_settings": snap.allocator_settings,
-        "event_addresses": addresses,  # per event row: its block's recorded address (-1: empty_cache)
+        # per event row: its block's recorded address (-1: empty_cache)
+        "event_addresses": addresses,
         # reserved bytes over the trace, rebuilt backwards from the final segment table
         "recorded_peak_reserved_bytes": int(reserved.max()),
         "recorded_reserved_end_bytes": reserved_end,
@@ -1295,13 +1318,15 @@ _MAX_DEVICES = 1 << 16
 
 
 def _check_address(addr: Any) -> None:
-    """ValueError unless ``addr`` is an address: a whole number >= 0 and < 2**63 (int64 downstream)."""
+    """ValueError unless ``addr`` is an address: a whole number >= 0 and < 2**63 (int64
+    downstream)."""
     if type(addr) is not int or not 0 <= addr < _INT64_LIMIT:
         raise ValueError(f"address {shown(addr, 40)} is not a whole number >= 0 and < 2**63")
 
 
 def _new_stream(streams: dict[Any, int], handle: Any) -> int:
-    """The small int of a stream handle met for the first time (a handle is a whole number, as CUDA's are)."""
+    """The small int of a stream handle met for the first time (a handle is a whole number, as
+    CUDA's are)."""
     if type(handle) is not int or not -_INT64_LIMIT <= handle < 2 * _INT64_LIMIT:
         raise ValueError(f"stream {shown(handle, 40)} is not a stream handle (a whole number)")
     streams[handle] = len(streams)
@@ -1314,7 +1339,8 @@ def _bad_time(value: Any) -> bool:
 
 def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
     """ValueError unless the sizes of a segment (or segment event) and its blocks are byte counts,
-    a segment's at most ``MAX_SEGMENT_BYTES`` (an ``oom`` entry's size is what the program asked for)."""
+    a segment's at most ``MAX_SEGMENT_BYTES`` (an ``oom`` entry's size is what the program asked
+    for)."""
     sizes = [seg.get(k, 0) for k in ("size", "total_size", "allocated_size")]
     sizes += [b.get("size", 0) for b in seg.get("blocks", ()) if isinstance(b, dict)]
     bad = next((v for v in sizes if type(v) is not int or not 0 <= v < _INT64_LIMIT), None)

@@ -260,7 +260,8 @@ def _floats(col: pd.Series) -> np.ndarray:
 
 
 def _is_bool(col: pd.Series) -> np.ndarray:
-    """Cells that are booleans: a bool column (CSV "True"/"False", Parquet bool), or bools among objects."""
+    """Cells that are booleans: a bool column (CSV "True"/"False", Parquet bool), or bools among
+    objects."""
     if pd.api.types.is_bool_dtype(col.dtype):
         return np.ones(len(col), dtype=bool)
     if col.dtype == object:
@@ -313,8 +314,9 @@ def _numbers(col: pd.Series, label: str, problems: _Problems, *, integer: bool) 
 
 
 def _datetimes_s(col: pd.Series, label: str, problems: _Problems) -> tuple[np.ndarray, str]:
-    """Date-time strings (7 fractional digits, or an offset, as Azure writes them) to seconds since the
-    earliest; a span longer than ``MAX_TIME_S`` (a year-9999 date in a 2023 trace) is an error."""
+    """Date-time strings (7 fractional digits, or an offset, as Azure writes them) to seconds since
+    the earliest; a span longer than ``MAX_TIME_S`` (a year-9999 date in a 2023 trace) is an
+    error."""
     ts = pd.to_datetime(col, format="ISO8601", utc=True, errors="coerce")
     bad = ts.isna().to_numpy()
     problems.add(bad, lambda i: _not_a_datetime(label, col.iloc[i]))
@@ -340,7 +342,10 @@ def _not_a_datetime(label: str, value: Any) -> str:
     except ValueError:
         return f"{label} {_show(value)} is not a date-time (like 2023-11-16 18:17:03.9799600)"
     lo, hi = pd.Timestamp.min.date(), pd.Timestamp.max.date()
-    return f"{label} {_show(value)} lies outside {lo} to {hi}, the dates a trace of 100 ns (7-digit) times can hold"
+    return (
+        f"{label} {_show(value)} lies outside {lo} to {hi}, the dates a trace of 100 ns "
+        "(7-digit) times can hold"
+    )
 
 
 def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]]:
@@ -360,7 +365,8 @@ def _parse_hash_ids(col: pd.Series, problems: _Problems) -> list[tuple[int, ...]
 
 
 def _hash_ids(ids) -> tuple[int, ...]:
-    """Ints as a tuple; ValueError unless each is an int that fits int64 (they are stored as int64)."""
+    """Ints as a tuple; ValueError unless each is an int that fits int64 (they are stored as
+    int64)."""
     out = tuple(ids)
     if not all(type(i) is int and -_INT64_LIMIT <= i < _INT64_LIMIT for i in out):
         raise ValueError("hash ids are 64-bit integers")
@@ -600,7 +606,8 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
         raise TraceFormatError(
             path,
             None,
-            f"missing column(s) {', '.join(map(repr, missing))}; expected {', '.join(REQUEST_COLUMNS)}",
+            f"missing column(s) {', '.join(map(repr, missing))}; expected "
+            f"{', '.join(REQUEST_COLUMNS)}",
         )
     problems = _Problems()
     t = _numbers(df["arrival_s"], "arrival_s", problems, integer=False)
@@ -616,7 +623,8 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
     if "hash_ids" in df:
         hashes = []
         for row, h in enumerate(df["hash_ids"]):
-            try:  # a list<int64> column reads as int arrays; a string "123" or floats are not hash ids
+            # a list<int64> column reads as int arrays; a string "123" or floats are not hash ids
+            try:
                 if h is not None and not isinstance(h, (list, np.ndarray)):
                     raise TypeError
                 hashes.append(
@@ -636,7 +644,8 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
 
 
 def _stored_meta(path: Path, raw: bytes) -> dict[str, Any]:
-    """The name, format and meta our writer stores in the Parquet schema, checked like any JSON read here."""
+    """The name, format and meta our writer stores in the Parquet schema, checked like any JSON read
+    here."""
     text = raw.decode("utf-8", errors="replace")
     try:
         if (
@@ -658,7 +667,8 @@ def _stored_meta(path: Path, raw: bytes) -> dict[str, Any]:
 def write_request_trace(
     trace: RequestTrace, path: str | Path, *, format: str | None = None
 ) -> Path:
-    """Write our CSV (hash ids space-separated) or Parquet (also keeps name and meta), all or nothing.
+    """Write our CSV (hash ids space-separated) or Parquet (also keeps name and meta), all or
+    nothing.
 
     The format follows ``format`` or the suffix (``traces.alloc_table.output_format``: ``.csv``,
     ``.csv.gz``, ``.parquet``, ``.pq``; ValueError for any other).

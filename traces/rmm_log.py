@@ -214,7 +214,8 @@ def _parse_sizes(col: pa.Array, line: np.ndarray, path: Path) -> np.ndarray:
 
 
 def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarray, int]:
-    """Microseconds, non-decreasing: time of day with midnight wraps undone; and how many rows were clamped.
+    """Microseconds, non-decreasing: time of day with midnight wraps undone; and how many rows were
+    clamped.
 
     Threads race to log, so a time up to ``MAX_CLOCK_JITTER_US`` before an earlier row's is
     raised to it (and counted); a jump back further than that (and short of half a day, which is
@@ -260,7 +261,8 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
 
 
 def _clock_fixed_width_us(col: pa.Array) -> np.ndarray | None:
-    """``HH:MM:SS.ffffff`` read straight from the Arrow buffer; None unless every row has that shape."""
+    """``HH:MM:SS.ffffff`` read straight from the Arrow buffer; None unless every row has that
+    shape."""
     n = len(col)
     if n == 0 or col.null_count or not pa.types.is_string(col.type):
         return None
@@ -285,7 +287,8 @@ def _clock_fixed_width_us(col: pa.Array) -> np.ndarray | None:
 
 
 def _parse_hex(col: pa.Array, line: np.ndarray, path: Path, what: str) -> np.ndarray:
-    """Hex strings (``0x7f..``, ``7f..``, ``(nil)``) as uint64; each distinct string is parsed once."""
+    """Hex strings (``0x7f..``, ``7f..``, ``(nil)``) as uint64; each distinct string is parsed
+    once."""
     encoded = pc.dictionary_encode(pc.utf8_trim_whitespace(col))
     values = encoded.dictionary.to_pylist()
     parsed = np.zeros(len(values), np.uint64)

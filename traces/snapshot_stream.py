@@ -36,7 +36,8 @@ __all__ = [
     "STREAM_GLOBAL",
 ]
 
-#: The global the swapped-in opcodes name; only the snapshot unpickler of ``load_streaming`` resolves it.
+#: The global the swapped-in opcodes name; only the snapshot unpickler of ``load_streaming``
+#: resolves it.
 STREAM_GLOBAL = ("traces.snapshot_stream", "StreamedEntries")
 #: Most opcodes walked while looking for the device list (the segments table of a large server
 #: is ~10^5 opcodes); past it the whole-file path is cheaper than walking on in Python.
@@ -51,7 +52,8 @@ _CONTAINER_KEEPING = {"APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "B
 
 
 def release_freed_memory() -> None:
-    """Hand the free pages inside the C heap back to the system (glibc's ``malloc_trim``; elsewhere nothing).
+    """Hand the free pages inside the C heap back to the system (glibc's ``malloc_trim``; elsewhere
+    nothing).
 
     A read frees its emptied entry dicts, the unpickler's memo and its column copies all at once,
     in the middle of the heap: glibc keeps such pages (140 MB after a 1.5M-entry snapshot), and
@@ -118,7 +120,8 @@ class StreamedEntries:
 
 
 class _Pieces:
-    """A read-only file over a few byte ranges (the snapshot with its opcode swapped), copying none."""
+    """A read-only file over a few byte ranges (the snapshot with its opcode swapped), copying
+    none."""
 
     def __init__(self, pieces: list):
         self.pieces = [memoryview(p) for p in pieces if len(p)]

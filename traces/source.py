@@ -1,4 +1,5 @@
-"""A trace file's bytes: any path (regular file, pipe, FIFO, ``<(...)``, gzip) read once, under a size limit.
+"""A trace file's bytes: any path (regular file, pipe, FIFO, ``<(...)``, gzip) read once, under a
+size limit.
 
 Every reader and every format sniffer takes its bytes from ``open_source``, so detection and
 reading see the same bytes, a pipe is read only once (detection used to eat its first 4 KiB), and
@@ -95,7 +96,8 @@ class TraceSource:
 def open_source(
     path: str | Path | TraceSource, *, max_bytes: int | None = None, timeout_s: float | None = None
 ) -> TraceSource:
-    """Read ``path`` once, whole, under the limits (see the module docstring); a source is returned as is.
+    """Read ``path`` once, whole, under the limits (see the module docstring); a source is returned
+    as is.
 
     Args:
         path: a regular file, pipe, FIFO, character device or a ``TraceSource``.
@@ -142,7 +144,8 @@ def open_source(
 
 
 def max_trace_bytes(path: str | Path = "") -> int:
-    """The byte limit on a trace: ``POOLLAB_MAX_TRACE_BYTES`` when set, else ``DEFAULT_MAX_TRACE_BYTES``."""
+    """The byte limit on a trace: ``POOLLAB_MAX_TRACE_BYTES`` when set, else
+    ``DEFAULT_MAX_TRACE_BYTES``."""
     text = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
     if not text:
         return DEFAULT_MAX_TRACE_BYTES
@@ -154,7 +157,8 @@ def max_trace_bytes(path: str | Path = "") -> int:
 
 
 def stream_timeout_s(path: str | Path = "") -> float:
-    """The wait limit for a stream's next byte: ``POOLLAB_STREAM_TIMEOUT_S`` when set, else the default."""
+    """The wait limit for a stream's next byte: ``POOLLAB_STREAM_TIMEOUT_S`` when set, else the
+    default."""
     text = os.environ.get(STREAM_TIMEOUT_ENV, "").strip()
     if not text:
         return DEFAULT_STREAM_TIMEOUT_S
@@ -200,7 +204,8 @@ def _read_regular(fd: int, size_bytes: int, limit: int, path: Path) -> bytes:
 
 
 def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
-    """All of a pipe or FIFO (opened non-blocking): poll, then read what is there, until end of file."""
+    """All of a pipe or FIFO (opened non-blocking): poll, then read what is there, until end of
+    file."""
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLPRI)
     parts: list[bytes] = []

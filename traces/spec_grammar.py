@@ -54,7 +54,8 @@ def check_text(
 ) -> None:
     """Raise ``error(message)`` unless ``text`` is at most ``max_chars`` long, with its square
     brackets balanced and nested at most ``max_depth`` deep; ``what`` names the text.
-    ``max_depth=None`` checks the length only (for a caller whose own rule on brackets says more)."""
+    ``max_depth=None`` checks the length only (for a caller whose own rule on brackets says
+    more)."""
     if len(text) > max_chars:
         raise error(
             f"{what} {text[:40]!r}... is {len(text):,} characters long; at most {max_chars:,}"

@@ -214,7 +214,8 @@ def generate_alloc_trace(
             arrivals_us.size and not arrivals_us[-1] <= _INT64_MAX
         ):  # astype would wrap it to a negative time
             raise ValueError(
-                f"arrival_rate_per_s(={arrival_rate_per_s}) puts the last arrival at {arrivals_us[-1]:.3g} us, "
+                f"arrival_rate_per_s(={arrival_rate_per_s}) puts the last arrival at "
+                f"{arrivals_us[-1]:.3g} us, "
                 "past what an int64 time holds"
             )
         arrivals = arrivals_us.astype(np.int64)
@@ -292,7 +293,8 @@ def generate_alloc_trace(
     largest = max(rec.size_of)
     if largest > _INT64_MAX:  # one pass over a list: cheaper than checking every allocation
         raise ValueError(
-            f"this model shape allocates a tensor of {largest:,} bytes, more than an int64 size holds"
+            f"this model shape allocates a tensor of {largest:,} bytes, more than an int64 size "
+            "holds"
         )
     if now_us > _INT64_MAX:
         raise ValueError(
@@ -387,7 +389,8 @@ def _grow_kv(
 
 
 def _forward(rec: _Recorder, num_tokens: int, batch: int, shape: tuple) -> None:
-    """One eager forward pass: tensors appear and go in the order the layers create and drop them."""
+    """One eager forward pass: tensors appear and go in the order the layers create and drop
+    them."""
     num_layers, hidden, num_heads, num_kv_heads, head_dim, inter, vocab, dtype_bytes = shape
     t, act = num_tokens, "activation"
     h_bytes = t * hidden * dtype_bytes
@@ -508,7 +511,8 @@ def _check_num_events(
     num_prompt_chunks: int,
     num_output_tokens: int,
 ) -> None:
-    """Refuse a trace that would hold more than ``MAX_EVENTS`` events, from a lower bound on its size.
+    """Refuse a trace that would hold more than ``MAX_EVENTS`` events, from a lower bound on its
+    size.
 
     Each prompt chunk is allocated and freed once per layer; each step generates at most
     ``max_batch`` tokens and allocates and frees ``11 * layers + 4`` tensors; the weights add

@@ -1,9 +1,9 @@
 """Seeded synthetic request traces: Poisson or Gamma arrivals, token lengths from a distribution.
 
-``synth_requests(num_requests=1000, rate_rps=4, arrival="gamma", cv=2.0, prompt=Lognormal(1000, 1.0),
-output=Zipf(1.2, max=2048), seed=0)`` gives the same trace for the same arguments on every machine
-(numpy ``Generator``; arrivals, prompt lengths, output lengths and prefixes draw from separate
-child streams, so changing one distribution leaves the others' draws unchanged).
+``synth_requests(num_requests=1000, rate_rps=4, arrival="gamma", cv=2.0, prompt=Lognormal(1000,
+1.0), output=Zipf(1.2, max=2048), seed=0)`` gives the same trace for the same arguments on every
+machine (numpy ``Generator``; arrivals, prompt lengths, output lengths and prefixes draw from
+separate child streams, so changing one distribution leaves the others' draws unchanged).
 
 Length distributions are written on the command line as ``name:key=value,...``
 (``parse_length_dist``): ``lognormal:median=1000,sigma=1.0[,min=1,max=32768]``,
@@ -71,7 +71,8 @@ def _check_whole(
         raise ValueError(f"{kind}: {key}={value!r} must be a whole number >= {low}")
     if value > high:
         raise ValueError(
-            f"{kind}: {key}={value!r} is more than {high:,} {unit}, the most a request trace may hold"
+            f"{kind}: {key}={value!r} is more than {high:,} {unit}, the most a request trace may "
+            "hold"
         )
 
 
@@ -85,7 +86,8 @@ def _check_bounds(kind: str, lo: int, hi: int | None) -> None:
 
 @dataclass(frozen=True)
 class Lognormal:
-    """Tokens = round(exp(N(ln median, sigma))), clipped to [min, max] (max: ``MAX_TOKENS`` if not given)."""
+    """Tokens = round(exp(N(ln median, sigma))), clipped to [min, max] (max: ``MAX_TOKENS`` if not
+    given)."""
 
     median: float
     sigma: float
@@ -105,7 +107,8 @@ class Lognormal:
         _check_bounds("lognormal", self.min, self.max)
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        """Draws clipped to ``[min, max]``; without a max, to ``MAX_TOKENS`` (a huge sigma overflows to inf)."""
+        """Draws clipped to ``[min, max]``; without a max, to ``MAX_TOKENS`` (a huge sigma overflows
+        to inf)."""
         x = np.rint(rng.lognormal(np.log(self.median), self.sigma, size))
         return np.clip(x, self.min, self.max if self.max is not None else MAX_TOKENS).astype(
             np.int64
@@ -158,7 +161,8 @@ class Empirical:
             raise ValueError("empirical: lengths must be whole numbers >= 1")
         if np.any(v > MAX_TOKENS):
             raise ValueError(
-                f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, the most a request "
+                f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, the most a "
+                "request "
                 "trace may hold"
             )
         object.__setattr__(self, "values", v.astype(np.int64))
@@ -253,7 +257,8 @@ def synth_requests(
         rate_rps: mean arrival rate, requests per second.
         arrival: ``"poisson"`` (exponential gaps, CV 1) or ``"gamma"`` (gaps Gamma-distributed with
             coefficient of variation ``cv``: shape 1/cv**2, so cv > 1 is burstier than Poisson).
-        prompt, output: token-length distributions (``Lognormal``, ``Zipf``, ``Empirical``, ``Fixed``).
+        prompt, output: token-length distributions (``Lognormal``, ``Zipf``, ``Empirical``,
+            ``Fixed``).
         seed: the same seed and arguments give the same trace.
         prefix_sharing: share prompt-prefix hash ids among requests; None for no hash ids.
         name: name for reports.
@@ -266,7 +271,8 @@ def synth_requests(
         raise ValueError(f"duration_s={duration_s!r} must be a finite number > 0")
     if duration_s is not None and duration_s > MAX_TIME_S:
         raise ValueError(
-            f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, the most a request trace may last"
+            f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, the most a request trace "
+            "may last"
         )
     if not (np.isfinite(rate_rps) and rate_rps > 0):
         raise ValueError(f"rate_rps={rate_rps!r} must be a finite number > 0")
@@ -280,7 +286,8 @@ def synth_requests(
         expected = min(num_requests, rate_rps * duration_s)
     if expected > MAX_REQUESTS:  # refused before any work: the table would not fit in memory
         raise ValueError(
-            f"num_requests={expected:,.0f} (or rate_rps x duration_s) is more than {MAX_REQUESTS:,} "
+            f"num_requests={expected:,.0f} (or rate_rps x duration_s) is more than "
+            f"{MAX_REQUESTS:,} "
             "requests; generate fewer, or several traces"
         )
     if arrival not in ("poisson", "gamma"):
@@ -299,7 +306,8 @@ def synth_requests(
     t = _arrivals(rng_arrival, num_requests, duration_s, rate_rps, arrival, cv)
     if t.size and not t[-1] <= MAX_TIME_S:  # a bursty (gamma) draw can outrun the expected span
         raise ValueError(
-            f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; raise rate_rps or "
+            f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; raise rate_rps "
+            "or "
             "lower cv"
         )
     prompt_tokens = prompt.sample(rng_prompt, t.size)
@@ -417,7 +425,8 @@ _DIST_KEYS = {
 
 
 def parse_length_dist(text: str) -> LengthDist:
-    """``"lognormal:median=1000,sigma=1.0"`` -> ``Lognormal(1000.0, 1.0)``; ValueError naming the text if not."""
+    """``"lognormal:median=1000,sigma=1.0"`` -> ``Lognormal(1000.0, 1.0)``; ValueError naming the
+    text if not."""
     spec = _check_spec(text, "length distribution")
     kind, _, body = spec.partition(":")
     kind = kind.strip().lower()
@@ -443,7 +452,8 @@ def parse_length_dist(text: str) -> LengthDist:
         return Empirical(read_request_trace(kv["trace"]).requests[column].to_numpy())
     if kind not in _DIST_KEYS:
         raise ValueError(
-            f"unknown length distribution {kind!r} in {spec!r}; known: lognormal, zipf, fixed, empirical "
+            f"unknown length distribution {kind!r} in {spec!r}; known: lognormal, zipf, fixed, "
+            "empirical "
             f"(e.g. lognormal:median=1000,sigma=1.0)"
         )
     cls, keys, required = _DIST_KEYS[kind]
@@ -456,7 +466,8 @@ def parse_length_dist(text: str) -> LengthDist:
     missing = [k for k in required if k not in kv]
     if missing:
         raise ValueError(
-            f"{spec!r} lacks {', '.join(missing)} (e.g. {kind}:{','.join(f'{k}=...' for k in required)})"
+            f"{spec!r} lacks {', '.join(missing)} (e.g. "
+            f"{kind}:{','.join(f'{k}=...' for k in required)})"
         )
     return cls(**{k: _number(v, spec, k, keys[k]) for k, v in kv.items()})
 
@@ -473,7 +484,8 @@ def parse_prefix_sharing(text: str) -> PrefixSharing:
         depth += {"[": 1, "]": -1}.get(ch, 0)
         if not 0 <= depth <= 1:
             raise ValueError(
-                f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' at "
+                f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' "
+                "at "
                 f"character {i + 1}; only prefix_tokens=[...] takes brackets, one level"
             )
     if depth:
@@ -487,6 +499,7 @@ def parse_prefix_sharing(text: str) -> PrefixSharing:
             kv[key] = _number(value, spec, key, types[key])
         else:
             raise ValueError(
-                f"unknown key {key!r} in prefix-sharing spec {spec!r}; known: prefix_tokens, {', '.join(types)}"
+                f"unknown key {key!r} in prefix-sharing spec {spec!r}; known: prefix_tokens, "
+                f"{', '.join(types)}"
             )
     return PrefixSharing(**kv)

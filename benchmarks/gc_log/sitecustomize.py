@@ -1,12 +1,14 @@
-"""Log every Python garbage collection of a process (issue 31: are the engine's 0.5-0.7 s pauses GC?).
+"""Log every Python garbage collection of a process (issue 31: are the engine's 0.5-0.7 s pauses
+GC?).
 
 Put this folder first on ``PYTHONPATH`` and set ``POOLLAB_GC_LOG_DIR``: each Python process started
 then (``gpu serve``'s engine child included, which inherits both) appends one CSV row per collection
-(of the young generation only those of 1 ms or more) to ``DIR/gc_<pid>.csv``: ``t_s`` (``time.perf_counter()`` at the start: CLOCK_MONOTONIC, one clock for
-every process of the machine: ``t_s`` less ``gpu serve``'s summary column ``t0_perf_counter_s`` is
-the step profile's ``start_s`` clock), ``wall_s``
-(``time.time()``), ``generation``, ``duration_s``, ``collected``. A collection stops every thread
-(it holds the GIL), so one during a step lengthens that step. Without the variable nothing happens.
+(of the young generation only those of 1 ms or more) to ``DIR/gc_<pid>.csv``: ``t_s``
+(``time.perf_counter()`` at the start: CLOCK_MONOTONIC, one clock for every process of the machine:
+``t_s`` less ``gpu serve``'s summary column ``t0_perf_counter_s`` is the step profile's ``start_s``
+clock), ``wall_s`` (``time.time()``), ``generation``, ``duration_s``, ``collected``. A collection
+stops every thread (it holds the GIL), so one during a step lengthens that step. Without the
+variable nothing happens.
 
 Another ``sitecustomize`` further along the path (a distribution's own) is still run.
 """

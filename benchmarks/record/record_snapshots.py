@@ -100,7 +100,8 @@ def _model(torch):
         return F.linear(F.rms_norm(x[:, -1], (D,), nf), head), new
 
     def forward_static(tokens, pos, kc, vc):
-        """One step with a static cache kc/vc [L][B, KV, MAX_CTX, HD]; tokens [B, T] at positions pos [B] onward."""
+        """One step with a static cache kc/vc [L][B, KV, MAX_CTX, HD]; tokens [B, T] at positions
+        pos [B] onward."""
         x = emb[tokens]
         B, T = tokens.shape
         idx = pos[:, None] + torch.arange(T, device=x.device)[None]  # [B, T]

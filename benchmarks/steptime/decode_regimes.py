@@ -1,4 +1,5 @@
-"""Why step fits do not carry between small and large decode batches (issue 31, session 13): an analysis.
+"""Why step fits do not carry between small and large decode batches (issue 31, session 13): an
+analysis.
 
     python benchmarks/steptime/decode_regimes.py [STEPS.csv ...]
 
@@ -28,7 +29,8 @@ LEFT_OUT = ("best-fit", "torch-caching")  # another allocator, not a repeat of t
 
 
 def decode_steps(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(n, kv, duration_s) of the decode-only steps, the first step (a possible warm-up) left out."""
+    """(n, kv, duration_s) of the decode-only steps, the first step (a possible warm-up) left
+    out."""
     d = pd.read_csv(path)
     d = d[(d.num_prefill_seqs == 0) & (d.num_decode_seqs > 0)].iloc[1:]
     return (
@@ -122,7 +124,8 @@ def main(argv: list[str]) -> int:
                 f"worst {worst} {100 * errs[worst]:+.0f} % |"
             )
         print(
-            f"\nall pairs: median {100 * np.median(held):.1f} %, p90 {100 * np.quantile(held, 0.9):.1f} %, "
+            f"\nall pairs: median {100 * np.median(held):.1f} %, p90 "
+            f"{100 * np.quantile(held, 0.9):.1f} %, "
             f"max {100 * max(held):.1f} %"
         )
     return 0

@@ -1,4 +1,5 @@
-"""Measure a Llama-3-8B-shaped forward pass on this GPU to calibrate sim.serving.steptime (results: sim/data/calibration_default.json)."""
+"""Measure a Llama-3-8B-shaped forward pass on this GPU to calibrate sim.serving.steptime (results:
+sim/data/calibration_default.json)."""
 
 import json, os
 import torch

@@ -1,12 +1,14 @@
 """Step times of a Llama-3-8B-shaped forward pass over a grid, for validating sim.serving.steptime.
 
-    OUT=/some/folder python benchmarks/steptime/measure_grid.py      # on the GPU; writes $OUT/steptime_grid.csv
+    OUT=/some/folder python benchmarks/steptime/measure_grid.py      # on the GPU; writes
+    $OUT/steptime_grid.csv
 
-The same model and kernels as ``measure.py`` (the calibration of ``sim/data/calibration_default.json``):
-random bf16 weights, 32 layers, cuBLAS matmuls; decode steps replayed as CUDA graphs (attention
-as plain matmul + softmax over a dense [batch, kv_heads, context, head_dim] cache); prefill
-chunks eager with SDPA (flash) attention, causal to the chunk and open to the cached context
-before it (``causal_lower_right``). Every point is the median of CUDA-event-timed repeats.
+The same model and kernels as ``measure.py`` (the calibration of
+``sim/data/calibration_default.json``): random bf16 weights, 32 layers, cuBLAS matmuls; decode steps
+replayed as CUDA graphs (attention as plain matmul + softmax over a dense [batch, kv_heads, context,
+head_dim] cache); prefill chunks eager with SDPA (flash) attention, causal to the chunk and open to
+the cached context before it (``causal_lower_right``). Every point is the median of CUDA-event-timed
+repeats.
 
 Grid (points whose KV would pass ``MAX_KV_TOKENS`` are skipped and listed as skipped):
 

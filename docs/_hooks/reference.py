@@ -1,15 +1,17 @@
 """The generated parts of the docs: the summary columns, the policies and their knobs.
 
 An mkdocs hook (``hooks:`` in ``mkdocs.yml``). A page asks for a generated block with a marker
-line ``<!-- poollab:generate NAME -->``; ``on_page_markdown`` replaces it with ``GENERATORS[NAME]()``,
-computed from the code at build time, so the pages change when a column, a policy or a knob does:
+line ``<!-- poollab:generate NAME -->``; ``on_page_markdown`` replaces it with
+``GENERATORS[NAME]()``, computed from the code at build time, so the pages change when a column, a
+policy or a knob does:
 
 - ``columns``: the report schema (``sim.replay.schema.SUMMARY_COLUMNS``, ``DEVICE_COLUMNS``,
-  ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``; ``sim.replay.serving_metrics.SERVING_COLUMNS``),
-  in schema order, each with its unit (from the name: ``*_bytes``, ``*_us``, ``n_*``, ...) and
-  the header the command line prints it under (``sim.replay.schema.format_table`` itself). Meanings come
-  from ``columns.yml`` beside this file, keyed by column; ``tests/docs`` fails when a schema
-  column has none there or when it describes a column the schema no longer has.
+  ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``;
+  ``sim.replay.serving_metrics.SERVING_COLUMNS``), in schema order, each with its unit (from the
+  name: ``*_bytes``, ``*_us``, ``n_*``, ...) and the header the command line prints it under
+  (``sim.replay.schema.format_table`` itself). Meanings come from ``columns.yml`` beside this file,
+  keyed by column; ``tests/docs`` fails when a schema column has none there or when it describes a
+  column the schema no longer has.
 - ``policies``: every registered policy (``policies.available()``: built-ins and entry points),
   its summary line, capabilities (``can_hold_kv``, ``device_kind``), knobs with their defaults
   (``Policy.param_defaults``) and the knob's line from the class's ``Args:`` docstring section,
@@ -83,7 +85,8 @@ def column_unit(column: str, shown_as: str) -> str:
 
 
 def shown_as(column: str) -> str:
-    """The header the command line's tables print the column under (``sim.replay.schema.format_table``)."""
+    """The header the command line's tables print the column under
+    (``sim.replay.schema.format_table``)."""
     import pandas as pd
     from sim.replay.schema import format_table
 
@@ -125,7 +128,8 @@ _ARG_LINE = re.compile(r"^(\s+)(\w+(?:, \w+)*)(?: \([^)]*\))?: (.*)$")
 
 
 def knob_lines(cls: type) -> dict[str, str]:
-    """Knob -> its line in the ``Args:`` docstring sections of the class, its bases and ``__init__``."""
+    """Knob -> its line in the ``Args:`` docstring sections of the class, its bases and
+    ``__init__``."""
     found: dict[str, str] = {}
     for klass in cls.__mro__:
         for doc in (klass.__doc__, getattr(klass.__dict__.get("__init__"), "__doc__", None)):
@@ -214,7 +218,8 @@ def policies_markdown() -> str:
             out += ["| knob | default | meaning |", "|---|---|---|"]
             for knob, default in params.items():
                 out.append(
-                    f"| `{knob}` | {_default_text(knob, default)} | {_rst_to_md(lines.get(knob, ''))} |"
+                    f"| `{knob}` | {_default_text(knob, default)} | "
+                    f"{_rst_to_md(lines.get(knob, ''))} |"
                 )
             out.append("")
     return "\n".join(out)
@@ -224,7 +229,8 @@ def policies_markdown() -> str:
 
 
 def engine_profile_markdown() -> str:
-    """The two engine-profile tables' columns, required then optional (``traces.engine_profile``)."""
+    """The two engine-profile tables' columns, required then optional
+    (``traces.engine_profile``)."""
     from traces import engine_profile as ep
 
     served_optional = getattr(ep, "_SERVED_OPTIONAL_COLUMNS", ())
@@ -235,7 +241,8 @@ def engine_profile_markdown() -> str:
     out = ["| table | required columns | optional columns |", "|---|---|---|"]
     for name, required, optional in rows:
         out.append(
-            f"| {name} | {', '.join(f'`{c}`' for c in required)} | {', '.join(f'`{c}`' for c in optional)} |"
+            f"| {name} | {', '.join(f'`{c}`' for c in required)} | "
+            f"{', '.join(f'`{c}`' for c in optional)} |"
         )
     return "\n".join(out)
 

@@ -59,7 +59,10 @@ def unavailable_reason() -> str | None:
     if (
         importlib.util.find_spec("setuptools") is None
     ):  # the build runs setup.py in this environment
-        return "setuptools is not installed (a Python 3.12+ virtual environment has none: pip install setuptools)"
+        return (
+            "setuptools is not installed (a Python 3.12+ virtual environment has none: pip "
+            "install setuptools)"
+        )
     if not any(map(shutil.which, ("cc", "gcc", "clang"))):
         return "no C compiler (cc, gcc or clang) on PATH"
     if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
@@ -70,10 +73,10 @@ def unavailable_reason() -> str | None:
 def build_description() -> str:
     """What decides the compiled build's speed on this interpreter, for a benchmark's header.
 
-    The same generated code runs at different speeds on two machines' Pythons (benchmarks/RESULTS.md,
-    "The compiled build on Python 3.12"): the version, whether libpython is a shared library (its
-    thread-state reads then go through ``__tls_get_addr`` on 3.12), the C flags, Cython, and the
-    macros the build backend adds for this version.
+    The same generated code runs at different speeds on two machines' Pythons
+    (benchmarks/RESULTS.md, "The compiled build on Python 3.12"): the version, whether libpython is
+    a shared library (its thread-state reads then go through ``__tls_get_addr`` on 3.12), the C
+    flags, Cython, and the macros the build backend adds for this version.
     """
     sys.path.insert(0, str(REPO / "build_backend"))
     try:
@@ -89,13 +92,15 @@ def build_description() -> str:
     shared = "shared" if sysconfig.get_config_var("Py_ENABLE_SHARED") else "static"
     macros = " ".join(f"-D{name}={value}" for name, value in c_macros()) or "none"
     return (
-        f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, CFLAGS "
+        f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, "
+        "CFLAGS "
         f"{sysconfig.get_config_var('CFLAGS')!r}), Cython {cython_version}, backend macros {macros}"
     )
 
 
 def run_in(tree: Path, cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in ``tree`` with that tree first on the import path (its ``policies`` is the one used)."""
+    """Run ``cmd`` in ``tree`` with that tree first on the import path (its ``policies`` is the one
+    used)."""
     # the tree first; what the caller's path had (a --target install of dependencies) after it
     env = {
         **os.environ,
@@ -108,7 +113,8 @@ def run_in(tree: Path, cmd: list[str], **kwargs: Any) -> subprocess.CompletedPro
 
 
 def build_compiled_copy(dest: Path, *, quiet: bool = True) -> None:
-    """Copy this tree to ``dest`` (refreshed in place if it exists) and compile its declared modules there.
+    """Copy this tree to ``dest`` (refreshed in place if it exists) and compile its declared modules
+    there.
 
     Raises ``subprocess.CalledProcessError`` when the build fails or a declared module still
     imports as Python.

@@ -1,4 +1,5 @@
-"""``check_invariants``: a pool's state recounted by brute force and compared with what it reports."""
+"""``check_invariants``: a pool's state recounted by brute force and compared with what it
+reports."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def check_invariants(
     stats = policy.stats()
     where = _Where(policy)
 
-    # the levels a monitor samples (``gauges``) are the snapshot's, for a policy that overrides either
+    # the levels a monitor samples (``gauges``) are the snapshot's, for a policy that overrides
+    # either
     mismatch = gauges_mismatch(policy, stats)
     if mismatch:
         _fail(f"{where}: {mismatch}")
@@ -86,11 +88,13 @@ def check_invariants(
         _fail(f"{where}: num_segments={stats.num_segments} but segments() lists {len(segs)}")
     if stats.grown_bytes - stats.shrunk_bytes != reserved:
         _fail(
-            f"{where}: grown_bytes - shrunk_bytes = {stats.grown_bytes - stats.shrunk_bytes} != reserved {reserved}"
+            f"{where}: grown_bytes - shrunk_bytes = {stats.grown_bytes - stats.shrunk_bytes} != "
+            f"reserved {reserved}"
         )
     if stats.num_grows - stats.num_shrinks != len(segs):
         _fail(
-            f"{where}: num_grows - num_shrinks = {stats.num_grows - stats.num_shrinks} != {len(segs)} segments"
+            f"{where}: num_grows - num_shrinks = {stats.num_grows - stats.num_shrinks} != "
+            f"{len(segs)} segments"
         )
     for cap in {stats.capacity_bytes, policy.capacity_bytes} - {None}:
         if reserved > cap:
@@ -137,17 +141,20 @@ def check_invariants(
         _fail(f"{where}: num_live={stats.num_live} but {len(live)} allocations are live")
     if stats.allocated_bytes != union_bytes:
         _fail(
-            f"{where}: allocated_bytes={stats.allocated_bytes} but live extents cover {union_bytes} B"
+            f"{where}: allocated_bytes={stats.allocated_bytes} but live extents cover "
+            f"{union_bytes} B"
         )
     if stats.free_bytes != stats.reserved_bytes - stats.allocated_bytes:
         _fail(f"{where}: free_bytes={stats.free_bytes} != reserved - allocated")
     if not 0 <= stats.largest_free_bytes <= stats.free_bytes:
         _fail(
-            f"{where}: largest_free_bytes={stats.largest_free_bytes} outside [0, free_bytes={stats.free_bytes}]"
+            f"{where}: largest_free_bytes={stats.largest_free_bytes} outside [0, "
+            f"free_bytes={stats.free_bytes}]"
         )
     if stats.num_allocs - stats.num_frees != stats.num_live:
         _fail(
-            f"{where}: num_allocs - num_frees = {stats.num_allocs - stats.num_frees} != num_live={stats.num_live}"
+            f"{where}: num_allocs - num_frees = {stats.num_allocs - stats.num_frees} != "
+            f"num_live={stats.num_live}"
         )
     for peak, now in (
         ("peak_live_bytes", "live_bytes"),
@@ -189,7 +196,8 @@ def _place_live_extents(
 ) -> tuple[list[bool], list[tuple[int, int]], int]:
     """Check sorted live ``[start, end)`` extents lie in segments and overlap only where shared.
 
-    Returns which segments hold live bytes, the union of the extents (sorted, disjoint) and its size.
+    Returns which segments hold live bytes, the union of the extents (sorted, disjoint) and its
+    size.
     """
     starts = [x for x, _ in extents]
     ends = [x for _, x in extents]
@@ -253,7 +261,8 @@ def _check_free_extents(
         total = sum(lengths)
         if total > stats.free_bytes:
             _fail(
-                f"{where}: free extents add up to {total} B, more than free_bytes={stats.free_bytes}"
+                f"{where}: free extents add up to {total} B, more than "
+                f"free_bytes={stats.free_bytes}"
             )
         return
     # something is wrong (or free extents touch across segments): walk them to say what

@@ -1,4 +1,5 @@
-"""``soak``: a long randomized run over one policy, the battery's invariants checked after every operation.
+"""``soak``: a long randomized run over one policy, the battery's invariants checked after every
+operation.
 
 Where ``check_policy`` runs short, aimed workloads, ``soak(factory, num_ops)`` throws a long
 random mix at a pool: requests of every size (tiny to 160 MiB, one byte off powers of two and
@@ -51,7 +52,8 @@ GiB = 1 << 30
 #: capacities a soak episode picks from: no limit, and limits that make large requests fail
 SOAK_CAPACITIES: tuple[int | None, ...] = (None, 96 * MiB, 256 * MiB, GiB)
 _STREAMS = (0, 0, 0, 1, 2)
-#: besides each registered policy's defaults, configurations that make wrappers and options act often
+#: besides each registered policy's defaults, configurations that make wrappers and options act
+#: often
 ACTIVE_SPECS: tuple[str, ...] = (
     "elastic:patience=2,grow_bytes=4MiB",
     "tag-limits:limits=[kv=64MiB]",
@@ -65,7 +67,8 @@ ACTIVE_SPECS: tuple[str, ...] = (
 
 
 def soak_specs() -> list[str]:
-    """What a full soak covers: every registered policy (third-party ones too), then ``ACTIVE_SPECS``."""
+    """What a full soak covers: every registered policy (third-party ones too), then
+    ``ACTIVE_SPECS``."""
     from policies.registry import available  # the registry imports every policy module: late
 
     return [*available(), *ACTIVE_SPECS]
@@ -239,7 +242,8 @@ class _Episode:
                 f"{policy!r}: trim({max_bytes}) returned {released} but reserved went "
                 f"{before.reserved_bytes} -> {after.reserved_bytes}"
             )
-        # grown_bytes, not num_grows: unmapping a hole in an expandable range adds a segment, no memory
+        # grown_bytes, not num_grows: unmapping a hole in an expandable range adds a segment, no
+        # memory
         if (after.live_bytes, after.allocated_bytes, after.grown_bytes) != (
             before.live_bytes,
             before.allocated_bytes,
@@ -255,11 +259,13 @@ class _Episode:
         after = policy.stats()
         if ok and (policy.frozen or n > MAX_DEVICE_BYTES):
             _fail(
-                f"{policy!r}: grow({n}) succeeded {'while frozen' if policy.frozen else 'past any device'}"
+                f"{policy!r}: grow({n}) succeeded "
+                f"{'while frozen' if policy.frozen else 'past any device'}"
             )
         if ok and after.grown_bytes - before.grown_bytes < n:
             _fail(
-                f"{policy!r}: grow({n}) returned True but reserved {after.grown_bytes - before.grown_bytes} B"
+                f"{policy!r}: grow({n}) returned True but reserved "
+                f"{after.grown_bytes - before.grown_bytes} B"
             )
         if (after.live_bytes, after.allocated_bytes, after.num_allocs) != (
             before.live_bytes,
@@ -346,8 +352,10 @@ def soak(
                 if len(report.violations) < max_messages:
                     where = traceback.extract_tb(exc.__traceback__)[-1]
                     report.violations.append(
-                        f"seed {seed}, episode {episode_index} (capacity {episode.capacity}), op {op_index}: "
-                        f"{type(exc).__name__}: {exc} [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]"
+                        f"seed {seed}, episode {episode_index} (capacity {episode.capacity}), op "
+                        f"{op_index}: "
+                        f"{type(exc).__name__}: {exc} "
+                        f"[{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]"
                     )
                 break
         report.num_failures += episode.num_failures

@@ -1,4 +1,5 @@
-"""Shared by sub-commands: option types, policy lists, output folders, reading a trace of the right kind."""
+"""Shared by sub-commands: option types, policy lists, output folders, reading a trace of the right
+kind."""
 
 from __future__ import annotations
 
@@ -69,9 +70,13 @@ def model_file_options(command):
 
 def step_time_line(calibration: Path | None) -> str:
     """What prices the steps, for a command's settings: the calibration file and what it
-    describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a UsageError."""
+    describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a
+    UsageError."""
     if calibration is None:
-        return "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
+        return (
+            "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to "
+            "describe yours)"
+        )
     from sim.serving.steptime import load_step_calibration
 
     try:
@@ -81,7 +86,8 @@ def step_time_line(calibration: Path | None) -> str:
 
 
 def read_alloc_or_explain(path: Path, fmt: str | None):
-    """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request trace."""
+    """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request
+    trace."""
     try:
         return traces.read_alloc_trace(path, format=fmt)
     except traces.TraceFormatError:
@@ -95,7 +101,8 @@ def read_alloc_or_explain(path: Path, fmt: str | None):
 
 
 def read_requests_or_explain(path: Path, fmt: str | None):
-    """``traces.read_request_trace``, or a UsageError pointing to `poollab replay` for an allocation trace."""
+    """``traces.read_request_trace``, or a UsageError pointing to `poollab replay` for an allocation
+    trace."""
     try:
         return traces.read_request_trace(path, format=fmt)
     except traces.TraceFormatError:
@@ -109,7 +116,8 @@ def read_requests_or_explain(path: Path, fmt: str | None):
 
 
 def load_costs(path: Path | None):
-    """``sim.replay.costs.CostModel.load(path)`` (None: the bundled figures); a bad file is a UsageError."""
+    """``sim.replay.costs.CostModel.load(path)`` (None: the bundled figures); a bad file is a
+    UsageError."""
     from sim.replay.costs import CostModel
 
     if path is None:

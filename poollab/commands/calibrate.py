@@ -1,8 +1,8 @@
 """``poollab calibrate``: make the simulator's step time describe a real engine.
 
 ``steps PROFILE`` fits the step-time terms to an engine's step profile (``sim.serving.step_fit``);
-``requests REQUESTS`` infers them from a served-request table alone (``sim.serving.engine_runs``). Both
-write a calibration file that ``simulate``, ``colocate`` and ``sweep`` read with
+``requests REQUESTS`` infers them from a served-request table alone (``sim.serving.engine_runs``).
+Both write a calibration file that ``simulate``, ``colocate`` and ``sweep`` read with
 ``--calibration`` (``sim.serving.steptime.load_step_calibration``).
 """
 
@@ -134,7 +134,8 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
         tps = sorted(set(steps["tp"])) if "tp" in steps else [1]
         if len(tps) > 1:
             raise UsageError(
-                f"{profile}: the tp column holds {tps}; fit one tensor-parallel degree at a time (--tp)"
+                f"{profile}: the tp column holds {tps}; fit one tensor-parallel degree at a time "
+                "(--tp)"
             )
         tensor_parallel = int(tps[0])
     try:
@@ -152,8 +153,10 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
         raise UsageError(f"{profile}: {exc}") from None
     _write(fit.calibration, out)
     click.echo(
-        f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp {tensor_parallel}); "
-        f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off its first pass)"
+        f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp "
+        f"{tensor_parallel}); "
+        f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off "
+        "its first pass)"
         + (
             f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
             if fit.calibration.warmup_s
@@ -185,7 +188,8 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
 def requests_command(
     requests: Path, model, gpu, tensor_parallel, engine, out: Path, max_evaluations: int
 ) -> None:
-    """Infer the step time from a served-request table REQUESTS alone (arrival, first token, finish, tokens)."""
+    """Infer the step time from a served-request table REQUESTS alone (arrival, first token, finish,
+    tokens)."""
     from sim.serving.engine_runs import fit_from_requests
     from sim.replay.schema import format_table
     from traces.engine_profile import read_served_requests
@@ -207,7 +211,8 @@ def requests_command(
         raise UsageError(f"{requests}: {exc}") from None
     _write(fit.calibration, out)
     click.echo(
-        f"{requests}: {len(served):,} requests of {model_spec.name} on {gpu_spec.name}, simulated as "
+        f"{requests}: {len(served):,} requests of {model_spec.name} on {gpu_spec.name}, simulated "
+        "as "
         f"{engine} schedules them"
     )
     click.echo(_terms_line(fit.calibration.terms))
@@ -215,7 +220,8 @@ def requests_command(
     click.echo(format_table(fit.errors, columns=["metric", "measured_s", "predicted_s", "error_%"]))
     worst = fit.cv_errors.groupby("metric", sort=False)["error_%"].apply(lambda e: e.abs().max())
     click.echo(
-        "expected error (two-fold: each half of the requests judged by terms fitted on the other half; "
+        "expected error (two-fold: each half of the requests judged by terms fitted on the other "
+        "half; "
         "worst half): " + ", ".join(f"{m} {v:.0f} %" for m, v in worst.items())
     )
     click.echo(f"wrote {out} (simulate --engine {engine} --calibration {out})")

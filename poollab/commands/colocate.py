@@ -1,4 +1,5 @@
-"""``poollab colocate``: several model instances (tenants) on one simulated GPU, one run per memory layout."""
+"""``poollab colocate``: several model instances (tenants) on one simulated GPU, one run per memory
+layout."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def register(cli: click.Group) -> None:
     "layouts",
     multiple=True,
     type=click.Choice(["static", "shared", "sleep"]),
-    help="Memory layout, repeatable (default: all three): equal static KV pools, one shared elastic "
+    help="Memory layout, repeatable (default: all three): equal static KV pools, one shared "
+    "elastic "
     "page pool (kvcached), or the shared pool plus sleep/wake of idle tenants' weights (vLLM).",
 )
 @click.option(
@@ -253,7 +255,8 @@ def colocate_command(
     ).format
     for row in runs.served().itertuples():
         click.echo(
-            f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; TTFT p50 "
+            f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; TTFT "
+            "p50 "
             f"{row.ttft_p50_s:.3f} s, p99 {row.ttft_p99_s:.3f} s, mean {row.ttft_mean_s:.3f} s; "
             + busy_text(row.gpu_busy_share)
         )

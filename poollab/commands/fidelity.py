@@ -1,4 +1,5 @@
-"""``poollab fidelity``: replay a PyTorch snapshot through an emulation and compare with the recording."""
+"""``poollab fidelity``: replay a PyTorch snapshot through an emulation and compare with the
+recording."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from policies.torch_caching import spec_from_settings
 from sim.replay.fidelity import ADDRESS_MODES, read_recording, replay_recording
 
 
-#: What ``--out`` holds after a run (a folder written before poollab listed its files: these are replaced).
+#: What ``--out`` holds after a run (a folder written before poollab listed its files: these are
+#: replaced).
 FIDELITY_FILES = ("fidelity.csv", "segment_events.csv")
 
 
@@ -36,7 +38,8 @@ def register(cli: click.Group) -> None:
     type=click.Choice([*ADDRESS_MODES, "both"]),
     default="recorded",
     show_default=True,
-    help="Segment addresses: the recorded cudaMalloc ones (PyTorch breaks best-fit ties by address), "
+    help="Segment addresses: the recorded cudaMalloc ones (PyTorch breaks best-fit ties by "
+    "address), "
     "fresh virtual ones, or both runs.",
 )
 @click.option(
@@ -82,7 +85,8 @@ def fidelity_command(
     tables, events = [], []
     click.echo(
         f"{rec.name}: {rec.num_allocs:,} allocations, {len(rec.segment_events):,} segment events, "
-        f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before recording"
+        f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before "
+        "recording"
     )
     for spec in spec_list:
         for mode in modes:

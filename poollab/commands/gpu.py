@@ -52,7 +52,8 @@ def _require_gpu(device_id: int, *, vmm: bool = False) -> None:
 
 
 def _policy_specs(specs: tuple[str, ...]) -> list[str]:
-    """Every registered policy when none (or ``all``) is given; each spec is checked before any work."""
+    """Every registered policy when none (or ``all``) is given; each spec is checked before any
+    work."""
     out = [name for spec in specs for name in (policies.available() if spec == "all" else [spec])]
     out = out or policies.available()
     for spec in out:
@@ -90,7 +91,8 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     "baselines",
     multiple=True,
     metavar="NAME",
-    help="Also replay through cudaMalloc, cupy.MemoryPool, cupy.MemoryAsyncPool or torch.cuda; 'all' for "
+    help="Also replay through cudaMalloc, cupy.MemoryPool, cupy.MemoryAsyncPool or torch.cuda; "
+    "'all' for "
     "every one available here. Repeatable.",
 )
 @click.option(
@@ -128,8 +130,10 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     type=DEVICE_KIND,
     default=DeviceKind.SEGMENT.value,
     show_default=True,
-    help="'page-mapped' (or 'vmm'): pages mapped into reserved virtual ranges (cuMemCreate/cuMemMap; mmap "
-    "on the host), and the --sim rows on the simulator's page-mapped device. A policy that builds a page-mapped "
+    help="'page-mapped' (or 'vmm'): pages mapped into reserved virtual ranges "
+    "(cuMemCreate/cuMemMap; mmap "
+    "on the host), and the --sim rows on the simulator's page-mapped device. A policy that builds "
+    "a page-mapped "
     "device of its own gets one either way.",
 )
 @click.option(
@@ -157,7 +161,8 @@ def replay_command(
     out_dir: Path,
     progress: bool,
 ) -> None:
-    """Replay the allocation TRACE on the GPU under each policy (and baseline), with real allocations."""
+    """Replay the allocation TRACE on the GPU under each policy (and baseline), with real
+    allocations."""
     if backend == "cuda":
         _require_gpu(device_id, vmm=device_kind is DeviceKind.PAGE_MAPPED)
     spec_list = _policy_specs(specs)
@@ -243,16 +248,19 @@ def replay_command(
     "--max-size",
     type=BYTES,
     default=None,
-    help="Largest cudaMalloc size (and VMM page size) to time (default 4GiB; VMM pages up to 2GiB).",
+    help="Largest cudaMalloc size (and VMM page size) to time (default 4GiB; VMM pages up to "
+    "2GiB).",
 )
 @click.option(
     "--vmm/--no-vmm",
     default=True,
     show_default=True,
-    help="Also time the cuMem* calls (cuda-bindings) at page sizes 2 MiB to 2 GiB into the file's vmm_us.",
+    help="Also time the cuMem* calls (cuda-bindings) at page sizes 2 MiB to 2 GiB into the file's "
+    "vmm_us.",
 )
 def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> None:
-    """Measure cudaMalloc/cudaFree (4 KiB to 4 GiB), the VMM calls and copy bandwidths into a cost file."""
+    """Measure cudaMalloc/cudaFree (4 KiB to 4 GiB), the VMM calls and copy bandwidths into a cost
+    file."""
     _require_gpu(device_id)
     from realgpu.calibrate import DEFAULT_SIZES, DEFAULT_VMM_SIZES, calibrate, write_costs
 
@@ -267,14 +275,17 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     table = calibrate(device_id=device_id, sizes=sizes, vmm_sizes=vmm_sizes, progress=click.echo)
     write_costs(table, out_path)
     click.echo(
-        f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, host->device {table['h2d_bytes_per_s'] / 1e9:,.1f} "
+        f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, host->device "
+        f"{table['h2d_bytes_per_s'] / 1e9:,.1f} "
         f"GB/s, device->host {table['d2h_bytes_per_s'] / 1e9:,.1f} GB/s (pinned)"
     )
     if "vmm_us" in table:
         v = table["vmm_us"]
         click.echo(
-            f"VMM at {v['map']['nbytes'][0] >> 20} MiB pages: create {v['create']['us'][0]:.1f} us, map "
-            f"{v['map']['us'][0]:.1f} us, set-access {v['set_access']['us'][0]:.1f} us, unmap {v['unmap']['us'][0]:.1f} us, "
+            f"VMM at {v['map']['nbytes'][0] >> 20} MiB pages: create {v['create']['us'][0]:.1f} "
+            "us, map "
+            f"{v['map']['us'][0]:.1f} us, set-access {v['set_access']['us'][0]:.1f} us, unmap "
+            f"{v['unmap']['us'][0]:.1f} us, "
             f"release {v['release']['us'][0]:.1f} us"
         )
     click.echo(f"wrote {out_path} ({table['device']})")
@@ -288,7 +299,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     "specs",
     multiple=True,
     metavar="SPEC",
-    help="Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's own caching "
+    help="Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's "
+    "own caching "
     "allocator, the default) or a policy spec.",
 )
 @click.option(
@@ -350,7 +362,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     "--engine-footprint-check/--no-engine-footprint-check",
     default=True,
     show_default=True,
-    help="Let transformers refuse a --num-blocks beyond its own footprint estimate (max-memory-percent of "
+    help="Let transformers refuse a --num-blocks beyond its own footprint estimate "
+    "(max-memory-percent of "
     "free memory); off, the engine starts at exactly --num-blocks and real memory decides.",
 )
 @click.option(
@@ -358,7 +371,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     "max_len_tokens",
     type=COUNT,
     default=None,
-    help="Longest sequence, prompt + output (prompts are cut to fit). Default: the model's context.",
+    help="Longest sequence, prompt + output (prompts are cut to fit). Default: the model's "
+    "context.",
 )
 @click.option(
     "--attn",
@@ -382,15 +396,18 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option(
     "--snapshot",
     is_flag=True,
-    help="Write PyTorch's memory snapshot (snapshot_<policy>.pickle.gz) and beside it the device memory the "
-    "engine's process held outside PyTorch's allocator (snapshot_<policy>.json; `poollab plan` reads it).",
+    help="Write PyTorch's memory snapshot (snapshot_<policy>.pickle.gz) and beside it the device "
+    "memory the "
+    "engine's process held outside PyTorch's allocator (snapshot_<policy>.json; `poollab plan` "
+    "reads it).",
 )
 @click.option(
     "--snapshot-until",
     type=click.Choice(["startup", "end", "both"]),
     default="startup",
     show_default=True,
-    help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': the whole run; "
+    help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': the "
+    "whole run; "
     "'both': the start-up one and the whole run's (snapshot_<policy>_run.pickle.gz).",
 )
 @click.option(
@@ -398,7 +415,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     type=click.Choice(["pluggable", "mempool"]),
     default="pluggable",
     show_default=True,
-    help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator splits.",
+    help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator "
+    "splits.",
 )
 @click.option(
     "--validate", is_flag=True, help="The policy's validation mode (guards and patterns)."
@@ -413,7 +431,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     "--sim/--no-sim",
     "with_sim",
     default=False,
-    help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and sequence "
+    help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and "
+    "sequence "
     "limits; the --model preset's shape) and print measured against predicted.",
 )
 @click.option(
@@ -460,8 +479,9 @@ def serve_command(
     calibration,
     out_dir: Path,
 ) -> None:
-    """Serve the request TRACE with a real continuous-batching engine (transformers, paged KV) in real time,
-    each policy in turn holding all of PyTorch's memory; write what `simulate` writes plus the engine's step log."""
+    """Serve the request TRACE with a real continuous-batching engine (transformers, paged KV) in
+    real time, each policy in turn holding all of PyTorch's memory; write what `simulate` writes
+    plus the engine's step log."""
     from realgpu.serve import ServeSettings, check_engine_installed, check_serve_specs, serve_trace
     from sim.replay.schema import format_table
     from poollab.commands._common import read_requests_or_explain
@@ -514,7 +534,8 @@ def serve_command(
         raise UsageError(str(exc)) from None
     summary = pd.DataFrame([r.summary for r in outcome.runs])
     click.echo(
-        f"{requests.name}: {len(outcome.plan):,} requests over {outcome.plan['arrival_s'].iloc[-1]:,.1f} s "
+        f"{requests.name}: {len(outcome.plan):,} requests over "
+        f"{outcome.plan['arrival_s'].iloc[-1]:,.1f} s "
         f"(rate x{rate_scale:g}); {settings.checkpoint or settings.model}, KV "
         f"{int(summary['kv_blocks'].iloc[0]):,} blocks of {block_tokens} tokens"
     )

@@ -1,4 +1,5 @@
-"""``poollab plan``: the largest KV cache each policy leaves room for, from an engine's start-up snapshot.
+"""``poollab plan``: the largest KV cache each policy leaves room for, from an engine's start-up
+snapshot.
 
 Also ``KV_CAPACITY``, the type of ``simulate --kv-capacity``: a size, ``plan:RESULT`` (a plan
 folder or its ``plan.csv``) or ``auto:SNAPSHOT`` (plan the simulated policies on that snapshot).
@@ -16,7 +17,8 @@ from policies.units import format_bytes
 from poollab.options import BYTES, COUNT, DEVICE, FRACTION
 from poollab.errors import UsageError
 
-#: What the command prints per policy (plan.csv holds every ``sim.planner.plan.PLAN_COLUMNS`` column).
+#: What the command prints per policy (plan.csv holds every ``sim.planner.plan.PLAN_COLUMNS``
+#: column).
 TABLE_COLUMNS = [
     "policy",
     "safe_kv_bytes",
@@ -37,7 +39,8 @@ def register(cli: click.Group) -> None:
 
 
 def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
-    """``(device_bytes, what it is)`` from ``--gpu`` or ``--memory`` (neither: the default GPU preset)."""
+    """``(device_bytes, what it is)`` from ``--gpu`` or ``--memory`` (neither: the default GPU
+    preset)."""
     if gpu is not None and memory is not None:
         raise UsageError("--gpu and --memory both give the device's memory: pass one")
     if memory is not None:
@@ -57,8 +60,10 @@ def device_memory(gpu: str | None, memory: int | None) -> tuple[int, str]:
 
 
 def plan_memory(snapshot: Path, gpu: str | None, memory: int | None, non_torch_bytes: int | None):
-    """The ``sim.planner.plan.DeviceMemory`` of a plan: ``--gpu``/``--memory`` and ``--non-torch`` where given,
-    else the figures the engine's process measured beside the snapshot, else the H200 preset and 0 B."""
+    """The ``sim.planner.plan.DeviceMemory`` of a plan: ``--gpu``/``--memory`` and ``--non-torch``
+    where given, else the figures the engine's process measured beside the snapshot, else the H200
+    preset and 0
+    B."""
     from sim.planner.plan import PlanError, device_memory_of
 
     given = device_memory(gpu, memory) if gpu is not None or memory is not None else None
@@ -89,9 +94,10 @@ def run_plan(
     kv_linked: tuple[str, ...] = (),
     engine: str | None = None,
 ):
-    """``sim.planner.plan.plan_snapshot`` with the command line's errors: a bad option is a ``UsageError``.
-    ``memory``: a ``sim.planner.plan.DeviceMemory`` (``plan_memory``). ``block_tokens`` None: the engine
-    preset's ``tokens_per_page`` (else ``sim.planner.plan.DEFAULT_BLOCK_TOKENS``)."""
+    """``sim.planner.plan.plan_snapshot`` with the command line's errors: a bad option is a
+    ``UsageError``. ``memory``: a ``sim.planner.plan.DeviceMemory`` (``plan_memory``).
+    ``block_tokens`` None: the engine preset's ``tokens_per_page`` (else
+    ``sim.planner.plan.DEFAULT_BLOCK_TOKENS``)."""
     from sim.planner.plan import (
         DEFAULT_BLOCK_TOKENS,
         PlanError,
@@ -148,7 +154,8 @@ def run_plan(
 @click.option(
     "--gpu",
     default=None,
-    help="GPU preset or JSON file whose memory the run must fit. Default: the device total measured beside "
+    help="GPU preset or JSON file whose memory the run must fit. Default: the device total "
+    "measured beside "
     "the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.",
 )
 @click.option(
@@ -162,8 +169,10 @@ def run_plan(
     "non_torch_bytes",
     type=BYTES,
     default=None,
-    help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): the pool gets the rest. "
-    "Default: what the engine's process held outside PyTorch's allocator, measured beside the snapshot "
+    help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): the pool gets the "
+    "rest. "
+    "Default: what the engine's process held outside PyTorch's allocator, measured beside the "
+    "snapshot "
     "(SNAPSHOT.json), else 0 (said to be unmeasured).",
 )
 @click.option(
@@ -189,14 +198,16 @@ def run_plan(
     "--engine",
     default=None,
     metavar="NAME",
-    help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the KV "
+    help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the "
+    "KV "
     "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
     "--block-tokens defaults to.",
 )
 @click.option(
     "--model",
     default=None,
-    help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are also "
+    help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are "
+    "also "
     "given in tokens. Default: none (pages of 2 MiB per KV tensor).",
 )
 @click.option(
@@ -226,7 +237,8 @@ def run_plan(
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.",
+    help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads "
+    "it.",
 )
 @click.option(
     "--progress/--no-progress",
@@ -249,7 +261,8 @@ def plan_command(
     out_dir,
     progress: bool,
 ) -> None:
-    """Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT still fits.
+    """Size the KV cache before deploy: the largest KV allocation with which the start-up SNAPSHOT
+    still fits.
 
     Replays the engine's recorded start-up (weights, profiling, KV cache allocation, CUDA-graph
     capture, warm-up steps) under each policy with the KV tensors resized, the pool limited to
@@ -286,11 +299,13 @@ def plan_command(
         click.echo(f"sized by the KV cache, resized with it: {buffer.how}")
     if engine is not None and not inputs.linked:
         click.echo(
-            f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the recorded size"
+            f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the "
+            "recorded size"
         )
     click.echo(f"device {format_bytes(inputs.device_bytes)}: {inputs.device_source}")
     click.echo(
-        f"outside PyTorch's allocator {format_bytes(memory_plan.non_torch_bytes)}: {inputs.non_torch_source}; "
+        f"outside PyTorch's allocator {format_bytes(memory_plan.non_torch_bytes)}: "
+        f"{inputs.non_torch_source}; "
         f"the pool gets {format_bytes(inputs.capacity_bytes)}"
     )
     page_text = (
@@ -300,7 +315,8 @@ def plan_command(
     )
     click.echo(
         f"page {page_text}; weights/resident "
-        f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them {format_bytes(inputs.profiled_peak_bytes)}"
+        f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them "
+        f"{format_bytes(inputs.profiled_peak_bytes)}"
     )
     table = result.table()
     shown = [
@@ -335,7 +351,8 @@ def _policy_line(result, p, row) -> str:
                 else ""
             )
             + (
-                f"; the engine's --num-blocks {int(row.engine_num_blocks):,} of {p.inputs.engine_block_tokens} "
+                f"; the engine's --num-blocks {int(row.engine_num_blocks):,} of "
+                f"{p.inputs.engine_block_tokens} "
                 f"tokens, its {p.inputs.engine_padding_blocks} padding blocks aside"
                 if row.engine_num_blocks == row.engine_num_blocks
                 and row.engine_num_blocks is not None
@@ -348,18 +365,24 @@ def _policy_line(result, p, row) -> str:
             )
             + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}"
         )
-    rule = f"gpu_memory_utilization={result.util_fraction:g} would pick {format_bytes(row.util_rule_kv_bytes)}"
+    rule = (
+        f"gpu_memory_utilization={result.util_fraction:g} would pick "
+        f"{format_bytes(row.util_rule_kv_bytes)}"
+    )
     pages = p.util_pages - p.safe_pages
     if p.util is None:
         rule += " (nothing left after weights and the profiled peak)"
     elif p.util.fits:
         rule += f" ({-pages:,} pages below the safe size): fits"
     else:
-        rule += f" ({pages:,} pages above the safe size): out of memory at {result.describe_oom(p.util.oom_op)}"
+        rule += (
+            f" ({pages:,} pages above the safe size): out of memory at "
+            f"{result.describe_oom(p.util.oom_op)}"
+        )
     return f"{text}; {rule}"
 
 
-# ---------------------------------------------------------------------------- simulate --kv-capacity
+# --------------------------------------------------------------------------- simulate --kv-capacity
 @dataclass(frozen=True)
 class KvBudgetSource:
     """``simulate --kv-capacity plan:RESULT`` or ``auto:SNAPSHOT``: budgets per simulated policy."""
@@ -368,7 +391,8 @@ class KvBudgetSource:
     path: Path
 
     def budgets(self, specs: list[str], *, model: Any, gpu: Any) -> dict[str, int]:
-        """Each spec's planned KV bytes (``auto`` plans them now on ``gpu``'s memory for ``model``)."""
+        """Each spec's planned KV bytes (``auto`` plans them now on ``gpu``'s memory for
+        ``model``)."""
         from sim.planner.plan import PlanError, planned_budgets, read_plan
 
         if self.kind == "plan":
@@ -378,7 +402,8 @@ class KvBudgetSource:
                 raise UsageError(str(exc)) from None
         from sim.planner.plan import device_memory_of
 
-        try:  # the simulated GPU's memory, less what the engine's process measured beside the snapshot
+        # the simulated GPU's memory, less what the engine's process measured beside the snapshot
+        try:
             memory = device_memory_of(
                 self.path, device_bytes=gpu.memory_bytes, device_source=f"simulate's GPU {gpu.name}"
             )
@@ -389,7 +414,8 @@ class KvBudgetSource:
         empty = [s for s, b in budgets.items() if not b]
         if empty:
             raise UsageError(
-                f"--kv-capacity auto:{self.path}: {empty[0]} leaves no room for a KV cache on {gpu.name}"
+                f"--kv-capacity auto:{self.path}: {empty[0]} leaves no room for a KV cache on "
+                f"{gpu.name}"
                 f" (see `poollab plan {self.path}`)"
             )
         return {s: int(b) for s, b in budgets.items()}
@@ -419,7 +445,8 @@ class KvCapacity(click.ParamType):
         if sep and kind in ("plan", "auto"):
             if not rest:
                 self.fail(
-                    f"{value!r}: name the {'plan folder or plan.csv' if kind == 'plan' else 'snapshot'} "
+                    f"{value!r}: name the "
+                    f"{'plan folder or plan.csv' if kind == 'plan' else 'snapshot'} "
                     f"after '{kind}:'",
                     param,
                     ctx,

@@ -49,7 +49,8 @@ def presets_command() -> None:
         )
     fmt = lambda v: f"{v:,.2f}"  # noqa: E731
     click.echo(
-        "models (--model NAME, Hugging Face ids too; max_model_len is the model's max_position_embeddings):"
+        "models (--model NAME, Hugging Face ids too; max_model_len is the model's "
+        "max_position_embeddings):"
     )
     click.echo(pd.DataFrame(models).to_string(index=False, float_format=fmt))
     click.echo(
@@ -57,5 +58,6 @@ def presets_command() -> None:
     )
     click.echo(pd.DataFrame(gpus).to_string(index=False, float_format=fmt))
     click.echo(
-        "\nA model or GPU of your own: a JSON file with the same fields (sim/replay/models.py, sim/replay/hardware.py)."
+        "\nA model or GPU of your own: a JSON file with the same fields (sim/replay/models.py, "
+        "sim/replay/hardware.py)."
     )

@@ -28,13 +28,15 @@ def register(cli: click.Group) -> None:
     "--static",
     is_flag=True,
     default=False,
-    help="PNG figures only, no scripts (default: interactive timelines and segment view, still offline).",
+    help="PNG figures only, no scripts (default: interactive timelines and segment view, still "
+    "offline).",
 )
 @click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
 def report_command(
     dirs: tuple[Path, ...], out_path: Path, title: str | None, static: bool, progress: bool
 ) -> None:
-    """Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu runs)."""
+    """Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu
+    runs)."""
     from sim.report.html import write_html_report
 
     try:

@@ -1,4 +1,5 @@
-"""``poollab simulate``: a request trace through a simulated inference server, one run per policy."""
+"""``poollab simulate``: a request trace through a simulated inference server, one run per
+policy."""
 
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ TABLE_COLUMNS = [
     "n_grow",
     "wall_s",
 ]
-#: What the command prints per policy and layer group of a hybrid model (``sim.serving.kv_groups.GROUP_TABLE_COLUMNS``
-#: has them all; kv_groups.parquet holds every one).
+#: What the command prints per policy and layer group of a hybrid model
+#: (``sim.serving.kv_groups.GROUP_TABLE_COLUMNS`` has them all; kv_groups.parquet holds every one).
 GROUP_COLUMNS = [
     "policy",
     "group",
@@ -98,7 +99,8 @@ def _click_type(k: Knob) -> Any:
 
 
 def _whole_low(k: Knob) -> int:
-    """The least whole number knob ``k`` takes (0 when unbounded below: sizes and counts are not negative)."""
+    """The least whole number knob ``k`` takes (0 when unbounded below: sizes and counts are not
+    negative)."""
     if k.low is None:
         return 0
     return int(k.low) + 1 if k.low_open else math.ceil(k.low)
@@ -210,7 +212,8 @@ def rejection_warnings(summary: Any) -> list[str]:
             groups.setdefault((int(n), why), []).append(policy)
     total = int(summary["n_requests"].iloc[0])
     return [
-        f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; the latency and "
+        f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; the "
+        "latency and "
         f"throughput columns cover served requests only (see --max-model-len, --kv-capacity)"
         for (n, why), names in groups.items()
     ]
@@ -218,7 +221,8 @@ def rejection_warnings(summary: Any) -> list[str]:
 
 def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` (the command's ``ServerConfig`` values) with engine preset ``engine``'s in
-    place of those the user left at their defaults (``sim.serving.engines``); ValueError for an unknown engine."""
+    place of those the user left at their defaults (``sim.serving.engines``); ValueError for an
+    unknown engine."""
     from sim.serving.engines import load_engine
 
     try:
@@ -387,7 +391,8 @@ def simulate_command(
         },
     )
     click.echo(
-        f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s ({requests.format}); "
+        f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s "
+        f"({requests.format}); "
         f"{model_spec.name} on {gpu_spec.name}"
     )
     click.echo(
@@ -405,7 +410,8 @@ def simulate_command(
         click.echo(f"note: {note}")
     if kv_groups is not None:
         click.echo(
-            f"KV layer groups of {model_spec.name} (layout {config.hybrid_kv_layout}; bytes held, padded, "
+            f"KV layer groups of {model_spec.name} (layout {config.hybrid_kv_layout}; bytes held, "
+            "padded, "
             f"needed and wasted when the cache held the most):"
         )
         click.echo(format_table(kv_groups, columns=GROUP_COLUMNS))

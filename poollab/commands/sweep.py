@@ -33,7 +33,8 @@ def register(cli: click.Group) -> None:
     "--scheduler",
     default=None,
     metavar="ADDRESS",
-    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask cluster "
+    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask "
+    "cluster "
     "of N workers), processes (default: a local process pool) or serial.",
 )
 @click.option(

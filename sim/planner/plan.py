@@ -1,19 +1,20 @@
-"""How much KV cache can an engine allocate? The budget each policy really leaves, from a start-up snapshot.
+"""How much KV cache can an engine allocate? The budget each policy really leaves, from a start-up
+snapshot.
 
 An engine's start-up (weights, a profiling run, the KV cache allocation, CUDA-graph capture, a few
 steps at the largest batch) recorded as a PyTorch memory snapshot says everything that competes
-with the KV cache for device memory. ``plan`` replays that recording (``sim.replay.fidelity``'s starting
-state, ``sim.replay.engine.run``: the one loop) under each policy with the KV allocation(s) resized and the
-pool limited to the device's memory, and finds the largest KV cache with which the whole recorded
-run is served: exact to one page (``page_bytes``: ``block_tokens`` tokens of the model's KV, split
-evenly over the KV tensors), by galloping from an estimate and then bisecting.
+with the KV cache for device memory. ``plan`` replays that recording (``sim.replay.fidelity``'s
+starting state, ``sim.replay.engine.run``: the one loop) under each policy with the KV allocation(s)
+resized and the pool limited to the device's memory, and finds the largest KV cache with which the
+whole recorded run is served: exact to one page (``page_bytes``: ``block_tokens`` tokens of the
+model's KV, split evenly over the KV tensors), by galloping from an estimate and then bisecting.
 
 The KV cache is recognised from the snapshot, or named by the user (``sim.planner.startup_kv``: the
 largest burst of equal-size allocations that live to the end). Buffers the engine sizes by the
 cache (transformers' ``paged|sdpa`` attention mask: 4 MiB more per 32 MiB block of Llama-3-8B)
 are resized with it in every replay: named by the user (``--kv-linked``) or recognised by an
-engine preset's rule (``sim.serving.engines.KvLinkedRule``, ``--engine``); ``kv_linked_bytes`` is their
-size at the safe KV size.
+engine preset's rule (``sim.serving.engines.KvLinkedRule``, ``--engine``); ``kv_linked_bytes`` is
+their size at the safe KV size.
 
 The device's memory less what the engine's process holds outside PyTorch's allocator (the CUDA
 context, cuBLAS, the kernels' modules: no snapshot holds it) is what the pool may reserve. Both
@@ -143,7 +144,7 @@ DEFAULT_BLOCK_TOKENS = 16
 DEFAULT_PAGE_SHARE_BYTES = 2 << 20
 
 
-# ---------------------------------------------------------------------------- the inputs shared by every policy
+# ---------------------------------------------------------------- the inputs shared by every policy
 @dataclass
 class PlanInputs:
     """A recording and what the plan needs from it, policy-independent.
@@ -183,7 +184,8 @@ class PlanInputs:
     engine_padding_blocks: int | None = None
 
     def engine_num_blocks(self, num_pages: int) -> int | None:
-        """The ``--num-blocks`` that makes the engine allocate at most ``num_pages`` of KV (None: not known)."""
+        """The ``--num-blocks`` that makes the engine allocate at most ``num_pages`` of KV (None:
+        not known)."""
         if (
             self.block_tokens is None
             or not self.engine_block_tokens
@@ -242,7 +244,8 @@ class PlanInputs:
 
     @functools.cached_property
     def alloc_positions(self) -> list[int]:
-        """The alloc ops' indices into ``rec.ops``: the n-th allocation a replay makes is op ``[n]``."""
+        """The alloc ops' indices into ``rec.ops``: the n-th allocation a replay makes is op
+        ``[n]``."""
         return [k for k, op in enumerate(self.rec.ops) if op == ALLOC]
 
 
@@ -289,15 +292,16 @@ def plan_inputs(
     Args:
         device_bytes: the device's memory.
         kv: the KV allocations (default: ``recognise_kv``).
-        model: a ``sim.replay.models`` preset name, file or ``ModelSpec`` for the page size and token
-            counts (None: pages of ``DEFAULT_PAGE_SHARE_BYTES`` per KV tensor, no tokens).
+        model: a ``sim.replay.models`` preset name, file or ``ModelSpec`` for the page size and
+            token counts (None: pages of ``DEFAULT_PAGE_SHARE_BYTES`` per KV tensor, no tokens).
         block_tokens: tokens per page when a model is given.
         non_torch_bytes: device memory outside the pool (CUDA context, NCCL, cuBLAS workspaces):
             the pool may reserve ``device_bytes - non_torch_bytes``.
         kv_linked: buffers the user names as sized by the KV cache (``--kv-linked``).
-        engine: a ``sim.serving.engines`` preset (name or ``EnginePreset``) whose ``kv_linked`` rules
-            recognise such buffers (needs ``model``: the rules are per KV token).
-        device_source, non_torch_source, engine_block_tokens, engine_padding_blocks: as ``PlanInputs``
+        engine: a ``sim.serving.engines`` preset (name or ``EnginePreset``) whose ``kv_linked``
+            rules recognise such buffers (needs ``model``: the rules are per KV token).
+        device_source, non_torch_source, engine_block_tokens, engine_padding_blocks: as
+            ``PlanInputs``
             (``device_memory_of``).
     """
     if not rec.ops:
@@ -308,7 +312,8 @@ def plan_inputs(
     kv = recognise_kv(rec) if kv is None else kv
     if device_bytes <= 0 or non_torch_bytes < 0 or non_torch_bytes >= device_bytes:
         raise PlanError(
-            f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves nothing "
+            f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves "
+            "nothing "
             "for it"
         )
     per_token = name = None
@@ -322,7 +327,8 @@ def plan_inputs(
         page = block_tokens * per_token
         if page % len(kv.ops):
             raise PlanError(
-                f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly over "
+                f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly "
+                "over "
                 f"the {len(kv.ops)} KV allocations of the snapshot: is the snapshot of {name}? "
                 "(--model, or --kv to name the KV tensors)"
             )
@@ -367,7 +373,8 @@ def _engine_linked(
     block_tokens: int,
     named: set[int],
 ) -> list[KvLinked]:
-    """The buffers ``engine``'s ``kv_linked`` rules recognise in ``rec`` (those the user named aside)."""
+    """The buffers ``engine``'s ``kv_linked`` rules recognise in ``rec`` (those the user named
+    aside)."""
     from sim.serving.engines import EnginePreset, load_engine
 
     preset = engine if isinstance(engine, EnginePreset) else load_engine(engine)
@@ -379,7 +386,8 @@ def _engine_linked(
         )
     if kv.total_bytes % kv_bytes_per_token:
         raise PlanError(
-            f"--engine {preset.name}: the KV cache ({kv.total_bytes:,} B) is no whole number of tokens "
+            f"--engine {preset.name}: the KV cache ({kv.total_bytes:,} B) is no whole number of "
+            "tokens "
             f"of {kv_bytes_per_token:,} B: is the snapshot of this model?"
         )
     tokens = kv.total_bytes // kv_bytes_per_token
@@ -421,7 +429,8 @@ class Fit:
 
 
 def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False) -> Fit:
-    """Replay the recording under ``spec`` with ``num_pages`` of KV, the pool limited to the capacity.
+    """Replay the recording under ``spec`` with ``num_pages`` of KV, the pool limited to the
+    capacity.
 
     Stops at the first refused request. ``measure`` also follows the non-KV reservation after
     every event (slower: the engine's general loop): its peak, where it was, and the share of
@@ -479,7 +488,8 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
             unit=rec.entry_unit,
         )
 
-    # runs between the private-pool calls (a capture window's begin and end), so no per-event hook is needed
+    # runs between the private-pool calls (a capture window's begin and end), so no per-event hook
+    # is needed
     cuts = sorted(k for k in started.pool_calls if 0 < k < len(rec.ops))
     bounds = list(zip([0] + cuts, cuts + [len(rec.ops)]))
     try:
@@ -520,7 +530,8 @@ def fits(inputs: PlanInputs, spec: str, num_pages: int, *, measure: bool = False
 # ---------------------------------------------------------------------------- the search
 @dataclass
 class PolicyPlan:
-    """The plan of one policy (see ``PLAN_COLUMNS``; ``safe`` is the measured replay at the answer)."""
+    """The plan of one policy (see ``PLAN_COLUMNS``; ``safe`` is the measured replay at the
+    answer)."""
 
     spec: str
     inputs: PlanInputs
@@ -590,7 +601,8 @@ def plan_policy(
 
 @contextlib.contextmanager
 def _replay_bar(title: str, show: bool):
-    """A progress bar counting one policy's replays (``sim.replay.progress``: on a terminal only), and its tick."""
+    """A progress bar counting one policy's replays (``sim.replay.progress``: on a terminal only),
+    and its tick."""
     from sim.replay.progress import progress_bar
 
     with progress_bar(None, title, unit="replay", enabled=show, unit_scale=False) as bar:
@@ -713,7 +725,8 @@ class PlanResult:
             else "after the KV cache"
         )
         return (
-            f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on stream "
+            f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on "
+            "stream "
             f"{rec.streams[k]}, {phase}"
         )
 
@@ -777,8 +790,8 @@ class DeviceMemory:
     engine_padding_blocks: int | None = None
 
 
-#: The non-PyTorch source when nothing measured it (``{why}``: no file, or no figure in it): the plan is
-#: then optimistic by that much.
+#: The non-PyTorch source when nothing measured it (``{why}``: no file, or no figure in it): the
+#: plan is then optimistic by that much.
 UNMEASURED_NON_TORCH = (
     "none measured ({why}): 0 B assumed, so the plan is optimistic by the CUDA context and "
     "libraries' memory (0.72 GiB in an engine's process on an H200): record with "
@@ -841,8 +854,8 @@ def plan_snapshot(
     **kwargs: Any,
 ) -> PlanResult:
     """``plan`` of the snapshot file at ``path`` (``device``: which device's trace). Its memory:
-    ``memory``, else ``device_memory_of(path)`` with the ``device_bytes`` / ``non_torch_bytes`` given
-    (each None or absent: the figures beside the snapshot)."""
+    ``memory``, else ``device_memory_of(path)`` with the ``device_bytes`` / ``non_torch_bytes``
+    given (each None or absent: the figures beside the snapshot)."""
     if memory is None:
         memory = device_memory_of(
             path,
@@ -911,7 +924,8 @@ def read_plan(path: str | Path) -> pd.DataFrame:
 
 
 def _whole_bytes(value: Any) -> int | None:
-    """A CSV cell (a number, or text where the column is mixed) as bytes (``parse_bytes``); None if it is none."""
+    """A CSV cell (a number, or text where the column is mixed) as bytes (``parse_bytes``); None if
+    it is none."""
     if isinstance(value, float) and value == value and value.is_integer() and abs(value) < 2**63:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -925,13 +939,15 @@ def _whole_bytes(value: Any) -> int | None:
 
 def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -> dict[str, int]:
     """Each spec's ``safe_kv_bytes`` from a plan table (the row of that policy); PlanError naming
-    the spec when the plan has no row for it (and the policies it has) or found no KV size for it."""
+    the spec when the plan has no row for it (and the policies it has) or found no KV size for
+    it."""
     by_policy = dict(zip(table["policy"].astype(str), table["safe_kv_bytes"]))
     out = {}
     for spec in specs:
         if spec not in by_policy:
             raise PlanError(
-                f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it with "
+                f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it "
+                "with "
                 f"`poollab plan SNAPSHOT -p {spec}`"
             )
         if by_policy[spec] <= 0:

@@ -1,4 +1,5 @@
-"""Which requests of an engine's start-up snapshot are its KV cache: recognised, or named by the user.
+"""Which requests of an engine's start-up snapshot are its KV cache: recognised, or named by the
+user.
 
 Engines allocate the KV cache once, in one loop: one K and one V tensor per layer (transformers'
 ``PagedAttentionCache``, SGLang), one tensor per layer or one big tensor (vLLM), right after the
@@ -72,7 +73,8 @@ _SELECTOR = re.compile(r"^\s*(size|entries|entry|addr|address)\s*=\s*(.+?)\s*$")
 
 
 def parse_kv_selector(text: str) -> KvSelector:
-    """``"size=32MiB"``, ``"entries=120-131"``, ``"addr=0x7f00"`` as a ``KvSelector``; PlanError otherwise."""
+    """``"size=32MiB"``, ``"entries=120-131"``, ``"addr=0x7f00"`` as a ``KvSelector``; PlanError
+    otherwise."""
     m = _SELECTOR.match(text)
     if m is None:
         raise PlanError(f"--kv {text!r}: expected size=SIZE, entries=I-J,K or addr=0xADDRESS")
@@ -120,7 +122,8 @@ def _never_freed(rec: Recording) -> list[int]:
 
 
 def _bursts(rec: Recording, ops: list[int]) -> list[list[int]]:
-    """Runs of never-freed alloc ops of one size and stream, at most ``BURST_GAP_OPS`` requests apart."""
+    """Runs of never-freed alloc ops of one size and stream, at most ``BURST_GAP_OPS`` requests
+    apart."""
     open_runs: dict[tuple[int, int], list[int]] = {}
     runs: list[list[int]] = []
     for k in ops:
@@ -142,11 +145,13 @@ def _describe_ops(rec: Recording, ops: Iterable[int]) -> str:
 
 
 def recognise_kv(rec: Recording) -> KvCache:
-    """The KV cache as the largest burst of equal-size, never-freed allocations (module docstring)."""
+    """The KV cache as the largest burst of equal-size, never-freed allocations (module
+    docstring)."""
     runs = sorted(_bursts(rec, _never_freed(rec)), key=lambda r: (-len(r) * rec.sizes[r[0]], r[0]))
     if not runs:
         raise PlanError(
-            f"{rec.source}: no allocation made in the trace lives to the end, so none can be the KV "
+            f"{rec.source}: no allocation made in the trace lives to the end, so none can be the "
+            "KV "
             "cache (record from before the engine allocates it, or name it with --kv)"
         )
     best = runs[0]
@@ -163,23 +168,27 @@ def recognise_kv(rec: Recording) -> KvCache:
     if resident is not None and resident[0] * resident[1] >= CLEAR_WINNER * best_bytes:
         count, nbytes = resident
         raise PlanError(
-            f"{rec.source}: {count} x {format_bytes(nbytes)} ({format_bytes(count * nbytes)}) were live "
+            f"{rec.source}: {count} x {format_bytes(nbytes)} ({format_bytes(count * nbytes)}) were "
+            "live "
             f"before recording began, more than the largest candidate allocated in the trace "
-            f"({_describe_ops(rec, best)}): if they are the KV cache, record from before the engine "
+            f"({_describe_ops(rec, best)}): if they are the KV cache, record from before the "
+            "engine "
             "allocates it (or with a larger ring buffer: _record_memory_history(max_entries=...)); "
             "if not, name the cache with --kv"
         )
     return KvCache(
         tuple(best),
         rec.sizes[best[0]],
-        f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one burst "
+        f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one "
+        "burst "
         f"on stream {rec.streams[best[0]]} and live to the end",
     )
 
 
 def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
     """``(count, requested bytes)`` of the equal-size allocations live before recording began and
-    never freed with the most bytes in all (a cache allocated before the ring buffer's first entry)."""
+    never freed with the most bytes in all (a cache allocated before the ring buffer's first
+    entry)."""
     first_op: dict[int, int] = {}
     for op, addr in zip(rec.ops, rec.addrs):
         first_op.setdefault(addr, op)
@@ -196,7 +205,8 @@ def _largest_resident_group(rec: Recording) -> tuple[int, int] | None:
 
 
 def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: bool) -> list[int]:
-    """Alloc ops one selector names: among those never freed (``live_to_end``) or all of the trace's."""
+    """Alloc ops one selector names: among those never freed (``live_to_end``) or all of the
+    trace's."""
     candidates = (
         _never_freed(rec) if live_to_end else [k for k, op in enumerate(rec.ops) if op == ALLOC]
     )
@@ -218,7 +228,8 @@ def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: 
                     )
                 if k not in candidate_set:
                     raise PlanError(
-                        f"{option} {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed during "
+                        f"{option} {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed "
+                        "during "
                         "the trace, so it is no KV cache (those live to the end)"
                     )
                 found.append(k)
@@ -253,7 +264,8 @@ def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
     sizes = sorted({rec.sizes[k] for k in ops})
     if len(sizes) > 1:
         raise PlanError(
-            f"--kv: the named allocations differ in size ({', '.join(format_bytes(s) for s in sizes)}); "
+            "--kv: the named allocations differ in size "
+            f"({', '.join(format_bytes(s) for s in sizes)}); "
             "the planner resizes equal-size KV tensors"
         )
     return KvCache(
@@ -264,7 +276,7 @@ def select_kv(rec: Recording, selectors: Iterable[KvSelector]) -> KvCache:
     )
 
 
-# ---------------------------------------------------------------------------- buffers sized by the KV cache
+# -------------------------------------------------------------------- buffers sized by the KV cache
 @dataclass(frozen=True)
 class KvLinked:
     """Allocations whose size the engine ties to its KV cache: ``ops`` (indices into
@@ -278,8 +290,8 @@ class KvLinked:
 
 @dataclass(frozen=True)
 class LinkedSelector:
-    """``--kv-linked SELECTOR:BYTES_PER_PAGE``: which allocations (a ``KvSelector``, any alloc of the
-    trace, freed or not) and how many bytes each grows by per page of KV."""
+    """``--kv-linked SELECTOR:BYTES_PER_PAGE``: which allocations (a ``KvSelector``, any alloc of
+    the trace, freed or not) and how many bytes each grows by per page of KV."""
 
     selector: KvSelector
     bytes_per_page: int
@@ -287,7 +299,8 @@ class LinkedSelector:
 
 
 def parse_kv_linked(text: str) -> LinkedSelector:
-    """``"entries=655:4MiB"``, ``"size=12GiB:4MiB"``, ``"addr=0x7f00:4194304"``; PlanError otherwise."""
+    """``"entries=655:4MiB"``, ``"size=12GiB:4MiB"``, ``"addr=0x7f00:4194304"``; PlanError
+    otherwise."""
     where, sep, growth = text.rpartition(":")
     if not sep or not where:
         raise PlanError(

@@ -15,12 +15,13 @@ ties), or on top of them. Finding those allocations is what costs: a segment tre
 (events) stores, at each node, the merged address ranges of the placed allocations whose
 lifetime covers the node, so the ones live when an allocation starts are read on one
 root-to-leaf path; those that start during its lifetime come from buckets by start event
-that also keep merged ranges, with 16-fold coarser levels above (``_BornIndex``). Sizes are rounded up to ``alignment_bytes`` (512 B by default, the
-rounding every built-in policy does) and time is the event index; streams are ignored. On the
-215k-event snapshot it takes about 2.5 s. With thousands of allocations live at once (a KV
-cache in small chunks) its cost grows with them, so ``planner="auto"`` (the default) then uses
-best fit in time order over one perfectly coalescing range instead: no lookahead, O(n log n),
-a slightly weaker but still achievable reference. The result names the planner that ran.
+that also keep merged ranges, with 16-fold coarser levels above (``_BornIndex``). Sizes are rounded
+up to ``alignment_bytes`` (512 B by default, the rounding every built-in policy does) and time is
+the event index; streams are ignored. On the 215k-event snapshot it takes about 2.5 s. With
+thousands of allocations live at once (a KV cache in small chunks) its cost grows with them, so
+``planner="auto"`` (the default) then uses best fit in time order over one perfectly coalescing
+range instead: no lookahead, O(n log n), a slightly weaker but still achievable reference. The
+result names the planner that ran.
 
 ``bounds(trace)`` returns both numbers. The summary formulas of a policy's row are
 ``gap_to_bound = peak_reserved_bytes / lower_bound_bytes - 1`` and
@@ -87,7 +88,8 @@ def lower_bound_bytes(trace: AllocTrace) -> int:
 
 
 def _add_range(ranges: list[int], lo: int, hi: int) -> None:
-    """Merge ``[lo, hi)`` into ``ranges``, a flat sorted list ``[lo0, hi0, lo1, hi1, ...]`` of disjoint ranges."""
+    """Merge ``[lo, hi)`` into ``ranges``, a flat sorted list ``[lo0, hi0, lo1, hi1, ...]`` of
+    disjoint ranges."""
     i = bisect_right(ranges, lo)
     j = bisect_left(ranges, hi)
     if i & 1:  # lo falls inside (or at the end of) a range: start there
@@ -337,7 +339,8 @@ def check_plan(starts: list[int], ends: list[int], sizes: list[int], offsets: li
         k = live.bisect_left((lo, hi, i))
         if k > 0 and live[k - 1][1] > lo:
             raise AssertionError(
-                f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k - 1][2]} {live[k - 1][:2]}"
+                f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k - 1][2]} "
+                f"{live[k - 1][:2]}"
             )
         if k < len(live) and live[k][0] < hi:
             raise AssertionError(

@@ -1,14 +1,15 @@
-"""When a compacting pool compacted during a replay: one row per monitor sample interval with passes.
+"""When a compacting pool compacted during a replay: one row per monitor sample interval with
+passes.
 
 A policy does not know the replay's clock, and the engine's loop must not pay for a check per
 event, so ``CompactionLog`` reads the policy's own totals (``Policy.compaction_stats``) at the
-monitor's sample points (``sim.replay.engine.run``'s ``observe`` calls, every ``sample_every`` events)
-and writes a row wherever they grew: the passes of that interval, stamped with the sample's
-event and time (a pass happened after the previous sample and at or before this one). Only a
-policy that declares ``can_compact`` gets a log (``sim.replay.trace_replay.replay``), so every other replay
-runs the code it ran before. The table (``COMPACTION_COLUMNS`` after the run keys trace,
-policy, backend) is ``compactions.parquet`` in a replay's result folder; the interactive report
-marks its times on the timelines.
+monitor's sample points (``sim.replay.engine.run``'s ``observe`` calls, every ``sample_every``
+events) and writes a row wherever they grew: the passes of that interval, stamped with the sample's
+event and time (a pass happened after the previous sample and at or before this one). Only a policy
+that declares ``can_compact`` gets a log (``sim.replay.trace_replay.replay``), so every other replay
+runs the code it ran before. The table (``COMPACTION_COLUMNS`` after the run keys trace, policy,
+backend) is ``compactions.parquet`` in a replay's result folder; the interactive report marks its
+times on the timelines.
 """
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ def costed_page_mapped_device(
     granularity_bytes: int = 2 << 20,
     limit_bytes: int | None = None,
 ) -> PageMappedDevice:
-    """A ``PageMappedDevice`` charging each cuMem call its modelled time (bundled H200 table by default)."""
+    """A ``PageMappedDevice`` charging each cuMem call its modelled time (bundled H200 table by
+    default)."""
     return PageMappedDevice(
         granularity_bytes=granularity_bytes,
         limit_bytes=limit_bytes,
@@ -223,9 +224,9 @@ def costed_page_mapped_device(
 def costed_device(
     kind: DeviceKind | str, costs: CostModel | None = None, *, granularity_bytes: int | None = None
 ) -> CostedDevice | PageMappedDevice:
-    """The simulator's device of ``kind`` (``DeviceKind``, or a spelling ``DeviceKind.parse`` reads):
-    a ``CostedDevice`` charging ``costs`` per ``cudaMalloc``/``cudaFree``, or a page-mapped one
-    charging them per cuMem call (of ``granularity_bytes``, 2 MiB by default)."""
+    """The simulator's device of ``kind`` (``DeviceKind``, or a spelling ``DeviceKind.parse``
+    reads): a ``CostedDevice`` charging ``costs`` per ``cudaMalloc``/``cudaFree``, or a page-mapped
+    one charging them per cuMem call (of ``granularity_bytes``, 2 MiB by default)."""
     if DeviceKind.parse(kind) is DeviceKind.PAGE_MAPPED:
         return costed_page_mapped_device(costs, granularity_bytes=granularity_bytes or 2 << 20)
     return CostedDevice(costs)

@@ -1,10 +1,11 @@
 """The one replay loop: walk an allocation event stream once, driving any allocator.
 
-Every backend replays through ``run``: a policy in the simulator (``sim.replay.trace_replay``), a policy on
-a real device (``realgpu.replay.gpu_replay``), a baseline allocator (``realgpu.replay.baseline_replay``)
-and a PyTorch recording (``sim.replay.fidelity``). What differs is a ``Target``, the small adapter
-that says how to allocate, free and flush, what an out-of-memory looks like and where driver
-time comes from; the loop, the timing and the sampling are the same code for all of them.
+Every backend replays through ``run``: a policy in the simulator (``sim.replay.trace_replay``), a
+policy on a real device (``realgpu.replay.gpu_replay``), a baseline allocator
+(``realgpu.replay.baseline_replay``) and a PyTorch recording (``sim.replay.fidelity``). What differs
+is a ``Target``, the small adapter that says how to allocate, free and flush, what an out-of-memory
+looks like and where driver time comes from; the loop, the timing and the sampling are the same code
+for all of them.
 
 Latency of one call = the call's own time on ``timer`` + the driver time its device modelled
 for it (``Device.take_driver_ns``; 0 for a free or a real device, whose calls already run
@@ -51,7 +52,8 @@ __all__ = [
 # op codes of an event stream
 ALLOC, FREE, FLUSH = 0, 1, 2
 
-#: How often (in events) the progress bar is advanced: often enough to move, rarely enough to be free.
+#: How often (in events) the progress bar is advanced: often enough to move, rarely enough to be
+#: free.
 _PROGRESS_STRIDE = 8192
 
 #: Timed calls a replay aims for by default: a p99 from 20,000 samples is within about 0.1
@@ -89,8 +91,8 @@ def _event_codes(ops: Sequence[int], mask: bytes | None) -> bytes:
     """Each event's op and whether it is timed in one small int (``op + 3 * timed``: 0 untimed
     alloc, 1 untimed free, 3 timed alloc, 4 timed free, 2 or 5 a flush), so that the tight loop
     of ``run`` tests one value per event. Bytes, as the mask (one byte an event; cached ints).
-    ``ops`` given as ``bytes`` (``sim.replay.trace_replay.TraceEvents``) is read in place: ``bytes()`` of a
-    ``bytes`` object is that object, so only a list is copied (in one C pass)."""
+    ``ops`` given as ``bytes`` (``sim.replay.trace_replay.TraceEvents``) is read in place:
+    ``bytes()`` of a ``bytes`` object is that object, so only a list is copied (in one C pass)."""
     codes = np.frombuffer(bytes(ops), dtype=np.uint8)
     if mask is None:
         codes = codes + np.uint8(3)
@@ -329,7 +331,8 @@ def run(
     the driver time its releases cost is dropped rather than charged to the next call.
 
     Args:
-        ops, keys, sizes: the events (``ops`` a list of op codes, or ``bytes`` of them: see ``sim.replay.trace_replay.TraceEvents``).
+        ops, keys, sizes: the events (``ops`` a list of op codes, or ``bytes`` of them: see
+            ``sim.replay.trace_replay.TraceEvents``).
         target: the allocator.
         streams, tags: per event (stream 0 and no tag when None; a tag of None is no tag).
         times_us: per event, passed to ``observe`` (the event index when None).
@@ -347,8 +350,8 @@ def run(
         latency_sample: the share of calls to time, chosen at random (``latency_sample_mask``);
             None for ``default_latency_sample(len(ops))``, 1.0 to time every call. Untimed calls
             add no sample to ``alloc_ns``/``free_ns``; their driver time is drained unsampled.
-        progress: a progress bar's title (``sim.replay.progress.progress_bar``: on a terminal only), or a
-            callable given the number of events done since its last call (a worker process
+        progress: a progress bar's title (``sim.replay.progress.progress_bar``: on a terminal only),
+            or a callable given the number of events done since its last call (a worker process
             reporting to the parent's bar, ``sim.replay.progress.SharedCounts``); None for neither.
 
     The loop is the hot path of every replay, so it is written for CPython: the event lists are
@@ -500,7 +503,9 @@ def run(
                             live[key] = a
                             if on_alloc is not None:
                                 on_alloc(a, nbytes, key)
-                        del a  # the live map holds the only reference (a dropping target frees on its last)
+                        # the live map holds the only reference (a dropping target frees on its
+                        # last)
+                        del a
                     elif op == free_op:
                         a = live.get(key)
                         if a is not None:

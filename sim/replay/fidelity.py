@@ -1,4 +1,5 @@
-"""Does an emulation decide what the real allocator decided? A PyTorch snapshot, replayed and compared.
+"""Does an emulation decide what the real allocator decided? A PyTorch snapshot, replayed and
+compared.
 
 A memory snapshot records both the program's requests (``alloc``, ``free_completed``) and the
 caching allocator's own decisions (``segment_alloc``, ``segment_free``, ``oom``). Replaying the
@@ -315,14 +316,16 @@ def _place_in_ranges(seeds: list[SeedSegment]) -> None:
 
 
 def _rounding(settings: dict) -> TorchCaching:
-    """A ``TorchCaching`` with the snapshot's rounding and split settings (to size inferred blocks)."""
+    """A ``TorchCaching`` with the snapshot's rounding and split settings (to size inferred
+    blocks)."""
     params = params_from_settings(settings)
     params.pop("expandable_segments", None)
     return TorchCaching(**params)
 
 
 def _inferred_block_bytes(requested: int, room: int, small: bool, pool) -> int:
-    """PyTorch's block for a request freed by the trace: rounded, plus a remainder it would not split."""
+    """PyTorch's block for a request freed by the trace: rounded, plus a remainder it would not
+    split."""
     size = pool.round_size(requested)
     remaining = room - size
     if remaining <= 0:
@@ -488,8 +491,10 @@ class FidelityResult:
             lines.append("segment decisions: identical to the recording, in order")
         else:
             lines.append(
-                f"first divergence at segment event {d['index']} (segment_events.csv event={d['index']}, "
-                f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated {d['emulated']}; "
+                f"first divergence at segment event {d['index']} (segment_events.csv "
+                f"event={d['index']}, "
+                f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated "
+                f"{d['emulated']}; "
                 f"likely cause: {d['cause']}"
             )
         return "\n".join(lines)
@@ -524,7 +529,8 @@ class StartedReplay:
     pool_calls: dict[int, list[tuple[str, tuple[int, int], int]]]
 
     def pool_call(self, k: int) -> None:
-        """Make the private-pool calls due before op ``k`` (``begin`` / ``end_allocate_to_pool``)."""
+        """Make the private-pool calls due before op ``k`` (``begin`` /
+        ``end_allocate_to_pool``)."""
         for call, pool_id, stream in self.pool_calls.get(k, ()):
             if call == "begin":
                 self.pool.begin_allocate_to_pool(pool_id, stream)
@@ -539,11 +545,12 @@ def start_replay(
     addresses: str = "recorded",
     capacity_bytes: int | None = None,
 ) -> StartedReplay:
-    """Build ``policy`` on the device ``addresses`` asks for and seed the recording's starting state.
+    """Build ``policy`` on the device ``addresses`` asks for and seed the recording's starting
+    state.
 
-    The part of ``replay_recording`` before the loop, shared with ``sim.planner.plan`` (which replays the
-    same recording many times with some request sizes changed). Raises ``PolicyError`` when the
-    starting allocations do not fit ``capacity_bytes``.
+    The part of ``replay_recording`` before the loop, shared with ``sim.planner.plan`` (which
+    replays the same recording many times with some request sizes changed). Raises ``PolicyError``
+    when the starting allocations do not fit ``capacity_bytes``.
     """
     if addresses not in ADDRESS_MODES:
         raise ValueError(f"addresses(={addresses!r}) must be one of {', '.join(ADDRESS_MODES)}")
@@ -592,7 +599,8 @@ def replay_recording(
             policy class; a spec is built on the device ``addresses`` asks for.
         addresses: ``"recorded"`` or ``"virtual"`` (see the module docstring).
         capacity_bytes: a limit for the replayed pool (PyTorch's memory fraction), None for none.
-        progress: a progress bar's title (``sim.replay.progress.progress_bar``, on a terminal only); None for none.
+        progress: a progress bar's title (``sim.replay.progress.progress_bar``, on a terminal only);
+            None for none.
     """
     started = start_replay(rec, policy, addresses=addresses, capacity_bytes=capacity_bytes)
     pool, device, live = started.pool, started.device, started.live
@@ -637,7 +645,8 @@ def replay_recording(
 
 
 def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, Allocation]:
-    """Put the starting segments and allocations in place; returns recorded address -> allocation."""
+    """Put the starting segments and allocations in place; returns recorded address ->
+    allocation."""
     live: dict[int, Allocation] = {}
     if pool.can_seed_segments:
         for s in rec.seed_segments:
@@ -797,7 +806,8 @@ def _describe(keys: list, i: int) -> str:
     return f"{action} of {nbytes / MiB:,.1f} MiB"
 
 
-#: ``PYTORCH_CUDA_ALLOC_CONF`` keys ``params_from_settings`` models (or that do not change decisions)
+#: ``PYTORCH_CUDA_ALLOC_CONF`` keys ``params_from_settings`` models (or that do not change
+#: decisions)
 _MODELLED_CONF_KEYS = {
     "",
     "max_split_size_mb",
@@ -812,7 +822,8 @@ CAUSES = ("unmodelled private pool", "external release", "unsupported setting", 
 
 def unmodelled_conf_keys(conf: str) -> list[str]:
     """The keys of a ``PYTORCH_CUDA_ALLOC_CONF`` the emulation does not model, sorted (a bracketed
-    value such as ``roundup_power2_divisions:[256:1,512:2]`` is one item: ``traces.spec_grammar``)."""
+    value such as ``roundup_power2_divisions:[256:1,512:2]`` is one item:
+    ``traces.spec_grammar``)."""
     return sorted(
         set(parse_items(conf, bad_item=None, valid_key=bool, assign=":")) - _MODELLED_CONF_KEYS
     )
@@ -826,18 +837,28 @@ def _likely_cause(
     if unknown:
         return f"unsupported setting ({', '.join(unknown)} in PYTORCH_CUDA_ALLOC_CONF)"
     if rec.pool_calls and not pool.has_private_pools:
-        return f"unmodelled private pool ({pool.spec} has no private pools; the trace allocates to one)"
+        return (
+            f"unmodelled private pool ({pool.spec} has no private pools; the trace allocates to "
+            "one)"
+        )
     if (
         recorded is not None
         and recorded[1] in ("segment_free", "segment_unmap")
         and (emulated is None or emulated[1] not in ("segment_free", "segment_unmap"))
     ):
-        return "external release (the recording gives memory back where the emulation does not decide to)"
+        return (
+            "external release (the recording gives memory back where the emulation does not "
+            "decide to)"
+        )
     if rec.num_deferred_frees:
-        return f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held the blocks)"
+        return (
+            f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held the "
+            "blocks)"
+        )
     if rec.num_unknown_pool:
         return (
-            f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the snapshot "
+            f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the "
+            "snapshot "
             "cannot tell were put in the default pool)"
         )
     return "unmodelled private pool or external release (no sign in the trace points to either)"

@@ -94,7 +94,8 @@ class GpuSpec:
         return float(bw if bw is not None else self.pcie_bandwidth_bytes_per_s)
 
     def flops_per_s(self, dtype: str) -> float:
-        """Peak dense matrix rate for a model stored in ``dtype`` (``"bf16"``, ``"fp16"``, ``"fp32"``)."""
+        """Peak dense matrix rate for a model stored in ``dtype`` (``"bf16"``, ``"fp16"``,
+        ``"fp32"``)."""
         if dtype in ("bf16", "fp16"):
             return float(self.bf16_flops_per_s)
         if dtype == "fp32":

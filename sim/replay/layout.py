@@ -1,12 +1,12 @@
 """An optional recorder of a pool's segment layout during a replay, and PyTorch's recorded one.
 
-``LayoutRecorder`` is off unless a replay asks for it (``sim.replay.trace_replay.replay(record_layout=True)``):
-it rides on the engine's existing callbacks (``observe`` at the monitor's sample points and
-``before`` ahead of each event), so a replay without it runs the same code as before. It keeps
-at most ``max_samples`` layouts (every k-th monitor sample) plus the layout at the first
-``max_failures`` refused requests. A layout is the policy's ``segments()`` and ``free_extents()``
-(live blocks are a segment minus its free holes), written as one tidy table
-(``LAYOUT_COLUMNS``, ``layout.parquet`` in the result folder):
+``LayoutRecorder`` is off unless a replay asks for it
+(``sim.replay.trace_replay.replay(record_layout=True)``): it rides on the engine's existing
+callbacks (``observe`` at the monitor's sample points and ``before`` ahead of each event), so a
+replay without it runs the same code as before. It keeps at most ``max_samples`` layouts (every k-th
+monitor sample) plus the layout at the first ``max_failures`` refused requests. A layout is the
+policy's ``segments()`` and ``free_extents()`` (live blocks are a segment minus its free holes),
+written as one tidy table (``LAYOUT_COLUMNS``, ``layout.parquet`` in the result folder):
 
 - ``kind`` ``"segment"``: a reserved segment ``[offset_bytes, offset_bytes + length_bytes)``;
 - ``kind`` ``"free"``: a free hole inside a segment;
@@ -101,8 +101,8 @@ class LayoutRecorder:
     def wrap_allocate(
         self, allocate: Callable[..., Any], times_us: list[int]
     ) -> Callable[..., Any]:
-        """``allocate`` that also records the layout when it refuses (the pool as the request found it:
-        a refusal leaves the pool unchanged, so reading it after the call is the same)."""
+        """``allocate`` that also records the layout when it refuses (the pool as the request found
+        it: a refusal leaves the pool unchanged, so reading it after the call is the same)."""
 
         def recording_allocate(nbytes: int, stream: int = 0, tag: str | None = None):
             a = allocate(nbytes, stream=stream, tag=tag)

@@ -1,12 +1,13 @@
 """Pool bookkeeping shared by every backend: peaks, fragmentation, waste, the time series.
 
-Replay (``sim.replay.engine``), the serving simulator and the GPU pool all feed the same ``PoolMonitor``
-at the same event indices, so a simulated and a real run of the same trace and policy agree
-exactly on everything here. Peaks come from the pool's own counters (exact at every event);
-sampled measures (fragmentation, rounding waste) come from its readings every ``sample_every``
-observations, because ``largest_free_bytes`` can cost O(free ranges). A policy is read through
-``PolicyReadings``; a baseline allocator brings its own readings (``realgpu.replay``). The
-summary columns derived from these (overhead, waste, failure rate) are ``sim.replay.schema.summary_row``'s.
+Replay (``sim.replay.engine``), the serving simulator and the GPU pool all feed the same
+``PoolMonitor`` at the same event indices, so a simulated and a real run of the same trace and
+policy agree exactly on everything here. Peaks come from the pool's own counters (exact at every
+event); sampled measures (fragmentation, rounding waste) come from its readings every
+``sample_every`` observations, because ``largest_free_bytes`` can cost O(free ranges). A policy is
+read through ``PolicyReadings``; a baseline allocator brings its own readings (``realgpu.replay``).
+The summary columns derived from these (overhead, waste, failure rate) are
+``sim.replay.schema.summary_row``'s.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ class PolicyReadings:
 
 
 class PoolMonitor:
-    """Samples a pool's readings and hands the samples and totals to ``sim.replay.schema.summary_row``.
+    """Samples a pool's readings and hands the samples and totals to
+    ``sim.replay.schema.summary_row``.
 
     Args:
         policy: the pool to watch (read through ``PolicyReadings``).
@@ -112,7 +114,8 @@ class PoolMonitor:
 
     def sample(self, event: int, time_us: int) -> None:
         """Take a sample now: a caller that knows the event indices calls this on events 0, n,
-        2n, ... itself (``sim.replay.engine.run``'s ``observe_every``) and skips the calls between."""
+        2n, ... itself (``sim.replay.engine.run``'s ``observe_every``) and skips the calls
+        between."""
         self._rows.append((event, time_us, *self._read()))
         self._last_event = event
 
@@ -125,7 +128,8 @@ class PoolMonitor:
         return pd.DataFrame(self._rows, columns=TIMESERIES_SAMPLE_COLUMNS)
 
     def samples(self) -> np.ndarray:
-        """``(live, allocated, frag_ext)`` of every sample, as float rows (what the summary averages)."""
+        """``(live, allocated, frag_ext)`` of every sample, as float rows (what the summary
+        averages)."""
         return np.array([(r[2], r[3], r[6]) for r in self._rows], dtype=np.float64).reshape(-1, 3)
 
     def totals(self) -> dict[str, Any]:

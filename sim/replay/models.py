@@ -4,7 +4,8 @@ A ``ModelSpec`` is the shape of a dense decoder-only transformer (no MoE):
 enough to size weights, KV cache and activations and to count FLOPs and bytes for the step-time
 model (``sim.serving.steptime``). Hybrid models list their ``layer_groups`` (``LayerGroup``: full
 attention, a sliding window of W tokens, or Mamba layers with a fixed state per request); a
-model without them is one full-attention group, as before. Presets live in ``sim/data/models.json`` (each with its source); a
+model without them is one full-attention group, as before. Presets live in ``sim/data/models.json``
+(each with its source); a
 user's own model is a JSON file with the same fields::
 
     {"name": "my-7b", "num_layers": 32, "hidden_size": 4096, "num_heads": 32,
@@ -98,7 +99,8 @@ class LayerGroup:
         where = f"layer group {self.kind!r}"
         if self.kind not in LAYER_KINDS:
             raise ValueError(
-                f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, got {self.kind!r}"
+                f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, got "
+                f"{self.kind!r}"
             )
         _check_positive_int(self.num_layers, "num_layers", where)
         need = {
@@ -256,7 +258,8 @@ class ModelSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes one token holds: ``2 (K and V) x layers x kv_heads x head_dim x dtype_bytes``.
+        """KV-cache bytes one token holds: ``2 (K and V) x layers x kv_heads x head_dim x
+        dtype_bytes``.
 
         For a hybrid model, the attention layers' (sliding ones as if the window were not there;
         Mamba layers hold no per-token KV): ``sim.serving.kv_groups`` keeps the real geometry.
@@ -278,12 +281,14 @@ class ModelSpec:
 
     @property
     def is_hybrid(self) -> bool:
-        """True when some layers keep other than full-attention KV (``sim.serving.kv_groups`` manages them)."""
+        """True when some layers keep other than full-attention KV (``sim.serving.kv_groups``
+        manages them)."""
         return any(g.kind != "full" for g in self.kv_groups)
 
     @property
     def q_size(self) -> int:
-        """Elements of one token's queries (and of the attention output): ``num_heads x head_dim``."""
+        """Elements of one token's queries (and of the attention output): ``num_heads x
+        head_dim``."""
         return self.num_heads * self.head_dim
 
     @property
@@ -358,7 +363,7 @@ class ModelSpec:
         must reserve for when every token may be sampled (vLLM sizes its warm-up this way); a
         prefill of one prompt samples only its last position. The KV cache is not counted.
         Llama-3-8B bf16: 94,208 B per token (MLP phase), plus 769,536 B per sampled token.
-        """
+        """  # noqa: E501
         if num_sampled_tokens is None:
             num_sampled_tokens = num_tokens
         h = self.hidden_size
@@ -369,7 +374,8 @@ class ModelSpec:
 
     @property
     def logits_bytes_per_sampled_token(self) -> int:
-        """Logits of one sampled position: ``vocab x (dtype_bytes + 4)`` (model dtype + fp32 copy)."""
+        """Logits of one sampled position: ``vocab x (dtype_bytes + 4)`` (model dtype + fp32
+        copy)."""
         return self.vocab_size * (self.dtype_bytes + LOGITS_FP32_BYTES)
 
     @property
@@ -391,7 +397,8 @@ class ModelSpec:
 
     # -- tensor parallelism -------------------------------------------------------------------
     def shard(self, tensor_parallel: int) -> ModelSpec:
-        """What one GPU of ``tensor_parallel`` holds and computes (Megatron-style sharding, as vLLM).
+        """What one GPU of ``tensor_parallel`` holds and computes (Megatron-style sharding, as
+        vLLM).
 
         Attention heads, KV heads, the MLP's intermediate dimension and both vocabulary tables
         are split ``tensor_parallel`` ways; the residual stream (``hidden_size``) is whole on
@@ -409,7 +416,8 @@ class ModelSpec:
         kv = self.num_kv_heads
         if self.num_heads % tp or self.intermediate_size % tp or (kv % tp and tp % kv):
             raise ValueError(
-                f"{self.name}: tensor parallelism {tp} must divide num_heads ({self.num_heads}) and "
+                f"{self.name}: tensor parallelism {tp} must divide num_heads ({self.num_heads}) "
+                "and "
                 f"intermediate_size ({self.intermediate_size}), and divide or be a multiple of "
                 f"num_kv_heads ({kv})"
             )
@@ -468,7 +476,8 @@ def _layer_groups(model: ModelSpec, where: str) -> tuple[LayerGroup, ...]:
     total = sum(g.num_layers for g in groups)
     if total != model.num_layers:
         raise ValueError(
-            f"{where}: layer_groups hold {total} layers, the model has num_layers={model.num_layers}"
+            f"{where}: layer_groups hold {total} layers, the model has "
+            f"num_layers={model.num_layers}"
         )
     if not any(g.is_attention for g in groups):
         raise ValueError(
@@ -482,7 +491,7 @@ def _check_positive_int(value: Any, field: str, where: str) -> None:
     check_int(field, value, where=f"{where}: ")
 
 
-# -- preset files (shared with sim.replay.hardware) ---------------------------------------------------
+# -- preset files (shared with sim.replay.hardware) ------------------------------------------------
 _Spec = TypeVar("_Spec")
 
 

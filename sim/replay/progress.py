@@ -20,7 +20,8 @@ __all__ = ["progress_bar", "time_bar", "NullBar", "SharedCounts"]
 
 
 class NullBar:
-    """A bar that shows nothing (``enabled=False``): ``update``/``set_description``/``close`` do nothing."""
+    """A bar that shows nothing (``enabled=False``): ``update``/``set_description``/``close`` do
+    nothing."""
 
     n = 0
 
@@ -56,7 +57,8 @@ def progress_bar(
     bar_format: str | None = None,
     file: Any = None,
 ) -> Any:
-    """A bar over ``total`` units titled ``desc``, drawn on ``file`` (stderr) only if it is a terminal.
+    """A bar over ``total`` units titled ``desc``, drawn on ``file`` (stderr) only if it is a
+    terminal.
 
     Args:
         total: units of the whole job (events, simulated seconds, requests); None if unknown.
@@ -72,7 +74,8 @@ def progress_bar(
     from tqdm.auto import tqdm
 
     kwargs: dict[str, Any] = {} if bar_format is None else {"bar_format": bar_format}
-    # disable=None: only on a terminal (piped output stays readable); mininterval: redraw at most twice a second
+    # disable=None: only on a terminal (piped output stays readable); mininterval: redraw at most
+    # twice a second
     return tqdm(
         total=total,
         desc=desc,

@@ -100,7 +100,8 @@ def latency_percentiles(samples_ns: Iterable[float] | np.ndarray, prefix: str) -
 
 
 def params_text(params: dict[str, Any]) -> str:
-    """The ``params`` column: a policy's knobs but ``capacity_bytes``, ``k=v;...`` (wrapped policies by spec)."""
+    """The ``params`` column: a policy's knobs but ``capacity_bytes``, ``k=v;...`` (wrapped policies
+    by spec)."""
     return ";".join(
         f"{k}={v.spec if isinstance(v, Policy) else v}"
         for k, v in params.items()
@@ -141,7 +142,8 @@ def summary_row(
     source cannot say), ``internal_waste_frac`` (time-averaged share of allocated bytes lost to
     rounding over the samples; NaN when allocated bytes are unknown), the latency percentiles
     and ``latency_sampled_frac``: the share of allocate and free calls they were taken over
-    (1.0: every call timed; a long replay times a random sample, ``sim.replay.engine.latency_sample_mask``).
+    (1.0: every call timed; a long replay times a random sample,
+    ``sim.replay.engine.latency_sample_mask``).
     """
     t = monitor.totals()
     samples = monitor.samples()
@@ -196,7 +198,8 @@ def _device_columns(calls: dict[str, int] | None, peak_reserved_bytes: int) -> d
     return out
 
 
-#: One row per timed allocate or free call (all of them, or a sample: ``latency_sampled_frac``); ``op`` is "alloc" or "free".
+#: One row per timed allocate or free call (all of them, or a sample: ``latency_sampled_frac``);
+#: ``op`` is "alloc" or "free".
 LATENCY_SAMPLE_COLUMNS = ["trace", "policy", "backend", "op", "latency_us"]
 
 _LATENCY_OPS = ("alloc", "free")
@@ -304,7 +307,8 @@ def _legacy_result_table(entry: Path) -> bool:
 
 def result_table_paths(out_dir: str | Path) -> list[Path]:
     """The Parquet tables of a result folder: those poollab wrote there (``.poollab-files.json``),
-    else (a folder written before that list) every ``*.parquet``; a file the user added is no table."""
+    else (a folder written before that list) every ``*.parquet``; a file the user added is no
+    table."""
     out = Path(out_dir)
     written = written_files(out)
     return [p for p in sorted(out.glob("*.parquet")) if written is None or p.name in written]
@@ -389,7 +393,9 @@ def invariant_warnings(summary: pd.DataFrame) -> list[str]:
         return []
     bad = summary[summary["peak_live_bytes"] > summary["peak_reserved_bytes"]]
     return [
-        f"warning: {r.policy} ({r.backend}): peak live {r.peak_live_bytes / 2**20:,.2f} MiB is above peak reserved "
-        f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; do not trust this row"
+        f"warning: {r.policy} ({r.backend}): peak live {r.peak_live_bytes / 2**20:,.2f} MiB is "
+        "above peak reserved "
+        f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; do "
+        "not trust this row"
         for r in bad.itertuples()
     ]

@@ -14,11 +14,13 @@ Definitions follow vLLM's serving benchmark (field notes):
   a one-token output has no TPOT and cannot miss it). NaN when no SLO is set.
 - goodput_rps: those requests / duration (DistServe's goodput at this request rate). NaN when no
   SLO is set: without one it would only be the completion rate, which ``n_finished`` already says.
-- kv_token_util: see ``sim.serving.server.Server.kv_token_util`` (over all busy time, cached prefix blocks
-  counted as used); kv_token_util_pressure: over the steps KV memory limited only, held tokens
-  only (``Server.kv_token_util_pressure``); kv_pressure_share: the share of busy time those steps
+- kv_token_util: see ``sim.serving.server.Server.kv_token_util`` (over all busy time, cached prefix
+  blocks counted as used); kv_token_util_pressure: over the steps KV memory limited only, held
+  tokens only (``Server.kv_token_util_pressure``); kv_pressure_share: the share of busy time those
+  steps
   took.
-- rejected_by: ``kind: count`` for each rejection kind (``sim.serving.scheduler.REJECT_KINDS``), "" when
+- rejected_by: ``kind: count`` for each rejection kind (``sim.serving.scheduler.REJECT_KINDS``), ""
+  when
   none.
 - prefix_hit_rate, prefix_first_hit_rate: see ``prefix_hit_rates``.
 
@@ -164,7 +166,8 @@ def _percentiles(values: pd.Series, name: str) -> dict[str, float]:
 
 
 def rejected_by(table: pd.DataFrame) -> str:
-    """``"kind: count, ..."`` over the rejected requests of a request table, most first; "" when none."""
+    """``"kind: count, ..."`` over the rejected requests of a request table, most first; "" when
+    none."""
     kinds = table.loc[table["status"] == REJECTED, "reject_kind"]
     return ", ".join(f"{kind}: {n}" for kind, n in kinds.value_counts().items())
 
@@ -173,7 +176,8 @@ def prefix_hit_rates(
     *, lookup_tokens: int, hit_tokens: int, first_lookup_tokens: int, first_hit_tokens: int
 ) -> dict[str, float]:
     """The prefix cache's two hit rates (0 when nothing was looked up), counted by the KV manager
-    at each admission (``sim.serving.kv.PagedKV.admit``) over the prompt tokens in whole cacheable blocks:
+    at each admission (``sim.serving.kv.PagedKV.admit``) over the prompt tokens in whole cacheable
+    blocks:
 
     - ``prefix_hit_rate``: hit tokens / looked-up tokens over *every* admission, a preempted
       request's re-admissions included, where it finds the blocks its own earlier run cached (at

@@ -1,11 +1,13 @@
 """Replay an allocation trace against a policy and report it in the shared schema.
 
-The loop is ``sim.replay.engine.run`` (the one every backend uses); the row is ``sim.replay.schema.summary_row``.
-A failed allocation is counted and the trace goes on; its matching free is skipped. The latency
-of each call is the policy's own bookkeeping time, measured with ``perf_counter_ns``, plus the
-modelled driver time of any segment grow or shrink it caused (``sim.replay.costs``), so a ``cudaMalloc``
-on the hot path shows as it would on the device. A long trace times a random sample of its calls
-(``latency_sample``, column ``latency_sampled_frac``): timing costs as much as a cheap call.
+The loop is ``sim.replay.engine.run`` (the one every backend uses); the row is
+``sim.replay.schema.summary_row``. A failed allocation is counted and the trace goes on; its
+matching free is skipped. The latency of each call is the policy's own bookkeeping time, measured
+with ``perf_counter_ns``, plus the modelled driver time of any segment grow or shrink it caused
+(``sim.replay.costs``), so a ``cudaMalloc`` on the hot path shows as it would on the device. A long
+trace times a random sample of its calls (``latency_sample``, column ``latency_sampled_frac``):
+timing costs as much as a cheap
+call.
 """
 
 from __future__ import annotations
@@ -282,10 +284,10 @@ def replay_tables(
 
     The trace becomes one compact event table (``trace_events``) that every run reads. With
     ``workers`` above 1 (by default: the cores this process may use, when there are several
-    runs, a long trace and no other thread: ``_num_workers``), the runs, and the bounds, go to that many forked worker processes,
-    which share the table's pages; each run is the same as in this process (the same
-    ``replay`` of the same table), its rows come back in spec order, and one bar counts the
-    events of all of them.
+    runs, a long trace and no other thread: ``_num_workers``), the runs, and the bounds, go to that
+    many forked worker processes, which share the table's pages; each run is the same as in this
+    process (the same ``replay`` of the same table), its rows come back in spec order, and one bar
+    counts the events of all of them.
 
     With ``with_bounds`` each row also shows how far the policy is from the best possible:
     ``lower_bound_bytes`` (peak live bytes: no pool reserves less), ``planner_peak_bytes`` (an
@@ -338,12 +340,14 @@ def replay_tables(
     )
 
 
-#: Below this many events a run takes well under a second: forking workers would cost more than it saves.
+#: Below this many events a run takes well under a second: forking workers would cost more than it
+#: saves.
 MIN_EVENTS_FOR_WORKERS = 50_000
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset``
+    narrows)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -13,8 +13,9 @@ at most ``max_points`` rows per run (``RUN_KEYS``):
 - per-request tables: only the columns the figures use, every k-th row past
   ``10 x max_points`` rows per run.
 
-Only one column of the full table is in memory at a time (of the latency samples, one batch). Tables the report does not draw are
-listed by name and not read. The summary (one row per run) is read whole.
+Only one column of the full table is in memory at a time (of the latency samples, one batch). Tables
+the report does not draw are listed by name and not read. The summary (one row per run) is read
+whole.
 """
 
 from __future__ import annotations
@@ -317,9 +318,9 @@ def read_run_series(
 ) -> dict[tuple, dict[str, np.ndarray]]:
     """Every row of a time-series table, per run (``RUN_KEYS`` values as a tuple, in order of first
     appearance): the numeric ``columns`` the table has (float64, NaN for nulls), ordered by
-    ``order_by``. For the page's zoom detail (``sim.report.interactive.detail``), which needs every row;
-    memory is 8 bytes per row and column asked, read one column at a time.
-    Raises ValueError naming a file it cannot read."""
+    ``order_by``. For the page's zoom detail (``sim.report.interactive.detail``), which needs every
+    row; memory is 8 bytes per row and column asked, read one column at a time. Raises ValueError
+    naming a file it cannot read."""
     import pyarrow.parquet as pq
 
     path = Path(path)

@@ -4,10 +4,11 @@ The page embeds its figures as base64 PNGs and its style inline: no network, it 
 and can be mailed. By default it is interactive (``sim.report.interactive.page``): Plotly and the
 page's script are inlined, the memory timeline zooms, pans and filters by time range, the
 segment view shows each pool's segments at any recorded moment, tables sort by a click;
-``interactive=False`` writes the static page (no scripts at all). Sections (each an ``<section id=...>``, present even when it
-has nothing to show, with a line saying why): ``overview``, ``summary``, ``memory``,
-``segments``, ``fragmentation``, ``failures``, ``latency``, ``serving``, ``sim-vs-gpu``. Tables from all
-folders are concatenated with a ``source`` column (the folder's label) and shown per trace.
+``interactive=False`` writes the static page (no scripts at all). Sections (each an ``<section
+id=...>``, present even when it has nothing to show, with a line saying why): ``overview``,
+``summary``, ``memory``, ``segments``, ``fragmentation``, ``failures``, ``latency``, ``serving``,
+``sim-vs-gpu``. Tables from all folders are concatenated with a ``source`` column (the folder's
+label) and shown per trace.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ nav a{margin-right:1rem}table.tbl{border-collapse:collapse;font-size:.8rem;margi
 .scroll{overflow-x:auto}figure{margin:.5rem 0 1.5rem}img{max-width:100%;height:auto}
 figcaption,.note{color:#555;font-size:.85rem}code{background:#f3f3f3;padding:0 .2rem}
 details{margin:.3rem 0 1rem}summary{cursor:pointer;color:#333}
-"""
+"""  # noqa: E501
 
 
 @dataclass
@@ -131,7 +132,8 @@ class ResultFolder:
 def load_result_folder(
     path: str | Path, label: str | None = None, *, max_points: int = MAX_POINTS_PER_RUN
 ) -> ResultFolder:
-    """Read a result folder, at most ``max_points`` drawn rows per run (``sim.report.bounded_tables``).
+    """Read a result folder, at most ``max_points`` drawn rows per run
+    (``sim.report.bounded_tables``).
 
     FileNotFoundError when it is missing or has no ``summary.csv``; ValueError when its summary
     lacks ``trace``, ``policy`` or ``backend`` or a table cannot be read.
@@ -179,7 +181,8 @@ def _json_kind(value: Any) -> str:
 
 
 def combine_tables(folders: Iterable[ResultFolder]) -> dict[str, pd.DataFrame]:
-    """Each table name across folders, concatenated, with a ``source`` column (the folder's label)."""
+    """Each table name across folders, concatenated, with a ``source`` column (the folder's
+    label)."""
     parts: dict[str, list[pd.DataFrame]] = {}
     for f in folders:
         for name, table in f.tables.items():
@@ -240,7 +243,10 @@ def _table(headers: list[str], rows: list[list[str]], numeric: list[bool]) -> st
         + "</tr>"
         for row in rows
     )
-    return f'<div class="scroll"><table class="tbl"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    return (
+        '<div class="scroll"><table '
+        f'class="tbl"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    )
 
 
 def _html_table(df: pd.DataFrame) -> str:
@@ -384,7 +390,8 @@ def _summary_section(summary: pd.DataFrame, trace: str) -> str:
 def _memory_section(
     t: dict[str, pd.DataFrame], trace: str, dpi: int, timeline: str | None = None
 ) -> str:
-    """Peak memory, then the interactive ``timeline`` when given, else the static figure over time."""
+    """Peak memory, then the interactive ``timeline`` when given, else the static figure over
+    time."""
     out = [
         _figure(
             lambda: plots.plot_peak_memory(_by_trace(t["summary"], trace)),
@@ -456,7 +463,8 @@ def _queue_series(t: dict[str, pd.DataFrame], trace: str) -> pd.DataFrame | None
 
 
 def _pareto_section(summary: pd.DataFrame, trace: str, dpi: int) -> str:
-    """Memory overhead against latency and failures, for a trace run under three or more configurations."""
+    """Memory overhead against latency and failures, for a trace run under three or more
+    configurations."""
     part = _by_trace(summary, trace)
     if part is None or len(part) < 3 or "overhead" not in part.columns:
         return _note("fewer than three runs of this trace: no front to draw")
@@ -676,7 +684,8 @@ def write_html_report(
     progress: bool = False,
     interactive: bool = True,
 ) -> Path:
-    """Write ``build_html_report(dirs)`` to ``out_path`` (its folder is created); returns the path."""
+    """Write ``build_html_report(dirs)`` to ``out_path`` (its folder is created); returns the
+    path."""
     page = build_html_report(dirs, title=title, progress=progress, interactive=interactive)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

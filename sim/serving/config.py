@@ -106,10 +106,10 @@ def _knob(default: Any, help: str, **meta: Any) -> Any:
 class ServerConfig:
     """Every knob of the simulated server (defaults follow vLLM's); see each field's ``Knob``.
 
-    Built once (by ``poollab simulate``, a sweep cell or ``sim.serving.simulate.simulate``), validated
-    here, and read by whoever needs a knob. ``simulate`` resolves the None defaults that depend
-    on the model or trace (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``) with
-    ``dataclasses.replace`` before handing the config down.
+    Built once (by ``poollab simulate``, a sweep cell or ``sim.serving.simulate.simulate``),
+    validated here, and read by whoever needs a knob. ``simulate`` resolves the None defaults that
+    depend on the model or trace (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``)
+    with ``dataclasses.replace`` before handing the config down.
     """
 
     # memory
@@ -280,11 +280,12 @@ class ServerConfig:
                 raise ValueError(f"{name}(={value!r}) must be {k.describe()}")
 
     def check_rules(self, *, kv_policy: Any = None, tenants: bool = False) -> None:
-        """The rules that span several knobs, or a knob and what it acts on: the one place they live.
+        """The rules that span several knobs, or a knob and what it acts on: the one place they
+        live.
 
         ``__post_init__`` checks each knob alone; these are asked by whoever builds a server
-        (``sim.serving.simulate.build_serving``, again with ``kv_policy`` once the KV pool is built) and by
-        ``sim.serving.tenants.Colocation`` (``tenants=True``: several servers on one GPU).
+        (``sim.serving.simulate.build_serving``, again with ``kv_policy`` once the KV pool is built)
+        and by ``sim.serving.tenants.Colocation`` (``tenants=True``: several servers on one GPU).
 
         Raises:
             ValueError: naming the knobs that do not go together.
@@ -296,7 +297,8 @@ class ServerConfig:
                 )
             if self.pool_layout != "separate":
                 raise ValueError(
-                    f"tenants keep their weights out of the KV pool: pool_layout must be 'separate', "
+                    "tenants keep their weights out of the KV pool: pool_layout must be "
+                    "'separate', "
                     f"not {self.pool_layout!r}"
                 )
         if self.kv_strategy == VIRTUAL:
@@ -304,7 +306,8 @@ class ServerConfig:
             # shared layout have nothing to act on
             if self.pool_layout != "separate":
                 raise ValueError(
-                    "kv_strategy=virtual keeps the KV cache in virtual ranges of its own: pool_layout "
+                    "kv_strategy=virtual keeps the KV cache in virtual ranges of its own: "
+                    "pool_layout "
                     "must be 'separate'"
                 )
             for name in ("freeze_after_steps", "pregrow_safety"):
@@ -320,11 +323,13 @@ class ServerConfig:
         if kv_policy is not None:
             if self.pregrow_safety is not None and not kv_policy.can_reserve:
                 raise ValueError(
-                    f"pregrow_safety needs a KV pool that can reserve (elastic), not {kv_policy.spec!r}"
+                    "pregrow_safety needs a KV pool that can reserve (elastic), not "
+                    f"{kv_policy.spec!r}"
                 )
             if self.compact_between_steps and not kv_policy.can_compact:
                 raise ValueError(
-                    f"compact_between_steps needs a compacting KV pool (e.g. compacting:base=[best-fit]), "
+                    "compact_between_steps needs a compacting KV pool (e.g. "
+                    "compacting:base=[best-fit]), "
                     f"not {kv_policy.spec!r}"
                 )
 
@@ -349,7 +354,8 @@ class ServerConfig:
 
 @cache
 def knobs() -> dict[str, Knob]:
-    """``ServerConfig``'s fields in order, name to ``Knob``, with ``type``/``nullable``/``cli`` filled in."""
+    """``ServerConfig``'s fields in order, name to ``Knob``, with ``type``/``nullable``/``cli``
+    filled in."""
     hints = typing.get_type_hints(ServerConfig)
     out = {}
     for f in fields(ServerConfig):

@@ -52,7 +52,8 @@ def engine_config(*, kv_capacity_bytes: int, settings: Any) -> ServerConfig:
 def measured_against_predicted(
     measured: dict[str, Any], predicted: dict[str, Any], columns: Sequence[str] = COMPARED_COLUMNS
 ) -> pd.DataFrame:
-    """One row per column: measured, predicted and the prediction's error in percent of the measured."""
+    """One row per column: measured, predicted and the prediction's error in percent of the
+    measured."""
     rows = []
     for c in columns:
         m, p = float(measured.get(c, math.nan)), float(predicted.get(c, math.nan))

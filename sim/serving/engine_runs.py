@@ -1,4 +1,5 @@
-"""A real engine's run, replayed in the simulator: predict its served-request table and judge the prediction.
+"""A real engine's run, replayed in the simulator: predict its served-request table and judge the
+prediction.
 
 ``predict_served`` simulates the requests of a served-request table
 (``traces.engine_profile.read_served_requests``: arrival, prompt and output tokens) with an
@@ -113,7 +114,8 @@ class RequestFit:
 
 
 def _calibration(x: np.ndarray, start: dict[str, float], **meta: Any) -> StepCalibration:
-    """The calibration at search point ``x``: log-multipliers of ``start``'s terms, then of its warm-up."""
+    """The calibration at search point ``x``: log-multipliers of ``start``'s terms, then of its
+    warm-up."""
     scaled = {name: start[name] * math.exp(v) for name, v in zip(REQUEST_FIT_TERMS, x)}
     terms = StepTerms(
         **{name: scaled.get(name, start[name]) for name in start if name != "warmup_s"}
@@ -153,10 +155,10 @@ def fit_from_requests(
     ``engine`` schedules them and fit ``REQUEST_FIT_TERMS`` (Nelder-Mead on their logarithms,
     so they stay positive; the warm-up too) to its per-request TTFT, TPOT and e2e. Start: the
     preset's ``typical_terms`` (a fitted step time of that engine), else half the median TPOT
-    as the fixed cost and small other terms. Expected error: the in-sample errors and a two-fold check (terms fitted on the
-    even requests' latencies judge the odd ones', and back); the simulation serves every request
-    either way, since each one's latency depends on the others in its batches; ``two_fold``
-    False skips that check, a third of the work.
+    as the fixed cost and small other terms. Expected error: the in-sample errors and a two-fold
+    check (terms fitted on the even requests' latencies judge the odd ones', and back); the
+    simulation serves every request either way, since each one's latency depends on the others in
+    its batches; ``two_fold`` False skips that check, a third of the work.
 
     Raises ValueError when fewer than 4 requests finished (nothing to fit).
     """

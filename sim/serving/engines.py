@@ -1,4 +1,5 @@
-"""Engine behaviour presets (``sim/data/engines.json``): how a real engine schedules and sizes its KV cache.
+"""Engine behaviour presets (``sim/data/engines.json``): how a real engine schedules and sizes its
+KV cache.
 
 A preset is data: ``ServerConfig`` options (scheduler order, step budget, block size, seats,
 admission watermark) and a KV sizing rule, so that a simulated server schedules as the engine

@@ -143,12 +143,14 @@ class _KVBase:
         return self.budget_bytes - self.allocated_bytes + self.evictable_bytes
 
     def cached_bytes(self, num_cached_tokens: int) -> int:
-        """Pool bytes of ``num_cached_tokens`` tokens of cached prefix blocks (0 without a prefix cache)."""
+        """Pool bytes of ``num_cached_tokens`` tokens of cached prefix blocks (0 without a prefix
+        cache)."""
         return num_cached_tokens * self.bytes_per_token
 
     def held_elsewhere(self) -> bool:
         """Whether KV memory this manager could use is held by someone else (another tenant of a
-        shared pool, ``sim.serving.tenants``): then a request that does not fit waits instead of being rejected."""
+        shared pool, ``sim.serving.tenants``): then a request that does not fit waits instead of
+        being rejected."""
         return False
 
     def call_when_freed(self, callback: Callable[[], None]) -> None:
@@ -235,7 +237,8 @@ class ContiguousKV(_KVBase):
         return round_up(needed, cfg.grow_tokens)  # grow
 
     def peak_bytes(self, prompt_tokens: int, output_tokens: int) -> int:
-        """The largest reservation the request will ever need (the admission test for 'can never fit')."""
+        """The largest reservation the request will ever need (the admission test for 'can never
+        fit')."""
         h = KVHandle(prompt_tokens, output_tokens)
         return self.target_tokens(h, prompt_tokens + output_tokens - 1) * self.bytes_per_token
 
@@ -300,9 +303,10 @@ class PagedKV(_KVBase):
     full): a fresh block is "pending" until then, held by the request that allocated it alone.
     Cached blocks live in the paged policy's prefix cache (hash map, page reference counts,
     evictable LRU queue); without a paged layer in the pool's stack there is no prefix caching.
-    Managers sharing one block cache (tenants of one pool, ``sim.serving.tenants``) each set their own
-    ``cache_owner``: their keys are ``(cache_owner, hash id)`` and their evictable queue their own,
-    so colocated instances keep separate prefix caches over shared memory, as vLLM instances do.
+    Managers sharing one block cache (tenants of one pool, ``sim.serving.tenants``) each set their
+    own ``cache_owner``: their keys are ``(cache_owner, hash id)`` and their evictable queue their
+    own, so colocated instances keep separate prefix caches over shared memory, as vLLM instances
+    do.
     """
 
     paged = True
@@ -432,7 +436,8 @@ class PagedKV(_KVBase):
         return True
 
     def mark_computed(self, h: KVHandle, num_computed: int) -> None:
-        """Prefill of ``h`` has reached ``num_computed`` tokens: its blocks below that are hittable."""
+        """Prefill of ``h`` has reached ``num_computed`` tokens: its blocks below that are
+        hittable."""
         i = h.num_computed_blocks
         blocks = h.blocks
         pending = self._pending
@@ -662,7 +667,8 @@ class VirtualKV(_KVBase):
 
     # ------------------------------------------------------------------ slots
     def admit(self, h: KVHandle, num_tokens: int) -> bool:
-        """Give ``h`` a free slot (the cached pages that fit it best) and grow it to ``num_tokens``."""
+        """Give ``h`` a free slot (the cached pages that fit it best) and grow it to
+        ``num_tokens``."""
         assert h.slot < 0, "a request holds one slot"
         assert self._free_slots, "the scheduler runs at most max_num_seqs requests"
         need, pages = self._pages(num_tokens), self._slot_pages
@@ -754,7 +760,8 @@ class VirtualKV(_KVBase):
             nbytes -= count * self.group_bytes
 
     def _unmap_tail(self, s: int, count: int) -> None:
-        """Unmap and release the last ``count`` pages of slot ``s`` (cached ones) in every tensor."""
+        """Unmap and release the last ``count`` pages of slot ``s`` (cached ones) in every
+        tensor."""
         first = self._slot_pages[s] - count
         for t in range(self.num_kv_tensors):
             self.device.unmap_release(self._offset(t, s, first), count * self.page_bytes)
@@ -785,7 +792,8 @@ class VirtualKV(_KVBase):
 
 
 class VirtualKVReadings:
-    """What the pool monitor reads off a ``VirtualKV`` (``sim.replay.metrics.PoolMonitor``'s readings).
+    """What the pool monitor reads off a ``VirtualKV`` (``sim.replay.metrics.PoolMonitor``'s
+    readings).
 
     live = tokens asked for, allocated = pages mapped for live requests, reserved = all pages
     mapped (the reuse cache too). Any free physical page can be mapped into any range, so there

@@ -111,7 +111,8 @@ class GroupPages:
         return -(-num_tokens // self.tokens_per_page)
 
     def data_bytes(self, num_tokens: int) -> int:
-        """Bytes a request of ``num_tokens`` tokens really needs here: every token, the window, one state."""
+        """Bytes a request of ``num_tokens`` tokens really needs here: every token, the window, one
+        state."""
         if self.kind == "mamba":
             return self.state_bytes if num_tokens > 0 else 0
         if self.window_tokens is not None:
@@ -296,7 +297,8 @@ class HybridKV(_KVBase):
             caching is not modelled for hybrid models).
         layout: the page plan (``plan_layout``).
         bytes_per_token: attention KV of one token as if every window were unbounded (the
-            model's ``kv_bytes_per_token``: what a swap moves and the token-utilisation figures use).
+            model's ``kv_bytes_per_token``: what a swap moves and the token-utilisation figures
+            use).
         budget_bytes: most bytes the KV cache may hold (all groups).
 
     A request's pages are allocated all or nothing across groups: ``grow`` either gives every
@@ -561,7 +563,8 @@ class HybridKV(_KVBase):
         return rows
 
 
-#: Columns of ``HybridKV.group_rows`` (``capacity_bytes``: the group's own pool, or the shared budget).
+#: Columns of ``HybridKV.group_rows`` (``capacity_bytes``: the group's own pool, or the shared
+#: budget).
 GROUP_TABLE_COLUMNS = [
     "group",
     "kind",

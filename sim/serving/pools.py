@@ -8,8 +8,8 @@ Two layouts, so the cost of mixing lifetimes can be measured:
   whole run, activations for one step, KV blocks for one request's life.
 
 Every call goes through a ``TimedPool``, which measures the policy's own bookkeeping time and
-collects the driver time its device charges (``sim.replay.engine.TimedCalls``), so a ``cudaMalloc`` on the hot path lands
-on the step that caused it.
+collects the driver time its device charges (``sim.replay.engine.TimedCalls``), so a ``cudaMalloc``
+on the hot path lands on the step that caused it.
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ def plan_memory(
         if kv <= 0:
             per = f" per GPU (tensor parallelism {tensor_parallel})" if tensor_parallel > 1 else ""
             raise ValueError(
-                f"no memory left for the KV cache: {gpu.name} x gpu_memory_utilization={gpu_memory_utilization} "
-                f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB of weights{per}, "
-                f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} GiB of workspace"
+                f"no memory left for the KV cache: {gpu.name} x "
+                f"gpu_memory_utilization={gpu_memory_utilization} "
+                f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB "
+                f"of weights{per}, "
+                f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} "
+                "GiB of workspace"
             )
     else:
         kv = int(kv_capacity_bytes)
@@ -94,10 +97,10 @@ def plan_memory(
 class TimedPool:
     """A policy plus the latency of each call to it.
 
-    ``alloc_ns``/``free_ns`` hold one sample per call, timed by ``sim.replay.engine.TimedCalls`` (the
-    replay engine's definition: the policy's own bookkeeping time plus the driver time its
-    device charged for that call). The driver time also accrues in ``pending_driver_ns`` until
-    the server takes it for the current step.
+    ``alloc_ns``/``free_ns`` hold one sample per call, timed by ``sim.replay.engine.TimedCalls``
+    (the replay engine's definition: the policy's own bookkeeping time plus the driver time its
+    device charged for that call). The driver time also accrues in ``pending_driver_ns`` until the
+    server takes it for the current step.
     """
 
     __slots__ = ("policy", "_calls", "calls", "alloc_ns", "free_ns", "record_latency")
@@ -164,7 +167,8 @@ class ServerPools:
             self.weights = self.activations = self.workspace = self.kv
             self.distinct: tuple[TimedPool, ...] = (self.kv,)
         else:
-            # the auxiliary pools are not under test: no latency samples, but their driver time counts
+            # the auxiliary pools are not under test: no latency samples, but their driver time
+            # counts
             self.weights = TimedPool(
                 create_policy(aux_policy, capacity_bytes=None, costs=costs), record_latency=False
             )
@@ -218,7 +222,8 @@ class ServerPools:
             self.aux_allocated_bytes -= a.size_bytes
 
     def kv_reserved_bytes(self) -> int:
-        """Bytes the KV cache holds from the device (in the shared layout: all the pool's but non-KV)."""
+        """Bytes the KV cache holds from the device (in the shared layout: all the pool's but
+        non-KV)."""
         return self.kv.policy.reserved_bytes - self.aux_allocated_bytes
 
     def take_driver_ns(self) -> int:

@@ -192,7 +192,8 @@ class Scheduler:
         if peak > self.kv.budget_bytes:
             return (
                 "kv>budget",
-                f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} B",
+                f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} "
+                "B",
             )
         if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
             return (
@@ -275,7 +276,8 @@ class Scheduler:
         return True
 
     def _preempt(self, plan: StepPlan, r: Request) -> None:
-        """Take ``r`` off the GPU: swap its KV out (charged to ``plan``), or drop it to recompute later."""
+        """Take ``r`` off the GPU: swap its KV out (charged to ``plan``), or drop it to recompute
+        later."""
         plan.num_preemptions += 1
         self.num_preemptions += 1
         r.num_preemptions += 1

@@ -1,4 +1,5 @@
-"""The simulated inference server: simpy owns time, the scheduler owns requests, the policy owns bytes.
+"""The simulated inference server: simpy owns time, the scheduler owns requests, the policy owns
+bytes.
 
 Two simpy processes: ``arrivals`` hands each request to the scheduler at its arrival time and
 wakes an idle engine; ``engine`` runs iterations back to back while there is work. One
@@ -16,12 +17,12 @@ boundaries, every KV allocate and free still made) and skips activation round tr
 leave their pool as found (``Server.fast_path``; the results are identical with it off,
 ``tests/sim/serving/test_step_fast_path.py``).
 
-Pool controls the engine drives (``sim.serving.config.ServerConfig``): it can freeze the KV pool after its first N
-steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before the steps that
-admit requests, to ``reserve`` the bytes the admissions will take (phase-aware pre-growth); and
-call a compacting pool's ``compact()`` between steps (it runs a pass only when the pool is
-fragmented). Compaction copies are charged to the next step. Pre-growth is taken to overlap the
-previous step (``cudaMalloc`` is a host call that does not wait for the GPU), so its driver time
+Pool controls the engine drives (``sim.serving.config.ServerConfig``): it can freeze the KV pool
+after its first N steps (growth freeze, as CUDA Graph capture needs); ask an elastic pool, before
+the steps that admit requests, to ``reserve`` the bytes the admissions will take (phase-aware
+pre-growth); and call a compacting pool's ``compact()`` between steps (it runs a pass only when the
+pool is fragmented). Compaction copies are charged to the next step. Pre-growth is taken to overlap
+the previous step (``cudaMalloc`` is a host call that does not wait for the GPU), so its driver time
 is reported apart (``pregrow_driver_s``), not added to any step.
 """
 
@@ -46,7 +47,8 @@ SKIPPED = object()
 #: the activations of a quiet step begun in closed form (``Server._quiet_steps``): skipped, and
 #: the plan is the ``DecodeRun`` that ends it
 QUIET = object()
-#: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds the memory
+#: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds
+#: the memory
 HELD_ELSEWHERE = object()
 
 
@@ -203,7 +205,8 @@ class Server:
         return self.finish()
 
     def start(self) -> simpy.Process:
-        """Start the arrival and engine processes in ``env``; returns the engine's (done when all is served)."""
+        """Start the arrival and engine processes in ``env``; returns the engine's (done when all is
+        served)."""
         self.env.process(self._arrivals())
         return self.env.process(self._engine())
 
@@ -258,7 +261,8 @@ class Server:
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
         policy = self.pools.kv.policy
         #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
-        #: may take at page boundaries (one page a request: a paged KV manager's pages are no larger)
+        #: may take at page boundaries (one page a request: a paged KV manager's pages are no
+        #: larger)
         self._page_grows = (
             policy
             if (
@@ -621,7 +625,8 @@ class Server:
         reserved_byte_s: float,
         idle_byte_s: float,
     ) -> None:
-        """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the requests."""
+        """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the
+        requests."""
         self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (
             busy_s,
             token_byte_s,
@@ -767,7 +772,8 @@ class Server:
         )
 
     #: columns of ``rows``; ``free_pages`` is -1 for contiguous KV managers (they have no pages);
-    #: ``num_compactions``, ``compaction_moved_bytes``: a compacting pool's passes so far (0 for others)
+    #: ``num_compactions``, ``compaction_moved_bytes``: a compacting pool's passes so far (0 for
+    #: others)
     ROW_COLUMNS = [
         "event",
         "time_us",
@@ -787,7 +793,8 @@ class Server:
 
     @property
     def kv_token_util(self) -> float:
-        """Share of reserved KV bytes holding token states, averaged over busy time (vLLM Fig. 2)."""
+        """Share of reserved KV bytes holding token states, averaged over busy time (vLLM Fig.
+        2)."""
         return (
             self.token_byte_s / self.reserved_byte_s if self.reserved_byte_s > 0 else float("nan")
         )

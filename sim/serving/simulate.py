@@ -1,9 +1,9 @@
 """``simulate``: a request trace through a simulated server whose KV cache a policy manages.
 
 Builds the pieces (memory plan, pools, KV manager, scheduler, step-time model), runs the
-``sim.serving.server.Server`` and turns what it recorded into the report tables: one summary row in the
-schema replay writes (``sim.replay.schema.SUMMARY_COLUMNS``) plus the serving columns, a per-request
-table and a time series.
+``sim.serving.server.Server`` and turns what it recorded into the report tables: one summary row in
+the schema replay writes (``sim.replay.schema.SUMMARY_COLUMNS``) plus the serving columns, a
+per-request table and a time series.
 """
 
 from __future__ import annotations
@@ -64,11 +64,12 @@ class SimResult:
 
     Attributes:
         summary: one row: ``SUMMARY_COLUMNS``, the serving columns, then simulator facts.
-        requests: one row per request (``sim.replay.serving_metrics.REQUEST_TABLE_COLUMNS`` plus labels).
+        requests: one row per request (``sim.replay.serving_metrics.REQUEST_TABLE_COLUMNS`` plus
+            labels).
         timeseries: sampled pool and server state (``TIMESERIES_COLUMNS`` plus serving columns).
-        kv_groups: one row per layer group of a hybrid model (``sim.serving.kv_groups.GROUP_TABLE_COLUMNS``:
-            pages, pool, and bytes held, padded and needed when the cache held the most); empty
-            for a model of full attention only.
+        kv_groups: one row per layer group of a hybrid model
+            (``sim.serving.kv_groups.GROUP_TABLE_COLUMNS``: pages, pool, and bytes held, padded and
+            needed when the cache held the most); empty for a model of full attention only.
         policy: the policy object after the run.
         config: the server knobs used, with the defaults that depend on the model and trace
             resolved (``max_model_len``, ``prefix_block_tokens``, ``sample_every_s``).
@@ -114,7 +115,8 @@ def check_kv_policy(spec: str, policy: Policy | None = None) -> None:
     able = policy.can_hold_kv if policy is not None else policies.registry.can_hold_kv(spec)
     if not able:
         raise ValueError(
-            f"policy {spec!r} cannot hold a KV cache: its allocations are neither one range nor whole "
+            f"policy {spec!r} cannot hold a KV cache: its allocations are neither one range nor "
+            "whole "
             f"pages; policies that can: {', '.join(policies.available(holds_kv=True))}"
         )
 
@@ -150,12 +152,14 @@ def simulate(
     Args:
         requests: a ``RequestTrace`` (or its request table).
         policy_spec: the policy under test, e.g. ``"paged"`` or ``"best-fit"``.
-        model, gpu: preset names, JSON paths or specs (``sim.replay.models``, ``sim.replay.hardware``).
+        model, gpu: preset names, JSON paths or specs (``sim.replay.models``,
+            ``sim.replay.hardware``).
         calibration: step-time efficiency factors (``sim.serving.steptime``), None for the defaults.
         costs: driver cost model (or its JSON path), None for the bundled H200 figures.
         trace_name: the report's ``trace`` column (default: the trace's name).
         config: the server's settings (default: ``ServerConfig`` built from ``options``).
-        progress: called with the simulated time (s) as the run advances (``sim.serving.server.Server``).
+        progress: called with the simulated time (s) as the run advances
+            (``sim.serving.server.Server``).
         **options: ``ServerConfig`` knobs (``kv_strategy``, ``preemption``, ``max_num_seqs``, ...),
             when no ``config`` is given.
 
@@ -189,8 +193,8 @@ def simulate(
 class ServingSetup:
     """Every piece of one simulated server, built and not yet run (``build_serving``).
 
-    A dataclass so that ``sim.serving.tenants`` can build several (one per model instance on a GPU) and
-    turn each into a ``SimResult`` with the same ``serving_result``.
+    A dataclass so that ``sim.serving.tenants`` can build several (one per model instance on a GPU)
+    and turn each into a ``SimResult`` with the same ``serving_result``.
     """
 
     trace: RequestTrace
@@ -229,10 +233,10 @@ def build_serving(
 ) -> ServingSetup:
     """``simulate``'s pieces, validated and built, not run; arguments as ``simulate``'s.
 
-    For a GPU shared by several servers (``sim.serving.tenants``): ``env`` is the one simpy environment,
-    ``policy`` a KV pool built already (shared by several servers; None builds ``policy_spec``
-    over the memory plan's KV budget), ``kv_class`` the paged KV manager to build, and
-    ``kv_budget_bytes`` the KV budget that manager and the scheduler see (default: the plan's).
+    For a GPU shared by several servers (``sim.serving.tenants``): ``env`` is the one simpy
+    environment, ``policy`` a KV pool built already (shared by several servers; None builds
+    ``policy_spec`` over the memory plan's KV budget), ``kv_class`` the paged KV manager to build,
+    and ``kv_budget_bytes`` the KV budget that manager and the scheduler see (default: the plan's).
     """
     trace = _as_trace(requests)
     if len(trace.requests) == 0:
@@ -313,14 +317,17 @@ def build_serving(
         )
         if cfg.prefix_caching:
             notes.append(
-                "prefix caching off: kv_strategy=virtual has no block table to share prompt blocks by"
+                "prefix caching off: kv_strategy=virtual has no block table to share prompt blocks "
+                "by"
             )
     elif layout is not None:
         if policy.contiguous or _page_bytes(policy) != layout.granule_bytes:
             raise ValueError(
-                f"{model.name} keeps KV in layer groups ({', '.join(p.name for p in layout.groups)}): "
+                f"{model.name} keeps KV in layer groups "
+                f"({', '.join(p.name for p in layout.groups)}): "
                 f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
-                f"(leave {type(policy).page_size_knob or 'its page size'} unset), not {policy_spec!r}"
+                f"(leave {type(policy).page_size_knob or 'its page size'} unset), not "
+                f"{policy_spec!r}"
             )
         kv = HybridKV(
             pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes
@@ -333,14 +340,18 @@ def build_serving(
         page_bytes = _page_bytes(policy)
         if page_bytes is None:
             raise ValueError(
-                f"policy {policy_spec!r} places its allocations in pieces but declares no page size "
+                f"policy {policy_spec!r} places its allocations in pieces but declares no page "
+                "size "
                 "(Policy.page_size_bytes): a KV cache cannot be laid out in it; it should declare "
-                f"can_hold_kv = False. Policies that can: {', '.join(policies.available(holds_kv=True))}"
+                "can_hold_kv = False. Policies that can: "
+                f"{', '.join(policies.available(holds_kv=True))}"
             )
         if page_bytes < bytes_per_token:
             raise ValueError(
-                f"policy {policy_spec!r}: its page ({page_bytes:,} B) must hold at least one token's "
-                f"KV ({bytes_per_token:,} B for {model.name}): {_page_knob(policy, bytes_per_token)}"
+                f"policy {policy_spec!r}: its page ({page_bytes:,} B) must hold at least one "
+                "token's "
+                f"KV ({bytes_per_token:,} B for {model.name}): "
+                f"{_page_knob(policy, bytes_per_token)}"
             )
         kv = kv_class(
             pools.kv,
@@ -570,11 +581,13 @@ def simulate_many(
     **kwargs: Any,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """``simulate`` under each spec (None: every registered policy that can hold KV,
-    ``policies.available(holds_kv=True)``): ``(summary, timeseries, requests)`` tables, one block per policy.
+    ``policies.available(holds_kv=True)``): ``(summary, timeseries, requests)`` tables, one block
+    per policy.
 
-    Keyword arguments are ``simulate``'s; ``sim.replay.schema.write_results(out, summary, timeseries,
-    extra_tables={"requests": requests})`` writes them. ``progress`` shows a bar per policy on
-    stderr (when it is a terminal) that advances with simulated time up to the last arrival.
+    Keyword arguments are ``simulate``'s; ``sim.replay.schema.write_results(out, summary,
+    timeseries, extra_tables={"requests": requests})`` writes them. ``progress`` shows a bar per
+    policy on stderr (when it is a terminal) that advances with simulated time up to the last
+    arrival.
     """
     return result_tables(
         simulate_runs(requests, policy_specs, model=model, gpu=gpu, progress=progress, **kwargs)
@@ -610,7 +623,8 @@ def result_tables(results: list[SimResult]) -> tuple[pd.DataFrame, pd.DataFrame,
 
 
 def _time_bar(trace: RequestTrace, spec: str, show: bool):
-    """A progress bar in simulated seconds over the trace's arrivals, and the callback that moves it."""
+    """A progress bar in simulated seconds over the trace's arrivals, and the callback that moves
+    it."""
     from sim.replay.progress import time_bar
 
     return time_bar(float(trace.duration_s), f"{trace.name} · {spec}", enabled=show)

@@ -73,20 +73,25 @@ DEFAULT_FOLDS = 5
 _WHAT_DETERMINES = {
     "fixed_s": "steps of different sizes, small ones included (a decode step of one sequence)",
     "per_seq_s": "prefill steps whose sequences have more than one token each, beside decode steps",
-    "per_token_s": "steps whose token count varies apart from their sequence count (prefills of different lengths)",
+    "per_token_s": "steps whose token count varies apart from their sequence count (prefills of "
+    "different lengths)",
     "per_kv_token_s": "decode steps of one batch size at different context lengths",
     "per_pair_s": "prefill chunks of different lengths after different cached contexts",
-    "per_query_kv_s": "steps whose query tokens and KV tokens vary apart (mixed prefill and decode steps, "
+    "per_query_kv_s": "steps whose query tokens and KV tokens vary apart (mixed prefill and decode "
+    "steps, "
     "batches of different sizes and contexts)",
-    "per_exposed_kv_token_s": "decode steps of few sequences and of many (a few and dozens), so that some "
+    "per_exposed_kv_token_s": "decode steps of few sequences and of many (a few and dozens), so "
+    "that some "
     "read fewer KV tokens than the engine's kernel launches hide and some more",
 }
 #: Terms held at 0 unless named in ``add`` (``--add``). ``per_exposed_kv_token_s`` is opt-in, not
 #: adopted: on session 13's 15 recordings it lifts the held-out count from 913 to 945 of 1044
 #: (synthetic 60 s runs judged by Azure fits 84 -> 106 of 120) but synthetic fits judged on Azure
-#: runs fall from 252 to 248 of 264, all four at the edge (``benchmarks/RESULTS.md``, session 13, T8).
+#: runs fall from 252 to 248 of 264, all four at the edge (``benchmarks/RESULTS.md``, session 13,
+#: T8).
 OPTIONAL_TERMS = ("per_exposed_kv_token_s",)
-#: Where the fit tries ``num_hidden_kv_tokens``: these quantiles of the profile's KV tokens per step.
+#: Where the fit tries ``num_hidden_kv_tokens``: these quantiles of the profile's KV tokens per
+#: step.
 _HIDDEN_KV_QUANTILES = np.linspace(0.0, 0.9, 19)
 #: ... and this many counts between the best one's neighbours.
 _HIDDEN_KV_REFINE = 21
@@ -113,7 +118,8 @@ def step_kinds(steps: pd.DataFrame) -> np.ndarray:
 
 def profile_features(steps: pd.DataFrame, num_hidden_kv_tokens: float = 0.0) -> np.ndarray:
     """``(n_steps, len(STEP_TERM_NAMES))``: what each ``StepTerms`` term multiplies, from the
-    profile's counts (its context columns count the new tokens, as ``StepTimeModel``'s ``kv`` does)."""
+    profile's counts (its context columns count the new tokens, as ``StepTimeModel``'s ``kv``
+    does)."""
     p = steps["num_prefill_tokens"].to_numpy(np.float64)
     k = steps["num_prefill_seqs"].to_numpy(np.float64)
     pc = steps["prefill_context_tokens"].to_numpy(np.float64)
@@ -214,7 +220,8 @@ def _choose_hidden_kv_tokens(
         raise UnderdeterminedProfile(
             STEP_TERM_NAMES[j],
             _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
-            "at no KV count do its steps' times turn from flat to rising apart from the other terms",
+            "at no KV count do its steps' times turn from flat to rising apart from the other "
+            "terms",
         )
     fine = np.unique(
         np.round(
@@ -312,7 +319,8 @@ def fit_step_profile(
     unknown = [t for t in add if t not in OPTIONAL_TERMS]
     if unknown:
         raise ValueError(
-            f"--add {unknown[0]}: no such optional term; optional terms: {', '.join(OPTIONAL_TERMS)}"
+            f"--add {unknown[0]}: no such optional term; optional terms: "
+            f"{', '.join(OPTIONAL_TERMS)}"
         )
     held = set(drop) | (set(OPTIONAL_TERMS) - set(add))
     active = [j for j, name in enumerate(STEP_TERM_NAMES) if name not in held]

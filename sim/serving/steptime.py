@@ -43,8 +43,8 @@ gather of the vocabulary-parallel LM head is left out (one small gather per step
 The efficiency factors come from ``sim/data/calibration_default.json`` (each explained there)
 and can be overridden by a calibration JSON file (``load_calibration``).
 
-**Fitted engines** (``StepTerms``, written by ``poollab calibrate``, ``sim.serving.step_fit``): an engine
-that is not a CUDA-graph, vLLM-class one (transformers' continuous batching steps in ~100 ms
+**Fitted engines** (``StepTerms``, written by ``poollab calibrate``, ``sim.serving.step_fit``): an
+engine that is not a CUDA-graph, vLLM-class one (transformers' continuous batching steps in ~100 ms
 even at batch 2) is described by linear terms over the step's counts, with the roofline as the
 floor no engine beats::
 
@@ -95,9 +95,11 @@ DEFAULT_CALIBRATION_PATH = DATA_DIR / "calibration_default.json"
 
 #: Keys a calibration file may carry besides the factors: documentation only.
 _CALIBRATION_METADATA_KEYS = frozenset({"source", "notes", "measured_on", "measured"})
-#: ``format`` of a fitted calibration file (``StepCalibration``); a file without it holds factors only.
+#: ``format`` of a fitted calibration file (``StepCalibration``); a file without it holds factors
+#: only.
 STEP_CALIBRATION_FORMAT = "poollab-step-time/2"
-#: Keys of a fitted calibration file; ``fit`` and ``source`` are what the fit measured, documentation only.
+#: Keys of a fitted calibration file; ``fit`` and ``source`` are what the fit measured,
+#: documentation only.
 _STEP_CALIBRATION_KEYS = frozenset(
     {"format", "engine", "model", "gpu", "tp", "terms", "warmup_s", "factors", "fit", "source"}
 )
@@ -276,7 +278,8 @@ _STEP_TERM_KEYS = (*STEP_TERM_NAMES, "num_hidden_kv_tokens")
 
 @dataclass(frozen=True)
 class StepCalibration:
-    """A calibration file's whole content: roofline factors, fitted terms and what they were fitted for.
+    """A calibration file's whole content: roofline factors, fitted terms and what they were fitted
+    for.
 
     ``model``, ``gpu`` and ``tp`` are None in an old (factors-only) file; ``fit`` holds what the
     fit measured (errors by step kind), ``path`` the file read (None when built in memory).
@@ -316,7 +319,8 @@ class StepCalibration:
         for what, a, b in zip(("model", "GPU", "tensor parallelism"), theirs, ours):
             if a is not None and a != b:
                 raise ValueError(
-                    f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} (tp {self.tp}); "
+                    f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} (tp "
+                    f"{self.tp}); "
                     f"this run's {what} is {b} (fit a calibration for it: poollab calibrate steps)"
                 )
 
@@ -333,7 +337,8 @@ class StepCalibration:
 
 
 def load_step_calibration(path: str | Path) -> StepCalibration:
-    """A calibration file of either format: factors only (old), or fitted terms (``STEP_CALIBRATION_FORMAT``).
+    """A calibration file of either format: factors only (old), or fitted terms
+    (``STEP_CALIBRATION_FORMAT``).
 
     Raises ValueError naming the file and the field for anything out of range or unknown.
     """
@@ -344,12 +349,14 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
         return StepCalibration(factors=factors, source=str(data.get("source", "")), path=str(path))
     if data["format"] != STEP_CALIBRATION_FORMAT:
         raise ValueError(
-            f"{path}: unknown calibration format {data['format']!r}; expected {STEP_CALIBRATION_FORMAT!r}"
+            f"{path}: unknown calibration format {data['format']!r}; expected "
+            f"{STEP_CALIBRATION_FORMAT!r}"
         )
     unknown = sorted(set(data) - _STEP_CALIBRATION_KEYS)
     if unknown:
         raise ValueError(
-            f"{path}: unknown key(s) {unknown}; a fitted calibration has {sorted(_STEP_CALIBRATION_KEYS)}"
+            f"{path}: unknown key(s) {unknown}; a fitted calibration has "
+            f"{sorted(_STEP_CALIBRATION_KEYS)}"
         )
     terms_data = data.get("terms") or {}
     if not isinstance(terms_data, dict) or set(terms_data) - set(_STEP_TERM_KEYS):
@@ -486,7 +493,8 @@ class StepTimeModel:
         if isinstance(cal, Mapping):
             return StepCalibration(default_calibration().replace(**cal))
         raise ValueError(
-            f"calibration must be a Calibration, a StepCalibration, a mapping, a file path or None, "
+            "calibration must be a Calibration, a StepCalibration, a mapping, a file path or "
+            "None, "
             f"got {cal!r}"
         )
 
@@ -567,7 +575,8 @@ class StepTimeModel:
         }
 
     def allreduce_time_s(self, num_tokens: int) -> float:
-        """Seconds a step of ``num_tokens`` tokens spends in tensor-parallel all-reduces (0 on one GPU)."""
+        """Seconds a step of ``num_tokens`` tokens spends in tensor-parallel all-reduces (0 on one
+        GPU)."""
         if num_tokens <= 0 or not self._allreduce_fixed_s and not self._allreduce_token_s:
             return 0.0
         return self._allreduce_fixed_s + num_tokens * self._allreduce_token_s
@@ -710,7 +719,8 @@ class StepTimeModel:
 
     def _fitted_cost(self, p: int, d: int, c: int, pc: int, k: int) -> StepCost:
         """``step_cost`` with the fitted terms (arguments validated, at least one token): the
-        roofline's terms, and ``fitted_s`` in the step profile's counts (``kv`` counts new tokens)."""
+        roofline's terms, and ``fitted_s`` in the step profile's counts (``kv`` counts new
+        tokens)."""
         cost = self._roofline_cost(p, d, c, pc, k, None)
         cost.fitted_s = float(
             self._terms.linear_s(p, d, k, pc + p + c + d, step_pairs(p, k, pc, c + d))
@@ -820,7 +830,8 @@ class StepTimeModel:
 
     # -- transfers -------------------------------------------------------------------------------
     def copy_time_s(self, nbytes: int) -> float:
-        """A device-to-device copy of ``nbytes``: read and write at HBM speed, plus the call's latency."""
+        """A device-to-device copy of ``nbytes``: read and write at HBM speed, plus the call's
+        latency."""
         if nbytes <= 0:
             if nbytes < 0:
                 raise ValueError(f"nbytes={nbytes} must be >= 0")

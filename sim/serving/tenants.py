@@ -1,7 +1,7 @@
 """Tenants: several model instances serving their own requests on ONE simulated GPU.
 
-Each tenant is a whole single-tenant server (``sim.serving.simulate.build_serving``: its memory plan,
-scheduler, KV manager, step-time model), and all of them run in one simpy environment, so they
+Each tenant is a whole single-tenant server (``sim.serving.simulate.build_serving``: its memory
+plan, scheduler, KV manager, step-time model), and all of them run in one simpy environment, so they
 share one clock. Compute is shared in one of two ways (``COMPUTE_MODES``):
 
 - ``time-sliced`` (the default, what several vLLM processes on one GPU get without MPS: CUDA
@@ -159,7 +159,8 @@ def split_gpu(models: list[Any], gpu: Any, config: ServerConfig) -> GpuSplit:
         names = ", ".join(m.name for m in models)
         raise ValueError(
             f"{len(models)} tenants ({names}) do not fit on {gpu.name}: their weights, activations "
-            f"and workspace take {sum(fixed) / 2**30:.1f} GiB of the {usable / 2**30:.1f} GiB usable"
+            f"and workspace take {sum(fixed) / 2**30:.1f} GiB of the {usable / 2**30:.1f} GiB "
+            "usable"
         )
     return GpuSplit(int(gpu.memory_bytes), usable, tuple(fixed), tuple(weights), kv)
 
@@ -191,7 +192,8 @@ class _SharedPool:
         return any(PagedKV._evict_one(k) for k in self.kvs)
 
     def call_when_freed(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once, at the first ``memory_freed`` that finds more bytes free than now."""
+        """Call ``callback`` once, at the first ``memory_freed`` that finds more bytes free than
+        now."""
         self._waiters.append((self.free_bytes(), callback))
 
     def memory_freed(self) -> None:
@@ -415,7 +417,8 @@ class Colocation:
                 f"(try page-pool, kvcached's elastic page pool, or paged)"
             )
         self.shared = _SharedPool(policy)
-        # the most any one tenant could hold: all the KV memory, plus every other tenant's weights asleep
+        # the most any one tenant could hold: all the KV memory, plus every other tenant's weights
+        # asleep
         budget = kv_bytes + (sum(self.split.weight_bytes) if layout == "sleep" else 0)
         kv_class = functools.partial(SharedKV, shared=self.shared)
         for i, (trace, m) in enumerate(zip(traces, loaded)):
@@ -495,13 +498,15 @@ class Colocation:
                         "tenant_layout": self.layout,
                         "tenant_compute": self.compute,
                         "num_tenants": len(self.setups),
-                        # steps of all tenants over the run: above 1 only when compute is independent
+                        # steps of all tenants over the run: above 1 only when compute is
+                        # independent
                         "gpu_busy_share": gpu_busy_s / end_s if end_s > 0 else 0.0,
                         "gpu_kv_bytes": self.split.kv_bytes,
                         "n_sleeps": gate.num_sleeps if gate else 0,
                         "n_wakes": gate.num_wakes if gate else 0,
                         "wake_s": gate.wake_s if gate else 0.0,
-                        # this tenant's own prefix cache (held or evictable blocks): at the end and at peak
+                        # this tenant's own prefix cache (held or evictable blocks): at the end and
+                        # at peak
                         "prefix_cached_bytes": setup.kv.cached_bytes(setup.kv.cached_tokens),
                         "prefix_peak_cached_bytes": setup.kv.cached_bytes(
                             setup.kv.peak_cached_tokens
@@ -513,7 +518,8 @@ class Colocation:
 
 
 def _report_time(env: simpy.Environment, progress: Callable[[float], None], every_s: float):
-    """A simpy process: ``progress(env.now)`` every ``every_s`` simulated seconds (until the run stops)."""
+    """A simpy process: ``progress(env.now)`` every ``every_s`` simulated seconds (until the run
+    stops)."""
     every_s = max(every_s, 1e-3)
     while True:
         yield env.timeout(every_s)

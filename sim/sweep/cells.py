@@ -71,7 +71,8 @@ def _content_hash(path: str, size: int, mtime_ns: int) -> str:
 
 
 def file_ref(path: str | Path, how: str = "content") -> FileRef:
-    """Fingerprint ``path`` (absolute) by its content (``how="content"``) or its stat (``"stat"``)."""
+    """Fingerprint ``path`` (absolute) by its content (``how="content"``) or its stat
+    (``"stat"``)."""
     p = Path(path).resolve()
     st = p.stat()
     if how == "stat":
@@ -106,7 +107,8 @@ class Cell:
         mode: "replay" (an allocation trace) or "simulate" (a request trace through the server).
         trace: the trace file; trace_name: the report's ``trace`` column; trace_format: its reader.
         policy: the policy spec string (parameters spelled out).
-        capacity_bytes: replay: the pool's limit; simulate: the KV budget (None: no limit / derived).
+        capacity_bytes: replay: the pool's limit; simulate: the KV budget (None: no limit /
+            derived).
         sample_every: replay: stats stride in events (None: the default).
         costs: driver cost model file (None: the bundled H200 figures).
         model, gpu: simulate: a preset name or a JSON file.
@@ -144,7 +146,8 @@ def _key_value(value: Any) -> Any:
 
 
 def cell_key(cell: Cell) -> str:
-    """Hex key of a cell's inputs: file fingerprints, spec, capacity, every option, poollab's version."""
+    """Hex key of a cell's inputs: file fingerprints, spec, capacity, every option, poollab's
+    version."""
     inputs = {
         f.name: _key_value(getattr(cell, f.name))
         for f in dataclasses.fields(cell)

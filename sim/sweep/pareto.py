@@ -65,7 +65,8 @@ def pareto_front(
     for col in [x, y, *(by or [])]:
         if col not in df.columns:
             raise KeyError(
-                f"pareto: no column {col!r} in the results; columns: {', '.join(map(str, df.columns))}"
+                f"pareto: no column {col!r} in the results; columns: "
+                f"{', '.join(map(str, df.columns))}"
             )
     data = df[df["status"] == "ok"] if "status" in df.columns else df
     if not len(data):

@@ -105,9 +105,10 @@ class ProcessExecutor:
     the cells'), and each task is a batch of cells of one trace (``batch_cells``: large batches
     first, single cells last, longest traces first), all submitted at once: the pool hands the
     next batch to whichever worker is free, so a few round trips per worker instead of one per
-    cell keep the serial part (scheduling, pickling, collection) small, and the tail is one cell. Workers come from a fork server that has
-    imported the replay and simulation code once (cheap to start, and safe where ``fork`` of a
-    threaded parent is not); ``start_method`` picks another ``multiprocessing`` start method.
+    cell keep the serial part (scheduling, pickling, collection) small, and the tail is one cell.
+    Workers come from a fork server that has imported the replay and simulation code once (cheap to
+    start, and safe where ``fork`` of a threaded parent is not); ``start_method`` picks another
+    ``multiprocessing`` start method.
     """
 
     def __init__(self, num_workers: int, *, start_method: str | None = None):
@@ -156,13 +157,15 @@ class ProcessExecutor:
         finally:
             if finished:
                 pool.shutdown(wait=True, cancel_futures=True)
-            else:  # Ctrl-C, an error, or the caller stopped reading: nothing more is wanted from the workers
+            # Ctrl-C, an error, or the caller stopped reading: nothing more is wanted from the
+            # workers
+            else:
                 stop_pool(pool)
 
 
 def _start_quiet_resource_tracker() -> None:
-    """Start ``multiprocessing``'s resource tracker, if it is not running, with its stderr on /dev/null
-    (``ensure_running`` does nothing when it runs already).
+    """Start ``multiprocessing``'s resource tracker, if it is not running, with its stderr on
+    /dev/null (``ensure_running`` does nothing when it runs already).
 
     An interrupted sweep terminates its workers (``stop_pool``), possibly inside one of the pool's
     queues; the tracker then unlinks the semaphores they left, as it should, but says so on stderr
@@ -239,7 +242,8 @@ def _start_workers(pool: ProcessPoolExecutor, num_workers: int) -> None:
             while starter.is_alive():
                 starter.join(0.05)  # a short wait, so that Ctrl-C interrupts it
         except BaseException:
-            _stop_fork_server()  # the starter may wait on it (importing the preloaded modules): end the wait
+            # the starter may wait on it (importing the preloaded modules): end the wait
+            _stop_fork_server()
             raise
     if failed:
         raise failed[0]
@@ -307,7 +311,8 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def die_with_parent(main_pid: int) -> None:
-    """Pool-worker initializer: the worker ends when the sweep's process does, even after ``kill -9``.
+    """Pool-worker initializer: the worker ends when the sweep's process does, even after ``kill
+    -9``.
 
     A killed process runs no cleanup, so without this its workers would run their cells to the
     end and linger (and with them the fork server and the resource tracker, which wait for
@@ -413,7 +418,8 @@ class DaskExecutor:
 
 
 def make_executor(scheduler: Any = None, workers: int | None = None):
-    """The executor for a ``--scheduler`` value (see the module docstring); SweepError if unusable."""
+    """The executor for a ``--scheduler`` value (see the module docstring); SweepError if
+    unusable."""
     check_int("--workers", workers, none_ok=True, error=SweepError)
     if scheduler is None or scheduler == "processes":
         return ProcessExecutor(workers or os.cpu_count() or 1)
@@ -521,7 +527,8 @@ def run_sweep(
                     bar.update(1)
                     if num_bad:
                         bar.set_postfix(failed=num_bad, refresh=False)
-            finally:  # Ctrl-C or an error here: stop the workers now, not when the generator is collected
+            # Ctrl-C or an error here: stop the workers now, not when the generator is collected
+            finally:
                 arriving.close()
         run_s = time.perf_counter() - wall0 - plan_s
     collect0 = time.perf_counter()

@@ -27,7 +27,7 @@ A file is bounded before it is used: nesting at most ``MAX_YAML_DEPTH`` deep (ch
 composed), at most ``MAX_YAML_NODES`` nodes with its aliases expanded (counted on the node graph,
 so a "billion laughs" is refused without being expanded), and a grid of at most ``MAX_CELLS``
 cells (counted from the axes before any cell is built).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -214,7 +214,8 @@ class _BoundedLoader(yaml.SafeLoader):
                     self._path,
                     mark.line + 1,
                     None,
-                    f"nested more than {MAX_YAML_DEPTH} levels deep (the deepest key of a sweep is 5)",
+                    f"nested more than {MAX_YAML_DEPTH} levels deep (the deepest key of a sweep is "
+                    "5)",
                 )
             return super().compose_node(parent, index)
         finally:
@@ -339,7 +340,8 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
     if num_cells > MAX_CELLS:
         doc.fail(
             (),
-            f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; sweep fewer values, or split "
+            f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; sweep fewer values, or "
+            "split "
             "it into several sweeps",
         )
     how = data.get("fingerprint", "content")
@@ -492,7 +494,8 @@ def _policies(doc: _Doc, items: list[tuple[tuple, Any]]) -> list[str]:
                     if not isinstance(x, _SCALARS):
                         doc.fail(
                             pk + ((j,) if isinstance(v, list) else ()),
-                            f"{x!r} must be a number, string, boolean or null (a nested policy is a spec "
+                            f"{x!r} must be a number, string, boolean or null (a nested policy is "
+                            "a spec "
                             "string, e.g. 'size-class:classes_per_doubling=8')",
                         )
                 axes.append((k, values))

@@ -24,7 +24,8 @@ _STORED_STATUSES = (STATUS_OK, STATUS_FAILED)
 
 
 class CellRecordWarning(RuntimeWarning):
-    """A stored cell record cannot be used; its cell runs again (``poollab sweep`` prints one line)."""
+    """A stored cell record cannot be used; its cell runs again (``poollab sweep`` prints one
+    line)."""
 
 
 def record_problem(record: Any, key: str) -> str | None:
@@ -49,7 +50,10 @@ def record_problem(record: Any, key: str) -> str | None:
         if not isinstance(v, (str, int, float, bool, type(None)))
     ]
     if bad:
-        return f"not a cell record: summary field {bad[0]!r} is {type(summary[bad[0]]).__name__}, not a plain value"
+        return (
+            f"not a cell record: summary field {bad[0]!r} is {type(summary[bad[0]]).__name__}, "
+            "not a plain value"
+        )
     if record["status"] == STATUS_OK and not summary:
         return "not a cell record: status ok without a summary"
     if not isinstance(record.get("error"), (str, type(None))):

@@ -1,4 +1,5 @@
-"""The ``$ poollab ...`` sessions shown in the README and the docs pages, and how their output compares.
+"""The ``$ poollab ...`` sessions shown in the README and the docs pages, and how their output
+compares.
 
 A session is a line ``$ poollab ARGS`` inside a fenced code block (continued by a trailing
 backslash), followed by the output the page shows: every line up to the next ``$`` line or the

@@ -20,7 +20,8 @@ ALL = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 def run(name, *, after="", **params):
     """Execute a notebook, with ``params`` (if any) assigned right after its ``parameters`` cell and
-    the code ``after`` (if any) run once it has finished, in its kernel; its text outputs and images."""
+    the code ``after`` (if any) run once it has finished, in its kernel; its text outputs and
+    images."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     if params:
         at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))

@@ -13,7 +13,8 @@ MiB = 1 << 20
 
 
 def _holes(p, layout):
-    """Allocate ``layout``'s sizes back to back, then free those marked True; return the allocations."""
+    """Allocate ``layout``'s sizes back to back, then free those marked True; return the
+    allocations."""
     allocs = [p.allocate(size) for size, _ in layout]
     assert all(b.offset == a.offset + a.size_bytes for a, b in zip(allocs, allocs[1:]))
     for a, (_, hole) in zip(allocs, layout):

@@ -359,7 +359,8 @@ def test_random_operations_keep_every_invariant(ops, policy, threshold, capacity
 
 
 def _llama_slice_ops() -> list[tuple[bool, int, int]]:
-    """The bundled PyTorch snapshot slice (one real ``generate`` call) as (is_alloc, address, size)."""
+    """The bundled PyTorch snapshot slice (one real ``generate`` call) as (is_alloc, address,
+    size)."""
     with gzip.open(bundled_path("llama1b_generate_slice.pickle.gz")) as f:
         snapshot = pickle.load(f)
     return [
@@ -446,7 +447,8 @@ def test_an_allocation_is_its_block_and_a_freed_one_is_never_handed_out_again(cl
 
 def test_a_block_is_its_handle_only_while_handed_out(cls):
     """``handle`` is Allocation's field (so the compiled build can declare ``Block`` a cdef
-    class): the block itself while live, None once freed (no cycle) and on a block never handed out."""
+    class): the block itself while live, None once freed (no cycle) and on a block never handed
+    out."""
     p = cls(segment_bytes=1 * MiB)
     a, b = p.allocate(100 * KiB), p.allocate(200 * KiB)
     assert a.handle is a and b.handle is b

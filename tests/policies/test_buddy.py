@@ -75,7 +75,8 @@ def test_bad_sizes_are_refused(kw):
 
 
 def _check_buddy_layout(pool):
-    """Every free block is aligned to its size within its segment, and no two free buddies coexist."""
+    """Every free block is aligned to its size within its segment, and no two free buddies
+    coexist."""
     free = dict(pool.free_extents())
     for seg in pool.segments():
         for off, n in free.items():

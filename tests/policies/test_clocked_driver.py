@@ -1,5 +1,5 @@
-"""``policies.device.ClockedDriver``: the three driver-time accessors of a device that keeps its time
-in one ``DriverClock``, defined once and used by the simulator's costed device and the real
+"""``policies.device.ClockedDriver``: the three driver-time accessors of a device that keeps its
+time in one ``DriverClock``, defined once and used by the simulator's costed device and the real
 segment devices."""
 
 import inspect

@@ -1,4 +1,5 @@
-"""The compaction adaptor (policies/compacting.py): moves, triggers, reports, and data kept intact."""
+"""The compaction adaptor (policies/compacting.py): moves, triggers, reports, and data kept
+intact."""
 
 from __future__ import annotations
 
@@ -293,7 +294,7 @@ def test_reset_forgets_passes():
     assert p.compactions == [] and p.compaction_stats()["moved_bytes"] == 0
 
 
-# ---------------------------------------------------------------------------- wrappers above follow moves
+# ---------------------------------------------------------------------- wrappers above follow moves
 def test_a_wrapper_above_sees_its_handles_moved():
     e = policies.create(
         "elastic:base=[compacting:base=[best-fit:segment_bytes=1MiB],min_free_bytes=0],high=1.0"

@@ -1,4 +1,5 @@
-"""``cupy-pool``: CuPy's MemoryPool rules (exact-size chunks, best fit, split, merge, free_all_blocks)."""
+"""``cupy-pool``: CuPy's MemoryPool rules (exact-size chunks, best fit, split, merge,
+free_all_blocks)."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""One device-kind vocabulary: ``policies.device_kind.DeviceKind``, read by policies, devices, backends and options."""
+"""One device-kind vocabulary: ``policies.device_kind.DeviceKind``, read by policies, devices,
+backends and options."""
 
 import pytest
 

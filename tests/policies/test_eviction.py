@@ -1,4 +1,5 @@
-"""Prefix-cache eviction orders: LRU, LFU, cost-aware (GreedyDual-Size-Frequency), and through ``paged``."""
+"""Prefix-cache eviction orders: LRU, LFU, cost-aware (GreedyDual-Size-Frequency), and through
+``paged``."""
 
 import random
 from types import SimpleNamespace

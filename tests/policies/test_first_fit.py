@@ -20,7 +20,8 @@ MiB = 1 << 20
 
 
 def _holes(p, layout):
-    """Allocate ``layout``'s sizes back to back, then free those marked True; return the allocations."""
+    """Allocate ``layout``'s sizes back to back, then free those marked True; return the
+    allocations."""
     allocs = [p.allocate(size) for size, _ in layout]
     assert all(b.offset == a.offset + a.size_bytes for a, b in zip(allocs, allocs[1:]))
     for a, (_, hole) in zip(allocs, layout):
@@ -114,7 +115,8 @@ def test_largest_free_bytes_scans_the_top_bucket():
 
 
 def _lowest_fit(p, size, stream=0):
-    """The reference: the lowest offset of a free block of ``stream`` that holds ``size``, off the chains."""
+    """The reference: the lowest offset of a free block of ``stream`` that holds ``size``, off the
+    chains."""
     return min(
         (b.offset for b in p.blocks() if b.free and b.segment.stream == stream and b.size >= size),
         default=None,
@@ -124,7 +126,8 @@ def _lowest_fit(p, size, stream=0):
 def _replay_against_reference(p, rng, num_steps, sizes, num_streams=1):
     """Random allocate/free traffic; every placement checked against ``_lowest_fit``.
 
-    Returns the set of index kinds the streams were seen in ("flat", "chunked") and the live allocations.
+    Returns the set of index kinds the streams were seen in ("flat", "chunked") and the live
+    allocations.
     """
     live, kinds = [], set()
     for step in range(num_steps):

@@ -138,7 +138,8 @@ def test_every_policy_stops_growing_once_frozen(spec):
     + ["torch-caching:garbage_collection_threshold=0.5", "elastic:base=[torch-caching]"],
 )
 def test_no_policy_releases_memory_to_serve_a_frozen_request(spec):
-    # found by the soak: torch-caching emptied its cache (and ran GC) before failing a frozen request
+    # found by the soak: torch-caching emptied its cache (and ran GC) before failing a frozen
+    # request
     p = policies.create(spec, capacity_bytes=1 << 30)
     keep = warm(p)
     p.free(p.allocate(40 * MiB))  # a fully free segment an unfrozen pool would release to retry

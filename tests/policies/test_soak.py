@@ -37,7 +37,8 @@ def test_a_short_soak_finds_no_violation(spec):
 @pytest.mark.slow
 @pytest.mark.skipif(
     "POOLLAB_SOAK_OPS" not in os.environ,
-    reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; benchmarks/soak.py runs it in parallel",
+    reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; benchmarks/soak.py runs it "
+    "in parallel",
 )
 @pytest.mark.parametrize("spec", [*SPECS, SegmentPerRequest.name])
 def test_a_long_soak_finds_no_violation(spec):
@@ -45,7 +46,8 @@ def test_a_long_soak_finds_no_violation(spec):
 
 
 class _ArenaKeepsReleasedCurrent(Arena):
-    """Releases an empty current arena but goes on bumping in it (issue 11's arena bug, another way in)."""
+    """Releases an empty current arena but goes on bumping in it (issue 11's arena bug, another way
+    in)."""
 
     def _release_free_segments(self, max_bytes):
         current = dict(self._current)

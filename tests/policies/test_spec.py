@@ -115,7 +115,8 @@ def _nested(depth: int, wrapper: str = "elastic") -> str:
 
 @pytest.mark.parametrize("wrapper", ["elastic", "tag-limits"])
 def test_a_spec_nested_too_deep_is_refused_before_any_policy_is_built(wrapper):
-    """Thousands deep used to build policy inside policy until Python's stack ran out (RecursionError)."""
+    """Thousands deep used to build policy inside policy until Python's stack ran out
+    (RecursionError)."""
     from policies.spec import MAX_SPEC_DEPTH
 
     with pytest.raises(

@@ -50,8 +50,9 @@ def test_the_search_class_holds_only_blocks_that_fit_and_rounds_by_at_most_one_c
 
 def test_a_good_fit_skips_a_block_of_the_requests_own_class():
     pool = TLSF(second_level_log2=2, segment_bytes=MiB)
-    # units 40..47 form one class at 4 classes per power of two: a 41-unit request searches above it.
-    # A 44-unit free block (40 + 4 merged) sits in that class and is skipped for the 56-unit one.
+    # units 40..47 form one class at 4 classes per power of two: a 41-unit request searches above
+    # it. A 44-unit free block (40 + 4 merged) sits in that class and is skipped for the 56-unit
+    # one.
     a, b, _, big, _ = (pool.allocate(n * U) for n in (40, 4, 1, 56, 1))
     for x in (a, b, big):
         pool.free(x)

@@ -1,4 +1,5 @@
-"""``torch-caching``: PyTorch's rounding, pools, best fit, split and merge rules, retries, GC and seeding."""
+"""``torch-caching``: PyTorch's rounding, pools, best fit, split and merge rules, retries, GC and
+seeding."""
 
 import itertools
 

@@ -1,4 +1,5 @@
-"""The shared wrapper base (policies/wrapper.py): stacks, capability lookup and moves that propagate."""
+"""The shared wrapper base (policies/wrapper.py): stacks, capability lookup and moves that
+propagate."""
 
 from __future__ import annotations
 

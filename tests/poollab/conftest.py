@@ -30,7 +30,8 @@ def cli(capsys):
 
 @pytest.fixture
 def cli_ok(capsys):
-    """Run ``poollab`` in-process and require exit status 0: ``cli_ok(argv) -> captured (out, err)``."""
+    """Run ``poollab`` in-process and require exit status 0: ``cli_ok(argv) -> captured (out,
+    err)``."""
 
     def run(argv: list[str]):
         try:

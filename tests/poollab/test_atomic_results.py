@@ -112,7 +112,8 @@ def _file_size_limit(nbytes: int):
     ],
 )
 def test_a_full_disk_is_one_line_through_the_real_entry_point(argv, tmp_path):
-    """A file-size limit stands in for a full disk: the write fails midway (EFBIG), in a real process."""
+    """A file-size limit stands in for a full disk: the write fails midway (EFBIG), in a real
+    process."""
     (tmp_path / "a.csv").write_text(TRACE)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "summary.csv").write_text("old\n")
@@ -135,7 +136,8 @@ def test_a_full_disk_is_one_line_through_the_real_entry_point(argv, tmp_path):
 
 
 def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(tmp_path):
-    """SIGINT lands while the command's modules import (made certain by an import hook) in the real console script."""
+    """SIGINT lands while the command's modules import (made certain by an import hook) in the real
+    console script."""
     script = Path(sys.executable).with_name("poollab")
     prelude = (
         "import sys, os, signal, runpy\n"

@@ -1,4 +1,5 @@
-"""A generated fuzz corpus of malformed inputs, and the test that every one is one line, exit 2, nothing damaged.
+"""A generated fuzz corpus of malformed inputs, and the test that every one is one line, exit 2,
+nothing damaged.
 
 One case per way a file or option can be wrong, over every reader (our CSV and Parquet, RMM logs,
 PyTorch snapshots, Azure, BurstGPT, Mooncake, Vidur, SWEEP.yaml, cost, calibration, model and GPU
@@ -1660,7 +1661,8 @@ add(
         ("out/.poollab-files.json", "nothing was changed"),
     )
 )
-# out/ holds summary.csv and timeseries.parquet that no poollab run listed as its own: refused, not replaced
+# out/ holds summary.csv and timeseries.parquet that no poollab run listed as its own: refused, not
+# replaced
 add(
     Case(
         "replay-out-holds-files-poollab-did-not-write",
@@ -1677,7 +1679,8 @@ add(
 )
 
 
-# -- issue 29, allocation traces and streams (helper B): hostile fields, impossible snapshots, numbers
+# -- issue 29, allocation traces and streams (helper B): hostile fields, impossible snapshots,
+# numbers
 # that do not fit, columns of the wrong kind, what a log cannot do, traces from a pipe ------------
 MiB = 1 << 20
 SEG_A, SEG_B = 0x7F0000000000, 0x7F0010000000
@@ -1702,7 +1705,8 @@ def _blk(address: int, size: int, state: str = "inactive", **extra) -> dict:
 
 
 def _nested_snapshot(depth: int = 100_000) -> bytes:
-    """A snapshot whose one trace entry is a list nested ``depth`` deep, by opcode (pickle.dumps recurses)."""
+    """A snapshot whose one trace entry is a list nested ``depth`` deep, by opcode (pickle.dumps
+    recurses)."""
     key = lambda text: b"\x8c" + bytes([len(text)]) + text.encode()  # noqa: E731 (SHORT_BINUNICODE)
     return (
         b"\x80\x04}"
@@ -1986,7 +1990,8 @@ add(
     )
 )
 
-#: Over the reading limits, with the limit lowered to 1 MiB (``POOLLAB_MAX_TRACE_BYTES``) so the files stay small.
+#: Over the reading limits, with the limit lowered to 1 MiB (``POOLLAB_MAX_TRACE_BYTES``) so the
+#: files stay small.
 LIMIT_CASES: list[Case] = []
 
 
@@ -2057,7 +2062,8 @@ OLD_RESULT = {
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root`` with its bytes (None for folders): the state a failed run must keep."""
+    """Every path under ``root`` with its bytes (None for folders): the state a failed run must
+    keep."""
     return {
         str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
         for p in sorted(root.rglob("*"))

@@ -1,4 +1,5 @@
-"""``poollab calibrate``: a calibration file from a step profile or a request table; simulate reads it."""
+"""``poollab calibrate``: a calibration file from a step profile or a request table; simulate reads
+it."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,5 @@
-"""``poollab demo``: the main job runs offline on the bundled data and leaves its tables and report."""
+"""``poollab demo``: the main job runs offline on the bundled data and leaves its tables and
+report."""
 
 import re
 import pandas as pd

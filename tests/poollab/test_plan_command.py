@@ -1,5 +1,5 @@
-"""``poollab plan`` and ``simulate --kv-capacity plan:RESULT``: the budget table, plan.csv, and bad input
-as one line with exit status 2."""
+"""``poollab plan`` and ``simulate --kv-capacity plan:RESULT``: the budget table, plan.csv, and bad
+input as one line with exit status 2."""
 
 from __future__ import annotations
 
@@ -93,8 +93,8 @@ def test_plan_prints_the_budget_and_writes_plan_csv(startup, tmp_path, cli_ok):
     } <= set(table.columns)
     assert "KV cache recognised: 2 x 128.0 MiB" in out and "safe KV 672.0 MiB (168 pages)" in out
     assert (
-        "gpu_memory_utilization=0.9 would pick 780.0 MiB (27 pages above the safe size): out of memory at event 5 (device_traces[0] index 5): 250.0 MiB"
-        in out
+        "gpu_memory_utilization=0.9 would pick 780.0 MiB (27 pages above the safe size): out of "
+        "memory at event 5 (device_traces[0] index 5): 250.0 MiB" in out
     )
     assert "safe_kv_tokens" not in out  # no model, no tokens
     assert f"wrote {out_dir / 'plan.csv'}" in out
@@ -118,7 +118,8 @@ def test_a_model_gives_tokens(startup, tmp_path, cli_ok):
     )
     row = pd.read_csv(out_dir / "plan.csv").iloc[0]
     assert row.page_bytes == 2 * MiB and row.safe_kv_tokens == row.safe_kv_pages * 16
-    # each tensor holds n MiB and torch-caching rounds it to 2 MiB: 2 x 338 + 350 > 1024 MiB, so n = 336, not 337
+    # each tensor holds n MiB and torch-caching rounds it to 2 MiB: 2 x 338 + 350 > 1024 MiB, so n =
+    # 336, not 337
     assert row.safe_kv_bytes == 2 * 336 * MiB
     assert f"{int(row.safe_kv_tokens):,} tokens" in out
 
@@ -155,7 +156,8 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
     startup, tmp_path, cli_ok
 ):
     # what `gpu serve --snapshot` writes beside it: the device's total and, measured in the engine's
-    # process, 200 MiB outside PyTorch's allocator at start-up's end and 224 MiB at most while serving
+    # process, 200 MiB outside PyTorch's allocator at start-up's end and 224 MiB at most while
+    # serving
     _sidecar(
         startup,
         mem_get_info_total_bytes=1 << 30,
@@ -168,7 +170,8 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
         ["plan", str(startup), "-p", "torch-caching", "--out", str(tmp_path / "p"), "--no-progress"]
     )
     row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
-    # the larger figure comes off the device: 1,024 - 224 = 800 MiB for 100 MiB of weights, 250 MiB of warm-up
+    # the larger figure comes off the device: 1,024 - 224 = 800 MiB for 100 MiB of weights, 250 MiB
+    # of warm-up
     assert (
         row.device_bytes == 1 << 30
         and row.non_torch_bytes == 224 * MiB
@@ -178,7 +181,8 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
     assert pd.isna(row.engine_num_blocks)  # no model: pages of no token count, so no engine blocks
     assert "device 1.0 GiB: cudaMemGetInfo's total in the engine's process, startup.json" in out
     assert (
-        "outside PyTorch's allocator 224.0 MiB: measured in the engine's process (200.0 MiB at start-up's end, "
+        "outside PyTorch's allocator 224.0 MiB: measured in the engine's process (200.0 MiB at "
+        "start-up's end, "
         "224.0 MiB at most while serving), startup.json; the pool gets 800.0 MiB"
     ) in out
     # with a model: 16-token pages, the engine's blocks of 32 tokens less its 2 padding blocks
@@ -196,8 +200,8 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
     row = pd.read_csv(tmp_path / "m" / "plan.csv").iloc[0]
     assert row.engine_num_blocks == row.safe_kv_pages * 16 // 32 - 2
     assert (
-        f"the engine's --num-blocks {int(row.engine_num_blocks):,} of 32 tokens, its 2 padding blocks aside"
-        in out
+        f"the engine's --num-blocks {int(row.engine_num_blocks):,} of 32 tokens, its 2 padding "
+        "blocks aside" in out
     )
     # what the user gives wins over what was measured
     cli_ok(
@@ -233,8 +237,8 @@ def test_without_a_measurement_the_plan_says_it_assumed_none(startup, tmp_path, 
     row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
     assert row.capacity_bytes == 1 << 30 and row.non_torch_bytes == 0
     assert (
-        "outside PyTorch's allocator 0 B: none measured (no startup.json beside the snapshot): 0 B assumed"
-        in out
+        "outside PyTorch's allocator 0 B: none measured (no startup.json beside the snapshot): 0 B "
+        "assumed" in out
     )
     assert "give --non-torch" in out and row.non_torch_source.startswith("none measured")
     _sidecar(
@@ -266,8 +270,8 @@ def test_simulate_auto_plans_with_the_measured_non_torch_memory(startup, trace, 
         return int(pd.read_csv(tmp_path / name / "summary.csv")["kv_budget_bytes"].iloc[0])
 
     unmeasured = budget("bare")
-    # measured beside the snapshot: 20 GiB outside PyTorch's allocator (the device's total there is not
-    # the simulated GPU's: simulate's --gpu gives the device)
+    # measured beside the snapshot: 20 GiB outside PyTorch's allocator (the device's total there is
+    # not the simulated GPU's: simulate's --gpu gives the device)
     _sidecar(startup, mem_get_info_total_bytes=80 << 30, non_torch_startup_bytes=20 << 30)
     assert (
         abs(unmeasured - budget("measured") - (20 << 30)) <= 4 * MiB

@@ -1,7 +1,8 @@
-"""Every long command shows a progress bar on a terminal, and nothing on a pipe or with --no-progress.
+"""Every long command shows a progress bar on a terminal, and nothing on a pipe or with
+--no-progress.
 
-The bar is ``sim.replay.progress.progress_bar``'s (tqdm, drawn on stderr only when it is a terminal):
-these tests put a terminal stand-in in stderr's place and run the command in-process.
+The bar is ``sim.replay.progress.progress_bar``'s (tqdm, drawn on stderr only when it is a
+terminal): these tests put a terminal stand-in in stderr's place and run the command in-process.
 """
 
 from __future__ import annotations

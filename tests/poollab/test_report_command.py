@@ -1,4 +1,5 @@
-"""``poollab report``: an HTML file from result folders; one line and exit 2 for a folder that is not one."""
+"""``poollab report``: an HTML file from result folders; one line and exit 2 for a folder that is
+not one."""
 
 import pandas as pd
 import pytest

@@ -74,7 +74,7 @@ CRASH_SCRIPT = textwrap.dedent("""
         (tmp / "c.parquet").write_text("new c")
         step()
     print("done", steps[0])
-""")
+""")  # noqa: E501
 
 
 def _old_run(out: Path) -> None:
@@ -120,7 +120,8 @@ def test_a_replace_killed_at_any_step_leaves_the_old_run_or_the_new_one(tmp_path
             mode == "exchange"
         ):  # at every instant: the old run or the whole new one, the user's files in both
             assert state in ("old", "new"), f"killed at step {k}: {state}"
-        # the next replace cleans up after the dead run (and, without the exchange, puts the old run back)
+        # the next replace cleans up after the dead run (and, without the exchange, puts the old run
+        # back)
         atomic._remove_dead_temporaries(out.parent)
         state = _state(out)
         assert state in ("old", "new"), f"killed at step {k}, then repaired: {state}"

@@ -237,7 +237,8 @@ def test_knobs_new_to_the_command_line_reach_the_simulator(trace, tmp_path, cli_
     assert row["sim_time_s"] <= 2.0 and "tokens_per_page=32" in row["params"]
 
 
-# -- the headline: settings line, one rejection warning, SLO columns, --tp; poollab presets (issue 15)
+# -- the headline: settings line, one rejection warning, SLO columns, --tp; poollab presets (issue
+# 15)
 def write(tmp_path, rows):
     p = tmp_path / "t.csv"
     p.write_text(

@@ -50,7 +50,8 @@ def bundled_snapshot():
 
 
 class OverlappingPolicy(SegmentPerRequest):
-    """A deliberately broken policy: its second allocation starts ``inside_bytes`` (256) into its first."""
+    """A deliberately broken policy: its second allocation starts ``inside_bytes`` (256) into its
+    first."""
 
     name = "overlapping"
     inside_bytes = 256

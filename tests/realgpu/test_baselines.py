@@ -57,7 +57,8 @@ SNAPSHOT = (
 @pytest.mark.gpu
 def test_torch_cuda_on_the_recorded_streams_matches_the_emulation(tmp_path):
     """Issue 14: replayed on the trace's streams, the real caching allocator reserves what
-    ``torch-caching`` emulates (on one stream it had reserved 482 MiB against the emulation's 550)."""
+    ``torch-caching`` emulates (on one stream it had reserved 482 MiB against the emulation's
+    550)."""
     if "torch.cuda" not in available_baselines():
         pytest.skip("torch with CUDA is not importable here")
     from traces.pytorch_snapshot import read_pytorch_snapshot

@@ -1,5 +1,6 @@
-"""``benchmarks/bench_serve.py record`` (the recordings' driver) and ``benchmarks/gc_log`` (the GC log of
-every process of a recording), without a GPU: ``--dry-run`` runs a stand-in child for each run."""
+"""``benchmarks/bench_serve.py record`` (the recordings' driver) and ``benchmarks/gc_log`` (the GC
+log of every process of a recording), without a GPU: ``--dry-run`` runs a stand-in child for each
+run."""
 
 import os
 import subprocess

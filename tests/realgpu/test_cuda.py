@@ -1,4 +1,5 @@
-"""The CUDA backend: clear refusals everywhere, real memory where a GPU is present (``gpu`` marker)."""
+"""The CUDA backend: clear refusals everywhere, real memory where a GPU is present (``gpu``
+marker)."""
 
 import gc
 import os
@@ -47,7 +48,8 @@ def test_realgpu_and_its_host_backend_work_with_cupy_blocked():
         "import realgpu, realgpu.replay, realgpu.baselines, realgpu.calibrate, realgpu.roundtrip\n"
         "pool = realgpu.GpuPool('paged', backend='host')\n"
         "pool.free(pool.allocate(1000)); pool.close()\n"
-        "try:\n    realgpu.GpuPool('paged')\nexcept realgpu.GpuUnavailableError as e:\n    print(e)\n"
+        "try:\n    realgpu.GpuPool('paged')\nexcept realgpu.GpuUnavailableError as e:\n    "
+        "print(e)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],

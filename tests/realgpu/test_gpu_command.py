@@ -1,4 +1,5 @@
-"""``poollab gpu``: one-line refusals without a GPU, and the whole replay path on the host backend."""
+"""``poollab gpu``: one-line refusals without a GPU, and the whole replay path on the host
+backend."""
 
 from pathlib import Path
 

@@ -1,4 +1,5 @@
-"""The page-mapped device on real (host) memory: mmap/memfd standing in for cuMem*, as CI runs it."""
+"""The page-mapped device on real (host) memory: mmap/memfd standing in for cuMem*, as CI runs
+it."""
 
 import os
 import sys
@@ -145,7 +146,8 @@ def test_a_driver_error_names_the_call_and_the_error():
 
 
 class RefusingDriver(HostMmapDriver):
-    """The host driver, out of physical memory after ``num_pages`` creates (as a full GPU refuses)."""
+    """The host driver, out of physical memory after ``num_pages`` creates (as a full GPU
+    refuses)."""
 
     def __init__(self, num_pages):
         super().__init__()

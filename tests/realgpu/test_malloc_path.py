@@ -1,4 +1,5 @@
-"""``realgpu.malloc_path``: the fast ``malloc`` a plain pool hands CuPy, against the general path."""
+"""``realgpu.malloc_path``: the fast ``malloc`` a plain pool hands CuPy, against the general
+path."""
 
 import gc
 

@@ -40,7 +40,8 @@ def make_trace(ops, name="t"):
 
 
 def random_trace(seed, num_allocs=400, max_live=40, max_bytes=6 * MiB, name="random"):
-    """Allocations of log-uniform sizes (512 B .. ``max_bytes``), freed in random order, some never."""
+    """Allocations of log-uniform sizes (512 B .. ``max_bytes``), freed in random order, some
+    never."""
     rng = np.random.default_rng(seed)
     ops, live = [], []
     for ident in range(num_allocs):
@@ -335,7 +336,8 @@ def test_a_long_baseline_replay_counts_every_free_though_it_times_a_sample(drop)
 
 class _HostStreamBaseline(_HostBaseline):
     """The stand-in, caching per stream: it logs the stream current at each allocation and at
-    each switch, and reads the timer in ``use_stream`` so a switch inside a timed call would show."""
+    each switch, and reads the timer in ``use_stream`` so a switch inside a timed call would
+    show."""
 
     keys_by_stream = True
 

@@ -1,6 +1,7 @@
-"""``poollab gpu serve``: the request plan, the real-time driver, the step log and request table, the
-summary row and the command's option mapping, with a fake engine on a fake clock; a CPU smoke run of
-transformers' real engine on a tiny model where torch and transformers are installed; a GPU run."""
+"""``poollab gpu serve``: the request plan, the real-time driver, the step log and request table,
+the summary row and the command's option mapping, with a fake engine on a fake clock; a CPU smoke
+run of transformers' real engine on a tiny model where torch and transformers are installed; a GPU
+run."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from sim.replay.schema import SUMMARY_COLUMNS, summary_frame
 from sim.replay.serving_metrics import SERVING_COLUMNS
 from traces.engine_profile import STEP_COLUMNS, read_served_requests, read_step_profile
 
-#: A start-up snapshot of transformers' continuous batching, recorded on the H200 by `poollab gpu serve --snapshot`
+#: A start-up snapshot of transformers' continuous batching, recorded on the H200 by `poollab gpu
+#: serve --snapshot`
 STARTUP_SNAPSHOT = (
     Path(__file__).resolve().parents[2]
     / "tests"
@@ -48,7 +50,7 @@ def _requests(arrival, prompt, output) -> pd.DataFrame:
     return pd.DataFrame({"arrival_s": arrival, "prompt_tokens": prompt, "output_tokens": output})
 
 
-# --- the plan ---------------------------------------------------------------------------------------
+# --- the plan -------------------------------------------------------------------------------------
 
 
 def test_plan_caps_prompt_and_output_to_the_longest_sequence():
@@ -89,7 +91,7 @@ def test_plan_of_an_empty_trace_says_so():
         plan_requests(_requests([], [], []), max_len_tokens=64, duration_s=0.5)
 
 
-# --- the driver, with a fake engine on a fake clock ----------------------------------------------------
+# --- the driver, with a fake engine on a fake clock -----------------------------------------------
 
 
 class FakeClock:
@@ -223,7 +225,7 @@ def test_failed_request_keeps_its_first_token_but_no_finish():
     assert math.isnan(served["finish_s"][1]) and served["error"][1] == "OutOfMemoryError"
 
 
-# --- the summary row ----------------------------------------------------------------------------------
+# --- the summary row ------------------------------------------------------------------------------
 
 
 def _memory_row() -> dict:
@@ -434,7 +436,7 @@ def test_settings_name_the_bad_option(field, value, message):
         ServeSettings(**{field: value})
 
 
-# --- the command --------------------------------------------------------------------------------------
+# --- the command ----------------------------------------------------------------------------------
 
 
 def _run(*args):
@@ -443,7 +445,8 @@ def _run(*args):
 
 @pytest.fixture
 def one_line_error(capsys):
-    """``poollab gpu serve ARGS`` fails with exit status 2 and one stderr line holding each needle."""
+    """``poollab gpu serve ARGS`` fails with exit status 2 and one stderr line holding each
+    needle."""
 
     def check(args, *needles):
         with pytest.raises(SystemExit) as info:
@@ -522,7 +525,7 @@ def test_startup_snapshot_holds_the_kv_cache_tensors():
     assert all(any(fr["filename"].endswith("cache.py") for fr in e["frames"]) for e in kv)
 
 
-# --- the real engine on the CPU (a tiny model) ---------------------------------------------------------
+# --- the real engine on the CPU (a tiny model) ----------------------------------------------------
 
 
 def tiny_model(tmp_path: Path) -> Path:
@@ -604,7 +607,8 @@ def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
     assert (steps["prefill_context_tokens"] >= steps["num_prefill_tokens"]).all()
     assert run.summary["n_finished"] == 4 and run.summary["kv_blocks"] == 40
     # the steps' zero on the machine's monotonic clock (the engine's process measured it), so other
-    # processes' logs line up with them: between this test's start and now, the last step ending before now
+    # processes' logs line up with them: between this test's start and now, the last step ending
+    # before now
     t0_s = run.summary["t0_perf_counter_s"]
     assert (
         before_s
@@ -616,8 +620,9 @@ def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
 
 
 def test_without_the_footprint_check_the_engine_starts_at_exactly_num_blocks(tmp_path):
-    # 1e-7 of the host's memory is far below the tiny cache's footprint: transformers refuses 40 blocks by its
-    # own estimate; with the check off the option reaches the engine, which starts at exactly 40 and serves
+    # 1e-7 of the host's memory is far below the tiny cache's footprint: transformers refuses 40
+    # blocks by its own estimate; with the check off the option reaches the engine, which starts at
+    # exactly 40 and serves
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from realgpu.serve import serve_trace
@@ -725,7 +730,7 @@ def test_cli_sim_hands_the_simulators_comparison_to_serve_trace(monkeypatch, tmp
     assert seen["compare"] is None
 
 
-# --- the GPU -------------------------------------------------------------------------------------------
+# --- the GPU --------------------------------------------------------------------------------------
 
 
 def _needs_cuda_engine() -> None:
@@ -838,8 +843,9 @@ def test_a_policy_whose_engine_fails_is_reported_and_nothing_half_written(tmp_pa
 
 
 def test_in_mempool_mode_the_engines_thread_gets_the_pool_from_start_to_stop(monkeypatch):
-    # the H200: the engine's thread entered the policy's pool while this thread was routed to it, and
-    # PyTorch refused ("beginAllocateToPool: already recording to mempool_id"): the engine never started
+    # the H200: the engine's thread entered the policy's pool while this thread was routed to it,
+    # and PyTorch refused ("beginAllocateToPool: already recording to mempool_id"): the engine never
+    # started
     import contextlib
     import sys
     from types import SimpleNamespace

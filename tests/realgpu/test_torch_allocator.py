@@ -75,7 +75,8 @@ class FakeEvents:
 # ---------------------------------------------------------------------- the callback table
 @pytest.mark.parametrize("spec", FAST_POLICIES)
 def test_every_pointer_is_512_aligned_and_the_cost_is_counted(spec):
-    # numpy's 64-aligned segments send requests down the realignment path; a page-mapped policy maps pages
+    # numpy's 64-aligned segments send requests down the realignment path; a page-mapped policy maps
+    # pages
     core = host_core(
         spec,
         device=HostDevice() if policies.registry.device_kind(spec) == "segment" else "host-vmm",
@@ -274,7 +275,8 @@ def test_paged_tensors_over_several_pages_get_one_range_of_the_same_memory():
         assert page[:want] == b"\x5a" * want
     core.free(p, n, 0, 0)
     assert core._stitched == {} and core.n_stitched_maps == 1
-    # the same pages again, in the same order (LIFO reuse): the range kept mapped serves, no driver call
+    # the same pages again, in the same order (LIFO reuse): the range kept mapped serves, no driver
+    # call
     maps = pool.device.num_calls["map"]
     assert (
         core.malloc(n, 0, 0) == p
@@ -303,7 +305,8 @@ def _paged_core(spec="paged:page_bytes=2MiB", **device_kw):
 
 
 def _scattered(core, num_pages: int) -> tuple[int, list[int]]:
-    """A tensor of ``num_pages`` pages whose pages are not one range: ``(pointer, pages kept live)``."""
+    """A tensor of ``num_pages`` pages whose pages are not one range: ``(pointer, pages kept
+    live)``."""
     keep = [core.malloc(2 * MiB, 0, 0) for _ in range(2 * num_pages)]
     for q in keep[1::2]:
         core.free(q, 2 * MiB, 0, 0)
@@ -613,7 +616,8 @@ class _FakeShim:
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    """use_policy over a fake torch and shim, with a host-backed pool: its control flow on the CPU."""
+    """use_policy over a fake torch and shim, with a host-backed pool: its control flow on the
+    CPU."""
     import realgpu.torch_allocator as ta
 
     shim = _FakeShim()
@@ -762,8 +766,8 @@ def test_mempool_routes_this_thread_and_hands_the_pool_to_another(fake_engine):
 
 
 def test_mempool_refuses_a_capture_into_its_own_pool_up_front(fake_engine):
-    # the H200: PyTorch refused it too, but after switching streams and counting one more user of the
-    # pool, whose segments then never went back (4 live at close)
+    # the H200: PyTorch refused it too, but after switching streams and counting one more user of
+    # the pool, whose segments then never went back (4 live at close)
     from realgpu.torch_allocator import MEMPOOL_CAPTURE_REFUSAL
 
     _, install = fake_engine
@@ -809,7 +813,7 @@ def test_mempool_out_of_memory_carries_the_policys_reason(fake_engine):
     assert len(torch.pools) == 1
 
 
-# ---------------------------------------------------------------------- the compiled trampoline (torch, no GPU)
+# ---------------------------------------------------------- the compiled trampoline (torch, no GPU)
 @pytest.fixture(scope="module")
 def shim():
     pytest.importorskip("torch")
@@ -941,7 +945,8 @@ def test_trampoline_times_a_call_in_ns_whichever_clock_it_reads(shim):
     samples = shim.samples(0)
     costs = shim.step_costs_ns(n=10_000)
     assert costs["call_clock"] in ("tsc", "monotonic") and costs["clock_read_ns"] > 0
-    # each sample is the call as timed inside the trampoline: at least the 3 ms, within the wall time
+    # each sample is the call as timed inside the trampoline: at least the 3 ms, within the wall
+    # time
     assert samples.size == 5 and (samples >= 3_000_000).all() and samples.mean() <= wall_ns * 1.01
     assert shim.breakdown()["split_python_call_ns"] >= 3_000_000  # the first call was split
 
@@ -1069,13 +1074,14 @@ def test_pluggable_serves_tensors_maps_oom_refuses_capture_and_leaves_no_leak():
             assert "closed" in str(exc)
         else:
             raise AssertionError("allocation after close")
-    """)
+    """)  # noqa: E501
     assert "device_used_delta" in out
 
 
 @pytest.mark.gpu
 def test_paged_serves_tensors_over_several_pages_on_the_page_mapped_device():
-    # the H200's engine run: paged's worker died building the model (a weight over 8 pages not in one range)
+    # the H200's engine run: paged's worker died building the model (a weight over 8 pages not in
+    # one range)
     pytest.importorskip("torch")
     out = _run_gpu_script("""
         import torch
@@ -1097,7 +1103,7 @@ def test_paged_serves_tensors_over_several_pages_on_the_page_mapped_device():
         alloc.check()
         print("stitched", row["n_stitched_maps"], "live_at_close", row["n_live_at_close"])
         assert row["n_live_at_close"] == 0 and alloc.pool.closed and alloc.pool.device.physical_bytes == 0
-    """)
+    """)  # noqa: E501
     assert "stitched" in out
 
 
@@ -1185,5 +1191,5 @@ def test_mempool_mode_captures_and_replays_cuda_graphs():
         assert outcomes["own pool"] is True, outcomes
         assert str(outcomes["policy's pool"]).startswith("PoolError: a CUDA graph captured into the policy's"), outcomes
         assert row["n_alloc"] >= 1 and row["n_live_at_close"] == 0, row
-    """)
+    """)  # noqa: E501
     assert "outcomes" in out

@@ -1,4 +1,5 @@
-"""The page-mapped device on the GPU: cuMem* through cuda-bindings (``gpu`` marker; skipped without CUDA).
+"""The page-mapped device on the GPU: cuMem* through cuda-bindings (``gpu`` marker; skipped without
+CUDA).
 
 Run on the device with ``pytest -q -m gpu tests/realgpu/test_vmm.py -rA``. Every assertion
 message says what was expected and what the driver or NVML showed, so a failure log alone

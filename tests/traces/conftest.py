@@ -1,4 +1,5 @@
-"""Fixtures for the allocation-trace tests: the real traces (skipped when absent) and snapshot files."""
+"""Fixtures for the allocation-trace tests: the real traces (skipped when absent) and snapshot
+files."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def write_snapshot(tmp_path):
 
 @pytest.fixture
 def snap_entry():
-    """``snap_entry(action, addr, size, time_us, stream=0) -> dict``: a trace entry shaped like PyTorch's."""
+    """``snap_entry(action, addr, size, time_us, stream=0) -> dict``: a trace entry shaped like
+    PyTorch's."""
 
     def entry(action: str, addr: int, size: int, time_us: int, stream: int = 0, **extra) -> dict:
         return {

@@ -1,4 +1,5 @@
-"""The JSON beside a snapshot with the device memory the engine's process held outside PyTorch's allocator."""
+"""The JSON beside a snapshot with the device memory the engine's process held outside PyTorch's
+allocator."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_a_file_with_the_parts_only_takes_the_larger(tmp_path):
             ["is not below the device's memory"],
         ),
         (
-            '{"non_torch_bytes": 5, "non_torch_startup_bytes": 5, "non_torch_serving_max_bytes": 1180591620717411303424}',
+            '{"non_torch_bytes": 5, "non_torch_startup_bytes": 5, "non_torch_serving_max_bytes": '
+            "1180591620717411303424}",
             ["non_torch_bytes 5 is not the larger of", "(1,180,591,620,717,411,303,424)"],
         ),
         (

@@ -502,8 +502,8 @@ def _key(text: str) -> bytes:
 
 
 def _deep_pickle(depth: int, *, in_metadata: bool) -> bytes:
-    """A snapshot pickle holding a list nested ``depth`` deep (pickle.dumps itself recurses, so by opcode):
-    as the one trace entry, or as that entry's ``user_metadata``."""
+    """A snapshot pickle holding a list nested ``depth`` deep (pickle.dumps itself recurses, so by
+    opcode): as the one trace entry, or as that entry's ``user_metadata``."""
     nested = b"]" * depth + b"a" * (
         depth - 1
     )  # EMPTY_LIST each level, APPEND each into the one outside
@@ -598,7 +598,8 @@ def test_impossible_requested_size_names_the_segment(write_snapshot, snap_entry,
 
 
 def test_stale_requested_size_of_an_inactive_block_is_no_error(write_snapshot, snap_entry):
-    # recorded snapshots (expandable.pickle.gz) keep a freed block's last request, larger than what is left
+    # recorded snapshots (expandable.pickle.gz) keep a freed block's last request, larger than what
+    # is left
     seg = _segment(
         A,
         2 * MiB,

@@ -1,4 +1,5 @@
-"""The H200 snapshots of server patterns (CUDA-graph pools, expandable segments, empty_cache) read right."""
+"""The H200 snapshots of server patterns (CUDA-graph pools, expandable segments, empty_cache) read
+right."""
 
 import collections
 import gzip

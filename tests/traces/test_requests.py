@@ -92,7 +92,8 @@ def test_scale_rate_rejects_bad_factor(factor):
 
 @pytest.mark.parametrize("factor", [1e-300, 1e-11])
 def test_scale_rate_refuses_a_trace_that_would_last_too_long(factor):
-    """1e-300 used to give arrivals of inf s (float overflow), which the simulator then choked on."""
+    """1e-300 used to give arrivals of inf s (float overflow), which the simulator then choked
+    on."""
     with pytest.raises(ValueError, match="later than 1e\\+11 s"):
         _trace([0.0, 2.0]).scale_rate(factor)
 

@@ -229,7 +229,8 @@ def test_row_with_extra_fields_names_its_line(tmp_path):
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 0x1000)), min_size=1, max_size=60))
 def test_reader_recovers_a_random_alloc_free_sequence(tmp_path_factory, ops):
-    """Simulate a pool handing out pointers from a small set: the reader must pair frees as the pool did."""
+    """Simulate a pool handing out pointers from a small set: the reader must pair frees as the pool
+    did."""
     live: dict[int, int] = {}  # pointer -> allocation number
     rows, expected = [], []
     count = 0

@@ -1,4 +1,5 @@
-"""The streamed snapshot read (``traces.snapshot_stream``): the same parse as the whole-file read, in less memory."""
+"""The streamed snapshot read (``traces.snapshot_stream``): the same parse as the whole-file read,
+in less memory."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ MiB = 1 << 20
 def _entries(
     num_steps: int, snap_entry, *, completions: bool = True, stream: int = 0
 ) -> list[dict]:
-    """``num_steps`` alloc / free_requested / free_completed triples over a few addresses, with tags."""
+    """``num_steps`` alloc / free_requested / free_completed triples over a few addresses, with
+    tags."""
     out = []
     for k in range(num_steps):
         addr = 0x7F0000000000 + (k % 7) * MiB
@@ -46,7 +48,8 @@ def _entries(
 
 
 def _whole(path, device=None):
-    """The whole-file read: every entry unpickled first (the reader before streaming, kept as the fallback)."""
+    """The whole-file read: every entry unpickled first (the reader before streaming, kept as the
+    fallback)."""
     src = open_source(path)
     return parse_snapshot(load_snapshot_dict(src), source=str(src.path), device=device, name="snap")
 
@@ -124,7 +127,8 @@ def test_the_streamed_read_holds_no_list_of_entry_dicts(write_snapshot, snap_ent
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     streamed, whole = peaks
-    # whole: ~450 bytes an entry unpickled, then the columns; streamed: an emptied dict (64 bytes) and the columns
+    # whole: ~450 bytes an entry unpickled, then the columns; streamed: an emptied dict (64 bytes)
+    # and the columns
     assert streamed < 0.5 * whole, (streamed, whole)
 
 
@@ -147,8 +151,8 @@ def test_a_device_after_a_non_empty_one_and_shared_entries_read_whole_alike(
         _streamed(path, monkeypatch, device=1), _whole(path, device=1)
     )  # the walk passes device 0's entries
     _same(_streamed(path, monkeypatch), _whole(path))
-    # one dict object twice, in batches 1,000 entries apart: the streamed read empties the first, so it
-    # must hand over to the whole-file read, which sees the second as PyTorch wrote it
+    # one dict object twice, in batches 1,000 entries apart: the streamed read empties the first, so
+    # it must hand over to the whole-file read, which sees the second as PyTorch wrote it
     shared, marker = _entries(1300, snap_entry), snap_entry("snapshot", 0, 0, 0)
     shared[10] = shared[2500] = marker
     path = write_snapshot(shared, name="shared.pickle.gz")
@@ -177,7 +181,8 @@ def test_errors_name_the_entry_in_a_later_batch(write_snapshot, snap_entry):
 
 
 def test_a_hostile_pickle_cannot_name_the_collector(tmp_path):
-    """Only the reader's own swapped-in opcode makes a collector; a file naming it is refused as any global."""
+    """Only the reader's own swapped-in opcode makes a collector; a file naming it is refused as any
+    global."""
     path = tmp_path / "evil.pickle"
     path.write_bytes(b"\x80\x04c" + b"traces.snapshot_stream\nStreamedEntries\n)R.")
     with pytest.raises(

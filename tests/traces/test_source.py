@@ -1,4 +1,5 @@
-"""traces.source: any path read once, under the size and wait limits, the same bytes for sniffer and reader."""
+"""traces.source: any path read once, under the size and wait limits, the same bytes for sniffer and
+reader."""
 
 from __future__ import annotations
 

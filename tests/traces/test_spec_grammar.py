@@ -98,7 +98,10 @@ def test_check_text_without_depth_checks_the_length_only():
 
 
 def test_someone_elses_settings_are_read_leniently_with_their_separator():
-    conf = "expandable_segments:True, roundup_power2_divisions:[256:1,512:2,>:8],garbage,max_split_size_mb:128"
+    conf = (
+        "expandable_segments:True, "
+        "roundup_power2_divisions:[256:1,512:2,>:8],garbage,max_split_size_mb:128"
+    )
     assert parse_items(conf, bad_item=None, valid_key=bool, assign=":") == {
         "expandable_segments": "True",
         "roundup_power2_divisions": "[256:1,512:2,>:8]",

@@ -191,7 +191,8 @@ def test_specs_beyond_the_limits_are_refused_before_any_work(kw, match):
 
 
 def test_times_past_int64_are_refused_not_wrapped():
-    """A tiny arrival rate used to cast 2e304 us to int64: a negative arrival time, written without a word."""
+    """A tiny arrival rate used to cast 2e304 us to int64: a negative arrival time, written without
+    a word."""
     with pytest.raises(ValueError, match="past what an int64 time holds"):
         _gen(arrival_rate_per_s=1e-300)
     with pytest.raises(ValueError, match="more than 9,223,372,036,854,775,807 us"):
@@ -199,7 +200,8 @@ def test_times_past_int64_are_refused_not_wrapped():
 
 
 def test_a_tensor_past_int64_is_refused():
-    """A model JSON of absurd width used to fail with numpy's OverflowError, a traceback on the command line."""
+    """A model JSON of absurd width used to fail with numpy's OverflowError, a traceback on the
+    command line."""
     with pytest.raises(ValueError, match="more than an int64 size holds"):
         _gen(
             num_requests=1,

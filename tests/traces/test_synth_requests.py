@@ -228,7 +228,8 @@ def test_length_specs_refuse_counts_no_reader_would_read(text, match):
 
 
 def test_lognormal_without_max_is_clipped_to_max_tokens():
-    """A huge sigma overflows to inf: it used to wrap to -2**63 in int64 and be written as a negative count."""
+    """A huge sigma overflows to inf: it used to wrap to -2**63 in int64 and be written as a
+    negative count."""
     from traces.requests import MAX_TOKENS
 
     x = Lognormal(1000, 300.0).sample(np.random.default_rng(0), 1000)

@@ -184,7 +184,8 @@ def slice_azure(src: Path, dst: Path, minutes: int = AZURE_MINUTES) -> int:
 
 
 def slice_mooncake(src: Path, dst: Path, minutes: int = MOONCAKE_MINUTES) -> int:
-    """Lines of a Mooncake JSONL trace (``timestamp`` in ms from the trace's start) before ``minutes``."""
+    """Lines of a Mooncake JSONL trace (``timestamp`` in ms from the trace's start) before
+    ``minutes``."""
     kept = [
         line
         for line in src.read_text().splitlines(keepends=True)

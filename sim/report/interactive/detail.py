@@ -46,7 +46,8 @@ METRICS = {
     "frag_ext": ("frag", "f4"),
 }
 #: A chunk's columns, in order: (the page's name, storage). "i8d": int64 differences from the
-#: previous value (the first from 0); "f8"/"f4": float64/float32. Each level lists them for the page.
+#: previous value (the first from 0); "f8"/"f4": float64/float32. Each level lists them for the
+#: page.
 COLUMNS = [("t_us", "i8d")] + [
     (page + end, kind) for page, kind in METRICS.values() for end in ("Min", "Max")
 ]

@@ -48,9 +48,9 @@ __all__ = [
 
 #: Time-series rows embedded per run: the detail the page re-buckets when zoomed.
 DETAIL_POINTS = 10_000
-#: Bytes a page may grow to with zoom levels (``sim.report.interactive.detail``): what the page is without
-#: them is measured, and the rest is shared evenly by its runs; 1 MB short of the 20 MB a page must
-#: stay under, however long the runs.
+#: Bytes a page may grow to with zoom levels (``sim.report.interactive.detail``): what the page is
+#: without them is measured, and the rest is shared evenly by its runs; 1 MB short of the 20 MB a
+#: page must stay under, however long the runs.
 PAGE_BUDGET_BYTES = 19_000_000
 #: Segment lanes drawn per run and moment (the first, by address); the totals cover all of them.
 MAX_LANES = 160
@@ -91,8 +91,9 @@ def read_recorded_tables(folder: Path) -> dict[str, pd.DataFrame]:
 
 
 def _read_detail(folder: Path, budget_bytes_per_run: int) -> dict[tuple, list]:
-    """Zoom levels (``sim.report.interactive.detail``) of every run in the folder's ``timeseries.parquet``
-    with more than ``DETAIL_POINTS`` rows, by (trace, policy, backend); {} without that table."""
+    """Zoom levels (``sim.report.interactive.detail``) of every run in the folder's
+    ``timeseries.parquet`` with more than ``DETAIL_POINTS`` rows, by (trace, policy, backend); {}
+    without that table."""
     from sim.report.bounded_tables import read_run_series
     from sim.report.interactive.detail import METRICS, detail_levels
 
@@ -113,7 +114,8 @@ def attach_detail(
     datas: list[dict[str, Any]], folders: list[tuple[Path, str]], budget_bytes: int
 ) -> None:
     """Give each run of ``datas`` (``trace_data``'s) its zoom levels from the result folders
-    (path, label), ``budget_bytes`` shared evenly by the runs; drops the ``run_keys`` it matched by."""
+    (path, label), ``budget_bytes`` shared evenly by the runs; drops the ``run_keys`` it matched
+    by."""
     runs = {
         (d["trace"], *key): run for d in datas for key, run in zip(d.pop("run_keys"), d["runs"])
     }
@@ -181,7 +183,8 @@ def _preemption_times(ts: pd.DataFrame) -> list[float]:
 def _compaction_markers(
     compactions: pd.DataFrame | None, many_sources: bool
 ) -> list[dict[str, Any]]:
-    """One marker per recorded row (``sim.replay.compaction_log``): its time and what the passes did."""
+    """One marker per recorded row (``sim.replay.compaction_log``): its time and what the passes
+    did."""
     if compactions is None:
         return []
     out = [
@@ -200,7 +203,8 @@ def _compaction_markers(
 
 
 def _sampled_compactions(ts: pd.DataFrame, label: str) -> list[dict[str, Any]]:
-    """Markers where a serving run's cumulative ``num_compactions`` grew (``sim.serving.server``'s samples)."""
+    """Markers where a serving run's cumulative ``num_compactions`` grew (``sim.serving.server``'s
+    samples)."""
     if "num_compactions" not in ts.columns:
         return []
     rows = ts[ts["num_compactions"].notna()].sort_values("time_us")
@@ -306,12 +310,16 @@ def trace_data(
 def timeline_html(i: int, data: dict[str, Any]) -> str:
     """The time-range filter and the timeline of trace ``i``."""
     legend = (
-        "Drag to zoom (double-click: all), hover for every run's values at that time, click to move the "
-        "segment view there. Red dashed line: first failure; red crosses: refused requests (click one); "
-        "orange dotted: preemption bursts; green triangles: compactions (hover: moves and bytes moved)."
+        "Drag to zoom (double-click: all), hover for every run's values at that time, click to "
+        "move the "
+        "segment view there. Red dashed line: first failure; red crosses: refused requests (click "
+        "one); "
+        "orange dotted: preemption bursts; green triangles: compactions (hover: moves and bytes "
+        "moved)."
     )
     return (
-        f'<div class="range">time range (s): <input id="from-{i}" size="10"> to <input id="to-{i}" size="10"> '
+        f'<div class="range">time range (s): <input id="from-{i}" size="10"> to <input id="to-{i}" '
+        'size="10"> '
         f'<button id="apply-{i}">apply</button> <button id="reset-{i}">whole run</button></div>'
         f'<div id="tl-{i}" class="timeline"></div><p class="note">{html.escape(legend)}</p>'
         f'<div id="fail-{i}"></div>'
@@ -319,26 +327,34 @@ def timeline_html(i: int, data: dict[str, Any]) -> str:
 
 
 def segments_html(i: int, data: dict[str, Any]) -> str:
-    """The segment view of trace ``i``: a slider over the recorded moments and a lane per segment."""
+    """The segment view of trace ``i``: a slider over the recorded moments and a lane per
+    segment."""
     if not data["layouts"]:
         return (
-            '<p class="note">no segment layouts recorded for this trace (`poollab replay TRACE --record-layout` '
+            '<p class="note">no segment layouts recorded for this trace (`poollab replay TRACE '
+            "--record-layout` "
             "records them)</p>"
         )
     lanes = "".join(
-        f'<div class="segrun"><h4>{html.escape(run["label"])}</h4><p class="note" id="seginfo-{i}-{r}">'
+        f'<div class="segrun"><h4>{html.escape(run["label"])}</h4><p class="note" '
+        f'id="seginfo-{i}-{r}">'
         f'</p><canvas id="segcanvas-{i}-{r}" class="segcanvas"></canvas></div>'
         for r, run in enumerate(data["layouts"])
     )
     n = len(data["layouts"][0]["samples"])
     fail = f' <button id="firstfail-{i}">first failure</button>' if data["failures"] else ""
     return (
-        f'<div class="segctl"><button id="play-{i}">▶ play</button> <input type="range" id="slider-{i}" min="0" '
+        f'<div class="segctl"><button id="play-{i}">▶ play</button> <input type="range" '
+        f'id="slider-{i}" min="0" '
         f'max="{max(0, n - 1)}" value="0" step="1"> <span id="segtime-{i}"></span>{fail}</div>'
-        f'<p class="note">One lane per segment, widths to the same scale (the largest segment fills a lane); '
-        f"blue: live blocks, white: free holes, outlined red: the largest free hole (or, at a failure, the "
-        f"holes as large as the request). Slate grey: PyTorch's recorded segments and the live blocks in them "
-        f"(from the snapshot: each block at its recorded address, of the size asked, so a white gap also holds "
+        '<p class="note">One lane per segment, widths to the same scale (the largest segment '
+        "fills a lane); "
+        "blue: live blocks, white: free holes, outlined red: the largest free hole (or, at a "
+        "failure, the "
+        "holes as large as the request). Slate grey: PyTorch's recorded segments and the live "
+        "blocks in them "
+        "(from the snapshot: each block at its recorded address, of the size asked, so a white "
+        "gap also holds "
         f"PyTorch's rounding). The time-range filter above limits the slider.</p>"
         f'<div class="segruns">{lanes}</div>'
     )
@@ -361,4 +377,4 @@ CSS = """
 .segcanvas{width:100%;border-left:1px solid #ccc}.segctl input[type=range]{width:50%;vertical-align:middle}
 p.failure{background:#fdecea;border-left:4px solid #d62728;padding:.4rem .6rem}
 th[data-sort=asc]::after{content:" ▲"}th[data-sort=desc]::after{content:" ▼"}
-"""
+"""  # noqa: E501

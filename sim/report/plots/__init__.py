@@ -72,7 +72,8 @@ __all__ = [
 
 
 def figure_png(fig, *, dpi: int = 100) -> bytes:
-    """The figure as PNG bytes (for embedding; the figure is not closed: it holds no global state)."""
+    """The figure as PNG bytes (for embedding; the figure is not closed: it holds no global
+    state)."""
     import io
 
     buf = io.BytesIO()

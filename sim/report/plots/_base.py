@@ -16,7 +16,8 @@ import pandas as pd
 #: Columns that tell one series (one run) from another, most significant first.
 SERIES_KEYS = ("policy", "backend", "source")
 
-#: Qualitative palette (matplotlib's tab10 then tab20's light half): stable colours by first appearance.
+#: Qualitative palette (matplotlib's tab10 then tab20's light half): stable colours by first
+#: appearance.
 _PALETTE = [
     "#1f77b4",
     "#ff7f0e",
@@ -64,7 +65,8 @@ def grid_shape(num_panels: int, max_cols: int) -> tuple[int, int]:
 
 
 def hide_unused(axes: np.ndarray, used: int, xlabel: str | None = None) -> None:
-    """Hide the panels past ``used``; the lowest panel left in each column gets the x ticks and label."""
+    """Hide the panels past ``used``; the lowest panel left in each column gets the x ticks and
+    label."""
     for ax in axes.flat[used:]:
         ax.set_visible(False)
     nrows, ncols = axes.shape
@@ -108,7 +110,8 @@ def series_keys(table: pd.DataFrame) -> list[str]:
 
 
 def with_series(table: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFrame:
-    """A copy of ``table`` with a ``series`` column: ``policy``, plus ``backend``/``source`` if they differ."""
+    """A copy of ``table`` with a ``series`` column: ``policy``, plus ``backend``/``source`` if they
+    differ."""
     out = table.copy()
     keys = list(keys) if keys is not None else series_keys(table)
     if not keys:
@@ -155,7 +158,8 @@ def byte_unit(max_bytes: float) -> tuple[float, str]:
 
 
 def time_unit(time_us: pd.Series) -> tuple[float, str]:
-    """``(divisor, axis label)`` for microsecond times: seconds, or milliseconds for runs under a second."""
+    """``(divisor, axis label)`` for microsecond times: seconds, or milliseconds for runs under a
+    second."""
     t = time_us.to_numpy(np.float64)
     span_s = (np.nanmax(t) - np.nanmin(t)) / 1e6 if t.size else 0.0
     return (1e3, "time (ms)") if span_s < 1.0 else (1e6, "time (s)")

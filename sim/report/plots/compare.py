@@ -1,10 +1,10 @@
 """The simulator against the device: the same trace and policy run with backend ``sim`` and ``gpu``.
 
 ``sim_gpu_pairs`` finds such pairs in a summary and ``sim_gpu_differences`` lists, per pair, each
-shared measure in both runs with the difference. ``sim.replay.trace_replay`` and ``realgpu.replay`` sample the
-same events with the same monitor, so pool measures (peaks, failures, fragmentation) should agree
-exactly; latency and wall time are where the model meets the hardware. A GPU baseline allocator
-(``kind`` = "baseline") named like a policy (``torch-caching``) pairs with that policy's
+shared measure in both runs with the difference. ``sim.replay.trace_replay`` and ``realgpu.replay``
+sample the same events with the same monitor, so pool measures (peaks, failures, fragmentation)
+should agree exactly; latency and wall time are where the model meets the hardware. A GPU baseline
+allocator (``kind`` = "baseline") named like a policy (``torch-caching``) pairs with that policy's
 emulation: then every measure is a real difference.
 """
 
@@ -94,7 +94,8 @@ def sim_gpu_pairs(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def sim_gpu_differences(summary: pd.DataFrame) -> pd.DataFrame:
-    """Tidy comparison: ``trace, policy, kind, measure, sim, gpu, diff, rel_diff`` per pair and measure.
+    """Tidy comparison: ``trace, policy, kind, measure, sim, gpu, diff, rel_diff`` per pair and
+    measure.
 
     ``diff`` is gpu - sim and ``rel_diff`` is diff / |sim| (NaN when sim is 0 or missing).
     ``kind`` is the GPU run's kind ("policy" or "baseline") when the summary says; ``source``
@@ -146,7 +147,8 @@ def _pair_labels(traces: list, policies: list, sources: list) -> list[str]:
 
 
 def differences_view(diffs: pd.DataFrame) -> pd.DataFrame:
-    """``sim_gpu_differences`` for reading: a row per measure, a column per pair, cells ``sim → gpu (change)``.
+    """``sim_gpu_differences`` for reading: a row per measure, a column per pair, cells ``sim → gpu
+    (change)``.
 
     Sizes are in MiB and fractions in percent (the row names say so); the change is relative,
     ``=`` when the two are equal, or absolute when the simulated value is 0.

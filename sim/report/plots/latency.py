@@ -3,7 +3,8 @@
 A results folder always has the summary's ``alloc_p50_us``/``alloc_p99_us``/``free_p50_us``/
 ``free_p99_us``. Per-call samples are optional: a tidy table (``LATENCY_SAMPLE_COLUMNS``, one row
 per call) that ``latency_samples`` builds from replay results and a folder may hold as
-``latency_samples.parquet`` (``sim.replay.schema.write_results(..., extra_tables={"latency_samples": t})``).
+``latency_samples.parquet`` (``sim.replay.schema.write_results(..., extra_tables={"latency_samples":
+t})``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Inputs are the report's tables (``sim.replay.schema``): a time series with ``TIMESERIES_COLUMNS``
 (replay, simulation or GPU) and a summary with ``SUMMARY_COLUMNS``. Runs are told apart by
-``policy``, then ``backend`` and ``source`` where those differ (``sim.report.plots._base.series_keys``).
+``policy``, then ``backend`` and ``source`` where those differ
+(``sim.report.plots._base.series_keys``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What users of a server feel, and what went wrong: TTFT/TPOT/e2e, queues, failures and preemptions.
+"""What users of a server feel, and what went wrong: TTFT/TPOT/e2e, queues, failures and
+preemptions.
 
 Inputs: a simulation's per-request table (``sim.replay.serving_metrics.REQUEST_TABLE_COLUMNS`` plus
 ``trace``/``policy``), its time series (``running``, ``waiting``, ``swapped`` beside the pool
@@ -98,7 +99,8 @@ def plot_queue_lengths(timeseries: pd.DataFrame, *, title: str | None = None) ->
     queues = [q for q in queues if q != "swapped" or (ts[q].fillna(0) > 0).any()]
     if not queues:
         raise ValueError(
-            f"plot_queue_lengths needs 'running' or 'waiting' columns; the table has {list(ts.columns)}"
+            "plot_queue_lengths needs 'running' or 'waiting' columns; the table has "
+            f"{list(ts.columns)}"
         )
     t = with_series(ts)
     names = series_order(t)

@@ -1,4 +1,5 @@
-"""``sim.planner.plan``: the largest KV cache with which an engine's recorded start-up still fits, exact to one page."""
+"""``sim.planner.plan``: the largest KV cache with which an engine's recorded start-up still fits,
+exact to one page."""
 
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def startup_snapshot(
 ) -> dict:
     """A start-up snapshot laid out as ``torch.cuda.memory._snapshot()`` does: weights (allocated in
     the trace, or ``pre_trace_weights`` as blocks of the final ``segments`` never seen allocated), a
-    profiling run (allocations freed again), ``num_kv`` KV tensors in one burst (``small_between_kv``
-    small allocations after each, as views and scales would be), ``linked`` buffers allocated after the
-    cache and never freed (an attention mask sized by it), then warm-up steps (alloc, free)."""
+    profiling run (allocations freed again), ``num_kv`` KV tensors in one burst
+    (``small_between_kv`` small allocations after each, as views and scales would be), ``linked``
+    buffers allocated after the cache and never freed (an attention mask sized by it), then warm-up
+    steps (alloc, free)."""
     entries, t, addr = [], [0], [1 << 40]
 
     def alloc(size: int) -> int:
@@ -119,7 +121,7 @@ def brute_force_safe_pages(inputs, spec: str, up_to: int) -> int:
     return max(fitting, default=0)
 
 
-# ---------------------------------------------------------------------------- recognising the KV cache
+# ------------------------------------------------------------------------- recognising the KV cache
 def test_the_kv_cache_is_the_burst_of_equal_size_allocations_that_live_to_the_end():
     rec = recording(
         startup_snapshot(weights=(20 * MiB,), num_kv=6, kv_bytes=8 * MiB, small_between_kv=1)
@@ -131,7 +133,8 @@ def test_the_kv_cache_is_the_burst_of_equal_size_allocations_that_live_to_the_en
 
 
 def test_weights_of_one_shape_in_every_layer_are_no_burst():
-    # four layers of (q, k, v, o, gate, up, down): k and v share a shape, and the rest recur per layer
+    # four layers of (q, k, v, o, gate, up, down): k and v share a shape, and the rest recur per
+    # layer
     layer = (16 * MiB, 4 * MiB, 4 * MiB, 16 * MiB, 56 * MiB, 56 * MiB, 56 * MiB)
     rec = recording(startup_snapshot(weights=layer * 4, num_kv=8, kv_bytes=100 * MiB, warmup=()))
     kv = recognise_kv(rec)
@@ -192,7 +195,8 @@ def test_the_user_names_the_kv_by_size_entries_or_address():
     assert by_entry.ops == by_addr.ops and len(by_entry.ops) == 1
     assert rec.entries[by_entry.ops[0]] == kv_entry
     assert len(select_kv(rec, [parse_kv_selector("size=100MiB")]).ops) == 2  # both live to the end
-    # a range takes the never-freed allocations in it: the profiling run's before the cache is left out
+    # a range takes the never-freed allocations in it: the profiling run's before the cache is left
+    # out
     assert select_kv(rec, [parse_kv_selector(f"entries=1-{kv_entry + 5}")]).ops == by_entry.ops
 
 
@@ -220,7 +224,7 @@ def test_a_selector_naming_a_freed_or_missing_allocation_is_refused():
         select_kv(rec, [parse_kv_selector("addr=0x10")])
 
 
-# ---------------------------------------------------------------------------- weights and the profiled peak
+# -------------------------------------------------------------------- weights and the profiled peak
 def test_weights_are_what_lives_to_the_end_from_before_the_kv_cache_pre_trace_blocks_included():
     rec = recording(
         startup_snapshot(
@@ -278,10 +282,11 @@ def test_the_search_finds_what_trying_every_size_finds(spec):
     )  # fewer replays than trying every size
 
 
-# ---------------------------------------------------------------------------- buffers sized by the KV cache
+# -------------------------------------------------------------------- buffers sized by the KV cache
 def test_a_linked_buffer_grows_with_the_kv_worked_by_hand():
-    # as test_the_plan_is_the_largest_kv_that_fits_worked_by_hand, plus a 20 MiB buffer after the cache that
-    # grows 2 MiB a page (recorded at 64 pages): 100 + 4 n + (20 + 2 (n - 64)) + 50 <= 1024, so n = 163
+    # as test_the_plan_is_the_largest_kv_that_fits_worked_by_hand, plus a 20 MiB buffer after the
+    # cache that grows 2 MiB a page (recorded at 64 pages): 100 + 4 n + (20 + 2 (n - 64)) + 50 <=
+    # 1024, so n = 163
     rec = recording(
         startup_snapshot(
             weights=(100 * MiB,),
@@ -345,7 +350,8 @@ def test_with_a_linked_buffer_the_search_finds_what_trying_every_size_finds(spec
 def test_an_engine_rule_recognises_its_buffer_and_needs_a_model():
     from sim.serving.engines import EnginePreset, KvLinkedRule
 
-    # Llama-3.2-1B: 32 KiB a token; 32 tensors of 8 MiB = 8,192 tokens; a rule of 1 KiB a token + 1 MiB = 9 MiB
+    # Llama-3.2-1B: 32 KiB a token; 32 tensors of 8 MiB = 8,192 tokens; a rule of 1 KiB a token + 1
+    # MiB = 9 MiB
     rec = recording(
         startup_snapshot(weights=(100 * MiB,), num_kv=32, kv_bytes=8 * MiB, linked=(9 * MiB,))
     )
@@ -386,7 +392,8 @@ def test_a_linked_selector_naming_nothing_or_the_kv_itself_is_refused():
 
 
 def test_pages_of_a_model_give_tokens_and_split_over_the_kv_tensors():
-    # Llama-3.2-1B: 16 layers x 8 KV heads x 64 x 2 B x 2 = 32 KiB a token: 32 tensors, 16 KiB each a page
+    # Llama-3.2-1B: 16 layers x 8 KV heads x 64 x 2 B x 2 = 32 KiB a token: 32 tensors, 16 KiB each
+    # a page
     rec = recording(
         startup_snapshot(weights=(100 * MiB,), num_kv=32, kv_bytes=8 * MiB, warmup=(50 * MiB,))
     )
@@ -420,8 +427,8 @@ def test_a_run_whose_warm_up_alone_does_not_fit_leaves_no_kv():
 
 
 def test_the_engine_rule_misses_what_comes_after_the_profiling_run():
-    # profiled peak 40 MiB, but the warm-up after the KV cache needs 250 MiB: the rule (0.9 x 1 GiB -
-    # 140 MiB = 780 MiB of KV) runs out of memory there, where the plan leaves room for it
+    # profiled peak 40 MiB, but the warm-up after the KV cache needs 250 MiB: the rule (0.9 x 1 GiB
+    # - 140 MiB = 780 MiB of KV) runs out of memory there, where the plan leaves room for it
     rec = recording(
         startup_snapshot(weights=(100 * MiB,), profiling=(40 * MiB,), num_kv=2, warmup=(250 * MiB,))
     )
@@ -445,7 +452,7 @@ def test_non_torch_memory_comes_off_the_pool():
     assert row.capacity_bytes == 824 * MiB and row.safe_kv_pages == (824 - 150) // 4
 
 
-# ---------------------------------------------------------------------------- the snapshots users have (H200)
+# ------------------------------------------------------------------ the snapshots users have (H200)
 def test_cuda_graphs_in_a_private_pool_brute_force():
     """The H200 recording of an engine's pattern: a static KV cache of 12 x 32 MiB, then one CUDA
     graph per batch size captured into one private pool, then eager prefills."""
@@ -558,10 +565,10 @@ def test_bench_plan_lengthens_a_recording_without_changing_its_answer(capsys):
     assert "torch-caching: plan" in capsys.readouterr().out
 
 
-# ---------------------------------------------------------------------------- a real engine's start-up (H200)
+# ------------------------------------------------------------------ a real engine's start-up (H200)
 STARTUP = SNAPSHOTS / "startup_transformers_cb.pickle.gz"
-#: what the engine reported (``startup_transformers_cb.json``): 64 K/V tensors of (3,060 + 2 padding)
-#: blocks of 256 tokens, each block 256 x 8 KV heads x 128 x 2 B
+#: what the engine reported (``startup_transformers_cb.json``): 64 K/V tensors of (3,060 + 2
+#: padding) blocks of 256 tokens, each block 256 x 8 KV heads x 128 x 2 B
 STARTUP_KV_TENSOR_BYTES = 1_605_369_856
 STARTUP_TOTAL_BYTES = 150_109_880_320  # torch.cuda.mem_get_info()'s total on that H200
 
@@ -641,7 +648,8 @@ def test_a_real_start_ups_attention_mask_is_recognised_and_grows_with_the_cache(
         model="Llama-3-8B",
         block_tokens=256,
     ).plans[0]
-    # the mask takes 4 MiB of each 36 MiB a page costs: the plan is smaller by about a ninth of the growth
+    # the mask takes 4 MiB of each 36 MiB a page costs: the plan is smaller by about a ninth of the
+    # growth
     assert 3_062 < p.safe_pages < unlinked.safe_pages
     assert not fits(inputs, p.spec, p.safe_pages + 1).fits
     assert (
@@ -650,17 +658,17 @@ def test_a_real_start_ups_attention_mask_is_recognised_and_grows_with_the_cache(
     )
 
 
-# ---------------------------------------------------------------------------- the H200 check of session 12
-#: A start-up recorded by `gpu serve --snapshot --snapshot-until both` with the JSON it wrote beside it: the
-#: device memory the engine's process held outside PyTorch's allocator, 0.72 GiB at start-up's end and at
-#: most while serving (benchmarks/results/engine_check/plan_check_s12)
+# --------------------------------------------------------------------- the H200 check of session 12
+#: A start-up recorded by `gpu serve --snapshot --snapshot-until both` with the JSON it wrote beside
+#: it: the device memory the engine's process held outside PyTorch's allocator, 0.72 GiB at
+#: start-up's end and at most while serving (benchmarks/results/engine_check/plan_check_s12)
 MEASURED = SNAPSHOTS / "startup_transformers_cb_measured.pickle.gz"
-#: what PyTorch reserved at its peak in the fresh engine processes that served 8 and 12 requests at the
-#: planned --num-blocks 3,482 (summary.csv's peak_reserved_bytes of both H200 calls)
+#: what PyTorch reserved at its peak in the fresh engine processes that served 8 and 12 requests at
+#: the planned --num-blocks 3,482 (summary.csv's peak_reserved_bytes of both H200 calls)
 MEASURED_RUN_PEAK_RESERVED = 149_325_611_008
 
 
-def test_a_plan_from_the_engines_own_figures_is_what_the_h200_served_and_one_page_more_is_what_failed():
+def test_a_plan_from_the_engines_own_figures_is_what_the_h200_served_and_one_page_more_is_what_failed():  # noqa: E501
     from sim.planner.plan import plan_snapshot
 
     result = plan_snapshot(
@@ -673,6 +681,7 @@ def test_a_plan_from_the_engines_own_figures_is_what_the_h200_served_and_one_pag
     assert (p.safe_pages, row.engine_num_blocks) == (3_484, 3_482)
     # the replay's peak at the planned size is the real run's, to the byte
     assert p.safe.peak_reserved_bytes == MEASURED_RUN_PEAK_RESERVED
-    # one page more: the 224 MiB warm-up request on stream 1 that ran out of memory on the H200 at 3,483 blocks
+    # one page more: the 224 MiB warm-up request on stream 1 that ran out of memory on the H200 at
+    # 3,483 blocks
     k = p.next_page.oom_op
     assert inputs.rec.sizes[k] == 224 * MiB and inputs.rec.streams[k] == 1 and k > inputs.kv.ops[-1]

@@ -1,4 +1,5 @@
-"""Lower bound and offline planner (sim/replay/bounds.py): valid plans, never below the bound, fast enough."""
+"""Lower bound and offline planner (sim/replay/bounds.py): valid plans, never below the bound, fast
+enough."""
 
 import pytest
 from hypothesis import given, settings

@@ -107,7 +107,8 @@ def test_a_page_mapped_device_over_a_costed_one_charges_the_physical_time_to_its
 
 
 class CustomDriver(UnmodelledDriver):
-    """A device taking driver time its own way, declaring no clock: driver time only through ``take_driver_ns``."""
+    """A device taking driver time its own way, declaring no clock: driver time only through
+    ``take_driver_ns``."""
 
     def __init__(self):
         self.inner = VirtualDevice()

@@ -1,4 +1,5 @@
-"""Fidelity on what servers run: CUDA-graph private pools and empty_cache, on snapshots recorded on an H200."""
+"""Fidelity on what servers run: CUDA-graph private pools and empty_cache, on snapshots recorded on
+an H200."""
 
 import json
 from pathlib import Path
@@ -19,7 +20,8 @@ def entry(action, addr, size, stream=0):
 
 
 def graph_snapshot():
-    """A default-pool segment, then a capture on stream CAPTURE into private pool (0, 1), then eager work."""
+    """A default-pool segment, then a capture on stream CAPTURE into private pool (0, 1), then eager
+    work."""
     entries = [
         entry("segment_alloc", BASE, 20 * MiB),
         entry("alloc", BASE, 4 * MiB),
@@ -135,7 +137,8 @@ def test_a_recorded_free_the_emulation_does_not_make_is_an_external_release():
         entry("segment_alloc", OTHER, 36 * MiB),
         entry("alloc", OTHER, 35 * MiB),
     ]
-    # with max_split_size these frees read as the allocator's retry; without a limit it never retries
+    # with max_split_size these frees read as the allocator's retry; without a limit it never
+    # retries
     snap = parse_snapshot(
         {
             "device_traces": [entries],

@@ -1,4 +1,5 @@
-"""sim.replay.metrics: what a monitor samples is what ``stats()`` says, read through ``Policy.gauges``."""
+"""sim.replay.metrics: what a monitor samples is what ``stats()`` says, read through
+``Policy.gauges``."""
 
 import random
 
@@ -56,7 +57,8 @@ def test_the_monitor_keeps_one_row_per_sample_with_its_event_and_time():
 
 
 class _StatsWithoutGauges(BestFit):
-    """Overrides ``stats()`` (counts a segment twice) but not ``gauges()``, which the monitor samples."""
+    """Overrides ``stats()`` (counts a segment twice) but not ``gauges()``, which the monitor
+    samples."""
 
     def stats(self):
         s = super().stats()

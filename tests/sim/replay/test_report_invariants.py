@@ -1,4 +1,5 @@
-"""A row whose figures cannot all be true is announced under every table, never printed as healthy."""
+"""A row whose figures cannot all be true is announced under every table, never printed as
+healthy."""
 
 import pandas as pd
 

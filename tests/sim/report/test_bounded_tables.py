@@ -1,4 +1,5 @@
-"""The report's tables read bounded: downsampled per run with peaks kept, columns read one at a time."""
+"""The report's tables read bounded: downsampled per run with peaks kept, columns read one at a
+time."""
 
 import numpy as np
 import pandas as pd

@@ -227,7 +227,8 @@ def zoom_report(tmp_path_factory):
 def _drawn_in_range(
     page, x0: float, x1: float
 ) -> tuple[dict, dict[str, list[tuple[float, float]]]]:
-    """Zoom trace 0 to [x0, x1]; the level drawn and the (time, bytes) points of each byte panel there."""
+    """Zoom trace 0 to [x0, x1]; the level drawn and the (time, bytes) points of each byte panel
+    there."""
     levels, lines = page.evaluate(
         f"window.poollab.setRange(0, {x0}, {x1}).then(() => [window.poollab.levels(0), "
         "document.getElementById('tl-0').data.filter(d => d.yaxis === 'y' || d.yaxis === 'y2')"

@@ -1,4 +1,5 @@
-"""Per-call latency samples: compact in memory and on disk, read back as written, plots unchanged."""
+"""Per-call latency samples: compact in memory and on disk, read back as written, plots
+unchanged."""
 
 import numpy as np
 import pandas as pd

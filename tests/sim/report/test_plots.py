@@ -50,7 +50,10 @@ def visible_axes(fig):
 
 
 def test_importing_plots_does_not_import_matplotlib():
-    code = "import sys, sim.report.plots, sim.report.html; assert 'matplotlib' not in sys.modules, 'imported eagerly'"
+    code = (
+        "import sys, sim.report.plots, sim.report.html; assert 'matplotlib' not in sys.modules, "
+        "'imported eagerly'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -216,7 +219,8 @@ def test_failures_leaves_out_counters_no_run_reports(replayed):
 
 
 def gpu_pair_summary(alloc_trace, policies=("first-fit", "paged")):
-    """The same trace and policies replayed as backend sim and backend gpu (same loop, so pool measures agree)."""
+    """The same trace and policies replayed as backend sim and backend gpu (same loop, so pool
+    measures agree)."""
     rows = []
     for spec in policies:
         rows.append(replay(alloc_trace, spec).summary)

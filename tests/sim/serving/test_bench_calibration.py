@@ -1,4 +1,5 @@
-"""``benchmarks/bench_calibration.py``: the held-out table recomputed from recordings (figures: RESULTS.md)."""
+"""``benchmarks/bench_calibration.py``: the held-out table recomputed from recordings (figures:
+RESULTS.md)."""
 
 import importlib.util
 import subprocess
@@ -72,8 +73,8 @@ def test_the_table_judges_each_run_by_the_others_fits_with_the_spread(tmp_path, 
 
 
 def test_a_condition_of_three_runs_widens_the_target_of_its_runs_only(tmp_path, capsys):
-    """(max - min) / median over a condition's runs is its spread: a run of it is judged against that
-    where it exceeds 15 %; the same engine outside any condition against 15 % alone."""
+    """(max - min) / median over a condition's runs is its spread: a run of it is judged against
+    that where it exceeds 15 %; the same engine outside any condition against 15 % alone."""
     bench = _load()
     for name, fixed_s in [
         ("w_10s_1", 0.05),

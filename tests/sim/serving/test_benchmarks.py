@@ -1,4 +1,5 @@
-"""The replay and sweep benchmarks run on a fresh clone with the bundled data (figures: benchmarks/RESULTS.md)."""
+"""The replay and sweep benchmarks run on a fresh clone with the bundled data (figures:
+benchmarks/RESULTS.md)."""
 
 import importlib.util
 import json

@@ -1,4 +1,5 @@
-"""``ServerConfig``: one declaration per knob (``Knob`` metadata) that validates, documents and names it."""
+"""``ServerConfig``: one declaration per knob (``Knob`` metadata) that validates, documents and
+names it."""
 
 import math
 

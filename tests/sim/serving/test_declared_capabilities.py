@@ -25,13 +25,15 @@ MiB = 1 << 20
 
 
 class ThirdPartyPaged(Paged):
-    """A third party's paged pool: ``Paged``'s pages under another class, declaring what it inherits."""
+    """A third party's paged pool: ``Paged``'s pages under another class, declaring what it
+    inherits."""
 
     name = "third-party-paged"
 
 
 class UncountedPaged(Paged):
-    """A paged pool that does not promise its free pages (as one that evicts or maps on allocation would)."""
+    """A paged pool that does not promise its free pages (as one that evicts or maps on allocation
+    would)."""
 
     name = "uncounted-paged"
     counts_free_pages = False
@@ -61,7 +63,8 @@ def test_a_policy_declaring_its_free_page_count_gets_page_grows_in_quiet_runs(az
     assert_same_results(slow, fast)
     _, uncounted = simulate_once(azure, UncountedPaged.name, True)
     paged_server, _ = simulate_once(azure, "paged", True)
-    # the same pages taken inside the quiet runs as the built-in paged pool's: more steps in closed form
+    # the same pages taken inside the quiet runs as the built-in paged pool's: more steps in closed
+    # form
     assert fast_server.num_quiet_steps == paged_server.num_quiet_steps
 
 

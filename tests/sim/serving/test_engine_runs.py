@@ -1,4 +1,5 @@
-"""``sim.serving.engine_runs``: a real engine's run replayed, judged, and its step time inferred from requests alone."""
+"""``sim.serving.engine_runs``: a real engine's run replayed, judged, and its step time inferred
+from requests alone."""
 
 from pathlib import Path
 

@@ -8,7 +8,8 @@ from sim.replay.models import available_models, load_model
 from sim.serving.simulate import simulate
 from traces.requests import RequestTrace, make_requests
 
-#: Hugging Face config.json max_position_embeddings of each preset (checked by hand, see models.json)
+#: Hugging Face config.json max_position_embeddings of each preset (checked by hand, see
+#: models.json)
 CONTEXT = {
     "Llama-3-8B": 8192,
     "Llama-3.1-8B": 131072,

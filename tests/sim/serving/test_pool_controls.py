@@ -1,5 +1,5 @@
-"""The pool controls the simulated server drives (sim/serving/server.py): growth freeze after N steps,
-phase-aware pre-growth of an elastic pool, and compaction between steps or when idle."""
+"""The pool controls the simulated server drives (sim/serving/server.py): growth freeze after N
+steps, phase-aware pre-growth of an elastic pool, and compaction between steps or when idle."""
 
 from __future__ import annotations
 

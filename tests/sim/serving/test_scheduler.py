@@ -280,7 +280,9 @@ def _decoding_batch(kind, slack=False):
     for rid, (prompt, output) in enumerate([(40, 9), (17, 40), (63, 4), (5, 21), (33, 36)]):
         s.add(req(s, rid, prompt, output))
     step(s, now=0.5)
-    if slack:  # 15 slots to spare, as request 1 has: its grow at step 15 is due again at 31, with this one's first
+    # 15 slots to spare, as request 1 has: its grow at step 15 is due again at 31, with this one's
+    # first
+    if slack:
         r = s.running[-1]
         assert s.kv.grow(r.kv, r.kv.capacity_tokens + 16, r.num_computed)
     return s

@@ -62,7 +62,8 @@ def test_a_page_too_small_names_the_knob_that_sets_it():
 
 
 class _PiecesWithoutPages(SegmentPerRequest):
-    """A third-party policy that splits allocations but declares neither a page nor can_hold_kv = False."""
+    """A third-party policy that splits allocations but declares neither a page nor can_hold_kv =
+    False."""
 
     name = "pieces"
     contiguous = False

@@ -131,7 +131,8 @@ def test_skipped_round_trips_are_counted(azure):
     ],
 )
 def test_delays_reach_the_exact_float_time_of_a_run(now_s, end_s):
-    # rounding to even can put end_s out of one addition's reach (the second pair): two timeouts then
+    # rounding to even can put end_s out of one addition's reach (the second pair): two timeouts
+    # then
     t = now_s
     for delay in _delays_to(now_s, end_s):
         assert delay > 0
@@ -195,7 +196,8 @@ def test_quiet_runs_go_through_finishes_arrivals_and_samples(azure):
 
 
 def _round_trips(spec, trace, **options):
-    """The activation round trips a fast run makes: (size, segment changes of the pool before it)."""
+    """The activation round trips a fast run makes: (size, segment changes of the pool before
+    it)."""
     setup = build_serving(trace, spec, model=MODEL, gpu=GPU, **options)
     pools, trips = setup.pools, []
     allocate = pools.allocate_activations

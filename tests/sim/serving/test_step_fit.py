@@ -1,4 +1,5 @@
-"""``sim.serving.step_fit``: the fit recovers known terms, refuses what a profile cannot determine, reports by step kind."""
+"""``sim.serving.step_fit``: the fit recovers known terms, refuses what a profile cannot determine,
+reports by step kind."""
 
 import dataclasses
 from pathlib import Path
@@ -46,7 +47,8 @@ def llama_h200():
 
 
 def synthetic_profile(n=400, seed=0, terms=TRUE, noise=0.0, model_gpu=None):
-    """Steps of random prefill, decode and mixed composition, timed by the ``StepTimeModel`` of ``terms``."""
+    """Steps of random prefill, decode and mixed composition, timed by the ``StepTimeModel`` of
+    ``terms``."""
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):

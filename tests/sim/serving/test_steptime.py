@@ -280,7 +280,8 @@ def test_sliding_window_decode_past_the_window_reads_only_the_window():
 def test_sliding_window_prefill_past_the_window_counts_pairs_inside_it():
     gemma, all_full = _with_all_full("Gemma-2-9B")
     w = 4096
-    # one sequence, 8192 new tokens: full layers 8192*8193/2 pairs, sliding ones w(w+1)/2 + (8192-w) w
+    # one sequence, 8192 new tokens: full layers 8192*8193/2 pairs, sliding ones w(w+1)/2 + (8192-w)
+    # w
     full_pairs, sliding_pairs = 8192 * 8193 / 2, w * (w + 1) / 2 + (8192 - w) * w
     saved = all_full.step_cost(8192, 0, 0).flops - gemma.step_cost(8192, 0, 0).flops
     assert saved == pytest.approx(21 * 4 * gemma.model.q_size * (full_pairs - sliding_pairs))
@@ -307,7 +308,7 @@ def test_mamba_layers_cost_the_same_at_any_context():
     assert bamba.step_cost(100, 0, 0).flops > 100 * (m.flops_per_token - m.logits_flops_per_token)
 
 
-# -- fitted engines (StepTerms, poollab calibrate) --------------------------------------------------
+# -- fitted engines (StepTerms, poollab calibrate) -------------------------------------------------
 from sim.serving.steptime import StepCalibration, StepTerms, load_step_calibration  # noqa: E402
 
 FITTED = StepTerms(

@@ -1,5 +1,5 @@
-"""Tenants on one GPU (``sim.serving.tenants``): memory bounds, conservation, the static layout against
-single-tenant runs, the shared pool against static thirds, sleep/wake costs, determinism."""
+"""Tenants on one GPU (``sim.serving.tenants``): memory bounds, conservation, the static layout
+against single-tenant runs, the shared pool against static thirds, sleep/wake costs, determinism."""
 
 import re
 

@@ -30,7 +30,8 @@ def test_key_is_stable_across_processes(trace_path):
     cell = replay_cell(trace_path, "size-class:classes_per_doubling=8", capacity_bytes=1 << 30)
     code = (
         "import sys; from sim.sweep import Cell, file_ref; "
-        f"print(Cell('replay', file_ref(sys.argv[1]), 'small', 'csv', 'size-class:classes_per_doubling=8', "
+        "print(Cell('replay', file_ref(sys.argv[1]), 'small', 'csv', "
+        "'size-class:classes_per_doubling=8', "
         f"capacity_bytes={1 << 30}).key)"
     )
     out = subprocess.run(

@@ -58,7 +58,7 @@ def test_a_scalar_param_is_fixed_and_merges_with_the_spec_string(folder):
         """
         traces: a.csv
         policies: [{policy: "size-class:min_class_bytes=1KiB", params: {classes_per_doubling: [2, 8]}}]
-    """,
+    """,  # noqa: E501
     )
     assert [c.policy for c in spec.cells] == [
         "size-class:min_class_bytes=1024,classes_per_doubling=2",
@@ -89,7 +89,7 @@ def test_spec_strings_are_canonical_so_spellings_share_a_cell(folder):
         """
         traces: [a.csv]
         policies: ["paged:page_bytes=2MiB", "paged:page_bytes=2097152", {policy: paged, params: {page_bytes: 2MiB}}]
-    """,
+    """,  # noqa: E501
     )
     assert [c.policy for c in spec.cells] == ["paged:page_bytes=2097152"]
     assert spec.num_duplicates == 2
@@ -188,7 +188,8 @@ def test_defaults(folder):
             "has no parameter 'pages'",
         ),
         (
-            "traces: [a.csv]\npolicies:\n  - policy: size-class\n    params:\n      classes_per_doubling: []\n",
+            "traces: [a.csv]\npolicies:\n  - policy: size-class\n    params:\n      "
+            "classes_per_doubling: []\n",
             5,
             "policies[0].params.classes_per_doubling: an empty list sweeps nothing",
         ),
@@ -224,7 +225,8 @@ def test_defaults(folder):
             "trace name 'a' is also traces[0]'s",
         ),
         (
-            "mode: simulate\ntraces: [requests.csv]\npolicies: [paged]\noptions: {kv_strategy: [pow2, best]}\n",
+            "mode: simulate\ntraces: [requests.csv]\npolicies: [paged]\noptions: {kv_strategy: "
+            "[pow2, best]}\n",
             4,
             "kv_strategy(='best') must be one of",
         ),
@@ -263,7 +265,8 @@ def _laughs(levels: int) -> str:
 
 
 def test_a_billion_laughs_is_refused_without_being_expanded(folder):
-    """It used to hang: PyYAML's constructor shares aliased lists, but the key index walked them all."""
+    """It used to hang: PyYAML's constructor shares aliased lists, but the key index walked them
+    all."""
     from sim.sweep.spec import MAX_YAML_NODES
 
     err = error(

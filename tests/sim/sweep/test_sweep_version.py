@@ -1,4 +1,5 @@
-"""A sweep key's version comes from below the CLI: the installed distribution, else pyproject.toml."""
+"""A sweep key's version comes from below the CLI: the installed distribution, else
+pyproject.toml."""
 
 import importlib.metadata
 import tomllib
