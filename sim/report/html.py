@@ -44,6 +44,7 @@ from traces.atomic import replacing_file
 
 __all__ = [
     "SECTIONS",
+    "register_section",
     "ResultFolder",
     "load_result_folder",
     "combine_tables",
@@ -66,6 +67,27 @@ SECTIONS = {
     "pareto": "Pareto fronts",
     "sim-vs-gpu": "Simulator vs GPU",
 }
+
+#: Sections added by ``register_section``, after the built-in ones: id to (heading, figure).
+_EXTRA_SECTIONS: dict[str, tuple[str, Callable[[dict[str, pd.DataFrame], str], Any]]] = {}
+
+
+def register_section(
+    sid: str, heading: str, figure: Callable[[dict[str, pd.DataFrame], str], Any]
+) -> None:
+    """Add a section to every report page: ``figure(tables, trace)`` draws one trace's figure (a
+    matplotlib ``Figure``, e.g. a function of ``sim.report.plots``) from the combined tables
+    (``summary``, ``timeseries``, ``requests``, ...: each cut to that trace); a ``ValueError`` it
+    raises (a table lacks a column) becomes a note on the page, as for the built-in plots."""
+    if sid in SECTIONS or sid in _EXTRA_SECTIONS:
+        raise ValueError(f"report section {sid!r} exists already")
+    _EXTRA_SECTIONS[sid] = (heading, figure)
+
+
+def _sections() -> dict[str, str]:
+    """Section ids and headings in page order: the built-in ones, then the registered ones."""
+    return {**SECTIONS, **{sid: heading for sid, (heading, _) in _EXTRA_SECTIONS.items()}}
+
 
 #: Summary columns shown in the main table (the full table sits below it, folded).
 KEY_COLUMNS = [
@@ -528,7 +550,7 @@ def build_html_report(
     from tqdm.auto import tqdm
 
     with tqdm(
-        total=len(paths) + len(SECTIONS),
+        total=len(paths) + len(_sections()),
         desc="report",
         unit="step",
         leave=False,
@@ -622,17 +644,26 @@ def build_html_report(
             ),
             "sim-vs-gpu": lambda: _sim_vs_gpu_section(t, dpi),
         }
+        for sid, (heading, figure) in _EXTRA_SECTIONS.items():
+            render[sid] = lambda heading=heading, figure=figure: per_trace(
+                lambda tr: _figure(
+                    lambda: figure({n: _by_trace(x, tr) for n, x in t.items()}, tr), heading, dpi
+                ),
+                traces,
+                "no runs",
+            )
+        sections_shown = _sections()
         body = {}
-        for sid in SECTIONS:
+        for sid in sections_shown:
             bar.set_postfix_str(sid)
             body[sid] = render[sid]()
             bar.update()
     title = title or "poollab report"
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    nav = "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name in SECTIONS.items())
+    nav = "".join(f'<a href="#{sid}">{_esc(name)}</a>' for sid, name in sections_shown.items())
     sections = "".join(
-        f'<section id="{sid}"><h2>{_esc(SECTIONS[sid])}</h2>{body[sid]}</section>'
-        for sid in SECTIONS
+        f'<section id="{sid}"><h2>{_esc(heading)}</h2>{body[sid]}</section>'
+        for sid, heading in sections_shown.items()
     )
     units = (
         "Sizes in MiB, fractions in percent; overhead = peak reserved / peak live − 1; external "

@@ -252,3 +252,42 @@ def test_every_column_table_starts_with_the_source(folders):
     page = build_html_report([folders / "replay", folders / "gpu"], dpi=20)
     detail = section_html(page, "summary").split("<details>")[1]
     assert _cells(detail)[0][0] == "source"
+
+
+def test_a_registered_plot_becomes_a_section_after_the_built_in_ones(folders, monkeypatch):
+    """ARCHITECTURE.md's "where to add a plot", done as a user would: a function from the combined
+    tables of one trace to a Figure, registered once."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sim.report import html as report_html
+
+    monkeypatch.setattr(report_html, "_EXTRA_SECTIONS", {})
+    seen = []
+
+    def peak_reserved(tables, trace):
+        summary = tables["summary"]
+        seen.append((trace, sorted(summary["policy"])))
+        fig, ax = plt.subplots()
+        ax.bar(summary["policy"], summary["peak_reserved_bytes"])
+        return fig
+
+    def needs_a_column(tables, trace):
+        raise ValueError("no column 'toy_bytes'")
+
+    report_html.register_section("toy-peak", "Toy: peak reserved per policy", peak_reserved)
+    report_html.register_section("toy-missing", "Toy: a column the tables lack", needs_a_column)
+    with pytest.raises(ValueError, match="exists already"):
+        report_html.register_section("summary", "again", peak_reserved)
+    page = build_html_report([folders / "replay"], interactive=False)
+    assert Page(page).sections == list(SECTIONS) + ["toy-peak", "toy-missing"]
+    toy = page.split('<section id="toy-peak">')[1].split("</section>")[0]
+    assert "Toy: peak reserved per policy" in toy and "data:image/png;base64," in toy
+    missing = page.split('<section id="toy-missing">')[1].split("</section>")[0]
+    assert (
+        "not drawn (no column &#x27;toy_bytes&#x27;)" in missing
+        or "not drawn (no column 'toy_bytes')" in missing
+    )
+    assert seen and all(policies for _, policies in seen)
