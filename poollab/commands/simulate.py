@@ -243,11 +243,14 @@ def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -
     }
 
 
-def config_options(command: Callable) -> Callable:
+def config_options(command: Callable, config_cls: type = ServerConfig) -> Callable:
     """Add one option per ``ServerConfig`` field (generated from its ``Knob``: name, help, unit,
-    choices, range, default), in field order, each passed to the command under the field's name."""
-    defaults = ServerConfig()
-    for name, k in reversed(knobs().items()):  # click lists options in the order they decorate
+    choices, range, default), in field order, each passed to the command under the field's name.
+    ``config_cls``: a dataclass extending ``ServerConfig`` (a new serving feature's field gets its
+    option from its ``Knob`` alone)."""
+    defaults = config_cls()
+    # click lists options in the order they decorate
+    for name, k in reversed(knobs(config_cls).items()):
         command = _option(name, k, getattr(defaults, name))(command)
     return command
 

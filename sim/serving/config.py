@@ -353,12 +353,13 @@ class ServerConfig:
 
 
 @cache
-def knobs() -> dict[str, Knob]:
-    """``ServerConfig``'s fields in order, name to ``Knob``, with ``type``/``nullable``/``cli``
-    filled in."""
-    hints = typing.get_type_hints(ServerConfig)
+def knobs(config_cls: type | None = None) -> dict[str, Knob]:
+    """``ServerConfig``'s fields (or those of ``config_cls``, a dataclass extending it) in order,
+    name to ``Knob``, with ``type``/``nullable``/``cli`` filled in."""
+    config_cls = config_cls or ServerConfig
+    hints = typing.get_type_hints(config_cls)
     out = {}
-    for f in fields(ServerConfig):
+    for f in fields(config_cls):
         args = typing.get_args(hints[f.name]) or (hints[f.name],)
         base = next(a for a in args if a is not type(None))
         k = f.metadata["knob"]

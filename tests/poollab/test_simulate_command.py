@@ -471,3 +471,37 @@ def test_a_bad_virtual_setting_is_exit_2(trace, tmp_path, argv, words, cli):
     assert (
         code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     )
+
+
+def test_a_new_serving_knob_gets_its_option_from_its_knob_alone():
+    """ARCHITECTURE.md's "where to add a serving feature": a field with its ``Knob`` on a config
+    extending ``ServerConfig`` is an option of the command, parsed, ranged and passed on."""
+    import dataclasses
+
+    import click
+    from click.testing import CliRunner
+
+    from poollab.commands.simulate import config_options
+    from sim.serving.config import Knob, ServerConfig, knobs
+
+    @dataclasses.dataclass(frozen=True)
+    class ToyConfig(ServerConfig):
+        toy_draft_tokens: int = dataclasses.field(
+            default=0, metadata={"knob": Knob("Toy: draft tokens a step.", low=0, high=16)}
+        )
+
+    assert list(knobs(ToyConfig))[-1] == "toy_draft_tokens"
+    assert "toy_draft_tokens" not in knobs()
+    got = {}
+
+    @click.command()
+    def toy(**options):
+        got.update(options)
+
+    cmd = config_options(toy, ToyConfig)
+    result = CliRunner().invoke(cmd, ["--toy-draft-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert got["toy_draft_tokens"] == 4 and set(knobs()) < set(got)
+    assert "--toy-draft-tokens" in CliRunner().invoke(cmd, ["--help"]).output
+    bad = CliRunner().invoke(cmd, ["--toy-draft-tokens", "17"])
+    assert bad.exit_code == 2 and "--toy-draft-tokens" in bad.output
