@@ -49,7 +49,13 @@ def _write(calibration, out: Path) -> None:
 
 
 def _terms_line(terms) -> str:
-    return "terms: " + ", ".join(f"{name} {value:.4g}" for name, value in terms.to_dict().items())
+    """The fitted terms; an optional term (``--add``) only where it was fitted, with where it
+    starts, so a default fit prints what it always printed."""
+    values = terms.to_dict()
+    if not values.get("per_exposed_kv_token_s"):
+        values.pop("per_exposed_kv_token_s", None)
+        values.pop("num_hidden_kv_tokens", None)
+    return "terms: " + ", ".join(f"{name} {value:.4g}" for name, value in values.items())
 
 
 _common = [

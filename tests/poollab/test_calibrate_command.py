@@ -20,7 +20,7 @@ needs_engine_data = pytest.mark.skipif(
 def profile(tmp_path):
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sim" / "serving"))
     from test_step_fit import synthetic_profile
 
     path = tmp_path / "steps.csv"
