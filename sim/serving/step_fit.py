@@ -85,10 +85,10 @@ _WHAT_DETERMINES = {
     "read fewer KV tokens than the engine's kernel launches hide and some more",
 }
 #: Terms held at 0 unless named in ``add`` (``--add``). ``per_exposed_kv_token_s`` is opt-in, not
-#: adopted: on session 13's 15 recordings it lifts the held-out count from 913 to 945 of 1044
-#: (synthetic 60 s runs judged by Azure fits 84 -> 106 of 120) but synthetic fits judged on Azure
-#: runs fall from 252 to 248 of 264, all four at the edge (``benchmarks/RESULTS.md``, session 13,
-#: T8).
+#: adopted: on session 13's 15 recordings it lifts the held-out count from 913 to 946 of 1044
+#: (synthetic 60 s runs judged by Azure fits 84 -> 107 of 120) but synthetic fits judged on Azure
+#: runs fall from 252 to 249 of 264, each at its target's edge (``benchmarks/RESULTS.md``, session
+#: 13, T8).
 OPTIONAL_TERMS = ("per_exposed_kv_token_s",)
 #: Where the fit tries ``num_hidden_kv_tokens``: these quantiles of the profile's KV tokens per
 #: step.
