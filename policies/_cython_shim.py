@@ -27,5 +27,9 @@ def _keep(*_args: Any, **_kwargs: Any) -> Callable[[Any], Any]:
 #: the subset of Cython's shadow module the sources use: C types read as Python's, decorators as
 #: no-ops
 cython = SimpleNamespace(
-    compiled=False, longlong=int, locals=_keep, cast=lambda _type, value: value
+    compiled=False,
+    longlong=int,
+    Py_ssize_t=int,
+    locals=_keep,
+    cast=lambda _type, value: value,
 )
