@@ -51,10 +51,14 @@ def _write(calibration, out: Path) -> None:
 def _terms_line(terms) -> str:
     """The fitted terms; an optional term (``--add``) only where it was fitted, with where it
     starts, so a default fit prints what it always printed."""
+    from sim.serving.step_fit import OPTIONAL_TERMS
+
     values = terms.to_dict()
-    if not values.get("per_exposed_kv_token_s"):
-        values.pop("per_exposed_kv_token_s", None)
-        values.pop("num_hidden_kv_tokens", None)
+    for term in OPTIONAL_TERMS:
+        if not values.get(term):
+            del values[term]
+    if "per_exposed_kv_token_s" not in values:  # where that term starts: nothing without it
+        del values["num_hidden_kv_tokens"]
     return "terms: " + ", ".join(f"{name} {value:.4g}" for name, value in values.items())
 
 
