@@ -53,6 +53,10 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     "synth_mixed_10s_x1_c": (SYNTH, ["--duration", "10"], 130),
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
+    # session 14's repeats of the two synthetic 60 s conditions (each about 228 s served, so two
+    # fill one 9-minute call): the large-batch regime's own run-to-run spread
+    "synth_mixed_60s_x1_b": (SYNTH, ["--duration", "60"], 300),
+    "synth_mixed_60s_x2_b": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 300),
     # the README's "validate in a real model": PyTorch's allocator and a fast policy, one after the
     # other
     "azure_code_60s_policies": (

@@ -27,8 +27,9 @@ python3 -c "import sitecustomize, gc; print('gc log:', sitecustomize.__file__, g
 # 540 s in all: what the setup took comes off the recordings' budget; 15 s kept for the bundles
 BUDGET=$((540 - 15 - ($(date +%s) - T_START)))
 echo "recording budget ${BUDGET} s" >> $LOG
-step record $((BUDGET + 10)) python3 benchmarks/bench_serve.py record \
-    azure_code_60s_x2_b synth_mixed_10s_x1_a azure_code_60s_x1_cold_b \
-    synth_mixed_10s_x1_b azure_code_60s_x2_c synth_mixed_10s_x1_c azure_code_60s_x1_cold_c \
+# NAMES overrides the runs (session 14: NAMES="synth_mixed_60s_x1_b synth_mixed_60s_x2_b")
+NAMES=${NAMES:-azure_code_60s_x2_b synth_mixed_10s_x1_a azure_code_60s_x1_cold_b \
+    synth_mixed_10s_x1_b azure_code_60s_x2_c synth_mixed_10s_x1_c azure_code_60s_x1_cold_c}
+step record $((BUDGET + 10)) python3 benchmarks/bench_serve.py record $NAMES \
     --out $R/eng --bundle $OUT/engine_s13.tgz --budget-s $BUDGET $DRY_FLAG
 ls -R $R/eng | head -80 >> $LOG
