@@ -133,7 +133,7 @@ def _engine(name: str) -> str:
 )
 def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop, add) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
-    from sim.serving.step_fit import OUTLIER_REL_ERROR, fit_step_profile
+    from sim.serving.step_fit import OUTLIER_REL_ERROR, ROBUST_REL_ERROR, fit_step_profile
     from sim.replay.schema import format_table
     from traces.engine_profile import read_step_profile
 
@@ -166,7 +166,8 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
         f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp "
         f"{tensor_parallel}); "
         f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off "
-        "its first pass)"
+        f"its first pass), {fit.num_downweighted} more than {ROBUST_REL_ERROR:.0%} off weighed "
+        "less (Huber loss)"
         + (
             f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
             if fit.calibration.warmup_s

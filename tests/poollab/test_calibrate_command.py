@@ -54,6 +54,8 @@ def test_steps_writes_a_calibration_and_prints_errors_by_step_kind(profile, tmp_
     assert data["terms"]["fixed_s"] == pytest.approx(0.07, rel=0.02)
     for word in ("in-sample", "cross-validated", "prefill", "decode", "mixed", "fixed_s 0.07"):
         assert word in out
+    # the Huber loss says how many steps it weighed less (none here: a noiseless profile)
+    assert "0 more than 10% off weighed less (Huber loss)" in out.splitlines()[0]
 
 
 def test_an_underdetermined_profile_is_refused_in_one_line(profile, tmp_path, cli):
