@@ -10,7 +10,7 @@ iteratively reweighted), then once more without the outliers the first fit shows
 step, a pause: more than ``OUTLIER_REL_ERROR`` off), which are counted, not hidden.
 
 Why the Huber loss (issue 31, session 14): the engine's own stalls (a stretch of small steps
-at 130 ms where its twin run took 75 ms, single steps 20-45 % slow) are part of each
+at 130 ms where its twin run took 75 ms; dozens of steps a run 10-70 % slow) are part of each
 condition's run-to-run spread, not its step law; squared error let the ones under the outlier
 cut set the terms, so a fit carried a run's accidents to the others
 (held out on 17 recordings: 1,194 -> 1,243 of 1,380 figures, no workload pair worse;
