@@ -14,9 +14,7 @@ from pathlib import Path
 import click
 
 from poollab.errors import UsageError
-from poollab.options import COUNT, Count
-from sim.replay.hardware import DEFAULT_GPU
-from sim.replay.models import DEFAULT_MODEL
+from poollab.options import COUNT, Count, engine_option, gpu_option, model_option, out_file_option
 
 __all__ = ["register"]
 
@@ -63,18 +61,8 @@ def _terms_line(terms) -> str:
 
 
 _common = [
-    click.option(
-        "--model",
-        default=DEFAULT_MODEL,
-        show_default=True,
-        help="Model preset or JSON file the engine ran.",
-    ),
-    click.option(
-        "--gpu",
-        default=DEFAULT_GPU,
-        show_default=True,
-        help="GPU preset or JSON file the engine ran on.",
-    ),
+    model_option("Model preset or JSON file the engine ran."),
+    gpu_option("GPU preset or JSON file the engine ran on."),
     click.option(
         "--tp",
         "tensor_parallel",
@@ -82,18 +70,11 @@ _common = [
         default=None,
         help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1).",
     ),
-    click.option(
-        "--engine",
+    engine_option(
+        "Engine preset whose scheduling the simulator mimics (sim/data/engines.json).",
         default="transformers",
-        show_default=True,
-        help="Engine preset whose scheduling the simulator mimics (sim/data/engines.json).",
     ),
-    click.option(
-        "--out",
-        type=click.Path(dir_okay=False, path_type=Path),
-        required=True,
-        help="Calibration JSON to write (simulate --calibration reads it).",
-    ),
+    out_file_option("Calibration JSON to write (simulate --calibration reads it).", name="out"),
 ]
 
 

@@ -12,16 +12,26 @@ from policies.units import format_bytes
 from poollab.commands._common import (
     check_specs,
     load_costs,
-    model_file_options,
-    out_option,
     read_requests_or_explain,
     step_time_line,
 )
 from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
-from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
+from poollab.options import (
+    COUNT,
+    POSITIVE,
+    RATE_SCALE,
+    FloatList,
+    format_option,
+    gpu_option,
+    model_file_options,
+    model_option,
+    out_option,
+    policy_option,
+    progress_option,
+    rate_scale_option,
+)
 from sim.serving.config import ServerConfig
-from sim.replay.hardware import DEFAULT_GPU
 from sim.replay.models import DEFAULT_MODEL
 from sim.replay.schema import format_table, write_results
 
@@ -78,34 +88,15 @@ def register(cli: click.Group) -> None:
     "elastic "
     "page pool (kvcached), or the shared pool plus sleep/wake of idle tenants' weights (vLLM).",
 )
-@click.option(
-    "--policy",
-    "-p",
-    "spec",
-    default="page-pool",
-    show_default=True,
-    metavar="SPEC",
-    help="KV pool policy (a paged one for the shared layouts).",
-)
-@click.option(
-    "--model",
-    "models",
-    multiple=True,
-    metavar="MODEL",
-    help="Model preset or JSON file, repeatable: one for all tenants or one per tenant "
+@policy_option("KV pool policy (a paged one for the shared layouts).", default="page-pool")
+@model_option(
+    "Model preset or JSON file, repeatable: one for all tenants or one per tenant "
     f"(default: {DEFAULT_MODEL}).",
+    repeatable=True,
 )
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option(
-    "--rate-scale",
-    type=RATE_SCALE,
-    default=1.0,
-    show_default=True,
-    help="Multiply every tenant's request rate (2 = arrivals twice as dense).",
-)
+@gpu_option()
+@format_option()
+@rate_scale_option("Multiply every tenant's request rate (2 = arrivals twice as dense).")
 @click.option(
     "--tenant-rate-scale",
     "tenant_rate_scales",
@@ -135,9 +126,7 @@ def register(cli: click.Group) -> None:
 @config_options
 @model_file_options
 @out_option("poollab-out/colocate")
-@click.option(
-    "--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds."
-)
+@progress_option("Progress bar on stderr, in simulated seconds.")
 def colocate_command(
     traces_: tuple[Path, ...],
     num_tenants,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import DEFAULT_POLICIES, out_option
+from poollab.commands._common import DEFAULT_POLICIES
+from poollab.options import out_option, progress_option
 from poollab.commands.replay import REPLAY_COLUMNS
 from sim.replay.trace_replay import replay_tables
 from sim.replay.schema import format_table, write_results
@@ -55,7 +56,7 @@ def register(cli: click.Group) -> None:
 
 @click.command("demo")
 @out_option("poollab-demo")
-@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
+@progress_option("Progress bars on stderr.")
 def demo_command(out_dir: Path, progress: bool) -> None:
     """Compare the five policies on bundled real traces (replay, then simulation)."""
     snapshot = read_alloc_trace(bundled_path(DEMO_SNAPSHOT))

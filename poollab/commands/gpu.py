@@ -18,12 +18,32 @@ import click
 import pandas as pd
 
 import policies
-from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from policies.device_kind import PLATFORMS, DeviceKind
-from poollab.options import BYTES, COUNT, DEVICE, DEVICE_KIND, FRACTION, POSITIVE, RATE_SCALE, SEED
-from sim.replay.hardware import DEFAULT_GPU
-from sim.replay.models import DEFAULT_MODEL
+from poollab.options import (
+    BYTES,
+    COUNT,
+    DEVICE_KIND,
+    FRACTION,
+    block_tokens_option,
+    calibration_option,
+    capacity_option,
+    costs_option,
+    cuda_device_option,
+    duration_option,
+    format_option,
+    gpu_option,
+    model_option,
+    out_file_option,
+    out_option,
+    policy_option,
+    progress_option,
+    rate_scale_option,
+    sample_every_option,
+    seed_option,
+    sim_option,
+    validate_option,
+)
 
 
 def register(cli: click.Group) -> None:
@@ -77,14 +97,7 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
 
 @gpu_group.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec, repeatable; 'all' or nothing: every registered policy.",
-)
+@policy_option("Policy spec, repeatable; 'all' or nothing: every registered policy.")
 @click.option(
     "--baseline",
     "-b",
@@ -95,29 +108,12 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     "'all' for "
     "every one available here. Repeatable.",
 )
-@click.option(
-    "--capacity",
-    type=BYTES,
-    default=None,
-    help="Most bytes a policy may reserve. Default: the GPU's free memory less 1 GiB.",
+@capacity_option("Most bytes a policy may reserve. Default: the GPU's free memory less 1 GiB.")
+@validate_option("Fill every allocation with a pattern and check it before its free.")
+@sim_option(
+    "Also replay each policy in the simulator (same capacity) and add its rows (backend=sim)."
 )
-@click.option(
-    "--validate",
-    is_flag=True,
-    help="Fill every allocation with a pattern and check it before its free.",
-)
-@click.option(
-    "--sim/--no-sim",
-    "with_sim",
-    default=False,
-    help="Also replay each policy in the simulator (same capacity) and add its rows (backend=sim).",
-)
-@click.option(
-    "--costs",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Cost model JSON for the --sim rows (from `poollab gpu calibrate`).",
-)
+@costs_option("Cost model JSON for the --sim rows (from `poollab gpu calibrate`).")
 @click.option(
     "--backend",
     type=click.Choice(PLATFORMS),
@@ -136,15 +132,11 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     "a page-mapped "
     "device of its own gets one either way.",
 )
-@click.option(
-    "--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device."
-)
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option("--sample-every", type=COUNT, default=None, help="Stats sample stride in events.")
+@cuda_device_option()
+@format_option()
+@sample_every_option()
 @out_option("poollab-out/gpu")
-@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
+@progress_option("Progress bars on stderr.")
 def replay_command(
     trace: Path,
     specs,
@@ -233,17 +225,10 @@ def replay_command(
 
 
 @gpu_group.command("calibrate")
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("costs.json"),
-    show_default=True,
-    help="Cost file to write (the schema of sim/data/costs_h200.json).",
+@out_file_option(
+    "Cost file to write (the schema of sim/data/costs_h200.json).", default=Path("costs.json")
 )
-@click.option(
-    "--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device."
-)
+@cuda_device_option()
 @click.option(
     "--max-size",
     type=BYTES,
@@ -293,49 +278,22 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 
 @gpu_group.command("serve")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's "
-    "own caching "
-    "allocator, the default) or a policy spec.",
+@policy_option(
+    "Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's "
+    "own caching allocator, the default) or a policy spec."
 )
-@click.option(
-    "--model",
-    default=DEFAULT_MODEL,
-    show_default=True,
-    help="Model preset (or JSON file) whose shape the random weights take.",
-)
+@model_option("Model preset (or JSON file) whose shape the random weights take.")
 @click.option(
     "--checkpoint",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="A Hugging Face model folder to serve instead of random weights (no download).",
 )
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option(
-    "--rate-scale",
-    type=RATE_SCALE,
-    default=1.0,
-    show_default=True,
-    help="Multiply the request rate (2 = arrivals twice as dense).",
-)
-@click.option(
-    "--duration",
-    "duration_s",
-    type=POSITIVE,
-    default=None,
-    help="Serve the requests arriving in the first this many seconds (after --rate-scale).",
-)
+@format_option()
+@rate_scale_option()
+@duration_option("Serve the requests arriving in the first this many seconds (after --rate-scale).")
 @click.option("--max-requests", type=COUNT, default=None, help="Serve at most this many requests.")
-@click.option(
-    "--block-tokens", type=COUNT, default=256, show_default=True, help="KV block size (tokens)."
-)
+@block_tokens_option("KV block size (tokens).", default=256)
 @click.option(
     "--max-batch-tokens",
     type=COUNT,
@@ -418,36 +376,15 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator "
     "splits.",
 )
-@click.option(
-    "--validate", is_flag=True, help="The policy's validation mode (guards and patterns)."
+@validate_option("The policy's validation mode (guards and patterns).")
+@seed_option("Random weights and prompt token ids.")
+@cuda_device_option()
+@sim_option(
+    "Also run `simulate` with the matching settings (the run's KV bytes, block size, step and "
+    "sequence limits; the --model preset's shape) and print measured against predicted."
 )
-@click.option(
-    "--seed", type=SEED, default=0, show_default=True, help="Random weights and prompt token ids."
-)
-@click.option(
-    "--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device."
-)
-@click.option(
-    "--sim/--no-sim",
-    "with_sim",
-    default=False,
-    help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and "
-    "sequence "
-    "limits; the --model preset's shape) and print measured against predicted.",
-)
-@click.option(
-    "--gpu",
-    "gpu_preset",
-    default=DEFAULT_GPU,
-    show_default=True,
-    help="GPU preset of the --sim run.",
-)
-@click.option(
-    "--calibration",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Step-time calibration JSON of the --sim run.",
-)
+@gpu_option("GPU preset of the --sim run.", name="gpu_preset")
+@calibration_option("Step-time calibration JSON of the --sim run.")
 @out_option("poollab-out/gpu-serve")
 def serve_command(
     trace: Path,

@@ -14,7 +14,18 @@ from typing import Any
 import click
 
 from policies.units import format_bytes
-from poollab.options import BYTES, COUNT, DEVICE, FRACTION
+from poollab.options import (
+    BYTES,
+    FRACTION,
+    block_tokens_option,
+    engine_option,
+    gpu_option,
+    model_option,
+    out_option,
+    policy_option,
+    progress_option,
+    trace_device_option,
+)
 from poollab.errors import UsageError
 
 #: What the command prints per policy (plan.csv holds every ``sim.planner.plan.PLAN_COLUMNS``
@@ -143,20 +154,14 @@ def run_plan(
 
 @click.command("plan")
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.",
+@policy_option(
+    "Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings."
 )
-@click.option(
-    "--gpu",
+@gpu_option(
+    "GPU preset or JSON file whose memory the run must fit. Default: the device total "
+    "measured beside the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), "
+    "else H200.",
     default=None,
-    help="GPU preset or JSON file whose memory the run must fit. Default: the device total "
-    "measured beside "
-    "the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.",
 )
 @click.option(
     "--memory",
@@ -194,28 +199,19 @@ def run_plan(
     "selector (any allocation of the trace) and how much it grows per page, e.g. entries=655:4MiB. "
     "Repeatable.",
 )
-@click.option(
-    "--engine",
-    default=None,
-    metavar="NAME",
-    help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the "
-    "KV "
-    "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
-    "--block-tokens defaults to.",
+@engine_option(
+    "Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the "
+    "KV cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
+    "--block-tokens defaults to."
 )
-@click.option(
-    "--model",
+@model_option(
+    "Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are "
+    "also given in tokens. Default: none (pages of 2 MiB per KV tensor).",
     default=None,
-    help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are "
-    "also "
-    "given in tokens. Default: none (pages of 2 MiB per KV tensor).",
 )
-@click.option(
-    "--block-tokens",
-    type=COUNT,
-    default=None,
-    help="Tokens per KV page (with --model): the plan is exact to one page. Default: the --engine "
-    "preset's block, else 16.",
+@block_tokens_option(
+    "Tokens per KV page (with --model): the plan is exact to one page. Default: the --engine "
+    "preset's block, else 16."
 )
 @click.option(
     "--utilization",
@@ -225,26 +221,12 @@ def run_plan(
     show_default=True,
     help="gpu_memory_utilization of the engine rule the plan is compared with.",
 )
-@click.option(
-    "--device",
-    "device_index",
-    type=DEVICE,
-    default=None,
-    help="Which device's trace to read. Default: the first with entries.",
+@trace_device_option()
+@out_option(
+    None,
+    "Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads "
-    "it.",
-)
-@click.option(
-    "--progress/--no-progress",
-    default=True,
-    help="Progress bar on stderr (one per policy, counting its replays).",
-)
+@progress_option("Progress bar on stderr (one per policy, counting its replays).")
 def plan_command(
     snapshot: Path,
     specs,

@@ -10,20 +10,26 @@ from typing import Any, Callable
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import (
-    check_specs,
-    model_file_options,
-    out_option,
-    read_requests_or_explain,
-    step_time_line,
-)
+from poollab.commands._common import check_specs, read_requests_or_explain, step_time_line
 from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
-from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
+from poollab.options import (
+    INT64_MAX,
+    ByteSize,
+    Count,
+    FiniteFloat,
+    engine_option,
+    format_option,
+    gpu_option,
+    model_file_options,
+    model_option,
+    out_option,
+    policy_option,
+    progress_option,
+    rate_scale_option,
+)
 from sim.serving.config import Knob, ServerConfig, knobs
-from sim.replay.hardware import DEFAULT_GPU
 from sim.serving.choices import VIRTUAL
-from sim.replay.models import DEFAULT_MODEL
 from sim.replay.schema import format_table, summary_frame, write_results
 from sim.serving.simulate import check_kv_policy, result_tables, simulate_runs
 
@@ -257,41 +263,19 @@ def config_options(command: Callable, config_cls: type = ServerConfig) -> Callab
 
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec for the KV cache, repeatable (default: the five built-ins).",
-)
-@click.option(
-    "--model", default=DEFAULT_MODEL, show_default=True, help="Model preset or JSON file."
-)
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option(
-    "--rate-scale",
-    type=RATE_SCALE,
-    default=1.0,
-    show_default=True,
-    help="Multiply the request rate (2 = arrivals twice as dense).",
-)
+@policy_option("Policy spec for the KV cache, repeatable (default: the five built-ins).")
+@model_option()
+@gpu_option()
+@format_option()
+@rate_scale_option()
 @config_options
-@click.option(
-    "--engine",
-    default=None,
-    metavar="NAME",
-    help="Schedule and size the KV cache as this engine does (sim/data/engines.json: vllm, "
-    "transformers); options given explicitly win. Default: the options as given (vLLM-like).",
+@engine_option(
+    "Schedule and size the KV cache as this engine does (sim/data/engines.json: vllm, "
+    "transformers); options given explicitly win. Default: the options as given (vLLM-like)."
 )
 @model_file_options
 @out_option("poollab-out/simulate")
-@click.option(
-    "--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds."
-)
+@progress_option("Progress bar on stderr, in simulated seconds.")
 def simulate_command(
     trace: Path,
     specs,

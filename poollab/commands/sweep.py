@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import out_option
 from poollab.errors import UsageError
-from poollab.options import COUNT
+from poollab.options import out_option, progress_option, workers_option
 from sim.sweep import SweepError, format_fronts, load_sweep, make_executor, plan_sweep, run_sweep
 from sim.sweep.store import CellRecordWarning
 
@@ -37,17 +36,14 @@ def register(cli: click.Group) -> None:
     "cluster "
     "of N workers), processes (default: a local process pool) or serial.",
 )
-@click.option(
-    "--workers",
-    type=COUNT,
-    default=None,
-    help="Processes of the local pool (default: the machine's cores), or N of --scheduler local.",
+@workers_option(
+    "Processes of the local pool (default: the machine's cores), or N of --scheduler local."
 )
 @click.option("--retry-failed", is_flag=True, help="Run cells that failed in an earlier run again.")
 @click.option(
     "--dry-run", is_flag=True, help="Validate the file and count the cells to run; run nothing."
 )
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 def sweep_command(
     sweep_file: Path,
     out_dir: Path,
