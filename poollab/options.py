@@ -262,8 +262,8 @@ class DeviceKindType(click.ParamType):
             return DeviceKind.parse(value, where=str(value))
         except ValueError:
             self.fail(
-                f"{_short(value)} is not a device kind; one of "
-                f"{', '.join(k.value for k in DeviceKind)} (or segments, vmm)",
+                f"{_short(value)} is not a device kind; "
+                f"one of {', '.join(k.value for k in DeviceKind)} (or segments, vmm)",
                 param,
                 ctx,
             )
@@ -460,8 +460,8 @@ def workers_option(help: str, *, metavar: str | None = None) -> Decorator:
 
 def out_option(
     default: str | None,
-    help: str = "Folder for summary.csv and the other tables (an earlier run's are "
-    "replaced; files you put there are kept).",
+    help: str = "Folder for summary.csv and the other tables "
+    "(an earlier run's are replaced; files you put there are kept).",
 ) -> Decorator:
     """``--out``: a result folder (``out_dir``), checked before any work (``check_out``);
     ``default`` None: no folder unless given."""

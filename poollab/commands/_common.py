@@ -29,8 +29,8 @@ def step_time_line(calibration: Path | None) -> str:
     UsageError."""
     if calibration is None:
         return (
-            "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to "
-            "describe yours)"
+            "step time: bundled roofline "
+            "(a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
         )
     from sim.serving.steptime import load_step_calibration
 

@@ -76,22 +76,22 @@ def register(cli: click.Group) -> None:
     "num_tenants",
     type=COUNT,
     default=None,
-    help="With one TRACE: deal its requests round-robin to this many tenants. Default: one tenant "
-    "per TRACE.",
+    help="With one TRACE: deal its requests round-robin to this many tenants. "
+    "Default: one tenant per TRACE.",
 )
 @click.option(
     "--layout",
     "layouts",
     multiple=True,
     type=click.Choice(["static", "shared", "sleep"]),
-    help="Memory layout, repeatable (default: all three): equal static KV pools, one shared "
-    "elastic "
-    "page pool (kvcached), or the shared pool plus sleep/wake of idle tenants' weights (vLLM).",
+    help="Memory layout, repeatable (default: all three): equal static KV pools, "
+    "one shared elastic page pool (kvcached), "
+    "or the shared pool plus sleep/wake of idle tenants' weights (vLLM).",
 )
 @policy_option("KV pool policy (a paged one for the shared layouts).", default="page-pool")
 @model_option(
-    "Model preset or JSON file, repeatable: one for all tenants or one per tenant "
-    f"(default: {DEFAULT_MODEL}).",
+    "Model preset or JSON file, repeatable: "
+    f"one for all tenants or one per tenant (default: {DEFAULT_MODEL}).",
     repeatable=True,
 )
 @gpu_option()
@@ -111,9 +111,9 @@ def register(cli: click.Group) -> None:
     type=click.Choice(COMPUTE_CHOICES),
     default=COMPUTE_CHOICES[0],
     show_default=True,
-    help="How tenants share the GPU's compute: time-sliced (CUDA's default for several processes: "
-    "their steps take turns) or independent (each steps as if alone: the lower bound MPS or "
-    "MIG-style spatial sharing approaches).",
+    help="How tenants share the GPU's compute: time-sliced "
+    "(CUDA's default for several processes: their steps take turns) or independent "
+    "(each steps as if alone: the lower bound MPS or MIG-style spatial sharing approaches).",
 )
 @click.option(
     "--sleep-after",
@@ -244,10 +244,9 @@ def colocate_command(
     ).format
     for row in runs.served().itertuples():
         click.echo(
-            f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; TTFT "
-            "p50 "
-            f"{row.ttft_p50_s:.3f} s, p99 {row.ttft_p99_s:.3f} s, mean {row.ttft_mean_s:.3f} s; "
-            + busy_text(row.gpu_busy_share)
+            f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; "
+            f"TTFT p50 {row.ttft_p50_s:.3f} s, p99 {row.ttft_p99_s:.3f} s, "
+            f"mean {row.ttft_mean_s:.3f} s; " + busy_text(row.gpu_busy_share)
         )
     click.echo(
         f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet"

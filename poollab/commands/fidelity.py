@@ -38,9 +38,8 @@ def register(cli: click.Group) -> None:
     type=click.Choice([*ADDRESS_MODES, "both"]),
     default="recorded",
     show_default=True,
-    help="Segment addresses: the recorded cudaMalloc ones (PyTorch breaks best-fit ties by "
-    "address), "
-    "fresh virtual ones, or both runs.",
+    help="Segment addresses: the recorded cudaMalloc ones "
+    "(PyTorch breaks best-fit ties by address), fresh virtual ones, or both runs.",
 )
 @capacity_option("Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.")
 @trace_device_option()
@@ -61,16 +60,16 @@ def fidelity_command(
     if not rec.ops:
         which = f"device {device_index} has" if device_index is not None else "the snapshot has"
         raise UsageError(
-            f"{snapshot}: {which} no allocation trace (record with "
-            "torch.cuda.memory._record_memory_history() before taking it)"
+            f"{snapshot}: {which} no allocation trace "
+            "(record with torch.cuda.memory._record_memory_history() before taking it)"
         )
     spec_list = list(specs) or [spec_from_settings(rec.settings)]
     modes = list(ADDRESS_MODES) if addresses == "both" else [addresses]
     tables, events = [], []
     click.echo(
         f"{rec.name}: {rec.num_allocs:,} allocations, {len(rec.segment_events):,} segment events, "
-        f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before "
-        "recording"
+        f"{len(rec.seed_segments)} segments "
+        f"({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before recording"
     )
     for spec in spec_list:
         for mode in modes:

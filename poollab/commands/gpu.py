@@ -105,8 +105,7 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     multiple=True,
     metavar="NAME",
     help="Also replay through cudaMalloc, cupy.MemoryPool, cupy.MemoryAsyncPool or torch.cuda; "
-    "'all' for "
-    "every one available here. Repeatable.",
+    "'all' for every one available here. Repeatable.",
 )
 @capacity_option("Most bytes a policy may reserve. Default: the GPU's free memory less 1 GiB.")
 @validate_option("Fill every allocation with a pattern and check it before its free.")
@@ -127,10 +126,9 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     default=DeviceKind.SEGMENT.value,
     show_default=True,
     help="'page-mapped' (or 'vmm'): pages mapped into reserved virtual ranges "
-    "(cuMemCreate/cuMemMap; mmap "
-    "on the host), and the --sim rows on the simulator's page-mapped device. A policy that builds "
-    "a page-mapped "
-    "device of its own gets one either way.",
+    "(cuMemCreate/cuMemMap; mmap on the host), "
+    "and the --sim rows on the simulator's page-mapped device. "
+    "A policy that builds a page-mapped device of its own gets one either way.",
 )
 @cuda_device_option()
 @format_option()
@@ -233,15 +231,15 @@ def replay_command(
     "--max-size",
     type=BYTES,
     default=None,
-    help="Largest cudaMalloc size (and VMM page size) to time (default 4GiB; VMM pages up to "
-    "2GiB).",
+    help="Largest cudaMalloc size (and VMM page size) to time "
+    "(default 4GiB; VMM pages up to 2GiB).",
 )
 @click.option(
     "--vmm/--no-vmm",
     default=True,
     show_default=True,
-    help="Also time the cuMem* calls (cuda-bindings) at page sizes 2 MiB to 2 GiB into the file's "
-    "vmm_us.",
+    help="Also time the cuMem* calls "
+    "(cuda-bindings) at page sizes 2 MiB to 2 GiB into the file's vmm_us.",
 )
 def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> None:
     """Measure cudaMalloc/cudaFree (4 KiB to 4 GiB), the VMM calls and copy bandwidths into a cost
@@ -260,17 +258,16 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     table = calibrate(device_id=device_id, sizes=sizes, vmm_sizes=vmm_sizes, progress=click.echo)
     write_costs(table, out_path)
     click.echo(
-        f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, host->device "
-        f"{table['h2d_bytes_per_s'] / 1e9:,.1f} "
-        f"GB/s, device->host {table['d2h_bytes_per_s'] / 1e9:,.1f} GB/s (pinned)"
+        f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, "
+        f"host->device {table['h2d_bytes_per_s'] / 1e9:,.1f} GB/s, "
+        f"device->host {table['d2h_bytes_per_s'] / 1e9:,.1f} GB/s (pinned)"
     )
     if "vmm_us" in table:
         v = table["vmm_us"]
         click.echo(
-            f"VMM at {v['map']['nbytes'][0] >> 20} MiB pages: create {v['create']['us'][0]:.1f} "
-            "us, map "
-            f"{v['map']['us'][0]:.1f} us, set-access {v['set_access']['us'][0]:.1f} us, unmap "
-            f"{v['unmap']['us'][0]:.1f} us, "
+            f"VMM at {v['map']['nbytes'][0] >> 20} MiB pages: "
+            f"create {v['create']['us'][0]:.1f} us, map {v['map']['us'][0]:.1f} us, "
+            f"set-access {v['set_access']['us'][0]:.1f} us, unmap {v['unmap']['us'][0]:.1f} us, "
             f"release {v['release']['us'][0]:.1f} us"
         )
     click.echo(f"wrote {out_path} ({table['device']})")
@@ -279,8 +276,8 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @gpu_group.command("serve")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
 @policy_option(
-    "Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's "
-    "own caching allocator, the default) or a policy spec."
+    "Who holds PyTorch's memory, repeatable, each in its own process: "
+    "'pytorch' (PyTorch's own caching allocator, the default) or a policy spec."
 )
 @model_option("Model preset (or JSON file) whose shape the random weights take.")
 @click.option(
@@ -321,16 +318,16 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     default=True,
     show_default=True,
     help="Let transformers refuse a --num-blocks beyond its own footprint estimate "
-    "(max-memory-percent of "
-    "free memory); off, the engine starts at exactly --num-blocks and real memory decides.",
+    "(max-memory-percent of free memory); "
+    "off, the engine starts at exactly --num-blocks and real memory decides.",
 )
 @click.option(
     "--max-len",
     "max_len_tokens",
     type=COUNT,
     default=None,
-    help="Longest sequence, prompt + output (prompts are cut to fit). Default: the model's "
-    "context.",
+    help="Longest sequence, prompt + output (prompts are cut to fit). "
+    "Default: the model's context.",
 )
 @click.option(
     "--attn",
@@ -354,34 +351,35 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option(
     "--snapshot",
     is_flag=True,
-    help="Write PyTorch's memory snapshot (snapshot_<policy>.pickle.gz) and beside it the device "
-    "memory the "
-    "engine's process held outside PyTorch's allocator (snapshot_<policy>.json; `poollab plan` "
-    "reads it).",
+    help="Write PyTorch's memory snapshot "
+    "(snapshot_<policy>.pickle.gz) and beside it the device memory "
+    "the engine's process held outside PyTorch's allocator "
+    "(snapshot_<policy>.json; `poollab plan` reads it).",
 )
 @click.option(
     "--snapshot-until",
     type=click.Choice(["startup", "end", "both"]),
     default="startup",
     show_default=True,
-    help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': the "
-    "whole run; "
-    "'both': the start-up one and the whole run's (snapshot_<policy>_run.pickle.gz).",
+    help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': "
+    "the whole run; 'both': the start-up one and the whole run's "
+    "(snapshot_<policy>_run.pickle.gz).",
 )
 @click.option(
     "--allocator-mode",
     type=click.Choice(["pluggable", "mempool"]),
     default="pluggable",
     show_default=True,
-    help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator "
-    "splits.",
+    help="A policy as PyTorch's allocator, "
+    "or supplying the segments PyTorch's caching allocator splits.",
 )
 @validate_option("The policy's validation mode (guards and patterns).")
 @seed_option("Random weights and prompt token ids.")
 @cuda_device_option()
 @sim_option(
-    "Also run `simulate` with the matching settings (the run's KV bytes, block size, step and "
-    "sequence limits; the --model preset's shape) and print measured against predicted."
+    "Also run `simulate` with the matching settings "
+    "(the run's KV bytes, block size, step and sequence limits; the --model preset's shape) "
+    "and print measured against predicted."
 )
 @gpu_option("GPU preset of the --sim run.", name="gpu_preset")
 @calibration_option("Step-time calibration JSON of the --sim run.")
@@ -471,10 +469,10 @@ def serve_command(
         raise UsageError(str(exc)) from None
     summary = pd.DataFrame([r.summary for r in outcome.runs])
     click.echo(
-        f"{requests.name}: {len(outcome.plan):,} requests over "
-        f"{outcome.plan['arrival_s'].iloc[-1]:,.1f} s "
-        f"(rate x{rate_scale:g}); {settings.checkpoint or settings.model}, KV "
-        f"{int(summary['kv_blocks'].iloc[0]):,} blocks of {block_tokens} tokens"
+        f"{requests.name}: {len(outcome.plan):,} requests "
+        f"over {outcome.plan['arrival_s'].iloc[-1]:,.1f} s (rate x{rate_scale:g}); "
+        f"{settings.checkpoint or settings.model}, "
+        f"KV {int(summary['kv_blocks'].iloc[0]):,} blocks of {block_tokens} tokens"
     )
     click.echo(format_table(summary, SERVE_TABLE_COLUMNS))
     for spec, table in outcome.comparisons.items():

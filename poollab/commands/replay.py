@@ -45,20 +45,21 @@ def register(cli: click.Group) -> None:
     type=FRACTION,
     default=None,
     metavar="FRACTION",
-    help="Share of calls whose latency is timed, chosen at random (default: every call up to "
-    "20,000 "
-    "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.",
+    help="Share of calls whose latency is timed, chosen at random "
+    "(default: every call up to 20,000 events, about 20,000 beyond; 1 times every call). "
+    "Column latency_sampled_frac.",
 )
 @click.option(
     "--record-layout",
     is_flag=True,
     default=False,
-    help="Also record each pool's segment layout over the run (layout.parquet; the report's "
-    "segment view).",
+    help="Also record each pool's segment layout over the run "
+    "(layout.parquet; the report's segment view).",
 )
 @workers_option(
-    "Processes replaying the policies side by side (default: the cores available, for a trace "
-    "of 50,000 events or more; 1: all in this process). The results are the same either way.",
+    "Processes replaying the policies side by side "
+    "(default: the cores available, for a trace of 50,000 events or more; 1: all in this process). "
+    "The results are the same either way.",
     metavar="N",
 )
 @out_option("poollab-out/replay")
@@ -114,8 +115,8 @@ def replay_command(
     if "lower_bound_bytes" in summary:
         first = summary.iloc[0]
         click.echo(
-            f"best possible: lower bound (peak live) {first['lower_bound_bytes'] / 2**20:,.1f} "
-            "MiB, "
+            "best possible: lower bound "
+            f"(peak live) {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "
             f"offline planner ({first['planner']}) {first['planner_peak_bytes'] / 2**20:,.1f} MiB"
         )
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet")

@@ -22,8 +22,8 @@ def register(cli: click.Group) -> None:
     "--static",
     is_flag=True,
     default=False,
-    help="PNG figures only, no scripts (default: interactive timelines and segment view, still "
-    "offline).",
+    help="PNG figures only, no scripts "
+    "(default: interactive timelines and segment view, still offline).",
 )
 @progress_option()
 def report_command(

@@ -177,8 +177,8 @@ def settings_line(config: ServerConfig, runs: list[Any], *, has_hash_ids: bool =
         )
     for why in dict.fromkeys(r.prefix_caching_off for r in off):
         caching.append(
-            f"{_PREFIX_CACHING_OFF_TEXT[why]} for "
-            f"{', '.join(r.summary['policy'] for r in off if r.prefix_caching_off == why)}"
+            f"{_PREFIX_CACHING_OFF_TEXT[why]} "
+            f"for {', '.join(r.summary['policy'] for r in off if r.prefix_caching_off == why)}"
         )
     parts.append("prefix caching " + "; ".join(caching))
     if any(s != "paged" for s in summary["kv_strategy"]):
@@ -218,9 +218,9 @@ def rejection_warnings(summary: Any) -> list[str]:
             groups.setdefault((int(n), why), []).append(policy)
     total = int(summary["n_requests"].iloc[0])
     return [
-        f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; the "
-        "latency and "
-        f"throughput columns cover served requests only (see --max-model-len, --kv-capacity)"
+        f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; "
+        "the latency and throughput columns cover served requests only "
+        "(see --max-model-len, --kv-capacity)"
         for (n, why), names in groups.items()
     ]
 
@@ -379,8 +379,7 @@ def simulate_command(
     )
     click.echo(
         f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s "
-        f"({requests.format}); "
-        f"{model_spec.name} on {gpu_spec.name}"
+        f"({requests.format}); {model_spec.name} on {gpu_spec.name}"
     )
     click.echo(
         settings_line(config, runs, has_hash_ids="hash_ids" in requests.requests.columns)

@@ -32,9 +32,8 @@ def register(cli: click.Group) -> None:
     "--scheduler",
     default=None,
     metavar="ADDRESS",
-    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask "
-    "cluster "
-    "of N workers), processes (default: a local process pool) or serial.",
+    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N "
+    "(a local Dask cluster of N workers), processes (default: a local process pool) or serial.",
 )
 @workers_option(
     "Processes of the local pool (default: the machine's cores), or N of --scheduler local."
@@ -67,8 +66,8 @@ def sweep_command(
     if outcome is None:
         return
     click.echo(
-        f"{outcome.num_run} run on {outcome.scheduler}, {outcome.num_cached} already done "
-        f"({outcome.wall_s:,.1f} s)"
+        f"{outcome.num_run} run on {outcome.scheduler}, "
+        f"{outcome.num_cached} already done ({outcome.wall_s:,.1f} s)"
     )
     click.echo(format_fronts(outcome.pareto, by=spec.pareto_by))
     click.echo(f"wrote {out_dir}/results.parquet, {out_dir}/summary.csv, {out_dir}/pareto.csv")
@@ -76,7 +75,7 @@ def sweep_command(
     if len(bad):
         click.echo(
             f"{outcome.num_failed} cells failed, {outcome.num_lost} lost to dead workers "
-            f"(lost ones run again next time; failed ones with --retry-failed):",
+            "(lost ones run again next time; failed ones with --retry-failed):",
             err=True,
         )
         for row in bad.head(_MAX_FAILED_SHOWN).itertuples():

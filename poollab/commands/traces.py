@@ -94,8 +94,8 @@ def _check_out_suffix(out_path: Path) -> None:
     "--prompt",
     default="lognormal:median=1000,sigma=1.0",
     show_default=True,
-    help="Prompt length distribution: lognormal:median=,sigma= | zipf:a= | fixed:N | "
-    "empirical:trace=FILE,column=prompt",
+    help="Prompt length distribution: "
+    "lognormal:median=,sigma= | zipf:a= | fixed:N | empirical:trace=FILE,column=prompt",
 )
 @click.option(
     "--output",
@@ -158,8 +158,8 @@ def synth_command(
     d = trace.describe()
     click.echo(
         f"wrote {out_path}: {d['num_requests']:,} requests over {d['duration_s']:,.1f} s "
-        f"({d['rate_rps']:.2f} req/s), prompt p50 {d['prompt_tokens_p50']:.0f}, output p50 "
-        f"{d['output_tokens_p50']:.0f}"
+        f"({d['rate_rps']:.2f} req/s), prompt p50 {d['prompt_tokens_p50']:.0f}, "
+        f"output p50 {d['output_tokens_p50']:.0f}"
     )
 
 
