@@ -1,5 +1,5 @@
-"""The command line's option types: every number or size an option takes is checked here, at parse
-time.
+"""The command line's option types (every number or size an option takes is checked here, at
+parse time) and the options several commands take, each declared once.
 
 One ``click.ParamType`` per kind of value, shared by every command (and by the commands other
 modules add): byte sizes (``BYTES``), finite numbers in a range (``FiniteFloat``; ``POSITIVE``,
