@@ -1,6 +1,7 @@
-"""The command line's help texts and messages are split into adjacent string literals only between
-whole phrases (issue 32's leftovers: session 13's line-wrapping tool split ``"every call up to
-20,000 " "events"`` and 55 more mid-phrase).
+"""The command line's help texts and messages (``poollab/``, and the simulator options' in
+``sim/serving/config.py``) are split into adjacent string literals only between whole phrases
+(issue 32's leftovers: session 13's line-wrapping tool split ``"every call up to 20,000 "
+"events"`` and 66 more mid-phrase).
 
 A split reads as prose where the first piece ends a clause (``. ``, ``: ``, ``; ``, ``, ``, a
 newline), or the second starts a parenthesis or a word that starts a clause or phrase (``and``,
@@ -16,6 +17,8 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Where the simulator options' help texts are written (each ``ServerConfig`` field's ``Knob``).
+KNOB_HELP = "sim/serving/config.py"
 CLAUSE_ENDS = (". ", ": ", "; ", ", ", "\\n")
 STARTS_A_PHRASE = set(
     "and or but which when where while because so if unless than whose who then nor since until "
@@ -79,7 +82,7 @@ def mid_phrase_splits(code: str) -> list[str]:
 def test_the_command_lines_strings_are_split_between_phrases():
     found = {
         path.relative_to(ROOT).as_posix(): splits
-        for path in sorted((ROOT / "poollab").rglob("*.py"))
+        for path in [*sorted((ROOT / "poollab").rglob("*.py")), ROOT / KNOB_HELP]
         if (splits := mid_phrase_splits(path.read_text(encoding="utf-8")))
     }
     assert found == {}
