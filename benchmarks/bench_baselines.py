@@ -90,8 +90,7 @@ def compare(trace, specs: list[str], repeat: int) -> pd.DataFrame:
     print(f"\n## {trace.name}: {len(trace):,} events, {b['num_allocations']:,} allocations")
     print(
         f"lower bound (peak live) {b['lower_bound_bytes'] / MiB:,.1f} MiB; planner "
-        f"({b['planner']}) "
-        f"{b['planner_peak_bytes'] / MiB:,.1f} MiB "
+        f"({b['planner']}) {b['planner_peak_bytes'] / MiB:,.1f} MiB "
         f"(+{100 * (b['planner_peak_bytes'] / b['lower_bound_bytes'] - 1):.2f} %, "
         f"{b['planner_s']:.1f} s)"
     )
@@ -157,8 +156,8 @@ def torch_child(snapshot: str, limit: str, out_path: str) -> None:
 
         pickle.dump(snap, f)
     print(
-        f"  torch {torch.__version__}: max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} "
-        "MiB, "
+        f"  torch {torch.__version__}: "
+        f"max reserved {torch.cuda.max_memory_reserved() / MiB:,.1f} MiB, "
         f"max allocated {torch.cuda.max_memory_allocated() / MiB:,.1f} MiB"
     )
 
@@ -187,11 +186,9 @@ def cupy_child(snapshot: str) -> None:
             num_differ += 1
             first_differ = k if first_differ < 0 else first_differ
     print(
-        f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: peak "
-        "total_bytes "
-        f"{peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; requests after which they "
-        "differ: "
-        f"{num_differ:,} (first: {first_differ})"
+        f"  cupy {cupy.__version__} MemoryPool vs cupy-pool over {len(is_alloc):,} requests: "
+        f"peak total_bytes {peak_real / MiB:,.2f} vs {peak_emulated / MiB:,.2f} MiB; "
+        f"requests after which they differ: {num_differ:,} (first: {first_differ})"
     )
 
 
@@ -250,8 +247,8 @@ def main(argv=None) -> int:
         return 0
     specs = args.specs or policies.available()
     print(
-        f"# bench_baselines {datetime.date.today()}: python {platform.python_version()} on "
-        f"{platform.machine()}"
+        f"# bench_baselines {datetime.date.today()}: "
+        f"python {platform.python_version()} on {platform.machine()}"
     )
     print(f"command: {' '.join(['python', 'benchmarks/bench_baselines.py', *argv])}")
     snapshot = read_alloc_trace(args.snapshot)

@@ -258,8 +258,8 @@ def held_out_table(
         ]
     )
     totals = "; ".join(
-        f"calibrate {how}{' on another workload' if other else ''}: {n} of {m} held-out figures "
-        "within target"
+        f"calibrate {how}{' on another workload' if other else ''}: "
+        f"{n} of {m} held-out figures within target"
         for (how, other), (n, m) in tally.items()
     )
     return "\n".join(
@@ -269,12 +269,10 @@ def held_out_table(
             "\n".join(lines),
             "",
             f"Errors are predicted / measured - 1; ✗ marks an error outside {TARGET_PCT:.0f} % "
-            "(or outside the judged run's condition's spread, where larger). † a run that started "
-            "cold "
-            "judged by a fit of a run recorded after a warm-up, which cannot know that cost; left "
-            "out "
-            "of the counts. Run-to-run spread per condition ((max - min) / median over its "
-            "recordings):",
+            "(or outside the judged run's condition's spread, where larger). "
+            "† a run that started cold judged by a fit of a run recorded after a warm-up, "
+            "which cannot know that cost; left out of the counts. "
+            "Run-to-run spread per condition ((max - min) / median over its recordings):",
             "",
             "\n".join(spread_lines),
             "",
@@ -296,8 +294,8 @@ def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
         for n, r in runs.items()
     }
     lines = [
-        "| fitted on | judged on | floor: mean abs step error | feature: mean abs step error | "
-        "feature's roofline weight |",
+        "| fitted on | judged on | floor: mean abs step error | feature: "
+        "mean abs step error | feature's roofline weight |",
         "|---|---|---|---|---|",
     ]
     for fit_name, fit_run in runs.items():
@@ -323,8 +321,8 @@ def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
             m[0] = False
             lines.append(
                 f"| {fit_name} | {judged_name} | "
-                f"{100 * np.mean(np.abs(floor_pred[m] / yj[m] - 1)):.1f} % | "
-                f"{100 * np.mean(np.abs(feat_pred[m] / yj[m] - 1)):.1f} % | {coef[-1]:.2f} |"
+                f"{100 * np.mean(np.abs(floor_pred[m] / yj[m] - 1)):.1f} % "
+                f"| {100 * np.mean(np.abs(feat_pred[m] / yj[m] - 1)):.1f} % | {coef[-1]:.2f} |"
             )
     return "\n".join(lines)
 

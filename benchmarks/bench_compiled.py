@@ -115,9 +115,8 @@ def main(argv=None) -> int:
         return 2
     if any((REPO / "policies").glob("*.so")):
         print(
-            f"{REPO}/policies holds compiled modules (an opt-in install): the pure rows would not "
-            "be pure; "
-            "remove policies/*.so first",
+            f"{REPO}/policies holds compiled modules (an opt-in install): "
+            "the pure rows would not be pure; remove policies/*.so first",
             file=sys.stderr,
         )
         return 2
@@ -152,8 +151,8 @@ def main(argv=None) -> int:
     pure, comp = best["pure"], best["cython"]
     print(
         f"# bench_compiled {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-        f"{platform.python_version()} · {os.cpu_count()} cores · load average "
-        f"{os.getloadavg()[0]:.2f}"
+        f"{platform.python_version()} · {os.cpu_count()} cores · load "
+        f"average {os.getloadavg()[0]:.2f}"
     )
     print(f"# interpreter and build: {build_description()}")
     print(
@@ -161,9 +160,9 @@ def main(argv=None) -> int:
         f"{' '.join(argv if argv is not None else sys.argv[1:])}"
     )
     print(
-        f"# bare-loop ns per event ({args.clock} clock), best of {args.rounds} rounds x "
-        f"{args.repeat} repeats, "
-        "builds alternating; x_dict: over the inline-dict floor of the same build"
+        f"# bare-loop ns per event ({args.clock} clock), "
+        f"best of {args.rounds} rounds x {args.repeat} repeats, builds alternating; "
+        "x_dict: over the inline-dict floor of the same build"
     )
     header = f"{'row':<24}" + "".join(f" {build + '_ns':>16} {'x_dict':>7}" for build in builds)
     print(header + f" {'pure/cython':>11}")
@@ -173,8 +172,8 @@ def main(argv=None) -> int:
         )
         print(f"{row:<24}{cells} {pure[row] / comp[row]:>10.2f}x")
     print(
-        f"# the contract (do-nothing: an interpreted Policy subclass) compiled is "
-        f"{pure[NOTHING] / comp[NOTHING]:.2f}x as fast as pure Python (issue 16: >= 2x)"
+        "# the contract (do-nothing: an interpreted Policy subclass) "
+        f"compiled is {pure[NOTHING] / comp[NOTHING]:.2f}x as fast as pure Python (issue 16: >= 2x)"
     )
     return 0
 

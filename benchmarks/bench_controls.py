@@ -197,9 +197,9 @@ def bench_compaction() -> None:
                 ]
             )
     table(
-        f"Compaction turns failures into successes: replay of `{trace.name}` ({len(trace):,} "
-        "events, "
-        f"peak live {peak / MiB:,.0f} MiB) under capacity = factor x peak live",
+        f"Compaction turns failures into successes: replay of `{trace.name}` "
+        f"({len(trace):,} events, peak live {peak / MiB:,.0f} MiB) "
+        "under capacity = factor x peak live",
         [
             "capacity",
             "policy",
@@ -215,8 +215,7 @@ def bench_compaction() -> None:
         ],
         rows,
         "`check_every=0`: compaction only on a failure (the cheapest segment slide first); "
-        "default: also every "
-        "64 frees when fragmentation > 0.5 and >= 16 MiB are free.",
+        "default: also every 64 frees when fragmentation > 0.5 and >= 16 MiB are free.",
     )
 
     t = azure(4)
@@ -247,9 +246,8 @@ def bench_compaction() -> None:
                 ]
             )
     table(
-        f"Compaction in the server: Azure code slice x4 rate ({len(t):,} requests), {MODEL} on "
-        f"{GPU}, "
-        "contiguous KV (pow2), KV budget as given",
+        f"Compaction in the server: Azure code slice x4 rate ({len(t):,} requests), "
+        f"{MODEL} on {GPU}, contiguous KV (pow2), KV budget as given",
         [
             "KV budget",
             "policy",
@@ -267,8 +265,7 @@ def bench_compaction() -> None:
         ],
         rows,
         "Rescued allocations spare preemptions; passes between steps move more and rescue nothing. "
-        "Released "
-        "segments are re-grown later (hot grows), so driver stall rises with compaction.",
+        "Released segments are re-grown later (hot grows), so driver stall rises with compaction.",
     )
 
     rows = []
@@ -309,10 +306,9 @@ def bench_compaction() -> None:
             "replay wall s",
         ],
         rows,
-        "The threshold passes buy a few MiB of peak reserved memory (or none) for tens of GiB of "
-        "copies, and "
-        "planning them takes 3-4x the replay's CPU time; compacting only on failures moves nothing "
-        "here "
+        "The threshold passes buy a few MiB of peak reserved memory "
+        "(or none) for tens of GiB of copies, and planning them takes 3-4x the replay's CPU time; "
+        "compacting only on failures moves nothing here "
         "(the wrapper alone adds about half to the replay's time).",
     )
 
@@ -349,8 +345,8 @@ def bench_freeze(snapshot: str | None) -> None:
                 ]
             )
     table(
-        f"Growth freeze after a warm-up: `{trace.name}` ({n_allocs:,} allocations) frozen after "
-        "its first k",
+        "Growth freeze after a warm-up: "
+        f"`{trace.name}` ({n_allocs:,} allocations) frozen after its first k",
         [
             "policy",
             "warm-up",
@@ -429,8 +425,8 @@ def bench_pregrow() -> None:
                     ]
                 )
     table(
-        f"Demand prediction vs reactive growth: Azure code slice, {MODEL} on {GPU}, elastic KV "
-        "pool",
+        f"Demand prediction vs reactive growth: Azure code slice, {MODEL} on {GPU}, "
+        "elastic KV pool",
         [
             "rate",
             "base",
@@ -447,10 +443,9 @@ def bench_pregrow() -> None:
         ],
         rows,
         "Hot-path grows are segment grows inside a step (their driver time is in the step: stall). "
-        "Pre-grows "
-        "happen before an admitting step; their driver time is taken to overlap the previous step. "
-        "Idle KV: "
-        "reserved minus allocated KV bytes, averaged over busy time.",
+        "Pre-grows happen before an admitting step; "
+        "their driver time is taken to overlap the previous step. "
+        "Idle KV: reserved minus allocated KV bytes, averaged over busy time.",
     )
 
 
@@ -486,9 +481,8 @@ def bench_tags() -> None:
                 ]
             )
     table(
-        f"Per-tag limits: `{trace.name}` ({len(trace):,} events) in one best-fit pool of weights + "
-        "1 GiB "
-        f"({cap / MiB:,.0f} MiB)",
+        f"Per-tag limits: `{trace.name}` "
+        f"({len(trace):,} events) in one best-fit pool of weights + 1 GiB ({cap / MiB:,.0f} MiB)",
         [
             "cap",
             "tag",
@@ -501,9 +495,8 @@ def bench_tags() -> None:
         ],
         rows,
         "Without a cap the KV cache fills the pool and activations and workspace fail with it; "
-        "with one, only "
-        "KV requests are refused (a replay goes on past a failure: the trace does not react to "
-        "it).",
+        "with one, only KV requests are refused "
+        "(a replay goes on past a failure: the trace does not react to it).",
     )
 
 
@@ -605,14 +598,13 @@ def bench_gpu_compaction() -> None:
             "released MiB",
         ],
         rows,
-        "Explicit pass: compact(pool, force=True). Failure rescue: capacity = what the 96 tensors "
-        "reserved, so "
-        "a request one MiB above the largest hole fails in the base and a compaction places it "
-        "(the allocate "
-        "time includes it). Validation mode filled every allocation with a pattern and checked it "
-        "(and its "
-        "guards) at its free, after the moves. Modelled: the bundled cost model's copy_ns (1.9e12 "
-        "B/s).",
+        "Explicit pass: compact(pool, force=True). Failure rescue: "
+        "capacity = what the 96 tensors reserved, "
+        "so a request one MiB above the largest hole fails in the base and a compaction places it "
+        "(the allocate time includes it). "
+        "Validation mode filled every allocation with a pattern and checked it "
+        "(and its guards) at its free, after the moves. "
+        "Modelled: the bundled cost model's copy_ns (1.9e12 B/s).",
     )
 
 

@@ -88,9 +88,8 @@ def main(argv=None) -> int:
     classes = {"before": load_before(args.before_rev), "new": FirstFit}
     print(
         f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-        f"Python {platform.python_version()}; best of {args.repeat}, {args.events} events per "
-        "loop, "
-        f"{args.clock} clock; before = {args.before_rev}"
+        f"Python {platform.python_version()}; best of {args.repeat}, "
+        f"{args.events} events per loop, {args.clock} clock; before = {args.before_rev}"
     )
     print(f"{'holes':>7} {'before ns/event':>16} {'new ns/event':>13} {'before / new':>13}")
     for num_holes in args.holes:

@@ -221,9 +221,8 @@ def replay_trace(
         )
         log(
             f"  {spec:<16} peak reserved {g.summary['peak_reserved_bytes'] / MiB:9.1f} MiB  failed "
-            f"{g.summary['n_failed']:>5}"
-            f"  alloc p50 {g.summary['alloc_p50_us']:.2f} us (sim {s.summary['alloc_p50_us']:.2f})"
-            f"  agree={'yes' if not diff else diff}"
+            f"{g.summary['n_failed']:>5}  alloc p50 {g.summary['alloc_p50_us']:.2f} us "
+            f"(sim {s.summary['alloc_p50_us']:.2f})  agree={'yes' if not diff else diff}"
         )
     after = trail.mark(f"{trace.name}{label}: after the policy pools closed")
     checks["pool_teardown"].append(
@@ -253,9 +252,8 @@ def replay_trace(
             continue
         rows.append({**b.summary, "run": f"{trace.name}{label}"})
         log(
-            f"  {name:<16} peak reserved {b.summary['peak_reserved_bytes'] / MiB:9.1f} MiB  "
-            f"alloc p50 {b.summary['alloc_p50_us']:.2f} us  free p50 "
-            f"{b.summary['free_p50_us']:.2f} us"
+            f"  {name:<16} peak reserved {b.summary['peak_reserved_bytes'] / MiB:9.1f} MiB  alloc "
+            f"p50 {b.summary['alloc_p50_us']:.2f} us  free p50 {b.summary['free_p50_us']:.2f} us"
         )
         trail.mark(f"{trace.name}{label}: after baseline {name}")
 
@@ -314,8 +312,8 @@ def main(argv=None) -> int:
         "source": base.source,
     }
     log(
-        f"device memory before the first pool: used {base.used_bytes / MiB:,.0f} MiB of "
-        f"{base.total_bytes / MiB:,.0f} ({base.source})"
+        "device memory before the first pool: "
+        f"used {base.used_bytes / MiB:,.0f} MiB of {base.total_bytes / MiB:,.0f} ({base.source})"
     )
 
     # 1. calibration
@@ -328,10 +326,10 @@ def main(argv=None) -> int:
         costs = CostModel.load(costs_path)
         checks["calibrate_s"] = time.perf_counter() - t0
         log(
-            f"calibrated in {checks['calibrate_s']:.1f} s: d2d "
-            f"{table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, "
-            f"h2d {table['h2d_bytes_per_s'] / 1e9:.1f} GB/s, d2h "
-            f"{table['d2h_bytes_per_s'] / 1e9:.1f} GB/s"
+            f"calibrated in {checks['calibrate_s']:.1f} s: "
+            f"d2d {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, "
+            f"h2d {table['h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"d2h {table['d2h_bytes_per_s'] / 1e9:.1f} GB/s"
         )
         trail.mark("after calibration")
 
@@ -503,8 +501,8 @@ def main(argv=None) -> int:
     }
     checks["memory_trail"] = trail.rows
     log(
-        f"device memory after teardown: used {end.used_bytes / MiB:,.0f} MiB (delta "
-        f"{(end.used_bytes - base.used_bytes) / MiB:+.1f} MiB)"
+        f"device memory after teardown: used {end.used_bytes / MiB:,.0f} MiB "
+        f"(delta {(end.used_bytes - base.used_bytes) / MiB:+.1f} MiB)"
     )
 
     summary = summary_frame(rows) if rows else pd.DataFrame()

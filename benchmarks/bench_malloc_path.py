@@ -177,8 +177,8 @@ def main(argv=None) -> int:
                 - best[(b, f"{spec}: (policy round trip)")]
             )
             print(
-                f"{b}: {spec}: malloc's own share {own:.0f} ns (malloc + drop, less the floor and "
-                "the policy)"
+                f"{b}: {spec}: malloc's own share {own:.0f} ns "
+                "(malloc + drop, less the floor and the policy)"
             )
     if args.out:
         with open(args.out, "w", newline="") as f:

@@ -77,8 +77,8 @@ def repeatable_window(snap: dict) -> tuple[int, int]:
             break
     if stop is None or start is None or stop - start < 2:
         raise SystemExit(
-            "bench_plan: the snapshot has no window of freed requests after its last capture to "
-            "repeat"
+            "bench_plan: the snapshot has no window of freed requests after its last capture "
+            "to repeat"
         )
     return req.entry[start], req.entry[stop - 1] + 1
 
@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         read_s = time.perf_counter() - t0
         print(
             f"# {datetime.date.today()} {platform.node()} Python {platform.python_version()}: "
-            f"{args.snapshot.name} "
-            f"with its last window repeated {copies:,} times: {len(rec.ops):,} requests; read in "
-            f"{read_s:.1f} s"
+            f"{args.snapshot.name} with its last window repeated {copies:,} times: "
+            f"{len(rec.ops):,} requests; read in {read_s:.1f} s"
         )
         result = plan(
             rec,
@@ -145,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in result.plans:
             per_replay = p.plan_s / p.num_replays
             print(
-                f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, {per_replay:.2f} s a "
-                "replay "
-                f"({per_replay / len(rec.ops) * 1e9:,.0f} ns a request); safe KV "
-                f"{format_bytes(p.safe_pages * result.inputs.page_bytes)} "
+                f"{p.spec}: plan {p.plan_s:.1f} s, {p.num_replays} replays, "
+                f"{per_replay:.2f} s a replay "
+                f"({per_replay / len(rec.ops) * 1e9:,.0f} ns a request); "
+                f"safe KV {format_bytes(p.safe_pages * result.inputs.page_bytes)} "
                 f"({p.safe_pages:,} pages)"
             )
     finally:

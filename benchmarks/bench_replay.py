@@ -376,8 +376,8 @@ def main(argv=None) -> int:
         "--clock",
         choices=sorted(CLOCKS),
         default="wall",
-        help="clock of the bare loops: wall (default) or cpu (process CPU time, for a busy "
-        "machine)",
+        help="clock of the bare loops: "
+        "wall (default) or cpu (process CPU time, for a busy machine)",
     )
     ap.add_argument(
         "--parts",
@@ -388,14 +388,14 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--engine-calls",
         action="store_true",
-        help="instead: calls per event of sim.replay.engine.run, at the default sampling and "
-        "timing every call",
+        help="instead: calls per event of sim.replay.engine.run, "
+        "at the default sampling and timing every call",
     )
     ap.add_argument(
         "--bare-only",
         action="store_true",
-        help="time the bare loops only (no replay() rows: harness_ns, harness_x, replay_ns left "
-        "empty)",
+        help="time the bare loops only "
+        "(no replay() rows: harness_ns, harness_x, replay_ns left empty)",
     )
     args = ap.parse_args(argv)
     global _clock
@@ -405,8 +405,8 @@ def main(argv=None) -> int:
         r = sample_bytes(trace)
         print(
             f"# latency samples of a {len(README_POLICIES)}-policy replay of {r['trace']} "
-            f"({r['events']:,} events, "
-            f"{r['rows']:,} rows): {r['memory_bytes_per_event']:,.0f} B per event in memory, "
+            f"({r['events']:,} events, {r['rows']:,} rows): "
+            f"{r['memory_bytes_per_event']:,.0f} B per event in memory, "
             f"{r['parquet_bytes_per_event']:,.0f} B per event in Parquet (target <= 400)"
         )
         return 0
@@ -416,12 +416,12 @@ def main(argv=None) -> int:
     costs = CostModel.load()
     rows = [INLINE, TRIVIAL, OBJECT, NOTHING] + (args.specs or policies.available())
     print(
-        f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-        f"{platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}"
+        f"# bench_replay {datetime.datetime.now().isoformat(timespec='seconds')} · "
+        f"python {platform.python_version()} · {os.cpu_count()} cores · {platform.platform()}"
     )
     print(
-        "# command: python benchmarks/bench_replay.py "
-        f"{' '.join(argv if argv is not None else sys.argv[1:])}"
+        "# command: "
+        f"python benchmarks/bench_replay.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     )
     print(
         f"# trace {trace.name}: {n:,} events; best of {args.repeat}, rows interleaved, "
@@ -474,14 +474,13 @@ def main(argv=None) -> int:
             )
     calls = {row: calls_per_event(events, row, costs) for row in rows}
     print(
-        f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls (the "
-        "default); "
-        f"every_*: timing every call"
+        f"# harness: timing {engine.default_latency_sample(len(ev.ops)):.3f} of the calls "
+        "(the default); every_*: timing every call"
     )
     print(
         f"{'row':<24} {'bare_ns':>9} {'x_dict':>7} {'x_nothing':>9} {'calls':>6} "
-        f"{'harness_ns':>10} {'harness_x':>9} "
-        f"{'every_ns':>9} {'every_x':>8} {'replay_ns':>9} failed harness verdict"
+        f"{'harness_ns':>10} {'harness_x':>9} {'every_ns':>9} {'every_x':>8} {'replay_ns':>9} "
+        "failed harness verdict"
     )
     out_rows = []
     ns = 1e9 / n
@@ -505,8 +504,8 @@ def main(argv=None) -> int:
         target = verdict(row, bare)
         print(
             f"{row:<24} {bare[row] * ns:>9.0f} {bare[row] / bare[INLINE]:>6.2f}x "
-            f"{bare[row] / bare[NOTHING]:>8.2f}x "
-            f"{calls[row]:>6.1f} {harness_cols} {mark or '-'} {target}"
+            f"{bare[row] / bare[NOTHING]:>8.2f}x {calls[row]:>6.1f} {harness_cols} {mark or '-'} "
+            f"{target}"
         )
         out_rows.append(
             {
@@ -559,8 +558,8 @@ def print_parts(ev, events, specs, costs, repeat) -> int:
     ns = 1e9 / len(events)
     print(
         f"# ns per event, best of {repeat}: the bare loop; sim.replay.engine.run timing no call "
-        "(loop), "
-        f"timing the default sample (+timing), and with the monitor (+monitor: replay's engine)"
+        "(loop), timing the default sample (+timing), "
+        "and with the monitor (+monitor: replay's engine)"
     )
     print(f"{'row':<24} {'bare':>6} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'x_bare':>7}")
     for spec, t in best.items():

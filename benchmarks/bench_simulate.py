@@ -87,9 +87,8 @@ def main(argv=None) -> int:
     trace = read_request_trace(args.trace)
     modes = ["repeat", "rate"] if args.mode == "both" else [args.mode]
     print(
-        f"{trace.name}: {len(trace):,} requests over {trace.duration_s / 60:.1f} min; {args.model} "
-        f"on {args.gpu}; "
-        f"Python {platform.python_version()} on {platform.machine()}"
+        f"{trace.name}: {len(trace):,} requests over {trace.duration_s / 60:.1f} min; "
+        f"{args.model} on {args.gpu}; Python {platform.python_version()} on {platform.machine()}"
     )
     print(
         f"{'policy':<12}{'path':<6}{'mode':<8}{'x':>3}{'requests':>10}{'steps':>10}{'sim s':>9}"

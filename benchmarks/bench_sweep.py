@@ -114,14 +114,13 @@ def main(argv=None) -> int:
         spec = load_sweep(sweep_path)
         print(
             f"# bench_sweep {report['date']} · python {report['python']} · {report['cores']} cores "
-            "· "
-            f"{report['platform']}"
+            f"· {report['platform']}"
         )
         print(f"# command: {command}")
         print(
             f"# {len(spec.cells)} cells over {args.trace.name}, scheduler {args.scheduler}, "
-            f"load average before {report['load_average_before']:.2f} (a shared machine: others' "
-            "work counts)"
+            f"load average before {report['load_average_before']:.2f} "
+            "(a shared machine: others' work counts)"
         )
         if args.scheduler == "processes":
             warm_path = Path(tmp) / "warm.yaml"
@@ -173,12 +172,11 @@ def main(argv=None) -> int:
                 if n not in best or wall_s < best[n]["wall_s"]:
                     best[n] = run
                 print(
-                    f"workers={n:<3} run {rep + 1}: {wall_s:6.2f} s wall = plan "
-                    f"{run['plan_s']:.2f} + startup "
+                    f"workers={n:<3} run {rep + 1}: "
+                    f"{wall_s:6.2f} s wall = plan {run['plan_s']:.2f} + startup "
                     f"{run['startup_s']:.2f} + cells {run['cells_s']:.2f} + collect "
-                    f"{run['collect_s']:.2f}; "
-                    f"{run['inside_cells_s']:.2f} s inside cells (load average "
-                    f"{run['load_average']:.2f})"
+                    f"{run['collect_s']:.2f}; {run['inside_cells_s']:.2f} s inside cells "
+                    f"(load average {run['load_average']:.2f})"
                 )
         base = best[args.workers[0]]
         for n in args.workers:
@@ -192,8 +190,7 @@ def main(argv=None) -> int:
             )
             print(
                 f"workers={n:<3} best {b['wall_s']:6.2f} s, speed-up over {args.workers[0]}: "
-                f"{speedup:5.2f}x "
-                f"whole run, {cells_speedup:5.2f}x cells phase{mark}"
+                f"{speedup:5.2f}x whole run, {cells_speedup:5.2f}x cells phase{mark}"
             )
             report["best"][str(n)] = {**b, "speedup": speedup, "cells_speedup": cells_speedup}
     if args.out is not None:

@@ -291,23 +291,24 @@ def generate_breakdown_text(b: dict) -> str:
     """One line of ``_CallMarks.breakdown``: generate's malloc and free through the trampoline."""
     f = lambda k, spec=".2f": format(b[k], spec) if k in b else "?"  # noqa: E731
     return (
-        f"generate: malloc mean {f('gen_malloc_mean_us')} p50 {f('gen_malloc_p50_us')} "
-        f"p99 {f('gen_malloc_p99_us')} us ({f('gen_n_malloc', 'd')} calls; "
-        f"{f('gen_malloc_n_over_10us', 'd')} over 10 us hold "
-        f"{f('gen_malloc_time_share_over_10us', '.1%')} "
-        f"of the time, the rest average {f('gen_malloc_mean_us_under_10us')} us), free mean "
-        f"{f('gen_free_mean_us')} p50 {f('gen_free_p50_us')} us; without the GIL "
-        f"{f('gen_share_calls_without_gil', '.0%')}; off the hot path "
-        f"{f('gen_n_slow_mallocs', 'd')}, "
-        f"new segments {f('gen_n_new_segments', 'd')}, streams {f('n_streams', 'd')}, GC passes "
-        f"{f('gen_gc_passes', 'd')} ({f('gen_gc_ms')} ms); split (ns): capture check "
-        f"{f('split_capture_check_ns', '.0f')}, take GIL {f('split_take_gil_ns', '.0f')}, Python "
-        f"{f('split_python_call_ns', '.0f')}, give GIL {f('split_release_gil_ns', '.0f')}; a clock "
-        "read "
-        f"{f('clock_read_ns', '.0f')} ns, a capture check {f('capture_check_ns', '.0f')} ns (null "
-        "stream) / "
-        f"{f('capture_check_side_stream_ns', '.0f')} ns (side stream), a monitor sample "
-        f"{f('monitor_sample_us')} us every {f('monitor_sample_every_calls', 'd')} calls"
+        f"generate: malloc mean {f('gen_malloc_mean_us')} p50 {f('gen_malloc_p50_us')} p99 "
+        f"{f('gen_malloc_p99_us')} us "
+        f"({f('gen_n_malloc', 'd')} calls; {f('gen_malloc_n_over_10us', 'd')} "
+        f"over 10 us hold {f('gen_malloc_time_share_over_10us', '.1%')} of the time, "
+        f"the rest average {f('gen_malloc_mean_us_under_10us')} us), "
+        f"free mean {f('gen_free_mean_us')} p50 {f('gen_free_p50_us')} us; "
+        f"without the GIL {f('gen_share_calls_without_gil', '.0%')}; "
+        f"off the hot path {f('gen_n_slow_mallocs', 'd')}, "
+        f"new segments {f('gen_n_new_segments', 'd')}, streams {f('n_streams', 'd')}, "
+        f"GC passes {f('gen_gc_passes', 'd')} ({f('gen_gc_ms')} ms); split (ns): "
+        f"capture check {f('split_capture_check_ns', '.0f')}, "
+        f"take GIL {f('split_take_gil_ns', '.0f')}, Python {f('split_python_call_ns', '.0f')}, "
+        f"give GIL {f('split_release_gil_ns', '.0f')}; "
+        f"a clock read {f('clock_read_ns', '.0f')} ns, "
+        f"a capture check {f('capture_check_ns', '.0f')} ns "
+        f"(null stream) / {f('capture_check_side_stream_ns', '.0f')} ns (side stream), "
+        f"a monitor sample {f('monitor_sample_us')} us "
+        f"every {f('monitor_sample_every_calls', 'd')} calls"
     )
 
 
@@ -445,8 +446,7 @@ def calls_bench(args) -> list[dict]:
         rows.append(best)
         print(
             f"{name:>24} alloc p50 {best['alloc_p50_us']:.2f} us mean {best['alloc_mean_us']:.2f} "
-            "us, "
-            f"free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us; "
+            f"us, free p50 {best['free_p50_us']:.2f} us mean {best['free_mean_us']:.2f} us; "
             + breakdown_text(best),
             flush=True,
         )
@@ -555,17 +555,17 @@ def malloc_breakdown(alloc_ns, tags: list[str]) -> dict[str, float]:
 
 def breakdown_text(row: dict) -> str:
     parts = [
-        f"{t} {100 * row[f'share_{t}']:.2f}% of calls, {100 * row[f'time_share_{t}']:.1f}% of time"
-        f" ({row[f'mean_us_{t}']:.2f} us)"
+        f"{t} {100 * row[f'share_{t}']:.2f}% of calls, "
+        f"{100 * row[f'time_share_{t}']:.1f}% of time ({row[f'mean_us_{t}']:.2f} us)"
         for t in MALLOC_TAGS
         if f"share_{t}" in row and row[f"share_{t}"] > 0
     ]
     if "split_take_gil_ns" not in row:
         return "; ".join(parts)
     split = (
-        f"split: check {row['split_capture_check_ns']:.0f} ns, take GIL "
-        f"{row['split_take_gil_ns']:.0f}, "
-        f"Python {row['split_python_call_ns']:.0f}, give GIL {row['split_release_gil_ns']:.0f}"
+        f"split: check {row['split_capture_check_ns']:.0f} ns, "
+        f"take GIL {row['split_take_gil_ns']:.0f}, Python {row['split_python_call_ns']:.0f}, "
+        f"give GIL {row['split_release_gil_ns']:.0f}"
     )
     return "; ".join(parts + [split])
 
@@ -643,10 +643,10 @@ def stitch_bench(args) -> list[dict]:
             rows.append(row)
             print(
                 f"{name:>24} take-over={'on ' if take_over else 'off'} fresh "
-                f"{row['n_fresh_ranges']:5d} "
-                f"reused {row['n_exact_reuses']:5d} taken over {row['n_take_overs']:5d} "
-                f"({row['n_pages_remapped']} pages) stitch maps {stitch_maps:6d} unmaps "
-                f"{calls['unmap']:5d} "
+                f"{row['n_fresh_ranges']:5d} reused {row['n_exact_reuses']:5d} taken "
+                f"over {row['n_take_overs']:5d} "
+                f"({row['n_pages_remapped']} pages) "
+                f"stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
                 f"modelled {row['modelled_driver_ms']:7.1f} ms",
                 flush=True,
             )
@@ -711,16 +711,15 @@ def calls_side_by_side(args) -> list[dict]:
     )
     print(
         f"{'allocator':>24} {'tree':>14} {'build':>11} {'alloc p50':>9} {'mean':>6} "
-        f"{'free p50':>8} {'mean':>6}"
-        f"  (us, best of {args.rounds} rounds of {args.calls:,} "
-        f"{'events of ' + Path(args.trace).name if args.trace else 'pairs'})"
+        f"{'free p50':>8} {'mean':>6}  "
+        f"(us, best of {args.rounds} rounds "
+        f"of {args.calls:,} {'events of ' + Path(args.trace).name if args.trace else 'pairs'})"
     )
     for r in rows:
         print(
             f"{r['allocator']:>24} {r['tree']:>14} {r['build']:>11} "
-            f"{float(r['alloc_p50_us']):9.2f} "
-            f"{float(r['alloc_mean_us']):6.2f} {float(r['free_p50_us']):8.2f} "
-            f"{float(r['free_mean_us']):6.2f}"
+            f"{float(r['alloc_p50_us']):9.2f} {float(r['alloc_mean_us']):6.2f} "
+            f"{float(r['free_p50_us']):8.2f} {float(r['free_mean_us']):6.2f}"
         )
     return rows
 
@@ -910,8 +909,8 @@ def main() -> int:
     ap.add_argument(
         "--compiled-only",
         action="store_true",
-        help="with --compiled, run the policies in the compiled copy only (PyTorch's run is the "
-        "same)",
+        help="with --compiled, run the policies in the compiled copy only "
+        "(PyTorch's run is the same)",
     )
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument(
@@ -931,8 +930,8 @@ def main() -> int:
         "--trace",
         type=Path,
         metavar="PATH",
-        help="with --calls: replay this allocation trace's requests (sizes, order, lifetimes), its "
-        "first N events, instead of the six-size cycle",
+        help="with --calls: replay this allocation trace's requests (sizes, order, lifetimes), "
+        "its first N events, instead of the six-size cycle",
     )
     ap.add_argument(
         "--release-gil",
@@ -951,16 +950,15 @@ def main() -> int:
     ap.add_argument(
         "--stitch",
         action="store_true",
-        help="no GPU: what tensors over scattered pages cost each page policy (-p) on the bundled "
-        "slice",
+        help="no GPU: what tensors over scattered pages cost each page policy "
+        "(-p) on the bundled slice",
     )
     ap.add_argument(
         "--compiled",
         type=Path,
         metavar="DIR",
         help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), "
-        "side by "
-        "side: round by round with --calls, worker by worker otherwise",
+        "side by side: round by round with --calls, worker by worker otherwise",
     )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
@@ -1110,8 +1108,7 @@ def print_rows(rows: list[dict], title: str) -> None:
     print(title)
     print(
         f"{'allocator':>24} {'shape':>7} {'s (med)':>8} {'x torch':>7} {'min-max':>11} "
-        f"{'alloc us':>8} "
-        f"{'free us':>7} {'targets':>8} tokens="
+        f"{'alloc us':>8} {'free us':>7} {'targets':>8} tokens="
     )
     for row in rows:
         us = lambda v: "" if v is None else f"{v:.2f}"  # noqa: E731
@@ -1122,16 +1119,14 @@ def print_rows(rows: list[dict], title: str) -> None:
         )
         print(
             f"{row['allocator']:>24} {row['shape']:>7} {row['seconds_median']:8.3f} "
-            f"{row['ratio_to_torch']:7.3f} "
-            f"{row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f} {us(row['alloc_mean_us']):>8} "
-            f"{us(row['free_mean_us']):>7} {met:>8} {row['tokens_equal_torch']} "
-            f"peak_reserved={row['peak_reserved_bytes']} "
-            f"mem_before={row['device_used_before_bytes']} "
-            f"after={row['device_used_after_bytes']}"
+            f"{row['ratio_to_torch']:7.3f} {row['ratio_min']:5.2f}-{row['ratio_max']:<5.2f} "
+            f"{us(row['alloc_mean_us']):>8} {us(row['free_mean_us']):>7} {met:>8} "
+            f"{row['tokens_equal_torch']} peak_reserved={row['peak_reserved_bytes']} "
+            f"mem_before={row['device_used_before_bytes']} after={row['device_used_after_bytes']}"
         )
     print(
-        f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's (median of the paired "
-        "ratios), "
+        f"targets: G = generate <= {GENERATE_RATIO_TARGET}x PyTorch's "
+        "(median of the paired ratios), "
         f"C = malloc and free <= {CALL_US_TARGET} us a call (mean through the trampoline)"
     )
 

@@ -100,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"before": args.before.resolve(), "after": REPO}
     print(
         f"# bench_user_speed {datetime.datetime.now().isoformat(timespec='seconds')} · python "
-        f"{platform.python_version()} · {os.cpu_count()} cores (affinity "
-        f"{len(os.sched_getaffinity(0))}) · "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"{platform.python_version()} · {os.cpu_count()} cores "
+        f"(affinity {len(os.sched_getaffinity(0))}) · load average {os.getloadavg()[0]:.2f}"
     )
     print(
         "# command: python benchmarks/bench_user_speed.py "
@@ -139,22 +138,20 @@ def main(argv: list[str] | None = None) -> int:
                         ],
                     )
                     print(
-                        f"replay 1M x5 policies  {name:>6}: {run[0]:7.1f} s  {run[1]:7.0f} MB "
-                        "peak  "
-                        f"{run[2]:7.1f} s CPU  (load {os.getloadavg()[0]:.1f})",
+                        f"replay 1M x5 policies  {name:>6}: "
+                        f"{run[0]:7.1f} s  {run[1]:7.0f} MB peak  {run[2]:7.1f} s CPU  "
+                        f"(load {os.getloadavg()[0]:.1f})",
                         flush=True,
                     )
                     got[name] = min(got.get(name, run), run)
             b, a = got["before"], got["after"]
             print(
-                f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, after "
-                f"{a[0]:.1f} s; "
-                f"CPU of those runs: before {b[2]:.1f} s, after {a[2]:.1f} s"
+                f"replay 1M x5 policies  best of {args.repeat}: before {b[0]:.1f} s, "
+                f"after {a[0]:.1f} s; CPU of those runs: before {b[2]:.1f} s, after {a[2]:.1f} s"
             )
             print(
-                f"replay 1M x5 policies  after/before: CPU time {a[2] / b[2]:.2f} (the work: what "
-                "more cores "
-                f"cannot cut)"
+                "replay 1M x5 policies  after/before: "
+                f"CPU time {a[2] / b[2]:.2f} (the work: what more cores cannot cut)"
             )
             print(
                 f"replay 1M x5 policies  after/before: time {a[0] / b[0]:.2f} (target <= 0.33), "
@@ -195,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in trees:
                 print(
                     f"gpu replay --validate over plain, {name}: "
-                    f"{got[name, True][0] / got[name, False][0]:.1f}x "
-                    f"(target <= 10x)"
+                    f"{got[name, True][0] / got[name, False][0]:.1f}x (target <= 10x)"
                 )
             print(
                 f"validated summaries before/after: "

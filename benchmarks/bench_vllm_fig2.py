@@ -122,10 +122,9 @@ def main(argv=None) -> int:
     trace = sharegpt_like(args.num_requests, args.rate, args.seed, args.sigma)
     d = trace.describe()
     print(
-        f"OPT-13B on A100-40GB, {d['num_requests']} ShareGPT-like requests at "
-        f"{d['rate_rps']:.1f}/s: "
-        f"prompt mean {d['prompt_tokens_mean']:.0f}, output mean {d['output_tokens_mean']:.0f} "
-        "tokens"
+        f"OPT-13B on A100-40GB, {d['num_requests']} ShareGPT-like requests "
+        f"at {d['rate_rps']:.1f}/s: prompt mean {d['prompt_tokens_mean']:.0f}, "
+        f"output mean {d['output_tokens_mean']:.0f} tokens"
     )
     print(
         f"{'system':<24}{'policy':<10}{'strategy':<13}{'util busy':>10}{'util full':>10}"

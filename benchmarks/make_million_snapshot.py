@@ -65,9 +65,8 @@ def repeat_steps(snap: dict, num_entries: int) -> dict:
     new_traces = list(traces)
     new_traces[dev] = out
     print(
-        f"stretch entries {i:,}..{j:,} of {len(entries):,} ({j - i:,} entries, {span_us / 1e6:.1f} "
-        "s), "
-        f"{copies} copies: {len(out):,} entries",
+        f"stretch entries {i:,}..{j:,} of {len(entries):,} "
+        f"({j - i:,} entries, {span_us / 1e6:.1f} s), {copies} copies: {len(out):,} entries",
         file=sys.stderr,
     )
     return {**snap, "device_traces": new_traces}

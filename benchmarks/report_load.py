@@ -36,8 +36,8 @@ def load_times(pages: list[Path], repeat: int = 3, zoom: float | None = None) ->
                 t0 = time.perf_counter()
                 page.goto(path.resolve().as_uri(), timeout=120_000)
                 page.wait_for_function(
-                    "(window.poollab && window.poollab.ready) || window.benchReady === true "
-                    "|| (!window.poollab && window.benchReady === undefined)",
+                    "(window.poollab && window.poollab.ready) || window.benchReady === true || "
+                    "(!window.poollab && window.benchReady === undefined)",
                     timeout=120_000,
                 )
                 times.append(time.perf_counter() - t0)

@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--spec",
         action="append",
-        help="policy spec to soak (repeatable; default: every registered "
-        "policy and a few active configurations)",
+        help="policy spec to soak (repeatable; default: every registered policy "
+        "and a few active configurations)",
     )
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(
                 f"{row['spec']:<52} {row['num_ops']:>10,} ops {row['num_violations']:>4} "
-                "violations "
-                f"{row['num_failures']:>9,} refused {row['seconds']:>9.1f} s",
+                f"violations {row['num_failures']:>9,} refused {row['seconds']:>9.1f} s",
                 flush=True,
             )
             for message in row["violations"]:
@@ -78,9 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     wall_s = time.perf_counter() - start
     total_violations = sum(r["num_violations"] for r in rows)
     print(
-        f"{len(rows)} policies, {sum(r['num_ops'] for r in rows):,} operations, {total_violations} "
-        "violations, "
-        f"{wall_s:.1f} s wall with {args.jobs} jobs"
+        f"{len(rows)} policies, {sum(r['num_ops'] for r in rows):,} operations, "
+        f"{total_violations} violations, {wall_s:.1f} s wall with {args.jobs} jobs"
     )
     if args.out is not None:
         args.out.write_text(

@@ -333,14 +333,14 @@ class ContiguousPolicy(Policy):
             check_positive_int("granularity_bytes", granularity_bytes)
             if granularity_bytes % alignment_bytes:
                 raise PolicyError(
-                    f"granularity_bytes(={granularity_bytes}) must be a multiple of "
-                    f"alignment_bytes(={alignment_bytes})"
+                    f"granularity_bytes(={granularity_bytes}) "
+                    f"must be a multiple of alignment_bytes(={alignment_bytes})"
                 )
         check_positive_int("segment_bytes", segment_bytes)
         if segment_bytes % alignment_bytes:
             raise PolicyError(
-                f"segment_bytes(={segment_bytes}) must be a multiple of "
-                f"alignment_bytes(={alignment_bytes})"
+                f"segment_bytes(={segment_bytes}) "
+                f"must be a multiple of alignment_bytes(={alignment_bytes})"
             )
         if split_threshold_bytes is not None:
             check_positive_int("split_threshold_bytes", split_threshold_bytes)

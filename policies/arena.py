@@ -63,8 +63,8 @@ class Arena(Policy):
             raise PolicyError(f"alignment_bytes(={alignment_bytes}) must be a power of two")
         if arena_bytes % alignment_bytes:
             raise PolicyError(
-                f"arena_bytes(={arena_bytes}) must be a multiple of "
-                f"alignment_bytes(={alignment_bytes})"
+                f"arena_bytes(={arena_bytes}) "
+                f"must be a multiple of alignment_bytes(={alignment_bytes})"
             )
         self.arena_bytes = arena_bytes
         self.alignment_bytes = alignment_bytes

@@ -210,9 +210,9 @@ def gauges_mismatch(policy: "Policy", stats: "PoolStats") -> str | None:
     if gauges == levels:
         return None
     return (
-        f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() says "
-        f"{levels}: "
-        "a policy that counts these its own way overrides gauges(), which stats() reads"
+        f"gauges() (live, allocated, reserved, largest free, segments) = {gauges} but stats() "
+        f"says {levels}: a policy that counts these its own way overrides gauges(), "
+        "which stats() reads"
     )
 
 
@@ -365,8 +365,9 @@ class Policy:
         abstract = _abstract_methods(type(self))
         if abstract:  # what abc.ABC said, for a class that leaves a hook unimplemented
             raise TypeError(
-                f"Can't instantiate abstract class {type(self).__name__} with abstract method"
-                f"{'s' if len(abstract) > 1 else ''} {', '.join(sorted(abstract))}"
+                f"Can't instantiate abstract class {type(self).__name__} "
+                f"with abstract method{'s' if len(abstract) > 1 else ''} "
+                f"{', '.join(sorted(abstract))}"
             )
         check_int("capacity_bytes", capacity_bytes, none_ok=True, error=PolicyError)
         self.capacity_bytes = capacity_bytes
@@ -543,14 +544,14 @@ class Policy:
         if not isinstance(allocation, Allocation):
             return f"free() takes an Allocation, got {type(allocation).__name__}"
         where = (
-            f"allocation of {allocation.nbytes} B at offset "
-            f"{allocation.extents[0][0] if allocation.extents else '?'}"
+            f"allocation of {allocation.nbytes} B "
+            f"at offset {allocation.extents[0][0] if allocation.extents else '?'}"
         )
         if allocation.owner is None:
             return f"double free: {where} was already freed"
         return (
-            f"unknown allocation: {where} was not handed out by this pool (or predates its last "
-            "reset)"
+            f"unknown allocation: {where} was not handed out by this pool "
+            "(or predates its last reset)"
         )
 
     def gauges(self) -> tuple[int, int, int, int, int]:

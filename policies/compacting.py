@@ -153,10 +153,8 @@ class Compacting(WrapperPolicy):
         if not isinstance(base_policy, ContiguousPolicy):
             raise PolicyError(
                 "compacting base must be a block policy (first-fit, best-fit, worst-fit, ...), "
-                "not "
-                f"{base_policy.name!r}: compaction rewrites the base's blocks. Wrap compacting "
-                "instead, "
-                f"e.g. elastic:base=[compacting:base=[best-fit]]"
+                f"not {base_policy.name!r}: compaction rewrites the base's blocks. "
+                "Wrap compacting instead, e.g. elastic:base=[compacting:base=[best-fit]]"
             )
 
     # ----------------------------------------------------------------- public

@@ -95,8 +95,8 @@ class Elastic(WrapperPolicy):
             and min_reserved_bytes > capacity_bytes
         ):
             raise PolicyError(
-                f"min_reserved_bytes(={min_reserved_bytes}) exceeds "
-                f"capacity_bytes(={capacity_bytes})"
+                f"min_reserved_bytes(={min_reserved_bytes}) "
+                f"exceeds capacity_bytes(={capacity_bytes})"
             )
         self.high = high
         self.low = low

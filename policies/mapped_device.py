@@ -164,8 +164,8 @@ class PageMappedDevice:
         g = self.granularity_bytes
         if nbytes <= 0 or offset % g or nbytes % g:
             raise PolicyError(
-                f"{what}(offset={offset}, nbytes={nbytes}): both must be multiples of the "
-                f"{format_bytes(g)} granularity, nbytes > 0"
+                f"{what}(offset={offset}, nbytes={nbytes}): "
+                f"both must be multiples of the {format_bytes(g)} granularity, nbytes > 0"
             )
 
     # ------------------------------------------------------------------ address space
@@ -357,8 +357,8 @@ class PageMappedDevice:
         self._check_aligned("map_new", 0, page)
         if nbytes % page:
             raise PolicyError(
-                f"map_new: {format_bytes(nbytes)} is not a whole number of {format_bytes(page)} "
-                "pages"
+                f"map_new: {format_bytes(nbytes)} is not a whole number "
+                f"of {format_bytes(page)} pages"
             )
         if self.limit_bytes is not None and self.physical_bytes + nbytes > self.limit_bytes:
             self._charge("create", page)  # the first cuMemCreate past the limit fails
@@ -403,8 +403,8 @@ class PageMappedDevice:
 
     def __repr__(self) -> str:
         return (
-            f"<PageMappedDevice physical {format_bytes(self.physical_bytes)} of "
-            f"{format_bytes(self.limit_bytes) if self.limit_bytes else 'no limit'}, "
+            f"<PageMappedDevice physical {format_bytes(self.physical_bytes)} "
+            f"of {format_bytes(self.limit_bytes) if self.limit_bytes else 'no limit'}, "
             f"virtual {format_bytes(self.virtual_bytes)}, {len(self._mappings)} mappings>"
         )
 

@@ -161,8 +161,8 @@ class PagePool(Policy):
         check_positive_int("max_free_pages", max_free_pages, minimum=0)
         if min_free_pages > max_free_pages:
             raise PolicyError(
-                f"page-pool watermarks need min_free_pages(={min_free_pages}) <= "
-                f"max_free_pages(={max_free_pages})"
+                f"page-pool watermarks need min_free_pages(={min_free_pages}) "
+                f"<= max_free_pages(={max_free_pages})"
             )
         mapped = as_page_mapped(device)
         if page_bytes % mapped.granularity_bytes:

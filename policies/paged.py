@@ -159,8 +159,9 @@ class _PagedCore(Policy):
             for pg in pages:
                 if pg.cache_key is not None and pg.ref_cnt <= 1:
                     raise PolicyError(
-                        f"free: the page at offset {pg.offset} belongs to the cached block "
-                        f"{pg.cache_key!r}; release_block and evict_block it instead"
+                        f"free: the page at offset {pg.offset} belongs to "
+                        f"the cached block {pg.cache_key!r}; "
+                        "release_block and evict_block it instead"
                     )
         if len(pages) == 1:
             pg = pages[0]

@@ -266,8 +266,8 @@ class SizeClass(_SizeClassCore):
                 )
         if max_class_bytes < min_class_bytes:
             raise PolicyError(
-                f"max_class_bytes(={max_class_bytes}) must be >= "
-                f"min_class_bytes(={min_class_bytes})"
+                f"max_class_bytes(={max_class_bytes}) "
+                f"must be >= min_class_bytes(={min_class_bytes})"
             )
         check_positive_int("refill_bytes", refill_bytes)
         check_positive_int("segment_bytes", segment_bytes)

@@ -172,8 +172,8 @@ def parse_roundup_power2_divisions(value: int | str) -> tuple[int, ...]:
         boundary, divs = boundary.strip(), divs.strip()
         if not sep or not divs.isdigit() or not _is_pow2_or_zero(int(divs)):
             raise PolicyError(
-                f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 or a power of "
-                "two"
+                f"{where}: {item.strip()!r} is not 'MiB:divisions' with divisions 0 "
+                "or a power of two"
             )
         d = int(divs)
         if boundary == ">":
@@ -266,8 +266,8 @@ class TorchCaching(Policy):
             or max_split_size_bytes <= K_LARGE_BUFFER
         ):
             raise PolicyError(
-                f"max_split_size_bytes(={max_split_size_bytes!r}) must be None or an integer "
-                "> 20 MiB, as in PyTorch"
+                f"max_split_size_bytes(={max_split_size_bytes!r}) must be None "
+                "or an integer > 20 MiB, as in PyTorch"
             )
         check_int(
             "max_non_split_rounding_bytes",
@@ -1028,8 +1028,8 @@ class TorchCaching(Policy):
             seg = self._reserve_segment(nbytes, stream, retry=False)
             if seg is None:
                 raise PolicyError(
-                    f"{where}: the device or capacity_bytes(={self.capacity_bytes}) refused the "
-                    "segment"
+                    f"{where}: the device or capacity_bytes(={self.capacity_bytes}) "
+                    "refused the segment"
                 )
             seg.handle = small
             self._count_pool_segment(pool, +1)

@@ -46,8 +46,8 @@ def parse_bytes(text: str | int) -> int:
         len(digits) > 30
     ):  # past any memory; float() would make it inf, int() may pass Python's digit limit
         raise PolicyError(
-            f"size {str(text)[:40]!r}... ({len(digits):,} digits) is too large to be a number of "
-            "bytes"
+            f"size {str(text)[:40]!r}... "
+            f"({len(digits):,} digits) is too large to be a number of bytes"
         )
     value = (
         int(digits) * unit if "." not in digits else float(digits) * unit

@@ -48,13 +48,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": (
         "poollab.commands.calibrate",
-        "Fit the simulator's step time to a real engine (a step profile, or a request table "
-        "alone).",
+        "Fit the simulator's step time to a real engine "
+        "(a step profile, or a request table alone).",
     ),
     "plan": (
         "poollab.commands.plan",
-        "Size the KV cache before deploy: the largest KV allocation with which the start-up "
-        "SNAPSHOT still fits.",
+        "Size the KV cache before deploy: "
+        "the largest KV allocation with which the start-up SNAPSHOT still fits.",
     ),
     "gpu": (
         "poollab.commands.gpu",
@@ -62,13 +62,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": (
         "poollab.commands.report",
-        "Write one HTML report from the result folders DIRS (any mix of replay, simulate and gpu "
-        "runs).",
+        "Write one HTML report from the result folders DIRS "
+        "(any mix of replay, simulate and gpu runs).",
     ),
     "sweep": (
         "poollab.commands.sweep",
-        "Run every cell of the grid in SWEEP.yaml that is not yet in --out; merge them into one "
-        "table.",
+        "Run every cell of the grid in SWEEP.yaml that is not yet in --out; "
+        "merge them into one table.",
     ),
     "traces": (
         "poollab.commands.traces",

@@ -93,8 +93,8 @@ def time_vmm_calls(
     for nbytes in sizes:
         if nbytes % driver.granularity_bytes:
             raise ValueError(
-                f"VMM size {nbytes:,} B is not a multiple of the {driver.granularity_bytes:,} B "
-                "granularity"
+                f"VMM size {nbytes:,} B is not a multiple of "
+                f"the {driver.granularity_bytes:,} B granularity"
             )
         r = repeats or repeats_for(nbytes)
         t = {call: np.empty(r, np.int64) for call in VMM_CALLS}
@@ -292,9 +292,8 @@ def calibrate(
             counts.append(r)
             if progress is not None:
                 progress(
-                    f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  cudaFree "
-                    f"{medians['free'][-1]:9.1f} us"
-                    f"  ({r} calls)"
+                    f"{nbytes:>13,} B  cudaMalloc {medians['malloc'][-1]:9.1f} us  "
+                    f"cudaFree {medians['free'][-1]:9.1f} us  ({r} calls)"
                 )
         bandwidths = _bandwidths(
             min(copy_bytes, free_bytes // 4), min(host_copy_bytes, free_bytes // 4), copy_repeats
@@ -304,11 +303,11 @@ def calibrate(
     table = {
         "device": name,
         "source": (
-            f"poollab gpu calibrate on {name}, {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} "
-            "UTC: "
-            "cudaMalloc alone / cudaFree alone through cupy.cuda.runtime, median of the calls per "
-            "size, "
-            "after 3 warm-up pairs; copies timed with CUDA events (pinned host memory), median"
+            f"poollab gpu calibrate on {name}, "
+            f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC: "
+            "cudaMalloc alone / cudaFree alone through cupy.cuda.runtime, "
+            "median of the calls per size, after 3 warm-up pairs; "
+            "copies timed with CUDA events (pinned host memory), median"
         ),
         "malloc_us": {"nbytes": list(usable), "us": medians["malloc"]},
         "free_us": {"nbytes": list(usable), "us": medians["free"]},
@@ -336,8 +335,8 @@ def calibrate(
     }
     if vmm:
         table["source"] += (
-            "; cuMem* calls through cuda-bindings, each alone, one reserve-to-free cycle per call "
-            "timed, median, after 2 warm-up cycles"
+            "; cuMem* calls through cuda-bindings, each alone, "
+            "one reserve-to-free cycle per call timed, median, after 2 warm-up cycles"
         )
     return table
 

@@ -167,11 +167,10 @@ class DeviceMover:
         offset = dst_offset + k
         raise CorruptionError(
             f"compaction moved {a.size_bytes:,} B of the allocation now at pool offset {a.offset} "
-            "and the copy "
-            f"differs: the byte at pool offset {offset} (address "
-            f"0x{self.device.address(offset):x}) is "
-            f"0x{int(self._host(dst[k : k + 1])[0]):02x}, its source at {src_offset + k} held "
-            f"0x{int(self._host(source[k : k + 1])[0]):02x}",
+            f"and the copy differs: the byte at pool offset {offset} "
+            f"(address 0x{self.device.address(offset):x}) "
+            f"is 0x{int(self._host(dst[k : k + 1])[0]):02x}, "
+            f"its source at {src_offset + k} held 0x{int(self._host(source[k : k + 1])[0]):02x}",
             offset=offset,
             address=self.device.address(offset),
             region="moved",
@@ -199,8 +198,8 @@ def attach(pool: Any, **kwargs: Any) -> DeviceMover:
     layer = pool.policy
     if not layer.moves_allocations:
         raise PoolError(
-            f"policy {pool.policy.spec!r} never moves allocations; compaction needs a compacting "
-            "policy, e.g. 'compacting:base=[best-fit]'"
+            f"policy {pool.policy.spec!r} never moves allocations; "
+            "compaction needs a compacting policy, e.g. 'compacting:base=[best-fit]'"
         )
     if layer.on_move is not None:
         raise PoolError(f"policy {pool.policy.spec!r} already has an on_move callback; attach once")

@@ -44,8 +44,8 @@ def require_cuda(device_id: int = 0) -> None:
     """Raise ``GpuUnavailableError`` (one line, with what to do) unless CuPy sees ``device_id``."""
     if cupy is None:
         raise GpuUnavailableError(
-            f"CuPy is not importable ({_IMPORT_ERROR}); install poollab[gpu] "
-            "(CuPy for your CUDA version and nvidia-ml-py)"
+            f"CuPy is not importable ({_IMPORT_ERROR}); "
+            "install poollab[gpu] (CuPy for your CUDA version and nvidia-ml-py)"
         )
     try:
         count = cupy.cuda.runtime.getDeviceCount()
@@ -84,8 +84,8 @@ if cupy is not None:
     _check_kernel = cupy.ElementwiseKernel(
         "uint8 x, uint32 word, int64 phase",
         "raw uint64 first",
-        "if (x != (unsigned char)(word >> (8 * ((i + phase) & 3)))) atomicMin(&first[0], (unsigned "
-        "long long)i);",
+        "if (x != (unsigned char)(word >> (8 * "
+        "((i + phase) & 3)))) atomicMin(&first[0], (unsigned long long)i);",
         "poollab_pattern_check",
     )
 else:  # pragma: no cover

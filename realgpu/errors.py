@@ -103,14 +103,14 @@ def oom_message(policy_spec: str, nbytes: int, stats: PoolStats) -> str:
     )
     return (
         f"poollab pool {policy_spec!r} is out of memory allocating {_b(nbytes)}: "
-        f"live {_b(stats.live_bytes)} in {stats.num_live} allocations, allocated "
-        f"{_b(stats.allocated_bytes)}, "
+        f"live {_b(stats.live_bytes)} in {stats.num_live} allocations, "
+        f"allocated {_b(stats.allocated_bytes)}, "
         f"reserved {_b(stats.reserved_bytes)} in {stats.num_segments} segments ({cap}), "
-        f"free {_b(stats.free_bytes)} of which the largest servable request is "
-        f"{_b(stats.largest_free_bytes)} "
+        f"free {_b(stats.free_bytes)} of which "
+        f"the largest servable request is {_b(stats.largest_free_bytes)} "
         f"(external fragmentation {stats.frag_ext:.1%}); "
-        f"peak reserved {_b(stats.peak_reserved_bytes)}, {stats.num_failures} failed requests so "
-        "far"
+        f"peak reserved {_b(stats.peak_reserved_bytes)}, "
+        f"{stats.num_failures} failed requests so far"
     )
 
 

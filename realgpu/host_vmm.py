@@ -72,8 +72,8 @@ class HostMmapDriver:
             raise GpuUnavailableError("the host page-mapped device needs Linux (os.memfd_create)")
         if granularity_bytes <= 0 or granularity_bytes % mmap.PAGESIZE:
             raise ValueError(
-                f"granularity_bytes(={granularity_bytes}) must be a positive multiple of "
-                f"the {mmap.PAGESIZE} B page size"
+                f"granularity_bytes(={granularity_bytes}) "
+                f"must be a positive multiple of the {mmap.PAGESIZE} B page size"
             )
         self.granularity_bytes = granularity_bytes
         self._libc = _libc()

@@ -218,8 +218,8 @@ class MappedRealDevice(PageMappedDevice):
         here, which every memory operation of the backends calls."""
         mapped = self.mapped_bytes_in(offset, nbytes)
         assert mapped == nbytes, (
-            f"[{offset}, {offset + nbytes}) is not fully mapped ({mapped:,} of "
-            f"{nbytes:,} B): the policy handed out memory it had not mapped"
+            f"[{offset}, {offset + nbytes}) is not fully mapped ({mapped:,} of {nbytes:,} B): "
+            "the policy handed out memory it had not mapped"
         )
 
     def synchronize(self) -> None:

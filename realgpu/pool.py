@@ -229,8 +229,8 @@ class GpuPool:
         if isinstance(policy, Policy):
             if policy.segments() or policy.num_allocs:
                 raise PoolError(
-                    f"policy {policy.spec!r} has already been used; pass a fresh one (or a spec "
-                    "string)"
+                    f"policy {policy.spec!r} has already been used; "
+                    "pass a fresh one (or a spec string)"
                 )
             if self.capacity_bytes is not None:
                 raise PoolError(
@@ -263,8 +263,9 @@ class GpuPool:
             kind = _device_kind(policy) or DeviceKind.SEGMENT
             fix = f"{kind} backend ({', '.join(kind.backend(p) for p in PLATFORMS)})"
             raise PoolError(
-                f"policy {policy.spec!r} needs a {kind} device and built its own over this pool's "
-                f"{type(self.device).__name__}; its offsets would not be the device's: give a {fix}"
+                f"policy {policy.spec!r} needs a {kind} device and built its own "
+                f"over this pool's {type(self.device).__name__}; "
+                f"its offsets would not be the device's: give a {fix}"
             )
 
     # ------------------------------------------------------------------ CuPy allocator protocol
@@ -286,8 +287,9 @@ class GpuPool:
             raise PoolError("malloc on a closed pool")
         if self.moves_on_hot_path:
             raise PoolError(
-                f"policy {self.policy.spec!r} may move live allocations while allocating; the raw "
-                "pointers CuPy holds could not follow: use allocate() handles, or idle_only=true"
+                f"policy {self.policy.spec!r} may move live allocations while allocating; "
+                "the raw pointers CuPy holds could not follow: use allocate() handles, "
+                "or idle_only=true"
             )
         if not self._validate:
             return self._malloc_path.malloc(nbytes)
@@ -318,8 +320,8 @@ class GpuPool:
         """Free ``a``, whose pages one pointer cannot reach, and say why."""
         self.free(a)
         raise PoolError(
-            f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} discontiguous "
-            "pages; "
+            f"policy {self.policy.spec!r} placed {a.nbytes:,} B "
+            f"in {len(a.extents)} discontiguous pages; "
             "a CuPy pointer needs contiguous memory: use pool.allocate() and pool.pages()"
         )
 
@@ -489,17 +491,15 @@ class GpuPool:
         )
         why = (
             f"; that byte also lies in live allocation at offset {other.offset} "
-            f"({other.size_bytes:,} B): "
-            "the policy placed two allocations over the same bytes"
+            f"({other.size_bytes:,} B): the policy placed two allocations over the same bytes"
             if other is not None
             else "; something wrote outside its allocation (overrun) or into memory already freed"
         )
         msg = (
             f"memory corruption in the {region} bytes of the allocation at pool offset {a.offset} "
-            f"({rec.user_nbytes:,} B asked, {a.size_bytes:,} B placed by policy "
-            f"{self.policy.spec!r}): "
-            f"the byte at pool offset {offset} (address 0x{address:x}) is 0x{found:02x}, "
-            f"the pool wrote 0x{expected:02x}{why}"
+            f"({rec.user_nbytes:,} B asked, {a.size_bytes:,} B placed "
+            f"by policy {self.policy.spec!r}): the byte at pool offset {offset} "
+            f"(address 0x{address:x}) is 0x{found:02x}, the pool wrote 0x{expected:02x}{why}"
         )
         return CorruptionError(
             msg,

@@ -215,8 +215,8 @@ def plan_requests(
         raise ValueError(f"--rate-scale {rate_scale} must be > 0")
     if max_len_tokens < 2:
         raise ValueError(
-            f"the engine's longest sequence ({max_len_tokens} tokens) leaves no room for a prompt "
-            "and an output"
+            "the engine's longest sequence "
+            f"({max_len_tokens} tokens) leaves no room for a prompt and an output"
         )
     df = requests.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     arrival = (
@@ -469,8 +469,8 @@ def serve(
                 + (
                     ""
                     if settings.engine_footprint_check
-                    else "; transformers' footprint check off: exactly "
-                    f"{settings.num_blocks or 'the sized'} blocks"
+                    else "; transformers' footprint check off: "
+                    f"exactly {settings.num_blocks or 'the sized'} blocks"
                 )
                 + ")"
             )
@@ -652,10 +652,9 @@ def check_cuda_graphs(specs: Sequence[str], settings: ServeSettings) -> None:
     policies = [s for s in specs if s != PYTORCH]
     if policies:
         raise ValueError(
-            f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: the engine "
-            "captures "
-            "its graphs into a pool of PyTorch's caching allocator, which a pluggable policy "
-            "replaces"
+            f"--cuda-graphs with policy {policies[0]!r} needs --allocator-mode mempool: "
+            "the engine captures its graphs into a pool of PyTorch's caching allocator, "
+            "which a pluggable policy replaces"
         )
 
 

@@ -62,13 +62,14 @@ def model_config(spec: Any, *, max_len_tokens: int | None):
 
     if not spec.gated_mlp:
         raise ValueError(
-            f"model {spec.name!r} has a plain (non-gated) MLP: random weights are built as a Llama-"
-            f"architecture model; pass --checkpoint DIR for it"
+            f"model {spec.name!r} has a plain (non-gated) MLP: "
+            "random weights are built as a Llama-architecture model; pass --checkpoint DIR for it"
         )
     if spec.layer_groups is not None:
         raise ValueError(
-            f"model {spec.name!r} has hybrid layer groups (sliding window or Mamba layers): random "
-            f"weights are built as a dense Llama-architecture model; pass --checkpoint DIR for it"
+            f"model {spec.name!r} has hybrid layer groups (sliding window or Mamba layers): "
+            "random weights are built as a dense Llama-architecture model; "
+            "pass --checkpoint DIR for it"
         )
     return LlamaConfig(
         num_hidden_layers=spec.num_layers,
@@ -309,8 +310,8 @@ def footprint_check_off():
         footprint = self.compute_memory_footprint(max_batch_tokens, num_blocks)
         if footprint > self.available_memory:
             print(
-                f"serve: footprint check off: transformers estimates {footprint:,} B for "
-                f"{num_blocks:,} blocks, "
+                "serve: footprint check off: "
+                f"transformers estimates {footprint:,} B for {num_blocks:,} blocks, "
                 f"more than the {self.available_memory:,} B it allows; starting anyway",
                 flush=True,
             )
@@ -587,9 +588,8 @@ def run_job(work: Path) -> None:
         )
         if settings.snapshot and not recording:
             print(
-                "serve: --snapshot records PyTorch's caching allocator, which a pluggable policy "
-                "replaces: "
-                "no snapshot for this policy",
+                "serve: --snapshot records PyTorch's caching allocator, "
+                "which a pluggable policy replaces: no snapshot for this policy",
                 flush=True,
             )
         if recording:
@@ -636,8 +636,8 @@ def run_job(work: Path) -> None:
         info = engine.kv_info()
         print(
             f"serve: KV cache {info['kv_blocks']:,} blocks of {settings.block_tokens} tokens "
-            f"({info['kv_bytes'] / 2**30:,.2f} GiB); {len(plan)} requests over "
-            f"{plan['arrival_s'].iloc[-1]:,.1f} s",
+            f"({info['kv_bytes'] / 2**30:,.2f} GiB); "
+            f"{len(plan)} requests over {plan['arrival_s'].iloc[-1]:,.1f} s",
             flush=True,
         )
         if non_torch is not None:

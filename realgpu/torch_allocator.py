@@ -137,8 +137,7 @@ class AllocatorCore:
         if pool.moves_on_hot_path:
             raise PoolError(
                 f"policy {pool.policy.spec!r} may move live allocations while allocating; "
-                "PyTorch's "
-                "tensors hold raw pointers that could not follow (set idle_only=true)"
+                "PyTorch's tensors hold raw pointers that could not follow (set idle_only=true)"
             )
         self.pool = pool
         self.policy = pool.policy
@@ -226,9 +225,9 @@ class AllocatorCore:
             return 0
         if self.closed:
             raise PoolError(
-                f"the poollab allocator for {self.policy.spec!r} is closed (PyTorch's own "
-                "allocator "
-                "cannot be put back in this process once a pluggable allocator was installed)"
+                f"the poollab allocator for {self.policy.spec!r} is closed "
+                "(PyTorch's own allocator cannot be put back in this process once "
+                "a pluggable allocator was installed)"
             )
         if stream != self.path.last_stream:
             self._note_stream(stream)
@@ -297,8 +296,9 @@ class AllocatorCore:
     def _free_unknown(self, ptr: int, size: int) -> None:
         self.errors.append(
             PoolError(
-                f"free of 0x{ptr:x} ({size:,} B): not a live pointer of policy "
-                f"{self.policy.spec!r} (double free, or never allocated here)"
+                f"free of 0x{ptr:x} ({size:,} B): "
+                f"not a live pointer of policy {self.policy.spec!r} "
+                "(double free, or never allocated here)"
             )
         )
 
@@ -335,11 +335,10 @@ class AllocatorCore:
         if not extents_are_one_range(a.extents, self._starts):
             self._free_policy(a)
             raise PoolError(
-                f"policy {self.policy.spec!r} placed {a.nbytes:,} B in {len(a.extents)} "
-                "discontiguous "
-                "pages; a PyTorch tensor needs one contiguous range (in validation mode a paged "
-                "policy "
-                "serves PyTorch only requests of one page)"
+                f"policy {self.policy.spec!r} placed {a.nbytes:,} B "
+                f"in {len(a.extents)} discontiguous pages; "
+                "a PyTorch tensor needs one contiguous range "
+                "(in validation mode a paged policy serves PyTorch only requests of one page)"
             )
 
     def _stitch(self, a: Allocation) -> int:
@@ -963,27 +962,25 @@ def _check_pages_can_be_stitched(pool: GpuPool) -> None:
     spec = policy.spec
     if device.device_kind is not DeviceKind.PAGE_MAPPED:
         raise PoolError(
-            f"policy {spec!r} hands out pages that need not be contiguous, and a PyTorch tensor "
-            "needs "
-            f"one range: it needs a page-mapped device (backend cuda-vmm or host-vmm), not "
-            f"{type(device).__name__}"
+            f"policy {spec!r} hands out pages that need not be contiguous, "
+            "and a PyTorch tensor needs one range: it needs a page-mapped device "
+            f"(backend cuda-vmm or host-vmm), not {type(device).__name__}"
         )
     if pool.validate:
         raise PoolError(
-            f"policy {spec!r} hands out pages that need not be contiguous: validation mode cannot "
-            "guard "
-            "a tensor over several pages; validate a contiguous policy, or run this one without "
-            "validate"
+            f"policy {spec!r} hands out pages that need not be contiguous: "
+            "validation mode cannot guard a tensor over several pages; "
+            "validate a contiguous policy, or run this one without validate"
         )
     page = getattr(policy, "page_size_bytes", None) or getattr(policy, "page_bytes", None)
     granularity = device.granularity_bytes
     if isinstance(page, int) and page % granularity:
         knob = getattr(type(policy), "page_size_knob", None) or "its page size"
         raise PoolError(
-            f"policy {spec!r} has pages of {page:,} B, no whole number of the device's "
-            f"{granularity:,} B physical pages, so a tensor over several pages cannot be mapped "
-            "into one "
-            f"range: set {knob} to a multiple of {granularity:,}"
+            f"policy {spec!r} has pages of {page:,} B, "
+            f"no whole number of the device's {granularity:,} B physical pages, "
+            "so a tensor over several pages cannot be mapped into one range: "
+            f"set {knob} to a multiple of {granularity:,}"
         )
 
 
@@ -1133,10 +1130,8 @@ def _install_pluggable(
         except RuntimeError as exc:
             raise PoolError(
                 "mode='pluggable' must be installed before the process's first CUDA allocation, "
-                "and "
-                f"PyTorch's allocator has already been used ({exc}); install use_policy first, or "
-                "use "
-                "mode='mempool'"
+                f"and PyTorch's allocator has already been used ({exc}); "
+                "install use_policy first, or use mode='mempool'"
             ) from None
         _pluggable_installed = True
     torch.cuda.init()
@@ -1150,9 +1145,8 @@ def _install_mempool(
 ) -> TorchPolicyAllocator:
     if _pluggable_installed:
         raise PoolError(
-            "mode='mempool' needs PyTorch's caching allocator, and this process installed a "
-            "pluggable "
-            "poollab allocator in its place"
+            "mode='mempool' needs PyTorch's caching allocator, "
+            "and this process installed a pluggable poollab allocator in its place"
         )
     _routing.serve(shim, core, null_on_refusal=True)
     shim.set_capture_check(
@@ -1165,21 +1159,20 @@ def _install_mempool(
 
 #: Why pluggable mode refuses CUDA graph capture (the trampoline's check says the same).
 CAPTURE_REFUSAL = (
-    "poollab's pluggable allocator refuses CUDA graph capture: a captured graph keeps its "
-    "addresses "
-    "after capture, and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep "
-    "them "
-    'from being reused; use realgpu.torch_allocator.use_policy(..., mode="mempool") and '
-    "torch.cuda.graph(g, pool=...) for graphs"
+    "poollab's pluggable allocator refuses CUDA graph capture: "
+    "a captured graph keeps its addresses after capture, "
+    "and a pluggable allocator gets no begin/end-allocate-to-pool hooks to keep them "
+    'from being reused; use realgpu.torch_allocator.use_policy(..., mode="mempool") '
+    "and torch.cuda.graph(g, pool=...) for graphs"
 )
 
 
 #: Why mempool mode refuses a capture into the policy's own pool from inside the block.
 MEMPOOL_CAPTURE_REFUSAL = (
     "a CUDA graph captured into the policy's MemPool inside use_policy(..., mode='mempool'): "
-    "PyTorch routes a pool for one thread at a time, and this thread's allocations go there "
-    "already; capture with the graph's own pool (torch.cuda.graph(g), no pool=), whose memory "
-    "is PyTorch's"
+    "PyTorch routes a pool for one thread at a time, "
+    "and this thread's allocations go there already; "
+    "capture with the graph's own pool (torch.cuda.graph(g), no pool=), whose memory is PyTorch's"
 )
 
 
@@ -1236,9 +1229,9 @@ def _pluggable_guards(torch: Any) -> Iterator[None]:
             torch.Tensor,
             "record_stream",
             _refusing(
-                "Tensor.record_stream is not seen by PyTorch's pluggable allocator, so poollab "
-                "could not keep this memory "
-                "from another stream: use use_policy(..., mode='mempool')"
+                "Tensor.record_stream is not seen by PyTorch's pluggable allocator, "
+                "so poollab could not keep this memory from another stream: "
+                "use use_policy(..., mode='mempool')"
             ),
         )
     ]

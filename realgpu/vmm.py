@@ -41,8 +41,8 @@ def require_vmm(device_id: int = 0) -> None:
     require_cuda(device_id)
     if cu is None:
         raise GpuUnavailableError(
-            f"cuda-bindings is not importable ({_IMPORT_ERROR}); install poollab[gpu] "
-            "(pip install cuda-bindings matching your CUDA major version)"
+            f"cuda-bindings is not importable ({_IMPORT_ERROR}); "
+            "install poollab[gpu] (pip install cuda-bindings matching your CUDA major version)"
         )
 
 

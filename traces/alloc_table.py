@@ -64,8 +64,8 @@ def output_format(path: str | Path) -> str:
     if name.endswith(_PARQUET_SUFFIXES):
         return PARQUET_FORMAT
     raise ValueError(
-        f"cannot tell the output format from {Path(path).name!r}: use one of "
-        f"{', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}"
+        f"cannot tell the output format from {Path(path).name!r}: "
+        f"use one of {', '.join(_CSV_SUFFIXES + _PARQUET_SUFFIXES)}"
     )
 
 

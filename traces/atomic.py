@@ -174,8 +174,9 @@ def _resolve_out(path: Path) -> Path:
     if real == cwd or real in cwd.parents:
         raise IsADirectoryError(
             errno.EBUSY,
-            "is the current folder (or holds it): replacing it would leave you in a "
-            "deleted folder; give a folder inside it, e.g. --out ./results",
+            "is the current folder (or holds it): "
+            "replacing it would leave you in a deleted folder; "
+            "give a folder inside it, e.g. --out ./results",
             str(path),
         )
     return real

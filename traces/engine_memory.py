@@ -92,8 +92,8 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
         raise TraceFormatError(
             path,
             exc.lineno,
-            f"not JSON ({exc.msg}); the figures beside a snapshot are a JSON "
-            "object (`poollab gpu serve --snapshot` writes one)",
+            f"not JSON ({exc.msg}); the figures beside a snapshot are a JSON object "
+            "(`poollab gpu serve --snapshot` writes one)",
         ) from None
     except UnicodeDecodeError:
         raise TraceFormatError(path, None, "not JSON (not UTF-8 text)") from None
@@ -118,8 +118,8 @@ def read_engine_memory(snapshot: str | Path) -> EngineMemory | None:
         raise TraceFormatError(
             path,
             None,
-            f"non_torch_bytes {non_torch:,} is not the larger of "
-            f"non_torch_startup_bytes and non_torch_serving_max_bytes ({larger:,})",
+            f"non_torch_bytes {non_torch:,} is not the larger of non_torch_startup_bytes "
+            f"and non_torch_serving_max_bytes ({larger:,})",
         )
     total = values["mem_get_info_total_bytes"]
     if total is not None and non_torch is not None and non_torch >= total:

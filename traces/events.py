@@ -207,9 +207,8 @@ def validate_events(
             problems.append(
                 (
                     i,
-                    f"free of allocation {int(ids[i])} on stream {int(stream[i])}, but it was "
-                    "allocated "
-                    f"on stream {int(alloc_stream[bad[0]])}",
+                    f"free of allocation {int(ids[i])} on stream {int(stream[i])}, "
+                    f"but it was allocated on stream {int(alloc_stream[bad[0]])}",
                 )
             )
     if problems:

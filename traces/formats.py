@@ -191,8 +191,8 @@ REQUEST = FormatRegistry(
     "traces.request_readers",
     empty_hint=": no header line or JSON object",
     unknown=lambda first, describes: (
-        f"unrecognised request-trace header {first.strip()[:120]!r}; expected "
-        f"{'; '.join(describes[:-1])}; or {describes[-1]}"
+        f"unrecognised request-trace header {first.strip()[:120]!r}; "
+        f"expected {'; '.join(describes[:-1])}; or {describes[-1]}"
     ),
 )
 REGISTRIES = {"alloc": ALLOC, "request": REQUEST}
@@ -212,6 +212,6 @@ def trace_kind(path: str | Path | TraceSource) -> tuple[str, str]:
     raise TraceFormatError(
         src.path,
         None,
-        f"neither an allocation trace ({', '.join(ALLOC.names())}) nor a request "
-        f"trace ({', '.join(REQUEST.names())})",
+        f"neither an allocation trace ({', '.join(ALLOC.names())}) nor a request trace "
+        f"({', '.join(REQUEST.names())})",
     )

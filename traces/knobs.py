@@ -73,8 +73,8 @@ def check_int(
         or (multiple_of and number % multiple_of)
     ):
         raise error(
-            f"{where}{name}(={_shown(value)}) must be "
-            f"{describe_int(low, high, multiple_of, none_ok)}"
+            f"{where}{name}(={_shown(value)}) "
+            f"must be {describe_int(low, high, multiple_of, none_ok)}"
         )
     return number
 

@@ -453,8 +453,8 @@ def _check_devices(segments: list, source: str) -> None:
             raise TraceFormatError(
                 source,
                 k,
-                f"device {shown(d, 40)} is not a device index (a whole number "
-                f">= 0 and < {_MAX_DEVICES})",
+                f"device {shown(d, 40)} is not a device index "
+                f"(a whole number >= 0 and < {_MAX_DEVICES})",
                 unit="segments index",
             )
 
@@ -605,8 +605,8 @@ class _EntryParser:
                         raise TraceFormatError(
                             source,
                             i,
-                            f"alloc at address {addr:#x}, where allocation "
-                            f"{live[addr][0]} is still live",
+                            f"alloc at address {addr:#x}, "
+                            f"where allocation {live[addr][0]} is still live",
                             unit=unit,
                         )
                     s = streams.get(e["stream"])
@@ -784,8 +784,8 @@ def _parse_segments(
             end = addr + seg["total_size"]
             if seg.get("allocated_size", 0) > seg["total_size"]:
                 raise ValueError(
-                    f"allocated_size {seg['allocated_size']} is more than total_size "
-                    f"{seg['total_size']}"
+                    f"allocated_size {seg['allocated_size']} is more "
+                    f"than total_size {seg['total_size']}"
                 )
             pool_id = seg.get("segment_pool_id")
             table.append(
@@ -807,8 +807,8 @@ def _parse_segments(
                 _check_address(b_addr)
                 if b_addr < addr or b_addr + b["size"] > end:
                     raise ValueError(
-                        f"block {j} [{b_addr:#x}, {b_addr + b['size']:#x}) does not lie inside the "
-                        f"segment [{seg['address']:#x}, {end:#x})"
+                        f"block {j} [{b_addr:#x}, {b_addr + b['size']:#x}) "
+                        f"does not lie inside the segment [{seg['address']:#x}, {end:#x})"
                     )
                 requested = b.get("requested_size")
                 if requested is not None and (type(requested) is not int or requested < 0):
@@ -818,8 +818,8 @@ def _parse_segments(
                 if b["state"] in _LIVE_BLOCK_STATES:
                     if requested is not None and requested > b["size"]:
                         raise ValueError(
-                            f"block {j} requested_size {requested} is more than its size "
-                            f"{b['size']}"
+                            f"block {j} requested_size {requested} is more "
+                            f"than its size {b['size']}"
                         )
                     live_blocks.append((b_addr, b["size"], requested or b["size"], s))
                 addr = b_addr + b["size"]
@@ -834,9 +834,8 @@ def _parse_segments(
             raise TraceFormatError(
                 source,
                 index[b],
-                f"segment at {second.address:#x} overlaps segments index "
-                f"{index[a]} [{first.address:#x}, "
-                f"{first.address + first.total_bytes:#x})",
+                f"segment at {second.address:#x} overlaps segments index {index[a]} "
+                f"[{first.address:#x}, {first.address + first.total_bytes:#x})",
                 unit="segments index",
             )
     return tuple(table), live_blocks

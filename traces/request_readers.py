@@ -327,9 +327,8 @@ def _datetimes_s(col: pd.Series, label: str, problems: _Problems) -> tuple[np.nd
     problems.add(
         t > MAX_TIME_S,
         lambda i: (
-            f"{label} {_show(col.iloc[i])} is {t[i] / _SECONDS_PER_YEAR:,.0f} years "
-            f"after the first request ({start.isoformat()}); a trace spans at most "
-            f"{MAX_TIME_S:g} s"
+            f"{label} {_show(col.iloc[i])} is {t[i] / _SECONDS_PER_YEAR:,.0f} years after "
+            f"the first request ({start.isoformat()}); a trace spans at most {MAX_TIME_S:g} s"
         ),
     )
     return t, start.isoformat()
@@ -343,8 +342,8 @@ def _not_a_datetime(label: str, value: Any) -> str:
         return f"{label} {_show(value)} is not a date-time (like 2023-11-16 18:17:03.9799600)"
     lo, hi = pd.Timestamp.min.date(), pd.Timestamp.max.date()
     return (
-        f"{label} {_show(value)} lies outside {lo} to {hi}, the dates a trace of 100 ns "
-        "(7-digit) times can hold"
+        f"{label} {_show(value)} lies outside {lo} to {hi}, "
+        "the dates a trace of 100 ns (7-digit) times can hold"
     )
 
 
@@ -512,8 +511,8 @@ def _mooncake_line(
         raise TraceFormatError(
             path,
             lineno,
-            f"JSON nested {_json_depth(line):,} levels deep; a Mooncake line may nest "
-            f"at most {MAX_JSON_DEPTH} (it is an object holding a list)",
+            f"JSON nested {_json_depth(line):,} levels deep; "
+            f"a Mooncake line may nest at most {MAX_JSON_DEPTH} (it is an object holding a list)",
         )
     try:
         obj = json.loads(line)
@@ -606,8 +605,8 @@ def _read_parquet(src: TraceSource, name: str) -> RequestTrace:
         raise TraceFormatError(
             path,
             None,
-            f"missing column(s) {', '.join(map(repr, missing))}; expected "
-            f"{', '.join(REQUEST_COLUMNS)}",
+            f"missing column(s) {', '.join(map(repr, missing))}; "
+            f"expected {', '.join(REQUEST_COLUMNS)}",
         )
     problems = _Problems()
     t = _numbers(df["arrival_s"], "arrival_s", problems, integer=False)

@@ -104,9 +104,8 @@ class RequestTrace:
             df["arrival_s"] = df["arrival_s"].to_numpy(np.float64) / factor
         if len(df) and not df["arrival_s"].iloc[-1] <= MAX_TIME_S:
             raise ValueError(
-                f"rate scale factor {factor!r} puts the last arrival at "
-                f"{df['arrival_s'].iloc[-1]:g} s, "
-                f"later than {MAX_TIME_S:g} s"
+                f"rate scale factor {factor!r} puts the last arrival "
+                f"at {df['arrival_s'].iloc[-1]:g} s, later than {MAX_TIME_S:g} s"
             )
         return self._derive(df, rate_scale=self.meta.get("rate_scale", 1.0) * factor)
 

@@ -69,8 +69,8 @@ def read_rmm_log(path: str | Path | TraceSource, *, lenient: bool = False) -> Al
         raise TraceFormatError(
             path,
             int(line[k]),
-            f"Action {shown(action[int(k)].as_py())} is not 'allocate', 'free' "
-            "or 'allocate failure'",
+            f"Action {shown(action[int(k)].as_py())} is not 'allocate', "
+            "'free' or 'allocate failure'",
         )
     size = _parse_sizes(cols["Size"], line, path)
     time_us, num_time_clamped = _parse_times(cols["Time"], line, path)
@@ -253,9 +253,8 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
         raise TraceFormatError(
             path,
             int(line[k]),
-            f"Time goes back {(latest[k] - t[k]) / 1e6:,.6f} s from line "
-            f"{int(line[before])}'s (more than the "
-            f"{MAX_CLOCK_JITTER_US / 1e6:g} s of threads racing to log)",
+            f"Time goes back {(latest[k] - t[k]) / 1e6:,.6f} s from line {int(line[before])}'s "
+            f"(more than the {MAX_CLOCK_JITTER_US / 1e6:g} s of threads racing to log)",
         )
     return latest, int(np.count_nonzero(latest != t))
 
@@ -335,8 +334,8 @@ def _check_no_overlap(
         raise TraceFormatError(
             path,
             int(line[k]),
-            f"allocate at {int(pointer[k]):#x} of {int(alloc_size[k]):,} bytes "
-            "runs past the end of the address space",
+            f"allocate at {int(pointer[k]):#x} of {int(alloc_size[k]):,} bytes runs past the end "
+            "of the address space",
         )
     end = start + size
     order = np.argsort(start, kind="stable")
@@ -385,8 +384,8 @@ def _check_no_overlap(
             raise TraceFormatError(
                 path,
                 int(line[k]),
-                f"allocate at {p:#x} of {sizes[j]:,} bytes overlaps the live "
-                f"allocation [{other:#x}, {other_end:#x}) of line {int(line[row])}",
+                f"allocate at {p:#x} of {sizes[j]:,} bytes overlaps "
+                f"the live allocation [{other:#x}, {other_end:#x}) of line {int(line[row])}",
             )
         starts.insert(i, p)
         live[p] = (end, k)
@@ -426,8 +425,8 @@ def _match_frees(
             problems.append(
                 (
                     k,
-                    f"free of pointer {int(pointer[k]):#x}, which is not live "
-                    "(no allocation since its last free)",
+                    f"free of pointer {int(pointer[k]):#x}, "
+                    "which is not live (no allocation since its last free)",
                 )
             )
         if realloc.any():

@@ -215,8 +215,8 @@ def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
             raise TraceFormatError(
                 path,
                 None,
-                f"no data for {timeout_s:g} s (a pipe or FIFO that nobody writes "
-                f"to?); set {STREAM_TIMEOUT_ENV} to wait longer",
+                f"no data for {timeout_s:g} s (a pipe or FIFO that nobody writes to?); "
+                f"set {STREAM_TIMEOUT_ENV} to wait longer",
             )
         try:
             chunk = os.read(fd, _CHUNK_BYTES)

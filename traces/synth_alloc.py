@@ -214,9 +214,8 @@ def generate_alloc_trace(
             arrivals_us.size and not arrivals_us[-1] <= _INT64_MAX
         ):  # astype would wrap it to a negative time
             raise ValueError(
-                f"arrival_rate_per_s(={arrival_rate_per_s}) puts the last arrival at "
-                f"{arrivals_us[-1]:.3g} us, "
-                "past what an int64 time holds"
+                f"arrival_rate_per_s(={arrival_rate_per_s}) "
+                f"puts the last arrival at {arrivals_us[-1]:.3g} us, past what an int64 time holds"
             )
         arrivals = arrivals_us.astype(np.int64)
     requests = [
@@ -293,13 +292,14 @@ def generate_alloc_trace(
     largest = max(rec.size_of)
     if largest > _INT64_MAX:  # one pass over a list: cheaper than checking every allocation
         raise ValueError(
-            f"this model shape allocates a tensor of {largest:,} bytes, more than an int64 size "
-            "holds"
+            f"this model shape allocates a tensor of {largest:,} bytes, "
+            "more than an int64 size holds"
         )
     if now_us > _INT64_MAX:
         raise ValueError(
-            f"the trace lasts more than {_INT64_MAX:,} us, what an int64 time holds; lower "
-            f"step_us_per_token(={step_us_per_token}) or step_overhead_us(={step_overhead_us})"
+            f"the trace lasts more than {_INT64_MAX:,} us, what an int64 time holds; "
+            f"lower step_us_per_token(={step_us_per_token}) "
+            f"or step_overhead_us(={step_overhead_us})"
         )
     ids = np.asarray(rec.ids, np.int64)
     sizes = np.asarray(rec.size_of, np.int64)
@@ -457,8 +457,8 @@ def _mlp_width(
     inter = (param_count - fixed) // (3 * hidden * num_layers)
     if inter < 1:
         raise ValueError(
-            f"param_count(={param_count:,}) is too small for this shape: embeddings and attention "
-            f"alone hold {fixed:,} parameters"
+            f"param_count(={param_count:,}) is too small for this shape: "
+            f"embeddings and attention alone hold {fixed:,} parameters"
         )
     return int(inter)
 
@@ -480,8 +480,8 @@ def _sample(name: str, spec: LengthSpec, rng: np.random.Generator, n: int) -> np
             or not 1 <= spec[0] <= spec[1] <= MAX_TOKENS
         ):
             raise ValueError(
-                f"{name}(={spec!r}) must be an inclusive range (low, high) with "
-                f"1 <= low <= high <= {MAX_TOKENS:,}"
+                f"{name}(={spec!r}) must be an inclusive range "
+                f"(low, high) with 1 <= low <= high <= {MAX_TOKENS:,}"
             )
         out = rng.integers(spec[0], spec[1] + 1, n)
     elif callable(spec):
@@ -527,8 +527,8 @@ def _check_num_events(
     )
     if at_least > MAX_EVENTS:
         raise ValueError(
-            f"{num_requests:,} requests of this shape make at least {at_least:,} events, more than "
-            f"{MAX_EVENTS:,}; generate fewer or shorter requests"
+            f"{num_requests:,} requests of this shape make at least {at_least:,} events, "
+            f"more than {MAX_EVENTS:,}; generate fewer or shorter requests"
         )
 
 

@@ -71,8 +71,8 @@ def _check_whole(
         raise ValueError(f"{kind}: {key}={value!r} must be a whole number >= {low}")
     if value > high:
         raise ValueError(
-            f"{kind}: {key}={value!r} is more than {high:,} {unit}, the most a request trace may "
-            "hold"
+            f"{kind}: {key}={value!r} is more than {high:,} {unit}, "
+            "the most a request trace may hold"
         )
 
 
@@ -99,8 +99,8 @@ class Lognormal:
             raise ValueError(f"lognormal: median={self.median!r} must be > 0")
         if self.median > MAX_TOKENS:
             raise ValueError(
-                f"lognormal: median={self.median!r} is more than {MAX_TOKENS:,} tokens, the most a "
-                "request trace may hold"
+                f"lognormal: median={self.median!r} is more than {MAX_TOKENS:,} tokens, "
+                "the most a request trace may hold"
             )
         if not (np.isfinite(self.sigma) and self.sigma >= 0):
             raise ValueError(f"lognormal: sigma={self.sigma!r} must be >= 0")
@@ -161,9 +161,8 @@ class Empirical:
             raise ValueError("empirical: lengths must be whole numbers >= 1")
         if np.any(v > MAX_TOKENS):
             raise ValueError(
-                f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, the most a "
-                "request "
-                "trace may hold"
+                f"empirical: length {v.max()!r} is more than {MAX_TOKENS:,} tokens, "
+                "the most a request trace may hold"
             )
         object.__setattr__(self, "values", v.astype(np.int64))
 
@@ -271,24 +270,25 @@ def synth_requests(
         raise ValueError(f"duration_s={duration_s!r} must be a finite number > 0")
     if duration_s is not None and duration_s > MAX_TIME_S:
         raise ValueError(
-            f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, the most a request trace "
-            "may last"
+            f"duration_s={duration_s!r} is longer than {MAX_TIME_S:g} s, "
+            "the most a request trace may last"
         )
     if not (np.isfinite(rate_rps) and rate_rps > 0):
         raise ValueError(f"rate_rps={rate_rps!r} must be a finite number > 0")
     if duration_s is None and num_requests > 1 and (num_requests - 1) / rate_rps > MAX_TIME_S:
         raise ValueError(
-            f"num_requests={num_requests:,} at rate_rps={rate_rps!r} would last about "
-            f"{(num_requests - 1) / rate_rps:.3g} s, longer than {MAX_TIME_S:g} s; raise the rate"
+            f"num_requests={num_requests:,} at rate_rps={rate_rps!r} would last "
+            f"about {(num_requests - 1) / rate_rps:.3g} s, longer than {MAX_TIME_S:g} s; "
+            "raise the rate"
         )
     expected = num_requests if num_requests is not None else rate_rps * duration_s
     if duration_s is not None and num_requests is not None:
         expected = min(num_requests, rate_rps * duration_s)
     if expected > MAX_REQUESTS:  # refused before any work: the table would not fit in memory
         raise ValueError(
-            f"num_requests={expected:,.0f} (or rate_rps x duration_s) is more than "
-            f"{MAX_REQUESTS:,} "
-            "requests; generate fewer, or several traces"
+            f"num_requests={expected:,.0f} "
+            f"(or rate_rps x duration_s) is more than {MAX_REQUESTS:,} requests; "
+            "generate fewer, or several traces"
         )
     if arrival not in ("poisson", "gamma"):
         raise ValueError(f"arrival={arrival!r} must be 'poisson' or 'gamma'")
@@ -306,9 +306,8 @@ def synth_requests(
     t = _arrivals(rng_arrival, num_requests, duration_s, rate_rps, arrival, cv)
     if t.size and not t[-1] <= MAX_TIME_S:  # a bursty (gamma) draw can outrun the expected span
         raise ValueError(
-            f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; raise rate_rps "
-            "or "
-            "lower cv"
+            f"the arrivals drawn last {t[-1]:.3g} s, longer than {MAX_TIME_S:g} s; "
+            "raise rate_rps or lower cv"
         )
     prompt_tokens = prompt.sample(rng_prompt, t.size)
     output_tokens = output.sample(rng_output, t.size)
@@ -452,9 +451,8 @@ def parse_length_dist(text: str) -> LengthDist:
         return Empirical(read_request_trace(kv["trace"]).requests[column].to_numpy())
     if kind not in _DIST_KEYS:
         raise ValueError(
-            f"unknown length distribution {kind!r} in {spec!r}; known: lognormal, zipf, fixed, "
-            "empirical "
-            f"(e.g. lognormal:median=1000,sigma=1.0)"
+            f"unknown length distribution {kind!r} in {spec!r}; "
+            "known: lognormal, zipf, fixed, empirical (e.g. lognormal:median=1000,sigma=1.0)"
         )
     cls, keys, required = _DIST_KEYS[kind]
     kv = _parse_kv(spec, kind, body)
@@ -484,9 +482,9 @@ def parse_prefix_sharing(text: str) -> PrefixSharing:
         depth += {"[": 1, "]": -1}.get(ch, 0)
         if not 0 <= depth <= 1:
             raise ValueError(
-                f"prefix-sharing spec {spec!r}: {'unbalanced' if depth < 0 else 'nested'} '{ch}' "
-                "at "
-                f"character {i + 1}; only prefix_tokens=[...] takes brackets, one level"
+                f"prefix-sharing spec {spec!r}: "
+                f"{'unbalanced' if depth < 0 else 'nested'} '{ch}' at character {i + 1}; "
+                "only prefix_tokens=[...] takes brackets, one level"
             )
     if depth:
         raise ValueError(f"prefix-sharing spec {spec!r}: unbalanced '['")

@@ -97,9 +97,9 @@ def main(argv: list[str]) -> int:
         )
         last = "per exposed KV token ns | K0" if exposed else "per query x KV ps"
         print(
-            f"\n{label}\n\n| fitted on | batch | fixed ms | per seq ms | per KV token ns | "
-            f"{last} | error on the other runs (median per run) |\n|---|---|---|---|---|---|---|"
-            + ("---|" if exposed else "")
+            f"\n{label}\n\n| fitted on | batch | fixed ms | per seq ms | "
+            f"per KV token ns | {last} | error on the other runs (median per run) |\n"
+            "|---|---|---|---|---|---|---|" + ("---|" if exposed else "")
         )
         held = []
         for name, (n, kv, y) in data.items():
@@ -117,16 +117,15 @@ def main(argv: list[str]) -> int:
             held += [abs(e) for e in errs.values()]
             worst = max(errs, key=lambda k: abs(errs[k]))
             print(
-                f"| {name} | {int(n.min())}-{int(n.max())} | {c[0] * 1e3:.1f} | {c[1] * 1e3:.2f} | "
-                f"{c[2] * 1e9:.0f} | "
+                f"| {name} | {int(n.min())}-{int(n.max())} | {c[0] * 1e3:.1f} | {c[1] * 1e3:.2f} "
+                f"| {c[2] * 1e9:.0f} | "
                 + (f"{c[3] * 1e9:.0f} | {k0:,.0f}" if exposed else f"{c[3] * 1e12:.1f}")
                 + f" | median {100 * np.median(list(map(abs, errs.values()))):.0f} %, "
                 f"worst {worst} {100 * errs[worst]:+.0f} % |"
             )
         print(
-            f"\nall pairs: median {100 * np.median(held):.1f} %, p90 "
-            f"{100 * np.quantile(held, 0.9):.1f} %, "
-            f"max {100 * max(held):.1f} %"
+            f"\nall pairs: median {100 * np.median(held):.1f} %, "
+            f"p90 {100 * np.quantile(held, 0.9):.1f} %, max {100 * max(held):.1f} %"
         )
     return 0
 

@@ -57,25 +57,19 @@ FITTED = {
 }
 #: What the roofline leaves out, said with every report (the residuals show where it bites).
 LEFT_OUT = [
-    "CPU time per step (scheduling, input preparation, sampling, Python): the grid replays CUDA "
-    "graphs and "
-    "bare eager passes, so `step_overhead_s` is not validated here; a serving engine adds it to "
-    "every step.",
-    "Attention kernel choice: one bandwidth efficiency for weights and KV, whereas decode "
-    "attention reads KV "
-    "at a rate that depends on batch and context (field notes: 1.35 TB/s for one 4k sequence, 4.2 "
-    "TB/s at "
-    "batch 64-256), and prefill attention (flash) has its own efficiency that the model folds into "
-    "mfu_prefill.",
-    "Overlap of compute and memory: max(compute, memory) assumes perfect overlap; near the ridge "
-    "point both "
-    "roofs are partly paid, so the model under-predicts there.",
-    "Kernel shape effects: GEMM tiling and wave quantisation make MFU step with batch and chunk "
-    "size; one "
-    "MFU per phase cannot follow them.",
-    "Eager launch overhead in prefill (the grid's prefill is not a CUDA graph) and sampling cost "
-    "beyond the "
-    "logits GEMM.",
+    "CPU time per step (scheduling, input preparation, sampling, Python): "
+    "the grid replays CUDA graphs and bare eager passes, "
+    "so `step_overhead_s` is not validated here; a serving engine adds it to every step.",
+    "Attention kernel choice: one bandwidth efficiency for weights and KV, "
+    "whereas decode attention reads KV at a rate that depends on batch and context "
+    "(field notes: 1.35 TB/s for one 4k sequence, 4.2 TB/s at batch 64-256), "
+    "and prefill attention (flash) has its own efficiency that the model folds into mfu_prefill.",
+    "Overlap of compute and memory: max(compute, memory) assumes perfect overlap; "
+    "near the ridge point both roofs are partly paid, so the model under-predicts there.",
+    "Kernel shape effects: GEMM tiling and wave quantisation make MFU step with batch "
+    "and chunk size; one MFU per phase cannot follow them.",
+    "Eager launch overhead in prefill "
+    "(the grid's prefill is not a CUDA graph) and sampling cost beyond the logits GEMM.",
 ]
 
 
@@ -103,8 +97,8 @@ def read_grid(path: Path) -> pd.DataFrame:
     )
     if bad.any():
         raise ValueError(
-            f"{path}: line {int(np.flatnonzero(bad)[0]) + 2}: counts must be >= 0 and "
-            f"measured_s > 0"
+            f"{path}: line {int(np.flatnonzero(bad)[0]) + 2}: "
+            "counts must be >= 0 and measured_s > 0"
         )
     grid[list(NEEDED[1:])] = nums
     if len(grid) < 4:
@@ -187,8 +181,8 @@ def report(grid: pd.DataFrame, fit_mask: np.ndarray, how: str, goal: float) -> t
     held["err_default"] = held["pred_default_s"] / held["measured_s"] - 1
     fit_err = predict(grid[fit_mask], fitted) / grid.loc[fit_mask, "measured_s"].to_numpy() - 1
     lines = [
-        f"Split `{how}`: fitted on {int(fit_mask.sum())} points, held out "
-        f"{int((~fit_mask).sum())}.",
+        f"Split `{how}`: fitted on {int(fit_mask.sum())} points, "
+        f"held out {int((~fit_mask).sum())}.",
         "",
         "| factor | bundled default | fitted here |",
         "|---|---:|---:|",
@@ -204,9 +198,8 @@ def report(grid: pd.DataFrame, fit_mask: np.ndarray, how: str, goal: float) -> t
         index=False
     ):
         lines.append(
-            f"| {_label(r)} | {r.measured_s * 1e3:,.3f} | {r.pred_fit_s * 1e3:,.3f} | "
-            f"{r.err_fit:+.1%} "
-            f"| {r.pred_default_s * 1e3:,.3f} | {r.err_default:+.1%} |"
+            f"| {_label(r)} | {r.measured_s * 1e3:,.3f} | {r.pred_fit_s * 1e3:,.3f} "
+            f"| {r.err_fit:+.1%} | {r.pred_default_s * 1e3:,.3f} | {r.err_default:+.1%} |"
         )
     lines += [
         "",

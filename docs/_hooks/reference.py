@@ -208,8 +208,8 @@ def policies_markdown() -> str:
             "",
             _rst_to_md(summary),
             "",
-            f"`{cls.__module__}.{cls.__qualname__}` · holds a simulated KV cache: **{holds}** "
-            f"(`can_hold_kv`) · device: **{kind}** (`device_kind`)",
+            f"`{cls.__module__}.{cls.__qualname__}` · holds a simulated KV cache: "
+            f"**{holds}** (`can_hold_kv`) · device: **{kind}** (`device_kind`)",
             "",
         ]
         params = {k: v for k, v in cls.param_defaults().items()}
@@ -218,8 +218,8 @@ def policies_markdown() -> str:
             out += ["| knob | default | meaning |", "|---|---|---|"]
             for knob, default in params.items():
                 out.append(
-                    f"| `{knob}` | {_default_text(knob, default)} | "
-                    f"{_rst_to_md(lines.get(knob, ''))} |"
+                    f"| `{knob}` | {_default_text(knob, default)} "
+                    f"| {_rst_to_md(lines.get(knob, ''))} |"
                 )
             out.append("")
     return "\n".join(out)
@@ -241,8 +241,8 @@ def engine_profile_markdown() -> str:
     out = ["| table | required columns | optional columns |", "|---|---|---|"]
     for name, required, optional in rows:
         out.append(
-            f"| {name} | {', '.join(f'`{c}`' for c in required)} | "
-            f"{', '.join(f'`{c}`' for c in optional)} |"
+            f"| {name} | {', '.join(f'`{c}`' for c in required)} "
+            f"| {', '.join(f'`{c}`' for c in optional)} |"
         )
     return "\n".join(out)
 

@@ -73,8 +73,8 @@ def _expect_failure_unchanged(
         _fail(f"{policy!r}: {what} changed reserved bytes other than by releasing segments")
     if released and policy.frozen:
         _fail(
-            f"{policy!r}: {what} released {released} B while frozen (memory given back could not "
-            "come back)"
+            f"{policy!r}: {what} released {released} B while frozen "
+            "(memory given back could not come back)"
         )
     if held is not None and _holdings(live) != held:
         _fail(f"{policy!r}: {what} returned None but changed a live allocation")
@@ -138,8 +138,8 @@ def _run_workload(
             released = policy.trim()
             if before - policy.stats().reserved_bytes != released:
                 _fail(
-                    f"{policy!r}: trim() returned {released} but reserved fell by "
-                    f"{before - policy.stats().reserved_bytes}"
+                    f"{policy!r}: trim() returned {released} "
+                    f"but reserved fell by {before - policy.stats().reserved_bytes}"
                 )
         else:
             policy.grow(random_size(rng))
@@ -206,8 +206,8 @@ def check_random_workload(factory: PolicyFactory, seed: int = 0, num_ops: int = 
     s = check_invariants(policy, [])
     if s.reserved_bytes or s.num_segments:
         _fail(
-            f"{policy!r}: trim() with nothing live left {s.reserved_bytes} B in {s.num_segments} "
-            "segments"
+            f"{policy!r}: trim() with nothing live left {s.reserved_bytes} B "
+            f"in {s.num_segments} segments"
         )
 
 
@@ -233,13 +233,13 @@ def check_capacity_workload(factory: PolicyFactory, seed: int = 1, num_ops: int 
         s = check_invariants(policy, live)
         if s.peak_reserved_bytes > capacity:
             _fail(
-                f"{policy!r}: peak_reserved_bytes={s.peak_reserved_bytes} exceeds "
-                f"capacity_bytes={capacity}"
+                f"{policy!r}: "
+                f"peak_reserved_bytes={s.peak_reserved_bytes} exceeds capacity_bytes={capacity}"
             )
     if num_refused == 0:
         _fail(
-            f"{policy!r}: {num_ops} requests against {capacity} B never hit the limit (check the "
-            "workload)"
+            f"{policy!r}: {num_ops} requests against {capacity} B never hit the limit "
+            "(check the workload)"
         )
 
 
@@ -312,8 +312,8 @@ def check_device_refusal(factory: PolicyFactory) -> None:
     check_invariants(policy, live)
     if device.used_bytes != policy.stats().reserved_bytes:
         _fail(
-            f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved "
-            f"{policy.stats().reserved_bytes}"
+            f"{policy!r}: the device holds {device.used_bytes} B "
+            f"but the pool reserved {policy.stats().reserved_bytes}"
         )
 
 
@@ -351,18 +351,18 @@ def check_trim(factory: PolicyFactory) -> None:
     after = check_invariants(policy, live)
     if released != before.reserved_bytes - after.reserved_bytes or released < 0:
         _fail(
-            f"{policy!r}: trim() returned {released} but reserved went {before.reserved_bytes} -> "
-            f"{after.reserved_bytes}"
+            f"{policy!r}: trim() returned {released} "
+            f"but reserved went {before.reserved_bytes} -> {after.reserved_bytes}"
         )
     if released != after.shrunk_bytes - before.shrunk_bytes:
         _fail(
-            f"{policy!r}: trim() released {released} B but shrunk_bytes grew by "
-            f"{after.shrunk_bytes - before.shrunk_bytes}"
+            f"{policy!r}: trim() released {released} B "
+            f"but shrunk_bytes grew by {after.shrunk_bytes - before.shrunk_bytes}"
         )
     if device.used_bytes != after.reserved_bytes:
         _fail(
-            f"{policy!r}: the device holds {device.used_bytes} B but the pool reserved "
-            f"{after.reserved_bytes}"
+            f"{policy!r}: the device holds {device.used_bytes} B "
+            f"but the pool reserved {after.reserved_bytes}"
         )
     if (after.live_bytes, after.allocated_bytes) != (before.live_bytes, before.allocated_bytes):
         _fail(f"{policy!r}: trim() changed live or allocated bytes")
@@ -385,8 +385,8 @@ def check_grow(factory: PolicyFactory) -> None:
     before = policy.stats()
     if not policy.grow(8 * MiB):
         _fail(
-            f"{policy!r}: grow(8 MiB) returned False with {capacity - before.reserved_bytes} B of "
-            "capacity left"
+            f"{policy!r}: grow(8 MiB) "
+            f"returned False with {capacity - before.reserved_bytes} B of capacity left"
         )
     after = check_invariants(policy, live)
     if after.free_bytes - before.free_bytes < 8 * MiB or after.num_grows <= before.num_grows:
@@ -402,8 +402,8 @@ def check_grow(factory: PolicyFactory) -> None:
     before = policy.stats()
     if policy.grow(capacity):
         _fail(
-            f"{policy!r}: grow(capacity_bytes) succeeded with {before.reserved_bytes} B already "
-            "reserved"
+            f"{policy!r}: grow(capacity_bytes) "
+            f"succeeded with {before.reserved_bytes} B already reserved"
         )
     after = check_invariants(policy, live)
     if after.num_grows != before.num_grows or after.reserved_bytes > before.reserved_bytes:
@@ -427,15 +427,15 @@ def check_params(factory: PolicyFactory) -> None:
     name, _ = parse_spec(policy.spec)
     if name != policy.name:
         _fail(
-            f"{policy!r}: spec {policy.spec!r} does not start with the policy's name "
-            f"{policy.name!r}"
+            f"{policy!r}: spec {policy.spec!r} does not start with "
+            f"the policy's name {policy.name!r}"
         )
     if name in available() and get(name) is type(policy):
         rebuilt = create(policy.spec, capacity_bytes=policy.capacity_bytes)
         if rebuilt.get_params() != params:
             _fail(
-                f"{policy!r}: create({policy.spec!r}) has params {rebuilt.get_params()}, not "
-                f"{params}"
+                f"{policy!r}: create({policy.spec!r}) has params {rebuilt.get_params()}, "
+                f"not {params}"
             )
 
 
@@ -488,8 +488,8 @@ def check_release_and_retry(factory: PolicyFactory) -> None:
             s = policy.stats()
             if s.peak_live_bytes > s.peak_reserved_bytes:
                 _fail(
-                    f"{policy!r}: peak_live_bytes={s.peak_live_bytes} above peak_reserved_bytes="
-                    f"{s.peak_reserved_bytes}"
+                    f"{policy!r}: peak_live_bytes={s.peak_live_bytes} above "
+                    f"peak_reserved_bytes={s.peak_reserved_bytes}"
                 )
 
 
@@ -529,9 +529,8 @@ def check_same_size_reuse(factory: PolicyFactory, num_rounds: int = 24) -> None:
             s = check_invariants(policy, live)
             if s.peak_reserved_bytes > 2 * first_peak:
                 _fail(
-                    f"{policy!r}: reusing {n} B {num_rounds} times raised peak_reserved_bytes from "
-                    f"{first_peak} "
-                    f"to {s.peak_reserved_bytes} ({s.num_grows} grows)"
+                    f"{policy!r}: reusing {n} B {num_rounds} times raised peak_reserved_bytes "
+                    f"from {first_peak} to {s.peak_reserved_bytes} ({s.num_grows} grows)"
                 )
 
 
@@ -565,8 +564,8 @@ def check_huge_request(factory: PolicyFactory) -> None:
             before, held, num_reserves = policy.stats(), _holdings(live), device.num_reserves
             if policy.allocate(n) is not None:
                 _fail(
-                    f"{policy!r}: allocate({n}) succeeded on a device of at most "
-                    f"{device.max_bytes} B"
+                    f"{policy!r}: allocate({n}) "
+                    f"succeeded on a device of at most {device.max_bytes} B"
                 )
             diff = _differences(before, policy.stats())
             if (
@@ -574,13 +573,13 @@ def check_huge_request(factory: PolicyFactory) -> None:
                 or diff
             ):
                 _fail(
-                    f"{policy!r}: a refused allocate({n}) changed "
-                    f"{diff or 'num_failures by other than 1'}"
+                    f"{policy!r}: a refused allocate({n}) "
+                    f"changed {diff or 'num_failures by other than 1'}"
                 )
             if _holdings(live) != held or device.num_reserves != num_reserves:
                 _fail(
-                    f"{policy!r}: a refused allocate({n}) touched a live allocation or asked the "
-                    "device"
+                    f"{policy!r}: a refused allocate({n}) touched a live allocation "
+                    "or asked the device"
                 )
             before = policy.stats()
             if policy.grow(n):
@@ -598,8 +597,8 @@ def check_huge_request(factory: PolicyFactory) -> None:
         s = check_invariants(policy, [])
         if s.reserved_bytes:
             _fail(
-                f"{policy!r}: after huge requests, trim() with nothing live kept "
-                f"{s.reserved_bytes} B"
+                f"{policy!r}: after huge requests, "
+                f"trim() with nothing live kept {s.reserved_bytes} B"
             )
 
 
@@ -669,8 +668,8 @@ def check_real_pool(
         obj = create(spec) if given == "object" else None
         pool = make_pool(obj if obj is not None else spec)
         where = (
-            f"{spec!r} given as {'a policy object' if obj is not None else 'a spec string'} to "
-            f"{pool!r}"
+            f"{spec!r} given as {'a policy object' if obj is not None else 'a spec string'} "
+            f"to {pool!r}"
         )
         try:
             real = pool.policy
@@ -705,22 +704,21 @@ def check_real_pool(
                     b = twin.allocate(n, stream=stream, tag=tag)
                     if b is None:
                         _fail(
-                            f"{where}: allocate({n}) failed on the model device with no capacity "
-                            "limit"
+                            f"{where}: allocate({n}) "
+                            "failed on the model device with no capacity limit"
                         )
                     live.append((a, b))
                     if a.extents != b.extents:
                         _fail(
-                            f"{where}: request {step} ({n} B) placed at {a.extents[:4]} on the "
-                            "device but "
-                            f"{b.extents[:4]} on the model: the policy's offsets are not the "
-                            "device's"
+                            f"{where}: request {step} "
+                            f"({n} B) placed at {a.extents[:4]} on the device but {b.extents[:4]} "
+                            "on the model: the policy's offsets are not the device's"
                         )
                 diff = _differences(twin.stats(), pool.stats())
                 if diff:
                     _fail(
-                        f"{where}: after request {step} the pool's accounting differs from the "
-                        f"model's: {diff}"
+                        f"{where}: after request {step} the pool's accounting differs from "
+                        f"the model's: {diff}"
                     )
             check_invariants(real, [a for a, _ in live])
             check_invariants(twin, [b for _, b in live])

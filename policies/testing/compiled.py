@@ -60,8 +60,8 @@ def unavailable_reason() -> str | None:
         importlib.util.find_spec("setuptools") is None
     ):  # the build runs setup.py in this environment
         return (
-            "setuptools is not installed (a Python 3.12+ virtual environment has none: pip "
-            "install setuptools)"
+            "setuptools is not installed "
+            "(a Python 3.12+ virtual environment has none: pip install setuptools)"
         )
     if not any(map(shutil.which, ("cc", "gcc", "clang"))):
         return "no C compiler (cc, gcc or clang) on PATH"
@@ -92,9 +92,9 @@ def build_description() -> str:
     shared = "shared" if sysconfig.get_config_var("Py_ENABLE_SHARED") else "static"
     macros = " ".join(f"-D{name}={value}" for name, value in c_macros()) or "none"
     return (
-        f"{platform.python_implementation()} {platform.python_version()} ({shared} libpython, "
-        "CFLAGS "
-        f"{sysconfig.get_config_var('CFLAGS')!r}), Cython {cython_version}, backend macros {macros}"
+        f"{platform.python_implementation()} {platform.python_version()} "
+        f"({shared} libpython, CFLAGS {sysconfig.get_config_var('CFLAGS')!r}), "
+        f"Cython {cython_version}, backend macros {macros}"
     )
 
 

@@ -93,8 +93,8 @@ def check_invariants(
         )
     if stats.num_grows - stats.num_shrinks != len(segs):
         _fail(
-            f"{where}: num_grows - num_shrinks = {stats.num_grows - stats.num_shrinks} != "
-            f"{len(segs)} segments"
+            f"{where}: num_grows - num_shrinks = {stats.num_grows - stats.num_shrinks} "
+            f"!= {len(segs)} segments"
         )
     for cap in {stats.capacity_bytes, policy.capacity_bytes} - {None}:
         if reserved > cap:
@@ -129,8 +129,8 @@ def check_invariants(
     for seg, has_live in zip(segs, seg_has_live):
         if has_live != (seg.num_live > 0):
             _fail(
-                f"{where}: segment at {seg.offset} has num_live={seg.num_live} but "
-                f"{'holds' if has_live else 'holds no'} live allocations"
+                f"{where}: segment at {seg.offset} has num_live={seg.num_live} "
+                f"but {'holds' if has_live else 'holds no'} live allocations"
             )
 
     # the counters against the recount
@@ -141,8 +141,8 @@ def check_invariants(
         _fail(f"{where}: num_live={stats.num_live} but {len(live)} allocations are live")
     if stats.allocated_bytes != union_bytes:
         _fail(
-            f"{where}: allocated_bytes={stats.allocated_bytes} but live extents cover "
-            f"{union_bytes} B"
+            f"{where}: allocated_bytes={stats.allocated_bytes} "
+            f"but live extents cover {union_bytes} B"
         )
     if stats.free_bytes != stats.reserved_bytes - stats.allocated_bytes:
         _fail(f"{where}: free_bytes={stats.free_bytes} != reserved - allocated")
@@ -261,8 +261,8 @@ def _check_free_extents(
         total = sum(lengths)
         if total > stats.free_bytes:
             _fail(
-                f"{where}: free extents add up to {total} B, more than "
-                f"free_bytes={stats.free_bytes}"
+                f"{where}: free extents add up to {total} B, "
+                f"more than free_bytes={stats.free_bytes}"
             )
         return
     # something is wrong (or free extents touch across segments): walk them to say what

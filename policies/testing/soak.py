@@ -239,8 +239,8 @@ class _Episode:
         after = policy.stats()
         if released != before.reserved_bytes - after.reserved_bytes or released < 0:
             _fail(
-                f"{policy!r}: trim({max_bytes}) returned {released} but reserved went "
-                f"{before.reserved_bytes} -> {after.reserved_bytes}"
+                f"{policy!r}: trim({max_bytes}) returned {released} "
+                f"but reserved went {before.reserved_bytes} -> {after.reserved_bytes}"
             )
         # grown_bytes, not num_grows: unmapping a hole in an expandable range adds a segment, no
         # memory
@@ -259,13 +259,13 @@ class _Episode:
         after = policy.stats()
         if ok and (policy.frozen or n > MAX_DEVICE_BYTES):
             _fail(
-                f"{policy!r}: grow({n}) succeeded "
-                f"{'while frozen' if policy.frozen else 'past any device'}"
+                f"{policy!r}: "
+                f"grow({n}) succeeded {'while frozen' if policy.frozen else 'past any device'}"
             )
         if ok and after.grown_bytes - before.grown_bytes < n:
             _fail(
-                f"{policy!r}: grow({n}) returned True but reserved "
-                f"{after.grown_bytes - before.grown_bytes} B"
+                f"{policy!r}: grow({n}) returned True "
+                f"but reserved {after.grown_bytes - before.grown_bytes} B"
             )
         if (after.live_bytes, after.allocated_bytes, after.num_allocs) != (
             before.live_bytes,
@@ -352,10 +352,9 @@ def soak(
                 if len(report.violations) < max_messages:
                     where = traceback.extract_tb(exc.__traceback__)[-1]
                     report.violations.append(
-                        f"seed {seed}, episode {episode_index} (capacity {episode.capacity}), op "
-                        f"{op_index}: "
-                        f"{type(exc).__name__}: {exc} "
-                        f"[{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]"
+                        f"seed {seed}, episode {episode_index} (capacity {episode.capacity}), "
+                        f"op {op_index}: {type(exc).__name__}: "
+                        f"{exc} [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]"
                     )
                 break
         report.num_failures += episode.num_failures

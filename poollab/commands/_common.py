@@ -1,17 +1,14 @@
-"""Shared by sub-commands: option types, policy lists, output folders, reading a trace of the right
-kind."""
+"""Shared by sub-commands: policy lists, step-time and cost files, reading a trace of the right
+kind. (The options several commands take are declared in ``poollab.options``.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import click
-
 import policies
 import traces
 from poollab.errors import UsageError
 from poollab.options import BYTES, ByteSize  # noqa: F401 (the commands' size type, re-exported)
-from traces.atomic import check_out_folder
 from traces.formats import ALLOC, REQUEST
 
 #: What ``--policy`` means when it is not given: the five built-in policies.
@@ -26,56 +23,14 @@ def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def out_option(
-    default: str,
-    help: str = "Folder for summary.csv and the other tables (an earlier run's are "
-    "replaced; files you put there are kept).",
-):
-    """``--out``: a result folder, checked before any work (``check_out``)."""
-    return click.option(
-        "--out",
-        "out_dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=default,
-        show_default=True,
-        callback=check_out,
-        help=help,
-    )
-
-
-def check_out(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """A ``--out`` that no run can replace (the current folder or one holding it, the root, a
-    file) fails now, not after the run. (A file of the user's in the way is found at the end,
-    when the run's outputs are known: nothing is changed then either.)"""
-    if value is not None and not ctx.resilient_parsing:
-        check_out_folder(value)
-    return value
-
-
-def model_file_options(command):
-    """``--calibration`` and ``--costs``: the step-time and cost-model files of a simulation."""
-    command = click.option(
-        "--costs",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Driver and PCIe cost model JSON (default: bundled H200 figures).",
-    )(command)
-    return click.option(
-        "--calibration",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
-        help="Step-time calibration JSON (default: bundled factors).",
-    )(command)
-
-
 def step_time_line(calibration: Path | None) -> str:
     """What prices the steps, for a command's settings: the calibration file and what it
     describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a
     UsageError."""
     if calibration is None:
         return (
-            "step time: bundled roofline (a CUDA-graph, vLLM-class engine; --calibration to "
-            "describe yours)"
+            "step time: bundled roofline "
+            "(a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
         )
     from sim.serving.steptime import load_step_calibration
 

@@ -14,9 +14,7 @@ from pathlib import Path
 import click
 
 from poollab.errors import UsageError
-from poollab.options import COUNT, Count
-from sim.replay.hardware import DEFAULT_GPU
-from sim.replay.models import DEFAULT_MODEL
+from poollab.options import COUNT, Count, engine_option, gpu_option, model_option, out_file_option
 
 __all__ = ["register"]
 
@@ -63,18 +61,8 @@ def _terms_line(terms) -> str:
 
 
 _common = [
-    click.option(
-        "--model",
-        default=DEFAULT_MODEL,
-        show_default=True,
-        help="Model preset or JSON file the engine ran.",
-    ),
-    click.option(
-        "--gpu",
-        default=DEFAULT_GPU,
-        show_default=True,
-        help="GPU preset or JSON file the engine ran on.",
-    ),
+    model_option("Model preset or JSON file the engine ran."),
+    gpu_option("GPU preset or JSON file the engine ran on."),
     click.option(
         "--tp",
         "tensor_parallel",
@@ -82,18 +70,11 @@ _common = [
         default=None,
         help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1).",
     ),
-    click.option(
-        "--engine",
+    engine_option(
+        "Engine preset whose scheduling the simulator mimics (sim/data/engines.json).",
         default="transformers",
-        show_default=True,
-        help="Engine preset whose scheduling the simulator mimics (sim/data/engines.json).",
     ),
-    click.option(
-        "--out",
-        type=click.Path(dir_okay=False, path_type=Path),
-        required=True,
-        help="Calibration JSON to write (simulate --calibration reads it).",
-    ),
+    out_file_option("Calibration JSON to write (simulate --calibration reads it).", name="out"),
 ]
 
 
@@ -128,8 +109,8 @@ def _engine(name: str) -> str:
     "add",
     multiple=True,
     metavar="TERM",
-    help="Fit an optional term, held at 0 otherwise (repeatable): per_exposed_kv_token_s (each KV "
-    "token past those the kernel launches hide; it also fits where that starts).",
+    help="Fit an optional term, held at 0 otherwise (repeatable): per_exposed_kv_token_s "
+    "(each KV token past those the kernel launches hide; it also fits where that starts).",
 )
 def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop, add) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
@@ -144,8 +125,8 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
         tps = sorted(set(steps["tp"])) if "tp" in steps else [1]
         if len(tps) > 1:
             raise UsageError(
-                f"{profile}: the tp column holds {tps}; fit one tensor-parallel degree at a time "
-                "(--tp)"
+                f"{profile}: the tp column holds {tps}; "
+                "fit one tensor-parallel degree at a time (--tp)"
             )
         tensor_parallel = int(tps[0])
     try:
@@ -163,11 +144,10 @@ def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path,
         raise UsageError(f"{profile}: {exc}") from None
     _write(fit.calibration, out)
     click.echo(
-        f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} (tp "
-        f"{tensor_parallel}); "
-        f"{fit.num_outliers} outlier(s) left out of the fit (more than {OUTLIER_REL_ERROR:.0%} off "
-        f"its first pass), {fit.num_downweighted} more than {ROBUST_REL_ERROR:.0%} off weighed "
-        "less (Huber loss)"
+        f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} "
+        f"(tp {tensor_parallel}); {fit.num_outliers} outlier(s) left out of the fit "
+        f"(more than {OUTLIER_REL_ERROR:.0%} off its first pass), {fit.num_downweighted} more "
+        f"than {ROBUST_REL_ERROR:.0%} off weighed less (Huber loss)"
         + (
             f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
             if fit.calibration.warmup_s
@@ -222,17 +202,15 @@ def requests_command(
         raise UsageError(f"{requests}: {exc}") from None
     _write(fit.calibration, out)
     click.echo(
-        f"{requests}: {len(served):,} requests of {model_spec.name} on {gpu_spec.name}, simulated "
-        "as "
-        f"{engine} schedules them"
+        f"{requests}: {len(served):,} requests of {model_spec.name} on {gpu_spec.name}, "
+        f"simulated as {engine} schedules them"
     )
     click.echo(_terms_line(fit.calibration.terms))
     click.echo("fitted on every request (in-sample):")
     click.echo(format_table(fit.errors, columns=["metric", "measured_s", "predicted_s", "error_%"]))
     worst = fit.cv_errors.groupby("metric", sort=False)["error_%"].apply(lambda e: e.abs().max())
     click.echo(
-        "expected error (two-fold: each half of the requests judged by terms fitted on the other "
-        "half; "
-        "worst half): " + ", ".join(f"{m} {v:.0f} %" for m, v in worst.items())
+        "expected error (two-fold: each half of the requests judged by terms fitted on "
+        "the other half; worst half): " + ", ".join(f"{m} {v:.0f} %" for m, v in worst.items())
     )
     click.echo(f"wrote {out} (simulate --engine {engine} --calibration {out})")

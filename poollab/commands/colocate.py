@@ -12,16 +12,26 @@ from policies.units import format_bytes
 from poollab.commands._common import (
     check_specs,
     load_costs,
-    model_file_options,
-    out_option,
     read_requests_or_explain,
     step_time_line,
 )
 from poollab.commands.simulate import config_options
 from poollab.errors import UsageError
-from poollab.options import COUNT, POSITIVE, RATE_SCALE, FloatList
+from poollab.options import (
+    COUNT,
+    POSITIVE,
+    RATE_SCALE,
+    FloatList,
+    format_option,
+    gpu_option,
+    model_file_options,
+    model_option,
+    out_option,
+    policy_option,
+    progress_option,
+    rate_scale_option,
+)
 from sim.serving.config import ServerConfig
-from sim.replay.hardware import DEFAULT_GPU
 from sim.replay.models import DEFAULT_MODEL
 from sim.replay.schema import format_table, write_results
 
@@ -66,46 +76,27 @@ def register(cli: click.Group) -> None:
     "num_tenants",
     type=COUNT,
     default=None,
-    help="With one TRACE: deal its requests round-robin to this many tenants. Default: one tenant "
-    "per TRACE.",
+    help="With one TRACE: deal its requests round-robin to this many tenants. "
+    "Default: one tenant per TRACE.",
 )
 @click.option(
     "--layout",
     "layouts",
     multiple=True,
     type=click.Choice(["static", "shared", "sleep"]),
-    help="Memory layout, repeatable (default: all three): equal static KV pools, one shared "
-    "elastic "
-    "page pool (kvcached), or the shared pool plus sleep/wake of idle tenants' weights (vLLM).",
+    help="Memory layout, repeatable (default: all three): equal static KV pools, "
+    "one shared elastic page pool (kvcached), "
+    "or the shared pool plus sleep/wake of idle tenants' weights (vLLM).",
 )
-@click.option(
-    "--policy",
-    "-p",
-    "spec",
-    default="page-pool",
-    show_default=True,
-    metavar="SPEC",
-    help="KV pool policy (a paged one for the shared layouts).",
+@policy_option("KV pool policy (a paged one for the shared layouts).", default="page-pool")
+@model_option(
+    "Model preset or JSON file, repeatable: "
+    f"one for all tenants or one per tenant (default: {DEFAULT_MODEL}).",
+    repeatable=True,
 )
-@click.option(
-    "--model",
-    "models",
-    multiple=True,
-    metavar="MODEL",
-    help="Model preset or JSON file, repeatable: one for all tenants or one per tenant "
-    f"(default: {DEFAULT_MODEL}).",
-)
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option(
-    "--rate-scale",
-    type=RATE_SCALE,
-    default=1.0,
-    show_default=True,
-    help="Multiply every tenant's request rate (2 = arrivals twice as dense).",
-)
+@gpu_option()
+@format_option()
+@rate_scale_option("Multiply every tenant's request rate (2 = arrivals twice as dense).")
 @click.option(
     "--tenant-rate-scale",
     "tenant_rate_scales",
@@ -120,9 +111,9 @@ def register(cli: click.Group) -> None:
     type=click.Choice(COMPUTE_CHOICES),
     default=COMPUTE_CHOICES[0],
     show_default=True,
-    help="How tenants share the GPU's compute: time-sliced (CUDA's default for several processes: "
-    "their steps take turns) or independent (each steps as if alone: the lower bound MPS or "
-    "MIG-style spatial sharing approaches).",
+    help="How tenants share the GPU's compute: time-sliced "
+    "(CUDA's default for several processes: their steps take turns) or independent "
+    "(each steps as if alone: the lower bound MPS or MIG-style spatial sharing approaches).",
 )
 @click.option(
     "--sleep-after",
@@ -135,9 +126,7 @@ def register(cli: click.Group) -> None:
 @config_options
 @model_file_options
 @out_option("poollab-out/colocate")
-@click.option(
-    "--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds."
-)
+@progress_option("Progress bar on stderr, in simulated seconds.")
 def colocate_command(
     traces_: tuple[Path, ...],
     num_tenants,
@@ -255,10 +244,9 @@ def colocate_command(
     ).format
     for row in runs.served().itertuples():
         click.echo(
-            f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; TTFT "
-            "p50 "
-            f"{row.ttft_p50_s:.3f} s, p99 {row.ttft_p99_s:.3f} s, mean {row.ttft_mean_s:.3f} s; "
-            + busy_text(row.gpu_busy_share)
+            f"  {row.tenant_layout:>6}: {row.n_finished:,} of {row.n_requests:,} finished; "
+            f"TTFT p50 {row.ttft_p50_s:.3f} s, p99 {row.ttft_p99_s:.3f} s, "
+            f"mean {row.ttft_mean_s:.3f} s; " + busy_text(row.gpu_busy_share)
         )
     click.echo(
         f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet, {out_dir}/requests.parquet"

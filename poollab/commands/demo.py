@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import DEFAULT_POLICIES, out_option
+from poollab.commands._common import DEFAULT_POLICIES
+from poollab.options import out_option, progress_option
 from poollab.commands.replay import REPLAY_COLUMNS
 from sim.replay.trace_replay import replay_tables
 from sim.replay.schema import format_table, write_results
@@ -55,7 +56,7 @@ def register(cli: click.Group) -> None:
 
 @click.command("demo")
 @out_option("poollab-demo")
-@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
+@progress_option("Progress bars on stderr.")
 def demo_command(out_dir: Path, progress: bool) -> None:
     """Compare the five policies on bundled real traces (replay, then simulation)."""
     snapshot = read_alloc_trace(bundled_path(DEMO_SNAPSHOT))
@@ -81,19 +82,17 @@ def demo_command(out_dir: Path, progress: bool) -> None:
     if recorded:
         click.echo(
             f"PyTorch's own allocator reserved {recorded / 2**20:,.1f} MiB at peak on this slice; "
-            "the torch-caching "
-            "row starts from an empty pool, `poollab fidelity` replays it from the recorded "
-            "starting state."
+            "the torch-caching row starts from an empty pool, "
+            "`poollab fidelity` replays it from the recorded starting state."
         )
     click.echo(f"wrote {out_dir / 'replay'}/")
 
     requests = read_request_trace(bundled_path(DEMO_REQUESTS))
     click.echo(
-        f"\n== simulate: {requests.name} ({len(requests.requests):,} requests, Azure LLM inference "
-        "2023, "
-        f"{requests.duration_s / 60:.0f} min) at {DEMO_RATE_SCALE:g}x its rate, {DEMO_MODEL} on "
-        f"{DEMO_GPU} "
-        f"with {DEMO_KV_BYTES >> 30} GiB for the KV cache"
+        f"\n== simulate: {requests.name} "
+        f"({len(requests.requests):,} requests, Azure LLM inference 2023, "
+        f"{requests.duration_s / 60:.0f} min) at {DEMO_RATE_SCALE:g}x its rate, "
+        f"{DEMO_MODEL} on {DEMO_GPU} with {DEMO_KV_BYTES >> 30} GiB for the KV cache"
     )
     requests = requests.scale_rate(DEMO_RATE_SCALE)
     summary, ts, per_request = simulate_many(

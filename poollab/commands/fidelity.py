@@ -7,8 +7,13 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import check_out
-from poollab.options import BYTES, DEVICE
+from poollab.options import (
+    capacity_option,
+    out_option,
+    policy_option,
+    progress_option,
+    trace_device_option,
+)
 from poollab.errors import UsageError
 from policies.torch_caching import spec_from_settings
 from sim.replay.fidelity import ADDRESS_MODES, read_recording, replay_recording
@@ -25,45 +30,23 @@ def register(cli: click.Group) -> None:
 
 @click.command("fidelity")
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.",
+@policy_option(
+    "Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings."
 )
 @click.option(
     "--addresses",
     type=click.Choice([*ADDRESS_MODES, "both"]),
     default="recorded",
     show_default=True,
-    help="Segment addresses: the recorded cudaMalloc ones (PyTorch breaks best-fit ties by "
-    "address), "
-    "fresh virtual ones, or both runs.",
+    help="Segment addresses: the recorded cudaMalloc ones "
+    "(PyTorch breaks best-fit ties by address), fresh virtual ones, or both runs.",
 )
-@click.option(
-    "--capacity",
-    type=BYTES,
-    default=None,
-    help="Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.",
+@capacity_option("Memory limit of the replayed pool (PyTorch's memory fraction). Default: none.")
+@trace_device_option()
+@out_option(
+    None, "Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here."
 )
-@click.option(
-    "--device",
-    "device_index",
-    type=DEVICE,
-    default=None,
-    help="Which device's trace to read. Default: the first with entries.",
-)
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    callback=check_out,
-    help="Also write fidelity.csv (the tables) and segment_events.csv (both sides, tidy) here.",
-)
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 def fidelity_command(
     snapshot: Path, specs, addresses: str, capacity, device_index, out_dir, progress: bool
 ) -> None:
@@ -77,16 +60,16 @@ def fidelity_command(
     if not rec.ops:
         which = f"device {device_index} has" if device_index is not None else "the snapshot has"
         raise UsageError(
-            f"{snapshot}: {which} no allocation trace (record with "
-            "torch.cuda.memory._record_memory_history() before taking it)"
+            f"{snapshot}: {which} no allocation trace "
+            "(record with torch.cuda.memory._record_memory_history() before taking it)"
         )
     spec_list = list(specs) or [spec_from_settings(rec.settings)]
     modes = list(ADDRESS_MODES) if addresses == "both" else [addresses]
     tables, events = [], []
     click.echo(
         f"{rec.name}: {rec.num_allocs:,} allocations, {len(rec.segment_events):,} segment events, "
-        f"{len(rec.seed_segments)} segments ({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before "
-        "recording"
+        f"{len(rec.seed_segments)} segments "
+        f"({rec.initial_reserved_bytes / 2**20:,.0f} MiB) before recording"
     )
     for spec in spec_list:
         for mode in modes:

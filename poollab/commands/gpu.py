@@ -18,12 +18,32 @@ import click
 import pandas as pd
 
 import policies
-from poollab.commands._common import out_option
 from poollab.errors import UsageError
 from policies.device_kind import PLATFORMS, DeviceKind
-from poollab.options import BYTES, COUNT, DEVICE, DEVICE_KIND, FRACTION, POSITIVE, RATE_SCALE, SEED
-from sim.replay.hardware import DEFAULT_GPU
-from sim.replay.models import DEFAULT_MODEL
+from poollab.options import (
+    BYTES,
+    COUNT,
+    DEVICE_KIND,
+    FRACTION,
+    block_tokens_option,
+    calibration_option,
+    capacity_option,
+    costs_option,
+    cuda_device_option,
+    duration_option,
+    format_option,
+    gpu_option,
+    model_option,
+    out_file_option,
+    out_option,
+    policy_option,
+    progress_option,
+    rate_scale_option,
+    sample_every_option,
+    seed_option,
+    sim_option,
+    validate_option,
+)
 
 
 def register(cli: click.Group) -> None:
@@ -77,14 +97,7 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
 
 @gpu_group.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec, repeatable; 'all' or nothing: every registered policy.",
-)
+@policy_option("Policy spec, repeatable; 'all' or nothing: every registered policy.")
 @click.option(
     "--baseline",
     "-b",
@@ -92,32 +105,14 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     multiple=True,
     metavar="NAME",
     help="Also replay through cudaMalloc, cupy.MemoryPool, cupy.MemoryAsyncPool or torch.cuda; "
-    "'all' for "
-    "every one available here. Repeatable.",
+    "'all' for every one available here. Repeatable.",
 )
-@click.option(
-    "--capacity",
-    type=BYTES,
-    default=None,
-    help="Most bytes a policy may reserve. Default: the GPU's free memory less 1 GiB.",
+@capacity_option("Most bytes a policy may reserve. Default: the GPU's free memory less 1 GiB.")
+@validate_option("Fill every allocation with a pattern and check it before its free.")
+@sim_option(
+    "Also replay each policy in the simulator (same capacity) and add its rows (backend=sim)."
 )
-@click.option(
-    "--validate",
-    is_flag=True,
-    help="Fill every allocation with a pattern and check it before its free.",
-)
-@click.option(
-    "--sim/--no-sim",
-    "with_sim",
-    default=False,
-    help="Also replay each policy in the simulator (same capacity) and add its rows (backend=sim).",
-)
-@click.option(
-    "--costs",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Cost model JSON for the --sim rows (from `poollab gpu calibrate`).",
-)
+@costs_option("Cost model JSON for the --sim rows (from `poollab gpu calibrate`).")
 @click.option(
     "--backend",
     type=click.Choice(PLATFORMS),
@@ -131,20 +126,15 @@ def _baseline_names(names: tuple[str, ...]) -> list[str]:
     default=DeviceKind.SEGMENT.value,
     show_default=True,
     help="'page-mapped' (or 'vmm'): pages mapped into reserved virtual ranges "
-    "(cuMemCreate/cuMemMap; mmap "
-    "on the host), and the --sim rows on the simulator's page-mapped device. A policy that builds "
-    "a page-mapped "
-    "device of its own gets one either way.",
+    "(cuMemCreate/cuMemMap; mmap on the host), "
+    "and the --sim rows on the simulator's page-mapped device. "
+    "A policy that builds a page-mapped device of its own gets one either way.",
 )
-@click.option(
-    "--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device."
-)
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option("--sample-every", type=COUNT, default=None, help="Stats sample stride in events.")
+@cuda_device_option()
+@format_option()
+@sample_every_option()
 @out_option("poollab-out/gpu")
-@click.option("--progress/--no-progress", default=True, help="Progress bars on stderr.")
+@progress_option("Progress bars on stderr.")
 def replay_command(
     trace: Path,
     specs,
@@ -233,30 +223,23 @@ def replay_command(
 
 
 @gpu_group.command("calibrate")
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("costs.json"),
-    show_default=True,
-    help="Cost file to write (the schema of sim/data/costs_h200.json).",
+@out_file_option(
+    "Cost file to write (the schema of sim/data/costs_h200.json).", default=Path("costs.json")
 )
-@click.option(
-    "--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device."
-)
+@cuda_device_option()
 @click.option(
     "--max-size",
     type=BYTES,
     default=None,
-    help="Largest cudaMalloc size (and VMM page size) to time (default 4GiB; VMM pages up to "
-    "2GiB).",
+    help="Largest cudaMalloc size (and VMM page size) to time "
+    "(default 4GiB; VMM pages up to 2GiB).",
 )
 @click.option(
     "--vmm/--no-vmm",
     default=True,
     show_default=True,
-    help="Also time the cuMem* calls (cuda-bindings) at page sizes 2 MiB to 2 GiB into the file's "
-    "vmm_us.",
+    help="Also time the cuMem* calls "
+    "(cuda-bindings) at page sizes 2 MiB to 2 GiB into the file's vmm_us.",
 )
 def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> None:
     """Measure cudaMalloc/cudaFree (4 KiB to 4 GiB), the VMM calls and copy bandwidths into a cost
@@ -275,17 +258,16 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     table = calibrate(device_id=device_id, sizes=sizes, vmm_sizes=vmm_sizes, progress=click.echo)
     write_costs(table, out_path)
     click.echo(
-        f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, host->device "
-        f"{table['h2d_bytes_per_s'] / 1e9:,.1f} "
-        f"GB/s, device->host {table['d2h_bytes_per_s'] / 1e9:,.1f} GB/s (pinned)"
+        f"copy: device {table['d2d_bytes_per_s'] / 1e9:,.0f} GB/s, "
+        f"host->device {table['h2d_bytes_per_s'] / 1e9:,.1f} GB/s, "
+        f"device->host {table['d2h_bytes_per_s'] / 1e9:,.1f} GB/s (pinned)"
     )
     if "vmm_us" in table:
         v = table["vmm_us"]
         click.echo(
-            f"VMM at {v['map']['nbytes'][0] >> 20} MiB pages: create {v['create']['us'][0]:.1f} "
-            "us, map "
-            f"{v['map']['us'][0]:.1f} us, set-access {v['set_access']['us'][0]:.1f} us, unmap "
-            f"{v['unmap']['us'][0]:.1f} us, "
+            f"VMM at {v['map']['nbytes'][0] >> 20} MiB pages: "
+            f"create {v['create']['us'][0]:.1f} us, map {v['map']['us'][0]:.1f} us, "
+            f"set-access {v['set_access']['us'][0]:.1f} us, unmap {v['unmap']['us'][0]:.1f} us, "
             f"release {v['release']['us'][0]:.1f} us"
         )
     click.echo(f"wrote {out_path} ({table['device']})")
@@ -293,49 +275,22 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 
 @gpu_group.command("serve")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Who holds PyTorch's memory, repeatable, each in its own process: 'pytorch' (PyTorch's "
-    "own caching "
-    "allocator, the default) or a policy spec.",
+@policy_option(
+    "Who holds PyTorch's memory, repeatable, each in its own process: "
+    "'pytorch' (PyTorch's own caching allocator, the default) or a policy spec."
 )
-@click.option(
-    "--model",
-    default=DEFAULT_MODEL,
-    show_default=True,
-    help="Model preset (or JSON file) whose shape the random weights take.",
-)
+@model_option("Model preset (or JSON file) whose shape the random weights take.")
 @click.option(
     "--checkpoint",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="A Hugging Face model folder to serve instead of random weights (no download).",
 )
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option(
-    "--rate-scale",
-    type=RATE_SCALE,
-    default=1.0,
-    show_default=True,
-    help="Multiply the request rate (2 = arrivals twice as dense).",
-)
-@click.option(
-    "--duration",
-    "duration_s",
-    type=POSITIVE,
-    default=None,
-    help="Serve the requests arriving in the first this many seconds (after --rate-scale).",
-)
+@format_option()
+@rate_scale_option()
+@duration_option("Serve the requests arriving in the first this many seconds (after --rate-scale).")
 @click.option("--max-requests", type=COUNT, default=None, help="Serve at most this many requests.")
-@click.option(
-    "--block-tokens", type=COUNT, default=256, show_default=True, help="KV block size (tokens)."
-)
+@block_tokens_option("KV block size (tokens).", default=256)
 @click.option(
     "--max-batch-tokens",
     type=COUNT,
@@ -363,16 +318,16 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
     default=True,
     show_default=True,
     help="Let transformers refuse a --num-blocks beyond its own footprint estimate "
-    "(max-memory-percent of "
-    "free memory); off, the engine starts at exactly --num-blocks and real memory decides.",
+    "(max-memory-percent of free memory); "
+    "off, the engine starts at exactly --num-blocks and real memory decides.",
 )
 @click.option(
     "--max-len",
     "max_len_tokens",
     type=COUNT,
     default=None,
-    help="Longest sequence, prompt + output (prompts are cut to fit). Default: the model's "
-    "context.",
+    help="Longest sequence, prompt + output (prompts are cut to fit). "
+    "Default: the model's context.",
 )
 @click.option(
     "--attn",
@@ -396,58 +351,38 @@ def calibrate_command(out_path: Path, device_id: int, max_size, vmm: bool) -> No
 @click.option(
     "--snapshot",
     is_flag=True,
-    help="Write PyTorch's memory snapshot (snapshot_<policy>.pickle.gz) and beside it the device "
-    "memory the "
-    "engine's process held outside PyTorch's allocator (snapshot_<policy>.json; `poollab plan` "
-    "reads it).",
+    help="Write PyTorch's memory snapshot "
+    "(snapshot_<policy>.pickle.gz) and beside it the device memory "
+    "the engine's process held outside PyTorch's allocator "
+    "(snapshot_<policy>.json; `poollab plan` reads it).",
 )
 @click.option(
     "--snapshot-until",
     type=click.Choice(["startup", "end", "both"]),
     default="startup",
     show_default=True,
-    help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': the "
-    "whole run; "
-    "'both': the start-up one and the whole run's (snapshot_<policy>_run.pickle.gz).",
+    help="'startup': weights, KV cache and warm-up, stopped before the first request; 'end': "
+    "the whole run; 'both': the start-up one and the whole run's "
+    "(snapshot_<policy>_run.pickle.gz).",
 )
 @click.option(
     "--allocator-mode",
     type=click.Choice(["pluggable", "mempool"]),
     default="pluggable",
     show_default=True,
-    help="A policy as PyTorch's allocator, or supplying the segments PyTorch's caching allocator "
-    "splits.",
+    help="A policy as PyTorch's allocator, "
+    "or supplying the segments PyTorch's caching allocator splits.",
 )
-@click.option(
-    "--validate", is_flag=True, help="The policy's validation mode (guards and patterns)."
+@validate_option("The policy's validation mode (guards and patterns).")
+@seed_option("Random weights and prompt token ids.")
+@cuda_device_option()
+@sim_option(
+    "Also run `simulate` with the matching settings "
+    "(the run's KV bytes, block size, step and sequence limits; the --model preset's shape) "
+    "and print measured against predicted."
 )
-@click.option(
-    "--seed", type=SEED, default=0, show_default=True, help="Random weights and prompt token ids."
-)
-@click.option(
-    "--device", "device_id", type=DEVICE, default=0, show_default=True, help="CUDA device."
-)
-@click.option(
-    "--sim/--no-sim",
-    "with_sim",
-    default=False,
-    help="Also run `simulate` with the matching settings (the run's KV bytes, block size, step and "
-    "sequence "
-    "limits; the --model preset's shape) and print measured against predicted.",
-)
-@click.option(
-    "--gpu",
-    "gpu_preset",
-    default=DEFAULT_GPU,
-    show_default=True,
-    help="GPU preset of the --sim run.",
-)
-@click.option(
-    "--calibration",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Step-time calibration JSON of the --sim run.",
-)
+@gpu_option("GPU preset of the --sim run.", name="gpu_preset")
+@calibration_option("Step-time calibration JSON of the --sim run.")
 @out_option("poollab-out/gpu-serve")
 def serve_command(
     trace: Path,
@@ -534,10 +469,10 @@ def serve_command(
         raise UsageError(str(exc)) from None
     summary = pd.DataFrame([r.summary for r in outcome.runs])
     click.echo(
-        f"{requests.name}: {len(outcome.plan):,} requests over "
-        f"{outcome.plan['arrival_s'].iloc[-1]:,.1f} s "
-        f"(rate x{rate_scale:g}); {settings.checkpoint or settings.model}, KV "
-        f"{int(summary['kv_blocks'].iloc[0]):,} blocks of {block_tokens} tokens"
+        f"{requests.name}: {len(outcome.plan):,} requests "
+        f"over {outcome.plan['arrival_s'].iloc[-1]:,.1f} s (rate x{rate_scale:g}); "
+        f"{settings.checkpoint or settings.model}, "
+        f"KV {int(summary['kv_blocks'].iloc[0]):,} blocks of {block_tokens} tokens"
     )
     click.echo(format_table(summary, SERVE_TABLE_COLUMNS))
     for spec, table in outcome.comparisons.items():

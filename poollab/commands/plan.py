@@ -14,7 +14,18 @@ from typing import Any
 import click
 
 from policies.units import format_bytes
-from poollab.options import BYTES, COUNT, DEVICE, FRACTION
+from poollab.options import (
+    BYTES,
+    FRACTION,
+    block_tokens_option,
+    engine_option,
+    gpu_option,
+    model_option,
+    out_option,
+    policy_option,
+    progress_option,
+    trace_device_option,
+)
 from poollab.errors import UsageError
 
 #: What the command prints per policy (plan.csv holds every ``sim.planner.plan.PLAN_COLUMNS``
@@ -143,20 +154,14 @@ def run_plan(
 
 @click.command("plan")
 @click.argument("snapshot", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings.",
+@policy_option(
+    "Policy spec, repeatable. Default: torch-caching with the snapshot's allocator_settings."
 )
-@click.option(
-    "--gpu",
+@gpu_option(
+    "GPU preset or JSON file whose memory the run must fit. Default: "
+    "the device total measured beside the snapshot "
+    "(SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.",
     default=None,
-    help="GPU preset or JSON file whose memory the run must fit. Default: the device total "
-    "measured beside "
-    "the snapshot (SNAPSHOT.json, which `gpu serve --snapshot` writes), else H200.",
 )
 @click.option(
     "--memory",
@@ -169,53 +174,42 @@ def run_plan(
     "non_torch_bytes",
     type=BYTES,
     default=None,
-    help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): the pool gets the "
-    "rest. "
-    "Default: what the engine's process held outside PyTorch's allocator, measured beside the "
-    "snapshot "
-    "(SNAPSHOT.json), else 0 (said to be unmeasured).",
+    help="Device memory outside the allocator (CUDA context, NCCL, cuBLAS): "
+    "the pool gets the rest. Default: what the engine's process held outside PyTorch's allocator, "
+    "measured beside the snapshot (SNAPSHOT.json), else 0 (said to be unmeasured).",
 )
 @click.option(
     "--kv",
     "kv",
     multiple=True,
     metavar="SELECTOR",
-    help="The KV allocation(s), when the snapshot does not tell: size=SIZE (every never-freed "
-    "allocation of that size), entries=I-J,K (device_traces indices of their alloc entries) or "
-    "addr=0xADDRESS. Repeatable. Default: recognised (the largest burst of equal-size allocations "
-    "that live to the end).",
+    help="The KV allocation(s), when the snapshot does not tell: size=SIZE "
+    "(every never-freed allocation of that size), entries=I-J,K "
+    "(device_traces indices of their alloc entries) or addr=0xADDRESS. Repeatable. "
+    "Default: recognised (the largest burst of equal-size allocations that live to the end).",
 )
 @click.option(
     "--kv-linked",
     "kv_linked",
     multiple=True,
     metavar="SELECTOR:BYTES_PER_PAGE",
-    help="An allocation the engine sizes by its KV cache, resized with it in every replay: a --kv "
-    "selector (any allocation of the trace) and how much it grows per page, e.g. entries=655:4MiB. "
-    "Repeatable.",
+    help="An allocation the engine sizes by its KV cache, resized with it in every replay: "
+    "a --kv selector (any allocation of the trace) and how much it grows per page, "
+    "e.g. entries=655:4MiB. Repeatable.",
 )
-@click.option(
-    "--engine",
-    default=None,
-    metavar="NAME",
-    help="Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by the "
-    "KV "
-    "cache (transformers: the paged|sdpa attention mask; needs --model) and whose block size "
-    "--block-tokens defaults to.",
+@engine_option(
+    "Engine preset (sim/data/engines.json) whose rules recognise the buffers it sizes by "
+    "the KV cache (transformers: the paged|sdpa attention mask; needs --model) and "
+    "whose block size --block-tokens defaults to."
 )
-@click.option(
-    "--model",
+@model_option(
+    "Model preset or JSON file: a page is --block-tokens tokens of its KV, "
+    "and budgets are also given in tokens. Default: none (pages of 2 MiB per KV tensor).",
     default=None,
-    help="Model preset or JSON file: a page is --block-tokens tokens of its KV, and budgets are "
-    "also "
-    "given in tokens. Default: none (pages of 2 MiB per KV tensor).",
 )
-@click.option(
-    "--block-tokens",
-    type=COUNT,
-    default=None,
-    help="Tokens per KV page (with --model): the plan is exact to one page. Default: the --engine "
-    "preset's block, else 16.",
+@block_tokens_option(
+    "Tokens per KV page (with --model): the plan is exact to one page. "
+    "Default: the --engine preset's block, else 16."
 )
 @click.option(
     "--utilization",
@@ -225,26 +219,12 @@ def run_plan(
     show_default=True,
     help="gpu_memory_utilization of the engine rule the plan is compared with.",
 )
-@click.option(
-    "--device",
-    "device_index",
-    type=DEVICE,
-    default=None,
-    help="Which device's trace to read. Default: the first with entries.",
+@trace_device_option()
+@out_option(
+    None,
+    "Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads it.",
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Also write plan.csv (one row per policy) here; `simulate --kv-capacity plan:DIR` reads "
-    "it.",
-)
-@click.option(
-    "--progress/--no-progress",
-    default=True,
-    help="Progress bar on stderr (one per policy, counting its replays).",
-)
+@progress_option("Progress bar on stderr (one per policy, counting its replays).")
 def plan_command(
     snapshot: Path,
     specs,
@@ -299,8 +279,8 @@ def plan_command(
         click.echo(f"sized by the KV cache, resized with it: {buffer.how}")
     if engine is not None and not inputs.linked:
         click.echo(
-            f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at the "
-            "recorded size"
+            f"sized by the KV cache: none of engine {engine}'s buffers is in the snapshot at "
+            "the recorded size"
         )
     click.echo(f"device {format_bytes(inputs.device_bytes)}: {inputs.device_source}")
     click.echo(
@@ -314,9 +294,8 @@ def plan_command(
         else f"{format_bytes(inputs.page_bytes)} (2 MiB per KV tensor; --model for tokens)"
     )
     click.echo(
-        f"page {page_text}; weights/resident "
-        f"{format_bytes(inputs.weights_bytes)}; profiled peak beyond them "
-        f"{format_bytes(inputs.profiled_peak_bytes)}"
+        f"page {page_text}; weights/resident {format_bytes(inputs.weights_bytes)}; "
+        f"profiled peak beyond them {format_bytes(inputs.profiled_peak_bytes)}"
     )
     table = result.table()
     shown = [
@@ -351,9 +330,9 @@ def _policy_line(result, p, row) -> str:
                 else ""
             )
             + (
-                f"; the engine's --num-blocks {int(row.engine_num_blocks):,} of "
-                f"{p.inputs.engine_block_tokens} "
-                f"tokens, its {p.inputs.engine_padding_blocks} padding blocks aside"
+                f"; the engine's --num-blocks {int(row.engine_num_blocks):,} "
+                f"of {p.inputs.engine_block_tokens} tokens, "
+                f"its {p.inputs.engine_padding_blocks} padding blocks aside"
                 if row.engine_num_blocks == row.engine_num_blocks
                 and row.engine_num_blocks is not None
                 else ""
@@ -366,8 +345,8 @@ def _policy_line(result, p, row) -> str:
             + f"); one page more runs out of memory at {result.describe_oom(p.next_page.oom_op)}"
         )
     rule = (
-        f"gpu_memory_utilization={result.util_fraction:g} would pick "
-        f"{format_bytes(row.util_rule_kv_bytes)}"
+        f"gpu_memory_utilization={result.util_fraction:g} "
+        f"would pick {format_bytes(row.util_rule_kv_bytes)}"
     )
     pages = p.util_pages - p.safe_pages
     if p.util is None:
@@ -376,8 +355,8 @@ def _policy_line(result, p, row) -> str:
         rule += f" ({-pages:,} pages below the safe size): fits"
     else:
         rule += (
-            f" ({pages:,} pages above the safe size): out of memory at "
-            f"{result.describe_oom(p.util.oom_op)}"
+            f" ({pages:,} pages above the safe size): "
+            f"out of memory at {result.describe_oom(p.util.oom_op)}"
         )
     return f"{text}; {rule}"
 
@@ -414,9 +393,9 @@ class KvBudgetSource:
         empty = [s for s, b in budgets.items() if not b]
         if empty:
             raise UsageError(
-                f"--kv-capacity auto:{self.path}: {empty[0]} leaves no room for a KV cache on "
-                f"{gpu.name}"
-                f" (see `poollab plan {self.path}`)"
+                f"--kv-capacity auto:{self.path}: "
+                f"{empty[0]} leaves no room for a KV cache on {gpu.name} "
+                f"(see `poollab plan {self.path}`)"
             )
         return {s: int(b) for s, b in budgets.items()}
 

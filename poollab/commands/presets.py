@@ -49,8 +49,8 @@ def presets_command() -> None:
         )
     fmt = lambda v: f"{v:,.2f}"  # noqa: E731
     click.echo(
-        "models (--model NAME, Hugging Face ids too; max_model_len is the model's "
-        "max_position_embeddings):"
+        "models (--model NAME, Hugging Face ids too; "
+        "max_model_len is the model's max_position_embeddings):"
     )
     click.echo(pd.DataFrame(models).to_string(index=False, float_format=fmt))
     click.echo(

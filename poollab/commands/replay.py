@@ -6,8 +6,18 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import check_specs, load_costs, out_option, read_alloc_or_explain
-from poollab.options import BYTES, COUNT, FRACTION
+from poollab.commands._common import check_specs, load_costs, read_alloc_or_explain
+from poollab.options import (
+    FRACTION,
+    capacity_option,
+    costs_option,
+    format_option,
+    out_option,
+    policy_option,
+    progress_option,
+    sample_every_option,
+    workers_option,
+)
 from sim.replay.trace_replay import replay_tables
 from sim.replay.schema import DEFAULT_TABLE_COLUMNS, format_table, write_results
 
@@ -21,58 +31,39 @@ def register(cli: click.Group) -> None:
 
 @click.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec, repeatable (default: the five built-ins). E.g. "
-    "size-class:classes_per_doubling=8",
+@policy_option(
+    "Policy spec, repeatable (default: the five built-ins). E.g. size-class:classes_per_doubling=8"
 )
-@click.option(
-    "--capacity",
-    type=BYTES,
-    default=None,
-    help="Most bytes a pool may reserve (e.g. 80GiB). Default: no limit.",
+@capacity_option("Most bytes a pool may reserve (e.g. 80GiB). Default: no limit.")
+@costs_option(
+    "Driver cost model JSON (from `poollab gpu calibrate`). Default: bundled H200 figures."
 )
-@click.option(
-    "--costs",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Driver cost model JSON (from `poollab gpu calibrate`). Default: bundled H200 figures.",
-)
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option("--sample-every", type=COUNT, default=None, help="Stats sample stride in events.")
+@format_option()
+@sample_every_option()
 @click.option(
     "--latency-sample",
     type=FRACTION,
     default=None,
     metavar="FRACTION",
-    help="Share of calls whose latency is timed, chosen at random (default: every call up to "
-    "20,000 "
-    "events, about 20,000 beyond; 1 times every call). Column latency_sampled_frac.",
+    help="Share of calls whose latency is timed, chosen at random "
+    "(default: every call up to 20,000 events, about 20,000 beyond; 1 times every call). "
+    "Column latency_sampled_frac.",
 )
 @click.option(
     "--record-layout",
     is_flag=True,
     default=False,
-    help="Also record each pool's segment layout over the run (layout.parquet; the report's "
-    "segment view).",
+    help="Also record each pool's segment layout over the run "
+    "(layout.parquet; the report's segment view).",
 )
-@click.option(
-    "--workers",
-    type=COUNT,
-    default=None,
+@workers_option(
+    "Processes replaying the policies side by side "
+    "(default: the cores available, for a trace of 50,000 events or more; 1: all in this process). "
+    "The results are the same either way.",
     metavar="N",
-    help="Processes replaying the policies side by side (default: the cores available, for a trace "
-    "of "
-    "50,000 events or more; 1: all in this process). The results are the same either way.",
 )
 @out_option("poollab-out/replay")
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 def replay_command(
     trace: Path,
     specs,
@@ -124,8 +115,8 @@ def replay_command(
     if "lower_bound_bytes" in summary:
         first = summary.iloc[0]
         click.echo(
-            f"best possible: lower bound (peak live) {first['lower_bound_bytes'] / 2**20:,.1f} "
-            "MiB, "
+            "best possible: lower bound "
+            f"(peak live) {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "
             f"offline planner ({first['planner']}) {first['planner_peak_bytes'] / 2**20:,.1f} MiB"
         )
     click.echo(f"wrote {out_dir}/summary.csv, {out_dir}/timeseries.parquet")

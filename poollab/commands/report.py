@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from poollab.errors import UsageError
+from poollab.options import out_file_option, progress_option
 
 
 def register(cli: click.Group) -> None:
@@ -15,23 +16,16 @@ def register(cli: click.Group) -> None:
 
 @click.command("report")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("report.html"),
-    show_default=True,
-    help="HTML file to write (plots embedded; opens offline).",
-)
+@out_file_option("HTML file to write (plots embedded; opens offline).", default=Path("report.html"))
 @click.option("--title", default=None, help="Page title (default: 'poollab report').")
 @click.option(
     "--static",
     is_flag=True,
     default=False,
-    help="PNG figures only, no scripts (default: interactive timelines and segment view, still "
-    "offline).",
+    help="PNG figures only, no scripts "
+    "(default: interactive timelines and segment view, still offline).",
 )
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 def report_command(
     dirs: tuple[Path, ...], out_path: Path, title: str | None, static: bool, progress: bool
 ) -> None:

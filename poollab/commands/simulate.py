@@ -10,20 +10,26 @@ from typing import Any, Callable
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import (
-    check_specs,
-    model_file_options,
-    out_option,
-    read_requests_or_explain,
-    step_time_line,
-)
+from poollab.commands._common import check_specs, read_requests_or_explain, step_time_line
 from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
-from poollab.options import INT64_MAX, RATE_SCALE, ByteSize, Count, FiniteFloat
+from poollab.options import (
+    INT64_MAX,
+    ByteSize,
+    Count,
+    FiniteFloat,
+    engine_option,
+    format_option,
+    gpu_option,
+    model_file_options,
+    model_option,
+    out_option,
+    policy_option,
+    progress_option,
+    rate_scale_option,
+)
 from sim.serving.config import Knob, ServerConfig, knobs
-from sim.replay.hardware import DEFAULT_GPU
 from sim.serving.choices import VIRTUAL
-from sim.replay.models import DEFAULT_MODEL
 from sim.replay.schema import format_table, summary_frame, write_results
 from sim.serving.simulate import check_kv_policy, result_tables, simulate_runs
 
@@ -171,8 +177,8 @@ def settings_line(config: ServerConfig, runs: list[Any], *, has_hash_ids: bool =
         )
     for why in dict.fromkeys(r.prefix_caching_off for r in off):
         caching.append(
-            f"{_PREFIX_CACHING_OFF_TEXT[why]} for "
-            f"{', '.join(r.summary['policy'] for r in off if r.prefix_caching_off == why)}"
+            f"{_PREFIX_CACHING_OFF_TEXT[why]} "
+            f"for {', '.join(r.summary['policy'] for r in off if r.prefix_caching_off == why)}"
         )
     parts.append("prefix caching " + "; ".join(caching))
     if any(s != "paged" for s in summary["kv_strategy"]):
@@ -212,9 +218,9 @@ def rejection_warnings(summary: Any) -> list[str]:
             groups.setdefault((int(n), why), []).append(policy)
     total = int(summary["n_requests"].iloc[0])
     return [
-        f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; the "
-        "latency and "
-        f"throughput columns cover served requests only (see --max-model-len, --kv-capacity)"
+        f"warning: {n:,} of {total:,} requests rejected ({why}) under {', '.join(names)}; "
+        "the latency and throughput columns cover served requests only "
+        "(see --max-model-len, --kv-capacity)"
         for (n, why), names in groups.items()
     ]
 
@@ -257,41 +263,19 @@ def config_options(command: Callable, config_cls: type = ServerConfig) -> Callab
 
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "--policy",
-    "-p",
-    "specs",
-    multiple=True,
-    metavar="SPEC",
-    help="Policy spec for the KV cache, repeatable (default: the five built-ins).",
-)
-@click.option(
-    "--model", default=DEFAULT_MODEL, show_default=True, help="Model preset or JSON file."
-)
-@click.option("--gpu", default=DEFAULT_GPU, show_default=True, help="GPU preset or JSON file.")
-@click.option(
-    "--format", "fmt", default=None, help="Trace format, when detection from content is not wanted."
-)
-@click.option(
-    "--rate-scale",
-    type=RATE_SCALE,
-    default=1.0,
-    show_default=True,
-    help="Multiply the request rate (2 = arrivals twice as dense).",
-)
+@policy_option("Policy spec for the KV cache, repeatable (default: the five built-ins).")
+@model_option()
+@gpu_option()
+@format_option()
+@rate_scale_option()
 @config_options
-@click.option(
-    "--engine",
-    default=None,
-    metavar="NAME",
-    help="Schedule and size the KV cache as this engine does (sim/data/engines.json: vllm, "
-    "transformers); options given explicitly win. Default: the options as given (vLLM-like).",
+@engine_option(
+    "Schedule and size the KV cache as this engine does (sim/data/engines.json: vllm, "
+    "transformers); options given explicitly win. Default: the options as given (vLLM-like)."
 )
 @model_file_options
 @out_option("poollab-out/simulate")
-@click.option(
-    "--progress/--no-progress", default=True, help="Progress bar on stderr, in simulated seconds."
-)
+@progress_option("Progress bar on stderr, in simulated seconds.")
 def simulate_command(
     trace: Path,
     specs,
@@ -395,8 +379,7 @@ def simulate_command(
     )
     click.echo(
         f"{requests.name}: {len(requests):,} requests over {requests.duration_s:,.0f} s "
-        f"({requests.format}); "
-        f"{model_spec.name} on {gpu_spec.name}"
+        f"({requests.format}); {model_spec.name} on {gpu_spec.name}"
     )
     click.echo(
         settings_line(config, runs, has_hash_ids="hash_ids" in requests.requests.columns)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from poollab.commands._common import out_option
 from poollab.errors import UsageError
-from poollab.options import COUNT
+from poollab.options import out_option, progress_option, workers_option
 from sim.sweep import SweepError, format_fronts, load_sweep, make_executor, plan_sweep, run_sweep
 from sim.sweep.store import CellRecordWarning
 
@@ -33,21 +32,17 @@ def register(cli: click.Group) -> None:
     "--scheduler",
     default=None,
     metavar="ADDRESS",
-    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N (a local Dask "
-    "cluster "
-    "of N workers), processes (default: a local process pool) or serial.",
+    help="Where cells run: tcp://HOST:8786 (an existing Dask cluster), local:N "
+    "(a local Dask cluster of N workers), processes (default: a local process pool) or serial.",
 )
-@click.option(
-    "--workers",
-    type=COUNT,
-    default=None,
-    help="Processes of the local pool (default: the machine's cores), or N of --scheduler local.",
+@workers_option(
+    "Processes of the local pool (default: the machine's cores), or N of --scheduler local."
 )
 @click.option("--retry-failed", is_flag=True, help="Run cells that failed in an earlier run again.")
 @click.option(
     "--dry-run", is_flag=True, help="Validate the file and count the cells to run; run nothing."
 )
-@click.option("--progress/--no-progress", default=True, help="Progress bar on stderr.")
+@progress_option()
 def sweep_command(
     sweep_file: Path,
     out_dir: Path,
@@ -71,8 +66,8 @@ def sweep_command(
     if outcome is None:
         return
     click.echo(
-        f"{outcome.num_run} run on {outcome.scheduler}, {outcome.num_cached} already done "
-        f"({outcome.wall_s:,.1f} s)"
+        f"{outcome.num_run} run on {outcome.scheduler}, "
+        f"{outcome.num_cached} already done ({outcome.wall_s:,.1f} s)"
     )
     click.echo(format_fronts(outcome.pareto, by=spec.pareto_by))
     click.echo(f"wrote {out_dir}/results.parquet, {out_dir}/summary.csv, {out_dir}/pareto.csv")
@@ -80,7 +75,7 @@ def sweep_command(
     if len(bad):
         click.echo(
             f"{outcome.num_failed} cells failed, {outcome.num_lost} lost to dead workers "
-            f"(lost ones run again next time; failed ones with --retry-failed):",
+            "(lost ones run again next time; failed ones with --retry-failed):",
             err=True,
         )
         for row in bad.head(_MAX_FAILED_SHOWN).itertuples():

@@ -10,7 +10,17 @@ import click
 import traces
 from policies.units import format_bytes
 from poollab.errors import UsageError
-from poollab.options import COUNT, POSITIVE, RATE_SCALE, SEED
+from poollab.options import (
+    COUNT,
+    POSITIVE,
+    RATE_SCALE,
+    duration_option,
+    model_option,
+    num_requests_option,
+    out_file_option,
+    rate_option,
+    seed_option,
+)
 from traces.alloc_table import output_format
 from traces.errors import TraceFormatError
 from traces.formats import trace_kind
@@ -67,17 +77,9 @@ def _check_out_suffix(out_path: Path) -> None:
 
 
 @traces_group.command("synth")
-@click.option(
-    "--rate",
-    "rate_rps",
-    type=POSITIVE,
-    required=True,
-    help="Mean arrival rate, requests per second.",
-)
-@click.option("--num-requests", type=COUNT, default=None, help="How many requests.")
-@click.option(
-    "--duration", "duration_s", type=POSITIVE, default=None, help="Time window in seconds."
-)
+@rate_option("Mean arrival rate, requests per second.", required=True)
+@num_requests_option("How many requests.")
+@duration_option("Time window in seconds.")
 @click.option(
     "--arrival", type=click.Choice(["poisson", "gamma"]), default="poisson", show_default=True
 )
@@ -92,8 +94,8 @@ def _check_out_suffix(out_path: Path) -> None:
     "--prompt",
     default="lognormal:median=1000,sigma=1.0",
     show_default=True,
-    help="Prompt length distribution: lognormal:median=,sigma= | zipf:a= | fixed:N | "
-    "empirical:trace=FILE,column=prompt",
+    help="Prompt length distribution: "
+    "lognormal:median=,sigma= | zipf:a= | fixed:N | empirical:trace=FILE,column=prompt",
 )
 @click.option(
     "--output",
@@ -114,14 +116,8 @@ def _check_out_suffix(out_path: Path) -> None:
     show_default=True,
     help="Rate scale applied after generation.",
 )
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="Output file (.csv or .parquet).",
-)
+@seed_option()
+@out_file_option("Output file (.csv or .parquet).")
 def synth_command(
     rate_rps,
     num_requests,
@@ -162,36 +158,19 @@ def synth_command(
     d = trace.describe()
     click.echo(
         f"wrote {out_path}: {d['num_requests']:,} requests over {d['duration_s']:,.1f} s "
-        f"({d['rate_rps']:.2f} req/s), prompt p50 {d['prompt_tokens_p50']:.0f}, output p50 "
-        f"{d['output_tokens_p50']:.0f}"
+        f"({d['rate_rps']:.2f} req/s), prompt p50 {d['prompt_tokens_p50']:.0f}, "
+        f"output p50 {d['output_tokens_p50']:.0f}"
     )
 
 
 @traces_group.command("synth-alloc")
-@click.option(
-    "--model",
-    default="llama-3.2-1b",
-    show_default=True,
-    help="Model preset (see sim presets) or JSON file.",
-)
-@click.option("--num-requests", type=COUNT, default=32, show_default=True)
+@model_option("Model preset (see sim presets) or JSON file.", default="llama-3.2-1b")
+@num_requests_option(default=32)
 @click.option("--max-batch", type=COUNT, default=8, show_default=True)
 @click.option("--kv-chunk-tokens", type=COUNT, default=16, show_default=True)
-@click.option(
-    "--rate",
-    "rate",
-    type=POSITIVE,
-    default=None,
-    help="Poisson arrival rate; default: all arrive at once.",
-)
-@click.option("--seed", type=SEED, default=0, show_default=True)
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="Output file (.csv or .parquet).",
-)
+@rate_option("Poisson arrival rate; default: all arrive at once.", name="rate")
+@seed_option()
+@out_file_option("Output file (.csv or .parquet).")
 def synth_alloc_command(
     model, num_requests, max_batch, kv_chunk_tokens, rate, seed, out_path: Path
 ) -> None:

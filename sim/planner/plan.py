@@ -306,15 +306,14 @@ def plan_inputs(
     """
     if not rec.ops:
         raise PlanError(
-            f"{rec.source}: the snapshot has no allocation trace (record with "
-            "torch.cuda.memory._record_memory_history() before the engine starts)"
+            f"{rec.source}: the snapshot has no allocation trace "
+            "(record with torch.cuda.memory._record_memory_history() before the engine starts)"
         )
     kv = recognise_kv(rec) if kv is None else kv
     if device_bytes <= 0 or non_torch_bytes < 0 or non_torch_bytes >= device_bytes:
         raise PlanError(
-            f"device memory {device_bytes} B with {non_torch_bytes} B outside the pool leaves "
-            "nothing "
-            "for it"
+            f"device memory {device_bytes} B with {non_torch_bytes} B outside "
+            "the pool leaves nothing for it"
         )
     per_token = name = None
     if model is not None:
@@ -328,9 +327,8 @@ def plan_inputs(
         if page % len(kv.ops):
             raise PlanError(
                 f"a page of {name} ({block_tokens} tokens x {per_token:,} B) does not split evenly "
-                "over "
-                f"the {len(kv.ops)} KV allocations of the snapshot: is the snapshot of {name}? "
-                "(--model, or --kv to name the KV tensors)"
+                f"over the {len(kv.ops)} KV allocations of the snapshot: "
+                f"is the snapshot of {name}? (--model, or --kv to name the KV tensors)"
             )
     else:
         page = DEFAULT_PAGE_SHARE_BYTES * len(kv.ops)
@@ -386,9 +384,9 @@ def _engine_linked(
         )
     if kv.total_bytes % kv_bytes_per_token:
         raise PlanError(
-            f"--engine {preset.name}: the KV cache ({kv.total_bytes:,} B) is no whole number of "
-            "tokens "
-            f"of {kv_bytes_per_token:,} B: is the snapshot of this model?"
+            f"--engine {preset.name}: the KV cache "
+            f"({kv.total_bytes:,} B) is no whole number of tokens of {kv_bytes_per_token:,} B: "
+            "is the snapshot of this model?"
         )
     tokens = kv.total_bytes // kv_bytes_per_token
     out = []
@@ -725,9 +723,8 @@ class PlanResult:
             else "after the KV cache"
         )
         return (
-            f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): {format_bytes(rec.sizes[k])} on "
-            "stream "
-            f"{rec.streams[k]}, {phase}"
+            f"event {k:,} ({rec.entry_unit} {rec.entries[k]:,}): "
+            f"{format_bytes(rec.sizes[k])} on stream {rec.streams[k]}, {phase}"
         )
 
 
@@ -793,9 +790,10 @@ class DeviceMemory:
 #: The non-PyTorch source when nothing measured it (``{why}``: no file, or no figure in it): the
 #: plan is then optimistic by that much.
 UNMEASURED_NON_TORCH = (
-    "none measured ({why}): 0 B assumed, so the plan is optimistic by the CUDA context and "
-    "libraries' memory (0.72 GiB in an engine's process on an H200): record with "
-    "`poollab gpu serve --snapshot`, or give --non-torch"
+    "none measured ({why}): 0 B assumed, "
+    "so the plan is optimistic by the CUDA context and libraries' memory "
+    "(0.72 GiB in an engine's process on an H200): record with `poollab gpu serve --snapshot`, "
+    "or give --non-torch"
 )
 
 
@@ -915,8 +913,8 @@ def read_plan(path: str | Path) -> pd.DataFrame:
             raise TraceFormatError(
                 path,
                 k + 2,
-                f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no "
-                "whole number of bytes",
+                f"safe_kv_bytes {value!r} of policy {table['policy'][k]!r} is no whole number "
+                "of bytes",
             )
         budgets.append(budget)
     table["safe_kv_bytes"] = pd.Series(budgets, dtype="int64", index=table.index)
@@ -946,9 +944,8 @@ def planned_budgets(table: pd.DataFrame, specs: Iterable[str], *, source: str) -
     for spec in specs:
         if spec not in by_policy:
             raise PlanError(
-                f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): plan it "
-                "with "
-                f"`poollab plan SNAPSHOT -p {spec}`"
+                f"{source}: no plan for policy {spec!r} (it has {', '.join(by_policy)}): "
+                f"plan it with `poollab plan SNAPSHOT -p {spec}`"
             )
         if by_policy[spec] <= 0:
             raise PlanError(

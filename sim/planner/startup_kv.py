@@ -150,9 +150,9 @@ def recognise_kv(rec: Recording) -> KvCache:
     runs = sorted(_bursts(rec, _never_freed(rec)), key=lambda r: (-len(r) * rec.sizes[r[0]], r[0]))
     if not runs:
         raise PlanError(
-            f"{rec.source}: no allocation made in the trace lives to the end, so none can be the "
-            "KV "
-            "cache (record from before the engine allocates it, or name it with --kv)"
+            f"{rec.source}: no allocation made in the trace lives to the end, "
+            "so none can be the KV cache "
+            "(record from before the engine allocates it, or name it with --kv)"
         )
     best = runs[0]
     best_bytes = len(best) * rec.sizes[best[0]]
@@ -160,28 +160,26 @@ def recognise_kv(rec: Recording) -> KvCache:
         second = runs[1]
         if best_bytes < CLEAR_WINNER * len(second) * rec.sizes[second[0]]:
             raise PlanError(
-                f"{rec.source}: cannot tell the KV cache apart: {_describe_ops(rec, best)} and "
-                f"{_describe_ops(rec, second)} both live to the end; name it with --kv "
-                "(size=SIZE, entries=I-J or addr=0xADDRESS)"
+                f"{rec.source}: cannot tell the KV cache apart: "
+                f"{_describe_ops(rec, best)} and {_describe_ops(rec, second)} both live to "
+                "the end; name it with --kv (size=SIZE, entries=I-J or addr=0xADDRESS)"
             )
     resident = _largest_resident_group(rec)
     if resident is not None and resident[0] * resident[1] >= CLEAR_WINNER * best_bytes:
         count, nbytes = resident
         raise PlanError(
-            f"{rec.source}: {count} x {format_bytes(nbytes)} ({format_bytes(count * nbytes)}) were "
-            "live "
-            f"before recording began, more than the largest candidate allocated in the trace "
-            f"({_describe_ops(rec, best)}): if they are the KV cache, record from before the "
-            "engine "
-            "allocates it (or with a larger ring buffer: _record_memory_history(max_entries=...)); "
+            f"{rec.source}: {count} x {format_bytes(nbytes)} "
+            f"({format_bytes(count * nbytes)}) were live before recording began, "
+            f"more than the largest candidate allocated in the trace ({_describe_ops(rec, best)}): "
+            "if they are the KV cache, record from before the engine allocates it "
+            "(or with a larger ring buffer: _record_memory_history(max_entries=...)); "
             "if not, name the cache with --kv"
         )
     return KvCache(
         tuple(best),
         rec.sizes[best[0]],
-        f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), allocated in one "
-        "burst "
-        f"on stream {rec.streams[best[0]]} and live to the end",
+        f"recognised: {_describe_ops(rec, best)} ({format_bytes(best_bytes)}), "
+        f"allocated in one burst on stream {rec.streams[best[0]]} and live to the end",
     )
 
 
@@ -228,9 +226,9 @@ def _matching_ops(rec: Recording, sel: KvSelector, *, option: str, live_to_end: 
                     )
                 if k not in candidate_set:
                     raise PlanError(
-                        f"{option} {sel.text!r}: the alloc at {rec.entry_unit} {first} is freed "
-                        "during "
-                        "the trace, so it is no KV cache (those live to the end)"
+                        f"{option} {sel.text!r}: "
+                        f"the alloc at {rec.entry_unit} {first} is freed during the trace, "
+                        "so it is no KV cache (those live to the end)"
                     )
                 found.append(k)
             else:
@@ -333,8 +331,9 @@ def select_linked(
         overlap = set(ops) & set(kv.ops)
         if overlap:
             raise PlanError(
-                f"--kv-linked {sel.text!r}: names a KV allocation ({rec.entry_unit} "
-                f"{rec.entries[min(overlap)]:,}), which grows as the cache already"
+                f"--kv-linked {sel.text!r}: names a KV allocation "
+                f"({rec.entry_unit} {rec.entries[min(overlap)]:,}), "
+                "which grows as the cache already"
             )
         out.append(
             KvLinked(
@@ -372,6 +371,7 @@ def recognise_linked(
     return KvLinked(
         ops,
         bytes_per_token * block_tokens,
-        f"{name}: {_describe_ops(rec, ops)}, the size the engine's rule gives at the recorded "
-        f"{recorded_tokens:,} KV tokens, +{format_bytes(bytes_per_token * block_tokens)} a page",
+        f"{name}: {_describe_ops(rec, ops)}, "
+        f"the size the engine's rule gives at the recorded {recorded_tokens:,} KV tokens, "
+        f"+{format_bytes(bytes_per_token * block_tokens)} a page",
     )

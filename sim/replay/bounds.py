@@ -339,8 +339,8 @@ def check_plan(starts: list[int], ends: list[int], sizes: list[int], offsets: li
         k = live.bisect_left((lo, hi, i))
         if k > 0 and live[k - 1][1] > lo:
             raise AssertionError(
-                f"allocation {i} [{lo}, {hi}) overlaps allocation {live[k - 1][2]} "
-                f"{live[k - 1][:2]}"
+                f"allocation {i} [{lo}, {hi}) "
+                f"overlaps allocation {live[k - 1][2]} {live[k - 1][:2]}"
             )
         if k < len(live) and live[k][0] < hi:
             raise AssertionError(

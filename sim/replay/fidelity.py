@@ -491,11 +491,9 @@ class FidelityResult:
             lines.append("segment decisions: identical to the recording, in order")
         else:
             lines.append(
-                f"first divergence at segment event {d['index']} (segment_events.csv "
-                f"event={d['index']}, "
-                f"{d['entry_unit']} {d['entry']}): recorded {d['recorded']}, emulated "
-                f"{d['emulated']}; "
-                f"likely cause: {d['cause']}"
+                f"first divergence at segment event {d['index']} "
+                f"(segment_events.csv event={d['index']}, {d['entry_unit']} {d['entry']}): "
+                f"recorded {d['recorded']}, emulated {d['emulated']}; likely cause: {d['cause']}"
             )
         return "\n".join(lines)
 
@@ -671,8 +669,8 @@ def _seed(pool: Policy, rec: Recording, device: _LoggingDevice) -> dict[int, All
 def _must(a: Allocation | None, rec: Recording, addr: int) -> Allocation:
     if a is None:
         raise PolicyError(
-            f"{rec.source}: the allocation live at {addr:#x} when recording began does not fit "
-            "the replayed pool (raise its capacity)"
+            f"{rec.source}: the allocation live at {addr:#x} "
+            "when recording began does not fit the replayed pool (raise its capacity)"
         )
     return a
 
@@ -838,8 +836,8 @@ def _likely_cause(
         return f"unsupported setting ({', '.join(unknown)} in PYTORCH_CUDA_ALLOC_CONF)"
     if rec.pool_calls and not pool.has_private_pools:
         return (
-            f"unmodelled private pool ({pool.spec} has no private pools; the trace allocates to "
-            "one)"
+            f"unmodelled private pool ({pool.spec} has no private pools; "
+            "the trace allocates to one)"
         )
     if (
         recorded is not None
@@ -847,19 +845,18 @@ def _likely_cause(
         and (emulated is None or emulated[1] not in ("segment_free", "segment_unmap"))
     ):
         return (
-            "external release (the recording gives memory back where the emulation does not "
-            "decide to)"
+            "external release (the recording gives memory back "
+            "where the emulation does not decide to)"
         )
     if rec.num_deferred_frees:
         return (
-            f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held the "
-            "blocks)"
+            f"record_stream ({rec.num_deferred_frees:,} frees completed late: events held "
+            "the blocks)"
         )
     if rec.num_unknown_pool:
         return (
-            f"unmodelled private pool ({rec.num_unknown_pool:,} allocations whose pool the "
-            "snapshot "
-            "cannot tell were put in the default pool)"
+            f"unmodelled private pool ({rec.num_unknown_pool:,} allocations "
+            "whose pool the snapshot cannot tell were put in the default pool)"
         )
     return "unmodelled private pool or external release (no sign in the trace points to either)"
 

@@ -99,8 +99,8 @@ class LayerGroup:
         where = f"layer group {self.kind!r}"
         if self.kind not in LAYER_KINDS:
             raise ValueError(
-                f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, got "
-                f"{self.kind!r}"
+                f"layer group: field 'kind' must be one of {', '.join(LAYER_KINDS)}, "
+                f"got {self.kind!r}"
             )
         _check_positive_int(self.num_layers, "num_layers", where)
         need = {
@@ -236,14 +236,14 @@ class ModelSpec:
         object.__setattr__(self, "dtype", dtype)  # normalised spelling; frozen otherwise
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"{where}: field 'num_kv_heads' ({self.num_kv_heads}) must divide "
-                f"num_heads ({self.num_heads})"
+                f"{where}: field 'num_kv_heads' ({self.num_kv_heads}) must divide num_heads "
+                f"({self.num_heads})"
             )
         if self.param_count <= self._embedding_table_params():
             raise ValueError(
-                f"{where}: field 'param_count' ({self.param_count:,}) is not larger than its "
-                f"embedding tables ({self._embedding_table_params():,}); give the full count, "
-                f"not billions"
+                f"{where}: field 'param_count' "
+                f"({self.param_count:,}) is not larger than its embedding tables "
+                f"({self._embedding_table_params():,}); give the full count, not billions"
             )
 
     # -- sizes -------------------------------------------------------------------------------
@@ -416,10 +416,9 @@ class ModelSpec:
         kv = self.num_kv_heads
         if self.num_heads % tp or self.intermediate_size % tp or (kv % tp and tp % kv):
             raise ValueError(
-                f"{self.name}: tensor parallelism {tp} must divide num_heads ({self.num_heads}) "
-                "and "
-                f"intermediate_size ({self.intermediate_size}), and divide or be a multiple of "
-                f"num_kv_heads ({kv})"
+                f"{self.name}: tensor parallelism {tp} must divide num_heads "
+                f"({self.num_heads}) and intermediate_size ({self.intermediate_size}), "
+                f"and divide or be a multiple of num_kv_heads ({kv})"
             )
         kv_shard = max(1, kv // tp)
         tables = self._embedding_table_params()
@@ -476,13 +475,13 @@ def _layer_groups(model: ModelSpec, where: str) -> tuple[LayerGroup, ...]:
     total = sum(g.num_layers for g in groups)
     if total != model.num_layers:
         raise ValueError(
-            f"{where}: layer_groups hold {total} layers, the model has "
-            f"num_layers={model.num_layers}"
+            f"{where}: layer_groups hold {total} layers, "
+            f"the model has num_layers={model.num_layers}"
         )
     if not any(g.is_attention for g in groups):
         raise ValueError(
-            f"{where}: layer_groups need at least one attention group (pure state-space models "
-            f"are not modelled)"
+            f"{where}: layer_groups need at least one attention group "
+            "(pure state-space models are not modelled)"
         )
     return tuple(groups)
 
@@ -601,8 +600,8 @@ class _PresetTable:
         if path.suffix.lower() in (".json", ".yaml", ".yml"):
             raise ValueError(f"{self.kind} file {str(path)!r} does not exist")
         raise ValueError(
-            f"unknown {self.kind} {str(name_or_path)!r}; known: {', '.join(self.names())} "
-            f"(or a path to a JSON file with the same fields)"
+            f"unknown {self.kind} {str(name_or_path)!r}; "
+            f"known: {', '.join(self.names())} (or a path to a JSON file with the same fields)"
         )
 
 

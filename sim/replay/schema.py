@@ -393,9 +393,9 @@ def invariant_warnings(summary: pd.DataFrame) -> list[str]:
         return []
     bad = summary[summary["peak_live_bytes"] > summary["peak_reserved_bytes"]]
     return [
-        f"warning: {r.policy} ({r.backend}): peak live {r.peak_live_bytes / 2**20:,.2f} MiB is "
-        "above peak reserved "
-        f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; do "
-        "not trust this row"
+        f"warning: {r.policy} ({r.backend}): "
+        f"peak live {r.peak_live_bytes / 2**20:,.2f} MiB is above peak reserved "
+        f"{r.peak_reserved_bytes / 2**20:,.2f} MiB: the pool handed out memory it did not hold; "
+        "do not trust this row"
         for r in bad.itertuples()
     ]

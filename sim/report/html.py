@@ -236,8 +236,8 @@ def _esc(text: Any) -> str:
 def _img(fig: Any, caption: str, dpi: int) -> str:
     data = base64.b64encode(plots.figure_png(fig, dpi=dpi)).decode("ascii")
     return (
-        f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
-        f"<figcaption>{_esc(caption)}</figcaption></figure>"
+        f'<figure><img alt="{_esc(caption)}" '
+        f'src="data:image/png;base64,{data}"><figcaption>{_esc(caption)}</figcaption></figure>'
     )
 
 
@@ -494,8 +494,8 @@ def _pareto_section(summary: pd.DataFrame, trace: str, dpi: int) -> str:
         return _note("latency and failures do not vary across these runs")
     return _figure(
         lambda: plots.plot_pareto(part),
-        "Runs no other run beats on both axes (both minimised), joined "
-        "in red; a sweep (`poollab sweep`) fills these in",
+        "Runs no other run beats on both axes (both minimised), joined in red; "
+        "a sweep (`poollab sweep`) fills these in",
         dpi,
     )
 
@@ -615,8 +615,8 @@ def build_html_report(
                 )
                 if interactive
                 else _note(
-                    "the segment view is in the interactive report (`poollab report` without "
-                    "--static)"
+                    "the segment view is in the interactive report "
+                    "(`poollab report` without --static)"
                 )
             ),
             "fragmentation": lambda: per_trace(
@@ -666,8 +666,9 @@ def build_html_report(
         for sid, heading in sections_shown.items()
     )
     units = (
-        "Sizes in MiB, fractions in percent; overhead = peak reserved / peak live − 1; external "
-        "fragmentation = 1 − largest free / free; latencies in µs (allocation) or s (requests)."
+        "Sizes in MiB, fractions in percent; overhead = peak reserved / peak live − 1; "
+        "external fragmentation = 1 − largest free / free; "
+        "latencies in µs (allocation) or s (requests)."
     )
     if interactive:  # zoom levels in what the page has left of its budget (measured without them)
         bare = _page(title, stamp, len(folders), units, nav, sections, scripts_html(datas))

@@ -143,8 +143,8 @@ class ServerConfig:
     kv_strategy: str = _knob(
         "pow2",
         "Reservation of contiguous policies (paged ones grow a page at a time); "
-        "'virtual' maps pages into one virtual range per request (vAttention), whatever the "
-        "policy.",
+        "'virtual' maps pages into one virtual range per request (vAttention), "
+        "whatever the policy.",
         choices=STRATEGIES,
     )
     grow_tokens: int = _knob(512, "Chunk of the 'grow' strategy.", unit="tokens", low=1)
@@ -153,8 +153,8 @@ class ServerConfig:
     )
     virtual_page_bytes: int = _knob(
         2 << 20,
-        "Physical page of the 'virtual' strategy, mapped per KV tensor "
-        "(2 MiB stock CUDA; 64 KiB-1 MiB need vAttention's driver patch).",
+        "Physical page of the 'virtual' strategy, "
+        "mapped per KV tensor (2 MiB stock CUDA; 64 KiB-1 MiB need vAttention's driver patch).",
         unit="bytes",
         low=64 << 10,
         high=2 << 20,
@@ -163,8 +163,8 @@ class ServerConfig:
     )
     map_overlap: bool = _knob(
         True,
-        "'virtual': map pages in the background, overlapped with the step's compute "
-        "(vAttention); off: the step waits for every cuMem call.",
+        "'virtual': map pages in the background, overlapped with the step's compute (vAttention); "
+        "off: the step waits for every cuMem call.",
     )
     map_cache: bool = _knob(
         True,
@@ -183,16 +183,16 @@ class ServerConfig:
     )
     prefix_eviction: str = _knob(
         "lru",
-        "Order in which the prefix cache evicts blocks nobody holds: least "
-        "recently released, least frequently used, or cost-aware (GreedyDual-Size-"
-        "Frequency on each block's prefill recompute time).",
+        "Order in which the prefix cache evicts blocks nobody holds: least recently released, "
+        "least frequently used, or cost-aware "
+        "(GreedyDual-Size-Frequency on each block's prefill recompute time).",
         choices=EVICTION_ORDERS,
     )
     hybrid_kv_layout: str = _knob(
         "padded",
-        "Pages of a hybrid model's layer groups (sliding window, Mamba): one "
-        "pool of pages padded to the largest (vLLM), of their LCM, Jenga's two-level "
-        "LCM pages, or a static pool per group (sim.serving.kv_groups).",
+        "Pages of a hybrid model's layer groups (sliding window, Mamba): "
+        "one pool of pages padded to the largest (vLLM), of their LCM, "
+        "Jenga's two-level LCM pages, or a static pool per group (sim.serving.kv_groups).",
         choices=HYBRID_LAYOUTS,
     )
     max_model_len: int | None = _knob(
@@ -205,8 +205,8 @@ class ServerConfig:
     # parallelism
     tensor_parallel: int = _knob(
         1,
-        "GPUs the model is split over (tensor parallelism): weights and KV heads "
-        "split, one KV pool per GPU, all-reduces over the GPU's interconnect.",
+        "GPUs the model is split over (tensor parallelism): weights and KV heads split, "
+        "one KV pool per GPU, all-reduces over the GPU's interconnect.",
         low=1,
         cli="tp",
     )
@@ -219,8 +219,8 @@ class ServerConfig:
     )
     preemption: str = _knob(
         "recompute",
-        "What happens to a preempted request's KV: dropped and recomputed, or "
-        "swapped to host memory.",
+        "What happens to a preempted request's KV: dropped and recomputed, "
+        "or swapped to host memory.",
         choices=PREEMPTION_MODES,
     )
     swap_space_bytes: int | None = _knob(
@@ -263,8 +263,8 @@ class ServerConfig:
     )
     pregrow_safety: float | None = _knob(
         None,
-        "Before admitting, reserve predicted KV + activation bytes x this "
-        "factor (elastic policies).",
+        "Before admitting, reserve predicted KV + activation bytes x this factor "
+        "(elastic policies).",
         low=0,
         low_open=True,
         none="react to failures only",
@@ -297,9 +297,8 @@ class ServerConfig:
                 )
             if self.pool_layout != "separate":
                 raise ValueError(
-                    "tenants keep their weights out of the KV pool: pool_layout must be "
-                    "'separate', "
-                    f"not {self.pool_layout!r}"
+                    "tenants keep their weights out of the KV pool: "
+                    f"pool_layout must be 'separate', not {self.pool_layout!r}"
                 )
         if self.kv_strategy == VIRTUAL:
             # its KV bypasses the policy, so the pool controls (which act on the policy) and the
@@ -307,8 +306,7 @@ class ServerConfig:
             if self.pool_layout != "separate":
                 raise ValueError(
                     "kv_strategy=virtual keeps the KV cache in virtual ranges of its own: "
-                    "pool_layout "
-                    "must be 'separate'"
+                    "pool_layout must be 'separate'"
                 )
             for name in ("freeze_after_steps", "pregrow_safety"):
                 if getattr(self, name) is not None:
@@ -317,14 +315,14 @@ class ServerConfig:
                     )
             if self.compact_between_steps:
                 raise ValueError(
-                    "compact_between_steps acts on the KV policy, which holds no KV under "
-                    "kv_strategy=virtual"
+                    "compact_between_steps acts on the KV policy, "
+                    "which holds no KV under kv_strategy=virtual"
                 )
         if kv_policy is not None:
             if self.pregrow_safety is not None and not kv_policy.can_reserve:
                 raise ValueError(
-                    "pregrow_safety needs a KV pool that can reserve (elastic), not "
-                    f"{kv_policy.spec!r}"
+                    "pregrow_safety needs a KV pool that can reserve (elastic), "
+                    f"not {kv_policy.spec!r}"
                 )
             if self.compact_between_steps and not kv_policy.can_compact:
                 raise ValueError(

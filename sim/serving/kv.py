@@ -581,8 +581,8 @@ class VirtualKV(_KVBase):
         page = config.virtual_page_bytes
         if not isinstance(device, PageMappedDevice) or device.granularity_bytes != page:
             raise ValueError(
-                f"kv_strategy=virtual needs the KV pool on a page-mapped device of "
-                f"{format_bytes(page)} pages, not {device!r}"
+                "kv_strategy=virtual needs the KV pool on a page-mapped device "
+                f"of {format_bytes(page)} pages, not {device!r}"
             )
         if num_kv_tensors < 1 or bytes_per_token % num_kv_tensors:
             raise ValueError(

@@ -80,12 +80,12 @@ def plan_memory(
         if kv <= 0:
             per = f" per GPU (tensor parallelism {tensor_parallel})" if tensor_parallel > 1 else ""
             raise ValueError(
-                f"no memory left for the KV cache: {gpu.name} x "
-                f"gpu_memory_utilization={gpu_memory_utilization} "
-                f"gives {usable / 2**30:.1f} GiB, but {model.name} needs {weights / 2**30:.1f} GiB "
-                f"of weights{per}, "
-                f"{activations / 2**30:.2f} GiB of activations and {workspace_bytes / 2**30:.2f} "
-                "GiB of workspace"
+                "no memory left for the KV cache: "
+                f"{gpu.name} x gpu_memory_utilization={gpu_memory_utilization} gives "
+                f"{usable / 2**30:.1f} GiB, "
+                f"but {model.name} needs {weights / 2**30:.1f} GiB of weights{per}, "
+                f"{activations / 2**30:.2f} GiB of activations "
+                f"and {workspace_bytes / 2**30:.2f} GiB of workspace"
             )
     else:
         kv = int(kv_capacity_bytes)
@@ -193,16 +193,16 @@ class ServerPools:
             a = self.weights.allocate(per_tensor, tag="weights")
             if a is None:
                 raise ValueError(
-                    f"the weights ({self.plan.weight_bytes / 2**30:.1f} GiB) do not fit in the "
-                    f"{self.layout} pool ({self.weights.policy!r})"
+                    f"the weights ({self.plan.weight_bytes / 2**30:.1f} GiB) "
+                    f"do not fit in the {self.layout} pool ({self.weights.policy!r})"
                 )
             self._weights.append(a)
         if self.plan.workspace_bytes > 0:
             self._workspace = self.workspace.allocate(self.plan.workspace_bytes, tag="workspace")
             if self._workspace is None:
                 raise ValueError(
-                    f"the workspace ({self.plan.workspace_bytes} B) does not fit in the "
-                    f"{self.layout} pool ({self.workspace.policy!r})"
+                    f"the workspace ({self.plan.workspace_bytes} B) "
+                    f"does not fit in the {self.layout} pool ({self.workspace.policy!r})"
                 )
         if self.layout == "shared":
             self.aux_allocated_bytes = self.kv.policy.allocated_bytes

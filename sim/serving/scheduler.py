@@ -192,14 +192,15 @@ class Scheduler:
         if peak > self.kv.budget_bytes:
             return (
                 "kv>budget",
-                f"needs {peak} B of KV cache, more than the whole budget of {self.kv.budget_bytes} "
-                "B",
+                f"needs {peak} B of KV cache, "
+                f"more than the whole budget of {self.kv.budget_bytes} B",
             )
         if not self.config.chunked_prefill and r.prompt_tokens > self.config.max_num_batched_tokens:
             return (
                 "prompt>step_budget",
-                f"prompt of {r.prompt_tokens} tokens exceeds max_num_batched_tokens="
-                f"{self.config.max_num_batched_tokens} without chunked prefill",
+                f"prompt of {r.prompt_tokens} tokens exceeds "
+                f"max_num_batched_tokens={self.config.max_num_batched_tokens} "
+                "without chunked prefill",
             )
         return "", ""
 

@@ -115,9 +115,9 @@ def check_kv_policy(spec: str, policy: Policy | None = None) -> None:
     able = policy.can_hold_kv if policy is not None else policies.registry.can_hold_kv(spec)
     if not able:
         raise ValueError(
-            f"policy {spec!r} cannot hold a KV cache: its allocations are neither one range nor "
-            "whole "
-            f"pages; policies that can: {', '.join(policies.available(holds_kv=True))}"
+            f"policy {spec!r} cannot hold a KV cache: "
+            "its allocations are neither one range nor whole pages; "
+            f"policies that can: {', '.join(policies.available(holds_kv=True))}"
         )
 
 
@@ -312,8 +312,8 @@ def build_serving(
         )
         kv_layout = VIRTUAL
         notes.append(
-            f"kv_strategy=virtual maps KV pages straight onto the device: policy {policy_spec!r} "
-            f"holds no KV"
+            "kv_strategy=virtual maps KV pages straight onto the device: "
+            f"policy {policy_spec!r} holds no KV"
         )
         if cfg.prefix_caching:
             notes.append(
@@ -326,8 +326,8 @@ def build_serving(
                 f"{model.name} keeps KV in layer groups "
                 f"({', '.join(p.name for p in layout.groups)}): "
                 f"it needs a paged policy whose page is the layout's {layout.granule_bytes:,} B "
-                f"(leave {type(policy).page_size_knob or 'its page size'} unset), not "
-                f"{policy_spec!r}"
+                f"(leave {type(policy).page_size_knob or 'its page size'} unset), "
+                f"not {policy_spec!r}"
             )
         kv = HybridKV(
             pools.kv, cfg, layout=layout, bytes_per_token=bytes_per_token, budget_bytes=budget_bytes
@@ -340,18 +340,16 @@ def build_serving(
         page_bytes = _page_bytes(policy)
         if page_bytes is None:
             raise ValueError(
-                f"policy {policy_spec!r} places its allocations in pieces but declares no page "
-                "size "
-                "(Policy.page_size_bytes): a KV cache cannot be laid out in it; it should declare "
-                "can_hold_kv = False. Policies that can: "
-                f"{', '.join(policies.available(holds_kv=True))}"
+                f"policy {policy_spec!r} places its allocations in pieces "
+                "but declares no page size (Policy.page_size_bytes): "
+                "a KV cache cannot be laid out in it; it should declare can_hold_kv = False. "
+                f"Policies that can: {', '.join(policies.available(holds_kv=True))}"
             )
         if page_bytes < bytes_per_token:
             raise ValueError(
-                f"policy {policy_spec!r}: its page ({page_bytes:,} B) must hold at least one "
-                "token's "
-                f"KV ({bytes_per_token:,} B for {model.name}): "
-                f"{_page_knob(policy, bytes_per_token)}"
+                f"policy {policy_spec!r}: its page "
+                f"({page_bytes:,} B) must hold at least one token's KV "
+                f"({bytes_per_token:,} B for {model.name}): {_page_knob(policy, bytes_per_token)}"
             )
         kv = kv_class(
             pools.kv,

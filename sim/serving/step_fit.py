@@ -88,16 +88,14 @@ DEFAULT_FOLDS = 5
 _WHAT_DETERMINES = {
     "fixed_s": "steps of different sizes, small ones included (a decode step of one sequence)",
     "per_seq_s": "prefill steps whose sequences have more than one token each, beside decode steps",
-    "per_token_s": "steps whose token count varies apart from their sequence count (prefills of "
-    "different lengths)",
+    "per_token_s": "steps whose token count varies apart from their sequence count "
+    "(prefills of different lengths)",
     "per_kv_token_s": "decode steps of one batch size at different context lengths",
     "per_pair_s": "prefill chunks of different lengths after different cached contexts",
-    "per_query_kv_s": "steps whose query tokens and KV tokens vary apart (mixed prefill and decode "
-    "steps, "
-    "batches of different sizes and contexts)",
-    "per_exposed_kv_token_s": "decode steps of few sequences and of many (a few and dozens), so "
-    "that some "
-    "read fewer KV tokens than the engine's kernel launches hide and some more",
+    "per_query_kv_s": "steps whose query tokens and KV tokens vary apart "
+    "(mixed prefill and decode steps, batches of different sizes and contexts)",
+    "per_exposed_kv_token_s": "decode steps of few sequences and of many (a few and dozens), "
+    "so that some read fewer KV tokens than the engine's kernel launches hide and some more",
 }
 #: Terms held at 0 unless named in ``add`` (``--add``). ``per_exposed_kv_token_s`` is opt-in, not
 #: adopted: on session 14's 17 recordings, with the Huber loss, it lifts the held-out count from
@@ -238,8 +236,8 @@ def _choose_hidden_kv_tokens(
         raise UnderdeterminedProfile(
             STEP_TERM_NAMES[j],
             _WHAT_DETERMINES[STEP_TERM_NAMES[j]],
-            "at no KV count do its steps' times turn from flat to rising apart from the other "
-            "terms",
+            "at no KV count do its steps' times turn from flat to rising apart from "
+            "the other terms",
         )
     fine = np.unique(
         np.round(
@@ -357,8 +355,8 @@ def fit_step_profile(
     y = steps["duration_s"].to_numpy(np.float64)
     if len(y) < 2 * len(active):
         raise ValueError(
-            f"the step profile has {len(y)} steps; fitting {len(active)} terms needs at least "
-            f"{2 * len(active)}"
+            f"the step profile has {len(y)} steps; "
+            f"fitting {len(active)} terms needs at least {2 * len(active)}"
         )
     exposed = STEP_TERM_NAMES.index("per_exposed_kv_token_s")
     # every other term first: the exposed-KV column depends on where it starts, chosen below

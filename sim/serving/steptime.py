@@ -319,9 +319,9 @@ class StepCalibration:
         for what, a, b in zip(("model", "GPU", "tensor parallelism"), theirs, ours):
             if a is not None and a != b:
                 raise ValueError(
-                    f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} (tp "
-                    f"{self.tp}); "
-                    f"this run's {what} is {b} (fit a calibration for it: poollab calibrate steps)"
+                    f"{self.path or 'calibration'}: fitted for {self.model} on {self.gpu} "
+                    f"(tp {self.tp}); this run's {what} is {b} "
+                    "(fit a calibration for it: poollab calibrate steps)"
                 )
 
     def describe(self) -> str:
@@ -349,14 +349,14 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
         return StepCalibration(factors=factors, source=str(data.get("source", "")), path=str(path))
     if data["format"] != STEP_CALIBRATION_FORMAT:
         raise ValueError(
-            f"{path}: unknown calibration format {data['format']!r}; expected "
-            f"{STEP_CALIBRATION_FORMAT!r}"
+            f"{path}: unknown calibration format {data['format']!r}; "
+            f"expected {STEP_CALIBRATION_FORMAT!r}"
         )
     unknown = sorted(set(data) - _STEP_CALIBRATION_KEYS)
     if unknown:
         raise ValueError(
-            f"{path}: unknown key(s) {unknown}; a fitted calibration has "
-            f"{sorted(_STEP_CALIBRATION_KEYS)}"
+            f"{path}: unknown key(s) {unknown}; "
+            f"a fitted calibration has {sorted(_STEP_CALIBRATION_KEYS)}"
         )
     terms_data = data.get("terms") or {}
     if not isinstance(terms_data, dict) or set(terms_data) - set(_STEP_TERM_KEYS):
@@ -493,8 +493,7 @@ class StepTimeModel:
         if isinstance(cal, Mapping):
             return StepCalibration(default_calibration().replace(**cal))
         raise ValueError(
-            "calibration must be a Calibration, a StepCalibration, a mapping, a file path or "
-            "None, "
+            "calibration must be a Calibration, a StepCalibration, a mapping, a file path or None, "
             f"got {cal!r}"
         )
 

@@ -158,9 +158,9 @@ def split_gpu(models: list[Any], gpu: Any, config: ServerConfig) -> GpuSplit:
     if kv <= 0:
         names = ", ".join(m.name for m in models)
         raise ValueError(
-            f"{len(models)} tenants ({names}) do not fit on {gpu.name}: their weights, activations "
-            f"and workspace take {sum(fixed) / 2**30:.1f} GiB of the {usable / 2**30:.1f} GiB "
-            "usable"
+            f"{len(models)} tenants ({names}) do not fit on {gpu.name}: their weights, "
+            f"activations and workspace take {sum(fixed) / 2**30:.1f} GiB of "
+            f"the {usable / 2**30:.1f} GiB usable"
         )
     return GpuSplit(int(gpu.memory_bytes), usable, tuple(fixed), tuple(weights), kv)
 
@@ -414,7 +414,7 @@ class Colocation:
         if policy.contiguous:
             raise ValueError(
                 f"the {layout} layout shares one paged pool; {policy_spec!r} is contiguous "
-                f"(try page-pool, kvcached's elastic page pool, or paged)"
+                "(try page-pool, kvcached's elastic page pool, or paged)"
             )
         self.shared = _SharedPool(policy)
         # the most any one tenant could hold: all the KV memory, plus every other tenant's weights

@@ -214,8 +214,8 @@ class _BoundedLoader(yaml.SafeLoader):
                     self._path,
                     mark.line + 1,
                     None,
-                    f"nested more than {MAX_YAML_DEPTH} levels deep (the deepest key of a sweep is "
-                    "5)",
+                    f"nested more than {MAX_YAML_DEPTH} levels deep "
+                    "(the deepest key of a sweep is 5)",
                 )
             return super().compose_node(parent, index)
         finally:
@@ -267,16 +267,16 @@ def _check_expanded_size(path: Path, root: yaml.Node) -> None:
             path,
             worst.start_mark.line + 1,
             None,
-            f"with its aliases expanded this holds {size[id(worst)]:,} values, more than "
-            f"{MAX_YAML_NODES:,} (the whole file: {size[id(root)]:,})",
+            f"with its aliases expanded this holds {size[id(worst)]:,} values, "
+            f"more than {MAX_YAML_NODES:,} (the whole file: {size[id(root)]:,})",
         )
     if depth[id(root)] > MAX_YAML_DEPTH:
         raise SweepSpecError(
             path,
             None,
             None,
-            f"with its aliases expanded the file nests {depth[id(root)]:,} levels "
-            f"deep, more than {MAX_YAML_DEPTH}",
+            f"with its aliases expanded the file nests {depth[id(root)]:,} levels deep, "
+            f"more than {MAX_YAML_DEPTH}",
         )
 
 
@@ -340,9 +340,8 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
     if num_cells > MAX_CELLS:
         doc.fail(
             (),
-            f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; sweep fewer values, or "
-            "split "
-            "it into several sweeps",
+            f"the grid has {num_cells:,} cells, more than {MAX_CELLS:,}; "
+            "sweep fewer values, or split it into several sweeps",
         )
     how = data.get("fingerprint", "content")
     if how not in ("content", "stat"):
@@ -494,9 +493,9 @@ def _policies(doc: _Doc, items: list[tuple[tuple, Any]]) -> list[str]:
                     if not isinstance(x, _SCALARS):
                         doc.fail(
                             pk + ((j,) if isinstance(v, list) else ()),
-                            f"{x!r} must be a number, string, boolean or null (a nested policy is "
-                            "a spec "
-                            "string, e.g. 'size-class:classes_per_doubling=8')",
+                            f"{x!r} must be a number, string, boolean or null "
+                            "(a nested policy is a spec string, "
+                            "e.g. 'size-class:classes_per_doubling=8')",
                         )
                 axes.append((k, values))
             variants = [

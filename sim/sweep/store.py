@@ -36,8 +36,8 @@ def record_problem(record: Any, key: str) -> str | None:
         return f"the record of another cell ({str(record.get('key'))[:40]!r}, not {key!r})"
     if record.get("status") not in _STORED_STATUSES:
         return (
-            f"not a cell record: status {record.get('status')!r}, expected one of "
-            f"{', '.join(_STORED_STATUSES)}"
+            f"not a cell record: status {record.get('status')!r}, "
+            f"expected one of {', '.join(_STORED_STATUSES)}"
             if "status" in record
             else "not a cell record: no status"
         )

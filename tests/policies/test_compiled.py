@@ -48,8 +48,8 @@ def test_policies_tests_pass_against_the_compiled_modules(tmp_path):
         check=False,
     )
     assert proc.returncode == 0, (
-        "tests/policies and the malloc tests against the compiled "
-        f"modules:\n{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
+        "tests/policies and the malloc tests against the compiled modules:\n"
+        f"{proc.stdout[-6000:]}{proc.stderr[-2000:]}"
     )
 
 

@@ -37,8 +37,8 @@ def test_a_short_soak_finds_no_violation(spec):
 @pytest.mark.slow
 @pytest.mark.skipif(
     "POOLLAB_SOAK_OPS" not in os.environ,
-    reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; benchmarks/soak.py runs it "
-    "in parallel",
+    reason="set POOLLAB_SOAK_OPS (e.g. 1000000) to run the long soak; "
+    "benchmarks/soak.py runs it in parallel",
 )
 @pytest.mark.parametrize("spec", [*SPECS, SegmentPerRequest.name])
 def test_a_long_soak_finds_no_violation(spec):

@@ -93,8 +93,8 @@ def test_plan_prints_the_budget_and_writes_plan_csv(startup, tmp_path, cli_ok):
     } <= set(table.columns)
     assert "KV cache recognised: 2 x 128.0 MiB" in out and "safe KV 672.0 MiB (168 pages)" in out
     assert (
-        "gpu_memory_utilization=0.9 would pick 780.0 MiB (27 pages above the safe size): out of "
-        "memory at event 5 (device_traces[0] index 5): 250.0 MiB" in out
+        "gpu_memory_utilization=0.9 would pick 780.0 MiB (27 pages above the safe size): "
+        "out of memory at event 5 (device_traces[0] index 5): 250.0 MiB" in out
     )
     assert "safe_kv_tokens" not in out  # no model, no tokens
     assert f"wrote {out_dir / 'plan.csv'}" in out
@@ -181,9 +181,9 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
     assert pd.isna(row.engine_num_blocks)  # no model: pages of no token count, so no engine blocks
     assert "device 1.0 GiB: cudaMemGetInfo's total in the engine's process, startup.json" in out
     assert (
-        "outside PyTorch's allocator 224.0 MiB: measured in the engine's process (200.0 MiB at "
-        "start-up's end, "
-        "224.0 MiB at most while serving), startup.json; the pool gets 800.0 MiB"
+        "outside PyTorch's allocator 224.0 MiB: measured in the engine's process "
+        "(200.0 MiB at start-up's end, 224.0 MiB at most while serving), startup.json; "
+        "the pool gets 800.0 MiB"
     ) in out
     # with a model: 16-token pages, the engine's blocks of 32 tokens less its 2 padding blocks
     out, _ = cli_ok(
@@ -200,8 +200,8 @@ def test_the_memory_the_engines_process_measured_beside_the_snapshot_sizes_the_p
     row = pd.read_csv(tmp_path / "m" / "plan.csv").iloc[0]
     assert row.engine_num_blocks == row.safe_kv_pages * 16 // 32 - 2
     assert (
-        f"the engine's --num-blocks {int(row.engine_num_blocks):,} of 32 tokens, its 2 padding "
-        "blocks aside" in out
+        f"the engine's --num-blocks {int(row.engine_num_blocks):,} of 32 tokens, "
+        "its 2 padding blocks aside" in out
     )
     # what the user gives wins over what was measured
     cli_ok(
@@ -237,8 +237,8 @@ def test_without_a_measurement_the_plan_says_it_assumed_none(startup, tmp_path, 
     row = pd.read_csv(tmp_path / "p" / "plan.csv").iloc[0]
     assert row.capacity_bytes == 1 << 30 and row.non_torch_bytes == 0
     assert (
-        "outside PyTorch's allocator 0 B: none measured (no startup.json beside the snapshot): 0 B "
-        "assumed" in out
+        "outside PyTorch's allocator 0 B: none measured (no startup.json beside the snapshot): "
+        "0 B assumed" in out
     )
     assert "give --non-torch" in out and row.non_torch_source.startswith("none measured")
     _sidecar(

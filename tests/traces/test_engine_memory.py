@@ -53,8 +53,8 @@ def test_what_gpu_serve_writes_reads_back_and_the_larger_figure_is_the_plans(tmp
         found.padding_blocks,
     ) == (150_109_880_320, 744 * MiB, 700 * MiB, 2)
     assert found.describe_non_torch() == (
-        "measured in the engine's process (700.0 MiB at start-up's end, 744.0 MiB "
-        "at most while serving), snapshot_pytorch.json"
+        "measured in the engine's process "
+        "(700.0 MiB at start-up's end, 744.0 MiB at most while serving), snapshot_pytorch.json"
     )
 
 

@@ -424,8 +424,8 @@ def test_azure_date_years_away_is_refused(tmp_path):
     """Six fractional digits read at microsecond precision, so a year-9999 date parses: an
     8,000-year trace."""
     text = (
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.979960,3,5\n9999-11-16 "
-        "18:17:03.979960,3,5\n"
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.979960,3,5\n"
+        "9999-11-16 18:17:03.979960,3,5\n"
     )
     err = _error(_write(tmp_path, "a.csv", text))
     assert err.line == 3 and "7,976 years after the first request" in err.reason

@@ -310,19 +310,17 @@ def trace_data(
 def timeline_html(i: int, data: dict[str, Any]) -> str:
     """The time-range filter and the timeline of trace ``i``."""
     legend = (
-        "Drag to zoom (double-click: all), hover for every run's values at that time, click to "
-        "move the "
-        "segment view there. Red dashed line: first failure; red crosses: refused requests (click "
-        "one); "
-        "orange dotted: preemption bursts; green triangles: compactions (hover: moves and bytes "
-        "moved)."
+        "Drag to zoom (double-click: all), hover for every run's values at that time, "
+        "click to move the segment view there. Red dashed line: first failure; red crosses: "
+        "refused requests (click one); orange dotted: preemption bursts; "
+        "green triangles: compactions (hover: moves and bytes moved)."
     )
     return (
-        f'<div class="range">time range (s): <input id="from-{i}" size="10"> to <input id="to-{i}" '
-        'size="10"> '
-        f'<button id="apply-{i}">apply</button> <button id="reset-{i}">whole run</button></div>'
-        f'<div id="tl-{i}" class="timeline"></div><p class="note">{html.escape(legend)}</p>'
-        f'<div id="fail-{i}"></div>'
+        '<div class="range">time range (s): '
+        f'<input id="from-{i}" size="10"> '
+        f'to <input id="to-{i}" size="10"> <button id="apply-{i}">apply</button> <button '
+        f'id="reset-{i}">whole run</button></div><div id="tl-{i}" class="timeline"></div><p '
+        f'class="note">{html.escape(legend)}</p><div id="fail-{i}"></div>'
     )
 
 
@@ -331,32 +329,27 @@ def segments_html(i: int, data: dict[str, Any]) -> str:
     segment."""
     if not data["layouts"]:
         return (
-            '<p class="note">no segment layouts recorded for this trace (`poollab replay TRACE '
-            "--record-layout` "
-            "records them)</p>"
+            '<p class="note">no segment layouts recorded for this trace '
+            "(`poollab replay TRACE --record-layout` records them)</p>"
         )
     lanes = "".join(
         f'<div class="segrun"><h4>{html.escape(run["label"])}</h4><p class="note" '
-        f'id="seginfo-{i}-{r}">'
-        f'</p><canvas id="segcanvas-{i}-{r}" class="segcanvas"></canvas></div>'
+        f'id="seginfo-{i}-{r}"></p><canvas id="segcanvas-{i}-{r}" class="segcanvas"></canvas></div>'
         for r, run in enumerate(data["layouts"])
     )
     n = len(data["layouts"][0]["samples"])
     fail = f' <button id="firstfail-{i}">first failure</button>' if data["failures"] else ""
     return (
         f'<div class="segctl"><button id="play-{i}">▶ play</button> <input type="range" '
-        f'id="slider-{i}" min="0" '
-        f'max="{max(0, n - 1)}" value="0" step="1"> <span id="segtime-{i}"></span>{fail}</div>'
-        '<p class="note">One lane per segment, widths to the same scale (the largest segment '
-        "fills a lane); "
-        "blue: live blocks, white: free holes, outlined red: the largest free hole (or, at a "
-        "failure, the "
-        "holes as large as the request). Slate grey: PyTorch's recorded segments and the live "
-        "blocks in them "
-        "(from the snapshot: each block at its recorded address, of the size asked, so a white "
-        "gap also holds "
-        f"PyTorch's rounding). The time-range filter above limits the slider.</p>"
-        f'<div class="segruns">{lanes}</div>'
+        f'id="slider-{i}" min="0" max="{max(0, n - 1)}" value="0" step="1"> <span '
+        f'id="segtime-{i}"></span>{fail}</div><p class="note">One lane per segment, '
+        "widths to the same scale (the largest segment fills a lane); blue: live blocks, white: "
+        "free holes, outlined red: the largest free hole "
+        "(or, at a failure, the holes as large as the request). Slate grey: "
+        "PyTorch's recorded segments and the live blocks in them "
+        "(from the snapshot: each block at its recorded address, of the size asked, so "
+        "a white gap also holds PyTorch's rounding). "
+        f'The time-range filter above limits the slider.</p><div class="segruns">{lanes}</div>'
     )
 
 

@@ -99,8 +99,8 @@ def plot_queue_lengths(timeseries: pd.DataFrame, *, title: str | None = None) ->
     queues = [q for q in queues if q != "swapped" or (ts[q].fillna(0) > 0).any()]
     if not queues:
         raise ValueError(
-            "plot_queue_lengths needs 'running' or 'waiting' columns; the table has "
-            f"{list(ts.columns)}"
+            "plot_queue_lengths needs 'running' or 'waiting' columns; "
+            f"the table has {list(ts.columns)}"
         )
     t = with_series(ts)
     names = series_order(t)

@@ -42,8 +42,8 @@ def test_param_count_agrees_with_shape(name):
     m = load_model(name)
     if any(g.kind == "mamba" for g in m.kv_groups):
         pytest.skip(
-            "Mamba layers have no attention/MLP shape (tests/sim/serving/test_kv_groups.py checks "
-            "Bamba's count)"
+            "Mamba layers have no attention/MLP shape "
+            "(tests/sim/serving/test_kv_groups.py checks Bamba's count)"
         )
     attention = 2 * m.hidden_size * m.q_size + 2 * m.hidden_size * m.kv_size
     mlp = (3 if m.gated_mlp else 2) * m.hidden_size * m.intermediate_size

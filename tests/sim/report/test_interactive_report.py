@@ -231,8 +231,8 @@ def _drawn_in_range(
     there."""
     levels, lines = page.evaluate(
         f"window.poollab.setRange(0, {x0}, {x1}).then(() => [window.poollab.levels(0), "
-        "document.getElementById('tl-0').data.filter(d => d.yaxis === 'y' || d.yaxis === 'y2')"
-        ".map(d => [d.yaxis, d.x, d.y])])"
+        "document.getElementById('tl-0').data.filter(d => d.yaxis === 'y' || d.yaxis === "
+        "'y2').map(d => [d.yaxis, d.x, d.y])])"
     )
     panel = {"y": "reserved_bytes", "y2": "live_bytes"}
     return next(iter(levels.values())), {

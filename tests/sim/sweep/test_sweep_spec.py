@@ -188,8 +188,8 @@ def test_defaults(folder):
             "has no parameter 'pages'",
         ),
         (
-            "traces: [a.csv]\npolicies:\n  - policy: size-class\n    params:\n      "
-            "classes_per_doubling: []\n",
+            "traces: [a.csv]\npolicies:\n  - policy: size-class\n    params:\n"
+            "      classes_per_doubling: []\n",
             5,
             "policies[0].params.classes_per_doubling: an empty list sweeps nothing",
         ),
