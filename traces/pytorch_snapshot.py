@@ -309,7 +309,12 @@ def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSn
         got = _unpickled(
             src,
             lambda: load_streaming(
-                src.data, found, _SnapshotUnpickler, parser.feed, release=src.release
+                src.data,
+                found,
+                _SnapshotUnpickler,
+                parser.feed,
+                # a pipe's source is kept (``TraceSource.release``): no copy to let it go into
+                release=None if src.is_stream else src.release,
             ),
         )
         if got is None or got[1].fallback:
