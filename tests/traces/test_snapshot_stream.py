@@ -227,3 +227,25 @@ def test_the_pieces_read_are_let_go(write_snapshot, snap_entry):
         m.setattr(snapshot_stream, "CHUNK_BYTES", 4096)
         load_streaming(src.data, found, unpickler, consume, release=src.release)
     assert src.data == b"" and seen[-1] > seen[0] >= 0 and seen[-1] > 10
+
+
+def test_a_snapshot_from_a_pipe_reads_as_from_its_file_both_passes(write_snapshot, snap_entry):
+    # a pipe's source is the only copy of its bytes: it is kept (not let go), and the second pass
+    # of a trace without completions reads it again
+    import os
+    import threading
+
+    path = write_snapshot(_entries(1500, snap_entry, completions=False))
+    r, w = os.pipe()
+
+    def write() -> None:
+        with os.fdopen(w, "wb") as f:
+            f.write(path.read_bytes())
+
+    threading.Thread(target=write, daemon=True).start()
+    try:
+        piped = read_alloc_trace(f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+    pd.testing.assert_frame_equal(piped.events, read_alloc_trace(path).events)
+    assert len(piped.events) == 3000
