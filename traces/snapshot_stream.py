@@ -104,7 +104,9 @@ class StreamedEntries:
         if not self.num_entries and batch:
             first = batch[0]
             self.first_time_us = first.get("time_us") if isinstance(first, dict) else None
-        if any(isinstance(e, dict) and not e for e in batch):
+        # ``all`` first: one C pass over the batch's truth (0.02 s for 1.5M entries, the generator
+        # 0.24 s); only a batch holding a falsy item needs the look for an empty dict
+        if not all(batch) and any(isinstance(e, dict) and not e for e in batch):
             # an empty dict is a malformed entry, or one emptied earlier and met again (a shared
             # object): only the whole-file read tells them apart
             self.fallback = True
