@@ -305,8 +305,17 @@ def _read_streamed(src: TraceSource, device: int | None, name: str) -> PyTorchSn
     source, unit = str(src.path), f"device_traces[{found[1]}] index"
     parser = _EntryParser({0: 0}, source, unit, "free_completed", assumed=True)
     for _ in range(2):
+        src = src.reopened()  # the second pass reads the file again (the first let it go)
         got = _unpickled(
-            src, lambda: load_streaming(src.data, found, _SnapshotUnpickler, parser.feed)
+            src,
+            lambda: load_streaming(
+                src.data,
+                found,
+                _SnapshotUnpickler,
+                parser.feed,
+                # a pipe's source is kept (``TraceSource.release``): no copy to let it go into
+                release=None if src.is_stream else src.release,
+            ),
         )
         if got is None or got[1].fallback:
             return None
@@ -347,6 +356,7 @@ def read_snapshot(path: str | Path | TraceSource, *, device: int | None = None) 
     streamed = _read_streamed(src, device, name)
     if streamed is not None:
         return streamed
+    src = src.reopened()  # a streamed read that gave up may have let the content go
     return parse_snapshot(load_snapshot_dict(src), source=str(src.path), device=device, name=name)
 
 
@@ -1086,10 +1096,14 @@ def read_pytorch_snapshot(
     """Read a snapshot file into an AllocTrace (``snapshot_to_trace`` of ``read_snapshot``).
 
     Args:
-        path: a pickle or gzipped pickle from ``torch.cuda.memory._dump_snapshot``.
+        path: a pickle or gzipped pickle from ``torch.cuda.memory._dump_snapshot``, or its
+            ``TraceSource``, whose content this lets go once parsed (``TraceSource.release``).
         device: which device's trace to read; default: the first device with trace entries.
     """
-    trace = snapshot_to_trace(read_snapshot(path, device=device))
+    src = open_source(path)
+    snap = read_snapshot(src, device=device)
+    src.release()  # parsed: the decompressed bytes go before the trace's columns are made
+    trace = snapshot_to_trace(snap)
     # the parse's columns and copies: freed, but held by the heap until handed back
     release_freed_memory()
     return trace

@@ -104,7 +104,9 @@ class StreamedEntries:
         if not self.num_entries and batch:
             first = batch[0]
             self.first_time_us = first.get("time_us") if isinstance(first, dict) else None
-        if any(isinstance(e, dict) and not e for e in batch):
+        # ``all`` first: one C pass over the batch's truth (0.02 s for 1.5M entries, the generator
+        # 0.24 s); only a batch holding a falsy item needs the look for an empty dict
+        if not all(batch) and any(isinstance(e, dict) and not e for e in batch):
             # an empty dict is a malformed entry, or one emptied earlier and met again (a shared
             # object): only the whole-file read tells them apart
             self.fallback = True
@@ -119,14 +121,23 @@ class StreamedEntries:
         self.extend([entry])
 
 
+#: Size of the pieces ``load_streaming`` copies a snapshot into when it may let the content go.
+CHUNK_BYTES = 8 << 20
+
+
 class _Pieces:
     """A read-only file over a few byte ranges (the snapshot with its opcode swapped), copying
-    none."""
+    none; each piece is let go once read past (the pieces ``load_streaming`` copied are then
+    freed as the unpickler reads on)."""
 
     def __init__(self, pieces: list):
         self.pieces = [memoryview(p) for p in pieces if len(p)]
         self.k = 0
         self.offset = 0
+
+    def _next_piece(self) -> None:
+        self.pieces[self.k] = None
+        self.k, self.offset = self.k + 1, 0
 
     def read(self, n: int = -1) -> bytes:
         out = []
@@ -138,7 +149,7 @@ class _Pieces:
             if n > 0:
                 n -= take
             if self.offset == len(piece):
-                self.k, self.offset = self.k + 1, 0
+                self._next_piece()
         return b"".join(out)
 
     def readinto(self, buf) -> int:
@@ -155,10 +166,10 @@ class _Pieces:
                 out.append(piece[self.offset : self.offset + end + 1])
                 self.offset += end + 1
                 if self.offset == len(piece):
-                    self.k, self.offset = self.k + 1, 0
+                    self._next_piece()
                 break
             out.append(piece[self.offset :])
-            self.k, self.offset = self.k + 1, 0
+            self._next_piece()
         return b"".join(out)
 
 
@@ -305,12 +316,18 @@ def load_streaming(
     found: tuple[int, int, tuple[int, int] | None],
     unpickler: Callable[[Any], pickle.Unpickler],
     consume: Callable[[list, int], Any],
+    release: Callable[[], None] | None = None,
 ) -> tuple[Any, StreamedEntries] | None:
     """Unpickle ``data`` with the device list ``found`` by ``find_device_list`` read into a
     ``StreamedEntries`` over ``consume``; None when the swapped-in call was never reached.
 
     ``unpickler(file)`` makes the unpickler; its ``find_class`` must resolve ``STREAM_GLOBAL`` to
     its ``stream_global`` attribute, which this sets. Unpickling errors propagate.
+
+    ``release``, when given, lets the caller's ``data`` go: the bytes are first copied into pieces
+    of ``CHUNK_BYTES``, then ``release()`` is called, and each piece is freed once the unpickler
+    has read past it. So the content (104 MB for a 1.5M-entry snapshot) shrinks as the entries,
+    the memo and the columns grow, instead of being held under all of them until the end.
     """
     pos, dev, frame = found
     entries = StreamedEntries(dev, consume)
@@ -327,6 +344,13 @@ def load_streaming(
             call,
             view[pos + 1 :],
         ]
+    if release is not None:
+        pieces = [
+            bytes(p[i : i + CHUNK_BYTES]) for p in pieces for i in range(0, len(p), CHUNK_BYTES)
+        ]
+        view.release()
+        del view, data
+        release()
     made: list[StreamedEntries] = []
 
     def make() -> StreamedEntries:
@@ -336,6 +360,7 @@ def load_streaming(
         return entries
 
     u = unpickler(_Pieces(pieces))
+    del pieces  # the file holds them now, and lets each go once read
     u.stream_global = make
     snap = u.load()
     return (snap, entries) if made else None

@@ -193,3 +193,27 @@ def test_a_folder_or_a_missing_file_is_an_os_error(tmp_path):
         open_source(tmp_path)
     with pytest.raises(FileNotFoundError):
         open_source(tmp_path / "nope.csv")
+
+
+def test_a_gzip_file_decompresses_into_one_buffer_not_pieces_and_a_copy(tmp_path):
+    # the pieces joined at the end held the content twice (208 MB for a 104 MB snapshot)
+    content = HEADER.encode() + os.urandom(1 << 10) * (40 << 10)  # 40 MiB
+    path = tmp_path / "big.csv.gz"
+    path.write_bytes(gzip.compress(content, compresslevel=1, mtime=0))
+    tracemalloc.start()
+    try:
+        src = open_source(path)
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert src.data == content
+    assert peak_bytes < 1.6 * len(content), peak_bytes / len(content)
+
+
+def test_a_released_source_reads_its_file_again(tmp_path):
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(_alloc_csv(3), mtime=0))
+    src = open_source(path)
+    src.release()
+    assert (src.data, src.released) == (b"", True)
+    assert src.reopened().data == _alloc_csv(3) and src.reopened() is not src
