@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The closing H200 call on a merged tree (sessions 13-14; at most about 9.5 minutes), most wanted
+# first, so that a cut run still brings back the earlier steps:
+#   1. issue 30: the shared snapshot's calls through the compiled trampoline on this host's CPU, then
+#      generate under PyTorch's allocator and compiled best-fit and size-class in paired rounds
+#      (benchmarks/run_h200_paired.sh's steps, with a shorter budget);
+#   2. issue 33: simulate of the conversation hour, and the million-event replay before/after (.before/
+#      holds the tree issue 33 was filed against, 6dfe9d0; replay_peaks.py names the process at the
+#      peak);
+#   3. every GPU test (tests/realgpu -m gpu) in the compiled copy.
+# Carry .whl, .compiled_so (cp312 modules of this tree), .data (AzureLLMInferenceTrace_conv.csv,
+# llama1b_generate_mixed.pickle.gz), .before:   bash benchmarks/run_h200_closing.sh
+set -u
+. "$(dirname "$0")/h200_lib.sh"
+h200_setup closing
+{ echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1)"
+  lscpu | grep -E "^Model name|^CPU\(s\)|MHz" ; } >> $LOG 2>&1
+step copy-compiled 30 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl --exclude=./.data \
+    --exclude=./.before --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
+step which-build 20 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -c \
+    'import realgpu.malloc_path as m, policies.best_fit as b; print(m.__file__, b.__file__)'"
+# issue 30: the snapshot's calls through the trampoline on this host's CPU, then generate's paired
+# rounds (one pinned worker per allocator, shuffled order, the bootstrap verdict): what
+# benchmarks/run_h200_paired.sh runs, with a shorter budget
+TRACE=$(realpath .data/llama1b_generate_mixed.pickle.gz)
+step calls-host 40 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 benchmarks/bench_torch_alloc.py \
+    --calls 120000 --rounds 2 --trace $TRACE --release-gil -p best-fit -p size-class --out $R/calls"
+step paired ${PAIRED_S:-175} python3 benchmarks/bench_torch_alloc.py --persistent --rounds ${ROUNDS:-60} \
+    --budget-s ${BUDGET_S:-150} --warmup-rounds 2 --layers 8 --shapes 8x128,4x1500 --worker-timeout 90 \
+    -p best-fit -p size-class --compiled /tmp/compiled --compiled-only --out $R/generate
+step simulate 70 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv --mode repeat --scale 1 \
+    --repeat 1 --target 1000 -p paged -p best-fit
+step million ${MILLION_S:-130} bash -c "python3 benchmarks/make_million_snapshot.py --source .data/llama1b_generate_mixed.pickle.gz \
+    && python3 benchmarks/bench_user_speed.py --before .before --rows replay --repeat 2 \
+    && python3 benchmarks/replay_peaks.py /tmp/llama1b_generate_1m.pickle.gz"
+step gpu-tests ${TESTS_S:-150} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
+    tests/realgpu -m gpu -v -p no:cacheprovider -rfE"
