@@ -3,9 +3,11 @@ policies.
 
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
-    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled
-    DIR] [--out DIR] python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out
-    DIR]
+    python benchmarks/bench_torch_alloc.py --persistent --rounds 40 [--budget-s 200] [-p SPEC ...]
+        [--pin-cpus auto] [--warmup-rounds 1] [--compiled DIR --compiled-only] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3]
+        [--compiled DIR] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -18,6 +20,17 @@ attention), and hashes the tokens. Reported per policy and shape: seconds (media
 and the ratio to PyTorch's allocator, the allocator's per-call cost (the trampoline's samples),
 peak reserved bytes, whether the tokens equal PyTorch's bit for bit, and the device memory used
 (``torch.cuda.mem_get_info``) before the allocator is installed and after its teardown.
+
+``--persistent`` settles the ratio in one run: one worker per allocator for the whole run, all
+pinned to the same CPUs (``--pin-cpus``), the model built and warmed once; then ``--rounds``
+rounds (after ``--warmup-rounds`` untimed ones, until ``--budget-s``), each running every worker's
+``generate`` on every shape once, one worker at a time, in an order shuffled each round. Per
+policy: the median of the per-round ratios to PyTorch's run of the same round with a bootstrap
+95 % interval, and the verdict (met / missed / not settled when the interval straddles 1.05x);
+the per-round malloc and free means the same way against 1.5 us; the tokens compared round by
+round (``torch_alloc_verdict.csv``, ``torch_alloc_rounds.csv``, ``torch_alloc_paired.json``, and
+the tables below from the timed rounds). ``--device cpu`` runs it with a tiny model on PyTorch's
+CPU allocator in every worker: the orchestration's own test.
 
 ``--compiled DIR`` runs each policy's worker in this tree and then in DIR, a compiled copy
 (``policies.testing.compiled.build_compiled_copy``), labelled ``SPEC (compiled)``, against the
@@ -42,6 +55,7 @@ import json
 import os
 import queue
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -1046,7 +1060,7 @@ def persistent_bench(args, entries: list[tuple[str, str, Path]]) -> dict:
             label,
             persistent_cmd(args, name, tree, cpus),
             tree,
-            logs / f"{label.replace(' ', '_').replace(':', '_')}.txt",
+            logs / (re.sub(r"[^A-Za-z0-9.=-]+", "_", label).strip("_") + ".txt"),
         )
         for label, name, tree in entries
     }
