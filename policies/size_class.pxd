@@ -13,7 +13,6 @@ cdef class _SizeClassCore(Policy):
     cdef public long long _table_max_bytes
     cdef public object max_class_bytes
     cdef public list _class_by_units, _class_sizes, _free_lists, _large_cache
-    cdef public dict _empty_segments
 
     cpdef _allocate(self, nbytes, stream, tag)
     cpdef _free(self, allocation)

@@ -131,7 +131,6 @@ class _SizeClassCore(Policy):
     @cython.locals(
         a=Allocation,
         blk=_Block,
-        seg=Segment,
         blocks=list,
         n=cython.longlong,
         ci=cython.longlong,
@@ -153,10 +152,7 @@ class _SizeClassCore(Policy):
             blk = self._take_uncut(ci, stream)
             if blk is None:
                 return None
-        seg = blk.segment
-        seg.num_live += 1
-        if seg.num_live == 1:  # no longer empty (1.2 % of the generate slice's calls)
-            del self._empty_segments[seg]
+        blk.segment.num_live += 1
         size = blk.size_bytes
         self.allocated_bytes += size
         a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
@@ -173,19 +169,14 @@ class _SizeClassCore(Policy):
         if blk is None:
             return None
         blk.segment.num_live += 1
-        if blk.segment.num_live == 1:
-            del self._empty_segments[blk.segment]
         self.allocated_bytes += blk.size_bytes
         return Allocation(nbytes, blk.size_bytes, blk.extents, stream, tag, blk)
 
-    @cython.locals(a=Allocation, blk=_Block, seg=Segment)
+    @cython.locals(a=Allocation, blk=_Block)
     def _free(self, allocation: Allocation) -> None:
         a = allocation  # compiled: a C-typed local (Policy.free hands over only an Allocation)
         blk = a.handle
-        seg = blk.segment
-        seg.num_live -= 1
-        if seg.num_live == 0:
-            self._empty_segments[seg] = None
+        blk.segment.num_live -= 1
         self.allocated_bytes -= blk.size_bytes
         home = blk.home
         if home is not None:
@@ -232,8 +223,7 @@ class SizeClass(_SizeClassCore):
       lists serves all; the caller orders cross-stream reuse).
     - ``largest_free_bytes`` is the largest request servable without growing: the largest class
       with a cached block, the largest cached large range, or the largest request a segment
-      tail or a segment with no live block can be carved for, whichever is largest; the segments
-      with no live block are a dict the hot paths keep (``_empty_segments``), not a walk.
+      tail or a segment with no live block can be carved for, whichever is largest.
 
     Args:
         classes_per_doubling: k, the classes in each doubling of size (>= 1).
@@ -319,10 +309,6 @@ class SizeClass(_SizeClassCore):
         self._large_cache: list[tuple[int, int, _Block]] = []
         # Segments whose uncarved tail can still hold the smallest class.
         self._open: list[Segment] = []
-        # Segments with no live block (a dict: ordered, O(1) in and out), kept by the hot paths at
-        # each segment's 0 <-> 1 live change, so that ``largest_free_bytes`` (a monitor sample,
-        # every 256 calls under PyTorch) walks these, not every segment (71 on the generate slice)
-        self._empty_segments: dict[Segment, None] = {}
         self.num_recycles = 0  # fully free segments turned back into uncarved space
 
     # ----------------------------------------------------------------- public extras
@@ -473,7 +459,6 @@ class SizeClass(_SizeClassCore):
 
     def _add_segment(self, segment: Segment) -> None:
         segment.handle = _Carving(segment.offset)
-        self._empty_segments[segment] = None  # reserved: no live block yet
         if segment.nbytes >= self._class_sizes[0]:
             self._open.append(segment)
 
@@ -485,7 +470,6 @@ class SizeClass(_SizeClassCore):
         self._drop_cached(gone)
         self._open[:] = [s for s in self._open if s not in gone]
         for seg in gone:
-            del self._empty_segments[seg]
             self._release_segment(seg)
         return sum(seg.nbytes for seg in gone)
 
@@ -554,11 +538,6 @@ class SizeClass(_SizeClassCore):
         assert all(a[:2] <= b[:2] for a, b in zip(self._large_cache, self._large_cache[1:])), (
             "the large cache is out of size order"
         )
-        assert [id(s) for s in self._empty_segments] == [
-            id(s) for s in self._empty_segments if s.num_live == 0
-        ] and {id(s) for s in self._empty_segments} == {id(s) for s in segs if not s.num_live}, (
-            "_empty_segments does not list exactly the segments with no live block"
-        )
 
     # ----------------------------------------------------------------- free space
     def free_extents(self) -> list[tuple[int, int]]:
@@ -601,8 +580,8 @@ class SizeClass(_SizeClassCore):
             tail = s.offset + s.nbytes - s.handle.bump
             if tail > room:
                 room = tail
-        for s in self._empty_segments:
-            if s.nbytes > room:
+        for s in self._segments.values():
+            if not s.num_live and s.nbytes > room:
                 room = s.nbytes
         if room >= sizes[0]:
             best = max(best, sizes[bisect_right(sizes, room) - 1])
