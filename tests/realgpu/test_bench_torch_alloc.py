@@ -472,3 +472,31 @@ def test_persistent_workers_run_end_to_end_on_the_cpu(tmp_path):
         (verdict,) = list(csv.DictReader(f))
     assert verdict["allocator"] == "best-fit" and verdict["n_rounds"] == "3"
     assert verdict["generate_verdict"] == "not settled"  # 3 rounds are too few for a verdict
+
+
+def test_a_rounds_call_means_cover_only_that_rounds_calls(bench):
+    # what a persistent policy worker answers each round: the trampoline's samples since the
+    # round began, not the model's build before it
+    pytest.importorskip("torch")
+    from realgpu.torch_allocator import load_shim
+
+    shim = load_shim()
+    core = _host_core()
+    shim.bind(core)
+    shim.reset()
+    try:
+        build = [shim.probe_malloc(1 << 20)[1] for _ in range(4)]
+        n0 = bench._call_counts(shim)
+        ptrs = [shim.probe_malloc(4096, release_gil=True)[1] for _ in range(25)]
+        for p in ptrs:
+            shim.call_free(p, 4096)
+        means = bench._call_means(shim, n0)
+        assert bench._call_means(shim, bench._call_counts(shim)) == {}  # no call since
+    finally:
+        shim.bind(None)
+    assert means["n_malloc"] == 25 and means["n_free"] == 25
+    mallocs = shim.samples(0)[4:] / 1e3
+    assert means["malloc_mean_us"] == pytest.approx(float(mallocs.mean()))
+    for p in build:
+        core.free(p, 1 << 20, 0, 0)
+    core.close()
