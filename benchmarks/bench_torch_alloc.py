@@ -3,9 +3,11 @@ policies.
 
     python benchmarks/bench_torch_alloc.py [-p SPEC ...] [--shapes 8x128,32x64,16x512,4x1500]
         [--new-tokens 16] [--rounds 2] [--layers 16] [--validate SPEC] [--mempool] [--out DIR]
-    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3] [--compiled
-    DIR] [--out DIR] python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out
-    DIR]
+    python benchmarks/bench_torch_alloc.py --persistent --rounds 40 [--budget-s 200] [-p SPEC ...]
+        [--pin-cpus auto] [--warmup-rounds 1] [--compiled DIR --compiled-only] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --calls 200000 [-p SPEC ...] [--rounds 3]
+        [--compiled DIR] [--out DIR]
+    python benchmarks/bench_torch_alloc.py --stitch -p paged:page_bytes=2MiB [--out DIR]
 
 Pluggable mode (``realgpu.torch_allocator.use_policy(spec)``) can only be installed before a
 process's first CUDA allocation and never swapped back, so every allocator runs in its own
@@ -18,6 +20,17 @@ attention), and hashes the tokens. Reported per policy and shape: seconds (media
 and the ratio to PyTorch's allocator, the allocator's per-call cost (the trampoline's samples),
 peak reserved bytes, whether the tokens equal PyTorch's bit for bit, and the device memory used
 (``torch.cuda.mem_get_info``) before the allocator is installed and after its teardown.
+
+``--persistent`` settles the ratio in one run: one worker per allocator for the whole run, all
+pinned to the same CPUs (``--pin-cpus``), the model built and warmed once; then ``--rounds``
+rounds (after ``--warmup-rounds`` untimed ones, until ``--budget-s``), each running every worker's
+``generate`` on every shape once, one worker at a time, in an order shuffled each round. Per
+policy: the median of the per-round ratios to PyTorch's run of the same round with a bootstrap
+95 % interval, and the verdict (met / missed / not settled when the interval straddles 1.05x);
+the per-round malloc and free means the same way against 1.5 us; the tokens compared round by
+round (``torch_alloc_verdict.csv``, ``torch_alloc_rounds.csv``, ``torch_alloc_paired.json``, and
+the tables below from the timed rounds). ``--device cpu`` runs it with a tiny model on PyTorch's
+CPU allocator in every worker: the orchestration's own test.
 
 ``--compiled DIR`` runs each policy's worker in this tree and then in DIR, a compiled copy
 (``policies.testing.compiled.build_compiled_copy``), labelled ``SPEC (compiled)``, against the
@@ -35,13 +48,18 @@ of the trampoline and the callback table on a host-backed pool (``torch_alloc_ca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import hashlib
 import json
 import os
+import queue
+import random
+import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -77,71 +95,105 @@ def _deterministic(torch) -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def build_model(torch, layers: int):
+#: The model on a CPU (``--device cpu``: the orchestration's own test, no GPU): the same Llama
+#: shape, tiny, so that a round takes milliseconds.
+TINY_CPU_MODEL = {
+    "vocab_size": 512,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+GPU_MODEL = {
+    "vocab_size": 32000,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+}
+
+
+def build_model(torch, layers: int, device: str = "cuda"):
     """The same random-weight Llama-shaped model in every process (seeded), bf16, eager
-    attention."""
+    attention; on ``device`` "cpu" a tiny one (``TINY_CPU_MODEL``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=2048,
-        intermediate_size=5632,
+        **(GPU_MODEL if device == "cuda" else TINY_CPU_MODEL),
         num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
         max_position_embeddings=4096,
         attn_implementation="eager",
     )
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.eval()
     return model
 
 
-def run_shapes(torch, model, shapes, new_tokens: int, repeats: int = 1) -> list[dict]:
-    """Warm up on the smallest shape, then time ``generate`` on each shape ``repeats`` times, one
-    shape after the other each time (``seconds``: their median, ``seconds_all``: each); tokens
-    hashed (the set of hashes, so a run whose tokens change from one repeat to the next shows
-    it)."""
-    out = []
-    gen = torch.Generator().manual_seed(1)
-    inputs = [torch.randint(3, 32000, (b, p), generator=gen) for b, p in shapes]
+class ShapeRunner:
+    """``generate`` on each batch shape, greedy, a fixed number of new tokens, the inputs seeded:
+    ``warm()`` once (the smallest shape), then ``run(repeats)`` as often as wanted (one shape
+    after the other each repeat). Each run's row: ``seconds`` (the median over the repeats),
+    ``seconds_all`` (each), ``tokens_sha`` (the set of the tokens' hashes, so a run whose tokens
+    change from one repeat to the next shows it)."""
 
-    def generate(ids):
-        ids = ids.cuda()
+    def __init__(self, torch, model, shapes, new_tokens: int):
+        self.torch, self.model, self.shapes, self.new_tokens = torch, model, shapes, new_tokens
+        self.device = next(model.parameters()).device
+        vocab = model.config.vocab_size
+        gen = torch.Generator().manual_seed(1)
+        self.inputs = [torch.randint(3, vocab, (b, p), generator=gen) for b, p in shapes]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def generate(self, ids):
+        torch = self.torch
+        ids = ids.to(self.device)
         with torch.no_grad():
-            tokens = model.generate(
+            tokens = self.model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
+                max_new_tokens=self.new_tokens,
+                min_new_tokens=self.new_tokens,
                 do_sample=False,
                 pad_token_id=0,
             )
-        torch.cuda.synchronize()
+        self._sync()
         return tokens
 
-    generate(inputs[0][:1, :16])
-    seconds: list[list[float]] = [[] for _ in shapes]
-    digests: list[set[str]] = [set() for _ in shapes]
-    for _ in range(repeats):
-        for k, ids in enumerate(inputs):
-            t0 = time.perf_counter()
-            tokens = generate(ids)
-            seconds[k].append(time.perf_counter() - t0)
-            digests[k].add(hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16])
-            del tokens
-    for (b, p), secs, sha in zip(shapes, seconds, digests):
-        out.append(
+    def warm(self) -> None:
+        self.generate(self.inputs[0][:1, :16])
+
+    def run(self, repeats: int = 1) -> list[dict]:
+        seconds: list[list[float]] = [[] for _ in self.shapes]
+        digests: list[set[str]] = [set() for _ in self.shapes]
+        for _ in range(repeats):
+            for k, ids in enumerate(self.inputs):
+                t0 = time.perf_counter()
+                tokens = self.generate(ids)
+                seconds[k].append(time.perf_counter() - t0)
+                digests[k].add(hashlib.sha256(tokens.cpu().numpy().tobytes()).hexdigest()[:16])
+                del tokens
+        return [
             {
                 "shape": f"{b}x{p}",
                 "seconds": statistics.median(secs),
                 "seconds_all": secs,
                 "tokens_sha": ",".join(sorted(sha)),
             }
-        )
-    return out
+            for (b, p), secs, sha in zip(self.shapes, seconds, digests)
+        ]
+
+
+def run_shapes(torch, model, shapes, new_tokens: int, repeats: int = 1) -> list[dict]:
+    """Warm up on the smallest shape, then time ``generate`` on each shape ``repeats`` times
+    (``ShapeRunner``)."""
+    runner = ShapeRunner(torch, model, shapes, new_tokens)
+    runner.warm()
+    return runner.run(repeats)
 
 
 def worker(args) -> dict:
@@ -310,6 +362,140 @@ def generate_breakdown_text(b: dict) -> str:
         f"a monitor sample {f('monitor_sample_us')} us "
         f"every {f('monitor_sample_every_calls', 'd')} calls"
     )
+
+
+#: A persistent worker's answers on its stdout start with this (a library may print there too).
+ANSWER_PREFIX = "@@bench "
+
+
+def parse_cpus(text: str | None) -> list[int] | None:
+    """``--pin-cpus``: "2,3" or "2-3" (the CPUs), "none" or None (no pinning), "auto" (the
+    two highest-numbered CPUs this process may run on, away from CPU 0's interrupts, where it
+    may run on at least four; else all of them)."""
+    if text is None or text == "none":
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if text == "auto":
+        return allowed[-2:] if len(allowed) >= 4 else allowed
+    cpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise SystemExit(
+            f"bench_torch_alloc.py: error: --pin-cpus: {text!r} is not a list of CPUs (2,3 or 2-3)"
+        ) from None
+    if not cpus or not set(cpus) <= set(allowed):
+        raise SystemExit(
+            f"bench_torch_alloc.py: error: --pin-cpus: {text!r} names CPUs this process may not "
+            f"run on (it may run on {allowed})"
+        )
+    return sorted(set(cpus))
+
+
+def _answer(obj: dict) -> None:
+    sys.stdout.write(ANSWER_PREFIX + json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _call_counts(shim) -> tuple[int, int]:
+    c = shim.counters()
+    return c["n_calls_malloc"], c["n_calls_free"]
+
+
+def _call_means(shim, n0: tuple[int, int]) -> dict:
+    """The mean malloc and free (us, the trampoline's samples) of the calls since ``n0``."""
+    out: dict = {}
+    n1 = _call_counts(shim)
+    for kind, name in ((0, "malloc"), (1, "free")):
+        ns = shim.samples(kind)
+        if ns.size != n1[kind] or n1[kind] == n0[kind]:
+            continue  # thinned past the shim's capacity, or no call
+        out[f"n_{name}"] = n1[kind] - n0[kind]
+        out[f"{name}_mean_us"] = float(ns[n0[kind] : n1[kind]].mean()) / 1e3
+    return out
+
+
+def persistent_worker(args) -> int:
+    """One allocator for a whole paired run (``--persistent``): pinned to ``--pin-cpus`` before
+    torch starts a thread, the allocator installed, the model built and warmed once; then, for
+    each ``{"cmd": "run", "round": R}`` line on stdin, one ``ShapeRunner.run`` answered on stdout
+    (with the mean malloc and free of that round's calls); ``stop`` (or the end of stdin) ends it
+    with what ``worker`` reports (the malloc breakdown of every timed round's calls, the summary
+    row, device memory before and after). On the CPU (``--device cpu``: the orchestration's
+    test) a policy cannot be PyTorch's allocator: every worker runs PyTorch's own,
+    ``policy_installed`` false."""
+    cpus = parse_cpus(args.pin_cpus)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    _deterministic(torch)
+    name, cuda = args.serve, args.device == "cuda"
+    info: dict = {
+        "allocator": name,
+        "build": _build(),
+        "pid": os.getpid(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "device": args.device,
+        "policy_installed": False,
+    }
+    reader = alloc = marks = None
+    if cuda:
+        from realgpu.nvml import MemoryReader
+
+        # NVML through CuPy: touching torch.cuda first would initialise PyTorch's allocator
+        reader = MemoryReader(device_id=0)
+        info["device_used_before_bytes"] = reader.used_bytes()
+    with contextlib.ExitStack() as stack:
+        if cuda and name != BASELINE:
+            from realgpu.torch_allocator import use_policy
+
+            alloc = stack.enter_context(use_policy(name))
+            info["policy_installed"] = True
+        t0 = time.perf_counter()
+        model = build_model(torch, args.layers, args.device)
+        runner = ShapeRunner(torch, model, parse_shapes(args.shapes), args.new_tokens)
+        runner.warm()
+        info["setup_s"] = time.perf_counter() - t0
+        _answer({"ready": True, **info})
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "stop":
+                break
+            if alloc is not None and marks is None and not cmd.get("warmup"):
+                marks = _CallMarks(alloc)  # the breakdown: every timed round's calls
+            n0 = _call_counts(alloc.shim) if alloc is not None else None
+            answer = {"round": cmd["round"], "runs": runner.run(args.repeats)}
+            if alloc is not None:
+                answer.update(_call_means(alloc.shim, n0))
+            _answer(answer)
+        if marks is not None:
+            marks.stop()
+        del model, runner
+    result = {"final": True, **info}
+    if marks is not None:
+        result["malloc_breakdown"] = marks.breakdown(torch)
+    if alloc is not None:
+        row = alloc.summary_row()
+        result.update(
+            summary=row,
+            peak_reserved_bytes=row["peak_reserved_bytes"],
+            peak_allocated_bytes=row["peak_allocated_bytes"],
+            free_errors=[str(e) for e in alloc.core.errors[:3]],
+            pool_bytes_after=alloc.pool.device.used_bytes,
+        )
+    elif cuda:
+        result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.synchronize()
+        result["device_used_after_bytes"] = reader.used_bytes()
+    _answer(result)
+    return 0
 
 
 def mempool_worker(args) -> dict:
@@ -744,14 +930,7 @@ def spawn(args, extra: list[str], timeout_s: float, tree: Path = REPO) -> dict:
     ]
     for p in args.policies:
         cmd += ["-p", p]
-    env = os.environ
-    if Path(tree) != REPO:  # the copy's modules first ("." in PYTHONPATH is the working folder)
-        env = {
-            **env,
-            "PYTHONPATH": os.pathsep.join(
-                [str(tree), *env.get("PYTHONPATH", "").split(os.pathsep)]
-            ),
-        }
+    env = _tree_env(tree)
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -777,6 +956,390 @@ GENERATE_RATIO_TARGET = 1.05
 CALL_US_TARGET = 1.5
 #: The summary's row over every shape: the seconds of all of them added, per round.
 ALL_SHAPES = "all"
+
+
+def _tree_env(tree: Path) -> dict:
+    """The environment of a process that runs in ``tree``: a copy's modules first ("." in
+    PYTHONPATH is the working folder)."""
+    env = dict(os.environ)
+    if Path(tree) != REPO:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(tree), *env.get("PYTHONPATH", "").split(os.pathsep)]
+        )
+    return env
+
+
+class PersistentWorker:
+    """A ``--serve`` process and the thread that reads its answers (so that a wait has a
+    timeout); its stderr goes to ``log_path`` (a pipe nobody reads would fill and stall it)."""
+
+    def __init__(self, label: str, cmd: list[str], tree: Path, log_path: Path):
+        self.label = label
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+            cwd=tree,
+            env=_tree_env(tree),
+        )
+        self._answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith(ANSWER_PREFIX):
+                self._answers.put(json.loads(line[len(ANSWER_PREFIX) :]))
+        self._answers.put(None)  # its stdout closed: it exited
+
+    def ask(self, cmd: dict | None, timeout_s: float) -> dict:
+        """Send ``cmd`` (None: send nothing) and wait for the next answer, or an ``error``."""
+        if cmd is not None:
+            try:
+                self.proc.stdin.write(json.dumps(cmd) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass  # it exited: the answer below says how
+        try:
+            answer = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            return {"error": f"no answer in {timeout_s:.0f} s"}
+        if answer is None:
+            self._log.flush()
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-4:]
+            return {"error": f"exit {self.proc.wait()}: " + " | ".join(tail)}
+        return answer
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._log.close()
+
+
+def persistent_cmd(args, name: str, tree: Path, cpus: list[int] | None) -> list[str]:
+    return [
+        sys.executable,
+        str(Path(tree) / "benchmarks" / "bench_torch_alloc.py"),
+        "--serve",
+        name,
+        "--shapes",
+        args.shapes,
+        "--new-tokens",
+        str(args.new_tokens),
+        "--layers",
+        str(args.layers),
+        "--repeats",
+        str(args.repeats),
+        "--device",
+        args.device,
+        "--pin-cpus",
+        ",".join(map(str, cpus)) if cpus else "none",
+    ]
+
+
+def persistent_bench(args, entries: list[tuple[str, str, Path]]) -> dict:
+    """Every allocator in ``entries`` (label, spec, tree; PyTorch's first) in a worker of its own
+    for the whole run, all pinned to the same CPUs (``--pin-cpus``), so that the round, not the
+    process or the core, is what varies; then rounds: each worker runs ``generate`` on every shape
+    once, one worker at a time, in an order shuffled each round (seeded), until ``--rounds`` timed
+    rounds ran (after ``--warmup-rounds`` untimed ones) or the next would end past ``--budget-s``
+    since the start. A worker that errs or stalls is dropped; without PyTorch's the rounds end.
+    The tables are rewritten after every round (``write_paired``)."""
+    t_start = time.monotonic()
+    cpus = parse_cpus(args.pin_cpus)
+    logs = args.out / "worker_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    workers = {
+        label: PersistentWorker(
+            label,
+            persistent_cmd(args, name, tree, cpus),
+            tree,
+            logs / (re.sub(r"[^A-Za-z0-9.=-]+", "_", label).strip("_") + ".txt"),
+        )
+        for label, name, tree in entries
+    }
+    run: dict = {"cpus": cpus, "ready": {}, "records": [], "finals": {}, "orders": []}
+    try:
+        alive = []
+        for label, w in workers.items():
+            ready = w.ask(None, args.worker_timeout)
+            run["ready"][label] = ready
+            print(
+                f"{label}: "
+                + (
+                    ready["error"]
+                    if "error" in ready
+                    else f"ready in {ready['setup_s']:.1f} s, pid {ready['pid']}, "
+                    f"cpus {ready['cpus']}, {ready['build']}"
+                ),
+                flush=True,
+            )
+            if "error" not in ready:
+                alive.append(label)
+        rng = random.Random(args.seed)
+        round_s: list[float] = []
+        for r in range(-args.warmup_rounds, args.rounds):
+            if BASELINE not in alive or len(alive) < 2:
+                print("rounds end: PyTorch's worker or every policy's is gone", flush=True)
+                break
+            spent = time.monotonic() - t_start
+            if args.budget_s and round_s and spent + max(round_s[-3:]) > args.budget_s:
+                print(f"rounds end: the next would end past --budget-s {args.budget_s:.0f}")
+                break
+            order = rng.sample(alive, len(alive))
+            run["orders"].append({"round": r, "order": order})
+            t0 = time.monotonic()
+            for position, label in enumerate(order):
+                answer = workers[label].ask(
+                    {"cmd": "run", "round": r, "warmup": r < 0}, args.worker_timeout
+                )
+                record = {"allocator": label, "round": r, "position": position, **answer}
+                record["warmup"] = r < 0
+                run["records"].append(record)
+                if "error" in answer:
+                    print(f"round {r} {label}: {answer['error']}: dropped", flush=True)
+                    alive.remove(label)
+                    workers[label].close()
+            round_s.append(time.monotonic() - t0)
+            print(round_text(run["records"], r), flush=True)
+            write_paired(args, run, [label for label, _, _ in entries])
+        for label in alive:
+            run["finals"][label] = workers[label].ask({"cmd": "stop"}, args.worker_timeout)
+            if "malloc_breakdown" in run["finals"][label]:
+                b = run["finals"][label]["malloc_breakdown"]
+                print(f"{label}: " + generate_breakdown_text(b), flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+    run["wall_s"] = time.monotonic() - t_start
+    return run
+
+
+def _round_seconds(record: dict, shape: str) -> float | None:
+    """A record's seconds on ``shape`` (``ALL_SHAPES``: every shape added), or None."""
+    if "runs" not in record:
+        return None
+    runs = {run["shape"]: run["seconds"] for run in record["runs"]}
+    if shape == ALL_SHAPES:
+        return sum(runs.values())
+    return runs.get(shape)
+
+
+def paired_ratios(records: list[dict], label: str, shape: str = ALL_SHAPES) -> list[float]:
+    """Per timed round that both ran: ``label``'s seconds over PyTorch's in the same round."""
+    by = {(r["allocator"], r["round"]): r for r in records if not r.get("warmup")}
+    out = []
+    for (name, rnd), rec in sorted(by.items(), key=lambda kv: kv[0][1]):
+        base = by.get((BASELINE, rnd))
+        if name != label or base is None:
+            continue
+        mine, theirs = _round_seconds(rec, shape), _round_seconds(base, shape)
+        if mine is not None and theirs:
+            out.append(mine / theirs)
+    return out
+
+
+#: Bootstrap resamples for a median's interval, and the fewest rounds a verdict is drawn from.
+N_BOOTSTRAP = 2000
+MIN_ROUNDS_FOR_VERDICT = 5
+
+
+def median_interval(
+    values: list[float], *, confidence: float = 0.95, n_boot: int = N_BOOTSTRAP, seed: int = 0
+) -> tuple[float, float]:
+    """The percentile bootstrap interval of the median of ``values`` (resampled with
+    replacement, ``n_boot`` times, seeded: the same values give the same interval)."""
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(n_boot))
+    tail = (1 - confidence) / 2
+    return medians[int(tail * (n_boot - 1))], medians[int(round((1 - tail) * (n_boot - 1)))]
+
+
+def settle(values: list[float], target: float, *, seed: int = 0) -> dict:
+    """The median of ``values`` against ``target`` (at most): "met" when the 95 % interval of the
+    median is at or below it, "missed" when above it, "not settled" when it straddles it or fewer
+    than ``MIN_ROUNDS_FOR_VERDICT`` values were measured."""
+    if not values:
+        return {"n": 0, "median": None, "lo": None, "hi": None, "verdict": "not settled"}
+    lo, hi = median_interval(values, seed=seed)
+    verdict = "not settled"
+    if len(values) >= MIN_ROUNDS_FOR_VERDICT:
+        verdict = "met" if hi <= target else "missed" if lo > target else "not settled"
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "lo": lo,
+        "hi": hi,
+        "verdict": verdict,
+    }
+
+
+def round_text(records: list[dict], r: int) -> str:
+    """One round's line: each allocator in the order it ran, seconds and the paired ratio."""
+    mine = [rec for rec in records if rec["round"] == r]
+    base = next((rec for rec in mine if rec["allocator"] == BASELINE), None)
+    parts = []
+    for rec in mine:
+        s = _round_seconds(rec, ALL_SHAPES)
+        if s is None:
+            parts.append(f"{rec['allocator']} error")
+            continue
+        ratio = (
+            "" if base is None or rec is base else f" {s / _round_seconds(base, ALL_SHAPES):.3f}x"
+        )
+        parts.append(f"{rec['allocator']} {s:.3f}s{ratio}")
+    return f"round {r}{' (warm-up)' if r < 0 else ''}: " + ", ".join(parts)
+
+
+def verdict_rows(run: dict, labels: list[str], seed: int = 0) -> list[dict]:
+    """Per policy: the paired ratio's median over the timed rounds with its 95 % interval and the
+    verdict against ``GENERATE_RATIO_TARGET``; the per-round malloc and free means against
+    ``CALL_US_TARGET`` the same way; in how many rounds its tokens equalled PyTorch's."""
+    records = run["records"]
+    timed = [r for r in records if not r.get("warmup") and "runs" in r]
+    base = {r["round"]: r for r in timed if r["allocator"] == BASELINE}
+    rows = []
+    for label in labels:
+        mine = [r for r in timed if r["allocator"] == label and r["round"] in base]
+        gen = settle(paired_ratios(records, label), GENERATE_RATIO_TARGET, seed=seed)
+        row = {
+            "allocator": label,
+            "n_rounds": gen["n"],
+            "ratio_median": gen["median"],
+            "ratio_lo95": gen["lo"],
+            "ratio_hi95": gen["hi"],
+            "generate_verdict": gen["verdict"],
+            "torch_seconds_median": (
+                statistics.median(_round_seconds(base[r["round"]], ALL_SHAPES) for r in mine)
+                if mine
+                else None
+            ),
+        }
+        for call in ("malloc", "free"):
+            c = settle(
+                [r[f"{call}_mean_us"] for r in mine if f"{call}_mean_us" in r],
+                CALL_US_TARGET,
+                seed=seed,
+            )
+            row.update(
+                {
+                    f"{call}_us_median": c["median"],
+                    f"{call}_us_lo95": c["lo"],
+                    f"{call}_us_hi95": c["hi"],
+                    f"{call}_verdict": c["verdict"] if c["n"] else "",
+                }
+            )
+        equal = [
+            {run_["shape"]: run_["tokens_sha"] for run_ in r["runs"]}
+            == {run_["shape"]: run_["tokens_sha"] for run_ in base[r["round"]]["runs"]}
+            for r in mine
+        ]
+        row["n_rounds_tokens_equal_torch"] = sum(equal)
+        b = run["finals"].get(label, {}).get("malloc_breakdown", {})
+        row["gen_malloc_mean_us"] = b.get("gen_malloc_mean_us")
+        row["gen_free_mean_us"] = b.get("gen_free_mean_us")
+        row["policy_installed"] = run["ready"].get(label, {}).get("policy_installed")
+        rows.append(row)
+    return rows
+
+
+def _paired_as_workers(run: dict) -> list[dict]:
+    """The timed rounds as one pseudo-worker per (allocator, round), for ``summarise`` and
+    ``write_results`` (their tables stay what the one-process-per-round mode writes), each with
+    its worker's final fields; the malloc breakdown on its first round only."""
+    out, seen = [], set()
+    for rec in run["records"]:
+        if rec.get("warmup") or "runs" not in rec:
+            continue
+        label = rec["allocator"]
+        final = run["finals"].get(label, {})
+        w = {
+            **{k: v for k, v in final.items() if k not in ("malloc_breakdown", "final")},
+            "allocator": label,
+            "round": rec["round"],
+            "runs": rec["runs"],
+            "build": run["ready"].get(label, {}).get("build"),
+        }
+        if "malloc_mean_us" in rec:
+            w["alloc_mean_us"], w["free_mean_us"] = rec["malloc_mean_us"], rec["free_mean_us"]
+        if label not in seen and "malloc_breakdown" in final:
+            w["malloc_breakdown"] = final["malloc_breakdown"]
+        seen.add(label)
+        out.append(w)
+    return out
+
+
+def write_paired(args, run: dict, labels: list[str]) -> list[dict]:
+    """``--persistent``'s tables in ``--out``: ``torch_alloc_rounds.csv`` (one row per round,
+    allocator and shape: its place in the round, seconds, tokens equal to PyTorch's that round,
+    the round's malloc and free means), ``torch_alloc_verdict.csv`` (``verdict_rows``),
+    ``torch_alloc_paired.json`` (everything), and ``write_results``' tables; the verdict rows."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = {
+        r["round"]: {run_["shape"]: run_ for run_ in r["runs"]}
+        for r in run["records"]
+        if r["allocator"] == BASELINE and "runs" in r
+    }
+    rows = []
+    for rec in run["records"]:
+        for run_ in rec.get("runs", []):
+            theirs = base.get(rec["round"], {}).get(run_["shape"])
+            rows.append(
+                {
+                    "allocator": rec["allocator"],
+                    "round": rec["round"],
+                    "warmup": rec["warmup"],
+                    "position": rec["position"],
+                    "shape": run_["shape"],
+                    "seconds": run_["seconds"],
+                    "ratio_to_torch": run_["seconds"] / theirs["seconds"] if theirs else None,
+                    "tokens_sha": run_["tokens_sha"],
+                    "tokens_equal_torch": (
+                        theirs["tokens_sha"] == run_["tokens_sha"] if theirs else None
+                    ),
+                    "malloc_mean_us": rec.get("malloc_mean_us"),
+                    "free_mean_us": rec.get("free_mean_us"),
+                    "n_malloc": rec.get("n_malloc"),
+                }
+            )
+    write_csv(args.out / "torch_alloc_rounds.csv", rows)
+    verdicts = verdict_rows(run, labels[1:], seed=args.seed)
+    write_csv(args.out / "torch_alloc_verdict.csv", verdicts)
+    with open(args.out / "torch_alloc_paired.json", "w") as f:
+        json.dump({**run, "verdict": verdicts, "argv": sys.argv[1:]}, f, indent=1, default=str)
+    write_results(args, _paired_as_workers(run), labels[1:], None)
+    return verdicts
+
+
+def print_verdicts(rows: list[dict], run: dict) -> None:
+    n_timed = len({r["round"] for r in run["records"] if not r.get("warmup")})
+    print(
+        f"paired rounds: one persistent worker per allocator, pinned to CPUs {run['cpus']}, "
+        f"{n_timed} timed rounds in a shuffled order each, {run['wall_s']:.0f} s in all"
+    )
+    for row in rows:
+        if row["ratio_median"] is None:
+            print(f"{row['allocator']:>24}: no paired round")
+            continue
+        calls = "".join(
+            f"; {call} {row[f'{call}_us_median']:.2f} us a call (95 % "
+            f"{row[f'{call}_us_lo95']:.2f}-{row[f'{call}_us_hi95']:.2f}): "
+            f"{row[f'{call}_verdict']} (target {CALL_US_TARGET} us)"
+            for call in ("malloc", "free")
+            if row[f"{call}_us_median"] is not None
+        )
+        print(
+            f"{row['allocator']:>24}: generate {row['ratio_median']:.3f}x PyTorch's (95 % "
+            f"{row['ratio_lo95']:.3f}-{row['ratio_hi95']:.3f}, {row['n_rounds']} rounds): "
+            f"{row['generate_verdict']} (target {GENERATE_RATIO_TARGET}x){calls}; tokens equal "
+            f"PyTorch's in {row['n_rounds_tokens_equal_torch']} of {row['n_rounds']} rounds"
+        )
 
 
 def round_order(names: list[str], r: int) -> list[str]:
@@ -960,13 +1523,50 @@ def main() -> int:
         help="also run every policy in DIR, a compiled copy of this tree (build_compiled_copy), "
         "side by side: round by round with --calls, worker by worker otherwise",
     )
+    ap.add_argument(
+        "--persistent",
+        action="store_true",
+        help="one worker per allocator for the whole run (model built and warmed once, pinned to "
+        "--pin-cpus); each round runs them one at a time in a shuffled order; the verdict is the "
+        "median of the paired ratios with a bootstrap 95 %% interval",
+    )
+    ap.add_argument(
+        "--pin-cpus",
+        default="auto",
+        metavar="CPUS",
+        help="with --persistent: the CPUs every worker is pinned to (2,3 or 2-3; auto: the two "
+        "highest-numbered this process may use; none)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        metavar="S",
+        help="with --persistent: start no round that would end past S seconds since the start",
+    )
+    ap.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=1,
+        help="with --persistent: untimed rounds first (default 1)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="with --persistent: the shuffle's seed")
+    ap.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="with --persistent: cpu runs a tiny model on PyTorch's CPU allocator in every "
+        "worker (the orchestration's test: no policy can be PyTorch's CPU allocator)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--worker", dest="allocator", help=argparse.SUPPRESS)
     ap.add_argument("--worker-validate", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mempool-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.policies = args.policies or list(DEFAULT_POLICIES)
     parse_shapes(args.shapes)
+    if args.serve:
+        return persistent_worker(args)
     if args.allocator:
         print(json.dumps(worker(args), default=str))
         return 0
@@ -993,6 +1593,16 @@ def main() -> int:
             runs.append((name, name, REPO))
         if args.compiled:
             runs.append((f"{name} (compiled)", name, args.compiled))
+    if args.persistent:
+        parse_cpus(args.pin_cpus)  # a bad list: one line, before any worker starts
+        run = persistent_bench(args, runs)
+        verdicts = write_paired(args, run, [label for label, _, _ in runs])
+        print_rows(
+            summarise(_paired_as_workers(run), [label for label, _, _ in runs[1:]]),
+            "persistent workers: the timed rounds",
+        )
+        print_verdicts(verdicts, run)
+        return 0
     for r in range(args.rounds):
         for label, name, tree in round_order(runs, r):
             w = spawn(args, ["--worker", name], args.worker_timeout, tree)

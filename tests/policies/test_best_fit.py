@@ -5,6 +5,9 @@ The shared block machinery (splitting, coalescing, growth, trim) is tested in te
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import policies
 from policies.best_fit import BestFit
 
@@ -92,3 +95,27 @@ def test_largest_free_bytes_is_the_last_key():
         ],
     )
     assert p.largest_free_bytes() == 60 * KiB
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "free", "trim"]), st.integers(1, 3 * MiB), st.integers(0, 2)
+        ),
+        max_size=120,
+    )
+)
+def test_largest_free_bytes_equals_the_largest_free_block_on_any_stream(ops):
+    # the gauge a monitor sample reads (a loop over each stream's last key) against the brute
+    # force: every block walked, the largest free one, whatever its stream
+    p = BestFit(segment_bytes=2 * MiB, alignment_bytes=512)
+    live = []
+    for op, n, stream in ops:
+        if op == "alloc":
+            live.append(p.allocate(n, stream=stream))
+        elif op == "free" and live:
+            p.free(live.pop(n % len(live)))
+        elif op == "trim":
+            p.trim()
+        assert p.largest_free_bytes() == max((b.size for b in p.blocks() if b.free), default=0)

@@ -246,3 +246,257 @@ def test_call_marks_cover_only_the_calls_between_start_and_stop(bench):
     core.free(after, 8192, 0, 0)
     core.close()
     assert core.pool.closed and core.errors == []
+
+
+# ------------------------------------------------------------ --persistent: paired rounds
+def _rec(name, r, seconds, *, sha="t", warmup=False, malloc_us=None, position=0):
+    rec = {
+        "allocator": name,
+        "round": r,
+        "position": position,
+        "warmup": warmup,
+        "runs": [
+            {"shape": shape, "seconds": s, "tokens_sha": sha}
+            for shape, s in zip(("8x128", "4x1500"), seconds)
+        ],
+    }
+    if malloc_us is not None:
+        rec.update(malloc_mean_us=malloc_us, free_mean_us=malloc_us / 2)
+    return rec
+
+
+def test_settle_draws_met_missed_or_not_settled_from_the_medians_interval(bench):
+    import random
+
+    rng = random.Random(3)
+    tight = [1.00 + rng.uniform(-0.02, 0.02) for _ in range(25)]
+    slow = [1.20 + rng.uniform(-0.02, 0.02) for _ in range(25)]
+    wide = [rng.uniform(0.7, 1.4) for _ in range(25)]
+    assert bench.settle(tight, 1.05)["verdict"] == "met"
+    assert bench.settle(slow, 1.05)["verdict"] == "missed"
+    spread = bench.settle(wide, 1.05)
+    assert spread["verdict"] == "not settled" and spread["lo"] < 1.05 < spread["hi"]
+    assert spread["median"] == pytest.approx(sorted(wide)[12])
+    # too few rounds: no verdict however clear; the same values, the same interval (seeded)
+    assert bench.settle(tight[:4], 1.05)["verdict"] == "not settled"
+    assert bench.median_interval(wide) == bench.median_interval(wide)
+    assert bench.settle([], 1.05) == {
+        "n": 0,
+        "median": None,
+        "lo": None,
+        "hi": None,
+        "verdict": "not settled",
+    }
+
+
+def test_paired_ratios_pair_each_round_with_pytorchs_and_skip_warmups(bench):
+    # PyTorch's own time doubles in round 1 (the machine): paired, the policy stays at 1.1x
+    records = [
+        _rec("torch", -1, [9.0, 9.0], warmup=True),
+        _rec("p", -1, [1.0, 1.0], warmup=True),
+        _rec("torch", 0, [1.0, 1.0]),
+        _rec("p", 0, [1.1, 1.1]),
+        _rec("torch", 1, [2.0, 2.0]),
+        _rec("p", 1, [2.2, 2.2]),
+        _rec("p", 2, [1.0, 1.0]),  # PyTorch's worker failed this round: no pair
+        {"allocator": "torch", "round": 2, "error": "no answer in 45 s"},
+    ]
+    assert bench.paired_ratios(records, "p") == pytest.approx([1.1, 1.1])
+    assert bench.paired_ratios(records, "p", "4x1500") == pytest.approx([1.1, 1.1])
+
+
+def test_verdict_rows_count_equal_tokens_and_settle_the_call_means_per_round(bench):
+    records = []
+    for r in range(8):
+        records += [
+            _rec("torch", r, [1.0, 1.0]),
+            _rec("p", r, [1.0, 1.01], malloc_us=1.2 + 0.01 * r, sha="t" if r < 6 else "x"),
+        ]
+    run = {
+        "records": records,
+        "finals": {"p": {"malloc_breakdown": {"gen_malloc_mean_us": 1.3}}},
+        "ready": {"p": {"policy_installed": True}},
+    }
+    (row,) = bench.verdict_rows(run, ["p"])
+    assert row["n_rounds"] == 8 and row["generate_verdict"] == "met"
+    assert row["ratio_median"] == pytest.approx(1.005)
+    assert row["malloc_verdict"] == "met" and row["malloc_us_hi95"] <= 1.5
+    assert row["free_us_median"] == pytest.approx((1.2 + 0.035) / 2)
+    assert row["n_rounds_tokens_equal_torch"] == 6 and row["gen_malloc_mean_us"] == 1.3
+
+
+def test_pin_cpus_lists_ranges_and_refuses_cpus_it_may_not_use(bench):
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    assert bench.parse_cpus("none") is None and bench.parse_cpus(None) is None
+    assert bench.parse_cpus(f"{allowed[0]}-{allowed[0]}") == [allowed[0]]
+    assert set(bench.parse_cpus("auto")) <= set(allowed) and bench.parse_cpus("auto")
+    with pytest.raises(SystemExit, match="--pin-cpus: 'x' is not a list"):
+        bench.parse_cpus("x")
+    with pytest.raises(SystemExit, match="may not run on"):
+        bench.parse_cpus(str(max(allowed) + 4096))
+
+
+class _FakeWorker:
+    """A persistent worker answering from a table of seconds (no process)."""
+
+    started: list = []
+    asked: list = []
+
+    def __init__(self, label, cmd, tree, log_path):
+        self.label = label
+        self.cmd = cmd
+        _FakeWorker.started.append(label)
+
+    def ask(self, cmd, timeout_s):
+        _FakeWorker.asked.append((self.label, cmd))
+        if cmd is None:
+            return {"ready": True, "pid": 1, "cpus": [0], "build": "x", "setup_s": 0.0}
+        if cmd["cmd"] == "stop":
+            return {"final": True}
+        if self.label == "broken" and cmd["round"] == 1:
+            return {"error": "exit 1: boom"}
+        slow = 1.5 if self.label == "slow" else 1.0
+        return {
+            "round": cmd["round"],
+            "runs": [{"shape": "2x8", "seconds": slow, "tokens_sha": "t"}],
+        }
+
+    def close(self):
+        pass
+
+
+def test_persistent_rounds_shuffle_each_round_drop_a_failed_worker_and_settle(
+    bench, tmp_path, monkeypatch
+):
+    import argparse
+
+    _FakeWorker.started, _FakeWorker.asked = [], []
+    monkeypatch.setattr(bench, "PersistentWorker", _FakeWorker)
+    args = argparse.Namespace(
+        out=tmp_path,
+        pin_cpus="none",
+        worker_timeout=5.0,
+        seed=0,
+        rounds=12,
+        warmup_rounds=1,
+        budget_s=None,
+        shapes="2x8",
+        new_tokens=2,
+        layers=1,
+        repeats=1,
+        device="cpu",
+    )
+    entries = [(n, n, bench.REPO) for n in ("torch", "fast", "slow", "broken")]
+    run = bench.persistent_bench(args, entries)
+    assert _FakeWorker.started == ["torch", "fast", "slow", "broken"]  # each started once
+    orders = [o["order"] for o in run["orders"]]
+    # every round a permutation of the workers alive; "broken" gone after it failed in round 1
+    assert len(orders) == 13 and all(
+        sorted(o) == ["broken", "fast", "slow", "torch"] for o in orders[:3]
+    )
+    assert all(sorted(o) == ["fast", "slow", "torch"] for o in orders[3:])
+    assert len({tuple(o) for o in orders[3:]}) > 3  # shuffled, not one fixed order
+    assert "broken" not in run["finals"]
+    rows = {r["allocator"]: r for r in bench.write_paired(args, run, [e[0] for e in entries])}
+    assert rows["fast"]["generate_verdict"] == "met" and rows["fast"]["n_rounds"] == 12
+    assert rows["slow"]["generate_verdict"] == "missed"
+    assert rows["slow"]["ratio_median"] == pytest.approx(1.5)
+    assert rows["broken"]["n_rounds"] == 1 and rows["broken"]["generate_verdict"] == "not settled"
+    for name in ("torch_alloc_rounds.csv", "torch_alloc_verdict.csv", "torch_alloc_summary.csv"):
+        assert (tmp_path / name).is_file()
+    # the warm-up round is run but never paired
+    assert [c["warmup"] for w, c in _FakeWorker.asked if w == "torch" and c and "round" in c][
+        :2
+    ] == [True, False]
+
+
+def test_persistent_rounds_stop_at_the_budget(bench, tmp_path, monkeypatch):
+    import argparse
+
+    clock = iter(range(0, 10_000, 10))  # every read of the clock: 10 s later
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(bench, "PersistentWorker", _FakeWorker)
+    args = argparse.Namespace(
+        out=tmp_path,
+        pin_cpus="none",
+        worker_timeout=5.0,
+        seed=0,
+        rounds=100,
+        warmup_rounds=0,
+        budget_s=100.0,
+        shapes="2x8",
+        new_tokens=2,
+        layers=1,
+        repeats=1,
+        device="cpu",
+    )
+    run = bench.persistent_bench(args, [(n, n, bench.REPO) for n in ("torch", "fast")])
+    assert 0 < len(run["orders"]) < 10
+
+
+def test_persistent_workers_run_end_to_end_on_the_cpu(tmp_path):
+    # real processes, torch on the CPU and a tiny model: the orchestration itself, not only on a GPU
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import csv
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    cmd = [
+        sys.executable, str(BENCH), "--persistent", "--device", "cpu", "--layers", "1",
+        "--shapes", "2x8", "--new-tokens", "2", "--rounds", "3", "-p", "best-fit",
+        "--pin-cpus", str(cpu), "--worker-timeout", "120", "--out", str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parents[1])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "best-fit: generate" in proc.stdout and "tokens equal PyTorch's in 3 of 3" in proc.stdout
+    with open(tmp_path / "torch_alloc_rounds.csv") as f:
+        rows = list(csv.DictReader(f))
+    timed = [r for r in rows if r["warmup"] == "False"]
+    assert sorted((r["round"], r["allocator"]) for r in timed) == [
+        (str(r), a) for r in range(3) for a in ("best-fit", "torch")
+    ]
+    assert all(r["tokens_equal_torch"] == "True" for r in timed)
+    paired = json.loads((tmp_path / "torch_alloc_paired.json").read_text())
+    # one process per allocator for the whole run, pinned where asked
+    assert {w["cpus"] == [cpu] for w in paired["ready"].values()} == {True}
+    assert len({w["pid"] for w in paired["ready"].values()}) == 2
+    assert set(paired["finals"]) == {"torch", "best-fit"}
+    with open(tmp_path / "torch_alloc_verdict.csv") as f:
+        (verdict,) = list(csv.DictReader(f))
+    assert verdict["allocator"] == "best-fit" and verdict["n_rounds"] == "3"
+    assert verdict["generate_verdict"] == "not settled"  # 3 rounds are too few for a verdict
+
+
+def test_a_rounds_call_means_cover_only_that_rounds_calls(bench):
+    # what a persistent policy worker answers each round: the trampoline's samples since the
+    # round began, not the model's build before it
+    pytest.importorskip("torch")
+    from realgpu.torch_allocator import load_shim
+
+    shim = load_shim()
+    core = _host_core()
+    shim.bind(core)
+    shim.reset()
+    try:
+        build = [shim.probe_malloc(1 << 20)[1] for _ in range(4)]
+        n0 = bench._call_counts(shim)
+        ptrs = [shim.probe_malloc(4096, release_gil=True)[1] for _ in range(25)]
+        for p in ptrs:
+            shim.call_free(p, 4096)
+        means = bench._call_means(shim, n0)
+        assert bench._call_means(shim, bench._call_counts(shim)) == {}  # no call since
+    finally:
+        shim.bind(None)
+    assert means["n_malloc"] == 25 and means["n_free"] == 25
+    mallocs = shim.samples(0)[4:] / 1e3
+    assert means["malloc_mean_us"] == pytest.approx(float(mallocs.mean()))
+    for p in build:
+        core.free(p, 1 << 20, 0, 0)
+    core.close()
