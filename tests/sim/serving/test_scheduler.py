@@ -306,6 +306,23 @@ def log_kv_calls(pool):
         free(a)
 
     calls._allocate, calls._free = logged_alloc, logged_free
+    # a policy's batched calls (paged's fused page loops) stand for one call each
+    alloc_each, free_each = calls._allocate_batch, calls._free_batch
+    if alloc_each is not None:
+
+        def logged_alloc_each(nbytes, num_calls, **kw):
+            out = alloc_each(nbytes, num_calls, **kw)
+            log.extend(("alloc", nbytes, None if a is None else a.extents) for a in out)
+            return out
+
+        calls._allocate_batch = logged_alloc_each
+    if free_each is not None:
+
+        def logged_free_each(handles):
+            log.extend(("free", a.extents) for a in handles)
+            free_each(handles)
+
+        calls._free_batch = logged_free_each
     return log
 
 
@@ -405,3 +422,4 @@ def test_decode_run_advance_is_end_step_over_steps_where_nothing_finishes():
     assert bulk.num_finished == one.num_finished == 5
     assert bulk.num_own_tokens == one.num_own_tokens
     assert b.next_finish_step() == math.inf
+
