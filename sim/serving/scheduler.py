@@ -539,6 +539,11 @@ class DecodeRun:
         request finishes; ``math.inf`` when none does. Until then ``num_seqs`` stays as it is."""
         return min(self._finish_at, default=math.inf)
 
+    def next_slot_step(self) -> int | float:
+        """The next step (>= ``num_steps`` once the steps before it took theirs) at which some
+        request may need a new KV slot (``take_slots``); ``math.inf`` when none does."""
+        return min(self._slots_at, default=math.inf)
+
     def advance(self, num_steps: int) -> None:
         """``num_steps`` x ``end_step`` of steps at whose end nothing finishes (the caller knows:
         ``next_finish_step``), in one go: the same counters, the same order of integer adds."""

@@ -560,6 +560,35 @@ class Server:
                 elif next_arrival_s - t < n * dt:
                     n = int((next_arrival_s - t) / dt) + 2
                 times = step_times(m, run.context_tokens + lag * m, int(n))
+            # the plain steps from here (none yields, samples, finishes, or needs a slot not yet
+            # taken): the integrals alone, the same float operations in the same order as below
+            k = i
+            end = min(
+                len(times),
+                finish_step - times_at,
+                max_steps - times_at,
+                run.next_slot_step() - times_at,
+            )
+            while k < end:
+                dt = times[k]
+                end_s = t + dt
+                if end_s >= next_arrival_s or end_s >= next_sample_s:
+                    break
+                if taken:
+                    allocated = taken.pop(times_at + k, None)
+                    if allocated is not None:
+                        idle = reserved - allocated  # free pages taken: nothing reserved
+                t = end_s
+                busy_s += dt
+                own += m
+                token_byte_s += (own + cached) * bytes_per_token * dt
+                reserved_byte_s += reserved * dt
+                idle_byte_s += idle * dt
+                k += 1
+            if k > i:
+                num_steps += k - i
+                lag += k - i
+                continue
             dt = times[i]
             end_s = t + dt
             if needs_slots(num_steps):  # some requests need a page now
