@@ -508,6 +508,7 @@ class DecodeRun:
         "_page_source",
         "_num_finished",
         "needs_slots",
+        "next_slot_step",
     )
 
     def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
@@ -533,16 +534,14 @@ class DecodeRun:
         #: ``needs_slots(step)``: whether some request may need a new KV slot at ``step``
         #: (``take_slots`` then); the step dict's own membership test (one call per step)
         self.needs_slots = slots_at.__contains__
+        #: the first step at which some request may need a new KV slot (``math.inf``: none);
+        #: kept as the slot steps change (an attribute: the server reads it every few steps)
+        self.next_slot_step = min(slots_at, default=math.inf)
 
     def next_finish_step(self) -> int | float:
         """The next step (counted from the run's start, >= ``num_steps``) at whose end some
         request finishes; ``math.inf`` when none does. Until then ``num_seqs`` stays as it is."""
         return min(self._finish_at, default=math.inf)
-
-    def next_slot_step(self) -> int | float:
-        """The next step (>= ``num_steps`` once the steps before it took theirs) at which some
-        request may need a new KV slot (``take_slots``); ``math.inf`` when none does."""
-        return min(self._slots_at, default=math.inf)
 
     def advance(self, num_steps: int) -> None:
         """``num_steps`` x ``end_step`` of steps at whose end nothing finishes (the caller knows:
@@ -564,6 +563,7 @@ class DecodeRun:
             due = [r for r in due if r.status is RequestState.RUNNING]
             if not due:
                 del self._slots_at[step]
+                self.next_slot_step = min(self._slots_at, default=math.inf)
                 return True
         if self._page_source is None:
             return False
@@ -577,6 +577,7 @@ class DecodeRun:
         else:  # requests that first run out then too (a larger slack): keep running order
             later.extend(due)
             later.sort(key=self._order.__getitem__)
+        self.next_slot_step = min(slots_at)
         return True
 
     def take_slots_through(self, first: int, last: int) -> dict[int, int] | None:
@@ -629,6 +630,7 @@ class DecodeRun:
         for s in range(first, last + 1):
             slots_at.pop(s, None)
         slots_at.update(moved)
+        self.next_slot_step = min(slots_at, default=math.inf)
         return taken
 
     def end_step(self, now_s: float) -> int:

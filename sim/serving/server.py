@@ -567,7 +567,7 @@ class Server:
                 len(times),
                 finish_step - times_at,
                 max_steps - times_at,
-                run.next_slot_step() - times_at,
+                run.next_slot_step - times_at,
             )
             while k < end:
                 dt = times[k]
@@ -588,7 +588,9 @@ class Server:
             if k > i:
                 num_steps += k - i
                 lag += k - i
-                continue
+                if k == len(times) or num_steps >= max_steps:
+                    continue  # the loop's own checks: the next stretch, or the freeze
+                i = k  # the step the plain ones stopped at: one for the whole body below
             dt = times[i]
             end_s = t + dt
             if needs_slots(num_steps):  # some requests need a page now
