@@ -41,7 +41,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 from policies.device import Device, VirtualDevice
 from policies.device_kind import DeviceKind
@@ -521,6 +521,27 @@ class Policy:
         # 32-bit increment then 64-bit load of its count stalls the CPU (benchmarks/RESULTS.md)
         self.num_frees = self.num_frees + 1
         self.live_bytes = self.live_bytes - a.nbytes
+
+    def allocate_each(
+        self, nbytes: int, num_calls: int, *, stream: int = 0, tag: str | None = None
+    ) -> list[Allocation | None]:
+        """``[allocate(nbytes, stream=stream, tag=tag) for _ in range(num_calls)]``, the contract.
+
+        A policy may override it with a faster path (the serving simulator grows a step's KV
+        pages through it) whose every effect is the loop's: the same allocations in the same
+        order, the same counters, refusals and device calls. ``policies.testing``'s
+        ``check_batched_calls`` checks an override against this loop. Callers that time calls
+        (``sim.replay.engine.TimedCalls``) time an overridden one as a whole.
+        """
+        allocate = self.allocate
+        return [allocate(nbytes, stream=stream, tag=tag) for _ in range(num_calls)]
+
+    def free_each(self, allocations: Iterable[Allocation]) -> None:
+        """``free(a)`` for each of ``allocations`` in order, the contract; an override (a
+        finished request's pages) must have exactly the loop's effects, as ``allocate_each``'s."""
+        free = self.free
+        for a in allocations:
+            free(a)
 
     def _hand_out(self, a: Allocation) -> Allocation:
         """Count ``a`` as handed out, as ``allocate`` does, for allocations a policy makes

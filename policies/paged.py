@@ -106,8 +106,6 @@ class _PagedCore(Policy):
         page=cython.longlong,
         num_pages=cython.longlong,
         size=cython.longlong,
-        k=cython.longlong,
-        exts=list,
     )
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         # compiled: a C integer (``allocate`` passed at most the device's bytes), so no boxing below
@@ -124,15 +122,15 @@ class _PagedCore(Policy):
         else:
             num_pages = -(-n // page)
             if num_pages <= len(free):
-                handle = [None] * num_pages
-                exts = [None] * num_pages
-                for k in range(num_pages):  # pop order: top of the stack first (compiled, a C loop)
-                    pg = free.pop()
+                # the top num_pages, in pop order (top of the stack first): one slice, not a pop
+                # each (a prompt's dozens of pages)
+                handle = free[-num_pages:]
+                del free[-num_pages:]
+                handle.reverse()
+                for pg in handle:  # compiled, a C loop
                     pg.ref_cnt = 1
                     pg.segment.num_live += 1
-                    handle[k] = pg
-                    exts[k] = pg.extents[0]
-                extents = tuple(exts)
+                extents = tuple([pg.extents[0] for pg in handle])
             else:
                 handle = self._take_pages(num_pages, stream)
                 if handle is None:
@@ -192,6 +190,94 @@ class _PagedCore(Policy):
             i -= 1
         self.allocated_bytes -= num_released * self.page_size_bytes
 
+    @cython.locals(
+        pg=_Page,
+        a=Allocation,
+        n=cython.longlong,
+        page=cython.longlong,
+        k=cython.longlong,
+        live=cython.longlong,
+        allocated=cython.longlong,
+    )
+    def allocate_each(
+        self, nbytes: int, num_calls: int, *, stream: int = 0, tag: str | None = None
+    ) -> list[Allocation | None]:
+        """``Policy.allocate_each``: one-page requests that the free stack covers, fused into
+        one loop (a decode step's KV page grows); anything else is the loop of ``allocate``.
+        The same pages, allocations and counters as the loop: each call's counter updates only
+        add, so the peaks after the last one are the loop's."""
+        free = self._free_pages
+        if (
+            type(nbytes) is not int
+            or not 0 < nbytes <= self.page_size_bytes
+            or nbytes > self._max_request_bytes
+            or not 0 < num_calls <= len(free)
+            or not self._fused_calls
+        ):
+            return Policy.allocate_each(self, nbytes, num_calls, stream=stream, tag=tag)
+        n, page, token = nbytes, self.page_size_bytes, self._token
+        out = [None] * num_calls
+        for k in range(num_calls):  # ``_allocate``'s hot path, then ``allocate``'s bookkeeping
+            pg = free.pop()
+            pg.ref_cnt = 1
+            pg.segment.num_live += 1
+            a = Allocation.__new__(Allocation)
+            a.nbytes = n
+            a.size_bytes = page
+            a._extents = pg.extents
+            a.stream = stream
+            a.tag = tag
+            a.handle = pg.handle
+            a.owner = token
+            out[k] = a
+        self.num_allocs += num_calls
+        allocated = self.allocated_bytes + num_calls * page
+        self.allocated_bytes = allocated
+        live = self.live_bytes + num_calls * n
+        self.live_bytes = live
+        if live > self.peak_live_bytes:
+            self.peak_live_bytes = live
+        if allocated > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = allocated
+        return out
+
+    @cython.locals(pg=_Page, page=cython.longlong, i=cython.longlong, num=cython.longlong)
+    def free_each(self, allocations: Iterable[Allocation]) -> None:
+        """``Policy.free_each``: one-page allocations handed back in one loop (a finished
+        request's pages), ``_free``'s own path for the rest; from the first argument that is
+        not this pool's live allocation on (it raises there), and while blocks are cached (a
+        free must not take a cached page), the loop of ``free``."""
+        if type(allocations) is not list:
+            allocations = list(allocations)
+        if self._blocks or not self._fused_calls:
+            Policy.free_each(self, allocations)
+            return
+        token, free, page = self._token, self._free_pages, self.page_size_bytes
+        num = len(allocations)
+        i = 0
+        while i < num:
+            a = allocations[i]
+            if getattr(a, "owner", None) is not token or type(a) is not Allocation:
+                break  # ``free`` raises for it, after the frees before it (the loop's order)
+            pages = a.handle
+            if len(pages) == 1:
+                pg = pages[0]
+                if pg.ref_cnt == 1:
+                    pg.ref_cnt = 0
+                    free.append(pg)
+                    pg.segment.num_live -= 1
+                    self.allocated_bytes -= page
+                else:
+                    pg.ref_cnt -= 1
+            else:
+                self._free(a)
+            a.owner = None
+            self.num_frees = self.num_frees + 1
+            self.live_bytes = self.live_bytes - a.nbytes
+            i += 1
+        if i < num:
+            Policy.free_each(self, allocations[i:])
+
 
 class Paged(_PagedCore):
     """Fixed-size pages, LIFO reuse, reference-counted sharing.
@@ -246,6 +332,17 @@ class Paged(_PagedCore):
         segment_bytes: bytes reserved per growth step, rounded up to whole pages.
         capacity_bytes: see ``Policy``.
     """
+
+    #: ``allocate_each``/``free_each`` fuse ``allocate`` with ``_allocate`` and ``free`` with
+    #: ``_free``; a subclass that overrides one of them gets the loop, which makes its calls. A
+    #: class flag, not a method identity test: compiled, a ``cpdef`` method read off the class is
+    #: a new wrapper each time.
+    _fused_calls = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if any(name in cls.__dict__ for name in ("allocate", "_allocate", "free", "_free")):
+            cls._fused_calls = False
 
     name = "paged"
     contiguous = False

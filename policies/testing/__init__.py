@@ -34,6 +34,7 @@ from policies.testing.battery import (
     check_fresh_pool,
     check_grow,
     check_huge_request,
+    check_batched_calls,
     check_params,
     check_policy,
     check_random_workload,
@@ -72,5 +73,6 @@ __all__ = [
     "check_release_and_retry",
     "check_same_size_reuse",
     "check_huge_request",
+    "check_batched_calls",
     "check_real_pool",
 ]

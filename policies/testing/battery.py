@@ -603,6 +603,72 @@ def check_huge_request(factory: PolicyFactory) -> None:
 
 
 #: every check ``check_policy`` runs, in order; each takes a policy factory.
+def _batched_state(policy: Policy, live: Iterable[Allocation]) -> tuple[Any, ...]:
+    """What a batched call must leave as the loop of single calls does: every counter, what each
+    allocation holds, and the driver calls the device saw."""
+    return policy.stats().as_dict(), _holdings(live), policy.device.call_stats()
+
+
+def check_batched_calls(
+    factory: PolicyFactory, seed: int = 3, num_ops: int = 60, capacity_bytes: int | None = None
+) -> None:
+    """``allocate_each``/``free_each`` (the policy's own or the base class's loop) have exactly
+    the effects of the loop of ``allocate``/``free`` calls: two pools from ``factory`` get the
+    same random requests, one batched, one call by call, and must agree after each (the
+    allocations' places and sizes, refusals, counters, device calls), bad frees included; once
+    with no capacity limit and once under a tight one (refusals, frees that make room)."""
+    for cap in (capacity_bytes, 24 * MiB) if capacity_bytes is None else (capacity_bytes,):
+        rng = random.Random(seed)
+        batched, single = factory(capacity_bytes=cap), factory(capacity_bytes=cap)
+        live_b: list[Allocation | None] = []
+        live_s: list[Allocation | None] = []
+        sizes = [random_size(rng, 8 * MiB) for _ in range(4)]  # a few, repeated (a page size)
+        for op in range(num_ops):
+            if live_b and rng.random() < 0.35:
+                picks = rng.sample(range(len(live_b)), rng.randint(1, min(6, len(live_b))))
+                if rng.random() < 0.1:
+                    picks.append(picks[0])  # a double free: both raise, after the same frees
+                what = f"op {op}: free_each of {len(picks)}"
+                outcomes = []
+                for pool, live in ((batched, live_b), (single, live_s)):
+                    handles = [live[i] for i in picks]
+                    try:
+                        if pool is batched:
+                            pool.free_each(handles)
+                        else:
+                            for a in handles:
+                                pool.free(a)
+                        outcomes.append(None)
+                    except PolicyError:
+                        outcomes.append(PolicyError)
+                for i in sorted(set(picks), reverse=True):
+                    live_b.pop(i)
+                    live_s.pop(i)
+            else:
+                nbytes = rng.choice(sizes) if rng.random() < 0.8 else random_size(rng, 8 * MiB)
+                num_calls, stream = rng.randint(0, 6), rng.choice((0, 0, 1))
+                tag = rng.choice((None, "kv"))
+                what = f"op {op}: allocate_each({nbytes}, {num_calls}, stream={stream})"
+                got = batched.allocate_each(nbytes, num_calls, stream=stream, tag=tag)
+                want = [single.allocate(nbytes, stream=stream, tag=tag) for _ in range(num_calls)]
+                if not isinstance(got, list) or len(got) != num_calls:
+                    _fail(f"{batched!r}: {what} returned {got!r}, not a list of {num_calls}")
+                if [a is None for a in got] != [a is None for a in want]:
+                    _fail(f"{batched!r}: {what} refused other calls than the loop")
+                live_b.extend(a for a in got if a is not None)
+                live_s.extend(a for a in want if a is not None)
+                outcomes = [None, None]
+            if outcomes[0] is not outcomes[1]:
+                _fail(f"{batched!r}: {what} raised {outcomes[0]}, the loop {outcomes[1]}")
+            got_state, want_state = _batched_state(batched, live_b), _batched_state(single, live_s)
+            if got_state != want_state:
+                _fail(
+                    f"{batched!r}: {what} left another state than the loop of single calls: "
+                    f"{got_state} != {want_state}"
+                )
+            check_invariants(batched, live_b)
+
+
 POLICY_CHECKS: tuple[Callable[[PolicyFactory], None], ...] = (
     check_fresh_pool,
     check_allocation_fields,
@@ -620,6 +686,7 @@ POLICY_CHECKS: tuple[Callable[[PolicyFactory], None], ...] = (
     check_release_and_retry,
     check_same_size_reuse,
     check_huge_request,
+    check_batched_calls,
 )
 
 

@@ -123,6 +123,9 @@ class Target:
             read by ``policy_target``): the loop then reads its pending time, an attribute, and
             calls ``take`` only when there is some (a call per event is a tenth of a cheap
             policy's replay); None: ``take_driver_ns`` is called after every call.
+        allocate_each, free_each: the target's own batched calls (``Policy.allocate_each(nbytes,
+            num_calls, stream=, tag=)``, ``Policy.free_each(handles)``) when its class
+            overrides them with a faster path; None: ``TimedCalls`` makes the calls one by one.
     """
 
     allocate: Callable[..., Any]
@@ -132,11 +135,16 @@ class Target:
     flush: Callable[[], Any] | None = None
     sized_only: bool = False
     driver_clock: DriverClock | None = None
+    allocate_each: Callable[..., list[Any]] | None = None
+    free_each: Callable[[list[Any]], None] | None = None
 
 
 def policy_target(policy: Policy) -> Target:
-    """A policy as a target: its own calls, its device's driver time, ``empty_cache`` on flush."""
+    """A policy as a target: its own calls (batched ones where its class overrides
+    ``Policy.allocate_each``/``free_each``), its device's driver time, ``empty_cache`` on
+    flush."""
     device = policy.device
+    cls = type(policy)
     # a third-party device may predate the ``driver_clock`` declaration: then it has none
     return Target(
         allocate=policy.allocate,
@@ -144,6 +152,10 @@ def policy_target(policy: Policy) -> Target:
         take_driver_ns=device.take_driver_ns,
         flush=policy.empty_cache,
         driver_clock=getattr(device, "driver_clock", None),
+        allocate_each=(
+            policy.allocate_each if cls.allocate_each is not Policy.allocate_each else None
+        ),
+        free_each=policy.free_each if cls.free_each is not Policy.free_each else None,
     )
 
 
@@ -162,6 +174,11 @@ class TimedCalls:
     construction-time calls belong to no call. ``allocate_each`` and ``free_each`` make a run of
     such calls with the same timing, call by call, in one frame (a Python call is as dear as a
     cheap policy's whole call): the loop bodies are this definition, written out once more.
+    Where the target has its own batched call (``Target.allocate_each``: a policy's fused path,
+    one call to it), that call is timed as one and its latency split evenly among the calls it
+    stands for (the remainder to the first), so there is still one sample per call and the
+    samples add up to the batch's time; timing each page of a fused loop would cost more than
+    the page.
     """
 
     __slots__ = (
@@ -173,6 +190,8 @@ class TimedCalls:
         "_sized",
         "_alloc_append",
         "_free_append",
+        "_allocate_batch",
+        "_free_batch",
         "timer",
         "pending_driver_ns",
         "alloc_ns",
@@ -190,6 +209,7 @@ class TimedCalls:
         self._allocate, self._free, self._take = target.allocate, target.free, target.take_driver_ns
         self._clock = target.driver_clock
         self._oom, self._sized = target.oom_errors, target.sized_only
+        self._allocate_batch, self._free_batch = target.allocate_each, target.free_each
         self.timer = timer
         self.pending_driver_ns = 0
         #: where the latencies go (a list or an ``array``), or None to keep none
@@ -251,6 +271,24 @@ class TimedCalls:
         """``[allocate(nbytes, 0, tag) for _ in range(num_calls)]``: the same calls, each timed
         as ``allocate`` times it, without a Python frame of this class per call (the serving
         simulator's page grows of a decode step)."""
+        batch = self._allocate_batch
+        if batch is not None:
+            timer = self.timer
+            t0 = timer()
+            out = batch(nbytes, num_calls, stream=0, tag=tag)
+            t1 = timer()
+            # the definition for a batched call, written out as in ``_split`` (a frame a grow)
+            clock = self._clock
+            driver = self._take() if clock is None else clock.take() if clock.pending_ns else 0
+            if driver:
+                self.pending_driver_ns += driver
+            samples = self.alloc_ns
+            if samples is not None and num_calls > 0:
+                each, rest = divmod(t1 - t0 + driver, num_calls)
+                samples.append(each + rest)
+                if num_calls > 1:
+                    samples.extend([each] * (num_calls - 1))
+            return out
         if self._sized or self._oom:
             return [self.allocate(nbytes, 0, tag) for _ in range(num_calls)]
         call = functools.partial(self._allocate, stream=0, tag=tag)
@@ -261,11 +299,31 @@ class TimedCalls:
         a Python frame of this class per call (a finished request's pages). For a policy's
         target; one that frees by dropping the last reference (``Target.free`` None) is
         handed each to ``free`` (the caller's list still holds them: drop it after)."""
+        batch = self._free_batch
+        if batch is not None:
+            timer = self.timer
+            t0 = timer()
+            batch(handles)
+            self._split(timer() - t0, len(handles), self.free_ns)
+            return
         if self._free is None:
             for h in handles:
                 self.free(h)
             return
         self._each(self._free, handles, self._free_append)
+
+    def _split(self, elapsed_ns: int, num_calls: int, samples: Any) -> None:
+        """A batched call's latency (``elapsed_ns`` + the driver time it left pending), split
+        evenly among its ``num_calls`` calls into ``samples`` (None: kept nowhere)."""
+        clock = self._clock
+        driver = self._take() if clock is None else clock.take() if clock.pending_ns else 0
+        if driver:
+            self.pending_driver_ns += driver
+        if samples is not None and num_calls > 0:
+            each, rest = divmod(elapsed_ns + driver, num_calls)
+            samples.append(each + rest)
+            if num_calls > 1:
+                samples.extend([each] * (num_calls - 1))
 
     def _each(self, call: Callable[[Any], Any], args: Any, append: Any) -> list[Any]:
         """``call(x)`` for each ``x`` of ``args``, each timed: THE definition above, as a loop."""

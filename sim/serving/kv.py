@@ -160,12 +160,15 @@ class _KVBase:
             f"{type(self).__name__} shares no pool: no memory is held elsewhere"
         )
 
-    def grow_from_free_pages(self, handles: list[KVHandle], page_source) -> bool:
+    def grow_from_free_pages(
+        self, handles: list[KVHandle], page_source, sizes: list[int] | None = None
+    ) -> bool:
         """Grow each of ``handles`` (whose slots have run out: ``capacity_tokens`` is its tokens
         so far) by the one slot its next token needs, in order, as ``grow(h, capacity_tokens +
         1, capacity_tokens)`` would, when every grow surely takes one free page of
         ``page_source`` at once; False, with nothing done, when that is not sure. Only a paged
-        manager grows so (``PagedKV``)."""
+        manager grows so (``PagedKV``). ``sizes``: where the bytes each grow added to
+        ``allocated_bytes`` go, in order (a caller that grows several steps at once)."""
         return False
 
     def take_copy_bytes(self) -> int:
@@ -476,7 +479,9 @@ class PagedKV(_KVBase):
         h.capacity_tokens += num_pages * tpp
         return True
 
-    def grow_from_free_pages(self, handles: list[KVHandle], page_source) -> bool:
+    def grow_from_free_pages(
+        self, handles: list[KVHandle], page_source, sizes: list[int] | None = None
+    ) -> bool:
         """``_KVBase.grow_from_free_pages`` for pages: each grow is one page (a page holds at
         least one token), sure when ``page_source`` (the KV policy, which counts its free pages)
         has a free page for each and they fit the budget, so no grow evicts, refuses, reserves
@@ -500,6 +505,8 @@ class PagedKV(_KVBase):
             h.allocs.append(a)
             h.num_own_pages += 1
             h.capacity_tokens += tpp
+        if sizes is not None:
+            sizes.extend([a.size_bytes for a in pages])
         self.allocated_bytes += allocated
         assert calls.pending_driver_ns == driver_ns, "a free page cost driver time"
         return True

@@ -509,6 +509,7 @@ class DecodeRun:
         "_page_source",
         "_num_finished",
         "needs_slots",
+        "next_slot_step",
     )
 
     def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
@@ -534,6 +535,9 @@ class DecodeRun:
         #: ``needs_slots(step)``: whether some request may need a new KV slot at ``step``
         #: (``take_slots`` then); the step dict's own membership test (one call per step)
         self.needs_slots = slots_at.__contains__
+        #: the first step at which some request may need a new KV slot (``math.inf``: none);
+        #: kept as the slot steps change (an attribute: the server reads it every few steps)
+        self.next_slot_step = min(slots_at, default=math.inf)
 
     def next_finish_step(self) -> int | float:
         """The next step (counted from the run's start, >= ``num_steps``) at whose end some
@@ -560,6 +564,7 @@ class DecodeRun:
             due = [r for r in due if r.status is RequestState.RUNNING]
             if not due:
                 del self._slots_at[step]
+                self.next_slot_step = min(self._slots_at, default=math.inf)
                 return True
         if self._page_source is None:
             return False
@@ -573,7 +578,61 @@ class DecodeRun:
         else:  # requests that first run out then too (a larger slack): keep running order
             later.extend(due)
             later.sort(key=self._order.__getitem__)
+        self.next_slot_step = min(slots_at)
         return True
+
+    def take_slots_through(self, first: int, last: int) -> dict[int, int] | None:
+        """``take_slots(s)`` for each step ``s`` from ``first`` to ``last`` (steps at whose ends
+        nothing finishes, but maybe the last), in one KV grow: the same pages to the same
+        requests in the same order (step by step, running order in each), since nothing else
+        calls the pool in between. Returns each step's ``kv.allocated_bytes`` after its grows
+        (steps that grow nothing left out), or None, with nothing done, when the KV manager
+        cannot promise them all at once (the caller then takes them step by step)."""
+        if self._page_source is None:  # no pages to take: ``take_slots`` says what it does
+            return None
+        slots_at, tpp = self._slots_at, self.kv.tokens_per_page
+        finished = self._num_finished  # constant in the window: nothing finishes before its end
+        # the window's view of ``slots_at``: due lists as ``take_slots`` leaves them, not yet
+        # written back (a step's requests move on a page, maybe into the window again)
+        moved: dict[int, list[Request]] = {}
+        handles: list[KVHandle] = []
+        counts: list[tuple[int, int]] = []  # (step, grows)
+        for s in range(first, last + 1):
+            due = moved.pop(s, None)
+            if due is None:
+                due = slots_at.get(s)
+                if due is None:
+                    continue
+            if finished:  # those that finished need nothing
+                due = [r for r in due if r.status is RequestState.RUNNING]
+                if not due:
+                    continue
+            handles.extend([r.kv for r in due])
+            counts.append((s, len(due)))
+            later = slots_at.get(s + tpp)  # (never in ``moved``: only steps before s moved there)
+            if later is None:
+                moved[s + tpp] = due
+            else:  # requests that first run out then too (a larger slack): keep running order
+                later = later + due
+                later.sort(key=self._order.__getitem__)
+                moved[s + tpp] = later
+        taken: dict[int, int] = {}
+        if handles:
+            sizes: list[int] = []
+            allocated = self.kv.allocated_bytes
+            if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
+                return None
+            k = 0
+            for s, n in counts:
+                for size in sizes[k : k + n]:
+                    allocated += size
+                k += n
+                taken[s] = allocated
+        for s in range(first, last + 1):
+            slots_at.pop(s, None)
+        slots_at.update(moved)
+        self.next_slot_step = min(slots_at, default=math.inf)
+        return taken
 
     def end_step(self, now_s: float) -> int:
         """Step ``num_steps`` ended at ``now_s``: every request has its token; those at their

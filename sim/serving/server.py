@@ -259,6 +259,7 @@ class Server:
         self._batch_steps = self._may_batch_steps()
         self._skips_round_trips = self.fast_path and self.pools.layout == "separate"
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
+        self._timed_calls = tuple(pool.calls for pool in self.pools.distinct)
         policy = self.pools.kv.policy
         #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
         #: may take at page boundaries (one page a request: a paged KV manager's pages are no
@@ -495,11 +496,12 @@ class Server:
         ``Scheduler.complete`` frees it) and samples, and stops after a finish that left driver
         time pending (the next step is charged it) or emptied the batch.
         """
-        sched, kv, pools = self.scheduler, self.scheduler.kv, self.pools
+        sched, kv = self.scheduler, self.scheduler.kv
         if kv.copy_bytes_pending or kv.pending_map_ns or self._warmup_s:
             return now_s, None
-        for pool in pools.distinct:
-            if pool.pending_driver_ns:
+        timed = self._timed_calls  # each pool's ``TimedCalls``: a plain attribute, no property
+        for calls in timed:
+            if calls.pending_driver_ns:
                 return now_s, None
         run = sched.decode_run(self._page_grows)
         if run is None:
@@ -531,6 +533,9 @@ class Server:
         times: list[float] = []
         times_at = lag = 0
         dt = self._quiet_pace_s  # the last quiet step's time (0.0: none yet)
+        #: step -> the KV's allocated bytes after its grows, for the steps of the window whose
+        #: slots were taken ahead (``DecodeRun.take_slots_through``)
+        taken: dict[int, int] = {}
         own = run.num_own_tokens
         finish_step = run.next_finish_step()
         while num_steps < max_steps:
@@ -555,11 +560,59 @@ class Server:
                 elif next_arrival_s - t < n * dt:
                     n = int((next_arrival_s - t) / dt) + 2
                 times = step_times(m, run.context_tokens + lag * m, int(n))
+            # the plain steps from here (none yields, samples, finishes, or needs a slot not yet
+            # taken): the integrals alone, the same float operations in the same order as below
+            k = i
+            end = min(
+                len(times),
+                finish_step - times_at,
+                max_steps - times_at,
+                run.next_slot_step - times_at,
+            )
+            while k < end:
+                dt = times[k]
+                end_s = t + dt
+                if end_s >= next_arrival_s or end_s >= next_sample_s:
+                    break
+                if taken:
+                    allocated = taken.pop(times_at + k, None)
+                    if allocated is not None:
+                        idle = reserved - allocated  # free pages taken: nothing reserved
+                t = end_s
+                busy_s += dt
+                own += m
+                token_byte_s += (own + cached) * bytes_per_token * dt
+                reserved_byte_s += reserved * dt
+                idle_byte_s += idle * dt
+                k += 1
+            if k > i:
+                num_steps += k - i
+                lag += k - i
+                if k == len(times) or num_steps >= max_steps:
+                    continue  # the loop's own checks: the next stretch, or the freeze
+                i = k  # the step the plain ones stopped at: one for the whole body below
             dt = times[i]
             end_s = t + dt
+            if needs_slots(num_steps):  # some requests need a page now
+                # and this step's window: the steps up to the one that yields, takes a sample,
+                # ends the stretch or finishes someone (same float adds as below), whose slots
+                # come in one grow (a stretch may reach a step past its finish: the run's own
+                # bounds cut it there)
+                last, tt = i, end_s
+                end = min(len(times) - 1, finish_step - times_at, max_steps - 1 - times_at)
+                while last < end and tt < next_arrival_s and tt < next_sample_s:
+                    last += 1
+                    tt += times[last]
+                taken = run.take_slots_through(num_steps, times_at + last)
+                if taken is None:  # not all at once: this step's alone, as before
+                    if not run.take_slots(num_steps):
+                        break
+                    idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
+            if taken:
+                allocated = taken.pop(num_steps, None)
+                if allocated is not None:
+                    idle = reserved - allocated  # free pages taken: nothing reserved
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
-                if needs_slots(num_steps) and not run.take_slots(num_steps):
-                    break
                 if lag:
                     run.advance(lag)
                 self._store_quiet(
@@ -569,10 +622,6 @@ class Server:
                 self.num_quiet_steps += 1
                 self._quiet_pace_s = dt
                 return t, (run, QUIET, dt, 0.0)
-            if needs_slots(num_steps):  # some requests need a page now
-                if not run.take_slots(num_steps):
-                    break
-                idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
             t = end_s
             busy_s += dt
             if num_steps == finish_step:
@@ -605,9 +654,7 @@ class Server:
                 stored = num_steps
                 self._sample(t)
                 next_sample_s = self._next_sample_s
-            if finished and (
-                not run.num_seqs or any(pool.pending_driver_ns for pool in pools.distinct)
-            ):
+            if finished and (not run.num_seqs or any([c.pending_driver_ns for c in timed])):
                 break
         if lag:
             run.advance(lag)

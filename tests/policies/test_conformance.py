@@ -298,6 +298,31 @@ class _StatsWithoutGauges(SegmentPerRequest):
         return s
 
 
+class _BatchesInAnotherOrder(SegmentPerRequest):
+    """A batched ``allocate_each`` that hands the loop's allocations out last first."""
+
+    def allocate_each(self, nbytes, num_calls, *, stream=0, tag=None):
+        return super().allocate_each(nbytes, num_calls, stream=stream, tag=tag)[::-1]
+
+
+class _BatchedFreeSkipsDoubleFrees(SegmentPerRequest):
+    """A batched ``free_each`` that passes over what is not live instead of raising."""
+
+    def free_each(self, allocations):
+        for a in allocations:
+            if a.live:
+                self.free(a)
+
+
+class _BatchedFreeForgetsTheCount(SegmentPerRequest):
+    """A batched ``free_each`` that frees through ``_free`` and counts nothing."""
+
+    def free_each(self, allocations):
+        for a in allocations:
+            self._free(a)
+            a.owner = None
+
+
 @pytest.mark.parametrize(
     "broken, check, message",
     [
@@ -313,6 +338,9 @@ class _StatsWithoutGauges(SegmentPerRequest):
         (_NoSizeLimit, testing.check_huge_request, "succeeded on a device"),
         (_TouchesLiveOnFailure, testing.check_capacity_refusal, "changed a live allocation"),
         (_StatsWithoutGauges, testing.check_allocation_fields, "gauges"),
+        (_BatchesInAnotherOrder, testing.check_batched_calls, "another state than the loop"),
+        (_BatchedFreeSkipsDoubleFrees, testing.check_batched_calls, "raised None, the loop"),
+        (_BatchedFreeForgetsTheCount, testing.check_batched_calls, "another state than the loop"),
     ],
     ids=lambda x: getattr(x, "__name__", None) if callable(x) else None,
 )

@@ -560,3 +560,94 @@ def test_a_request_no_device_holds_is_refused_at_once_not_built_page_by_page():
         and pool.num_total_pages() == before.reserved_bytes // pool.page_size_bytes
     )
     assert (after.reserved_bytes, after.num_grows) == (before.reserved_bytes, before.num_grows)
+
+
+def _paged_state(p: Paged, live) -> tuple:
+    return (
+        p.stats().as_dict(),
+        [(a.extents, a.size_bytes, a.nbytes, a.stream, a.tag, a.live) for a in live],
+        [pg.offset for pg in p._free_pages],  # the free stack's order: the next pages handed out
+        sorted((off, pg.ref_cnt) for off, pg in p._pages.items()),
+        p.device.call_stats(),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    page_kib=st.sampled_from([4, 64, 2048]),
+    capacity_pages=st.one_of(st.none(), st.integers(4, 40)),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "alloc", "free", "fork", "cache"]),
+            st.integers(0, 7),  # calls, or which allocations
+            st.sampled_from([1, 100, 4096, 65536, 3 << 20]),  # bytes: one page or several
+        ),
+        max_size=40,
+    ),
+)
+def test_batched_calls_equal_the_loop_of_single_calls(page_kib, capacity_pages, ops):
+    """Paged's fused ``allocate_each``/``free_each`` (one-page requests off the free stack, a
+    finished request's pages) against ``allocate``/``free`` one by one: the same pages in the same
+    order, the same free stack, reference counts, counters and device calls, with forks (shared
+    pages), cached blocks (``free_each`` then takes the loop) and refusals near capacity."""
+    page = page_kib << 10
+    cap = None if capacity_pages is None else capacity_pages * page
+    pools = [
+        policies.create(f"paged:page_bytes={page},segment_bytes={4 * page}", capacity_bytes=cap)
+        for _ in range(2)
+    ]
+    lives: list[list] = [[], []]
+    for n, (op, k, nbytes) in enumerate(ops):
+        raised = [None, None]
+        for batched, (p, live) in enumerate(zip(pools, lives)):
+            if op == "alloc":
+                got = (
+                    p.allocate_each(nbytes, k, stream=0, tag="kv")
+                    if batched
+                    else [p.allocate(nbytes, stream=0, tag="kv") for _ in range(k)]
+                )
+                live.extend(a for a in got if a is not None)
+            elif op == "free" and live:
+                picks = sorted({(k * 7 + j * 3) % len(live) for j in range(k + 1)})
+                handles = [live[i] for i in picks]
+                try:  # a cached block's last holder may not free it: both raise, nothing freed
+                    if batched:
+                        p.free_each(handles)
+                    else:
+                        for a in handles:
+                            p.free(a)
+                except PolicyError as exc:
+                    raised[batched] = str(exc)
+                live[:] = [a for a in live if a.live]
+            elif op == "fork" and live:
+                live.append(p.fork(live[k % len(live)]))
+            elif op == "cache" and live and p.num_cached_blocks() == 0:
+                p.cache_block(("b", n), live[k % len(live)])
+        assert raised[0] == raised[1], (n, op)
+        assert _paged_state(pools[0], lives[0]) == _paged_state(pools[1], lives[1]), (n, op)
+    for p, live in zip(pools, lives):
+        check_invariants(p, live)
+
+
+def test_a_subclass_with_its_own_calls_is_batched_by_the_loop():
+    """A subclass that overrides ``_allocate``/``_free`` gets the base class's loop (its own
+    calls, one by one), not the fused path that would bypass them."""
+
+    class Counting(Paged):
+        def _reset_state(self):
+            super()._reset_state()
+            self.calls = 0
+
+        def _allocate(self, nbytes, stream, tag):
+            self.calls += 1
+            return super()._allocate(nbytes, stream, tag)
+
+        def _free(self, allocation):
+            self.calls += 1
+            super()._free(allocation)
+
+    p = Counting(page_bytes=4096, segment_bytes=1 << 20)
+    p.free(p.allocate(100))  # a segment's free pages for the batch
+    got = p.allocate_each(100, 5)
+    p.free_each(got)
+    assert p.calls == 2 + 10

@@ -450,11 +450,12 @@ def test_the_tight_loop_names_the_event_of_an_unknown_free():
 )
 def test_calls_made_in_one_go_are_timed_each_as_one_call(device):
     """``allocate_each``/``free_each`` (the serving simulator's page grows and a finished
-    request's pages): the same handles, samples and driver time as one ``allocate``/``free`` per
-    call, with a clock or with ``take_driver_ns`` only."""
+    request's pages) of a policy with no batched calls of its own: the same handles, samples
+    and driver time as one ``allocate``/``free`` per call, with a clock or with
+    ``take_driver_ns`` only."""
     results = []
     for each in (False, True):
-        policy = policies.create("paged:segment_bytes=8MiB", device=device())
+        policy = policies.create("size-class", device=device())
         alloc_ns, free_ns = [], []
         calls = engine.TimedCalls(
             engine.policy_target(policy), timer=TickTimer(), alloc_ns=alloc_ns, free_ns=free_ns
@@ -475,3 +476,38 @@ def test_calls_made_in_one_go_are_timed_each_as_one_call(device):
     extents, alloc_ns, free_ns, pending, num_frees = results[1]
     assert len(alloc_ns) == 5 and free_ns == [10] * 5 and num_frees == 5
     assert pending > 0 and sum(alloc_ns) == 50 + pending  # each grow's driver time on its call
+
+
+@pytest.mark.parametrize(
+    "device", [lambda: CostedDevice(CostModel.load()), CustomDriver], ids=["clock", "take"]
+)
+def test_a_policys_own_batched_call_is_timed_as_one_call_split_evenly(device):
+    """Paged overrides ``allocate_each``/``free_each`` (a fused page loop): ``TimedCalls`` makes
+    one call to it, timed once, and splits the time (with the driver time it left) evenly
+    among the calls it stands for, the remainder to the first; the pages and the driver time
+    are the loop's."""
+    results = []
+    for each in (False, True):
+        policy = policies.create("paged:segment_bytes=8MiB", device=device())
+        alloc_ns, free_ns = [], []
+        calls = engine.TimedCalls(
+            engine.policy_target(policy), timer=TickTimer(), alloc_ns=alloc_ns, free_ns=free_ns
+        )
+        first = [calls.allocate(1 * MiB, 0, "kv")]  # a segment grown: free pages to take
+        if each:
+            handles = calls.allocate_each(1 * MiB, 3, "kv")
+        else:
+            handles = [calls.allocate(1 * MiB, 0, "kv") for _ in range(3)]
+        pending = calls.take_driver_ns()
+        extents = [h.extents for h in first + handles]
+        if each:
+            calls.free_each(handles[::-1])
+        else:
+            for h in handles[::-1]:
+                calls.free(h)
+        results.append((extents, pending, policy.stats().as_dict(), alloc_ns, free_ns))
+    assert results[0][:3] == results[1][:3]
+    assert results[0][3:] == ([10 + results[0][1]] + [10] * 3, [10] * 3)
+    alloc_ns, free_ns = results[1][3:]
+    assert alloc_ns == [10 + results[1][1], 4, 3, 3] and free_ns == [4, 3, 3]
+    assert engine.policy_target(policies.create("best-fit")).allocate_each is None

@@ -1,5 +1,6 @@
 import math
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import policies
 from sim.replay.costs import CostedDevice
@@ -306,6 +307,23 @@ def log_kv_calls(pool):
         free(a)
 
     calls._allocate, calls._free = logged_alloc, logged_free
+    # a policy's batched calls (paged's fused page loops) stand for one call each
+    alloc_each, free_each = calls._allocate_batch, calls._free_batch
+    if alloc_each is not None:
+
+        def logged_alloc_each(nbytes, num_calls, **kw):
+            out = alloc_each(nbytes, num_calls, **kw)
+            log.extend(("alloc", nbytes, None if a is None else a.extents) for a in out)
+            return out
+
+        calls._allocate_batch = logged_alloc_each
+    if free_each is not None:
+
+        def logged_free_each(handles):
+            log.extend(("free", a.extents) for a in handles)
+            free_each(handles)
+
+        calls._free_batch = logged_free_each
     return log
 
 
@@ -405,3 +423,55 @@ def test_decode_run_advance_is_end_step_over_steps_where_nothing_finishes():
     assert bulk.num_finished == one.num_finished == 5
     assert bulk.num_own_tokens == one.num_own_tokens
     assert b.next_finish_step() == math.inf
+
+
+def _request_state(requests):
+    return [
+        (r.status, r.kv.capacity_tokens, r.kv.num_own_pages, [a.extents for a in r.kv.allocs])
+        for r in requests
+    ]
+
+
+def _long_decoding_batch(slack):
+    """``_decoding_batch`` with outputs long enough for windows of more than a page's steps
+    between finishes (a request then grows twice in one)."""
+    s = make(budget_tokens=4096, max_num_batched_tokens=1024, kind="paged")
+    for rid, (prompt, output) in enumerate([(40, 9), (17, 60), (63, 100), (5, 140), (33, 70)]):
+        s.add(req(s, rid, prompt, output))
+    step(s, now=0.5)
+    if slack:  # 15 slots to spare: its grows fall on steps that others grow on too
+        r = s.running[-1]
+        assert s.kv.grow(r.kv, r.kv.capacity_tokens + 16, r.num_computed)
+    return s
+
+
+@settings(max_examples=40, deadline=None)
+@given(windows=st.lists(st.integers(1, 50), min_size=1, max_size=30), slack=st.booleans())
+def test_slots_taken_through_a_window_are_those_taken_step_by_step(windows, slack):
+    """``DecodeRun.take_slots_through`` (the server's quiet steps take a window's page grows in
+    one call): windows of any length up to the next finish, longer than a page's worth of steps
+    too (a request grows twice in one) and with a request that shares a later step's grows
+    (``slack``), give the KV policy the calls ``take_slots`` makes step by step, in the same
+    order, and the KV's allocated bytes after each step."""
+    one, many = _long_decoding_batch(slack), _long_decoding_batch(slack)
+    log_one, log_many = log_kv_calls(one.kv.pool), log_kv_calls(many.kv.pool)
+    a, b = one.decode_run(one.kv.pool.policy), many.decode_run(many.kv.pool.policy)
+    reqs_one, reqs_many = list(one.running), list(many.running)
+    sizes = iter(windows)
+    while b.num_seqs:
+        first = b.num_steps
+        last = min(first + next(sizes, 1) - 1, b.next_finish_step())
+        taken = b.take_slots_through(first, last)
+        assert taken is not None
+        for s in range(first, last + 1):
+            before = one.kv.allocated_bytes
+            assert a.take_slots(s)
+            if one.kv.allocated_bytes != before:
+                assert taken.pop(s) == one.kv.allocated_bytes
+            assert s not in taken
+            a.end_step(1.0 + s), b.end_step(1.0 + s)
+        assert not taken and many.kv.allocated_bytes == one.kv.allocated_bytes
+        assert sorted(b._slots_at) == sorted(a._slots_at)
+        a.apply(), b.apply()
+        assert _request_state(reqs_many) == _request_state(reqs_one)
+    assert not one.running and log_many == log_one and len(log_one) > 10
