@@ -6,16 +6,15 @@ Runs ``python -m poollab replay SNAPSHOT`` under the five policies of ``bench_us
 and samples each process of it (``/proc/PID/status``, every ``--interval-s``): its high-water
 resident set (``VmHWM``, the kernel's own peak, so no sample misses it) and its proportional set
 (``Pss`` of ``smaps_rollup``: shared pages split between the processes that map them). Prints
-one line per process, the largest single process (what ``bench_user_speed.py``'s peak is:
-``getrusage(RUSAGE_CHILDREN)``) and the largest sum of Pss over the tree (what the machine gives
-the command). Linux only.
+one line per process, the largest single process (what ``bench_user_speed.py``'s peak is: the
+``ru_maxrss`` of the replay's own rusage, from ``wait4``) and the largest sum of Pss over the tree
+(what the machine gives the command). Linux only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         hwm: dict[int, int] = {}
         first_seen: dict[int, float] = {}
         pss_sum_peak, t0 = 0, time.perf_counter()
-        while proc.poll() is None:
+        while True:
+            # wait4 rather than poll: its rusage is this child's (and its workers'), not every
+            # child this process ever had (a shell's `bash -c "A && python replay_peaks.py"`
+            # execs into the last command, whose RUSAGE_CHILDREN then still holds A's peak)
+            pid, status, child_usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                break
             pss_sum = 0
             for pid in _descendants(proc.pid):
                 first_seen.setdefault(pid, time.perf_counter() - t0)
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         wall_s = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"poollab replay exited {proc.returncode}")
-    rusage_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
+    rusage_mb = child_usage.ru_maxrss // 1024
     print(
         f"# replay_peaks · python {sys.version.split()[0]} · {os.cpu_count()} cores · "
         f"{wall_s:.1f} s"
