@@ -1,0 +1,121 @@
+"""Where a `poollab replay`'s wall time goes on a many-core host (issue 33): its critical path.
+
+    PYTHONPATH=. python benchmarks/replay_phases.py SNAPSHOT [--workers N] [--repeat R]
+
+Runs what ``poollab replay SNAPSHOT`` runs under the five policies of ``bench_user_speed.py``, in
+this process, phase by phase: the imports, the read (gunzip, streamed unpickle and parse, the
+trace table), the compact event table (``trace_events``), the jobs in ``--workers`` forked workers
+(``replay_tables``' own ``_replay_in_workers``: the five policies and the bounds), the merge of
+their tables and the writing of the result folder. Each phase is timed in CPU seconds of the
+process that runs it (``time.process_time``: on a loaded machine the wall time of a phase says
+how busy the machine was, its CPU time what the phase costs), each job in its worker.
+
+With one core per job (a 16-core host runs the six at once) the wall time is the serial phases
+of the parent plus the longest job: the script prints that sum, the critical path, and which job
+is the longest. ``--repeat`` takes each figure's minimum over that many rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+_T0 = time.process_time()
+import pandas as pd  # noqa: E402
+
+import traces  # noqa: E402
+from bench_user_speed import FIVE  # noqa: E402
+from sim.replay import trace_replay  # noqa: E402
+from sim.replay.schema import write_results  # noqa: E402
+
+IMPORT_CPU_S = time.process_time() - _T0
+
+#: Where each worker appends one line a job: ``job cpu_s`` (a worker may run several jobs).
+_JOB_LOG: list[str] = []
+_plain_job = trace_replay._worker_job
+
+
+def _timed_job(job: int):
+    """``_worker_job`` timed in the worker's CPU seconds, the figure appended to the log file."""
+    t0 = time.process_time()
+    out = _plain_job(job)
+    with open(_JOB_LOG[0], "a") as f:
+        f.write(f"{job} {time.process_time() - t0:.4f}\n")
+    return out
+
+
+def _one_round(snapshot: Path, workers: int) -> dict[str, float]:
+    got: dict[str, float] = {}
+    t = time.process_time()
+    trace = traces.read_alloc_trace(snapshot)
+    got["read (parent)"] = time.process_time() - t
+    t = time.process_time()
+    events = trace_replay.trace_events(trace)
+    got["trace_events (parent)"] = time.process_time() - t
+    options = dict(
+        capacity_bytes=None, costs=None, sample_every=None, record_layout=False, latency_sample=None
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".jobs", delete=False) as log:
+        _JOB_LOG[:] = [log.name]
+    trace_replay._worker_job = _timed_job  # the forked workers run it by this name
+    try:
+        t = time.process_time()
+        results, ref = trace_replay._replay_in_workers(
+            trace, events, list(FIVE), options, True, workers, False
+        )
+        got["parent while the workers ran"] = time.process_time() - t
+    finally:
+        trace_replay._worker_job = _plain_job
+    names = [*FIVE, "bounds"]
+    for line in Path(_JOB_LOG[0]).read_text().split("\n"):
+        if line:
+            job, cpu_s = line.split()
+            got[f"job {names[int(job)]}"] = float(cpu_s)
+    os.unlink(_JOB_LOG[0])
+    t = time.process_time()
+    summary = trace_replay.summary_frame([r.summary for r in results])
+    timeseries = pd.concat([r.timeseries for r in results], ignore_index=True)
+    samples = trace_replay.latency_samples(results)
+    got["merge (parent)"] = time.process_time() - t
+    t = time.process_time()
+    with tempfile.TemporaryDirectory() as out:
+        write_results(out, summary, timeseries, extra_tables={"latency_samples": samples})
+    got["write (parent)"] = time.process_time() - t
+    del ref
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("snapshot", type=Path)
+    ap.add_argument("--workers", type=int, default=len(FIVE) + 1, help="default: one a job")
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args(argv)
+    rounds = [_one_round(args.snapshot, args.workers) for _ in range(args.repeat)]
+    best = {k: min(r[k] for r in rounds) for k in rounds[0]}
+    print(f"{args.snapshot}: {args.workers} workers, min of {args.repeat}, CPU seconds")
+    print(f"  {'imports (parent)':32s} {IMPORT_CPU_S:6.2f}")
+    for name, cpu_s in best.items():
+        print(f"  {name:32s} {cpu_s:6.2f}")
+    jobs = {k: v for k, v in best.items() if k.startswith("job ")}
+    longest = max(jobs, key=jobs.get)
+    serial_s = IMPORT_CPU_S + sum(v for k, v in best.items() if k.endswith("(parent)"))
+    print(
+        f"critical path with a core a job: parent's serial phases {serial_s:.2f} s "
+        f"+ the longest job ({longest[4:]}) {jobs[longest]:.2f} s "
+        f"= {serial_s + jobs[longest]:.2f} s"
+        f"; all the jobs {sum(jobs.values()):.2f} s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
