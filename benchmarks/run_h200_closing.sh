@@ -10,8 +10,10 @@
 #   3. every GPU test (tests/realgpu -m gpu) in the compiled copy.
 # Carry .whl, .compiled_so (cp312 modules of this tree), .data (AzureLLMInferenceTrace_conv.csv,
 # llama1b_generate_mixed.pickle.gz), .before:   bash benchmarks/run_h200_closing.sh
+# ONLY="simulate million gpu-tests" runs just those steps (a re-check after a late change).
 set -u
 . "$(dirname "$0")/h200_lib.sh"
+wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 h200_setup closing
 { echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1)"
   lscpu | grep -E "^Model name|^CPU\(s\)|MHz" ; } >> $LOG 2>&1
@@ -23,15 +25,16 @@ step which-build 20 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compi
 # rounds (one pinned worker per allocator, shuffled order, the bootstrap verdict): what
 # benchmarks/run_h200_paired.sh runs, with a shorter budget
 TRACE=$(realpath .data/llama1b_generate_mixed.pickle.gz)
-step calls-host 40 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 benchmarks/bench_torch_alloc.py \
+wanted calls-host && step calls-host 40 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 benchmarks/bench_torch_alloc.py \
     --calls 120000 --rounds 2 --trace $TRACE --release-gil -p best-fit -p size-class --out $R/calls"
-step paired ${PAIRED_S:-175} python3 benchmarks/bench_torch_alloc.py --persistent --rounds ${ROUNDS:-60} \
+wanted paired && step paired ${PAIRED_S:-175} python3 benchmarks/bench_torch_alloc.py --persistent --rounds ${ROUNDS:-60} \
     --budget-s ${BUDGET_S:-150} --warmup-rounds 2 --layers 8 --shapes 8x128,4x1500 --worker-timeout 90 \
     -p best-fit -p size-class --compiled /tmp/compiled --compiled-only --out $R/generate
-step simulate 70 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv --mode repeat --scale 1 \
+wanted simulate && step simulate 70 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv --mode repeat --scale 1 \
     --repeat 1 --target 1000 -p paged -p best-fit
-step million ${MILLION_S:-130} bash -c "python3 benchmarks/make_million_snapshot.py --source .data/llama1b_generate_mixed.pickle.gz \
+wanted million && step million ${MILLION_S:-160} bash -c "python3 benchmarks/make_million_snapshot.py --source .data/llama1b_generate_mixed.pickle.gz \
     && python3 benchmarks/bench_user_speed.py --before .before --rows replay --repeat 2 \
-    && python3 benchmarks/replay_peaks.py /tmp/llama1b_generate_1m.pickle.gz"
-step gpu-tests ${TESTS_S:-150} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
+    && python3 benchmarks/replay_peaks.py /tmp/llama1b_generate_1m.pickle.gz \
+    && python3 benchmarks/replay_phases.py /tmp/llama1b_generate_1m.pickle.gz --repeat 2"
+wanted gpu-tests && step gpu-tests ${TESTS_S:-150} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
     tests/realgpu -m gpu -v -p no:cacheprovider -rfE"
