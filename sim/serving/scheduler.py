@@ -592,6 +592,7 @@ class DecodeRun:
             return None
         slots_at, tpp = self._slots_at, self.kv.tokens_per_page
         finished = self._num_finished  # constant in the window: nothing finishes before its end
+        running = RequestState.RUNNING
         # the window's view of ``slots_at``: due lists as ``take_slots`` leaves them, not yet
         # written back (a step's requests move on a page, maybe into the window again)
         moved: dict[int, list[Request]] = {}
@@ -619,7 +620,7 @@ class DecodeRun:
             if due is None:
                 due = slots_at[s]
             if finished:  # those that finished need nothing
-                due = [r for r in due if r.status is RequestState.RUNNING]
+                due = [r for r in due if r.status is running]
                 if not due:
                     continue
             handles.extend([r.kv for r in due])
@@ -640,9 +641,8 @@ class DecodeRun:
             if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
                 return None
             k = 0
-            for s, n in counts:
-                for size in sizes[k : k + n]:
-                    allocated += size
+            for s, n in counts:  # integer bytes: a step's sum is exact in any order
+                allocated += sum(sizes[k : k + n])
                 k += n
                 taken[s] = allocated
         for s in steps:
