@@ -149,7 +149,7 @@ class _PagedCore(Policy):
         a.handle = handle
         return a
 
-    @cython.locals(a=Allocation, pg=_Page, i=cython.longlong, num_released=cython.longlong)
+    @cython.locals(a=Allocation, pg=_Page, num_released=cython.longlong)
     def _free(self, allocation: Allocation) -> None:
         a = allocation  # compiled: a C-typed local (Policy.free hands over only an Allocation)
         pages = a.handle
@@ -172,22 +172,18 @@ class _PagedCore(Policy):
                 pg.ref_cnt -= 1
             return
         free = self._free_pages
-        num_released = 0
-        i = len(pages) - 1
-        while (
-            i >= 0
-            # from the last page: the first one ends on top, as before allocation (compiled, a C
-            # loop)
-        ):
-            pg = pages[i]
+        num_released = len(free)
+        # from the last page: the first one ends on top, as before allocation; a ``for`` over
+        # ``reversed`` and the count from the stack's length (interpreted, no index arithmetic
+        # per page)
+        for pg in reversed(pages):
             if pg.ref_cnt == 1:
                 pg.ref_cnt = 0
-                free.append(pg)
                 pg.segment.num_live -= 1
-                num_released += 1
+                free.append(pg)
             else:
                 pg.ref_cnt -= 1
-            i -= 1
+        num_released = len(free) - num_released
         self.allocated_bytes -= num_released * self.page_size_bytes
 
     @cython.locals(

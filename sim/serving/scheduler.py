@@ -592,19 +592,35 @@ class DecodeRun:
             return None
         slots_at, tpp = self._slots_at, self.kv.tokens_per_page
         finished = self._num_finished  # constant in the window: nothing finishes before its end
+        running = RequestState.RUNNING
         # the window's view of ``slots_at``: due lists as ``take_slots`` leaves them, not yet
         # written back (a step's requests move on a page, maybe into the window again)
         moved: dict[int, list[Request]] = {}
         handles: list[KVHandle] = []
         counts: list[tuple[int, int]] = []  # (step, grows)
-        for s in range(first, last + 1):
+        # Only the slot steps are visited, in step order: those of ``slots_at`` in the window
+        # (a few: about one a page's worth of steps) merged with those the window moves its
+        # requests to (``s + tpp``, made in increasing order, so a queue keeps them sorted).
+        steps = sorted([s for s in slots_at if first <= s <= last])
+        num_keys = len(steps)
+        queue: list[int] = []  # moved steps inside the window, increasing
+        j = q = 0
+        while True:
+            if q < len(queue) and (j == num_keys or queue[q] <= steps[j]):
+                s = queue[q]
+                q += 1
+                if j < num_keys and steps[j] == s:
+                    j += 1  # that step's own due list is in ``moved`` already (merged)
+            elif j < num_keys:
+                s = steps[j]
+                j += 1
+            else:
+                break
             due = moved.pop(s, None)
             if due is None:
-                due = slots_at.get(s)
-                if due is None:
-                    continue
+                due = slots_at[s]
             if finished:  # those that finished need nothing
-                due = [r for r in due if r.status is RequestState.RUNNING]
+                due = [r for r in due if r.status is running]
                 if not due:
                     continue
             handles.extend([r.kv for r in due])
@@ -616,6 +632,8 @@ class DecodeRun:
                 later = later + due
                 later.sort(key=self._order.__getitem__)
                 moved[s + tpp] = later
+            if s + tpp <= last:
+                queue.append(s + tpp)
         taken: dict[int, int] = {}
         if handles:
             sizes: list[int] = []
@@ -623,13 +641,12 @@ class DecodeRun:
             if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
                 return None
             k = 0
-            for s, n in counts:
-                for size in sizes[k : k + n]:
-                    allocated += size
+            for s, n in counts:  # integer bytes: a step's sum is exact in any order
+                allocated += sum(sizes[k : k + n])
                 k += n
                 taken[s] = allocated
-        for s in range(first, last + 1):
-            slots_at.pop(s, None)
+        for s in steps:
+            del slots_at[s]
         slots_at.update(moved)
         self.next_slot_step = min(slots_at, default=math.inf)
         return taken

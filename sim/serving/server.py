@@ -569,10 +569,13 @@ class Server:
                 max_steps - times_at,
                 run.next_slot_step - times_at,
             )
-            while k < end:
+            # one bound for both checks below (``end_s >= a or end_s >= b``), a ``for`` over
+            # the steps (``k`` is the step it stops at: a break's, else ``end``)
+            stop_s = next_arrival_s if next_arrival_s < next_sample_s else next_sample_s
+            for k in range(i, end):
                 dt = times[k]
                 end_s = t + dt
-                if end_s >= next_arrival_s or end_s >= next_sample_s:
+                if end_s >= stop_s:
                     break
                 if taken:
                     allocated = taken.pop(times_at + k, None)
@@ -584,7 +587,9 @@ class Server:
                 token_byte_s += (own + cached) * bytes_per_token * dt
                 reserved_byte_s += reserved * dt
                 idle_byte_s += idle * dt
-                k += 1
+            else:
+                if end > i:
+                    k = end
             if k > i:
                 num_steps += k - i
                 lag += k - i

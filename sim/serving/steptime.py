@@ -668,13 +668,28 @@ class StepTimeModel:
         weights, kv = self._weight_bytes, self._kv_bytes_per_token
         act, logits = self._act_bytes_per_token * d, self._logits_bytes * d
         per_byte, fixed = self._s_per_hbm_byte, self._fixed_s
-        out = []
-        c = context_tokens + d  # each decode query attends to its context and itself
-        for _ in range(num_steps):
-            compute_s = 0.0 + (token_s + c * pair_s)
-            memory_s = (weights + kv * c + act + logits) * per_byte
-            out.append((compute_s if compute_s > memory_s else memory_s) + fixed)
-            c += d
+        c0 = c = context_tokens + d  # each decode query attends to its context and itself
+        if type(weights) is int and type(kv) is int and type(act) is int and type(logits) is int:
+            # integer byte counts: their sum is exact in any order, so the constant terms come
+            # first, once (``(weights + kv * c + act + logits)`` is ``base + kv * c``), and the
+            # steps are one comprehension over their contexts
+            base = weights + act + logits
+            out = [
+                (
+                    x
+                    if (x := 0.0 + (token_s + c * pair_s)) > (y := (base + kv * c) * per_byte)
+                    else y
+                )
+                + fixed
+                for c in range(c0, c0 + num_steps * d, d)
+            ]
+        else:
+            out = []
+            for _ in range(num_steps):
+                compute_s = 0.0 + (token_s + c * pair_s)
+                memory_s = (weights + kv * c + act + logits) * per_byte
+                out.append((compute_s if compute_s > memory_s else memory_s) + fixed)
+                c += d
         if self._allreduce_token_s:
             allreduce_s = self._allreduce_fixed_s + d * self._allreduce_token_s
             out = [s + allreduce_s for s in out]

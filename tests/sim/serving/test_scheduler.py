@@ -432,11 +432,14 @@ def _request_state(requests):
     ]
 
 
-def _long_decoding_batch(slack):
+_LONG_BATCH = [(40, 9), (17, 60), (63, 100), (5, 140), (33, 70)]  # (prompt, output) tokens
+
+
+def _long_decoding_batch(slack, requests=_LONG_BATCH):
     """``_decoding_batch`` with outputs long enough for windows of more than a page's steps
     between finishes (a request then grows twice in one)."""
     s = make(budget_tokens=4096, max_num_batched_tokens=1024, kind="paged")
-    for rid, (prompt, output) in enumerate([(40, 9), (17, 60), (63, 100), (5, 140), (33, 70)]):
+    for rid, (prompt, output) in enumerate(requests):
         s.add(req(s, rid, prompt, output))
     step(s, now=0.5)
     if slack:  # 15 slots to spare: its grows fall on steps that others grow on too
@@ -475,3 +478,52 @@ def test_slots_taken_through_a_window_are_those_taken_step_by_step(windows, slac
         a.apply(), b.apply()
         assert _request_state(reqs_many) == _request_state(reqs_one)
     assert not one.running and log_many == log_one and len(log_one) > 10
+
+
+class _CountingDict(dict):
+    """A dict that counts its keyed lookups and deletions (not its iteration)."""
+
+    num_lookups = 0
+
+    def get(self, key, default=None):
+        self.num_lookups += 1
+        return super().get(key, default)
+
+    def pop(self, key, *default):
+        self.num_lookups += 1
+        return super().pop(key, *default)
+
+    def __getitem__(self, key):
+        self.num_lookups += 1
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.num_lookups += 1
+        return super().__contains__(key)
+
+    def __delitem__(self, key):
+        self.num_lookups += 1
+        super().__delitem__(key)
+
+
+@pytest.mark.parametrize("slack", [False, True])
+def test_a_window_walk_visits_only_its_slot_steps(slack):
+    """``take_slots_through`` looks up only the steps at which some request grows (a few per
+    step: its due list, the step it moves to, its removal), not every step of the window: the
+    server's quiet windows are long, their slot steps few. The window is the whole way to the
+    first finish (more than a page's worth of steps), and the pages are those step by step."""
+    batch = _LONG_BATCH[1:]  # no early finish: the first is at step 58
+    one, many = _long_decoding_batch(slack, batch), _long_decoding_batch(slack, batch)
+    a, b = one.decode_run(one.kv.pool.policy), many.decode_run(many.kv.pool.policy)
+    b._slots_at = counting = _CountingDict(b._slots_at)
+    last = b.next_finish_step()
+    assert last > 2 * one.kv.tokens_per_page
+    taken = b.take_slots_through(0, last)
+    assert taken and counting.num_lookups <= 3 * len(taken) < last
+    for s in range(last + 1):
+        before = one.kv.allocated_bytes
+        assert a.take_slots(s)
+        if one.kv.allocated_bytes != before:
+            assert taken.pop(s) == one.kv.allocated_bytes
+    assert not taken and many.kv.allocated_bytes == one.kv.allocated_bytes
+    assert sorted(b._slots_at) == sorted(a._slots_at)

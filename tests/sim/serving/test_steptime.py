@@ -1,3 +1,4 @@
+import copy
 import json
 import math
 
@@ -431,3 +432,15 @@ def _stm(model: str, tp: int) -> StepTimeModel:
     if key not in _STMS:
         _STMS[key] = StepTimeModel(load_model(model), load_gpu("H200"), tensor_parallel=tp)
     return _STMS[key]
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.integers(1, 512), c=st.integers(0, 4_000_000), n=st.integers(0, 40))
+def test_decode_step_times_with_fractional_byte_counts_are_step_time_s(d, c, n):
+    """Byte counts that are not integers (a sum whose order matters) take the step loop's
+    general form: still ``step_time_s``'s floats, bit for bit."""
+    stm = copy.copy(_stm("Llama-3-8B", 1))
+    stm._weight_bytes += 0.3  # non-integers: the constant terms cannot be summed ahead
+    stm._kv_bytes_per_token += 0.1
+    got = stm.decode_step_times_s(d, c, n)
+    assert got == [stm.step_time_s(0, d, c + s * d) for s in range(n)]
