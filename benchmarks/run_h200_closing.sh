@@ -17,10 +17,7 @@ wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 h200_setup closing
 { echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1)"
   lscpu | grep -E "^Model name|^CPU\(s\)|MHz" ; } >> $LOG 2>&1
-step copy-compiled 30 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl --exclude=./.data \
-    --exclude=./.before --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
-step which-build 20 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -c \
-    'import realgpu.malloc_path as m, policies.best_fit as b; print(m.__file__, b.__file__)'"
+h200_compiled_copy
 # issue 30: the snapshot's calls through the trampoline on this host's CPU, then generate's paired
 # rounds (one pinned worker per allocator, shuffled order, the bootstrap verdict): what
 # benchmarks/run_h200_paired.sh runs, with a shorter budget

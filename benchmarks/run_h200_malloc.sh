@@ -23,11 +23,7 @@ set -u
 h200_setup malloc
 { echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1)"
   lscpu | grep -E "^Model name|^CPU\(s\)|MHz" ; } >> $LOG 2>&1
-step copy-compiled 30 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl --exclude=./.data \
-    --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
-# run from the compiled copy, its modules first; the check says which build the tests and benchmarks import
-step which-build 20 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -c \
-    'import realgpu.malloc_path as m, policies.best_fit as b; print(m.__file__, b.__file__)'"
+h200_compiled_copy
 step gpu-tests ${TESTS_S:-100} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
     tests/realgpu/test_torch_allocator.py -m gpu -v -p no:cacheprovider -rfE"
 TRACE=.data/llama1b_generate_mixed.pickle.gz

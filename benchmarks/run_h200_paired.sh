@@ -24,10 +24,7 @@ set -u
 h200_setup paired
 { echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1)"
   lscpu | grep -E "^Model name|^CPU\(s\)|MHz" ; } >> $LOG 2>&1
-step copy-compiled 20 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl --exclude=./.data \
-    --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
-step which-build 15 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -c \
-    'import realgpu.malloc_path as m, policies.size_class as s; print(m.__file__, s.__file__)'"
+h200_compiled_copy
 TRACE=.data/llama1b_generate_mixed.pickle.gz
 [ -f $TRACE ] || TRACE=traces/data/llama1b_generate_slice.pickle.gz  # the bundled slice of the same run
 step calls-host 40 bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 benchmarks/bench_torch_alloc.py \

@@ -14,8 +14,7 @@ h200_setup recheck
 # 1. every GPU test, one line per test so that a cut run still says which passed
 step gpu-tests ${TESTS_S:-170} python3 -m pytest tests/realgpu -m gpu -v -p no:cacheprovider --import-mode=importlib -rfE
 # 2. generate under PyTorch's allocator and the compiled policies, ABAB, then mempool mode
-step copy-compiled 30 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl --exclude=./.data --exclude=./.before \
-    --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
+h200_compiled_copy
 step generate ${GENERATE_S:-210} python3 benchmarks/bench_torch_alloc.py --rounds ${ROUNDS:-3} --repeats 2 --layers 8 \
     --shapes 8x128,4x1500 --worker-timeout 45 --mempool ${POLICIES:--p best-fit -p size-class} \
     --compiled /tmp/compiled --compiled-only --out $R/generate

@@ -20,8 +20,7 @@ h200_setup torch_fast
 step gpu-tests ${TESTS_S:-120} python3 -m pytest tests/realgpu/test_torch_allocator.py tests/realgpu/test_serve.py -m gpu \
     -k "not test_gpu_serve_runs_pytorch" -q -p no:cacheprovider --import-mode=importlib -rfE
 if [ -d .compiled_so ]; then  # extension modules built elsewhere for this Python (cp312, x86-64): copy, not build
-    step copy-compiled 60 bash -c "mkdir -p /tmp/compiled && tar -c --exclude=./.git --exclude=./.whl \
-        --exclude=./.compiled_so . | tar -x -C /tmp/compiled && cp -r .compiled_so/. /tmp/compiled/"
+    h200_compiled_copy
 else
     step build 100 python3 -c "from pathlib import Path; from policies.testing.compiled import build_compiled_copy; \
 build_compiled_copy(Path('/tmp/compiled'), quiet=False)"
