@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 import pytest
 
-from poollab.cli import COMMANDS, cli
 from sim.serving.config import knobs
+from tests.poollab.test_options import every_command
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The one module where an option several commands take is declared (however many forms it has).
@@ -169,27 +169,12 @@ def test_every_command_still_lists_its_options(command, cli_ok):
     assert missing == []
 
 
-def _every_command() -> list[tuple[str, click.Command]]:
-    ctx = click.Context(cli)
-    out = []
-
-    def walk(cmd: click.Command, path: str) -> None:
-        out.append((path, cmd))
-        if isinstance(cmd, click.Group):
-            for name in cmd.list_commands(ctx):
-                walk(cmd.get_command(ctx, name), f"{path} {name}")
-
-    for name in COMMANDS:
-        walk(cli.get_command(ctx, name), name)
-    return out
-
-
 def test_every_result_folder_is_checked_before_any_work():
     """A ``--out`` folder goes through ``options.check_out`` (``plan``'s did not: a folder no run
     can replace failed after the planning)."""
     folders = [
         (path, p)
-        for path, cmd in _every_command()
+        for path, cmd in every_command()
         for p in cmd.params
         if "--out" in p.opts and isinstance(p.type, click.Path) and not p.type.file_okay
     ]

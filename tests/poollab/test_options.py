@@ -19,12 +19,14 @@ from poollab.options import (
 )
 
 
-def _every_option() -> list[tuple[str, click.Parameter]]:
+def every_command() -> list[tuple[str, click.Command]]:
+    """Every command and group of the command line, with its path (``"gpu serve"``), groups
+    before their commands (``tests/poollab/test_option_declarations.py`` walks it too)."""
     ctx = click.Context(cli)
     out = []
 
     def walk(cmd: click.Command, path: str) -> None:
-        out.extend((path, p) for p in cmd.params)
+        out.append((path, cmd))
         if isinstance(cmd, click.Group):
             for name in cmd.list_commands(ctx):
                 walk(cmd.get_command(ctx, name), f"{path} {name}")
@@ -32,6 +34,10 @@ def _every_option() -> list[tuple[str, click.Parameter]]:
     for name in COMMANDS:
         walk(cli.get_command(ctx, name), name)
     return out
+
+
+def _every_option() -> list[tuple[str, click.Parameter]]:
+    return [(path, p) for path, cmd in every_command() for p in cmd.params]
 
 
 def test_no_command_takes_a_number_click_checks_alone():
