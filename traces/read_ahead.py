@@ -209,9 +209,12 @@ def _parse_into(fd: int, path: str | Path, device: int | None, format: str | Non
 
 def _builtin_snapshot_format() -> bool:
     """Whether the format registry still reads a pickle as the built-in snapshot reader would."""
-    from traces import detect
     from traces.formats import ALLOC
     from traces.pytorch_snapshot import SNAPSHOT_FORMAT
+
+    if not ALLOC._loaded:  # nothing registered yet (a registration loads the built-ins first)
+        return True  # and ``traces.detect`` (pyarrow's parquet and csv readers) is not needed
+    from traces import detect
 
     try:
         fmt = ALLOC.get(SNAPSHOT_FORMAT)
