@@ -170,11 +170,10 @@ def _worth_a_child(path: Any, format: str | None) -> bool:
     if not hasattr(os, "fork") or threading.active_count() > 1:
         return False
     try:
+        st = os.stat(path)  # before any open: opening a FIFO would wait for its writer
+        if not stat.S_ISREG(st.st_mode) or st.st_size < MIN_READ_AHEAD_BYTES:
+            return False
         with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return False
-            if os.fstat(f.fileno()).st_size < MIN_READ_AHEAD_BYTES:
-                return False
             head = f.read(_SNIFF_RAW_BYTES)
     except OSError:  # the read in this process reports it
         return False

@@ -96,6 +96,12 @@ def test_another_format_or_a_small_file_is_read_here(tmp_path, monkeypatch):
         read_ahead.start_read(tmp_path / "missing.pickle").result()
 
 
+def test_a_fifo_is_not_opened_ahead(tmp_path):
+    fifo = tmp_path / "snap.fifo"
+    os.mkfifo(fifo)
+    assert not read_ahead.start_read(fifo).started  # returns at once: nobody writes to it
+
+
 def test_a_replaced_snapshot_format_is_read_by_its_replacement(write_snapshot, snap_entry):
     path = write_snapshot(_entries(snap_entry))
     builtin = ALLOC.get(SNAPSHOT_FORMAT)
