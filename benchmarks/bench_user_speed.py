@@ -11,6 +11,11 @@ hits both alike), and reports its wall time and its peak memory (the largest res
 process and its workers: ``getrusage(RUSAGE_CHILDREN)`` of a child that runs just that command), and
 checks that both trees' ``summary.csv`` agree in every column that is no measured time.
 
+Both trees' packages are compiled to bytecode first (``python -m compileall``), as ``pip
+install`` does: a checkout where no ``.pyc`` can be written (the H200 image sets
+``PYTHONDONTWRITEBYTECODE=1``) would otherwise compile every module in every run, a cost no
+installed user pays (``--no-compile`` keeps the trees as they are).
+
 Rows:
 
 - ``replay``: ``poollab replay`` of a million-event snapshot under best-fit, paged,
@@ -76,6 +81,16 @@ def same_summaries(a: Path, b: Path, *, measured_ns: bool = False) -> str:
     return f"identical ({len(cols)} untimed columns)"
 
 
+PACKAGES = ("policies", "traces", "sim", "realgpu", "poollab")
+
+
+def compile_tree(tree: Path) -> None:
+    """Write the ``.pyc`` of ``tree``'s packages (``py_compile`` writes them whatever
+    ``PYTHONDONTWRITEBYTECODE`` says; an import then reads them)."""
+    dirs = [str(tree / p) for p in PACKAGES if (tree / p).is_dir()]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *dirs], check=True)
+
+
 def has_option(tree: Path, command: list[str], option: str) -> bool:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     text = subprocess.run(
@@ -96,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--repeat", type=int, default=1, help="alternating runs of each row; the best time is kept"
     )
+    ap.add_argument(
+        "--no-compile", action="store_true", help="do not compile the trees to bytecode first"
+    )
     args = ap.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": REPO}
     print(
@@ -107,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         "# command: python benchmarks/bench_user_speed.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}"
     )
+    if not args.no_compile:
+        for tree in trees.values():
+            compile_tree(tree)
+        print(
+            "# bytecode: both trees' packages compiled first (python -m compileall, as an install)"
+        )
     rows = args.rows.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         if "replay" in rows:
