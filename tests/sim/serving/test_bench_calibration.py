@@ -140,6 +140,29 @@ def test_a_runs_workload_is_its_name_up_to_the_duration():
     assert workload("lone") == "lone"
 
 
+def test_a_runs_pair_group_is_its_workload_and_duration():
+    group = _load().workload_pair_group
+    assert group("azure_code_60s_x2_b") == group("azure_code_60s") == "azure_code_60s"
+    assert group("synth_mixed_10s_x1_a") == "synth_mixed_10s"
+    assert group("lone") == "lone"
+
+
+def test_oracle_judges_each_run_by_its_own_step_times_and_counts_pairs(tmp_path, capsys):
+    """``--oracle``: a recording whose profile is not the steps of its requests (the synthetic
+    profile here) shows its mismatched steps; the pair table adds up to the totals."""
+    _recording(tmp_path, "a_10s_x", 0.07, 0)
+    _recording(tmp_path, "b_20s_x", 0.07, 1)
+    assert _load().main(["--no-shared", "--runs-dir", str(tmp_path), "--oracle"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (a_10s_x|b_20s_x) \| 90 \| (\d+) \((\d+|-)\) \|", out, re.M)
+    assert [r[0] for r in rows] == ["a_10s_x", "b_20s_x"]
+    assert all(int(n) > 0 for _, n, _ in rows)  # 90 random steps are not these requests' steps
+    assert re.search(r"recorded step times: \d+ of 12 figures within target", out)
+    total = re.search(r"calibrate steps: (\d+) of 12 held-out", out).group(1)
+    assert "a_10s fits: b_20s" in out and "b_20s fits: a_10s" in out
+    assert re.search(rf"\| calibrate steps \| - \| \d+ / 6 \| \d+ / 6 \| - \| {total} / 12 ", out)
+
+
 def test_a_bad_recording_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "x_steps.csv").write_text("duration_s,num_prefill_seqs\n0.1,1\n")
     (tmp_path / "x_requests.csv").write_text("arrival_s\n0\n")
