@@ -4,6 +4,7 @@ others.
     python benchmarks/bench_calibration.py [--runs-dir DIR] [--run NAME=STEPS.csv,REQUESTS.csv ...]
                                            [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
                                            [--from-requests] [--variants] [--add TERM ...]
+                                           [--drop TERM ...]
                                            [--oracle] [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
@@ -26,8 +27,10 @@ out the runs whose name holds TEXT (a policy other than the engine's own allocat
 held-out row is counted, and separately those judged on another workload than the fit's (the
 name up to its duration, ``azure_code`` or ``synth_mixed``).
 
-``--add TERM`` fits an optional step term too (``sim.serving.step_fit.OPTIONAL_TERMS``: the
-exposed-KV term, not adopted; its before/after counts are in RESULTS.md).
+``--add TERM`` fits an optional step term even where it gains little
+(``sim.serving.step_fit.OPTIONAL_TERMS``: the exposed-KV tail, fitted by default where it lowers
+a profile's loss by ``EXPOSED_MIN_GAIN``); ``--drop TERM`` holds a term at 0 (``--drop
+per_exposed_kv_token_s``: the step fit before session 15). Counts of each are in RESULTS.md.
 
 ``--oracle`` first judges each run simulated with its own recorded step times
 (``sim.serving.engine_runs.replay_recorded_steps``: the i-th simulated step lasts the engine's
@@ -176,10 +179,11 @@ def held_out_table(
     from_requests: bool,
     spreads: dict[str, dict[str, float]],
     add: tuple[str, ...] = (),
+    drop: tuple[str, ...] = (),
 ) -> str:
     """``spreads``: condition name -> its spread per figure; each run's condition,
-    ``runs[n]["condition"]``; ``add``: optional step terms the step-profile fits use
-    (``sim.serving.step_fit.OPTIONAL_TERMS``)."""
+    ``runs[n]["condition"]``; ``add``, ``drop``: terms the step-profile fits fit anyway or hold
+    at 0 (``sim.serving.step_fit.fit_step_profile``)."""
     rows = []
     for fit_name, fit_run in runs.items():
         cals = {
@@ -188,6 +192,7 @@ def held_out_table(
                 model,
                 gpu,
                 add=add,
+                drop=drop,
                 engine="transformers",
                 source=str(fit_run["files"][0]),
             ).calibration
@@ -356,7 +361,9 @@ def pair_table(pairs: dict[tuple[str, str, str], list[int]]) -> str:
     return "\n".join(lines)
 
 
-def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
+def variants_table(
+    runs: dict, model, gpu, add: tuple[str, ...] = (), drop: tuple[str, ...] = ()
+) -> str:
     """Per-step error on the other runs: the roofline as the fit's floor (shipped) against as a
     feature."""
     floor_model = StepTimeModel(model, gpu)
@@ -374,7 +381,7 @@ def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
         "|---|---|---|---|---|",
     ]
     for fit_name, fit_run in runs.items():
-        floor_fit = fit_step_profile(fit_run["steps"], model, gpu, add=add)
+        floor_fit = fit_step_profile(fit_run["steps"], model, gpu, add=add, drop=drop)
         x, y, roof = data[fit_name]
         keep = np.ones(len(y), bool)
         keep[0] = False  # the warm-up step, as the shipped fit leaves its outliers out
@@ -437,7 +444,15 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="TERM",
-        help="fit an optional step term too (sim.serving.step_fit.OPTIONAL_TERMS), repeatable",
+        help="fit an optional step term even where it gains little "
+        "(sim.serving.step_fit.OPTIONAL_TERMS), repeatable",
+    )
+    ap.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="TERM",
+        help="hold a step term at 0 (sim.serving.steptime.STEP_TERM_NAMES), repeatable",
     )
     ap.add_argument(
         "--oracle",
@@ -453,19 +468,24 @@ def main(argv: list[str] | None = None) -> int:
     files.update(dict(args.run))
     files = {n: f for n, f in files.items() if not any(t in n for t in args.skip)}
     model, gpu = load_model(args.model), load_gpu(args.gpu)
-    add = tuple(args.add)
+    add, drop = tuple(args.add), tuple(args.drop)
     unknown = sorted(set(add) - set(OPTIONAL_TERMS))
     if unknown:
         ap.error(
             f"--add {unknown[0]}: no such optional term; optional terms: "
             f"{', '.join(OPTIONAL_TERMS)}"
         )
+    unknown = sorted(set(drop) - set(STEP_TERM_NAMES))
+    if unknown:
+        ap.error(f"--drop {unknown[0]}: no such term; terms: {', '.join(STEP_TERM_NAMES)}")
     runs = {
         name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
         for name, (s, r) in files.items()
     }
     for run in runs.values():
-        run["cold"] = fit_step_profile(run["steps"], model, gpu, add=add).calibration.warmup_s > 0
+        run["cold"] = (
+            fit_step_profile(run["steps"], model, gpu, add=add, drop=drop).calibration.warmup_s > 0
+        )
     spreads = {}
     for run in runs.values():
         run["condition"] = None
@@ -487,11 +507,19 @@ def main(argv: list[str] | None = None) -> int:
         print(oracle_table(runs, model, gpu, spreads))
         print()
     print(
-        held_out_table(runs, model, gpu, from_requests=args.from_requests, spreads=spreads, add=add)
+        held_out_table(
+            runs,
+            model,
+            gpu,
+            from_requests=args.from_requests,
+            spreads=spreads,
+            add=add,
+            drop=drop,
+        )
     )
     if args.variants:
         print()
-        print(variants_table(runs, model, gpu, add=add))
+        print(variants_table(runs, model, gpu, add=add, drop=drop))
     return 0
 
 
