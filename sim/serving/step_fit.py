@@ -124,7 +124,7 @@ OPTIONAL_TERMS = ("per_exposed_kv_token_s",)
 #: the 17 H200 recordings the tails that gain less (0-0.2 %: profiles whose large steps the
 #: five-term law already fits) carry slopes of 0-0.13 us a token that only move other runs'
 #: predictions; at 0.5-1 % the held-out count is 1,305 of 1,380, at 2 % 1,286, without the rule
-#: 1,296 (``benchmarks/RESULTS.md``, session 15, T5).
+#: 1,295 (``benchmarks/RESULTS.md``, session 15, T5).
 EXPOSED_MIN_GAIN = 0.01
 _EXPOSED = STEP_TERM_NAMES.index("per_exposed_kv_token_s")
 #: Where the fit tries ``num_hidden_kv_tokens``: these quantiles of the profile's KV tokens per
