@@ -4,7 +4,8 @@ others.
     python benchmarks/bench_calibration.py [--runs-dir DIR] [--run NAME=STEPS.csv,REQUESTS.csv ...]
                                            [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
                                            [--from-requests] [--variants] [--add TERM ...]
-                                           [--model M] [--gpu G]
+                                           [--drop TERM ...]
+                                           [--oracle] [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
@@ -26,8 +27,18 @@ out the runs whose name holds TEXT (a policy other than the engine's own allocat
 held-out row is counted, and separately those judged on another workload than the fit's (the
 name up to its duration, ``azure_code`` or ``synth_mixed``).
 
-``--add TERM`` fits an optional step term too (``sim.serving.step_fit.OPTIONAL_TERMS``: the
-exposed-KV term, not adopted; its before/after counts are in RESULTS.md).
+``--add TERM`` fits an optional step term even where it gains little
+(``sim.serving.step_fit.OPTIONAL_TERMS``: the exposed-KV tail, fitted by default where it lowers
+a profile's loss by ``EXPOSED_MIN_GAIN``); ``--drop TERM`` holds a term at 0 (``--drop
+per_exposed_kv_token_s``: the step fit before session 15). Counts of each are in RESULTS.md.
+
+``--oracle`` first judges each run simulated with its own recorded step times
+(``sim.serving.engine_runs.replay_recorded_steps``: the i-th simulated step lasts the engine's
+i-th step): what that still misses is the simulator's scheduling, what a calibrated prediction
+misses beyond it is the step-time model's ("how much of the error is the step model").
+
+The counts are also tabled by workload pair (the fit's and the judged run's trace and duration:
+``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of RESULTS.md's tables.
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
 shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s
@@ -53,13 +64,14 @@ import pandas as pd  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from poollab.cli import run_script  # noqa: E402
-from sim.serving.engine_runs import (
+from sim.serving.engine_runs import (  # noqa: E402
     LATENCY_METRICS,
     fit_from_requests,
     latency_errors,
     predict_served,
+    replay_recorded_steps,
     served_trace,
-)  # noqa: E402
+)
 from sim.replay.hardware import DEFAULT_GPU, load_gpu  # noqa: E402
 from sim.replay.models import DEFAULT_MODEL, load_model  # noqa: E402
 from sim.serving.step_fit import (  # noqa: E402
@@ -124,6 +136,13 @@ def workload(name: str) -> str:
     return re.split(r"_\d+s(?:_|$)", name)[0]
 
 
+def workload_pair_group(name: str) -> str:
+    """A run's workload and duration, the unit of RESULTS.md's pair tables
+    (``azure_code_60s_x2_b``: ``azure_code_60s``)."""
+    m = re.match(r"(.*?_\d+s)(?:_|$)", name)
+    return m.group(1) if m else name
+
+
 def _within(error: float, spread: float | None) -> bool:
     return abs(error) <= (TARGET_PCT if spread is None else max(TARGET_PCT, spread))
 
@@ -160,10 +179,11 @@ def held_out_table(
     from_requests: bool,
     spreads: dict[str, dict[str, float]],
     add: tuple[str, ...] = (),
+    drop: tuple[str, ...] = (),
 ) -> str:
     """``spreads``: condition name -> its spread per figure; each run's condition,
-    ``runs[n]["condition"]``; ``add``: optional step terms the step-profile fits use
-    (``sim.serving.step_fit.OPTIONAL_TERMS``)."""
+    ``runs[n]["condition"]``; ``add``, ``drop``: terms the step-profile fits fit anyway or hold
+    at 0 (``sim.serving.step_fit.fit_step_profile``)."""
     rows = []
     for fit_name, fit_run in runs.items():
         cals = {
@@ -172,6 +192,7 @@ def held_out_table(
                 model,
                 gpu,
                 add=add,
+                drop=drop,
                 engine="transformers",
                 source=str(fit_run["files"][0]),
             ).calibration
@@ -209,16 +230,24 @@ def held_out_table(
     head = "| fitted on | judged on | | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |"
     lines = [head, "|" + "---|" * (3 + len(LATENCY_METRICS))]
     tally: dict[tuple[str, bool], list[int]] = {}
+    pairs: dict[tuple[str, str, str], list[int]] = {}
     for fit, judged, kind, errors, how in rows:
         e = errors.set_index("metric")["error_%"]
         spread = spreads.get(runs[judged]["condition"])
         if kind == "held out":
             fit_name = fit.removeprefix(f"calibrate {how} ")
-            for other in {False, workload(fit_name) != workload(judged)}:
-                counts = tally.setdefault((how, other), [0, 0])
-                counts[0] += sum(
-                    _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
-                )
+            n_within = sum(
+                _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
+            )
+            group = (how, workload_pair_group(fit_name), workload_pair_group(judged))
+            for counts in (
+                *(
+                    tally.setdefault((how, o), [0, 0])
+                    for o in {False, workload(fit_name) != workload(judged)}
+                ),
+                pairs.setdefault(group, [0, 0]),
+            ):
+                counts[0] += n_within
                 counts[1] += len(LATENCY_METRICS)
         cells = [
             _cell(e[m], None if spread is None else spread[m])
@@ -277,11 +306,64 @@ def held_out_table(
             "\n".join(spread_lines),
             "",
             totals + " (rows without †).",
+            "",
+            "Held out by workload pair (within target / figures, rows without †):",
+            "",
+            pair_table(pairs),
         ]
     )
 
 
-def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
+def oracle_table(runs: dict, model, gpu, spreads: dict[str, dict[str, float]]) -> str:
+    """Each run simulated with its own recorded step times (``replay_recorded_steps``), judged
+    as ``held_out_table`` judges a prediction: the simulator's share of the error."""
+    lines = [
+        "| judged on (its own step times) | steps | steps unlike the engine's (first) | "
+        + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
+        + " |",
+        "|" + "---|" * (3 + len(LATENCY_METRICS)),
+    ]
+    within = total = 0
+    for name, run in runs.items():
+        table, oracle = replay_recorded_steps(run["served"], run["steps"], model=model, gpu=gpu)
+        e = latency_errors(run["served"], table).set_index("metric")["error_%"]
+        spread = spreads.get(run["condition"])
+        first = "-" if oracle.first_mismatch is None else str(oracle.first_mismatch)
+        cells = [_cell(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS]
+        within += sum(_within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS)
+        total += len(LATENCY_METRICS)
+        lines.append(
+            f"| {name} | {len(run['steps'])} | {oracle.num_mismatched_steps} ({first}) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += ["", f"recorded step times: {within} of {total} figures within target"]
+    return "\n".join(lines)
+
+
+def pair_table(pairs: dict[tuple[str, str, str], list[int]]) -> str:
+    """Held-out counts by (fit's workload group, judged run's), one row per method, as
+    RESULTS.md tables them."""
+    groups = sorted({g for _, f, j in pairs for g in (f, j)})
+    cols = [(f, j) for f in groups for j in groups]
+    lines = [
+        "| fit | " + " | ".join(f"{f} fits: {j}" for f, j in cols) + " | all |",
+        "|" + "---|" * (2 + len(cols)),
+    ]
+    for how in sorted({h for h, _, _ in pairs}):
+        cells, n_all, m_all = [], 0, 0
+        for f, j in cols:
+            n, m = pairs.get((how, f, j), (0, 0))
+            n_all, m_all = n_all + n, m_all + m
+            cells.append(f"{n} / {m}" if m else "-")
+        pct = f" ({100 * n_all / m_all:.0f} %)" if m_all else ""
+        lines.append(f"| calibrate {how} | " + " | ".join(cells) + f" | {n_all} / {m_all}{pct} |")
+    return "\n".join(lines)
+
+
+def variants_table(
+    runs: dict, model, gpu, add: tuple[str, ...] = (), drop: tuple[str, ...] = ()
+) -> str:
     """Per-step error on the other runs: the roofline as the fit's floor (shipped) against as a
     feature."""
     floor_model = StepTimeModel(model, gpu)
@@ -299,7 +381,7 @@ def variants_table(runs: dict, model, gpu, add: tuple[str, ...] = ()) -> str:
         "|---|---|---|---|---|",
     ]
     for fit_name, fit_run in runs.items():
-        floor_fit = fit_step_profile(fit_run["steps"], model, gpu, add=add)
+        floor_fit = fit_step_profile(fit_run["steps"], model, gpu, add=add, drop=drop)
         x, y, roof = data[fit_name]
         keep = np.ones(len(y), bool)
         keep[0] = False  # the warm-up step, as the shipped fit leaves its outliers out
@@ -362,7 +444,20 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="TERM",
-        help="fit an optional step term too (sim.serving.step_fit.OPTIONAL_TERMS), repeatable",
+        help="fit an optional step term even where it gains little "
+        "(sim.serving.step_fit.OPTIONAL_TERMS), repeatable",
+    )
+    ap.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="TERM",
+        help="hold a step term at 0 (sim.serving.steptime.STEP_TERM_NAMES), repeatable",
+    )
+    ap.add_argument(
+        "--oracle",
+        action="store_true",
+        help="first judge each run simulated with its own recorded step times",
     )
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--gpu", default=DEFAULT_GPU)
@@ -373,19 +468,24 @@ def main(argv: list[str] | None = None) -> int:
     files.update(dict(args.run))
     files = {n: f for n, f in files.items() if not any(t in n for t in args.skip)}
     model, gpu = load_model(args.model), load_gpu(args.gpu)
-    add = tuple(args.add)
+    add, drop = tuple(args.add), tuple(args.drop)
     unknown = sorted(set(add) - set(OPTIONAL_TERMS))
     if unknown:
         ap.error(
             f"--add {unknown[0]}: no such optional term; optional terms: "
             f"{', '.join(OPTIONAL_TERMS)}"
         )
+    unknown = sorted(set(drop) - set(STEP_TERM_NAMES))
+    if unknown:
+        ap.error(f"--drop {unknown[0]}: no such term; terms: {', '.join(STEP_TERM_NAMES)}")
     runs = {
         name: {"files": (s, r), "steps": read_step_profile(s), "served": read_served_requests(r)}
         for name, (s, r) in files.items()
     }
     for run in runs.values():
-        run["cold"] = fit_step_profile(run["steps"], model, gpu, add=add).calibration.warmup_s > 0
+        run["cold"] = (
+            fit_step_profile(run["steps"], model, gpu, add=add, drop=drop).calibration.warmup_s > 0
+        )
     spreads = {}
     for run in runs.values():
         run["condition"] = None
@@ -403,12 +503,23 @@ def main(argv: list[str] | None = None) -> int:
         spreads[condition] = spread_pct(runs, repeat)
         for n in repeat:
             runs[n]["condition"] = condition
+    if args.oracle:
+        print(oracle_table(runs, model, gpu, spreads))
+        print()
     print(
-        held_out_table(runs, model, gpu, from_requests=args.from_requests, spreads=spreads, add=add)
+        held_out_table(
+            runs,
+            model,
+            gpu,
+            from_requests=args.from_requests,
+            spreads=spreads,
+            add=add,
+            drop=drop,
+        )
     )
     if args.variants:
         print()
-        print(variants_table(runs, model, gpu, add=add))
+        print(variants_table(runs, model, gpu, add=add, drop=drop))
     return 0
 
 

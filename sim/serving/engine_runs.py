@@ -7,6 +7,12 @@ engine preset's scheduling (``sim.serving.engines``) and a step-time calibration
 compares TTFT, TPOT and e2e at p50 and p99 with what the engine measured.
 ``fit_from_requests`` infers the step-time terms from the request table alone, by simulating
 it and fitting the terms to its latencies (``poollab calibrate requests``).
+
+``replay_recorded_steps`` is the oracle that splits a prediction's error in two: the same
+simulation with each step lasting what the engine's own step of that index lasted
+(``RecordedStepTimes``), so that what it still misses is the simulator's scheduling (admission,
+chunking, when a first token counts), and what a calibrated prediction misses beyond it is the
+step-time model's.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ __all__ = [
     "fit_from_requests",
     "LATENCY_METRICS",
     "RequestFit",
+    "RecordedStepTimes",
+    "replay_recorded_steps",
 ]
 
 #: The figures a prediction is judged on (``sim.replay.serving_metrics.latency_percentiles``' keys).
@@ -68,14 +76,145 @@ def predict_served(
     from sim.serving.simulate import simulate
 
     model, gpu = load_model(model), load_gpu(gpu)
-    opts = load_engine(engine).server_options(
+    opts = _engine_options(engine, model, gpu, tensor_parallel, options)
+    result = simulate(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
+    return result.requests
+
+
+def _engine_options(
+    engine: str, model: Any, gpu: Any, tensor_parallel: int, options: dict[str, Any]
+) -> dict[str, Any]:
+    """``simulate``'s options for ``engine``'s preset, ``options`` winning."""
+    return load_engine(engine).server_options(
         model,
         gpu,
         explicit={"tensor_parallel": tensor_parallel, **options},
         tensor_parallel=tensor_parallel,
     )
-    result = simulate(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
-    return result.requests
+
+
+#: The columns of a step profile that say what a step computed (``traces.engine_profile``), in
+#: ``StepTimeModel.step_time_s``'s terms: prefill tokens, decode sequences, prefill sequences.
+_COMPOSITION_COLUMNS = ("num_prefill_tokens", "num_decode_seqs", "num_prefill_seqs")
+
+
+class RecordedStepTimes:
+    """An oracle step time: the i-th simulated step lasts the engine's i-th recorded step
+    (``steps``, a step profile), the warm-up included (the recorded first step holds it); steps
+    past the recording cost what ``fallback`` (a ``StepTimeModel``) says. Copies and swaps are
+    ``fallback``'s.
+
+    It answers "with the step times right, how far off is the simulation?" only while the
+    simulated steps are the recorded ones: ``num_mismatched_steps`` counts the steps whose
+    composition (prefill tokens, decode sequences, prefill sequences) differs from the recorded
+    step of that index, ``first_mismatch`` the first (None: every step matched).
+    """
+
+    warmup_s = 0.0  # the recorded first step's duration holds the engine's warm-up
+
+    def __init__(self, steps: pd.DataFrame, fallback: Any):
+        self._durations_s = steps["duration_s"].to_numpy(np.float64)
+        self._recorded = steps[list(_COMPOSITION_COLUMNS)].to_numpy(np.int64)
+        self._fallback = fallback
+        self.simulated: list[tuple[int, int, int]] = []
+
+    def step_time_s(
+        self,
+        prefill_tokens: int,
+        decode_seqs: int,
+        context_tokens: int,
+        prefill_context_tokens: int = 0,
+        num_prefill_seqs: int | None = None,
+    ) -> float:
+        """The recorded duration of the step of this index (``StepTimeModel.step_time_s``'s
+        arguments, recorded for the composition check)."""
+        k = (1 if prefill_tokens else 0) if num_prefill_seqs is None else num_prefill_seqs
+        i = len(self.simulated)
+        self.simulated.append((prefill_tokens, decode_seqs, k))
+        if i < len(self._durations_s):
+            return float(self._durations_s[i])
+        return self._fallback.step_time_s(
+            prefill_tokens, decode_seqs, context_tokens, prefill_context_tokens, num_prefill_seqs
+        )
+
+    def decode_step_times_s(
+        self, decode_seqs: int, context_tokens: int, num_steps: int
+    ) -> list[float]:
+        """Not offered: a quiet decode run asks for more steps than it may take, which would
+        shift the index (``replay_recorded_steps`` turns those runs off)."""
+        raise NotImplementedError("RecordedStepTimes prices one step at a time")
+
+    def copy_time_s(self, nbytes: int) -> float:
+        return self._fallback.copy_time_s(nbytes)
+
+    def swap_time_s(self, nbytes: int) -> float:
+        return self._fallback.swap_time_s(nbytes)
+
+    @property
+    def _mismatched(self) -> np.ndarray:
+        n = min(len(self.simulated), len(self._recorded))
+        sim = np.array(self.simulated[:n], np.int64).reshape(n, len(_COMPOSITION_COLUMNS))
+        return np.flatnonzero((sim != self._recorded[:n]).any(axis=1))
+
+    @property
+    def num_mismatched_steps(self) -> int:
+        """Simulated steps whose composition is not the recorded step's of the same index, plus
+        the steps one side has and the other has not."""
+        return len(self._mismatched) + abs(len(self.simulated) - len(self._recorded))
+
+    @property
+    def first_mismatch(self) -> int | None:
+        """Index of the first step that differs (or that one side lacks); None when none does."""
+        m = self._mismatched
+        if len(m):
+            return int(m[0])
+        if len(self.simulated) != len(self._recorded):
+            return min(len(self.simulated), len(self._recorded))
+        return None
+
+
+def replay_recorded_steps(
+    served: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    engine: str = "transformers",
+    model: Any = DEFAULT_MODEL,
+    gpu: Any = DEFAULT_GPU,
+    tensor_parallel: int = 1,
+    policy: str = "paged",
+    **options: Any,
+) -> tuple[pd.DataFrame, RecordedStepTimes]:
+    """The oracle: ``predict_served`` of ``served``'s requests with each step timed as the
+    engine's recorded step of that index (``RecordedStepTimes`` over ``steps``, the same run's
+    step profile). Returns the simulated request table and the oracle (its composition check).
+
+    ``latency_errors(served, table)`` is then the simulator's own share of a prediction's error;
+    the rest of a calibrated prediction's error is the step-time model's."""
+    import simpy
+
+    from sim.serving.server import Server
+    from sim.serving.simulate import build_serving, serving_result
+
+    model, gpu = load_model(model), load_gpu(gpu)
+    opts = _engine_options(engine, model, gpu, tensor_parallel, options)
+    setup = build_serving(served_trace(served), policy, model=model, gpu=gpu, **opts)
+    built = setup.server  # not run: the same server again, timed by the oracle
+    oracle = RecordedStepTimes(steps, built.step_model)
+    # an environment of its own turns the fast path off: one step_time_s call per step, in
+    # order, no closed-form decode runs (the results are the same either way for a
+    # StepTimeModel, tests/sim/serving/test_step_fast_path.py)
+    server = Server(
+        setup.requests,
+        setup.scheduler,
+        setup.pools,
+        oracle,
+        built.model,
+        setup.cfg,
+        env=simpy.Environment(),
+    )
+    setup = dataclasses.replace(setup, server=server)
+    end_s = server.run()
+    return serving_result(setup, end_s=end_s, wall_s=0.0).requests, oracle
 
 
 def latency_errors(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
