@@ -193,6 +193,10 @@ class Server:
             0  # steps run back to back without an event of their own (_run_steps)
         )
         self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
+        #: each distinct pool's ``TimedCalls``, the KV pool's first (``ServerPools.distinct``):
+        #: their ``pending_driver_ns`` is a plain attribute, read on the hot path
+        self._timed_calls = tuple(pool.calls for pool in pools.distinct)
+        assert self._timed_calls[0] is pools.kv.calls
 
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
@@ -259,7 +263,6 @@ class Server:
         self._batch_steps = self._may_batch_steps()
         self._skips_round_trips = self.fast_path and self.pools.layout == "separate"
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
-        self._timed_calls = tuple(pool.calls for pool in self.pools.distinct)
         policy = self.pools.kv.policy
         #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
         #: may take at page boundaries (one page a request: a paged KV manager's pages are no
@@ -290,6 +293,15 @@ class Server:
                     yield ready
             elif self._batch_steps:
                 end_s, begun = self._run_steps()
+                if type(begun) is tuple:
+                    # the step begun at ``end_s``: the clock moves to its end at once (one event,
+                    # not one to its start and one for it: nothing could happen at its start, the
+                    # steps before end before the next arrival and no one else shares the clock),
+                    # to the float time ``end_s + seconds`` as two events would reach it
+                    for delay in _delays_to(env.now, end_s + begun[2]):
+                        yield env.timeout(delay)
+                    self._end_step(*begun, env.now)
+                    continue
                 if end_s > env.now:
                     for delay in _delays_to(env.now, end_s):
                         yield env.timeout(delay)
@@ -345,12 +357,7 @@ class Server:
     def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
         """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
         seconds)``; the driver time, copies, mapping and swaps pending are charged to it."""
-        sched, pools, kv, step_model = (
-            self.scheduler,
-            self.pools,
-            self.scheduler.kv,
-            self.step_model,
-        )
+        sched, kv, step_model = self.scheduler, self.scheduler.kv, self.step_model
         act = self._step_activations(plan)
         while act is None and len(plan.scheduled) > 1:
             sched.unschedule_last(plan)
@@ -367,13 +374,24 @@ class Server:
         if self._warmup_s:
             compute_s += self._warmup_s
             self._warmup_s = 0.0
-        kv_driver_ns = pools.kv.take_driver_ns()
+        # the pools' pending driver time, taken off their ``TimedCalls`` (plain attributes; the
+        # KV pool's first: ``pools.kv.take_driver_ns()`` then ``pools.take_driver_ns()``)
+        timed = self._timed_calls
+        kv_calls = timed[0]
+        kv_driver_ns = kv_calls.pending_driver_ns
+        if kv_driver_ns:
+            kv_calls.pending_driver_ns = 0
+        aux_driver_ns = 0
+        for calls in timed:
+            if calls.pending_driver_ns:
+                aux_driver_ns += calls.pending_driver_ns
+                calls.pending_driver_ns = 0
         map_s = kv.take_map_ns() * 1e-9
         # vAttention maps pages in the background: only what outlasts the step's compute shows
         map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
         self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
         self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
-        stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
+        stall_s = (kv_driver_ns + aux_driver_ns) * 1e-9 + map_step_s
         compactor = self._compactor
         if compactor is not None:  # passes on the allocation path, or between the last two steps
             compaction_s = compactor.take_compaction_ns() * 1e-9
