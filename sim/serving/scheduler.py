@@ -596,15 +596,20 @@ class DecodeRun:
         requests in the same order (step by step, running order in each), since nothing else
         calls the pool in between. Returns each step's ``kv.allocated_bytes`` after its grows
         (steps that grow nothing left out), or None, with nothing done, when the KV manager
-        cannot promise them all at once (the caller then takes them step by step)."""
+        cannot promise them all at once, or the run has no page source and none of its requests
+        finished yet (the caller then takes them step by step). ``take_slots`` is its window of
+        one step: the one place that moves due requests on."""
         slots_at = self._slots_at
         finished = self._num_finished  # constant in the window: nothing finishes before its end
         running = RequestState.RUNNING
         if self._page_source is None:
-            # no pages to take: done only when no due request of the window still runs
+            # no pages to take: done only when no due request of the window still runs (none
+            # can, before any finished: None at once, the case of every run of a contiguous KV)
+            if not finished:
+                return None
             window = [s for s in slots_at if first <= s <= last]
             for s in window:
-                if not finished or any([r.status is running for r in slots_at[s]]):
+                if any([r.status is running for r in slots_at[s]]):
                     return None
             for s in window:
                 del slots_at[s]

@@ -225,9 +225,10 @@ class Server:
     def _arrivals(self):
         env, add = self.env, self.scheduler.add
         for r in self.requests:
-            delay = r.arrival_s - env.now
+            now_s = env.now
+            delay = r.arrival_s - now_s
             if delay > 0:
-                self._next_arrival_s = env.now + delay  # the time simpy gives the timeout
+                self._next_arrival_s = now_s + delay  # the time simpy gives the timeout
                 yield env.timeout(delay)
             add(r)
             self._wake()
@@ -298,9 +299,14 @@ class Server:
                     # not one to its start and one for it: nothing could happen at its start, the
                     # steps before end before the next arrival and no one else shares the clock),
                     # to the float time ``end_s + seconds`` as two events would reach it
-                    for delay in _delays_to(env.now, end_s + begun[2]):
+                    now_s, step_end_s = env.now, end_s + begun[2]
+                    delay = step_end_s - now_s
+                    if now_s + delay == step_end_s:  # ``_delays_to``'s one delay, inline
                         yield env.timeout(delay)
-                    self._end_step(*begun, env.now)
+                    else:
+                        for delay in _delays_to(now_s, step_end_s):
+                            yield env.timeout(delay)
+                    self._end_step(*begun, step_end_s)  # (``env.now`` is ``step_end_s``)
                     continue
                 if end_s > env.now:
                     for delay in _delays_to(env.now, end_s):
@@ -542,6 +548,7 @@ class Server:
         next_sample_s = self._next_sample_s
         free_round_trips, activation_bytes = self._free_round_trips, self._activation_bytes
         needs_slots, stretch = run.needs_slots, self.quiet_stretch_steps
+        no_page_grows = self._page_grows is None
         t = now_s
         num_steps = stored = 0
         m = -1
@@ -573,6 +580,10 @@ class Server:
                 # longer as the context grows; a stretch that falls short is followed by another)
                 times_at, i = num_steps, 0
                 n = min(finish_step, num_steps + stretch - 1, max_steps - 1) - num_steps + 1
+                if no_page_grows and run.next_slot_step - num_steps < n:
+                    # no pages to take: the run stops at its next slot step (unless all due then
+                    # finished), whose time it reads; times past it would go unused
+                    n = run.next_slot_step - num_steps + 1
                 if not dt:  # the first stretch of all: no pace known yet
                     n = min(n, 16)
                 elif next_arrival_s - t < n * dt:
