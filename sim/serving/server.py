@@ -649,8 +649,16 @@ class Server:
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
                 if lag:
                     run.advance(lag)
+                # the requests are written when the step ends (``_end_step``: one ``apply`` for
+                # the run's steps and this one): the arrivals meanwhile read none of them
                 self._store_quiet(
-                    run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
+                    run,
+                    num_steps - stored,
+                    busy_s,
+                    token_byte_s,
+                    reserved_byte_s,
+                    idle_byte_s,
+                    apply=False,
                 )
                 self.num_skipped_activation_round_trips += 1
                 self.num_quiet_steps += 1
@@ -705,9 +713,10 @@ class Server:
         token_byte_s: float,
         reserved_byte_s: float,
         idle_byte_s: float,
+        apply: bool = True,
     ) -> None:
-        """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the
-        requests."""
+        """Store a quiet run's figures (``new`` more steps) in the server, and (``apply``) its
+        steps in the requests."""
         self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (
             busy_s,
             token_byte_s,
@@ -718,7 +727,8 @@ class Server:
         self.num_skipped_activation_round_trips += new
         self.num_batched_steps += new
         self.num_quiet_steps += new
-        run.apply()
+        if apply:
+            run.apply()
 
     # ------------------------------------------------------------------ activations
     def _step_activations(self, plan: StepPlan) -> Allocation | None | object:
