@@ -30,6 +30,7 @@ Definitions follow vLLM's serving benchmark (field notes):
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Iterable
 
 import numpy as np
@@ -105,26 +106,22 @@ RECORDED_COLUMNS = [c for c in REQUEST_TABLE_COLUMNS if c not in ("ttft_s", "tpo
 
 
 def request_table(requests: Iterable[Any]) -> pd.DataFrame:
-    """One row per request (``sim.serving.scheduler.Request`` objects), latencies derived."""
-    rows = [
-        (
-            r.request_id,
-            r.arrival_s,
-            r.prompt_tokens,
-            r.output_tokens,
-            r.num_generated,
-            r.first_token_s,
-            r.finish_s,
-            r.num_preemptions,
-            r.num_swaps,
-            r.prefix_hit_tokens,
-            r.status.value,
-            r.reject_reason,
-            r.reject_kind,
-        )
-        for r in requests
-    ]
-    return request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
+    """One row per request (``sim.serving.scheduler.Request`` objects), latencies derived.
+
+    Built by columns (a list per column, read with ``attrgetter``): pandas converts a list of
+    ints or floats to its array at once, where a list of row tuples goes through an object
+    array converted column by column (about 5x slower for the hour's 19,366 requests; the same
+    dtypes and values, ``tests/sim/replay/test_serving_metrics.py``)."""
+    requests = list(requests)
+    if not requests:  # the row frame's dtypes (object) for no rows
+        return request_frame(pd.DataFrame([], columns=RECORDED_COLUMNS))
+    columns = {
+        name: list(map(attrgetter(name), requests)) for name in RECORDED_COLUMNS if name != "status"
+    }
+    statuses = list(map(attrgetter("status"), requests))
+    value = {s: s.value for s in set(statuses)}  # a few states: one enum lookup each
+    columns["status"] = [value[s] for s in statuses]
+    return request_frame(pd.DataFrame({name: columns[name] for name in RECORDED_COLUMNS}))
 
 
 def request_frame(recorded: pd.DataFrame) -> pd.DataFrame:

@@ -457,8 +457,12 @@ class Scheduler:
             return None
         if not running or len(running) > self.config.max_num_batched_tokens:
             return None
+        # one walk checks every request and files it by the step it finishes at and the step it
+        # needs a slot at (``DecodeRun``'s dicts: built here, not in a second walk)
         context = 0
-        for r in running:
+        finish_at: dict[int, list[Request]] = {}
+        slots_at: dict[int, list[Request]] = {}
+        for r in running:  # in running order, so every list below is too
             c = r.num_computed
             h = r.kv
             if (
@@ -469,7 +473,9 @@ class Scheduler:
             ):
                 return None
             context += c
-        return DecodeRun(self, context, page_source)
+            finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
+            slots_at.setdefault(h.capacity_tokens - c, []).append(r)
+        return DecodeRun(self, context, page_source, finish_at, slots_at)
 
 
 class DecodeRun:
@@ -503,8 +509,10 @@ class DecodeRun:
         "num_steps",
         "_applied",
         "_live",
+        "_first",
         "_order",
         "_finish_at",
+        "_finish_steps",
         "_slots_at",
         "_page_source",
         "_num_finished",
@@ -512,7 +520,14 @@ class DecodeRun:
         "next_slot_step",
     )
 
-    def __init__(self, sched: Scheduler, context_tokens: int, page_source=None):
+    def __init__(
+        self,
+        sched: Scheduler,
+        context_tokens: int,
+        page_source=None,
+        finish_at: dict[int, list[Request]] | None = None,
+        slots_at: dict[int, list[Request]] | None = None,
+    ):
         self.sched, self.kv = sched, sched.kv
         running = sched.running
         self.num_seqs = len(running)
@@ -520,14 +535,20 @@ class DecodeRun:
         self.num_own_tokens = sched.num_own_tokens
         self.num_steps = 0  # steps ended since the run began
         self._applied = 0  # of them, those written into the requests
-        self._live = list(running)
-        self._order = {r: i for i, r in enumerate(running)}  # running order
-        finish_at: dict[int, list[Request]] = {}
-        slots_at: dict[int, list[Request]] = {}
-        for r in running:  # in running order, so every list below is too
-            finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
-            slots_at.setdefault(r.kv.capacity_tokens - r.num_computed, []).append(r)
+        self._live = self._first = list(running)  # ``_first``: the run's requests, running order
+        #: request -> its place in running order, built when first needed (``_running_order``:
+        #: only a step whose requests merge into a later step's sorts by it, a rare case)
+        self._order: dict[Request, int] | None = None
+        if finish_at is None or slots_at is None:  # (``Scheduler.decode_run`` passes them)
+            finish_at, slots_at = {}, {}
+            for r in running:  # in running order, so every list below is too
+                finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
+                slots_at.setdefault(r.kv.capacity_tokens - r.num_computed, []).append(r)
+        #: step -> requests that finish at its end
         self._finish_at = finish_at
+        #: the steps of ``_finish_at``, latest first: a sorted list, so that the next finish is
+        #: its last item (popped as ``end_step`` reaches it), not a ``min`` over the dict per call
+        self._finish_steps = sorted(finish_at, reverse=True)
         #: step -> requests whose next token needs a slot beyond their capacity then
         self._slots_at = slots_at
         self._page_source = page_source
@@ -542,7 +563,8 @@ class DecodeRun:
     def next_finish_step(self) -> int | float:
         """The next step (counted from the run's start, >= ``num_steps``) at whose end some
         request finishes; ``math.inf`` when none does. Until then ``num_seqs`` stays as it is."""
-        return min(self._finish_at, default=math.inf)
+        steps = self._finish_steps
+        return steps[-1] if steps else math.inf
 
     def advance(self, num_steps: int) -> None:
         """``num_steps`` x ``end_step`` of steps at whose end nothing finishes (the caller knows:
@@ -556,30 +578,17 @@ class DecodeRun:
         """Give each request due at ``step`` its new slot, as ``schedule`` would (``kv.grow`` in
         running order), when the KV manager can promise every one at once
         (``kv.grow_from_free_pages``); False, with nothing done, when it cannot (the engine's
-        own step then runs, with its growth, eviction or preemption)."""
-        due = self._slots_at.get(step)
-        if due is None:
+        own step then runs, with its growth, eviction or preemption). The window of one step
+        (``take_slots_through``: one place for how due requests move on)."""
+        if step not in self._slots_at:
             return True
-        if self._num_finished:  # those that finished need nothing
-            due = [r for r in due if r.status is RequestState.RUNNING]
-            if not due:
-                del self._slots_at[step]
-                self.next_slot_step = min(self._slots_at, default=math.inf)
-                return True
-        if self._page_source is None:
-            return False
-        if not self.kv.grow_from_free_pages([r.kv for r in due], self._page_source):
-            return False
-        slots_at = self._slots_at
-        del slots_at[step]
-        later = slots_at.get(step + self.kv.tokens_per_page)  # a page lasts tokens_per_page steps
-        if later is None:
-            slots_at[step + self.kv.tokens_per_page] = due
-        else:  # requests that first run out then too (a larger slack): keep running order
-            later.extend(due)
-            later.sort(key=self._order.__getitem__)
-        self.next_slot_step = min(slots_at)
-        return True
+        return self.take_slots_through(step, step) is not None
+
+    def _running_order(self) -> dict[Request, int]:
+        """Request -> its place in the run's running order (built once, when first needed)."""
+        if self._order is None:
+            self._order = {r: i for i, r in enumerate(self._first)}
+        return self._order
 
     def take_slots_through(self, first: int, last: int) -> dict[int, int] | None:
         """``take_slots(s)`` for each step ``s`` from ``first`` to ``last`` (steps at whose ends
@@ -587,12 +596,26 @@ class DecodeRun:
         requests in the same order (step by step, running order in each), since nothing else
         calls the pool in between. Returns each step's ``kv.allocated_bytes`` after its grows
         (steps that grow nothing left out), or None, with nothing done, when the KV manager
-        cannot promise them all at once (the caller then takes them step by step)."""
-        if self._page_source is None:  # no pages to take: ``take_slots`` says what it does
-            return None
-        slots_at, tpp = self._slots_at, self.kv.tokens_per_page
+        cannot promise them all at once, or the run has no page source and none of its requests
+        finished yet (the caller then takes them step by step). ``take_slots`` is its window of
+        one step: the one place that moves due requests on."""
+        slots_at = self._slots_at
         finished = self._num_finished  # constant in the window: nothing finishes before its end
         running = RequestState.RUNNING
+        if self._page_source is None:
+            # no pages to take: done only when no due request of the window still runs (none
+            # can, before any finished: None at once, the case of every run of a contiguous KV)
+            if not finished:
+                return None
+            window = [s for s in slots_at if first <= s <= last]
+            for s in window:
+                if any([r.status is running for r in slots_at[s]]):
+                    return None
+            for s in window:
+                del slots_at[s]
+            self.next_slot_step = min(slots_at, default=math.inf)
+            return {}
+        tpp = self.kv.tokens_per_page
         # the window's view of ``slots_at``: due lists as ``take_slots`` leaves them, not yet
         # written back (a step's requests move on a page, maybe into the window again)
         moved: dict[int, list[Request]] = {}
@@ -630,7 +653,7 @@ class DecodeRun:
                 moved[s + tpp] = due
             else:  # requests that first run out then too (a larger slack): keep running order
                 later = later + due
-                later.sort(key=self._order.__getitem__)
+                later.sort(key=self._running_order().__getitem__)
                 moved[s + tpp] = later
             if s + tpp <= last:
                 queue.append(s + tpp)
@@ -661,6 +684,7 @@ class DecodeRun:
         done = self._finish_at.pop(step, None)
         if done is None:
             return 0
+        self._finish_steps.pop()  # ``step``: finishes are reached in step order
         sched, kv = self.sched, self.kv
         ahead = step + 1 - self._applied
         own = self.num_own_tokens

@@ -193,6 +193,10 @@ class Server:
             0  # steps run back to back without an event of their own (_run_steps)
         )
         self.num_quiet_steps = 0  # steps of them computed in closed form (_quiet_steps)
+        #: each distinct pool's ``TimedCalls``, the KV pool's first (``ServerPools.distinct``):
+        #: their ``pending_driver_ns`` is a plain attribute, read on the hot path
+        self._timed_calls = tuple(pool.calls for pool in pools.distinct)
+        assert self._timed_calls[0] is pools.kv.calls
 
     def run(self) -> float:
         """Simulate until every request is done (or ``horizon_s``); returns the end time."""
@@ -221,9 +225,10 @@ class Server:
     def _arrivals(self):
         env, add = self.env, self.scheduler.add
         for r in self.requests:
-            delay = r.arrival_s - env.now
+            now_s = env.now
+            delay = r.arrival_s - now_s
             if delay > 0:
-                self._next_arrival_s = env.now + delay  # the time simpy gives the timeout
+                self._next_arrival_s = now_s + delay  # the time simpy gives the timeout
                 yield env.timeout(delay)
             add(r)
             self._wake()
@@ -259,7 +264,6 @@ class Server:
         self._batch_steps = self._may_batch_steps()
         self._skips_round_trips = self.fast_path and self.pools.layout == "separate"
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
-        self._timed_calls = tuple(pool.calls for pool in self.pools.distinct)
         policy = self.pools.kv.policy
         #: a pool that counts its free pages (``Policy.counts_free_pages``), whose pages quiet runs
         #: may take at page boundaries (one page a request: a paged KV manager's pages are no
@@ -290,6 +294,20 @@ class Server:
                     yield ready
             elif self._batch_steps:
                 end_s, begun = self._run_steps()
+                if type(begun) is tuple:
+                    # the step begun at ``end_s``: the clock moves to its end at once (one event,
+                    # not one to its start and one for it: nothing could happen at its start, the
+                    # steps before end before the next arrival and no one else shares the clock),
+                    # to the float time ``end_s + seconds`` as two events would reach it
+                    now_s, step_end_s = env.now, end_s + begun[2]
+                    delay = step_end_s - now_s
+                    if now_s + delay == step_end_s:  # ``_delays_to``'s one delay, inline
+                        yield env.timeout(delay)
+                    else:
+                        for delay in _delays_to(now_s, step_end_s):
+                            yield env.timeout(delay)
+                    self._end_step(*begun, step_end_s)  # (``env.now`` is ``step_end_s``)
+                    continue
                 if end_s > env.now:
                     for delay in _delays_to(env.now, end_s):
                         yield env.timeout(delay)
@@ -345,12 +363,7 @@ class Server:
     def _begin_step(self, plan: StepPlan) -> tuple[StepPlan, Any, float, float]:
         """Allocate the step's activations and cost it: ``(plan, activations, seconds, stall
         seconds)``; the driver time, copies, mapping and swaps pending are charged to it."""
-        sched, pools, kv, step_model = (
-            self.scheduler,
-            self.pools,
-            self.scheduler.kv,
-            self.step_model,
-        )
+        sched, kv, step_model = self.scheduler, self.scheduler.kv, self.step_model
         act = self._step_activations(plan)
         while act is None and len(plan.scheduled) > 1:
             sched.unschedule_last(plan)
@@ -367,13 +380,24 @@ class Server:
         if self._warmup_s:
             compute_s += self._warmup_s
             self._warmup_s = 0.0
-        kv_driver_ns = pools.kv.take_driver_ns()
+        # the pools' pending driver time, taken off their ``TimedCalls`` (plain attributes; the
+        # KV pool's first: ``pools.kv.take_driver_ns()`` then ``pools.take_driver_ns()``)
+        timed = self._timed_calls
+        kv_calls = timed[0]
+        kv_driver_ns = kv_calls.pending_driver_ns
+        if kv_driver_ns:
+            kv_calls.pending_driver_ns = 0
+        aux_driver_ns = 0
+        for calls in timed:
+            if calls.pending_driver_ns:
+                aux_driver_ns += calls.pending_driver_ns
+                calls.pending_driver_ns = 0
         map_s = kv.take_map_ns() * 1e-9
         # vAttention maps pages in the background: only what outlasts the step's compute shows
         map_step_s = max(0.0, map_s - compute_s) if self.config.map_overlap else map_s
         self.kv_driver_s += kv_driver_ns * 1e-9 + map_s
         self.kv_driver_step_s += kv_driver_ns * 1e-9 + map_step_s
-        stall_s = (kv_driver_ns + pools.take_driver_ns()) * 1e-9 + map_step_s
+        stall_s = (kv_driver_ns + aux_driver_ns) * 1e-9 + map_step_s
         compactor = self._compactor
         if compactor is not None:  # passes on the allocation path, or between the last two steps
             compaction_s = compactor.take_compaction_ns() * 1e-9
@@ -524,6 +548,7 @@ class Server:
         next_sample_s = self._next_sample_s
         free_round_trips, activation_bytes = self._free_round_trips, self._activation_bytes
         needs_slots, stretch = run.needs_slots, self.quiet_stretch_steps
+        no_page_grows = self._page_grows is None
         t = now_s
         num_steps = stored = 0
         m = -1
@@ -555,6 +580,10 @@ class Server:
                 # longer as the context grows; a stretch that falls short is followed by another)
                 times_at, i = num_steps, 0
                 n = min(finish_step, num_steps + stretch - 1, max_steps - 1) - num_steps + 1
+                if no_page_grows and run.next_slot_step - num_steps < n:
+                    # no pages to take: the run stops at its next slot step (unless all due then
+                    # finished), whose time it reads; times past it would go unused
+                    n = run.next_slot_step - num_steps + 1
                 if not dt:  # the first stretch of all: no pace known yet
                     n = min(n, 16)
                 elif next_arrival_s - t < n * dt:
@@ -620,8 +649,16 @@ class Server:
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
                 if lag:
                     run.advance(lag)
+                # the requests are written when the step ends (``_end_step``: one ``apply`` for
+                # the run's steps and this one): the arrivals meanwhile read none of them
                 self._store_quiet(
-                    run, num_steps - stored, busy_s, token_byte_s, reserved_byte_s, idle_byte_s
+                    run,
+                    num_steps - stored,
+                    busy_s,
+                    token_byte_s,
+                    reserved_byte_s,
+                    idle_byte_s,
+                    apply=False,
                 )
                 self.num_skipped_activation_round_trips += 1
                 self.num_quiet_steps += 1
@@ -676,9 +713,10 @@ class Server:
         token_byte_s: float,
         reserved_byte_s: float,
         idle_byte_s: float,
+        apply: bool = True,
     ) -> None:
-        """Store a quiet run's figures (``new`` more steps) in the server, and its steps in the
-        requests."""
+        """Store a quiet run's figures (``new`` more steps) in the server, and (``apply``) its
+        steps in the requests."""
         self.busy_s, self.token_byte_s, self.reserved_byte_s, self.idle_byte_s = (
             busy_s,
             token_byte_s,
@@ -689,7 +727,8 @@ class Server:
         self.num_skipped_activation_round_trips += new
         self.num_batched_steps += new
         self.num_quiet_steps += new
-        run.apply()
+        if apply:
+            run.apply()
 
     # ------------------------------------------------------------------ activations
     def _step_activations(self, plan: StepPlan) -> Allocation | None | object:

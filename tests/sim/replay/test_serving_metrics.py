@@ -126,3 +126,28 @@ def test_no_finished_requests_gives_nan_percentiles():
     table = request_table([r(0, 0.0, math.nan, math.nan, 3, status="rejected")])
     s = serving_summary(table, duration_s=1.0, num_preemptions=0, kv_token_util=float("nan"))
     assert math.isnan(s["ttft_p99_s"]) and s["n_finished"] == 0 and s["throughput_tok_s"] == 0.0
+
+
+def test_request_table_by_columns_is_the_table_by_rows():
+    """``request_table`` builds its frame column by column: the same dtypes and values, floats
+    exactly, as the frame of row tuples it replaced (NaN times of requests never served, the
+    three states, rejection texts, an empty run)."""
+    import pandas as pd
+
+    from sim.replay.serving_metrics import RECORDED_COLUMNS, request_frame
+
+    nan = math.nan
+    reqs = [
+        r(0, 0.1, 0.35, 1.7, 12),
+        r(1, 0.2, nan, nan, 3, status="rejected", kind="kv>budget"),
+        r(2, 0.30000000000000004, 0.9, nan, 7, status="running"),
+        r(3, 1e-9, 0.5, 0.5, 1),
+    ]
+    for reqs_ in (reqs, []):
+        rows = [
+            tuple(x.status.value if c == "status" else getattr(x, c) for c in RECORDED_COLUMNS)
+            for x in reqs_
+        ]
+        by_rows = request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
+        pd.testing.assert_frame_equal(request_table(iter(reqs_)), by_rows, check_exact=True)
+    assert request_table(reqs)["request_id"].dtype == "int64"

@@ -527,3 +527,33 @@ def test_a_window_walk_visits_only_its_slot_steps(slack):
             assert taken.pop(s) == one.kv.allocated_bytes
     assert not taken and many.kv.allocated_bytes == one.kv.allocated_bytes
     assert sorted(b._slots_at) == sorted(a._slots_at)
+
+
+def test_take_slots_without_a_page_source_passes_only_steps_whose_requests_finished():
+    """A run without a page source (``decode_run(None)``: a contiguous KV, or no free pages to
+    take) takes no slot: ``take_slots`` of a step due for a running request is False with nothing
+    done, and True once every request due then has finished (the step is dropped, the next slot
+    step moves on), as ``take_slots_through``'s one-step window. The next finish steps come in
+    order from the run's sorted list."""
+    s = _decoding_batch("paged")
+    first = next(r for r in s.running if r.request_id == 0)  # finishes at step 7, a slot at 8
+    for r in s.running:  # the others' slots last past the test's steps
+        if r is not first:
+            assert s.kv.grow(r.kv, r.kv.capacity_tokens + 64, r.num_computed)
+    run = s.decode_run(None)
+    assert run is not None and run.next_slot_step == 8 and run.next_finish_step() == 2
+    log = log_kv_calls(s.kv.pool)
+    assert not run.take_slots(8) and run.next_slot_step == 8  # request 0 still runs
+    assert [run.take_slots(k) for k in range(8)] == [True] * 8  # nothing due before 8
+    finishes = []
+    while run.num_steps < 8:
+        if run.end_step(1.0 + run.num_steps):
+            finishes.append(run.num_steps - 1)
+            assert run.next_finish_step() > finishes[-1]
+    assert finishes == [2, 7] and first.status is RequestState.FINISHED
+    assert run.take_slots(8) and run.next_slot_step > 8 and 8 not in run._slots_at
+    due_running = min(
+        k for k, due in run._slots_at.items() if any(r.status is RequestState.RUNNING for r in due)
+    )
+    assert not run.take_slots(due_running) and due_running in run._slots_at  # still False
+    assert log and {c[0] for c in log} == {"free"}  # the two finishes' frees, no grow
