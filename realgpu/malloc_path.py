@@ -334,7 +334,6 @@ class TorchPath:
     ptr=cython.longlong,
     i=cython.Py_ssize_t,
     num_segments=cython.Py_ssize_t,
-    found_segment=cython.bint,
     mask=cython.longlong,
     key=object,
     request=object,
@@ -380,16 +379,17 @@ def torch_malloc(path: TorchPath, size: int, stream: Any) -> int:
         starts = path.starts
         i = path.segment_index
         num_segments = len(starts)
-        found_segment = False
         if 0 <= i < num_segments:
             start = starts[i]
-            if start <= offset:
-                if i + 1 == num_segments:
-                    found_segment = True
-                else:
-                    end = starts[i + 1]
-                    found_segment = offset < end
-        if not found_segment:
+            if start > offset:
+                i = -1
+            elif i + 1 < num_segments:
+                end = starts[i + 1]
+                if offset >= end:
+                    i = -1
+        else:
+            i = -1
+        if i < 0:
             i = bisect_ints(starts, offset + 1) - 1
             path.segment_index = i
             start = starts[i]

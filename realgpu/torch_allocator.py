@@ -20,7 +20,9 @@ per-call latency samples and validation mode (patterns and guards, checked on ev
 PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first use with
 ``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
 ``AllocatorCore.malloc``/``free`` under the GIL: the methods of ``realgpu.malloc_path.TorchPath``,
-C in the compiled build (``POOLLAB_COMPILE=1``). ``AllocatorCore`` is plain Python over a
+C in the compiled build (``POOLLAB_COMPILE=1``), where the trampoline calls their C functions by
+address (``TorchPath.entry_addresses``) and they call the policy's bookkeeping as C methods
+(``Policy._allocate_counted``/``_free_checked``). ``AllocatorCore`` is plain Python over a
 ``GpuPool`` and imports no torch, so CI tests the callback table on the host backend.
 
 What the core guarantees, whatever the policy:
