@@ -2,9 +2,11 @@
 //
 // PyTorch calls a raw function pointer for every CUDA allocation and free
 // (torch._C._cuda_customAllocator(malloc_ptr, free_ptr)): poollab_malloc / poollab_free below.
-// Each takes the GIL, calls one Python callable (realgpu.torch_allocator.AllocatorCore's
-// malloc / free) and returns. ctypes CFUNCTYPE callbacks cost 2.5-5.8 us a call (issue 30);
-// this costs one vectorcall and the argument boxing.
+// Each takes the GIL, calls the hot path (realgpu.malloc_path.TorchPath) and returns: in the
+// compiled build its C functions by address (poollab_set_entries: no Python call, the device
+// argument not boxed, the stream's int boxed once while the stream stays), else one Python
+// callable (realgpu.torch_allocator.AllocatorCore's malloc / free) by vectorcall. ctypes CFUNCTYPE
+// callbacks cost 2.5-5.8 us a call (issue 30).
 //
 // Built at first use by realgpu.torch_allocator.load_shim (torch.utils.cpp_extension.load, cached
 // in torch's extension folder). Needs no CUDA headers: the one CUDA runtime call (is the stream
@@ -41,6 +43,19 @@ int g_null_on_refusal = 0;
 // cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus*), or null
 typedef int (*is_capturing_fn)(void*, int*);
 is_capturing_fn g_is_capturing = nullptr;
+// The compiled hot path's C entries (TorchPath.entry_addresses), called with g_target, a strong
+// reference to the TorchPath: malloc(path, size, stream) -> the pointer (0 with the Python error
+// set), free(path, ptr, size) -> None (a new reference, or NULL with the error set). Null: the
+// callables above are called.
+typedef unsigned long long (*malloc_entry_fn)(PyObject*, PyObject*, PyObject*);
+typedef PyObject* (*free_entry_fn)(PyObject*, PyObject*, PyObject*);
+PyObject* g_target = nullptr;
+malloc_entry_fn g_malloc_entry = nullptr;
+free_entry_fn g_free_entry = nullptr;
+// The int of the last malloc's stream (a strong reference): nearly all of PyTorch's work is on one
+// stream, so it is boxed once, not on every call.
+void* g_stream = nullptr;
+PyObject* g_stream_obj = nullptr;
 
 // Per-call latency samples in the call clock's ticks (ns where read out), bounded: once full, every
 // second sample is dropped and the stride doubles (so the kept samples stay evenly spread over the
@@ -51,15 +66,17 @@ struct Samples {
   uint64_t stride = 1;
   uint64_t seen = 0;
 
+  // stride is a power of two: a mask, not a division, on every call (a 64-bit divide is tens of
+  // cycles, twice a malloc/free pair)
   void add(int64_t ns) {
     uint64_t k = seen++;
-    if (k % stride) return;
+    if (k & (stride - 1)) return;
     if (values.size() >= capacity) {
       size_t j = 0;
       for (size_t i = 0; i < values.size(); i += 2) values[j++] = values[i];
       values.resize(j);
       stride *= 2;
-      if (k % stride) return;
+      if (k & (stride - 1)) return;
     }
     values.push_back(ns);
   }
@@ -196,6 +213,30 @@ std::string take_error(bool* is_memory_error) {
   return text;
 }
 
+// The stream's int, borrowed (GIL held); null with the error set if it cannot be made.
+inline PyObject* stream_object(void* stream) {
+  if (g_stream_obj == nullptr || stream != g_stream) {
+    PyObject* obj = PyLong_FromVoidPtr(stream);
+    if (obj == nullptr) return nullptr;
+    Py_XDECREF(g_stream_obj);
+    g_stream_obj = obj;
+    g_stream = stream;
+  }
+  return g_stream_obj;
+}
+
+void clear_entries() {  // GIL held
+  PyObject* old_target = g_target;
+  PyObject* old_stream = g_stream_obj;
+  g_target = nullptr;
+  g_malloc_entry = nullptr;
+  g_free_entry = nullptr;
+  g_stream_obj = nullptr;
+  g_stream = nullptr;
+  Py_XDECREF(old_target);
+  Py_XDECREF(old_stream);
+}
+
 struct Gil {
   PyGILState_STATE state;
   Gil() : state(PyGILState_Ensure()) {}
@@ -267,23 +308,42 @@ void* poollab_malloc(size_t size, int device, void* stream) {
       error = "poollab allocator: malloc after the policy's pool was closed (PyTorch's own allocator "
               "cannot be put back in this process once a pluggable allocator was installed)";
     } else {
-      PyObject* cb = g_malloc_cb;  // held: the callback may rebind the table while it runs
-      Py_INCREF(cb);
-      PyObject* args[3] = {PyLong_FromSize_t(size), PyLong_FromLong(device), PyLong_FromVoidPtr(stream)};
-      PyObject* result = PyObject_Vectorcall(cb, args, 3, nullptr);
-      Py_DECREF(cb);
-      Py_DECREF(args[0]);
-      Py_DECREF(args[1]);
-      Py_DECREF(args[2]);
-      if (result == nullptr) {
-        failed = true;
-        error = take_error(&is_memory_error);
-      } else {
-        ptr = PyLong_AsVoidPtr(result);
-        Py_DECREF(result);
-        if (PyErr_Occurred()) {
+      if (g_malloc_entry != nullptr) {
+        PyObject* target = g_target;  // held, and the stream's int: the call may rebind both
+        PyObject* stream_obj = stream_object(stream);
+        PyObject* size_obj = PyLong_FromSize_t(size);
+        Py_INCREF(target);
+        Py_XINCREF(stream_obj);
+        unsigned long long answer = 0;
+        if (stream_obj != nullptr && size_obj != nullptr) answer = g_malloc_entry(target, size_obj, stream_obj);
+        Py_DECREF(target);
+        Py_XDECREF(stream_obj);
+        Py_XDECREF(size_obj);
+        if (answer == 0 && PyErr_Occurred()) {
           failed = true;
           error = take_error(&is_memory_error);
+        }
+        ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(answer));
+      } else {
+        PyObject* result = nullptr;
+        PyObject* cb = g_malloc_cb;  // held: the callback may rebind the table while it runs
+        Py_INCREF(cb);
+        PyObject* args[3] = {PyLong_FromSize_t(size), PyLong_FromLong(device), PyLong_FromVoidPtr(stream)};
+        result = PyObject_Vectorcall(cb, args, 3, nullptr);
+        Py_DECREF(cb);
+        Py_DECREF(args[0]);
+        Py_DECREF(args[1]);
+        Py_DECREF(args[2]);
+        if (result == nullptr) {
+          failed = true;
+          error = take_error(&is_memory_error);
+        } else {
+          ptr = PyLong_AsVoidPtr(result);
+          Py_DECREF(result);
+          if (PyErr_Occurred()) {
+            failed = true;
+            error = take_error(&is_memory_error);
+          }
         }
       }
     }
@@ -322,24 +382,38 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
       ++g_num_ignored;
       return;
     }
-    PyObject* args[4] = {PyLong_FromVoidPtr(ptr), PyLong_FromSize_t(size), PyLong_FromLong(device),
-                         PyLong_FromVoidPtr(stream)};
-    PyObject* cb = g_free_cb;  // held: the callback may rebind the table while it runs
-    Py_INCREF(cb);
-    PyObject* result = PyObject_Vectorcall(cb, args, 4, nullptr);
-    for (PyObject* a : args) Py_DECREF(a);
+    PyObject* result;
+    PyObject* owner;  // what an error is reported against
+    if (g_free_entry != nullptr) {
+      owner = g_target;  // held: the call may rebind the table
+      Py_INCREF(owner);
+      PyObject* ptr_obj = PyLong_FromVoidPtr(ptr);
+      PyObject* size_obj = PyLong_FromSize_t(size);
+      result = ptr_obj != nullptr && size_obj != nullptr ? g_free_entry(owner, ptr_obj, size_obj) : nullptr;
+      Py_XDECREF(ptr_obj);
+      Py_XDECREF(size_obj);
+    } else {
+      PyObject* args[4] = {PyLong_FromVoidPtr(ptr), PyLong_FromSize_t(size), PyLong_FromLong(device),
+                           PyLong_FromVoidPtr(stream)};
+      owner = g_free_cb;  // held: the callback may rebind the table while it runs
+      Py_INCREF(owner);
+      result = PyObject_Vectorcall(owner, args, 4, nullptr);
+      for (PyObject* a : args) Py_DECREF(a);
+    }
     if (result == nullptr) {
-      PyErr_WriteUnraisable(cb);  // the Python side records its own errors; this is a bug there
+      PyErr_WriteUnraisable(owner);  // the Python side records its own errors; this is a bug there
     } else {
       Py_DECREF(result);
     }
-    Py_DECREF(cb);
+    Py_DECREF(owner);
   }
   g_free_ns.add(g_clock.ticks() - t0);
 }
 
-// Install (or, with nulls, clear) the Python callables. Called through ctypes.PyDLL (GIL held).
+// Install (or, with nulls, clear) the Python callables; clears the C entries (poollab_set_entries
+// sets them after). Called through ctypes.PyDLL (GIL held).
 void poollab_set_callbacks(PyObject* malloc_cb, PyObject* free_cb, int null_on_refusal) {
+  clear_entries();
   Py_XINCREF(malloc_cb);
   Py_XINCREF(free_cb);
   PyObject* old_malloc = g_malloc_cb;
@@ -352,6 +426,21 @@ void poollab_set_callbacks(PyObject* malloc_cb, PyObject* free_cb, int null_on_r
   Py_XDECREF(old_malloc);
   Py_XDECREF(old_free);
 }
+
+// Call the compiled hot path's C functions (TorchPath.entry_addresses) with `target` instead of the
+// callables (which stay installed: a null callable still means closed). Called through ctypes.PyDLL
+// (GIL held), after poollab_set_callbacks.
+void poollab_set_entries(PyObject* target, void* malloc_fn, void* free_fn) {
+  clear_entries();
+  if (target == Py_None || malloc_fn == nullptr || free_fn == nullptr) return;
+  Py_INCREF(target);
+  g_target = target;
+  g_malloc_entry = reinterpret_cast<malloc_entry_fn>(malloc_fn);
+  g_free_entry = reinterpret_cast<free_entry_fn>(free_fn);
+}
+
+// 1 when the C entries are installed (tests: which way the trampoline calls).
+int poollab_uses_entries() { return g_malloc_entry != nullptr ? 1 : 0; }
 
 void poollab_set_capture_check(void* fn) { g_is_capturing = reinterpret_cast<is_capturing_fn>(fn); }
 

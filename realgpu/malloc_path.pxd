@@ -1,7 +1,7 @@
 # The compiled build's declarations for realgpu/malloc_path.py (see policies/base.pxd).
 cimport cython
 from policies._blocks cimport Block, bisect_ints
-from policies.base cimport Allocation
+from policies.base cimport Allocation, Policy
 
 
 cdef class MallocPath:
@@ -21,7 +21,15 @@ cdef class TorchPath:
     cdef public list starts, bases, queued
     cdef public dict live
     cdef public long long countdown, extra_bytes, align_mask
-    cdef public bint in_malloc, fast
+    cdef public bint in_malloc, fast, policy_frees
+    cdef public Policy policy  # or None: ``allocate`` is called as given
+    cdef public Py_ssize_t segment_index
+
+
+# PyTorch's two calls, as C functions the trampoline calls by address (TorchPath.entry_addresses)
+# malloc's answer is the pointer as a C integer (0 with the error set: no pointer is 0)
+cdef unsigned long long torch_malloc(TorchPath path, object size, object stream) except? 0
+cdef object torch_free(TorchPath path, object ptr, object size)
 
 
 cpdef bint extents_are_one_range(object extents, list starts) except -1

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from policies._blocks import Block, bisect_ints
-from policies.base import Allocation
+from policies.base import Allocation, Policy
 from realgpu.errors import PoolError
 
 try:
@@ -27,7 +27,13 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = ["Lease", "MallocPath", "TorchPath", "extents_are_one_range", "ALIGNMENT_BYTES"]
+__all__ = [
+    "Lease",
+    "MallocPath",
+    "TorchPath",
+    "extents_are_one_range",
+    "ALIGNMENT_BYTES",
+]
 
 #: What every pointer handed to PyTorch is aligned to: its caching allocator guarantees 512 B.
 ALIGNMENT_BYTES = 512
@@ -203,6 +209,12 @@ class TorchPath:
     ``countdown`` (calls to the next monitor sample), ``extra_bytes`` (bytes asked beyond the
     requests), ``last_stream``, ``in_malloc`` and ``queued`` (frees a finalizer set off inside a
     malloc, done once the policy is through with the request).
+
+    Compiled, both calls are also C functions (``torch_malloc``/``torch_free``, whose addresses
+    ``entry_addresses`` gives the trampoline: no Python call between PyTorch and this code), and
+    where ``allocate``/``free_policy`` are ``policy``'s own ``Policy.allocate``/``free`` (no
+    subclass overrides them) they call its C methods (``Policy._allocate_counted`` and
+    ``_free_checked``: the same bookkeeping, no bound method, no keyword argument).
     """
 
     __slots__ = (
@@ -219,6 +231,9 @@ class TorchPath:
         "in_malloc",
         "fast",
         "align_mask",
+        "policy",
+        "policy_frees",
+        "segment_index",
     )
 
     core: Any
@@ -234,6 +249,9 @@ class TorchPath:
     in_malloc: bool
     fast: bool
     align_mask: int
+    policy: Any
+    policy_frees: bool
+    segment_index: int
 
     def __init__(
         self,
@@ -243,6 +261,7 @@ class TorchPath:
         starts: list,
         bases: list,
         live: dict,
+        policy: Any = None,
     ):
         self.core = core
         self.allocate = allocate
@@ -260,76 +279,39 @@ class TorchPath:
         # and the rounding and alignment test around it Python arithmetic (14 % of this method's
         # own time on the generate trace: perf, session 13)
         self.align_mask = ALIGNMENT_BYTES - 1
+        # the policy whose own contract methods ``allocate`` and ``free_policy`` are (a wrapper, a
+        # validating pool or a subclass's override is called as given: None / False here)
+        own = (
+            policy is not None
+            and type(policy).allocate is Policy.allocate
+            and allocate == policy.allocate
+        )
+        self.policy = policy if own else None
+        self.policy_frees = own and type(policy).free is Policy.free and free_policy == policy.free
+        self.segment_index = -1  # the segment of the last fast malloc (none yet)
 
-    @cython.locals(
-        a=Allocation,
-        b=Block,
-        n=cython.longlong,
-        nbytes=cython.longlong,
-        offset=cython.longlong,
-        start=cython.longlong,
-        ptr=cython.longlong,
-        i=cython.longlong,
-        mask=cython.longlong,
-        key=object,
-        num_live=cython.Py_ssize_t,
-    )
     def malloc(self, size: int, device: int, stream: int) -> int:
         """Allocate ``size`` bytes for PyTorch on ``stream``: the pointer (what
-        ``AllocatorCore.malloc`` documents)."""
-        if size <= 0 or not self.fast or stream != self.last_stream:
-            return self._general(size, stream)
-        mask = self.align_mask
-        n = size
-        nbytes = (n + mask) & ~mask
-        # a free that the garbage collector sets off inside the policy's call (a tensor's
-        # finalizer) is queued by ``free`` and done once the policy is through with this request
-        self.in_malloc = True
-        try:
-            if nbytes == n:  # already a multiple of 512 B: PyTorch's own int, no new one made
-                found = self.allocate(size, stream=stream)
-            else:
-                found = self.allocate(nbytes, stream=stream)
-            if found is None:
-                return self.core._place(None, size, nbytes, stream)
-            kind = type(found)
-            if kind is Block:
-                b = found
-                offset = b.offset  # its own field (compiled, a C read)
-            elif kind is Allocation:
-                a = found
-                ext = a._extents  # the slot behind ``extents`` (compiled, a C field read)
-                if len(ext) != 1:
-                    return self.core._place(found, size, nbytes, stream)
-                offset = ext[0][0]
-            else:
-                return self.core._place(found, size, nbytes, stream)
-            starts = self.starts
-            i = (
-                bisect_ints(starts, offset + 1) - 1
-            )  # the segment holding ``offset`` (compiled, a C bisect)
-            start = starts[i]
-            ptr = self.bases[i]
-            ptr += offset - start
-            if ptr & mask:
-                return self.core._place(found, size, nbytes, stream)
-            key = ptr  # one int for the live map and the answer
-            # stored unless live already, in one lookup: a policy that hands a live pointer out
-            # again (the map did not grow) is refused by ``_place``, the first tensor's entry kept
-            live = self.live
-            num_live = len(live)
-            live.setdefault(key, found)
-            if len(live) == num_live:
-                return self.core._place(found, size, nbytes, stream)
-            self.extra_bytes += nbytes - n
-            self.countdown -= 1
-            if not self.countdown:
-                self.core._sample()
-            return key
-        finally:
-            self.in_malloc = False
-            if self.queued:
-                self.core._free_queued()
+        ``AllocatorCore.malloc`` documents). ``device`` is not read (one device a pool)."""
+        return torch_malloc(self, size, stream)
+
+    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
+        """Give the allocation at ``ptr`` back (what ``AllocatorCore.free`` documents). Never
+        raises."""
+        torch_free(self, ptr, size)
+
+    def entry_addresses(self) -> tuple[int, int] | None:
+        """The C addresses of ``torch_malloc`` and ``torch_free`` (compiled; None interpreted), for
+        the trampoline to call with this object, without a Python call:
+        ``unsigned long long (PyObject* path, PyObject* size, PyObject* stream)`` (the pointer, or
+        0 with the error set) and ``PyObject* (PyObject* path, PyObject* ptr, PyObject* size)``
+        (None, a new reference, or NULL with the error set)."""
+        if cython.compiled:
+            return (
+                cython.cast(cython.Py_ssize_t, cython.cast(cython.p_void, torch_malloc)),
+                cython.cast(cython.Py_ssize_t, cython.cast(cython.p_void, torch_free)),
+            )
+        return None
 
     def _general(self, size: int, stream: int) -> int:
         self.in_malloc = True
@@ -340,23 +322,120 @@ class TorchPath:
             if self.queued:
                 self.core._free_queued()
 
-    def free(self, ptr: int, size: int, device: int, stream: int) -> None:
-        """Give the allocation at ``ptr`` back (what ``AllocatorCore.free`` documents). Never
-        raises."""
-        if self.in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
-            self.queued.append((ptr, size))
-            return
-        if not self.fast:
-            self.core._free(ptr, size)
-            return
-        a = self.live.pop(ptr, None)
-        if a is None:
-            self.core._free_unknown(ptr, size)
-            return
-        try:
-            self.free_policy(a)
-        except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
-            self.core.errors.append(exc)
-        self.countdown -= 1
-        if not self.countdown:
-            self.core._sample()
+
+@cython.locals(
+    a=Allocation,
+    b=Block,
+    n=cython.longlong,
+    nbytes=cython.longlong,
+    offset=cython.longlong,
+    start=cython.longlong,
+    end=cython.longlong,
+    ptr=cython.longlong,
+    i=cython.Py_ssize_t,
+    num_segments=cython.Py_ssize_t,
+    mask=cython.longlong,
+    key=object,
+    request=object,
+    num_live=cython.Py_ssize_t,
+)
+def torch_malloc(path: TorchPath, size: int, stream: Any) -> int:
+    """``TorchPath.malloc``, the one place of it (compiled, a C function the trampoline calls)."""
+    last = path.last_stream
+    # the trampoline hands the same stream object while the stream stays: an identity test first
+    if size <= 0 or not path.fast or (stream is not last and stream != last):
+        return path._general(size, stream)
+    mask = path.align_mask
+    n = size
+    nbytes = (n + mask) & ~mask
+    # a free that the garbage collector sets off inside the policy's call (a tensor's
+    # finalizer) is queued by ``free`` and done once the policy is through with this request
+    path.in_malloc = True
+    try:
+        # already a multiple of 512 B: PyTorch's own int, no new one made
+        request = size if nbytes == n else nbytes
+        if cython.compiled and path.policy is not None:
+            # the policy's own bookkeeping as a C call (``Policy._allocate_counted``)
+            found = path.policy._allocate_counted(request, stream, None)
+        else:
+            found = path.allocate(request, stream=stream)
+        if found is None:
+            return path.core._place(None, size, nbytes, stream)
+        kind = type(found)
+        if kind is Block:
+            b = found
+            offset = b.offset  # its own field (compiled, a C read)
+        elif kind is Allocation:
+            a = found
+            ext = a._extents  # the slot behind ``extents`` (compiled, a C field read)
+            if len(ext) != 1:
+                return path.core._place(found, size, nbytes, stream)
+            offset = ext[0][0]
+        else:
+            return path.core._place(found, size, nbytes, stream)
+        # the segment holding ``offset``: the last call's when it still holds it (half to two
+        # thirds of generate's requests; the lists change in place as segments come and go, so
+        # the index is checked, never trusted), else a C bisect
+        starts = path.starts
+        i = path.segment_index
+        num_segments = len(starts)
+        if 0 <= i < num_segments:
+            start = starts[i]
+            if start > offset:
+                i = -1
+            elif i + 1 < num_segments:
+                end = starts[i + 1]
+                if offset >= end:
+                    i = -1
+        else:
+            i = -1
+        if i < 0:
+            i = bisect_ints(starts, offset + 1) - 1
+            path.segment_index = i
+            start = starts[i]
+        ptr = path.bases[i]
+        ptr += offset - start
+        if ptr & mask:
+            return path.core._place(found, size, nbytes, stream)
+        key = ptr  # the live map's int (the answer, compiled, is ``ptr`` itself: no int read back)
+        # stored unless live already, in one lookup: a policy that hands a live pointer out
+        # again (the map did not grow) is refused by ``_place``, the first tensor's entry kept
+        live = path.live
+        num_live = len(live)
+        live.setdefault(key, found)
+        if len(live) == num_live:
+            return path.core._place(found, size, nbytes, stream)
+        path.extra_bytes += nbytes - n
+        path.countdown -= 1
+        if not path.countdown:
+            path.core._sample()
+        return ptr
+    finally:
+        path.in_malloc = False
+        if path.queued:
+            path.core._free_queued()
+
+
+def torch_free(path: TorchPath, ptr: int, size: int) -> None:
+    """``TorchPath.free``, the one place of it (compiled, a C function the trampoline calls)."""
+    if path.in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
+        path.queued.append((ptr, size))
+        return
+    if not path.fast:
+        path.core._free(ptr, size)
+        return
+    a = path.live.pop(ptr, None)
+    if a is None:
+        path.core._free_unknown(ptr, size)
+        return
+    try:
+        if cython.compiled and path.policy_frees:
+            # the policy's own check and bookkeeping as a C call (``Policy._free_checked``)
+            path.policy._free_checked(a)
+        else:
+            path.free_policy(a)
+    except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
+        path.core.errors.append(exc)
+    path.countdown -= 1
+    if not path.countdown:
+        path.core._sample()

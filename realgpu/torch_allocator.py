@@ -20,7 +20,9 @@ per-call latency samples and validation mode (patterns and guards, checked on ev
 PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first use with
 ``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
 ``AllocatorCore.malloc``/``free`` under the GIL: the methods of ``realgpu.malloc_path.TorchPath``,
-C in the compiled build (``POOLLAB_COMPILE=1``). ``AllocatorCore`` is plain Python over a
+C in the compiled build (``POOLLAB_COMPILE=1``), where the trampoline calls their C functions by
+address (``TorchPath.entry_addresses``) and they call the policy's bookkeeping as C methods
+(``Policy._allocate_counted``/``_free_checked``). ``AllocatorCore`` is plain Python over a
 ``GpuPool`` and imports no torch, so CI tests the callback table on the host backend.
 
 What the core guarantees, whatever the policy:
@@ -194,7 +196,9 @@ class AllocatorCore:
         #: the hot path (``realgpu.malloc_path.TorchPath``; C in the compiled build): PyTorch's
         #: two calls are its methods, bound here over the class's, so the trampoline lands on
         #: them with no frame between; it keeps the counters both paths share
-        self.path = TorchPath(self, self._allocate, self._free_policy, starts, bases, self.live)
+        self.path = TorchPath(
+            self, self._allocate, self._free_policy, starts, bases, self.live, pool.policy
+        )
         self.malloc = self.path.malloc
         self.free = self.path.free
         self._update_fast()
@@ -599,6 +603,7 @@ class Shim:
             path
         )  # PyDLL: calls keep the GIL (set_callbacks takes Python objects)
         self.lib.poollab_set_callbacks.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.c_int]
+        self.lib.poollab_set_entries.argtypes = [ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p]
         self.lib.poollab_set_capture_check.argtypes = [ctypes.c_void_p]
         self.lib.poollab_samples.argtypes = [
             ctypes.c_int,
@@ -628,11 +633,21 @@ class Shim:
         )(self.free_address)
 
     def bind(self, core: AllocatorCore | None, *, null_on_refusal: bool = False) -> None:
-        """Route the trampoline to ``core`` (None: to nothing; frees then do nothing)."""
+        """Route the trampoline to ``core`` (None: to nothing; frees then do nothing): to its hot
+        path's C functions where it has them (the compiled ``TorchPath.entry_addresses``: no
+        Python call a malloc or free), else to its ``malloc``/``free`` callables."""
         if core is None:
             self.lib.poollab_set_callbacks(None, None, 0)
-        else:
-            self.lib.poollab_set_callbacks(core.malloc, core.free, int(null_on_refusal))
+            return
+        self.lib.poollab_set_callbacks(core.malloc, core.free, int(null_on_refusal))
+        path = getattr(core, "path", None)  # a stand-in with callables only (benchmarks) has none
+        entries = path.entry_addresses() if path is not None else None
+        if entries is not None:
+            self.lib.poollab_set_entries(path, *entries)
+
+    def uses_entries(self) -> bool:
+        """Whether the trampoline calls the compiled hot path's C functions (else callables)."""
+        return bool(self.lib.poollab_uses_entries())
 
     def set_capture_check(self, address: int | None) -> None:
         self.lib.poollab_set_capture_check(address)

@@ -2,9 +2,9 @@
 
 Builds a compiled copy of the tree (``policies.testing.compiled``, the same build as
 ``POOLLAB_COMPILE=1 pip install -e .``), checks its declared modules are extension modules, and
-runs ``tests/policies`` (the conformance battery over every registered policy included) and the
-host-backed ``GpuPool.malloc`` tests (``realgpu.malloc_path`` is compiled too) against it in a
-subprocess. Skips, saying why, without Cython or a C compiler.
+runs ``tests/policies`` (the conformance battery over every registered policy included), the
+host-backed ``GpuPool.malloc`` tests and the PyTorch allocator's CPU tests (``realgpu.malloc_path``
+is compiled too) against it in a subprocess. Skips, saying why, without Cython or a C compiler.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ def test_policies_tests_pass_against_the_compiled_modules(tmp_path):
             f"--ignore={here}",
             "tests/realgpu/test_malloc_path.py",
             "tests/realgpu/test_pool.py",
+            # PyTorch's hot path: the direct calls into Policy (and, with torch, the trampoline's
+            # calls of its C functions by address)
+            "tests/realgpu/test_torch_allocator.py",
         ],
         capture_output=True,
         text=True,

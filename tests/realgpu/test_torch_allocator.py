@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import policies
+from policies.best_fit import BestFit
 
 from realgpu.errors import CorruptionError, PoolError, PoolOutOfMemoryError
 from realgpu.host import HostDevice
@@ -209,6 +210,7 @@ def test_a_free_set_off_inside_malloc_waits_for_the_policy():
 
     core._allocate = core.path.allocate = guarded(allocate)  # the hot path holds its own references
     core._free_policy = core.path.free_policy = guarded(free)
+    core.path.policy, core.path.policy_frees = None, False  # compiled: no C call past the guards
     p = core.malloc(8192, 0, 0)
     assert victim not in core.live and core.policy.num_live == 1 and list(core.live) == [p]
     assert core.errors == []
@@ -844,6 +846,33 @@ def test_trampoline_routes_calls_and_counts_them(shim):
     shim.bind(None)
 
 
+def test_trampoline_calls_the_compiled_hot_path_by_address_else_the_callables(shim):
+    import realgpu.malloc_path as mp
+
+    compiled = not mp.__file__.endswith(".py")
+    core = host_core(events=FakeEvents())
+    assert (core.path.entry_addresses() is not None) == compiled
+    shim.bind(core)
+    assert shim.uses_entries() == compiled
+    # the same stream, another (the trampoline's boxed stream follows), and back
+    calls = [(1000, 0), (4096, 0), (512, 0x7000), (8192, 0x7000), (3000, 0)]
+    ptrs = []
+    for n, stream in calls:
+        code, ptr, msg = shim.probe_malloc(n, stream, release_gil=True)
+        assert code == 0 and ptr in core.live and ptr % ALIGNMENT_BYTES == 0, msg
+        assert core.path.last_stream == stream and core.live[ptr].stream == stream
+        ptrs.append(ptr)
+    assert len(set(ptrs)) == len(calls) and core.streams == {0, 0x7000}
+    for ptr, (n, stream) in zip(ptrs, calls):
+        shim.call_free(ptr, n, stream)
+    core._drain(wait=True)  # two streams allocated: the frees waited for their stream's work
+    assert core.policy.num_live == 0 and core.errors == [] and not core.live
+    shim.call_free(ptrs[0], 1000)  # a double free: kept, never raised through the trampoline
+    assert len(core.errors) == 1 and "not a live pointer" in str(core.errors[0])
+    shim.bind(None)
+    assert not shim.uses_entries()
+
+
 def test_trampoline_turns_a_refusal_into_torchs_out_of_memory(shim):
     core = host_core("best-fit", limit_bytes=64 * MiB)
     shim.bind(core)
@@ -1193,3 +1222,72 @@ def test_mempool_mode_captures_and_replays_cuda_graphs():
         assert row["n_alloc"] >= 1 and row["n_live_at_close"] == 0, row
     """)  # noqa: E501
     assert "outcomes" in out
+
+
+# ------------------------------------------------ the hot path's direct calls (both builds)
+_COUNTED_CALLS: list[tuple] = []
+
+
+class CountingBestFit(BestFit):
+    """A subclass that overrides the contract's ``allocate`` and ``free``: the hot path must call
+    the overrides, not the base's bookkeeping behind them."""
+
+    name = "counting-best-fit"
+
+    def allocate(self, nbytes, *, stream=0, tag=None):
+        _COUNTED_CALLS.append(("allocate", nbytes, stream))
+        return super().allocate(nbytes, stream=stream, tag=tag)
+
+    def free(self, allocation):
+        _COUNTED_CALLS.append(("free", allocation.nbytes))
+        super().free(allocation)
+
+
+def test_hot_path_calls_the_policys_own_contract_directly_and_an_override_as_given():
+    core = host_core("best-fit")
+    path = core.path
+    assert path.policy is core.policy and path.policy_frees  # compiled: C calls into Policy
+    p = core.malloc(1000, 0, 0)
+    q = core.malloc(4096, 0, 0)
+    pol = core.policy
+    assert (pol.num_allocs, pol.live_bytes, pol.peak_live_bytes) == (2, 512 * 2 + 4096, 5120)
+    core.free(p, 1000, 0, 0)
+    core.free(q, 4096, 0, 0)
+    assert (pol.num_frees, pol.live_bytes, core.errors) == (2, 0, [])
+    # a validating pool is called through its guards, never the policy directly
+    assert host_core("best-fit", validate=True).path.policy is None
+    _COUNTED_CALLS.clear()
+    pool = GpuPool(CountingBestFit(), backend=AlignedHostDevice(), check_contents=False)
+    core = AllocatorCore(pool, sample_every=1)
+    assert core.path.policy is None and not core.path.policy_frees
+    p = core.malloc(1000, 0, 0)
+    core.free(p, 1000, 0, 0)
+    assert _COUNTED_CALLS == [("allocate", 1024, 0), ("free", 1024)]
+
+
+def test_a_bad_free_through_the_direct_call_is_kept_with_the_policys_reason():
+    core = host_core("best-fit")
+    p = core.malloc(4096, 0, 0)
+    a = core.live[p]
+    core.policy.free(a)  # behind the table's back: the table's free is now a double free
+    core.free(p, 4096, 0, 0)
+    assert len(core.errors) == 1 and "double free" in str(core.errors[0])
+    assert core.policy.num_frees == 1 and p not in core.live
+
+
+def test_hot_path_finds_each_pointers_segment_as_segments_come_and_go():
+    # large requests each take a new segment; freeing and releasing them shifts the segment lists
+    # under the hot path's remembered segment, which must be checked, not trusted
+    core = host_core("best-fit")
+    sizes = [40 * MiB, 3 * MiB, 70 * MiB, 5000, 33 * MiB, 8192, 90 * MiB, 512]
+    ptrs = [(core.malloc(n, 0, 0), n) for n in sizes]
+    for ptr, n in ptrs[::2]:
+        core.free(ptr, n, 0, 0)
+    core.policy.empty_cache()  # the freed segments go: later segments move down the lists
+    ptrs = ptrs[1::2] + [(core.malloc(n, 0, 0), n) for n in sizes[::-1]]
+    assert len(core.live) == len(ptrs) and core.errors == []
+    for ptr, _ in ptrs:
+        assert ptr == core._pointer(core.live[ptr])  # the device's own address of the offset
+    for ptr, n in ptrs:
+        core.free(ptr, n, 0, 0)
+    assert core.policy.num_live == 0 and core.errors == []
