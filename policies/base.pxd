@@ -29,7 +29,3 @@ cdef class Policy:
 
     cpdef _allocate(self, nbytes, stream, tag)
     cpdef _free(self, allocation)
-    # ``allocate`` and ``free`` past their argument checks, the one place of their bookkeeping: C
-    # methods (no Python call) that ``allocate``/``free`` and ``realgpu.malloc_path.TorchPath`` call
-    cdef _allocate_counted(self, nbytes, stream, tag)
-    cdef _free_checked(self, allocation)

@@ -443,6 +443,9 @@ class Policy:
         return f"<{type(self).__name__} {self.spec!r} capacity_bytes={self.capacity_bytes}>"
 
     # ----------------------------------------------------------------- public API
+    @cython.locals(
+        a=Allocation, size=cython.longlong, live=cython.longlong, allocated=cython.longlong
+    )
     def allocate(
         self, nbytes: int, *, stream: int = 0, tag: str | None = None
     ) -> Allocation | None:
@@ -463,22 +466,10 @@ class Policy:
             type(nbytes) is not int
         ):  # compiled: one pointer compare (``__class__`` would be a lookup)
             nbytes = _as_size(nbytes)
-        if nbytes <= 0:
-            raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
-        return self._allocate_counted(nbytes, stream, tag)
-
-    @cython.locals(
-        a=Allocation, size=cython.longlong, live=cython.longlong, allocated=cython.longlong
-    )
-    def _allocate_counted(self, nbytes: int, stream: Any, tag: str | None) -> Allocation | None:
-        """``allocate`` once ``nbytes`` is known to be a positive ``int``: the one place of a
-        request's bookkeeping (the size limit, the policy's ``_allocate``, the counters).
-
-        Compiled, a C method (``base.pxd``: no Python call, no keyword, no bound method), which
-        PyTorch's hot path (``realgpu.malloc_path.TorchPath``) calls directly for a policy that
-        keeps this class's ``allocate``; interpreted, a plain method."""
-        if nbytes > self._max_request_bytes:  # no device holds it: refuse before any work
-            self.num_failures += 1
+        if not 0 < nbytes <= self._max_request_bytes:  # one chained test on the hot path
+            if nbytes <= 0:
+                raise PolicyError(f"allocation size nbytes(={nbytes}) must be > 0")
+            self.num_failures += 1  # no device holds it: refuse before any work
             return None
         a = self._allocate(nbytes, stream, tag)
         if a is None:
@@ -501,6 +492,7 @@ class Policy:
             self.peak_allocated_bytes = allocated
         return a
 
+    @cython.locals(a=Allocation)
     def free(self, allocation: Allocation) -> None:
         """Give ``allocation`` back to the pool.
 
@@ -508,13 +500,6 @@ class Policy:
             PolicyError: it was already freed, or this pool did not hand it out (nothing
                 changes).
         """
-        self._free_checked(allocation)
-
-    @cython.locals(a=Allocation)
-    def _free_checked(self, allocation: Any) -> None:
-        """``free``'s work, the one place of it: the ownership check, the policy's ``_free``, the
-        counters. Compiled, a C method (``base.pxd``) that ``TorchPath`` calls directly for a
-        policy that keeps this class's ``free``; interpreted, a plain method."""
         # a C type test: a try block would save and restore the thread's exception state every call
         if cython.compiled:
             live = (

@@ -1,7 +1,7 @@
 # The compiled build's declarations for realgpu/malloc_path.py (see policies/base.pxd).
 cimport cython
 from policies._blocks cimport Block, bisect_ints
-from policies.base cimport Allocation, Policy
+from policies.base cimport Allocation
 
 
 cdef class MallocPath:
@@ -21,8 +21,7 @@ cdef class TorchPath:
     cdef public list starts, bases, queued
     cdef public dict live
     cdef public long long countdown, extra_bytes, align_mask
-    cdef public bint in_malloc, fast, policy_frees
-    cdef public Policy policy  # or None: ``allocate`` is called as given
+    cdef public bint in_malloc, fast
     cdef public Py_ssize_t segment_index
 
 

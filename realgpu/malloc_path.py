@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from policies._blocks import Block, bisect_ints
-from policies.base import Allocation, Policy
+from policies.base import Allocation
 from realgpu.errors import PoolError
 
 try:
@@ -211,10 +211,11 @@ class TorchPath:
     malloc, done once the policy is through with the request).
 
     Compiled, both calls are also C functions (``torch_malloc``/``torch_free``, whose addresses
-    ``entry_addresses`` gives the trampoline: no Python call between PyTorch and this code), and
-    where ``allocate``/``free_policy`` are ``policy``'s own ``Policy.allocate``/``free`` (no
-    subclass overrides them) they call its C methods (``Policy._allocate_counted`` and
-    ``_free_checked``: the same bookkeeping, no bound method, no keyword argument).
+    ``entry_addresses`` gives the trampoline: no Python call between PyTorch and this code). The
+    policy is called through its ``allocate``/``free`` as given: a C entry into ``Policy``'s
+    bookkeeping would save ~150 instructions a malloc compiled, but splitting ``allocate`` for it
+    cost the interpreted build a frame on every call (+4 % instructions an alloc/free pair for
+    size-class and best-fit, callgrind; benchmarks/RESULTS.md, session 15).
     """
 
     __slots__ = (
@@ -231,8 +232,6 @@ class TorchPath:
         "in_malloc",
         "fast",
         "align_mask",
-        "policy",
-        "policy_frees",
         "segment_index",
     )
 
@@ -249,8 +248,6 @@ class TorchPath:
     in_malloc: bool
     fast: bool
     align_mask: int
-    policy: Any
-    policy_frees: bool
     segment_index: int
 
     def __init__(
@@ -261,7 +258,6 @@ class TorchPath:
         starts: list,
         bases: list,
         live: dict,
-        policy: Any = None,
     ):
         self.core = core
         self.allocate = allocate
@@ -279,15 +275,6 @@ class TorchPath:
         # and the rounding and alignment test around it Python arithmetic (14 % of this method's
         # own time on the generate trace: perf, session 13)
         self.align_mask = ALIGNMENT_BYTES - 1
-        # the policy whose own contract methods ``allocate`` and ``free_policy`` are (a wrapper, a
-        # validating pool or a subclass's override is called as given: None / False here)
-        own = (
-            policy is not None
-            and type(policy).allocate is Policy.allocate
-            and allocate == policy.allocate
-        )
-        self.policy = policy if own else None
-        self.policy_frees = own and type(policy).free is Policy.free and free_policy == policy.free
         self.segment_index = -1  # the segment of the last fast malloc (none yet)
 
     def malloc(self, size: int, device: int, stream: int) -> int:
@@ -354,11 +341,7 @@ def torch_malloc(path: TorchPath, size: int, stream: Any) -> int:
     try:
         # already a multiple of 512 B: PyTorch's own int, no new one made
         request = size if nbytes == n else nbytes
-        if cython.compiled and path.policy is not None:
-            # the policy's own bookkeeping as a C call (``Policy._allocate_counted``)
-            found = path.policy._allocate_counted(request, stream, None)
-        else:
-            found = path.allocate(request, stream=stream)
+        found = path.allocate(request, stream=stream)
         if found is None:
             return path.core._place(None, size, nbytes, stream)
         kind = type(found)
@@ -429,11 +412,7 @@ def torch_free(path: TorchPath, ptr: int, size: int) -> None:
         path.core._free_unknown(ptr, size)
         return
     try:
-        if cython.compiled and path.policy_frees:
-            # the policy's own check and bookkeeping as a C call (``Policy._free_checked``)
-            path.policy._free_checked(a)
-        else:
-            path.free_policy(a)
+        path.free_policy(a)
     except Exception as exc:  # noqa: BLE001 - PyTorch calls this from destructors
         path.core.errors.append(exc)
     path.countdown -= 1

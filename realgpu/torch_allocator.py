@@ -21,8 +21,7 @@ PyTorch calls a compiled trampoline (``realgpu/_torch_shim.cpp``, built at first
 ``torch.utils.cpp_extension.load`` and cached in torch's extension folder), which calls
 ``AllocatorCore.malloc``/``free`` under the GIL: the methods of ``realgpu.malloc_path.TorchPath``,
 C in the compiled build (``POOLLAB_COMPILE=1``), where the trampoline calls their C functions by
-address (``TorchPath.entry_addresses``) and they call the policy's bookkeeping as C methods
-(``Policy._allocate_counted``/``_free_checked``). ``AllocatorCore`` is plain Python over a
+address (``TorchPath.entry_addresses``). ``AllocatorCore`` is plain Python over a
 ``GpuPool`` and imports no torch, so CI tests the callback table on the host backend.
 
 What the core guarantees, whatever the policy:
@@ -196,9 +195,7 @@ class AllocatorCore:
         #: the hot path (``realgpu.malloc_path.TorchPath``; C in the compiled build): PyTorch's
         #: two calls are its methods, bound here over the class's, so the trampoline lands on
         #: them with no frame between; it keeps the counters both paths share
-        self.path = TorchPath(
-            self, self._allocate, self._free_policy, starts, bases, self.live, pool.policy
-        )
+        self.path = TorchPath(self, self._allocate, self._free_policy, starts, bases, self.live)
         self.malloc = self.path.malloc
         self.free = self.path.free
         self._update_fast()
