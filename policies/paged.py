@@ -115,7 +115,6 @@ class _PagedCore(Policy):
         if n <= page and free:  # the hot path: one KV block
             pg = free.pop()
             pg.ref_cnt = 1
-            pg.segment.num_live += 1
             size = page
             extents = pg.extents
             handle = pg.handle
@@ -129,7 +128,6 @@ class _PagedCore(Policy):
                 handle.reverse()
                 for pg in handle:  # compiled, a C loop
                     pg.ref_cnt = 1
-                    pg.segment.num_live += 1
                 extents = tuple([pg.extents[0] for pg in handle])
             else:
                 handle = self._take_pages(num_pages, stream)
@@ -166,7 +164,6 @@ class _PagedCore(Policy):
             if pg.ref_cnt == 1:
                 pg.ref_cnt = 0
                 self._free_pages.append(pg)
-                pg.segment.num_live -= 1
                 self.allocated_bytes -= self.page_size_bytes
             else:
                 pg.ref_cnt -= 1
@@ -179,7 +176,6 @@ class _PagedCore(Policy):
         for pg in reversed(pages):
             if pg.ref_cnt == 1:
                 pg.ref_cnt = 0
-                pg.segment.num_live -= 1
                 free.append(pg)
             else:
                 pg.ref_cnt -= 1
@@ -212,11 +208,12 @@ class _PagedCore(Policy):
         ):
             return Policy.allocate_each(self, nbytes, num_calls, stream=stream, tag=tag)
         n, page, token = nbytes, self.page_size_bytes, self._token
-        out = [None] * num_calls
-        for k in range(num_calls):  # ``_allocate``'s hot path, then ``allocate``'s bookkeeping
-            pg = free.pop()
+        # the top num_calls pages, taken in pop order (top of the stack first) in one slice
+        taken = free[-num_calls:]
+        del free[-num_calls:]
+        out = []
+        for pg in reversed(taken):  # ``_allocate``'s hot path, then ``allocate``'s bookkeeping
             pg.ref_cnt = 1
-            pg.segment.num_live += 1
             a = Allocation.__new__(Allocation)
             a.nbytes = n
             a.size_bytes = page
@@ -225,7 +222,7 @@ class _PagedCore(Policy):
             a.tag = tag
             a.handle = pg.handle
             a.owner = token
-            out[k] = a
+            out.append(a)
         self.num_allocs += num_calls
         allocated = self.allocated_bytes + num_calls * page
         self.allocated_bytes = allocated
@@ -237,12 +234,22 @@ class _PagedCore(Policy):
             self.peak_allocated_bytes = allocated
         return out
 
-    @cython.locals(pg=_Page, page=cython.longlong, i=cython.longlong, num=cython.longlong)
+    @cython.locals(
+        a=Allocation,
+        pg=_Page,
+        page=cython.longlong,
+        i=cython.longlong,
+        num=cython.longlong,
+        num_free_before=cython.longlong,
+        freed_nbytes=cython.longlong,
+    )
     def free_each(self, allocations: Iterable[Allocation]) -> None:
-        """``Policy.free_each``: one-page allocations handed back in one loop (a finished
-        request's pages), ``_free``'s own path for the rest; from the first argument that is
-        not this pool's live allocation on (it raises there), and while blocks are cached (a
-        free must not take a cached page), the loop of ``free``."""
+        """``Policy.free_each``: the allocations handed back in one loop (a finished request's
+        pages), each page as ``_free`` returns it; from the first argument that is not this
+        pool's live allocation on (it raises there), and while blocks are cached (a free must not
+        take a cached page), the loop of ``free``. The counters are written once, after the
+        loop: a free only subtracts, so no peak moves, and the released bytes are the free
+        stack's growth (a page returns to it when its last holder lets go)."""
         if type(allocations) is not list:
             allocations = list(allocations)
         if self._blocks or not self._fused_calls:
@@ -250,6 +257,8 @@ class _PagedCore(Policy):
             return
         token, free, page = self._token, self._free_pages, self.page_size_bytes
         num = len(allocations)
+        num_free_before = len(free)
+        freed_nbytes = 0
         i = 0
         while i < num:
             a = allocations[i]
@@ -261,16 +270,21 @@ class _PagedCore(Policy):
                 if pg.ref_cnt == 1:
                     pg.ref_cnt = 0
                     free.append(pg)
-                    pg.segment.num_live -= 1
-                    self.allocated_bytes -= page
                 else:
                     pg.ref_cnt -= 1
-            else:
-                self._free(a)
+            else:  # ``_free``'s loop: from the last page, so the first one ends on top
+                for pg in reversed(pages):
+                    if pg.ref_cnt == 1:
+                        pg.ref_cnt = 0
+                        free.append(pg)
+                    else:
+                        pg.ref_cnt -= 1
             a.owner = None
-            self.num_frees = self.num_frees + 1
-            self.live_bytes = self.live_bytes - a.nbytes
+            freed_nbytes += a.nbytes
             i += 1
+        self.allocated_bytes -= (len(free) - num_free_before) * page
+        self.num_frees = self.num_frees + i
+        self.live_bytes = self.live_bytes - freed_nbytes
         if i < num:
             Policy.free_each(self, allocations[i:])
 
@@ -403,7 +417,7 @@ class Paged(_PagedCore):
         self.evictable_bytes: int = 0
 
     def _take_pages(self, num_pages: int, stream: int) -> list[_Page] | None:
-        """Pop ``num_pages`` pages, counted live in their segments (``ref_cnt`` is the caller's).
+        """Pop ``num_pages`` pages (``ref_cnt`` is the caller's).
 
         Grows when too few are free; None (and nothing changed) when that is refused.
         """
@@ -412,26 +426,18 @@ class Paged(_PagedCore):
             pages = free[-num_pages:]
             del free[-num_pages:]
             pages.reverse()  # pop order: top of the stack first
-            for pg in pages:
-                pg.segment.num_live += 1
             return pages
         # Take every free page first: they are ours whatever happens, and with no fully free
         # segment left a refused reservation cannot trim anything from under us.
         pages = free[::-1]
         free.clear()
-        for pg in pages:
-            pg.segment.num_live += 1
         if not self._grow_pages(num_pages - len(pages), stream):
-            for pg in pages:
-                pg.segment.num_live -= 1
             free.extend(reversed(pages))
             return None
         short = num_pages - len(pages)
         more = free[-short:]
         del free[-short:]
         more.reverse()
-        for pg in more:
-            pg.segment.num_live += 1
         return pages + more
 
     def _grow_pages(self, num_pages: int, stream: int) -> bool:
@@ -726,6 +732,28 @@ class Paged(_PagedCore):
             raise PolicyError(f"{what}: {self._bad_free_reason(allocation)}")
 
     # ----------------------------------------------------------------- segments
+    def _count_live_pages(self) -> None:
+        """Bring each segment's ``num_live`` up to date: its pages off the free stack (held, or
+        cached and evictable), its pages less its free ones.
+
+        The page paths leave ``num_live`` alone (one load and store of a page's segment, per page,
+        on every grow and free, for a count read only here): every reader goes through
+        ``segments()`` or ``_free_segments_to_release``, which count first, O(segments + free
+        pages)."""
+        page = self.page_size_bytes
+        for seg in self._segments.values():
+            seg.num_live = seg.nbytes // page
+        for pg in self._free_pages:
+            pg.segment.num_live -= 1
+
+    def segments(self) -> list[Segment]:
+        self._count_live_pages()
+        return super().segments()
+
+    def _free_segments_to_release(self, max_bytes: int | None) -> list[Segment]:
+        self._count_live_pages()
+        return super()._free_segments_to_release(max_bytes)
+
     def _segment_size_for(self, nbytes: int) -> int:
         num_pages = -(-nbytes // self.page_size_bytes)
         per_segment = self.pages_per_segment

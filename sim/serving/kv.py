@@ -496,18 +496,16 @@ class PagedKV(_KVBase):
         driver_ns = calls.pending_driver_ns
         # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them
         pages = calls.allocate_each(page, k, "kv")
-        allocated = 0
+        # every page's size at once (a refused page, None, has none: it fails here, loudly)
+        sized = [a.size_bytes for a in pages]
+        assert not sized or max(sized) <= held, "a free page within the budget was refused"
         for h, a in zip(handles, pages):  # grow(h, c + 1, c), c = capacity: one page, in budget
-            assert a is not None and a.size_bytes <= held, (
-                "a free page within the budget was refused"
-            )
-            allocated += a.size_bytes
             h.allocs.append(a)
             h.num_own_pages += 1
             h.capacity_tokens += tpp
         if sizes is not None:
-            sizes.extend([a.size_bytes for a in pages])
-        self.allocated_bytes += allocated
+            sizes.extend(sized)
+        self.allocated_bytes += sum(sized)
         assert calls.pending_driver_ns == driver_ns, "a free page cost driver time"
         return True
 

@@ -148,6 +148,28 @@ def test_pages_freed_earlier_are_used_before_a_pre_grown_segment():
     assert pool.segments()[1].num_live == 0  # the grown segment stays trimmable
 
 
+def test_segment_counts_are_exact_when_read_though_the_page_paths_skip_them():
+    """The page paths (one page, many, the batched calls, forks) leave ``Segment.num_live``
+    alone; ``segments()`` and a trim count it from the free stack, so every read is exact and a
+    segment emptied by frees alone is released by ``trim``."""
+    pool = small_pool()
+    assert pool.grow(8 * PAGE)  # a second segment beside the first
+    big = pool.allocate(5 * PAGE)
+    ones = pool.allocate_each(PAGE, 3, stream=0, tag="kv")
+    f = pool.fork(big)
+    live = [big, f, *ones]
+    for seg in pool.segments():
+        held = sum(seg.offset <= off < seg.end for a in (big, *ones) for off in pages_of(a))
+        assert seg.num_live == held
+    check_pool(pool, live)
+    pool.free_each([big, *ones])  # the fork still holds big's pages
+    check_pool(pool, [f])
+    pool.free(f)
+    assert all(seg.num_live == 0 for seg in pool.segments())
+    assert pool.trim() > 0 and pool.reserved_bytes == 0
+    check_pool(pool, [])
+
+
 # ----------------------------------------------------------------- sharing
 def test_fork_shares_every_page_without_new_bytes():
     pool = small_pool()
