@@ -25,9 +25,10 @@ from traces.events import (
     EVENT_COLUMNS,
     AllocTrace,
     make_events,
+    trace_name,
     validate_events,
 )
-from traces.source import TraceSource, open_source, trace_name
+from traces.source import TraceSource, open_source
 
 __all__ = [
     "CSV_FORMAT",
