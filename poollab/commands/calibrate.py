@@ -109,9 +109,9 @@ def _engine(name: str) -> str:
     "add",
     multiple=True,
     metavar="TERM",
-    help="Fit an optional term even where it gains less than 1 % of the fit's loss "
-    "(repeatable): per_exposed_kv_token_s (each KV token past those the kernel launches hide; it "
-    "also fits where that starts).",
+    help="Fit an optional term even where it gains less than 1 % of the fit's loss (repeatable): "
+    "per_exposed_kv_token_s (each KV token past those the kernel launches hide; "
+    "it also fits where that starts).",
 )
 def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop, add) -> None:
     """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
