@@ -27,13 +27,7 @@ try:
 except ImportError:  # a pure install: the same names as no-ops (policies/_cython_shim.py)
     from policies._cython_shim import cython
 
-__all__ = [
-    "Lease",
-    "MallocPath",
-    "TorchPath",
-    "extents_are_one_range",
-    "ALIGNMENT_BYTES",
-]
+__all__ = ["Lease", "MallocPath", "TorchPath", "extents_are_one_range", "ALIGNMENT_BYTES"]
 
 #: What every pointer handed to PyTorch is aligned to: its caching allocator guarantees 512 B.
 ALIGNMENT_BYTES = 512

@@ -496,7 +496,8 @@ class PagedKV(_KVBase):
         driver_ns = calls.pending_driver_ns
         # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them
         pages = calls.allocate_each(page, k, "kv")
-        # every page's size at once (a refused page, None, has none: it fails here, loudly)
+        # every page's size at once, once none was refused (a C scan of the list)
+        assert None not in pages, "a free page within the budget was refused"
         sized = [a.size_bytes for a in pages]
         assert not sized or max(sized) <= held, "a free page within the budget was refused"
         for h, a in zip(handles, pages):  # grow(h, c + 1, c), c = capacity: one page, in budget
