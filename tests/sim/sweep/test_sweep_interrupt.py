@@ -39,9 +39,10 @@ def _run(argv: list[str]) -> None:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("trace") / "t.csv"
-    _run(
-        ["traces", "synth-alloc", "--num-requests", "12", "--out", str(path)]
-    )  # ~120k events: ~1 s a cell
+    # ~650k events: ~0.7 s a cell on an idle 2-core machine (2026-12), so the 30 cells left
+    # outlast the last try's SIGINT (4 s after the plan line); 12 requests (~120k events), once
+    # ~1 s a cell, finished the whole sweep in under 4 s there, before the signal was sent
+    _run(["traces", "synth-alloc", "--num-requests", "80", "--out", str(path)])
     return path
 
 
