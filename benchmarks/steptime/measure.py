@@ -5,28 +5,26 @@ import json, os
 import torch
 import torch.nn.functional as F
 
+from llama8b import (
+    D,
+    H,
+    HD,
+    KV,
+    L,
+    V,
+    decode_step,
+    dev,
+    dt,
+    graphed,
+    make_model,
+    mlp,
+    timeit,
+    weight_bytes,
+)
+
 torch.manual_seed(0)
-dev = "cuda"
-dt = torch.bfloat16
-L, H, KV, HD, D, I, V = 32, 32, 8, 128, 4096, 14336, 128256
 res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
 OUT = os.environ.get("OUT", ".")
-
-
-def timeit(fn, iters=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
 
 
 # 1. ceilings
@@ -49,53 +47,9 @@ print(res, flush=True)
 
 
 # 2. model
-def w(*shape):
-    return torch.randn(*shape, device=dev, dtype=dt) * 0.02
-
-
-layers = [
-    dict(
-        qkv=w((H + 2 * KV) * HD, D),
-        o=w(D, H * HD),
-        gu=w(2 * I, D),
-        down=w(D, I),
-        n1=torch.ones(D, device=dev, dtype=dt),
-        n2=torch.ones(D, device=dev, dtype=dt),
-    )
-    for _ in range(L)
-]
-emb = w(V, D)
-head = w(V, D)
-nf = torch.ones(D, device=dev, dtype=dt)
-print(
-    "weights GB",
-    sum(t.numel() * 2 for l in layers for t in l.values()) / 1e9 + 2 * V * D * 2 / 1e9,
-    flush=True,
-)
-
-
-def mlp(l, x):
-    gu = F.linear(F.rms_norm(x, (D,), l["n2"]), l["gu"])
-    g_, u = gu.chunk(2, -1)
-    return F.linear(F.silu(g_) * u, l["down"])
-
-
-def decode_step(tok, kc, vc, C):
-    # tok [B]; kc/vc per layer [B, KV, C+1, HD]; attends to C cached + itself (slot C written).
-    x = emb[tok]
-    B = x.shape[0]
-    for i, l in enumerate(layers):
-        qkv = F.linear(F.rms_norm(x, (D,), l["n1"]), l["qkv"])
-        q, k, v = qkv.split([H * HD, KV * HD, KV * HD], -1)
-        kc[i][:, :, C] = k.view(B, KV, HD)
-        vc[i][:, :, C] = v.view(B, KV, HD)
-        qg = q.view(B, KV, H // KV, HD)
-        s = torch.matmul(qg, kc[i].transpose(-1, -2)) * (HD**-0.5)  # [B, KV, G, C+1]
-        p = torch.softmax(s.float(), -1).to(dt)
-        a = torch.matmul(p, vc[i]).reshape(B, H * HD)
-        x = x + F.linear(a, l["o"])
-        x = x + mlp(l, x)
-    return F.linear(F.rms_norm(x, (D,), nf), head).float().argmax(-1)
+model = make_model()
+layers, emb, head, nf = model
+print("weights GB", weight_bytes(model) / 1e9, flush=True)
 
 
 def prefill(tok, P=0):
@@ -139,17 +93,9 @@ for B, C in (
         vc = [torch.zeros(B, KV, C + 1, HD, device=dev, dtype=dt) for _ in range(L)]
         tok = torch.randint(0, V, (B,), device=dev)
         with torch.no_grad():
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    decode_step(tok, kc, vc, C)
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                decode_step(tok, kc, vc, C)
+            graph = graphed(lambda: decode_step(model, tok, kc, vc, C))
             t_graph = timeit(graph.replay, iters=20)
-            t_eager = timeit(lambda: decode_step(tok, kc, vc, C), iters=5, warm=1)
+            t_eager = timeit(lambda: decode_step(model, tok, kc, vc, C), iters=5, warm=1)
         dec[f"{B}x{C}"] = {"graph_s": t_graph, "eager_s": t_eager}
         print("decode", B, C, t_graph * 1e3, "ms graph", t_eager * 1e3, "ms eager", flush=True)
         del kc, vc, graph

@@ -4,44 +4,11 @@ import json, os, time
 import torch
 import torch.nn.functional as F
 
+from llama8b import D, H, HD, I, KV, L, graphed, make_model, timeit, w
+
 torch.manual_seed(0)
-dev, dt = "cuda", torch.bfloat16
-L, H, KV, HD, D, I, V = 32, 32, 8, 128, 4096, 14336, 128256
 OUT = os.environ.get("OUT", ".")
 res = {}
-
-
-def timeit(fn, iters=20, warm=3):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(iters):
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def graphed(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
-def w(*shape):
-    return torch.randn(*shape, device=dev, dtype=dt) * 0.02
 
 
 with torch.no_grad():
@@ -89,20 +56,7 @@ with torch.no_grad():
     print(res, flush=True)
 
     # 4. Whole decode step, each layer compiled (fused norms/activations, as engines do).
-    layers = [
-        dict(
-            qkv=w((H + 2 * KV) * HD, D),
-            o=w(D, H * HD),
-            gu=w(2 * I, D),
-            down=w(D, I),
-            n1=torch.ones(D, device=dev, dtype=dt),
-            n2=torch.ones(D, device=dev, dtype=dt),
-        )
-        for _ in range(L)
-    ]
-    emb = w(V, D)
-    head = w(V, D)
-    nf = torch.ones(D, device=dev, dtype=dt)
+    layers, emb, head, nf = make_model()
     use_sdpa = isinstance(res.get("attn_sdpa_64x2048_TBps"), float) and res[
         "attn_sdpa_64x2048_TBps"
     ] > res.get("attn_bmm_64x2048_TBps", 0)

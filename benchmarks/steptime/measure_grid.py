@@ -3,7 +3,7 @@
     OUT=/some/folder python benchmarks/steptime/measure_grid.py      # on the GPU; writes
     $OUT/steptime_grid.csv
 
-The same model and kernels as ``measure.py`` (the calibration of
+The same model and kernels (``llama8b.py``) as ``measure.py`` (the calibration of
 ``sim/data/calibration_default.json``): random bf16 weights, 32 layers, cuBLAS matmuls; decode steps
 replayed as CUDA graphs (attention as plain matmul + softmax over a dense [batch, kv_heads, context,
 head_dim] cache); prefill chunks eager with SDPA (flash) attention, causal to the chunk and open to
@@ -15,8 +15,8 @@ Grid (points whose KV would pass ``MAX_KV_TOKENS`` are skipped and listed as ski
 - decode: batch 1, 4, 16, 64, 128, 256 x context per sequence 128, 512, 2k, 8k, 32k;
 - prefill: one sequence, chunk 256, 1k, 2k, 4k, 8k tokens x cached context 0, 2k, 8k, 24k.
 
-Runtime stays under 4 minutes on an H200 (``BUDGET_S`` stops the grid early, keeping every
-point already written). One CSV row per point (``COLUMNS``), flushed as it is measured, so an
+Runtime stays under 4 minutes on an H200 (``BUDGET_S``, or ``STEPTIME_BUDGET_S`` seconds from
+the environment, stops the grid early, keeping every point already written). One CSV row per point (``COLUMNS``), flushed as it is measured, so an
 interrupted run still leaves its points. ``validate.py`` reads the CSV.
 """
 
@@ -27,6 +27,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from llama8b import D, H, HD, KV, L, V, decode_step, dev, dt, graphed, make_model, mlp, timeit
 
 COLUMNS = [
     "kind",
@@ -45,30 +46,7 @@ PREFILL_CONTEXTS = (0, 2048, 8192, 24576)
 MAX_KV_TOKENS = (
     1 << 19
 )  # 512k cached tokens: 64 GiB of bf16 KV for this shape, beside 16 GB of weights
-BUDGET_S = 210.0
-
-L, H, KV, HD, D, I, V = 32, 32, 8, 128, 4096, 14336, 128256
-dev, dt = "cuda", torch.bfloat16
-
-
-def timeit(fn, iters, warm):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
-def w(*shape):
-    return torch.randn(*shape, device=dev, dtype=dt) * 0.02
+BUDGET_S = float(os.environ.get("STEPTIME_BUDGET_S", 210.0))  # a shorter smoke run: the env
 
 
 def main():
@@ -76,39 +54,9 @@ def main():
     torch.manual_seed(0)
     out_dir = os.environ.get("OUT", ".")
     path = os.path.join(out_dir, "steptime_grid.csv")
-    layers = [
-        dict(
-            qkv=w((H + 2 * KV) * HD, D),
-            o=w(D, H * HD),
-            gu=w(2 * I, D),
-            down=w(D, I),
-            n1=torch.ones(D, device=dev, dtype=dt),
-            n2=torch.ones(D, device=dev, dtype=dt),
-        )
-        for _ in range(L)
-    ]
-    emb, head, nf = w(V, D), w(V, D), torch.ones(D, device=dev, dtype=dt)
+    model = make_model()
+    layers, emb, head, nf = model
     from torch.nn.attention.bias import causal_lower_right
-
-    def mlp(l, x):
-        gu = F.linear(F.rms_norm(x, (D,), l["n2"]), l["gu"])
-        g_, u = gu.chunk(2, -1)
-        return F.linear(F.silu(g_) * u, l["down"])
-
-    def decode_step(tok, kc, vc, C):
-        x = emb[tok]
-        B = x.shape[0]
-        for i, l in enumerate(layers):
-            qkv = F.linear(F.rms_norm(x, (D,), l["n1"]), l["qkv"])
-            q, k, v = qkv.split([H * HD, KV * HD, KV * HD], -1)
-            kc[i][:, :, C] = k.view(B, KV, HD)
-            vc[i][:, :, C] = v.view(B, KV, HD)
-            qg = q.view(B, KV, H // KV, HD)
-            s = torch.matmul(qg, kc[i].transpose(-1, -2)) * (HD**-0.5)
-            p = torch.softmax(s.float(), -1).to(dt)
-            x = x + F.linear(torch.matmul(p, vc[i]).reshape(B, H * HD), l["o"])
-            x = x + mlp(l, x)
-        return F.linear(F.rms_norm(x, (D,), nf), head).float().argmax(-1)
 
     def attend(q, k, v, mask):
         if mask is None:
@@ -188,15 +136,7 @@ def main():
                     vc = [torch.zeros(B, KV, C + 1, HD, device=dev, dtype=dt) for _ in range(L)]
                     tok = torch.randint(0, V, (B,), device=dev)
                     with torch.no_grad():
-                        s = torch.cuda.Stream()
-                        s.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(s):
-                            for _ in range(2):
-                                decode_step(tok, kc, vc, C)
-                        torch.cuda.current_stream().wait_stream(s)
-                        graph = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(graph):
-                            decode_step(tok, kc, vc, C)
+                        graph = graphed(lambda: decode_step(model, tok, kc, vc, C))
                         record("decode", B, C, 0, timeit(graph.replay, 15, 3), 15)
                     del kc, vc, graph
                 except torch.OutOfMemoryError as exc:
