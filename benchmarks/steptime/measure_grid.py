@@ -16,8 +16,9 @@ Grid (points whose KV would pass ``MAX_KV_TOKENS`` are skipped and listed as ski
 - prefill: one sequence, chunk 256, 1k, 2k, 4k, 8k tokens x cached context 0, 2k, 8k, 24k.
 
 Runtime stays under 4 minutes on an H200 (``BUDGET_S``, or ``STEPTIME_BUDGET_S`` seconds from
-the environment, stops the grid early, keeping every point already written). One CSV row per point (``COLUMNS``), flushed as it is measured, so an
-interrupted run still leaves its points. ``validate.py`` reads the CSV.
+the environment, stops the grid early, keeping every point already written). One CSV row per
+point (``COLUMNS``), flushed as it is measured, so an interrupted run still leaves its points.
+``validate.py`` reads the CSV.
 """
 
 import csv
