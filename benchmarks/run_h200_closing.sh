@@ -7,7 +7,8 @@
 #   2. issue 33: simulate of the conversation hour, and the million-event replay before/after (.before/
 #      holds the tree issue 33 was filed against, 6dfe9d0; replay_peaks.py names the process at the
 #      peak);
-#   3. every GPU test (tests/realgpu -m gpu) in the compiled copy.
+#   3. every GPU test (tests/realgpu -m gpu) in the compiled copy;
+#   4. the step-time grid (benchmarks/steptime/measure_grid.py) cut to STEPTIME_BUDGET_S, a smoke run.
 # Carry .whl, .compiled_so (cp312 modules of this tree), .data (AzureLLMInferenceTrace_conv.csv,
 # llama1b_generate_mixed.pickle.gz), .before:   bash benchmarks/run_h200_closing.sh
 # ONLY="simulate million gpu-tests" runs just those steps (a re-check after a late change).
@@ -35,3 +36,5 @@ wanted million && step million ${MILLION_S:-160} bash -c "python3 benchmarks/mak
     && python3 benchmarks/replay_phases.py /tmp/llama1b_generate_1m.pickle.gz --repeat 2"
 wanted gpu-tests && step gpu-tests ${TESTS_S:-150} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
     tests/realgpu -m gpu -v -p no:cacheprovider -rfE"
+# the step-time scripts' shared module (benchmarks/steptime/llama8b.py), a short grid as a smoke run
+wanted steptime && step steptime 90 env STEPTIME_BUDGET_S=${STEPTIME_BUDGET_S:-20} OUT=$R python3 benchmarks/steptime/measure_grid.py
