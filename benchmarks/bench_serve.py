@@ -51,6 +51,12 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     "synth_mixed_10s_x1_a": (SYNTH, ["--duration", "10"], 130),
     "synth_mixed_10s_x1_b": (SYNTH, ["--duration", "10"], 130),
     "synth_mixed_10s_x1_c": (SYNTH, ["--duration", "10"], 130),
+    # session 16's interleaved repeats (issue 31: are the 10 s runs' steps faster, or the others'
+    # slower in stretches? one host, one call, with per-step CPU time and the GPU's clocks beside)
+    "synth_mixed_10s_x1_d": (SYNTH, ["--duration", "10"], 130),
+    "synth_mixed_10s_x1_e": (SYNTH, ["--duration", "10"], 130),
+    "azure_code_60s_x1_d": (AZURE, ["--duration", "60"], 110),
+    "azure_code_60s_x1_e": (AZURE, ["--duration", "60"], 110),
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
     # session 14's repeats of the two synthetic 60 s conditions (each about 228 s served, so two

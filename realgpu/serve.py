@@ -170,6 +170,10 @@ class StepRow:
     prefill_context_tokens: int
     num_decode_seqs: int
     decode_context_tokens: int
+    #: CPU seconds the engine's thread spent in the step (``time.thread_time``; NaN: not
+    #: measured). A wall well above it is time the thread waited off the CPU (descheduled, or
+    #: blocked on the GIL); a spin-wait on the GPU counts as CPU time.
+    cpu_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -298,12 +302,14 @@ def drive(
 
 
 def step_table(steps: Iterable[StepRow], t0: float) -> pd.DataFrame:
-    """The step profile (``traces.engine_profile`` columns, ``start_s`` from the first arrival) of
-    the steps that began at or after ``t0`` (warm-up steps before it are left out)."""
+    """The step profile (``traces.engine_profile`` columns, ``start_s`` from the first arrival, and
+    ``cpu_s`` where every step has it) of the steps that began at or after ``t0`` (warm-up steps
+    before it are left out)."""
     rows = [s for s in steps if s.start_t >= t0]
     df = pd.DataFrame([asdict(s) for s in rows], columns=list(StepRow.__dataclass_fields__))
     df.insert(0, "start_s", df.pop("start_t") - t0)
-    return df[["start_s", *STEP_COLUMNS]].astype({c: np.int64 for c in STEP_COLUMNS[1:]})
+    cpu = ["cpu_s"] if len(df) and df["cpu_s"].notna().all() else []
+    return df[["start_s", *STEP_COLUMNS, *cpu]].astype({c: np.int64 for c in STEP_COLUMNS[1:]})
 
 
 def served_table(

@@ -12,8 +12,8 @@ the process's first CUDA allocation, and so that each policy starts from an empt
 
 The engine is transformers' ``ContinuousBatchingManager`` (``TransformersEngine``). Its step profile
 is recorded by wrapping the manager's loop body (one pass: schedule, forward, sample, update; a
-pass that found nothing to schedule and waited is not a step) for the time, and its scheduler's
-``schedule_batch`` for the batch composition.
+pass that found nothing to schedule and waited is not a step) for the time (wall, and the engine
+thread's CPU time: ``cpu_s``), and its scheduler's ``schedule_batch`` for the batch composition.
 """
 
 from __future__ import annotations
@@ -159,16 +159,17 @@ class TransformersEngine:
 
     def _instrument(self) -> None:
         manager, body = self.manager, self.manager._generation_loop_body
-        clock = time.perf_counter
+        clock, cpu_clock = time.perf_counter, time.thread_time  # the loop runs in one thread
 
         def timed_body(batch_processor, bootstrapping):
             if batch_processor.scheduler is not self._scheduler:
                 self._watch(batch_processor)
             self._batch = None
-            t = clock()
+            c, t = cpu_clock(), clock()
             more = body(batch_processor, bootstrapping)
             if self._batch:
-                self.steps.append(StepRow(t, clock() - t, *self._batch))
+                wall = clock() - t
+                self.steps.append(StepRow(t, wall, *self._batch, cpu_s=cpu_clock() - c))
                 if self._on_step is not None:
                     self._on_step(len(self.steps))
             return more

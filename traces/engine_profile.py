@@ -16,7 +16,9 @@ calibration, the measured-against-predicted comparison):
   ``decode_context_tokens``   KV tokens their attention reads
   ==========================  ==========================================================
 
-  optional: ``start_s`` (seconds from the first arrival), ``tp`` (tensor-parallel degree).
+  optional: ``start_s`` (seconds from the first arrival), ``tp`` (tensor-parallel degree),
+  ``cpu_s`` (CPU seconds the engine's loop thread spent in the step, >= 0: beside ``duration_s``
+  it tells a step the thread computed from one it waited through; the fit does not read it).
 
 * **served requests**: one row per request, ``SERVED_REQUEST_COLUMNS``: ``arrival_s``,
   ``prompt_tokens``, ``output_tokens``, ``first_token_s``, ``finish_s`` (seconds from the first
@@ -79,7 +81,7 @@ STEP_COLUMNS = (
     "decode_context_tokens",
 )
 #: Step-profile columns kept when present.
-STEP_OPTIONAL_COLUMNS = ("start_s", "tp")
+STEP_OPTIONAL_COLUMNS = ("start_s", "tp", "cpu_s")
 #: Required served-request columns; times may be NaN (never reached).
 SERVED_REQUEST_COLUMNS = (
     "arrival_s",

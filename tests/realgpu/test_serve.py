@@ -217,6 +217,48 @@ def test_step_table_has_the_profile_columns_and_leaves_warm_up_steps_out():
     assert table["decode_context_tokens"].tolist() == [210, 101]
 
 
+def test_step_table_keeps_the_cpu_time_only_where_every_step_has_it():
+    timed = [
+        StepRow(10.5, 0.1, 0, 0, 0, 2, 210, cpu_s=0.06),
+        StepRow(11.0, 0.3, 1, 50, 150, 1, 101, cpu_s=0.25),
+    ]
+    assert step_table(timed, t0=10.0)["cpu_s"].tolist() == [0.06, 0.25]
+    partly = [timed[0], StepRow(11.0, 0.3, 1, 50, 150, 1, 101)]
+    assert "cpu_s" not in step_table(partly, t0=10.0)
+
+
+def test_the_engine_loop_records_its_threads_cpu_time_beside_the_wall():
+    """``TransformersEngine``'s timed loop body (no transformers needed: a stand-in manager): a step
+    that computes has CPU time close to its wall, one that waits (sleeps) far less."""
+    from types import SimpleNamespace
+
+    from realgpu.serve_engine import TransformersEngine
+
+    engine = object.__new__(TransformersEngine)
+    scheduler = object()
+    processor = SimpleNamespace(scheduler=scheduler)
+
+    def body(batch_processor, bootstrapping):
+        engine._batch = [0, 0, 0, 1, 10]
+        if bootstrapping == "compute":
+            t = time.thread_time()
+            while time.thread_time() - t < 0.05:
+                pass
+        else:
+            time.sleep(0.05)
+        return True
+
+    engine.manager = SimpleNamespace(_generation_loop_body=body)
+    engine.steps, engine._on_step, engine._batch, engine._scheduler = [], None, None, scheduler
+    engine._instrument()
+    engine.manager._generation_loop_body(processor, "compute")
+    engine.manager._generation_loop_body(processor, "wait")
+    computed, waited = engine.steps
+    assert 0.05 <= computed.cpu_s <= computed.duration_s + 1e-3
+    assert waited.duration_s >= 0.05 and waited.cpu_s < 0.5 * waited.duration_s
+    assert (waited.num_decode_seqs, waited.decode_context_tokens) == (1, 10)
+
+
 def test_failed_request_keeps_its_first_token_but_no_finish():
     plan = plan_requests(_requests([0.0, 0.0], [4, 4], [2, 2]), max_len_tokens=64)
     done = [Completion(0, 10.5, 11.0, 2), Completion(1, 10.4, 10.9, 1, error="OutOfMemoryError")]
@@ -616,7 +658,11 @@ def test_transformers_engine_on_the_cpu_serves_a_plan_step_by_step(tmp_path):
         < t0_s + (steps["start_s"] + steps["duration_s"]).max()
         < time.perf_counter()
     )
-    read_step_profile(tmp_path / "out" / "steps_pytorch.csv")
+    # the engine thread's CPU time in each step: some, and no more than the step's wall (torch's
+    # other threads are not the loop's)
+    assert (steps["cpu_s"] > 0).all() and (steps["cpu_s"] <= steps["duration_s"] + 1e-3).all()
+    written = read_step_profile(tmp_path / "out" / "steps_pytorch.csv")
+    assert written["cpu_s"].tolist() == pytest.approx(steps["cpu_s"].tolist())
 
 
 def test_without_the_footprint_check_the_engine_starts_at_exactly_num_blocks(tmp_path):

@@ -55,6 +55,17 @@ def test_round_trip(tmp_path, suffix):
     pd.testing.assert_frame_equal(back, _steps()[list(back.columns)], check_dtype=False)
 
 
+def test_cpu_time_column_round_trips_and_is_checked(tmp_path):
+    """``cpu_s`` (the engine thread's CPU time in a step) is kept when present, checked."""
+    steps = _steps(cpu_s=0.08)
+    back = read_step_profile(write_step_profile(steps, tmp_path / "s.csv"))
+    assert back["cpu_s"].tolist() == [0.08, 0.08]
+    bad = steps.assign(cpu_s=[0.08, -0.01])
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(TraceFormatError, match=r"bad.csv:3: cpu_s .*must be >= 0"):
+        read_step_profile(tmp_path / "bad.csv")
+
+
 @pytest.mark.parametrize(
     "override, match",
     [
