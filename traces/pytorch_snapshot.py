@@ -26,24 +26,12 @@ from __future__ import annotations
 
 import pickle
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Sequence
 
 from traces.errors import TraceFormatError, shown
-from traces.events import (
-    ALLOC_OP,
-    EMPTY_CACHE_OP,
-    FREE_OP,
-    PRE_TRACE_TAG,
-    AllocTrace,
-    make_events,
-    trace_name,
-)
 from traces.snapshot_stream import (
     STREAM_GLOBAL,
     StreamedEntries,
@@ -51,7 +39,15 @@ from traces.snapshot_stream import (
     load_streaming,
     release_freed_memory,
 )
-from traces.source import TraceSource, open_source
+from traces.source import TraceSource, open_source, trace_name
+
+# numpy, pandas and ``traces.events`` (which imports both) are imported where the trace table is
+# made (``snapshot_to_trace`` and its helpers), not here: the parse is the standard library's, so a
+# read ahead (``traces.read_ahead``) parses in a process that never imports them.
+if TYPE_CHECKING:
+    import numpy as np
+
+    from traces.events import AllocTrace
 
 __all__ = [
     "SNAPSHOT_FORMAT",
@@ -63,6 +59,7 @@ __all__ = [
     "SegmentEvents",
     "SnapshotSegment",
     "PreTraceAllocation",
+    "is_pickle_head",
     "load_snapshot_dict",
     "parse_snapshot",
     "read_snapshot",
@@ -253,6 +250,12 @@ class _SnapshotUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(
             f"refusing to load {module}.{name}: a memory snapshot holds only plain data"
         )
+
+
+def is_pickle_head(head: bytes) -> bool:
+    """Whether a file's first (decompressed) bytes open a pickle: the ``PROTO`` opcode, protocols
+    2-5 (what ``_dump_snapshot`` writes)."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
 def load_snapshot_dict(path: str | Path | TraceSource) -> dict:
@@ -1152,12 +1155,16 @@ def empty_cache_points(snap: PyTorchSnapshot) -> list[int]:
     req, ev = snap.requests, snap.segment_events
     max_split = snapshot_max_split_size_bytes(snap.allocator_settings)
     points: list[int] = []
-    j, num_events = 0, len(ev)
-    for k, entry in enumerate(list(req.entry) + [float("inf")]):
+    j, num_events, num_requests = 0, len(ev), len(req.entry)
+    # a walk over the segment events, a few hundred, not over the 10^6 requests: each run of events
+    # lies before the first request whose entry follows them (found by bisection; entries ascend)
+    while j < num_events:
+        k = bisect_right(req.entry, ev.entry[j])
+        end = req.entry[k] if k < num_requests else float("inf")
         start = j
-        while j < num_events and ev.entry[j] < entry:
+        while j < num_events and ev.entry[j] < end:
             j += 1
-        if j > start and empty_cache_frees(ev.action[start:j], ev.nbytes[start:j], max_split):
+        if empty_cache_frees(ev.action[start:j], ev.nbytes[start:j], max_split):
             points.append(k)
     return points
 
@@ -1176,6 +1183,18 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     Raises:
         TraceFormatError: a request or segment event has no integer ``time_us``.
     """
+    import numpy as np
+    import pandas as pd
+
+    from traces.events import (
+        ALLOC_OP,
+        EMPTY_CACHE_OP,
+        FREE_OP,
+        PRE_TRACE_TAG,
+        AllocTrace,
+        make_events,
+    )
+
     source, req, ev = snap.source, snap.requests, snap.segment_events
     for times, index in ((req.time_us, req.entry), (ev.time_us, ev.entry)):
         if isinstance(times, list) and None in times:  # an array('q') of times has every one
@@ -1368,6 +1387,8 @@ def _check_segment_numbers(seg: dict, *, is_oom: bool = False) -> None:
 
 def _as_numpy(values: Sequence, dtype) -> np.ndarray:
     """A request column as NumPy: an ``array`` is read in place (no copy), a list converted."""
+    import numpy as np
+
     if isinstance(values, array):
         out = (
             np.frombuffer(values, np.int8 if values.typecode == "b" else np.int64)
@@ -1380,6 +1401,8 @@ def _as_numpy(values: Sequence, dtype) -> np.ndarray:
 
 def _renumber_by_alloc_order(ids: np.ndarray, is_alloc: np.ndarray, num_ids: int) -> np.ndarray:
     """Ids ``0..n-1`` in the order the allocations appear in the table (ids are dense already)."""
+    import numpy as np
+
     new = np.empty(num_ids, np.int64)
     alloc_ids = ids[is_alloc]
     assert alloc_ids.size == num_ids, "every id is allocated exactly once"

@@ -42,6 +42,7 @@ __all__ = [
     "STREAM_TIMEOUT_ENV",
     "DEFAULT_MAX_TRACE_BYTES",
     "DEFAULT_STREAM_TIMEOUT_S",
+    "trace_name",
 ]
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -282,3 +283,13 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
                 out.getvalue(),
                 "corrupt gzip stream (bytes after its end that are not another gzip member)",
             )
+
+
+def trace_name(path: "str | Path", suffixes: tuple[str, ...]) -> str:
+    """A trace's short name for reports: the file name without its data suffixes (``x.csv.gz ->
+    x``)."""
+    name = Path(path).name
+    for suffix in (".gz",) + suffixes:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or Path(path).name

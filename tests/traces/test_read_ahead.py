@@ -1,0 +1,167 @@
+"""``traces.read_ahead``: a snapshot parsed in a forked child is the trace the plain read makes;
+anything else (another format, a malformed file, a replaced format) is read here, errors and all."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+import traces
+from traces import read_ahead
+from traces.errors import TraceFormatError
+from traces.formats import ALLOC
+from traces.pytorch_snapshot import SNAPSHOT_FORMAT
+
+
+@pytest.fixture(autouse=True)
+def _any_size(monkeypatch):
+    """Read tiny test files ahead too (the real threshold keeps small files in-process)."""
+    monkeypatch.setattr(read_ahead, "MIN_READ_AHEAD_BYTES", 0)
+
+
+def _entries(snap_entry, num_blocks=50):
+    out = []
+    for k in range(num_blocks):
+        out.append(snap_entry("alloc", 0x1000 * (k + 1), 512 + k, 10 * k, user_metadata="kv"))
+        if k % 3:
+            out.append(snap_entry("free_requested", 0x1000 * (k + 1), 512 + k, 10 * k + 1))
+            out.append(snap_entry("free_completed", 0x1000 * (k + 1), 512 + k, 10 * k + 5))
+    out.append(snap_entry("free_completed", 0x900000, 4096, 999))  # allocated before recording
+    out.append(snap_entry("segment_free", 0xA00000, 2 << 20, 1000))
+    return out
+
+
+def assert_same_trace(a, b):
+    pd.testing.assert_frame_equal(a.events, b.events)
+    assert (a.name, a.source, a.format) == (b.name, b.source, b.format)
+    assert a.meta.keys() == b.meta.keys()
+    for key, value in a.meta.items():
+        other = b.meta[key]
+        if isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(value, other)
+        elif hasattr(value, "shape"):
+            assert (value == other).all(), key
+        else:
+            assert value == other, key
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_a_snapshot_read_in_a_child_is_the_plain_read(write_snapshot, snap_entry, gz):
+    path = write_snapshot(_entries(snap_entry), gz=gz, name="s.pickle.gz" if gz else "s.pickle")
+    with read_ahead.start_read(path) as reading:
+        assert reading.started
+        trace = reading.result()
+    assert reading.ran_in_child and reading.child_cpu_s is not None
+    assert not reading.started  # the child is reaped
+    assert_same_trace(trace, traces.read_alloc_trace(path))
+
+
+def test_the_device_and_the_format_are_passed_on(write_snapshot, snap_entry):
+    entries = _entries(snap_entry)
+    path = write_snapshot((), device_traces=[entries[:10], entries])
+    with read_ahead.start_read(path, format=SNAPSHOT_FORMAT, device=1) as reading:
+        trace = reading.result()
+    assert reading.ran_in_child
+    assert_same_trace(trace, traces.read_alloc_trace(path, device=1))
+
+
+def test_a_malformed_snapshot_raises_the_plain_reads_error(write_snapshot, snap_entry):
+    entries = _entries(snap_entry)
+    del entries[7]["addr"]
+    path = write_snapshot(entries)
+    with pytest.raises(TraceFormatError) as plain:
+        traces.read_alloc_trace(path)
+    with read_ahead.start_read(path) as reading:
+        assert reading.started
+        with pytest.raises(TraceFormatError) as ahead:
+            reading.result()
+    assert not reading.ran_in_child
+    assert str(ahead.value) == str(plain.value)
+    assert "device_traces[0] index 7" in str(ahead.value)
+
+
+def test_another_format_or_a_small_file_is_read_here(tmp_path, monkeypatch):
+    path = tmp_path / "t.csv"
+    path.write_text("time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,0,16,0,\n1,free,0,16,0,\n")
+    with read_ahead.start_read(path) as reading:
+        assert not reading.started  # no pickle inside: no child
+        trace = reading.result()
+    assert_same_trace(trace, traces.read_alloc_trace(path))
+    assert not read_ahead.start_read(path, format="rmm-log").started
+    monkeypatch.setattr(read_ahead, "MIN_READ_AHEAD_BYTES", 1 << 20)
+    assert not read_ahead.start_read(path).started
+    with pytest.raises(FileNotFoundError):
+        read_ahead.start_read(tmp_path / "missing.pickle").result()
+
+
+def test_a_fifo_is_not_opened_ahead(tmp_path):
+    fifo = tmp_path / "snap.fifo"
+    os.mkfifo(fifo)
+    assert not read_ahead.start_read(fifo).started  # returns at once: nobody writes to it
+
+
+def test_a_replaced_snapshot_format_is_read_by_its_replacement(write_snapshot, snap_entry):
+    path = write_snapshot(_entries(snap_entry))
+    builtin = ALLOC.get(SNAPSHOT_FORMAT)
+    marker = traces.read_alloc_trace(path)
+    marker.name = "replaced"
+    try:
+        ALLOC.register(
+            SNAPSHOT_FORMAT,
+            sniff=builtin.sniff,
+            read=lambda src, **_: marker,
+            describe=builtin.describe,
+            replace=True,
+        )
+        with read_ahead.start_read(path) as reading:
+            assert reading.result() is marker
+        assert not reading.ran_in_child
+    finally:
+        ALLOC.register(
+            SNAPSHOT_FORMAT,
+            **{k: getattr(builtin, k) for k in ("sniff", "read", "describe", "confirm")},
+            replace=True,
+        )
+
+
+def test_close_stops_a_child_whose_result_is_not_taken(write_snapshot, snap_entry):
+    path = write_snapshot(_entries(snap_entry))
+    reading = read_ahead.start_read(path)
+    pid = reading._pid
+    assert pid is not None
+    reading.close()
+    reading.close()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+
+
+def test_the_replay_command_reads_ahead_and_gets_the_same_summary(
+    write_snapshot, snap_entry, tmp_path, monkeypatch
+):
+    from click.testing import CliRunner
+
+    from poollab.cli import cli
+
+    path = write_snapshot(_entries(snap_entry))
+    started = []
+    real = read_ahead.ReadAhead.result
+
+    def result(self):
+        started.append(self.started)
+        return real(self)
+
+    monkeypatch.setattr(read_ahead.ReadAhead, "result", result)
+    outs = []
+    for name in ("ahead", "here"):
+        out = tmp_path / name
+        got = CliRunner().invoke(
+            cli, ["replay", str(path), "-p", "best-fit", "--workers", "1", "--out", str(out)]
+        )
+        assert got.exit_code == 0, got.output
+        outs.append(pd.read_csv(out / "summary.csv"))
+        monkeypatch.setattr(read_ahead, "MIN_READ_AHEAD_BYTES", 1 << 40)
+    assert started == [True, False]
+    measured = [c for c in outs[0] if c.endswith(("_ns", "_s", "_us")) or "latency" in c]
+    pd.testing.assert_frame_equal(outs[0].drop(columns=measured), outs[1].drop(columns=measured))

@@ -1,0 +1,226 @@
+"""Read a PyTorch snapshot in a forked child while this process does other work (issue 33).
+
+``poollab replay`` of a large snapshot starts with two independent pieces of work: importing what
+the replay needs (pandas, the policies, the replay engine: 0.5 s on the dev container, 2.8 s CPU
+on the H200 host) and parsing the snapshot (gunzip, the streamed unpickle and the per-entry parse
+of ``traces.pytorch_snapshot``: 2-3 s for a million events). The parse needs the standard library
+only, so ``start_read`` forks a child that runs it (``read_snapshot``) while the caller imports;
+``ReadAhead.result()`` takes the parsed snapshot back through a pipe and makes the trace table
+here (``snapshot_to_trace``, numpy and pandas). The trace is the one ``traces.read_alloc_trace``
+returns: the same parse and the same table, only in two processes.
+
+The child runs only where it can pay and cannot change the outcome: a regular file of at least
+``MIN_READ_AHEAD_BYTES`` whose content opens a pickle (plain or gzipped), no format given or the
+built-in ``pytorch-snapshot``, POSIX ``fork`` and no other thread in this process (a fork copies a
+lock another thread may hold). Whenever it does not run, or it fails in any way (a malformed
+snapshot included), or a third party has replaced the built-in snapshot format by the time of
+``result()``, ``result()`` reads in this process with ``traces.read_alloc_trace``: the errors
+raised are the ones the plain read raises, file and entry named as always.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import stat
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from traces.source import GZIP_MAGIC
+
+if TYPE_CHECKING:
+    from traces.events import AllocTrace
+
+__all__ = ["ReadAhead", "start_read", "MIN_READ_AHEAD_BYTES"]
+
+#: Smallest file read ahead: below it the read takes well under the fork and the pipe's cost.
+MIN_READ_AHEAD_BYTES = 1 << 20
+#: Raw bytes of a gzipped file decompressed to see whether it holds a pickle.
+_SNIFF_RAW_BYTES = 4096
+
+
+def start_read(
+    path: str | Path, *, format: str | None = None, device: int | None = None
+) -> "ReadAhead":
+    """Start reading ``path`` (``traces.read_alloc_trace(path, format=, device=)``) in a child
+    where it pays (the module docstring); ``result()`` of the returned object is that trace."""
+    return ReadAhead(path, format=format, device=device)
+
+
+class ReadAhead:
+    """One allocation-trace read, running in a forked child or left for ``result()``.
+
+    Attributes:
+        child_cpu_s: CPU seconds the child spent on the parse (None until ``result()`` took a
+            parsed snapshot from it).
+        ran_in_child: whether ``result()``'s trace came from the child's parse.
+
+    Use as a context manager (or call ``close``) so that a child whose result is never taken
+    (the caller failed first) is stopped.
+    """
+
+    def __init__(self, path: str | Path, *, format: str | None = None, device: int | None = None):
+        self.path, self.format, self.device = path, format, device
+        self.child_cpu_s: float | None = None
+        self.ran_in_child = False
+        self._pid: int | None = None
+        self._fd: int | None = None
+        if _worth_a_child(path, format):
+            self._fork()
+
+    @property
+    def started(self) -> bool:
+        """Whether a child is reading (or has read) the file."""
+        return self._pid is not None
+
+    def _fork(self) -> None:
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:  # no process to spare: ``result()`` reads here
+            os.close(r)
+            os.close(w)
+            return
+        if pid == 0:  # the child: parse, send, and leave without running the parent's exit code
+            code = 1
+            try:
+                os.close(r)
+                _parse_into(w, self.path, self.device, self.format)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        self._pid, self._fd = pid, r
+
+    def result(self) -> "AllocTrace":
+        """The trace, as ``traces.read_alloc_trace(path, format=, device=)`` reads it.
+
+        Raises:
+            TraceFormatError: the file is malformed (raised by the read in this process).
+        """
+        snap = self._take()
+        if snap is not None and _builtin_snapshot_format():
+            from traces.pytorch_snapshot import snapshot_to_trace
+            from traces.snapshot_stream import release_freed_memory
+
+            trace = snapshot_to_trace(snap)
+            del snap
+            release_freed_memory()  # as ``read_pytorch_snapshot`` does: the parse's columns
+            self.ran_in_child = True
+            return trace
+        from traces.detect import read_alloc_trace
+
+        return read_alloc_trace(self.path, format=self.format, device=self.device)
+
+    def _take(self) -> Any:
+        """The child's parsed snapshot (None: no child, or it found no snapshot or failed)."""
+        if self._fd is None:
+            return None
+        got = None
+        try:
+            with os.fdopen(self._fd, "rb", buffering=1 << 20) as pipe:
+                self._fd = None
+                got = pickle.load(pipe)  # our own child's, of our own classes
+        except Exception:  # noqa: BLE001 (the child died mid-way: the read in this process tells)
+            got = None
+        finally:
+            self._reap()
+        if not isinstance(got, tuple) or len(got) != 2 or got[0] is None:
+            return None
+        self.child_cpu_s = got[1]
+        return got[0]
+
+    def close(self) -> None:
+        """Stop the child if its result was not taken (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            if self._pid is not None:
+                try:
+                    os.kill(self._pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._pid is not None:
+            try:
+                os.waitpid(self._pid, 0)
+            except ChildProcessError:
+                pass
+            self._pid = None
+
+    def __enter__(self) -> "ReadAhead":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _worth_a_child(path: Any, format: str | None) -> bool:
+    """Whether to read ``path`` in a child: see the module docstring."""
+    from traces.pytorch_snapshot import SNAPSHOT_FORMAT, is_pickle_head
+
+    if format not in (None, SNAPSHOT_FORMAT) or not isinstance(path, (str, os.PathLike)):
+        return False
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        return False
+    try:
+        st = os.stat(path)  # before any open: opening a FIFO would wait for its writer
+        if not stat.S_ISREG(st.st_mode) or st.st_size < MIN_READ_AHEAD_BYTES:
+            return False
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF_RAW_BYTES)
+    except OSError:  # the read in this process reports it
+        return False
+    if head[:2] == GZIP_MAGIC:
+        try:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 2)
+        except zlib.error:
+            return False
+    return is_pickle_head(head[:2])
+
+
+def _parse_into(fd: int, path: str | Path, device: int | None, format: str | None) -> None:
+    """In the child: ``(read_snapshot(path), its CPU seconds)`` pickled into ``fd``; ``None`` for
+    the snapshot when the content is none or the parse fails (the parent reads again, and
+    raises)."""
+    t0 = time.process_time()
+    with os.fdopen(fd, "wb", buffering=1 << 20) as pipe:
+        try:
+            from traces.pytorch_snapshot import is_pickle_head, read_snapshot
+            from traces.source import open_source
+
+            src = open_source(path)
+            if format is None and not is_pickle_head(src.head(2)):
+                snap = None
+            else:
+                snap = read_snapshot(src, device=device)
+            del src
+        except Exception:  # noqa: BLE001 (any failure: the parent's own read raises it)
+            snap = None
+        pickle.dump((snap, time.process_time() - t0), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _builtin_snapshot_format() -> bool:
+    """Whether the format registry still reads a pickle as the built-in snapshot reader would."""
+    from traces.formats import ALLOC
+    from traces.pytorch_snapshot import SNAPSHOT_FORMAT
+
+    if not ALLOC._loaded:  # nothing registered yet (a registration loads the built-ins first)
+        return True  # and ``traces.detect`` (pyarrow's parquet and csv readers) is not needed
+    from traces import detect
+
+    try:
+        fmt = ALLOC.get(SNAPSHOT_FORMAT)
+    except Exception:  # noqa: BLE001 (unregistered)
+        return False
+    return (
+        ALLOC.names()[0] == SNAPSHOT_FORMAT
+        and fmt.sniff is detect.sniff_snapshot
+        and fmt.read is detect.read_snapshot_format
+    )
