@@ -4,7 +4,7 @@
         [--in-process]
 
 Runs what ``poollab replay SNAPSHOT`` runs under the five policies of ``bench_user_speed.py``, in
-this process, phase by phase, in the command's order: the read started ahead in a forked child
+this process, phase by phase, in the command's order: the read started ahead in a child interpreter
 (``traces.read_ahead``: gunzip, streamed unpickle and parse) while this process imports what the
 replay needs; taking the parsed snapshot back and making the trace table (``snapshot_to_trace``);
 the compact event table (``trace_events``); the jobs in ``--workers`` forked workers
@@ -57,7 +57,7 @@ IMPORT_CPU_S = time.process_time() - _T0
 #: starts one a core that spins a while (on the H200 host `import numpy` alone: 0.31 s wall, 2.2 s
 #: CPU), so on a many-core host the wall is the imports' share of the critical path.
 IMPORT_WALL_S = time.perf_counter() - _W0
-#: Of which starting the read ahead (the sniff and the fork).
+#: Of which starting the read ahead (the sniff and the start of the child interpreter).
 START_CPU_S = _T1 - _T0
 
 #: Where each worker appends one line a job: ``job cpu_s`` (a worker may run several jobs).

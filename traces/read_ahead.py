@@ -1,30 +1,37 @@
-"""Read a PyTorch snapshot in a forked child while this process does other work (issue 33).
+"""Read a PyTorch snapshot in a child process while this process does other work (issue 33).
 
 ``poollab replay`` of a large snapshot starts with two independent pieces of work: importing what
-the replay needs (pandas, the policies, the replay engine: 0.5 s on the dev container, 2.8 s CPU
-on the H200 host) and parsing the snapshot (gunzip, the streamed unpickle and the per-entry parse
-of ``traces.pytorch_snapshot``: 2-3 s for a million events). The parse needs the standard library
-only, so ``start_read`` forks a child that runs it (``read_snapshot``) while the caller imports;
-``ReadAhead.result()`` takes the parsed snapshot back through a pipe and makes the trace table
-here (``snapshot_to_trace``, numpy and pandas). The trace is the one ``traces.read_alloc_trace``
-returns: the same parse and the same table, only in two processes.
+the replay needs (pandas, the policies, the replay engine: 0.5 s on the dev container, 0.65 s
+wall on the H200 host) and parsing the snapshot (gunzip, the streamed unpickle and the per-entry
+parse of ``traces.pytorch_snapshot``: 2-3 s for a million events). The parse needs the standard
+library only, so ``start_read`` starts a child that runs it (``read_snapshot``) while the caller
+imports; ``ReadAhead.result()`` takes the parsed snapshot back through a pipe and makes the trace
+table here (``snapshot_to_trace``, numpy and pandas). The trace is the one
+``traces.read_alloc_trace`` returns: the same parse and the same table, only in two processes.
+
+The child is a fresh interpreter (``sys.executable -I -S``, started by ``subprocess``, which
+``exec``s at once), not a fork of this process: a fork copies whatever lock another thread holds
+at that instant (CI's test process, a notebook, a library's pool all have threads), and Python
+3.12 warns on it. The fresh interpreter imports only the parse's modules, found where this
+process found them (the ``traces`` package's parent folder is the child's first path entry;
+``-I -S``: no environment variables, user or site paths, no ``site`` start-up): ~0.05 s of CPU
+before the parse starts.
 
 The child runs only where it can pay and cannot change the outcome: a regular file of at least
 ``MIN_READ_AHEAD_BYTES`` whose content opens a pickle (plain or gzipped), no format given or the
-built-in ``pytorch-snapshot``, POSIX ``fork`` and no other thread in this process (a fork copies a
-lock another thread may hold). Whenever it does not run, or it fails in any way (a malformed
-snapshot included), or a third party has replaced the built-in snapshot format by the time of
-``result()``, ``result()`` reads in this process with ``traces.read_alloc_trace``: the errors
-raised are the ones the plain read raises, file and entry named as always.
+built-in ``pytorch-snapshot``, and a known interpreter (``sys.executable``). Whenever it does not
+run, or it fails in any way (a malformed snapshot included, or it could not be started), or a
+third party has replaced the built-in snapshot format by the time of ``result()``, ``result()``
+reads in this process with ``traces.read_alloc_trace``: the errors raised are the ones the plain
+read raises, file and entry named as always.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import signal
 import stat
-import threading
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -33,14 +40,22 @@ from typing import TYPE_CHECKING, Any
 from traces.source import GZIP_MAGIC
 
 if TYPE_CHECKING:
+    import subprocess
+
     from traces.events import AllocTrace
 
 __all__ = ["ReadAhead", "start_read", "MIN_READ_AHEAD_BYTES"]
 
-#: Smallest file read ahead: below it the read takes well under the fork and the pipe's cost.
+#: Smallest file read ahead: below it the read takes well under the child's start and the pipe.
 MIN_READ_AHEAD_BYTES = 1 << 20
 #: Raw bytes of a gzipped file decompressed to see whether it holds a pickle.
 _SNIFF_RAW_BYTES = 4096
+#: What the child interpreter runs: ``argv`` = [the folder holding ``traces``, the pipe's file
+#: descriptor, the path, the device ("" for none), the format ("" for none)].
+_CHILD_CODE = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from traces.read_ahead import _child_main; _child_main(sys.argv[2:])"
+)
 
 
 def start_read(
@@ -52,49 +67,63 @@ def start_read(
 
 
 class ReadAhead:
-    """One allocation-trace read, running in a forked child or left for ``result()``.
+    """One allocation-trace read, running in a child process or left for ``result()``.
 
     Attributes:
-        child_cpu_s: CPU seconds the child spent on the parse (None until ``result()`` took a
-            parsed snapshot from it).
+        child_cpu_s: CPU seconds of the child, its interpreter's start-up included (None until
+            ``result()`` took a parsed snapshot from it).
         ran_in_child: whether ``result()``'s trace came from the child's parse.
 
     Use as a context manager (or call ``close``) so that a child whose result is never taken
-    (the caller failed first) is stopped.
+    (the caller failed first) is stopped. Safe with other threads alive in this process.
     """
 
     def __init__(self, path: str | Path, *, format: str | None = None, device: int | None = None):
         self.path, self.format, self.device = path, format, device
         self.child_cpu_s: float | None = None
         self.ran_in_child = False
-        self._pid: int | None = None
+        self._proc: "subprocess.Popen | None" = None
         self._fd: int | None = None
         if _worth_a_child(path, format):
-            self._fork()
+            self._start()
 
     @property
     def started(self) -> bool:
-        """Whether a child is reading (or has read) the file."""
-        return self._pid is not None
+        """Whether a child is reading (or has read) the file and is not yet reaped."""
+        return self._proc is not None
 
-    def _fork(self) -> None:
+    def _start(self) -> None:
+        import subprocess
+
+        import traces
+
+        package_parent = Path(traces.__file__).resolve().parent.parent
         r, w = os.pipe()
         try:
-            pid = os.fork()
-        except OSError:  # no process to spare: ``result()`` reads here
+            self._proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    "-c",
+                    _CHILD_CODE,
+                    str(package_parent),
+                    str(w),
+                    os.fsdecode(self.path),
+                    "" if self.device is None else str(self.device),
+                    self.format or "",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,  # a failure is told by the read in this process
+                pass_fds=(w,),
+            )
+        except (OSError, subprocess.SubprocessError):  # no process to spare: ``result()`` reads
             os.close(r)
-            os.close(w)
             return
-        if pid == 0:  # the child: parse, send, and leave without running the parent's exit code
-            code = 1
-            try:
-                os.close(r)
-                _parse_into(w, self.path, self.device, self.format)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(w)
-        self._pid, self._fd = pid, r
+        finally:
+            os.close(w)
+        self._fd = r
 
     def result(self) -> "AllocTrace":
         """The trace, as ``traces.read_alloc_trace(path, format=, device=)`` reads it.
@@ -139,20 +168,14 @@ class ReadAhead:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-            if self._pid is not None:
-                try:
-                    os.kill(self._pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if self._proc is not None:
+                self._proc.kill()  # a no-op once it has exited
         self._reap()
 
     def _reap(self) -> None:
-        if self._pid is not None:
-            try:
-                os.waitpid(self._pid, 0)
-            except ChildProcessError:
-                pass
-            self._pid = None
+        if self._proc is not None:
+            self._proc.wait()
+            self._proc = None
 
     def __enter__(self) -> "ReadAhead":
         return self
@@ -167,7 +190,7 @@ def _worth_a_child(path: Any, format: str | None) -> bool:
 
     if format not in (None, SNAPSHOT_FORMAT) or not isinstance(path, (str, os.PathLike)):
         return False
-    if not hasattr(os, "fork") or threading.active_count() > 1:
+    if not sys.executable:  # an embedding interpreter: no child to start
         return False
     try:
         st = os.stat(path)  # before any open: opening a FIFO would wait for its writer
@@ -185,11 +208,11 @@ def _worth_a_child(path: Any, format: str | None) -> bool:
     return is_pickle_head(head[:2])
 
 
-def _parse_into(fd: int, path: str | Path, device: int | None, format: str | None) -> None:
-    """In the child: ``(read_snapshot(path), its CPU seconds)`` pickled into ``fd``; ``None`` for
-    the snapshot when the content is none or the parse fails (the parent reads again, and
-    raises)."""
-    t0 = time.process_time()
+def _child_main(argv: list[str]) -> None:
+    """In the child: ``(read_snapshot(path), the child's CPU seconds)`` pickled into the pipe
+    ``argv[0]`` (``_CHILD_CODE`` names the fields); ``None`` for the snapshot when the content is
+    none or the parse fails (the parent reads again, and raises)."""
+    fd, path, device, format = int(argv[0]), argv[1], argv[2], argv[3] or None
     with os.fdopen(fd, "wb", buffering=1 << 20) as pipe:
         try:
             from traces.pytorch_snapshot import is_pickle_head, read_snapshot
@@ -199,11 +222,12 @@ def _parse_into(fd: int, path: str | Path, device: int | None, format: str | Non
             if format is None and not is_pickle_head(src.head(2)):
                 snap = None
             else:
-                snap = read_snapshot(src, device=device)
+                snap = read_snapshot(src, device=int(device) if device else None)
             del src
         except Exception:  # noqa: BLE001 (any failure: the parent's own read raises it)
             snap = None
-        pickle.dump((snap, time.process_time() - t0), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        # process_time counts from the interpreter's start: the start-up is the child's cost too
+        pickle.dump((snap, time.process_time()), pipe, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _builtin_snapshot_format() -> bool:

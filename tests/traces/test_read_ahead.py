@@ -1,9 +1,12 @@
-"""``traces.read_ahead``: a snapshot parsed in a forked child is the trace the plain read makes;
-anything else (another format, a malformed file, a replaced format) is read here, errors and all."""
+"""``traces.read_ahead``: a snapshot parsed in a child interpreter is the trace the plain read
+makes, other threads alive or not; anything else (another format, a malformed file, a replaced
+format) is read here, errors and all."""
 
 from __future__ import annotations
 
 import os
+import threading
+import warnings
 
 import pandas as pd
 import pytest
@@ -129,12 +132,55 @@ def test_a_replaced_snapshot_format_is_read_by_its_replacement(write_snapshot, s
 def test_close_stops_a_child_whose_result_is_not_taken(write_snapshot, snap_entry):
     path = write_snapshot(_entries(snap_entry))
     reading = read_ahead.start_read(path)
-    pid = reading._pid
-    assert pid is not None
+    proc = reading._proc
+    assert proc is not None
     reading.close()
     reading.close()
+    assert proc.returncode is not None and not reading.started  # stopped and reaped
     with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # reaped: no zombie left
+        os.waitpid(proc.pid, os.WNOHANG)  # no zombie left
+
+
+def test_a_read_ahead_with_other_threads_alive(write_snapshot, snap_entry):
+    """The child is a fresh interpreter, not a fork: a thread holding a lock (as CI's test
+    process, a notebook or a pool have) neither stops the read ahead nor reaches the child, and
+    no fork-with-threads DeprecationWarning (Python 3.12) is raised."""
+    path = write_snapshot(_entries(snap_entry))
+    held, stop = threading.Lock(), threading.Event()
+
+    def hold_a_lock():
+        with held:
+            stop.wait(60)
+
+    thread = threading.Thread(target=hold_a_lock, daemon=True)
+    thread.start()
+    try:
+        assert threading.active_count() > 1 and held.locked()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            with read_ahead.start_read(path) as reading:
+                assert reading.started
+                trace = reading.result()
+    finally:
+        stop.set()
+        thread.join()
+    assert reading.ran_in_child
+    assert_same_trace(trace, traces.read_alloc_trace(path))
+
+
+def test_the_child_reads_a_relative_path_and_a_missing_child_falls_back(
+    write_snapshot, snap_entry, monkeypatch
+):
+    path = write_snapshot(_entries(snap_entry))
+    monkeypatch.chdir(path.parent)
+    with read_ahead.start_read(path.name) as reading:
+        trace = reading.result()
+    assert reading.ran_in_child
+    assert_same_trace(trace, traces.read_alloc_trace(path.name))
+    monkeypatch.setattr(read_ahead.sys, "executable", str(path.parent / "no-such-python"))
+    with read_ahead.start_read(path.name) as reading:
+        assert not reading.started  # the interpreter could not be started: read here
+        assert_same_trace(reading.result(), trace)
 
 
 def test_the_replay_command_reads_ahead_and_gets_the_same_summary(
