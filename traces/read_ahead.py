@@ -51,7 +51,8 @@ MIN_READ_AHEAD_BYTES = 1 << 20
 #: Raw bytes of a gzipped file decompressed to see whether it holds a pickle.
 _SNIFF_RAW_BYTES = 4096
 #: What the child interpreter runs: ``argv`` = [the folder holding ``traces``, the pipe's file
-#: descriptor, the path, the device ("" for none), the format ("" for none)].
+#: descriptor, the parent's ``perf_counter`` at the start, the path, the device ("" for none),
+#: the format ("" for none)].
 _CHILD_CODE = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from traces.read_ahead import _child_main; _child_main(sys.argv[2:])"
@@ -70,8 +71,11 @@ class ReadAhead:
     """One allocation-trace read, running in a child process or left for ``result()``.
 
     Attributes:
-        child_cpu_s: CPU seconds of the child, its interpreter's start-up included (None until
-            ``result()`` took a parsed snapshot from it).
+        child_cpu_s: CPU seconds of the child's main thread: its interpreter's start-up, the
+            unpickle and the parse, the read's critical path where the decompression thread has
+            a core of its own (None until ``result()`` took a parsed snapshot from the child).
+        child_all_cpu_s: the child's CPU seconds, every thread (the decompression's included).
+        child_wall_s: seconds from the child's start to its parsed snapshot (monotonic clock).
         ran_in_child: whether ``result()``'s trace came from the child's parse.
 
     Use as a context manager (or call ``close``) so that a child whose result is never taken
@@ -81,6 +85,8 @@ class ReadAhead:
     def __init__(self, path: str | Path, *, format: str | None = None, device: int | None = None):
         self.path, self.format, self.device = path, format, device
         self.child_cpu_s: float | None = None
+        self.child_all_cpu_s: float | None = None
+        self.child_wall_s: float | None = None
         self.ran_in_child = False
         self._proc: "subprocess.Popen | None" = None
         self._fd: int | None = None
@@ -109,6 +115,7 @@ class ReadAhead:
                     _CHILD_CODE,
                     str(package_parent),
                     str(w),
+                    repr(time.perf_counter()),  # CLOCK_MONOTONIC: one clock for every process
                     os.fsdecode(self.path),
                     "" if self.device is None else str(self.device),
                     self.format or "",
@@ -158,9 +165,9 @@ class ReadAhead:
             got = None
         finally:
             self._reap()
-        if not isinstance(got, tuple) or len(got) != 2 or got[0] is None:
+        if not isinstance(got, tuple) or len(got) != 4 or got[0] is None:
             return None
-        self.child_cpu_s = got[1]
+        self.child_cpu_s, self.child_all_cpu_s, self.child_wall_s = got[1:]
         return got[0]
 
     def close(self) -> None:
@@ -209,25 +216,45 @@ def _worth_a_child(path: Any, format: str | None) -> bool:
 
 
 def _child_main(argv: list[str]) -> None:
-    """In the child: ``(read_snapshot(path), the child's CPU seconds)`` pickled into the pipe
-    ``argv[0]`` (``_CHILD_CODE`` names the fields); ``None`` for the snapshot when the content is
-    none or the parse fails (the parent reads again, and raises)."""
-    fd, path, device, format = int(argv[0]), argv[1], argv[2], argv[3] or None
+    """In the child: ``(read_snapshot(path), main thread's CPU seconds, all threads' CPU seconds,
+    wall seconds since the start)`` pickled into the pipe ``argv[0]`` (``_CHILD_CODE`` names the
+    fields); ``None`` for the snapshot when the content is none or the parse fails (the parent
+    reads again, and raises).
+
+    A gzipped file is read with its decompression in a thread ahead of the parse
+    (``read_snapshot_overlapped``); wherever that gives no snapshot, or fails, the plain
+    ``read_snapshot`` reads it here.
+    """
+    fd, started_s, path, device = int(argv[0]), float(argv[1]), argv[2], argv[3]
+    format = argv[4] or None
     with os.fdopen(fd, "wb", buffering=1 << 20) as pipe:
+        snap = None
         try:
-            from traces.pytorch_snapshot import is_pickle_head, read_snapshot
+            from traces.pytorch_snapshot import (
+                is_pickle_head,
+                read_snapshot,
+                read_snapshot_overlapped,
+            )
             from traces.source import open_source
 
-            src = open_source(path)
-            if format is None and not is_pickle_head(src.head(2)):
+            dev = int(device) if device else None
+            try:
+                snap = read_snapshot_overlapped(path, device=dev)
+            except Exception:  # noqa: BLE001 (the plain read below raises it, or reads)
                 snap = None
-            else:
-                snap = read_snapshot(src, device=int(device) if device else None)
-            del src
+            if snap is None:
+                src = open_source(path)
+                if format is None and not is_pickle_head(src.head(2)):
+                    snap = None
+                else:
+                    snap = read_snapshot(src, device=dev)
+                del src
         except Exception:  # noqa: BLE001 (any failure: the parent's own read raises it)
             snap = None
-        # process_time counts from the interpreter's start: the start-up is the child's cost too
-        pickle.dump((snap, time.process_time()), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        # process_time and thread_time count from the interpreter's start: the start-up is the
+        # child's cost too
+        times = (time.thread_time(), time.process_time(), time.perf_counter() - started_s)
+        pickle.dump((snap, *times), pipe, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _builtin_snapshot_format() -> bool:

@@ -211,3 +211,72 @@ def test_the_replay_command_reads_ahead_and_gets_the_same_summary(
     assert started == [True, False]
     measured = [c for c in outs[0] if c.endswith(("_ns", "_s", "_us")) or "latency" in c]
     pd.testing.assert_frame_equal(outs[0].drop(columns=measured), outs[1].drop(columns=measured))
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """The overlapped read in pieces of 512 bytes: a test snapshot spans many."""
+    from traces import pytorch_snapshot
+
+    monkeypatch.setattr(pytorch_snapshot, "CHUNK_BYTES", 512)
+
+
+@pytest.mark.parametrize("device", [None, 1])
+def test_the_overlapped_read_is_the_plain_read(write_snapshot, snap_entry, small_pieces, device):
+    import pickle
+
+    from traces.pytorch_snapshot import read_snapshot, read_snapshot_overlapped
+
+    entries = _entries(snap_entry, num_blocks=400)
+    path = write_snapshot((), device_traces=[entries[:10], entries])
+    got = read_snapshot_overlapped(path, device=device)
+    assert got is not None
+    assert pickle.dumps(got) == pickle.dumps(read_snapshot(path, device=device))
+
+
+def test_the_overlapped_read_gives_up_where_the_plain_read_may_differ(
+    write_snapshot, snap_entry, small_pieces, tmp_path
+):
+    """None, raising nothing: a plain pickle, a truncated or corrupt gzip stream, a trace that
+    needs a second pass (no free_completed), a device list past the first piece."""
+    import gzip
+
+    from traces.pytorch_snapshot import read_snapshot_overlapped
+
+    entries = _entries(snap_entry, num_blocks=400)
+    assert read_snapshot_overlapped(write_snapshot(entries, gz=False, name="p.pickle")) is None
+    blob = write_snapshot(entries).read_bytes()
+    for name, damaged in (
+        ("cut.pickle.gz", blob[: len(blob) - 40]),
+        ("tail.pickle.gz", blob + b"not gzip"),
+    ):
+        (tmp_path / name).write_bytes(damaged)
+        assert read_snapshot_overlapped(tmp_path / name) is None
+    requested = [e for e in entries if e["action"] != "free_completed"]
+    no_completed = write_snapshot(requested, name="r.pickle.gz")
+    assert read_snapshot_overlapped(no_completed) is None
+    big_segments = [
+        {"address": k << 21, "total_size": 2 << 20, "stream": 0, "blocks": []} for k in range(400)
+    ]
+    late = write_snapshot(entries, segments=big_segments, name="late.pickle.gz")
+    assert gzip.decompress(late.read_bytes()).find(b"device_traces") > 512
+    assert read_snapshot_overlapped(late) is None
+    # and the child, reading each of them, gives the plain read's trace or error
+    for path in (no_completed, late):
+        with read_ahead.start_read(path) as reading:
+            trace = reading.result()
+        assert reading.ran_in_child
+        assert_same_trace(trace, traces.read_alloc_trace(path))
+
+
+def test_the_overlapped_read_raises_the_plain_reads_error(write_snapshot, snap_entry, small_pieces):
+    from traces.pytorch_snapshot import read_snapshot, read_snapshot_overlapped
+
+    entries = _entries(snap_entry, num_blocks=400)
+    del entries[300]["addr"]
+    path = write_snapshot(entries)
+    with pytest.raises(TraceFormatError) as plain:
+        read_snapshot(path)
+    with pytest.raises(TraceFormatError) as overlapped:
+        read_snapshot_overlapped(path)
+    assert str(overlapped.value) == str(plain.value) and "index 300" in str(plain.value)
