@@ -13,8 +13,8 @@ their tables and the writing of the result folder. Each phase is timed in CPU se
 process that runs it (``time.process_time``: on a loaded machine the wall time of a phase says
 how busy the machine was, its CPU time what the phase costs), each job in its worker, the read in
 the child's main thread (its decompression thread runs ahead on another core; the child's CPU
-of every thread and its wall time are printed beside it). ``--in-process`` reads in this process after the imports instead (the structure
-before the read ahead).
+of every thread and its wall time are printed beside it). ``--in-process`` reads in this
+process after the imports instead (the structure before the read ahead).
 
 With one core per job (a 16-core host runs the six at once) the wall time is the longer of the
 imports and the child's read, then the parent's serial phases, then the longest job: the script

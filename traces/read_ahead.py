@@ -125,7 +125,7 @@ class ReadAhead:
                 stderr=subprocess.DEVNULL,  # a failure is told by the read in this process
                 pass_fds=(w,),
             )
-        except (OSError, subprocess.SubprocessError):  # no process to spare: ``result()`` reads
+        except (OSError, ValueError, subprocess.SubprocessError):  # none started: result() reads
             os.close(r)
             return
         finally:
