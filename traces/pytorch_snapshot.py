@@ -314,8 +314,8 @@ def _read_streamed(
     read knows that only at the end, so such a file is unpickled twice.
 
     ``inflating``: the rest of the content, still being decompressed (``src.data`` is its first
-    piece; ``read_snapshot_overlapped``); None where the second pass or an intact stream cannot
-    be had from it.
+    piece; ``read_snapshot_overlapped``): None when its stream is damaged or too large; a second
+    pass reads the whole file.
     """
     found = find_device_list(src.data, device)
     if found is None:
@@ -349,9 +349,11 @@ def _read_streamed(
         snap, entries = got
         release_freed_memory()  # the emptied entries and the memo, before the columns are copied
         if parser.assumed and not parser.seen_completed and len(entries):
-            if inflating is not None:
-                return None  # no second pass over a decompression that has ended
             parser = _EntryParser({0: 0}, source, unit, "free_requested")  # read again, knowing
+            if inflating is not None:
+                # the pieces are gone: the second pass reads the file whole (``found`` holds
+                # there too: the first piece is a prefix of the content)
+                src, inflating = open_source(src.path), None
             continue
         try:
             return _parse_snapshot(
@@ -377,9 +379,10 @@ def read_snapshot_overlapped(
 
     Returns None, having raised nothing, wherever the plain read might go otherwise: no gzip, no
     pickle, over the size limit, a damaged stream, a layout the streamed read does not take from
-    the first piece, a trace that needs a second pass. A malformed snapshot raises as the plain
-    read does; ``traces.read_ahead``'s child, the one caller, reads again with ``read_snapshot``
-    on any failure, and its parent reads again in-process, so every error is the plain read's.
+    the first piece (a trace that needs a second pass reads the whole file for it). A malformed
+    snapshot raises as the plain read does; ``traces.read_ahead``'s child, the one caller, reads
+    again with ``read_snapshot`` on any failure, and its parent reads again in-process, so every
+    error is the plain read's.
     """
     import stat
 

@@ -237,11 +237,13 @@ def test_the_overlapped_read_is_the_plain_read(write_snapshot, snap_entry, small
 def test_the_overlapped_read_gives_up_where_the_plain_read_may_differ(
     write_snapshot, snap_entry, small_pieces, tmp_path
 ):
-    """None, raising nothing: a plain pickle, a truncated or corrupt gzip stream, a trace that
-    needs a second pass (no free_completed), a device list past the first piece."""
+    """None, raising nothing: a plain pickle, a truncated or corrupt gzip stream, a device list
+    past the first piece; a trace that needs a second pass (no free_completed) is read whole for
+    it."""
     import gzip
+    import pickle
 
-    from traces.pytorch_snapshot import read_snapshot_overlapped
+    from traces.pytorch_snapshot import read_snapshot, read_snapshot_overlapped
 
     entries = _entries(snap_entry, num_blocks=400)
     assert read_snapshot_overlapped(write_snapshot(entries, gz=False, name="p.pickle")) is None
@@ -254,7 +256,9 @@ def test_the_overlapped_read_gives_up_where_the_plain_read_may_differ(
         assert read_snapshot_overlapped(tmp_path / name) is None
     requested = [e for e in entries if e["action"] != "free_completed"]
     no_completed = write_snapshot(requested, name="r.pickle.gz")
-    assert read_snapshot_overlapped(no_completed) is None
+    got = read_snapshot_overlapped(no_completed)
+    assert got is not None and got.free_action == "free_requested"
+    assert pickle.dumps(got) == pickle.dumps(read_snapshot(no_completed))
     big_segments = [
         {"address": k << 21, "total_size": 2 << 20, "stream": 0, "blocks": []} for k in range(400)
     ]
