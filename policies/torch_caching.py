@@ -369,31 +369,6 @@ class TorchCaching(Policy):
                 blocks.extend(self._free_at[k & _PTR_MASK] for k in keys)
         return iter(blocks)
 
-    def _take_free_block(
-        self, keys: list[int] | None, pool: Any, small: bool, size: int
-    ) -> _Block | None:
-        """``get_free_block``: the best-fit cached block of ``pool`` for a rounded ``size``, taken
-        out of the index (``_remove`` at the index the search found), or None; ``keys`` is the
-        (pool, small, stream) list of ``_keys`` (None: none made yet)."""
-        if self._gc_on and pool == DEFAULT_POOL:
-            self._free_block_calls[small] += 1
-        if not keys:
-            return None
-        i = bisect_left(keys, size << _KEY_BITS)
-        if i == len(keys):
-            return None
-        if self.expandable_segments:
-            i = self._skip_growable(keys, i)
-        key = keys[i]
-        if self.max_split_size_bytes is not None:
-            found = key >> _KEY_BITS
-            if size < self._max_split and found >= self._max_split:
-                return None  # do not return an oversize block for a request below max_split_size
-            if size >= self._max_split and found >= size + self.max_non_split_rounding_bytes:
-                return None  # an oversize block may be rounded up only within a limit
-        del keys[i]
-        return self._free_at.pop(key & _PTR_MASK)
-
     def _skip_growable(self, keys: list[int], i: int) -> int:
         """``get_free_block`` with expandable segments: from the best fit on, move to the next
         block while that one could grow less (a free block before unmapped space counts as the
@@ -425,7 +400,27 @@ class TorchCaching(Policy):
         else:  # no capture underway: the default pool (``_pool_for``), by size class and stream
             pool = DEFAULT_POOL
             keys = self._default_keys[small].get(stream)
-        b = self._take_free_block(keys, pool, small, size)
+        # ``get_free_block``, inline (every allocation runs it): the best-fit cached block of
+        # ``pool`` for the rounded ``size``, taken out of the index at the index its bisect found
+        # (``_remove`` there), or None; ``keys`` is the (pool, small, stream) list of ``_keys``
+        # (None: none made yet)
+        if self._gc_on and pool == DEFAULT_POOL:
+            self._free_block_calls[small] += 1
+        b = None
+        if keys:
+            i = bisect_left(keys, size << _KEY_BITS)
+            if i < len(keys):
+                if self.expandable_segments:
+                    i = self._skip_growable(keys, i)
+                key = keys[i]
+                found = key >> _KEY_BITS
+                # a block at or above max_split_size (none when it is unset) serves a request
+                # below it never, one at or above it only within max_non_split_rounding
+                if found < self._max_split or (
+                    size >= self._max_split and found < size + self.max_non_split_rounding_bytes
+                ):
+                    del keys[i]
+                    b = self._free_at.pop(key & _PTR_MASK)
         if b is None:
             b = self._malloc_segment(pool, small, stream, size)
             if b is None:
@@ -754,12 +749,50 @@ class TorchCaching(Policy):
         self._count_pool_segment(key[0], -1)
 
     def _free(self, allocation: Allocation) -> None:
-        """``free_block``: merge with free neighbours (previous first) and cache the result."""
+        """``free_block``: merge with free neighbours (previous first) and cache the result.
+
+        ``_merge_free_neighbours`` then ``_insert``, inline: every free runs them, and two Python
+        calls were a tenth of a free's cost; any change to either goes here too.
+        """
         b: _Block = allocation.handle
         b.allocated = False
         b.segment.num_live -= 1
         self.allocated_bytes -= b.size
-        self._insert(self._merge_free_neighbours(b))
+        free_at = self._free_at
+        prev, nxt = b.prev, b.next
+        if prev is not None and not prev.allocated and prev.mapped == b.mapped:
+            if prev.mapped:  # ``_remove(prev)``
+                keys = prev.keys
+                key = prev.size << _KEY_BITS | prev.ptr
+                i = bisect_left(keys, key)
+                assert keys[i] == key, "removing a block that is not cached"
+                del keys[i]
+                del free_at[prev.ptr]
+            b.ptr, b.size, b.prev = prev.ptr, prev.size + b.size, prev.prev
+            if b.prev is not None:
+                b.prev.next = b
+            else:
+                self._heads[b.segment.offset] = b
+        if nxt is not None and not nxt.allocated and nxt.mapped == b.mapped:
+            if nxt.mapped:  # ``_remove(nxt)``
+                keys = nxt.keys
+                key = nxt.size << _KEY_BITS | nxt.ptr
+                i = bisect_left(keys, key)
+                assert keys[i] == key, "removing a block that is not cached"
+                del keys[i]
+                del free_at[nxt.ptr]
+            b.size += nxt.size
+            b.next = nxt.next
+            if b.next is not None:
+                b.next.prev = b
+        # ``_insert(b)``
+        if self._gc_on:
+            b.gc_count_base = self._free_block_calls[b.small]
+        keys = b.keys
+        if keys is None:
+            keys = b.keys = self._keys_of(b.pool, b.small, b.stream)
+        insort(keys, b.size << _KEY_BITS | b.ptr)
+        free_at[b.ptr] = b
 
     def _release_block(self, b: _Block) -> int:
         """``release_block``: ``cudaFree`` a cached block that is a whole segment."""

@@ -7,22 +7,40 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_every_job_is_timed_in_its_worker():
-    out = subprocess.run(
+def _phases(*options: str) -> str:
+    return subprocess.run(
         [
             sys.executable,
             str(REPO / "benchmarks" / "replay_phases.py"),
             str(REPO / "traces" / "data" / "llama1b_generate_slice.pickle.gz"),
             "--workers",
             "2",
+            *options,
         ],
         capture_output=True,
         text=True,
         check=True,
         cwd=REPO,
     ).stdout
+
+
+def test_every_job_is_timed_in_its_worker():
+    out = _phases()
     for name in ("best-fit", "paged", "torch-caching", "expandable", "vmm-stitch", "bounds"):
         assert f"job {name} " in out
-    for phase in ("read (parent)", "trace_events (parent)", "merge (parent)", "write (parent)"):
+    for phase in (
+        "read (child, overlaps the imports)",
+        "take + trace table (parent)",
+        "trace_events (parent)",
+        "merge (parent)",
+        "write (parent)",
+    ):
         assert phase in out
-    assert "critical path with a core a job" in out
+    assert "read ahead in a child" in out
+    assert "critical path with a core a job: max(imports" in out
+
+
+def test_in_process_times_the_read_after_the_imports():
+    out = _phases("--in-process", "--repeat", "2")
+    assert "read (parent)" in out and "read (child" not in out
+    assert "critical path with a core a job: imports" in out

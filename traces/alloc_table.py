@@ -25,10 +25,9 @@ from traces.events import (
     EVENT_COLUMNS,
     AllocTrace,
     make_events,
-    trace_name,
     validate_events,
 )
-from traces.source import TraceSource, open_source
+from traces.source import TraceSource, open_source, trace_name
 
 __all__ = [
     "CSV_FORMAT",

@@ -20,7 +20,7 @@ from pathlib import Path
 from traces.alloc_table import CSV_FORMAT, PARQUET_FORMAT, read_table_csv, read_table_parquet
 from traces.events import EVENT_COLUMNS, AllocTrace
 from traces.formats import ALLOC
-from traces.pytorch_snapshot import SNAPSHOT_FORMAT, read_pytorch_snapshot
+from traces.pytorch_snapshot import SNAPSHOT_FORMAT, is_pickle_head, read_pytorch_snapshot
 from traces.rmm_log import RMM_FORMAT, RMM_HEADER, read_rmm_log
 from traces.source import TraceSource
 
@@ -67,10 +67,6 @@ def _first_fields(src: TraceSource) -> list[str]:
     return [c.strip() for c in first.split(",")]
 
 
-def _is_pickle(head: bytes) -> bool:
-    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5  # PROTO opcode, protocols 2-5
-
-
 def _is_parquet(src: TraceSource) -> bool:
     return not src.gzipped and src.head(4) == b"PAR1"
 
@@ -82,10 +78,21 @@ def _has_event_columns(src: TraceSource) -> bool:
 
 
 # The built-in formats, in the order their sniffers are asked (their contents exclude each other).
+def sniff_snapshot(src: TraceSource) -> bool:
+    """The built-in snapshot format's sniffer (``traces.read_ahead`` asks whether it is still the
+    one registered)."""
+    return is_pickle_head(src.head(2))
+
+
+def read_snapshot_format(src: TraceSource, device: int | None = None, **_) -> AllocTrace:
+    """The built-in snapshot format's reader."""
+    return read_pytorch_snapshot(src, device=device)
+
+
 ALLOC.register(
     SNAPSHOT_FORMAT,
-    sniff=lambda src: _is_pickle(src.head(2)),
-    read=lambda src, device=None, **_: read_pytorch_snapshot(src, device=device),
+    sniff=sniff_snapshot,
+    read=read_snapshot_format,
     describe="a PyTorch snapshot pickle",
     replace=True,
 )

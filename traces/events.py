@@ -26,7 +26,6 @@ leave it out. Files from before this kind simply have none.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,16 +92,6 @@ class AllocTrace:
     def is_empty_cache(self) -> np.ndarray:
         """Per row: whether it is an ``empty_cache`` call."""
         return (self.events["op"] == EMPTY_CACHE_OP).to_numpy(dtype=bool, na_value=False)
-
-
-def trace_name(path: "str | Path", suffixes: tuple[str, ...]) -> str:
-    """A trace's short name for reports: the file name without its data suffixes (``x.csv.gz ->
-    x``)."""
-    name = Path(path).name
-    for suffix in (".gz",) + suffixes:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name or Path(path).name
 
 
 def make_events(time_us, op, alloc_id, nbytes, stream=None, tag=None) -> pd.DataFrame:

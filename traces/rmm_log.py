@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from traces.errors import TraceFormatError, shown
-from traces.events import AllocTrace, make_events, trace_name
-from traces.source import TraceSource, open_source
+from traces.events import AllocTrace, make_events
+from traces.source import TraceSource, open_source, trace_name
 
 __all__ = ["RMM_FORMAT", "RMM_HEADER", "read_rmm_log"]
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import pickle
 import pickletools
-from typing import Any, Callable
+from collections import deque
+from typing import Any, Callable, Iterator
 
 __all__ = [
     "StreamedEntries",
@@ -76,6 +77,9 @@ def release_freed_memory() -> None:
 _LIBC = None
 
 
+_PLAIN_DICT = {dict}
+
+
 class StreamedEntries:
     """One device's trace entries, parsed batch by batch as the unpickler appends them.
 
@@ -113,9 +117,14 @@ class StreamedEntries:
             return
         self.consume(batch, self.num_entries)
         self.num_entries += len(batch)
-        for e in batch:  # the memo keeps each dict: keep it empty (the numbers are parsed already)
-            if isinstance(e, dict):
-                e.clear()
+        # the memo keeps each dict: keep it empty (the numbers are parsed already); a batch of plain
+        # dicts (every real one) is emptied by one C loop, anything else dict by dict as before
+        if set(map(type, batch)) == _PLAIN_DICT:
+            deque(map(dict.clear, batch), maxlen=0)
+        else:
+            for e in batch:
+                if isinstance(e, dict):
+                    e.clear()
 
     def append(self, entry: Any) -> None:
         self.extend([entry])
@@ -128,10 +137,12 @@ CHUNK_BYTES = 8 << 20
 class _Pieces:
     """A read-only file over a few byte ranges (the snapshot with its opcode swapped), copying
     none; each piece is let go once read past (the pieces ``load_streaming`` copied are then
-    freed as the unpickler reads on)."""
+    freed as the unpickler reads on). ``more``: an iterator of the pieces that follow, taken as
+    the reads reach them (a decompression still under way: ``traces.source.ThreadedInflate``)."""
 
-    def __init__(self, pieces: list):
+    def __init__(self, pieces: list, more: Iterator[bytes] | None = None):
         self.pieces = [memoryview(p) for p in pieces if len(p)]
+        self.more = more
         self.k = 0
         self.offset = 0
 
@@ -139,7 +150,17 @@ class _Pieces:
         self.pieces[self.k] = None
         self.k, self.offset = self.k + 1, 0
 
+    def _fill(self) -> None:
+        """Take the next of ``more`` when every piece in hand is read."""
+        while self.k == len(self.pieces) and self.more is not None:
+            piece = next(self.more, None)
+            if piece is None:
+                self.more = None
+            elif len(piece):
+                self.pieces.append(memoryview(piece))
+
     def read(self, n: int = -1) -> bytes:
+        self._fill()
         out = []
         while self.k < len(self.pieces) and (n < 0 or n > 0):
             piece = self.pieces[self.k]
@@ -150,6 +171,7 @@ class _Pieces:
                 n -= take
             if self.offset == len(piece):
                 self._next_piece()
+                self._fill()
         return b"".join(out)
 
     def readinto(self, buf) -> int:
@@ -158,6 +180,7 @@ class _Pieces:
         return len(data)
 
     def readline(self) -> bytes:
+        self._fill()
         out = []
         while self.k < len(self.pieces):
             piece = self.pieces[self.k]
@@ -170,6 +193,7 @@ class _Pieces:
                 break
             out.append(piece[self.offset :])
             self._next_piece()
+            self._fill()
         return b"".join(out)
 
 
@@ -317,6 +341,7 @@ def load_streaming(
     unpickler: Callable[[Any], pickle.Unpickler],
     consume: Callable[[list, int], Any],
     release: Callable[[], None] | None = None,
+    more: Iterator[bytes] | None = None,
 ) -> tuple[Any, StreamedEntries] | None:
     """Unpickle ``data`` with the device list ``found`` by ``find_device_list`` read into a
     ``StreamedEntries`` over ``consume``; None when the swapped-in call was never reached.
@@ -328,6 +353,10 @@ def load_streaming(
     of ``CHUNK_BYTES``, then ``release()`` is called, and each piece is freed once the unpickler
     has read past it. So the content (104 MB for a 1.5M-entry snapshot) shrinks as the entries,
     the memo and the columns grow, instead of being held under all of them until the end.
+
+    ``more``, when given, yields the bytes that follow ``data`` (``data`` is then the content's
+    first piece only, which must hold the device list's start), read as the unpickler reaches
+    them and each freed once read past.
     """
     pos, dev, frame = found
     entries = StreamedEntries(dev, consume)
@@ -359,7 +388,7 @@ def load_streaming(
         made.append(entries)
         return entries
 
-    u = unpickler(_Pieces(pieces))
+    u = unpickler(_Pieces(pieces, more))
     del pieces  # the file holds them now, and lets each go once read
     u.stream_global = make
     snap = u.load()

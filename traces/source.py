@@ -42,6 +42,9 @@ __all__ = [
     "STREAM_TIMEOUT_ENV",
     "DEFAULT_MAX_TRACE_BYTES",
     "DEFAULT_STREAM_TIMEOUT_S",
+    "trace_name",
+    "inflate_pieces",
+    "ThreadedInflate",
 ]
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -247,14 +250,35 @@ def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
 
 
 def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
-    """Decompress every gzip member of ``raw`` under ``limit`` output bytes: ``(data, damage)``.
+    """Decompress every gzip member of ``raw`` under ``limit`` output bytes: ``(data, damage)``
+    (``inflate_pieces``'s pieces and damage).
 
-    As the ``gzip`` module does, members follow one another and zero bytes may pad the end; a
-    truncated or corrupt member ends the data there with ``damage`` saying why. The pieces go into
-    one growing buffer that becomes the result without a copy (``BytesIO.getvalue``): a list of
-    pieces joined at the end held the content twice at its peak (208 MB for a 104 MB snapshot).
+    The pieces go into one growing buffer that becomes the result without a copy
+    (``BytesIO.getvalue``): a list of pieces joined at the end held the content twice at its peak
+    (208 MB for a 104 MB snapshot).
     """
     out = io.BytesIO()
+    pieces = inflate_pieces(raw, limit, path)
+    try:
+        while True:
+            out.write(next(pieces))
+    except StopIteration as end:
+        return out.getvalue(), end.value
+    except TraceFormatError:
+        out = None  # the traceback keeps this frame alive: let the bytes go now
+        raise
+
+
+def inflate_pieces(raw: bytes, limit: int, path: Path, piece_bytes: int = _CHUNK_BYTES):
+    """A generator of the decompressed pieces (at most ``piece_bytes`` each) of every gzip member
+    of ``raw``; it returns the damage (``StopIteration.value``): None for an intact stream.
+
+    As the ``gzip`` module does, members follow one another and zero bytes may pad the end; a
+    truncated or corrupt member ends the pieces there with the damage saying why.
+
+    Raises:
+        TraceFormatError: the content passes ``limit`` bytes.
+    """
     total = 0
     rest = raw
     while True:
@@ -263,22 +287,82 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
         try:
             while chunk and not d.eof:
                 # in steps: one call asked for the whole limit grows its buffer to a multiple of it
-                piece = d.decompress(chunk, min(limit + 1 - total, _CHUNK_BYTES))
-                total += out.write(piece)
-                del piece
+                piece = d.decompress(chunk, min(limit + 1 - total, piece_bytes))
+                total += len(piece)
                 if total > limit:
-                    out = None  # the traceback keeps this frame alive: let the bytes go now
+                    del piece
                     raise _too_big(path, "decompresses to more bytes", limit)
+                yield piece
+                del piece
                 chunk = d.unconsumed_tail
         except zlib.error as exc:
-            return out.getvalue(), f"truncated or corrupt gzip stream ({exc})"
+            return f"truncated or corrupt gzip stream ({exc})"
         if not d.eof:
-            return out.getvalue(), "truncated gzip stream (it ends before its end-of-stream marker)"
+            return "truncated gzip stream (it ends before its end-of-stream marker)"
         rest = d.unused_data
         if not rest.strip(b"\0"):
-            return out.getvalue(), None
+            return None
         if rest[:2] != GZIP_MAGIC:
-            return (
-                out.getvalue(),
-                "corrupt gzip stream (bytes after its end that are not another gzip member)",
-            )
+            return "corrupt gzip stream (bytes after its end that are not another gzip member)"
+
+
+class ThreadedInflate:
+    """``inflate_pieces`` run in a thread, its pieces taken in order by iterating this object:
+    zlib lets go of the GIL while it inflates, so the decompression runs beside the caller's
+    Python (a read that unpickles each piece as it comes, ``traces.read_ahead``'s child).
+
+    ``outcome()`` waits for the thread and returns the damage (None: intact), or raises what
+    ``inflate_pieces`` raised; ``cancel()`` stops it after the piece it is on.
+    """
+
+    def __init__(self, raw: bytes, limit: int, path: Path, piece_bytes: int = _CHUNK_BYTES):
+        import queue
+        import threading
+
+        self._queue: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._cancelled = False
+        self._outcome: tuple[str | None, BaseException | None] | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(raw, limit, path, piece_bytes), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, raw: bytes, limit: int, path: Path, piece_bytes: int) -> None:
+        pieces = inflate_pieces(raw, limit, path, piece_bytes)
+        del raw
+        outcome: tuple[str | None, BaseException | None]
+        try:
+            while not self._cancelled:
+                self._queue.put(next(pieces))
+            outcome = ("cancelled", None)
+        except StopIteration as end:
+            outcome = (end.value, None)
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller by ``outcome``)
+            outcome = (None, exc)
+        self._outcome = outcome
+        self._queue.put(None)  # the end
+
+    def __iter__(self):
+        get = self._queue.get
+        while (piece := get()) is not None:
+            yield piece
+
+    def outcome(self) -> str | None:
+        self._thread.join()
+        damage, error = self._outcome
+        if error is not None:
+            raise error
+        return damage
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+
+def trace_name(path: "str | Path", suffixes: tuple[str, ...]) -> str:
+    """A trace's short name for reports: the file name without its data suffixes (``x.csv.gz ->
+    x``)."""
+    name = Path(path).name
+    for suffix in (".gz",) + suffixes:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name or Path(path).name

@@ -40,10 +40,13 @@ def step_time_line(calibration: Path | None) -> str:
         raise UsageError(str(exc)) from None
 
 
-def read_alloc_or_explain(path: Path, fmt: str | None):
+def read_alloc_or_explain(path: Path, fmt: str | None, *, reading=None):
     """``traces.read_alloc_trace``, or a UsageError pointing to `poollab simulate` for a request
-    trace."""
+    trace. ``reading``: the same read started ahead (``traces.read_ahead.start_read(path,
+    format=fmt)``), whose result it takes."""
     try:
+        if reading is not None:
+            return reading.result()
         return traces.read_alloc_trace(path, format=fmt)
     except traces.TraceFormatError:
         other = None if fmt else REQUEST.recognises(path)

@@ -14,7 +14,7 @@ import click
 
 from poollab.commands._common import DEFAULT_POLICIES
 from poollab.options import out_option, progress_option
-from poollab.commands.replay import REPLAY_COLUMNS
+from poollab.commands.replay import replay_columns
 from sim.replay.trace_replay import replay_tables
 from sim.replay.schema import format_table, write_results
 from sim.replay.hardware import DEFAULT_GPU
@@ -72,7 +72,7 @@ def demo_command(out_dir: Path, progress: bool) -> None:
         extra_tables={"latency_samples": tables.latency_samples},
         meta={"command": "demo", "trace": DEMO_SNAPSHOT},
     )
-    click.echo(format_table(summary, REPLAY_COLUMNS))
+    click.echo(format_table(summary, replay_columns()))
     first = summary.iloc[0]
     click.echo(
         f"best possible: lower bound {first['lower_bound_bytes'] / 2**20:,.1f} MiB, "

@@ -1,8 +1,11 @@
 import gzip
 import pickle
+from array import array
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from traces.errors import TraceFormatError
 from traces.events import PRE_TRACE_TAG, validate_events
@@ -610,3 +613,50 @@ def test_stale_requested_size_of_an_inactive_block_is_no_error(write_snapshot, s
     )
     trace = read_pytorch_snapshot(write_snapshot([snap_entry("alloc", C, 10, 0)], [seg]))
     assert trace.meta["num_pre_trace_live"] == 1
+
+
+def _empty_cache_points_by_request(snap) -> list[int]:
+    """``empty_cache_points`` as it was first written: a walk over every request (the reference)."""
+    from traces.pytorch_snapshot import empty_cache_frees, snapshot_max_split_size_bytes
+
+    req, ev = snap.requests, snap.segment_events
+    max_split = snapshot_max_split_size_bytes(snap.allocator_settings)
+    points, j = [], 0
+    for k, entry in enumerate(list(req.entry) + [float("inf")]):
+        start = j
+        while j < len(ev) and ev.entry[j] < entry:
+            j += 1
+        if j > start and empty_cache_frees(ev.action[start:j], ev.nbytes[start:j], max_split):
+            points.append(k)
+    return points
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kinds=st.lists(
+        st.sampled_from(["req", "segment_free", "segment_alloc", "oom", "segment_unmap"]),
+        max_size=40,
+    ),
+    sizes=st.lists(st.sampled_from([2 << 20, 20 << 20, 64 << 20]), min_size=40, max_size=40),
+    max_split=st.sampled_from([None, 32 << 20]),
+)
+def test_empty_cache_points_walk_the_events_as_the_requests_did(kinds, sizes, max_split):
+    from types import SimpleNamespace
+
+    from traces.pytorch_snapshot import SegmentEvents, empty_cache_points
+
+    events = [(i, k, sizes[i]) for i, k in enumerate(kinds) if k != "req"]
+    n = len(events)
+    snap = SimpleNamespace(
+        requests=SimpleNamespace(entry=array("q", [i for i, k in enumerate(kinds) if k == "req"])),
+        segment_events=SegmentEvents(
+            [e[0] for e in events],
+            [0] * n,
+            [e[1] for e in events],
+            [0] * n,
+            [e[2] for e in events],
+            [0] * n,
+        ),
+        allocator_settings={} if max_split is None else {"max_split_size": max_split},
+    )
+    assert empty_cache_points(snap) == _empty_cache_points_by_request(snap)

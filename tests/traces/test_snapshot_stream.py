@@ -249,3 +249,29 @@ def test_a_snapshot_from_a_pipe_reads_as_from_its_file_both_passes(write_snapsho
         os.close(r)
     pd.testing.assert_frame_equal(piped.events, read_alloc_trace(path).events)
     assert len(piped.events) == 3000
+
+
+def test_extend_empties_each_entry_dict_once_consumed_and_nothing_else():
+    from collections import OrderedDict
+
+    from traces.snapshot_stream import StreamedEntries
+
+    seen = []
+    streamed = StreamedEntries(
+        0,
+        lambda batch, start: seen.append(
+            (start, [dict(e) if isinstance(e, dict) else e for e in batch])
+        ),
+    )
+    plain = [{"action": "alloc", "addr": k} for k in range(3)]
+    streamed.extend(plain)  # all plain dicts: the one C loop
+    assert plain == [{}, {}, {}] and seen[0] == (
+        0,
+        [{"action": "alloc", "addr": k} for k in range(3)],
+    )
+    ordered, kept = OrderedDict(action="free_completed", addr=1), ["not", "a", "dict"]
+    mixed = [{"action": "alloc", "addr": 9}, ordered, kept]
+    streamed.extend([mixed[0], ordered])  # an OrderedDict: dict by dict
+    assert mixed[0] == {} and ordered == OrderedDict() and len(streamed) == 5
+    streamed.extend([{"action": "alloc", "addr": 10}, kept])  # a non-dict stays as it is
+    assert kept == ["not", "a", "dict"] and seen[-1][0] == 5

@@ -217,3 +217,27 @@ def test_a_released_source_reads_its_file_again(tmp_path):
     src.release()
     assert (src.data, src.released) == (b"", True)
     assert src.reopened().data == _alloc_csv(3) and src.reopened() is not src
+
+
+def test_inflate_pieces_are_the_gunzip_and_its_damage(tmp_path):
+    from traces.source import ThreadedInflate, inflate_pieces
+
+    data = _alloc_csv(300)
+    intact = gzip.compress(data[:5000], mtime=0) + gzip.compress(data[5000:], mtime=0) + b"\0" * 8
+    for blob in (intact, intact[: len(intact) // 3], gzip.compress(data, mtime=0) + b"not gzip"):
+        path = tmp_path / "t.csv.gz"
+        path.write_bytes(blob)
+        src = open_source(path)
+        pieces = inflate_pieces(blob, 1 << 30, path, piece_bytes=1000)
+        got = []
+        with pytest.raises(StopIteration) as end:
+            while True:
+                got.append(next(pieces))
+        assert b"".join(got) == src.data and max(map(len, got)) <= 1000
+        assert end.value.value == src.damage
+        threaded = ThreadedInflate(blob, 1 << 30, path, piece_bytes=1000)
+        assert b"".join(threaded) == src.data and threaded.outcome() == src.damage
+    threaded = ThreadedInflate(intact, 4000, Path("small.gz"), piece_bytes=1000)
+    assert len(b"".join(threaded)) <= 4000
+    with pytest.raises(TraceFormatError, match="small.gz: decompresses to more bytes"):
+        threaded.outcome()
