@@ -324,6 +324,16 @@ def log_kv_calls(pool):
             free_each(handles)
 
         calls._free_batch = logged_free_each
+    allocate_pages = calls._allocate_pages
+    if allocate_pages is not None:  # page grants: the one-page allocations they stand for
+
+        def logged_allocate_pages(nbytes, num_calls):
+            out = allocate_pages(nbytes, num_calls)
+            if out is not None:
+                log.extend(("alloc", nbytes, pg.extents) for pg in out)
+            return out
+
+        calls._allocate_pages = logged_allocate_pages
     return log
 
 
