@@ -8,6 +8,10 @@ cdef class _Page:
     cdef public long long ref_cnt, size_bytes, nbytes
 
 
+cdef class _PagedAllocation(Allocation):
+    pass
+
+
 cdef class _PagedCore(Policy):
     cdef public long long page_size_bytes, pages_per_segment, evictable_bytes
     cdef public list _free_pages

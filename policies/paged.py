@@ -107,6 +107,28 @@ class _CachedBlock:
     num_uses: int = 1
 
 
+class _PagedAllocation(Allocation):
+    """An allocation of ``Paged`` from a run of pages (``handle``: the pages, in allocation
+    order): its ``extents``, one ``(offset, page_size_bytes)`` a page, are built from the pages
+    when first read, not when it is made, where nothing reads them (a served prompt's dozens
+    of pages: the tuple of tuples was a fifth of its allocation and free). An ``Allocation``
+    in every other way (a ``cdef class`` over its fields in the compiled build, ``paged.pxd``)."""
+
+    __slots__ = ()
+
+    @property
+    def extents(self) -> tuple[tuple[int, int], ...]:
+        """``(offset, length)`` ranges it occupies, one a page (``Allocation``'s docstring)."""
+        extents = self._extents
+        if extents is None:
+            extents = self._extents = tuple([pg.extents[0] for pg in self.handle])
+        return extents
+
+    @extents.setter
+    def extents(self, extents: tuple[tuple[int, int], ...]) -> None:
+        self._extents = extents
+
+
 class _PagedCore(Policy):
     """The hot path of ``Paged`` (its ``_allocate`` and ``_free``), apart from its knobs.
 
@@ -141,6 +163,7 @@ class _PagedCore(Policy):
             size = page
             extents = pg.extents
             handle = pg.handle
+            a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         else:
             num_pages = -(-n // page)
             if num_pages <= len(free):
@@ -151,17 +174,16 @@ class _PagedCore(Policy):
                 handle.reverse()
                 for pg in handle:  # compiled, a C loop
                     pg.ref_cnt = 1
-                extents = tuple([pg.extents[0] for pg in handle])
             else:
                 handle = self._take_pages(num_pages, stream)
                 if handle is None:
                     return None
                 for pg in handle:
                     pg.ref_cnt = 1
-                extents = tuple([pg.extents[0] for pg in handle])
             size = num_pages * page
+            extents = None  # built from the pages when read (``_PagedAllocation``)
+            a = _PagedAllocation.__new__(_PagedAllocation)
         self.allocated_bytes += size
-        a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         a.nbytes = n
         a.size_bytes = size
         a._extents = extents  # the slot behind ``extents``: no property call on the hot path
@@ -318,7 +340,9 @@ class _PagedCore(Policy):
                 freed_nbytes += pg.nbytes
                 i += 1
                 continue
-            if getattr(item, "owner", None) is not token or type(item) is not Allocation:
+            if getattr(item, "owner", None) is not token or (
+                type(item) is not Allocation and type(item) is not _PagedAllocation
+            ):
                 break  # ``free`` raises for it, after the frees before it (the loop's order)
             a = item
             pages = a.handle

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import policies
 from policies.device import VirtualDevice
+from policies.base import Allocation
 from policies.errors import PolicyError
 from policies.paged import Paged
 from policies.testing import check_invariants
@@ -774,3 +775,21 @@ def test_a_grant_freed_twice_or_in_another_pool_is_refused():
     assert p.num_allocs == 4
     with pytest.raises(PolicyError, match="does not grant pages"):
         policies.create("best-fit").allocate_pages(100, 1)
+
+
+def test_a_run_of_pages_builds_its_extents_when_read():
+    """A multi-page allocation's ``extents`` (one ``(offset, page)`` a page, in allocation
+    order) are built from its pages when first read, then kept; a one-page allocation holds its
+    page's. Both free through the fused ``free_each`` and fork as before."""
+    page = 4096
+    p = Paged(page_bytes=page, segment_bytes=1 << 16)
+    a = p.allocate(3 * page)
+    assert a._extents is None  # nothing built at allocation
+    assert a.extents == tuple((pg.offset, page) for pg in a.handle) and len(a.extents) == 3
+    assert a.extents is a._extents and a.offset == a.handle[0].offset
+    one = p.allocate(100)
+    assert type(one) is Allocation and one.extents == ((one.handle[0].offset, page),)
+    f = p.fork(a)
+    assert f.extents == a.extents and p.page_refcount(a.extents[0][0]) == 2
+    p.free_each([a, one, f])
+    assert p.live_bytes == 0 and p.allocated_bytes == 0 and p.num_frees == 3
