@@ -23,7 +23,8 @@ Knobs are explicit keyword arguments of ``__init__``, stored unchanged under the
 
 What else a pool can be asked is *declared* on ``Policy`` (the "declared capabilities" block:
 ``moves_allocations``, ``can_reserve``/``reserve``, ``can_compact``/``compact``, ``empty_cache``,
-``seed_segment``, ``page_size_bytes``, ``counts_free_pages``/``num_free_pages``, ``block_cache``,
+``seed_segment``, ``page_size_bytes``, ``counts_free_pages``/``num_free_pages``,
+``grants_pages``/``allocate_pages``, ``block_cache``,
 ``base_policy``, ``can_hold_kv``, ``device_kind``): a policy that offers
 more sets the flag and overrides the method, a wrapper (``policies.wrapper``) forwards both to
 its base, and callers read the flag, never the presence of an attribute.
@@ -350,6 +351,12 @@ class Policy:
     #: wrapper does not forward it: its own rules (a tag's limit, a reservation) may refuse what
     #: its base would serve
     counts_free_pages: ClassVar[bool] = False
+    #: ``allocate_pages(nbytes, num_calls)`` makes ``allocate_each``'s one-page requests that
+    #: free pages cover and hands back the pages themselves (page grants, no ``Allocation``
+    #: each), which ``free_each`` takes back as the allocations they stand for (the serving
+    #: simulator's KV page grows). A wrapper does not forward it (its own counters would miss
+    #: the grants)
+    grants_pages: ClassVar[bool] = False
     #: a simulated server can keep its KV cache in it (``sim.serving.simulate``): each allocation is
     #: one range (``contiguous``) or whole pages of ``page_size_bytes``; False for a pool whose
     #: allocations are neither (vmm-stitch's chunks of several ranges). A spec's answer, without
@@ -691,6 +698,11 @@ class Policy:
         raise PolicyError(
             f"policy {self.spec!r} does not count free pages (counts_free_pages is False)"
         )
+
+    def allocate_pages(self, nbytes: int, num_calls: int) -> list[Any] | None:
+        """``num_calls`` one-page requests of ``nbytes`` as page grants, or None with nothing
+        done (only where ``grants_pages``; ``policies.paged.Paged.allocate_pages``)."""
+        raise PolicyError(f"policy {self.spec!r} does not grant pages (grants_pages is False)")
 
     def seed_segment(
         self, nbytes: int, *, small: bool, stream: int = 0, blocks: Any = ()

@@ -3,9 +3,13 @@ from policies.base cimport Allocation, Policy, Segment
 
 
 cdef class _Page:
-    cdef public object offset, extents, handle, cache_key
+    cdef public object offset, extents, handle, cache_key, pool_token
     cdef public Segment segment
-    cdef public long long ref_cnt
+    cdef public long long ref_cnt, size_bytes, nbytes
+
+
+cdef class _PagedAllocation(Allocation):
+    pass
 
 
 cdef class _PagedCore(Policy):

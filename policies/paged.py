@@ -41,9 +41,25 @@ PAGE_ALIGNMENT_BYTES = 256
 class _Page:
     """One page, reused as is (vLLM's ``KVCacheBlock``): ``ref_cnt`` live holders, 0 when free
     (or cached and evictable); ``cache_key`` names the cached block it belongs to (None: none).
-    Slots (a ``cdef class`` in the compiled build, ``paged.pxd``), compared by identity."""
+    Slots (a ``cdef class`` in the compiled build, ``paged.pxd``), compared by identity.
 
-    __slots__ = ("offset", "segment", "extents", "handle", "ref_cnt", "cache_key")
+    A page is also its own one-page allocation when ``allocate_pages`` grants it (a page grant,
+    no ``Allocation`` made): ``size_bytes`` is what it holds (the pool's page), ``nbytes`` what
+    the grant asked for (kept until the page is granted again), so a caller that sums an
+    allocation's ``size_bytes`` reads a grant the same way; ``pool_token`` is the token of the
+    pool it belongs to (``Policy._token``), which a grant handed back is checked against."""
+
+    __slots__ = (
+        "offset",
+        "segment",
+        "extents",
+        "handle",
+        "ref_cnt",
+        "cache_key",
+        "size_bytes",
+        "nbytes",
+        "pool_token",
+    )
 
     offset: int
     segment: Segment
@@ -53,6 +69,9 @@ class _Page:
     ]  # (self,): a one-page allocation's handle, built once (not a tuple per request)
     ref_cnt: int
     cache_key: Hashable | None
+    size_bytes: int
+    nbytes: int
+    pool_token: object
 
     def __init__(
         self,
@@ -61,6 +80,7 @@ class _Page:
         extents: tuple[tuple[int, int], ...],
         ref_cnt: int = 0,
         cache_key: Hashable | None = None,
+        pool_token: object = None,
     ):
         self.offset = offset
         self.segment = segment
@@ -68,6 +88,9 @@ class _Page:
         self.handle = (self,)
         self.ref_cnt = ref_cnt
         self.cache_key = cache_key
+        self.size_bytes = extents[0][1]
+        self.nbytes = 0
+        self.pool_token = pool_token
 
 
 @dataclass(slots=True, eq=False)
@@ -82,6 +105,28 @@ class _CachedBlock:
     owner: Hashable
     recompute_cost: float = 1.0
     num_uses: int = 1
+
+
+class _PagedAllocation(Allocation):
+    """An allocation of ``Paged`` from a run of pages (``handle``: the pages, in allocation
+    order): its ``extents``, one ``(offset, page_size_bytes)`` a page, are built from the pages
+    when first read, not when it is made, where nothing reads them (a served prompt's dozens
+    of pages: the tuple of tuples was a fifth of its allocation and free). An ``Allocation``
+    in every other way (a ``cdef class`` over its fields in the compiled build, ``paged.pxd``)."""
+
+    __slots__ = ()
+
+    @property
+    def extents(self) -> tuple[tuple[int, int], ...]:
+        """``(offset, length)`` ranges it occupies, one a page (``Allocation``'s docstring)."""
+        extents = self._extents
+        if extents is None:
+            extents = self._extents = tuple([pg.extents[0] for pg in self.handle])
+        return extents
+
+    @extents.setter
+    def extents(self, extents: tuple[tuple[int, int], ...]) -> None:
+        self._extents = extents
 
 
 class _PagedCore(Policy):
@@ -118,6 +163,7 @@ class _PagedCore(Policy):
             size = page
             extents = pg.extents
             handle = pg.handle
+            a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         else:
             num_pages = -(-n // page)
             if num_pages <= len(free):
@@ -128,17 +174,16 @@ class _PagedCore(Policy):
                 handle.reverse()
                 for pg in handle:  # compiled, a C loop
                     pg.ref_cnt = 1
-                extents = tuple([pg.extents[0] for pg in handle])
             else:
                 handle = self._take_pages(num_pages, stream)
                 if handle is None:
                     return None
                 for pg in handle:
                     pg.ref_cnt = 1
-                extents = tuple([pg.extents[0] for pg in handle])
             size = num_pages * page
+            extents = None  # built from the pages when read (``_PagedAllocation``)
+            a = _PagedAllocation.__new__(_PagedAllocation)
         self.allocated_bytes += size
-        a = Allocation.__new__(Allocation)  # no __init__ frame; compiled, a direct allocation
         a.nbytes = n
         a.size_bytes = size
         a._extents = extents  # the slot behind ``extents``: no property call on the hot path
@@ -184,20 +229,21 @@ class _PagedCore(Policy):
 
     @cython.locals(
         pg=_Page,
-        a=Allocation,
         n=cython.longlong,
         page=cython.longlong,
-        k=cython.longlong,
         live=cython.longlong,
         allocated=cython.longlong,
     )
-    def allocate_each(
-        self, nbytes: int, num_calls: int, *, stream: int = 0, tag: str | None = None
-    ) -> list[Allocation | None]:
-        """``Policy.allocate_each``: one-page requests that the free stack covers, fused into
-        one loop (a decode step's KV page grows); anything else is the loop of ``allocate``.
-        The same pages, allocations and counters as the loop: each call's counter updates only
-        add, so the peaks after the last one are the loop's."""
+    def allocate_pages(self, nbytes: int, num_calls: int) -> list[_Page] | None:
+        """``allocate_each(nbytes, num_calls)``'s fused path, handing back the pages themselves
+        (page grants) instead of an ``Allocation`` each: the same pages in the same order, and
+        the same counters (``num_allocs``, ``live_bytes``, ``allocated_bytes``, the peaks), each
+        page counted as the one-page allocation of ``nbytes`` it stands for. A grant goes back
+        through ``free_each`` (alone or among allocations), freed as that allocation would be.
+        None, with nothing done, unless the free stack covers ``num_calls`` requests of at most
+        a page (``allocate_each`` then makes its calls). For a caller that keeps each grant
+        until it frees it once, in this pool (the serving simulator's KV pages: a decode step's
+        page grows without an object each)."""
         free = self._free_pages
         if (
             type(nbytes) is not int
@@ -206,23 +252,15 @@ class _PagedCore(Policy):
             or not 0 < num_calls <= len(free)
             or not self._fused_calls
         ):
-            return Policy.allocate_each(self, nbytes, num_calls, stream=stream, tag=tag)
-        n, page, token = nbytes, self.page_size_bytes, self._token
-        # the top num_calls pages, taken in pop order (top of the stack first) in one slice
+            return None
+        n, page = nbytes, self.page_size_bytes
+        # the top num_calls pages, in pop order (top of the stack first): one slice, reversed
         taken = free[-num_calls:]
         del free[-num_calls:]
-        out = []
-        for pg in reversed(taken):  # ``_allocate``'s hot path, then ``allocate``'s bookkeeping
+        taken.reverse()
+        for pg in taken:  # ``_allocate``'s hot path; ``allocate``'s counters after the loop
             pg.ref_cnt = 1
-            a = Allocation.__new__(Allocation)
-            a.nbytes = n
-            a.size_bytes = page
-            a._extents = pg.extents
-            a.stream = stream
-            a.tag = tag
-            a.handle = pg.handle
-            a.owner = token
-            out.append(a)
+            pg.nbytes = n
         self.num_allocs += num_calls
         allocated = self.allocated_bytes + num_calls * page
         self.allocated_bytes = allocated
@@ -232,6 +270,31 @@ class _PagedCore(Policy):
             self.peak_live_bytes = live
         if allocated > self.peak_allocated_bytes:
             self.peak_allocated_bytes = allocated
+        return taken
+
+    @cython.locals(pg=_Page, a=Allocation, page=cython.longlong)
+    def allocate_each(
+        self, nbytes: int, num_calls: int, *, stream: int = 0, tag: str | None = None
+    ) -> list[Allocation | None]:
+        """``Policy.allocate_each``: one-page requests that the free stack covers, fused into
+        one loop (``allocate_pages``, each page then given its ``Allocation``); anything else is
+        the loop of ``allocate``. The same pages, allocations and counters as the loop: each
+        call's counter updates only add, so the peaks after the last one are the loop's."""
+        pages = self.allocate_pages(nbytes, num_calls)
+        if pages is None:
+            return Policy.allocate_each(self, nbytes, num_calls, stream=stream, tag=tag)
+        page, token = self.page_size_bytes, self._token
+        out = []
+        for pg in pages:
+            a = Allocation.__new__(Allocation)
+            a.nbytes = nbytes
+            a.size_bytes = page
+            a._extents = pg.extents
+            a.stream = stream
+            a.tag = tag
+            a.handle = pg.handle
+            a.owner = token
+            out.append(a)
         return out
 
     @cython.locals(
@@ -243,17 +306,20 @@ class _PagedCore(Policy):
         num_free_before=cython.longlong,
         freed_nbytes=cython.longlong,
     )
-    def free_each(self, allocations: Iterable[Allocation]) -> None:
+    def free_each(self, allocations: Iterable[Allocation | _Page]) -> None:
         """``Policy.free_each``: the allocations handed back in one loop (a finished request's
-        pages), each page as ``_free`` returns it; from the first argument that is not this
-        pool's live allocation on (it raises there), and while blocks are cached (a free must not
-        take a cached page), the loop of ``free``. The counters are written once, after the
-        loop: a free only subtracts, so no peak moves, and the released bytes are the free
-        stack's growth (a page returns to it when its last holder lets go)."""
+        pages), each page as ``_free`` returns it, a page grant (``allocate_pages``) as the
+        one-page allocation it stands for; from the first argument that is neither this pool's
+        live allocation nor its granted page on (it raises there), and while blocks are cached
+        (a free must not take a cached page), the loop of ``free`` (``_free_one``). The counters
+        are written once, after the loop: a free only subtracts, so no peak moves, and the
+        released bytes are the free stack's growth (a page returns to it when its last holder
+        lets go)."""
         if type(allocations) is not list:
             allocations = list(allocations)
         if self._blocks or not self._fused_calls:
-            Policy.free_each(self, allocations)
+            for item in allocations:
+                self._free_one(item)
             return
         token, free, page = self._token, self._free_pages, self.page_size_bytes
         num = len(allocations)
@@ -261,9 +327,24 @@ class _PagedCore(Policy):
         freed_nbytes = 0
         i = 0
         while i < num:
-            a = allocations[i]
-            if getattr(a, "owner", None) is not token or type(a) is not Allocation:
+            item = allocations[i]  # untyped: an Allocation or a granted page
+            if type(item) is _Page:  # a page grant: held, and this pool's
+                pg = item
+                if pg.ref_cnt < 1 or pg.pool_token is not token:
+                    break  # ``_free_one`` raises for it, after the frees before it
+                if pg.ref_cnt == 1:
+                    pg.ref_cnt = 0
+                    free.append(pg)
+                else:
+                    pg.ref_cnt -= 1
+                freed_nbytes += pg.nbytes
+                i += 1
+                continue
+            if getattr(item, "owner", None) is not token or (
+                type(item) is not Allocation and type(item) is not _PagedAllocation
+            ):
                 break  # ``free`` raises for it, after the frees before it (the loop's order)
+            a = item
             pages = a.handle
             if len(pages) == 1:
                 pg = pages[0]
@@ -285,8 +366,40 @@ class _PagedCore(Policy):
         self.allocated_bytes -= (len(free) - num_free_before) * page
         self.num_frees = self.num_frees + i
         self.live_bytes = self.live_bytes - freed_nbytes
-        if i < num:
-            Policy.free_each(self, allocations[i:])
+        for item in allocations[i:]:
+            self._free_one(item)
+
+    @cython.locals(pg=_Page)
+    def _free_one(self, item: Allocation | _Page) -> None:
+        """``free(item)``, or for a page grant (``allocate_pages``) what freeing the one-page
+        allocation it stands for does: ``_free``'s checks and page update, ``free``'s counters.
+
+        Raises:
+            PolicyError: the page is free already, not this pool's, or cached (nothing changes).
+        """
+        if type(item) is not _Page:
+            self.free(item)
+            return
+        pg = item
+        if pg.ref_cnt < 1 or pg.pool_token is not self._token:
+            raise PolicyError(
+                f"free: the page at offset {pg.offset} is not a page this pool granted and "
+                "still holds (freed already, or another pool's)"
+            )
+        if self._blocks and pg.cache_key is not None and pg.ref_cnt <= 1:
+            raise PolicyError(
+                f"free: the page at offset {pg.offset} belongs to "
+                f"the cached block {pg.cache_key!r}; "
+                "release_block and evict_block it instead"
+            )
+        if pg.ref_cnt == 1:
+            pg.ref_cnt = 0
+            self._free_pages.append(pg)
+            self.allocated_bytes -= self.page_size_bytes
+        else:
+            pg.ref_cnt -= 1
+        self.num_frees = self.num_frees + 1
+        self.live_bytes = self.live_bytes - pg.nbytes
 
 
 class Paged(_PagedCore):
@@ -360,6 +473,8 @@ class Paged(_PagedCore):
     page_size_knob = "page_bytes"
     #: a request of at most one page pops a free page when there is one (``_allocate``'s hot path)
     counts_free_pages = True
+    #: ``allocate_pages`` hands out free pages as page grants (``free_each`` takes them back)
+    grants_pages = True
 
     @property
     def block_cache(self) -> "Paged":
@@ -763,7 +878,7 @@ class Paged(_PagedCore):
         page = self.page_size_bytes
         assert segment.nbytes % page == 0, "a paged segment holds whole pages"
         fresh = [
-            _Page(off, segment, ((off, page),))
+            _Page(off, segment, ((off, page),), pool_token=self._token)
             for off in range(segment.end - page, segment.offset - page, -page)
         ]
         pages = self._pages

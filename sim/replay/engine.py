@@ -126,6 +126,9 @@ class Target:
         allocate_each, free_each: the target's own batched calls (``Policy.allocate_each(nbytes,
             num_calls, stream=, tag=)``, ``Policy.free_each(handles)``) when its class
             overrides them with a faster path; None: ``TimedCalls`` makes the calls one by one.
+        allocate_pages: ``Policy.allocate_pages(nbytes, num_calls)`` (page grants: one-page
+            allocations handed out as the pages themselves) when the policy ``grants_pages``;
+            None: the target grants none.
     """
 
     allocate: Callable[..., Any]
@@ -137,6 +140,7 @@ class Target:
     driver_clock: DriverClock | None = None
     allocate_each: Callable[..., list[Any]] | None = None
     free_each: Callable[[list[Any]], None] | None = None
+    allocate_pages: Callable[[int, int], list[Any] | None] | None = None
 
 
 def policy_target(policy: Policy) -> Target:
@@ -156,6 +160,7 @@ def policy_target(policy: Policy) -> Target:
             policy.allocate_each if cls.allocate_each is not Policy.allocate_each else None
         ),
         free_each=policy.free_each if cls.free_each is not Policy.free_each else None,
+        allocate_pages=policy.allocate_pages if policy.grants_pages else None,
     )
 
 
@@ -192,6 +197,7 @@ class TimedCalls:
         "_free_append",
         "_allocate_batch",
         "_free_batch",
+        "_allocate_pages",
         "timer",
         "pending_driver_ns",
         "alloc_ns",
@@ -210,6 +216,7 @@ class TimedCalls:
         self._clock = target.driver_clock
         self._oom, self._sized = target.oom_errors, target.sized_only
         self._allocate_batch, self._free_batch = target.allocate_each, target.free_each
+        self._allocate_pages = target.allocate_pages
         self.timer = timer
         self.pending_driver_ns = 0
         #: where the latencies go (a list or an ``array``), or None to keep none
@@ -293,6 +300,23 @@ class TimedCalls:
             return [self.allocate(nbytes, 0, tag) for _ in range(num_calls)]
         call = functools.partial(self._allocate, stream=0, tag=tag)
         return self._each(call, itertools.repeat(nbytes, num_calls), self._alloc_append)
+
+    def allocate_pages(self, nbytes: int, num_calls: int) -> list[Any] | None:
+        """The target's page grants (``Target.allocate_pages``: ``num_calls`` one-page
+        allocations of ``nbytes``, handed out as the pages themselves), timed as
+        ``allocate_each`` times a target's batch: one sample a call, the batch's latency split
+        evenly. None, with nothing done and no sample, when the target grants no pages or
+        answered None (the caller then makes the calls: ``allocate_each``)."""
+        grant = self._allocate_pages
+        if grant is None:
+            return None
+        timer = self.timer
+        t0 = timer()
+        out = grant(nbytes, num_calls)
+        t1 = timer()
+        if out is not None:
+            self._split(t1 - t0, num_calls, self.alloc_ns)
+        return out
 
     def free_each(self, handles: list[Any]) -> None:
         """``free(h)`` for each of ``handles`` in order, each timed as ``free`` times it, without

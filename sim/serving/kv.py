@@ -83,6 +83,8 @@ class KVHandle:
     num_computed_blocks: int = 0
     prefix_admitted: bool = False
     slot: int = -1  # VirtualKV: the virtual range (vAttention's reqId) it holds; -1 for none
+    #: the request's own allocations in the order made; a paged pool's page grants among them
+    #: (``Policy.allocate_pages``: a page that is its own one-page allocation, read the same way)
     allocs: list[Allocation] = field(default_factory=list)
     blocks: list[Hashable] = field(default_factory=list)
 
@@ -494,8 +496,13 @@ class PagedKV(_KVBase):
             return False
         tpp, calls = self.tokens_per_page, self.pool.calls
         driver_ns = calls.pending_driver_ns
-        # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them
-        pages = calls.allocate_each(page, k, "kv")
+        # one timed call per page, in grow order, as grow(h, c + 1, c) for each would make them:
+        # the pool's page grants (``Paged.allocate_pages``: the pages themselves, each counted
+        # as its one-page allocation, ``free`` hands them back) when the page source is the
+        # KV pool's own policy, else its allocations
+        pages = calls.allocate_pages(page, k) if page_source is self.pool.policy else None
+        if pages is None:
+            pages = calls.allocate_each(page, k, "kv")
         # every page's size at once, once none was refused (a C scan of the list)
         assert None not in pages, "a free page within the budget was refused"
         sized = [a.size_bytes for a in pages]

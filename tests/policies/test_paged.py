@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import policies
 from policies.device import VirtualDevice
+from policies.base import Allocation
 from policies.errors import PolicyError
 from policies.paged import Paged
 from policies.testing import check_invariants
@@ -673,3 +674,122 @@ def test_a_subclass_with_its_own_calls_is_batched_by_the_loop():
     got = p.allocate_each(100, 5)
     p.free_each(got)
     assert p.calls == 2 + 10
+
+
+def _held_state(p: Paged, held) -> tuple:
+    """A pool's state with what it handed out, allocations and page grants alike, read the same
+    way: each one's pages, size and bytes asked for."""
+    return (
+        p.stats().as_dict(),
+        [(a.extents, a.size_bytes, a.nbytes) for a in held],
+        [pg.offset for pg in p._free_pages],
+        sorted((off, pg.ref_cnt) for off, pg in p._pages.items()),
+        p.device.call_stats(),
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    page_kib=st.sampled_from([4, 64, 2048]),
+    capacity_pages=st.one_of(st.none(), st.integers(4, 40)),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["pages", "pages", "alloc", "free", "share", "cache"]),
+            st.integers(0, 7),  # calls, or which of the held ones
+            st.sampled_from([1, 100, 4096, 65536, 3 << 20]),  # bytes: one page or several
+        ),
+        max_size=40,
+    ),
+)
+def test_page_grants_are_the_one_page_allocations_they_stand_for(page_kib, capacity_pages, ops):
+    """``Paged.allocate_pages`` (page grants: the pages themselves) against the loop of
+    ``allocate``: the same pages in the same order, the same counters, free stack, reference
+    counts and device calls; ``free_each`` of grants among allocations (a finished request's KV)
+    frees them as ``free`` frees those allocations one by one, with shared pages
+    (``allocate_shared`` of a grant's page) and cached blocks (``free_each`` then takes the
+    loop). None, with nothing done, where the fused path does not apply (more than a page, too
+    few free pages)."""
+    page = page_kib << 10
+    cap = None if capacity_pages is None else capacity_pages * page
+    pools = [
+        policies.create(f"paged:page_bytes={page},segment_bytes={4 * page}", capacity_bytes=cap)
+        for _ in range(2)
+    ]
+    helds: list[list] = [[], []]
+    for n, (op, k, nbytes) in enumerate(ops):
+        raised = [None, None]
+        for granted, (p, held) in enumerate(zip(pools, helds)):
+            if op == "pages":
+                before = _held_state(p, held)
+                got = p.allocate_pages(nbytes, k) if granted else None
+                if granted and got is None:
+                    assert _held_state(p, held) == before  # nothing done: then the calls
+                if got is None:  # the contract: the loop of single calls
+                    got = [p.allocate(nbytes, stream=0, tag="kv") for _ in range(k)]
+                held.extend(a for a in got if a is not None)
+            elif op == "alloc":
+                a = p.allocate(nbytes)
+                if a is not None:
+                    held.append(a)
+            elif op == "free" and held:
+                picks = sorted({(k * 7 + j * 3) % len(held) for j in range(k + 1)})
+                try:  # a cached block's last holder may not free it: both raise there
+                    if granted:
+                        p.free_each([held[i] for i in picks])
+                    else:
+                        for i in picks:
+                            p.free(held[i])
+                except PolicyError as exc:
+                    raised[granted] = str(exc)
+                held[:] = [a for i, a in enumerate(held) if i not in set(picks)]
+            elif op == "share" and held:
+                off = held[k % len(held)].extents[0][0]
+                held.append(p.allocate_shared([off]))
+            elif op == "cache" and held and p.num_cached_blocks() == 0:
+                p.cache_block(("b", n), held[k % len(held)])
+        assert raised[0] == raised[1], (n, op)
+        assert _held_state(pools[0], helds[0]) == _held_state(pools[1], helds[1]), (n, op)
+        if raised[0] is not None:  # the frees before the refused one were made, in both
+            break
+    else:
+        check_invariants(pools[0], helds[0])
+
+
+def test_a_grant_freed_twice_or_in_another_pool_is_refused():
+    """A page grant goes back once, to the pool that granted it: a second free, or a free in
+    another pool, raises PolicyError, after the frees before it in the call and changing
+    nothing of the refused one."""
+    p, q = Paged(page_bytes=4096, segment_bytes=1 << 16), Paged(page_bytes=4096)
+    p.free(p.allocate(100))
+    g = p.allocate_pages(100, 3)
+    assert [pg.size_bytes for pg in g] == [4096] * 3 and p.num_allocs == 4
+    assert p.live_bytes == 300 and p.allocated_bytes == 3 * 4096
+    p.free_each(g[:1])
+    with pytest.raises(PolicyError, match="not a page this pool granted"):
+        p.free_each([g[1], g[0]])  # g[1] is freed first, then g[0] is refused
+    assert p.live_bytes == 100 and p.num_frees == 3 and p.allocated_bytes == 4096
+    with pytest.raises(PolicyError, match="not a page this pool granted"):
+        q.free_each([g[2]])
+    assert q.num_frees == 0 and p.page_refcount(g[2].offset) == 1
+    assert p.allocate_pages(5000, 1) is None and p.allocate_pages(100, 99) is None
+    assert p.num_allocs == 4
+    with pytest.raises(PolicyError, match="does not grant pages"):
+        policies.create("best-fit").allocate_pages(100, 1)
+
+
+def test_a_run_of_pages_builds_its_extents_when_read():
+    """A multi-page allocation's ``extents`` (one ``(offset, page)`` a page, in allocation
+    order) are built from its pages when first read, then kept; a one-page allocation holds its
+    page's. Both free through the fused ``free_each`` and fork as before."""
+    page = 4096
+    p = Paged(page_bytes=page, segment_bytes=1 << 16)
+    a = p.allocate(3 * page)
+    assert a._extents is None  # nothing built at allocation
+    assert a.extents == tuple((pg.offset, page) for pg in a.handle) and len(a.extents) == 3
+    assert a.extents is a._extents and a.offset == a.handle[0].offset
+    one = p.allocate(100)
+    assert type(one) is Allocation and one.extents == ((one.handle[0].offset, page),)
+    f = p.fork(a)
+    assert f.extents == a.extents and p.page_refcount(a.extents[0][0]) == 2
+    p.free_each([a, one, f])
+    assert p.live_bytes == 0 and p.allocated_bytes == 0 and p.num_frees == 3

@@ -96,6 +96,21 @@ def test_counting_free_pages_is_declared_not_guessed():
             policy.num_free_pages()
 
 
+def test_granting_pages_is_declared_and_not_forwarded():
+    """Only a pool that declares ``grants_pages`` hands out page grants (the quiet runs' KV
+    pages: ``Target.allocate_pages``); a wrapper over one does not (its own counters would miss
+    them), and its timed calls then take the allocations."""
+    paged = policies.create("paged")
+    assert paged.grants_pages and engine.policy_target(paged).allocate_pages is not None
+    for spec in ("best-fit", "page-pool", "elastic:base=[paged]", "tag-limits:base=[paged]"):
+        policy = policies.create(spec)
+        assert not policy.grants_pages, spec
+        assert engine.policy_target(policy).allocate_pages is None, spec
+        assert engine.TimedCalls(engine.policy_target(policy)).allocate_pages(100, 1) is None
+        with pytest.raises(policies.PolicyError, match="does not grant pages"):
+            policy.allocate_pages(100, 1)
+
+
 # ------------------------------------------------------------------ driver clocks
 class _ChargingDevice:
     """A third party's device, no base class of ours: 7 ns pending per reserve, 3 per release."""

@@ -324,6 +324,16 @@ def log_kv_calls(pool):
             free_each(handles)
 
         calls._free_batch = logged_free_each
+    allocate_pages = calls._allocate_pages
+    if allocate_pages is not None:  # page grants: the one-page allocations they stand for
+
+        def logged_allocate_pages(nbytes, num_calls):
+            out = allocate_pages(nbytes, num_calls)
+            if out is not None:
+                log.extend(("alloc", nbytes, pg.extents) for pg in out)
+            return out
+
+        calls._allocate_pages = logged_allocate_pages
     return log
 
 
@@ -478,6 +488,27 @@ def test_slots_taken_through_a_window_are_those_taken_step_by_step(windows, slac
         a.apply(), b.apply()
         assert _request_state(reqs_many) == _request_state(reqs_one)
     assert not one.running and log_many == log_one and len(log_one) > 10
+
+
+def test_a_window_takes_its_pages_as_the_pools_page_grants():
+    """A quiet window's page grows come from the paged KV pool as page grants
+    (``Paged.allocate_pages``: the pages themselves, no ``Allocation`` each), one latency
+    sample a page, each counted by the pool as the one-page allocation it stands for; a
+    finished request's grants go back with its other allocations (``free_each``)."""
+    s = _long_decoding_batch(False, _LONG_BATCH[1:])
+    pool, policy = s.kv.pool, s.kv.pool.policy
+    run = s.decode_run(policy)
+    num_allocs, num_samples = policy.num_allocs, len(pool.alloc_ns)
+    taken = run.take_slots_through(0, run.next_finish_step())
+    grants = [a for r in s.running for a in r.kv.allocs if type(a) is not type(r.kv.allocs[0])]
+    assert taken and grants and {type(a).__name__ for a in grants} == {"_Page"}
+    assert policy.num_allocs - num_allocs == len(grants) == len(pool.alloc_ns) - num_samples
+    assert policy.live_bytes == sum(a.nbytes for r in s.running for a in r.kv.allocs)
+    assert s.kv.allocated_bytes == policy.allocated_bytes
+    for r in list(s.running):
+        s.kv.free(r.kv)
+    assert policy.live_bytes == policy.allocated_bytes == 0
+    assert policy.num_frees == policy.num_allocs
 
 
 class _CountingDict(dict):
