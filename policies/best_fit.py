@@ -33,7 +33,12 @@ class _BestFitCore(Policy):
     and ``ContiguousPolicy`` (its knobs are ``ContiguousPolicy.__init__``'s, for ``get_params``),
     so this core is one more class in the MRO and nothing else. A key read back from a list goes
     into ``k`` (a walrus inside a condition), typed ``long long``: compiled, the comparison is then
-    C's, where ``keys[i] < key`` would box ``key`` into a fresh Python int first.
+    C's, where ``keys[i] < key`` would box ``key`` into a fresh Python int first. Compiled, an
+    index entry leaves its two lists by ``list.pop(i)``, which Cython makes one ``memmove`` when
+    the index is a ``Py_ssize_t`` (the positions are typed so; with a ``long long`` it calls the
+    method), where ``del keys[i]`` is CPython's general slice assignment (``list_ass_slice``,
+    ~110 instructions a list: benchmarks/RESULTS.md, session 16); interpreted the ``del`` opcode
+    stays, cheaper there than a method call.
     """
 
     @cython.locals(
@@ -42,8 +47,8 @@ class _BestFitCore(Policy):
         rest=Block,
         keys=list,
         blocks=list,
-        i=cython.longlong,
-        j=cython.longlong,
+        i=cython.Py_ssize_t,
+        j=cython.Py_ssize_t,
         size=cython.longlong,
         key=cython.longlong,
         k=cython.longlong,
@@ -83,12 +88,20 @@ class _BestFitCore(Policy):
                 keys[i] = key
                 blocks[i] = rest
             else:
-                del keys[i], blocks[i]
+                if _COMPILED:  # compiled: ``pop`` (class docstring)
+                    keys.pop(i)
+                    blocks.pop(i)
+                else:
+                    del keys[i], blocks[i]
                 j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, rest)
         else:
-            del keys[i], blocks[i]
+            if _COMPILED:  # compiled: ``pop`` (class docstring)
+                keys.pop(i)
+                blocks.pop(i)
+            else:
+                del keys[i], blocks[i]
         self.allocated_bytes += a.size
         return a
 
@@ -123,8 +136,8 @@ class _BestFitCore(Policy):
         keys=list,
         blocks=list,
         size=cython.longlong,
-        i=cython.longlong,
-        j=cython.longlong,
+        i=cython.Py_ssize_t,
+        j=cython.Py_ssize_t,
         key=cython.longlong,
         shift=cython.longlong,
         offset=cython.longlong,
@@ -172,7 +185,11 @@ class _BestFitCore(Policy):
             prev is not None and prev.free
         ):  # merge into the free block below, re-keyed by its new size
             if j >= 0:
-                del keys[j], blocks[j]
+                if _COMPILED:  # compiled: ``pop`` (class docstring)
+                    keys.pop(j)
+                    blocks.pop(j)
+                else:
+                    del keys[j], blocks[j]
             offset = prev.offset
             key = prev.size << shift | offset
             i = bisect_ints(keys, key)
@@ -186,7 +203,11 @@ class _BestFitCore(Policy):
             ):  # it grew but keeps its place in the order
                 keys[i] = key
             else:
-                del keys[i], blocks[i]
+                if _COMPILED:  # compiled: ``pop`` (class docstring)
+                    keys.pop(i)
+                    blocks.pop(i)
+                else:
+                    del keys[i], blocks[i]
                 i = bisect_ints(keys, key)
                 keys.insert(i, key)
                 blocks.insert(i, prev)
@@ -207,7 +228,11 @@ class _BestFitCore(Policy):
                 keys[j] = key
                 blocks[j] = survivor
             else:
-                del keys[j], blocks[j]
+                if _COMPILED:  # compiled: ``pop`` (class docstring)
+                    keys.pop(j)
+                    blocks.pop(j)
+                else:
+                    del keys[j], blocks[j]
                 j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, survivor)

@@ -30,9 +30,15 @@ __all__ = ["SizeClass", "make_class_sizes", "CLASS_ALIGNMENT_BYTES"]
 CLASS_ALIGNMENT_BYTES = 512
 
 _LARGE = -1  # class_index of a large range
-_FREE_LIST_BASE = (
-    1  # a class's free list holds one placeholder below its blocks (``SizeClass._reset_state``)
-)
+#: The placeholders (None) below the cached blocks of a class's free list
+#: (``SizeClass._reset_state``).
+#: Eight, not one: a list of few blocks is then never at or below half of its storage, where
+#: CPython's ``pop`` reallocates it (``list_resize`` shrinks a list that falls below half; a list
+#: of one or two blocks did so on every pop, to the same size) and the compiled build's inline
+#: ``pop`` (Cython's, taken while the size is above half the storage) gives way to the method
+#: call: 10,751 of 19,776 pops of the snapshot's first 20,000 events took that way, ~124
+#: instructions each (benchmarks/RESULTS.md, session 16)
+_FREE_LIST_BASE = 8
 _TABLE_MAX_BYTES = (
     32 << 20
 )  # classes up to here are found by table (64 Ki entries, 512 KiB at most)
@@ -146,7 +152,7 @@ class _SizeClassCore(Policy):
         else:
             return self._allocate_large(nbytes, stream, tag)
         blocks = self._free_lists[ci]
-        if blocks[-1] is not None:  # more than the placeholder (``_reset_state``)
+        if blocks[-1] is not None:  # more than the placeholders (``_reset_state``)
             blk = blocks.pop()
         else:
             blk = self._take_uncut(ci, stream)
@@ -295,12 +301,13 @@ class SizeClass(_SizeClassCore):
         for ci, size in enumerate(sizes):
             table.extend(repeat(ci, min(size // CLASS_ALIGNMENT_BYTES + 1, num_units) - len(table)))
         # Lists as LIFO stacks: append/pop at the end are O(1) and the cheapest ops Python has.
-        # Each starts with a placeholder, None, that is never popped (``blocks[-1] is None``: no
+        # Each starts with placeholders, None, that are never popped (``blocks[-1] is None``: no
         # block cached), so a list never empties: CPython moves an emptied list's storage to the
         # C allocator and back on the next append, a realloc pair that cost ~15 ns of a ~110 ns
         # compiled round trip on Python 3.11, and a fifth of the bundled snapshot's pops would
-        # empty their class (benchmarks/RESULTS.md, "size-class lists that never empty").
-        self._free_lists: list[list[_Block]] = [[None] for _ in self._class_sizes]
+        # empty their class (benchmarks/RESULTS.md, "size-class lists that never empty"); and
+        # ``_FREE_LIST_BASE`` of them, so that a short list does not shrink on every pop either.
+        self._free_lists: list[list[_Block]] = [[None] * _FREE_LIST_BASE for _ in self._class_sizes]
         # per class, the blocks its last refill carved and no request has taken yet (or None);
         # a class refills only when its list and its run are both empty
         self._runs: list[_Run | None] = [None] * len(self._class_sizes)
@@ -480,7 +487,7 @@ class SizeClass(_SizeClassCore):
                 self._large_cache[:] = [e for e in self._large_cache if e[2].segment not in gone]
             else:
                 blocks = self._free_lists[ci]
-                # in place (blocks point at the list), past the placeholder
+                # in place (blocks point at the list), past the placeholders
                 blocks[_FREE_LIST_BASE:] = [
                     b for b in blocks[_FREE_LIST_BASE:] if b.segment not in gone
                 ]
@@ -501,9 +508,9 @@ class SizeClass(_SizeClassCore):
         blocks lie.
         """
         sizes = self._class_sizes
-        assert all(blocks[:_FREE_LIST_BASE] == [None] for blocks in self._free_lists), (
-            "a free list lost its placeholder"
-        )
+        assert all(
+            blocks[:_FREE_LIST_BASE] == [None] * _FREE_LIST_BASE for blocks in self._free_lists
+        ), "a free list lost its placeholders"
         cached = sum(
             (len(blocks) - _FREE_LIST_BASE) * size for blocks, size in zip(self._free_lists, sizes)
         )
@@ -569,7 +576,7 @@ class SizeClass(_SizeClassCore):
         ):  # the largest class with a block or a run to hand out
             if (
                 free_lists[ci][-1] is not None or runs[ci] is not None
-            ):  # a block above the placeholder
+            ):  # a block above the placeholders
                 best = sizes[ci]
                 break
         if self._large_cache:
