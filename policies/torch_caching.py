@@ -749,50 +749,12 @@ class TorchCaching(Policy):
         self._count_pool_segment(key[0], -1)
 
     def _free(self, allocation: Allocation) -> None:
-        """``free_block``: merge with free neighbours (previous first) and cache the result.
-
-        ``_merge_free_neighbours`` then ``_insert``, inline: every free runs them, and two Python
-        calls were a tenth of a free's cost; any change to either goes here too.
-        """
+        """``free_block``: merge with free neighbours (previous first) and cache the result."""
         b: _Block = allocation.handle
         b.allocated = False
         b.segment.num_live -= 1
         self.allocated_bytes -= b.size
-        free_at = self._free_at
-        prev, nxt = b.prev, b.next
-        if prev is not None and not prev.allocated and prev.mapped == b.mapped:
-            if prev.mapped:  # ``_remove(prev)``
-                keys = prev.keys
-                key = prev.size << _KEY_BITS | prev.ptr
-                i = bisect_left(keys, key)
-                assert keys[i] == key, "removing a block that is not cached"
-                del keys[i]
-                del free_at[prev.ptr]
-            b.ptr, b.size, b.prev = prev.ptr, prev.size + b.size, prev.prev
-            if b.prev is not None:
-                b.prev.next = b
-            else:
-                self._heads[b.segment.offset] = b
-        if nxt is not None and not nxt.allocated and nxt.mapped == b.mapped:
-            if nxt.mapped:  # ``_remove(nxt)``
-                keys = nxt.keys
-                key = nxt.size << _KEY_BITS | nxt.ptr
-                i = bisect_left(keys, key)
-                assert keys[i] == key, "removing a block that is not cached"
-                del keys[i]
-                del free_at[nxt.ptr]
-            b.size += nxt.size
-            b.next = nxt.next
-            if b.next is not None:
-                b.next.prev = b
-        # ``_insert(b)``
-        if self._gc_on:
-            b.gc_count_base = self._free_block_calls[b.small]
-        keys = b.keys
-        if keys is None:
-            keys = b.keys = self._keys_of(b.pool, b.small, b.stream)
-        insort(keys, b.size << _KEY_BITS | b.ptr)
-        free_at[b.ptr] = b
+        self._insert(self._merge_free_neighbours(b))
 
     def _release_block(self, b: _Block) -> int:
         """``release_block``: ``cudaFree`` a cached block that is a whole segment."""
