@@ -369,10 +369,11 @@ class _PagedCore(Policy):
         for item in allocations[i:]:
             self._free_one(item)
 
-    @cython.locals(pg=_Page)
+    @cython.locals(pg=_Page, a=Allocation)
     def _free_one(self, item: Allocation | _Page) -> None:
-        """``free(item)``, or for a page grant (``allocate_pages``) what freeing the one-page
-        allocation it stands for does: ``_free``'s checks and page update, ``free``'s counters.
+        """``free(item)``; a page grant (``allocate_pages``) is freed as the one-page allocation
+        it stands for: that ``Allocation`` made back and handed to ``free`` (``_free``'s checks
+        and page update, ``free``'s counters: one place for both).
 
         Raises:
             PolicyError: the page is free already, not this pool's, or cached (nothing changes).
@@ -386,20 +387,15 @@ class _PagedCore(Policy):
                 f"free: the page at offset {pg.offset} is not a page this pool granted and "
                 "still holds (freed already, or another pool's)"
             )
-        if self._blocks and pg.cache_key is not None and pg.ref_cnt <= 1:
-            raise PolicyError(
-                f"free: the page at offset {pg.offset} belongs to "
-                f"the cached block {pg.cache_key!r}; "
-                "release_block and evict_block it instead"
-            )
-        if pg.ref_cnt == 1:
-            pg.ref_cnt = 0
-            self._free_pages.append(pg)
-            self.allocated_bytes -= self.page_size_bytes
-        else:
-            pg.ref_cnt -= 1
-        self.num_frees = self.num_frees + 1
-        self.live_bytes = self.live_bytes - pg.nbytes
+        a = Allocation.__new__(Allocation)
+        a.nbytes = pg.nbytes
+        a.size_bytes = self.page_size_bytes
+        a._extents = pg.extents
+        a.stream = 0
+        a.tag = None
+        a.handle = pg.handle
+        a.owner = self._token
+        self.free(a)
 
 
 class Paged(_PagedCore):
