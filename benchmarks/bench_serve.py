@@ -57,6 +57,12 @@ RUNS: dict[str, tuple[str, list[str], int]] = {
     "synth_mixed_10s_x1_e": (SYNTH, ["--duration", "10"], 130),
     "azure_code_60s_x1_d": (AZURE, ["--duration", "60"], 110),
     "azure_code_60s_x1_e": (AZURE, ["--duration", "60"], 110),
+    # session 17's (issue 31: more repeats of the same two conditions on one host, for the
+    # engine's spread and for fits pooled over a workload's recordings)
+    "synth_mixed_10s_x1_f": (SYNTH, ["--duration", "10"], 130),
+    "synth_mixed_10s_x1_g": (SYNTH, ["--duration", "10"], 130),
+    "azure_code_60s_x1_f": (AZURE, ["--duration", "60"], 110),
+    "azure_code_60s_x1_g": (AZURE, ["--duration", "60"], 110),
     "synth_mixed_60s_x1": (SYNTH, ["--duration", "60"], 420),
     "synth_mixed_60s_x2": (SYNTH, ["--duration", "30", "--rate-scale", "2"], 420),
     # session 14's repeats of the two synthetic 60 s conditions (each about 228 s served, so two

@@ -14,6 +14,9 @@
 # Session 16 (issue 31: the engine's slow stretches), about 5 minutes:
 #   MONITOR=1 RECORD_S=300 BUNDLE=engine_s16 NAMES="synth_mixed_10s_x1_d azure_code_60s_x1_d \
 #       synth_mixed_10s_x1_e azure_code_60s_x1_e" bash benchmarks/run_h200_record.sh
+# Session 17 (issue 31: four more repeats of the same conditions), about 6 minutes:
+#   MONITOR=1 RECORD_S=520 BUNDLE=engine_s17 NAMES="synth_mixed_10s_x1_f azure_code_60s_x1_f \
+#       synth_mixed_10s_x1_g azure_code_60s_x1_g" bash benchmarks/run_h200_record.sh
 set -u
 [ -d .whl ] || { [ -d ../.whl ] && ln -s ../.whl .whl; }
 . "$(dirname "$0")/h200_lib.sh"
