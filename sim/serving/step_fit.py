@@ -52,13 +52,23 @@ term is left out (``drop``: held at 0).
 Errors are reported by step kind (``prefill``: no decode sequence; ``decode``: no prefill
 token; ``mixed``) in-sample and cross-validated over contiguous blocks of steps (each block
 predicted by a fit on the others, so neighbouring steps do not leak).
+
+**A pool of profiles** (several recordings of one engine, a mapping of source to profile): their
+steps are concatenated and fitted as one profile, each step weighing as in a profile of its own.
+Why (issue 31, session 18): a fit carries the share of slow launch-bound steps of the run it was
+recorded in (the host's noise, ``benchmarks/RESULTS.md`` sessions 16 and 17); several runs
+average it out. Each profile's first step may be its engine's warm-up: the pool's ``warmup_s`` is
+the median over the profiles that started cold. The cross-validation blocks are contiguous
+within each profile (block i: the i-th part of every profile), and each profile is also
+predicted by the fit on the others (``fit on the other profiles``), the error to expect on a new
+recording; ``StepFit.profile_errors`` tables each profile's steps apart.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -88,6 +98,7 @@ __all__ = [
     "OUTLIER_REL_ERROR",
     "ROBUST_REL_ERROR",
     "error_table",
+    "OTHER_PROFILES_SPLIT",
 ]
 
 STEP_KINDS = ("prefill", "decode", "mixed")
@@ -103,6 +114,8 @@ _ROBUST_ROUNDS = 10
 _COLLINEAR = 0.02
 #: Contiguous blocks of the cross-validation.
 DEFAULT_FOLDS = 5
+#: The error split of a pool's profiles, each predicted by the fit on the other profiles.
+OTHER_PROFILES_SPLIT = "fit on the other profiles"
 
 #: What data determines each term (the refusal names it).
 _WHAT_DETERMINES = {
@@ -189,7 +202,9 @@ def roofline_s(steps: pd.DataFrame, roofline: StepTimeModel) -> np.ndarray:
 class StepFit:
     """A fit: the terms, what it left out, and its errors (``error_table``'s frame);
     ``num_downweighted``: the steps kept in the fit that its Huber loss weighed less (more than
-    ``ROBUST_REL_ERROR`` off the final fit)."""
+    ``ROBUST_REL_ERROR`` off the final fit); ``profile_errors`` (a pool of profiles only, else
+    empty): ``error_table``'s rows of each profile's steps, a ``profile`` column (its source)
+    first; a pool's ``errors`` and ``profile_errors`` add the split ``OTHER_PROFILES_SPLIT``."""
 
     terms: StepTerms
     num_steps: int
@@ -199,6 +214,7 @@ class StepFit:
     calibration: StepCalibration
     predicted_s: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0))
     num_downweighted: int = 0
+    profile_errors: pd.DataFrame = field(repr=False, default_factory=pd.DataFrame)
 
 
 def _check_determined(x: np.ndarray, active: list[int], only: int | None = None) -> None:
@@ -356,6 +372,19 @@ def _fit(
     return coef, outliers
 
 
+def _predicted_apart(
+    x: np.ndarray, y: np.ndarray, floor: np.ndarray, active: list[int], blocks: list[np.ndarray]
+) -> np.ndarray:
+    """Each block of steps predicted by the fit (``_fit``) on the steps of the other blocks."""
+    out = np.empty(len(y))
+    for block in blocks:
+        train = np.ones(len(y), bool)
+        train[block] = False
+        c, _ = _fit(x[train], y[train], floor[train], active)
+        out[block] = np.maximum(x[block] @ c, floor[block])
+    return out
+
+
 def error_table(
     measured_s: np.ndarray,
     predicted_s: np.ndarray,
@@ -385,8 +414,28 @@ def error_table(
     return pd.DataFrame(rows)
 
 
+def _pool(
+    steps: pd.DataFrame | Mapping[str, pd.DataFrame], source: str
+) -> tuple[pd.DataFrame, list[str], list[np.ndarray]]:
+    """The profile, or a pool's profiles concatenated; the sources; each one's step indices."""
+    if isinstance(steps, pd.DataFrame):
+        return steps, [source], [np.arange(len(steps))]
+    if not steps:
+        raise ValueError("no step profile to fit")
+    empty = [name for name, frame in steps.items() if frame.empty]
+    if empty:
+        raise ValueError(f"{empty[0]}: the step profile has no steps")
+    frames = list(steps.values())
+    ends = np.cumsum([len(f) for f in frames])
+    return (
+        pd.concat(frames, ignore_index=True),
+        [str(name) for name in steps],
+        [np.arange(end - len(f), end) for f, end in zip(frames, ends)],
+    )
+
+
 def fit_step_profile(
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | Mapping[str, pd.DataFrame],
     model: ModelSpec,
     gpu: GpuSpec,
     *,
@@ -397,21 +446,25 @@ def fit_step_profile(
     engine: str | None = None,
     source: str = "",
 ) -> StepFit:
-    """Fit ``StepTerms`` to a step profile (``traces.engine_profile.read_step_profile``'s frame).
+    """Fit ``StepTerms`` to a step profile (``traces.engine_profile.read_step_profile``'s frame),
+    or to a pool of them (source -> profile: their steps concatenated; the module docstring).
 
     Args:
-        steps: the profile.
+        steps: the profile, or the pool (two or more profiles: ``StepFit.profile_errors``).
         model, gpu, tensor_parallel: what the engine ran (the roofline floor's).
         drop: terms held at 0 (names from ``STEP_TERM_NAMES``; ``drop`` wins over ``add``).
         add: ``OPTIONAL_TERMS`` to fit even where they gain less than ``EXPOSED_MIN_GAIN``
             (the exposed-KV tail and its ``num_hidden_kv_tokens``: ``_choose_hidden_kv_tokens``),
             and to raise ``UnderdeterminedProfile`` where the profile cannot place them.
         folds: contiguous blocks of the cross-validation (fewer when the profile is short).
-        engine, source: recorded in the calibration (what engine, which file).
+        engine, source: recorded in the calibration (what engine, which file; a pool's
+            sources are its keys, joined with " + ").
 
     Raises ``UnderdeterminedProfile`` (a ValueError) for a term the steps cannot determine,
-    ValueError for an unknown term name.
+    ValueError for an unknown term name or an empty pool.
     """
+    steps, sources, members = _pool(steps, source)
+    pooled = len(sources) > 1
     drop, add = tuple(drop), tuple(add)
     unknown = [t for t in drop if t not in STEP_TERM_NAMES]
     if unknown:
@@ -454,27 +507,43 @@ def fit_step_profile(
     kinds = step_kinds(steps)
     coef, outliers = _fit(x, y, floor, active)
     predicted = np.maximum(x @ coef, floor)
-    cv = np.empty(len(y))
-    blocks = np.array_split(np.arange(len(y)), max(2, min(folds, len(y) // (2 * len(active)))))
-    for block in blocks:
-        train = np.ones(len(y), bool)
-        train[block] = False
-        c, _ = _fit(x[train], y[train], floor[train], active)
-        cv[block] = np.maximum(x[block] @ c, floor[block])
+    # block i: the i-th part of every profile (one profile: its contiguous blocks)
+    num_blocks = max(2, min(folds, len(y) // (2 * len(active))))
+    parts = [np.array_split(member, num_blocks) for member in members]
+    blocks = [np.concatenate([p[i] for p in parts]) for i in range(num_blocks)]
+    cv = _predicted_apart(x, y, floor, active, blocks)
+    splits = [("in-sample", predicted, ~outliers), ("cross-validated", cv, ~outliers)]
+    if pooled:
+        splits.append(
+            (OTHER_PROFILES_SPLIT, _predicted_apart(x, y, floor, active, members), ~outliers)
+        )
     errors = pd.concat(
-        [
-            error_table(y, predicted, kinds, split="in-sample", keep=~outliers),
-            error_table(y, cv, kinds, split="cross-validated", keep=~outliers),
-            error_table(y, predicted, kinds, split="in-sample, outliers too"),
-        ],
+        [error_table(y, pred, kinds, split=split, keep=keep) for split, pred, keep in splits]
+        + [error_table(y, predicted, kinds, split="in-sample, outliers too")],
         ignore_index=True,
+    )
+    profile_errors = (
+        pd.concat(
+            [
+                error_table(y[m], pred[m], kinds[m], split=split, keep=keep[m]).assign(profile=name)
+                for name, m in zip(sources, members)
+                for split, pred, keep in splits
+            ],
+            ignore_index=True,
+        )[["profile", *errors.columns]]
+        if pooled
+        else pd.DataFrame()
     )
     terms = StepTerms(
         **{name: float(c) for name, c in zip(STEP_TERM_NAMES, coef)}, num_hidden_kv_tokens=hidden
     )
     downweighted = int(np.sum(~outliers & (np.abs(predicted / y - 1) > ROBUST_REL_ERROR)))
     # a cold first step (the engine's warm-up) is an outlier the simulator should still pay once
-    warmup_s = float(y[0] - predicted[0]) if outliers[0] and y[0] > predicted[0] else 0.0
+    warmups = [
+        float(y[i] - predicted[i]) if outliers[i] and y[i] > predicted[i] else 0.0
+        for i in (m[0] for m in members)
+    ]
+    warmup_s = float(np.median([w for w in warmups if w > 0])) if any(warmups) else 0.0
     fit_info: dict[str, Any] = {
         "num_steps": int(len(y)),
         "num_outliers": int(outliers.sum()),
@@ -488,6 +557,18 @@ def fit_step_profile(
         "folds": len(blocks),
         "errors": errors.round(3).to_dict(orient="records"),
     }
+    if pooled:
+        fit_info["sources"] = [
+            {
+                "source": name,
+                "num_steps": len(m),
+                "num_outliers": int(outliers[m].sum()),
+                "first_step_s": float(y[m[0]]),
+                "warmup_s": w,
+            }
+            for name, m, w in zip(sources, members, warmups)
+        ]
+        fit_info["profile_errors"] = profile_errors.round(3).to_dict(orient="records")
     cal = StepCalibration(
         factors=default_calibration(),
         terms=terms,
@@ -497,7 +578,7 @@ def fit_step_profile(
         gpu=gpu.name,
         tp=tensor_parallel,
         fit=fit_info,
-        source=source,
+        source=" + ".join(sources),
     )
     return StepFit(
         terms=terms,
@@ -508,4 +589,5 @@ def fit_step_profile(
         calibration=cal,
         predicted_s=predicted,
         num_downweighted=downweighted,
+        profile_errors=profile_errors,
     )

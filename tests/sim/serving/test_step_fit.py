@@ -12,6 +12,7 @@ from sim.replay.hardware import load_gpu
 from sim.replay.models import load_model
 from sim.serving.step_fit import (
     OPTIONAL_TERMS,
+    OTHER_PROFILES_SPLIT,
     ROBUST_REL_ERROR,
     UnderdeterminedProfile,
     fit_step_profile,
@@ -305,3 +306,91 @@ def test_the_shared_transformers_recording_fits_within_15_percent_cross_validate
     assert errors.loc[("cross-validated", "all"), "mean_abs_err_%"] < 15
     assert 0.05 < fit.terms.fixed_s < 0.15  # ~100 ms a step even at batch 2: no CUDA graphs
     assert fit.terms.per_query_kv_s > 0  # attention over the whole packed step
+
+
+def test_a_pool_of_one_profile_is_that_profiles_fit(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200, noise=0.02, seed=5)
+    alone = fit_step_profile(steps, *llama_h200, source="a.csv")
+    pooled = fit_step_profile({"a.csv": steps}, *llama_h200)
+    assert pooled.terms == alone.terms
+    pd.testing.assert_frame_equal(pooled.errors, alone.errors)
+    assert pooled.calibration.to_json() == alone.calibration.to_json()
+    assert pooled.profile_errors.empty and "sources" not in pooled.calibration.fit
+
+
+def test_a_pool_fits_one_law_over_its_profiles_and_tables_each(llama_h200):
+    """Two runs of one engine, one on a host 25 % slower: the pool prices steps between the two
+    hosts and is the fit of their steps concatenated; each profile's errors are tabled, and
+    each is predicted by the fit on the other."""
+    quiet = synthetic_profile(model_gpu=llama_h200, seed=6, noise=0.02)
+    noisy = synthetic_profile(model_gpu=llama_h200, seed=7, noise=0.02)
+    noisy["duration_s"] *= 1.25
+    fit = fit_step_profile({"quiet.csv": quiet, "noisy.csv": noisy}, *llama_h200, source="x")
+    concatenated = fit_step_profile(pd.concat([quiet, noisy], ignore_index=True), *llama_h200)
+    assert fit.terms == concatenated.terms and fit.num_steps == len(quiet) + len(noisy)
+    assert fit.calibration.source == "quiet.csv + noisy.csv"
+    assert [s["source"] for s in fit.calibration.fit["sources"]] == ["quiet.csv", "noisy.csv"]
+    assert [s["num_steps"] for s in fit.calibration.fit["sources"]] == [400, 400]
+    per = fit.profile_errors.set_index(["profile", "split", "kind"])
+    assert list(fit.profile_errors.columns[:2]) == ["profile", "split"]
+    assert per.loc[("quiet.csv", "in-sample", "all"), "n_steps"] == 400
+    # the pool prices each run between the two hosts: the quiet one high, the noisy one low
+    assert 5 < per.loc[("quiet.csv", "in-sample", "all"), "sum_bias_%"] < 20
+    assert -15 < per.loc[("noisy.csv", "in-sample", "all"), "sum_bias_%"] < -5
+    # judged by the fit on the other run alone, each run is off by the other's host
+    apart = {
+        p: per.loc[(p, OTHER_PROFILES_SPLIT, "all"), "sum_bias_%"]
+        for p in ("quiet.csv", "noisy.csv")
+    }
+    assert apart["quiet.csv"] == pytest.approx(25, abs=2)
+    assert apart["noisy.csv"] == pytest.approx(-20, abs=2)
+    pooled_rows = fit.errors.set_index(["split", "kind"])
+    assert pooled_rows.loc[(OTHER_PROFILES_SPLIT, "all"), "n_steps"] == 800
+    assert fit.calibration.fit["profile_errors"][0]["profile"] == "quiet.csv"
+
+
+def test_a_pools_cross_validation_blocks_lie_within_each_profile(llama_h200):
+    """Block i holds the i-th part of every profile: the pool's CV error is the one of the
+    concatenated steps interleaved so that each block is contiguous."""
+    a = synthetic_profile(model_gpu=llama_h200, seed=8, noise=0.05, n=200)
+    b = synthetic_profile(model_gpu=llama_h200, seed=9, noise=0.05, n=200)
+    fit = fit_step_profile({"a": a, "b": b}, *llama_h200, drop=ADD)
+    interleaved = pd.concat(
+        [part for i in range(5) for part in (a[40 * i : 40 * i + 40], b[40 * i : 40 * i + 40])],
+        ignore_index=True,
+    )
+    alone = fit_step_profile(interleaved, *llama_h200, drop=ADD)
+    cv = ("cross-validated", "all")
+    assert fit.errors.set_index(["split", "kind"]).loc[cv, "mean_abs_err_%"] == pytest.approx(
+        alone.errors.set_index(["split", "kind"]).loc[cv, "mean_abs_err_%"]
+    )
+
+
+def test_a_pools_warm_up_is_the_median_of_its_cold_starts(llama_h200):
+    cold_a, cold_b, warm = (
+        synthetic_profile(model_gpu=llama_h200, seed=s, noise=0.02) for s in (10, 11, 12)
+    )
+    cold_a.loc[0, "duration_s"] += 1.0
+    cold_b.loc[0, "duration_s"] += 2.0
+    fit = fit_step_profile({"a": cold_a, "b": cold_b, "w": warm}, *llama_h200)
+    assert fit.calibration.warmup_s == pytest.approx(1.5, abs=0.1)  # the warm run's 0 left out
+    assert [s["warmup_s"] > 0 for s in fit.calibration.fit["sources"]] == [True, True, False]
+    assert fit_step_profile({"w": warm, "w2": warm.copy()}, *llama_h200).calibration.warmup_s == 0
+
+
+def test_a_pool_determines_a_term_its_profiles_alone_cannot(llama_h200):
+    steps = synthetic_profile(model_gpu=llama_h200)
+    decode = steps[steps["num_prefill_seqs"] == 0].reset_index(drop=True)
+    prefill = steps[steps["num_prefill_seqs"] > 0].reset_index(drop=True)
+    with pytest.raises(UnderdeterminedProfile):
+        fit_step_profile({"d1": decode, "d2": decode.copy()}, *llama_h200)
+    fit = fit_step_profile({"d": decode, "p": prefill}, *llama_h200)
+    assert fit.terms.fixed_s == pytest.approx(TRUE.fixed_s, rel=0.02)
+
+
+def test_an_empty_pool_or_profile_is_refused_by_name(llama_h200):
+    with pytest.raises(ValueError, match="no step profile"):
+        fit_step_profile({}, *llama_h200)
+    steps = synthetic_profile(model_gpu=llama_h200, n=30)
+    with pytest.raises(ValueError, match="^b.csv: the step profile has no steps"):
+        fit_step_profile({"a.csv": steps, "b.csv": steps[:0]}, *llama_h200)
