@@ -1,6 +1,7 @@
 """``poollab calibrate``: make the simulator's step time describe a real engine.
 
-``steps PROFILE`` fits the step-time terms to an engine's step profile (``sim.serving.step_fit``);
+``steps PROFILE...`` fits the step-time terms to an engine's step profile, or to several pooled
+(``sim.serving.step_fit``);
 ``requests REQUESTS`` infers them from a served-request table alone (``sim.serving.engine_runs``).
 Both write a calibration file that ``simulate``, ``colocate`` and ``sweep`` read with
 ``--calibration`` (``sim.serving.steptime.load_step_calibration``).
@@ -68,7 +69,7 @@ _common = [
         "tensor_parallel",
         type=COUNT,
         default=None,
-        help="Tensor-parallel degree the engine ran (default: the profile's tp column, else 1).",
+        help="Tensor-parallel degree the engine ran (default: the profiles' tp column, else 1).",
     ),
     engine_option(
         "Engine preset whose scheduling the simulator mimics (sim/data/engines.json).",
@@ -94,7 +95,9 @@ def _engine(name: str) -> str:
 
 
 @calibrate_group.command("steps")
-@click.argument("profile", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "profiles", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
+)
 @_with_common
 @click.option(
     "--drop",
@@ -113,57 +116,80 @@ def _engine(name: str) -> str:
     "per_exposed_kv_token_s (each KV token past those the kernel launches hide; "
     "it also fits where that starts).",
 )
-def steps_command(profile: Path, model, gpu, tensor_parallel, engine, out: Path, drop, add) -> None:
-    """Fit the step time to an engine's step PROFILE (CSV or Parquet, one row per step)."""
+def steps_command(profiles, model, gpu, tensor_parallel, engine, out: Path, drop, add) -> None:
+    """Fit the step time to an engine's step PROFILES (CSV or Parquet, one row per step). Several
+    profiles (recordings of one engine) are pooled: one fit over all their steps, its error
+    printed for the pool and for each profile."""
     from sim.serving.step_fit import OUTLIER_REL_ERROR, ROBUST_REL_ERROR, fit_step_profile
     from sim.replay.schema import format_table
     from traces.engine_profile import read_step_profile
 
     engine = _engine(engine)
     model_spec, gpu_spec = _specs(model, gpu)
-    steps = read_step_profile(profile)
+    resolved = [p.resolve() for p in profiles]
+    twice = [p for p, r in zip(profiles, resolved) if resolved.count(r) > 1]
+    if twice:
+        raise UsageError(f"{twice[0]}: given twice (each profile is pooled once)")
+    pool = {str(path): read_step_profile(path) for path in profiles}
+    what = " + ".join(pool)
     if tensor_parallel is None:
-        tps = sorted(set(steps["tp"])) if "tp" in steps else [1]
-        if len(tps) > 1:
+        tps = {
+            name: sorted({int(tp) for tp in steps["tp"]}) if "tp" in steps else [1]
+            for name, steps in pool.items()
+        }
+        degrees = sorted({tp for found in tps.values() for tp in found})
+        if len(degrees) > 1:
+            where = "; ".join(f"{name}: {found}" for name, found in tps.items())
             raise UsageError(
-                f"{profile}: the tp column holds {tps}; "
+                f"the tp column holds {degrees} ({where}); "
                 "fit one tensor-parallel degree at a time (--tp)"
             )
-        tensor_parallel = int(tps[0])
+        tensor_parallel = int(degrees[0])
     try:
         fit = fit_step_profile(
-            steps,
+            pool if len(pool) > 1 else next(iter(pool.values())),
             model_spec,
             gpu_spec,
             tensor_parallel=tensor_parallel,
             drop=drop,
             add=add,
             engine=engine,
-            source=str(profile),
+            source=what,
         )
     except ValueError as exc:
-        raise UsageError(f"{profile}: {exc}") from None
+        raise UsageError(f"{what}: {exc}") from None
     _write(fit.calibration, out)
+    pooled = f" pooled from {len(pool)} profiles" if len(pool) > 1 else ""
     click.echo(
-        f"{profile}: {fit.num_steps:,} steps of {model_spec.name} on {gpu_spec.name} "
+        f"{what}: {fit.num_steps:,} steps{pooled} of {model_spec.name} on {gpu_spec.name} "
         f"(tp {tensor_parallel}); {fit.num_outliers} outlier(s) left out of the fit "
         f"(more than {OUTLIER_REL_ERROR:.0%} off its first pass), {fit.num_downweighted} more "
         f"than {ROBUST_REL_ERROR:.0%} off weighed less (Huber loss)"
         + (
             f"; first step {fit.calibration.warmup_s:.3f} s beyond its terms, kept as warm-up"
+            + (" (the median over the profiles that started cold)" if pooled else "")
             if fit.calibration.warmup_s
             else ""
         )
     )
     click.echo(_terms_line(fit.terms))
+    columns = ["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]
     click.echo(
-        "step-time error by step kind (mean |predicted/measured - 1|, and the bias of their sum):"
+        "step-time error by step kind (mean |predicted/measured - 1|, and the bias of their sum)"
+        + (" over the pool" if pooled else "")
+        + ":"
     )
-    click.echo(
-        format_table(
-            fit.errors, columns=["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]
+    click.echo(format_table(fit.errors, columns=columns))
+    if pooled:
+        click.echo(
+            "... and by profile (fit on the other profiles: each profile predicted by the "
+            "terms of the others, the error to expect on a new recording):"
         )
-    )
+        names = {name: Path(name).name for name in pool}
+        if len(set(names.values())) < len(names):  # two folders' files of one name: the paths
+            names = {name: name for name in pool}
+        by_profile = fit.profile_errors.assign(profile=fit.profile_errors["profile"].map(names))
+        click.echo(format_table(by_profile, columns=["profile", *columns]))
     click.echo(f"wrote {out} (simulate --engine {engine} --calibration {out})")
 
 

@@ -2,6 +2,7 @@
 it."""
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -295,3 +296,52 @@ def test_simulate_names_an_unknown_engine_by_its_option(trace, tmp_path, cli):
         and err.strip()
         == "poollab: error: --engine: unknown engine 'nope'; engines: vllm, transformers"
     )
+
+
+@pytest.fixture
+def two_profiles(profile, tmp_path):
+    """``profile`` and a second recording of the same engine on a host 10 % slower."""
+    second = tmp_path / "other" / "steps_b.csv"
+    second.parent.mkdir()
+    steps = pd.read_csv(profile)
+    steps.assign(duration_s=steps["duration_s"] * 1.1).to_csv(second, index=False)
+    return profile, second
+
+
+def test_steps_pools_several_profiles_into_one_calibration(two_profiles, tmp_path, cli_ok):
+    out_file = tmp_path / "cal.json"
+    out, _ = cli_ok(["calibrate", "steps", *map(str, two_profiles), "--out", str(out_file)])
+    data = json.loads(out_file.read_text())
+    assert data["source"] == " + ".join(map(str, two_profiles))
+    assert [s["source"] for s in data["fit"]["sources"]] == list(map(str, two_profiles))
+    assert data["terms"]["fixed_s"] == pytest.approx(0.07 * 1.05, rel=0.03)  # between the hosts
+    first = out.splitlines()[0]
+    assert first.startswith(f"{two_profiles[0]} + {two_profiles[1]}: 240 steps pooled from 2")
+    assert "over the pool:" in out and "fit on the other profiles" in out
+    # and by profile, each named by its file
+    by_profile = out[out.index("... and by profile") :]
+    for name in ("steps.csv", "steps_b.csv"):
+        assert re.search(rf"^ *{name} +in-sample +all +120 ", by_profile, re.M), name
+
+
+def test_a_bad_profile_among_several_is_named_with_its_line(two_profiles, tmp_path, cli):
+    bad = two_profiles[1]
+    lines = bad.read_text().splitlines()
+    lines[5] = "0" + lines[5][lines[5].index(",") :]
+    bad.write_text("\n".join(lines) + "\n")
+    out_file = tmp_path / "cal.json"
+    code, _, err = cli(["calibrate", "steps", *map(str, two_profiles), "--out", str(out_file)])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"{bad}:6" in err and "duration_s" in err and not out_file.exists()
+
+
+def test_a_profile_given_twice_or_of_another_tp_is_refused(two_profiles, tmp_path, cli):
+    first, second = two_profiles
+    code, _, err = cli(["calibrate", "steps", str(first), str(first), "--out", str(tmp_path / "c")])
+    assert code == 2 and f"{first}: given twice" in err
+    pd.read_csv(second).assign(tp=2).to_csv(second, index=False)
+    code, _, err = cli(
+        ["calibrate", "steps", str(first), str(second), "--out", str(tmp_path / "c")]
+    )
+    assert code == 2 and "the tp column holds [1, 2]" in err and f"{second}: [2]" in err
+    assert "--tp" in err and len(err.strip().splitlines()) == 1
