@@ -5,7 +5,7 @@ others.
                                            [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
                                            [--from-requests] [--variants] [--add TERM ...]
                                            [--drop TERM ...]
-                                           [--oracle] [--model M] [--gpu G]
+                                           [--oracle] [--pooled] [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
@@ -36,6 +36,13 @@ per_exposed_kv_token_s``: the step fit before session 15). Counts of each are in
 (``sim.serving.engine_runs.replay_recorded_steps``: the i-th simulated step lasts the engine's
 i-th step): what that still misses is the simulator's scheduling, what a calibrated prediction
 misses beyond it is the step-time model's ("how much of the error is the step model").
+
+``--pooled`` adds fits of one calibration over several runs' profiles (``poollab calibrate steps
+A.csv B.csv ...``: ``sim.serving.step_fit``'s pool): on all repeats of one condition, judged on the
+runs of every other condition (and the runs in none), and on all runs of one workload, judged on
+the other workload's runs; each judged on its own runs too (in-sample). Pooling averages out the
+host's share of slow launch-bound steps that a fit on one run carries (RESULTS.md, sessions 16
+and 17). Their counts are apart from the single-run fits', each in its own pair table.
 
 The counts are also tabled by workload pair (the fit's and the judged run's trace and duration:
 ``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of RESULTS.md's tables.
@@ -96,6 +103,8 @@ DEFAULT_RUNS = {
 }
 #: The held-out target (issue 31): within this, or within the run-to-run spread where larger.
 TARGET_PCT = 15.0
+#: ``--pooled``'s fits, each counted and tabled apart (``pooled_fits``).
+_POOLED_HOWS = ("steps pooled by condition", "steps pooled by workload")
 _SHORT = {
     "ttft_p50_s": "TTFT p50",
     "ttft_p99_s": "TTFT p99",
@@ -171,6 +180,19 @@ def as_recorded(cal, judged: dict):
     return cal if judged["cold"] else dataclasses.replace(cal, warmup_s=0.0)
 
 
+def pooled_fits(runs: dict) -> list[tuple[str, str, list[str]]]:
+    """``(how, fit name, its runs)`` of ``--pooled``'s fits: all repeats of one condition
+    (``runs[n]["condition"]``), and all runs of one workload where there are two or more."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for name, run in runs.items():
+        if run["condition"]:
+            by.setdefault(("steps pooled by condition", run["condition"]), []).append(name)
+    workloads = {workload(n) for n in runs}
+    for name in runs if len(workloads) > 1 else ():
+        by.setdefault(("steps pooled by workload", workload(name)), []).append(name)
+    return [(how, fit_name, members) for (how, fit_name), members in by.items()]
+
+
 def held_out_table(
     runs: dict,
     model,
@@ -180,62 +202,83 @@ def held_out_table(
     spreads: dict[str, dict[str, float]],
     add: tuple[str, ...] = (),
     drop: tuple[str, ...] = (),
+    pooled: bool = False,
 ) -> str:
     """``spreads``: condition name -> its spread per figure; each run's condition,
     ``runs[n]["condition"]``; ``add``, ``drop``: terms the step-profile fits fit anyway or hold
-    at 0 (``sim.serving.step_fit.fit_step_profile``)."""
-    rows = []
+    at 0 (``sim.serving.step_fit.fit_step_profile``); ``pooled``: also the fits of
+    ``pooled_fits`` (one calibration over its runs' profiles), each judged on every run, held
+    out on the runs outside it."""
+    fits = []  # (label, how, fit name, its runs, calibration)
     for fit_name, fit_run in runs.items():
-        cals = {
-            "steps": fit_step_profile(
-                fit_run["steps"],
-                model,
-                gpu,
-                add=add,
-                drop=drop,
-                engine="transformers",
-                source=str(fit_run["files"][0]),
-            ).calibration
-        }
+        fits.append(
+            (
+                f"calibrate steps {fit_name}",
+                "steps",
+                fit_name,
+                {fit_name},
+                fit_step_profile(
+                    fit_run["steps"],
+                    model,
+                    gpu,
+                    add=add,
+                    drop=drop,
+                    engine="transformers",
+                    source=str(fit_run["files"][0]),
+                ).calibration,
+            )
+        )
         if from_requests:
-            cals["requests"] = fit_from_requests(
-                fit_run["served"],
-                engine="transformers",
-                model=model,
-                gpu=gpu,
-                source=str(fit_run["files"][1]),
-                two_fold=False,
-            ).calibration
-        for how, cal in cals.items():
-            for judged_name, judged in runs.items():
-                errors = latency_errors(
-                    judged["served"],
-                    predict_served(
-                        served_trace(judged["served"]),
-                        as_recorded(cal, judged),
+            fits.append(
+                (
+                    f"calibrate requests {fit_name}",
+                    "requests",
+                    fit_name,
+                    {fit_name},
+                    fit_from_requests(
+                        fit_run["served"],
+                        engine="transformers",
                         model=model,
                         gpu=gpu,
-                    ),
+                        source=str(fit_run["files"][1]),
+                        two_fold=False,
+                    ).calibration,
                 )
-                kind = "in-sample" if judged_name == fit_name else "held out"
-                if kind == "held out" and judged["cold"] and not fit_run["cold"]:
-                    kind = "held out †"  # a cold start judged by a fit of a warmed engine
-                rows.append((f"calibrate {how} {fit_name}", judged_name, kind, errors, how))
+            )
+    for how, fit_name, members in pooled_fits(runs) if pooled else ():
+        pool = {str(runs[n]["files"][0]): runs[n]["steps"] for n in members}
+        cal = fit_step_profile(
+            pool, model, gpu, add=add, drop=drop, engine="transformers"
+        ).calibration
+        label = f"calibrate steps pooled {fit_name} ({len(members)} runs)"
+        fits.append((label, how, fit_name, set(members), cal))
+    rows = []
+    for label, how, fit_name, members, cal in fits:
+        for judged_name, judged in runs.items():
+            errors = latency_errors(
+                judged["served"],
+                predict_served(
+                    served_trace(judged["served"]), as_recorded(cal, judged), model=model, gpu=gpu
+                ),
+            )
+            kind = "in-sample" if judged_name in members else "held out"
+            if kind == "held out" and judged["cold"] and not any(runs[n]["cold"] for n in members):
+                kind = "held out †"  # a cold start judged by a fit of a warmed engine
+            rows.append((label, fit_name, judged_name, kind, errors, how))
     for judged_name, judged in runs.items():
         errors = latency_errors(
             judged["served"],
             predict_served(served_trace(judged["served"]), None, model=model, gpu=gpu),
         )
-        rows.append(("none (bundled roofline)", judged_name, "baseline", errors, None))
+        rows.append(("none (bundled roofline)", None, judged_name, "baseline", errors, None))
     head = "| fitted on | judged on | | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |"
     lines = [head, "|" + "---|" * (3 + len(LATENCY_METRICS))]
     tally: dict[tuple[str, bool], list[int]] = {}
     pairs: dict[tuple[str, str, str], list[int]] = {}
-    for fit, judged, kind, errors, how in rows:
+    for fit, fit_name, judged, kind, errors, how in rows:
         e = errors.set_index("metric")["error_%"]
         spread = spreads.get(runs[judged]["condition"])
         if kind == "held out":
-            fit_name = fit.removeprefix(f"calibrate {how} ")
             n_within = sum(
                 _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
             )
@@ -309,7 +352,11 @@ def held_out_table(
             "",
             "Held out by workload pair (within target / figures, rows without †):",
             "",
-            pair_table(pairs),
+            "\n\n".join(
+                pair_table({k: v for k, v in pairs.items() if k[0] in family})
+                for family in (("requests", "steps"), *((h,) for h in _POOLED_HOWS))
+                if any(k[0] in family for k in pairs)
+            ),
         ]
     )
 
@@ -343,9 +390,10 @@ def oracle_table(runs: dict, model, gpu, spreads: dict[str, dict[str, float]]) -
 
 def pair_table(pairs: dict[tuple[str, str, str], list[int]]) -> str:
     """Held-out counts by (fit's workload group, judged run's), one row per method, as
-    RESULTS.md tables them."""
-    groups = sorted({g for _, f, j in pairs for g in (f, j)})
-    cols = [(f, j) for f in groups for j in groups]
+    RESULTS.md tables them (a pool of one workload, ``azure_code``, is a fit group of its own)."""
+    cols = [
+        (f, j) for f in sorted({f for _, f, _ in pairs}) for j in sorted({j for _, _, j in pairs})
+    ]
     lines = [
         "| fit | " + " | ".join(f"{f} fits: {j}" for f, j in cols) + " | all |",
         "|" + "---|" * (2 + len(cols)),
@@ -440,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
         "--variants", action="store_true", help="roofline as floor against as a feature"
     )
     ap.add_argument(
+        "--pooled",
+        action="store_true",
+        help="also fit on all repeats of a condition, and on all runs of a workload (pooled)",
+    )
+    ap.add_argument(
         "--add",
         action="append",
         default=[],
@@ -515,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
             spreads=spreads,
             add=add,
             drop=drop,
+            pooled=args.pooled,
         )
     )
     if args.variants:

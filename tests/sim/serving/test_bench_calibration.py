@@ -183,3 +183,46 @@ def test_a_bad_recording_is_one_line_and_exit_2(tmp_path):
     assert (
         run.returncode == 2 and len(run.stderr.splitlines()) == 1 and "missing column" in run.stderr
     )
+
+
+def test_pooled_fits_judge_the_other_conditions_and_the_other_workload(tmp_path, capsys):
+    """``--pooled``: a fit on both repeats of a condition, in-sample on them and held out on the
+    other condition's runs; a fit on all runs of a workload, held out on the other workload's;
+    each counted apart from the single-run fits, in a pair table of its own."""
+    bench = _load()
+    for name, fixed_s, seed in [
+        ("a_10s_1", 0.07, 0),
+        ("a_10s_2", 0.07, 1),
+        ("b_10s_1", 0.07, 2),
+        ("b_10s_2", 0.07, 3),
+    ]:
+        _recording(tmp_path, name, fixed_s, seed)
+    args = ["--no-shared", "--runs-dir", str(tmp_path)]
+    args += ["--repeat", "a_10s_1,a_10s_2", "--repeat", "b_10s_1,b_10s_2"]
+    assert bench.main(args) == 0
+    plain = capsys.readouterr().out
+    assert "pooled" not in plain
+    assert bench.main(args + ["--pooled"]) == 0
+    out = capsys.readouterr().out
+    rows = [
+        line.split(" | ")[:3] for line in out.splitlines() if "| calibrate steps pooled" in line
+    ]
+    condition = [r[1:] for r in rows if r[0] == "| calibrate steps pooled a_10s (2 runs)"]
+    assert condition == [
+        ["a_10s_1", "in-sample"],
+        ["a_10s_2", "in-sample"],
+        ["b_10s_1", "held out"],
+        ["b_10s_2", "held out"],
+    ]
+    by_workload = [r[1:] for r in rows if r[0] == "| calibrate steps pooled b (2 runs)"]
+    assert [kind for _, kind in by_workload] == ["held out", "held out", "in-sample", "in-sample"]
+    # one engine: every pooled prediction within target, 4 conditions' runs x 6 figures
+    assert "calibrate steps pooled by condition: 24 of 24 held-out figures within target" in out
+    assert "calibrate steps pooled by workload on another workload: 24 of 24" in out
+    assert (
+        "| calibrate steps pooled by workload | - | 12 / 12 | 12 / 12 | - | 24 / 24 (100 %) |"
+        in out
+    )
+    # the single-run fits' rows and counts are as without --pooled
+    assert out.startswith(plain[: plain.index("| none (bundled roofline)")])
+    assert re.search(r"calibrate steps: (\d+) of 72 held-out", out)
