@@ -182,8 +182,8 @@ def steps_command(profiles, model, gpu, tensor_parallel, engine, out: Path, drop
     click.echo(format_table(fit.errors, columns=columns))
     if pooled:
         click.echo(
-            "... and by profile (fit on the other profiles: each profile predicted by the "
-            "terms of the others, the error to expect on a new recording):"
+            "... and by profile (fit on the other profiles: each profile predicted "
+            "by the terms of the others, the error to expect on a new recording):"
         )
         names = {name: Path(name).name for name in pool}
         if len(set(names.values())) < len(names):  # two folders' files of one name: the paths
