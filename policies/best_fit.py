@@ -48,7 +48,7 @@ class _BestFitCore(Policy):
     ~110 instructions a list: benchmarks/RESULTS.md, session 16); interpreted the ``del`` opcode
     stays, cheaper there than a method call. Compiled, a position in the index is found by
     ``bisect_blocks`` over the blocks' C fields, not ``bisect_ints`` over the keys, each of which
-    it would read back from a two-digit Python int (a third of best fit's free: session 18);
+    it would read back from a two-digit Python int (a quarter of best fit's ``_free``: session 18);
     interpreted, ``bisect_left`` over the keys stays (one C call there).
     """
 
