@@ -12,5 +12,6 @@ cdef class Block(Allocation):
 
 
 cpdef Py_ssize_t bisect_ints(list values, long long value) except -1
+cpdef Py_ssize_t bisect_blocks(list blocks, long long size, long long offset) except -1
 cpdef Block cut_block(Block block, long long size, nbytes, stream, tag, long long split_min_bytes)
 cpdef void merge_down(Block block, Block nxt, Block prev, Segment seg)

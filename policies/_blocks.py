@@ -59,6 +59,7 @@ __all__ = [
     "Block",
     "ContiguousPolicy",
     "VIRTUAL_RANGE_BYTES",
+    "bisect_blocks",
     "bisect_ints",
     "cut_block",
     "merge_down",
@@ -269,6 +270,29 @@ def merge_down(block: Block, nxt: Block, prev: Block | None, seg: Segment) -> No
     else:
         prev.next = nxt
     block.prev = block.next = None
+
+
+@cython.boundscheck(False)  # 0 <= mid < len(blocks): no index to check or wrap
+@cython.wraparound(False)
+@cython.locals(lo=cython.Py_ssize_t, hi=cython.Py_ssize_t, mid=cython.Py_ssize_t, b=Block)
+def bisect_blocks(blocks: list, size: int, offset: int) -> int:
+    """The first position in ``blocks`` (free blocks sorted by size, then offset: best fit's
+    index) whose block is at or above ``(size, offset)``: ``bisect_left`` over the index's keys
+    of the key ``(size, offset)`` makes, read from the blocks' own fields instead. Compiled, the
+    fields are C integers, where ``bisect_ints`` reads each key back from a Python int (a
+    two-digit one: keys are ~2**35 and up); benchmarks/RESULTS.md, session 18. Every block in
+    ``blocks`` must have the size and offset its key was made from (the callers bisect before
+    they resize a block, or after they took it out)."""
+    lo = 0
+    hi = len(blocks)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        b = blocks[mid]
+        if b.size < size or (b.size == size and b.offset < offset):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 #: the free-block index hooks; a class that defines one has an index of its own

@@ -31,5 +31,7 @@ cython = SimpleNamespace(
     longlong=int,
     Py_ssize_t=int,
     locals=_keep,
+    boundscheck=_keep,
+    wraparound=_keep,
     cast=lambda _type, value: value,
 )

@@ -1,7 +1,7 @@
 # The compiled build's declarations for policies/best_fit.py (see base.pxd).
 cimport cython
 from policies.base cimport Allocation, Policy, Segment
-from policies._blocks cimport Block, bisect_ints, cut_block, merge_down
+from policies._blocks cimport Block, bisect_blocks, bisect_ints, cut_block, merge_down
 
 cdef bint _COMPILED
 

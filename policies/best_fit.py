@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from policies._blocks import NO_STREAM, Block, ContiguousPolicy, bisect_ints, cut_block, merge_down
+from policies._blocks import (
+    NO_STREAM,
+    Block,
+    ContiguousPolicy,
+    bisect_blocks,
+    bisect_ints,
+    cut_block,
+    merge_down,
+)
 from policies.base import Allocation, Policy, Segment
 
 try:
@@ -38,7 +46,10 @@ class _BestFitCore(Policy):
     the index is a ``Py_ssize_t`` (the positions are typed so; with a ``long long`` it calls the
     method), where ``del keys[i]`` is CPython's general slice assignment (``list_ass_slice``,
     ~110 instructions a list: benchmarks/RESULTS.md, session 16); interpreted the ``del`` opcode
-    stays, cheaper there than a method call.
+    stays, cheaper there than a method call. Compiled, a position in the index is found by
+    ``bisect_blocks`` over the blocks' C fields, not ``bisect_ints`` over the keys, each of which
+    it would read back from a two-digit Python int (a quarter of best fit's ``_free``: session 18);
+    interpreted, ``bisect_left`` over the keys stays (one C call there).
     """
 
     @cython.locals(
@@ -73,10 +84,13 @@ class _BestFitCore(Policy):
         if not keys:
             return self._cut_miss(size, nbytes, stream, tag)
         shift = self._key_shift
-        i = bisect_ints(keys, size << shift)
+        blocks = self._hot_blocks
+        if _COMPILED:  # the blocks' C fields (class docstring)
+            i = bisect_blocks(blocks, size, 0)
+        else:
+            i = bisect_ints(keys, size << shift)
         if i == len(keys):
             return self._cut_miss(size, nbytes, stream, tag)
-        blocks = self._hot_blocks
         block = blocks[i]  # its key and entry stay until the rest's are known
         a = cut_block(block, size, nbytes, stream, tag, self._split_min_bytes)
         rest = a.next
@@ -93,7 +107,11 @@ class _BestFitCore(Policy):
                     blocks.pop(i)
                 else:
                     del keys[i], blocks[i]
-                j = bisect_ints(keys, key)
+                j = (
+                    bisect_blocks(blocks, rest.size, rest.offset)
+                    if _COMPILED
+                    else bisect_ints(keys, key)
+                )
                 keys.insert(j, key)
                 blocks.insert(j, rest)
         else:
@@ -167,10 +185,11 @@ class _BestFitCore(Policy):
         )
         j = -1  # where ``nxt``'s key was, once merged (its place is reused below)
         if nxt is not None and nxt.free:  # merge with the free block above
-            key = nxt.size << shift | nxt.offset
-            j = bisect_ints(keys, key)
-            k = keys[j]  # compiled: a C integer, compared without boxing ``key``
-            assert k == key, "removing a block that is not indexed"
+            if _COMPILED:  # the blocks' C fields (class docstring)
+                j = bisect_blocks(blocks, nxt.size, nxt.offset)
+            else:
+                j = bisect_ints(keys, nxt.size << shift | nxt.offset)
+            assert blocks[j] is nxt, "removing a block that is not indexed"
             size += nxt.size
             if not nxt.size_bytes and (prev is None or not prev.free):  # ``nxt`` absorbs the block
                 merge_down(block, nxt, prev, seg)
@@ -191,10 +210,11 @@ class _BestFitCore(Policy):
                 else:
                     del keys[j], blocks[j]
             offset = prev.offset
-            key = prev.size << shift | offset
-            i = bisect_ints(keys, key)
-            k = keys[i]
-            assert k == key, "resizing a block that is not indexed"
+            if _COMPILED:  # the blocks' C fields (class docstring)
+                i = bisect_blocks(blocks, prev.size, offset)
+            else:
+                i = bisect_ints(keys, prev.size << shift | offset)
+            assert blocks[i] is prev, "resizing a block that is not indexed"
             size += prev.size
             prev.size = size
             key = size << shift | offset
@@ -208,7 +228,7 @@ class _BestFitCore(Policy):
                     blocks.pop(i)
                 else:
                     del keys[i], blocks[i]
-                i = bisect_ints(keys, key)
+                i = bisect_blocks(blocks, size, offset) if _COMPILED else bisect_ints(keys, key)
                 keys.insert(i, key)
                 blocks.insert(i, prev)
             after = prev.next = block.next
@@ -219,11 +239,14 @@ class _BestFitCore(Policy):
             survivor.free = True
             key = size << shift | survivor.offset
             if j < 0:
-                j = bisect_ints(keys, key)
+                if _COMPILED:  # the blocks' C fields (class docstring)
+                    j = bisect_blocks(blocks, size, survivor.offset)
+                else:
+                    j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, survivor)
             elif (
-                j + 1 == len(keys) or (k := keys[j + 1]) > key
+                j + 1 == len(keys) or (k := keys[j + 1]) > key  # noqa: F841 (the walrus types it)
             ):  # it takes the absorbed block's place in the order
                 keys[j] = key
                 blocks[j] = survivor
@@ -233,7 +256,10 @@ class _BestFitCore(Policy):
                     blocks.pop(j)
                 else:
                     del keys[j], blocks[j]
-                j = bisect_ints(keys, key)
+                if _COMPILED:  # the blocks' C fields (class docstring)
+                    j = bisect_blocks(blocks, size, survivor.offset)
+                else:
+                    j = bisect_ints(keys, key)
                 keys.insert(j, key)
                 blocks.insert(j, survivor)
 

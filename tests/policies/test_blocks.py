@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from bisect import bisect_left
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import PolicyError
-from policies._blocks import Block, ContiguousPolicy
+from policies._blocks import Block, ContiguousPolicy, bisect_blocks
 from policies.base import Allocation, Segment
 from policies.best_fit import BestFit
 from policies.first_fit import FirstFit
@@ -523,3 +524,26 @@ def test_a_subclass_with_its_own_index_gets_the_generic_paths():
     )
     assert BestFit._free is not ContiguousPolicy._free
     assert LinearFirstFit._free is ContiguousPolicy._free
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    blocks=st.lists(
+        st.tuples(st.integers(1, 64), st.integers(0, 1 << 20)), unique_by=lambda b: b[1]
+    ),
+    size=st.integers(0, 65),
+    offset=st.integers(0, (1 << 20) + 1),
+)
+def test_bisect_blocks_is_bisect_left_over_best_fits_keys(blocks, size, offset):
+    """Best fit's compiled hot paths find positions by ``bisect_blocks`` over the blocks' own
+    size and offset: the position ``bisect_left`` gives over the index's keys (size above offset),
+    at every probe, between and on the blocks (compiled too: test_compiled runs this file)."""
+    seg = Segment(0, 1 << 30, 0)
+    index = sorted(blocks)
+    free_blocks = [Block(o, s * 256, seg) for s, o in index]
+    keys = [s * 256 << 21 | o for s, o in index]
+    assert bisect_blocks(free_blocks, size * 256, offset) == bisect_left(
+        keys, size * 256 << 21 | offset
+    )
+    for i, (s, o) in enumerate(index):  # every block is found at its own position
+        assert bisect_blocks(free_blocks, s * 256, o) == i
