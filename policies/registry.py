@@ -13,7 +13,6 @@ import functools
 import importlib
 import inspect
 import warnings
-from importlib.metadata import entry_points
 from typing import Any
 
 from policies.base import Policy
@@ -55,6 +54,15 @@ BUILTIN_POLICIES: dict[str, str] = {
 }
 
 _runtime: dict[str, type[Policy] | str] = {}
+
+
+def entry_points(**selection: Any):
+    """``importlib.metadata.entry_points``, imported at the first look-up: the module (email,
+    zipfile, csv, ...) is 0.1 s of every command's start, and ``poollab replay`` starts reading
+    its trace only once the command line is parsed, i.e. after ``policies`` is imported."""
+    from importlib import metadata
+
+    return metadata.entry_points(**selection)
 
 
 @functools.lru_cache(maxsize=1)

@@ -38,6 +38,8 @@ def test_every_job_is_timed_in_its_worker():
         assert phase in out
     assert "read ahead in a child" in out
     assert "critical path with a core a job: max(imports" in out
+    assert "imports before the read (parent)" in out
+    assert "with the command's imports before the read" in out
 
 
 def test_in_process_times_the_read_after_the_imports():

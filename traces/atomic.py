@@ -25,11 +25,9 @@ deleted folder). New files and folders get their modes from the umask, like any 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
-import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -292,6 +290,8 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     """``renameat2(a, b, RENAME_EXCHANGE)``; False where the system or file system lacks it."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # here, not at the top: every command's ``--out`` check imports this module
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
@@ -306,6 +306,8 @@ def _rename_exchange(a: Path, b: Path) -> bool:
 
 
 def _temp_name(suffix: str) -> str:
+    import secrets  # here: hashlib and hmac are 20 ms of a command's start (``_rename_exchange``)
+
     return f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}{suffix}"
 
 

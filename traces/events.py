@@ -25,6 +25,7 @@ leave it out. Files from before this kind simply have none.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "EVENT_OPS",
     "AllocTrace",
     "make_events",
+    "coded_str_column",
     "validate_events",
 ]
 
@@ -95,26 +97,73 @@ class AllocTrace:
 
 
 def make_events(time_us, op, alloc_id, nbytes, stream=None, tag=None) -> pd.DataFrame:
-    """Build an event table with the canonical columns and dtypes."""
+    """Build an event table with the canonical columns and dtypes.
+
+    ``op`` and ``tag`` may be any sequence of strings, or a Series of the table's string dtype
+    (``coded_str_column``'s): its values are taken as they are, its index ignored.
+    """
     n = len(op)
-    # astype(str): the default string dtype of the installed pandas, also when the table is empty
     df = pd.DataFrame(
         {
             "time_us": np.asarray(time_us, dtype=np.int64),
-            "op": pd.Series(np.asarray(op, dtype=object), dtype=object).astype(str),
+            "op": op.array if _is_str_column(op) else _str_column(np.asarray(op, dtype=object)),
             "alloc_id": np.asarray(alloc_id, dtype=np.int64),
             "nbytes": np.asarray(nbytes, dtype=np.int64),
             "stream": np.zeros(n, np.int64)
             if stream is None
             else np.asarray(stream, dtype=np.int64),
-            "tag": pd.Series(
-                [""] * n if tag is None else np.asarray(tag, dtype=object), dtype=object
-            )
-            .fillna("")
-            .astype(str),
+            "tag": tag.fillna("").array
+            if _is_str_column(tag)
+            else _str_column(
+                pd.Series(
+                    [""] * n if tag is None else np.asarray(tag, dtype=object), dtype=object
+                ).fillna("")
+            ),
         }
     )
     return df
+
+
+def _str_column(values) -> pd.Series:
+    # astype(str): the default string dtype of the installed pandas, also when the table is empty
+    return pd.Series(values, dtype=object).astype(str)
+
+
+@functools.cache
+def _str_dtype():
+    """The string dtype ``astype(str)`` gives an event table's text columns in this pandas."""
+    return _str_column([]).dtype
+
+
+@functools.cache
+def _arrow_str_type():
+    """The Arrow type of that dtype's storage (``large_string`` in pandas 3), when Arrow."""
+    return _str_column([]).array._pa_array.type
+
+
+def _is_str_column(values) -> bool:
+    return isinstance(values, pd.Series) and values.dtype == _str_dtype()
+
+
+def coded_str_column(codes: np.ndarray, values: list[str]) -> pd.Series:
+    """The text column ``make_events`` makes of ``[values[c] for c in codes]``, built without a
+    Python object a row where pandas keeps strings in Arrow (a dictionary-encoded array decoded
+    in C: 0.02 s for 1.5 M rows against 0.15 s converting the objects, the table's op column).
+
+    Args:
+        codes: one index into ``values`` a row (any integer dtype; every one in range).
+        values: the few distinct strings.
+    """
+    dtype = _str_dtype()
+    codes = np.asarray(codes)
+    if getattr(dtype, "storage", None) != "pyarrow":
+        return _str_column(np.asarray(values, dtype=object)[codes])
+    import pyarrow as pa  # the storage above: installed
+
+    text = pa.DictionaryArray.from_arrays(
+        pa.array(codes.astype(np.int32, copy=False)), pa.array(values, _arrow_str_type())
+    ).cast(_arrow_str_type())
+    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([text]), dtype=dtype))
 
 
 def validate_events(

@@ -1245,6 +1245,32 @@ def empty_cache_points(snap: PyTorchSnapshot) -> list[int]:
     return points
 
 
+def _tag_codes(req: SnapshotRequests, n_rows: int, pre_rows, req_rows) -> tuple[Any, list[str]]:
+    """The trace table's tag column as ``(codes, values)`` (``coded_str_column``): a request's
+    tag at its row (``req_rows``), ``"pre-trace"`` at the pre-trace allocations' (``pre_rows``),
+    ``""`` at the rest (the empty_cache calls). Only the allocs' tags are looked up (a free's is
+    ``""``): ``pd.factorize`` over the few distinct strings, their hashes cached in each str."""
+    import numpy as np
+    import pandas as pd
+
+    from traces.events import PRE_TRACE_TAG
+
+    values = ["", PRE_TRACE_TAG]
+    codes = np.zeros(n_rows, np.int32)
+    codes[pre_rows] = 1
+    is_alloc = _as_numpy(req.is_alloc, bool)
+    if is_alloc.any():
+        tags = np.asarray(req.tag, object)[is_alloc]
+        found, uniques = pd.factorize(tags)
+        req_codes = np.zeros(len(is_alloc), np.int32)
+        # -1: no tag (None, as ``make_events`` fills it); a "" or "pre-trace" among the uniques
+        # decodes as the one already in ``values``
+        req_codes[is_alloc] = np.where(found < 0, 0, found + len(values))
+        codes[req_rows] = req_codes
+        values += [str(u) for u in uniques]
+    return codes, values
+
+
 def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     """The snapshot's requests as an AllocTrace, pre-trace allocations first at time 0.
 
@@ -1266,8 +1292,8 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
         ALLOC_OP,
         EMPTY_CACHE_OP,
         FREE_OP,
-        PRE_TRACE_TAG,
         AllocTrace,
+        coded_str_column,
         make_events,
     )
 
@@ -1345,14 +1371,15 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     nbytes = column([p.requested_bytes for p in pre], req.nbytes, 0)
     stream = column([p.stream for p in pre], req.stream, 0)
     addresses = column([p.address for p in pre], req.address, -1)
-    op = np.empty(n_rows, object)  # the three str objects shared, not one made per row
-    op[is_alloc] = ALLOC_OP
-    op[~is_alloc] = FREE_OP
-    op[is_call] = EMPTY_CACHE_OP
-    tags = np.empty(n_rows, object)
-    tags[pre_rows] = PRE_TRACE_TAG
-    tags[req_rows] = req.tag
-    tags[is_call] = ""
+    # op and tag as codes into their few distinct strings: a column of 10^6 str objects costs
+    # 0.15 s to convert to the table's string dtype, codes 0.02 s (``coded_str_column``)
+    op_codes = np.where(is_alloc, np.int8(0), np.int8(1))
+    op_codes[is_call] = 2
+    op = coded_str_column(op_codes, [ALLOC_OP, FREE_OP, EMPTY_CACHE_OP])
+    del op_codes
+    tag_codes, tag_values = _tag_codes(req, n_rows, pre_rows, req_rows)
+    tags = coded_str_column(tag_codes, tag_values)
+    del tag_codes
     events = make_events(time_us, op, ids, nbytes, stream, tags)
 
     seg_events = pd.DataFrame(

@@ -34,6 +34,7 @@ import stat
 import sys
 import time
 import zlib
+from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,19 +157,19 @@ class ReadAhead:
         """The child's parsed snapshot (None: no child, or it found no snapshot or failed)."""
         if self._fd is None:
             return None
-        got = None
+        snap = None
         try:
             with os.fdopen(self._fd, "rb", buffering=1 << 20) as pipe:
                 self._fd = None
                 got = pickle.load(pipe)  # our own child's, of our own classes
+                if isinstance(got, tuple) and len(got) == 5 and got[0] is not None:
+                    snap = _with_raw_columns(got[0], got[4], pipe)
+                    self.child_cpu_s, self.child_all_cpu_s, self.child_wall_s = got[1:4]
         except Exception:  # noqa: BLE001 (the child died mid-way: the read in this process tells)
-            got = None
+            snap = None
         finally:
             self._reap()
-        if not isinstance(got, tuple) or len(got) != 4 or got[0] is None:
-            return None
-        self.child_cpu_s, self.child_all_cpu_s, self.child_wall_s = got[1:]
-        return got[0]
+        return snap
 
     def close(self) -> None:
         """Stop the child if its result was not taken (idempotent)."""
@@ -216,10 +217,10 @@ def _worth_a_child(path: Any, format: str | None) -> bool:
 
 
 def _child_main(argv: list[str]) -> None:
-    """In the child: ``(read_snapshot(path), main thread's CPU seconds, all threads' CPU seconds,
-    wall seconds since the start)`` pickled into the pipe ``argv[0]`` (``_CHILD_CODE`` names the
-    fields); ``None`` for the snapshot when the content is none or the parse fails (the parent
-    reads again, and raises).
+    """In the child: ``read_snapshot(path)``, the main thread's CPU seconds, all threads' CPU
+    seconds and the wall seconds since the start sent into the pipe ``argv[0]`` (``_send``;
+    ``_CHILD_CODE`` names the fields); ``None`` for the snapshot when the content is none or the
+    parse fails (the parent reads again, and raises).
 
     A gzipped file is read with its decompression in a thread ahead of the parse
     (``read_snapshot_overlapped``); wherever that gives no snapshot, or fails, the plain
@@ -254,7 +255,63 @@ def _child_main(argv: list[str]) -> None:
         # process_time and thread_time count from the interpreter's start: the start-up is the
         # child's cost too
         times = (time.thread_time(), time.process_time(), time.perf_counter() - started_s)
-        pickle.dump((snap, *times), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        _send(pipe, snap, times)
+
+
+def _send(pipe: Any, snap: Any, times: tuple[float, float, float]) -> None:
+    """In the child: ``(snapshot, main thread's CPU s, all threads' CPU s, wall s, raw)`` pickled
+    into ``pipe``, the snapshot without its ``array`` request columns, which follow the pickle as
+    their raw bytes in ``raw``'s order (``raw``: ``(field, typecode, length)`` each).
+
+    Pickling a column copies it twice in the child (``tobytes``, the pickle's frame) and
+    unpickling twice more in the parent (50 MB for a million-event snapshot; the pickle's dump
+    and load were 0.2 s of the replay's critical path on dev), against one copy into the pipe and
+    one out of it, straight into the NumPy array the parent makes (``_with_raw_columns``).
+    """
+    raw: tuple[tuple[str, str, int], ...] = ()
+    if snap is not None:
+        from dataclasses import fields, replace
+
+        req = snap.requests
+        raw = tuple(
+            (f.name, col.typecode, len(col))
+            for f in fields(req)
+            if isinstance(col := getattr(req, f.name), array)
+        )
+        light = replace(req, **{name: None for name, _, _ in raw})
+        pickle.dump(
+            (replace(snap, requests=light), *times, raw), pipe, protocol=pickle.HIGHEST_PROTOCOL
+        )
+        for name, _, _ in raw:
+            pipe.write(memoryview(getattr(req, name)).cast("B"))
+        return
+    pickle.dump((None, *times, raw), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _with_raw_columns(snap: Any, raw: tuple[tuple[str, str, int], ...], pipe: Any) -> Any:
+    """Here: ``snap`` with the request columns ``raw`` names read from ``pipe`` as NumPy arrays
+    of the same type (``snapshot_to_trace`` takes any sequence; an ``array`` it read in place).
+
+    Raises:
+        EOFError: the pipe ended before the last column's last byte (the child died).
+    """
+    if not raw:
+        return snap
+    from dataclasses import replace
+
+    import numpy as np
+
+    columns = {}
+    for name, typecode, length in raw:
+        out = np.empty(length, np.dtype(typecode))  # "q": int64, "b": int8, as in ``array``
+        view, done = memoryview(out).cast("B"), 0
+        while done < len(view):
+            got = pipe.readinto(view[done:])
+            if not got:
+                raise EOFError(f"request column {name}: {done} of {len(view)} bytes")
+            done += got
+        columns[name] = out
+    return replace(snap, requests=replace(snap.requests, **columns))
 
 
 def _builtin_snapshot_format() -> bool:

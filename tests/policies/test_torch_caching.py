@@ -474,4 +474,5 @@ def test_the_free_block_index_stays_consistent_over_streams_pools_and_empty_cach
         if (op != "free" or live) and (op != "end" or captures):
             steps[op](nbytes, stream, pick)
         _assert_index_consistent(pool)
+        assert pool.gauges()[4] == len(pool.segments())  # expandable: its runs, counted apart
     check_invariants(pool, live)

@@ -45,3 +45,22 @@ def test_each_listed_summary_is_the_first_paragraph_of_the_commands_help():
         cmd = cli.get_command(ctx, name)
         assert cmd is not None and cmd.name == name
         assert " ".join(cmd.help.split("\n\n")[0].split()) == summary, name
+
+
+def test_replay_imports_no_entry_point_machinery_before_its_read_starts():
+    # what ``poollab replay`` imports before it can start its read ahead (``traces.read_ahead``)
+    # is on its critical path: the entry points (importlib.metadata) and the write path's
+    # secrets and ctypes wait until they are used
+    before = _modules_after("pass")
+    loaded = _modules_after("import poollab.cli, poollab.commands.replay") - before
+    assert "poollab.commands.replay" in loaded
+    assert not loaded & {"importlib.metadata", "secrets", "ctypes", *HEAVY[:4]}
+
+
+def test_policy_entry_points_are_still_found_through_importlib_metadata():
+    from policies import registry
+
+    assert registry.entry_points(group="poollab.no-such-group") is not None
+    assert "importlib.metadata" in _modules_after(
+        "from policies import registry; registry.available()"
+    )

@@ -3,6 +3,7 @@ import pickle
 from array import array
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -660,3 +661,20 @@ def test_empty_cache_points_walk_the_events_as_the_requests_did(kinds, sizes, ma
         allocator_settings={} if max_split is None else {"max_split_size": max_split},
     )
     assert empty_cache_points(snap) == _empty_cache_points_by_request(snap)
+
+
+def test_tags_of_allocs_frees_and_pre_trace_rows(write_snapshot, snap_entry):
+    path = write_snapshot(
+        [
+            snap_entry("free_completed", B, 30, 0),  # allocated before recording: "pre-trace"
+            snap_entry("alloc", A, 10, 1, user_metadata="kv"),
+            snap_entry("alloc", A + 0x100, 10, 2, user_metadata="pre-trace"),
+            snap_entry("alloc", A + 0x200, 10, 3, user_metadata="weights"),
+            snap_entry("free_completed", A, 10, 4, user_metadata="ignored on a free"),
+            snap_entry("alloc", A, 10, 5, user_metadata="kv"),
+        ]
+    )
+    ev = read_pytorch_snapshot(path).events
+    assert list(ev["tag"]) == ["pre-trace", "", "kv", "pre-trace", "weights", "", "kv"]
+    assert list(ev["op"]) == ["alloc", "free", "alloc", "alloc", "alloc", "free", "alloc"]
+    assert ev["tag"].dtype == ev["op"].dtype == pd.Series(["x"], dtype=object).astype(str).dtype

@@ -284,3 +284,49 @@ def test_the_overlapped_read_raises_the_plain_reads_error(write_snapshot, snap_e
     with pytest.raises(TraceFormatError) as overlapped:
         read_snapshot_overlapped(path)
     assert str(overlapped.value) == str(plain.value) and "index 300" in str(plain.value)
+
+
+def _sent(snap, cut_bytes: int = 0) -> bytes:
+    """What the child's ``_send`` writes for ``snap``, less its last ``cut_bytes``."""
+    r, w = os.pipe()
+    with os.fdopen(w, "wb") as pipe:
+        read_ahead._send(pipe, snap, (1.0, 2.0, 3.0))
+    with os.fdopen(r, "rb") as pipe:
+        data = pipe.read()
+    return data[: len(data) - cut_bytes]
+
+
+def _received(data: bytes):
+    import io
+    import pickle
+
+    pipe = io.BufferedReader(io.BytesIO(data))
+    got = pickle.load(pipe)
+    return got, read_ahead._with_raw_columns(got[0], got[4], pipe)
+
+
+def test_the_request_columns_go_through_the_pipe_raw(write_snapshot, snap_entry):
+    from traces.pytorch_snapshot import read_snapshot
+    from traces.source import open_source
+
+    snap = read_snapshot(open_source(write_snapshot(_entries(snap_entry))))
+    got, back = _received(_sent(snap))
+    assert got[1:4] == (1.0, 2.0, 3.0)
+    assert {name for name, _, _ in got[4]} == {
+        "entry",
+        "time_us",
+        "is_alloc",
+        "address",
+        "nbytes",
+        "stream",
+        "alloc_id",
+    }  # every array column; the tags, a list, in the pickle
+    for name in ("entry", "time_us", "is_alloc", "address", "nbytes", "stream", "alloc_id"):
+        sent, came = getattr(snap.requests, name), getattr(back.requests, name)
+        assert came.dtype.itemsize == sent.itemsize and came.tolist() == sent.tolist(), name
+    assert back.requests.tag == snap.requests.tag
+    assert back.segment_events == snap.segment_events and back.pre_trace == snap.pre_trace
+    with pytest.raises(EOFError, match="alloc_id"):  # a child dead before its last byte
+        _received(_sent(snap, cut_bytes=1))
+    nothing, _ = _received(_sent(None))
+    assert nothing[0] is None and nothing[4] == ()

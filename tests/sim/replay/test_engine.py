@@ -511,3 +511,24 @@ def test_a_policys_own_batched_call_is_timed_as_one_call_split_evenly(device):
     alloc_ns, free_ns = results[1][3:]
     assert alloc_ns == [10 + results[1][1], 4, 3, 3] and free_ns == [4, 3, 3]
     assert engine.policy_target(policies.create("best-fit")).allocate_each is None
+
+
+def test_trace_events_tags_are_the_few_strings_and_none_for_no_tag():
+    def tags_of(tags):
+        return trace_events(
+            AllocTrace(
+                make_events(
+                    range(len(tags)),
+                    ["alloc"] * len(tags),
+                    range(len(tags)),
+                    [512] * len(tags),
+                    tag=tags,
+                ),
+                "t",
+            )
+        ).tags
+
+    got = tags_of(["kv", "", "weights", "kv", ""])
+    assert got == ["kv", None, "weights", "kv", None]
+    assert got[0] is got[3]  # one object a distinct tag, not one a row
+    assert tags_of(["", ""]) is None and tags_of([]) is None
