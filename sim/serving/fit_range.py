@@ -152,7 +152,9 @@ class RangeCount:
         feature most steps lay past (and the others'), and what would cover it."""
         if not self.num_past:
             return ""
-        i = int(np.argmax(self.past_by_feature))
+        by = self.past_by_feature
+        # the most passed; of a tie, the KV tokens (what the KV terms multiply) first
+        i = max(range(len(by)), key=lambda j: (by[j], RANGE_FEATURES[j] == "kv_tokens"))
         name = RANGE_FEATURES[i]
         kv = name.endswith("tokens") and name != "num_prefill_tokens"
         others = [
