@@ -521,7 +521,10 @@ class StepTimeModel:
         )  # None: the roofline alone (hot path)
         fitted_range = step_cal.fitted_range
         #: the fitted steps priced and those past the calibration's range (None: not checked)
-        self.range_count = None if fitted_range is None else RangeCount(fitted_range)
+        # (a hybrid model's steps are priced by its roofline, not the terms: nothing to check)
+        self.range_count = (
+            None if fitted_range is None or self.model.is_hybrid else RangeCount(fitted_range)
+        )
         m, cal = self.model, step_cal.factors
         self.factors = cal
         peak = self.gpu.flops_per_s(m.dtype)
@@ -638,11 +641,11 @@ class StepTimeModel:
             self._check_args(p, d, context_tokens, prefill_context_tokens, k)
         if p == 0 and d == 0:
             return 0.0
-        if self.range_count is not None:  # fitted terms whose range is known
-            self.range_count.add(p, d, context_tokens, prefill_context_tokens)
         if self._hybrid:
             return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
         if self._terms is not None:
+            if self.range_count is not None:  # the fit's range is known: count what passes it
+                self.range_count.add(p, d, context_tokens, prefill_context_tokens)
             return self._fitted_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
         if p:
             # Causal pairs of k sequences of n = p/k new tokens after c = P/k cached ones:
