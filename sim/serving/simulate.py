@@ -511,14 +511,17 @@ def _group_fields(kv: Any) -> dict[str, Any]:
     }
 
 
+#: The summary's columns of a calibrated run (``_range_fields``; docs/_hooks/columns.yml).
+CALIBRATION_COLUMNS = ["extrapolated_step_frac", "range_warning"]
+
+
 def _range_fields(step_model: StepTimeModel) -> dict[str, Any]:
-    """How many of the steps a calibration priced lay past the step features its fit saw
-    (``sim.serving.fit_range``): ``extrapolated_step_frac`` (None: not checked, no fitted
-    range) and the terminal's warning (``range_warning``, "" when none lay past)."""
+    """``CALIBRATION_COLUMNS``: how many of the steps a calibration priced lay past the step
+    features its fit saw (``sim.serving.fit_range``), ``extrapolated_step_frac`` (None: not
+    checked, no fitted range), and the terminal's warning (``range_warning``, "" when none)."""
     count = getattr(step_model, "range_count", None)  # a recorded-steps replay has none
-    if count is None:
-        return {"extrapolated_step_frac": None, "range_warning": ""}
-    return {"extrapolated_step_frac": count.frac, "range_warning": count.warning()}
+    frac, warning = (None, "") if count is None else (count.frac, count.warning())
+    return dict(zip(CALIBRATION_COLUMNS, (frac, warning)))
 
 
 def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):
