@@ -119,28 +119,26 @@ class RangeCount:
 
     def add(self, p: int, d: int, c: int, pc: int) -> None:
         """One step of ``StepTimeModel.step_time_s``'s counts: ``p`` prefill tokens after
-        ``pc`` cached ones, ``d`` decode sequences over ``c`` context tokens."""
+        ``pc`` cached ones, ``d`` decode sequences over ``c`` context tokens. (Comparisons
+        written out, no loop: it runs once a calibrated step.)"""
         self.num_steps += 1
         prefill_context = pc + p
         decode_context = c + d
+        kv = prefill_context + decode_context
         mp, mpc, md, mdc, mkv = self._limits
-        if (
-            p > mp
-            or prefill_context > mpc
-            or d > md
-            or decode_context > mdc
-            or prefill_context + decode_context > mkv
-        ):
+        if p > mp or prefill_context > mpc or d > md or decode_context > mdc or kv > mkv:
             self.num_past += 1
             by = self.past_by_feature
-            for i, (v, m) in enumerate(
-                zip(
-                    (p, prefill_context, d, decode_context, prefill_context + decode_context),
-                    self._limits,
-                )
-            ):
-                if v > m:
-                    by[i] += 1
+            if p > mp:
+                by[0] += 1
+            if prefill_context > mpc:
+                by[1] += 1
+            if d > md:
+                by[2] += 1
+            if decode_context > mdc:
+                by[3] += 1
+            if kv > mkv:
+                by[4] += 1
 
     @property
     def frac(self) -> float:
