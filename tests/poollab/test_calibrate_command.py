@@ -255,6 +255,19 @@ def test_colocate_reads_a_fitted_calibration(profile, tmp_path, trace, cli_ok):
     assert f"step time: fitted from {cal}" in out
 
 
+def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(profile, tmp_path, trace, cli_ok):
+    cal = tmp_path / "cal.json"
+    cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
+    data = json.loads(cal.read_text())
+    data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
+    cal.write_text(json.dumps(data))
+    args = ["colocate", str(trace), "--tenants", "2", "--layout", "static", "--model"]
+    _, err = cli_ok([*args, "Llama-3-8B", "--calibration", str(cal), "--out", str(tmp_path / "o")])
+    lines = [x for x in err.splitlines() if "than the calibration saw (max 100;" in x]
+    assert lines and all(x.startswith("warning: ") for x in lines)
+    assert "t0 static" in err and "t1 static" in err
+
+
 def test_requests_writes_the_same_calibration_with_its_expected_error(tmp_path, trace, cli_ok):
     # a request table as an engine that steps in ~80 ms would log it: simulate one, then fit to it
     from sim.serving.engine_runs import predict_served, served_trace
