@@ -78,6 +78,7 @@ from sim.serving.engine_runs import (  # noqa: E402
     predict_served,
     replay_recorded_steps,
     served_trace,
+    simulate_served,
 )
 from sim.replay.hardware import DEFAULT_GPU, load_gpu  # noqa: E402
 from sim.replay.models import DEFAULT_MODEL, load_model  # noqa: E402
@@ -255,27 +256,32 @@ def held_out_table(
     rows = []
     for label, how, fit_name, members, cal in fits:
         for judged_name, judged in runs.items():
-            errors = latency_errors(
-                judged["served"],
-                predict_served(
-                    served_trace(judged["served"]), as_recorded(cal, judged), model=model, gpu=gpu
-                ),
+            result = simulate_served(
+                served_trace(judged["served"]), as_recorded(cal, judged), model=model, gpu=gpu
             )
+            errors = latency_errors(judged["served"], result.requests)
             kind = "in-sample" if judged_name in members else "held out"
             if kind == "held out" and judged["cold"] and not any(runs[n]["cold"] for n in members):
                 kind = "held out †"  # a cold start judged by a fit of a warmed engine
-            rows.append((label, fit_name, judged_name, kind, errors, how))
+            extrapolated = result.summary["extrapolated_step_frac"]
+            rows.append((label, fit_name, judged_name, kind, errors, how, extrapolated))
     for judged_name, judged in runs.items():
         errors = latency_errors(
             judged["served"],
             predict_served(served_trace(judged["served"]), None, model=model, gpu=gpu),
         )
-        rows.append(("none (bundled roofline)", None, judged_name, "baseline", errors, None))
-    head = "| fitted on | judged on | | " + " | ".join(_SHORT[m] for m in LATENCY_METRICS) + " |"
-    lines = [head, "|" + "---|" * (3 + len(LATENCY_METRICS))]
+        rows.append(("none (bundled roofline)", None, judged_name, "baseline", errors, None, None))
+    head = (
+        "| fitted on | judged on | | steps past the fit's range | "
+        + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
+        + " |"
+    )
+    lines = [head, "|" + "---|" * (4 + len(LATENCY_METRICS))]
     tally: dict[tuple[str, bool], list[int]] = {}
     pairs: dict[tuple[str, str, str], list[int]] = {}
-    for fit, fit_name, judged, kind, errors, how in rows:
+    #: held-out figures within target by the judged run's share of extrapolated steps
+    by_extrapolated: dict[str, list[int]] = {}
+    for fit, fit_name, judged, kind, errors, how, extrapolated in rows:
         e = errors.set_index("metric")["error_%"]
         spread = spreads.get(runs[judged]["condition"])
         if kind == "held out":
@@ -289,6 +295,7 @@ def held_out_table(
                     for o in {False, workload(fit_name) != workload(judged)}
                 ),
                 pairs.setdefault(group, [0, 0]),
+                by_extrapolated.setdefault(_extrapolated_band(extrapolated), [0, 0]),
             ):
                 counts[0] += n_within
                 counts[1] += len(LATENCY_METRICS)
@@ -298,7 +305,8 @@ def held_out_table(
             else f"{e[m]:+.0f} %"
             for m in LATENCY_METRICS
         ]
-        lines.append(f"| {fit} | {judged} | {kind} | " + " | ".join(cells) + " |")
+        past = "-" if extrapolated is None else f"{100 * extrapolated:.0f} %"
+        lines.append(f"| {fit} | {judged} | {kind} | {past} | " + " | ".join(cells) + " |")
     measured = [
         "| measured (s) | condition | requests | steps (start) | "
         + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
@@ -350,6 +358,11 @@ def held_out_table(
             "",
             totals + " (rows without †).",
             "",
+            "Held out by the judged run's share of steps priced past the fit's range "
+            "(`extrapolated_step_frac`; within target / figures, rows without †):",
+            "",
+            extrapolated_table(by_extrapolated),
+            "",
             "Held out by workload pair (within target / figures, rows without †):",
             "",
             "\n\n".join(
@@ -359,6 +372,27 @@ def held_out_table(
             ),
         ]
     )
+
+
+#: ``extrapolated_table``'s bands of the share of steps past the fit's range (upper bounds).
+_EXTRAPOLATED_BANDS = ((0.0, "none"), (0.1, "up to 10 %"), (0.5, "10-50 %"), (1.0, "over 50 %"))
+
+
+def _extrapolated_band(frac: float | None) -> str:
+    """The band of ``_EXTRAPOLATED_BANDS`` a share falls in ("unknown": no range recorded)."""
+    if frac is None or frac != frac:
+        return "unknown"
+    return next(name for bound, name in _EXTRAPOLATED_BANDS if frac <= bound)
+
+
+def extrapolated_table(counts: dict[str, list[int]]) -> str:
+    """Markdown: held-out figures within target per band of extrapolated steps."""
+    order = [name for _, name in _EXTRAPOLATED_BANDS] + ["unknown"]
+    lines = ["| steps past the fit's range | within target / figures |", "|---|---|"]
+    for band in (b for b in order if b in counts):
+        n, m = counts[band]
+        lines.append(f"| {band} | {n} / {m} ({100 * n / m:.0f} %) |")
+    return "\n".join(lines)
 
 
 def oracle_table(runs: dict, model, gpu, spreads: dict[str, dict[str, float]]) -> str:

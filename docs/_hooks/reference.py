@@ -7,7 +7,8 @@ policy or a knob does:
 
 - ``columns``: the report schema (``sim.replay.schema.SUMMARY_COLUMNS``, ``DEVICE_COLUMNS``,
   ``TIMESERIES_COLUMNS``, ``LATENCY_SAMPLE_COLUMNS``;
-  ``sim.replay.serving_metrics.SERVING_COLUMNS``), in schema order, each with its unit (from the
+  ``sim.replay.serving_metrics.SERVING_COLUMNS``,
+  ``sim.serving.simulate.CALIBRATION_COLUMNS``), in schema order, each with its unit (from the
   name: ``*_bytes``, ``*_us``, ``n_*``, ...) and the header the command line prints it under
   (``sim.replay.schema.format_table`` itself). Meanings come from ``columns.yml`` beside this file,
   keyed by column; ``tests/docs`` fails when a schema column has none there or when it describes a
@@ -49,11 +50,13 @@ def schema_tables() -> dict[str, list[str]]:
     """Each table of the report schema -> its columns, in schema order."""
     from sim.replay import schema as report
     from sim.replay import serving_metrics
+    from sim.serving.simulate import CALIBRATION_COLUMNS
 
     return {
         "summary.csv: every backend": list(report.SUMMARY_COLUMNS),
         "summary.csv: the device's calls (every row)": list(report.DEVICE_COLUMNS),
         "summary.csv: the serving simulator": list(serving_metrics.SERVING_COLUMNS),
+        "summary.csv: a simulation calibrated by a step fit": list(CALIBRATION_COLUMNS),
         "timeseries.parquet": list(report.TIMESERIES_COLUMNS),
         "latency_samples.parquet (replays)": list(report.LATENCY_SAMPLE_COLUMNS),
     }

@@ -15,7 +15,7 @@ from poollab.commands._common import (
     read_requests_or_explain,
     step_time_line,
 )
-from poollab.commands.simulate import config_options
+from poollab.commands.simulate import config_options, range_warnings
 from poollab.errors import UsageError
 from poollab.options import (
     COUNT,
@@ -234,6 +234,9 @@ def colocate_command(
         f"KV memory {format_bytes(int(first['gpu_kv_bytes']))} after every tenant's weights, "
         f"activations and workspace; policy {spec}; compute {compute}; {step_time}"
     )
+    runs_named = summary.assign(run=summary["tenant"] + " " + summary["tenant_layout"])
+    for line in range_warnings(runs_named, by="run"):
+        click.echo(line, err=True)
     click.echo(format_table(summary, columns=TABLE_COLUMNS))
     click.echo("all tenants' requests:")
     # independent compute: steps of different tenants overlap, so their sum may pass 100 %

@@ -225,6 +225,18 @@ def rejection_warnings(summary: Any) -> list[str]:
     ]
 
 
+def range_warnings(summary: Any, by: str = "policy") -> list[str]:
+    """One warning line per distinct ``range_warning`` of the runs (a calibration's steps
+    extrapolated: ``sim.serving.fit_range``), naming the runs (``by``: their column) it is of."""
+    groups: dict[str, list[str]] = {}
+    if "range_warning" not in summary:
+        return []
+    for name, text in zip(summary[by], summary["range_warning"]):
+        if isinstance(text, str) and text:
+            groups.setdefault(text, []).append(str(name))
+    return [f"warning: {text} (under {', '.join(names)})" for text, names in groups.items()]
+
+
 def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` (the command's ``ServerConfig`` values) with engine preset ``engine``'s in
     place of those the user left at their defaults (``sim.serving.engines``); ValueError for an
@@ -387,7 +399,7 @@ def simulate_command(
         + f"; {step_time}"
         + (f"; {kv_source.describe(budgets)}" if kv_source is not None else "")
     )
-    for line in rejection_warnings(summary):
+    for line in rejection_warnings(summary) + range_warnings(summary):
         click.echo(line, err=True)
     has_slo = any(v is not None for v in (config.slo_ttft_s, config.slo_tpot_s, config.slo_e2e_s))
     columns = TABLE_COLUMNS if has_slo else [c for c in TABLE_COLUMNS if c not in SLO_COLUMNS]

@@ -377,6 +377,7 @@ def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str
             "kv_token_util_pressure",
             "slo_attainment",
             "kv_pressure_share",
+            "extrapolated_step_frac",
         ):
             view[c] = view[c] * 100
             rename[c] = c + "_%"

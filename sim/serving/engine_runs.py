@@ -35,6 +35,7 @@ from traces.requests import RequestTrace, make_requests
 __all__ = [
     "served_trace",
     "predict_served",
+    "simulate_served",
     "latency_errors",
     "fit_from_requests",
     "LATENCY_METRICS",
@@ -73,12 +74,36 @@ def predict_served(
 ) -> pd.DataFrame:
     """The simulated request table (``add_latencies``' columns) of ``trace`` served as ``engine``
     schedules, steps priced by ``calibration`` (a file, ``StepCalibration`` or None)."""
+    return simulate_served(
+        trace,
+        calibration,
+        engine=engine,
+        model=model,
+        gpu=gpu,
+        tensor_parallel=tensor_parallel,
+        policy=policy,
+        **options,
+    ).requests
+
+
+def simulate_served(
+    trace: RequestTrace,
+    calibration: Any,
+    *,
+    engine: str = "transformers",
+    model: Any = DEFAULT_MODEL,
+    gpu: Any = DEFAULT_GPU,
+    tensor_parallel: int = 1,
+    policy: str = "paged",
+    **options: Any,
+) -> Any:
+    """``predict_served``'s run whole: its ``SimResult`` (the summary row too: how many steps the
+    calibration priced past what its fit saw, ``extrapolated_step_frac``)."""
     from sim.serving.simulate import simulate
 
     model, gpu = load_model(model), load_gpu(gpu)
     opts = _engine_options(engine, model, gpu, tensor_parallel, options)
-    result = simulate(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
-    return result.requests
+    return simulate(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
 
 
 def _engine_options(

@@ -459,6 +459,7 @@ def serving_result(
             "n_activation_failures": server.num_activation_failures,
             "aux_peak_reserved_bytes": pools.aux_peak_reserved_bytes(),
             "n_steps": server.num_steps,
+            **_range_fields(server.step_model),
             "sim_time_s": end_s,
             "busy_s": server.busy_s,
             "alloc_stall_s": server.alloc_stall_s,
@@ -508,6 +509,19 @@ def _group_fields(kv: Any) -> dict[str, Any]:
         "kv_peak_padding_bytes": sum(r["peak_padding_bytes"] for r in rows),
         "kv_peak_waste_bytes": held - sum(r["peak_data_bytes"] for r in rows),
     }
+
+
+#: The summary's columns of a calibrated run (``_range_fields``; docs/_hooks/columns.yml).
+CALIBRATION_COLUMNS = ["extrapolated_step_frac", "range_warning"]
+
+
+def _range_fields(step_model: StepTimeModel) -> dict[str, Any]:
+    """``CALIBRATION_COLUMNS``: how many of the steps a calibration priced lay past the step
+    features its fit saw (``sim.serving.fit_range``), ``extrapolated_step_frac`` (None: not
+    checked, no fitted range), and the terminal's warning (``range_warning``, "" when none)."""
+    count = getattr(step_model, "range_count", None)  # a recorded-steps replay has none
+    frac, warning = (None, "") if count is None else (count.frac, count.warning())
+    return dict(zip(CALIBRATION_COLUMNS, (frac, warning)))
 
 
 def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):

@@ -62,6 +62,10 @@ the median over the profiles that started cold. The cross-validation blocks are 
 within each profile (block i: the i-th part of every profile), and each profile is also
 predicted by the fit on the others (``fit on the other profiles``), the error to expect on a new
 recording; ``StepFit.profile_errors`` tables each profile's steps apart.
+
+The calibration records the range of step features the fit's steps covered
+(``fit.feature_range``, ``sim.serving.fit_range``): a simulated step past it is counted as
+extrapolated.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from scipy.optimize import nnls
 
 from sim.replay.hardware import GpuSpec
 from sim.replay.models import ModelSpec
+from sim.serving.fit_range import FittedRange
 from sim.serving.steptime import (
     STEP_TERM_NAMES,
     StepCalibration,
@@ -556,6 +561,8 @@ def fit_step_profile(
         "num_downweighted": downweighted,
         "folds": len(blocks),
         "errors": errors.round(3).to_dict(orient="records"),
+        # what the steps the fit kept covered: a simulated step past it is extrapolated
+        "feature_range": FittedRange.of_profile(steps[~outliers]).to_json(),
     }
     if pooled:
         fit_info["sources"] = [

@@ -73,6 +73,7 @@ import numpy as np
 
 from sim.replay.hardware import GpuSpec
 from sim.replay.models import DATA_DIR, ModelSpec, _read_json_object
+from sim.serving.fit_range import FittedRange, RangeCount
 from traces.knobs import check_int
 
 __all__ = [
@@ -282,7 +283,8 @@ class StepCalibration:
     for.
 
     ``model``, ``gpu`` and ``tp`` are None in an old (factors-only) file; ``fit`` holds what the
-    fit measured (errors by step kind), ``path`` the file read (None when built in memory).
+    fit measured (errors by step kind; ``fitted_range``: the step features it covered, None in a
+    file written before it was recorded), ``path`` the file read (None when built in memory).
     ``warmup_s`` is what the engine's first step takes beyond its terms (a cold start: kernel
     selection, allocator growth); the server adds it to its first step.
     """
@@ -312,6 +314,15 @@ class StepCalibration:
             "factors": self.factors.to_dict(),
             "fit": dict(self.fit or {}),
         }
+
+    @property
+    def fitted_range(self) -> FittedRange | None:
+        """The step features the fit's steps covered (``fit.feature_range``), or None: no fitted
+        terms, or a file without a range (not checked)."""
+        data = (self.fit or {}).get("feature_range")
+        if data is None or self.terms.is_zero:
+            return None
+        return FittedRange.from_json(data, self.path or "calibration")
 
     def check_matches(self, model: str, gpu: str, tp: int) -> None:
         """ValueError when the file was fitted for another model, GPU or tensor parallelism."""
@@ -381,6 +392,8 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
     fit = data.get("fit")
     if fit is not None and not isinstance(fit, dict):
         raise ValueError(f"{path}: 'fit' must be an object")
+    if fit and fit.get("feature_range") is not None:
+        FittedRange.from_json(fit["feature_range"], str(path))  # a bad range is named here
     warmup_s = data.get("warmup_s", 0.0)
     if (
         isinstance(warmup_s, bool)
@@ -506,6 +519,12 @@ class StepTimeModel:
         self._terms = (
             None if step_cal.terms.is_zero else step_cal.terms
         )  # None: the roofline alone (hot path)
+        fitted_range = step_cal.fitted_range
+        #: the fitted steps priced and those past the calibration's range (None: not checked)
+        # (a hybrid model's steps are priced by its roofline, not the terms: nothing to check)
+        self.range_count = (
+            None if fitted_range is None or self.model.is_hybrid else RangeCount(fitted_range)
+        )
         m, cal = self.model, step_cal.factors
         self.factors = cal
         peak = self.gpu.flops_per_s(m.dtype)
@@ -625,6 +644,8 @@ class StepTimeModel:
         if self._hybrid:
             return self._hybrid_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
         if self._terms is not None:
+            if self.range_count is not None:  # the fit's range is known: count what passes it
+                self.range_count.add(p, d, context_tokens, prefill_context_tokens)
             return self._fitted_cost(p, d, context_tokens, prefill_context_tokens, k).total_s
         if p:
             # Causal pairs of k sequences of n = p/k new tokens after c = P/k cached ones:
@@ -724,7 +745,12 @@ class StepTimeModel:
         """The roofline terms behind ``step_time_s`` (same arguments); ``total_s`` equals it."""
         p, d = prefill_tokens, decode_seqs
         k = (1 if p > 0 else 0) if num_prefill_seqs is None else num_prefill_seqs
-        total = self.step_time_s(p, d, context_tokens, prefill_context_tokens, k)  # validates
+        # validates; a diagnostic, not a simulated step: not counted in ``range_count``
+        count, self.range_count = self.range_count, None
+        try:
+            total = self.step_time_s(p, d, context_tokens, prefill_context_tokens, k)
+        finally:
+            self.range_count = count
         if total == 0.0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
         if self._terms is not None:

@@ -152,6 +152,39 @@ def test_simulate_prices_steps_with_the_calibration_and_names_it(profile, tmp_pa
     assert fitted["tpot_p50_s"].iloc[0] > 5 * default["tpot_p50_s"].iloc[0]
 
 
+def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_path, trace, cli_ok):
+    cal = tmp_path / "cal.json"
+    cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
+    data = json.loads(cal.read_text())
+    assert set(data["fit"]["feature_range"]["features"]) >= {"kv_tokens", "num_decode_seqs"}
+    args = ["simulate", str(trace), "-p", "paged", "--engine", "transformers", "--no-progress"]
+    # the profile's range: this trace's steps lie within it, no warning
+    _, err = cli_ok([*args, "--calibration", str(cal), "--out", str(tmp_path / "in")])
+    assert "than the calibration saw" not in err
+    assert pd.read_csv(tmp_path / "in" / "summary.csv")["extrapolated_step_frac"].iloc[0] == 0
+    # a fit that saw at most 100 KV tokens a step: most steps read more
+    data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
+    narrow = tmp_path / "narrow.json"
+    narrow.write_text(json.dumps(data))
+    _, err = cli_ok([*args, "--calibration", str(narrow), "--out", str(tmp_path / "past")])
+    share = pd.read_csv(tmp_path / "past" / "summary.csv")["extrapolated_step_frac"].iloc[0]
+    assert share > 0.5
+    (line,) = [x for x in err.splitlines() if "than the calibration saw" in x]
+    assert re.fullmatch(
+        rf"warning: {100 * share:.0f} % of steps read more KV tokens than the calibration saw "
+        r"\(max 100; 99 % of its steps under 90\): its KV terms are extrapolated; calibrate on a "
+        r"profile that covers such steps \(under paged\)",
+        line,
+    )
+    # a file written before the range was recorded: not checked, no warning
+    del data["fit"]["feature_range"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    _, err = cli_ok([*args, "--calibration", str(old), "--out", str(tmp_path / "old")])
+    assert "than the calibration saw" not in err
+    assert pd.read_csv(tmp_path / "old" / "summary.csv")["extrapolated_step_frac"].isna().all()
+
+
 def test_simulate_without_calibration_says_it_prices_a_cuda_graph_engine(trace, tmp_path, cli_ok):
     out, _ = cli_ok(
         ["simulate", str(trace), "-p", "paged", "--no-progress", "--out", str(tmp_path / "o")]
@@ -220,6 +253,19 @@ def test_colocate_reads_a_fitted_calibration(profile, tmp_path, trace, cli_ok):
         ]
     )
     assert f"step time: fitted from {cal}" in out
+
+
+def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(profile, tmp_path, trace, cli_ok):
+    cal = tmp_path / "cal.json"
+    cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
+    data = json.loads(cal.read_text())
+    data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
+    cal.write_text(json.dumps(data))
+    args = ["colocate", str(trace), "--tenants", "2", "--layout", "static", "--model"]
+    _, err = cli_ok([*args, "Llama-3-8B", "--calibration", str(cal), "--out", str(tmp_path / "o")])
+    lines = [x for x in err.splitlines() if "than the calibration saw (max 100;" in x]
+    assert lines and all(x.startswith("warning: ") for x in lines)
+    assert "t0 static" in err and "t1 static" in err
 
 
 def test_requests_writes_the_same_calibration_with_its_expected_error(tmp_path, trace, cli_ok):

@@ -198,3 +198,35 @@ def test_first_hit_rate_leaves_out_a_preempted_requests_own_blocks():
     )
     off = sim("paged", t, kv_capacity_bytes=7200 * BPT, prefix_caching=False).summary
     assert off["prefix_hit_rate"] == 0 and off["prefix_first_hit_rate"] == 0
+
+
+def _ranged(max_kv):
+    """A fitted calibration (70 ms a step and a KV term) whose fit saw up to ``max_kv`` KV tokens
+    a step (every other feature unbounded)."""
+    from sim.serving.fit_range import RANGE_FEATURES
+    from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
+
+    top = dict.fromkeys(RANGE_FEATURES, 1e12) | {"kv_tokens": max_kv}
+    return StepCalibration(
+        default_calibration(),
+        terms=StepTerms(fixed_s=0.07, per_kv_token_s=1e-7),
+        fit={
+            "feature_range": {
+                "quantile": 0.99,
+                "features": {k: {"max": v, "quantile": v} for k, v in top.items()},
+            }
+        },
+    )
+
+
+def test_a_calibrated_run_counts_the_steps_priced_past_the_fits_range():
+    trace = synth(n=30)
+    none = sim("paged", trace)
+    assert none.summary["extrapolated_step_frac"] is None and not none.summary["range_warning"]
+    inside, past, some = (sim("paged", trace, calibration=_ranged(m)) for m in (1e12, 0, 3000))
+    assert inside.summary["extrapolated_step_frac"] == 0.0 and not inside.summary["range_warning"]
+    assert past.summary["extrapolated_step_frac"] == 1.0
+    assert past.summary["range_warning"].startswith("100 % of steps read more KV tokens")
+    assert 0 < some.summary["extrapolated_step_frac"] < 1
+    # counting changes no figure
+    assert inside.summary["tpot_p50_s"] == past.summary["tpot_p50_s"] == some.summary["tpot_p50_s"]

@@ -2,6 +2,7 @@
 reports by step kind."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from sim.serving.steptime import (
     StepTerms,
     StepTimeModel,
     default_calibration,
+    load_step_calibration,
 )
 
 #: the real recordings (``shared/data/README.md``), beside the repository in CI and here
@@ -96,6 +98,26 @@ def test_noise_and_a_cold_first_step_leave_the_terms_close_and_become_the_warm_u
     assert fit.calibration.warmup_s == pytest.approx(1.5, abs=0.1)
     assert fit.terms.fixed_s == pytest.approx(TRUE.fixed_s, rel=0.05)
     assert fit.terms.per_query_kv_s == pytest.approx(TRUE.per_query_kv_s, rel=0.1)
+
+
+def test_the_calibration_records_the_range_its_kept_steps_covered(llama_h200, tmp_path):
+    steps = synthetic_profile(model_gpu=llama_h200, seed=1)
+    big = len(steps)  # a step far larger than the rest, far too slow: the fit leaves it out
+    steps.loc[big] = steps.loc[1]
+    steps.loc[big, ["num_decode_seqs", "decode_context_tokens"]] = (900, 9_000_000)
+    steps.loc[big, "duration_s"] = 100.0
+    fit = fit_step_profile(steps, *llama_h200)
+    kept = steps.drop(index=big)
+    r = fit.calibration.fitted_range
+    kv = kept["prefill_context_tokens"] + kept["decode_context_tokens"]
+    assert r.max["kv_tokens"] == kv.max() < 9_000_000
+    assert r.max["num_decode_seqs"] == kept["num_decode_seqs"].max() < 900
+    assert r.max["num_prefill_tokens"] == kept["num_prefill_tokens"].max()
+    assert r.quantile["kv_tokens"] == pytest.approx(np.quantile(kv, 0.99))
+    # and it reads back from the file
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(fit.calibration.to_json()))
+    assert load_step_calibration(path).fitted_range == r
 
 
 def stalled_profile(llama_h200, seed, stall=0.45, every=5):

@@ -412,6 +412,59 @@ def test_a_fitted_file_round_trips(tmp_path):
     assert "fitted from" in cal.describe() and "70.0 ms" in cal.describe()
 
 
+def _ranged_file(tmp_path, max_kv=10_000, max_d=8):
+    """``_fitted_file`` with a recorded range: KV tokens and decode sequences up to the maxima,
+    prefills up to 4,096 tokens."""
+    from sim.serving.fit_range import RANGE_FEATURES
+
+    top = {
+        "num_prefill_tokens": 4096,
+        "prefill_context_tokens": 4096,
+        "num_decode_seqs": max_d,
+        "decode_context_tokens": max_kv,
+        "kv_tokens": max_kv,
+    }
+    feature_range = {
+        "quantile": 0.99,
+        "features": {k: {"max": top[k], "quantile": top[k]} for k in RANGE_FEATURES},
+    }
+    return _fitted_file(tmp_path, fit={"feature_range": feature_range})
+
+
+def test_a_fitted_file_without_a_range_loads_and_is_not_checked(tmp_path):
+    path = _fitted_file(tmp_path)  # written before the range was recorded: no fit.feature_range
+    cal = load_step_calibration(path)
+    assert cal.fitted_range is None
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=path)
+    assert stm.range_count is None
+    assert stm.step_time_s(0, 2, 1000) == pytest.approx(FITTED.linear_s(0, 2, 0, 1002, 1002))
+
+
+def test_a_fitted_range_counts_the_steps_priced_past_it_and_prices_them_alike(tmp_path):
+    path = _ranged_file(tmp_path)
+    stm = StepTimeModel(load_model("Llama-3-8B"), load_gpu("H200"), calibration=path)
+    (tmp_path / "plain").mkdir()
+    plain = StepTimeModel(
+        load_model("Llama-3-8B"), load_gpu("H200"), calibration=_fitted_file(tmp_path / "plain")
+    )
+    assert stm.step_time_s(0, 4, 5000) == plain.step_time_s(0, 4, 5000)  # inside
+    assert stm.step_time_s(0, 4, 20_000) == plain.step_time_s(0, 4, 20_000)  # more KV
+    stm.step_time_s(0, 0, 0)  # no step at all: not priced
+    stm.step_cost(0, 16, 1000)  # a diagnostic, not a simulated step
+    assert (stm.range_count.num_steps, stm.range_count.num_past) == (2, 1)
+    # a quiet decode stretch: one priced step each, past once its KV passes 10k
+    stm.decode_step_times_s(4, 9_990, 5)  # 9,994 .. 10,010 KV tokens (4 new): 2 inside
+    assert (stm.range_count.num_steps, stm.range_count.num_past) == (7, 4)
+    assert "read more KV tokens than the calibration saw (max 10k;" in stm.range_count.warning()
+
+
+def test_a_bad_fitted_range_names_the_file(tmp_path):
+    path = _fitted_file(tmp_path, fit={"feature_range": {"features": {"kv_tokens": {}}}})
+    with pytest.raises(ValueError, match="'fit.feature_range' must be") as info:
+        load_step_calibration(path)
+    assert str(path) in str(info.value)
+
+
 # -- a quiet decode run's step times in one call (the server's closed form) -----------------------
 @pytest.mark.parametrize(
     "model,tp", [("Llama-3-8B", 1), ("Llama-3-70B", 4), ("Llama-3.2-1B", 1)], ids=str
