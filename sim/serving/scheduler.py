@@ -622,7 +622,8 @@ class DecodeRun:
         # written back (a step's requests move on a page, maybe into the window again)
         moved: dict[int, list[Request]] = {}
         handles: list[KVHandle] = []
-        counts: list[tuple[int, int]] = []  # (step, grows up to and including it)
+        grown: list[int] = []  # the steps visited, in order
+        ends: list[int] = []  # the grows up to and including each
         # Only the slot steps are visited, in step order: those of ``slots_at`` in the window
         # (a few: about one a page's worth of steps) and those the window moves its requests
         # to (``s + tpp``), popped off a heap of the steps still to visit (sorted: a heap)
@@ -635,7 +636,8 @@ class DecodeRun:
             if due is None:
                 due = slots_at[s]
             handles.extend(map(_kv_of, due))  # (C calls: no comprehension frame a step)
-            counts.append((s, len(handles)))
+            grown.append(s)
+            ends.append(len(handles))
             t = s + tpp
             later = slots_at.get(t)  # (never in ``moved``: only steps before s moved there)
             if later is None:
@@ -654,9 +656,9 @@ class DecodeRun:
             if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
                 return None
             # integer bytes: a step's sum is exact in any order; the running sums in one C pass
+            # and the dict from C calls too (no Python loop a step)
             totals = list(accumulate(sizes, initial=allocated))
-            for s, k in counts:
-                taken[s] = totals[k]
+            taken = dict(zip(grown, map(totals.__getitem__, ends)))
         for s in steps:
             del slots_at[s]
         slots_at.update(moved)
