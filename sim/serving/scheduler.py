@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import enum
 import math
-from bisect import bisect_left, bisect_right
 from collections import deque
-from heapq import heappop, heappush
 from itertools import accumulate
 from operator import attrgetter
 from dataclasses import dataclass, field
@@ -622,33 +620,39 @@ class DecodeRun:
         # written back (a step's requests move on a page, maybe into the window again)
         moved: dict[int, list[Request]] = {}
         handles: list[KVHandle] = []
-        grown: list[int] = []  # the steps visited, in order
-        ends: list[int] = []  # the grows up to and including each
+        counts: list[tuple[int, int]] = []  # (step, grows up to and including it)
         # Only the slot steps are visited, in step order: those of ``slots_at`` in the window
-        # (a few: about one a page's worth of steps) and those the window moves its requests
-        # to (``s + tpp``), popped off a heap of the steps still to visit (sorted: a heap)
-        keys = sorted(slots_at)
-        steps = keys[bisect_left(keys, first) : bisect_right(keys, last)]
-        pending = steps.copy()
-        while pending:
-            s = heappop(pending)
+        # (a few: about one a page's worth of steps) merged with those the window moves its
+        # requests to (``s + tpp``, made in increasing order, so a queue keeps them sorted).
+        steps = sorted([s for s in slots_at if first <= s <= last])
+        num_keys = len(steps)
+        queue: list[int] = []  # moved steps inside the window, increasing
+        j = q = 0
+        while True:
+            if q < len(queue) and (j == num_keys or queue[q] <= steps[j]):
+                s = queue[q]
+                q += 1
+                if j < num_keys and steps[j] == s:
+                    j += 1  # that step's own due list is in ``moved`` already (merged)
+            elif j < num_keys:
+                s = steps[j]
+                j += 1
+            else:
+                break
             due = moved.pop(s, None)
             if due is None:
                 due = slots_at[s]
             handles.extend(map(_kv_of, due))  # (C calls: no comprehension frame a step)
-            grown.append(s)
-            ends.append(len(handles))
-            t = s + tpp
-            later = slots_at.get(t)  # (never in ``moved``: only steps before s moved there)
+            counts.append((s, len(handles)))
+            later = slots_at.get(s + tpp)  # (never in ``moved``: only steps before s moved there)
             if later is None:
-                moved[t] = due
-                if t <= last:  # a step of the window no request was due at before
-                    heappush(pending, t)
+                moved[s + tpp] = due
             else:  # requests that first run out then too (a larger slack): keep running order
-                # (``t``, a step of ``slots_at``, is pending already when in the window)
                 later = later + due
                 later.sort(key=self._running_order().__getitem__)
-                moved[t] = later
+                moved[s + tpp] = later
+            if s + tpp <= last:
+                queue.append(s + tpp)
         taken: dict[int, int] = {}
         if handles:
             sizes: list[int] = []
@@ -656,9 +660,9 @@ class DecodeRun:
             if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
                 return None
             # integer bytes: a step's sum is exact in any order; the running sums in one C pass
-            # and the dict from C calls too (no Python loop a step)
             totals = list(accumulate(sizes, initial=allocated))
-            taken = dict(zip(grown, map(totals.__getitem__, ends)))
+            for s, k in counts:
+                taken[s] = totals[k]
         for s in steps:
             del slots_at[s]
         slots_at.update(moved)

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left
-from itertools import accumulate
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -637,15 +635,11 @@ class Server:
                 # ends the stretch or finishes someone (same float adds as below), whose slots
                 # come in one grow (a stretch may reach a step past its finish: the run's own
                 # bounds cut it there)
+                last, tt = i, end_s
                 end = min(len(times) - 1, finish_step - times_at, max_steps - 1 - times_at)
-                # the window's last step: the first whose end (the same float adds, in order:
-                # running sums from this step's end) is at or past the nearer bound, at most
-                # ``end``; C calls, not a Python loop a step (the sums only grow)
-                last = i
-                if end > i:
-                    ends_s = list(accumulate(times[i + 1 : end + 1], initial=end_s))
-                    bound_s = next_arrival_s if next_arrival_s < next_sample_s else next_sample_s
-                    last = i + min(bisect_left(ends_s, bound_s), end - i)
+                while last < end and tt < next_arrival_s and tt < next_sample_s:
+                    last += 1
+                    tt += times[last]
                 taken = run.take_slots_through(num_steps, times_at + last)
                 if taken is None:  # not all at once: this step's alone, as before
                     if not run.take_slots(num_steps):
