@@ -16,6 +16,7 @@ cdef class _PagedCore(Policy):
     cdef public long long page_size_bytes, pages_per_segment, evictable_bytes
     cdef public list _free_pages
     cdef public dict _pages, _blocks, _queues
+    cdef public bint _pages_shared
 
     cpdef _allocate(self, nbytes, stream, tag)
     cpdef _free(self, allocation)

@@ -322,6 +322,7 @@ class _PagedCore(Policy):
                 self._free_one(item)
             return
         token, free, page = self._token, self._free_pages, self.page_size_bytes
+        shared = self._pages_shared
         num = len(allocations)
         num_free_before = len(free)
         freed_nbytes = 0
@@ -353,13 +354,17 @@ class _PagedCore(Policy):
                     free.append(pg)
                 else:
                     pg.ref_cnt -= 1
-            else:  # ``_free``'s loop: from the last page, so the first one ends on top
+            elif shared:  # ``_free``'s loop: from the last page, so the first one ends on top
                 for pg in reversed(pages):
                     if pg.ref_cnt == 1:
                         pg.ref_cnt = 0
                         free.append(pg)
                     else:
                         pg.ref_cnt -= 1
+            else:  # the same when no page was ever shared: each page's one holder lets go
+                for pg in pages:
+                    pg.ref_cnt = 0
+                free.extend(reversed(pages))
             a.owner = None
             freed_nbytes += a.nbytes
             i += 1
@@ -526,6 +531,10 @@ class Paged(_PagedCore):
         self._blocks: dict[Hashable, _CachedBlock] = {}
         self._queues: dict[Hashable, EvictableQueue] = {}
         self.evictable_bytes: int = 0
+        #: whether a page ever had a second holder (``fork``, ``allocate_shared``,
+        #: ``share_block``): until then every held page has ``ref_cnt`` 1, so ``free_each``
+        #: hands a run of pages back without testing each (never reset but here)
+        self._pages_shared: bool = False
 
     def _take_pages(self, num_pages: int, stream: int) -> list[_Page] | None:
         """Pop ``num_pages`` pages (``ref_cnt`` is the caller's).
@@ -581,6 +590,7 @@ class Paged(_PagedCore):
         """
         self._check_live(allocation, "fork")
         pages = allocation.handle  # never mutated, so the fork can hold the same sequence
+        self._pages_shared = True
         for pg in pages:
             pg.ref_cnt += 1
         return self._hand_out(
@@ -660,6 +670,8 @@ class Paged(_PagedCore):
             for pg in fresh:
                 pg.ref_cnt = 1
             self.allocated_bytes += len(fresh) * page
+        if shared_pages:
+            self._pages_shared = True
         for pg in shared_pages:
             pg.ref_cnt += 1
         pages = shared_pages + fresh
@@ -759,6 +771,7 @@ class Paged(_PagedCore):
             q.remove(key)
             self.evictable_bytes -= b.size_bytes
         b.num_uses += 1
+        self._pages_shared = True
         for pg in b.pages:
             pg.ref_cnt += 1
         return b.allocation

@@ -33,6 +33,7 @@ shared pool the KV cache cannot take the memory of weights or activations.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Callable, Hashable
 
 from policies.base import Allocation
@@ -40,6 +41,9 @@ from policies.mapped_device import PageMappedDevice
 from policies.units import format_bytes, round_up
 from sim.serving.pools import TimedPool
 from sim.serving.choices import CONTIGUOUS_STRATEGIES, STRATEGIES, VIRTUAL  # noqa: F401 (moved; importable here too)
+
+#: an allocation's (or page grant's) ``size_bytes``: a C call where a comprehension makes a frame
+_size_of = attrgetter("size_bytes")
 
 if TYPE_CHECKING:
     from sim.serving.config import ServerConfig
@@ -505,7 +509,7 @@ class PagedKV(_KVBase):
             pages = calls.allocate_each(page, k, "kv")
         # every page's size at once, once none was refused (a C scan of the list)
         assert None not in pages, "a free page within the budget was refused"
-        sized = [a.size_bytes for a in pages]
+        sized = list(map(_size_of, pages))
         assert not sized or max(sized) <= held, "a free page within the budget was refused"
         for h, a in zip(handles, pages):  # grow(h, c + 1, c), c = capacity: one page, in budget
             h.allocs.append(a)
@@ -520,7 +524,7 @@ class PagedKV(_KVBase):
     def free(self, h: KVHandle) -> None:
         allocs = h.allocs
         if allocs:  # _release of each, in order: a request frees a page per tokens_per_page tokens
-            self.allocated_bytes -= sum([a.size_bytes for a in allocs])
+            self.allocated_bytes -= sum(map(_size_of, allocs))
             self.pool.calls.free_each(allocs)
             allocs.clear()
         pending = self._pending

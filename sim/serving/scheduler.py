@@ -28,6 +28,8 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
+from itertools import accumulate
+from operator import attrgetter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +56,10 @@ REJECT_KINDS = {
     "prompt>step_budget": "the prompt exceeds max_num_batched_tokens and chunked prefill is off",
     "kv_cannot_grow": "its KV cache could not grow even with the pool to itself",
 }
+
+
+#: a request's KV handle (a C call where a comprehension would make a frame)
+_kv_of = attrgetter("kv")
 
 
 class RequestState(enum.Enum):
@@ -599,28 +605,22 @@ class DecodeRun:
         cannot promise them all at once, or the run has no page source and none of its requests
         finished yet (the caller then takes them step by step). ``take_slots`` is its window of
         one step: the one place that moves due requests on."""
-        slots_at = self._slots_at
-        finished = self._num_finished  # constant in the window: nothing finishes before its end
-        running = RequestState.RUNNING
+        slots_at = self._slots_at  # (a finished request has left its due list: ``end_step``)
         if self._page_source is None:
-            # no pages to take: done only when no due request of the window still runs (none
-            # can, before any finished: None at once, the case of every run of a contiguous KV)
-            if not finished:
+            # no pages to take: done only when no request of the run is due in the window
+            # (always None before any finished: the case of every run of a contiguous KV)
+            if not self._num_finished:
                 return None
-            window = [s for s in slots_at if first <= s <= last]
-            for s in window:
-                if any([r.status is running for r in slots_at[s]]):
+            for s in slots_at:
+                if first <= s <= last:
                     return None
-            for s in window:
-                del slots_at[s]
-            self.next_slot_step = min(slots_at, default=math.inf)
             return {}
         tpp = self.kv.tokens_per_page
         # the window's view of ``slots_at``: due lists as ``take_slots`` leaves them, not yet
         # written back (a step's requests move on a page, maybe into the window again)
         moved: dict[int, list[Request]] = {}
         handles: list[KVHandle] = []
-        counts: list[tuple[int, int]] = []  # (step, grows)
+        counts: list[tuple[int, int]] = []  # (step, grows up to and including it)
         # Only the slot steps are visited, in step order: those of ``slots_at`` in the window
         # (a few: about one a page's worth of steps) merged with those the window moves its
         # requests to (``s + tpp``, made in increasing order, so a queue keeps them sorted).
@@ -642,12 +642,8 @@ class DecodeRun:
             due = moved.pop(s, None)
             if due is None:
                 due = slots_at[s]
-            if finished:  # those that finished need nothing
-                due = [r for r in due if r.status is running]
-                if not due:
-                    continue
-            handles.extend([r.kv for r in due])
-            counts.append((s, len(due)))
+            handles.extend(map(_kv_of, due))  # (C calls: no comprehension frame a step)
+            counts.append((s, len(handles)))
             later = slots_at.get(s + tpp)  # (never in ``moved``: only steps before s moved there)
             if later is None:
                 moved[s + tpp] = due
@@ -663,11 +659,10 @@ class DecodeRun:
             allocated = self.kv.allocated_bytes
             if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
                 return None
-            k = 0
-            for s, n in counts:  # integer bytes: a step's sum is exact in any order
-                allocated += sum(sizes[k : k + n])
-                k += n
-                taken[s] = allocated
+            # integer bytes: a step's sum is exact in any order; the running sums in one C pass
+            totals = list(accumulate(sizes, initial=allocated))
+            for s, k in counts:
+                taken[s] = totals[k]
         for s in steps:
             del slots_at[s]
         slots_at.update(moved)
@@ -688,23 +683,42 @@ class DecodeRun:
         sched, kv = self.sched, self.kv
         ahead = step + 1 - self._applied
         own = self.num_own_tokens
+        slots_at = self._slots_at
+        live = self._live
+        if live is self._first:  # (``_first`` keeps the run's running order)
+            live = self._live = live.copy()
         for r in done:
             c = r.num_computed + ahead
+            h = r.kv
+            # leave its due list: the step it would next need a slot at (run-relative: its
+            # capacity less its tokens at the run's start), so no window grows it or filters it
+            s = h.capacity_tokens - c + step + 1
+            due = slots_at.get(s)
+            if due is None or r not in due:  # (never: a scan keeps it exact all the same)
+                s = next((k for k, d in slots_at.items() if r in d), None)
+                due = slots_at.get(s)
+            if due is not None:
+                if len(due) == 1:
+                    del slots_at[s]
+                    if s == self.next_slot_step:
+                        self.next_slot_step = min(slots_at, default=math.inf)
+                else:
+                    due.remove(r)
             r.num_new = 1
             r.num_computed = c
             r.num_tokens = c
             r.num_generated += ahead
-            own -= c - r.kv.prefix_tokens
-            kv.free(r.kv)
+            own -= c - h.prefix_tokens
+            kv.free(h)
             r.finish_s = now_s
             r.status = RequestState.FINISHED
             self.context_tokens -= c
+            live.remove(r)  # (running order kept; a request finishes once)
         self.num_own_tokens = own
         n = len(done)
         self.num_seqs -= n
         self._num_finished += n
         sched.num_finished += n
-        self._live = [r for r in self._live if r.status is RequestState.RUNNING]
         return n
 
     def apply(self) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from operator import attrgetter
 from typing import Any, Callable
 
 import simpy
@@ -50,6 +51,8 @@ QUIET = object()
 #: what ``Server._run_steps`` returns when nothing could be scheduled because another tenant holds
 #: the memory
 HELD_ELSEWHERE = object()
+#: a pool's ``TimedCalls.pending_driver_ns`` (a C call where a comprehension makes a frame)
+_pending_driver_ns = attrgetter("pending_driver_ns")
 
 
 def _delays_to(now_s: float, end_s: float) -> tuple[float, ...]:
@@ -696,7 +699,7 @@ class Server:
                 stored = num_steps
                 self._sample(t)
                 next_sample_s = self._next_sample_s
-            if finished and (not run.num_seqs or any([c.pending_driver_ns for c in timed])):
+            if finished and (not run.num_seqs or any(map(_pending_driver_ns, timed))):
                 break
         if lag:
             run.advance(lag)

@@ -194,6 +194,35 @@ def test_a_shared_page_returns_only_when_its_last_holder_frees(first):
     check_pool(pool, [])
 
 
+@pytest.mark.parametrize("share", [None, "fork", "allocate_shared"])
+def test_free_each_of_page_runs_is_the_loop_of_free_with_or_without_shared_pages(share):
+    """``free_each`` hands a run of pages back without testing each page while no page was ever
+    shared; once one is (a fork, ``allocate_shared``) it tests each again: either way the free
+    stack, reference counts and counters of the loop of ``free``."""
+
+    def build():
+        pool = small_pool()
+        runs = [pool.allocate(n * PAGE) for n in (3, 2, 4)]
+        held = []
+        if share == "fork":
+            held.append(pool.fork(runs[0]))
+        elif share == "allocate_shared":
+            held.append(pool.allocate_shared(pages_of(runs[2])[1:3], PAGE))
+        return pool, runs, held
+
+    fused, runs, held = build()
+    loop, loop_runs, loop_held = build()
+    fused.free_each(runs)
+    for a in loop_runs:
+        loop.free(a)
+    assert [off for off, _ in fused.free_extents()] == [off for off, _ in loop.free_extents()]
+    assert [pg.offset for pg in fused._free_pages] == [pg.offset for pg in loop._free_pages]
+    check_pool(fused, held)
+    check_pool(loop, loop_held)
+    for name in ("num_frees", "live_bytes", "allocated_bytes"):
+        assert getattr(fused, name) == getattr(loop, name)
+
+
 def test_allocate_shared_holds_the_prefix_pages_first_then_fresh_ones():
     pool = small_pool()
     prompt = pool.allocate(3 * PAGE)
