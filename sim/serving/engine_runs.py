@@ -61,29 +61,11 @@ def served_trace(served: pd.DataFrame, name: str = "served") -> RequestTrace:
     return RequestTrace(requests=df, name=name, format="served")
 
 
-def predict_served(
-    trace: RequestTrace,
-    calibration: Any,
-    *,
-    engine: str = "transformers",
-    model: Any = DEFAULT_MODEL,
-    gpu: Any = DEFAULT_GPU,
-    tensor_parallel: int = 1,
-    policy: str = "paged",
-    **options: Any,
-) -> pd.DataFrame:
-    """The simulated request table (``add_latencies``' columns) of ``trace`` served as ``engine``
-    schedules, steps priced by ``calibration`` (a file, ``StepCalibration`` or None)."""
-    return simulate_served(
-        trace,
-        calibration,
-        engine=engine,
-        model=model,
-        gpu=gpu,
-        tensor_parallel=tensor_parallel,
-        policy=policy,
-        **options,
-    ).requests
+def predict_served(trace: RequestTrace, calibration: Any, **kwargs: Any) -> pd.DataFrame:
+    """The simulated request table (``add_latencies``' columns) of ``trace`` served as the
+    engine schedules, steps priced by ``calibration`` (a file, ``StepCalibration`` or None);
+    ``kwargs`` are ``simulate_served``'s."""
+    return simulate_served(trace, calibration, **kwargs).requests
 
 
 def simulate_served(
