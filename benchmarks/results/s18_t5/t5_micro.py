@@ -1,11 +1,11 @@
 import time, dataclasses
-from sim.replay.models import load_model
-from sim.replay.hardware import load_gpu
+from sim.replay.models import DEFAULT_MODEL, load_model
+from sim.replay.hardware import DEFAULT_GPU, load_gpu
 from sim.serving.steptime import StepTimeModel, load_step_calibration
 
 cal = load_step_calibration("/tmp/t5o/calibration-10s.json")
 old = dataclasses.replace(cal, fit={k: v for k, v in cal.fit.items() if k != "feature_range"})
-m, g = load_model("Llama-3-8B"), load_gpu("H200")
+m, g = load_model(DEFAULT_MODEL), load_gpu(DEFAULT_GPU)
 a, b = StepTimeModel(m, g, calibration=cal), StepTimeModel(m, g, calibration=old)
 assert a.range_count is not None and b.range_count is None
 args = [(0, d, d * 900, 0, None) for d in range(1, 120)] + [
