@@ -572,8 +572,7 @@ def calls_bench(args) -> list[dict]:
 
     import numpy as np
 
-    import policies
-    from realgpu.torch_allocator import AlignedHostDevice, AllocatorCore, _make_pool, load_shim
+    from realgpu.torch_allocator import host_allocator_core, load_shim
 
     shim = load_shim()
     requests = _trace_requests(args.trace, args.calls) if args.trace else None
@@ -589,16 +588,7 @@ def calls_bench(args) -> list[dict]:
         if name.startswith("("):
             target = null
         else:
-            # what use_policy builds, on the host: segments aligned as cudaMalloc's, or mapped pages
-            segment = policies.registry.device_kind(name) == "segment"
-            pool = _make_pool(
-                name,
-                validate=False,
-                device=0,
-                capacity_bytes=None,
-                backend=AlignedHostDevice() if segment else "host-vmm",
-            )
-            target = AllocatorCore(pool)
+            target = host_allocator_core(name)  # what use_policy builds, on the host
         best = None
         for _ in range(args.rounds):
             shim.bind(target)

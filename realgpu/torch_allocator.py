@@ -94,6 +94,7 @@ __all__ = [
     "Shim",
     "CudaStreamEvents",
     "AlignedHostDevice",
+    "host_allocator_core",
 ]
 
 MODES = ("pluggable", "mempool")
@@ -963,6 +964,23 @@ def _make_pool(
         check_contents=False,
         device_id=device,
     )
+
+
+def host_allocator_core(policy: str) -> AllocatorCore:
+    """The ``AllocatorCore`` that ``use_policy`` builds for ``policy`` (a spec), on the host: its
+    segments 2 MiB-aligned as ``cudaMalloc``'s (``AlignedHostDevice``), or mapped pages
+    (``host-vmm``) for a policy of pages. The CPU stand-in the per-call benchmarks drive."""
+    from policies.registry import device_kind
+
+    segment = device_kind(policy) == "segment"
+    pool = _make_pool(
+        policy,
+        validate=False,
+        device=0,
+        capacity_bytes=None,
+        backend=AlignedHostDevice() if segment else "host-vmm",
+    )
+    return AllocatorCore(pool)
 
 
 def _check_pages_can_be_stitched(pool: GpuPool) -> None:

@@ -12,13 +12,7 @@ import sys
 
 sys.path.insert(0, os.getcwd())
 
-import policies  # noqa: E402
-from realgpu.torch_allocator import (  # noqa: E402
-    AlignedHostDevice,
-    AllocatorCore,
-    _make_pool,
-    load_shim,
-)
+from realgpu.torch_allocator import host_allocator_core, load_shim  # noqa: E402
 from traces import read_alloc_trace  # noqa: E402
 
 SNAPSHOT = "/work/main/.data/llama1b_generate_mixed.pickle.gz"
@@ -30,15 +24,7 @@ requests = [
     if n > 0
 ]
 shim = load_shim()
-segment = policies.registry.device_kind(policy) == "segment"
-pool = _make_pool(
-    policy,
-    validate=False,
-    device=0,
-    capacity_bytes=None,
-    backend=AlignedHostDevice() if segment else "host-vmm",
-)
-core = AllocatorCore(pool)
+core = host_allocator_core(policy)  # what use_policy builds, on the host
 shim.bind(core)
 num_mallocs = num_frees = 0
 for _ in range(2):

@@ -17,8 +17,7 @@ import time
 
 sys.path.insert(0, os.getcwd())
 
-import policies  # noqa: E402
-from realgpu.torch_allocator import AlignedHostDevice, AllocatorCore, _make_pool  # noqa: E402
+from realgpu.torch_allocator import host_allocator_core  # noqa: E402
 
 SNAPSHOT = "/work/main/.data/llama1b_generate_mixed.pickle.gz"
 #: the snapshot's requests as ``(is_alloc, id, nbytes)`` tuples, pickled (a Python without the
@@ -38,15 +37,7 @@ else:
         for a, k, n in zip(is_alloc[:num_events], ids[:num_events], nbytes[:num_events])
         if n > 0
     ]
-segment = policies.registry.device_kind(policy) == "segment"
-pool = _make_pool(
-    policy,
-    validate=False,
-    device=0,
-    capacity_bytes=None,
-    backend=AlignedHostDevice() if segment else "host-vmm",
-)
-core = AllocatorCore(pool)
+core = host_allocator_core(policy)  # what use_policy builds, on the host
 malloc, free = core.malloc, core.free
 num_mallocs = num_frees = 0
 best_ns = float("inf")
