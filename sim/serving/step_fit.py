@@ -307,8 +307,11 @@ def _choose_hidden_kv_tokens(
             return math.inf
         return _extrapolation_loss(x, y, floor, active, train)
 
-    grid = np.unique(np.round(np.quantile(kv[train], _HIDDEN_KV_QUANTILES)))
-    losses = [loss(h) for h in grid] if can_score else [math.inf]
+    if can_score:
+        grid = np.unique(np.round(np.quantile(kv[train], _HIDDEN_KV_QUANTILES)))
+        losses = [loss(h) for h in grid]
+    else:
+        grid, losses = np.zeros(1), [math.inf]
     i = int(np.argmin(losses))
     if not math.isfinite(losses[i]):
         if not force:

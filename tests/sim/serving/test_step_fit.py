@@ -304,6 +304,29 @@ def test_a_profile_of_two_kv_counts_cannot_place_the_exposed_kv_term(llama_h200)
     assert "fit without --add per_exposed_kv_token_s" in message
 
 
+def test_a_profile_of_one_kv_count_has_no_steps_to_try_a_tail_on(llama_h200):
+    """Every step reads 30,000 KV tokens: none lies under ``TAIL_TRIAL_KV_SHARE`` of the largest,
+    so no tail is kept and ``add`` names the term (not an error from an empty trial set)."""
+    d = np.arange(60) % 30 + 1
+    steps = pd.DataFrame(
+        {
+            "duration_s": 0.07 + 1e-4 * d,
+            "num_prefill_seqs": 0,
+            "num_prefill_tokens": 0,
+            "prefill_context_tokens": 0,
+            "num_decode_seqs": d,
+            "decode_context_tokens": 30_000,
+        }
+    )
+    drop = ("per_seq_s", "per_pair_s", "per_kv_token_s", "per_query_kv_s")
+    fit = fit_step_profile(steps, *llama_h200, drop=drop)
+    assert fit.terms.per_exposed_kv_token_s == 0 and fit.terms.num_hidden_kv_tokens == 0
+    assert fit.terms.fixed_s == pytest.approx(0.07)
+    with pytest.raises(UnderdeterminedProfile) as info:
+        fit_step_profile(steps, *llama_h200, drop=drop, add=ADD)
+    assert info.value.term == "per_exposed_kv_token_s"
+
+
 def test_only_an_optional_term_can_be_added(llama_h200):
     assert OPTIONAL_TERMS == ADD
     with pytest.raises(ValueError, match="--add per_kv_token_s: no such optional term"):
