@@ -28,8 +28,9 @@ held-out row is counted, and separately those judged on another workload than th
 name up to its duration, ``azure_code`` or ``synth_mixed``).
 
 ``--add TERM`` fits an optional step term even where it gains little
-(``sim.serving.step_fit.OPTIONAL_TERMS``: the exposed-KV tail, fitted by default where it lowers
-a profile's loss by ``EXPOSED_MIN_GAIN``); ``--drop TERM`` holds a term at 0 (``--drop
+(``sim.serving.step_fit.OPTIONAL_TERMS``: the exposed-KV tail, fitted by default where, tried on
+a profile's steps under ``TAIL_TRIAL_KV_SHARE`` of its largest KV count, it lowers the loss of
+the steps past them by ``EXPOSED_MIN_GAIN``); ``--drop TERM`` holds a term at 0 (``--drop
 per_exposed_kv_token_s``: the step fit before session 15). Counts of each are in RESULTS.md.
 
 ``--oracle`` first judges each run simulated with its own recorded step times

@@ -89,8 +89,15 @@ def test_an_unknown_drop_term_and_engine_are_named(profile, tmp_path, cli):
 
 
 def test_add_fits_the_exposed_kv_term_and_the_file_reads_back(profile, tmp_path, cli, cli_ok):
+    from test_step_fit import EXPOSED, synthetic_profile  # beside the profile fixture's import
+
     from sim.serving.steptime import load_step_calibration
 
+    # an engine whose steps past 20k KV tokens cost more: the tail's slope is not 0 (without
+    # one, a slope of 0 is what the fit should find, and the terms line leaves it out)
+    synthetic_profile(
+        n=120, terms=EXPOSED, model_gpu=(load_model("Llama-3-8B"), load_gpu("H200"))
+    ).to_csv(profile, index=False)
     out_file = tmp_path / "cal.json"
     out, _ = cli_ok(
         [

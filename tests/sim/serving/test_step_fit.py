@@ -15,6 +15,7 @@ from sim.serving.step_fit import (
     OPTIONAL_TERMS,
     OTHER_PROFILES_SPLIT,
     ROBUST_REL_ERROR,
+    TAIL_TRIAL_KV_SHARE,
     UnderdeterminedProfile,
     fit_step_profile,
     profile_features,
@@ -187,19 +188,23 @@ def _cv_error(fit):
 
 
 def test_the_fit_prices_a_tail_past_the_launch_bound_steps_and_where_it_starts(llama_h200):
-    """An engine launch-bound on 90 % of its steps, whose attention shows past that KV count: the
-    default fit finds where (within 5 %) and the tail's slope (within 15 %: the law, fitted on
-    every step first, takes a little of it), and halves the cross-validated error of the fit
-    without the tail."""
+    """An engine launch-bound on 80 % of its steps, whose attention shows past that KV count: the
+    default fit finds where (within 10 %) and the tail's slope (within 15 %: the law, fitted on
+    every step first, takes a part of it, its per-KV term 11 % high and the count 7 % high, as
+    with session 15's choice of the count), and halves the cross-validated error of the fit
+    without the tail. (The count lies among the steps the tail is tried on,
+    ``TAIL_TRIAL_KV_SHARE``: one past them is the next test's.)"""
     kv = profile_features(synthetic_profile(model_gpu=llama_h200))[:, 3]
-    hidden = float(np.quantile(kv, 0.9))
+    hidden = float(np.quantile(kv, 0.8))
+    assert hidden < TAIL_TRIAL_KV_SHARE * kv.max()
     law = dataclasses.replace(TRUE, per_exposed_kv_token_s=1.2e-6, num_hidden_kv_tokens=hidden)
     steps = synthetic_profile(model_gpu=llama_h200, terms=law)
     fit = fit_step_profile(steps, *llama_h200)
-    assert fit.terms.num_hidden_kv_tokens == pytest.approx(hidden, rel=0.05)
+    assert fit.terms.num_hidden_kv_tokens == pytest.approx(hidden, rel=0.1)
     assert fit.terms.per_exposed_kv_token_s == pytest.approx(1.2e-6, rel=0.15)
-    for name in ("fixed_s", "per_kv_token_s", "per_query_kv_s"):
+    for name in ("fixed_s", "per_query_kv_s"):
         assert getattr(fit.terms, name) == pytest.approx(getattr(TRUE, name), rel=0.05), name
+    assert fit.terms.per_kv_token_s == pytest.approx(TRUE.per_kv_token_s, rel=0.15)
     plain = fit_step_profile(steps, *llama_h200, drop=ADD)
     assert plain.terms.per_exposed_kv_token_s == 0 and plain.terms.num_hidden_kv_tokens == 0
     assert _cv_error(fit) < 0.6 * _cv_error(plain)
@@ -222,6 +227,22 @@ def test_the_tail_leaves_the_law_and_the_steps_under_it_as_they_were(llama_h200)
     assert 0 < under.sum() < len(kv)
     assert np.array_equal(fit.predicted_s[under], plain.predicted_s[under])
     assert (fit.predicted_s[~under] > plain.predicted_s[~under]).all()
+
+
+def test_the_tail_is_chosen_by_how_it_extrapolates_to_the_profiles_top_steps(llama_h200):
+    """A rise only on the steps past ``TAIL_TRIAL_KV_SHARE`` of the largest KV count: no tail
+    fitted on the steps under that share predicts it, so the default fit keeps none (chosen by
+    the loss of every step, it would place a steep tail there, the slope that another run's
+    larger steps extrapolate); ``add`` places its tail among the trial steps."""
+    kv = profile_features(synthetic_profile(model_gpu=llama_h200))[:, 3]
+    top = float(np.quantile(kv, 0.99))
+    assert top > TAIL_TRIAL_KV_SHARE * kv.max()
+    law = dataclasses.replace(TRUE, per_exposed_kv_token_s=1.2e-6, num_hidden_kv_tokens=top)
+    steps = synthetic_profile(model_gpu=llama_h200, terms=law)
+    fit = fit_step_profile(steps, *llama_h200)
+    assert fit.terms.per_exposed_kv_token_s == 0 and fit.terms.num_hidden_kv_tokens == 0
+    added = fit_step_profile(steps, *llama_h200, add=ADD)
+    assert 0 < added.terms.num_hidden_kv_tokens <= TAIL_TRIAL_KV_SHARE * kv.max()
 
 
 def test_a_profile_the_law_already_fits_keeps_no_tail_unless_added(llama_h200):
@@ -281,6 +302,29 @@ def test_a_profile_of_two_kv_counts_cannot_place_the_exposed_kv_term(llama_h200)
     assert info.value.term == "per_exposed_kv_token_s" and len(message.splitlines()) == 1
     assert "needs decode steps of few sequences and of many" in message
     assert "fit without --add per_exposed_kv_token_s" in message
+
+
+def test_a_profile_of_one_kv_count_has_no_steps_to_try_a_tail_on(llama_h200):
+    """Every step reads 30,000 KV tokens: none lies under ``TAIL_TRIAL_KV_SHARE`` of the largest,
+    so no tail is kept and ``add`` names the term (not an error from an empty trial set)."""
+    d = np.arange(60) % 30 + 1
+    steps = pd.DataFrame(
+        {
+            "duration_s": 0.07 + 1e-4 * d,
+            "num_prefill_seqs": 0,
+            "num_prefill_tokens": 0,
+            "prefill_context_tokens": 0,
+            "num_decode_seqs": d,
+            "decode_context_tokens": 30_000,
+        }
+    )
+    drop = ("per_seq_s", "per_pair_s", "per_kv_token_s", "per_query_kv_s")
+    fit = fit_step_profile(steps, *llama_h200, drop=drop)
+    assert fit.terms.per_exposed_kv_token_s == 0 and fit.terms.num_hidden_kv_tokens == 0
+    assert fit.terms.fixed_s == pytest.approx(0.07)
+    with pytest.raises(UnderdeterminedProfile) as info:
+        fit_step_profile(steps, *llama_h200, drop=drop, add=ADD)
+    assert info.value.term == "per_exposed_kv_token_s"
 
 
 def test_only_an_optional_term_can_be_added(llama_h200):
