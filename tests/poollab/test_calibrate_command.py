@@ -60,7 +60,7 @@ def test_steps_writes_a_calibration_and_prints_errors_by_step_kind(profile, tmp_
     assert data["fit"]["feature_range"]["steps"] == "recorded"
     (line,) = [x for x in out.splitlines() if x.startswith("range of ")]
     assert line.startswith(
-        "range of the step profile's steps the fit kept (smallest nonzero-largest): prefill tokens "
+        "range of the recorded steps the fit kept (smallest nonzero-largest): prefill tokens "
     )
     assert f"decode sequences {features['num_decode_seqs']['min']:.0f}-" in line
     # the Huber loss says how many steps it weighed less (none here: a noiseless profile)

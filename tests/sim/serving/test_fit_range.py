@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from sim.serving.fit_range import (
+    BELOW_WARN_FRAC,
     RANGE_FEATURES,
     RANGE_QUANTILE,
     FittedRange,
@@ -165,3 +166,14 @@ def test_a_log_of_priced_steps_gives_their_range_as_simulated_steps():
         "(smallest nonzero-largest): prefill tokens 100-512, "
     )
     assert "KV tokens 1.0k-45k" in r.describe()
+
+
+def test_a_few_steps_under_the_range_are_counted_but_not_warned_of():
+    count = RangeCount(FittedRange.of_profile(STEPS))
+    count.add(0, 1, 2000, 0)  # one decode sequence: fewer than the fit's 3
+    for _ in range(4):
+        count.add(0, 26, 44749 - 26, 0)  # inside
+    assert count.below_frac == 0.2 < BELOW_WARN_FRAC
+    assert count.warning() == ""
+    count.add(0, 1, 2000, 0)  # two of six: a third, warned
+    assert count.warning().startswith("33 % of steps had fewer decode sequences")
