@@ -44,8 +44,12 @@ the other workload's runs; each judged on its own runs too (in-sample). Pooling 
 host's share of slow launch-bound steps that a fit on one run carries (RESULTS.md, sessions 16
 and 17). Their counts are apart from the single-run fits', each in its own pair table.
 
-The counts are also tabled by workload pair (the fit's and the judged run's trace and duration:
-``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of RESULTS.md's tables.
+Each row also says how the judged run's steps lay against the fit's range
+(``sim.serving.fit_range``): the share priced past it, how far (its largest KV tokens a step
+over the fit's, ``extrapolation_ratio``) and the share under it; the held-out counts are tabled
+by each. The counts are also tabled by workload pair (the fit's and the judged run's trace
+and duration: ``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of
+RESULTS.md's tables.
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
 shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s
