@@ -45,8 +45,12 @@ the other workload's runs; each judged on its own runs too (in-sample). Pooling 
 host's share of slow launch-bound steps that a fit on one run carries (RESULTS.md, sessions 16
 and 17). Their counts are apart from the single-run fits', each in its own pair table.
 
-The counts are also tabled by workload pair (the fit's and the judged run's trace and duration:
-``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of RESULTS.md's tables.
+Each row also says how the judged run's steps lay against the fit's range
+(``sim.serving.fit_range``): the share priced past it, how far (its largest KV tokens a step
+over the fit's, ``extrapolation_ratio``) and the share under it; the held-out counts are tabled
+by each. The counts are also tabled by workload pair (the fit's and the judged run's trace
+and duration: ``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of
+RESULTS.md's tables.
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
 shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s
@@ -264,25 +268,31 @@ def held_out_table(
             kind = "in-sample" if judged_name in members else "held out"
             if kind == "held out" and judged["cold"] and not any(runs[n]["cold"] for n in members):
                 kind = "held out †"  # a cold start judged by a fit of a warmed engine
-            extrapolated = result.summary["extrapolated_step_frac"]
-            rows.append((label, fit_name, judged_name, kind, errors, how, extrapolated))
+            past = tuple(result.summary[c] for c in _RANGE_COLUMNS)
+            rows.append((label, fit_name, judged_name, kind, errors, how, past))
     for judged_name, judged in runs.items():
         errors = latency_errors(
             judged["served"],
             predict_served(served_trace(judged["served"]), None, model=model, gpu=gpu),
         )
-        rows.append(("none (bundled roofline)", None, judged_name, "baseline", errors, None, None))
+        rows.append(
+            ("none (bundled roofline)", None, judged_name, "baseline", errors, None, (None,) * 3)
+        )
     head = (
-        "| fitted on | judged on | | steps past the fit's range | "
+        "| fitted on | judged on | | steps past the fit's range | its largest KV tokens over "
+        "the fit's | steps under the fit's range | "
         + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
         + " |"
     )
-    lines = [head, "|" + "---|" * (4 + len(LATENCY_METRICS))]
+    lines = [head, "|" + "---|" * (6 + len(LATENCY_METRICS))]
     tally: dict[tuple[str, bool], list[int]] = {}
     pairs: dict[tuple[str, str, str], list[int]] = {}
-    #: held-out figures within target by the judged run's share of extrapolated steps
+    #: held-out figures within target by the judged run's share of extrapolated steps, by how
+    #: far (its largest KV tokens over the fit's), and by its share of steps under the range
     by_extrapolated: dict[str, list[int]] = {}
-    for fit, fit_name, judged, kind, errors, how, extrapolated in rows:
+    by_ratio: dict[str, list[int]] = {}
+    by_below: dict[str, list[int]] = {}
+    for fit, fit_name, judged, kind, errors, how, (extrapolated, ratio, below) in rows:
         e = errors.set_index("metric")["error_%"]
         spread = spreads.get(runs[judged]["condition"])
         if kind == "held out":
@@ -296,7 +306,9 @@ def held_out_table(
                     for o in {False, workload(fit_name) != workload(judged)}
                 ),
                 pairs.setdefault(group, [0, 0]),
-                by_extrapolated.setdefault(_extrapolated_band(extrapolated), [0, 0]),
+                by_extrapolated.setdefault(_band(extrapolated, _EXTRAPOLATED_BANDS), [0, 0]),
+                by_ratio.setdefault(_band(ratio, _RATIO_BANDS), [0, 0]),
+                by_below.setdefault(_band(below, _EXTRAPOLATED_BANDS), [0, 0]),
             ):
                 counts[0] += n_within
                 counts[1] += len(LATENCY_METRICS)
@@ -307,7 +319,11 @@ def held_out_table(
             for m in LATENCY_METRICS
         ]
         past = "-" if extrapolated is None else f"{100 * extrapolated:.0f} %"
-        lines.append(f"| {fit} | {judged} | {kind} | {past} | " + " | ".join(cells) + " |")
+        far = "-" if ratio is None else f"{ratio:.2g}x"
+        under = "-" if below is None else f"{100 * below:.0f} %"
+        lines.append(
+            f"| {fit} | {judged} | {kind} | {past} | {far} | {under} | " + " | ".join(cells) + " |"
+        )
     measured = [
         "| measured (s) | condition | requests | steps (start) | "
         + " | ".join(_SHORT[m] for m in LATENCY_METRICS)
@@ -364,6 +380,16 @@ def held_out_table(
             "",
             extrapolated_table(by_extrapolated),
             "",
+            "... by how far: the judged run's largest KV tokens a step over the largest the fit "
+            "saw (`extrapolation_ratio`):",
+            "",
+            extrapolated_table(by_ratio, _RATIO_BANDS, "largest KV tokens over the fit's"),
+            "",
+            "... by the share of steps under the fit's range (`below_range_step_frac`: fewer "
+            "decode sequences, KV tokens, ... than its smallest):",
+            "",
+            extrapolated_table(by_below, head="steps under the fit's range"),
+            "",
             "Held out by workload pair (within target / figures, rows without †):",
             "",
             "\n\n".join(
@@ -375,24 +401,32 @@ def held_out_table(
     )
 
 
+#: The summary columns of a calibrated run that each row carries (``held_out_table``).
+_RANGE_COLUMNS = ("extrapolated_step_frac", "extrapolation_ratio", "below_range_step_frac")
 #: ``extrapolated_table``'s bands of the share of steps past the fit's range (upper bounds).
 _EXTRAPOLATED_BANDS = ((0.0, "none"), (0.1, "up to 10 %"), (0.5, "10-50 %"), (1.0, "over 50 %"))
+#: ... and of how far past: the judged run's largest KV tokens over the fit's (upper bounds).
+_RATIO_BANDS = ((1.0, "inside (up to 1x)"), (2.0, "1-2x"), (4.0, "2-4x"), (np.inf, "over 4x"))
 
 
-def _extrapolated_band(frac: float | None) -> str:
-    """The band of ``_EXTRAPOLATED_BANDS`` a share falls in ("unknown": no range recorded)."""
-    if frac is None or frac != frac:
+def _band(value: float | None, bands) -> str:
+    """The band of ``bands`` a value falls in ("unknown": not checked, no range recorded)."""
+    if value is None or value != value:
         return "unknown"
-    return next(name for bound, name in _EXTRAPOLATED_BANDS if frac <= bound)
+    return next(name for bound, name in bands if value <= bound)
 
 
-def extrapolated_table(counts: dict[str, list[int]]) -> str:
-    """Markdown: held-out figures within target per band of extrapolated steps."""
-    order = [name for _, name in _EXTRAPOLATED_BANDS] + ["unknown"]
-    lines = ["| steps past the fit's range | within target / figures |", "|---|---|"]
+def extrapolated_table(
+    counts: dict[str, list[int]],
+    bands=_EXTRAPOLATED_BANDS,
+    head: str = "steps past the fit's range",
+) -> str:
+    """Markdown: held-out figures within target per band (``bands``) of the judged runs."""
+    order = [name for _, name in bands] + ["unknown"]
+    lines = [f"| {head} | within target / figures | misses |", "|---|---|---|"]
     for band in (b for b in order if b in counts):
         n, m = counts[band]
-        lines.append(f"| {band} | {n} / {m} ({100 * n / m:.0f} %) |")
+        lines.append(f"| {band} | {n} / {m} ({100 * n / m:.0f} %) | {m - n} |")
     return "\n".join(lines)
 
 

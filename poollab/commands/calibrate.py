@@ -173,6 +173,8 @@ def steps_command(profiles, model, gpu, tensor_parallel, engine, out: Path, drop
         )
     )
     click.echo(_terms_line(fit.terms))
+    # what simulate checks its steps against (sim.serving.fit_range): the fit carries this far
+    click.echo(fit.calibration.fitted_range.describe())
     columns = ["split", "kind", "n_steps", "mean_abs_err_%", "sum_bias_%"]
     click.echo(
         "step-time error by step kind (mean |predicted/measured - 1|, and the bias of their sum)"
@@ -233,6 +235,7 @@ def requests_command(
         f"simulated as {engine} schedules them"
     )
     click.echo(_terms_line(fit.calibration.terms))
+    click.echo(fit.calibration.fitted_range.describe())
     click.echo("fitted on every request (in-sample):")
     click.echo(format_table(fit.errors, columns=["metric", "measured_s", "predicted_s", "error_%"]))
     worst = fit.cv_errors.groupby("metric", sort=False)["error_%"].apply(lambda e: e.abs().max())

@@ -378,6 +378,7 @@ def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str
             "slo_attainment",
             "kv_pressure_share",
             "extrapolated_step_frac",
+            "below_range_step_frac",
         ):
             view[c] = view[c] * 100
             rename[c] = c + "_%"

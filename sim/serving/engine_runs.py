@@ -26,6 +26,7 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from sim.serving.engines import load_engine
+from sim.serving.fit_range import FittedRange, StepFeatureLog
 from sim.replay.hardware import DEFAULT_GPU, load_gpu
 from sim.replay.models import DEFAULT_MODEL, load_model
 from sim.replay.serving_metrics import add_latencies, latency_percentiles
@@ -38,6 +39,7 @@ __all__ = [
     "simulate_served",
     "latency_errors",
     "fit_from_requests",
+    "priced_range",
     "LATENCY_METRICS",
     "RequestFit",
     "RecordedStepTimes",
@@ -393,5 +395,38 @@ def fit_from_requests(
         "errors": errors.round(4).to_dict(orient="records"),
         "two_fold_errors": cv_errors.round(4).to_dict(orient="records"),
     }
-    cal = dataclasses.replace(_calibration(x, start, **meta), fit=fit_info, source=source)
+    final = _calibration(x, start, **meta)
+    # the range of the steps the fitted terms price on this table (the steps it infers), so
+    # that a run of this calibration is checked as a step fit's is (sim.serving.fit_range)
+    fit_info["feature_range"] = priced_range(
+        trace, final, engine=engine, model=model_spec, gpu=gpu_spec, tensor_parallel=tensor_parallel
+    ).to_json()
+    cal = dataclasses.replace(final, fit=fit_info, source=source)
     return RequestFit(cal, errors, cv_errors)
+
+
+def priced_range(
+    trace: RequestTrace,
+    calibration: StepCalibration,
+    *,
+    engine: str = "transformers",
+    model: Any = DEFAULT_MODEL,
+    gpu: Any = DEFAULT_GPU,
+    tensor_parallel: int = 1,
+    policy: str = "paged",
+    **options: Any,
+) -> FittedRange:
+    """The range of the step features (``sim.serving.fit_range``) of the steps ``calibration``
+    prices when ``trace`` is simulated as ``engine`` schedules it (``simulate_served``'s run, its
+    step-time model's count swapped for a ``StepFeatureLog``): what a fit that never saw a step,
+    ``fit_from_requests``, can know of its steps. A quiet decode stretch priced twice (ahead,
+    then again after an arrival) is logged twice: its steps lie inside the range either way."""
+    from sim.serving.simulate import build_serving
+
+    model, gpu = load_model(model), load_gpu(gpu)
+    opts = _engine_options(engine, model, gpu, tensor_parallel, options)
+    setup = build_serving(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
+    log = StepFeatureLog()
+    setup.server.step_model.range_count = log
+    setup.server.run()
+    return log.fitted_range()

@@ -512,16 +512,27 @@ def _group_fields(kv: Any) -> dict[str, Any]:
 
 
 #: The summary's columns of a calibrated run (``_range_fields``; docs/_hooks/columns.yml).
-CALIBRATION_COLUMNS = ["extrapolated_step_frac", "range_warning"]
+CALIBRATION_COLUMNS = [
+    "extrapolated_step_frac",
+    "extrapolation_ratio",
+    "below_range_step_frac",
+    "range_warning",
+]
 
 
 def _range_fields(step_model: StepTimeModel) -> dict[str, Any]:
     """``CALIBRATION_COLUMNS``: how many of the steps a calibration priced lay past the step
-    features its fit saw (``sim.serving.fit_range``), ``extrapolated_step_frac`` (None: not
-    checked, no fitted range), and the terminal's warning (``range_warning``, "" when none)."""
+    features its fit saw (``sim.serving.fit_range``), ``extrapolated_step_frac``; how far, the
+    largest KV tokens priced over the fit's (``extrapolation_ratio``); the share under its
+    smallest (``below_range_step_frac``; None: minima not recorded); all None when not checked
+    (no fitted range); and the terminal's warning (``range_warning``, "" when none)."""
     count = getattr(step_model, "range_count", None)  # a recorded-steps replay has none
-    frac, warning = (None, "") if count is None else (count.frac, count.warning())
-    return dict(zip(CALIBRATION_COLUMNS, (frac, warning)))
+    if count is None:
+        values: tuple[Any, ...] = (None, None, None, "")
+    else:
+        below = count.below_frac if count.fitted.min else None
+        values = (count.frac, count.extrapolation_ratio, below, count.warning())
+    return dict(zip(CALIBRATION_COLUMNS, values))
 
 
 def _block_recompute_s(step_model: StepTimeModel, block_tokens: int):

@@ -55,6 +55,14 @@ def test_steps_writes_a_calibration_and_prints_errors_by_step_kind(profile, tmp_
     assert data["terms"]["fixed_s"] == pytest.approx(0.07, rel=0.02)
     for word in ("in-sample", "cross-validated", "prefill", "decode", "mixed", "fixed_s 0.07"):
         assert word in out
+    # the range the fit saw, one line, the file's figures
+    features = data["fit"]["feature_range"]["features"]
+    assert data["fit"]["feature_range"]["steps"] == "recorded"
+    (line,) = [x for x in out.splitlines() if x.startswith("range of ")]
+    assert line.startswith(
+        "range of the recorded steps the fit kept (smallest nonzero-largest): prefill tokens "
+    )
+    assert f"decode sequences {features['num_decode_seqs']['min']:.0f}-" in line
     # the Huber loss says how many steps it weighed less (none here: a noiseless profile)
     assert "0 more than 10% off weighed less (Huber loss)" in out.splitlines()[0]
 
@@ -168,17 +176,33 @@ def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_p
     # the profile's range: this trace's steps lie within it, no warning
     _, err = cli_ok([*args, "--calibration", str(cal), "--out", str(tmp_path / "in")])
     assert "than the calibration saw" not in err
-    assert pd.read_csv(tmp_path / "in" / "summary.csv")["extrapolated_step_frac"].iloc[0] == 0
-    # a fit that saw at most 100 KV tokens a step: most steps read more
+    inside = pd.read_csv(tmp_path / "in" / "summary.csv").iloc[0]
+    assert inside["extrapolated_step_frac"] == 0 and inside["extrapolation_ratio"] < 1
+    # ... but under it: the profile's batches hold 2 sequences or more, this trace's mostly 1
+    under = inside["below_range_step_frac"]
+    assert under > 0.5
+    (line,) = [x for x in err.splitlines() if "than the calibration's smallest" in x]
+    # (the share of the feature named: the summary's counts steps under any feature)
+    assert re.match(
+        r"warning: \d+ % of steps had fewer decode sequences than the calibration's smallest "
+        r"\(2; down to 1\): its terms are extrapolated down \(under the range too: ",
+        line,
+    )
+    # a fit that saw at most 100 KV tokens a step: most steps read more, up to how far; a
+    # file without minima (written before session 19): not checked below
+    for entry in data["fit"]["feature_range"]["features"].values():
+        del entry["min"]
     data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
     narrow = tmp_path / "narrow.json"
     narrow.write_text(json.dumps(data))
     _, err = cli_ok([*args, "--calibration", str(narrow), "--out", str(tmp_path / "past")])
-    share = pd.read_csv(tmp_path / "past" / "summary.csv")["extrapolated_step_frac"].iloc[0]
-    assert share > 0.5
+    past = pd.read_csv(tmp_path / "past" / "summary.csv").iloc[0]
+    share, ratio = past["extrapolated_step_frac"], past["extrapolation_ratio"]
+    assert share > 0.5 and ratio > 1 and pd.isna(past["below_range_step_frac"])
     (line,) = [x for x in err.splitlines() if "than the calibration saw" in x]
     assert re.fullmatch(
-        rf"warning: {100 * share:.0f} % of steps read more KV tokens than the calibration saw "
+        rf"warning: {100 * share:.0f} % of steps read more KV tokens than the calibration saw, "
+        rf"up to {ratio:.1f}x its largest "
         r"\(max 100; 99 % of its steps under 90\): its KV terms are extrapolated; calibrate on a "
         r"profile that covers such steps \(under paged\)",
         line,
@@ -270,7 +294,8 @@ def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(profile, tmp_p
     cal.write_text(json.dumps(data))
     args = ["colocate", str(trace), "--tenants", "2", "--layout", "static", "--model"]
     _, err = cli_ok([*args, "Llama-3-8B", "--calibration", str(cal), "--out", str(tmp_path / "o")])
-    lines = [x for x in err.splitlines() if "than the calibration saw (max 100;" in x]
+    lines = [x for x in err.splitlines() if re.search(r"than the calibration saw, up to \d", x)]
+    assert all("its largest (max 100;" in x for x in lines)
     assert lines and all(x.startswith("warning: ") for x in lines)
     assert "t0 static" in err and "t1 static" in err
 
@@ -304,6 +329,12 @@ def test_requests_writes_the_same_calibration_with_its_expected_error(tmp_path, 
     assert data["format"] == "poollab-step-time/2" and data["fit"]["from"] == "requests"
     assert data["terms"]["fixed_s"] == pytest.approx(0.08, rel=0.25)
     assert "expected error" in out and "tpot_p50_s" in out
+    # the range of the steps it infers, recorded and printed as a step fit's: simulate checks it
+    from sim.serving.steptime import load_step_calibration
+
+    fitted = load_step_calibration(out_file).fitted_range
+    assert fitted.steps == "simulated" and fitted.max["kv_tokens"] > 0
+    assert fitted.describe() in out.splitlines()
 
 
 def test_sweep_reads_a_fitted_calibration(profile, tmp_path, trace, cli, cli_ok):

@@ -67,9 +67,17 @@ def test_the_table_judges_each_run_by_the_others_fits_with_the_spread(tmp_path, 
     out = capsys.readouterr().out
     # exact up to rounding: a 1e-16 error prints as -0 % or +0 %
     # no step of b's requests lies past what a's profile covered (its batches are larger)
-    assert re.search(r"\| calibrate steps a \| b \| held out \| 0 % \|( [+-]0 % \|){6}", out)
-    assert re.search(r"\| none \(bundled roofline\) \| b \| baseline \| - \|", out)
-    assert "| steps past the fit's range | within target / figures |\n|---|---|\n| none | " in out
+    # and how far: b's largest KV tokens a small share of a's (a ratio under 1); its small
+    # first steps, under a's smallest, are counted apart
+    assert re.search(
+        r"\| calibrate steps a \| b \| held out \| 0 % \| 0\.\d+x \| \d+ % \|( [+-]0 % \|){6}",
+        out,
+    )
+    assert re.search(r"\| none \(bundled roofline\) \| b \| baseline \| - \| - \| - \|", out)
+    head = "| within target / figures | misses |\n|---|---|---|\n"
+    assert f"| steps past the fit's range {head}| none | " in out
+    assert f"| largest KV tokens over the fit's {head}| inside (up to 1x) | " in out
+    assert f"| steps under the fit's range {head}| " in out
     assert (
         "| calibrate steps a | slow | held out |" in out and "✗" in out
     )  # 0.07 s steps for a 0.09 s engine
@@ -105,11 +113,12 @@ def test_a_condition_of_three_runs_widens_the_target_of_its_runs_only(tmp_path, 
         if line.startswith("| w_10s | w_10s_1, w_10s_2, w_10s_3 |")
     )
     ttft_spread = float(spread_row.split(" | ")[2].rstrip(" %"))
-    ttft_error = float(rows["w_10s_3"].split(" | ")[4].split(" %")[0])  # after the share past
+    # after the share past, how far, and the share under
+    ttft_error = float(rows["w_10s_3"].split(" | ")[6].split(" %")[0])
     assert (
         15 < abs(ttft_error) <= ttft_spread
     )  # 0.05 s steps for a 0.1 s engine: within its runs' spread
-    assert "✗" not in rows["w_10s_3"].split(" | ")[4] and "✗" in rows["w_10s_lone"].split(" | ")[4]
+    assert "✗" not in rows["w_10s_3"].split(" | ")[6] and "✗" in rows["w_10s_lone"].split(" | ")[6]
     assert "on another workload" not in out  # one workload: w, its name up to the duration
 
 
@@ -128,7 +137,7 @@ def test_add_and_drop_reach_the_step_fit(tmp_path, capsys):
         return next(r for r in out.splitlines() if r.startswith("| calibrate steps a | b |"))
 
     plain = row([])
-    assert re.search(r"held out \| 0 % \|( [+-]0 % \|){6}", plain)
+    assert re.search(r"held out \| 0 % \| 0\.\d+x \| \d+ % \|( [+-]0 % \|){6}", plain)
     assert row(["--add", "per_exposed_kv_token_s"]) == plain
     assert row(["--drop", "per_exposed_kv_token_s"]) == plain
     assert "✗" in row(["--drop", "fixed_s"])

@@ -7,7 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.serving.engine_runs import fit_from_requests, latency_errors, predict_served, served_trace
+from sim.serving.engine_runs import (
+    fit_from_requests,
+    latency_errors,
+    predict_served,
+    priced_range,
+    served_trace,
+    simulate_served,
+)
 from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
 
 ENGINE = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "engine"
@@ -92,6 +99,17 @@ def test_terms_are_recovered_from_a_request_table_alone():
     assert fit.calibration.terms.fixed_s == pytest.approx(0.06, rel=0.1)
     assert fit.errors["error_%"].abs().max() < 5
     assert set(fit.cv_errors["half"]) == {0, 1}
+    # the range of the steps it infers (those its terms price on the table), checked as a step
+    # fit's: the table's own requests lie inside it, a longer table's past it
+    fitted = fit.calibration.fitted_range
+    assert fitted is not None and fitted.steps == "simulated"
+    assert fitted == priced_range(served_trace(measured), fit.calibration)
+    assert fitted.min["num_decode_seqs"] >= 1 and fitted.max["kv_tokens"] > 0
+    same = simulate_served(served_trace(measured), fit.calibration).summary
+    assert same["extrapolated_step_frac"] == 0 and same["below_range_step_frac"] == 0
+    longer = _served(n=40, seed=2).assign(output_tokens=lambda d: 10 * d["output_tokens"])
+    past = simulate_served(served_trace(longer), fit.calibration).summary
+    assert past["extrapolated_step_frac"] > 0 and past["extrapolation_ratio"] > 1
 
 
 @needs_engine_data

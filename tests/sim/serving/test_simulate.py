@@ -200,20 +200,25 @@ def test_first_hit_rate_leaves_out_a_preempted_requests_own_blocks():
     assert off["prefix_hit_rate"] == 0 and off["prefix_first_hit_rate"] == 0
 
 
-def _ranged(max_kv):
+def _ranged(max_kv, min_kv=None):
     """A fitted calibration (70 ms a step and a KV term) whose fit saw up to ``max_kv`` KV tokens
-    a step (every other feature unbounded)."""
+    a step (every other feature unbounded), and at least ``min_kv`` (None: no minima recorded,
+    a file of session 18)."""
     from sim.serving.fit_range import RANGE_FEATURES
     from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
 
     top = dict.fromkeys(RANGE_FEATURES, 1e12) | {"kv_tokens": max_kv}
+    low = {} if min_kv is None else dict.fromkeys(RANGE_FEATURES, 0) | {"kv_tokens": min_kv}
     return StepCalibration(
         default_calibration(),
         terms=StepTerms(fixed_s=0.07, per_kv_token_s=1e-7),
         fit={
             "feature_range": {
                 "quantile": 0.99,
-                "features": {k: {"max": v, "quantile": v} for k, v in top.items()},
+                "features": {
+                    k: {"max": v, "quantile": v, **({"min": low[k]} if low else {})}
+                    for k, v in top.items()
+                },
             }
         },
     )
@@ -223,10 +228,32 @@ def test_a_calibrated_run_counts_the_steps_priced_past_the_fits_range():
     trace = synth(n=30)
     none = sim("paged", trace)
     assert none.summary["extrapolated_step_frac"] is None and not none.summary["range_warning"]
+    assert none.summary["extrapolation_ratio"] is None
+    assert none.summary["below_range_step_frac"] is None
     inside, past, some = (sim("paged", trace, calibration=_ranged(m)) for m in (1e12, 0, 3000))
     assert inside.summary["extrapolated_step_frac"] == 0.0 and not inside.summary["range_warning"]
+    assert 0 < inside.summary["extrapolation_ratio"] < 1e-6  # far inside
+    assert inside.summary["below_range_step_frac"] is None  # no minima recorded: not checked
     assert past.summary["extrapolated_step_frac"] == 1.0
     assert past.summary["range_warning"].startswith("100 % of steps read more KV tokens")
+    assert past.summary["extrapolation_ratio"] is None  # a fit that saw no KV token: no ratio
     assert 0 < some.summary["extrapolated_step_frac"] < 1
+    # how far: the largest KV tokens a step read over the fit's 3,000, and the warning says it
+    ratio = some.summary["extrapolation_ratio"]
+    assert ratio > 1
+    assert ratio * 3000 == pytest.approx(inside.summary["extrapolation_ratio"] * 1e12)
+    assert f", up to {ratio:.1f}x its largest (max 3.0k;" in some.summary["range_warning"]
     # counting changes no figure
     assert inside.summary["tpot_p50_s"] == past.summary["tpot_p50_s"] == some.summary["tpot_p50_s"]
+
+
+def test_a_calibrated_run_counts_the_steps_under_the_fits_smallest_apart():
+    trace = synth(n=30)
+    small = sim("paged", trace, calibration=_ranged(1e12, min_kv=5e6)).summary
+    assert small["below_range_step_frac"] == 1.0 and small["extrapolated_step_frac"] == 0.0
+    assert small["range_warning"].startswith(
+        "100 % of steps read fewer KV tokens than the calibration's smallest (5.0M; down to "
+    )
+    covered = sim("paged", trace, calibration=_ranged(1e12, min_kv=1)).summary
+    assert covered["below_range_step_frac"] == 0.0 and not covered["range_warning"]
+    assert small["tpot_p50_s"] == covered["tpot_p50_s"]  # counting changes no figure

@@ -455,7 +455,9 @@ def test_a_fitted_range_counts_the_steps_priced_past_it_and_prices_them_alike(tm
     # a quiet decode stretch: one priced step each, past once its KV passes 10k
     stm.decode_step_times_s(4, 9_990, 5)  # 9,994 .. 10,010 KV tokens (4 new): 2 inside
     assert (stm.range_count.num_steps, stm.range_count.num_past) == (7, 4)
-    assert "read more KV tokens than the calibration saw (max 10k;" in stm.range_count.warning()
+    assert "read more KV tokens than the calibration saw, up to 2.0x its largest (max 10k;" in (
+        stm.range_count.warning()
+    )
 
 
 def test_a_bad_fitted_range_names_the_file(tmp_path):
