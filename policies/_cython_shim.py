@@ -29,6 +29,7 @@ def _keep(*_args: Any, **_kwargs: Any) -> Callable[[Any], Any]:
 cython = SimpleNamespace(
     compiled=False,
     longlong=int,
+    ulonglong=int,
     Py_ssize_t=int,
     locals=_keep,
     boundscheck=_keep,

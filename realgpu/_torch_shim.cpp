@@ -45,10 +45,10 @@ typedef int (*is_capturing_fn)(void*, int*);
 is_capturing_fn g_is_capturing = nullptr;
 // The compiled hot path's C entries (TorchPath.entry_addresses), called with g_target, a strong
 // reference to the TorchPath: malloc(path, size, stream) -> the pointer (0 with the Python error
-// set), free(path, ptr, size) -> None (a new reference, or NULL with the error set). Null: the
-// callables above are called.
+// set), free(path, ptr, size) -> None (a new reference, or NULL with the error set), free's pointer
+// and size as C integers (no int boxed for them). Null: the callables above are called.
 typedef unsigned long long (*malloc_entry_fn)(PyObject*, PyObject*, PyObject*);
-typedef PyObject* (*free_entry_fn)(PyObject*, PyObject*, PyObject*);
+typedef PyObject* (*free_entry_fn)(PyObject*, unsigned long long, unsigned long long);
 PyObject* g_target = nullptr;
 malloc_entry_fn g_malloc_entry = nullptr;
 free_entry_fn g_free_entry = nullptr;
@@ -387,11 +387,8 @@ void poollab_free(void* ptr, size_t size, int device, void* stream) {
     if (g_free_entry != nullptr) {
       owner = g_target;  // held: the call may rebind the table
       Py_INCREF(owner);
-      PyObject* ptr_obj = PyLong_FromVoidPtr(ptr);
-      PyObject* size_obj = PyLong_FromSize_t(size);
-      result = ptr_obj != nullptr && size_obj != nullptr ? g_free_entry(owner, ptr_obj, size_obj) : nullptr;
-      Py_XDECREF(ptr_obj);
-      Py_XDECREF(size_obj);
+      result = g_free_entry(owner, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(ptr)),
+                            static_cast<unsigned long long>(size));
     } else {
       PyObject* args[4] = {PyLong_FromVoidPtr(ptr), PyLong_FromSize_t(size), PyLong_FromLong(device),
                            PyLong_FromVoidPtr(stream)};

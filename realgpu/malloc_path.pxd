@@ -2,6 +2,9 @@
 cimport cython
 from policies._blocks cimport Block, bisect_ints
 from policies.base cimport Allocation
+from realgpu.live_map cimport LiveMap
+
+cdef bint _COMPILED
 
 
 cdef class MallocPath:
@@ -19,16 +22,17 @@ cdef class Lease:
 cdef class TorchPath:
     cdef public object core, allocate, free_policy, last_stream
     cdef public list starts, bases, queued
-    cdef public dict live
+    cdef public LiveMap live
     cdef public long long countdown, extra_bytes, align_mask
     cdef public bint in_malloc, fast
     cdef public Py_ssize_t segment_index
 
 
 # PyTorch's two calls, as C functions the trampoline calls by address (TorchPath.entry_addresses)
-# malloc's answer is the pointer as a C integer (0 with the error set: no pointer is 0)
+# malloc's answer is the pointer as a C integer (0 with the error set: no pointer is 0); free's
+# pointer and size come as C integers
 cdef unsigned long long torch_malloc(TorchPath path, object size, object stream) except? 0
-cdef object torch_free(TorchPath path, object ptr, object size)
+cdef object torch_free(TorchPath path, unsigned long long ptr, unsigned long long size)
 
 
 cpdef bint extents_are_one_range(object extents, list starts) except -1

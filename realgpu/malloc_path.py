@@ -21,6 +21,7 @@ from typing import Any, Callable
 from policies._blocks import Block, bisect_ints
 from policies.base import Allocation
 from realgpu.errors import PoolError
+from realgpu.live_map import new_live_map
 
 try:
     import cython
@@ -31,6 +32,10 @@ __all__ = ["Lease", "MallocPath", "TorchPath", "extents_are_one_range", "ALIGNME
 
 #: What every pointer handed to PyTorch is aligned to: its caching allocator guarantees 512 B.
 ALIGNMENT_BYTES = 512
+#: the largest pointer or size the C entries take (unsigned 64-bit)
+_MAX_U64 = (1 << 64) - 1
+#: a module global, not ``cython.compiled`` (an attribute lookup interpreted, on every call)
+_COMPILED = cython.compiled
 
 
 @cython.locals(
@@ -234,7 +239,7 @@ class TorchPath:
     free_policy: Callable[[Any], None]
     starts: list
     bases: list
-    live: dict
+    live: Any  # LiveMap compiled, dict interpreted
     queued: list
     last_stream: Any
     countdown: int
@@ -251,14 +256,15 @@ class TorchPath:
         free_policy: Callable[[Any], None],
         starts: list,
         bases: list,
-        live: dict,
     ):
         self.core = core
         self.allocate = allocate
         self.free_policy = free_policy
         self.starts = starts
         self.bases = bases
-        self.live = live
+        #: pointer -> allocation for every pointer live in PyTorch (``AllocatorCore.live``): a
+        #: ``LiveMap`` compiled (C keys), a ``dict`` interpreted (``realgpu.live_map``)
+        self.live = new_live_map()
         self.queued = []
         self.last_stream = None
         self.countdown = 1
@@ -279,14 +285,19 @@ class TorchPath:
     def free(self, ptr: int, size: int, device: int, stream: int) -> None:
         """Give the allocation at ``ptr`` back (what ``AllocatorCore.free`` documents). Never
         raises."""
+        if _COMPILED and not (0 < ptr <= _MAX_U64 and 0 <= size <= _MAX_U64):
+            # not what the C entry takes (the trampoline's pointers and sizes always are)
+            self.core._free_unknown(ptr, size)
+            return
         torch_free(self, ptr, size)
 
     def entry_addresses(self) -> tuple[int, int] | None:
         """The C addresses of ``torch_malloc`` and ``torch_free`` (compiled; None interpreted), for
         the trampoline to call with this object, without a Python call:
         ``unsigned long long (PyObject* path, PyObject* size, PyObject* stream)`` (the pointer, or
-        0 with the error set) and ``PyObject* (PyObject* path, PyObject* ptr, PyObject* size)``
-        (None, a new reference, or NULL with the error set)."""
+        0 with the error set) and ``PyObject* (PyObject* path, unsigned long long ptr, unsigned
+        long long size)`` (None, a new reference, or NULL with the error set: a free's pointer and
+        size come as C integers, so no int is made for them unless a slow path needs one)."""
         if cython.compiled:
             return (
                 cython.cast(cython.Py_ssize_t, cython.cast(cython.p_void, torch_malloc)),
@@ -316,7 +327,6 @@ class TorchPath:
     i=cython.Py_ssize_t,
     num_segments=cython.Py_ssize_t,
     mask=cython.longlong,
-    key=object,
     request=object,
     num_live=cython.Py_ssize_t,
 )
@@ -374,14 +384,17 @@ def torch_malloc(path: TorchPath, size: int, stream: Any) -> int:
         ptr += offset - start
         if ptr & mask:
             return path.core._place(found, size, nbytes, stream)
-        key = ptr  # the live map's int (the answer, compiled, is ``ptr`` itself: no int read back)
         # stored unless live already, in one lookup: a policy that hands a live pointer out
         # again (the map did not grow) is refused by ``_place``, the first tensor's entry kept
-        live = path.live
-        num_live = len(live)
-        live.setdefault(key, found)
-        if len(live) == num_live:
-            return path.core._place(found, size, nbytes, stream)
+        if _COMPILED:  # a LiveMap: the pointer as a C integer, no int made for a key
+            if not path.live.add(ptr, found):
+                return path.core._place(found, size, nbytes, stream)
+        else:  # a dict
+            live = path.live
+            num_live = len(live)
+            live.setdefault(ptr, found)
+            if len(live) == num_live:
+                return path.core._place(found, size, nbytes, stream)
         path.extra_bytes += nbytes - n
         path.countdown -= 1
         if not path.countdown:
@@ -394,14 +407,18 @@ def torch_malloc(path: TorchPath, size: int, stream: Any) -> int:
 
 
 def torch_free(path: TorchPath, ptr: int, size: int) -> None:
-    """``TorchPath.free``, the one place of it (compiled, a C function the trampoline calls)."""
+    """``TorchPath.free``, the one place of it (compiled, a C function the trampoline calls, the
+    pointer and size C integers: ints are made of them only off the hot path)."""
     if path.in_malloc:  # set off inside our own malloc (a finalizer): the policy is mid-request
         path.queued.append((ptr, size))
         return
     if not path.fast:
         path.core._free(ptr, size)
         return
-    a = path.live.pop(ptr, None)
+    if _COMPILED:  # a LiveMap (see ``TorchPath``): the pointer as a C integer
+        a = path.live.take(ptr)
+    else:  # a dict
+        a = path.live.pop(ptr, None)
     if a is None:
         path.core._free_unknown(ptr, size)
         return

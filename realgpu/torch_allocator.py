@@ -149,8 +149,6 @@ class AllocatorCore:
         self._event = 0  # the event index of the next sample (calls counted by the sampling stride)
         self._t0_ns = time.perf_counter_ns()
         self.on_drained = on_drained
-        #: pointer -> allocation, for every live pointer handed to PyTorch
-        self.live: dict[int, Allocation] = {}
         #: errors met in free (double or unknown frees, corruption found by validation)
         self.errors: list[BaseException] = []
         self.streams: set[int] = set()
@@ -196,7 +194,10 @@ class AllocatorCore:
         #: the hot path (``realgpu.malloc_path.TorchPath``; C in the compiled build): PyTorch's
         #: two calls are its methods, bound here over the class's, so the trampoline lands on
         #: them with no frame between; it keeps the counters both paths share
-        self.path = TorchPath(self, self._allocate, self._free_policy, starts, bases, self.live)
+        self.path = TorchPath(self, self._allocate, self._free_policy, starts, bases)
+        #: pointer -> allocation, for every live pointer handed to PyTorch: the path's map (a
+        #: ``dict``'s subset; ``realgpu.live_map.LiveMap`` with C keys in the compiled build)
+        self.live = self.path.live
         self.malloc = self.path.malloc
         self.free = self.path.free
         self._update_fast()
