@@ -341,7 +341,10 @@ class TorchCaching(Policy):
         return keys
 
     def _insert(self, b: _Block) -> None:
-        """``insert_into_blocks``: cache a free block (and stamp it for garbage collection)."""
+        """``insert_into_blocks``: cache a free block (and stamp it for garbage collection).
+
+        ``_free`` and the split in ``_allocate`` run the same steps inline (the hot paths: a
+        call each per event); a change here goes there too."""
         if self._gc_on:  # the counts move only with garbage collection on: else the stamp stays 0
             b.gc_count_base = self._free_block_calls[b.small]
         keys = b.keys
@@ -790,7 +793,18 @@ class TorchCaching(Policy):
         b.allocated = False
         b.segment.num_live -= 1
         self.allocated_bytes -= b.size
-        self._insert(self._merge_free_neighbours(b))
+        # every free runs this: the merge is called only where a neighbour is free (it joins
+        # nothing else), and ``_insert`` is inline
+        prev, nxt = b.prev, b.next
+        if (prev is not None and not prev.allocated) or (nxt is not None and not nxt.allocated):
+            b = self._merge_free_neighbours(b)
+        if self._gc_on:
+            b.gc_count_base = self._free_block_calls[b.small]
+        keys = b.keys
+        if keys is None:
+            keys = b.keys = self._keys_of(b.pool, b.small, b.stream)
+        insort(keys, b.size << _KEY_BITS | b.ptr)
+        self._free_at[b.ptr] = b
 
     def _release_block(self, b: _Block) -> int:
         """``release_block``: ``cudaFree`` a cached block that is a whole segment."""
