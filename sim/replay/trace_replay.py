@@ -12,6 +12,7 @@ call.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -390,17 +391,15 @@ _JOB: dict[str, Any] = {}
 #: A worker's youngest-generation collection threshold (CPython's default: 700). A replay makes
 #: and drops three tracked objects a call (allocation, block, extents tuple): at 700 a young
 #: collection runs every few hundred events and walks objects that die soon after anyway; at
-#: this threshold most die before one (-1.5 % of an expandable replay's instructions with the
-#: parent's objects frozen, ``benchmarks/RESULTS.md`` session 19 t2). The cyclic garbage a
-#: worker holds between collections stays a few MB.
+#: this threshold most die before one (with the parent's objects frozen: -2.4 % of an expandable
+#: replay's instructions, -3.6 % of torch-caching's; ``benchmarks/RESULTS.md``, session 19 t2).
+#: The cyclic garbage a worker holds between collections stays a few MB.
 WORKER_GC_THRESHOLD = 50_000
 
 
 def _start_worker() -> None:
     """In a forked worker, before its first job: the collection threshold above (results do not
     depend on when the collector runs)."""
-    import gc
-
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(WORKER_GC_THRESHOLD, older, oldest)
 
@@ -434,8 +433,6 @@ def _replay_in_workers(
     import multiprocessing
 
     from sim.replay.progress import SharedCounts, progress_bar
-
-    import gc
 
     ctx = multiprocessing.get_context("fork")
     counts = SharedCounts(len(specs), ctx)
