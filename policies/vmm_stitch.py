@@ -211,16 +211,19 @@ class VmmStitch(BestFit):
                 owners.discard(chunks)
 
     # ----------------------------------------------------------------- Policy hooks
+    # best fit's hooks are called by class (``BestFit._allocate(self, ...)``), the method
+    # ``super()`` finds: on Python 3.11 a ``super()`` makes a proxy object each call, on every
+    # event of a replay
     def _allocate(self, nbytes: int, stream: int, tag: str | None) -> Allocation | None:
         chunk = self.device.granularity_bytes
         if nbytes < chunk or self._find(round_up(nbytes, chunk), stream) is not None:
             if nbytes >= chunk:  # whole chunks, so a freed block can be stitched again
                 nbytes_rounded = round_up(nbytes, chunk)
-                a = super()._allocate(nbytes_rounded, stream, tag)
+                a = BestFit._allocate(self, nbytes_rounded, stream, tag)
                 if a is not None:
                     a.nbytes = nbytes
                 return a
-            return super()._allocate(nbytes, stream, tag)
+            return BestFit._allocate(self, nbytes, stream, tag)
         size = round_up(nbytes, chunk)
         found = self._stitch(size, stream)
         if found is None:
@@ -244,12 +247,13 @@ class VmmStitch(BestFit):
     def _free(self, allocation: Allocation) -> None:
         handle = allocation.handle
         if not isinstance(handle, tuple):
-            return super()._free(allocation)
+            return BestFit._free(self, allocation)
         stitched, blocks = handle
         self._live_stitches.discard(stitched.chunks)
         for block in blocks:
-            super()._free(
-                Allocation(block.size, block.size, ((block.offset, block.size),), handle=block)
+            BestFit._free(
+                self,
+                Allocation(block.size, block.size, ((block.offset, block.size),), handle=block),
             )
 
     def _release_segment(self, seg: Segment) -> None:

@@ -40,6 +40,11 @@ def test_every_job_is_timed_in_its_worker():
     assert "critical path with a core a job: max(imports" in out
     assert "imports before the read (parent)" in out
     assert "with the command's imports before the read" in out
+    # the wall gaps around the jobs: a figure each (the pool's start, the results' way back)
+    for gap in ("wall: pool call to first job start", "wall: last job end to results"):
+        line = next(x for x in out.splitlines() if x.strip().startswith(gap))
+        assert float(line.split()[-1]) >= 0.0
+    assert "with the workers' start and the results' way back" in out
 
 
 def test_in_process_times_the_read_after_the_imports():

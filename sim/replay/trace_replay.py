@@ -12,6 +12,7 @@ call.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -387,6 +388,20 @@ def _num_workers(workers: int | None, num_jobs: int, num_events: int) -> int:
 #: What a forked worker reads: set in the parent just before the fork, so the children inherit it
 #: (the trace and its event table are shared pages, never pickled).
 _JOB: dict[str, Any] = {}
+#: A worker's youngest-generation collection threshold (CPython's default: 700). A replay makes
+#: and drops three tracked objects a call (allocation, block, extents tuple): at 700 a young
+#: collection runs every few hundred events and walks objects that die soon after anyway; at
+#: this threshold most die before one (with the parent's objects frozen: -2.4 % of an expandable
+#: replay's instructions, -3.6 % of torch-caching's; ``benchmarks/RESULTS.md``, session 19 t2).
+#: The cyclic garbage a worker holds between collections stays a few MB.
+WORKER_GC_THRESHOLD = 50_000
+
+
+def _start_worker() -> None:
+    """In a forked worker, before its first job: the collection threshold above (results do not
+    depend on when the collector runs)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(WORKER_GC_THRESHOLD, older, oldest)
 
 
 def _worker_job(job: int) -> Any:
@@ -423,8 +438,14 @@ def _replay_in_workers(
     counts = SharedCounts(len(specs), ctx)
     _JOB.update(trace=trace, events=events, specs=specs, options=options, counts=counts)
     bar = None
+    # the objects made so far (the trace, the modules) go to the collector's permanent generation
+    # until the workers are done: a worker's collections never walk them, nor write their
+    # headers, so their pages stay shared with this process
+    froze = gc.get_freeze_count() == 0  # a caller's own frozen objects are its to unfreeze
+    if froze:
+        gc.freeze()
     try:
-        with cf.ProcessPoolExecutor(num_workers, mp_context=ctx) as pool:
+        with cf.ProcessPoolExecutor(num_workers, mp_context=ctx, initializer=_start_worker) as pool:
             # the bounds first: a single long job that would otherwise finish last
             jobs = ([len(specs)] if bounded else []) + list(range(len(specs)))
             futures = {job: pool.submit(_worker_job, job) for job in jobs}
@@ -444,6 +465,8 @@ def _replay_in_workers(
                     raise failed.exception()
             outcomes = {job: f.result() for job, f in futures.items()}
     finally:
+        if froze:
+            gc.unfreeze()
         _JOB.clear()
         if bar is not None:
             bar.close()

@@ -476,3 +476,23 @@ def test_the_free_block_index_stays_consistent_over_streams_pools_and_empty_cach
         _assert_index_consistent(pool)
         assert pool.gauges()[4] == len(pool.segments())  # expandable: its runs, counted apart
     check_invariants(pool, live)
+
+
+@pytest.mark.parametrize("request_mib", [13, 20])
+def test_a_split_rest_keeps_its_block_place_in_the_index_or_moves_before_a_larger_key(request_mib):
+    """A cached 30 MiB segment split for a request: its rest (17 or 10 MiB) takes the block's
+    place in the free-key list when the key before it (a cached 12 MiB block) is smaller (13),
+    else it moves before that one (20); either way the index stays sorted and whole."""
+    pool = TorchCaching()
+    p = pool.allocate(8 * MiB)  # a 20 MiB segment: p, then a 12 MiB cached block
+    r = pool.allocate(30 * MiB)  # a segment of its own, cached whole once freed
+    pool.free(r)
+    a = pool.allocate(request_mib * MiB)
+    assert a.offset == r.offset  # the best fit: the 30 MiB block (the 12 MiB one is too small)
+    rest_bytes = (30 - request_mib) * MiB
+    rest = pool._free_at[r.offset + request_mib * MiB]
+    assert rest.size == rest_bytes
+    sizes = [k >> 64 for k in rest.keys]
+    assert sizes == sorted([12 * MiB, rest_bytes])
+    _assert_index_consistent(pool)
+    check_invariants(pool, [p, a])

@@ -81,3 +81,40 @@ def test_the_event_table_is_compact_and_replays_as_the_trace_does(slice_trace):
     assert {k: v for k, v in shared.items() if not k.endswith(("_us", "_s"))} == {
         k: v for k, v in own.items() if not k.endswith(("_us", "_s"))
     }
+
+
+def _worker_gc_state(job: int):
+    """A job that reports its worker's collector state (forked workers find it by name)."""
+    import gc
+
+    return gc.get_threshold()[0], gc.get_freeze_count()
+
+
+def test_workers_collect_less_often_and_the_parent_unfreezes_after(slice_trace, monkeypatch):
+    import gc
+
+    from sim.replay import trace_replay
+
+    monkeypatch.setattr(trace_replay, "_worker_job", _worker_gc_state)
+    events = trace_events(slice_trace)
+    assert gc.get_freeze_count() == 0
+    results, _ = trace_replay._replay_in_workers(
+        slice_trace, events, ["paged", "best-fit"], {}, False, 2, False
+    )
+    assert gc.get_freeze_count() == 0  # unfrozen once the workers are done
+    for threshold, frozen in results:
+        assert threshold == trace_replay.WORKER_GC_THRESHOLD
+        assert frozen > 0  # the parent's objects, inherited frozen
+    assert gc.get_threshold()[0] != trace_replay.WORKER_GC_THRESHOLD  # this process's untouched
+
+
+def test_a_callers_own_frozen_objects_stay_frozen(slice_trace):
+    import gc
+
+    gc.freeze()
+    try:
+        replay_tables(slice_trace, ["paged", "best-fit"], workers=2, with_bounds=False)
+        # not unfrozen (which would empty it; frozen objects freed since leave it too)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
