@@ -564,12 +564,16 @@ class Server:
         #: step -> the KV's allocated bytes after its grows, for the steps of the window whose
         #: slots were taken ahead (``DecodeRun.take_slots_through``)
         taken: dict[int, int] = {}
-        own = run.num_own_tokens
+        # the token states' bytes, ``(own + cached) * bytes_per_token``, kept as an integer that
+        # grows by ``step_bytes`` a step (exact: the same integer the product gives)
+        own_bytes = (run.num_own_tokens + cached) * bytes_per_token
+        step_bytes = 0
         finish_step = run.next_finish_step()
         while num_steps < max_steps:
             if run.num_seqs != m:
                 # a new batch size: its activations must be a round trip known to change nothing
                 m = run.num_seqs
+                step_bytes = m * bytes_per_token
                 nbytes = activation_bytes.get((m, m))
                 if nbytes is None:
                     nbytes = activation_bytes[(m, m)] = self.model.activation_bytes(m, m)
@@ -615,8 +619,8 @@ class Server:
                         idle = reserved - allocated  # free pages taken: nothing reserved
                 t = end_s
                 busy_s += dt
-                own += m
-                token_byte_s += (own + cached) * bytes_per_token * dt
+                own_bytes += step_bytes
+                token_byte_s += own_bytes * dt
                 reserved_byte_s += reserved * dt
                 idle_byte_s += idle * dt
             else:
@@ -675,17 +679,17 @@ class Server:
                     lag = 0
                 num_steps += 1
                 finished = run.end_step(t)
-                own = run.num_own_tokens
                 finish_step = run.next_finish_step()
                 reserved = self._kv_reserved_bytes()
                 idle = reserved - kv.allocated_bytes
                 cached = kv.cached_tokens
+                own_bytes = (run.num_own_tokens + cached) * bytes_per_token
             else:
                 num_steps += 1
                 lag += 1
-                own += m
+                own_bytes += step_bytes
                 finished = 0
-            token_byte_s += (own + cached) * bytes_per_token * dt
+            token_byte_s += own_bytes * dt
             reserved_byte_s += reserved * dt
             idle_byte_s += idle * dt
             if t >= next_sample_s:
