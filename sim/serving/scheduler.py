@@ -650,10 +650,11 @@ class DecodeRun:
         nothing finishes, but maybe the last), in one KV grow: the same pages to the same
         requests in the same order (step by step, running order in each), since nothing else
         calls the pool in between. Returns each step's ``kv.allocated_bytes`` after its grows
-        (steps that grow nothing left out), or None, with nothing done, when the KV manager
-        cannot promise them all at once, or the run has no page source and none of its requests
-        finished yet (the caller then takes them step by step). ``take_slots`` is its window of
-        one step: the one place that moves due requests on."""
+        (steps that grow nothing left out; the keys in step order), or None, with nothing
+        done, when the KV manager cannot promise them all at once, or the run has no page source
+        and none of its requests finished yet (the caller then takes them step by step).
+        ``take_slots`` is its window of one step: the one place that moves due requests on.
+        ``first`` is no later than ``next_slot_step`` (the steps before it were taken)."""
         slots_at = self._slots_at  # (a finished request has left its due list: ``end_step``)
         if self._page_source is None:
             # no pages to take: done only when no request of the run is due in the window

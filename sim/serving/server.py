@@ -564,6 +564,7 @@ class Server:
         #: step -> the KV's allocated bytes after its grows, for the steps of the window whose
         #: slots were taken ahead (``DecodeRun.take_slots_through``)
         taken: dict[int, int] = {}
+        take_at = math.inf  # its first step (its keys come in step order), ``math.inf``: none
         # the token states' bytes, ``(own + cached) * bytes_per_token``, kept as an integer that
         # grows by ``step_bytes`` a step (exact: the same integer the product gives)
         own_bytes = (run.num_own_tokens + cached) * bytes_per_token
@@ -613,10 +614,9 @@ class Server:
                 end_s = t + dt
                 if end_s >= stop_s:
                     break
-                if taken:
-                    allocated = taken.pop(times_at + k, None)
-                    if allocated is not None:
-                        idle = reserved - allocated  # free pages taken: nothing reserved
+                if times_at + k == take_at:
+                    idle = reserved - taken.pop(take_at)  # free pages taken: nothing reserved
+                    take_at = next(iter(taken), math.inf)
                 t = end_s
                 busy_s += dt
                 own_bytes += step_bytes
@@ -645,14 +645,14 @@ class Server:
                     last += 1
                     tt += times[last]
                 taken = run.take_slots_through(num_steps, times_at + last)
+                take_at = next(iter(taken), math.inf) if taken else math.inf
                 if taken is None:  # not all at once: this step's alone, as before
                     if not run.take_slots(num_steps):
                         break
                     idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
-            if taken:
-                allocated = taken.pop(num_steps, None)
-                if allocated is not None:
-                    idle = reserved - allocated  # free pages taken: nothing reserved
+            if num_steps == take_at:
+                idle = reserved - taken.pop(take_at)  # free pages taken: nothing reserved
+                take_at = next(iter(taken), math.inf)
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
                 if lag:
                     run.advance(lag)
