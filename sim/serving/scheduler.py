@@ -592,7 +592,8 @@ class DecodeRun:
         self._num_finished = 0  # requests of the run finished so far
         #: the first step at which some request may need a new KV slot (``math.inf``: none);
         #: kept as the slot steps change (an attribute: the server reads it every few steps)
-        self.next_slot_step = self._slot_step_after(-1)
+        phases, first_due = self._phases, self._next_first  # (``_slot_step_after(-1)``)
+        self.next_slot_step = phases[0] if phases and phases[0] < first_due else first_due
 
     def next_finish_step(self) -> int | float:
         """The next step (counted from the run's start, >= ``num_steps``) at whose end some
