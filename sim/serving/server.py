@@ -634,7 +634,8 @@ class Server:
                 i = k  # the step the plain ones stopped at: one for the whole body below
             dt = times[i]
             end_s = t + dt
-            if needs_slots(num_steps):  # some requests need a page now
+            # some requests need a page now (none before the run's next slot step: no call)
+            if num_steps >= run.next_slot_step and needs_slots(num_steps):
                 # and this step's window: the steps up to the one that yields, takes a sample,
                 # ends the stretch or finishes someone (same float adds as below), whose slots
                 # come in one grow (a stretch may reach a step past its finish: the run's own
