@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
+from bisect import bisect_left, insort
 from itertools import accumulate
 from operator import attrgetter
 from dataclasses import dataclass, field
@@ -464,10 +465,13 @@ class Scheduler:
         if not running or len(running) > self.config.max_num_batched_tokens:
             return None
         # one walk checks every request and files it by the step it finishes at and the step it
-        # needs a slot at (``DecodeRun``'s dicts: built here, not in a second walk)
+        # needs a slot at (``DecodeRun``'s dicts: built here, not in a second walk): with a page
+        # source, one first due within a page's steps straight into its ring slot
         context = 0
         finish_at: dict[int, list[Request]] = {}
         slots_at: dict[int, list[Request]] = {}
+        ring: dict[int, list[KVHandle]] = {}
+        tpp = kv.tokens_per_page if page_source is not None else 0
         for r in running:  # in running order, so every list below is too
             c = r.num_computed
             h = r.kv
@@ -480,8 +484,12 @@ class Scheduler:
                 return None
             context += c
             finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
-            slots_at.setdefault(h.capacity_tokens - c, []).append(r)
-        return DecodeRun(self, context, page_source, finish_at, slots_at)
+            due = h.capacity_tokens - c
+            if 0 <= due < tpp:
+                ring.setdefault(due, []).append(h)
+            else:
+                slots_at.setdefault(due, []).append(r)
+        return DecodeRun(self, context, page_source, finish_at, slots_at, ring)
 
 
 class DecodeRun:
@@ -520,9 +528,13 @@ class DecodeRun:
         "_finish_at",
         "_finish_steps",
         "_slots_at",
+        "_next_first",
+        "_ring",
+        "_phases",
+        "_tpp",
+        "_taken_through",
         "_page_source",
         "_num_finished",
-        "needs_slots",
         "next_slot_step",
     )
 
@@ -533,6 +545,7 @@ class DecodeRun:
         page_source=None,
         finish_at: dict[int, list[Request]] | None = None,
         slots_at: dict[int, list[Request]] | None = None,
+        ring: dict[int, list[KVHandle]] | None = None,
     ):
         self.sched, self.kv = sched, sched.kv
         running = sched.running
@@ -542,29 +555,45 @@ class DecodeRun:
         self.num_steps = 0  # steps ended since the run began
         self._applied = 0  # of them, those written into the requests
         self._live = self._first = list(running)  # ``_first``: the run's requests, running order
-        #: request -> its place in running order, built when first needed (``_running_order``:
-        #: only a step whose requests merge into a later step's sorts by it, a rare case)
-        self._order: dict[Request, int] | None = None
-        if finish_at is None or slots_at is None:  # (``Scheduler.decode_run`` passes them)
-            finish_at, slots_at = {}, {}
+        #: KV handle -> its request's place in running order, built when first needed
+        #: (``_running_order``: only requests that join a ring slot others hold sort by it, rare)
+        self._order: dict[KVHandle, int] | None = None
+        tpp = self.kv.tokens_per_page if page_source is not None else 0
+        if finish_at is None or slots_at is None or ring is None:  # (``decode_run`` passes them)
+            finish_at, slots_at, ring = {}, {}, {}
             for r in running:  # in running order, so every list below is too
                 finish_at.setdefault(r.output_tokens - r.num_generated - 1, []).append(r)
-                slots_at.setdefault(r.kv.capacity_tokens - r.num_computed, []).append(r)
+                due = r.kv.capacity_tokens - r.num_computed
+                if 0 <= due < tpp:
+                    ring.setdefault(due, []).append(r.kv)
+                else:
+                    slots_at.setdefault(due, []).append(r)
         #: step -> requests that finish at its end
         self._finish_at = finish_at
         #: the steps of ``_finish_at``, latest first: a sorted list, so that the next finish is
         #: its last item (popped as ``end_step`` reaches it), not a ``min`` over the dict per call
         self._finish_steps = sorted(finish_at, reverse=True)
-        #: step -> requests whose next token needs a slot beyond their capacity then
+        #: step -> requests whose next token first needs a slot beyond their capacity then,
+        #: a page's steps or more ahead (a slack), or any step without a page source: once given
+        #: that slot, a request joins the ring below
         self._slots_at = slots_at
+        #: the first step of ``_slots_at`` (``math.inf``: none), kept as it changes
+        self._next_first = min(slots_at, default=math.inf)
         self._page_source = page_source
+        #: With a page source, a request needs a page every ``tokens_per_page`` steps as long
+        #: as it runs: ``_ring[p]`` holds the KV handles (running order) of those due at the
+        #: steps ``s`` past the ones taken with ``s % _tpp == p``, ``_phases`` its phases sorted.
+        #: A window's grows are then its phases' lists in step order, and nobody's due step
+        #: moves. (No page source: no request moves on, the ring stays empty.)
+        self._tpp = tpp or 1
+        self._ring = ring
+        self._phases = sorted(ring)
+        self._taken_through = -1  # the last step whose slots were taken (-1: none)
         self._num_finished = 0  # requests of the run finished so far
-        #: ``needs_slots(step)``: whether some request may need a new KV slot at ``step``
-        #: (``take_slots`` then); the step dict's own membership test (one call per step)
-        self.needs_slots = slots_at.__contains__
         #: the first step at which some request may need a new KV slot (``math.inf``: none);
         #: kept as the slot steps change (an attribute: the server reads it every few steps)
-        self.next_slot_step = min(slots_at, default=math.inf)
+        phases, first_due = self._phases, self._next_first  # (``_slot_step_after(-1)``)
+        self.next_slot_step = phases[0] if phases and phases[0] < first_due else first_due
 
     def next_finish_step(self) -> int | float:
         """The next step (counted from the run's start, >= ``num_steps``) at whose end some
@@ -586,25 +615,47 @@ class DecodeRun:
         (``kv.grow_from_free_pages``); False, with nothing done, when it cannot (the engine's
         own step then runs, with its growth, eviction or preemption). The window of one step
         (``take_slots_through``: one place for how due requests move on)."""
-        if step not in self._slots_at:
+        if not self.needs_slots(step):
             return True
         return self.take_slots_through(step, step) is not None
 
-    def _running_order(self) -> dict[Request, int]:
-        """Request -> its place in the run's running order (built once, when first needed)."""
+    def needs_slots(self, step: int) -> bool:
+        """Whether some request needs a new KV slot at ``step`` (``take_slots`` then), a step
+        past those taken already."""
+        nxt = self.next_slot_step
+        if step <= nxt:
+            return step == nxt
+        return step % self._tpp in self._ring or step in self._slots_at
+
+    def _running_order(self) -> dict[KVHandle, int]:
+        """A request's KV handle -> the request's place in the run's running order (built once,
+        when first needed)."""
         if self._order is None:
-            self._order = {r: i for i, r in enumerate(self._first)}
+            self._order = {r.kv: i for i, r in enumerate(self._first)}
         return self._order
+
+    def _slot_step_after(self, step: int) -> int | float:
+        """The first step past ``step`` at which some request needs a slot (``math.inf``: none),
+        when none does between the steps taken and ``step``."""
+        phases, nxt = self._phases, self._next_first
+        if not phases:
+            return nxt
+        tpp = self._tpp
+        f = (step + 1) % tpp
+        i = bisect_left(phases, f)
+        s = step + 1 - f + (phases[i] if i < len(phases) else tpp + phases[0])
+        return s if s < nxt else nxt
 
     def take_slots_through(self, first: int, last: int) -> dict[int, int] | None:
         """``take_slots(s)`` for each step ``s`` from ``first`` to ``last`` (steps at whose ends
         nothing finishes, but maybe the last), in one KV grow: the same pages to the same
         requests in the same order (step by step, running order in each), since nothing else
         calls the pool in between. Returns each step's ``kv.allocated_bytes`` after its grows
-        (steps that grow nothing left out), or None, with nothing done, when the KV manager
-        cannot promise them all at once, or the run has no page source and none of its requests
-        finished yet (the caller then takes them step by step). ``take_slots`` is its window of
-        one step: the one place that moves due requests on."""
+        (steps that grow nothing left out; the keys in step order), or None, with nothing
+        done, when the KV manager cannot promise them all at once, or the run has no page source
+        and none of its requests finished yet (the caller then takes them step by step).
+        ``take_slots`` is its window of one step: the one place that moves due requests on.
+        ``first`` is no later than ``next_slot_step`` (the steps before it were taken)."""
         slots_at = self._slots_at  # (a finished request has left its due list: ``end_step``)
         if self._page_source is None:
             # no pages to take: done only when no request of the run is due in the window
@@ -615,59 +666,86 @@ class DecodeRun:
                 if first <= s <= last:
                     return None
             return {}
-        tpp = self.kv.tokens_per_page
-        # the window's view of ``slots_at``: due lists as ``take_slots`` leaves them, not yet
-        # written back (a step's requests move on a page, maybe into the window again)
-        moved: dict[int, list[Request]] = {}
+        ring, phases, tpp = self._ring, self._phases, self._tpp
         handles: list[KVHandle] = []
         counts: list[tuple[int, int]] = []  # (step, grows up to and including it)
-        # Only the slot steps are visited, in step order: those of ``slots_at`` in the window
-        # (a few: about one a page's worth of steps) merged with those the window moves its
-        # requests to (``s + tpp``, made in increasing order, so a queue keeps them sorted).
-        steps = sorted([s for s in slots_at if first <= s <= last])
-        num_keys = len(steps)
-        queue: list[int] = []  # moved steps inside the window, increasing
-        j = q = 0
+        # The window's slot steps are its ring phases' steps, in step order (a walk over the
+        # sorted phases from the first step's, a cycle a page's steps); a request first due at a
+        # step (a slack) joins its phase there, the walk going on from that step. The joins are
+        # undone if the grow fails.
+        nxt = self._next_first
+        joined: list[tuple[int, list[KVHandle] | None, int, list[Request]]] = []
+        start = first
         while True:
-            if q < len(queue) and (j == num_keys or queue[q] <= steps[j]):
-                s = queue[q]
-                q += 1
-                if j < num_keys and steps[j] == s:
-                    j += 1  # that step's own due list is in ``moved`` already (merged)
-            elif j < num_keys:
-                s = steps[j]
-                j += 1
-            else:
+            end = last if nxt > last else nxt - 1  # the ring's steps up to the next join
+            if phases and start <= end:
+                f = start % tpp
+                cycle = start - f
+                i = bisect_left(phases, f)
+                n = len(phases)
+                while True:
+                    if i == n:
+                        i = 0
+                        cycle += tpp
+                    p = phases[i]
+                    s = cycle + p
+                    if s > end:
+                        break
+                    handles += ring[p]
+                    counts.append((s, len(handles)))
+                    i += 1
+            if nxt > last:
                 break
-            due = moved.pop(s, None)
-            if due is None:
-                due = slots_at[s]
-            handles.extend(map(_kv_of, due))  # (C calls: no comprehension frame a step)
-            counts.append((s, len(handles)))
-            later = slots_at.get(s + tpp)  # (never in ``moved``: only steps before s moved there)
-            if later is None:
-                moved[s + tpp] = due
-            else:  # requests that first run out then too (a larger slack): keep running order
-                later = later + due
-                later.sort(key=self._running_order().__getitem__)
-                moved[s + tpp] = later
-            if s + tpp <= last:
-                queue.append(s + tpp)
+            due = slots_at.pop(nxt)
+            p = nxt % tpp
+            before = ring.get(p)
+            joining = list(map(_kv_of, due))
+            if before:  # others hold the phase: keep running order
+                joining = before + joining
+                joining.sort(key=self._running_order().__getitem__)
+            else:
+                insort(phases, p)
+            ring[p] = joining
+            joined.append((p, before, nxt, due))
+            start = nxt
+            nxt = min(slots_at, default=math.inf)
         taken: dict[int, int] = {}
         if handles:
             sizes: list[int] = []
             allocated = self.kv.allocated_bytes
             if not self.kv.grow_from_free_pages(handles, self._page_source, sizes):
+                for p, before, s, due in reversed(joined):
+                    if before:
+                        ring[p] = before
+                    else:
+                        del ring[p]
+                        phases.remove(p)
+                    slots_at[s] = due
                 return None
             # integer bytes: a step's sum is exact in any order; the running sums in one C pass
             totals = list(accumulate(sizes, initial=allocated))
             for s, k in counts:
                 taken[s] = totals[k]
-        for s in steps:
-            del slots_at[s]
-        slots_at.update(moved)
-        self.next_slot_step = min(slots_at, default=math.inf)
+        self._next_first = nxt
+        self._taken_through = last
+        self.next_slot_step = self._slot_step_after(last)
         return taken
+
+    def _forget_slow(self, r: Request) -> None:
+        """Take ``r`` out of whichever due list holds it, by a scan (``end_step``'s fallback)."""
+        for k, d in list(self._slots_at.items()):
+            if r in d:
+                d.remove(r)
+                if not d:
+                    del self._slots_at[k]
+        for p, d in list(self._ring.items()):
+            if r.kv in d:
+                d.remove(r.kv)
+                if not d:
+                    del self._ring[p]
+                    self._phases.remove(p)
+        self._next_first = min(self._slots_at, default=math.inf)
+        self.next_slot_step = self._slot_step_after(self._taken_through)
 
     def end_step(self, now_s: float) -> int:
         """Step ``num_steps`` ended at ``now_s``: every request has its token; those at their
@@ -683,7 +761,7 @@ class DecodeRun:
         sched, kv = self.sched, self.kv
         ahead = step + 1 - self._applied
         own = self.num_own_tokens
-        slots_at = self._slots_at
+        slots_at, ring, tpp = self._slots_at, self._ring, self._tpp
         live = self._live
         if live is self._first:  # (``_first`` keeps the run's running order)
             live = self._live = live.copy()
@@ -691,19 +769,29 @@ class DecodeRun:
             c = r.num_computed + ahead
             h = r.kv
             # leave its due list: the step it would next need a slot at (run-relative: its
-            # capacity less its tokens at the run's start), so no window grows it or filters it
+            # capacity less its tokens at the run's start), so no window grows it
             s = h.capacity_tokens - c + step + 1
             due = slots_at.get(s)
-            if due is None or r not in due:  # (never: a scan keeps it exact all the same)
-                s = next((k for k, d in slots_at.items() if r in d), None)
-                due = slots_at.get(s)
-            if due is not None:
+            if due is not None and r in due:  # no slot taken in the run yet: its first
                 if len(due) == 1:
                     del slots_at[s]
-                    if s == self.next_slot_step:
-                        self.next_slot_step = min(slots_at, default=math.inf)
+                    if s == self._next_first:
+                        self._next_first = min(slots_at, default=math.inf)
                 else:
                     due.remove(r)
+            else:  # in its ring phase
+                p = s % tpp
+                phase = ring.get(p)
+                if phase is not None and h in phase:
+                    if len(phase) == 1:
+                        del ring[p]
+                        self._phases.remove(p)
+                    else:
+                        phase.remove(h)
+                else:  # (never: a scan keeps it exact all the same)
+                    self._forget_slow(r)
+            if s == self.next_slot_step:
+                self.next_slot_step = self._slot_step_after(self._taken_through)
             r.num_new = 1
             r.num_computed = c
             r.num_tokens = c

@@ -564,12 +564,17 @@ class Server:
         #: step -> the KV's allocated bytes after its grows, for the steps of the window whose
         #: slots were taken ahead (``DecodeRun.take_slots_through``)
         taken: dict[int, int] = {}
-        own = run.num_own_tokens
+        take_at = math.inf  # its first step (its keys come in step order), ``math.inf``: none
+        # the token states' bytes, ``(own + cached) * bytes_per_token``, kept as an integer that
+        # grows by ``step_bytes`` a step (exact: the same integer the product gives)
+        own_bytes = (run.num_own_tokens + cached) * bytes_per_token
+        step_bytes = 0
         finish_step = run.next_finish_step()
         while num_steps < max_steps:
             if run.num_seqs != m:
                 # a new batch size: its activations must be a round trip known to change nothing
                 m = run.num_seqs
+                step_bytes = m * bytes_per_token
                 nbytes = activation_bytes.get((m, m))
                 if nbytes is None:
                     nbytes = activation_bytes[(m, m)] = self.model.activation_bytes(m, m)
@@ -609,14 +614,13 @@ class Server:
                 end_s = t + dt
                 if end_s >= stop_s:
                     break
-                if taken:
-                    allocated = taken.pop(times_at + k, None)
-                    if allocated is not None:
-                        idle = reserved - allocated  # free pages taken: nothing reserved
+                if times_at + k == take_at:
+                    idle = reserved - taken.pop(take_at)  # free pages taken: nothing reserved
+                    take_at = next(iter(taken), math.inf)
                 t = end_s
                 busy_s += dt
-                own += m
-                token_byte_s += (own + cached) * bytes_per_token * dt
+                own_bytes += step_bytes
+                token_byte_s += own_bytes * dt
                 reserved_byte_s += reserved * dt
                 idle_byte_s += idle * dt
             else:
@@ -630,7 +634,8 @@ class Server:
                 i = k  # the step the plain ones stopped at: one for the whole body below
             dt = times[i]
             end_s = t + dt
-            if needs_slots(num_steps):  # some requests need a page now
+            # some requests need a page now (none before the run's next slot step: no call)
+            if num_steps >= run.next_slot_step and needs_slots(num_steps):
                 # and this step's window: the steps up to the one that yields, takes a sample,
                 # ends the stretch or finishes someone (same float adds as below), whose slots
                 # come in one grow (a stretch may reach a step past its finish: the run's own
@@ -641,14 +646,14 @@ class Server:
                     last += 1
                     tt += times[last]
                 taken = run.take_slots_through(num_steps, times_at + last)
+                take_at = next(iter(taken), math.inf) if taken else math.inf
                 if taken is None:  # not all at once: this step's alone, as before
                     if not run.take_slots(num_steps):
                         break
                     idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
-            if taken:
-                allocated = taken.pop(num_steps, None)
-                if allocated is not None:
-                    idle = reserved - allocated  # free pages taken: nothing reserved
+            if num_steps == take_at:
+                idle = reserved - taken.pop(take_at)  # free pages taken: nothing reserved
+                take_at = next(iter(taken), math.inf)
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
                 if lag:
                     run.advance(lag)
@@ -675,17 +680,17 @@ class Server:
                     lag = 0
                 num_steps += 1
                 finished = run.end_step(t)
-                own = run.num_own_tokens
                 finish_step = run.next_finish_step()
                 reserved = self._kv_reserved_bytes()
                 idle = reserved - kv.allocated_bytes
                 cached = kv.cached_tokens
+                own_bytes = (run.num_own_tokens + cached) * bytes_per_token
             else:
                 num_steps += 1
                 lag += 1
-                own += m
+                own_bytes += step_bytes
                 finished = 0
-            token_byte_s += (own + cached) * bytes_per_token * dt
+            token_byte_s += own_bytes * dt
             reserved_byte_s += reserved * dt
             idle_byte_s += idle * dt
             if t >= next_sample_s:

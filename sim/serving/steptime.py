@@ -424,6 +424,32 @@ def _windowed_pairs(num_positions: float, window: int | None) -> float:
     return window * (window + 1) / 2 + (m - window) * window
 
 
+#: how far (relative) a decode step's memory time must lie above its compute time, at both ends
+#: of a stretch, for ``decode_step_times_s`` to take the memory side for all of it: each side
+#: is a few float roundings (about 1e-16 each) off its exact value, far under this
+_MEMORY_BOUND_MARGIN = 1e-9
+
+
+def _memory_bound(
+    token_s: float, pair_s: float, base: int, kv: int, per_byte: float, c0: int, c1: int
+) -> bool:
+    """Whether the decode steps over ``c0`` and over ``c1`` attended tokens are both
+    memory-bound by more than ``_MEMORY_BOUND_MARGIN``: each one's compute side
+    (``0.0 + (token_s + c * pair_s)``, non-negative) against its memory side
+    (``(base + kv * c) * per_byte``), as ``decode_step_times_s`` forms them. True means true,
+    computed, at every context between: the exact sides are linear in the context and the
+    margin covers their roundings."""
+    x0 = 0.0 + (token_s + c0 * pair_s)
+    x1 = 0.0 + (token_s + c1 * pair_s)
+    bound = 1.0 + _MEMORY_BOUND_MARGIN
+    return (
+        x0 >= 0.0
+        and x1 >= 0.0
+        and (base + kv * c0) * per_byte > x0 * bound
+        and (base + kv * c1) * per_byte > x1 * bound
+    )
+
+
 @dataclass(slots=True)
 class StepCost:
     """One step's roofline terms, for diagnostics and tests (``StepTimeModel.step_cost``).
@@ -695,6 +721,19 @@ class StepTimeModel:
             # first, once (``(weights + kv * c + act + logits)`` is ``base + kv * c``), and the
             # steps are one comprehension over their contexts
             base = weights + act + logits
+            if (
+                num_steps > 0
+                and kv > 0
+                and _memory_bound(token_s, pair_s, base, kv, per_byte, c0, c0 + (num_steps - 1) * d)
+            ):
+                # memory-bound at both ends, by a margin rounding cannot cross: both sides are
+                # linear in the context, so at every step between too, and the max is the
+                # memory side's; its byte counts are a range of integers (exact), each step
+                # one multiply and one add (the same two float operations as below)
+                b0, db = base + kv * c0, kv * d
+                return self._with_allreduce(
+                    d, [b * per_byte + fixed for b in range(b0, b0 + num_steps * db, db)]
+                )
             out = [
                 (
                     x
@@ -711,8 +750,13 @@ class StepTimeModel:
                 memory_s = (weights + kv * c + act + logits) * per_byte
                 out.append((compute_s if compute_s > memory_s else memory_s) + fixed)
                 c += d
+        return self._with_allreduce(d, out)
+
+    def _with_allreduce(self, decode_seqs: int, out: list[float]) -> list[float]:
+        """``decode_step_times_s``'s steps with the all-reduce term added (as ``step_time_s``
+        adds it, last), or as they are on one GPU."""
         if self._allreduce_token_s:
-            allreduce_s = self._allreduce_fixed_s + d * self._allreduce_token_s
+            allreduce_s = self._allreduce_fixed_s + decode_seqs * self._allreduce_token_s
             out = [s + allreduce_s for s in out]
         return out
 

@@ -511,6 +511,44 @@ def test_a_window_takes_its_pages_as_the_pools_page_grants():
     assert policy.num_frees == policy.num_allocs
 
 
+def _slot_state(run):
+    """A run's due steps as request ids: first due steps, ring phases, the next slot step."""
+    ids = {r.kv: r.request_id for r in run._first}
+    return (
+        {s: [r.request_id for r in due] for s, due in run._slots_at.items()},
+        {p: [ids[h] for h in due] for p, due in run._ring.items()},
+        list(run._phases),
+        run.next_slot_step,
+    )
+
+
+def test_a_window_the_pool_refuses_leaves_its_due_steps_as_they_were():
+    """When the KV cannot promise a window's pages (``grow_from_free_pages`` False),
+    ``take_slots_through`` is None with nothing done: a request first due inside the window
+    (the slack one, whose first page step joins a ring phase others hold) is back in its first
+    due step, and the windows taken after give the calls ``take_slots`` makes step by step."""
+    one, many = _long_decoding_batch(True), _long_decoding_batch(True)
+    log_one, log_many = log_kv_calls(one.kv.pool), log_kv_calls(many.kv.pool)
+    a, b = one.decode_run(one.kv.pool.policy), many.decode_run(many.kv.pool.policy)
+    assert b._slots_at and b._next_first <= 2 * one.kv.tokens_per_page  # a join to undo
+    before = _slot_state(b)
+    grow = many.kv.grow_from_free_pages
+    many.kv.grow_from_free_pages = lambda *args: False
+    assert b.take_slots_through(0, b._next_first + 3) is None
+    assert _slot_state(b) == before and not log_many
+    many.kv.grow_from_free_pages = grow
+    while b.num_seqs:
+        first = b.num_steps
+        last = min(first + 20, b.next_finish_step())
+        taken = b.take_slots_through(first, last)
+        for s in range(first, last + 1):
+            assert a.take_slots(s)
+            assert taken.pop(s, None) in (None, one.kv.allocated_bytes)
+            a.end_step(1.0 + s), b.end_step(1.0 + s)
+        assert _slot_state(a) == _slot_state(b)
+    assert log_many == log_one and len(log_one) > 10
+
+
 class _CountingDict(dict):
     """A dict that counts its keyed lookups and deletions (not its iteration)."""
 

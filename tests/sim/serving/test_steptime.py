@@ -499,3 +499,31 @@ def test_decode_step_times_with_fractional_byte_counts_are_step_time_s(d, c, n):
     stm._kv_bytes_per_token += 0.1
     got = stm.decode_step_times_s(d, c, n)
     assert got == [stm.step_time_s(0, d, c + s * d) for s in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(1, 64), offset=st.integers(-3_000, 3_000), n=st.integers(1, 40))
+def test_decode_step_times_across_the_compute_memory_crossover_are_step_time_s(d, offset, n):
+    """A stretch that starts, ends or crosses where the compute side overtakes the memory side
+    (the attention pairs priced at twice the KV bytes' rate, so compute grows faster with the
+    context and crosses near 122k tokens) is computed side by side, not the memory side's
+    closed form (``_memory_bound`` at both ends): still ``step_time_s``'s floats, bit for bit."""
+    stm = copy.copy(_stm("Llama-3-8B", 1))
+    per_byte, kv = stm._s_per_hbm_byte, stm._kv_bytes_per_token
+    stm._decode_pair_s = 2 * kv * per_byte
+    base = stm._weight_bytes + (stm._act_bytes_per_token + stm._logits_bytes) * d
+    token_s = d * stm._decode_token_s
+    crossover = int((base * per_byte - token_s) / (stm._decode_pair_s - kv * per_byte))
+    c = max(0, crossover + offset)
+    got = stm.decode_step_times_s(d, c, n)
+    want = [stm.step_time_s(0, d, c + s * d) for s in range(n)]
+    assert got == want  # exact, no tolerance
+
+    def compute_bound(ctx):  # the step over ``ctx`` context tokens (``ctx + d`` attended)
+        return token_s + (ctx + d) * stm._decode_pair_s > (base + kv * (ctx + d)) * per_byte
+
+    # the stretch's ends on the sides of the crossover the offset puts them on
+    if offset > 100:
+        assert compute_bound(c)
+    if offset + n * d < -100:
+        assert not compute_bound(c + (n - 1) * d)
