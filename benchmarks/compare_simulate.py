@@ -52,7 +52,14 @@ if out != "-":
 
 
 def _env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
+    # the caller's other paths (the H200 image's simpy under a --target folder) come after the tree;
+    # a path that is this repository is dropped: a module the tree lacks is not taken from it
+    kept = [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and Path(p).resolve() != REPO
+    ]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *kept]), "PYTHONHASHSEED": "0"}
 
 
 def run_cell(tree: Path, trace: str, spec: str, out: Path) -> tuple:

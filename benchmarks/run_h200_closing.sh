@@ -30,8 +30,12 @@ wanted paired && step paired ${PAIRED_S:-175} python3 benchmarks/bench_torch_all
     -p best-fit -p size-class --compiled /tmp/compiled --compiled-only --out $R/generate
 wanted simulate && step simulate 70 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv --mode repeat --scale 1 \
     --repeat 1 --target 1000 -p paged -p best-fit
+# the hour's simulate against an earlier tree side by side (SIM_BEFORE: a tree carried in, e.g. the
+# session's starting commit as `git archive`; results must be identical, CPU best of 3 alternating)
+wanted simulate-compare && step simulate-compare ${COMPARE_S:-150} python3 benchmarks/compare_simulate.py ${SIM_BEFORE:-.before} \
+    .data/AzureLLMInferenceTrace_conv.csv -p paged -p best-fit --repeat 3
 wanted million && step million ${MILLION_S:-160} bash -c "python3 benchmarks/make_million_snapshot.py --source .data/llama1b_generate_mixed.pickle.gz \
-    && python3 benchmarks/bench_user_speed.py --before .before --rows replay --repeat 2 \
+    && python3 benchmarks/bench_user_speed.py --before .before --rows replay --repeat ${MILLION_REPEAT:-2} \
     && python3 benchmarks/replay_peaks.py /tmp/llama1b_generate_1m.pickle.gz \
     && python3 benchmarks/replay_phases.py /tmp/llama1b_generate_1m.pickle.gz --repeat 2"
 wanted gpu-tests && step gpu-tests ${TESTS_S:-150} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
