@@ -157,6 +157,16 @@ class FittedRange:
                         f"{where}: fit.feature_range {name}.{key} must be a number >= 0, got {v!r}"
                     )
                 values[key][name] = float(v)
+            # a range is ordered: its smallest nonzero value and its quantile lie at or under its
+            # largest (the quantile, over steps with zeros, may lie under the smallest nonzero
+            # value); one that does not was edited or corrupted, and would count steps wrongly
+            top = values["max"][name]
+            if not (values["min"].get(name, 0.0) <= top and values["quantile"][name] <= top):
+                raise ValueError(
+                    f"{where}: fit.feature_range {name} must have min and quantile <= max, got "
+                    f"min {values['min'].get(name)!r}, quantile {values['quantile'][name]!r}, "
+                    f"max {top!r}"
+                )
         return cls(max=values["max"], quantile=values["quantile"], min=values["min"], steps=steps)
 
     def limits(self) -> tuple[float, ...]:

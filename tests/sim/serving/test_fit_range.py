@@ -46,6 +46,11 @@ def test_the_range_reads_back_and_a_bad_one_is_named():
     bad["features"]["kv_tokens"]["max"] = -1
     with pytest.raises(ValueError, match=r"cal.json: fit.feature_range kv_tokens.max"):
         FittedRange.from_json(bad, "cal.json")
+    for key, value in (("min", 1e23), ("quantile", 1e23)):  # above the largest: not a range
+        unordered = r.to_json()
+        unordered["features"]["decode_context_tokens"][key] = value
+        with pytest.raises(ValueError, match=r"decode_context_tokens must have min and quantile"):
+            FittedRange.from_json(unordered, "cal.json")
     del bad["features"]["kv_tokens"]
     with pytest.raises(ValueError, match="cal.json: 'fit.feature_range' must be"):
         FittedRange.from_json(bad, "cal.json")
