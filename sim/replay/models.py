@@ -508,6 +508,8 @@ def _read_json_object(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})"
         ) from None
+    except RecursionError:  # arrays or objects nested thousands deep: no preset or calibration
+        raise ValueError(f"{path}: JSON nested too deep to be a preset or calibration") from None
     if not isinstance(data, dict):
         raise ValueError(
             f"{path}: expected a JSON object with the spec's fields, got {type(data).__name__}"

@@ -194,6 +194,13 @@ def test_invalid_json_names_the_file(tmp_path):
         load_model(path)
 
 
+def test_json_nested_too_deep_names_the_file(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)  # past the parser's recursion limit
+    with pytest.raises(ValueError, match=r"deep\.json: JSON nested too deep"):
+        load_model(path)
+
+
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"nowhere\.json.*does not exist"):
         load_model(tmp_path / "nowhere.json")
