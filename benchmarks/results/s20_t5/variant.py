@@ -67,6 +67,8 @@ elif name.startswith("asym"):
                 huber = weights
             return slope
         sf._tail_slope = _tail_slope
+elif name == "slow1":
+    sf.SLOW_STEP_WEIGHT = 1.0
 elif name != "base":
     raise SystemExit("unknown variant " + name)
 E = "/work/shared/data/engine/transformers_cb_"
