@@ -39,6 +39,10 @@ from sim.serving.config import ServerConfig
 from sim.serving.pools import ServerPools
 from policies.base import Allocation, Policy
 from sim.serving.scheduler import DecodeRun, Request, Scheduler, StepPlan
+
+# ``Server._quiet_steps`` keeps its token bytes as a float under it: a specialised float add and
+# multiply a step, not an int add and a mixed multiply, the same values
+from sim.serving.steptime import FLOAT_EXACT_INT
 from sim.replay.metrics import PoolMonitor
 
 __all__ = ["Server"]
@@ -53,11 +57,6 @@ QUIET = object()
 HELD_ELSEWHERE = object()
 #: a pool's ``TimedCalls.pending_driver_ns`` (a C call where a comprehension makes a frame)
 _pending_driver_ns = attrgetter("pending_driver_ns")
-#: Integers below this are floats exactly, and so are the sums of such floats that stay below it:
-#: ``Server._quiet_steps`` keeps its token bytes as a float under it (a specialised float add and
-#: multiply a step, not an int add and a mixed multiply; the same values: CPython's
-#: ``int * float`` converts the int to a float first).
-_FLOAT_EXACT_INT = 2**53
 #: ``_quiet_steps``' window with nothing taken: no step, no bytes
 _NONE_TAKEN = (math.inf, 0)
 
@@ -578,7 +577,7 @@ class Server:
         take_at, take_bytes = _NONE_TAKEN
         # the token states' bytes, ``(own + cached) * bytes_per_token``, kept as a float that
         # grows by ``step_bytes`` a step: exact, the same integer the product gives, as long as
-        # it stays below ``_FLOAT_EXACT_INT`` (each stretch checks; the run stops short of it)
+        # it stays below ``FLOAT_EXACT_INT`` (each stretch checks; the run stops short of it)
         own_bytes = float((run.num_own_tokens + cached) * bytes_per_token)
         step_bytes = 0.0
         finish_step = run.next_finish_step()
@@ -608,7 +607,7 @@ class Server:
                     n = min(n, 16)
                 elif next_arrival_s - t < n * dt:
                     n = int((next_arrival_s - t) / dt) + 2
-                if own_bytes + n * step_bytes >= _FLOAT_EXACT_INT:
+                if own_bytes + n * step_bytes >= FLOAT_EXACT_INT:
                     break  # a float might no longer hold the token bytes exactly: steps as before
                 times = step_times(m, run.context_tokens + lag * m, int(n))
             # the plain steps from here (none yields, samples, finishes, or needs a slot not yet

@@ -102,7 +102,7 @@ def test_quiet_stretches_of_any_length_give_identical_results(azure, spec):
 
 @pytest.mark.parametrize("spec", ["paged", "best-fit"])
 def test_quiet_runs_stop_where_a_float_might_not_hold_the_token_bytes(azure, spec, monkeypatch):
-    # the quiet loop keeps the token bytes as a float below ``_FLOAT_EXACT_INT`` and stops a run
+    # the quiet loop keeps the token bytes as a float below ``FLOAT_EXACT_INT`` and stops a run
     # at the stretch that could reach it: lowered into the bytes the runs reach, runs stop in
     # their middle, and the engine's own steps from there must give the same results
     import sim.serving.server as server_module
@@ -110,7 +110,7 @@ def test_quiet_runs_stop_where_a_float_might_not_hold_the_token_bytes(azure, spe
     slow_server, slow = run(azure, spec, False)
     setup = build_serving(azure, spec, model=MODEL, gpu=GPU)
     bytes_per_token = setup.kv.bytes_per_token
-    monkeypatch.setattr(server_module, "_FLOAT_EXACT_INT", 2_000 * bytes_per_token)
+    monkeypatch.setattr(server_module, "FLOAT_EXACT_INT", 2_000 * bytes_per_token)
     end_s = setup.server.run()
     fast_server = setup.server
     # (about 90 % of the steps are quiet without the limit: tested to stop runs, not all of them)
