@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_left
+from itertools import accumulate
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -653,11 +655,15 @@ class Server:
                 # ends the stretch or finishes someone (same float adds as below), whose slots
                 # come in one grow (a stretch may reach a step past its finish: the run's own
                 # bounds cut it there)
-                last, tt = i, end_s
+                # The ends of the steps from this one to the stretch's bound: the same float adds
+                # in the same order as the steps make them (``accumulate`` in C), increasing
+                # (step times are positive), so the first that reaches the next arrival or
+                # sample (``stop_s``, as above: neither moved since) is a bisection
                 end = min(len(times) - 1, finish_step - times_at, max_steps - 1 - times_at)
-                while last < end and tt < next_arrival_s and tt < next_sample_s:
-                    last += 1
-                    tt += times[last]
+                ends = list(accumulate(times[i + 1 : end + 1], initial=end_s))
+                last = i + bisect_left(ends, stop_s)
+                if last > end:  # none reaches it: the bound's step
+                    last = end
                 window = run.take_slots_through(num_steps, times_at + last)
                 if window is None:  # not all at once: this step's alone, as before
                     taken = iter(())
