@@ -28,6 +28,7 @@ is reported apart (``pregrow_driver_s``), not added to any step.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from bisect import bisect_left
@@ -210,13 +211,26 @@ class Server:
         assert self._timed_calls[0] is pools.kv.calls
 
     def run(self) -> float:
-        """Simulate until every request is done (or ``horizon_s``); returns the end time."""
+        """Simulate until every request is done (or ``horizon_s``); returns the end time.
+
+        The objects made before the run (the modules, the trace, the requests, the pools: some
+        150,000, alive through it) wait in the collector's permanent generation while it runs:
+        a full collection, which the run's own allocations set off about once an hour of the
+        Azure trace, walks only what the run made (40 ms less a run). A caller's frozen
+        objects are its own to unfreeze: nothing is frozen or unfrozen then."""
         env = self.env
-        engine = self.start()
-        if self.config.horizon_s is None:
-            env.run(until=engine)
-        else:
-            env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        froze = gc.get_freeze_count() == 0
+        if froze:
+            gc.freeze()
+        try:
+            engine = self.start()
+            if self.config.horizon_s is None:
+                env.run(until=engine)
+            else:
+                env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        finally:
+            if froze:
+                gc.unfreeze()
         return self.finish()
 
     def start(self) -> simpy.Process:
