@@ -126,20 +126,23 @@ class _KVBase:
 
     def _allocate(self, nbytes: int) -> Allocation | None:
         """Allocate within the KV budget, evicting cached blocks while that helps."""
+        # the pool's ``TimedCalls`` straight (``TimedPool.allocate``'s and ``free``'s own calls,
+        # without their frame: an admission's or a grow's one allocation)
+        calls = self.pool.calls
         while True:
             if self.allocated_bytes + nbytes <= self.budget_bytes:
-                a = self.pool.allocate(nbytes, tag="kv")
+                a = calls.allocate(nbytes, 0, "kv")
                 if a is not None:
                     if self.allocated_bytes + a.size_bytes <= self.budget_bytes:
                         self.allocated_bytes += a.size_bytes
                         return a
-                    self.pool.free(a)  # the policy rounded it past the budget
+                    calls.free(a)  # the policy rounded it past the budget
             if not self._evict_one():
                 return None
 
     def _release(self, a: Allocation) -> None:
         self.allocated_bytes -= a.size_bytes
-        self.pool.free(a)
+        self.pool.calls.free(a)
 
     def _evict_one(self) -> bool:
         return False

@@ -28,8 +28,11 @@ is reported apart (``pregrow_driver_s``), not added to any step.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
+from bisect import bisect_left
+from itertools import accumulate
 from operator import attrgetter
 from typing import Any, Callable
 
@@ -39,6 +42,10 @@ from sim.serving.config import ServerConfig
 from sim.serving.pools import ServerPools
 from policies.base import Allocation, Policy
 from sim.serving.scheduler import DecodeRun, Request, Scheduler, StepPlan
+
+# ``Server._quiet_steps`` keeps its token bytes as a float under it: a specialised float add and
+# multiply a step, not an int add and a mixed multiply, the same values
+from sim.serving.steptime import FLOAT_EXACT_INT
 from sim.replay.metrics import PoolMonitor
 
 __all__ = ["Server"]
@@ -53,6 +60,8 @@ QUIET = object()
 HELD_ELSEWHERE = object()
 #: a pool's ``TimedCalls.pending_driver_ns`` (a C call where a comprehension makes a frame)
 _pending_driver_ns = attrgetter("pending_driver_ns")
+#: ``_quiet_steps``' window with nothing taken: no step, no bytes
+_NONE_TAKEN = (math.inf, 0)
 
 
 def _delays_to(now_s: float, end_s: float) -> tuple[float, ...]:
@@ -202,13 +211,26 @@ class Server:
         assert self._timed_calls[0] is pools.kv.calls
 
     def run(self) -> float:
-        """Simulate until every request is done (or ``horizon_s``); returns the end time."""
+        """Simulate until every request is done (or ``horizon_s``); returns the end time.
+
+        The objects made before the run (the modules, the trace, the requests, the pools: some
+        150,000, alive through it) wait in the collector's permanent generation while it runs:
+        a full collection, which the run's own allocations set off about once an hour of the
+        Azure trace, walks only what the run made (40 ms less a run). A caller's frozen
+        objects are its own to unfreeze: nothing is frozen or unfrozen then."""
         env = self.env
-        engine = self.start()
-        if self.config.horizon_s is None:
-            env.run(until=engine)
-        else:
-            env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        froze = gc.get_freeze_count() == 0
+        if froze:
+            gc.freeze()
+        try:
+            engine = self.start()
+            if self.config.horizon_s is None:
+                env.run(until=engine)
+            else:
+                env.run(until=env.any_of([engine, env.timeout(self.config.horizon_s)]))
+        finally:
+            if froze:
+                gc.unfreeze()
         return self.finish()
 
     def start(self) -> simpy.Process:
@@ -540,8 +562,11 @@ class Server:
         step_times = self.step_model.decode_step_times_s
         bytes_per_token = kv.bytes_per_token
         cached = kv.cached_tokens
-        reserved = self._kv_reserved_bytes()
-        idle = reserved - kv.allocated_bytes
+        # the KV bytes reserved and reserved but not allocated, as the integrals multiply them:
+        # floats (``float(x) * dt`` is ``x * dt``: the int is converted so), kept exact in ints
+        reserved_int = self._kv_reserved_bytes()
+        reserved = float(reserved_int)
+        idle = float(reserved_int - kv.allocated_bytes)
         busy_s, token_byte_s, reserved_byte_s, idle_byte_s = (
             self.busy_s,
             self.token_byte_s,
@@ -561,20 +586,22 @@ class Server:
         times: list[float] = []
         times_at = lag = 0
         dt = self._quiet_pace_s  # the last quiet step's time (0.0: none yet)
-        #: step -> the KV's allocated bytes after its grows, for the steps of the window whose
-        #: slots were taken ahead (``DecodeRun.take_slots_through``)
-        taken: dict[int, int] = {}
-        take_at = math.inf  # its first step (its keys come in step order), ``math.inf``: none
-        # the token states' bytes, ``(own + cached) * bytes_per_token``, kept as an integer that
-        # grows by ``step_bytes`` a step (exact: the same integer the product gives)
-        own_bytes = (run.num_own_tokens + cached) * bytes_per_token
-        step_bytes = 0
+        #: ``(step, the KV's allocated bytes after its grows)`` for the steps of the window whose
+        #: slots were taken ahead (``DecodeRun.take_slots_through``), in step order: ``take_at``,
+        #: ``take_bytes`` the next one (``_NONE_TAKEN``: none)
+        taken = iter(())
+        take_at, take_bytes = _NONE_TAKEN
+        # the token states' bytes, ``(own + cached) * bytes_per_token``, kept as a float that
+        # grows by ``step_bytes`` a step: exact, the same integer the product gives, as long as
+        # it stays below ``FLOAT_EXACT_INT`` (each stretch checks; the run stops short of it)
+        own_bytes = float((run.num_own_tokens + cached) * bytes_per_token)
+        step_bytes = 0.0
         finish_step = run.next_finish_step()
         while num_steps < max_steps:
             if run.num_seqs != m:
                 # a new batch size: its activations must be a round trip known to change nothing
                 m = run.num_seqs
-                step_bytes = m * bytes_per_token
+                step_bytes = float(m * bytes_per_token)
                 nbytes = activation_bytes.get((m, m))
                 if nbytes is None:
                     nbytes = activation_bytes[(m, m)] = self.model.activation_bytes(m, m)
@@ -596,6 +623,8 @@ class Server:
                     n = min(n, 16)
                 elif next_arrival_s - t < n * dt:
                     n = int((next_arrival_s - t) / dt) + 2
+                if own_bytes + n * step_bytes >= FLOAT_EXACT_INT:
+                    break  # a float might no longer hold the token bytes exactly: steps as before
                 times = step_times(m, run.context_tokens + lag * m, int(n))
             # the plain steps from here (none yields, samples, finishes, or needs a slot not yet
             # taken): the integrals alone, the same float operations in the same order as below
@@ -615,8 +644,8 @@ class Server:
                 if end_s >= stop_s:
                     break
                 if times_at + k == take_at:
-                    idle = reserved - taken.pop(take_at)  # free pages taken: nothing reserved
-                    take_at = next(iter(taken), math.inf)
+                    idle = float(reserved_int - take_bytes)  # free pages taken: nothing reserved
+                    take_at, take_bytes = next(taken, _NONE_TAKEN)
                 t = end_s
                 busy_s += dt
                 own_bytes += step_bytes
@@ -640,20 +669,29 @@ class Server:
                 # ends the stretch or finishes someone (same float adds as below), whose slots
                 # come in one grow (a stretch may reach a step past its finish: the run's own
                 # bounds cut it there)
-                last, tt = i, end_s
+                # The ends of the steps from this one to the stretch's bound: the same float adds
+                # in the same order as the steps make them (``accumulate`` in C), increasing
+                # (step times are positive), so the first that reaches the next arrival or
+                # sample (``stop_s``, as above: neither moved since) is a bisection
                 end = min(len(times) - 1, finish_step - times_at, max_steps - 1 - times_at)
-                while last < end and tt < next_arrival_s and tt < next_sample_s:
-                    last += 1
-                    tt += times[last]
-                taken = run.take_slots_through(num_steps, times_at + last)
-                take_at = next(iter(taken), math.inf) if taken else math.inf
-                if taken is None:  # not all at once: this step's alone, as before
+                ends = list(accumulate(times[i + 1 : end + 1], initial=end_s))
+                last = i + bisect_left(ends, stop_s)
+                if last > end:  # none reaches it: the bound's step
+                    last = end
+                window = run.take_slots_through(num_steps, times_at + last)
+                if window is None:  # not all at once: this step's alone, as before
+                    taken = iter(())
+                    take_at, take_bytes = _NONE_TAKEN
                     if not run.take_slots(num_steps):
                         break
-                    idle = reserved - kv.allocated_bytes  # free pages taken: nothing reserved
+                    # free pages taken: nothing reserved
+                    idle = float(reserved_int - kv.allocated_bytes)
+                else:
+                    taken = iter(window.items())
+                    take_at, take_bytes = next(taken, _NONE_TAKEN)
             if num_steps == take_at:
-                idle = reserved - taken.pop(take_at)  # free pages taken: nothing reserved
-                take_at = next(iter(taken), math.inf)
+                idle = float(reserved_int - take_bytes)  # free pages taken: nothing reserved
+                take_at, take_bytes = next(taken, _NONE_TAKEN)
             if end_s >= next_arrival_s:  # the engine yields for this one (arrivals come during it)
                 if lag:
                     run.advance(lag)
@@ -681,10 +719,11 @@ class Server:
                 num_steps += 1
                 finished = run.end_step(t)
                 finish_step = run.next_finish_step()
-                reserved = self._kv_reserved_bytes()
-                idle = reserved - kv.allocated_bytes
+                reserved_int = self._kv_reserved_bytes()
+                reserved = float(reserved_int)
+                idle = float(reserved_int - kv.allocated_bytes)
                 cached = kv.cached_tokens
-                own_bytes = (run.num_own_tokens + cached) * bytes_per_token
+                own_bytes = float((run.num_own_tokens + cached) * bytes_per_token)
             else:
                 num_steps += 1
                 lag += 1

@@ -424,6 +424,11 @@ def _windowed_pairs(num_positions: float, window: int | None) -> float:
     return window * (window + 1) / 2 + (m - window) * window
 
 
+#: Integers below this are floats exactly, and so are the sums of such floats that stay below
+#: it: byte counts kept as floats under it are the same numbers (and ``float(x) * y`` is
+#: ``x * y``: CPython converts an int so before it multiplies by a float)
+FLOAT_EXACT_INT = 2**53
+
 #: how far (relative) a decode step's memory time must lie above its compute time, at both ends
 #: of a stretch, for ``decode_step_times_s`` to take the memory side for all of it: each side
 #: is a few float roundings (about 1e-16 each) off its exact value, far under this
@@ -731,6 +736,17 @@ class StepTimeModel:
                 # memory side's; its byte counts are a range of integers (exact), each step
                 # one multiply and one add (the same two float operations as below)
                 b0, db = base + kv * c0, kv * d
+                if b0 + num_steps * db < FLOAT_EXACT_INT:
+                    # the byte counts as floats, one exact add a step (integers below 2**53),
+                    # in a plain loop (a comprehension is a frame in 3.11): the same products,
+                    # ``int * float`` converting its int so
+                    b, fdb = float(b0), float(db)
+                    out = []
+                    append = out.append
+                    for _ in range(num_steps):
+                        append(b * per_byte + fixed)
+                        b += fdb
+                    return self._with_allreduce(d, out)
                 return self._with_allreduce(
                     d, [b * per_byte + fixed for b in range(b0, b0 + num_steps * db, db)]
                 )

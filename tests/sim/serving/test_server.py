@@ -127,3 +127,34 @@ def test_a_request_rejected_after_preempting_the_others_does_not_stall_them():
         res.requests.loc[1, "num_preemptions"] == 1
         and "alone" in res.requests.loc[0, "reject_reason"]
     )
+
+
+def test_a_run_freezes_the_collector_while_it_runs_and_leaves_it_as_found(monkeypatch):
+    import gc
+
+    from sim.serving.server import Server
+
+    seen = []
+    run_steps = Server._run_steps
+
+    def watched(self):
+        seen.append(gc.get_freeze_count())
+        return run_steps(self)
+
+    monkeypatch.setattr(Server, "_run_steps", watched)
+    t = trace([(0.0, 100, 5), (0.01, 50, 3)])
+    assert gc.get_freeze_count() == 0
+    simulate(t, "paged", model=MODEL, gpu=GPU, costs=FREE)
+    assert seen and min(seen) > 0  # the objects made before the run: not walked during it
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    # a caller's frozen objects stay frozen: the run neither freezes more nor unfreezes them
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        seen.clear()
+        simulate(t, "paged", model=MODEL, gpu=GPU, costs=FREE)
+        # (frozen objects that die leave the count: it only falls)
+        assert seen and max(seen) <= frozen
+        assert frozen // 2 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()

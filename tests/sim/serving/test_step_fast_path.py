@@ -100,6 +100,25 @@ def test_quiet_stretches_of_any_length_give_identical_results(azure, spec):
     assert_same_results(slow, serving_result(setup, end_s=end_s, wall_s=0.0))
 
 
+@pytest.mark.parametrize("spec", ["paged", "best-fit"])
+def test_quiet_runs_stop_where_a_float_might_not_hold_the_token_bytes(azure, spec, monkeypatch):
+    # the quiet loop keeps the token bytes as a float below ``FLOAT_EXACT_INT`` and stops a run
+    # at the stretch that could reach it: lowered into the bytes the runs reach, runs stop in
+    # their middle, and the engine's own steps from there must give the same results
+    import sim.serving.server as server_module
+
+    slow_server, slow = run(azure, spec, False)
+    setup = build_serving(azure, spec, model=MODEL, gpu=GPU)
+    bytes_per_token = setup.kv.bytes_per_token
+    monkeypatch.setattr(server_module, "FLOAT_EXACT_INT", 2_000 * bytes_per_token)
+    end_s = setup.server.run()
+    fast_server = setup.server
+    # (about 90 % of the steps are quiet without the limit: tested to stop runs, not all of them)
+    assert 0 < fast_server.num_quiet_steps < 0.6 * fast_server.num_steps
+    assert fast_server.num_steps == slow_server.num_steps
+    assert_same_results(slow, serving_result(setup, end_s=end_s, wall_s=0.0))
+
+
 def test_fast_path_is_off_in_the_shared_layout_and_results_agree(azure):
     slow_server, slow = run(azure, "best-fit", False, pool_layout="shared")
     fast_server, fast = run(azure, "best-fit", True, pool_layout="shared")

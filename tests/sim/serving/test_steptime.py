@@ -479,6 +479,23 @@ def test_decode_step_times_are_step_time_s_bit_for_bit(model, tp, d, c, n):
     assert got == [stm.step_time_s(0, d, c + s * d) for s in range(n)]  # exact, no tolerance
 
 
+@settings(max_examples=30, deadline=None)
+@given(d=st.integers(1, 512), c=st.integers(0, 4_000_000), n=st.integers(1, 40))
+def test_decode_step_times_past_exact_float_bytes_are_step_time_s(d, c, n):
+    """A memory-bound stretch whose byte counts could pass ``FLOAT_EXACT_INT`` (lowered here
+    under every step's) keeps them as integers: still ``step_time_s``'s floats."""
+    import sim.serving.steptime as steptime
+
+    stm = _stm("Llama-3-8B", 1)
+    limit = steptime.FLOAT_EXACT_INT
+    steptime.FLOAT_EXACT_INT = stm._weight_bytes  # (a hypothesis test: no monkeypatch fixture)
+    try:
+        got = stm.decode_step_times_s(d, c, n)
+    finally:
+        steptime.FLOAT_EXACT_INT = limit
+    assert got == [stm.step_time_s(0, d, c + s * d) for s in range(n)]
+
+
 _STMS: dict = {}
 
 
