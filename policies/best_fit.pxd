@@ -5,7 +5,7 @@ from policies._blocks cimport Block, bisect_blocks, bisect_ints, cut_block, merg
 
 cdef bint _COMPILED
 
-cdef inline bint _precedes(Block a, Block b) noexcept
+cdef bint _precedes(Block a, Block b) noexcept  # a static C function: inlined by the C compiler
 
 
 cdef class _BestFitCore(Policy):

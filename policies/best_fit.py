@@ -174,10 +174,9 @@ class _BestFitCore(Policy):
         alloc = allocation  # compiled: typed, so its fields are read as C fields
         block: Block = alloc.handle  # a block is its own handle; a subclass's allocation wraps one
         size = block.size
-        if (
-            _COMPILED and block.segment.nbytes > self._key_size_limit
-        ):  # keys past 63 bits: Python ints
-            return ContiguousPolicy._free(self, allocation)
+        # no test of the keys' width (``_key_size_limit``), as ``_allocate`` has: compiled, the
+        # index keeps no keys, and the blocks' sizes and offsets are C integers whatever the keys'
+        # width would be; interpreted, keys are Python ints
         assert not block.free and size == alloc.size_bytes
         block.handle = None
         self.allocated_bytes -= size
