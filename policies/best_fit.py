@@ -33,8 +33,8 @@ _COMPILED = cython.compiled
 def _precedes(a: Block, b: Block) -> bool:
     """Whether ``a`` comes before ``b`` in best fit's order of free blocks (smaller size first,
     then lower offset: ``bisect_blocks``'s order, which the keys ``size << shift | offset``
-    encode). Compiled, an inline C comparison of the fields (``best_fit.pxd``): the compiled hot
-    paths' neighbour tests, where the keys were compared before."""
+    encode). Compiled, a C function over the fields (``best_fit.pxd``; static, so the C compiler
+    inlines it): the compiled hot paths' neighbour tests, where the keys were compared before."""
     return a.size < b.size or (a.size == b.size and a.offset < b.offset)
 
 
@@ -47,17 +47,17 @@ class _BestFitCore(Policy):
     The compiled build declares it a ``cdef class`` (``best_fit.pxd``: the index and the split
     threshold as C fields, the block locals typed); ``BestFit`` stays a Python class over it
     and ``ContiguousPolicy`` (its knobs are ``ContiguousPolicy.__init__``'s, for ``get_params``),
-    so this core is one more class in the MRO and nothing else. A key read back from a list goes
-    into ``k`` (a walrus inside a condition), typed ``long long``: compiled, the comparison is then
-    C's, where ``keys[i] < key`` would box ``key`` into a fresh Python int first. Compiled, an
-    index entry leaves its two lists by ``list.pop(i)``, which Cython makes one ``memmove`` when
-    the index is a ``Py_ssize_t`` (the positions are typed so; with a ``long long`` it calls the
-    method), where ``del keys[i]`` is CPython's general slice assignment (``list_ass_slice``,
-    ~110 instructions a list: benchmarks/RESULTS.md, session 16); interpreted the ``del`` opcode
-    stays, cheaper there than a method call. Compiled, a position in the index is found by
-    ``bisect_blocks`` over the blocks' C fields, not ``bisect_ints`` over the keys, each of which
-    it would read back from a two-digit Python int (a quarter of best fit's ``_free``: session 18);
-    interpreted, ``bisect_left`` over the keys stays (one C call there).
+    so this core is one more class in the MRO and nothing else. Compiled, the index keeps no
+    keys (``BestFit._keyless``; only a class with best fit's own index runs these paths): a
+    position is found by ``bisect_blocks`` over the blocks' C fields and the neighbour tests
+    compare two blocks' fields (``_precedes``), where keys were read back from two-digit Python
+    ints, stored, popped and inserted beside the blocks (most of what best fit's pair cost over
+    size class's under PyTorch: benchmarks/RESULTS.md, sessions 18 and 20); an entry leaves the
+    blocks list by ``list.pop(i)``, which Cython makes one ``memmove`` when the index is a
+    ``Py_ssize_t`` (the positions are typed so), where ``del blocks[i]`` is CPython's general
+    slice assignment (``list_ass_slice``, ~110 instructions: session 16). Interpreted, the keys
+    stay beside the blocks and are what the paths bisect (``bisect_left``, one C call there) and
+    compare; the ``del`` opcode stays, cheaper there than a method call.
     """
 
     @cython.locals(
@@ -337,7 +337,7 @@ class BestFit(_BestFitCore, ContiguousPolicy):
         self._keys_by_stream: dict[int, list[int]] | None = None if self._keyless else {}
         self._blocks_by_stream: dict[
             int, list[Block]
-        ] = {}  # per stream, the block of each key, same order
+        ] = {}  # per stream, the free blocks in the keys' order (the block of each key)
         # the lists of the stream the hot paths used last, beside the dicts: one identity test
         # instead of two dict lookups a call (a trace's requests are nearly all on one stream)
         self._hot_stream: object = NO_STREAM

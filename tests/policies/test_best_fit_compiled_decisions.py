@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -101,10 +103,17 @@ def interpreted(tmp_path_factory):
     for package in ("policies", "traces"):  # what ``policies`` imports of this repository
         shutil.copytree(compiled.REPO / package, pure / package, ignore=compiled.COPY_IGNORE)
     script = WORKER.format(source=inspect.getsource(decisions))
+    others = [
+        p
+        for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and Path(p).resolve() != compiled.REPO
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-c", script],
         cwd=pure,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(pure)},
+        # the pure copy instead of the compiled tree; the rest of the path (a --target install of
+        # dependencies, as on the device) stays
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(pure), *others])},
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
