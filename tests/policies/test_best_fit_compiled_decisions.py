@@ -41,24 +41,14 @@ def decisions(knobs: dict, ops: list) -> dict:
     """Run ``ops`` on a best fit pool made from ``knobs`` and return what it decided. Sent to the
     worker as source: it imports what it needs itself."""
     from policies.best_fit import BestFit
-    from policies.device import VirtualDevice
 
-    class OffsetDevice(VirtualDevice):  # offsets from ``base`` (2**62: keys past 63 bits)
-        def __init__(self, base: int, limit_bytes: int | None):
-            super().__init__(max_bytes=1 << 62, limit_bytes=limit_bytes)
-            self.base = base
-
-        def reserve(self, nbytes: int) -> int | None:
-            offset = super().reserve(nbytes)
-            return None if offset is None else offset + self.base
-
-        def release(self, offset: int, nbytes: int) -> None:
-            super().release(offset - self.base, nbytes)
+    # offsets from a base (2**62: keys past 63 bits); the worker has this file too
+    from tests.policies.test_best_fit_keys import _OffsetDevice
 
     knobs = dict(knobs)
     base, limit = knobs.pop("base"), knobs.pop("limit_bytes")
     if not knobs.get("virtual"):
-        knobs["device"] = OffsetDevice(base, limit)
+        knobs["device"] = _OffsetDevice(base, limit)
     p = BestFit(**knobs)
     live, out = [], []
     for kind, n, stream in ops:
@@ -102,6 +92,9 @@ def interpreted(tmp_path_factory):
     pure = tmp_path_factory.mktemp("pure")
     for package in ("policies", "traces"):  # what ``policies`` imports of this repository
         shutil.copytree(compiled.REPO / package, pure / package, ignore=compiled.COPY_IGNORE)
+    keys_tests = "tests/policies/test_best_fit_keys.py"  # ``decisions``' device
+    (pure / keys_tests).parent.mkdir(parents=True)
+    shutil.copy(compiled.REPO / keys_tests, pure / keys_tests)
     script = WORKER.format(source=inspect.getsource(decisions))
     others = [
         p

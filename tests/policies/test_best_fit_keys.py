@@ -26,8 +26,8 @@ class _OffsetDevice(VirtualDevice):
     """A ``VirtualDevice`` whose offsets start at ``base`` (device pointers, not a pool's own
     addresses from 2 MiB up); ``base`` may be moved between reservations."""
 
-    def __init__(self, base: int):
-        super().__init__(max_bytes=1 << 62)
+    def __init__(self, base: int, limit_bytes: int | None = None):
+        super().__init__(max_bytes=1 << 62, limit_bytes=limit_bytes)
         self.base = base
 
     def reserve(self, nbytes: int) -> int | None:
