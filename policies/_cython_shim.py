@@ -31,6 +31,7 @@ cython = SimpleNamespace(
     longlong=int,
     ulonglong=int,
     Py_ssize_t=int,
+    bint=bool,
     locals=_keep,
     boundscheck=_keep,
     wraparound=_keep,

@@ -5,6 +5,8 @@ from policies._blocks cimport Block, bisect_blocks, bisect_ints, cut_block, merg
 
 cdef bint _COMPILED
 
+cdef bint _precedes(Block a, Block b) noexcept  # a static C function: inlined by the C compiler
+
 
 cdef class _BestFitCore(Policy):
     cdef public dict _keys_by_stream, _blocks_by_stream

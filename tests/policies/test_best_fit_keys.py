@@ -1,7 +1,8 @@
 """BestFit's index keys are sized to the pool (an offset field as wide as the highest segment
 end), so that the compiled build bisects C integers: placements stay best fit wherever the
 segments lie, the keys are re-made when a segment ends past the field, and a pool whose keys
-cannot fit 63 bits takes the generic path (tests/policies/test_compiled.py runs these compiled)."""
+cannot fit 63 bits takes the generic path (tests/policies/test_compiled.py runs these compiled,
+where the index keeps no keys, only its blocks in the keys' order: ``BestFit._keyless``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies._blocks import Block
 from policies.best_fit import BestFit
 from policies.device import VirtualDevice
 
@@ -24,8 +26,8 @@ class _OffsetDevice(VirtualDevice):
     """A ``VirtualDevice`` whose offsets start at ``base`` (device pointers, not a pool's own
     addresses from 2 MiB up); ``base`` may be moved between reservations."""
 
-    def __init__(self, base: int):
-        super().__init__(max_bytes=1 << 62)
+    def __init__(self, base: int, limit_bytes: int | None = None):
+        super().__init__(max_bytes=1 << 62, limit_bytes=limit_bytes)
         self.base = base
 
     def reserve(self, nbytes: int) -> int | None:
@@ -95,7 +97,7 @@ def test_the_hot_lists_follow_the_stream_in_use_and_a_reset():
         if i % 3 == 2:
             p.free(live.pop(i % len(live)))  # maybe another stream's block: that stream becomes hot
         p.check_invariants()  # the hot lists are the dicts' lists of the hot stream
-    assert sorted(p._keys_by_stream) == [base, base + 1, base + 2]
+    assert sorted(p._blocks_by_stream) == [base, base + 1, base + 2]
     p.reset()
     assert p._hot_stream != base and p._hot_keys is None and p._hot_blocks is None
     p.free(_check_placement(p, 5000, base))
@@ -190,3 +192,57 @@ def test_a_subclass_with_its_own_key_takes_the_generic_path_that_makes_keys_with
     a = pool.allocate(64 * KiB)  # the segment's rest goes back into the index under a key of ours
     pool.free(a)
     assert _CountsKeys.num_keys >= 2
+
+
+def test_the_index_keeps_keys_interpreted_and_for_an_index_of_its_own_only():
+    from policies import best_fit
+    from policies.cupy_pool import CupyPool
+    from policies.vmm_stitch import VmmStitch
+    from policies.worst_fit import WorstFit
+
+    compiled = not best_fit.__file__.endswith(".py")  # an extension module
+    assert BestFit._keyless is compiled  # compiled: the blocks lists alone
+    # best fit's own index (and hot paths) in its subclasses; worst fit's keys are its own
+    assert CupyPool._keyless is VmmStitch._keyless is compiled
+    assert WorstFit._keyless is False and _CountsKeys._keyless is False
+    for cls in (BestFit, WorstFit, _CountsKeys):
+        p = cls(segment_bytes=1 * MiB)
+        p.free(p.allocate(5000))
+        assert (p._keys_by_stream is None) is cls._keyless
+        p.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(st.integers(1, 64), st.integers(0, 3000)),  # within the segment
+        min_size=1,
+        max_size=40,
+        unique_by=lambda e: e[1],
+    ),
+    pick=st.integers(0, 1 << 16),
+    growth=st.integers(1, 1000),
+    cls=st.sampled_from([BestFit, _CountsKeys]),
+)
+def test_a_grown_block_is_found_under_its_old_size_and_re_placed(entries, pick, growth, cls):
+    """``_index_resize(block, old_size)`` runs after ``block.size`` grew: the keyless index finds
+    it by bisecting on the old ``(size, offset)`` (every entry before it is below that pair, the
+    grown block and every entry after it are not), takes it out and puts it back in order."""
+    p = cls(segment_bytes=1 * MiB)
+    seg = p._reserve_segment(1 * MiB, 0)
+    p._fit_keys(seg)
+    blocks = [
+        Block(seg.offset + offset * 256, size * 256, seg) for size, offset in entries
+    ]  # free blocks of one stream (not a tiling of the segment: only the index is checked)
+    for b in blocks:
+        p._index_add(b)
+    indexed = p._blocks_by_stream[0]
+    assert indexed == sorted(blocks, key=lambda b: (b.size, b.offset))
+    block = indexed[pick % len(indexed)]
+    old_size = block.size
+    block.size += growth * 256
+    p._index_resize(block, old_size)
+    assert indexed == sorted(blocks, key=lambda b: (b.size, b.offset))
+    assert indexed.count(block) == 1 and len(indexed) == len(blocks)
+    if not p._keyless:
+        assert p._keys_by_stream[0] == [p._key(b.size, b.offset) for b in indexed]
