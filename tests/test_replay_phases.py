@@ -51,3 +51,16 @@ def test_in_process_times_the_read_after_the_imports():
     out = _phases("--in-process", "--repeat", "2")
     assert "read (parent)" in out and "read (child" not in out
     assert "critical path with a core a job: imports" in out
+
+
+def test_the_command_itself_is_run_and_its_start_and_exit_timed():
+    out = _phases()
+    line = next(x for x in out.splitlines() if x.startswith("the command itself"))
+    # "... wall W s, of which the interpreter's start S s and its exit E s"
+    words = line.replace(",", "").split()
+    wall_s = float(words[words.index("wall") + 1])
+    start_s = float(words[words.index("start") + 1])
+    exit_s = float(words[words.index("exit") + 1])
+    assert 0.0 < start_s < wall_s and 0.0 < exit_s < wall_s
+    assert start_s + exit_s < wall_s
+    assert "the command itself" not in _phases("--no-command")
