@@ -230,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     how = "read in this process" if args.in_process else "read ahead in a child"
     print(f"{args.snapshot}: {args.workers} workers, {how}, min of {args.repeat}, CPU seconds")
     print(
-        f"  {'imports before the read (parent)':36s} {PRE_READ_CPU_S:6.2f}  "
+        f"  {'imports before the read (parent)':37s} {PRE_READ_CPU_S:6.2f}  "
         f"(wall {PRE_READ_WALL_S:.2f})"
     )
-    print(f"  {'imports (parent)':36s} {IMPORT_CPU_S:6.2f}  (wall {IMPORT_WALL_S:.2f})")
+    print(f"  {'imports (parent)':37s} {IMPORT_CPU_S:6.2f}  (wall {IMPORT_WALL_S:.2f})")
     imports_s = min(IMPORT_CPU_S, IMPORT_WALL_S)
     pre_read_s = min(PRE_READ_CPU_S, PRE_READ_WALL_S)
     for name, cpu_s in best.items():
-        print(f"  {name:36s} {cpu_s:6.2f}")
+        print(f"  {name:37s} {cpu_s:6.2f}")
     jobs = {k: v for k, v in best.items() if k.startswith("job ")}
     longest = max(jobs, key=jobs.get)
     serial_s = sum(v for k, v in best.items() if k.endswith("(parent)"))
