@@ -25,7 +25,12 @@ before the read added (printed apart: sessions 14-16 left them out of the sum), 
 wall-clock gaps no CPU figure holds added: from the pool's call to the first job's start (the
 fork of the workers) and from the last job's end to its results in the parent (pickled back,
 the pool's shutdown). Only the first round overlaps the imports (they happen once a process);
-``--repeat`` takes each figure's minimum over the rounds.
+``--repeat`` takes each figure's minimum over the rounds. Last, unless ``--no-command``, it runs
+the command itself (``python -m poollab replay SNAPSHOT -p ...``, its console script's ``run``)
+``--repeat`` times in a child and prints the two walls no phase above holds, min over the runs:
+the interpreter's start (the child's spawn to its first line of code: ``site``, the path
+hooks) and its exit (the last ``atexit`` handler to the child reaped: the teardown, the freeing
+of what the command made), with the command's whole wall beside them.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ _JOB_LOG: list[str] = []
 #: workers to the first job's start, and from the last job's end to the results in the parent.
 _WALL_TO_FIRST_JOB = "wall: pool call to first job start"
 _WALL_AFTER_LAST_JOB = "wall: last job end to results"
+_WALL_JOB_SPAN = "wall: first job start to last job end"
 _plain_job = trace_replay._worker_job
 
 
@@ -147,6 +153,9 @@ def _one_round(snapshot: Path, workers: int, reading) -> dict[str, float]:
     # submit) and the results' way back (pickled through the pool's pipe, the pool's shutdown)
     got[_WALL_TO_FIRST_JOB] = min(starts) - w_fork
     got[_WALL_AFTER_LAST_JOB] = w_back - max(ends)
+    # the jobs' span on the wall clock: above the longest job's CPU where the jobs, run side by
+    # side, wait for a core or run slower than alone (memory, a shared core's clock)
+    got[_WALL_JOB_SPAN] = max(ends) - min(starts)
     t = time.process_time()
     summary = trace_replay.summary_frame([r.summary for r in results])
     timeseries = pd.concat([r.timeseries for r in results], ignore_index=True)
@@ -160,6 +169,44 @@ def _one_round(snapshot: Path, workers: int, reading) -> dict[str, float]:
     return got
 
 
+#: The command as the console script runs it, with a clock line at its first line of code and one
+#: from an ``atexit`` handler registered first (so it runs last, as the interpreter's exit begins).
+_COMMAND_PROBE = (
+    "import atexit, sys, time\n"
+    "print('start', time.perf_counter(), file=sys.stderr)\n"
+    "atexit.register(lambda: print('exit', time.perf_counter(), file=sys.stderr))\n"
+    "from poollab.__main__ import run\n"
+    "run(sys.argv[1:])\n"
+)
+
+
+def _command_walls(snapshot: Path) -> dict[str, float]:
+    """One run of ``poollab replay snapshot`` under the five policies in a child: its wall, the
+    interpreter's start and its exit (the module docstring), in seconds."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as out:
+        argv = ["replay", str(snapshot), *[a for p in FIVE for a in ("-p", p)], "--out", out]
+        w0 = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", _COMMAND_PROBE, *argv, "--no-progress"],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+        )
+        w1 = time.perf_counter()
+    if done.returncode != 0:
+        raise SystemExit(f"poollab {' '.join(argv)}: exit {done.returncode}: {done.stderr}")
+    clock = dict(
+        line.split() for line in done.stderr.splitlines() if line[:5] in ("start", "exit ")
+    )
+    return {
+        "command": w1 - w0,
+        "start": float(clock["start"]) - w0,
+        "exit": w1 - float(clock["exit"]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("snapshot", type=Path)
@@ -167,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument(
         "--in-process", action="store_true", help="read after the imports, in this process"
+    )
+    ap.add_argument(
+        "--no-command", action="store_true", help="do not run the command itself after the phases"
     )
     args = ap.parse_args(argv)
     rounds = []
@@ -180,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     how = "read in this process" if args.in_process else "read ahead in a child"
     print(f"{args.snapshot}: {args.workers} workers, {how}, min of {args.repeat}, CPU seconds")
     print(
-        f"  {'imports before the read (parent)':36s} {PRE_READ_CPU_S:6.2f}  "
+        f"  {'imports before the read (parent)':37s} {PRE_READ_CPU_S:6.2f}  "
         f"(wall {PRE_READ_WALL_S:.2f})"
     )
-    print(f"  {'imports (parent)':36s} {IMPORT_CPU_S:6.2f}  (wall {IMPORT_WALL_S:.2f})")
+    print(f"  {'imports (parent)':37s} {IMPORT_CPU_S:6.2f}  (wall {IMPORT_WALL_S:.2f})")
     imports_s = min(IMPORT_CPU_S, IMPORT_WALL_S)
     pre_read_s = min(PRE_READ_CPU_S, PRE_READ_WALL_S)
     for name, cpu_s in best.items():
-        print(f"  {name:36s} {cpu_s:6.2f}")
+        print(f"  {name:37s} {cpu_s:6.2f}")
     jobs = {k: v for k, v in best.items() if k.startswith("job ")}
     longest = max(jobs, key=jobs.get)
     serial_s = sum(v for k, v in best.items() if k.endswith("(parent)"))
@@ -213,6 +263,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeat}; on a loaded machine an upper bound): "
         f"{pre_read_s + first_s + serial_s + jobs[longest] + outside_s:.2f} s"
     )
+    if not args.in_process and args.repeat > 1:
+        # only the first round's read runs beside the imports (numpy's BLAS threads spin a while
+        # after its import, on every core): the minimum above may be a later round's, alone
+        first = rounds[0]
+        print(
+            "first round's read, beside the imports: child's read "
+            f"{first['read (child, overlaps the imports)']:.2f} s CPU, wall from its start "
+            f"{first['  child, wall from its start']:.2f} s"
+        )
+    if not args.no_command:
+        walls = [_command_walls(args.snapshot) for _ in range(args.repeat)]
+        best = {k: min(w[k] for w in walls) for k in walls[0]}
+        print(
+            f"the command itself (python -m poollab replay, min of {args.repeat}): wall "
+            f"{best['command']:.2f} s, of which the interpreter's start {best['start']:.3f} s "
+            f"and its exit {best['exit']:.3f} s"
+        )
     return 0
 
 

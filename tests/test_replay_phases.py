@@ -45,9 +45,31 @@ def test_every_job_is_timed_in_its_worker():
         line = next(x for x in out.splitlines() if x.strip().startswith(gap))
         assert float(line.split()[-1]) >= 0.0
     assert "with the workers' start and the results' way back" in out
+    line = next(x for x in out.splitlines() if "wall: first job start to last job end" in x)
+    assert float(line.split()[-1]) > 0.0
 
 
 def test_in_process_times_the_read_after_the_imports():
     out = _phases("--in-process", "--repeat", "2")
     assert "read (parent)" in out and "read (child" not in out
     assert "critical path with a core a job: imports" in out
+    assert "first round's read" not in out
+
+
+def test_the_first_rounds_read_beside_the_imports_is_printed_apart():
+    out = _phases("--repeat", "2", "--no-command")
+    line = next(x for x in out.splitlines() if x.startswith("first round's read"))
+    assert float(line.split()[-2]) > 0.0
+
+
+def test_the_command_itself_is_run_and_its_start_and_exit_timed():
+    out = _phases()
+    line = next(x for x in out.splitlines() if x.startswith("the command itself"))
+    # "... wall W s, of which the interpreter's start S s and its exit E s"
+    words = line.replace(",", "").split()
+    wall_s = float(words[words.index("wall") + 1])
+    start_s = float(words[words.index("start") + 1])
+    exit_s = float(words[words.index("exit") + 1])
+    assert 0.0 < start_s < wall_s and 0.0 < exit_s < wall_s
+    assert start_s + exit_s < wall_s
+    assert "the command itself" not in _phases("--no-command")
