@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -75,8 +76,6 @@ def simulate_served(trace: RequestTrace, calibration: Any, **kwargs: Any) -> Any
     """``predict_served``'s run whole: its ``SimResult`` (the summary row too: how many steps the
     calibration priced past what its fit saw, ``extrapolated_step_frac``); ``kwargs`` are
     ``served_setup``'s."""
-    import time
-
     from sim.serving.simulate import serving_result
 
     wall0 = time.perf_counter()
