@@ -286,12 +286,22 @@ def test_colocate_reads_a_fitted_calibration(profile, tmp_path, trace, cli_ok):
     assert f"step time: fitted from {cal}" in out
 
 
-def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(profile, tmp_path, trace, cli_ok):
-    cal = tmp_path / "cal.json"
+@pytest.fixture
+def narrow_calibration(profile, tmp_path, cli_ok):
+    """A step fit of ``profile`` whose range says it saw at most 100 KV tokens a step: every
+    simulated step of the ``trace`` fixture reads more."""
+    cal = tmp_path / "narrow.json"
     cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
     data = json.loads(cal.read_text())
     data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
     cal.write_text(json.dumps(data))
+    return cal
+
+
+def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(
+    narrow_calibration, tmp_path, trace, cli_ok
+):
+    cal = narrow_calibration
     args = ["colocate", str(trace), "--tenants", "2", "--layout", "static", "--model"]
     _, err = cli_ok([*args, "Llama-3-8B", "--calibration", str(cal), "--out", str(tmp_path / "o")])
     lines = [x for x in err.splitlines() if re.search(r"than the calibration saw, up to \d", x)]
@@ -371,17 +381,15 @@ def test_sweep_reads_a_fitted_calibration(profile, tmp_path, trace, cli, cli_ok)
     assert results["fitted"] > 5 * results["default"]
 
 
-def test_sweep_warns_once_per_distinct_range_warning_of_its_cells(profile, tmp_path, trace, cli):
+def test_sweep_warns_once_per_distinct_range_warning_of_its_cells(
+    narrow_calibration, tmp_path, trace, cli
+):
     """A sweep over loads past the fit's range says so, as ``simulate`` does: one stderr line
     per distinct warning, naming its cells by what varies (the load); cached cells too; the
     table carries the columns."""
     import textwrap
 
-    cal = tmp_path / "cal.json"
-    cli(["calibrate", "steps", str(profile), "--out", str(cal)])
-    data = json.loads(cal.read_text())
-    data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
-    cal.write_text(json.dumps(data))
+    cal = narrow_calibration
     spec = tmp_path / "sweep.yaml"
     spec.write_text(
         textwrap.dedent(f"""
