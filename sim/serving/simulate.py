@@ -524,9 +524,8 @@ CALIBRATION_COLUMNS = [
 def _range_fields(step_model: StepTimeModel) -> dict[str, Any]:
     """``CALIBRATION_COLUMNS``: the steps a calibration priced (``n_priced_steps``: a few more
     than ``n_steps``, the fast path's quiet stretches priced ahead; ``sim.serving.fit_range``);
-    how many of them lay past the step
-    features its fit saw (``sim.serving.fit_range``), ``extrapolated_step_frac``; how far, the
-    largest KV tokens priced over the fit's (``extrapolation_ratio``); the share under its
+    how many of them lay past the step features its fit saw, ``extrapolated_step_frac``; how
+    far, the largest KV tokens priced over the fit's (``extrapolation_ratio``); the share under its
     smallest (``below_range_step_frac``; None: minima not recorded); all None when not checked
     (no fitted range); and the terminal's warning (``range_warning``, "" when none)."""
     count = getattr(step_model, "range_count", None)  # a recorded-steps replay has none
