@@ -1,8 +1,8 @@
 """Priced vs run steps: the share past the fit's range over priced steps (fast path on) against
 over the run's steps (fast path off: every step priced once, as it runs)."""
 import sys
-from sim.replay.models import load_model
-from sim.replay.hardware import load_gpu
+from sim.replay.models import DEFAULT_MODEL, load_model
+from sim.replay.hardware import DEFAULT_GPU, load_gpu
 from sim.serving.engine_runs import served_trace, served_setup
 from sim.serving.fit_range import RangeCount
 from sim.serving.step_fit import fit_step_profile
@@ -15,7 +15,7 @@ pairs = [
     ("engine_s17/transformers_cb_synth_mixed_10s_x1_f", "engine/transformers_cb_azure_code_60s_x1_a"),
 ]
 for fit_run, judged in pairs:
-    cal = fit_step_profile(read_step_profile(E + fit_run + "_steps.csv"), model=load_model("Llama-3-8B"), gpu=load_gpu("H200")).calibration
+    cal = fit_step_profile(read_step_profile(E + fit_run + "_steps.csv"), model=load_model(DEFAULT_MODEL), gpu=load_gpu(DEFAULT_GPU)).calibration
     trace = served_trace(read_served_requests(E + judged + "_requests.csv"))
     out = []
     for fast in (True, False):
