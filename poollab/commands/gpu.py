@@ -488,7 +488,12 @@ def _engine_comparison(gpu_preset: str, calibration: Path | None):
     """``--sim``: the simulator's side of ``gpu serve`` (imported only then: it needs simpy)."""
     from sim.serving.engine_compare import compare_with_engine
 
-    return functools.partial(compare_with_engine, gpu=gpu_preset, calibration=calibration)
+    return functools.partial(
+        compare_with_engine,
+        gpu=gpu_preset,
+        calibration=calibration,
+        warn=lambda line: click.echo(line, err=True),
+    )
 
 
 #: What ``gpu serve`` prints per policy (summary.csv has every column).

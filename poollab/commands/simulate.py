@@ -227,14 +227,13 @@ def rejection_warnings(summary: Any) -> list[str]:
 
 def range_warnings(summary: Any, by: str = "policy") -> list[str]:
     """One warning line per distinct ``range_warning`` of the runs (a calibration's steps
-    extrapolated: ``sim.serving.fit_range``), naming the runs (``by``: their column) it is of."""
-    groups: dict[str, list[str]] = {}
+    extrapolated: ``sim.serving.fit_range.range_warning_lines``), naming the runs (``by``: their
+    column) it is of."""
+    from sim.serving.fit_range import range_warning_lines
+
     if "range_warning" not in summary:
         return []
-    for name, text in zip(summary[by], summary["range_warning"]):
-        if isinstance(text, str) and text:
-            groups.setdefault(text, []).append(str(name))
-    return [f"warning: {text} (under {', '.join(names)})" for text, names in groups.items()]
+    return range_warning_lines(zip(summary[by], summary["range_warning"]))
 
 
 def engine_options(engine: str, model: Any, gpu: Any, options: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,10 @@ from sim.sweep.store import CellRecordWarning
 
 #: Failed cells listed by name in the output (the table has them all).
 _MAX_FAILED_SHOWN = 5
+#: Distinct range warnings printed (each cell's shares differ; summary.csv has them all).
+_MAX_RANGE_WARNINGS = 5
+#: The cell inputs that name a cell in a warning when they vary over the sweep.
+_CELL_LABEL_COLUMNS = ("cell_model", "cell_gpu", "cell_rate_scale", "cell_capacity_bytes")
 
 
 def register(cli: click.Group) -> None:
@@ -70,6 +74,8 @@ def sweep_command(
         f"{outcome.num_cached} already done ({outcome.wall_s:,.1f} s)"
     )
     click.echo(format_fronts(outcome.pareto, by=spec.pareto_by))
+    for line in range_warnings(outcome.results):
+        click.echo(line, err=True)
     click.echo(f"wrote {out_dir}/results.parquet, {out_dir}/summary.csv, {out_dir}/pareto.csv")
     bad = outcome.results[outcome.results["status"] != "ok"]
     if len(bad):
@@ -117,6 +123,40 @@ def _run(
     except SweepError as exc:  # a bad file or scheduler: one line, exit 2
         raise UsageError(str(exc)) from None
     return outcome, spec
+
+
+def range_warnings(results) -> list[str]:
+    """The finished cells' range warnings (a calibration's steps past what its fit saw:
+    ``sim.serving.fit_range``), cached cells included: one line per distinct warning, at most
+    ``_MAX_RANGE_WARNINGS``, each naming its cells by trace, policy and the inputs that vary
+    over the sweep (``rate_scale=2``: a load past the fit's)."""
+    from sim.serving.fit_range import range_warning_lines
+
+    if "range_warning" not in results:
+        return []
+    ok = results[results["status"] == "ok"]
+    varying = [
+        c
+        for c in ok.columns
+        if (c in _CELL_LABEL_COLUMNS or str(c).startswith("option_"))
+        and ok[c].nunique(dropna=False) > 1
+    ]
+    labels = [
+        " ".join(
+            [str(row["trace"]), str(row["policy"])]
+            + [
+                f"{c.removeprefix('cell_').removeprefix('option_')}={_text(row[c])}"
+                for c in varying
+            ]
+        )
+        for _, row in ok.iterrows()
+    ]
+    return range_warning_lines(zip(labels, ok["range_warning"]), max_lines=_MAX_RANGE_WARNINGS)
+
+
+def _text(value) -> str:
+    """A cell input as a warning names it: ``4`` for a rate scale of 4.0."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:

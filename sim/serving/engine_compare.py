@@ -17,13 +17,14 @@ settings (``realgpu.serve.ServeSettings``): ``model``, ``block_tokens``, ``max_n
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import pandas as pd
 
 from sim.replay.hardware import DEFAULT_GPU
 from sim.replay.serving_metrics import LATENCY_COLUMNS
 from sim.serving.config import ServerConfig
+from sim.serving.fit_range import range_warning_lines
 from sim.serving.simulate import simulate
 
 __all__ = ["COMPARED_COLUMNS", "engine_config", "measured_against_predicted", "compare_with_engine"]
@@ -70,15 +71,18 @@ def compare_with_engine(
     gpu: Any = DEFAULT_GPU,
     calibration: Any = None,
     trace_name: str = "requests",
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """``simulate`` the planned requests (``plan``: ``request``, ``arrival_s``, ``prompt_tokens``,
     ``output_tokens``) once per engine run, with the run's KV bytes and the engine's limits
     (``engine_config``) and the run's policy, on ``settings.model``'s shape and ``gpu``; each
-    run's ``measured_against_predicted`` table, by ``run.spec``."""
+    run's ``measured_against_predicted`` table, by ``run.spec``. ``warn`` is called with each
+    distinct range warning of the runs (a fitted ``calibration``'s steps past what its fit saw:
+    ``sim.serving.fit_range.range_warning_lines``), after all of them ran."""
     requests = plan[["request", "arrival_s", "prompt_tokens", "output_tokens"]].rename(
         columns={"request": "request_id"}
     )
-    out = {}
+    out, warnings = {}, []
     for run in runs:
         predicted = simulate(
             requests,
@@ -90,4 +94,8 @@ def compare_with_engine(
             trace_name=trace_name,
         )
         out[run.spec] = measured_against_predicted(run.summary, predicted.summary)
+        warnings.append((run.spec, predicted.summary.get("range_warning")))
+    if warn is not None:
+        for line in range_warning_lines(warnings):
+            warn(line)
     return out

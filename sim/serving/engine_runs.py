@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "served_trace",
     "predict_served",
     "simulate_served",
+    "served_setup",
     "latency_errors",
     "fit_from_requests",
     "priced_range",
@@ -70,7 +72,19 @@ def predict_served(trace: RequestTrace, calibration: Any, **kwargs: Any) -> pd.D
     return simulate_served(trace, calibration, **kwargs).requests
 
 
-def simulate_served(
+def simulate_served(trace: RequestTrace, calibration: Any, **kwargs: Any) -> Any:
+    """``predict_served``'s run whole: its ``SimResult`` (the summary row too: how many steps the
+    calibration priced past what its fit saw, ``extrapolated_step_frac``); ``kwargs`` are
+    ``served_setup``'s."""
+    from sim.serving.simulate import serving_result
+
+    wall0 = time.perf_counter()
+    setup = served_setup(trace, calibration, **kwargs)
+    end_s = setup.server.run()
+    return serving_result(setup, end_s=end_s, wall_s=time.perf_counter() - wall0)
+
+
+def served_setup(
     trace: RequestTrace,
     calibration: Any,
     *,
@@ -81,13 +95,16 @@ def simulate_served(
     policy: str = "paged",
     **options: Any,
 ) -> Any:
-    """``predict_served``'s run whole: its ``SimResult`` (the summary row too: how many steps the
-    calibration priced past what its fit saw, ``extrapolated_step_frac``)."""
-    from sim.serving.simulate import simulate
+    """The simulated server (``sim.serving.simulate.build_serving``'s ``ServingSetup``, not run)
+    that serves ``trace`` as ``engine`` schedules it, on ``model`` and ``gpu``, its steps priced
+    by ``calibration`` (a file, ``StepCalibration`` or None); ``options`` (``ServerConfig``
+    knobs) win over the engine preset's. The one setup of ``simulate_served`` and
+    ``priced_range``."""
+    from sim.serving.simulate import build_serving
 
     model, gpu = load_model(model), load_gpu(gpu)
     opts = _engine_options(engine, model, gpu, tensor_parallel, options)
-    return simulate(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
+    return build_serving(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
 
 
 def _engine_options(
@@ -405,28 +422,17 @@ def fit_from_requests(
     return RequestFit(cal, errors, cv_errors)
 
 
-def priced_range(
-    trace: RequestTrace,
-    calibration: StepCalibration,
-    *,
-    engine: str = "transformers",
-    model: Any = DEFAULT_MODEL,
-    gpu: Any = DEFAULT_GPU,
-    tensor_parallel: int = 1,
-    policy: str = "paged",
-    **options: Any,
-) -> FittedRange:
+def priced_range(trace: RequestTrace, calibration: StepCalibration, **kwargs: Any) -> FittedRange:
     """The range of the step features (``sim.serving.fit_range``) of the steps ``calibration``
-    prices when ``trace`` is simulated as ``engine`` schedules it (``simulate_served``'s run, its
-    step-time model's count swapped for a ``StepFeatureLog``): what a fit that never saw a step,
-    ``fit_from_requests``, can know of its steps. A quiet decode stretch priced twice (ahead,
-    then again after an arrival) is logged twice: its steps lie inside the range either way."""
-    from sim.serving.simulate import build_serving
-
-    model, gpu = load_model(model), load_gpu(gpu)
-    opts = _engine_options(engine, model, gpu, tensor_parallel, options)
-    setup = build_serving(trace, policy, model=model, gpu=gpu, calibration=calibration, **opts)
+    prices when ``trace`` is simulated as ``served_setup`` (``kwargs``) builds it: what a fit
+    that never saw a step, ``fit_from_requests``, can know of its steps. The run's steps, each
+    once: the server's fast path (``Server.fast_path``, results identical without it) prices a
+    quiet decode stretch a few steps ahead and prices again those an arrival cut off, which
+    would log steps never run (the larger contexts of a stretch's end) and some twice; off, each
+    step is priced as it runs."""
+    setup = served_setup(trace, calibration, **kwargs)
     log = StepFeatureLog()
     setup.server.step_model.range_count = log
+    setup.server.fast_path = False
     setup.server.run()
     return log.fitted_range()

@@ -12,13 +12,23 @@ largest KV tokens over the fit's, ``extrapolation_ratio``, tells an Azure fit on
 2.7x and 8 % of figures missed, from a 10 s fit, 5.9x and 30 %), and the run says so
 (``RangeCount.warning``). A calibration without a range (written before it was recorded) is not
 checked; one without minima (written before session 19) is not checked below.
+
+The shares are of the steps *priced*, not of those run (``RangeCount.num_steps`` against the
+summary's ``n_steps``): the server's fast path prices a quiet decode stretch a few steps ahead
+and prices again, after an arrival, the steps the arrival cut off, so a run prices a few steps
+more than it runs (1-4 % on three recorded pairs) and counts some twice. Counting run steps
+would take the server's hot loop reporting the steps it commits; measured against runs with
+the fast path off (every step priced once, as it runs; results identical), the priced shares
+were within 1.6 points of the run's (``benchmarks/RESULTS.md``, "Session 20 (t4)"). The warning
+says "of the steps priced"; ``n_priced_steps`` is the count. ``calibrate requests``' range
+(``sim.serving.engine_runs.priced_range``) is taken with the fast path off: of the run's steps.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -30,6 +40,7 @@ __all__ = [
     "FittedRange",
     "RangeCount",
     "StepFeatureLog",
+    "range_warning_lines",
     "step_range_features",
 ]
 
@@ -328,15 +339,16 @@ class RangeCount:
             most = self.fitted.max[name]
             far = f", up to {_times(self.largest[i] / most)} its largest" if most > 0 else ""
             return (
-                f"{share} of steps {'read more' if kv else 'had more'} {_WORDS[name]} than the "
-                f"calibration saw{far} (max {_short(most)}; {100 * RANGE_QUANTILE:.0f} % of its "
-                f"steps under {_short(self.fitted.quantile.get(name, most))}): {terms}"
+                f"{share} of the steps priced {'read more' if kv else 'had more'} "
+                f"{_WORDS[name]} than the calibration saw{far} (max {_short(most)}; "
+                f"{100 * RANGE_QUANTILE:.0f} % of its steps under "
+                f"{_short(self.fitted.quantile.get(name, most))}): {terms}"
                 + (f" (past the range too: {', '.join(others)})" if others else "")
             )
         return (
-            f"{share} of steps {'read fewer' if kv else 'had fewer'} {_WORDS[name]} than the "
-            f"calibration's smallest ({_short(self.fitted.min[name])}; down to "
-            f"{_short(self.smallest[i])}): {terms} down"
+            f"{share} of the steps priced {'read fewer' if kv else 'had fewer'} "
+            f"{_WORDS[name]} than the calibration's smallest ({_short(self.fitted.min[name])}; "
+            f"down to {_short(self.smallest[i])}): {terms} down"
             + (f" (under the range too: {', '.join(others)})" if others else "")
         )
 
@@ -373,6 +385,27 @@ class StepFeatureLog:
             }
         )
         return FittedRange.of_features(step_range_features(steps), steps="simulated")
+
+
+def range_warning_lines(runs: Iterable[tuple[str, Any]], max_lines: int | None = None) -> list[str]:
+    """The terminal's lines for the ``range_warning`` of several runs (``(name, warning)`` pairs;
+    "", None or NaN: none): one line per distinct warning, naming the runs it is of, in the order
+    first seen (``simulate``, ``colocate``, ``sweep``, ``gpu serve --sim``). With ``max_lines``,
+    at most that many, then one line counting the rest (a sweep's cells differ in their shares,
+    so nearly every warning is distinct)."""
+    groups: dict[str, list[str]] = {}
+    for name, text in runs:
+        if isinstance(text, str) and text:
+            groups.setdefault(text, []).append(str(name))
+    lines = [f"warning: {text} (under {', '.join(names)})" for text, names in groups.items()]
+    if max_lines is not None and len(lines) > max_lines:
+        rest = len(lines) - max_lines
+        num_runs = sum(len(names) for names in list(groups.values())[max_lines:])
+        lines = lines[:max_lines] + [
+            f"warning: and {rest} more such warnings, of {num_runs} more runs "
+            "(the range_warning column of summary.csv)"
+        ]
+    return lines
 
 
 def _times(ratio: float) -> str:

@@ -514,6 +514,7 @@ def _group_fields(kv: Any) -> dict[str, Any]:
 
 #: The summary's columns of a calibrated run (``_range_fields``; docs/_hooks/columns.yml).
 CALIBRATION_COLUMNS = [
+    "n_priced_steps",
     "extrapolated_step_frac",
     "extrapolation_ratio",
     "below_range_step_frac",
@@ -522,17 +523,24 @@ CALIBRATION_COLUMNS = [
 
 
 def _range_fields(step_model: StepTimeModel) -> dict[str, Any]:
-    """``CALIBRATION_COLUMNS``: how many of the steps a calibration priced lay past the step
-    features its fit saw (``sim.serving.fit_range``), ``extrapolated_step_frac``; how far, the
-    largest KV tokens priced over the fit's (``extrapolation_ratio``); the share under its
+    """``CALIBRATION_COLUMNS``: the steps a calibration priced (``n_priced_steps``: a few more
+    than ``n_steps``, the fast path's quiet stretches priced ahead; ``sim.serving.fit_range``);
+    how many of them lay past the step features its fit saw, ``extrapolated_step_frac``; how
+    far, the largest KV tokens priced over the fit's (``extrapolation_ratio``); the share under its
     smallest (``below_range_step_frac``; None: minima not recorded); all None when not checked
     (no fitted range); and the terminal's warning (``range_warning``, "" when none)."""
     count = getattr(step_model, "range_count", None)  # a recorded-steps replay has none
     if count is None:
-        values: tuple[Any, ...] = (None, None, None, "")
+        values: tuple[Any, ...] = (None, None, None, None, "")
     else:
         below = count.below_frac if count.fitted.min else None
-        values = (count.frac, count.extrapolation_ratio, below, count.warning())
+        values = (
+            count.num_steps,
+            count.frac,
+            count.extrapolation_ratio,
+            below,
+            count.warning(),
+        )
     return dict(zip(CALIBRATION_COLUMNS, values))
 
 

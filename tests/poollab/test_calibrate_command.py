@@ -184,8 +184,8 @@ def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_p
     (line,) = [x for x in err.splitlines() if "than the calibration's smallest" in x]
     # (the share of the feature named: the summary's counts steps under any feature)
     assert re.match(
-        r"warning: \d+ % of steps had fewer decode sequences than the calibration's smallest "
-        r"\(2; down to 1\): its terms are extrapolated down \(under the range too: ",
+        r"warning: \d+ % of the steps priced had fewer decode sequences than the calibration's "
+        r"smallest \(2; down to 1\): its terms are extrapolated down \(under the range too: ",
         line,
     )
     # a fit that saw at most 100 KV tokens a step: most steps read more, up to how far; a
@@ -201,8 +201,8 @@ def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_p
     assert share > 0.5 and ratio > 1 and pd.isna(past["below_range_step_frac"])
     (line,) = [x for x in err.splitlines() if "than the calibration saw" in x]
     assert re.fullmatch(
-        rf"warning: {100 * share:.0f} % of steps read more KV tokens than the calibration saw, "
-        rf"up to {ratio:.1f}x its largest "
+        rf"warning: {100 * share:.0f} % of the steps priced read more KV tokens than the "
+        rf"calibration saw, up to {ratio:.1f}x its largest "
         r"\(max 100; 99 % of its steps under 90\): its KV terms are extrapolated; calibrate on a "
         r"profile that covers such steps \(under paged\)",
         line,
@@ -286,12 +286,22 @@ def test_colocate_reads_a_fitted_calibration(profile, tmp_path, trace, cli_ok):
     assert f"step time: fitted from {cal}" in out
 
 
-def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(profile, tmp_path, trace, cli_ok):
-    cal = tmp_path / "cal.json"
+@pytest.fixture
+def narrow_calibration(profile, tmp_path, cli_ok):
+    """A step fit of ``profile`` whose range says it saw at most 100 KV tokens a step: every
+    simulated step of the ``trace`` fixture reads more."""
+    cal = tmp_path / "narrow.json"
     cli_ok(["calibrate", "steps", str(profile), "--out", str(cal)])
     data = json.loads(cal.read_text())
     data["fit"]["feature_range"]["features"]["kv_tokens"] = {"max": 100, "quantile": 90}
     cal.write_text(json.dumps(data))
+    return cal
+
+
+def test_colocate_warns_of_each_tenants_steps_past_the_fits_range(
+    narrow_calibration, tmp_path, trace, cli_ok
+):
+    cal = narrow_calibration
     args = ["colocate", str(trace), "--tenants", "2", "--layout", "static", "--model"]
     _, err = cli_ok([*args, "Llama-3-8B", "--calibration", str(cal), "--out", str(tmp_path / "o")])
     lines = [x for x in err.splitlines() if re.search(r"than the calibration saw, up to \d", x)]
@@ -369,6 +379,62 @@ def test_sweep_reads_a_fitted_calibration(profile, tmp_path, trace, cli, cli_ok)
         assert code == 0, err
         results[name] = pd.read_parquet(tmp_path / name / "results.parquet")["tpot_p50_s"].iloc[0]
     assert results["fitted"] > 5 * results["default"]
+
+
+def test_sweep_warns_once_per_distinct_range_warning_of_its_cells(
+    narrow_calibration, tmp_path, trace, cli
+):
+    """A sweep over loads past the fit's range says so, as ``simulate`` does: one stderr line
+    per distinct warning, naming its cells by what varies (the load); cached cells too; the
+    table carries the columns."""
+    import textwrap
+
+    cal = narrow_calibration
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(
+        textwrap.dedent(f"""
+        mode: simulate
+        traces: [{trace}]
+        policies: [paged]
+        models: [Llama-3-8B]
+        rate_scales: [1, 4]
+        calibration: {cal}
+        """)
+    )
+    args = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--scheduler", "serial"]
+    code, _, err = cli([*args, "--no-progress"])
+    assert code == 0, err
+    results = pd.read_parquet(tmp_path / "o" / "results.parquet")
+    for column in ("n_priced_steps", "extrapolated_step_frac", "extrapolation_ratio"):
+        assert column in results and results[column].notna().all(), column
+    summary = pd.read_csv(tmp_path / "o" / "summary.csv")
+    assert "range_warning" in summary and "below_range_step_frac" in summary
+    lines = [x for x in err.splitlines() if "than the calibration saw" in x]
+    texts = list(dict.fromkeys(results["range_warning"]))
+    assert len(lines) == len(texts) and all(x.startswith("warning: ") for x in lines)
+    for text, line in zip(texts, lines):
+        scales = results.loc[results["range_warning"] == text, "cell_rate_scale"]
+        names = ", ".join(f"{trace.stem} paged rate_scale={r:g}" for r in scales)
+        assert line == f"warning: {text} (under {names})"
+    # resumed: every cell cached, the same lines
+    code, _, again = cli([*args, "--no-progress"])
+    assert code == 0 and [x for x in again.splitlines() if "than the calibration saw" in x] == lines
+
+
+def test_range_warning_lines_are_capped_with_a_count_of_the_rest():
+    from sim.serving.fit_range import range_warning_lines
+
+    runs = [(f"c{i}", f"w{i % 3}") for i in range(7)] + [("none", ""), ("nan", float("nan"))]
+    assert range_warning_lines(runs) == [
+        "warning: w0 (under c0, c3, c6)",
+        "warning: w1 (under c1, c4)",
+        "warning: w2 (under c2, c5)",
+    ]
+    assert range_warning_lines(runs, max_lines=1) == [
+        "warning: w0 (under c0, c3, c6)",
+        "warning: and 2 more such warnings, of 4 more runs (the range_warning column of "
+        "summary.csv)",
+    ]
 
 
 def test_simulate_names_an_unknown_engine_by_its_option(trace, tmp_path, cli):

@@ -770,7 +770,9 @@ def test_cli_sim_hands_the_simulators_comparison_to_serve_trace(monkeypatch, tmp
         main([*args, "--sim", "--gpu", "H100", "--calibration", str(calibration)])
     compare = seen["compare"]
     assert compare.func is compare_with_engine
+    warn = compare.keywords.pop("warn")
     assert compare.keywords == {"gpu": "H100", "calibration": calibration}
+    assert callable(warn)  # a range warning of the --sim runs goes to stderr
     with pytest.raises(SystemExit):
         main([*args, "--no-sim"])
     assert seen["compare"] is None

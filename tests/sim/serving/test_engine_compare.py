@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -118,3 +119,39 @@ def test_a_run_is_read_through_its_declared_attributes_only():
     tables = compare_with_engine([run], _plan(), settings)
     assert list(tables) == ["engine-x"]
     assert tables["engine-x"].set_index("column").loc["n_finished", "predicted"] == 6
+
+
+def test_a_fitted_calibrations_range_warning_is_handed_to_warn_once_per_distinct_text():
+    """``gpu serve --sim`` with a calibration whose fit saw fewer KV tokens than the runs read:
+    the warning reaches ``warn`` (the command's stderr), one line naming both runs."""
+    from sim.serving.fit_range import FittedRange
+    from sim.serving.steptime import StepCalibration, StepTerms, default_calibration
+
+    features = {
+        "num_prefill_tokens": [512.0],
+        "prefill_context_tokens": [512.0],
+        "num_decode_seqs": [4.0],
+        "decode_context_tokens": [100.0],
+        "kv_tokens": [100.0],
+    }
+    narrow = FittedRange.of_features({k: np.array(v) for k, v in features.items()})
+    cal = StepCalibration(
+        default_calibration(),
+        terms=StepTerms(fixed_s=0.05, per_token_s=2e-5),
+        model="Llama-3-8B",
+        gpu="H200",
+        tp=1,
+        fit={"feature_range": narrow.to_json()},
+    )
+    settings = ServeSettings(
+        block_tokens=16, max_batch_tokens=512, max_num_seqs=4, max_len_tokens=1024
+    )
+    runs = [_run(PYTORCH, n_finished=6), _run("best-fit", n_finished=6)]
+    lines = []
+    compare_with_engine(runs, _plan(), settings, calibration=cal, warn=lines.append)
+    (line,) = lines
+    assert line.startswith("warning: ") and "than the calibration saw" in line
+    assert line.endswith(f"(under {PYTORCH}, best-fit)")
+    quiet = []
+    compare_with_engine(runs, _plan(), settings, warn=quiet.append)  # the roofline: not checked
+    assert quiet == []

@@ -1,6 +1,7 @@
 """``sim.serving.engine_runs``: a real engine's run replayed, judged, and its step time inferred
 from requests alone."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,56 @@ def test_terms_are_recovered_from_a_request_table_alone():
     longer = _served(n=40, seed=2).assign(output_tokens=lambda d: 10 * d["output_tokens"])
     past = simulate_served(served_trace(longer), fit.calibration).summary
     assert past["extrapolated_step_frac"] > 0 and past["extrapolation_ratio"] > 1
+
+
+def test_the_range_of_a_request_fit_is_of_the_steps_run_each_once(monkeypatch):
+    """``priced_range`` logs each step the simulation runs once: not the steps the fast path
+    prices ahead in a quiet stretch and prices again after an arrival (more than it runs)."""
+    import sim.serving.engine_runs as engine_runs
+    from sim.serving.fit_range import StepFeatureLog
+
+    trace, cal = served_trace(_served(n=40, seed=2)), _cal()
+    cal = dataclasses.replace(cal, fit={"feature_range": priced_range(trace, cal).to_json()})
+    run = simulate_served(trace, cal).summary
+    # the fast path prices more steps than it runs on this table (else nothing is tested)
+    assert run["n_priced_steps"] > run["n_steps"]
+    logs = []
+
+    class Log(StepFeatureLog):
+        def __init__(self):
+            super().__init__()
+            logs.append(self)
+
+    monkeypatch.setattr(engine_runs, "StepFeatureLog", Log)
+    fitted = priced_range(trace, cal)
+    assert [log.num_steps for log in logs] == [run["n_steps"]]
+    assert fitted == cal.fitted_range
+
+
+def test_simulate_served_is_the_simulation_of_the_engines_schedule():
+    """``simulate_served`` and ``simulate`` with the engine preset's options: the same run."""
+    from sim.serving.simulate import simulate
+
+    trace, cal = served_trace(_served()), _cal()
+    ours = simulate_served(trace, cal, max_num_seqs=3).summary
+    theirs = simulate(
+        trace,
+        "paged",
+        model="Llama-3-8B",
+        gpu="H200",
+        calibration=cal,
+        **engine_runs_options(max_num_seqs=3),
+    ).summary
+    for key in ("n_steps", "n_priced_steps", "ttft_p50_s", "tpot_p99_s", "e2e_p99_s"):
+        assert ours[key] == theirs[key], key
+
+
+def engine_runs_options(**options):
+    from sim.replay.hardware import load_gpu
+    from sim.replay.models import load_model
+    from sim.serving.engine_runs import _engine_options
+
+    return _engine_options("transformers", load_model("Llama-3-8B"), load_gpu("H200"), 1, options)
 
 
 @needs_engine_data

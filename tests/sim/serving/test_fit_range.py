@@ -83,8 +83,8 @@ def test_the_warning_names_the_share_the_feature_and_the_fits_maximum():
     count.add(0, 3, 997, 0)
     line = count.warning()
     assert line.startswith(
-        "75 % of steps read more KV tokens than the calibration saw, up to 1.3x its largest "
-        "(max 45k;"
+        "75 % of the steps priced read more KV tokens than the calibration saw, up to 1.3x its "
+        "largest (max 45k;"
     )
     assert "its KV terms are extrapolated" in line
     assert "decode context tokens 75 %" in line  # the other feature it passed
@@ -147,11 +147,11 @@ def test_steps_under_the_smallest_are_counted_apart_and_warned_with_how_far_down
     }
     assert count.smallest[RANGE_FEATURES.index("num_decode_seqs")] == 1
     line = count.warning()
-    assert line.startswith("25 % of steps ")  # the step over the range, first
+    assert line.startswith("25 % of the steps priced ")  # the step over the range, first
     assert line.endswith(
-        "; 50 % of steps had fewer decode sequences than the calibration's smallest (3; down "
-        "to 1): its terms are extrapolated down (under the range too: decode context tokens "
-        "25 %, KV tokens 25 %); calibrate on a profile that covers such steps"
+        "; 50 % of the steps priced had fewer decode sequences than the calibration's smallest "
+        "(3; down to 1): its terms are extrapolated down (under the range too: decode context "
+        "tokens 25 %, KV tokens 25 %); calibrate on a profile that covers such steps"
     )
 
 
@@ -181,4 +181,4 @@ def test_a_few_steps_under_the_range_are_counted_but_not_warned_of():
     assert count.below_frac == 0.2 < BELOW_WARN_FRAC
     assert count.warning() == ""
     count.add(0, 1, 2000, 0)  # two of six: a third, warned
-    assert count.warning().startswith("33 % of steps had fewer decode sequences")
+    assert count.warning().startswith("33 % of the steps priced had fewer decode sequences")
