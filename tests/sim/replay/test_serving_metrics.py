@@ -151,3 +151,35 @@ def test_request_table_by_columns_is_the_table_by_rows():
         by_rows = request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
         pd.testing.assert_frame_equal(request_table(iter(reqs_)), by_rows, check_exact=True)
     assert request_table(reqs)["request_id"].dtype == "int64"
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("prompt_tokens", 100.5), ("num_generated", None), ("request_id", "7")]
+)
+def test_a_request_table_refuses_an_int_column_holding_no_int(column, value):
+    """The int columns are typed arrays: a float is not truncated nor a string parsed (as
+    ``np.fromiter`` would), the column is named."""
+    bad = r(1, 0.0, 0.1, 1.0, 2)
+    setattr(bad, column, value)
+    with pytest.raises(TypeError, match=f"request's {column} is not an int"):
+        request_table([r(0, 0.0, 0.1, 1.0, 2), bad])
+
+
+def test_a_request_table_takes_ints_and_none_as_times():
+    """A time column is float64 whatever numbers it holds: ints and None among floats become
+    their floats and NaN, as pandas made of the list, and a column of ints alone is float64
+    too (its declared dtype, where pandas inferred int64)."""
+    import pandas as pd
+
+    from sim.replay.serving_metrics import RECORDED_COLUMNS, request_frame
+
+    reqs = [r(0, 1, 2, 3.0, 5), r(1, 0.5, None, 4, 5)]
+    rows = [
+        tuple(x.status.value if c == "status" else getattr(x, c) for c in RECORDED_COLUMNS)
+        for x in reqs
+    ]
+    by_rows = request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
+    pd.testing.assert_frame_equal(request_table(reqs), by_rows, check_exact=True)
+    only_ints = request_table([r(0, 1, 2, 3, 5)])
+    assert only_ints[["arrival_s", "first_token_s", "finish_s"]].dtypes.eq("float64").all()
+    assert only_ints["ttft_s"].iloc[0] == 1.0
