@@ -25,6 +25,19 @@ def r(rid, arrival, first, finish, output, status="finished", kind=""):
     )
 
 
+def _by_rows(reqs):
+    """The request table as the frame of row tuples made it (pandas inferring each column)."""
+    import pandas as pd
+
+    from sim.replay.serving_metrics import RECORDED_COLUMNS, request_frame
+
+    rows = [
+        tuple(x.status.value if c == "status" else getattr(x, c) for c in RECORDED_COLUMNS)
+        for x in reqs
+    ]
+    return request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
+
+
 def test_ttft_tpot_e2e_definitions():
     t = request_table([r(0, 1.0, 1.5, 3.5, 5)])
     row = t.iloc[0]
@@ -134,8 +147,6 @@ def test_request_table_by_columns_is_the_table_by_rows():
     three states, rejection texts, an empty run)."""
     import pandas as pd
 
-    from sim.replay.serving_metrics import RECORDED_COLUMNS, request_frame
-
     nan = math.nan
     reqs = [
         r(0, 0.1, 0.35, 1.7, 12),
@@ -144,10 +155,30 @@ def test_request_table_by_columns_is_the_table_by_rows():
         r(3, 1e-9, 0.5, 0.5, 1),
     ]
     for reqs_ in (reqs, []):
-        rows = [
-            tuple(x.status.value if c == "status" else getattr(x, c) for c in RECORDED_COLUMNS)
-            for x in reqs_
-        ]
-        by_rows = request_frame(pd.DataFrame(rows, columns=RECORDED_COLUMNS))
-        pd.testing.assert_frame_equal(request_table(iter(reqs_)), by_rows, check_exact=True)
+        pd.testing.assert_frame_equal(request_table(iter(reqs_)), _by_rows(reqs_), check_exact=True)
     assert request_table(reqs)["request_id"].dtype == "int64"
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("prompt_tokens", 100.5), ("num_generated", None), ("request_id", "7")]
+)
+def test_a_request_table_refuses_an_int_column_holding_no_int(column, value):
+    """The int columns are typed arrays: a float is not truncated nor a string parsed (as
+    ``np.fromiter`` would), the column is named."""
+    bad = r(1, 0.0, 0.1, 1.0, 2)
+    setattr(bad, column, value)
+    with pytest.raises(TypeError, match=f"request's {column} is not an int"):
+        request_table([r(0, 0.0, 0.1, 1.0, 2), bad])
+
+
+def test_a_request_table_takes_ints_and_none_as_times():
+    """A time column is float64 whatever numbers it holds: ints and None among floats become
+    their floats and NaN, as pandas made of the list, and a column of ints alone is float64
+    too (its declared dtype, where pandas inferred int64)."""
+    import pandas as pd
+
+    reqs = [r(0, 1, 2, 3.0, 5), r(1, 0.5, None, 4, 5)]
+    pd.testing.assert_frame_equal(request_table(reqs), _by_rows(reqs), check_exact=True)
+    only_ints = request_table([r(0, 1, 2, 3, 5)])
+    assert only_ints[["arrival_s", "first_token_s", "finish_s"]].dtypes.eq("float64").all()
+    assert only_ints["ttft_s"].iloc[0] == 1.0
