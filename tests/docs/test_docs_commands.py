@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import doctest
 import faulthandler
+import gc
 import io
 import os
 import re
@@ -45,6 +46,7 @@ def run(session: Session, cwd) -> subprocess.CompletedProcess:
     sys.argv = ["poollab", *session.argv]
     os.chdir(cwd)
     faulthandler.dump_traceback_later(TIMEOUT_S, exit=True)
+    frozen_before = gc.get_freeze_count()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
@@ -57,6 +59,8 @@ def run(session: Session, cwd) -> subprocess.CompletedProcess:
                 if isinstance(exc.code, str):
                     print(exc.code, file=sys.stderr)
     finally:
+        if frozen_before == 0:  # the entry point freezes all it made as the process would end
+            gc.unfreeze()
         faulthandler.cancel_dump_traceback_later()
         os.chdir(saved_cwd)
         sys.argv = saved_argv

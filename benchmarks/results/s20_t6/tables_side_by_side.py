@@ -11,13 +11,15 @@ import sys, timeit, importlib.util
 import numpy as np, pandas as pd
 from sim.serving.simulate import build_serving, _int64_array
 from sim.replay import serving_metrics as new_sm, schema as new_schema
+from sim.replay.hardware import DEFAULT_GPU
+from sim.replay.models import DEFAULT_MODEL
 from traces.request_readers import read_request_trace
 def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
 old_sm = load(f"{sys.argv[1]}/sim/replay/serving_metrics.py", "old_sm")
 old_schema = load(f"{sys.argv[1]}/sim/replay/schema.py", "old_schema")
 trace = read_request_trace(sys.argv[2])
-setup = build_serving(trace, sys.argv[3], model="Llama-3-8B", gpu="H200")
+setup = build_serving(trace, sys.argv[3], model=DEFAULT_MODEL, gpu=DEFAULT_GPU)
 setup.server.run()
 reqs = setup.requests; kv = setup.pools.kv
 a, b = old_sm.request_table(reqs), new_sm.request_table(reqs)
