@@ -166,7 +166,9 @@ def load_result_folder(
             "no such folder" if not p.exists() else "not a poollab result folder (no summary.csv)"
         )
         raise FileNotFoundError(errno.ENOENT, reason, str(p))
-    tables = {"summary": _read_table(p / "summary.csv", pd.read_csv)}
+    # read_csv gives a block per column (pandas 3): consolidated here, or a column added later
+    # warns ("highly fragmented") once a summary passes 100 columns, as a simulate's does
+    tables = {"summary": _read_table(p / "summary.csv", pd.read_csv).copy()}
     names = ["summary"]
     for table_path in result_table_paths(p):
         names.append(table_path.stem)

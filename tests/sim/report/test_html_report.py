@@ -204,6 +204,22 @@ def test_summary_without_report_columns_is_a_value_error(tmp_path):
         load_result_folder(tmp_path)
 
 
+def test_a_wide_summary_takes_columns_without_a_fragmentation_warning(tmp_path):
+    # a simulate's summary has more than 100 columns, and read_csv gives a block per column: the
+    # report's added columns warned "highly fragmented" in `poollab demo` until it was consolidated
+    import warnings
+
+    names = ["trace", "policy", "backend"] + [f"c{i}" for i in range(120)]
+    pd.DataFrame([["t", "p", "sim"] + list(range(120))], columns=names).to_csv(
+        tmp_path / "summary.csv", index=False
+    )
+    summary = load_result_folder(tmp_path).tables["summary"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.PerformanceWarning)
+        for i in range(3):
+            summary[f"added{i}"] = i
+
+
 def test_write_html_report_writes_the_page(folders, tmp_path):
     out = write_html_report([folders / "only_summary"], tmp_path / "sub" / "r.html")
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
