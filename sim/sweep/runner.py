@@ -202,6 +202,7 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
     processes = list(
         (getattr(pool, "_processes", None) or {}).values()
     )  # CPython's pool keeps them here
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown forgets it
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in processes:
         with contextlib.suppress(Exception):
@@ -213,6 +214,12 @@ def stop_pool(pool: ProcessPoolExecutor) -> None:
             if proc.is_alive():
                 proc.kill()
                 proc.join(_STOP_GRACE_S)
+    if manager is not None:
+        # joined, so that it has closed its wakeup pipe before the interpreter's exit writes to
+        # it: CPython 3.11's exit hook tests the pipe, then writes to it, without the pool's lock,
+        # and a close between the two was a "Bad file descriptor" traceback after "poollab:
+        # interrupted" (once in a CI run)
+        manager.join(_STOP_GRACE_S)
 
 
 def _start_workers(pool: ProcessPoolExecutor, num_workers: int) -> None:

@@ -166,3 +166,20 @@ def test_sigint_exits_130_at_once_and_keeps_the_stored_cells(trace, tmp_path, ta
     assert f"32 replay cells, {len(last)} already done; {32 - len(last)} to run" in proc.stdout, (
         proc.stdout
     )
+
+
+def test_stop_pool_leaves_the_pools_wakeup_pipe_closed_before_the_exit():
+    # CPython 3.11's exit hook writes to a pool's wakeup pipe unless it is closed, without the
+    # pool's lock: stop_pool joins the pool's thread so that the pipe is closed by then (a race
+    # seen once in CI as a "Bad file descriptor" traceback after "poollab: interrupted")
+    from concurrent.futures import ProcessPoolExecutor
+
+    from sim.sweep.runner import stop_pool
+
+    pool = ProcessPoolExecutor(1)
+    pool.submit(time.sleep, 30)
+    wakeup = getattr(pool, "_executor_manager_thread_wakeup", None)
+    if wakeup is None or not hasattr(wakeup, "_closed"):
+        pytest.skip("this Python's process pool has no wakeup pipe to check")
+    stop_pool(pool)
+    assert wakeup._closed
