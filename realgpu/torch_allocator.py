@@ -34,9 +34,10 @@ What the core guarantees, whatever the policy:
   wrapper over one) runs on the page-mapped backend (``cuda-vmm``), and a tensor over pages that
   are not one range gets a virtual range of its own with those pages' physical memory mapped in
   it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``,
-  unmapped in batches past that, and at once when the policy refuses a request; a kept range over
-  most of a new tensor's pages, its GPU work done, is taken over with only the other pages
-  remapped, the shared ones left in their places);
+  unmapped in batches past that, and at once when the policy refuses a request; a kept range that
+  holds a new tensor's pages back to back among more serves it as it is; a kept range over most of
+  a new tensor's pages, its GPU work done, is taken over with only the other pages remapped, the
+  shared ones left in their places, one access call per run of remapped pages);
   such a policy is refused up front, in one line, on a segment device, in validation mode, or with
   pages that are no whole number of the device's physical pages;
 - a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
@@ -171,6 +172,9 @@ class AllocatorCore:
             0  # tensors served by a kept range with some of its pages remapped
         )
         self.n_stitch_pages_remapped = 0
+        #: tensors over such pages served by a kept range that holds them back to back among more
+        #: (no driver call)
+        self.n_stitch_inside_reuses = 0
         self._defer_frees = False
         self._validate = pool.validate
         self._free_policy = pool.free if pool.validate else pool.policy.free
@@ -360,9 +364,13 @@ class AllocatorCore:
                 offset += device._handles[handle]  # the handle's bytes: the model's own table
         key = tuple(handles)
         idle = self._idle_ranges.pop(key, None)
+        at = 0  # where the tensor starts in its range
         if idle is not None:
             start, nbytes, _ = idle
             self.n_stitch_reuses += 1
+        elif (inside := self._run_inside_kept(key)) is not None:
+            key, start, nbytes, at = inside
+            self.n_stitch_inside_reuses += 1
         elif (taken := self._take_over(handles)) is not None:
             key, start, nbytes = taken
         else:
@@ -374,7 +382,36 @@ class AllocatorCore:
             device.map_handles(start, handles)
             self.n_stitched_maps += 1
         self._stitched[id(a)] = (key, start, nbytes)
-        return device.address(start)
+        return device.address(start + at)
+
+    def _run_inside_kept(
+        self, key: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], int, int, int] | None:
+        """A kept range among the ``TAKE_OVER_CANDIDATES`` most recent that holds ``key``'s pages in
+        adjacent slots, in any order, alone or among more: ``(its pages, start, bytes, the
+        tensor's offset in it)``, or None. It serves with no driver call and no wait (nothing is
+        remapped: its other pages stay mapped there, unused by this tensor), and goes back to the
+        kept ranges whole at the free.
+
+        The order of the pages does not matter to PyTorch (a fresh tensor's bytes are undefined;
+        only the tensor reads them, through this range), as a take-over already leaves the shared
+        pages in their slots. The two cases this serves: a taken-over range holds the tensor's
+        pages in another order than the policy hands them out the next time; and the paged
+        policy's LIFO stack hands a freed tensor's pages out again first page first, so a smaller
+        tensor after a larger one lands on the start of the larger one's pages."""
+        n = len(key)
+        wanted = set(key)
+        sizes = self.pool.device._handles
+        for k, (kept, value) in enumerate(reversed(self._idle_ranges.items())):
+            if k >= TAKE_OVER_CANDIDATES:
+                break
+            if len(kept) < n or key[0] not in kept or not wanted.issubset(kept):
+                continue
+            slots = [i for i, h in enumerate(kept) if h in wanted]  # a page sits once in a range
+            if slots[-1] - slots[0] == n - 1:  # adjacent
+                self._idle_ranges.pop(kept)
+                return kept, value[0], value[1], sum(sizes[h] for h in kept[: slots[0]])
+        return None
 
     def _free_unstitch(self, a: Allocation) -> None:
         """The policy's free; the allocation's own range (if it got one) kept mapped for reuse."""
@@ -427,9 +464,8 @@ class AllocatorCore:
         start, nbytes, _ = self._idle_ranges.pop(best)
         incoming = iter([h for h in handles if h not in set(best)])
         slots = list(best)
-        for i, h in enumerate(best):
-            if h in wanted:
-                continue
+        replaced = [i for i, h in enumerate(best) if h not in wanted]
+        for i in replaced:
             offset = start + i * page
             for gone in device.unmap(offset, page, wait=False):
                 if (
@@ -437,7 +473,15 @@ class AllocatorCore:
                 ):  # its segment released meanwhile: its memory goes back
                     device.release_handle(gone)
             slots[i] = next(incoming)
-            device.map_handles(offset, [slots[i]])
+            device.map(offset, slots[i])
+        # one access call per run of adjacent remapped slots, not one a page (cuMemSetAccess
+        # covers many mappings; its time still grows with the mappings it covers)
+        run = 0
+        for j, i in enumerate(replaced):
+            if j + 1 == len(replaced) or replaced[j + 1] != i + 1:
+                first = replaced[run]
+                device.set_access(start + first * page, (i + 1 - first) * page)
+                run = j + 1
         self.n_stitch_takeovers += 1
         self.n_stitch_pages_remapped += n - best_shared
         return tuple(slots), start, nbytes
@@ -894,6 +938,7 @@ class TorchPolicyAllocator:
             n_stitched_maps=core.n_stitched_maps,
             n_stitch_reuses=core.n_stitch_reuses,
             n_stitch_takeovers=core.n_stitch_takeovers,
+            n_stitch_inside_reuses=core.n_stitch_inside_reuses,
             n_stitch_pages_remapped=core.n_stitch_pages_remapped,
             n_idle_evictions=core.n_idle_evictions,
             sync_ns_total=getattr(device, "sync_ns_total", 0),

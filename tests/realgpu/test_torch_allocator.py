@@ -388,6 +388,93 @@ def test_a_kept_range_over_most_of_the_pages_is_taken_over_once_its_work_is_done
     assert core.pool.device.physical_bytes == 0
 
 
+def _count_driver_calls(device) -> dict[str, int]:
+    """Count the calls that reach ``device``'s driver (the mmap stand-in here, cuMem* on a GPU)."""
+    counts: dict[str, int] = {}
+    driver = device.driver
+    for call in ("address_reserve", "create", "map", "set_access", "unmap", "release"):
+        real = getattr(driver, call)
+
+        def counted(*args, _real=real, _call=call):
+            counts[_call] = counts.get(_call, 0) + 1
+            return _real(*args)
+
+        setattr(driver, call, counted)
+    return counts
+
+
+@pytest.mark.parametrize("num_pages", [3, 5])
+def test_a_fresh_range_costs_one_reserve_a_map_a_page_and_one_access_call(num_pages):
+    # what a tensor over scattered pages costs the driver: no create (the pages are the policy's),
+    # one cuMemAddressReserve, one cuMemMap a page (a map cannot start inside a handle), one
+    # cuMemSetAccess over the whole range; a tensor over the first pages of it once freed: none
+    core = _paged_core()
+    keep = [core.malloc(2 * MiB, 0, 0) for _ in range(2 * num_pages)]
+    for q in keep[1::2]:
+        core.free(q, 2 * MiB, 0, 0)
+    counts = _count_driver_calls(core.pool.device)
+    t = core.malloc(num_pages * 2 * MiB, 0, 0)
+    assert counts == {"address_reserve": 1, "map": num_pages, "set_access": 1}
+    assert core.n_stitched_maps == 1
+    pages = [off for off, _ in core.live[t].extents]
+    core.free(t, num_pages * 2 * MiB, 0, 0)
+    counts.clear()
+    u = core.malloc((num_pages - 1) * 2 * MiB, 0, 0)  # its first pages, in order (the LIFO stack)
+    assert counts == {} and u == t and core.n_stitch_inside_reuses == 1
+    assert [off for off, _ in core.live[u].extents] == pages[: num_pages - 1]
+    import ctypes
+
+    device = core.pool.device
+    for k, off in enumerate(pages[: num_pages - 1]):  # each 2 MiB of the tensor is its own page
+        ctypes.memset(u + k * 2 * MiB, 0x30 + k, 2 * MiB)
+        assert ctypes.string_at(device.address(off), 1)[0] == 0x30 + k
+    core.free(u, (num_pages - 1) * 2 * MiB, 0, 0)
+    assert len(core._idle_ranges) == 1  # the range went back whole
+    v = core.malloc(num_pages * 2 * MiB, 0, 0)  # all of them again: the exact range, no call
+    assert counts == {} and v == t and core.n_stitch_reuses == 1
+    core.free(v, num_pages * 2 * MiB, 0, 0)
+    for q in keep[0::2]:
+        core.free(q, 2 * MiB, 0, 0)
+    assert core.errors == []
+    core.close()
+    assert device.physical_bytes == 0
+
+
+def test_a_take_over_makes_one_access_call_per_run_of_remapped_pages():
+    # a kept range of 6 pages, its first two now held by others: the next 6-page tensor takes it
+    # over, unmapping and mapping the two slots, and grants access over both in one call
+    events = FakeEvents()
+    core = _paged_core()
+    core.events = events
+    t1, held = _scattered(core, 6)
+    core.free(t1, 12 * MiB, 0, 0)
+    for token in events.recorded:
+        token[1] = True  # its GPU work is done
+    s = [core.malloc(2 * MiB, 0, 0) for _ in range(2)]  # take t1's first two pages
+    counts = _count_driver_calls(core.pool.device)
+    t2 = core.malloc(12 * MiB, 0, 0)  # t1's other four and two more
+    assert core.n_stitch_takeovers == 1 and core.n_stitch_pages_remapped == 2 and t2 == t1
+    assert counts == {"unmap": 2, "map": 2, "set_access": 1}
+    a = core.live[t2]
+    import ctypes
+
+    device = core.pool.device
+    pages = [off for off, length in a.extents for off in range(off, off + length, 2 * MiB)]
+    for k, off in enumerate(pages):
+        ctypes.memset(t2 + k * 2 * MiB, 0x50 + k, 2 * MiB)
+    # each 2 MiB of the tensor lands on one of its pages, each page once (a taken-over range keeps
+    # its shared pages in their slots, so the order may differ from the policy's)
+    assert sorted(ctypes.string_at(device.address(off), 1)[0] for off in pages) == [
+        0x50 + k for k in range(6)
+    ]
+    core.free(t2, 12 * MiB, 0, 0)
+    for q in [*s, *held]:
+        core.free(q, 2 * MiB, 0, 0)
+    assert core.errors == []
+    core.close()
+    assert device.physical_bytes == 0
+
+
 def test_a_refusal_unmaps_kept_ranges_holding_released_memory_and_retries():
     # a kept range holds its pages' physical memory after the policy released their segment (a
     # trim): the device is then full of memory nobody uses, until the range is unmapped
