@@ -297,18 +297,19 @@ class _CallMarks:
 
         out: dict = {}
         for kind, name in ((0, "malloc"), (1, "free")):
-            ns = self.shim.samples(kind)
-            if ns.size != self.shim.counters()[f"n_calls_{name}"]:
-                continue  # thinned: the calls are no longer one sample each
-            mine = ns[self.n0[kind] : self.n1[kind]].astype(np.float64)
+            # past the shim's capacity, one call in ``stride`` (evenly spread): the means and
+            # percentiles are those of the kept calls, the counts over 10 us scaled up by it
+            mine, stride = self.shim.calls_samples(kind, self.n0[kind], self.n1[kind])
+            mine = mine.astype(np.float64)
             if not mine.size:
                 continue
-            out[f"gen_n_{name}"] = int(mine.size)
+            out[f"gen_n_{name}"] = self.n1[kind] - self.n0[kind]
+            out[f"gen_{name}_sample_stride"] = stride
             out[f"gen_{name}_mean_us"] = mine.mean() / 1e3
             for q in (50, 90, 99):
                 out[f"gen_{name}_p{q}_us"] = float(np.percentile(mine, q)) / 1e3
             slow = mine >= 10_000
-            out[f"gen_{name}_n_over_10us"] = int(slow.sum())
+            out[f"gen_{name}_n_over_10us"] = int(slow.sum()) * stride
             out[f"gen_{name}_time_share_over_10us"] = float(mine[slow].sum() / mine.sum())
             out[f"gen_{name}_mean_us_under_10us"] = float(mine[~slow].mean()) / 1e3
         b0, b1 = self.b0, self.b1
@@ -345,7 +346,8 @@ def generate_breakdown_text(b: dict) -> str:
     return (
         f"generate: malloc mean {f('gen_malloc_mean_us')} p50 {f('gen_malloc_p50_us')} p99 "
         f"{f('gen_malloc_p99_us')} us "
-        f"({f('gen_n_malloc', 'd')} calls; {f('gen_malloc_n_over_10us', 'd')} "
+        f"({f('gen_n_malloc', 'd')} calls, 1 in {f('gen_malloc_sample_stride', 'd')} timed; "
+        f"{f('gen_malloc_n_over_10us', 'd')} "
         f"over 10 us hold {f('gen_malloc_time_share_over_10us', '.1%')} of the time, "
         f"the rest average {f('gen_malloc_mean_us_under_10us')} us), "
         f"free mean {f('gen_free_mean_us')} p50 {f('gen_free_p50_us')} us; "
@@ -409,11 +411,12 @@ def _call_means(shim, n0: tuple[int, int]) -> dict:
     out: dict = {}
     n1 = _call_counts(shim)
     for kind, name in ((0, "malloc"), (1, "free")):
-        ns = shim.samples(kind)
-        if ns.size != n1[kind] or n1[kind] == n0[kind]:
-            continue  # thinned past the shim's capacity, or no call
+        # past the shim's capacity, the mean of one call in ``stride``, evenly spread
+        ns, _ = shim.calls_samples(kind, n0[kind], n1[kind])
+        if not ns.size:
+            continue  # no call (or none kept)
         out[f"n_{name}"] = n1[kind] - n0[kind]
-        out[f"{name}_mean_us"] = float(ns[n0[kind] : n1[kind]].mean()) / 1e3
+        out[f"{name}_mean_us"] = float(ns.mean()) / 1e3
     return out
 
 
@@ -752,7 +755,8 @@ def stitch_bench(args) -> list[dict]:
     pages that are not one range cost: fresh ranges, kept ranges reused or taken over, driver calls,
     and their time at the bundled H200 costs (``sim.replay.costs.CostModel``: a reserve a range, a
     map and an access call a page mapped, an unmap a page unmapped). With and without take-overs
-    (``TAKE_OVER_CANDIDATES`` 0: only exact reuse, the code before session 12's change)."""
+    and reuses inside a longer kept range (``TAKE_OVER_CANDIDATES`` 0: only exact reuse, the code
+    before session 12's change); ``n_stitch_set_access`` counts the stitching's access calls."""
     import realgpu.torch_allocator as ta
     from sim.replay.costs import CostModel
     from traces import bundled_path, read_alloc_trace
@@ -802,9 +806,14 @@ def stitch_bench(args) -> list[dict]:
                     "n_over_pages": n_multi,
                     "n_fresh_ranges": core.n_stitched_maps,
                     "n_exact_reuses": core.n_stitch_reuses,
+                    "n_inside_reuses": core.n_stitch_inside_reuses,
                     "n_take_overs": core.n_stitch_takeovers,
                     "n_pages_remapped": core.n_stitch_pages_remapped,
                     "n_stitch_maps": stitch_maps,
+                    # one access call a segment the pool grew (each grow reserved a range of its
+                    # own), the rest the stitching's
+                    "n_stitch_set_access": calls["set_access"]
+                    - (calls["address_reserve"] - core.n_stitched_maps),
                     "n_unmaps": calls["unmap"],
                     "n_idle_evictions": core.n_idle_evictions,
                     "modelled_driver_ms": modelled_ns / 1e6,
@@ -819,10 +828,12 @@ def stitch_bench(args) -> list[dict]:
             rows.append(row)
             print(
                 f"{name:>24} take-over={'on ' if take_over else 'off'} fresh "
-                f"{row['n_fresh_ranges']:5d} reused {row['n_exact_reuses']:5d} taken "
+                f"{row['n_fresh_ranges']:5d} reused {row['n_exact_reuses']:5d} inside "
+                f"{row['n_inside_reuses']:5d} taken "
                 f"over {row['n_take_overs']:5d} "
                 f"({row['n_pages_remapped']} pages) "
-                f"stitch maps {stitch_maps:6d} unmaps {calls['unmap']:5d} "
+                f"stitch maps {stitch_maps:6d} access calls {row['n_stitch_set_access']:5d} "
+                f"unmaps {calls['unmap']:5d} "
                 f"modelled {row['modelled_driver_ms']:7.1f} ms",
                 flush=True,
             )

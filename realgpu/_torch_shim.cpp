@@ -59,7 +59,8 @@ PyObject* g_stream_obj = nullptr;
 
 // Per-call latency samples in the call clock's ticks (ns where read out), bounded: once full, every
 // second sample is dropped and the stride doubles (so the kept samples stay evenly spread over the
-// whole run).
+// whole run). Kept sample i is always call i * stride (0-based): a reader picks a window of calls
+// by it (counters 12 and 13 give the strides).
 struct Samples {
   std::vector<int64_t> values;
   size_t capacity = size_t(1) << 21;
@@ -453,7 +454,8 @@ size_t poollab_samples(int kind, int64_t* out, size_t n) {
 // Counters: 0 mallocs seen, 1 frees seen, 2 zero-byte requests, 3 ignored frees, 4 calls that
 // arrived without the GIL, 5 capture checks made, 6 split mallocs, then the split's ns sums:
 // 7 capture check, 8 taking the GIL and the lock, 9 the Python call, 10 giving the GIL back;
-// 11: 1 when calls are timed with the time-stamp counter, 0 with CLOCK_MONOTONIC.
+// 11: 1 when calls are timed with the time-stamp counter, 0 with CLOCK_MONOTONIC; 12 and 13: the
+// malloc and free samples' strides (kept sample i is call i * stride).
 uint64_t poollab_counter(int which) {
   switch (which) {
     case 0: return g_alloc_ns.seen;
@@ -468,8 +470,17 @@ uint64_t poollab_counter(int which) {
     case 9: return uint64_t(g_clock.to_ns(g_split_call_ns, g_clock.rate()));
     case 10: return uint64_t(g_clock.to_ns(g_split_release_ns, g_clock.rate()));
     case 11: return g_clock.tsc ? 1 : 0;
+    case 12: return g_alloc_ns.stride;
+    case 13: return g_free_ns.stride;
     default: return 0;
   }
+}
+
+// Samples kept per kind before thinning (tests: a small one thins after a few calls); clears them.
+void poollab_set_sample_capacity(size_t n) {
+  g_alloc_ns.clear();
+  g_free_ns.clear();
+  g_alloc_ns.capacity = g_free_ns.capacity = n < 2 ? 2 : n;
 }
 
 void poollab_reset_counters() {

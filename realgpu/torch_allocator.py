@@ -704,6 +704,15 @@ class Shim:
         self.lib.poollab_samples(kind, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), n)
         return out
 
+    def calls_samples(self, kind: int, n0: int, n1: int) -> tuple[np.ndarray, int]:
+        """The kept samples (ns) of calls ``n0`` to ``n1`` (0-based, ``n1`` excluded; kind 0
+        malloc, 1 free) and the stride they were kept at (``samples_of_calls``)."""
+        name = "malloc" if kind == 0 else "free"
+        c = self.counters()
+        return samples_of_calls(
+            self.samples(kind), c[f"sample_stride_{name}"], c[f"n_calls_{name}"], n0, n1
+        )
+
     def counters(self) -> dict[str, int]:
         c = self.lib.poollab_counter
         return {
@@ -711,6 +720,9 @@ class Shim:
             "n_calls_free": int(c(1)),
             "n_zero_bytes": int(c(2)),
             "n_frees_ignored": int(c(3)),
+            # kept sample i of ``samples(kind)`` is call i * stride (thinned past the capacity)
+            "sample_stride_malloc": int(c(12)),
+            "sample_stride_free": int(c(13)),
         }
 
     def probe_malloc(
@@ -762,6 +774,26 @@ class Shim:
     def call_free(self, ptr: int, size: int, stream: int = 0) -> None:
         """Call the trampoline's free as PyTorch does (tests)."""
         self._free(ptr, size, 0, stream or None)
+
+
+def samples_of_calls(
+    samples: np.ndarray, stride: int, n_seen: int, n0: int, n1: int
+) -> tuple[np.ndarray, int]:
+    """The samples of calls ``n0`` to ``n1`` (``n1`` excluded) among ``samples``, the shim's
+    kept samples of ``n_seen`` calls at ``stride``, and that stride: kept sample i is call
+    i * stride (the shim keeps every call below its capacity, stride 1; past it, it drops every
+    second sample and doubles the stride), so the window's samples are those of its calls that are
+    multiples of the stride, evenly spread over it.
+
+    Raises:
+        ValueError: ``samples`` is not what ``n_seen`` calls at ``stride`` leave (a bad reading).
+    """
+    if stride < 1 or stride & (stride - 1) or samples.size != -(-n_seen // stride):
+        raise ValueError(
+            f"{samples.size} samples of {n_seen} calls at stride {stride}: "
+            f"the shim keeps call i * stride, so {-(-n_seen // max(stride, 1))} were expected"
+        )
+    return samples[-(-n0 // stride) : -(-n1 // stride)], stride
 
 
 @functools.lru_cache(maxsize=1)

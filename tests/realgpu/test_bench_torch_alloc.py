@@ -174,6 +174,11 @@ def test_stitch_bench_take_overs_cut_fresh_ranges_on_pytorchs_own_requests(bench
         on["modelled_driver_ms"] < off["modelled_driver_ms"]
         and off["n_errors"] == on["n_errors"] == 0
     )
+    # tensors served inside a longer kept range, and fewer access calls than a fresh range each
+    # and one per remapped page (one per run of adjacent remapped pages)
+    assert off["n_inside_reuses"] == 0 < on["n_inside_reuses"]
+    assert off["n_stitch_set_access"] == off["n_fresh_ranges"]
+    assert on["n_stitch_set_access"] < on["n_fresh_ranges"] + on["n_pages_remapped"]
 
 
 def _host_core(spec: str = "best-fit", sample_every: int = 8):

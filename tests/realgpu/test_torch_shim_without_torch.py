@@ -90,3 +90,62 @@ def test_the_trampoline_serves_a_policy_through_the_path(shim, spec):
     shim.poollab_free(ptr, size, 0, None)  # a double free: kept in errors, nothing raised
     assert len(core.errors) == 1 and f"0x{ptr:x} ({size:,} B)" in str(core.errors[0])
     shim.poollab_set_callbacks(None, None, 0)
+
+
+def test_thinned_samples_still_give_generates_breakdown(shim):
+    # past the shim's capacity its samples are thinned (one call in ``stride``): the benchmark's
+    # breakdown of generate's calls printed "?" for every figure on runs of 120+ rounds; kept
+    # sample i is call i * stride, so a window of calls still has its samples
+    import importlib.util
+    from types import SimpleNamespace
+
+    from realgpu.torch_allocator import Shim
+
+    bench_path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_torch_alloc.py"
+    spec = importlib.util.spec_from_file_location("bench_torch_alloc_thinned", bench_path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    reader = Shim(shim._name)
+    core = host_allocator_core("size-class")
+    reader.bind(core)
+    reader.lib.poollab_set_sample_capacity.argtypes = [ctypes.c_size_t]
+    reader.lib.poollab_set_sample_capacity(8)
+    try:
+        build = [reader.probe_malloc(1 << 20)[1] for _ in range(6)]  # "the model's build"
+        marks = bench._CallMarks(SimpleNamespace(shim=reader, core=core, pool=core.pool))
+        ptrs = [reader.probe_malloc(4096)[1] for _ in range(34)]
+        for p in ptrs:
+            reader.call_free(p, 4096)
+        marks.stop()
+        c = reader.counters()
+        # 40 mallocs into 8 slots: the stride doubled to 8, calls 0, 8, ..., 32 kept
+        assert c["n_calls_malloc"] == 40 and c["sample_stride_malloc"] == 8
+        assert reader.samples(0).size == 5 and c["sample_stride_free"] == 8  # 34 frees: 5 kept
+        window, stride = reader.calls_samples(0, 6, 40)
+        assert stride == 8 and window.size == 4  # calls 8, 16, 24, 32
+        b = marks.breakdown(SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False)))
+    finally:
+        reader.lib.poollab_set_sample_capacity(1 << 21)
+        reader.bind(None)
+    assert b["gen_n_malloc"] == 34 and b["gen_n_free"] == 34 and b["gen_malloc_sample_stride"] == 8
+    assert 0 < b["gen_malloc_p50_us"] <= b["gen_malloc_p99_us"] and b["gen_free_mean_us"] > 0
+    line = bench.generate_breakdown_text(b)
+    assert "malloc mean ?" not in line and "(34 calls, 1 in 8 timed;" in line
+    for p in build:
+        core.free(p, 1 << 20, 0, 0)
+    core.close()
+    assert core.errors == []
+
+
+def test_samples_of_calls_refuses_a_reading_that_does_not_fit_its_stride():
+    import numpy as np
+
+    from realgpu.torch_allocator import samples_of_calls
+
+    kept = np.arange(5, dtype=np.int64) * 100  # calls 0, 8, 16, 24, 32 of 40
+    window, stride = samples_of_calls(kept, 8, 40, 6, 40)
+    assert stride == 8 and window.tolist() == [100, 200, 300, 400]
+    assert samples_of_calls(kept[:1], 1, 1, 0, 1)[0].tolist() == [0]
+    for bad in ((kept, 8, 48), (kept, 3, 15), (kept, 0, 40)):
+        with pytest.raises(ValueError, match="samples of .* calls at stride"):
+            samples_of_calls(*bad, 0, 1)
