@@ -35,9 +35,9 @@ What the core guarantees, whatever the policy:
   are not one range gets a virtual range of its own with those pages' physical memory mapped in
   it, in order (kept mapped after the free for the same pages again, ``MAX_IDLE_STITCHED_RANGES``,
   unmapped in batches past that, and at once when the policy refuses a request; a kept range that
-  holds a new tensor's pages back to back among more serves it as it is; a kept range over most of
-  a new tensor's pages, its GPU work done, is taken over with only the other pages remapped, the
-  shared ones left in their places, one access call per run of remapped pages);
+  holds a new tensor's pages in adjacent slots, in any order, serves it as it is; a kept range
+  over most of a new tensor's pages, its GPU work done, is taken over with only the other pages
+  remapped, the shared ones left in their places, one access call per run of remapped pages);
   such a policy is refused up front, in one line, on a segment device, in validation mode, or with
   pages that are no whole number of the device's physical pages;
 - a 0-byte request gets a null pointer without calling the policy (as PyTorch's own allocator);
@@ -172,8 +172,8 @@ class AllocatorCore:
             0  # tensors served by a kept range with some of its pages remapped
         )
         self.n_stitch_pages_remapped = 0
-        #: tensors over such pages served by a kept range that holds them back to back among more
-        #: (no driver call)
+        #: tensors over such pages served by a kept range that holds them in adjacent slots, in
+        #: another order or among more (no driver call)
         self.n_stitch_inside_reuses = 0
         self._defer_frees = False
         self._validate = pool.validate
