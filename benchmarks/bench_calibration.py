@@ -5,7 +5,7 @@ others.
                                            [--repeat NAME,NAME[,NAME...] ...] [--skip TEXT ...]
                                            [--from-requests] [--variants] [--add TERM ...]
                                            [--drop TERM ...]
-                                           [--oracle] [--pooled] [--model M] [--gpu G]
+                                           [--oracle] [--pooled] [--hosts] [--model M] [--gpu G]
 
 Each run is a real engine's step profile and served-request table (``traces.engine_profile``);
 without ``--run`` the two shared recordings (``../shared/data/engine``: transformers' continuous
@@ -51,6 +51,17 @@ over the fit's, ``extrapolation_ratio``) and the share under it; the held-out co
 by each. The counts are also tabled by workload pair (the fit's and the judged run's trace
 and duration: ``azure_code_60s``, ``synth_mixed_60s``, ``synth_mixed_10s``), the layout of
 RESULTS.md's tables.
+
+The held-out misses are also tabled by fit (``misses_table``): which calibrations lose the
+figures, and on which runs.
+
+``--hosts`` first tables each run's launch-bound steps against one law fitted on the steps of
+every run pooled (``host_table``): decode steps reading at most that law's exposed-KV count
+(``num_hidden_kv_tokens``: below it the engine's kernel launches hide the attention), their
+median measured / law over the run and by fifth of it. The engine's host thread is busy the
+whole of such a step (``cpu_s`` = ``duration_s`` where recorded), so a run whose ratio is well
+above the others' ran on a slower host, and its fit carries that host's speed to every run it
+judges (issue 31, session 21: ``azure_code_60s_x1_e`` 1.67, slow from its first fifth on).
 
 ``--variants`` prints the per-step held-out error of the roofline as the fit's floor (the
 shipped model) against the roofline as a seventh NNLS feature (``sim.serving.step_fit``'s
@@ -292,6 +303,8 @@ def held_out_table(
     by_extrapolated: dict[str, list[int]] = {}
     by_ratio: dict[str, list[int]] = {}
     by_below: dict[str, list[int]] = {}
+    #: each fit's held-out misses: (judged run, figure, error) and its figures judged
+    by_fit: dict[str, tuple[list[tuple[str, str, float]], list[int]]] = {}
     for fit, fit_name, judged, kind, errors, how, (extrapolated, ratio, below) in rows:
         e = errors.set_index("metric")["error_%"]
         spread = spreads.get(runs[judged]["condition"])
@@ -299,6 +312,13 @@ def held_out_table(
             n_within = sum(
                 _within(e[m], None if spread is None else spread[m]) for m in LATENCY_METRICS
             )
+            missed, judged_figures = by_fit.setdefault(fit, ([], [0]))
+            judged_figures[0] += len(LATENCY_METRICS)
+            missed += [
+                (judged, m, float(e[m]))
+                for m in LATENCY_METRICS
+                if not _within(e[m], None if spread is None else spread[m])
+            ]
             group = (how, workload_pair_group(fit_name), workload_pair_group(judged))
             for counts in (
                 *(
@@ -397,6 +417,10 @@ def held_out_table(
                 for family in (("requests", "steps"), *((h,) for h in _POOLED_HOWS))
                 if any(k[0] in family for k in pairs)
             ),
+            "",
+            "Held-out misses by fit (rows without †; the fits that miss none left out):",
+            "",
+            misses_table(by_fit),
         ]
     )
 
@@ -454,6 +478,57 @@ def oracle_table(runs: dict, model, gpu, spreads: dict[str, dict[str, float]]) -
             + " |"
         )
     lines += ["", f"recorded step times: {within} of {total} figures within target"]
+    return "\n".join(lines)
+
+
+def misses_table(by_fit: dict[str, tuple[list[tuple[str, str, float]], list[int]]]) -> str:
+    """Markdown: each fit's held-out misses (``held_out_table``'s ``by_fit``: fit label ->
+    ((judged run, figure, error %), ...), [figures judged]), most first."""
+    lines = ["| fit | misses / figures | judged run: figure error |", "|---|---|---|"]
+    for fit, (missed, (n_figures,)) in sorted(by_fit.items(), key=lambda kv: -len(kv[1][0])):
+        if missed:
+            cells = "; ".join(f"{j}: {_SHORT[m]} {err:+.0f} %" for j, m, err in missed)
+            lines.append(f"| {fit} | {len(missed)} / {n_figures} | {cells} |")
+    if len(lines) == 2:
+        lines.append("| (none) | 0 | - |")
+    return "\n".join(lines)
+
+
+def host_table(
+    runs: dict, model, gpu, add: tuple[str, ...] = (), drop: tuple[str, ...] = ()
+) -> str:
+    """Markdown: each run's launch-bound steps (decode steps reading at most the exposed-KV count
+    of the law fitted on every run's steps pooled) against that law, median measured / law over
+    the run and by fifth of it, beside the run's own fit's fixed term (the module docstring)."""
+    pool = {name: run["steps"] for name, run in runs.items()}
+    law = fit_step_profile(pool, model, gpu, add=add, drop=drop).terms
+    coef = np.array([getattr(law, n) for n in STEP_TERM_NAMES])
+    floor_model = StepTimeModel(model, gpu)
+    # a law without the exposed-KV tail hides no KV count: every decode step then counts
+    hidden = law.num_hidden_kv_tokens or np.inf
+    lines = [
+        f"Each run's decode steps reading at most {hidden:,.0f} KV tokens (launch-bound) against "
+        f"the law fitted on all {len(runs)} runs' steps pooled: median measured / law",
+        "",
+        "| run | steps | median | by fifth of the run | its own fit's fixed term |",
+        "|---|---|---|---|---|",
+    ]
+    for name, run in runs.items():
+        steps = run["steps"].iloc[1:]  # the first step may be the engine's warm-up
+        ratio = steps["duration_s"].to_numpy() / np.maximum(
+            profile_features(steps, law.num_hidden_kv_tokens) @ coef,
+            roofline_s(steps, floor_model),
+        )
+        kv = (steps["prefill_context_tokens"] + steps["decode_context_tokens"]).to_numpy()
+        bound = (steps["num_prefill_tokens"].to_numpy() == 0) & (kv <= hidden)
+        fifths = [part[bound[part]] for part in np.array_split(np.arange(len(steps)), 5)]
+        own = fit_step_profile(run["steps"], model, gpu, add=add, drop=drop).terms.fixed_s
+        median = f"{np.median(ratio[bound]):.2f}" if bound.any() else "-"
+        lines.append(
+            f"| {name} | {int(bound.sum())} | {median} | "
+            + " ".join(f"{np.median(ratio[f]):.2f}" if len(f) else "-" for f in fifths)
+            + f" | {1e3 * own:.1f} ms |"
+        )
     return "\n".join(lines)
 
 
@@ -581,6 +656,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="first judge each run simulated with its own recorded step times",
     )
+    ap.add_argument(
+        "--hosts",
+        action="store_true",
+        help="first table each run's launch-bound steps against one law over every run",
+    )
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--gpu", default=DEFAULT_GPU)
     args = ap.parse_args(argv)
@@ -625,6 +705,9 @@ def main(argv: list[str] | None = None) -> int:
         spreads[condition] = spread_pct(runs, repeat)
         for n in repeat:
             runs[n]["condition"] = condition
+    if args.hosts:
+        print(host_table(runs, model, gpu, add=add, drop=drop))
+        print()
     if args.oracle:
         print(oracle_table(runs, model, gpu, spreads))
         print()

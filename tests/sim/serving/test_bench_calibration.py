@@ -238,3 +238,53 @@ def test_pooled_fits_judge_the_other_conditions_and_the_other_workload(tmp_path,
     # the single-run fits' rows and counts are as without --pooled
     assert out.startswith(plain[: plain.index("| none (bundled roofline)")])
     assert re.search(r"calibrate steps: (\d+) of 72 held-out", out)
+
+
+def test_the_misses_are_tabled_by_fit_with_the_runs_they_miss(tmp_path, capsys):
+    """Each fit's held-out misses, most first, each with the judged run, figure and error; a
+    table of one engine's runs misses none."""
+    bench = _load()
+    _recording(tmp_path, "a", 0.07, 0)
+    _recording(tmp_path, "b", 0.07, 1)
+    assert bench.main(["--no-shared", "--runs-dir", str(tmp_path)]) == 0
+    assert "| (none) | 0 | - |" in capsys.readouterr().out
+    _recording(tmp_path, "slow", 0.12, 2)
+    assert bench.main(["--no-shared", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("Held-out misses by fit") :]
+    rows = re.findall(r"^\| calibrate steps (\w+) \| (\d+) / 12 \| (.*) \|$", table, re.M)
+    # the slow engine's fit misses the other two, and theirs miss it, its TPOT priced low
+    assert rows[0][0] == "slow" and int(rows[0][1]) > 0
+    assert "a: TPOT p50 +" in rows[0][2] and "b: TPOT p50 +" in rows[0][2]
+    assert {name for name, _, _ in rows} == {"a", "b", "slow"}
+    assert all("slow: TPOT p50 -" in cells for name, _, cells in rows if name != "slow")
+    counts = [int(n) for _, n, _ in rows]
+    assert counts == sorted(counts, reverse=True)
+    assert "(none)" not in table
+
+
+def test_hosts_tables_each_runs_launch_bound_steps_against_one_pooled_law(tmp_path, capsys):
+    """``--hosts``: a run whose every step pays more fixed (host) time reads above the law over
+    all runs, the others below it; each run's own fit's fixed term beside it."""
+    bench = _load()
+    _recording(tmp_path, "a", 0.07, 0)
+    _recording(tmp_path, "b", 0.07, 1)
+    _recording(tmp_path, "slow", 0.11, 2)
+    assert bench.main(["--no-shared", "--runs-dir", str(tmp_path), "--hosts"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Each run's decode steps reading at most ")
+    assert "against the law fitted on all 3 runs' steps pooled" in out.splitlines()[0]
+    rows = {
+        m[0]: (float(m[1]), [float(v) for v in m[2].split()], float(m[3]))
+        for m in re.findall(
+            r"^\| (\w+) \| \d+ \| ([\d.]+) \| ([\d. ]+) \| ([\d.]+) ms \|$", out, re.M
+        )
+    }
+    assert set(rows) == {"a", "b", "slow"}
+    assert rows["slow"][0] > 1.1 * max(rows["a"][0], rows["b"][0])
+    assert rows["a"][0] < 1 < rows["slow"][0]
+    assert min(rows["slow"][1]) > max(rows["a"][1])  # slow in every fifth of its run
+    assert rows["slow"][2] == pytest.approx(110, rel=0.05)
+    assert rows["a"][2] == pytest.approx(70, rel=0.05)
+    # the held-out table follows, as without --hosts
+    assert "| measured (s) | condition |" in out
