@@ -396,7 +396,7 @@ def held_out_table(
             totals + " (rows without †).",
             "",
             "Held out by the judged run's share of steps priced past the fit's range "
-            "(`extrapolated_step_frac`; within target / figures, rows without †):",
+            "(`priced_past_range_frac`; within target / figures, rows without †):",
             "",
             extrapolated_table(by_extrapolated),
             "",
@@ -405,7 +405,7 @@ def held_out_table(
             "",
             extrapolated_table(by_ratio, _RATIO_BANDS, "largest KV tokens over the fit's"),
             "",
-            "... by the share of steps under the fit's range (`below_range_step_frac`: fewer "
+            "... by the share of steps under the fit's range (`priced_below_range_frac`: fewer "
             "decode sequences, KV tokens, ... than its smallest):",
             "",
             extrapolated_table(by_below, head="steps under the fit's range"),
@@ -426,7 +426,7 @@ def held_out_table(
 
 
 #: The summary columns of a calibrated run that each row carries (``held_out_table``).
-_RANGE_COLUMNS = ("extrapolated_step_frac", "extrapolation_ratio", "below_range_step_frac")
+_RANGE_COLUMNS = ("priced_past_range_frac", "extrapolation_ratio", "priced_below_range_frac")
 #: ``extrapolated_table``'s bands of the share of steps past the fit's range (upper bounds).
 _EXTRAPOLATED_BANDS = ((0.0, "none"), (0.1, "up to 10 %"), (0.5, "10-50 %"), (1.0, "over 50 %"))
 #: ... and of how far past: the judged run's largest KV tokens over the fit's (upper bounds).

@@ -377,8 +377,8 @@ def format_table(summary: pd.DataFrame, columns: list[str] | None = None) -> str
             "kv_token_util_pressure",
             "slo_attainment",
             "kv_pressure_share",
-            "extrapolated_step_frac",
-            "below_range_step_frac",
+            "priced_past_range_frac",
+            "priced_below_range_frac",
         ):
             view[c] = view[c] * 100
             rename[c] = c + "_%"

@@ -24,7 +24,7 @@ import pandas as pd
 from sim.replay.hardware import DEFAULT_GPU
 from sim.replay.serving_metrics import LATENCY_COLUMNS
 from sim.serving.config import ServerConfig
-from sim.serving.fit_range import range_warning_lines
+from sim.serving.fit_range import RANGE_TABLE_COLUMNS, range_warning_lines
 from sim.serving.simulate import simulate
 
 __all__ = ["COMPARED_COLUMNS", "engine_config", "measured_against_predicted", "compare_with_engine"]
@@ -76,7 +76,10 @@ def compare_with_engine(
     """``simulate`` the planned requests (``plan``: ``request``, ``arrival_s``, ``prompt_tokens``,
     ``output_tokens``) once per engine run, with the run's KV bytes and the engine's limits
     (``engine_config``) and the run's policy, on ``settings.model``'s shape and ``gpu``; each
-    run's ``measured_against_predicted`` table, by ``run.spec``. ``warn`` is called with each
+    run's ``measured_against_predicted`` table, by ``run.spec``, with a row (predicted only: an
+    engine has no range) for each of ``RANGE_TABLE_COLUMNS`` that a fitted ``calibration``'s
+    range check filled, so that a prediction priced past its fit's range says so beside its
+    errors. ``warn`` is called with each
     distinct range warning of the runs (a fitted ``calibration``'s steps past what its fit saw:
     ``sim.serving.fit_range.range_warning_lines``), after all of them ran."""
     requests = plan[["request", "arrival_s", "prompt_tokens", "output_tokens"]].rename(
@@ -93,7 +96,10 @@ def compare_with_engine(
             config=engine_config(kv_capacity_bytes=int(run.summary["kv_bytes"]), settings=settings),
             trace_name=trace_name,
         )
-        out[run.spec] = measured_against_predicted(run.summary, predicted.summary)
+        checked = [c for c in RANGE_TABLE_COLUMNS if predicted.summary.get(c) is not None]
+        out[run.spec] = measured_against_predicted(
+            run.summary, predicted.summary, (*COMPARED_COLUMNS, *checked)
+        )
         warnings.append((run.spec, predicted.summary.get("range_warning")))
     if warn is not None:
         for line in range_warning_lines(warnings):

@@ -74,7 +74,7 @@ def predict_served(trace: RequestTrace, calibration: Any, **kwargs: Any) -> pd.D
 
 def simulate_served(trace: RequestTrace, calibration: Any, **kwargs: Any) -> Any:
     """``predict_served``'s run whole: its ``SimResult`` (the summary row too: how many steps the
-    calibration priced past what its fit saw, ``extrapolated_step_frac``); ``kwargs`` are
+    calibration priced past what its fit saw, ``priced_past_range_frac``); ``kwargs`` are
     ``served_setup``'s."""
     from sim.serving.simulate import serving_result
 

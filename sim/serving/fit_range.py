@@ -16,11 +16,13 @@ checked; one without minima (written before session 19) is not checked below.
 The shares are of the steps *priced*, not of those run (``RangeCount.num_steps`` against the
 summary's ``n_steps``): the server's fast path prices a quiet decode stretch a few steps ahead
 and prices again, after an arrival, the steps the arrival cut off, so a run prices a few steps
-more than it runs (1-4 % on three recorded pairs) and counts some twice. Counting run steps
-would take the server's hot loop reporting the steps it commits; measured against runs with
-the fast path off (every step priced once, as it runs; results identical), the priced shares
-were within 1.6 points of the run's (``benchmarks/RESULTS.md``, "Session 20 (t4)"). The warning
-says "of the steps priced"; ``n_priced_steps`` is the count. ``calibrate requests``' range
+more than it runs (1-4 % on three recorded pairs) and counts some twice. A user reads a share
+of steps as one of the run's (the ``n_steps`` beside it), so the names say which: the columns
+are ``priced_past_range_frac`` and ``priced_below_range_frac`` over ``n_priced_steps``, and the
+warning says "68 % of the 673 steps priced". Counting run steps would take the server's hot loop
+reporting the steps it commits; measured against runs with the fast path off (every step priced
+once, as it runs; results identical), the priced shares were within 1.6 points of the run's
+(``benchmarks/RESULTS.md``, "Session 20 (t4)"). ``calibrate requests``' range
 (``sim.serving.engine_runs.priced_range``) is taken with the fast path off: of the run's steps.
 """
 
@@ -37,6 +39,8 @@ __all__ = [
     "BELOW_WARN_FRAC",
     "RANGE_FEATURES",
     "RANGE_QUANTILE",
+    "RANGE_TABLE_COLUMNS",
+    "RENAMED_RANGE_COLUMNS",
     "FittedRange",
     "RangeCount",
     "StepFeatureLog",
@@ -54,6 +58,16 @@ RANGE_FEATURES = (
     "decode_context_tokens",
     "kv_tokens",
 )
+#: The summary's range columns a terminal table shows beside a run's figures (``sweep``'s pareto
+#: fronts, ``gpu serve --sim``'s comparison; ``sim.serving.simulate.CALIBRATION_COLUMNS`` has
+#: them all): the shares of the priced steps past and under the fit's range, and how far past.
+RANGE_TABLE_COLUMNS = ("priced_past_range_frac", "extrapolation_ratio", "priced_below_range_frac")
+#: The shares' names before session 21 (they did not say their base), old name -> new: a sweep
+#: resumed over cell records written then reads them under the new names.
+RENAMED_RANGE_COLUMNS = {
+    "extrapolated_step_frac": "priced_past_range_frac",
+    "below_range_step_frac": "priced_below_range_frac",
+}
 #: How each feature reads in a warning.
 _WORDS = {
     "num_prefill_tokens": "prefill tokens",
@@ -328,7 +342,7 @@ class RangeCount:
         i = max(range(len(by)), key=lambda j: (by[j], RANGE_FEATURES[j] == "kv_tokens"))
         name = RANGE_FEATURES[i]
         kv = name.endswith("tokens") and name != "num_prefill_tokens"
-        share = _percent(by[i] / self.num_steps)
+        share = f"{_percent(by[i] / self.num_steps)} of the {self.num_steps:,} steps priced"
         others = [
             f"{_WORDS[n]} {_percent(c / self.num_steps)}"
             for n, c in zip(RANGE_FEATURES, by)
@@ -339,14 +353,14 @@ class RangeCount:
             most = self.fitted.max[name]
             far = f", up to {_times(self.largest[i] / most)} its largest" if most > 0 else ""
             return (
-                f"{share} of the steps priced {'read more' if kv else 'had more'} "
+                f"{share} {'read more' if kv else 'had more'} "
                 f"{_WORDS[name]} than the calibration saw{far} (max {_short(most)}; "
                 f"{100 * RANGE_QUANTILE:.0f} % of its steps under "
                 f"{_short(self.fitted.quantile.get(name, most))}): {terms}"
                 + (f" (past the range too: {', '.join(others)})" if others else "")
             )
         return (
-            f"{share} of the steps priced {'read fewer' if kv else 'had fewer'} "
+            f"{share} {'read fewer' if kv else 'had fewer'} "
             f"{_WORDS[name]} than the calibration's smallest ({_short(self.fitted.min[name])}; "
             f"down to {_short(self.smallest[i])}): {terms} down"
             + (f" (under the range too: {', '.join(others)})" if others else "")

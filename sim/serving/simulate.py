@@ -34,6 +34,7 @@ from sim.serving.config import ServerConfig
 from sim.serving.server import Server
 from sim.replay.serving_metrics import prefix_hit_rates, request_table, serving_summary
 from sim.serving.steptime import StepTimeModel
+from sim.serving.fit_range import RANGE_TABLE_COLUMNS
 from traces.requests import RequestTrace
 
 __all__ = [
@@ -520,21 +521,15 @@ def _group_fields(kv: Any) -> dict[str, Any]:
 
 
 #: The summary's columns of a calibrated run (``_range_fields``; docs/_hooks/columns.yml).
-CALIBRATION_COLUMNS = [
-    "n_priced_steps",
-    "extrapolated_step_frac",
-    "extrapolation_ratio",
-    "below_range_step_frac",
-    "range_warning",
-]
+CALIBRATION_COLUMNS = ["n_priced_steps", *RANGE_TABLE_COLUMNS, "range_warning"]
 
 
 def _range_fields(step_model: StepTimeModel) -> dict[str, Any]:
     """``CALIBRATION_COLUMNS``: the steps a calibration priced (``n_priced_steps``: a few more
     than ``n_steps``, the fast path's quiet stretches priced ahead; ``sim.serving.fit_range``);
-    how many of them lay past the step features its fit saw, ``extrapolated_step_frac``; how
+    how many of them lay past the step features its fit saw, ``priced_past_range_frac``; how
     far, the largest KV tokens priced over the fit's (``extrapolation_ratio``); the share under its
-    smallest (``below_range_step_frac``; None: minima not recorded); all None when not checked
+    smallest (``priced_below_range_frac``; None: minima not recorded); all None when not checked
     (no fitted range); and the terminal's warning (``range_warning``, "" when none)."""
     count = getattr(step_model, "range_count", None)  # a recorded-steps replay has none
     if count is None:

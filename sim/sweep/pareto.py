@@ -13,6 +13,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from sim.serving.fit_range import RANGE_TABLE_COLUMNS
+
 __all__ = ["pareto_mask", "pareto_front", "pareto_table", "format_fronts"]
 
 #: Columns that are fractions, printed in percent.
@@ -23,6 +25,8 @@ _FRACTIONS = {
     "frag_ext_max",
     "internal_waste_frac",
     "kv_token_util",
+    "priced_past_range_frac",
+    "priced_below_range_frac",
 }
 
 
@@ -88,11 +92,16 @@ def pareto_table(
     """Every front of a sweep as one tidy table (``pareto.csv``): one row per point per ``y``.
 
     Columns: the ``by`` columns, ``x_metric``, ``x``, ``y_metric``, ``y``, then what identifies
-    the configuration (``policy``, ``cell_capacity_bytes``, any ``option_*``, ``cell_key``).
+    the configuration (``policy``, ``cell_capacity_bytes``, any ``option_*``, ``cell_key``),
+    then, when any finished cell was checked against a fitted calibration's range, its range
+    columns (``sim.serving.fit_range.RANGE_TABLE_COLUMNS``: a point priced past the fit's range
+    is a point the step law extrapolated).
     """
     ident = [c for c in ["policy", "cell_capacity_bytes"] if c in results.columns]
     ident += [c for c in results.columns if str(c).startswith("option_")]
     ident += [c for c in ["cell_key"] if c in results.columns]
+    ok = results[results["status"] == "ok"] if "status" in results.columns else results
+    ident += [c for c in RANGE_TABLE_COLUMNS if c in ok.columns and ok[c].notna().any()]
     parts = []
     for y in ys:
         front = pareto_front(results, x, y, by=list(by))
@@ -110,7 +119,8 @@ def pareto_table(
 
 
 def format_fronts(table: pd.DataFrame, *, by: Sequence[str] = ("trace",)) -> str:
-    """The fronts of ``pareto_table`` as text for the terminal, one block per group and metric."""
+    """The fronts of ``pareto_table`` as text for the terminal, one block per group and metric;
+    its range columns (shares in percent, ``extrapolation_ratio`` as it is) after the two axes."""
     if table.empty:
         return "pareto: no finished cells"
     blocks = []
@@ -137,6 +147,12 @@ def format_fronts(table: pd.DataFrame, *, by: Sequence[str] = ("trace",)) -> str
                 view[f"{metric}_%"] = values * 100
             else:
                 view[metric] = values
+        for col in RANGE_TABLE_COLUMNS:
+            if col in rows:
+                values = rows[col].to_numpy(np.float64)
+                view[f"{col}_%" if col in _FRACTIONS else col] = (
+                    values * 100 if col in _FRACTIONS else values
+                )
         body = view.to_string(index=False, float_format=lambda v: f"{v:.4g}")
         blocks.append(f"pareto front ({', '.join(labels)}): {x_metric} vs {y_metric}\n{body}")
     return "\n\n".join(blocks)

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from sim.replay.schema import SUMMARY_COLUMNS, write_results
+from sim.serving.fit_range import RENAMED_RANGE_COLUMNS
 from sim.sweep import cells as _cells
 from sim.sweep.cells import STATUS_FAILED, STATUS_LOST, STATUS_OK, Cell, cell_columns, lost_record
 from sim.sweep.errors import SweepError
@@ -577,6 +578,9 @@ def results_frame(cells: Iterable[Cell], records: dict[str, dict[str, Any]]) -> 
             "backend": "sim",
             "capacity_bytes": cell.capacity_bytes,
         }
+        for old, new in RENAMED_RANGE_COLUMNS.items():  # a record written before session 21
+            if old in row:
+                row[new] = row.pop(old)
         row.update(
             status=record["status"], error=record.get("error"), elapsed_s=record.get("elapsed_s")
         )

@@ -177,14 +177,15 @@ def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_p
     _, err = cli_ok([*args, "--calibration", str(cal), "--out", str(tmp_path / "in")])
     assert "than the calibration saw" not in err
     inside = pd.read_csv(tmp_path / "in" / "summary.csv").iloc[0]
-    assert inside["extrapolated_step_frac"] == 0 and inside["extrapolation_ratio"] < 1
+    assert inside["priced_past_range_frac"] == 0 and inside["extrapolation_ratio"] < 1
     # ... but under it: the profile's batches hold 2 sequences or more, this trace's mostly 1
-    under = inside["below_range_step_frac"]
+    under = inside["priced_below_range_frac"]
     assert under > 0.5
     (line,) = [x for x in err.splitlines() if "than the calibration's smallest" in x]
     # (the share of the feature named: the summary's counts steps under any feature)
     assert re.match(
-        r"warning: \d+ % of the steps priced had fewer decode sequences than the calibration's "
+        rf"warning: \d+ % of the {inside['n_priced_steps']:,} steps priced had fewer decode "
+        r"sequences than the calibration's "
         r"smallest \(2; down to 1\): its terms are extrapolated down \(under the range too: ",
         line,
     )
@@ -197,11 +198,12 @@ def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_p
     narrow.write_text(json.dumps(data))
     _, err = cli_ok([*args, "--calibration", str(narrow), "--out", str(tmp_path / "past")])
     past = pd.read_csv(tmp_path / "past" / "summary.csv").iloc[0]
-    share, ratio = past["extrapolated_step_frac"], past["extrapolation_ratio"]
-    assert share > 0.5 and ratio > 1 and pd.isna(past["below_range_step_frac"])
+    share, ratio = past["priced_past_range_frac"], past["extrapolation_ratio"]
+    assert share > 0.5 and ratio > 1 and pd.isna(past["priced_below_range_frac"])
     (line,) = [x for x in err.splitlines() if "than the calibration saw" in x]
     assert re.fullmatch(
-        rf"warning: {100 * share:.0f} % of the steps priced read more KV tokens than the "
+        rf"warning: {100 * share:.0f} % of the {past['n_priced_steps']:,} steps priced read more "
+        r"KV tokens than the "
         rf"calibration saw, up to {ratio:.1f}x its largest "
         r"\(max 100; 99 % of its steps under 90\): its KV terms are extrapolated; calibrate on a "
         r"profile that covers such steps \(under paged\)",
@@ -213,7 +215,7 @@ def test_simulate_warns_when_its_steps_pass_the_range_the_fit_saw(profile, tmp_p
     old.write_text(json.dumps(data))
     _, err = cli_ok([*args, "--calibration", str(old), "--out", str(tmp_path / "old")])
     assert "than the calibration saw" not in err
-    assert pd.read_csv(tmp_path / "old" / "summary.csv")["extrapolated_step_frac"].isna().all()
+    assert pd.read_csv(tmp_path / "old" / "summary.csv")["priced_past_range_frac"].isna().all()
 
 
 def test_simulate_without_calibration_says_it_prices_a_cuda_graph_engine(trace, tmp_path, cli_ok):
@@ -402,13 +404,15 @@ def test_sweep_warns_once_per_distinct_range_warning_of_its_cells(
         """)
     )
     args = ["sweep", str(spec), "--out", str(tmp_path / "o"), "--scheduler", "serial"]
-    code, _, err = cli([*args, "--no-progress"])
+    code, out, err = cli([*args, "--no-progress"])
     assert code == 0, err
+    # the terminal's fronts show each point's range columns (shares of the steps priced)
+    assert "priced_past_range_frac_%" in out and "extrapolation_ratio" in out
     results = pd.read_parquet(tmp_path / "o" / "results.parquet")
-    for column in ("n_priced_steps", "extrapolated_step_frac", "extrapolation_ratio"):
+    for column in ("n_priced_steps", "priced_past_range_frac", "extrapolation_ratio"):
         assert column in results and results[column].notna().all(), column
     summary = pd.read_csv(tmp_path / "o" / "summary.csv")
-    assert "range_warning" in summary and "below_range_step_frac" in summary
+    assert "range_warning" in summary and "priced_below_range_frac" in summary
     lines = [x for x in err.splitlines() if "than the calibration saw" in x]
     texts = list(dict.fromkeys(results["range_warning"]))
     assert len(lines) == len(texts) and all(x.startswith("warning: ") for x in lines)
@@ -419,6 +423,19 @@ def test_sweep_warns_once_per_distinct_range_warning_of_its_cells(
     # resumed: every cell cached, the same lines
     code, _, again = cli([*args, "--no-progress"])
     assert code == 0 and [x for x in again.splitlines() if "than the calibration saw" in x] == lines
+    # cell records written before session 21 name the shares without their base: read as now
+    for record in (tmp_path / "o" / "cells").rglob("*.json"):
+        text = record.read_text()
+        record.write_text(
+            text.replace("priced_past_range_frac", "extrapolated_step_frac").replace(
+                "priced_below_range_frac", "below_range_step_frac"
+            )
+        )
+    code, _, err = cli([*args, "--no-progress"])
+    assert code == 0, err
+    old = pd.read_parquet(tmp_path / "o" / "results.parquet")
+    assert "extrapolated_step_frac" not in old and "below_range_step_frac" not in old
+    pd.testing.assert_series_equal(old["priced_past_range_frac"], results["priced_past_range_frac"])
 
 
 def test_range_warning_lines_are_capped_with_a_count_of_the_rest():

@@ -19,6 +19,7 @@ from sim.serving.engine_compare import (
     engine_config,
     measured_against_predicted,
 )
+from sim.serving.fit_range import RANGE_TABLE_COLUMNS
 from sim.serving.simulate import simulate
 
 KV_BLOCK_BYTES = 256 * 131072  # a 256-token block of Llama-3-8B in bf16
@@ -148,10 +149,18 @@ def test_a_fitted_calibrations_range_warning_is_handed_to_warn_once_per_distinct
     )
     runs = [_run(PYTORCH, n_finished=6), _run("best-fit", n_finished=6)]
     lines = []
-    compare_with_engine(runs, _plan(), settings, calibration=cal, warn=lines.append)
+    tables = compare_with_engine(runs, _plan(), settings, calibration=cal, warn=lines.append)
     (line,) = lines
     assert line.startswith("warning: ") and "than the calibration saw" in line
     assert line.endswith(f"(under {PYTORCH}, best-fit)")
+    # each comparison carries the range beside its errors: predicted only (an engine has none)
+    for table in tables.values():
+        rows = table.set_index("column").loc[list(RANGE_TABLE_COLUMNS)]
+        assert rows["measured"].isna().all() and rows["error_%"].isna().all()
+        assert 0 < rows.loc["priced_past_range_frac", "predicted"] <= 1
+        assert rows.loc["extrapolation_ratio", "predicted"] > 1
+        assert rows.loc["priced_below_range_frac", "predicted"] >= 0
     quiet = []
-    compare_with_engine(runs, _plan(), settings, warn=quiet.append)  # the roofline: not checked
-    assert quiet == []
+    plain = compare_with_engine(runs, _plan(), settings, warn=quiet.append)  # the roofline
+    assert quiet == []  # not checked: no warning, no range row
+    assert all(list(t["column"]) == list(COMPARED_COLUMNS) for t in plain.values())

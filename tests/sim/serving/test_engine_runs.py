@@ -107,10 +107,10 @@ def test_terms_are_recovered_from_a_request_table_alone():
     assert fitted == priced_range(served_trace(measured), fit.calibration)
     assert fitted.min["num_decode_seqs"] >= 1 and fitted.max["kv_tokens"] > 0
     same = simulate_served(served_trace(measured), fit.calibration).summary
-    assert same["extrapolated_step_frac"] == 0 and same["below_range_step_frac"] == 0
+    assert same["priced_past_range_frac"] == 0 and same["priced_below_range_frac"] == 0
     longer = _served(n=40, seed=2).assign(output_tokens=lambda d: 10 * d["output_tokens"])
     past = simulate_served(served_trace(longer), fit.calibration).summary
-    assert past["extrapolated_step_frac"] > 0 and past["extrapolation_ratio"] > 1
+    assert past["priced_past_range_frac"] > 0 and past["extrapolation_ratio"] > 1
 
 
 def test_the_range_of_a_request_fit_is_of_the_steps_run_each_once(monkeypatch):

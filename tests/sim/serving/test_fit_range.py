@@ -83,7 +83,7 @@ def test_the_warning_names_the_share_the_feature_and_the_fits_maximum():
     count.add(0, 3, 997, 0)
     line = count.warning()
     assert line.startswith(
-        "75 % of the steps priced read more KV tokens than the calibration saw, up to 1.3x its "
+        "75 % of the 4 steps priced read more KV tokens than the calibration saw, up to 1.3x its "
         "largest (max 45k;"
     )
     assert "its KV terms are extrapolated" in line
@@ -147,9 +147,9 @@ def test_steps_under_the_smallest_are_counted_apart_and_warned_with_how_far_down
     }
     assert count.smallest[RANGE_FEATURES.index("num_decode_seqs")] == 1
     line = count.warning()
-    assert line.startswith("25 % of the steps priced ")  # the step over the range, first
+    assert line.startswith("25 % of the 4 steps priced ")  # the step over the range, first
     assert line.endswith(
-        "; 50 % of the steps priced had fewer decode sequences than the calibration's smallest "
+        "; 50 % of the 4 steps priced had fewer decode sequences than the calibration's smallest "
         "(3; down to 1): its terms are extrapolated down (under the range too: decode context "
         "tokens 25 %, KV tokens 25 %); calibrate on a profile that covers such steps"
     )
@@ -181,4 +181,16 @@ def test_a_few_steps_under_the_range_are_counted_but_not_warned_of():
     assert count.below_frac == 0.2 < BELOW_WARN_FRAC
     assert count.warning() == ""
     count.add(0, 1, 2000, 0)  # two of six: a third, warned
-    assert count.warning().startswith("33 % of the steps priced had fewer decode sequences")
+    assert count.warning().startswith("33 % of the 6 steps priced had fewer decode sequences")
+
+
+def test_the_warning_says_its_shares_are_of_the_steps_priced_and_how_many():
+    """A user reads a share of steps as one of the run's; the run prices some steps twice (the
+    fast path's quiet stretches), so the warning names its base: the steps priced, counted."""
+    count = RangeCount(FittedRange.of_profile(STEPS))
+    for _ in range(1200):
+        count.add(0, 26, 44749 - 26, 0)  # inside
+    for _ in range(300):
+        count.add(0, 20, 60_000, 0)  # past the largest KV tokens
+    assert count.frac == 0.2
+    assert count.warning().startswith("20 % of the 1,500 steps priced read more KV tokens ")

@@ -227,20 +227,22 @@ def _ranged(max_kv, min_kv=None):
 def test_a_calibrated_run_counts_the_steps_priced_past_the_fits_range():
     trace = synth(n=30)
     none = sim("paged", trace)
-    assert none.summary["extrapolated_step_frac"] is None and not none.summary["range_warning"]
+    assert none.summary["priced_past_range_frac"] is None and not none.summary["range_warning"]
     assert none.summary["extrapolation_ratio"] is None
-    assert none.summary["below_range_step_frac"] is None
+    assert none.summary["priced_below_range_frac"] is None
     assert none.summary["n_priced_steps"] is None
     inside, past, some = (sim("paged", trace, calibration=_ranged(m)) for m in (1e12, 0, 3000))
     # the shares' base: every step run is priced, some of a quiet stretch more than once
     assert inside.summary["n_priced_steps"] >= inside.summary["n_steps"] > 0
-    assert inside.summary["extrapolated_step_frac"] == 0.0 and not inside.summary["range_warning"]
+    assert inside.summary["priced_past_range_frac"] == 0.0 and not inside.summary["range_warning"]
     assert 0 < inside.summary["extrapolation_ratio"] < 1e-6  # far inside
-    assert inside.summary["below_range_step_frac"] is None  # no minima recorded: not checked
-    assert past.summary["extrapolated_step_frac"] == 1.0
-    assert past.summary["range_warning"].startswith("100 % of the steps priced read more KV tokens")
+    assert inside.summary["priced_below_range_frac"] is None  # no minima recorded: not checked
+    assert past.summary["priced_past_range_frac"] == 1.0
+    assert past.summary["range_warning"].startswith(
+        f"100 % of the {past.summary['n_priced_steps']:,} steps priced read more KV tokens"
+    )
     assert past.summary["extrapolation_ratio"] is None  # a fit that saw no KV token: no ratio
-    assert 0 < some.summary["extrapolated_step_frac"] < 1
+    assert 0 < some.summary["priced_past_range_frac"] < 1
     # how far: the largest KV tokens a step read over the fit's 3,000, and the warning says it
     ratio = some.summary["extrapolation_ratio"]
     assert ratio > 1
@@ -253,11 +255,12 @@ def test_a_calibrated_run_counts_the_steps_priced_past_the_fits_range():
 def test_a_calibrated_run_counts_the_steps_under_the_fits_smallest_apart():
     trace = synth(n=30)
     small = sim("paged", trace, calibration=_ranged(1e12, min_kv=5e6)).summary
-    assert small["below_range_step_frac"] == 1.0 and small["extrapolated_step_frac"] == 0.0
+    assert small["priced_below_range_frac"] == 1.0 and small["priced_past_range_frac"] == 0.0
     assert small["range_warning"].startswith(
-        "100 % of the steps priced read fewer KV tokens than the calibration's smallest "
+        f"100 % of the {small['n_priced_steps']:,} steps priced read fewer KV tokens than the "
+        "calibration's smallest "
         "(5.0M; down to "
     )
     covered = sim("paged", trace, calibration=_ranged(1e12, min_kv=1)).summary
-    assert covered["below_range_step_frac"] == 0.0 and not covered["range_warning"]
+    assert covered["priced_below_range_frac"] == 0.0 and not covered["range_warning"]
     assert small["tpot_p50_s"] == covered["tpot_p50_s"]  # counting changes no figure

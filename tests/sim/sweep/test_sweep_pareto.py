@@ -107,3 +107,35 @@ def test_pareto_table_is_tidy_and_prints():
     assert list(zip(failures["trace"], failures["policy"])) == [("a", "p2"), ("b", "p1")]
     text = format_fronts(table)
     assert "pareto front (trace=a): overhead vs alloc_p99_us" in text and "overhead_%" in text
+
+
+def test_fronts_carry_the_range_columns_of_cells_checked_against_a_fits_range():
+    """A sweep's point priced past a fitted calibration's range shows it in the terminal's table
+    (its shares in percent, how far as a ratio); a sweep checked nowhere shows no such column."""
+    df = results().assign(
+        priced_past_range_frac=[0.0, 0.685, 0.25, None, None, None],
+        extrapolation_ratio=[0.9, 5.7, 1.3, None, None, None],
+        priced_below_range_frac=[0.0, 0.0, 0.5, None, None, None],
+    )
+    table = pareto_table(df, "overhead", ["alloc_p99_us"], by=["trace"])
+    assert list(table.columns[-3:]) == [
+        "priced_past_range_frac",
+        "extrapolation_ratio",
+        "priced_below_range_frac",
+    ]
+    text = format_fronts(table)
+    header, *rows = text.split("\n\n")[0].splitlines()[1:]
+    assert header.split() == [
+        "policy",
+        "overhead_%",
+        "alloc_p99_us",
+        "priced_past_range_frac_%",
+        "extrapolation_ratio",
+        "priced_below_range_frac_%",
+    ]
+    p2 = next(r.split() for r in rows if r.split()[0] == "p2")
+    assert p2[3:] == ["68.5", "5.7", "0"]
+    plain = pareto_table(results(), "overhead", ["alloc_p99_us"], by=["trace"])
+    assert "range" not in format_fronts(plain)
+    unchecked = results().assign(priced_past_range_frac=None, extrapolation_ratio=None)
+    assert "range" not in format_fronts(pareto_table(unchecked, "overhead", ["alloc_p99_us"]))
