@@ -15,10 +15,11 @@ beneath it (``policies`` imports it without pulling in pandas, as it does
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any, Callable
 
-__all__ = ["check_int", "check_flag", "describe_int"]
+__all__ = ["check_int", "check_flag", "describe_int", "is_finite_number"]
 
 Error = Callable[[str], Exception]
 
@@ -77,6 +78,18 @@ def check_int(
             f"must be {describe_int(low, high, multiple_of, none_ok)}"
         )
     return number
+
+
+def is_finite_number(value: Any) -> bool:
+    """``value`` is an int or a float (not a bool) that a float can hold, and finite: JSON's
+    ``NaN`` and ``Infinity`` are not, nor an integer literal past a float's range (``10**400``,
+    on which ``math.isfinite`` raises OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_flag(name: str, value: Any, *, error: Error = ValueError, where: str = "") -> bool:

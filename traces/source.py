@@ -12,6 +12,10 @@ no file is parsed past the limits:
 - ``POOLLAB_STREAM_TIMEOUT_S`` (default ``DEFAULT_STREAM_TIMEOUT_S``) bounds how long a pipe or
   FIFO may go without sending a byte (a FIFO that nobody opens for writing would block forever).
 
+Settings files (a calibration, a cost model, a model or GPU JSON, SWEEP.yaml) are read the same
+way, whole and once, by ``read_settings_bytes``, under ``MAX_SETTINGS_BYTES``: a FIFO or
+``/dev/stdin`` works, ``/dev/zero`` or a 200 MB file is refused, never read forever.
+
 A pipe or FIFO can be read only once; a second ``open_source`` of the same stream in the same
 process (the command line detects the format, then reads, then looks for a hint of the other
 kind of trace) gets the bytes of the first. A damaged gzip stream is not an error here: the
@@ -35,6 +39,8 @@ from traces.errors import TraceFormatError
 __all__ = [
     "TraceSource",
     "open_source",
+    "read_settings_bytes",
+    "MAX_SETTINGS_BYTES",
     "max_trace_bytes",
     "stream_timeout_s",
     "GZIP_MAGIC",
@@ -56,6 +62,9 @@ DEFAULT_MAX_TRACE_BYTES = 1 << 30
 #: Longest wait for the next byte of a pipe or FIFO.
 DEFAULT_STREAM_TIMEOUT_S = 60.0
 _CHUNK_BYTES = 1 << 24
+#: Largest settings file: the largest real one (a fitted calibration) is a few KiB, so a file
+#: past this is no settings file (``/dev/zero``, a trace given by mistake), not one to read.
+MAX_SETTINGS_BYTES = 16 << 20
 #: Streams already read in this process, by (path, device, inode): a pipe cannot be read twice.
 _STREAMS: dict[tuple[str, int, int], "TraceSource"] = {}
 
@@ -112,7 +121,11 @@ class TraceSource:
 
 
 def open_source(
-    path: str | Path | TraceSource, *, max_bytes: int | None = None, timeout_s: float | None = None
+    path: str | Path | TraceSource,
+    *,
+    max_bytes: int | None = None,
+    timeout_s: float | None = None,
+    _limit_note: str | None = None,
 ) -> TraceSource:
     """Read ``path`` once, whole, under the limits (see the module docstring); a source is returned
     as is.
@@ -122,6 +135,8 @@ def open_source(
         max_bytes: most bytes of the file and of its decompressed content; default
             ``max_trace_bytes()``.
         timeout_s: longest wait for the next byte of a stream; default ``stream_timeout_s()``.
+        _limit_note: what the too-large error says of the limit (``read_settings_bytes``);
+            default: the limit on a trace and the variable that raises it.
 
     Raises:
         TraceFormatError: over a limit, or a stream that sent nothing for ``timeout_s``.
@@ -131,6 +146,7 @@ def open_source(
         return path
     path = Path(path)
     limit = max_trace_bytes(path) if max_bytes is None else max_bytes
+    note = _limit_note
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         st = os.fstat(fd)
@@ -138,27 +154,49 @@ def open_source(
             raise IsADirectoryError(21, "Is a directory", str(path))
         if stat.S_ISREG(st.st_mode):
             if st.st_size > limit:
-                raise _too_big(path, f"is {st.st_size:,} bytes", limit)
+                raise _too_big(path, f"is {st.st_size:,} bytes", limit, note)
             os.set_blocking(fd, True)
-            raw = _read_regular(fd, st.st_size, limit, path)
+            raw = _read_regular(fd, st.st_size, limit, path, note)
             is_stream = False
         else:
             key = (str(path), st.st_dev, st.st_ino)
             if key in _STREAMS:
                 return _STREAMS[key]
             raw = _read_stream(
-                fd, limit, stream_timeout_s(path) if timeout_s is None else timeout_s, path
+                fd, limit, stream_timeout_s(path) if timeout_s is None else timeout_s, path, note
             )
             is_stream = True
     finally:
         os.close(fd)
     source = TraceSource(path, raw, is_stream=is_stream)
     if raw[:2] == GZIP_MAGIC:
-        data, damage = _gunzip(raw, limit, path)
+        data, damage = _gunzip(raw, limit, path, note)
         source = TraceSource(path, data, gzipped=True, damage=damage, is_stream=is_stream)
     if is_stream:
         _STREAMS[key] = source
     return source
+
+
+def read_settings_bytes(path: str | Path) -> bytes:
+    """The whole content of a settings file (JSON or YAML: a calibration, a cost model, a model or
+    GPU preset file, SWEEP.yaml), read once: a regular file, a pipe, a FIFO or ``/dev/stdin``
+    alike (a gzip file decompressed), at most ``MAX_SETTINGS_BYTES``.
+
+    Its caller parses the bytes and passes the result on; nothing opens the path again (a FIFO
+    opened a second time waits for a writer that never comes).
+
+    Raises:
+        TraceFormatError: over the limit, a damaged gzip stream, or a stream that sent nothing
+            for ``stream_timeout_s()``.
+        OSError: the path cannot be opened (missing, a folder, no permission).
+    """
+    note = (
+        "on a settings file (calibration, costs, model, GPU or sweep file: a few KiB each); "
+        "is it the right file?"
+    )
+    source = open_source(path, max_bytes=MAX_SETTINGS_BYTES, _limit_note=note)
+    source.require_intact()
+    return source.data
 
 
 def max_trace_bytes(path: str | Path = "") -> int:
@@ -193,16 +231,12 @@ def stream_timeout_s(path: str | Path = "") -> float:
     return value
 
 
-def _too_big(path: Path, what: str, limit: int) -> TraceFormatError:
-    return TraceFormatError(
-        path,
-        None,
-        f"{what}, more than the limit of {limit:,} bytes on a trace; "
-        f"set {MAX_TRACE_BYTES_ENV} to a larger byte count to read it",
-    )
+def _too_big(path: Path, what: str, limit: int, note: str | None = None) -> TraceFormatError:
+    note = note or f"on a trace; set {MAX_TRACE_BYTES_ENV} to a larger byte count to read it"
+    return TraceFormatError(path, None, f"{what}, more than the limit of {limit:,} bytes {note}")
 
 
-def _read_regular(fd: int, size_bytes: int, limit: int, path: Path) -> bytes:
+def _read_regular(fd: int, size_bytes: int, limit: int, path: Path, note: str | None) -> bytes:
     with os.fdopen(fd, "rb", closefd=False, buffering=0) as f:
         data = f.read(
             size_bytes + 1
@@ -218,10 +252,10 @@ def _read_regular(fd: int, size_bytes: int, limit: int, path: Path) -> bytes:
             parts.append(chunk)
             total += len(chunk)
     parts.clear()  # the traceback keeps this frame alive: let the bytes go now
-    raise _too_big(path, "grew while it was read", limit)
+    raise _too_big(path, "grew while it was read", limit, note)
 
 
-def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
+def _read_stream(fd: int, limit: int, timeout_s: float, path: Path, note: str | None) -> bytes:
     """All of a pipe or FIFO (opened non-blocking): poll, then read what is there, until end of
     file."""
     poller = select.poll()
@@ -246,10 +280,10 @@ def _read_stream(fd: int, limit: int, timeout_s: float, path: Path) -> bytes:
         total += len(chunk)
         if total > limit:
             parts.clear()  # the traceback keeps this frame alive: let the bytes go now
-            raise _too_big(path, "the stream sends more bytes", limit)
+            raise _too_big(path, "the stream sends more bytes", limit, note)
 
 
-def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
+def _gunzip(raw: bytes, limit: int, path: Path, note: str | None) -> tuple[bytes, str | None]:
     """Decompress every gzip member of ``raw`` under ``limit`` output bytes: ``(data, damage)``
     (``inflate_pieces``'s pieces and damage).
 
@@ -258,7 +292,7 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
     (208 MB for a 104 MB snapshot).
     """
     out = io.BytesIO()
-    pieces = inflate_pieces(raw, limit, path)
+    pieces = inflate_pieces(raw, limit, path, note=note)
     try:
         while True:
             out.write(next(pieces))
@@ -269,7 +303,9 @@ def _gunzip(raw: bytes, limit: int, path: Path) -> tuple[bytes, str | None]:
         raise
 
 
-def inflate_pieces(raw: bytes, limit: int, path: Path, piece_bytes: int = _CHUNK_BYTES):
+def inflate_pieces(
+    raw: bytes, limit: int, path: Path, piece_bytes: int = _CHUNK_BYTES, note: str | None = None
+):
     """A generator of the decompressed pieces (at most ``piece_bytes`` each) of every gzip member
     of ``raw``; it returns the damage (``StopIteration.value``): None for an intact stream.
 
@@ -291,7 +327,7 @@ def inflate_pieces(raw: bytes, limit: int, path: Path, piece_bytes: int = _CHUNK
                 total += len(piece)
                 if total > limit:
                     del piece
-                    raise _too_big(path, "decompresses to more bytes", limit)
+                    raise _too_big(path, "decompresses to more bytes", limit, note)
                 yield piece
                 del piece
                 chunk = d.unconsumed_tail

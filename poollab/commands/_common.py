@@ -23,21 +23,31 @@ def check_specs(specs: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def step_time_line(calibration: Path | None) -> str:
-    """What prices the steps, for a command's settings: the calibration file and what it
-    describes, or the bundled roofline (a CUDA-graph, vLLM-class engine). A bad file is a
-    UsageError."""
+def load_calibration(path: Path | None):
+    """The ``--calibration`` file, read once (``sim.serving.steptime.load_step_calibration``), or
+    None for the bundled roofline; a bad file is a UsageError. Commands pass the loaded object on,
+    never the path: a FIFO or ``/dev/stdin`` can be read only once (a second open of a FIFO waits
+    for a writer that never comes)."""
+    if path is None:
+        return None
+    from sim.serving.steptime import load_step_calibration
+
+    try:
+        return load_step_calibration(path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def step_time_line(calibration) -> str:
+    """What prices the steps, for a command's settings: the calibration (a ``StepCalibration``,
+    ``load_calibration``'s) and what it describes, or the bundled roofline (None: a CUDA-graph,
+    vLLM-class engine)."""
     if calibration is None:
         return (
             "step time: bundled roofline "
             "(a CUDA-graph, vLLM-class engine; --calibration to describe yours)"
         )
-    from sim.serving.steptime import load_step_calibration
-
-    try:
-        return load_step_calibration(calibration).describe()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    return calibration.describe()
 
 
 def read_alloc_or_explain(path: Path, fmt: str | None, *, reading=None):

@@ -11,6 +11,7 @@ import click
 from policies.units import format_bytes
 from poollab.commands._common import (
     check_specs,
+    load_calibration,
     load_costs,
     read_requests_or_explain,
     step_time_line,
@@ -153,7 +154,8 @@ def colocate_command(
     per layout and tenant (columns tenant_layout, tenant).
     """
     check_specs([spec])
-    step_time = step_time_line(calibration)
+    step_calibration = load_calibration(calibration)  # read once, passed on loaded
+    step_time = step_time_line(step_calibration)
     if options.get("kv_capacity_bytes") is not None:
         raise UsageError("--kv-capacity does not apply: the layout decides each tenant's KV memory")
     try:
@@ -197,7 +199,7 @@ def colocate_command(
             gpu=gpu,
             config=config,
             sleep_after_s=sleep_after_s,
-            calibration=calibration,
+            calibration=step_calibration,
             costs=cost_model,
             compute=compute,
             progress=progress,

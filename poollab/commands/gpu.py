@@ -419,9 +419,11 @@ def serve_command(
     plus the engine's step log."""
     from realgpu.serve import ServeSettings, check_engine_installed, check_serve_specs, serve_trace
     from sim.replay.schema import format_table
-    from poollab.commands._common import read_requests_or_explain
+    from poollab.commands._common import load_calibration, read_requests_or_explain
 
     spec_list = check_serve_specs(specs)
+    # read once, before the engine's run (not after it): the --sim side gets the loaded file
+    step_calibration = load_calibration(calibration) if with_sim else None
     try:
         settings = ServeSettings(
             model=model,
@@ -457,7 +459,7 @@ def serve_command(
             rate_scale=rate_scale,
             duration_s=duration_s,
             max_requests=max_requests,
-            compare=_engine_comparison(gpu_preset, calibration) if with_sim else None,
+            compare=_engine_comparison(gpu_preset, step_calibration) if with_sim else None,
             log=click.echo,
             meta={"trace_path": str(trace)},
         )
@@ -484,8 +486,9 @@ def serve_command(
     )
 
 
-def _engine_comparison(gpu_preset: str, calibration: Path | None):
-    """``--sim``: the simulator's side of ``gpu serve`` (imported only then: it needs simpy)."""
+def _engine_comparison(gpu_preset: str, calibration):
+    """``--sim``: the simulator's side of ``gpu serve`` (imported only then: it needs simpy);
+    ``calibration``: the loaded ``--calibration`` (``load_calibration``), or None."""
     from sim.serving.engine_compare import compare_with_engine
 
     return functools.partial(

@@ -10,7 +10,13 @@ from typing import Any, Callable
 import click
 
 from policies.units import format_bytes
-from poollab.commands._common import check_specs, read_requests_or_explain, step_time_line
+from poollab.commands._common import (
+    check_specs,
+    load_calibration,
+    load_costs,
+    read_requests_or_explain,
+    step_time_line,
+)
 from poollab.commands.plan import KV_CAPACITY, KvBudgetSource
 from poollab.errors import UsageError
 from poollab.options import (
@@ -328,7 +334,9 @@ def simulate_command(
         config = ServerConfig(**options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    step_time = step_time_line(calibration)
+    step_calibration = load_calibration(calibration)  # each file read once, passed on loaded
+    cost_model = load_costs(costs)
+    step_time = step_time_line(step_calibration)
     requests = read_requests_or_explain(trace, fmt)
     if rate_scale != 1.0:
         requests = requests.scale_rate(rate_scale)
@@ -346,8 +354,8 @@ def simulate_command(
                 [spec],
                 model=model_spec,
                 gpu=gpu_spec,
-                calibration=calibration,
-                costs=costs,
+                calibration=step_calibration,
+                costs=cost_model,
                 config=config
                 if budgets is None
                 else config.replace(kv_capacity_bytes=budgets[spec]),

@@ -19,6 +19,8 @@ from typing import Any
 from policies.device import ClockedDriver, Device, DriverClock, VirtualDevice, vmm_stats
 from policies.device_kind import DeviceKind
 from policies.mapped_device import VMM_CALLS, PageMappedDevice
+from traces.knobs import is_finite_number
+from traces.source import read_settings_bytes
 
 __all__ = [
     "CostModel",
@@ -76,12 +78,7 @@ class _Curve:
 
 def _is_positive_number(value: Any) -> bool:
     """A JSON number that can be a size, a time or a bandwidth: finite and > 0 (not a bool)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    return is_finite_number(value) and value > 0
 
 
 class CostModel:
@@ -126,12 +123,17 @@ class CostModel:
         if path is None:
             return cls(_bundled_table(), source=f"sim/data/{DEFAULT_COSTS}")
         p = Path(path)
+        raw = read_settings_bytes(p)  # read once, whole: a FIFO or /dev/stdin works
         try:
-            table = json.loads(p.read_bytes().decode("utf-8"))
+            table = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}): not a cost file") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        except RecursionError:  # arrays or objects nested thousands deep: no cost file
+            raise ValueError(f"{p}: JSON nested too deep to be a cost file") from None
+        except ValueError as exc:  # an integer literal past Python's 4,300 digits
+            raise ValueError(f"{p}: not valid JSON: {exc}") from None
         if not isinstance(table, dict):
             raise ValueError(f"{p}: a cost file is a JSON object")
         return cls(table, source=str(p))

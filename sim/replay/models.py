@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from traces.knobs import check_flag, check_int
+from traces.source import read_settings_bytes
 
 __all__ = [
     "ModelSpec",
@@ -498,10 +499,12 @@ def _read_json_object(path: Path) -> dict[str, Any]:
     """The top-level object of a JSON file; ValueError naming the file otherwise."""
     if path.suffix.lower() in (".yaml", ".yml"):
         raise ValueError(f"{path}: YAML is not supported; write the same fields as JSON")
-    try:
-        data = json.loads(path.read_text())
+    try:  # read once, whole: a FIFO or /dev/stdin works, /dev/zero is refused
+        raw = read_settings_bytes(path)
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text (byte {e.start}), so not JSON") from None
     except json.JSONDecodeError as e:
@@ -510,6 +513,8 @@ def _read_json_object(path: Path) -> dict[str, Any]:
         ) from None
     except RecursionError:  # arrays or objects nested thousands deep: no preset or calibration
         raise ValueError(f"{path}: JSON nested too deep to be a preset or calibration") from None
+    except ValueError as e:  # an integer literal past Python's 4,300 digits
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ValueError(
             f"{path}: expected a JSON object with the spec's fields, got {type(data).__name__}"
@@ -595,7 +600,9 @@ class _PresetTable:
         if canonical is not None:
             return self._build(canonical)
         path = Path(name_or_path).expanduser()
-        if path.is_file():
+        if path.is_dir():
+            raise ValueError(f"{self.kind} file {str(path)!r} is a folder, not a JSON file")
+        if path.exists():  # a regular file, or a FIFO or /dev/stdin (read once)
             return _spec_from_mapping(
                 self.cls, _read_json_object(path), str(path), default_name=path.stem
             )

@@ -35,6 +35,9 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from traces.errors import shown
+from traces.knobs import is_finite_number
+
 __all__ = [
     "BELOW_WARN_FRAC",
     "RANGE_FEATURES",
@@ -76,6 +79,9 @@ _WORDS = {
     "decode_context_tokens": "decode context tokens",
     "kv_tokens": "KV tokens",
 }
+#: The largest value a range records: past it a float no longer counts one by one, and no step
+#: reads that many tokens (``1e30`` in a file is an edit or corruption, not a fit).
+MAX_FEATURE_VALUE = 2**53
 #: The high quantile recorded beside each maximum (how far the bulk of the steps reached).
 RANGE_QUANTILE = 0.99
 #: The share of steps under the range from which the warning names them (they are counted from
@@ -158,28 +164,53 @@ class FittedRange:
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> FittedRange:
-        """``to_json``'s object; ValueError naming ``where`` and the feature when it is not."""
-        features = data.get("features") if isinstance(data, dict) else None
-        if not isinstance(features, dict) or set(features) != set(RANGE_FEATURES):
-            raise ValueError(
-                f"{where}: 'fit.feature_range' must be an object whose 'features' are "
-                f"{list(RANGE_FEATURES)}, each with 'max' and 'quantile'"
-            )
+        """``to_json``'s object; ValueError naming ``where`` and the key path
+        (``cal.json: fit.feature_range.features.kv_tokens.max: ...``) when it is not.
+
+        ``steps``, ``quantile`` and each feature's ``min`` may be missing (files written before
+        they were recorded); any other key missing, or a key this version does not know (a newer
+        poollab's file), is refused, and so is a value that is no finite count in
+        ``[0, MAX_FEATURE_VALUE]`` (JSON's ``NaN``, ``Infinity``, ``1e30``, ``10**400``, a
+        string)."""
+        path = "fit.feature_range"
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: {path}: must be an object, got {shown(data)}")
+        _known_keys(data, ("steps", "quantile", "features"), where, path)
         steps = data.get("steps", "recorded")
         if steps not in RANGE_STEPS:
             raise ValueError(
-                f"{where}: fit.feature_range steps must be one of {list(RANGE_STEPS)}, "
-                f"got {steps!r}"
+                f"{where}: {path}.steps: must be one of {list(RANGE_STEPS)}, got {shown(steps)}"
             )
+        quantile = data.get("quantile", RANGE_QUANTILE)
+        if not is_finite_number(quantile) or not 0 < quantile <= 1:
+            raise ValueError(
+                f"{where}: {path}.quantile: must be a number in (0, 1], got {shown(quantile)}"
+            )
+        features = data.get("features")
+        if not isinstance(features, dict):
+            raise ValueError(
+                f"{where}: {path}.features: must be an object of {list(RANGE_FEATURES)}, "
+                f"got {shown(features)}"
+            )
+        _known_keys(features, RANGE_FEATURES, where, f"{path}.features")
+        missing = [k for k in RANGE_FEATURES if k not in features]
+        if missing:
+            raise ValueError(f"{where}: {path}.features: missing {missing}")
         values: dict[str, dict[str, float]] = {"max": {}, "quantile": {}, "min": {}}
         for name, entry in features.items():
+            at = f"{path}.features.{name}"
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where}: {at}: must be an object, got {shown(entry)}")
+            _known_keys(entry, tuple(values), where, at)
             for key in values:
-                v = entry.get(key) if isinstance(entry, dict) else None
+                v = entry.get(key)
                 if key == "min" and v is None:
                     continue  # written before the minima were recorded: not checked below
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                if v is None:
+                    raise ValueError(f"{where}: {at}.{key}: missing")
+                if not is_finite_number(v) or not 0 <= v <= MAX_FEATURE_VALUE:
                     raise ValueError(
-                        f"{where}: fit.feature_range {name}.{key} must be a number >= 0, got {v!r}"
+                        f"{where}: {at}.{key}: not a finite count in [0, 2**53], got {shown(v)}"
                     )
                 values[key][name] = float(v)
             # a range is ordered: its smallest nonzero value and its quantile lie at or under its
@@ -188,7 +219,7 @@ class FittedRange:
             top = values["max"][name]
             if not (values["min"].get(name, 0.0) <= top and values["quantile"][name] <= top):
                 raise ValueError(
-                    f"{where}: fit.feature_range {name} must have min and quantile <= max, got "
+                    f"{where}: {at}: min and quantile must be <= max, got "
                     f"min {values['min'].get(name)!r}, quantile {values['quantile'][name]!r}, "
                     f"max {top!r}"
                 )
@@ -202,6 +233,16 @@ class FittedRange:
         """The smallest nonzero values in ``RANGE_FEATURES`` order, 0 where not recorded
         (nothing is under 0: not checked)."""
         return tuple(self.min.get(k, 0.0) for k in RANGE_FEATURES)
+
+
+def _known_keys(data: Mapping[str, Any], known: Iterable[str], where: str, path: str) -> None:
+    """ValueError naming the keys of ``data`` (at key path ``path``) not in ``known``."""
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise ValueError(
+            f"{where}: {path}: unknown key(s) {shown(unknown)} (a newer poollab's file?); "
+            f"known: {', '.join(known)}"
+        )
 
 
 class RangeCount:

@@ -74,7 +74,8 @@ import numpy as np
 from sim.replay.hardware import GpuSpec
 from sim.replay.models import DATA_DIR, ModelSpec, _read_json_object
 from sim.serving.fit_range import FittedRange, RangeCount
-from traces.knobs import check_int
+from traces.errors import shown
+from traces.knobs import check_int, is_finite_number
 
 __all__ = [
     "Calibration",
@@ -135,12 +136,10 @@ class Calibration:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-            ):
-                raise ValueError(f"calibration: field {f.name!r} must be a number, got {value!r}")
+            if not is_finite_number(value):
+                raise ValueError(
+                    f"calibration: field {f.name!r} must be a finite number, got {shown(value)}"
+                )
             if f.name in _FRACTION_FACTORS and not 0 < value <= 1:
                 raise ValueError(f"calibration: field {f.name!r} must be in (0, 1], got {value!r}")
             if f.name not in _FRACTION_FACTORS and value < 0:
@@ -225,15 +224,10 @@ class StepTerms:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or value < 0
-            ):
+            if not is_finite_number(value) or value < 0:
                 unit = "tokens" if f.name.startswith("num_") else "seconds"
                 raise ValueError(
-                    f"term {f.name!r} must be a finite number >= 0 {unit}, got {value!r}"
+                    f"term {f.name!r} must be a finite number >= 0 {unit}, got {shown(value)}"
                 )
 
     @property
@@ -385,7 +379,8 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
         factors_data, f"{path}: factors", base=default_calibration()
     )
     tp = data.get("tp")
-    check_int("tp", tp, none_ok=True, where=f"{path}: ")
+    # bounded: a tensor-parallel degree past a few hundred GPUs is an edit, not a fit
+    check_int("tp", tp, high=1024, none_ok=True, where=f"{path}: ")
     for key in ("engine", "model", "gpu", "source"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise ValueError(f"{path}: {key!r} must be a string, got {data[key]!r}")
@@ -395,12 +390,10 @@ def load_step_calibration(path: str | Path) -> StepCalibration:
     if fit and fit.get("feature_range") is not None:
         FittedRange.from_json(fit["feature_range"], str(path))  # a bad range is named here
     warmup_s = data.get("warmup_s", 0.0)
-    if (
-        isinstance(warmup_s, bool)
-        or not isinstance(warmup_s, (int, float))
-        or not 0 <= warmup_s < math.inf
-    ):
-        raise ValueError(f"{path}: 'warmup_s' must be a number >= 0 seconds, got {warmup_s!r}")
+    if not is_finite_number(warmup_s) or warmup_s < 0:
+        raise ValueError(
+            f"{path}: 'warmup_s' must be a finite number >= 0 seconds, got {shown(warmup_s)}"
+        )
     return StepCalibration(
         factors=factors,
         terms=terms,

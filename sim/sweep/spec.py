@@ -47,6 +47,7 @@ from policies.units import parse_bytes
 from sim.replay.schema import SUMMARY_COLUMNS
 from sim.sweep.cells import MODES, Cell, FileRef, file_ref
 from sim.sweep.errors import SweepSpecError
+from traces.source import read_settings_bytes
 
 __all__ = [
     "SweepSpec",
@@ -114,8 +115,8 @@ class SweepSpec:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a SWEEP.yaml; raises ``SweepSpecError`` (file, line, key, problem)."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
+    try:  # read once, whole: a FIFO or /dev/stdin works, /dev/zero is refused
+        text = read_settings_bytes(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SweepSpecError(
             path, None, None, f"not UTF-8 text (byte {exc.start}), so not YAML"
@@ -401,9 +402,17 @@ def _resolve(doc: _Doc, kp: tuple, value: Any, base: Path) -> Path:
             doc.fail(kp, str(exc))
     p = Path(value).expanduser()
     p = p if p.is_absolute() else base / p
+    _refuse_stream(doc, kp, p)
     if not p.is_file():
         doc.fail(kp, f"no such file: {p}")
     return p.resolve()
+
+
+def _refuse_stream(doc: _Doc, kp: tuple, p: Path) -> None:
+    """A pipe, FIFO or device named in the file fails here: each cell's worker reads its files
+    again, and the store hashes them, which a stream (read once) cannot give."""
+    if p.exists() and not p.is_file() and not p.is_dir():
+        doc.fail(kp, f"not a regular file (a pipe, FIFO or device): {p}; write it to a file")
 
 
 def _default_trace_name(path: Path) -> str:
@@ -551,6 +560,7 @@ def _preset_or_file(doc: _Doc, kp: tuple, value: Any, base: Path, how: str, load
         doc.fail(kp, f"{value!r} must be a preset name or a JSON file")
     candidate = Path(value).expanduser()
     candidate = candidate if candidate.is_absolute() else base / candidate
+    _refuse_stream(doc, kp, candidate)
     target = candidate if candidate.is_file() else value
     try:
         spec = load(target)

@@ -810,6 +810,83 @@ add(sweep_case("sweep-empty", "", ("sw.yaml",)))
 add(sweep_case("sweep-not-a-mapping", "- just\n- a list\n", ("sw.yaml",)))
 
 
+# NaN, infinity and out-of-range values in each reader's numeric columns (where no case above
+# has them): the file and line, and the column
+_NAN_CASES = [
+    ("csv-size-nan", "a.csv", _csv("0,alloc,0,nan,0,", "5,free,0,nan,0,"), "a.csv:2", "nbytes"),
+    ("csv-time-nan", "a.csv", _csv("nan,alloc,0,4096,0,"), "a.csv:2", "time_us"),
+    (
+        "csv-time-inf",
+        "a.csv",
+        _csv("0,alloc,0,4096,0,", "inf,free,0,4096,0,"),
+        "a.csv:3",
+        "time_us",
+    ),
+    ("rmm-size-nan", "r.csv", _rmm("1,0.0,allocate,0x1000,nan,0"), "r.csv:2", "Size"),
+    ("rmm-time-nan", "r.csv", _rmm("1,nan,allocate,0x1000,4096,0"), "r.csv:2", "Time"),
+]
+for _id, _name, _data, _line, _column in _NAN_CASES:
+    add(alloc_case(_id, _name, _data, (_line, _column)))
+_STAMP = "2023-11-16 18:17:03.9799600"
+for _id, _name, _data, _line, _column in [
+    ("azure-tokens-nan", "z.csv", AZ + f"{_STAMP},nan,10\n", "z.csv:2", "ContextTokens"),
+    ("azure-tokens-inf", "z.csv", AZ + f"{_STAMP},inf,10\n", "z.csv:2", "ContextTokens"),
+    (
+        "burstgpt-time-nan",
+        "b.csv",
+        BG + "nan,ChatGPT,100,10,110,Conversation log\n",
+        "b.csv:2",
+        "Timestamp",
+    ),
+    (
+        "burstgpt-tokens-inf",
+        "b.csv",
+        BG + "0,ChatGPT,inf,10,110,Conversation log\n",
+        "b.csv:2",
+        "Request tokens",
+    ),
+    (
+        "mooncake-timestamp-NaN",
+        "m.jsonl",
+        MC.replace('"timestamp": 0', '"timestamp": NaN'),
+        "m.jsonl:1",
+        "timestamp",
+    ),
+    (
+        "mooncake-input-Infinity",
+        "m.jsonl",
+        MC.replace("100", "Infinity"),
+        "m.jsonl:1",
+        "input_length",
+    ),
+    ("requests-tokens-nan", "q.csv", RQ + "0,nan,10,,\n", "q.csv:2", "prompt_tokens"),
+    ("requests-time-nan", "q.csv", RQ + "nan,100,10,,\n", "q.csv:2", "arrival_s"),
+]:
+    add(request_case(_id, _name, _data, (_line, _column)))
+
+STEPS_HEADER = (
+    "start_s,duration_s,num_prefill_seqs,num_prefill_tokens,prefill_context_tokens,"
+    "num_decode_seqs,decode_context_tokens\n"
+)
+for _id, _row, _column in [
+    ("steps-duration-nan", "0.1,nan,1,10,10,0,0", "duration_s"),
+    ("steps-duration-inf", "0.1,inf,1,10,10,0,0", "duration_s"),
+    ("steps-duration-negative", "0.1,-1,1,10,10,0,0", "duration_s"),
+    ("steps-tokens-1e30", "0.1,0.1,1,1e30,10,0,0", "num_prefill_tokens"),
+    ("steps-tokens-400-digits", "0.1,0.1,1," + "9" * 400 + ",10,0,0", "num_prefill_tokens"),
+]:
+    add(
+        Case(
+            _id,
+            _with_files(
+                {"s.csv": STEPS_HEADER + "0.0,0.1,1,10,10,0,0\n" + _row + "\n"},
+                _args("calibrate", "steps", "{d}/s.csv", "--out", "{d}/c.json"),
+            ),
+            ("s.csv:3", _column),
+        )
+    )
+
+
 # cost, calibration, model and GPU JSON
 def json_case(
     id: str, option: str, text: str | bytes, expect: tuple[str, ...], *, command: str = "replay"
@@ -916,6 +993,204 @@ add(
         '{"speed": 1}',
         ("speed",),
         command="simulate",
+    )
+)
+
+# a fitted calibration's hostile values: each refused with the file and the key path
+FITTED = {
+    "format": "poollab-step-time/2",
+    "terms": {"fixed_s": 0.01, "per_token_s": 1e-5},
+    "warmup_s": 0.0,
+    "factors": {},
+    "fit": {
+        "feature_range": {
+            "steps": "recorded",
+            "quantile": 0.99,
+            "features": {
+                name: {"max": 9000.0, "quantile": 8000.0, "min": 1.0}
+                for name in (
+                    "num_prefill_tokens",
+                    "prefill_context_tokens",
+                    "num_decode_seqs",
+                    "decode_context_tokens",
+                    "kv_tokens",
+                )
+            },
+        }
+    },
+}
+_RANGE = "fit.feature_range"
+_DC_MAX = f"{_RANGE}.features.decode_context_tokens.max"
+
+
+def _fitted(edit: Callable[[dict], object] | None = None, literal: str | None = None) -> str:
+    """``FITTED`` changed by ``edit``, or with decode_context_tokens' max written as ``literal``
+    (JSON text: ``NaN``, ``Infinity``, a 400-digit integer)."""
+    data = json.loads(json.dumps(FITTED))
+    if edit is not None:
+        edit(data)
+    if literal is None:
+        return json.dumps(data)
+    data["fit"]["feature_range"]["features"]["decode_context_tokens"]["max"] = "@@"
+    return json.dumps(data).replace('"@@"', literal)
+
+
+def _features(data: dict) -> dict:
+    return data["fit"]["feature_range"]["features"]
+
+
+for _id, _literal in [
+    ("1e30", "1e30"),
+    ("nan", "NaN"),
+    ("infinity", "Infinity"),
+    ("negative", "-1"),
+    ("string", '"big"'),
+    ("10**400", "1" + "0" * 400),
+]:
+    add(
+        json_case(
+            f"calibration-range-max-{_id}",
+            "--calibration",
+            _fitted(literal=_literal),
+            (f"c.json: {_DC_MAX}: not a finite count",),
+            command="simulate",
+        )
+    )
+for _id, _text, _expect in [
+    (
+        "missing-max",
+        _fitted(lambda c: _features(c)["kv_tokens"].pop("max")),
+        f"{_RANGE}.features.kv_tokens.max: missing",
+    ),
+    (
+        "missing-feature",
+        _fitted(lambda c: _features(c).pop("kv_tokens")),
+        f"{_RANGE}.features: missing ['kv_tokens']",
+    ),
+    (
+        "newer-feature",
+        _fitted(lambda c: _features(c).update(new_tokens={"max": 1, "quantile": 1})),
+        f"{_RANGE}.features: unknown key(s) ['new_tokens']",
+    ),
+    (
+        "newer-key",
+        _fitted(lambda c: c["fit"]["feature_range"].update(version=3)),
+        f"{_RANGE}: unknown key(s) ['version']",
+    ),
+    (
+        "newer-entry-key",
+        _fitted(lambda c: _features(c)["kv_tokens"].update(p50=3)),
+        f"{_RANGE}.features.kv_tokens: unknown key(s) ['p50']",
+    ),
+    (
+        "quantile-nan",
+        _fitted(lambda c: c["fit"]["feature_range"].update(quantile=float("nan"))),
+        f"{_RANGE}.quantile: must be a number in (0, 1]",
+    ),
+    (
+        "features-list",
+        _fitted(lambda c: c["fit"]["feature_range"].update(features=[1, 2])),
+        f"{_RANGE}.features: must be an object",
+    ),
+    (
+        "entry-number",
+        _fitted(lambda c: _features(c).update(kv_tokens=5)),
+        f"{_RANGE}.features.kv_tokens: must be an object",
+    ),
+    (
+        "term-10**400",
+        _fitted().replace('"fixed_s": 0.01', '"fixed_s": 1' + "0" * 400),
+        "term 'fixed_s' must be a finite number",
+    ),
+    (
+        "warmup-10**400",
+        _fitted().replace('"warmup_s": 0.0', '"warmup_s": 1' + "0" * 400),
+        "'warmup_s' must be a finite number",
+    ),
+    (
+        "factor-10**400",
+        _fitted(lambda c: c.update(factors={"step_overhead_s": "@"})).replace(
+            '"@"', "1" + "0" * 400
+        ),
+        "'step_overhead_s' must be a finite number",
+    ),
+    (
+        "int-5000-digits",
+        _fitted().replace('"warmup_s": 0.0', '"warmup_s": 1' + "0" * 5000),
+        "not valid JSON: Exceeds the limit",
+    ),
+    (
+        "tp-10**400",
+        _fitted(lambda c: c.update(tp="@")).replace('"@"', "1" + "0" * 400),
+        "tp(=1000",
+    ),
+    ("nested-objects", '{"a":' * 100_000 + "1" + "}" * 100_000, "nested too deep"),
+]:
+    add(json_case(f"calibration-{_id}", "--calibration", _text, (_expect,), command="simulate"))
+add(
+    json_case(
+        "costs-10**400",
+        "--costs",
+        json.dumps({**COSTS, "d2d_bytes_per_s": "@"}).replace('"@"', "1" + "0" * 400),
+        ("d2d_bytes_per_s",),
+    )
+)
+add(json_case("costs-nested", "--costs", "[" * 100_000 + "]" * 100_000, ("nested too deep",)))
+
+# an endless or oversized settings file: refused after 16 MiB, never read forever
+_SETTINGS_LIMIT = "more than the limit of 16,777,216 bytes on a settings file"
+for _option in ("--calibration", "--costs", "--model", "--gpu"):
+    add(
+        Case(
+            f"settings-dev-zero{_option.replace('--', '-')}",
+            _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv", _option, "/dev/zero")),
+            ("/dev/zero", _SETTINGS_LIMIT),
+        )
+    )
+add(
+    Case(
+        "settings-dev-zero-sweep",
+        lambda d: [
+            "sweep",
+            "/dev/zero",
+            "--out",
+            str(d / OUT),
+            "--scheduler",
+            "serial",
+            "--no-progress",
+        ],
+        ("/dev/zero", _SETTINGS_LIMIT),
+    )
+)
+add(
+    json_case(
+        "calibration-200MB",
+        "--calibration",
+        json.dumps({**FITTED, "source": "x" * (17 << 20)}),
+        (_SETTINGS_LIMIT,),
+        command="simulate",
+    )
+)
+add(
+    Case(
+        "model-folder",
+        _with_files({"q.csv": GOOD_REQUESTS}, simulate("q.csv", "--model", "{d}")),
+        ("is a folder, not a JSON file",),
+    )
+)
+add(
+    Case(
+        "sweep-calibration-fifo",
+        _with_files(
+            {
+                "q.csv": GOOD_REQUESTS,
+                "sw.yaml": "mode: simulate\ntraces: [q.csv]\npolicies: [paged]\n"
+                "calibration: cal.fifo\n",
+                "cal.fifo": lambda d: os.mkfifo(d / "cal.fifo"),
+            },
+            sweep(),
+        ),
+        ("sw.yaml", "calibration", "not a regular file", "cal.fifo"),
     )
 )
 add(json_case("model-broken-json", "--model", '{"name": ', ("line 1",), command="simulate"))
@@ -2064,8 +2339,10 @@ OLD_RESULT = {
 def _tree(root: Path) -> dict[str, bytes | None]:
     """Every path under ``root`` with its bytes (None for folders): the state a failed run must
     keep."""
-    return {
-        str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes())
+    return {  # a FIFO is named, not read (reading it would wait for a writer)
+        str(p.relative_to(root)): (
+            None if p.is_dir() else p.read_bytes() if p.is_file() else b"(not a regular file)"
+        )
         for p in sorted(root.rglob("*"))
     }
 
