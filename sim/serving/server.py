@@ -629,12 +629,18 @@ class Server:
             # the plain steps from here (none yields, samples, finishes, or needs a slot not yet
             # taken): the integrals alone, the same float operations in the same order as below
             k = i
-            end = min(
-                len(times),
-                finish_step - times_at,
-                max_steps - times_at,
-                run.next_slot_step - times_at,
-            )
+            # min(len(times), the finish's, the freeze's, the next slot step's), as compares
+            # (a frame-less form of the same: the first of the smallest, so an int)
+            end = len(times)
+            bound = finish_step - times_at
+            if bound < end:
+                end = bound
+            bound = max_steps - times_at
+            if bound < end:
+                end = bound
+            bound = run.next_slot_step - times_at
+            if bound < end:
+                end = bound
             # one bound for both checks below (``end_s >= a or end_s >= b``), a ``for`` over
             # the steps (``k`` is the step it stops at: a break's, else ``end``)
             stop_s = next_arrival_s if next_arrival_s < next_sample_s else next_sample_s
