@@ -508,12 +508,16 @@ class PagedKV(_KVBase):
         # as its one-page allocation, ``free`` hands them back) when the page source is the
         # KV pool's own policy, else its allocations
         pages = calls.allocate_pages(page, k) if page_source is self.pool.policy else None
-        if pages is None:
+        if pages is not None:
+            # a grant is one of the pool's pages, whose size is the pool's page
+            # (``Paged.allocate_pages``): k of them, within ``held`` by its definition
+            sized = [page_source.page_size_bytes] * k
+        else:
             pages = calls.allocate_each(page, k, "kv")
-        # every page's size at once, once none was refused (a C scan of the list)
-        assert None not in pages, "a free page within the budget was refused"
-        sized = list(map(_size_of, pages))
-        assert not sized or max(sized) <= held, "a free page within the budget was refused"
+            # every page's size at once, once none was refused (a C scan of the list)
+            assert None not in pages, "a free page within the budget was refused"
+            sized = list(map(_size_of, pages))
+            assert not sized or max(sized) <= held, "a free page within the budget was refused"
         for h, a in zip(handles, pages):  # grow(h, c + 1, c), c = capacity: one page, in budget
             h.allocs.append(a)
             h.num_own_pages += 1

@@ -190,6 +190,9 @@ class Server:
         )
         self._page_grows: Policy | None = None
         self._next_arrival_s = -math.inf  # when the arrival process wakes next (inf: all arrived)
+        #: whether the engine takes the arrivals itself (``start``), and the next one's index
+        self._owns_arrivals = False
+        self._arrival_index = 0
         self._activation_bytes: dict[tuple[int, int], int] = {}  # (tokens, sampled) -> bytes
         #: sizes of activation round trips known to leave their pool as found (_step_activations)
         self._free_round_trips: set[int] = set()
@@ -235,8 +238,15 @@ class Server:
 
     def start(self) -> simpy.Process:
         """Start the arrival and engine processes in ``env``; returns the engine's (done when all is
-        served)."""
-        self.env.process(self._arrivals())
+        served). A server whose steps run back to back (``_may_batch_steps``: nothing else
+        shares its clock) takes its arrivals itself (``_arrive_through``), without an event
+        each."""
+        self._owns_arrivals = self._may_batch_steps()
+        if self._owns_arrivals:
+            self._arrival_index = 0
+            self._take_arrivals(self.env.now)
+        else:
+            self.env.process(self._arrivals())
         return self.env.process(self._engine())
 
     def finish(self) -> float:
@@ -261,6 +271,37 @@ class Server:
         self._next_arrival_s = math.inf
         self._wake()
 
+    def _take_arrivals(self, now_s: float) -> float:
+        """What ``_arrivals`` does when it resumes at ``now_s``: add the requests due by then, and
+        note the time its next timeout would reach (``_next_arrival_s``, returned; ``math.inf``
+        once all arrived). For a server that owns its arrivals."""
+        requests, add, i = self.requests, self.scheduler.add, self._arrival_index
+        while i < len(requests):
+            r = requests[i]
+            delay = r.arrival_s - now_s
+            if delay > 0:
+                self._arrival_index = i
+                self._next_arrival_s = now_s + delay  # the time simpy gives the timeout
+                return self._next_arrival_s
+            add(r)
+            i += 1
+        self._arrival_index = i
+        self._all_arrived = True
+        self._next_arrival_s = math.inf
+        return math.inf
+
+    def _arrive_through(self, now_s: float) -> None:
+        """The arrivals ``_arrivals``' events would have brought during the engine's timeout that
+        just ended at ``now_s``, in simpy's order: each one before ``now_s``; one at ``now_s``
+        too when it is the first (its timeout was scheduled before the engine's, so it runs
+        first: simpy orders a time's events as scheduled), not a later one (scheduled during
+        the engine's timeout, after it). Nothing they do reads the clock."""
+        a = self._next_arrival_s
+        if a <= now_s:
+            a = self._take_arrivals(a)
+            while a < now_s:
+                a = self._take_arrivals(a)
+
     def _wake(self, waiting: simpy.Event | None = None) -> None:
         """Wake the engine if it waits (for work, or for memory another tenant holds); with
         ``waiting``, only if it still waits on that event (a wake-up that came late is dropped)."""
@@ -280,6 +321,7 @@ class Server:
         free can change what the scheduler decides then (its queue is first come, first served:
         an arrival lines up behind the request that does not fit), so waking at the free is
         exact, where a fixed poll would retry late and repeat failed admissions meanwhile."""
+        assert not self._owns_arrivals, "only another tenant holds memory: a shared clock"
         self._wakeup = waiting = self.env.event()
         self.scheduler.kv.call_when_freed(lambda: self._wake(waiting))
         return waiting
@@ -287,6 +329,8 @@ class Server:
     def _engine(self):
         env, sched, kv = self.env, self.scheduler, self.scheduler.kv
         self._batch_steps = self._may_batch_steps()
+        owns_arrivals = self._owns_arrivals
+        assert owns_arrivals == self._batch_steps, "the arrivals are taken by the engine alone"
         self._skips_round_trips = self.fast_path and self.pools.layout == "separate"
         self._quiet_runs = self._batch_steps and self._may_run_quiet_steps()
         policy = self.pools.kv.policy
@@ -307,6 +351,13 @@ class Server:
             if not sched.has_work():
                 if self._all_arrived:
                     return
+                if owns_arrivals:  # idle until the next arrival, at the time its event would be
+                    arrival_s = self._next_arrival_s
+                    if arrival_s > env.now:
+                        for delay in _delays_to(env.now, arrival_s):
+                            yield env.timeout(delay)
+                    self._take_arrivals(arrival_s)
+                    continue
                 if self.gate is not None:
                     self.gate.idle()
                 self._wakeup = env.event()
@@ -326,16 +377,20 @@ class Server:
                     # to the float time ``end_s + seconds`` as two events would reach it
                     now_s, step_end_s = env.now, end_s + begun[2]
                     delay = step_end_s - now_s
+                    # (then the arrivals during the step: each timeout's, as simpy orders them)
                     if now_s + delay == step_end_s:  # ``_delays_to``'s one delay, inline
                         yield env.timeout(delay)
+                        self._arrive_through(step_end_s)
                     else:
                         for delay in _delays_to(now_s, step_end_s):
                             yield env.timeout(delay)
+                            self._arrive_through(env.now)
                     self._end_step(*begun, step_end_s)  # (``env.now`` is ``step_end_s``)
                     continue
-                if end_s > env.now:
+                if end_s > env.now:  # (no arrival comes before ``end_s``: ``_run_steps``)
                     for delay in _delays_to(env.now, end_s):
                         yield env.timeout(delay)
+                        self._arrive_through(env.now)
                 if begun is HELD_ELSEWHERE:
                     yield self._memory_freed()
                     continue
@@ -629,12 +684,18 @@ class Server:
             # the plain steps from here (none yields, samples, finishes, or needs a slot not yet
             # taken): the integrals alone, the same float operations in the same order as below
             k = i
-            end = min(
-                len(times),
-                finish_step - times_at,
-                max_steps - times_at,
-                run.next_slot_step - times_at,
-            )
+            # min(len(times), the finish's, the freeze's, the next slot step's), as compares
+            # (a frame-less form of the same: the first of the smallest, so an int)
+            end = len(times)
+            bound = finish_step - times_at
+            if bound < end:
+                end = bound
+            bound = max_steps - times_at
+            if bound < end:
+                end = bound
+            bound = run.next_slot_step - times_at
+            if bound < end:
+                end = bound
             # one bound for both checks below (``end_s >= a or end_s >= b``), a ``for`` over
             # the steps (``k`` is the step it stops at: a break's, else ``end``)
             stop_s = next_arrival_s if next_arrival_s < next_sample_s else next_sample_s

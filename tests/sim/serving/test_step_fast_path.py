@@ -18,6 +18,7 @@ import pytest
 from sim.serving.server import _delays_to
 from sim.serving.simulate import build_serving, serving_result
 from traces.request_readers import read_request_trace
+from traces.requests import make_requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_scheduler import log_kv_calls  # noqa: E402
@@ -257,15 +258,55 @@ def test_a_step_the_engine_yields_for_is_one_event(azure, spec):
         return timeout(delay, value)
 
     event = server.env.event
-    num_idle = []  # the engine's waits for work: each after a clock move to its last step's end
+    num_events = []  # events the engine waits on (wake-ups): none
 
     def counted_event():
-        num_idle.append(sys._getframe(1).f_code.co_name == "_engine")
+        num_events.append(sys._getframe(1).f_code.co_name == "_engine")
         return event()
 
+    take = server._take_arrivals
+    num_idle = []  # the engine's waits for work (up to the next arrival: one or two timeouts)
+
+    def counted_take(now_s):
+        num_idle.append(sys._getframe(1).f_code.co_name == "_engine")
+        return take(now_s)
+
     server.env.timeout, server.env.event = counted, counted_event
+    server._take_arrivals = counted_take
     server.run()
     yielded = server.num_steps - server.num_batched_steps  # steps the engine yielded for
     assert yielded > 100 and server.num_batched_steps > yielded
+    # the engine takes the arrivals itself: no arrival process, no wake-up event
+    assert "_arrivals" not in by_process and not any(num_events)
     # (the tree before made one more timeout for nearly every yielded step: 965 for 572 here)
-    assert yielded <= by_process["_engine"] <= 1.01 * yielded + sum(num_idle)
+    assert yielded <= by_process["_engine"] <= 1.01 * yielded + 2 * sum(num_idle)
+
+
+def test_arrivals_at_a_step_end_come_as_their_events_would(azure):
+    # requests added at the exact float time a step ends (one, and two at once): simpy runs the
+    # arrival's timeout, scheduled first, before the engine's; the engine that takes its
+    # arrivals itself must add them before it ends the step, as the step-by-step path does
+    from traces.requests import RequestTrace
+
+    setup = build_serving(azure, "paged", model=MODEL, gpu=GPU)
+    ends = []
+    end_step = setup.server._end_step
+    setup.server._end_step = lambda *a: (ends.append(a[-1]), end_step(*a))
+    setup.server.fast_path = False
+    setup.server.run()
+    df = azure.requests
+    for end_s, copies in ((ends[len(ends) // 3], 1), (ends[2 * len(ends) // 3], 2)):
+        assert end_s not in set(df["arrival_s"])
+        extra = df.iloc[[5] * copies].assign(arrival_s=end_s)
+        rows = pd.concat([df, extra]).sort_values("arrival_s", kind="stable")
+        t = RequestTrace(
+            make_requests(
+                rows["arrival_s"].to_numpy(), rows["prompt_tokens"], rows["output_tokens"]
+            ),
+            name="tie",
+        )
+        assert end_s in set(t.requests["arrival_s"])
+        slow_server, slow = run(t, "paged", False)
+        fast_server, fast = run(t, "paged", True)
+        assert fast_server.num_quiet_steps > 0
+        assert_same_results(slow, fast)
