@@ -55,9 +55,12 @@ def test_timed_pool_puts_driver_time_on_the_call_that_grew():
     costs = CostModel.load()
     pool = TimedPool(policies.create("best-fit:segment_bytes=32MiB", device=CostedDevice(costs)))
     a = pool.allocate(MiB)
-    pool.allocate(MiB)
-    assert pool.alloc_ns[0] >= costs.malloc_ns(32 * MiB) > pool.alloc_ns[1]
+    assert pool.alloc_ns[0] >= costs.malloc_ns(32 * MiB)
     assert pool.take_driver_ns() == costs.malloc_ns(32 * MiB)
+    # the second fits in the segment: no driver time (not compared with alloc_ns[1], a wall-clock
+    # reading that a loaded machine can push past the modelled cudaMalloc)
+    pool.allocate(MiB)
+    assert len(pool.alloc_ns) == 2
     assert pool.take_driver_ns() == 0
     pool.free(a)
     assert len(pool.free_ns) == 1
