@@ -69,6 +69,11 @@ sys.path.insert(0, str(REPO))
 DEFAULT_POLICIES = ["best-fit", "size-class", "paged", "torch-caching", "best-fit:virtual=true"]
 DEFAULT_SHAPES = "8x128,32x64,16x512,4x1500"
 BASELINE = "torch"
+#: ``--floor``'s allocator: exact-size C++ free lists behind PyTorch's pluggable interface, no
+#: Python (``benchmarks/torch_floor_alloc.cpp``): what a policy's 1.05x budget is measured against
+FLOOR = "floor"
+FLOOR_LABEL = "floor (C++, pluggable)"
+FLOOR_SOURCE = REPO / "benchmarks" / "torch_floor_alloc.cpp"
 
 
 def parse_shapes(text: str) -> list[tuple[int, int]]:
@@ -111,6 +116,58 @@ GPU_MODEL = {
     "num_attention_heads": 16,
     "num_key_value_heads": 8,
 }
+
+
+class FloorAllocator:
+    """``FLOOR_SOURCE`` built with the host's C++ compiler (cached by the source's hash), loaded
+    once: ``install`` makes it PyTorch's CUDA allocator (before the first CUDA allocation, as a
+    pluggable allocator must be) and hands it the runtime's cudaMalloc and cudaFree."""
+
+    def __init__(self, build_dir: Path | None = None):
+        import ctypes
+        import hashlib
+        import shutil
+        import tempfile
+
+        source = FLOOR_SOURCE.read_bytes()
+        tag = hashlib.sha256(source).hexdigest()[:12]
+        build_dir = Path(build_dir or tempfile.gettempdir()) / f"poollab_floor_{tag}"
+        self.path = build_dir / "torch_floor_alloc.so"
+        if not self.path.exists():
+            compiler = shutil.which("c++") or shutil.which("g++")
+            if compiler is None:
+                raise RuntimeError("--floor needs a C++ compiler (c++ or g++) on PATH")
+            build_dir.mkdir(parents=True, exist_ok=True)
+            partial = build_dir / f"partial_{os.getpid()}.so"
+            subprocess.run(
+                [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", str(FLOOR_SOURCE), "-o",
+                 str(partial)],
+                check=True,
+            )  # fmt: skip
+            os.replace(partial, self.path)  # whole or absent: a worker beside this one reads it
+        self.lib = ctypes.CDLL(str(self.path))
+        self.lib.floor_set_driver.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.floor_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64)]
+
+    def install(self, torch) -> None:
+        from realgpu.torch_allocator import cudart_address
+
+        torch.cuda.memory.change_current_allocator(
+            torch.cuda.memory.CUDAPluggableAllocator(str(self.path), "floor_malloc", "floor_free")
+        )
+        torch.cuda.init()
+        cuda_malloc, cuda_free = cudart_address("cudaMalloc"), cudart_address("cudaFree")
+        if not (cuda_malloc and cuda_free):
+            raise RuntimeError("--floor: no cudaMalloc/cudaFree in the CUDA runtime PyTorch loaded")
+        self.lib.floor_set_driver(cuda_malloc, cuda_free)
+
+    def counters(self) -> dict[str, int]:
+        import ctypes
+
+        out = (ctypes.c_uint64 * 4)()
+        self.lib.floor_counters(out)
+        keys = ("num_malloc", "num_driver_malloc", "num_free", "held_bytes")
+        return dict(zip(keys, map(int, out)))
 
 
 def build_model(torch, layers: int, device: str = "cuda"):
@@ -445,7 +502,7 @@ def persistent_worker(args) -> int:
         "device": args.device,
         "policy_installed": False,
     }
-    reader = alloc = marks = None
+    reader = alloc = marks = floor = None
     if cuda:
         from realgpu.nvml import MemoryReader
 
@@ -453,7 +510,11 @@ def persistent_worker(args) -> int:
         reader = MemoryReader(device_id=0)
         info["device_used_before_bytes"] = reader.used_bytes()
     with contextlib.ExitStack() as stack:
-        if cuda and name != BASELINE:
+        if cuda and name == FLOOR:
+            floor = FloorAllocator()
+            floor.install(torch)
+            info["policy_installed"] = True
+        elif cuda and name != BASELINE:
             from realgpu.torch_allocator import use_policy
 
             alloc = stack.enter_context(use_policy(name))
@@ -490,6 +551,9 @@ def persistent_worker(args) -> int:
             free_errors=[str(e) for e in alloc.core.errors[:3]],
             pool_bytes_after=alloc.pool.device.used_bytes,
         )
+    elif floor is not None:
+        result["floor"] = floor.counters()
+        result["peak_reserved_bytes"] = result["floor"]["held_bytes"]
     elif cuda:
         result["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
         result["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
@@ -1131,15 +1195,18 @@ def _round_seconds(record: dict, shape: str) -> float | None:
     return runs.get(shape)
 
 
-def paired_ratios(records: list[dict], label: str, shape: str = ALL_SHAPES) -> list[float]:
-    """Per timed round that both ran: ``label``'s seconds over PyTorch's in the same round."""
+def paired_ratios(
+    records: list[dict], label: str, shape: str = ALL_SHAPES, base: str = BASELINE
+) -> list[float]:
+    """Per timed round that both ran: ``label``'s seconds over ``base``'s (PyTorch's) in the same
+    round."""
     by = {(r["allocator"], r["round"]): r for r in records if not r.get("warmup")}
     out = []
     for (name, rnd), rec in sorted(by.items(), key=lambda kv: kv[0][1]):
-        base = by.get((BASELINE, rnd))
-        if name != label or base is None:
+        base_rec = by.get((base, rnd))
+        if name != label or base_rec is None:
             continue
-        mine, theirs = _round_seconds(rec, shape), _round_seconds(base, shape)
+        mine, theirs = _round_seconds(rec, shape), _round_seconds(base_rec, shape)
         if mine is not None and theirs:
             out.append(mine / theirs)
     return out
@@ -1246,6 +1313,20 @@ def verdict_rows(run: dict, labels: list[str], seed: int = 0) -> list[dict]:
         row["gen_malloc_mean_us"] = b.get("gen_malloc_mean_us")
         row["gen_free_mean_us"] = b.get("gen_free_mean_us")
         row["policy_installed"] = run["ready"].get(label, {}).get("policy_installed")
+        # against the floor of the same round (``--floor``): what the policy adds over the
+        # cheapest allocator PyTorch's pluggable path can call
+        to_floor = (
+            settle(
+                paired_ratios(records, label, base=FLOOR_LABEL), GENERATE_RATIO_TARGET, seed=seed
+            )
+            if label != FLOOR_LABEL and any(r["allocator"] == FLOOR_LABEL for r in timed)
+            else {"median": None, "lo": None, "hi": None}
+        )
+        row.update(
+            ratio_to_floor_median=to_floor["median"],
+            ratio_to_floor_lo95=to_floor["lo"],
+            ratio_to_floor_hi95=to_floor["hi"],
+        )
         rows.append(row)
     return rows
 
@@ -1335,6 +1416,11 @@ def print_verdicts(rows: list[dict], run: dict) -> None:
             for call in ("malloc", "free")
             if row[f"{call}_us_median"] is not None
         )
+        if row.get("ratio_to_floor_median") is not None:
+            calls += (
+                f"; {row['ratio_to_floor_median']:.3f}x the floor (95 % "
+                f"{row['ratio_to_floor_lo95']:.3f}-{row['ratio_to_floor_hi95']:.3f})"
+            )
         print(
             f"{row['allocator']:>24}: generate {row['ratio_median']:.3f}x PyTorch's (95 % "
             f"{row['ratio_lo95']:.3f}-{row['ratio_hi95']:.3f}, {row['n_rounds']} rounds): "
@@ -1552,6 +1638,13 @@ def main() -> int:
     )
     ap.add_argument("--seed", type=int, default=0, help="with --persistent: the shuffle's seed")
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --persistent: one more worker, exact-size C++ free lists behind PyTorch's "
+        "pluggable interface and no Python (benchmarks/torch_floor_alloc.cpp): the floor row, "
+        "what PyTorch's pluggable path costs on its own",
+    )
+    ap.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
@@ -1589,6 +1682,10 @@ def main() -> int:
     # with --compiled, each policy runs in this tree and in the compiled copy, one after the other
     # (labelled "SPEC (compiled)"), against one PyTorch run per round
     runs = [(BASELINE, BASELINE, REPO)]
+    if args.floor:
+        if not args.persistent:
+            ap.error("--floor needs --persistent")
+        runs.append((FLOOR_LABEL, FLOOR, REPO))
     for name in args.policies:
         if not (args.compiled and args.compiled_only):
             runs.append((name, name, REPO))

@@ -12,6 +12,8 @@
 # Carry .whl, .compiled_so (cp312 modules of this tree), .data (AzureLLMInferenceTrace_conv.csv,
 # llama1b_generate_mixed.pickle.gz), .before:   bash benchmarks/run_h200_closing.sh
 # ONLY="simulate million gpu-tests" runs just those steps (a re-check after a late change).
+# PAIRED_EXTRA="--floor" adds the floor worker to the paired rounds (benchmarks/torch_floor_alloc.cpp:
+# exact-size C++ free lists behind PyTorch's pluggable interface, no Python).
 set -u
 . "$(dirname "$0")/h200_lib.sh"
 wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -27,7 +29,7 @@ wanted calls-host && step calls-host 40 bash -c "cd /tmp/compiled && PYTHONPATH=
     --calls 120000 --rounds 2 --trace $TRACE --release-gil -p best-fit -p size-class --out $R/calls"
 wanted paired && step paired ${PAIRED_S:-175} python3 benchmarks/bench_torch_alloc.py --persistent --rounds ${ROUNDS:-60} \
     --budget-s ${BUDGET_S:-150} --warmup-rounds 2 --layers 8 --shapes 8x128,4x1500 --worker-timeout 90 \
-    -p best-fit -p size-class --compiled /tmp/compiled --compiled-only --out $R/generate
+    -p best-fit -p size-class --compiled /tmp/compiled --compiled-only ${PAIRED_EXTRA:-} --out $R/generate
 wanted simulate && step simulate 70 python3 benchmarks/bench_simulate.py .data/AzureLLMInferenceTrace_conv.csv --mode repeat --scale 1 \
     --repeat 1 --target 1000 -p paged -p best-fit
 # the hour's simulate against an earlier tree side by side (SIM_BEFORE: a tree carried in, e.g. the

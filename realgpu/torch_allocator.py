@@ -835,6 +835,12 @@ def load_shim(verbose: bool = False) -> Shim:
 
 def _cudart_capture_check() -> int | None:
     """The address of ``cudaStreamIsCapturing`` in the CUDA runtime PyTorch loaded, or None."""
+    return cudart_address("cudaStreamIsCapturing")
+
+
+def cudart_address(name: str) -> int | None:
+    """The address of the CUDA runtime function ``name`` in the libcudart this process loaded
+    (PyTorch's own: a second copy of the runtime would have a context of its own), or None."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "libcudart" in line}
@@ -842,7 +848,7 @@ def _cudart_capture_check() -> int | None:
         return None
     for path in sorted(paths):
         try:
-            fn = ctypes.CDLL(path).cudaStreamIsCapturing
+            fn = getattr(ctypes.CDLL(path), name)
         except (OSError, AttributeError):
             continue
         return ctypes.cast(fn, ctypes.c_void_p).value

@@ -505,3 +505,87 @@ def test_a_rounds_call_means_cover_only_that_rounds_calls(bench):
     for p in build:
         core.free(p, 1 << 20, 0, 0)
     core.close()
+
+
+# ------------------------------------------------------------ --floor: the floor row
+def test_verdict_rows_pair_each_policy_with_the_floor_of_the_same_round(bench):
+    # the machine slows in odd rounds; paired per round, the policy is 1.02x the floor and 1.05x
+    # PyTorch's, the floor 1.03x PyTorch's (its row has no ratio to itself)
+    records = []
+    for r in range(8):
+        k = 2.0 if r % 2 else 1.0
+        records += [
+            _rec("torch", r, [k, k]),
+            _rec(bench.FLOOR_LABEL, r, [1.03 * k, 1.03 * k]),
+            _rec("p", r, [1.03 * 1.02 * k, 1.03 * 1.02 * k], malloc_us=1.0),
+        ]
+    run = {"records": records, "finals": {}, "ready": {}}
+    floor, p = bench.verdict_rows(run, [bench.FLOOR_LABEL, "p"])
+    assert floor["ratio_median"] == pytest.approx(1.03) and floor["ratio_to_floor_median"] is None
+    assert p["ratio_median"] == pytest.approx(1.03 * 1.02)
+    assert p["ratio_to_floor_median"] == pytest.approx(1.02)
+    assert p["ratio_to_floor_lo95"] <= 1.02 <= p["ratio_to_floor_hi95"]
+    # without a floor worker the columns are there, empty
+    (alone,) = bench.verdict_rows(
+        {"records": [r for r in records if r["allocator"] != bench.FLOOR_LABEL]}
+        | {"finals": {}, "ready": {}},
+        ["p"],
+    )
+    assert alone["ratio_to_floor_median"] is None
+
+
+def test_the_floor_allocator_reuses_exact_rounded_sizes_and_reports_a_driver_refusal(
+    bench, tmp_path
+):
+    # the C++ floor built as the benchmark builds it, its driver a ctypes stand-in for cudaMalloc
+    import ctypes
+    import shutil
+
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler")
+    floor = bench.FloorAllocator(build_dir=tmp_path)
+    lib = floor.lib
+    lib.floor_malloc.restype = ctypes.c_void_p
+    lib.floor_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.floor_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    handed: list[int] = []
+    refuse = {"on": False}
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t)
+    def fake_malloc(out, size):
+        if refuse["on"]:
+            return 2  # cudaErrorMemoryAllocation
+        handed.append(size)
+        out[0] = 0x10000 * len(handed)
+        return 0
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+    def fake_free(ptr):
+        return 0
+
+    lib.floor_set_driver(
+        ctypes.cast(fake_malloc, ctypes.c_void_p), ctypes.cast(fake_free, ctypes.c_void_p)
+    )
+    assert lib.floor_malloc(0, 0, None) is None  # 0 bytes: no block, no driver call
+    a = lib.floor_malloc(1000, 0, None)
+    b = lib.floor_malloc(1024, 0, None)  # the same rounded size: a second block
+    assert a and b and a != b and handed == [1024, 1024]
+    lib.floor_free(a, 1000, 0, None)
+    assert lib.floor_malloc(600, 0, None) == a  # 600 rounds to 1024 too: the freed block
+    refuse["on"] = True
+    assert lib.floor_malloc(4096, 0, None) is None  # the driver refused: PyTorch raises its OOM
+    counters = floor.counters()
+    assert counters["num_malloc"] == 4 and counters["num_driver_malloc"] == 3
+    assert (
+        counters["num_free"] == 1 and counters["held_bytes"] == 1024 + 1024
+    )  # the refused 4096 holds nothing
+
+
+def test_floor_needs_persistent_rounds():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--floor"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "--floor needs --persistent" in proc.stderr
