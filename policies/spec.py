@@ -66,7 +66,11 @@ def parse_value(text: str) -> Any:
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``"size-class:classes_per_doubling=4" -> ("size-class", {"classes_per_doubling": 4})``."""
     if not isinstance(spec, str) or not spec.strip():
-        raise PolicyError(f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'")
+        raise PolicyError(
+            f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'",
+            spec=spec.strip() if isinstance(spec, str) else None,
+            spec_in_reason=True,
+        )
     spec = spec.strip()
     try:
         check_spec_text(spec)

@@ -188,6 +188,15 @@ def test_every_spec_error_names_the_whole_spec_once(spec, reason):
         assert message.startswith(f"policy spec {spec!r}: ")
 
 
+@pytest.mark.parametrize("spec", ["", "   ", None])
+def test_an_empty_spec_says_so_once(spec):
+    with pytest.raises(PolicyError) as info:
+        policies.create(spec)
+    assert str(info.value) == (
+        f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'"
+    )
+
+
 @pytest.mark.parametrize("ask", [registry.device_kind, registry.can_hold_kv])
 def test_spec_questions_name_the_spec_too(ask):
     with pytest.raises(PolicyError, match=r"^policy spec 'elastic:base=\[nope\]': elastic"):
