@@ -9,11 +9,12 @@ the conformance suite, the command line, the simulator and the GPU pool alike.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 from policies.base import Policy
 from policies.device import Device
@@ -160,8 +161,38 @@ def create(
         cls, spec_params = spec, {}
         label = getattr(spec, "name", spec.__name__)
     else:
-        name, spec_params = parse_spec(spec)
-        cls, label = get(name), name
+        with _naming(spec):
+            name, spec_params = parse_spec(spec)
+            cls = get(name)
+            return _build(cls, name, spec_params, params, capacity_bytes, device, in_spec=True)
+    return _build(cls, label, spec_params, params, capacity_bytes, device, in_spec=False)
+
+
+@contextlib.contextmanager
+def _naming(spec: Any) -> Iterator[None]:
+    """Every PolicyError raised inside names ``spec``, the string the user wrote, once: the one
+    place a bad value, an unknown knob or policy, a malformed spec or a wrapper's bad base is
+    tied to the ``-p`` option, sweep entry or API call it came from."""
+    try:
+        yield
+    except PolicyError as exc:
+        text = spec.strip() if isinstance(spec, str) else spec
+        raise exc.naming(text) from None
+
+
+def _build(
+    cls: type[Policy],
+    label: str,
+    spec_params: dict[str, Any],
+    params: dict[str, Any],
+    capacity_bytes: int | None,
+    device: Device | None,
+    *,
+    in_spec: bool,
+) -> Policy:
+    """``cls`` built from its spec's knobs overridden by ``params``. ``in_spec``: inside
+    ``_naming``, whose prefix names the policy, so a message need not (``label`` is for a class or
+    an object, which have no spec string)."""
     merged = {**spec_params, **params}
     known = cls._param_names()
     unknown = [k for k in merged if k not in known]
@@ -177,7 +208,7 @@ def create(
     except PolicyError:
         raise
     except (TypeError, ValueError) as exc:
-        raise PolicyError(f"policy {label!r}: {exc}") from None
+        raise PolicyError(str(exc) if in_spec else f"policy {label!r}: {exc}") from None
 
 
 def device_kind(spec: str | type[Policy] | Policy) -> DeviceKind:
@@ -191,9 +222,14 @@ def device_kind(spec: str | type[Policy] | Policy) -> DeviceKind:
     elif inspect.isclass(spec):
         cls, params, label = spec, {}, getattr(spec, "name", "") or spec.__name__
     else:
-        label, params = parse_spec(spec)
-        cls = get(label)
-    declared = cls.device_kind_for(params)
+        with _naming(spec):
+            label, params = parse_spec(spec)
+            cls = get(label)
+            return _kind(label, cls.device_kind_for(params))
+    return _kind(label, cls.device_kind_for(params))
+
+
+def _kind(label: str, declared: Any) -> DeviceKind:
     try:
         return DeviceKind.parse(declared, where=f"policy {label!r}: device_kind")
     except ValueError as exc:
@@ -205,5 +241,6 @@ def can_hold_kv(spec: str | type[Policy]) -> bool:
     wrapper's base decides it), without building it."""
     if inspect.isclass(spec):
         return spec.can_hold_kv_for({})
-    name, params = parse_spec(spec)
-    return get(name).can_hold_kv_for(params)
+    with _naming(spec):
+        name, params = parse_spec(spec)
+        return get(name).can_hold_kv_for(params)

@@ -66,20 +66,27 @@ def parse_value(text: str) -> Any:
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``"size-class:classes_per_doubling=4" -> ("size-class", {"classes_per_doubling": 4})``."""
     if not isinstance(spec, str) or not spec.strip():
-        raise PolicyError(f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'")
+        raise PolicyError(
+            f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'",
+            spec=spec.strip() if isinstance(spec, str) else None,
+            spec_in_reason=True,
+        )
     spec = spec.strip()
-    check_spec_text(spec)
+    try:
+        check_spec_text(spec)
+    except PolicyError as exc:  # the message quotes the spec (cut short when it is too long)
+        raise PolicyError(exc.reason, spec=spec, spec_in_reason=True) from None
     name, _, rest = spec.partition(":")
     name = name.strip()
     if not _NAME_RE.match(name):
-        raise PolicyError(f"policy spec {spec!r}: {name!r} is not a policy name")
+        raise PolicyError(f"{name!r} is not a policy name", spec=spec)
     if not rest.strip():
         return name, {}
     items = parse_items(
         rest,
         skip_empty=False,
-        bad_item=lambda item: PolicyError(f"policy spec {spec!r}: {item!r} is not key=value"),
-        twice=lambda key: PolicyError(f"policy spec {spec!r}: {key!r} is given twice"),
+        bad_item=lambda item: PolicyError(f"{item!r} is not key=value", spec=spec),
+        twice=lambda key: PolicyError(f"{key!r} is given twice", spec=spec),
     )
     return name, {key: parse_value(value) for key, value in items.items()}
 

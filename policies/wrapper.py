@@ -32,6 +32,8 @@ wrappers included, can be wrapped: ``tag-limits:base=[elastic:base=[best-fit]],l
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable, Iterator
 
 from policies.base import Allocation, Policy, PoolStats, Segment
@@ -80,10 +82,8 @@ class WrapperPolicy(Policy):
             )
         from policies.registry import create  # the registry lists wrapper modules: import it late
 
-        try:
+        with _naming_base(self.name, base):
             base_policy = create(base, capacity_bytes=capacity_bytes, device=device)
-        except PolicyError as exc:
-            raise PolicyError(f"{self.name} base(={base!r}): {exc}") from None
         self._check_base(base_policy)
         self.base = base
         self.base_policy = base_policy
@@ -102,14 +102,18 @@ class WrapperPolicy(Policy):
         """The base's: a wrapper reserves nothing itself."""
         from policies.registry import device_kind
 
-        return device_kind(params.get("base", cls.param_defaults()["base"]))
+        base = params.get("base", cls.param_defaults()["base"])
+        with _naming_base(cls.name, base):
+            return device_kind(base)
 
     @classmethod
     def can_hold_kv_for(cls, params: dict[str, Any]) -> bool:
         """The base's: the wrapper hands out the base's allocations."""
         from policies.registry import can_hold_kv
 
-        return can_hold_kv(params.get("base", cls.param_defaults()["base"]))
+        base = params.get("base", cls.param_defaults()["base"])
+        with _naming_base(cls.name, base):
+            return can_hold_kv(base)
 
     def _check_base(self, base_policy: Policy) -> None:
         """Raise PolicyError when this wrapper cannot wrap ``base_policy``."""
@@ -300,3 +304,14 @@ class WrapperPolicy(Policy):
     def shared_extents(self) -> list[tuple[int, int]]:
         """The base's shared pages, where it has any (see ``policies.testing``)."""
         return self.base_policy.shared_extents()
+
+
+@contextlib.contextmanager
+def _naming_base(wrapper: str, base: Any) -> Iterator[None]:
+    """A PolicyError about the base names it as this wrapper's ``base`` knob; the whole spec the
+    user wrote is named by ``policies.registry.create``, once, around it."""
+    try:
+        yield
+    except PolicyError as exc:
+        own = isinstance(base, str) and exc.spec == base.strip()
+        raise PolicyError(f"{wrapper} base(={base!r}): {exc.reason if own else exc}") from None

@@ -15,7 +15,10 @@ tag        str      optional label (``"pre-trace"``, ``"kv"``, ``"weights"``, ..
 
 Invariants (``validate_events`` checks them): every ``free`` follows the ``alloc`` with the
 same id, on the same stream; each id is allocated at most once and freed at most once;
-allocations never freed are simply live at the end.
+allocations never freed are simply live at the end. ``time_us`` is a whole number >= 0 (NaN,
+infinity and a fraction are no time) that never goes back from one row to the next: the rows
+are the events in the order they happened, so a time that goes back is an error naming its
+line, not something to sort (sorting would reorder a free before its alloc).
 
 An ``empty_cache`` row is the program calling ``torch.cuda.empty_cache()`` at that point (every
 policy honours it through ``Policy.empty_cache``); it is no request, so its ``alloc_id`` and
@@ -211,6 +214,10 @@ def validate_events(
         i = int(bad[0])
         problems.append((i, f"alloc_id {int(ids[i])} must be >= 0"))
     t = df["time_us"].to_numpy()
+    bad = np.flatnonzero(t < 0)  # before the trace's start: no clock gives it
+    if bad.size:
+        i = int(bad[0])
+        problems.append((i, f"time_us {int(t[i])} must be >= 0 (microseconds from the start)"))
     bad = np.flatnonzero(np.diff(t) < 0)
     if bad.size:
         i = int(bad[0]) + 1

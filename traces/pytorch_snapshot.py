@@ -1283,7 +1283,9 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
     the reserved bytes over the trace.
 
     Raises:
-        TraceFormatError: a request or segment event has no integer ``time_us``.
+        TraceFormatError: a request or segment event has no integer ``time_us``, or a request's
+            is negative. A time that goes back from the entry before is raised to it (counted
+            in ``meta["num_time_clamped"]``): a ring buffer's clock jitters, it is no error.
     """
     import numpy as np
     import pandas as pd
@@ -1348,7 +1350,14 @@ def snapshot_to_trace(snap: PyTorchSnapshot) -> AllocTrace:
         out[is_call] = call_value
         return out
 
-    t_rel = _as_numpy(req.time_us, np.int64) - t0
+    t_raw = _as_numpy(req.time_us, np.int64)
+    if t_raw.size and int(t_raw.min()) < 0:  # PyTorch's clock counts from 1970: none is < 0
+        k = int(np.flatnonzero(t_raw < 0)[0])
+        raise TraceFormatError(
+            source, req.entry[k], f"time_us {int(t_raw[k])} must be >= 0", unit=snap.entry_unit
+        )
+    t_rel = t_raw - t0
+    del t_raw
     # clocks of a ring-buffered trace are monotonic in practice; clamp rather than reject jitter
     clamped = np.maximum.accumulate(t_rel) if t_rel.size else t_rel
     num_time_clamped = int(np.count_nonzero(clamped != t_rel))

@@ -1,7 +1,7 @@
 """RMM ``logging_resource_adaptor`` CSV logs as an AllocTrace.
 
 The log has the header ``Thread,Time,Action,Pointer,Size,Stream``; ``Time`` is the time of day
-``HH:MM:SS.ffffff`` (seconds since the epoch are accepted too), ``Action`` is ``allocate``,
+``HH:MM:SS.ffffff`` (seconds since the epoch, >= 0, are accepted too), ``Action`` is ``allocate``,
 ``free`` or ``allocate failure``, ``Pointer`` and ``Stream`` are hex (with or without ``0x``).
 Unlike a PyTorch snapshot a log is complete from its first line, so a free of a pointer that is
 not live is an error (``lenient=True`` drops such frees instead). ``allocate failure`` rows are
@@ -227,17 +227,20 @@ def _parse_times(col: pa.Array, line: np.ndarray, path: Path) -> tuple[np.ndarra
         if len(text) and ":" not in text.iloc[0]:  # seconds since the epoch
             secs = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
             bad = np.flatnonzero(
-                ~(np.abs(secs) < _INT64_LIMIT / 1e6)
-            )  # NaN, inf, or microseconds past int64
+                ~((secs >= 0) & (secs < _INT64_LIMIT / 1e6))
+            )  # NaN, inf, before 1970, or microseconds past int64
             t = np.round(secs * 1e6)
         else:
             td = pd.to_timedelta(text, errors="coerce")
-            bad = np.flatnonzero(td.isna().to_numpy())
+            bad = np.flatnonzero((td.isna() | (td < pd.Timedelta(0))).to_numpy())  # -00:00:01
             t = td.to_numpy(dtype="timedelta64[us]").astype(np.float64) if not bad.size else None
         if bad.size:
             k = int(bad[0])
             raise TraceFormatError(
-                path, int(line[k]), f"Time {shown(text.iloc[k])} is not HH:MM:SS.ffffff"
+                path,
+                int(line[k]),
+                f"Time {shown(text.iloc[k])} is not HH:MM:SS.ffffff"
+                + (" or seconds since the epoch (>= 0)" if ":" not in text.iloc[0] else ""),
             )
         t = t.astype(np.int64)
     # a jump back of more than half a day is midnight; smaller ones are threads racing to log

@@ -3,7 +3,7 @@
 Every list is an axis of the grid (the cells are their product); a scalar is one value::
 
     mode: replay                        # or simulate
-    traces:                             # paths relative to this file, or bundled:NAME
+    traces:                             # paths relative to this file, or bundled:NAME (*)
       - ../traces/data/llama1b_generate_slice.pickle.gz
       - {path: prod.csv, format: rmm-log, name: prod}
     policies:
@@ -23,6 +23,10 @@ Every list is an axis of the grid (the cells are their product); a scalar is one
 
 Errors name the file, the line and the key: ``sweep.yaml, line 7: policies[1].params.high: ...``.
 
+(*) Relative paths (traces, costs, calibration, model and GPU files) are from the file's folder;
+a sweep read from standard input (``cat sweep.yaml | poollab sweep /dev/stdin``, or any
+``/dev/fd/N``), which has no folder, takes them from the current directory.
+
 A file is bounded before it is used: nesting at most ``MAX_YAML_DEPTH`` deep (checked while it is
 composed), at most ``MAX_YAML_NODES`` nodes with its aliases expanded (counted on the node graph,
 so a "billion laughs" is refused without being expanded), and a grid of at most ``MAX_CELLS``
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import mul
@@ -121,7 +126,25 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise SweepSpecError(
             path, None, None, f"not UTF-8 text (byte {exc.start}), so not YAML"
         ) from None
-    return parse_sweep(text, path)
+    return parse_sweep(text, path, base=relative_base(path))
+
+
+#: Where a path names an open descriptor, not a file in a folder: ``/dev/stdin``, ``/dev/fd/63``
+#: (bash's ``<(...)``), ``/proc/self/fd/0``.
+_DESCRIPTOR_FOLDERS = (Path("/dev"), Path("/proc"))
+
+
+def relative_base(path: str | Path) -> Path:
+    """The folder a sweep file's relative paths are from: the file's own, or, for a spec read
+    from standard input or another descriptor (``/dev/stdin``, ``/dev/fd/N``: a pipe or a
+    redirect, which have no folder), the current directory, as a shell user expects of
+    ``cat sweep.yaml | poollab sweep /dev/stdin``. A FIFO made in a folder is a file there."""
+    return Path.cwd() if _is_descriptor(path) else Path(path).parent
+
+
+def _is_descriptor(path: str | Path) -> bool:
+    parents = Path(os.path.abspath(path)).parents
+    return any(folder in parents for folder in _DESCRIPTOR_FOLDERS)
 
 
 def _fmt_key(kp: tuple) -> str:
@@ -318,8 +341,9 @@ def _num_cells(data: dict, mode: str) -> int:
     return cells
 
 
-def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
-    """Validate ``text`` (the content of ``path``; relative paths in it are from its folder)."""
+def parse_sweep(text: str, path: str | Path = "<sweep>", *, base: Path | None = None) -> SweepSpec:
+    """Validate ``text`` (the content of ``path``, which errors name); relative paths in it are
+    from ``base`` (default: ``path``'s folder; ``load_sweep`` passes ``relative_base(path)``)."""
     path = Path(path)
     doc = _Doc(path, text)
     data = doc.data
@@ -350,7 +374,7 @@ def parse_sweep(text: str, path: str | Path = "<sweep>") -> SweepSpec:
             ("fingerprint",),
             f"{how!r} must be 'content' (hash the files) or 'stat' (path, size, mtime)",
         )
-    base = path.parent
+    base = path.parent if base is None else base
 
     traces = _traces(doc, doc.listed(data, "traces"), base, mode, how)
     specs = _policies(doc, doc.listed(data, "policies"))
@@ -401,10 +425,16 @@ def _resolve(doc: _Doc, kp: tuple, value: Any, base: Path) -> Path:
         except FileNotFoundError as exc:
             doc.fail(kp, str(exc))
     p = Path(value).expanduser()
-    p = p if p.is_absolute() else base / p
+    relative = not p.is_absolute()
+    p = base / p if relative else p
     _refuse_stream(doc, kp, p)
     if not p.is_file():
-        doc.fail(kp, f"no such file: {p}")
+        note = (
+            f" (a relative path in a sweep read from {doc.path} is from the current directory)"
+            if relative and _is_descriptor(doc.path)
+            else ""
+        )
+        doc.fail(kp, f"no such file: {p}{note}")
     return p.resolve()
 
 
@@ -523,7 +553,8 @@ def _policies(doc: _Doc, items: list[tuple[tuple, Any]]) -> list[str]:
                 policies.create(spec)  # unknown names and knobs, bad values: now, not in a worker
             except policies.PolicyError as exc:
                 combo = ", ".join(f"{k}={v}" for k, v in extra.items())
-                doc.fail(where, f"{text} with {combo}: {exc}" if combo else str(exc))
+                # with knobs from the file, the spec built is not one the user wrote: say theirs
+                doc.fail(where, f"{text} with {combo}: {exc.reason}" if combo else str(exc))
             specs.append(spec)
     return specs
 

@@ -140,16 +140,80 @@ def test_create_accepts_a_class():
     assert (type(p), p.rounding_bytes, p.capacity_bytes) == (SegmentPerRequest, 4096, MiB)
 
 
-def test_constructor_value_error_becomes_policy_error_naming_the_policy(runtime_names):
+def test_constructor_value_error_becomes_policy_error_naming_the_spec(runtime_names):
     registry.register("picky", Picky)
     runtime_names.append("picky")
-    with pytest.raises(PolicyError, match=r"policy 'picky': level\(=5\) must be at most 3"):
+    with pytest.raises(
+        PolicyError, match=r"^policy spec 'picky:level=5': level\(=5\) must be at most 3$"
+    ):
         policies.create("picky:level=5")
+    with pytest.raises(PolicyError, match=r"^policy 'picky': level\(=5\) must be at most 3$"):
+        policies.create(Picky, level=5)  # a class has no spec string: its name says which
 
 
-def test_constructor_policy_error_passes_unchanged():
-    with pytest.raises(PolicyError, match=r"^segment_bytes\(=0\) must be an integer >= 1$"):
+def test_constructor_policy_error_keeps_its_reason_under_the_spec():
+    with pytest.raises(PolicyError) as info:
         policies.create("first-fit:segment_bytes=0")
+    assert info.value.reason == "segment_bytes(=0) must be an integer >= 1"
+    assert info.value.spec == "first-fit:segment_bytes=0"
+
+
+# ---------------------------------------------------------------------------- errors name the spec
+_BAD_SPECS = [
+    ("best-fit:alignment_bytes=-5", "alignment_bytes(=-5) must be an integer >= 1"),
+    ("best-fit:nope=1", "policy 'best-fit' has no parameter 'nope'"),
+    ("no-such-policy", "unknown policy 'no-such-policy'"),
+    ("best-fit:alignment_bytes", "'alignment_bytes' is not key=value"),
+    ("best-fit:a=1,a=2", "'a' is given twice"),
+    ("bad name!", "'bad name!' is not a policy name"),
+    ("elastic:base=[best-fit:alignment_bytes=-5]", "elastic base(='best-fit:alignment_bytes=-5'):"),
+    ("elastic:base=[nope]", "elastic base(='nope'): unknown policy 'nope'"),
+    ("elastic:base=[best-fit],high=2", "high(=2) must be"),
+    ("elastic:base=[elastic:base=[best-fit:x=1]]", "elastic base(='best-fit:x=1'): policy"),
+    ("tag-limits:limits=[x]", "limits(='x'): 'x' is not tag=size"),
+    ("elastic:base=[best-fit", "unbalanced '['"),
+]
+
+
+@pytest.mark.parametrize("spec, reason", _BAD_SPECS)
+def test_every_spec_error_names_the_whole_spec_once(spec, reason):
+    """With several ``-p`` options, sweep entries or API calls, the message says which spec."""
+    with pytest.raises(PolicyError) as info:
+        policies.create(f"  {spec} ")
+    message = str(info.value)
+    assert reason in message and message.count("policy spec") == 1, message
+    if "unbalanced" in reason:  # the grammar's own message quotes the spec (cut short if long)
+        assert message.endswith(f"in policy spec {spec!r}")
+    else:
+        assert message.startswith(f"policy spec {spec!r}: ")
+
+
+@pytest.mark.parametrize("spec", ["", "   ", None])
+def test_an_empty_spec_says_so_once(spec):
+    with pytest.raises(PolicyError) as info:
+        policies.create(spec)
+    assert str(info.value) == (
+        f"policy spec {spec!r} is empty; expected 'name' or 'name:key=value,...'"
+    )
+
+
+@pytest.mark.parametrize("ask", [registry.device_kind, registry.can_hold_kv])
+def test_spec_questions_name_the_spec_too(ask):
+    with pytest.raises(PolicyError, match=r"^policy spec 'elastic:base=\[nope\]': elastic"):
+        ask("elastic:base=[nope]")
+    with pytest.raises(PolicyError, match=r"^policy spec 'nope:x=1': unknown policy 'nope'"):
+        ask("nope:x=1")
+
+
+def test_a_spec_error_survives_a_pickle_whole():
+    """A sweep's worker process sends its error back pickled."""
+    import pickle
+
+    with pytest.raises(PolicyError) as info:
+        policies.create("best-fit:alignment_bytes=-5")
+    back = pickle.loads(pickle.dumps(info.value))
+    assert type(back) is PolicyError and str(back) == str(info.value)
+    assert (back.reason, back.spec) == (info.value.reason, info.value.spec)
 
 
 # ---------------------------------------------------------------------------- run-time registration

@@ -810,6 +810,61 @@ add(sweep_case("sweep-empty", "", ("sw.yaml",)))
 add(sweep_case("sweep-not-a-mapping", "- just\n- a list\n", ("sw.yaml",)))
 
 
+# -- session 22: a policy spec's error names the spec (of several -p, which one), a sweep's its
+# file and line too; a negative time in each reader that has times
+_BAD_KNOB = "best-fit:alignment_bytes=-5"
+for _id, _spec, _why in [
+    ("replay-second-policy-bad-knob", _BAD_KNOB, "alignment_bytes(=-5)"),
+    ("replay-second-policy-unknown-knob", "best-fit:nope=1", "no parameter 'nope'"),
+    ("replay-second-policy-unknown", "no-such-policy", "unknown policy"),
+    ("replay-second-policy-bad-base", "elastic:base=[best-fit:nope=1]", "elastic base("),
+]:
+    add(
+        alloc_case(
+            _id,
+            "a.csv",
+            GOOD_ALLOC,
+            (f"policy spec {_spec!r}: ", _why),
+            command=lambda name, spec=_spec: replay(name, "-p", spec),
+        )
+    )
+add(
+    sweep_case(
+        "sweep-policy-bad-knob",
+        f"mode: replay\ntraces: [a.csv]\npolicies:\n  - first-fit\n  - '{_BAD_KNOB}'\n",
+        ("sw.yaml", "line 5", "policies[1]", f"policy spec {_BAD_KNOB!r}: alignment_bytes(=-5)"),
+    )
+)
+add(alloc_case("csv-negative-time", "a.csv", _csv("-10,alloc,0,4096,0,"), ("a.csv:2", "time_us")))
+add(
+    Case(
+        "pq-negative-time",
+        _with_files(
+            {
+                "a.parquet": lambda d: _parquet(
+                    d, "a.parquet", _alloc_columns(time_us=pa.array([-7, 5], pa.int64()))
+                )
+            },
+            replay("a.parquet"),
+        ),
+        ("a.parquet (record 1)", "time_us -7 must be >= 0"),
+    )
+)
+add(
+    alloc_case(
+        "rmm-negative-time", "r.csv", _rmm("1,-2.5,allocate,0x1000,4096,0"), ("r.csv:2", "Time")
+    )
+)
+add(
+    alloc_case(
+        "snap-negative-time",
+        "s.pickle.gz",
+        _snapshot([_entry("alloc", time_us=-3)]),
+        ("s.pickle.gz", "index 0", "time_us -3 must be >= 0"),
+    )
+)
+
+
 # NaN, infinity and out-of-range values in each reader's numeric columns (where no case above
 # has them): the file and line, and the column
 _NAN_CASES = [

@@ -112,3 +112,55 @@ def test_settings_bytes_come_from_a_fifo_once_and_stop_at_the_limit(tmp_path: Pa
         read_settings_bytes(big)
     with pytest.raises(TraceFormatError, match="on a settings file"):
         read_settings_bytes("/dev/zero")
+
+
+# ---------------------------------------------------------------- a sweep spec on standard input
+SWEEP = "mode: replay\ntraces: [a.csv]\npolicies: [first-fit]\n"
+ALLOC = "time_us,op,alloc_id,nbytes,stream,tag\n0,alloc,0,4096,0,\n5,free,0,4096,0,\n"
+
+
+@pytest.mark.parametrize("how", ["pipe", "redirect"])
+def test_a_sweep_on_stdin_takes_relative_paths_from_the_current_directory(how: str, tmp_path: Path):
+    """They were taken from /dev, stdin's "folder": ``no such file: /dev/a.csv``."""
+    (tmp_path / "a.csv").write_text(ALLOC)
+    argv = ["sweep", "/dev/stdin", "--dry-run", "--out", "out"]
+    if how == "pipe":
+        proc = _poollab(argv, tmp_path, input=SWEEP)
+    else:  # /dev/stdin is then the file itself, elsewhere: still no folder of the user's
+        spec = tmp_path / "elsewhere" / "sweep.yaml"
+        spec.parent.mkdir()
+        spec.write_text(SWEEP)
+        with open(spec) as f:
+            proc = _poollab(argv, tmp_path, stdin=f)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("/dev/stdin: 1 replay cells")
+
+
+def test_a_sweep_on_stdin_names_its_line_for_a_relative_path_not_there(tmp_path: Path):
+    (tmp_path / "a.csv").write_text(ALLOC)
+    text = SWEEP + "costs: nope.json\n"
+    proc = _poollab(["sweep", "/dev/stdin", "--dry-run", "--out", "out"], tmp_path, input=text)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"poollab: error: /dev/stdin, line 4: costs: no such file: {tmp_path / 'nope.json'} "
+        "(a relative path in a sweep read from /dev/stdin is from the current directory)\n"
+    )
+
+
+def test_a_sweep_file_takes_relative_paths_from_its_own_folder(tmp_path: Path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "sweep.yaml").write_text(SWEEP)
+    (tmp_path / "a.csv").write_text(ALLOC)  # in the current directory, not the file's folder
+    proc = _poollab(["sweep", "sub/sweep.yaml", "--dry-run", "--out", "out"], tmp_path)
+    assert proc.returncode == 2
+    assert "sub/sweep.yaml, line 2: traces[0]: no such file: sub/a.csv\n" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "path, base",
+    [("/dev/stdin", None), ("/dev/fd/63", None), ("/proc/self/fd/0", None), ("s/w.yaml", "s")],
+)
+def test_relative_base_of_a_descriptor_is_the_current_directory(path: str, base):
+    from sim.sweep.spec import relative_base
+
+    assert relative_base(path) == (Path.cwd() if base is None else Path(base))

@@ -7,6 +7,7 @@ missing; the CPU backend carries the same behaviours everywhere else.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,35 @@ def pytest_collection_modifyitems(config, items):
             reason = cuda_unavailable_reason()
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs a CUDA device: {reason}"))
+
+
+def open_memfds() -> int:
+    """The host page-mapped device's physical pages (``memfd``s) open in this process now."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "memfd:poollab-page" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass  # the listing's own descriptor is gone already
+    return n
+
+
+@pytest.fixture(autouse=True)
+def no_memfd_left_open():
+    """Every test gives back the host pages it made: a memfd is a plain descriptor, which no
+    garbage collection closes, so a pool a test abandons unclosed would hold its pages to the end
+    of the run and fail a later test that counts them (test_host_vmm's). Failing here names the
+    test that leaked, whatever the order."""
+    if not os.path.isdir("/proc/self/fd"):
+        yield
+        return
+    before = open_memfds()
+    yield
+    left = open_memfds() - before
+    assert left <= 0, (
+        f"{left} host page memfd(s) left open: close every pool (and free what it holds) "
+        "the test built"
+    )
 
 
 @pytest.fixture(scope="session")

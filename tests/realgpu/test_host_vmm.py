@@ -21,7 +21,7 @@ from sim.replay.costs import CostModel
 from sim.replay.trace_replay import replay
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import BUNDLED_SNAPSHOT  # noqa: E402
+from conftest import BUNDLED_SNAPSHOT, open_memfds as _open_memfds  # noqa: E402
 from test_replay import SHARED, random_trace  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -37,16 +37,6 @@ MAPPED_SHARED = SHARED + list(VMM_STAT_KEYS[:4])
 def _maps() -> str:
     with open("/proc/self/maps") as f:
         return f.read()
-
-
-def _open_memfds() -> int:
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += "memfd:poollab-page" in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass  # the listing's own descriptor is gone already
-    return n
 
 
 def _mapped_pages_of(base: int, nbytes: int) -> list[str]:

@@ -115,6 +115,8 @@ def test_every_pointer_is_512_aligned_and_the_cost_is_counted(spec):
     for p, n in zip(ptrs, sizes):
         core.free(p, n, 0, 0)
     assert core.errors == [] and core.policy.num_live == 0
+    core.close()  # a host-vmm pool's pages are memfds, which only closing gives back
+    assert core.pool.closed
 
 
 def test_zero_bytes_answer_null_without_the_policy():
@@ -361,6 +363,11 @@ def test_kept_ranges_past_the_bound_go_in_one_batch(monkeypatch):
     assert (
         row["n_idle_evictions"] == 1 and row["n_stitched_maps"] == 7 and row["n_stitch_reuses"] == 0
     )
+    core.close()  # the pages still held keep the pool open; freeing the last releases it all
+    assert not core.pool.closed
+    for q in held:
+        core.free(q, 2 * MiB, 0, 0)
+    assert core.pool.closed and core.pool.device.physical_bytes == 0 and core.errors == []
 
 
 def test_a_kept_range_over_most_of_the_pages_is_taken_over_once_its_work_is_done(monkeypatch):

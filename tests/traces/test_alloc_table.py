@@ -98,6 +98,31 @@ def test_time_going_back_names_its_line(tmp_path):
     assert err.line == 3
 
 
+@pytest.mark.parametrize(
+    "rows, line",
+    [
+        (["-10,alloc,0,100,0,", "-5,free,0,100,0,"], 2),  # never going back, but before the start
+        (["0,alloc,0,100,0,", "-5,free,0,100,0,"], 3),
+    ],
+)
+def test_negative_time_names_its_line(tmp_path, rows, line):
+    err = _error(read_table_csv, _csv(tmp_path, rows))
+    assert err.line == line and "time_us -" in err.reason and "must be >= 0" in err.reason
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1.5"])
+def test_a_time_that_is_no_whole_number_names_its_line(tmp_path, value):
+    err = _error(read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", f"{value},free,0,100,0,"]))
+    assert err.line == 3 and "time_us" in err.reason
+
+
+def test_parquet_negative_time_names_its_record(tmp_path):
+    df = make_events([0, 1], ["alloc", "free"], [0, 0], [1, 1])
+    df["time_us"] = [-3, 1]
+    err = _error(read_table_parquet, _parquet(tmp_path, df))
+    assert err.line == 1 and "(record 1)" in str(err) and "time_us -3 must be >= 0" in str(err)
+
+
 def test_non_integer_cell_names_its_line(tmp_path):
     err = _error(read_table_csv, _csv(tmp_path, GOOD[:3] + ["12,free,1,fifty,1,"]))
     assert err.line == 5 and "nbytes 'fifty'" in err.reason

@@ -349,6 +349,19 @@ def test_non_integer_time_names_its_index(write_snapshot, snap_entry):
     assert err.value.line == 1
 
 
+def test_negative_time_names_its_index(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("alloc", A, 10, -5), snap_entry("alloc", B, 10, 3)])
+    with pytest.raises(TraceFormatError, match="time_us -5 must be >= 0") as err:
+        read_pytorch_snapshot(path)
+    assert err.value.line == 0
+
+
+def test_a_time_going_back_is_raised_to_the_one_before_and_counted(write_snapshot, snap_entry):
+    path = write_snapshot([snap_entry("alloc", A, 10, 100), snap_entry("alloc", B, 10, 90)])
+    trace = read_pytorch_snapshot(path)
+    assert list(trace.events["time_us"]) == [0, 0] and trace.meta["num_time_clamped"] == 1
+
+
 def test_entry_that_is_not_a_dict_is_an_error(write_snapshot, snap_entry):
     path = write_snapshot([snap_entry("alloc", A, 10, 0), "garbage"])
     with pytest.raises(TraceFormatError) as err:

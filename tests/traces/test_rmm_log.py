@@ -71,6 +71,14 @@ def test_epoch_seconds_are_accepted(tmp_path):
     assert list(read_rmm_log(path).events["time_us"]) == [0, 111111]
 
 
+@pytest.mark.parametrize("time", ["-1634567890.123456", "-0.5", "-00:00:01.000000", "nan", "inf"])
+def test_a_time_before_the_epoch_or_no_number_names_its_line(tmp_path, time):
+    first = "1,00:00:00.000000" if ":" in time else "1,1.0"
+    path = _log(tmp_path, f"{first},allocate,0x10,8,0", f"1,{time},free,0x10,8,0")
+    with pytest.raises(TraceFormatError, match=r"rmm.csv:3: Time '.*' is not HH:MM:SS"):
+        read_rmm_log(path)
+
+
 def test_allocate_failure_is_counted_and_skipped(tmp_path):
     path = _log(
         tmp_path,

@@ -180,7 +180,7 @@ def test_defaults(folder):
         (
             "traces: [a.csv]\npolicies:\n  - first-fit\n  - no-such-policy\n",
             4,
-            "policies[1]: unknown policy 'no-such-policy'",
+            "policies[1]: policy spec 'no-such-policy': unknown policy 'no-such-policy'",
         ),
         (
             "traces: [a.csv]\npolicies:\n  - {policy: paged, params: {pages: [1, 2]}}\n",
