@@ -14,6 +14,7 @@
 # ONLY="simulate million gpu-tests" runs just those steps (a re-check after a late change).
 # PAIRED_EXTRA="--floor" adds the floor worker to the paired rounds (benchmarks/torch_floor_alloc.cpp:
 # exact-size C++ free lists behind PyTorch's pluggable interface, no Python).
+# READ_BEFORE=.s22 (a carried tree) adds the read-compare step after million.
 set -u
 . "$(dirname "$0")/h200_lib.sh"
 wanted() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -43,6 +44,11 @@ wanted million && step million ${MILLION_S:-200} bash -c "python3 benchmarks/mak
     && python3 benchmarks/replay_peaks.py /tmp/llama1b_generate_1m.pickle.gz \
     && python3 benchmarks/replay_phases.py /tmp/llama1b_generate_1m.pickle.gz --repeat 2 \
     && OPENBLAS_NUM_THREADS=1 python3 benchmarks/replay_phases.py /tmp/llama1b_generate_1m.pickle.gz --repeat 2"
+# the million replay's read (its critical path's first part) against an earlier tree side by side
+# (READ_BEFORE: a tree carried in that reads ahead, session 20 on, e.g. the session's starting commit
+# as `git archive`; .before has no read ahead): the parsed snapshots must be identical
+wanted read-compare && [ -n "${READ_BEFORE:-}" ] && step read-compare ${READ_COMPARE_S:-90} bash -c "python3 benchmarks/make_million_snapshot.py \
+    --source .data/llama1b_generate_mixed.pickle.gz && python3 benchmarks/compare_read.py $READ_BEFORE /tmp/llama1b_generate_1m.pickle.gz --repeat 5"
 wanted gpu-tests && step gpu-tests ${TESTS_S:-150} bash -c "cd /tmp/compiled && PYTHONPATH=/tmp/site:/tmp/compiled python3 -m pytest \
     tests/realgpu -m gpu -v -p no:cacheprovider -rfE"
 # the step-time scripts' shared module (benchmarks/steptime/llama8b.py), a short grid as a smoke run

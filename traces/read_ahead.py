@@ -24,6 +24,37 @@ run, or it fails in any way (a malformed snapshot included, or it could not be s
 third party has replaced the built-in snapshot format by the time of ``result()``, ``result()``
 reads in this process with ``traces.read_alloc_trace``: the errors raised are the ones the plain
 read raises, file and entry named as always.
+
+Why the replay's jobs wait for the whole read (issue 33; session 22's study, measured in
+``benchmarks/RESULTS.md``): on a many-core host the lever that looked left was to replay while
+the read goes on, each parsed batch handed to the workers through shared memory. But a run's
+first events and its parameters depend on the file's last entries, so no worker can start before
+the read ends and give the results it gives today:
+
+- the table's first rows are the pre-trace allocations (``snapshot_to_trace``): blocks of the
+  final segment table that no entry touches (149 in the million-event snapshot), known after the
+  last entry, and frees of never-seen addresses, which may come anywhere;
+- a run's sampling follows its event count, which a pickled list does not say ahead: the
+  monitor's stride (``default_sample_every``) picks the samples that ``frag_ext_mean``,
+  ``frag_ext_max`` and ``internal_waste_frac`` average, the share of timed calls (20,000 / n) the
+  latency mask;
+- ``allocator_settings`` follows ``device_traces`` in PyTorch's pickle, and its
+  ``max_split_size`` decides which segment frees are ``empty_cache`` calls (rows of the table);
+  which action closes an allocation (``free_completed`` or ``free_requested``) is known at the
+  end too (``parser.assumed``: a second pass);
+- the bounds job's planner is offline: it needs every lifetime (``planner="auto"`` chooses from
+  all of them), so it starts after the read whatever the policies do.
+
+So a perfect overlap of the five policies would still leave read + serial phases + bounds on the
+critical path (on the H200 host 3.5-3.75 + 0.34-0.37 + 1.8-2.1 s, against today's read + serial
+phases + longest job, 6.6-7.0 s), and it would need speculation (guess the count and the
+pre-trace rows, replay, check at the end, replay again on a miss) or monitoring at every event to
+stay identical. What remains is the read itself: of its main thread's 1.5-1.65 s on dev (the
+million-event snapshot), the C unpickle is about 0.65 s and the per-entry parse
+(``traces.pytorch_snapshot._EntryParser.feed``) was 0.85-0.9 s (0.7-0.75 s since its batches go
+through lists): the parse, pure Python, is the part to cut. Shipping the unpickled batches to a
+second, parsing process costs more than it saves (pickling or marshalling them takes 0.7-0.8 s,
+loading them back 2.5-3 s).
 """
 
 from __future__ import annotations

@@ -127,3 +127,74 @@ def test_allocator_settings_that_are_no_dict_are_an_error(write_snapshot):
     path = write_snapshot([], allocator_settings=[1, 2])
     with pytest.raises(TraceFormatError, match="'allocator_settings' must be a dict"):
         read_snapshot(path)
+
+
+def _mixed_entries(snap_entry) -> list[dict]:
+    """Requests of every kind the parser keeps, spread so that batches of a few entries cut
+    through them: three frees of blocks allocated before recording, two allocations with no
+    time, deferred frees, a segment event and tags."""
+    entries = []
+    for k in range(28):
+        addr = A + k * 4096
+        if k in (1, 12, 25):
+            entries.append(snap_entry("free_completed", A + MiB + k * 4096, 512 + k, 100 + k))
+        elif k in (4, 17):
+            e = snap_entry("alloc", addr, 256 + k, 0, user_metadata=f"t{k % 3}")
+            del e["time_us"]
+            entries.append(e)
+        elif k == 9:
+            entries.append(snap_entry("segment_alloc", B, 2 * MiB, 100 + k))
+        elif k % 3 == 2 and entries and entries[-1]["action"] == "alloc":
+            prev = entries[-1]["addr"]
+            entries.append(snap_entry("free_requested", prev, 0, 100 + k))
+            entries.append(snap_entry("free_completed", prev, 0, 100 + k))
+        else:
+            entries.append(snap_entry("alloc", addr, 256 + k, 100 + k, user_metadata=f"t{k % 3}"))
+    return entries
+
+
+@pytest.mark.parametrize("batch_entries", [1, 2, 3, 5, 8])
+def test_a_parse_in_batches_gives_the_columns_of_one_pass(snap_entry, batch_entries):
+    """A streamed read feeds the parser a batch at a time (``traces.snapshot_stream``); each batch
+    is parsed into lists and moved into the columns at its end, so a request's index within the
+    trace must count the batches before it (the untimed requests, the pre-trace frees)."""
+    from traces.pytorch_snapshot import _EntryParser
+
+    entries = _mixed_entries(snap_entry)
+
+    def parsed(size):
+        parser = _EntryParser({0: 0}, "f.pickle", "device_traces[0] index", "free_completed")
+        for start in range(0, len(entries), size):
+            parser.feed(entries[start : start + size], start)
+        return parser.finish()
+
+    whole = parsed(len(entries))
+    assert parsed(batch_entries) == whole
+    requests, _, pre_freed, _, _, ignored, _ = whole
+    untimed = [k for k, t in enumerate(requests.time_us) if t is None]
+    assert [requests.entry[k] for k in untimed] == [
+        i for i, e in enumerate(entries) if "time_us" not in e
+    ]
+    assert [requests.entry[p.freed_at] for p in pre_freed] == [
+        i for i, e in enumerate(entries) if e["addr"] >= A + MiB and e["action"] == "free_completed"
+    ]
+    assert len(pre_freed) == 3
+    assert [requests.address[p.freed_at] for p in pre_freed] == [p.address for p in pre_freed]
+    assert list(requests.entry) == sorted(requests.entry)
+    assert len(requests.entry) == len(requests.tag) == len(entries) - ignored["free_requested"] - 1
+
+
+@pytest.mark.parametrize("batch_entries", [1, 4, 64])
+def test_a_bad_time_in_a_later_batch_names_its_entry(snap_entry, batch_entries):
+    from traces.pytorch_snapshot import _EntryParser
+
+    entries = _mixed_entries(snap_entry)
+    late = max(i for i, e in enumerate(entries) if e["action"] == "alloc" and "time_us" in e)
+    entries[late]["time_us"] = "soon"
+    parser = _EntryParser({0: 0}, "f.pickle", "device_traces[0] index", "free_completed")
+    for start in range(0, len(entries), batch_entries):
+        parser.feed(entries[start : start + batch_entries], start)
+    with pytest.raises(
+        TraceFormatError, match=rf"f.pickle.*\b{late}\b.*time_us 'soon' is not an integer"
+    ):
+        parser.finish()
