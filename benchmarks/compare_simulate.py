@@ -2,6 +2,7 @@
 
     python benchmarks/compare_simulate.py BEFORE_TREE TRACE -p paged -p best-fit [--repeat 3]
     python benchmarks/compare_simulate.py BEFORE_TREE TRACE -p paged --callgrind
+    python benchmarks/compare_simulate.py BEFORE_TREE SHORT_TRACE -p paged --rate-scale 2
 
 Each cell (tree, policy) runs ``build_serving`` + ``Server.run`` + ``serving_result`` (Llama-3-8B
 on an H200, ``simulate``'s defaults) in a fresh interpreter whose ``PYTHONPATH`` is that tree
@@ -11,12 +12,17 @@ are left out by ``tests/sim/serving/test_step_fast_path.py``'s ``TIMING`` filter
 when they are not. Printed: the CPU time of the run (best of ``--repeat``, trees alternating) and
 the ratio after / before; with ``--callgrind``, the instructions of one warm run under
 ``valgrind --tool=callgrind`` (the count of a process running it twice minus one running it once,
-which a loaded machine does not change) per simulated request, and their ratio.
+which a loaded machine does not change) per simulated request, and their ratio. ``--rate-scale``
+runs the trace at that many times its request rate (``RequestTrace.scale_rate``, as ``simulate
+--rate-scale``), ``--option KNOB=VALUE`` sets a simulator option (``build_serving``'s keywords:
+``kv_capacity_bytes`` for a KV budget small enough to preempt), in both trees; a bad knob stops
+the child with the simulator's error.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import pickle
@@ -34,13 +40,16 @@ sys.path.insert(0, str(REPO))
 from tests.sim.serving.test_step_fast_path import TIMING  # noqa: E402
 
 CHILD = r"""
-import pickle, sys, time
+import json, pickle, sys, time
 from sim.serving.simulate import build_serving, serving_result
 from traces.request_readers import read_request_trace
 trace_path, spec, out, num_runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rate_scale, options = float(sys.argv[5]), json.loads(sys.argv[6])
 trace = read_request_trace(trace_path)
+if rate_scale != 1:
+    trace = trace.scale_rate(rate_scale)
 for _ in range(num_runs):
-    setup = build_serving(trace, spec, model="Llama-3-8B", gpu="H200")
+    setup = build_serving(trace, spec, model="Llama-3-8B", gpu="H200", **options)
     c0 = time.process_time()
     end_s = setup.server.run()
     r = serving_result(setup, end_s=end_s, wall_s=0.0)
@@ -62,10 +71,12 @@ def _env(tree: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *kept]), "PYTHONHASHSEED": "0"}
 
 
-def run_cell(tree: Path, trace: str, spec: str, out: Path) -> tuple:
+def run_cell(
+    tree: Path, trace: str, spec: str, out: Path, rate_scale: float = 1.0, options: str = "{}"
+) -> tuple:
     """One run in ``tree``: ``(summary, requests, timeseries, cpu_s, num_requests)``."""
     subprocess.run(
-        [sys.executable, "-c", CHILD, trace, spec, str(out), "1"],
+        [sys.executable, "-c", CHILD, trace, spec, str(out), "1", repr(rate_scale), options],
         cwd=tree,
         env=_env(tree),
         check=True,
@@ -74,7 +85,9 @@ def run_cell(tree: Path, trace: str, spec: str, out: Path) -> tuple:
         return pickle.load(f)
 
 
-def instructions(tree: Path, trace: str, spec: str, tmp: Path) -> int:
+def instructions(
+    tree: Path, trace: str, spec: str, tmp: Path, rate_scale: float = 1.0, options: str = "{}"
+) -> int:
     """Instructions of one warm run in ``tree``: callgrind's count of two runs minus one."""
     counts = []
     for n in (1, 2):
@@ -90,6 +103,8 @@ def instructions(tree: Path, trace: str, spec: str, tmp: Path) -> int:
                 spec,
                 "-",
                 str(n),
+                repr(rate_scale),
+                options,
             ],
             cwd=tree,
             env=_env(tree),
@@ -130,11 +145,39 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", "-p", action="append", dest="policies", required=True)
     ap.add_argument("--repeat", type=int, default=1, help="runs per cell; the fastest counts")
     ap.add_argument("--callgrind", action="store_true", help="also count instructions")
+    ap.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="the trace at this many times its request rate (2: arrivals twice as dense)",
+    )
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="a simulator option for both trees (a ServerConfig knob, the value a JSON number, "
+        "true/false or else a string), e.g. kv_capacity_bytes=4294967296 (preemptions)",
+    )
     args = ap.parse_args(argv)
     before, trace = Path(args.before).resolve(), str(Path(args.trace).resolve())
     if not (before / "sim" / "serving" / "simulate.py").is_file():
         print(f"compare_simulate: {before} is not a poollab tree", file=sys.stderr)
         return 2
+    if not 0 < args.rate_scale < math.inf:
+        print(f"compare_simulate: --rate-scale {args.rate_scale:g} must be > 0", file=sys.stderr)
+        return 2
+    options = {}
+    for item in args.option:
+        knob, eq, text = item.partition("=")
+        if not eq or not knob:
+            print(f"compare_simulate: --option {item!r} is not KNOB=VALUE", file=sys.stderr)
+            return 2
+        try:
+            options[knob] = json.loads(text)
+        except ValueError:
+            options[knob] = text
+    options_json = json.dumps(options)
     same = True
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -143,19 +186,32 @@ def main(argv=None) -> int:
             cpu = {"before": math.inf, "after": math.inf}
             for _ in range(max(1, args.repeat)):
                 for name, tree in (("before", before), ("after", REPO)):
-                    cells[name] = run_cell(tree, trace, spec, tmp / f"{name}.pkl")
+                    try:
+                        cells[name] = run_cell(
+                            tree, trace, spec, tmp / f"{name}.pkl", args.rate_scale, options_json
+                        )
+                    except subprocess.CalledProcessError as exc:
+                        print(
+                            f"compare_simulate: {spec} in {tree} failed (exit status "
+                            f"{exc.returncode}; its error above)",
+                            file=sys.stderr,
+                        )
+                        return 2
                     cpu[name] = min(cpu[name], cells[name][3])
             diff = differences(cells["before"], cells["after"])
             same &= not diff
             n = cells["after"][4]
             line = (
                 f"{spec}: {'identical' if not diff else 'DIFFERENT'} untimed results "
-                f"({n:,} requests); CPU s before {cpu['before']:.2f}, after {cpu['after']:.2f}, "
+                f"({n:,} requests"
+                + (f", rate x{args.rate_scale:g}" if args.rate_scale != 1 else "")
+                + "".join(f", {k}={v}" for k, v in options.items())
+                + f"); CPU s before {cpu['before']:.2f}, after {cpu['after']:.2f}, "
                 f"after/before {cpu['after'] / cpu['before']:.3f}"
             )
             if args.callgrind:
                 ins = {
-                    k: instructions(t, trace, spec, tmp)
+                    k: instructions(t, trace, spec, tmp, args.rate_scale, options_json)
                     for k, t in (("before", before), ("after", REPO))
                 }
                 line += (

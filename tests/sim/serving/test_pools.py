@@ -123,7 +123,7 @@ def test_loading_weights_costs_no_step_time():
         num_weight_tensors=4,
     )
     assert pools.take_driver_ns() == 0
-    assert pools.kv.alloc_ns == []
+    assert len(pools.kv.alloc_ns) == 0  # (set-up calls are no latency samples)
 
 
 def test_weights_that_do_not_fit_are_a_clear_error():

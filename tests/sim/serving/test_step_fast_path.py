@@ -244,26 +244,28 @@ def test_a_coalescing_activation_pool_skips_every_size_it_has_seen(azure):
 
 
 @pytest.mark.parametrize("spec", ["paged", "best-fit"])
-def test_a_step_the_engine_yields_for_is_one_event(azure, spec):
+def test_a_step_the_engine_yields_for_is_one_event(azure, spec, monkeypatch):
     # a step that ends at or after the next arrival, begun after steps run back to back: the
     # engine's clock moves to its end in one timeout (two only where ``_delays_to`` needs two),
-    # not one to its start and one for it
+    # not one to its start and one for it; on a clock of its own the engine is driven by
+    # ``Server.run`` (``_OwnClock``: no simpy event loop, no arrival process, no wake-up event)
+    import simpy
+
+    from sim.serving import server as server_module
+
     setup = build_serving(azure, spec, model=MODEL, gpu=GPU)
-    server, timeout = setup.server, setup.server.env.timeout
+    server, timeout = setup.server, server_module._OwnClock.timeout
     by_process: dict[str, int] = {}
 
-    def counted(delay, value=None):
+    def counted(delay):
         name = sys._getframe(1).f_code.co_name
         by_process[name] = by_process.get(name, 0) + 1
-        return timeout(delay, value)
+        return timeout(delay)
 
-    event = server.env.event
-    num_events = []  # events the engine waits on (wake-ups): none
-
-    def counted_event():
-        num_events.append(sys._getframe(1).f_code.co_name == "_engine")
-        return event()
-
+    monkeypatch.setattr(server_module._OwnClock, "timeout", staticmethod(counted))
+    # the simpy environment is not run: any event, timeout or process made in it would fail
+    for name in ("timeout", "event", "process", "run"):
+        monkeypatch.setattr(server.env, name, None)
     take = server._take_arrivals
     num_idle = []  # the engine's waits for work (up to the next arrival: one or two timeouts)
 
@@ -271,15 +273,34 @@ def test_a_step_the_engine_yields_for_is_one_event(azure, spec):
         num_idle.append(sys._getframe(1).f_code.co_name == "_engine")
         return take(now_s)
 
-    server.env.timeout, server.env.event = counted, counted_event
     server._take_arrivals = counted_take
-    server.run()
+    end_s = server.run()
     yielded = server.num_steps - server.num_batched_steps  # steps the engine yielded for
     assert yielded > 100 and server.num_batched_steps > yielded
-    # the engine takes the arrivals itself: no arrival process, no wake-up event
-    assert "_arrivals" not in by_process and not any(num_events)
+    # the engine takes the arrivals itself; the clock's timeouts are the engine's alone
+    assert set(by_process) == {"_engine"}
     # (the tree before made one more timeout for nearly every yielded step: 965 for 572 here)
     assert yielded <= by_process["_engine"] <= 1.01 * yielded + 2 * sum(num_idle)
+    # the server's environment afterwards is a simpy one at the time reached
+    assert type(server.env) is simpy.Environment and server.env.now == end_s
+
+
+def test_a_server_on_its_own_clock_reaches_the_times_of_the_event_loop(azure):
+    # the same run on its own clock (``_OwnClock``, driven by ``Server.run``) and through simpy's
+    # event loop (``start`` and ``env.run``, the engine's timeouts simpy events): every result
+    # equal, the end time to the bit (the clock adds each delay as simpy adds a timeout's)
+    own = build_serving(azure, "paged", model=MODEL, gpu=GPU)
+    end_own = own.server.run()
+    loop = build_serving(azure, "paged", model=MODEL, gpu=GPU)
+    loop.server.env.run(until=loop.server.start())  # what ``run`` does on a shared clock
+    end_loop = loop.server.finish()
+    assert end_own == end_loop and end_own > 0
+    assert own.server.num_steps == loop.server.num_steps
+    assert own.server.num_batched_steps == loop.server.num_batched_steps > 0
+    assert_same_results(
+        serving_result(loop, end_s=end_loop, wall_s=0.0),
+        serving_result(own, end_s=end_own, wall_s=0.0),
+    )
 
 
 def test_arrivals_at_a_step_end_come_as_their_events_would(azure):
