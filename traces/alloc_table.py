@@ -245,9 +245,13 @@ def _as_int(col: pd.Series, path: Path, name: str, *, record_offset: int, unit: 
             if (isinstance(value, str) and not value) or pd.isna(value)
             else shown(value, 40)
         )
-        raise TraceFormatError(
-            path, k + record_offset, f"{name} {what} is not an integer", unit=unit
+        # a whole number past int64 is an integer: say what is wrong with it
+        problem = (
+            "is out of the int64 range"
+            if np.isfinite(num[k]) and num[k] == np.floor(num[k])
+            else "is not an integer"
         )
+        raise TraceFormatError(path, k + record_offset, f"{name} {what} {problem}", unit=unit)
     return pd.to_numeric(col).to_numpy(np.int64)
 
 

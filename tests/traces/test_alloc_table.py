@@ -81,6 +81,17 @@ def test_negative_size_names_its_line(tmp_path):
     assert err.line == 3 and "-5" in err.reason
 
 
+def test_a_whole_number_past_int64_is_named_out_of_range_and_a_fraction_not_an_integer(tmp_path):
+    err = _error(
+        read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "1,alloc,1,99999999999999999999,0,"])
+    )
+    assert err.line == 3 and err.reason.endswith("is out of the int64 range")
+    err = _error(read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "1,alloc,1,2.5,0,"]))
+    assert err.line == 3 and err.reason.endswith("is not an integer")
+    err = _error(read_table_csv, _csv(tmp_path, ["nan,alloc,0,100,0,"]))
+    assert err.line == 2 and err.reason.endswith("is not an integer")
+
+
 def test_free_before_alloc_names_its_line(tmp_path):
     err = _error(
         read_table_csv, _csv(tmp_path, ["0,alloc,0,100,0,", "1,free,1,50,0,", "2,alloc,1,50,0,"])
