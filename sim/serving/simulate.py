@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-from array import array
 import time
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
